@@ -1,0 +1,227 @@
+//! The serde shape of `proxy.yaml` (DESIGN §5), section by section. Unknown keys are rejected.
+//! Each section is deserialised on its own so that one bad section does not hide the errors
+//! of the others.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::policy::Enforcement;
+
+/// Top-level keys, for the unknown-key check.
+pub const TOP_LEVEL_KEYS: &[&str] = &[
+    "listen",
+    "admin_token_file",
+    "dns",
+    "defaults",
+    "audit",
+    "state_dir",
+    "sandbox_dirs",
+    "extra_providers",
+    "max_connections",
+    "sandboxes",
+];
+
+fn d_proxy() -> Option<SocketAddr> {
+    Some(SocketAddr::from(([127, 0, 0, 1], 3128)))
+}
+fn d_admin() -> Option<SocketAddr> {
+    Some(SocketAddr::from(([127, 0, 0, 1], 9901)))
+}
+
+/// `listen:` — a key left out takes the default; `null` disables the listener.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawListen {
+    #[serde(default = "d_proxy")]
+    pub proxy: Option<SocketAddr>,
+    #[serde(default)]
+    pub transparent: Option<SocketAddr>,
+    #[serde(default = "d_admin")]
+    pub admin: Option<SocketAddr>,
+    #[serde(default)]
+    pub default_sandbox: Option<String>,
+}
+
+impl Default for RawListen {
+    fn default() -> Self {
+        RawListen {
+            proxy: d_proxy(),
+            transparent: None,
+            admin: d_admin(),
+            default_sandbox: None,
+        }
+    }
+}
+
+fn d_dns_timeout() -> u64 {
+    2000
+}
+
+/// `dns:`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDns {
+    /// `ip` or `ip:port`; empty = the system's resolv.conf.
+    #[serde(default)]
+    pub servers: Vec<String>,
+    #[serde(default)]
+    pub hosts: BTreeMap<String, Vec<IpAddr>>,
+    #[serde(default = "d_dns_timeout")]
+    pub timeout_ms: u64,
+}
+
+impl Default for RawDns {
+    fn default() -> Self {
+        RawDns {
+            servers: Vec::new(),
+            hosts: BTreeMap::new(),
+            timeout_ms: d_dns_timeout(),
+        }
+    }
+}
+
+/// Proxy-side limits of a sandbox (not AIP-36 `limits`). Every field optional so that a
+/// binding can override just one; `defaults.limits` fills the rest.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections_per_second: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_up_bps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_down_bps: Option<u64>,
+}
+
+fn d_connect() -> u64 {
+    10_000
+}
+fn d_idle() -> u64 {
+    300_000
+}
+fn d_header() -> u64 {
+    10_000
+}
+fn d_grace() -> u64 {
+    10_000
+}
+
+/// `defaults.timeouts`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTimeouts {
+    #[serde(default = "d_connect")]
+    pub connect_ms: u64,
+    #[serde(default = "d_idle")]
+    pub idle_ms: u64,
+    #[serde(default = "d_header")]
+    pub header_ms: u64,
+    /// How long a graceful shutdown lets open tunnels finish.
+    #[serde(default = "d_grace")]
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for RawTimeouts {
+    fn default() -> Self {
+        RawTimeouts {
+            connect_ms: d_connect(),
+            idle_ms: d_idle(),
+            header_ms: d_header(),
+            shutdown_grace_ms: d_grace(),
+        }
+    }
+}
+
+fn d_ports() -> Vec<u16> {
+    vec![443]
+}
+
+/// `defaults:`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDefaults {
+    #[serde(default = "d_ports")]
+    pub ports: Vec<u16>,
+    #[serde(default)]
+    pub enforcement: Enforcement,
+    #[serde(default)]
+    pub prohibited_ranges: Vec<IpNet>,
+    #[serde(default)]
+    pub guard_allow_ranges: Vec<IpNet>,
+    #[serde(default)]
+    pub limits: RawLimits,
+    #[serde(default)]
+    pub timeouts: RawTimeouts,
+    #[serde(default)]
+    pub strict_sni_dst: bool,
+}
+
+impl Default for RawDefaults {
+    fn default() -> Self {
+        RawDefaults {
+            ports: d_ports(),
+            enforcement: Enforcement::Enforce,
+            prohibited_ranges: Vec::new(),
+            guard_allow_ranges: Vec::new(),
+            limits: RawLimits::default(),
+            timeouts: RawTimeouts::default(),
+            strict_sni_dst: false,
+        }
+    }
+}
+
+fn d_audit_path() -> String {
+    "-".into()
+}
+
+/// `audit:`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAudit {
+    #[serde(default = "d_audit_path")]
+    pub path: String,
+}
+
+impl Default for RawAudit {
+    fn default() -> Self {
+        RawAudit {
+            path: d_audit_path(),
+        }
+    }
+}
+
+/// `auth:` of a binding: exactly one token form; never a plaintext token.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuth {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_env: Option<String>,
+}
+
+/// One entry of `sandboxes:`; its `policy` is taken out and resolved separately.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBinding {
+    pub id: String,
+    #[serde(default)]
+    pub auth: Option<RawAuth>,
+    #[serde(default)]
+    pub sources: Vec<IpNet>,
+    #[serde(default)]
+    pub enforcement: Option<Enforcement>,
+    #[serde(default)]
+    pub limits: Option<RawLimits>,
+    #[serde(default)]
+    pub strict_sni_dst: Option<bool>,
+}

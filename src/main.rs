@@ -1,0 +1,275 @@
+//! The `egress-proxy` command: parses arguments and hands over to the library.
+//! Exit codes: 0 allow / success, 1 deny (`check`), 2 usage or configuration error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use serde_json::json;
+
+use egress_proxy::config::{self, Config};
+use egress_proxy::policy::Verdict;
+use egress_proxy::policy_set::PolicySet;
+use egress_proxy::resolve::Resolver;
+use egress_proxy::target::{Host, Target};
+
+#[derive(Parser)]
+#[command(
+    name = "egress-proxy",
+    version,
+    about = "Per-sandbox egress proxy enforcing AIP-36 network allowlists"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy (on the embedded default config unless --config is given).
+    Run {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Decide whether a sandbox may reach TARGET (host[:port], ip[:port] or [v6][:port]).
+    Check {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        sandbox: String,
+        /// Resolve the name (dns.hosts, then DNS) and apply address rules and the guard.
+        #[arg(long)]
+        resolve: bool,
+        /// Print the decision as JSON.
+        #[arg(long)]
+        json: bool,
+        target: String,
+    },
+    /// Load and validate a configuration; print a summary or every error.
+    Validate {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run { config } => run(config),
+        Command::Check {
+            config,
+            sandbox,
+            resolve,
+            json,
+            target,
+        } => check(config, &sandbox, &target, resolve, json),
+        Command::Validate { config } => validate(config),
+    }
+}
+
+/// Load the config or print every error and return exit code 2.
+fn load(path: Option<&PathBuf>) -> Result<Config, ExitCode> {
+    config::load(path.map(PathBuf::as_path)).map_err(|errors| {
+        for e in &errors.0 {
+            eprintln!("error: {e}");
+        }
+        eprintln!("{} configuration error(s)", errors.0.len());
+        ExitCode::from(2)
+    })
+}
+
+fn run(path: Option<PathBuf>) -> ExitCode {
+    let config = match load(path.as_ref()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match egress_proxy::server::run(config, path) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn validate(path: Option<PathBuf>) -> ExitCode {
+    let config = match load(path.as_ref()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let set = match PolicySet::compile(&config, &[], vec![]) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (mut egress, mut deny) = (0, 0);
+    for b in &config.bindings {
+        egress += b.network.egress.len();
+        deny += b.network.deny.len();
+    }
+    println!(
+        "{}: OK: {} sandboxes, {} egress rules, {} deny rules, {} warnings, policy version {}",
+        config.origin,
+        config.bindings.len(),
+        egress,
+        deny,
+        config.warnings.len(),
+        set.version()
+    );
+    for b in &config.bindings {
+        println!(
+            "  {:<20} mode={:<10} enforcement={:<7} egress={:<4} deny={:<3} identity={} policy={}",
+            b.id,
+            b.network.mode.as_str(),
+            b.enforcement.as_str(),
+            b.network.egress.len(),
+            b.network.deny.len(),
+            identity_summary(b),
+            b.policy_ref.as_deref().unwrap_or(&b.policy_file),
+        );
+    }
+    for w in &config.warnings {
+        println!("warning: {w}");
+    }
+    ExitCode::SUCCESS
+}
+
+fn identity_summary(b: &config::Binding) -> String {
+    let mut parts = Vec::new();
+    if b.token_sha256.is_some() {
+        parts.push("token".to_string());
+    }
+    if !b.sources.is_empty() {
+        parts.push(format!("sources({})", b.sources.len()));
+    }
+    if parts.is_empty() {
+        parts.push("none".into());
+    }
+    parts.join("+")
+}
+
+fn check(
+    path: Option<PathBuf>,
+    sandbox: &str,
+    target_text: &str,
+    resolve: bool,
+    as_json: bool,
+) -> ExitCode {
+    let config = match load(path.as_ref()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let set = match PolicySet::compile(&config, &[], vec![]) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let Some(sb) = set.get(sandbox) else {
+        eprintln!(
+            "error: no sandbox `{sandbox}` (configured: {})",
+            set.ids().join(", ")
+        );
+        return ExitCode::from(2);
+    };
+    let target = match Target::parse(target_text, Some(443)) {
+        Ok(t) => t,
+        Err(e) => {
+            // An invalid target is a decision (invalid_target), not a usage error.
+            let out = json!({
+                "decision": "deny", "reason": "invalid_target", "rule": null, "rule_source": null,
+                "sandbox": sandbox, "target": target_text, "enforcement": sb.policy.enforcement().as_str(),
+                "explanation": format!("invalid target: {e}"),
+            });
+            print_decision(&out, as_json);
+            return ExitCode::from(1);
+        }
+    };
+    let mut outcome = set.decide(sb, &target, None);
+    let mut resolved: Option<Result<Vec<std::net::IpAddr>, String>> = None;
+    if resolve && outcome.needs_addresses {
+        if let Host::Name(name) = &target.host {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the resolver: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let (resolver, _) = rt.block_on(async { Resolver::new(&config.dns) });
+            match rt.block_on(resolver.resolve(name)) {
+                Ok(addrs) => {
+                    outcome = set.decide(sb, &target, Some(&addrs));
+                    resolved = Some(Ok(addrs));
+                }
+                Err(e) => {
+                    outcome.decision = egress_proxy::policy::Decision::deny(e.reason(), None);
+                    resolved = Some(Err(e.to_string()));
+                }
+            }
+        }
+    }
+    let d = &outcome.decision;
+    let mut explanation = d.explain(sandbox, sb.policy.file(), target.port);
+    if !resolve && outcome.needs_addresses && !d.verdict.proceeds() {
+        explanation.push_str(" (address rules not consulted: add --resolve)");
+    }
+    let mut out = json!({
+        "decision": d.verdict.as_str(),
+        "reason": d.reason.code(),
+        "rule": d.rule.as_ref().map(|r| r.text.clone()),
+        "rule_source": d.rule.as_ref().map(|r| r.source.to_string()),
+        "sandbox": sandbox,
+        "target": target.to_string(),
+        "enforcement": sb.policy.enforcement().as_str(),
+        "explanation": explanation,
+    });
+    if let Some(r) = resolved {
+        out["resolved"] = match r {
+            Ok(a) => json!(a.iter().map(|a| a.to_string()).collect::<Vec<_>>()),
+            Err(e) => json!({ "error": e }),
+        };
+        out["dial"] = json!(outcome
+            .dial
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>());
+    } else if let Host::Ip(_) = target.host {
+        out["dial"] = json!(outcome
+            .dial
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>());
+    }
+    print_decision(&out, as_json);
+    match d.verdict {
+        Verdict::Allow | Verdict::Report => ExitCode::SUCCESS,
+        Verdict::Deny => ExitCode::from(1),
+    }
+}
+
+fn print_decision(out: &serde_json::Value, as_json: bool) {
+    if as_json {
+        println!("{out}");
+        return;
+    }
+    let s = |k: &str| out[k].as_str().unwrap_or("-").to_string();
+    println!(
+        "{} {} -> {}: {} ({})",
+        s("decision"),
+        s("sandbox"),
+        s("target"),
+        s("reason"),
+        s("enforcement")
+    );
+    println!("  {}", s("explanation"));
+    if let Some(r) = out.get("resolved") {
+        println!("  resolved: {r}");
+    }
+}

@@ -1,0 +1,168 @@
+//! A longest-prefix-match table for IP ranges, one per address family: a hash map per prefix
+//! length that occurs, probed from the longest length down. Lookups cost one hash probe per
+//! distinct prefix length (at most 33 for IPv4, 129 for IPv6), never a scan over entries.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+/// Ranges mapped to values; several values may share one range.
+#[derive(Debug, Clone)]
+pub struct AddrTable<T> {
+    /// (prefix length, masked IPv4 network → values), longest prefix first.
+    v4: Vec<(u8, HashMap<u32, Vec<T>>)>,
+    /// Same for IPv6.
+    v6: Vec<(u8, HashMap<u128, Vec<T>>)>,
+}
+
+impl<T> Default for AddrTable<T> {
+    fn default() -> Self {
+        AddrTable {
+            v4: Vec::new(),
+            v6: Vec::new(),
+        }
+    }
+}
+
+fn mask4(addr: u32, len: u8) -> u32 {
+    if len == 0 {
+        0
+    } else {
+        addr & (u32::MAX << (32 - u32::from(len)))
+    }
+}
+
+fn mask6(addr: u128, len: u8) -> u128 {
+    if len == 0 {
+        0
+    } else {
+        addr & (u128::MAX << (128 - u32::from(len)))
+    }
+}
+
+impl<T> AddrTable<T> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether the table holds no range.
+    pub fn is_empty(&self) -> bool {
+        self.v4.is_empty() && self.v6.is_empty()
+    }
+
+    /// Add `value` under `net`.
+    pub fn insert(&mut self, net: IpNet, value: T) {
+        match net {
+            IpNet::V4(n) => {
+                let len = n.prefix_len();
+                let key = mask4(u32::from(n.network()), len);
+                let pos = match self.v4.iter().position(|(l, _)| *l <= len) {
+                    Some(p) if self.v4[p].0 == len => p,
+                    Some(p) => {
+                        self.v4.insert(p, (len, HashMap::new()));
+                        p
+                    }
+                    None => {
+                        self.v4.push((len, HashMap::new()));
+                        self.v4.len() - 1
+                    }
+                };
+                self.v4[pos].1.entry(key).or_default().push(value);
+            }
+            IpNet::V6(n) => {
+                let len = n.prefix_len();
+                let key = mask6(u128::from(n.network()), len);
+                let pos = match self.v6.iter().position(|(l, _)| *l <= len) {
+                    Some(p) if self.v6[p].0 == len => p,
+                    Some(p) => {
+                        self.v6.insert(p, (len, HashMap::new()));
+                        p
+                    }
+                    None => {
+                        self.v6.push((len, HashMap::new()));
+                        self.v6.len() - 1
+                    }
+                };
+                self.v6[pos].1.entry(key).or_default().push(value);
+            }
+        }
+    }
+
+    /// Values of every range containing `ip`, longest prefix first.
+    pub fn matches(&self, ip: IpAddr) -> impl Iterator<Item = &T> {
+        let (a, b) = match ip {
+            IpAddr::V4(v4) => {
+                let a = u32::from(v4);
+                (
+                    Some(
+                        self.v4
+                            .iter()
+                            .filter_map(move |(len, map)| map.get(&mask4(a, *len))),
+                    ),
+                    None,
+                )
+            }
+            IpAddr::V6(v6) => {
+                let a = u128::from(v6);
+                (
+                    None,
+                    Some(
+                        self.v6
+                            .iter()
+                            .filter_map(move |(len, map)| map.get(&mask6(a, *len))),
+                    ),
+                )
+            }
+        };
+        a.into_iter()
+            .flatten()
+            .chain(b.into_iter().flatten())
+            .flat_map(|v| v.iter())
+    }
+
+    /// Whether any range contains `ip`.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.matches(ip).next().is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn longest_prefix_first() {
+        let mut t = AddrTable::new();
+        t.insert(net("10.0.0.0/8"), "ten");
+        t.insert(net("10.1.0.0/16"), "ten-one");
+        t.insert(net("10.1.2.3/32"), "host");
+        t.insert(net("0.0.0.0/0"), "all");
+        let got: Vec<_> = t.matches(ip("10.1.2.3")).copied().collect();
+        assert_eq!(got, ["host", "ten-one", "ten", "all"]);
+        let got: Vec<_> = t.matches(ip("10.2.0.1")).copied().collect();
+        assert_eq!(got, ["ten", "all"]);
+        assert!(t.matches(ip("::1")).next().is_none());
+    }
+
+    #[test]
+    fn ipv6_ranges() {
+        let mut t = AddrTable::new();
+        t.insert(net("2001:db8::/32"), 1);
+        t.insert(net("::/0"), 2);
+        t.insert(net("::1/128"), 3);
+        assert_eq!(
+            t.matches(ip("2001:db8::5")).copied().collect::<Vec<_>>(),
+            [1, 2]
+        );
+        assert_eq!(t.matches(ip("::1")).copied().collect::<Vec<_>>(), [3, 2]);
+        assert!(!t.contains(ip("1.2.3.4")));
+    }
+}

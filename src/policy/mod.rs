@@ -1,0 +1,649 @@
+//! The policy engine: a sandbox's `network.egress` / `network.deny` entries compiled into
+//! matchers, and `decide`, which turns a target (and, once resolved, its addresses) into a
+//! [`Decision`] plus the list of addresses that may be dialled.
+//!
+//! Order of evaluation (DESIGN §2): deny rules → mode → name rules → address rules → the
+//! address guard. The reason reported is the first step that refused. Report mode relaxes the
+//! allowlist steps only; the guard always applies. This module does no I/O.
+
+pub mod addr_table;
+pub mod decision;
+pub mod entry;
+pub mod name;
+pub mod name_matcher;
+pub mod ports;
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use serde::{Deserialize, Serialize};
+
+use crate::guard::{address_forms, Guard, GuardVerdict};
+use crate::target::{Host, Target};
+use addr_table::AddrTable;
+pub use decision::{Decision, Reason, Verdict};
+use entry::{Entry, HostPattern};
+use name_matcher::NameMatcher;
+use ports::PortSet;
+
+/// `network.mode` (seed-002 compatible).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    Restricted,
+    DenyAll,
+    AllowAll,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Restricted => "restricted",
+            Mode::DenyAll => "deny-all",
+            Mode::AllowAll => "allow-all",
+        }
+    }
+}
+
+/// Whether would-be denials are enforced or only reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Enforcement {
+    #[default]
+    Enforce,
+    Report,
+}
+
+impl Enforcement {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Enforcement::Enforce => "enforce",
+            Enforcement::Report => "report",
+        }
+    }
+}
+
+/// Which list a rule came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListKind {
+    Egress,
+    Deny,
+}
+
+/// Where a rule was written: file, sandbox, list and index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleSource {
+    pub file: Arc<str>,
+    pub sandbox: Arc<str>,
+    pub list: ListKind,
+    pub index: usize,
+}
+
+impl fmt::Display for RuleSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = match self.list {
+            ListKind::Egress => "egress",
+            ListKind::Deny => "deny",
+        };
+        write!(
+            f,
+            "{}: sandbox {}: network.{}[{}]",
+            self.file, self.sandbox, list, self.index
+        )
+    }
+}
+
+/// One compiled rule: its text as written, effective ports, and provenance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub text: String,
+    pub ports: PortSet,
+    pub source: RuleSource,
+}
+
+/// The network part of a sandbox, parsed and ready to compile.
+#[derive(Debug, Clone)]
+pub struct NetworkSpec {
+    pub mode: Mode,
+    /// (entry text, parsed entry) in file order.
+    pub egress: Vec<(String, Entry)>,
+    pub deny: Vec<(String, Entry)>,
+}
+
+/// One list (egress or deny) compiled.
+#[derive(Debug, Default)]
+struct RuleSet {
+    names: NameMatcher,
+    addrs: AddrTable<Arc<Rule>>,
+}
+
+impl RuleSet {
+    fn compile(
+        entries: &[(String, Entry)],
+        list: ListKind,
+        file: &Arc<str>,
+        sandbox: &Arc<str>,
+        default_ports: &PortSet,
+    ) -> Result<Self, globset::Error> {
+        let mut set = RuleSet::default();
+        for (index, (text, entry)) in entries.iter().enumerate() {
+            // Deny rules without a port refuse every port; egress rules get the defaults.
+            let ports = match (&entry.ports, list) {
+                (Some(p), _) => p.clone(),
+                (None, ListKind::Deny) => PortSet::any(),
+                (None, ListKind::Egress) => default_ports.clone(),
+            };
+            let rule = Arc::new(Rule {
+                text: text.clone(),
+                ports,
+                source: RuleSource {
+                    file: file.clone(),
+                    sandbox: sandbox.clone(),
+                    list,
+                    index,
+                },
+            });
+            match &entry.host {
+                HostPattern::Exact(n) => set.names.add_exact(n, rule),
+                HostPattern::Subdomains(s) => set.names.add_suffix(s, false, rule),
+                HostPattern::ApexAndSubdomains(s) => set.names.add_suffix(s, true, rule),
+                HostPattern::Glob {
+                    pattern,
+                    fixed_suffix,
+                } => set.names.add_glob(pattern, fixed_suffix, rule),
+                HostPattern::Net(net) => set.addrs.insert(*net, rule),
+                HostPattern::Localhost => {
+                    set.names.add_exact("localhost", rule.clone());
+                    set.addrs.insert(
+                        IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(127, 0, 0, 0), 8)),
+                        rule.clone(),
+                    );
+                    set.addrs
+                        .insert(IpNet::V6(Ipv6Net::from(Ipv6Addr::LOCALHOST)), rule);
+                }
+            }
+        }
+        set.names.finish()?;
+        Ok(set)
+    }
+
+    /// The best address rule for `ip:port`: (rule allowing the port, rule matching any port).
+    fn addr_lookup(&self, ip: IpAddr, port: u16) -> (Option<&Arc<Rule>>, Option<&Arc<Rule>>) {
+        let mut any = None;
+        for form in address_forms(ip) {
+            for r in self.addrs.matches(form) {
+                if r.ports.contains(port) {
+                    return (Some(r), Some(r));
+                }
+                any.get_or_insert(r);
+            }
+        }
+        (None, any)
+    }
+
+    fn covers_any_port(&self, ip: IpAddr) -> bool {
+        self.addrs.contains(ip)
+    }
+}
+
+/// A sandbox's compiled network policy.
+#[derive(Debug)]
+pub struct CompiledPolicy {
+    sandbox: Arc<str>,
+    /// The file the policy block was written in (for "which file to change").
+    file: Arc<str>,
+    mode: Mode,
+    enforcement: Enforcement,
+    allow: RuleSet,
+    deny: RuleSet,
+    /// Entry counts, for summaries.
+    egress_len: usize,
+    deny_len: usize,
+}
+
+/// Everything `decide` found out.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub decision: Decision,
+    /// Addresses that passed the guard, in resolver order (only when addresses were given).
+    pub dial: Vec<IpAddr>,
+    /// Addresses the guard refused, with its verdict.
+    pub refused: Vec<(IpAddr, GuardVerdict)>,
+    /// True when no addresses were given and the decision cannot be final without them
+    /// (a name target that is allowed, reported, or may still be allowed by address rules).
+    pub needs_addresses: bool,
+}
+
+impl CompiledPolicy {
+    /// Compile one sandbox's network spec.
+    pub fn compile(
+        sandbox: &str,
+        file: &str,
+        spec: &NetworkSpec,
+        enforcement: Enforcement,
+        default_ports: &PortSet,
+    ) -> Result<Self, globset::Error> {
+        let sb: Arc<str> = sandbox.into();
+        let f: Arc<str> = file.into();
+        Ok(CompiledPolicy {
+            allow: RuleSet::compile(&spec.egress, ListKind::Egress, &f, &sb, default_ports)?,
+            deny: RuleSet::compile(&spec.deny, ListKind::Deny, &f, &sb, default_ports)?,
+            sandbox: sb,
+            file: f,
+            mode: spec.mode,
+            enforcement,
+            egress_len: spec.egress.len(),
+            deny_len: spec.deny.len(),
+        })
+    }
+
+    pub fn sandbox(&self) -> &str {
+        &self.sandbox
+    }
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+    pub fn enforcement(&self) -> Enforcement {
+        self.enforcement
+    }
+    pub fn rule_count(&self) -> (usize, usize) {
+        (self.egress_len, self.deny_len)
+    }
+
+    /// Whether an egress address rule covers `ip` on some port (the guard's exemption).
+    pub fn covers_address(&self, ip: IpAddr) -> bool {
+        self.allow.covers_any_port(ip)
+    }
+
+    /// Decide on `target`. `addrs` is `None` before resolution (name targets are then decided
+    /// by name rules alone) and the resolved addresses after; IP-literal targets need none.
+    pub fn decide(&self, target: &Target, addrs: Option<&[IpAddr]>, guard: &Guard) -> Outcome {
+        let literal;
+        let addrs = match &target.host {
+            Host::Ip(ip) => {
+                literal = [*ip];
+                Some(&literal[..])
+            }
+            Host::Name(_) => addrs,
+        };
+        let (policy, pending) = self.policy_step(target, addrs);
+        let mut outcome = Outcome {
+            decision: policy,
+            dial: Vec::new(),
+            refused: Vec::new(),
+            needs_addresses: false,
+        };
+        // Report mode relaxes allowlist refusals only.
+        if outcome.decision.verdict == Verdict::Deny
+            && self.enforcement == Enforcement::Report
+            && outcome.decision.reason.reportable()
+        {
+            outcome.decision.verdict = Verdict::Report;
+        }
+        let Some(addrs) = addrs else {
+            outcome.needs_addresses = outcome.decision.verdict.proceeds() || pending;
+            return outcome;
+        };
+        if !outcome.decision.verdict.proceeds() {
+            return outcome;
+        }
+        for ip in addrs {
+            match guard.check(*ip, target.port, |a| self.allow.covers_any_port(a)) {
+                GuardVerdict::Permit => outcome.dial.push(*ip),
+                v => outcome.refused.push((*ip, v)),
+            }
+        }
+        if outcome.dial.is_empty() {
+            let reason = if addrs.is_empty() {
+                Reason::DestinationNotFound
+            } else if outcome
+                .refused
+                .iter()
+                .any(|(_, v)| *v == GuardVerdict::Loop)
+            {
+                Reason::ProxyLoop
+            } else {
+                Reason::DestinationIpProhibited
+            };
+            outcome.decision = Decision::deny(reason, None);
+        }
+        outcome
+    }
+
+    /// Deny rules, mode, name rules, address rules. Returns the decision and, when no
+    /// addresses were given, whether address rules could still allow the target.
+    fn policy_step(&self, target: &Target, addrs: Option<&[IpAddr]>) -> (Decision, bool) {
+        let port = target.port;
+        // 1. Deny rules: names, then every address.
+        if let Host::Name(name) = &target.host {
+            if let Some(r) = self.deny.names.lookup(name, port).with_port {
+                return (Decision::deny(Reason::DeniedByRule, Some(r.clone())), false);
+            }
+        }
+        for ip in addrs.unwrap_or(&[]) {
+            if let (Some(r), _) = self.deny.addr_lookup(*ip, port) {
+                return (Decision::deny(Reason::DeniedByRule, Some(r.clone())), false);
+            }
+        }
+        // 2. Mode.
+        match self.mode {
+            Mode::DenyAll => return (Decision::deny(Reason::DenyAllMode, None), false),
+            Mode::AllowAll => return (Decision::allow(Reason::AllowAllMode, None), false),
+            Mode::Restricted => {}
+        }
+        // 3. Name rules (never for IP literals).
+        let mut near_miss: Option<Arc<Rule>> = None;
+        if let Host::Name(name) = &target.host {
+            let hit = self.allow.names.lookup(name, port);
+            if let Some(r) = hit.with_port {
+                return (Decision::allow(Reason::RuleMatched, Some(r.clone())), false);
+            }
+            near_miss = hit.name_only.cloned();
+        }
+        // 4. Address rules: every address must be covered, with the port.
+        let refuse = |near: Option<Arc<Rule>>| match near {
+            Some(r) => Decision::deny(Reason::PortNotAllowed, Some(r)),
+            None => Decision::deny(Reason::NoRuleMatched, None),
+        };
+        let Some(addrs) = addrs else {
+            let pending = !self.allow.addrs.is_empty();
+            return (refuse(near_miss), pending);
+        };
+        if addrs.is_empty() || self.allow.addrs.is_empty() {
+            return (refuse(near_miss), false);
+        }
+        let mut first: Option<Arc<Rule>> = None;
+        for ip in addrs {
+            match self.allow.addr_lookup(*ip, port) {
+                (Some(r), _) => {
+                    first.get_or_insert_with(|| r.clone());
+                }
+                (None, any) => return (refuse(near_miss.or_else(|| any.cloned())), false),
+            }
+        }
+        (Decision::allow(Reason::RuleMatched, first), false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::entry::parse_entry;
+
+    fn spec(mode: Mode, egress: &[&str], deny: &[&str]) -> NetworkSpec {
+        let p = |v: &[&str]| {
+            v.iter()
+                .map(|s| (s.to_string(), parse_entry(s).unwrap()))
+                .collect::<Vec<_>>()
+        };
+        NetworkSpec {
+            mode,
+            egress: p(egress),
+            deny: p(deny),
+        }
+    }
+
+    fn policy(egress: &[&str], deny: &[&str]) -> CompiledPolicy {
+        CompiledPolicy::compile(
+            "demo",
+            "t.yaml",
+            &spec(Mode::Restricted, egress, deny),
+            Enforcement::Enforce,
+            &PortSet::from_ports(&[443]).unwrap(),
+        )
+        .unwrap()
+    }
+
+    fn t(s: &str) -> Target {
+        Target::parse(s, Some(443)).unwrap()
+    }
+
+    fn ips(v: &[&str]) -> Vec<IpAddr> {
+        v.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn reason(p: &CompiledPolicy, target: &str, addrs: Option<&[&str]>) -> (Verdict, Reason) {
+        let a = addrs.map(ips);
+        let o = p.decide(&t(target), a.as_deref(), &Guard::default());
+        (o.decision.verdict, o.decision.reason)
+    }
+
+    #[test]
+    fn names_ports_and_defaults() {
+        let p = policy(
+            &[
+                "api.example.com",
+                "*.example.org:8000-8100",
+                "**.example.net:*",
+            ],
+            &[],
+        );
+        assert_eq!(
+            reason(&p, "api.example.com", None),
+            (Verdict::Allow, Reason::RuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "API.EXAMPLE.COM.:443", None),
+            (Verdict::Allow, Reason::RuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "api.example.com:80", None),
+            (Verdict::Deny, Reason::PortNotAllowed)
+        );
+        assert_eq!(
+            reason(&p, "x.example.org:8050", None),
+            (Verdict::Allow, Reason::RuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "x.example.org:443", None),
+            (Verdict::Deny, Reason::PortNotAllowed)
+        );
+        assert_eq!(
+            reason(&p, "example.org:8050", None),
+            (Verdict::Deny, Reason::NoRuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "example.net:22", None),
+            (Verdict::Allow, Reason::RuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "evil.com", None),
+            (Verdict::Deny, Reason::NoRuleMatched)
+        );
+    }
+
+    #[test]
+    fn deny_wins() {
+        let p = policy(
+            &["**.example.com", "10.0.0.0/8:*"],
+            &["secret.example.com", "10.1.0.0/16"],
+        );
+        assert_eq!(
+            reason(&p, "a.example.com", None),
+            (Verdict::Allow, Reason::RuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "secret.example.com", None),
+            (Verdict::Deny, Reason::DeniedByRule)
+        );
+        assert_eq!(
+            reason(&p, "secret.example.com:8443", None),
+            (Verdict::Deny, Reason::DeniedByRule)
+        );
+        assert_eq!(
+            reason(&p, "10.2.0.1:5432", None),
+            (Verdict::Allow, Reason::RuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "10.1.0.1:5432", None),
+            (Verdict::Deny, Reason::DeniedByRule)
+        );
+        // A name allowed by rule that resolves into a denied range is refused.
+        assert_eq!(
+            reason(&p, "a.example.com", Some(&["10.1.2.3"])),
+            (Verdict::Deny, Reason::DeniedByRule)
+        );
+    }
+
+    #[test]
+    fn ip_literals_need_address_rules() {
+        let p = policy(&["api.example.com", "8.8.8.8", "[2001:4860::/32]:53"], &[]);
+        assert_eq!(
+            reason(&p, "8.8.8.8", None),
+            (Verdict::Allow, Reason::RuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "8.8.4.4", None),
+            (Verdict::Deny, Reason::NoRuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "[2001:4860::8888]:53", None),
+            (Verdict::Allow, Reason::RuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "[2001:4860::8888]:443", None),
+            (Verdict::Deny, Reason::PortNotAllowed)
+        );
+        assert_eq!(
+            reason(&p, "[::ffff:8.8.8.8]", None),
+            (Verdict::Allow, Reason::RuleMatched)
+        );
+    }
+
+    #[test]
+    fn names_allowed_by_address_rules_when_every_address_is_covered() {
+        let p = policy(&["10.0.0.0/8:5432"], &[]);
+        let o = p.decide(&t("db.internal:5432"), None, &Guard::default());
+        assert_eq!(o.decision.reason, Reason::NoRuleMatched);
+        assert!(o.needs_addresses, "address rules may still allow it");
+        assert_eq!(
+            reason(&p, "db.internal:5432", Some(&["10.1.1.1", "10.2.2.2"])),
+            (Verdict::Allow, Reason::RuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "db.internal:5432", Some(&["10.1.1.1", "8.8.8.8"])),
+            (Verdict::Deny, Reason::NoRuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "db.internal:5433", Some(&["10.1.1.1"])),
+            (Verdict::Deny, Reason::PortNotAllowed)
+        );
+        // Without address rules nothing is pending.
+        let q = policy(&["api.example.com"], &[]);
+        assert!(
+            !q.decide(&t("db.internal"), None, &Guard::default())
+                .needs_addresses
+        );
+    }
+
+    #[test]
+    fn guard_applies_after_policy() {
+        let p = policy(
+            &["api.example.com", "10.0.0.0/8:5432", "localhost:8080"],
+            &[],
+        );
+        // Allowed name resolving to metadata / private is prohibited.
+        assert_eq!(
+            reason(&p, "api.example.com", Some(&["169.254.169.254"])),
+            (Verdict::Deny, Reason::DestinationIpProhibited)
+        );
+        // Mixed answers dial only the permitted addresses.
+        let q = policy(&["api.example.com"], &[]);
+        let o = q.decide(
+            &t("api.example.com"),
+            Some(&ips(&["127.0.0.1", "93.184.216.34"])),
+            &Guard::default(),
+        );
+        assert_eq!(o.decision.verdict, Verdict::Allow);
+        assert_eq!(o.dial, ips(&["93.184.216.34"]));
+        assert_eq!(o.refused.len(), 1);
+        // A covered private address passes the guard on any port (the port is policy's job).
+        assert_eq!(
+            reason(&p, "api.example.com", Some(&["10.3.3.3"])),
+            (Verdict::Allow, Reason::RuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "localhost:8080", Some(&["127.0.0.1"])),
+            (Verdict::Allow, Reason::RuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "127.0.0.1:8080", None),
+            (Verdict::Allow, Reason::RuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "[::1]:8080", None),
+            (Verdict::Allow, Reason::RuleMatched)
+        );
+        assert_eq!(
+            reason(&p, "127.0.0.1:8081", None),
+            (Verdict::Deny, Reason::PortNotAllowed)
+        );
+        // Loop protection beats every rule.
+        let g = Guard::new(&[], &[], vec!["127.0.0.1:8080".parse().unwrap()]);
+        let o = p.decide(&t("127.0.0.1:8080"), None, &g);
+        assert_eq!(o.decision.reason, Reason::ProxyLoop);
+    }
+
+    #[test]
+    fn modes_and_report() {
+        let sp = |m| spec(m, &["api.example.com"], &["evil.example.com"]);
+        let ports = PortSet::from_ports(&[443]).unwrap();
+        let deny_all =
+            CompiledPolicy::compile("d", "f", &sp(Mode::DenyAll), Enforcement::Enforce, &ports)
+                .unwrap();
+        assert_eq!(
+            reason(&deny_all, "api.example.com", None),
+            (Verdict::Deny, Reason::DenyAllMode)
+        );
+        let allow_all =
+            CompiledPolicy::compile("a", "f", &sp(Mode::AllowAll), Enforcement::Enforce, &ports)
+                .unwrap();
+        assert_eq!(
+            reason(&allow_all, "anything.example:22", None),
+            (Verdict::Allow, Reason::AllowAllMode)
+        );
+        assert_eq!(
+            reason(&allow_all, "evil.example.com", None),
+            (Verdict::Deny, Reason::DeniedByRule)
+        );
+        assert_eq!(
+            reason(&allow_all, "anything.example", Some(&["10.0.0.1"])),
+            (Verdict::Deny, Reason::DestinationIpProhibited)
+        );
+        let report =
+            CompiledPolicy::compile("r", "f", &sp(Mode::Restricted), Enforcement::Report, &ports)
+                .unwrap();
+        assert_eq!(
+            reason(&report, "other.example", None),
+            (Verdict::Report, Reason::NoRuleMatched)
+        );
+        assert_eq!(
+            reason(&report, "evil.example.com", None),
+            (Verdict::Report, Reason::DeniedByRule)
+        );
+        // Report mode never relaxes the guard.
+        assert_eq!(
+            reason(&report, "other.example", Some(&["127.0.0.1"])),
+            (Verdict::Deny, Reason::DestinationIpProhibited)
+        );
+        let o = report.decide(&t("other.example"), None, &Guard::default());
+        assert!(o.needs_addresses);
+    }
+
+    #[test]
+    fn rule_provenance_is_reported() {
+        let p = policy(&["a.example.com", "b.example.com"], &[]);
+        let o = p.decide(&t("b.example.com"), None, &Guard::default());
+        let r = o.decision.rule.unwrap();
+        assert_eq!(r.text, "b.example.com");
+        assert_eq!(
+            r.source.to_string(),
+            "t.yaml: sandbox demo: network.egress[1]"
+        );
+    }
+}

@@ -1,0 +1,205 @@
+//! Host-name normalisation, shared by policy entries and connection targets.
+//!
+//! A name is lowercased, loses one trailing dot, goes through IDNA (UTS-46) to punycode when it
+//! is not ASCII, and must then consist of labels of letters, digits, hyphens and underscores,
+//! each 1–63 bytes, 253 bytes in all. Names that merely look numeric (`127.1`, `0x7f.1`,
+//! `2130706433`) are refused: resolvers and URL parsers disagree about them, so they are never
+//! names. This module does no I/O and knows nothing about policy.
+
+use thiserror::Error;
+
+/// Longest name DNS can carry, in presentation form without the trailing dot.
+pub const MAX_NAME_LEN: usize = 253;
+/// Longest single DNS label.
+pub const MAX_LABEL_LEN: usize = 63;
+
+/// Why a string is not a usable host name.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum NameError {
+    #[error("empty name")]
+    Empty,
+    #[error("name is longer than {MAX_NAME_LEN} bytes")]
+    TooLong,
+    #[error("name has an empty label")]
+    EmptyLabel,
+    #[error("a label is longer than {MAX_LABEL_LEN} bytes")]
+    LabelTooLong,
+    #[error("invalid character {0:?} in name (allowed: letters, digits, '-', '_')")]
+    BadChar(char),
+    #[error("numeric-looking name is not a canonical IP address")]
+    Numeric,
+    #[error("internationalised name is not valid IDNA")]
+    Idna,
+}
+
+/// Normalise a host name (no wildcards allowed).
+pub fn normalize_name(input: &str) -> Result<String, NameError> {
+    normalize(input, false)
+}
+
+/// Normalise a name pattern: like [`normalize_name`], but labels may contain `*`.
+pub fn normalize_pattern(input: &str) -> Result<String, NameError> {
+    normalize(input, true)
+}
+
+fn normalize(input: &str, wildcards: bool) -> Result<String, NameError> {
+    let trimmed = input.strip_suffix('.').unwrap_or(input);
+    if trimmed.is_empty() {
+        return Err(NameError::Empty);
+    }
+    let ascii: String = if trimmed.is_ascii() {
+        trimmed.to_ascii_lowercase()
+    } else if wildcards && trimmed.contains('*') {
+        // Wildcard labels must be ASCII; convert the others one label at a time.
+        let mut out = Vec::new();
+        for label in trimmed.split('.') {
+            if label.is_ascii() {
+                out.push(label.to_ascii_lowercase());
+            } else {
+                out.push(idna_label(label)?);
+            }
+        }
+        out.join(".")
+    } else {
+        let converted = idna::domain_to_ascii(trimmed).map_err(|_| NameError::Idna)?;
+        // UTS-46 maps some dots (U+3002 …) to '.', which may leave a new trailing dot.
+        converted
+            .strip_suffix('.')
+            .unwrap_or(&converted)
+            .to_string()
+    };
+    check_syntax(&ascii, wildcards)?;
+    Ok(ascii)
+}
+
+fn idna_label(label: &str) -> Result<String, NameError> {
+    let converted = idna::domain_to_ascii(label).map_err(|_| NameError::Idna)?;
+    if converted.contains('.') {
+        return Err(NameError::Idna);
+    }
+    Ok(converted)
+}
+
+/// Check an already-lowercased ASCII name or pattern.
+fn check_syntax(name: &str, wildcards: bool) -> Result<(), NameError> {
+    if name.is_empty() {
+        return Err(NameError::Empty);
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(NameError::TooLong);
+    }
+    for label in name.split('.') {
+        if label.is_empty() {
+            return Err(NameError::EmptyLabel);
+        }
+        if label.len() > MAX_LABEL_LEN {
+            return Err(NameError::LabelTooLong);
+        }
+        for c in label.chars() {
+            let ok = c.is_ascii_lowercase()
+                || c.is_ascii_digit()
+                || c == '-'
+                || c == '_'
+                || (wildcards && c == '*');
+            if !ok {
+                return Err(NameError::BadChar(c));
+            }
+        }
+    }
+    if looks_numeric(name) {
+        return Err(NameError::Numeric);
+    }
+    Ok(())
+}
+
+/// True when the last label is a number (decimal, or `0x` hex): WHATWG URL parsers would
+/// treat the whole name as an IPv4 address in some legacy notation.
+fn looks_numeric(name: &str) -> bool {
+    let last = name.rsplit('.').next().unwrap_or(name);
+    if !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()) {
+        return true;
+    }
+    if let Some(hex) = last.strip_prefix("0x") {
+        return hex.bytes().all(|b| b.is_ascii_hexdigit());
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lowercases_and_strips_one_trailing_dot() {
+        assert_eq!(
+            normalize_name("API.Example.COM.").as_deref(),
+            Ok("api.example.com")
+        );
+        assert_eq!(normalize_name("a.b..").unwrap_err(), NameError::EmptyLabel);
+    }
+
+    #[test]
+    fn idna_goes_to_punycode() {
+        assert_eq!(
+            normalize_name("Bücher.example").as_deref(),
+            Ok("xn--bcher-kva.example")
+        );
+        assert_eq!(
+            normalize_name("münchen.de").as_deref(),
+            Ok("xn--mnchen-3ya.de")
+        );
+        // Full-width dot is a label separator under UTS-46.
+        assert_eq!(normalize_name("ex\u{3002}com").as_deref(), Ok("ex.com"));
+    }
+
+    #[test]
+    fn numeric_looking_names_are_refused() {
+        for n in [
+            "2130706433",
+            "127.1",
+            "0x7f.1",
+            "1.2.3",
+            "0x7f",
+            "foo.0x10",
+            "1.2.3.4.5",
+        ] {
+            assert_eq!(normalize_name(n).unwrap_err(), NameError::Numeric, "{n}");
+        }
+        assert!(normalize_name("3com.com").is_ok());
+        assert!(normalize_name("0x.example").is_ok());
+    }
+
+    #[test]
+    fn bad_characters_are_refused() {
+        for n in [
+            "a@b",
+            "a%2eb",
+            "a b",
+            "a\nb",
+            "a/b",
+            "a:b",
+            "exa\u{0}mple.com",
+        ] {
+            assert!(
+                matches!(
+                    normalize_name(n),
+                    Err(NameError::BadChar(_)) | Err(NameError::Idna)
+                ),
+                "{n}"
+            );
+        }
+        assert!(normalize_name("_dmarc.example.com").is_ok());
+        assert!(normalize_name("*.example.com").is_err());
+        assert!(normalize_pattern("*.example.com").is_ok());
+    }
+
+    #[test]
+    fn length_limits() {
+        let label = "a".repeat(64);
+        assert_eq!(normalize_name(&label).unwrap_err(), NameError::LabelTooLong);
+        let long = vec!["abcdefgh"; 40].join(".");
+        assert_eq!(normalize_name(&long).unwrap_err(), NameError::TooLong);
+        assert_eq!(normalize_name("").unwrap_err(), NameError::Empty);
+        assert_eq!(normalize_name(".").unwrap_err(), NameError::Empty);
+    }
+}

@@ -1,0 +1,203 @@
+//! Compiled name rules: exact names in a hash map, `*.`/`**.` suffixes looked up label by
+//! label, globs bucketed by their fixed suffix (one `GlobSet` per bucket), so a lookup costs a
+//! few hash probes plus the globs that share the name's suffix — never a scan of all entries.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+
+use super::Rule;
+
+/// Name rules of one list (egress or deny) of one sandbox.
+#[derive(Debug, Default)]
+pub struct NameMatcher {
+    /// Exact names.
+    exact: HashMap<Box<str>, Vec<Arc<Rule>>>,
+    /// Wildcard suffixes: (rule, matches the apex too) — `*.x` is `false`, `**.x` is `true`.
+    suffix: HashMap<Box<str>, Vec<(Arc<Rule>, bool)>>,
+    /// Globs keyed by the labels after their last wildcard.
+    globs: HashMap<Box<str>, GlobBucket>,
+    /// Globs still being collected (pattern in path form, rule), keyed like `globs`.
+    pending: HashMap<Box<str>, Vec<(String, Arc<Rule>)>>,
+}
+
+#[derive(Debug)]
+struct GlobBucket {
+    set: GlobSet,
+    rules: Vec<Arc<Rule>>,
+}
+
+/// The best matches for a name: the first rule that also allows the port, and the first
+/// rule that matched the name at all (to tell `port_not_allowed` from `no_rule_matched`).
+#[derive(Debug, Default)]
+pub struct NameHit<'a> {
+    pub with_port: Option<&'a Arc<Rule>>,
+    pub name_only: Option<&'a Arc<Rule>>,
+}
+
+impl<'a> NameHit<'a> {
+    fn offer(&mut self, rule: &'a Arc<Rule>, port: u16) -> bool {
+        if self.name_only.is_none() {
+            self.name_only = Some(rule);
+        }
+        if rule.ports.contains(port) {
+            self.with_port = Some(rule);
+            return true;
+        }
+        false
+    }
+}
+
+impl NameMatcher {
+    pub fn add_exact(&mut self, name: &str, rule: Arc<Rule>) {
+        self.exact.entry(name.into()).or_default().push(rule);
+    }
+
+    pub fn add_suffix(&mut self, suffix: &str, apex: bool, rule: Arc<Rule>) {
+        self.suffix
+            .entry(suffix.into())
+            .or_default()
+            .push((rule, apex));
+    }
+
+    pub fn add_glob(&mut self, pattern: &str, fixed_suffix: &str, rule: Arc<Rule>) {
+        self.pending
+            .entry(fixed_suffix.into())
+            .or_default()
+            .push((pattern.replace('.', "/"), rule));
+    }
+
+    /// Build the glob sets; call once after adding every rule.
+    pub fn finish(&mut self) -> Result<(), globset::Error> {
+        for (suffix, globs) in std::mem::take(&mut self.pending) {
+            let mut builder = GlobSetBuilder::new();
+            let mut rules = Vec::with_capacity(globs.len());
+            for (pattern, rule) in globs {
+                builder.add(GlobBuilder::new(&pattern).literal_separator(true).build()?);
+                rules.push(rule);
+            }
+            self.globs.insert(
+                suffix,
+                GlobBucket {
+                    set: builder.build()?,
+                    rules,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Match a normalised name. Order of preference: exact, then the longest wildcard
+    /// suffix, then globs.
+    pub fn lookup(&self, name: &str, port: u16) -> NameHit<'_> {
+        let mut hit = NameHit::default();
+        if let Some(rules) = self.exact.get(name) {
+            for r in rules {
+                if hit.offer(r, port) {
+                    return hit;
+                }
+            }
+        }
+        if !self.suffix.is_empty() {
+            // The name itself (apex rules only), then every proper suffix, longest first.
+            if let Some(rules) = self.suffix.get(name) {
+                for (r, apex) in rules {
+                    if *apex && hit.offer(r, port) {
+                        return hit;
+                    }
+                }
+            }
+            for suffix in proper_suffixes(name) {
+                if let Some(rules) = self.suffix.get(suffix) {
+                    for (r, _) in rules {
+                        if hit.offer(r, port) {
+                            return hit;
+                        }
+                    }
+                }
+            }
+        }
+        if !self.globs.is_empty() {
+            let mut path: Option<String> = None;
+            for suffix in proper_suffixes(name) {
+                if let Some(bucket) = self.globs.get(suffix) {
+                    let p = path.get_or_insert_with(|| name.replace('.', "/"));
+                    for i in bucket.set.matches(p.as_str()) {
+                        if let Some(r) = bucket.rules.get(i) {
+                            if hit.offer(r, port) {
+                                return hit;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        hit
+    }
+}
+
+/// `a.b.c` → `b.c`, `c`.
+fn proper_suffixes(name: &str) -> impl Iterator<Item = &str> {
+    name.match_indices('.').map(move |(i, _)| &name[i + 1..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ports::PortSet;
+    use super::super::{ListKind, RuleSource};
+    use super::*;
+
+    fn rule(text: &str, ports: PortSet) -> Arc<Rule> {
+        Arc::new(Rule {
+            text: text.into(),
+            ports,
+            source: RuleSource {
+                file: "t.yaml".into(),
+                sandbox: "t".into(),
+                list: ListKind::Egress,
+                index: 0,
+            },
+        })
+    }
+
+    #[test]
+    fn exact_suffix_and_glob() {
+        let p443 = PortSet::parse("443").unwrap();
+        let mut m = NameMatcher::default();
+        m.add_exact("api.example.com", rule("api.example.com", p443.clone()));
+        m.add_suffix("example.org", false, rule("*.example.org", p443.clone()));
+        m.add_suffix("example.net", true, rule("**.example.net", p443.clone()));
+        m.add_glob(
+            "ec2.*.amazonaws.com",
+            "amazonaws.com",
+            rule("ec2.*.amazonaws.com", p443.clone()),
+        );
+        m.add_glob(
+            "a.**.example.io",
+            "example.io",
+            rule("a.**.example.io", p443.clone()),
+        );
+        m.finish().unwrap();
+        let yes = |n: &str| m.lookup(n, 443).with_port.map(|r| r.text.clone());
+        assert_eq!(yes("api.example.com").as_deref(), Some("api.example.com"));
+        assert_eq!(yes("x.api.example.com"), None);
+        assert_eq!(yes("a.example.org").as_deref(), Some("*.example.org"));
+        assert_eq!(yes("a.b.example.org").as_deref(), Some("*.example.org"));
+        assert_eq!(yes("example.org"), None);
+        assert_eq!(yes("example.net").as_deref(), Some("**.example.net"));
+        assert_eq!(yes("x.y.example.net").as_deref(), Some("**.example.net"));
+        assert_eq!(
+            yes("ec2.us-east-1.amazonaws.com").as_deref(),
+            Some("ec2.*.amazonaws.com")
+        );
+        assert_eq!(yes("ec2.a.b.amazonaws.com"), None);
+        assert_eq!(yes("ec2.amazonaws.com"), None);
+        assert_eq!(yes("a.example.io").as_deref(), Some("a.**.example.io"));
+        assert_eq!(yes("a.x.y.example.io").as_deref(), Some("a.**.example.io"));
+        assert_eq!(yes("b.x.example.io"), None);
+        let hit = m.lookup("api.example.com", 80);
+        assert!(hit.with_port.is_none());
+        assert!(hit.name_only.is_some());
+    }
+}
