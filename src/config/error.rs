@@ -64,9 +64,33 @@ pub(crate) struct Sink<'a> {
     pub file: Arc<str>,
     pub text: &'a str,
     pub errors: &'a mut Vec<ConfigError>,
+    /// Byte offset of each line's start, so lookups do not rescan the file.
+    starts: Vec<usize>,
 }
 
-impl Sink<'_> {
+impl<'a> Sink<'a> {
+    pub fn new(file: Arc<str>, text: &'a str, errors: &'a mut Vec<ConfigError>) -> Self {
+        let mut starts = vec![0];
+        starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
+        Sink {
+            file,
+            text,
+            errors,
+            starts,
+        }
+    }
+
+    /// First 1-based line at or after `after_line` that contains `needle`.
+    pub fn locate(&self, needle: &str, after_line: usize) -> Option<usize> {
+        if needle.is_empty() {
+            return None;
+        }
+        let first = after_line.saturating_sub(1);
+        let from = *self.starts.get(first)?;
+        let at = self.text[from..].find(needle)? + from;
+        Some(self.starts.partition_point(|s| *s <= at))
+    }
+
     /// Record an error. `hint` is a string expected on the offending line (a key or an entry),
     /// searched from `after_line` on.
     pub fn push(
@@ -77,7 +101,7 @@ impl Sink<'_> {
         hint: Option<&str>,
         after_line: usize,
     ) {
-        let line = hint.and_then(|h| locate(self.text, h, after_line));
+        let line = hint.and_then(|h| self.locate(h, after_line));
         self.errors.push(ConfigError {
             file: self.file.clone(),
             line,
@@ -87,18 +111,6 @@ impl Sink<'_> {
             code: None,
         });
     }
-}
-
-/// First 1-based line at or after `after_line` that contains `needle`.
-pub(crate) fn locate(text: &str, needle: &str, after_line: usize) -> Option<usize> {
-    if needle.is_empty() {
-        return None;
-    }
-    text.lines()
-        .enumerate()
-        .skip(after_line.saturating_sub(1))
-        .find(|(_, l)| l.contains(needle))
-        .map(|(i, _)| i + 1)
 }
 
 /// Remove quoted values from a serde message: `invalid type: string "sk-…"` must not echo
@@ -147,9 +159,13 @@ mod tests {
     #[test]
     fn locates_lines() {
         let text = "a: 1\nsandboxes:\n  - id: x\n    bad: 2\n  - id: y\n    bad: 3\n";
-        assert_eq!(locate(text, "bad:", 1), Some(4));
-        assert_eq!(locate(text, "bad:", 5), Some(6));
-        assert_eq!(locate(text, "zzz", 1), None);
+        let mut errors = Vec::new();
+        let sink = Sink::new("t".into(), text, &mut errors);
+        assert_eq!(sink.locate("bad:", 1), Some(4));
+        assert_eq!(sink.locate("bad:", 5), Some(6));
+        assert_eq!(sink.locate("a: 1", 1), Some(1));
+        assert_eq!(sink.locate("zzz", 1), None);
+        assert_eq!(sink.locate("bad:", 99), None);
         assert_eq!(
             unknown_field("unknown field `bad`, expected one of `a`"),
             Some("bad")

@@ -199,11 +199,7 @@ pub fn load_str(
             code: None,
         }]));
     };
-    let mut sink = Sink {
-        file: file.clone(),
-        text,
-        errors: &mut errors,
-    };
+    let mut sink = Sink::new(file.clone(), text, &mut errors);
     for (k, _) in &top {
         match k.as_str() {
             Some(k) if TOP_LEVEL_KEYS.contains(&k) => {}
@@ -282,6 +278,7 @@ pub fn load_str(
         defaults: &defaults,
         extra_providers: &extra_providers,
         index: &index,
+        id_lines: id_lines(text),
     };
     let mut bindings = Vec::new();
     let mut seen: HashSet<String> = HashSet::new();
@@ -378,16 +375,13 @@ impl Config {
                 }]))
             }
         };
-        let mut sink = Sink {
-            file: origin.into(),
-            text,
-            errors: &mut errors,
-        };
+        let mut sink = Sink::new(origin.into(), text, &mut errors);
         let ctx = BindingCtx {
             base_dir: &self.base_dir,
             defaults: &self.defaults,
             extra_providers: &self.extra_providers,
             index: &self.index,
+            id_lines: id_lines(text),
         };
         let b = build_binding(value, 0, &ctx, &mut sink, &mut warnings, &mut files);
         match b {
@@ -408,10 +402,10 @@ fn section<T: serde::de::DeserializeOwned>(
         Ok(v) => Some(v),
         Err(e) => {
             let msg = redact(&e.to_string());
-            let line = error::locate(sink.text, &format!("{key}:"), 1);
+            let line = sink.locate(&format!("{key}:"), 1);
             let hint = unknown_field(&msg).map(|f| format!("{f}:"));
             let line = hint
-                .and_then(|h| error::locate(sink.text, &h, line.unwrap_or(1)))
+                .and_then(|h| sink.locate(&h, line.unwrap_or(1)))
                 .or(line);
             sink.errors.push(ConfigError {
                 file: sink.file.clone(),
@@ -625,6 +619,27 @@ struct BindingCtx<'a> {
     defaults: &'a Defaults,
     extra_providers: &'a [String],
     index: &'a PolicyIndex,
+    /// Sandbox id → the line of its first `id:` (one pass over the file, not one per binding).
+    id_lines: HashMap<String, usize>,
+}
+
+/// Map every `id: X` line of a file to its line number (first occurrence wins).
+fn id_lines(text: &str) -> HashMap<String, usize> {
+    let mut out = HashMap::new();
+    for (i, line) in text.lines().enumerate() {
+        if let Some(pos) = line.find("id:") {
+            let rest = line[pos + 3..].trim_start();
+            let id: String = rest
+                .trim_start_matches(['"', '\''])
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || "_.-".contains(*c))
+                .collect();
+            if !id.is_empty() {
+                out.entry(id).or_insert(i + 1);
+            }
+        }
+    }
+    out
 }
 
 /// `[a-z0-9][a-z0-9_.-]{0,62}`
@@ -662,10 +677,7 @@ fn build_binding(
     let sb = Some(label.as_str());
     let line = id_text
         .as_deref()
-        .and_then(|id| {
-            error::locate(sink.text, &format!("id: {id}"), 1)
-                .or_else(|| error::locate(sink.text, id, 1))
-        })
+        .and_then(|id| ctx.id_lines.get(id).copied())
         .unwrap_or(1);
     let before = sink.errors.len();
     // A plaintext token is refused by name, and never echoed.
@@ -838,7 +850,7 @@ fn resolve_policy(
     warnings: &mut Vec<String>,
     files: &mut Vec<PathBuf>,
 ) -> Option<ResolvedPolicy> {
-    let policy_line = error::locate(sink.text, "policy:", line).unwrap_or(line);
+    let policy_line = sink.locate("policy:", line).unwrap_or(line);
     let (has_inline, has_ref) = match &value {
         Value::Mapping(m) => (m.contains_key("inline"), m.contains_key("ref")),
         _ => (false, false),
@@ -889,7 +901,7 @@ fn resolve_policy(
             Ok((block, network, file)) => Some((block, network, file, Some(r.to_string()))),
             Err(mut errs) => {
                 if errs.is_empty() {
-                    let loc = error::locate(sink.text, r, policy_line);
+                    let loc = sink.locate(r, policy_line);
                     sink.errors.push(ConfigError {
                         file: sink.file.clone(),
                         line: loc,

@@ -110,11 +110,7 @@ pub(crate) fn read_standalone(
         )]
     })?;
     let mut errors = Vec::new();
-    let mut sink = Sink {
-        file: file.clone(),
-        text: &text,
-        errors: &mut errors,
-    };
+    let mut sink = Sink::new(file.clone(), &text, &mut errors);
     let ctx = BlockCtx {
         sandbox: None,
         prefix: "",

@@ -309,7 +309,7 @@ fn check_provider(block: &SandboxBlock, ctx: &BlockCtx<'_>, sink: &mut Sink<'_>)
     let sb = ctx.sandbox;
     let p = ctx.prefix;
     let known = BUILTIN_PROVIDERS.contains(&block.provider.as_str());
-    let extra = ctx.extra_providers.iter().any(|e| *e == block.provider);
+    let extra = ctx.extra_providers.contains(&block.provider);
     if !known && !extra {
         sink.push(
             sb,
@@ -580,8 +580,9 @@ fn network_spec(
                 Err(e) => {
                     ok = false;
                     let hint = format!("\"{text}\"");
-                    let line = crate::config::error::locate(sink.text, &hint, ctx.line)
-                        .or_else(|| crate::config::error::locate(sink.text, text, ctx.line));
+                    let line = sink
+                        .locate(&hint, ctx.line)
+                        .or_else(|| sink.locate(text, ctx.line));
                     sink.errors.push(crate::config::ConfigError {
                         file: sink.file.clone(),
                         line,
@@ -654,11 +655,7 @@ mod tests {
         let mut errors = Vec::new();
         let mut warnings = Vec::new();
         let value: Value = serde_yaml::from_str(yaml).unwrap();
-        let mut sink = Sink {
-            file: "t.yaml".into(),
-            text: yaml,
-            errors: &mut errors,
-        };
+        let mut sink = Sink::new("t.yaml".into(), yaml, &mut errors);
         let ctx = BlockCtx {
             sandbox: Some("t"),
             prefix: "policy.",

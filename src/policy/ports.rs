@@ -61,7 +61,7 @@ impl PortSet {
 
     /// Whether this is the set of every port.
     pub fn is_any(&self) -> bool {
-        self.ranges.iter().any(|r| *r == (1, u16::MAX))
+        self.ranges.contains(&(1, u16::MAX))
     }
 }
 

@@ -1,0 +1,289 @@
+//! The real binary's `check` and `validate`: decisions, JSON, exit codes, and the messages
+//! for broken configurations.
+
+use std::path::Path;
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = bin().args(args).output().expect("run egress-proxy");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+const POLICY: &str = r#"
+defaults: { ports: [443] }
+dns:
+  hosts:
+    db.internal: [10.1.2.3]
+    mixed.internal: [10.1.2.3, 8.8.8.8]
+    half.internal: [10.1.2.3, 9.9.9.9]
+    meta.example.com: [169.254.169.254]
+sandboxes:
+  - id: demo
+    sources: [127.0.0.0/8]
+    policy:
+      provider: local
+      config: {}
+      network:
+        egress: ["api.example.com", "*.example.org:8000-8100", "10.0.0.0/8:5432", "8.8.8.8:53", "meta.example.com"]
+        deny: ["bad.example.org"]
+  - id: rollout
+    enforcement: report
+    sources: [10.9.0.0/16]
+    policy: { provider: local, config: {}, network: { egress: ["api.example.com"] } }
+"#;
+
+#[test]
+fn check_decisions_and_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write(dir.path(), "p.yaml", POLICY);
+    let cases: &[(&str, &[&str], i32, &str)] = &[
+        ("demo", &["api.example.com"], 0, "rule_matched"),
+        ("demo", &["API.Example.com.:443"], 0, "rule_matched"),
+        ("demo", &["api.example.com:80"], 1, "port_not_allowed"),
+        ("demo", &["x.example.org:8080"], 0, "rule_matched"),
+        ("demo", &["bad.example.org:8080"], 1, "denied_by_rule"),
+        ("demo", &["evil.example.net"], 1, "no_rule_matched"),
+        ("demo", &["8.8.8.8:53"], 0, "rule_matched"),
+        ("demo", &["10.1.2.3:5432"], 0, "rule_matched"),
+        ("demo", &["10.1.2.3:22"], 1, "port_not_allowed"),
+        ("demo", &["127.1"], 1, "invalid_target"),
+        ("demo", &["2130706433:443"], 1, "invalid_target"),
+        ("demo", &["a@b.example.com"], 1, "invalid_target"),
+        ("demo", &["db.internal:5432"], 1, "no_rule_matched"),
+        (
+            "demo",
+            &["--resolve", "db.internal:5432"],
+            0,
+            "rule_matched",
+        ),
+        (
+            "demo",
+            &["--resolve", "mixed.internal:5432"],
+            1,
+            "port_not_allowed",
+        ),
+        (
+            "demo",
+            &["--resolve", "half.internal:5432"],
+            1,
+            "no_rule_matched",
+        ),
+        (
+            "demo",
+            &["--resolve", "meta.example.com"],
+            1,
+            "destination_ip_prohibited",
+        ),
+        ("rollout", &["evil.example.net"], 0, "no_rule_matched"),
+    ];
+    for (sandbox, target, code, reason) in cases {
+        let mut args = vec!["check", "--config", &cfg, "--sandbox", sandbox, "--json"];
+        args.extend_from_slice(target);
+        let (got, out, err) = run(&args);
+        assert_eq!(got, *code, "{target:?}: {out}{err}");
+        let v: serde_json::Value =
+            serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+        assert_eq!(v["reason"], *reason, "{target:?}: {out}");
+        for key in [
+            "decision",
+            "reason",
+            "rule",
+            "rule_source",
+            "sandbox",
+            "target",
+            "enforcement",
+        ] {
+            assert!(v.get(key).is_some(), "{key} missing in {out}");
+        }
+    }
+    let (_, out, _) = run(&[
+        "check",
+        "--config",
+        &cfg,
+        "--sandbox",
+        "demo",
+        "--json",
+        "x.example.org:8050",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["rule"], "*.example.org:8000-8100");
+    assert!(v["rule_source"]
+        .as_str()
+        .unwrap()
+        .ends_with("p.yaml: sandbox demo: network.egress[1]"));
+    let (_, out, _) = run(&[
+        "check",
+        "--config",
+        &cfg,
+        "--sandbox",
+        "rollout",
+        "--json",
+        "evil.example.net",
+    ]);
+    assert!(out.contains("\"decision\":\"report\""), "{out}");
+    // Human output says which file to change.
+    let (_, out, _) = run(&[
+        "check",
+        "--config",
+        &cfg,
+        "--sandbox",
+        "demo",
+        "evil.example.net",
+    ]);
+    assert!(
+        out.contains("not in network.egress of sandbox demo"),
+        "{out}"
+    );
+}
+
+#[test]
+fn check_usage_errors_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write(dir.path(), "p.yaml", POLICY);
+    let (code, _, err) = run(&[
+        "check",
+        "--config",
+        &cfg,
+        "--sandbox",
+        "ghost",
+        "api.example.com",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no sandbox `ghost`"), "{err}");
+    let (code, _, _) = run(&["check", "--sandbox", "demo"]);
+    assert_eq!(code, 2);
+    let (code, _, err) = run(&[
+        "check",
+        "--config",
+        "/nonexistent.yaml",
+        "--sandbox",
+        "demo",
+        "x.com",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot read"), "{err}");
+}
+
+#[test]
+fn embedded_default_and_examples_validate() {
+    let (code, out, err) = run(&["validate"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("demo"), "{out}");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = bin()
+        .args([
+            "validate",
+            "--config",
+            &format!("{root}/config/gateway.yaml"),
+        ])
+        .env("EGRESS_TOKEN_CI_RUNNER_1", "test-token")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("@acme-corp/ci"), "{text}");
+    // The file's own SANDBOX.md examples pass a check through a ref.
+    let out = bin()
+        .args([
+            "check",
+            "--config",
+            &format!("{root}/config/gateway.yaml"),
+            "--sandbox",
+            "ci-runner-1",
+            "ec2.eu-west-1.amazonaws.com",
+        ])
+        .env("EGRESS_TOKEN_CI_RUNNER_1", "test-token")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// Each broken config, and a message that must appear for it.
+#[test]
+fn validate_reports_every_error_with_location() {
+    let cases: &[(&str, &[&str])] = &[
+        ("listen: [", &["p.yaml:", "not valid YAML"]),
+        ("listen: { proxy: nonsense }", &["p.yaml:1: listen:"]),
+        ("lisen: {}", &["p.yaml:1: lisen: unknown key"]),
+        (
+            "sandboxes:\n  - id: a\n    policy: { provider: local, config: {}, network: { egress: [\"https://api.example.com/v1\"] } }\n",
+            &["p.yaml:3: sandbox a: policy.network.egress[0]", "write `api.example.com:443`"],
+        ),
+        (
+            "sandboxes:\n  - id: a\n    policy:\n      provider: local\n      config: {}\n      network:\n        egress:\n          - ok.example.com\n          - \"*.co.uk\"\n          - \"10.0.0.0/40\"\n          - \"x.example.com:70000\"\n",
+            &[
+                "p.yaml:9: sandbox a: policy.network.egress[1]: `*.co.uk`: wildcard suffix `co.uk` is a public suffix",
+                "p.yaml:10: sandbox a: policy.network.egress[2]: `10.0.0.0/40`: malformed CIDR",
+                "p.yaml:11: sandbox a: policy.network.egress[3]",
+                "3 configuration error(s)",
+            ],
+        ),
+        (
+            "sandboxes:\n  - id: a\n    auth: { token: hunter2 }\n    policy: { provider: local, config: {} }\n",
+            &["p.yaml:3: sandbox a: auth.token: plaintext tokens are not allowed"],
+        ),
+        (
+            "sandboxes:\n  - id: a\n    policy:\n      provider: local\n      config: {}\n      env: { OPENAI_API_KEY: sk-live-abcdef }\n",
+            &["sandbox a: policy.env.OPENAI_API_KEY: plaintext values are not allowed in env"],
+        ),
+        (
+            "sandboxes:\n  - id: a\n    policy: { ref: ./nope.SANDBOX.md }\n",
+            &["p.yaml:3: sandbox a: policy.ref: sandbox_ref_unresolvable"],
+        ),
+        (
+            "sandboxes:\n  - id: a\n    policy: { provider: e2b, config: {} }\n",
+            &["sandbox a: policy.provider: unknown provider `e2b`"],
+        ),
+        (
+            "sandboxes:\n  - id: a\n    policy: { provider: local, config: {} }\n  - id: a\n    policy: { provider: local, config: {} }\n",
+            &["sandbox a: id: duplicate sandbox id"],
+        ),
+        ("listen: { default_sandbox: nobody }", &["listen.default_sandbox: no sandbox has id `nobody`"]),
+        (
+            "sandboxes:\n  - id: a\n    enforcment: report\n    policy: { provider: local, config: {} }\n",
+            &["p.yaml:3: sandbox a: unknown field `enforcment`"],
+        ),
+    ];
+    for (text, needles) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = write(dir.path(), "p.yaml", text);
+        let (code, out, err) = run(&["validate", "--config", &cfg]);
+        assert_eq!(code, 2, "{text}\n{out}{err}");
+        for n in *needles {
+            assert!(
+                err.contains(n),
+                "missing {n:?} for config:\n{text}\n--- stderr:\n{err}"
+            );
+        }
+        for secret in ["hunter2", "sk-live-abcdef"] {
+            assert!(
+                !err.contains(secret) && !out.contains(secret),
+                "secret echoed:\n{err}"
+            );
+        }
+    }
+}
