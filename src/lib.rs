@@ -7,8 +7,22 @@
 //! - [`target`]: `host:port` targets as they arrive on the wire or the command line.
 //! - [`guard`]: the address guard (special-purpose ranges, embedded IPv4, loop protection).
 //! - [`policy_set`]: every sandbox compiled, plus the guard: what the data plane swaps in.
+//! - [`server`]: runtime, listeners, accept loops, graceful shutdown.
+//! - [`proxy`]: the explicit proxy (CONNECT and absolute-form HTTP), per request:
+//!   [`identity`] → [`target`] → [`policy`] → [`resolve`] → [`guard`] → dial → [`tunnel`].
+//! - [`deny`]: §6 deny responses; [`audit`]: one JSON line per connection;
+//!   [`metrics`]: Prometheus; [`admin`]: health, readiness, metrics; [`shared`]: state
+//!   every task sees.
 
+pub mod admin;
+pub mod audit;
 pub mod config;
+pub mod deny;
+pub mod identity;
+pub mod metrics;
+pub mod proxy;
+pub mod shared;
+pub mod tunnel;
 pub mod guard;
 pub mod policy;
 pub mod policy_set;

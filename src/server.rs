@@ -1,10 +1,196 @@
-//! Process runtime: binds the listeners and serves until a shutdown signal.
+//! Process runtime: logging, the tokio runtime, binding the listeners, the accept loops (with
+//! the global connection cap), and graceful shutdown on SIGTERM/SIGINT: stop accepting, let
+//! HTTP connections finish their request, give tunnels `shutdown_grace_ms`, cut the rest
+//! (audited `close: shutdown`), flush the audit log.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
+use anyhow::Context;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+use crate::audit::{AuditLog, Close};
 use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::policy::{Decision, Reason};
+use crate::policy_set::PolicySet;
+use crate::resolve::Resolver;
+use crate::shared::{Settings, Shared};
+use crate::tunnel::Stop;
 
-/// Run the proxy with a loaded configuration.
-pub fn run(_config: Config, _path: Option<PathBuf>) -> anyhow::Result<()> {
-    anyhow::bail!("the data plane is not built yet")
+/// Run the proxy with a loaded configuration until SIGTERM/SIGINT.
+pub fn run(config: Config, _path: Option<PathBuf>) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .json()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("EGRESS_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    for w in &config.warnings {
+        tracing::warn!(warning = %w, "config");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(serve(config))
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    if config.listen.transparent.is_some() {
+        anyhow::bail!("listen.transparent is set, but transparent mode is not built yet: set it to null");
+    }
+    let proxy = match config.listen.proxy {
+        Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding listen.proxy {a}"))?),
+        None => None,
+    };
+    let admin = match config.listen.admin {
+        Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding listen.admin {a}"))?),
+        None => None,
+    };
+    let proxy_addr = proxy.as_ref().and_then(|l| l.local_addr().ok());
+    let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
+    let listeners: Vec<SocketAddr> = [proxy_addr, admin_addr].into_iter().flatten().collect();
+    let set = PolicySet::compile(&config, &[], listeners).context("compiling the policy")?;
+    let (resolver, dns_warning) = Resolver::new(&config.dns);
+    if let Some(w) = dns_warning {
+        tracing::warn!(warning = %w, "dns");
+    }
+    let audit = AuditLog::open(config.audit_path.as_deref()).context("opening the audit log")?;
+    let metrics = Metrics::new().context("registering metrics")?;
+    metrics.set_policy_version(set.version());
+    let version = set.version().to_string();
+    let shared = Arc::new(Shared::new(
+        set,
+        resolver,
+        audit,
+        metrics,
+        Settings {
+            timeouts: config.defaults.timeouts,
+            default_sandbox: config.listen.default_sandbox.clone(),
+        },
+    ));
+    let cap = Arc::new(Semaphore::new(config.max_connections));
+    let mut tasks = Vec::new();
+    if let Some(l) = proxy {
+        tasks.push(tokio::spawn(accept_proxy(l, shared.clone(), cap.clone())));
+    }
+    if let Some(l) = admin {
+        tasks.push(tokio::spawn(accept_admin(l, shared.clone())));
+    }
+    shared.ready.store(true, Ordering::Release);
+    tracing::info!(
+        proxy_addr = %proxy_addr.map(|a| a.to_string()).unwrap_or_default(),
+        admin_addr = %admin_addr.map(|a| a.to_string()).unwrap_or_default(),
+        policy_version = %version,
+        "listening"
+    );
+
+    wait_for_signal().await;
+    tracing::info!("shutting down: no new connections; draining");
+    shared.ready.store(false, Ordering::Release);
+    for t in &tasks {
+        t.abort();
+    }
+    let _ = shared.draining.send(true);
+    let grace = config.defaults.timeouts.shutdown_grace;
+    let all = config.max_connections as u32;
+    let drained = tokio::time::timeout(grace, cap.acquire_many(all)).await;
+    if drained.is_err() {
+        tracing::info!("grace period over: closing the remaining tunnels");
+        let _ = shared.stop.send(Stop::Shutdown);
+        let _ = tokio::time::timeout(Duration::from_secs(2), cap.acquire_many(all)).await;
+    }
+    shared.audit.close();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Accept loop of the explicit proxy: one task per connection, under the global cap.
+async fn accept_proxy(listener: TcpListener, shared: Arc<Shared>, cap: Arc<Semaphore>) {
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => {
+                backoff = Duration::from_millis(5);
+                x
+            }
+            Err(e) => {
+                // EMFILE and friends: wait and retry rather than spin.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        match cap.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    crate::proxy::serve(shared, stream, peer).await;
+                    drop(permit);
+                });
+            }
+            Err(_) => {
+                let shared = shared.clone();
+                tokio::spawn(async move { over_capacity(shared, stream, peer).await });
+            }
+        }
+    }
+}
+
+/// The global cap is reached: answer 429 without reading the request, and audit it.
+async fn over_capacity(shared: Arc<Shared>, mut stream: TcpStream, peer: SocketAddr) {
+    let body = "egress-proxy is at its connection limit; retry shortly.\n";
+    let resp = format!(
+        "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nProxy-Status: egress-proxy; error=connection_limit_reached; details=\"connection_limit\"\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
+    let rec = shared.record(peer, "connect");
+    shared.finish(
+        rec,
+        None,
+        Decision::deny(Reason::ConnectionLimit, None),
+        Close::Limit,
+        std::time::Instant::now(),
+        0,
+        0,
+    );
+}
+
+async fn accept_admin(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(crate::admin::serve(shared.clone(), stream));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "admin accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }

@@ -1,0 +1,116 @@
+//! Deny responses on the explicit proxy (DESIGN §6): status, `Proxy-Status` (RFC 9209) with
+//! the error type and `details`, and a short text body that tells an agent what was refused,
+//! for which sandbox, why, which file/rule to change — and that going around the proxy will
+//! not work.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+
+use crate::policy::Reason;
+
+/// What to say in a refusal.
+pub struct Refusal<'a> {
+    pub reason: Reason,
+    /// `CONNECT host:port` or `GET http://…` (already sanitised, no credentials).
+    pub what: &'a str,
+    /// The sandbox, when identified.
+    pub sandbox: Option<&'a str>,
+    /// The explanation (`Decision::explain`).
+    pub explanation: &'a str,
+}
+
+/// Keep printable ASCII only, and escape what an sf-string cannot hold.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out
+}
+
+/// Build the HTTP response for a refusal.
+pub fn response(r: &Refusal<'_>) -> Response<Full<Bytes>> {
+    let status = StatusCode::from_u16(r.reason.status()).unwrap_or(StatusCode::FORBIDDEN);
+    let who = r.sandbox.map(|s| format!(" for sandbox {s}")).unwrap_or_default();
+    let body = format!(
+        "egress-proxy refused {what}{who}.\nreason: {code}: {why}\n{hint}Retrying without the proxy will not work: this sandbox's network only leads through it.\n",
+        what = r.what,
+        code = r.reason.code(),
+        why = r.explanation,
+        hint = hint(r.reason),
+    );
+    let proxy_status = format!(
+        "egress-proxy; error={}; details=\"{}: {}\"",
+        r.reason.proxy_status_error(),
+        r.reason.code(),
+        sf_string(r.explanation)
+    );
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    if let Ok(v) = HeaderValue::from_str(&proxy_status) {
+        h.insert("proxy-status", v);
+    }
+    if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        h.insert(header::PROXY_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"egress-proxy\""));
+    }
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    resp
+}
+
+fn hint(reason: Reason) -> &'static str {
+    match reason {
+        Reason::NoRuleMatched | Reason::PortNotAllowed | Reason::DenyAllMode => {
+            "To allow it, add the host (and port) to network.egress of this sandbox's policy; an operator must change it, not the agent.\n"
+        }
+        Reason::DeniedByRule => "The destination is explicitly denied by network.deny.\n",
+        Reason::AuthRequired | Reason::AuthFailed | Reason::UnknownSandbox => {
+            "Use HTTPS_PROXY=http://SANDBOX_ID:TOKEN@proxy:port with this sandbox's credentials.\n"
+        }
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_and_body() {
+        let r = response(&Refusal {
+            reason: Reason::NoRuleMatched,
+            what: "CONNECT evil.example:443",
+            sandbox: Some("demo"),
+            explanation: "not in network.egress of sandbox demo (config/proxy.yaml)",
+        });
+        assert_eq!(r.status(), 403);
+        assert_eq!(
+            r.headers()["proxy-status"],
+            "egress-proxy; error=http_request_denied; details=\"no_rule_matched: not in network.egress of sandbox demo (config/proxy.yaml)\""
+        );
+        let r = response(&Refusal {
+            reason: Reason::AuthRequired,
+            what: "CONNECT x:443",
+            sandbox: None,
+            explanation: "a \"quoted\"\u{7} thing",
+        });
+        assert_eq!(r.status(), 407);
+        assert_eq!(r.headers()["proxy-authenticate"], "Basic realm=\"egress-proxy\"");
+        assert!(r.headers()["proxy-status"].to_str().unwrap().contains("a \\\"quoted\\\"? thing"));
+        let r = response(&Refusal { reason: Reason::RateLimited, what: "x", sandbox: None, explanation: "" });
+        assert_eq!(r.status(), 429);
+        assert_eq!(r.headers()["retry-after"], "1");
+    }
+}

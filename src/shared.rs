@@ -1,0 +1,142 @@
+//! State shared by every listener and connection task: the policy in force (swapped
+//! atomically on reload), the resolver, the audit log, metrics, settings, and the shutdown
+//! signals. Also the one place that turns an outcome into an audit record and metrics, so
+//! every connection ends the same way.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::Response;
+use http_body_util::combinators::BoxBody;
+use tokio::sync::watch;
+
+use crate::audit::{AuditLog, Close, Record};
+use crate::config::Timeouts;
+use crate::deny::Refusal;
+use crate::metrics::Metrics;
+use crate::policy::Decision;
+use crate::policy_set::{PolicySet, Sandbox};
+use crate::resolve::Resolver;
+use crate::tunnel::Stop;
+
+/// Settings fixed for the life of the process.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub timeouts: Timeouts,
+    /// `listen.default_sandbox` (sidecar mode).
+    pub default_sandbox: Option<String>,
+}
+
+/// Everything a connection task needs.
+pub struct Shared {
+    /// The compiled policy in force; readers take a snapshot per request.
+    pub policy: ArcSwap<PolicySet>,
+    pub resolver: Resolver,
+    pub audit: AuditLog,
+    pub metrics: Metrics,
+    pub settings: Settings,
+    /// Source of `conn_id`s.
+    next_id: AtomicU64,
+    /// Tells open tunnels to stop (shutdown grace expired).
+    pub stop: watch::Sender<Stop>,
+    /// Tells HTTP connections to finish their current request and close (shutdown began).
+    pub draining: watch::Sender<bool>,
+    /// Listeners bound and policy loaded.
+    pub ready: AtomicBool,
+}
+
+impl Shared {
+    pub fn new(policy: PolicySet, resolver: Resolver, audit: AuditLog, metrics: Metrics, settings: Settings) -> Self {
+        Shared {
+            policy: ArcSwap::from_pointee(policy),
+            resolver,
+            audit,
+            metrics,
+            settings,
+            next_id: AtomicU64::new(1),
+            stop: watch::channel(Stop::Running).0,
+            draining: watch::channel(false).0,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// A fresh record for a connection from `client`.
+    pub fn record(&self, client: SocketAddr, mode: &'static str) -> Record {
+        Record {
+            event: "end",
+            conn_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            identity: "none",
+            client: client.to_string(),
+            mode,
+            decision: "deny",
+            reason: "invalid_target",
+            policy_version: self.policy.load().version().to_string(),
+            ..Record::default()
+        }
+    }
+
+    /// Copy a decision into a record.
+    pub fn apply_decision(&self, rec: &mut Record, d: &Decision) {
+        rec.decision = d.verdict.as_str();
+        rec.reason = d.reason.code();
+        rec.rule = d.rule.as_ref().map(|r| r.text.clone());
+        rec.rule_source = d.rule.as_ref().map(|r| r.source.to_string());
+    }
+
+    /// Write the final record and count it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn finish(
+        &self,
+        mut rec: Record,
+        sandbox: Option<&str>,
+        decision: Decision,
+        close: Close,
+        started: Instant,
+        up: u64,
+        down: u64,
+    ) {
+        self.apply_decision(&mut rec, &decision);
+        rec.event = "end";
+        rec.close = Some(close);
+        rec.bytes_up = up;
+        rec.bytes_down = down;
+        rec.duration_ms = started.elapsed().as_millis() as u64;
+        let label = sandbox.unwrap_or("-");
+        self.metrics
+            .connections
+            .with_label_values(&[label, rec.mode, rec.decision, rec.reason])
+            .inc();
+        if up > 0 {
+            self.metrics.bytes.with_label_values(&[label, "up"]).inc_by(up);
+        }
+        if down > 0 {
+            self.metrics.bytes.with_label_values(&[label, "down"]).inc_by(down);
+        }
+        self.audit.write(rec);
+    }
+
+    /// Refuse: audit, count, and build the §6 response.
+    pub fn refuse(
+        &self,
+        rec: Record,
+        sandbox: Option<&Arc<Sandbox>>,
+        decision: Decision,
+        what: &str,
+        explanation: &str,
+        started: Instant,
+    ) -> Response<BoxBody<Bytes, hyper::Error>> {
+        let reason = decision.reason;
+        let id = sandbox.map(|s| s.binding.id.as_str());
+        self.finish(rec, id, decision, Close::Eof, started, 0, 0);
+        crate::proxy::deny_response(&Refusal {
+            reason,
+            what,
+            sandbox: id,
+            explanation,
+        })
+    }
+}
