@@ -44,12 +44,20 @@ fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         (&Method::GET, "/healthz") => text(StatusCode::OK, plain, "ok\n".into()),
         (&Method::GET, "/readyz") => {
             if shared.ready.load(Ordering::Acquire) {
-                text(StatusCode::OK, plain, format!("ready: policy {}\n", shared.policy.load().version()))
+                text(
+                    StatusCode::OK,
+                    plain,
+                    format!("ready: policy {}\n", shared.policy.load().version()),
+                )
             } else {
                 text(StatusCode::SERVICE_UNAVAILABLE, plain, "not ready\n".into())
             }
         }
-        (&Method::GET, "/metrics") => text(StatusCode::OK, "text/plain; version=0.0.4", shared.metrics.render()),
+        (&Method::GET, "/metrics") => text(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            shared.metrics.render(),
+        ),
         _ => text(StatusCode::NOT_FOUND, plain, "not found\n".into()),
     }
 }

@@ -65,7 +65,9 @@ pub struct Record {
 
 /// RFC 3339 UTC timestamp with milliseconds.
 pub fn now_rfc3339() -> String {
-    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     let secs = d.as_secs() as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
@@ -79,7 +81,10 @@ pub fn now_rfc3339() -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{:03}Z", d.subsec_millis())
+    format!(
+        "{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{:03}Z",
+        d.subsec_millis()
+    )
 }
 
 /// The audit sink.
@@ -162,7 +167,10 @@ mod tests {
     fn timestamps_look_like_rfc3339() {
         let ts = now_rfc3339();
         assert_eq!(ts.len(), 24, "{ts}");
-        assert!(ts.starts_with("20") && ts.ends_with('Z') && &ts[10..11] == "T", "{ts}");
+        assert!(
+            ts.starts_with("20") && ts.ends_with('Z') && &ts[10..11] == "T",
+            "{ts}"
+        );
     }
 
     #[test]
@@ -182,11 +190,36 @@ mod tests {
         }
         log.close();
         let text = std::fs::read_to_string(&path).unwrap();
-        let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         assert_eq!(lines.len(), 1000);
         assert_eq!(lines[999]["conn_id"], 999);
         assert_eq!(lines[0]["close"], "eof");
-        for key in ["ts", "conn_id", "sandbox", "identity", "client", "mode", "target_host", "target_port", "sni", "original_dst", "resolved", "dialed", "decision", "reason", "rule", "rule_source", "policy_version", "bytes_up", "bytes_down", "duration_ms", "close"] {
+        for key in [
+            "ts",
+            "conn_id",
+            "sandbox",
+            "identity",
+            "client",
+            "mode",
+            "target_host",
+            "target_port",
+            "sni",
+            "original_dst",
+            "resolved",
+            "dialed",
+            "decision",
+            "reason",
+            "rule",
+            "rule_source",
+            "policy_version",
+            "bytes_up",
+            "bytes_down",
+            "duration_ms",
+            "close",
+        ] {
             assert!(lines[0].get(key).is_some(), "missing {key}");
         }
     }

@@ -39,7 +39,10 @@ fn sf_string(s: &str) -> String {
 /// Build the HTTP response for a refusal.
 pub fn response(r: &Refusal<'_>) -> Response<Full<Bytes>> {
     let status = StatusCode::from_u16(r.reason.status()).unwrap_or(StatusCode::FORBIDDEN);
-    let who = r.sandbox.map(|s| format!(" for sandbox {s}")).unwrap_or_default();
+    let who = r
+        .sandbox
+        .map(|s| format!(" for sandbox {s}"))
+        .unwrap_or_default();
     let body = format!(
         "egress-proxy refused {what}{who}.\nreason: {code}: {why}\n{hint}Retrying without the proxy will not work: this sandbox's network only leads through it.\n",
         what = r.what,
@@ -56,13 +59,19 @@ pub fn response(r: &Refusal<'_>) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     h.insert(header::CONNECTION, HeaderValue::from_static("close"));
     if let Ok(v) = HeaderValue::from_str(&proxy_status) {
         h.insert("proxy-status", v);
     }
     if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
-        h.insert(header::PROXY_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"egress-proxy\""));
+        h.insert(
+            header::PROXY_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"egress-proxy\""),
+        );
     }
     if status == StatusCode::TOO_MANY_REQUESTS {
         h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -107,9 +116,20 @@ mod tests {
             explanation: "a \"quoted\"\u{7} thing",
         });
         assert_eq!(r.status(), 407);
-        assert_eq!(r.headers()["proxy-authenticate"], "Basic realm=\"egress-proxy\"");
-        assert!(r.headers()["proxy-status"].to_str().unwrap().contains("a \\\"quoted\\\"? thing"));
-        let r = response(&Refusal { reason: Reason::RateLimited, what: "x", sandbox: None, explanation: "" });
+        assert_eq!(
+            r.headers()["proxy-authenticate"],
+            "Basic realm=\"egress-proxy\""
+        );
+        assert!(r.headers()["proxy-status"]
+            .to_str()
+            .unwrap()
+            .contains("a \\\"quoted\\\"? thing"));
+        let r = response(&Refusal {
+            reason: Reason::RateLimited,
+            what: "x",
+            sandbox: None,
+            explanation: "",
+        });
         assert_eq!(r.status(), 429);
         assert_eq!(r.headers()["retry-after"], "1");
     }

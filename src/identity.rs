@@ -3,6 +3,7 @@
 //! 1. `Proxy-Authorization: Basic` (user = sandbox id, password = token; SHA-256 compared in
 //!    constant time), 2. the client's source address in a sandbox's `sources`, 3. the
 //!    listener's `default_sandbox`, 4. nothing → `auth_required` (407 with a challenge).
+//!
 //! Tokens are never stored, logged or echoed: only their digests are compared.
 
 use std::net::IpAddr;
@@ -105,7 +106,9 @@ fn parse_basic(value: &[u8]) -> Option<(String, String)> {
     if !scheme.eq_ignore_ascii_case("basic") {
         return None;
     }
-    let decoded = base64::engine::general_purpose::STANDARD.decode(rest.trim()).ok()?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(rest.trim())
+        .ok()?;
     let decoded = String::from_utf8(decoded).ok()?;
     let (user, password) = decoded.split_once(':')?;
     Some((user.to_string(), password.to_string()))
@@ -127,7 +130,11 @@ mod tests {
     }
 
     fn basic(user: &str, pass: &str) -> Vec<u8> {
-        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))).into_bytes()
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
+        )
+        .into_bytes()
     }
 
     #[test]
@@ -136,18 +143,55 @@ mod tests {
         let src: IpAddr = "10.1.1.1".parse().unwrap();
         let other: IpAddr = "192.0.2.1".parse().unwrap();
         let id = identify(&s, Some(&basic("a", "tok-a")), src, Some("side")).unwrap();
-        assert_eq!((id.sandbox.binding.id.as_str(), id.method), ("a", Method::Token));
+        assert_eq!(
+            (id.sandbox.binding.id.as_str(), id.method),
+            ("a", Method::Token)
+        );
         // A wrong token does not fall through to the source or the default.
-        assert_eq!(identify(&s, Some(&basic("a", "nope")), src, Some("side")).unwrap_err().reason, Reason::AuthFailed);
-        assert_eq!(identify(&s, Some(&basic("ghost", "x")), src, None).unwrap_err().reason, Reason::UnknownSandbox);
+        assert_eq!(
+            identify(&s, Some(&basic("a", "nope")), src, Some("side"))
+                .unwrap_err()
+                .reason,
+            Reason::AuthFailed
+        );
+        assert_eq!(
+            identify(&s, Some(&basic("ghost", "x")), src, None)
+                .unwrap_err()
+                .reason,
+            Reason::UnknownSandbox
+        );
         // A sandbox without a token cannot be claimed with credentials.
-        assert_eq!(identify(&s, Some(&basic("b", "")), src, None).unwrap_err().reason, Reason::AuthFailed);
-        assert_eq!(identify(&s, Some(b"Bearer xyz"), src, None).unwrap_err().reason, Reason::AuthFailed);
-        assert_eq!(identify(&s, Some(b"Basic !!!"), src, None).unwrap_err().reason, Reason::AuthFailed);
+        assert_eq!(
+            identify(&s, Some(&basic("b", "")), src, None)
+                .unwrap_err()
+                .reason,
+            Reason::AuthFailed
+        );
+        assert_eq!(
+            identify(&s, Some(b"Bearer xyz"), src, None)
+                .unwrap_err()
+                .reason,
+            Reason::AuthFailed
+        );
+        assert_eq!(
+            identify(&s, Some(b"Basic !!!"), src, None)
+                .unwrap_err()
+                .reason,
+            Reason::AuthFailed
+        );
         let id = identify(&s, None, src, Some("side")).unwrap();
-        assert_eq!((id.sandbox.binding.id.as_str(), id.method), ("b", Method::Source));
+        assert_eq!(
+            (id.sandbox.binding.id.as_str(), id.method),
+            ("b", Method::Source)
+        );
         let id = identify(&s, None, other, Some("side")).unwrap();
-        assert_eq!((id.sandbox.binding.id.as_str(), id.method), ("side", Method::Default));
-        assert_eq!(identify(&s, None, other, None).unwrap_err().reason, Reason::AuthRequired);
+        assert_eq!(
+            (id.sandbox.binding.id.as_str(), id.method),
+            ("side", Method::Default)
+        );
+        assert_eq!(
+            identify(&s, None, other, None).unwrap_err().reason,
+            Reason::AuthRequired
+        );
     }
 }

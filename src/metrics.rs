@@ -2,7 +2,9 @@
 //! bounded sets only — sandbox ids from configuration, reason codes, modes — never a
 //! destination host or an unauthenticated client's claimed sandbox id (those become `-`).
 
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
 /// Every metric the proxy exports.
 pub struct Metrics {
@@ -22,31 +24,63 @@ impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let connections = IntCounterVec::new(
-            Opts::new("egress_connections_total", "Connections (and forwarded requests) by outcome"),
+            Opts::new(
+                "egress_connections_total",
+                "Connections (and forwarded requests) by outcome",
+            ),
             &["sandbox", "mode", "decision", "reason"],
         )?;
         let bytes = IntCounterVec::new(
-            Opts::new("egress_bytes_total", "Bytes relayed, up = client to destination"),
+            Opts::new(
+                "egress_bytes_total",
+                "Bytes relayed, up = client to destination",
+            ),
             &["sandbox", "direction"],
         )?;
         let active = IntGaugeVec::new(
-            Opts::new("egress_active_connections", "Open client connections by sandbox"),
+            Opts::new(
+                "egress_active_connections",
+                "Open client connections by sandbox",
+            ),
             &["sandbox"],
         )?;
         let buckets = vec![
-            0.000_001, 0.000_005, 0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0,
+            0.000_001, 0.000_005, 0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05,
+            0.1, 0.5, 1.0, 5.0,
         ];
         let decision_seconds = Histogram::with_opts(
-            HistogramOpts::new("egress_decision_seconds", "Time to decide (policy and guard), excluding DNS").buckets(buckets.clone()),
+            HistogramOpts::new(
+                "egress_decision_seconds",
+                "Time to decide (policy and guard), excluding DNS",
+            )
+            .buckets(buckets.clone()),
         )?;
-        let dns_seconds = Histogram::with_opts(HistogramOpts::new("egress_dns_seconds", "Time to resolve a target name").buckets(buckets.clone()))?;
-        let dial_seconds = Histogram::with_opts(HistogramOpts::new("egress_dial_seconds", "Time to connect to the destination").buckets(buckets))?;
+        let dns_seconds = Histogram::with_opts(
+            HistogramOpts::new("egress_dns_seconds", "Time to resolve a target name")
+                .buckets(buckets.clone()),
+        )?;
+        let dial_seconds = Histogram::with_opts(
+            HistogramOpts::new("egress_dial_seconds", "Time to connect to the destination")
+                .buckets(buckets),
+        )?;
         let rate_limited = IntCounterVec::new(
-            Opts::new("egress_rate_limited_total", "Connections refused by a limit"),
+            Opts::new(
+                "egress_rate_limited_total",
+                "Connections refused by a limit",
+            ),
             &["sandbox", "limit"],
         )?;
-        let reloads = IntCounterVec::new(Opts::new("egress_config_reloads_total", "Policy reloads by result"), &["result"])?;
-        let policy_info = IntGaugeVec::new(Opts::new("egress_policy_info", "The policy version in force (value 1)"), &["version"])?;
+        let reloads = IntCounterVec::new(
+            Opts::new("egress_config_reloads_total", "Policy reloads by result"),
+            &["result"],
+        )?;
+        let policy_info = IntGaugeVec::new(
+            Opts::new(
+                "egress_policy_info",
+                "The policy version in force (value 1)",
+            ),
+            &["version"],
+        )?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(bytes.clone()))?;
         registry.register(Box::new(active.clone()))?;
@@ -93,7 +127,9 @@ mod tests {
     #[test]
     fn renders_every_family() {
         let m = Metrics::new().unwrap();
-        m.connections.with_label_values(&["demo", "connect", "allow", "rule_matched"]).inc();
+        m.connections
+            .with_label_values(&["demo", "connect", "allow", "rule_matched"])
+            .inc();
         m.bytes.with_label_values(&["demo", "up"]).inc_by(5);
         m.active.with_label_values(&["demo"]).set(1);
         m.decision_seconds.observe(0.000_002);

@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::{Close, Record};
 use crate::deny::{self, Refusal};
@@ -32,23 +33,35 @@ type Body = BoxBody<Bytes, hyper::Error>;
 /// Largest request head accepted (hyper answers 431 beyond it).
 const MAX_HEAD: usize = 64 * 1024;
 
-/// Serve one client connection until it closes.
-pub async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+/// The connection's slot in the global cap; a tunnel takes it over, since the HTTP connection
+/// ends when the tunnel begins.
+type PermitSlot = Arc<std::sync::Mutex<Option<OwnedSemaphorePermit>>>;
+
+/// Serve one client connection until it closes. `permit` is its place under the global cap.
+pub async fn serve(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    permit: OwnedSemaphorePermit,
+) {
     let _ = stream.set_nodelay(true);
     let seen = Arc::new(AtomicU64::new(0));
+    let slot: PermitSlot = Arc::new(std::sync::Mutex::new(Some(permit)));
     let svc = {
         let shared = shared.clone();
         let seen = seen.clone();
         service_fn(move |req| {
             seen.fetch_add(1, Ordering::Relaxed);
             let shared = shared.clone();
-            async move { Ok::<_, Infallible>(handle(shared, peer, req).await) }
+            let slot = slot.clone();
+            async move { Ok::<_, Infallible>(handle(shared, peer, req, slot).await) }
         })
     };
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(shared.settings.timeouts.header)
         .max_buf_size(MAX_HEAD)
+        .max_header_size(MAX_HEAD)
         .serve_connection(TokioIo::new(stream), svc)
         .with_upgrades();
     tokio::pin!(conn);
@@ -63,17 +76,37 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         if seen.load(Ordering::Relaxed) == 0 {
             // The request never reached the service: malformed, too large, or too slow.
             let (reason, close, detail) = if e.is_timeout() {
-                (Reason::InvalidTarget, Close::Idle, "request head not received in time")
+                (
+                    Reason::InvalidTarget,
+                    Close::Idle,
+                    "request head not received in time",
+                )
             } else if e.is_parse_too_large() {
-                (Reason::InvalidTarget, Close::Error, "request head too large")
+                (
+                    Reason::InvalidTarget,
+                    Close::Error,
+                    "request head too large",
+                )
             } else if e.is_parse() {
                 (Reason::InvalidTarget, Close::Error, "malformed request")
             } else {
-                (Reason::InvalidTarget, Close::Error, "connection error before a request")
+                (
+                    Reason::InvalidTarget,
+                    Close::Error,
+                    "connection error before a request",
+                )
             };
             let mut rec = shared.record(peer, "connect");
             rec.detail = Some(detail.into());
-            shared.finish(rec, None, Decision::deny(reason, None), close, Instant::now(), 0, 0);
+            shared.finish(
+                rec,
+                None,
+                Decision::deny(reason, None),
+                close,
+                Instant::now(),
+                0,
+                0,
+            );
         }
     }
 }
@@ -81,7 +114,10 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
 /// The text shown for a request in refusals and logs (no credentials, no query).
 fn describe(req: &Request<Incoming>) -> String {
     if req.method() == Method::CONNECT {
-        format!("CONNECT {}", req.uri().authority().map(|a| a.as_str()).unwrap_or("?"))
+        format!(
+            "CONNECT {}",
+            req.uri().authority().map(|a| a.as_str()).unwrap_or("?")
+        )
     } else {
         let u = req.uri();
         format!(
@@ -94,7 +130,12 @@ fn describe(req: &Request<Incoming>) -> String {
     }
 }
 
-async fn handle(shared: Arc<Shared>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+async fn handle(
+    shared: Arc<Shared>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+    slot: PermitSlot,
+) -> Response<Body> {
     let started = Instant::now();
     let connect = req.method() == Method::CONNECT;
     let mut rec = shared.record(peer, if connect { "connect" } else { "http" });
@@ -115,8 +156,16 @@ async fn handle(shared: Arc<Shared>, peer: SocketAddr, req: Request<Incoming>) -
     rec.target_port = Some(target.port);
 
     // Identity.
-    let auth = req.headers().get(header::PROXY_AUTHORIZATION).map(|v| v.as_bytes());
-    let who = match identify(&set, auth, peer.ip(), shared.settings.default_sandbox.as_deref()) {
+    let auth = req
+        .headers()
+        .get(header::PROXY_AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    let who = match identify(
+        &set,
+        auth,
+        peer.ip(),
+        shared.settings.default_sandbox.as_deref(),
+    ) {
         Ok(w) => w,
         Err(refused) => {
             rec.identity = refused.method.as_str();
@@ -132,25 +181,39 @@ async fn handle(shared: Arc<Shared>, peer: SocketAddr, req: Request<Incoming>) -
     // Decide on the name, resolve once, decide on the addresses.
     let t0 = Instant::now();
     let mut outcome = set.decide(&sb, &target, None);
-    shared.metrics.decision_seconds.observe(t0.elapsed().as_secs_f64());
+    shared
+        .metrics
+        .decision_seconds
+        .observe(t0.elapsed().as_secs_f64());
     if outcome.decision.verdict == Verdict::Deny && !outcome.needs_addresses {
-        let why = outcome.decision.explain(&sb.binding.id, sb.policy.file(), target.port);
+        let why = outcome
+            .decision
+            .explain(&sb.binding.id, sb.policy.file(), target.port);
         return shared.refuse(rec, Some(&sb), outcome.decision, &what, &why, started);
     }
     if let Host::Name(name) = &target.host {
         let t1 = Instant::now();
         let resolved = shared.resolver.resolve(name).await;
-        shared.metrics.dns_seconds.observe(t1.elapsed().as_secs_f64());
+        shared
+            .metrics
+            .dns_seconds
+            .observe(t1.elapsed().as_secs_f64());
         match resolved {
             Ok(addrs) => {
                 rec.resolved = addrs.iter().map(IpAddr::to_string).collect();
                 let t2 = Instant::now();
                 outcome = set.decide(&sb, &target, Some(&addrs));
-                shared.metrics.decision_seconds.observe(t2.elapsed().as_secs_f64());
+                shared
+                    .metrics
+                    .decision_seconds
+                    .observe(t2.elapsed().as_secs_f64());
             }
             Err(e) => {
                 let d = Decision::deny(e.reason(), None);
-                let why = format!("{} ({e})", d.explain(&sb.binding.id, sb.policy.file(), target.port));
+                let mut why = d.explain(&sb.binding.id, sb.policy.file(), target.port);
+                if let crate::resolve::ResolveError::Failed(detail) = &e {
+                    why = format!("{why} ({detail})");
+                }
                 return shared.refuse(rec, Some(&sb), d, &what, &why, started);
             }
         }
@@ -161,7 +224,10 @@ async fn handle(shared: Arc<Shared>, peer: SocketAddr, req: Request<Incoming>) -
     if decision.verdict == Verdict::Deny {
         let why = decision.explain(&sb.binding.id, sb.policy.file(), target.port);
         if !outcome.refused.is_empty() {
-            rec.detail = Some(format!("guard refused {} address(es)", outcome.refused.len()));
+            rec.detail = Some(format!(
+                "guard refused {} address(es)",
+                outcome.refused.len()
+            ));
         }
         return shared.refuse(rec, Some(&sb), decision, &what, &why, started);
     }
@@ -180,7 +246,8 @@ async fn handle(shared: Arc<Shared>, peer: SocketAddr, req: Request<Incoming>) -
     };
 
     if connect {
-        open_tunnel(shared, req, stream, rec, sb, decision, started)
+        let permit = slot.lock().ok().and_then(|mut s| s.take());
+        open_tunnel(shared, req, stream, rec, sb, decision, started, permit)
     } else {
         forward(shared, req, stream, rec, sb, decision, target, started).await
     }
@@ -192,26 +259,38 @@ fn read_target(req: &Request<Incoming>) -> Result<Target, &'static str> {
     let uri = req.uri();
     if req.method() == Method::CONNECT {
         let authority = uri.authority().ok_or("CONNECT needs host:port")?;
-        return Target::parse(authority.as_str(), None).map_err(|_| "CONNECT target is not a valid host:port");
+        return Target::parse(authority.as_str(), None)
+            .map_err(|_| "CONNECT target is not a valid host:port");
     }
     match uri.scheme_str() {
         Some("http") => {}
         Some("https") => return Err("use CONNECT for https:// destinations"),
         Some(_) => return Err("only http:// URIs are forwarded"),
-        None => return Err("not a proxy request: send CONNECT host:port or an absolute http:// URI"),
+        None => {
+            return Err("not a proxy request: send CONNECT host:port or an absolute http:// URI")
+        }
     }
     let authority = uri.authority().ok_or("absolute URI without a host")?;
-    Target::parse(authority.as_str(), Some(80)).map_err(|_| "URI host is not a valid host name or IP literal")
+    Target::parse(authority.as_str(), Some(80))
+        .map_err(|_| "URI host is not a valid host name or IP literal")
 }
 
 /// Connect to the first address that answers, within `timeouts.connect` each.
-async fn dial(shared: &Shared, addrs: &[IpAddr], port: u16) -> Result<(TcpStream, SocketAddr), Reason> {
+async fn dial(
+    shared: &Shared,
+    addrs: &[IpAddr],
+    port: u16,
+) -> Result<(TcpStream, SocketAddr), Reason> {
     let mut last = Reason::DestinationNotFound;
     for ip in addrs {
         let addr = SocketAddr::new(*ip, port);
         let t = Instant::now();
-        let r = tokio::time::timeout(shared.settings.timeouts.connect, TcpStream::connect(addr)).await;
-        shared.metrics.dial_seconds.observe(t.elapsed().as_secs_f64());
+        let r =
+            tokio::time::timeout(shared.settings.timeouts.connect, TcpStream::connect(addr)).await;
+        shared
+            .metrics
+            .dial_seconds
+            .observe(t.elapsed().as_secs_f64());
         match r {
             Ok(Ok(s)) => {
                 let _ = s.set_nodelay(true);
@@ -224,6 +303,7 @@ async fn dial(shared: &Shared, addrs: &[IpAddr], port: u16) -> Result<(TcpStream
     Err(last)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn open_tunnel(
     shared: Arc<Shared>,
     req: Request<Incoming>,
@@ -232,6 +312,7 @@ fn open_tunnel(
     sb: Arc<Sandbox>,
     decision: Decision,
     started: Instant,
+    permit: Option<OwnedSemaphorePermit>,
 ) -> Response<Body> {
     let id = sb.binding.id.clone();
     shared.apply_decision(&mut rec, &decision);
@@ -252,6 +333,7 @@ fn open_tunnel(
         };
         shared.metrics.active.with_label_values(&[&id]).dec();
         shared.finish(rec, Some(&id), decision, close, started, up, down);
+        drop(permit);
     });
     Response::builder()
         .status(StatusCode::OK)
@@ -260,7 +342,9 @@ fn open_tunnel(
 }
 
 fn empty() -> Body {
-    Empty::<Bytes>::new().map_err(|never| match never {}).boxed()
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 /// Hop-by-hop headers, plus the proxy's own credentials: never forwarded.
@@ -305,7 +389,11 @@ struct FinishOnDrop {
 impl Drop for FinishOnDrop {
     fn drop(&mut self) {
         if let Some(rec) = self.rec.take() {
-            self.shared.metrics.active.with_label_values(&[&self.sandbox]).dec();
+            self.shared
+                .metrics
+                .active
+                .with_label_values(&[&self.sandbox])
+                .dec();
             self.shared.finish(
                 rec,
                 Some(&self.sandbox),
@@ -350,8 +438,14 @@ async fn forward(
             parts.headers.insert(header::HOST, v);
         }
     }
-    let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    parts.uri = path.parse::<Uri>().unwrap_or_else(|_| Uri::from_static("/"));
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    parts.uri = path
+        .parse::<Uri>()
+        .unwrap_or_else(|_| Uri::from_static("/"));
     parts.version = http::Version::HTTP_11;
     let upstream_req = Request::from_parts(parts, body);
 
@@ -367,7 +461,8 @@ async fn forward(
         down: down.clone(),
     };
     let result = async {
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -403,8 +498,14 @@ async fn forward(
             guard.decision = Decision::deny(Reason::ConnectionRefused, None);
             guard.close = Close::Error;
             drop(guard);
-            let body = format!("egress-proxy: the destination did not answer the request properly ({e}).\n");
-            let mut resp = Response::new(http_body_util::Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed());
+            let body = format!(
+                "egress-proxy: the destination did not answer the request properly ({e}).\n"
+            );
+            let mut resp = Response::new(
+                http_body_util::Full::new(Bytes::from(body))
+                    .map_err(|never| match never {})
+                    .boxed(),
+            );
             *resp.status_mut() = StatusCode::BAD_GATEWAY;
             resp
         }

@@ -45,14 +45,24 @@ pub fn run(config: Config, _path: Option<PathBuf>) -> anyhow::Result<()> {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     if config.listen.transparent.is_some() {
-        anyhow::bail!("listen.transparent is set, but transparent mode is not built yet: set it to null");
+        anyhow::bail!(
+            "listen.transparent is set, but transparent mode is not built yet: set it to null"
+        );
     }
     let proxy = match config.listen.proxy {
-        Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding listen.proxy {a}"))?),
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("binding listen.proxy {a}"))?,
+        ),
         None => None,
     };
     let admin = match config.listen.admin {
-        Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding listen.admin {a}"))?),
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("binding listen.admin {a}"))?,
+        ),
         None => None,
     };
     let proxy_addr = proxy.as_ref().and_then(|l| l.local_addr().ok());
@@ -115,7 +125,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {
                 _ = term.recv() => {}
@@ -148,10 +161,7 @@ async fn accept_proxy(listener: TcpListener, shared: Arc<Shared>, cap: Arc<Semap
         match cap.clone().try_acquire_owned() {
             Ok(permit) => {
                 let shared = shared.clone();
-                tokio::spawn(async move {
-                    crate::proxy::serve(shared, stream, peer).await;
-                    drop(permit);
-                });
+                tokio::spawn(crate::proxy::serve(shared, stream, peer, permit));
             }
             Err(_) => {
                 let shared = shared.clone();

@@ -50,7 +50,13 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(policy: PolicySet, resolver: Resolver, audit: AuditLog, metrics: Metrics, settings: Settings) -> Self {
+    pub fn new(
+        policy: PolicySet,
+        resolver: Resolver,
+        audit: AuditLog,
+        metrics: Metrics,
+        settings: Settings,
+    ) -> Self {
         Shared {
             policy: ArcSwap::from_pointee(policy),
             resolver,
@@ -111,10 +117,16 @@ impl Shared {
             .with_label_values(&[label, rec.mode, rec.decision, rec.reason])
             .inc();
         if up > 0 {
-            self.metrics.bytes.with_label_values(&[label, "up"]).inc_by(up);
+            self.metrics
+                .bytes
+                .with_label_values(&[label, "up"])
+                .inc_by(up);
         }
         if down > 0 {
-            self.metrics.bytes.with_label_values(&[label, "down"]).inc_by(down);
+            self.metrics
+                .bytes
+                .with_label_values(&[label, "down"])
+                .inc_by(down);
         }
         self.audit.write(rec);
     }

@@ -33,7 +33,12 @@ const BUF: usize = 16 * 1024;
 
 /// Relay until both sides have closed, the tunnel idles for `idle`, an error occurs, or `stop`
 /// changes away from `Running`.
-pub async fn relay<C, S>(client: C, server: S, idle: Duration, mut stop: watch::Receiver<Stop>) -> Relayed
+pub async fn relay<C, S>(
+    client: C,
+    server: S,
+    idle: Duration,
+    mut stop: watch::Receiver<Stop>,
+) -> Relayed
 where
     C: AsyncRead + AsyncWrite + Unpin,
     S: AsyncRead + AsyncWrite + Unpin,

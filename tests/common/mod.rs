@@ -1,0 +1,393 @@
+//! Test harness: a test CA and origin servers (HTTPS and HTTP) on loopback, the real
+//! `egress-proxy` binary started on `127.0.0.1:0` with a config written by the test, and
+//! real `curl`. Everything it starts it stops (Drop).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Names the test certificate is valid for (the origins answer to all of them).
+pub const CERT_NAMES: &[&str] = &[
+    "api.test",
+    "big.test",
+    "slow.test",
+    "private.test",
+    "meta.test",
+    "denied.test",
+    "port.test",
+    "report.test",
+    "other.test",
+    "gone.test",
+    "rev.test",
+    "mixed.test",
+];
+
+/// A test CA and a server certificate signed by it, written to `dir`.
+pub struct TestCa {
+    pub ca_pem: PathBuf,
+    pub cert_der: Vec<u8>,
+    pub key_der: Vec<u8>,
+}
+
+impl TestCa {
+    pub fn generate(dir: &Path) -> TestCa {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "egress-proxy test CA");
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let mut params =
+            CertificateParams::new(CERT_NAMES.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+        let ca_pem = dir.join("ca.pem");
+        std::fs::write(&ca_pem, ca.pem()).unwrap();
+        TestCa {
+            ca_pem,
+            cert_der: cert.der().to_vec(),
+            key_der: key.serialize_der(),
+        }
+    }
+}
+
+/// Size of the `/big` response.
+pub const BIG: usize = 8 * 1024 * 1024;
+
+/// The byte at offset `i` of `/big`.
+pub fn big_byte(i: usize) -> u8 {
+    (i % 251) as u8
+}
+
+/// An origin server on 127.0.0.1:0 (TLS when given a CA). Paths: `/big` (8 MiB), `/slow`
+/// (1 KiB every 100 ms for a minute), `/echo` (echoes the request head), anything else a
+/// short greeting.
+pub struct Origin {
+    pub addr: SocketAddr,
+    _rt: Arc<tokio::runtime::Runtime>,
+}
+
+impl Origin {
+    pub fn start(tls: Option<&TestCa>) -> Origin {
+        let rt = Arc::new(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap(),
+        );
+        let acceptor = tls.map(|ca| {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let cfg = rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(
+                    vec![rustls::pki_types::CertificateDer::from(ca.cert_der.clone())],
+                    rustls::pki_types::PrivateKeyDer::Pkcs8(ca.key_der.clone().into()),
+                )
+                .unwrap();
+            tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
+        });
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        rt.spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    match acceptor {
+                        Some(a) => {
+                            if let Ok(s) = a.accept(stream).await {
+                                serve_one(s).await;
+                            }
+                        }
+                        None => serve_one(stream).await,
+                    }
+                });
+            }
+        });
+        Origin { addr, _rt: rt }
+    }
+}
+
+async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut s: S) {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+        if head.len() > 65536 {
+            return;
+        }
+    }
+    let text = String::from_utf8_lossy(&head).to_string();
+    let path = text.split_whitespace().nth(1).unwrap_or("/").to_string();
+    match path.split('?').next().unwrap_or("/") {
+        "/big" => {
+            let hdr =
+                format!("HTTP/1.1 200 OK\r\nContent-Length: {BIG}\r\nConnection: close\r\n\r\n");
+            if s.write_all(hdr.as_bytes()).await.is_err() {
+                return;
+            }
+            let chunk: Vec<u8> = (0..65536).map(big_byte).collect();
+            // 65536 is not a multiple of 251, so write with the right phase.
+            let mut sent = 0;
+            while sent < BIG {
+                let phase = sent % 251;
+                let n = (BIG - sent).min(65536 - 251);
+                if s.write_all(&chunk[phase..phase + n]).await.is_err() {
+                    return;
+                }
+                sent += n;
+            }
+        }
+        "/slow" => {
+            let hdr = "HTTP/1.1 200 OK\r\nContent-Length: 614400\r\nConnection: close\r\n\r\n";
+            if s.write_all(hdr.as_bytes()).await.is_err() {
+                return;
+            }
+            for _ in 0..600 {
+                if s.write_all(&[b'.'; 1024]).await.is_err() || s.flush().await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        "/echo" => {
+            let body = text;
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
+        }
+        _ => {
+            let body = format!("hello from origin {path}\n");
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
+        }
+    }
+    let _ = s.shutdown().await;
+}
+
+/// The real proxy binary, running.
+pub struct Proxy {
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    pub audit: PathBuf,
+    pub config: PathBuf,
+    pub child: Child,
+    pub stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proxy {
+    /// Start `egress-proxy run --config` with `yaml`, where the test's config should leave
+    /// `listen` to this function (it sets 127.0.0.1:0 for proxy and admin) and `audit` too.
+    pub fn start(dir: &Path, yaml: &str) -> Proxy {
+        let audit = dir.join("audit.jsonl");
+        let config = dir.join("proxy.yaml");
+        let full = format!(
+            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\n{yaml}",
+            audit.display()
+        );
+        std::fs::write(&config, full).unwrap();
+        Self::start_with(config, audit, &[])
+    }
+
+    pub fn start_with(config: PathBuf, audit: PathBuf, env: &[(&str, &str)]) -> Proxy {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_egress-proxy"));
+        cmd.args(["run", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start egress-proxy");
+        let stderr = child.stderr.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if line.contains("\"listening\"") {
+                        let _ = tx.send(line.clone());
+                    }
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        let line = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("proxy did not start: {:?}", lines.lock().unwrap());
+            }
+        };
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let f = &v["fields"];
+        Proxy {
+            proxy: f["proxy_addr"].as_str().unwrap().parse().unwrap(),
+            admin: f["admin_addr"].as_str().unwrap().parse().unwrap(),
+            audit,
+            config,
+            child,
+            stderr: lines,
+        }
+    }
+
+    /// Every audit record written so far ("end" and "open").
+    pub fn audit_records(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.audit)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("bad audit line {l:?}: {e}"))
+            })
+            .collect()
+    }
+
+    /// Wait until a final record matching `pred` appears.
+    pub fn wait_record(&self, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(r) = self
+                .audit_records()
+                .into_iter()
+                .find(|r| r["event"] == "end" && pred(r))
+            {
+                return r;
+            }
+            if Instant::now() > deadline {
+                panic!("no matching audit record in {:#?}", self.audit_records());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// GET a path on the admin listener: (status, body).
+    pub fn admin_get(&self, path: &str) -> (u16, String) {
+        http_get(self.admin, path)
+    }
+
+    /// SIGTERM and wait.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        unsafe_free_kill(self.child.id(), "TERM");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("proxy did not stop on SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn stderr_text(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
+    }
+}
+
+/// Send a signal with the `kill` command (keeps the tests free of `unsafe`).
+pub fn unsafe_free_kill(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status();
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal HTTP/1.1 GET: (status, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Send raw bytes to `addr`, read until close or timeout: the response text.
+pub fn raw_exchange(addr: SocketAddr, bytes: &[u8], timeout: Duration) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(timeout)).unwrap();
+    let _ = s.write_all(bytes);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Output of one curl run.
+pub struct CurlOut {
+    pub code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: String,
+}
+
+impl CurlOut {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+}
+
+/// Run curl with `args`; `-sS` and a 30 s cap are added.
+pub fn curl(args: &[&str]) -> CurlOut {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "30", "--noproxy", ""])
+        .args(args)
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("ALL_PROXY")
+        .output()
+        .expect("curl is installed (.ci/run installs it)");
+    CurlOut {
+        code: out.status.code().unwrap_or(-1),
+        stdout: out.stdout,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
