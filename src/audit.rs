@@ -45,6 +45,14 @@ pub struct Record {
     pub target_port: Option<u16>,
     pub sni: Option<String>,
     pub original_dst: Option<String>,
+    /// Transparent mode: whether `original_dst` was among the resolved addresses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dst_in_resolved: Option<bool>,
+    /// Transparent TLS: ALPN protocols offered, and whether the hello carried ECH.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alpn: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ech: Option<bool>,
     pub resolved: Vec<String>,
     pub dialed: Option<String>,
     /// allow | deny | report

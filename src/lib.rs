@@ -10,6 +10,12 @@
 //! - [`server`]: runtime, listeners, accept loops, graceful shutdown.
 //! - [`proxy`]: the explicit proxy (CONNECT and absolute-form HTTP), per request:
 //!   [`identity`] → [`target`] → [`policy`] → [`resolve`] → [`guard`] → dial → [`tunnel`].
+//! - [`transparent`]: the transparent listener, per connection: [`orig_dst`] (the only
+//!   `unsafe`) → [`identity`] by source → [`peek`] ([`sni`] ClientHello parser, HTTP `Host`)
+//!   → [`policy`] → [`resolve`] → [`guard`] → dial the resolved address → [`tunnel`].
+//! - [`transparent`]: the transparent listener, per connection: [`orig_dst`] (the only
+//!   `unsafe`) → [`identity`] by source → [`peek`] ([`sni`] ClientHello parser, HTTP `Host`)
+//!   → [`policy`] → [`resolve`] → [`guard`] → dial the resolved address → [`tunnel`].
 //! - [`deny`]: §6 deny responses; [`audit`]: one JSON line per connection;
 //!   [`metrics`]: Prometheus; [`admin`]: health, readiness, metrics; [`shared`]: state
 //!   every task sees.
@@ -21,11 +27,15 @@ pub mod deny;
 pub mod guard;
 pub mod identity;
 pub mod metrics;
+pub mod orig_dst;
+pub mod peek;
 pub mod policy;
 pub mod policy_set;
 pub mod proxy;
 pub mod resolve;
 pub mod server;
 pub mod shared;
+pub mod sni;
 pub mod target;
+pub mod transparent;
 pub mod tunnel;

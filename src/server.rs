@@ -44,11 +44,14 @@ pub fn run(config: Config, _path: Option<PathBuf>) -> anyhow::Result<()> {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    if config.listen.transparent.is_some() {
-        anyhow::bail!(
-            "listen.transparent is set, but transparent mode is not built yet: set it to null"
-        );
-    }
+    let transparent = match config.listen.transparent {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("binding listen.transparent {a}"))?,
+        ),
+        None => None,
+    };
     let proxy = match config.listen.proxy {
         Some(a) => Some(
             TcpListener::bind(a)
@@ -67,7 +70,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     };
     let proxy_addr = proxy.as_ref().and_then(|l| l.local_addr().ok());
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
-    let listeners: Vec<SocketAddr> = [proxy_addr, admin_addr].into_iter().flatten().collect();
+    let transparent_addr = transparent.as_ref().and_then(|l| l.local_addr().ok());
+    let listeners: Vec<SocketAddr> = [proxy_addr, admin_addr, transparent_addr]
+        .into_iter()
+        .flatten()
+        .collect();
     let set = PolicySet::compile(&config, &[], listeners).context("compiling the policy")?;
     let (resolver, dns_warning) = Resolver::new(&config.dns);
     if let Some(w) = dns_warning {
@@ -90,7 +97,20 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let cap = Arc::new(Semaphore::new(config.max_connections));
     let mut tasks = Vec::new();
     if let Some(l) = proxy {
-        tasks.push(tokio::spawn(accept_proxy(l, shared.clone(), cap.clone())));
+        tasks.push(tokio::spawn(accept_loop(
+            l,
+            shared.clone(),
+            cap.clone(),
+            Kind::Proxy,
+        )));
+    }
+    if let Some(l) = transparent {
+        tasks.push(tokio::spawn(accept_loop(
+            l,
+            shared.clone(),
+            cap.clone(),
+            Kind::Transparent,
+        )));
     }
     if let Some(l) = admin {
         tasks.push(tokio::spawn(accept_admin(l, shared.clone())));
@@ -99,6 +119,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     tracing::info!(
         proxy_addr = %proxy_addr.map(|a| a.to_string()).unwrap_or_default(),
         admin_addr = %admin_addr.map(|a| a.to_string()).unwrap_or_default(),
+        transparent_addr = %transparent_addr.map(|a| a.to_string()).unwrap_or_default(),
         policy_version = %version,
         "listening"
     );
@@ -141,8 +162,15 @@ async fn wait_for_signal() {
     }
 }
 
-/// Accept loop of the explicit proxy: one task per connection, under the global cap.
-async fn accept_proxy(listener: TcpListener, shared: Arc<Shared>, cap: Arc<Semaphore>) {
+/// Which data-plane listener an accept loop serves.
+#[derive(Clone, Copy)]
+enum Kind {
+    Proxy,
+    Transparent,
+}
+
+/// Accept loop of a data-plane listener: one task per connection, under the global cap.
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, cap: Arc<Semaphore>, kind: Kind) {
     let mut backoff = Duration::from_millis(5);
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -161,25 +189,42 @@ async fn accept_proxy(listener: TcpListener, shared: Arc<Shared>, cap: Arc<Semap
         match cap.clone().try_acquire_owned() {
             Ok(permit) => {
                 let shared = shared.clone();
-                tokio::spawn(crate::proxy::serve(shared, stream, peer, permit));
+                match kind {
+                    Kind::Proxy => tokio::spawn(crate::proxy::serve(shared, stream, peer, permit)),
+                    Kind::Transparent => {
+                        tokio::spawn(crate::transparent::serve(shared, stream, peer, permit))
+                    }
+                };
             }
             Err(_) => {
                 let shared = shared.clone();
-                tokio::spawn(async move { over_capacity(shared, stream, peer).await });
+                tokio::spawn(async move { over_capacity(shared, stream, peer, kind).await });
             }
         }
     }
 }
 
-/// The global cap is reached: answer 429 without reading the request, and audit it.
-async fn over_capacity(shared: Arc<Shared>, mut stream: TcpStream, peer: SocketAddr) {
+/// The global cap is reached: answer 429 without reading the request (reset on the
+/// transparent listener), and audit it.
+async fn over_capacity(shared: Arc<Shared>, mut stream: TcpStream, peer: SocketAddr, kind: Kind) {
     let body = "egress-proxy is at its connection limit; retry shortly.\n";
     let resp = format!(
         "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nProxy-Status: egress-proxy; error=connection_limit_reached; details=\"connection_limit\"\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
-    let rec = shared.record(peer, "connect");
+    let mode = match kind {
+        Kind::Proxy => {
+            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes()))
+                .await;
+            "connect"
+        }
+        Kind::Transparent => {
+            let _ = stream.set_zero_linger();
+            "tcp"
+        }
+    };
+    drop(stream);
+    let rec = shared.record(peer, mode);
     shared.finish(
         rec,
         None,

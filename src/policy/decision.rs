@@ -59,11 +59,14 @@ pub enum Reason {
     DnsTimeout,
     ConnectionTimeout,
     ConnectionRefused,
+    /// Transparent mode with `strict_sni_dst`: the client's original destination is not an
+    /// address of the name it sent (SNI / Host).
+    DestinationMismatch,
 }
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 19] = [
+    pub const ALL: [Reason; 20] = [
         Reason::RuleMatched,
         Reason::AllowAllMode,
         Reason::NoRuleMatched,
@@ -83,6 +86,7 @@ impl Reason {
         Reason::DnsTimeout,
         Reason::ConnectionTimeout,
         Reason::ConnectionRefused,
+        Reason::DestinationMismatch,
     ];
 
     /// The stable code used in audit records, metrics and `Proxy-Status` details.
@@ -107,6 +111,7 @@ impl Reason {
             Reason::DnsTimeout => "dns_timeout",
             Reason::ConnectionTimeout => "connection_timeout",
             Reason::ConnectionRefused => "connection_refused",
+            Reason::DestinationMismatch => "destination_mismatch",
         }
     }
 
@@ -119,6 +124,7 @@ impl Reason {
             | Reason::DenyAllMode
             | Reason::PortNotAllowed
             | Reason::DestinationIpProhibited
+            | Reason::DestinationMismatch
             | Reason::ProxyLoop => 403,
             Reason::InvalidTarget => 400,
             Reason::AuthRequired | Reason::AuthFailed | Reason::UnknownSandbox => 407,
@@ -139,7 +145,9 @@ impl Reason {
             | Reason::AuthRequired
             | Reason::AuthFailed
             | Reason::UnknownSandbox => "http_request_denied",
-            Reason::DestinationIpProhibited => "destination_ip_prohibited",
+            Reason::DestinationIpProhibited | Reason::DestinationMismatch => {
+                "destination_ip_prohibited"
+            }
             Reason::ProxyLoop => "proxy_loop_detected",
             Reason::InvalidTarget => "http_request_error",
             Reason::RateLimited | Reason::ConnectionLimit => "connection_limit_reached",
@@ -244,6 +252,9 @@ impl Decision {
             Reason::DnsTimeout => "the proxy's resolver timed out".into(),
             Reason::ConnectionTimeout => "connecting to the destination timed out".into(),
             Reason::ConnectionRefused => "the destination refused the connection".into(),
+            Reason::DestinationMismatch => format!(
+                "the connection's original destination is not an address of the name it asked for (strict_sni_dst of sandbox {sandbox})"
+            ),
         }
     }
 }

@@ -1,0 +1,331 @@
+//! The transparent listener (`listen.transparent`): TCP redirected here by iptables
+//! (`REDIRECT`, or TPROXY). Per connection: original destination → sandbox by source address
+//! (or `default_sandbox`) → peek (never consume: the bytes are replayed upstream) up to 64 KiB
+//! within `timeouts.header_ms` → decide on the SNI or `Host` name, or on the original
+//! destination with address rules only → resolve the name with the proxy's own resolver →
+//! guard → dial the *resolved* address, not the one the client chose (a forged SNI cannot reach
+//! another IP) → relay. A refusal resets the connection; nothing is forwarded. One audit record.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::audit::{Close, Record};
+use crate::identity::identify;
+use crate::orig_dst::original_dst;
+use crate::peek::{classify, split_host_header, Peeked, MAX_PEEK};
+use crate::policy::{Decision, Reason, Verdict};
+use crate::policy_set::Sandbox;
+use crate::shared::Shared;
+use crate::target::{Host, Target};
+use crate::tunnel::relay;
+
+/// Serve one redirected connection.
+pub async fn serve(
+    shared: Arc<Shared>,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    permit: OwnedSemaphorePermit,
+) {
+    let started = Instant::now();
+    let _ = stream.set_nodelay(true);
+    let mut rec = shared.record(peer, "sni");
+    let set = shared.policy.load_full();
+    rec.policy_version = set.version().to_string();
+    let orig = match original_dst(&stream) {
+        Ok((a, _)) => canonical(a),
+        Err(e) => {
+            rec.detail = Some(format!("no original destination: {e}"));
+            return reset(
+                &shared,
+                stream,
+                rec,
+                None,
+                Decision::deny(Reason::InvalidTarget, None),
+                started,
+            );
+        }
+    };
+    rec.original_dst = Some(orig.to_string());
+
+    let who = match identify(
+        &set,
+        None,
+        peer.ip(),
+        shared.settings.default_sandbox.as_deref(),
+    ) {
+        Ok(w) => w,
+        Err(refused) => {
+            rec.identity = refused.method.as_str();
+            return reset(
+                &shared,
+                stream,
+                rec,
+                None,
+                Decision::deny(refused.reason, None),
+                started,
+            );
+        }
+    };
+    rec.identity = who.method.as_str();
+    let sb = who.sandbox;
+    rec.sandbox = Some(sb.binding.id.clone());
+
+    // Peek: buffer until the first bytes say what this is.
+    let mut buf: Vec<u8> = Vec::with_capacity(2048);
+    let deadline = tokio::time::Instant::now() + shared.settings.timeouts.header;
+    let peeked = loop {
+        match classify(&buf) {
+            Peeked::Incomplete if buf.len() < MAX_PEEK => {}
+            Peeked::Incomplete => {
+                break Peeked::Other {
+                    detail: "first bytes larger than 64 KiB",
+                }
+            }
+            p => break p,
+        }
+        let mut chunk = [0u8; 4096];
+        match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+            Ok(Ok(0)) => {
+                break Peeked::Other {
+                    detail: "client sent nothing before closing",
+                }
+            }
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(Err(_)) => {
+                rec.detail = Some("read error while peeking".into());
+                return reset(
+                    &shared,
+                    stream,
+                    rec,
+                    Some(&sb),
+                    Decision::deny(Reason::InvalidTarget, None),
+                    started,
+                );
+            }
+            // Server-speaks-first protocols (and stalled clients): decide on the destination.
+            Err(_) => {
+                break Peeked::Other {
+                    detail: "no TLS or HTTP within header_ms",
+                }
+            }
+        }
+    };
+
+    let by_address = Target {
+        host: Host::Ip(orig.ip()),
+        port: orig.port(),
+    };
+    let target = match &peeked {
+        Peeked::Tls(hello) => {
+            rec.mode = "sni";
+            rec.sni = hello.sni.clone();
+            rec.alpn = (!hello.alpn.is_empty()).then(|| hello.alpn.clone());
+            rec.ech = Some(hello.ech);
+            match &hello.sni {
+                Some(name) => match Host::parse(name) {
+                    Ok(host) => Target {
+                        host,
+                        port: orig.port(),
+                    },
+                    Err(_) => {
+                        rec.detail = Some("SNI is not a valid host name".into());
+                        return reset(
+                            &shared,
+                            stream,
+                            rec,
+                            Some(&sb),
+                            Decision::deny(Reason::InvalidTarget, None),
+                            started,
+                        );
+                    }
+                },
+                None => by_address,
+            }
+        }
+        Peeked::Http { host: Some(value) } => {
+            rec.mode = "host";
+            let (h, _) = split_host_header(value);
+            match Host::parse(h) {
+                Ok(host) => Target {
+                    host,
+                    port: orig.port(),
+                },
+                Err(_) => {
+                    rec.detail = Some("Host header is not a valid host".into());
+                    return reset(
+                        &shared,
+                        stream,
+                        rec,
+                        Some(&sb),
+                        Decision::deny(Reason::InvalidTarget, None),
+                        started,
+                    );
+                }
+            }
+        }
+        Peeked::Http { host: None } => {
+            rec.mode = "host";
+            by_address
+        }
+        Peeked::Other { detail } => {
+            rec.mode = "tcp";
+            rec.detail = Some((*detail).to_string());
+            by_address
+        }
+        Peeked::Incomplete => by_address,
+    };
+    rec.target_host = Some(target.host.to_string());
+    rec.target_port = Some(target.port);
+
+    // Decide, resolve once, decide on the addresses.
+    let t0 = Instant::now();
+    let mut outcome = set.decide(&sb, &target, None);
+    shared
+        .metrics
+        .decision_seconds
+        .observe(t0.elapsed().as_secs_f64());
+    if outcome.decision.verdict == Verdict::Deny && !outcome.needs_addresses {
+        return reset(&shared, stream, rec, Some(&sb), outcome.decision, started);
+    }
+    if let Host::Name(name) = &target.host {
+        let t1 = Instant::now();
+        let resolved = shared.resolver.resolve(name).await;
+        shared
+            .metrics
+            .dns_seconds
+            .observe(t1.elapsed().as_secs_f64());
+        let addrs = match resolved {
+            Ok(a) => a,
+            Err(e) => {
+                return reset(
+                    &shared,
+                    stream,
+                    rec,
+                    Some(&sb),
+                    Decision::deny(e.reason(), None),
+                    started,
+                )
+            }
+        };
+        rec.resolved = addrs.iter().map(IpAddr::to_string).collect();
+        let matched = addrs.contains(&orig.ip());
+        rec.dst_in_resolved = Some(matched);
+        if !matched && sb.binding.strict_sni_dst {
+            return reset(
+                &shared,
+                stream,
+                rec,
+                Some(&sb),
+                Decision::deny(Reason::DestinationMismatch, None),
+                started,
+            );
+        }
+        outcome = set.decide(&sb, &target, Some(&addrs));
+    }
+    let decision = outcome.decision.clone();
+    if decision.verdict == Verdict::Deny {
+        return reset(&shared, stream, rec, Some(&sb), decision, started);
+    }
+
+    // Dial a checked address: the client's own choice when it is one of them.
+    let mut order = outcome.dial.clone();
+    if let Some(i) = order.iter().position(|a| *a == orig.ip()) {
+        order.swap(0, i);
+    }
+    let mut upstream = None;
+    let mut failure = Reason::DestinationNotFound;
+    for ip in order {
+        let addr = SocketAddr::new(ip, target.port);
+        let t = Instant::now();
+        let r =
+            tokio::time::timeout(shared.settings.timeouts.connect, TcpStream::connect(addr)).await;
+        shared
+            .metrics
+            .dial_seconds
+            .observe(t.elapsed().as_secs_f64());
+        match r {
+            Ok(Ok(s)) => {
+                upstream = Some((s, addr));
+                break;
+            }
+            Ok(Err(_)) => failure = Reason::ConnectionRefused,
+            Err(_) => failure = Reason::ConnectionTimeout,
+        }
+    }
+    let Some((mut up, addr)) = upstream else {
+        return reset(
+            &shared,
+            stream,
+            rec,
+            Some(&sb),
+            Decision::deny(failure, None),
+            started,
+        );
+    };
+    let _ = up.set_nodelay(true);
+    rec.dialed = Some(addr.to_string());
+    shared.apply_decision(&mut rec, &decision);
+    let mut open = rec.clone();
+    open.event = "open";
+    open.close = None;
+    shared.audit.write(open);
+    let id = sb.binding.id.clone();
+    shared.metrics.active.with_label_values(&[&id]).inc();
+    // Replay what was peeked, then relay.
+    let (close, up_bytes, down_bytes) = match up.write_all(&buf).await {
+        Ok(()) => {
+            let r = relay(
+                stream,
+                up,
+                shared.settings.timeouts.idle,
+                shared.stop.subscribe(),
+            )
+            .await;
+            (r.close, r.up + buf.len() as u64, r.down)
+        }
+        Err(_) => (Close::Error, 0, 0),
+    };
+    shared.metrics.active.with_label_values(&[&id]).dec();
+    shared.finish(
+        rec,
+        Some(&id),
+        decision,
+        close,
+        started,
+        up_bytes,
+        down_bytes,
+    );
+    drop(permit);
+}
+
+/// IPv4-mapped listener addresses are reported as IPv4.
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
+}
+
+/// Refuse by reset (no HTTP to answer with on a redirected connection) and audit.
+fn reset(
+    shared: &Shared,
+    stream: TcpStream,
+    rec: Record,
+    sb: Option<&Arc<Sandbox>>,
+    decision: Decision,
+    started: Instant,
+) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
+    shared.finish(
+        rec,
+        sb.map(|s| s.binding.id.as_str()),
+        decision,
+        Close::Eof,
+        started,
+        0,
+        0,
+    );
+}
