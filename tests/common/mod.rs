@@ -81,6 +81,11 @@ pub struct Origin {
 
 impl Origin {
     pub fn start(tls: Option<&TestCa>) -> Origin {
+        Self::start_on("127.0.0.1", tls)
+    }
+
+    /// Start on a given local address (a veth address in the netns tests).
+    pub fn start_on(ip: &str, tls: Option<&TestCa>) -> Origin {
         let rt = Arc::new(
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
@@ -101,9 +106,7 @@ impl Origin {
                 .unwrap();
             tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
         });
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
+        let listener = rt.block_on(tokio::net::TcpListener::bind((ip, 0))).unwrap();
         let addr = listener.local_addr().unwrap();
         rt.spawn(async move {
             loop {
@@ -196,6 +199,7 @@ async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut 
 pub struct Proxy {
     pub proxy: SocketAddr,
     pub admin: SocketAddr,
+    pub transparent: Option<SocketAddr>,
     pub audit: PathBuf,
     pub config: PathBuf,
     pub child: Child,
@@ -217,7 +221,25 @@ impl Proxy {
     }
 
     pub fn start_with(config: PathBuf, audit: PathBuf, env: &[(&str, &str)]) -> Proxy {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_egress-proxy"));
+        Self::start_wrapped(config, audit, env, &[])
+    }
+
+    /// Start the binary under a wrapper command (`ip netns exec NS setpriv ...`).
+    pub fn start_wrapped(
+        config: PathBuf,
+        audit: PathBuf,
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Proxy {
+        let bin = env!("CARGO_BIN_EXE_egress-proxy");
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         cmd.args(["run", "--config"])
             .arg(&config)
             .stdout(Stdio::null())
@@ -249,9 +271,11 @@ impl Proxy {
         };
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         let f = &v["fields"];
+        let addr = |k: &str| f[k].as_str().and_then(|s| s.parse().ok());
         Proxy {
-            proxy: f["proxy_addr"].as_str().unwrap().parse().unwrap(),
-            admin: f["admin_addr"].as_str().unwrap().parse().unwrap(),
+            proxy: addr("proxy_addr").unwrap_or_else(|| "0.0.0.0:0".parse().unwrap()),
+            admin: addr("admin_addr").unwrap_or_else(|| "0.0.0.0:0".parse().unwrap()),
+            transparent: addr("transparent_addr"),
             audit,
             config,
             child,

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Install or remove the iptables rules that send a sandbox's TCP to egress-proxy's
+# transparent listener, and keep UDP (QUIC on 443 included) from bypassing it.
+#
+#   egress-iptables.sh install|remove sidecar --proxy-uid UID [options]
+#   egress-iptables.sh install|remove gateway --iface IFACE [options]
+#
+# sidecar: run inside the sandbox's network namespace (Kubernetes init container, netns).
+#          nat OUTPUT → REDIRECT; the proxy's own uid and loopback are exempt.
+# gateway: run on the host that routes the sandboxes; nat PREROUTING on the sandbox-facing
+#          interface → REDIRECT to this host's proxy.
+#
+# Options:
+#   --proxy-port PORT   the transparent listener's port (default 15001)
+#   --proxy-uid UID     sidecar: the uid the proxy runs as (required for sidecar)
+#   --iface IFACE       gateway: the sandbox-facing interface (required for gateway)
+#   --dns IP            a resolver the sandbox may reach directly on port 53 (repeatable);
+#                       all other UDP from the sandbox is dropped
+#   --ipv4-only | --ipv6-only
+#   --dry-run           print the commands instead of running them
+#
+# Idempotent: install replaces this script's chains and jumps; remove deletes them. Listen on
+# [::]:PORT (or 0.0.0.0:PORT for IPv4 only) so that redirected IPv6 reaches the proxy too.
+set -euo pipefail
+
+ACTION="${1:-}"; MODEL="${2:-}"
+[ $# -ge 2 ] && shift 2 || true
+PORT=15001; UID_EXEMPT=""; IFACE=""; DNS=(); FAMILIES=(4 6); DRY=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --proxy-port) PORT="$2"; shift 2 ;;
+    --proxy-uid) UID_EXEMPT="$2"; shift 2 ;;
+    --iface) IFACE="$2"; shift 2 ;;
+    --dns) DNS+=("$2"); shift 2 ;;
+    --ipv4-only) FAMILIES=(4); shift ;;
+    --ipv6-only) FAMILIES=(6); shift ;;
+    --dry-run) DRY=1; shift ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "egress-iptables: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+usage() { echo "usage: $0 install|remove sidecar|gateway [options] (see --help)" >&2; exit 2; }
+case "$ACTION" in install|remove) ;; *) usage ;; esac
+case "$MODEL" in
+  sidecar) [ -n "$UID_EXEMPT" ] || { echo "egress-iptables: sidecar needs --proxy-uid" >&2; exit 2; } ;;
+  gateway) [ -n "$IFACE" ] || { echo "egress-iptables: gateway needs --iface" >&2; exit 2; } ;;
+  *) usage ;;
+esac
+[[ "$PORT" =~ ^[0-9]+$ ]] && [ "$PORT" -ge 1 ] && [ "$PORT" -le 65535 ] || { echo "egress-iptables: bad --proxy-port" >&2; exit 2; }
+
+# Sidecar: one set per network namespace. Gateway: one set per sandbox interface, so that
+# several interfaces (several sandboxes) can be installed and removed independently.
+if [ "$MODEL" = sidecar ]; then
+  CHAIN=EGRESS_PROXY; UDP_CHAIN=EGRESS_PROXY_UDP
+else
+  CHAIN="EGRESS_PROXY_$IFACE"; UDP_CHAIN="EGRESS_UDP_$IFACE"
+  [ "${#CHAIN}" -le 28 ] || { echo "egress-iptables: interface name too long" >&2; exit 2; }
+fi
+
+run() {
+  if [ "$DRY" = 1 ]; then echo "$*"; else "$@"; fi
+}
+# Is this address of the family being configured?
+is_family() { if [ "$1" = 6 ]; then [[ "$2" == *:* ]]; else [[ "$2" != *:* ]]; fi; }
+
+# The hook (table, chain, match) where our chains are jumped to.
+nat_hook() { if [ "$MODEL" = sidecar ]; then echo "OUTPUT"; else echo "PREROUTING -i $IFACE"; fi; }
+udp_hook() { if [ "$MODEL" = sidecar ]; then echo "filter OUTPUT"; else echo "mangle PREROUTING -i $IFACE"; fi; }
+
+remove_family() {
+  local ipt="$1"
+  local udp_table udp_rest
+  read -r udp_table udp_rest <<<"$(udp_hook)"
+  # Delete every jump (install may have run more than once before this script was idempotent).
+  if [ "$DRY" = 1 ]; then
+    echo "$ipt -t nat -D $(nat_hook) -p tcp -j $CHAIN   # while present"
+    echo "$ipt -t $udp_table -D $udp_rest -p udp -j $UDP_CHAIN   # while present"
+    echo "$ipt -t nat -F $CHAIN; $ipt -t nat -X $CHAIN"
+    echo "$ipt -t $udp_table -F $UDP_CHAIN; $ipt -t $udp_table -X $UDP_CHAIN"
+    return
+  fi
+  # shellcheck disable=SC2046
+  while $ipt -t nat -C $(nat_hook) -p tcp -j "$CHAIN" 2>/dev/null; do
+    $ipt -t nat -D $(nat_hook) -p tcp -j "$CHAIN"
+  done
+  # shellcheck disable=SC2086
+  while $ipt -t "$udp_table" -C $udp_rest -p udp -j "$UDP_CHAIN" 2>/dev/null; do
+    $ipt -t "$udp_table" -D $udp_rest -p udp -j "$UDP_CHAIN"
+  done
+  $ipt -t nat -F "$CHAIN" 2>/dev/null || true
+  $ipt -t nat -X "$CHAIN" 2>/dev/null || true
+  $ipt -t "$udp_table" -F "$UDP_CHAIN" 2>/dev/null || true
+  $ipt -t "$udp_table" -X "$UDP_CHAIN" 2>/dev/null || true
+}
+
+install_family() {
+  local fam="$1" ipt="$2" loop
+  [ "$fam" = 6 ] && loop="::1/128" || loop="127.0.0.0/8"
+  local udp_table udp_rest
+  read -r udp_table udp_rest <<<"$(udp_hook)"
+  remove_family "$ipt"
+  # TCP: everything to the proxy, except what must stay direct.
+  run $ipt -t nat -N "$CHAIN"
+  if [ "$MODEL" = sidecar ]; then
+    run $ipt -t nat -A "$CHAIN" -o lo -j RETURN
+    run $ipt -t nat -A "$CHAIN" -d "$loop" -j RETURN
+    run $ipt -t nat -A "$CHAIN" -m owner --uid-owner "$UID_EXEMPT" -j RETURN
+  fi
+  for d in "${DNS[@]}"; do
+    if is_family "$fam" "$d"; then run $ipt -t nat -A "$CHAIN" -p tcp -d "$d" --dport 53 -j RETURN; fi
+  done
+  run $ipt -t nat -A "$CHAIN" -p tcp -j REDIRECT --to-ports "$PORT"
+  # shellcheck disable=SC2046
+  run $ipt -t nat -A $(nat_hook) -p tcp -j "$CHAIN"
+  # UDP: only DNS to the configured resolvers; QUIC (UDP 443) and the rest are dropped.
+  run $ipt -t "$udp_table" -N "$UDP_CHAIN"
+  if [ "$MODEL" = sidecar ]; then
+    run $ipt -t "$udp_table" -A "$UDP_CHAIN" -o lo -j RETURN
+    run $ipt -t "$udp_table" -A "$UDP_CHAIN" -m owner --uid-owner "$UID_EXEMPT" -j RETURN
+  fi
+  for d in "${DNS[@]}"; do
+    if is_family "$fam" "$d"; then run $ipt -t "$udp_table" -A "$UDP_CHAIN" -p udp -d "$d" --dport 53 -j RETURN; fi
+  done
+  run $ipt -t "$udp_table" -A "$UDP_CHAIN" -p udp -j DROP
+  # shellcheck disable=SC2086
+  run $ipt -t "$udp_table" -A $udp_rest -p udp -j "$UDP_CHAIN"
+}
+
+for fam in "${FAMILIES[@]}"; do
+  if [ "$fam" = 6 ]; then ipt=ip6tables; else ipt=iptables; fi
+  if [ "$DRY" = 0 ] && ! command -v "$ipt" >/dev/null 2>&1; then
+    echo "egress-iptables: $ipt not found" >&2; exit 1
+  fi
+  ipt="$ipt -w"   # wait for the xtables lock instead of failing when others change rules
+  if [ "$ACTION" = install ]; then install_family "$fam" "$ipt"; else remove_family "$ipt"; fi
+done
+[ "$DRY" = 1 ] || echo "egress-iptables: $ACTION $MODEL done (${FAMILIES[*]/#/IPv})"

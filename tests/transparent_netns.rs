@@ -1,0 +1,592 @@
+//! Transparent mode for real: network namespaces, veth pairs, the repo's own
+//! `deploy/iptables/egress-iptables.sh`, real curl inside the sandbox namespace, origins on
+//! the host side. Needs root, `ip` and `iptables`; in CI (`CI` set) missing any of them is a
+//! failure, elsewhere the tests print why they skip.
+
+mod common;
+
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/iptables/egress-iptables.sh")
+}
+
+/// Whether these tests can run here; in CI they must.
+fn can_run() -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout == b"0\n")
+        .unwrap_or(false);
+    let tools = ["ip", "iptables", "ip6tables", "curl", "setpriv"]
+        .iter()
+        .all(|t| {
+            Command::new("sh")
+                .args(["-c", &format!("command -v {t}")])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        });
+    if root && tools {
+        return true;
+    }
+    let why = format!("transparent netns tests need root and ip/iptables/curl/setpriv (root={root}, tools={tools})");
+    if std::env::var_os("CI").is_some() {
+        panic!("{why}: CI must run them");
+    }
+    eprintln!("SKIPPED: {why}");
+    false
+}
+
+fn sh(args: &[&str]) -> std::process::Output {
+    Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+fn must(args: &[&str]) {
+    let o = sh(args);
+    assert!(
+        o.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A sandbox namespace joined to the root namespace by a veth pair: host side `.1`, sandbox
+/// side `.2` of `10.<net>.<n>.0/24`. Removed on drop.
+struct Netns {
+    name: String,
+    host_if: String,
+    host_ip: String,
+    sandbox_ip: String,
+}
+
+impl Netns {
+    fn new(tag: &str, net: u8, n: u8) -> Netns {
+        let name = format!("egp-{tag}{n}-{}", std::process::id() % 100_000);
+        let host_if = format!("egp{tag}{n}h");
+        let sb_if = format!("egp{tag}{n}s");
+        let host_ip = format!("10.{net}.{n}.1");
+        let sandbox_ip = format!("10.{net}.{n}.2");
+        let _ = sh(&["ip", "netns", "del", &name]);
+        let _ = sh(&["ip", "link", "del", &host_if]);
+        must(&["ip", "netns", "add", &name]);
+        must(&["ip", "-n", &name, "link", "set", "lo", "up"]);
+        must(&[
+            "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &sb_if,
+        ]);
+        must(&["ip", "link", "set", &sb_if, "netns", &name]);
+        must(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{host_ip}/24"),
+            "dev",
+            &host_if,
+        ]);
+        must(&["ip", "link", "set", &host_if, "up"]);
+        must(&[
+            "ip",
+            "-n",
+            &name,
+            "addr",
+            "add",
+            &format!("{sandbox_ip}/24"),
+            "dev",
+            &sb_if,
+        ]);
+        must(&["ip", "-n", &name, "link", "set", &sb_if, "up"]);
+        must(&[
+            "ip", "-n", &name, "route", "add", "default", "via", &host_ip,
+        ]);
+        Netns {
+            name,
+            host_if,
+            host_ip,
+            sandbox_ip,
+        }
+    }
+
+    /// Run a command inside the namespace.
+    fn exec(&self, args: &[&str]) -> std::process::Output {
+        let mut full = vec!["ip", "netns", "exec", &self.name];
+        full.extend_from_slice(args);
+        sh(&full)
+    }
+
+    fn curl(&self, args: &[&str]) -> (i32, String) {
+        let mut full = vec!["curl", "-sS", "--max-time", "10", "--noproxy", "*"];
+        full.extend_from_slice(args);
+        let o = self.exec(&full);
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),
+        )
+    }
+
+    /// Send one UDP datagram from the sandbox (bash's /dev/udp).
+    fn send_udp(&self, ip: &str, port: u16) {
+        let _ = self.exec(&["bash", "-c", &format!("echo probe > /dev/udp/{ip}/{port}")]);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = sh(&["ip", "netns", "del", &self.name]);
+        let _ = sh(&["ip", "link", "del", &self.host_if]);
+    }
+}
+
+/// Removes the gateway rules on drop (they live in the root namespace).
+struct GatewayRules(String);
+
+impl Drop for GatewayRules {
+    fn drop(&mut self) {
+        let _ = sh(&[
+            script().to_str().unwrap_or(""),
+            "remove",
+            "gateway",
+            "--iface",
+            &self.0,
+        ]);
+    }
+}
+
+fn udp_arrives(sock: &UdpSocket) -> bool {
+    sock.set_read_timeout(Some(Duration::from_millis(800)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    sock.recv_from(&mut buf).is_ok()
+}
+
+/// Everything a gateway test needs, kept alive together.
+struct GatewayEnv {
+    _dir: tempfile::TempDir,
+    ns: Netns,
+    ca: TestCa,
+    https: Origin,
+    by_addr: Origin,
+    http: Origin,
+    proxy: Proxy,
+    _rules: GatewayRules,
+}
+
+fn gateway_env(n: u8, strict: bool) -> Option<GatewayEnv> {
+    if !can_run() {
+        return None;
+    }
+    let ns = Netns::new("gw", 77, n);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let https = Origin::start_on(&ns.host_ip, Some(&ca));
+    let https_by_addr = Origin::start_on(&ns.host_ip, Some(&ca));
+    let http = Origin::start_on(&ns.host_ip, None);
+    let yaml = format!(
+        r#"
+listen: {{ proxy: null, transparent: "{ip}:0", admin: 127.0.0.1:0 }}
+audit: {{ path: {audit} }}
+dns:
+  servers: ["127.0.0.1:9"]
+  timeout_ms: 500
+  hosts: {{ api.test: [{ip}], other.test: [{ip}], plain.test: [{ip}], denied.test: [{ip}] }}
+defaults:
+  guard_allow_ranges: [10.77.{n}.0/24]
+  timeouts: {{ connect_ms: 2000, header_ms: 1500 }}
+sandboxes:
+  - id: sbx
+    sources: [{sip}/32]
+    strict_sni_dst: {strict}
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["api.test:*", "plain.test:*", "{ip}:{by_addr}"]
+        deny: ["denied.test"]
+"#,
+        ip = ns.host_ip,
+        sip = ns.sandbox_ip,
+        audit = dir.path().join("audit.jsonl").display(),
+        by_addr = https_by_addr.addr.port(),
+    );
+    let cfg = dir.path().join("proxy.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    let proxy = Proxy::start_with(cfg, dir.path().join("audit.jsonl"), &[]);
+    let tport = proxy
+        .transparent
+        .expect("transparent listener")
+        .port()
+        .to_string();
+    let rules = GatewayRules(ns.host_if.clone());
+    must(&[
+        script().to_str().unwrap(),
+        "install",
+        "gateway",
+        "--iface",
+        &ns.host_if,
+        "--proxy-port",
+        &tport,
+        "--dns",
+        &ns.host_ip,
+    ]);
+    Some(GatewayEnv {
+        _dir: dir,
+        ns,
+        ca,
+        https,
+        by_addr: https_by_addr,
+        http,
+        proxy,
+        _rules: rules,
+    })
+}
+
+#[test]
+fn gateway_sni_host_forged_destination_and_udp() {
+    let Some(GatewayEnv {
+        ns,
+        ca,
+        https,
+        by_addr,
+        http,
+        proxy,
+        _dir: _keep_dir,
+        _rules: _keep_rules,
+    }) = gateway_env(1, false)
+    else {
+        return;
+    };
+    let ca = ca.ca_pem.display().to_string();
+    let op = https.addr.port();
+    let ip = ns.host_ip.clone();
+
+    // Allowed SNI passes.
+    let (code, out) = ns.curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &format!("api.test:{op}:{ip}"),
+        &format!("https://api.test:{op}/hello"),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("hello from origin /hello"), "{out}");
+    let rec = proxy.wait_record(|r| r["sni"] == "api.test");
+    assert_eq!(rec["mode"], "sni");
+    assert_eq!(rec["identity"], "source");
+    assert_eq!(rec["original_dst"], format!("{ip}:{op}"));
+    assert_eq!(rec["dst_in_resolved"], true);
+    assert_eq!(rec["decision"], "allow");
+    assert!(
+        rec["alpn"].as_array().is_some_and(|a| !a.is_empty()),
+        "{rec}"
+    );
+
+    // Denied SNI is reset, and nothing reaches the origin.
+    let (code, out) = ns.curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &format!("other.test:{op}:{ip}"),
+        &format!("https://other.test:{op}/"),
+    ]);
+    assert_ne!(code, 0, "{out}");
+    let rec = proxy.wait_record(|r| r["sni"] == "other.test");
+    // other.test has no name rule; its address has a rule for another port only.
+    assert_eq!(rec["reason"], "port_not_allowed");
+    assert_eq!(rec["decision"], "deny");
+    assert!(rec["dialed"].is_null());
+
+    // A forged destination (allowed SNI sent to an unrelated IP) reaches the name's real address.
+    // An address outside the veth subnet, so the sandbox routes it via the gateway.
+    let forged = "10.76.1.9".to_string();
+    let (code, out) = ns.curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &format!("api.test:{op}:{forged}"),
+        &format!("https://api.test:{op}/forged"),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("/forged"));
+    let rec = proxy.wait_record(|r| r["original_dst"] == format!("{forged}:{op}"));
+    assert_eq!(rec["dst_in_resolved"], false);
+    assert_eq!(rec["dialed"], format!("{ip}:{op}"));
+
+    // TLS without SNI: refused unless an address rule allows the destination.
+    let (code, _) = ns.curl(&["-k", &format!("https://{ip}:{op}/nosni")]);
+    assert_ne!(code, 0);
+    let rec =
+        proxy.wait_record(|r| r["original_dst"] == format!("{ip}:{op}") && r["sni"].is_null());
+    // The address has a rule, for another port only.
+    assert_eq!(rec["reason"], "port_not_allowed");
+    let bp = by_addr.addr.port();
+    let (code, out) = ns.curl(&["-k", &format!("https://{ip}:{bp}/by-address")]);
+    assert_eq!(code, 0, "{out}");
+    let rec = proxy.wait_record(|r| r["original_dst"] == format!("{ip}:{bp}"));
+    assert_eq!(rec["decision"], "allow");
+    assert_eq!(rec["rule"], format!("{ip}:{bp}"));
+
+    // HTTP by Host, allowed and denied.
+    let hp = http.addr.port();
+    let (code, out) = ns.curl(&[
+        "--resolve",
+        &format!("plain.test:{hp}:{ip}"),
+        &format!("http://plain.test:{hp}/echo"),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("GET /echo HTTP/1.1"), "{out}");
+    let rec = proxy.wait_record(|r| r["target_host"] == "plain.test");
+    assert_eq!(rec["mode"], "host");
+    let (code, _) = ns.curl(&[
+        "--resolve",
+        &format!("denied.test:{hp}:{ip}"),
+        &format!("http://denied.test:{hp}/"),
+    ]);
+    assert_ne!(code, 0);
+    let rec = proxy.wait_record(|r| r["target_host"] == "denied.test");
+    assert_eq!(rec["reason"], "denied_by_rule");
+
+    // UDP 443 from the sandbox does not leave; DNS to the configured resolver does.
+    let quic = UdpSocket::bind((ip.as_str(), 0)).unwrap();
+    ns.send_udp(&ip, quic.local_addr().unwrap().port());
+    assert!(
+        !udp_arrives(&quic),
+        "UDP from the sandbox bypassed the proxy"
+    );
+    if let Ok(dns) = UdpSocket::bind((ip.as_str(), 53)) {
+        ns.send_udp(&ip, 53);
+        assert!(
+            udp_arrives(&dns),
+            "DNS to the configured resolver must pass"
+        );
+    }
+}
+
+#[test]
+fn gateway_strict_sni_dst_refuses_forged_destinations() {
+    let Some(GatewayEnv {
+        ns,
+        ca,
+        https,
+        proxy,
+        _dir: _keep_dir,
+        _rules: _keep_rules,
+        ..
+    }) = gateway_env(2, true)
+    else {
+        return;
+    };
+    let ca = ca.ca_pem.display().to_string();
+    let op = https.addr.port();
+    let ip = ns.host_ip.clone();
+    let (code, out) = ns.curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &format!("api.test:{op}:{ip}"),
+        &format!("https://api.test:{op}/ok"),
+    ]);
+    assert_eq!(code, 0, "{out}\n{:#?}", proxy.audit_records());
+    let (code, _) = ns.curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &format!("api.test:{op}:10.76.2.9"),
+        &format!("https://api.test:{op}/forged"),
+    ]);
+    assert_ne!(code, 0, "strict_sni_dst must refuse a forged destination");
+    let rec = proxy.wait_record(|r| r["original_dst"] == format!("10.76.2.9:{op}"));
+    assert_eq!(rec["reason"], "destination_mismatch");
+    assert!(rec["dialed"].is_null());
+}
+
+#[test]
+fn script_is_idempotent_removable_and_has_a_dry_run() {
+    if !can_run() {
+        return;
+    }
+    let ns = Netns::new("id", 79, 1);
+    let s = script();
+    let s = s.to_str().unwrap();
+    let dry = sh(&[
+        s,
+        "install",
+        "gateway",
+        "--iface",
+        &ns.host_if,
+        "--proxy-port",
+        "15001",
+        "--dns",
+        "10.79.1.1",
+        "--dry-run",
+    ]);
+    let text = String::from_utf8_lossy(&dry.stdout);
+    let chain = format!("EGRESS_PROXY_{}", ns.host_if);
+    assert!(
+        text.contains(&format!(
+            "iptables -w -t nat -A PREROUTING -i {} -p tcp -j {chain}",
+            ns.host_if
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "ip6tables -w -t nat -A {chain} -p tcp -j REDIRECT --to-ports 15001"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("-p udp -j DROP"), "{text}");
+    // Inside a fresh namespace the tables start empty, so counts are exact.
+    let run_in = |args: &[&str]| {
+        let mut full = vec![s];
+        full.extend_from_slice(args);
+        let o = ns.exec(&full);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    let count = || {
+        let o = ns.exec(&["iptables-save"]);
+        let t = String::from_utf8_lossy(&o.stdout).into_owned();
+        t.lines().filter(|l| l.contains("-j EGRESS_PROXY")).count()
+    };
+    run_in(&[
+        "install",
+        "sidecar",
+        "--proxy-uid",
+        "65534",
+        "--proxy-port",
+        "15001",
+    ]);
+    let once = count();
+    assert_eq!(once, 2, "one TCP jump and one UDP jump");
+    run_in(&[
+        "install",
+        "sidecar",
+        "--proxy-uid",
+        "65534",
+        "--proxy-port",
+        "15001",
+    ]);
+    assert_eq!(count(), once, "install twice = install once");
+    run_in(&["remove", "sidecar", "--proxy-uid", "65534"]);
+    assert_eq!(count(), 0);
+    let o = ns.exec(&["iptables-save"]);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("EGRESS_PROXY"));
+    // Usage errors.
+    assert_eq!(sh(&[s, "install", "sidecar"]).status.code(), Some(2));
+    assert_eq!(sh(&[s, "install", "gateway"]).status.code(), Some(2));
+    assert_eq!(sh(&[s, "bogus", "gateway"]).status.code(), Some(2));
+}
+
+#[test]
+fn sidecar_redirects_the_sandbox_but_not_the_proxy_itself() {
+    if !can_run() {
+        return;
+    }
+    let ns = Netns::new("sc", 78, 1);
+    let dir = tempfile::tempdir().unwrap();
+    // The proxy runs as nobody inside the namespace: it must read its config and write audit.
+    must(&["chmod", "0777", dir.path().to_str().unwrap()]);
+    let ca = TestCa::generate(dir.path());
+    let https = Origin::start_on(&ns.host_ip, Some(&ca));
+    let ip = ns.host_ip.clone();
+    let audit = dir.path().join("audit.jsonl");
+    let yaml = format!(
+        r#"
+listen: {{ proxy: null, transparent: "127.0.0.1:0", admin: null, default_sandbox: side }}
+audit: {{ path: {audit} }}
+dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ api.test: [{ip}], other.test: [{ip}] }} }}
+defaults: {{ guard_allow_ranges: [10.78.1.0/24] }}
+sandboxes:
+  - id: side
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }}
+"#,
+        audit = audit.display()
+    );
+    let cfg = dir.path().join("proxy.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    must(&["chmod", "0644", cfg.to_str().unwrap()]);
+    let proxy = Proxy::start_wrapped(
+        cfg,
+        audit,
+        &[],
+        &[
+            "ip",
+            "netns",
+            "exec",
+            &ns.name,
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ],
+    );
+    let tport = proxy.transparent.expect("transparent").port().to_string();
+    let o = ns.exec(&[
+        script().to_str().unwrap(),
+        "install",
+        "sidecar",
+        "--proxy-uid",
+        "65534",
+        "--proxy-port",
+        &tport,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ca = ca.ca_pem.display().to_string();
+    let op = https.addr.port();
+    // The sandbox (root here, not the proxy's uid) is redirected; the proxy's own upstream
+    // connection to the same address is not redirected back into it, so the fetch completes.
+    let (code, out) = ns.curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &format!("api.test:{op}:{ip}"),
+        &format!("https://api.test:{op}/side"),
+    ]);
+    assert_eq!(
+        code,
+        0,
+        "{out}\n{:#?}\n{}",
+        proxy.audit_records(),
+        proxy.stderr_text()
+    );
+    assert!(out.contains("/side"));
+    let rec = proxy.wait_record(|r| r["sni"] == "api.test");
+    assert_eq!(rec["identity"], "default");
+    assert_eq!(rec["dialed"], format!("{ip}:{op}"));
+    let (code, _) = ns.curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &format!("other.test:{op}:{ip}"),
+        &format!("https://other.test:{op}/"),
+    ]);
+    assert_ne!(code, 0);
+    proxy.wait_record(|r| r["sni"] == "other.test" && r["decision"] == "deny");
+    // UDP from the sandbox is dropped in the sidecar model too.
+    let quic = UdpSocket::bind((ip.as_str(), 0)).unwrap();
+    ns.send_udp(&ip, quic.local_addr().unwrap().port());
+    assert!(!udp_arrives(&quic), "UDP bypassed the sidecar");
+}
+
+#[test]
+fn udp_probe_is_a_real_check() {
+    // Without rules the same probe arrives: the UDP assertions above can fail.
+    if !can_run() {
+        return;
+    }
+    let ns = Netns::new("ud", 80, 1);
+    let sock = UdpSocket::bind((ns.host_ip.as_str(), 0)).unwrap();
+    ns.send_udp(&ns.host_ip, sock.local_addr().unwrap().port());
+    assert!(udp_arrives(&sock));
+    let _ = &ns.sandbox_ip;
+}
