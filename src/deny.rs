@@ -18,6 +18,8 @@ pub struct Refusal<'a> {
     pub sandbox: Option<&'a str>,
     /// The explanation (`Decision::explain`).
     pub explanation: &'a str,
+    /// Seconds for `Retry-After` on 429s (1 when not given).
+    pub retry_after: Option<u64>,
 }
 
 /// Keep printable ASCII only, and escape what an sf-string cannot hold.
@@ -74,7 +76,8 @@ pub fn response(r: &Refusal<'_>) -> Response<Full<Bytes>> {
         );
     }
     if status == StatusCode::TOO_MANY_REQUESTS {
-        h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        let secs = r.retry_after.unwrap_or(1).max(1);
+        h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     resp
 }
@@ -103,6 +106,7 @@ mod tests {
             what: "CONNECT evil.example:443",
             sandbox: Some("demo"),
             explanation: "not in network.egress of sandbox demo (config/proxy.yaml)",
+            retry_after: None,
         });
         assert_eq!(r.status(), 403);
         assert_eq!(
@@ -114,6 +118,7 @@ mod tests {
             what: "CONNECT x:443",
             sandbox: None,
             explanation: "a \"quoted\"\u{7} thing",
+            retry_after: None,
         });
         assert_eq!(r.status(), 407);
         assert_eq!(
@@ -129,8 +134,9 @@ mod tests {
             what: "x",
             sandbox: None,
             explanation: "",
+            retry_after: Some(3),
         });
         assert_eq!(r.status(), 429);
-        assert_eq!(r.headers()["retry-after"], "1");
+        assert_eq!(r.headers()["retry-after"], "3");
     }
 }

@@ -26,6 +26,7 @@ pub mod config;
 pub mod deny;
 pub mod guard;
 pub mod identity;
+pub mod limits;
 pub mod metrics;
 pub mod orig_dst;
 pub mod peek;

@@ -22,6 +22,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::audit::{Close, Record};
 use crate::deny::{self, Refusal};
 use crate::identity::identify;
+use crate::limits::ConnectionSlot;
 use crate::policy::{Decision, Reason, Verdict};
 use crate::policy_set::Sandbox;
 use crate::shared::Shared;
@@ -134,7 +135,7 @@ async fn handle(
     shared: Arc<Shared>,
     peer: SocketAddr,
     req: Request<Incoming>,
-    slot: PermitSlot,
+    permit_slot: PermitSlot,
 ) -> Response<Body> {
     let started = Instant::now();
     let connect = req.method() == Method::CONNECT;
@@ -177,6 +178,14 @@ async fn handle(
     rec.identity = who.method.as_str();
     let sb = who.sandbox;
     rec.sandbox = Some(sb.binding.id.clone());
+
+    // Limits: a place under max_connections and a rate token, before any work.
+    let slot = match shared.admit(&sb) {
+        Ok(slot) => slot,
+        Err((reason, retry)) => {
+            return shared.refuse_limited(rec, &sb, reason, retry, &what, started)
+        }
+    };
 
     // Decide on the name, resolve once, decide on the addresses.
     let t0 = Instant::now();
@@ -246,10 +255,22 @@ async fn handle(
     };
 
     if connect {
-        let permit = slot.lock().ok().and_then(|mut s| s.take());
-        open_tunnel(shared, req, stream, rec, sb, decision, started, permit)
+        let permit = permit_slot.lock().ok().and_then(|mut s| s.take());
+        open_tunnel(
+            shared,
+            req,
+            stream,
+            rec,
+            sb,
+            decision,
+            started,
+            (permit, slot),
+        )
     } else {
-        forward(shared, req, stream, rec, sb, decision, target, started).await
+        forward(
+            shared, req, stream, rec, sb, decision, target, started, slot,
+        )
+        .await
     }
 }
 
@@ -312,7 +333,7 @@ fn open_tunnel(
     sb: Arc<Sandbox>,
     decision: Decision,
     started: Instant,
-    permit: Option<OwnedSemaphorePermit>,
+    (permit, slot): (Option<OwnedSemaphorePermit>, ConnectionSlot),
 ) -> Response<Body> {
     let id = sb.binding.id.clone();
     shared.apply_decision(&mut rec, &decision);
@@ -326,13 +347,16 @@ fn open_tunnel(
     tokio::spawn(async move {
         let (close, up, down) = match hyper::upgrade::on(req).await {
             Ok(upgraded) => {
-                let r = relay(TokioIo::new(upgraded), stream, idle, stop).await;
+                let limiter = slot.limiter();
+                let shaper = limiter.shapes().then_some(&**limiter);
+                let r = relay(TokioIo::new(upgraded), stream, idle, stop, shaper).await;
                 (r.close, r.up, r.down)
             }
             Err(_) => (Close::Error, 0, 0),
         };
         shared.metrics.active.with_label_values(&[&id]).dec();
         shared.finish(rec, Some(&id), decision, close, started, up, down);
+        drop(slot);
         drop(permit);
     });
     Response::builder()
@@ -384,6 +408,8 @@ struct FinishOnDrop {
     started: Instant,
     up: Arc<AtomicU64>,
     down: Arc<AtomicU64>,
+    /// The request's place under its sandbox's limits, held until the response body ends.
+    _slot: ConnectionSlot,
 }
 
 impl Drop for FinishOnDrop {
@@ -417,6 +443,7 @@ async fn forward(
     decision: Decision,
     target: Target,
     started: Instant,
+    slot: ConnectionSlot,
 ) -> Response<Body> {
     let id = sb.binding.id.clone();
     shared.apply_decision(&mut rec, &decision);
@@ -459,6 +486,7 @@ async fn forward(
         started,
         up,
         down: down.clone(),
+        _slot: slot,
     };
     let result = async {
         let (mut sender, conn) =

@@ -17,8 +17,9 @@ use tokio::sync::watch;
 use crate::audit::{AuditLog, Close, Record};
 use crate::config::Timeouts;
 use crate::deny::Refusal;
+use crate::limits::{Limiters, Refusal as LimitRefusal};
 use crate::metrics::Metrics;
-use crate::policy::Decision;
+use crate::policy::{Decision, Reason};
 use crate::policy_set::{PolicySet, Sandbox};
 use crate::resolve::Resolver;
 use crate::tunnel::Stop;
@@ -39,6 +40,8 @@ pub struct Shared {
     pub audit: AuditLog,
     pub metrics: Metrics,
     pub settings: Settings,
+    /// Per-sandbox limiter state (kept across reloads).
+    pub limiters: Limiters,
     /// Source of `conn_id`s.
     next_id: AtomicU64,
     /// Tells open tunnels to stop (shutdown grace expired).
@@ -63,6 +66,7 @@ impl Shared {
             audit,
             metrics,
             settings,
+            limiters: Limiters::default(),
             next_id: AtomicU64::new(1),
             stop: watch::channel(Stop::Running).0,
             draining: watch::channel(false).0,
@@ -131,6 +135,49 @@ impl Shared {
         self.audit.write(rec);
     }
 
+    /// Admit a connection of `sandbox` under its limits, or count the refusal and say why
+    /// (reason, seconds for Retry-After).
+    pub fn admit(&self, sandbox: &Sandbox) -> Result<crate::limits::ConnectionSlot, (Reason, u64)> {
+        let limiter = self
+            .limiters
+            .get(&sandbox.binding.id, &sandbox.binding.limits);
+        limiter.admit(self.limiters.now()).map_err(|r| {
+            self.metrics
+                .rate_limited
+                .with_label_values(&[sandbox.binding.id.as_str(), r.label()])
+                .inc();
+            match r {
+                LimitRefusal::Connections => (Reason::ConnectionLimit, 1),
+                LimitRefusal::Rate(d) => {
+                    (Reason::RateLimited, d.as_secs_f64().ceil().max(1.0) as u64)
+                }
+            }
+        })
+    }
+
+    /// Refuse a connection over a limit: audit (`close: limit`), count, and answer 429.
+    pub fn refuse_limited(
+        &self,
+        rec: Record,
+        sandbox: &Sandbox,
+        reason: Reason,
+        retry_after: u64,
+        what: &str,
+        started: Instant,
+    ) -> Response<BoxBody<Bytes, hyper::Error>> {
+        let id = sandbox.binding.id.as_str();
+        let decision = Decision::deny(reason, None);
+        let explanation = decision.explain(id, sandbox.policy.file(), 0);
+        self.finish(rec, Some(id), decision, Close::Limit, started, 0, 0);
+        crate::proxy::deny_response(&Refusal {
+            reason,
+            what,
+            sandbox: Some(id),
+            explanation: &explanation,
+            retry_after: Some(retry_after),
+        })
+    }
+
     /// Refuse: audit, count, and build the §6 response.
     pub fn refuse(
         &self,
@@ -149,6 +196,7 @@ impl Shared {
             what,
             sandbox: id,
             explanation,
+            retry_after: None,
         })
     }
 }

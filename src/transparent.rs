@@ -74,6 +74,23 @@ pub async fn serve(
     rec.identity = who.method.as_str();
     let sb = who.sandbox;
     rec.sandbox = Some(sb.binding.id.clone());
+    let slot = match shared.admit(&sb) {
+        Ok(slot) => slot,
+        Err((reason, _)) => {
+            let _ = stream.set_zero_linger();
+            drop(stream);
+            shared.finish(
+                rec,
+                Some(&sb.binding.id),
+                Decision::deny(reason, None),
+                Close::Limit,
+                started,
+                0,
+                0,
+            );
+            return;
+        }
+    };
 
     // Peek: buffer until the first bytes say what this is.
     let mut buf: Vec<u8> = Vec::with_capacity(2048);
@@ -279,11 +296,14 @@ pub async fn serve(
     // Replay what was peeked, then relay.
     let (close, up_bytes, down_bytes) = match up.write_all(&buf).await {
         Ok(()) => {
+            let limiter = slot.limiter();
+            let shaper = limiter.shapes().then_some(&**limiter);
             let r = relay(
                 stream,
                 up,
                 shared.settings.timeouts.idle,
                 shared.stop.subscribe(),
+                shaper,
             )
             .await;
             (r.close, r.up + buf.len() as u64, r.down)

@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
 use crate::audit::Close;
+use crate::limits::SandboxLimiter;
 
 /// Why a relay was asked to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -32,12 +33,14 @@ pub struct Relayed {
 const BUF: usize = 16 * 1024;
 
 /// Relay until both sides have closed, the tunnel idles for `idle`, an error occurs, or `stop`
-/// changes away from `Running`.
+/// changes away from `Running`. With a `shaper`, each chunk waits for its sandbox's bandwidth
+/// tokens before it is written (delayed, never dropped).
 pub async fn relay<C, S>(
     client: C,
     server: S,
     idle: Duration,
     mut stop: watch::Receiver<Stop>,
+    shaper: Option<&SandboxLimiter>,
 ) -> Relayed
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -62,6 +65,9 @@ where
                     let _ = sw.shutdown().await;
                 }
                 Ok(n) => {
+                    if let Some(end) = shape(shaper, true, n, &mut stop).await {
+                        return finish(up, down, end);
+                    }
                     if sw.write_all(&cbuf[..n]).await.is_err() {
                         return finish(up, down, Close::Error);
                     }
@@ -76,6 +82,9 @@ where
                     let _ = cw.shutdown().await;
                 }
                 Ok(n) => {
+                    if let Some(end) = shape(shaper, false, n, &mut stop).await {
+                        return finish(up, down, end);
+                    }
                     if cw.write_all(&sbuf[..n]).await.is_err() {
                         return finish(up, down, Close::Error);
                     }
@@ -99,6 +108,27 @@ where
     }
 }
 
+/// Wait for bandwidth tokens; `Some(close)` if told to stop meanwhile.
+async fn shape(
+    shaper: Option<&SandboxLimiter>,
+    up: bool,
+    n: usize,
+    stop: &mut watch::Receiver<Stop>,
+) -> Option<Close> {
+    let delay = shaper.map(|s| s.shape_now(up, n)).unwrap_or(Duration::ZERO);
+    if delay.is_zero() {
+        return None;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => None,
+        changed = stop.changed() => match (changed, *stop.borrow()) {
+            (Ok(()), Stop::Revoked) => Some(Close::Revoked),
+            (Ok(()), Stop::Running) => None,
+            _ => Some(Close::Shutdown),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,7 +139,7 @@ mod tests {
         let (client, mut client_peer) = duplex(1024);
         let (server, mut server_peer) = duplex(1024);
         let (_tx, rx) = watch::channel(Stop::Running);
-        let task = tokio::spawn(relay(client, server, Duration::from_secs(5), rx));
+        let task = tokio::spawn(relay(client, server, Duration::from_secs(5), rx, None));
         client_peer.write_all(b"hello").await.unwrap();
         let mut buf = [0u8; 5];
         server_peer.read_exact(&mut buf).await.unwrap();
@@ -128,7 +158,7 @@ mod tests {
         let (client, _cp) = duplex(64);
         let (server, _sp) = duplex(64);
         let (_tx, rx) = watch::channel(Stop::Running);
-        let r = relay(client, server, Duration::from_secs(30), rx).await;
+        let r = relay(client, server, Duration::from_secs(30), rx, None).await;
         assert_eq!(r.close, Close::Idle);
     }
 
@@ -137,7 +167,7 @@ mod tests {
         let (client, _cp) = duplex(64);
         let (server, _sp) = duplex(64);
         let (tx, rx) = watch::channel(Stop::Running);
-        let task = tokio::spawn(relay(client, server, Duration::from_secs(30), rx));
+        let task = tokio::spawn(relay(client, server, Duration::from_secs(30), rx, None));
         tx.send(Stop::Revoked).unwrap();
         assert_eq!(task.await.unwrap().close, Close::Revoked);
     }

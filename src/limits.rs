@@ -1,0 +1,375 @@
+//! Per-sandbox limits (proxy-side `limits:` of a binding, defaults under `defaults.limits`):
+//! concurrent connections, new-connection rate (token bucket with burst), and bandwidth in each
+//! direction (the same bucket, spent by bytes: shaping delays, never drops or corrupts).
+//!
+//! The bucket is a pure function of time: `check(now, n)` with `now` in nanoseconds since any
+//! fixed origin, so tests pass timestamps instead of sleeping. A clock that goes backwards is
+//! treated as no time passing. Each sandbox's state is its own, so one sandbox at its limit
+//! never slows another; the state survives reloads (only the numbers change).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use crate::config::Limits;
+
+/// The verdict of a bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Admit {
+    Admit,
+    /// Not now: this much later.
+    DelayFor(Duration),
+}
+
+/// A token bucket: `rate` tokens per second, at most `burst` stored.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    /// Nanoseconds of the last refill.
+    last: u64,
+}
+
+impl TokenBucket {
+    /// A full bucket at time `now`.
+    pub fn new(rate: f64, burst: f64, now: u64) -> Self {
+        TokenBucket {
+            rate,
+            burst,
+            tokens: burst,
+            last: now,
+        }
+    }
+
+    /// Change the numbers, keeping the current level (capped at the new burst).
+    pub fn reconfigure(&mut self, rate: f64, burst: f64) {
+        self.rate = rate;
+        self.burst = burst;
+        self.tokens = self.tokens.min(burst);
+    }
+
+    fn refill(&mut self, now: u64) {
+        if now > self.last {
+            let elapsed = (now - self.last) as f64 / 1e9;
+            self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+            self.last = now;
+        }
+    }
+
+    /// Take `n` tokens if there are that many; otherwise say how long until there would be.
+    pub fn check(&mut self, now: u64, n: f64) -> Admit {
+        self.refill(now);
+        if self.tokens >= n {
+            self.tokens -= n;
+            return Admit::Admit;
+        }
+        Admit::DelayFor(self.wait_for(n - self.tokens))
+    }
+
+    /// Take `n` tokens now, going into debt if needed, and return how long the caller must
+    /// wait before using them (shaping: every byte is delivered, later).
+    pub fn reserve(&mut self, now: u64, n: f64) -> Duration {
+        self.refill(now);
+        self.tokens -= n;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            self.wait_for(-self.tokens)
+        }
+    }
+
+    fn wait_for(&self, missing: f64) -> Duration {
+        if self.rate <= 0.0 || !self.rate.is_finite() {
+            return Duration::from_secs(3600);
+        }
+        Duration::from_secs_f64((missing / self.rate).min(3600.0))
+    }
+}
+
+/// Which limit refused a connection (the metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `max_connections` reached.
+    Connections,
+    /// `connections_per_second` / `burst` exceeded; retry after the delay.
+    Rate(Duration),
+}
+
+impl Refusal {
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Connections => "connections",
+            Refusal::Rate(_) => "rate",
+        }
+    }
+}
+
+/// Bandwidth buckets hold this much time's worth of bytes (and at least 16 KiB).
+const BANDWIDTH_BURST_SECONDS: f64 = 0.1;
+
+/// One sandbox's live limiter state.
+#[derive(Debug)]
+pub struct SandboxLimiter {
+    /// The registry's clock origin (shaping asks for "now" without a caller-supplied time).
+    origin: Instant,
+    limits: Mutex<Limits>,
+    active: AtomicU32,
+    rate: Mutex<TokenBucket>,
+    up: Mutex<Option<TokenBucket>>,
+    down: Mutex<Option<TokenBucket>>,
+}
+
+fn bandwidth_bucket(bps: Option<u64>, now: u64) -> Option<TokenBucket> {
+    bps.map(|b| {
+        let rate = b as f64;
+        TokenBucket::new(rate, (rate * BANDWIDTH_BURST_SECONDS).max(16_384.0), now)
+    })
+}
+
+impl SandboxLimiter {
+    fn new(limits: &Limits, origin: Instant, now: u64) -> Self {
+        SandboxLimiter {
+            origin,
+            rate: Mutex::new(TokenBucket::new(
+                limits.connections_per_second,
+                f64::from(limits.burst),
+                now,
+            )),
+            up: Mutex::new(bandwidth_bucket(limits.bandwidth_up_bps, now)),
+            down: Mutex::new(bandwidth_bucket(limits.bandwidth_down_bps, now)),
+            limits: Mutex::new(limits.clone()),
+            active: AtomicU32::new(0),
+        }
+    }
+
+    fn reconfigure(&self, limits: &Limits, now: u64) {
+        let Ok(mut current) = self.limits.lock() else {
+            return;
+        };
+        if *current == *limits {
+            return;
+        }
+        if let Ok(mut r) = self.rate.lock() {
+            r.reconfigure(limits.connections_per_second, f64::from(limits.burst));
+        }
+        for (slot, bps, old) in [
+            (&self.up, limits.bandwidth_up_bps, current.bandwidth_up_bps),
+            (
+                &self.down,
+                limits.bandwidth_down_bps,
+                current.bandwidth_down_bps,
+            ),
+        ] {
+            if bps != old {
+                if let Ok(mut b) = slot.lock() {
+                    *b = bandwidth_bucket(bps, now);
+                }
+            }
+        }
+        *current = limits.clone();
+    }
+
+    /// Admit a new connection at `now`: a slot under `max_connections` and a rate token.
+    pub fn admit(self: &Arc<Self>, now: u64) -> Result<ConnectionSlot, Refusal> {
+        let max = self.limits.lock().map(|l| l.max_connections).unwrap_or(0);
+        let prev = self.active.fetch_add(1, Ordering::AcqRel);
+        if prev >= max {
+            self.active.fetch_sub(1, Ordering::AcqRel);
+            return Err(Refusal::Connections);
+        }
+        let verdict = self
+            .rate
+            .lock()
+            .map(|mut b| b.check(now, 1.0))
+            .unwrap_or(Admit::DelayFor(Duration::from_secs(1)));
+        if let Admit::DelayFor(d) = verdict {
+            self.active.fetch_sub(1, Ordering::AcqRel);
+            return Err(Refusal::Rate(d));
+        }
+        Ok(ConnectionSlot(self.clone()))
+    }
+
+    /// Open connections of this sandbox.
+    pub fn active(&self) -> u32 {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// Shaping delay for `n` bytes in a direction (zero when unlimited).
+    pub fn shape(&self, up: bool, now: u64, n: usize) -> Duration {
+        let slot = if up { &self.up } else { &self.down };
+        match slot.lock() {
+            Ok(mut b) => b
+                .as_mut()
+                .map(|b| b.reserve(now, n as f64))
+                .unwrap_or(Duration::ZERO),
+            Err(_) => Duration::ZERO,
+        }
+    }
+
+    /// Shaping delay for `n` bytes, now.
+    pub fn shape_now(&self, up: bool, n: usize) -> Duration {
+        self.shape(up, self.origin.elapsed().as_nanos() as u64, n)
+    }
+
+    /// Whether any bandwidth limit is set (tunnels without one skip the shaping path).
+    pub fn shapes(&self) -> bool {
+        self.limits
+            .lock()
+            .map(|l| l.bandwidth_up_bps.is_some() || l.bandwidth_down_bps.is_some())
+            .unwrap_or(false)
+    }
+}
+
+/// A connection's place under its sandbox's `max_connections`; released on drop.
+#[derive(Debug)]
+pub struct ConnectionSlot(Arc<SandboxLimiter>);
+
+impl ConnectionSlot {
+    pub fn limiter(&self) -> &Arc<SandboxLimiter> {
+        &self.0
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Every sandbox's limiter, by id; survives policy reloads.
+#[derive(Debug)]
+pub struct Limiters {
+    origin: Instant,
+    by_id: RwLock<HashMap<String, Arc<SandboxLimiter>>>,
+}
+
+impl Default for Limiters {
+    fn default() -> Self {
+        Limiters {
+            origin: Instant::now(),
+            by_id: RwLock::new(HashMap::new()),
+        }
+    }
+}
+
+impl Limiters {
+    /// Nanoseconds since this registry was made (the limiter clock).
+    pub fn now(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    /// The limiter of sandbox `id` with `limits` in force (created, or updated after a reload).
+    pub fn get(&self, id: &str, limits: &Limits) -> Arc<SandboxLimiter> {
+        let now = self.now();
+        if let Ok(map) = self.by_id.read() {
+            if let Some(l) = map.get(id) {
+                l.reconfigure(limits, now);
+                return l.clone();
+            }
+        }
+        match self.by_id.write() {
+            Ok(mut map) => map
+                .entry(id.to_string())
+                .or_insert_with(|| Arc::new(SandboxLimiter::new(limits, self.origin, now)))
+                .clone(),
+            Err(_) => Arc::new(SandboxLimiter::new(limits, self.origin, now)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn limits(max: u32, rate: f64, burst: u32) -> Limits {
+        Limits {
+            max_connections: max,
+            connections_per_second: rate,
+            burst,
+            bandwidth_up_bps: None,
+            bandwidth_down_bps: None,
+        }
+    }
+
+    #[test]
+    fn burst_then_refill() {
+        let mut b = TokenBucket::new(5.0, 5.0, 0);
+        for _ in 0..5 {
+            assert_eq!(b.check(0, 1.0), Admit::Admit);
+        }
+        assert_eq!(b.check(0, 1.0), Admit::DelayFor(Duration::from_millis(200)));
+        // 100 ms later half a token is there: still 100 ms to wait.
+        assert_eq!(
+            b.check(S / 10, 1.0),
+            Admit::DelayFor(Duration::from_millis(100))
+        );
+        assert_eq!(b.check(S / 5, 1.0), Admit::Admit);
+    }
+
+    #[test]
+    fn long_idle_caps_at_burst() {
+        let mut b = TokenBucket::new(5.0, 5.0, 0);
+        for _ in 0..5 {
+            b.check(0, 1.0);
+        }
+        let later = 3600 * S;
+        for _ in 0..5 {
+            assert_eq!(b.check(later, 1.0), Admit::Admit);
+        }
+        assert!(matches!(b.check(later, 1.0), Admit::DelayFor(_)));
+    }
+
+    #[test]
+    fn clock_going_backwards_adds_nothing() {
+        let mut b = TokenBucket::new(1.0, 1.0, 10 * S);
+        assert_eq!(b.check(10 * S, 1.0), Admit::Admit);
+        assert!(matches!(b.check(5 * S, 1.0), Admit::DelayFor(_)));
+        // And the bucket did not move its clock back: one second after 10 s refills it.
+        assert_eq!(b.check(11 * S, 1.0), Admit::Admit);
+    }
+
+    #[test]
+    fn reserve_shapes_by_debt() {
+        let mut b = TokenBucket::new(1000.0, 100.0, 0);
+        assert_eq!(b.reserve(0, 100.0), Duration::ZERO);
+        assert_eq!(b.reserve(0, 500.0), Duration::from_millis(500));
+        // The debt is paid by time: after 500 ms the next 100 bytes wait another 100 ms.
+        assert_eq!(b.reserve(S / 2, 100.0), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn connections_are_counted_and_released() {
+        let reg = Limiters::default();
+        let l = reg.get("a", &limits(2, 1000.0, 1000));
+        let a = l.admit(0).unwrap();
+        let _b = l.admit(0).unwrap();
+        assert_eq!(l.admit(0).unwrap_err(), Refusal::Connections);
+        drop(a);
+        let c = l.admit(0).unwrap();
+        assert_eq!(l.active(), 2);
+        drop(c);
+        assert_eq!(l.active(), 1);
+    }
+
+    #[test]
+    fn rate_refusals_and_isolation() {
+        let reg = Limiters::default();
+        let a = reg.get("a", &limits(100, 5.0, 5));
+        let b = reg.get("b", &limits(100, 5.0, 5));
+        let mut held = Vec::new();
+        for _ in 0..5 {
+            held.push(a.admit(0).unwrap());
+        }
+        assert!(matches!(a.admit(0), Err(Refusal::Rate(_))));
+        assert!(b.admit(0).is_ok(), "another sandbox is not affected");
+        // Reconfiguring keeps the same state object and the open connections.
+        let a2 = reg.get("a", &limits(3, 5.0, 5));
+        assert!(Arc::ptr_eq(&a, &a2));
+        assert_eq!(a2.active(), 5);
+        assert_eq!(a2.admit(10 * S).unwrap_err(), Refusal::Connections);
+    }
+}
