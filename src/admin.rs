@@ -1,6 +1,7 @@
-//! The admin listener (`listen.admin`): `GET /healthz`, `GET /readyz` (policy loaded and
-//! listeners bound) and `GET /metrics` (Prometheus text). Read-only; nothing here can change
-//! policy.
+//! The admin listener (`listen.admin`): health, readiness, metrics, and the runtime API
+//! (DESIGN §10). Read-only calls are open; mutating calls (`PUT`/`DELETE /v1/sandboxes/{id}`,
+//! `POST /v1/reload`) need `Authorization: Bearer <token>` when `admin_token_file` is set
+//! (compared as SHA-256 digests in constant time). Bodies are capped at 1 MiB.
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
@@ -8,19 +9,35 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 use tokio::net::TcpStream;
 
+use crate::control::{ChangeError, Controller};
+use crate::policy::Decision;
 use crate::shared::Shared;
+use crate::target::{Host, Target};
+
+/// What the admin API needs.
+pub struct Admin {
+    pub shared: Arc<Shared>,
+    pub control: Arc<Controller>,
+    /// SHA-256 of the bearer token for mutating calls (`None`: no token configured).
+    pub token_sha256: Option<[u8; 32]>,
+}
+
+const MAX_BODY: usize = 1024 * 1024;
 
 /// Serve one admin connection.
-pub async fn serve(shared: Arc<Shared>, stream: TcpStream) {
+pub async fn serve(admin: Arc<Admin>, stream: TcpStream) {
     let svc = service_fn(move |req| {
-        let shared = shared.clone();
-        async move { Ok::<_, Infallible>(route(&shared, &req)) }
+        let admin = admin.clone();
+        async move { Ok::<_, Infallible>(route(&admin, req).await) }
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -38,9 +55,78 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     r
 }
 
-fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn json_resp(status: StatusCode, v: Value) -> Response<Full<Bytes>> {
+    text(status, "application/json", format!("{v}\n"))
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response<Full<Bytes>> {
+    json_resp(status, json!({ "error": message.into() }))
+}
+
+impl Admin {
+    fn authorized(&self, req: &Request<Incoming>) -> bool {
+        let Some(expected) = &self.token_sha256 else {
+            return true;
+        };
+        let presented = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(|t| -> [u8; 32] { Sha256::digest(t.trim().as_bytes()).into() });
+        match presented {
+            Some(p) => bool::from(p.ct_eq(expected)),
+            None => false,
+        }
+    }
+}
+
+async fn read_body(req: Request<Incoming>) -> Result<String, Response<Full<Bytes>>> {
+    let collected = Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|_| {
+            error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body larger than 1 MiB or unreadable",
+            )
+        })?;
+    String::from_utf8(collected.to_bytes().to_vec())
+        .map_err(|_| error(StatusCode::BAD_REQUEST, "body is not UTF-8"))
+}
+
+fn change_error(e: ChangeError) -> Response<Full<Bytes>> {
+    match e {
+        ChangeError::Invalid(errs) => json_resp(
+            StatusCode::BAD_REQUEST,
+            json!({ "error": "invalid binding", "errors": errs.0.iter().map(|e| e.to_string()).collect::<Vec<_>>() }),
+        ),
+        ChangeError::BadRequest(m) => error(StatusCode::BAD_REQUEST, m),
+        ChangeError::Conflict(m) => error(StatusCode::CONFLICT, m),
+        ChangeError::NotFound => error(StatusCode::NOT_FOUND, "no such registered sandbox"),
+        ChangeError::Failed(m) => error(StatusCode::INTERNAL_SERVER_ERROR, m),
+    }
+}
+
+async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let plain = "text/plain; charset=utf-8";
-    match (req.method(), req.uri().path()) {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let mutating = matches!(method, Method::PUT | Method::DELETE)
+        || (method == Method::POST && path == "/v1/reload");
+    if mutating && !admin.authorized(&req) {
+        let mut r = error(
+            StatusCode::UNAUTHORIZED,
+            "mutating calls need Authorization: Bearer <admin token>",
+        );
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static("Bearer realm=\"egress-proxy-admin\""),
+        );
+        return r;
+    }
+    let shared = &admin.shared;
+    match (&method, path.as_str()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, plain, "ok\n".into()),
         (&Method::GET, "/readyz") => {
             if shared.ready.load(Ordering::Acquire) {
@@ -58,6 +144,124 @@ fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             "text/plain; version=0.0.4",
             shared.metrics.render(),
         ),
+        (&Method::GET, "/v1/sandboxes") => json_resp(StatusCode::OK, admin.control.list()),
+        (&Method::POST, "/v1/reload") => match admin.control.reload("api") {
+            Ok(v) => json_resp(StatusCode::OK, json!({ "policy_version": v })),
+            Err(errors) => json_resp(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({ "error": "reload refused; the running policy stays", "errors": errors }),
+            ),
+        },
+        (&Method::POST, "/v1/check") => {
+            let body = match read_body(req).await {
+                Ok(b) => b,
+                Err(r) => return r,
+            };
+            check(shared, &body).await
+        }
+        (m, p) if p.starts_with("/v1/sandboxes/") => {
+            let id = p.trim_start_matches("/v1/sandboxes/").to_string();
+            match *m {
+                Method::GET => match admin.control.get(&id) {
+                    Some(v) => json_resp(StatusCode::OK, v),
+                    None => error(StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
+                },
+                Method::PUT => {
+                    let body = match read_body(req).await {
+                        Ok(b) => b,
+                        Err(r) => return r,
+                    };
+                    match admin.control.put(&id, &body) {
+                        Ok(created) => json_resp(
+                            if created {
+                                StatusCode::CREATED
+                            } else {
+                                StatusCode::OK
+                            },
+                            json!({ "id": id, "created": created, "policy_version": shared.policy.load().version() }),
+                        ),
+                        Err(e) => change_error(e),
+                    }
+                }
+                Method::DELETE => match admin.control.delete(&id) {
+                    Ok(revoked) => json_resp(
+                        StatusCode::OK,
+                        json!({ "id": id, "deleted": true, "tunnels_closed": revoked }),
+                    ),
+                    Err(e) => change_error(e),
+                },
+                _ => error(StatusCode::METHOD_NOT_ALLOWED, "use GET, PUT or DELETE"),
+            }
+        }
         _ => text(StatusCode::NOT_FOUND, plain, "not found\n".into()),
     }
+}
+
+/// `POST /v1/check {"sandbox","target"}`: the decision the proxy would make now, resolving
+/// names exactly as it would.
+async fn check(shared: &Shared, body: &str) -> Response<Full<Bytes>> {
+    let Ok(v) = serde_json::from_str::<Value>(body) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "expected JSON {\"sandbox\": ..., \"target\": ...}",
+        );
+    };
+    let (Some(sandbox), Some(target_text)) = (v["sandbox"].as_str(), v["target"].as_str()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "expected JSON {\"sandbox\": ..., \"target\": ...}",
+        );
+    };
+    let set = shared.policy.load_full();
+    let Some(sb) = set.get(sandbox) else {
+        return error(StatusCode::NOT_FOUND, format!("no sandbox `{sandbox}`"));
+    };
+    let enforcement = sb.policy.enforcement().as_str();
+    let target = match Target::parse(target_text, Some(443)) {
+        Ok(t) => t,
+        Err(e) => {
+            return json_resp(
+                StatusCode::OK,
+                json!({ "decision": "deny", "reason": "invalid_target", "rule": null, "rule_source": null,
+                        "sandbox": sandbox, "target": target_text, "enforcement": enforcement,
+                        "explanation": format!("invalid target: {e}"), "policy_version": set.version() }),
+            )
+        }
+    };
+    let mut outcome = set.decide(sb, &target, None);
+    let mut resolved: Option<Value> = None;
+    if outcome.needs_addresses {
+        if let Host::Name(name) = &target.host {
+            match shared.resolver.resolve(name).await {
+                Ok(addrs) => {
+                    resolved = Some(json!(addrs
+                        .iter()
+                        .map(|a| a.to_string())
+                        .collect::<Vec<_>>()));
+                    outcome = set.decide(sb, &target, Some(&addrs));
+                }
+                Err(e) => {
+                    resolved = Some(json!({ "error": e.to_string() }));
+                    outcome.decision = Decision::deny(e.reason(), None);
+                }
+            }
+        }
+    }
+    let d = &outcome.decision;
+    json_resp(
+        StatusCode::OK,
+        json!({
+            "decision": d.verdict.as_str(),
+            "reason": d.reason.code(),
+            "rule": d.rule.as_ref().map(|r| r.text.clone()),
+            "rule_source": d.rule.as_ref().map(|r| r.source.to_string()),
+            "sandbox": sandbox,
+            "target": target.to_string(),
+            "enforcement": enforcement,
+            "explanation": d.explain(sandbox, sb.policy.file(), target.port),
+            "resolved": resolved,
+            "dial": outcome.dial.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+            "policy_version": set.version(),
+        }),
+    )
 }

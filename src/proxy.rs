@@ -265,6 +265,7 @@ async fn handle(
             decision,
             started,
             (permit, slot),
+            target,
         )
     } else {
         forward(
@@ -334,6 +335,7 @@ fn open_tunnel(
     decision: Decision,
     started: Instant,
     (permit, slot): (Option<OwnedSemaphorePermit>, ConnectionSlot),
+    target: Target,
 ) -> Response<Body> {
     let id = sb.binding.id.clone();
     shared.apply_decision(&mut rec, &decision);
@@ -342,7 +344,21 @@ fn open_tunnel(
     open.close = None;
     shared.audit.write(open);
     shared.metrics.active.with_label_values(&[&id]).inc();
-    let stop = shared.stop.subscribe();
+    let dialed = rec
+        .dialed
+        .as_deref()
+        .and_then(|d| d.parse::<SocketAddr>().ok())
+        .map(|a| a.ip());
+    let (stop, handle) = match dialed {
+        Some(ip) => {
+            let (rx, h) = shared.register_tunnel(rec.conn_id, &id, &target, ip);
+            (rx, Some(h))
+        }
+        None => (
+            tokio::sync::watch::channel(crate::tunnel::Stop::Running).1,
+            None,
+        ),
+    };
     let idle = shared.settings.timeouts.idle;
     tokio::spawn(async move {
         let (close, up, down) = match hyper::upgrade::on(req).await {
@@ -356,6 +372,7 @@ fn open_tunnel(
         };
         shared.metrics.active.with_label_values(&[&id]).dec();
         shared.finish(rec, Some(&id), decision, close, started, up, down);
+        drop(handle);
         drop(slot);
         drop(permit);
     });

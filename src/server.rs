@@ -14,17 +14,20 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
+use sha2::{Digest, Sha256};
+
+use crate::admin::Admin;
 use crate::audit::{AuditLog, Close};
 use crate::config::Config;
+use crate::control::Controller;
 use crate::metrics::Metrics;
 use crate::policy::{Decision, Reason};
 use crate::policy_set::PolicySet;
 use crate::resolve::Resolver;
 use crate::shared::{Settings, Shared};
-use crate::tunnel::Stop;
 
 /// Run the proxy with a loaded configuration until SIGTERM/SIGINT.
-pub fn run(config: Config, _path: Option<PathBuf>) -> anyhow::Result<()> {
+pub fn run(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .json()
         .with_writer(std::io::stderr)
@@ -40,10 +43,25 @@ pub fn run(config: Config, _path: Option<PathBuf>) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    rt.block_on(serve(config))
+    rt.block_on(serve(config, path))
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
+/// SHA-256 of the admin bearer token, read once at start.
+fn admin_token(config: &Config) -> anyhow::Result<Option<[u8; 32]>> {
+    let Some(p) = &config.admin_token_file else {
+        return Ok(None);
+    };
+    let t = std::fs::read_to_string(p)
+        .with_context(|| format!("reading admin_token_file {}", p.display()))?;
+    let t = t.trim();
+    if t.is_empty() {
+        anyhow::bail!("admin_token_file {} is empty", p.display());
+    }
+    Ok(Some(Sha256::digest(t.as_bytes()).into()))
+}
+
+async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
+    let token_sha256 = admin_token(&config)?;
     let transparent = match config.listen.transparent {
         Some(a) => Some(
             TcpListener::bind(a)
@@ -75,7 +93,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .into_iter()
         .flatten()
         .collect();
-    let set = PolicySet::compile(&config, &[], listeners).context("compiling the policy")?;
+    let set =
+        PolicySet::compile(&config, &[], listeners.clone()).context("compiling the policy")?;
     let (resolver, dns_warning) = Resolver::new(&config.dns);
     if let Some(w) = dns_warning {
         tracing::warn!(warning = %w, "dns");
@@ -83,7 +102,6 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let audit = AuditLog::open(config.audit_path.as_deref()).context("opening the audit log")?;
     let metrics = Metrics::new().context("registering metrics")?;
     metrics.set_policy_version(set.version());
-    let version = set.version().to_string();
     let shared = Arc::new(Shared::new(
         set,
         resolver,
@@ -94,6 +112,16 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             default_sandbox: config.listen.default_sandbox.clone(),
         },
     ));
+    let control = Arc::new(Controller::new(
+        shared.clone(),
+        path,
+        config.clone(),
+        listeners,
+    ));
+    for problem in control.restore() {
+        tracing::warn!(problem = %problem, "state_dir");
+    }
+    let version = shared.policy.load().version().to_string();
     let cap = Arc::new(Semaphore::new(config.max_connections));
     let mut tasks = Vec::new();
     if let Some(l) = proxy {
@@ -113,8 +141,15 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         )));
     }
     if let Some(l) = admin {
-        tasks.push(tokio::spawn(accept_admin(l, shared.clone())));
+        let admin = Arc::new(Admin {
+            shared: shared.clone(),
+            control: control.clone(),
+            token_sha256,
+        });
+        tasks.push(tokio::spawn(accept_admin(l, admin)));
     }
+    tasks.push(tokio::spawn(watch_files(control.clone())));
+    tasks.push(tokio::spawn(reload_on_sighup(control.clone())));
     shared.ready.store(true, Ordering::Release);
     tracing::info!(
         proxy_addr = %proxy_addr.map(|a| a.to_string()).unwrap_or_default(),
@@ -136,7 +171,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let drained = tokio::time::timeout(grace, cap.acquire_many(all)).await;
     if drained.is_err() {
         tracing::info!("grace period over: closing the remaining tunnels");
-        let _ = shared.stop.send(Stop::Shutdown);
+        shared.stop_all_tunnels();
         let _ = tokio::time::timeout(Duration::from_secs(2), cap.acquire_many(all)).await;
     }
     shared.audit.close();
@@ -236,11 +271,38 @@ async fn over_capacity(shared: Arc<Shared>, mut stream: TcpStream, peer: SocketA
     );
 }
 
-async fn accept_admin(listener: TcpListener, shared: Arc<Shared>) {
+/// Poll the configuration's files once a second; reload when one changed. (Polling follows
+/// symlinks, so a Kubernetes ConfigMap's atomic `..data` swap is seen too.)
+async fn watch_files(control: Arc<Controller>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let c = control.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if c.files_changed() {
+                let _ = c.reload("file change");
+            }
+        })
+        .await;
+    }
+}
+
+async fn reload_on_sighup(control: Arc<Controller>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        let c = control.clone();
+        let _ = tokio::task::spawn_blocking(move || c.reload("SIGHUP")).await;
+    }
+}
+
+async fn accept_admin(listener: TcpListener, admin: Arc<Admin>) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                tokio::spawn(crate::admin::serve(shared.clone(), stream));
+                tokio::spawn(crate::admin::serve(admin.clone(), stream));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "admin accept failed");

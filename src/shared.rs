@@ -3,9 +3,10 @@
 //! signals. Also the one place that turns an outcome into an audit record and metrics, so
 //! every connection ends the same way.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
@@ -22,7 +23,31 @@ use crate::metrics::Metrics;
 use crate::policy::{Decision, Reason};
 use crate::policy_set::{PolicySet, Sandbox};
 use crate::resolve::Resolver;
+use crate::target::Target;
 use crate::tunnel::Stop;
+
+/// An open tunnel, as the revocation check needs it.
+struct TunnelEntry {
+    sandbox: String,
+    target: Target,
+    /// The address actually dialled: the new policy is asked about exactly this one.
+    dialed: IpAddr,
+    stop: watch::Sender<Stop>,
+}
+
+/// Removes a tunnel from the registry when the tunnel ends.
+pub struct TunnelHandle {
+    id: u64,
+    tunnels: Arc<Mutex<HashMap<u64, TunnelEntry>>>,
+}
+
+impl Drop for TunnelHandle {
+    fn drop(&mut self) {
+        if let Ok(mut t) = self.tunnels.lock() {
+            t.remove(&self.id);
+        }
+    }
+}
 
 /// Settings fixed for the life of the process.
 #[derive(Debug, Clone)]
@@ -44,8 +69,10 @@ pub struct Shared {
     pub limiters: Limiters,
     /// Source of `conn_id`s.
     next_id: AtomicU64,
-    /// Tells open tunnels to stop (shutdown grace expired).
-    pub stop: watch::Sender<Stop>,
+    /// Open tunnels, re-checked after every policy swap and stopped at shutdown.
+    tunnels: Arc<Mutex<HashMap<u64, TunnelEntry>>>,
+    /// Set once the shutdown grace has expired: new tunnels stop at once.
+    stopping: AtomicBool,
     /// Tells HTTP connections to finish their current request and close (shutdown began).
     pub draining: watch::Sender<bool>,
     /// Listeners bound and policy loaded.
@@ -68,10 +95,90 @@ impl Shared {
             settings,
             limiters: Limiters::default(),
             next_id: AtomicU64::new(1),
-            stop: watch::channel(Stop::Running).0,
+            tunnels: Arc::new(Mutex::new(HashMap::new())),
+            stopping: AtomicBool::new(false),
             draining: watch::channel(false).0,
             ready: AtomicBool::new(false),
         }
+    }
+
+    /// Register an open tunnel; the receiver tells it when to stop (revoked or shutdown).
+    pub fn register_tunnel(
+        &self,
+        conn_id: u64,
+        sandbox: &str,
+        target: &Target,
+        dialed: IpAddr,
+    ) -> (watch::Receiver<Stop>, TunnelHandle) {
+        let initial = if self.stopping.load(Ordering::Acquire) {
+            Stop::Shutdown
+        } else {
+            Stop::Running
+        };
+        let (tx, rx) = watch::channel(initial);
+        if let Ok(mut t) = self.tunnels.lock() {
+            t.insert(
+                conn_id,
+                TunnelEntry {
+                    sandbox: sandbox.to_string(),
+                    target: target.clone(),
+                    dialed,
+                    stop: tx,
+                },
+            );
+        }
+        (
+            rx,
+            TunnelHandle {
+                id: conn_id,
+                tunnels: self.tunnels.clone(),
+            },
+        )
+    }
+
+    /// Tell every open tunnel to stop (shutdown grace expired).
+    pub fn stop_all_tunnels(&self) {
+        self.stopping.store(true, Ordering::Release);
+        if let Ok(t) = self.tunnels.lock() {
+            for e in t.values() {
+                let _ = e.stop.send(Stop::Shutdown);
+            }
+        }
+    }
+
+    /// Open tunnels right now.
+    pub fn open_tunnels(&self) -> usize {
+        self.tunnels.lock().map(|t| t.len()).unwrap_or(0)
+    }
+
+    /// Re-check every open tunnel against `set` (same sandbox, target and dialled address);
+    /// stop those it no longer allows. Returns how many were revoked.
+    pub fn revoke_disallowed(&self, set: &PolicySet) -> usize {
+        let Ok(t) = self.tunnels.lock() else { return 0 };
+        let mut revoked = 0;
+        for e in t.values() {
+            let allowed = match set.get(&e.sandbox) {
+                None => false,
+                Some(sb) => set
+                    .decide(sb, &e.target, Some(&[e.dialed]))
+                    .decision
+                    .verdict
+                    .proceeds(),
+            };
+            if !allowed && e.stop.send(Stop::Revoked).is_ok() {
+                revoked += 1;
+            }
+        }
+        revoked
+    }
+
+    /// Swap in a new policy set: atomically for new connections, then revoke what it no longer
+    /// allows. Returns the number of revoked tunnels.
+    pub fn swap_policy(&self, set: PolicySet) -> usize {
+        let set = Arc::new(set);
+        self.metrics.set_policy_version(set.version());
+        self.policy.store(set.clone());
+        self.revoke_disallowed(&set)
     }
 
     /// A fresh record for a connection from `client`.

@@ -293,19 +293,13 @@ pub async fn serve(
     shared.audit.write(open);
     let id = sb.binding.id.clone();
     shared.metrics.active.with_label_values(&[&id]).inc();
+    let (stop, handle) = shared.register_tunnel(rec.conn_id, &id, &target, addr.ip());
     // Replay what was peeked, then relay.
     let (close, up_bytes, down_bytes) = match up.write_all(&buf).await {
         Ok(()) => {
             let limiter = slot.limiter();
             let shaper = limiter.shapes().then_some(&**limiter);
-            let r = relay(
-                stream,
-                up,
-                shared.settings.timeouts.idle,
-                shared.stop.subscribe(),
-                shaper,
-            )
-            .await;
+            let r = relay(stream, up, shared.settings.timeouts.idle, stop, shaper).await;
             (r.close, r.up + buf.len() as u64, r.down)
         }
         Err(_) => (Close::Error, 0, 0),
@@ -320,6 +314,8 @@ pub async fn serve(
         up_bytes,
         down_bytes,
     );
+    drop(handle);
+    drop(slot);
     drop(permit);
 }
 

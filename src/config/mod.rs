@@ -356,25 +356,67 @@ pub fn load_str(
 }
 
 impl Config {
-    /// Parse a binding that arrives at run time (admin API), with this configuration's
-    /// defaults, providers and `sandbox_dirs` index. `origin` names it in messages.
-    pub fn parse_runtime_binding(&self, text: &str, origin: &str) -> Result<Binding, ConfigErrors> {
+    /// Parse a binding that arrives at run time (admin API `PUT /v1/sandboxes/{id}`, or a file
+    /// of `state_dir`), with this configuration's defaults, providers and `sandbox_dirs`
+    /// index. The body is JSON or YAML; its `id`, when present, must be `id` (it is filled in
+    /// otherwise). Returns the binding and the body as canonical JSON, for persistence.
+    pub fn parse_runtime_binding(
+        &self,
+        text: &str,
+        origin: &str,
+        id: &str,
+    ) -> Result<(Binding, String), ConfigErrors> {
+        let one = |message: String, line: Option<usize>| {
+            ConfigErrors(vec![ConfigError {
+                file: origin.into(),
+                line,
+                sandbox: Some(id.to_string()),
+                field: String::new(),
+                message,
+                code: None,
+            }])
+        };
+        let mut value: Value = serde_yaml::from_str(text).map_err(|e| {
+            one(
+                format!("not valid JSON or YAML: {}", redact(&e.to_string())),
+                e.location().map(|l| l.line()),
+            )
+        })?;
+        let Value::Mapping(map) = &mut value else {
+            return Err(one(
+                "expected an object: a sandbox binding with an inline policy".into(),
+                None,
+            ));
+        };
+        match map.get("id") {
+            None => {
+                map.insert("id".into(), Value::String(id.to_string()));
+            }
+            Some(Value::String(s)) if s == id => {}
+            Some(_) => {
+                return Err(one(
+                    format!("`id` in the body must be `{id}`, as in the path"),
+                    None,
+                ))
+            }
+        }
+        if let Some(Value::Mapping(p)) = map.get("policy") {
+            if p.contains_key("ref") {
+                // Runtime bindings carry their policy inline; refs are for files the operator owns.
+                let is_slug = p
+                    .get("ref")
+                    .and_then(Value::as_str)
+                    .is_some_and(|r| r.starts_with('@'));
+                if !is_slug {
+                    return Err(one("runtime bindings take an inline policy (or an `@owner/slug` ref into sandbox_dirs), not a file path".into(), None));
+                }
+            }
+        }
+        let json =
+            serde_json::to_string(&value).map_err(|e| one(format!("cannot encode: {e}"), None))?;
         let mut errors = Vec::new();
         let mut warnings = Vec::new();
         let mut files = Vec::new();
-        let value: Value = match serde_yaml::from_str(text) {
-            Ok(v) => v,
-            Err(e) => {
-                return Err(ConfigErrors(vec![ConfigError {
-                    file: origin.into(),
-                    line: e.location().map(|l| l.line()),
-                    sandbox: None,
-                    field: String::new(),
-                    message: format!("not valid JSON or YAML: {}", redact(&e.to_string())),
-                    code: None,
-                }]))
-            }
-        };
         let mut sink = Sink::new(origin.into(), text, &mut errors);
         let ctx = BindingCtx {
             base_dir: &self.base_dir,
@@ -385,7 +427,7 @@ impl Config {
         };
         let b = build_binding(value, 0, &ctx, &mut sink, &mut warnings, &mut files);
         match b {
-            Some(b) if errors.is_empty() => Ok(b),
+            Some(b) if errors.is_empty() => Ok((b, json)),
             _ => Err(ConfigErrors(errors)),
         }
     }

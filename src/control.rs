@@ -1,0 +1,401 @@
+//! Live policy (DESIGN §10, §11): reloads (file change, SIGHUP, `POST /v1/reload`), runtime
+//! registrations (`PUT`/`DELETE /v1/sandboxes/{id}`) and their persistence in `state_dir`.
+//!
+//! Every change compiles the *whole* new policy set first; if anything is invalid the running
+//! policy stays, the errors are logged and `egress_config_reloads_total{result="error"}`
+//! counts them. A valid set is swapped atomically (arc-swap: a connection being decided sees the
+//! old or the new set, never a mix), then every open tunnel is re-checked and those no longer
+//! allowed are closed (`close: "revoked"`). Changes are serialised by one lock.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use serde_json::{json, Value};
+
+use crate::config::{self, Binding, Config, ConfigErrors};
+use crate::policy_set::PolicySet;
+use crate::shared::Shared;
+
+/// A sandbox registered through the API: the binding and its body (canonical JSON).
+#[derive(Clone)]
+struct Registered {
+    binding: Binding,
+    json: String,
+}
+
+/// What the controller guards.
+struct State {
+    config: Config,
+    runtime: BTreeMap<String, Registered>,
+    /// (path, modified, length) of every file the configuration was read from.
+    fingerprint: Vec<(PathBuf, Option<(SystemTime, u64)>)>,
+}
+
+/// Why a registration call failed, mapped to an HTTP status by the admin API.
+#[derive(Debug)]
+pub enum ChangeError {
+    /// 400: the body is invalid (every error listed).
+    Invalid(ConfigErrors),
+    /// 400: something else about the request is wrong.
+    BadRequest(String),
+    /// 409: the id belongs to a file-defined sandbox.
+    Conflict(String),
+    /// 404
+    NotFound,
+    /// 500: the new set did not compile, or could not be persisted.
+    Failed(String),
+}
+
+/// The live-policy controller.
+pub struct Controller {
+    shared: Arc<Shared>,
+    /// The config file (`None`: the embedded default).
+    path: Option<PathBuf>,
+    /// Bound listener addresses (loop protection in every compiled set).
+    listeners: Vec<SocketAddr>,
+    state: Mutex<State>,
+}
+
+fn fingerprint(files: &[PathBuf]) -> Vec<(PathBuf, Option<(SystemTime, u64)>)> {
+    files
+        .iter()
+        .map(|f| {
+            let meta = std::fs::metadata(f).ok();
+            (
+                f.clone(),
+                meta.and_then(|m| Some((m.modified().ok()?, m.len()))),
+            )
+        })
+        .collect()
+}
+
+impl Controller {
+    pub fn new(
+        shared: Arc<Shared>,
+        path: Option<PathBuf>,
+        config: Config,
+        listeners: Vec<SocketAddr>,
+    ) -> Self {
+        let fp = fingerprint(&config.files);
+        Controller {
+            shared,
+            path,
+            listeners,
+            state: Mutex::new(State {
+                config,
+                runtime: BTreeMap::new(),
+                fingerprint: fp,
+            }),
+        }
+    }
+
+    /// Compile `config` plus runtime registrations.
+    fn compile(
+        &self,
+        config: &Config,
+        runtime: &BTreeMap<String, Registered>,
+    ) -> Result<PolicySet, String> {
+        for id in runtime.keys() {
+            if config.bindings.iter().any(|b| &b.id == id) {
+                return Err(format!(
+                    "sandbox {id} is defined both in {} and through the API",
+                    config.origin
+                ));
+            }
+        }
+        let extra: Vec<Binding> = runtime.values().map(|r| r.binding.clone()).collect();
+        PolicySet::compile(config, &extra, self.listeners.clone()).map_err(|e| e.to_string())
+    }
+
+    fn count(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.shared
+            .metrics
+            .reloads
+            .with_label_values(&[result])
+            .inc();
+    }
+
+    /// Restore API-registered sandboxes from `state_dir` (at start). A corrupt or invalid file
+    /// is reported and skipped; the others load.
+    pub fn restore(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let Ok(mut st) = self.state.lock() else {
+            return problems;
+        };
+        let Some(dir) = st.config.state_dir.clone() else {
+            return problems;
+        };
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return problems,
+            Err(e) => {
+                problems.push(format!("state_dir {}: {e}", dir.display()));
+                return problems;
+            }
+        };
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        paths.sort();
+        let mut runtime = st.runtime.clone();
+        for p in paths {
+            let id = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let text = match std::fs::read_to_string(&p) {
+                Ok(t) => t,
+                Err(e) => {
+                    problems.push(format!("{}: {e}", p.display()));
+                    continue;
+                }
+            };
+            match st
+                .config
+                .parse_runtime_binding(&text, &p.display().to_string(), &id)
+            {
+                Ok((binding, json)) => {
+                    let mut trial = runtime.clone();
+                    trial.insert(id.clone(), Registered { binding, json });
+                    match self.compile(&st.config, &trial) {
+                        Ok(_) => runtime = trial,
+                        Err(e) => problems.push(format!("{}: {e}", p.display())),
+                    }
+                }
+                Err(errs) => problems.push(format!("{}: skipped: {errs}", p.display())),
+            }
+        }
+        match self.compile(&st.config, &runtime) {
+            Ok(set) => {
+                st.runtime = runtime;
+                self.shared.swap_policy(set);
+            }
+            Err(e) => problems.push(e),
+        }
+        problems
+    }
+
+    /// Reload the configuration from disk (or the embedded default) and re-validate every
+    /// runtime registration against it. Returns the new policy version.
+    pub fn reload(&self, why: &str) -> Result<String, Vec<String>> {
+        let Ok(mut st) = self.state.lock() else {
+            return Err(vec!["controller lock poisoned".into()]);
+        };
+        let result = (|| {
+            let config = config::load(self.path.as_deref())
+                .map_err(|e| e.0.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+            let mut runtime = BTreeMap::new();
+            let mut errors = Vec::new();
+            for (id, r) in &st.runtime {
+                match config.parse_runtime_binding(&r.json, &format!("registered sandbox {id}"), id)
+                {
+                    Ok((binding, json)) => {
+                        runtime.insert(id.clone(), Registered { binding, json });
+                    }
+                    Err(e) => errors.extend(e.0.iter().map(|e| e.to_string())),
+                }
+            }
+            if !errors.is_empty() {
+                return Err(errors);
+            }
+            let set = self.compile(&config, &runtime).map_err(|e| vec![e])?;
+            Ok((config, runtime, set))
+        })();
+        // Whatever happened, the files as they are now have been seen.
+        match result {
+            Ok((config, runtime, set)) => {
+                let version = set.version().to_string();
+                st.fingerprint = fingerprint(&config.files);
+                st.config = config;
+                st.runtime = runtime;
+                let revoked = self.shared.swap_policy(set);
+                self.count(true);
+                tracing::info!(trigger = why, policy_version = %version, revoked, "policy reloaded");
+                Ok(version)
+            }
+            Err(errors) => {
+                st.fingerprint = fingerprint(&st.config.files.clone());
+                if let Some(p) = &self.path {
+                    // Watch the file that failed too, so fixing it triggers a reload.
+                    if !st.fingerprint.iter().any(|(f, _)| f == p) {
+                        st.fingerprint.extend(fingerprint(std::slice::from_ref(p)));
+                    }
+                }
+                self.count(false);
+                for e in &errors {
+                    tracing::error!(trigger = why, error = %e, "reload refused; the running policy stays");
+                }
+                Err(errors)
+            }
+        }
+    }
+
+    /// Whether any watched file changed since the last load.
+    pub fn files_changed(&self) -> bool {
+        let Ok(st) = self.state.lock() else {
+            return false;
+        };
+        let files: Vec<PathBuf> = st.fingerprint.iter().map(|(f, _)| f.clone()).collect();
+        fingerprint(&files) != st.fingerprint
+    }
+
+    /// Register or replace a sandbox. Returns true when it is new.
+    pub fn put(&self, id: &str, body: &str) -> Result<bool, ChangeError> {
+        if !config::is_valid_sandbox_id(id) {
+            return Err(ChangeError::BadRequest(format!(
+                "`{id}` is not a valid sandbox id ([a-z0-9][a-z0-9_.-]{{0,62}})"
+            )));
+        }
+        let Ok(mut st) = self.state.lock() else {
+            return Err(ChangeError::Failed("lock poisoned".into()));
+        };
+        if st.config.bindings.iter().any(|b| b.id == id) {
+            return Err(ChangeError::Conflict(format!(
+                "sandbox {id} is defined in {}; change it there (runtime registrations cannot override file-defined sandboxes)",
+                st.config.origin
+            )));
+        }
+        let (binding, json) = st
+            .config
+            .parse_runtime_binding(body, &format!("PUT /v1/sandboxes/{id}"), id)
+            .map_err(ChangeError::Invalid)?;
+        let mut runtime = st.runtime.clone();
+        let created = runtime
+            .insert(
+                id.to_string(),
+                Registered {
+                    binding,
+                    json: json.clone(),
+                },
+            )
+            .is_none();
+        let set = self.compile(&st.config, &runtime).map_err(|e| {
+            self.count(false);
+            ChangeError::Failed(e)
+        })?;
+        if let Some(dir) = &st.config.state_dir {
+            persist(dir, id, &json).map_err(|e| {
+                ChangeError::Failed(format!("cannot persist to {}: {e}", dir.display()))
+            })?;
+        }
+        st.runtime = runtime;
+        let revoked = self.shared.swap_policy(set);
+        self.count(true);
+        tracing::info!(sandbox = id, created, revoked, "sandbox registered");
+        Ok(created)
+    }
+
+    /// Remove a registered sandbox; its open tunnels are closed (`revoked`).
+    pub fn delete(&self, id: &str) -> Result<usize, ChangeError> {
+        let Ok(mut st) = self.state.lock() else {
+            return Err(ChangeError::Failed("lock poisoned".into()));
+        };
+        if !st.runtime.contains_key(id) {
+            if st.config.bindings.iter().any(|b| b.id == id) {
+                return Err(ChangeError::Conflict(format!(
+                    "sandbox {id} is defined in {}; remove it there",
+                    st.config.origin
+                )));
+            }
+            return Err(ChangeError::NotFound);
+        }
+        let mut runtime = st.runtime.clone();
+        runtime.remove(id);
+        let set = self
+            .compile(&st.config, &runtime)
+            .map_err(ChangeError::Failed)?;
+        if let Some(dir) = &st.config.state_dir {
+            match std::fs::remove_file(dir.join(format!("{id}.json"))) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(ChangeError::Failed(format!(
+                        "cannot remove the state file: {e}"
+                    )))
+                }
+            }
+        }
+        st.runtime = runtime;
+        let revoked = self.shared.swap_policy(set);
+        self.count(true);
+        tracing::info!(sandbox = id, revoked, "sandbox removed");
+        Ok(revoked)
+    }
+
+    /// `GET /v1/sandboxes`
+    pub fn list(&self) -> Value {
+        let set = self.shared.policy.load_full();
+        let Ok(st) = self.state.lock() else {
+            return json!([]);
+        };
+        let items: Vec<Value> = set
+            .ids()
+            .into_iter()
+            .filter_map(|id| set.get(id))
+            .map(|sb| {
+                let b = &sb.binding;
+                json!({
+                    "id": b.id,
+                    "origin": if st.runtime.contains_key(&b.id) { "api" } else { "file" },
+                    "mode": b.network.mode.as_str(),
+                    "enforcement": b.enforcement.as_str(),
+                    "egress": b.network.egress.len(),
+                    "deny": b.network.deny.len(),
+                    "policy_file": &*b.policy_file,
+                })
+            })
+            .collect();
+        json!({ "policy_version": set.version(), "sandboxes": items })
+    }
+
+    /// `GET /v1/sandboxes/{id}`
+    pub fn get(&self, id: &str) -> Option<Value> {
+        let set = self.shared.policy.load_full();
+        let sb = set.get(id)?;
+        let b = &sb.binding;
+        let origin = self
+            .state
+            .lock()
+            .ok()
+            .map(|st| st.runtime.contains_key(id))
+            .unwrap_or(false);
+        Some(json!({
+            "id": b.id,
+            "origin": if origin { "api" } else { "file" },
+            "auth": b.auth,
+            "sources": b.sources.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            "enforcement": b.enforcement.as_str(),
+            "limits": b.limits,
+            "strict_sni_dst": b.strict_sni_dst,
+            "network": {
+                "mode": b.network.mode.as_str(),
+                "egress": b.network.egress.iter().map(|(t, _)| t).collect::<Vec<_>>(),
+                "deny": b.network.deny.iter().map(|(t, _)| t).collect::<Vec<_>>(),
+            },
+            "policy": serde_json::to_value(&b.block).unwrap_or(Value::Null),
+            "policy_file": &*b.policy_file,
+            "policy_ref": b.policy_ref,
+            "policy_version": set.version(),
+        }))
+    }
+}
+
+/// Write `state_dir/<id>.json`: temp file, fsync, rename, fsync the directory.
+fn persist(dir: &Path, id: &str, json: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".{id}.json.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(json.as_bytes())?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(format!("{id}.json")))?;
+    std::fs::File::open(dir)?.sync_all()
+}

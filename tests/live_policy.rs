@@ -1,0 +1,385 @@
+//! Live policy with the real binary: reloads that revoke open tunnels, broken edits that keep
+//! the old policy, reloads under load, the runtime API with its bearer token, persistence in
+//! state_dir across restarts, DELETE cutting tunnels.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use sha2::{Digest, Sha256};
+
+const ADMIN_TOKEN: &str = "admin-token-for-tests";
+
+fn sha(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+fn config(dir: &Path, egress: &str) -> String {
+    format!(
+        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
+audit: {{ path: {audit} }}
+admin_token_file: {token}
+state_dir: {state}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], slow.test: [127.0.0.1], big.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+sandboxes:
+  - id: tok
+    auth: {{ token_sha256: {tok} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: [{egress}] }} }}
+"#,
+        audit = dir.join("audit.jsonl").display(),
+        token = dir.join("admin.token").display(),
+        state = dir.join("state").display(),
+        tok = sha("tok-secret"),
+    )
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    ca: TestCa,
+    https: Origin,
+    proxy: Proxy,
+}
+
+fn start(dir: &Path) -> Proxy {
+    Proxy::start_with(dir.join("proxy.yaml"), dir.join("audit.jsonl"), &[])
+}
+
+fn env() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
+    std::fs::write(
+        dir.path().join("proxy.yaml"),
+        config(dir.path(), "\"api.test:*\", \"slow.test:*\""),
+    )
+    .unwrap();
+    let ca = TestCa::generate(dir.path());
+    let https = Origin::start(Some(&ca));
+    let proxy = start(dir.path());
+    Env {
+        dir,
+        ca,
+        https,
+        proxy,
+    }
+}
+
+impl Env {
+    fn get(&self, creds: &str, host: &str, path: &str) -> CurlOut {
+        let ca = self.ca.ca_pem.display().to_string();
+        curl(&[
+            "-x",
+            &format!("http://{creds}@{}", self.proxy.proxy),
+            "--cacert",
+            &ca,
+            &format!("https://{host}:{}{path}", self.https.addr.port()),
+        ])
+    }
+
+    fn admin(&self, method: &str, path: &str, body: &str, token: Option<&str>) -> (u16, String) {
+        admin_req(self.proxy.admin, method, path, body, token)
+    }
+
+    fn write_config(&self, egress: &str) {
+        std::fs::write(
+            self.dir.path().join("proxy.yaml"),
+            config(self.dir.path(), egress),
+        )
+        .unwrap();
+    }
+
+    /// Start a slow download in the background; returns when its tunnel is open.
+    fn slow(&self, creds: &str) -> std::thread::JoinHandle<(CurlOut, Instant)> {
+        let ca = self.ca.ca_pem.display().to_string();
+        let px = format!("http://{creds}@{}", self.proxy.proxy);
+        let url = format!("https://slow.test:{}/slow", self.https.addr.port());
+        let h =
+            std::thread::spawn(move || (curl(&["-x", &px, "--cacert", &ca, &url]), Instant::now()));
+        let sandbox = creds.split(':').next().unwrap().to_string();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !self.proxy.audit_records().iter().any(|r| {
+            r["event"] == "open"
+                && r["target_host"] == "slow.test"
+                && r["sandbox"] == sandbox.as_str()
+        }) {
+            assert!(Instant::now() < deadline, "slow tunnel never opened");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        h
+    }
+}
+
+fn metric(text: &str, prefix: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn reload_revokes_an_open_tunnel_whose_rule_is_gone() {
+    let e = env();
+    let slow = e.slow("tok:tok-secret");
+    e.write_config("\"api.test:*\"");
+    let reloaded = Instant::now();
+    let (status, body) = e.admin("POST", "/v1/reload", "", Some(ADMIN_TOKEN));
+    assert_eq!(status, 200, "{body}");
+    let (out, ended) = slow.join().unwrap();
+    assert_ne!(out.code, 0, "the download was cut");
+    let cut_after = ended.duration_since(reloaded);
+    // The download would take a minute; the cut comes right after the reload.
+    assert!(
+        cut_after < Duration::from_secs(30),
+        "cut after {cut_after:?}"
+    );
+    eprintln!("revocation: curl ended {cut_after:?} after POST /v1/reload");
+    let rec = e.proxy.wait_record(|r| r["target_host"] == "slow.test");
+    assert_eq!(rec["close"], "revoked");
+    assert!(rec["bytes_down"].as_u64().unwrap() > 0);
+    // The unchanged rule still works, with the new policy version in the record.
+    assert_eq!(e.get("tok:tok-secret", "api.test", "/still").code, 0);
+    let after = e.proxy.wait_record(|r| r["target_host"] == "api.test");
+    assert_ne!(after["policy_version"], rec["policy_version"]);
+}
+
+#[test]
+fn file_change_triggers_reload_and_revocation() {
+    let e = env();
+    let slow = e.slow("tok:tok-secret");
+    e.write_config("\"api.test:*\"");
+    let (out, _) = slow.join().unwrap();
+    assert_ne!(out.code, 0);
+    let rec = e.proxy.wait_record(|r| r["target_host"] == "slow.test");
+    assert_eq!(rec["close"], "revoked");
+    let m = e.proxy.admin_get("/metrics").1;
+    assert!(
+        metric(&m, "egress_config_reloads_total{result=\"ok\"}") >= 1,
+        "{m}"
+    );
+}
+
+#[test]
+fn a_broken_edit_keeps_the_old_policy_serving() {
+    let e = env();
+    std::fs::write(e.dir.path().join("proxy.yaml"), "sandboxes:\n  - id: tok\n    policy: { provider: local, config: {}, network: { egress: [\"*.com\"] } }\n  bogus: [").unwrap();
+    let (status, body) = e.admin("POST", "/v1/reload", "", Some(ADMIN_TOKEN));
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("reload refused"), "{body}");
+    assert_eq!(
+        e.get("tok:tok-secret", "api.test", "/old-policy").code,
+        0,
+        "old policy still serves"
+    );
+    e.write_config("\"*.com\"");
+    let (status, body) = e.admin("POST", "/v1/reload", "", Some(ADMIN_TOKEN));
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains("wildcard suffix `com` is a single label"),
+        "{body}"
+    );
+    assert_eq!(e.get("tok:tok-secret", "api.test", "/old-policy-2").code, 0);
+    let m = e.proxy.admin_get("/metrics").1;
+    assert!(
+        metric(&m, "egress_config_reloads_total{result=\"error\"}") >= 2,
+        "{m}"
+    );
+    assert!(
+        e.proxy.stderr_text().contains("reload refused"),
+        "errors are logged"
+    );
+}
+
+#[test]
+fn twenty_reloads_under_steady_traffic_lose_nothing() {
+    let e = env();
+    let ca = e.ca.ca_pem.display().to_string();
+    let px = format!("http://tok:tok-secret@{}", e.proxy.proxy);
+    let url = format!("https://api.test:{}/steady", e.https.addr.port());
+    let traffic = std::thread::spawn(move || {
+        (0..40)
+            .map(|_| curl(&["-x", &px, "--cacert", &ca, &url]).code)
+            .collect::<Vec<_>>()
+    });
+    for i in 0..20 {
+        // Alternate between two equivalent files so every reload really swaps.
+        let egress = if i % 2 == 0 {
+            "\"api.test:*\", \"slow.test:*\""
+        } else {
+            "\"slow.test:*\", \"api.test:*\""
+        };
+        e.write_config(egress);
+        let (status, body) = e.admin("POST", "/v1/reload", "", Some(ADMIN_TOKEN));
+        assert_eq!(status, 200, "{body}");
+    }
+    let codes = traffic.join().unwrap();
+    assert!(codes.iter().all(|c| *c == 0), "lost connections: {codes:?}");
+    let m = e.proxy.admin_get("/metrics").1;
+    assert!(
+        metric(&m, "egress_config_reloads_total{result=\"ok\"}") >= 20,
+        "{m}"
+    );
+}
+
+fn binding(token: &str, egress: &str) -> String {
+    format!(
+        r#"{{"auth": {{"token_sha256": "{}"}}, "policy": {{"provider": "local", "config": {{}}, "network": {{"egress": [{egress}]}}}}}}"#,
+        sha(token)
+    )
+}
+
+#[test]
+fn runtime_api_put_check_restart_delete() {
+    let mut e = env();
+    let body = binding("new-secret", "\"api.test:*\", \"slow.test:*\"");
+    // Mutating calls need the token.
+    assert_eq!(e.admin("PUT", "/v1/sandboxes/newbie", &body, None).0, 401);
+    assert_eq!(
+        e.admin("PUT", "/v1/sandboxes/newbie", &body, Some("wrong"))
+            .0,
+        401
+    );
+    assert_eq!(e.admin("POST", "/v1/reload", "", None).0, 401);
+    assert_eq!(e.admin("DELETE", "/v1/sandboxes/newbie", "", None).0, 401);
+    // Before: unknown.
+    let out = e.get("newbie:new-secret", "api.test", "/");
+    assert_ne!(out.code, 0);
+    let (status, resp) = e.admin("PUT", "/v1/sandboxes/newbie", &body, Some(ADMIN_TOKEN));
+    assert_eq!(status, 201, "{resp}");
+    // Works at once.
+    assert_eq!(e.get("newbie:new-secret", "api.test", "/at-once").code, 0);
+    // Invalid bodies list every error; file-defined ids conflict.
+    let bad = r#"{"auth": {"token": "plain"}, "policy": {"provider": "nope", "config": {}, "network": {"egress": ["*.com"]}}}"#;
+    let (status, resp) = e.admin("PUT", "/v1/sandboxes/bad", bad, Some(ADMIN_TOKEN));
+    assert_eq!(status, 400, "{resp}");
+    for needle in ["plaintext tokens", "unknown provider", "`*.com`"] {
+        assert!(resp.contains(needle), "{needle} missing: {resp}");
+    }
+    assert!(!resp.contains("\"plain\""), "{resp}");
+    assert_eq!(
+        e.admin("PUT", "/v1/sandboxes/tok", &body, Some(ADMIN_TOKEN))
+            .0,
+        409
+    );
+    assert_eq!(
+        e.admin(
+            "PUT",
+            "/v1/sandboxes/other",
+            &format!("{{\"id\": \"x\", {}", &body[1..]),
+            Some(ADMIN_TOKEN)
+        )
+        .0,
+        400
+    );
+    // Read-only calls.
+    let (status, list) = e.admin("GET", "/v1/sandboxes", "", None);
+    assert_eq!(status, 200);
+    assert!(
+        list.contains("\"id\":\"newbie\"") && list.contains("\"origin\":\"api\""),
+        "{list}"
+    );
+    let (status, one) = e.admin("GET", "/v1/sandboxes/newbie", "", None);
+    assert_eq!(status, 200);
+    assert!(one.contains("\"token_sha256\""), "{one}");
+    let (status, check) = e.admin(
+        "POST",
+        "/v1/check",
+        r#"{"sandbox": "newbie", "target": "api.test:8443"}"#,
+        None,
+    );
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&check).unwrap();
+    assert_eq!(v["decision"], "allow");
+    assert_eq!(v["rule"], "api.test:*");
+    assert!(
+        v["rule_source"]
+            .as_str()
+            .unwrap()
+            .contains("sandbox newbie"),
+        "{check}"
+    );
+    assert_eq!(v["resolved"], serde_json::json!(["127.0.0.1"]));
+    let (_, check) = e.admin(
+        "POST",
+        "/v1/check",
+        r#"{"sandbox": "newbie", "target": "evil.test"}"#,
+        None,
+    );
+    assert!(
+        check.contains("\"reason\":\"no_rule_matched\"")
+            && check.contains("not in network.egress of sandbox newbie"),
+        "{check}"
+    );
+    // Persisted; a corrupt neighbour is reported and skipped at restart.
+    let state = e.dir.path().join("state");
+    assert!(state.join("newbie.json").exists());
+    std::fs::write(state.join("broken.json"), "{ not json").unwrap();
+    e.proxy.terminate();
+    e.proxy = start(e.dir.path());
+    assert_eq!(
+        e.get("newbie:new-secret", "api.test", "/after-restart")
+            .code,
+        0,
+        "{}",
+        e.proxy.stderr_text()
+    );
+    assert!(
+        e.proxy.stderr_text().contains("broken.json"),
+        "{}",
+        e.proxy.stderr_text()
+    );
+    // DELETE shuts it out and cuts its open tunnel.
+    let slow = e.slow("newbie:new-secret");
+    let (status, resp) = e.admin("DELETE", "/v1/sandboxes/newbie", "", Some(ADMIN_TOKEN));
+    assert_eq!(status, 200, "{resp}");
+    let (out, _) = slow.join().unwrap();
+    assert_ne!(out.code, 0);
+    let rec = e
+        .proxy
+        .wait_record(|r| r["target_host"] == "slow.test" && r["sandbox"] == "newbie");
+    assert_eq!(rec["close"], "revoked");
+    let out = e.get("newbie:new-secret", "api.test", "/gone");
+    assert_ne!(out.code, 0);
+    assert!(!state.join("newbie.json").exists());
+    assert_eq!(
+        e.admin("DELETE", "/v1/sandboxes/newbie", "", Some(ADMIN_TOKEN))
+            .0,
+        404
+    );
+    assert_eq!(
+        e.admin("DELETE", "/v1/sandboxes/tok", "", Some(ADMIN_TOKEN))
+            .0,
+        409
+    );
+    // The policy version is in the metrics.
+    let m = e.proxy.admin_get("/metrics").1;
+    assert!(m.contains("egress_policy_info{version="), "{m}");
+}
+
+#[test]
+fn limits_change_on_reload_without_dropping_open_tunnels() {
+    let e = env();
+    let slow = e.slow("tok:tok-secret");
+    let text = config(e.dir.path(), "\"api.test:*\", \"slow.test:*\"").replace(
+        "    policy:",
+        "    limits: { max_connections: 1 }\n    policy:",
+    );
+    std::fs::write(e.dir.path().join("proxy.yaml"), text).unwrap();
+    let (status, body) = e.admin("POST", "/v1/reload", "", Some(ADMIN_TOKEN));
+    assert_eq!(status, 200, "{body}");
+    // The open tunnel keeps its place; a second connection is over the new limit.
+    let out = e.get("tok:tok-secret", "api.test", "/second");
+    assert_ne!(out.code, 0);
+    e.proxy.wait_record(|r| r["reason"] == "connection_limit");
+    assert!(
+        !slow.is_finished(),
+        "the open tunnel was dropped by a limits change"
+    );
+    assert!(e
+        .proxy
+        .audit_records()
+        .iter()
+        .all(|r| !(r["event"] == "end" && r["target_host"] == "slow.test")));
+}
