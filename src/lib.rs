@@ -38,6 +38,7 @@ pub mod resolve;
 pub mod server;
 pub mod shared;
 pub mod sni;
+pub mod splice;
 pub mod target;
 pub mod transparent;
 pub mod tunnel;

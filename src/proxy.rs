@@ -365,8 +365,7 @@ fn open_tunnel(
             Ok(upgraded) => {
                 let limiter = slot.limiter();
                 let shaper = limiter.shapes().then_some(&**limiter);
-                let r = relay(TokioIo::new(upgraded), stream, idle, stop, shaper).await;
-                (r.close, r.up, r.down)
+                relay_upgraded(upgraded, stream, idle, stop, shaper).await
             }
             Err(_) => (Close::Error, 0, 0),
         };
@@ -380,6 +379,39 @@ fn open_tunnel(
         .status(StatusCode::OK)
         .body(empty())
         .unwrap_or_else(|_| Response::new(empty()))
+}
+
+/// Relay a CONNECT tunnel. Unshaped tunnels over plain TCP take the zero-copy path (the
+/// client socket is recovered from hyper, with any bytes it had already buffered sent first).
+async fn relay_upgraded(
+    upgraded: hyper::upgrade::Upgraded,
+    mut stream: TcpStream,
+    idle: std::time::Duration,
+    stop: tokio::sync::watch::Receiver<crate::tunnel::Stop>,
+    shaper: Option<&crate::limits::SandboxLimiter>,
+) -> (Close, u64, u64) {
+    let upgraded = if shaper.is_none() {
+        match upgraded.downcast::<TokioIo<TcpStream>>() {
+            Ok(parts) => {
+                let client = parts.io.into_inner();
+                let early = parts.read_buf;
+                if !early.is_empty()
+                    && tokio::io::AsyncWriteExt::write_all(&mut stream, &early)
+                        .await
+                        .is_err()
+                {
+                    return (Close::Error, 0, 0);
+                }
+                let r = crate::splice::relay(client, stream, idle, stop).await;
+                return (r.close, r.up + early.len() as u64, r.down);
+            }
+            Err(upgraded) => upgraded,
+        }
+    } else {
+        upgraded
+    };
+    let r = relay(TokioIo::new(upgraded), stream, idle, stop, shaper).await;
+    (r.close, r.up, r.down)
 }
 
 fn empty() -> Body {

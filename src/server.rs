@@ -39,6 +39,11 @@ pub fn run(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     for w in &config.warnings {
         tracing::warn!(warning = %w, "config");
     }
+    // Every tunnel holds two descriptors: take the hard limit, as proxies usually do.
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => tracing::debug!(nofile = n, "descriptor limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the descriptor limit"),
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

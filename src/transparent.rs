@@ -299,7 +299,11 @@ pub async fn serve(
         Ok(()) => {
             let limiter = slot.limiter();
             let shaper = limiter.shapes().then_some(&**limiter);
-            let r = relay(stream, up, shared.settings.timeouts.idle, stop, shaper).await;
+            let idle = shared.settings.timeouts.idle;
+            let r = match shaper {
+                None => crate::splice::relay(stream, up, idle, stop).await,
+                Some(_) => relay(stream, up, idle, stop, shaper).await,
+            };
             (r.close, r.up + buf.len() as u64, r.down)
         }
         Err(_) => (Close::Error, 0, 0),

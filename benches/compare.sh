@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Compare egress-proxy with direct connections, Squid and tinyproxy on loopback, with one load
+# generator (benches/loadgen.rs), in one run, and print a Markdown table (medians of RUNS runs).
+# Installs squid and tinyproxy from the distribution if missing; stops everything it starts.
+#
+#   benches/compare.sh            # RUNS=3 SECONDS_PER_RUN=5 IDLE_TUNNELS=9000 by default
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS="${RUNS:-3}"; SECS="${SECONDS_PER_RUN:-5}"; IDLE="${IDLE_TUNNELS:-9000}"
+WORK="$(mktemp -d)"; PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+if ! command -v squid >/dev/null || ! command -v tinyproxy >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq squid tinyproxy >/dev/null
+fi
+cargo build --release --bench loadgen >/dev/null 2>&1
+cargo build --release >/dev/null 2>&1
+LG="$(ls -t target/release/deps/loadgen-* | grep -v '\.d$' | head -1)"
+
+# egress-proxy: an allow policy for the loopback origin; audit discarded like the others' logs.
+cat > "$WORK/egress.yaml" <<YAML
+listen: { proxy: 127.0.0.1:3130, admin: 127.0.0.1:9930 }
+audit: { path: /dev/null }
+max_connections: 100000
+defaults: { limits: { max_connections: 100000, connections_per_second: 1000000, burst: 1000000 } }
+sandboxes:
+  - id: bench
+    sources: [127.0.0.0/8]
+    policy: { provider: local, config: {}, network: { egress: ["127.0.0.1/32:*"] } }
+YAML
+# Squid: CONNECT to any port from loopback, no cache, no logs, one worker.
+mkdir -p "$WORK/squid"; chown proxy:proxy "$WORK/squid" 2>/dev/null || true
+cat > "$WORK/squid.conf" <<CONF
+http_port 127.0.0.1:3129
+acl localnet src 127.0.0.0/8
+http_access allow localnet
+http_access deny all
+cache deny all
+cache_mem 8 MB
+access_log none
+cache_store_log none
+cache_log /dev/null
+pid_filename $WORK/squid/squid.pid
+coredump_dir $WORK/squid
+max_filedescriptors 20000
+workers 1
+shutdown_lifetime 1 seconds
+CONF
+# tinyproxy: no ConnectPort line = CONNECT to any port; minimal logging.
+cat > "$WORK/tinyproxy.conf" <<CONF
+Port 8899
+Listen 127.0.0.1
+Timeout 600
+MaxClients 20000
+LogLevel Critical
+PidFile "$WORK/tinyproxy.pid"
+Allow 127.0.0.1
+DisableViaHeader Yes
+CONF
+
+target/release/egress-proxy run --config "$WORK/egress.yaml" 2>"$WORK/egress.err" & PIDS+=($!); EGRESS_PID=$!
+squid -f "$WORK/squid.conf" -N >"$WORK/squid.out" 2>&1 & PIDS+=($!)
+tinyproxy -d -c "$WORK/tinyproxy.conf" >"$WORK/tiny.out" 2>&1 & PIDS+=($!); TINY_PID=$!
+sleep 3
+SQUID_PID="$(pgrep -n -x squid || true)"
+
+declare -A ADDR=( [direct]=direct [egress-proxy]=127.0.0.1:3130 [squid]=127.0.0.1:3129 [tinyproxy]=127.0.0.1:8899 )
+ORDER=(direct egress-proxy squid tinyproxy)
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read())['$1'])"; }
+
+declare -A RATE BULK P50 P99
+for t in "${ORDER[@]}"; do
+  r=(); b=()
+  for _ in $(seq "$RUNS"); do
+    r+=("$("$LG" rate --proxy "${ADDR[$t]}" --concurrency 32 --seconds "$SECS" | field conn_per_sec)")
+    b+=("$("$LG" bulk --proxy "${ADDR[$t]}" --tunnels 4 --seconds "$SECS" | field gbit_per_sec)")
+  done
+  RATE[$t]="$(printf '%s\n' "${r[@]}" | median)"; BULK[$t]="$(printf '%s\n' "${b[@]}" | median)"
+  lat="$("$LG" latency --proxy "${ADDR[$t]}" --concurrency 8 --seconds "$SECS")"
+  P50[$t]="$(echo "$lat" | field p50_us)"; P99[$t]="$(echo "$lat" | field p99_us)"
+  echo "measured $t: rate ${r[*]} bulk ${b[*]}" >&2
+done
+
+# Idle tunnels: RSS growth per tunnel (origin in its own process: descriptor limits).
+"$LG" origin >"$WORK/origin.out" & PIDS+=($!); sleep 1
+ORIGIN="$(field origin <"$WORK/origin.out")"
+declare -A IDLE_KIB
+for t in egress-proxy squid tinyproxy; do
+  case $t in egress-proxy) pid=$EGRESS_PID ;; squid) pid=$SQUID_PID ;; tinyproxy) pid=$TINY_PID ;; esac
+  out="$(timeout 180 "$LG" idle --proxy "${ADDR[$t]}" --tunnels "$IDLE" --pid "$pid" --origin "$ORIGIN" || echo '{"kib_per_tunnel":null}')"
+  IDLE_KIB[$t]="$(echo "$out" | field kib_per_tunnel)"
+  echo "idle $t: $out" >&2
+done
+
+ratio() { python3 -c "a,b=float('$1'),float('$2'); print(f'{a/b:.2f}×' if b else '-')"; }
+echo
+echo "| target | CONNECT rate (conn/s) | vs Squid | bulk (Gbit/s, 4 tunnels) | vs Squid | vs direct | p50 / p99 CONNECT→first byte (µs) | idle RSS per tunnel (KiB, $IDLE tunnels) |"
+echo "|---|---|---|---|---|---|---|---|"
+for t in "${ORDER[@]}"; do
+  echo "| $t | ${RATE[$t]} | $(ratio "${RATE[$t]}" "${RATE[squid]}") | ${BULK[$t]} | $(ratio "${BULK[$t]}" "${BULK[squid]}") | $(ratio "${BULK[$t]}" "${BULK[direct]}") | ${P50[$t]} / ${P99[$t]} | ${IDLE_KIB[$t]:--} |"
+done
+echo
+echo "Machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -r); loadgen, origin and proxy share it. Medians of $RUNS runs of ${SECS}s."

@@ -1,0 +1,333 @@
+//! Load generator for egress-proxy and the proxies it is compared with. It runs its own
+//! loopback origin (echo, or an endless source for bulk) and drives it directly or through an
+//! HTTP CONNECT proxy. One JSON line of results per run, on stdout.
+//!
+//! ```text
+//! cargo bench --bench loadgen -- rate    --proxy 127.0.0.1:3128 --concurrency 32 --seconds 5
+//! cargo bench --bench loadgen -- bulk    --proxy direct        --tunnels 4     --seconds 5
+//! cargo bench --bench loadgen -- latency --proxy 127.0.0.1:3128 --concurrency 8 --seconds 5
+//! cargo bench --bench loadgen -- idle    --proxy 127.0.0.1:3128 --tunnels 10000 --pid 1234
+//! ```
+//! rate: CONNECT, one 1-byte echo round trip, close — connections per second.
+//! bulk: N tunnels each reading an endless stream — Gbit/s delivered to the client.
+//! latency: p50/p99 of connect → CONNECT → first echoed byte.
+//! idle: open N tunnels (each proven with an echo) and report the proxy's RSS growth per tunnel.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+struct Args {
+    mode: String,
+    proxy: Option<SocketAddr>,
+    concurrency: usize,
+    tunnels: usize,
+    seconds: u64,
+    pid: Option<u32>,
+    auth: Option<String>,
+    /// Use an origin run by another `loadgen origin` process (descriptor limits).
+    origin: Option<SocketAddr>,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        mode: String::new(),
+        proxy: None,
+        concurrency: 32,
+        tunnels: 4,
+        seconds: 5,
+        pid: None,
+        auth: None,
+        origin: None,
+    };
+    let mut it = std::env::args().skip(1).filter(|s| s != "--bench");
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--proxy" => {
+                let v = it.next().unwrap_or_default();
+                a.proxy = if v == "direct" { None } else { v.parse().ok() };
+            }
+            "--concurrency" => a.concurrency = it.next().and_then(|v| v.parse().ok()).unwrap_or(32),
+            "--tunnels" => a.tunnels = it.next().and_then(|v| v.parse().ok()).unwrap_or(4),
+            "--seconds" => a.seconds = it.next().and_then(|v| v.parse().ok()).unwrap_or(5),
+            "--pid" => a.pid = it.next().and_then(|v| v.parse().ok()),
+            "--auth" => a.auth = it.next(),
+            "--origin" => a.origin = it.next().and_then(|v| v.parse().ok()),
+            m if !m.starts_with('-') && a.mode.is_empty() => a.mode = m.to_string(),
+            _ => {}
+        }
+    }
+    a
+}
+
+/// The origin: first byte `e` → echo everything; `s` → send an endless stream.
+async fn origin() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind origin");
+    let addr = l.local_addr().expect("origin addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                continue;
+            };
+            let _ = s.set_nodelay(true);
+            tokio::spawn(async move {
+                let mut first = [0u8; 1];
+                if s.read_exact(&mut first).await.is_err() {
+                    return;
+                }
+                if first[0] == b's' {
+                    let chunk = vec![0u8; 256 * 1024];
+                    while s.write_all(&chunk).await.is_ok() {}
+                } else {
+                    if s.write_all(&first).await.is_err() {
+                        return;
+                    }
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => {
+                                if s.write_all(&buf[..n]).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Connect to `origin`, through `proxy` with CONNECT when given.
+async fn open(
+    proxy: Option<SocketAddr>,
+    origin: SocketAddr,
+    auth: Option<&str>,
+) -> std::io::Result<TcpStream> {
+    let Some(p) = proxy else {
+        let s = TcpStream::connect(origin).await?;
+        s.set_nodelay(true)?;
+        return Ok(s);
+    };
+    let mut s = TcpStream::connect(p).await?;
+    s.set_nodelay(true)?;
+    let auth = auth
+        .map(|a| format!("Proxy-Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    let req = format!("CONNECT {origin} HTTP/1.1\r\nHost: {origin}\r\n{auth}\r\n");
+    s.write_all(req.as_bytes()).await?;
+    // Read the response head byte by byte: nothing of the tunnel may be consumed.
+    let mut head = Vec::with_capacity(256);
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut b).await? == 0 || head.len() > 8192 {
+            return Err(std::io::Error::other("proxy closed during CONNECT"));
+        }
+        head.push(b[0]);
+    }
+    if !head.starts_with(b"HTTP/1.1 200") && !head.starts_with(b"HTTP/1.0 200") {
+        return Err(std::io::Error::other(
+            String::from_utf8_lossy(&head[..head.len().min(40)]).into_owned(),
+        ));
+    }
+    Ok(s)
+}
+
+async fn echo_once(s: &mut TcpStream) -> std::io::Result<()> {
+    s.write_all(b"e").await?;
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).await?;
+    Ok(())
+}
+
+async fn rate(a: &Args, origin: SocketAddr) -> serde_json::Value {
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..a.concurrency {
+        let (done, errors, stop, proxy, auth) = (
+            done.clone(),
+            errors.clone(),
+            stop.clone(),
+            a.proxy,
+            a.auth.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let r = async {
+                    let mut s = open(proxy, origin, auth.as_deref()).await?;
+                    echo_once(&mut s).await
+                }
+                .await;
+                match r {
+                    Ok(()) => done.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => errors.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        }));
+    }
+    // Warm up one second, then measure.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (d0, t0) = (done.load(Ordering::Relaxed), Instant::now());
+    tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+    let (d1, t1) = (done.load(Ordering::Relaxed), Instant::now());
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let per_sec = (d1 - d0) as f64 / (t1 - t0).as_secs_f64();
+    serde_json::json!({ "mode": "rate", "conn_per_sec": per_sec.round(), "errors": errors.load(Ordering::Relaxed), "concurrency": a.concurrency })
+}
+
+async fn bulk(a: &Args, origin: SocketAddr) -> serde_json::Value {
+    let bytes = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..a.tunnels {
+        let (bytes, stop, proxy, auth) = (bytes.clone(), stop.clone(), a.proxy, a.auth.clone());
+        tasks.push(tokio::spawn(async move {
+            let Ok(mut s) = open(proxy, origin, auth.as_deref()).await else {
+                return;
+            };
+            if s.write_all(b"s").await.is_err() {
+                return;
+            }
+            let mut buf = vec![0u8; 256 * 1024];
+            while !stop.load(Ordering::Relaxed) {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => bytes.fetch_add(n as u64, Ordering::Relaxed),
+                };
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (b0, t0) = (bytes.load(Ordering::Relaxed), Instant::now());
+    tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+    let (b1, t1) = (bytes.load(Ordering::Relaxed), Instant::now());
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.abort();
+    }
+    let gbit = (b1 - b0) as f64 * 8.0 / (t1 - t0).as_secs_f64() / 1e9;
+    serde_json::json!({ "mode": "bulk", "gbit_per_sec": (gbit * 100.0).round() / 100.0, "tunnels": a.tunnels })
+}
+
+async fn latency(a: &Args, origin: SocketAddr) -> serde_json::Value {
+    let samples = Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..a.concurrency {
+        let (samples, stop, proxy, auth) = (samples.clone(), stop.clone(), a.proxy, a.auth.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let ok = async {
+                    let mut s = open(proxy, origin, auth.as_deref()).await?;
+                    echo_once(&mut s).await
+                }
+                .await
+                .is_ok();
+                if ok {
+                    if let Ok(mut v) = samples.lock() {
+                        v.push(t.elapsed());
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let mut v = samples.lock().map(|v| v.clone()).unwrap_or_default();
+    v.sort_unstable();
+    let q = |f: f64| {
+        v.get(((v.len() as f64 * f) as usize).min(v.len().saturating_sub(1)))
+            .map(|d| d.as_secs_f64() * 1e6)
+            .unwrap_or(0.0)
+    };
+    serde_json::json!({ "mode": "latency", "p50_us": q(0.5).round(), "p99_us": q(0.99).round(), "samples": v.len(), "concurrency": a.concurrency })
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+async fn idle(a: &Args, origin: SocketAddr) -> serde_json::Value {
+    let before = a.pid.and_then(rss_kib);
+    let mut held = Vec::with_capacity(a.tunnels);
+    let mut errors = 0;
+    for _ in 0..a.tunnels {
+        match open(a.proxy, origin, a.auth.as_deref()).await {
+            Ok(mut s) => {
+                if echo_once(&mut s).await.is_ok() {
+                    held.push(s);
+                } else {
+                    errors += 1;
+                }
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = a.pid.and_then(rss_kib);
+    let per = match (before, after) {
+        (Some(b), Some(x)) if !held.is_empty() => {
+            Some(((x as f64 - b as f64) / held.len() as f64 * 100.0).round() / 100.0)
+        }
+        _ => None,
+    };
+    serde_json::json!({ "mode": "idle", "tunnels": held.len(), "errors": errors, "rss_before_kib": before, "rss_after_kib": after, "kib_per_tunnel": per })
+}
+
+fn main() {
+    let a = parse_args();
+    if a.mode.is_empty() {
+        eprintln!("usage: loadgen rate|bulk|latency|idle [--proxy ADDR|direct] [--concurrency N] [--tunnels N] [--seconds S] [--pid PID] [--auth VALUE]");
+        return;
+    }
+    // Ten thousand tunnels need twenty thousand descriptors here (client and origin ends).
+    let _ = rlimit::increase_nofile_limit(u64::MAX);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("runtime: {e}");
+            return;
+        }
+    };
+    let out = rt.block_on(async {
+        let o = match a.origin {
+            Some(o) => o,
+            None => origin().await,
+        };
+        match a.mode.as_str() {
+            "origin" => {
+                // Serve until killed; print the address first.
+                println!("{}", serde_json::json!({ "origin": o.to_string() }));
+                std::future::pending::<()>().await;
+                serde_json::Value::Null
+            }
+            "rate" => rate(&a, o).await,
+            "bulk" => bulk(&a, o).await,
+            "latency" => latency(&a, o).await,
+            "idle" => idle(&a, o).await,
+            m => serde_json::json!({ "error": format!("unknown mode {m}") }),
+        }
+    });
+    println!("{out}");
+    rt.shutdown_timeout(Duration::from_millis(100));
+}
