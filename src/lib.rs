@@ -23,6 +23,7 @@
 pub mod admin;
 pub mod audit;
 pub mod config;
+pub mod connect;
 pub mod control;
 pub mod deny;
 pub mod guard;

@@ -4,7 +4,7 @@
 //! address → tunnel or forward → one audit record. Every refusal is a §6 deny response.
 
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,10 +23,10 @@ use crate::audit::{Close, Record};
 use crate::deny::{self, Refusal};
 use crate::identity::identify;
 use crate::limits::ConnectionSlot;
-use crate::policy::{Decision, Reason, Verdict};
+use crate::policy::{Decision, Reason};
 use crate::policy_set::Sandbox;
 use crate::shared::Shared;
-use crate::target::{Host, Target};
+use crate::target::Target;
 use crate::tunnel::relay;
 
 type Body = BoxBody<Bytes, hyper::Error>;
@@ -188,61 +188,20 @@ async fn handle(
     };
 
     // Decide on the name, resolve once, decide on the addresses.
-    let t0 = Instant::now();
-    let mut outcome = set.decide(&sb, &target, None);
-    shared
-        .metrics
-        .decision_seconds
-        .observe(t0.elapsed().as_secs_f64());
-    if outcome.decision.verdict == Verdict::Deny && !outcome.needs_addresses {
-        let why = outcome
-            .decision
-            .explain(&sb.binding.id, sb.policy.file(), target.port);
-        return shared.refuse(rec, Some(&sb), outcome.decision, &what, &why, started);
-    }
-    if let Host::Name(name) = &target.host {
-        let t1 = Instant::now();
-        let resolved = shared.resolver.resolve(name).await;
-        shared
-            .metrics
-            .dns_seconds
-            .observe(t1.elapsed().as_secs_f64());
-        match resolved {
-            Ok(addrs) => {
-                rec.resolved = addrs.iter().map(IpAddr::to_string).collect();
-                let t2 = Instant::now();
-                outcome = set.decide(&sb, &target, Some(&addrs));
-                shared
-                    .metrics
-                    .decision_seconds
-                    .observe(t2.elapsed().as_secs_f64());
+    let outcome = match crate::connect::check(&shared, &set, &sb, &target, &mut rec, None).await {
+        Ok(o) => o,
+        Err((decision, detail)) => {
+            let mut why = decision.explain(&sb.binding.id, sb.policy.file(), target.port);
+            if let Some(d) = detail {
+                why = format!("{why} ({d})");
             }
-            Err(e) => {
-                let d = Decision::deny(e.reason(), None);
-                let mut why = d.explain(&sb.binding.id, sb.policy.file(), target.port);
-                if let crate::resolve::ResolveError::Failed(detail) = &e {
-                    why = format!("{why} ({detail})");
-                }
-                return shared.refuse(rec, Some(&sb), d, &what, &why, started);
-            }
+            return shared.refuse(rec, Some(&sb), decision, &what, &why, started);
         }
-    } else {
-        outcome = set.decide(&sb, &target, None);
-    }
+    };
     let decision = outcome.decision.clone();
-    if decision.verdict == Verdict::Deny {
-        let why = decision.explain(&sb.binding.id, sb.policy.file(), target.port);
-        if !outcome.refused.is_empty() {
-            rec.detail = Some(format!(
-                "guard refused {} address(es)",
-                outcome.refused.len()
-            ));
-        }
-        return shared.refuse(rec, Some(&sb), decision, &what, &why, started);
-    }
 
     // Dial only the checked addresses.
-    let stream = match dial(&shared, &outcome.dial, target.port).await {
+    let stream = match crate::connect::dial(&shared, &outcome.dial, target.port, None).await {
         Ok((stream, addr)) => {
             rec.dialed = Some(addr.to_string());
             stream
@@ -295,34 +254,6 @@ fn read_target(req: &Request<Incoming>) -> Result<Target, &'static str> {
     let authority = uri.authority().ok_or("absolute URI without a host")?;
     Target::parse(authority.as_str(), Some(80))
         .map_err(|_| "URI host is not a valid host name or IP literal")
-}
-
-/// Connect to the first address that answers, within `timeouts.connect` each.
-async fn dial(
-    shared: &Shared,
-    addrs: &[IpAddr],
-    port: u16,
-) -> Result<(TcpStream, SocketAddr), Reason> {
-    let mut last = Reason::DestinationNotFound;
-    for ip in addrs {
-        let addr = SocketAddr::new(*ip, port);
-        let t = Instant::now();
-        let r =
-            tokio::time::timeout(shared.settings.timeouts.connect, TcpStream::connect(addr)).await;
-        shared
-            .metrics
-            .dial_seconds
-            .observe(t.elapsed().as_secs_f64());
-        match r {
-            Ok(Ok(s)) => {
-                let _ = s.set_nodelay(true);
-                return Ok((s, addr));
-            }
-            Ok(Err(_)) => last = Reason::ConnectionRefused,
-            Err(_) => last = Reason::ConnectionTimeout,
-        }
-    }
-    Err(last)
 }
 
 #[allow(clippy::too_many_arguments)]

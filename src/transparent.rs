@@ -6,7 +6,7 @@
 //! guard → dial the *resolved* address, not the one the client chose (a forged SNI cannot reach
 //! another IP) → relay. A refusal resets the connection; nothing is forwarded. One audit record.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,7 +18,7 @@ use crate::audit::{Close, Record};
 use crate::identity::identify;
 use crate::orig_dst::original_dst;
 use crate::peek::{classify, split_host_header, Peeked, MAX_PEEK};
-use crate::policy::{Decision, Reason, Verdict};
+use crate::policy::{Decision, Reason};
 use crate::policy_set::Sandbox;
 use crate::shared::Shared;
 use crate::target::{Host, Target};
@@ -199,91 +199,28 @@ pub async fn serve(
     rec.target_host = Some(target.host.to_string());
     rec.target_port = Some(target.port);
 
-    // Decide, resolve once, decide on the addresses.
-    let t0 = Instant::now();
-    let mut outcome = set.decide(&sb, &target, None);
-    shared
-        .metrics
-        .decision_seconds
-        .observe(t0.elapsed().as_secs_f64());
-    if outcome.decision.verdict == Verdict::Deny && !outcome.needs_addresses {
-        return reset(&shared, stream, rec, Some(&sb), outcome.decision, started);
-    }
-    if let Host::Name(name) = &target.host {
-        let t1 = Instant::now();
-        let resolved = shared.resolver.resolve(name).await;
-        shared
-            .metrics
-            .dns_seconds
-            .observe(t1.elapsed().as_secs_f64());
-        let addrs = match resolved {
-            Ok(a) => a,
-            Err(e) => {
+    // Decide, resolve once, decide on the addresses; then dial a checked address, the
+    // client's own choice when it is one of them.
+    let outcome =
+        match crate::connect::check(&shared, &set, &sb, &target, &mut rec, Some(orig.ip())).await {
+            Ok(o) => o,
+            Err((decision, _)) => return reset(&shared, stream, rec, Some(&sb), decision, started),
+        };
+    let decision = outcome.decision.clone();
+    let (mut up, addr) =
+        match crate::connect::dial(&shared, &outcome.dial, target.port, Some(orig.ip())).await {
+            Ok(x) => x,
+            Err(reason) => {
                 return reset(
                     &shared,
                     stream,
                     rec,
                     Some(&sb),
-                    Decision::deny(e.reason(), None),
+                    Decision::deny(reason, None),
                     started,
                 )
             }
         };
-        rec.resolved = addrs.iter().map(IpAddr::to_string).collect();
-        let matched = addrs.contains(&orig.ip());
-        rec.dst_in_resolved = Some(matched);
-        if !matched && sb.binding.strict_sni_dst {
-            return reset(
-                &shared,
-                stream,
-                rec,
-                Some(&sb),
-                Decision::deny(Reason::DestinationMismatch, None),
-                started,
-            );
-        }
-        outcome = set.decide(&sb, &target, Some(&addrs));
-    }
-    let decision = outcome.decision.clone();
-    if decision.verdict == Verdict::Deny {
-        return reset(&shared, stream, rec, Some(&sb), decision, started);
-    }
-
-    // Dial a checked address: the client's own choice when it is one of them.
-    let mut order = outcome.dial.clone();
-    if let Some(i) = order.iter().position(|a| *a == orig.ip()) {
-        order.swap(0, i);
-    }
-    let mut upstream = None;
-    let mut failure = Reason::DestinationNotFound;
-    for ip in order {
-        let addr = SocketAddr::new(ip, target.port);
-        let t = Instant::now();
-        let r =
-            tokio::time::timeout(shared.settings.timeouts.connect, TcpStream::connect(addr)).await;
-        shared
-            .metrics
-            .dial_seconds
-            .observe(t.elapsed().as_secs_f64());
-        match r {
-            Ok(Ok(s)) => {
-                upstream = Some((s, addr));
-                break;
-            }
-            Ok(Err(_)) => failure = Reason::ConnectionRefused,
-            Err(_) => failure = Reason::ConnectionTimeout,
-        }
-    }
-    let Some((mut up, addr)) = upstream else {
-        return reset(
-            &shared,
-            stream,
-            rec,
-            Some(&sb),
-            Decision::deny(failure, None),
-            started,
-        );
-    };
     let _ = up.set_nodelay(true);
     rec.dialed = Some(addr.to_string());
     shared.apply_decision(&mut rec, &decision);
