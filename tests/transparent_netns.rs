@@ -353,7 +353,7 @@ fn gateway_sni_host_forged_destination_and_udp() {
     assert_eq!(rec["reason"], "denied_by_rule");
 
     // UDP 443 from the sandbox does not leave; DNS to the configured resolver does.
-    let quic = UdpSocket::bind((ip.as_str(), 0)).unwrap();
+    let quic = UdpSocket::bind((ip.as_str(), 443)).unwrap();
     ns.send_udp(&ip, quic.local_addr().unwrap().port());
     assert!(
         !udp_arrives(&quic),
@@ -573,7 +573,7 @@ sandboxes:
     assert_ne!(code, 0);
     proxy.wait_record(|r| r["sni"] == "other.test" && r["decision"] == "deny");
     // UDP from the sandbox is dropped in the sidecar model too.
-    let quic = UdpSocket::bind((ip.as_str(), 0)).unwrap();
+    let quic = UdpSocket::bind((ip.as_str(), 443)).unwrap();
     ns.send_udp(&ip, quic.local_addr().unwrap().port());
     assert!(!udp_arrives(&quic), "UDP bypassed the sidecar");
 }
@@ -585,8 +585,97 @@ fn udp_probe_is_a_real_check() {
         return;
     }
     let ns = Netns::new("ud", 80, 1);
-    let sock = UdpSocket::bind((ns.host_ip.as_str(), 0)).unwrap();
+    let sock = UdpSocket::bind((ns.host_ip.as_str(), 443)).unwrap();
     ns.send_udp(&ns.host_ip, sock.local_addr().unwrap().port());
     assert!(udp_arrives(&sock));
     let _ = &ns.sandbox_ip;
+}
+
+#[test]
+fn gateway_ipv6_uses_the_ipv6_original_destination() {
+    if !can_run() {
+        return;
+    }
+    let ns = Netns::new("v6", 81, 1);
+    let (h6, s6) = ("fd00:81:1::1", "fd00:81:1::2");
+    must(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{h6}/64"),
+        "dev",
+        &ns.host_if,
+        "nodad",
+    ]);
+    must(&[
+        "ip",
+        "-n",
+        &ns.name,
+        "addr",
+        "add",
+        &format!("{s6}/64"),
+        "dev",
+        "egpv61s",
+        "nodad",
+    ]);
+    must(&[
+        "ip", "-n", &ns.name, "-6", "route", "add", "default", "via", h6,
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let https = Origin::start_on(h6, Some(&ca));
+    let audit = dir.path().join("audit.jsonl");
+    let yaml = format!(
+        r#"
+listen: {{ proxy: null, transparent: "[{h6}]:0", admin: 127.0.0.1:0 }}
+audit: {{ path: {audit} }}
+dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ api.test: ["{h6}"], other.test: ["{h6}"] }} }}
+defaults: {{ guard_allow_ranges: ["fd00:81:1::/64"] }}
+sandboxes:
+  - id: v6
+    sources: ["{s6}/128"]
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }}
+"#,
+        audit = audit.display()
+    );
+    let cfg = dir.path().join("proxy.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    let proxy = Proxy::start_with(cfg, audit, &[]);
+    let tport = proxy.transparent.expect("transparent").port().to_string();
+    let _rules = GatewayRules(ns.host_if.clone());
+    must(&[
+        script().to_str().unwrap(),
+        "install",
+        "gateway",
+        "--iface",
+        &ns.host_if,
+        "--proxy-port",
+        &tport,
+        "--ipv6-only",
+    ]);
+    let ca = ca.ca_pem.display().to_string();
+    let op = https.addr.port();
+    let (code, out) = ns.curl(&[
+        "-6",
+        "--cacert",
+        &ca,
+        "--resolve",
+        &format!("api.test:{op}:[{h6}]"),
+        &format!("https://api.test:{op}/six"),
+    ]);
+    assert_eq!(code, 0, "{out}\n{:#?}", proxy.audit_records());
+    let rec = proxy.wait_record(|r| r["sni"] == "api.test");
+    assert_eq!(rec["original_dst"], format!("[{h6}]:{op}"));
+    assert_eq!(rec["identity"], "source");
+    assert_eq!(rec["dialed"], format!("[{h6}]:{op}"));
+    let (code, _) = ns.curl(&[
+        "-6",
+        "--cacert",
+        &ca,
+        "--resolve",
+        &format!("other.test:{op}:[{h6}]"),
+        &format!("https://other.test:{op}/"),
+    ]);
+    assert_ne!(code, 0);
+    proxy.wait_record(|r| r["sni"] == "other.test" && r["decision"] == "deny");
 }
