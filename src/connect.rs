@@ -8,6 +8,7 @@ use std::time::Instant;
 use tokio::net::TcpStream;
 
 use crate::audit::Record;
+use crate::guard::GuardVerdict;
 use crate::policy::{Decision, Outcome, Reason, Verdict};
 use crate::policy_set::{PolicySet, Sandbox};
 use crate::resolve::ResolveError;
@@ -69,13 +70,20 @@ pub async fn check(
             .decision_seconds
             .observe(t2.elapsed().as_secs_f64());
     }
+    if !outcome.refused.is_empty() {
+        // Record what the guard kept us from dialling (DESIGN §3), allowed or not.
+        let list: Vec<String> = outcome
+            .refused
+            .iter()
+            .map(|(ip, v)| match v {
+                GuardVerdict::Prohibited(range) => format!("{ip} ({range})"),
+                GuardVerdict::Loop => format!("{ip} (this proxy)"),
+                GuardVerdict::Permit => ip.to_string(),
+            })
+            .collect();
+        rec.detail = Some(format!("guard refused {}", list.join(", ")));
+    }
     if outcome.decision.verdict == Verdict::Deny {
-        if !outcome.refused.is_empty() {
-            rec.detail = Some(format!(
-                "guard refused {} address(es)",
-                outcome.refused.len()
-            ));
-        }
         return Err((outcome.decision, None));
     }
     Ok(outcome)
