@@ -19,9 +19,7 @@ use subtle::ConstantTimeEq;
 use tokio::net::TcpStream;
 
 use crate::control::{ChangeError, Controller};
-use crate::policy::Decision;
 use crate::shared::Shared;
-use crate::target::{Host, Target};
 
 /// What the admin API needs.
 pub struct Admin {
@@ -206,7 +204,7 @@ async fn check(shared: &Shared, body: &str) -> Response<Full<Bytes>> {
             "expected JSON {\"sandbox\": ..., \"target\": ...}",
         );
     };
-    let (Some(sandbox), Some(target_text)) = (v["sandbox"].as_str(), v["target"].as_str()) else {
+    let (Some(sandbox), Some(target)) = (v["sandbox"].as_str(), v["target"].as_str()) else {
         return error(
             StatusCode::BAD_REQUEST,
             "expected JSON {\"sandbox\": ..., \"target\": ...}",
@@ -216,52 +214,8 @@ async fn check(shared: &Shared, body: &str) -> Response<Full<Bytes>> {
     let Some(sb) = set.get(sandbox) else {
         return error(StatusCode::NOT_FOUND, format!("no sandbox `{sandbox}`"));
     };
-    let enforcement = sb.policy.enforcement().as_str();
-    let target = match Target::parse(target_text, Some(443)) {
-        Ok(t) => t,
-        Err(e) => {
-            return json_resp(
-                StatusCode::OK,
-                json!({ "decision": "deny", "reason": "invalid_target", "rule": null, "rule_source": null,
-                        "sandbox": sandbox, "target": target_text, "enforcement": enforcement,
-                        "explanation": format!("invalid target: {e}"), "policy_version": set.version() }),
-            )
-        }
-    };
-    let mut outcome = set.decide(sb, &target, None);
-    let mut resolved: Option<Value> = None;
-    if outcome.needs_addresses {
-        if let Host::Name(name) = &target.host {
-            match shared.resolver.resolve(name).await {
-                Ok(addrs) => {
-                    resolved = Some(json!(addrs
-                        .iter()
-                        .map(|a| a.to_string())
-                        .collect::<Vec<_>>()));
-                    outcome = set.decide(sb, &target, Some(&addrs));
-                }
-                Err(e) => {
-                    resolved = Some(json!({ "error": e.to_string() }));
-                    outcome.decision = Decision::deny(e.reason(), None);
-                }
-            }
-        }
-    }
-    let d = &outcome.decision;
     json_resp(
         StatusCode::OK,
-        json!({
-            "decision": d.verdict.as_str(),
-            "reason": d.reason.code(),
-            "rule": d.rule.as_ref().map(|r| r.text.clone()),
-            "rule_source": d.rule.as_ref().map(|r| r.source.to_string()),
-            "sandbox": sandbox,
-            "target": target.to_string(),
-            "enforcement": enforcement,
-            "explanation": d.explain(sandbox, sb.policy.file(), target.port),
-            "resolved": resolved,
-            "dial": outcome.dial.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-            "policy_version": set.version(),
-        }),
+        crate::report::check(&set, sb, target, Some(&shared.resolver)).await,
     )
 }

@@ -35,6 +35,7 @@ pub mod peek;
 pub mod policy;
 pub mod policy_set;
 pub mod proxy;
+pub mod report;
 pub mod resolve;
 pub mod server;
 pub mod shared;

@@ -5,13 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use serde_json::json;
 
 use egress_proxy::config::{self, Config};
-use egress_proxy::policy::Verdict;
 use egress_proxy::policy_set::PolicySet;
 use egress_proxy::resolve::Resolver;
-use egress_proxy::target::{Host, Target};
 
 #[derive(Parser)]
 #[command(
@@ -175,82 +172,25 @@ fn check(
         );
         return ExitCode::from(2);
     };
-    let target = match Target::parse(target_text, Some(443)) {
-        Ok(t) => t,
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
         Err(e) => {
-            // An invalid target is a decision (invalid_target), not a usage error.
-            let out = json!({
-                "decision": "deny", "reason": "invalid_target", "rule": null, "rule_source": null,
-                "sandbox": sandbox, "target": target_text, "enforcement": sb.policy.enforcement().as_str(),
-                "explanation": format!("invalid target: {e}"),
-            });
-            print_decision(&out, as_json);
-            return ExitCode::from(1);
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
         }
     };
-    let mut outcome = set.decide(sb, &target, None);
-    let mut resolved: Option<Result<Vec<std::net::IpAddr>, String>> = None;
-    if resolve && outcome.needs_addresses {
-        if let Host::Name(name) = &target.host {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: cannot start the resolver: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            let (resolver, _) = rt.block_on(async { Resolver::new(&config.dns) });
-            match rt.block_on(resolver.resolve(name)) {
-                Ok(addrs) => {
-                    outcome = set.decide(sb, &target, Some(&addrs));
-                    resolved = Some(Ok(addrs));
-                }
-                Err(e) => {
-                    outcome.decision = egress_proxy::policy::Decision::deny(e.reason(), None);
-                    resolved = Some(Err(e.to_string()));
-                }
-            }
-        }
-    }
-    let d = &outcome.decision;
-    let mut explanation = d.explain(sandbox, sb.policy.file(), target.port);
-    if !resolve && outcome.needs_addresses && !d.verdict.proceeds() {
-        explanation.push_str(" (address rules not consulted: add --resolve)");
-    }
-    let mut out = json!({
-        "decision": d.verdict.as_str(),
-        "reason": d.reason.code(),
-        "rule": d.rule.as_ref().map(|r| r.text.clone()),
-        "rule_source": d.rule.as_ref().map(|r| r.source.to_string()),
-        "sandbox": sandbox,
-        "target": target.to_string(),
-        "enforcement": sb.policy.enforcement().as_str(),
-        "explanation": explanation,
+    let out = rt.block_on(async {
+        let resolver = resolve.then(|| Resolver::new(&config.dns).0);
+        egress_proxy::report::check(&set, sb, target_text, resolver.as_ref()).await
     });
-    if let Some(r) = resolved {
-        out["resolved"] = match r {
-            Ok(a) => json!(a.iter().map(|a| a.to_string()).collect::<Vec<_>>()),
-            Err(e) => json!({ "error": e }),
-        };
-        out["dial"] = json!(outcome
-            .dial
-            .iter()
-            .map(|a| a.to_string())
-            .collect::<Vec<_>>());
-    } else if let Host::Ip(_) = target.host {
-        out["dial"] = json!(outcome
-            .dial
-            .iter()
-            .map(|a| a.to_string())
-            .collect::<Vec<_>>());
-    }
     print_decision(&out, as_json);
-    match d.verdict {
-        Verdict::Allow | Verdict::Report => ExitCode::SUCCESS,
-        Verdict::Deny => ExitCode::from(1),
+    if out["decision"] == "deny" {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
     }
 }
 
