@@ -38,6 +38,7 @@ pub mod proxy;
 pub mod report;
 pub mod resolve;
 pub mod server;
+pub mod shaped_body;
 pub mod shared;
 pub mod sni;
 pub mod splice;

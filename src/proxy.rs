@@ -25,6 +25,7 @@ use crate::identity::identify;
 use crate::limits::ConnectionSlot;
 use crate::policy::{Decision, Reason};
 use crate::policy_set::Sandbox;
+use crate::shaped_body::ShapedBody;
 use crate::shared::Shared;
 use crate::target::Target;
 use crate::tunnel::relay;
@@ -428,6 +429,9 @@ async fn forward(
     let id = sb.binding.id.clone();
     shared.apply_decision(&mut rec, &decision);
     let (mut parts, body) = req.into_parts();
+    // Bandwidth limits apply to forwarded bodies as to tunnels.
+    let limiter = slot.limiter().clone();
+    let shaped = limiter.shapes();
     let up = Arc::new(AtomicU64::new(0));
     let down = Arc::new(AtomicU64::new(0));
     let up_count = up.clone();
@@ -439,6 +443,11 @@ async fn forward(
             f
         })
         .boxed();
+    let body = if shaped {
+        ShapedBody::new(body, limiter.clone(), true).boxed()
+    } else {
+        body
+    };
     strip_hop_by_hop(&mut parts.headers);
     if !parts.headers.contains_key(header::HOST) {
         if let Ok(v) = target_host_header(&target).parse() {
@@ -495,6 +504,11 @@ async fn forward(
                     f
                 })
                 .boxed();
+            let body = if shaped {
+                ShapedBody::new(body, limiter, false).boxed()
+            } else {
+                body
+            };
             Response::from_parts(parts, body)
         }
         Err(e) => {

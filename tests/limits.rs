@@ -26,6 +26,7 @@ struct Env {
     _dir: tempfile::TempDir,
     ca: TestCa,
     https: Origin,
+    http: Origin,
     proxy: Proxy,
 }
 
@@ -33,6 +34,7 @@ fn env() -> Env {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
     let https = Origin::start(Some(&ca));
+    let http = Origin::start(None);
     let mut sandboxes = String::new();
     for (id, limits) in [
         ("small", "{ max_connections: 3 }"),
@@ -53,6 +55,7 @@ fn env() -> Env {
         _dir: dir,
         ca,
         https,
+        http,
         proxy,
     }
 }
@@ -230,4 +233,34 @@ fn bandwidth_is_shaped_not_corrupted() {
         &url,
     ]);
     assert_eq!(out.stdout.len(), BIG);
+}
+
+#[test]
+fn forwarded_http_bodies_are_shaped_too() {
+    let e = env();
+    let url = format!("http://big.test:{}/big", e.http.addr.port());
+    let start = Instant::now();
+    let out = curl(&[
+        "-x",
+        &format!("http://bw:bw-secret@{}", e.proxy.proxy),
+        &url,
+    ]);
+    let took = start.elapsed();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout.len(), BIG);
+    assert!(
+        out.stdout
+            .iter()
+            .enumerate()
+            .all(|(i, b)| *b == big_byte(i)),
+        "corrupted"
+    );
+    assert!(
+        took >= Duration::from_millis(1500),
+        "took only {took:?}: not shaped"
+    );
+    let rec = e
+        .proxy
+        .wait_record(|r| r["sandbox"] == "bw" && r["mode"] == "http");
+    assert!(rec["bytes_down"].as_u64().unwrap() >= BIG as u64, "{rec}");
 }
