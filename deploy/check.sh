@@ -10,14 +10,14 @@ out="$(mktemp -d)"; trap 'rm -rf "$out"' EXIT
 
 echo "== manifests"
 manifests=$(find deploy/kubernetes -name '*.yaml' ! -name kustomization.yaml ! -name proxy.yaml ! -name replicas.yaml | sort)
-kubernetes-validate --strict -k "$K8S_VERSION" $manifests
+python3 -m kubernetes_validate --strict -k "$K8S_VERSION" $manifests
 
 echo "== kustomizations"
 for k in $(find deploy/kubernetes -name kustomization.yaml | sort); do
   dir=$(dirname "$k")
   kubectl kustomize "$dir" > "$out/rendered.yaml"
   echo "rendered $dir: $(grep -c '^kind:' "$out/rendered.yaml") objects"
-  kubernetes-validate --strict -k "$K8S_VERSION" "$out/rendered.yaml"
+  python3 -m kubernetes_validate --strict -k "$K8S_VERSION" "$out/rendered.yaml"
 done
 
 echo "== proxy configurations"
