@@ -208,11 +208,6 @@ impl Guard {
         }
     }
 
-    /// Replace the listener set (called once the listeners are bound, with real ports).
-    pub fn set_listeners(&mut self, listeners: Vec<SocketAddr>) {
-        self.listeners = listeners;
-    }
-
     /// Judge `ip:port`. `covered` says whether the sandbox's own egress address rules cover
     /// an address (on any port) — such addresses pass the range checks, never the loop check.
     pub fn check(&self, ip: IpAddr, port: u16, covered: impl Fn(IpAddr) -> bool) -> GuardVerdict {

@@ -146,11 +146,6 @@ impl Shared {
         }
     }
 
-    /// Open tunnels right now.
-    pub fn open_tunnels(&self) -> usize {
-        self.tunnels.lock().map(|t| t.len()).unwrap_or(0)
-    }
-
     /// Re-check every open tunnel against `set` (same sandbox, target and dialled address);
     /// stop those it no longer allows. Returns how many were revoked.
     pub fn revoke_disallowed(&self, set: &PolicySet) -> usize {

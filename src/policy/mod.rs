@@ -198,9 +198,6 @@ pub struct CompiledPolicy {
     enforcement: Enforcement,
     allow: RuleSet,
     deny: RuleSet,
-    /// Entry counts, for summaries.
-    egress_len: usize,
-    deny_len: usize,
 }
 
 /// Everything `decide` found out.
@@ -234,8 +231,6 @@ impl CompiledPolicy {
             file: f,
             mode: spec.mode,
             enforcement,
-            egress_len: spec.egress.len(),
-            deny_len: spec.deny.len(),
         })
     }
 
@@ -250,14 +245,6 @@ impl CompiledPolicy {
     }
     pub fn enforcement(&self) -> Enforcement {
         self.enforcement
-    }
-    pub fn rule_count(&self) -> (usize, usize) {
-        (self.egress_len, self.deny_len)
-    }
-
-    /// Whether an egress address rule covers `ip` on some port (the guard's exemption).
-    pub fn covers_address(&self, ip: IpAddr) -> bool {
-        self.allow.covers_any_port(ip)
     }
 
     /// Decide on `target`. `addrs` is `None` before resolution (name targets are then decided
