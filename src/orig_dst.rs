@@ -2,7 +2,9 @@
 //! `unsafe`. iptables `REDIRECT` rewrites the destination and keeps the original in
 //! conntrack, readable with `getsockopt(SO_ORIGINAL_DST)` (IPv4) or
 //! `getsockopt(IP6T_SO_ORIGINAL_DST)` (IPv6). With TPROXY the socket's local address *is* the
-//! original destination, so when conntrack has no entry the local address is returned.
+//! original destination, so when conntrack has no entry the local address is returned; TPROXY
+//! listeners need `IP_TRANSPARENT` / `IPV6_TRANSPARENT` set before `bind`
+//! ([`set_transparent`]).
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -86,6 +88,32 @@ fn ipv6(fd: libc::c_int) -> io::Result<SocketAddr> {
         0,
         0,
     )))
+}
+
+/// Let a listening socket accept connections addressed to non-local addresses (TPROXY).
+/// Needs CAP_NET_ADMIN. Call before `bind`.
+pub fn set_transparent(socket: &impl AsRawFd, ipv6: bool) -> io::Result<()> {
+    let (level, name) = if ipv6 {
+        (libc::SOL_IPV6, libc::IPV6_TRANSPARENT)
+    } else {
+        (libc::SOL_IP, libc::IP_TRANSPARENT)
+    };
+    let one: libc::c_int = 1;
+    // SAFETY: the descriptor is a valid socket for the duration of the call, and the option
+    // value points at a live c_int whose size is passed alongside it.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn zeroed_in() -> libc::sockaddr_in {

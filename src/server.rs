@@ -51,6 +51,21 @@ pub fn run(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     rt.block_on(serve(config, path))
 }
 
+/// A listener for TPROXY'd connections: `IP_TRANSPARENT` set before `bind`, so connections
+/// addressed to any destination are accepted and keep their original destination as the
+/// local address.
+fn bind_tproxy(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    crate::orig_dst::set_transparent(&socket, addr.is_ipv6())?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
 /// SHA-256 of the admin bearer token, read once at start.
 fn admin_token(config: &Config) -> anyhow::Result<Option<[u8; 32]>> {
     let Some(p) = &config.admin_token_file else {
@@ -68,6 +83,9 @@ fn admin_token(config: &Config) -> anyhow::Result<Option<[u8; 32]>> {
 async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     let token_sha256 = admin_token(&config)?;
     let transparent = match config.listen.transparent {
+        Some(a) if config.listen.transparent_tproxy => Some(bind_tproxy(a).with_context(|| {
+            format!("binding listen.transparent {a} for TPROXY (needs CAP_NET_ADMIN)")
+        })?),
         Some(a) => Some(
             TcpListener::bind(a)
                 .await

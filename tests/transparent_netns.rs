@@ -149,12 +149,17 @@ struct GatewayRules(String);
 
 impl Drop for GatewayRules {
     fn drop(&mut self) {
+        let s = script();
+        let s = s.to_str().unwrap_or("");
+        let _ = sh(&[s, "remove", "gateway", "--iface", &self.0]);
         let _ = sh(&[
-            script().to_str().unwrap_or(""),
+            s,
             "remove",
             "gateway",
             "--iface",
             &self.0,
+            "--tproxy",
+            "--ipv4-only",
         ]);
     }
 }
@@ -178,7 +183,7 @@ struct GatewayEnv {
     _rules: GatewayRules,
 }
 
-fn gateway_env(n: u8, strict: bool) -> Option<GatewayEnv> {
+fn gateway_env(n: u8, strict: bool, tproxy: bool) -> Option<GatewayEnv> {
     if !can_run() {
         return None;
     }
@@ -190,7 +195,7 @@ fn gateway_env(n: u8, strict: bool) -> Option<GatewayEnv> {
     let http = Origin::start_on(&ns.host_ip, None);
     let yaml = format!(
         r#"
-listen: {{ proxy: null, transparent: "{ip}:0", admin: 127.0.0.1:0 }}
+listen: {{ proxy: null, transparent: "{listen}", transparent_tproxy: {tproxy}, admin: 127.0.0.1:0 }}
 audit: {{ path: {audit} }}
 dns:
   servers: ["127.0.0.1:9"]
@@ -211,6 +216,11 @@ sandboxes:
         deny: ["denied.test"]
 "#,
         ip = ns.host_ip,
+        listen = if tproxy {
+            "0.0.0.0:0".to_string()
+        } else {
+            format!("{}:0", ns.host_ip)
+        },
         sip = ns.sandbox_ip,
         audit = dir.path().join("audit.jsonl").display(),
         by_addr = https_by_addr.addr.port(),
@@ -224,17 +234,21 @@ sandboxes:
         .port()
         .to_string();
     let rules = GatewayRules(ns.host_if.clone());
-    must(&[
-        script().to_str().unwrap(),
-        "install",
-        "gateway",
-        "--iface",
-        &ns.host_if,
-        "--proxy-port",
-        &tport,
-        "--dns",
-        &ns.host_ip,
-    ]);
+    let mut args = vec![
+        script().to_str().unwrap().to_string(),
+        "install".into(),
+        "gateway".into(),
+        "--iface".into(),
+        ns.host_if.clone(),
+        "--proxy-port".into(),
+        tport.clone(),
+        "--dns".into(),
+        ns.host_ip.clone(),
+    ];
+    if tproxy {
+        args.extend(["--tproxy".to_string(), "--ipv4-only".to_string()]);
+    }
+    must(&args.iter().map(String::as_str).collect::<Vec<_>>());
     Some(GatewayEnv {
         _dir: dir,
         ns,
@@ -258,7 +272,7 @@ fn gateway_sni_host_forged_destination_and_udp() {
         proxy,
         _dir: _keep_dir,
         _rules: _keep_rules,
-    }) = gateway_env(1, false)
+    }) = gateway_env(1, false, false)
     else {
         return;
     };
@@ -378,7 +392,7 @@ fn gateway_strict_sni_dst_refuses_forged_destinations() {
         _dir: _keep_dir,
         _rules: _keep_rules,
         ..
-    }) = gateway_env(2, true)
+    }) = gateway_env(2, true, false)
     else {
         return;
     };
@@ -674,6 +688,63 @@ sandboxes:
         &ca,
         "--resolve",
         &format!("other.test:{op}:[{h6}]"),
+        &format!("https://other.test:{op}/"),
+    ]);
+    assert_ne!(code, 0);
+    proxy.wait_record(|r| r["sni"] == "other.test" && r["decision"] == "deny");
+}
+
+#[test]
+fn gateway_tproxy_keeps_the_original_destination_as_local_address() {
+    let Some(GatewayEnv {
+        ns,
+        ca,
+        https,
+        proxy,
+        _dir: _keep_dir,
+        _rules: _keep_rules,
+        ..
+    }) = gateway_env(4, false, true)
+    else {
+        return;
+    };
+    let ca = ca.ca_pem.display().to_string();
+    let op = https.addr.port();
+    let ip = ns.host_ip.clone();
+    let (code, out) = ns.curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &format!("api.test:{op}:{ip}"),
+        &format!("https://api.test:{op}/tproxy"),
+    ]);
+    assert_eq!(
+        code,
+        0,
+        "{out}\n{:#?}\n{}",
+        proxy.audit_records(),
+        proxy.stderr_text()
+    );
+    let rec =
+        proxy.wait_record(|r| r["sni"] == "api.test" && r["original_dst"] == format!("{ip}:{op}"));
+    assert_eq!(rec["decision"], "allow");
+    // A forged destination: TPROXY hands over the connection addressed to 10.76.4.9, the proxy
+    // still dials the name's real address.
+    let (code, out) = ns.curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &format!("api.test:{op}:10.76.4.9"),
+        &format!("https://api.test:{op}/forged"),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let rec = proxy.wait_record(|r| r["original_dst"] == format!("10.76.4.9:{op}"));
+    assert_eq!(rec["dialed"], format!("{ip}:{op}"));
+    let (code, _) = ns.curl(&[
+        "--cacert",
+        &ca,
+        "--resolve",
+        &format!("other.test:{op}:{ip}"),
         &format!("https://other.test:{op}/"),
     ]);
     assert_ne!(code, 0);

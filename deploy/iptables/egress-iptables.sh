@@ -16,6 +16,9 @@
 #   --iface IFACE       gateway: the sandbox-facing interface (required for gateway)
 #   --dns IP            a resolver the sandbox may reach directly on port 53 (repeatable);
 #                       all other UDP from the sandbox is dropped
+#   --tproxy            gateway: use TPROXY (mangle PREROUTING, fwmark 0x1, local route in
+#                       table 100) instead of REDIRECT; the proxy needs
+#                       `listen.transparent_tproxy: true` and CAP_NET_ADMIN
 #   --ipv4-only | --ipv6-only
 #   --dry-run           print the commands instead of running them
 #
@@ -25,17 +28,18 @@ set -euo pipefail
 
 ACTION="${1:-}"; MODEL="${2:-}"
 [ $# -ge 2 ] && shift 2 || true
-PORT=15001; UID_EXEMPT=""; IFACE=""; DNS=(); FAMILIES=(4 6); DRY=0
+PORT=15001; UID_EXEMPT=""; IFACE=""; DNS=(); FAMILIES=(4 6); DRY=0; TPROXY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --proxy-port) PORT="$2"; shift 2 ;;
     --proxy-uid) UID_EXEMPT="$2"; shift 2 ;;
     --iface) IFACE="$2"; shift 2 ;;
     --dns) DNS+=("$2"); shift 2 ;;
+    --tproxy) TPROXY=1; shift ;;
     --ipv4-only) FAMILIES=(4); shift ;;
     --ipv6-only) FAMILIES=(6); shift ;;
     --dry-run) DRY=1; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "egress-iptables: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -46,6 +50,9 @@ case "$MODEL" in
   gateway) [ -n "$IFACE" ] || { echo "egress-iptables: gateway needs --iface" >&2; exit 2; } ;;
   *) usage ;;
 esac
+if [ "$TPROXY" = 1 ] && [ "$MODEL" != gateway ]; then
+  echo "egress-iptables: --tproxy is for the gateway model" >&2; exit 2
+fi
 [[ "$PORT" =~ ^[0-9]+$ ]] && [ "$PORT" -ge 1 ] && [ "$PORT" -le 65535 ] || { echo "egress-iptables: bad --proxy-port" >&2; exit 2; }
 
 # Sidecar: one set per network namespace. Gateway: one set per sandbox interface, so that
@@ -65,7 +72,32 @@ is_family() { if [ "$1" = 6 ]; then [[ "$2" == *:* ]]; else [[ "$2" != *:* ]]; f
 
 # The hook (table, chain, match) where our chains are jumped to.
 nat_hook() { if [ "$MODEL" = sidecar ]; then echo "OUTPUT"; else echo "PREROUTING -i $IFACE"; fi; }
+# TPROXY lives in mangle PREROUTING; REDIRECT in nat.
+tcp_table() { if [ "$TPROXY" = 1 ]; then echo mangle; else echo nat; fi; }
+TPROXY_MARK=0x1/0x1
+TPROXY_TABLE=100
 udp_hook() { if [ "$MODEL" = sidecar ]; then echo "filter OUTPUT"; else echo "mangle PREROUTING -i $IFACE"; fi; }
+
+# Policy routing for TPROXY: marked packets are delivered locally (table 100). Shared by every
+# TPROXY interface: added once, removed with the last one.
+tproxy_routing() {
+  local fam="$1" action="$2" any
+  [ "$fam" = 6 ] && any="::/0" || any="0.0.0.0/0"
+  if [ "$action" = add ]; then
+    if [ "$DRY" = 1 ] || ! ip -"$fam" rule show | grep -q "fwmark 0x1/0x1 lookup $TPROXY_TABLE"; then
+      run ip -"$fam" rule add fwmark "$TPROXY_MARK" lookup "$TPROXY_TABLE"
+    fi
+    run ip -"$fam" route replace local "$any" dev lo table "$TPROXY_TABLE"
+  else
+    local ipt; [ "$fam" = 6 ] && ipt=ip6tables || ipt=iptables
+    if [ "$DRY" = 1 ] || ! $ipt -w -t mangle -S 2>/dev/null | grep -q -- "-N EGRESS_PROXY_"; then
+      while [ "$DRY" = 0 ] && ip -"$fam" rule show | grep -q "fwmark 0x1/0x1 lookup $TPROXY_TABLE"; do
+        ip -"$fam" rule del fwmark "$TPROXY_MARK" lookup "$TPROXY_TABLE"
+      done
+      run ip -"$fam" route flush table "$TPROXY_TABLE" 2>/dev/null || true
+    fi
+  fi
+}
 
 remove_family() {
   local ipt="$1"
@@ -73,22 +105,22 @@ remove_family() {
   read -r udp_table udp_rest <<<"$(udp_hook)"
   # Delete every jump (install may have run more than once before this script was idempotent).
   if [ "$DRY" = 1 ]; then
-    echo "$ipt -t nat -D $(nat_hook) -p tcp -j $CHAIN   # while present"
+    echo "$ipt -t $(tcp_table) -D $(nat_hook) -p tcp -j $CHAIN   # while present"
     echo "$ipt -t $udp_table -D $udp_rest -p udp -j $UDP_CHAIN   # while present"
-    echo "$ipt -t nat -F $CHAIN; $ipt -t nat -X $CHAIN"
+    echo "$ipt -t $(tcp_table) -F $CHAIN; $ipt -t $(tcp_table) -X $CHAIN"
     echo "$ipt -t $udp_table -F $UDP_CHAIN; $ipt -t $udp_table -X $UDP_CHAIN"
     return
   fi
   # shellcheck disable=SC2046
-  while $ipt -t nat -C $(nat_hook) -p tcp -j "$CHAIN" 2>/dev/null; do
-    $ipt -t nat -D $(nat_hook) -p tcp -j "$CHAIN"
+  while $ipt -t "$(tcp_table)" -C $(nat_hook) -p tcp -j "$CHAIN" 2>/dev/null; do
+    $ipt -t "$(tcp_table)" -D $(nat_hook) -p tcp -j "$CHAIN"
   done
   # shellcheck disable=SC2086
   while $ipt -t "$udp_table" -C $udp_rest -p udp -j "$UDP_CHAIN" 2>/dev/null; do
     $ipt -t "$udp_table" -D $udp_rest -p udp -j "$UDP_CHAIN"
   done
-  $ipt -t nat -F "$CHAIN" 2>/dev/null || true
-  $ipt -t nat -X "$CHAIN" 2>/dev/null || true
+  $ipt -t "$(tcp_table)" -F "$CHAIN" 2>/dev/null || true
+  $ipt -t "$(tcp_table)" -X "$CHAIN" 2>/dev/null || true
   $ipt -t "$udp_table" -F "$UDP_CHAIN" 2>/dev/null || true
   $ipt -t "$udp_table" -X "$UDP_CHAIN" 2>/dev/null || true
 }
@@ -100,18 +132,24 @@ install_family() {
   read -r udp_table udp_rest <<<"$(udp_hook)"
   remove_family "$ipt"
   # TCP: everything to the proxy, except what must stay direct.
-  run $ipt -t nat -N "$CHAIN"
+  local tt; tt="$(tcp_table)"
+  run $ipt -t "$tt" -N "$CHAIN"
   if [ "$MODEL" = sidecar ]; then
     run $ipt -t nat -A "$CHAIN" -o lo -j RETURN
     run $ipt -t nat -A "$CHAIN" -d "$loop" -j RETURN
     run $ipt -t nat -A "$CHAIN" -m owner --uid-owner "$UID_EXEMPT" -j RETURN
   fi
   for d in "${DNS[@]}"; do
-    if is_family "$fam" "$d"; then run $ipt -t nat -A "$CHAIN" -p tcp -d "$d" --dport 53 -j RETURN; fi
+    if is_family "$fam" "$d"; then run $ipt -t "$tt" -A "$CHAIN" -p tcp -d "$d" --dport 53 -j RETURN; fi
   done
-  run $ipt -t nat -A "$CHAIN" -p tcp -j REDIRECT --to-ports "$PORT"
+  if [ "$TPROXY" = 1 ]; then
+    run $ipt -t mangle -A "$CHAIN" -p tcp -j TPROXY --on-port "$PORT" --tproxy-mark "$TPROXY_MARK"
+    tproxy_routing "$fam" add
+  else
+    run $ipt -t nat -A "$CHAIN" -p tcp -j REDIRECT --to-ports "$PORT"
+  fi
   # shellcheck disable=SC2046
-  run $ipt -t nat -A $(nat_hook) -p tcp -j "$CHAIN"
+  run $ipt -t "$tt" -A $(nat_hook) -p tcp -j "$CHAIN"
   # UDP: only DNS to the configured resolvers; QUIC (UDP 443) and the rest are dropped.
   run $ipt -t "$udp_table" -N "$UDP_CHAIN"
   if [ "$MODEL" = sidecar ]; then
@@ -132,6 +170,11 @@ for fam in "${FAMILIES[@]}"; do
     echo "egress-iptables: $ipt not found" >&2; exit 1
   fi
   ipt="$ipt -w"   # wait for the xtables lock instead of failing when others change rules
-  if [ "$ACTION" = install ]; then install_family "$fam" "$ipt"; else remove_family "$ipt"; fi
+  if [ "$ACTION" = install ]; then
+    install_family "$fam" "$ipt"
+  else
+    remove_family "$ipt"
+    [ "$TPROXY" = 1 ] && tproxy_routing "$fam" del
+  fi
 done
 [ "$DRY" = 1 ] || echo "egress-iptables: $ACTION $MODEL done (${FAMILIES[*]/#/IPv})"

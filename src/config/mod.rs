@@ -41,6 +41,8 @@ pub const EMBEDDED_NAME: &str = "<embedded config/proxy.yaml>";
 pub struct Listen {
     pub proxy: Option<SocketAddr>,
     pub transparent: Option<SocketAddr>,
+    /// The transparent listener is a TPROXY target (IP_TRANSPARENT), not a REDIRECT one.
+    pub transparent_tproxy: bool,
     pub admin: Option<SocketAddr>,
     /// Sidecar mode: the sandbox of connections no other method identifies.
     pub default_sandbox: Option<String>,
@@ -650,6 +652,7 @@ fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut Sink<'_>) ->
     Listen {
         proxy: raw.proxy,
         transparent: raw.transparent,
+        transparent_tproxy: raw.transparent_tproxy,
         admin: raw.admin,
         default_sandbox: raw.default_sandbox,
     }

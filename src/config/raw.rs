@@ -39,6 +39,9 @@ pub struct RawListen {
     pub proxy: Option<SocketAddr>,
     #[serde(default)]
     pub transparent: Option<SocketAddr>,
+    /// The transparent listener receives TPROXY'd connections (sets IP_TRANSPARENT).
+    #[serde(default)]
+    pub transparent_tproxy: bool,
     #[serde(default = "d_admin")]
     pub admin: Option<SocketAddr>,
     #[serde(default)]
@@ -50,6 +53,7 @@ impl Default for RawListen {
         RawListen {
             proxy: d_proxy(),
             transparent: None,
+            transparent_tproxy: false,
             admin: d_admin(),
             default_sandbox: None,
         }
