@@ -98,7 +98,7 @@ pub async fn serve(
                     "connection error before a request",
                 )
             };
-            let mut rec = shared.record(peer, "connect");
+            let mut rec = shared.record(&shared.policy.load(), peer, "connect");
             rec.detail = Some(detail.into());
             shared.finish(
                 rec,
@@ -140,10 +140,9 @@ async fn handle(
 ) -> Response<Body> {
     let started = Instant::now();
     let connect = req.method() == Method::CONNECT;
-    let mut rec = shared.record(peer, if connect { "connect" } else { "http" });
-    let what = describe(&req);
     let set = shared.policy.load_full();
-    rec.policy_version = set.version().to_string();
+    let mut rec = shared.record(&set, peer, if connect { "connect" } else { "http" });
+    let what = describe(&req);
 
     // Target.
     let target = match read_target(&req) {

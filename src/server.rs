@@ -282,7 +282,7 @@ async fn over_capacity(shared: Arc<Shared>, mut stream: TcpStream, peer: SocketA
         }
     };
     drop(stream);
-    let rec = shared.record(peer, mode);
+    let rec = shared.record(&shared.policy.load(), peer, mode);
     shared.finish(
         rec,
         None,

@@ -176,8 +176,8 @@ impl Shared {
         self.revoke_disallowed(&set)
     }
 
-    /// A fresh record for a connection from `client`.
-    pub fn record(&self, client: SocketAddr, mode: &'static str) -> Record {
+    /// A fresh record for a connection from `client`, decided under the policy `set`.
+    pub fn record(&self, set: &PolicySet, client: SocketAddr, mode: &'static str) -> Record {
         Record {
             event: "end",
             conn_id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -186,7 +186,7 @@ impl Shared {
             mode,
             decision: "deny",
             reason: "invalid_target",
-            policy_version: self.policy.load().version().to_string(),
+            policy_version: set.version().to_string(),
             ..Record::default()
         }
     }

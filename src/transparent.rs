@@ -33,9 +33,8 @@ pub async fn serve(
 ) {
     let started = Instant::now();
     let _ = stream.set_nodelay(true);
-    let mut rec = shared.record(peer, "sni");
     let set = shared.policy.load_full();
-    rec.policy_version = set.version().to_string();
+    let mut rec = shared.record(&set, peer, "sni");
     let orig = match original_dst(&stream) {
         Ok((a, _)) => canonical(a),
         Err(e) => {
@@ -137,64 +136,46 @@ pub async fn serve(
         host: Host::Ip(orig.ip()),
         port: orig.port(),
     };
-    let target = match &peeked {
+    // The name the client asked for (SNI or Host), if any, and where it came from.
+    let named: Option<(&str, &str)> = match &peeked {
         Peeked::Tls(hello) => {
             rec.mode = "sni";
             rec.sni = hello.sni.clone();
             rec.alpn = (!hello.alpn.is_empty()).then(|| hello.alpn.clone());
             rec.ech = Some(hello.ech);
-            match &hello.sni {
-                Some(name) => match Host::parse(name) {
-                    Ok(host) => Target {
-                        host,
-                        port: orig.port(),
-                    },
-                    Err(_) => {
-                        rec.detail = Some("SNI is not a valid host name".into());
-                        return reset(
-                            &shared,
-                            stream,
-                            rec,
-                            Some(&sb),
-                            Decision::deny(Reason::InvalidTarget, None),
-                            started,
-                        );
-                    }
-                },
-                None => by_address,
-            }
+            hello.sni.as_deref().map(|n| (n, "SNI"))
         }
-        Peeked::Http { host: Some(value) } => {
+        Peeked::Http { host } => {
             rec.mode = "host";
-            let (h, _) = split_host_header(value);
-            match Host::parse(h) {
-                Ok(host) => Target {
-                    host,
-                    port: orig.port(),
-                },
-                Err(_) => {
-                    rec.detail = Some("Host header is not a valid host".into());
-                    return reset(
-                        &shared,
-                        stream,
-                        rec,
-                        Some(&sb),
-                        Decision::deny(Reason::InvalidTarget, None),
-                        started,
-                    );
-                }
-            }
-        }
-        Peeked::Http { host: None } => {
-            rec.mode = "host";
-            by_address
+            host.as_deref()
+                .map(|h| (split_host_header(h).0, "Host header"))
         }
         Peeked::Other { detail } => {
             rec.mode = "tcp";
             rec.detail = Some((*detail).to_string());
-            by_address
+            None
         }
-        Peeked::Incomplete => by_address,
+        Peeked::Incomplete => None,
+    };
+    let target = match named {
+        None => by_address,
+        Some((name, what)) => match Host::parse(name) {
+            Ok(host) => Target {
+                host,
+                port: orig.port(),
+            },
+            Err(_) => {
+                rec.detail = Some(format!("{what} is not a valid host name"));
+                return reset(
+                    &shared,
+                    stream,
+                    rec,
+                    Some(&sb),
+                    Decision::deny(Reason::InvalidTarget, None),
+                    started,
+                );
+            }
+        },
     };
     rec.target_host = Some(target.host.to_string());
     rec.target_port = Some(target.port);
