@@ -140,7 +140,7 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         (&Method::GET, "/metrics") => text(
             StatusCode::OK,
             "text/plain; version=0.0.4",
-            shared.metrics.render(),
+            shared.metrics().render(),
         ),
         (&Method::GET, "/v1/sandboxes") => json_resp(StatusCode::OK, admin.control.list()),
         (&Method::POST, "/v1/reload") => match admin.control.reload("api") {
@@ -210,7 +210,7 @@ async fn check(shared: &Shared, body: &str) -> Response<Full<Bytes>> {
             "expected JSON {\"sandbox\": ..., \"target\": ...}",
         );
     };
-    let set = shared.policy.load_full();
+    let set = shared.policy.load();
     let Some(sb) = set.get(sandbox) else {
         return error(StatusCode::NOT_FOUND, format!("no sandbox `{sandbox}`"));
     };

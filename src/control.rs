@@ -3,9 +3,10 @@
 //!
 //! Every change compiles the *whole* new policy set first; if anything is invalid the running
 //! policy stays, the errors are logged and `egress_config_reloads_total{result="error"}`
-//! counts them. A valid set is swapped atomically (arc-swap: a connection being decided sees the
-//! old or the new set, never a mix), then every open tunnel is re-checked and those no longer
-//! allowed are closed (`close: "revoked"`). Changes are serialised by one lock.
+//! counts them. A valid set is published ([`crate::policy_set::LivePolicy`]): new connections
+//! see it at once (a connection being decided sees the old or the new set, never a mix), and
+//! every live exchange re-decides itself and closes if it is no longer allowed (`close:
+//! "revoked"`). Changes are serialised by one lock.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -18,6 +19,7 @@ use serde_json::{json, Value};
 
 use crate::config::{self, Binding, Config, ConfigErrors};
 use crate::policy_set::PolicySet;
+use crate::sandbox_id::SandboxId;
 use crate::shared::Shared;
 
 /// A sandbox registered through the API: the binding and its body (canonical JSON).
@@ -112,12 +114,13 @@ impl Controller {
     }
 
     fn count(&self, ok: bool) {
-        let result = if ok { "ok" } else { "error" };
-        self.shared
-            .metrics
-            .reloads
-            .with_label_values(&[result])
-            .inc();
+        self.shared.metrics().reload(ok);
+    }
+
+    /// Make `set` the policy in force; live exchanges re-check themselves against it.
+    fn publish(&self, set: PolicySet) -> String {
+        self.shared.metrics().set_policy_version(set.version());
+        self.shared.policy.publish(set).version().to_string()
     }
 
     /// Restore API-registered sandboxes from `state_dir` (at start). A corrupt or invalid file
@@ -174,7 +177,7 @@ impl Controller {
         match self.compile(&st.config, &runtime) {
             Ok(set) => {
                 st.runtime = runtime;
-                self.shared.swap_policy(set);
+                self.publish(set);
             }
             Err(e) => problems.push(e),
         }
@@ -210,13 +213,12 @@ impl Controller {
         // Whatever happened, the files as they are now have been seen.
         match result {
             Ok((config, runtime, set)) => {
-                let version = set.version().to_string();
                 st.fingerprint = fingerprint(&config.files);
                 st.config = config;
                 st.runtime = runtime;
-                let revoked = self.shared.swap_policy(set);
+                let version = self.publish(set);
                 self.count(true);
-                tracing::info!(trigger = why, policy_version = %version, revoked, "policy reloaded");
+                tracing::info!(trigger = why, policy_version = %version, "policy reloaded");
                 Ok(version)
             }
             Err(errors) => {
@@ -247,11 +249,8 @@ impl Controller {
 
     /// Register or replace a sandbox. Returns true when it is new.
     pub fn put(&self, id: &str, body: &str) -> Result<bool, ChangeError> {
-        if !config::is_valid_sandbox_id(id) {
-            return Err(ChangeError::BadRequest(format!(
-                "`{id}` is not a valid sandbox id ([a-z0-9][a-z0-9_.-]{{0,62}})"
-            )));
-        }
+        let id = SandboxId::new(id).map_err(|e| ChangeError::BadRequest(e.to_string()))?;
+        let id = id.as_str();
         let Ok(mut st) = self.state.lock() else {
             return Err(ChangeError::Failed("lock poisoned".into()));
         };
@@ -285,14 +284,15 @@ impl Controller {
             })?;
         }
         st.runtime = runtime;
-        let revoked = self.shared.swap_policy(set);
+        self.publish(set);
         self.count(true);
-        tracing::info!(sandbox = id, created, revoked, "sandbox registered");
+        tracing::info!(sandbox = id, created, "sandbox registered");
         Ok(created)
     }
 
-    /// Remove a registered sandbox; its open tunnels are closed (`revoked`).
-    pub fn delete(&self, id: &str) -> Result<usize, ChangeError> {
+    /// Remove a registered sandbox; its open exchanges are closed (`revoked`). Returns how
+    /// many were open.
+    pub fn delete(&self, id: &str) -> Result<u32, ChangeError> {
         let Ok(mut st) = self.state.lock() else {
             return Err(ChangeError::Failed("lock poisoned".into()));
         };
@@ -322,15 +322,22 @@ impl Controller {
             }
         }
         st.runtime = runtime;
-        let revoked = self.shared.swap_policy(set);
+        let open = self
+            .shared
+            .policy
+            .load()
+            .get(id)
+            .map(|sb| sb.limiter(&self.shared.limiters).active())
+            .unwrap_or(0);
+        self.publish(set);
         self.count(true);
-        tracing::info!(sandbox = id, revoked, "sandbox removed");
-        Ok(revoked)
+        tracing::info!(sandbox = id, revoked = open, "sandbox removed");
+        Ok(open)
     }
 
     /// `GET /v1/sandboxes`
     pub fn list(&self) -> Value {
-        let set = self.shared.policy.load_full();
+        let set = self.shared.policy.load();
         let Ok(st) = self.state.lock() else {
             return json!([]);
         };
@@ -342,7 +349,7 @@ impl Controller {
                 let b = &sb.binding;
                 json!({
                     "id": b.id,
-                    "origin": if st.runtime.contains_key(&b.id) { "api" } else { "file" },
+                    "origin": if st.runtime.contains_key(b.id.as_str()) { "api" } else { "file" },
                     "mode": b.network.mode.as_str(),
                     "enforcement": b.enforcement.as_str(),
                     "egress": b.network.egress.len(),
@@ -356,7 +363,7 @@ impl Controller {
 
     /// `GET /v1/sandboxes/{id}`
     pub fn get(&self, id: &str) -> Option<Value> {
-        let set = self.shared.policy.load_full();
+        let set = self.shared.policy.load();
         let sb = set.get(id)?;
         let b = &sb.binding;
         let origin = self

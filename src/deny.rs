@@ -1,13 +1,14 @@
 //! Deny responses on the explicit proxy (DESIGN §6): status, `Proxy-Status` (RFC 9209) with
 //! the error type and `details`, and a short text body that tells an agent what was refused,
 //! for which sandbox, why, which file/rule to change — and that going around the proxy will
-//! not work.
+//! not work. One builder serves every refusal, 429s included; [`wire`] renders the same
+//! response as raw HTTP/1.1 for the accept loop, which refuses before hyper is involved.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
-use http_body_util::Full;
 
-use crate::policy::Reason;
+use crate::body::{self, Body};
+use crate::reason::Reason;
 
 /// What to say in a refusal.
 pub struct Refusal<'a> {
@@ -39,7 +40,34 @@ fn sf_string(s: &str) -> String {
 }
 
 /// Build the HTTP response for a refusal.
-pub fn response(r: &Refusal<'_>) -> Response<Full<Bytes>> {
+pub fn response(r: &Refusal<'_>) -> Response<Body> {
+    let (parts, text) = build(r).into_parts();
+    Response::from_parts(parts, body::full(text))
+}
+
+/// The same response as HTTP/1.1 bytes (status line, headers, body).
+pub fn wire(r: &Refusal<'_>) -> Vec<u8> {
+    let resp = build(r);
+    let status = resp.status();
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("Refused")
+    )
+    .into_bytes();
+    for (name, value) in resp.headers() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let text = resp.into_body();
+    out.extend_from_slice(format!("content-length: {}\r\n\r\n", text.len()).as_bytes());
+    out.extend_from_slice(&text);
+    out
+}
+
+fn build(r: &Refusal<'_>) -> Response<Bytes> {
     let status = StatusCode::from_u16(r.reason.status()).unwrap_or(StatusCode::FORBIDDEN);
     let who = r
         .sandbox
@@ -58,7 +86,7 @@ pub fn response(r: &Refusal<'_>) -> Response<Full<Bytes>> {
         r.reason.code(),
         sf_string(r.explanation)
     );
-    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    let mut resp = Response::new(Bytes::from(body));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
     h.insert(
@@ -138,5 +166,24 @@ mod tests {
         });
         assert_eq!(r.status(), 429);
         assert_eq!(r.headers()["retry-after"], "3");
+        let raw = String::from_utf8(wire(&Refusal {
+            reason: Reason::ConnectionLimit,
+            what: "a connection",
+            sandbox: None,
+            explanation: "egress-proxy is at its connection limit",
+            retry_after: None,
+        }))
+        .unwrap();
+        assert!(
+            raw.starts_with("HTTP/1.1 429 Too Many Requests\r\n"),
+            "{raw}"
+        );
+        assert!(raw.contains("retry-after: 1\r\n"), "{raw}");
+        assert!(raw.contains("error=connection_limit_reached"), "{raw}");
+        let (head, text) = raw.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.contains(&format!("content-length: {}", text.len())),
+            "{raw}"
+        );
     }
 }

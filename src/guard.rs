@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::IpNet;
 
-use crate::policy::addr_table::AddrTable;
+use crate::addr_table::AddrTable;
 
 /// IPv4 special-purpose ranges that are not globally reachable.
 const SPECIAL_V4: &[([u8; 4], u8, &str)] = &[

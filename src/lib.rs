@@ -1,47 +1,69 @@
 //! egress-proxy: per-sandbox egress control for AI-agent sandboxes.
 //!
 //! # Layout (pipeline order)
+//! Configuration and policy, compiled before any connection:
 //! - [`config`]: `proxy.yaml`, AIP-36 sandbox blocks and `*.SANDBOX.md` files → typed,
-//!   validated bindings (the only module that knows YAML).
-//! - [`policy`]: entry grammar, compiled matchers and `decide` → a [`policy::Decision`].
-//! - [`target`]: `host:port` targets as they arrive on the wire or the command line.
-//! - [`guard`]: the address guard (special-purpose ranges, embedded IPv4, loop protection).
-//! - [`policy_set`]: every sandbox compiled, plus the guard: what the data plane swaps in.
-//! - [`server`]: runtime, listeners, accept loops, graceful shutdown.
-//! - [`proxy`]: the explicit proxy (CONNECT and absolute-form HTTP), per request:
-//!   [`identity`] → [`target`] → [`policy`] → [`resolve`] → [`guard`] → dial → [`tunnel`].
-//! - [`transparent`]: the transparent listener, per connection: [`orig_dst`] (the only
-//!   `unsafe`) → [`identity`] by source → [`peek`] ([`sni`] ClientHello parser, HTTP `Host`)
-//!   → [`policy`] → [`resolve`] → [`guard`] → dial the resolved address → [`tunnel`].
-//! - [`transparent`]: the transparent listener, per connection: [`orig_dst`] (the only
-//!   `unsafe`) → [`identity`] by source → [`peek`] ([`sni`] ClientHello parser, HTTP `Host`)
-//!   → [`policy`] → [`resolve`] → [`guard`] → dial the resolved address → [`tunnel`].
-//! - [`deny`]: §6 deny responses; [`audit`]: one JSON line per connection;
-//!   [`metrics`]: Prometheus; [`admin`]: health, readiness, metrics; [`shared`]: state
-//!   every task sees.
+//!   validated bindings (the only module that knows YAML). [`sandbox_id`]: the checked id.
+//! - [`policy`]: entry grammar, compiled matchers and `decide` → a [`policy::Decision`] with
+//!   one closed [`reason::Reason`]; [`hostname`] normalises names, [`target`] parses
+//!   `host:port`, `addr_table` is the longest-prefix table, [`guard`] the address guard.
+//! - [`policy_set`]: every sandbox compiled, plus the guard: what the data plane reads, and
+//!   `LivePolicy`, which publishes each new set to every live exchange.
+//!
+//! One connection, in the order it meets the modules:
+//! - `server`: runtime, listeners, accept loops (global cap), graceful shutdown; each accepted
+//!   connection becomes an `accept::Accepted` with its own `audit::AuditGuard`.
+//! - `proxy` (explicit: CONNECT and absolute-form HTTP, per request) or `transparent`
+//!   (redirected TCP: `orig_dst`, the only `unsafe`, then `peek` with the `sni` parser):
+//!   → `identity` (which sandbox) → `limits` (admitted under its limits)
+//!   → `egress::decide` (policy on the name, resolve once with `resolve`, policy and guard on
+//!   every address) → `egress::dial` (a checked address only)
+//!   → `tunnel` / `splice` (relay, shaped or zero-copy) or `forward` (plain-HTTP exchange),
+//!   each watching `revocation::Watch`: cut when the policy no longer allows it or at shutdown.
+//! - Refusals: `deny` builds the §6 response; the `audit` guard writes the one `end` record
+//!   when the connection (or request) ends, and `metrics` counts it.
+//!
+//! Control plane: `control` (reloads, runtime registrations, `state_dir`), `admin` (health,
+//! metrics, the runtime API), [`report`] (`check` and `POST /v1/check`, through the data
+//! plane's own `egress::decide`).
 
-pub mod admin;
-pub mod audit;
+#![deny(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
+mod accept;
+mod addr_table;
+mod admin;
+mod audit;
+mod body;
 pub mod config;
-pub mod connect;
-pub mod control;
-pub mod deny;
+mod control;
+mod deny;
+mod egress;
+mod forward;
 pub mod guard;
-pub mod identity;
+mod hostname;
+mod identity;
 pub mod limits;
-pub mod metrics;
-pub mod orig_dst;
+mod metrics;
+#[allow(unsafe_code)]
+mod orig_dst;
 pub mod peek;
 pub mod policy;
 pub mod policy_set;
-pub mod proxy;
+mod proxy;
+pub mod reason;
 pub mod report;
 pub mod resolve;
+mod revocation;
+pub mod sandbox_id;
 pub mod server;
-pub mod shaped_body;
-pub mod shared;
+mod shaped_body;
+mod shared;
 pub mod sni;
-pub mod splice;
+mod splice;
 pub mod target;
-pub mod transparent;
-pub mod tunnel;
+mod transparent;
+mod tunnel;

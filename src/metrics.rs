@@ -2,22 +2,75 @@
 //! bounded sets only — sandbox ids from configuration, reason codes, modes — never a
 //! destination host or an unauthenticated client's claimed sandbox id (those become `-`).
 
+use std::time::Instant;
+
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
-/// Every metric the proxy exports.
+use crate::audit::Mode;
+use crate::policy::Verdict;
+use crate::reason::Reason;
+
+/// Every metric the proxy exports. Callers use the typed methods below, so label order and
+/// spelling live in this file only.
 pub struct Metrics {
     registry: Registry,
-    pub connections: IntCounterVec,
-    pub bytes: IntCounterVec,
-    pub active: IntGaugeVec,
-    pub decision_seconds: Histogram,
-    pub dns_seconds: Histogram,
-    pub dial_seconds: Histogram,
-    pub rate_limited: IntCounterVec,
-    pub reloads: IntCounterVec,
-    pub policy_info: IntGaugeVec,
+    connections: IntCounterVec,
+    bytes: IntCounterVec,
+    active: IntGaugeVec,
+    decision_seconds: Histogram,
+    dns_seconds: Histogram,
+    dial_seconds: Histogram,
+    rate_limited: IntCounterVec,
+    reloads: IntCounterVec,
+    policy_info: IntGaugeVec,
+}
+
+/// One sandbox's per-connection metric handles, looked up once per sandbox and policy version
+/// (cached in its compiled [`crate::policy_set::Sandbox`]) instead of hashing labels per
+/// connection.
+#[derive(Debug)]
+pub struct SandboxStats {
+    active: IntGauge,
+    bytes_up: IntCounter,
+    bytes_down: IntCounter,
+}
+
+impl SandboxStats {
+    /// Count `up`/`down` relayed bytes.
+    pub fn relayed(&self, up: u64, down: u64) {
+        if up > 0 {
+            self.bytes_up.inc_by(up);
+        }
+        if down > 0 {
+            self.bytes_down.inc_by(down);
+        }
+    }
+
+    /// One more open exchange until the returned value is dropped.
+    pub fn active(&self) -> ActiveGuard {
+        self.active.inc();
+        ActiveGuard(self.active.clone())
+    }
+}
+
+/// Decrements `egress_active_connections` when dropped.
+pub struct ActiveGuard(IntGauge);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Which histogram a timing goes to.
+#[derive(Debug, Clone, Copy)]
+pub enum Timing {
+    Decision,
+    Dns,
+    Dial,
 }
 
 impl Metrics {
@@ -104,6 +157,55 @@ impl Metrics {
         })
     }
 
+    /// Handles for one sandbox's per-connection metrics.
+    pub fn sandbox(&self, id: &str) -> SandboxStats {
+        SandboxStats {
+            active: self.active.with_label_values(&[id]),
+            bytes_up: self.bytes.with_label_values(&[id, "up"]),
+            bytes_down: self.bytes.with_label_values(&[id, "down"]),
+        }
+    }
+
+    /// Count a finished connection (or forwarded request) by outcome; `-` when no sandbox was
+    /// identified.
+    pub fn connection_finished(
+        &self,
+        sandbox: Option<&str>,
+        mode: Mode,
+        verdict: Verdict,
+        reason: Reason,
+    ) {
+        self.connections
+            .with_label_values(&[
+                sandbox.unwrap_or("-"),
+                mode.as_str(),
+                verdict.as_str(),
+                reason.code(),
+            ])
+            .inc();
+    }
+
+    /// Count a refusal by a limit (`connections` or `rate`).
+    pub fn rate_limited(&self, sandbox: &str, limit: &str) {
+        self.rate_limited.with_label_values(&[sandbox, limit]).inc();
+    }
+
+    /// Count a reload or registration attempt.
+    pub fn reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.reloads.with_label_values(&[result]).inc();
+    }
+
+    /// Observe the time since `since` in one of the histograms.
+    pub fn observe(&self, which: Timing, since: Instant) {
+        let h = match which {
+            Timing::Decision => &self.decision_seconds,
+            Timing::Dns => &self.dns_seconds,
+            Timing::Dial => &self.dial_seconds,
+        };
+        h.observe(since.elapsed().as_secs_f64());
+    }
+
     /// Mark `version` as the policy in force (and no other).
     pub fn set_policy_version(&self, version: &str) {
         self.policy_info.reset();
@@ -127,16 +229,21 @@ mod tests {
     #[test]
     fn renders_every_family() {
         let m = Metrics::new().unwrap();
-        m.connections
-            .with_label_values(&["demo", "connect", "allow", "rule_matched"])
-            .inc();
-        m.bytes.with_label_values(&["demo", "up"]).inc_by(5);
-        m.active.with_label_values(&["demo"]).set(1);
-        m.decision_seconds.observe(0.000_002);
-        m.dns_seconds.observe(0.001);
-        m.dial_seconds.observe(0.001);
-        m.rate_limited.with_label_values(&["demo", "rate"]).inc();
-        m.reloads.with_label_values(&["ok"]).inc();
+        m.connection_finished(
+            Some("demo"),
+            Mode::Connect,
+            Verdict::Allow,
+            Reason::RuleMatched,
+        );
+        let stats = m.sandbox("demo");
+        stats.relayed(5, 0);
+        let active = stats.active();
+        let now = Instant::now();
+        m.observe(Timing::Decision, now);
+        m.observe(Timing::Dns, now);
+        m.observe(Timing::Dial, now);
+        m.rate_limited("demo", "rate");
+        m.reload(true);
         m.set_policy_version("abc");
         m.set_policy_version("def");
         let text = m.render();
@@ -154,5 +261,9 @@ mod tests {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
         assert!(!text.contains("version=\"abc\""));
+        drop(active);
+        assert!(m
+            .render()
+            .contains("egress_active_connections{sandbox=\"demo\"} 0"));
     }
 }

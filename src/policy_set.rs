@@ -1,17 +1,24 @@
 //! Every sandbox of a configuration compiled, with the address guard and a version hash: the
-//! value the data plane reads (and, on reload, swaps atomically). Also the source-address
-//! index used to identify sandboxes.
+//! value the data plane reads. Also the source-address index used to identify sandboxes, and
+//! [`LivePolicy`]: the set in force, swapped atomically and published on a `watch` channel
+//! that every live exchange listens to (see [`crate::revocation`]).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
+use arc_swap::ArcSwap;
 use sha2::{Digest, Sha256};
+use tokio::sync::watch;
 
+use crate::addr_table::AddrTable;
 use crate::config::{Binding, Config};
 use crate::guard::Guard;
-use crate::policy::addr_table::AddrTable;
+use crate::limits::{Limiters, SandboxLimiter};
+use crate::metrics::{Metrics, SandboxStats};
 use crate::policy::{CompiledPolicy, Outcome};
+use crate::sandbox_id::SandboxId;
 use crate::target::Target;
 
 /// One sandbox: its binding and compiled policy.
@@ -19,17 +26,39 @@ use crate::target::Target;
 pub struct Sandbox {
     pub binding: Binding,
     pub policy: CompiledPolicy,
+    /// Its limiter state (which outlives this compiled value), found once per policy version
+    /// instead of once per connection.
+    limiter: OnceLock<Arc<SandboxLimiter>>,
+    /// Its metric handles, likewise.
+    stats: OnceLock<Arc<SandboxStats>>,
+}
+
+impl Sandbox {
+    /// The sandbox's limiter, reconfigured to this binding's limits on first use.
+    pub fn limiter(&self, limiters: &Limiters) -> &Arc<SandboxLimiter> {
+        self.limiter
+            .get_or_init(|| limiters.get(&self.binding.id, &self.binding.limits))
+    }
+
+    /// The sandbox's per-connection metric handles.
+    pub fn stats(&self, metrics: &Metrics) -> &Arc<SandboxStats> {
+        self.stats
+            .get_or_init(|| Arc::new(metrics.sandbox(&self.binding.id)))
+    }
 }
 
 /// All sandboxes, compiled.
 #[derive(Debug)]
 pub struct PolicySet {
-    sandboxes: HashMap<String, Arc<Sandbox>>,
+    sandboxes: HashMap<SandboxId, Arc<Sandbox>>,
     /// Source CIDRs → sandbox id, longest prefix first.
     sources: AddrTable<Arc<str>>,
     pub guard: Guard,
     /// Short hash of everything that decides (ids, modes, rules, identities).
-    version: String,
+    version: Arc<str>,
+    /// Position in the sequence of published sets (0 until published): an exchange decided
+    /// under an older generation re-checks itself.
+    generation: u64,
 }
 
 /// A policy set failed to compile (a glob the grammar accepted but globset did not).
@@ -59,7 +88,7 @@ impl PolicySet {
                 &config.defaults.ports,
             )
             .map_err(|e| CompileError {
-                sandbox: b.id.clone(),
+                sandbox: b.id.to_string(),
                 message: e.to_string(),
             })?;
             let id: Arc<str> = b.id.as_str().into();
@@ -72,6 +101,8 @@ impl PolicySet {
                 Arc::new(Sandbox {
                     binding: b.clone(),
                     policy,
+                    limiter: OnceLock::new(),
+                    stats: OnceLock::new(),
                 }),
             );
         }
@@ -80,7 +111,7 @@ impl PolicySet {
             "{:?}{:?}",
             config.defaults.prohibited_ranges, config.defaults.guard_allow_ranges
         ));
-        let version = hex::encode(&hasher.finalize()[..6]);
+        let version = hex::encode(&hasher.finalize()[..6]).into();
         Ok(PolicySet {
             sandboxes,
             sources,
@@ -90,6 +121,7 @@ impl PolicySet {
                 listeners,
             ),
             version,
+            generation: 0,
         })
     }
 
@@ -99,22 +131,24 @@ impl PolicySet {
 
     /// Sandbox ids, sorted.
     pub fn ids(&self) -> Vec<&str> {
-        let mut v: Vec<&str> = self.sandboxes.keys().map(String::as_str).collect();
+        let mut v: Vec<&str> = self.sandboxes.keys().map(SandboxId::as_str).collect();
         v.sort_unstable();
         v
-    }
-
-    pub fn len(&self) -> usize {
-        self.sandboxes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.sandboxes.is_empty()
     }
 
     /// The policy version (hash of the compiled set).
     pub fn version(&self) -> &str {
         &self.version
+    }
+
+    /// The policy version, shared (audit records hold it).
+    pub fn version_arc(&self) -> Arc<str> {
+        self.version.clone()
+    }
+
+    /// See [`PolicySet::generation`]'s field doc.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The sandbox whose `sources` contain `ip` (longest prefix wins).
@@ -129,6 +163,48 @@ impl PolicySet {
     /// Decide for a sandbox with this set's guard.
     pub fn decide(&self, sandbox: &Sandbox, target: &Target, addrs: Option<&[IpAddr]>) -> Outcome {
         sandbox.policy.decide(target, addrs, &self.guard)
+    }
+}
+
+/// The policy set in force. Connections take a snapshot from the `ArcSwap` (cheap, lock
+/// free); live exchanges subscribe to the `watch` and re-decide themselves when it changes.
+/// Publications are serialised by the caller ([`crate::control`] holds one lock).
+pub struct LivePolicy {
+    current: ArcSwap<PolicySet>,
+    changes: watch::Sender<Arc<PolicySet>>,
+    /// The last generation handed out.
+    generation: AtomicU64,
+}
+
+impl LivePolicy {
+    pub fn new(mut set: PolicySet) -> Self {
+        set.generation = 1;
+        let set = Arc::new(set);
+        LivePolicy {
+            current: ArcSwap::new(set.clone()),
+            changes: watch::channel(set).0,
+            generation: AtomicU64::new(1),
+        }
+    }
+
+    /// The set in force now.
+    pub fn load(&self) -> Arc<PolicySet> {
+        self.current.load_full()
+    }
+
+    /// Make `set` the one in force: new connections see it at once, and every watching
+    /// exchange is told.
+    pub fn publish(&self, mut set: PolicySet) -> Arc<PolicySet> {
+        set.generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        let set = Arc::new(set);
+        self.current.store(set.clone());
+        self.changes.send_replace(set.clone());
+        set
+    }
+
+    /// A receiver of every later publication.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<PolicySet>> {
+        self.changes.subscribe()
     }
 }
 

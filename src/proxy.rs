@@ -1,119 +1,125 @@
 //! The explicit proxy listener (`listen.proxy`): HTTP/1.1 `CONNECT host:port` tunnels and
-//! absolute-form request forwarding. Per request: read the target → identify the sandbox →
-//! decide on the name → resolve once → decide on the addresses (guard) → dial only a checked
-//! address → tunnel or forward → one audit record. Every refusal is a §6 deny response.
+//! absolute-form request forwarding. One connection is served by [`serve`]; each request by
+//! [`handle`], top to bottom: read the target → identify the sandbox → admit it under its
+//! limits → decide, resolve once, decide on the addresses ([`crate::egress`]) → dial a
+//! checked address → tunnel (here) or forward ([`crate::forward`]). Every refusal is a §6
+//! deny response built by [`crate::deny`]; every request has one audit guard.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use bytes::Bytes;
-use http::{header, HeaderMap, HeaderName, Method, Request, Response, StatusCode, Uri};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Empty};
+use http::{header, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{watch, OwnedSemaphorePermit};
 
-use crate::audit::{Close, Record};
+use crate::accept::Accepted;
+use crate::audit::{AuditGuard, Close, Mode};
+use crate::body::{self, Body};
 use crate::deny::{self, Refusal};
+use crate::egress::{self, Dialed};
 use crate::identity::identify;
 use crate::limits::ConnectionSlot;
-use crate::policy::{Decision, Reason};
+use crate::policy::Decision;
 use crate::policy_set::Sandbox;
-use crate::shaped_body::ShapedBody;
+use crate::reason::Reason;
+use crate::resolve::ResolveError;
+use crate::revocation::Grant;
 use crate::shared::Shared;
 use crate::target::Target;
-use crate::tunnel::relay;
-
-type Body = BoxBody<Bytes, hyper::Error>;
+use crate::tunnel::Relayed;
 
 /// Largest request head accepted (hyper answers 431 beyond it).
 const MAX_HEAD: usize = 64 * 1024;
 
-/// The connection's slot in the global cap; a tunnel takes it over, since the HTTP connection
-/// ends when the tunnel begins.
-type PermitSlot = Arc<std::sync::Mutex<Option<OwnedSemaphorePermit>>>;
+/// One client connection, as its requests see it.
+pub struct ClientConn {
+    pub shared: Arc<Shared>,
+    pub accepted: Accepted,
+    /// Requests seen so far (the first one inherits the accept's id and start time).
+    requests: AtomicU64,
+    /// The connection's place under the global cap; a tunnel takes it over, since the HTTP
+    /// connection ends when the tunnel begins.
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
+    /// Set when a forwarded exchange is revoked: the client connection is dropped at once.
+    pub cut: Arc<watch::Sender<bool>>,
+}
+
+/// An allowed, dialled request: everything the tunnel or the forwarder needs.
+pub struct Allowed {
+    pub audit: AuditGuard,
+    pub sandbox: Arc<Sandbox>,
+    pub grant: Grant,
+    pub dialed: Dialed,
+    /// The sandbox's concurrent-connection slot, held until the exchange ends.
+    pub slot: ConnectionSlot,
+}
 
 /// Serve one client connection until it closes. `permit` is its place under the global cap.
 pub async fn serve(
     shared: Arc<Shared>,
+    accepted: Accepted,
     stream: TcpStream,
-    peer: SocketAddr,
     permit: OwnedSemaphorePermit,
 ) {
     let _ = stream.set_nodelay(true);
-    let seen = Arc::new(AtomicU64::new(0));
-    let slot: PermitSlot = Arc::new(std::sync::Mutex::new(Some(permit)));
+    let conn = Arc::new(ClientConn {
+        shared: shared.clone(),
+        accepted,
+        requests: AtomicU64::new(0),
+        permit: Mutex::new(Some(permit)),
+        cut: Arc::new(watch::channel(false).0),
+    });
     let svc = {
-        let shared = shared.clone();
-        let seen = seen.clone();
+        let conn = conn.clone();
         service_fn(move |req| {
-            seen.fetch_add(1, Ordering::Relaxed);
-            let shared = shared.clone();
-            let slot = slot.clone();
-            async move { Ok::<_, Infallible>(handle(shared, peer, req, slot).await) }
+            let conn = conn.clone();
+            async move { Ok::<_, Infallible>(handle(conn, req).await) }
         })
     };
-    let conn = hyper::server::conn::http1::Builder::new()
+    let http = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(shared.settings.timeouts.header)
         .max_buf_size(MAX_HEAD)
         .max_header_size(MAX_HEAD)
         .serve_connection(TokioIo::new(stream), svc)
         .with_upgrades();
-    tokio::pin!(conn);
-    let mut draining = shared.draining.subscribe();
+    tokio::pin!(http);
+    let mut phase = shared.phase.subscribe();
+    let mut cut = conn.cut.subscribe();
     let result = loop {
         tokio::select! {
-            r = conn.as_mut() => break r,
-            _ = draining.changed() => conn.as_mut().graceful_shutdown(),
+            r = http.as_mut() => break r,
+            _ = phase.changed() => http.as_mut().graceful_shutdown(),
+            // A forwarded exchange was revoked: drop the connection, and with it the response.
+            _ = cut.changed() => return,
         }
     };
-    if let Err(e) = result {
-        if seen.load(Ordering::Relaxed) == 0 {
-            // The request never reached the service: malformed, too large, or too slow.
-            let (reason, close, detail) = if e.is_timeout() {
-                (
-                    Reason::InvalidTarget,
-                    Close::Idle,
-                    "request head not received in time",
-                )
-            } else if e.is_parse_too_large() {
-                (
-                    Reason::InvalidTarget,
-                    Close::Error,
-                    "request head too large",
-                )
-            } else if e.is_parse() {
-                (Reason::InvalidTarget, Close::Error, "malformed request")
-            } else {
-                (
-                    Reason::InvalidTarget,
-                    Close::Error,
-                    "connection error before a request",
-                )
-            };
-            let mut rec = shared.record(&shared.policy.load(), peer, "connect");
-            rec.detail = Some(detail.into());
-            shared.finish(
-                rec,
-                None,
-                Decision::deny(reason, None),
-                close,
-                Instant::now(),
-                0,
-                0,
-            );
-        }
+    if conn.requests.load(Ordering::Relaxed) == 0 {
+        no_request(&conn, result.err());
     }
 }
 
-/// The text shown for a request in refusals and logs (no credentials, no query).
+/// The connection ended before any request reached [`handle`]: record why.
+fn no_request(conn: &ClientConn, error: Option<hyper::Error>) {
+    let shared = &conn.shared;
+    let mut audit = shared.audit(&conn.accepted, Mode::Connect, &shared.policy.load());
+    let (close, detail) = match &error {
+        None => (Close::Eof, "closed before sending a request"),
+        Some(e) if e.is_timeout() => (Close::Idle, "request head not received in time"),
+        Some(e) if e.is_parse_too_large() => (Close::Error, "request head too large"),
+        Some(e) if e.is_parse() => (Close::Error, "malformed request"),
+        Some(_) => (Close::Error, "connection error before a request"),
+    };
+    audit.close(close);
+    audit.detail(detail);
+}
+
+/// The text shown for a request in refusals (no credentials, no query).
 fn describe(req: &Request<Incoming>) -> String {
     if req.method() == Method::CONNECT {
         format!(
@@ -132,106 +138,128 @@ fn describe(req: &Request<Incoming>) -> String {
     }
 }
 
-async fn handle(
-    shared: Arc<Shared>,
-    peer: SocketAddr,
-    req: Request<Incoming>,
-    permit_slot: PermitSlot,
-) -> Response<Body> {
-    let started = Instant::now();
+/// One request, from its target to its tunnel or forwarded exchange.
+async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body> {
+    let shared = &conn.shared;
+    let accepted = if conn.requests.fetch_add(1, Ordering::Relaxed) == 0 {
+        conn.accepted
+    } else {
+        Accepted {
+            conn_id: shared.next_conn_id(),
+            client: conn.accepted.client,
+            started: Instant::now(),
+        }
+    };
     let connect = req.method() == Method::CONNECT;
-    let set = shared.policy.load_full();
-    let mut rec = shared.record(&set, peer, if connect { "connect" } else { "http" });
-    let what = describe(&req);
+    let set = shared.policy.load();
+    let mode = if connect { Mode::Connect } else { Mode::Http };
+    let mut audit = shared.audit(&accepted, mode, &set);
 
-    // Target.
+    // 1. The target.
     let target = match read_target(&req) {
         Ok(t) => t,
         Err(why) => {
-            rec.detail = Some(why.into());
+            audit.detail(why);
             let d = Decision::deny(Reason::InvalidTarget, None);
-            return shared.refuse(rec, None, d, &what, why, started);
+            return refuse(audit, &req, None, d, why.to_string(), None);
         }
     };
-    rec.target_host = Some(target.host.to_string());
-    rec.target_port = Some(target.port);
+    audit.target(&target);
 
-    // Identity.
-    let auth = req
+    // 2. The sandbox.
+    let credentials = req
         .headers()
         .get(header::PROXY_AUTHORIZATION)
         .map(|v| v.as_bytes());
-    let who = match identify(
-        &set,
-        auth,
-        peer.ip(),
-        shared.settings.default_sandbox.as_deref(),
-    ) {
+    let default = shared.settings.default_sandbox.as_deref();
+    let who = match identify(&set, credentials, accepted.client.ip(), default) {
         Ok(w) => w,
         Err(refused) => {
-            rec.identity = refused.method.as_str();
+            audit.identity_refused(refused.method);
             let d = Decision::deny(refused.reason, None);
             let why = d.explain("-", "-", target.port);
-            return shared.refuse(rec, None, d, &what, &why, started);
+            return refuse(audit, &req, None, d, why, None);
         }
     };
-    rec.identity = who.method.as_str();
-    let sb = who.sandbox;
-    rec.sandbox = Some(sb.binding.id.clone());
+    let sb = who.sandbox.clone();
+    audit.identified(&who, sb.stats(shared.metrics()).clone());
 
-    // Limits: a place under max_connections and a rate token, before any work.
+    // 3. Its limits: a place under max_connections and a rate token, before any work.
     let slot = match shared.admit(&sb) {
         Ok(slot) => slot,
-        Err((reason, retry)) => {
-            return shared.refuse_limited(rec, &sb, reason, retry, &what, started)
-        }
-    };
-
-    // Decide on the name, resolve once, decide on the addresses.
-    let outcome = match crate::connect::check(&shared, &set, &sb, &target, &mut rec, None).await {
-        Ok(o) => o,
-        Err((decision, detail)) => {
-            let mut why = decision.explain(&sb.binding.id, sb.policy.file(), target.port);
-            if let Some(d) = detail {
-                why = format!("{why} ({d})");
-            }
-            return shared.refuse(rec, Some(&sb), decision, &what, &why, started);
-        }
-    };
-    let decision = outcome.decision.clone();
-
-    // Dial only the checked addresses.
-    let stream = match crate::connect::dial(&shared, &outcome.dial, target.port, None).await {
-        Ok((stream, addr)) => {
-            rec.dialed = Some(addr.to_string());
-            stream
-        }
-        Err(reason) => {
+        Err((reason, retry_after)) => {
+            audit.close(Close::Limit);
             let d = Decision::deny(reason, None);
-            let why = d.explain(&sb.binding.id, sb.policy.file(), target.port);
-            return shared.refuse(rec, Some(&sb), d, &what, &why, started);
+            let why = d.explain(&sb.binding.id, sb.policy.file(), 0);
+            return refuse(audit, &req, Some(&sb), d, why, Some(retry_after));
         }
     };
 
-    if connect {
-        let permit = permit_slot.lock().ok().and_then(|mut s| s.take());
-        open_tunnel(
-            shared,
-            req,
-            stream,
-            rec,
-            sb,
-            decision,
-            started,
-            (permit, slot),
-            target,
-        )
-    } else {
-        forward(
-            shared, req, stream, rec, sb, decision, target, started, slot,
-        )
-        .await
+    // 4. Decide on the name, resolve once, decide on the addresses.
+    let decided = egress::decide(&set, &sb, &target, None, shared.lookup()).await;
+    audit.decided(&decided);
+    if !decided.proceeds() {
+        let mut why = decided
+            .decision
+            .explain(&sb.binding.id, sb.policy.file(), target.port);
+        if let Some(ResolveError::Failed(detail)) = &decided.resolver_error {
+            why = format!("{why} ({detail})");
+        }
+        return refuse(audit, &req, Some(&sb), decided.decision, why, None);
     }
+
+    // 5. Dial only a checked address.
+    let timeout = shared.settings.timeouts.connect;
+    let dialed =
+        match egress::dial(&decided.dial, target.port, None, timeout, shared.metrics()).await {
+            Ok(d) => d,
+            Err(reason) => {
+                let d = Decision::deny(reason, None);
+                let why = d.explain(&sb.binding.id, sb.policy.file(), target.port);
+                return refuse(audit, &req, Some(&sb), d, why, None);
+            }
+        };
+    audit.dialed(dialed.addr);
+    let grant = Grant {
+        sandbox: sb.binding.id.clone(),
+        target,
+        dialed: dialed.addr.ip(),
+        generation: set.generation(),
+    };
+    drop(set);
+    let allowed = Allowed {
+        audit,
+        sandbox: sb,
+        grant,
+        dialed,
+        slot,
+    };
+
+    // 6. Relay.
+    if connect {
+        tunnel(&conn, req, allowed)
+    } else {
+        crate::forward::forward(&conn, req, allowed).await
+    }
+}
+
+/// Refuse a request: the guard records the decision, the client gets the §6 response.
+fn refuse(
+    mut audit: AuditGuard,
+    req: &Request<Incoming>,
+    sandbox: Option<&Sandbox>,
+    decision: Decision,
+    explanation: String,
+    retry_after: Option<u64>,
+) -> Response<Body> {
+    audit.decision(&decision);
+    deny::response(&Refusal {
+        reason: decision.reason,
+        what: &describe(req),
+        sandbox: sandbox.map(|s| s.binding.id.as_str()),
+        explanation: &explanation,
+        retry_after,
+    })
 }
 
 /// The target of a CONNECT (authority-form, port required) or an absolute-form request
@@ -256,292 +284,74 @@ fn read_target(req: &Request<Incoming>) -> Result<Target, &'static str> {
         .map_err(|_| "URI host is not a valid host name or IP literal")
 }
 
-#[allow(clippy::too_many_arguments)]
-fn open_tunnel(
-    shared: Arc<Shared>,
-    req: Request<Incoming>,
-    stream: TcpStream,
-    mut rec: Record,
-    sb: Arc<Sandbox>,
-    decision: Decision,
-    started: Instant,
-    (permit, slot): (Option<OwnedSemaphorePermit>, ConnectionSlot),
-    target: Target,
-) -> Response<Body> {
-    let id = sb.binding.id.clone();
-    shared.apply_decision(&mut rec, &decision);
-    let mut open = rec.clone();
-    open.event = "open";
-    open.close = None;
-    shared.audit.write(open);
-    shared.metrics.active.with_label_values(&[&id]).inc();
-    let dialed = rec
-        .dialed
-        .as_deref()
-        .and_then(|d| d.parse::<SocketAddr>().ok())
-        .map(|a| a.ip());
-    let (stop, handle) = match dialed {
-        Some(ip) => {
-            let (rx, h) = shared.register_tunnel(rec.conn_id, &id, &target, ip);
-            (rx, Some(h))
-        }
-        None => (
-            tokio::sync::watch::channel(crate::tunnel::Stop::Running).1,
-            None,
-        ),
-    };
-    let idle = shared.settings.timeouts.idle;
+/// Answer 200 and relay the upgraded connection in its own task until it ends, is revoked,
+/// idles out or is shut down.
+fn tunnel(conn: &ClientConn, req: Request<Incoming>, allowed: Allowed) -> Response<Body> {
+    let shared = conn.shared.clone();
+    let permit = conn.permit.lock().ok().and_then(|mut p| p.take());
+    let Allowed {
+        mut audit,
+        sandbox,
+        grant,
+        dialed,
+        slot,
+    } = allowed;
+    audit.open();
+    let stop = shared.watch(grant).stopped();
     tokio::spawn(async move {
-        let (close, up, down) = match hyper::upgrade::on(req).await {
+        let _active = sandbox.stats(shared.metrics()).active();
+        let relayed = match hyper::upgrade::on(req).await {
             Ok(upgraded) => {
                 let limiter = slot.limiter();
                 let shaper = limiter.shapes().then_some(&**limiter);
-                relay_upgraded(upgraded, stream, idle, stop, shaper).await
+                let idle = shared.settings.timeouts.idle;
+                relay_upgraded(upgraded, dialed.stream, idle, stop, shaper).await
             }
-            Err(_) => (Close::Error, 0, 0),
+            Err(_) => Relayed::nothing(Close::Error),
         };
-        shared.metrics.active.with_label_values(&[&id]).dec();
-        shared.finish(rec, Some(&id), decision, close, started, up, down);
-        drop(handle);
+        audit.relayed(relayed);
+        drop(audit);
         drop(slot);
         drop(permit);
     });
     Response::builder()
         .status(StatusCode::OK)
-        .body(empty())
-        .unwrap_or_else(|_| Response::new(empty()))
+        .body(body::empty())
+        .unwrap_or_else(|_| Response::new(body::empty()))
 }
 
 /// Relay a CONNECT tunnel. Unshaped tunnels over plain TCP take the zero-copy path (the
 /// client socket is recovered from hyper, with any bytes it had already buffered sent first).
-async fn relay_upgraded(
+async fn relay_upgraded<F>(
     upgraded: hyper::upgrade::Upgraded,
-    mut stream: TcpStream,
+    mut server: TcpStream,
     idle: std::time::Duration,
-    stop: tokio::sync::watch::Receiver<crate::tunnel::Stop>,
+    stop: F,
     shaper: Option<&crate::limits::SandboxLimiter>,
-) -> (Close, u64, u64) {
-    let upgraded = if shaper.is_none() {
-        match upgraded.downcast::<TokioIo<TcpStream>>() {
-            Ok(parts) => {
-                let client = parts.io.into_inner();
-                let early = parts.read_buf;
-                if !early.is_empty()
-                    && tokio::io::AsyncWriteExt::write_all(&mut stream, &early)
-                        .await
-                        .is_err()
-                {
-                    return (Close::Error, 0, 0);
-                }
-                let r = crate::splice::relay(client, stream, idle, stop).await;
-                return (r.close, r.up + early.len() as u64, r.down);
+) -> Relayed
+where
+    F: std::future::Future<Output = Close>,
+{
+    if shaper.is_some() {
+        return crate::tunnel::relay(TokioIo::new(upgraded), server, idle, stop, shaper).await;
+    }
+    match upgraded.downcast::<TokioIo<TcpStream>>() {
+        Ok(parts) => {
+            let client = parts.io.into_inner();
+            let early = parts.read_buf;
+            if !early.is_empty()
+                && tokio::io::AsyncWriteExt::write_all(&mut server, &early)
+                    .await
+                    .is_err()
+            {
+                return Relayed::nothing(Close::Error);
             }
-            Err(upgraded) => upgraded,
+            let mut r = crate::splice::relay(client, server, idle, stop).await;
+            r.up += early.len() as u64;
+            r
         }
-    } else {
-        upgraded
-    };
-    let r = relay(TokioIo::new(upgraded), stream, idle, stop, shaper).await;
-    (r.close, r.up, r.down)
-}
-
-fn empty() -> Body {
-    Empty::<Bytes>::new()
-        .map_err(|never| match never {})
-        .boxed()
-}
-
-/// Hop-by-hop headers, plus the proxy's own credentials: never forwarded.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        headers.remove(n);
-    }
-    for h in [
-        header::CONNECTION,
-        header::PROXY_AUTHORIZATION,
-        header::PROXY_AUTHENTICATE,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
-        headers.remove(h);
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
-}
-
-/// Writes the request's audit record when the response body is dropped (finished or not).
-struct FinishOnDrop {
-    shared: Arc<Shared>,
-    rec: Option<Record>,
-    decision: Decision,
-    close: Close,
-    sandbox: String,
-    started: Instant,
-    up: Arc<AtomicU64>,
-    down: Arc<AtomicU64>,
-    /// The request's place under its sandbox's limits, held until the response body ends.
-    _slot: ConnectionSlot,
-}
-
-impl Drop for FinishOnDrop {
-    fn drop(&mut self) {
-        if let Some(rec) = self.rec.take() {
-            self.shared
-                .metrics
-                .active
-                .with_label_values(&[&self.sandbox])
-                .dec();
-            self.shared.finish(
-                rec,
-                Some(&self.sandbox),
-                self.decision.clone(),
-                self.close,
-                self.started,
-                self.up.load(Ordering::Relaxed),
-                self.down.load(Ordering::Relaxed),
-            );
+        Err(upgraded) => {
+            crate::tunnel::relay(TokioIo::new(upgraded), server, idle, stop, None).await
         }
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn forward(
-    shared: Arc<Shared>,
-    req: Request<Incoming>,
-    stream: TcpStream,
-    mut rec: Record,
-    sb: Arc<Sandbox>,
-    decision: Decision,
-    target: Target,
-    started: Instant,
-    slot: ConnectionSlot,
-) -> Response<Body> {
-    let id = sb.binding.id.clone();
-    shared.apply_decision(&mut rec, &decision);
-    let (mut parts, body) = req.into_parts();
-    // Bandwidth limits apply to forwarded bodies as to tunnels.
-    let limiter = slot.limiter().clone();
-    let shaped = limiter.shapes();
-    let up = Arc::new(AtomicU64::new(0));
-    let down = Arc::new(AtomicU64::new(0));
-    let up_count = up.clone();
-    let body = body
-        .map_frame(move |f| {
-            if let Some(d) = f.data_ref() {
-                up_count.fetch_add(d.len() as u64, Ordering::Relaxed);
-            }
-            f
-        })
-        .boxed();
-    let body = if shaped {
-        ShapedBody::new(body, limiter.clone(), true).boxed()
-    } else {
-        body
-    };
-    strip_hop_by_hop(&mut parts.headers);
-    if !parts.headers.contains_key(header::HOST) {
-        if let Ok(v) = target_host_header(&target).parse() {
-            parts.headers.insert(header::HOST, v);
-        }
-    }
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    parts.uri = path
-        .parse::<Uri>()
-        .unwrap_or_else(|_| Uri::from_static("/"));
-    parts.version = http::Version::HTTP_11;
-    let upstream_req = Request::from_parts(parts, body);
-
-    shared.metrics.active.with_label_values(&[&id]).inc();
-    let guard = FinishOnDrop {
-        shared: shared.clone(),
-        rec: Some(rec),
-        decision,
-        close: Close::Eof,
-        sandbox: id.clone(),
-        started,
-        up,
-        down: down.clone(),
-        _slot: slot,
-    };
-    let result = async {
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        sender.send_request(upstream_req).await
-    }
-    .await;
-    match result {
-        Ok(resp) => {
-            let (mut parts, body) = resp.into_parts();
-            strip_hop_by_hop(&mut parts.headers);
-            let mut guard = Some(guard);
-            let body = body
-                .map_frame(move |f| {
-                    if let Some(d) = f.data_ref() {
-                        down.fetch_add(d.len() as u64, Ordering::Relaxed);
-                    }
-                    // Keep the guard alive exactly as long as the body.
-                    let _ = &guard;
-                    if f.is_trailers() {
-                        guard.take();
-                    }
-                    f
-                })
-                .boxed();
-            let body = if shaped {
-                ShapedBody::new(body, limiter, false).boxed()
-            } else {
-                body
-            };
-            Response::from_parts(parts, body)
-        }
-        Err(e) => {
-            let mut guard = guard;
-            if let Some(rec) = guard.rec.as_mut() {
-                rec.detail = Some(format!("upstream: {e}"));
-            }
-            // The request was allowed but never answered: record the failure.
-            guard.decision = Decision::deny(Reason::ConnectionRefused, None);
-            guard.close = Close::Error;
-            drop(guard);
-            let body = format!(
-                "egress-proxy: the destination did not answer the request properly ({e}).\n"
-            );
-            let mut resp = Response::new(
-                http_body_util::Full::new(Bytes::from(body))
-                    .map_err(|never| match never {})
-                    .boxed(),
-            );
-            *resp.status_mut() = StatusCode::BAD_GATEWAY;
-            resp
-        }
-    }
-}
-
-fn target_host_header(t: &Target) -> String {
-    if t.port == 80 {
-        t.host.to_string()
-    } else {
-        t.to_string()
-    }
-}
-
-/// Build the deny response body type.
-pub(crate) fn deny_response(r: &Refusal<'_>) -> Response<Body> {
-    deny::response(r).map(|b| b.map_err(|never| match never {}).boxed())
 }

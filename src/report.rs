@@ -1,11 +1,11 @@
-//! The decision report shared by `egress-proxy check` and `POST /v1/check`: decide on a
-//! target for a sandbox — resolving a name when a resolver is given, exactly as the data plane
-//! would — and describe the result as JSON (`decision, reason, rule, rule_source, sandbox,
-//! target, enforcement`, plus `explanation`, `resolved`, `dial`, `policy_version`).
+//! The decision report shared by `egress-proxy check` and `POST /v1/check`: the data plane's
+//! own [`crate::egress::decide`] — resolving a name when a resolver is given — described as
+//! JSON (`decision, reason, rule, rule_source, sandbox, target, enforcement`, plus
+//! `explanation`, `resolved`, `dial`, `policy_version`).
 
 use serde_json::{json, Value};
 
-use crate::policy::Decision;
+use crate::egress::{self, Lookup};
 use crate::policy_set::{PolicySet, Sandbox};
 use crate::resolve::Resolver;
 use crate::target::{Host, Target};
@@ -31,28 +31,14 @@ pub async fn check(
             })
         }
     };
-    let mut outcome = set.decide(sb, &target, None);
-    let mut resolved: Option<Value> = None;
-    let mut consulted = matches!(target.host, Host::Ip(_));
-    if let (Some(r), Host::Name(name), true) = (resolver, &target.host, outcome.needs_addresses) {
-        consulted = true;
-        match r.resolve(name).await {
-            Ok(addrs) => {
-                resolved = Some(json!(addrs
-                    .iter()
-                    .map(|a| a.to_string())
-                    .collect::<Vec<_>>()));
-                outcome = set.decide(sb, &target, Some(&addrs));
-            }
-            Err(e) => {
-                resolved = Some(json!({ "error": e.to_string() }));
-                outcome.decision = Decision::deny(e.reason(), None);
-            }
-        }
-    }
-    let d = &outcome.decision;
+    let lookup = Lookup {
+        resolver,
+        metrics: None,
+    };
+    let decided = egress::decide(set, sb, &target, None, lookup).await;
+    let d = &decided.decision;
     let mut explanation = d.explain(sandbox, sb.policy.file(), target.port);
-    if resolver.is_none() && outcome.needs_addresses && !d.verdict.proceeds() {
+    if !decided.addresses_consulted && !d.verdict.proceeds() {
         explanation.push_str(" (address rules not consulted: add --resolve)");
     }
     let mut out = json!({
@@ -66,11 +52,18 @@ pub async fn check(
         "explanation": explanation,
         "policy_version": set.version(),
     });
-    if let Some(r) = resolved {
-        out["resolved"] = r;
+    let resolved_name = matches!(target.host, Host::Name(_)) && resolver.is_some();
+    if let Some(e) = decided.resolver_error.as_ref().filter(|_| resolved_name) {
+        out["resolved"] = json!({ "error": e.to_string() });
+    } else if resolved_name && !decided.resolved.is_empty() {
+        out["resolved"] = json!(decided
+            .resolved
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>());
     }
-    if consulted {
-        out["dial"] = json!(outcome
+    if matches!(target.host, Host::Ip(_)) || resolver.is_some() {
+        out["dial"] = json!(decided
             .dial
             .iter()
             .map(|a| a.to_string())

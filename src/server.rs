@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tokio::io::AsyncWriteExt;
@@ -16,14 +16,18 @@ use tokio::sync::Semaphore;
 
 use sha2::{Digest, Sha256};
 
+use crate::accept::Accepted;
 use crate::admin::Admin;
-use crate::audit::{AuditLog, Close};
+use crate::audit::{AuditLog, Close, Mode, Sink};
 use crate::config::Config;
 use crate::control::Controller;
+use crate::deny::{self, Refusal};
 use crate::metrics::Metrics;
-use crate::policy::{Decision, Reason};
+use crate::policy::Decision;
 use crate::policy_set::PolicySet;
+use crate::reason::Reason;
 use crate::resolve::Resolver;
+use crate::revocation::Phase;
 use crate::shared::{Settings, Shared};
 
 /// Run the proxy with a loaded configuration until SIGTERM/SIGINT.
@@ -125,11 +129,14 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     let audit = AuditLog::open(config.audit_path.as_deref()).context("opening the audit log")?;
     let metrics = Metrics::new().context("registering metrics")?;
     metrics.set_policy_version(set.version());
+    let sink = Sink {
+        log: Arc::new(audit),
+        metrics: Arc::new(metrics),
+    };
     let shared = Arc::new(Shared::new(
         set,
         resolver,
-        audit,
-        metrics,
+        sink,
         Settings {
             timeouts: config.defaults.timeouts,
             default_sandbox: config.listen.default_sandbox.clone(),
@@ -145,7 +152,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         tracing::warn!(problem = %problem, "state_dir");
     }
     let version = shared.policy.load().version().to_string();
-    let cap = Arc::new(Semaphore::new(config.max_connections));
+    let cap = Arc::new(Semaphore::new(config.max_connections.get()));
     let mut tasks = Vec::new();
     if let Some(l) = proxy {
         tasks.push(tokio::spawn(accept_loop(
@@ -188,16 +195,16 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     for t in &tasks {
         t.abort();
     }
-    let _ = shared.draining.send(true);
+    shared.phase.send_replace(Phase::Draining);
     let grace = config.defaults.timeouts.shutdown_grace;
-    let all = config.max_connections as u32;
+    let all = config.max_connections.get_u32();
     let drained = tokio::time::timeout(grace, cap.acquire_many(all)).await;
     if drained.is_err() {
         tracing::info!("grace period over: closing the remaining tunnels");
-        shared.stop_all_tunnels();
+        shared.phase.send_replace(Phase::Stopping);
         let _ = tokio::time::timeout(Duration::from_secs(2), cap.acquire_many(all)).await;
     }
-    shared.audit.close();
+    shared.sink.log.close();
     tracing::info!("stopped");
     Ok(())
 }
@@ -231,7 +238,7 @@ enum Kind {
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, cap: Arc<Semaphore>, kind: Kind) {
     let mut backoff = Duration::from_millis(5);
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let (stream, client) = match listener.accept().await {
             Ok(x) => {
                 backoff = Duration::from_millis(5);
                 x
@@ -244,19 +251,21 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, cap: Arc<Semaph
                 continue;
             }
         };
-        match cap.clone().try_acquire_owned() {
-            Ok(permit) => {
-                let shared = shared.clone();
-                match kind {
-                    Kind::Proxy => tokio::spawn(crate::proxy::serve(shared, stream, peer, permit)),
-                    Kind::Transparent => {
-                        tokio::spawn(crate::transparent::serve(shared, stream, peer, permit))
-                    }
-                };
+        let accepted = Accepted {
+            conn_id: shared.next_conn_id(),
+            client,
+            started: Instant::now(),
+        };
+        let shared = shared.clone();
+        match (cap.clone().try_acquire_owned(), kind) {
+            (Ok(permit), Kind::Proxy) => {
+                tokio::spawn(crate::proxy::serve(shared, accepted, stream, permit));
             }
-            Err(_) => {
-                let shared = shared.clone();
-                tokio::spawn(async move { over_capacity(shared, stream, peer, kind).await });
+            (Ok(permit), Kind::Transparent) => {
+                tokio::spawn(crate::transparent::serve(shared, accepted, stream, permit));
+            }
+            (Err(_), _) => {
+                tokio::spawn(over_capacity(shared, accepted, stream, kind));
             }
         }
     }
@@ -264,34 +273,30 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, cap: Arc<Semaph
 
 /// The global cap is reached: answer 429 without reading the request (reset on the
 /// transparent listener), and audit it.
-async fn over_capacity(shared: Arc<Shared>, mut stream: TcpStream, peer: SocketAddr, kind: Kind) {
-    let body = "egress-proxy is at its connection limit; retry shortly.\n";
-    let resp = format!(
-        "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nProxy-Status: egress-proxy; error=connection_limit_reached; details=\"connection_limit\"\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+async fn over_capacity(shared: Arc<Shared>, accepted: Accepted, mut stream: TcpStream, kind: Kind) {
     let mode = match kind {
+        Kind::Proxy => Mode::Connect,
+        Kind::Transparent => Mode::Tcp,
+    };
+    let mut audit = shared.audit(&accepted, mode, &shared.policy.load());
+    audit.decision(&Decision::deny(Reason::ConnectionLimit, None));
+    audit.close(Close::Limit);
+    match kind {
         Kind::Proxy => {
-            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes()))
-                .await;
-            "connect"
+            let resp = deny::wire(&Refusal {
+                reason: Reason::ConnectionLimit,
+                what: "this connection",
+                sandbox: None,
+                explanation:
+                    "egress-proxy is at its connection limit (max_connections); retry shortly",
+                retry_after: Some(1),
+            });
+            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&resp)).await;
         }
         Kind::Transparent => {
             let _ = stream.set_zero_linger();
-            "tcp"
         }
-    };
-    drop(stream);
-    let rec = shared.record(&shared.policy.load(), peer, mode);
-    shared.finish(
-        rec,
-        None,
-        Decision::deny(Reason::ConnectionLimit, None),
-        Close::Limit,
-        std::time::Instant::now(),
-        0,
-        0,
-    );
+    }
 }
 
 /// Poll the configuration's files once a second; reload when one changed. (Polling follows

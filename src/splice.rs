@@ -1,23 +1,22 @@
 //! Zero-copy relay for tunnels between two TCP sockets that need no shaping: `splice(2)`
 //! moves bytes socket → pipe → socket inside the kernel, so the proxy never copies payload
 //! into user space and holds no per-tunnel buffers; pipes come from a shared pool and are held
-//! only while bytes are in flight, so idle tunnels cost only their task and two sockets. Same contract as [`crate::tunnel::relay`]: half-close
-//! aware, idle timeout, byte counts, stop signal. Safe wrappers from `nix`; no `unsafe` here.
+//! only while bytes are in flight, so idle tunnels cost only their task and two sockets. Same
+//! contract and the same driver as [`crate::tunnel::relay`]: half-close aware, idle timeout,
+//! byte counts, stop future. Safe wrappers from `nix`; no `unsafe` here.
 
+use std::future::Future;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use nix::fcntl::{splice, FcntlArg, OFlag, SpliceFFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
-use tokio::sync::watch;
-use tokio::time::{sleep_until, Instant};
 
 use crate::audit::Close;
-use crate::tunnel::{Relayed, Stop};
+use crate::tunnel::{drive, Progress, Relayed};
 
 /// Pipe capacity asked for (the kernel may give less): larger pipes mean fewer syscalls for
 /// bulk transfers.
@@ -50,13 +49,7 @@ fn give_pipe(p: (OwnedFd, OwnedFd)) {
 }
 
 /// Move everything from `src` to `dst` until `src` reaches EOF, then half-close `dst`.
-async fn pump(
-    src: &TcpStream,
-    dst: &TcpStream,
-    total: &AtomicU64,
-    last: &AtomicU64,
-    origin: Instant,
-) -> io::Result<()> {
+async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, progress: &Progress) -> io::Result<()> {
     let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
     loop {
         src.readable().await?;
@@ -101,56 +94,19 @@ async fn pump(
         }
         // Fully drained: the pipe is empty and can serve another tunnel.
         give_pipe((pr, pw));
-        total.fetch_add(n as u64, Ordering::Relaxed);
-        last.store(origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        progress.moved(up, n);
     }
 }
 
 /// Relay between two sockets with splice. `client` → `server` is "up".
-pub async fn relay(
-    client: TcpStream,
-    server: TcpStream,
-    idle: Duration,
-    mut stop: watch::Receiver<Stop>,
-) -> Relayed {
-    let origin = Instant::now();
-    let (up, down, last) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
-    let a = pump(&client, &server, &up, &last, origin);
-    let b = pump(&server, &client, &down, &last, origin);
-    tokio::pin!(a, b);
-    let (mut a_done, mut b_done) = (false, false);
-    let finish = |close| Relayed {
-        up: up.load(Ordering::Relaxed),
-        down: down.load(Ordering::Relaxed),
-        close,
-    };
-    loop {
-        if a_done && b_done {
-            return finish(Close::Eof);
-        }
-        let deadline = origin + Duration::from_nanos(last.load(Ordering::Relaxed)) + idle;
-        tokio::select! {
-            r = &mut a, if !a_done => match r {
-                Ok(()) => a_done = true,
-                Err(_) => return finish(Close::Error),
-            },
-            r = &mut b, if !b_done => match r {
-                Ok(()) => b_done = true,
-                Err(_) => return finish(Close::Error),
-            },
-            _ = sleep_until(deadline) => {
-                let now = origin + Duration::from_nanos(last.load(Ordering::Relaxed)) + idle;
-                if now <= Instant::now() {
-                    return finish(Close::Idle);
-                }
-            }
-            changed = stop.changed() => match (changed, *stop.borrow()) {
-                (Ok(()), Stop::Revoked) => return finish(Close::Revoked),
-                (Ok(()), Stop::Running) => {}
-                _ => return finish(Close::Shutdown),
-            },
-        }
-    }
+pub async fn relay<F>(client: TcpStream, server: TcpStream, idle: Duration, stop: F) -> Relayed
+where
+    F: Future<Output = Close>,
+{
+    let progress = Progress::new();
+    let up = pump(&client, &server, true, &progress);
+    let down = pump(&server, &client, false, &progress);
+    drive(up, down, &progress, idle, stop).await
 }
 
 #[cfg(test)]
@@ -170,8 +126,12 @@ mod tests {
     async fn relays_both_ways_counts_and_half_closes() {
         let (mut client_peer, client) = pair().await;
         let (server, mut server_peer) = pair().await;
-        let (_tx, rx) = watch::channel(Stop::Running);
-        let task = tokio::spawn(relay(client, server, Duration::from_secs(5), rx));
+        let task = tokio::spawn(relay(
+            client,
+            server,
+            Duration::from_secs(5),
+            std::future::pending(),
+        ));
         let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
         let send = big.clone();
         let writer = tokio::spawn(async move {
@@ -195,14 +155,20 @@ mod tests {
     async fn idle_and_stop() {
         let (_cp, client) = pair().await;
         let (server, _sp) = pair().await;
-        let (_tx, rx) = watch::channel(Stop::Running);
-        let r = relay(client, server, Duration::from_millis(200), rx).await;
+        let r = relay(
+            client,
+            server,
+            Duration::from_millis(200),
+            std::future::pending(),
+        )
+        .await;
         assert_eq!(r.close, Close::Idle);
         let (_cp, client) = pair().await;
         let (server, _sp) = pair().await;
-        let (tx, rx) = watch::channel(Stop::Running);
-        let task = tokio::spawn(relay(client, server, Duration::from_secs(30), rx));
-        tx.send(Stop::Revoked).unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<Close>();
+        let stop = async move { rx.await.unwrap_or(Close::Shutdown) };
+        let task = tokio::spawn(relay(client, server, Duration::from_secs(30), stop));
+        tx.send(Close::Revoked).unwrap();
         assert_eq!(task.await.unwrap().close, Close::Revoked);
     }
 }

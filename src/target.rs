@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use thiserror::Error;
 
-use crate::policy::name::{normalize_name, NameError};
+use crate::hostname::{normalize_name, NameError};
 
 /// A destination host.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -1,24 +1,24 @@
 //! The byte relay between a client and the destination it was allowed to reach: both
-//! directions, half-close aware, with an idle timeout, byte counts, and a stop signal
-//! (graceful shutdown or revocation). It knows nothing about policy.
+//! directions, half-close aware, with an idle timeout, byte counts, and a stop future (a
+//! revocation or shutdown, from [`crate::revocation::Watch::stopped`]). It knows nothing
+//! about policy.
+//!
+//! Each direction is one *pump* future (read → wait for bandwidth tokens → write); [`drive`]
+//! polls both pumps, the idle deadline and the stop future in one `select!`, so a pump that is
+//! blocked writing to a peer that does not read — or sleeping for bandwidth — never keeps the
+//! relay from noticing idleness, revocation or shutdown. The zero-copy pumps of
+//! [`crate::splice`] use the same driver.
 
+use std::future::Future;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
 use crate::audit::Close;
 use crate::limits::SandboxLimiter;
-
-/// Why a relay was asked to stop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Stop {
-    #[default]
-    Running,
-    Shutdown,
-    Revoked,
-}
 
 /// What a finished relay reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,103 +30,159 @@ pub struct Relayed {
     pub close: Close,
 }
 
-const BUF: usize = 16 * 1024;
-
-/// Relay until both sides have closed, the tunnel idles for `idle`, an error occurs, or `stop`
-/// changes away from `Running`. With a `shaper`, each chunk waits for its sandbox's bandwidth
-/// tokens before it is written (delayed, never dropped).
-pub async fn relay<C, S>(
-    client: C,
-    server: S,
-    idle: Duration,
-    mut stop: watch::Receiver<Stop>,
-    shaper: Option<&SandboxLimiter>,
-) -> Relayed
-where
-    C: AsyncRead + AsyncWrite + Unpin,
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let (mut cr, mut cw) = tokio::io::split(client);
-    let (mut sr, mut sw) = tokio::io::split(server);
-    let mut cbuf = vec![0u8; BUF];
-    let mut sbuf = vec![0u8; BUF];
-    let (mut up, mut down) = (0u64, 0u64);
-    let (mut client_eof, mut server_eof) = (false, false);
-    let mut deadline = Instant::now() + idle;
-    let finish = |up, down, close| Relayed { up, down, close };
-    loop {
-        if client_eof && server_eof {
-            return finish(up, down, Close::Eof);
+impl Relayed {
+    /// Nothing was relayed.
+    pub fn nothing(close: Close) -> Self {
+        Relayed {
+            up: 0,
+            down: 0,
+            close,
         }
+    }
+}
+
+/// Bytes moved in each direction, and when anything last moved.
+#[derive(Debug)]
+pub struct Progress {
+    origin: Instant,
+    up: AtomicU64,
+    down: AtomicU64,
+    /// Nanoseconds after `origin` until which the tunnel counts as active.
+    active_until: AtomicU64,
+}
+
+impl Progress {
+    pub fn new() -> Self {
+        Progress {
+            origin: Instant::now(),
+            up: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+            active_until: AtomicU64::new(0),
+        }
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.origin).as_nanos() as u64
+    }
+
+    /// `n` bytes were delivered in a direction (client → destination when `up`).
+    pub fn moved(&self, up: bool, n: usize) {
+        let counter = if up { &self.up } else { &self.down };
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+        self.active(Instant::now());
+    }
+
+    /// The tunnel counts as active until `until` (reading, or waiting for bandwidth tokens).
+    pub fn active(&self, until: Instant) {
+        self.active_until
+            .fetch_max(self.nanos(until), Ordering::Relaxed);
+    }
+
+    fn idle_deadline(&self, idle: Duration) -> Instant {
+        self.origin + Duration::from_nanos(self.active_until.load(Ordering::Relaxed)) + idle
+    }
+
+    fn relayed(&self, close: Close) -> Relayed {
+        Relayed {
+            up: self.up.load(Ordering::Relaxed),
+            down: self.down.load(Ordering::Relaxed),
+            close,
+        }
+    }
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Run two pumps until both finish (`eof`), one fails (`error`), nothing moves for `idle`
+/// (`idle`), or `stop` resolves (its close).
+pub async fn drive<A, B, S>(a: A, b: B, progress: &Progress, idle: Duration, stop: S) -> Relayed
+where
+    A: Future<Output = io::Result<()>>,
+    B: Future<Output = io::Result<()>>,
+    S: Future<Output = Close>,
+{
+    tokio::pin!(a, b, stop);
+    let (mut a_done, mut b_done) = (false, false);
+    loop {
+        if a_done && b_done {
+            return progress.relayed(Close::Eof);
+        }
+        let deadline = progress.idle_deadline(idle);
         tokio::select! {
-            r = cr.read(&mut cbuf), if !client_eof => match r {
-                Ok(0) => {
-                    client_eof = true;
-                    let _ = sw.shutdown().await;
-                }
-                Ok(n) => {
-                    if let Some(end) = shape(shaper, true, n, &mut stop).await {
-                        return finish(up, down, end);
-                    }
-                    if sw.write_all(&cbuf[..n]).await.is_err() {
-                        return finish(up, down, Close::Error);
-                    }
-                    up += n as u64;
-                    deadline = Instant::now() + idle;
-                }
-                Err(_) => return finish(up, down, Close::Error),
+            r = &mut a, if !a_done => match r {
+                Ok(()) => a_done = true,
+                Err(_) => return progress.relayed(Close::Error),
             },
-            r = sr.read(&mut sbuf), if !server_eof => match r {
-                Ok(0) => {
-                    server_eof = true;
-                    let _ = cw.shutdown().await;
-                }
-                Ok(n) => {
-                    if let Some(end) = shape(shaper, false, n, &mut stop).await {
-                        return finish(up, down, end);
-                    }
-                    if cw.write_all(&sbuf[..n]).await.is_err() {
-                        return finish(up, down, Close::Error);
-                    }
-                    down += n as u64;
-                    deadline = Instant::now() + idle;
-                }
-                Err(_) => return finish(up, down, Close::Error),
+            r = &mut b, if !b_done => match r {
+                Ok(()) => b_done = true,
+                Err(_) => return progress.relayed(Close::Error),
             },
-            _ = sleep_until(deadline) => return finish(up, down, Close::Idle),
-            changed = stop.changed() => {
-                let why = *stop.borrow();
-                match (changed, why) {
-                    (Ok(()), Stop::Shutdown) => return finish(up, down, Close::Shutdown),
-                    (Ok(()), Stop::Revoked) => return finish(up, down, Close::Revoked),
-                    (Ok(()), Stop::Running) => {}
-                    // The sender is gone: the process is going away.
-                    (Err(_), _) => return finish(up, down, Close::Shutdown),
+            close = &mut stop => return progress.relayed(close),
+            _ = sleep_until(deadline) => {
+                if progress.idle_deadline(idle) <= Instant::now() {
+                    return progress.relayed(Close::Idle);
                 }
             }
         }
     }
 }
 
-/// Wait for bandwidth tokens; `Some(close)` if told to stop meanwhile.
-async fn shape(
-    shaper: Option<&SandboxLimiter>,
+const BUF: usize = 16 * 1024;
+
+/// Copy `r` to `w` until EOF (then half-close `w`), waiting for bandwidth tokens before each
+/// write when a `shaper` is given (delayed, never dropped).
+async fn pump<R, W>(
+    mut r: R,
+    mut w: W,
     up: bool,
-    n: usize,
-    stop: &mut watch::Receiver<Stop>,
-) -> Option<Close> {
-    let delay = shaper.map(|s| s.shape_now(up, n)).unwrap_or(Duration::ZERO);
-    if delay.is_zero() {
-        return None;
+    shaper: Option<&SandboxLimiter>,
+    progress: &Progress,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; BUF];
+    loop {
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            let _ = w.shutdown().await;
+            return Ok(());
+        }
+        let delay = shaper.map(|s| s.shape_now(up, n)).unwrap_or_default();
+        if !delay.is_zero() {
+            let until = Instant::now() + delay;
+            progress.active(until);
+            tokio::time::sleep_until(until).await;
+        }
+        w.write_all(&buf[..n]).await?;
+        progress.moved(up, n);
     }
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => None,
-        changed = stop.changed() => match (changed, *stop.borrow()) {
-            (Ok(()), Stop::Revoked) => Some(Close::Revoked),
-            (Ok(()), Stop::Running) => None,
-            _ => Some(Close::Shutdown),
-        },
-    }
+}
+
+/// Relay in user space (any streams; shaped when a `shaper` is given).
+pub async fn relay<C, S, F>(
+    client: C,
+    server: S,
+    idle: Duration,
+    stop: F,
+    shaper: Option<&SandboxLimiter>,
+) -> Relayed
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
+    F: Future<Output = Close>,
+{
+    let (cr, cw) = tokio::io::split(client);
+    let (sr, sw) = tokio::io::split(server);
+    let progress = Progress::new();
+    let up = pump(cr, sw, true, shaper, &progress);
+    let down = pump(sr, cw, false, shaper, &progress);
+    drive(up, down, &progress, idle, stop).await
 }
 
 #[cfg(test)]
@@ -134,12 +190,15 @@ mod tests {
     use super::*;
     use tokio::io::duplex;
 
+    fn never() -> std::future::Pending<Close> {
+        std::future::pending()
+    }
+
     #[tokio::test]
     async fn relays_both_ways_and_counts() {
         let (client, mut client_peer) = duplex(1024);
         let (server, mut server_peer) = duplex(1024);
-        let (_tx, rx) = watch::channel(Stop::Running);
-        let task = tokio::spawn(relay(client, server, Duration::from_secs(5), rx, None));
+        let task = tokio::spawn(relay(client, server, Duration::from_secs(5), never(), None));
         client_peer.write_all(b"hello").await.unwrap();
         let mut buf = [0u8; 5];
         server_peer.read_exact(&mut buf).await.unwrap();
@@ -157,18 +216,47 @@ mod tests {
     async fn idle_timeout_closes() {
         let (client, _cp) = duplex(64);
         let (server, _sp) = duplex(64);
-        let (_tx, rx) = watch::channel(Stop::Running);
-        let r = relay(client, server, Duration::from_secs(30), rx, None).await;
+        let r = relay(client, server, Duration::from_secs(30), never(), None).await;
         assert_eq!(r.close, Close::Idle);
     }
 
     #[tokio::test]
-    async fn stop_signal_closes_with_its_reason() {
+    async fn stop_closes_with_its_reason() {
         let (client, _cp) = duplex(64);
         let (server, _sp) = duplex(64);
-        let (tx, rx) = watch::channel(Stop::Running);
-        let task = tokio::spawn(relay(client, server, Duration::from_secs(30), rx, None));
-        tx.send(Stop::Revoked).unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<Close>();
+        let stop = async move { rx.await.unwrap_or(Close::Shutdown) };
+        let task = tokio::spawn(relay(client, server, Duration::from_secs(30), stop, None));
+        tx.send(Close::Revoked).unwrap();
         assert_eq!(task.await.unwrap().close, Close::Revoked);
+    }
+
+    /// The peer that should receive never reads: the pump is stuck in `write_all`, and idle
+    /// and stop must still end the relay.
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_stops_reading_is_idled_out_and_can_be_stopped() {
+        let (client, _client_peer_never_reads) = duplex(64);
+        let (server, mut server_peer) = duplex(64);
+        let feed = tokio::spawn(async move {
+            let _ = server_peer.write_all(&[7u8; 4096]).await;
+            server_peer
+        });
+        let r = relay(client, server, Duration::from_secs(30), never(), None).await;
+        assert_eq!(r.close, Close::Idle);
+        assert!(r.down <= 64, "{r:?}");
+        drop(feed);
+
+        let (client, _client_peer_never_reads) = duplex(64);
+        let (server, mut server_peer) = duplex(64);
+        let _feed = tokio::spawn(async move {
+            let _ = server_peer.write_all(&[7u8; 4096]).await;
+            server_peer
+        });
+        let stop = async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Close::Revoked
+        };
+        let r = relay(client, server, Duration::from_secs(3600), stop, None).await;
+        assert_eq!(r.close, Close::Revoked);
     }
 }

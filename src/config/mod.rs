@@ -27,9 +27,10 @@ use refs::PolicyIndex;
 pub use sandbox_block::SandboxBlock;
 use sandbox_block::{parse_block, BlockCtx};
 
-use crate::policy::name::normalize_name;
+use crate::hostname::normalize_name;
 use crate::policy::ports::PortSet;
 use crate::policy::{Enforcement, NetworkSpec};
+use crate::sandbox_id::SandboxId;
 
 /// The embedded default configuration (`config/proxy.yaml`), used when `--config` is absent.
 pub const EMBEDDED_CONFIG: &str = include_str!("../../config/proxy.yaml");
@@ -92,7 +93,7 @@ pub struct Defaults {
 /// One sandbox binding: identity, proxy-side settings and its AIP-36 block.
 #[derive(Debug, Clone)]
 pub struct Binding {
-    pub id: String,
+    pub id: SandboxId,
     /// SHA-256 of the sandbox's proxy token, when it authenticates with one.
     pub token_sha256: Option<[u8; 32]>,
     /// The auth block as written (token forms only, never a token), for display.
@@ -111,6 +112,36 @@ pub struct Binding {
     pub policy_ref: Option<String>,
 }
 
+/// `max_connections`: a number of connections the process can actually hold — at least 1, at
+/// most [`MaxConnections::LIMIT`] (a tokio semaphore cannot hold more than `usize::MAX >> 3`
+/// permits, and the shutdown wait counts them in a `u32`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxConnections(u32);
+
+impl MaxConnections {
+    pub const LIMIT: u32 = 10_000_000;
+
+    pub fn new(n: u64) -> Option<Self> {
+        (1..=u64::from(Self::LIMIT))
+            .contains(&n)
+            .then_some(MaxConnections(n as u32))
+    }
+
+    pub fn get(self) -> usize {
+        self.0 as usize
+    }
+
+    pub fn get_u32(self) -> u32 {
+        self.0
+    }
+}
+
+impl Default for MaxConnections {
+    fn default() -> Self {
+        MaxConnections(10_000)
+    }
+}
+
 /// A fully loaded configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -127,7 +158,7 @@ pub struct Config {
     pub state_dir: Option<PathBuf>,
     pub extra_providers: Vec<String>,
     /// Global cap on concurrent client connections.
-    pub max_connections: usize,
+    pub max_connections: MaxConnections,
     pub bindings: Vec<Binding>,
     pub warnings: Vec<String>,
     /// Every file read (config, referenced and indexed SANDBOX.md files): what to watch.
@@ -229,7 +260,7 @@ pub fn load_str(
         section(&mut top, "sandbox_dirs", &mut sink).unwrap_or_default();
     let extra_providers: Vec<String> =
         section(&mut top, "extra_providers", &mut sink).unwrap_or_default();
-    let max_connections: usize = section(&mut top, "max_connections", &mut sink).unwrap_or(10_000);
+    let max_connections: u64 = section(&mut top, "max_connections", &mut sink).unwrap_or(10_000);
     let sandboxes: Vec<Value> = section(&mut top, "sandboxes", &mut sink).unwrap_or_default();
 
     for p in &extra_providers {
@@ -246,15 +277,16 @@ pub fn load_str(
     let defaults = resolve_defaults(defaults, &mut sink);
     let dns = resolve_dns(dns, &mut sink);
     let listen = resolve_listen(listen, admin_token_file.is_some(), &mut sink);
-    if max_connections == 0 {
+    let max_connections = MaxConnections::new(max_connections).unwrap_or_else(|| {
         sink.push(
             None,
             "max_connections",
-            "must be at least 1",
+            format!("must be from 1 to {}", MaxConnections::LIMIT),
             Some("max_connections:"),
             1,
         );
-    }
+        MaxConnections::default()
+    });
 
     let rel = |p: &str| -> PathBuf {
         let p = Path::new(p);
@@ -283,8 +315,8 @@ pub fn load_str(
         id_lines: id_lines(text),
     };
     let mut bindings = Vec::new();
-    let mut seen: HashSet<String> = HashSet::new();
-    let mut sources_seen: HashMap<IpNet, String> = HashMap::new();
+    let mut seen: HashSet<SandboxId> = HashSet::new();
+    let mut sources_seen: HashMap<IpNet, SandboxId> = HashMap::new();
     for (i, value) in sandboxes.into_iter().enumerate() {
         let before = sink.errors.len();
         let Some(b) = build_binding(value, i, &ctx, &mut sink, &mut warnings, &mut files) else {
@@ -326,7 +358,7 @@ pub fn load_str(
         bindings.push(b);
     }
     if let Some(d) = &listen.default_sandbox {
-        if !seen.contains(d) {
+        if !seen.contains(d.as_str()) {
             sink.push(
                 None,
                 "listen.default_sandbox",
@@ -687,16 +719,6 @@ fn id_lines(text: &str) -> HashMap<String, usize> {
     out
 }
 
-/// `[a-z0-9][a-z0-9_.-]{0,62}`
-pub fn is_valid_sandbox_id(id: &str) -> bool {
-    let b = id.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"_.-".contains(c))
-}
-
 fn build_binding(
     value: Value,
     index: usize,
@@ -750,7 +772,7 @@ fn build_binding(
         }
     };
     if let Some(id) = &id_text {
-        if !is_valid_sandbox_id(id) {
+        if !crate::sandbox_id::is_valid(id) {
             sink.push(
                 sb,
                 "id",
@@ -787,8 +809,9 @@ fn build_binding(
     if sink.errors.len() > before {
         return None;
     }
+    let id = SandboxId::new(&raw.id).ok()?;
     Some(Binding {
-        id: raw.id,
+        id,
         token_sha256,
         auth: raw.auth,
         sources: raw.sources.iter().map(IpNet::trunc).collect(),

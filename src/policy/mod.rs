@@ -6,10 +6,8 @@
 //! address guard. The reason reported is the first step that refused. Report mode relaxes the
 //! allowlist steps only; the guard always applies. This module does no I/O.
 
-pub mod addr_table;
 pub mod decision;
 pub mod entry;
-pub mod name;
 pub mod name_matcher;
 pub mod ports;
 
@@ -20,9 +18,9 @@ use std::sync::Arc;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
+use crate::addr_table::AddrTable;
 use crate::guard::{address_forms, Guard, GuardVerdict};
 use crate::target::{Host, Target};
-use addr_table::AddrTable;
 pub use decision::{Decision, Reason, Verdict};
 use entry::{Entry, HostPattern};
 use name_matcher::NameMatcher;

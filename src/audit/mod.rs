@@ -1,0 +1,241 @@
+//! The audit trail (DESIGN §7): exactly one `end` record per connection (per forwarded request
+//! in HTTP mode), plus an `open` record when a tunnel or forwarded exchange begins.
+//!
+//! Every connection owns one [`AuditGuard`], created the moment it is accepted. The pipeline
+//! stages return typed values; the listener hands them to the guard (`identified`, `decided`,
+//! `dialed`, …); the guard's `Drop` writes the `end` record and counts the connection — once,
+//! whatever path the connection took: an early refusal, an error, a revocation or shutdown.
+//! Nothing is formatted on the data plane: [`record::Entry`] is encoded to JSON on the writer
+//! thread ([`writer`]). Nothing in a record is a secret: no token, no Authorization header.
+
+pub mod record;
+mod writer;
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+pub use record::{Close, Mode, Record};
+pub use writer::AuditLog;
+
+use crate::accept::Accepted;
+use crate::egress::Decided;
+use crate::identity::{Identified, Method};
+use crate::metrics::{Metrics, SandboxStats};
+use crate::policy::Decision;
+use crate::resolve::ResolveError;
+use crate::target::Target;
+use crate::tunnel::Relayed;
+use record::{Entry, Event};
+
+/// Where guards write and count.
+#[derive(Clone)]
+pub struct Sink {
+    pub log: Arc<AuditLog>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// The one record of one connection (or forwarded request), written when dropped.
+pub struct AuditGuard {
+    sink: Sink,
+    record: Record,
+    /// `duration_ms` is measured from here (the accept, for a connection's first request).
+    started: Instant,
+    /// The identified sandbox's byte counters.
+    stats: Option<Arc<SandboxStats>>,
+    up: u64,
+    down: u64,
+    /// Live byte counts, read when the guard drops (forwarded bodies count into them).
+    counters: Option<Arc<Counters>>,
+    /// `None`: nothing said how it ended — `eof`.
+    close: Option<Close>,
+}
+
+/// Bytes counted while an exchange runs (client → destination is `up`).
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub up: AtomicU64,
+    pub down: AtomicU64,
+}
+
+impl AuditGuard {
+    /// A guard for `accepted`, denied `invalid_target` with `close: eof` until told otherwise.
+    pub fn new(sink: Sink, accepted: &Accepted, mode: Mode, policy_version: Arc<str>) -> Self {
+        AuditGuard {
+            sink,
+            record: Record::new(accepted.conn_id, accepted.client, mode, policy_version),
+            started: accepted.started,
+            stats: None,
+            up: 0,
+            down: 0,
+            counters: None,
+            close: None,
+        }
+    }
+
+    pub fn mode(&mut self, mode: Mode) {
+        self.record.mode = mode;
+    }
+
+    pub fn target(&mut self, target: &Target) {
+        self.record.target = Some(target.clone());
+    }
+
+    pub fn original_dst(&mut self, addr: SocketAddr) {
+        self.record.original_dst = Some(addr);
+    }
+
+    /// Transparent TLS: what the ClientHello said.
+    pub fn client_hello(&mut self, sni: Option<&str>, alpn: &[String], ech: bool) {
+        self.record.sni = sni.map(Into::into);
+        self.record.alpn = (!alpn.is_empty()).then(|| alpn.to_vec());
+        self.record.ech = Some(ech);
+    }
+
+    /// The sandbox was identified; `stats` are its byte counters.
+    pub fn identified(&mut self, who: &Identified, stats: Arc<SandboxStats>) {
+        self.record.identity = who.method;
+        self.record.sandbox = Some(who.sandbox.binding.id.clone());
+        self.stats = Some(stats);
+    }
+
+    /// Identification failed with a credential of this kind.
+    pub fn identity_refused(&mut self, method: Method) {
+        self.record.identity = method;
+    }
+
+    /// The policy decision (allowed or not).
+    pub fn decision(&mut self, d: &Decision) {
+        self.record.verdict = d.verdict;
+        self.record.reason = d.reason;
+        self.record.rule = d.rule.clone();
+    }
+
+    /// Everything [`crate::egress::decide`] found out.
+    pub fn decided(&mut self, d: &Decided) {
+        self.decision(&d.decision);
+        self.record.resolved = d.resolved.clone();
+        self.record.guard_refused = d.guard_refused.clone();
+        self.record.dst_in_resolved = d.dst_in_resolved;
+        if let Some(ResolveError::Failed(e)) = &d.resolver_error {
+            self.record.detail = Some(Cow::Owned(e.clone()));
+        }
+    }
+
+    pub fn dialed(&mut self, addr: SocketAddr) {
+        self.record.dialed = Some(addr);
+    }
+
+    pub fn detail(&mut self, detail: impl Into<Cow<'static, str>>) {
+        self.record.detail = Some(detail.into());
+    }
+
+    /// How the connection ended (`eof` unless told).
+    pub fn close(&mut self, close: Close) {
+        self.close = Some(close);
+    }
+
+    /// How it ended, unless something already said.
+    pub fn close_if_unset(&mut self, close: Close) {
+        self.close.get_or_insert(close);
+    }
+
+    /// Take the byte counts from `counters` when the record is written.
+    pub fn count(&mut self, counters: Arc<Counters>) {
+        self.counters = Some(counters);
+    }
+
+    /// The relay's result: bytes and close.
+    pub fn relayed(&mut self, r: Relayed) {
+        self.up = r.up;
+        self.down = r.down;
+        self.close = Some(r.close);
+    }
+
+    /// Write the `open` record (a tunnel or exchange begins), with what is known now.
+    pub fn open(&self) {
+        self.sink.log.write(Entry {
+            event: Event::Open,
+            at: SystemTime::now(),
+            record: self.record.clone(),
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: self.started.elapsed().as_millis() as u64,
+            close: None,
+        });
+    }
+}
+
+impl Drop for AuditGuard {
+    fn drop(&mut self) {
+        if let Some(c) = &self.counters {
+            self.up = c.up.load(Ordering::Relaxed);
+            self.down = c.down.load(Ordering::Relaxed);
+        }
+        let r = &self.record;
+        self.sink.metrics.connection_finished(
+            r.sandbox.as_ref().map(|s| s.as_str()),
+            r.mode,
+            r.verdict,
+            r.reason,
+        );
+        if let Some(stats) = &self.stats {
+            stats.relayed(self.up, self.down);
+        }
+        let placeholder = Record::new(r.conn_id, r.client, r.mode, r.policy_version.clone());
+        let record = std::mem::replace(&mut self.record, placeholder);
+        self.sink.log.write(Entry {
+            event: Event::End,
+            at: SystemTime::now(),
+            record,
+            bytes_up: self.up,
+            bytes_down: self.down,
+            duration_ms: self.started.elapsed().as_millis() as u64,
+            close: Some(self.close.unwrap_or(Close::Eof)),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reason::Reason;
+
+    #[test]
+    fn dropping_the_guard_writes_one_end_record_with_the_time_since_accept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.jsonl");
+        let sink = Sink {
+            log: Arc::new(AuditLog::open(Some(&path)).unwrap()),
+            metrics: Arc::new(Metrics::new().unwrap()),
+        };
+        let accepted = Accepted {
+            conn_id: 9,
+            client: "127.0.0.1:4".parse().unwrap(),
+            started: Instant::now() - std::time::Duration::from_millis(25),
+        };
+        {
+            let mut g = AuditGuard::new(sink.clone(), &accepted, Mode::Connect, "v1".into());
+            g.decision(&Decision::deny(Reason::AuthRequired, None));
+            g.open();
+        }
+        sink.log.close();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(lines[0]["event"], "open");
+        assert_eq!(lines[1]["event"], "end");
+        assert_eq!(lines[1]["reason"], "auth_required");
+        assert_eq!(lines[1]["close"], "eof");
+        assert!(lines[1]["duration_ms"].as_u64().unwrap() >= 25);
+        assert!(sink
+            .metrics
+            .render()
+            .contains("egress_connections_total{decision=\"deny\",mode=\"connect\",reason=\"auth_required\",sandbox=\"-\"} 1"));
+    }
+}

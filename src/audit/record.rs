@@ -1,0 +1,332 @@
+//! The audit record (DESIGN §7) as typed values, and its JSON encoding. The data plane fills a
+//! [`Record`] with what it already has — enums, addresses, `Arc`s — and never formats a
+//! string for it; [`Entry::encode`] turns it into one JSON line on the writer thread. The JSON
+//! field names and value spellings are the contract.
+
+use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::guard::GuardVerdict;
+use crate::identity::Method;
+use crate::policy::{Rule, Verdict};
+use crate::reason::Reason;
+use crate::sandbox_id::SandboxId;
+use crate::target::Target;
+
+/// How a connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Close {
+    /// Both sides finished normally (or the request was answered).
+    Eof,
+    /// Nothing moved for `timeouts.idle_ms` (or no request arrived within `header_ms`).
+    Idle,
+    Error,
+    /// The policy in force no longer allows the exchange.
+    Revoked,
+    Shutdown,
+    /// Refused by a limit.
+    Limit,
+}
+
+/// What the proxy read the destination from (the record's `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Explicit proxy, `CONNECT host:port` (also: a connection that sent no usable request).
+    Connect,
+    /// Explicit proxy, absolute-form `GET http://host/...`.
+    Http,
+    /// Transparent, TLS ClientHello SNI.
+    Sni,
+    /// Transparent, HTTP `Host` header.
+    Host,
+    /// Transparent, neither TLS nor HTTP: decided on the original destination.
+    Tcp,
+}
+
+impl Mode {
+    /// The record's and the metric label's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Connect => "connect",
+            Mode::Http => "http",
+            Mode::Sni => "sni",
+            Mode::Host => "host",
+            Mode::Tcp => "tcp",
+        }
+    }
+}
+
+/// `open` (a tunnel or forwarded exchange began) or `end` (the one final record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Event {
+    Open,
+    End,
+}
+
+/// Everything a connection's record says, as typed values.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub conn_id: u64,
+    pub sandbox: Option<SandboxId>,
+    pub identity: Method,
+    pub client: SocketAddr,
+    pub mode: Mode,
+    pub target: Option<Target>,
+    pub sni: Option<Box<str>>,
+    pub original_dst: Option<SocketAddr>,
+    /// Transparent mode: whether `original_dst` was among the resolved addresses.
+    pub dst_in_resolved: Option<bool>,
+    /// Transparent TLS: ALPN protocols offered, and whether the hello carried ECH.
+    pub alpn: Option<Vec<String>>,
+    pub ech: Option<bool>,
+    pub resolved: Vec<IpAddr>,
+    /// Addresses the guard kept the proxy from dialling (DESIGN §3), allowed or not.
+    pub guard_refused: Vec<(IpAddr, GuardVerdict)>,
+    pub dialed: Option<SocketAddr>,
+    pub verdict: Verdict,
+    pub reason: Reason,
+    pub rule: Option<Arc<Rule>>,
+    pub policy_version: Arc<str>,
+    /// A short human-readable detail (never a secret).
+    pub detail: Option<Cow<'static, str>>,
+}
+
+impl Record {
+    /// A record for a connection that has been accepted and nothing else: denied
+    /// `invalid_target` until a stage says otherwise.
+    pub fn new(conn_id: u64, client: SocketAddr, mode: Mode, policy_version: Arc<str>) -> Self {
+        Record {
+            conn_id,
+            sandbox: None,
+            identity: Method::None,
+            client,
+            mode,
+            target: None,
+            sni: None,
+            original_dst: None,
+            dst_in_resolved: None,
+            alpn: None,
+            ech: None,
+            resolved: Vec::new(),
+            guard_refused: Vec::new(),
+            dialed: None,
+            verdict: Verdict::Deny,
+            reason: Reason::InvalidTarget,
+            rule: None,
+            policy_version,
+            detail: None,
+        }
+    }
+}
+
+/// One line for the writer: a record, when it was produced, and the end-of-connection facts.
+#[derive(Debug)]
+pub struct Entry {
+    pub event: Event,
+    pub at: SystemTime,
+    pub record: Record,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub duration_ms: u64,
+    /// `None` on `open` entries.
+    pub close: Option<Close>,
+}
+
+/// The JSON shape of an entry (field order and names are the contract).
+#[derive(Serialize)]
+struct Json<'a> {
+    ts: String,
+    event: Event,
+    conn_id: u64,
+    sandbox: Option<&'a str>,
+    identity: &'static str,
+    client: String,
+    mode: Mode,
+    target_host: Option<String>,
+    target_port: Option<u16>,
+    sni: Option<&'a str>,
+    original_dst: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dst_in_resolved: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    alpn: Option<&'a [String]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ech: Option<bool>,
+    resolved: Vec<String>,
+    dialed: Option<String>,
+    decision: Verdict,
+    reason: Reason,
+    rule: Option<&'a str>,
+    rule_source: Option<String>,
+    policy_version: &'a str,
+    bytes_up: u64,
+    bytes_down: u64,
+    duration_ms: u64,
+    close: Option<Close>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
+}
+
+impl Entry {
+    /// Append this entry as one JSON line (with the newline) to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        let r = &self.record;
+        let json = Json {
+            ts: rfc3339(self.at),
+            event: self.event,
+            conn_id: r.conn_id,
+            sandbox: r.sandbox.as_ref().map(SandboxId::as_str),
+            identity: r.identity.as_str(),
+            client: r.client.to_string(),
+            mode: r.mode,
+            target_host: r.target.as_ref().map(|t| t.host.to_string()),
+            target_port: r.target.as_ref().map(|t| t.port),
+            sni: r.sni.as_deref(),
+            original_dst: r.original_dst.map(|a| a.to_string()),
+            dst_in_resolved: r.dst_in_resolved,
+            alpn: r.alpn.as_deref(),
+            ech: r.ech,
+            resolved: r.resolved.iter().map(IpAddr::to_string).collect(),
+            dialed: r.dialed.map(|a| a.to_string()),
+            decision: r.verdict,
+            reason: r.reason,
+            rule: r.rule.as_ref().map(|x| x.text.as_str()),
+            rule_source: r.rule.as_ref().map(|x| x.source.to_string()),
+            policy_version: &r.policy_version,
+            bytes_up: self.bytes_up,
+            bytes_down: self.bytes_down,
+            duration_ms: self.duration_ms,
+            close: self.close,
+            detail: detail(r),
+        };
+        serde_json::to_writer(&mut *out, &json)?;
+        out.push(b'\n');
+        Ok(())
+    }
+}
+
+/// The record's `detail`: the stage's own words, then what the guard refused.
+fn detail(r: &Record) -> Option<String> {
+    if r.guard_refused.is_empty() {
+        return r.detail.as_ref().map(|d| d.to_string());
+    }
+    let list: Vec<String> = r
+        .guard_refused
+        .iter()
+        .map(|(ip, v)| match v {
+            GuardVerdict::Prohibited(range) => format!("{ip} ({range})"),
+            GuardVerdict::Loop => format!("{ip} (this proxy)"),
+            GuardVerdict::Permit => ip.to_string(),
+        })
+        .collect();
+    let guard = format!("guard refused {}", list.join(", "));
+    Some(match &r.detail {
+        Some(d) => format!("{d}; {guard}"),
+        None => guard,
+    })
+}
+
+/// RFC 3339 UTC timestamp with milliseconds.
+pub fn rfc3339(at: SystemTime) -> String {
+    let d = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{:03}Z",
+        d.subsec_millis()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        let at = UNIX_EPOCH + Duration::from_millis(1_795_345_423_882);
+        assert_eq!(rfc3339(at), "2026-11-22T11:03:43.882Z");
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+    }
+
+    #[test]
+    fn encodes_every_contract_field_with_its_spelling() {
+        let mut r = Record::new(
+            7,
+            "127.0.0.1:5000".parse().unwrap(),
+            Mode::Connect,
+            "abc".into(),
+        );
+        r.sandbox = SandboxId::new("demo").ok();
+        r.identity = Method::Source;
+        r.target = Target::parse("[2001:db8::1]:443", None).ok();
+        r.resolved = vec!["10.0.0.1".parse().unwrap()];
+        r.guard_refused = vec![(
+            "10.0.0.1".parse().unwrap(),
+            GuardVerdict::Prohibited("10.0.0.0/8"),
+        )];
+        r.detail = Some("upstream said no".into());
+        let e = Entry {
+            event: Event::End,
+            at: UNIX_EPOCH,
+            record: r,
+            bytes_up: 1,
+            bytes_down: 2,
+            duration_ms: 3,
+            close: Some(Close::Revoked),
+        };
+        let mut out = Vec::new();
+        e.encode(&mut out).unwrap();
+        assert_eq!(out.last(), Some(&b'\n'));
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["event"], "end");
+        assert_eq!(v["sandbox"], "demo");
+        assert_eq!(v["identity"], "source");
+        assert_eq!(v["mode"], "connect");
+        assert_eq!(v["target_host"], "[2001:db8::1]");
+        assert_eq!(v["target_port"], 443);
+        assert_eq!(v["decision"], "deny");
+        assert_eq!(v["reason"], "invalid_target");
+        assert_eq!(v["close"], "revoked");
+        assert_eq!(v["resolved"], serde_json::json!(["10.0.0.1"]));
+        assert_eq!(
+            v["detail"],
+            "upstream said no; guard refused 10.0.0.1 (10.0.0.0/8)"
+        );
+        for key in [
+            "ts",
+            "conn_id",
+            "client",
+            "sni",
+            "original_dst",
+            "dialed",
+            "rule",
+            "rule_source",
+            "policy_version",
+            "bytes_up",
+            "bytes_down",
+            "duration_ms",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key}");
+        }
+        assert!(v.get("alpn").is_none() && v.get("ech").is_none());
+    }
+}

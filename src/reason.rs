@@ -1,0 +1,188 @@
+//! The closed set of reasons a connection was allowed or refused (DESIGN §6). One reason
+//! drives the deny response (status, `Proxy-Status`), the audit record's `reason` and the
+//! metric label, so it is a closed enum with fixed string codes. It depends on nothing.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// Every reason a connection was allowed or refused (DESIGN §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// Allowed: a rule of `network.egress` matched.
+    RuleMatched,
+    /// Allowed: `network.mode: allow-all`.
+    AllowAllMode,
+    NoRuleMatched,
+    DeniedByRule,
+    DenyAllMode,
+    PortNotAllowed,
+    DestinationIpProhibited,
+    ProxyLoop,
+    InvalidTarget,
+    AuthRequired,
+    AuthFailed,
+    UnknownSandbox,
+    RateLimited,
+    ConnectionLimit,
+    DnsError,
+    DestinationNotFound,
+    DnsTimeout,
+    ConnectionTimeout,
+    ConnectionRefused,
+    /// Transparent mode with `strict_sni_dst`: the client's original destination is not an
+    /// address of the name it sent (SNI / Host).
+    DestinationMismatch,
+}
+
+impl Reason {
+    /// Every reason, for exhaustive tests and metric pre-registration.
+    pub const ALL: [Reason; 20] = [
+        Reason::RuleMatched,
+        Reason::AllowAllMode,
+        Reason::NoRuleMatched,
+        Reason::DeniedByRule,
+        Reason::DenyAllMode,
+        Reason::PortNotAllowed,
+        Reason::DestinationIpProhibited,
+        Reason::ProxyLoop,
+        Reason::InvalidTarget,
+        Reason::AuthRequired,
+        Reason::AuthFailed,
+        Reason::UnknownSandbox,
+        Reason::RateLimited,
+        Reason::ConnectionLimit,
+        Reason::DnsError,
+        Reason::DestinationNotFound,
+        Reason::DnsTimeout,
+        Reason::ConnectionTimeout,
+        Reason::ConnectionRefused,
+        Reason::DestinationMismatch,
+    ];
+
+    /// The stable code used in audit records, metrics and `Proxy-Status` details.
+    pub fn code(self) -> &'static str {
+        match self {
+            Reason::RuleMatched => "rule_matched",
+            Reason::AllowAllMode => "allow_all_mode",
+            Reason::NoRuleMatched => "no_rule_matched",
+            Reason::DeniedByRule => "denied_by_rule",
+            Reason::DenyAllMode => "deny_all_mode",
+            Reason::PortNotAllowed => "port_not_allowed",
+            Reason::DestinationIpProhibited => "destination_ip_prohibited",
+            Reason::ProxyLoop => "proxy_loop",
+            Reason::InvalidTarget => "invalid_target",
+            Reason::AuthRequired => "auth_required",
+            Reason::AuthFailed => "auth_failed",
+            Reason::UnknownSandbox => "unknown_sandbox",
+            Reason::RateLimited => "rate_limited",
+            Reason::ConnectionLimit => "connection_limit",
+            Reason::DnsError => "dns_error",
+            Reason::DestinationNotFound => "destination_not_found",
+            Reason::DnsTimeout => "dns_timeout",
+            Reason::ConnectionTimeout => "connection_timeout",
+            Reason::ConnectionRefused => "connection_refused",
+            Reason::DestinationMismatch => "destination_mismatch",
+        }
+    }
+
+    /// HTTP status of the deny response on the explicit proxy.
+    pub fn status(self) -> u16 {
+        match self {
+            Reason::RuleMatched | Reason::AllowAllMode => 200,
+            Reason::NoRuleMatched
+            | Reason::DeniedByRule
+            | Reason::DenyAllMode
+            | Reason::PortNotAllowed
+            | Reason::DestinationIpProhibited
+            | Reason::DestinationMismatch
+            | Reason::ProxyLoop => 403,
+            Reason::InvalidTarget => 400,
+            Reason::AuthRequired | Reason::AuthFailed | Reason::UnknownSandbox => 407,
+            Reason::RateLimited | Reason::ConnectionLimit => 429,
+            Reason::DnsError | Reason::DestinationNotFound | Reason::ConnectionRefused => 502,
+            Reason::DnsTimeout | Reason::ConnectionTimeout => 504,
+        }
+    }
+
+    /// The RFC 9209 `Proxy-Status` error type.
+    pub fn proxy_status_error(self) -> &'static str {
+        match self {
+            Reason::RuleMatched | Reason::AllowAllMode => "",
+            Reason::NoRuleMatched
+            | Reason::DeniedByRule
+            | Reason::DenyAllMode
+            | Reason::PortNotAllowed
+            | Reason::AuthRequired
+            | Reason::AuthFailed
+            | Reason::UnknownSandbox => "http_request_denied",
+            Reason::DestinationIpProhibited | Reason::DestinationMismatch => {
+                "destination_ip_prohibited"
+            }
+            Reason::ProxyLoop => "proxy_loop_detected",
+            Reason::InvalidTarget => "http_request_error",
+            Reason::RateLimited | Reason::ConnectionLimit => "connection_limit_reached",
+            Reason::DnsError => "dns_error",
+            Reason::DestinationNotFound => "destination_not_found",
+            Reason::DnsTimeout => "dns_timeout",
+            Reason::ConnectionTimeout => "connection_timeout",
+            Reason::ConnectionRefused => "connection_refused",
+        }
+    }
+
+    /// Whether report mode may let this refusal through: only allowlist decisions, never
+    /// identity, the address guard, malformed targets or operational failures.
+    pub fn reportable(self) -> bool {
+        matches!(
+            self,
+            Reason::NoRuleMatched
+                | Reason::DeniedByRule
+                | Reason::DenyAllMode
+                | Reason::PortNotAllowed
+        )
+    }
+
+    /// Whether this reason means the connection was allowed.
+    pub fn is_allow(self) -> bool {
+        matches!(self, Reason::RuleMatched | Reason::AllowAllMode)
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_and_statuses_follow_the_table() {
+        let mut codes: Vec<_> = Reason::ALL.iter().map(|r| r.code()).collect();
+        codes.sort();
+        codes.dedup();
+        assert_eq!(codes.len(), Reason::ALL.len());
+        for r in Reason::ALL {
+            assert_eq!(
+                serde_json::to_value(r).unwrap(),
+                serde_json::json!(r.code())
+            );
+            if !r.is_allow() {
+                assert!(r.status() >= 400, "{r}");
+                assert!(!r.proxy_status_error().is_empty(), "{r}");
+            }
+        }
+        assert_eq!(Reason::PortNotAllowed.status(), 403);
+        assert_eq!(
+            Reason::ProxyLoop.proxy_status_error(),
+            "proxy_loop_detected"
+        );
+        assert_eq!(Reason::DnsTimeout.status(), 504);
+        assert!(!Reason::DestinationIpProhibited.reportable());
+        assert!(!Reason::AuthFailed.reportable());
+        assert!(Reason::DenyAllMode.reportable());
+    }
+}

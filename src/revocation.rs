@@ -1,0 +1,189 @@
+//! Live exchanges watch their policy (the linkerd2-proxy way): every allowed tunnel or
+//! forwarded request holds a [`Watch`] of what it was allowed to do — its [`Grant`] — and of
+//! the process [`Phase`]. [`Watch::stopped`] resolves when the exchange must end: when a newly
+//! published policy set no longer allows the grant (`revoked`), or when shutdown reaches the
+//! stopping phase (`shutdown`). There is no registry of exchanges and no lock held across
+//! decisions: each exchange re-decides itself.
+//!
+//! An exchange remembers the policy generation it was decided under. If a reload or a DELETE
+//! was published while it was resolving, dialling or peeking, the first poll of `stopped`
+//! sees the newer generation and re-decides at once — a change can never slip between the
+//! decision and the start of the relay.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::audit::Close;
+use crate::policy_set::PolicySet;
+use crate::sandbox_id::SandboxId;
+use crate::target::Target;
+
+/// Where the process is in its life; relays and HTTP connections watch it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Serving,
+    /// Shutdown began: HTTP connections finish their request and close; tunnels go on.
+    Draining,
+    /// The grace period is over: every exchange stops now.
+    Stopping,
+}
+
+/// What an exchange was allowed to do: the sandbox, the target it asked for and the address
+/// actually dialled, decided under policy `generation`.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    pub sandbox: SandboxId,
+    pub target: Target,
+    pub dialed: IpAddr,
+    pub generation: u64,
+}
+
+impl Grant {
+    /// Whether `set` still allows this exchange (exactly the decision a new connection with
+    /// the same sandbox, target and address would get).
+    pub fn allowed_by(&self, set: &PolicySet) -> bool {
+        match set.get(self.sandbox.as_str()) {
+            None => false,
+            Some(sb) => set
+                .decide(sb, &self.target, Some(&[self.dialed]))
+                .decision
+                .verdict
+                .proceeds(),
+        }
+    }
+}
+
+/// A grant, watching the policy and the process phase.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    grant: Arc<Grant>,
+    policy: watch::Receiver<Arc<PolicySet>>,
+    phase: watch::Receiver<Phase>,
+}
+
+impl Watch {
+    pub fn new(
+        grant: Grant,
+        policy: watch::Receiver<Arc<PolicySet>>,
+        phase: watch::Receiver<Phase>,
+    ) -> Self {
+        Watch {
+            grant: Arc::new(grant),
+            policy,
+            phase,
+        }
+    }
+
+    /// Re-decide under the newest set; `false` when it no longer allows the grant.
+    fn still_allowed(&mut self) -> bool {
+        // Clone the Arc so no lock is held while deciding.
+        let set = self.policy.borrow_and_update().clone();
+        self.grant.allowed_by(&set)
+    }
+
+    /// Resolves when the exchange must stop, with the `close` to record. Never resolves while
+    /// the grant stays allowed and the process keeps serving. Cancel-safe in the sense that
+    /// matters: create it once and poll it from a `select!` loop.
+    pub async fn stopped(mut self) -> Close {
+        let current = self.policy.borrow().generation();
+        if current != self.grant.generation && !self.still_allowed() {
+            return Close::Revoked;
+        }
+        if *self.phase.borrow_and_update() == Phase::Stopping {
+            return Close::Shutdown;
+        }
+        loop {
+            tokio::select! {
+                changed = self.policy.changed() => match changed {
+                    Ok(()) if !self.still_allowed() => return Close::Revoked,
+                    Ok(()) => {}
+                    // The publisher is gone: the process is going away.
+                    Err(_) => return Close::Shutdown,
+                },
+                changed = self.phase.changed() => match changed {
+                    Ok(()) if *self.phase.borrow_and_update() == Phase::Stopping => {
+                        return Close::Shutdown
+                    }
+                    Ok(()) => {}
+                    Err(_) => return Close::Shutdown,
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_str;
+    use crate::policy_set::LivePolicy;
+    use std::path::Path;
+    use std::time::Duration;
+
+    fn set(egress: &[&str]) -> PolicySet {
+        let egress = egress
+            .iter()
+            .map(|e| format!("\"{e}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let text = format!(
+            "sandboxes:\n  - {{ id: a, policy: {{ provider: local, config: {{}}, network: {{ egress: [{egress}] }} }} }}\n"
+        );
+        let c = load_str(&text, "t", Path::new("."), None).unwrap();
+        PolicySet::compile(&c, &[], vec![]).unwrap()
+    }
+
+    fn grant(generation: u64) -> Grant {
+        Grant {
+            sandbox: SandboxId::new("a").unwrap(),
+            target: Target::parse("x.example.com:443", None).unwrap(),
+            dialed: "93.184.216.34".parse().unwrap(),
+            generation,
+        }
+    }
+
+    async fn not_yet(f: &mut std::pin::Pin<&mut impl std::future::Future<Output = Close>>) {
+        let r = tokio::time::timeout(Duration::from_millis(50), f.as_mut()).await;
+        assert!(r.is_err(), "stopped early: {r:?}");
+    }
+
+    #[tokio::test]
+    async fn a_change_that_keeps_the_grant_does_not_stop_and_one_that_removes_it_does() {
+        let live = LivePolicy::new(set(&["x.example.com"]));
+        let (_phase_tx, phase) = watch::channel(Phase::Serving);
+        let g = grant(live.load().generation());
+        let stopped = Watch::new(g, live.subscribe(), phase).stopped();
+        tokio::pin!(stopped);
+        not_yet(&mut stopped).await;
+        live.publish(set(&["x.example.com", "y.example.com"]));
+        not_yet(&mut stopped).await;
+        live.publish(set(&["y.example.com"]));
+        assert_eq!(stopped.await, Close::Revoked);
+    }
+
+    #[tokio::test]
+    async fn a_change_published_before_the_watch_began_is_seen_at_once() {
+        let live = LivePolicy::new(set(&["x.example.com"]));
+        let decided_under = live.load().generation();
+        // The reload lands between the decision and the relay.
+        live.publish(set(&["y.example.com"]));
+        let (_phase_tx, phase) = watch::channel(Phase::Serving);
+        let w = Watch::new(grant(decided_under), live.subscribe(), phase);
+        assert_eq!(w.stopped().await, Close::Revoked);
+    }
+
+    #[tokio::test]
+    async fn stopping_phase_ends_it_and_draining_does_not() {
+        let live = LivePolicy::new(set(&["x.example.com"]));
+        let (phase_tx, phase) = watch::channel(Phase::Serving);
+        let stopped =
+            Watch::new(grant(live.load().generation()), live.subscribe(), phase).stopped();
+        tokio::pin!(stopped);
+        phase_tx.send_replace(Phase::Draining);
+        not_yet(&mut stopped).await;
+        phase_tx.send_replace(Phase::Stopping);
+        assert_eq!(stopped.await, Close::Shutdown);
+    }
+}
