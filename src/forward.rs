@@ -112,15 +112,18 @@ pub async fn forward(
     // The watcher: drives the upstream connection and cuts both sides on revocation or
     // shutdown; it ends when the exchange does.
     let (done_tx, done_rx) = oneshot::channel::<()>();
+    // Record why, and cut the client connection, *before* the upstream connection is dropped:
+    // the handler must never see the upstream error first and answer the client with a 502.
     let stop = {
         let watch = shared.watch(grant);
         let exchange = exchange.clone();
+        let cut = conn.cut.clone();
         async move {
             let close = watch.stopped().await;
             with_audit(&exchange, |a| a.close(close));
+            let _ = cut.send(true);
         }
     };
-    let cut = conn.cut.clone();
     let watcher_exchange = exchange.clone();
     tokio::spawn(async move {
         let drive_upstream = async {
@@ -128,12 +131,11 @@ pub async fn forward(
             // The origin is done; keep watching while the client is still being served.
             std::future::pending::<()>().await
         };
+        // Whichever ends first, the upstream connection is dropped with this select.
         tokio::select! {
             _ = drive_upstream => {}
             _ = done_rx => {}
-            _ = stop => {
-                let _ = cut.send(true);
-            }
+            _ = stop => {}
         }
         drop(watcher_exchange);
     });

@@ -93,10 +93,13 @@ pub async fn serve(
     let mut cut = conn.cut.subscribe();
     let result = loop {
         tokio::select! {
-            r = http.as_mut() => break r,
-            _ = phase.changed() => http.as_mut().graceful_shutdown(),
+            // Checked first: once a forwarded exchange is revoked, hyper must not get to
+            // answer the client (with a 502 for the upstream connection that was just cut).
+            biased;
             // A forwarded exchange was revoked: drop the connection, and with it the response.
             _ = cut.changed() => return,
+            _ = phase.changed() => http.as_mut().graceful_shutdown(),
+            r = http.as_mut() => break r,
         }
     };
     if conn.requests.load(Ordering::Relaxed) == 0 {

@@ -7,9 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use common::*;
-use sha2::{Digest, Sha256};
 
 struct Env {
     _dir: tempfile::TempDir,
@@ -17,17 +15,6 @@ struct Env {
     https: Origin,
     http: Origin,
     proxy: Proxy,
-}
-
-fn sha(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
-}
-
-fn basic(user: &str, pass: &str) -> String {
-    format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
-    )
 }
 
 fn env() -> Env {
@@ -563,7 +550,8 @@ fn sigterm_drains_then_cuts_tunnels_and_flushes_the_audit() {
     let px = e.px("tok", "tok-secret");
     let url = e.https_url("slow.test", "/slow");
     let slow = std::thread::spawn(move || curl(&["-x", &px, "--cacert", &ca, &url]));
-    e.proxy.wait_open(|r| r["target_host"] == "slow.test");
+    e.proxy
+        .wait_audit("open", |r| r["target_host"] == "slow.test");
     let start = Instant::now();
     let status = e.proxy.terminate();
     assert!(status.success(), "{status:?}");
@@ -573,22 +561,4 @@ fn sigterm_drains_then_cuts_tunnels_and_flushes_the_audit() {
     let rec = e.proxy.wait_record(|r| r["target_host"] == "slow.test");
     assert_eq!(rec["close"], "shutdown");
     assert!(rec["bytes_down"].as_u64().unwrap() > 0);
-}
-
-trait WaitOpen {
-    fn wait_open(&self, pred: impl Fn(&serde_json::Value) -> bool);
-}
-
-impl WaitOpen for Proxy {
-    fn wait_open(&self, pred: impl Fn(&serde_json::Value) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while !self
-            .audit_records()
-            .iter()
-            .any(|r| r["event"] == "open" && pred(r))
-        {
-            assert!(Instant::now() < deadline, "no open record");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
 }

@@ -8,13 +8,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
-use sha2::{Digest, Sha256};
 
 const ADMIN_TOKEN: &str = "admin-token-for-tests";
-
-fn sha(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
-}
 
 fn config(dir: &Path, egress: &str) -> String {
     format!(
@@ -98,15 +93,9 @@ impl Env {
         let h =
             std::thread::spawn(move || (curl(&["-x", &px, "--cacert", &ca, &url]), Instant::now()));
         let sandbox = creds.split(':').next().unwrap().to_string();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while !self.proxy.audit_records().iter().any(|r| {
-            r["event"] == "open"
-                && r["target_host"] == "slow.test"
-                && r["sandbox"] == sandbox.as_str()
-        }) {
-            assert!(Instant::now() < deadline, "slow tunnel never opened");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.proxy.wait_audit("open", |r| {
+            r["target_host"] == "slow.test" && r["sandbox"] == sandbox.as_str()
+        });
         h
     }
 }

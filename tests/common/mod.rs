@@ -3,12 +3,17 @@
 //! real `curl`. Everything it starts it stops (Drop).
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use base64::Engine;
+use sha2::{Digest, Sha256};
 
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,6 +33,19 @@ pub const CERT_NAMES: &[&str] = &[
     "rev.test",
     "mixed.test",
 ];
+
+/// Hex SHA-256 of a token, as `token_sha256` wants it.
+pub fn sha(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+/// A `Proxy-Authorization: Basic` value.
+pub fn basic(user: &str, pass: &str) -> String {
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
+    )
+}
 
 /// A test CA and a server certificate signed by it, written to `dir`.
 pub struct TestCa {
@@ -72,10 +90,13 @@ pub fn big_byte(i: usize) -> u8 {
 }
 
 /// An origin server on 127.0.0.1:0 (TLS when given a CA). Paths: `/big` (8 MiB), `/slow`
-/// (1 KiB every 100 ms for a minute), `/echo` (echoes the request head), anything else a
-/// short greeting.
+/// (1 KiB every 100 ms for a minute), `/echo` (echoes the request head), `/upload` (reads the
+/// request body to its end, counting every byte in `received`), anything else a short
+/// greeting.
 pub struct Origin {
     pub addr: SocketAddr,
+    /// Request-body bytes that reached `/upload`, over all requests.
+    pub received: Arc<AtomicU64>,
     _rt: Arc<tokio::runtime::Runtime>,
 }
 
@@ -108,29 +129,39 @@ impl Origin {
         });
         let listener = rt.block_on(tokio::net::TcpListener::bind((ip, 0))).unwrap();
         let addr = listener.local_addr().unwrap();
+        let received = Arc::new(AtomicU64::new(0));
+        let counter = received.clone();
         rt.spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
                 let acceptor = acceptor.clone();
+                let counter = counter.clone();
                 tokio::spawn(async move {
                     match acceptor {
                         Some(a) => {
                             if let Ok(s) = a.accept(stream).await {
-                                serve_one(s).await;
+                                serve_one(s, counter).await;
                             }
                         }
-                        None => serve_one(stream).await,
+                        None => serve_one(stream, counter).await,
                     }
                 });
             }
         });
-        Origin { addr, _rt: rt }
+        Origin {
+            addr,
+            received,
+            _rt: rt,
+        }
     }
 }
 
-async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut s: S) {
+async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut s: S,
+    received: Arc<AtomicU64>,
+) {
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -174,6 +205,34 @@ async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut 
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
+        }
+        "/upload" => {
+            // Count the body (what followed the head in this read, then the rest) to EOF or
+            // Content-Length.
+            let length: Option<u64> = text.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().ok())
+                    .flatten()
+            });
+            let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
+            let mut got = (head.len() - end) as u64;
+            received.fetch_add(got, Ordering::SeqCst);
+            while length.is_none_or(|l| got < l) {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        got += n as u64;
+                        received.fetch_add(n as u64, Ordering::SeqCst);
+                    }
+                }
+            }
+            let body = format!("received {got}\n");
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
         }
         "/echo" => {
             let body = text;
@@ -294,22 +353,31 @@ impl Proxy {
             .collect()
     }
 
-    /// Wait until a final record matching `pred` appears.
-    pub fn wait_record(&self, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    /// Wait (up to 15 s) until a record of `event` (`open` or `end`) matching `pred` appears.
+    pub fn wait_audit(
+        &self,
+        event: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             if let Some(r) = self
                 .audit_records()
                 .into_iter()
-                .find(|r| r["event"] == "end" && pred(r))
+                .find(|r| r["event"] == event && pred(r))
             {
                 return r;
             }
             if Instant::now() > deadline {
-                panic!("no matching audit record in {:#?}", self.audit_records());
+                panic!("no matching {event} record in {:#?}", self.audit_records());
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(25));
         }
+    }
+
+    /// Wait until a final record matching `pred` appears.
+    pub fn wait_record(&self, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        self.wait_audit("end", pred)
     }
 
     /// GET a path on the admin listener: (status, body).
@@ -429,4 +497,81 @@ pub fn admin_req(
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// A DNS server on 127.0.0.1 (UDP) that answers A queries for the names it knows after
+/// `delay` (AAAA and other types: no records; unknown names: NXDOMAIN). Counts the queries
+/// it received. Enough of RFC 1035 for a resolver to accept the answers, nothing more.
+pub struct SlowDns {
+    pub addr: SocketAddr,
+    pub queries: Arc<AtomicU64>,
+}
+
+impl SlowDns {
+    pub fn start(delay: Duration, names: &[(&str, Ipv4Addr)]) -> SlowDns {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = sock.local_addr().unwrap();
+        let names: HashMap<String, Ipv4Addr> =
+            names.iter().map(|(n, a)| (n.to_string(), *a)).collect();
+        let queries = Arc::new(AtomicU64::new(0));
+        let count = queries.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while let Ok((n, from)) = sock.recv_from(&mut buf) {
+                count.fetch_add(1, Ordering::SeqCst);
+                let Some(reply) = dns_answer(&buf[..n], &names) else {
+                    continue;
+                };
+                let sock = sock.try_clone().unwrap();
+                std::thread::spawn(move || {
+                    std::thread::sleep(delay);
+                    let _ = sock.send_to(&reply, from);
+                });
+            }
+        });
+        SlowDns { addr, queries }
+    }
+}
+
+/// The reply to one query, or `None` when it is not one.
+fn dns_answer(q: &[u8], names: &HashMap<String, Ipv4Addr>) -> Option<Vec<u8>> {
+    if q.len() < 12 {
+        return None;
+    }
+    let mut i = 12;
+    let mut labels = Vec::new();
+    loop {
+        let len = *q.get(i)? as usize;
+        i += 1;
+        if len == 0 {
+            break;
+        }
+        labels.push(String::from_utf8_lossy(q.get(i..i + len)?).to_ascii_lowercase());
+        i += len;
+    }
+    let qtype = u16::from_be_bytes([*q.get(i)?, *q.get(i + 1)?]);
+    let question = q.get(12..i + 4)?;
+    let name = labels.join(".");
+    let answer = names.get(&name).filter(|_| qtype == 1);
+    let rcode = if names.contains_key(&name) { 0 } else { 3 };
+    let mut r = Vec::with_capacity(64);
+    r.extend_from_slice(&q[0..2]);
+    r.extend_from_slice(&[
+        0x81,
+        0x80 | rcode,
+        0,
+        1,
+        0,
+        u8::from(answer.is_some()),
+        0,
+        0,
+        0,
+        0,
+    ]);
+    r.extend_from_slice(question);
+    if let Some(ip) = answer {
+        r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+        r.extend_from_slice(&ip.octets());
+    }
+    Some(r)
 }
