@@ -143,7 +143,10 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             shared.metrics().render(),
         ),
         (&Method::GET, "/v1/sandboxes") => json_resp(StatusCode::OK, admin.control.list()),
-        (&Method::POST, "/v1/reload") => match admin.control.reload("api") {
+        (&Method::POST, "/v1/reload") => match off_reactor(admin, |c| c.reload("api"))
+            .await
+            .unwrap_or_else(|| Err(vec!["control-plane task failed".into()]))
+        {
             Ok(v) => json_resp(StatusCode::OK, json!({ "policy_version": v })),
             Err(errors) => json_resp(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -169,7 +172,12 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
                         Ok(b) => b,
                         Err(r) => return r,
                     };
-                    match admin.control.put(&id, &body) {
+                    let put_id = id.clone();
+                    match off_reactor(admin, move |c| c.put(&put_id, &body))
+                        .await
+                        .unwrap_or_else(|| {
+                            Err(ChangeError::Failed("control-plane task failed".into()))
+                        }) {
                         Ok(created) => json_resp(
                             if created {
                                 StatusCode::CREATED
@@ -181,7 +189,13 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
                         Err(e) => change_error(e),
                     }
                 }
-                Method::DELETE => match admin.control.delete(&id) {
+                Method::DELETE => match off_reactor(admin, {
+                    let id = id.clone();
+                    move |c| c.delete(&id)
+                })
+                .await
+                .unwrap_or_else(|| Err(ChangeError::Failed("control-plane task failed".into())))
+                {
                     Ok(revoked) => json_resp(
                         StatusCode::OK,
                         json!({ "id": id, "deleted": true, "tunnels_closed": revoked }),
@@ -192,6 +206,22 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             }
         }
         _ => text(StatusCode::NOT_FOUND, plain, "not found\n".into()),
+    }
+}
+
+/// Run a control-plane change (compile, fsync, under the controller's lock) on the blocking
+/// pool, never on a data-plane worker thread.
+async fn off_reactor<T: Send + 'static>(
+    admin: &Admin,
+    change: impl FnOnce(&Controller) -> T + Send + 'static,
+) -> Option<T> {
+    let control = admin.control.clone();
+    match tokio::task::spawn_blocking(move || change(&control)).await {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::error!(error = %e, "control-plane task failed");
+            None
+        }
     }
 }
 

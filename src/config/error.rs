@@ -91,6 +91,16 @@ impl<'a> Sink<'a> {
         Some(self.starts.partition_point(|s| *s <= at))
     }
 
+    /// Record an error about a top-level setting (no sandbox), located by `hint`.
+    pub fn top(
+        &mut self,
+        field: impl Into<String>,
+        message: impl Into<String>,
+        hint: Option<&str>,
+    ) {
+        self.push(None, field, message, hint, 1);
+    }
+
     /// Record an error. `hint` is a string expected on the offending line (a key or an entry),
     /// searched from `after_line` on.
     pub fn push(

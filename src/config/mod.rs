@@ -3,10 +3,19 @@
 //! validated values. The only module that knows YAML. Loading reads the named files and
 //! nothing else (no DNS, no network), collects every problem, and fails once with all of them.
 
+//!
+//! Layout: this file (the typed configuration and `load`), [`defaults`] (every default and
+//! the sections that have them), `binding` (sandbox bindings, tokens, policy resolution,
+//! runtime registrations), [`block`] (the AIP-36 block) and `conformance` (its checks),
+//! `refs` (`*.SANDBOX.md` files and `sandbox_dirs`), `raw` (the serde shape), [`error`].
+
+mod binding;
+pub mod block;
+mod conformance;
+pub mod defaults;
 pub mod error;
 mod raw;
 mod refs;
-pub mod sandbox_block;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -17,17 +26,16 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::Serialize;
 use serde_yaml::{Mapping, Value};
-use sha2::{Digest, Sha256};
 
+use binding::{build_binding, id_lines, BindingCtx};
+pub use block::SandboxBlock;
+use defaults::{resolve_defaults, resolve_dns, resolve_listen};
 use error::{redact, unknown_field, Sink};
 pub use error::{ConfigError, ConfigErrors};
-use raw::{RawAudit, RawBinding, RawDefaults, RawDns, RawListen, TOP_LEVEL_KEYS};
+use raw::{RawAudit, RawDefaults, RawDns, RawListen, TOP_LEVEL_KEYS};
 pub use raw::{RawAuth, RawLimits};
 use refs::PolicyIndex;
-pub use sandbox_block::SandboxBlock;
-use sandbox_block::{parse_block, BlockCtx};
 
-use crate::hostname::normalize_name;
 use crate::policy::ports::PortSet;
 use crate::policy::{Enforcement, NetworkSpec};
 use crate::sandbox_id::SandboxId;
@@ -138,7 +146,7 @@ impl MaxConnections {
 
 impl Default for MaxConnections {
     fn default() -> Self {
-        MaxConnections(10_000)
+        MaxConnections(defaults::MAX_CONNECTIONS as u32)
     }
 }
 
@@ -236,17 +244,15 @@ pub fn load_str(
     for (k, _) in &top {
         match k.as_str() {
             Some(k) if TOP_LEVEL_KEYS.contains(&k) => {}
-            Some(k) => sink.push(
-                None,
+            Some(k) => sink.top(
                 k,
                 format!(
                     "unknown key (expected one of: {})",
                     TOP_LEVEL_KEYS.join(", ")
                 ),
                 Some(&format!("{k}:")),
-                1,
             ),
-            None => sink.push(None, "", "top-level keys must be strings", None, 1),
+            None => sink.top("", "top-level keys must be strings", None),
         }
     }
     let listen: RawListen = section(&mut top, "listen", &mut sink).unwrap_or_default();
@@ -260,17 +266,16 @@ pub fn load_str(
         section(&mut top, "sandbox_dirs", &mut sink).unwrap_or_default();
     let extra_providers: Vec<String> =
         section(&mut top, "extra_providers", &mut sink).unwrap_or_default();
-    let max_connections: u64 = section(&mut top, "max_connections", &mut sink).unwrap_or(10_000);
+    let max_connections: u64 =
+        section(&mut top, "max_connections", &mut sink).unwrap_or(defaults::MAX_CONNECTIONS);
     let sandboxes: Vec<Value> = section(&mut top, "sandboxes", &mut sink).unwrap_or_default();
 
     for p in &extra_providers {
-        if sandbox_block::BUILTIN_PROVIDERS.contains(&p.as_str()) {
-            sink.push(
-                None,
+        if block::BUILTIN_PROVIDERS.contains(&p.as_str()) {
+            sink.top(
                 "extra_providers",
                 format!("`{p}` collides with a built-in provider id"),
                 Some(p),
-                1,
             );
         }
     }
@@ -278,12 +283,10 @@ pub fn load_str(
     let dns = resolve_dns(dns, &mut sink);
     let listen = resolve_listen(listen, admin_token_file.is_some(), &mut sink);
     let max_connections = MaxConnections::new(max_connections).unwrap_or_else(|| {
-        sink.push(
-            None,
+        sink.top(
             "max_connections",
             format!("must be from 1 to {}", MaxConnections::LIMIT),
             Some("max_connections:"),
-            1,
         );
         MaxConnections::default()
     });
@@ -321,7 +324,7 @@ pub fn load_str(
         let before = sink.errors.len();
         let Some(b) = build_binding(value, i, &ctx, &mut sink, &mut warnings, &mut files) else {
             if sink.errors.len() == before {
-                sink.push(None, format!("sandboxes[{i}]"), "invalid binding", None, 1);
+                sink.top(format!("sandboxes[{i}]"), "invalid binding", None);
             }
             continue;
         };
@@ -359,12 +362,10 @@ pub fn load_str(
     }
     if let Some(d) = &listen.default_sandbox {
         if !seen.contains(d.as_str()) {
-            sink.push(
-                None,
+            sink.top(
                 "listen.default_sandbox",
                 format!("no sandbox has id `{d}`"),
                 Some("default_sandbox:"),
-                1,
             );
         }
     }
@@ -387,84 +388,6 @@ pub fn load_str(
         files,
         index: Arc::new(index),
     })
-}
-
-impl Config {
-    /// Parse a binding that arrives at run time (admin API `PUT /v1/sandboxes/{id}`, or a file
-    /// of `state_dir`), with this configuration's defaults, providers and `sandbox_dirs`
-    /// index. The body is JSON or YAML; its `id`, when present, must be `id` (it is filled in
-    /// otherwise). Returns the binding and the body as canonical JSON, for persistence.
-    pub fn parse_runtime_binding(
-        &self,
-        text: &str,
-        origin: &str,
-        id: &str,
-    ) -> Result<(Binding, String), ConfigErrors> {
-        let one = |message: String, line: Option<usize>| {
-            ConfigErrors(vec![ConfigError {
-                file: origin.into(),
-                line,
-                sandbox: Some(id.to_string()),
-                field: String::new(),
-                message,
-                code: None,
-            }])
-        };
-        let mut value: Value = serde_yaml::from_str(text).map_err(|e| {
-            one(
-                format!("not valid JSON or YAML: {}", redact(&e.to_string())),
-                e.location().map(|l| l.line()),
-            )
-        })?;
-        let Value::Mapping(map) = &mut value else {
-            return Err(one(
-                "expected an object: a sandbox binding with an inline policy".into(),
-                None,
-            ));
-        };
-        match map.get("id") {
-            None => {
-                map.insert("id".into(), Value::String(id.to_string()));
-            }
-            Some(Value::String(s)) if s == id => {}
-            Some(_) => {
-                return Err(one(
-                    format!("`id` in the body must be `{id}`, as in the path"),
-                    None,
-                ))
-            }
-        }
-        if let Some(Value::Mapping(p)) = map.get("policy") {
-            if p.contains_key("ref") {
-                // Runtime bindings carry their policy inline; refs are for files the operator owns.
-                let is_slug = p
-                    .get("ref")
-                    .and_then(Value::as_str)
-                    .is_some_and(|r| r.starts_with('@'));
-                if !is_slug {
-                    return Err(one("runtime bindings take an inline policy (or an `@owner/slug` ref into sandbox_dirs), not a file path".into(), None));
-                }
-            }
-        }
-        let json =
-            serde_json::to_string(&value).map_err(|e| one(format!("cannot encode: {e}"), None))?;
-        let mut errors = Vec::new();
-        let mut warnings = Vec::new();
-        let mut files = Vec::new();
-        let mut sink = Sink::new(origin.into(), text, &mut errors);
-        let ctx = BindingCtx {
-            base_dir: &self.base_dir,
-            defaults: &self.defaults,
-            extra_providers: &self.extra_providers,
-            index: &self.index,
-            id_lines: id_lines(text),
-        };
-        let b = build_binding(value, 0, &ctx, &mut sink, &mut warnings, &mut files);
-        match b {
-            Some(b) if errors.is_empty() => Ok((b, json)),
-            _ => Err(ConfigErrors(errors)),
-        }
-    }
 }
 
 /// Deserialize one top-level section, recording (not returning) its error.
@@ -496,535 +419,10 @@ fn section<T: serde::de::DeserializeOwned>(
     }
 }
 
-fn resolve_limits(raw: &RawLimits, base: Option<&Limits>) -> Limits {
-    let d = base.cloned().unwrap_or(Limits {
-        max_connections: 512,
-        connections_per_second: 100.0,
-        burst: 200,
-        bandwidth_up_bps: None,
-        bandwidth_down_bps: None,
-    });
-    Limits {
-        max_connections: raw.max_connections.unwrap_or(d.max_connections),
-        connections_per_second: raw
-            .connections_per_second
-            .unwrap_or(d.connections_per_second),
-        burst: raw.burst.unwrap_or(d.burst),
-        bandwidth_up_bps: raw.bandwidth_up_bps.or(d.bandwidth_up_bps),
-        bandwidth_down_bps: raw.bandwidth_down_bps.or(d.bandwidth_down_bps),
-    }
-}
-
-fn check_limits(l: &Limits, sandbox: Option<&str>, field: &str, sink: &mut Sink<'_>, line: usize) {
-    if l.max_connections == 0 {
-        sink.push(
-            sandbox,
-            format!("{field}.max_connections"),
-            "must be at least 1",
-            Some("max_connections:"),
-            line,
-        );
-    }
-    if !(l.connections_per_second.is_finite() && l.connections_per_second > 0.0) {
-        sink.push(
-            sandbox,
-            format!("{field}.connections_per_second"),
-            "must be a positive number",
-            Some("connections_per_second:"),
-            line,
-        );
-    }
-    if l.burst == 0 {
-        sink.push(
-            sandbox,
-            format!("{field}.burst"),
-            "must be at least 1",
-            Some("burst:"),
-            line,
-        );
-    }
-    for (name, v) in [
-        ("bandwidth_up_bps", l.bandwidth_up_bps),
-        ("bandwidth_down_bps", l.bandwidth_down_bps),
-    ] {
-        if v == Some(0) {
-            sink.push(
-                sandbox,
-                format!("{field}.{name}"),
-                "must be positive (or null for unlimited)",
-                Some(name),
-                line,
-            );
-        }
-    }
-}
-
-fn resolve_defaults(raw: RawDefaults, sink: &mut Sink<'_>) -> Defaults {
-    let ports = match PortSet::from_ports(&raw.ports) {
-        Ok(p) if !raw.ports.is_empty() => p,
-        Ok(_) => {
-            sink.push(
-                None,
-                "defaults.ports",
-                "must list at least one port",
-                Some("ports:"),
-                1,
-            );
-            PortSet::any()
-        }
-        Err(e) => {
-            sink.push(None, "defaults.ports", e, Some("ports:"), 1);
-            PortSet::any()
-        }
-    };
-    let limits = resolve_limits(&raw.limits, None);
-    check_limits(&limits, None, "defaults.limits", sink, 1);
-    let t = &raw.timeouts;
-    for (name, v) in [
-        ("connect_ms", t.connect_ms),
-        ("idle_ms", t.idle_ms),
-        ("header_ms", t.header_ms),
-    ] {
-        if v == 0 {
-            sink.push(
-                None,
-                format!("defaults.timeouts.{name}"),
-                "must be positive",
-                Some(name),
-                1,
-            );
-        }
-    }
-    Defaults {
-        ports,
-        enforcement: raw.enforcement,
-        prohibited_ranges: raw.prohibited_ranges.iter().map(IpNet::trunc).collect(),
-        guard_allow_ranges: raw.guard_allow_ranges.iter().map(IpNet::trunc).collect(),
-        limits,
-        timeouts: Timeouts {
-            connect: Duration::from_millis(t.connect_ms),
-            idle: Duration::from_millis(t.idle_ms),
-            header: Duration::from_millis(t.header_ms),
-            shutdown_grace: Duration::from_millis(t.shutdown_grace_ms),
-        },
-        strict_sni_dst: raw.strict_sni_dst,
-    }
-}
-
-fn resolve_dns(raw: RawDns, sink: &mut Sink<'_>) -> DnsConfig {
-    let mut servers = Vec::new();
-    for (i, s) in raw.servers.iter().enumerate() {
-        let parsed = s
-            .parse::<SocketAddr>()
-            .ok()
-            .or_else(|| s.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 53)));
-        match parsed {
-            Some(a) => servers.push(a),
-            None => sink.push(
-                None,
-                format!("dns.servers[{i}]"),
-                format!("`{s}` is not `ip` or `ip:port`"),
-                Some(s),
-                1,
-            ),
-        }
-    }
-    let mut hosts = BTreeMap::new();
-    for (name, addrs) in raw.hosts {
-        match normalize_name(&name) {
-            Ok(n) => {
-                hosts.insert(n, addrs.into_iter().map(|a| a.to_canonical()).collect());
-            }
-            Err(e) => sink.push(
-                None,
-                format!("dns.hosts.{name}"),
-                format!("invalid name: {e}"),
-                Some(&name),
-                1,
-            ),
-        }
-    }
-    if raw.timeout_ms == 0 {
-        sink.push(
-            None,
-            "dns.timeout_ms",
-            "must be positive",
-            Some("timeout_ms:"),
-            1,
-        );
-    }
-    DnsConfig {
-        servers,
-        hosts,
-        timeout: Duration::from_millis(raw.timeout_ms.max(1)),
-    }
-}
-
-fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut Sink<'_>) -> Listen {
-    if raw.proxy.is_none() && raw.transparent.is_none() {
-        sink.push(
-            None,
-            "listen",
-            "at least one of `proxy` and `transparent` must be set",
-            Some("listen:"),
-            1,
-        );
-    }
-    if let Some(admin) = raw.admin {
-        if !admin.ip().is_loopback() && !has_admin_token {
-            sink.push(
-                None,
-                "listen.admin",
-                format!("{admin} is not loopback: set `admin_token_file` so that mutating admin calls need a bearer token"),
-                Some("admin:"),
-                1,
-            );
-        }
-    }
-    Listen {
-        proxy: raw.proxy,
-        transparent: raw.transparent,
-        transparent_tproxy: raw.transparent_tproxy,
-        admin: raw.admin,
-        default_sandbox: raw.default_sandbox,
-    }
-}
-
-/// What building a binding needs from its surroundings.
-struct BindingCtx<'a> {
-    base_dir: &'a Path,
-    defaults: &'a Defaults,
-    extra_providers: &'a [String],
-    index: &'a PolicyIndex,
-    /// Sandbox id → the line of its first `id:` (one pass over the file, not one per binding).
-    id_lines: HashMap<String, usize>,
-}
-
-/// Map every `id: X` line of a file to its line number (first occurrence wins).
-fn id_lines(text: &str) -> HashMap<String, usize> {
-    let mut out = HashMap::new();
-    for (i, line) in text.lines().enumerate() {
-        if let Some(pos) = line.find("id:") {
-            let rest = line[pos + 3..].trim_start();
-            let id: String = rest
-                .trim_start_matches(['"', '\''])
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || "_.-".contains(*c))
-                .collect();
-            if !id.is_empty() {
-                out.entry(id).or_insert(i + 1);
-            }
-        }
-    }
-    out
-}
-
-fn build_binding(
-    value: Value,
-    index: usize,
-    ctx: &BindingCtx<'_>,
-    sink: &mut Sink<'_>,
-    warnings: &mut Vec<String>,
-    files: &mut Vec<PathBuf>,
-) -> Option<Binding> {
-    let Value::Mapping(mut map) = value else {
-        sink.push(
-            None,
-            format!("sandboxes[{index}]"),
-            "expected a mapping with `id` and `policy`",
-            None,
-            1,
-        );
-        return None;
-    };
-    let id_text = map.get("id").and_then(Value::as_str).map(str::to_string);
-    let label = id_text
-        .clone()
-        .unwrap_or_else(|| format!("sandboxes[{index}]"));
-    let sb = Some(label.as_str());
-    let line = id_text
-        .as_deref()
-        .and_then(|id| ctx.id_lines.get(id).copied())
-        .unwrap_or(1);
-    let before = sink.errors.len();
-    // A plaintext token is refused by name, and never echoed.
-    if let Some(Value::Mapping(auth)) = map.get_mut("auth") {
-        for key in ["token", "password", "secret"] {
-            if auth.remove(key).is_some() {
-                sink.push(
-                    sb,
-                    format!("auth.{key}"),
-                    "plaintext tokens are not allowed in config: use token_sha256, token_file or token_env",
-                    Some(&format!("{key}:")),
-                    line,
-                );
-            }
-        }
-    }
-    let policy_value = map.remove("policy");
-    let raw: Option<RawBinding> = match serde_yaml::from_value(Value::Mapping(map)) {
-        Ok(r) => Some(r),
-        Err(e) => {
-            let msg = redact(&e.to_string());
-            let hint = unknown_field(&msg).map(|f| format!("{f}:"));
-            sink.push(sb, "", msg, hint.as_deref(), line);
-            None
-        }
-    };
-    if let Some(id) = &id_text {
-        if !crate::sandbox_id::is_valid(id) {
-            sink.push(
-                sb,
-                "id",
-                "must match [a-z0-9][a-z0-9_.-]{0,62}",
-                Some("id:"),
-                line,
-            );
-        }
-    }
-    let token_sha256 = raw
-        .as_ref()
-        .and_then(|r| r.auth.as_ref())
-        .and_then(|a| token_digest(a, ctx.base_dir, sb, sink, line, files));
-    let policy = match policy_value {
-        None => {
-            sink.push(
-                sb,
-                "policy",
-                "required: an AIP-36 sandbox block, `{ inline: ... }` or `{ ref: ... }`",
-                None,
-                line,
-            );
-            None
-        }
-        Some(v) => resolve_policy(v, sb, line, ctx, sink, warnings, files),
-    };
-    let raw = raw?;
-    let limits = resolve_limits(
-        raw.limits.as_ref().unwrap_or(&RawLimits::default()),
-        Some(&ctx.defaults.limits),
-    );
-    check_limits(&limits, sb, "limits", sink, line);
-    let (block, network, policy_file, policy_ref) = policy?;
-    if sink.errors.len() > before {
-        return None;
-    }
-    let id = SandboxId::new(&raw.id).ok()?;
-    Some(Binding {
-        id,
-        token_sha256,
-        auth: raw.auth,
-        sources: raw.sources.iter().map(IpNet::trunc).collect(),
-        enforcement: raw.enforcement.unwrap_or(ctx.defaults.enforcement),
-        limits_override: raw.limits,
-        limits,
-        strict_sni_dst: raw.strict_sni_dst.unwrap_or(ctx.defaults.strict_sni_dst),
-        block,
-        network,
-        policy_file,
-        policy_ref,
-    })
-}
-
-fn token_digest(
-    auth: &RawAuth,
-    base_dir: &Path,
-    sb: Option<&str>,
-    sink: &mut Sink<'_>,
-    line: usize,
-    files: &mut Vec<PathBuf>,
-) -> Option<[u8; 32]> {
-    let forms = [
-        auth.token_sha256.is_some(),
-        auth.token_file.is_some(),
-        auth.token_env.is_some(),
-    ];
-    if forms.iter().filter(|f| **f).count() != 1 {
-        sink.push(
-            sb,
-            "auth",
-            "give exactly one of token_sha256, token_file, token_env",
-            Some("auth:"),
-            line,
-        );
-        return None;
-    }
-    let secret = if let Some(hex_digest) = &auth.token_sha256 {
-        let mut out = [0u8; 32];
-        return match hex::decode_to_slice(hex_digest.trim(), &mut out) {
-            Ok(()) => Some(out),
-            Err(_) => {
-                sink.push(
-                    sb,
-                    "auth.token_sha256",
-                    "must be 64 hexadecimal characters (a SHA-256 digest)",
-                    Some("token_sha256:"),
-                    line,
-                );
-                None
-            }
-        };
-    } else if let Some(f) = &auth.token_file {
-        let path = if Path::new(f).is_absolute() {
-            PathBuf::from(f)
-        } else {
-            base_dir.join(f)
-        };
-        files.push(path.clone());
-        match std::fs::read_to_string(&path) {
-            Ok(t) => t.trim().to_string(),
-            Err(e) => {
-                sink.push(
-                    sb,
-                    "auth.token_file",
-                    format!("cannot read {}: {}", path.display(), e.kind()),
-                    Some("token_file:"),
-                    line,
-                );
-                return None;
-            }
-        }
-    } else {
-        let var = auth.token_env.as_deref().unwrap_or_default();
-        match std::env::var(var) {
-            Ok(t) => t.trim().to_string(),
-            Err(_) => {
-                sink.push(
-                    sb,
-                    "auth.token_env",
-                    format!("environment variable {var} is not set"),
-                    Some("token_env:"),
-                    line,
-                );
-                return None;
-            }
-        }
-    };
-    if secret.is_empty() {
-        sink.push(sb, "auth", "the token is empty", Some("auth:"), line);
-        return None;
-    }
-    Some(Sha256::digest(secret.as_bytes()).into())
-}
-
-type ResolvedPolicy = (SandboxBlock, NetworkSpec, Arc<str>, Option<String>);
-
-fn resolve_policy(
-    value: Value,
-    sb: Option<&str>,
-    line: usize,
-    ctx: &BindingCtx<'_>,
-    sink: &mut Sink<'_>,
-    warnings: &mut Vec<String>,
-    files: &mut Vec<PathBuf>,
-) -> Option<ResolvedPolicy> {
-    let policy_line = sink.locate("policy:", line).unwrap_or(line);
-    let (has_inline, has_ref) = match &value {
-        Value::Mapping(m) => (m.contains_key("inline"), m.contains_key("ref")),
-        _ => (false, false),
-    };
-    if has_inline && has_ref {
-        sink.push(
-            sb,
-            "policy",
-            "`inline` and `ref` are mutually exclusive (AIP-36 conformance rule 1)",
-            Some("ref:"),
-            policy_line,
-        );
-        return None;
-    }
-    if has_ref {
-        let Value::Mapping(m) = &value else {
-            return None;
-        };
-        if m.len() != 1 {
-            sink.push(
-                sb,
-                "policy",
-                "`ref` stands alone: put the block in the referenced file",
-                Some("ref:"),
-                policy_line,
-            );
-            return None;
-        }
-        let Some(r) = m.get("ref").and_then(Value::as_str) else {
-            sink.push(
-                sb,
-                "policy.ref",
-                "must be a string: a file path or `@owner/slug`",
-                Some("ref:"),
-                policy_line,
-            );
-            return None;
-        };
-        let found = refs::resolve_ref(
-            r,
-            ctx.base_dir,
-            ctx.index,
-            ctx.extra_providers,
-            warnings,
-            files,
-        );
-        return match found {
-            Ok((block, network, file)) => Some((block, network, file, Some(r.to_string()))),
-            Err(mut errs) => {
-                if errs.is_empty() {
-                    let loc = sink.locate(r, policy_line);
-                    sink.errors.push(ConfigError {
-                        file: sink.file.clone(),
-                        line: loc,
-                        sandbox: sb.map(str::to_string),
-                        field: "policy.ref".into(),
-                        message: format!("`{r}` cannot be resolved (no such file, or no SANDBOX.md with that id in sandbox_dirs)"),
-                        code: Some("sandbox_ref_unresolvable"),
-                    });
-                } else {
-                    for e in &mut errs {
-                        e.sandbox = sb.map(str::to_string);
-                    }
-                    sink.errors.extend(errs);
-                }
-                None
-            }
-        };
-    }
-    let block_value = if has_inline {
-        let Value::Mapping(mut m) = value else {
-            return None;
-        };
-        if m.len() != 1 {
-            sink.push(
-                sb,
-                "policy",
-                "`inline` stands alone: put every field inside it",
-                Some("inline:"),
-                policy_line,
-            );
-            return None;
-        }
-        m.remove("inline").unwrap_or(Value::Null)
-    } else {
-        value
-    };
-    let prefix = if has_inline {
-        "policy.inline."
-    } else {
-        "policy."
-    };
-    let bctx = BlockCtx {
-        sandbox: sb,
-        prefix,
-        standalone: false,
-        extra_providers: ctx.extra_providers,
-        line: policy_line,
-    };
-    let (block, network) = parse_block(block_value, &bctx, sink, warnings)?;
-    Some((block, network, sink.file.clone(), None))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
 
     fn load_text(text: &str) -> Result<Config, ConfigErrors> {
         load_str(text, "t.yaml", Path::new("."), None)
@@ -1159,5 +557,20 @@ sandboxes:
         ] {
             let _ = load_text(text);
         }
+    }
+
+    #[test]
+    fn max_connections_is_bounded_so_no_value_can_panic_the_process() {
+        for bad in ["0", "10000001", "18446744073709551615"] {
+            let e = load_text(&format!("max_connections: {bad}\n")).unwrap_err();
+            assert!(
+                e.0.iter()
+                    .any(|e| e.field == "max_connections"
+                        && e.message.contains("from 1 to 10000000")),
+                "{bad}: {e}"
+            );
+        }
+        let c = load_text("max_connections: 10000000\n").unwrap();
+        assert_eq!(c.max_connections.get(), 10_000_000);
     }
 }

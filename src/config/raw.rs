@@ -8,6 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+use super::defaults;
 use crate::policy::Enforcement;
 
 /// Top-level keys, for the unknown-key check.
@@ -24,11 +25,12 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "sandboxes",
 ];
 
+// Defaults come from [`super::defaults`]; serde needs them as functions.
 fn d_proxy() -> Option<SocketAddr> {
-    Some(SocketAddr::from(([127, 0, 0, 1], 3128)))
+    Some(defaults::PROXY_ADDR)
 }
 fn d_admin() -> Option<SocketAddr> {
-    Some(SocketAddr::from(([127, 0, 0, 1], 9901)))
+    Some(defaults::ADMIN_ADDR)
 }
 
 /// `listen:` — a key left out takes the default; `null` disables the listener.
@@ -61,7 +63,7 @@ impl Default for RawListen {
 }
 
 fn d_dns_timeout() -> u64 {
-    2000
+    defaults::DNS_TIMEOUT_MS
 }
 
 /// `dns:`
@@ -105,16 +107,16 @@ pub struct RawLimits {
 }
 
 fn d_connect() -> u64 {
-    10_000
+    defaults::CONNECT_MS
 }
 fn d_idle() -> u64 {
-    300_000
+    defaults::IDLE_MS
 }
 fn d_header() -> u64 {
-    10_000
+    defaults::HEADER_MS
 }
 fn d_grace() -> u64 {
-    10_000
+    defaults::SHUTDOWN_GRACE_MS
 }
 
 /// `defaults.timeouts`
@@ -144,7 +146,7 @@ impl Default for RawTimeouts {
 }
 
 fn d_ports() -> Vec<u16> {
-    vec![443]
+    defaults::PORTS.to_vec()
 }
 
 /// `defaults:`
@@ -182,7 +184,7 @@ impl Default for RawDefaults {
 }
 
 fn d_audit_path() -> String {
-    "-".into()
+    defaults::AUDIT_PATH.into()
 }
 
 /// `audit:`

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use serde_yaml::Value;
 
+use super::block::{parse_block, BlockCtx, SandboxBlock};
 use super::error::{ConfigError, Sink};
-use super::sandbox_block::{frontmatter, parse_block, BlockCtx, SandboxBlock};
 use crate::policy::NetworkSpec;
 
 /// Standalone policies found in `sandbox_dirs`, by id.
@@ -33,12 +33,10 @@ pub(crate) fn index_dirs(
     for (i, (written, dir)) in dirs.iter().enumerate() {
         let mut found = Vec::new();
         if let Err(e) = collect(dir, 0, &mut found) {
-            sink.push(
-                None,
+            sink.top(
                 format!("sandbox_dirs[{i}]"),
                 format!("cannot read directory {}: {e}", dir.display()),
                 Some(written),
-                1,
             );
             continue;
         }
@@ -153,9 +151,31 @@ pub(crate) fn resolve_ref(
     read_standalone(&path, extra_providers, warnings)
 }
 
+/// Split a standalone file into its YAML frontmatter and the line it starts on.
+pub(crate) fn frontmatter(text: &str) -> Result<(&str, usize), String> {
+    let body = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut lines = body.split_inclusive('\n');
+    match lines.next() {
+        Some(first) if first.trim_end() == "---" => {}
+        _ => {
+            return Err("a SANDBOX.md file must start with a `---` line (YAML frontmatter)".into())
+        }
+    }
+    let start = body.find('\n').map(|i| i + 1).unwrap_or(body.len());
+    let mut offset = start;
+    for line in lines {
+        if line.trim_end() == "---" {
+            return Ok((&body[start..offset], 2));
+        }
+        offset += line.len();
+    }
+    Err("frontmatter is not closed by a `---` line".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::load;
+    use super::frontmatter;
 
     const STANDALONE: &str = "---\nschema: sandbox/v1\nid: \"@acme/ci\"\nversion: 1.0.0\nprovider: local\nconfig: {}\nnetwork:\n  egress: [\"**.github.com\", \"*.githubusercontent.com\"]\n---\n\n# CI\n";
 
@@ -203,5 +223,13 @@ mod tests {
             s.contains("nofm.SANDBOX.md:1: a SANDBOX.md file must start"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn frontmatter_split() {
+        let (y, _) = frontmatter("---\nprovider: local\n---\n# hi\n").unwrap();
+        assert_eq!(y, "provider: local\n");
+        assert!(frontmatter("provider: local\n").is_err());
+        assert!(frontmatter("---\nprovider: local\n").is_err());
     }
 }

@@ -1,13 +1,15 @@
 //! The AIP-36 `sandbox` block: every field parsed and validated, the network part turned into a
 //! [`NetworkSpec`], the rest kept for the runtime (the proxy enforces only the network).
 //!
-//! Conformance applied here: plaintext credentials in `env` or provider `config` are rejected
-//! (without echoing them), unknown providers are rejected unless listed in `extra_providers`,
-//! a missing `network` block means no egress, mount paths must be absolute and normal.
+//! A missing `network` block means no egress. The conformance checks (plaintext credentials,
+//! providers, mounts, standalone fields) live in [`super::conformance`].
 
 use serde::{Deserialize, Serialize};
 use serde_yaml::{Mapping, Value};
 
+use super::conformance::{
+    check_env, check_mounts, check_provider, check_standalone, looks_like_secret_key,
+};
 use super::error::{redact, unknown_field, Sink};
 use crate::policy::entry::parse_entry;
 use crate::policy::{Mode, NetworkSpec};
@@ -126,31 +128,18 @@ pub(crate) struct BlockCtx<'a> {
     pub line: usize,
 }
 
-/// Keys of provider `config` per built-in provider: (key, required).
-fn provider_keys(provider: &str) -> Option<&'static [(&'static str, bool)]> {
-    Some(match provider {
-        "local" => &[("cwd", false), ("shell", false)],
-        "mastra-e2b" => &[("template", true), ("api_key_ref", true), ("region", false)],
-        "mastra-modal" => &[
-            ("app_name", true),
-            ("function_name", true),
-            ("api_token_ref", true),
-        ],
-        "mastra-daytona" => &[("workspace_id", true), ("api_key_ref", true)],
-        "mastra-blaxel" => &[("workspace", true), ("api_key_ref", true)],
-        _ => return None,
-    })
-}
-
-/// Key names that carry a credential value when written inline.
-fn looks_like_secret_key(key: &str) -> bool {
-    let k = key.to_ascii_lowercase();
-    if k.ends_with("_ref") {
-        return false;
+impl BlockCtx<'_> {
+    /// Record an error about `field` of this block (the prefix is added), located by `hint`.
+    pub fn err(
+        &self,
+        sink: &mut Sink<'_>,
+        field: impl AsRef<str>,
+        message: impl Into<String>,
+        hint: Option<&str>,
+    ) {
+        let field = format!("{}{}", self.prefix, field.as_ref());
+        sink.push(self.sandbox, field, message, hint, self.line);
     }
-    ["key", "token", "secret", "password", "passwd", "credential"]
-        .iter()
-        .any(|w| k.contains(w))
 }
 
 /// Parse and validate a block. Returns `None` (with errors recorded) when it is unusable.
@@ -181,13 +170,7 @@ pub(crate) fn parse_block(
         for (k, _) in cfg {
             if let Some(k) = k.as_str() {
                 if looks_like_secret_key(k) {
-                    sink.push(
-                        sb,
-                        format!("{p}config.{k}"),
-                        "plaintext credentials are not allowed in a sandbox block (AIP-36): name a secret with a `*_ref` field",
-                        Some(&format!("{k}:")),
-                        ctx.line,
-                    );
+                    ctx.err(sink, format!("config.{k}"), "plaintext credentials are not allowed in a sandbox block (AIP-36): name a secret with a `*_ref` field", Some(&format!("{k}:")));
                 }
             }
         }
@@ -216,340 +199,6 @@ pub(crate) fn parse_block(
         return None;
     }
     Some((block, network?))
-}
-
-fn check_standalone(block: &SandboxBlock, ctx: &BlockCtx<'_>, sink: &mut Sink<'_>) {
-    let sb = ctx.sandbox;
-    if !ctx.standalone {
-        for (name, present) in [
-            ("schema", block.schema.is_some()),
-            ("id", block.id.is_some()),
-            ("version", block.version.is_some()),
-        ] {
-            if present {
-                sink.push(
-                    sb,
-                    format!("{}{name}", ctx.prefix),
-                    "standalone-only field: allowed in a *.SANDBOX.md file, not in an inline block",
-                    Some(&format!("{name}:")),
-                    ctx.line,
-                );
-            }
-        }
-        return;
-    }
-    match block.schema.as_deref() {
-        Some("sandbox/v1") => {}
-        Some(_) => sink.push(sb, "schema", "must be `sandbox/v1`", Some("schema:"), 1),
-        None => sink.push(
-            sb,
-            "schema",
-            "required in a standalone SANDBOX.md (`schema: sandbox/v1`)",
-            None,
-            1,
-        ),
-    }
-    match block.id.as_deref() {
-        Some(id) if is_registry_slug(id) => {}
-        Some(_) => sink.push(
-            sb,
-            "id",
-            "must be `@owner-slug/sandbox-slug`",
-            Some("id:"),
-            1,
-        ),
-        None => sink.push(sb, "id", "required in a standalone SANDBOX.md", None, 1),
-    }
-    match block.version.as_deref() {
-        Some(v) if is_semver(v) => {}
-        Some(_) => sink.push(
-            sb,
-            "version",
-            "must be a semantic version such as 1.0.0",
-            Some("version:"),
-            1,
-        ),
-        None => sink.push(
-            sb,
-            "version",
-            "required in a standalone SANDBOX.md",
-            None,
-            1,
-        ),
-    }
-}
-
-/// `@owner/slug` with lowercase letters, digits, `-`, `_`, `.`.
-pub(crate) fn is_registry_slug(s: &str) -> bool {
-    let Some(rest) = s.strip_prefix('@') else {
-        return false;
-    };
-    let Some((owner, slug)) = rest.split_once('/') else {
-        return false;
-    };
-    let ok = |p: &str| {
-        !p.is_empty()
-            && p.len() <= 64
-            && p.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
-    };
-    ok(owner) && ok(slug)
-}
-
-fn is_semver(v: &str) -> bool {
-    let core = v.split(['-', '+']).next().unwrap_or("");
-    let parts: Vec<&str> = core.split('.').collect();
-    parts.len() == 3
-        && parts
-            .iter()
-            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-}
-
-fn check_provider(block: &SandboxBlock, ctx: &BlockCtx<'_>, sink: &mut Sink<'_>) {
-    let sb = ctx.sandbox;
-    let p = ctx.prefix;
-    let known = BUILTIN_PROVIDERS.contains(&block.provider.as_str());
-    let extra = ctx.extra_providers.contains(&block.provider);
-    if !known && !extra {
-        sink.push(
-            sb,
-            format!("{p}provider"),
-            format!(
-                "unknown provider `{}` (known: {}; register others in `extra_providers`)",
-                block.provider,
-                BUILTIN_PROVIDERS.join(", ")
-            ),
-            Some("provider:"),
-            ctx.line,
-        );
-        return;
-    }
-    let Some(keys) = provider_keys(&block.provider) else {
-        return;
-    };
-    for (k, v) in &block.config {
-        let Some(k) = k.as_str() else {
-            sink.push(
-                sb,
-                format!("{p}config"),
-                "keys must be strings",
-                None,
-                ctx.line,
-            );
-            continue;
-        };
-        if !keys.iter().any(|(name, _)| *name == k) {
-            let allowed: Vec<&str> = keys.iter().map(|(n, _)| *n).collect();
-            sink.push(
-                sb,
-                format!("{p}config.{k}"),
-                format!(
-                    "unknown field for provider {} (allowed: {})",
-                    block.provider,
-                    allowed.join(", ")
-                ),
-                Some(&format!("{k}:")),
-                ctx.line,
-            );
-        } else if !v.is_string() {
-            sink.push(
-                sb,
-                format!("{p}config.{k}"),
-                "must be a string",
-                Some(&format!("{k}:")),
-                ctx.line,
-            );
-        }
-    }
-    for (name, required) in keys {
-        if *required && !block.config.contains_key(*name) {
-            sink.push(
-                sb,
-                format!("{p}config.{name}"),
-                format!("required for provider {}", block.provider),
-                Some("config:"),
-                ctx.line,
-            );
-        }
-    }
-    if block.provider == "local" {
-        if let Some(shell) = block.config.get("shell").and_then(Value::as_str) {
-            if shell != "/bin/bash" && shell != "/bin/sh" {
-                sink.push(
-                    sb,
-                    format!("{p}config.shell"),
-                    "must be /bin/bash or /bin/sh",
-                    Some("shell:"),
-                    ctx.line,
-                );
-            }
-        }
-    }
-}
-
-fn check_env(env: &Value, ctx: &BlockCtx<'_>, sink: &mut Sink<'_>) {
-    let sb = ctx.sandbox;
-    let p = ctx.prefix;
-    let plaintext = "plaintext values are not allowed in env (AIP-36: credentials never inline): use env.auth.ref for secrets and env.passthrough for host variable names";
-    let Value::Mapping(env) = env else {
-        sink.push(
-            sb,
-            format!("{p}env"),
-            "expected a mapping with `auth` and `passthrough`",
-            Some("env:"),
-            ctx.line,
-        );
-        return;
-    };
-    for (k, v) in env {
-        match k.as_str() {
-            Some("auth") => check_env_auth(v, ctx, sink),
-            Some("passthrough") => {
-                let Value::Sequence(items) = v else {
-                    sink.push(
-                        sb,
-                        format!("{p}env.passthrough"),
-                        "expected a list of variable names",
-                        Some("passthrough:"),
-                        ctx.line,
-                    );
-                    continue;
-                };
-                for (i, item) in items.iter().enumerate() {
-                    match item.as_str() {
-                        Some(name) if is_env_name(name) => {}
-                        Some(name) if name.contains('=') => sink.push(
-                            sb,
-                            format!("{p}env.passthrough[{i}]"),
-                            plaintext,
-                            Some("passthrough:"),
-                            ctx.line,
-                        ),
-                        _ => sink.push(
-                            sb,
-                            format!("{p}env.passthrough[{i}]"),
-                            "must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
-                            Some("passthrough:"),
-                            ctx.line,
-                        ),
-                    }
-                }
-            }
-            Some(other) => sink.push(
-                sb,
-                format!("{p}env.{other}"),
-                plaintext,
-                Some(&format!("{other}:")),
-                ctx.line,
-            ),
-            None => sink.push(sb, format!("{p}env"), plaintext, Some("env:"), ctx.line),
-        }
-    }
-}
-
-fn check_env_auth(v: &Value, ctx: &BlockCtx<'_>, sink: &mut Sink<'_>) {
-    let sb = ctx.sandbox;
-    let p = ctx.prefix;
-    let Value::Mapping(auth) = v else {
-        sink.push(
-            sb,
-            format!("{p}env.auth"),
-            "expected a mapping with `ref` and `state`",
-            Some("auth:"),
-            ctx.line,
-        );
-        return;
-    };
-    for (k, v) in auth {
-        match k.as_str() {
-            Some("ref") if v.is_string() => {}
-            Some("ref") => sink.push(
-                sb,
-                format!("{p}env.auth.ref"),
-                "must be a string (a SECRETS.md reference)",
-                Some("ref:"),
-                ctx.line,
-            ),
-            Some("state") => {
-                let names = v.as_mapping().and_then(|m| {
-                    if m.len() == 1 {
-                        m.get("env").and_then(Value::as_sequence)
-                    } else {
-                        None
-                    }
-                });
-                match names {
-                    Some(list) if list.iter().all(|n| n.as_str().is_some_and(is_env_name)) => {}
-                    _ => sink.push(
-                        sb,
-                        format!("{p}env.auth.state"),
-                        "expected `{ env: [NAME, ...] }` (variable names only)",
-                        Some("state:"),
-                        ctx.line,
-                    ),
-                }
-            }
-            Some(other) => sink.push(
-                sb,
-                format!("{p}env.auth.{other}"),
-                "unknown field (expected `ref`, `state`); credentials never inline",
-                Some(&format!("{other}:")),
-                ctx.line,
-            ),
-            None => sink.push(
-                sb,
-                format!("{p}env.auth"),
-                "keys must be strings",
-                None,
-                ctx.line,
-            ),
-        }
-    }
-}
-
-fn is_env_name(s: &str) -> bool {
-    let mut bytes = s.bytes();
-    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
-        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
-}
-
-fn check_mounts(block: &SandboxBlock, ctx: &BlockCtx<'_>, sink: &mut Sink<'_>) {
-    let sb = ctx.sandbox;
-    let p = ctx.prefix;
-    for (i, m) in block.mounts.iter().enumerate() {
-        let at = &m.at;
-        let normal = at.starts_with('/')
-            && (at == "/" || !at.ends_with('/'))
-            && !at
-                .split('/')
-                .skip(1)
-                .any(|c| c.is_empty() && at != "/" || c == "." || c == "..");
-        if !normal {
-            sink.push(
-                sb,
-                format!("{p}mounts[{i}].at"),
-                "must be an absolute, normalised path (leading /, no `.`, `..` or `//`)",
-                Some(&format!("at: {at}")),
-                ctx.line,
-            );
-        }
-        let source_ok = match &m.source {
-            Value::String(s) => s == "workspace",
-            Value::Mapping(map) => {
-                map.len() == 1 && (map.contains_key("ref") || map.contains_key("inline"))
-            }
-            _ => false,
-        };
-        if !source_ok {
-            sink.push(
-                sb,
-                format!("{p}mounts[{i}].source"),
-                "must be `workspace`, `{ ref: ... }` or `{ inline: ... }` (exactly one of ref/inline)",
-                Some("source:"),
-                ctx.line,
-            );
-        }
-    }
 }
 
 fn network_spec(
@@ -616,27 +265,6 @@ fn network_spec(
         ));
     }
     Some(NetworkSpec { mode, egress, deny })
-}
-
-/// Split a standalone file into its YAML frontmatter and the line it starts on.
-pub(crate) fn frontmatter(text: &str) -> Result<(&str, usize), String> {
-    let body = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let mut lines = body.split_inclusive('\n');
-    match lines.next() {
-        Some(first) if first.trim_end() == "---" => {}
-        _ => {
-            return Err("a SANDBOX.md file must start with a `---` line (YAML frontmatter)".into())
-        }
-    }
-    let start = body.find('\n').map(|i| i + 1).unwrap_or(body.len());
-    let mut offset = start;
-    for line in lines {
-        if line.trim_end() == "---" {
-            return Ok((&body[start..offset], 2));
-        }
-        offset += line.len();
-    }
-    Err("frontmatter is not closed by a `---` line".into())
 }
 
 #[cfg(test)]
@@ -771,16 +399,5 @@ metadata: { team: x }
         );
         assert!(e[0].message.contains("unknown field `bogus`"), "{e:?}");
         assert_eq!(e[0].line, Some(4));
-    }
-
-    #[test]
-    fn frontmatter_split() {
-        let (y, _) = frontmatter("---\nprovider: local\n---\n# hi\n").unwrap();
-        assert_eq!(y, "provider: local\n");
-        assert!(frontmatter("provider: local\n").is_err());
-        assert!(frontmatter("---\nprovider: local\n").is_err());
-        assert!(is_registry_slug("@acme-corp/shared-modal-policy"));
-        assert!(!is_registry_slug("acme/x"));
-        assert!(is_semver("1.0.0") && is_semver("1.2.3-rc.1") && !is_semver("1.0"));
     }
 }

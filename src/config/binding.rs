@@ -1,0 +1,428 @@
+//! Sandbox bindings: one entry of `sandboxes:` (or a runtime registration) → a [`Binding`]:
+//! its id, token (digest, file or environment variable — never plaintext), sources, limits
+//! and its AIP-36 policy, inline or by `ref`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use serde_yaml::Value;
+use sha2::{Digest, Sha256};
+
+use super::block::{parse_block, BlockCtx, SandboxBlock};
+use super::defaults::{check_limits, resolve_limits};
+use super::error::{redact, unknown_field, ConfigError, ConfigErrors, Sink};
+use super::raw::{RawAuth, RawBinding, RawLimits};
+use super::refs::{self, PolicyIndex};
+use super::{Binding, Config, Defaults};
+use crate::policy::NetworkSpec;
+use crate::sandbox_id::SandboxId;
+
+impl Config {
+    /// Parse a binding that arrives at run time (admin API `PUT /v1/sandboxes/{id}`, or a file
+    /// of `state_dir`), with this configuration's defaults, providers and `sandbox_dirs`
+    /// index. The body is JSON or YAML; its `id`, when present, must be `id` (it is filled in
+    /// otherwise). Returns the binding and the body as canonical JSON, for persistence.
+    pub fn parse_runtime_binding(
+        &self,
+        text: &str,
+        origin: &str,
+        id: &str,
+    ) -> Result<(Binding, String), ConfigErrors> {
+        let one = |message: String, line: Option<usize>| {
+            ConfigErrors(vec![ConfigError {
+                file: origin.into(),
+                line,
+                sandbox: Some(id.to_string()),
+                field: String::new(),
+                message,
+                code: None,
+            }])
+        };
+        let mut value: Value = serde_yaml::from_str(text).map_err(|e| {
+            one(
+                format!("not valid JSON or YAML: {}", redact(&e.to_string())),
+                e.location().map(|l| l.line()),
+            )
+        })?;
+        let Value::Mapping(map) = &mut value else {
+            return Err(one(
+                "expected an object: a sandbox binding with an inline policy".into(),
+                None,
+            ));
+        };
+        match map.get("id") {
+            None => {
+                map.insert("id".into(), Value::String(id.to_string()));
+            }
+            Some(Value::String(s)) if s == id => {}
+            Some(_) => {
+                return Err(one(
+                    format!("`id` in the body must be `{id}`, as in the path"),
+                    None,
+                ))
+            }
+        }
+        if let Some(Value::Mapping(p)) = map.get("policy") {
+            if p.contains_key("ref") {
+                // Runtime bindings carry their policy inline; refs are for files the operator owns.
+                let is_slug = p
+                    .get("ref")
+                    .and_then(Value::as_str)
+                    .is_some_and(|r| r.starts_with('@'));
+                if !is_slug {
+                    return Err(one("runtime bindings take an inline policy (or an `@owner/slug` ref into sandbox_dirs), not a file path".into(), None));
+                }
+            }
+        }
+        let json =
+            serde_json::to_string(&value).map_err(|e| one(format!("cannot encode: {e}"), None))?;
+        let mut errors = Vec::new();
+        let mut warnings = Vec::new();
+        let mut files = Vec::new();
+        let mut sink = Sink::new(origin.into(), text, &mut errors);
+        let ctx = BindingCtx {
+            base_dir: &self.base_dir,
+            defaults: &self.defaults,
+            extra_providers: &self.extra_providers,
+            index: &self.index,
+            id_lines: id_lines(text),
+        };
+        let b = build_binding(value, 0, &ctx, &mut sink, &mut warnings, &mut files);
+        match b {
+            Some(b) if errors.is_empty() => Ok((b, json)),
+            _ => Err(ConfigErrors(errors)),
+        }
+    }
+}
+
+/// What building a binding needs from its surroundings.
+pub(super) struct BindingCtx<'a> {
+    pub base_dir: &'a Path,
+    pub defaults: &'a Defaults,
+    pub extra_providers: &'a [String],
+    pub index: &'a PolicyIndex,
+    /// Sandbox id → the line of its first `id:` (one pass over the file, not one per binding).
+    pub id_lines: HashMap<String, usize>,
+}
+
+/// Map every `id: X` line of a file to its line number (first occurrence wins).
+pub(super) fn id_lines(text: &str) -> HashMap<String, usize> {
+    let mut out = HashMap::new();
+    for (i, line) in text.lines().enumerate() {
+        if let Some(pos) = line.find("id:") {
+            let rest = line[pos + 3..].trim_start();
+            let id: String = rest
+                .trim_start_matches(['"', '\''])
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || "_.-".contains(*c))
+                .collect();
+            if !id.is_empty() {
+                out.entry(id).or_insert(i + 1);
+            }
+        }
+    }
+    out
+}
+
+pub(super) fn build_binding(
+    value: Value,
+    index: usize,
+    ctx: &BindingCtx<'_>,
+    sink: &mut Sink<'_>,
+    warnings: &mut Vec<String>,
+    files: &mut Vec<PathBuf>,
+) -> Option<Binding> {
+    let Value::Mapping(mut map) = value else {
+        sink.top(
+            format!("sandboxes[{index}]"),
+            "expected a mapping with `id` and `policy`",
+            None,
+        );
+        return None;
+    };
+    let id_text = map.get("id").and_then(Value::as_str).map(str::to_string);
+    let label = id_text
+        .clone()
+        .unwrap_or_else(|| format!("sandboxes[{index}]"));
+    let sb = Some(label.as_str());
+    let line = id_text
+        .as_deref()
+        .and_then(|id| ctx.id_lines.get(id).copied())
+        .unwrap_or(1);
+    let before = sink.errors.len();
+    // A plaintext token is refused by name, and never echoed.
+    if let Some(Value::Mapping(auth)) = map.get_mut("auth") {
+        for key in ["token", "password", "secret"] {
+            if auth.remove(key).is_some() {
+                sink.push(
+                    sb,
+                    format!("auth.{key}"),
+                    "plaintext tokens are not allowed in config: use token_sha256, token_file or token_env",
+                    Some(&format!("{key}:")),
+                    line,
+                );
+            }
+        }
+    }
+    let policy_value = map.remove("policy");
+    let raw: Option<RawBinding> = match serde_yaml::from_value(Value::Mapping(map)) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            let msg = redact(&e.to_string());
+            let hint = unknown_field(&msg).map(|f| format!("{f}:"));
+            sink.push(sb, "", msg, hint.as_deref(), line);
+            None
+        }
+    };
+    if let Some(id) = &id_text {
+        if !crate::sandbox_id::is_valid(id) {
+            sink.push(
+                sb,
+                "id",
+                "must match [a-z0-9][a-z0-9_.-]{0,62}",
+                Some("id:"),
+                line,
+            );
+        }
+    }
+    let token_sha256 = raw
+        .as_ref()
+        .and_then(|r| r.auth.as_ref())
+        .and_then(|a| token_digest(a, ctx.base_dir, sb, sink, line, files));
+    let policy = match policy_value {
+        None => {
+            sink.push(
+                sb,
+                "policy",
+                "required: an AIP-36 sandbox block, `{ inline: ... }` or `{ ref: ... }`",
+                None,
+                line,
+            );
+            None
+        }
+        Some(v) => resolve_policy(v, sb, line, ctx, sink, warnings, files),
+    };
+    let raw = raw?;
+    let limits = resolve_limits(
+        raw.limits.as_ref().unwrap_or(&RawLimits::default()),
+        Some(&ctx.defaults.limits),
+    );
+    check_limits(&limits, sb, "limits", sink, line);
+    let (block, network, policy_file, policy_ref) = policy?;
+    if sink.errors.len() > before {
+        return None;
+    }
+    let id = SandboxId::new(&raw.id).ok()?;
+    Some(Binding {
+        id,
+        token_sha256,
+        auth: raw.auth,
+        sources: raw.sources.iter().map(IpNet::trunc).collect(),
+        enforcement: raw.enforcement.unwrap_or(ctx.defaults.enforcement),
+        limits_override: raw.limits,
+        limits,
+        strict_sni_dst: raw.strict_sni_dst.unwrap_or(ctx.defaults.strict_sni_dst),
+        block,
+        network,
+        policy_file,
+        policy_ref,
+    })
+}
+
+fn token_digest(
+    auth: &RawAuth,
+    base_dir: &Path,
+    sb: Option<&str>,
+    sink: &mut Sink<'_>,
+    line: usize,
+    files: &mut Vec<PathBuf>,
+) -> Option<[u8; 32]> {
+    let forms = [
+        auth.token_sha256.is_some(),
+        auth.token_file.is_some(),
+        auth.token_env.is_some(),
+    ];
+    if forms.iter().filter(|f| **f).count() != 1 {
+        sink.push(
+            sb,
+            "auth",
+            "give exactly one of token_sha256, token_file, token_env",
+            Some("auth:"),
+            line,
+        );
+        return None;
+    }
+    let secret = if let Some(hex_digest) = &auth.token_sha256 {
+        let mut out = [0u8; 32];
+        return match hex::decode_to_slice(hex_digest.trim(), &mut out) {
+            Ok(()) => Some(out),
+            Err(_) => {
+                sink.push(
+                    sb,
+                    "auth.token_sha256",
+                    "must be 64 hexadecimal characters (a SHA-256 digest)",
+                    Some("token_sha256:"),
+                    line,
+                );
+                None
+            }
+        };
+    } else if let Some(f) = &auth.token_file {
+        let path = if Path::new(f).is_absolute() {
+            PathBuf::from(f)
+        } else {
+            base_dir.join(f)
+        };
+        files.push(path.clone());
+        match std::fs::read_to_string(&path) {
+            Ok(t) => t.trim().to_string(),
+            Err(e) => {
+                sink.push(
+                    sb,
+                    "auth.token_file",
+                    format!("cannot read {}: {}", path.display(), e.kind()),
+                    Some("token_file:"),
+                    line,
+                );
+                return None;
+            }
+        }
+    } else {
+        let var = auth.token_env.as_deref().unwrap_or_default();
+        match std::env::var(var) {
+            Ok(t) => t.trim().to_string(),
+            Err(_) => {
+                sink.push(
+                    sb,
+                    "auth.token_env",
+                    format!("environment variable {var} is not set"),
+                    Some("token_env:"),
+                    line,
+                );
+                return None;
+            }
+        }
+    };
+    if secret.is_empty() {
+        sink.push(sb, "auth", "the token is empty", Some("auth:"), line);
+        return None;
+    }
+    Some(Sha256::digest(secret.as_bytes()).into())
+}
+
+type ResolvedPolicy = (SandboxBlock, NetworkSpec, Arc<str>, Option<String>);
+
+fn resolve_policy(
+    value: Value,
+    sb: Option<&str>,
+    line: usize,
+    ctx: &BindingCtx<'_>,
+    sink: &mut Sink<'_>,
+    warnings: &mut Vec<String>,
+    files: &mut Vec<PathBuf>,
+) -> Option<ResolvedPolicy> {
+    let policy_line = sink.locate("policy:", line).unwrap_or(line);
+    let (has_inline, has_ref) = match &value {
+        Value::Mapping(m) => (m.contains_key("inline"), m.contains_key("ref")),
+        _ => (false, false),
+    };
+    if has_inline && has_ref {
+        sink.push(
+            sb,
+            "policy",
+            "`inline` and `ref` are mutually exclusive (AIP-36 conformance rule 1)",
+            Some("ref:"),
+            policy_line,
+        );
+        return None;
+    }
+    if has_ref {
+        let Value::Mapping(m) = &value else {
+            return None;
+        };
+        if m.len() != 1 {
+            sink.push(
+                sb,
+                "policy",
+                "`ref` stands alone: put the block in the referenced file",
+                Some("ref:"),
+                policy_line,
+            );
+            return None;
+        }
+        let Some(r) = m.get("ref").and_then(Value::as_str) else {
+            sink.push(
+                sb,
+                "policy.ref",
+                "must be a string: a file path or `@owner/slug`",
+                Some("ref:"),
+                policy_line,
+            );
+            return None;
+        };
+        let found = refs::resolve_ref(
+            r,
+            ctx.base_dir,
+            ctx.index,
+            ctx.extra_providers,
+            warnings,
+            files,
+        );
+        return match found {
+            Ok((block, network, file)) => Some((block, network, file, Some(r.to_string()))),
+            Err(mut errs) => {
+                if errs.is_empty() {
+                    let loc = sink.locate(r, policy_line);
+                    sink.errors.push(ConfigError {
+                        file: sink.file.clone(),
+                        line: loc,
+                        sandbox: sb.map(str::to_string),
+                        field: "policy.ref".into(),
+                        message: format!("`{r}` cannot be resolved (no such file, or no SANDBOX.md with that id in sandbox_dirs)"),
+                        code: Some("sandbox_ref_unresolvable"),
+                    });
+                } else {
+                    for e in &mut errs {
+                        e.sandbox = sb.map(str::to_string);
+                    }
+                    sink.errors.extend(errs);
+                }
+                None
+            }
+        };
+    }
+    let block_value = if has_inline {
+        let Value::Mapping(mut m) = value else {
+            return None;
+        };
+        if m.len() != 1 {
+            sink.push(
+                sb,
+                "policy",
+                "`inline` stands alone: put every field inside it",
+                Some("inline:"),
+                policy_line,
+            );
+            return None;
+        }
+        m.remove("inline").unwrap_or(Value::Null)
+    } else {
+        value
+    };
+    let prefix = if has_inline {
+        "policy.inline."
+    } else {
+        "policy."
+    };
+    let bctx = BlockCtx {
+        sandbox: sb,
+        prefix,
+        standalone: false,
+        extra_providers: ctx.extra_providers,
+        line: policy_line,
+    };
+    let (block, network) = parse_block(block_value, &bctx, sink, warnings)?;
+    Some((block, network, sink.file.clone(), None))
+}

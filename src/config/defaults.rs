@@ -1,0 +1,213 @@
+//! Every default of `proxy.yaml` in one place, and the resolution of the sections that have
+//! them (`defaults:`, `dns:`, `listen:`, limits): raw serde values in, checked typed values
+//! out, every problem recorded in the [`Sink`].
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use super::error::Sink;
+use super::raw::{RawDefaults, RawDns, RawLimits, RawListen};
+use super::{Defaults, DnsConfig, Limits, Listen, Timeouts};
+use crate::hostname::normalize_name;
+use crate::policy::ports::PortSet;
+
+/// `listen.proxy`
+pub const PROXY_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 3128);
+/// `listen.admin`
+pub const ADMIN_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9901);
+/// `dns.timeout_ms`
+pub const DNS_TIMEOUT_MS: u64 = 2_000;
+/// `defaults.ports`: HTTPS only.
+pub const PORTS: &[u16] = &[443];
+/// `defaults.timeouts`
+pub const CONNECT_MS: u64 = 10_000;
+pub const IDLE_MS: u64 = 300_000;
+pub const HEADER_MS: u64 = 10_000;
+pub const SHUTDOWN_GRACE_MS: u64 = 10_000;
+/// `defaults.limits`
+pub const LIMITS: Limits = Limits {
+    max_connections: 512,
+    connections_per_second: 100.0,
+    burst: 200,
+    bandwidth_up_bps: None,
+    bandwidth_down_bps: None,
+};
+/// `audit.path`: stdout.
+pub const AUDIT_PATH: &str = "-";
+/// Top-level `max_connections` (the global cap).
+pub const MAX_CONNECTIONS: u64 = 10_000;
+
+pub(super) fn resolve_limits(raw: &RawLimits, base: Option<&Limits>) -> Limits {
+    let d = base.cloned().unwrap_or(LIMITS);
+    Limits {
+        max_connections: raw.max_connections.unwrap_or(d.max_connections),
+        connections_per_second: raw
+            .connections_per_second
+            .unwrap_or(d.connections_per_second),
+        burst: raw.burst.unwrap_or(d.burst),
+        bandwidth_up_bps: raw.bandwidth_up_bps.or(d.bandwidth_up_bps),
+        bandwidth_down_bps: raw.bandwidth_down_bps.or(d.bandwidth_down_bps),
+    }
+}
+
+pub(super) fn check_limits(
+    l: &Limits,
+    sandbox: Option<&str>,
+    field: &str,
+    sink: &mut Sink<'_>,
+    line: usize,
+) {
+    if l.max_connections == 0 {
+        sink.push(
+            sandbox,
+            format!("{field}.max_connections"),
+            "must be at least 1",
+            Some("max_connections:"),
+            line,
+        );
+    }
+    if !(l.connections_per_second.is_finite() && l.connections_per_second > 0.0) {
+        sink.push(
+            sandbox,
+            format!("{field}.connections_per_second"),
+            "must be a positive number",
+            Some("connections_per_second:"),
+            line,
+        );
+    }
+    if l.burst == 0 {
+        sink.push(
+            sandbox,
+            format!("{field}.burst"),
+            "must be at least 1",
+            Some("burst:"),
+            line,
+        );
+    }
+    for (name, v) in [
+        ("bandwidth_up_bps", l.bandwidth_up_bps),
+        ("bandwidth_down_bps", l.bandwidth_down_bps),
+    ] {
+        if v == Some(0) {
+            sink.push(
+                sandbox,
+                format!("{field}.{name}"),
+                "must be positive (or null for unlimited)",
+                Some(name),
+                line,
+            );
+        }
+    }
+}
+
+pub(super) fn resolve_defaults(raw: RawDefaults, sink: &mut Sink<'_>) -> Defaults {
+    let ports = match PortSet::from_ports(&raw.ports) {
+        Ok(p) if !raw.ports.is_empty() => p,
+        Ok(_) => {
+            sink.top(
+                "defaults.ports",
+                "must list at least one port",
+                Some("ports:"),
+            );
+            PortSet::any()
+        }
+        Err(e) => {
+            sink.top("defaults.ports", e, Some("ports:"));
+            PortSet::any()
+        }
+    };
+    let limits = resolve_limits(&raw.limits, None);
+    check_limits(&limits, None, "defaults.limits", sink, 1);
+    let t = &raw.timeouts;
+    for (name, v) in [
+        ("connect_ms", t.connect_ms),
+        ("idle_ms", t.idle_ms),
+        ("header_ms", t.header_ms),
+    ] {
+        if v == 0 {
+            sink.top(
+                format!("defaults.timeouts.{name}"),
+                "must be positive",
+                Some(name),
+            );
+        }
+    }
+    Defaults {
+        ports,
+        enforcement: raw.enforcement,
+        prohibited_ranges: raw.prohibited_ranges.iter().map(IpNet::trunc).collect(),
+        guard_allow_ranges: raw.guard_allow_ranges.iter().map(IpNet::trunc).collect(),
+        limits,
+        timeouts: Timeouts {
+            connect: Duration::from_millis(t.connect_ms),
+            idle: Duration::from_millis(t.idle_ms),
+            header: Duration::from_millis(t.header_ms),
+            shutdown_grace: Duration::from_millis(t.shutdown_grace_ms),
+        },
+        strict_sni_dst: raw.strict_sni_dst,
+    }
+}
+
+pub(super) fn resolve_dns(raw: RawDns, sink: &mut Sink<'_>) -> DnsConfig {
+    let mut servers = Vec::new();
+    for (i, s) in raw.servers.iter().enumerate() {
+        let parsed = s
+            .parse::<SocketAddr>()
+            .ok()
+            .or_else(|| s.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 53)));
+        match parsed {
+            Some(a) => servers.push(a),
+            None => sink.top(
+                format!("dns.servers[{i}]"),
+                format!("`{s}` is not `ip` or `ip:port`"),
+                Some(s),
+            ),
+        }
+    }
+    let mut hosts = BTreeMap::new();
+    for (name, addrs) in raw.hosts {
+        match normalize_name(&name) {
+            Ok(n) => {
+                hosts.insert(n, addrs.into_iter().map(|a| a.to_canonical()).collect());
+            }
+            Err(e) => sink.top(
+                format!("dns.hosts.{name}"),
+                format!("invalid name: {e}"),
+                Some(&name),
+            ),
+        }
+    }
+    if raw.timeout_ms == 0 {
+        sink.top("dns.timeout_ms", "must be positive", Some("timeout_ms:"));
+    }
+    DnsConfig {
+        servers,
+        hosts,
+        timeout: Duration::from_millis(raw.timeout_ms.max(1)),
+    }
+}
+
+pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut Sink<'_>) -> Listen {
+    if raw.proxy.is_none() && raw.transparent.is_none() {
+        sink.top(
+            "listen",
+            "at least one of `proxy` and `transparent` must be set",
+            Some("listen:"),
+        );
+    }
+    if let Some(admin) = raw.admin {
+        if !admin.ip().is_loopback() && !has_admin_token {
+            sink.top("listen.admin", format!("{admin} is not loopback: set `admin_token_file` so that mutating admin calls need a bearer token"), Some("admin:"));
+        }
+    }
+    Listen {
+        proxy: raw.proxy,
+        transparent: raw.transparent,
+        transparent_tproxy: raw.transparent_tproxy,
+        admin: raw.admin,
+        default_sandbox: raw.default_sandbox,
+    }
+}
