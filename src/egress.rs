@@ -15,6 +15,7 @@ use crate::policy::{Decision, Verdict};
 use crate::policy_set::{PolicySet, Sandbox};
 use crate::reason::Reason;
 use crate::resolve::{ResolveError, Resolver};
+use crate::revocation::Grant;
 use crate::target::{Host, Target};
 
 /// What [`decide`] found out.
@@ -142,6 +143,19 @@ pub async fn decide(
 pub struct Dialed {
     pub stream: TcpStream,
     pub addr: SocketAddr,
+}
+
+impl Dialed {
+    /// What this connection was allowed to do, for the exchange to watch: `sb` reaching
+    /// `target` at the dialled address, decided under `set`.
+    pub fn grant(&self, sb: &Sandbox, target: Target, set: &PolicySet) -> Grant {
+        Grant {
+            sandbox: sb.binding.id.clone(),
+            target,
+            dialed: self.addr.ip(),
+            generation: set.generation(),
+        }
+    }
 }
 
 /// Connect to the first checked address that answers (`prefer` first when it is one of

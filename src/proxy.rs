@@ -223,12 +223,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
             }
         };
     audit.dialed(dialed.addr);
-    let grant = Grant {
-        sandbox: sb.binding.id.clone(),
-        target,
-        dialed: dialed.addr.ip(),
-        generation: set.generation(),
-    };
+    let grant = dialed.grant(&sb, target, &set);
     drop(set);
     let allowed = Allowed {
         audit,

@@ -22,7 +22,6 @@ use crate::orig_dst::original_dst;
 use crate::peek::{classify, split_host_header, Peeked, MAX_PEEK};
 use crate::policy::Decision;
 use crate::reason::Reason;
-use crate::revocation::Grant;
 use crate::shared::Shared;
 use crate::target::{Host, Target};
 use crate::tunnel::Relayed;
@@ -137,12 +136,7 @@ pub async fn serve(
         Err(reason) => return reset(stream, audit, Decision::deny(reason, None)),
     };
     audit.dialed(dialed.addr);
-    let grant = Grant {
-        sandbox: sb.binding.id.clone(),
-        target,
-        dialed: dialed.addr.ip(),
-        generation: set.generation(),
-    };
+    let grant = dialed.grant(&sb, target, &set);
     // The set is not kept alive by a long tunnel: the watch re-reads the newest one.
     drop(set);
 
