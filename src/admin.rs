@@ -1,7 +1,8 @@
 //! The admin listener (`listen.admin`): health, readiness, metrics, and the runtime API
-//! (DESIGN §10). Read-only calls are open; mutating calls (`PUT`/`DELETE /v1/sandboxes/{id}`,
-//! `POST /v1/reload`) need `Authorization: Bearer <token>` when `admin_token_file` is set
-//! (compared as SHA-256 digests in constant time). Bodies are capped at 1 MiB.
+//! (DESIGN §10, §14). Mutating calls (`PUT`/`DELETE /v1/sandboxes/{id}`, `POST /v1/reload`)
+//! need `Authorization: Bearer <token>` and are refused (403) when no `admin_token_file` is
+//! configured; with a token configured every `/v1/*` call needs it. Tokens are compared as
+//! SHA-256 digests in constant time. Bodies are capped at `runtime.max_binding_bytes`.
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
@@ -25,11 +26,11 @@ use crate::shared::Shared;
 pub struct Admin {
     pub shared: Arc<Shared>,
     pub control: Arc<Controller>,
-    /// SHA-256 of the bearer token for mutating calls (`None`: no token configured).
+    /// SHA-256 of the bearer token (`None`: no token configured: mutating calls refused).
     pub token_sha256: Option<[u8; 32]>,
+    /// Largest request body (`runtime.max_binding_bytes`).
+    pub max_body: usize,
 }
-
-const MAX_BODY: usize = 1024 * 1024;
 
 /// Serve one admin connection.
 pub async fn serve(admin: Arc<Admin>, stream: TcpStream) {
@@ -62,31 +63,61 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response<Full<Bytes>
 }
 
 impl Admin {
+    /// Whether the request carries the configured bearer token (`false` when none is
+    /// configured). The scheme is case-insensitive (RFC 9110 §11.1).
     fn authorized(&self, req: &Request<Incoming>) -> bool {
         let Some(expected) = &self.token_sha256 else {
-            return true;
+            return false;
         };
         let presented = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(|t| -> [u8; 32] { Sha256::digest(t.trim().as_bytes()).into() });
+            .and_then(|v| v.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| -> [u8; 32] { Sha256::digest(t.trim().as_bytes()).into() });
         match presented {
             Some(p) => bool::from(p.ct_eq(expected)),
             None => false,
         }
     }
+
+    /// Refuse the call unless it may go ahead: mutating calls always need the token (and are
+    /// refused outright when none is configured); with a token configured, every `/v1/*` call
+    /// needs it.
+    fn gate(&self, req: &Request<Incoming>, mutating: bool) -> Option<Response<Full<Bytes>>> {
+        let api = req.uri().path().starts_with("/v1/");
+        if mutating && self.token_sha256.is_none() {
+            return Some(error(
+                StatusCode::FORBIDDEN,
+                "mutating admin calls are refused: no admin token is configured. Set \
+                 `admin_token_file` in proxy.yaml to a file holding a long random token, and \
+                 send it as `Authorization: Bearer <token>`",
+            ));
+        }
+        if (mutating || (api && self.token_sha256.is_some())) && !self.authorized(req) {
+            let mut r = error(
+                StatusCode::UNAUTHORIZED,
+                "this call needs Authorization: Bearer <admin token>",
+            );
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static("Bearer realm=\"egress-proxy-admin\""),
+            );
+            return Some(r);
+        }
+        None
+    }
 }
 
-async fn read_body(req: Request<Incoming>) -> Result<String, Response<Full<Bytes>>> {
-    let collected = Limited::new(req.into_body(), MAX_BODY)
+async fn read_body(req: Request<Incoming>, max: usize) -> Result<String, Response<Full<Bytes>>> {
+    let collected = Limited::new(req.into_body(), max)
         .collect()
         .await
         .map_err(|_| {
             error(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "body larger than 1 MiB or unreadable",
+                format!("body larger than {max} bytes (runtime.max_binding_bytes) or unreadable"),
             )
         })?;
     String::from_utf8(collected.to_bytes().to_vec())
@@ -101,6 +132,7 @@ fn change_error(e: ChangeError) -> Response<Full<Bytes>> {
         ),
         ChangeError::BadRequest(m) => error(StatusCode::BAD_REQUEST, m),
         ChangeError::Conflict(m) => error(StatusCode::CONFLICT, m),
+        ChangeError::Full(m) => error(StatusCode::TOO_MANY_REQUESTS, m),
         ChangeError::NotFound => error(StatusCode::NOT_FOUND, "no such registered sandbox"),
         ChangeError::Failed(m) => error(StatusCode::INTERNAL_SERVER_ERROR, m),
     }
@@ -112,16 +144,8 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let method = req.method().clone();
     let mutating = matches!(method, Method::PUT | Method::DELETE)
         || (method == Method::POST && path == "/v1/reload");
-    if mutating && !admin.authorized(&req) {
-        let mut r = error(
-            StatusCode::UNAUTHORIZED,
-            "mutating calls need Authorization: Bearer <admin token>",
-        );
-        r.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            http::HeaderValue::from_static("Bearer realm=\"egress-proxy-admin\""),
-        );
-        return r;
+    if let Some(refused) = admin.gate(&req, mutating) {
+        return refused;
     }
     let shared = &admin.shared;
     match (&method, path.as_str()) {
@@ -154,7 +178,7 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             ),
         },
         (&Method::POST, "/v1/check") => {
-            let body = match read_body(req).await {
+            let body = match read_body(req, admin.max_body).await {
                 Ok(b) => b,
                 Err(r) => return r,
             };
@@ -168,7 +192,7 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
                     None => error(StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
                 },
                 Method::PUT => {
-                    let body = match read_body(req).await {
+                    let body = match read_body(req, admin.max_body).await {
                         Ok(b) => b,
                         Err(r) => return r,
                     };

@@ -44,8 +44,10 @@ pub enum ChangeError {
     Invalid(ConfigErrors),
     /// 400: something else about the request is wrong.
     BadRequest(String),
-    /// 409: the id belongs to a file-defined sandbox.
+    /// 409: the id belongs to a file-defined sandbox, or its `sources` overlap another's.
     Conflict(String),
+    /// 429: `runtime.max_sandboxes` are registered already.
+    Full(String),
     /// 404
     NotFound,
     /// 500: the new set did not compile, or could not be persisted.
@@ -260,10 +262,19 @@ impl Controller {
                 st.config.origin
             )));
         }
+        let max = st.config.runtime.max_sandboxes;
+        if !st.runtime.contains_key(id) && st.runtime.len() >= max {
+            return Err(ChangeError::Full(format!(
+                "{max} sandboxes are registered (runtime.max_sandboxes); delete some first"
+            )));
+        }
         let (binding, json) = st
             .config
             .parse_runtime_binding(body, &format!("PUT /v1/sandboxes/{id}"), id)
             .map_err(ChangeError::Invalid)?;
+        if let Some(clash) = overlapping_source(&st, id, &binding) {
+            return Err(ChangeError::Conflict(clash));
+        }
         let mut runtime = st.runtime.clone();
         let created = runtime
             .insert(
@@ -375,7 +386,7 @@ impl Controller {
         Some(json!({
             "id": b.id,
             "origin": if origin { "api" } else { "file" },
-            "auth": b.auth,
+            "auth": { "token": b.token_sha256.is_some() },
             "sources": b.sources.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
             "enforcement": b.enforcement.as_str(),
             "limits": b.limits,
@@ -391,6 +402,30 @@ impl Controller {
             "policy_version": set.version(),
         }))
     }
+}
+
+/// A `sources` range of `binding` that overlaps a range of another sandbox: a registration
+/// may not take over (or carve out) another sandbox's addresses.
+fn overlapping_source(st: &State, id: &str, binding: &Binding) -> Option<String> {
+    let others = st
+        .config
+        .bindings
+        .iter()
+        .chain(st.runtime.values().map(|r| &r.binding))
+        .filter(|b| b.id != id);
+    for other in others {
+        for mine in &binding.sources {
+            for theirs in &other.sources {
+                if mine.contains(&theirs.network()) || theirs.contains(&mine.network()) {
+                    return Some(format!(
+                        "sources {mine} overlaps {theirs} of sandbox {}: a registration may not claim another sandbox's addresses",
+                        other.id
+                    ));
+                }
+            }
+        }
+    }
+    None
 }
 
 /// Write `state_dir/<id>.json`: temp file, fsync, rename, fsync the directory.

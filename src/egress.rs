@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
 use crate::guard::GuardVerdict;
+use crate::identity::Identified;
 use crate::metrics::{Metrics, Timing};
 use crate::policy::{Decision, Verdict};
 use crate::policy_set::{PolicySet, Sandbox};
@@ -146,11 +147,12 @@ pub struct Dialed {
 }
 
 impl Dialed {
-    /// What this connection was allowed to do, for the exchange to watch: `sb` reaching
-    /// `target` at the dialled address, decided under `set`.
-    pub fn grant(&self, sb: &Sandbox, target: Target, set: &PolicySet) -> Grant {
+    /// What this connection was allowed to do, for the exchange to watch: the sandbox `who`
+    /// identified reaching `target` at the dialled address, decided under `set`.
+    pub fn grant(&self, who: &Identified, target: Target, set: &PolicySet) -> Grant {
         Grant {
-            sandbox: sb.binding.id.clone(),
+            sandbox: who.sandbox.binding.id.clone(),
+            proof: who.proof,
             target,
             dialed: self.addr.ip(),
             generation: set.generation(),

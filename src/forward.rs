@@ -7,7 +7,7 @@
 //! reaches the client), and the record says `close: "revoked"`.
 
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -63,6 +63,7 @@ pub async fn forward(
     let shaped = limiter.shapes();
     let counters = Arc::new(Counters::default());
     audit.count(counters.clone());
+    let activity = Arc::new(Activity::new());
     let host = host_header(&grant.target);
     let exchange: SharedExchange = Arc::new(Mutex::new(Exchange {
         audit,
@@ -73,10 +74,12 @@ pub async fn forward(
     // The request, rewritten for the origin; its body counted and shaped.
     let (mut parts, body) = req.into_parts();
     let up = counters.clone();
+    let up_activity = activity.clone();
     let body = body
         .map_frame(move |f| {
             if let Some(d) = f.data_ref() {
                 up.up.fetch_add(d.len() as u64, Ordering::Relaxed);
+                up_activity.touch();
             }
             f
         })
@@ -124,6 +127,28 @@ pub async fn forward(
             let _ = cut.send(true);
         }
     };
+    // Nothing moving in either direction for `idle_ms` — an origin that never answers, a
+    // client that stopped sending its body — ends the exchange the same way.
+    let idle = {
+        let activity = activity.clone();
+        let exchange = exchange.clone();
+        let cut = conn.cut.clone();
+        let idle = shared.settings.timeouts.idle;
+        async move {
+            loop {
+                let deadline = activity.deadline(idle);
+                tokio::time::sleep_until(deadline).await;
+                if activity.deadline(idle) <= tokio::time::Instant::now() {
+                    break;
+                }
+            }
+            with_audit(&exchange, |a| {
+                a.close_if_unset(Close::Idle);
+                a.detail("nothing moved in either direction for timeouts.idle_ms");
+            });
+            let _ = cut.send(true);
+        }
+    };
     let watcher_exchange = exchange.clone();
     tokio::spawn(async move {
         let drive_upstream = async {
@@ -136,6 +161,7 @@ pub async fn forward(
             _ = drive_upstream => {}
             _ = done_rx => {}
             _ = stop => {}
+            _ = idle => {}
         }
         drop(watcher_exchange);
     });
@@ -144,9 +170,11 @@ pub async fn forward(
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
+            activity.touch();
             let body = Metered {
                 inner: body,
                 counters,
+                activity,
                 exchange,
                 ended: false,
                 _done: done_tx,
@@ -177,11 +205,37 @@ fn bad_gateway(exchange: &SharedExchange, e: &hyper::Error) -> Response<Body> {
     resp
 }
 
+/// When bytes last moved in either direction of the exchange.
+struct Activity {
+    origin: tokio::time::Instant,
+    /// Milliseconds after `origin`.
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            origin: tokio::time::Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = self.origin.elapsed().as_millis() as u64;
+        self.last_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    fn deadline(&self, idle: std::time::Duration) -> tokio::time::Instant {
+        self.origin + std::time::Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + idle
+    }
+}
+
 /// The origin's response body on its way to the client: counts bytes, notes how it ended,
 /// and holds the exchange (and so the record) until the body is finished or dropped.
 struct Metered {
     inner: Incoming,
     counters: Arc<Counters>,
+    activity: Arc<Activity>,
     exchange: SharedExchange,
     ended: bool,
     /// Dropped with the body: tells the watcher the exchange is over.
@@ -203,6 +257,7 @@ impl HttpBody for Metered {
                     this.counters
                         .down
                         .fetch_add(d.len() as u64, Ordering::Relaxed);
+                    this.activity.touch();
                 }
                 if this.inner.is_end_stream() {
                     this.ended = true;

@@ -169,6 +169,29 @@ pub fn address_forms(ip: IpAddr) -> impl Iterator<Item = IpAddr> {
     std::iter::once(canonical).chain(embedded.into_iter().flatten().map(IpAddr::V4))
 }
 
+/// The addresses of this host's interfaces (canonical), or none when they cannot be read.
+fn local_addresses() -> Vec<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        tracing::warn!("cannot list this host's addresses; loop protection covers listeners, 0.0.0.0/8, :: and loopback only");
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for a in addrs {
+        let Some(sa) = a.address else { continue };
+        let ip = if let Some(v4) = sa.as_sockaddr_in() {
+            IpAddr::V4(v4.ip())
+        } else if let Some(v6) = sa.as_sockaddr_in6() {
+            IpAddr::V6(v6.ip()).to_canonical()
+        } else {
+            continue;
+        };
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    out
+}
+
 /// The guard's verdict on one address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GuardVerdict {
@@ -189,6 +212,9 @@ pub struct Guard {
     allowed: AddrTable<()>,
     /// Listener addresses, so the proxy never dials itself.
     listeners: Vec<SocketAddr>,
+    /// Every address of this host's interfaces (read when the set is compiled): on a
+    /// listener's port, any of them reaches the proxy when it listens on `0.0.0.0` / `::`.
+    local: Vec<IpAddr>,
 }
 
 impl Guard {
@@ -201,21 +227,37 @@ impl Guard {
         for n in allowed {
             a.insert(*n, ());
         }
+        let local = if listeners.is_empty() {
+            Vec::new()
+        } else {
+            local_addresses()
+        };
         Guard {
             prohibited: p,
             allowed: a,
             listeners,
+            local,
         }
     }
 
+    /// The same guard, with `local` as this host's interface addresses (tests).
+    #[cfg(test)]
+    fn with_local(mut self, local: Vec<IpAddr>) -> Self {
+        self.local = local;
+        self
+    }
+
     /// Judge `ip:port`. `covered` says whether the sandbox's own egress address rules cover
-    /// an address (on any port) — such addresses pass the range checks, never the loop check.
+    /// the (canonical) address on any port — such addresses pass the range checks, never the
+    /// loop check. Prohibited ranges are matched against every embedded form.
     pub fn check(&self, ip: IpAddr, port: u16, covered: impl Fn(IpAddr) -> bool) -> GuardVerdict {
         let ip = ip.to_canonical();
         if self.is_listener(ip, port) {
             return GuardVerdict::Loop;
         }
-        if address_forms(ip).any(&covered) {
+        // The sandbox's own address rules let an address through on its canonical form only:
+        // an allow rule for 8.8.8.8 does not cover a 6to4 or Teredo address embedding it.
+        if covered(ip) {
             return GuardVerdict::Permit;
         }
         let range = special_purpose(ip).or_else(|| {
@@ -231,12 +273,17 @@ impl Guard {
         }
     }
 
+    /// Whether `ip:port` is (or may be) one of the proxy's own listeners: a listener's port on
+    /// its own address, on any address that means "this host" (`0.0.0.0/8`, `::`, loopback),
+    /// or on any address of this host's interfaces.
     fn is_listener(&self, ip: IpAddr, port: u16) -> bool {
-        self.listeners.iter().any(|l| {
-            l.port() == port
-                && (l.ip().to_canonical() == ip
-                    || (l.ip().is_unspecified() && (ip.is_loopback() || ip.is_unspecified())))
-        })
+        let this_host = match ip {
+            IpAddr::V4(v4) => v4.octets()[0] == 0 || v4.is_loopback(),
+            IpAddr::V6(v6) => v6.is_unspecified() || v6.is_loopback(),
+        } || self.local.contains(&ip);
+        self.listeners
+            .iter()
+            .any(|l| l.port() == port && (this_host || l.ip().to_canonical() == ip))
     }
 }
 
@@ -375,5 +422,40 @@ mod tests {
             g.check(ip("127.0.0.1"), 3129, |_| true),
             GuardVerdict::Permit
         );
+    }
+
+    #[test]
+    fn every_address_of_this_host_on_a_listener_port_is_the_proxy() {
+        let g = Guard::new(&[], &[], vec!["127.0.0.1:3128".parse().unwrap()])
+            .with_local(vec![ip("10.1.2.3"), ip("2001:db8::5")]);
+        let everything = |_: IpAddr| true;
+        for a in [
+            "127.0.0.1",
+            "127.9.9.9",
+            "0.0.0.0",
+            "0.1.2.3",
+            "::",
+            "::1",
+            "::ffff:0.0.0.0",
+            "::ffff:127.0.0.1",
+            "10.1.2.3",
+            "2001:db8::5",
+        ] {
+            assert_eq!(g.check(ip(a), 3128, everything), GuardVerdict::Loop, "{a}");
+        }
+        assert_eq!(
+            g.check(ip("10.1.2.3"), 443, everything),
+            GuardVerdict::Permit
+        );
+        assert_eq!(
+            g.check(ip("10.1.2.4"), 3128, everything),
+            GuardVerdict::Permit
+        );
+    }
+
+    #[test]
+    fn this_hosts_addresses_are_listed() {
+        let g = Guard::new(&[], &[], vec!["127.0.0.1:1".parse().unwrap()]);
+        assert!(g.local.contains(&ip("127.0.0.1")), "{:?}", g.local);
     }
 }

@@ -41,6 +41,38 @@ impl Method {
 pub struct Identified {
     pub sandbox: Arc<Sandbox>,
     pub method: Method,
+    /// What was presented, so the identity can be checked again under a later policy.
+    pub proof: Proof,
+}
+
+/// How a connection proved which sandbox it belongs to; it stays valid only while a policy
+/// set would still identify it the same way ([`Proof::still_identifies`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proof {
+    /// The SHA-256 of the token presented in `Proxy-Authorization`.
+    Token([u8; 32]),
+    /// The client's source address matched the sandbox's `sources`.
+    Source(IpAddr),
+    /// No credential and no source match: the listener's default sandbox.
+    Default(IpAddr),
+}
+
+impl Proof {
+    /// Whether `set` would still identify this client as `sandbox` (a rotated token, a moved
+    /// `sources` range or a new sandbox claiming the address end the identity).
+    pub fn still_identifies(&self, set: &PolicySet, sandbox: &str) -> bool {
+        let Some(sb) = set.get(sandbox) else {
+            return false;
+        };
+        match self {
+            Proof::Token(presented) => sb
+                .binding
+                .token_sha256
+                .is_some_and(|expected| bool::from(presented.ct_eq(&expected))),
+            Proof::Source(ip) => set.by_source(*ip).is_some_and(|s| s.binding.id == sandbox),
+            Proof::Default(ip) => set.by_source(*ip).is_none(),
+        }
+    }
 }
 
 /// A refusal: the reason and, for `unknown_sandbox`/`auth_failed`, nothing more — the
@@ -74,6 +106,7 @@ pub fn identify(
             Ok(Identified {
                 sandbox: sandbox.clone(),
                 method: Method::Token,
+                proof: Proof::Token(presented),
             })
         } else {
             Err(refused(Reason::AuthFailed))
@@ -83,6 +116,7 @@ pub fn identify(
         return Ok(Identified {
             sandbox: sandbox.clone(),
             method: Method::Source,
+            proof: Proof::Source(client),
         });
     }
     if let Some(id) = default_sandbox {
@@ -90,6 +124,7 @@ pub fn identify(
             return Ok(Identified {
                 sandbox: sandbox.clone(),
                 method: Method::Default,
+                proof: Proof::Default(client),
             });
         }
     }

@@ -36,6 +36,7 @@
 mod accept;
 mod addr_table;
 mod admin;
+mod admission;
 mod audit;
 mod body;
 pub mod config;

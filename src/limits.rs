@@ -68,6 +68,22 @@ impl TokenBucket {
         Admit::DelayFor(self.wait_for(n - self.tokens))
     }
 
+    /// Whether `n` tokens are there at `now`, taking none; otherwise how long until they are.
+    pub fn has(&mut self, now: u64, n: f64) -> Result<(), Duration> {
+        self.refill(now);
+        if self.tokens >= n {
+            Ok(())
+        } else {
+            Err(self.wait_for(n - self.tokens))
+        }
+    }
+
+    /// Whether the bucket is (or will have refilled to) full at `now`.
+    pub fn is_full_at(&self, now: u64) -> bool {
+        let elapsed = now.saturating_sub(self.last) as f64 / 1e9;
+        self.tokens + elapsed * self.rate >= self.burst
+    }
+
     /// Take `n` tokens now, going into debt if needed, and return how long the caller must
     /// wait before using them (shaping: every byte is delivered, later).
     pub fn reserve(&mut self, now: u64, n: f64) -> Duration {

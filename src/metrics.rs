@@ -26,6 +26,7 @@ pub struct Metrics {
     rate_limited: IntCounterVec,
     reloads: IntCounterVec,
     policy_info: IntGaugeVec,
+    audit_backpressure: IntCounter,
 }
 
 /// One sandbox's per-connection metric handles, looked up once per sandbox and policy version
@@ -134,6 +135,11 @@ impl Metrics {
             ),
             &["version"],
         )?;
+        let audit_backpressure = IntCounter::new(
+            "egress_audit_backpressure_total",
+            "Connections refused (503 / reset, unrecorded) because the audit queue was full",
+        )?;
+        registry.register(Box::new(audit_backpressure.clone()))?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(bytes.clone()))?;
         registry.register(Box::new(active.clone()))?;
@@ -154,6 +160,7 @@ impl Metrics {
             rate_limited,
             reloads,
             policy_info,
+            audit_backpressure,
         })
     }
 
@@ -188,6 +195,11 @@ impl Metrics {
     /// Count a refusal by a limit (`connections` or `rate`).
     pub fn rate_limited(&self, sandbox: &str, limit: &str) {
         self.rate_limited.with_label_values(&[sandbox, limit]).inc();
+    }
+
+    /// Count a connection refused because the audit queue was full.
+    pub fn audit_backpressure(&self) {
+        self.audit_backpressure.inc();
     }
 
     /// Count a reload or registration attempt.

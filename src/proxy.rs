@@ -18,11 +18,12 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
 use crate::accept::Accepted;
+use crate::admission::UnidentifiedSlot;
 use crate::audit::{AuditGuard, Close, Mode};
 use crate::body::{self, Body};
 use crate::deny::{self, Refusal};
 use crate::egress::{self, Dialed};
-use crate::identity::identify;
+use crate::identity::{self, identify};
 use crate::limits::ConnectionSlot;
 use crate::policy::Decision;
 use crate::policy_set::Sandbox;
@@ -42,9 +43,14 @@ pub struct ClientConn {
     pub accepted: Accepted,
     /// Requests seen so far (the first one inherits the accept's id and start time).
     requests: AtomicU64,
-    /// The connection's place under the global cap; a tunnel takes it over, since the HTTP
-    /// connection ends when the tunnel begins.
+    /// Its place among its address's unidentified connections, until a request identifies a
+    /// sandbox.
+    unidentified: Mutex<Option<UnidentifiedSlot>>,
+    /// Its place under the global cap, taken when a request first identifies a sandbox; a
+    /// tunnel takes it over, since the HTTP connection ends when the tunnel begins.
     permit: Mutex<Option<OwnedSemaphorePermit>>,
+    /// Whether a request identified a sandbox (the permit may since have gone to a tunnel).
+    identified: std::sync::atomic::AtomicBool,
     /// Set when a forwarded exchange is revoked: the client connection is dropped at once.
     pub cut: Arc<watch::Sender<bool>>,
 }
@@ -59,19 +65,61 @@ pub struct Allowed {
     pub slot: ConnectionSlot,
 }
 
-/// Serve one client connection until it closes. `permit` is its place under the global cap.
+impl ClientConn {
+    /// A request identified a sandbox: move from the address's unidentified allowance to the
+    /// global cap (once per connection). `false` when the cap is full.
+    fn identified(&self) -> bool {
+        if self.identified.load(Ordering::Acquire) {
+            return true;
+        }
+        let Some(permit) = self.shared.take_cap() else {
+            return false;
+        };
+        if let Ok(mut p) = self.permit.lock() {
+            *p = Some(permit);
+        }
+        self.identified.store(true, Ordering::Release);
+        if let Ok(mut u) = self.unidentified.lock() {
+            u.take();
+        }
+        true
+    }
+}
+
+/// Serve one client connection until it closes. `unidentified` is its place among its
+/// address's connections that have not identified a sandbox yet.
 pub async fn serve(
     shared: Arc<Shared>,
     accepted: Accepted,
     stream: TcpStream,
-    permit: OwnedSemaphorePermit,
+    unidentified: UnidentifiedSlot,
 ) {
     let _ = stream.set_nodelay(true);
+    // A client that connects and says nothing holds its allowance only briefly.
+    let mut first = [0u8; 1];
+    let wait = shared.admissions.first_byte();
+    let silent = match tokio::time::timeout(wait, stream.peek(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => None,
+        Ok(Ok(_)) => Some((Close::Eof, "closed before sending a request")),
+        Ok(Err(_)) => Some((Close::Error, "connection error before a request")),
+        Err(_) => Some((
+            Close::Idle,
+            "nothing received within admission.first_byte_ms",
+        )),
+    };
+    if let Some((close, detail)) = silent {
+        let mut audit = shared.audit(&accepted, Mode::Connect, &shared.policy.load());
+        audit.close(close);
+        audit.detail(detail);
+        return;
+    }
     let conn = Arc::new(ClientConn {
         shared: shared.clone(),
         accepted,
         requests: AtomicU64::new(0),
-        permit: Mutex::new(Some(permit)),
+        unidentified: Mutex::new(Some(unidentified)),
+        permit: Mutex::new(None),
+        identified: std::sync::atomic::AtomicBool::new(false),
         cut: Arc::new(watch::channel(false).0),
     });
     let svc = {
@@ -169,23 +217,51 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
     };
     audit.target(&target);
 
-    // 2. The sandbox.
+    // 2. The sandbox. An address that keeps presenting wrong credentials is slowed down
+    // before its next credential is even looked at.
     let credentials = req
         .headers()
         .get(header::PROXY_AUTHORIZATION)
         .map(|v| v.as_bytes());
+    let source = accepted.client.ip();
+    if credentials.is_some() {
+        if let Some(wait) = shared.admissions.auth_blocked(source) {
+            audit.identity_refused(identity::Method::Token);
+            audit.detail("too many failed authentications from this address");
+            let d = Decision::deny(Reason::RateLimited, None);
+            let why = "too many failed authentications from this address; retry later".into();
+            let retry = wait.as_secs_f64().ceil().max(1.0) as u64;
+            return refuse(audit, &req, None, d, why, Some(retry));
+        }
+    }
     let default = shared.settings.default_sandbox.as_deref();
-    let who = match identify(&set, credentials, accepted.client.ip(), default) {
+    let who = match identify(&set, credentials, source, default) {
         Ok(w) => w,
         Err(refused) => {
             audit.identity_refused(refused.method);
-            let d = Decision::deny(refused.reason, None);
+            if matches!(refused.reason, Reason::AuthFailed | Reason::UnknownSandbox) {
+                shared.admissions.auth_failed(source);
+            }
+            // The audit keeps the difference; the client cannot tell an unknown sandbox id
+            // from a wrong token.
+            audit.decision(&Decision::deny(refused.reason, None));
+            let public = match refused.reason {
+                Reason::UnknownSandbox => Reason::AuthFailed,
+                r => r,
+            };
+            let d = Decision::deny(public, None);
             let why = d.explain("-", "-", target.port);
-            return refuse(audit, &req, None, d, why, None);
+            return refuse_as(audit, &req, None, &d, why, None);
         }
     };
     let sb = who.sandbox.clone();
     audit.identified(&who, sb.stats(shared.metrics()).clone());
+    if !conn.identified() {
+        audit.close(Close::Limit);
+        let d = Decision::deny(Reason::ConnectionLimit, None);
+        let why = "egress-proxy is at its connection limit (max_connections)".to_string();
+        return refuse(audit, &req, Some(&sb), d, why, Some(1));
+    }
 
     // 3. Its limits: a place under max_connections and a rate token, before any work.
     let slot = match shared.admit(&sb) {
@@ -223,7 +299,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
             }
         };
     audit.dialed(dialed.addr);
-    let grant = dialed.grant(&sb, target, &set);
+    let grant = dialed.grant(&who, target, &set);
     drop(set);
     let allowed = Allowed {
         audit,
@@ -251,8 +327,21 @@ fn refuse(
     retry_after: Option<u64>,
 ) -> Response<Body> {
     audit.decision(&decision);
+    refuse_as(audit, req, sandbox, &decision, explanation, retry_after)
+}
+
+/// Answer with `shown` (the guard keeps whatever decision it was given).
+fn refuse_as(
+    audit: AuditGuard,
+    req: &Request<Incoming>,
+    sandbox: Option<&Sandbox>,
+    shown: &Decision,
+    explanation: String,
+    retry_after: Option<u64>,
+) -> Response<Body> {
+    drop(audit);
     deny::response(&Refusal {
-        reason: decision.reason,
+        reason: shown.reason,
         what: &describe(req),
         sandbox: sandbox.map(|s| s.binding.id.as_str()),
         explanation: &explanation,

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::audit::Close;
+use crate::identity::Proof;
 use crate::policy_set::PolicySet;
 use crate::sandbox_id::SandboxId;
 use crate::target::Target;
@@ -30,20 +31,26 @@ pub enum Phase {
     Stopping,
 }
 
-/// What an exchange was allowed to do: the sandbox, the target it asked for and the address
-/// actually dialled, decided under policy `generation`.
+/// What an exchange was allowed to do: the sandbox (and how the client proved it was that
+/// sandbox), the target it asked for and the address actually dialled, decided under policy
+/// `generation`.
 #[derive(Debug, Clone)]
 pub struct Grant {
     pub sandbox: SandboxId,
+    pub proof: Proof,
     pub target: Target,
     pub dialed: IpAddr,
     pub generation: u64,
 }
 
 impl Grant {
-    /// Whether `set` still allows this exchange (exactly the decision a new connection with
-    /// the same sandbox, target and address would get).
+    /// Whether `set` still allows this exchange: it still identifies the client as the same
+    /// sandbox (a rotated token ends the tunnels opened with the old one), and it makes
+    /// exactly the decision a new connection with the same target and address would get.
     pub fn allowed_by(&self, set: &PolicySet) -> bool {
+        if !self.proof.still_identifies(set, &self.sandbox) {
+            return false;
+        }
         match set.get(self.sandbox.as_str()) {
             None => false,
             Some(sb) => set
@@ -138,6 +145,7 @@ mod tests {
     fn grant(generation: u64) -> Grant {
         Grant {
             sandbox: SandboxId::new("a").unwrap(),
+            proof: Proof::Default("10.0.0.1".parse().unwrap()),
             target: Target::parse("x.example.com:443", None).unwrap(),
             dialed: "93.184.216.34".parse().unwrap(),
             generation,

@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 
 use sha2::{Digest, Sha256};
 
 use crate::accept::Accepted;
 use crate::admin::Admin;
+use crate::admission::{self, Admissions};
 use crate::audit::{AuditLog, Close, Mode, Sink};
 use crate::config::Config;
 use crate::control::Controller;
@@ -29,6 +29,9 @@ use crate::reason::Reason;
 use crate::resolve::Resolver;
 use crate::revocation::Phase;
 use crate::shared::{Settings, Shared};
+
+/// How long shutdown waits for the audit writer after the connections are done.
+const AUDIT_CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// Run the proxy with a loaded configuration until SIGTERM/SIGINT.
 pub fn run(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
@@ -126,7 +129,8 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     if let Some(w) = dns_warning {
         tracing::warn!(warning = %w, "dns");
     }
-    let audit = AuditLog::open(config.audit_path.as_deref()).context("opening the audit log")?;
+    let audit = AuditLog::open(config.audit_path.as_deref(), config.audit_queue_max)
+        .context("opening the audit log")?;
     let metrics = Metrics::new().context("registering metrics")?;
     metrics.set_policy_version(set.version());
     let sink = Sink {
@@ -137,6 +141,8 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         set,
         resolver,
         sink,
+        Admissions::new(config.admission),
+        config.max_connections.get(),
         Settings {
             timeouts: config.defaults.timeouts,
             default_sandbox: config.listen.default_sandbox.clone(),
@@ -152,21 +158,15 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         tracing::warn!(problem = %problem, "state_dir");
     }
     let version = shared.policy.load().version().to_string();
-    let cap = Arc::new(Semaphore::new(config.max_connections.get()));
+    let cap = shared.cap.clone();
     let mut tasks = Vec::new();
     if let Some(l) = proxy {
-        tasks.push(tokio::spawn(accept_loop(
-            l,
-            shared.clone(),
-            cap.clone(),
-            Kind::Proxy,
-        )));
+        tasks.push(tokio::spawn(accept_loop(l, shared.clone(), Kind::Proxy)));
     }
     if let Some(l) = transparent {
         tasks.push(tokio::spawn(accept_loop(
             l,
             shared.clone(),
-            cap.clone(),
             Kind::Transparent,
         )));
     }
@@ -175,6 +175,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
             shared: shared.clone(),
             control: control.clone(),
             token_sha256,
+            max_body: config.runtime.max_binding_bytes,
         });
         tasks.push(tokio::spawn(accept_admin(l, admin)));
     }
@@ -204,7 +205,15 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         shared.phase.send_replace(Phase::Stopping);
         let _ = tokio::time::timeout(Duration::from_secs(2), cap.acquire_many(all)).await;
     }
-    shared.sink.log.close();
+    // The audit sink may be stuck (a pipe nobody reads): never wait for it forever.
+    let lost = shared.sink.log.close(AUDIT_CLOSE_WAIT);
+    if lost > 0 {
+        tracing::error!(
+            lost,
+            "the audit log did not accept the last records within {AUDIT_CLOSE_WAIT:?}"
+        );
+        eprintln!("egress-proxy: {lost} audit records could not be written before exit");
+    }
     tracing::info!("stopped");
     Ok(())
 }
@@ -234,8 +243,11 @@ enum Kind {
     Transparent,
 }
 
-/// Accept loop of a data-plane listener: one task per connection, under the global cap.
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, cap: Arc<Semaphore>, kind: Kind) {
+/// Accept loop of a data-plane listener: one task per connection. Explicit-proxy connections
+/// are admitted per source address until their first request identifies them (then they take
+/// a place under the global cap); transparent connections are identified by their source at
+/// once and take their place under the cap here.
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, kind: Kind) {
     let mut backoff = Duration::from_millis(5);
     loop {
         let (stream, client) = match listener.accept().await {
@@ -257,41 +269,98 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, cap: Arc<Semaph
             started: Instant::now(),
         };
         let shared = shared.clone();
-        match (cap.clone().try_acquire_owned(), kind) {
-            (Ok(permit), Kind::Proxy) => {
-                tokio::spawn(crate::proxy::serve(shared, accepted, stream, permit));
-            }
-            (Ok(permit), Kind::Transparent) => {
-                tokio::spawn(crate::transparent::serve(shared, accepted, stream, permit));
-            }
-            (Err(_), _) => {
-                tokio::spawn(over_capacity(shared, accepted, stream, kind));
-            }
+        if shared.sink.log.saturated() {
+            // The audit writer is behind: refuse rather than accept what cannot be recorded.
+            shared.metrics().audit_backpressure();
+            tokio::spawn(refuse_unrecorded(stream, kind));
+            continue;
+        }
+        match kind {
+            Kind::Proxy => match shared.admissions.accept(client.ip()) {
+                Ok(slot) => {
+                    tokio::spawn(crate::proxy::serve(shared, accepted, stream, slot));
+                }
+                Err(refusal) => {
+                    let (reason, detail) = match refusal {
+                        admission::Refusal::Rate(_) => (
+                            Reason::RateLimited,
+                            "this address opens connections faster than admission.accepts_per_second_per_source",
+                        ),
+                        admission::Refusal::Unidentified => (
+                            Reason::ConnectionLimit,
+                            "this address holds too many connections that have not identified a sandbox (admission.unidentified_per_source)",
+                        ),
+                    };
+                    tokio::spawn(refuse_early(shared, accepted, stream, kind, reason, detail));
+                }
+            },
+            Kind::Transparent => match shared.take_cap() {
+                Some(permit) => {
+                    tokio::spawn(crate::transparent::serve(shared, accepted, stream, permit));
+                }
+                None => {
+                    let detail = "the proxy is at its connection limit (max_connections)";
+                    tokio::spawn(refuse_early(
+                        shared,
+                        accepted,
+                        stream,
+                        kind,
+                        Reason::ConnectionLimit,
+                        detail,
+                    ));
+                }
+            },
         }
     }
 }
 
-/// The global cap is reached: answer 429 without reading the request (reset on the
-/// transparent listener), and audit it.
-async fn over_capacity(shared: Arc<Shared>, accepted: Accepted, mut stream: TcpStream, kind: Kind) {
+/// Refuse a connection before reading anything from it: 429 on the explicit proxy (reset on
+/// the transparent listener), audited `close: "limit"` with why.
+async fn refuse_early(
+    shared: Arc<Shared>,
+    accepted: Accepted,
+    mut stream: TcpStream,
+    kind: Kind,
+    reason: Reason,
+    detail: &'static str,
+) {
     let mode = match kind {
         Kind::Proxy => Mode::Connect,
         Kind::Transparent => Mode::Tcp,
     };
     let mut audit = shared.audit(&accepted, mode, &shared.policy.load());
-    audit.decision(&Decision::deny(Reason::ConnectionLimit, None));
+    audit.decision(&Decision::deny(reason, None));
     audit.close(Close::Limit);
+    audit.detail(detail);
     match kind {
         Kind::Proxy => {
             let resp = deny::wire(&Refusal {
-                reason: Reason::ConnectionLimit,
+                reason,
                 what: "this connection",
                 sandbox: None,
-                explanation:
-                    "egress-proxy is at its connection limit (max_connections); retry shortly",
+                explanation: detail,
                 retry_after: Some(1),
             });
             let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&resp)).await;
+        }
+        Kind::Transparent => {
+            let _ = stream.set_zero_linger();
+        }
+    }
+}
+
+/// The audit queue is full: answer 503 (reset on the transparent listener) without a record —
+/// `egress_audit_backpressure_total` counts these.
+async fn refuse_unrecorded(mut stream: TcpStream, kind: Kind) {
+    match kind {
+        Kind::Proxy => {
+            let body = "egress-proxy cannot record connections right now (its audit log is behind); retry shortly.\n";
+            let resp = format!(
+                "HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\nproxy-status: egress-proxy; error=proxy_internal_error; details=\"audit log backpressure\"\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes()))
+                .await;
         }
         Kind::Transparent => {
             let _ = stream.set_zero_linger();

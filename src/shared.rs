@@ -3,10 +3,12 @@
 //! [`crate::revocation`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::accept::Accepted;
+use crate::admission::Admissions;
 use crate::audit::{AuditGuard, Mode, Sink};
 use crate::config::Timeouts;
 use crate::egress::Lookup;
@@ -38,6 +40,11 @@ pub struct Shared {
     pub settings: Settings,
     /// Per-sandbox limiter state, kept across reloads.
     pub limiters: Limiters,
+    /// Per-address limits before identification.
+    pub admissions: Arc<Admissions>,
+    /// The global cap (`max_connections`) on identified connections; shutdown waits for
+    /// every permit to come back.
+    pub cap: Arc<Semaphore>,
     /// Serving → draining → stopping: HTTP connections and relays watch it.
     pub phase: watch::Sender<Phase>,
     /// Listeners bound and policy loaded (`/readyz`).
@@ -47,13 +54,22 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(policy: PolicySet, resolver: Resolver, sink: Sink, settings: Settings) -> Self {
+    pub fn new(
+        policy: PolicySet,
+        resolver: Resolver,
+        sink: Sink,
+        admissions: Arc<Admissions>,
+        cap: usize,
+        settings: Settings,
+    ) -> Self {
         Shared {
             policy: LivePolicy::new(policy),
             resolver,
             sink,
             settings,
             limiters: Limiters::default(),
+            admissions,
+            cap: Arc::new(Semaphore::new(cap)),
             phase: watch::channel(Phase::Serving).0,
             ready: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
@@ -62,6 +78,11 @@ impl Shared {
 
     pub fn metrics(&self) -> &Metrics {
         &self.sink.metrics
+    }
+
+    /// A place under the global cap, if one is free.
+    pub fn take_cap(&self) -> Option<OwnedSemaphorePermit> {
+        self.cap.clone().try_acquire_owned().ok()
     }
 
     /// A fresh `conn_id`.

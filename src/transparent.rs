@@ -136,7 +136,7 @@ pub async fn serve(
         Err(reason) => return reset(stream, audit, Decision::deny(reason, None)),
     };
     audit.dialed(dialed.addr);
-    let grant = dialed.grant(&sb, target, &set);
+    let grant = dialed.grant(&who, target, &set);
     // The set is not kept alive by a long tunnel: the watch re-reads the newest one.
     drop(set);
 

@@ -262,21 +262,26 @@ fn runtime_api_put_check_restart_delete() {
         .0,
         400
     );
-    // Read-only calls.
-    let (status, list) = e.admin("GET", "/v1/sandboxes", "", None);
+    // Read-only calls need the token too (a token is configured), and never show digests.
+    assert_eq!(e.admin("GET", "/v1/sandboxes", "", None).0, 401);
+    assert_eq!(e.admin("GET", "/v1/sandboxes/newbie", "", None).0, 401);
+    assert_eq!(e.admin("POST", "/v1/check", "{}", None).0, 401);
+    let (status, list) = e.admin("GET", "/v1/sandboxes", "", Some(ADMIN_TOKEN));
     assert_eq!(status, 200);
     assert!(
         list.contains("\"id\":\"newbie\"") && list.contains("\"origin\":\"api\""),
         "{list}"
     );
-    let (status, one) = e.admin("GET", "/v1/sandboxes/newbie", "", None);
+    let (status, one) = e.admin("GET", "/v1/sandboxes/newbie", "", Some(ADMIN_TOKEN));
     assert_eq!(status, 200);
-    assert!(one.contains("\"token_sha256\""), "{one}");
+    assert!(!one.contains("token_sha256"), "{one}");
+    assert!(!one.contains(&sha("new-secret")), "{one}");
+    assert!(one.contains("\"auth\":{\"token\":true}"), "{one}");
     let (status, check) = e.admin(
         "POST",
         "/v1/check",
         r#"{"sandbox": "newbie", "target": "api.test:8443"}"#,
-        None,
+        Some(ADMIN_TOKEN),
     );
     assert_eq!(status, 200);
     let v: serde_json::Value = serde_json::from_str(&check).unwrap();
@@ -294,7 +299,7 @@ fn runtime_api_put_check_restart_delete() {
         "POST",
         "/v1/check",
         r#"{"sandbox": "newbie", "target": "evil.test"}"#,
-        None,
+        Some(ADMIN_TOKEN),
     );
     assert!(
         check.contains("\"reason\":\"no_rule_matched\"")

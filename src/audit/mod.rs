@@ -208,7 +208,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.jsonl");
         let sink = Sink {
-            log: Arc::new(AuditLog::open(Some(&path)).unwrap()),
+            log: Arc::new(AuditLog::open(Some(&path), 1000).unwrap()),
             metrics: Arc::new(Metrics::new().unwrap()),
         };
         let accepted = Accepted {
@@ -221,7 +221,7 @@ mod tests {
             g.decision(&Decision::deny(Reason::AuthRequired, None));
             g.open();
         }
-        sink.log.close();
+        sink.log.close(std::time::Duration::from_secs(5));
         let text = std::fs::read_to_string(&path).unwrap();
         let lines: Vec<serde_json::Value> = text
             .lines()

@@ -1,16 +1,23 @@
 //! The audit sink: entries are appended to an in-memory queue that one writer thread drains
-//! every few milliseconds, so the data plane never blocks on disk, never formats JSON, and
-//! never wakes the writer per record (a context switch per connection was the largest cost at
-//! high connection rates). Shutdown waits for the writer to drain and flush.
+//! at least every 5 ms — and at once when a tunnel opens — so the data plane never blocks on
+//! disk, never formats JSON, and never wakes the writer per `end` record (a context switch
+//! per connection was the largest cost at high connection rates).
+//!
+//! The queue is bounded for *new* connections: once `queue_max` entries wait, [`saturated`]
+//! says so and the listeners refuse new connections (503 / reset, counted) instead of growing
+//! without limit; connections already accepted still get their records. [`AuditLog::close`]
+//! waits at most its deadline for the writer, then says how many records it could not write.
+//!
+//! [`saturated`]: AuditLog::saturated
 
 use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-use super::record::Entry;
+use super::record::{Entry, Event};
 
 /// How long the writer sleeps between drains: the most an entry waits before it is written.
 const DRAIN_EVERY: Duration = Duration::from_millis(5);
@@ -20,122 +27,193 @@ const DRAIN_EVERY: Duration = Duration::from_millis(5);
 struct Queue {
     entries: Vec<Entry>,
     closing: bool,
+    /// An `open` entry arrived: write now.
+    urgent: bool,
+}
+
+/// What the data plane and the writer thread share.
+struct Inner {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    /// Entries queued and not yet written (queue plus the batch being written).
+    pending: AtomicUsize,
+    /// Set by the writer when it has written and flushed everything and stopped.
+    done: Mutex<bool>,
+    done_cv: Condvar,
+    /// Write errors happened (logged once).
+    failing: AtomicBool,
 }
 
 /// The audit sink.
 pub struct AuditLog {
-    queue: Arc<Mutex<Queue>>,
-    writer: Mutex<Option<JoinHandle<()>>>,
+    inner: Arc<Inner>,
+    queue_max: usize,
 }
 
 impl AuditLog {
     /// Open `path` for appending, or stdout when `None`.
-    pub fn open(path: Option<&Path>) -> std::io::Result<Self> {
+    pub fn open(path: Option<&Path>, queue_max: usize) -> std::io::Result<Self> {
         let out: Box<dyn Write + Send> = match path {
             Some(p) => Box::new(OpenOptions::new().create(true).append(true).open(p)?),
             None => Box::new(std::io::stdout()),
         };
-        let queue = Arc::new(Mutex::new(Queue::default()));
-        let q = queue.clone();
-        let writer = std::thread::Builder::new()
+        let inner = Arc::new(Inner {
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            pending: AtomicUsize::new(0),
+            done: Mutex::new(false),
+            done_cv: Condvar::new(),
+            failing: AtomicBool::new(false),
+        });
+        let i = inner.clone();
+        std::thread::Builder::new()
             .name("audit-writer".into())
-            .spawn(move || write_loop(q, out))?;
-        Ok(AuditLog {
-            queue,
-            writer: Mutex::new(Some(writer)),
-        })
+            .spawn(move || write_loop(&i, out))?;
+        Ok(AuditLog { inner, queue_max })
     }
 
-    /// Queue an entry.
+    /// Queue an entry (an `open` entry is written at once).
     pub fn write(&self, entry: Entry) {
-        match self.queue.lock() {
-            Ok(mut q) => q.entries.push(entry),
+        let urgent = entry.event == Event::Open;
+        match self.inner.queue.lock() {
+            Ok(mut q) => {
+                q.entries.push(entry);
+                q.urgent |= urgent;
+                self.inner.pending.fetch_add(1, Ordering::Relaxed);
+            }
             Err(_) => tracing::error!("audit queue poisoned; a record was lost"),
         }
+        if urgent {
+            self.inner.wake.notify_one();
+        }
     }
 
-    /// Close the log and wait until every queued entry is written and flushed.
-    pub fn close(&self) {
-        if let Ok(mut q) = self.queue.lock() {
+    /// Whether new connections should be refused: `queue_max` entries are waiting.
+    pub fn saturated(&self) -> bool {
+        self.inner.pending.load(Ordering::Relaxed) >= self.queue_max
+    }
+
+    /// Close the log: wait up to `deadline` for every queued record to be written and
+    /// flushed. Returns how many records could not be written (0 when all were).
+    pub fn close(&self, deadline: Duration) -> usize {
+        if let Ok(mut q) = self.inner.queue.lock() {
             q.closing = true;
         }
-        let handle = self.writer.lock().ok().and_then(|mut g| g.take());
-        if let Some(h) = handle {
-            let _ = h.join();
+        self.inner.wake.notify_one();
+        let until = Instant::now() + deadline;
+        let Ok(mut done) = self.inner.done.lock() else {
+            return self.inner.pending.load(Ordering::Relaxed);
+        };
+        while !*done {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match self.inner.done_cv.wait_timeout(done, left) {
+                Ok((d, _)) => done = d,
+                Err(_) => return self.inner.pending.load(Ordering::Relaxed),
+            }
+        }
+        if *done {
+            0
+        } else {
+            self.inner.pending.load(Ordering::Relaxed)
         }
     }
 }
 
-fn write_loop(queue: Arc<Mutex<Queue>>, out: Box<dyn Write + Send>) {
+fn write_loop(inner: &Inner, out: Box<dyn Write + Send>) {
     let mut out = BufWriter::with_capacity(64 * 1024, out);
     let mut batch: Vec<Entry> = Vec::new();
     let mut line = Vec::with_capacity(1024);
     loop {
-        let closing = match queue.lock() {
-            Ok(mut q) => {
+        let closing = match inner.queue.lock() {
+            Ok(q) => {
+                let (mut q, _) = match inner
+                    .wake
+                    .wait_timeout_while(q, DRAIN_EVERY, |q| !q.urgent && !q.closing)
+                {
+                    Ok(x) => x,
+                    Err(_) => break,
+                };
                 std::mem::swap(&mut q.entries, &mut batch);
+                q.urgent = false;
                 q.closing
             }
-            Err(_) => true,
+            Err(_) => break,
         };
-        write_batch(&mut out, &mut batch, &mut line);
+        write_batch(inner, &mut out, &mut batch, &mut line);
         if closing {
             // Anything queued after the flag was seen goes out too, then stop.
-            if let Ok(mut q) = queue.lock() {
+            if let Ok(mut q) = inner.queue.lock() {
                 std::mem::swap(&mut q.entries, &mut batch);
             }
-            write_batch(&mut out, &mut batch, &mut line);
-            return;
+            write_batch(inner, &mut out, &mut batch, &mut line);
+            break;
         }
-        std::thread::sleep(DRAIN_EVERY);
     }
+    if let Ok(mut d) = inner.done.lock() {
+        *d = true;
+    }
+    inner.done_cv.notify_all();
 }
 
 /// Encode, write and flush `batch` (emptying it).
-fn write_batch(out: &mut impl Write, batch: &mut Vec<Entry>, line: &mut Vec<u8>) {
+fn write_batch(inner: &Inner, out: &mut impl Write, batch: &mut Vec<Entry>, line: &mut Vec<u8>) {
     if batch.is_empty() {
         return;
     }
+    let n = batch.len();
+    let mut failed = None;
     for e in batch.drain(..) {
         line.clear();
         match e.encode(line) {
             Ok(()) => {
                 if let Err(err) = out.write_all(line) {
-                    eprintln!("audit: write failed: {err}");
+                    failed = Some(err.to_string());
                 }
             }
-            Err(err) => eprintln!("audit: cannot encode a record: {err}"),
+            Err(err) => failed = Some(format!("cannot encode a record: {err}")),
         }
     }
     if let Err(err) = out.flush() {
-        eprintln!("audit: flush failed: {err}");
+        failed = Some(err.to_string());
+    }
+    inner.pending.fetch_sub(n, Ordering::Relaxed);
+    if let Some(err) = failed {
+        if !inner.failing.swap(true, Ordering::Relaxed) {
+            eprintln!("audit: write failed: {err}");
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::record::{Close, Event, Mode, Record};
+    use crate::audit::record::{Close, Mode, Record};
     use std::time::SystemTime;
+
+    fn entry(i: u64, event: Event) -> Entry {
+        Entry {
+            event,
+            at: SystemTime::now(),
+            record: Record::new(i, "127.0.0.1:1".parse().unwrap(), Mode::Connect, "v".into()),
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 0,
+            close: (event == Event::End).then_some(Close::Eof),
+        }
+    }
 
     #[test]
     fn every_entry_reaches_the_file_before_close_returns() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
-        let log = AuditLog::open(Some(&path)).unwrap();
-        let client = "127.0.0.1:1".parse().unwrap();
+        let log = AuditLog::open(Some(&path), 10_000).unwrap();
         for i in 0..1000 {
-            log.write(Entry {
-                event: Event::End,
-                at: SystemTime::now(),
-                record: Record::new(i, client, Mode::Connect, "v".into()),
-                bytes_up: 0,
-                bytes_down: 0,
-                duration_ms: 0,
-                close: Some(Close::Eof),
-            });
+            log.write(entry(i, Event::End));
         }
-        log.close();
+        assert_eq!(log.close(Duration::from_secs(10)), 0);
         let text = std::fs::read_to_string(&path).unwrap();
         let lines: Vec<serde_json::Value> = text
             .lines()
@@ -144,5 +222,60 @@ mod tests {
         assert_eq!(lines.len(), 1000);
         assert_eq!(lines[999]["conn_id"], 999);
         assert_eq!(lines[0]["close"], "eof");
+    }
+
+    #[test]
+    fn an_open_record_is_written_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(Some(&path), 10).unwrap();
+        log.write(entry(1, Event::Open));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .is_empty()
+        {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        log.close(Duration::from_secs(1));
+    }
+
+    /// A sink that never accepts a byte: the queue saturates at `queue_max`, and close gives
+    /// up at its deadline, saying how many records were lost.
+    #[test]
+    fn a_stuck_sink_saturates_the_queue_and_close_keeps_its_deadline() {
+        let (reader, writer) = std::io::pipe().unwrap();
+        // Fill the pipe so that every further write blocks.
+        let mut w = writer.try_clone().unwrap();
+        let fill = std::thread::spawn(move || {
+            let chunk = vec![b'x'; 65536];
+            while w.write_all(&chunk).is_ok() {}
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let inner = Arc::new(Inner {
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            pending: AtomicUsize::new(0),
+            done: Mutex::new(false),
+            done_cv: Condvar::new(),
+            failing: AtomicBool::new(false),
+        });
+        let i = inner.clone();
+        std::thread::spawn(move || write_loop(&i, Box::new(writer)));
+        let log = AuditLog {
+            inner,
+            queue_max: 50,
+        };
+        for i in 0..100 {
+            log.write(entry(i, Event::End));
+        }
+        assert!(log.saturated());
+        let started = Instant::now();
+        let lost = log.close(Duration::from_millis(300));
+        assert!(started.elapsed() < Duration::from_secs(3));
+        assert_eq!(lost, 100);
+        drop(reader);
+        let _ = fill.join();
     }
 }

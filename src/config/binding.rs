@@ -64,6 +64,18 @@ impl Config {
                 ))
             }
         }
+        if let Some(Value::Mapping(auth)) = map.get("auth") {
+            // The proxy's own files and environment are not the caller's to name: the answer
+            // must not even say whether such a file or variable exists.
+            if auth.contains_key("token_file") || auth.contains_key("token_env") {
+                return Err(one(
+                    "runtime registrations take `auth.token_sha256` only (`token_file` and \
+                     `token_env` are for bindings in the operator's own config files)"
+                        .into(),
+                    None,
+                ));
+            }
+        }
         if let Some(Value::Mapping(p)) = map.get("policy") {
             if p.contains_key("ref") {
                 // Runtime bindings carry their policy inline; refs are for files the operator owns.
@@ -425,4 +437,30 @@ fn resolve_policy(
     };
     let (block, network) = parse_block(block_value, &bctx, sink, warnings)?;
     Some((block, network, sink.file.clone(), None))
+}
+
+/// One warning per `sources` range nested inside another sandbox's range: identity by source
+/// address takes the longest prefix, so the inner sandbox takes those addresses from the
+/// outer one — legal, but worth saying. CIDR ranges are either nested or disjoint, so one
+/// sorted sweep with a stack of enclosing ranges finds every pair's innermost enclosure.
+pub(super) fn overlapping_sources(bindings: &[Binding]) -> Vec<String> {
+    let mut nets: Vec<(IpNet, &SandboxId)> = bindings
+        .iter()
+        .flat_map(|b| b.sources.iter().map(move |n| (*n, &b.id)))
+        .collect();
+    nets.sort_by_key(|(n, _)| (n.addr().is_ipv6(), n.network(), n.prefix_len()));
+    let mut warnings = Vec::new();
+    let mut stack: Vec<(IpNet, &SandboxId)> = Vec::new();
+    for (net, id) in nets {
+        while stack.last().is_some_and(|(outer, _)| !outer.contains(&net)) {
+            stack.pop();
+        }
+        if let Some((outer, outer_id)) = stack.iter().rev().find(|(_, o)| *o != id) {
+            warnings.push(format!(
+                "sources {net} of sandbox {id} lie inside {outer} of sandbox {outer_id}: the longest prefix decides, so addresses in {net} identify as {id}"
+            ));
+        }
+        stack.push((net, id));
+    }
+    warnings
 }

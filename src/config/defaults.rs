@@ -9,8 +9,8 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::error::Sink;
-use super::raw::{RawDefaults, RawDns, RawLimits, RawListen};
-use super::{Defaults, DnsConfig, Limits, Listen, Timeouts};
+use super::raw::{RawAdmission, RawDefaults, RawDns, RawLimits, RawListen, RawRuntime};
+use super::{Admission, Defaults, DnsConfig, Limits, Listen, RuntimeLimits, Timeouts};
 use crate::hostname::normalize_name;
 use crate::policy::ports::PortSet;
 
@@ -37,8 +37,25 @@ pub const LIMITS: Limits = Limits {
 };
 /// `audit.path`: stdout.
 pub const AUDIT_PATH: &str = "-";
-/// Top-level `max_connections` (the global cap).
+/// Top-level `max_connections` (the global cap on identified connections).
 pub const MAX_CONNECTIONS: u64 = 10_000;
+/// `audit.queue_max`
+pub const AUDIT_QUEUE_MAX: usize = 100_000;
+/// `admission:`
+pub const ADMISSION: Admission = Admission {
+    unidentified_per_source: 256,
+    unidentified_total: 10_000,
+    accepts_per_second_per_source: 500.0,
+    accept_burst_per_source: 1_000,
+    first_byte: Duration::from_millis(3_000),
+    auth_failures_per_second_per_source: 5.0,
+    auth_failure_burst: 20,
+};
+/// `runtime:`
+pub const RUNTIME: RuntimeLimits = RuntimeLimits {
+    max_sandboxes: 100_000,
+    max_binding_bytes: 64 * 1024,
+};
 
 pub(super) fn resolve_limits(raw: &RawLimits, base: Option<&Limits>) -> Limits {
     let d = base.cloned().unwrap_or(LIMITS);
@@ -210,4 +227,83 @@ pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut S
         admin: raw.admin,
         default_sandbox: raw.default_sandbox,
     }
+}
+
+pub(super) fn resolve_admission(raw: RawAdmission, sink: &mut Sink<'_>) -> Admission {
+    let d = ADMISSION;
+    let a = Admission {
+        unidentified_per_source: raw
+            .unidentified_per_source
+            .unwrap_or(d.unidentified_per_source),
+        unidentified_total: raw.unidentified_total.unwrap_or(d.unidentified_total),
+        accepts_per_second_per_source: raw
+            .accepts_per_second_per_source
+            .unwrap_or(d.accepts_per_second_per_source),
+        accept_burst_per_source: raw
+            .accept_burst_per_source
+            .unwrap_or(d.accept_burst_per_source),
+        first_byte: raw
+            .first_byte_ms
+            .map(Duration::from_millis)
+            .unwrap_or(d.first_byte),
+        auth_failures_per_second_per_source: raw
+            .auth_failures_per_second_per_source
+            .unwrap_or(d.auth_failures_per_second_per_source),
+        auth_failure_burst: raw.auth_failure_burst.unwrap_or(d.auth_failure_burst),
+    };
+    for (name, v) in [
+        ("unidentified_per_source", a.unidentified_per_source),
+        ("unidentified_total", a.unidentified_total),
+        ("accept_burst_per_source", a.accept_burst_per_source),
+        ("auth_failure_burst", a.auth_failure_burst),
+    ] {
+        if v == 0 || v > 10_000_000 {
+            sink.top(
+                format!("admission.{name}"),
+                "must be from 1 to 10000000",
+                Some(name),
+            );
+        }
+    }
+    for (name, v) in [
+        (
+            "accepts_per_second_per_source",
+            a.accepts_per_second_per_source,
+        ),
+        (
+            "auth_failures_per_second_per_source",
+            a.auth_failures_per_second_per_source,
+        ),
+    ] {
+        if !(v.is_finite() && v > 0.0) {
+            sink.top(
+                format!("admission.{name}"),
+                "must be a positive number",
+                Some(name),
+            );
+        }
+    }
+    if a.first_byte.is_zero() {
+        sink.top(
+            "admission.first_byte_ms",
+            "must be positive",
+            Some("first_byte_ms"),
+        );
+    }
+    a
+}
+
+pub(super) fn resolve_runtime(raw: RawRuntime, sink: &mut Sink<'_>) -> RuntimeLimits {
+    let r = RuntimeLimits {
+        max_sandboxes: raw.max_sandboxes.unwrap_or(RUNTIME.max_sandboxes),
+        max_binding_bytes: raw.max_binding_bytes.unwrap_or(RUNTIME.max_binding_bytes),
+    };
+    if r.max_binding_bytes == 0 || r.max_binding_bytes > 16 * 1024 * 1024 {
+        sink.top(
+            "runtime.max_binding_bytes",
+            "must be from 1 to 16777216",
+            Some("max_binding_bytes"),
+        );
+    }
+    r
 }

@@ -29,10 +29,10 @@ use serde_yaml::{Mapping, Value};
 
 use binding::{build_binding, id_lines, BindingCtx};
 pub use block::SandboxBlock;
-use defaults::{resolve_defaults, resolve_dns, resolve_listen};
+use defaults::{resolve_admission, resolve_defaults, resolve_dns, resolve_listen, resolve_runtime};
 use error::{redact, unknown_field, Sink};
 pub use error::{ConfigError, ConfigErrors};
-use raw::{RawAudit, RawDefaults, RawDns, RawListen, TOP_LEVEL_KEYS};
+use raw::{RawAdmission, RawAudit, RawDefaults, RawDns, RawListen, RawRuntime, TOP_LEVEL_KEYS};
 pub use raw::{RawAuth, RawLimits};
 use refs::PolicyIndex;
 
@@ -150,6 +150,35 @@ impl Default for MaxConnections {
     }
 }
 
+/// `admission:` — what one client address may do before a sandbox is identified, so that a
+/// client that connects and says nothing (or guesses tokens) cannot take slots from others.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Admission {
+    /// Connections from one address not yet identified, at once.
+    pub unidentified_per_source: u32,
+    /// Connections not yet identified, at once, from everywhere.
+    pub unidentified_total: u32,
+    /// New connections per second from one address (token bucket) …
+    pub accepts_per_second_per_source: f64,
+    /// … and its burst.
+    pub accept_burst_per_source: u32,
+    /// How long a new connection may stay silent before its first byte.
+    pub first_byte: Duration,
+    /// Failed authentications per second from one address (token bucket) …
+    pub auth_failures_per_second_per_source: f64,
+    /// … and its burst.
+    pub auth_failure_burst: u32,
+}
+
+/// `runtime:` — bounds on what the admin API may register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuntimeLimits {
+    /// Sandboxes registered through the API, at most.
+    pub max_sandboxes: usize,
+    /// Largest `PUT /v1/sandboxes/{id}` body.
+    pub max_binding_bytes: usize,
+}
+
 /// A fully loaded configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -165,8 +194,14 @@ pub struct Config {
     pub audit_path: Option<PathBuf>,
     pub state_dir: Option<PathBuf>,
     pub extra_providers: Vec<String>,
-    /// Global cap on concurrent client connections.
+    /// Records waiting for the audit writer beyond which new connections are refused.
+    pub audit_queue_max: usize,
+    /// Global cap on concurrent identified client connections.
     pub max_connections: MaxConnections,
+    /// Limits per client address before identification.
+    pub admission: Admission,
+    /// Bounds on runtime registrations.
+    pub runtime: RuntimeLimits,
     pub bindings: Vec<Binding>,
     pub warnings: Vec<String>,
     /// Every file read (config, referenced and indexed SANDBOX.md files): what to watch.
@@ -268,7 +303,11 @@ pub fn load_str(
         section(&mut top, "extra_providers", &mut sink).unwrap_or_default();
     let max_connections: u64 =
         section(&mut top, "max_connections", &mut sink).unwrap_or(defaults::MAX_CONNECTIONS);
+    let admission: RawAdmission = section(&mut top, "admission", &mut sink).unwrap_or_default();
+    let runtime: RawRuntime = section(&mut top, "runtime", &mut sink).unwrap_or_default();
     let sandboxes: Vec<Value> = section(&mut top, "sandboxes", &mut sink).unwrap_or_default();
+    let admission = resolve_admission(admission, &mut sink);
+    let runtime = resolve_runtime(runtime, &mut sink);
 
     for p in &extra_providers {
         if block::BUILTIN_PROVIDERS.contains(&p.as_str()) {
@@ -360,6 +399,7 @@ pub fn load_str(
         }
         bindings.push(b);
     }
+    warnings.extend(binding::overlapping_sources(&bindings));
     if let Some(d) = &listen.default_sandbox {
         if !seen.contains(d.as_str()) {
             sink.top(
@@ -380,6 +420,9 @@ pub fn load_str(
         dns,
         defaults,
         audit_path: (audit.path != "-").then(|| rel(&audit.path)),
+        audit_queue_max: audit.queue_max.max(1),
+        admission,
+        runtime,
         state_dir: state_dir.map(|p| rel(&p)),
         extra_providers,
         max_connections,

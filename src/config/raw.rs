@@ -22,6 +22,8 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "sandbox_dirs",
     "extra_providers",
     "max_connections",
+    "admission",
+    "runtime",
     "sandboxes",
 ];
 
@@ -187,20 +189,49 @@ fn d_audit_path() -> String {
     defaults::AUDIT_PATH.into()
 }
 
+fn d_audit_queue() -> usize {
+    defaults::AUDIT_QUEUE_MAX
+}
+
 /// `audit:`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAudit {
     #[serde(default = "d_audit_path")]
     pub path: String,
+    /// Records waiting for the writer beyond which new connections are refused (503).
+    #[serde(default = "d_audit_queue")]
+    pub queue_max: usize,
 }
 
 impl Default for RawAudit {
     fn default() -> Self {
         RawAudit {
             path: d_audit_path(),
+            queue_max: d_audit_queue(),
         }
     }
+}
+
+/// `admission:` — limits per client source address, before any sandbox is identified.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmission {
+    pub unidentified_per_source: Option<u32>,
+    pub unidentified_total: Option<u32>,
+    pub accepts_per_second_per_source: Option<f64>,
+    pub accept_burst_per_source: Option<u32>,
+    pub first_byte_ms: Option<u64>,
+    pub auth_failures_per_second_per_source: Option<f64>,
+    pub auth_failure_burst: Option<u32>,
+}
+
+/// `runtime:` — bounds on what the admin API may register.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRuntime {
+    pub max_sandboxes: Option<usize>,
+    pub max_binding_bytes: Option<usize>,
 }
 
 /// `auth:` of a binding: exactly one token form; never a plaintext token.

@@ -115,6 +115,8 @@ pub struct NetworkSpec {
 struct RuleSet {
     names: NameMatcher,
     addrs: AddrTable<Arc<Rule>>,
+    /// Match address rules against embedded IPv4 forms too (deny rules only).
+    match_embedded: bool,
 }
 
 impl RuleSet {
@@ -125,7 +127,10 @@ impl RuleSet {
         sandbox: &Arc<str>,
         default_ports: &PortSet,
     ) -> Result<Self, globset::Error> {
-        let mut set = RuleSet::default();
+        let mut set = RuleSet {
+            match_embedded: list == ListKind::Deny,
+            ..RuleSet::default()
+        };
         for (index, (text, entry)) in entries.iter().enumerate() {
             // Deny rules without a port refuse every port; egress rules get the defaults.
             let ports = match (&entry.ports, list) {
@@ -168,9 +173,19 @@ impl RuleSet {
     }
 
     /// The best address rule for `ip:port`: (rule allowing the port, rule matching any port).
+    /// Deny rules are matched against every form of the address (the canonical one and any
+    /// IPv4 address embedded in it: NAT64, 6to4, Teredo); allow rules against the canonical
+    /// address only, so that `8.8.8.8` never allows a 6to4 /48 or a Teredo address that
+    /// merely embeds it.
     fn addr_lookup(&self, ip: IpAddr, port: u16) -> (Option<&Arc<Rule>>, Option<&Arc<Rule>>) {
         let mut any = None;
-        for form in address_forms(ip) {
+        let canonical = ip.to_canonical();
+        let forms: Vec<IpAddr> = if self.match_embedded {
+            address_forms(ip).collect()
+        } else {
+            vec![canonical]
+        };
+        for form in forms {
             for r in self.addrs.matches(form) {
                 if r.ports.contains(port) {
                     return (Some(r), Some(r));
@@ -182,7 +197,7 @@ impl RuleSet {
     }
 
     fn covers_any_port(&self, ip: IpAddr) -> bool {
-        self.addrs.contains(ip)
+        self.addrs.contains(ip.to_canonical())
     }
 }
 
