@@ -263,6 +263,8 @@ pub struct Proxy {
     pub config: PathBuf,
     pub child: Child,
     pub stderr: Arc<Mutex<Vec<String>>>,
+    /// The proxy's stdout when a test asked for it to be a pipe nobody reads.
+    pub stdout_unread: Option<std::process::ChildStdout>,
 }
 
 impl Proxy {
@@ -283,12 +285,27 @@ impl Proxy {
         Self::start_wrapped(config, audit, env, &[])
     }
 
+    /// Start with stdout (the audit log, `audit.path: "-"`) a pipe that is never read.
+    pub fn start_stdout_unread(config: PathBuf) -> Proxy {
+        Self::spawn(config, PathBuf::from("/dev/null"), &[], &[], true)
+    }
+
     /// Start the binary under a wrapper command (`ip netns exec NS setpriv ...`).
     pub fn start_wrapped(
         config: PathBuf,
         audit: PathBuf,
         env: &[(&str, &str)],
         wrapper: &[&str],
+    ) -> Proxy {
+        Self::spawn(config, audit, env, wrapper, false)
+    }
+
+    fn spawn(
+        config: PathBuf,
+        audit: PathBuf,
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+        stdout_pipe: bool,
     ) -> Proxy {
         let bin = env!("CARGO_BIN_EXE_egress-proxy");
         let mut cmd = match wrapper.split_first() {
@@ -301,12 +318,17 @@ impl Proxy {
         };
         cmd.args(["run", "--config"])
             .arg(&config)
-            .stdout(Stdio::null())
+            .stdout(if stdout_pipe {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stderr(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().expect("start egress-proxy");
+        let stdout_unread = child.stdout.take();
         let stderr = child.stderr.take().unwrap();
         let lines = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
@@ -339,6 +361,7 @@ impl Proxy {
             config,
             child,
             stderr: lines,
+            stdout_unread,
         }
     }
 
