@@ -483,7 +483,7 @@ fn script_is_idempotent_removable_and_has_a_dry_run() {
         "15001",
     ]);
     let once = count();
-    assert_eq!(once, 2, "one TCP jump and one UDP jump");
+    assert_eq!(once, 3, "one TCP, one UDP and one other-protocol jump");
     run_in(&[
         "install",
         "sidecar",
@@ -755,4 +755,136 @@ fn gateway_tproxy_keeps_the_original_destination_as_local_address() {
     ]);
     assert_ne!(code, 0);
     proxy.wait_record(|r| r["sni"] == "other.test" && r["decision"] == "deny");
+}
+
+/// Listen (raw socket, in the namespace `listen_in` or the root one) for one packet of IP
+/// protocol `proto` carrying `marker`, while the sandbox sends one; whether it arrived.
+fn raw_probe_arrives(
+    ns: &Netns,
+    listen_in: Option<&Netns>,
+    to: &str,
+    proto: u8,
+    marker: &str,
+) -> bool {
+    let listener = r#"
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, int(sys.argv[1]))
+s.settimeout(0.2)
+end = time.time() + 1.5
+print("ready", flush=True)
+while time.time() < end:
+    try:
+        data, _ = s.recvfrom(4096)
+    except socket.timeout:
+        continue
+    if sys.argv[2].encode() in data:
+        print("GOT", flush=True)
+        sys.exit(0)
+print("NONE", flush=True)
+"#;
+    let sender = r#"
+import socket, sys
+proto = int(sys.argv[1])
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, proto)
+payload = sys.argv[3].encode()
+if proto == 1:
+    payload = bytes([8, 0, 0, 0, 0, 1, 0, 1]) + payload  # echo request (checksum unchecked by raw readers)
+for _ in range(3):
+    try:
+        s.sendto(payload, (sys.argv[2], 0))
+    except OSError:
+        pass  # a local firewall DROP shows as EPERM: nothing left
+"#;
+    let mut cmd = match listen_in {
+        Some(l) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &l.name, "python3"]);
+            c
+        }
+        None => Command::new("python3"),
+    };
+    let mut child = cmd
+        .args(["-c", listener, &proto.to_string(), marker])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 (the CI installs it)");
+    let mut out = child.stdout.take().unwrap();
+    let mut first = [0u8; 6];
+    std::io::Read::read_exact(&mut out, &mut first).unwrap();
+    let o = ns.exec(&["python3", "-c", sender, &proto.to_string(), to, marker]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let _ = child.wait();
+    rest.contains("GOT")
+}
+
+#[test]
+#[ignore = "needs root, ip, iptables"]
+fn icmp_and_raw_protocols_from_the_sandbox_reach_nothing() {
+    if !can_run() {
+        return;
+    }
+    let s = script();
+    let s = s.to_str().unwrap();
+    // Gateway: a sandbox behind this host, and a host "outside" in another namespace that
+    // this host routes to.
+    let ns = Netns::new("ic", 81, 1);
+    let outside = Netns::new("ou", 82, 1);
+    must(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    let far = outside.sandbox_ip.clone();
+    for (proto, what) in [(1u8, "ICMP echo"), (253u8, "IP protocol 253")] {
+        let marker = format!("egress-probe-{proto}-before");
+        assert!(
+            raw_probe_arrives(&ns, Some(&outside), &far, proto, &marker),
+            "control: {what} must reach the outside host before the rules are installed"
+        );
+    }
+    must(&[
+        s,
+        "install",
+        "gateway",
+        "--iface",
+        &ns.host_if,
+        "--ipv4-only",
+    ]);
+    let _rules = GatewayRules(ns.host_if.clone());
+    for (proto, what) in [(1u8, "ICMP echo"), (253u8, "IP protocol 253")] {
+        let marker = format!("egress-probe-{proto}-after");
+        assert!(
+            !raw_probe_arrives(&ns, Some(&outside), &far, proto, &marker),
+            "{what} from the sandbox reached a host outside the gateway"
+        );
+        let marker = format!("egress-probe-{proto}-gw");
+        assert!(
+            !raw_probe_arrives(&ns, None, &ns.host_ip, proto, &marker),
+            "{what} from the sandbox reached the gateway itself"
+        );
+    }
+
+    // Sidecar: inside the sandbox's own namespace, for every process but loopback.
+    let side = Netns::new("sc", 83, 1);
+    for (proto, what) in [(1u8, "ICMP echo"), (253u8, "IP protocol 253")] {
+        let marker = format!("egress-probe-{proto}-side-before");
+        assert!(
+            raw_probe_arrives(&side, None, &side.host_ip, proto, &marker),
+            "control: {what} leaves the sidecar namespace before the rules"
+        );
+    }
+    let o = side.exec(&[
+        s,
+        "install",
+        "sidecar",
+        "--proxy-uid",
+        "65534",
+        "--ipv4-only",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for (proto, what) in [(1u8, "ICMP echo"), (253u8, "IP protocol 253")] {
+        let marker = format!("egress-probe-{proto}-side-after");
+        assert!(
+            !raw_probe_arrives(&side, None, &side.host_ip, proto, &marker),
+            "{what} left the sidecar namespace"
+        );
+    }
 }

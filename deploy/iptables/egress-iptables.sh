@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install or remove the iptables rules that send a sandbox's TCP to egress-proxy's
-# transparent listener, and keep UDP (QUIC on 443 included) from bypassing it.
+# transparent listener, and keep UDP (QUIC on 443 included) and every other IP protocol
+# (ICMP echo, raw protocols) from bypassing it.
 #
 #   egress-iptables.sh install|remove sidecar --proxy-uid UID [options]
 #   egress-iptables.sh install|remove gateway --iface IFACE [options]
@@ -16,6 +17,8 @@
 #   --iface IFACE       gateway: the sandbox-facing interface (required for gateway)
 #   --dns IP            a resolver the sandbox may reach directly on port 53 (repeatable);
 #                       all other UDP from the sandbox is dropped
+# Protocols other than TCP and UDP from the sandbox are dropped (ICMPv6 router and neighbour
+# discovery excepted), in mangle PREROUTING for gateways and filter OUTPUT for sidecars.
 #   --tproxy            gateway: use TPROXY (mangle PREROUTING, fwmark 0x1, local route in
 #                       table 100) instead of REDIRECT; the proxy needs
 #                       `listen.transparent_tproxy: true` and CAP_NET_ADMIN
@@ -39,7 +42,7 @@ while [ $# -gt 0 ]; do
     --ipv4-only) FAMILIES=(4); shift ;;
     --ipv6-only) FAMILIES=(6); shift ;;
     --dry-run) DRY=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "egress-iptables: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -58,9 +61,9 @@ fi
 # Sidecar: one set per network namespace. Gateway: one set per sandbox interface, so that
 # several interfaces (several sandboxes) can be installed and removed independently.
 if [ "$MODEL" = sidecar ]; then
-  CHAIN=EGRESS_PROXY; UDP_CHAIN=EGRESS_PROXY_UDP
+  CHAIN=EGRESS_PROXY; UDP_CHAIN=EGRESS_PROXY_UDP; OTHER_CHAIN=EGRESS_PROXY_OTHER
 else
-  CHAIN="EGRESS_PROXY_$IFACE"; UDP_CHAIN="EGRESS_UDP_$IFACE"
+  CHAIN="EGRESS_PROXY_$IFACE"; UDP_CHAIN="EGRESS_UDP_$IFACE"; OTHER_CHAIN="EGRESS_OTH_$IFACE"
   [ "${#CHAIN}" -le 28 ] || { echo "egress-iptables: interface name too long" >&2; exit 2; }
 fi
 
@@ -107,10 +110,16 @@ remove_family() {
   if [ "$DRY" = 1 ]; then
     echo "$ipt -t $(tcp_table) -D $(nat_hook) -p tcp -j $CHAIN   # while present"
     echo "$ipt -t $udp_table -D $udp_rest -p udp -j $UDP_CHAIN   # while present"
+    echo "$ipt -t $udp_table -D $udp_rest -j $OTHER_CHAIN   # while present"
     echo "$ipt -t $(tcp_table) -F $CHAIN; $ipt -t $(tcp_table) -X $CHAIN"
     echo "$ipt -t $udp_table -F $UDP_CHAIN; $ipt -t $udp_table -X $UDP_CHAIN"
+    echo "$ipt -t $udp_table -F $OTHER_CHAIN; $ipt -t $udp_table -X $OTHER_CHAIN"
     return
   fi
+  # shellcheck disable=SC2086
+  while $ipt -t "$udp_table" -C $udp_rest -j "$OTHER_CHAIN" 2>/dev/null; do
+    $ipt -t "$udp_table" -D $udp_rest -j "$OTHER_CHAIN"
+  done
   # shellcheck disable=SC2046
   while $ipt -t "$(tcp_table)" -C $(nat_hook) -p tcp -j "$CHAIN" 2>/dev/null; do
     $ipt -t "$(tcp_table)" -D $(nat_hook) -p tcp -j "$CHAIN"
@@ -123,6 +132,8 @@ remove_family() {
   $ipt -t "$(tcp_table)" -X "$CHAIN" 2>/dev/null || true
   $ipt -t "$udp_table" -F "$UDP_CHAIN" 2>/dev/null || true
   $ipt -t "$udp_table" -X "$UDP_CHAIN" 2>/dev/null || true
+  $ipt -t "$udp_table" -F "$OTHER_CHAIN" 2>/dev/null || true
+  $ipt -t "$udp_table" -X "$OTHER_CHAIN" 2>/dev/null || true
 }
 
 install_family() {
@@ -162,6 +173,22 @@ install_family() {
   run $ipt -t "$udp_table" -A "$UDP_CHAIN" -p udp -j DROP
   # shellcheck disable=SC2086
   run $ipt -t "$udp_table" -A $udp_rest -p udp -j "$UDP_CHAIN"
+  # Every other protocol: ICMP echo and raw IP protocols would carry data past the proxy.
+  run $ipt -t "$udp_table" -N "$OTHER_CHAIN"
+  run $ipt -t "$udp_table" -A "$OTHER_CHAIN" -p tcp -j RETURN
+  run $ipt -t "$udp_table" -A "$OTHER_CHAIN" -p udp -j RETURN
+  if [ "$MODEL" = sidecar ]; then
+    run $ipt -t "$udp_table" -A "$OTHER_CHAIN" -o lo -j RETURN
+  fi
+  if [ "$fam" = 6 ]; then
+    # Router and neighbour discovery keep IPv6 working; nothing else of ICMPv6 leaves.
+    for t in 133 134 135 136; do
+      run $ipt -t "$udp_table" -A "$OTHER_CHAIN" -p ipv6-icmp --icmpv6-type "$t" -j RETURN
+    done
+  fi
+  run $ipt -t "$udp_table" -A "$OTHER_CHAIN" -j DROP
+  # shellcheck disable=SC2086
+  run $ipt -t "$udp_table" -A $udp_rest -j "$OTHER_CHAIN"
 }
 
 for fam in "${FAMILIES[@]}"; do
