@@ -143,13 +143,14 @@ fn a_flood_of_silent_connections_does_not_lock_out_other_sandboxes() {
         dir.path(),
         false,
         &format!(
-            "max_connections: 40\nadmission: {{ unidentified_per_source: 20, first_byte_ms: 20000 }}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ api.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.1/32] }}\nsandboxes:\n  - {{ id: other, auth: {{ token_sha256: {} }}, policy: {{ provider: local, config: {{}}, network: {{ egress: [\"api.test:*\"] }} }} }}\n",
+            "max_connections: 40\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ api.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.1/32] }}\nsandboxes:\n  - {{ id: other, auth: {{ token_sha256: {} }}, policy: {{ provider: local, config: {{}}, network: {{ egress: [\"api.test:*\"] }} }} }}\n",
             sha("other-secret")
         ),
     );
     let p = start(dir.path());
-    // 100 connections from 127.0.0.1 that never send a byte.
-    let silent: Vec<TcpStream> = (0..100)
+    // 300 connections from 127.0.0.1 that never send a byte: more than max_connections, and
+    // more than one address may hold unidentified (admission.unidentified_per_source: 256).
+    let silent: Vec<TcpStream> = (0..300)
         .map(|_| TcpStream::connect(p.proxy).unwrap())
         .collect();
     std::thread::sleep(Duration::from_millis(300));
