@@ -11,16 +11,20 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use nix::fcntl::{splice, FcntlArg, OFlag, SpliceFFlags};
+use nix::fcntl::{splice, OFlag, SpliceFFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 use crate::audit::Close;
 use crate::tunnel::{drive, Progress, Relayed};
 
-/// Pipe capacity asked for (the kernel may give less): larger pipes mean fewer syscalls for
-/// bulk transfers.
-const PIPE_SIZE: i32 = 1024 * 1024;
+/// Most bytes moved through a pipe per splice: the kernel's default pipe capacity (64 KiB,
+/// 16 pages). Pipes are never enlarged: a pump whose peer stops reading holds its pipe with
+/// the bytes in it, and an unprivileged proxy's pipes all count against one
+/// `fs.pipe-user-pages-soft` budget (with 1 MiB pipes, ~64 stalled tunnels exhausted it and
+/// every other tunnel's pipes shrank to one page). When no pipe can be had at all (the hard
+/// budget, or descriptors), a pump copies through user space instead.
+const PIPE_SIZE: usize = 64 * 1024;
 
 /// Empty pipes kept for reuse. A pump holds a pipe only while bytes are in flight, so idle
 /// tunnels hold none (descriptors are the scarce resource with ten thousand tunnels) and new
@@ -33,10 +37,7 @@ fn take_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     if let Some(p) = POOL.lock().ok().and_then(|mut v| v.pop()) {
         return Ok(p);
     }
-    let (r, w) =
-        nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).map_err(io::Error::from)?;
-    let _ = nix::fcntl::fcntl(&w, FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
-    Ok((r, w))
+    nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).map_err(io::Error::from)
 }
 
 /// Return an *empty* pipe to the pool.
@@ -53,17 +54,15 @@ async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, progress: &Progress) -
     let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
     loop {
         src.readable().await?;
-        let (pr, pw) = take_pipe()?;
+        let Ok((pr, pw)) = take_pipe() else {
+            // No pipe to be had: move this chunk through user space.
+            if copy_chunk(src, dst, up, progress).await? {
+                return Ok(());
+            }
+            continue;
+        };
         let moved = src.try_io(Interest::READABLE, || {
-            splice(
-                src.as_fd(),
-                None,
-                pw.as_fd(),
-                None,
-                PIPE_SIZE as usize,
-                flags,
-            )
-            .map_err(io::Error::from)
+            splice(src.as_fd(), None, pw.as_fd(), None, PIPE_SIZE, flags).map_err(io::Error::from)
         });
         let n = match moved {
             Ok(0) => {
@@ -96,6 +95,38 @@ async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, progress: &Progress) -
         give_pipe((pr, pw));
         progress.moved(up, n);
     }
+}
+
+/// Move one chunk from `src` to `dst` through a buffer; `true` at EOF (then `dst` is
+/// half-closed).
+async fn copy_chunk(
+    src: &TcpStream,
+    dst: &TcpStream,
+    up: bool,
+    progress: &Progress,
+) -> io::Result<bool> {
+    let mut buf = [0u8; 16 * 1024];
+    let n = match src.try_read(&mut buf) {
+        Ok(0) => {
+            let _ = nix::sys::socket::shutdown(dst.as_raw_fd(), nix::sys::socket::Shutdown::Write);
+            return Ok(true);
+        }
+        Ok(n) => n,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let mut sent = 0;
+    while sent < n {
+        dst.writable().await?;
+        match dst.try_write(&buf[sent..n]) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(m) => sent += m,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    progress.moved(up, n);
+    Ok(false)
 }
 
 /// Relay between two sockets with splice. `client` → `server` is "up".

@@ -1,0 +1,111 @@
+//! Needs root (`#[ignore]`d; `.ci/run` runs it): the proxy runs unprivileged, as the kit runs
+//! it, under a tiny per-user pipe budget (`fs.pipe-user-pages-hard`, restored afterwards).
+//! Tunnels whose client stops reading hold the few pipes there are; a new tunnel must still
+//! work, copying through user space when no pipe can be had.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use common::*;
+
+const HARD: &str = "/proc/sys/fs/pipe-user-pages-hard";
+
+/// Restores the sysctl when the test ends, however it ends.
+struct Restore(String);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = std::fs::write(HARD, &self.0);
+    }
+}
+
+/// A CONNECT tunnel to the origin's `/big` whose client never reads.
+fn stalled(proxy: std::net::SocketAddr, origin: &Origin) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut s = rt.block_on(async {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        sock.connect(proxy).await.unwrap().into_std().unwrap()
+    });
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "CONNECT big.test:{} HTTP/1.1\r\n\r\n",
+        origin.addr.port()
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"));
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: big.test\r\n\r\n")
+        .unwrap();
+    s
+}
+
+#[test]
+#[ignore = "needs root (sysctl, setpriv)"]
+fn a_new_tunnel_works_when_stalled_tunnels_hold_every_pipe() {
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout == b"0\n")
+        .unwrap_or(false);
+    assert!(root, "run as root: cargo test -- --include-ignored");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let origin = Origin::start(None);
+    let audit = dir.path().join("audit.jsonl");
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ big.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.1/32] }}\nsandboxes:\n  - {{ id: demo, sources: [127.0.0.0/8], policy: {{ provider: local, config: {{}}, network: {{ egress: [\"big.test:*\"] }} }} }}\n",
+            audit.display()
+        ),
+    )
+    .unwrap();
+    // Two default-sized pipes (16 pages each) for the whole user.
+    let before = std::fs::read_to_string(HARD).unwrap();
+    let _restore = Restore(before);
+    std::fs::write(HARD, "32").unwrap();
+    let p = Proxy::start_wrapped(
+        config,
+        audit,
+        &[],
+        &[
+            "setpriv",
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+        ],
+    );
+    let _stalled: Vec<TcpStream> = (0..4).map(|_| stalled(p.proxy, &origin)).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = curl(&[
+        "-p",
+        "-x",
+        &format!("http://{}", p.proxy),
+        &format!("http://big.test:{}/big", origin.addr.port()),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout.len(), BIG);
+    assert!(out
+        .stdout
+        .iter()
+        .enumerate()
+        .all(|(i, b)| *b == big_byte(i)));
+}
