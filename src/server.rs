@@ -88,6 +88,7 @@ fn admin_token(config: &Config) -> anyhow::Result<Option<[u8; 32]>> {
 }
 
 async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
+    crate::audit::record::set_run_id();
     let token_sha256 = admin_token(&config)?;
     let transparent = match config.listen.transparent {
         Some(a) if config.listen.transparent_tproxy => Some(bind_tproxy(a).with_context(|| {

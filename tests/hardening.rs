@@ -477,3 +477,34 @@ fn a_forwarded_request_to_an_origin_that_never_answers_idles_out() {
     let rec = p.wait_record(|r| r["target_host"] == "mute.test");
     assert_eq!(rec["close"], "idle", "{rec}");
 }
+
+#[test]
+fn a_forwarded_response_the_client_abandons_is_not_recorded_as_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    config(
+        dir.path(),
+        false,
+        "dns: { servers: [\"127.0.0.1:9\"], hosts: { slow.test: [127.0.0.1] } }\ndefaults: { guard_allow_ranges: [127.0.0.1/32] }\nsandboxes:\n  - { id: demo, sources: [127.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [\"slow.test:*\"] } } }\n",
+    );
+    let p = start(dir.path());
+    // /slow sends 1 KiB per 100 ms for a minute; the client gives up after a second.
+    let out = curl(&[
+        "--max-time",
+        "1",
+        "-x",
+        &format!("http://{}", p.proxy),
+        &format!("http://slow.test:{}/slow", origin.addr.port()),
+    ]);
+    assert_eq!(out.code, 28, "{}", out.stderr);
+    let rec = p.wait_record(|r| r["target_host"] == "slow.test");
+    assert_eq!(rec["close"], "error", "{rec}");
+    assert_eq!(
+        rec["detail"],
+        "the client went away before the response ended"
+    );
+    assert!(
+        rec["run"].as_str().is_some_and(|r| r.contains('-')),
+        "{rec}"
+    );
+}

@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -139,6 +139,20 @@ pub struct Entry {
     pub close: Option<Close>,
 }
 
+/// This process's run: `PID-STARTMS` (process id, start time in Unix milliseconds, hex). An
+/// `open` record whose `end` never came belongs to a run that was killed; a reader tells runs
+/// apart by this field.
+static RUN: OnceLock<String> = OnceLock::new();
+
+/// Name this process's run (once, at start).
+pub fn set_run_id() {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    let _ = RUN.set(format!("{}-{ms:x}", std::process::id()));
+}
+
 /// The JSON shape of an entry (field order and names are the contract).
 #[derive(Serialize)]
 struct Json<'a> {
@@ -172,6 +186,8 @@ struct Json<'a> {
     close: Option<Close>,
     #[serde(skip_serializing_if = "Option::is_none")]
     detail: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run: Option<&'static str>,
 }
 
 impl Entry {
@@ -205,6 +221,7 @@ impl Entry {
             duration_ms: self.duration_ms,
             close: self.close,
             detail: detail(r),
+            run: RUN.get().map(String::as_str),
         };
         serde_json::to_writer(&mut *out, &json)?;
         out.push(b'\n');
