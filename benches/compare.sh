@@ -23,6 +23,8 @@ cat > "$WORK/egress.yaml" <<YAML
 listen: { proxy: 127.0.0.1:3130, admin: 127.0.0.1:9930 }
 audit: { path: /dev/null }
 max_connections: 100000
+# One load generator on one address: lift the per-address admission limits too.
+admission: { unidentified_per_source: 100000, unidentified_total: 100000, accepts_per_second_per_source: 1000000, accept_burst_per_source: 1000000 }
 defaults: { limits: { max_connections: 100000, connections_per_second: 1000000, burst: 1000000 } }
 sandboxes:
   - id: bench
