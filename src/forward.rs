@@ -16,16 +16,17 @@ use http::{header, HeaderMap, HeaderName, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper_util::rt::TokioIo;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
+use crate::allowed::Allowed;
 use crate::audit::{AuditGuard, Close, Counters};
 use crate::body::{self, Body, BoxError};
 use crate::limits::ConnectionSlot;
 use crate::metrics::ActiveGuard;
 use crate::policy::Decision;
-use crate::proxy::{Allowed, ClientConn};
 use crate::reason::Reason;
 use crate::shaped_body::ShapedBody;
+use crate::shared::Shared;
 use crate::target::Target;
 
 /// What lives exactly as long as the exchange: its record, its place in the active gauge
@@ -47,11 +48,11 @@ fn with_audit(ex: &SharedExchange, f: impl FnOnce(&mut AuditGuard)) {
 
 /// Forward one allowed request and return the origin's response (or a 502).
 pub async fn forward(
-    conn: &ClientConn,
+    shared: Arc<Shared>,
+    cut: Arc<watch::Sender<bool>>,
     req: Request<Incoming>,
     allowed: Allowed,
 ) -> Response<Body> {
-    let shared = conn.shared.clone();
     let Allowed {
         mut audit,
         sandbox,
@@ -120,7 +121,7 @@ pub async fn forward(
     let stop = {
         let watch = shared.watch(grant);
         let exchange = exchange.clone();
-        let cut = conn.cut.clone();
+        let cut = cut.clone();
         async move {
             let close = watch.stopped().await;
             with_audit(&exchange, |a| a.close(close));
@@ -132,7 +133,7 @@ pub async fn forward(
     let idle = {
         let activity = activity.clone();
         let exchange = exchange.clone();
-        let cut = conn.cut.clone();
+        let cut = cut.clone();
         let idle = shared.settings.timeouts.idle;
         async move {
             loop {

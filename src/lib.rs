@@ -37,6 +37,7 @@ mod accept;
 mod addr_table;
 mod admin;
 mod admission;
+mod allowed;
 mod audit;
 mod body;
 pub mod config;
@@ -51,6 +52,7 @@ pub mod limits;
 mod metrics;
 #[allow(unsafe_code)]
 mod orig_dst;
+mod outcome;
 pub mod peek;
 pub mod policy;
 pub mod policy_set;

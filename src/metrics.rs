@@ -9,7 +9,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-use crate::audit::Mode;
+use crate::outcome::Mode;
 use crate::policy::Verdict;
 use crate::reason::Reason;
 

@@ -19,17 +19,16 @@ use tokio::sync::{watch, OwnedSemaphorePermit};
 
 use crate::accept::Accepted;
 use crate::admission::UnidentifiedSlot;
+use crate::allowed::Allowed;
 use crate::audit::{AuditGuard, Close, Mode};
 use crate::body::{self, Body};
 use crate::deny::{self, Refusal};
-use crate::egress::{self, Dialed};
+use crate::egress;
 use crate::identity::{self, identify};
-use crate::limits::ConnectionSlot;
 use crate::policy::Decision;
 use crate::policy_set::Sandbox;
 use crate::reason::Reason;
 use crate::resolve::ResolveError;
-use crate::revocation::Grant;
 use crate::shared::Shared;
 use crate::target::Target;
 use crate::tunnel::Relayed;
@@ -53,16 +52,6 @@ pub struct ClientConn {
     identified: std::sync::atomic::AtomicBool,
     /// Set when a forwarded exchange is revoked: the client connection is dropped at once.
     pub cut: Arc<watch::Sender<bool>>,
-}
-
-/// An allowed, dialled request: everything the tunnel or the forwarder needs.
-pub struct Allowed {
-    pub audit: AuditGuard,
-    pub sandbox: Arc<Sandbox>,
-    pub grant: Grant,
-    pub dialed: Dialed,
-    /// The sandbox's concurrent-connection slot, held until the exchange ends.
-    pub slot: ConnectionSlot,
 }
 
 impl ClientConn {
@@ -313,7 +302,8 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
     if connect {
         tunnel(&conn, req, allowed)
     } else {
-        crate::forward::forward(&conn, req, allowed).await
+        let shared = conn.shared.clone();
+        crate::forward::forward(shared, conn.cut.clone(), req, allowed).await
     }
 }
 

@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::audit::Close;
 use crate::identity::Proof;
+use crate::outcome::Close;
 use crate::policy_set::PolicySet;
 use crate::sandbox_id::SandboxId;
 use crate::target::Target;

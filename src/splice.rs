@@ -15,7 +15,7 @@ use nix::fcntl::{splice, OFlag, SpliceFFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use crate::audit::Close;
+use crate::outcome::Close;
 use crate::tunnel::{drive, Progress, Relayed};
 
 /// Most bytes moved through a pipe per splice: the kernel's default pipe capacity (64 KiB,

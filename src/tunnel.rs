@@ -17,8 +17,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{sleep_until, Instant};
 
-use crate::audit::Close;
 use crate::limits::SandboxLimiter;
+use crate::outcome::Close;
 
 /// What a finished relay reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

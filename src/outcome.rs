@@ -1,0 +1,50 @@
+//! How a connection is classified and how it ended: the record's `mode` and `close`, the
+//! metric labels, and what relays report. A leaf: the audit trail, the metrics and the relays
+//! all use it, and it uses nothing.
+
+use serde::Serialize;
+
+/// How a connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Close {
+    /// Both sides finished normally (or the request was answered).
+    Eof,
+    /// Nothing moved for `timeouts.idle_ms` (or no request arrived within `header_ms`).
+    Idle,
+    Error,
+    /// The policy in force no longer allows the exchange.
+    Revoked,
+    Shutdown,
+    /// Refused by a limit.
+    Limit,
+}
+
+/// What the proxy read the destination from (the record's `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Explicit proxy, `CONNECT host:port` (also: a connection that sent no usable request).
+    Connect,
+    /// Explicit proxy, absolute-form `GET http://host/...`.
+    Http,
+    /// Transparent, TLS ClientHello SNI.
+    Sni,
+    /// Transparent, HTTP `Host` header.
+    Host,
+    /// Transparent, neither TLS nor HTTP: decided on the original destination.
+    Tcp,
+}
+
+impl Mode {
+    /// The record's and the metric label's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Connect => "connect",
+            Mode::Http => "http",
+            Mode::Sni => "sni",
+            Mode::Host => "host",
+            Mode::Tcp => "tcp",
+        }
+    }
+}
