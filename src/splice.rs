@@ -105,7 +105,9 @@ async fn copy_chunk(
     up: bool,
     progress: &Progress,
 ) -> io::Result<bool> {
-    let mut buf = [0u8; 16 * 1024];
+    // On the heap, and only here: a buffer in this future's state would be reserved in every
+    // pump of every tunnel, idle or not.
+    let mut buf = vec![0u8; 16 * 1024];
     let n = match src.try_read(&mut buf) {
         Ok(0) => {
             let _ = nix::sys::socket::shutdown(dst.as_raw_fd(), nix::sys::socket::Shutdown::Write);
