@@ -46,6 +46,19 @@ struct Inner {
     failing: AtomicBool,
 }
 
+impl Inner {
+    fn new() -> Arc<Self> {
+        Arc::new(Inner {
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            pending: AtomicUsize::new(0),
+            done: Mutex::new(false),
+            done_cv: Condvar::new(),
+            failing: AtomicBool::new(false),
+        })
+    }
+}
+
 /// The audit sink.
 pub struct AuditLog {
     inner: Arc<Inner>,
@@ -59,14 +72,7 @@ impl AuditLog {
             Some(p) => Box::new(OpenOptions::new().create(true).append(true).open(p)?),
             None => Box::new(std::io::stdout()),
         };
-        let inner = Arc::new(Inner {
-            queue: Mutex::new(Queue::default()),
-            wake: Condvar::new(),
-            pending: AtomicUsize::new(0),
-            done: Mutex::new(false),
-            done_cv: Condvar::new(),
-            failing: AtomicBool::new(false),
-        });
+        let inner = Inner::new();
         let i = inner.clone();
         std::thread::Builder::new()
             .name("audit-writer".into())
@@ -264,14 +270,7 @@ mod tests {
             while w.write_all(&chunk).is_ok() {}
         });
         std::thread::sleep(Duration::from_millis(200));
-        let inner = Arc::new(Inner {
-            queue: Mutex::new(Queue::default()),
-            wake: Condvar::new(),
-            pending: AtomicUsize::new(0),
-            done: Mutex::new(false),
-            done_cv: Condvar::new(),
-            failing: AtomicBool::new(false),
-        });
+        let inner = Inner::new();
         let i = inner.clone();
         std::thread::spawn(move || write_loop(&i, Box::new(writer)));
         let log = AuditLog {
