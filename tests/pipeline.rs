@@ -323,7 +323,8 @@ fn every_refusal_path_writes_exactly_one_end_record_timed_from_accept() {
     );
     write_config(dir.path(), dns, LOOPBACK_OK, &sandboxes);
     let p = start(dir.path());
-    let hold = Duration::from_millis(30);
+    // Each client waits this long between connecting and sending its request.
+    let hold = Duration::from_millis(150);
     let tok = basic("tok", "tok-secret");
     let port = origin.addr.port();
 
@@ -434,15 +435,17 @@ fn every_refusal_path_writes_exactly_one_end_record_timed_from_accept() {
     ids.dedup();
     assert_eq!(ids.len(), ends.len(), "{ends:#?}");
     assert_eq!(ends.len(), 9, "{ends:#?}");
-    // Every connection that lived at least `hold` says so.
+    // Every connection that lived at least `hold` says so: `duration_ms` counts from the
+    // accept, not from the request. (A third of `hold`: on a loaded machine the proxy may
+    // accept a while after the client connected.)
     for r in &ends {
         if r["detail"] == "closed before sending a request" {
             continue;
         }
         let ms = r["duration_ms"].as_u64().unwrap();
         assert!(
-            ms >= hold.as_millis() as u64,
-            "duration_ms {ms} < {hold:?}: {r}"
+            ms >= hold.as_millis() as u64 / 3,
+            "duration_ms {ms} for a connection held {hold:?}: {r}"
         );
     }
 }
