@@ -397,8 +397,9 @@ fn tunnel(conn: &ClientConn, req: Request<Incoming>, allowed: Allowed) -> Respon
         .unwrap_or_else(|_| Response::new(body::empty()))
 }
 
-/// Relay a CONNECT tunnel. Unshaped tunnels over plain TCP take the zero-copy path (the
-/// client socket is recovered from hyper, with any bytes it had already buffered sent first).
+/// Relay a CONNECT tunnel: the client socket is recovered from hyper (with any bytes it had
+/// already buffered sent first), so that both ends are plain TCP sockets — zero-copy when
+/// unshaped, and abortable on revocation.
 async fn relay_upgraded<F>(
     upgraded: hyper::upgrade::Upgraded,
     mut server: TcpStream,
@@ -409,9 +410,6 @@ async fn relay_upgraded<F>(
 where
     F: std::future::Future<Output = Close>,
 {
-    if shaper.is_some() {
-        return crate::tunnel::relay(TokioIo::new(upgraded), server, idle, stop, shaper).await;
-    }
     match upgraded.downcast::<TokioIo<TcpStream>>() {
         Ok(parts) => {
             let client = parts.io.into_inner();
@@ -423,12 +421,13 @@ where
             {
                 return Relayed::nothing(Close::Error);
             }
-            let mut r = crate::splice::relay(client, server, idle, stop).await;
+            let mut r = crate::tunnel::relay_tcp(client, server, idle, stop, shaper).await;
             r.up += early.len() as u64;
             r
         }
+        // Not a plain TCP connection underneath (never the case for this listener today).
         Err(upgraded) => {
-            crate::tunnel::relay(TokioIo::new(upgraded), server, idle, stop, None).await
+            crate::tunnel::relay(TokioIo::new(upgraded), server, idle, stop, shaper).await
         }
     }
 }

@@ -131,14 +131,15 @@ async fn copy_chunk(
     Ok(false)
 }
 
-/// Relay between two sockets with splice. `client` → `server` is "up".
-pub async fn relay<F>(client: TcpStream, server: TcpStream, idle: Duration, stop: F) -> Relayed
+/// Relay between two sockets with splice. `client` → `server` is "up". The caller keeps the
+/// sockets (and decides how to close them).
+pub async fn relay<F>(client: &TcpStream, server: &TcpStream, idle: Duration, stop: F) -> Relayed
 where
     F: Future<Output = Close>,
 {
     let progress = Progress::new();
-    let up = pump(&client, &server, true, &progress);
-    let down = pump(&server, &client, false, &progress);
+    let up = pump(client, server, true, &progress);
+    let down = pump(server, client, false, &progress);
     drive(up, down, &progress, idle, stop).await
 }
 
@@ -159,12 +160,15 @@ mod tests {
     async fn relays_both_ways_counts_and_half_closes() {
         let (mut client_peer, client) = pair().await;
         let (server, mut server_peer) = pair().await;
-        let task = tokio::spawn(relay(
-            client,
-            server,
-            Duration::from_secs(5),
-            std::future::pending(),
-        ));
+        let task = tokio::spawn(async move {
+            relay(
+                &client,
+                &server,
+                Duration::from_secs(5),
+                std::future::pending(),
+            )
+            .await
+        });
         let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
         let send = big.clone();
         let writer = tokio::spawn(async move {
@@ -189,8 +193,8 @@ mod tests {
         let (_cp, client) = pair().await;
         let (server, _sp) = pair().await;
         let r = relay(
-            client,
-            server,
+            &client,
+            &server,
             Duration::from_millis(200),
             std::future::pending(),
         )
@@ -200,7 +204,10 @@ mod tests {
         let (server, _sp) = pair().await;
         let (tx, rx) = tokio::sync::oneshot::channel::<Close>();
         let stop = async move { rx.await.unwrap_or(Close::Shutdown) };
-        let task = tokio::spawn(relay(client, server, Duration::from_secs(30), stop));
+        let task =
+            tokio::spawn(
+                async move { relay(&client, &server, Duration::from_secs(30), stop).await },
+            );
         tx.send(Close::Revoked).unwrap();
         assert_eq!(task.await.unwrap().close, Close::Revoked);
     }

@@ -149,11 +149,8 @@ pub async fn serve(
         Ok(()) => {
             let limiter = slot.limiter();
             let idle = shared.settings.timeouts.idle;
-            let mut r = if limiter.shapes() {
-                crate::tunnel::relay(stream, up, idle, stop, Some(limiter)).await
-            } else {
-                crate::splice::relay(stream, up, idle, stop).await
-            };
+            let shaper = limiter.shapes().then_some(&**limiter);
+            let mut r = crate::tunnel::relay_tcp(stream, up, idle, stop, shaper).await;
             r.up += buf.len() as u64;
             r
         }

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::time::{sleep_until, Instant};
 
 use crate::limits::SandboxLimiter;
@@ -183,6 +184,32 @@ where
     let up = pump(cr, sw, true, shaper, &progress);
     let down = pump(sr, cw, false, shaper, &progress);
     drive(up, down, &progress, idle, stop).await
+}
+
+/// Relay between two TCP sockets — zero-copy ([`crate::splice`]) unless a `shaper` limits the
+/// bandwidth — and close them. A tunnel that was revoked or stopped by shutdown is *aborted*:
+/// both sockets are reset (`SO_LINGER` 0), so the kernel discards whatever is still queued in
+/// either direction and nothing more reaches the client or the destination after the cut.
+/// Other endings close normally (FIN).
+pub async fn relay_tcp<F>(
+    mut client: TcpStream,
+    mut server: TcpStream,
+    idle: Duration,
+    stop: F,
+    shaper: Option<&SandboxLimiter>,
+) -> Relayed
+where
+    F: Future<Output = Close>,
+{
+    let r = match shaper {
+        None => crate::splice::relay(&client, &server, idle, stop).await,
+        Some(_) => relay(&mut client, &mut server, idle, stop, shaper).await,
+    };
+    if matches!(r.close, Close::Revoked | Close::Shutdown) {
+        let _ = client.set_zero_linger();
+        let _ = server.set_zero_linger();
+    }
+    r
 }
 
 #[cfg(test)]

@@ -449,3 +449,47 @@ fn every_refusal_path_writes_exactly_one_end_record_timed_from_accept() {
         );
     }
 }
+
+#[test]
+fn a_revoked_tunnel_is_reset_so_queued_bytes_stop_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    write_config(
+        dir.path(),
+        HOSTS,
+        LOOPBACK_OK,
+        &tok_sandbox("\"big.test:*\""),
+    );
+    let p = start(dir.path());
+    // A client that reads slowly (about 80 KB/s through a 4 KiB receive buffer): megabytes wait
+    // in the proxy's socket buffer towards it.
+    let mut s = stalled_download(&p, &origin);
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        let mut total = 0usize;
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return (total, Instant::now(), "eof"),
+                Ok(n) => total += n,
+                Err(_) => return (total, Instant::now(), "error"),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    p.wait_audit("open", |r| r["target_host"] == "big.test");
+    std::thread::sleep(Duration::from_secs(2));
+    let sandboxes = shaped_sandbox().replace("\"big.test:*\"", "\"api.test:*\"");
+    write_config(dir.path(), HOSTS, LOOPBACK_OK, &sandboxes);
+    let cut = Instant::now();
+    reload(&p);
+    let rec = p.wait_record(|r| r["target_host"] == "big.test");
+    assert_eq!(rec["close"], "revoked", "{rec}");
+    let (total, ended, how) = reader.join().unwrap();
+    let after = ended.saturating_duration_since(cut);
+    assert!(
+        after < Duration::from_secs(2),
+        "the client kept receiving for {after:?} after the revocation ({total} bytes, then {how})"
+    );
+    assert_eq!(how, "error", "a reset, not an orderly end");
+    assert!(total < BIG);
+}
