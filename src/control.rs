@@ -148,6 +148,10 @@ impl Controller {
             .filter(|p| p.extension().is_some_and(|x| x == "json"))
             .collect();
         paths.sort();
+        // Each file is parsed and its policy compiled once, on its own; the whole set is
+        // compiled and published once at the end (linear in the number of files).
+        let file_ids: std::collections::HashSet<&str> =
+            st.config.bindings.iter().map(|b| b.id.as_str()).collect();
         let mut runtime = st.runtime.clone();
         for p in paths {
             let id = p
@@ -161,20 +165,37 @@ impl Controller {
                     continue;
                 }
             };
-            match st
-                .config
-                .parse_runtime_binding(&text, &p.display().to_string(), &id)
-            {
-                Ok((binding, json)) => {
-                    let mut trial = runtime.clone();
-                    trial.insert(id.clone(), Registered { binding, json });
-                    match self.compile(&st.config, &trial) {
-                        Ok(_) => runtime = trial,
-                        Err(e) => problems.push(format!("{}: {e}", p.display())),
+            let (binding, json) =
+                match st
+                    .config
+                    .parse_runtime_binding(&text, &p.display().to_string(), &id)
+                {
+                    Ok(x) => x,
+                    Err(errs) => {
+                        problems.push(format!("{}: skipped: {errs}", p.display()));
+                        continue;
                     }
-                }
-                Err(errs) => problems.push(format!("{}: skipped: {errs}", p.display())),
+                };
+            if file_ids.contains(id.as_str()) {
+                problems.push(format!(
+                    "{}: skipped: sandbox {id} is defined in {}",
+                    p.display(),
+                    st.config.origin
+                ));
+                continue;
             }
+            let compiled = crate::policy::CompiledPolicy::compile(
+                &binding.id,
+                &binding.policy_file,
+                &binding.network,
+                binding.enforcement,
+                &st.config.defaults.ports,
+            );
+            if let Err(e) = compiled {
+                problems.push(format!("{}: skipped: cannot compile: {e}", p.display()));
+                continue;
+            }
+            runtime.insert(id, Registered { binding, json });
         }
         match self.compile(&st.config, &runtime) {
             Ok(set) => {

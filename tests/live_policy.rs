@@ -377,3 +377,42 @@ fn limits_change_on_reload_without_dropping_open_tunnels() {
         .iter()
         .all(|r| !(r["event"] == "end" && r["target_host"] == "slow.test")));
 }
+
+#[test]
+fn two_thousand_registrations_are_restored_and_served_at_start() {
+    let e = env();
+    let state = e.dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    for i in 0..2000 {
+        std::fs::write(
+            state.join(format!("sb-{i}.json")),
+            binding(&format!("tok-{i}"), "\"api.test:*\""),
+        )
+        .unwrap();
+    }
+    let mut p = e.proxy;
+    p.terminate();
+    let p = start(e.dir.path());
+    // Ready means restored: the listeners accept only once the restored set is in force.
+    let (status, ready) = p.admin_get("/readyz");
+    assert_eq!(status, 200, "{ready}");
+    let (status, list) = admin_req(p.admin, "GET", "/v1/sandboxes", "", Some(ADMIN_TOKEN));
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let api = v["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["origin"] == "api")
+        .count();
+    assert_eq!(api, 2000);
+    let ca = e.ca.ca_pem.display().to_string();
+    let out = curl(&[
+        "-x",
+        &format!("http://sb-1999:tok-1999@{}", p.proxy),
+        "--cacert",
+        &ca,
+        &format!("https://api.test:{}/restored", e.https.addr.port()),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+}
