@@ -171,7 +171,10 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             .await
             .unwrap_or_else(|| Err(vec!["control-plane task failed".into()]))
         {
-            Ok(v) => json_resp(StatusCode::OK, json!({ "policy_version": v })),
+            Ok(r) => json_resp(
+                StatusCode::OK,
+                json!({ "policy_version": r.version, "needs_restart": r.needs_restart }),
+            ),
             Err(errors) => json_resp(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 json!({ "error": "reload refused; the running policy stays", "errors": errors }),
@@ -270,6 +273,6 @@ async fn check(shared: &Shared, body: &str) -> Response<Full<Bytes>> {
     };
     json_resp(
         StatusCode::OK,
-        crate::report::check(&set, sb, target, Some(&shared.resolver)).await,
+        crate::report::check(&set, sb, target, Some(&shared.resolver())).await,
     )
 }

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use crate::config::{self, Binding, Config, ConfigErrors};
 use crate::policy_set::PolicySet;
+use crate::resolve::Resolver;
 use crate::sandbox_id::SandboxId;
 use crate::shared::Shared;
 
@@ -52,6 +53,48 @@ pub enum ChangeError {
     NotFound,
     /// 500: the new set did not compile, or could not be persisted.
     Failed(String),
+}
+
+/// A successful reload: the new policy version, and the settings that changed but only take
+/// effect at the next start.
+#[derive(Debug)]
+pub struct Reloaded {
+    pub version: String,
+    pub needs_restart: Vec<&'static str>,
+}
+
+/// Settings that changed between `old` and `new` and are read only at start: the listeners
+/// and what they were built with. (`dns:` and every sandbox take effect on reload.)
+fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    let mut check = |name: &'static str, changed: bool| {
+        if changed {
+            out.push(name);
+        }
+    };
+    check("listen", old.listen != new.listen);
+    check(
+        "admin_token_file",
+        old.admin_token_file != new.admin_token_file,
+    );
+    check(
+        "audit",
+        old.audit_path != new.audit_path || old.audit_queue_max != new.audit_queue_max,
+    );
+    check(
+        "max_connections",
+        old.max_connections != new.max_connections,
+    );
+    check("admission", old.admission != new.admission);
+    check(
+        "runtime.max_binding_bytes",
+        old.runtime.max_binding_bytes != new.runtime.max_binding_bytes,
+    );
+    check(
+        "defaults.timeouts",
+        old.defaults.timeouts != new.defaults.timeouts,
+    );
+    out
 }
 
 /// The live-policy controller.
@@ -209,7 +252,7 @@ impl Controller {
 
     /// Reload the configuration from disk (or the embedded default) and re-validate every
     /// runtime registration against it. Returns the new policy version.
-    pub fn reload(&self, why: &str) -> Result<String, Vec<String>> {
+    pub fn reload(&self, why: &str) -> Result<Reloaded, Vec<String>> {
         let Ok(mut st) = self.state.lock() else {
             return Err(vec!["controller lock poisoned".into()]);
         };
@@ -237,12 +280,30 @@ impl Controller {
         match result {
             Ok((config, runtime, set)) => {
                 st.fingerprint = fingerprint(&config.files);
+                if config.dns != st.config.dns {
+                    let (resolver, warning) = Resolver::new(&config.dns);
+                    if let Some(w) = warning {
+                        tracing::warn!(warning = %w, "dns");
+                    }
+                    self.shared.set_resolver(resolver);
+                }
+                let needs_restart = needs_restart(&st.config, &config);
+                for setting in &needs_restart {
+                    tracing::warn!(
+                        trigger = why,
+                        setting,
+                        "changed in the configuration but needs a restart to take effect"
+                    );
+                }
                 st.config = config;
                 st.runtime = runtime;
                 let version = self.publish(set);
                 self.count(true);
                 tracing::info!(trigger = why, policy_version = %version, "policy reloaded");
-                Ok(version)
+                Ok(Reloaded {
+                    version,
+                    needs_restart,
+                })
             }
             Err(errors) => {
                 st.fingerprint = fingerprint(&st.config.files.clone());

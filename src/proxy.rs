@@ -264,7 +264,8 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
     };
 
     // 4. Decide on the name, resolve once, decide on the addresses.
-    let decided = egress::decide(&set, &sb, &target, None, shared.lookup()).await;
+    let resolver = shared.resolver();
+    let decided = egress::decide(&set, &sb, &target, None, shared.lookup(&resolver)).await;
     audit.decided(&decided);
     if !decided.proceeds() {
         let mut why = decided

@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::accept::Accepted;
@@ -32,8 +33,9 @@ pub struct Shared {
     /// The policy in force (snapshot per connection) and its publications (watched by every
     /// live exchange).
     pub policy: LivePolicy,
-    /// The proxy's own resolver: targets are resolved here, never by the client.
-    pub resolver: Resolver,
+    /// The proxy's own resolver (targets are resolved here, never by the client); replaced
+    /// when a reload changes `dns:`.
+    resolver: ArcSwap<Resolver>,
     /// Where each connection's audit guard writes and counts.
     pub sink: Sink,
     /// Timeouts and the default sandbox.
@@ -64,7 +66,7 @@ impl Shared {
     ) -> Self {
         Shared {
             policy: LivePolicy::new(policy),
-            resolver,
+            resolver: ArcSwap::from_pointee(resolver),
             sink,
             settings,
             limiters: Limiters::default(),
@@ -95,10 +97,20 @@ impl Shared {
         AuditGuard::new(self.sink.clone(), accepted, mode, set.version_arc())
     }
 
-    /// How the data plane looks addresses up.
-    pub fn lookup(&self) -> Lookup<'_> {
+    /// The resolver in force (hold it for one decision).
+    pub fn resolver(&self) -> Arc<Resolver> {
+        self.resolver.load_full()
+    }
+
+    /// Put a resolver built from a reloaded `dns:` in force.
+    pub fn set_resolver(&self, resolver: Resolver) {
+        self.resolver.store(Arc::new(resolver));
+    }
+
+    /// How the data plane looks addresses up, with `resolver`.
+    pub fn lookup<'a>(&'a self, resolver: &'a Resolver) -> Lookup<'a> {
         Lookup {
-            resolver: Some(&self.resolver),
+            resolver: Some(resolver),
             metrics: Some(self.metrics()),
         }
     }

@@ -115,7 +115,9 @@ pub async fn serve(
     audit.target(&target);
 
     // 6. Decide, resolve once, decide on the addresses.
-    let decided = egress::decide(&set, &sb, &target, Some(orig.ip()), shared.lookup()).await;
+    let resolver = shared.resolver();
+    let lookup = shared.lookup(&resolver);
+    let decided = egress::decide(&set, &sb, &target, Some(orig.ip()), lookup).await;
     audit.decided(&decided);
     if !decided.proceeds() {
         return reset(stream, audit, decided.decision);

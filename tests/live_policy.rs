@@ -416,3 +416,46 @@ fn two_thousand_registrations_are_restored_and_served_at_start() {
     ]);
     assert_eq!(out.code, 0, "{}", out.stderr);
 }
+
+#[test]
+fn dns_hosts_reload_and_unreloadable_settings_are_reported() {
+    let e = env();
+    let ca = e.ca.ca_pem.display().to_string();
+    let get = |host: &str| {
+        curl(&[
+            "-x",
+            &format!("http://tok:tok-secret@{}", e.proxy.proxy),
+            "--cacert",
+            &ca,
+            "--resolve",
+            &format!("{host}:{}:127.0.0.1", e.https.addr.port()),
+            &format!("https://{host}:{}/", e.https.addr.port()),
+        ])
+    };
+    // `other.test` is allowed but resolves nowhere (no dns.hosts entry, no DNS server).
+    e.write_config("\"api.test:*\", \"other.test:*\"");
+    assert_eq!(
+        admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some(ADMIN_TOKEN)).0,
+        200
+    );
+    let out = get("other.test");
+    assert_ne!(out.code, 0);
+    // Add it to dns.hosts: the reload applies it.
+    let text = config(e.dir.path(), "\"api.test:*\", \"other.test:*\"").replace(
+        "big.test: [127.0.0.1] }",
+        "big.test: [127.0.0.1], other.test: [127.0.0.1] }",
+    );
+    assert!(text.contains("other.test: [127.0.0.1]"));
+    std::fs::write(e.dir.path().join("proxy.yaml"), &text).unwrap();
+    let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some(ADMIN_TOKEN));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"needs_restart\":[]"), "{body}");
+    let out = get("other.test");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    // A listener change is not applied and says so.
+    let moved = text.replace("admin: 127.0.0.1:0", "admin: 127.0.0.1:1");
+    std::fs::write(e.dir.path().join("proxy.yaml"), moved).unwrap();
+    let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some(ADMIN_TOKEN));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"needs_restart\":[\"listen\"]"), "{body}");
+}
