@@ -1,6 +1,12 @@
 //! The `egress-proxy` command: parses arguments and hands over to the library.
 //! Exit codes: 0 allow / success, 1 deny (`check`), 2 usage or configuration error.
 
+#![deny(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

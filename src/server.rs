@@ -3,6 +3,7 @@
 //! HTTP connections finish their request, give tunnels `shutdown_grace_ms`, cut the rest
 //! (audited `close: shutdown`), flush the audit log.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -35,8 +36,11 @@ const AUDIT_CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// Run the proxy with a loaded configuration until SIGTERM/SIGINT.
 pub fn run(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
+    // A closed or full stderr must never take a task down: tracing-subscriber reports its own
+    // write errors with `eprintln!`, which panics when stderr itself is the problem.
     let _ = tracing_subscriber::fmt()
         .json()
+        .log_internal_errors(false)
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("EGRESS_LOG")
@@ -213,7 +217,10 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
             lost,
             "the audit log did not accept the last records within {AUDIT_CLOSE_WAIT:?}"
         );
-        eprintln!("egress-proxy: {lost} audit records could not be written before exit");
+        let _ = writeln!(
+            std::io::stderr(),
+            "egress-proxy: {lost} audit records could not be written before exit"
+        );
     }
     tracing::info!("stopped");
     Ok(())

@@ -508,3 +508,44 @@ fn a_forwarded_response_the_client_abandons_is_not_recorded_as_complete() {
         "{rec}"
     );
 }
+
+#[test]
+fn a_closed_stderr_does_not_break_the_proxy() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    config(
+        dir.path(),
+        true,
+        "sandboxes:\n  - { id: demo, sources: [127.0.0.0/8], policy: { provider: local, config: {} } }\n",
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["run", "--config"])
+        .arg(dir.path().join("proxy.yaml"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let listening = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("\"listening\""))
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&listening).unwrap();
+    let admin: std::net::SocketAddr = v["fields"]["admin_addr"].as_str().unwrap().parse().unwrap();
+    let proxy: std::net::SocketAddr = v["fields"]["proxy_addr"].as_str().unwrap().parse().unwrap();
+    // Whoever read the proxy's log went away.
+    drop(lines);
+    for _ in 0..3 {
+        let (status, body) = admin_req(admin, "POST", "/v1/reload", "", Some(ADMIN_TOKEN));
+        assert_eq!(status, 200, "{body}");
+        let resp = raw_exchange(
+            proxy,
+            b"CONNECT x.test:443 HTTP/1.1\r\n\r\n",
+            Duration::from_secs(5),
+        );
+        assert!(resp.starts_with("HTTP/1.1 403"), "{resp}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

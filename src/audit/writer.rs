@@ -199,7 +199,8 @@ fn write_batch(inner: &Inner, out: &mut impl Write, batch: &mut Vec<Entry>, line
     inner.pending.fetch_sub(n, Ordering::Relaxed);
     if let Some(err) = failed {
         if !inner.failing.swap(true, Ordering::Relaxed) {
-            eprintln!("audit: write failed: {err}");
+            // Not eprintln!: it panics when stderr is closed too.
+            let _ = writeln!(std::io::stderr(), "audit: write failed: {err}");
         }
     }
 }
