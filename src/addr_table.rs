@@ -89,6 +89,38 @@ impl<T> AddrTable<T> {
         }
     }
 
+    /// Remove the values under exactly `net` for which `pred` holds.
+    pub fn remove(&mut self, net: IpNet, pred: impl Fn(&T) -> bool) {
+        match net {
+            IpNet::V4(n) => {
+                let len = n.prefix_len();
+                let key = mask4(u32::from(n.network()), len);
+                if let Some((_, map)) = self.v4.iter_mut().find(|(l, _)| *l == len) {
+                    if let Some(values) = map.get_mut(&key) {
+                        values.retain(|v| !pred(v));
+                        if values.is_empty() {
+                            map.remove(&key);
+                        }
+                    }
+                }
+                self.v4.retain(|(_, m)| !m.is_empty());
+            }
+            IpNet::V6(n) => {
+                let len = n.prefix_len();
+                let key = mask6(u128::from(n.network()), len);
+                if let Some((_, map)) = self.v6.iter_mut().find(|(l, _)| *l == len) {
+                    if let Some(values) = map.get_mut(&key) {
+                        values.retain(|v| !pred(v));
+                        if values.is_empty() {
+                            map.remove(&key);
+                        }
+                    }
+                }
+                self.v6.retain(|(_, m)| !m.is_empty());
+            }
+        }
+    }
+
     /// Values of every range containing `ip`, longest prefix first.
     pub fn matches(&self, ip: IpAddr) -> impl Iterator<Item = &T> {
         let (a, b) = match ip {
@@ -164,5 +196,21 @@ mod tests {
         );
         assert_eq!(t.matches(ip("::1")).copied().collect::<Vec<_>>(), [3, 2]);
         assert!(!t.contains(ip("1.2.3.4")));
+    }
+
+    #[test]
+    fn remove_takes_out_only_what_it_names() {
+        let mut t = AddrTable::new();
+        let net: IpNet = "10.1.0.0/16".parse().unwrap();
+        t.insert(net, "a");
+        t.insert(net, "b");
+        t.insert("10.0.0.0/8".parse().unwrap(), "c");
+        t.remove(net, |v| *v == "a");
+        let ip = "10.1.2.3".parse().unwrap();
+        assert_eq!(t.matches(ip).copied().collect::<Vec<_>>(), ["b", "c"]);
+        t.remove(net, |v| *v == "b");
+        assert_eq!(t.matches(ip).copied().collect::<Vec<_>>(), ["c"]);
+        t.remove("10.0.0.0/8".parse().unwrap(), |_| true);
+        assert!(t.is_empty());
     }
 }

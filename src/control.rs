@@ -357,26 +357,26 @@ impl Controller {
         if let Some(clash) = overlapping_source(&st, id, &binding) {
             return Err(ChangeError::Conflict(clash));
         }
-        let mut runtime = st.runtime.clone();
-        let created = runtime
-            .insert(
-                id.to_string(),
-                Registered {
-                    binding,
-                    json: json.clone(),
-                },
-            )
-            .is_none();
-        let set = self.compile(&st.config, &runtime).map_err(|e| {
-            self.count(false);
-            ChangeError::Failed(e)
-        })?;
+        // Only this sandbox is compiled; the new set shares every other one with the current
+        // set (which this lock keeps in step with `st`).
+        let set = self
+            .shared
+            .policy
+            .load()
+            .with_binding(&binding)
+            .map_err(|e| {
+                self.count(false);
+                ChangeError::Failed(e.to_string())
+            })?;
         if let Some(dir) = &st.config.state_dir {
             persist(dir, id, &json).map_err(|e| {
                 ChangeError::Failed(format!("cannot persist to {}: {e}", dir.display()))
             })?;
         }
-        st.runtime = runtime;
+        let created = st
+            .runtime
+            .insert(id.to_string(), Registered { binding, json })
+            .is_none();
         self.publish(set);
         self.count(true);
         tracing::info!(sandbox = id, created, "sandbox registered");
@@ -398,11 +398,8 @@ impl Controller {
             }
             return Err(ChangeError::NotFound);
         }
-        let mut runtime = st.runtime.clone();
-        runtime.remove(id);
-        let set = self
-            .compile(&st.config, &runtime)
-            .map_err(ChangeError::Failed)?;
+        let current = self.shared.policy.load();
+        let set = current.without(id);
         if let Some(dir) = &st.config.state_dir {
             match std::fs::remove_file(dir.join(format!("{id}.json"))) {
                 Ok(()) => {}
@@ -414,11 +411,8 @@ impl Controller {
                 }
             }
         }
-        st.runtime = runtime;
-        let open = self
-            .shared
-            .policy
-            .load()
+        st.runtime.remove(id);
+        let open = current
             .get(id)
             .map(|sb| sb.limiter(&self.shared.limiters).active())
             .unwrap_or(0);

@@ -17,6 +17,7 @@ use crate::config::{Binding, Config};
 use crate::guard::Guard;
 use crate::limits::{Limiters, SandboxLimiter};
 use crate::metrics::{Metrics, SandboxStats};
+use crate::policy::ports::PortSet;
 use crate::policy::{CompiledPolicy, Outcome};
 use crate::sandbox_id::SandboxId;
 use crate::target::Target;
@@ -31,6 +32,8 @@ pub struct Sandbox {
     limiter: OnceLock<Arc<SandboxLimiter>>,
     /// Its metric handles, likewise.
     stats: OnceLock<Arc<SandboxStats>>,
+    /// SHA-256 of everything in its binding that decides (XOR-combined into the version).
+    digest: [u8; 32],
 }
 
 impl Sandbox {
@@ -48,13 +51,20 @@ impl Sandbox {
 }
 
 /// All sandboxes, compiled.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct PolicySet {
     sandboxes: HashMap<SandboxId, Arc<Sandbox>>,
     /// Source CIDRs → sandbox id, longest prefix first.
     sources: AddrTable<Arc<str>>,
-    pub guard: Guard,
-    /// Short hash of everything that decides (ids, modes, rules, identities).
+    pub guard: Arc<Guard>,
+    /// What every sandbox is compiled with (`defaults.ports`).
+    default_ports: PortSet,
+    /// XOR of every sandbox's digest: the version changes with any sandbox, and a change of
+    /// one sandbox updates it in O(1).
+    sandboxes_digest: [u8; 32],
+    /// Digest of the set-wide settings that decide (default ports, guard ranges).
+    defaults_digest: [u8; 32],
+    /// Short hash of everything that decides (ids, modes, rules, identities, defaults).
     version: Arc<str>,
     /// Position in the sequence of published sets (0 until published): an exchange decided
     /// under an older generation re-checks itself.
@@ -69,6 +79,43 @@ pub struct CompileError {
     pub message: String,
 }
 
+/// Compile one binding.
+fn compile_sandbox(b: &Binding, default_ports: &PortSet) -> Result<Sandbox, CompileError> {
+    let policy = CompiledPolicy::compile(
+        &b.id,
+        &b.policy_file,
+        &b.network,
+        b.enforcement,
+        default_ports,
+    )
+    .map_err(|e| CompileError {
+        sandbox: b.id.to_string(),
+        message: e.to_string(),
+    })?;
+    let mut hasher = Sha256::new();
+    hash_binding(&mut hasher, b);
+    Ok(Sandbox {
+        binding: b.clone(),
+        policy,
+        limiter: OnceLock::new(),
+        stats: OnceLock::new(),
+        digest: hasher.finalize().into(),
+    })
+}
+
+fn xor(acc: &mut [u8; 32], d: &[u8; 32]) {
+    for (a, b) in acc.iter_mut().zip(d) {
+        *a ^= b;
+    }
+}
+
+fn version_of(sandboxes: &[u8; 32], defaults: &[u8; 32]) -> Arc<str> {
+    let mut h = Sha256::new();
+    h.update(sandboxes);
+    h.update(defaults);
+    hex::encode(&h.finalize()[..6]).into()
+}
+
 impl PolicySet {
     /// Compile `config`'s bindings plus `extra` (runtime-registered) bindings.
     pub fn compile(
@@ -76,53 +123,75 @@ impl PolicySet {
         extra: &[Binding],
         listeners: Vec<SocketAddr>,
     ) -> Result<Self, CompileError> {
+        let ports = &config.defaults.ports;
         let mut sandboxes = HashMap::with_capacity(config.bindings.len() + extra.len());
         let mut sources = AddrTable::new();
-        let mut hasher = Sha256::new();
+        let mut sandboxes_digest = [0u8; 32];
         for b in config.bindings.iter().chain(extra) {
-            let policy = CompiledPolicy::compile(
-                &b.id,
-                &b.policy_file,
-                &b.network,
-                b.enforcement,
-                &config.defaults.ports,
-            )
-            .map_err(|e| CompileError {
-                sandbox: b.id.to_string(),
-                message: e.to_string(),
-            })?;
+            let sb = compile_sandbox(b, ports)?;
             let id: Arc<str> = b.id.as_str().into();
             for s in &b.sources {
                 sources.insert(*s, id.clone());
             }
-            hash_binding(&mut hasher, b);
-            sandboxes.insert(
-                b.id.clone(),
-                Arc::new(Sandbox {
-                    binding: b.clone(),
-                    policy,
-                    limiter: OnceLock::new(),
-                    stats: OnceLock::new(),
-                }),
-            );
+            xor(&mut sandboxes_digest, &sb.digest);
+            sandboxes.insert(b.id.clone(), Arc::new(sb));
         }
+        let mut hasher = Sha256::new();
         hasher.update(format!("{:?}", config.defaults.ports));
         hasher.update(format!(
             "{:?}{:?}",
             config.defaults.prohibited_ranges, config.defaults.guard_allow_ranges
         ));
-        let version = hex::encode(&hasher.finalize()[..6]).into();
+        let defaults_digest: [u8; 32] = hasher.finalize().into();
         Ok(PolicySet {
             sandboxes,
             sources,
-            guard: Guard::new(
+            guard: Arc::new(Guard::new(
                 &config.defaults.prohibited_ranges,
                 &config.defaults.guard_allow_ranges,
                 listeners,
-            ),
-            version,
+            )),
+            default_ports: ports.clone(),
+            version: version_of(&sandboxes_digest, &defaults_digest),
+            sandboxes_digest,
+            defaults_digest,
             generation: 0,
         })
+    }
+
+    /// This set with `b` added or replaced: only `b` is compiled; every other sandbox is
+    /// shared with this set.
+    pub fn with_binding(&self, b: &Binding) -> Result<Self, CompileError> {
+        let sb = compile_sandbox(b, &self.default_ports)?;
+        let mut next = self.clone();
+        next.generation = 0;
+        next.remove_entry(&b.id);
+        let id: Arc<str> = b.id.as_str().into();
+        for s in &b.sources {
+            next.sources.insert(*s, id.clone());
+        }
+        xor(&mut next.sandboxes_digest, &sb.digest);
+        next.sandboxes.insert(b.id.clone(), Arc::new(sb));
+        next.version = version_of(&next.sandboxes_digest, &next.defaults_digest);
+        Ok(next)
+    }
+
+    /// This set without sandbox `id`.
+    pub fn without(&self, id: &str) -> Self {
+        let mut next = self.clone();
+        next.generation = 0;
+        next.remove_entry(id);
+        next.version = version_of(&next.sandboxes_digest, &next.defaults_digest);
+        next
+    }
+
+    fn remove_entry(&mut self, id: &str) {
+        if let Some(old) = self.sandboxes.remove(id) {
+            xor(&mut self.sandboxes_digest, &old.digest);
+            for s in &old.binding.sources {
+                self.sources.remove(*s, |v| &**v == id);
+            }
+        }
     }
 
     pub fn get(&self, id: &str) -> Option<&Arc<Sandbox>> {
@@ -276,5 +345,33 @@ mod tests {
             PolicySet::compile(&c2, &[], vec![]).unwrap().version(),
             set.version()
         );
+    }
+
+    #[test]
+    fn incremental_changes_match_a_full_compile() {
+        let a = "  - { id: a, sources: [10.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [x.example.com] } } }\n";
+        let b = "  - { id: b, sources: [10.1.0.0/16], auth: { token_sha256: 0000000000000000000000000000000000000000000000000000000000000000 }, policy: { provider: local, config: {}, network: { egress: [y.example.com] } } }\n";
+        let load = |text: String| load_str(&text, "t", Path::new("."), None).unwrap();
+        let only_a = load(format!("sandboxes:\n{a}"));
+        let both = load(format!("sandboxes:\n{a}{b}"));
+        let set_a = PolicySet::compile(&only_a, &[], vec![]).unwrap();
+        let set_ab = PolicySet::compile(&both, &[], vec![]).unwrap();
+        let b_binding = both.bindings.iter().find(|x| x.id == "b").unwrap();
+        let grown = set_a.with_binding(b_binding).unwrap();
+        assert_eq!(grown.version(), set_ab.version());
+        assert_eq!(grown.ids(), ["a", "b"]);
+        assert_eq!(
+            grown.by_source("10.1.2.3".parse().unwrap()).unwrap().binding.id,
+            "b"
+        );
+        let shrunk = grown.without("b");
+        assert_eq!(shrunk.version(), set_a.version());
+        assert_eq!(
+            shrunk.by_source("10.1.2.3".parse().unwrap()).unwrap().binding.id,
+            "a"
+        );
+        // Replacing a sandbox with itself changes nothing; the original set is untouched.
+        assert_eq!(grown.with_binding(b_binding).unwrap().version(), set_ab.version());
+        assert_eq!(set_a.ids(), ["a"]);
     }
 }
