@@ -483,12 +483,17 @@ impl Controller {
 /// A `sources` range of `binding` that overlaps a range of another sandbox: a registration
 /// may not take over (or carve out) another sandbox's addresses.
 fn overlapping_source(st: &State, id: &str, binding: &Binding) -> Option<String> {
+    if binding.sources.is_empty() {
+        return None;
+    }
+    // Linear in the sandboxes that have sources (the common runtime registration has none
+    // and costs nothing here).
     let others = st
         .config
         .bindings
         .iter()
         .chain(st.runtime.values().map(|r| &r.binding))
-        .filter(|b| b.id != id);
+        .filter(|b| !b.sources.is_empty() && b.id != id);
     for other in others {
         for mine in &binding.sources {
             for theirs in &other.sources {

@@ -3,7 +3,6 @@
 //! [`LivePolicy`]: the set in force, swapped atomically and published on a `watch` channel
 //! that every live exchange listens to (see [`crate::revocation`]).
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -53,7 +52,9 @@ impl Sandbox {
 /// All sandboxes, compiled.
 #[derive(Debug, Clone)]
 pub struct PolicySet {
-    sandboxes: HashMap<SandboxId, Arc<Sandbox>>,
+    /// A persistent map: a change clones it in O(1) and updates it in O(log n), sharing the
+    /// rest with the set it came from.
+    sandboxes: imbl::HashMap<SandboxId, Arc<Sandbox>>,
     /// Source CIDRs → sandbox id, longest prefix first.
     sources: AddrTable<Arc<str>>,
     pub guard: Arc<Guard>,
@@ -124,7 +125,7 @@ impl PolicySet {
         listeners: Vec<SocketAddr>,
     ) -> Result<Self, CompileError> {
         let ports = &config.defaults.ports;
-        let mut sandboxes = HashMap::with_capacity(config.bindings.len() + extra.len());
+        let mut sandboxes = imbl::HashMap::new();
         let mut sources = AddrTable::new();
         let mut sandboxes_digest = [0u8; 32];
         for b in config.bindings.iter().chain(extra) {
@@ -361,17 +362,28 @@ mod tests {
         assert_eq!(grown.version(), set_ab.version());
         assert_eq!(grown.ids(), ["a", "b"]);
         assert_eq!(
-            grown.by_source("10.1.2.3".parse().unwrap()).unwrap().binding.id,
+            grown
+                .by_source("10.1.2.3".parse().unwrap())
+                .unwrap()
+                .binding
+                .id,
             "b"
         );
         let shrunk = grown.without("b");
         assert_eq!(shrunk.version(), set_a.version());
         assert_eq!(
-            shrunk.by_source("10.1.2.3".parse().unwrap()).unwrap().binding.id,
+            shrunk
+                .by_source("10.1.2.3".parse().unwrap())
+                .unwrap()
+                .binding
+                .id,
             "a"
         );
         // Replacing a sandbox with itself changes nothing; the original set is untouched.
-        assert_eq!(grown.with_binding(b_binding).unwrap().version(), set_ab.version());
+        assert_eq!(
+            grown.with_binding(b_binding).unwrap().version(),
+            set_ab.version()
+        );
         assert_eq!(set_a.ids(), ["a"]);
     }
 }
