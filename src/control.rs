@@ -18,7 +18,7 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 
 use crate::config::{self, Binding, Config, ConfigErrors};
-use crate::policy_set::PolicySet;
+use crate::policy_set::{PolicySet, Scope};
 use crate::resolve::Resolver;
 use crate::sandbox_id::SandboxId;
 use crate::shared::Shared;
@@ -162,10 +162,11 @@ impl Controller {
         self.shared.metrics().reload(ok);
     }
 
-    /// Make `set` the policy in force; live exchanges re-check themselves against it.
-    fn publish(&self, set: PolicySet) -> String {
+    /// Make `set` the policy in force; the live exchanges `scope` names re-check themselves
+    /// against it.
+    fn publish(&self, set: PolicySet, scope: Scope<'_>) -> String {
         self.shared.metrics().set_policy_version(set.version());
-        self.shared.policy.publish(set).version().to_string()
+        self.shared.policy.publish(set, scope).version().to_string()
     }
 
     /// Restore API-registered sandboxes from `state_dir` (at start). A corrupt or invalid file
@@ -243,7 +244,7 @@ impl Controller {
         match self.compile(&st.config, &runtime) {
             Ok(set) => {
                 st.runtime = runtime;
-                self.publish(set);
+                self.publish(set, Scope::All);
             }
             Err(e) => problems.push(e),
         }
@@ -297,7 +298,7 @@ impl Controller {
                 }
                 st.config = config;
                 st.runtime = runtime;
-                let version = self.publish(set);
+                let version = self.publish(set, Scope::All);
                 self.count(true);
                 tracing::info!(trigger = why, policy_version = %version, "policy reloaded");
                 Ok(Reloaded {
@@ -373,11 +374,18 @@ impl Controller {
                 ChangeError::Failed(format!("cannot persist to {}: {e}", dir.display()))
             })?;
         }
+        // New `sources` could take addresses from clients identified as the default sandbox:
+        // then every exchange re-checks. Otherwise only this sandbox's exchanges can change.
+        let scope = if binding.sources.is_empty() {
+            Scope::Sandbox(id)
+        } else {
+            Scope::All
+        };
         let created = st
             .runtime
             .insert(id.to_string(), Registered { binding, json })
             .is_none();
-        self.publish(set);
+        self.publish(set, scope);
         self.count(true);
         tracing::info!(sandbox = id, created, "sandbox registered");
         Ok(created)
@@ -416,7 +424,7 @@ impl Controller {
             .get(id)
             .map(|sb| sb.limiter(&self.shared.limiters).active())
             .unwrap_or(0);
-        self.publish(set);
+        self.publish(set, Scope::Sandbox(id));
         self.count(true);
         tracing::info!(sandbox = id, revoked = open, "sandbox removed");
         Ok(open)

@@ -66,7 +66,10 @@ impl Grant {
 #[derive(Debug, Clone)]
 pub struct Watch {
     grant: Arc<Grant>,
+    /// Set-wide publications, and the newest set.
     policy: watch::Receiver<Arc<PolicySet>>,
+    /// Publications that concern this grant's sandbox only.
+    mine: watch::Receiver<()>,
     phase: watch::Receiver<Phase>,
 }
 
@@ -74,11 +77,13 @@ impl Watch {
     pub fn new(
         grant: Grant,
         policy: watch::Receiver<Arc<PolicySet>>,
+        mine: watch::Receiver<()>,
         phase: watch::Receiver<Phase>,
     ) -> Self {
         Watch {
             grant: Arc::new(grant),
             policy,
+            mine,
             phase,
         }
     }
@@ -101,6 +106,7 @@ impl Watch {
         if *self.phase.borrow_and_update() == Phase::Stopping {
             return Close::Shutdown;
         }
+        let mut mine_open = true;
         loop {
             tokio::select! {
                 changed = self.policy.changed() => match changed {
@@ -108,6 +114,12 @@ impl Watch {
                     Ok(()) => {}
                     // The publisher is gone: the process is going away.
                     Err(_) => return Close::Shutdown,
+                },
+                changed = self.mine.changed(), if mine_open => match changed {
+                    Ok(()) if !self.still_allowed() => return Close::Revoked,
+                    Ok(()) => {}
+                    // Its channel was dropped; set-wide publications still reach us.
+                    Err(_) => mine_open = false,
                 },
                 changed = self.phase.changed() => match changed {
                     Ok(()) if *self.phase.borrow_and_update() == Phase::Stopping => {
@@ -125,7 +137,7 @@ impl Watch {
 mod tests {
     use super::*;
     use crate::config::load_str;
-    use crate::policy_set::LivePolicy;
+    use crate::policy_set::{LivePolicy, Scope};
     use std::path::Path;
     use std::time::Duration;
 
@@ -152,6 +164,10 @@ mod tests {
         }
     }
 
+    fn mine(live: &LivePolicy) -> watch::Receiver<()> {
+        live.subscribe_sandbox(&SandboxId::new("a").unwrap())
+    }
+
     async fn not_yet(f: &mut std::pin::Pin<&mut impl std::future::Future<Output = Close>>) {
         let r = tokio::time::timeout(Duration::from_millis(50), f.as_mut()).await;
         assert!(r.is_err(), "stopped early: {r:?}");
@@ -162,12 +178,12 @@ mod tests {
         let live = LivePolicy::new(set(&["x.example.com"]));
         let (_phase_tx, phase) = watch::channel(Phase::Serving);
         let g = grant(live.load().generation());
-        let stopped = Watch::new(g, live.subscribe(), phase).stopped();
+        let stopped = Watch::new(g, live.subscribe(), mine(&live), phase).stopped();
         tokio::pin!(stopped);
         not_yet(&mut stopped).await;
-        live.publish(set(&["x.example.com", "y.example.com"]));
+        live.publish(set(&["x.example.com", "y.example.com"]), Scope::All);
         not_yet(&mut stopped).await;
-        live.publish(set(&["y.example.com"]));
+        live.publish(set(&["y.example.com"]), Scope::All);
         assert_eq!(stopped.await, Close::Revoked);
     }
 
@@ -176,9 +192,9 @@ mod tests {
         let live = LivePolicy::new(set(&["x.example.com"]));
         let decided_under = live.load().generation();
         // The reload lands between the decision and the relay.
-        live.publish(set(&["y.example.com"]));
+        live.publish(set(&["y.example.com"]), Scope::All);
         let (_phase_tx, phase) = watch::channel(Phase::Serving);
-        let w = Watch::new(grant(decided_under), live.subscribe(), phase);
+        let w = Watch::new(grant(decided_under), live.subscribe(), mine(&live), phase);
         assert_eq!(w.stopped().await, Close::Revoked);
     }
 
@@ -186,12 +202,46 @@ mod tests {
     async fn stopping_phase_ends_it_and_draining_does_not() {
         let live = LivePolicy::new(set(&["x.example.com"]));
         let (phase_tx, phase) = watch::channel(Phase::Serving);
-        let stopped =
-            Watch::new(grant(live.load().generation()), live.subscribe(), phase).stopped();
+        let stopped = Watch::new(
+            grant(live.load().generation()),
+            live.subscribe(),
+            mine(&live),
+            phase,
+        )
+        .stopped();
         tokio::pin!(stopped);
         phase_tx.send_replace(Phase::Draining);
         not_yet(&mut stopped).await;
         phase_tx.send_replace(Phase::Stopping);
         assert_eq!(stopped.await, Close::Shutdown);
+    }
+
+    #[tokio::test]
+    async fn a_change_to_one_sandbox_wakes_only_its_exchanges() {
+        let live = LivePolicy::new(set(&["x.example.com"]));
+        let everyone = live.subscribe();
+        let mut of_b = live.subscribe_sandbox(&SandboxId::new("b").unwrap());
+        let (_phase_tx, phase) = watch::channel(Phase::Serving);
+        let stopped = Watch::new(
+            grant(live.load().generation()),
+            live.subscribe(),
+            mine(&live),
+            phase,
+        )
+        .stopped();
+        tokio::pin!(stopped);
+        not_yet(&mut stopped).await;
+        // A publication about sandbox b (say, a registration) reaches neither a's exchange
+        // nor the set-wide channel — but it is the newest set all the same.
+        live.publish(set(&["x.example.com"]), Scope::Sandbox("b"));
+        assert!(!everyone.has_changed().unwrap());
+        assert!(of_b.has_changed().unwrap());
+        assert_eq!(everyone.borrow().generation(), live.load().generation());
+        not_yet(&mut stopped).await;
+        // One about a reaches a's exchange, which re-decides.
+        live.publish(set(&["y.example.com"]), Scope::Sandbox("a"));
+        assert_eq!(stopped.await, Close::Revoked);
+        assert!(!everyone.has_changed().unwrap());
+        let _ = of_b.borrow_and_update();
     }
 }

@@ -117,7 +117,8 @@ impl Shared {
 
     /// Watch `grant` against every later policy and the process phase.
     pub fn watch(&self, grant: Grant) -> Watch {
-        Watch::new(grant, self.policy.subscribe(), self.phase.subscribe())
+        let mine = self.policy.subscribe_sandbox(&grant.sandbox);
+        Watch::new(grant, self.policy.subscribe(), mine, self.phase.subscribe())
     }
 
     /// Admit a connection of `sandbox` under its limits, or count the refusal and say why
