@@ -26,7 +26,8 @@ use crate::shared::Shared;
 /// A sandbox registered through the API: the binding and its body (canonical JSON).
 #[derive(Clone)]
 struct Registered {
-    binding: Binding,
+    /// Shared with the compiled sandbox.
+    binding: Arc<Binding>,
     json: String,
 }
 
@@ -154,7 +155,7 @@ impl Controller {
                 ));
             }
         }
-        let extra: Vec<Binding> = runtime.values().map(|r| r.binding.clone()).collect();
+        let extra: Vec<Arc<Binding>> = runtime.values().map(|r| r.binding.clone()).collect();
         PolicySet::compile(config, &extra, self.listeners.clone()).map_err(|e| e.to_string())
     }
 
@@ -239,7 +240,13 @@ impl Controller {
                 problems.push(format!("{}: skipped: cannot compile: {e}", p.display()));
                 continue;
             }
-            runtime.insert(id, Registered { binding, json });
+            runtime.insert(
+                id,
+                Registered {
+                    binding: Arc::new(binding),
+                    json,
+                },
+            );
         }
         match self.compile(&st.config, &runtime) {
             Ok(set) => {
@@ -266,6 +273,7 @@ impl Controller {
                 match config.parse_runtime_binding(&r.json, &format!("registered sandbox {id}"), id)
                 {
                     Ok((binding, json)) => {
+                        let binding = Arc::new(binding);
                         runtime.insert(id.clone(), Registered { binding, json });
                     }
                     Err(e) => errors.extend(e.0.iter().map(|e| e.to_string())),
@@ -358,6 +366,7 @@ impl Controller {
         if let Some(clash) = overlapping_source(&st, id, &binding) {
             return Err(ChangeError::Conflict(clash));
         }
+        let binding = Arc::new(binding);
         // Only this sandbox is compiled; the new set shares every other one with the current
         // set (which this lock keeps in step with `st`).
         let set = self
@@ -500,7 +509,7 @@ fn overlapping_source(st: &State, id: &str, binding: &Binding) -> Option<String>
         .config
         .bindings
         .iter()
-        .chain(st.runtime.values().map(|r| &r.binding))
+        .chain(st.runtime.values().map(|r| &*r.binding))
         .filter(|b| !b.sources.is_empty() && b.id != id);
     for other in others {
         for mine in &binding.sources {

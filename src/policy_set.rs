@@ -24,7 +24,8 @@ use crate::target::Target;
 /// One sandbox: its binding and compiled policy.
 #[derive(Debug)]
 pub struct Sandbox {
-    pub binding: Binding,
+    /// Shared with the registration it came from (one copy per sandbox).
+    pub binding: Arc<Binding>,
     pub policy: CompiledPolicy,
     /// Its limiter state (which outlives this compiled value), found once per policy version
     /// instead of once per connection.
@@ -81,7 +82,7 @@ pub struct CompileError {
 }
 
 /// Compile one binding.
-fn compile_sandbox(b: &Binding, default_ports: &PortSet) -> Result<Sandbox, CompileError> {
+fn compile_sandbox(b: &Arc<Binding>, default_ports: &PortSet) -> Result<Sandbox, CompileError> {
     let policy = CompiledPolicy::compile(
         &b.id,
         &b.policy_file,
@@ -96,7 +97,7 @@ fn compile_sandbox(b: &Binding, default_ports: &PortSet) -> Result<Sandbox, Comp
     let mut hasher = Sha256::new();
     hash_binding(&mut hasher, b);
     Ok(Sandbox {
-        binding: b.clone(),
+        binding: Arc::clone(b),
         policy,
         limiter: OnceLock::new(),
         stats: OnceLock::new(),
@@ -121,15 +122,16 @@ impl PolicySet {
     /// Compile `config`'s bindings plus `extra` (runtime-registered) bindings.
     pub fn compile(
         config: &Config,
-        extra: &[Binding],
+        extra: &[Arc<Binding>],
         listeners: Vec<SocketAddr>,
     ) -> Result<Self, CompileError> {
         let ports = &config.defaults.ports;
         let mut sandboxes = imbl::HashMap::new();
         let mut sources = AddrTable::new();
         let mut sandboxes_digest = [0u8; 32];
-        for b in config.bindings.iter().chain(extra) {
-            let sb = compile_sandbox(b, ports)?;
+        let from_file = config.bindings.iter().map(|b| Arc::new(b.clone()));
+        for b in from_file.chain(extra.iter().cloned()) {
+            let sb = compile_sandbox(&b, ports)?;
             let id: Arc<str> = b.id.as_str().into();
             for s in &b.sources {
                 sources.insert(*s, id.clone());
@@ -162,7 +164,7 @@ impl PolicySet {
 
     /// This set with `b` added or replaced: only `b` is compiled; every other sandbox is
     /// shared with this set.
-    pub fn with_binding(&self, b: &Binding) -> Result<Self, CompileError> {
+    pub fn with_binding(&self, b: &Arc<Binding>) -> Result<Self, CompileError> {
         let sb = compile_sandbox(b, &self.default_ports)?;
         let mut next = self.clone();
         next.generation = 0;
@@ -407,8 +409,8 @@ mod tests {
         let both = load(format!("sandboxes:\n{a}{b}"));
         let set_a = PolicySet::compile(&only_a, &[], vec![]).unwrap();
         let set_ab = PolicySet::compile(&both, &[], vec![]).unwrap();
-        let b_binding = both.bindings.iter().find(|x| x.id == "b").unwrap();
-        let grown = set_a.with_binding(b_binding).unwrap();
+        let b_binding = Arc::new(both.bindings.iter().find(|x| x.id == "b").unwrap().clone());
+        let grown = set_a.with_binding(&b_binding).unwrap();
         assert_eq!(grown.version(), set_ab.version());
         assert_eq!(grown.ids(), ["a", "b"]);
         assert_eq!(
@@ -431,7 +433,7 @@ mod tests {
         );
         // Replacing a sandbox with itself changes nothing; the original set is untouched.
         assert_eq!(
-            grown.with_binding(b_binding).unwrap().version(),
+            grown.with_binding(&b_binding).unwrap().version(),
             set_ab.version()
         );
         assert_eq!(set_a.ids(), ["a"]);
