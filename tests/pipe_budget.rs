@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
@@ -21,37 +20,6 @@ impl Drop for Restore {
     fn drop(&mut self) {
         let _ = std::fs::write(HARD, &self.0);
     }
-}
-
-/// A CONNECT tunnel to the origin's `/big` whose client never reads.
-fn stalled(proxy: std::net::SocketAddr, origin: &Origin) -> TcpStream {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut s = rt.block_on(async {
-        let sock = tokio::net::TcpSocket::new_v4().unwrap();
-        sock.set_recv_buffer_size(4096).unwrap();
-        sock.connect(proxy).await.unwrap().into_std().unwrap()
-    });
-    s.set_nonblocking(false).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "CONNECT big.test:{} HTTP/1.1\r\n\r\n",
-        origin.addr.port()
-    )
-    .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut byte).unwrap();
-        head.push(byte[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 200"));
-    s.write_all(b"GET /big HTTP/1.1\r\nHost: big.test\r\n\r\n")
-        .unwrap();
-    s
 }
 
 #[test]
@@ -93,7 +61,9 @@ fn a_new_tunnel_works_when_stalled_tunnels_hold_every_pipe() {
             "--clear-groups",
         ],
     );
-    let _stalled: Vec<TcpStream> = (0..4).map(|_| stalled(p.proxy, &origin)).collect();
+    let _stalled: Vec<TcpStream> = (0..4)
+        .map(|_| stalled_download(p.proxy, &origin, None))
+        .collect();
     std::thread::sleep(Duration::from_millis(1500));
     let out = curl(&[
         "-p",

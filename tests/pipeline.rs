@@ -172,44 +172,9 @@ fn forwarded_exchanges_are_cut_by_delete() {
     assert_cut(&p, &origin, running, cut);
 }
 
-/// A raw CONNECT through the proxy as `tok` to the plain-HTTP origin, then `GET /big` through
-/// the tunnel — and the client never reads the response. Its receive buffer is kept small so
-/// the proxy's writes block soon.
+/// A stalled download as `tok` (see `common::stalled_download`).
 fn stalled_download(p: &Proxy, origin: &Origin) -> TcpStream {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let s = rt.block_on(async {
-        let sock = tokio::net::TcpSocket::new_v4().unwrap();
-        sock.set_recv_buffer_size(4096).unwrap();
-        let s = sock.connect(p.proxy).await.unwrap();
-        s.into_std().unwrap()
-    });
-    s.set_nonblocking(false).unwrap();
-    let mut s = s;
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "CONNECT big.test:{} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
-        origin.addr.port(),
-        basic("tok", "tok-secret")
-    )
-    .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut byte).unwrap();
-        head.push(byte[0]);
-    }
-    assert!(
-        head.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&head)
-    );
-    s.write_all(b"GET /big HTTP/1.1\r\nHost: big.test\r\n\r\n")
-        .unwrap();
-    s
+    common::stalled_download(p.proxy, origin, Some(&basic("tok", "tok-secret")))
 }
 
 fn shaped_sandbox() -> String {

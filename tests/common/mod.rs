@@ -598,3 +598,44 @@ fn dns_answer(q: &[u8], names: &HashMap<String, Ipv4Addr>) -> Option<Vec<u8>> {
     }
     Some(r)
 }
+
+/// A CONNECT tunnel through `proxy` to the plain-HTTP `origin`'s `/big` (as `big.test`, with
+/// `Proxy-Authorization: auth` when given) whose client never reads on its own: its receive
+/// buffer is 4 KiB, so the proxy's writes towards it block soon. The caller decides whether
+/// (and how slowly) to read.
+pub fn stalled_download(proxy: SocketAddr, origin: &Origin, auth: Option<&str>) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut s = rt.block_on(async {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        sock.connect(proxy).await.unwrap().into_std().unwrap()
+    });
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = auth
+        .map(|a| format!("Proxy-Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "CONNECT big.test:{} HTTP/1.1\r\n{auth}\r\n",
+        origin.addr.port()
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: big.test\r\n\r\n")
+        .unwrap();
+    s
+}
