@@ -16,8 +16,9 @@ use http::{header, HeaderMap, HeaderName, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper_util::rt::TokioIo;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
+use crate::abortable::{Abortable, Cut};
 use crate::allowed::Allowed;
 use crate::audit::{AuditGuard, Close, Counters};
 use crate::body::{self, Body, BoxError};
@@ -49,7 +50,7 @@ fn with_audit(ex: &SharedExchange, f: impl FnOnce(&mut AuditGuard)) {
 /// Forward one allowed request and return the origin's response (or a 502).
 pub async fn forward(
     shared: Arc<Shared>,
-    cut: Arc<watch::Sender<bool>>,
+    cut: Arc<Cut>,
     req: Request<Incoming>,
     allowed: Allowed,
 ) -> Response<Body> {
@@ -107,11 +108,14 @@ pub async fn forward(
     parts.version = http::Version::HTTP_11;
     let upstream_req = Request::from_parts(parts, body);
 
-    let (mut sender, upstream) =
-        match hyper::client::conn::http1::handshake(TokioIo::new(dialed.stream)).await {
-            Ok(x) => x,
-            Err(e) => return bad_gateway(&exchange, &e),
-        };
+    let (mut sender, upstream) = match hyper::client::conn::http1::handshake(TokioIo::new(
+        Abortable::new(dialed.stream, cut.clone()),
+    ))
+    .await
+    {
+        Ok(x) => x,
+        Err(e) => return bad_gateway(&exchange, &e),
+    };
 
     // The watcher: drives the upstream connection and cuts both sides on revocation or
     // shutdown; it ends when the exchange does.
@@ -125,7 +129,8 @@ pub async fn forward(
         async move {
             let close = watch.stopped().await;
             with_audit(&exchange, |a| a.close(close));
-            let _ = cut.send(true);
+            // Reset both connections: nothing queued reaches the origin or the client.
+            cut.abort();
         }
     };
     // Nothing moving in either direction for `idle_ms` — an origin that never answers, a
@@ -147,7 +152,7 @@ pub async fn forward(
                 a.close_if_unset(Close::Idle);
                 a.detail("nothing moved in either direction for timeouts.idle_ms");
             });
-            let _ = cut.send(true);
+            cut.close();
         }
     };
     let watcher_exchange = exchange.clone();

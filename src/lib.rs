@@ -14,12 +14,13 @@
 //! - `server`: runtime, listeners, accept loops (global cap), graceful shutdown; each accepted
 //!   connection becomes an `accept::Accepted` with its own `audit::AuditGuard`.
 //! - `proxy` (explicit: CONNECT and absolute-form HTTP, per request) or `transparent`
-//!   (redirected TCP: `orig_dst`, the only `unsafe`, then `peek` with the `sni` parser):
+//!   (redirected TCP: `orig_dst`, one of two fenced `unsafe` modules, then `peek` with the `sni` parser):
 //!   → `identity` (which sandbox) → `limits` (admitted under its limits)
 //!   → `egress::decide` (policy on the name, resolve once with `resolve`, policy and guard on
 //!   every address) → `egress::dial` (a checked address only)
 //!   → `tunnel` / `splice` (relay, shaped or zero-copy) or `forward` (plain-HTTP exchange),
-//!   each watching `revocation::Watch`: cut when the policy no longer allows it or at shutdown.
+//!   each watching `revocation::Watch`: cut when the policy no longer allows it or at shutdown
+//!   (reset; `send_queue`, the other fenced `unsafe`, says what the reset discarded).
 //! - Refusals: `deny` builds the §6 response; the `audit` guard writes the one `end` record
 //!   when the connection (or request) ends, and `metrics` counts it.
 //!
@@ -33,6 +34,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+mod abortable;
 mod accept;
 mod addr_table;
 mod admin;
@@ -62,6 +64,8 @@ pub mod report;
 pub mod resolve;
 mod revocation;
 pub mod sandbox_id;
+#[allow(unsafe_code)]
+mod send_queue;
 pub mod server;
 mod shaped_body;
 mod shared;

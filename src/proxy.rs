@@ -15,8 +15,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
-use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 
+use crate::abortable::{Abortable, Cut};
 use crate::accept::Accepted;
 use crate::admission::UnidentifiedSlot;
 use crate::allowed::Allowed;
@@ -50,8 +51,9 @@ pub struct ClientConn {
     permit: Mutex<Option<OwnedSemaphorePermit>>,
     /// Whether a request identified a sandbox (the permit may since have gone to a tunnel).
     identified: std::sync::atomic::AtomicBool,
-    /// Set when a forwarded exchange is revoked: the client connection is dropped at once.
-    pub cut: Arc<watch::Sender<bool>>,
+    /// Fired when a forwarded exchange is revoked (abort) or idles out (close): the client
+    /// connection is dropped at once.
+    pub cut: Arc<Cut>,
 }
 
 impl ClientConn {
@@ -109,7 +111,7 @@ pub async fn serve(
         unidentified: Mutex::new(Some(unidentified)),
         permit: Mutex::new(None),
         identified: std::sync::atomic::AtomicBool::new(false),
-        cut: Arc::new(watch::channel(false).0),
+        cut: Cut::new(),
     });
     let svc = {
         let conn = conn.clone();
@@ -123,7 +125,7 @@ pub async fn serve(
         .header_read_timeout(shared.settings.timeouts.header)
         .max_buf_size(MAX_HEAD)
         .max_header_size(MAX_HEAD)
-        .serve_connection(TokioIo::new(stream), svc)
+        .serve_connection(TokioIo::new(Abortable::new(stream, conn.cut.clone())), svc)
         .with_upgrades();
     tokio::pin!(http);
     let mut phase = shared.phase.subscribe();
@@ -133,7 +135,8 @@ pub async fn serve(
             // Checked first: once a forwarded exchange is revoked, hyper must not get to
             // answer the client (with a 502 for the upstream connection that was just cut).
             biased;
-            // A forwarded exchange was revoked: drop the connection, and with it the response.
+            // A forwarded exchange was revoked (or idled out): drop the connection, and with
+            // it the response; `Abortable` resets it if it was revoked.
             _ = cut.changed() => return,
             _ = phase.changed() => http.as_mut().graceful_shutdown(),
             r = http.as_mut() => break r,
@@ -411,9 +414,11 @@ async fn relay_upgraded<F>(
 where
     F: std::future::Future<Output = Close>,
 {
-    match upgraded.downcast::<TokioIo<TcpStream>>() {
+    match upgraded.downcast::<TokioIo<Abortable>>() {
         Ok(parts) => {
-            let client = parts.io.into_inner();
+            let Some(client) = parts.io.into_inner().into_inner() else {
+                return Relayed::nothing(Close::Error);
+            };
             let early = parts.read_buf;
             if !early.is_empty()
                 && tokio::io::AsyncWriteExt::write_all(&mut server, &early)

@@ -86,14 +86,17 @@ async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, progress: &Progress) -
             });
             match written {
                 Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-                Ok(m) => left -= m,
+                Ok(m) => {
+                    left -= m;
+                    // Counted as it reaches the socket: a cut mid-chunk counts what left.
+                    progress.moved(up, m);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e),
             }
         }
         // Fully drained: the pipe is empty and can serve another tunnel.
         give_pipe((pr, pw));
-        progress.moved(up, n);
     }
 }
 
@@ -122,12 +125,14 @@ async fn copy_chunk(
         dst.writable().await?;
         match dst.try_write(&buf[sent..n]) {
             Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-            Ok(m) => sent += m,
+            Ok(m) => {
+                sent += m;
+                progress.moved(up, m);
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         }
     }
-    progress.moved(up, n);
     Ok(false)
 }
 

@@ -160,8 +160,16 @@ where
             progress.active(until);
             tokio::time::sleep_until(until).await;
         }
-        w.write_all(&buf[..n]).await?;
-        progress.moved(up, n);
+        // Counted write by write: a cut mid-chunk counts what reached the socket.
+        let mut sent = 0;
+        while sent < n {
+            let m = w.write(&buf[sent..n]).await?;
+            if m == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            sent += m;
+            progress.moved(up, m);
+        }
     }
 }
 
@@ -190,7 +198,8 @@ where
 /// bandwidth — and close them. A tunnel that was revoked or stopped by shutdown is *aborted*:
 /// both sockets are reset (`SO_LINGER` 0), so the kernel discards whatever is still queued in
 /// either direction and nothing more reaches the client or the destination after the cut.
-/// Other endings close normally (FIN).
+/// Other endings close normally (FIN). The counts of an aborted tunnel leave out what the kernel
+/// still held unsent at the cut ([`crate::send_queue`]): the reset discarded it.
 pub async fn relay_tcp<F>(
     mut client: TcpStream,
     mut server: TcpStream,
@@ -201,15 +210,26 @@ pub async fn relay_tcp<F>(
 where
     F: Future<Output = Close>,
 {
-    let r = match shaper {
+    let mut r = match shaper {
         None => crate::splice::relay(&client, &server, idle, stop).await,
         Some(_) => relay(&mut client, &mut server, idle, stop, shaper).await,
     };
     if matches!(r.close, Close::Revoked | Close::Shutdown) {
-        let _ = client.set_zero_linger();
-        let _ = server.set_zero_linger();
+        r.up = r.up.saturating_sub(abort(server));
+        r.down = r.down.saturating_sub(abort(client));
     }
     r
+}
+
+/// Reset `socket` and return how many bytes it still held unsent (discarded by the reset).
+/// Measured immediately before the close: the kernel may still send a little in between
+/// (what an acknowledgement opened in the peer's window), so the count can fall short of what
+/// the peer got by that much; it never counts bytes that did not leave.
+fn abort(socket: TcpStream) -> u64 {
+    let _ = socket.set_zero_linger();
+    let unsent = crate::send_queue::unsent(&socket);
+    drop(socket);
+    unsent
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The pipeline's guarantees, with the real binary, real curl and raw sockets:
-//! - every live exchange is cut when its policy no longer allows it — forwarded plain-HTTP
-//!   uploads and downloads included, by a reload and by a DELETE, with nothing more reaching
-//!   the origin or the client after the cut;
+//! - every live forwarded plain-HTTP exchange (upload or download) is cut — reset — when its
+//!   policy no longer allows it, by a reload and by a DELETE, with nothing more reaching the
+//!   origin or the client after the cut (tunnels: `tests/cut.rs`);
 //! - a bandwidth-shaped tunnel whose client stops reading is still idled out and revoked;
 //! - a reload that lands while a CONNECT is between its decision and its dial (held by a slow
 //!   DNS answer) still revokes that tunnel;
@@ -116,7 +116,9 @@ fn assert_cut(
     );
     for (name, h) in ["download", "upload"].into_iter().zip(exchanges) {
         let (out, ended) = h.join().unwrap();
-        assert_ne!(out.code, 0, "{name} completed although revoked");
+        // 56: "Recv failure: Connection reset by peer" — reset, not an orderly close (a
+        // download closed with a FIN ends with 18, "transfer closed with bytes remaining").
+        assert_eq!(out.code, 56, "{name} was not reset: {}", out.stderr);
         let after = ended.saturating_duration_since(cut);
         assert!(
             after < Duration::from_secs(5),
@@ -416,48 +418,4 @@ fn every_refusal_path_writes_exactly_one_end_record_timed_from_accept() {
             "duration_ms {ms} for a connection held {hold:?}: {r}"
         );
     }
-}
-
-#[test]
-fn a_revoked_tunnel_is_reset_so_queued_bytes_stop_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let origin = Origin::start(None);
-    write_config(
-        dir.path(),
-        HOSTS,
-        LOOPBACK_OK,
-        &tok_sandbox("\"big.test:*\""),
-    );
-    let p = start(dir.path());
-    // A client that reads slowly (about 80 KB/s through a 4 KiB receive buffer): megabytes wait
-    // in the proxy's socket buffer towards it.
-    let mut s = stalled_download(&p, &origin);
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        let mut total = 0usize;
-        loop {
-            match s.read(&mut buf) {
-                Ok(0) => return (total, Instant::now(), "eof"),
-                Ok(n) => total += n,
-                Err(_) => return (total, Instant::now(), "error"),
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    });
-    p.wait_audit("open", |r| r["target_host"] == "big.test");
-    std::thread::sleep(Duration::from_secs(2));
-    let sandboxes = shaped_sandbox().replace("\"big.test:*\"", "\"api.test:*\"");
-    write_config(dir.path(), HOSTS, LOOPBACK_OK, &sandboxes);
-    let cut = Instant::now();
-    reload(&p);
-    let rec = p.wait_record(|r| r["target_host"] == "big.test");
-    assert_eq!(rec["close"], "revoked", "{rec}");
-    let (total, ended, how) = reader.join().unwrap();
-    let after = ended.saturating_duration_since(cut);
-    assert!(
-        after < Duration::from_secs(2),
-        "the client kept receiving for {after:?} after the revocation ({total} bytes, then {how})"
-    );
-    assert_eq!(how, "error", "a reset, not an orderly end");
-    assert!(total < BIG);
 }

@@ -1,0 +1,145 @@
+//! Cutting an HTTP connection that hyper owns. A [`Cut`] is one client connection's switch:
+//! [`Cut::close`] ends it in order (FIN — an idle exchange), [`Cut::abort`] ends it with a
+//! reset (a revoked or shutdown-expired exchange: the kernel discards what is queued, so
+//! nothing more reaches the client or the origin). The sockets are wrapped in [`Abortable`],
+//! which sets `SO_LINGER` 0 when it is dropped after an abort; hyper's connection futures own
+//! them, and dropping those futures closes the sockets.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+/// One client connection's switch (shared with the upstream connections of its exchanges).
+#[derive(Debug)]
+pub struct Cut {
+    fired: watch::Sender<bool>,
+    abort: AtomicBool,
+}
+
+impl Cut {
+    pub fn new() -> Arc<Cut> {
+        Arc::new(Cut {
+            fired: watch::channel(false).0,
+            abort: AtomicBool::new(false),
+        })
+    }
+
+    /// End the connection with a FIN.
+    pub fn close(&self) {
+        let _ = self.fired.send(true);
+    }
+
+    /// End the connection, and every socket wrapped with this switch, with a reset.
+    pub fn abort(&self) {
+        self.abort.store(true, Ordering::Release);
+        let _ = self.fired.send(true);
+    }
+
+    fn aborted(&self) -> bool {
+        self.abort.load(Ordering::Acquire)
+    }
+
+    /// Changes when the connection is to end.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.fired.subscribe()
+    }
+}
+
+/// A TCP socket that is reset instead of closed when dropped after its [`Cut`] aborted.
+pub struct Abortable {
+    /// `None` only after [`Abortable::into_inner`].
+    stream: Option<TcpStream>,
+    cut: Arc<Cut>,
+}
+
+impl Abortable {
+    pub fn new(stream: TcpStream, cut: Arc<Cut>) -> Self {
+        Abortable {
+            stream: Some(stream),
+            cut,
+        }
+    }
+
+    /// The socket itself (a CONNECT tunnel takes it over and closes it its own way).
+    pub fn into_inner(mut self) -> Option<TcpStream> {
+        self.stream.take()
+    }
+
+    fn stream(&mut self) -> io::Result<Pin<&mut TcpStream>> {
+        match self.stream.as_mut() {
+            Some(s) => Ok(Pin::new(s)),
+            None => Err(io::ErrorKind::NotConnected.into()),
+        }
+    }
+}
+
+impl Drop for Abortable {
+    fn drop(&mut self) {
+        if let Some(s) = &self.stream {
+            if self.cut.aborted() {
+                let _ = s.set_zero_linger();
+            }
+        }
+    }
+}
+
+impl AsyncRead for Abortable {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.stream() {
+            Ok(s) => s.poll_read(cx, buf),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+}
+
+impl AsyncWrite for Abortable {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.stream() {
+            Ok(s) => s.poll_write(cx, buf),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.stream() {
+            Ok(s) => s.poll_write_vectored(cx, bufs),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.stream() {
+            Ok(s) => s.poll_flush(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.stream() {
+            Ok(s) => s.poll_shutdown(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+}
