@@ -3,12 +3,13 @@
 //! per second one keep-alive client gets with N already registered.
 //!
 //! ```text
-//! cargo build --release && cargo bench --bench control_plane -- --registered 10000 --puts 200
+//! cargo build --release && cargo bench --bench control_plane -- --registered 10000 --puts 200 --reloads 5
 //! ```
 //! It starts `target/release/egress-proxy` itself (a temporary config with an admin token and
 //! a `state_dir` holding N state files with 4-entry policies), waits for `/readyz`, reads the
-//! proxy's RSS, then sends PUTs of new 4-entry sandboxes on one keep-alive connection. One
-//! JSON line of results on stdout.
+//! proxy's RSS, then sends PUTs of new 4-entry sandboxes on one keep-alive connection, then
+//! `--reloads` times edits one file-defined sandbox and `POST /v1/reload`s (median time).
+//! One JSON line of results on stdout.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -81,6 +82,7 @@ fn request(s: &mut BufReader<TcpStream>, method: &str, path: &str, body: &str, t
 fn main() {
     let registered = arg("--registered", 10_000);
     let puts = arg("--puts", 200);
+    let reloads = arg("--reloads", 0);
     let dir = tempfile::tempdir().expect("temporary directory");
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).expect("state dir");
@@ -90,15 +92,18 @@ fn main() {
     let token = "control-plane-bench-token";
     std::fs::write(dir.path().join("admin.token"), token).expect("token");
     let config = dir.path().join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: /dev/null }}\nadmin_token_file: {}\nstate_dir: {}\nsandboxes: []\n",
-            dir.path().join("admin.token").display(),
-            state.display()
-        ),
-    )
-    .expect("config");
+    let write_config = |host: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: /dev/null }}\nadmin_token_file: {}\nstate_dir: {}\nsandboxes:\n  - {{ id: edited, policy: {{ provider: local, config: {{}}, network: {{ egress: [{host}] }} }} }}\n",
+                dir.path().join("admin.token").display(),
+                state.display()
+            ),
+        )
+        .expect("config");
+    };
+    write_config("a.example.com");
     let started = Instant::now();
     let mut child = Command::new("target/release/egress-proxy")
         .args(["run", "--config"])
@@ -151,6 +156,17 @@ fn main() {
         }
     }
     let secs = t.elapsed().as_secs_f64();
+    let mut reload_ms = Vec::new();
+    for i in 0..reloads {
+        write_config(&format!("r{i}.example.com"));
+        let t = Instant::now();
+        let status = request(&mut s, "POST", "/v1/reload", "", token);
+        if status != 200 {
+            eprintln!("reload answered {status}");
+        }
+        reload_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    reload_ms.sort_by(f64::total_cmp);
     let _ = child.kill();
     let _ = child.wait();
     println!(
@@ -163,6 +179,8 @@ fn main() {
             "puts": puts,
             "puts_ok": ok,
             "puts_per_sec": (puts as f64 / secs).round(),
+            "reloads": reloads,
+            "reload_median_ms": reload_ms.get(reload_ms.len() / 2).map(|m| m.round()),
         })
     );
 }

@@ -89,6 +89,20 @@ impl<T> AddrTable<T> {
         }
     }
 
+    /// Release spare capacity (a compiled policy's table never grows again).
+    pub fn shrink_to_fit(&mut self) {
+        self.v4.shrink_to_fit();
+        self.v6.shrink_to_fit();
+        for (_, map) in &mut self.v4 {
+            map.values_mut().for_each(Vec::shrink_to_fit);
+            map.shrink_to_fit();
+        }
+        for (_, map) in &mut self.v6 {
+            map.values_mut().for_each(Vec::shrink_to_fit);
+            map.shrink_to_fit();
+        }
+    }
+
     /// Remove the values under exactly `net` for which `pred` holds.
     pub fn remove(&mut self, net: IpNet, pred: impl Fn(&T) -> bool) {
         match net {

@@ -1,12 +1,17 @@
 //! Live policy (DESIGN §10, §11): reloads (file change, SIGHUP, `POST /v1/reload`), runtime
 //! registrations (`PUT`/`DELETE /v1/sandboxes/{id}`) and their persistence in `state_dir`.
 //!
-//! Every change compiles the *whole* new policy set first; if anything is invalid the running
-//! policy stays, the errors are logged and `egress_config_reloads_total{result="error"}`
-//! counts them. A valid set is published ([`crate::policy_set::LivePolicy`]): new connections
-//! see it at once (a connection being decided sees the old or the new set, never a mix), and
-//! every live exchange re-decides itself and closes if it is no longer allowed (`close:
-//! "revoked"`). Changes are serialised by one lock.
+//! Every change builds the new policy set first, compiling only what changed: a registration
+//! compiles its one sandbox, a reload every sandbox whose binding text or referenced files
+//! changed (all of them when `defaults` change), and shares the rest with the set in force.
+//! If anything is invalid the running policy stays, the errors are logged and
+//! `egress_config_reloads_total{result="error"}` counts them. A valid set is published
+//! ([`crate::policy_set::LivePolicy`]): new connections see it at once (a connection being
+//! decided sees the old or the new set, never a mix), and the live exchanges of the changed
+//! sandboxes (of every sandbox when defaults or `sources` changed) re-decide themselves and
+//! are reset if no longer allowed (`close: "revoked"`). Changes are serialised by one lock,
+//! taken on a blocking thread (the admin API and the file watcher call in from
+//! `spawn_blocking`), never on a data-plane worker.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -18,7 +23,7 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 
 use crate::config::{self, Binding, Config, ConfigErrors};
-use crate::policy_set::{PolicySet, Scope};
+use crate::policy_set::{Changes, PolicySet, Scope};
 use crate::resolve::Resolver;
 use crate::sandbox_id::SandboxId;
 use crate::shared::Shared;
@@ -141,12 +146,13 @@ impl Controller {
         }
     }
 
-    /// Compile `config` plus runtime registrations.
+    /// Compile `config` plus runtime registrations, reusing every sandbox of the set in force
+    /// whose binding did not change.
     fn compile(
         &self,
         config: &Config,
         runtime: &BTreeMap<String, Registered>,
-    ) -> Result<PolicySet, String> {
+    ) -> Result<(PolicySet, Changes), String> {
         for id in runtime.keys() {
             if config.bindings.iter().any(|b| &b.id == id) {
                 return Err(format!(
@@ -156,7 +162,11 @@ impl Controller {
             }
         }
         let extra: Vec<Arc<Binding>> = runtime.values().map(|r| r.binding.clone()).collect();
-        PolicySet::compile(config, &extra, self.listeners.clone()).map_err(|e| e.to_string())
+        self.shared
+            .policy
+            .load()
+            .recompile(config, &extra, self.listeners.clone())
+            .map_err(|e| e.to_string())
     }
 
     fn count(&self, ok: bool) {
@@ -249,9 +259,9 @@ impl Controller {
             );
         }
         match self.compile(&st.config, &runtime) {
-            Ok(set) => {
+            Ok((set, changes)) => {
                 st.runtime = runtime;
-                self.publish(set, Scope::All);
+                self.publish(set, changes.scope());
             }
             Err(e) => problems.push(e),
         }
@@ -269,7 +279,10 @@ impl Controller {
                 .map_err(|e| e.0.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
             let mut runtime = BTreeMap::new();
             let mut errors = Vec::new();
-            for (id, r) in &st.runtime {
+            // Registrations parse the same under the new file unless what they are parsed
+            // with changed: then every one is parsed (and validated) again.
+            let reparse = !config.parses_runtime_bindings_like(&st.config);
+            for (id, r) in st.runtime.iter().filter(|_| reparse) {
                 match config.parse_runtime_binding(&r.json, &format!("registered sandbox {id}"), id)
                 {
                     Ok((binding, json)) => {
@@ -282,12 +295,15 @@ impl Controller {
             if !errors.is_empty() {
                 return Err(errors);
             }
-            let set = self.compile(&config, &runtime).map_err(|e| vec![e])?;
-            Ok((config, runtime, set))
+            if !reparse {
+                runtime = st.runtime.clone();
+            }
+            let (set, changes) = self.compile(&config, &runtime).map_err(|e| vec![e])?;
+            Ok((config, runtime, set, changes))
         })();
         // Whatever happened, the files as they are now have been seen.
         match result {
-            Ok((config, runtime, set)) => {
+            Ok((config, runtime, set, changes)) => {
                 st.fingerprint = fingerprint(&config.files);
                 if config.dns != st.config.dns {
                     let (resolver, warning) = Resolver::new(&config.dns);
@@ -306,9 +322,15 @@ impl Controller {
                 }
                 st.config = config;
                 st.runtime = runtime;
-                let version = self.publish(set, Scope::All);
+                let version = self.publish(set, changes.scope());
                 self.count(true);
-                tracing::info!(trigger = why, policy_version = %version, "policy reloaded");
+                tracing::info!(
+                    trigger = why,
+                    policy_version = %version,
+                    changed = changes.sandboxes.len(),
+                    set_wide = changes.set_wide,
+                    "policy reloaded"
+                );
                 Ok(Reloaded {
                     version,
                     needs_restart,
@@ -342,8 +364,8 @@ impl Controller {
 
     /// Register or replace a sandbox. Returns true when it is new.
     pub fn put(&self, id: &str, body: &str) -> Result<bool, ChangeError> {
-        let id = SandboxId::new(id).map_err(|e| ChangeError::BadRequest(e.to_string()))?;
-        let id = id.as_str();
+        let sid = SandboxId::new(id).map_err(|e| ChangeError::BadRequest(e.to_string()))?;
+        let id = sid.as_str();
         let Ok(mut st) = self.state.lock() else {
             return Err(ChangeError::Failed("lock poisoned".into()));
         };
@@ -386,7 +408,7 @@ impl Controller {
         // New `sources` could take addresses from clients identified as the default sandbox:
         // then every exchange re-checks. Otherwise only this sandbox's exchanges can change.
         let scope = if binding.sources.is_empty() {
-            Scope::Sandbox(id)
+            Scope::Sandboxes(std::slice::from_ref(&sid))
         } else {
             Scope::All
         };
@@ -403,6 +425,7 @@ impl Controller {
     /// Remove a registered sandbox; its open exchanges are closed (`revoked`). Returns how
     /// many were open.
     pub fn delete(&self, id: &str) -> Result<u32, ChangeError> {
+        let sid = SandboxId::new(id).map_err(|_| ChangeError::NotFound)?;
         let Ok(mut st) = self.state.lock() else {
             return Err(ChangeError::Failed("lock poisoned".into()));
         };
@@ -433,7 +456,7 @@ impl Controller {
             .get(id)
             .map(|sb| sb.limiter(&self.shared.limiters).active())
             .unwrap_or(0);
-        self.publish(set, Scope::Sandbox(id));
+        self.publish(set, Scope::Sandboxes(std::slice::from_ref(&sid)));
         self.count(true);
         tracing::info!(sandbox = id, revoked = open, "sandbox removed");
         Ok(open)
@@ -489,7 +512,7 @@ impl Controller {
                 "egress": b.network.egress.iter().map(|(t, _)| t).collect::<Vec<_>>(),
                 "deny": b.network.deny.iter().map(|(t, _)| t).collect::<Vec<_>>(),
             },
-            "policy": serde_json::to_value(&b.block).unwrap_or(Value::Null),
+            "policy": serde_json::from_str::<Value>(&b.block_json).unwrap_or(Value::Null),
             "policy_file": &*b.policy_file,
             "policy_ref": b.policy_ref,
             "policy_version": set.version(),

@@ -118,6 +118,28 @@ fn version_of(sandboxes: &[u8; 32], defaults: &[u8; 32]) -> Arc<str> {
     hex::encode(&h.finalize()[..6]).into()
 }
 
+/// What a [`PolicySet::recompile`] changed.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Sandboxes added, removed or whose binding changed (sorted).
+    pub sandboxes: Vec<SandboxId>,
+    /// Whether anything beyond those sandboxes' own exchanges may be affected: the defaults
+    /// every sandbox is compiled with or the guard changed, or a changed sandbox has (or had)
+    /// `sources` (which can move a client from one sandbox to another).
+    pub set_wide: bool,
+}
+
+impl Changes {
+    /// Who the publication of the recompiled set concerns.
+    pub fn scope(&self) -> Scope<'_> {
+        if self.set_wide {
+            Scope::All
+        } else {
+            Scope::Sandboxes(&self.sandboxes)
+        }
+    }
+}
+
 impl PolicySet {
     /// Compile `config`'s bindings plus `extra` (runtime-registered) bindings.
     pub fn compile(
@@ -125,20 +147,28 @@ impl PolicySet {
         extra: &[Arc<Binding>],
         listeners: Vec<SocketAddr>,
     ) -> Result<Self, CompileError> {
+        Self::build(config, extra, listeners, None).map(|(set, _)| set)
+    }
+
+    /// Like [`PolicySet::compile`], but every sandbox whose binding is unchanged (and all of
+    /// them only if the defaults they are compiled with are unchanged) is taken from this set
+    /// as it is: a reload compiles only what changed.
+    pub fn recompile(
+        &self,
+        config: &Config,
+        extra: &[Arc<Binding>],
+        listeners: Vec<SocketAddr>,
+    ) -> Result<(Self, Changes), CompileError> {
+        Self::build(config, extra, listeners, Some(self))
+    }
+
+    fn build(
+        config: &Config,
+        extra: &[Arc<Binding>],
+        listeners: Vec<SocketAddr>,
+        previous: Option<&PolicySet>,
+    ) -> Result<(Self, Changes), CompileError> {
         let ports = &config.defaults.ports;
-        let mut sandboxes = imbl::HashMap::new();
-        let mut sources = AddrTable::new();
-        let mut sandboxes_digest = [0u8; 32];
-        let from_file = config.bindings.iter().map(|b| Arc::new(b.clone()));
-        for b in from_file.chain(extra.iter().cloned()) {
-            let sb = compile_sandbox(&b, ports)?;
-            let id: Arc<str> = b.id.as_str().into();
-            for s in &b.sources {
-                sources.insert(*s, id.clone());
-            }
-            xor(&mut sandboxes_digest, &sb.digest);
-            sandboxes.insert(b.id.clone(), Arc::new(sb));
-        }
         let mut hasher = Sha256::new();
         hasher.update(format!("{:?}", config.defaults.ports));
         hasher.update(format!(
@@ -146,20 +176,65 @@ impl PolicySet {
             config.defaults.prohibited_ranges, config.defaults.guard_allow_ranges
         ));
         let defaults_digest: [u8; 32] = hasher.finalize().into();
-        Ok(PolicySet {
+        let guard = Guard::new(
+            &config.defaults.prohibited_ranges,
+            &config.defaults.guard_allow_ranges,
+            listeners,
+        );
+        let mut changes = Changes {
+            set_wide: previous.is_none_or(|p| p.defaults_digest != defaults_digest),
+            ..Changes::default()
+        };
+        let reusable = previous.filter(|_| !changes.set_wide);
+        let mut sandboxes = imbl::HashMap::new();
+        let mut sources = AddrTable::new();
+        let mut sandboxes_digest = [0u8; 32];
+        let mut add = |b: &Binding, shared: Option<&Arc<Binding>>| -> Result<(), CompileError> {
+            let old = previous.and_then(|p| p.sandboxes.get(b.id.as_str()));
+            let sb = match reusable.and(old).filter(|old| *old.binding == *b) {
+                Some(same) => same.clone(),
+                None => {
+                    let arc = shared.cloned().unwrap_or_else(|| Arc::new(b.clone()));
+                    changes.sandboxes.push(b.id.clone());
+                    changes.set_wide |=
+                        !b.sources.is_empty() || old.is_some_and(|o| !o.binding.sources.is_empty());
+                    Arc::new(compile_sandbox(&arc, ports)?)
+                }
+            };
+            let id: Arc<str> = b.id.as_str().into();
+            for s in &b.sources {
+                sources.insert(*s, id.clone());
+            }
+            xor(&mut sandboxes_digest, &sb.digest);
+            sandboxes.insert(b.id.clone(), sb);
+            Ok(())
+        };
+        for b in &config.bindings {
+            add(b, None)?;
+        }
+        for b in extra {
+            add(b, Some(b))?;
+        }
+        if let Some(p) = previous {
+            for (id, old) in &p.sandboxes {
+                if !sandboxes.contains_key(id) {
+                    changes.sandboxes.push(id.clone());
+                    changes.set_wide |= !old.binding.sources.is_empty();
+                }
+            }
+        }
+        changes.sandboxes.sort_unstable();
+        let set = PolicySet {
             sandboxes,
             sources,
-            guard: Arc::new(Guard::new(
-                &config.defaults.prohibited_ranges,
-                &config.defaults.guard_allow_ranges,
-                listeners,
-            )),
+            guard: Arc::new(guard),
             default_ports: ports.clone(),
             version: version_of(&sandboxes_digest, &defaults_digest),
             sandboxes_digest,
             defaults_digest,
             generation: 0,
-        })
+        };
+        Ok((set, changes))
     }
 
     /// This set with `b` added or replaced: only `b` is compiled; every other sandbox is
@@ -243,9 +318,9 @@ impl PolicySet {
 pub enum Scope<'a> {
     /// Anything may have changed (a file reload, a restore): every live exchange re-checks.
     All,
-    /// Only this sandbox changed (a registration or removal that cannot change how any other
-    /// client is identified): only its exchanges are woken.
-    Sandbox(&'a str),
+    /// Only these sandboxes changed (registrations, removals or edits that cannot change how
+    /// any other client is identified): only their exchanges are woken.
+    Sandboxes(&'a [SandboxId]),
 }
 
 /// The policy set in force. Connections take a snapshot from the `ArcSwap` (cheap, lock
@@ -294,16 +369,18 @@ impl LivePolicy {
                     m.retain(|_, tx| tx.receiver_count() > 0);
                 }
             }
-            Scope::Sandbox(id) => {
-                // Update the newest set without waking anyone, then wake this sandbox's.
+            Scope::Sandboxes(ids) => {
+                // Update the newest set without waking anyone, then wake these sandboxes'.
                 self.changes.send_if_modified(|v| {
                     *v = set.clone();
                     false
                 });
                 if let Ok(mut m) = self.per_sandbox.lock() {
-                    if let Some(tx) = m.get(id) {
-                        if tx.send(()).is_err() {
-                            m.remove(id);
+                    for id in ids {
+                        if let Some(tx) = m.get(id) {
+                            if tx.send(()).is_err() {
+                                m.remove(id);
+                            }
                         }
                     }
                 }
@@ -437,5 +514,85 @@ mod tests {
             set_ab.version()
         );
         assert_eq!(set_a.ids(), ["a"]);
+    }
+
+    #[test]
+    fn recompile_compiles_only_what_changed() {
+        let sb = |id: &str, extra: &str, host: &str| {
+            format!("  - {{ id: {id}{extra}, policy: {{ provider: local, config: {{}}, network: {{ egress: [{host}] }} }} }}\n")
+        };
+        let load = |defaults: &str, text: String| {
+            load_str(
+                &format!("{defaults}sandboxes:\n{text}"),
+                "t",
+                Path::new("."),
+                None,
+            )
+            .unwrap()
+        };
+        let before = load(
+            "",
+            format!(
+                "{}{}{}",
+                sb("a", "", "x.test"),
+                sb("b", "", "y.test"),
+                sb("c", ", sources: [10.0.0.0/8]", "z.test")
+            ),
+        );
+        let set = PolicySet::compile(&before, &[], vec![]).unwrap();
+        let same =
+            |next: &PolicySet, id: &str| Arc::ptr_eq(next.get(id).unwrap(), set.get(id).unwrap());
+
+        // b edited, a untouched, d added: only b and d compiled, only their exchanges woken.
+        let edited = load(
+            "",
+            format!(
+                "{}{}{}{}",
+                sb("a", "", "x.test"),
+                sb("b", "", "w.test"),
+                sb("c", ", sources: [10.0.0.0/8]", "z.test"),
+                sb("d", "", "v.test")
+            ),
+        );
+        let (next, changes) = set.recompile(&edited, &[], vec![]).unwrap();
+        assert!(same(&next, "a") && same(&next, "c") && !same(&next, "b"));
+        assert_eq!(changes.sandboxes, ["b", "d"]);
+        assert!(!changes.set_wide);
+        assert_eq!(
+            next.version(),
+            PolicySet::compile(&edited, &[], vec![]).unwrap().version()
+        );
+
+        // Nothing changed: nothing compiled, same version.
+        let (again, changes) = set.recompile(&before, &[], vec![]).unwrap();
+        assert!(changes.sandboxes.is_empty() && !changes.set_wide);
+        assert_eq!(again.version(), set.version());
+
+        // b removed: listed; c's sources changed: every exchange re-checks.
+        let moved = load(
+            "",
+            format!(
+                "{}{}",
+                sb("a", "", "x.test"),
+                sb("c", ", sources: [10.1.0.0/16]", "z.test")
+            ),
+        );
+        let (_, changes) = set.recompile(&moved, &[], vec![]).unwrap();
+        assert_eq!(changes.sandboxes, ["b", "c"]);
+        assert!(changes.set_wide);
+
+        // Defaults changed: everything recompiled, set-wide.
+        let ports = load(
+            "defaults: { ports: [8443] }\n",
+            format!(
+                "{}{}{}",
+                sb("a", "", "x.test"),
+                sb("b", "", "y.test"),
+                sb("c", ", sources: [10.0.0.0/8]", "z.test")
+            ),
+        );
+        let (next, changes) = set.recompile(&ports, &[], vec![]).unwrap();
+        assert!(changes.set_wide && !same(&next, "a"));
+        assert_eq!(changes.sandboxes.len(), 3);
     }
 }

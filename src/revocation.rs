@@ -233,13 +233,19 @@ mod tests {
         not_yet(&mut stopped).await;
         // A publication about sandbox b (say, a registration) reaches neither a's exchange
         // nor the set-wide channel — but it is the newest set all the same.
-        live.publish(set(&["x.example.com"]), Scope::Sandbox("b"));
+        live.publish(
+            set(&["x.example.com"]),
+            Scope::Sandboxes(&[SandboxId::new("b").unwrap()]),
+        );
         assert!(!everyone.has_changed().unwrap());
         assert!(of_b.has_changed().unwrap());
         assert_eq!(everyone.borrow().generation(), live.load().generation());
         not_yet(&mut stopped).await;
         // One about a reaches a's exchange, which re-decides.
-        live.publish(set(&["y.example.com"]), Scope::Sandbox("a"));
+        live.publish(
+            set(&["y.example.com"]),
+            Scope::Sandboxes(&[SandboxId::new("a").unwrap()]),
+        );
         assert_eq!(stopped.await, Close::Revoked);
         assert!(!everyone.has_changed().unwrap());
         let _ = of_b.borrow_and_update();

@@ -459,3 +459,46 @@ fn dns_hosts_reload_and_unreloadable_settings_are_reported() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"needs_restart\":[\"listen\"]"), "{body}");
 }
+
+fn md_file(egress: &str) -> String {
+    format!(
+        "---\nschema: sandbox/v1\nid: \"@test/md\"\nversion: 1.0.0\nprovider: local\nconfig: {{}}\nnetwork:\n  egress: [{egress}]\n---\n\n# md\n"
+    )
+}
+
+/// A reload compiles only the sandboxes whose binding or referenced file changed: editing a
+/// referenced `*.SANDBOX.md` is picked up by the file watcher and revokes that sandbox's
+/// tunnel, and the other sandbox's tunnel is untouched.
+#[test]
+fn editing_a_referenced_sandbox_file_revokes_only_its_tunnels() {
+    let e = env();
+    let dir = e.dir.path();
+    std::fs::write(dir.join("md.SANDBOX.md"), md_file("\"slow.test:*\"")).unwrap();
+    let mut yaml = config(dir, "\"slow.test:*\"");
+    yaml.push_str(&format!(
+        "  - id: md\n    auth: {{ token_sha256: {} }}\n    policy: {{ ref: ./md.SANDBOX.md }}\n",
+        sha("md-secret")
+    ));
+    std::fs::write(dir.join("proxy.yaml"), &yaml).unwrap();
+    let (status, body) = e.admin("POST", "/v1/reload", "", Some(ADMIN_TOKEN));
+    assert_eq!(status, 200, "{body}");
+    let tok = e.slow("tok:tok-secret");
+    let md = e.slow("md:md-secret");
+    std::fs::write(dir.join("md.SANDBOX.md"), md_file("\"api.test:*\"")).unwrap();
+    let (out, _) = md.join().unwrap();
+    assert_ne!(out.code, 0, "md's download was cut");
+    let rec = e
+        .proxy
+        .wait_record(|r| r["target_host"] == "slow.test" && r["sandbox"] == "md");
+    assert_eq!(rec["close"], "revoked", "{rec}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !tok.is_finished(),
+        "tok's download is still allowed and must go on"
+    );
+    assert!(e
+        .proxy
+        .audit_records()
+        .iter()
+        .all(|r| !(r["event"] == "end" && r["sandbox"] == "tok")));
+}

@@ -109,6 +109,18 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Whether `other` parses runtime bindings exactly as this configuration does (the same
+    /// base directory, defaults, providers and `sandbox_dirs` index): then a reload need not
+    /// parse the registrations again.
+    pub fn parses_runtime_bindings_like(&self, other: &Config) -> bool {
+        self.base_dir == other.base_dir
+            && self.defaults == other.defaults
+            && self.extra_providers == other.extra_providers
+            && self.index == other.index
+    }
+}
+
 /// What building a binding needs from its surroundings.
 pub(super) struct BindingCtx<'a> {
     pub base_dir: &'a Path,
@@ -230,13 +242,11 @@ pub(super) fn build_binding(
     Some(Binding {
         id,
         token_sha256,
-        auth: raw.auth,
         sources: raw.sources.iter().map(IpNet::trunc).collect(),
         enforcement: raw.enforcement.unwrap_or(ctx.defaults.enforcement),
-        limits_override: raw.limits,
         limits,
         strict_sni_dst: raw.strict_sni_dst.unwrap_or(ctx.defaults.strict_sni_dst),
-        block,
+        block_json: serde_json::to_string(&block).unwrap_or_default().into(),
         network,
         policy_file,
         policy_ref,

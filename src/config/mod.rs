@@ -99,20 +99,19 @@ pub struct Defaults {
 }
 
 /// One sandbox binding: identity, proxy-side settings and its AIP-36 block.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Binding {
     pub id: SandboxId,
     /// SHA-256 of the sandbox's proxy token, when it authenticates with one.
     pub token_sha256: Option<[u8; 32]>,
-    /// The auth block as written (token forms only, never a token), for display.
-    pub auth: Option<RawAuth>,
     pub sources: Vec<IpNet>,
     pub enforcement: Enforcement,
-    /// Overrides as written (for display and persistence).
-    pub limits_override: Option<RawLimits>,
     pub limits: Limits,
     pub strict_sni_dst: bool,
-    pub block: SandboxBlock,
+    /// The AIP-36 block as written, as JSON (shown by the admin API; everything in it but the
+    /// network part is the runtime's). Text, not the parsed block: one small allocation per
+    /// sandbox instead of a kilobyte of mostly empty fields.
+    pub block_json: Arc<str>,
     pub network: NetworkSpec,
     /// The file the policy block lives in (the config file, or the referenced SANDBOX.md).
     pub policy_file: Arc<str>,

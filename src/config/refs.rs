@@ -13,7 +13,7 @@ use super::error::{ConfigError, Sink};
 use crate::policy::NetworkSpec;
 
 /// Standalone policies found in `sandbox_dirs`, by id.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub struct PolicyIndex {
     by_id: HashMap<String, (SandboxBlock, NetworkSpec, Arc<str>)>,
 }

@@ -6,6 +6,7 @@
 //! address guard. The reason reported is the first step that refused. Report mode relaxes the
 //! allowlist steps only; the guard always applies. This module does no I/O.
 
+mod compact_map;
 pub mod decision;
 pub mod entry;
 pub mod name_matcher;
@@ -23,7 +24,7 @@ use crate::guard::{address_forms, Guard, GuardVerdict};
 use crate::target::{Host, Target};
 pub use decision::{Decision, Reason, Verdict};
 use entry::{Entry, HostPattern};
-use name_matcher::NameMatcher;
+use name_matcher::{NameMatcher, NameMatcherBuilder};
 use ports::PortSet;
 
 /// `network.mode` (seed-002 compatible).
@@ -102,7 +103,7 @@ pub struct Rule {
 }
 
 /// The network part of a sandbox, parsed and ready to compile.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NetworkSpec {
     pub mode: Mode,
     /// (entry text, parsed entry) in file order.
@@ -131,6 +132,7 @@ impl RuleSet {
             match_embedded: list == ListKind::Deny,
             ..RuleSet::default()
         };
+        let mut names = NameMatcherBuilder::default();
         for (index, (text, entry)) in entries.iter().enumerate() {
             // Deny rules without a port refuse every port; egress rules get the defaults.
             let ports = match (&entry.ports, list) {
@@ -149,16 +151,16 @@ impl RuleSet {
                 },
             });
             match &entry.host {
-                HostPattern::Exact(n) => set.names.add_exact(n, rule),
-                HostPattern::Subdomains(s) => set.names.add_suffix(s, false, rule),
-                HostPattern::ApexAndSubdomains(s) => set.names.add_suffix(s, true, rule),
+                HostPattern::Exact(n) => names.add_exact(n, rule),
+                HostPattern::Subdomains(s) => names.add_suffix(s, false, rule),
+                HostPattern::ApexAndSubdomains(s) => names.add_suffix(s, true, rule),
                 HostPattern::Glob {
                     pattern,
                     fixed_suffix,
-                } => set.names.add_glob(pattern, fixed_suffix, rule),
+                } => names.add_glob(pattern, fixed_suffix, rule),
                 HostPattern::Net(net) => set.addrs.insert(*net, rule),
                 HostPattern::Localhost => {
-                    set.names.add_exact("localhost", rule.clone());
+                    names.add_exact("localhost", rule.clone());
                     set.addrs.insert(
                         IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(127, 0, 0, 0), 8)),
                         rule.clone(),
@@ -168,7 +170,8 @@ impl RuleSet {
                 }
             }
         }
-        set.names.finish()?;
+        set.names = names.build()?;
+        set.addrs.shrink_to_fit();
         Ok(set)
     }
 

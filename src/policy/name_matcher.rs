@@ -7,25 +7,36 @@ use std::sync::Arc;
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
+use super::compact_map::CompactMap;
 use super::Rule;
 
-/// Name rules of one list (egress or deny) of one sandbox.
+/// The rules under one wildcard suffix: (rule, matches the apex too).
+type SuffixRules = Box<[(Arc<Rule>, bool)]>;
+
+/// Name rules of one list (egress or deny) of one sandbox, compiled (read-only).
 #[derive(Debug, Default)]
 pub struct NameMatcher {
     /// Exact names.
-    exact: HashMap<Box<str>, Vec<Arc<Rule>>>,
+    exact: CompactMap<Box<[Arc<Rule>]>>,
     /// Wildcard suffixes: (rule, matches the apex too) — `*.x` is `false`, `**.x` is `true`.
-    suffix: HashMap<Box<str>, Vec<(Arc<Rule>, bool)>>,
+    suffix: CompactMap<SuffixRules>,
     /// Globs keyed by the labels after their last wildcard.
-    globs: HashMap<Box<str>, GlobBucket>,
-    /// Globs still being collected (pattern in path form, rule), keyed like `globs`.
-    pending: HashMap<Box<str>, Vec<(String, Arc<Rule>)>>,
+    globs: CompactMap<GlobBucket>,
 }
 
 #[derive(Debug)]
 struct GlobBucket {
     set: GlobSet,
     rules: Vec<Arc<Rule>>,
+}
+
+/// Collects one list's name rules, then compiles them into a [`NameMatcher`].
+#[derive(Debug, Default)]
+pub struct NameMatcherBuilder {
+    exact: HashMap<Box<str>, Vec<Arc<Rule>>>,
+    suffix: HashMap<Box<str>, Vec<(Arc<Rule>, bool)>>,
+    /// Globs (pattern in path form, rule), keyed by their fixed suffix.
+    globs: HashMap<Box<str>, Vec<(String, Arc<Rule>)>>,
 }
 
 /// The best matches for a name: the first rule that also allows the port, and the first
@@ -49,7 +60,7 @@ impl<'a> NameHit<'a> {
     }
 }
 
-impl NameMatcher {
+impl NameMatcherBuilder {
     pub fn add_exact(&mut self, name: &str, rule: Arc<Rule>) {
         self.exact.entry(name.into()).or_default().push(rule);
     }
@@ -62,32 +73,43 @@ impl NameMatcher {
     }
 
     pub fn add_glob(&mut self, pattern: &str, fixed_suffix: &str, rule: Arc<Rule>) {
-        self.pending
+        self.globs
             .entry(fixed_suffix.into())
             .or_default()
             .push((pattern.replace('.', "/"), rule));
     }
 
-    /// Build the glob sets; call once after adding every rule.
-    pub fn finish(&mut self) -> Result<(), globset::Error> {
-        for (suffix, globs) in std::mem::take(&mut self.pending) {
+    /// Build the glob sets and freeze everything, sized to fit.
+    pub fn build(self) -> Result<NameMatcher, globset::Error> {
+        let mut globs = HashMap::with_capacity(self.globs.len());
+        for (suffix, patterns) in self.globs {
             let mut builder = GlobSetBuilder::new();
-            let mut rules = Vec::with_capacity(globs.len());
-            for (pattern, rule) in globs {
+            let mut rules = Vec::with_capacity(patterns.len());
+            for (pattern, rule) in patterns {
                 builder.add(GlobBuilder::new(&pattern).literal_separator(true).build()?);
                 rules.push(rule);
             }
-            self.globs.insert(
-                suffix,
-                GlobBucket {
-                    set: builder.build()?,
-                    rules,
-                },
-            );
+            let set = builder.build()?;
+            globs.insert(suffix, GlobBucket { set, rules });
         }
-        Ok(())
+        Ok(NameMatcher {
+            exact: frozen(self.exact),
+            suffix: frozen(self.suffix),
+            globs: CompactMap::from(globs),
+        })
     }
+}
 
+/// A builder's lists, frozen: each boxed to fit.
+fn frozen<T>(m: HashMap<Box<str>, Vec<T>>) -> CompactMap<Box<[T]>> {
+    CompactMap::from(
+        m.into_iter()
+            .map(|(k, v)| (k, v.into_boxed_slice()))
+            .collect::<HashMap<_, _>>(),
+    )
+}
+
+impl NameMatcher {
     /// Match a normalised name. Order of preference: exact, then the longest wildcard
     /// suffix, then globs.
     pub fn lookup(&self, name: &str, port: u16) -> NameHit<'_> {
@@ -164,7 +186,7 @@ mod tests {
     #[test]
     fn exact_suffix_and_glob() {
         let p443 = PortSet::parse("443").unwrap();
-        let mut m = NameMatcher::default();
+        let mut m = NameMatcherBuilder::default();
         m.add_exact("api.example.com", rule("api.example.com", p443.clone()));
         m.add_suffix("example.org", false, rule("*.example.org", p443.clone()));
         m.add_suffix("example.net", true, rule("**.example.net", p443.clone()));
@@ -178,7 +200,7 @@ mod tests {
             "example.io",
             rule("a.**.example.io", p443.clone()),
         );
-        m.finish().unwrap();
+        let m = m.build().unwrap();
         let yes = |n: &str| m.lookup(n, 443).with_port.map(|r| r.text.clone());
         assert_eq!(yes("api.example.com").as_deref(), Some("api.example.com"));
         assert_eq!(yes("x.api.example.com"), None);
