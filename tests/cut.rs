@@ -171,13 +171,7 @@ fn endless_upload(p: &Proxy, origin: &Origin) -> (usize, std::thread::JoinHandle
         tok()
     )
     .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut byte).unwrap();
-        head.push(byte[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 200"));
+    assert!(read_head(&mut s).starts_with(b"HTTP/1.1 200"));
     let request = format!(
         "POST /upload HTTP/1.1\r\nHost: api.test\r\nContent-Length: {}\r\n\r\n",
         1u64 << 40

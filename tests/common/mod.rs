@@ -599,6 +599,17 @@ fn dns_answer(q: &[u8], names: &HashMap<String, Ipv4Addr>) -> Option<Vec<u8>> {
     Some(r)
 }
 
+/// Read a response head (through the blank line) byte by byte, leaving the rest unread.
+pub fn read_head(s: &mut TcpStream) -> Vec<u8> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    head
+}
+
 /// A CONNECT tunnel through `proxy` to the plain-HTTP `origin`'s `/big` (as `big.test`, with
 /// `Proxy-Authorization: auth` when given) whose client never reads on its own: its receive
 /// buffer is 4 KiB, so the proxy's writes towards it block soon. The caller decides whether
@@ -624,12 +635,7 @@ pub fn stalled_download(proxy: SocketAddr, origin: &Origin, auth: Option<&str>) 
         origin.addr.port()
     )
     .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut byte).unwrap();
-        head.push(byte[0]);
-    }
+    let head = read_head(&mut s);
     assert!(
         head.starts_with(b"HTTP/1.1 200"),
         "{}",
