@@ -254,6 +254,22 @@ async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     let _ = s.shutdown().await;
 }
 
+impl Origin {
+    /// After a cut: let bytes already handed to the kernel land (300 ms), then check that
+    /// nothing more reaches `/upload` for `quiet`. Returns what had arrived.
+    pub fn assert_nothing_more_arrives(&self, quiet: Duration) -> u64 {
+        std::thread::sleep(Duration::from_millis(300));
+        let at_cut = self.received.load(Ordering::SeqCst);
+        std::thread::sleep(quiet);
+        assert_eq!(
+            self.received.load(Ordering::SeqCst),
+            at_cut,
+            "upload bytes kept reaching the origin after the cut"
+        );
+        at_cut
+    }
+}
+
 /// The real proxy binary, running.
 pub struct Proxy {
     pub proxy: SocketAddr,
