@@ -14,9 +14,8 @@
 //! `spawn_blocking`), never on a data-plane worker.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -27,6 +26,7 @@ use crate::policy_set::{Changes, PolicySet, Scope};
 use crate::resolve::Resolver;
 use crate::sandbox_id::SandboxId;
 use crate::shared::Shared;
+use crate::state_store::{StateStore, LOG_FILE};
 
 /// A sandbox registered through the API: the binding and its body (canonical JSON).
 #[derive(Clone)]
@@ -40,6 +40,11 @@ struct Registered {
 struct State {
     config: Config,
     runtime: BTreeMap<String, Registered>,
+    /// Restored registrations that are not in force (invalid under this configuration, or
+    /// clashing with a file-defined id): kept in the log, reported, retried at the next start.
+    unparsed: BTreeMap<String, String>,
+    /// The `state_dir` log, opened by [`Controller::restore`]; or why it could not be.
+    store: Result<Option<StateStore>, String>,
     /// (path, modified, length) of every file the configuration was read from.
     fingerprint: Vec<(PathBuf, Option<(SystemTime, u64)>)>,
 }
@@ -96,6 +101,11 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
         "runtime.max_binding_bytes",
         old.runtime.max_binding_bytes != new.runtime.max_binding_bytes,
     );
+    check("state_dir", old.state_dir != new.state_dir);
+    check(
+        "runtime.state_sync_ms",
+        old.runtime.state_sync != new.runtime.state_sync,
+    );
     check(
         "defaults.timeouts",
         old.defaults.timeouts != new.defaults.timeouts,
@@ -141,6 +151,8 @@ impl Controller {
             state: Mutex::new(State {
                 config,
                 runtime: BTreeMap::new(),
+                unparsed: BTreeMap::new(),
+                store: Ok(None),
                 fingerprint: fp,
             }),
         }
@@ -180,83 +192,66 @@ impl Controller {
         self.shared.policy.publish(set, scope).version().to_string()
     }
 
-    /// Restore API-registered sandboxes from `state_dir` (at start). A corrupt or invalid file
-    /// is reported and skipped; the others load.
+    /// Restore API-registered sandboxes from the `state_dir` log (at start) and keep the log
+    /// open for the changes to come. A corrupt line or an invalid registration is reported and
+    /// skipped, never fatal to the others; the set is compiled and published once.
     pub fn restore(&self) -> Vec<String> {
         let mut problems = Vec::new();
-        let Ok(mut st) = self.state.lock() else {
+        let Ok(mut guard) = self.state.lock() else {
             return problems;
         };
+        let st = &mut *guard;
         let Some(dir) = st.config.state_dir.clone() else {
             return problems;
         };
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return problems,
+        let (store, restored) = match StateStore::open(&dir, st.config.runtime.state_sync) {
+            Ok(x) => x,
             Err(e) => {
-                problems.push(format!("state_dir {}: {e}", dir.display()));
+                let why = format!("state_dir {}: {e}", dir.display());
+                problems.push(why.clone());
+                st.store = Err(why);
                 return problems;
             }
         };
-        let mut paths: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "json"))
-            .collect();
-        paths.sort();
-        // Each file is parsed and its policy compiled once, on its own; the whole set is
-        // compiled and published once at the end (linear in the number of files).
+        st.store = Ok(Some(store));
+        problems.extend(restored.problems);
+        // Each registration is parsed and its policy compiled once, on its own; the whole set
+        // is compiled and published once at the end (linear in the number of registrations).
         let file_ids: std::collections::HashSet<&str> =
             st.config.bindings.iter().map(|b| b.id.as_str()).collect();
         let mut runtime = st.runtime.clone();
-        for p in paths {
-            let id = p
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let text = match std::fs::read_to_string(&p) {
-                Ok(t) => t,
-                Err(e) => {
-                    problems.push(format!("{}: {e}", p.display()));
-                    continue;
+        for (id, text) in restored.entries {
+            let what = format!("{} (sandbox {id})", dir.join(LOG_FILE).display());
+            let problem = if file_ids.contains(id.as_str()) {
+                Some(format!(
+                    "{what}: skipped: sandbox {id} is defined in {}",
+                    st.config.origin
+                ))
+            } else {
+                match st.config.parse_runtime_binding(&text, &what, &id) {
+                    Err(errs) => Some(format!("{what}: skipped: {errs}")),
+                    Ok((binding, json)) => {
+                        match crate::policy::CompiledPolicy::compile(
+                            &binding.id,
+                            &binding.policy_file,
+                            &binding.network,
+                            binding.enforcement,
+                            &st.config.defaults.ports,
+                        ) {
+                            Err(e) => Some(format!("{what}: skipped: cannot compile: {e}")),
+                            Ok(_) => {
+                                let binding = Arc::new(binding);
+                                runtime.insert(id.clone(), Registered { binding, json });
+                                None
+                            }
+                        }
+                    }
                 }
             };
-            let (binding, json) =
-                match st
-                    .config
-                    .parse_runtime_binding(&text, &p.display().to_string(), &id)
-                {
-                    Ok(x) => x,
-                    Err(errs) => {
-                        problems.push(format!("{}: skipped: {errs}", p.display()));
-                        continue;
-                    }
-                };
-            if file_ids.contains(id.as_str()) {
-                problems.push(format!(
-                    "{}: skipped: sandbox {id} is defined in {}",
-                    p.display(),
-                    st.config.origin
-                ));
-                continue;
+            if let Some(p) = problem {
+                problems.push(p);
+                st.unparsed.insert(id, text);
             }
-            let compiled = crate::policy::CompiledPolicy::compile(
-                &binding.id,
-                &binding.policy_file,
-                &binding.network,
-                binding.enforcement,
-                &st.config.defaults.ports,
-            );
-            if let Err(e) = compiled {
-                problems.push(format!("{}: skipped: cannot compile: {e}", p.display()));
-                continue;
-            }
-            runtime.insert(
-                id,
-                Registered {
-                    binding: Arc::new(binding),
-                    json,
-                },
-            );
         }
         match self.compile(&st.config, &runtime) {
             Ok((set, changes)) => {
@@ -400,11 +395,13 @@ impl Controller {
                 self.count(false);
                 ChangeError::Failed(e.to_string())
             })?;
-        if let Some(dir) = &st.config.state_dir {
-            persist(dir, id, &json).map_err(|e| {
-                ChangeError::Failed(format!("cannot persist to {}: {e}", dir.display()))
-            })?;
+        let new_in_log = !st.runtime.contains_key(id) && !st.unparsed.contains_key(id);
+        if let Some(store) = store_of(&mut st)? {
+            store
+                .put(id, &json, new_in_log)
+                .map_err(|e| ChangeError::Failed(format!("cannot persist to state_dir: {e}")))?;
         }
+        st.unparsed.remove(id);
         // New `sources` could take addresses from clients identified as the default sandbox:
         // then every exchange re-checks. Otherwise only this sandbox's exchanges can change.
         let scope = if binding.sources.is_empty() {
@@ -418,6 +415,7 @@ impl Controller {
             .is_none();
         self.publish(set, scope);
         self.count(true);
+        compact_if_due(&mut st);
         tracing::info!(sandbox = id, created, "sandbox registered");
         Ok(created)
     }
@@ -429,6 +427,17 @@ impl Controller {
         let Ok(mut st) = self.state.lock() else {
             return Err(ChangeError::Failed("lock poisoned".into()));
         };
+        if !st.runtime.contains_key(id) && st.unparsed.contains_key(id) {
+            // Restored but never in force: only the log holds it.
+            if let Some(store) = store_of(&mut st)? {
+                store.delete(id).map_err(|e| {
+                    ChangeError::Failed(format!("cannot persist to state_dir: {e}"))
+                })?;
+            }
+            st.unparsed.remove(id);
+            tracing::info!(sandbox = id, "restored registration removed");
+            return Ok(0);
+        }
         if !st.runtime.contains_key(id) {
             if st.config.bindings.iter().any(|b| b.id == id) {
                 return Err(ChangeError::Conflict(format!(
@@ -440,16 +449,10 @@ impl Controller {
         }
         let current = self.shared.policy.load();
         let set = current.without(id);
-        if let Some(dir) = &st.config.state_dir {
-            match std::fs::remove_file(dir.join(format!("{id}.json"))) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(ChangeError::Failed(format!(
-                        "cannot remove the state file: {e}"
-                    )))
-                }
-            }
+        if let Some(store) = store_of(&mut st)? {
+            store
+                .delete(id)
+                .map_err(|e| ChangeError::Failed(format!("cannot persist to state_dir: {e}")))?;
         }
         st.runtime.remove(id);
         let open = current
@@ -458,6 +461,7 @@ impl Controller {
             .unwrap_or(0);
         self.publish(set, Scope::Sandboxes(std::slice::from_ref(&sid)));
         self.count(true);
+        compact_if_due(&mut st);
         tracing::info!(sandbox = id, revoked = open, "sandbox removed");
         Ok(open)
     }
@@ -486,6 +490,15 @@ impl Controller {
             })
             .collect();
         json!({ "policy_version": set.version(), "sandboxes": items })
+    }
+
+    /// Make every `state_dir` write durable now (at shutdown, in the batched mode).
+    pub fn flush_state(&self) {
+        if let Ok(st) = self.state.lock() {
+            if let Ok(Some(store)) = &st.store {
+                store.flush();
+            }
+        }
     }
 
     /// `GET /v1/sandboxes/{id}`
@@ -520,6 +533,41 @@ impl Controller {
     }
 }
 
+/// The `state_dir` log to record a change in: `None` without a `state_dir`; an error when
+/// one is configured but could not be opened (the change is refused rather than not kept).
+fn store_of(st: &mut State) -> Result<Option<&mut StateStore>, ChangeError> {
+    match &mut st.store {
+        Ok(store) => Ok(store.as_mut()),
+        Err(why) => Err(ChangeError::Failed(format!(
+            "state_dir is not available ({why}); changes cannot be kept"
+        ))),
+    }
+}
+
+/// Rewrite the log when superseded lines dominate (amortised O(1) per change). A failure is
+/// logged: every change is already in the log, only its size is at stake.
+fn compact_if_due(st: &mut State) {
+    let State {
+        store,
+        runtime,
+        unparsed,
+        ..
+    } = st;
+    let Ok(Some(store)) = store else {
+        return;
+    };
+    if !store.due() {
+        return;
+    }
+    let live = runtime
+        .iter()
+        .map(|(id, r)| (id.as_str(), r.json.as_str()))
+        .chain(unparsed.iter().map(|(id, t)| (id.as_str(), t.as_str())));
+    if let Err(e) = store.compact(live) {
+        tracing::error!(error = %e, "cannot compact the state_dir log");
+    }
+}
+
 /// A `sources` range of `binding` that overlaps a range of another sandbox: a registration
 /// may not take over (or carve out) another sandbox's addresses.
 fn overlapping_source(st: &State, id: &str, binding: &Binding) -> Option<String> {
@@ -547,18 +595,4 @@ fn overlapping_source(st: &State, id: &str, binding: &Binding) -> Option<String>
         }
     }
     None
-}
-
-/// Write `state_dir/<id>.json`: temp file, fsync, rename, fsync the directory.
-fn persist(dir: &Path, id: &str, json: &str) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".{id}.json.tmp"));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(json.as_bytes())?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, dir.join(format!("{id}.json")))?;
-    std::fs::File::open(dir)?.sync_all()
 }

@@ -71,6 +71,7 @@ mod shaped_body;
 mod shared;
 pub mod sni;
 mod splice;
+mod state_store;
 pub mod target;
 mod transparent;
 mod tunnel;

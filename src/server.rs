@@ -210,6 +210,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         shared.phase.send_replace(Phase::Stopping);
         let _ = tokio::time::timeout(Duration::from_secs(2), cap.acquire_many(all)).await;
     }
+    control.flush_state();
     // The audit sink may be stuck (a pipe nobody reads): never wait for it forever.
     let lost = shared.sink.log.close(AUDIT_CLOSE_WAIT);
     if lost > 0 {

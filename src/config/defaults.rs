@@ -55,6 +55,7 @@ pub const ADMISSION: Admission = Admission {
 pub const RUNTIME: RuntimeLimits = RuntimeLimits {
     max_sandboxes: 100_000,
     max_binding_bytes: 64 * 1024,
+    state_sync: Duration::ZERO,
 };
 
 pub(super) fn resolve_limits(raw: &RawLimits, base: Option<&Limits>) -> Limits {
@@ -297,7 +298,18 @@ pub(super) fn resolve_runtime(raw: RawRuntime, sink: &mut Sink<'_>) -> RuntimeLi
     let r = RuntimeLimits {
         max_sandboxes: raw.max_sandboxes.unwrap_or(RUNTIME.max_sandboxes),
         max_binding_bytes: raw.max_binding_bytes.unwrap_or(RUNTIME.max_binding_bytes),
+        state_sync: raw
+            .state_sync_ms
+            .map(Duration::from_millis)
+            .unwrap_or(RUNTIME.state_sync),
     };
+    if r.state_sync > Duration::from_secs(10) {
+        sink.top(
+            "runtime.state_sync_ms",
+            "must be from 0 (sync every write) to 10000",
+            Some("state_sync_ms"),
+        );
+    }
     if r.max_binding_bytes == 0 || r.max_binding_bytes > 16 * 1024 * 1024 {
         sink.top(
             "runtime.max_binding_bytes",

@@ -176,6 +176,9 @@ pub struct RuntimeLimits {
     pub max_sandboxes: usize,
     /// Largest `PUT /v1/sandboxes/{id}` body.
     pub max_binding_bytes: usize,
+    /// `state_sync_ms`: zero syncs every `state_dir` write before answering; otherwise writes
+    /// are flushed together at most this often ([`crate::state_store`]).
+    pub state_sync: Duration,
 }
 
 /// A fully loaded configuration.

@@ -232,6 +232,7 @@ pub struct RawAdmission {
 pub struct RawRuntime {
     pub max_sandboxes: Option<usize>,
     pub max_binding_bytes: Option<usize>,
+    pub state_sync_ms: Option<u64>,
 }
 
 /// `auth:` of a binding: exactly one token form; never a plaintext token.

@@ -538,6 +538,44 @@ pub fn admin_req(
     (status, body)
 }
 
+/// One admin request on a keep-alive connection (as a runtime sends them); returns the
+/// status and leaves the connection ready for the next request.
+pub fn keep_alive_request(
+    s: &mut BufReader<TcpStream>,
+    method: &str,
+    path: &str,
+    body: &str,
+    token: &str,
+) -> u16 {
+    // One write: a request split across writes would wait on Nagle and delayed ACKs.
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.get_mut().write_all(request.as_bytes()).unwrap();
+    let mut status_line = String::new();
+    s.read_line(&mut status_line).unwrap();
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        if s.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().unwrap();
+            }
+        }
+    }
+    let mut rest = vec![0u8; length];
+    s.read_exact(&mut rest).unwrap();
+    status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A DNS server on 127.0.0.1 (UDP) that answers A queries for the names it knows after
 /// `delay` (AAAA and other types: no records; unknown names: NXDOMAIN). Counts the queries
 /// it received. Enough of RFC 1035 for a resolver to accept the answers, nothing more.
