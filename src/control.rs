@@ -520,6 +520,8 @@ impl Controller {
             "enforcement": b.enforcement.as_str(),
             "limits": b.limits,
             "strict_sni_dst": b.strict_sni_dst,
+            "require_tls_ports": &*b.require_tls_ports,
+            "refuse_ech": b.refuse_ech,
             "network": {
                 "mode": b.network.mode.as_str(),
                 "egress": b.network.egress.iter().map(|(t, _)| t).collect::<Vec<_>>(),

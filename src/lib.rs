@@ -50,6 +50,7 @@ mod forward;
 pub mod guard;
 mod hostname;
 mod identity;
+pub mod inspect;
 pub mod limits;
 mod metrics;
 #[allow(unsafe_code)]

@@ -423,7 +423,10 @@ fn hash_binding(h: &mut Sha256, b: &Binding) {
         h.update(b"-");
         h.update(text.as_bytes());
     }
-    h.update(format!("{:?}{}", b.limits, b.strict_sni_dst));
+    h.update(format!(
+        "{:?}{}{:?}{}",
+        b.limits, b.strict_sni_dst, b.require_tls_ports, b.refuse_ech
+    ));
 }
 
 #[cfg(test)]

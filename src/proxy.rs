@@ -26,7 +26,9 @@ use crate::body::{self, Body};
 use crate::deny::{self, Refusal};
 use crate::egress;
 use crate::identity::{self, identify};
-use crate::policy::Decision;
+use crate::inspect::{self, FirstBytes};
+use crate::peek::Peeked;
+use crate::policy::{Decision, Enforcement, Verdict};
 use crate::policy_set::Sandbox;
 use crate::reason::Reason;
 use crate::resolve::ResolveError;
@@ -365,8 +367,8 @@ fn read_target(req: &Request<Incoming>) -> Result<Target, &'static str> {
         .map_err(|_| "URI host is not a valid host name or IP literal")
 }
 
-/// Answer 200 and relay the upgraded connection in its own task until it ends, is revoked,
-/// idles out or is shut down.
+/// Answer 200 and, in its own task, check the tunnel's first bytes ([`crate::inspect`]) and
+/// relay it until it ends, is revoked, idles out or is shut down.
 fn tunnel(conn: &ClientConn, req: Request<Incoming>, allowed: Allowed) -> Response<Body> {
     let shared = conn.shared.clone();
     let permit = conn.permit.lock().ok().and_then(|mut p| p.take());
@@ -377,7 +379,7 @@ fn tunnel(conn: &ClientConn, req: Request<Incoming>, allowed: Allowed) -> Respon
         dialed,
         slot,
     } = allowed;
-    audit.open();
+    let target = grant.target.clone();
     let stop = shared.watch(grant).stopped();
     tokio::spawn(async move {
         let _active = sandbox.stats(shared.metrics()).active();
@@ -385,8 +387,13 @@ fn tunnel(conn: &ClientConn, req: Request<Incoming>, allowed: Allowed) -> Respon
             Ok(upgraded) => {
                 let limiter = slot.limiter();
                 let shaper = limiter.shapes().then_some(&**limiter);
-                let idle = shared.settings.timeouts.idle;
-                relay_upgraded(upgraded, dialed.stream, idle, stop, shaper).await
+                let start = TunnelStart {
+                    shared: &shared,
+                    sandbox: &sandbox,
+                    target: &target,
+                    server: dialed.stream,
+                };
+                relay_upgraded(upgraded, start, &mut audit, stop, shaper).await
             }
             Err(_) => Relayed::nothing(Close::Error),
         };
@@ -401,39 +408,88 @@ fn tunnel(conn: &ClientConn, req: Request<Incoming>, allowed: Allowed) -> Respon
         .unwrap_or_else(|_| Response::new(body::empty()))
 }
 
+/// What a tunnel starts from, besides the client.
+struct TunnelStart<'a> {
+    shared: &'a Shared,
+    sandbox: &'a Sandbox,
+    target: &'a Target,
+    /// The dialled destination.
+    server: TcpStream,
+}
+
 /// Relay a CONNECT tunnel: the client socket is recovered from hyper (with any bytes it had
-/// already buffered sent first), so that both ends are plain TCP sockets — zero-copy when
-/// unshaped, and abortable on revocation.
+/// already buffered), its first bytes are read and verified before anything reaches the
+/// destination (a refusal resets both sockets), replayed, and the two plain TCP sockets are
+/// relayed — zero-copy when unshaped, and abortable on revocation.
 async fn relay_upgraded<F>(
     upgraded: hyper::upgrade::Upgraded,
-    mut server: TcpStream,
-    idle: std::time::Duration,
+    start: TunnelStart<'_>,
+    audit: &mut AuditGuard,
     stop: F,
     shaper: Option<&crate::limits::SandboxLimiter>,
 ) -> Relayed
 where
     F: std::future::Future<Output = Close>,
 {
-    match upgraded.downcast::<TokioIo<Abortable>>() {
-        Ok(parts) => {
-            let Some(client) = parts.io.into_inner().into_inner() else {
-                return Relayed::nothing(Close::Error);
-            };
-            let early = parts.read_buf;
-            if !early.is_empty()
-                && tokio::io::AsyncWriteExt::write_all(&mut server, &early)
-                    .await
-                    .is_err()
-            {
-                return Relayed::nothing(Close::Error);
-            }
-            let mut r = crate::tunnel::relay_tcp(client, server, idle, stop, shaper).await;
-            r.up += early.len() as u64;
-            r
-        }
-        // Not a plain TCP connection underneath (never the case for this listener today).
-        Err(upgraded) => {
-            crate::tunnel::relay(TokioIo::new(upgraded), server, idle, stop, shaper).await
+    let TunnelStart {
+        shared,
+        sandbox,
+        target,
+        mut server,
+    } = start;
+    // Always a plain TCP connection underneath on this listener.
+    let Ok(parts) = upgraded.downcast::<TokioIo<Abortable>>() else {
+        audit.detail("the upgraded connection is not a TCP socket");
+        return Relayed::nothing(Close::Error);
+    };
+    let Some(mut client) = parts.io.into_inner().into_inner() else {
+        return Relayed::nothing(Close::Error);
+    };
+    tokio::pin!(stop);
+    let wait = shared.settings.timeouts.header;
+    let early = parts.read_buf.to_vec();
+    let inspected = tokio::select! {
+        r = inspect::read_first_bytes(&mut client, &mut server, early, wait) => match r {
+            Ok(i) => i,
+            Err(_) => return Relayed::nothing(Close::Error),
+        },
+        close = &mut stop => return Relayed::nothing(close),
+    };
+    if let FirstBytes::Client(Peeked::Tls(hello)) = &inspected.first {
+        audit.client_hello(hello.sni.as_deref(), &hello.alpn, hello.ech);
+    }
+    let b = &sandbox.binding;
+    let rules = inspect::Rules {
+        require_tls: b.require_tls_ports.contains(&target.port),
+        refuse_ech: b.refuse_ech,
+    };
+    if let Err(m) = inspect::verify(target, &inspected.first, rules) {
+        audit.detail(m.detail);
+        if b.enforcement == Enforcement::Report {
+            audit.decision(&Decision {
+                verdict: Verdict::Report,
+                reason: m.reason,
+                rule: None,
+            });
+        } else {
+            audit.decision(&Decision::deny(m.reason, None));
+            // Nothing of the tunnel reaches the destination; both sides are reset.
+            let _ = client.set_zero_linger();
+            let _ = server.set_zero_linger();
+            return Relayed::nothing(Close::Eof);
         }
     }
+    audit.open();
+    // Replay what was read, each in its direction, then relay.
+    use tokio::io::AsyncWriteExt;
+    if server.write_all(&inspected.client).await.is_err()
+        || client.write_all(&inspected.server).await.is_err()
+    {
+        return Relayed::nothing(Close::Error);
+    }
+    let mut r =
+        crate::tunnel::relay_tcp(client, server, shared.settings.timeouts.idle, stop, shaper).await;
+    r.up += inspected.client.len() as u64;
+    r.down += inspected.server.len() as u64;
+    r
 }

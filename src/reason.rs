@@ -34,11 +34,19 @@ pub enum Reason {
     /// Transparent mode with `strict_sni_dst`: the client's original destination is not an
     /// address of the name it sent (SNI / Host).
     DestinationMismatch,
+    /// A tunnel's first bytes are not what its port requires (TLS on `require_tls_ports`), or
+    /// its ClientHello carries ECH and the sandbox has `refuse_ech`.
+    ProtocolNotAllowed,
+    /// A tunnel's TLS ClientHello names another host (or none) than its `CONNECT` target.
+    SniMismatch,
+    /// A plain-HTTP request in a tunnel or on a transparent connection names another host
+    /// than the one the connection was decided for.
+    HostMismatch,
 }
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 23] = [
         Reason::RuleMatched,
         Reason::AllowAllMode,
         Reason::NoRuleMatched,
@@ -59,6 +67,9 @@ impl Reason {
         Reason::ConnectionTimeout,
         Reason::ConnectionRefused,
         Reason::DestinationMismatch,
+        Reason::ProtocolNotAllowed,
+        Reason::SniMismatch,
+        Reason::HostMismatch,
     ];
 
     /// The stable code used in audit records, metrics and `Proxy-Status` details.
@@ -84,6 +95,9 @@ impl Reason {
             Reason::ConnectionTimeout => "connection_timeout",
             Reason::ConnectionRefused => "connection_refused",
             Reason::DestinationMismatch => "destination_mismatch",
+            Reason::ProtocolNotAllowed => "protocol_not_allowed",
+            Reason::SniMismatch => "sni_mismatch",
+            Reason::HostMismatch => "host_mismatch",
         }
     }
 
@@ -97,6 +111,9 @@ impl Reason {
             | Reason::PortNotAllowed
             | Reason::DestinationIpProhibited
             | Reason::DestinationMismatch
+            | Reason::ProtocolNotAllowed
+            | Reason::SniMismatch
+            | Reason::HostMismatch
             | Reason::ProxyLoop => 403,
             Reason::InvalidTarget => 400,
             Reason::AuthRequired | Reason::AuthFailed | Reason::UnknownSandbox => 407,
@@ -116,7 +133,10 @@ impl Reason {
             | Reason::PortNotAllowed
             | Reason::AuthRequired
             | Reason::AuthFailed
-            | Reason::UnknownSandbox => "http_request_denied",
+            | Reason::UnknownSandbox
+            | Reason::ProtocolNotAllowed
+            | Reason::SniMismatch
+            | Reason::HostMismatch => "http_request_denied",
             Reason::DestinationIpProhibited | Reason::DestinationMismatch => {
                 "destination_ip_prohibited"
             }
@@ -131,8 +151,9 @@ impl Reason {
         }
     }
 
-    /// Whether report mode may let this refusal through: only allowlist decisions, never
-    /// identity, the address guard, malformed targets or operational failures.
+    /// Whether report mode may let this refusal through: only allowlist decisions and what
+    /// flows through a tunnel, never identity, the address guard, malformed targets or
+    /// operational failures.
     pub fn reportable(self) -> bool {
         matches!(
             self,
@@ -140,6 +161,9 @@ impl Reason {
                 | Reason::DeniedByRule
                 | Reason::DenyAllMode
                 | Reason::PortNotAllowed
+                | Reason::ProtocolNotAllowed
+                | Reason::SniMismatch
+                | Reason::HostMismatch
         )
     }
 

@@ -249,11 +249,20 @@ fn a_reload_between_decision_and_dial_still_revokes_the_tunnel() {
     reload(&p);
     // DNS answers, the proxy dials and opens the tunnel under the old decision — and the
     // tunnel must notice at once that the policy moved.
-    let open = p.wait_audit("open", |r| r["target_host"] == "late.test");
+    // (It may be revoked while its first bytes are still being read: then nothing was ever
+    // relayed and there is no `open` record.)
     let end = p.wait_record(|r| r["target_host"] == "late.test");
     assert_eq!(end["close"], "revoked", "{end}");
-    let lived = end["duration_ms"].as_u64().unwrap() - open["duration_ms"].as_u64().unwrap();
-    assert!(lived < 1000, "the tunnel lived {lived} ms after it opened");
+    let open = p
+        .audit_records()
+        .into_iter()
+        .find(|r| r["event"] == "open" && r["target_host"] == "late.test");
+    if let Some(open) = open {
+        let lived = end["duration_ms"].as_u64().unwrap() - open["duration_ms"].as_u64().unwrap();
+        assert!(lived < 1000, "the tunnel lived {lived} ms after it opened");
+    }
+    // Either way the tunnel ended within a second of the 1.5 s DNS answer.
+    assert!(end["duration_ms"].as_u64().unwrap() < 1500 + 1000, "{end}");
     let out = client.join().unwrap();
     assert_ne!(out.code, 0, "the download completed");
 }

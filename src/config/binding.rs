@@ -234,6 +234,10 @@ pub(super) fn build_binding(
         Some(&ctx.defaults.limits),
     );
     check_limits(&limits, sb, "limits", sink, line);
+    let require_tls_ports = match &raw.require_tls_ports {
+        Some(ports) => super::defaults::tls_ports(ports, "require_tls_ports", sb, line, sink),
+        None => ctx.defaults.require_tls_ports.clone(),
+    };
     let (block, network, policy_file, policy_ref) = policy?;
     if sink.errors.len() > before {
         return None;
@@ -246,6 +250,8 @@ pub(super) fn build_binding(
         enforcement: raw.enforcement.unwrap_or(ctx.defaults.enforcement),
         limits,
         strict_sni_dst: raw.strict_sni_dst.unwrap_or(ctx.defaults.strict_sni_dst),
+        require_tls_ports,
+        refuse_ech: raw.refuse_ech.unwrap_or(ctx.defaults.refuse_ech),
         block_json: serde_json::to_string(&block).unwrap_or_default().into(),
         network,
         policy_file,

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -22,6 +23,8 @@ pub const ADMIN_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr
 pub const DNS_TIMEOUT_MS: u64 = 2_000;
 /// `defaults.ports`: HTTPS only.
 pub const PORTS: &[u16] = &[443];
+/// `defaults.require_tls_ports`: tunnels to these ports must carry TLS.
+pub const REQUIRE_TLS_PORTS: &[u16] = &[443];
 /// `defaults.timeouts`
 pub const CONNECT_MS: u64 = 10_000;
 pub const IDLE_MS: u64 = 300_000;
@@ -166,7 +169,39 @@ pub(super) fn resolve_defaults(raw: RawDefaults, sink: &mut Sink<'_>) -> Default
             shutdown_grace: Duration::from_millis(t.shutdown_grace_ms),
         },
         strict_sni_dst: raw.strict_sni_dst,
+        require_tls_ports: tls_ports(
+            &raw.require_tls_ports,
+            "defaults.require_tls_ports",
+            None,
+            1,
+            sink,
+        ),
+        refuse_ech: raw.refuse_ech,
     }
+}
+
+/// A `require_tls_ports` list (`field`, of `sandbox` when a binding overrides it, near
+/// `line`), sorted and deduplicated; 0 is an error.
+pub(super) fn tls_ports(
+    ports: &[u16],
+    field: &str,
+    sandbox: Option<&str>,
+    line: usize,
+    sink: &mut Sink<'_>,
+) -> Arc<[u16]> {
+    if ports.contains(&0) {
+        sink.push(
+            sandbox,
+            field,
+            "ports are 1 to 65535",
+            Some("require_tls_ports"),
+            line,
+        );
+    }
+    let mut v: Vec<u16> = ports.iter().copied().filter(|p| *p != 0).collect();
+    v.sort_unstable();
+    v.dedup();
+    v.into()
 }
 
 pub(super) fn resolve_dns(raw: RawDns, sink: &mut Sink<'_>) -> DnsConfig {

@@ -96,6 +96,9 @@ pub struct Defaults {
     pub limits: Limits,
     pub timeouts: Timeouts,
     pub strict_sni_dst: bool,
+    /// Ports whose tunnels must carry TLS (a ClientHello first).
+    pub require_tls_ports: Arc<[u16]>,
+    pub refuse_ech: bool,
 }
 
 /// One sandbox binding: identity, proxy-side settings and its AIP-36 block.
@@ -108,6 +111,10 @@ pub struct Binding {
     pub enforcement: Enforcement,
     pub limits: Limits,
     pub strict_sni_dst: bool,
+    /// Ports whose tunnels must carry TLS (shared with `defaults` unless overridden).
+    pub require_tls_ports: Arc<[u16]>,
+    /// Refuse ClientHellos that carry Encrypted Client Hello.
+    pub refuse_ech: bool,
     /// The AIP-36 block as written, as JSON (shown by the admin API; everything in it but the
     /// network part is the runtime's). Text, not the parsed block: one small allocation per
     /// sandbox instead of a kilobyte of mostly empty fields.

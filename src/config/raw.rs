@@ -169,6 +169,14 @@ pub struct RawDefaults {
     pub timeouts: RawTimeouts,
     #[serde(default)]
     pub strict_sni_dst: bool,
+    #[serde(default = "d_require_tls_ports")]
+    pub require_tls_ports: Vec<u16>,
+    #[serde(default)]
+    pub refuse_ech: bool,
+}
+
+fn d_require_tls_ports() -> Vec<u16> {
+    defaults::REQUIRE_TLS_PORTS.to_vec()
 }
 
 impl Default for RawDefaults {
@@ -181,6 +189,8 @@ impl Default for RawDefaults {
             limits: RawLimits::default(),
             timeouts: RawTimeouts::default(),
             strict_sni_dst: false,
+            require_tls_ports: d_require_tls_ports(),
+            refuse_ech: false,
         }
     }
 }
@@ -262,4 +272,8 @@ pub struct RawBinding {
     pub limits: Option<RawLimits>,
     #[serde(default)]
     pub strict_sni_dst: Option<bool>,
+    #[serde(default)]
+    pub require_tls_ports: Option<Vec<u16>>,
+    #[serde(default)]
+    pub refuse_ech: Option<bool>,
 }

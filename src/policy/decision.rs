@@ -102,6 +102,11 @@ impl Decision {
             Reason::DnsTimeout => "the proxy's resolver timed out".into(),
             Reason::ConnectionTimeout => "connecting to the destination timed out".into(),
             Reason::ConnectionRefused => "the destination refused the connection".into(),
+            Reason::ProtocolNotAllowed => format!(
+                "the tunnel did not carry what its port requires (TLS on require_tls_ports, no ECH with refuse_ech) for sandbox {sandbox} ({file})"
+            ),
+            Reason::SniMismatch => "the TLS ClientHello names another host than the CONNECT target (domain fronting is refused)".into(),
+            Reason::HostMismatch => "the HTTP request's Host names another host than the connection was allowed for".into(),
             Reason::DestinationMismatch => format!(
                 "the connection's original destination is not an address of the name it asked for (strict_sni_dst of sandbox {sandbox})"
             ),
