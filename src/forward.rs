@@ -92,10 +92,12 @@ pub async fn forward(
         body
     };
     strip_hop_by_hop(&mut parts.headers);
-    if !parts.headers.contains_key(header::HOST) {
-        if let Ok(v) = host.parse() {
-            parts.headers.insert(header::HOST, v);
-        }
+    // RFC 9112 §3.2.2: the request-target's authority is what was decided and dialled, and
+    // the Host sent upstream is that authority — never the client's own `Host` (a
+    // virtual-hosted origin would otherwise serve a host that was not decided).
+    parts.headers.remove(header::HOST);
+    if let Ok(v) = host.parse() {
+        parts.headers.insert(header::HOST, v);
     }
     let path = parts
         .uri
