@@ -49,6 +49,8 @@ mod egress;
 mod forward;
 pub mod guard;
 mod hostname;
+pub mod http_relay;
+pub mod http_stream;
 mod identity;
 pub mod inspect;
 pub mod limits;

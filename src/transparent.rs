@@ -20,7 +20,7 @@ use crate::egress;
 use crate::identity::identify;
 use crate::orig_dst::original_dst;
 use crate::peek::{classify, split_host_header, Peeked, MAX_PEEK};
-use crate::policy::Decision;
+use crate::policy::{Decision, Enforcement, Verdict};
 use crate::reason::Reason;
 use crate::shared::Shared;
 use crate::target::{Host, Target};
@@ -68,6 +68,8 @@ pub async fn serve(
         }
     };
 
+    let mut tls_reported: Option<Decision> = None;
+
     // 4. Peek until the first bytes say what this is.
     let (buf, peeked) = match peek(&mut stream, shared.settings.timeouts.header).await {
         Ok(x) => x,
@@ -114,11 +116,38 @@ pub async fn serve(
     };
     audit.target(&target);
 
+    // 5b. What flows: a port of `require_tls_ports` takes nothing but TLS, whatever the rules.
+    let report = sb.binding.enforcement == Enforcement::Report;
+    if sb.binding.require_tls_ports.contains(&orig.port()) && !matches!(peeked, Peeked::Tls(_)) {
+        let why = match &peeked {
+            Peeked::Http { .. } => "a plain HTTP request",
+            _ => "not TLS",
+        };
+        audit.detail(format!(
+            "{why} on port {}, which requires TLS (require_tls_ports)",
+            orig.port()
+        ));
+        let d = Decision::deny(Reason::ProtocolNotAllowed, None);
+        if !report {
+            return reset(stream, audit, d);
+        }
+        tls_reported = Some(Decision {
+            verdict: Verdict::Report,
+            ..d
+        });
+    }
+
     // 6. Decide, resolve once, decide on the addresses.
     let resolver = shared.resolver();
     let lookup = shared.lookup(&resolver);
     let decided = egress::decide(&set, &sb, &target, Some(orig.ip()), lookup).await;
     audit.decided(&decided);
+    if let Some(d) = tls_reported.as_ref() {
+        // Allowed by the rules, refused by require_tls_ports: the record says report.
+        if decided.decision.verdict == Verdict::Allow {
+            audit.decision(d);
+        }
+    }
     if !decided.proceeds() {
         return reset(stream, audit, decided.decision);
     }
@@ -138,7 +167,7 @@ pub async fn serve(
         Err(reason) => return reset(stream, audit, Decision::deny(reason, None)),
     };
     audit.dialed(dialed.addr);
-    let grant = dialed.grant(&who, target, &set);
+    let grant = dialed.grant(&who, target.clone(), &set);
     // The set is not kept alive by a long tunnel: the watch re-reads the newest one.
     drop(set);
 
@@ -147,16 +176,35 @@ pub async fn serve(
     let _active = sb.stats(shared.metrics()).active();
     let stop = shared.watch(grant).stopped();
     let mut up = dialed.stream;
-    let relayed = match up.write_all(&buf).await {
-        Ok(()) => {
-            let limiter = slot.limiter();
-            let idle = shared.settings.timeouts.idle;
-            let shaper = limiter.shapes().then_some(&**limiter);
-            let mut r = crate::tunnel::relay_tcp(stream, up, idle, stop, shaper).await;
-            r.up += buf.len() as u64;
-            r
+    let limiter = slot.limiter();
+    let idle = shared.settings.timeouts.idle;
+    let shaper = limiter.shapes().then_some(&**limiter);
+    let relayed = if matches!(peeked, Peeked::Http { .. }) {
+        // Decided by Host: every later request on the connection is checked too.
+        let checked =
+            crate::http_relay::relay_checked(stream, up, buf, &target, report, idle, stop, shaper)
+                .await;
+        if let Some(m) = checked.mismatch {
+            audit.detail(m.detail);
+            let d = Decision::deny(m.reason, None);
+            match report && m.reason.reportable() {
+                true => audit.decision(&Decision {
+                    verdict: Verdict::Report,
+                    ..d
+                }),
+                false => audit.decision(&d),
+            }
         }
-        Err(_) => Relayed::nothing(Close::Error),
+        checked.relayed
+    } else {
+        match up.write_all(&buf).await {
+            Ok(()) => {
+                let mut r = crate::tunnel::relay_tcp(stream, up, idle, stop, shaper).await;
+                r.up += buf.len() as u64;
+                r
+            }
+            Err(_) => Relayed::nothing(Close::Error),
+        }
     };
     audit.relayed(relayed);
     drop(audit);

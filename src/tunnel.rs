@@ -136,7 +136,7 @@ const BUF: usize = 16 * 1024;
 
 /// Copy `r` to `w` until EOF (then half-close `w`), waiting for bandwidth tokens before each
 /// write when a `shaper` is given (delayed, never dropped).
-async fn pump<R, W>(
+pub(crate) async fn pump<R, W>(
     mut r: R,
     mut w: W,
     up: bool,

@@ -9,6 +9,7 @@ mod common;
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
@@ -203,6 +204,7 @@ dns:
 defaults:
   guard_allow_ranges: [10.77.{n}.0/24]
   timeouts: {{ connect_ms: 2000, header_ms: 1500 }}
+  require_tls_ports: [443, {by_addr}]
 sandboxes:
   - id: sbx
     sources: [{sip}/32]
@@ -887,4 +889,88 @@ fn icmp_and_raw_protocols_from_the_sandbox_reach_nothing() {
             "{what} left the sidecar namespace"
         );
     }
+}
+
+/// An origin on `ip` that keeps every byte it receives (over all connections) and never
+/// answers.
+fn recording_origin(ip: &str) -> (u16, Arc<Mutex<Vec<u8>>>) {
+    let l = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let keep = got.clone();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().map_while(Result::ok) {
+            let keep = keep.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = std::io::Read::read(&mut s, &mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    keep.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+            });
+        }
+    });
+    (port, got)
+}
+
+#[test]
+#[ignore = "needs root, ip, iptables"]
+fn gateway_checks_every_request_and_requires_tls_on_tls_ports() {
+    let Some(GatewayEnv {
+        ns,
+        by_addr,
+        proxy,
+        _dir: _keep_dir,
+        _rules: _keep_rules,
+        ..
+    }) = gateway_env(5, false, false)
+    else {
+        return;
+    };
+    let ip = ns.host_ip.clone();
+    // Two requests in one write on one keep-alive connection: the second names a host in
+    // network.deny (by Host, then by absolute URI). Nothing of it may reach the origin.
+    for (n, second) in [
+        (
+            1,
+            "GET /two HTTP/1.1\r\nHost: denied.test\r\n\r\n".to_string(),
+        ),
+        (
+            2,
+            "GET http://denied.test/two HTTP/1.1\r\nHost: plain.test\r\n\r\n".to_string(),
+        ),
+    ] {
+        let (port, got) = recording_origin(&ip);
+        let script = format!("exec 3<>/dev/tcp/{ip}/{port}; printf '%s' \"$REQS\" >&3; sleep 1",);
+        let reqs = format!("GET /one-{n} HTTP/1.1\r\nHost: plain.test:{port}\r\n\r\n{second}");
+        let mut full = vec!["ip", "netns", "exec", &ns.name, "env"];
+        let env_reqs = format!("REQS={reqs}");
+        full.extend_from_slice(&[&env_reqs, "bash", "-c", &script]);
+        let _ = sh(&full);
+        let rec = proxy
+            .wait_record(|r| r["event"] == "end" && r["original_dst"] == format!("{ip}:{port}"));
+        assert_eq!(rec["reason"], "host_mismatch", "{rec}");
+        assert_eq!(rec["decision"], "deny", "{rec}");
+        assert!(
+            rec["detail"].as_str().unwrap().contains("denied.test"),
+            "{rec}"
+        );
+        let seen = String::from_utf8_lossy(&got.lock().unwrap()).into_owned();
+        assert!(seen.contains(&format!("GET /one-{n} ")), "{seen}");
+        assert!(
+            !seen.contains("/two") && !seen.contains("denied.test"),
+            "{seen}"
+        );
+    }
+
+    // Plain HTTP to a port of require_tls_ports is refused, although an address rule allows
+    // the destination (TLS to it passes: the gateway test above).
+    let bp = by_addr.addr.port();
+    let (code, out) = ns.curl(&[&format!("http://{ip}:{bp}/plain")]);
+    assert_ne!(code, 0, "{out}");
+    let rec = proxy.wait_record(|r| r["original_dst"] == format!("{ip}:{bp}"));
+    assert_eq!(rec["reason"], "protocol_not_allowed", "{rec}");
+    assert!(rec["dialed"].is_null(), "{rec}");
 }

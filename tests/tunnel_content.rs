@@ -243,7 +243,11 @@ fn a_client_hello_sent_byte_by_byte_still_passes() {
     let open = e
         .proxy
         .wait_audit("open", |r| r["sni"] == "api.example.com");
-    assert_eq!(open["alpn"], serde_json::json!(["h2", "http/1.1"]), "{open}");
+    assert_eq!(
+        open["alpn"],
+        serde_json::json!(["h2", "http/1.1"]),
+        "{open}"
+    );
 }
 
 #[test]
