@@ -15,7 +15,9 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
+use crate::audit::AuditGuard;
 use crate::peek::{classify, split_host_header, Peeked};
+use crate::policy::{Decision, Verdict};
 use crate::reason::Reason;
 use crate::target::{Host, Target};
 
@@ -123,6 +125,25 @@ pub struct Rules {
 pub struct Mismatch {
     pub reason: Reason,
     pub detail: String,
+}
+
+impl Mismatch {
+    /// Record it on `audit`: refused, or in report mode (`report`) reported when the reason
+    /// may be. Returns whether the connection must be refused.
+    pub fn record(self, audit: &mut AuditGuard, report: bool) -> bool {
+        let reported = report && self.reason.reportable();
+        audit.detail(self.detail);
+        audit.decision(&Decision {
+            verdict: if reported {
+                Verdict::Report
+            } else {
+                Verdict::Deny
+            },
+            reason: self.reason,
+            rule: None,
+        });
+        !reported
+    }
 }
 
 fn mismatch(reason: Reason, detail: impl Into<String>) -> Result<(), Mismatch> {

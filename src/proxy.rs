@@ -28,7 +28,7 @@ use crate::egress;
 use crate::identity::{self, identify};
 use crate::inspect::{self, FirstBytes};
 use crate::peek::Peeked;
-use crate::policy::{Decision, Enforcement, Verdict};
+use crate::policy::{Decision, Enforcement};
 use crate::policy_set::Sandbox;
 use crate::reason::Reason;
 use crate::resolve::ResolveError;
@@ -463,16 +463,9 @@ where
         require_tls: b.require_tls_ports.contains(&target.port),
         refuse_ech: b.refuse_ech,
     };
+    let report = b.enforcement == Enforcement::Report;
     if let Err(m) = inspect::verify(target, &inspected.first, rules) {
-        audit.detail(m.detail);
-        if b.enforcement == Enforcement::Report {
-            audit.decision(&Decision {
-                verdict: Verdict::Report,
-                reason: m.reason,
-                rule: None,
-            });
-        } else {
-            audit.decision(&Decision::deny(m.reason, None));
+        if m.record(audit, report) {
             // Nothing of the tunnel reaches the destination; both sides are reset.
             let _ = client.set_zero_linger();
             let _ = server.set_zero_linger();
@@ -480,6 +473,25 @@ where
         }
     }
     audit.open();
+    let idle = shared.settings.timeouts.idle;
+    if let FirstBytes::Client(Peeked::Http { .. }) = &inspected.first {
+        // Plain HTTP: every later request in the tunnel must name the CONNECT host too.
+        let checked = crate::http_relay::relay_checked(
+            client,
+            server,
+            inspected.client,
+            target,
+            report,
+            idle,
+            stop,
+            shaper,
+        )
+        .await;
+        if let Some(m) = checked.mismatch {
+            m.record(audit, report);
+        }
+        return checked.relayed;
+    }
     // Replay what was read, each in its direction, then relay.
     use tokio::io::AsyncWriteExt;
     if server.write_all(&inspected.client).await.is_err()

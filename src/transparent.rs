@@ -185,15 +185,7 @@ pub async fn serve(
             crate::http_relay::relay_checked(stream, up, buf, &target, report, idle, stop, shaper)
                 .await;
         if let Some(m) = checked.mismatch {
-            audit.detail(m.detail);
-            let d = Decision::deny(m.reason, None);
-            match report && m.reason.reportable() {
-                true => audit.decision(&Decision {
-                    verdict: Verdict::Report,
-                    ..d
-                }),
-                false => audit.decision(&d),
-            }
+            m.record(&mut audit, report);
         }
         checked.relayed
     } else {

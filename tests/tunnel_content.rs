@@ -344,3 +344,24 @@ fn pipelined_requests_are_decided_one_by_one() {
     assert_eq!(allowed["decision"], "allow", "{allowed}");
     let _ = &e.dir;
 }
+
+#[test]
+fn a_later_request_in_a_plain_tunnel_must_name_the_connect_host_too() {
+    let e = env();
+    let port = e.http.addr.port();
+    let mut s = connect(&e.proxy, &format!("api.test:{port}"));
+    write!(
+        s,
+        "GET /one HTTP/1.1\r\nHost: api.test:{port}\r\n\r\nGET /two HTTP/1.1\r\nHost: denied.test\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let rec = e.record_for(|r| r["event"] == "end" && r["target_host"] == "api.test");
+    assert_eq!(rec["reason"], "host_mismatch", "{rec}");
+    assert_eq!(rec["decision"], "deny", "{rec}");
+    assert!(
+        rec["detail"].as_str().unwrap().contains("denied.test"),
+        "{rec}"
+    );
+}
