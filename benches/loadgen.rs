@@ -8,7 +8,8 @@
 //! cargo bench --bench loadgen -- latency --proxy 127.0.0.1:3128 --concurrency 8 --seconds 5
 //! cargo bench --bench loadgen -- idle    --proxy 127.0.0.1:3128 --tunnels 10000 --pid 1234
 //! ```
-//! rate: CONNECT, one 1-byte echo round trip, close — connections per second.
+//! rate: CONNECT, one 1-byte echo round trip, close — connections per second (`--hello`: the
+//! tunnel starts with a real TLS ClientHello instead, which a verifying proxy parses).
 //! bulk: N tunnels each reading an endless stream — Gbit/s delivered to the client.
 //! latency: p50/p99 of connect → CONNECT → first echoed byte.
 //! idle: open N tunnels (each proven with an echo) and report the proxy's RSS growth per tunnel.
@@ -31,6 +32,9 @@ struct Args {
     auth: Option<String>,
     /// Use an origin run by another `loadgen origin` process (descriptor limits).
     origin: Option<SocketAddr>,
+    /// Open each tunnel with a real TLS ClientHello (captured from curl) instead of one byte:
+    /// the TLS-shaped workload, which a verifying proxy must parse.
+    hello: bool,
 }
 
 fn parse_args() -> Args {
@@ -43,6 +47,7 @@ fn parse_args() -> Args {
         pid: None,
         auth: None,
         origin: None,
+        hello: false,
     };
     let mut it = std::env::args().skip(1).filter(|s| s != "--bench");
     while let Some(arg) = it.next() {
@@ -57,6 +62,7 @@ fn parse_args() -> Args {
             "--pid" => a.pid = it.next().and_then(|v| v.parse().ok()),
             "--auth" => a.auth = it.next(),
             "--origin" => a.origin = it.next().and_then(|v| v.parse().ok()),
+            "--hello" => a.hello = true,
             m if !m.starts_with('-') && a.mode.is_empty() => a.mode = m.to_string(),
             _ => {}
         }
@@ -139,8 +145,13 @@ async fn open(
     Ok(s)
 }
 
-async fn echo_once(s: &mut TcpStream) -> std::io::Result<()> {
-    s.write_all(b"e").await?;
+/// A TLS 1.3 ClientHello from curl (SNI api.example.com).
+const HELLO: &[u8] = include_bytes!("../tests/data/hello-curl.bin");
+
+/// Send the first bytes of a tunnel (one byte `e`, or a ClientHello with `--hello`) and read
+/// the echo of the first one.
+async fn echo_once(s: &mut TcpStream, hello: bool) -> std::io::Result<()> {
+    s.write_all(if hello { HELLO } else { b"e" }).await?;
     let mut b = [0u8; 1];
     s.read_exact(&mut b).await?;
     Ok(())
@@ -152,6 +163,7 @@ async fn rate(a: &Args, origin: SocketAddr) -> serde_json::Value {
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for _ in 0..a.concurrency {
+        let hello = a.hello;
         let (done, errors, stop, proxy, auth) = (
             done.clone(),
             errors.clone(),
@@ -163,7 +175,7 @@ async fn rate(a: &Args, origin: SocketAddr) -> serde_json::Value {
             while !stop.load(Ordering::Relaxed) {
                 let r = async {
                     let mut s = open(proxy, origin, auth.as_deref()).await?;
-                    echo_once(&mut s).await
+                    echo_once(&mut s, hello).await
                 }
                 .await;
                 match r {
@@ -225,13 +237,14 @@ async fn latency(a: &Args, origin: SocketAddr) -> serde_json::Value {
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for _ in 0..a.concurrency {
+        let hello = a.hello;
         let (samples, stop, proxy, auth) = (samples.clone(), stop.clone(), a.proxy, a.auth.clone());
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 let ok = async {
                     let mut s = open(proxy, origin, auth.as_deref()).await?;
-                    echo_once(&mut s).await
+                    echo_once(&mut s, hello).await
                 }
                 .await
                 .is_ok();
@@ -271,7 +284,7 @@ async fn idle(a: &Args, origin: SocketAddr) -> serde_json::Value {
     for _ in 0..a.tunnels {
         match open(a.proxy, origin, a.auth.as_deref()).await {
             Ok(mut s) => {
-                if echo_once(&mut s).await.is_ok() {
+                if echo_once(&mut s, a.hello).await.is_ok() {
                     held.push(s);
                 } else {
                     errors += 1;
