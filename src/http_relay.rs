@@ -20,7 +20,7 @@ use crate::outcome::Close;
 use crate::peek::split_host_header;
 use crate::reason::Reason;
 use crate::target::{Host, Target};
-use crate::tunnel::{drive, pump, Progress, Relayed};
+use crate::tunnel::{abort, drive, pump, Progress, Relayed};
 
 /// How a checked relay ended: the relay's result, and the first request that was refused (or,
 /// in report mode, would have been).
@@ -102,19 +102,16 @@ where
     };
     let mismatch = found.into_inner().ok().flatten();
     let enforced = mismatch.is_some() && !report;
+    let mut relayed = relayed;
     if enforced || matches!(relayed.close, Close::Revoked | Close::Shutdown) {
-        // Nothing queued reaches either side.
-        let _ = client.set_zero_linger();
-        let _ = server.set_zero_linger();
+        // Reset both: nothing queued reaches either side, and the counts leave out what the
+        // kernel still held unsent.
+        relayed.up = relayed.up.saturating_sub(abort(server));
+        relayed.down = relayed.down.saturating_sub(abort(client));
     }
-    let relayed = if enforced {
-        Relayed {
-            close: Close::Eof,
-            ..relayed
-        }
-    } else {
-        relayed
-    };
+    if enforced {
+        relayed.close = Close::Eof;
+    }
     Checked { relayed, mismatch }
 }
 

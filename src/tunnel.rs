@@ -225,7 +225,7 @@ where
 /// Measured immediately before the close: the kernel may still send a little in between
 /// (what an acknowledgement opened in the peer's window), so the count can fall short of what
 /// the peer got by that much; it never counts bytes that did not leave.
-fn abort(socket: TcpStream) -> u64 {
+pub(crate) fn abort(socket: TcpStream) -> u64 {
     let _ = socket.set_zero_linger();
     let unsent = crate::send_queue::unsent(&socket);
     drop(socket);
