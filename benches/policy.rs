@@ -45,6 +45,7 @@ fn big_spec() -> NetworkSpec {
             "blocked.tenant7.example.net".to_string(),
             parse_entry("blocked.tenant7.example.net").expect("valid"),
         )],
+        resolve_for_address_rules: false,
     }
 }
 

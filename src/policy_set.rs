@@ -17,9 +17,9 @@ use crate::guard::Guard;
 use crate::limits::{Limiters, SandboxLimiter};
 use crate::metrics::{Metrics, SandboxStats};
 use crate::policy::ports::PortSet;
-use crate::policy::{CompiledPolicy, Outcome};
+use crate::policy::{CompiledPolicy, Outcome, Verdict};
 use crate::sandbox_id::SandboxId;
-use crate::target::Target;
+use crate::target::{Host, Target};
 
 /// One sandbox: its binding and compiled policy.
 #[derive(Debug)]
@@ -61,6 +61,10 @@ pub struct PolicySet {
     pub guard: Arc<Guard>,
     /// What every sandbox is compiled with (`defaults.ports`).
     default_ports: PortSet,
+    /// `dns.address_rule_zones`: names under them may be resolved to try address rules.
+    zones: Arc<[String]>,
+    /// `dns.hosts` names: answered locally, never a DNS query, so always looked up.
+    static_names: Arc<std::collections::HashSet<String>>,
     /// XOR of every sandbox's digest: the version changes with any sandbox, and a change of
     /// one sandbox updates it in O(1).
     sandboxes_digest: [u8; 32],
@@ -172,9 +176,15 @@ impl PolicySet {
         let mut hasher = Sha256::new();
         hasher.update(format!("{:?}", config.defaults.ports));
         hasher.update(format!(
-            "{:?}{:?}",
-            config.defaults.prohibited_ranges, config.defaults.guard_allow_ranges
+            "{:?}{:?}{:?}",
+            config.defaults.prohibited_ranges,
+            config.defaults.guard_allow_ranges,
+            config.dns.address_rule_zones,
         ));
+        for name in config.dns.hosts.keys() {
+            hasher.update(name.as_bytes());
+            hasher.update(b"\n");
+        }
         let defaults_digest: [u8; 32] = hasher.finalize().into();
         let guard = Guard::new(
             &config.defaults.prohibited_ranges,
@@ -229,6 +239,8 @@ impl PolicySet {
             sources,
             guard: Arc::new(guard),
             default_ports: ports.clone(),
+            zones: config.dns.address_rule_zones.clone().into(),
+            static_names: Arc::new(config.dns.hosts.keys().cloned().collect()),
             version: version_of(&sandboxes_digest, &defaults_digest),
             sandboxes_digest,
             defaults_digest,
@@ -309,7 +321,31 @@ impl PolicySet {
 
     /// Decide for a sandbox with this set's guard.
     pub fn decide(&self, sandbox: &Sandbox, target: &Target, addrs: Option<&[IpAddr]>) -> Outcome {
-        sandbox.policy.decide(target, addrs, &self.guard)
+        let mut outcome = sandbox.policy.decide(target, addrs, &self.guard);
+        // A name no name rule allows is resolved (to try address rules) only under
+        // `dns.address_rule_zones` or with `network.resolve_for_address_rules`: any other
+        // lookup would carry the name to whoever serves its zone, for nothing.
+        if let Host::Name(name) = &target.host {
+            if outcome.needs_addresses
+                && outcome.decision.verdict == Verdict::Deny
+                && !sandbox.binding.network.resolve_for_address_rules
+                && !self.in_address_rule_zone(name)
+                && !self.static_names.contains(&**name)
+            {
+                outcome.needs_addresses = false;
+            }
+        }
+        outcome
+    }
+
+    /// `name` is one of `dns.address_rule_zones` or under one.
+    pub fn in_address_rule_zone(&self, name: &str) -> bool {
+        self.zones.iter().any(|z| {
+            name == z
+                || (name.len() > z.len()
+                    && name.ends_with(z.as_str())
+                    && name.as_bytes()[name.len() - z.len() - 1] == b'.')
+        })
     }
 }
 
@@ -424,8 +460,12 @@ fn hash_binding(h: &mut Sha256, b: &Binding) {
         h.update(text.as_bytes());
     }
     h.update(format!(
-        "{:?}{}{:?}{}",
-        b.limits, b.strict_sni_dst, b.require_tls_ports, b.refuse_ech
+        "{:?}{}{:?}{}{}",
+        b.limits,
+        b.strict_sni_dst,
+        b.require_tls_ports,
+        b.refuse_ech,
+        b.network.resolve_for_address_rules
     ));
 }
 
@@ -434,6 +474,35 @@ mod tests {
     use super::*;
     use crate::config::load_str;
     use std::path::Path;
+
+    #[test]
+    fn address_rule_zones_match_whole_labels() {
+        let text = "dns: { address_rule_zones: [cluster.local, Svc.] }\nsandboxes:\n  - { id: a, policy: { provider: local, config: {}, network: { egress: [10.0.0.0/8] } } }\n";
+        let c = load_str(text, "t", Path::new("."), None).unwrap();
+        let set = PolicySet::compile(&c, &[], vec![]).unwrap();
+        for yes in ["cluster.local", "db.ns.svc.cluster.local", "svc", "api.svc"] {
+            assert!(set.in_address_rule_zone(yes), "{yes}");
+        }
+        for no in [
+            "evilcluster.local",
+            "cluster.local.evil.example",
+            "svc.example",
+            "local",
+        ] {
+            assert!(!set.in_address_rule_zone(no), "{no}");
+        }
+        // A name outside the zones needs no addresses: refused without a lookup.
+        let sb = set.get("a").unwrap();
+        let t = |h: &str| Target::parse(h, None).unwrap();
+        assert!(
+            !set.decide(sb, &t("x.exfil.example:443"), None)
+                .needs_addresses
+        );
+        assert!(
+            set.decide(sb, &t("db.svc.cluster.local:443"), None)
+                .needs_addresses
+        );
+    }
 
     #[test]
     fn compiles_and_identifies_by_source() {

@@ -155,6 +155,7 @@ mod tests {
             servers: vec!["127.0.0.1:9".parse().unwrap()],
             hosts,
             timeout: Duration::from_millis(200),
+            address_rule_zones: Vec::new(),
         };
         let (r, _) = Resolver::new(&cfg);
         assert_eq!(

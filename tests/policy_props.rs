@@ -119,6 +119,7 @@ fn compile(egress: &[String], deny: &[String]) -> CompiledPolicy {
         mode: Mode::Restricted,
         egress: parse(egress),
         deny: parse(deny),
+        resolve_for_address_rules: false,
     };
     CompiledPolicy::compile(
         "p",

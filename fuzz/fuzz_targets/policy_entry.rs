@@ -9,6 +9,7 @@ fuzz_target!(|data: &[u8]| {
                 mode: egress_proxy::policy::Mode::Restricted,
                 egress: vec![(text.to_string(), entry)],
                 deny: vec![],
+                resolve_for_address_rules: false,
             };
             let ports = egress_proxy::policy::ports::PortSet::any();
             let _ = egress_proxy::policy::CompiledPolicy::compile("f", "f", &spec, egress_proxy::policy::Enforcement::Enforce, &ports);

@@ -83,6 +83,10 @@ pub struct BlockNetwork {
     pub deny: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
+    /// Resolve any name when only address rules could allow it (not only names under
+    /// `dns.address_rule_zones`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resolve_for_address_rules: bool,
 }
 
 /// One filesystem mount (kept for the runtime).
@@ -213,6 +217,7 @@ fn network_spec(
         egress: None,
         deny: Vec::new(),
         mode: None,
+        resolve_for_address_rules: false,
     });
     let egress_texts = net.egress.clone().unwrap_or_default();
     let mode = net.mode.unwrap_or(if egress_texts.is_empty() {
@@ -264,7 +269,12 @@ fn network_spec(
             "{who}: network.mode is restricted with an empty egress list: nothing is reachable"
         ));
     }
-    Some(NetworkSpec { mode, egress, deny })
+    Some(NetworkSpec {
+        mode,
+        egress,
+        deny,
+        resolve_for_address_rules: net.resolve_for_address_rules,
+    })
 }
 
 #[cfg(test)]

@@ -236,11 +236,38 @@ pub(super) fn resolve_dns(raw: RawDns, sink: &mut Sink<'_>) -> DnsConfig {
     if raw.timeout_ms == 0 {
         sink.top("dns.timeout_ms", "must be positive", Some("timeout_ms:"));
     }
+    let zones = raw.address_rule_zones.unwrap_or_else(system_search_domains);
+    let mut address_rule_zones = Vec::new();
+    for z in zones {
+        match normalize_name(z.trim_matches('.')) {
+            Ok(n) => address_rule_zones.push(n),
+            Err(_) => sink.top(
+                "dns.address_rule_zones",
+                format!("`{z}` is not a DNS name"),
+                Some("address_rule_zones"),
+            ),
+        }
+    }
     DnsConfig {
         servers,
         hosts,
         timeout: Duration::from_millis(raw.timeout_ms.max(1)),
+        address_rule_zones,
     }
+}
+
+/// The `search` (or `domain`) domains of `/etc/resolv.conf`: in Kubernetes,
+/// `<ns>.svc.cluster.local svc.cluster.local cluster.local`.
+fn system_search_domains() -> Vec<String> {
+    let text = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        if let Some("search" | "domain") = words.next() {
+            out = words.map(str::to_string).collect();
+        }
+    }
+    out
 }
 
 pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut Sink<'_>) -> Listen {

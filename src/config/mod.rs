@@ -65,6 +65,10 @@ pub struct DnsConfig {
     /// Static answers consulted before DNS (normalised names).
     pub hosts: BTreeMap<String, Vec<IpAddr>>,
     pub timeout: Duration,
+    /// Names under these zones (normalised, no dots at the ends) are resolved when only
+    /// address rules could allow them; other names no name rule allows are refused without
+    /// a DNS query.
+    pub address_rule_zones: Vec<String>,
 }
 
 /// Proxy-side limits of one sandbox, every field resolved.

@@ -79,6 +79,9 @@ pub struct RawDns {
     pub hosts: BTreeMap<String, Vec<IpAddr>>,
     #[serde(default = "d_dns_timeout")]
     pub timeout_ms: u64,
+    /// Zones whose names are resolved for address rules (default: resolv.conf's search).
+    #[serde(default)]
+    pub address_rule_zones: Option<Vec<String>>,
 }
 
 impl Default for RawDns {
@@ -87,6 +90,7 @@ impl Default for RawDns {
             servers: Vec::new(),
             hosts: BTreeMap::new(),
             timeout_ms: d_dns_timeout(),
+            address_rule_zones: None,
         }
     }
 }

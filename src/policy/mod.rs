@@ -109,6 +109,8 @@ pub struct NetworkSpec {
     /// (entry text, parsed entry) in file order.
     pub egress: Vec<(String, Entry)>,
     pub deny: Vec<(String, Entry)>,
+    /// `network.resolve_for_address_rules`: any name may be resolved to try address rules.
+    pub resolve_for_address_rules: bool,
 }
 
 /// One list (egress or deny) compiled.
@@ -388,6 +390,7 @@ mod tests {
             mode,
             egress: p(egress),
             deny: p(deny),
+            resolve_for_address_rules: false,
         }
     }
 
