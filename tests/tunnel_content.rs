@@ -116,18 +116,7 @@ impl Env {
 fn connect(p: &Proxy, target: &str) -> TcpStream {
     let mut s = TcpStream::connect(p.proxy).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {}\r\n\r\n",
-        basic("tok", "tok-secret")
-    )
-    .unwrap();
-    let head = read_head(&mut s);
-    assert!(
-        head.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&head)
-    );
+    connect_on(&mut s, target, Some(&basic("tok", "tok-secret")));
     s
 }
 

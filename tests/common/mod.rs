@@ -664,6 +664,25 @@ pub fn read_head(s: &mut TcpStream) -> Vec<u8> {
     head
 }
 
+/// Send `CONNECT target` on `s` (with `Proxy-Authorization: auth` when given) and assert the
+/// proxy answered 200; the tunnel is open when this returns.
+pub fn connect_on(s: &mut TcpStream, target: &str, auth: Option<&str>) {
+    let auth = auth
+        .map(|a| format!("Proxy-Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{auth}\r\n"
+    )
+    .unwrap();
+    let head = read_head(s);
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+}
+
 /// A CONNECT tunnel through `proxy` to the plain-HTTP `origin`'s `/big` (as `big.test`, with
 /// `Proxy-Authorization: auth` when given) whose client never reads on its own: its receive
 /// buffer is 4 KiB, so the proxy's writes towards it block soon. The caller decides whether
@@ -680,21 +699,7 @@ pub fn stalled_download(proxy: SocketAddr, origin: &Origin, auth: Option<&str>) 
     });
     s.set_nonblocking(false).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let auth = auth
-        .map(|a| format!("Proxy-Authorization: {a}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "CONNECT big.test:{} HTTP/1.1\r\n{auth}\r\n",
-        origin.addr.port()
-    )
-    .unwrap();
-    let head = read_head(&mut s);
-    assert!(
-        head.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&head)
-    );
+    connect_on(&mut s, &format!("big.test:{}", origin.addr.port()), auth);
     s.write_all(b"GET /big HTTP/1.1\r\nHost: big.test\r\n\r\n")
         .unwrap();
     s
