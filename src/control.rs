@@ -90,7 +90,9 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     );
     check(
         "audit",
-        old.audit_path != new.audit_path || old.audit_queue_max != new.audit_queue_max,
+        old.audit_path != new.audit_path
+            || old.audit_queue_max != new.audit_queue_max
+            || old.audit_dns != new.audit_dns,
     );
     check(
         "max_connections",

@@ -139,6 +139,39 @@ pub async fn decide(
     }
 }
 
+/// Transparent mode, a connection that carries no name: decide it as `name:port` for the first
+/// of `names` (what the DNS listener told the sandbox `ip` is) that a name rule allows, with
+/// `ip` as the only address, checked by the guard. `None` when no name allows it: the caller
+/// decides on the address as before.
+pub fn decide_by_answer(
+    set: &PolicySet,
+    sb: &Sandbox,
+    names: &[std::sync::Arc<str>],
+    ip: IpAddr,
+    port: u16,
+) -> Option<(Target, Decided)> {
+    for name in names {
+        let Ok(host) = Host::parse(name) else {
+            continue;
+        };
+        let target = Target { host, port };
+        let o = set.decide(sb, &target, Some(&[ip]));
+        if o.decision.verdict == Verdict::Allow {
+            let decided = Decided {
+                decision: o.decision,
+                dial: o.dial,
+                resolved: Vec::new(),
+                guard_refused: o.refused,
+                dst_in_resolved: Some(true),
+                resolver_error: None,
+                addresses_consulted: true,
+            };
+            return Some((target, decided));
+        }
+    }
+    None
+}
+
 /// A connection to a checked address.
 #[derive(Debug)]
 pub struct Dialed {

@@ -24,6 +24,10 @@
 //! - Refusals: `deny` builds the §6 response; the `audit` guard writes the one `end` record
 //!   when the connection (or request) ends, and `metrics` counts it.
 //!
+//! DNS: `dns_listener` (`listen.dns`, a filtering resolver per sandbox on hickory-server)
+//! answers only what the policy could use and remembers each answer in `dns_memory`, where
+//! `transparent` finds the name of a nameless connection's destination.
+//!
 //! Control plane: `control` (reloads, runtime registrations, `state_dir`), `admin` (health,
 //! metrics, the runtime API), [`report`] (`check` and `POST /v1/check`, through the data
 //! plane's own `egress::decide`).
@@ -45,6 +49,8 @@ mod body;
 pub mod config;
 mod control;
 mod deny;
+mod dns_listener;
+mod dns_memory;
 mod egress;
 mod forward;
 pub mod guard;

@@ -133,6 +133,8 @@ pub struct SandboxLimiter {
     limits: Mutex<Limits>,
     active: AtomicU32,
     rate: Mutex<TokenBucket>,
+    /// `dns_queries_per_second`, with one second's worth of burst.
+    dns: Mutex<TokenBucket>,
     up: Mutex<Option<TokenBucket>>,
     down: Mutex<Option<TokenBucket>>,
 }
@@ -144,6 +146,10 @@ fn bandwidth_bucket(bps: Option<u64>, now: u64) -> Option<TokenBucket> {
     })
 }
 
+fn dns_bucket(qps: f64, now: u64) -> TokenBucket {
+    TokenBucket::new(qps, qps.max(1.0), now)
+}
+
 impl SandboxLimiter {
     fn new(limits: &Limits, origin: Instant, now: u64) -> Self {
         SandboxLimiter {
@@ -153,6 +159,7 @@ impl SandboxLimiter {
                 f64::from(limits.burst),
                 now,
             )),
+            dns: Mutex::new(dns_bucket(limits.dns_queries_per_second, now)),
             up: Mutex::new(bandwidth_bucket(limits.bandwidth_up_bps, now)),
             down: Mutex::new(bandwidth_bucket(limits.bandwidth_down_bps, now)),
             limits: Mutex::new(limits.clone()),
@@ -169,6 +176,10 @@ impl SandboxLimiter {
         }
         if let Ok(mut r) = self.rate.lock() {
             r.reconfigure(limits.connections_per_second, f64::from(limits.burst));
+        }
+        if let Ok(mut d) = self.dns.lock() {
+            let qps = limits.dns_queries_per_second;
+            d.reconfigure(qps, qps.max(1.0));
         }
         for (slot, bps, old) in [
             (&self.up, limits.bandwidth_up_bps, current.bandwidth_up_bps),
@@ -205,6 +216,17 @@ impl SandboxLimiter {
             return Err(Refusal::Rate(d));
         }
         Ok(ConnectionSlot(self.clone()))
+    }
+
+    /// Take a DNS query token at `now`, or say how long until one is there.
+    pub fn admit_query(&self, now: u64) -> Result<(), Duration> {
+        match self.dns.lock() {
+            Ok(mut b) => match b.check(now, 1.0) {
+                Admit::Admit => Ok(()),
+                Admit::DelayFor(d) => Err(d),
+            },
+            Err(_) => Err(Duration::from_secs(1)),
+        }
     }
 
     /// Open connections of this sandbox.
@@ -308,6 +330,7 @@ mod tests {
             burst,
             bandwidth_up_bps: None,
             bandwidth_down_bps: None,
+            dns_queries_per_second: 100.0,
         }
     }
 

@@ -24,6 +24,7 @@ pub struct Metrics {
     dns_seconds: Histogram,
     dial_seconds: Histogram,
     rate_limited: IntCounterVec,
+    dns_queries: IntCounterVec,
     reloads: IntCounterVec,
     policy_info: IntGaugeVec,
     audit_backpressure: IntCounter,
@@ -147,6 +148,14 @@ impl Metrics {
         registry.register(Box::new(dns_seconds.clone()))?;
         registry.register(Box::new(dial_seconds.clone()))?;
         registry.register(Box::new(rate_limited.clone()))?;
+        let dns_queries = IntCounterVec::new(
+            Opts::new(
+                "egress_dns_queries_total",
+                "Queries answered by the DNS listener, by decision",
+            ),
+            &["sandbox", "decision"],
+        )?;
+        registry.register(Box::new(dns_queries.clone()))?;
         registry.register(Box::new(reloads.clone()))?;
         registry.register(Box::new(policy_info.clone()))?;
         Ok(Metrics {
@@ -158,6 +167,7 @@ impl Metrics {
             dns_seconds,
             dial_seconds,
             rate_limited,
+            dns_queries,
             reloads,
             policy_info,
             audit_backpressure,
@@ -195,6 +205,13 @@ impl Metrics {
     /// Count a refusal by a limit (`connections` or `rate`).
     pub fn rate_limited(&self, sandbox: &str, limit: &str) {
         self.rate_limited.with_label_values(&[sandbox, limit]).inc();
+    }
+
+    /// Count a DNS listener query (`sandbox` `None` when the client was not identified).
+    pub fn dns_query(&self, sandbox: Option<&str>, verdict: Verdict) {
+        self.dns_queries
+            .with_label_values(&[sandbox.unwrap_or("-"), verdict.as_str()])
+            .inc();
     }
 
     /// Count a connection refused because the audit queue was full.

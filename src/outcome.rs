@@ -32,8 +32,11 @@ pub enum Mode {
     Sni,
     /// Transparent, HTTP `Host` header.
     Host,
-    /// Transparent, neither TLS nor HTTP: decided on the original destination.
+    /// Transparent, neither TLS nor HTTP: decided on the original destination (or on the
+    /// name a DNS answer gave the sandbox for it).
     Tcp,
+    /// A query to the DNS listener.
+    Dns,
 }
 
 impl Mode {
@@ -45,6 +48,7 @@ impl Mode {
             Mode::Sni => "sni",
             Mode::Host => "host",
             Mode::Tcp => "tcp",
+            Mode::Dns => "dns",
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::config::{Binding, Config};
 use crate::guard::Guard;
 use crate::limits::{Limiters, SandboxLimiter};
 use crate::metrics::{Metrics, SandboxStats};
+use crate::policy::dns_view::NameView;
 use crate::policy::ports::PortSet;
 use crate::policy::{CompiledPolicy, Outcome, Verdict};
 use crate::sandbox_id::SandboxId;
@@ -336,6 +337,24 @@ impl PolicySet {
             }
         }
         outcome
+    }
+
+    /// What the DNS listener may tell `sandbox` about `name`: address rules count only for
+    /// names that [`PolicySet::decide`] would resolve for them.
+    pub fn dns_view(&self, sandbox: &Sandbox, name: &str) -> NameView {
+        match sandbox.policy.name_view(name) {
+            NameView::AddressRules
+                if !sandbox.binding.network.resolve_for_address_rules
+                    && !self.in_address_rule_zone(name)
+                    && !self.static_names.contains(name) =>
+            {
+                NameView::Refused(crate::policy::Decision::deny(
+                    crate::reason::Reason::NoRuleMatched,
+                    None,
+                ))
+            }
+            v => v,
+        }
     }
 
     /// `name` is one of `dns.address_rule_zones` or under one.

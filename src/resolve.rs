@@ -4,15 +4,20 @@
 //! internal name. Resolution happens once per connection; the caller dials only what it
 //! checked. Failures are typed so they map onto `dns_error` / `destination_not_found` /
 //! `dns_timeout`; nothing here ever falls back to "allow".
+//!
+//! The DNS listener asks by family ([`Resolver::lookup_family`]) and, for `dns.pass_types`,
+//! by record type ([`Resolver::lookup_records`]); both come from the same cache, and carry
+//! how long the answer may be kept.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hickory_resolver::config::{
     NameServerConfig, NameServerConfigGroup, ResolverConfig, ResolverOpts,
 };
 use hickory_resolver::name_server::TokioConnectionProvider;
+use hickory_resolver::proto::rr::{RData, Record, RecordType};
 use hickory_resolver::proto::xfer::Protocol;
 use hickory_resolver::TokioResolver;
 use thiserror::Error;
@@ -25,6 +30,9 @@ use crate::policy::Reason;
 pub enum ResolveError {
     #[error("name does not exist or has no addresses")]
     NotFound,
+    /// The name exists but has no record of the type asked for (DNS NODATA).
+    #[error("name has no records of that type")]
+    NoData,
     #[error("resolver timed out")]
     Timeout,
     #[error("resolver error: {0}")]
@@ -35,12 +43,39 @@ impl ResolveError {
     /// The reason code a refusal carries.
     pub fn reason(&self) -> Reason {
         match self {
-            ResolveError::NotFound => Reason::DestinationNotFound,
+            ResolveError::NotFound | ResolveError::NoData => Reason::DestinationNotFound,
             ResolveError::Timeout => Reason::DnsTimeout,
             ResolveError::Failed(_) => Reason::DnsError,
         }
     }
 }
+
+/// An address family the DNS listener asks for (A or AAAA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn matches(self, ip: &IpAddr) -> bool {
+        matches!(
+            (self, ip),
+            (Family::V4, IpAddr::V4(_)) | (Family::V6, IpAddr::V6(_))
+        )
+    }
+}
+
+/// Addresses of one family and how long they may be kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Addresses {
+    pub addrs: Vec<IpAddr>,
+    pub ttl: Duration,
+}
+
+/// How many answers the resolver caches (hickory's default is 32, too few for a proxy that
+/// answers many sandboxes).
+const CACHE_ENTRIES: usize = 8_192;
 
 /// The proxy's resolver.
 pub struct Resolver {
@@ -50,6 +85,10 @@ pub struct Resolver {
     dns: Option<TokioResolver>,
     /// Overall deadline for one resolution.
     timeout: Duration,
+    /// `dns.max_answer_ttl_s`: also the TTL of `dns.hosts` answers.
+    pub max_answer_ttl: Duration,
+    /// `dns.pass_types`.
+    pub pass_types: Vec<u16>,
 }
 
 impl Resolver {
@@ -82,6 +121,7 @@ impl Resolver {
             opts.timeout = cfg.timeout;
             opts.attempts = 1;
             opts.ndots = 0;
+            opts.cache_size = CACHE_ENTRIES;
             b.build()
         });
         (
@@ -89,6 +129,8 @@ impl Resolver {
                 hosts: cfg.hosts.clone(),
                 dns,
                 timeout: cfg.timeout,
+                max_answer_ttl: cfg.max_answer_ttl,
+                pass_types: cfg.pass_types.clone(),
             },
             warning,
         )
@@ -112,16 +154,7 @@ impl Resolver {
             Ok(Err(e)) if e.is_nx_domain() || e.is_no_records_found() => {
                 return Err(ResolveError::NotFound)
             }
-            Ok(Err(e)) => {
-                let text = e.to_string();
-                return Err(
-                    if text.to_ascii_lowercase().contains("timed out") || text.contains("timeout") {
-                        ResolveError::Timeout
-                    } else {
-                        ResolveError::Failed(text)
-                    },
-                );
-            }
+            Ok(Err(e)) => return Err(classify(&e)),
             Ok(Ok(l)) => l,
         };
         let mut out: Vec<IpAddr> = Vec::new();
@@ -135,6 +168,82 @@ impl Resolver {
             return Err(ResolveError::NotFound);
         }
         Ok(out)
+    }
+}
+
+impl Resolver {
+    /// The addresses of one family of a normalised name, for the DNS listener: `dns.hosts`
+    /// first (kept `max_answer_ttl`), then DNS with CNAMEs followed (the answer holds only the
+    /// final addresses) and the TTL the cache still gives them.
+    pub async fn lookup_family(
+        &self,
+        name: &str,
+        family: Family,
+    ) -> Result<Addresses, ResolveError> {
+        if let Some(addrs) = self.hosts.get(name) {
+            let addrs: Vec<IpAddr> = addrs
+                .iter()
+                .copied()
+                .filter(|a| family.matches(a))
+                .collect();
+            return Ok(Addresses {
+                addrs,
+                ttl: self.max_answer_ttl,
+            });
+        }
+        let rtype = match family {
+            Family::V4 => RecordType::A,
+            Family::V6 => RecordType::AAAA,
+        };
+        let (records, ttl) = self.lookup_records(name, rtype).await?;
+        let mut addrs = Vec::new();
+        for r in &records {
+            let ip = match r.data() {
+                RData::A(a) if family == Family::V4 => IpAddr::V4(a.0),
+                RData::AAAA(a) if family == Family::V6 => IpAddr::V6(a.0),
+                _ => continue,
+            };
+            if !addrs.contains(&ip) {
+                addrs.push(ip);
+            }
+        }
+        Ok(Addresses { addrs, ttl })
+    }
+
+    /// The records of `rtype` for a normalised name, and how long they may be kept (an empty
+    /// list: the name exists without such records). `dns.hosts` names have no other records.
+    pub async fn lookup_records(
+        &self,
+        name: &str,
+        rtype: RecordType,
+    ) -> Result<(Vec<Record>, Duration), ResolveError> {
+        if self.hosts.contains_key(name) {
+            return Ok((Vec::new(), self.max_answer_ttl));
+        }
+        let Some(dns) = &self.dns else {
+            return Err(ResolveError::Failed("no DNS configured".into()));
+        };
+        let fqdn = format!("{name}.");
+        match tokio::time::timeout(self.timeout, dns.lookup(fqdn.as_str(), rtype)).await {
+            Err(_) => Err(ResolveError::Timeout),
+            Ok(Err(e)) if e.is_nx_domain() => Err(ResolveError::NotFound),
+            Ok(Err(e)) if e.is_no_records_found() => Ok((Vec::new(), self.max_answer_ttl)),
+            Ok(Err(e)) => Err(classify(&e)),
+            Ok(Ok(l)) => {
+                let ttl = l.valid_until().saturating_duration_since(Instant::now());
+                Ok((l.records().to_vec(), ttl))
+            }
+        }
+    }
+}
+
+/// A resolver failure that is neither "no such name" nor "no records".
+fn classify(e: &hickory_resolver::ResolveError) -> ResolveError {
+    let text = e.to_string();
+    if text.to_ascii_lowercase().contains("timed out") || text.contains("timeout") {
+        ResolveError::Timeout
+    } else {
+        ResolveError::Failed(text)
     }
 }
 
@@ -156,6 +265,8 @@ mod tests {
             hosts,
             timeout: Duration::from_millis(200),
             address_rule_zones: Vec::new(),
+            max_answer_ttl: Duration::from_secs(60),
+            pass_types: Vec::new(),
         };
         let (r, _) = Resolver::new(&cfg);
         assert_eq!(

@@ -31,6 +31,9 @@ use crate::resolve::Resolver;
 use crate::revocation::Phase;
 use crate::shared::{Settings, Shared};
 
+/// The log filter when `EGRESS_LOG` is not set.
+const DEFAULT_LOG: &str = "info,hickory_server=warn,hickory_proto=warn,hickory_resolver=warn";
+
 /// How long shutdown waits for the audit writer after the connections are done.
 const AUDIT_CLOSE_WAIT: Duration = Duration::from_secs(5);
 
@@ -44,7 +47,8 @@ pub fn run(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("EGRESS_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // hickory-server logs every query at info: the audit log already has them.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG)),
         )
         .try_init();
     for w in &config.warnings {
@@ -75,6 +79,22 @@ fn bind_tproxy(addr: SocketAddr) -> std::io::Result<TcpListener> {
     crate::orig_dst::set_transparent(&socket, addr.is_ipv6())?;
     socket.bind(addr)?;
     socket.listen(1024)
+}
+
+/// The DNS listener's sockets: UDP and TCP on the same address. With port 0, the TCP port is
+/// the one the kernel chose for UDP (retried a few times if another process holds it).
+async fn bind_dns(addr: SocketAddr) -> std::io::Result<(tokio::net::UdpSocket, TcpListener)> {
+    let mut last = None;
+    for _ in 0..8 {
+        let udp = tokio::net::UdpSocket::bind(addr).await?;
+        let bound = udp.local_addr()?;
+        match TcpListener::bind(bound).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) if addr.port() == 0 => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no port free for both UDP and TCP")))
 }
 
 /// SHA-256 of the admin bearer token, read once at start.
@@ -121,10 +141,19 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let dns = match config.listen.dns {
+        Some(a) => Some(
+            bind_dns(a)
+                .await
+                .with_context(|| format!("binding listen.dns {a} (UDP and TCP)"))?,
+        ),
+        None => None,
+    };
+    let dns_addr = dns.as_ref().and_then(|(u, _)| u.local_addr().ok());
     let proxy_addr = proxy.as_ref().and_then(|l| l.local_addr().ok());
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     let transparent_addr = transparent.as_ref().and_then(|l| l.local_addr().ok());
-    let listeners: Vec<SocketAddr> = [proxy_addr, admin_addr, transparent_addr]
+    let listeners: Vec<SocketAddr> = [proxy_addr, admin_addr, transparent_addr, dns_addr]
         .into_iter()
         .flatten()
         .collect();
@@ -151,6 +180,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         Settings {
             timeouts: config.defaults.timeouts,
             default_sandbox: config.listen.default_sandbox.clone(),
+            audit_dns: config.audit_dns,
         },
     ));
     let control = Arc::new(Controller::new(
@@ -184,6 +214,18 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         });
         tasks.push(tokio::spawn(accept_admin(l, admin)));
     }
+    if let Some((udp, tcp)) = dns {
+        let mut server = hickory_server::ServerFuture::new(crate::dns_listener::DnsListener {
+            shared: shared.clone(),
+        });
+        server.register_socket(udp);
+        server.register_listener(tcp, config.defaults.timeouts.header);
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = server.block_until_done().await {
+                tracing::error!(error = %e, "the DNS listener stopped");
+            }
+        }));
+    }
     tasks.push(tokio::spawn(watch_files(control.clone())));
     tasks.push(tokio::spawn(reload_on_sighup(control.clone())));
     shared.ready.store(true, Ordering::Release);
@@ -191,6 +233,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         proxy_addr = %proxy_addr.map(|a| a.to_string()).unwrap_or_default(),
         admin_addr = %admin_addr.map(|a| a.to_string()).unwrap_or_default(),
         transparent_addr = %transparent_addr.map(|a| a.to_string()).unwrap_or_default(),
+        dns_addr = %dns_addr.map(|a| a.to_string()).unwrap_or_default(),
         policy_version = %version,
         "listening"
     );

@@ -26,6 +26,8 @@ pub struct Settings {
     pub timeouts: Timeouts,
     /// `listen.default_sandbox` (sidecar mode).
     pub default_sandbox: Option<String>,
+    /// `audit.dns`.
+    pub audit_dns: crate::config::AuditDns,
 }
 
 /// Everything a connection task needs.
@@ -51,6 +53,9 @@ pub struct Shared {
     pub phase: watch::Sender<Phase>,
     /// Listeners bound and policy loaded (`/readyz`).
     pub ready: AtomicBool,
+    /// Answers the DNS listener gave, by sandbox and address (names for nameless
+    /// transparent connections).
+    pub dns_memory: crate::dns_memory::DnsMemory,
     /// Source of `conn_id`s.
     next_id: AtomicU64,
 }
@@ -74,6 +79,7 @@ impl Shared {
             cap: Arc::new(Semaphore::new(cap)),
             phase: watch::channel(Phase::Serving).0,
             ready: AtomicBool::new(false),
+            dns_memory: Default::default(),
             next_id: AtomicU64::new(1),
         }
     }

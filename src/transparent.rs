@@ -137,10 +137,34 @@ pub async fn serve(
         });
     }
 
-    // 6. Decide, resolve once, decide on the addresses.
-    let resolver = shared.resolver();
-    let lookup = shared.lookup(&resolver);
-    let decided = egress::decide(&set, &sb, &target, Some(orig.ip()), lookup).await;
+    // 6. Decide, resolve once, decide on the addresses. A connection with no name is decided
+    //    by a name the DNS listener gave this sandbox for its destination, if a name rule
+    //    allows one; otherwise on the address.
+    let by_answer = match named {
+        Some(_) => None,
+        None => {
+            let names = shared.dns_memory.names(&sb.binding.id, orig.ip());
+            egress::decide_by_answer(&set, &sb, &names, orig.ip(), orig.port())
+        }
+    };
+    let (target, decided) = match by_answer {
+        Some((named_target, decided)) => {
+            audit.target(&named_target);
+            audit.detail(format!(
+                "{}; the name {} came from a DNS answer the proxy gave this sandbox for {}",
+                peeked_detail(&peeked),
+                named_target.host,
+                orig.ip()
+            ));
+            (named_target, decided)
+        }
+        None => {
+            let resolver = shared.resolver();
+            let lookup = shared.lookup(&resolver);
+            let decided = egress::decide(&set, &sb, &target, Some(orig.ip()), lookup).await;
+            (target, decided)
+        }
+    };
     audit.decided(&decided);
     if let Some(d) = tls_reported.as_ref() {
         // Allowed by the rules, refused by require_tls_ports: the record says report.
@@ -239,6 +263,14 @@ async fn peek(stream: &mut TcpStream, wait: std::time::Duration) -> Result<(Vec<
                 return Ok((buf, p));
             }
         }
+    }
+}
+
+/// What the peek said about a connection that named nothing.
+fn peeked_detail(p: &Peeked) -> &'static str {
+    match p {
+        Peeked::Other { detail } => detail,
+        _ => "no name in the first bytes",
     }
 }
 

@@ -52,6 +52,27 @@ pub struct Record {
     pub policy_version: Arc<str>,
     /// A short human-readable detail (never a secret).
     pub detail: Option<Cow<'static, str>>,
+    /// A DNS listener query: what was asked and answered.
+    pub dns: Option<Box<DnsFacts>>,
+}
+
+/// What a DNS listener record says beyond a connection's fields.
+#[derive(Debug, Clone)]
+pub struct DnsFacts {
+    /// The name asked for (normalised when it could be; as received otherwise).
+    pub name: Box<str>,
+    /// The record type, by name (`A`, `TXT`, `TYPE65280`).
+    pub qtype: Box<str>,
+    /// The response code sent (`NOERROR`, `NXDOMAIN`, `REFUSED`, `SERVFAIL`, `FORMERR`).
+    pub rcode: &'static str,
+    /// Addresses given to the client (after policy and guard filtering).
+    pub answers: Vec<IpAddr>,
+    /// Records of a passed type given (`dns.pass_types`), counted.
+    pub passed: usize,
+    /// The TTL of the answer, in seconds.
+    pub ttl: Option<u32>,
+    /// `udp` or `tcp`.
+    pub transport: &'static str,
 }
 
 impl Record {
@@ -78,6 +99,7 @@ impl Record {
             rule: None,
             policy_version,
             detail: None,
+            dns: None,
         }
     }
 }
@@ -143,6 +165,18 @@ struct Json<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     detail: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    qtype: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rcode: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    answers: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    passed_records: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ttl: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    transport: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     run: Option<&'static str>,
 }
 
@@ -150,6 +184,7 @@ impl Entry {
     /// Append this entry as one JSON line (with the newline) to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
         let r = &self.record;
+        let dns = r.dns.as_deref();
         let json = Json {
             ts: rfc3339(self.at),
             event: self.event,
@@ -158,7 +193,11 @@ impl Entry {
             identity: r.identity.as_str(),
             client: r.client.to_string(),
             mode: r.mode,
-            target_host: r.target.as_ref().map(|t| t.host.to_string()),
+            target_host: r
+                .target
+                .as_ref()
+                .map(|t| t.host.to_string())
+                .or_else(|| dns.map(|d| d.name.to_string())),
             target_port: r.target.as_ref().map(|t| t.port),
             sni: r.sni.as_deref(),
             original_dst: r.original_dst.map(|a| a.to_string()),
@@ -177,6 +216,12 @@ impl Entry {
             duration_ms: self.duration_ms,
             close: self.close,
             detail: detail(r),
+            qtype: dns.map(|d| &*d.qtype),
+            rcode: dns.map(|d| d.rcode),
+            answers: dns.map(|d| d.answers.iter().map(IpAddr::to_string).collect()),
+            passed_records: dns.map(|d| d.passed).filter(|n| *n > 0),
+            ttl: dns.and_then(|d| d.ttl),
+            transport: dns.map(|d| d.transport),
             run: RUN.get().map(String::as_str),
         };
         serde_json::to_writer(&mut *out, &json)?;

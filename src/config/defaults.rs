@@ -37,7 +37,10 @@ pub const LIMITS: Limits = Limits {
     burst: 200,
     bandwidth_up_bps: None,
     bandwidth_down_bps: None,
+    dns_queries_per_second: 100.0,
 };
+/// `dns.max_answer_ttl_s`
+pub const MAX_ANSWER_TTL_S: u32 = 60;
 /// `audit.path`: stdout.
 pub const AUDIT_PATH: &str = "-";
 /// Top-level `max_connections` (the global cap on identified connections).
@@ -71,6 +74,9 @@ pub(super) fn resolve_limits(raw: &RawLimits, base: Option<&Limits>) -> Limits {
         burst: raw.burst.unwrap_or(d.burst),
         bandwidth_up_bps: raw.bandwidth_up_bps.or(d.bandwidth_up_bps),
         bandwidth_down_bps: raw.bandwidth_down_bps.or(d.bandwidth_down_bps),
+        dns_queries_per_second: raw
+            .dns_queries_per_second
+            .unwrap_or(d.dns_queries_per_second),
     }
 }
 
@@ -87,6 +93,15 @@ pub(super) fn check_limits(
             format!("{field}.max_connections"),
             "must be at least 1",
             Some("max_connections:"),
+            line,
+        );
+    }
+    if !(l.dns_queries_per_second.is_finite() && l.dns_queries_per_second > 0.0) {
+        sink.push(
+            sandbox,
+            format!("{field}.dns_queries_per_second"),
+            "must be a positive number",
+            Some("dns_queries_per_second:"),
             line,
         );
     }
@@ -248,11 +263,57 @@ pub(super) fn resolve_dns(raw: RawDns, sink: &mut Sink<'_>) -> DnsConfig {
             ),
         }
     }
+    let mut pass_types = Vec::new();
+    for t in &raw.pass_types {
+        match record_type_code(t) {
+            Some(code) => pass_types.push(code),
+            None => sink.top(
+                "dns.pass_types",
+                format!("`{t}` is not a DNS record type this listener can pass (A and AAAA are always answered; HTTPS and SVCB are always empty)"),
+                Some(t),
+            ),
+        }
+    }
+    if raw.max_answer_ttl_s == 0 {
+        sink.top(
+            "dns.max_answer_ttl_s",
+            "must be positive",
+            Some("max_answer_ttl_s:"),
+        );
+    }
     DnsConfig {
         servers,
         hosts,
         timeout: Duration::from_millis(raw.timeout_ms.max(1)),
         address_rule_zones,
+        max_answer_ttl: Duration::from_secs(u64::from(raw.max_answer_ttl_s.max(1))),
+        pass_types,
+    }
+}
+
+/// The numeric code of a record type named in `dns.pass_types` (`TXT`, `mx`, `TYPE99`). The
+/// types the listener answers itself (A, AAAA, HTTPS, SVCB) and zone-transfer or meta types
+/// cannot be passed.
+fn record_type_code(name: &str) -> Option<u16> {
+    use hickory_proto::rr::RecordType;
+    let upper = name.trim().to_ascii_uppercase();
+    let t = match upper.strip_prefix("TYPE") {
+        Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            RecordType::from(n.parse::<u16>().ok()?)
+        }
+        _ => upper.parse::<RecordType>().ok()?,
+    };
+    match t {
+        RecordType::A
+        | RecordType::AAAA
+        | RecordType::HTTPS
+        | RecordType::SVCB
+        | RecordType::ANY
+        | RecordType::AXFR
+        | RecordType::IXFR
+        | RecordType::OPT
+        | RecordType::ZERO => None,
+        t => Some(u16::from(t)),
     }
 }
 
@@ -288,6 +349,7 @@ pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut S
         transparent: raw.transparent,
         transparent_tproxy: raw.transparent_tproxy,
         admin: raw.admin,
+        dns: raw.dns,
         default_sandbox: raw.default_sandbox,
     }
 }

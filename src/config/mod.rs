@@ -53,8 +53,21 @@ pub struct Listen {
     /// The transparent listener is a TPROXY target (IP_TRANSPARENT), not a REDIRECT one.
     pub transparent_tproxy: bool,
     pub admin: Option<SocketAddr>,
+    /// The DNS listener (UDP and TCP on the same address); off by default.
+    pub dns: Option<SocketAddr>,
     /// Sidecar mode: the sandbox of connections no other method identifies.
     pub default_sandbox: Option<String>,
+}
+
+/// `audit.dns`: which DNS listener queries are recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditDns {
+    /// Every query (the default).
+    #[default]
+    All,
+    /// Refused (and reported) queries only; answered ones are still counted in metrics.
+    Denied,
 }
 
 /// Resolver settings.
@@ -69,6 +82,11 @@ pub struct DnsConfig {
     /// address rules could allow them; other names no name rule allows are refused without
     /// a DNS query.
     pub address_rule_zones: Vec<String>,
+    /// The DNS listener's answers live at most this long (`dns.max_answer_ttl_s`).
+    pub max_answer_ttl: Duration,
+    /// Record types the DNS listener passes through for names a name rule could allow
+    /// (`dns.pass_types`), besides A and AAAA.
+    pub pass_types: Vec<u16>,
 }
 
 /// Proxy-side limits of one sandbox, every field resolved.
@@ -79,6 +97,9 @@ pub struct Limits {
     pub burst: u32,
     pub bandwidth_up_bps: Option<u64>,
     pub bandwidth_down_bps: Option<u64>,
+    /// Queries per second the DNS listener answers for the sandbox (one second's worth may
+    /// come at once).
+    pub dns_queries_per_second: f64,
 }
 
 /// Timeouts of the data plane.
@@ -209,6 +230,8 @@ pub struct Config {
     pub extra_providers: Vec<String>,
     /// Records waiting for the audit writer beyond which new connections are refused.
     pub audit_queue_max: usize,
+    /// Which DNS queries get a record (`audit.dns`).
+    pub audit_dns: AuditDns,
     /// Global cap on concurrent identified client connections.
     pub max_connections: MaxConnections,
     /// Limits per client address before identification.
@@ -434,6 +457,7 @@ pub fn load_str(
         defaults,
         audit_path: (audit.path != "-").then(|| rel(&audit.path)),
         audit_queue_max: audit.queue_max.max(1),
+        audit_dns: audit.dns,
         admission,
         runtime,
         state_dir: state_dir.map(|p| rel(&p)),

@@ -49,6 +49,8 @@ pub struct RawListen {
     #[serde(default = "d_admin")]
     pub admin: Option<SocketAddr>,
     #[serde(default)]
+    pub dns: Option<SocketAddr>,
+    #[serde(default)]
     pub default_sandbox: Option<String>,
 }
 
@@ -59,6 +61,7 @@ impl Default for RawListen {
             transparent: None,
             transparent_tproxy: false,
             admin: d_admin(),
+            dns: None,
             default_sandbox: None,
         }
     }
@@ -82,6 +85,16 @@ pub struct RawDns {
     /// Zones whose names are resolved for address rules (default: resolv.conf's search).
     #[serde(default)]
     pub address_rule_zones: Option<Vec<String>>,
+    /// Cap on the TTL of the DNS listener's answers.
+    #[serde(default = "d_max_answer_ttl")]
+    pub max_answer_ttl_s: u32,
+    /// Record types (names such as `TXT`, `MX`) passed through for allowed names.
+    #[serde(default)]
+    pub pass_types: Vec<String>,
+}
+
+fn d_max_answer_ttl() -> u32 {
+    defaults::MAX_ANSWER_TTL_S
 }
 
 impl Default for RawDns {
@@ -91,6 +104,8 @@ impl Default for RawDns {
             hosts: BTreeMap::new(),
             timeout_ms: d_dns_timeout(),
             address_rule_zones: None,
+            max_answer_ttl_s: d_max_answer_ttl(),
+            pass_types: Vec::new(),
         }
     }
 }
@@ -110,6 +125,8 @@ pub struct RawLimits {
     pub bandwidth_up_bps: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth_down_bps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_queries_per_second: Option<f64>,
 }
 
 fn d_connect() -> u64 {
@@ -216,6 +233,9 @@ pub struct RawAudit {
     /// Records waiting for the writer beyond which new connections are refused (503).
     #[serde(default = "d_audit_queue")]
     pub queue_max: usize,
+    /// `all` (default) or `denied`: which DNS listener queries are recorded.
+    #[serde(default)]
+    pub dns: super::AuditDns,
 }
 
 impl Default for RawAudit {
@@ -223,6 +243,7 @@ impl Default for RawAudit {
         RawAudit {
             path: d_audit_path(),
             queue_max: d_audit_queue(),
+            dns: super::AuditDns::All,
         }
     }
 }

@@ -8,6 +8,7 @@
 
 mod compact_map;
 pub mod decision;
+pub mod dns_view;
 pub mod entry;
 pub mod name_matcher;
 pub mod ports;

@@ -114,10 +114,28 @@ impl NameMatcher {
     /// suffix, then globs.
     pub fn lookup(&self, name: &str, port: u16) -> NameHit<'_> {
         let mut hit = NameHit::default();
+        self.walk(name, |r| hit.offer(r, port));
+        hit
+    }
+
+    /// The first rule (in [`NameMatcher::lookup`]'s order) that matches `name` and `pred`.
+    pub fn first(&self, name: &str, pred: impl Fn(&Rule) -> bool) -> Option<&Arc<Rule>> {
+        let mut found = None;
+        self.walk(name, |r| {
+            if pred(r) {
+                found = Some(r);
+            }
+            found.is_some()
+        });
+        found
+    }
+
+    /// Offer every rule matching `name` to `visit`, in order, until it returns true.
+    fn walk<'a>(&'a self, name: &str, mut visit: impl FnMut(&'a Arc<Rule>) -> bool) {
         if let Some(rules) = self.exact.get(name) {
             for r in rules {
-                if hit.offer(r, port) {
-                    return hit;
+                if visit(r) {
+                    return;
                 }
             }
         }
@@ -125,16 +143,16 @@ impl NameMatcher {
             // The name itself (apex rules only), then every proper suffix, longest first.
             if let Some(rules) = self.suffix.get(name) {
                 for (r, apex) in rules {
-                    if *apex && hit.offer(r, port) {
-                        return hit;
+                    if *apex && visit(r) {
+                        return;
                     }
                 }
             }
             for suffix in proper_suffixes(name) {
                 if let Some(rules) = self.suffix.get(suffix) {
                     for (r, _) in rules {
-                        if hit.offer(r, port) {
-                            return hit;
+                        if visit(r) {
+                            return;
                         }
                     }
                 }
@@ -147,15 +165,14 @@ impl NameMatcher {
                     let p = path.get_or_insert_with(|| name.replace('.', "/"));
                     for i in bucket.set.matches(p.as_str()) {
                         if let Some(r) = bucket.rules.get(i) {
-                            if hit.offer(r, port) {
-                                return hit;
+                            if visit(r) {
+                                return;
                             }
                         }
                     }
                 }
             }
         }
-        hit
     }
 }
 
