@@ -206,7 +206,12 @@ impl DnsListener {
         let rtype = query.query_type();
         q.facts.qtype = rtype.to_string().into();
         let asked = query.name().to_ascii();
-        q.facts.name = asked.trim_end_matches('.').into();
+        let asked = asked.trim_end_matches('.');
+        let name = normalize_name(asked);
+        q.facts.name = match &name {
+            Ok(n) => n.as_str().into(),
+            Err(_) => asked.to_ascii_lowercase().into(),
+        };
 
         // 1. Who asks.
         let default = shared.settings.default_sandbox.as_deref();
@@ -251,7 +256,7 @@ impl DnsListener {
             q.detail(text.clone());
             return Reply::explained(ResponseCode::Refused, EDE_PROHIBITED, text);
         }
-        let name = match normalize_name(&q.facts.name) {
+        let name = match name {
             Ok(n) => n,
             Err(e) => {
                 q.decision(&Decision::deny(Reason::InvalidTarget, None));
@@ -260,7 +265,6 @@ impl DnsListener {
                 return Reply::explained(ResponseCode::NXDomain, EDE_BLOCKED, text);
             }
         };
-        q.facts.name = name.as_str().into();
 
         // 4. What the policy lets this sandbox learn about the name.
         let report = sb.binding.enforcement == Enforcement::Report;

@@ -1,0 +1,316 @@
+//! The DNS listener (`listen.dns`) through real interfaces: the real binary, real `dig` over
+//! UDP and TCP, raw datagrams for what `dig` will not send, and a counting upstream server
+//! (`SlowDns`) to prove which names ever left the proxy.
+
+mod common;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+
+/// `Proxy::start` writes its own `listen:`; these tests need `dns:` in it, so they write the
+/// whole file.
+fn start_full(dir: &std::path::Path, listen_extra: &str, yaml: &str) -> (Proxy, SocketAddr) {
+    let audit = dir.join("audit.jsonl");
+    let config = dir.join("proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:0{listen_extra} }}\naudit: {{ path: {} }}\n{yaml}",
+            audit.display()
+        ),
+    )
+    .unwrap();
+    let proxy = Proxy::start_with(config, audit, &[]);
+    let dns = proxy.dns.expect("the DNS listener is on");
+    (proxy, dns)
+}
+
+/// Every record, once `pred` holds for the whole log (15 s at most).
+fn wait_records(
+    proxy: &Proxy,
+    pred: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let recs = proxy.audit_records();
+        if pred(&recs) {
+            return recs;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the audit log never matched: {recs:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+fn ips(d: &Dig) -> Vec<String> {
+    let mut v: Vec<String> = d.answers.iter().map(|a| a.3.clone()).collect();
+    v.sort();
+    v
+}
+
+fn dns_record<'a>(recs: &'a [serde_json::Value], name: &str, qtype: &str) -> &'a serde_json::Value {
+    recs.iter()
+        .rev()
+        .find(|r| r["mode"] == "dns" && r["target_host"] == name && r["qtype"] == qtype)
+        .unwrap_or_else(|| panic!("no dns record for {name} {qtype}: {recs:#?}"))
+}
+
+#[test]
+fn answers_follow_the_policy_and_refused_names_never_leave() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = SlowDns::start_with_cnames(
+        Duration::ZERO,
+        &[("edge.cdn.test", "127.0.0.11".parse().unwrap())],
+        &[("www.allowed.test", "edge.cdn.test")],
+    );
+    let yaml = format!(
+        r#"
+dns:
+  servers: ["{up}"]
+  timeout_ms: 1000
+  max_answer_ttl_s: 7
+  address_rule_zones: [svc.test]
+  hosts:
+    api.allowed.test: [127.0.0.10, 169.254.169.254, 10.9.2.3, "::1"]
+    github.test: [127.0.0.13]
+    db.svc.test: [10.1.0.5]
+    mixed.svc.test: [10.1.0.6, 127.0.0.12]
+defaults:
+  guard_allow_ranges: [127.0.0.0/8, "::1/128"]
+sandboxes:
+  - id: s
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["*.allowed.test", "github.test:22", "10.1.0.0/16"]
+        deny: ["blocked.allowed.test"]
+"#,
+        up = upstream.addr
+    );
+    let (proxy, dns) = start_full(dir.path(), ", default_sandbox: s", &yaml);
+
+    // A name rule allows it: answered, minus metadata and an uncovered private address.
+    let d = dig(dns, &["api.allowed.test", "A"]);
+    assert_eq!(d.status, "NOERROR", "{}", d.raw);
+    assert_eq!(ips(&d), ["127.0.0.10"], "{}", d.raw);
+    assert!(d.answers.iter().all(|a| a.1 <= 7), "TTL capped: {}", d.raw);
+    let d = dig(dns, &["api.allowed.test", "AAAA"]);
+    assert_eq!(ips(&d), ["::1"], "{}", d.raw);
+    // A CNAME is flattened: the final address under the name asked, nothing else.
+    let d = dig(dns, &["www.allowed.test", "A"]);
+    assert_eq!(d.status, "NOERROR", "{}", d.raw);
+    assert_eq!(d.answers.len(), 1, "{}", d.raw);
+    assert_eq!(d.answers[0].0, "www.allowed.test.", "{}", d.raw);
+    assert_eq!(d.answers[0].2, "A", "{}", d.raw);
+    assert_eq!(d.answers[0].3, "127.0.0.11", "{}", d.raw);
+    assert!(
+        d.answers[0].1 <= 7,
+        "upstream said 60, the cap is 7: {}",
+        d.raw
+    );
+    // A name allowed on port 22 only is still answered (SSH by name).
+    assert_eq!(ips(&dig(dns, &["github.test", "A"])), ["127.0.0.13"]);
+    // HTTPS/SVCB: empty, so no ECH configuration reaches the client.
+    let d = dig(dns, &["api.allowed.test", "HTTPS"]);
+    assert_eq!(d.status, "NOERROR", "{}", d.raw);
+    assert!(d.answers.is_empty(), "{}", d.raw);
+    // Address rules only: answered when every address is covered, refused otherwise.
+    assert_eq!(ips(&dig(dns, &["db.svc.test", "A"])), ["10.1.0.5"]);
+    assert_eq!(dig(dns, &["mixed.svc.test", "A"]).status, "NXDOMAIN");
+    // Over TCP too.
+    let d = dig(dns, &["+tcp", "api.allowed.test", "A"]);
+    assert_eq!(ips(&d), ["127.0.0.10"], "{}", d.raw);
+
+    // The exfiltration attempts: none of them reaches the upstream server.
+    let before = upstream.queries.load(Ordering::SeqCst);
+    let d = dig(dns, &["c2VjcmV0.exfil.test", "TXT"]);
+    assert_eq!(d.status, "REFUSED", "{}", d.raw);
+    assert!(d.ede.as_deref().unwrap_or("").contains("TXT"), "{}", d.raw);
+    let d = dig(dns, &["c2VjcmV0.exfil.test", "A"]);
+    assert_eq!(d.status, "NXDOMAIN", "{}", d.raw);
+    let ede = d.ede.clone().unwrap_or_default();
+    assert!(
+        ede.contains("Blocked") && ede.contains("not in network.egress of sandbox s"),
+        "{}",
+        d.raw
+    );
+    assert_eq!(dig(dns, &["blocked.allowed.test", "A"]).status, "NXDOMAIN");
+    assert_eq!(dig(dns, &["edge.cdn.test", "A"]).status, "NXDOMAIN");
+    assert_eq!(dig(dns, &["x.outside-zones.test", "A"]).status, "NXDOMAIN");
+    assert_eq!(dig(dns, &["c2VjcmV0.exfil.test", "ANY"]).status, "REFUSED");
+    assert_eq!(
+        upstream.queries.load(Ordering::SeqCst),
+        before,
+        "a refused query reached the upstream resolver"
+    );
+
+    // One record per query, with what was asked and answered.
+    let recs = wait_records(&proxy, |r| {
+        r.iter().filter(|x| x["mode"] == "dns").count() >= 14
+    });
+    let r = dns_record(&recs, "api.allowed.test", "A");
+    assert_eq!(r["decision"], "allow", "{r}");
+    assert_eq!(r["rule"], "*.allowed.test", "{r}");
+    assert_eq!(r["answers"], serde_json::json!(["127.0.0.10"]), "{r}");
+    assert_eq!(r["resolved"].as_array().unwrap().len(), 3, "{r}");
+    assert_eq!(r["rcode"], "NOERROR", "{r}");
+    let r = dns_record(&recs, "c2vjcmv0.exfil.test", "TXT");
+    assert_eq!(r["decision"], "deny", "{r}");
+    assert_eq!(r["reason"], "protocol_not_allowed", "{r}");
+    assert_eq!(r["rcode"], "REFUSED", "{r}");
+    let r = dns_record(&recs, "c2vjcmv0.exfil.test", "A");
+    assert_eq!(r["reason"], "no_rule_matched", "{r}");
+    assert_eq!(r["rcode"], "NXDOMAIN", "{r}");
+    let r = dns_record(&recs, "blocked.allowed.test", "A");
+    assert_eq!(r["reason"], "denied_by_rule", "{r}");
+    let tcp = recs
+        .iter()
+        .any(|r| r["mode"] == "dns" && r["transport"] == "tcp");
+    assert!(tcp, "{recs:#?}");
+    let (_, metrics) = proxy.admin_get("/metrics");
+    assert!(
+        metrics.contains("egress_dns_queries_total{decision=\"allow\",sandbox=\"s\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("egress_dns_queries_total{decision=\"deny\",sandbox=\"s\"}"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn hostile_datagrams_get_an_error_or_nothing_and_the_listener_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_proxy, dns) = start_full(
+        dir.path(),
+        ", default_sandbox: s",
+        "dns: { servers: [\"127.0.0.1:9\"], hosts: { ok.test: [127.0.0.5] } }\ndefaults: { guard_allow_ranges: [127.0.0.0/8] }\nsandboxes:\n  - { id: s, policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n",
+    );
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut two_questions = dns_query(7, "ok.test", 1);
+    two_questions[5] = 2;
+    two_questions.extend_from_slice(&dns_query(7, "ok.test", 1)[12..]);
+    let mut truncated = dns_query(8, "ok.test", 1);
+    truncated.truncate(15);
+    let mut label_loop = dns_query(9, "ok.test", 1);
+    label_loop.splice(12..12, [0xc0, 0x0c]);
+    for bad in [
+        vec![0u8; 3],
+        b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+        truncated,
+        label_loop,
+        two_questions,
+        vec![0xff; 600],
+    ] {
+        sock.send_to(&bad, dns).unwrap();
+        let mut buf = [0u8; 1500];
+        if let Ok((n, _)) = sock.recv_from(&mut buf) {
+            let rcode = dns_rcode(&buf[..n]).unwrap();
+            assert!(rcode != 0, "a malformed query was answered NOERROR");
+        }
+    }
+    let d = dig(dns, &["ok.test", "A"]);
+    assert_eq!(ips(&d), ["127.0.0.5"], "{}", d.raw);
+}
+
+#[test]
+fn unidentified_clients_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (proxy, dns) = start_full(
+        dir.path(),
+        "",
+        "dns: { servers: [\"127.0.0.1:9\"], hosts: { ok.test: [127.0.0.5] } }\nsandboxes:\n  - { id: far, sources: [10.200.0.0/16], policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n",
+    );
+    let d = dig(dns, &["ok.test", "A"]);
+    assert_eq!(d.status, "REFUSED", "{}", d.raw);
+    let recs = wait_records(&proxy, |r| r.iter().any(|x| x["mode"] == "dns"));
+    let r = dns_record(&recs, "ok.test", "A");
+    assert_eq!(r["reason"], "auth_required", "{r}");
+    assert!(r["sandbox"].is_null(), "{r}");
+}
+
+#[test]
+fn rate_limit_report_mode_pass_types_and_denied_only_audit() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = SlowDns::start(
+        Duration::ZERO,
+        &[("txt.ok.test", "127.0.0.6".parse().unwrap())],
+    );
+    let yaml = format!(
+        r#"
+audit: {{ path: {audit}, dns: denied }}
+dns: {{ servers: ["{up}"], timeout_ms: 1000, pass_types: [TXT], hosts: {{ ok.test: [127.0.0.5], other.test: [127.0.0.7] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.0/8] }}
+sandboxes:
+  - id: s
+    enforcement: report
+    limits: {{ dns_queries_per_second: 5 }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["*.ok.test", ok.test] }} }}
+"#,
+        audit = dir.path().join("audit.jsonl").display(),
+        up = upstream.addr
+    );
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &config,
+        format!("listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:0, default_sandbox: s }}\n{yaml}"),
+    )
+    .unwrap();
+    let proxy = Proxy::start_with(config, dir.path().join("audit.jsonl"), &[]);
+    let dns = proxy.dns.unwrap();
+
+    // Report mode: an unlisted name is answered, and recorded as `report`.
+    let d = dig(dns, &["other.test", "A"]);
+    assert_eq!(ips(&d), ["127.0.0.7"], "{}", d.raw);
+    // A passed type for an allowed name goes upstream; for another name it does not.
+    let before = upstream.queries.load(Ordering::SeqCst);
+    let d = dig(dns, &["txt.ok.test", "TXT"]);
+    assert_eq!(d.status, "NOERROR", "{}", d.raw);
+    assert_eq!(upstream.queries.load(Ordering::SeqCst), before + 1);
+    // ok.test answered (allowed: not recorded under `audit.dns: denied`).
+    assert_eq!(ips(&dig(dns, &["ok.test", "A"])), ["127.0.0.5"]);
+
+    // Far over 5 queries per second: the excess is refused and counted.
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut refused = 0;
+    for i in 0..40u16 {
+        sock.send_to(&dns_query(100 + i, "ok.test", 1), dns)
+            .unwrap();
+        let mut buf = [0u8; 512];
+        let (n, _) = sock
+            .recv_from(&mut buf)
+            .expect("every query gets an answer");
+        if dns_rcode(&buf[..n]) == Some(5) {
+            refused += 1;
+        }
+    }
+    assert!(
+        refused >= 20,
+        "only {refused} of 40 refused at 5 per second"
+    );
+    let (_, metrics) = proxy.admin_get("/metrics");
+    assert!(
+        metrics.contains("egress_rate_limited_total{limit=\"dns\",sandbox=\"s\"}"),
+        "{metrics}"
+    );
+
+    let recs = wait_records(&proxy, |r| r.iter().any(|x| x["reason"] == "rate_limited"));
+    let r = dns_record(&recs, "other.test", "A");
+    assert_eq!(r["decision"], "report", "{r}");
+    assert_eq!(r["answers"], serde_json::json!(["127.0.0.7"]), "{r}");
+    assert!(
+        !recs
+            .iter()
+            .any(|r| r["mode"] == "dns" && r["decision"] == "allow"),
+        "audit.dns: denied recorded an allowed query: {recs:#?}"
+    );
+}
