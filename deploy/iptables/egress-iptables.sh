@@ -15,7 +15,13 @@
 #   --proxy-port PORT   the transparent listener's port (default 15001)
 #   --proxy-uid UID     sidecar: the uid the proxy runs as (required for sidecar)
 #   --iface IFACE       gateway: the sandbox-facing interface (required for gateway)
-#   --dns IP            a resolver the sandbox may reach directly on port 53 (repeatable);
+#   --dns-redirect PORT send the sandbox's DNS (UDP and TCP port 53, to any address) to
+#                       egress-proxy's DNS listener (`listen.dns`) on PORT, and drop
+#                       DNS-over-TLS (TCP 853); the proxy's own queries are not redirected
+#                       (sidecar: its uid; gateway: the host's own traffic never passes the
+#                       sandbox interface). Replaces --dns.
+#   --dns IP            without --dns-redirect: a resolver the sandbox may reach directly on
+#                       port 53 (repeatable) — an open channel for names, see the README;
 #                       all other UDP from the sandbox is dropped
 # Protocols other than TCP and UDP from the sandbox are dropped (ICMPv6 router and neighbour
 # discovery excepted), in mangle PREROUTING for gateways and filter OUTPUT for sidecars.
@@ -31,18 +37,19 @@ set -euo pipefail
 
 ACTION="${1:-}"; MODEL="${2:-}"
 [ $# -ge 2 ] && shift 2 || true
-PORT=15001; UID_EXEMPT=""; IFACE=""; DNS=(); FAMILIES=(4 6); DRY=0; TPROXY=0
+PORT=15001; UID_EXEMPT=""; IFACE=""; DNS=(); DNS_PORT=""; FAMILIES=(4 6); DRY=0; TPROXY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --proxy-port) PORT="$2"; shift 2 ;;
     --proxy-uid) UID_EXEMPT="$2"; shift 2 ;;
     --iface) IFACE="$2"; shift 2 ;;
     --dns) DNS+=("$2"); shift 2 ;;
+    --dns-redirect) DNS_PORT="$2"; shift 2 ;;
     --tproxy) TPROXY=1; shift ;;
     --ipv4-only) FAMILIES=(4); shift ;;
     --ipv6-only) FAMILIES=(6); shift ;;
     --dry-run) DRY=1; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "egress-iptables: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -57,13 +64,19 @@ if [ "$TPROXY" = 1 ] && [ "$MODEL" != gateway ]; then
   echo "egress-iptables: --tproxy is for the gateway model" >&2; exit 2
 fi
 [[ "$PORT" =~ ^[0-9]+$ ]] && [ "$PORT" -ge 1 ] && [ "$PORT" -le 65535 ] || { echo "egress-iptables: bad --proxy-port" >&2; exit 2; }
+if [ -n "$DNS_PORT" ]; then
+  [[ "$DNS_PORT" =~ ^[0-9]+$ ]] && [ "$DNS_PORT" -ge 1 ] && [ "$DNS_PORT" -le 65535 ] || { echo "egress-iptables: bad --dns-redirect port" >&2; exit 2; }
+  [ "${#DNS[@]}" -eq 0 ] || { echo "egress-iptables: --dns and --dns-redirect exclude each other" >&2; exit 2; }
+fi
 
 # Sidecar: one set per network namespace. Gateway: one set per sandbox interface, so that
 # several interfaces (several sandboxes) can be installed and removed independently.
 if [ "$MODEL" = sidecar ]; then
   CHAIN=EGRESS_PROXY; UDP_CHAIN=EGRESS_PROXY_UDP; OTHER_CHAIN=EGRESS_PROXY_OTHER
+  DNS_CHAIN=EGRESS_PROXY_DNS
 else
   CHAIN="EGRESS_PROXY_$IFACE"; UDP_CHAIN="EGRESS_UDP_$IFACE"; OTHER_CHAIN="EGRESS_OTH_$IFACE"
+  DNS_CHAIN="EGRESS_DNS_$IFACE"
   [ "${#CHAIN}" -le 28 ] || { echo "egress-iptables: interface name too long" >&2; exit 2; }
 fi
 
@@ -114,8 +127,16 @@ remove_family() {
     echo "$ipt -t $(tcp_table) -F $CHAIN; $ipt -t $(tcp_table) -X $CHAIN"
     echo "$ipt -t $udp_table -F $UDP_CHAIN; $ipt -t $udp_table -X $UDP_CHAIN"
     echo "$ipt -t $udp_table -F $OTHER_CHAIN; $ipt -t $udp_table -X $OTHER_CHAIN"
+    echo "$ipt -t nat -D $(nat_hook) -j $DNS_CHAIN   # while present"
+    echo "$ipt -t nat -F $DNS_CHAIN; $ipt -t nat -X $DNS_CHAIN"
     return
   fi
+  # shellcheck disable=SC2046
+  while $ipt -t nat -C $(nat_hook) -j "$DNS_CHAIN" 2>/dev/null; do
+    $ipt -t nat -D $(nat_hook) -j "$DNS_CHAIN"
+  done
+  $ipt -t nat -F "$DNS_CHAIN" 2>/dev/null || true
+  $ipt -t nat -X "$DNS_CHAIN" 2>/dev/null || true
   # shellcheck disable=SC2086
   while $ipt -t "$udp_table" -C $udp_rest -j "$OTHER_CHAIN" 2>/dev/null; do
     $ipt -t "$udp_table" -D $udp_rest -j "$OTHER_CHAIN"
@@ -153,6 +174,10 @@ install_family() {
   for d in "${DNS[@]}"; do
     if is_family "$fam" "$d"; then run $ipt -t "$tt" -A "$CHAIN" -p tcp -d "$d" --dport 53 -j RETURN; fi
   done
+  if [ -n "$DNS_PORT" ] && [ "$TPROXY" = 1 ]; then
+    # DNS over TCP goes to the DNS listener (nat, below), not to the transparent listener.
+    run $ipt -t mangle -A "$CHAIN" -p tcp --dport 53 -j RETURN
+  fi
   if [ "$TPROXY" = 1 ]; then
     run $ipt -t mangle -A "$CHAIN" -p tcp -j TPROXY --on-port "$PORT" --tproxy-mark "$TPROXY_MARK"
     tproxy_routing "$fam" add
@@ -161,6 +186,19 @@ install_family() {
   fi
   # shellcheck disable=SC2046
   run $ipt -t "$tt" -A $(nat_hook) -p tcp -j "$CHAIN"
+  # DNS: every query on port 53, UDP and TCP, to the DNS listener (first in the nat hook).
+  if [ -n "$DNS_PORT" ]; then
+    local hook_chain hook_rest
+    read -r hook_chain hook_rest <<<"$(nat_hook)"
+    run $ipt -t nat -N "$DNS_CHAIN"
+    if [ "$MODEL" = sidecar ]; then
+      run $ipt -t nat -A "$DNS_CHAIN" -m owner --uid-owner "$UID_EXEMPT" -j RETURN
+    fi
+    run $ipt -t nat -A "$DNS_CHAIN" -p udp --dport 53 -j REDIRECT --to-ports "$DNS_PORT"
+    run $ipt -t nat -A "$DNS_CHAIN" -p tcp --dport 53 -j REDIRECT --to-ports "$DNS_PORT"
+    # shellcheck disable=SC2086
+    run $ipt -t nat -I "$hook_chain" 1 $hook_rest -j "$DNS_CHAIN"
+  fi
   # UDP: only DNS to the configured resolvers; QUIC (UDP 443) and the rest are dropped.
   run $ipt -t "$udp_table" -N "$UDP_CHAIN"
   if [ "$MODEL" = sidecar ]; then
@@ -170,11 +208,30 @@ install_family() {
   for d in "${DNS[@]}"; do
     if is_family "$fam" "$d"; then run $ipt -t "$udp_table" -A "$UDP_CHAIN" -p udp -d "$d" --dport 53 -j RETURN; fi
   done
+  if [ -n "$DNS_PORT" ]; then
+    if [ "$MODEL" = gateway ]; then
+      # Seen here before nat PREROUTING redirects it to the DNS listener.
+      run $ipt -t "$udp_table" -A "$UDP_CHAIN" -p udp --dport 53 -j RETURN
+    else
+      # Seen here after nat OUTPUT redirected it: let through what was redirected.
+      run $ipt -t "$udp_table" -A "$UDP_CHAIN" -p udp -m conntrack --ctstate DNAT --ctorigdstport 53 -j RETURN
+    fi
+  fi
   run $ipt -t "$udp_table" -A "$UDP_CHAIN" -p udp -j DROP
   # shellcheck disable=SC2086
   run $ipt -t "$udp_table" -A $udp_rest -p udp -j "$UDP_CHAIN"
   # Every other protocol: ICMP echo and raw IP protocols would carry data past the proxy.
   run $ipt -t "$udp_table" -N "$OTHER_CHAIN"
+  if [ -n "$DNS_PORT" ]; then
+    # DNS over TLS would carry names past the DNS listener. Matched on the original port:
+    # a sidecar's connection was already redirected when filter OUTPUT sees it.
+    if [ "$MODEL" = sidecar ]; then
+      run $ipt -t "$udp_table" -A "$OTHER_CHAIN" -p tcp -m conntrack --ctorigdstport 853 \
+        -m owner ! --uid-owner "$UID_EXEMPT" -j DROP
+    else
+      run $ipt -t "$udp_table" -A "$OTHER_CHAIN" -p tcp -m conntrack --ctorigdstport 853 -j DROP
+    fi
+  fi
   run $ipt -t "$udp_table" -A "$OTHER_CHAIN" -p tcp -j RETURN
   run $ipt -t "$udp_table" -A "$OTHER_CHAIN" -p udp -j RETURN
   if [ "$MODEL" = sidecar ]; then
