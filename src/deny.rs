@@ -3,6 +3,13 @@
 //! for which sandbox, why, which file/rule to change — and that going around the proxy will
 //! not work. One builder serves every refusal, 429s included; [`wire`] renders the same
 //! response as raw HTTP/1.1 for the accept loop, which refuses before hyper is involved.
+//!
+//! Most CONNECT clients drop a refusal's headers and body and print only its status line, so
+//! the **reason phrase** says it too: `HTTP/1.1 403 egress-proxy: refused denied.example:443:
+//! not in network.egress of sandbox agent1 (policy.yaml) [no_rule_matched]` reaches the
+//! errors of wget, urllib, requests, pip, httpx, aiohttp, npm, Go and Java. One line of
+//! printable ASCII, at most [`MAX_PHRASE`] bytes, built from the same sanitised text as the
+//! body (no credentials: targets never carry userinfo).
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
@@ -21,6 +28,28 @@ pub struct Refusal<'a> {
     pub explanation: &'a str,
     /// Seconds for `Retry-After` on 429s (1 when not given).
     pub retry_after: Option<u64>,
+}
+
+/// Longest reason phrase sent.
+pub const MAX_PHRASE: usize = 240;
+
+/// The reason phrase of a refusal: printable ASCII, one line, bounded.
+pub fn phrase(r: &Refusal<'_>) -> String {
+    let subject = r.what.strip_prefix("CONNECT ").unwrap_or(r.what);
+    let text = format!(
+        "egress-proxy: refused {subject}: {} [{}]",
+        r.explanation,
+        r.reason.code()
+    );
+    let mut out: String = text
+        .chars()
+        .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
+        .collect();
+    if out.len() > MAX_PHRASE {
+        out.truncate(MAX_PHRASE - 3);
+        out.push_str("...");
+    }
+    out
 }
 
 /// Keep printable ASCII only, and escape what an sf-string cannot hold.
@@ -49,12 +78,7 @@ pub fn response(r: &Refusal<'_>) -> Response<Body> {
 pub fn wire(r: &Refusal<'_>) -> Vec<u8> {
     let resp = build(r);
     let status = resp.status();
-    let mut out = format!(
-        "HTTP/1.1 {} {}\r\n",
-        status.as_u16(),
-        status.canonical_reason().unwrap_or("Refused")
-    )
-    .into_bytes();
+    let mut out = format!("HTTP/1.1 {} {}\r\n", status.as_u16(), phrase(r)).into_bytes();
     for (name, value) in resp.headers() {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
@@ -88,6 +112,9 @@ fn build(r: &Refusal<'_>) -> Response<Bytes> {
     );
     let mut resp = Response::new(Bytes::from(body));
     *resp.status_mut() = status;
+    if let Ok(p) = hyper::ext::ReasonPhrase::try_from(phrase(r)) {
+        resp.extensions_mut().insert(p);
+    }
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -126,6 +153,32 @@ fn hint(reason: Reason) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reason_phrase_is_one_bounded_ascii_line() {
+        let r = Refusal {
+            reason: Reason::NoRuleMatched,
+            what: "CONNECT denied.example:443",
+            sandbox: Some("agent1"),
+            explanation: "not in network.egress of sandbox agent1 (policy.yaml)",
+            retry_after: None,
+        };
+        assert_eq!(
+            phrase(&r),
+            "egress-proxy: refused denied.example:443: not in network.egress of sandbox agent1 (policy.yaml) [no_rule_matched]"
+        );
+        let resp = response(&r);
+        let p = resp.extensions().get::<hyper::ext::ReasonPhrase>().unwrap();
+        assert_eq!(p.as_bytes(), phrase(&r).as_bytes());
+        let long = "x\r\ny\u{e9}".repeat(200);
+        let p = phrase(&Refusal {
+            explanation: &long,
+            ..r
+        });
+        assert!(p.len() <= MAX_PHRASE, "{}", p.len());
+        assert!(p.bytes().all(|b| (b' '..=b'~').contains(&b)), "{p}");
+        assert!(hyper::ext::ReasonPhrase::try_from(p).is_ok());
+    }
 
     #[test]
     fn headers_and_body() {
@@ -175,7 +228,7 @@ mod tests {
         }))
         .unwrap();
         assert!(
-            raw.starts_with("HTTP/1.1 429 Too Many Requests\r\n"),
+            raw.starts_with("HTTP/1.1 429 egress-proxy: refused a connection: egress-proxy is at its connection limit [connection_limit]\r\n"),
             "{raw}"
         );
         assert!(raw.contains("retry-after: 1\r\n"), "{raw}");

@@ -107,7 +107,14 @@ pub async fn decide(
             resolved = match answer {
                 Ok(a) => a,
                 Err(e) => {
-                    let mut d = Decided::refused(Decision::deny(e.reason(), None));
+                    // A name no name rule allows was resolved only to try address rules: its
+                    // refusal is the policy's, not the resolver's.
+                    let refusal = if first.decision.verdict == Verdict::Deny {
+                        first.decision
+                    } else {
+                        Decision::deny(e.reason(), None)
+                    };
+                    let mut d = Decided::refused(refusal);
                     d.resolver_error = Some(e);
                     return d;
                 }

@@ -106,6 +106,9 @@ pub async fn serve(
         audit.detail(detail);
         return;
     }
+    if let Some(bad) = malformed_head(&stream).await {
+        return refuse_malformed(&shared, accepted, stream, bad).await;
+    }
     let conn = Arc::new(ClientConn {
         shared: shared.clone(),
         accepted,
@@ -149,6 +152,82 @@ pub async fn serve(
     }
 }
 
+/// A first request head that arrived whole but cannot be served: what it was and why.
+struct Malformed {
+    mode: Mode,
+    why: String,
+}
+
+/// Look (without reading) at the first request head, if it is all there: hyper would answer a
+/// head it cannot parse with a bare 400, so the proxy answers it itself, with Proxy-Status,
+/// a body and the right mode in the record. A head still incomplete is left to hyper.
+async fn malformed_head(stream: &TcpStream) -> Option<Malformed> {
+    let mut buf = vec![0u8; MAX_HEAD];
+    let n = stream.peek(&mut buf).await.ok()?;
+    let head = &buf[..n];
+    let mut headers = [httparse::EMPTY_HEADER; 100];
+    let mut req = httparse::Request::new(&mut headers);
+    let mode = |method: Option<&str>| match method {
+        Some(m) if m.eq_ignore_ascii_case("CONNECT") => Mode::Connect,
+        _ => Mode::Http,
+    };
+    match req.parse(head) {
+        Ok(httparse::Status::Partial) => None,
+        Err(e) => {
+            let first = head.split(|b| *b == b' ').next().unwrap_or_default();
+            Some(Malformed {
+                mode: mode(std::str::from_utf8(first).ok()),
+                why: format!("the request is not valid HTTP/1.1 ({e})"),
+            })
+        }
+        Ok(httparse::Status::Complete(_)) => {
+            let method = req.method;
+            let path = req.path.unwrap_or_default();
+            if mode(method) == Mode::Connect || path.parse::<http::Uri>().is_ok() {
+                return None;
+            }
+            Some(Malformed {
+                mode: mode(method),
+                why: "the request target is not a valid URI (IPv6 literals need brackets: http://[::1]:8080/)".into(),
+            })
+        }
+    }
+}
+
+/// Answer a malformed first request with a §6 400 and record it.
+async fn refuse_malformed(
+    shared: &Shared,
+    accepted: Accepted,
+    mut stream: TcpStream,
+    bad: Malformed,
+) {
+    use tokio::io::AsyncWriteExt;
+    let mut audit = shared.audit(&accepted, bad.mode, &shared.policy.load());
+    audit.decision(&Decision::deny(Reason::InvalidTarget, None));
+    audit.detail(bad.why.clone());
+    audit.close(Close::Error);
+    // Take in what was sent, so that closing does not reset the answer away.
+    let mut sink = [0u8; 4096];
+    while let Ok(n) = stream.try_read(&mut sink) {
+        if n == 0 {
+            break;
+        }
+    }
+    let resp = deny::wire(&Refusal {
+        reason: Reason::InvalidTarget,
+        what: "this request",
+        sandbox: None,
+        explanation: &bad.why,
+        retry_after: None,
+    });
+    let wait = shared.settings.timeouts.header;
+    let _ = tokio::time::timeout(wait, async {
+        stream.write_all(&resp).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
 /// The connection ended before any request reached [`handle`]: record why.
 fn no_request(conn: &ClientConn, error: Option<hyper::Error>) {
     let shared = &conn.shared;
@@ -164,22 +243,21 @@ fn no_request(conn: &ClientConn, error: Option<hyper::Error>) {
     audit.detail(detail);
 }
 
-/// The text shown for a request in refusals (no credentials, no query).
+/// The text shown for a request in refusals: method and target with its port, never
+/// credentials (userinfo) or the query.
 fn describe(req: &Request<Incoming>) -> String {
+    let u = req.uri();
+    let host_port = u.authority().map(|a| match a.port_u16() {
+        Some(p) => format!("{}:{p}", a.host()),
+        None => a.host().to_string(),
+    });
     if req.method() == Method::CONNECT {
-        format!(
-            "CONNECT {}",
-            req.uri().authority().map(|a| a.as_str()).unwrap_or("?")
-        )
-    } else {
-        let u = req.uri();
-        format!(
-            "{} {}://{}{}",
-            req.method(),
-            u.scheme_str().unwrap_or("?"),
-            u.authority().map(|a| a.host()).unwrap_or("?"),
-            u.path()
-        )
+        return format!("CONNECT {}", host_port.as_deref().unwrap_or("?"));
+    }
+    match (u.scheme_str(), host_port) {
+        (Some(scheme), Some(hp)) => format!("{} {scheme}://{hp}{}", req.method(), u.path()),
+        // Origin-form (`GET /`): not a proxy request.
+        _ => format!("{} {}", req.method(), u.path()),
     }
 }
 

@@ -94,7 +94,7 @@ impl Decision {
             Reason::InvalidTarget => "the target is not a valid host name or canonical IP literal with a port".into(),
             Reason::AuthRequired => "no sandbox identity: send Proxy-Authorization: Basic (sandbox id and token)".into(),
             Reason::AuthFailed => "wrong sandbox id or token".into(),
-            Reason::UnknownSandbox => format!("no sandbox `{sandbox}` is configured"),
+            Reason::UnknownSandbox => "the sandbox id in Proxy-Authorization is not configured".into(),
             Reason::RateLimited => format!("sandbox {sandbox} is opening connections faster than its limit"),
             Reason::ConnectionLimit => format!("sandbox {sandbox} has too many open connections"),
             Reason::DnsError => "the proxy's resolver failed".into(),

@@ -121,6 +121,9 @@ struct RuleSet {
     addrs: AddrTable<Arc<Rule>>,
     /// Match address rules against embedded IPv4 forms too (deny rules only).
     match_embedded: bool,
+    /// The distinct port sets of its address rules (a name is resolved to try them only for a
+    /// port one of them allows).
+    addr_ports: Vec<PortSet>,
 }
 
 impl RuleSet {
@@ -161,8 +164,16 @@ impl RuleSet {
                     pattern,
                     fixed_suffix,
                 } => names.add_glob(pattern, fixed_suffix, rule),
-                HostPattern::Net(net) => set.addrs.insert(*net, rule),
+                HostPattern::Net(net) => {
+                    if !set.addr_ports.contains(&rule.ports) {
+                        set.addr_ports.push(rule.ports.clone());
+                    }
+                    set.addrs.insert(*net, rule)
+                }
                 HostPattern::Localhost => {
+                    if !set.addr_ports.contains(&rule.ports) {
+                        set.addr_ports.push(rule.ports.clone());
+                    }
                     names.add_exact("localhost", rule.clone());
                     set.addrs.insert(
                         IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(127, 0, 0, 0), 8)),
@@ -357,7 +368,8 @@ impl CompiledPolicy {
             None => Decision::deny(Reason::NoRuleMatched, None),
         };
         let Some(addrs) = addrs else {
-            let pending = !self.allow.addrs.is_empty();
+            // Address rules could allow it only if one of them allows this port.
+            let pending = self.allow.addr_ports.iter().any(|p| p.contains(port));
             return (refuse(near_miss), pending);
         };
         if addrs.is_empty() || self.allow.addrs.is_empty() {
