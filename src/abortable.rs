@@ -51,15 +51,27 @@ impl Cut {
     }
 }
 
-/// A TCP socket that is reset instead of closed when dropped after its [`Cut`] aborted.
-pub struct Abortable {
+/// A stream with a TCP socket underneath (plain, or TLS over TCP): what can be reset.
+pub trait OverTcp: AsyncRead + AsyncWrite + Unpin {
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl OverTcp for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+/// A TCP socket (or a stream over one) that is reset instead of closed when dropped after its
+/// [`Cut`] aborted.
+pub struct Abortable<S: OverTcp = TcpStream> {
     /// `None` only after [`Abortable::into_inner`].
-    stream: Option<TcpStream>,
+    stream: Option<S>,
     cut: Arc<Cut>,
 }
 
-impl Abortable {
-    pub fn new(stream: TcpStream, cut: Arc<Cut>) -> Self {
+impl<S: OverTcp> Abortable<S> {
+    pub fn new(stream: S, cut: Arc<Cut>) -> Self {
         Abortable {
             stream: Some(stream),
             cut,
@@ -67,11 +79,11 @@ impl Abortable {
     }
 
     /// The socket itself (a CONNECT tunnel takes it over and closes it its own way).
-    pub fn into_inner(mut self) -> Option<TcpStream> {
+    pub fn into_inner(mut self) -> Option<S> {
         self.stream.take()
     }
 
-    fn stream(&mut self) -> io::Result<Pin<&mut TcpStream>> {
+    fn stream(&mut self) -> io::Result<Pin<&mut S>> {
         match self.stream.as_mut() {
             Some(s) => Ok(Pin::new(s)),
             None => Err(io::ErrorKind::NotConnected.into()),
@@ -79,17 +91,17 @@ impl Abortable {
     }
 }
 
-impl Drop for Abortable {
+impl<S: OverTcp> Drop for Abortable<S> {
     fn drop(&mut self) {
         if let Some(s) = &self.stream {
             if self.cut.aborted() {
-                let _ = s.set_zero_linger();
+                let _ = s.tcp().set_zero_linger();
             }
         }
     }
 }
 
-impl AsyncRead for Abortable {
+impl<S: OverTcp> AsyncRead for Abortable<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -102,7 +114,7 @@ impl AsyncRead for Abortable {
     }
 }
 
-impl AsyncWrite for Abortable {
+impl<S: OverTcp> AsyncWrite for Abortable<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

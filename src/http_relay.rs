@@ -61,8 +61,8 @@ pub fn check(head: &Head, expected: &Target) -> Result<(), Mismatch> {
 /// request head) and checking every request head against `expected`. With `report`, a
 /// mismatch is recorded and the request relayed anyway.
 #[allow(clippy::too_many_arguments)]
-pub async fn relay_checked<F>(
-    mut client: TcpStream,
+pub async fn relay_checked<C, F>(
+    mut client: C,
     mut server: TcpStream,
     first: Vec<u8>,
     expected: &Target,
@@ -72,12 +72,13 @@ pub async fn relay_checked<F>(
     shaper: Option<&SandboxLimiter>,
 ) -> Checked
 where
+    C: crate::abortable::OverTcp,
     F: std::future::Future<Output = Close>,
 {
     let progress = Progress::new();
     let found: Mutex<Option<Mismatch>> = Mutex::new(None);
     let relayed = {
-        let (mut cr, cw) = client.split();
+        let (mut cr, cw) = tokio::io::split(&mut client);
         let (sr, mut sw) = server.split();
         let up = async {
             let mut framer = RequestStream::new();
@@ -107,7 +108,9 @@ where
         // Reset both: nothing queued reaches either side, and the counts leave out what the
         // kernel still held unsent.
         relayed.up = relayed.up.saturating_sub(abort(server));
-        relayed.down = relayed.down.saturating_sub(abort(client));
+        relayed.down = relayed
+            .down
+            .saturating_sub(crate::tunnel::abort_over(client));
     }
     if enforced {
         relayed.close = Close::Eof;

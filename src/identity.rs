@@ -19,6 +19,8 @@ use crate::policy_set::{PolicySet, Sandbox};
 /// How the sandbox was identified (the audit record's `identity`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
+    /// A verified client certificate on the TLS proxy listener.
+    Certificate,
     Token,
     Source,
     Default,
@@ -28,6 +30,7 @@ pub enum Method {
 impl Method {
     pub fn as_str(self) -> &'static str {
         match self {
+            Method::Certificate => "certificate",
             Method::Token => "token",
             Method::Source => "source",
             Method::Default => "default",
@@ -49,6 +52,8 @@ pub struct Identified {
 /// set would still identify it the same way ([`Proof::still_identifies`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proof {
+    /// A verified client certificate named the sandbox (valid while the sandbox exists).
+    Certificate,
     /// The SHA-256 of the token presented in `Proxy-Authorization`.
     Token([u8; 32]),
     /// The client's source address matched the sandbox's `sources`.
@@ -65,6 +70,7 @@ impl Proof {
             return false;
         };
         match self {
+            Proof::Certificate => true,
             Proof::Token(presented) => sb
                 .binding
                 .token_sha256
@@ -81,6 +87,21 @@ impl Proof {
 pub struct Refused {
     pub reason: Reason,
     pub method: Method,
+}
+
+/// Identify a connection by the sandbox id its verified client certificate names: a
+/// configured sandbox, or a refusal (never a fall-through to a weaker method).
+pub fn by_certificate(set: &PolicySet, named: Option<&str>) -> Result<Identified, Refused> {
+    let refused = Refused {
+        reason: Reason::UnknownSandbox,
+        method: Method::Certificate,
+    };
+    let sandbox = named.and_then(|id| set.get(id)).ok_or(refused)?;
+    Ok(Identified {
+        sandbox: sandbox.clone(),
+        method: Method::Certificate,
+        proof: Proof::Certificate,
+    })
 }
 
 /// Identify a connection. `proxy_authorization` is the raw header value, if any.

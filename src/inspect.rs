@@ -49,8 +49,8 @@ pub struct Inspected {
 /// Read the client's first bytes (starting with `early`, what the HTTP layer had already
 /// buffered) until they can be classified, the destination speaks first, 16 KiB arrive or
 /// `wait` passes. Nothing is written to either side.
-pub async fn read_first_bytes(
-    client: &mut TcpStream,
+pub async fn read_first_bytes<C: tokio::io::AsyncRead + Unpin>(
+    client: &mut C,
     server: &mut TcpStream,
     early: Vec<u8>,
     wait: Duration,

@@ -17,12 +17,13 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::abortable::{Abortable, Cut};
+use crate::abortable::{Abortable, Cut, OverTcp};
 use crate::accept::Accepted;
 use crate::admission::UnidentifiedSlot;
 use crate::allowed::Allowed;
 use crate::audit::{AuditGuard, Close, Mode};
 use crate::body::{self, Body};
+use crate::client_io::ClientIo;
 use crate::deny::{self, Refusal};
 use crate::egress;
 use crate::identity::{self, identify};
@@ -30,6 +31,7 @@ use crate::inspect::{self, FirstBytes};
 use crate::peek::Peeked;
 use crate::policy::{Decision, Enforcement};
 use crate::policy_set::Sandbox;
+use crate::proxy_tls::ClientCert;
 use crate::reason::Reason;
 use crate::resolve::ResolveError;
 use crate::shared::Shared;
@@ -56,6 +58,8 @@ pub struct ClientConn {
     /// Fired when a forwarded exchange is revoked (abort) or idles out (close): the client
     /// connection is dropped at once.
     pub cut: Arc<Cut>,
+    /// What the client's certificate says (TLS listener with client certificates).
+    cert: ClientCert,
 }
 
 impl ClientConn {
@@ -80,14 +84,21 @@ impl ClientConn {
 }
 
 /// Serve one client connection until it closes. `unidentified` is its place among its
-/// address's connections that have not identified a sandbox yet.
+/// address's connections that have not identified a sandbox yet; `cert` what its client
+/// certificate (TLS listener) says.
 pub async fn serve(
     shared: Arc<Shared>,
     accepted: Accepted,
-    stream: TcpStream,
+    io: ClientIo,
     unidentified: UnidentifiedSlot,
+    cert: ClientCert,
 ) {
-    let _ = stream.set_nodelay(true);
+    let _ = io.tcp().set_nodelay(true);
+    let stream = match io {
+        ClientIo::Tcp(stream) => stream,
+        // The TLS listener has checked the first bytes (the handshake, within first_byte_ms).
+        tls => return serve_http(shared, accepted, tls, unidentified, cert).await,
+    };
     // A client that connects and says nothing holds its allowance only briefly.
     let mut first = [0u8; 1];
     let wait = shared.admissions.first_byte();
@@ -109,6 +120,17 @@ pub async fn serve(
     if let Some(bad) = malformed_head(&stream).await {
         return refuse_malformed(&shared, accepted, stream, bad).await;
     }
+    serve_http(shared, accepted, ClientIo::Tcp(stream), unidentified, cert).await
+}
+
+/// Serve the HTTP requests of a connection (plain or TLS) until it closes.
+async fn serve_http(
+    shared: Arc<Shared>,
+    accepted: Accepted,
+    io: ClientIo,
+    unidentified: UnidentifiedSlot,
+    cert: ClientCert,
+) {
     let conn = Arc::new(ClientConn {
         shared: shared.clone(),
         accepted,
@@ -117,6 +139,7 @@ pub async fn serve(
         permit: Mutex::new(None),
         identified: std::sync::atomic::AtomicBool::new(false),
         cut: Cut::new(),
+        cert,
     });
     let svc = {
         let conn = conn.clone();
@@ -130,7 +153,7 @@ pub async fn serve(
         .header_read_timeout(shared.settings.timeouts.header)
         .max_buf_size(MAX_HEAD)
         .max_header_size(MAX_HEAD)
-        .serve_connection(TokioIo::new(Abortable::new(stream, conn.cut.clone())), svc)
+        .serve_connection(TokioIo::new(Abortable::new(io, conn.cut.clone())), svc)
         .with_upgrades();
     tokio::pin!(http);
     let mut phase = shared.phase.subscribe();
@@ -307,7 +330,13 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         }
     }
     let default = shared.settings.default_sandbox.as_deref();
-    let who = match identify(&set, credentials, source, default) {
+    let identity = match &conn.cert {
+        // A verified certificate decides: it never falls through to a weaker method.
+        ClientCert::Names(id) => identity::by_certificate(&set, Some(id)),
+        ClientCert::Unnamed => identity::by_certificate(&set, None),
+        ClientCert::Absent => identify(&set, credentials, source, default),
+    };
+    let who = match identity {
         Ok(w) => w,
         Err(refused) => {
             audit.identity_refused(refused.method);
@@ -515,8 +544,8 @@ where
         target,
         mut server,
     } = start;
-    // Always a plain TCP connection underneath on this listener.
-    let Ok(parts) = upgraded.downcast::<TokioIo<Abortable>>() else {
+    // Always a TCP connection (plain or TLS) underneath on this listener.
+    let Ok(parts) = upgraded.downcast::<TokioIo<Abortable<ClientIo>>>() else {
         audit.detail("the upgraded connection is not a TCP socket");
         return Relayed::nothing(Close::Error);
     };
@@ -545,7 +574,7 @@ where
     if let Err(m) = inspect::verify(target, &inspected.first, rules) {
         if m.record(audit, report) {
             // Nothing of the tunnel reaches the destination; both sides are reset.
-            let _ = client.set_zero_linger();
+            let _ = client.tcp().set_zero_linger();
             let _ = server.set_zero_linger();
             return Relayed::nothing(Close::Eof);
         }
@@ -577,8 +606,12 @@ where
     {
         return Relayed::nothing(Close::Error);
     }
-    let mut r =
-        crate::tunnel::relay_tcp(client, server, shared.settings.timeouts.idle, stop, shaper).await;
+    let mut r = match client {
+        ClientIo::Tcp(client) => crate::tunnel::relay_tcp(client, server, idle, stop, shaper).await,
+        ClientIo::Tls(client) => {
+            crate::tunnel::relay_streams(*client, server, idle, stop, shaper).await
+        }
+    };
     r.up += inspected.client.len() as u64;
     r.down += inspected.server.len() as u64;
     r

@@ -133,6 +133,16 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let proxy_tls = match &config.listen.proxy_tls {
+        Some(t) => {
+            let server = crate::proxy_tls::TlsServer::load(t).map_err(anyhow::Error::msg)?;
+            let listener = TcpListener::bind(t.addr)
+                .await
+                .with_context(|| format!("binding listen.proxy_tls {}", t.addr))?;
+            Some((listener, Arc::new(server)))
+        }
+        None => None,
+    };
     let admin = match config.listen.admin {
         Some(a) => Some(
             TcpListener::bind(a)
@@ -151,12 +161,19 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     };
     let dns_addr = dns.as_ref().and_then(|(u, _)| u.local_addr().ok());
     let proxy_addr = proxy.as_ref().and_then(|l| l.local_addr().ok());
+    let proxy_tls_addr = proxy_tls.as_ref().and_then(|(l, _)| l.local_addr().ok());
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     let transparent_addr = transparent.as_ref().and_then(|l| l.local_addr().ok());
-    let listeners: Vec<SocketAddr> = [proxy_addr, admin_addr, transparent_addr, dns_addr]
-        .into_iter()
-        .flatten()
-        .collect();
+    let listeners: Vec<SocketAddr> = [
+        proxy_addr,
+        admin_addr,
+        transparent_addr,
+        dns_addr,
+        proxy_tls_addr,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let set =
         PolicySet::compile(&config, &[], listeners.clone()).context("compiling the policy")?;
     let (resolver, dns_warning) = Resolver::new(&config.dns);
@@ -196,13 +213,28 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     let cap = shared.cap.clone();
     let mut tasks = Vec::new();
     if let Some(l) = proxy {
-        tasks.push(tokio::spawn(accept_loop(l, shared.clone(), Kind::Proxy)));
+        tasks.push(tokio::spawn(accept_loop(
+            l,
+            shared.clone(),
+            Kind::Proxy,
+            None,
+        )));
+    }
+    if let Some((l, tls)) = proxy_tls {
+        tasks.push(tokio::spawn(watch_tls_files(tls.clone())));
+        tasks.push(tokio::spawn(accept_loop(
+            l,
+            shared.clone(),
+            Kind::ProxyTls,
+            Some(tls),
+        )));
     }
     if let Some(l) = transparent {
         tasks.push(tokio::spawn(accept_loop(
             l,
             shared.clone(),
             Kind::Transparent,
+            None,
         )));
     }
     if let Some(l) = admin {
@@ -231,6 +263,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     shared.ready.store(true, Ordering::Release);
     tracing::info!(
         proxy_addr = %proxy_addr.map(|a| a.to_string()).unwrap_or_default(),
+        proxy_tls_addr = %proxy_tls_addr.map(|a| a.to_string()).unwrap_or_default(),
         admin_addr = %admin_addr.map(|a| a.to_string()).unwrap_or_default(),
         transparent_addr = %transparent_addr.map(|a| a.to_string()).unwrap_or_default(),
         dns_addr = %dns_addr.map(|a| a.to_string()).unwrap_or_default(),
@@ -292,6 +325,8 @@ async fn wait_for_signal() {
 #[derive(Clone, Copy)]
 enum Kind {
     Proxy,
+    /// The explicit proxy over TLS.
+    ProxyTls,
     Transparent,
 }
 
@@ -299,7 +334,12 @@ enum Kind {
 /// are admitted per source address until their first request identifies them (then they take
 /// a place under the global cap); transparent connections are identified by their source at
 /// once and take their place under the cap here.
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, kind: Kind) {
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    kind: Kind,
+    tls: Option<Arc<crate::proxy_tls::TlsServer>>,
+) {
     let mut backoff = Duration::from_millis(5);
     loop {
         let (stream, client) = match listener.accept().await {
@@ -328,10 +368,17 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, kind: Kind) {
             continue;
         }
         match kind {
-            Kind::Proxy => match shared.admissions.accept(client.ip()) {
-                Ok(slot) => {
-                    tokio::spawn(crate::proxy::serve(shared, accepted, stream, slot));
-                }
+            Kind::Proxy | Kind::ProxyTls => match shared.admissions.accept(client.ip()) {
+                Ok(slot) => match &tls {
+                    Some(tls) => {
+                        tokio::spawn(serve_tls(shared, accepted, stream, slot, tls.clone()));
+                    }
+                    None => {
+                        let io = crate::client_io::ClientIo::Tcp(stream);
+                        let cert = crate::proxy_tls::ClientCert::Absent;
+                        tokio::spawn(crate::proxy::serve(shared, accepted, io, slot, cert));
+                    }
+                },
                 Err(refusal) => {
                     let (reason, detail) = match refusal {
                         admission::Refusal::Rate(_) => (
@@ -377,7 +424,7 @@ async fn refuse_early(
     detail: &'static str,
 ) {
     let mode = match kind {
-        Kind::Proxy => Mode::Connect,
+        Kind::Proxy | Kind::ProxyTls => Mode::Connect,
         Kind::Transparent => Mode::Tcp,
     };
     let mut audit = shared.audit(&accepted, mode, &shared.policy.load());
@@ -395,8 +442,75 @@ async fn refuse_early(
             });
             let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&resp)).await;
         }
-        Kind::Transparent => {
+        // No HTTP before the handshake: reset.
+        Kind::ProxyTls | Kind::Transparent => {
             let _ = stream.set_zero_linger();
+        }
+    }
+}
+
+/// The TLS proxy listener: the handshake (within `admission.first_byte_ms`), what the client
+/// certificate says, then the explicit proxy over the TLS stream. A failed handshake is
+/// audited (a client certificate that does not verify: `auth_failed`).
+async fn serve_tls(
+    shared: Arc<Shared>,
+    accepted: Accepted,
+    stream: TcpStream,
+    slot: crate::admission::UnidentifiedSlot,
+    tls: Arc<crate::proxy_tls::TlsServer>,
+) {
+    let _ = stream.set_nodelay(true);
+    let wait = shared.admissions.first_byte();
+    let (reason, close, detail) =
+        match tokio::time::timeout(wait, tls.acceptor().accept(stream)).await {
+            Ok(Ok(s)) => {
+                let cert = tls.client_sandbox(s.get_ref().1.peer_certificates());
+                let io = crate::client_io::ClientIo::Tls(Box::new(s));
+                return crate::proxy::serve(shared, accepted, io, slot, cert).await;
+            }
+            Ok(Err(e)) => {
+                let cert_error = e
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                    .is_some_and(|r| {
+                        matches!(
+                            r,
+                            rustls::Error::InvalidCertificate(_)
+                                | rustls::Error::NoCertificatesPresented
+                        )
+                    });
+                let reason = if cert_error {
+                    Reason::AuthFailed
+                } else {
+                    Reason::InvalidTarget
+                };
+                (reason, Close::Error, format!("TLS handshake failed: {e}"))
+            }
+            Err(_) => (
+                Reason::InvalidTarget,
+                Close::Idle,
+                "no TLS handshake within admission.first_byte_ms".to_string(),
+            ),
+        };
+    let mut audit = shared.audit(&accepted, Mode::Connect, &shared.policy.load());
+    audit.decision(&Decision::deny(reason, None));
+    audit.close(close);
+    audit.detail(detail);
+}
+
+/// Poll the TLS listener's certificate, key and client CA once a second; reload on change.
+async fn watch_tls_files(tls: Arc<crate::proxy_tls::TlsServer>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let t = tls.clone();
+        let r = tokio::task::spawn_blocking(move || t.reload_if_changed()).await;
+        match r {
+            Ok(Some(Ok(()))) => tracing::info!("listen.proxy_tls: certificate reloaded"),
+            Ok(Some(Err(e))) => {
+                tracing::warn!(error = %e, "listen.proxy_tls: new files not loaded; the previous certificate stays in force")
+            }
+            _ => {}
         }
     }
 }
@@ -414,7 +528,7 @@ async fn refuse_unrecorded(mut stream: TcpStream, kind: Kind) {
             let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes()))
                 .await;
         }
-        Kind::Transparent => {
+        Kind::ProxyTls | Kind::Transparent => {
             let _ = stream.set_zero_linger();
         }
     }

@@ -221,6 +221,36 @@ where
     r
 }
 
+/// Relay between any client stream over TCP (a TLS client connection) and a TCP socket, in
+/// user space, shaped when a `shaper` is given; aborted (reset) like [`relay_tcp`]. The
+/// client's unsent count is in TLS record bytes, not payload bytes.
+pub async fn relay_streams<C, F>(
+    mut client: C,
+    mut server: TcpStream,
+    idle: Duration,
+    stop: F,
+    shaper: Option<&SandboxLimiter>,
+) -> Relayed
+where
+    C: crate::abortable::OverTcp,
+    F: Future<Output = Close>,
+{
+    let mut r = relay(&mut client, &mut server, idle, stop, shaper).await;
+    if matches!(r.close, Close::Revoked | Close::Shutdown) {
+        r.up = r.up.saturating_sub(abort(server));
+        r.down = r.down.saturating_sub(abort_over(client));
+    }
+    r
+}
+
+/// [`abort`] for a stream over a TCP socket.
+pub(crate) fn abort_over<S: crate::abortable::OverTcp>(stream: S) -> u64 {
+    let _ = stream.tcp().set_zero_linger();
+    let unsent = crate::send_queue::unsent(stream.tcp());
+    drop(stream);
+    unsent
+}
+
 /// Reset `socket` and return how many bytes it still held unsent (discarded by the reset).
 /// Measured immediately before the close: the kernel may still send a little in between
 /// (what an acknowledgement opened in the peer's window), so the count can fall short of what

@@ -11,7 +11,9 @@ use ipnet::IpNet;
 
 use super::error::Sink;
 use super::raw::{RawAdmission, RawDefaults, RawDns, RawLimits, RawListen, RawRuntime};
-use super::{Admission, Defaults, DnsConfig, Limits, Listen, RuntimeLimits, Timeouts};
+use super::{
+    Admission, ClientNames, Defaults, DnsConfig, Limits, Listen, ProxyTls, RuntimeLimits, Timeouts,
+};
 use crate::hostname::normalize_name;
 use crate::policy::ports::PortSet;
 
@@ -332,10 +334,10 @@ fn system_search_domains() -> Vec<String> {
 }
 
 pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut Sink<'_>) -> Listen {
-    if raw.proxy.is_none() && raw.transparent.is_none() {
+    if raw.proxy.is_none() && raw.transparent.is_none() && raw.proxy_tls.is_none() {
         sink.top(
             "listen",
-            "at least one of `proxy` and `transparent` must be set",
+            "at least one of `proxy`, `proxy_tls` and `transparent` must be set",
             Some("listen:"),
         );
     }
@@ -344,8 +346,56 @@ pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut S
             sink.top("listen.admin", format!("{admin} is not loopback: set `admin_token_file` so that mutating admin calls need a bearer token"), Some("admin:"));
         }
     }
+    let proxy_tls = raw.proxy_tls.map(|t| {
+        let client_names = match (&t.client_uri_prefix, t.client_cn) {
+            (Some(_), true) => {
+                sink.top(
+                    "listen.proxy_tls",
+                    "set one of `client_uri_prefix` and `client_cn`, not both",
+                    Some("client_cn"),
+                );
+                ClientNames::None
+            }
+            (Some(p), false) if p.is_empty() => {
+                sink.top(
+                    "listen.proxy_tls.client_uri_prefix",
+                    "must not be empty",
+                    Some("client_uri_prefix"),
+                );
+                ClientNames::None
+            }
+            (Some(p), false) => ClientNames::UriPrefix(p.clone()),
+            (None, true) => ClientNames::CommonName,
+            (None, false) => ClientNames::None,
+        };
+        match (&t.client_ca_file, &client_names) {
+            (Some(_), ClientNames::None) if t.client_uri_prefix.is_none() && !t.client_cn => {
+                sink.top(
+                    "listen.proxy_tls",
+                    "`client_ca_file` needs `client_uri_prefix` or `client_cn` (how a certificate names its sandbox)",
+                    Some("client_ca_file"),
+                );
+            }
+            (None, ClientNames::UriPrefix(_) | ClientNames::CommonName) => {
+                sink.top(
+                    "listen.proxy_tls",
+                    "client certificate names need `client_ca_file` (the CA that signs them)",
+                    Some("proxy_tls"),
+                );
+            }
+            _ => {}
+        }
+        ProxyTls {
+            addr: t.addr,
+            cert_file: t.cert_file.into(),
+            key_file: t.key_file.into(),
+            client_ca_file: t.client_ca_file.map(Into::into),
+            client_names,
+        }
+    });
     Listen {
         proxy: raw.proxy,
+        proxy_tls,
         transparent: raw.transparent,
         transparent_tproxy: raw.transparent_tproxy,
         admin: raw.admin,

@@ -55,8 +55,33 @@ pub struct Listen {
     pub admin: Option<SocketAddr>,
     /// The DNS listener (UDP and TCP on the same address); off by default.
     pub dns: Option<SocketAddr>,
+    /// The HTTPS proxy listener; off by default.
+    pub proxy_tls: Option<ProxyTls>,
     /// Sidecar mode: the sandbox of connections no other method identifies.
     pub default_sandbox: Option<String>,
+}
+
+/// `listen.proxy_tls`, paths resolved against the config file's directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyTls {
+    pub addr: SocketAddr,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// Client certificates signed by this CA identify sandboxes (optional for clients).
+    pub client_ca_file: Option<PathBuf>,
+    /// How a client certificate names its sandbox.
+    pub client_names: ClientNames,
+}
+
+/// How a verified client certificate names its sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientNames {
+    /// No client certificates are asked for.
+    None,
+    /// A URI SAN `<prefix><sandbox id>` (e.g. `spiffe://cluster.local/sandbox/agent1`).
+    UriPrefix(String),
+    /// The subject common name is the sandbox id.
+    CommonName,
 }
 
 /// `audit.dns`: which DNS listener queries are recorded.
@@ -374,6 +399,12 @@ pub fn load_str(
             base_dir.join(p)
         }
     };
+    let mut listen = listen;
+    if let Some(t) = listen.proxy_tls.as_mut() {
+        t.cert_file = rel(&t.cert_file.to_string_lossy());
+        t.key_file = rel(&t.key_file.to_string_lossy());
+        t.client_ca_file = t.client_ca_file.as_ref().map(|p| rel(&p.to_string_lossy()));
+    }
     let index = refs::index_dirs(
         &sandbox_dirs
             .iter()

@@ -50,8 +50,28 @@ pub struct RawListen {
     pub admin: Option<SocketAddr>,
     #[serde(default)]
     pub dns: Option<SocketAddr>,
+    /// The HTTPS proxy listener.
+    #[serde(default)]
+    pub proxy_tls: Option<RawProxyTls>,
     #[serde(default)]
     pub default_sandbox: Option<String>,
+}
+
+/// `listen.proxy_tls`: the explicit proxy over TLS, optionally with client certificates.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProxyTls {
+    pub addr: SocketAddr,
+    pub cert_file: String,
+    pub key_file: String,
+    #[serde(default)]
+    pub client_ca_file: Option<String>,
+    /// A URI SAN starting with this names the sandbox (the rest of it is the id).
+    #[serde(default)]
+    pub client_uri_prefix: Option<String>,
+    /// The subject CN names the sandbox.
+    #[serde(default)]
+    pub client_cn: bool,
 }
 
 impl Default for RawListen {
@@ -62,6 +82,7 @@ impl Default for RawListen {
             transparent_tproxy: false,
             admin: d_admin(),
             dns: None,
+            proxy_tls: None,
             default_sandbox: None,
         }
     }

@@ -1,0 +1,318 @@
+//! The HTTPS proxy listener (`listen.proxy_tls`) with real curl and openssl: tokens over TLS,
+//! client certificates that name sandboxes (and ones that name none, or come from another
+//! CA), and a certificate rotation under an open tunnel.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType};
+
+/// A CA that issues PEM files into a directory.
+struct Pki {
+    dir: PathBuf,
+    ca: rcgen::Certificate,
+    key: KeyPair,
+    pub ca_pem: PathBuf,
+}
+
+impl Pki {
+    fn new(dir: &Path, name: &str) -> Pki {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name.push(DnType::CommonName, name);
+        let ca = p.self_signed(&key).unwrap();
+        let ca_pem = dir.join(format!("{name}-ca.pem"));
+        std::fs::write(&ca_pem, ca.pem()).unwrap();
+        Pki {
+            dir: dir.to_path_buf(),
+            ca,
+            key,
+            ca_pem,
+        }
+    }
+
+    /// Issue a certificate (CN `cn`, the given SANs) as `<file>.pem` / `<file>.key`.
+    fn issue(&self, file: &str, cn: &str, sans: Vec<SanType>) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.subject_alt_names = sans;
+        let cert = p.signed_by(&key, &self.ca, &self.key).unwrap();
+        let (c, k) = (
+            self.dir.join(format!("{file}.pem")),
+            self.dir.join(format!("{file}.key")),
+        );
+        // Written to a temporary name and renamed, as a Secret rotation does.
+        std::fs::write(self.dir.join("tmp.pem"), cert.pem()).unwrap();
+        std::fs::write(self.dir.join("tmp.key"), key.serialize_pem()).unwrap();
+        std::fs::rename(self.dir.join("tmp.key"), &k).unwrap();
+        std::fs::rename(self.dir.join("tmp.pem"), &c).unwrap();
+        (c, k)
+    }
+}
+
+fn uri(s: &str) -> SanType {
+    SanType::URI(s.try_into().unwrap())
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    proxy: Proxy,
+    tls: std::net::SocketAddr,
+    server_pki: Pki,
+    client_pki: Pki,
+    origin_ca: PathBuf,
+    origin: Origin,
+    plain: Origin,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let server_pki = Pki::new(d, "proxy");
+    server_pki.issue(
+        "server",
+        "egress-proxy",
+        vec![SanType::IpAddress("127.0.0.1".parse().unwrap())],
+    );
+    let client_pki = Pki::new(d, "clients");
+    let ca = TestCa::generate(d);
+    let origin = Origin::start(Some(&ca));
+    let plain = Origin::start(None);
+    let yaml = format!(
+        r#"
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], big.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.0/8] }}
+sandboxes:
+  - id: agent1
+    auth: {{ token_sha256: {sha} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*", "127.0.0.1/32:*"] }} }}
+  - id: agent2
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["big.test:*"] }} }}
+"#,
+        sha = sha("tok-agent1")
+    );
+    let audit = d.join("audit.jsonl");
+    let config = d.join("proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen:\n  proxy: 127.0.0.1:0\n  admin: 127.0.0.1:0\n  proxy_tls:\n    addr: 127.0.0.1:0\n    cert_file: server.pem\n    key_file: server.key\n    client_ca_file: clients-ca.pem\n    client_uri_prefix: \"spiffe://cluster.local/sandbox/\"\naudit: {{ path: {} }}\n{yaml}",
+            audit.display()
+        ),
+    )
+    .unwrap();
+    let proxy = Proxy::start_with(config, audit, &[]);
+    let tls = proxy_tls_addr(&proxy);
+    Setup {
+        origin_ca: ca.ca_pem.clone(),
+        _dir: dir,
+        proxy,
+        tls,
+        server_pki,
+        client_pki,
+        origin,
+        plain,
+    }
+}
+
+/// The TLS listener's address, from the "listening" log line.
+fn proxy_tls_addr(p: &Proxy) -> std::net::SocketAddr {
+    let text = p.stderr_text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("\"listening\""))
+        .expect("listening line");
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    v["fields"]["proxy_tls_addr"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// curl through the TLS proxy; (exit code, stdout + stderr).
+fn curl_via(s: &Setup, extra: &[&str], url: &str) -> (i32, String) {
+    let proxy = format!("https://{}", s.tls);
+    let mut args = vec![
+        "-sS",
+        "--max-time",
+        "10",
+        "--proxy",
+        &proxy,
+        "--proxy-cacert",
+    ];
+    let ca = s.server_pki.ca_pem.to_str().unwrap().to_string();
+    args.push(&ca);
+    let origin_ca = s.origin_ca.to_str().unwrap().to_string();
+    args.extend(["--cacert", &origin_ca]);
+    args.extend(extra);
+    args.push(url);
+    let out = curl(&args);
+    (out.code, format!("{}{}", out.text(), out.stderr))
+}
+
+#[test]
+fn tokens_over_tls_and_client_certificates_that_name_sandboxes() {
+    let s = setup();
+    let op = s.origin.addr.port();
+    // A token, now inside TLS.
+    let (code, out) = curl_via(
+        &s,
+        &["--proxy-user", "agent1:tok-agent1"],
+        &format!("https://api.test:{op}/over-tls"),
+    );
+    assert_eq!(code, 0, "{out}\n{}", s.proxy.stderr_text());
+    assert!(out.contains("/over-tls"), "{out}");
+    let rec = s.proxy.wait_audit("end", |r| {
+        r["target_host"] == "api.test" && r["decision"] == "allow"
+    });
+    assert_eq!(rec["identity"], "token", "{rec}");
+
+    // A client certificate naming agent2: its policy, not agent1's.
+    let (c2, k2) = s.client_pki.issue(
+        "agent2",
+        "agent2",
+        vec![uri("spiffe://cluster.local/sandbox/agent2")],
+    );
+    let (c2, k2) = (c2.to_str().unwrap(), k2.to_str().unwrap());
+    let (code, out) = curl_via(
+        &s,
+        &["--proxy-cert", c2, "--proxy-key", k2],
+        &format!("https://big.test:{op}/small"),
+    );
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = curl_via(
+        &s,
+        &["--proxy-cert", c2, "--proxy-key", k2, "-v"],
+        &format!("https://api.test:{op}/"),
+    );
+    assert_ne!(code, 0);
+    assert!(
+        out.contains("not in network.egress of sandbox agent2"),
+        "{out}"
+    );
+    let rec = s.proxy.wait_audit("end", |r| {
+        r["target_host"] == "api.test" && r["sandbox"] == "agent2"
+    });
+    assert_eq!(rec["identity"], "certificate", "{rec}");
+
+    // A valid certificate naming no configured sandbox: 407, even with agent1's token (a
+    // certificate never falls through to a weaker method).
+    let (c3, k3) = s.client_pki.issue(
+        "stranger",
+        "agent1",
+        vec![uri("spiffe://cluster.local/sandbox/nobody")],
+    );
+    let (code, out) = curl_via(
+        &s,
+        &[
+            "--proxy-cert",
+            c3.to_str().unwrap(),
+            "--proxy-key",
+            k3.to_str().unwrap(),
+            "--proxy-user",
+            "agent1:tok-agent1",
+            "-v",
+        ],
+        &format!("https://api.test:{op}/"),
+    );
+    assert_ne!(code, 0);
+    assert!(out.contains("< HTTP/1.1 407"), "{out}");
+
+    // A certificate from another CA: the handshake fails, and it is audited.
+    let other = Pki::new(s._dir.path(), "other");
+    let (c4, k4) = other.issue(
+        "forged",
+        "agent2",
+        vec![uri("spiffe://cluster.local/sandbox/agent2")],
+    );
+    let (code, out) = curl_via(
+        &s,
+        &[
+            "--proxy-cert",
+            c4.to_str().unwrap(),
+            "--proxy-key",
+            k4.to_str().unwrap(),
+        ],
+        &format!("https://big.test:{op}/"),
+    );
+    assert_ne!(code, 0, "{out}");
+    let rec = s.proxy.wait_audit("end", |r| {
+        r["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("TLS handshake failed")
+    });
+    assert_eq!(rec["reason"], "auth_failed", "{rec}");
+    assert!(rec["sandbox"].is_null(), "{rec}");
+}
+
+#[test]
+fn a_certificate_rotation_keeps_open_tunnels_and_serves_the_new_one() {
+    let s = setup();
+    let pp = s.plain.addr.port();
+    // A slow download through a tunnel over the TLS listener, still running across the
+    // rotation.
+    let out_file = s._dir.path().join("slow.out");
+    let proxy = format!("https://{}", s.tls);
+    let mut slow = Command::new("curl")
+        .args([
+            "-sS",
+            "-p",
+            "--max-time",
+            "5",
+            "--proxy",
+            &proxy,
+            "--proxy-cacert",
+        ])
+        .arg(&s.server_pki.ca_pem)
+        .args(["--proxy-user", "agent1:tok-agent1", "-o"])
+        .arg(&out_file)
+        .arg(format!("http://127.0.0.1:{pp}/slow"))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    s.server_pki.issue(
+        "server",
+        "rotated",
+        vec![SanType::IpAddress("127.0.0.1".parse().unwrap())],
+    );
+    // The next handshake presents the new certificate (the watcher polls once a second).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let o = Command::new("openssl")
+            .args(["s_client", "-connect", &s.tls.to_string(), "-CAfile"])
+            .arg(&s.server_pki.ca_pem)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        if text.contains("CN=rotated") || text.contains("CN = rotated") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new certificate was never served: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let _ = slow.wait();
+    // 1 KiB every 100 ms for the whole 5 s: far more than the first second could carry.
+    let got = std::fs::metadata(&out_file).map(|m| m.len()).unwrap_or(0);
+    assert!(
+        got > 25 * 1024,
+        "the tunnel stopped at the rotation: {got} bytes"
+    );
+    let rec = s.proxy.wait_audit("end", |r| {
+        r["target_port"] == pp && r["identity"] == "token"
+    });
+    // curl's --max-time ends it abruptly; what matters is that it carried on past the rotation.
+    assert!(rec["bytes_down"].as_u64().unwrap() > 25 * 1024, "{rec}");
+}
