@@ -562,7 +562,7 @@ mod tests {
         let e = load_text("listen: { proxy: null }").unwrap_err();
         assert!(
             e.to_string()
-                .contains("at least one of `proxy` and `transparent`"),
+                .contains("at least one of `proxy`, `proxy_tls` and `transparent`"),
             "{e}"
         );
     }
