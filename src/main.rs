@@ -53,6 +53,21 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Read a sandbox token on stdin and print its `token_sha256:` line (surrounding
+    /// whitespace, such as the newline `echo` adds, is not part of the token — as for
+    /// `token_file`). The token itself is never printed.
+    HashToken,
+    /// Configuration helpers.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigAction {
+    /// Print the embedded default configuration, every key commented.
+    Example,
 }
 
 fn main() -> ExitCode {
@@ -67,7 +82,39 @@ fn main() -> ExitCode {
             target,
         } => check(config, &sandbox, &target, resolve, json),
         Command::Validate { config } => validate(config),
+        Command::HashToken => hash_token(),
+        Command::Config {
+            action: ConfigAction::Example,
+        } => {
+            print!("{}", config::EMBEDDED_CONFIG);
+            ExitCode::SUCCESS
+        }
     }
+}
+
+fn hash_token() -> ExitCode {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut raw = String::new();
+    if let Err(e) = std::io::stdin().read_to_string(&mut raw) {
+        eprintln!("error: cannot read the token from stdin: {e}");
+        return ExitCode::from(2);
+    }
+    let token = raw.trim();
+    if token.is_empty() {
+        eprintln!("error: no token on stdin (try: egress-proxy hash-token < token-file)");
+        return ExitCode::from(2);
+    }
+    if token.len() != raw.len() {
+        eprintln!(
+            "note: surrounding whitespace (such as a trailing newline) is not part of the token"
+        );
+    }
+    println!(
+        "token_sha256: {}",
+        hex::encode(Sha256::digest(token.as_bytes()))
+    );
+    ExitCode::SUCCESS
 }
 
 /// Load the config or print every error and return exit code 2.
@@ -133,7 +180,11 @@ fn validate(path: Option<PathBuf>) -> ExitCode {
             b.policy_ref.as_deref().unwrap_or(&b.policy_file),
         );
     }
-    for w in &config.warnings {
+    for w in config
+        .warnings
+        .iter()
+        .chain(&egress_proxy::report::address_only_hosts(&config, &set))
+    {
         println!("warning: {w}");
     }
     ExitCode::SUCCESS

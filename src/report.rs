@@ -71,3 +71,27 @@ pub async fn check(
     }
     out
 }
+
+/// `validate`'s warnings for `dns.hosts` names that a sandbox reaches only because an address
+/// rule covers every address they resolve to: such a rule allows *every* name that resolves
+/// there (a common surprise with loopback and private services).
+pub fn address_only_hosts(config: &crate::config::Config, set: &PolicySet) -> Vec<String> {
+    use crate::policy::dns_view::NameView;
+    let mut out = Vec::new();
+    for id in set.ids() {
+        let Some(sb) = set.get(id) else { continue };
+        for (name, addrs) in &config.dns.hosts {
+            let by_address = matches!(sb.policy.name_view(name), NameView::AddressRules)
+                && !addrs.is_empty()
+                && addrs.iter().all(|a| sb.policy.covers_address(*a));
+            if by_address {
+                let shown: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+                out.push(format!(
+                    "sandbox {id}: `{name}` (dns.hosts: {}) is allowed only because an address rule of network.egress covers its addresses; every other name resolving there is allowed too. Add `{name}` as a name rule, or deny the names that must not pass",
+                    shown.join(", ")
+                ));
+            }
+        }
+    }
+    out
+}

@@ -287,3 +287,75 @@ fn validate_reports_every_error_with_location() {
         }
     }
 }
+
+#[test]
+fn hash_token_reads_stdin_and_never_prints_the_token() {
+    use std::io::Write;
+    let mut child = bin()
+        .arg("hash-token")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // What `echo` gives: the newline must not become part of the token.
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"s3cret-token\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.trim(),
+        format!("token_sha256: {}", sha_hex("s3cret-token"))
+    );
+    assert!(!stdout.contains("s3cret") && !String::from_utf8_lossy(&out.stderr).contains("s3cret"));
+    // Empty input is a usage error.
+    let out = bin()
+        .arg("hash-token")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+fn sha_hex(s: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+#[test]
+fn config_example_is_the_embedded_config_and_validates() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, text, _) = run(&["config", "example"]);
+    assert_eq!(code, 0);
+    assert_eq!(text, egress_proxy::config::EMBEDDED_CONFIG);
+    let p = write(dir.path(), "example.yaml", &text);
+    let (code, out, err) = run(&["validate", "--config", &p]);
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+#[test]
+fn validate_warns_when_an_address_rule_alone_allows_a_named_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "p.yaml",
+        r#"
+dns: { hosts: { allowed.test: [127.0.0.1], denied.test: [127.0.0.1] } }
+sandboxes:
+  - id: agent1
+    sources: [127.0.0.0/8]
+    policy: { provider: local, config: {}, network: { egress: ["allowed.test:18443", "127.0.0.1/32:18443"] } }
+"#,
+    );
+    let (code, out, err) = run(&["validate", "--config", &p]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("warning: sandbox agent1: `denied.test`"),
+        "{out}"
+    );
+    assert!(!out.contains("`allowed.test`"), "{out}");
+}
