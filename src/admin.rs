@@ -17,7 +17,6 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
-use tokio::net::TcpStream;
 
 use crate::control::{ChangeError, Controller};
 use crate::shared::Shared;
@@ -33,7 +32,10 @@ pub struct Admin {
 }
 
 /// Serve one admin connection.
-pub async fn serve(admin: Arc<Admin>, stream: TcpStream) {
+pub async fn serve<S>(admin: Arc<Admin>, stream: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let svc = service_fn(move |req| {
         let admin = admin.clone();
         async move { Ok::<_, Infallible>(route(&admin, req).await) }

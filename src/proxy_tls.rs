@@ -9,6 +9,8 @@
 //! - With `client_ca_file`, clients *may* present a certificate; one that does not verify
 //!   fails the handshake. A verified certificate names its sandbox by a URI SAN under
 //!   `client_uri_prefix` (SPIFFE style) or by its subject CN ([`TlsServer::client_sandbox`]).
+//! - The admin listener (`listen.admin_tls`) uses the same machinery; there a `client_ca_file`
+//!   makes a client certificate mandatory.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -130,8 +132,12 @@ fn build(s: &ProxyTls) -> Result<ServerConfig, String> {
                     .add(c)
                     .map_err(|e| format!("listen.proxy_tls.client_ca_file {}: {e}", show(ca)))?;
             }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .allow_unauthenticated()
+            let mut verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            if !s.require_client_cert {
+                verifier = verifier.allow_unauthenticated();
+            }
+            let verifier = verifier
                 .build()
                 .map_err(|e| format!("listen.proxy_tls.client_ca_file {}: {e}", show(ca)))?;
             builder.with_client_cert_verifier(verifier)

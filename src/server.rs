@@ -237,14 +237,23 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
             None,
         )));
     }
+    let admin_tls = match &config.listen.admin_tls {
+        Some(t) => Some(Arc::new(
+            crate::proxy_tls::TlsServer::load(t).map_err(anyhow::Error::msg)?,
+        )),
+        None => None,
+    };
     if let Some(l) = admin {
+        if let Some(tls) = &admin_tls {
+            tasks.push(tokio::spawn(watch_tls_files(tls.clone())));
+        }
         let admin = Arc::new(Admin {
             shared: shared.clone(),
             control: control.clone(),
             token_sha256,
             max_body: config.runtime.max_binding_bytes,
         });
-        tasks.push(tokio::spawn(accept_admin(l, admin)));
+        tasks.push(tokio::spawn(accept_admin(l, admin, admin_tls)));
     }
     if let Some((udp, tcp)) = dns {
         let mut server = hickory_server::ServerFuture::new(crate::dns_listener::DnsListener {
@@ -561,12 +570,30 @@ async fn reload_on_sighup(control: Arc<Controller>) {
     }
 }
 
-async fn accept_admin(listener: TcpListener, admin: Arc<Admin>) {
+async fn accept_admin(
+    listener: TcpListener,
+    admin: Arc<Admin>,
+    tls: Option<Arc<crate::proxy_tls::TlsServer>>,
+) {
     loop {
         match listener.accept().await {
-            Ok((stream, _)) => {
-                tokio::spawn(crate::admin::serve(admin.clone(), stream));
-            }
+            Ok((stream, _)) => match &tls {
+                None => {
+                    tokio::spawn(crate::admin::serve(admin.clone(), stream));
+                }
+                Some(tls) => {
+                    let (admin, acceptor) = (admin.clone(), tls.acceptor());
+                    tokio::spawn(async move {
+                        let hs =
+                            tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
+                        match hs.await {
+                            Ok(Ok(s)) => crate::admin::serve(admin, s).await,
+                            Ok(Err(e)) => tracing::debug!(error = %e, "admin TLS handshake failed"),
+                            Err(_) => {}
+                        }
+                    });
+                }
+            },
             Err(e) => {
                 tracing::warn!(error = %e, "admin accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;

@@ -121,19 +121,9 @@ sandboxes:
     }
 }
 
-/// The TLS listener's address, from the "listening" log line.
+/// The TLS listener's address.
 fn proxy_tls_addr(p: &Proxy) -> std::net::SocketAddr {
-    let text = p.stderr_text();
-    let line = text
-        .lines()
-        .find(|l| l.contains("\"listening\""))
-        .expect("listening line");
-    let v: serde_json::Value = serde_json::from_str(line).unwrap();
-    v["fields"]["proxy_tls_addr"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap()
+    p.proxy_tls.expect("listen.proxy_tls is on")
 }
 
 /// curl through the TLS proxy; (exit code, stdout + stderr).
@@ -315,4 +305,47 @@ fn a_certificate_rotation_keeps_open_tunnels_and_serves_the_new_one() {
     });
     // curl's --max-time ends it abruptly; what matters is that it carried on past the rotation.
     assert!(rec["bytes_down"].as_u64().unwrap() > 25 * 1024, "{rec}");
+}
+
+#[test]
+fn the_admin_listener_over_tls_requires_a_client_certificate_when_given_a_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let server = Pki::new(d, "proxy");
+    server.issue(
+        "server",
+        "egress-proxy admin",
+        vec![SanType::IpAddress("127.0.0.1".parse().unwrap())],
+    );
+    let clients = Pki::new(d, "clients");
+    let (cc, ck) = clients.issue("operator", "operator", vec![]);
+    let audit = d.join("audit.jsonl");
+    let config = d.join("proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen:\n  proxy: 127.0.0.1:0\n  admin: 127.0.0.1:0\n  admin_tls: {{ cert_file: server.pem, key_file: server.key, client_ca_file: clients-ca.pem }}\naudit: {{ path: {} }}\n",
+            audit.display()
+        ),
+    )
+    .unwrap();
+    let proxy = Proxy::start_with(config, audit, &[]);
+    let url = format!("https://127.0.0.1:{}/healthz", proxy.admin.port());
+    let ca = server.ca_pem.to_str().unwrap();
+    let out = curl(&["--cacert", ca, &url]);
+    assert_ne!(out.code, 0, "no client certificate, yet: {}", out.text());
+    let out = curl(&[
+        "--cacert",
+        ca,
+        "--cert",
+        cc.to_str().unwrap(),
+        "--key",
+        ck.to_str().unwrap(),
+        &url,
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.text(), "ok\n");
+    // Plain HTTP on the admin port gets nothing.
+    let out = curl(&[&format!("http://127.0.0.1:{}/healthz", proxy.admin.port())]);
+    assert_ne!(out.code, 0);
 }

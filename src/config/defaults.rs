@@ -391,11 +391,28 @@ pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut S
             key_file: t.key_file.into(),
             client_ca_file: t.client_ca_file.map(Into::into),
             client_names,
+            require_client_cert: false,
         }
     });
+    let admin_tls = raw.admin_tls.map(|t| ProxyTls {
+        addr: raw.admin.unwrap_or(ADMIN_ADDR),
+        cert_file: t.cert_file.into(),
+        key_file: t.key_file.into(),
+        require_client_cert: t.client_ca_file.is_some(),
+        client_ca_file: t.client_ca_file.map(Into::into),
+        client_names: ClientNames::None,
+    });
+    if admin_tls.is_some() && raw.admin.is_none() {
+        sink.top(
+            "listen.admin_tls",
+            "the admin listener is off (`admin: null`)",
+            Some("admin_tls"),
+        );
+    }
     Listen {
         proxy: raw.proxy,
         proxy_tls,
+        admin_tls,
         transparent: raw.transparent,
         transparent_tproxy: raw.transparent_tproxy,
         admin: raw.admin,

@@ -57,6 +57,8 @@ pub struct Listen {
     pub dns: Option<SocketAddr>,
     /// The HTTPS proxy listener; off by default.
     pub proxy_tls: Option<ProxyTls>,
+    /// TLS for the admin listener (its `addr` is `admin`'s).
+    pub admin_tls: Option<ProxyTls>,
     /// Sidecar mode: the sandbox of connections no other method identifies.
     pub default_sandbox: Option<String>,
 }
@@ -71,6 +73,8 @@ pub struct ProxyTls {
     pub client_ca_file: Option<PathBuf>,
     /// How a client certificate names its sandbox.
     pub client_names: ClientNames,
+    /// Clients must present a certificate signed by `client_ca_file` (the admin listener).
+    pub require_client_cert: bool,
 }
 
 /// How a verified client certificate names its sandbox.
@@ -400,7 +404,11 @@ pub fn load_str(
         }
     };
     let mut listen = listen;
-    if let Some(t) = listen.proxy_tls.as_mut() {
+    for t in listen
+        .proxy_tls
+        .iter_mut()
+        .chain(listen.admin_tls.iter_mut())
+    {
         t.cert_file = rel(&t.cert_file.to_string_lossy());
         t.key_file = rel(&t.key_file.to_string_lossy());
         t.client_ca_file = t.client_ca_file.as_ref().map(|p| rel(&p.to_string_lossy()));

@@ -53,8 +53,22 @@ pub struct RawListen {
     /// The HTTPS proxy listener.
     #[serde(default)]
     pub proxy_tls: Option<RawProxyTls>,
+    /// TLS for the admin listener.
+    #[serde(default)]
+    pub admin_tls: Option<RawAdminTls>,
     #[serde(default)]
     pub default_sandbox: Option<String>,
+}
+
+/// `listen.admin_tls`: the admin listener over TLS; with `client_ca_file`, only clients with
+/// a certificate signed by it get in.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdminTls {
+    pub cert_file: String,
+    pub key_file: String,
+    #[serde(default)]
+    pub client_ca_file: Option<String>,
 }
 
 /// `listen.proxy_tls`: the explicit proxy over TLS, optionally with client certificates.
@@ -83,6 +97,7 @@ impl Default for RawListen {
             admin: d_admin(),
             dns: None,
             proxy_tls: None,
+            admin_tls: None,
             default_sandbox: None,
         }
     }

@@ -277,6 +277,8 @@ pub struct Proxy {
     pub transparent: Option<SocketAddr>,
     /// The DNS listener (UDP and TCP), when `listen.dns` is set.
     pub dns: Option<SocketAddr>,
+    /// The TLS proxy listener, when `listen.proxy_tls` is set.
+    pub proxy_tls: Option<SocketAddr>,
     pub audit: PathBuf,
     pub config: PathBuf,
     pub child: Child,
@@ -376,6 +378,7 @@ impl Proxy {
             admin: addr("admin_addr").unwrap_or_else(|| "0.0.0.0:0".parse().unwrap()),
             transparent: addr("transparent_addr"),
             dns: addr("dns_addr"),
+            proxy_tls: addr("proxy_tls_addr"),
             audit,
             config,
             child,
