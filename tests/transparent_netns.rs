@@ -313,8 +313,9 @@ fn gateway_sni_host_forged_destination_and_udp() {
     ]);
     assert_ne!(code, 0, "{out}");
     let rec = proxy.wait_record(|r| r["sni"] == "other.test");
-    // other.test has no name rule; its address has a rule for another port only.
-    assert_eq!(rec["reason"], "port_not_allowed");
+    // other.test has no name rule; its address has a rule for another port only, so the
+    // proxy decides without resolving the name (no rule could allow this port).
+    assert_eq!(rec["reason"], "no_rule_matched");
     assert_eq!(rec["decision"], "deny");
     assert!(rec["dialed"].is_null());
 
