@@ -19,12 +19,16 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::control::{ChangeError, Controller};
+use crate::control_plane::{ControlPlane, TTL_RANGE};
 use crate::shared::Shared;
 
 /// What the admin API needs.
 pub struct Admin {
     pub shared: Arc<Shared>,
     pub control: Arc<Controller>,
+    /// The shared control plane, when `control_plane.etcd` is configured: registrations go
+    /// through it instead of `control`.
+    pub plane: Option<Arc<ControlPlane>>,
     /// SHA-256 of the bearer token (`None`: no token configured: mutating calls refused).
     pub token_sha256: Option<[u8; 32]>,
     /// Largest request body (`runtime.max_binding_bytes`).
@@ -137,6 +141,12 @@ fn change_error(e: ChangeError) -> Response<Full<Bytes>> {
         ChangeError::Full(m) => error(StatusCode::TOO_MANY_REQUESTS, m),
         ChangeError::NotFound => error(StatusCode::NOT_FOUND, "no such registered sandbox"),
         ChangeError::Failed(m) => error(StatusCode::INTERNAL_SERVER_ERROR, m),
+        ChangeError::Unavailable(m) => {
+            let mut r = error(StatusCode::SERVICE_UNAVAILABLE, m);
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+            r
+        }
     }
 }
 
@@ -145,7 +155,7 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     let mutating = matches!(method, Method::PUT | Method::DELETE)
-        || (method == Method::POST && path == "/v1/reload");
+        || (method == Method::POST && (path == "/v1/reload" || path.ends_with("/keepalive")));
     if let Some(refused) = admin.gate(&req, mutating) {
         return refused;
     }
@@ -168,7 +178,13 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             "text/plain; version=0.0.4",
             shared.metrics().render(),
         ),
-        (&Method::GET, "/v1/sandboxes") => json_resp(StatusCode::OK, admin.control.list()),
+        (&Method::GET, "/v1/sandboxes") => {
+            let mut list = admin.control.list();
+            if let Some(plane) = &admin.plane {
+                list["control_plane"] = plane.status();
+            }
+            json_resp(StatusCode::OK, list)
+        }
         (&Method::POST, "/v1/reload") => match off_reactor(admin, |c| c.reload("api"))
             .await
             .unwrap_or_else(|| Err(vec!["control-plane task failed".into()]))
@@ -189,6 +205,19 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             };
             check(shared, &body).await
         }
+        (&Method::POST, p) if p.starts_with("/v1/sandboxes/") && p.ends_with("/keepalive") => {
+            let id = p["/v1/sandboxes/".len()..p.len() - "/keepalive".len()].to_string();
+            let Some(plane) = &admin.plane else {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "leases need control_plane.etcd; registrations without it never expire",
+                );
+            };
+            match plane.keepalive(&id).await {
+                Ok(ttl) => json_resp(StatusCode::OK, json!({ "id": id, "ttl_s": ttl })),
+                Err(e) => change_error(e),
+            }
+        }
         (m, p) if p.starts_with("/v1/sandboxes/") => {
             let id = p.trim_start_matches("/v1/sandboxes/").to_string();
             match *m {
@@ -197,45 +226,97 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
                     None => error(StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
                 },
                 Method::PUT => {
+                    let ttl_s = match ttl_param(req.uri().query()) {
+                        Ok(t) => t,
+                        Err(r) => return r,
+                    };
                     let body = match read_body(req, admin.max_body).await {
                         Ok(b) => b,
                         Err(r) => return r,
                     };
-                    let put_id = id.clone();
-                    match off_reactor(admin, move |c| c.put(&put_id, &body))
+                    put(admin, id, body, ttl_s).await
+                }
+                Method::DELETE => {
+                    let result = match &admin.plane {
+                        Some(plane) => plane.delete(&id).await,
+                        None => off_reactor(admin, {
+                            let id = id.clone();
+                            move |c| c.delete(&id)
+                        })
                         .await
                         .unwrap_or_else(|| {
                             Err(ChangeError::Failed("control-plane task failed".into()))
-                        }) {
-                        Ok(created) => json_resp(
-                            if created {
-                                StatusCode::CREATED
-                            } else {
-                                StatusCode::OK
-                            },
-                            json!({ "id": id, "created": created, "policy_version": shared.policy.load().version() }),
+                        }),
+                    };
+                    match result {
+                        Ok(revoked) => json_resp(
+                            StatusCode::OK,
+                            json!({ "id": id, "deleted": true, "tunnels_closed": revoked }),
                         ),
                         Err(e) => change_error(e),
                     }
                 }
-                Method::DELETE => match off_reactor(admin, {
-                    let id = id.clone();
-                    move |c| c.delete(&id)
-                })
-                .await
-                .unwrap_or_else(|| Err(ChangeError::Failed("control-plane task failed".into())))
-                {
-                    Ok(revoked) => json_resp(
-                        StatusCode::OK,
-                        json!({ "id": id, "deleted": true, "tunnels_closed": revoked }),
-                    ),
-                    Err(e) => change_error(e),
-                },
                 _ => error(StatusCode::METHOD_NOT_ALLOWED, "use GET, PUT or DELETE"),
             }
         }
         _ => text(StatusCode::NOT_FOUND, plain, "not found\n".into()),
     }
+}
+
+/// `PUT /v1/sandboxes/{id}`: through etcd when configured, else in this process.
+async fn put(admin: &Admin, id: String, body: String, ttl_s: Option<i64>) -> Response<Full<Bytes>> {
+    let result = match (&admin.plane, ttl_s) {
+        (Some(plane), ttl) => plane.put(&id, &body, ttl).await,
+        (None, Some(_)) => Err(ChangeError::BadRequest(
+            "ttl_s needs control_plane.etcd (leases are etcd's); without it a registration stays until deleted".into(),
+        )),
+        (None, None) => {
+            let put_id = id.clone();
+            off_reactor(admin, move |c| c.put(&put_id, &body))
+                .await
+                .unwrap_or_else(|| Err(ChangeError::Failed("control-plane task failed".into())))
+        }
+    };
+    match result {
+        Ok(created) => json_resp(
+            if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            },
+            json!({ "id": id, "created": created, "policy_version": admin.shared.policy.load().version() }),
+        ),
+        Err(e) => change_error(e),
+    }
+}
+
+/// The query of a PUT: nothing, or `ttl_s=N`.
+fn ttl_param(query: Option<&str>) -> Result<Option<i64>, Response<Full<Bytes>>> {
+    let mut ttl = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("ttl_s", v)) => match v.parse::<i64>() {
+                Ok(n) if TTL_RANGE.contains(&n) => ttl = Some(n),
+                _ => {
+                    return Err(error(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "ttl_s must be a whole number of seconds from {} to {}",
+                            TTL_RANGE.start(),
+                            TTL_RANGE.end()
+                        ),
+                    ))
+                }
+            },
+            _ => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "unknown query parameter (PUT takes only ttl_s)",
+                ))
+            }
+        }
+    }
+    Ok(ttl)
 }
 
 /// Run a control-plane change (compile, fsync, under the controller's lock) on the blocking

@@ -49,6 +49,7 @@ mod body;
 mod client_io;
 pub mod config;
 mod control;
+mod control_plane;
 mod deny;
 mod dns_listener;
 mod dns_memory;

@@ -28,6 +28,9 @@ pub struct Metrics {
     reloads: IntCounterVec,
     policy_info: IntGaugeVec,
     audit_backpressure: IntCounter,
+    control_plane_revision: IntGauge,
+    control_plane_connected: IntGauge,
+    control_plane_errors: IntCounterVec,
 }
 
 /// One sandbox's per-connection metric handles, looked up once per sandbox and policy version
@@ -158,7 +161,28 @@ impl Metrics {
         registry.register(Box::new(dns_queries.clone()))?;
         registry.register(Box::new(reloads.clone()))?;
         registry.register(Box::new(policy_info.clone()))?;
+        let control_plane_revision = IntGauge::new(
+            "egress_control_plane_revision",
+            "The etcd revision this replica has applied (0 without a control plane)",
+        )?;
+        let control_plane_connected = IntGauge::new(
+            "egress_control_plane_connected",
+            "1 while this replica watches etcd, 0 otherwise (it keeps enforcing what it applied)",
+        )?;
+        let control_plane_errors = IntCounterVec::new(
+            Opts::new(
+                "egress_control_plane_errors_total",
+                "Control-plane failures: connect, list, watch, write, invalid_value, compacted",
+            ),
+            &["kind"],
+        )?;
+        registry.register(Box::new(control_plane_revision.clone()))?;
+        registry.register(Box::new(control_plane_connected.clone()))?;
+        registry.register(Box::new(control_plane_errors.clone()))?;
         Ok(Metrics {
+            control_plane_revision,
+            control_plane_connected,
+            control_plane_errors,
             registry,
             connections,
             bytes,
@@ -233,6 +257,23 @@ impl Metrics {
             Timing::Dial => &self.dial_seconds,
         };
         h.observe(since.elapsed().as_secs_f64());
+    }
+
+    /// The etcd revision applied.
+    pub fn control_plane_revision(&self, revision: i64) {
+        self.control_plane_revision.set(revision);
+    }
+
+    /// Whether the watch on etcd is up.
+    pub fn control_plane_connected(&self, up: bool) {
+        self.control_plane_connected.set(i64::from(up));
+    }
+
+    /// Count `n` control-plane failures of one kind.
+    pub fn control_plane_error(&self, kind: &str, n: u64) {
+        self.control_plane_errors
+            .with_label_values(&[kind])
+            .inc_by(n);
     }
 
     /// Mark `version` as the policy in force (and no other).

@@ -253,27 +253,24 @@ impl PolicySet {
     /// This set with `b` added or replaced: only `b` is compiled; every other sandbox is
     /// shared with this set.
     pub fn with_binding(&self, b: &Arc<Binding>) -> Result<Self, CompileError> {
-        let sb = compile_sandbox(b, &self.default_ports)?;
-        let mut next = self.clone();
-        next.generation = 0;
-        next.remove_entry(&b.id);
-        let id: Arc<str> = b.id.as_str().into();
-        for s in &b.sources {
-            next.sources.insert(*s, id.clone());
-        }
-        xor(&mut next.sandboxes_digest, &sb.digest);
-        next.sandboxes.insert(b.id.clone(), Arc::new(sb));
-        next.version = version_of(&next.sandboxes_digest, &next.defaults_digest);
-        Ok(next)
+        let mut edit = self.edit();
+        edit.put(b)?;
+        Ok(edit.finish())
     }
 
     /// This set without sandbox `id`.
     pub fn without(&self, id: &str) -> Self {
+        let mut edit = self.edit();
+        edit.remove(id);
+        edit.finish()
+    }
+
+    /// A copy of this set to change several sandboxes in (one copy, one version computed,
+    /// whatever the number of changes).
+    pub fn edit(&self) -> SetEdit {
         let mut next = self.clone();
         next.generation = 0;
-        next.remove_entry(id);
-        next.version = version_of(&next.sandboxes_digest, &next.defaults_digest);
-        next
+        SetEdit(next)
     }
 
     fn remove_entry(&mut self, id: &str) {
@@ -365,6 +362,41 @@ impl PolicySet {
                     && name.ends_with(z.as_str())
                     && name.as_bytes()[name.len() - z.len() - 1] == b'.')
         })
+    }
+}
+
+/// Changes to a [`PolicySet`] in progress ([`PolicySet::edit`]).
+pub struct SetEdit(PolicySet);
+
+impl SetEdit {
+    /// Add or replace `b`, compiling only it.
+    pub fn put(&mut self, b: &Arc<Binding>) -> Result<(), CompileError> {
+        let sb = compile_sandbox(b, &self.0.default_ports)?;
+        let next = &mut self.0;
+        next.remove_entry(&b.id);
+        let id: Arc<str> = b.id.as_str().into();
+        for s in &b.sources {
+            next.sources.insert(*s, id.clone());
+        }
+        xor(&mut next.sandboxes_digest, &sb.digest);
+        next.sandboxes.insert(b.id.clone(), Arc::new(sb));
+        Ok(())
+    }
+
+    /// Remove sandbox `id` (nothing when absent).
+    pub fn remove(&mut self, id: &str) {
+        self.0.remove_entry(id);
+    }
+
+    /// The set as edited.
+    pub fn get(&self, id: &str) -> Option<&Arc<Sandbox>> {
+        self.0.get(id)
+    }
+
+    /// The edited set, with its new version.
+    pub fn finish(mut self) -> PolicySet {
+        self.0.version = version_of(&self.0.sandboxes_digest, &self.0.defaults_digest);
+        self.0
     }
 }
 

@@ -209,6 +209,11 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     for problem in control.restore() {
         tracing::warn!(problem = %problem, "state_dir");
     }
+    // With etcd, registrations come from there: ready once the first list is applied.
+    let plane = config
+        .etcd
+        .clone()
+        .map(|cfg| crate::control_plane::ControlPlane::new(cfg, control.clone(), shared.clone()));
     let version = shared.policy.load().version().to_string();
     let cap = shared.cap.clone();
     let mut tasks = Vec::new();
@@ -250,6 +255,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         let admin = Arc::new(Admin {
             shared: shared.clone(),
             control: control.clone(),
+            plane: plane.clone(),
             token_sha256,
             max_body: config.runtime.max_binding_bytes,
         });
@@ -269,7 +275,10 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     }
     tasks.push(tokio::spawn(watch_files(control.clone())));
     tasks.push(tokio::spawn(reload_on_sighup(control.clone())));
-    shared.ready.store(true, Ordering::Release);
+    match &plane {
+        Some(p) => tasks.push(p.spawn()),
+        None => shared.ready.store(true, Ordering::Release),
+    }
     tracing::info!(
         proxy_addr = %proxy_addr.map(|a| a.to_string()).unwrap_or_default(),
         proxy_tls_addr = %proxy_tls_addr.map(|a| a.to_string()).unwrap_or_default(),

@@ -12,6 +12,7 @@
 mod binding;
 pub mod block;
 mod conformance;
+pub mod control_plane;
 pub mod defaults;
 pub mod error;
 mod raw;
@@ -29,6 +30,8 @@ use serde_yaml::{Mapping, Value};
 
 use binding::{build_binding, id_lines, BindingCtx};
 pub use block::SandboxBlock;
+use control_plane::{resolve_control_plane, RawControlPlane};
+pub use control_plane::{EtcdConfig, EtcdTls};
 use defaults::{resolve_admission, resolve_defaults, resolve_dns, resolve_listen, resolve_runtime};
 use error::{redact, unknown_field, Sink};
 pub use error::{ConfigError, ConfigErrors};
@@ -267,6 +270,8 @@ pub struct Config {
     pub admission: Admission,
     /// Bounds on runtime registrations.
     pub runtime: RuntimeLimits,
+    /// `control_plane.etcd`: registrations shared by every replica through etcd.
+    pub etcd: Option<EtcdConfig>,
     pub bindings: Vec<Binding>,
     pub warnings: Vec<String>,
     /// Every file read (config, referenced and indexed SANDBOX.md files): what to watch.
@@ -370,6 +375,8 @@ pub fn load_str(
         section(&mut top, "max_connections", &mut sink).unwrap_or(defaults::MAX_CONNECTIONS);
     let admission: RawAdmission = section(&mut top, "admission", &mut sink).unwrap_or_default();
     let runtime: RawRuntime = section(&mut top, "runtime", &mut sink).unwrap_or_default();
+    let control_plane: RawControlPlane =
+        section(&mut top, "control_plane", &mut sink).unwrap_or_default();
     let sandboxes: Vec<Value> = section(&mut top, "sandboxes", &mut sink).unwrap_or_default();
     let admission = resolve_admission(admission, &mut sink);
     let runtime = resolve_runtime(runtime, &mut sink);
@@ -403,6 +410,13 @@ pub fn load_str(
             base_dir.join(p)
         }
     };
+    let etcd = resolve_control_plane(control_plane, &rel, &mut sink);
+    if etcd.is_some() && state_dir.is_some() {
+        warnings.push(
+            "state_dir is not used for registrations when control_plane.etcd is set: etcd keeps them"
+                .into(),
+        );
+    }
     let mut listen = listen;
     for t in listen
         .proxy_tls
@@ -499,6 +513,7 @@ pub fn load_str(
         audit_dns: audit.dns,
         admission,
         runtime,
+        etcd,
         state_dir: state_dir.map(|p| rel(&p)),
         extra_providers,
         max_connections,

@@ -24,6 +24,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "max_connections",
     "admission",
     "runtime",
+    "control_plane",
     "sandboxes",
 ];
 

@@ -28,12 +28,18 @@ use crate::sandbox_id::SandboxId;
 use crate::shared::Shared;
 use crate::state_store::{StateStore, LOG_FILE};
 
+mod remote;
+
+pub use remote::RemoteChange;
+
 /// A sandbox registered through the API: the binding and its body (canonical JSON).
 #[derive(Clone)]
 struct Registered {
     /// Shared with the compiled sandbox.
     binding: Arc<Binding>,
     json: String,
+    /// The etcd revision it was written at (0: registered locally).
+    revision: i64,
 }
 
 /// What the controller guards.
@@ -47,6 +53,8 @@ struct State {
     store: Result<Option<StateStore>, String>,
     /// (path, modified, length) of every file the configuration was read from.
     fingerprint: Vec<(PathBuf, Option<(SystemTime, u64)>)>,
+    /// Values under the etcd prefix that are not in force, by id: their revision and why.
+    skipped: BTreeMap<String, (i64, String)>,
 }
 
 /// Why a registration call failed, mapped to an HTTP status by the admin API.
@@ -64,6 +72,8 @@ pub enum ChangeError {
     NotFound,
     /// 500: the new set did not compile, or could not be persisted.
     Failed(String),
+    /// 503: the control plane (etcd) cannot take the change now.
+    Unavailable(String),
 }
 
 /// A successful reload: the new policy version, and the settings that changed but only take
@@ -104,6 +114,7 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
         old.runtime.max_binding_bytes != new.runtime.max_binding_bytes,
     );
     check("state_dir", old.state_dir != new.state_dir);
+    check("control_plane", old.etcd != new.etcd);
     check(
         "runtime.state_sync_ms",
         old.runtime.state_sync != new.runtime.state_sync,
@@ -156,6 +167,7 @@ impl Controller {
                 unparsed: BTreeMap::new(),
                 store: Ok(None),
                 fingerprint: fp,
+                skipped: BTreeMap::new(),
             }),
         }
     }
@@ -203,6 +215,10 @@ impl Controller {
             return problems;
         };
         let st = &mut *guard;
+        if st.config.etcd.is_some() {
+            // etcd keeps the registrations ([`crate::control_plane`]).
+            return problems;
+        }
         let Some(dir) = st.config.state_dir.clone() else {
             return problems;
         };
@@ -243,7 +259,14 @@ impl Controller {
                             Err(e) => Some(format!("{what}: skipped: cannot compile: {e}")),
                             Ok(_) => {
                                 let binding = Arc::new(binding);
-                                runtime.insert(id.clone(), Registered { binding, json });
+                                runtime.insert(
+                                    id.clone(),
+                                    Registered {
+                                        binding,
+                                        json,
+                                        revision: 0,
+                                    },
+                                );
                                 None
                             }
                         }
@@ -284,7 +307,15 @@ impl Controller {
                 {
                     Ok((binding, json)) => {
                         let binding = Arc::new(binding);
-                        runtime.insert(id.clone(), Registered { binding, json });
+                        let revision = r.revision;
+                        runtime.insert(
+                            id.clone(),
+                            Registered {
+                                binding,
+                                json,
+                                revision,
+                            },
+                        );
                     }
                     Err(e) => errors.extend(e.0.iter().map(|e| e.to_string())),
                 }
@@ -361,30 +392,11 @@ impl Controller {
 
     /// Register or replace a sandbox. Returns true when it is new.
     pub fn put(&self, id: &str, body: &str) -> Result<bool, ChangeError> {
-        let sid = SandboxId::new(id).map_err(|e| ChangeError::BadRequest(e.to_string()))?;
-        let id = sid.as_str();
         let Ok(mut st) = self.state.lock() else {
             return Err(ChangeError::Failed("lock poisoned".into()));
         };
-        if st.config.bindings.iter().any(|b| b.id == id) {
-            return Err(ChangeError::Conflict(format!(
-                "sandbox {id} is defined in {}; change it there (runtime registrations cannot override file-defined sandboxes)",
-                st.config.origin
-            )));
-        }
-        let max = st.config.runtime.max_sandboxes;
-        if !st.runtime.contains_key(id) && st.runtime.len() >= max {
-            return Err(ChangeError::Full(format!(
-                "{max} sandboxes are registered (runtime.max_sandboxes); delete some first"
-            )));
-        }
-        let (binding, json) = st
-            .config
-            .parse_runtime_binding(body, &format!("PUT /v1/sandboxes/{id}"), id)
-            .map_err(ChangeError::Invalid)?;
-        if let Some(clash) = overlapping_source(&st, id, &binding) {
-            return Err(ChangeError::Conflict(clash));
-        }
+        let (sid, binding, json) = validate_registration(&st, id, body)?;
+        let id = sid.as_str();
         let binding = Arc::new(binding);
         // Only this sandbox is compiled; the new set shares every other one with the current
         // set (which this lock keeps in step with `st`).
@@ -413,7 +425,14 @@ impl Controller {
         };
         let created = st
             .runtime
-            .insert(id.to_string(), Registered { binding, json })
+            .insert(
+                id.to_string(),
+                Registered {
+                    binding,
+                    json,
+                    revision: 0,
+                },
+            )
             .is_none();
         self.publish(set, scope);
         self.count(true);
@@ -537,6 +556,37 @@ impl Controller {
     }
 }
 
+/// Everything a registration is checked for before it is accepted: the id, not a file-defined
+/// sandbox (409), room for it (429), the body (400), no other sandbox's `sources` (409).
+fn validate_registration(
+    st: &State,
+    id: &str,
+    body: &str,
+) -> Result<(SandboxId, Binding, String), ChangeError> {
+    let sid = SandboxId::new(id).map_err(|e| ChangeError::BadRequest(e.to_string()))?;
+    let id = sid.as_str();
+    if st.config.bindings.iter().any(|b| b.id == id) {
+        return Err(ChangeError::Conflict(format!(
+            "sandbox {id} is defined in {}; change it there (runtime registrations cannot override file-defined sandboxes)",
+            st.config.origin
+        )));
+    }
+    let max = st.config.runtime.max_sandboxes;
+    if !st.runtime.contains_key(id) && st.runtime.len() >= max {
+        return Err(ChangeError::Full(format!(
+            "{max} sandboxes are registered (runtime.max_sandboxes); delete some first"
+        )));
+    }
+    let (binding, json) = st
+        .config
+        .parse_runtime_binding(body, &format!("PUT /v1/sandboxes/{id}"), id)
+        .map_err(ChangeError::Invalid)?;
+    if let Some(clash) = overlapping_source(&st.config, &st.runtime, id, &binding) {
+        return Err(ChangeError::Conflict(clash));
+    }
+    Ok((sid, binding, json))
+}
+
 /// The `state_dir` log to record a change in: `None` without a `state_dir`; an error when
 /// one is configured but could not be opened (the change is refused rather than not kept).
 fn store_of(st: &mut State) -> Result<Option<&mut StateStore>, ChangeError> {
@@ -574,17 +624,21 @@ fn compact_if_due(st: &mut State) {
 
 /// A `sources` range of `binding` that overlaps a range of another sandbox: a registration
 /// may not take over (or carve out) another sandbox's addresses.
-fn overlapping_source(st: &State, id: &str, binding: &Binding) -> Option<String> {
+fn overlapping_source(
+    config: &Config,
+    runtime: &BTreeMap<String, Registered>,
+    id: &str,
+    binding: &Binding,
+) -> Option<String> {
     if binding.sources.is_empty() {
         return None;
     }
     // Linear in the sandboxes that have sources (the common runtime registration has none
     // and costs nothing here).
-    let others = st
-        .config
+    let others = config
         .bindings
         .iter()
-        .chain(st.runtime.values().map(|r| &*r.binding))
+        .chain(runtime.values().map(|r| &*r.binding))
         .filter(|b| !b.sources.is_empty() && b.id != id);
     for other in others {
         for mine in &binding.sources {
