@@ -1,6 +1,6 @@
 //! Connecting to etcd as `control_plane.etcd` says: endpoints, user and password (read from
 //! `password_file` at each connection, never kept), TLS with a CA and an optional client
-//! certificate, HTTP/2 keep-alive so that a dead peer is noticed within seconds.
+//! certificate, HTTP/2 keep-alive so that a silent peer is noticed within 15 s (a closed one at once).
 
 use std::time::Duration;
 
@@ -8,12 +8,17 @@ use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
 use crate::config::EtcdConfig;
 
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Open a client. The channel connects lazily and reconnects by itself; this fails only on
 /// bad settings or failed authentication.
 pub(super) async fn connect(cfg: &EtcdConfig) -> Result<Client, String> {
     let mut opts = ConnectOptions::new()
         .with_connect_timeout(cfg.dial_timeout)
-        .with_keep_alive(Duration::from_secs(2), cfg.dial_timeout)
+        // etcd refuses pings more often than every 5 s (`--grpc-keepalive-min-time`) by
+        // closing the connection, so ping every 10 s.
+        .with_keep_alive(KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT)
         .with_keep_alive_while_idle(true)
         .with_require_leader(true);
     if let (Some(user), Some(file)) = (&cfg.username, &cfg.password_file) {

@@ -811,3 +811,140 @@ pub fn stalled_download(proxy: SocketAddr, origin: &Origin, auth: Option<&str>) 
         .unwrap();
     s
 }
+
+/// A free loopback TCP port (bound and released: a tiny race, acceptable in tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A real single-member etcd (Debian's `etcd-server`) on loopback ports with a temporary data
+/// directory; killed on drop.
+pub struct Etcd {
+    pub client_port: u16,
+    peer_port: u16,
+    data: PathBuf,
+    child: Option<Child>,
+}
+
+impl Etcd {
+    /// Start etcd, or `None` with the reason printed when etcd or etcdctl is not installed
+    /// here. Under CI (`CI` set) a missing etcd is a failure: CI installs it.
+    pub fn start(dir: &Path) -> Option<Etcd> {
+        for tool in ["etcd", "etcdctl"] {
+            let found = Command::new(tool)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok();
+            if !found {
+                if std::env::var_os("CI").is_some() {
+                    panic!("{tool} is not installed, and CI must run the etcd tests (apt-get install etcd-server etcd-client)");
+                }
+                eprintln!(
+                    "SKIPPED: {tool} is not installed (apt-get install etcd-server etcd-client)"
+                );
+                return None;
+            }
+        }
+        let mut e = Etcd {
+            client_port: free_port(),
+            peer_port: free_port(),
+            data: dir.join("etcd-data"),
+            child: None,
+        };
+        e.spawn(e.client_port);
+        Some(e)
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// (Re)start the member, serving clients on `client_port`, and wait until it is healthy.
+    pub fn spawn(&mut self, client_port: u16) {
+        let client = format!("http://127.0.0.1:{client_port}");
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let child = Command::new("etcd")
+            .args(["--name", "t", "--data-dir"])
+            .arg(&self.data)
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("t={peer}")])
+            .args(["--log-level", "error"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args(["--endpoints", &client, "endpoint", "health"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "etcd did not become healthy");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Kill the member (as a crash would) and wait for it.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// `etcdctl ARGS` against the member on `port`; panics unless it succeeds.
+    pub fn ctl_on(&self, port: u16, args: &[&str]) -> String {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &format!("http://127.0.0.1:{port}")])
+            .args(args)
+            .output()
+            .expect("etcdctl");
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `etcdctl ARGS` against the member.
+    pub fn ctl(&self, args: &[&str]) -> String {
+        self.ctl_on(self.client_port, args)
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Poll `f` every 20 ms until it returns `Some`, for at most `limit`.
+pub fn eventually<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,523 @@
+//! The shared control plane with a real etcd on loopback and several real replicas: a
+//! registration made through one replica is enforced by the others, a DELETE through one
+//! cuts tunnels on another, leases expire everywhere, etcd going away leaves every replica
+//! enforcing what it had (and refusing writes), changes made while it was away are picked
+//! up, garbage under the prefix is skipped, and a late replica loads thousands of sandboxes.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const ADMIN_TOKEN: &str = "admin-token-for-tests";
+const PREFIX: &str = "/egress-test/";
+
+/// One replica's config, in its own directory, pointing at etcd on `port`.
+fn replica_config(dir: &Path, port: u16) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
+    let yaml = format!(
+        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
+audit: {{ path: {audit} }}
+admin_token_file: admin.token
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], slow.test: [127.0.0.1], other.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+control_plane:
+  etcd:
+    endpoints: ["127.0.0.1:{port}"]
+    prefix: {PREFIX}
+    request_timeout_ms: 3000
+sandboxes:
+  - id: filebox
+    auth: {{ token_sha256: {file_tok} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["other.test:*"] }} }}
+"#,
+        audit = dir.join("audit.jsonl").display(),
+        file_tok = sha("file-secret"),
+    );
+    let path = dir.join("proxy.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+fn replica(dir: &Path, port: u16) -> Proxy {
+    let config = replica_config(dir, port);
+    Proxy::start_with(config, dir.join("audit.jsonl"), &[])
+}
+
+fn ready(p: &Proxy) -> bool {
+    admin_req(p.admin, "GET", "/readyz", "", None).0 == 200
+}
+
+fn wait_ready(p: &Proxy) {
+    eventually(Duration::from_secs(20), "/readyz", || {
+        ready(p).then_some(())
+    });
+}
+
+/// A registration body allowing `hosts` with the token `{id}-secret`.
+fn binding(id: &str, hosts: &[&str]) -> String {
+    let egress: Vec<String> = hosts.iter().map(|h| format!("\"{h}\"")).collect();
+    format!(
+        r#"{{"auth":{{"token_sha256":"{}"}},"policy":{{"provider":"local","config":{{}},"network":{{"egress":[{}]}}}}}}"#,
+        sha(&format!("{id}-secret")),
+        egress.join(",")
+    )
+}
+
+fn admin(p: &Proxy, method: &str, path: &str, body: &str) -> (u16, String) {
+    admin_req(p.admin, method, path, body, Some(ADMIN_TOKEN))
+}
+
+/// Whether replica `p` knows sandbox `id` (the admin view of its policy in force).
+fn knows(p: &Proxy, id: &str) -> bool {
+    admin(p, "GET", &format!("/v1/sandboxes/{id}"), "").0 == 200
+}
+
+fn metric(p: &Proxy, prefix: &str) -> Option<f64> {
+    let (_, text) = admin(p, "GET", "/metrics", "");
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+struct Net {
+    ca: TestCa,
+    https: Origin,
+}
+
+impl Net {
+    fn new(dir: &Path) -> Net {
+        let ca = TestCa::generate(dir);
+        let https = Origin::start(Some(&ca));
+        Net { ca, https }
+    }
+
+    /// `curl` through replica `p` as sandbox `id` to `https://host:port/path`.
+    fn get(&self, p: &Proxy, id: &str, host: &str, path: &str) -> CurlOut {
+        self.get_as(p, &format!("{id}:{id}-secret"), host, path)
+    }
+
+    /// The same with credentials `creds` (`id:token`).
+    fn get_as(&self, p: &Proxy, creds: &str, host: &str, path: &str) -> CurlOut {
+        curl(&[
+            "-x",
+            &format!("http://{creds}@{}", p.proxy),
+            "--cacert",
+            &self.ca.ca_pem.display().to_string(),
+            &format!("https://{host}:{}{path}", self.https.addr.port()),
+        ])
+    }
+
+    /// Start a slow download through `p`; returns when its tunnel is open.
+    fn slow(&self, p: &Proxy, id: &str) -> std::thread::JoinHandle<CurlOut> {
+        let args = vec![
+            "-x".to_string(),
+            format!("http://{id}:{id}-secret@{}", p.proxy),
+            "--cacert".to_string(),
+            self.ca.ca_pem.display().to_string(),
+            format!("https://slow.test:{}/slow", self.https.addr.port()),
+        ];
+        let h = std::thread::spawn(move || {
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            curl(&a)
+        });
+        let sandbox = id.to_string();
+        p.wait_audit("open", |r| {
+            r["target_host"] == "slow.test" && r["sandbox"] == sandbox.as_str()
+        });
+        h
+    }
+}
+
+#[test]
+fn replicas_share_registrations_and_a_delete_anywhere_cuts_tunnels_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let net = Net::new(dir.path());
+    let a = replica(&dir.path().join("a"), etcd.client_port);
+    let b = replica(&dir.path().join("b"), etcd.client_port);
+    let c = replica(&dir.path().join("c"), etcd.client_port);
+    for p in [&a, &b, &c] {
+        wait_ready(p);
+    }
+
+    // Unknown everywhere before it is registered.
+    assert_ne!(net.get(&c, "s1", "api.test", "/").code, 0);
+
+    let (status, body) = admin(
+        &a,
+        "PUT",
+        "/v1/sandboxes/s1",
+        &binding("s1", &["api.test:*", "slow.test:*"]),
+    );
+    assert_eq!(status, 201, "{body}");
+    // Read-your-write on A: enforced as soon as PUT answered.
+    let out = net.get(&a, "s1", "api.test", "/via-a");
+    assert_eq!(out.code, 0, "{}", out.text());
+    // C learns it from etcd.
+    eventually(Duration::from_secs(5), "C to apply s1", || {
+        knows(&c, "s1").then_some(())
+    });
+    let out = net.get(&c, "s1", "api.test", "/via-c");
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(
+        out.text().contains("hello from origin /via-c"),
+        "{}",
+        out.text()
+    );
+    let rec = c.wait_record(|r| r["sandbox"] == "s1" && r["target_host"] == "api.test");
+    assert_eq!(rec["decision"], "allow");
+    // The body is stored as PUT takes it.
+    let stored = etcd.ctl(&[
+        "get",
+        "--print-value-only",
+        &format!("{PREFIX}sandboxes/s1"),
+    ]);
+    let v: serde_json::Value = serde_json::from_str(stored.trim()).unwrap();
+    assert_eq!(v["policy"]["network"]["egress"][0], "api.test:*");
+
+    // A second PUT of the same id is a replacement, not a creation.
+    let (status, body) = admin(
+        &b,
+        "PUT",
+        "/v1/sandboxes/s1",
+        &binding("s1", &["api.test:*", "slow.test:*"]),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"created\":false"), "{body}");
+
+    // An open tunnel on A is cut by a DELETE through B.
+    eventually(Duration::from_secs(5), "A to apply the replacement", || {
+        (metric(&a, "egress_control_plane_revision")?
+            >= metric(&b, "egress_control_plane_revision")?)
+        .then_some(())
+    });
+    let slow = net.slow(&a, "s1");
+    let deleted = Instant::now();
+    let (status, body) = admin(&b, "DELETE", "/v1/sandboxes/s1", "");
+    assert_eq!(status, 200, "{body}");
+    let out = slow.join().unwrap();
+    assert_ne!(out.code, 0, "the download through A was cut");
+    let rec = a.wait_record(|r| r["target_host"] == "slow.test");
+    assert_eq!(rec["close"], "revoked", "{rec}");
+    eprintln!("DELETE via B cut A's tunnel after {:?}", deleted.elapsed());
+    // And nobody knows s1 any more.
+    for p in [&a, &b, &c] {
+        eventually(Duration::from_secs(5), "s1 gone", || {
+            (!knows(p, "s1")).then_some(())
+        });
+        assert_ne!(net.get(p, "s1", "api.test", "/").code, 0);
+    }
+    let (status, _) = admin(&c, "DELETE", "/v1/sandboxes/s1", "");
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn writes_are_validated_before_they_reach_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let a = replica(&dir.path().join("a"), etcd.client_port);
+    wait_ready(&a);
+    let (status, body) = admin(&a, "PUT", "/v1/sandboxes/bad", r#"{"policy": 5}"#);
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = admin(
+        &a,
+        "PUT",
+        "/v1/sandboxes/filebox",
+        &binding("filebox", &["api.test"]),
+    );
+    assert_eq!(status, 409, "{body}");
+    let (status, body) = admin(&a, "DELETE", "/v1/sandboxes/filebox", "");
+    assert_eq!(status, 409, "{body}");
+    let (status, body) = admin(
+        &a,
+        "PUT",
+        "/v1/sandboxes/x?ttl_s=0",
+        &binding("x", &["api.test"]),
+    );
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = admin(
+        &a,
+        "PUT",
+        "/v1/sandboxes/x?ttl=5",
+        &binding("x", &["api.test"]),
+    );
+    assert_eq!(status, 400, "{body}");
+    // Nothing was written.
+    let keys = etcd.ctl(&["get", "--prefix", "--keys-only", PREFIX]);
+    assert!(keys.trim().is_empty(), "{keys}");
+    // A sandbox without a lease has nothing to keep alive.
+    assert_eq!(
+        admin(&a, "PUT", "/v1/sandboxes/x", &binding("x", &["api.test"])).0,
+        201
+    );
+    let (status, body) = admin(&a, "POST", "/v1/sandboxes/x/keepalive", "");
+    assert_eq!(status, 409, "{body}");
+    let (status, _) = admin(&a, "POST", "/v1/sandboxes/nobody/keepalive", "");
+    assert_eq!(status, 404);
+    // Keepalive is a mutating call: it needs the admin token.
+    let (status, _) = admin_req(a.admin, "POST", "/v1/sandboxes/x/keepalive", "", None);
+    assert_eq!(status, 401);
+}
+
+#[test]
+fn a_lease_without_keepalive_expires_and_the_sandbox_is_refused_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let net = Net::new(dir.path());
+    let a = replica(&dir.path().join("a"), etcd.client_port);
+    let b = replica(&dir.path().join("b"), etcd.client_port);
+    wait_ready(&a);
+    wait_ready(&b);
+    let (status, body) = admin(
+        &a,
+        "PUT",
+        "/v1/sandboxes/leased?ttl_s=2",
+        &binding("leased", &["api.test:*", "slow.test:*"]),
+    );
+    assert_eq!(status, 201, "{body}");
+    eventually(Duration::from_secs(5), "B to apply", || {
+        knows(&b, "leased").then_some(())
+    });
+    // Kept alive past its TTL, it stays.
+    let kept = Instant::now();
+    while kept.elapsed() < Duration::from_secs(4) {
+        let (status, body) = admin(&b, "POST", "/v1/sandboxes/leased/keepalive", "");
+        assert_eq!(status, 200, "{body}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(knows(&a, "leased") && knows(&b, "leased"));
+    assert_eq!(net.get(&b, "leased", "api.test", "/alive").code, 0);
+    // Then the runtime "dies": an open tunnel is revoked when the lease expires.
+    let slow = net.slow(&a, "leased");
+    let stopped = Instant::now();
+    for p in [&a, &b] {
+        eventually(Duration::from_secs(10), "the lease to expire", || {
+            (!knows(p, "leased")).then_some(())
+        });
+    }
+    eprintln!(
+        "lease of 2 s expired on both replicas {:?} after the last keepalive",
+        stopped.elapsed()
+    );
+    assert_ne!(slow.join().unwrap().code, 0);
+    let rec = a.wait_record(|r| r["target_host"] == "slow.test");
+    assert_eq!(rec["close"], "revoked", "{rec}");
+    assert_ne!(net.get(&b, "leased", "api.test", "/").code, 0);
+    let (status, _) = admin(&a, "POST", "/v1/sandboxes/leased/keepalive", "");
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn without_etcd_replicas_keep_enforcing_refuse_writes_and_catch_up_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let net = Net::new(dir.path());
+    let port = etcd.client_port;
+    let a = replica(&dir.path().join("a"), port);
+    let b = replica(&dir.path().join("b"), port);
+    wait_ready(&a);
+    wait_ready(&b);
+    for id in ["keep", "gone"] {
+        assert_eq!(
+            admin(
+                &a,
+                "PUT",
+                &format!("/v1/sandboxes/{id}"),
+                &binding(id, &["api.test:*"])
+            )
+            .0,
+            201
+        );
+    }
+    for p in [&a, &b] {
+        eventually(Duration::from_secs(5), "both applied", || {
+            (knows(p, "keep") && knows(p, "gone")).then_some(())
+        });
+    }
+
+    etcd.stop();
+    for p in [&a, &b] {
+        eventually(Duration::from_secs(20), "the watch to notice", || {
+            (metric(p, "egress_control_plane_connected")? == 0.0).then_some(())
+        });
+        // Fail static: what was applied stays in force (never empty, never open).
+        let out = net.get(p, "keep", "api.test", "/still");
+        assert_eq!(out.code, 0, "{}", out.text());
+        assert_ne!(net.get(p, "keep", "other.test", "/").code, 0);
+        assert_ne!(net.get(p, "unknown", "api.test", "/").code, 0);
+        // Writes cannot be made: 503.
+        let (status, body) = admin(
+            p,
+            "PUT",
+            "/v1/sandboxes/new",
+            &binding("new", &["api.test:*"]),
+        );
+        assert_eq!(status, 503, "{body}");
+        let (status, body) = admin(p, "DELETE", "/v1/sandboxes/keep", "");
+        assert_eq!(status, 503, "{body}");
+    }
+
+    // Changes made while the replicas cannot see etcd: it comes back on another port first,
+    // is changed with etcdctl, and then returns where the replicas look for it.
+    let side = free_port();
+    etcd.spawn(side);
+    etcd.ctl_on(
+        side,
+        &[
+            "put",
+            &format!("{PREFIX}sandboxes/late"),
+            &binding("late", &["api.test:*"]),
+        ],
+    );
+    etcd.ctl_on(side, &["del", &format!("{PREFIX}sandboxes/gone")]);
+    etcd.stop();
+    assert!(knows(&a, "gone"), "A could not have seen the change yet");
+    etcd.spawn(port);
+    for p in [&a, &b] {
+        eventually(Duration::from_secs(20), "the replica to catch up", || {
+            (knows(p, "late") && !knows(p, "gone")).then_some(())
+        });
+        assert_eq!(net.get(p, "late", "api.test", "/late").code, 0);
+        assert_ne!(net.get(p, "gone", "api.test", "/").code, 0);
+        assert_eq!(net.get(p, "keep", "api.test", "/").code, 0);
+        assert_eq!(metric(p, "egress_control_plane_connected"), Some(1.0));
+    }
+    // Writes work again.
+    let (status, body) = admin(
+        &b,
+        "PUT",
+        "/v1/sandboxes/new",
+        &binding("new", &["api.test:*"]),
+    );
+    assert_eq!(status, 201, "{body}");
+}
+
+#[test]
+fn a_replica_is_not_ready_until_it_has_listed_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let net = Net::new(dir.path());
+    let port = etcd.client_port;
+    etcd.ctl(&[
+        "put",
+        &format!("{PREFIX}sandboxes/s1"),
+        &binding("s1", &["api.test:*"]),
+    ]);
+    etcd.stop();
+    let a = replica(&dir.path().join("a"), port);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!ready(&a), "ready without the registrations");
+    assert_ne!(net.get(&a, "s1", "api.test", "/").code, 0);
+    // The file-defined sandbox is enforced meanwhile.
+    let out = net.get_as(&a, "filebox:file-secret", "other.test", "/");
+    assert_eq!(out.code, 0, "{}", out.text());
+    etcd.spawn(port);
+    wait_ready(&a);
+    let out = net.get(&a, "s1", "api.test", "/");
+    assert_eq!(out.code, 0, "{}", out.text());
+}
+
+#[test]
+fn garbage_under_the_prefix_is_skipped_and_the_rest_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let net = Net::new(dir.path());
+    let key = |id: &str| format!("{PREFIX}sandboxes/{id}");
+    etcd.ctl(&["put", &key("good1"), &binding("good1", &["api.test:*"])]);
+    etcd.ctl(&["put", &key("json"), "{not json"]);
+    etcd.ctl(&[
+        "put",
+        &key("policy"),
+        r#"{"policy":{"provider":"local","config":{},"network":{"egress":["*"]}}}"#,
+    ]);
+    etcd.ctl(&["put", &key("filebox"), &binding("filebox", &["api.test:*"])]);
+    etcd.ctl(&["put", &key("bad id!"), &binding("x", &["api.test:*"])]);
+    etcd.ctl(&["put", &key("good2"), &binding("good2", &["api.test:*"])]);
+    let a = replica(&dir.path().join("a"), etcd.client_port);
+    wait_ready(&a);
+    for id in ["good1", "good2"] {
+        assert!(knows(&a, id));
+        assert_eq!(net.get(&a, id, "api.test", "/").code, 0);
+    }
+    for id in ["json", "policy"] {
+        assert!(!knows(&a, id), "{id} should be skipped");
+    }
+    // The file-defined sandbox keeps its own policy and token.
+    assert_ne!(net.get(&a, "filebox", "api.test", "/").code, 0);
+    let out = net.get_as(&a, "filebox:file-secret", "other.test", "/");
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(
+        metric(
+            &a,
+            "egress_control_plane_errors_total{kind=\"invalid_value\"}"
+        )
+        .unwrap()
+            >= 4.0
+    );
+    // A valid sandbox turned invalid by a later write is removed, not left on its old policy.
+    etcd.ctl(&["put", &key("good2"), "{broken"]);
+    eventually(Duration::from_secs(5), "good2 to be dropped", || {
+        (!knows(&a, "good2")).then_some(())
+    });
+    assert_ne!(net.get(&a, "good2", "api.test", "/").code, 0);
+    // And fixing it brings it back.
+    etcd.ctl(&["put", &key("good2"), &binding("good2", &["api.test:*"])]);
+    eventually(Duration::from_secs(5), "good2 back", || {
+        knows(&a, "good2").then_some(())
+    });
+}
+
+#[test]
+fn a_replica_started_after_two_thousand_registrations_serves_all_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let net = Net::new(dir.path());
+    let a = replica(&dir.path().join("a"), etcd.client_port);
+    wait_ready(&a);
+    // Registered through replica A's API on one keep-alive connection, as a runtime would.
+    let mut conn = std::io::BufReader::new(std::net::TcpStream::connect(a.admin).unwrap());
+    let started = Instant::now();
+    for i in 0..2000 {
+        let id = format!("sb{i}");
+        let status = keep_alive_request(
+            &mut conn,
+            "PUT",
+            &format!("/v1/sandboxes/{id}"),
+            &binding(&id, &["api.test:*"]),
+            ADMIN_TOKEN,
+        );
+        assert_eq!(status, 201, "{id}");
+    }
+    eprintln!("2,000 PUTs through A in {:?}", started.elapsed());
+    let late = replica(&dir.path().join("late"), etcd.client_port);
+    let started = Instant::now();
+    wait_ready(&late);
+    eprintln!("late replica ready after {:?}", started.elapsed());
+    let (_, list) = admin(&late, "GET", "/v1/sandboxes", "");
+    let v: serde_json::Value = serde_json::from_str(&list).unwrap();
+    // 2,000 registered plus the file-defined one.
+    assert_eq!(v["sandboxes"].as_array().unwrap().len(), 2001);
+    for id in ["sb0", "sb999", "sb1999"] {
+        let out = net.get(&late, id, "api.test", "/");
+        assert_eq!(out.code, 0, "{id}: {}", out.text());
+    }
+}
