@@ -228,7 +228,7 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 Method::PUT => {
                     let ttl_s = match ttl_param(req.uri().query()) {
                         Ok(t) => t,
-                        Err(r) => return r,
+                        Err(m) => return error(StatusCode::BAD_REQUEST, m),
                     };
                     let body = match read_body(req, admin.max_body).await {
                         Ok(b) => b,
@@ -291,29 +291,21 @@ async fn put(admin: &Admin, id: String, body: String, ttl_s: Option<i64>) -> Res
 }
 
 /// The query of a PUT: nothing, or `ttl_s=N`.
-fn ttl_param(query: Option<&str>) -> Result<Option<i64>, Response<Full<Bytes>>> {
+fn ttl_param(query: Option<&str>) -> Result<Option<i64>, String> {
     let mut ttl = None;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("ttl_s", v)) => match v.parse::<i64>() {
                 Ok(n) if TTL_RANGE.contains(&n) => ttl = Some(n),
                 _ => {
-                    return Err(error(
-                        StatusCode::BAD_REQUEST,
-                        format!(
-                            "ttl_s must be a whole number of seconds from {} to {}",
-                            TTL_RANGE.start(),
-                            TTL_RANGE.end()
-                        ),
+                    return Err(format!(
+                        "ttl_s must be a whole number of seconds from {} to {}",
+                        TTL_RANGE.start(),
+                        TTL_RANGE.end()
                     ))
                 }
             },
-            _ => {
-                return Err(error(
-                    StatusCode::BAD_REQUEST,
-                    "unknown query parameter (PUT takes only ttl_s)",
-                ))
-            }
+            _ => return Err("unknown query parameter (PUT takes only ttl_s)".into()),
         }
     }
     Ok(ttl)

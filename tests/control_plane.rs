@@ -114,7 +114,7 @@ impl Net {
 
     /// Start a slow download through `p`; returns when its tunnel is open.
     fn slow(&self, p: &Proxy, id: &str) -> std::thread::JoinHandle<CurlOut> {
-        let args = vec![
+        let args = [
             "-x".to_string(),
             format!("http://{id}:{id}-secret@{}", p.proxy),
             "--cacert".to_string(),

@@ -202,3 +202,88 @@ pub(super) fn resolve_control_plane(
         request_timeout,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::super::load_str;
+
+    fn load(yaml: &str) -> Result<super::super::Config, String> {
+        load_str(yaml, "t.yaml", Path::new("/cfg"), None).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_and_relative_paths() {
+        let c = load("control_plane: { etcd: { endpoints: [\"10.0.0.1:2379\"], username: px, password_file: pw } }").unwrap();
+        let e = c.etcd.unwrap();
+        assert_eq!(e.endpoints, ["http://10.0.0.1:2379"]);
+        assert_eq!(e.prefix, "/egress-proxy/");
+        assert_eq!(e.sandbox_key("a1"), "/egress-proxy/sandboxes/a1");
+        assert_eq!(e.password_file.unwrap(), Path::new("/cfg/pw"));
+        assert!(load("{}").unwrap().etcd.is_none());
+    }
+
+    #[test]
+    fn tls_makes_bare_endpoints_https_and_needs_a_ca() {
+        let c =
+            load("control_plane: { etcd: { endpoints: [\"e:2379\"], tls: { ca_file: ca.pem } } }")
+                .unwrap();
+        assert_eq!(c.etcd.unwrap().endpoints, ["https://e:2379"]);
+        let err = load("control_plane: { etcd: { endpoints: [\"e:2379\"], tls: { cert_file: c.pem, key_file: k.pem } } }").unwrap_err();
+        assert!(err.contains("tls.ca_file"), "{err}");
+        let err = load(
+            "control_plane: { etcd: { endpoints: [\"http://e:2379\"], tls: { ca_file: ca.pem } } }",
+        )
+        .unwrap_err();
+        assert!(err.contains("https"), "{err}");
+    }
+
+    #[test]
+    fn every_mistake_is_named() {
+        for (yaml, needle) in [
+            (
+                "control_plane: { etcd: { endpoints: [] } }",
+                "at least one endpoint",
+            ),
+            (
+                "control_plane: { etcd: { endpoints: [\"e\"] } }",
+                "host:port",
+            ),
+            (
+                "control_plane: { etcd: { endpoints: [\"ftp://e:1\"] } }",
+                "ftp://e:1",
+            ),
+            (
+                "control_plane: { etcd: { endpoints: [\"e:1\"], prefix: /x } }",
+                "end with `/`",
+            ),
+            (
+                "control_plane: { etcd: { endpoints: [\"e:1\"], username: u } }",
+                "go together",
+            ),
+            (
+                "control_plane: { etcd: { endpoints: [\"e:1\"], dial_timeout_ms: 5 } }",
+                "from 100",
+            ),
+            (
+                "control_plane: { etcd: { endpoints: [\"e:1\"], typo: 1 } }",
+                "typo",
+            ),
+            ("control_plane: { consul: {} }", "consul"),
+        ] {
+            let err = load(yaml).unwrap_err();
+            assert!(err.contains(needle), "{yaml}: {err}");
+        }
+    }
+
+    #[test]
+    fn state_dir_with_etcd_is_a_warning() {
+        let c = load("state_dir: st\ncontrol_plane: { etcd: { endpoints: [\"e:1\"] } }").unwrap();
+        assert!(
+            c.warnings.iter().any(|w| w.contains("state_dir")),
+            "{:?}",
+            c.warnings
+        );
+    }
+}
