@@ -164,10 +164,18 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         (&Method::GET, "/healthz") => text(StatusCode::OK, plain, "ok\n".into()),
         (&Method::GET, "/readyz") => {
             if shared.ready.load(Ordering::Acquire) {
+                let revision = admin
+                    .plane
+                    .as_ref()
+                    .map(|p| format!(", control plane revision {}", p.revision()))
+                    .unwrap_or_default();
                 text(
                     StatusCode::OK,
                     plain,
-                    format!("ready: policy {}\n", shared.policy.load().version()),
+                    format!(
+                        "ready: policy {}{revision}\n",
+                        shared.policy.load().version()
+                    ),
                 )
             } else {
                 text(StatusCode::SERVICE_UNAVAILABLE, plain, "not ready\n".into())
@@ -238,7 +246,7 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 }
                 Method::DELETE => {
                     let result = match &admin.plane {
-                        Some(plane) => plane.delete(&id).await,
+                        Some(plane) => plane.delete(&id).await.map(|(n, r)| (n, Some(r))),
                         None => off_reactor(admin, {
                             let id = id.clone();
                             move |c| c.delete(&id)
@@ -246,13 +254,18 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
                         .await
                         .unwrap_or_else(|| {
                             Err(ChangeError::Failed("control-plane task failed".into()))
-                        }),
+                        })
+                        .map(|n| (n, None)),
                     };
                     match result {
-                        Ok(revoked) => json_resp(
-                            StatusCode::OK,
-                            json!({ "id": id, "deleted": true, "tunnels_closed": revoked }),
-                        ),
+                        Ok((revoked, revision)) => {
+                            let mut body =
+                                json!({ "id": id, "deleted": true, "tunnels_closed": revoked });
+                            if let Some(r) = revision {
+                                body["revision"] = json!(r);
+                            }
+                            json_resp(StatusCode::OK, body)
+                        }
                         Err(e) => change_error(e),
                     }
                 }
@@ -266,7 +279,7 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
 /// `PUT /v1/sandboxes/{id}`: through etcd when configured, else in this process.
 async fn put(admin: &Admin, id: String, body: String, ttl_s: Option<i64>) -> Response<Full<Bytes>> {
     let result = match (&admin.plane, ttl_s) {
-        (Some(plane), ttl) => plane.put(&id, &body, ttl).await,
+        (Some(plane), ttl) => plane.put(&id, &body, ttl).await.map(|(c, r)| (c, Some(r))),
         (None, Some(_)) => Err(ChangeError::BadRequest(
             "ttl_s needs control_plane.etcd (leases are etcd's); without it a registration stays until deleted".into(),
         )),
@@ -275,17 +288,24 @@ async fn put(admin: &Admin, id: String, body: String, ttl_s: Option<i64>) -> Res
             off_reactor(admin, move |c| c.put(&put_id, &body))
                 .await
                 .unwrap_or_else(|| Err(ChangeError::Failed("control-plane task failed".into())))
+                .map(|c| (c, None))
         }
     };
     match result {
-        Ok(created) => json_resp(
-            if created {
-                StatusCode::CREATED
-            } else {
-                StatusCode::OK
-            },
-            json!({ "id": id, "created": created, "policy_version": admin.shared.policy.load().version() }),
-        ),
+        Ok((created, revision)) => {
+            let mut body = json!({ "id": id, "created": created, "policy_version": admin.shared.policy.load().version() });
+            if let Some(r) = revision {
+                body["revision"] = json!(r);
+            }
+            json_resp(
+                if created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                },
+                body,
+            )
+        }
         Err(e) => change_error(e),
     }
 }

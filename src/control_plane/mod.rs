@@ -139,8 +139,14 @@ impl ControlPlane {
         }
     }
 
-    /// `PUT /v1/sandboxes/{id}[?ttl_s=N]`: returns whether the sandbox is new.
-    pub async fn put(&self, id: &str, body: &str, ttl_s: Option<i64>) -> Result<bool, ChangeError> {
+    /// `PUT /v1/sandboxes/{id}[?ttl_s=N]`: whether the sandbox is new, and the revision
+    /// written (every replica whose `egress_control_plane_revision` reached it enforces it).
+    pub async fn put(
+        &self,
+        id: &str,
+        body: &str,
+        ttl_s: Option<i64>,
+    ) -> Result<(bool, i64), ChangeError> {
         let mut client = self.writer()?;
         let key = self.cfg.sandbox_key(id);
         let lease = match ttl_s {
@@ -195,7 +201,7 @@ impl ControlPlane {
                         created,
                         "sandbox registered in etcd"
                     );
-                    Ok(created)
+                    Ok((created, revision))
                 }
                 // Only a concurrent change can get here (another sandbox took the same
                 // sources in between): every replica skips the value alike.
@@ -209,9 +215,9 @@ impl ControlPlane {
         )))
     }
 
-    /// `DELETE /v1/sandboxes/{id}`: returns how many exchanges were open (they are revoked on
-    /// every replica as each applies the deletion).
-    pub async fn delete(&self, id: &str) -> Result<u32, ChangeError> {
+    /// `DELETE /v1/sandboxes/{id}`: how many exchanges were open here (they are revoked on
+    /// every replica as each applies the deletion), and the revision of the deletion.
+    pub async fn delete(&self, id: &str) -> Result<(u32, i64), ChangeError> {
         let mut client = self.writer()?;
         let open = {
             let (control, id) = (self.control.clone(), id.to_string());
@@ -237,7 +243,7 @@ impl ControlPlane {
             revoked = open,
             "sandbox removed from etcd"
         );
-        Ok(open)
+        Ok((open, revision))
     }
 
     /// `POST /v1/sandboxes/{id}/keepalive`: refresh the sandbox's lease; returns its TTL.
