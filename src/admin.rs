@@ -229,9 +229,16 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         (m, p) if p.starts_with("/v1/sandboxes/") => {
             let id = p.trim_start_matches("/v1/sandboxes/").to_string();
             match *m {
-                Method::GET => match admin.control.get(&id) {
-                    Some(v) => json_resp(StatusCode::OK, v),
-                    None => error(StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
+                Method::GET => match (admin.control.get(&id), admin.control.skipped(&id)) {
+                    (Some(v), _) => json_resp(StatusCode::OK, v),
+                    (None, Some((revision, why))) => json_resp(
+                        StatusCode::NOT_FOUND,
+                        json!({
+                            "error": format!("the value of sandbox `{id}` in etcd (revision {revision}) is not in force"),
+                            "why": why,
+                        }),
+                    ),
+                    (None, None) => error(StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
                 },
                 Method::PUT => {
                     let ttl_s = match ttl_param(req.uri().query()) {

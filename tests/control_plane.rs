@@ -14,8 +14,9 @@ use common::*;
 const ADMIN_TOKEN: &str = "admin-token-for-tests";
 const PREFIX: &str = "/egress-test/";
 
-/// One replica's config, in its own directory, pointing at etcd on `port`.
-fn replica_config(dir: &Path, port: u16) -> PathBuf {
+/// One replica's config, in its own directory, pointing at etcd at `endpoint`, with `extra`
+/// lines (flow-style YAML entries) added to `control_plane.etcd`.
+fn replica_config(dir: &Path, endpoint: &str, extra: &str) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
     let yaml = format!(
@@ -26,9 +27,10 @@ dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], slow.test: [1
 defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
 control_plane:
   etcd:
-    endpoints: ["127.0.0.1:{port}"]
+    endpoints: ["{endpoint}"]
     prefix: {PREFIX}
     request_timeout_ms: 3000
+{extra}
 sandboxes:
   - id: filebox
     auth: {{ token_sha256: {file_tok} }}
@@ -43,7 +45,11 @@ sandboxes:
 }
 
 fn replica(dir: &Path, port: u16) -> Proxy {
-    let config = replica_config(dir, port);
+    replica_with(dir, &format!("127.0.0.1:{port}"), "")
+}
+
+fn replica_with(dir: &Path, endpoint: &str, extra: &str) -> Proxy {
+    let config = replica_config(dir, endpoint, extra);
     Proxy::start_with(config, dir.join("audit.jsonl"), &[])
 }
 
@@ -459,6 +465,15 @@ fn garbage_under_the_prefix_is_skipped_and_the_rest_load() {
     for id in ["json", "policy"] {
         assert!(!knows(&a, id), "{id} should be skipped");
     }
+    // The admin API says why.
+    let (status, body) = admin(&a, "GET", "/v1/sandboxes/json", "");
+    assert_eq!(status, 404);
+    assert!(
+        body.contains("not in force") && body.contains("JSON"),
+        "{body}"
+    );
+    let (_, body) = admin(&a, "GET", "/v1/sandboxes/good1", "");
+    assert!(body.contains("\"origin\":\"etcd\""), "{body}");
     // The file-defined sandbox keeps its own policy and token.
     assert_ne!(net.get(&a, "filebox", "api.test", "/").code, 0);
     let out = net.get_as(&a, "filebox:file-secret", "other.test", "/");
@@ -520,4 +535,147 @@ fn a_replica_started_after_two_thousand_registrations_serves_all_of_them() {
         let out = net.get(&late, id, "api.test", "/");
         assert_eq!(out.code, 0, "{id}: {}", out.text());
     }
+}
+
+#[test]
+fn etcd_over_tls_needs_the_right_ca_and_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = EtcdTlsFiles::generate(dir.path(), "good");
+    let other = EtcdTlsFiles::generate(dir.path(), "other");
+    let (ca, cert, key) = (
+        tls.ca.display().to_string(),
+        tls.client_cert.display().to_string(),
+        tls.client_key.display().to_string(),
+    );
+    let Some(etcd) = Etcd::start_with(dir.path(), Some(tls)) else {
+        return;
+    };
+    let net = Net::new(dir.path());
+    let endpoint = format!("127.0.0.1:{}", etcd.client_port);
+    let good = replica_with(
+        &dir.path().join("good"),
+        &endpoint,
+        &format!("    tls: {{ ca_file: {ca}, cert_file: {cert}, key_file: {key} }}"),
+    );
+    // etcd's certificate is not signed by the CA this replica trusts (a stand-in etcd).
+    let wrong_ca = replica_with(
+        &dir.path().join("wrong-ca"),
+        &endpoint,
+        &format!(
+            "    tls: {{ ca_file: {}, cert_file: {cert}, key_file: {key} }}",
+            other.ca.display()
+        ),
+    );
+    // No client certificate: etcd refuses it.
+    let no_cert = replica_with(
+        &dir.path().join("no-cert"),
+        &endpoint,
+        &format!("    tls: {{ ca_file: {ca} }}"),
+    );
+    wait_ready(&good);
+    let (status, body) = admin(
+        &good,
+        "PUT",
+        "/v1/sandboxes/s1",
+        &binding("s1", &["api.test:*"]),
+    );
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(net.get(&good, "s1", "api.test", "/tls").code, 0);
+    // The value is in etcd, over TLS.
+    assert!(etcd
+        .ctl(&["get", "--keys-only", &format!("{PREFIX}sandboxes/s1")])
+        .contains("s1"));
+    for (p, why) in [
+        (&wrong_ca, "UnknownIssuer"),
+        (&no_cert, "\"kind\":\"list\""),
+    ] {
+        eventually(Duration::from_secs(10), why, || {
+            p.stderr_text().contains(why).then_some(())
+        });
+        assert!(
+            !ready(p),
+            "a replica that cannot verify or join etcd became ready"
+        );
+        assert_eq!(metric(p, "egress_control_plane_connected"), Some(0.0));
+        assert_ne!(net.get(p, "s1", "api.test", "/").code, 0);
+        let (status, _) = admin(
+            p,
+            "PUT",
+            "/v1/sandboxes/s2",
+            &binding("s2", &["api.test:*"]),
+        );
+        assert_eq!(status, 503);
+    }
+}
+
+#[test]
+fn etcd_users_and_passwords() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let net = Net::new(dir.path());
+    let range = format!("{PREFIX}sandboxes/");
+    for args in [
+        vec!["user", "add", "root", "--new-user-password=root-pw"],
+        vec!["role", "add", "egress"],
+        vec![
+            "role",
+            "grant-permission",
+            "egress",
+            "--prefix=true",
+            "readwrite",
+            range.as_str(),
+        ],
+        vec![
+            "user",
+            "add",
+            "egress-proxy",
+            "--new-user-password=proxy-pw",
+        ],
+        vec!["user", "grant-role", "egress-proxy", "egress"],
+        vec!["auth", "enable"],
+    ] {
+        etcd.ctl(&args);
+    }
+    std::fs::write(dir.path().join("pw"), "proxy-pw\n").unwrap();
+    std::fs::write(dir.path().join("bad-pw"), "guess\n").unwrap();
+    let endpoint = format!("127.0.0.1:{}", etcd.client_port);
+    let user = |f: &str| {
+        format!(
+            "    username: egress-proxy\n    password_file: {}",
+            dir.path().join(f).display()
+        )
+    };
+    let a = replica_with(&dir.path().join("a"), &endpoint, &user("pw"));
+    let b = replica_with(&dir.path().join("b"), &endpoint, &user("bad-pw"));
+    wait_ready(&a);
+    let (status, body) = admin(
+        &a,
+        "PUT",
+        "/v1/sandboxes/s1?ttl_s=30",
+        &binding("s1", &["api.test:*"]),
+    );
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(admin(&a, "POST", "/v1/sandboxes/s1/keepalive", "").0, 200);
+    assert_eq!(net.get(&a, "s1", "api.test", "/auth").code, 0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!ready(&b), "a replica with a wrong password became ready");
+    assert_eq!(
+        admin(
+            &b,
+            "PUT",
+            "/v1/sandboxes/s2",
+            &binding("s2", &["api.test:*"])
+        )
+        .0,
+        503
+    );
+    assert!(
+        b.stderr_text().contains("authentication failed"),
+        "{}",
+        b.stderr_text()
+    );
+    // The password is never logged.
+    assert!(!a.stderr_text().contains("proxy-pw") && !b.stderr_text().contains("guess"));
 }

@@ -501,7 +501,7 @@ impl Controller {
                 let b = &sb.binding;
                 json!({
                     "id": b.id,
-                    "origin": if st.runtime.contains_key(b.id.as_str()) { "api" } else { "file" },
+                    "origin": origin(&st, b.id.as_str()),
                     "mode": b.network.mode.as_str(),
                     "enforcement": b.enforcement.as_str(),
                     "egress": b.network.egress.len(),
@@ -527,15 +527,19 @@ impl Controller {
         let set = self.shared.policy.load();
         let sb = set.get(id)?;
         let b = &sb.binding;
-        let origin = self
+        let (origin, revision) = self
             .state
             .lock()
             .ok()
-            .map(|st| st.runtime.contains_key(id))
-            .unwrap_or(false);
+            .map(|st| {
+                let rev = st.runtime.get(id).map(|r| r.revision).filter(|r| *r > 0);
+                (origin(&st, id), rev)
+            })
+            .unwrap_or(("file", None));
         Some(json!({
             "id": b.id,
-            "origin": if origin { "api" } else { "file" },
+            "origin": origin,
+            "revision": revision,
             "auth": { "token": b.token_sha256.is_some() },
             "sources": b.sources.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
             "enforcement": b.enforcement.as_str(),
@@ -585,6 +589,15 @@ fn validate_registration(
         return Err(ChangeError::Conflict(clash));
     }
     Ok((sid, binding, json))
+}
+
+/// Where sandbox `id` comes from: the configuration file, the API (this process) or etcd.
+fn origin(st: &State, id: &str) -> &'static str {
+    match st.runtime.get(id) {
+        None => "file",
+        Some(r) if r.revision > 0 => "etcd",
+        Some(_) => "api",
+    }
 }
 
 /// The `state_dir` log to record a change in: `None` without a `state_dir`; an error when

@@ -102,6 +102,11 @@ impl Controller {
         }
     }
 
+    /// Why the value of sandbox `id` in etcd is not in force, if it was skipped.
+    pub fn skipped(&self, id: &str) -> Option<(i64, String)> {
+        self.state.lock().ok()?.skipped.get(id).cloned()
+    }
+
     /// Apply changes read from etcd, in order. With `full`, `changes` is the whole prefix
     /// (a list): every registration it does not hold is removed (and its exchanges revoked).
     pub fn apply_remote(&self, changes: Vec<RemoteChange>, full: bool) -> Applied {

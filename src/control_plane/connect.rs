@@ -24,7 +24,10 @@ pub(super) async fn connect(cfg: &EtcdConfig) -> Result<Client, String> {
     if let (Some(user), Some(file)) = (&cfg.username, &cfg.password_file) {
         let password = std::fs::read_to_string(file)
             .map_err(|e| format!("password_file {}: {e}", file.display()))?;
-        opts = opts.with_user(user.clone(), password.trim_end_matches(['\r', '\n']));
+        // etcd's auth tokens expire (simple tokens after 5 min): get a new one when they do.
+        opts = opts
+            .with_user(user.clone(), password.trim_end_matches(['\r', '\n']))
+            .with_auto_token_refresh(true);
     }
     if let Some(tls) = &cfg.tls {
         let mut t = TlsOptions::new();

@@ -149,14 +149,8 @@ impl ControlPlane {
     ) -> Result<(bool, i64), ChangeError> {
         let mut client = self.writer()?;
         let key = self.cfg.sandbox_key(id);
-        let lease = match ttl_s {
-            Some(ttl) => Some(
-                self.call("write", client.lease_grant(ttl, None))
-                    .await?
-                    .id(),
-            ),
-            None => None,
-        };
+        // Granted after the first validation passed: an invalid body leaves no lease behind.
+        let mut lease = None;
         for _ in 0..WRITE_ATTEMPTS {
             let prepared = {
                 let (control, id, body) = (self.control.clone(), id.to_string(), body.to_string());
@@ -164,6 +158,13 @@ impl ControlPlane {
                     .await
                     .map_err(|e| ChangeError::Failed(format!("control task: {e}")))??
             };
+            if let (Some(ttl), None) = (ttl_s, lease) {
+                lease = Some(
+                    self.call("write", client.lease_grant(ttl, None))
+                        .await?
+                        .id(),
+                );
+            }
             let mut opts = PutOptions::new().with_prev_key();
             if let Some(l) = lease {
                 opts = opts.with_lease(l);

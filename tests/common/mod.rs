@@ -828,12 +828,63 @@ pub struct Etcd {
     peer_port: u16,
     data: PathBuf,
     child: Option<Child>,
+    /// Serve clients over TLS and require client certificates.
+    pub tls: Option<EtcdTlsFiles>,
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files.
+pub struct EtcdTlsFiles {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+impl EtcdTlsFiles {
+    /// Generate them in `dir` (file names prefixed with `tag`).
+    pub fn generate(dir: &Path, tag: &str) -> EtcdTlsFiles {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("{tag} etcd CA"));
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let write = |name: &str, text: String| {
+            let p = dir.join(format!("{tag}-{name}"));
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let server_key = KeyPair::generate().unwrap();
+        let mut sp = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        sp.subject_alt_names
+            .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        let server = sp.signed_by(&server_key, &ca, &ca_key).unwrap();
+        let client_key = KeyPair::generate().unwrap();
+        let mut cp = CertificateParams::new(Vec::<String>::new()).unwrap();
+        cp.distinguished_name
+            .push(rcgen::DnType::CommonName, "egress-proxy");
+        let client = cp.signed_by(&client_key, &ca, &ca_key).unwrap();
+        EtcdTlsFiles {
+            ca: write("ca.pem", ca.pem()),
+            server_cert: write("server.pem", server.pem()),
+            server_key: write("server.key", server_key.serialize_pem()),
+            client_cert: write("client.pem", client.pem()),
+            client_key: write("client.key", client_key.serialize_pem()),
+        }
+    }
 }
 
 impl Etcd {
     /// Start etcd, or `None` with the reason printed when etcd or etcdctl is not installed
     /// here. Under CI (`CI` set) a missing etcd is a failure: CI installs it.
     pub fn start(dir: &Path) -> Option<Etcd> {
+        Self::start_with(dir, None)
+    }
+
+    /// The same, serving clients over TLS with client certificates required.
+    pub fn start_with(dir: &Path, tls: Option<EtcdTlsFiles>) -> Option<Etcd> {
         for tool in ["etcd", "etcdctl"] {
             let found = Command::new(tool)
                 .arg("--version")
@@ -856,20 +907,47 @@ impl Etcd {
             peer_port: free_port(),
             data: dir.join("etcd-data"),
             child: None,
+            tls,
         };
         e.spawn(e.client_port);
         Some(e)
     }
 
-    pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// The `etcdctl` TLS flags, when etcd serves TLS.
+    fn ctl_tls(&self) -> Vec<String> {
+        match &self.tls {
+            Some(t) => vec![
+                format!("--cacert={}", t.ca.display()),
+                format!("--cert={}", t.client_cert.display()),
+                format!("--key={}", t.client_key.display()),
+            ],
+            None => Vec::new(),
+        }
     }
 
     /// (Re)start the member, serving clients on `client_port`, and wait until it is healthy.
     pub fn spawn(&mut self, client_port: u16) {
-        let client = format!("http://127.0.0.1:{client_port}");
+        let client = format!("{}://127.0.0.1:{client_port}", self.scheme());
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let child = Command::new("etcd")
+        let mut cmd = Command::new("etcd");
+        if let Some(t) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&t.server_cert)
+                .arg("--key-file")
+                .arg(&t.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&t.ca)
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .args(["--name", "t", "--data-dir"])
             .arg(&self.data)
             .args(["--listen-client-urls", &client])
@@ -887,6 +965,7 @@ impl Etcd {
         loop {
             let ok = Command::new("etcdctl")
                 .env("ETCDCTL_API", "3")
+                .args(self.ctl_tls())
                 .args(["--endpoints", &client, "endpoint", "health"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -913,7 +992,11 @@ impl Etcd {
     pub fn ctl_on(&self, port: u16, args: &[&str]) -> String {
         let out = Command::new("etcdctl")
             .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &format!("http://127.0.0.1:{port}")])
+            .args(self.ctl_tls())
+            .args([
+                "--endpoints",
+                &format!("{}://127.0.0.1:{port}", self.scheme()),
+            ])
             .args(args)
             .output()
             .expect("etcdctl");
