@@ -28,8 +28,9 @@
 //! answers only what the policy could use and remembers each answer in `dns_memory`, where
 //! `transparent` finds the name of a nameless connection's destination.
 //!
-//! Control plane: `control` (reloads, runtime registrations, `state_dir`), `admin` (health,
-//! metrics, the runtime API), [`report`] (`check` and `POST /v1/check`, through the data
+//! Control plane: `control` (reloads, runtime registrations, `state_dir`), `control_plane`
+//! (registrations shared by replicas through etcd: list, watch, writes, leases), `admin`
+//! (health, metrics, the runtime API), [`report`] (`check` and `POST /v1/check`, through the data
 //! plane's own `egress::decide`).
 
 #![deny(unsafe_code)]

@@ -497,6 +497,17 @@ fn garbage_under_the_prefix_is_skipped_and_the_rest_load() {
     eventually(Duration::from_secs(5), "good2 back", || {
         knows(&a, "good2").then_some(())
     });
+    // A reload that removes the file-defined `filebox` lets etcd's `filebox` apply.
+    let text = std::fs::read_to_string(&a.config).unwrap();
+    let cut = text.find("sandboxes:").unwrap();
+    std::fs::write(&a.config, format!("{}sandboxes: []\n", &text[..cut])).unwrap();
+    let (status, body) = admin(&a, "POST", "/v1/reload", "");
+    assert_eq!(status, 200, "{body}");
+    eventually(Duration::from_secs(10), "etcd's filebox to apply", || {
+        let (_, body) = admin(&a, "GET", "/v1/sandboxes/filebox", "");
+        body.contains("\"origin\":\"etcd\"").then_some(())
+    });
+    assert_eq!(net.get(&a, "filebox", "api.test", "/now-from-etcd").code, 0);
 }
 
 #[test]

@@ -134,6 +134,9 @@ pub struct Controller {
     /// Bound listener addresses (loop protection in every compiled set).
     listeners: Vec<SocketAddr>,
     state: Mutex<State>,
+    /// Counts successful reloads (the control plane re-reads etcd after one, so that values
+    /// a reload made valid are applied).
+    reloads: tokio::sync::watch::Sender<u64>,
 }
 
 fn fingerprint(files: &[PathBuf]) -> Vec<(PathBuf, Option<(SystemTime, u64)>)> {
@@ -169,6 +172,7 @@ impl Controller {
                 fingerprint: fp,
                 skipped: BTreeMap::new(),
             }),
+            reloads: tokio::sync::watch::channel(0).0,
         }
     }
 
@@ -352,6 +356,7 @@ impl Controller {
                 st.runtime = runtime;
                 let version = self.publish(set, changes.scope());
                 self.count(true);
+                self.reloads.send_modify(|n| *n += 1);
                 tracing::info!(
                     trigger = why,
                     policy_version = %version,

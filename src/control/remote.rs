@@ -102,13 +102,27 @@ impl Controller {
         }
     }
 
+    /// Told of every successful reload.
+    pub fn subscribe_reloads(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reloads.subscribe()
+    }
+
+    /// Whether some value in etcd is not in force (a reload may have made it valid).
+    pub fn has_skipped(&self) -> bool {
+        self.state
+            .lock()
+            .map(|st| !st.skipped.is_empty())
+            .unwrap_or(false)
+    }
+
     /// Why the value of sandbox `id` in etcd is not in force, if it was skipped.
     pub fn skipped(&self, id: &str) -> Option<(i64, String)> {
         self.state.lock().ok()?.skipped.get(id).cloned()
     }
 
     /// Apply changes read from etcd, in order. With `full`, `changes` is the whole prefix
-    /// (a list): every registration it does not hold is removed (and its exchanges revoked).
+    /// (a list): every registration it does not hold is removed (and its exchanges revoked),
+    /// and skipped values are checked again (the configuration may have changed).
     pub fn apply_remote(&self, changes: Vec<RemoteChange>, full: bool) -> Applied {
         let Ok(mut guard) = self.state.lock() else {
             return Applied::default();
@@ -141,7 +155,7 @@ impl Controller {
             match change {
                 RemoteChange::Put { id, text, revision } => {
                     let unchanged = st.runtime.get(&id).is_some_and(|r| r.revision == revision)
-                        || st.skipped.get(&id).is_some_and(|(r, _)| *r == revision);
+                        || (!full && st.skipped.get(&id).is_some_and(|(r, _)| *r == revision));
                     if unchanged {
                         continue;
                     }

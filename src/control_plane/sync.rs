@@ -20,6 +20,8 @@ const MAX_MESSAGE: usize = 256 << 20;
 enum Interrupt {
     /// The watch start revision was compacted away: list again at once.
     Compacted(i64),
+    /// A reload may have made skipped values valid: list again at once.
+    Reloaded,
     /// Something failed (`kind` labels the error counter): wait, reconnect, list again.
     Failed(&'static str, String),
 }
@@ -32,9 +34,12 @@ fn failed(kind: &'static str) -> impl Fn(etcd_client::Error) -> Interrupt {
 pub(super) async fn run(cp: Arc<ControlPlane>) {
     let mut backoff = Backoff::new();
     loop {
-        let result = session(&cp, &mut backoff).await;
-        cp.set_connected(false);
-        match result {
+        match session(&cp, &mut backoff).await {
+            Interrupt::Reloaded => {
+                tracing::info!(
+                    "control plane: configuration reloaded; checking skipped values again"
+                );
+            }
             Interrupt::Compacted(rev) => {
                 cp.shared.metrics().control_plane_error("compacted", 1);
                 tracing::warn!(
@@ -43,6 +48,7 @@ pub(super) async fn run(cp: Arc<ControlPlane>) {
                 );
             }
             Interrupt::Failed(kind, why) => {
+                cp.set_connected(false);
                 cp.shared.metrics().control_plane_error(kind, 1);
                 // A new client next time (new connections, a re-read password).
                 cp.client.store(None);
@@ -88,8 +94,19 @@ async fn session(cp: &ControlPlane, backoff: &mut Backoff) -> Interrupt {
     cp.set_connected(true);
     backoff.reset();
     tracing::info!(revision, "control plane: watching etcd");
+    let mut reloads = cp.control.subscribe_reloads();
+    reloads.borrow_and_update();
     loop {
-        let resp = match stream.message().await {
+        let message = tokio::select! {
+            m = stream.message() => m,
+            changed = reloads.changed() => {
+                if changed.is_ok() && cp.control.has_skipped() {
+                    return Interrupt::Reloaded;
+                }
+                continue;
+            }
+        };
+        let resp = match message {
             Ok(Some(r)) => r,
             Ok(None) => return Interrupt::Failed("watch", "etcd closed the watch".into()),
             Err(e) => return failed("watch")(e),
