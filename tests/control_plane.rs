@@ -139,13 +139,20 @@ impl Net {
     }
 }
 
+/// A temporary directory, a running etcd and the test origin; `None` (the test skips, having
+/// said why) when etcd is not installed outside CI.
+fn setup() -> Option<(tempfile::TempDir, Etcd, Net)> {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(dir.path())?;
+    let net = Net::new(dir.path());
+    Some((dir, etcd, net))
+}
+
 #[test]
 fn replicas_share_registrations_and_a_delete_anywhere_cuts_tunnels_everywhere() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(etcd) = Etcd::start(dir.path()) else {
+    let Some((dir, etcd, net)) = setup() else {
         return;
     };
-    let net = Net::new(dir.path());
     let a = replica(&dir.path().join("a"), etcd.client_port);
     let b = replica(&dir.path().join("b"), etcd.client_port);
     let c = replica(&dir.path().join("c"), etcd.client_port);
@@ -276,11 +283,9 @@ fn writes_are_validated_before_they_reach_etcd() {
 
 #[test]
 fn a_lease_without_keepalive_expires_and_the_sandbox_is_refused_everywhere() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(etcd) = Etcd::start(dir.path()) else {
+    let Some((dir, etcd, net)) = setup() else {
         return;
     };
-    let net = Net::new(dir.path());
     let a = replica(&dir.path().join("a"), etcd.client_port);
     let b = replica(&dir.path().join("b"), etcd.client_port);
     wait_ready(&a);
@@ -326,11 +331,9 @@ fn a_lease_without_keepalive_expires_and_the_sandbox_is_refused_everywhere() {
 
 #[test]
 fn without_etcd_replicas_keep_enforcing_refuse_writes_and_catch_up_after() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(mut etcd) = Etcd::start(dir.path()) else {
+    let Some((dir, mut etcd, net)) = setup() else {
         return;
     };
-    let net = Net::new(dir.path());
     let port = etcd.client_port;
     let a = replica(&dir.path().join("a"), port);
     let b = replica(&dir.path().join("b"), port);
@@ -413,11 +416,9 @@ fn without_etcd_replicas_keep_enforcing_refuse_writes_and_catch_up_after() {
 
 #[test]
 fn a_replica_is_not_ready_until_it_has_listed_etcd() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(mut etcd) = Etcd::start(dir.path()) else {
+    let Some((dir, mut etcd, net)) = setup() else {
         return;
     };
-    let net = Net::new(dir.path());
     let port = etcd.client_port;
     etcd.ctl(&[
         "put",
@@ -440,11 +441,9 @@ fn a_replica_is_not_ready_until_it_has_listed_etcd() {
 
 #[test]
 fn garbage_under_the_prefix_is_skipped_and_the_rest_load() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(etcd) = Etcd::start(dir.path()) else {
+    let Some((dir, etcd, net)) = setup() else {
         return;
     };
-    let net = Net::new(dir.path());
     let key = |id: &str| format!("{PREFIX}sandboxes/{id}");
     etcd.ctl(&["put", &key("good1"), &binding("good1", &["api.test:*"])]);
     etcd.ctl(&["put", &key("json"), "{not json"]);
@@ -512,11 +511,9 @@ fn garbage_under_the_prefix_is_skipped_and_the_rest_load() {
 
 #[test]
 fn a_replica_started_after_two_thousand_registrations_serves_all_of_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(etcd) = Etcd::start(dir.path()) else {
+    let Some((dir, etcd, net)) = setup() else {
         return;
     };
-    let net = Net::new(dir.path());
     let a = replica(&dir.path().join("a"), etcd.client_port);
     wait_ready(&a);
     // Registered through replica A's API on one keep-alive connection, as a runtime would.
@@ -621,11 +618,9 @@ fn etcd_over_tls_needs_the_right_ca_and_a_client_certificate() {
 
 #[test]
 fn etcd_users_and_passwords() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(etcd) = Etcd::start(dir.path()) else {
+    let Some((dir, etcd, net)) = setup() else {
         return;
     };
-    let net = Net::new(dir.path());
     let range = format!("{PREFIX}sandboxes/");
     for args in [
         vec!["user", "add", "root", "--new-user-password=root-pw"],
