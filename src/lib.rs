@@ -45,7 +45,7 @@ mod addr_table;
 mod admin;
 mod admission;
 mod allowed;
-mod audit;
+pub mod audit;
 mod body;
 mod client_io;
 pub mod config;

@@ -62,6 +62,25 @@ enum Command {
         #[command(subcommand)]
         action: ConfigAction,
     },
+    /// Audit trail tools.
+    Audit {
+        #[command(subcommand)]
+        action: AuditAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditAction {
+    /// Check the hash chain (audit.chain) of audit files given oldest first (rotated files:
+    /// audit.jsonl.3 audit.jsonl.2 audit.jsonl.1 audit.jsonl) and, with --public-key, the
+    /// signatures of their checkpoints. Exit 0 intact, 1 tampered, 2 usage.
+    Verify {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// The Ed25519 public key (PEM) matching audit.signing_key_file.
+        #[arg(long)]
+        public_key: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -83,10 +102,47 @@ fn main() -> ExitCode {
         } => check(config, &sandbox, &target, resolve, json),
         Command::Validate { config } => validate(config),
         Command::HashToken => hash_token(),
+        Command::Audit {
+            action: AuditAction::Verify { files, public_key },
+        } => audit_verify(&files, public_key.as_deref()),
         Command::Config {
             action: ConfigAction::Example,
         } => {
             print!("{}", config::EMBEDDED_CONFIG);
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn audit_verify(files: &[PathBuf], public_key: Option<&std::path::Path>) -> ExitCode {
+    use egress_proxy::audit::verify;
+    let key = match public_key.map(verify::read_public_key).transpose() {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let report = match verify::verify(files, key.as_ref()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    for n in &report.notes {
+        println!("note: {n}");
+    }
+    match &report.problem {
+        Some(p) => {
+            println!("TAMPERED: {p}");
+            ExitCode::from(1)
+        }
+        None => {
+            println!(
+                "intact: {} records, {} runs, {} checkpoints ({} signatures checked)",
+                report.records, report.runs, report.checkpoints, report.signatures_checked
+            );
             ExitCode::SUCCESS
         }
     }

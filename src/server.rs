@@ -180,8 +180,17 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     if let Some(w) = dns_warning {
         tracing::warn!(warning = %w, "dns");
     }
-    let audit = AuditLog::open(config.audit_path.as_deref(), config.audit_queue_max)
-        .context("opening the audit log")?;
+    let signing_key = match &config.audit_trail.signing_key_file {
+        Some(f) => Some(crate::audit::verify::read_signing_key(f).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    let audit = AuditLog::open_with(
+        config.audit_path.clone(),
+        config.audit_queue_max,
+        &config.audit_trail,
+        signing_key,
+    )
+    .context("opening the audit log")?;
     let metrics = Metrics::new().context("registering metrics")?;
     metrics.set_policy_version(set.version());
     let sink = Sink {
@@ -274,7 +283,10 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         }));
     }
     tasks.push(tokio::spawn(watch_files(control.clone())));
-    tasks.push(tokio::spawn(reload_on_sighup(control.clone())));
+    tasks.push(tokio::spawn(reload_on_sighup(
+        control.clone(),
+        shared.sink.log.clone(),
+    )));
     match &plane {
         Some(p) => tasks.push(p.spawn()),
         None => shared.ready.store(true, Ordering::Release),
@@ -568,14 +580,26 @@ async fn watch_files(control: Arc<Controller>) {
     }
 }
 
-async fn reload_on_sighup(control: Arc<Controller>) {
+/// SIGHUP reloads the configuration and reopens the audit file; SIGUSR1 only reopens it
+/// (logrotate: move the file, then signal).
+async fn reload_on_sighup(control: Arc<Controller>, audit: Arc<AuditLog>) {
     use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+    let (Ok(mut hup), Ok(mut usr1)) = (
+        signal(SignalKind::hangup()),
+        signal(SignalKind::user_defined1()),
+    ) else {
         return;
     };
-    while hup.recv().await.is_some() {
-        let c = control.clone();
-        let _ = tokio::task::spawn_blocking(move || c.reload("SIGHUP")).await;
+    loop {
+        tokio::select! {
+            Some(()) = hup.recv() => {
+                audit.reopen();
+                let c = control.clone();
+                let _ = tokio::task::spawn_blocking(move || c.reload("SIGHUP")).await;
+            }
+            Some(()) = usr1.recv() => audit.reopen(),
+            else => return,
+        }
     }
 }
 

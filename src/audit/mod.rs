@@ -8,7 +8,10 @@
 //! Nothing is formatted on the data plane: [`record::Entry`] is encoded to JSON on the writer
 //! thread ([`writer`]). Nothing in a record is a secret: no token, no Authorization header.
 
+pub mod chain;
+mod output;
 pub mod record;
+pub mod verify;
 mod writer;
 
 use std::borrow::Cow;

@@ -122,6 +122,11 @@ pub struct Entry {
 /// apart by this field.
 static RUN: OnceLock<String> = OnceLock::new();
 
+/// This process's run id (empty before [`set_run_id`]).
+pub fn run_id() -> &'static str {
+    RUN.get().map(String::as_str).unwrap_or("")
+}
+
 /// Name this process's run (once, at start).
 pub fn set_run_id() {
     let ms = SystemTime::now()

@@ -10,14 +10,16 @@
 //!
 //! [`saturated`]: AuditLog::saturated
 
-use std::fs::OpenOptions;
-use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use super::chain::Chain;
+use super::output::Output;
 use super::record::{Entry, Event};
+use crate::config::audit::{AuditTrail, Format};
 
 /// How long the writer sleeps between drains: the most an entry waits before it is written.
 const DRAIN_EVERY: Duration = Duration::from_millis(5);
@@ -44,6 +46,8 @@ struct Inner {
     done_cv: Condvar,
     /// Write errors happened (logged once).
     failing: AtomicBool,
+    /// Open the file again before the next write (SIGHUP / SIGUSR1).
+    reopen: AtomicBool,
 }
 
 impl Inner {
@@ -55,6 +59,7 @@ impl Inner {
             done: Mutex::new(false),
             done_cv: Condvar::new(),
             failing: AtomicBool::new(false),
+            reopen: AtomicBool::new(false),
         })
     }
 }
@@ -67,17 +72,61 @@ pub struct AuditLog {
 
 impl AuditLog {
     /// Open `path` for appending, or stdout when `None`.
-    pub fn open(path: Option<&Path>, queue_max: usize) -> std::io::Result<Self> {
-        let out: Box<dyn Write + Send> = match path {
-            Some(p) => Box::new(OpenOptions::new().create(true).append(true).open(p)?),
-            None => Box::new(std::io::stdout()),
+    pub fn open(path: Option<&std::path::Path>, queue_max: usize) -> std::io::Result<Self> {
+        Self::open_with(
+            path.map(|p| p.to_path_buf()),
+            queue_max,
+            &AuditTrail::default(),
+            None,
+        )
+    }
+
+    /// Open the trail as configured: `key` signs checkpoints (with `trail.chain`).
+    pub fn open_with(
+        path: Option<PathBuf>,
+        queue_max: usize,
+        trail: &AuditTrail,
+        key: Option<ed25519_dalek::SigningKey>,
+    ) -> std::io::Result<Self> {
+        let mut out = Output::open(path.as_deref(), trail.rotate, trail.fsync)?;
+        let chain = if trail.chain {
+            let (prev, partial) = match &path {
+                Some(p) => super::chain::last_chain(p),
+                None => (None, false),
+            };
+            if partial {
+                // A crash left half a line: end it, and say so in the run_start.
+                out.write_all(b"\n")?;
+            }
+            let prev_bytes = prev.as_deref().and_then(|h| {
+                let mut b = [0u8; 32];
+                hex::decode_to_slice(h, &mut b).ok().map(|_| b)
+            });
+            let mut chain = Chain::new(super::record::run_id().to_string(), prev_bytes, key);
+            let start = chain.run_start(prev.as_deref(), partial);
+            out.write_all(&start)?;
+            out.finish_batch()?;
+            Some(chain)
+        } else {
+            None
         };
         let inner = Inner::new();
         let i = inner.clone();
+        let cfg = LoopConfig {
+            every_records: trail.checkpoint_every_records,
+            every: trail.checkpoint_every,
+            format: trail.format,
+        };
         std::thread::Builder::new()
             .name("audit-writer".into())
-            .spawn(move || write_loop(&i, out))?;
+            .spawn(move || write_loop(&i, out, chain, cfg))?;
         Ok(AuditLog { inner, queue_max })
+    }
+
+    /// Open the file again before the next write (after logrotate moved it).
+    pub fn reopen(&self) {
+        self.inner.reopen.store(true, Ordering::Release);
+        self.inner.wake.notify_one();
     }
 
     /// Queue an entry. An `open` entry wakes the writer, unless a wake is already pending.
@@ -132,17 +181,23 @@ impl AuditLog {
     }
 }
 
-fn write_loop(inner: &Inner, out: Box<dyn Write + Send>) {
-    let mut out = BufWriter::with_capacity(64 * 1024, out);
+/// What the writer loop needs besides the queue.
+struct LoopConfig {
+    every_records: u64,
+    every: Duration,
+    format: Format,
+}
+
+fn write_loop(inner: &Inner, mut out: Output, mut chain: Option<Chain>, cfg: LoopConfig) {
     let mut batch: Vec<Entry> = Vec::new();
     let mut line = Vec::with_capacity(1024);
+    let mut last_checkpoint = Instant::now();
     loop {
         let closing = match inner.queue.lock() {
             Ok(q) => {
-                let (mut q, _) = match inner
-                    .wake
-                    .wait_timeout_while(q, DRAIN_EVERY, |q| !q.urgent && !q.closing)
-                {
+                let (mut q, _) = match inner.wake.wait_timeout_while(q, DRAIN_EVERY, |q| {
+                    !q.urgent && !q.closing && !inner.reopen.load(Ordering::Acquire)
+                }) {
                     Ok(x) => x,
                     Err(_) => break,
                 };
@@ -152,8 +207,30 @@ fn write_loop(inner: &Inner, out: Box<dyn Write + Send>) {
             }
             Err(_) => break,
         };
+        if inner.reopen.swap(false, Ordering::AcqRel) {
+            if let Err(e) = out.reopen() {
+                let _ = writeln!(std::io::stderr(), "audit: cannot reopen the file: {e}");
+            }
+        }
         let urgent = batch.iter().any(|e| e.event == Event::Open);
-        write_batch(inner, &mut out, &mut batch, &mut line);
+        write_batch(
+            inner,
+            &mut out,
+            &mut batch,
+            &mut line,
+            chain.as_mut(),
+            cfg.format,
+        );
+        if let Some(c) = chain.as_mut() {
+            let due = c.checkpoint_due(cfg.every_records)
+                || (c.has_unsigned() && last_checkpoint.elapsed() >= cfg.every);
+            if due && !closing {
+                if let Some(cp) = c.checkpoint(false) {
+                    let _ = out.write_all(&cp).and_then(|_| out.finish_batch());
+                }
+                last_checkpoint = Instant::now();
+            }
+        }
         if urgent && !closing {
             // Opens are written within URGENT_EVERY, and the writer wakes at most that often:
             // at ten thousand tunnels a second, one wake per tunnel was the data plane's
@@ -165,7 +242,18 @@ fn write_loop(inner: &Inner, out: Box<dyn Write + Send>) {
             if let Ok(mut q) = inner.queue.lock() {
                 std::mem::swap(&mut q.entries, &mut batch);
             }
-            write_batch(inner, &mut out, &mut batch, &mut line);
+            write_batch(
+                inner,
+                &mut out,
+                &mut batch,
+                &mut line,
+                chain.as_mut(),
+                cfg.format,
+            );
+            if let Some(cp) = chain.as_mut().and_then(|c| c.checkpoint(true)) {
+                let _ = out.write_all(&cp).and_then(|_| out.finish_batch());
+            }
+            let _ = out.sync();
             break;
         }
     }
@@ -175,8 +263,15 @@ fn write_loop(inner: &Inner, out: Box<dyn Write + Send>) {
     inner.done_cv.notify_all();
 }
 
-/// Encode, write and flush `batch` (emptying it).
-fn write_batch(inner: &Inner, out: &mut impl Write, batch: &mut Vec<Entry>, line: &mut Vec<u8>) {
+/// Encode (and chain), write and flush `batch` (emptying it).
+fn write_batch(
+    inner: &Inner,
+    out: &mut Output,
+    batch: &mut Vec<Entry>,
+    line: &mut Vec<u8>,
+    mut chain: Option<&mut Chain>,
+    format: Format,
+) {
     if batch.is_empty() {
         return;
     }
@@ -184,8 +279,14 @@ fn write_batch(inner: &Inner, out: &mut impl Write, batch: &mut Vec<Entry>, line
     let mut failed = None;
     for e in batch.drain(..) {
         line.clear();
-        match e.encode(line) {
+        let encoded = match format {
+            Format::Json => e.encode(line),
+        };
+        match encoded {
             Ok(()) => {
+                if let Some(c) = chain.as_deref_mut() {
+                    c.seal(line);
+                }
                 if let Err(err) = out.write_all(line) {
                     failed = Some(err.to_string());
                 }
@@ -193,7 +294,7 @@ fn write_batch(inner: &Inner, out: &mut impl Write, batch: &mut Vec<Entry>, line
             Err(err) => failed = Some(format!("cannot encode a record: {err}")),
         }
     }
-    if let Err(err) = out.flush() {
+    if let Err(err) = out.finish_batch() {
         failed = Some(err.to_string());
     }
     inner.pending.fetch_sub(n, Ordering::Relaxed);
@@ -273,7 +374,12 @@ mod tests {
         std::thread::sleep(Duration::from_millis(200));
         let inner = Inner::new();
         let i = inner.clone();
-        std::thread::spawn(move || write_loop(&i, Box::new(writer)));
+        let cfg = LoopConfig {
+            every_records: 10,
+            every: Duration::from_secs(60),
+            format: Format::Json,
+        };
+        std::thread::spawn(move || write_loop(&i, Output::other(Box::new(writer)), None, cfg));
         let log = AuditLog {
             inner,
             queue_max: 50,

@@ -9,6 +9,7 @@
 //! runtime registrations), [`block`] (the AIP-36 block) and `conformance` (its checks),
 //! `refs` (`*.SANDBOX.md` files and `sandbox_dirs`), `raw` (the serde shape), [`error`].
 
+pub mod audit;
 mod binding;
 pub mod block;
 mod conformance;
@@ -264,6 +265,8 @@ pub struct Config {
     pub audit_queue_max: usize,
     /// Which DNS queries get a record (`audit.dns`).
     pub audit_dns: AuditDns,
+    /// Chain, checkpoints, rotation, fsync and format of the audit trail.
+    pub audit_trail: audit::AuditTrail,
     /// Global cap on concurrent identified client connections.
     pub max_connections: MaxConnections,
     /// Limits per client address before identification.
@@ -411,6 +414,7 @@ pub fn load_str(
         }
     };
     let etcd = resolve_control_plane(control_plane, &rel, &mut sink);
+    let audit_trail = audit::resolve_trail(audit.trail.clone(), audit.path != "-", &rel, &mut sink);
     if etcd.is_some() && state_dir.is_some() {
         warnings.push(
             "state_dir is not used for registrations when control_plane.etcd is set: etcd keeps them"
@@ -511,6 +515,7 @@ pub fn load_str(
         audit_path: (audit.path != "-").then(|| rel(&audit.path)),
         audit_queue_max: audit.queue_max.max(1),
         audit_dns: audit.dns,
+        audit_trail,
         admission,
         runtime,
         etcd,

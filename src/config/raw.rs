@@ -273,6 +273,9 @@ pub struct RawAudit {
     /// `all` (default) or `denied`: which DNS listener queries are recorded.
     #[serde(default)]
     pub dns: super::AuditDns,
+    /// Chain, checkpoints, rotation, fsync, format ([`super::audit`]).
+    #[serde(flatten)]
+    pub trail: super::audit::RawTrail,
 }
 
 impl Default for RawAudit {
@@ -281,6 +284,7 @@ impl Default for RawAudit {
             path: d_audit_path(),
             queue_max: d_audit_queue(),
             dns: super::AuditDns::All,
+            trail: Default::default(),
         }
     }
 }

@@ -1,0 +1,177 @@
+//! `audit:` settings beyond the path and queue: the hash chain and signed checkpoints
+//! ([`crate::audit::chain`]), rotation, durability and the record format.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::error::Sink;
+
+/// `audit.fsync`: how often written records are forced to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fsync {
+    /// Never: the kernel writes back when it likes (a power loss can lose seconds).
+    Never,
+    /// After every batch the writer writes (every 5 ms at most; each record is on disk
+    /// before the next batch is written).
+    EveryRecord,
+    /// At most this often.
+    Interval(Duration),
+}
+
+/// `audit.format`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// This proxy's own record (DESIGN §7).
+    #[default]
+    Json,
+}
+
+/// `audit.rotate`
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rotate {
+    /// Start a new file once the current one holds this many bytes.
+    pub max_bytes: u64,
+    /// Rotated files kept (`path.1` newest … `path.keep`); older ones are deleted.
+    pub keep: u32,
+}
+
+/// The tamper-evidence, rotation, durability and format settings of the audit trail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditTrail {
+    /// Every record gets `seq` and `chain`.
+    pub chain: bool,
+    /// Ed25519 private key (PKCS#8 PEM): signed `checkpoint` records.
+    pub signing_key_file: Option<PathBuf>,
+    pub checkpoint_every_records: u64,
+    pub checkpoint_every: Duration,
+    pub rotate: Option<Rotate>,
+    pub fsync: Fsync,
+    pub format: Format,
+}
+
+impl Default for AuditTrail {
+    fn default() -> Self {
+        AuditTrail {
+            chain: false,
+            signing_key_file: None,
+            checkpoint_every_records: 10_000,
+            checkpoint_every: Duration::from_secs(60),
+            rotate: None,
+            fsync: Fsync::Never,
+            format: Format::Json,
+        }
+    }
+}
+
+/// The `audit:` keys this module owns, as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTrail {
+    #[serde(default)]
+    pub chain: bool,
+    #[serde(default)]
+    pub signing_key_file: Option<String>,
+    #[serde(default)]
+    pub checkpoint_every_records: Option<u64>,
+    #[serde(default)]
+    pub checkpoint_every_s: Option<u64>,
+    #[serde(default)]
+    pub rotate: Option<RawRotate>,
+    /// `never`, `every_record`, or a number of milliseconds.
+    #[serde(default)]
+    pub fsync: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub format: Format,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRotate {
+    pub max_bytes: u64,
+    #[serde(default = "d_keep")]
+    pub keep: u32,
+}
+
+fn d_keep() -> u32 {
+    5
+}
+
+/// Validate the trail settings; every problem goes to `sink`.
+pub(super) fn resolve_trail(
+    raw: RawTrail,
+    to_file: bool,
+    rel: &dyn Fn(&str) -> PathBuf,
+    sink: &mut Sink<'_>,
+) -> AuditTrail {
+    let d = AuditTrail::default();
+    let fsync = match &raw.fsync {
+        None => Fsync::Never,
+        Some(serde_yaml::Value::String(s)) if s == "never" => Fsync::Never,
+        Some(serde_yaml::Value::String(s)) if s == "every_record" => Fsync::EveryRecord,
+        Some(serde_yaml::Value::Number(n))
+            if n.as_u64().is_some_and(|v| (1..=60_000).contains(&v)) =>
+        {
+            Fsync::Interval(Duration::from_millis(n.as_u64().unwrap_or(1000)))
+        }
+        Some(_) => {
+            sink.top(
+                "audit.fsync",
+                "must be never, every_record, or a number of milliseconds from 1 to 60000",
+                Some("fsync"),
+            );
+            Fsync::Never
+        }
+    };
+    if raw.signing_key_file.is_some() && !raw.chain {
+        sink.top(
+            "audit.signing_key_file",
+            "signed checkpoints need `audit.chain: true` (they sign the chain)",
+            Some("signing_key_file"),
+        );
+    }
+    let rotate = raw.rotate.map(|r| Rotate {
+        max_bytes: r.max_bytes,
+        keep: r.keep,
+    });
+    if let Some(r) = &rotate {
+        if r.max_bytes < 4096 || r.keep == 0 || r.keep > 1000 {
+            sink.top(
+                "audit.rotate",
+                "max_bytes must be at least 4096 and keep from 1 to 1000",
+                Some("rotate"),
+            );
+        }
+    }
+    if !to_file && (rotate.is_some() || fsync != Fsync::Never) {
+        sink.top(
+            "audit",
+            "rotate and fsync need `audit.path` to be a file, not stdout (\"-\")",
+            Some("audit:"),
+        );
+    }
+    let every_records = raw
+        .checkpoint_every_records
+        .unwrap_or(d.checkpoint_every_records);
+    let every_s = raw
+        .checkpoint_every_s
+        .unwrap_or(d.checkpoint_every.as_secs());
+    if every_records == 0 || every_s == 0 {
+        sink.top(
+            "audit.checkpoint_every_records",
+            "checkpoint_every_records and checkpoint_every_s must be at least 1",
+            Some("checkpoint_every"),
+        );
+    }
+    AuditTrail {
+        chain: raw.chain,
+        signing_key_file: raw.signing_key_file.as_deref().map(rel),
+        checkpoint_every_records: every_records.max(1),
+        checkpoint_every: Duration::from_secs(every_s.max(1)),
+        rotate,
+        fsync,
+        format: raw.format,
+    }
+}
