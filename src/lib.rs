@@ -85,6 +85,7 @@ mod shared;
 pub mod sni;
 mod splice;
 mod state_store;
+pub mod suggest;
 pub mod target;
 mod transparent;
 mod tunnel;

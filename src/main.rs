@@ -62,6 +62,24 @@ enum Command {
         #[command(subcommand)]
         action: ConfigAction,
     },
+    /// Propose a sandbox's network.egress from its audit records (allow, report and deny),
+    /// as YAML to paste under its policy.
+    Suggest {
+        /// Audit files (JSON lines; chained files too).
+        #[arg(long = "audit", required = true, num_args = 1..)]
+        audit: Vec<PathBuf>,
+        #[arg(long)]
+        sandbox: String,
+        /// Leave out entries covering fewer connections.
+        #[arg(long, default_value_t = 1)]
+        min_count: u64,
+        /// Distinct names below one registrable domain before proposing `*.domain`.
+        #[arg(long, default_value_t = 3)]
+        wildcard_min: usize,
+        /// Compare with the sandbox's current policy (and use its defaults.ports).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Audit trail tools.
     Audit {
         #[command(subcommand)]
@@ -102,6 +120,13 @@ fn main() -> ExitCode {
         } => check(config, &sandbox, &target, resolve, json),
         Command::Validate { config } => validate(config),
         Command::HashToken => hash_token(),
+        Command::Suggest {
+            audit,
+            sandbox,
+            min_count,
+            wildcard_min,
+            config,
+        } => suggest(audit, sandbox, min_count, wildcard_min, config),
         Command::Audit {
             action: AuditAction::Verify { files, public_key },
         } => audit_verify(&files, public_key.as_deref()),
@@ -110,6 +135,62 @@ fn main() -> ExitCode {
         } => {
             print!("{}", config::EMBEDDED_CONFIG);
             ExitCode::SUCCESS
+        }
+    }
+}
+
+fn suggest(
+    files: Vec<PathBuf>,
+    sandbox: String,
+    min_count: u64,
+    wildcard_min: usize,
+    config: Option<PathBuf>,
+) -> ExitCode {
+    use egress_proxy::policy::ports::PortSet;
+    use egress_proxy::suggest;
+    let (default_ports, current) = match &config {
+        Some(path) => {
+            let c = match load(Some(path)) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            let Some(b) = c.bindings.iter().find(|b| b.id == sandbox) else {
+                eprintln!("error: {} defines no sandbox `{sandbox}`", path.display());
+                return ExitCode::from(2);
+            };
+            let current: Vec<String> = b.network.egress.iter().map(|(t, _)| t.clone()).collect();
+            (c.defaults.ports.clone(), Some(current))
+        }
+        None => match PortSet::from_ports(&[443]) {
+            Ok(p) => (p, None),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let opts = suggest::Options {
+        files,
+        sandbox,
+        min_count: min_count.max(1),
+        wildcard_min: wildcard_min.max(2),
+        default_ports,
+        current,
+    };
+    match suggest::suggest(&opts) {
+        Ok(p) => {
+            print!("{}", suggest::render(&p, &opts));
+            if p.skipped_lines > 0 {
+                eprintln!(
+                    "note: {} lines were not JSON records and were skipped",
+                    p.skipped_lines
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
         }
     }
 }

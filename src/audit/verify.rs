@@ -268,16 +268,14 @@ fn check_line(
         }
         let mut p = [0u8; 32];
         if let Some(n) = named {
-            {
-                if st.prev.is_none() {
-                    report.notes.push(format!(
-                        "{}:{at}: the first run continues chain {n} from files not given",
-                        file.display()
-                    ));
-                }
-                hex::decode_to_slice(n, &mut p)
-                    .map_err(|_| problem(file, at, Some(seq), "prev_chain is not hex"))?;
+            if st.prev.is_none() {
+                report.notes.push(format!(
+                    "{}:{at}: the first run continues chain {n} from files not given",
+                    file.display()
+                ));
             }
+            hex::decode_to_slice(n, &mut p)
+                .map_err(|_| problem(file, at, Some(seq), "prev_chain is not hex"))?;
         }
         Some(p)
     } else {
