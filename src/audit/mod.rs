@@ -9,6 +9,7 @@
 //! thread ([`writer`]). Nothing in a record is a secret: no token, no Authorization header.
 
 pub mod chain;
+mod ocsf;
 mod output;
 pub mod record;
 pub mod verify;

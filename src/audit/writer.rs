@@ -281,6 +281,7 @@ fn write_batch(
         line.clear();
         let encoded = match format {
             Format::Json => e.encode(line),
+            Format::Ocsf => super::ocsf::encode(&e, line),
         };
         match encoded {
             Ok(()) => {

@@ -27,6 +27,8 @@ pub enum Format {
     /// This proxy's own record (DESIGN §7).
     #[default]
     Json,
+    /// OCSF 1.8: Network Activity (4001) for connections, DNS Activity (4003) for queries.
+    Ocsf,
 }
 
 /// `audit.rotate`
