@@ -64,6 +64,14 @@ impl Config {
                 ))
             }
         }
+        if map.contains_key("credentials") {
+            return Err(one(
+                "runtime registrations cannot carry `credentials` (their secrets come from the \
+                 operator's files or environment): define them in the config file"
+                    .into(),
+                None,
+            ));
+        }
         if let Some(Value::Mapping(auth)) = map.get("auth") {
             // The proxy's own files and environment are not the caller's to name: the answer
             // must not even say whether such a file or variable exists.
@@ -100,6 +108,7 @@ impl Config {
             extra_providers: &self.extra_providers,
             index: &self.index,
             id_lines: id_lines(text),
+            placeholder_key: self.placeholder_key.as_ref().map(|k| k.as_slice()),
         };
         let b = build_binding(value, 0, &ctx, &mut sink, &mut warnings, &mut files);
         match b {
@@ -129,6 +138,8 @@ pub(super) struct BindingCtx<'a> {
     pub index: &'a PolicyIndex,
     /// Sandbox id → the line of its first `id:` (one pass over the file, not one per binding).
     pub id_lines: HashMap<String, usize>,
+    /// What credential placeholders derive from (`None`: no `tls_intercept`).
+    pub placeholder_key: Option<&'a [u8]>,
 }
 
 /// Map every `id: X` line of a file to its line number (first occurrence wins).
@@ -238,7 +249,17 @@ pub(super) fn build_binding(
         Some(ports) => super::defaults::tls_ports(ports, "require_tls_ports", sb, line, sink),
         None => ctx.defaults.require_tls_ports.clone(),
     };
+    let credentials = resolve_credentials(&raw, ctx, sb, sink, line, files);
     let (block, network, policy_file, policy_ref) = policy?;
+    if !network.http.is_empty() && ctx.placeholder_key.is_none() {
+        sink.push(
+            sb,
+            "policy.network.http",
+            "HTTP rules apply to terminated hosts: configure `tls_intercept` first",
+            Some("http:"),
+            line,
+        );
+    }
     if sink.errors.len() > before {
         return None;
     }
@@ -256,7 +277,75 @@ pub(super) fn build_binding(
         network,
         policy_file,
         policy_ref,
+        credentials: credentials.into(),
     })
+}
+
+/// Load a binding's `credentials` (secrets read now); errors go to `sink`, never a secret.
+fn resolve_credentials(
+    raw: &RawBinding,
+    ctx: &BindingCtx<'_>,
+    sb: Option<&str>,
+    sink: &mut Sink<'_>,
+    line: usize,
+    files: &mut Vec<PathBuf>,
+) -> Vec<super::credentials::Credential> {
+    if raw.credentials.is_empty() {
+        return Vec::new();
+    }
+    let Some(key) = ctx.placeholder_key else {
+        sink.push(
+            sb,
+            "credentials",
+            "credentials need `tls_intercept` (the CA that terminates their hosts)",
+            Some("credentials:"),
+            line,
+        );
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let read = |f: &str| -> Result<(String, PathBuf), String> {
+        let p = if Path::new(f).is_absolute() {
+            PathBuf::from(f)
+        } else {
+            ctx.base_dir.join(f)
+        };
+        std::fs::read_to_string(&p)
+            .map(|t| (t, p.clone()))
+            .map_err(|e| format!("cannot read {}: {e}", p.display()))
+    };
+    for (i, c) in raw.credentials.iter().enumerate() {
+        if let Some(f) = &c.source.file {
+            let p = if Path::new(f).is_absolute() {
+                PathBuf::from(f)
+            } else {
+                ctx.base_dir.join(f)
+            };
+            files.push(p);
+        }
+        if out
+            .iter()
+            .any(|o: &super::credentials::Credential| o.name == c.name)
+        {
+            sink.push(
+                sb,
+                format!("credentials[{i}]"),
+                format!("duplicate name `{}`", c.name),
+                Some(&c.name),
+                line,
+            );
+            continue;
+        }
+        match super::credentials::resolve(c, &raw.id, &read, key) {
+            Ok(cred) => out.push(cred),
+            Err(errs) => {
+                for e in errs {
+                    sink.push(sb, format!("credentials[{i}]"), e, Some(&c.name), line);
+                }
+            }
+        }
+    }
+    out
 }
 
 fn token_digest(

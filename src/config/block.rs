@@ -87,6 +87,9 @@ pub struct BlockNetwork {
     /// `dns.address_rule_zones`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub resolve_for_address_rules: bool,
+    /// Method and path rules on hosts the proxy terminates (`tls_intercept`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub http: Vec<super::credentials::RawHttpRule>,
 }
 
 /// One filesystem mount (kept for the runtime).
@@ -218,6 +221,7 @@ fn network_spec(
         deny: Vec::new(),
         mode: None,
         resolve_for_address_rules: false,
+        http: Vec::new(),
     });
     let egress_texts = net.egress.clone().unwrap_or_default();
     let mode = net.mode.unwrap_or(if egress_texts.is_empty() {
@@ -252,6 +256,23 @@ fn network_spec(
     };
     let egress = parse_list(&egress_texts, "egress");
     let deny = parse_list(&net.deny, "deny");
+    let mut http = Vec::new();
+    for (i, r) in net.http.iter().enumerate() {
+        match super::credentials::HttpRule::new(&r.host, &r.methods, &r.paths) {
+            Ok(rule) => http.push(rule),
+            Err(e) => {
+                ok = false;
+                sink.errors.push(crate::config::ConfigError {
+                    file: sink.file.clone(),
+                    line: sink.locate(&r.host, ctx.line),
+                    sandbox: sb.map(str::to_string),
+                    field: format!("{p}network.http[{i}]"),
+                    message: e,
+                    code: None,
+                });
+            }
+        }
+    }
     if !ok {
         return None;
     }
@@ -274,6 +295,7 @@ fn network_spec(
         egress,
         deny,
         resolve_for_address_rules: net.resolve_for_address_rules,
+        http: http.into(),
     })
 }
 

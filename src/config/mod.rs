@@ -14,6 +14,7 @@ mod binding;
 pub mod block;
 mod conformance;
 pub mod control_plane;
+pub mod credentials;
 pub mod defaults;
 pub mod error;
 mod raw;
@@ -182,6 +183,8 @@ pub struct Binding {
     pub policy_file: Arc<str>,
     /// The `ref` used, if any.
     pub policy_ref: Option<String>,
+    /// Secrets put on requests to the hosts they are bound to (terminated by the proxy).
+    pub credentials: Arc<[credentials::Credential]>,
 }
 
 /// `max_connections`: a number of connections the process can actually hold — at least 1, at
@@ -275,12 +278,16 @@ pub struct Config {
     pub runtime: RuntimeLimits,
     /// `control_plane.etcd`: registrations shared by every replica through etcd.
     pub etcd: Option<EtcdConfig>,
+    /// `tls_intercept`: the CA for terminating hosts that credentials or HTTP rules bind.
+    pub intercept: Option<credentials::InterceptConfig>,
     pub bindings: Vec<Binding>,
     pub warnings: Vec<String>,
     /// Every file read (config, referenced and indexed SANDBOX.md files): what to watch.
     pub files: Vec<PathBuf>,
     /// Policies found in `sandbox_dirs`, for `@owner/slug` refs made later (admin PUT).
     index: Arc<PolicyIndex>,
+    /// What placeholders derive from (a digest of the interception CA's key).
+    placeholder_key: Option<[u8; 32]>,
 }
 
 /// Load a configuration file, or the embedded default when `path` is `None`.
@@ -380,6 +387,8 @@ pub fn load_str(
     let runtime: RawRuntime = section(&mut top, "runtime", &mut sink).unwrap_or_default();
     let control_plane: RawControlPlane =
         section(&mut top, "control_plane", &mut sink).unwrap_or_default();
+    let raw_intercept: Option<credentials::RawIntercept> =
+        section(&mut top, "tls_intercept", &mut sink).flatten();
     let sandboxes: Vec<Value> = section(&mut top, "sandboxes", &mut sink).unwrap_or_default();
     let admission = resolve_admission(admission, &mut sink);
     let runtime = resolve_runtime(runtime, &mut sink);
@@ -414,6 +423,8 @@ pub fn load_str(
         }
     };
     let etcd = resolve_control_plane(control_plane, &rel, &mut sink);
+    let (intercept, placeholder_key) =
+        credentials::resolve_intercept(raw_intercept, &rel, &mut sink, &mut files);
     let audit_trail = audit::resolve_trail(audit.trail.clone(), audit.path != "-", &rel, &mut sink);
     if etcd.is_some() && state_dir.is_some() {
         warnings.push(
@@ -448,6 +459,7 @@ pub fn load_str(
         extra_providers: &extra_providers,
         index: &index,
         id_lines: id_lines(text),
+        placeholder_key: placeholder_key.as_ref().map(|k| k.as_slice()),
     };
     let mut bindings = Vec::new();
     let mut seen: HashSet<SandboxId> = HashSet::new();
@@ -519,6 +531,8 @@ pub fn load_str(
         admission,
         runtime,
         etcd,
+        intercept,
+        placeholder_key,
         state_dir: state_dir.map(|p| rel(&p)),
         extra_providers,
         max_connections,

@@ -25,6 +25,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "admission",
     "runtime",
     "control_plane",
+    "tls_intercept",
     "sandboxes",
 ];
 
@@ -342,4 +343,7 @@ pub struct RawBinding {
     pub require_tls_ports: Option<Vec<u16>>,
     #[serde(default)]
     pub refuse_ech: Option<bool>,
+    /// Secrets put on requests to the hosts they are bound to ([`super::credentials`]).
+    #[serde(default)]
+    pub credentials: Vec<super::credentials::RawCredential>,
 }

@@ -112,6 +112,8 @@ pub struct NetworkSpec {
     pub deny: Vec<(String, Entry)>,
     /// `network.resolve_for_address_rules`: any name may be resolved to try address rules.
     pub resolve_for_address_rules: bool,
+    /// `network.http`: method/path rules on terminated hosts.
+    pub http: std::sync::Arc<[crate::config::credentials::HttpRule]>,
 }
 
 /// One list (egress or deny) compiled.

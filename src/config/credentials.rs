@@ -1,0 +1,418 @@
+//! `credentials:` of a binding — secrets the proxy puts on requests to the hosts they are
+//! bound to, so that the sandbox only ever holds a placeholder ([`crate::intercept`]) — and
+//! the top-level `tls_intercept:` that terminating those hosts needs.
+//!
+//! Secrets are read when the configuration loads (from a file or an environment variable,
+//! never inline, as for tokens) and again on every reload; they are never logged, never in a
+//! record and never returned by the admin API ([`Secret`]'s `Debug` says `<redacted>`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// A secret value. Compared by content (a changed file is a changed binding), shown as
+/// `<redacted>`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Arc<str>);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// A host a credential (or an HTTP rule) is bound to: a name, `*.domain` or `**.domain`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BoundHost {
+    Exact(String),
+    /// `*.d`: names below `d`.
+    Below(String),
+    /// `**.d`: `d` and names below it.
+    ApexAndBelow(String),
+}
+
+impl BoundHost {
+    /// Parse an entry; globs, addresses and ports are refused (bindings are by name).
+    pub fn parse(text: &str) -> Result<BoundHost, String> {
+        use crate::policy::entry::{parse_entry, HostPattern};
+        let e = parse_entry(text).map_err(|e| e.to_string())?;
+        if e.ports.is_some() {
+            return Err(format!(
+                "`{text}`: no port here (credentials follow the host on any allowed port)"
+            ));
+        }
+        match e.host {
+            HostPattern::Exact(n) => Ok(BoundHost::Exact(n)),
+            HostPattern::Subdomains(s) => Ok(BoundHost::Below(s)),
+            HostPattern::ApexAndSubdomains(s) => Ok(BoundHost::ApexAndBelow(s)),
+            _ => Err(format!(
+                "`{text}`: bind credentials to names (`api.example.com`, `*.example.com`, `**.example.com`), not globs or addresses"
+            )),
+        }
+    }
+
+    /// Whether `name` (normalised, lowercase) is this host.
+    pub fn matches(&self, name: &str) -> bool {
+        let below = |d: &str| {
+            name.len() > d.len() + 1
+                && name.ends_with(d)
+                && name.as_bytes()[name.len() - d.len() - 1] == b'.'
+        };
+        match self {
+            BoundHost::Exact(n) => name == n,
+            BoundHost::Below(d) => below(d),
+            BoundHost::ApexAndBelow(d) => name == d || below(d),
+        }
+    }
+}
+
+/// How a credential goes on a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inject {
+    /// Set this header (overwriting what the client sent) to `format` with `{secret}`
+    /// replaced.
+    Header {
+        name: http::HeaderName,
+        format: String,
+    },
+    /// Replace the placeholder wherever it appears in the request's headers and URL.
+    ReplacePlaceholder,
+}
+
+/// One credential of a binding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credential {
+    pub name: String,
+    pub hosts: Vec<BoundHost>,
+    pub inject: Inject,
+    pub secret: Secret,
+    /// What the sandbox holds instead (`GET /v1/sandboxes/{id}/placeholders`).
+    pub placeholder: String,
+}
+
+impl Credential {
+    pub fn bound_to(&self, host: &str) -> bool {
+        self.hosts.iter().any(|h| h.matches(host))
+    }
+}
+
+/// `credentials[]` as written.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawCredential {
+    pub name: String,
+    pub hosts: Vec<String>,
+    pub inject: RawInject,
+    pub source: RawSource,
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawInject {
+    #[serde(default)]
+    pub header: Option<String>,
+    #[serde(default)]
+    pub format: Option<String>,
+    #[serde(default)]
+    pub replace_placeholder: Option<bool>,
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawSource {
+    #[serde(default)]
+    pub file: Option<String>,
+    #[serde(default)]
+    pub env: Option<String>,
+}
+
+/// The placeholder of credential `name` of sandbox `sandbox`: opaque, stable for as long as
+/// `key` (the interception CA's key) is, and as long as the secret (so that a client that
+/// checks a key's length accepts it) — at least 32 characters.
+pub fn placeholder(key: &[u8], sandbox: &str, name: &str, secret_len: usize) -> String {
+    let mut out = String::from("egp_");
+    let mut block = 0u32;
+    while out.len() < secret_len.max(32) {
+        let mut h = Sha256::new();
+        h.update(b"egress-proxy placeholder v1\0");
+        h.update(key);
+        h.update(sandbox.as_bytes());
+        h.update(b"\0");
+        h.update(name.as_bytes());
+        h.update(block.to_be_bytes());
+        out.push_str(&hex::encode(h.finalize()));
+        block += 1;
+    }
+    out.truncate(secret_len.max(32));
+    out
+}
+
+/// Validate and load one credential. `read` reads a file (relative to the config); `key` is
+/// what placeholders derive from.
+pub fn resolve(
+    raw: &RawCredential,
+    sandbox: &str,
+    read_file: &dyn Fn(&str) -> Result<(String, PathBuf), String>,
+    key: &[u8],
+) -> Result<Credential, Vec<String>> {
+    let mut errors = Vec::new();
+    let valid_name = !raw.name.is_empty()
+        && raw.name.len() <= 64
+        && raw
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !valid_name {
+        errors.push(format!(
+            "name `{}`: letters, digits, _ and - (1 to 64)",
+            raw.name
+        ));
+    }
+    let mut hosts = Vec::new();
+    for h in &raw.hosts {
+        match BoundHost::parse(h) {
+            Ok(b) => hosts.push(b),
+            Err(e) => errors.push(format!("hosts: {e}")),
+        }
+    }
+    if raw.hosts.is_empty() {
+        errors.push("hosts: bind the credential to at least one host".into());
+    }
+    let inject = match (&raw.inject.header, raw.inject.replace_placeholder) {
+        (Some(h), None | Some(false)) => match http::HeaderName::from_bytes(h.as_bytes()) {
+            Ok(name) => {
+                let format = raw
+                    .inject
+                    .format
+                    .clone()
+                    .unwrap_or_else(|| "{secret}".into());
+                if !format.contains("{secret}") {
+                    errors.push("inject.format must contain {secret}".into());
+                }
+                Some(Inject::Header { name, format })
+            }
+            Err(_) => {
+                errors.push(format!("inject.header `{h}` is not a header name"));
+                None
+            }
+        },
+        (None, Some(true)) if raw.inject.format.is_none() => Some(Inject::ReplacePlaceholder),
+        _ => {
+            errors
+                .push("inject: either { header, format } or { replace_placeholder: true }".into());
+            None
+        }
+    };
+    let secret = match (&raw.source.file, &raw.source.env) {
+        (Some(f), None) => match read_file(f) {
+            Ok((text, _)) => Some(text.trim().to_string()),
+            Err(e) => {
+                errors.push(format!("source.file: {e}"));
+                None
+            }
+        },
+        (None, Some(v)) => match std::env::var(v) {
+            Ok(s) => Some(s.trim().to_string()),
+            Err(_) => {
+                errors.push(format!("source.env: the variable {v} is not set"));
+                None
+            }
+        },
+        _ => {
+            errors.push("source: exactly one of file, env (never the secret itself)".into());
+            None
+        }
+    };
+    let secret = secret.filter(|s| {
+        let ok = !s.is_empty() && s.bytes().all(|b| (0x20..0x7f).contains(&b));
+        if !ok {
+            errors.push("the secret is empty or not printable ASCII".into());
+        }
+        ok
+    });
+    match (errors.is_empty(), inject, secret) {
+        (true, Some(inject), Some(secret)) => Ok(Credential {
+            placeholder: placeholder(key, sandbox, &raw.name, secret.len()),
+            name: raw.name.clone(),
+            hosts,
+            inject,
+            secret: Secret(secret.into()),
+        }),
+        _ => Err(errors),
+    }
+}
+
+/// `tls_intercept:` — the CA that signs the certificates presented for terminated hosts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterceptConfig {
+    pub ca_cert_file: PathBuf,
+    pub ca_key_file: PathBuf,
+    /// Extra roots for verifying upstreams (private PKI, tests), besides the public ones.
+    pub upstream_ca_file: Option<PathBuf>,
+    /// Hosts never terminated (pinned clients, mutual-TLS upstreams).
+    pub never: Vec<BoundHost>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawIntercept {
+    pub ca_cert_file: String,
+    pub ca_key_file: String,
+    #[serde(default)]
+    pub upstream_ca_file: Option<String>,
+    #[serde(default)]
+    pub never: Vec<String>,
+}
+
+/// Validate `tls_intercept`; returns it and the placeholder key (a digest of the CA key, read
+/// now: placeholders are stable for as long as the CA key is).
+pub(super) fn resolve_intercept(
+    raw: Option<RawIntercept>,
+    rel: &dyn Fn(&str) -> PathBuf,
+    sink: &mut super::error::Sink<'_>,
+    files: &mut Vec<PathBuf>,
+) -> (Option<InterceptConfig>, Option<[u8; 32]>) {
+    let Some(raw) = raw else {
+        return (None, None);
+    };
+    let key_file = rel(&raw.ca_key_file);
+    let key = match std::fs::read(&key_file) {
+        Ok(k) => {
+            files.push(key_file.clone());
+            Some(Sha256::digest(&k).into())
+        }
+        Err(e) => {
+            sink.top(
+                "tls_intercept.ca_key_file",
+                format!("cannot read {}: {e}", key_file.display()),
+                Some("ca_key_file"),
+            );
+            None
+        }
+    };
+    let mut never = Vec::new();
+    for h in &raw.never {
+        match BoundHost::parse(h) {
+            Ok(b) => never.push(b),
+            Err(e) => sink.top("tls_intercept.never", e, Some(h)),
+        }
+    }
+    (
+        Some(InterceptConfig {
+            ca_cert_file: rel(&raw.ca_cert_file),
+            ca_key_file: key_file,
+            upstream_ca_file: raw.upstream_ca_file.as_deref().map(rel),
+            never,
+        }),
+        key,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bound_hosts_match_by_label() {
+        let b = BoundHost::parse("*.example.com").unwrap();
+        assert!(b.matches("api.example.com"));
+        assert!(!b.matches("example.com"));
+        assert!(!b.matches("badexample.com"));
+        let a = BoundHost::parse("**.example.com").unwrap();
+        assert!(a.matches("example.com") && a.matches("x.y.example.com"));
+        assert!(BoundHost::parse("10.0.0.0/8").is_err());
+        assert!(BoundHost::parse("api.example.com:443").is_err());
+    }
+
+    #[test]
+    fn placeholders_are_stable_distinct_and_as_long_as_the_secret() {
+        let p = placeholder(b"k", "s1", "openai", 51);
+        assert_eq!(p.len(), 51);
+        assert_eq!(p, placeholder(b"k", "s1", "openai", 51));
+        assert_ne!(p, placeholder(b"k", "s2", "openai", 51));
+        assert_ne!(p, placeholder(b"k", "s1", "github", 51));
+        assert_ne!(p, placeholder(b"other", "s1", "openai", 51));
+        assert_eq!(placeholder(b"k", "s", "n", 5).len(), 32);
+        assert_eq!(format!("{:?}", Secret("x".into())), "<redacted>");
+    }
+}
+
+/// One `network.http` rule: on a terminated host, which methods and paths are allowed.
+#[derive(Debug, Clone)]
+pub struct HttpRule {
+    pub text: String,
+    pub host: BoundHost,
+    /// Upper-case; empty: any method.
+    pub methods: Vec<String>,
+    /// Path globs (`*` within a segment, `**` across); empty: any path.
+    pub paths: Vec<String>,
+    matcher: Option<globset::GlobSet>,
+}
+
+impl PartialEq for HttpRule {
+    fn eq(&self, other: &Self) -> bool {
+        self.host == other.host && self.methods == other.methods && self.paths == other.paths
+    }
+}
+
+impl HttpRule {
+    pub fn new(host: &str, methods: &[String], paths: &[String]) -> Result<HttpRule, String> {
+        let host_pat = BoundHost::parse(host)?;
+        let mut methods_up = Vec::new();
+        for m in methods {
+            let up = m.to_ascii_uppercase();
+            if up.is_empty() || !up.bytes().all(|b| b.is_ascii_uppercase()) {
+                return Err(format!("method `{m}` is not an HTTP method"));
+            }
+            methods_up.push(up);
+        }
+        let matcher = if paths.is_empty() {
+            None
+        } else {
+            let mut b = globset::GlobSetBuilder::new();
+            for p in paths {
+                if !p.starts_with('/') {
+                    return Err(format!("path `{p}` must start with /"));
+                }
+                let g = globset::GlobBuilder::new(p)
+                    .literal_separator(true)
+                    .build()
+                    .map_err(|e| format!("path `{p}`: {e}"))?;
+                b.add(g);
+            }
+            Some(b.build().map_err(|e| e.to_string())?)
+        };
+        Ok(HttpRule {
+            text: format!("{host} {} {}", methods_up.join(","), paths.join(",")),
+            host: host_pat,
+            methods: methods_up,
+            paths: paths.to_vec(),
+            matcher,
+        })
+    }
+
+    /// Whether this rule allows `method` on `path` (the path without its query).
+    pub fn allows(&self, method: &str, path: &str) -> bool {
+        (self.methods.is_empty() || self.methods.iter().any(|m| m == method))
+            && self.matcher.as_ref().is_none_or(|m| m.is_match(path))
+    }
+}
+
+/// `network.http[]` as written.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttpRule {
+    pub host: String,
+    #[serde(default)]
+    pub methods: Vec<String>,
+    #[serde(default)]
+    pub paths: Vec<String>,
+}
