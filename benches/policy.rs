@@ -46,6 +46,7 @@ fn big_spec() -> NetworkSpec {
             parse_entry("blocked.tenant7.example.net").expect("valid"),
         )],
         resolve_for_address_rules: false,
+        http: Default::default(),
     }
 }
 

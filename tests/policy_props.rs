@@ -120,6 +120,7 @@ fn compile(egress: &[String], deny: &[String]) -> CompiledPolicy {
         egress: parse(egress),
         deny: parse(deny),
         resolve_for_address_rules: false,
+        http: Default::default(),
     };
     CompiledPolicy::compile(
         "p",

@@ -304,15 +304,13 @@ fn resolve_credentials(
         return Vec::new();
     };
     let mut out = Vec::new();
-    let read = |f: &str| -> Result<(String, PathBuf), String> {
+    let read = |f: &str| -> Result<String, String> {
         let p = if Path::new(f).is_absolute() {
             PathBuf::from(f)
         } else {
             ctx.base_dir.join(f)
         };
-        std::fs::read_to_string(&p)
-            .map(|t| (t, p.clone()))
-            .map_err(|e| format!("cannot read {}: {e}", p.display()))
+        std::fs::read_to_string(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))
     };
     for (i, c) in raw.credentials.iter().enumerate() {
         if let Some(f) = &c.source.file {

@@ -160,7 +160,7 @@ pub fn placeholder(key: &[u8], sandbox: &str, name: &str, secret_len: usize) -> 
 pub fn resolve(
     raw: &RawCredential,
     sandbox: &str,
-    read_file: &dyn Fn(&str) -> Result<(String, PathBuf), String>,
+    read_file: &dyn Fn(&str) -> Result<String, String>,
     key: &[u8],
 ) -> Result<Credential, Vec<String>> {
     let mut errors = Vec::new();
@@ -213,7 +213,7 @@ pub fn resolve(
     };
     let secret = match (&raw.source.file, &raw.source.env) {
         (Some(f), None) => match read_file(f) {
-            Ok((text, _)) => Some(text.trim().to_string()),
+            Ok(text) => Some(text.trim().to_string()),
             Err(e) => {
                 errors.push(format!("source.file: {e}"));
                 None

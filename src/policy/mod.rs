@@ -406,6 +406,7 @@ mod tests {
             egress: p(egress),
             deny: p(deny),
             resolve_for_address_rules: false,
+            http: Default::default(),
         }
     }
 
