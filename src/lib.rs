@@ -61,6 +61,7 @@ mod hostname;
 pub mod http_relay;
 pub mod http_stream;
 mod identity;
+pub mod intercept;
 pub mod inspect;
 pub mod limits;
 mod metrics;

@@ -37,6 +37,8 @@ pub enum Mode {
     Tcp,
     /// A query to the DNS listener.
     Dns,
+    /// One request inside a tunnel the proxy terminated (credentials, HTTP rules).
+    Https,
 }
 
 impl Mode {
@@ -49,6 +51,7 @@ impl Mode {
             Mode::Host => "host",
             Mode::Tcp => "tcp",
             Mode::Dns => "dns",
+            Mode::Https => "https",
         }
     }
 }

@@ -42,11 +42,19 @@ pub enum Reason {
     /// A plain-HTTP request in a tunnel or on a transparent connection names another host
     /// than the one the connection was decided for.
     HostMismatch,
+    /// A credential's placeholder on a request to a host the credential is not bound to (or
+    /// a bound host over plain HTTP).
+    CredentialMisuse,
+    /// On a terminated host, no `network.http` rule allows the request's method and path
+    /// (or the method is TRACE).
+    HttpNotAllowed,
 }
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 23] = [
+    pub const ALL: [Reason; 25] = [
+        Reason::CredentialMisuse,
+        Reason::HttpNotAllowed,
         Reason::RuleMatched,
         Reason::AllowAllMode,
         Reason::NoRuleMatched,
@@ -98,6 +106,8 @@ impl Reason {
             Reason::ProtocolNotAllowed => "protocol_not_allowed",
             Reason::SniMismatch => "sni_mismatch",
             Reason::HostMismatch => "host_mismatch",
+            Reason::CredentialMisuse => "credential_misuse",
+            Reason::HttpNotAllowed => "http_not_allowed",
         }
     }
 
@@ -114,6 +124,8 @@ impl Reason {
             | Reason::ProtocolNotAllowed
             | Reason::SniMismatch
             | Reason::HostMismatch
+            | Reason::CredentialMisuse
+            | Reason::HttpNotAllowed
             | Reason::ProxyLoop => 403,
             Reason::InvalidTarget => 400,
             Reason::AuthRequired | Reason::AuthFailed | Reason::UnknownSandbox => 407,
@@ -136,7 +148,9 @@ impl Reason {
             | Reason::UnknownSandbox
             | Reason::ProtocolNotAllowed
             | Reason::SniMismatch
-            | Reason::HostMismatch => "http_request_denied",
+            | Reason::HostMismatch
+            | Reason::CredentialMisuse
+            | Reason::HttpNotAllowed => "http_request_denied",
             Reason::DestinationIpProhibited | Reason::DestinationMismatch => {
                 "destination_ip_prohibited"
             }
@@ -164,6 +178,7 @@ impl Reason {
                 | Reason::ProtocolNotAllowed
                 | Reason::SniMismatch
                 | Reason::HostMismatch
+                | Reason::HttpNotAllowed
         )
     }
 

@@ -158,6 +158,14 @@ impl AuditGuard {
         self.close = Some(r.close);
     }
 
+    /// What writes the records of the requests inside this (terminated) tunnel.
+    pub fn recorder(&self) -> Recorder {
+        Recorder {
+            sink: self.sink.clone(),
+            record: self.record.clone(),
+        }
+    }
+
     /// Write the `open` record (a tunnel or exchange begins), with what is known now.
     pub fn open(&self) {
         self.sink.log.write(Entry {
@@ -168,6 +176,49 @@ impl AuditGuard {
             bytes_down: 0,
             duration_ms: self.started.elapsed().as_millis() as u64,
             close: None,
+        });
+    }
+}
+
+/// Writes one record per request inside a terminated tunnel: the tunnel's record with
+/// `mode: "https"`, the request's facts and its own decision.
+#[derive(Clone)]
+pub struct Recorder {
+    sink: Sink,
+    record: Record,
+}
+
+impl Recorder {
+    pub fn request(
+        &self,
+        http: record::HttpFacts,
+        verdict: crate::policy::Verdict,
+        reason: crate::reason::Reason,
+        detail: Option<String>,
+        bytes: (u64, u64),
+        started: Instant,
+    ) {
+        let mut record = self.record.clone();
+        record.mode = Mode::Https;
+        record.verdict = verdict;
+        record.reason = reason;
+        record.detail = detail.map(Cow::Owned);
+        record.http = Some(Box::new(http));
+        let r = &record;
+        self.sink.metrics.connection_finished(
+            r.sandbox.as_ref().map(|s| s.as_str()),
+            r.mode,
+            r.verdict,
+            r.reason,
+        );
+        self.sink.log.write(Entry {
+            event: Event::End,
+            at: SystemTime::now(),
+            record,
+            bytes_up: bytes.0,
+            bytes_down: bytes.1,
+            duration_ms: started.elapsed().as_millis() as u64,
+            close: Some(Close::Eof),
         });
     }
 }

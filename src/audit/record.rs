@@ -54,6 +54,20 @@ pub struct Record {
     pub detail: Option<Cow<'static, str>>,
     /// A DNS listener query: what was asked and answered.
     pub dns: Option<Box<DnsFacts>>,
+    /// A request inside a terminated tunnel (`mode: "https"`).
+    pub http: Option<Box<HttpFacts>>,
+}
+
+/// What a record of a request inside a terminated tunnel adds.
+#[derive(Debug, Clone)]
+pub struct HttpFacts {
+    pub method: Box<str>,
+    /// Without the query (which may carry secrets).
+    pub path: Box<str>,
+    /// The response status (0: none, the request was refused before it was sent).
+    pub status: u16,
+    /// The credential put on the request, by name (never its value).
+    pub credential: Option<Box<str>>,
 }
 
 /// What a DNS listener record says beyond a connection's fields.
@@ -100,6 +114,7 @@ impl Record {
             policy_version,
             detail: None,
             dns: None,
+            http: None,
         }
     }
 }
@@ -182,6 +197,14 @@ struct Json<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     transport: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    method: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    credential: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     run: Option<&'static str>,
 }
 
@@ -227,6 +250,10 @@ impl Entry {
             passed_records: dns.map(|d| d.passed).filter(|n| *n > 0),
             ttl: dns.and_then(|d| d.ttl),
             transport: dns.map(|d| d.transport),
+            method: r.http.as_ref().map(|h| &*h.method),
+            path: r.http.as_ref().map(|h| &*h.path),
+            status: r.http.as_ref().map(|h| h.status),
+            credential: r.http.as_ref().and_then(|h| h.credential.as_deref()),
             run: RUN.get().map(String::as_str),
         };
         serde_json::to_writer(&mut *out, &json)?;

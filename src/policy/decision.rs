@@ -110,6 +110,12 @@ impl Decision {
             Reason::DestinationMismatch => format!(
                 "the connection's original destination is not an address of the name it asked for (strict_sni_dst of sandbox {sandbox})"
             ),
+            Reason::CredentialMisuse => format!(
+                "the request carries a credential placeholder of sandbox {sandbox} to a host the credential is not bound to (or over plain HTTP) ({file})"
+            ),
+            Reason::HttpNotAllowed => format!(
+                "no network.http rule of sandbox {sandbox} allows this method and path on this host ({file})"
+            ),
         }
     }
 }

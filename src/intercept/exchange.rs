@@ -1,0 +1,436 @@
+//! One request on a terminated host: refuse TRACE, requests naming another host, requests no
+//! `network.http` rule allows, and placeholders of credentials bound elsewhere; put the
+//! credentials bound here on the request; forward it on the one upstream connection (HTTP/1.1
+//! or HTTP/2, trailers included); write one `mode: "https"` record when the response ends.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use crate::audit::record::HttpFacts;
+use crate::audit::Recorder;
+use crate::config::credentials::{Credential, Inject};
+use crate::config::Binding;
+use crate::policy::{Enforcement, Verdict};
+use crate::reason::Reason;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type ResBody = BoxBody<Bytes, BoxError>;
+
+/// The upstream connection's request side.
+pub enum Upstream {
+    H1(tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Counted<Incoming>>>),
+    H2(hyper::client::conn::http2::SendRequest<Counted<Incoming>>),
+}
+
+impl Upstream {
+    pub async fn connect(tls: TlsStream<TcpStream>, h2: bool) -> Result<Self, String> {
+        let io = TokioIo::new(tls);
+        if h2 {
+            let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .map_err(|e| format!("HTTP/2: {e}"))?;
+            tokio::spawn(conn);
+            Ok(Upstream::H2(send))
+        } else {
+            let (send, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(|e| format!("HTTP/1.1: {e}"))?;
+            tokio::spawn(conn);
+            Ok(Upstream::H1(tokio::sync::Mutex::new(send)))
+        }
+    }
+
+    async fn send(
+        &self,
+        req: Request<Counted<Incoming>>,
+    ) -> Result<Response<Incoming>, hyper::Error> {
+        match self {
+            Upstream::H1(s) => {
+                let mut s = s.lock().await;
+                s.ready().await?;
+                s.send_request(req).await
+            }
+            Upstream::H2(s) => {
+                let mut s = s.clone();
+                s.ready().await?;
+                s.send_request(req).await
+            }
+        }
+    }
+}
+
+/// Byte totals of a tunnel (client → upstream is `up`).
+#[derive(Default)]
+pub struct Counters {
+    up: AtomicU64,
+    down: AtomicU64,
+}
+
+impl Counters {
+    pub fn totals(&self) -> (u64, u64) {
+        (
+            self.up.load(Ordering::Relaxed),
+            self.down.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// A body that counts its data bytes (into its own counter and the tunnel's) and passes
+/// every frame — data and trailers — through.
+pub struct Counted<B> {
+    inner: B,
+    mine: Arc<AtomicU64>,
+    tunnel: Arc<Counters>,
+    up: bool,
+    /// Written when the body ends or is dropped (the response of a request).
+    done: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl<B> Counted<B> {
+    fn new(inner: B, mine: Arc<AtomicU64>, tunnel: Arc<Counters>, up: bool) -> Self {
+        Counted {
+            inner,
+            mine,
+            tunnel,
+            up,
+            done: None,
+        }
+    }
+}
+
+impl<B> Drop for Counted<B> {
+    fn drop(&mut self) {
+        if let Some(f) = self.done.take() {
+            f();
+        }
+    }
+}
+
+impl<B> Body for Counted<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &polled {
+            if let Some(d) = f.data_ref() {
+                let n = d.len() as u64;
+                self.mine.fetch_add(n, Ordering::Relaxed);
+                let t = if self.up {
+                    &self.tunnel.up
+                } else {
+                    &self.tunnel.down
+                };
+                t.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        if let Poll::Ready(None) = &polled {
+            if let Some(f) = self.done.take() {
+                f();
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// One terminated tunnel's request handler.
+pub struct Exchange {
+    binding: Arc<Binding>,
+    host: String,
+    upstream: Upstream,
+    recorder: Recorder,
+    counters: Arc<Counters>,
+}
+
+/// Why a request is refused, for the response and the record.
+struct Refusal {
+    reason: Reason,
+    detail: String,
+    credential: Option<String>,
+}
+
+impl Exchange {
+    pub fn new(binding: Arc<Binding>, host: &str, upstream: Upstream, recorder: Recorder) -> Self {
+        Exchange {
+            binding,
+            host: host.to_string(),
+            upstream,
+            recorder,
+            counters: Arc::new(Counters::default()),
+        }
+    }
+
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
+    }
+
+    fn report(&self) -> bool {
+        self.binding.enforcement == Enforcement::Report
+    }
+
+    /// What is wrong with `req`, if anything (before any credential is put on it).
+    fn check(&self, req: &Request<Incoming>) -> Option<Refusal> {
+        let method = req.method().as_str();
+        if method == "TRACE" {
+            return Some(Refusal {
+                reason: Reason::HttpNotAllowed,
+                detail: "TRACE is refused on terminated hosts (it would echo injected credentials)"
+                    .into(),
+                credential: None,
+            });
+        }
+        // The request must be for the host the tunnel was decided and terminated for.
+        let named = req
+            .uri()
+            .authority()
+            .map(|a| a.host().to_string())
+            .or_else(|| {
+                req.headers()
+                    .get(http::header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .map(|h| h.rsplit_once(':').map(|(h, _)| h).unwrap_or(h).to_string())
+            });
+        if let Some(n) = named {
+            if !n.eq_ignore_ascii_case(&self.host) {
+                return Some(Refusal {
+                    reason: Reason::HostMismatch,
+                    detail: format!(
+                        "the request names {n}, the tunnel was decided for {}",
+                        self.host
+                    ),
+                    credential: None,
+                });
+            }
+        }
+        for c in self.binding.credentials.iter() {
+            if !c.bound_to(&self.host) && carries(req, &c.placeholder) {
+                return Some(Refusal {
+                    reason: Reason::CredentialMisuse,
+                    detail: format!(
+                        "the placeholder of credential {} is bound to other hosts than {}",
+                        c.name, self.host
+                    ),
+                    credential: Some(c.name.clone()),
+                });
+            }
+        }
+        let rules: Vec<_> = self
+            .binding
+            .network
+            .http
+            .iter()
+            .filter(|r| r.host.matches(&self.host))
+            .collect();
+        if !rules.is_empty() && !rules.iter().any(|r| r.allows(method, req.uri().path())) {
+            return Some(Refusal {
+                reason: Reason::HttpNotAllowed,
+                detail: format!(
+                    "no network.http rule allows {method} {} on {}",
+                    req.uri().path(),
+                    self.host
+                ),
+                credential: None,
+            });
+        }
+        None
+    }
+
+    pub async fn handle(&self, mut req: Request<Incoming>) -> Response<ResBody> {
+        let started = Instant::now();
+        let method = req_method(&req);
+        let path = req.uri().path().to_string();
+        let facts = |status: u16, credential: Option<String>| HttpFacts {
+            method: method.as_str().into(),
+            path: path.as_str().into(),
+            status,
+            credential: credential.map(Into::into),
+        };
+        let mut verdict = Verdict::Allow;
+        let mut reason = Reason::RuleMatched;
+        let mut detail = None;
+        if let Some(r) = self.check(&req) {
+            if self.report() && r.reason.reportable() {
+                verdict = Verdict::Report;
+                reason = r.reason;
+                detail = Some(r.detail);
+            } else {
+                self.recorder.request(
+                    facts(403, r.credential.clone()),
+                    Verdict::Deny,
+                    r.reason,
+                    Some(r.detail.clone()),
+                    (0, 0),
+                    started,
+                );
+                return refusal(r.reason, &r.detail);
+            }
+        }
+        let injected = self.inject(&mut req);
+        let facts_sent = facts(0, injected.clone());
+        let up_bytes = Arc::new(AtomicU64::new(0));
+        let req = req.map(|b| Counted::new(b, up_bytes.clone(), self.counters.clone(), true));
+        match self.upstream.send(req).await {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let down_bytes = Arc::new(AtomicU64::new(0));
+                let recorder = self.recorder.clone();
+                let mut f = facts_sent;
+                f.status = status;
+                let (up, down) = (up_bytes.clone(), down_bytes.clone());
+                let resp = resp.map(|b| {
+                    let mut c = Counted::new(b, down_bytes, self.counters.clone(), false);
+                    c.done = Some(Box::new(move || {
+                        recorder.request(
+                            f,
+                            verdict,
+                            reason,
+                            detail,
+                            (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed)),
+                            started,
+                        );
+                    }));
+                    c.map_err(|e| Box::new(e) as BoxError).boxed()
+                });
+                resp
+            }
+            Err(e) => {
+                let msg = format!("the upstream failed: {e}");
+                self.recorder.request(
+                    facts_sent,
+                    verdict,
+                    Reason::ConnectionRefused,
+                    Some(msg.clone()),
+                    (up_bytes.load(Ordering::Relaxed), 0),
+                    started,
+                );
+                plain(StatusCode::BAD_GATEWAY, None, &msg)
+            }
+        }
+    }
+
+    /// Put the credentials bound to this host on `req`; the names of those used.
+    fn inject(&self, req: &mut Request<Incoming>) -> Option<String> {
+        let mut used: Vec<&str> = Vec::new();
+        for c in self.binding.credentials.iter().filter(|c| c.bound_to(&self.host)) {
+            match &c.inject {
+                Inject::Header { name, format } => {
+                    let value = format.replace("{secret}", c.secret.expose());
+                    if let Ok(mut v) = HeaderValue::from_str(&value) {
+                        v.set_sensitive(true);
+                        req.headers_mut().insert(name.clone(), v);
+                        used.push(&c.name);
+                    }
+                }
+                Inject::ReplacePlaceholder => {
+                    if replace_placeholder(req, c) {
+                        used.push(&c.name);
+                    }
+                }
+            }
+        }
+        (!used.is_empty()).then(|| used.join(","))
+    }
+}
+
+fn req_method(req: &Request<Incoming>) -> String {
+    req.method().as_str().to_string()
+}
+
+/// Whether `placeholder` appears in the request's URL or any header value.
+fn carries(req: &Request<Incoming>, placeholder: &str) -> bool {
+    let in_uri = req
+        .uri()
+        .path_and_query()
+        .is_some_and(|pq| pq.as_str().contains(placeholder));
+    in_uri
+        || req
+            .headers()
+            .values()
+            .any(|v| contains_bytes(v.as_bytes(), placeholder.as_bytes()))
+}
+
+fn contains_bytes(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Replace `c`'s placeholder by its secret in header values and the URL; whether it was found.
+fn replace_placeholder(req: &mut Request<Incoming>, c: &Credential) -> bool {
+    let mut found = false;
+    let secret = c.secret.expose();
+    for (_, v) in req.headers_mut().iter_mut() {
+        if let Ok(s) = v.to_str() {
+            if s.contains(&c.placeholder) {
+                if let Ok(mut nv) = HeaderValue::from_str(&s.replace(&c.placeholder, secret)) {
+                    nv.set_sensitive(true);
+                    *v = nv;
+                    found = true;
+                }
+            }
+        }
+    }
+    let uri = req.uri().to_string();
+    if uri.contains(&c.placeholder) {
+        if let Ok(u) = uri.replace(&c.placeholder, secret).parse() {
+            *req.uri_mut() = u;
+            found = true;
+        }
+    }
+    found
+}
+
+fn refusal(reason: Reason, detail: &str) -> Response<ResBody> {
+    plain(
+        StatusCode::FORBIDDEN,
+        Some(reason),
+        &format!("egress-proxy refused this request: {}: {detail}\n", reason.code()),
+    )
+}
+
+fn plain(status: StatusCode, reason: Option<Reason>, text: &str) -> Response<ResBody> {
+    let body = Full::new(Bytes::from(text.to_string()))
+        .map_err(|never| match never {})
+        .boxed();
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    let ps = match reason {
+        Some(r) => format!(
+            "egress-proxy; error={}; details=\"{}\"",
+            r.proxy_status_error(),
+            r.code()
+        ),
+        None => "egress-proxy; error=http_protocol_error".into(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&ps) {
+        r.headers_mut().insert("proxy-status", v);
+    }
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}

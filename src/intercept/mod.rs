@@ -1,0 +1,198 @@
+//! Credential brokering: the tunnels of a sandbox to hosts that one of its credentials (or a
+//! `network.http` rule) is bound to are terminated — and only those. The proxy presents a
+//! certificate for the decided name issued by the operator's CA ([`ca`]), opens TLS to the
+//! upstream itself and verifies it for that same name (public roots plus
+//! `tls_intercept.upstream_ca_file`), keeps the ALPN the upstream chose (HTTP/1.1 or HTTP/2,
+//! so gRPC works), and then handles each request ([`exchange`]): TRACE and requests no HTTP
+//! rule allows are refused with an ordinary 403 inside the tunnel, a placeholder bound to
+//! another host is refused (`credential_misuse`), and the credentials bound to this host are
+//! put on the request. Every other tunnel is relayed untouched, as before.
+
+pub mod ca;
+mod exchange;
+mod prefixed;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::ServerName;
+use tokio::net::TcpStream;
+
+use crate::audit::AuditGuard;
+use crate::client_io::ClientIo;
+use crate::config::credentials::{BoundHost, InterceptConfig};
+use crate::config::Binding;
+use crate::outcome::Close;
+use crate::tunnel::Relayed;
+use ca::InterceptCa;
+use exchange::{Exchange, Upstream};
+use prefixed::Prefixed;
+
+/// What terminating needs, loaded at start.
+pub struct Interceptor {
+    ca: InterceptCa,
+    /// Upstream TLS, without ALPN (set per connection from what the client offered).
+    upstream: Arc<rustls::ClientConfig>,
+    never: Vec<BoundHost>,
+}
+
+impl Interceptor {
+    pub fn load(cfg: &InterceptConfig) -> Result<Self, String> {
+        let ca = InterceptCa::load(&cfg.ca_cert_file, &cfg.ca_key_file)?;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        if let Some(f) = &cfg.upstream_ca_file {
+            use rustls::pki_types::{pem::PemObject, CertificateDer};
+            let pem = std::fs::read(f)
+                .map_err(|e| format!("tls_intercept.upstream_ca_file {}: {e}", f.display()))?;
+            for c in CertificateDer::pem_slice_iter(&pem) {
+                let c = c.map_err(|e| format!("tls_intercept.upstream_ca_file: {e}"))?;
+                roots
+                    .add(c)
+                    .map_err(|e| format!("tls_intercept.upstream_ca_file: {e}"))?;
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let upstream = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Interceptor {
+            ca,
+            upstream: Arc::new(upstream),
+            never: cfg.never.clone(),
+        })
+    }
+
+    /// Whether the tunnels of `binding` to `host` are terminated.
+    pub fn terminates(&self, binding: &Binding, host: &str) -> bool {
+        if self.never.iter().any(|n| n.matches(host)) {
+            return false;
+        }
+        binding.credentials.iter().any(|c| c.bound_to(host))
+            || binding.network.http.iter().any(|r| r.host.matches(host))
+    }
+}
+
+/// One terminated tunnel.
+pub struct Tunnel<'a> {
+    pub binding: Arc<Binding>,
+    pub host: &'a str,
+    pub client: ClientIo,
+    /// Bytes already read from the client (its ClientHello).
+    pub early: Vec<u8>,
+    pub server: TcpStream,
+    /// The protocols the client's ClientHello offered.
+    pub client_alpn: Vec<String>,
+}
+
+/// Terminate `t` and serve its requests until either side closes or `stop` fires.
+pub async fn serve<F>(ix: &Interceptor, t: Tunnel<'_>, audit: &mut AuditGuard, stop: F) -> Relayed
+where
+    F: std::future::Future<Output = Close>,
+{
+    let started = Instant::now();
+    let alpn: Vec<Vec<u8>> = t
+        .client_alpn
+        .iter()
+        .filter(|p| *p == "h2" || *p == "http/1.1")
+        .map(|p| p.as_bytes().to_vec())
+        .collect();
+    let mut up_cfg = (*ix.upstream).clone();
+    up_cfg.alpn_protocols = alpn;
+    let Ok(name) = ServerName::try_from(t.host.to_string()) else {
+        audit.detail("terminating: the host is not a TLS server name");
+        return Relayed::nothing(Close::Error);
+    };
+    let upstream = match tokio_rustls::TlsConnector::from(Arc::new(up_cfg))
+        .connect(name, t.server)
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            audit.detail(format!(
+                "terminating: the upstream's TLS failed (certificate not valid for {}?): {e}",
+                t.host
+            ));
+            return Relayed::nothing(Close::Error);
+        }
+    };
+    let negotiated = upstream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    let h2 = negotiated.as_deref() == Some(b"h2");
+    let leaf = match ix.ca.leaf(t.host) {
+        Ok(l) => l,
+        Err(e) => {
+            audit.detail(format!("terminating: cannot issue a certificate: {e}"));
+            return Relayed::nothing(Close::Error);
+        }
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let server_cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| {
+            b.with_no_client_auth()
+                .with_single_cert(leaf.chain.clone(), leaf.key_der())
+        });
+    let mut server_cfg = match server_cfg {
+        Ok(c) => c,
+        Err(e) => {
+            audit.detail(format!("terminating: {e}"));
+            return Relayed::nothing(Close::Error);
+        }
+    };
+    server_cfg.alpn_protocols = negotiated.into_iter().collect();
+    let client = match tokio_rustls::TlsAcceptor::from(Arc::new(server_cfg))
+        .accept(Prefixed::new(t.early, t.client))
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            // A client that does not trust the interception CA ends here.
+            audit.detail(format!(
+                "terminating: the client refused the proxy's certificate (is the interception CA installed?): {e}"
+            ));
+            return Relayed::nothing(Close::Error);
+        }
+    };
+    audit.open();
+    let up = match Upstream::connect(upstream, h2).await {
+        Ok(u) => u,
+        Err(e) => {
+            audit.detail(format!("terminating: upstream {e}"));
+            return Relayed::nothing(Close::Error);
+        }
+    };
+    let ex = Arc::new(Exchange::new(t.binding, t.host, up, audit.recorder()));
+    let counters = ex.counters();
+    let svc = hyper::service::service_fn(move |req| {
+        let ex = ex.clone();
+        async move { Ok::<_, std::convert::Infallible>(ex.handle(req).await) }
+    });
+    let io = TokioIo::new(client);
+    let served = async {
+        if h2 {
+            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(io, svc)
+                .await
+                .map_err(|e| e.to_string())
+        } else {
+            hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+    let close = tokio::select! {
+        r = served => if r.is_ok() { Close::Eof } else { Close::Error },
+        c = stop => c,
+    };
+    let (up_bytes, down_bytes) = counters.totals();
+    let _ = started;
+    Relayed {
+        up: up_bytes,
+        down: down_bytes,
+        close,
+    }
+}
