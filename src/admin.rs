@@ -226,6 +226,31 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 Err(e) => change_error(e),
             }
         }
+        (&Method::GET, p) if p.starts_with("/v1/sandboxes/") && p.ends_with("/placeholders") => {
+            let id = &p["/v1/sandboxes/".len()..p.len() - "/placeholders".len()];
+            // Placeholders stand in for secrets: only the admin token holder gets them.
+            if admin.token_sha256.is_none() || !admin.authorized(&req) {
+                return error(
+                    StatusCode::UNAUTHORIZED,
+                    "placeholders need Authorization: Bearer <admin token>",
+                );
+            }
+            let set = shared.policy.load();
+            match set.get(id) {
+                Some(sb) => json_resp(
+                    StatusCode::OK,
+                    json!({
+                        "id": id,
+                        "placeholders": sb.binding.credentials.iter().map(|c| json!({
+                            "name": c.name,
+                            "placeholder": c.placeholder,
+                            "hosts": c.hosts.len(),
+                        })).collect::<Vec<_>>(),
+                    }),
+                ),
+                None => error(StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
+            }
+        }
         (m, p) if p.starts_with("/v1/sandboxes/") => {
             let id = p.trim_start_matches("/v1/sandboxes/").to_string();
             match *m {

@@ -61,8 +61,8 @@ mod hostname;
 pub mod http_relay;
 pub mod http_stream;
 mod identity;
-pub mod intercept;
 pub mod inspect;
+pub mod intercept;
 pub mod limits;
 mod metrics;
 #[allow(unsafe_code)]

@@ -80,11 +80,23 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// The interception CA (tls_intercept).
+    Ca {
+        #[command(subcommand)]
+        action: CaAction,
+    },
     /// Audit trail tools.
     Audit {
         #[command(subcommand)]
         action: AuditAction,
     },
+}
+
+#[derive(Subcommand)]
+enum CaAction {
+    /// Make a new CA for tls_intercept: DIR/ca.crt (install it in sandboxes) and DIR/ca.key
+    /// (mode 0600, for the proxy only).
+    Init { dir: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -120,6 +132,21 @@ fn main() -> ExitCode {
         } => check(config, &sandbox, &target, resolve, json),
         Command::Validate { config } => validate(config),
         Command::HashToken => hash_token(),
+        Command::Ca {
+            action: CaAction::Init { dir },
+        } => match egress_proxy::intercept::ca::init(&dir) {
+            Ok(()) => {
+                println!(
+                    "wrote {0}/ca.crt (give it to sandboxes) and {0}/ca.key (mode 0600: the proxy only)",
+                    dir.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        },
         Command::Suggest {
             audit,
             sandbox,

@@ -389,6 +389,18 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         return refuse(audit, &req, Some(&sb), decided.decision, why, None);
     }
 
+    // A credential never travels in clear: plain HTTP to a host one is bound to, or carrying
+    // a placeholder, is refused before anything is dialled.
+    if !connect {
+        if let Some(why) =
+            crate::intercept::plain_http_misuse(&sb.binding, &target.host.to_string(), &req)
+        {
+            let d = Decision::deny(crate::reason::Reason::CredentialMisuse, None);
+            audit.detail(why.clone());
+            return refuse(audit, &req, Some(&sb), d, why, None);
+        }
+    }
+
     // 5. Dial only a checked address.
     let timeout = shared.settings.timeouts.connect;
     let dialed =
@@ -577,6 +589,37 @@ where
             let _ = client.tcp().set_zero_linger();
             let _ = server.set_zero_linger();
             return Relayed::nothing(Close::Eof);
+        }
+    }
+    // A host that a credential or an HTTP rule of this sandbox is bound to is terminated
+    // (and only such a host); over plain HTTP it is refused: the secret would travel in clear.
+    let terminate = shared
+        .settings
+        .interceptor
+        .as_ref()
+        .filter(|ix| ix.terminates(b, &target.host.to_string()));
+    if let Some(ix) = terminate {
+        match &inspected.first {
+            FirstBytes::Client(Peeked::Tls(hello)) => {
+                let tunnel = crate::intercept::Tunnel {
+                    binding: sandbox.binding.clone(),
+                    host: &target.host.to_string(),
+                    client,
+                    early: inspected.client,
+                    server,
+                    client_alpn: hello.alpn.clone(),
+                };
+                return crate::intercept::serve(ix, tunnel, audit, stop).await;
+            }
+            _ => {
+                audit.refused_in_tunnel(
+                    crate::reason::Reason::CredentialMisuse,
+                    "the host's credentials or HTTP rules need TLS; this tunnel is not TLS",
+                );
+                let _ = client.tcp().set_zero_linger();
+                let _ = server.set_zero_linger();
+                return Relayed::nothing(Close::Eof);
+            }
         }
     }
     audit.open();

@@ -180,6 +180,12 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     if let Some(w) = dns_warning {
         tracing::warn!(warning = %w, "dns");
     }
+    let interceptor = match &config.intercept {
+        Some(c) => Some(Arc::new(
+            crate::intercept::Interceptor::load(c).map_err(anyhow::Error::msg)?,
+        )),
+        None => None,
+    };
     let signing_key = match &config.audit_trail.signing_key_file {
         Some(f) => Some(crate::audit::verify::read_signing_key(f).map_err(anyhow::Error::msg)?),
         None => None,
@@ -207,6 +213,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
             timeouts: config.defaults.timeouts,
             default_sandbox: config.listen.default_sandbox.clone(),
             audit_dns: config.audit_dns,
+            interceptor,
         },
     ));
     let control = Arc::new(Controller::new(

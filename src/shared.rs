@@ -28,6 +28,8 @@ pub struct Settings {
     pub default_sandbox: Option<String>,
     /// `audit.dns`.
     pub audit_dns: crate::config::AuditDns,
+    /// `tls_intercept`: terminates the tunnels credentials and HTTP rules are bound to.
+    pub interceptor: Option<Arc<crate::intercept::Interceptor>>,
 }
 
 /// Everything a connection task needs.

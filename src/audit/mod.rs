@@ -117,6 +117,13 @@ impl AuditGuard {
         self.record.rule = d.rule.clone();
     }
 
+    /// A tunnel refused after it was allowed, for what it carried.
+    pub fn refused_in_tunnel(&mut self, reason: crate::reason::Reason, detail: &'static str) {
+        self.record.verdict = crate::policy::Verdict::Deny;
+        self.record.reason = reason;
+        self.record.detail = Some(Cow::Borrowed(detail));
+    }
+
     /// Everything [`crate::egress::decide`] found out.
     pub fn decided(&mut self, d: &Decided) {
         self.decision(&d.decision);

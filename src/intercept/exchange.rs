@@ -302,7 +302,7 @@ impl Exchange {
                 let mut f = facts_sent;
                 f.status = status;
                 let (up, down) = (up_bytes.clone(), down_bytes.clone());
-                let resp = resp.map(|b| {
+                resp.map(|b| {
                     let mut c = Counted::new(b, down_bytes, self.counters.clone(), false);
                     c.done = Some(Box::new(move || {
                         recorder.request(
@@ -315,8 +315,7 @@ impl Exchange {
                         );
                     }));
                     c.map_err(|e| Box::new(e) as BoxError).boxed()
-                });
-                resp
+                })
             }
             Err(e) => {
                 let msg = format!("the upstream failed: {e}");
@@ -336,7 +335,12 @@ impl Exchange {
     /// Put the credentials bound to this host on `req`; the names of those used.
     fn inject(&self, req: &mut Request<Incoming>) -> Option<String> {
         let mut used: Vec<&str> = Vec::new();
-        for c in self.binding.credentials.iter().filter(|c| c.bound_to(&self.host)) {
+        for c in self
+            .binding
+            .credentials
+            .iter()
+            .filter(|c| c.bound_to(&self.host))
+        {
             match &c.inject {
                 Inject::Header { name, format } => {
                     let value = format.replace("{secret}", c.secret.expose());
@@ -407,7 +411,10 @@ fn refusal(reason: Reason, detail: &str) -> Response<ResBody> {
     plain(
         StatusCode::FORBIDDEN,
         Some(reason),
-        &format!("egress-proxy refused this request: {}: {detail}\n", reason.code()),
+        &format!(
+            "egress-proxy refused this request: {}: {detail}\n",
+            reason.code()
+        ),
     )
 }
 

@@ -37,6 +37,14 @@ pub struct Interceptor {
     never: Vec<BoundHost>,
 }
 
+impl std::fmt::Debug for Interceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interceptor")
+            .field("never", &self.never)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Interceptor {
     pub fn load(cfg: &InterceptConfig) -> Result<Self, String> {
         let ca = InterceptCa::load(&cfg.ca_cert_file, &cfg.ca_key_file)?;
@@ -74,6 +82,39 @@ impl Interceptor {
         binding.credentials.iter().any(|c| c.bound_to(host))
             || binding.network.http.iter().any(|r| r.host.matches(host))
     }
+}
+
+/// Why a plain-HTTP request of `binding` to `host` must be refused for its credentials: the
+/// host has a credential bound (it would travel in clear), or the request carries a
+/// placeholder. `None`: nothing to do with credentials.
+pub fn plain_http_misuse<B>(
+    binding: &Binding,
+    host: &str,
+    req: &http::Request<B>,
+) -> Option<String> {
+    for c in binding.credentials.iter() {
+        if c.bound_to(host) {
+            return Some(format!(
+                "credential {} is bound to {host}: requests to it must use https (a secret never travels in clear)",
+                c.name
+            ));
+        }
+        let in_uri = req
+            .uri()
+            .path_and_query()
+            .is_some_and(|pq| pq.as_str().contains(&c.placeholder));
+        let in_headers = req
+            .headers()
+            .values()
+            .any(|v| v.to_str().is_ok_and(|s| s.contains(&c.placeholder)));
+        if in_uri || in_headers {
+            return Some(format!(
+                "the request carries the placeholder of credential {}, which is not bound to {host}",
+                c.name
+            ));
+        }
+    }
+    None
 }
 
 /// One terminated tunnel.

@@ -1,0 +1,521 @@
+//! Credential brokering end to end, with real TLS: an upstream with its own CA (HTTP/1.1 and
+//! HTTP/2, recording what reaches it), an interception CA made by `egress-proxy ca init`,
+//! curl (and a hyper HTTP/2 client for trailers) in the sandbox's role trusting that CA.
+
+mod common;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+
+/// What reached the upstream: (host, method, path, version, authorization, x-api-key).
+type Seen = Arc<Mutex<Vec<(String, String, String, String, String, String)>>>;
+
+/// An HTTPS upstream (certificate from `ca`) speaking HTTP/1.1 and HTTP/2. `/grpc/...`
+/// answers with trailers (`grpc-status: 0`); everything else `ok <path>`.
+struct Upstream {
+    addr: std::net::SocketAddr,
+    seen: Seen,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Upstream {
+    fn start(ca: &TestCa) -> Upstream {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![rustls::pki_types::CertificateDer::from(ca.cert_der.clone())],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(ca.key_der.clone().into()),
+            )
+            .unwrap();
+        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Seen = Arc::default();
+        let s2 = seen.clone();
+        rt.spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                let seen = s2.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                    let svc = hyper::service::service_fn(
+                        move |req: http::Request<hyper::body::Incoming>| {
+                            let seen = seen.clone();
+                            async move {
+                                let h = |n: &str| {
+                                    req.headers()
+                                        .get(n)
+                                        .and_then(|v| v.to_str().ok())
+                                        .unwrap_or("")
+                                        .to_string()
+                                };
+                                let host = req
+                                    .uri()
+                                    .host()
+                                    .map(str::to_string)
+                                    .unwrap_or_else(|| h("host"));
+                                seen.lock().unwrap().push((
+                                    host.split(':').next().unwrap_or("").to_string(),
+                                    req.method().to_string(),
+                                    req.uri().path().to_string(),
+                                    format!("{:?}", req.version()),
+                                    h("authorization"),
+                                    h("x-api-key"),
+                                ));
+                                let path = req.uri().path().to_string();
+                                let _ = req.into_body().collect().await;
+                                if path.starts_with("/grpc/") {
+                                    let mut trailers = http::HeaderMap::new();
+                                    trailers.insert("grpc-status", "0".parse().unwrap());
+                                    let body = GrpcBody {
+                                        step: 0,
+                                        trailers: Some(trailers),
+                                    };
+                                    let mut r = http::Response::new(body.boxed());
+                                    r.headers_mut().insert(
+                                        "content-type",
+                                        "application/grpc".parse().unwrap(),
+                                    );
+                                    return Ok::<_, std::convert::Infallible>(r);
+                                }
+                                let body = Full::new(Bytes::from(format!("ok {path}\n")))
+                                    .map_err(|never| match never {})
+                                    .boxed();
+                                Ok(http::Response::new(body))
+                            }
+                        },
+                    );
+                    let io = hyper_util::rt::TokioIo::new(tls);
+                    if h2 {
+                        let _ = hyper::server::conn::http2::Builder::new(
+                            hyper_util::rt::TokioExecutor::new(),
+                        )
+                        .serve_connection(io, svc)
+                        .await;
+                    } else {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(io, svc)
+                            .await;
+                    }
+                });
+            }
+        });
+        Upstream {
+            addr,
+            seen,
+            _rt: rt,
+        }
+    }
+
+    fn seen(&self) -> Vec<(String, String, String, String, String, String)> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// A gRPC-like response body: one data frame, then trailers.
+struct GrpcBody {
+    step: u8,
+    trailers: Option<http::HeaderMap>,
+}
+
+impl hyper::body::Body for GrpcBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        self.step += 1;
+        std::task::Poll::Ready(match self.step {
+            1 => Some(Ok(hyper::body::Frame::data(Bytes::from_static(
+                b"\0\0\0\0\x02hi",
+            )))),
+            2 => self
+                .trailers
+                .take()
+                .map(|t| Ok(hyper::body::Frame::trailers(t))),
+            _ => None,
+        })
+    }
+}
+
+const SECRET_API: &str = "sk-live-0123456789abcdefghijklmnopqrstuv";
+const SECRET_OTHER: &str = "other-secret-ZYXWVUTSRQ";
+const ADMIN: &str = "admin-token-for-credentials";
+
+struct Env {
+    dir: tempfile::TempDir,
+    upstream: Upstream,
+    upstream_ca: TestCa,
+    proxy: Proxy,
+    placeholders: serde_json::Value,
+}
+
+fn env() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["ca", "init"])
+        .arg(d.join("ica"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let upstream_ca = TestCa::generate(d);
+    let upstream = Upstream::start(&upstream_ca);
+    let port = upstream.addr.port();
+    std::fs::write(d.join("admin.token"), ADMIN).unwrap();
+    std::fs::write(d.join("api.secret"), format!("{SECRET_API}\n")).unwrap();
+    let yaml = format!(
+        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
+audit: {{ path: {audit} }}
+admin_token_file: admin.token
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], other.test: [127.0.0.1], mixed.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: {uca} }}
+sandboxes:
+  - id: agent
+    sources: [127.0.0.0/8]
+    credentials:
+      - {{ name: api, hosts: [api.test], inject: {{ header: Authorization, format: "Bearer {{secret}}" }}, source: {{ file: api.secret }} }}
+      - {{ name: other, hosts: [other.test], inject: {{ replace_placeholder: true }}, source: {{ env: OTHER_SECRET }} }}
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["api.test:{port}", "other.test:{port}", "mixed.test:{port}"]
+        http: [{{ host: api.test, methods: [GET, POST], paths: ["/v1/**", "/grpc/**"] }}]
+"#,
+        audit = d.join("audit.jsonl").display(),
+        uca = upstream_ca.ca_pem.display(),
+    );
+    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
+    let proxy = Proxy::start_with(
+        d.join("proxy.yaml"),
+        d.join("audit.jsonl"),
+        &[("OTHER_SECRET", SECRET_OTHER)],
+    );
+    let (status, body) = admin_req(
+        proxy.admin,
+        "GET",
+        "/v1/sandboxes/agent/placeholders",
+        "",
+        Some(ADMIN),
+    );
+    assert_eq!(status, 200, "{body}");
+    let placeholders: serde_json::Value = serde_json::from_str(&body).unwrap();
+    Env {
+        dir,
+        upstream,
+        upstream_ca,
+        proxy,
+        placeholders,
+    }
+}
+
+impl Env {
+    fn placeholder(&self, name: &str) -> String {
+        self.placeholders["placeholders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["placeholder"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    fn ica(&self) -> String {
+        self.dir.path().join("ica/ca.crt").display().to_string()
+    }
+
+    /// curl through the proxy to `https://host:port/path` trusting `ca`, with `extra` args.
+    fn curl(&self, ca: &str, host: &str, path: &str, extra: &[&str]) -> CurlOut {
+        let url = format!("https://{host}:{}{path}", self.upstream.addr.port());
+        let px = format!("http://{}", self.proxy.proxy);
+        let mut args = vec!["-sS", "-x", &px, "--cacert", ca];
+        args.extend_from_slice(extra);
+        args.push(&url);
+        curl(&args)
+    }
+}
+
+#[test]
+fn placeholders_become_secrets_only_on_their_hosts() {
+    let e = env();
+    let api = e.placeholder("api");
+    let other = e.placeholder("other");
+    assert_eq!(api.len(), SECRET_API.len());
+    assert_ne!(api, SECRET_API);
+    let ica = e.ica();
+
+    // The placeholder goes to its host: the upstream receives the real secret.
+    let auth = format!("Authorization: Bearer {api}");
+    let out = e.curl(&ica, "api.test", "/v1/models", &["-H", &auth]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.text().contains("ok /v1/models"), "{}", out.text());
+    let seen = e.upstream.seen();
+    let got = seen.iter().find(|s| s.2 == "/v1/models").unwrap();
+    assert_eq!(got.4, format!("Bearer {SECRET_API}"));
+
+    // Replaced where it appears, for a replace_placeholder credential.
+    let key = format!("X-Api-Key: {other}");
+    let out = e.curl(&ica, "other.test", "/data", &["-H", &key]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    let seen = e.upstream.seen();
+    assert_eq!(
+        seen.iter().find(|s| s.2 == "/data").unwrap().5,
+        SECRET_OTHER
+    );
+
+    // The api placeholder sent to other.test (terminated for its own credential): refused,
+    // and nothing reaches other.test.
+    let out = e.curl(&ica, "other.test", "/steal", &["-H", &auth, "-i"]);
+    assert!(
+        out.text().contains("403") && out.text().contains("credential_misuse"),
+        "{}",
+        out.text()
+    );
+    assert!(!e.upstream.seen().iter().any(|s| s.2 == "/steal"));
+    let rec = e.proxy.wait_record(|r| r["path"] == "/steal");
+    assert_eq!(rec["reason"], "credential_misuse");
+    assert_eq!(rec["credential"], "api");
+    assert_eq!(rec["mode"], "https");
+
+    // In the URL too.
+    let out = e.curl(&ica, "other.test", &format!("/q?key={api}"), &["-i"]);
+    assert!(out.text().contains("credential_misuse"), "{}", out.text());
+
+    // Plain HTTP: to a bound host, and with a placeholder to another host — refused before
+    // anything is dialled.
+    let px = format!("http://{}", e.proxy.proxy);
+    let port = e.upstream.addr.port();
+    let out = curl(&[
+        "-sS",
+        "-i",
+        "-x",
+        &px,
+        &format!("http://api.test:{port}/v1/x"),
+    ]);
+    assert!(out.text().contains("credential_misuse"), "{}", out.text());
+    let out = curl(&[
+        "-sS",
+        "-i",
+        "-x",
+        &px,
+        "-H",
+        &auth,
+        &format!("http://mixed.test:{port}/"),
+    ]);
+    assert!(out.text().contains("credential_misuse"), "{}", out.text());
+}
+
+#[test]
+fn only_bound_hosts_are_terminated() {
+    let e = env();
+    // mixed.test has no credential and no HTTP rule: the client talks TLS with the upstream
+    // itself — the interception CA does not verify it, the upstream's own CA does.
+    let out = e.curl(&e.ica(), "mixed.test", "/direct", &[]);
+    assert_ne!(out.code, 0, "{}", out.text());
+    let uca = e.upstream_ca.ca_pem.display().to_string();
+    let out = e.curl(&uca, "mixed.test", "/direct", &[]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    // And api.test is terminated: only the interception CA verifies it.
+    assert_ne!(e.curl(&uca, "api.test", "/v1/x", &[]).code, 0);
+    assert_eq!(e.curl(&e.ica(), "api.test", "/v1/x", &[]).code, 0);
+}
+
+#[test]
+fn http2_grpc_trailers_and_http_rules() {
+    let e = env();
+    let ica = e.ica();
+    // HTTP/2 end to end.
+    let out = e.curl(
+        &ica,
+        "api.test",
+        "/v1/h2",
+        &["--http2", "-w", " %{http_version}"],
+    );
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.text().ends_with(" 2"), "{}", out.text());
+    let seen = e.upstream.seen();
+    let got = seen.iter().find(|s| s.2 == "/v1/h2").unwrap();
+    assert_eq!(got.3, "HTTP/2.0");
+    assert_eq!(got.4, format!("Bearer {SECRET_API}"));
+
+    // HTTP rules: DELETE refused (nothing reaches the upstream), GET allowed, a path outside
+    // the rules refused, TRACE refused.
+    let out = e.curl(&ica, "api.test", "/v1/things/1", &["-X", "DELETE", "-i"]);
+    assert!(
+        out.text().contains("403") && out.text().contains("http_not_allowed"),
+        "{}",
+        out.text()
+    );
+    assert!(!e.upstream.seen().iter().any(|s| s.1 == "DELETE"));
+    assert!(e
+        .curl(&ica, "api.test", "/v1/things/1", &[])
+        .text()
+        .contains("ok /v1/things/1"));
+    assert!(e
+        .curl(&ica, "api.test", "/admin", &["-i"])
+        .text()
+        .contains("http_not_allowed"));
+    assert!(e
+        .curl(&ica, "api.test", "/v1/x", &["-X", "TRACE", "-i"])
+        .text()
+        .contains("403"));
+
+    // A gRPC-style HTTP/2 POST: the response trailers reach the client.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let trailers = rt.block_on(grpc_call(&e));
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    let seen = e.upstream.seen();
+    assert!(seen
+        .iter()
+        .any(|s| s.2 == "/grpc/svc.Echo/Say" && s.1 == "POST" && s.3 == "HTTP/2.0"));
+}
+
+/// CONNECT through the proxy, TLS with ALPN h2 trusting the interception CA, one POST.
+async fn grpc_call(e: &Env) -> http::HeaderMap {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let port = e.upstream.addr.port();
+    let mut tcp = tokio::net::TcpStream::connect(e.proxy.proxy).await.unwrap();
+    tcp.write_all(
+        format!("CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        tcp.read_exact(&mut b).await.unwrap();
+        head.push(b[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"));
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = std::fs::read(e.dir.path().join("ica/ca.crt")).unwrap();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect("api.test".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post(format!("https://api.test:{port}/grpc/svc.Echo/Say"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(Bytes::from_static(b"\0\0\0\0\x02hi")))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let collected = resp.into_body().collect().await.unwrap();
+    collected.trailers().cloned().expect("trailers")
+}
+
+#[test]
+fn secrets_never_show_and_a_changed_secret_is_used_after_reload() {
+    let e = env();
+    let api = e.placeholder("api");
+    let auth = format!("Authorization: Bearer {api}");
+    assert_eq!(
+        e.curl(&e.ica(), "api.test", "/v1/a", &["-H", &auth]).code,
+        0
+    );
+    // A new secret in the file, a reload: the next request carries it.
+    let new_secret = "sk-live-rotated-000000000000000000000000";
+    std::fs::write(e.dir.path().join("api.secret"), new_secret).unwrap();
+    let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some(ADMIN));
+    assert_eq!(status, 200, "{body}");
+    std::thread::sleep(Duration::from_millis(200));
+    // The placeholder is unchanged only if the length is (it follows the secret's length).
+    let (_, body) = admin_req(
+        e.proxy.admin,
+        "GET",
+        "/v1/sandboxes/agent/placeholders",
+        "",
+        Some(ADMIN),
+    );
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let api2 = v["placeholders"][0]["placeholder"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let auth2 = format!("Authorization: Bearer {api2}");
+    assert_eq!(
+        e.curl(&e.ica(), "api.test", "/v1/b", &["-H", &auth2]).code,
+        0
+    );
+    let seen = e.upstream.seen();
+    assert_eq!(
+        seen.iter().find(|s| s.2 == "/v1/b").unwrap().4,
+        format!("Bearer {new_secret}")
+    );
+    // No secret in the audit log, the logs, or any admin answer.
+    let (_, list) = admin_req(e.proxy.admin, "GET", "/v1/sandboxes", "", Some(ADMIN));
+    let (_, one) = admin_req(e.proxy.admin, "GET", "/v1/sandboxes/agent", "", Some(ADMIN));
+    let audit = std::fs::read_to_string(e.dir.path().join("audit.jsonl")).unwrap();
+    let logs = e.proxy.stderr_text();
+    for s in [SECRET_API, new_secret, SECRET_OTHER] {
+        for (what, text) in [
+            ("audit", &audit),
+            ("logs", &logs),
+            ("list", &list),
+            ("sandbox", &one),
+            ("placeholders", &body),
+        ] {
+            assert!(!text.contains(s), "a secret in {what}");
+        }
+    }
+    // Placeholders need the admin token.
+    let (status, _) = admin_req(
+        e.proxy.admin,
+        "GET",
+        "/v1/sandboxes/agent/placeholders",
+        "",
+        None,
+    );
+    assert_eq!(status, 401);
+    let _ = Path::new("/");
+}
