@@ -519,3 +519,39 @@ fn secrets_never_show_and_a_changed_secret_is_used_after_reload() {
     assert_eq!(status, 401);
     let _ = Path::new("/");
 }
+
+#[test]
+fn a_python_client_with_a_placeholder_in_its_environment() {
+    let e = env();
+    let api = e.placeholder("api");
+    let port = e.upstream.addr.port();
+    let script = format!(
+        r#"
+import os, urllib.request, ssl
+ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+req = urllib.request.Request("https://api.test:{port}/v1/python",
+                             headers={{"Authorization": "Bearer " + os.environ["API_KEY"]}})
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({{"https": os.environ["HTTPS_PROXY"]}}),
+                                     urllib.request.HTTPSHandler(context=ctx))
+print(opener.open(req, timeout=10).read().decode())
+"#
+    );
+    let out = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .env("HTTPS_PROXY", format!("http://{}", e.proxy.proxy))
+        .env("SSL_CERT_FILE", e.ica())
+        .env("API_KEY", &api)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok /v1/python"));
+    let seen = e.upstream.seen();
+    assert_eq!(
+        seen.iter().find(|s| s.2 == "/v1/python").unwrap().4,
+        format!("Bearer {SECRET_API}")
+    );
+}

@@ -1,0 +1,246 @@
+//! Requests per second through a terminated host (a credential bound to it: TLS terminated,
+//! the header injected, the request re-sent upstream) versus a relayed one (the tunnel
+//! untouched), with the same HTTPS upstream, the same client and keep-alive HTTP/1.1.
+//!
+//! ```text
+//! cargo build --release && cargo bench --bench intercept -- --connections 8 --seconds 5
+//! ```
+//! It makes its own CAs, starts `target/release/egress-proxy` and a hyper HTTPS upstream on
+//! loopback, and prints one JSON line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// An upstream CA and a server certificate for the bench names (DER), and the CA (PEM).
+fn upstream_pki() -> (Vec<u8>, Vec<u8>, String) {
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("ca");
+    let key = KeyPair::generate().expect("key");
+    let mut p =
+        CertificateParams::new(vec!["bound.test".into(), "relayed.test".into()]).expect("params");
+    p.subject_alt_names
+        .push(SanType::IpAddress("127.0.0.1".parse().expect("ip")));
+    let cert = p.signed_by(&key, &ca_cert, &ca_key).expect("leaf");
+    (cert.der().to_vec(), key.serialize_der(), ca_cert.pem())
+}
+
+async fn upstream(cert: Vec<u8>, key: Vec<u8>) -> SocketAddr {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("tls")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![rustls::pki_types::CertificateDer::from(cert)],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.into()),
+        )
+        .expect("cert");
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = l.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(|_req| async {
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                        Bytes::from_static(b"ok\n"),
+                    )))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Keep-alive GETs through one tunnel to `host` until `until`; returns how many.
+async fn client(
+    proxy: SocketAddr,
+    host: &'static str,
+    port: u16,
+    roots: Arc<rustls::ClientConfig>,
+    until: Instant,
+    count: Arc<AtomicU64>,
+) {
+    let mut tcp = tokio::net::TcpStream::connect(proxy).await.expect("proxy");
+    tcp.write_all(
+        format!("CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").as_bytes(),
+    )
+    .await
+    .expect("connect");
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        tcp.read_exact(&mut b).await.expect("head");
+        head.push(b[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    let tls = tokio_rustls::TlsConnector::from(roots)
+        .connect(host.try_into().expect("name"), tcp)
+        .await
+        .expect("tls");
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+        .await
+        .expect("h1");
+    tokio::spawn(conn);
+    while Instant::now() < until {
+        let req = http::Request::get("/v1/x")
+            .header("host", host)
+            .header("authorization", "Bearer placeholder")
+            .body(Empty::<Bytes>::new())
+            .expect("req");
+        let resp = send.send_request(req).await.expect("request");
+        let _ = resp.into_body().collect().await;
+        count.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn main() {
+    let conns = arg("--connections", 8);
+    let secs = arg("--seconds", 5);
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let bin = root.join("target/release/egress-proxy");
+    assert!(bin.exists(), "build first: cargo build --release");
+    let dir = tempfile::tempdir().expect("tmp");
+    let ok = Command::new(&bin)
+        .args(["ca", "init"])
+        .arg(dir.path().join("ica"))
+        .stdout(Stdio::null())
+        .status()
+        .expect("ca init")
+        .success();
+    assert!(ok);
+    let (cert, key, upstream_ca) = upstream_pki();
+    std::fs::write(dir.path().join("uca.pem"), &upstream_ca).expect("write");
+    std::fs::write(
+        dir.path().join("secret"),
+        "sk-bench-000000000000000000000000",
+    )
+    .expect("write");
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let up = rt.block_on(upstream(cert, key));
+    let port = up.port();
+    std::fs::write(
+        dir.path().join("proxy.yaml"),
+        format!(
+            r#"listen: {{ proxy: 127.0.0.1:0, admin: null }}
+audit: {{ path: /dev/null }}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ bound.test: [127.0.0.1], relayed.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32], limits: {{ max_connections: 100000, connections_per_second: 1000000, burst: 1000000 }} }}
+tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: uca.pem }}
+sandboxes:
+  - id: bench
+    sources: [127.0.0.0/8]
+    credentials:
+      - {{ name: api, hosts: [bound.test], inject: {{ header: Authorization, format: "Bearer {{secret}}" }}, source: {{ file: secret }} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["bound.test:{port}", "relayed.test:{port}"] }} }}
+"#
+        ),
+    )
+    .expect("config");
+    let mut child = Command::new(&bin)
+        .args(["run", "--config"])
+        .arg(dir.path().join("proxy.yaml"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("proxy");
+    let stderr = child.stderr.take().expect("stderr");
+    let proxy: SocketAddr = {
+        use std::io::BufRead;
+        let line = std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.contains("\"listening\""))
+            .expect("listening");
+        let v: serde_json::Value = serde_json::from_str(&line).expect("json");
+        v["fields"]["proxy_addr"]
+            .as_str()
+            .expect("addr")
+            .parse()
+            .expect("addr")
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for pem in [
+        std::fs::read(dir.path().join("ica/ca.crt")).expect("ca"),
+        upstream_ca.into_bytes(),
+    ] {
+        use rustls::pki_types::pem::PemObject;
+        for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+            roots.add(c.expect("pem")).expect("root");
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut ccfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("tls")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    ccfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let ccfg = Arc::new(ccfg);
+    let mut out = serde_json::Map::new();
+    for round in 0..2 {
+        for host in ["bound.test", "relayed.test"] {
+            let count = Arc::new(AtomicU64::new(0));
+            let until = Instant::now() + Duration::from_secs(secs);
+            rt.block_on(async {
+                let tasks: Vec<_> = (0..conns)
+                    .map(|_| {
+                        tokio::spawn(client(
+                            proxy,
+                            host,
+                            port,
+                            ccfg.clone(),
+                            until,
+                            count.clone(),
+                        ))
+                    })
+                    .collect();
+                for t in tasks {
+                    let _ = t.await;
+                }
+            });
+            let rps = count.load(Ordering::Relaxed) as f64 / secs as f64;
+            out.insert(
+                format!("{host}_round{round}_req_per_s"),
+                serde_json::json!(rps.round()),
+            );
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    println!("{}", serde_json::Value::Object(out));
+}
