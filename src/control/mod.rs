@@ -115,6 +115,8 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     );
     check("state_dir", old.state_dir != new.state_dir);
     check("control_plane", old.etcd != new.etcd);
+    check("tls_intercept", old.intercept != new.intercept);
+    check("audit", old.audit_trail != new.audit_trail);
     check(
         "runtime.state_sync_ms",
         old.runtime.state_sync != new.runtime.state_sync,
