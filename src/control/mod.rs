@@ -102,7 +102,8 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
         "audit",
         old.audit_path != new.audit_path
             || old.audit_queue_max != new.audit_queue_max
-            || old.audit_dns != new.audit_dns,
+            || old.audit_dns != new.audit_dns
+            || old.audit_trail != new.audit_trail,
     );
     check(
         "max_connections",
@@ -116,7 +117,6 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     check("state_dir", old.state_dir != new.state_dir);
     check("control_plane", old.etcd != new.etcd);
     check("tls_intercept", old.intercept != new.intercept);
-    check("audit", old.audit_trail != new.audit_trail);
     check(
         "runtime.state_sync_ms",
         old.runtime.state_sync != new.runtime.state_sync,
