@@ -30,17 +30,7 @@ impl Upstream {
             .enable_all()
             .build()
             .unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![rustls::pki_types::CertificateDer::from(ca.cert_der.clone())],
-                rustls::pki_types::PrivateKeyDer::Pkcs8(ca.key_der.clone().into()),
-            )
-            .unwrap();
-        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let cfg = ca.server_config(&[b"h2", b"http/1.1"]);
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))

@@ -188,9 +188,13 @@ struct LoopConfig {
     format: Format,
 }
 
-fn write_loop(inner: &Inner, mut out: Output, mut chain: Option<Chain>, cfg: LoopConfig) {
+fn write_loop(inner: &Inner, mut out: Output, chain: Option<Chain>, cfg: LoopConfig) {
     let mut batch: Vec<Entry> = Vec::new();
-    let mut line = Vec::with_capacity(1024);
+    let mut enc = Encoder {
+        line: Vec::with_capacity(1024),
+        chain,
+        format: cfg.format,
+    };
     let mut last_checkpoint = Instant::now();
     loop {
         let closing = match inner.queue.lock() {
@@ -213,21 +217,12 @@ fn write_loop(inner: &Inner, mut out: Output, mut chain: Option<Chain>, cfg: Loo
             }
         }
         let urgent = batch.iter().any(|e| e.event == Event::Open);
-        write_batch(
-            inner,
-            &mut out,
-            &mut batch,
-            &mut line,
-            chain.as_mut(),
-            cfg.format,
-        );
-        if let Some(c) = chain.as_mut() {
+        write_batch(inner, &mut out, &mut batch, &mut enc);
+        if let Some(c) = enc.chain.as_mut() {
             let due = c.checkpoint_due(cfg.every_records)
                 || (c.has_unsigned() && last_checkpoint.elapsed() >= cfg.every);
             if due && !closing {
-                if let Some(cp) = c.checkpoint(false) {
-                    let _ = out.write_all(&cp).and_then(|_| out.finish_batch());
-                }
+                write_checkpoint(&mut out, c, false);
                 last_checkpoint = Instant::now();
             }
         }
@@ -242,16 +237,9 @@ fn write_loop(inner: &Inner, mut out: Output, mut chain: Option<Chain>, cfg: Loo
             if let Ok(mut q) = inner.queue.lock() {
                 std::mem::swap(&mut q.entries, &mut batch);
             }
-            write_batch(
-                inner,
-                &mut out,
-                &mut batch,
-                &mut line,
-                chain.as_mut(),
-                cfg.format,
-            );
-            if let Some(cp) = chain.as_mut().and_then(|c| c.checkpoint(true)) {
-                let _ = out.write_all(&cp).and_then(|_| out.finish_batch());
+            write_batch(inner, &mut out, &mut batch, &mut enc);
+            if let Some(c) = enc.chain.as_mut() {
+                write_checkpoint(&mut out, c, true);
             }
             let _ = out.sync();
             break;
@@ -263,29 +251,37 @@ fn write_loop(inner: &Inner, mut out: Output, mut chain: Option<Chain>, cfg: Loo
     inner.done_cv.notify_all();
 }
 
-/// Encode (and chain), write and flush `batch` (emptying it).
-fn write_batch(
-    inner: &Inner,
-    out: &mut Output,
-    batch: &mut Vec<Entry>,
-    line: &mut Vec<u8>,
-    mut chain: Option<&mut Chain>,
+/// How records become lines: the format, the chain (if any), and a reused buffer.
+struct Encoder {
+    line: Vec<u8>,
+    chain: Option<Chain>,
     format: Format,
-) {
+}
+
+/// Write a signed checkpoint (when the chain has a key) and flush it.
+fn write_checkpoint(out: &mut Output, chain: &mut Chain, last: bool) {
+    if let Some(cp) = chain.checkpoint(last) {
+        let _ = out.write_all(&cp).and_then(|_| out.finish_batch());
+    }
+}
+
+/// Encode (and chain), write and flush `batch` (emptying it).
+fn write_batch(inner: &Inner, out: &mut Output, batch: &mut Vec<Entry>, enc: &mut Encoder) {
     if batch.is_empty() {
         return;
     }
     let n = batch.len();
     let mut failed = None;
     for e in batch.drain(..) {
+        let line = &mut enc.line;
         line.clear();
-        let encoded = match format {
+        let encoded = match enc.format {
             Format::Json => e.encode(line),
             Format::Ocsf => super::ocsf::encode(&e, line),
         };
         match encoded {
             Ok(()) => {
-                if let Some(c) = chain.as_deref_mut() {
+                if let Some(c) = enc.chain.as_mut() {
                     c.seal(line);
                 }
                 if let Err(err) = out.write_all(line) {

@@ -81,6 +81,26 @@ impl TestCa {
     }
 }
 
+impl TestCa {
+    /// A TLS server configuration presenting the test certificate, offering `alpn`.
+    pub fn server_config(&self, alpn: &[&[u8]]) -> rustls::ServerConfig {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![rustls::pki_types::CertificateDer::from(
+                    self.cert_der.clone(),
+                )],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(self.key_der.clone().into()),
+            )
+            .unwrap();
+        cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        cfg
+    }
+}
+
 /// Size of the `/big` response.
 pub const BIG: usize = 8 * 1024 * 1024;
 
@@ -114,19 +134,8 @@ impl Origin {
                 .build()
                 .unwrap(),
         );
-        let acceptor = tls.map(|ca| {
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
-            let cfg = rustls::ServerConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .unwrap()
-                .with_no_client_auth()
-                .with_single_cert(
-                    vec![rustls::pki_types::CertificateDer::from(ca.cert_der.clone())],
-                    rustls::pki_types::PrivateKeyDer::Pkcs8(ca.key_der.clone().into()),
-                )
-                .unwrap();
-            tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
-        });
+        let acceptor =
+            tls.map(|ca| tokio_rustls::TlsAcceptor::from(Arc::new(ca.server_config(&[]))));
         let listener = rt.block_on(tokio::net::TcpListener::bind((ip, 0))).unwrap();
         let addr = listener.local_addr().unwrap();
         let received = Arc::new(AtomicU64::new(0));
