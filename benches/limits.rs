@@ -5,7 +5,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use egress_proxy::config::Limits;
-use egress_proxy::limits::{Limiters, TokenBucket};
+use egress_proxy::egress::limits::{Limiters, TokenBucket};
 
 fn limits(bw: Option<u64>) -> Limits {
     Limits {

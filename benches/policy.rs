@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion};
 use egress_proxy::config::load_str;
-use egress_proxy::guard::Guard;
 use egress_proxy::policy::entry::parse_entry;
+use egress_proxy::policy::guard::Guard;
 use egress_proxy::policy::ports::PortSet;
+use egress_proxy::policy::set::PolicySet;
+use egress_proxy::policy::target::Target;
 use egress_proxy::policy::{CompiledPolicy, Enforcement, Mode, NetworkSpec};
-use egress_proxy::policy_set::PolicySet;
-use egress_proxy::target::Target;
 
 /// 10,000 entries: 2,500 each of exact names, `*.` wildcards, globs and CIDRs.
 fn big_spec() -> NetworkSpec {

@@ -1,37 +1,40 @@
 //! egress-proxy: per-sandbox egress control for AI-agent sandboxes.
 //!
-//! # Layout (pipeline order)
-//! Configuration and policy, compiled before any connection:
+//! # Layout: one folder per stage, each answering one question
+//! Every arrow runs down this list: a stage uses the ones below it, never one above.
+//! - `server` (`server.rs`, `server/`): how does the process start and stop? Runtime,
+//!   listeners, accept loops, graceful shutdown; `server::shared` is what every connection
+//!   handler reads.
+//! - `listen/`: how does a connection arrive and say where it goes? `explicit` (CONNECT and
+//!   absolute-form HTTP, per request), `explicit_tls` (the same over TLS), `transparent`
+//!   (redirected TCP: `orig_dst`, one of two fenced `unsafe` modules, then the first bytes),
+//!   `client_io`, `accept`, and `deny`, the refusal builder.
+//! - `dns/`: the filtering resolver (`listen.dns`) and the memory of its answers, where
+//!   `transparent` finds the name of a nameless connection's destination.
+//! - [`control`]: how does policy change at runtime? The controller (reloads, registrations,
+//!   `state_dir` via `state_store`), `admin` (health, metrics, the runtime API), `check`
+//!   (`check` and `POST /v1/check`, through the data plane's own `egress::decide`), and
+//!   `etcd/` (registrations shared by replicas: list, watch, writes, leases, apply).
+//! - [`relay`]: how are bytes moved, and cut? `tunnel` / `splice` (shaped or zero-copy;
+//!   `send_queue`, the other fenced `unsafe`, says what a reset discarded), `forward`
+//!   (plain-HTTP exchange), `http_checked` (every request of a plain-HTTP stream checked),
+//!   the bodies, and `watch`: each exchange watches its grant and is cut when the policy no
+//!   longer allows it or at shutdown.
+//! - [`intercept`]: credential brokering, a relay that terminates TLS for bound hosts.
+//! - [`audit`]: what is recorded and counted: the guard that writes the one `end` record,
+//!   the writer, the chain and its verifier, OCSF, metrics, `suggest`.
+//! - [`egress`]: who is it, may it, and to which address? `identity` (which sandbox),
+//!   `admission` and `limits` (admitted under its limits), `decide` (policy on the name,
+//!   resolve once with `resolve`, policy and guard on every address) and `dial` (a checked
+//!   address only).
+//! - [`wire`]: what do the first bytes say? The ClientHello/SNI parser, peeking, first-bytes
+//!   checks, HTTP/1 framing: parsers shared by listeners and relays.
 //! - [`config`]: `proxy.yaml`, AIP-36 sandbox blocks and `*.SANDBOX.md` files → typed,
-//!   validated bindings (the only module that knows YAML). [`sandbox_id`]: the checked id.
-//! - [`policy`]: entry grammar, compiled matchers and `decide` → a [`policy::Decision`] with
-//!   one closed [`reason::Reason`]; [`hostname`] normalises names, [`target`] parses
-//!   `host:port`, `addr_table` is the longest-prefix table, [`guard`] the address guard.
-//! - [`policy_set`]: every sandbox compiled, plus the guard: what the data plane reads, and
-//!   `LivePolicy`, which publishes each new set to every live exchange.
-//!
-//! One connection, in the order it meets the modules:
-//! - `server`: runtime, listeners, accept loops (global cap), graceful shutdown; each accepted
-//!   connection becomes an `accept::Accepted` with its own `audit::AuditGuard`.
-//! - `proxy` (explicit: CONNECT and absolute-form HTTP, per request) or `transparent`
-//!   (redirected TCP: `orig_dst`, one of two fenced `unsafe` modules, then `peek` with the `sni` parser):
-//!   → `identity` (which sandbox) → `limits` (admitted under its limits)
-//!   → `egress::decide` (policy on the name, resolve once with `resolve`, policy and guard on
-//!   every address) → `egress::dial` (a checked address only)
-//!   → `tunnel` / `splice` (relay, shaped or zero-copy) or `forward` (plain-HTTP exchange),
-//!   each watching `revocation::Watch`: cut when the policy no longer allows it or at shutdown
-//!   (reset; `send_queue`, the other fenced `unsafe`, says what the reset discarded).
-//! - Refusals: `deny` builds the §6 response; the `audit` guard writes the one `end` record
-//!   when the connection (or request) ends, and `metrics` counts it.
-//!
-//! DNS: `dns_listener` (`listen.dns`, a filtering resolver per sandbox on hickory-server)
-//! answers only what the policy could use and remembers each answer in `dns_memory`, where
-//! `transparent` finds the name of a nameless connection's destination.
-//!
-//! Control plane: `control` (reloads, runtime registrations, `state_dir`), `control_plane`
-//! (registrations shared by replicas through etcd: list, watch, writes, leases), `admin`
-//! (health, metrics, the runtime API), [`report`] (`check` and `POST /v1/check`, through the data
-//! plane's own `egress::decide`).
+//!   validated bindings (the only module that knows YAML).
+//! - [`policy`] (pure, no I/O): entry grammar, compiled matchers and `decide` → a
+//!   [`policy::Decision`] with one closed [`policy::reason::Reason`]; names, targets, the
+//!   address guard, and [`policy::set`]: every sandbox compiled, published to every live
+//!   exchange.
 
 #![deny(unsafe_code)]
 #![cfg_attr(
@@ -39,54 +42,14 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
-mod abortable;
-mod accept;
-mod addr_table;
-mod admin;
-mod admission;
-mod allowed;
 pub mod audit;
-mod body;
-mod client_io;
 pub mod config;
-mod control;
-mod control_plane;
-mod deny;
-mod dns_listener;
-mod dns_memory;
-mod egress;
-mod forward;
-pub mod guard;
-mod hostname;
-pub mod http_relay;
-pub mod http_stream;
-mod identity;
-pub mod inspect;
+pub mod control;
+mod dns;
+pub mod egress;
 pub mod intercept;
-pub mod limits;
-mod metrics;
-#[allow(unsafe_code)]
-mod orig_dst;
-mod outcome;
-pub mod peek;
+mod listen;
 pub mod policy;
-pub mod policy_set;
-mod proxy;
-mod proxy_tls;
-pub mod reason;
-pub mod report;
-pub mod resolve;
-mod revocation;
-pub mod sandbox_id;
-#[allow(unsafe_code)]
-mod send_queue;
+pub mod relay;
 pub mod server;
-mod shaped_body;
-mod shared;
-pub mod sni;
-mod splice;
-mod state_store;
-pub mod suggest;
-pub mod target;
-mod transparent;
-mod tunnel;
+pub mod wire;

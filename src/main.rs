@@ -13,8 +13,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use egress_proxy::config::{self, Config};
-use egress_proxy::policy_set::PolicySet;
-use egress_proxy::resolve::Resolver;
+use egress_proxy::egress::resolve::Resolver;
+use egress_proxy::policy::set::PolicySet;
 
 #[derive(Parser)]
 #[command(
@@ -173,8 +173,8 @@ fn suggest(
     wildcard_min: usize,
     config: Option<PathBuf>,
 ) -> ExitCode {
+    use egress_proxy::audit::suggest;
     use egress_proxy::policy::ports::PortSet;
-    use egress_proxy::suggest;
     let (default_ports, current) = match &config {
         Some(path) => {
             let c = match load(Some(path)) {
@@ -347,7 +347,9 @@ fn validate(path: Option<PathBuf>) -> ExitCode {
     for w in config
         .warnings
         .iter()
-        .chain(&egress_proxy::report::address_only_hosts(&config, &set))
+        .chain(&egress_proxy::control::check::address_only_hosts(
+            &config, &set,
+        ))
     {
         println!("warning: {w}");
     }
@@ -405,7 +407,7 @@ fn check(
     };
     let out = rt.block_on(async {
         let resolver = resolve.then(|| Resolver::new(&config.dns).0);
-        egress_proxy::report::check(&set, sb, target_text, resolver.as_ref()).await
+        egress_proxy::control::check::check(&set, sb, target_text, resolver.as_ref()).await
     });
     print_decision(&out, as_json);
     if out["decision"] == "deny" {

@@ -3,6 +3,8 @@
 //! HTTP connections finish their request, give tunnels `shutdown_grace_ms`, cut the rest
 //! (audited `close: shutdown`), flush the audit log.
 
+pub(crate) mod shared;
+
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -16,20 +18,20 @@ use tokio::net::{TcpListener, TcpStream};
 
 use sha2::{Digest, Sha256};
 
-use crate::accept::Accepted;
-use crate::admin::Admin;
-use crate::admission::{self, Admissions};
+use crate::audit::metrics::Metrics;
 use crate::audit::{AuditLog, Close, Mode, Sink};
 use crate::config::Config;
+use crate::control::admin::Admin;
 use crate::control::Controller;
-use crate::deny::{self, Refusal};
-use crate::metrics::Metrics;
+use crate::egress::admission::{self, Admissions};
+use crate::egress::resolve::Resolver;
+use crate::listen::accept::Accepted;
+use crate::listen::deny::{self, Refusal};
+use crate::policy::reason::Reason;
+use crate::policy::set::PolicySet;
 use crate::policy::Decision;
-use crate::policy_set::PolicySet;
-use crate::reason::Reason;
-use crate::resolve::Resolver;
-use crate::revocation::Phase;
-use crate::shared::{Settings, Shared};
+use crate::relay::watch::Phase;
+use crate::server::shared::{Settings, Shared};
 
 /// The log filter when `EGRESS_LOG` is not set.
 const DEFAULT_LOG: &str = "info,hickory_server=warn,hickory_proto=warn,hickory_resolver=warn";
@@ -76,7 +78,7 @@ fn bind_tproxy(addr: SocketAddr) -> std::io::Result<TcpListener> {
         tokio::net::TcpSocket::new_v6()?
     };
     socket.set_reuseaddr(true)?;
-    crate::orig_dst::set_transparent(&socket, addr.is_ipv6())?;
+    crate::listen::orig_dst::set_transparent(&socket, addr.is_ipv6())?;
     socket.bind(addr)?;
     socket.listen(1024)
 }
@@ -135,7 +137,8 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     };
     let proxy_tls = match &config.listen.proxy_tls {
         Some(t) => {
-            let server = crate::proxy_tls::TlsServer::load(t).map_err(anyhow::Error::msg)?;
+            let server =
+                crate::listen::explicit_tls::TlsServer::load(t).map_err(anyhow::Error::msg)?;
             let listener = TcpListener::bind(t.addr)
                 .await
                 .with_context(|| format!("binding listen.proxy_tls {}", t.addr))?;
@@ -229,7 +232,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     let plane = config
         .etcd
         .clone()
-        .map(|cfg| crate::control_plane::ControlPlane::new(cfg, control.clone(), shared.clone()));
+        .map(|cfg| crate::control::etcd::ControlPlane::new(cfg, control.clone(), shared.clone()));
     let version = shared.policy.load().version().to_string();
     let cap = shared.cap.clone();
     let mut tasks = Vec::new();
@@ -260,7 +263,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     }
     let admin_tls = match &config.listen.admin_tls {
         Some(t) => Some(Arc::new(
-            crate::proxy_tls::TlsServer::load(t).map_err(anyhow::Error::msg)?,
+            crate::listen::explicit_tls::TlsServer::load(t).map_err(anyhow::Error::msg)?,
         )),
         None => None,
     };
@@ -278,7 +281,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         tasks.push(tokio::spawn(accept_admin(l, admin, admin_tls)));
     }
     if let Some((udp, tcp)) = dns {
-        let mut server = hickory_server::ServerFuture::new(crate::dns_listener::DnsListener {
+        let mut server = hickory_server::ServerFuture::new(crate::dns::listener::DnsListener {
             shared: shared.clone(),
         });
         server.register_socket(udp);
@@ -375,7 +378,7 @@ async fn accept_loop(
     listener: TcpListener,
     shared: Arc<Shared>,
     kind: Kind,
-    tls: Option<Arc<crate::proxy_tls::TlsServer>>,
+    tls: Option<Arc<crate::listen::explicit_tls::TlsServer>>,
 ) {
     let mut backoff = Duration::from_millis(5);
     loop {
@@ -411,9 +414,11 @@ async fn accept_loop(
                         tokio::spawn(serve_tls(shared, accepted, stream, slot, tls.clone()));
                     }
                     None => {
-                        let io = crate::client_io::ClientIo::Tcp(stream);
-                        let cert = crate::proxy_tls::ClientCert::Absent;
-                        tokio::spawn(crate::proxy::serve(shared, accepted, io, slot, cert));
+                        let io = crate::listen::client_io::ClientIo::Tcp(stream);
+                        let cert = crate::listen::explicit_tls::ClientCert::Absent;
+                        tokio::spawn(crate::listen::explicit::serve(
+                            shared, accepted, io, slot, cert,
+                        ));
                     }
                 },
                 Err(refusal) => {
@@ -432,7 +437,9 @@ async fn accept_loop(
             },
             Kind::Transparent => match shared.take_cap() {
                 Some(permit) => {
-                    tokio::spawn(crate::transparent::serve(shared, accepted, stream, permit));
+                    tokio::spawn(crate::listen::transparent::serve(
+                        shared, accepted, stream, permit,
+                    ));
                 }
                 None => {
                     let detail = "the proxy is at its connection limit (max_connections)";
@@ -493,8 +500,8 @@ async fn serve_tls(
     shared: Arc<Shared>,
     accepted: Accepted,
     stream: TcpStream,
-    slot: crate::admission::UnidentifiedSlot,
-    tls: Arc<crate::proxy_tls::TlsServer>,
+    slot: crate::egress::admission::UnidentifiedSlot,
+    tls: Arc<crate::listen::explicit_tls::TlsServer>,
 ) {
     let _ = stream.set_nodelay(true);
     let wait = shared.admissions.first_byte();
@@ -502,8 +509,8 @@ async fn serve_tls(
         match tokio::time::timeout(wait, tls.acceptor().accept(stream)).await {
             Ok(Ok(s)) => {
                 let cert = tls.client_sandbox(s.get_ref().1.peer_certificates());
-                let io = crate::client_io::ClientIo::Tls(Box::new(s));
-                return crate::proxy::serve(shared, accepted, io, slot, cert).await;
+                let io = crate::listen::client_io::ClientIo::Tls(Box::new(s));
+                return crate::listen::explicit::serve(shared, accepted, io, slot, cert).await;
             }
             Ok(Err(e)) => {
                 let cert_error = e
@@ -536,7 +543,7 @@ async fn serve_tls(
 }
 
 /// Poll the TLS listener's certificate, key and client CA once a second; reload on change.
-async fn watch_tls_files(tls: Arc<crate::proxy_tls::TlsServer>) {
+async fn watch_tls_files(tls: Arc<crate::listen::explicit_tls::TlsServer>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
@@ -613,13 +620,13 @@ async fn reload_on_sighup(control: Arc<Controller>, audit: Arc<AuditLog>) {
 async fn accept_admin(
     listener: TcpListener,
     admin: Arc<Admin>,
-    tls: Option<Arc<crate::proxy_tls::TlsServer>>,
+    tls: Option<Arc<crate::listen::explicit_tls::TlsServer>>,
 ) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => match &tls {
                 None => {
-                    tokio::spawn(crate::admin::serve(admin.clone(), stream));
+                    tokio::spawn(crate::control::admin::serve(admin.clone(), stream));
                 }
                 Some(tls) => {
                     let (admin, acceptor) = (admin.clone(), tls.acceptor());
@@ -627,7 +634,7 @@ async fn accept_admin(
                         let hs =
                             tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
                         match hs.await {
-                            Ok(Ok(s)) => crate::admin::serve(admin, s).await,
+                            Ok(Ok(s)) => crate::control::admin::serve(admin, s).await,
                             Ok(Err(e)) => tracing::debug!(error = %e, "admin TLS handshake failed"),
                             Err(_) => {}
                         }

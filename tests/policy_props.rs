@@ -3,11 +3,11 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use egress_proxy::guard::Guard;
 use egress_proxy::policy::entry::parse_entry;
+use egress_proxy::policy::guard::Guard;
 use egress_proxy::policy::ports::PortSet;
+use egress_proxy::policy::target::Target;
 use egress_proxy::policy::{CompiledPolicy, Enforcement, Mode, NetworkSpec, Reason, Verdict};
-use egress_proxy::target::Target;
 use proptest::prelude::*;
 
 const LABELS: &[&str] = &["a", "b", "api", "x-y", "ec2"];
@@ -183,7 +183,7 @@ proptest! {
             &deny.iter().map(|e| naive_addr(e, ip, port, true)).collect::<Vec<_>>(),
             &egress.iter().map(|e| naive_addr(e, ip, port, false)).collect::<Vec<_>>(),
         );
-        let t = Target { host: egress_proxy::target::Host::Ip(IpAddr::V4(ip)), port };
+        let t = Target { host: egress_proxy::policy::target::Host::Ip(IpAddr::V4(ip)), port };
         let got = p.decide(&t, None, &Guard::default()).decision;
         prop_assert_eq!(got.reason, want, "egress={:?} deny={:?} target={}:{}", egress, deny, ip, port);
     }

@@ -3,5 +3,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = egress_proxy::peek::classify(data);
+    let _ = egress_proxy::wire::peek::classify(data);
 });

@@ -9,9 +9,12 @@
 //! thread ([`writer`]). Nothing in a record is a secret: no token, no Authorization header.
 
 pub mod chain;
+pub(crate) mod metrics;
 mod ocsf;
+pub(crate) mod outcome;
 mod output;
 pub mod record;
+pub mod suggest;
 pub mod verify;
 mod writer;
 
@@ -24,14 +27,14 @@ use std::time::{Instant, SystemTime};
 pub use record::{Close, Mode, Record};
 pub use writer::AuditLog;
 
-use crate::accept::Accepted;
+use crate::audit::metrics::{Metrics, SandboxStats};
+use crate::egress::identity::{Identified, Method};
+use crate::egress::resolve::ResolveError;
 use crate::egress::Decided;
-use crate::identity::{Identified, Method};
-use crate::metrics::{Metrics, SandboxStats};
+use crate::listen::accept::Accepted;
+use crate::policy::target::Target;
 use crate::policy::Decision;
-use crate::resolve::ResolveError;
-use crate::target::Target;
-use crate::tunnel::Relayed;
+use crate::relay::tunnel::Relayed;
 use record::{Entry, Event};
 
 /// Where guards write and count.
@@ -118,7 +121,11 @@ impl AuditGuard {
     }
 
     /// A tunnel refused after it was allowed, for what it carried.
-    pub fn refused_in_tunnel(&mut self, reason: crate::reason::Reason, detail: &'static str) {
+    pub fn refused_in_tunnel(
+        &mut self,
+        reason: crate::policy::reason::Reason,
+        detail: &'static str,
+    ) {
         self.record.verdict = crate::policy::Verdict::Deny;
         self.record.reason = reason;
         self.record.detail = Some(Cow::Borrowed(detail));
@@ -200,7 +207,7 @@ impl Recorder {
         &self,
         http: record::HttpFacts,
         verdict: crate::policy::Verdict,
-        reason: crate::reason::Reason,
+        reason: crate::policy::reason::Reason,
         detail: Option<String>,
         bytes: (u64, u64),
         started: Instant,
@@ -263,7 +270,7 @@ impl Drop for AuditGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reason::Reason;
+    use crate::policy::reason::Reason;
 
     #[test]
     fn dropping_the_guard_writes_one_end_record_with_the_time_since_accept() {

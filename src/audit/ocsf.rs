@@ -25,7 +25,7 @@ use std::time::UNIX_EPOCH;
 use serde_json::{json, Map, Value};
 
 use super::record::{run_id, Entry, Event};
-use crate::outcome::{Close, Mode};
+use crate::audit::outcome::{Close, Mode};
 use crate::policy::Verdict;
 
 /// The OCSF version the records follow.

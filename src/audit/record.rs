@@ -10,13 +10,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::guard::GuardVerdict;
-use crate::identity::Method;
-pub use crate::outcome::{Close, Mode};
+pub use crate::audit::outcome::{Close, Mode};
+use crate::egress::identity::Method;
+use crate::policy::guard::GuardVerdict;
+use crate::policy::reason::Reason;
+use crate::policy::sandbox_id::SandboxId;
+use crate::policy::target::Target;
 use crate::policy::{Rule, Verdict};
-use crate::reason::Reason;
-use crate::sandbox_id::SandboxId;
-use crate::target::Target;
 
 /// `open` (a tunnel or forwarded exchange began) or `end` (the one final record).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -16,8 +16,8 @@ use super::error::{redact, unknown_field, ConfigError, ConfigErrors, Sink};
 use super::raw::{RawAuth, RawBinding, RawLimits};
 use super::refs::{self, PolicyIndex};
 use super::{Binding, Config, Defaults};
+use crate::policy::sandbox_id::SandboxId;
 use crate::policy::NetworkSpec;
-use crate::sandbox_id::SandboxId;
 
 impl Config {
     /// Parse a binding that arrives at run time (admin API `PUT /v1/sandboxes/{id}`, or a file
@@ -212,7 +212,7 @@ pub(super) fn build_binding(
         }
     };
     if let Some(id) = &id_text {
-        if !crate::sandbox_id::is_valid(id) {
+        if !crate::policy::sandbox_id::is_valid(id) {
             sink.push(
                 sb,
                 "id",

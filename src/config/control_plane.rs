@@ -1,5 +1,5 @@
 //! `control_plane:` — where registrations live when several replicas share them. Today one
-//! backend: `etcd` ([`crate::control_plane`]). Without the section registrations stay local to
+//! backend: `etcd` ([`crate::control::etcd`]). Without the section registrations stay local to
 //! the process (and its `state_dir`).
 
 use std::path::PathBuf;

@@ -14,7 +14,7 @@ use super::raw::{RawAdmission, RawDefaults, RawDns, RawLimits, RawListen, RawRun
 use super::{
     Admission, ClientNames, Defaults, DnsConfig, Limits, Listen, ProxyTls, RuntimeLimits, Timeouts,
 };
-use crate::hostname::normalize_name;
+use crate::policy::hostname::normalize_name;
 use crate::policy::ports::PortSet;
 
 /// `listen.proxy`

@@ -42,8 +42,8 @@ pub use raw::{RawAuth, RawLimits};
 use refs::PolicyIndex;
 
 use crate::policy::ports::PortSet;
+use crate::policy::sandbox_id::SandboxId;
 use crate::policy::{Enforcement, NetworkSpec};
-use crate::sandbox_id::SandboxId;
 
 /// The embedded default configuration (`config/proxy.yaml`), used when `--config` is absent.
 pub const EMBEDDED_CONFIG: &str = include_str!("../../config/proxy.yaml");
@@ -245,7 +245,7 @@ pub struct RuntimeLimits {
     /// Largest `PUT /v1/sandboxes/{id}` body.
     pub max_binding_bytes: usize,
     /// `state_sync_ms`: zero syncs every `state_dir` write before answering; otherwise writes
-    /// are flushed together at most this often ([`crate::state_store`]).
+    /// are flushed together at most this often ([`crate::control::state_store`]).
     pub state_sync: Duration,
 }
 

@@ -6,7 +6,7 @@
 //! changed (all of them when `defaults` change), and shares the rest with the set in force.
 //! If anything is invalid the running policy stays, the errors are logged and
 //! `egress_config_reloads_total{result="error"}` counts them. A valid set is published
-//! ([`crate::policy_set::LivePolicy`]): new connections see it at once (a connection being
+//! ([`crate::policy::set::LivePolicy`]): new connections see it at once (a connection being
 //! decided sees the old or the new set, never a mix), and the live exchanges of the changed
 //! sandboxes (of every sandbox when defaults or `sources` changed) re-decide themselves and
 //! are reset if no longer allowed (`close: "revoked"`). Changes are serialised by one lock,
@@ -22,15 +22,18 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 
 use crate::config::{self, Binding, Config, ConfigErrors};
-use crate::policy_set::{Changes, PolicySet, Scope};
-use crate::resolve::Resolver;
-use crate::sandbox_id::SandboxId;
-use crate::shared::Shared;
-use crate::state_store::{StateStore, LOG_FILE};
+use crate::control::state_store::{StateStore, LOG_FILE};
+use crate::egress::resolve::Resolver;
+use crate::policy::sandbox_id::SandboxId;
+use crate::policy::set::{Changes, PolicySet, Scope};
+use crate::server::shared::Shared;
 
-mod remote;
+pub(crate) mod admin;
+pub mod check;
+pub(crate) mod etcd;
+pub(crate) mod state_store;
 
-pub use remote::RemoteChange;
+pub use etcd::apply::RemoteChange;
 
 /// A sandbox registered through the API: the binding and its body (canonical JSON).
 #[derive(Clone)]
@@ -222,7 +225,7 @@ impl Controller {
         };
         let st = &mut *guard;
         if st.config.etcd.is_some() {
-            // etcd keeps the registrations ([`crate::control_plane`]).
+            // etcd keeps the registrations ([`crate::control::etcd`]).
             return problems;
         }
         let Some(dir) = st.config.state_dir.clone() else {

@@ -21,8 +21,8 @@ use crate::audit::record::HttpFacts;
 use crate::audit::Recorder;
 use crate::config::credentials::{Credential, Inject};
 use crate::config::Binding;
+use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
-use crate::reason::Reason;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ResBody = BoxBody<Bytes, BoxError>;

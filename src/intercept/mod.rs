@@ -19,12 +19,12 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
+use crate::audit::outcome::Close;
 use crate::audit::AuditGuard;
-use crate::client_io::ClientIo;
 use crate::config::credentials::{BoundHost, InterceptConfig};
 use crate::config::Binding;
-use crate::outcome::Close;
-use crate::tunnel::Relayed;
+use crate::listen::client_io::ClientIo;
+use crate::relay::tunnel::Relayed;
 use ca::InterceptCa;
 use exchange::{Exchange, Upstream};
 use prefixed::Prefixed;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::Rule;
-pub use crate::reason::Reason;
+pub use crate::policy::reason::Reason;
 
 /// What happens to the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

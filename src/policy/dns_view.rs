@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::{CompiledPolicy, Decision, Mode, Reason, Rule};
-use crate::guard::{address_forms, Guard, GuardVerdict};
+use crate::policy::guard::{address_forms, Guard, GuardVerdict};
 
 /// What the policy says about a name, for DNS.
 #[derive(Debug, Clone)]

@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use thiserror::Error;
 
 use super::ports::PortSet;
-use crate::hostname::{normalize_name, normalize_pattern, NameError};
+use crate::policy::hostname::{normalize_name, normalize_pattern, NameError};
 
 /// What an entry matches, before ports.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,12 +6,19 @@
 //! address guard. The reason reported is the first step that refused. Report mode relaxes the
 //! allowlist steps only; the guard always applies. This module does no I/O.
 
+pub(crate) mod addr_table;
 mod compact_map;
 pub mod decision;
 pub mod dns_view;
 pub mod entry;
+pub mod guard;
+pub mod hostname;
 pub mod name_matcher;
 pub mod ports;
+pub mod reason;
+pub mod sandbox_id;
+pub mod set;
+pub mod target;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -20,9 +27,9 @@ use std::sync::Arc;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
-use crate::addr_table::AddrTable;
-use crate::guard::{address_forms, Guard, GuardVerdict};
-use crate::target::{Host, Target};
+use crate::policy::addr_table::AddrTable;
+use crate::policy::guard::{address_forms, Guard, GuardVerdict};
+use crate::policy::target::{Host, Target};
 pub use decision::{Decision, Reason, Verdict};
 use entry::{Entry, HostPattern};
 use name_matcher::{NameMatcher, NameMatcherBuilder};

@@ -1,0 +1,339 @@
+//! Prometheus metrics (DESIGN §8), in one registry owned by the process. Labels come from
+//! bounded sets only — sandbox ids from configuration, reason codes, modes — never a
+//! destination host or an unauthenticated client's claimed sandbox id (those become `-`).
+
+use std::time::Instant;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+use crate::audit::outcome::Mode;
+use crate::policy::reason::Reason;
+use crate::policy::Verdict;
+
+/// Every metric the proxy exports. Callers use the typed methods below, so label order and
+/// spelling live in this file only.
+pub struct Metrics {
+    registry: Registry,
+    connections: IntCounterVec,
+    bytes: IntCounterVec,
+    active: IntGaugeVec,
+    decision_seconds: Histogram,
+    dns_seconds: Histogram,
+    dial_seconds: Histogram,
+    rate_limited: IntCounterVec,
+    dns_queries: IntCounterVec,
+    reloads: IntCounterVec,
+    policy_info: IntGaugeVec,
+    audit_backpressure: IntCounter,
+    control_plane_revision: IntGauge,
+    control_plane_connected: IntGauge,
+    control_plane_errors: IntCounterVec,
+}
+
+/// One sandbox's per-connection metric handles, looked up once per sandbox and policy version
+/// (cached in its compiled [`crate::policy::set::Sandbox`]) instead of hashing labels per
+/// connection.
+#[derive(Debug)]
+pub struct SandboxStats {
+    active: IntGauge,
+    bytes_up: IntCounter,
+    bytes_down: IntCounter,
+}
+
+impl SandboxStats {
+    /// Count `up`/`down` relayed bytes.
+    pub fn relayed(&self, up: u64, down: u64) {
+        if up > 0 {
+            self.bytes_up.inc_by(up);
+        }
+        if down > 0 {
+            self.bytes_down.inc_by(down);
+        }
+    }
+
+    /// One more open exchange until the returned value is dropped.
+    pub fn active(&self) -> ActiveGuard {
+        self.active.inc();
+        ActiveGuard(self.active.clone())
+    }
+}
+
+/// Decrements `egress_active_connections` when dropped.
+pub struct ActiveGuard(IntGauge);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Which histogram a timing goes to.
+#[derive(Debug, Clone, Copy)]
+pub enum Timing {
+    Decision,
+    Dns,
+    Dial,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let connections = IntCounterVec::new(
+            Opts::new(
+                "egress_connections_total",
+                "Connections (and forwarded requests) by outcome",
+            ),
+            &["sandbox", "mode", "decision", "reason"],
+        )?;
+        let bytes = IntCounterVec::new(
+            Opts::new(
+                "egress_bytes_total",
+                "Bytes relayed, up = client to destination",
+            ),
+            &["sandbox", "direction"],
+        )?;
+        let active = IntGaugeVec::new(
+            Opts::new(
+                "egress_active_connections",
+                "Open client connections by sandbox",
+            ),
+            &["sandbox"],
+        )?;
+        let buckets = vec![
+            0.000_001, 0.000_005, 0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05,
+            0.1, 0.5, 1.0, 5.0,
+        ];
+        let decision_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "egress_decision_seconds",
+                "Time to decide (policy and guard), excluding DNS",
+            )
+            .buckets(buckets.clone()),
+        )?;
+        let dns_seconds = Histogram::with_opts(
+            HistogramOpts::new("egress_dns_seconds", "Time to resolve a target name")
+                .buckets(buckets.clone()),
+        )?;
+        let dial_seconds = Histogram::with_opts(
+            HistogramOpts::new("egress_dial_seconds", "Time to connect to the destination")
+                .buckets(buckets),
+        )?;
+        let rate_limited = IntCounterVec::new(
+            Opts::new(
+                "egress_rate_limited_total",
+                "Connections refused by a limit",
+            ),
+            &["sandbox", "limit"],
+        )?;
+        let reloads = IntCounterVec::new(
+            Opts::new("egress_config_reloads_total", "Policy reloads by result"),
+            &["result"],
+        )?;
+        let policy_info = IntGaugeVec::new(
+            Opts::new(
+                "egress_policy_info",
+                "The policy version in force (value 1)",
+            ),
+            &["version"],
+        )?;
+        let audit_backpressure = IntCounter::new(
+            "egress_audit_backpressure_total",
+            "Connections refused (503 / reset, unrecorded) because the audit queue was full",
+        )?;
+        registry.register(Box::new(audit_backpressure.clone()))?;
+        registry.register(Box::new(connections.clone()))?;
+        registry.register(Box::new(bytes.clone()))?;
+        registry.register(Box::new(active.clone()))?;
+        registry.register(Box::new(decision_seconds.clone()))?;
+        registry.register(Box::new(dns_seconds.clone()))?;
+        registry.register(Box::new(dial_seconds.clone()))?;
+        registry.register(Box::new(rate_limited.clone()))?;
+        let dns_queries = IntCounterVec::new(
+            Opts::new(
+                "egress_dns_queries_total",
+                "Queries answered by the DNS listener, by decision",
+            ),
+            &["sandbox", "decision"],
+        )?;
+        registry.register(Box::new(dns_queries.clone()))?;
+        registry.register(Box::new(reloads.clone()))?;
+        registry.register(Box::new(policy_info.clone()))?;
+        let control_plane_revision = IntGauge::new(
+            "egress_control_plane_revision",
+            "The etcd revision this replica has applied (0 without a control plane)",
+        )?;
+        let control_plane_connected = IntGauge::new(
+            "egress_control_plane_connected",
+            "1 while this replica watches etcd, 0 otherwise (it keeps enforcing what it applied)",
+        )?;
+        let control_plane_errors = IntCounterVec::new(
+            Opts::new(
+                "egress_control_plane_errors_total",
+                "Control-plane failures: connect, list, watch, write, invalid_value, compacted",
+            ),
+            &["kind"],
+        )?;
+        registry.register(Box::new(control_plane_revision.clone()))?;
+        registry.register(Box::new(control_plane_connected.clone()))?;
+        registry.register(Box::new(control_plane_errors.clone()))?;
+        Ok(Metrics {
+            control_plane_revision,
+            control_plane_connected,
+            control_plane_errors,
+            registry,
+            connections,
+            bytes,
+            active,
+            decision_seconds,
+            dns_seconds,
+            dial_seconds,
+            rate_limited,
+            dns_queries,
+            reloads,
+            policy_info,
+            audit_backpressure,
+        })
+    }
+
+    /// Handles for one sandbox's per-connection metrics.
+    pub fn sandbox(&self, id: &str) -> SandboxStats {
+        SandboxStats {
+            active: self.active.with_label_values(&[id]),
+            bytes_up: self.bytes.with_label_values(&[id, "up"]),
+            bytes_down: self.bytes.with_label_values(&[id, "down"]),
+        }
+    }
+
+    /// Count a finished connection (or forwarded request) by outcome; `-` when no sandbox was
+    /// identified.
+    pub fn connection_finished(
+        &self,
+        sandbox: Option<&str>,
+        mode: Mode,
+        verdict: Verdict,
+        reason: Reason,
+    ) {
+        self.connections
+            .with_label_values(&[
+                sandbox.unwrap_or("-"),
+                mode.as_str(),
+                verdict.as_str(),
+                reason.code(),
+            ])
+            .inc();
+    }
+
+    /// Count a refusal by a limit (`connections` or `rate`).
+    pub fn rate_limited(&self, sandbox: &str, limit: &str) {
+        self.rate_limited.with_label_values(&[sandbox, limit]).inc();
+    }
+
+    /// Count a DNS listener query (`sandbox` `None` when the client was not identified).
+    pub fn dns_query(&self, sandbox: Option<&str>, verdict: Verdict) {
+        self.dns_queries
+            .with_label_values(&[sandbox.unwrap_or("-"), verdict.as_str()])
+            .inc();
+    }
+
+    /// Count a connection refused because the audit queue was full.
+    pub fn audit_backpressure(&self) {
+        self.audit_backpressure.inc();
+    }
+
+    /// Count a reload or registration attempt.
+    pub fn reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.reloads.with_label_values(&[result]).inc();
+    }
+
+    /// Observe the time since `since` in one of the histograms.
+    pub fn observe(&self, which: Timing, since: Instant) {
+        let h = match which {
+            Timing::Decision => &self.decision_seconds,
+            Timing::Dns => &self.dns_seconds,
+            Timing::Dial => &self.dial_seconds,
+        };
+        h.observe(since.elapsed().as_secs_f64());
+    }
+
+    /// The etcd revision applied.
+    pub fn control_plane_revision(&self, revision: i64) {
+        self.control_plane_revision.set(revision);
+    }
+
+    /// Whether the watch on etcd is up.
+    pub fn control_plane_connected(&self, up: bool) {
+        self.control_plane_connected.set(i64::from(up));
+    }
+
+    /// Count `n` control-plane failures of one kind.
+    pub fn control_plane_error(&self, kind: &str, n: u64) {
+        self.control_plane_errors
+            .with_label_values(&[kind])
+            .inc_by(n);
+    }
+
+    /// Mark `version` as the policy in force (and no other).
+    pub fn set_policy_version(&self, version: &str) {
+        self.policy_info.reset();
+        self.policy_info.with_label_values(&[version]).set(1);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            return format!("# encoding error: {e}\n");
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_family() {
+        let m = Metrics::new().unwrap();
+        m.connection_finished(
+            Some("demo"),
+            Mode::Connect,
+            Verdict::Allow,
+            Reason::RuleMatched,
+        );
+        let stats = m.sandbox("demo");
+        stats.relayed(5, 0);
+        let active = stats.active();
+        let now = Instant::now();
+        m.observe(Timing::Decision, now);
+        m.observe(Timing::Dns, now);
+        m.observe(Timing::Dial, now);
+        m.rate_limited("demo", "rate");
+        m.reload(true);
+        m.set_policy_version("abc");
+        m.set_policy_version("def");
+        let text = m.render();
+        for name in [
+            "egress_connections_total{decision=\"allow\",mode=\"connect\",reason=\"rule_matched\",sandbox=\"demo\"} 1",
+            "egress_bytes_total{direction=\"up\",sandbox=\"demo\"} 5",
+            "egress_active_connections{sandbox=\"demo\"} 1",
+            "egress_decision_seconds_count 1",
+            "egress_dns_seconds_count 1",
+            "egress_dial_seconds_count 1",
+            "egress_rate_limited_total",
+            "egress_config_reloads_total{result=\"ok\"} 1",
+            "egress_policy_info{version=\"def\"} 1",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+        assert!(!text.contains("version=\"abc\""));
+        drop(active);
+        assert!(m
+            .render()
+            .contains("egress_active_connections{sandbox=\"demo\"} 0"));
+    }
+}

@@ -1,0 +1,405 @@
+//! The admin listener (`listen.admin`): health, readiness, metrics, and the runtime API
+//! (DESIGN §10, §14). Mutating calls (`PUT`/`DELETE /v1/sandboxes/{id}`, `POST /v1/reload`)
+//! need `Authorization: Bearer <token>` and are refused (403) when no `admin_token_file` is
+//! configured; with a token configured every `/v1/*` call needs it. Tokens are compared as
+//! SHA-256 digests in constant time. Bodies are capped at `runtime.max_binding_bytes`.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::control::etcd::{ControlPlane, TTL_RANGE};
+use crate::control::{ChangeError, Controller};
+use crate::server::shared::Shared;
+
+/// What the admin API needs.
+pub struct Admin {
+    pub shared: Arc<Shared>,
+    pub control: Arc<Controller>,
+    /// The shared control plane, when `control_plane.etcd` is configured: registrations go
+    /// through it instead of `control`.
+    pub plane: Option<Arc<ControlPlane>>,
+    /// SHA-256 of the bearer token (`None`: no token configured: mutating calls refused).
+    pub token_sha256: Option<[u8; 32]>,
+    /// Largest request body (`runtime.max_binding_bytes`).
+    pub max_body: usize,
+}
+
+/// Serve one admin connection.
+pub async fn serve<S>(admin: Arc<Admin>, stream: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |req| {
+        let admin = admin.clone();
+        async move { Ok::<_, Infallible>(route(&admin, req).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(std::time::Duration::from_secs(10))
+        .serve_connection(TokioIo::new(stream), svc)
+        .await;
+}
+
+fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    if let Ok(v) = content_type.parse() {
+        r.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+fn json_resp(status: StatusCode, v: Value) -> Response<Full<Bytes>> {
+    text(status, "application/json", format!("{v}\n"))
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response<Full<Bytes>> {
+    json_resp(status, json!({ "error": message.into() }))
+}
+
+impl Admin {
+    /// Whether the request carries the configured bearer token (`false` when none is
+    /// configured). The scheme is case-insensitive (RFC 9110 §11.1).
+    fn authorized(&self, req: &Request<Incoming>) -> bool {
+        let Some(expected) = &self.token_sha256 else {
+            return false;
+        };
+        let presented = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| -> [u8; 32] { Sha256::digest(t.trim().as_bytes()).into() });
+        match presented {
+            Some(p) => bool::from(p.ct_eq(expected)),
+            None => false,
+        }
+    }
+
+    /// Refuse the call unless it may go ahead: mutating calls always need the token (and are
+    /// refused outright when none is configured); with a token configured, every `/v1/*` call
+    /// needs it.
+    fn gate(&self, req: &Request<Incoming>, mutating: bool) -> Option<Response<Full<Bytes>>> {
+        let api = req.uri().path().starts_with("/v1/");
+        if mutating && self.token_sha256.is_none() {
+            return Some(error(
+                StatusCode::FORBIDDEN,
+                "mutating admin calls are refused: no admin token is configured. Set \
+                 `admin_token_file` in proxy.yaml to a file holding a long random token, and \
+                 send it as `Authorization: Bearer <token>`",
+            ));
+        }
+        if (mutating || (api && self.token_sha256.is_some())) && !self.authorized(req) {
+            let mut r = error(
+                StatusCode::UNAUTHORIZED,
+                "this call needs Authorization: Bearer <admin token>",
+            );
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static("Bearer realm=\"egress-proxy-admin\""),
+            );
+            return Some(r);
+        }
+        None
+    }
+}
+
+async fn read_body(req: Request<Incoming>, max: usize) -> Result<String, Response<Full<Bytes>>> {
+    let collected = Limited::new(req.into_body(), max)
+        .collect()
+        .await
+        .map_err(|_| {
+            error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body larger than {max} bytes (runtime.max_binding_bytes) or unreadable"),
+            )
+        })?;
+    String::from_utf8(collected.to_bytes().to_vec())
+        .map_err(|_| error(StatusCode::BAD_REQUEST, "body is not UTF-8"))
+}
+
+fn change_error(e: ChangeError) -> Response<Full<Bytes>> {
+    match e {
+        ChangeError::Invalid(errs) => json_resp(
+            StatusCode::BAD_REQUEST,
+            json!({ "error": "invalid binding", "errors": errs.0.iter().map(|e| e.to_string()).collect::<Vec<_>>() }),
+        ),
+        ChangeError::BadRequest(m) => error(StatusCode::BAD_REQUEST, m),
+        ChangeError::Conflict(m) => error(StatusCode::CONFLICT, m),
+        ChangeError::Full(m) => error(StatusCode::TOO_MANY_REQUESTS, m),
+        ChangeError::NotFound => error(StatusCode::NOT_FOUND, "no such registered sandbox"),
+        ChangeError::Failed(m) => error(StatusCode::INTERNAL_SERVER_ERROR, m),
+        ChangeError::Unavailable(m) => {
+            let mut r = error(StatusCode::SERVICE_UNAVAILABLE, m);
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+            r
+        }
+    }
+}
+
+async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let plain = "text/plain; charset=utf-8";
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let mutating = matches!(method, Method::PUT | Method::DELETE)
+        || (method == Method::POST && (path == "/v1/reload" || path.ends_with("/keepalive")));
+    if let Some(refused) = admin.gate(&req, mutating) {
+        return refused;
+    }
+    let shared = &admin.shared;
+    match (&method, path.as_str()) {
+        (&Method::GET, "/healthz") => text(StatusCode::OK, plain, "ok\n".into()),
+        (&Method::GET, "/readyz") => {
+            if shared.ready.load(Ordering::Acquire) {
+                let revision = admin
+                    .plane
+                    .as_ref()
+                    .map(|p| format!(", control plane revision {}", p.revision()))
+                    .unwrap_or_default();
+                text(
+                    StatusCode::OK,
+                    plain,
+                    format!(
+                        "ready: policy {}{revision}\n",
+                        shared.policy.load().version()
+                    ),
+                )
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, plain, "not ready\n".into())
+            }
+        }
+        (&Method::GET, "/metrics") => text(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            shared.metrics().render(),
+        ),
+        (&Method::GET, "/v1/sandboxes") => {
+            let mut list = admin.control.list();
+            if let Some(plane) = &admin.plane {
+                list["control_plane"] = plane.status();
+            }
+            json_resp(StatusCode::OK, list)
+        }
+        (&Method::POST, "/v1/reload") => match off_reactor(admin, |c| c.reload("api"))
+            .await
+            .unwrap_or_else(|| Err(vec!["control-plane task failed".into()]))
+        {
+            Ok(r) => json_resp(
+                StatusCode::OK,
+                json!({ "policy_version": r.version, "needs_restart": r.needs_restart }),
+            ),
+            Err(errors) => json_resp(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({ "error": "reload refused; the running policy stays", "errors": errors }),
+            ),
+        },
+        (&Method::POST, "/v1/check") => {
+            let body = match read_body(req, admin.max_body).await {
+                Ok(b) => b,
+                Err(r) => return r,
+            };
+            check(shared, &body).await
+        }
+        (&Method::POST, p) if p.starts_with("/v1/sandboxes/") && p.ends_with("/keepalive") => {
+            let id = p["/v1/sandboxes/".len()..p.len() - "/keepalive".len()].to_string();
+            let Some(plane) = &admin.plane else {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "leases need control_plane.etcd; registrations without it never expire",
+                );
+            };
+            match plane.keepalive(&id).await {
+                Ok(ttl) => json_resp(StatusCode::OK, json!({ "id": id, "ttl_s": ttl })),
+                Err(e) => change_error(e),
+            }
+        }
+        (&Method::GET, p) if p.starts_with("/v1/sandboxes/") && p.ends_with("/placeholders") => {
+            let id = &p["/v1/sandboxes/".len()..p.len() - "/placeholders".len()];
+            // Placeholders stand in for secrets: only the admin token holder gets them.
+            if admin.token_sha256.is_none() || !admin.authorized(&req) {
+                return error(
+                    StatusCode::UNAUTHORIZED,
+                    "placeholders need Authorization: Bearer <admin token>",
+                );
+            }
+            let set = shared.policy.load();
+            match set.get(id) {
+                Some(sb) => json_resp(
+                    StatusCode::OK,
+                    json!({
+                        "id": id,
+                        "placeholders": sb.binding.credentials.iter().map(|c| json!({
+                            "name": c.name,
+                            "placeholder": c.placeholder,
+                            "hosts": c.hosts.len(),
+                        })).collect::<Vec<_>>(),
+                    }),
+                ),
+                None => error(StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
+            }
+        }
+        (m, p) if p.starts_with("/v1/sandboxes/") => {
+            let id = p.trim_start_matches("/v1/sandboxes/").to_string();
+            match *m {
+                Method::GET => match (admin.control.get(&id), admin.control.skipped(&id)) {
+                    (Some(v), _) => json_resp(StatusCode::OK, v),
+                    (None, Some((revision, why))) => json_resp(
+                        StatusCode::NOT_FOUND,
+                        json!({
+                            "error": format!("the value of sandbox `{id}` in etcd (revision {revision}) is not in force"),
+                            "why": why,
+                        }),
+                    ),
+                    (None, None) => error(StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
+                },
+                Method::PUT => {
+                    let ttl_s = match ttl_param(req.uri().query()) {
+                        Ok(t) => t,
+                        Err(m) => return error(StatusCode::BAD_REQUEST, m),
+                    };
+                    let body = match read_body(req, admin.max_body).await {
+                        Ok(b) => b,
+                        Err(r) => return r,
+                    };
+                    put(admin, id, body, ttl_s).await
+                }
+                Method::DELETE => {
+                    let result = match &admin.plane {
+                        Some(plane) => plane.delete(&id).await.map(|(n, r)| (n, Some(r))),
+                        None => off_reactor(admin, {
+                            let id = id.clone();
+                            move |c| c.delete(&id)
+                        })
+                        .await
+                        .unwrap_or_else(|| {
+                            Err(ChangeError::Failed("control-plane task failed".into()))
+                        })
+                        .map(|n| (n, None)),
+                    };
+                    match result {
+                        Ok((revoked, revision)) => {
+                            let mut body =
+                                json!({ "id": id, "deleted": true, "tunnels_closed": revoked });
+                            if let Some(r) = revision {
+                                body["revision"] = json!(r);
+                            }
+                            json_resp(StatusCode::OK, body)
+                        }
+                        Err(e) => change_error(e),
+                    }
+                }
+                _ => error(StatusCode::METHOD_NOT_ALLOWED, "use GET, PUT or DELETE"),
+            }
+        }
+        _ => text(StatusCode::NOT_FOUND, plain, "not found\n".into()),
+    }
+}
+
+/// `PUT /v1/sandboxes/{id}`: through etcd when configured, else in this process.
+async fn put(admin: &Admin, id: String, body: String, ttl_s: Option<i64>) -> Response<Full<Bytes>> {
+    let result = match (&admin.plane, ttl_s) {
+        (Some(plane), ttl) => plane.put(&id, &body, ttl).await.map(|(c, r)| (c, Some(r))),
+        (None, Some(_)) => Err(ChangeError::BadRequest(
+            "ttl_s needs control_plane.etcd (leases are etcd's); without it a registration stays until deleted".into(),
+        )),
+        (None, None) => {
+            let put_id = id.clone();
+            off_reactor(admin, move |c| c.put(&put_id, &body))
+                .await
+                .unwrap_or_else(|| Err(ChangeError::Failed("control-plane task failed".into())))
+                .map(|c| (c, None))
+        }
+    };
+    match result {
+        Ok((created, revision)) => {
+            let mut body = json!({ "id": id, "created": created, "policy_version": admin.shared.policy.load().version() });
+            if let Some(r) = revision {
+                body["revision"] = json!(r);
+            }
+            json_resp(
+                if created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                },
+                body,
+            )
+        }
+        Err(e) => change_error(e),
+    }
+}
+
+/// The query of a PUT: nothing, or `ttl_s=N`.
+fn ttl_param(query: Option<&str>) -> Result<Option<i64>, String> {
+    let mut ttl = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("ttl_s", v)) => match v.parse::<i64>() {
+                Ok(n) if TTL_RANGE.contains(&n) => ttl = Some(n),
+                _ => {
+                    return Err(format!(
+                        "ttl_s must be a whole number of seconds from {} to {}",
+                        TTL_RANGE.start(),
+                        TTL_RANGE.end()
+                    ))
+                }
+            },
+            _ => return Err("unknown query parameter (PUT takes only ttl_s)".into()),
+        }
+    }
+    Ok(ttl)
+}
+
+/// Run a control-plane change (compile, fsync, under the controller's lock) on the blocking
+/// pool, never on a data-plane worker thread.
+async fn off_reactor<T: Send + 'static>(
+    admin: &Admin,
+    change: impl FnOnce(&Controller) -> T + Send + 'static,
+) -> Option<T> {
+    let control = admin.control.clone();
+    match tokio::task::spawn_blocking(move || change(&control)).await {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::error!(error = %e, "control-plane task failed");
+            None
+        }
+    }
+}
+
+/// `POST /v1/check {"sandbox","target"}`: the decision the proxy would make now, resolving
+/// names exactly as it would.
+async fn check(shared: &Shared, body: &str) -> Response<Full<Bytes>> {
+    let Ok(v) = serde_json::from_str::<Value>(body) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "expected JSON {\"sandbox\": ..., \"target\": ...}",
+        );
+    };
+    let (Some(sandbox), Some(target)) = (v["sandbox"].as_str(), v["target"].as_str()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "expected JSON {\"sandbox\": ..., \"target\": ...}",
+        );
+    };
+    let set = shared.policy.load();
+    let Some(sb) = set.get(sandbox) else {
+        return error(StatusCode::NOT_FOUND, format!("no sandbox `{sandbox}`"));
+    };
+    json_resp(
+        StatusCode::OK,
+        crate::control::check::check(&set, sb, target, Some(&shared.resolver())).await,
+    )
+}

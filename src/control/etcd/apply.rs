@@ -1,0 +1,256 @@
+//! Registrations kept in the shared control plane ([`crate::control::etcd`]): the checks made
+//! before a write, and the application of what etcd sends back.
+//!
+//! Every replica applies the same values in the same (revision) order with the same rules, so
+//! they agree on what is in force without talking to each other. A value is validated on its
+//! own: an invalid one (bad JSON, an invalid policy, the id of a file-defined sandbox, another
+//! sandbox's `sources`) is skipped — and a sandbox whose new value is invalid is removed, not
+//! left on its old policy — while the rest of the batch applies. A batch is compiled
+//! incrementally (only the changed sandboxes) and published once.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::control::{
+    overlapping_source, validate_registration, ChangeError, Controller, Registered,
+};
+use crate::policy::sandbox_id::SandboxId;
+use crate::policy::set::{Scope, SetEdit};
+
+/// One change read from etcd.
+#[derive(Debug, Clone)]
+pub enum RemoteChange {
+    /// The value of `{prefix}sandboxes/{id}` at `revision`.
+    Put {
+        id: String,
+        text: String,
+        revision: i64,
+    },
+    /// The key was deleted (or its lease expired).
+    Delete { id: String },
+}
+
+/// What applying a batch did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    /// Sandboxes added, replaced or removed.
+    pub changed: usize,
+    /// Values skipped as invalid.
+    pub skipped: usize,
+}
+
+/// A registration checked and ready to be written.
+#[derive(Debug)]
+pub struct Prepared {
+    /// The body as stored (canonical JSON).
+    pub json: String,
+    /// The revision at which this replica last saw the key (0: absent).
+    pub seen_revision: i64,
+}
+
+impl Controller {
+    /// Check a registration as `put` would, without changing anything: with etcd the value is
+    /// written there and applied when the watch brings it back.
+    pub fn prepare_put(&self, id: &str, body: &str) -> Result<Prepared, ChangeError> {
+        let Ok(st) = self.state.lock() else {
+            return Err(ChangeError::Failed("lock poisoned".into()));
+        };
+        let (sid, binding, json) = validate_registration(&st, id, body)?;
+        crate::policy::CompiledPolicy::compile(
+            &binding.id,
+            &binding.policy_file,
+            &binding.network,
+            binding.enforcement,
+            &st.config.defaults.ports,
+        )
+        .map_err(|e| ChangeError::Failed(format!("cannot compile: {e}")))?;
+        Ok(Prepared {
+            json,
+            seen_revision: seen(&st, sid.as_str()),
+        })
+    }
+
+    /// Check a removal: 404 for an id that cannot exist, 409 for a file-defined sandbox.
+    /// Returns how many exchanges of the sandbox are open now.
+    pub fn prepare_delete(&self, id: &str) -> Result<u32, ChangeError> {
+        SandboxId::new(id).map_err(|_| ChangeError::NotFound)?;
+        let Ok(st) = self.state.lock() else {
+            return Err(ChangeError::Failed("lock poisoned".into()));
+        };
+        if st.config.bindings.iter().any(|b| b.id == id) {
+            return Err(ChangeError::Conflict(format!(
+                "sandbox {id} is defined in {}; remove it there",
+                st.config.origin
+            )));
+        }
+        Ok(self
+            .shared
+            .policy
+            .load()
+            .get(id)
+            .map(|sb| sb.limiter(&self.shared.limiters).active())
+            .unwrap_or(0))
+    }
+
+    /// After revision `revision` of sandbox `id` was applied: `Ok` if it is in force (or was
+    /// replaced since), `Err(why)` if this replica skipped it.
+    pub fn outcome(&self, id: &str, revision: i64) -> Result<(), String> {
+        let Ok(st) = self.state.lock() else {
+            return Err("lock poisoned".into());
+        };
+        match st.skipped.get(id) {
+            Some((r, why)) if *r == revision => Err(why.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Told of every successful reload.
+    pub fn subscribe_reloads(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reloads.subscribe()
+    }
+
+    /// Whether some value in etcd is not in force (a reload may have made it valid).
+    pub fn has_skipped(&self) -> bool {
+        self.state
+            .lock()
+            .map(|st| !st.skipped.is_empty())
+            .unwrap_or(false)
+    }
+
+    /// Why the value of sandbox `id` in etcd is not in force, if it was skipped.
+    pub fn skipped(&self, id: &str) -> Option<(i64, String)> {
+        self.state.lock().ok()?.skipped.get(id).cloned()
+    }
+
+    /// Apply changes read from etcd, in order. With `full`, `changes` is the whole prefix
+    /// (a list): every registration it does not hold is removed (and its exchanges revoked),
+    /// and skipped values are checked again (the configuration may have changed).
+    pub fn apply_remote(&self, changes: Vec<RemoteChange>, full: bool) -> Applied {
+        let Ok(mut guard) = self.state.lock() else {
+            return Applied::default();
+        };
+        let st = &mut *guard;
+        let mut edit = self.shared.policy.load().edit();
+        let mut touched: Vec<SandboxId> = Vec::new();
+        let mut set_wide = false;
+        let mut applied = Applied::default();
+        if full {
+            let listed: HashSet<&str> = changes
+                .iter()
+                .map(|c| match c {
+                    RemoteChange::Put { id, .. } | RemoteChange::Delete { id } => id.as_str(),
+                })
+                .collect();
+            let gone: Vec<String> = st
+                .runtime
+                .keys()
+                .chain(st.skipped.keys())
+                .filter(|id| !listed.contains(id.as_str()))
+                .cloned()
+                .collect();
+            for id in gone {
+                set_wide |= remove(st, &mut edit, &id);
+                touched.extend(SandboxId::new(&id).ok());
+            }
+        }
+        for change in changes {
+            match change {
+                RemoteChange::Put { id, text, revision } => {
+                    let unchanged = st.runtime.get(&id).is_some_and(|r| r.revision == revision)
+                        || (!full && st.skipped.get(&id).is_some_and(|(r, _)| *r == revision));
+                    if unchanged {
+                        continue;
+                    }
+                    let checked = check_remote(st, &id, &text);
+                    set_wide |= remove(st, &mut edit, &id);
+                    let admitted = checked.and_then(|(binding, json)| {
+                        edit.put(&binding)
+                            .map_err(|e| format!("cannot compile: {e}"))?;
+                        Ok((binding, json))
+                    });
+                    match admitted {
+                        Ok((binding, json)) => {
+                            set_wide |= !binding.sources.is_empty();
+                            st.runtime.insert(
+                                id.clone(),
+                                Registered {
+                                    binding,
+                                    json,
+                                    revision,
+                                },
+                            );
+                        }
+                        Err(why) => {
+                            tracing::error!(sandbox = %id, revision, error = %why, "control plane: value skipped; the sandbox is not in force");
+                            st.skipped.insert(id.clone(), (revision, why));
+                            applied.skipped += 1;
+                        }
+                    }
+                    touched.extend(SandboxId::new(&id).ok());
+                }
+                RemoteChange::Delete { id } => {
+                    if st.runtime.contains_key(&id) || st.skipped.contains_key(&id) {
+                        set_wide |= remove(st, &mut edit, &id);
+                        touched.extend(SandboxId::new(&id).ok());
+                    }
+                }
+            }
+        }
+        applied.changed = touched.len();
+        if touched.is_empty() {
+            return applied;
+        }
+        let scope = if set_wide {
+            Scope::All
+        } else {
+            Scope::Sandboxes(&touched)
+        };
+        self.publish(edit.finish(), scope);
+        applied
+    }
+}
+
+/// The revision at which the key of `id` was last seen (0: never, or removed since).
+fn seen(st: &crate::control::State, id: &str) -> i64 {
+    st.runtime
+        .get(id)
+        .map(|r| r.revision)
+        .or_else(|| st.skipped.get(id).map(|(r, _)| *r))
+        .unwrap_or(0)
+}
+
+/// Remove `id` from the registrations and from `edit`; whether it had `sources` (then
+/// every exchange must re-check, not only its own).
+fn remove(st: &mut crate::control::State, edit: &mut SetEdit, id: &str) -> bool {
+    st.skipped.remove(id);
+    match st.runtime.remove(id) {
+        Some(old) => {
+            edit.remove(id);
+            !old.binding.sources.is_empty()
+        }
+        None => false,
+    }
+}
+
+/// Validate a value read from etcd (no room check: every replica must reach the same set).
+fn check_remote(
+    st: &crate::control::State,
+    id: &str,
+    text: &str,
+) -> Result<(Arc<crate::config::Binding>, String), String> {
+    let sid = SandboxId::new(id).map_err(|e| format!("the key names no valid sandbox id: {e}"))?;
+    if st.config.bindings.iter().any(|b| b.id == sid.as_str()) {
+        return Err(format!(
+            "sandbox {id} is defined in {}; a registration cannot override it",
+            st.config.origin
+        ));
+    }
+    let (binding, json) = st
+        .config
+        .parse_runtime_binding(text, &format!("etcd (sandbox {id})"), id)
+        .map_err(|e| e.to_string())?;
+    if let Some(clash) = overlapping_source(&st.config, &st.runtime, id, &binding) {
+        return Err(clash);
+    }
+    Ok((Arc::new(binding), json))
+}

@@ -1,0 +1,453 @@
+//! The DNS listener (`listen.dns`, UDP and TCP on one address): a filtering resolver per
+//! sandbox, built on hickory-server. A query is answered only as far as the sandbox's policy
+//! could use the answer, so DNS carries nothing a connection could not:
+//!
+//! - the client is identified by source address (or `listen.default_sandbox`); anyone else
+//!   gets `REFUSED`, as does a sandbox over `limits.dns_queries_per_second`;
+//! - A and AAAA: a name a name rule could allow (on any port), or any name under
+//!   `network.mode: allow-all`, is resolved by the proxy's resolver and answered with the
+//!   final addresses under the name asked (CNAMEs flattened), the TTL capped at
+//!   `dns.max_answer_ttl_s`, and every address the guard or a deny rule would refuse removed.
+//!   A name only address rules could allow is answered only when every address is covered;
+//! - HTTPS and SVCB: an empty answer (no ECH configuration, so the SNI stays readable);
+//! - any other type: `REFUSED`, unless listed in `dns.pass_types` (then passed for names a
+//!   name rule could allow);
+//! - a name the policy refuses: `NXDOMAIN` without an SOA record (so no cache keeps it past a
+//!   policy change) and, to clients that speak EDNS, an Extended DNS Error "Blocked" saying
+//!   why. NXDOMAIN rather than REFUSED because stub resolvers walk their search list on
+//!   NXDOMAIN but give up on REFUSED: with Kubernetes' `ndots: 5`, `github.com` is first
+//!   asked as `github.com.<ns>.svc.cluster.local`, and a REFUSED there would fail the lookup
+//!   of an allowed name. `enforcement: report` answers and records `report`.
+//!
+//! Each answer is remembered (see [`crate::dns::memory`]) so the transparent listener can
+//! decide a nameless connection by the name the sandbox resolved. One audit record per query
+//! (`mode: "dns"`), `egress_dns_queries_total{sandbox,decision}`.
+
+use std::borrow::Cow;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use hickory_proto::op::{Edns, Header, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::opt::EdnsOption;
+use hickory_proto::rr::rdata::{A, AAAA};
+use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
+use hickory_proto::xfer::Protocol;
+use hickory_server::authority::MessageResponseBuilder;
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+
+use crate::audit::outcome::Mode;
+use crate::audit::record::DnsFacts;
+use crate::audit::Record as AuditRecord;
+use crate::config::AuditDns;
+use crate::egress::identity::identify;
+use crate::egress::resolve::{Family, ResolveError};
+use crate::policy::dns_view::NameView;
+use crate::policy::hostname::normalize_name;
+use crate::policy::reason::Reason;
+use crate::policy::set::{PolicySet, Sandbox};
+use crate::policy::{Decision, Enforcement, Verdict};
+use crate::server::shared::Shared;
+
+/// EDNS option code of an Extended DNS Error (RFC 8914).
+const EDE_OPTION: u16 = 15;
+/// EDE info codes: Blocked (15), Prohibited (18).
+const EDE_BLOCKED: u16 = 15;
+const EDE_PROHIBITED: u16 = 18;
+/// The UDP payload this listener advertises (the DNS flag day 2020 value).
+const MAX_UDP_PAYLOAD: u16 = 1232;
+
+/// The request handler hickory-server calls for every query.
+pub struct DnsListener {
+    pub shared: Arc<Shared>,
+}
+
+/// What to send back, and what the record says.
+struct Reply {
+    rcode: ResponseCode,
+    records: Vec<Record>,
+    /// Extended DNS Error: info code and text.
+    ede: Option<(u16, String)>,
+}
+
+impl Reply {
+    fn code(rcode: ResponseCode) -> Self {
+        Reply {
+            rcode,
+            records: Vec::new(),
+            ede: None,
+        }
+    }
+
+    fn explained(rcode: ResponseCode, code: u16, text: String) -> Self {
+        Reply {
+            rcode,
+            records: Vec::new(),
+            ede: Some((code, text)),
+        }
+    }
+}
+
+/// What kind of answer a query type gets.
+enum Asked {
+    Addresses(Family),
+    /// HTTPS / SVCB: always empty.
+    Empty,
+    /// A type of `dns.pass_types`.
+    Pass(RecordType),
+    /// Anything else.
+    Refused,
+}
+
+#[async_trait::async_trait]
+impl RequestHandler for DnsListener {
+    async fn handle_request<R: ResponseHandler>(
+        &self,
+        request: &Request,
+        mut response_handle: R,
+    ) -> ResponseInfo {
+        let mut header = Header::response_from_request(request.header());
+        header.set_recursion_available(true);
+        header.set_authoritative(false);
+        let reply = if self.shared.sink.log.saturated() {
+            // Nothing can be recorded: answer nothing useful, record nothing (counted).
+            self.shared.metrics().audit_backpressure();
+            Reply::code(ResponseCode::ServFail)
+        } else {
+            self.answer(request).await
+        };
+        header.set_response_code(reply.rcode);
+        let mut builder = MessageResponseBuilder::from_message_request(request);
+        if request.edns().is_some() {
+            let mut edns = Edns::new();
+            edns.set_max_payload(MAX_UDP_PAYLOAD);
+            if let Some((code, text)) = &reply.ede {
+                let mut data = code.to_be_bytes().to_vec();
+                data.extend_from_slice(text.as_bytes());
+                edns.options_mut()
+                    .insert(EdnsOption::Unknown(EDE_OPTION, data));
+            }
+            builder.edns(edns);
+        }
+        let response = builder.build(header, reply.records.iter(), [], [], []);
+        match response_handle.send_response(response).await {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::debug!(error = %e, "dns: cannot send a response");
+                ResponseInfo::from(header)
+            }
+        }
+    }
+}
+
+/// The audit record of one query, filled as the query is handled and written at the end.
+struct QueryRecord {
+    record: AuditRecord,
+    facts: DnsFacts,
+    started: Instant,
+}
+
+impl QueryRecord {
+    fn decision(&mut self, d: &Decision) {
+        self.record.verdict = d.verdict;
+        self.record.reason = d.reason;
+        self.record.rule = d.rule.clone();
+    }
+
+    fn detail(&mut self, d: impl Into<Cow<'static, str>>) {
+        self.record.detail = Some(d.into());
+    }
+}
+
+impl DnsListener {
+    /// Decide and answer one request; record and count it.
+    async fn answer(&self, request: &Request) -> Reply {
+        let shared = &self.shared;
+        let set = shared.policy.load();
+        let transport = match request.protocol() {
+            Protocol::Tcp => "tcp",
+            _ => "udp",
+        };
+        let mut q = QueryRecord {
+            record: AuditRecord::new(
+                shared.next_conn_id(),
+                request.src(),
+                Mode::Dns,
+                set.version_arc(),
+            ),
+            facts: DnsFacts {
+                name: "".into(),
+                qtype: "".into(),
+                rcode: "",
+                answers: Vec::new(),
+                passed: 0,
+                ttl: None,
+                transport,
+            },
+            started: Instant::now(),
+        };
+        let reply = self.decide(request, &set, &mut q).await;
+        q.facts.rcode = rcode_name(reply.rcode);
+        self.finish(q);
+        reply
+    }
+
+    async fn decide(&self, request: &Request, set: &PolicySet, q: &mut QueryRecord) -> Reply {
+        let shared = &self.shared;
+        if request.message_type() != MessageType::Query || request.op_code() != OpCode::Query {
+            q.detail("not a standard query");
+            return Reply::code(ResponseCode::NotImp);
+        }
+        let Ok(info) = request.request_info() else {
+            q.detail("a query must ask exactly one question");
+            return Reply::code(ResponseCode::FormErr);
+        };
+        let query = info.query.original();
+        let rtype = query.query_type();
+        q.facts.qtype = rtype.to_string().into();
+        let asked = query.name().to_ascii();
+        let asked = asked.trim_end_matches('.');
+        let name = normalize_name(asked);
+        q.facts.name = match &name {
+            Ok(n) => n.as_str().into(),
+            Err(_) => asked.to_ascii_lowercase().into(),
+        };
+
+        // 1. Who asks.
+        let default = shared.settings.default_sandbox.as_deref();
+        let who = match identify(set, None, request.src().ip(), default) {
+            Ok(w) => w,
+            Err(refused) => {
+                q.record.identity = refused.method;
+                q.decision(&Decision::deny(refused.reason, None));
+                q.detail("no sandbox has this source address");
+                return Reply::code(ResponseCode::Refused);
+            }
+        };
+        let sb = who.sandbox.clone();
+        q.record.identity = who.method;
+        q.record.sandbox = Some(sb.binding.id.clone());
+
+        // 2. Its query rate.
+        let limiter = sb.limiter(&shared.limiters);
+        if limiter.admit_query(shared.limiters.now()).is_err() {
+            shared.metrics().rate_limited(&sb.binding.id, "dns");
+            q.decision(&Decision::deny(Reason::RateLimited, None));
+            q.detail("over limits.dns_queries_per_second");
+            return Reply::code(ResponseCode::Refused);
+        }
+
+        // 3. The question: class IN, a type this listener answers, a valid name.
+        if query.query_class() != DNSClass::IN {
+            q.decision(&Decision::deny(Reason::ProtocolNotAllowed, None));
+            q.detail("only class IN is answered");
+            return Reply::code(ResponseCode::Refused);
+        }
+        let kind = match rtype {
+            RecordType::A => Asked::Addresses(Family::V4),
+            RecordType::AAAA => Asked::Addresses(Family::V6),
+            RecordType::HTTPS | RecordType::SVCB => Asked::Empty,
+            t if shared.resolver().pass_types.contains(&u16::from(t)) => Asked::Pass(t),
+            _ => Asked::Refused,
+        };
+        if let Asked::Refused = kind {
+            q.decision(&Decision::deny(Reason::ProtocolNotAllowed, None));
+            let text = format!("egress-proxy: {rtype} queries are not answered (dns.pass_types)");
+            q.detail(text.clone());
+            return Reply::explained(ResponseCode::Refused, EDE_PROHIBITED, text);
+        }
+        let name = match name {
+            Ok(n) => n,
+            Err(e) => {
+                q.decision(&Decision::deny(Reason::InvalidTarget, None));
+                let text = format!("egress-proxy: not a valid host name: {e}");
+                q.detail(text.clone());
+                return Reply::explained(ResponseCode::NXDomain, EDE_BLOCKED, text);
+            }
+        };
+
+        // 4. What the policy lets this sandbox learn about the name.
+        let report = sb.binding.enforcement == Enforcement::Report;
+        let view = set.dns_view(&sb, &name);
+        let (decision, address_only) = match view {
+            NameView::Named(rule) => (Decision::allow(Reason::RuleMatched, Some(rule)), false),
+            NameView::AllowAll => (Decision::allow(Reason::AllowAllMode, None), false),
+            NameView::AddressRules => (Decision::allow(Reason::RuleMatched, None), true),
+            NameView::Refused(d) if report && d.reason.reportable() => (
+                Decision {
+                    verdict: Verdict::Report,
+                    ..d
+                },
+                false,
+            ),
+            NameView::Refused(d) => {
+                q.decision(&d);
+                return self.blocked(&sb, &name, &d, q);
+            }
+        };
+        q.decision(&decision);
+
+        let family = match kind {
+            Asked::Addresses(f) => f,
+            Asked::Empty => return Reply::code(ResponseCode::NoError),
+            Asked::Pass(t) if address_only => {
+                let d = Decision::deny(Reason::NoRuleMatched, None);
+                q.decision(&d);
+                q.detail(format!("{t} is passed only for names a name rule allows"));
+                return self.blocked(&sb, &name, &d, q);
+            }
+            Asked::Pass(t) => return self.pass(&name, t, q).await,
+            Asked::Refused => return Reply::code(ResponseCode::Refused),
+        };
+
+        // 5. Resolve, then keep only what a connection could reach.
+        let resolver = shared.resolver();
+        let t = Instant::now();
+        let found = resolver.lookup_family(&name, family).await;
+        shared
+            .metrics()
+            .observe(crate::audit::metrics::Timing::Dns, t);
+        let found = match found {
+            Ok(f) => f,
+            Err(e) => return self.resolve_failed(e, q),
+        };
+        q.record.resolved = found.addrs.clone();
+        if address_only && !found.addrs.iter().all(|ip| sb.policy.covers_address(*ip)) {
+            let d = Decision::deny(Reason::NoRuleMatched, None);
+            q.decision(&d);
+            return self.blocked(&sb, &name, &d, q);
+        }
+        let kept: Vec<IpAddr> = found
+            .addrs
+            .iter()
+            .copied()
+            .filter(|ip| sb.policy.answerable(*ip, &set.guard))
+            .collect();
+        let ttl = found.ttl.min(resolver.max_answer_ttl).as_secs() as u32;
+        q.facts.ttl = Some(ttl);
+        if kept.is_empty() && !found.addrs.is_empty() {
+            let d = Decision::deny(Reason::DestinationIpProhibited, None);
+            q.decision(&d);
+            let text = format!(
+                "egress-proxy: every address of {name} is refused (private, metadata, reserved or denied)"
+            );
+            q.detail(text.clone());
+            return Reply::explained(ResponseCode::NoError, EDE_BLOCKED, text);
+        }
+        if kept.len() < found.addrs.len() {
+            q.detail("addresses the guard or a deny rule refuses were removed");
+        }
+        shared.dns_memory.remember(
+            &sb.binding.id,
+            &name,
+            &kept,
+            Duration::from_secs(ttl.into()),
+        );
+        let owner = query.name().clone();
+        let records = kept
+            .iter()
+            .map(|ip| {
+                let data = match ip {
+                    IpAddr::V4(v4) => RData::A(A(*v4)),
+                    IpAddr::V6(v6) => RData::AAAA(AAAA(*v6)),
+                };
+                Record::from_rdata(owner.clone(), ttl, data)
+            })
+            .collect();
+        q.facts.answers = kept;
+        Reply {
+            rcode: ResponseCode::NoError,
+            records,
+            ede: None,
+        }
+    }
+
+    /// A refused name: NXDOMAIN without SOA, and why.
+    fn blocked(&self, sb: &Sandbox, name: &str, d: &Decision, q: &mut QueryRecord) -> Reply {
+        let why = d.explain(&sb.binding.id, sb.policy.file(), 0);
+        let text = format!("egress-proxy: {name}: {why}");
+        if q.record.detail.is_none() {
+            q.detail("refused by policy: no upstream query was made");
+        }
+        Reply::explained(ResponseCode::NXDomain, EDE_BLOCKED, text)
+    }
+
+    /// The resolver could not answer an allowed name.
+    fn resolve_failed(&self, e: ResolveError, q: &mut QueryRecord) -> Reply {
+        let rcode = match e {
+            ResolveError::NotFound => ResponseCode::NXDomain,
+            ResolveError::NoData => ResponseCode::NoError,
+            ResolveError::Timeout | ResolveError::Failed(_) => ResponseCode::ServFail,
+        };
+        if let ResolveError::Failed(text) = &e {
+            q.detail(text.clone());
+        }
+        if rcode != ResponseCode::NoError {
+            q.decision(&Decision::deny(e.reason(), None));
+        }
+        Reply::code(rcode)
+    }
+
+    /// A `dns.pass_types` query for a name a name rule allows: the resolver's records, TTLs
+    /// capped.
+    async fn pass(&self, name: &str, rtype: RecordType, q: &mut QueryRecord) -> Reply {
+        let resolver = self.shared.resolver();
+        match resolver.lookup_records(name, rtype).await {
+            Ok((mut records, ttl)) => {
+                let cap = resolver.max_answer_ttl.as_secs() as u32;
+                let ttl = (ttl.as_secs() as u32).min(cap);
+                for r in &mut records {
+                    let t = r.ttl().min(cap);
+                    r.set_ttl(t);
+                }
+                q.facts.ttl = Some(ttl);
+                q.facts.passed = records.len();
+                Reply {
+                    rcode: ResponseCode::NoError,
+                    records,
+                    ede: None,
+                }
+            }
+            Err(e) => self.resolve_failed(e, q),
+        }
+    }
+
+    /// Count the query and write its record (all, or only refusals with `audit.dns: denied`).
+    fn finish(&self, q: QueryRecord) {
+        let QueryRecord {
+            mut record,
+            facts,
+            started,
+        } = q;
+        let sandbox = record.sandbox.clone();
+        self.shared
+            .metrics()
+            .dns_query(sandbox.as_ref().map(|s| s.as_str()), record.verdict);
+        if self.shared.settings.audit_dns == AuditDns::Denied && record.verdict == Verdict::Allow {
+            return;
+        }
+        record.dns = Some(Box::new(facts));
+        self.shared.sink.log.write(crate::audit::record::Entry {
+            event: crate::audit::record::Event::End,
+            at: SystemTime::now(),
+            record,
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: started.elapsed().as_millis() as u64,
+            close: None,
+        });
+    }
+}
+
+/// The record's spelling of a response code.
+fn rcode_name(rcode: ResponseCode) -> &'static str {
+    match rcode {
+        ResponseCode::NoError => "NOERROR",
+        ResponseCode::FormErr => "FORMERR",
+        ResponseCode::ServFail => "SERVFAIL",
+        ResponseCode::NXDomain => "NXDOMAIN",
+        ResponseCode::NotImp => "NOTIMP",
+        ResponseCode::Refused => "REFUSED",
+        _ => "OTHER",
+    }
+}

@@ -1,0 +1,5 @@
+//! The filtering resolver (`listen.dns`): answers a sandbox only what its policy could use,
+//! and remembers each answer so transparent mode can name a nameless connection.
+
+pub(crate) mod listener;
+pub(crate) mod memory;

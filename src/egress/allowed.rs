@@ -1,0 +1,21 @@
+//! What the decision stages hand to a relay: an allowed request or connection, dialled, with
+//! its audit guard, its grant (what the relay watches) and its place under the sandbox's
+//! limits.
+
+use std::sync::Arc;
+
+use crate::audit::AuditGuard;
+use crate::egress::limits::ConnectionSlot;
+use crate::egress::Dialed;
+use crate::policy::set::Sandbox;
+use crate::relay::watch::Grant;
+
+/// An allowed, dialled request: everything the tunnel or the forwarder needs.
+pub struct Allowed {
+    pub audit: AuditGuard,
+    pub sandbox: Arc<Sandbox>,
+    pub grant: Grant,
+    pub dialed: Dialed,
+    /// The sandbox's concurrent-connection slot, held until the exchange ends.
+    pub slot: ConnectionSlot,
+}

@@ -1,0 +1,253 @@
+//! Which sandbox a connection belongs to (DESIGN §4), tried in order — the first method that
+//! applies decides, and a failed credential never falls through to a weaker method:
+//! 1. `Proxy-Authorization: Basic` (user = sandbox id, password = token; SHA-256 compared in
+//!    constant time), 2. the client's source address in a sandbox's `sources`, 3. the
+//!    listener's `default_sandbox`, 4. nothing → `auth_required` (407 with a challenge).
+//!
+//! Tokens are never stored, logged or echoed: only their digests are compared.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use base64::Engine;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::policy::set::{PolicySet, Sandbox};
+use crate::policy::Reason;
+
+/// How the sandbox was identified (the audit record's `identity`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// A verified client certificate on the TLS proxy listener.
+    Certificate,
+    Token,
+    Source,
+    Default,
+    None,
+}
+
+impl Method {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Certificate => "certificate",
+            Method::Token => "token",
+            Method::Source => "source",
+            Method::Default => "default",
+            Method::None => "none",
+        }
+    }
+}
+
+/// The sandbox and how it was found.
+#[derive(Debug, Clone)]
+pub struct Identified {
+    pub sandbox: Arc<Sandbox>,
+    pub method: Method,
+    /// What was presented, so the identity can be checked again under a later policy.
+    pub proof: Proof,
+}
+
+/// How a connection proved which sandbox it belongs to; it stays valid only while a policy
+/// set would still identify it the same way ([`Proof::still_identifies`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proof {
+    /// A verified client certificate named the sandbox (valid while the sandbox exists).
+    Certificate,
+    /// The SHA-256 of the token presented in `Proxy-Authorization`.
+    Token([u8; 32]),
+    /// The client's source address matched the sandbox's `sources`.
+    Source(IpAddr),
+    /// No credential and no source match: the listener's default sandbox.
+    Default(IpAddr),
+}
+
+impl Proof {
+    /// Whether `set` would still identify this client as `sandbox` (a rotated token, a moved
+    /// `sources` range or a new sandbox claiming the address end the identity).
+    pub fn still_identifies(&self, set: &PolicySet, sandbox: &str) -> bool {
+        let Some(sb) = set.get(sandbox) else {
+            return false;
+        };
+        match self {
+            Proof::Certificate => true,
+            Proof::Token(presented) => sb
+                .binding
+                .token_sha256
+                .is_some_and(|expected| bool::from(presented.ct_eq(&expected))),
+            Proof::Source(ip) => set.by_source(*ip).is_some_and(|s| s.binding.id == sandbox),
+            Proof::Default(ip) => set.by_source(*ip).is_none(),
+        }
+    }
+}
+
+/// A refusal: the reason and, for `unknown_sandbox`/`auth_failed`, nothing more — the
+/// claimed id is not echoed into labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    pub reason: Reason,
+    pub method: Method,
+}
+
+/// Identify a connection by the sandbox id its verified client certificate names: a
+/// configured sandbox, or a refusal (never a fall-through to a weaker method).
+pub fn by_certificate(set: &PolicySet, named: Option<&str>) -> Result<Identified, Refused> {
+    let refused = Refused {
+        reason: Reason::UnknownSandbox,
+        method: Method::Certificate,
+    };
+    let sandbox = named.and_then(|id| set.get(id)).ok_or(refused)?;
+    Ok(Identified {
+        sandbox: sandbox.clone(),
+        method: Method::Certificate,
+        proof: Proof::Certificate,
+    })
+}
+
+/// Identify a connection. `proxy_authorization` is the raw header value, if any.
+pub fn identify(
+    set: &PolicySet,
+    proxy_authorization: Option<&[u8]>,
+    client: IpAddr,
+    default_sandbox: Option<&str>,
+) -> Result<Identified, Refused> {
+    if let Some(value) = proxy_authorization {
+        let refused = |reason| Refused {
+            reason,
+            method: Method::Token,
+        };
+        let (user, token) = parse_basic(value).ok_or(refused(Reason::AuthFailed))?;
+        let sandbox = set.get(&user).ok_or(refused(Reason::UnknownSandbox))?;
+        let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let ok = match &sandbox.binding.token_sha256 {
+            Some(expected) => bool::from(presented.ct_eq(expected)),
+            None => false,
+        };
+        return if ok {
+            Ok(Identified {
+                sandbox: sandbox.clone(),
+                method: Method::Token,
+                proof: Proof::Token(presented),
+            })
+        } else {
+            Err(refused(Reason::AuthFailed))
+        };
+    }
+    if let Some(sandbox) = set.by_source(client) {
+        return Ok(Identified {
+            sandbox: sandbox.clone(),
+            method: Method::Source,
+            proof: Proof::Source(client),
+        });
+    }
+    if let Some(id) = default_sandbox {
+        if let Some(sandbox) = set.get(id) {
+            return Ok(Identified {
+                sandbox: sandbox.clone(),
+                method: Method::Default,
+                proof: Proof::Default(client),
+            });
+        }
+    }
+    Err(Refused {
+        reason: Reason::AuthRequired,
+        method: Method::None,
+    })
+}
+
+/// `Basic base64(user:password)` → (user, password). Anything else is `None`.
+fn parse_basic(value: &[u8]) -> Option<(String, String)> {
+    let text = std::str::from_utf8(value).ok()?.trim();
+    let (scheme, rest) = text.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(rest.trim())
+        .ok()?;
+    let decoded = String::from_utf8(decoded).ok()?;
+    let (user, password) = decoded.split_once(':')?;
+    Some((user.to_string(), password.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_str;
+    use std::path::Path;
+
+    fn set() -> PolicySet {
+        let digest = hex::encode(Sha256::digest(b"tok-a"));
+        let text = format!(
+            "listen: {{ default_sandbox: side }}\nsandboxes:\n  - {{ id: a, auth: {{ token_sha256: {digest} }}, policy: {{ provider: local, config: {{}} }} }}\n  - {{ id: b, sources: [10.0.0.0/8], policy: {{ provider: local, config: {{}} }} }}\n  - {{ id: side, policy: {{ provider: local, config: {{}} }} }}\n"
+        );
+        let c = load_str(&text, "t", Path::new("."), None).unwrap();
+        PolicySet::compile(&c, &[], vec![]).unwrap()
+    }
+
+    fn basic(user: &str, pass: &str) -> Vec<u8> {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn order_and_no_fallthrough() {
+        let s = set();
+        let src: IpAddr = "10.1.1.1".parse().unwrap();
+        let other: IpAddr = "192.0.2.1".parse().unwrap();
+        let id = identify(&s, Some(&basic("a", "tok-a")), src, Some("side")).unwrap();
+        assert_eq!(
+            (id.sandbox.binding.id.as_str(), id.method),
+            ("a", Method::Token)
+        );
+        // A wrong token does not fall through to the source or the default.
+        assert_eq!(
+            identify(&s, Some(&basic("a", "nope")), src, Some("side"))
+                .unwrap_err()
+                .reason,
+            Reason::AuthFailed
+        );
+        assert_eq!(
+            identify(&s, Some(&basic("ghost", "x")), src, None)
+                .unwrap_err()
+                .reason,
+            Reason::UnknownSandbox
+        );
+        // A sandbox without a token cannot be claimed with credentials.
+        assert_eq!(
+            identify(&s, Some(&basic("b", "")), src, None)
+                .unwrap_err()
+                .reason,
+            Reason::AuthFailed
+        );
+        assert_eq!(
+            identify(&s, Some(b"Bearer xyz"), src, None)
+                .unwrap_err()
+                .reason,
+            Reason::AuthFailed
+        );
+        assert_eq!(
+            identify(&s, Some(b"Basic !!!"), src, None)
+                .unwrap_err()
+                .reason,
+            Reason::AuthFailed
+        );
+        let id = identify(&s, None, src, Some("side")).unwrap();
+        assert_eq!(
+            (id.sandbox.binding.id.as_str(), id.method),
+            ("b", Method::Source)
+        );
+        let id = identify(&s, None, other, Some("side")).unwrap();
+        assert_eq!(
+            (id.sandbox.binding.id.as_str(), id.method),
+            ("side", Method::Default)
+        );
+        assert_eq!(
+            identify(&s, None, other, None).unwrap_err().reason,
+            Reason::AuthRequired
+        );
+    }
+}

@@ -1,0 +1,238 @@
+//! The middle of the pipeline, shared by both data-plane listeners and by `check` /
+//! `POST /v1/check`: [`decide`] on the name, resolve once, decide on every resolved address
+//! (address rules, then the guard); then [`dial`] only an address that was checked — never
+//! re-resolving between check and dial. Because `check` calls the same [`decide`], its answer
+//! is the data plane's by construction.
+
+pub(crate) mod admission;
+pub(crate) mod allowed;
+pub(crate) mod identity;
+pub mod limits;
+pub mod resolve;
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpStream;
+
+use crate::audit::metrics::{Metrics, Timing};
+use crate::egress::identity::Identified;
+use crate::egress::resolve::{ResolveError, Resolver};
+use crate::policy::guard::GuardVerdict;
+use crate::policy::reason::Reason;
+use crate::policy::set::{PolicySet, Sandbox};
+use crate::policy::target::{Host, Target};
+use crate::policy::{Decision, Verdict};
+use crate::relay::watch::Grant;
+
+/// What [`decide`] found out.
+#[derive(Debug, Clone)]
+pub struct Decided {
+    /// The verdict; when it proceeds, `dial` is not empty (or addresses were not consulted).
+    pub decision: Decision,
+    /// Addresses that passed the guard, in resolver order: the only ones that may be dialled.
+    pub dial: Vec<IpAddr>,
+    /// What the name resolved to (empty for IP literals and when nothing was resolved).
+    pub resolved: Vec<IpAddr>,
+    /// Addresses the guard refused, with its verdict.
+    pub guard_refused: Vec<(IpAddr, GuardVerdict)>,
+    /// Transparent mode: whether the client's original destination is a resolved address.
+    pub dst_in_resolved: Option<bool>,
+    /// Why the resolver failed, when it did.
+    pub resolver_error: Option<ResolveError>,
+    /// False when a name was decided without resolving it (no resolver given) although
+    /// address rules could have changed the answer.
+    pub addresses_consulted: bool,
+}
+
+impl Decided {
+    /// Whether the connection may go ahead (allowed, or reported).
+    pub fn proceeds(&self) -> bool {
+        self.decision.verdict.proceeds()
+    }
+
+    fn refused(decision: Decision) -> Self {
+        Decided {
+            decision,
+            dial: Vec::new(),
+            resolved: Vec::new(),
+            guard_refused: Vec::new(),
+            dst_in_resolved: None,
+            resolver_error: None,
+            addresses_consulted: true,
+        }
+    }
+}
+
+/// How to look addresses up: the resolver (none: decide on names alone, no I/O), and where to
+/// count timings (none for `check`).
+#[derive(Clone, Copy)]
+pub struct Lookup<'a> {
+    pub resolver: Option<&'a Resolver>,
+    pub metrics: Option<&'a Metrics>,
+}
+
+impl Lookup<'_> {
+    fn observe(&self, which: Timing, since: Instant) {
+        if let Some(m) = self.metrics {
+            m.observe(which, since);
+        }
+    }
+}
+
+/// Decide on `target` for `sb`. In transparent mode `original_dst` is the address the client
+/// chose: whether it is among the resolved addresses is reported, and with `strict_sni_dst` a
+/// mismatch is refused.
+pub async fn decide(
+    set: &PolicySet,
+    sb: &Sandbox,
+    target: &Target,
+    original_dst: Option<IpAddr>,
+    lookup: Lookup<'_>,
+) -> Decided {
+    let t0 = Instant::now();
+    let first = set.decide(sb, target, None);
+    lookup.observe(Timing::Decision, t0);
+    if first.decision.verdict == Verdict::Deny && !first.needs_addresses {
+        return Decided::refused(first.decision);
+    }
+    let mut resolved = Vec::new();
+    let mut dst_in_resolved = None;
+    let outcome = match (&target.host, lookup.resolver) {
+        (Host::Name(_), None) => {
+            // Names alone: the first answer is final, but say what was not consulted.
+            let mut d = Decided::refused(first.decision);
+            d.addresses_consulted = !first.needs_addresses;
+            return d;
+        }
+        (Host::Ip(_), _) => first,
+        (Host::Name(name), Some(resolver)) => {
+            let t1 = Instant::now();
+            let answer = resolver.resolve(name).await;
+            lookup.observe(Timing::Dns, t1);
+            resolved = match answer {
+                Ok(a) => a,
+                Err(e) => {
+                    // A name no name rule allows was resolved only to try address rules: its
+                    // refusal is the policy's, not the resolver's.
+                    let refusal = if first.decision.verdict == Verdict::Deny {
+                        first.decision
+                    } else {
+                        Decision::deny(e.reason(), None)
+                    };
+                    let mut d = Decided::refused(refusal);
+                    d.resolver_error = Some(e);
+                    return d;
+                }
+            };
+            if let Some(orig) = original_dst {
+                let matched = resolved.contains(&orig);
+                dst_in_resolved = Some(matched);
+                if !matched && sb.binding.strict_sni_dst {
+                    let mut d = Decided::refused(Decision::deny(Reason::DestinationMismatch, None));
+                    d.resolved = resolved;
+                    d.dst_in_resolved = dst_in_resolved;
+                    return d;
+                }
+            }
+            let t2 = Instant::now();
+            let o = set.decide(sb, target, Some(&resolved));
+            lookup.observe(Timing::Decision, t2);
+            o
+        }
+    };
+    Decided {
+        decision: outcome.decision,
+        dial: outcome.dial,
+        resolved,
+        guard_refused: outcome.refused,
+        dst_in_resolved,
+        resolver_error: None,
+        addresses_consulted: true,
+    }
+}
+
+/// Transparent mode, a connection that carries no name: decide it as `name:port` for the first
+/// of `names` (what the DNS listener told the sandbox `ip` is) that a name rule allows, with
+/// `ip` as the only address, checked by the guard. `None` when no name allows it: the caller
+/// decides on the address as before.
+pub fn decide_by_answer(
+    set: &PolicySet,
+    sb: &Sandbox,
+    names: &[std::sync::Arc<str>],
+    ip: IpAddr,
+    port: u16,
+) -> Option<(Target, Decided)> {
+    for name in names {
+        let Ok(host) = Host::parse(name) else {
+            continue;
+        };
+        let target = Target { host, port };
+        let o = set.decide(sb, &target, Some(&[ip]));
+        if o.decision.verdict == Verdict::Allow {
+            let decided = Decided {
+                decision: o.decision,
+                dial: o.dial,
+                resolved: Vec::new(),
+                guard_refused: o.refused,
+                dst_in_resolved: Some(true),
+                resolver_error: None,
+                addresses_consulted: true,
+            };
+            return Some((target, decided));
+        }
+    }
+    None
+}
+
+/// A connection to a checked address.
+#[derive(Debug)]
+pub struct Dialed {
+    pub stream: TcpStream,
+    pub addr: SocketAddr,
+}
+
+impl Dialed {
+    /// What this connection was allowed to do, for the exchange to watch: the sandbox `who`
+    /// identified reaching `target` at the dialled address, decided under `set`.
+    pub fn grant(&self, who: &Identified, target: Target, set: &PolicySet) -> Grant {
+        Grant {
+            sandbox: who.sandbox.binding.id.clone(),
+            proof: who.proof,
+            target,
+            dialed: self.addr.ip(),
+            generation: set.generation(),
+        }
+    }
+}
+
+/// Connect to the first checked address that answers (`prefer` first when it is one of
+/// them), within `timeout` each.
+pub async fn dial(
+    addrs: &[IpAddr],
+    port: u16,
+    prefer: Option<IpAddr>,
+    timeout: Duration,
+    metrics: &Metrics,
+) -> Result<Dialed, Reason> {
+    let mut order = addrs.to_vec();
+    if let Some(i) = prefer.and_then(|p| order.iter().position(|a| *a == p)) {
+        order.swap(0, i);
+    }
+    let mut last = Reason::DestinationNotFound;
+    for ip in order {
+        let addr = SocketAddr::new(ip, port);
+        let t = Instant::now();
+        let r = tokio::time::timeout(timeout, TcpStream::connect(addr)).await;
+        metrics.observe(Timing::Dial, t);
+        match r {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                return Ok(Dialed { stream, addr });
+            }
+            Ok(Err(_)) => last = Reason::ConnectionRefused,
+            Err(_) => last = Reason::ConnectionTimeout,
+        }
+    }
+    Err(last)
+}

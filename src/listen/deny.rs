@@ -1,0 +1,242 @@
+//! Deny responses on the explicit proxy (DESIGN §6): status, `Proxy-Status` (RFC 9209) with
+//! the error type and `details`, and a short text body that tells an agent what was refused,
+//! for which sandbox, why, which file/rule to change — and that going around the proxy will
+//! not work. One builder serves every refusal, 429s included; [`wire`] renders the same
+//! response as raw HTTP/1.1 for the accept loop, which refuses before hyper is involved.
+//!
+//! Most CONNECT clients drop a refusal's headers and body and print only its status line, so
+//! the **reason phrase** says it too: `HTTP/1.1 403 egress-proxy: refused denied.example:443:
+//! not in network.egress of sandbox agent1 (policy.yaml) [no_rule_matched]` reaches the
+//! errors of wget, urllib, requests, pip, httpx, aiohttp, npm, Go and Java. One line of
+//! printable ASCII, at most [`MAX_PHRASE`] bytes, built from the same sanitised text as the
+//! body (no credentials: targets never carry userinfo).
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+
+use crate::policy::reason::Reason;
+use crate::relay::body::{self, Body};
+
+/// What to say in a refusal.
+pub struct Refusal<'a> {
+    pub reason: Reason,
+    /// `CONNECT host:port` or `GET http://…` (already sanitised, no credentials).
+    pub what: &'a str,
+    /// The sandbox, when identified.
+    pub sandbox: Option<&'a str>,
+    /// The explanation (`Decision::explain`).
+    pub explanation: &'a str,
+    /// Seconds for `Retry-After` on 429s (1 when not given).
+    pub retry_after: Option<u64>,
+}
+
+/// Longest reason phrase sent.
+pub const MAX_PHRASE: usize = 240;
+
+/// The reason phrase of a refusal: printable ASCII, one line, bounded.
+pub fn phrase(r: &Refusal<'_>) -> String {
+    let subject = r.what.strip_prefix("CONNECT ").unwrap_or(r.what);
+    let text = format!(
+        "egress-proxy: refused {subject}: {} [{}]",
+        r.explanation,
+        r.reason.code()
+    );
+    let mut out: String = text
+        .chars()
+        .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
+        .collect();
+    if out.len() > MAX_PHRASE {
+        out.truncate(MAX_PHRASE - 3);
+        out.push_str("...");
+    }
+    out
+}
+
+/// Keep printable ASCII only, and escape what an sf-string cannot hold.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out
+}
+
+/// Build the HTTP response for a refusal.
+pub fn response(r: &Refusal<'_>) -> Response<Body> {
+    let (parts, text) = build(r).into_parts();
+    Response::from_parts(parts, body::full(text))
+}
+
+/// The same response as HTTP/1.1 bytes (status line, headers, body).
+pub fn wire(r: &Refusal<'_>) -> Vec<u8> {
+    let resp = build(r);
+    let status = resp.status();
+    let mut out = format!("HTTP/1.1 {} {}\r\n", status.as_u16(), phrase(r)).into_bytes();
+    for (name, value) in resp.headers() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let text = resp.into_body();
+    out.extend_from_slice(format!("content-length: {}\r\n\r\n", text.len()).as_bytes());
+    out.extend_from_slice(&text);
+    out
+}
+
+fn build(r: &Refusal<'_>) -> Response<Bytes> {
+    let status = StatusCode::from_u16(r.reason.status()).unwrap_or(StatusCode::FORBIDDEN);
+    let who = r
+        .sandbox
+        .map(|s| format!(" for sandbox {s}"))
+        .unwrap_or_default();
+    let body = format!(
+        "egress-proxy refused {what}{who}.\nreason: {code}: {why}\n{hint}Retrying without the proxy will not work: this sandbox's network only leads through it.\n",
+        what = r.what,
+        code = r.reason.code(),
+        why = r.explanation,
+        hint = hint(r.reason),
+    );
+    let proxy_status = format!(
+        "egress-proxy; error={}; details=\"{}: {}\"",
+        r.reason.proxy_status_error(),
+        r.reason.code(),
+        sf_string(r.explanation)
+    );
+    let mut resp = Response::new(Bytes::from(body));
+    *resp.status_mut() = status;
+    if let Ok(p) = hyper::ext::ReasonPhrase::try_from(phrase(r)) {
+        resp.extensions_mut().insert(p);
+    }
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    if let Ok(v) = HeaderValue::from_str(&proxy_status) {
+        h.insert("proxy-status", v);
+    }
+    if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        h.insert(
+            header::PROXY_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"egress-proxy\""),
+        );
+    }
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        let secs = r.retry_after.unwrap_or(1).max(1);
+        h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    resp
+}
+
+fn hint(reason: Reason) -> &'static str {
+    match reason {
+        Reason::NoRuleMatched | Reason::PortNotAllowed | Reason::DenyAllMode => {
+            "To allow it, add the host (and port) to network.egress of this sandbox's policy; an operator must change it, not the agent.\n"
+        }
+        Reason::DeniedByRule => "The destination is explicitly denied by network.deny.\n",
+        Reason::AuthRequired | Reason::AuthFailed | Reason::UnknownSandbox => {
+            "Use HTTPS_PROXY=http://SANDBOX_ID:TOKEN@proxy:port with this sandbox's credentials.\n"
+        }
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reason_phrase_is_one_bounded_ascii_line() {
+        let r = Refusal {
+            reason: Reason::NoRuleMatched,
+            what: "CONNECT denied.example:443",
+            sandbox: Some("agent1"),
+            explanation: "not in network.egress of sandbox agent1 (policy.yaml)",
+            retry_after: None,
+        };
+        assert_eq!(
+            phrase(&r),
+            "egress-proxy: refused denied.example:443: not in network.egress of sandbox agent1 (policy.yaml) [no_rule_matched]"
+        );
+        let resp = response(&r);
+        let p = resp.extensions().get::<hyper::ext::ReasonPhrase>().unwrap();
+        assert_eq!(p.as_bytes(), phrase(&r).as_bytes());
+        let long = "x\r\ny\u{e9}".repeat(200);
+        let p = phrase(&Refusal {
+            explanation: &long,
+            ..r
+        });
+        assert!(p.len() <= MAX_PHRASE, "{}", p.len());
+        assert!(p.bytes().all(|b| (b' '..=b'~').contains(&b)), "{p}");
+        assert!(hyper::ext::ReasonPhrase::try_from(p).is_ok());
+    }
+
+    #[test]
+    fn headers_and_body() {
+        let r = response(&Refusal {
+            reason: Reason::NoRuleMatched,
+            what: "CONNECT evil.example:443",
+            sandbox: Some("demo"),
+            explanation: "not in network.egress of sandbox demo (config/proxy.yaml)",
+            retry_after: None,
+        });
+        assert_eq!(r.status(), 403);
+        assert_eq!(
+            r.headers()["proxy-status"],
+            "egress-proxy; error=http_request_denied; details=\"no_rule_matched: not in network.egress of sandbox demo (config/proxy.yaml)\""
+        );
+        let r = response(&Refusal {
+            reason: Reason::AuthRequired,
+            what: "CONNECT x:443",
+            sandbox: None,
+            explanation: "a \"quoted\"\u{7} thing",
+            retry_after: None,
+        });
+        assert_eq!(r.status(), 407);
+        assert_eq!(
+            r.headers()["proxy-authenticate"],
+            "Basic realm=\"egress-proxy\""
+        );
+        assert!(r.headers()["proxy-status"]
+            .to_str()
+            .unwrap()
+            .contains("a \\\"quoted\\\"? thing"));
+        let r = response(&Refusal {
+            reason: Reason::RateLimited,
+            what: "x",
+            sandbox: None,
+            explanation: "",
+            retry_after: Some(3),
+        });
+        assert_eq!(r.status(), 429);
+        assert_eq!(r.headers()["retry-after"], "3");
+        let raw = String::from_utf8(wire(&Refusal {
+            reason: Reason::ConnectionLimit,
+            what: "a connection",
+            sandbox: None,
+            explanation: "egress-proxy is at its connection limit",
+            retry_after: None,
+        }))
+        .unwrap();
+        assert!(
+            raw.starts_with("HTTP/1.1 429 egress-proxy: refused a connection: egress-proxy is at its connection limit [connection_limit]\r\n"),
+            "{raw}"
+        );
+        assert!(raw.contains("retry-after: 1\r\n"), "{raw}");
+        assert!(raw.contains("error=connection_limit_reached"), "{raw}");
+        let (head, text) = raw.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.contains(&format!("content-length: {}", text.len())),
+            "{raw}"
+        );
+    }
+}

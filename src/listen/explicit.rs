@@ -1,0 +1,663 @@
+//! The explicit proxy listener (`listen.proxy`): HTTP/1.1 `CONNECT host:port` tunnels and
+//! absolute-form request forwarding. One connection is served by [`serve`]; each request by
+//! [`handle`], top to bottom: read the target → identify the sandbox → admit it under its
+//! limits → decide, resolve once, decide on the addresses ([`crate::egress`]) → dial a
+//! checked address → tunnel (here) or forward ([`crate::relay::forward`]). Every refusal is a §6
+//! deny response built by [`crate::listen::deny`]; every request has one audit guard.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use http::{header, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::audit::{AuditGuard, Close, Mode};
+use crate::egress;
+use crate::egress::admission::UnidentifiedSlot;
+use crate::egress::allowed::Allowed;
+use crate::egress::identity::{self, identify};
+use crate::egress::resolve::ResolveError;
+use crate::listen::accept::Accepted;
+use crate::listen::client_io::ClientIo;
+use crate::listen::deny::{self, Refusal};
+use crate::listen::explicit_tls::ClientCert;
+use crate::policy::reason::Reason;
+use crate::policy::set::Sandbox;
+use crate::policy::target::Target;
+use crate::policy::{Decision, Enforcement};
+use crate::relay::abortable::{Abortable, Cut, OverTcp};
+use crate::relay::body::{self, Body};
+use crate::relay::tunnel::Relayed;
+use crate::server::shared::Shared;
+use crate::wire::first_bytes::{self, FirstBytes};
+use crate::wire::peek::Peeked;
+
+/// Largest request head accepted (hyper answers 431 beyond it).
+const MAX_HEAD: usize = 64 * 1024;
+
+/// One client connection, as its requests see it.
+pub struct ClientConn {
+    pub shared: Arc<Shared>,
+    pub accepted: Accepted,
+    /// Requests seen so far (the first one inherits the accept's id and start time).
+    requests: AtomicU64,
+    /// Its place among its address's unidentified connections, until a request identifies a
+    /// sandbox.
+    unidentified: Mutex<Option<UnidentifiedSlot>>,
+    /// Its place under the global cap, taken when a request first identifies a sandbox; a
+    /// tunnel takes it over, since the HTTP connection ends when the tunnel begins.
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
+    /// Whether a request identified a sandbox (the permit may since have gone to a tunnel).
+    identified: std::sync::atomic::AtomicBool,
+    /// Fired when a forwarded exchange is revoked (abort) or idles out (close): the client
+    /// connection is dropped at once.
+    pub cut: Arc<Cut>,
+    /// What the client's certificate says (TLS listener with client certificates).
+    cert: ClientCert,
+}
+
+impl ClientConn {
+    /// A request identified a sandbox: move from the address's unidentified allowance to the
+    /// global cap (once per connection). `false` when the cap is full.
+    fn identified(&self) -> bool {
+        if self.identified.load(Ordering::Acquire) {
+            return true;
+        }
+        let Some(permit) = self.shared.take_cap() else {
+            return false;
+        };
+        if let Ok(mut p) = self.permit.lock() {
+            *p = Some(permit);
+        }
+        self.identified.store(true, Ordering::Release);
+        if let Ok(mut u) = self.unidentified.lock() {
+            u.take();
+        }
+        true
+    }
+}
+
+/// Serve one client connection until it closes. `unidentified` is its place among its
+/// address's connections that have not identified a sandbox yet; `cert` what its client
+/// certificate (TLS listener) says.
+pub async fn serve(
+    shared: Arc<Shared>,
+    accepted: Accepted,
+    io: ClientIo,
+    unidentified: UnidentifiedSlot,
+    cert: ClientCert,
+) {
+    let _ = io.tcp().set_nodelay(true);
+    let stream = match io {
+        ClientIo::Tcp(stream) => stream,
+        // The TLS listener has checked the first bytes (the handshake, within first_byte_ms).
+        tls => return serve_http(shared, accepted, tls, unidentified, cert).await,
+    };
+    // A client that connects and says nothing holds its allowance only briefly.
+    let mut first = [0u8; 1];
+    let wait = shared.admissions.first_byte();
+    let silent = match tokio::time::timeout(wait, stream.peek(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => None,
+        Ok(Ok(_)) => Some((Close::Eof, "closed before sending a request")),
+        Ok(Err(_)) => Some((Close::Error, "connection error before a request")),
+        Err(_) => Some((
+            Close::Idle,
+            "nothing received within admission.first_byte_ms",
+        )),
+    };
+    if let Some((close, detail)) = silent {
+        let mut audit = shared.audit(&accepted, Mode::Connect, &shared.policy.load());
+        audit.close(close);
+        audit.detail(detail);
+        return;
+    }
+    if let Some(bad) = malformed_head(&stream).await {
+        return refuse_malformed(&shared, accepted, stream, bad).await;
+    }
+    serve_http(shared, accepted, ClientIo::Tcp(stream), unidentified, cert).await
+}
+
+/// Serve the HTTP requests of a connection (plain or TLS) until it closes.
+async fn serve_http(
+    shared: Arc<Shared>,
+    accepted: Accepted,
+    io: ClientIo,
+    unidentified: UnidentifiedSlot,
+    cert: ClientCert,
+) {
+    let conn = Arc::new(ClientConn {
+        shared: shared.clone(),
+        accepted,
+        requests: AtomicU64::new(0),
+        unidentified: Mutex::new(Some(unidentified)),
+        permit: Mutex::new(None),
+        identified: std::sync::atomic::AtomicBool::new(false),
+        cut: Cut::new(),
+        cert,
+    });
+    let svc = {
+        let conn = conn.clone();
+        service_fn(move |req| {
+            let conn = conn.clone();
+            async move { Ok::<_, Infallible>(handle(conn, req).await) }
+        })
+    };
+    let http = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(shared.settings.timeouts.header)
+        .max_buf_size(MAX_HEAD)
+        .max_header_size(MAX_HEAD)
+        .serve_connection(TokioIo::new(Abortable::new(io, conn.cut.clone())), svc)
+        .with_upgrades();
+    tokio::pin!(http);
+    let mut phase = shared.phase.subscribe();
+    let mut cut = conn.cut.subscribe();
+    let result = loop {
+        tokio::select! {
+            // Checked first: once a forwarded exchange is revoked, hyper must not get to
+            // answer the client (with a 502 for the upstream connection that was just cut).
+            biased;
+            // A forwarded exchange was revoked (or idled out): drop the connection, and with
+            // it the response; `Abortable` resets it if it was revoked.
+            _ = cut.changed() => return,
+            _ = phase.changed() => http.as_mut().graceful_shutdown(),
+            r = http.as_mut() => break r,
+        }
+    };
+    if conn.requests.load(Ordering::Relaxed) == 0 {
+        no_request(&conn, result.err());
+    }
+}
+
+/// A first request head that arrived whole but cannot be served: what it was and why.
+struct Malformed {
+    mode: Mode,
+    why: String,
+}
+
+/// Look (without reading) at the first request head, if it is all there: hyper would answer a
+/// head it cannot parse with a bare 400, so the proxy answers it itself, with Proxy-Status,
+/// a body and the right mode in the record. A head still incomplete is left to hyper.
+async fn malformed_head(stream: &TcpStream) -> Option<Malformed> {
+    let mut buf = vec![0u8; MAX_HEAD];
+    let n = stream.peek(&mut buf).await.ok()?;
+    let head = &buf[..n];
+    let mut headers = [httparse::EMPTY_HEADER; 100];
+    let mut req = httparse::Request::new(&mut headers);
+    let mode = |method: Option<&str>| match method {
+        Some(m) if m.eq_ignore_ascii_case("CONNECT") => Mode::Connect,
+        _ => Mode::Http,
+    };
+    match req.parse(head) {
+        Ok(httparse::Status::Partial) => None,
+        Err(e) => {
+            let first = head.split(|b| *b == b' ').next().unwrap_or_default();
+            Some(Malformed {
+                mode: mode(std::str::from_utf8(first).ok()),
+                why: format!("the request is not valid HTTP/1.1 ({e})"),
+            })
+        }
+        Ok(httparse::Status::Complete(_)) => {
+            let method = req.method;
+            let path = req.path.unwrap_or_default();
+            if mode(method) == Mode::Connect || path.parse::<http::Uri>().is_ok() {
+                return None;
+            }
+            Some(Malformed {
+                mode: mode(method),
+                why: "the request target is not a valid URI (IPv6 literals need brackets: http://[::1]:8080/)".into(),
+            })
+        }
+    }
+}
+
+/// Answer a malformed first request with a §6 400 and record it.
+async fn refuse_malformed(
+    shared: &Shared,
+    accepted: Accepted,
+    mut stream: TcpStream,
+    bad: Malformed,
+) {
+    use tokio::io::AsyncWriteExt;
+    let mut audit = shared.audit(&accepted, bad.mode, &shared.policy.load());
+    audit.decision(&Decision::deny(Reason::InvalidTarget, None));
+    audit.detail(bad.why.clone());
+    audit.close(Close::Error);
+    // Take in what was sent, so that closing does not reset the answer away.
+    let mut sink = [0u8; 4096];
+    while let Ok(n) = stream.try_read(&mut sink) {
+        if n == 0 {
+            break;
+        }
+    }
+    let resp = deny::wire(&Refusal {
+        reason: Reason::InvalidTarget,
+        what: "this request",
+        sandbox: None,
+        explanation: &bad.why,
+        retry_after: None,
+    });
+    let wait = shared.settings.timeouts.header;
+    let _ = tokio::time::timeout(wait, async {
+        stream.write_all(&resp).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+/// The connection ended before any request reached [`handle`]: record why.
+fn no_request(conn: &ClientConn, error: Option<hyper::Error>) {
+    let shared = &conn.shared;
+    let mut audit = shared.audit(&conn.accepted, Mode::Connect, &shared.policy.load());
+    let (close, detail) = match &error {
+        None => (Close::Eof, "closed before sending a request"),
+        Some(e) if e.is_timeout() => (Close::Idle, "request head not received in time"),
+        Some(e) if e.is_parse_too_large() => (Close::Error, "request head too large"),
+        Some(e) if e.is_parse() => (Close::Error, "malformed request"),
+        Some(_) => (Close::Error, "connection error before a request"),
+    };
+    audit.close(close);
+    audit.detail(detail);
+}
+
+/// The text shown for a request in refusals: method and target with its port, never
+/// credentials (userinfo) or the query.
+fn describe(req: &Request<Incoming>) -> String {
+    let u = req.uri();
+    let host_port = u.authority().map(|a| match a.port_u16() {
+        Some(p) => format!("{}:{p}", a.host()),
+        None => a.host().to_string(),
+    });
+    if req.method() == Method::CONNECT {
+        return format!("CONNECT {}", host_port.as_deref().unwrap_or("?"));
+    }
+    match (u.scheme_str(), host_port) {
+        (Some(scheme), Some(hp)) => format!("{} {scheme}://{hp}{}", req.method(), u.path()),
+        // Origin-form (`GET /`): not a proxy request.
+        _ => format!("{} {}", req.method(), u.path()),
+    }
+}
+
+/// One request, from its target to its tunnel or forwarded exchange.
+async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body> {
+    let shared = &conn.shared;
+    let accepted = if conn.requests.fetch_add(1, Ordering::Relaxed) == 0 {
+        conn.accepted
+    } else {
+        Accepted {
+            conn_id: shared.next_conn_id(),
+            client: conn.accepted.client,
+            started: Instant::now(),
+        }
+    };
+    let connect = req.method() == Method::CONNECT;
+    let set = shared.policy.load();
+    let mode = if connect { Mode::Connect } else { Mode::Http };
+    let mut audit = shared.audit(&accepted, mode, &set);
+
+    // 1. The target.
+    let target = match read_target(&req) {
+        Ok(t) => t,
+        Err(why) => {
+            audit.detail(why);
+            let d = Decision::deny(Reason::InvalidTarget, None);
+            return refuse(audit, &req, None, d, why.to_string(), None);
+        }
+    };
+    audit.target(&target);
+
+    // 2. The sandbox. An address that keeps presenting wrong credentials is slowed down
+    // before its next credential is even looked at.
+    let credentials = req
+        .headers()
+        .get(header::PROXY_AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    let source = accepted.client.ip();
+    if credentials.is_some() {
+        if let Some(wait) = shared.admissions.auth_blocked(source) {
+            audit.identity_refused(identity::Method::Token);
+            audit.detail("too many failed authentications from this address");
+            let d = Decision::deny(Reason::RateLimited, None);
+            let why = "too many failed authentications from this address; retry later".into();
+            let retry = wait.as_secs_f64().ceil().max(1.0) as u64;
+            return refuse(audit, &req, None, d, why, Some(retry));
+        }
+    }
+    let default = shared.settings.default_sandbox.as_deref();
+    let identity = match &conn.cert {
+        // A verified certificate decides: it never falls through to a weaker method.
+        ClientCert::Names(id) => identity::by_certificate(&set, Some(id)),
+        ClientCert::Unnamed => identity::by_certificate(&set, None),
+        ClientCert::Absent => identify(&set, credentials, source, default),
+    };
+    let who = match identity {
+        Ok(w) => w,
+        Err(refused) => {
+            audit.identity_refused(refused.method);
+            if matches!(refused.reason, Reason::AuthFailed | Reason::UnknownSandbox) {
+                shared.admissions.auth_failed(source);
+            }
+            // The audit keeps the difference; the client cannot tell an unknown sandbox id
+            // from a wrong token.
+            audit.decision(&Decision::deny(refused.reason, None));
+            let public = match refused.reason {
+                Reason::UnknownSandbox => Reason::AuthFailed,
+                r => r,
+            };
+            let d = Decision::deny(public, None);
+            let why = d.explain("-", "-", target.port);
+            return refuse_as(audit, &req, None, &d, why, None);
+        }
+    };
+    let sb = who.sandbox.clone();
+    audit.identified(&who, sb.stats(shared.metrics()).clone());
+    if !conn.identified() {
+        audit.close(Close::Limit);
+        let d = Decision::deny(Reason::ConnectionLimit, None);
+        let why = "egress-proxy is at its connection limit (max_connections)".to_string();
+        return refuse(audit, &req, Some(&sb), d, why, Some(1));
+    }
+
+    // 3. Its limits: a place under max_connections and a rate token, before any work.
+    let slot = match shared.admit(&sb) {
+        Ok(slot) => slot,
+        Err((reason, retry_after)) => {
+            audit.close(Close::Limit);
+            let d = Decision::deny(reason, None);
+            let why = d.explain(&sb.binding.id, sb.policy.file(), 0);
+            return refuse(audit, &req, Some(&sb), d, why, Some(retry_after));
+        }
+    };
+
+    // 4. Decide on the name, resolve once, decide on the addresses.
+    let resolver = shared.resolver();
+    let decided = egress::decide(&set, &sb, &target, None, shared.lookup(&resolver)).await;
+    audit.decided(&decided);
+    if !decided.proceeds() {
+        let mut why = decided
+            .decision
+            .explain(&sb.binding.id, sb.policy.file(), target.port);
+        if let Some(ResolveError::Failed(detail)) = &decided.resolver_error {
+            why = format!("{why} ({detail})");
+        }
+        return refuse(audit, &req, Some(&sb), decided.decision, why, None);
+    }
+
+    // A credential never travels in clear: plain HTTP to a host one is bound to, or carrying
+    // a placeholder, is refused before anything is dialled.
+    if !connect {
+        if let Some(why) =
+            crate::intercept::plain_http_misuse(&sb.binding, &target.host.to_string(), &req)
+        {
+            let d = Decision::deny(crate::policy::reason::Reason::CredentialMisuse, None);
+            audit.detail(why.clone());
+            return refuse(audit, &req, Some(&sb), d, why, None);
+        }
+    }
+
+    // 5. Dial only a checked address.
+    let timeout = shared.settings.timeouts.connect;
+    let dialed =
+        match egress::dial(&decided.dial, target.port, None, timeout, shared.metrics()).await {
+            Ok(d) => d,
+            Err(reason) => {
+                let d = Decision::deny(reason, None);
+                let why = d.explain(&sb.binding.id, sb.policy.file(), target.port);
+                return refuse(audit, &req, Some(&sb), d, why, None);
+            }
+        };
+    audit.dialed(dialed.addr);
+    let grant = dialed.grant(&who, target, &set);
+    drop(set);
+    let allowed = Allowed {
+        audit,
+        sandbox: sb,
+        grant,
+        dialed,
+        slot,
+    };
+
+    // 6. Relay.
+    if connect {
+        tunnel(&conn, req, allowed)
+    } else {
+        let shared = conn.shared.clone();
+        crate::relay::forward::forward(shared, conn.cut.clone(), req, allowed).await
+    }
+}
+
+/// Refuse a request: the guard records the decision, the client gets the §6 response.
+fn refuse(
+    mut audit: AuditGuard,
+    req: &Request<Incoming>,
+    sandbox: Option<&Sandbox>,
+    decision: Decision,
+    explanation: String,
+    retry_after: Option<u64>,
+) -> Response<Body> {
+    audit.decision(&decision);
+    refuse_as(audit, req, sandbox, &decision, explanation, retry_after)
+}
+
+/// Answer with `shown` (the guard keeps whatever decision it was given).
+fn refuse_as(
+    audit: AuditGuard,
+    req: &Request<Incoming>,
+    sandbox: Option<&Sandbox>,
+    shown: &Decision,
+    explanation: String,
+    retry_after: Option<u64>,
+) -> Response<Body> {
+    drop(audit);
+    deny::response(&Refusal {
+        reason: shown.reason,
+        what: &describe(req),
+        sandbox: sandbox.map(|s| s.binding.id.as_str()),
+        explanation: &explanation,
+        retry_after,
+    })
+}
+
+/// The target of a CONNECT (authority-form, port required) or an absolute-form request
+/// (`http://` only; port 80 by default).
+fn read_target(req: &Request<Incoming>) -> Result<Target, &'static str> {
+    let uri = req.uri();
+    if req.method() == Method::CONNECT {
+        let authority = uri.authority().ok_or("CONNECT needs host:port")?;
+        return Target::parse(authority.as_str(), None)
+            .map_err(|_| "CONNECT target is not a valid host:port");
+    }
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => return Err("use CONNECT for https:// destinations"),
+        Some(_) => return Err("only http:// URIs are forwarded"),
+        None => {
+            return Err("not a proxy request: send CONNECT host:port or an absolute http:// URI")
+        }
+    }
+    let authority = uri.authority().ok_or("absolute URI without a host")?;
+    Target::parse(authority.as_str(), Some(80))
+        .map_err(|_| "URI host is not a valid host name or IP literal")
+}
+
+/// Answer 200 and, in its own task, check the tunnel's first bytes ([`crate::wire::first_bytes`]) and
+/// relay it until it ends, is revoked, idles out or is shut down.
+fn tunnel(conn: &ClientConn, req: Request<Incoming>, allowed: Allowed) -> Response<Body> {
+    let shared = conn.shared.clone();
+    let permit = conn.permit.lock().ok().and_then(|mut p| p.take());
+    let Allowed {
+        mut audit,
+        sandbox,
+        grant,
+        dialed,
+        slot,
+    } = allowed;
+    let target = grant.target.clone();
+    let stop = shared.watch(grant).stopped();
+    tokio::spawn(async move {
+        let _active = sandbox.stats(shared.metrics()).active();
+        let relayed = match hyper::upgrade::on(req).await {
+            Ok(upgraded) => {
+                let limiter = slot.limiter();
+                let shaper = limiter.shapes().then_some(&**limiter);
+                let start = TunnelStart {
+                    shared: &shared,
+                    sandbox: &sandbox,
+                    target: &target,
+                    server: dialed.stream,
+                };
+                relay_upgraded(upgraded, start, &mut audit, stop, shaper).await
+            }
+            Err(_) => Relayed::nothing(Close::Error),
+        };
+        audit.relayed(relayed);
+        drop(audit);
+        drop(slot);
+        drop(permit);
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .body(body::empty())
+        .unwrap_or_else(|_| Response::new(body::empty()))
+}
+
+/// What a tunnel starts from, besides the client.
+struct TunnelStart<'a> {
+    shared: &'a Shared,
+    sandbox: &'a Sandbox,
+    target: &'a Target,
+    /// The dialled destination.
+    server: TcpStream,
+}
+
+/// Relay a CONNECT tunnel: the client socket is recovered from hyper (with any bytes it had
+/// already buffered), its first bytes are read and verified before anything reaches the
+/// destination (a refusal resets both sockets), replayed, and the two plain TCP sockets are
+/// relayed — zero-copy when unshaped, and abortable on revocation.
+async fn relay_upgraded<F>(
+    upgraded: hyper::upgrade::Upgraded,
+    start: TunnelStart<'_>,
+    audit: &mut AuditGuard,
+    stop: F,
+    shaper: Option<&crate::egress::limits::SandboxLimiter>,
+) -> Relayed
+where
+    F: std::future::Future<Output = Close>,
+{
+    let TunnelStart {
+        shared,
+        sandbox,
+        target,
+        mut server,
+    } = start;
+    // Always a TCP connection (plain or TLS) underneath on this listener.
+    let Ok(parts) = upgraded.downcast::<TokioIo<Abortable<ClientIo>>>() else {
+        audit.detail("the upgraded connection is not a TCP socket");
+        return Relayed::nothing(Close::Error);
+    };
+    let Some(mut client) = parts.io.into_inner().into_inner() else {
+        return Relayed::nothing(Close::Error);
+    };
+    tokio::pin!(stop);
+    let wait = shared.settings.timeouts.header;
+    let early = parts.read_buf.to_vec();
+    let inspected = tokio::select! {
+        r = first_bytes::read_first_bytes(&mut client, &mut server, early, wait) => match r {
+            Ok(i) => i,
+            Err(_) => return Relayed::nothing(Close::Error),
+        },
+        close = &mut stop => return Relayed::nothing(close),
+    };
+    if let FirstBytes::Client(Peeked::Tls(hello)) = &inspected.first {
+        audit.client_hello(hello.sni.as_deref(), &hello.alpn, hello.ech);
+    }
+    let b = &sandbox.binding;
+    let rules = first_bytes::Rules {
+        require_tls: b.require_tls_ports.contains(&target.port),
+        refuse_ech: b.refuse_ech,
+    };
+    let report = b.enforcement == Enforcement::Report;
+    if let Err(m) = first_bytes::verify(target, &inspected.first, rules) {
+        if m.record(audit, report) {
+            // Nothing of the tunnel reaches the destination; both sides are reset.
+            let _ = client.tcp().set_zero_linger();
+            let _ = server.set_zero_linger();
+            return Relayed::nothing(Close::Eof);
+        }
+    }
+    // A host that a credential or an HTTP rule of this sandbox is bound to is terminated
+    // (and only such a host); over plain HTTP it is refused: the secret would travel in clear.
+    let terminate = shared
+        .settings
+        .interceptor
+        .as_ref()
+        .filter(|ix| ix.terminates(b, &target.host.to_string()));
+    if let Some(ix) = terminate {
+        match &inspected.first {
+            FirstBytes::Client(Peeked::Tls(hello)) => {
+                let tunnel = crate::intercept::Tunnel {
+                    binding: sandbox.binding.clone(),
+                    host: &target.host.to_string(),
+                    client,
+                    early: inspected.client,
+                    server,
+                    client_alpn: hello.alpn.clone(),
+                };
+                return crate::intercept::serve(ix, tunnel, audit, stop).await;
+            }
+            _ => {
+                audit.refused_in_tunnel(
+                    crate::policy::reason::Reason::CredentialMisuse,
+                    "the host's credentials or HTTP rules need TLS; this tunnel is not TLS",
+                );
+                let _ = client.tcp().set_zero_linger();
+                let _ = server.set_zero_linger();
+                return Relayed::nothing(Close::Eof);
+            }
+        }
+    }
+    audit.open();
+    let idle = shared.settings.timeouts.idle;
+    if let FirstBytes::Client(Peeked::Http { .. }) = &inspected.first {
+        // Plain HTTP: every later request in the tunnel must name the CONNECT host too.
+        let checked = crate::relay::http_checked::relay_checked(
+            client,
+            server,
+            inspected.client,
+            target,
+            report,
+            idle,
+            stop,
+            shaper,
+        )
+        .await;
+        if let Some(m) = checked.mismatch {
+            m.record(audit, report);
+        }
+        return checked.relayed;
+    }
+    // Replay what was read, each in its direction, then relay.
+    use tokio::io::AsyncWriteExt;
+    if server.write_all(&inspected.client).await.is_err()
+        || client.write_all(&inspected.server).await.is_err()
+    {
+        return Relayed::nothing(Close::Error);
+    }
+    let mut r = match client {
+        ClientIo::Tcp(client) => {
+            crate::relay::tunnel::relay_tcp(client, server, idle, stop, shaper).await
+        }
+        ClientIo::Tls(client) => {
+            crate::relay::tunnel::relay_streams(*client, server, idle, stop, shaper).await
+        }
+    };
+    r.up += inspected.client.len() as u64;
+    r.down += inspected.server.len() as u64;
+    r
+}

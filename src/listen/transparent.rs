@@ -1,0 +1,284 @@
+//! The transparent listener (`listen.transparent`): TCP redirected here by iptables
+//! (`REDIRECT`, or TPROXY). Per connection, top to bottom in [`serve`]: original destination →
+//! sandbox by source address (or `default_sandbox`) → limits → peek (never consume: the bytes
+//! are replayed upstream) up to 64 KiB within `timeouts.header_ms` → decide on the SNI or
+//! `Host` name, or on the original destination with address rules only → resolve with the
+//! proxy's own resolver → guard → dial the *resolved* address, not the one the client chose
+//! (a forged SNI cannot reach another IP) → relay, watching the policy. A refusal resets the
+//! connection; nothing is forwarded. One audit guard per connection.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::audit::{AuditGuard, Close, Mode};
+use crate::egress;
+use crate::egress::identity::identify;
+use crate::listen::accept::Accepted;
+use crate::listen::orig_dst::original_dst;
+use crate::policy::reason::Reason;
+use crate::policy::target::{Host, Target};
+use crate::policy::{Decision, Enforcement, Verdict};
+use crate::relay::tunnel::Relayed;
+use crate::server::shared::Shared;
+use crate::wire::peek::{classify, split_host_header, Peeked, MAX_PEEK};
+
+/// Serve one redirected connection. `permit` is its place under the global cap.
+pub async fn serve(
+    shared: Arc<Shared>,
+    accepted: Accepted,
+    mut stream: TcpStream,
+    permit: OwnedSemaphorePermit,
+) {
+    let _ = stream.set_nodelay(true);
+    let set = shared.policy.load();
+    let mut audit = shared.audit(&accepted, Mode::Sni, &set);
+
+    // 1. Where the client meant to go.
+    let orig = match original_dst(&stream) {
+        Ok((a, _)) => SocketAddr::new(a.ip().to_canonical(), a.port()),
+        Err(e) => {
+            audit.detail(format!("no original destination: {e}"));
+            return reset(stream, audit, Decision::deny(Reason::InvalidTarget, None));
+        }
+    };
+    audit.original_dst(orig);
+
+    // 2. The sandbox, by source address (or the default).
+    let default = shared.settings.default_sandbox.as_deref();
+    let who = match identify(&set, None, accepted.client.ip(), default) {
+        Ok(w) => w,
+        Err(refused) => {
+            audit.identity_refused(refused.method);
+            return reset(stream, audit, Decision::deny(refused.reason, None));
+        }
+    };
+    let sb = who.sandbox.clone();
+    audit.identified(&who, sb.stats(shared.metrics()).clone());
+
+    // 3. Its limits.
+    let slot = match shared.admit(&sb) {
+        Ok(slot) => slot,
+        Err((reason, _)) => {
+            audit.close(Close::Limit);
+            return reset(stream, audit, Decision::deny(reason, None));
+        }
+    };
+
+    let mut tls_reported: Option<Decision> = None;
+
+    // 4. Peek until the first bytes say what this is.
+    let (buf, peeked) = match peek(&mut stream, shared.settings.timeouts.header).await {
+        Ok(x) => x,
+        Err(()) => {
+            audit.detail("read error while peeking");
+            return reset(stream, audit, Decision::deny(Reason::InvalidTarget, None));
+        }
+    };
+
+    // 5. The target: the name the client asked for (SNI or Host), else the address.
+    let named: Option<(&str, &str)> = match &peeked {
+        Peeked::Tls(hello) => {
+            audit.mode(Mode::Sni);
+            audit.client_hello(hello.sni.as_deref(), &hello.alpn, hello.ech);
+            hello.sni.as_deref().map(|n| (n, "SNI"))
+        }
+        Peeked::Http { host } => {
+            audit.mode(Mode::Host);
+            host.as_deref()
+                .map(|h| (split_host_header(h).0, "Host header"))
+        }
+        Peeked::Other { detail } => {
+            audit.mode(Mode::Tcp);
+            audit.detail(*detail);
+            None
+        }
+        Peeked::Incomplete => None,
+    };
+    let target = match named {
+        None => Target {
+            host: Host::Ip(orig.ip()),
+            port: orig.port(),
+        },
+        Some((name, what)) => match Host::parse(name) {
+            Ok(host) => Target {
+                host,
+                port: orig.port(),
+            },
+            Err(_) => {
+                audit.detail(format!("{what} is not a valid host name"));
+                return reset(stream, audit, Decision::deny(Reason::InvalidTarget, None));
+            }
+        },
+    };
+    audit.target(&target);
+
+    // 5b. What flows: a port of `require_tls_ports` takes nothing but TLS, whatever the rules.
+    let report = sb.binding.enforcement == Enforcement::Report;
+    if sb.binding.require_tls_ports.contains(&orig.port()) && !matches!(peeked, Peeked::Tls(_)) {
+        let why = match &peeked {
+            Peeked::Http { .. } => "a plain HTTP request",
+            _ => "not TLS",
+        };
+        audit.detail(format!(
+            "{why} on port {}, which requires TLS (require_tls_ports)",
+            orig.port()
+        ));
+        let d = Decision::deny(Reason::ProtocolNotAllowed, None);
+        if !report {
+            return reset(stream, audit, d);
+        }
+        tls_reported = Some(Decision {
+            verdict: Verdict::Report,
+            ..d
+        });
+    }
+
+    // 6. Decide, resolve once, decide on the addresses. A connection with no name is decided
+    //    by a name the DNS listener gave this sandbox for its destination, if a name rule
+    //    allows one; otherwise on the address.
+    let by_answer = match named {
+        Some(_) => None,
+        None => {
+            let names = shared.dns_memory.names(&sb.binding.id, orig.ip());
+            egress::decide_by_answer(&set, &sb, &names, orig.ip(), orig.port())
+        }
+    };
+    let (target, decided) = match by_answer {
+        Some((named_target, decided)) => {
+            audit.target(&named_target);
+            audit.detail(format!(
+                "{}; the name {} came from a DNS answer the proxy gave this sandbox for {}",
+                peeked_detail(&peeked),
+                named_target.host,
+                orig.ip()
+            ));
+            (named_target, decided)
+        }
+        None => {
+            let resolver = shared.resolver();
+            let lookup = shared.lookup(&resolver);
+            let decided = egress::decide(&set, &sb, &target, Some(orig.ip()), lookup).await;
+            (target, decided)
+        }
+    };
+    audit.decided(&decided);
+    if let Some(d) = tls_reported.as_ref() {
+        // Allowed by the rules, refused by require_tls_ports: the record says report.
+        if decided.decision.verdict == Verdict::Allow {
+            audit.decision(d);
+        }
+    }
+    if !decided.proceeds() {
+        return reset(stream, audit, decided.decision);
+    }
+
+    // 7. Dial a checked address, the client's own choice when it is one of them.
+    let timeout = shared.settings.timeouts.connect;
+    let dialed = match egress::dial(
+        &decided.dial,
+        target.port,
+        Some(orig.ip()),
+        timeout,
+        shared.metrics(),
+    )
+    .await
+    {
+        Ok(d) => d,
+        Err(reason) => return reset(stream, audit, Decision::deny(reason, None)),
+    };
+    audit.dialed(dialed.addr);
+    let grant = dialed.grant(&who, target.clone(), &set);
+    // The set is not kept alive by a long tunnel: the watch re-reads the newest one.
+    drop(set);
+
+    // 8. Replay what was peeked, then relay until the end, idleness, revocation or shutdown.
+    audit.open();
+    let _active = sb.stats(shared.metrics()).active();
+    let stop = shared.watch(grant).stopped();
+    let mut up = dialed.stream;
+    let limiter = slot.limiter();
+    let idle = shared.settings.timeouts.idle;
+    let shaper = limiter.shapes().then_some(&**limiter);
+    let relayed = if matches!(peeked, Peeked::Http { .. }) {
+        // Decided by Host: every later request on the connection is checked too.
+        let checked = crate::relay::http_checked::relay_checked(
+            stream, up, buf, &target, report, idle, stop, shaper,
+        )
+        .await;
+        if let Some(m) = checked.mismatch {
+            m.record(&mut audit, report);
+        }
+        checked.relayed
+    } else {
+        match up.write_all(&buf).await {
+            Ok(()) => {
+                let mut r = crate::relay::tunnel::relay_tcp(stream, up, idle, stop, shaper).await;
+                r.up += buf.len() as u64;
+                r
+            }
+            Err(_) => Relayed::nothing(Close::Error),
+        }
+    };
+    audit.relayed(relayed);
+    drop(audit);
+    drop(slot);
+    drop(permit);
+}
+
+/// Read (without answering) until [`classify`] can tell what the connection speaks, the
+/// client stops, 64 KiB arrive or `header_ms` passes. Returns the bytes read and the verdict;
+/// `Err` on a read error.
+async fn peek(stream: &mut TcpStream, wait: std::time::Duration) -> Result<(Vec<u8>, Peeked), ()> {
+    let mut buf: Vec<u8> = Vec::with_capacity(2048);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match classify(&buf) {
+            Peeked::Incomplete if buf.len() < MAX_PEEK => {}
+            Peeked::Incomplete => {
+                let p = Peeked::Other {
+                    detail: "first bytes larger than 64 KiB",
+                };
+                return Ok((buf, p));
+            }
+            p => return Ok((buf, p)),
+        }
+        let mut chunk = [0u8; 4096];
+        match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+            Ok(Ok(0)) => {
+                let p = Peeked::Other {
+                    detail: "client sent nothing before closing",
+                };
+                return Ok((buf, p));
+            }
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(Err(_)) => return Err(()),
+            // Server-speaks-first protocols (and stalled clients): decide on the destination.
+            Err(_) => {
+                let p = Peeked::Other {
+                    detail: "no TLS or HTTP within header_ms",
+                };
+                return Ok((buf, p));
+            }
+        }
+    }
+}
+
+/// What the peek said about a connection that named nothing.
+fn peeked_detail(p: &Peeked) -> &'static str {
+    match p {
+        Peeked::Other { detail } => detail,
+        _ => "no name in the first bytes",
+    }
+}
+
+/// Refuse by reset (there is no HTTP to answer with on a redirected connection); the guard
+/// records the refusal as it drops.
+fn reset(stream: TcpStream, mut audit: AuditGuard, decision: Decision) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
+    audit.decision(&decision);
+}

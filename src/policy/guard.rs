@@ -1,0 +1,461 @@
+//! The address guard (DESIGN §3): which resolved or literal addresses the proxy may dial.
+//!
+//! Pure functions and one small value type. Every address is canonicalised
+//! (`IpAddr::to_canonical`) and IPv4 addresses embedded in IPv6 (NAT64, 6to4, Teredo,
+//! IPv4-compatible) are unwrapped, so `[::ffff:169.254.169.254]` or `64:ff9b::a9fe:a9fe` are
+//! judged as the metadata address they carry. The guard never decides *policy*: the caller
+//! tells it which addresses the sandbox's own address rules cover.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use ipnet::IpNet;
+
+use crate::policy::addr_table::AddrTable;
+
+/// IPv4 special-purpose ranges that are not globally reachable.
+const SPECIAL_V4: &[([u8; 4], u8, &str)] = &[
+    ([0, 0, 0, 0], 8, "0.0.0.0/8 (this network)"),
+    ([10, 0, 0, 0], 8, "10.0.0.0/8 (private)"),
+    ([100, 64, 0, 0], 10, "100.64.0.0/10 (shared address space)"),
+    ([127, 0, 0, 0], 8, "127.0.0.0/8 (loopback)"),
+    (
+        [169, 254, 0, 0],
+        16,
+        "169.254.0.0/16 (link-local, cloud metadata)",
+    ),
+    ([172, 16, 0, 0], 12, "172.16.0.0/12 (private)"),
+    (
+        [192, 0, 0, 0],
+        24,
+        "192.0.0.0/24 (IETF protocol assignments)",
+    ),
+    ([192, 0, 2, 0], 24, "192.0.2.0/24 (documentation)"),
+    ([192, 168, 0, 0], 16, "192.168.0.0/16 (private)"),
+    ([198, 18, 0, 0], 15, "198.18.0.0/15 (benchmarking)"),
+    ([198, 51, 100, 0], 24, "198.51.100.0/24 (documentation)"),
+    ([203, 0, 113, 0], 24, "203.0.113.0/24 (documentation)"),
+    ([224, 0, 0, 0], 4, "224.0.0.0/4 (multicast)"),
+    ([240, 0, 0, 0], 4, "240.0.0.0/4 (reserved, broadcast)"),
+];
+
+/// IPv6 special-purpose ranges that are not globally reachable.
+const SPECIAL_V6: &[(u128, u8, &str)] = &[
+    (0, 128, "::/128 (unspecified)"),
+    (1, 128, "::1/128 (loopback)"),
+    (
+        0x0064_ff9b_0001_0000_0000_0000_0000_0000,
+        48,
+        "64:ff9b:1::/48 (local-use NAT64)",
+    ),
+    (
+        0x0100_0000_0000_0000_0000_0000_0000_0000,
+        64,
+        "100::/64 (discard-only)",
+    ),
+    (
+        0x2001_0002_0000_0000_0000_0000_0000_0000,
+        48,
+        "2001:2::/48 (benchmarking)",
+    ),
+    (
+        0x2001_0db8_0000_0000_0000_0000_0000_0000,
+        32,
+        "2001:db8::/32 (documentation)",
+    ),
+    (
+        0x3fff_0000_0000_0000_0000_0000_0000_0000,
+        20,
+        "3fff::/20 (documentation)",
+    ),
+    (
+        0x5f00_0000_0000_0000_0000_0000_0000_0000,
+        16,
+        "5f00::/16 (segment routing SIDs)",
+    ),
+    (
+        0xfc00_0000_0000_0000_0000_0000_0000_0000,
+        7,
+        "fc00::/7 (unique local)",
+    ),
+    (
+        0xfe80_0000_0000_0000_0000_0000_0000_0000,
+        10,
+        "fe80::/10 (link-local)",
+    ),
+    (
+        0xff00_0000_0000_0000_0000_0000_0000_0000,
+        8,
+        "ff00::/8 (multicast)",
+    ),
+];
+
+/// The special-purpose range `ip` falls in (after canonicalisation), if any. IPv6 addresses
+/// that embed an IPv4 address are judged by that address too.
+pub fn special_purpose(ip: IpAddr) -> Option<&'static str> {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => special_v4(v4),
+        IpAddr::V6(v6) => {
+            let a = u128::from(v6);
+            for (net, len, name) in SPECIAL_V6 {
+                if prefix_match6(a, *net, *len) {
+                    return Some(name);
+                }
+            }
+            embedded_ipv4(v6).into_iter().flatten().find_map(special_v4)
+        }
+    }
+}
+
+fn special_v4(v4: Ipv4Addr) -> Option<&'static str> {
+    let a = u32::from(v4);
+    SPECIAL_V4
+        .iter()
+        .find(|(net, len, _)| {
+            let mask = if *len == 0 {
+                0
+            } else {
+                u32::MAX << (32 - u32::from(*len))
+            };
+            a & mask == u32::from_be_bytes(*net) & mask
+        })
+        .map(|(_, _, name)| *name)
+}
+
+fn prefix_match6(a: u128, net: u128, len: u8) -> bool {
+    let mask = if len == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(len))
+    };
+    a & mask == net & mask
+}
+
+/// IPv4 addresses carried inside an IPv6 address: IPv4-mapped `::ffff:0:0/96`,
+/// IPv4-compatible `::/96`, NAT64 `64:ff9b::/96` and `64:ff9b:1::/48`, 6to4 `2002::/16`, and
+/// Teredo `2001::/32` (server and de-obfuscated client). At most two.
+pub fn embedded_ipv4(v6: Ipv6Addr) -> [Option<Ipv4Addr>; 2] {
+    let a = u128::from(v6);
+    let low32 = Ipv4Addr::from(a as u32);
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return [Some(v4), None];
+    }
+    if a >> 32 == 0 && a > 1 {
+        return [Some(low32), None];
+    }
+    if prefix_match6(a, 0x0064_ff9b_0000_0000_0000_0000_0000_0000, 96)
+        || prefix_match6(a, 0x0064_ff9b_0001_0000_0000_0000_0000_0000, 48)
+    {
+        return [Some(low32), None];
+    }
+    if prefix_match6(a, 0x2002_0000_0000_0000_0000_0000_0000_0000, 16) {
+        return [Some(Ipv4Addr::from((a >> 80) as u32)), None];
+    }
+    if prefix_match6(a, 0x2001_0000_0000_0000_0000_0000_0000_0000, 32) {
+        let server = Ipv4Addr::from((a >> 64) as u32);
+        let client = Ipv4Addr::from(!(a as u32));
+        return [Some(server), Some(client)];
+    }
+    [None, None]
+}
+
+/// Every form of `ip` a range rule should be checked against: the canonical address and any
+/// embedded IPv4 address.
+pub fn address_forms(ip: IpAddr) -> impl Iterator<Item = IpAddr> {
+    let canonical = ip.to_canonical();
+    let embedded = match canonical {
+        IpAddr::V6(v6) => embedded_ipv4(v6),
+        IpAddr::V4(_) => [None, None],
+    };
+    std::iter::once(canonical).chain(embedded.into_iter().flatten().map(IpAddr::V4))
+}
+
+/// The addresses of this host's interfaces (canonical), or none when they cannot be read.
+fn local_addresses() -> Vec<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        tracing::warn!("cannot list this host's addresses; loop protection covers listeners, 0.0.0.0/8, :: and loopback only");
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for a in addrs {
+        let Some(sa) = a.address else { continue };
+        let ip = if let Some(v4) = sa.as_sockaddr_in() {
+            IpAddr::V4(v4.ip())
+        } else if let Some(v6) = sa.as_sockaddr_in6() {
+            IpAddr::V6(v6.ip()).to_canonical()
+        } else {
+            continue;
+        };
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    out
+}
+
+/// The guard's verdict on one address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardVerdict {
+    /// May be dialled.
+    Permit,
+    /// In a prohibited range (named).
+    Prohibited(&'static str),
+    /// One of the proxy's own listeners.
+    Loop,
+}
+
+/// The process-wide part of the guard: operator ranges and the proxy's own listeners.
+#[derive(Debug, Clone, Default)]
+pub struct Guard {
+    /// `defaults.prohibited_ranges`: added to the built-in list (cluster/service CIDRs).
+    prohibited: AddrTable<()>,
+    /// `defaults.guard_allow_ranges`: let through for every sandbox.
+    allowed: AddrTable<()>,
+    /// Listener addresses, so the proxy never dials itself.
+    listeners: Vec<SocketAddr>,
+    /// Every address of this host's interfaces (read when the set is compiled): on a
+    /// listener's port, any of them reaches the proxy when it listens on `0.0.0.0` / `::`.
+    local: Vec<IpAddr>,
+}
+
+impl Guard {
+    pub fn new(prohibited: &[IpNet], allowed: &[IpNet], listeners: Vec<SocketAddr>) -> Self {
+        let mut p = AddrTable::new();
+        for n in prohibited {
+            p.insert(*n, ());
+        }
+        let mut a = AddrTable::new();
+        for n in allowed {
+            a.insert(*n, ());
+        }
+        let local = if listeners.is_empty() {
+            Vec::new()
+        } else {
+            local_addresses()
+        };
+        Guard {
+            prohibited: p,
+            allowed: a,
+            listeners,
+            local,
+        }
+    }
+
+    /// The same guard, with `local` as this host's interface addresses (tests).
+    #[cfg(test)]
+    fn with_local(mut self, local: Vec<IpAddr>) -> Self {
+        self.local = local;
+        self
+    }
+
+    /// Judge `ip:port`. `covered` says whether the sandbox's own egress address rules cover
+    /// the (canonical) address on any port — such addresses pass the range checks, never the
+    /// loop check. Prohibited ranges are matched against every embedded form.
+    pub fn check(&self, ip: IpAddr, port: u16, covered: impl Fn(IpAddr) -> bool) -> GuardVerdict {
+        let ip = ip.to_canonical();
+        if self.is_listener(ip, port) {
+            return GuardVerdict::Loop;
+        }
+        // The sandbox's own address rules let an address through on its canonical form only:
+        // an allow rule for 8.8.8.8 does not cover a 6to4 or Teredo address embedding it.
+        if covered(ip) {
+            return GuardVerdict::Permit;
+        }
+        let range = special_purpose(ip).or_else(|| {
+            address_forms(ip)
+                .any(|f| self.prohibited.contains(f))
+                .then_some("defaults.prohibited_ranges")
+        });
+        match range {
+            Some(name) if !address_forms(ip).any(|f| self.allowed.contains(f)) => {
+                GuardVerdict::Prohibited(name)
+            }
+            _ => GuardVerdict::Permit,
+        }
+    }
+
+    /// Whether `ip:port` is (or may be) one of the proxy's own listeners: a listener's port on
+    /// its own address, on any address that means "this host" (`0.0.0.0/8`, `::`, loopback),
+    /// or on any address of this host's interfaces.
+    fn is_listener(&self, ip: IpAddr, port: u16) -> bool {
+        let this_host = match ip {
+            IpAddr::V4(v4) => v4.octets()[0] == 0 || v4.is_loopback(),
+            IpAddr::V6(v6) => v6.is_unspecified() || v6.is_loopback(),
+        } || self.local.contains(&ip);
+        self.listeners
+            .iter()
+            .any(|l| l.port() == port && (this_host || l.ip().to_canonical() == ip))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn every_listed_ipv4_range_is_special_at_both_ends() {
+        for (net, len, _) in SPECIAL_V4 {
+            let lo = u32::from_be_bytes(*net);
+            let hi = lo | (u32::MAX >> u32::from(*len));
+            assert!(special_purpose(IpAddr::V4(Ipv4Addr::from(lo))).is_some());
+            assert!(special_purpose(IpAddr::V4(Ipv4Addr::from(hi))).is_some());
+        }
+    }
+
+    #[test]
+    fn every_listed_ipv6_range_is_special_at_both_ends() {
+        for (net, len, _) in SPECIAL_V6 {
+            let hi = if *len == 128 {
+                *net
+            } else {
+                net | (u128::MAX >> u32::from(*len))
+            };
+            assert!(
+                special_purpose(IpAddr::V6(Ipv6Addr::from(*net))).is_some(),
+                "{net:x}"
+            );
+            assert!(
+                special_purpose(IpAddr::V6(Ipv6Addr::from(hi))).is_some(),
+                "{hi:x}"
+            );
+        }
+    }
+
+    #[test]
+    fn public_addresses_are_not_special() {
+        for a in [
+            "1.1.1.1",
+            "8.8.8.8",
+            "9.255.255.255",
+            "11.0.0.0",
+            "100.63.255.255",
+            "100.128.0.0",
+            "172.15.255.255",
+            "172.32.0.0",
+            "192.167.255.255",
+            "192.169.0.0",
+            "198.17.255.255",
+            "198.20.0.0",
+            "223.255.255.255",
+            "2606:4700::1111",
+            "2a00:1450::1",
+            "2001:db9::1",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
+        ] {
+            assert_eq!(special_purpose(ip(a)), None, "{a}");
+        }
+    }
+
+    #[test]
+    fn embedded_ipv4_is_unwrapped() {
+        // IPv4-mapped, NAT64, 6to4, Teredo (client obfuscated), IPv4-compatible.
+        for a in [
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b::10.0.0.1",
+            "2002:a00:1::",
+            "2002:7f00:1::1",
+            "2001:0:4136:e378:8000:63bf:f5ff:fffe",
+            "::10.0.0.1",
+            "::ffff:0.0.0.0",
+        ] {
+            assert!(special_purpose(ip(a)).is_some(), "{a}");
+        }
+        // Teredo whose server and client are both public is not special by embedding; it is
+        // not in the list either (2001::/32 is routed).
+        assert_eq!(
+            embedded_ipv4("2001:0:4136:e378:8000:63bf:3fff:fdd2".parse().unwrap()),
+            [
+                Some(Ipv4Addr::new(65, 54, 227, 120)),
+                Some(Ipv4Addr::new(192, 0, 2, 45))
+            ]
+        );
+        assert_eq!(embedded_ipv4("2606:4700::1".parse().unwrap()), [None, None]);
+    }
+
+    #[test]
+    fn guard_checks_loop_cover_and_operator_ranges() {
+        let g = Guard::new(
+            &["203.0.114.0/24".parse().unwrap()],
+            &["10.9.0.0/16".parse().unwrap()],
+            vec![
+                "127.0.0.1:3128".parse().unwrap(),
+                "0.0.0.0:15001".parse().unwrap(),
+            ],
+        );
+        let none = |_: IpAddr| false;
+        assert_eq!(g.check(ip("1.1.1.1"), 443, none), GuardVerdict::Permit);
+        assert!(matches!(
+            g.check(ip("10.0.0.1"), 443, none),
+            GuardVerdict::Prohibited(_)
+        ));
+        assert_eq!(g.check(ip("10.9.1.1"), 443, none), GuardVerdict::Permit);
+        assert_eq!(
+            g.check(ip("203.0.114.9"), 443, none),
+            GuardVerdict::Prohibited("defaults.prohibited_ranges")
+        );
+        // Covered by the sandbox's own rule.
+        assert_eq!(
+            g.check(ip("10.0.0.1"), 5432, |a| a == ip("10.0.0.1")),
+            GuardVerdict::Permit
+        );
+        assert_eq!(
+            g.check(ip("::ffff:10.0.0.1"), 5432, |a| a == ip("10.0.0.1")),
+            GuardVerdict::Permit
+        );
+        // Loop protection even when covered.
+        assert_eq!(g.check(ip("127.0.0.1"), 3128, |_| true), GuardVerdict::Loop);
+        assert_eq!(
+            g.check(ip("::ffff:127.0.0.1"), 3128, |_| true),
+            GuardVerdict::Loop
+        );
+        assert_eq!(
+            g.check(ip("127.0.0.5"), 15001, |_| true),
+            GuardVerdict::Loop
+        );
+        assert_eq!(
+            g.check(ip("127.0.0.1"), 3129, |_| true),
+            GuardVerdict::Permit
+        );
+    }
+
+    #[test]
+    fn every_address_of_this_host_on_a_listener_port_is_the_proxy() {
+        let g = Guard::new(&[], &[], vec!["127.0.0.1:3128".parse().unwrap()])
+            .with_local(vec![ip("10.1.2.3"), ip("2001:db8::5")]);
+        let everything = |_: IpAddr| true;
+        for a in [
+            "127.0.0.1",
+            "127.9.9.9",
+            "0.0.0.0",
+            "0.1.2.3",
+            "::",
+            "::1",
+            "::ffff:0.0.0.0",
+            "::ffff:127.0.0.1",
+            "10.1.2.3",
+            "2001:db8::5",
+        ] {
+            assert_eq!(g.check(ip(a), 3128, everything), GuardVerdict::Loop, "{a}");
+        }
+        assert_eq!(
+            g.check(ip("10.1.2.3"), 443, everything),
+            GuardVerdict::Permit
+        );
+        assert_eq!(
+            g.check(ip("10.1.2.4"), 3128, everything),
+            GuardVerdict::Permit
+        );
+    }
+
+    #[test]
+    fn this_hosts_addresses_are_listed() {
+        let g = Guard::new(&[], &[], vec!["127.0.0.1:1".parse().unwrap()]);
+        assert!(g.local.contains(&ip("127.0.0.1")), "{:?}", g.local);
+    }
+}

@@ -1,0 +1,721 @@
+//! Every sandbox of a configuration compiled, with the address guard and a version hash: the
+//! value the data plane reads. Also the source-address index used to identify sandboxes, and
+//! [`LivePolicy`]: the set in force, swapped atomically and published on a `watch` channel
+//! that every live exchange listens to (see [`crate::relay::watch`]).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use arc_swap::ArcSwap;
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+use crate::audit::metrics::{Metrics, SandboxStats};
+use crate::config::{Binding, Config};
+use crate::egress::limits::{Limiters, SandboxLimiter};
+use crate::policy::addr_table::AddrTable;
+use crate::policy::dns_view::NameView;
+use crate::policy::guard::Guard;
+use crate::policy::ports::PortSet;
+use crate::policy::sandbox_id::SandboxId;
+use crate::policy::target::{Host, Target};
+use crate::policy::{CompiledPolicy, Outcome, Verdict};
+
+/// One sandbox: its binding and compiled policy.
+#[derive(Debug)]
+pub struct Sandbox {
+    /// Shared with the registration it came from (one copy per sandbox).
+    pub binding: Arc<Binding>,
+    pub policy: CompiledPolicy,
+    /// Its limiter state (which outlives this compiled value), found once per policy version
+    /// instead of once per connection.
+    limiter: OnceLock<Arc<SandboxLimiter>>,
+    /// Its metric handles, likewise.
+    stats: OnceLock<Arc<SandboxStats>>,
+    /// SHA-256 of everything in its binding that decides (XOR-combined into the version).
+    digest: [u8; 32],
+}
+
+impl Sandbox {
+    /// The sandbox's limiter, reconfigured to this binding's limits on first use.
+    pub fn limiter(&self, limiters: &Limiters) -> &Arc<SandboxLimiter> {
+        self.limiter
+            .get_or_init(|| limiters.get(&self.binding.id, &self.binding.limits))
+    }
+
+    /// The sandbox's per-connection metric handles.
+    pub fn stats(&self, metrics: &Metrics) -> &Arc<SandboxStats> {
+        self.stats
+            .get_or_init(|| Arc::new(metrics.sandbox(&self.binding.id)))
+    }
+}
+
+/// All sandboxes, compiled.
+#[derive(Debug, Clone)]
+pub struct PolicySet {
+    /// A persistent map: a change clones it in O(1) and updates it in O(log n), sharing the
+    /// rest with the set it came from.
+    sandboxes: imbl::HashMap<SandboxId, Arc<Sandbox>>,
+    /// Source CIDRs → sandbox id, longest prefix first.
+    sources: AddrTable<Arc<str>>,
+    pub guard: Arc<Guard>,
+    /// What every sandbox is compiled with (`defaults.ports`).
+    default_ports: PortSet,
+    /// `dns.address_rule_zones`: names under them may be resolved to try address rules.
+    zones: Arc<[String]>,
+    /// `dns.hosts` names: answered locally, never a DNS query, so always looked up.
+    static_names: Arc<std::collections::HashSet<String>>,
+    /// XOR of every sandbox's digest: the version changes with any sandbox, and a change of
+    /// one sandbox updates it in O(1).
+    sandboxes_digest: [u8; 32],
+    /// Digest of the set-wide settings that decide (default ports, guard ranges).
+    defaults_digest: [u8; 32],
+    /// Short hash of everything that decides (ids, modes, rules, identities, defaults).
+    version: Arc<str>,
+    /// Position in the sequence of published sets (0 until published): an exchange decided
+    /// under an older generation re-checks itself.
+    generation: u64,
+}
+
+/// A policy set failed to compile (a glob the grammar accepted but globset did not).
+#[derive(Debug, thiserror::Error)]
+#[error("sandbox {sandbox}: cannot compile: {message}")]
+pub struct CompileError {
+    pub sandbox: String,
+    pub message: String,
+}
+
+/// Compile one binding.
+fn compile_sandbox(b: &Arc<Binding>, default_ports: &PortSet) -> Result<Sandbox, CompileError> {
+    let policy = CompiledPolicy::compile(
+        &b.id,
+        &b.policy_file,
+        &b.network,
+        b.enforcement,
+        default_ports,
+    )
+    .map_err(|e| CompileError {
+        sandbox: b.id.to_string(),
+        message: e.to_string(),
+    })?;
+    let mut hasher = Sha256::new();
+    hash_binding(&mut hasher, b);
+    Ok(Sandbox {
+        binding: Arc::clone(b),
+        policy,
+        limiter: OnceLock::new(),
+        stats: OnceLock::new(),
+        digest: hasher.finalize().into(),
+    })
+}
+
+fn xor(acc: &mut [u8; 32], d: &[u8; 32]) {
+    for (a, b) in acc.iter_mut().zip(d) {
+        *a ^= b;
+    }
+}
+
+fn version_of(sandboxes: &[u8; 32], defaults: &[u8; 32]) -> Arc<str> {
+    let mut h = Sha256::new();
+    h.update(sandboxes);
+    h.update(defaults);
+    hex::encode(&h.finalize()[..6]).into()
+}
+
+/// What a [`PolicySet::recompile`] changed.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Sandboxes added, removed or whose binding changed (sorted).
+    pub sandboxes: Vec<SandboxId>,
+    /// Whether anything beyond those sandboxes' own exchanges may be affected: the defaults
+    /// every sandbox is compiled with or the guard changed, or a changed sandbox has (or had)
+    /// `sources` (which can move a client from one sandbox to another).
+    pub set_wide: bool,
+}
+
+impl Changes {
+    /// Who the publication of the recompiled set concerns.
+    pub fn scope(&self) -> Scope<'_> {
+        if self.set_wide {
+            Scope::All
+        } else {
+            Scope::Sandboxes(&self.sandboxes)
+        }
+    }
+}
+
+impl PolicySet {
+    /// Compile `config`'s bindings plus `extra` (runtime-registered) bindings.
+    pub fn compile(
+        config: &Config,
+        extra: &[Arc<Binding>],
+        listeners: Vec<SocketAddr>,
+    ) -> Result<Self, CompileError> {
+        Self::build(config, extra, listeners, None).map(|(set, _)| set)
+    }
+
+    /// Like [`PolicySet::compile`], but every sandbox whose binding is unchanged (and all of
+    /// them only if the defaults they are compiled with are unchanged) is taken from this set
+    /// as it is: a reload compiles only what changed.
+    pub fn recompile(
+        &self,
+        config: &Config,
+        extra: &[Arc<Binding>],
+        listeners: Vec<SocketAddr>,
+    ) -> Result<(Self, Changes), CompileError> {
+        Self::build(config, extra, listeners, Some(self))
+    }
+
+    fn build(
+        config: &Config,
+        extra: &[Arc<Binding>],
+        listeners: Vec<SocketAddr>,
+        previous: Option<&PolicySet>,
+    ) -> Result<(Self, Changes), CompileError> {
+        let ports = &config.defaults.ports;
+        let mut hasher = Sha256::new();
+        hasher.update(format!("{:?}", config.defaults.ports));
+        hasher.update(format!(
+            "{:?}{:?}{:?}",
+            config.defaults.prohibited_ranges,
+            config.defaults.guard_allow_ranges,
+            config.dns.address_rule_zones,
+        ));
+        for name in config.dns.hosts.keys() {
+            hasher.update(name.as_bytes());
+            hasher.update(b"\n");
+        }
+        let defaults_digest: [u8; 32] = hasher.finalize().into();
+        let guard = Guard::new(
+            &config.defaults.prohibited_ranges,
+            &config.defaults.guard_allow_ranges,
+            listeners,
+        );
+        let mut changes = Changes {
+            set_wide: previous.is_none_or(|p| p.defaults_digest != defaults_digest),
+            ..Changes::default()
+        };
+        let reusable = previous.filter(|_| !changes.set_wide);
+        let mut sandboxes = imbl::HashMap::new();
+        let mut sources = AddrTable::new();
+        let mut sandboxes_digest = [0u8; 32];
+        let mut add = |b: &Binding, shared: Option<&Arc<Binding>>| -> Result<(), CompileError> {
+            let old = previous.and_then(|p| p.sandboxes.get(b.id.as_str()));
+            let sb = match reusable.and(old).filter(|old| *old.binding == *b) {
+                Some(same) => same.clone(),
+                None => {
+                    let arc = shared.cloned().unwrap_or_else(|| Arc::new(b.clone()));
+                    changes.sandboxes.push(b.id.clone());
+                    changes.set_wide |=
+                        !b.sources.is_empty() || old.is_some_and(|o| !o.binding.sources.is_empty());
+                    Arc::new(compile_sandbox(&arc, ports)?)
+                }
+            };
+            let id: Arc<str> = b.id.as_str().into();
+            for s in &b.sources {
+                sources.insert(*s, id.clone());
+            }
+            xor(&mut sandboxes_digest, &sb.digest);
+            sandboxes.insert(b.id.clone(), sb);
+            Ok(())
+        };
+        for b in &config.bindings {
+            add(b, None)?;
+        }
+        for b in extra {
+            add(b, Some(b))?;
+        }
+        if let Some(p) = previous {
+            for (id, old) in &p.sandboxes {
+                if !sandboxes.contains_key(id) {
+                    changes.sandboxes.push(id.clone());
+                    changes.set_wide |= !old.binding.sources.is_empty();
+                }
+            }
+        }
+        changes.sandboxes.sort_unstable();
+        let set = PolicySet {
+            sandboxes,
+            sources,
+            guard: Arc::new(guard),
+            default_ports: ports.clone(),
+            zones: config.dns.address_rule_zones.clone().into(),
+            static_names: Arc::new(config.dns.hosts.keys().cloned().collect()),
+            version: version_of(&sandboxes_digest, &defaults_digest),
+            sandboxes_digest,
+            defaults_digest,
+            generation: 0,
+        };
+        Ok((set, changes))
+    }
+
+    /// This set with `b` added or replaced: only `b` is compiled; every other sandbox is
+    /// shared with this set.
+    pub fn with_binding(&self, b: &Arc<Binding>) -> Result<Self, CompileError> {
+        let mut edit = self.edit();
+        edit.put(b)?;
+        Ok(edit.finish())
+    }
+
+    /// This set without sandbox `id`.
+    pub fn without(&self, id: &str) -> Self {
+        let mut edit = self.edit();
+        edit.remove(id);
+        edit.finish()
+    }
+
+    /// A copy of this set to change several sandboxes in (one copy, one version computed,
+    /// whatever the number of changes).
+    pub fn edit(&self) -> SetEdit {
+        let mut next = self.clone();
+        next.generation = 0;
+        SetEdit(next)
+    }
+
+    fn remove_entry(&mut self, id: &str) {
+        if let Some(old) = self.sandboxes.remove(id) {
+            xor(&mut self.sandboxes_digest, &old.digest);
+            for s in &old.binding.sources {
+                self.sources.remove(*s, |v| &**v == id);
+            }
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Arc<Sandbox>> {
+        self.sandboxes.get(id)
+    }
+
+    /// Sandbox ids, sorted.
+    pub fn ids(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.sandboxes.keys().map(SandboxId::as_str).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The policy version (hash of the compiled set).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The policy version, shared (audit records hold it).
+    pub fn version_arc(&self) -> Arc<str> {
+        self.version.clone()
+    }
+
+    /// See [`PolicySet::generation`]'s field doc.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The sandbox whose `sources` contain `ip` (longest prefix wins).
+    pub fn by_source(&self, ip: IpAddr) -> Option<&Arc<Sandbox>> {
+        let ip = ip.to_canonical();
+        self.sources
+            .matches(ip)
+            .next()
+            .and_then(|id| self.sandboxes.get(&**id))
+    }
+
+    /// Decide for a sandbox with this set's guard.
+    pub fn decide(&self, sandbox: &Sandbox, target: &Target, addrs: Option<&[IpAddr]>) -> Outcome {
+        let mut outcome = sandbox.policy.decide(target, addrs, &self.guard);
+        // A name no name rule allows is resolved (to try address rules) only under
+        // `dns.address_rule_zones` or with `network.resolve_for_address_rules`: any other
+        // lookup would carry the name to whoever serves its zone, for nothing.
+        if let Host::Name(name) = &target.host {
+            if outcome.needs_addresses
+                && outcome.decision.verdict == Verdict::Deny
+                && !sandbox.binding.network.resolve_for_address_rules
+                && !self.in_address_rule_zone(name)
+                && !self.static_names.contains(&**name)
+            {
+                outcome.needs_addresses = false;
+            }
+        }
+        outcome
+    }
+
+    /// What the DNS listener may tell `sandbox` about `name`: address rules count only for
+    /// names that [`PolicySet::decide`] would resolve for them.
+    pub fn dns_view(&self, sandbox: &Sandbox, name: &str) -> NameView {
+        match sandbox.policy.name_view(name) {
+            NameView::AddressRules
+                if !sandbox.binding.network.resolve_for_address_rules
+                    && !self.in_address_rule_zone(name)
+                    && !self.static_names.contains(name) =>
+            {
+                NameView::Refused(crate::policy::Decision::deny(
+                    crate::policy::reason::Reason::NoRuleMatched,
+                    None,
+                ))
+            }
+            v => v,
+        }
+    }
+
+    /// `name` is one of `dns.address_rule_zones` or under one.
+    pub fn in_address_rule_zone(&self, name: &str) -> bool {
+        self.zones.iter().any(|z| {
+            name == z
+                || (name.len() > z.len()
+                    && name.ends_with(z.as_str())
+                    && name.as_bytes()[name.len() - z.len() - 1] == b'.')
+        })
+    }
+}
+
+/// Changes to a [`PolicySet`] in progress ([`PolicySet::edit`]).
+pub struct SetEdit(PolicySet);
+
+impl SetEdit {
+    /// Add or replace `b`, compiling only it.
+    pub fn put(&mut self, b: &Arc<Binding>) -> Result<(), CompileError> {
+        let sb = compile_sandbox(b, &self.0.default_ports)?;
+        let next = &mut self.0;
+        next.remove_entry(&b.id);
+        let id: Arc<str> = b.id.as_str().into();
+        for s in &b.sources {
+            next.sources.insert(*s, id.clone());
+        }
+        xor(&mut next.sandboxes_digest, &sb.digest);
+        next.sandboxes.insert(b.id.clone(), Arc::new(sb));
+        Ok(())
+    }
+
+    /// Remove sandbox `id` (nothing when absent).
+    pub fn remove(&mut self, id: &str) {
+        self.0.remove_entry(id);
+    }
+
+    /// The set as edited.
+    pub fn get(&self, id: &str) -> Option<&Arc<Sandbox>> {
+        self.0.get(id)
+    }
+
+    /// The edited set, with its new version.
+    pub fn finish(mut self) -> PolicySet {
+        self.0.version = version_of(&self.0.sandboxes_digest, &self.0.defaults_digest);
+        self.0
+    }
+}
+
+/// Who a publication concerns.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'a> {
+    /// Anything may have changed (a file reload, a restore): every live exchange re-checks.
+    All,
+    /// Only these sandboxes changed (registrations, removals or edits that cannot change how
+    /// any other client is identified): only their exchanges are woken.
+    Sandboxes(&'a [SandboxId]),
+}
+
+/// The policy set in force. Connections take a snapshot from the `ArcSwap` (cheap, lock
+/// free). Live exchanges hold two receivers: the set-wide `watch` (woken by [`Scope::All`]
+/// publications, and always holding the newest set) and their own sandbox's (woken by
+/// [`Scope::Sandbox`] publications), so that registering one sandbox does not wake the
+/// tunnels of every other. Publications are serialised by the caller ([`crate::control`]
+/// holds one lock).
+pub struct LivePolicy {
+    current: ArcSwap<PolicySet>,
+    changes: watch::Sender<Arc<PolicySet>>,
+    /// One channel per sandbox that has (or had) live exchanges.
+    per_sandbox: std::sync::Mutex<std::collections::HashMap<SandboxId, watch::Sender<()>>>,
+    /// The last generation handed out.
+    generation: AtomicU64,
+}
+
+impl LivePolicy {
+    pub fn new(mut set: PolicySet) -> Self {
+        set.generation = 1;
+        let set = Arc::new(set);
+        LivePolicy {
+            current: ArcSwap::new(set.clone()),
+            changes: watch::channel(set).0,
+            per_sandbox: std::sync::Mutex::new(std::collections::HashMap::new()),
+            generation: AtomicU64::new(1),
+        }
+    }
+
+    /// The set in force now.
+    pub fn load(&self) -> Arc<PolicySet> {
+        self.current.load_full()
+    }
+
+    /// Make `set` the one in force: new connections see it at once, and the exchanges `scope`
+    /// names are told.
+    pub fn publish(&self, mut set: PolicySet, scope: Scope<'_>) -> Arc<PolicySet> {
+        set.generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        let set = Arc::new(set);
+        self.current.store(set.clone());
+        match scope {
+            Scope::All => {
+                self.changes.send_replace(set.clone());
+                if let Ok(mut m) = self.per_sandbox.lock() {
+                    // Forget the channels nobody listens to any more.
+                    m.retain(|_, tx| tx.receiver_count() > 0);
+                }
+            }
+            Scope::Sandboxes(ids) => {
+                // Update the newest set without waking anyone, then wake these sandboxes'.
+                self.changes.send_if_modified(|v| {
+                    *v = set.clone();
+                    false
+                });
+                if let Ok(mut m) = self.per_sandbox.lock() {
+                    for id in ids {
+                        if let Some(tx) = m.get(id) {
+                            if tx.send(()).is_err() {
+                                m.remove(id);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        set
+    }
+
+    /// A receiver of every later set-wide publication (and of the newest set).
+    pub fn subscribe(&self) -> watch::Receiver<Arc<PolicySet>> {
+        self.changes.subscribe()
+    }
+
+    /// A receiver of the publications that concern sandbox `id` only.
+    pub fn subscribe_sandbox(&self, id: &SandboxId) -> watch::Receiver<()> {
+        match self.per_sandbox.lock() {
+            Ok(mut m) => m
+                .entry(id.clone())
+                .or_insert_with(|| watch::channel(()).0)
+                .subscribe(),
+            // Never notified: the set-wide channel still reaches the exchange.
+            Err(_) => watch::channel(()).1,
+        }
+    }
+}
+
+fn hash_binding(h: &mut Sha256, b: &Binding) {
+    h.update(b.id.as_bytes());
+    h.update([0]);
+    h.update(b.token_sha256.unwrap_or_default());
+    h.update(format!(
+        "{:?}{:?}{:?}",
+        b.sources, b.enforcement, b.network.mode
+    ));
+    for (text, _) in b.network.egress.iter() {
+        h.update(b"+");
+        h.update(text.as_bytes());
+    }
+    for (text, _) in b.network.deny.iter() {
+        h.update(b"-");
+        h.update(text.as_bytes());
+    }
+    h.update(format!(
+        "{:?}{}{:?}{}{}",
+        b.limits,
+        b.strict_sni_dst,
+        b.require_tls_ports,
+        b.refuse_ech,
+        b.network.resolve_for_address_rules
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_str;
+    use std::path::Path;
+
+    #[test]
+    fn address_rule_zones_match_whole_labels() {
+        let text = "dns: { address_rule_zones: [cluster.local, Svc.] }\nsandboxes:\n  - { id: a, policy: { provider: local, config: {}, network: { egress: [10.0.0.0/8] } } }\n";
+        let c = load_str(text, "t", Path::new("."), None).unwrap();
+        let set = PolicySet::compile(&c, &[], vec![]).unwrap();
+        for yes in ["cluster.local", "db.ns.svc.cluster.local", "svc", "api.svc"] {
+            assert!(set.in_address_rule_zone(yes), "{yes}");
+        }
+        for no in [
+            "evilcluster.local",
+            "cluster.local.evil.example",
+            "svc.example",
+            "local",
+        ] {
+            assert!(!set.in_address_rule_zone(no), "{no}");
+        }
+        // A name outside the zones needs no addresses: refused without a lookup.
+        let sb = set.get("a").unwrap();
+        let t = |h: &str| Target::parse(h, None).unwrap();
+        assert!(
+            !set.decide(sb, &t("x.exfil.example:443"), None)
+                .needs_addresses
+        );
+        assert!(
+            set.decide(sb, &t("db.svc.cluster.local:443"), None)
+                .needs_addresses
+        );
+    }
+
+    #[test]
+    fn compiles_and_identifies_by_source() {
+        let text = "sandboxes:\n  - { id: a, sources: [10.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [x.example.com] } } }\n  - { id: b, sources: [10.1.0.0/16], policy: { provider: local, config: {} } }\n";
+        let c = load_str(text, "t", Path::new("."), None).unwrap();
+        let set = PolicySet::compile(&c, &[], vec![]).unwrap();
+        assert_eq!(set.ids(), ["a", "b"]);
+        assert_eq!(
+            set.by_source("10.2.0.1".parse().unwrap())
+                .unwrap()
+                .binding
+                .id,
+            "a"
+        );
+        assert_eq!(
+            set.by_source("10.1.0.1".parse().unwrap())
+                .unwrap()
+                .binding
+                .id,
+            "b"
+        );
+        assert_eq!(
+            set.by_source("::ffff:10.1.0.1".parse().unwrap())
+                .unwrap()
+                .binding
+                .id,
+            "b"
+        );
+        assert!(set.by_source("192.168.0.1".parse().unwrap()).is_none());
+        assert_eq!(set.version().len(), 12);
+        // A different rule set has a different version; the same one the same.
+        let again = PolicySet::compile(&c, &[], vec![]).unwrap();
+        assert_eq!(again.version(), set.version());
+        let c2 = load_str(
+            &text.replace("x.example.com", "y.example.com"),
+            "t",
+            Path::new("."),
+            None,
+        )
+        .unwrap();
+        assert_ne!(
+            PolicySet::compile(&c2, &[], vec![]).unwrap().version(),
+            set.version()
+        );
+    }
+
+    #[test]
+    fn incremental_changes_match_a_full_compile() {
+        let a = "  - { id: a, sources: [10.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [x.example.com] } } }\n";
+        let b = "  - { id: b, sources: [10.1.0.0/16], auth: { token_sha256: 0000000000000000000000000000000000000000000000000000000000000000 }, policy: { provider: local, config: {}, network: { egress: [y.example.com] } } }\n";
+        let load = |text: String| load_str(&text, "t", Path::new("."), None).unwrap();
+        let only_a = load(format!("sandboxes:\n{a}"));
+        let both = load(format!("sandboxes:\n{a}{b}"));
+        let set_a = PolicySet::compile(&only_a, &[], vec![]).unwrap();
+        let set_ab = PolicySet::compile(&both, &[], vec![]).unwrap();
+        let b_binding = Arc::new(both.bindings.iter().find(|x| x.id == "b").unwrap().clone());
+        let grown = set_a.with_binding(&b_binding).unwrap();
+        assert_eq!(grown.version(), set_ab.version());
+        assert_eq!(grown.ids(), ["a", "b"]);
+        assert_eq!(
+            grown
+                .by_source("10.1.2.3".parse().unwrap())
+                .unwrap()
+                .binding
+                .id,
+            "b"
+        );
+        let shrunk = grown.without("b");
+        assert_eq!(shrunk.version(), set_a.version());
+        assert_eq!(
+            shrunk
+                .by_source("10.1.2.3".parse().unwrap())
+                .unwrap()
+                .binding
+                .id,
+            "a"
+        );
+        // Replacing a sandbox with itself changes nothing; the original set is untouched.
+        assert_eq!(
+            grown.with_binding(&b_binding).unwrap().version(),
+            set_ab.version()
+        );
+        assert_eq!(set_a.ids(), ["a"]);
+    }
+
+    #[test]
+    fn recompile_compiles_only_what_changed() {
+        let sb = |id: &str, extra: &str, host: &str| {
+            format!("  - {{ id: {id}{extra}, policy: {{ provider: local, config: {{}}, network: {{ egress: [{host}] }} }} }}\n")
+        };
+        let load = |defaults: &str, text: String| {
+            load_str(
+                &format!("{defaults}sandboxes:\n{text}"),
+                "t",
+                Path::new("."),
+                None,
+            )
+            .unwrap()
+        };
+        let before = load(
+            "",
+            format!(
+                "{}{}{}",
+                sb("a", "", "x.test"),
+                sb("b", "", "y.test"),
+                sb("c", ", sources: [10.0.0.0/8]", "z.test")
+            ),
+        );
+        let set = PolicySet::compile(&before, &[], vec![]).unwrap();
+        let same =
+            |next: &PolicySet, id: &str| Arc::ptr_eq(next.get(id).unwrap(), set.get(id).unwrap());
+
+        // b edited, a untouched, d added: only b and d compiled, only their exchanges woken.
+        let edited = load(
+            "",
+            format!(
+                "{}{}{}{}",
+                sb("a", "", "x.test"),
+                sb("b", "", "w.test"),
+                sb("c", ", sources: [10.0.0.0/8]", "z.test"),
+                sb("d", "", "v.test")
+            ),
+        );
+        let (next, changes) = set.recompile(&edited, &[], vec![]).unwrap();
+        assert!(same(&next, "a") && same(&next, "c") && !same(&next, "b"));
+        assert_eq!(changes.sandboxes, ["b", "d"]);
+        assert!(!changes.set_wide);
+        assert_eq!(
+            next.version(),
+            PolicySet::compile(&edited, &[], vec![]).unwrap().version()
+        );
+
+        // Nothing changed: nothing compiled, same version.
+        let (again, changes) = set.recompile(&before, &[], vec![]).unwrap();
+        assert!(changes.sandboxes.is_empty() && !changes.set_wide);
+        assert_eq!(again.version(), set.version());
+
+        // b removed: listed; c's sources changed: every exchange re-checks.
+        let moved = load(
+            "",
+            format!(
+                "{}{}",
+                sb("a", "", "x.test"),
+                sb("c", ", sources: [10.1.0.0/16]", "z.test")
+            ),
+        );
+        let (_, changes) = set.recompile(&moved, &[], vec![]).unwrap();
+        assert_eq!(changes.sandboxes, ["b", "c"]);
+        assert!(changes.set_wide);
+
+        // Defaults changed: everything recompiled, set-wide.
+        let ports = load(
+            "defaults: { ports: [8443] }\n",
+            format!(
+                "{}{}{}",
+                sb("a", "", "x.test"),
+                sb("b", "", "y.test"),
+                sb("c", ", sources: [10.0.0.0/8]", "z.test")
+            ),
+        );
+        let (next, changes) = set.recompile(&ports, &[], vec![]).unwrap();
+        assert!(changes.set_wide && !same(&next, "a"));
+        assert_eq!(changes.sandboxes.len(), 3);
+    }
+}

@@ -1,0 +1,192 @@
+//! Connection targets: `host:port`, `ip:port`, `[v6]:port` as they arrive in a CONNECT line,
+//! an absolute URI, a `Host` header, an SNI or on the `check` command line. A target's host is
+//! either a normalised name or a canonical IP literal; anything else is `invalid_target`
+//! (numeric-looking names, userinfo, empty labels, control characters, percent-encoding).
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use thiserror::Error;
+
+use crate::policy::hostname::{normalize_name, NameError};
+
+/// A destination host.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Host {
+    /// A normalised DNS name.
+    Name(Box<str>),
+    /// An IP literal, canonicalised (IPv4-mapped IPv6 becomes IPv4).
+    Ip(IpAddr),
+}
+
+/// A destination host and port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Target {
+    pub host: Host,
+    pub port: u16,
+}
+
+/// Why a target string is not usable.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum TargetError {
+    #[error("empty target")]
+    Empty,
+    #[error("target has no port")]
+    MissingPort,
+    #[error("invalid port (1-65535)")]
+    BadPort,
+    #[error("malformed IPv6 literal")]
+    BadIpv6,
+    #[error("invalid host: {0}")]
+    Host(#[from] NameError),
+}
+
+impl Host {
+    /// Parse a bare host (no port): `[v6]`, a bare IPv6 address, dotted-quad IPv4 or a name.
+    pub fn parse(text: &str) -> Result<Host, TargetError> {
+        if text.is_empty() {
+            return Err(TargetError::Empty);
+        }
+        if let Some(inner) = text.strip_prefix('[') {
+            let inner = inner.strip_suffix(']').ok_or(TargetError::BadIpv6)?;
+            let v6: Ipv6Addr = inner.parse().map_err(|_| TargetError::BadIpv6)?;
+            return Ok(Host::Ip(IpAddr::V6(v6).to_canonical()));
+        }
+        if text.contains(':') {
+            let v6: Ipv6Addr = text.parse().map_err(|_| TargetError::BadIpv6)?;
+            return Ok(Host::Ip(IpAddr::V6(v6).to_canonical()));
+        }
+        if let Ok(v4) = text.parse::<Ipv4Addr>() {
+            return Ok(Host::Ip(IpAddr::V4(v4)));
+        }
+        Ok(Host::Name(normalize_name(text)?.into_boxed_str()))
+    }
+
+    /// The name, if this host is one.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            Host::Name(n) => Some(n),
+            Host::Ip(_) => None,
+        }
+    }
+}
+
+impl Target {
+    /// Parse `host[:port]`; without a port, `default_port` applies or the target is refused.
+    pub fn parse(text: &str, default_port: Option<u16>) -> Result<Target, TargetError> {
+        if text.is_empty() {
+            return Err(TargetError::Empty);
+        }
+        let (host, port) = if text.starts_with('[') {
+            match text.rfind(']') {
+                Some(end) if end + 1 == text.len() => (text, None),
+                Some(end) => match text[end + 1..].strip_prefix(':') {
+                    Some(p) => (&text[..=end], Some(p)),
+                    None => return Err(TargetError::BadIpv6),
+                },
+                None => return Err(TargetError::BadIpv6),
+            }
+        } else {
+            match text.matches(':').count() {
+                0 => (text, None),
+                1 => match text.split_once(':') {
+                    Some((h, p)) => (h, Some(p)),
+                    None => (text, None),
+                },
+                _ => (text, None),
+            }
+        };
+        let port = match port {
+            Some(p) => parse_port(p)?,
+            None => default_port.ok_or(TargetError::MissingPort)?,
+        };
+        Ok(Target {
+            host: Host::parse(host)?,
+            port,
+        })
+    }
+}
+
+fn parse_port(text: &str) -> Result<u16, TargetError> {
+    if text.is_empty() || text.len() > 5 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(TargetError::BadPort);
+    }
+    match text.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(TargetError::BadPort),
+    }
+}
+
+impl fmt::Display for Host {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Host::Name(n) => f.write_str(n),
+            Host::Ip(IpAddr::V6(v6)) => write!(f, "[{v6}]"),
+            Host::Ip(IpAddr::V4(v4)) => write!(f, "{v4}"),
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_names_ips_and_ports() {
+        let t = Target::parse("API.example.com.:8443", None).unwrap();
+        assert_eq!(t.host, Host::Name("api.example.com".into()));
+        assert_eq!(t.port, 8443);
+        assert_eq!(
+            Target::parse("1.2.3.4", Some(443)).unwrap().to_string(),
+            "1.2.3.4:443"
+        );
+        assert_eq!(
+            Target::parse("[2001:db8::1]:80", None).unwrap().to_string(),
+            "[2001:db8::1]:80"
+        );
+        assert_eq!(
+            Target::parse("[::ffff:10.0.0.1]:80", None)
+                .unwrap()
+                .to_string(),
+            "10.0.0.1:80"
+        );
+        assert_eq!(Target::parse("2001:db8::1", Some(443)).unwrap().port, 443);
+    }
+
+    #[test]
+    fn refuses_invalid_targets() {
+        for bad in [
+            "",
+            "example.com",
+            "example.com:",
+            "example.com:0",
+            "example.com:65536",
+            "example.com:x",
+            "2130706433:443",
+            "127.1:443",
+            "0x7f.1:443",
+            "1.2.3:443",
+            "a@b:443",
+            "a%2eb:443",
+            "a..b:443",
+            "[::1:443",
+            "[::1]x",
+            "[fe80::1%eth0]:443",
+            "exa\rmple.com:443",
+            "01.2.3.4:443",
+            "[1.2.3.4]:443",
+        ] {
+            assert!(Target::parse(bad, None).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            Target::parse("example.com", None),
+            Err(TargetError::MissingPort)
+        );
+    }
+}

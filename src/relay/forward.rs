@@ -1,0 +1,345 @@
+//! Absolute-form request forwarding (`GET http://host/...` on the explicit proxy), after the
+//! request was allowed and a checked address dialled: rewrite the request for the origin
+//! (origin-form target, hop-by-hop headers and the proxy's credentials removed), send it,
+//! and stream both bodies — counted, shaped under the sandbox's bandwidth limits, and
+//! watched: when the policy no longer allows the exchange, the upstream connection is
+//! dropped (nothing more reaches the origin) and so is the client connection (nothing more
+//! reaches the client), and the record says `close: "revoked"`.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderName, Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper_util::rt::TokioIo;
+use tokio::sync::oneshot;
+
+use crate::audit::metrics::ActiveGuard;
+use crate::audit::{AuditGuard, Close, Counters};
+use crate::egress::allowed::Allowed;
+use crate::egress::limits::ConnectionSlot;
+use crate::policy::reason::Reason;
+use crate::policy::target::Target;
+use crate::policy::Decision;
+use crate::relay::abortable::{Abortable, Cut};
+use crate::relay::body::{self, Body, BoxError};
+use crate::relay::shaped_body::ShapedBody;
+use crate::server::shared::Shared;
+
+/// What lives exactly as long as the exchange: its record, its place in the active gauge
+/// and under the sandbox's connection limit. Shared by the response body, the watcher task
+/// and the request handler; the last one to let go writes the record.
+struct Exchange {
+    audit: AuditGuard,
+    _active: ActiveGuard,
+    _slot: ConnectionSlot,
+}
+
+type SharedExchange = Arc<Mutex<Exchange>>;
+
+fn with_audit(ex: &SharedExchange, f: impl FnOnce(&mut AuditGuard)) {
+    if let Ok(mut e) = ex.lock() {
+        f(&mut e.audit);
+    }
+}
+
+/// Forward one allowed request and return the origin's response (or a 502).
+pub async fn forward(
+    shared: Arc<Shared>,
+    cut: Arc<Cut>,
+    req: Request<Incoming>,
+    allowed: Allowed,
+) -> Response<Body> {
+    let Allowed {
+        mut audit,
+        sandbox,
+        grant,
+        dialed,
+        slot,
+    } = allowed;
+    let limiter = slot.limiter().clone();
+    let shaped = limiter.shapes();
+    let counters = Arc::new(Counters::default());
+    audit.count(counters.clone());
+    let activity = Arc::new(Activity::new());
+    let host = host_header(&grant.target);
+    let exchange: SharedExchange = Arc::new(Mutex::new(Exchange {
+        audit,
+        _active: sandbox.stats(shared.metrics()).active(),
+        _slot: slot,
+    }));
+
+    // The request, rewritten for the origin; its body counted and shaped.
+    let (mut parts, body) = req.into_parts();
+    let up = counters.clone();
+    let up_activity = activity.clone();
+    let body = body
+        .map_frame(move |f| {
+            if let Some(d) = f.data_ref() {
+                up.up.fetch_add(d.len() as u64, Ordering::Relaxed);
+                up_activity.touch();
+            }
+            f
+        })
+        .boxed();
+    let body = if shaped {
+        ShapedBody::new(body, limiter.clone(), true).boxed()
+    } else {
+        body
+    };
+    strip_hop_by_hop(&mut parts.headers);
+    // RFC 9112 §3.2.2: the request-target's authority is what was decided and dialled, and
+    // the Host sent upstream is that authority — never the client's own `Host` (a
+    // virtual-hosted origin would otherwise serve a host that was not decided).
+    parts.headers.remove(header::HOST);
+    if let Ok(v) = host.parse() {
+        parts.headers.insert(header::HOST, v);
+    }
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    parts.uri = path
+        .parse::<Uri>()
+        .unwrap_or_else(|_| Uri::from_static("/"));
+    parts.version = http::Version::HTTP_11;
+    let upstream_req = Request::from_parts(parts, body);
+
+    let (mut sender, upstream) = match hyper::client::conn::http1::handshake(TokioIo::new(
+        Abortable::new(dialed.stream, cut.clone()),
+    ))
+    .await
+    {
+        Ok(x) => x,
+        Err(e) => return bad_gateway(&exchange, &e),
+    };
+
+    // The watcher: drives the upstream connection and cuts both sides on revocation or
+    // shutdown; it ends when the exchange does.
+    let (done_tx, done_rx) = oneshot::channel::<()>();
+    // Record why, and cut the client connection, *before* the upstream connection is dropped:
+    // the handler must never see the upstream error first and answer the client with a 502.
+    let stop = {
+        let watch = shared.watch(grant);
+        let exchange = exchange.clone();
+        let cut = cut.clone();
+        async move {
+            let close = watch.stopped().await;
+            with_audit(&exchange, |a| a.close(close));
+            // Reset both connections: nothing queued reaches the origin or the client.
+            cut.abort();
+        }
+    };
+    // Nothing moving in either direction for `idle_ms` — an origin that never answers, a
+    // client that stopped sending its body — ends the exchange the same way.
+    let idle = {
+        let activity = activity.clone();
+        let exchange = exchange.clone();
+        let cut = cut.clone();
+        let idle = shared.settings.timeouts.idle;
+        async move {
+            loop {
+                let deadline = activity.deadline(idle);
+                tokio::time::sleep_until(deadline).await;
+                if activity.deadline(idle) <= tokio::time::Instant::now() {
+                    break;
+                }
+            }
+            with_audit(&exchange, |a| {
+                a.close_if_unset(Close::Idle);
+                a.detail("nothing moved in either direction for timeouts.idle_ms");
+            });
+            cut.close();
+        }
+    };
+    let watcher_exchange = exchange.clone();
+    tokio::spawn(async move {
+        let drive_upstream = async {
+            let _ = upstream.await;
+            // The origin is done; keep watching while the client is still being served.
+            std::future::pending::<()>().await
+        };
+        // Whichever ends first, the upstream connection is dropped with this select.
+        tokio::select! {
+            _ = drive_upstream => {}
+            _ = done_rx => {}
+            _ = stop => {}
+            _ = idle => {}
+        }
+        drop(watcher_exchange);
+    });
+
+    match sender.send_request(upstream_req).await {
+        Ok(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            activity.touch();
+            let body = Metered {
+                inner: body,
+                counters,
+                activity,
+                exchange,
+                ended: false,
+                _done: done_tx,
+            };
+            let body = if shaped {
+                ShapedBody::new(body, limiter, false).boxed()
+            } else {
+                body.boxed()
+            };
+            Response::from_parts(parts, body)
+        }
+        Err(e) => bad_gateway(&exchange, &e),
+    }
+}
+
+/// The request was allowed but the origin did not answer it properly: 502, recorded as
+/// `connection_refused` with the error (unless the exchange was revoked meanwhile).
+fn bad_gateway(exchange: &SharedExchange, e: &hyper::Error) -> Response<Body> {
+    with_audit(exchange, |a| {
+        a.decision(&Decision::deny(Reason::ConnectionRefused, None));
+        a.detail(format!("upstream: {e}"));
+        a.close_if_unset(Close::Error);
+    });
+    let mut resp = Response::new(body::full(format!(
+        "egress-proxy: the destination did not answer the request properly ({e}).\n"
+    )));
+    *resp.status_mut() = StatusCode::BAD_GATEWAY;
+    resp
+}
+
+/// When bytes last moved in either direction of the exchange.
+struct Activity {
+    origin: tokio::time::Instant,
+    /// Milliseconds after `origin`.
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            origin: tokio::time::Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = self.origin.elapsed().as_millis() as u64;
+        self.last_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    fn deadline(&self, idle: std::time::Duration) -> tokio::time::Instant {
+        self.origin + std::time::Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + idle
+    }
+}
+
+/// The origin's response body on its way to the client: counts bytes, notes how it ended,
+/// and holds the exchange (and so the record) until the body is finished or dropped.
+struct Metered {
+    inner: Incoming,
+    counters: Arc<Counters>,
+    activity: Arc<Activity>,
+    exchange: SharedExchange,
+    ended: bool,
+    /// Dropped with the body: tells the watcher the exchange is over.
+    _done: oneshot::Sender<()>,
+}
+
+impl HttpBody for Metered {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    this.counters
+                        .down
+                        .fetch_add(d.len() as u64, Ordering::Relaxed);
+                    this.activity.touch();
+                }
+                if this.inner.is_end_stream() {
+                    this.ended = true;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                with_audit(&this.exchange, |a| {
+                    a.detail(format!("upstream: {e}"));
+                    a.close_if_unset(Close::Error);
+                });
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            Poll::Ready(None) => {
+                this.ended = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Metered {
+    fn drop(&mut self) {
+        let ended = self.ended || self.inner.is_end_stream();
+        with_audit(&self.exchange, |a| {
+            if !ended {
+                a.detail("the client went away before the response ended");
+            }
+            a.close_if_unset(if ended { Close::Eof } else { Close::Error });
+        });
+    }
+}
+
+/// Hop-by-hop headers, plus the proxy's own credentials: never forwarded.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        headers.remove(n);
+    }
+    for h in [
+        header::CONNECTION,
+        header::PROXY_AUTHORIZATION,
+        header::PROXY_AUTHENTICATE,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(h);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+}
+
+/// The `Host` header for a target (the port only when it is not 80).
+fn host_header(t: &Target) -> String {
+    if t.port == 80 {
+        t.host.to_string()
+    } else {
+        t.to_string()
+    }
+}

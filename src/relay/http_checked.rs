@@ -1,0 +1,226 @@
+//! The relay of a transparent connection decided by its HTTP `Host`: every request head the
+//! client sends on it — not only the first — is framed ([`crate::wire::http_stream`]) and checked
+//! before any of it reaches the origin. A request whose `Host` (or absolute-form authority)
+//! names another host or port than the one the connection was decided and dialled for ends
+//! the connection with a reset (`host_mismatch`; in report mode it is recorded and relayed).
+//! A request that cannot be framed unambiguously ends it too (`protocol_not_allowed`).
+//! The other direction is a plain pump.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::audit::outcome::Close;
+use crate::egress::limits::SandboxLimiter;
+use crate::policy::reason::Reason;
+use crate::policy::target::{Host, Target};
+use crate::relay::tunnel::{abort, drive, pump, Progress, Relayed};
+use crate::wire::first_bytes::Mismatch;
+use crate::wire::http_stream::{Head, RequestStream, Step};
+use crate::wire::peek::split_host_header;
+
+/// How a checked relay ended: the relay's result, and the first request that was refused (or,
+/// in report mode, would have been).
+#[derive(Debug)]
+pub struct Checked {
+    pub relayed: Relayed,
+    pub mismatch: Option<Mismatch>,
+}
+
+/// Whether `head` names `expected` (host, and port when it gives one; the connection's port
+/// otherwise).
+pub fn check(head: &Head, expected: &Target) -> Result<(), Mismatch> {
+    let named = head.authority.as_deref().or(head.host.as_deref());
+    let Some(value) = named else {
+        return Err(Mismatch {
+            reason: Reason::HostMismatch,
+            detail: "a request without Host on a connection decided by Host".into(),
+        });
+    };
+    let (h, p) = split_host_header(value);
+    let same_host = Host::parse(h).is_ok_and(|h| h == expected.host);
+    let same_port = p.is_none_or(|p| p.parse::<u16>() == Ok(expected.port));
+    if same_host && same_port {
+        return Ok(());
+    }
+    let shown: String = value
+        .chars()
+        .take(255)
+        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+        .collect();
+    Err(Mismatch {
+        reason: Reason::HostMismatch,
+        detail: format!("a later request named {shown}; the connection was decided for {expected}"),
+    })
+}
+
+/// Relay `client` ⇄ `server`, replaying `first` (the peeked bytes, which hold the first
+/// request head) and checking every request head against `expected`. With `report`, a
+/// mismatch is recorded and the request relayed anyway.
+#[allow(clippy::too_many_arguments)]
+pub async fn relay_checked<C, F>(
+    mut client: C,
+    mut server: TcpStream,
+    first: Vec<u8>,
+    expected: &Target,
+    report: bool,
+    idle: Duration,
+    stop: F,
+    shaper: Option<&SandboxLimiter>,
+) -> Checked
+where
+    C: crate::relay::abortable::OverTcp,
+    F: std::future::Future<Output = Close>,
+{
+    let progress = Progress::new();
+    let found: Mutex<Option<Mismatch>> = Mutex::new(None);
+    let relayed = {
+        let (mut cr, cw) = tokio::io::split(&mut client);
+        let (sr, mut sw) = server.split();
+        let up = async {
+            let mut framer = RequestStream::new();
+            let mut pending = first;
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                let (out, refused) = frame(&mut framer, &pending, expected, report, &found);
+                send(&mut sw, &out, shaper, &progress).await?;
+                if refused {
+                    return Err(std::io::Error::other("request refused"));
+                }
+                let n = cr.read(&mut buf).await?;
+                if n == 0 {
+                    let _ = sw.shutdown().await;
+                    return Ok(());
+                }
+                pending = buf[..n].to_vec();
+            }
+        };
+        let down = pump(sr, cw, false, shaper, &progress);
+        drive(up, down, &progress, idle, stop).await
+    };
+    let mismatch = found.into_inner().ok().flatten();
+    let enforced = mismatch.is_some() && !report;
+    let mut relayed = relayed;
+    if enforced || matches!(relayed.close, Close::Revoked | Close::Shutdown) {
+        // Reset both: nothing queued reaches either side, and the counts leave out what the
+        // kernel still held unsent.
+        relayed.up = relayed.up.saturating_sub(abort(server));
+        relayed.down = relayed
+            .down
+            .saturating_sub(crate::relay::tunnel::abort_over(client));
+    }
+    if enforced {
+        relayed.close = Close::Eof;
+    }
+    Checked { relayed, mismatch }
+}
+
+/// Frame `data`: the bytes that may go to the origin, and whether a refused request (or
+/// unframeable bytes) ends the connection here. The first mismatch is kept in `found`.
+fn frame(
+    framer: &mut RequestStream,
+    mut data: &[u8],
+    expected: &Target,
+    report: bool,
+    found: &Mutex<Option<Mismatch>>,
+) -> (Vec<u8>, bool) {
+    let mut out = Vec::with_capacity(data.len());
+    let keep = |m: Mismatch| {
+        if let Ok(mut f) = found.lock() {
+            f.get_or_insert(m);
+        }
+    };
+    while !data.is_empty() {
+        match framer.step(data) {
+            Ok(Step::Pass(n)) => {
+                out.extend_from_slice(&data[..n]);
+                data = &data[n..];
+            }
+            Ok(Step::Buffered) => data = &[],
+            Ok(Step::Line { consumed }) => {
+                out.extend(framer.take_held());
+                data = &data[consumed..];
+            }
+            Ok(Step::Head { head, consumed }) => {
+                if let Err(m) = check(&head, expected) {
+                    keep(m);
+                    if !report {
+                        return (out, true);
+                    }
+                }
+                out.extend(framer.take_held());
+                data = &data[consumed..];
+            }
+            Err(why) => {
+                keep(Mismatch {
+                    reason: Reason::ProtocolNotAllowed,
+                    detail: format!("HTTP that cannot be framed unambiguously: {why}"),
+                });
+                return (out, true);
+            }
+        }
+    }
+    (out, false)
+}
+
+/// Write `out` to the origin, shaped, counted write by write.
+async fn send<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    out: &[u8],
+    shaper: Option<&SandboxLimiter>,
+    progress: &Progress,
+) -> std::io::Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    let delay = shaper
+        .map(|s| s.shape_now(true, out.len()))
+        .unwrap_or_default();
+    if !delay.is_zero() {
+        let until = Instant::now() + delay;
+        progress.active(until);
+        tokio::time::sleep_until(until).await;
+    }
+    let mut sent = 0;
+    while sent < out.len() {
+        let m = w.write(&out[sent..]).await?;
+        if m == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        sent += m;
+        progress.moved(true, m);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(host: Option<&str>, authority: Option<&str>) -> Head {
+        Head {
+            host: host.map(Into::into),
+            authority: authority.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn a_request_must_name_the_decided_host_and_port() {
+        let t = Target::parse("api.test:8080", None).unwrap();
+        assert!(check(&head(Some("api.test:8080"), None), &t).is_ok());
+        assert!(check(&head(Some("API.test"), None), &t).is_ok());
+        for bad in [
+            head(Some("denied.test"), None),
+            head(Some("api.test:9090"), None),
+            head(None, None),
+            // The absolute-form authority wins over Host.
+            head(Some("api.test"), Some("denied.test")),
+        ] {
+            let m = check(&bad, &t).unwrap_err();
+            assert_eq!(m.reason, Reason::HostMismatch, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! Zero-copy relay for tunnels between two TCP sockets that need no shaping: `splice(2)`
+//! moves bytes socket → pipe → socket inside the kernel, so the proxy never copies payload
+//! into user space and holds no per-tunnel buffers; pipes come from a shared pool and are held
+//! only while bytes are in flight, so idle tunnels cost only their task and two sockets. Same
+//! contract and the same driver as [`crate::relay::tunnel::relay`]: half-close aware, idle timeout,
+//! byte counts, stop future. Safe wrappers from `nix`; no `unsafe` here.
+
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nix::fcntl::{splice, OFlag, SpliceFFlags};
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+use crate::audit::outcome::Close;
+use crate::relay::tunnel::{drive, Progress, Relayed};
+
+/// Most bytes moved through a pipe per splice: the kernel's default pipe capacity (64 KiB,
+/// 16 pages). Pipes are never enlarged: a pump whose peer stops reading holds its pipe with
+/// the bytes in it, and an unprivileged proxy's pipes all count against one
+/// `fs.pipe-user-pages-soft` budget (with 1 MiB pipes, ~64 stalled tunnels exhausted it and
+/// every other tunnel's pipes shrank to one page). When no pipe can be had at all (the hard
+/// budget, or descriptors), a pump copies through user space instead.
+const PIPE_SIZE: usize = 64 * 1024;
+
+/// Empty pipes kept for reuse. A pump holds a pipe only while bytes are in flight, so idle
+/// tunnels hold none (descriptors are the scarce resource with ten thousand tunnels) and new
+/// tunnels rarely pay for `pipe2`.
+static POOL: Mutex<Vec<(OwnedFd, OwnedFd)>> = Mutex::new(Vec::new());
+/// Most pipes kept in the pool.
+const POOL_MAX: usize = 256;
+
+fn take_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    if let Some(p) = POOL.lock().ok().and_then(|mut v| v.pop()) {
+        return Ok(p);
+    }
+    nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).map_err(io::Error::from)
+}
+
+/// Return an *empty* pipe to the pool.
+fn give_pipe(p: (OwnedFd, OwnedFd)) {
+    if let Ok(mut v) = POOL.lock() {
+        if v.len() < POOL_MAX {
+            v.push(p);
+        }
+    }
+}
+
+/// Move everything from `src` to `dst` until `src` reaches EOF, then half-close `dst`.
+async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, progress: &Progress) -> io::Result<()> {
+    let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
+    loop {
+        src.readable().await?;
+        let Ok((pr, pw)) = take_pipe() else {
+            // No pipe to be had: move this chunk through user space.
+            if copy_chunk(src, dst, up, progress).await? {
+                return Ok(());
+            }
+            continue;
+        };
+        let moved = src.try_io(Interest::READABLE, || {
+            splice(src.as_fd(), None, pw.as_fd(), None, PIPE_SIZE, flags).map_err(io::Error::from)
+        });
+        let n = match moved {
+            Ok(0) => {
+                give_pipe((pr, pw));
+                let _ =
+                    nix::sys::socket::shutdown(dst.as_raw_fd(), nix::sys::socket::Shutdown::Write);
+                return Ok(());
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                give_pipe((pr, pw));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let mut left = n;
+        while left > 0 {
+            dst.writable().await?;
+            let written = dst.try_io(Interest::WRITABLE, || {
+                splice(pr.as_fd(), None, dst.as_fd(), None, left, flags).map_err(io::Error::from)
+            });
+            match written {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(m) => {
+                    left -= m;
+                    // Counted as it reaches the socket: a cut mid-chunk counts what left.
+                    progress.moved(up, m);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        // Fully drained: the pipe is empty and can serve another tunnel.
+        give_pipe((pr, pw));
+    }
+}
+
+/// Move one chunk from `src` to `dst` through a buffer; `true` at EOF (then `dst` is
+/// half-closed).
+async fn copy_chunk(
+    src: &TcpStream,
+    dst: &TcpStream,
+    up: bool,
+    progress: &Progress,
+) -> io::Result<bool> {
+    // On the heap, and only here: a buffer in this future's state would be reserved in every
+    // pump of every tunnel, idle or not.
+    let mut buf = vec![0u8; 16 * 1024];
+    let n = match src.try_read(&mut buf) {
+        Ok(0) => {
+            let _ = nix::sys::socket::shutdown(dst.as_raw_fd(), nix::sys::socket::Shutdown::Write);
+            return Ok(true);
+        }
+        Ok(n) => n,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let mut sent = 0;
+    while sent < n {
+        dst.writable().await?;
+        match dst.try_write(&buf[sent..n]) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(m) => {
+                sent += m;
+                progress.moved(up, m);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(false)
+}
+
+/// Relay between two sockets with splice. `client` → `server` is "up". The caller keeps the
+/// sockets (and decides how to close them).
+pub async fn relay<F>(client: &TcpStream, server: &TcpStream, idle: Duration, stop: F) -> Relayed
+where
+    F: Future<Output = Close>,
+{
+    let progress = Progress::new();
+    let up = pump(client, server, true, &progress);
+    let down = pump(server, client, false, &progress);
+    drive(up, down, &progress, idle, stop).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        (c, s)
+    }
+
+    #[tokio::test]
+    async fn relays_both_ways_counts_and_half_closes() {
+        let (mut client_peer, client) = pair().await;
+        let (server, mut server_peer) = pair().await;
+        let task = tokio::spawn(async move {
+            relay(
+                &client,
+                &server,
+                Duration::from_secs(5),
+                std::future::pending(),
+            )
+            .await
+        });
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let send = big.clone();
+        let writer = tokio::spawn(async move {
+            client_peer.write_all(&send).await.unwrap();
+            client_peer.shutdown().await.unwrap();
+            let mut back = Vec::new();
+            client_peer.read_to_end(&mut back).await.unwrap();
+            back
+        });
+        let mut got = Vec::new();
+        server_peer.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, big, "up direction intact, and EOF propagated");
+        server_peer.write_all(b"reply").await.unwrap();
+        server_peer.shutdown().await.unwrap();
+        assert_eq!(writer.await.unwrap(), b"reply");
+        let r = task.await.unwrap();
+        assert_eq!((r.up, r.down, r.close), (3_000_000, 5, Close::Eof));
+    }
+
+    #[tokio::test]
+    async fn idle_and_stop() {
+        let (_cp, client) = pair().await;
+        let (server, _sp) = pair().await;
+        let r = relay(
+            &client,
+            &server,
+            Duration::from_millis(200),
+            std::future::pending(),
+        )
+        .await;
+        assert_eq!(r.close, Close::Idle);
+        let (_cp, client) = pair().await;
+        let (server, _sp) = pair().await;
+        let (tx, rx) = tokio::sync::oneshot::channel::<Close>();
+        let stop = async move { rx.await.unwrap_or(Close::Shutdown) };
+        let task =
+            tokio::spawn(
+                async move { relay(&client, &server, Duration::from_secs(30), stop).await },
+            );
+        tx.send(Close::Revoked).unwrap();
+        assert_eq!(task.await.unwrap().close, Close::Revoked);
+    }
+}

@@ -1,0 +1,339 @@
+//! The byte relay between a client and the destination it was allowed to reach: both
+//! directions, half-close aware, with an idle timeout, byte counts, and a stop future (a
+//! revocation or shutdown, from [`crate::relay::watch::Watch::stopped`]). It knows nothing
+//! about policy.
+//!
+//! Each direction is one *pump* future (read → wait for bandwidth tokens → write); [`drive`]
+//! polls both pumps, the idle deadline and the stop future in one `select!`, so a pump that is
+//! blocked writing to a peer that does not read — or sleeping for bandwidth — never keeps the
+//! relay from noticing idleness, revocation or shutdown. The zero-copy pumps of
+//! [`crate::relay::splice`] use the same driver.
+
+use std::future::Future;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::{sleep_until, Instant};
+
+use crate::audit::outcome::Close;
+use crate::egress::limits::SandboxLimiter;
+
+/// What a finished relay reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Relayed {
+    /// Client → destination.
+    pub up: u64,
+    /// Destination → client.
+    pub down: u64,
+    pub close: Close,
+}
+
+impl Relayed {
+    /// Nothing was relayed.
+    pub fn nothing(close: Close) -> Self {
+        Relayed {
+            up: 0,
+            down: 0,
+            close,
+        }
+    }
+}
+
+/// Bytes moved in each direction, and when anything last moved.
+#[derive(Debug)]
+pub struct Progress {
+    origin: Instant,
+    up: AtomicU64,
+    down: AtomicU64,
+    /// Nanoseconds after `origin` until which the tunnel counts as active.
+    active_until: AtomicU64,
+}
+
+impl Progress {
+    pub fn new() -> Self {
+        Progress {
+            origin: Instant::now(),
+            up: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+            active_until: AtomicU64::new(0),
+        }
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.origin).as_nanos() as u64
+    }
+
+    /// `n` bytes were delivered in a direction (client → destination when `up`).
+    pub fn moved(&self, up: bool, n: usize) {
+        let counter = if up { &self.up } else { &self.down };
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+        self.active(Instant::now());
+    }
+
+    /// The tunnel counts as active until `until` (reading, or waiting for bandwidth tokens).
+    pub fn active(&self, until: Instant) {
+        self.active_until
+            .fetch_max(self.nanos(until), Ordering::Relaxed);
+    }
+
+    fn idle_deadline(&self, idle: Duration) -> Instant {
+        self.origin + Duration::from_nanos(self.active_until.load(Ordering::Relaxed)) + idle
+    }
+
+    fn relayed(&self, close: Close) -> Relayed {
+        Relayed {
+            up: self.up.load(Ordering::Relaxed),
+            down: self.down.load(Ordering::Relaxed),
+            close,
+        }
+    }
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Run two pumps until both finish (`eof`), one fails (`error`), nothing moves for `idle`
+/// (`idle`), or `stop` resolves (its close).
+pub async fn drive<A, B, S>(a: A, b: B, progress: &Progress, idle: Duration, stop: S) -> Relayed
+where
+    A: Future<Output = io::Result<()>>,
+    B: Future<Output = io::Result<()>>,
+    S: Future<Output = Close>,
+{
+    tokio::pin!(a, b, stop);
+    let (mut a_done, mut b_done) = (false, false);
+    loop {
+        if a_done && b_done {
+            return progress.relayed(Close::Eof);
+        }
+        let deadline = progress.idle_deadline(idle);
+        tokio::select! {
+            r = &mut a, if !a_done => match r {
+                Ok(()) => a_done = true,
+                Err(_) => return progress.relayed(Close::Error),
+            },
+            r = &mut b, if !b_done => match r {
+                Ok(()) => b_done = true,
+                Err(_) => return progress.relayed(Close::Error),
+            },
+            close = &mut stop => return progress.relayed(close),
+            _ = sleep_until(deadline) => {
+                if progress.idle_deadline(idle) <= Instant::now() {
+                    return progress.relayed(Close::Idle);
+                }
+            }
+        }
+    }
+}
+
+const BUF: usize = 16 * 1024;
+
+/// Copy `r` to `w` until EOF (then half-close `w`), waiting for bandwidth tokens before each
+/// write when a `shaper` is given (delayed, never dropped).
+pub(crate) async fn pump<R, W>(
+    mut r: R,
+    mut w: W,
+    up: bool,
+    shaper: Option<&SandboxLimiter>,
+    progress: &Progress,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; BUF];
+    loop {
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            let _ = w.shutdown().await;
+            return Ok(());
+        }
+        let delay = shaper.map(|s| s.shape_now(up, n)).unwrap_or_default();
+        if !delay.is_zero() {
+            let until = Instant::now() + delay;
+            progress.active(until);
+            tokio::time::sleep_until(until).await;
+        }
+        // Counted write by write: a cut mid-chunk counts what reached the socket.
+        let mut sent = 0;
+        while sent < n {
+            let m = w.write(&buf[sent..n]).await?;
+            if m == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            sent += m;
+            progress.moved(up, m);
+        }
+    }
+}
+
+/// Relay in user space (any streams; shaped when a `shaper` is given).
+pub async fn relay<C, S, F>(
+    client: C,
+    server: S,
+    idle: Duration,
+    stop: F,
+    shaper: Option<&SandboxLimiter>,
+) -> Relayed
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
+    F: Future<Output = Close>,
+{
+    let (cr, cw) = tokio::io::split(client);
+    let (sr, sw) = tokio::io::split(server);
+    let progress = Progress::new();
+    let up = pump(cr, sw, true, shaper, &progress);
+    let down = pump(sr, cw, false, shaper, &progress);
+    drive(up, down, &progress, idle, stop).await
+}
+
+/// Relay between two TCP sockets — zero-copy ([`crate::relay::splice`]) unless a `shaper` limits the
+/// bandwidth — and close them. A tunnel that was revoked or stopped by shutdown is *aborted*:
+/// both sockets are reset (`SO_LINGER` 0), so the kernel discards whatever is still queued in
+/// either direction and nothing more reaches the client or the destination after the cut.
+/// Other endings close normally (FIN). The counts of an aborted tunnel leave out what the kernel
+/// still held unsent at the cut ([`crate::relay::send_queue`]): the reset discarded it.
+pub async fn relay_tcp<F>(
+    mut client: TcpStream,
+    mut server: TcpStream,
+    idle: Duration,
+    stop: F,
+    shaper: Option<&SandboxLimiter>,
+) -> Relayed
+where
+    F: Future<Output = Close>,
+{
+    let mut r = match shaper {
+        None => crate::relay::splice::relay(&client, &server, idle, stop).await,
+        Some(_) => relay(&mut client, &mut server, idle, stop, shaper).await,
+    };
+    if matches!(r.close, Close::Revoked | Close::Shutdown) {
+        r.up = r.up.saturating_sub(abort(server));
+        r.down = r.down.saturating_sub(abort(client));
+    }
+    r
+}
+
+/// Relay between any client stream over TCP (a TLS client connection) and a TCP socket, in
+/// user space, shaped when a `shaper` is given; aborted (reset) like [`relay_tcp`]. The
+/// client's unsent count is in TLS record bytes, not payload bytes.
+pub async fn relay_streams<C, F>(
+    mut client: C,
+    mut server: TcpStream,
+    idle: Duration,
+    stop: F,
+    shaper: Option<&SandboxLimiter>,
+) -> Relayed
+where
+    C: crate::relay::abortable::OverTcp,
+    F: Future<Output = Close>,
+{
+    let mut r = relay(&mut client, &mut server, idle, stop, shaper).await;
+    if matches!(r.close, Close::Revoked | Close::Shutdown) {
+        r.up = r.up.saturating_sub(abort(server));
+        r.down = r.down.saturating_sub(abort_over(client));
+    }
+    r
+}
+
+/// [`abort`] for a stream over a TCP socket.
+pub(crate) fn abort_over<S: crate::relay::abortable::OverTcp>(stream: S) -> u64 {
+    let _ = stream.tcp().set_zero_linger();
+    let unsent = crate::relay::send_queue::unsent(stream.tcp());
+    drop(stream);
+    unsent
+}
+
+/// Reset `socket` and return how many bytes it still held unsent (discarded by the reset).
+/// Measured immediately before the close: the kernel may still send a little in between
+/// (what an acknowledgement opened in the peer's window), so the count can fall short of what
+/// the peer got by that much; it never counts bytes that did not leave.
+pub(crate) fn abort(socket: TcpStream) -> u64 {
+    let _ = socket.set_zero_linger();
+    let unsent = crate::relay::send_queue::unsent(&socket);
+    drop(socket);
+    unsent
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::duplex;
+
+    fn never() -> std::future::Pending<Close> {
+        std::future::pending()
+    }
+
+    #[tokio::test]
+    async fn relays_both_ways_and_counts() {
+        let (client, mut client_peer) = duplex(1024);
+        let (server, mut server_peer) = duplex(1024);
+        let task = tokio::spawn(relay(client, server, Duration::from_secs(5), never(), None));
+        client_peer.write_all(b"hello").await.unwrap();
+        let mut buf = [0u8; 5];
+        server_peer.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"hello");
+        server_peer.write_all(b"world!").await.unwrap();
+        let mut buf = [0u8; 6];
+        client_peer.read_exact(&mut buf).await.unwrap();
+        drop(client_peer);
+        drop(server_peer);
+        let r = task.await.unwrap();
+        assert_eq!((r.up, r.down, r.close), (5, 6, Close::Eof));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_timeout_closes() {
+        let (client, _cp) = duplex(64);
+        let (server, _sp) = duplex(64);
+        let r = relay(client, server, Duration::from_secs(30), never(), None).await;
+        assert_eq!(r.close, Close::Idle);
+    }
+
+    #[tokio::test]
+    async fn stop_closes_with_its_reason() {
+        let (client, _cp) = duplex(64);
+        let (server, _sp) = duplex(64);
+        let (tx, rx) = tokio::sync::oneshot::channel::<Close>();
+        let stop = async move { rx.await.unwrap_or(Close::Shutdown) };
+        let task = tokio::spawn(relay(client, server, Duration::from_secs(30), stop, None));
+        tx.send(Close::Revoked).unwrap();
+        assert_eq!(task.await.unwrap().close, Close::Revoked);
+    }
+
+    /// The peer that should receive never reads: the pump is stuck in `write_all`, and idle
+    /// and stop must still end the relay.
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_stops_reading_is_idled_out_and_can_be_stopped() {
+        let (client, _client_peer_never_reads) = duplex(64);
+        let (server, mut server_peer) = duplex(64);
+        let feed = tokio::spawn(async move {
+            let _ = server_peer.write_all(&[7u8; 4096]).await;
+            server_peer
+        });
+        let r = relay(client, server, Duration::from_secs(30), never(), None).await;
+        assert_eq!(r.close, Close::Idle);
+        assert!(r.down <= 64, "{r:?}");
+        drop(feed);
+
+        let (client, _client_peer_never_reads) = duplex(64);
+        let (server, mut server_peer) = duplex(64);
+        let _feed = tokio::spawn(async move {
+            let _ = server_peer.write_all(&[7u8; 4096]).await;
+            server_peer
+        });
+        let stop = async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Close::Revoked
+        };
+        let r = relay(client, server, Duration::from_secs(3600), stop, None).await;
+        assert_eq!(r.close, Close::Revoked);
+    }
+}

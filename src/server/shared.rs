@@ -1,0 +1,146 @@
+//! State every data-plane task sees, and nothing else: no response building, no record
+//! assembly, no registry of connections (each exchange watches the policy itself, see
+//! [`crate::relay::watch`]).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+
+use crate::audit::metrics::Metrics;
+use crate::audit::{AuditGuard, Mode, Sink};
+use crate::config::Timeouts;
+use crate::egress::admission::Admissions;
+use crate::egress::limits::{ConnectionSlot, Limiters, Refusal as LimitRefusal};
+use crate::egress::resolve::Resolver;
+use crate::egress::Lookup;
+use crate::listen::accept::Accepted;
+use crate::policy::reason::Reason;
+use crate::policy::set::{LivePolicy, PolicySet, Sandbox};
+use crate::relay::watch::{Grant, Phase, Watch};
+
+/// Settings fixed for the life of the process.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub timeouts: Timeouts,
+    /// `listen.default_sandbox` (sidecar mode).
+    pub default_sandbox: Option<String>,
+    /// `audit.dns`.
+    pub audit_dns: crate::config::AuditDns,
+    /// `tls_intercept`: terminates the tunnels credentials and HTTP rules are bound to.
+    pub interceptor: Option<Arc<crate::intercept::Interceptor>>,
+}
+
+/// Everything a connection task needs.
+pub struct Shared {
+    /// The policy in force (snapshot per connection) and its publications (watched by every
+    /// live exchange).
+    pub policy: LivePolicy,
+    /// The proxy's own resolver (targets are resolved here, never by the client); replaced
+    /// when a reload changes `dns:`.
+    resolver: ArcSwap<Resolver>,
+    /// Where each connection's audit guard writes and counts.
+    pub sink: Sink,
+    /// Timeouts and the default sandbox.
+    pub settings: Settings,
+    /// Per-sandbox limiter state, kept across reloads.
+    pub limiters: Limiters,
+    /// Per-address limits before identification.
+    pub admissions: Arc<Admissions>,
+    /// The global cap (`max_connections`) on identified connections; shutdown waits for
+    /// every permit to come back.
+    pub cap: Arc<Semaphore>,
+    /// Serving → draining → stopping: HTTP connections and relays watch it.
+    pub phase: watch::Sender<Phase>,
+    /// Listeners bound and policy loaded (`/readyz`).
+    pub ready: AtomicBool,
+    /// Answers the DNS listener gave, by sandbox and address (names for nameless
+    /// transparent connections).
+    pub dns_memory: crate::dns::memory::DnsMemory,
+    /// Source of `conn_id`s.
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(
+        policy: PolicySet,
+        resolver: Resolver,
+        sink: Sink,
+        admissions: Arc<Admissions>,
+        cap: usize,
+        settings: Settings,
+    ) -> Self {
+        Shared {
+            policy: LivePolicy::new(policy),
+            resolver: ArcSwap::from_pointee(resolver),
+            sink,
+            settings,
+            limiters: Limiters::default(),
+            admissions,
+            cap: Arc::new(Semaphore::new(cap)),
+            phase: watch::channel(Phase::Serving).0,
+            ready: AtomicBool::new(false),
+            dns_memory: Default::default(),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.sink.metrics
+    }
+
+    /// A place under the global cap, if one is free.
+    pub fn take_cap(&self) -> Option<OwnedSemaphorePermit> {
+        self.cap.clone().try_acquire_owned().ok()
+    }
+
+    /// A fresh `conn_id`.
+    pub fn next_conn_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The audit guard of a connection (or request) decided under `set`.
+    pub fn audit(&self, accepted: &Accepted, mode: Mode, set: &PolicySet) -> AuditGuard {
+        AuditGuard::new(self.sink.clone(), accepted, mode, set.version_arc())
+    }
+
+    /// The resolver in force (hold it for one decision).
+    pub fn resolver(&self) -> Arc<Resolver> {
+        self.resolver.load_full()
+    }
+
+    /// Put a resolver built from a reloaded `dns:` in force.
+    pub fn set_resolver(&self, resolver: Resolver) {
+        self.resolver.store(Arc::new(resolver));
+    }
+
+    /// How the data plane looks addresses up, with `resolver`.
+    pub fn lookup<'a>(&'a self, resolver: &'a Resolver) -> Lookup<'a> {
+        Lookup {
+            resolver: Some(resolver),
+            metrics: Some(self.metrics()),
+        }
+    }
+
+    /// Watch `grant` against every later policy and the process phase.
+    pub fn watch(&self, grant: Grant) -> Watch {
+        let mine = self.policy.subscribe_sandbox(&grant.sandbox);
+        Watch::new(grant, self.policy.subscribe(), mine, self.phase.subscribe())
+    }
+
+    /// Admit a connection of `sandbox` under its limits, or count the refusal and say why
+    /// (reason, seconds for Retry-After).
+    pub fn admit(&self, sandbox: &Sandbox) -> Result<ConnectionSlot, (Reason, u64)> {
+        let limiter = sandbox.limiter(&self.limiters);
+        limiter.admit(self.limiters.now()).map_err(|r| {
+            self.metrics().rate_limited(&sandbox.binding.id, r.label());
+            match r {
+                LimitRefusal::Connections => (Reason::ConnectionLimit, 1),
+                LimitRefusal::Rate(d) => {
+                    (Reason::RateLimited, d.as_secs_f64().ceil().max(1.0) as u64)
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,383 @@
+//! What flows through a `CONNECT` tunnel: after the `200`, the client's first bytes are read
+//! (up to 16 KiB, within `timeouts.header_ms`) before anything is relayed upstream, and
+//! checked against the target the tunnel was allowed for ([`verify`]):
+//! - on a port of `require_tls_ports` they must be a TLS ClientHello (`protocol_not_allowed`);
+//! - a ClientHello's SNI must name the `CONNECT` host when that is a name (`sni_mismatch`: no
+//!   domain fronting), and carry no ECH when the sandbox has `refuse_ech`;
+//! - a plain HTTP/1.x request's `Host` must name the `CONNECT` host (`host_mismatch`).
+//!
+//! Server-speaks-first protocols (SSH, SMTP) are told apart by the destination speaking
+//! before the client has sent anything decisive: on a port that does not require TLS the
+//! tunnel then proceeds at once, without waiting for `header_ms`.
+
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+use crate::audit::AuditGuard;
+use crate::policy::reason::Reason;
+use crate::policy::target::{Host, Target};
+use crate::policy::{Decision, Verdict};
+use crate::wire::peek::{classify, split_host_header, Peeked};
+
+/// The most a tunnel's first bytes are buffered before they are judged.
+pub const MAX_FIRST_BYTES: usize = 16 * 1024;
+
+/// What the start of a tunnel showed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FirstBytes {
+    /// The client's first bytes: a ClientHello, an HTTP request head, or something else
+    /// (never `Incomplete`).
+    Client(Peeked),
+    /// The destination spoke before the client had sent anything decisive.
+    ServerFirst,
+    /// Nothing decisive within `header_ms`.
+    Silent,
+}
+
+/// The bytes read while inspecting, to be replayed in their directions, and the verdict.
+#[derive(Debug)]
+pub struct Inspected {
+    /// From the client, for the destination.
+    pub client: Vec<u8>,
+    /// From the destination, for the client (a server-speaks-first greeting).
+    pub server: Vec<u8>,
+    pub first: FirstBytes,
+}
+
+/// Read the client's first bytes (starting with `early`, what the HTTP layer had already
+/// buffered) until they can be classified, the destination speaks first, 16 KiB arrive or
+/// `wait` passes. Nothing is written to either side.
+pub async fn read_first_bytes<C: tokio::io::AsyncRead + Unpin>(
+    client: &mut C,
+    server: &mut TcpStream,
+    early: Vec<u8>,
+    wait: Duration,
+) -> std::io::Result<Inspected> {
+    let mut out = Inspected {
+        client: early,
+        server: Vec::new(),
+        first: FirstBytes::Silent,
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut chunk = [0u8; 4096];
+    let mut server_chunk = [0u8; 4096];
+    loop {
+        match classify(&out.client) {
+            Peeked::Incomplete if out.client.len() < MAX_FIRST_BYTES => {}
+            Peeked::Incomplete => {
+                out.first = FirstBytes::Client(Peeked::Other {
+                    detail: "first bytes larger than 16 KiB without a complete ClientHello or request head",
+                });
+                return Ok(out);
+            }
+            p => {
+                out.first = FirstBytes::Client(p);
+                return Ok(out);
+            }
+        }
+        tokio::select! {
+            r = client.read(&mut chunk) => match r? {
+                0 => {
+                    out.first = FirstBytes::Client(Peeked::Other {
+                        detail: "the client closed before sending a ClientHello or request",
+                    });
+                    return Ok(out);
+                }
+                n => out.client.extend_from_slice(&chunk[..n]),
+            },
+            r = server.read(&mut server_chunk) => {
+                let n = r?;
+                if n == 0 {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the destination closed before the client spoke",
+                    ));
+                }
+                out.server.extend_from_slice(&server_chunk[..n]);
+                out.first = FirstBytes::ServerFirst;
+                return Ok(out);
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                out.first = match out.client.is_empty() {
+                    true => FirstBytes::Silent,
+                    false => FirstBytes::Client(Peeked::Other {
+                        detail: "an incomplete ClientHello or request head within header_ms",
+                    }),
+                };
+                return Ok(out);
+            }
+        }
+    }
+}
+
+/// What a tunnel's sandbox requires of it.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules {
+    /// The port is in `require_tls_ports`.
+    pub require_tls: bool,
+    pub refuse_ech: bool,
+}
+
+/// Why a tunnel's first bytes were refused: the reason and the record's `detail`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    pub reason: Reason,
+    pub detail: String,
+}
+
+impl Mismatch {
+    /// Record it on `audit`: refused, or in report mode (`report`) reported when the reason
+    /// may be. Returns whether the connection must be refused.
+    pub fn record(self, audit: &mut AuditGuard, report: bool) -> bool {
+        let reported = report && self.reason.reportable();
+        audit.detail(self.detail);
+        audit.decision(&Decision {
+            verdict: if reported {
+                Verdict::Report
+            } else {
+                Verdict::Deny
+            },
+            reason: self.reason,
+            rule: None,
+        });
+        !reported
+    }
+}
+
+fn mismatch(reason: Reason, detail: impl Into<String>) -> Result<(), Mismatch> {
+    Err(Mismatch {
+        reason,
+        detail: detail.into(),
+    })
+}
+
+fn show(host: &Host) -> String {
+    match host {
+        Host::Name(n) => n.to_string(),
+        Host::Ip(ip) => ip.to_string(),
+    }
+}
+
+/// Check what the start of a tunnel to `target` showed against `rules`.
+pub fn verify(target: &Target, first: &FirstBytes, rules: Rules) -> Result<(), Mismatch> {
+    let port = target.port;
+    match first {
+        FirstBytes::Client(Peeked::Tls(hello)) => {
+            if rules.refuse_ech && hello.ech {
+                return mismatch(
+                    Reason::ProtocolNotAllowed,
+                    "the ClientHello carries Encrypted Client Hello (refuse_ech)",
+                );
+            }
+            let Host::Name(name) = &target.host else {
+                // An IP literal allowed by an address rule: the SNI is recorded, not matched.
+                return Ok(());
+            };
+            match hello.sni.as_deref() {
+                None => mismatch(
+                    Reason::SniMismatch,
+                    format!("the ClientHello has no SNI; CONNECT named {name}"),
+                ),
+                Some(sni) => match Host::parse(sni) {
+                    Ok(h) if h == target.host => Ok(()),
+                    _ => mismatch(
+                        Reason::SniMismatch,
+                        format!("SNI {} does not match CONNECT host {name}", printable(sni)),
+                    ),
+                },
+            }
+        }
+        FirstBytes::Client(Peeked::Http { host }) => {
+            if rules.require_tls {
+                return mismatch(
+                    Reason::ProtocolNotAllowed,
+                    format!("a plain HTTP request on port {port}, which requires TLS"),
+                );
+            }
+            let Some(value) = host.as_deref() else {
+                return mismatch(
+                    Reason::HostMismatch,
+                    format!(
+                        "the HTTP request has no Host; CONNECT named {}",
+                        show(&target.host)
+                    ),
+                );
+            };
+            let (h, p) = split_host_header(value);
+            let same_host = Host::parse(h).is_ok_and(|h| h == target.host);
+            let same_port = p.is_none_or(|p| p.parse::<u16>() == Ok(port));
+            if same_host && same_port {
+                Ok(())
+            } else {
+                mismatch(
+                    Reason::HostMismatch,
+                    format!(
+                        "Host {} does not match CONNECT host {}:{port}",
+                        printable(value),
+                        show(&target.host)
+                    ),
+                )
+            }
+        }
+        FirstBytes::Client(Peeked::Other { detail }) if rules.require_tls => mismatch(
+            Reason::ProtocolNotAllowed,
+            format!("not TLS on port {port}, which requires it: {detail}"),
+        ),
+        FirstBytes::ServerFirst if rules.require_tls => mismatch(
+            Reason::ProtocolNotAllowed,
+            format!("the destination spoke first on port {port}, which requires TLS"),
+        ),
+        FirstBytes::Silent if rules.require_tls => mismatch(
+            Reason::ProtocolNotAllowed,
+            format!("no ClientHello within header_ms on port {port}, which requires TLS"),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// A client-chosen name for a record: ASCII printable, at most 255 characters.
+fn printable(s: &str) -> String {
+    s.chars()
+        .take(255)
+        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::sni::ClientHello;
+
+    fn target(t: &str) -> Target {
+        Target::parse(t, None).unwrap()
+    }
+
+    fn tls(sni: Option<&str>, ech: bool) -> FirstBytes {
+        FirstBytes::Client(Peeked::Tls(ClientHello {
+            sni: sni.map(Into::into),
+            alpn: vec![],
+            ech,
+        }))
+    }
+
+    fn http(host: Option<&str>) -> FirstBytes {
+        FirstBytes::Client(Peeked::Http {
+            host: host.map(Into::into),
+        })
+    }
+
+    const TLS_PORT: Rules = Rules {
+        require_tls: true,
+        refuse_ech: false,
+    };
+    const OPEN_PORT: Rules = Rules {
+        require_tls: false,
+        refuse_ech: false,
+    };
+
+    fn reason(r: Result<(), Mismatch>) -> Option<Reason> {
+        r.err().map(|m| m.reason)
+    }
+
+    #[test]
+    fn sni_must_name_the_connect_host() {
+        let t = target("api.example.com:443");
+        assert_eq!(
+            reason(verify(&t, &tls(Some("api.example.com"), false), TLS_PORT)),
+            None
+        );
+        // Case and a trailing dot are normalised away.
+        assert_eq!(
+            reason(verify(&t, &tls(Some("API.Example.com."), false), TLS_PORT)),
+            None
+        );
+        for fronted in [
+            Some("attacker.example"),
+            Some("example.com"),
+            Some("x.api.example.com"),
+            None,
+        ] {
+            assert_eq!(
+                reason(verify(&t, &tls(fronted, false), TLS_PORT)),
+                Some(Reason::SniMismatch),
+                "{fronted:?}"
+            );
+        }
+        // An IP literal target: the SNI is not matched.
+        let ip = target("203.0.113.7:443");
+        assert_eq!(
+            reason(verify(&ip, &tls(Some("anything.example"), false), TLS_PORT)),
+            None
+        );
+        assert_eq!(reason(verify(&ip, &tls(None, false), TLS_PORT)), None);
+    }
+
+    #[test]
+    fn ech_is_judged_on_the_outer_sni_and_refused_on_request() {
+        let t = target("api.example.com:443");
+        assert_eq!(
+            reason(verify(&t, &tls(Some("api.example.com"), true), TLS_PORT)),
+            None
+        );
+        let strict = Rules {
+            refuse_ech: true,
+            ..TLS_PORT
+        };
+        assert_eq!(
+            reason(verify(&t, &tls(Some("api.example.com"), true), strict)),
+            Some(Reason::ProtocolNotAllowed)
+        );
+    }
+
+    #[test]
+    fn tls_ports_refuse_everything_but_a_client_hello() {
+        let t = target("api.example.com:443");
+        let other = FirstBytes::Client(Peeked::Other { detail: "x" });
+        for first in [
+            http(Some("api.example.com")),
+            other,
+            FirstBytes::ServerFirst,
+            FirstBytes::Silent,
+        ] {
+            assert_eq!(
+                reason(verify(&t, &first, TLS_PORT)),
+                Some(Reason::ProtocolNotAllowed),
+                "{first:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn plain_http_must_name_the_connect_host() {
+        let t = target("api.example.com:8080");
+        assert_eq!(
+            reason(verify(&t, &http(Some("api.example.com:8080")), OPEN_PORT)),
+            None
+        );
+        assert_eq!(
+            reason(verify(&t, &http(Some("API.example.com")), OPEN_PORT)),
+            None
+        );
+        for host in [Some("denied.example"), Some("api.example.com:9999"), None] {
+            assert_eq!(
+                reason(verify(&t, &http(host), OPEN_PORT)),
+                Some(Reason::HostMismatch),
+                "{host:?}"
+            );
+        }
+        // Raw protocols on ports that do not require TLS pass.
+        let other = FirstBytes::Client(Peeked::Other { detail: "x" });
+        for first in [other, FirstBytes::ServerFirst, FirstBytes::Silent] {
+            assert_eq!(reason(verify(&t, &first, OPEN_PORT)), None);
+        }
+    }
+
+    #[test]
+    fn details_quote_client_names_printably() {
+        let t = target("api.example.com:443");
+        let m = verify(&t, &tls(Some("evil\u{7f}\nname"), false), TLS_PORT).unwrap_err();
+        assert!(m.detail.contains("evil??name"), "{}", m.detail);
+    }
+}

@@ -1,0 +1,301 @@
+//! The client side of an HTTP/1.x connection, framed request by request (RFC 9112 §6): which
+//! bytes are a request head, which are its body (`Content-Length` or chunked), so that every
+//! request head on a keep-alive connection can be checked before any of it is relayed.
+//! Ambiguous framing — `Content-Length` together with `Transfer-Encoding`, differing
+//! lengths, a transfer coding other than chunked — is an error: it is how requests are
+//! smuggled past an inspecting proxy. After a request that asks to switch protocols
+//! (`Upgrade`) or a `CONNECT`, the rest of the stream is opaque.
+
+use crate::wire::peek::MAX_PEEK;
+
+/// One request head: its `Host` and, for an absolute-form target, its authority.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub host: Option<String>,
+    pub authority: Option<String>,
+}
+
+/// What the next bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// The first `n` bytes are body (or opaque) bytes: relay them.
+    Pass(usize),
+    /// All the bytes went into a request head (or chunk line) that is not complete yet.
+    Buffered,
+    /// A chunk-size or trailer line is complete: relay [`RequestStream::take_held`]; the first
+    /// `consumed` bytes of the input went into it.
+    Line { consumed: usize },
+    /// A request head is complete: check it, then relay [`RequestStream::take_held`]; the
+    /// first `consumed` bytes of the input went into it.
+    Head { head: Head, consumed: usize },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Head,
+    Body(u64),
+    /// Reading a chunk-size line.
+    ChunkSize,
+    ChunkData(u64),
+    /// The CRLF after a chunk's data: bytes still to skip.
+    ChunkEnd(u8),
+    /// Trailer lines after the last chunk, up to an empty line.
+    Trailers,
+    Opaque,
+}
+
+/// The framer of one connection's client → server bytes.
+#[derive(Debug)]
+pub struct RequestStream {
+    state: State,
+    /// The request head (or chunk-size / trailer line) being read.
+    buf: Vec<u8>,
+}
+
+impl Default for RequestStream {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RequestStream {
+    pub fn new() -> Self {
+        RequestStream {
+            state: State::Head,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The bytes of the head or line last completed.
+    pub fn take_held(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.buf)
+    }
+
+    /// Look at the start of `data`.
+    pub fn step(&mut self, data: &[u8]) -> Result<Step, &'static str> {
+        match self.state {
+            State::Opaque => Ok(Step::Pass(data.len())),
+            State::Body(left) => {
+                let n = (data.len() as u64).min(left) as usize;
+                self.state = if left == n as u64 {
+                    State::Head
+                } else {
+                    State::Body(left - n as u64)
+                };
+                Ok(Step::Pass(n))
+            }
+            State::ChunkData(left) => {
+                let n = (data.len() as u64).min(left) as usize;
+                self.state = if left == n as u64 {
+                    State::ChunkEnd(2)
+                } else {
+                    State::ChunkData(left - n as u64)
+                };
+                Ok(Step::Pass(n))
+            }
+            State::ChunkEnd(left) => {
+                let n = data.len().min(left as usize);
+                let expected = &b"\r\n"[2 - left as usize..2 - left as usize + n];
+                if &data[..n] != expected {
+                    return Err("chunk data not followed by CRLF");
+                }
+                self.state = match left as usize - n {
+                    0 => State::ChunkSize,
+                    r => State::ChunkEnd(r as u8),
+                };
+                Ok(Step::Pass(n))
+            }
+            State::ChunkSize | State::Trailers => self.line(data),
+            State::Head => self.head(data),
+        }
+    }
+
+    /// A chunk-size or trailer line; passed through once complete.
+    fn line(&mut self, data: &[u8]) -> Result<Step, &'static str> {
+        let end = data.iter().position(|b| *b == b'\n');
+        let take = end.map_or(data.len(), |i| i + 1);
+        if self.buf.len() + take > 4096 {
+            return Err("chunk-size or trailer line longer than 4 KiB");
+        }
+        self.buf.extend_from_slice(&data[..take]);
+        if end.is_none() {
+            return Ok(Step::Buffered);
+        }
+        let line = std::mem::take(&mut self.buf);
+        let text = line
+            .strip_suffix(b"\r\n")
+            .ok_or("chunk-size or trailer line without CRLF")?;
+        self.state = match self.state {
+            State::ChunkSize => {
+                let size = text.split(|b| *b == b';').next().unwrap_or_default();
+                let size = std::str::from_utf8(size)
+                    .ok()
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty() && s.len() <= 16)
+                    .and_then(|s| u64::from_str_radix(s, 16).ok())
+                    .ok_or("bad chunk size")?;
+                if size == 0 {
+                    State::Trailers
+                } else {
+                    State::ChunkData(size)
+                }
+            }
+            _ if text.is_empty() => State::Head,
+            _ => State::Trailers,
+        };
+        self.buf = line;
+        Ok(Step::Line { consumed: take })
+    }
+
+    fn head(&mut self, data: &[u8]) -> Result<Step, &'static str> {
+        let before = self.buf.len();
+        self.buf.extend_from_slice(data);
+        let mut headers = [httparse::EMPTY_HEADER; 96];
+        let mut req = httparse::Request::new(&mut headers);
+        let len = match req.parse(&self.buf) {
+            Ok(httparse::Status::Partial) if self.buf.len() < MAX_PEEK => {
+                return Ok(Step::Buffered)
+            }
+            Ok(httparse::Status::Partial) => return Err("request head larger than 64 KiB"),
+            Ok(httparse::Status::Complete(len)) => len,
+            Err(_) => return Err("malformed request head"),
+        };
+        let mut host = None;
+        let mut hosts = 0;
+        let mut length: Option<u64> = None;
+        let mut chunked = false;
+        let mut coded = false;
+        let mut upgrade = false;
+        for h in req.headers.iter() {
+            let value = std::str::from_utf8(h.value).map_err(|_| "non-UTF-8 header value")?;
+            if h.name.eq_ignore_ascii_case("host") {
+                hosts += 1;
+                host = Some(value.trim().to_string());
+            } else if h.name.eq_ignore_ascii_case("content-length") {
+                let n: u64 = value.trim().parse().map_err(|_| "bad Content-Length")?;
+                if length.is_some_and(|l| l != n) {
+                    return Err("differing Content-Length headers");
+                }
+                length = Some(n);
+            } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                coded = true;
+                let last = value.rsplit(',').next().unwrap_or("").trim();
+                chunked = last.eq_ignore_ascii_case("chunked");
+            } else if h.name.eq_ignore_ascii_case("upgrade") {
+                upgrade = true;
+            }
+        }
+        if hosts > 1 {
+            return Err("several Host headers");
+        }
+        if coded && length.is_some() {
+            return Err("both Content-Length and Transfer-Encoding");
+        }
+        if coded && !chunked {
+            return Err("a transfer coding other than chunked last");
+        }
+        let method = req.method.unwrap_or("");
+        let path = req.path.unwrap_or("");
+        let authority = if method == "CONNECT" {
+            Some(path.to_string())
+        } else {
+            path.split_once("://")
+                .map(|(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or("").to_string())
+        };
+        self.state = if upgrade || method == "CONNECT" {
+            State::Opaque
+        } else if chunked {
+            State::ChunkSize
+        } else {
+            match length {
+                Some(n) if n > 0 => State::Body(n),
+                _ => State::Head,
+            }
+        };
+        self.buf.truncate(len);
+        Ok(Step::Head {
+            head: Head { host, authority },
+            consumed: len - before,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feed `input` in pieces of `piece` bytes; return the heads seen and the bytes that would
+    /// be relayed, in order.
+    fn run(input: &[u8], piece: usize) -> Result<(Vec<Head>, Vec<u8>), &'static str> {
+        let mut rs = RequestStream::new();
+        let mut heads = Vec::new();
+        let mut relayed = Vec::new();
+        for chunk in input.chunks(piece) {
+            let mut data = chunk;
+            while !data.is_empty() {
+                match rs.step(data)? {
+                    Step::Pass(n) => {
+                        relayed.extend_from_slice(&data[..n]);
+                        data = &data[n..];
+                    }
+                    Step::Buffered => data = &[],
+                    Step::Line { consumed } => {
+                        relayed.extend(rs.take_held());
+                        data = &data[consumed..];
+                    }
+                    Step::Head { head, consumed } => {
+                        heads.push(head);
+                        relayed.extend(rs.take_held());
+                        data = &data[consumed..];
+                    }
+                }
+            }
+        }
+        Ok((heads, relayed))
+    }
+
+    fn hosts(heads: &[Head]) -> Vec<Option<&str>> {
+        heads.iter().map(|h| h.host.as_deref()).collect()
+    }
+
+    #[test]
+    fn frames_keep_alive_requests_with_every_body_kind_at_every_split() {
+        let input: &[u8] = b"GET /a HTTP/1.1\r\nHost: one\r\n\r\n\
+POST /b HTTP/1.1\r\nHost: two\r\nContent-Length: 11\r\n\r\nHost: three\
+POST /c HTTP/1.1\r\nHost: four\r\nTransfer-Encoding: chunked\r\n\r\n5;x=y\r\nHost:\r\n0\r\nT: v\r\n\r\n\
+GET http://five:8080/x HTTP/1.1\r\nHost: six\r\n\r\n";
+        for piece in [1, 2, 3, 7, 64, input.len()] {
+            let (heads, relayed) = run(input, piece).unwrap();
+            assert_eq!(
+                hosts(&heads),
+                vec![Some("one"), Some("two"), Some("four"), Some("six")],
+                "piece {piece}"
+            );
+            assert_eq!(heads[3].authority.as_deref(), Some("five:8080"));
+            assert_eq!(relayed, input, "piece {piece}");
+        }
+    }
+
+    #[test]
+    fn smuggling_shapes_are_errors() {
+        for bad in [
+            &b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, identity\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nxyz",
+            b"\x00garbage\r\n\r\n",
+        ] {
+            assert!(run(bad, 1).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn after_an_upgrade_the_stream_is_opaque() {
+        let input = b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n\x81\x05GET / HTTP/1.1\r\nHost: b\r\n\r\n";
+        let (heads, relayed) = run(input, 5).unwrap();
+        assert_eq!(hosts(&heads), vec![Some("a")]);
+        assert_eq!(relayed, input);
+    }
+}
