@@ -162,9 +162,15 @@ struct Env {
     upstream_ca: TestCa,
     proxy: Proxy,
     placeholders: serde_json::Value,
+    yaml: String,
 }
 
 fn env() -> Env {
+    env_with("")
+}
+
+/// [`env`] with `extra` appended to the `defaults:` map (e.g. `, timeouts: {...}`).
+fn env_with(extra: &str) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
@@ -187,7 +193,7 @@ fn env() -> Env {
 audit: {{ path: {audit} }}
 admin_token_file: admin.token
 dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], other.test: [127.0.0.1], mixed.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32]{extra} }}
 tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: {uca} }}
 sandboxes:
   - id: agent
@@ -205,7 +211,7 @@ sandboxes:
         audit = d.join("audit.jsonl").display(),
         uca = upstream_ca.ca_pem.display(),
     );
-    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
+    std::fs::write(d.join("proxy.yaml"), &yaml).unwrap();
     let proxy = Proxy::start_with(
         d.join("proxy.yaml"),
         d.join("audit.jsonl"),
@@ -226,6 +232,7 @@ sandboxes:
         upstream_ca,
         proxy,
         placeholders,
+        yaml,
     }
 }
 
@@ -544,4 +551,138 @@ print(opener.open(req, timeout=10).read().decode())
         seen.iter().find(|s| s.2 == "/v1/python").unwrap().4,
         format!("Bearer {SECRET_API}")
     );
+}
+
+/// A CONNECT tunnel to `api.test` (terminated) carrying a ClientHello for it and nothing
+/// more: the client never finishes its TLS handshake.
+fn stalled_handshake(e: &Env) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(e.proxy.proxy).unwrap();
+    connect_on(
+        &mut s,
+        &format!("api.test:{}", e.upstream.addr.port()),
+        None,
+    );
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("api.test").unwrap();
+    let mut conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+    let mut hello = Vec::new();
+    conn.write_tls(&mut hello).unwrap();
+    s.write_all(&hello).unwrap();
+    s
+}
+
+/// A terminated keep-alive HTTP/1.1 connection to `api.test` that made one request and
+/// got its answer; the client then says nothing.
+fn keep_alive_after_one_request(
+    e: &Env,
+) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(e.proxy.proxy).unwrap();
+    connect_on(
+        &mut s,
+        &format!("api.test:{}", e.upstream.addr.port()),
+        None,
+    );
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(e.ica()).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("api.test").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, s);
+    tls.write_all(b"GET /v1/keep HTTP/1.1\r\nHost: api.test\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("ok /v1/keep") {
+        let n = tls.read(&mut buf).unwrap();
+        assert!(n > 0, "closed before the answer");
+        got.extend_from_slice(&buf[..n]);
+    }
+    tls
+}
+
+/// Reads until the proxy closes `s` (EOF or reset); panics if it is still open after 15 s.
+fn closed_by_proxy(s: &mut impl std::io::Read, tcp: &std::net::TcpStream) {
+    tcp.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                panic!("the proxy kept the connection open: {e}")
+            }
+            // Reset, or a TLS alert/close without close_notify: closed.
+            Err(_) => return,
+        }
+    }
+}
+
+#[test]
+fn a_terminated_tunnel_whose_client_stalls_its_handshake_is_closed_at_header_ms() {
+    let e = env_with(", timeouts: { idle_ms: 60000, header_ms: 700 }");
+    let mut s = stalled_handshake(&e);
+    let tcp = s.try_clone().unwrap();
+    closed_by_proxy(&mut s, &tcp);
+    let rec = e.proxy.wait_record(|r| {
+        r["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("client's TLS handshake took longer"))
+    });
+    assert_eq!(rec["close"], "idle", "{rec}");
+}
+
+#[test]
+fn a_silent_terminated_keep_alive_connection_is_closed_at_idle_ms() {
+    let e = env_with(", timeouts: { idle_ms: 800, header_ms: 60000 }");
+    let mut tls = keep_alive_after_one_request(&e);
+    let tcp = tls.sock.try_clone().unwrap();
+    closed_by_proxy(&mut tls, &tcp);
+    let rec = e
+        .proxy
+        .wait_record(|r| r["mode"] == "connect" && r["close"] == "idle");
+    assert!(rec["bytes_down"].as_u64().unwrap() > 0, "{rec}");
+}
+
+/// A reload that takes api.test out of the sandbox's egress cuts its terminated connections:
+/// one that is mid-handshake (the client never finishes) and a keep-alive one between requests.
+#[test]
+fn revocation_cuts_terminated_connections_in_their_handshake_and_between_requests() {
+    let e = env_with(", timeouts: { idle_ms: 60000, header_ms: 60000 }");
+    let mut stalled = stalled_handshake(&e);
+    let mut tls = keep_alive_after_one_request(&e);
+    let port = e.upstream.addr.port();
+    let narrowed = e.yaml.replace(&format!("\"api.test:{port}\", "), "");
+    assert_ne!(narrowed, e.yaml);
+    std::fs::write(e.dir.path().join("proxy.yaml"), narrowed).unwrap();
+    let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some(ADMIN));
+    assert_eq!(status, 200, "{body}");
+    let tcp = tls.sock.try_clone().unwrap();
+    closed_by_proxy(&mut tls, &tcp);
+    let tcp = stalled.try_clone().unwrap();
+    closed_by_proxy(&mut stalled, &tcp);
+    let revoked = |r: &serde_json::Value| r["mode"] == "connect" && r["close"] == "revoked";
+    e.proxy
+        .wait_record(|r| revoked(r) && r["bytes_down"].as_u64() > Some(0));
+    e.proxy
+        .wait_record(|r| revoked(r) && r["bytes_down"].as_u64() == Some(0));
 }

@@ -23,6 +23,7 @@ use crate::config::credentials::{Credential, Inject};
 use crate::config::Binding;
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
+use crate::relay::liveness::Liveness;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ResBody = BoxBody<Bytes, BoxError>;
@@ -70,39 +71,23 @@ impl Upstream {
     }
 }
 
-/// Byte totals of a tunnel (client → upstream is `up`).
-#[derive(Default)]
-pub struct Counters {
-    up: AtomicU64,
-    down: AtomicU64,
-}
-
-impl Counters {
-    pub fn totals(&self) -> (u64, u64) {
-        (
-            self.up.load(Ordering::Relaxed),
-            self.down.load(Ordering::Relaxed),
-        )
-    }
-}
-
 /// A body that counts its data bytes (into its own counter and the tunnel's) and passes
 /// every frame — data and trailers — through.
 pub struct Counted<B> {
     inner: B,
     mine: Arc<AtomicU64>,
-    tunnel: Arc<Counters>,
+    live: Arc<Liveness>,
     up: bool,
     /// Written when the body ends or is dropped (the response of a request).
     done: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
 impl<B> Counted<B> {
-    fn new(inner: B, mine: Arc<AtomicU64>, tunnel: Arc<Counters>, up: bool) -> Self {
+    fn new(inner: B, mine: Arc<AtomicU64>, live: Arc<Liveness>, up: bool) -> Self {
         Counted {
             inner,
             mine,
-            tunnel,
+            live,
             up,
             done: None,
         }
@@ -133,12 +118,7 @@ where
             if let Some(d) = f.data_ref() {
                 let n = d.len() as u64;
                 self.mine.fetch_add(n, Ordering::Relaxed);
-                let t = if self.up {
-                    &self.tunnel.up
-                } else {
-                    &self.tunnel.down
-                };
-                t.fetch_add(n, Ordering::Relaxed);
+                self.live.moved(self.up, d.len());
             }
         }
         if let Poll::Ready(None) = &polled {
@@ -164,7 +144,7 @@ pub struct Exchange {
     host: String,
     upstream: Upstream,
     recorder: Recorder,
-    counters: Arc<Counters>,
+    live: Arc<Liveness>,
 }
 
 /// Why a request is refused, for the response and the record.
@@ -175,18 +155,20 @@ struct Refusal {
 }
 
 impl Exchange {
-    pub fn new(binding: Arc<Binding>, host: &str, upstream: Upstream, recorder: Recorder) -> Self {
+    pub fn new(
+        binding: Arc<Binding>,
+        host: &str,
+        upstream: Upstream,
+        recorder: Recorder,
+        live: Arc<Liveness>,
+    ) -> Self {
         Exchange {
             binding,
             host: host.to_string(),
             upstream,
             recorder,
-            counters: Arc::new(Counters::default()),
+            live,
         }
-    }
-
-    pub fn counters(&self) -> Arc<Counters> {
-        self.counters.clone()
     }
 
     fn report(&self) -> bool {
@@ -261,6 +243,7 @@ impl Exchange {
     }
 
     pub async fn handle(&self, mut req: Request<Incoming>) -> Response<ResBody> {
+        self.live.touch();
         let started = Instant::now();
         let method = req_method(&req);
         let path = req.uri().path().to_string();
@@ -293,7 +276,7 @@ impl Exchange {
         let injected = self.inject(&mut req);
         let facts_sent = facts(0, injected.clone());
         let up_bytes = Arc::new(AtomicU64::new(0));
-        let req = req.map(|b| Counted::new(b, up_bytes.clone(), self.counters.clone(), true));
+        let req = req.map(|b| Counted::new(b, up_bytes.clone(), self.live.clone(), true));
         match self.upstream.send(req).await {
             Ok(resp) => {
                 let status = resp.status().as_u16();
@@ -303,7 +286,7 @@ impl Exchange {
                 f.status = status;
                 let (up, down) = (up_bytes.clone(), down_bytes.clone());
                 resp.map(|b| {
-                    let mut c = Counted::new(b, down_bytes, self.counters.clone(), false);
+                    let mut c = Counted::new(b, down_bytes, self.live.clone(), false);
                     c.done = Some(Box::new(move || {
                         recorder.request(
                             f,

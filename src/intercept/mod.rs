@@ -13,9 +13,9 @@ mod exchange;
 mod prefixed;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
@@ -24,6 +24,7 @@ use crate::audit::AuditGuard;
 use crate::config::credentials::{BoundHost, InterceptConfig};
 use crate::config::Binding;
 use crate::listen::client_io::ClientIo;
+use crate::relay::liveness::Liveness;
 use crate::relay::tunnel::Relayed;
 use ca::InterceptCa;
 use exchange::{Exchange, Upstream};
@@ -129,12 +130,38 @@ pub struct Tunnel<'a> {
     pub client_alpn: Vec<String>,
 }
 
-/// Terminate `t` and serve its requests until either side closes or `stop` fires.
-pub async fn serve<F>(ix: &Interceptor, t: Tunnel<'_>, audit: &mut AuditGuard, stop: F) -> Relayed
+/// Terminate `t` and serve its requests until either side closes, nothing moves for the idle
+/// timeout, or `stop` fires (revocation, shutdown). Each handshake — TLS to the upstream, TLS
+/// with the client, HTTP with the upstream — must finish within `handshake` and is cut by
+/// `stop` like the relay itself; request heads must arrive within `handshake` too.
+pub async fn serve<F>(
+    ix: &Interceptor,
+    t: Tunnel<'_>,
+    audit: &mut AuditGuard,
+    stop: F,
+    live: Arc<Liveness>,
+    handshake: Duration,
+) -> Relayed
 where
     F: std::future::Future<Output = Close>,
 {
-    let started = Instant::now();
+    tokio::pin!(stop);
+    // One step of the setup: bounded by `handshake`, cut by `stop`.
+    macro_rules! step {
+        ($what:expr, $fut:expr) => {
+            match tokio::time::timeout(handshake, live.run($fut, &mut stop)).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(close)) => return live.relayed(close),
+                Err(_) => {
+                    audit.detail(format!(
+                        "terminating: {} took longer than timeouts.header_ms",
+                        $what
+                    ));
+                    return live.relayed(Close::Idle);
+                }
+            }
+        };
+    }
     let alpn: Vec<Vec<u8>> = t
         .client_alpn
         .iter()
@@ -147,10 +174,11 @@ where
         audit.detail("terminating: the host is not a TLS server name");
         return Relayed::nothing(Close::Error);
     };
-    let upstream = match tokio_rustls::TlsConnector::from(Arc::new(up_cfg))
-        .connect(name, t.server)
-        .await
-    {
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(up_cfg));
+    let upstream = match step!(
+        "the upstream's TLS handshake",
+        connector.connect(name, t.server)
+    ) {
         Ok(s) => s,
         Err(e) => {
             audit.detail(format!(
@@ -184,10 +212,11 @@ where
         }
     };
     server_cfg.alpn_protocols = negotiated.into_iter().collect();
-    let client = match tokio_rustls::TlsAcceptor::from(Arc::new(server_cfg))
-        .accept(Prefixed::new(t.early, t.client))
-        .await
-    {
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_cfg));
+    let client = match step!(
+        "the client's TLS handshake",
+        acceptor.accept(Prefixed::new(t.early, t.client))
+    ) {
         Ok(c) => c,
         Err(e) => {
             // A client that does not trust the interception CA ends here.
@@ -198,15 +227,23 @@ where
         }
     };
     audit.open();
-    let up = match Upstream::connect(upstream, h2).await {
+    let up = match step!(
+        "the upstream's HTTP handshake",
+        Upstream::connect(upstream, h2)
+    ) {
         Ok(u) => u,
         Err(e) => {
             audit.detail(format!("terminating: upstream {e}"));
             return Relayed::nothing(Close::Error);
         }
     };
-    let ex = Arc::new(Exchange::new(t.binding, t.host, up, audit.recorder()));
-    let counters = ex.counters();
+    let ex = Arc::new(Exchange::new(
+        t.binding,
+        t.host,
+        up,
+        audit.recorder(),
+        live.clone(),
+    ));
     let svc = hyper::service::service_fn(move |req| {
         let ex = ex.clone();
         async move { Ok::<_, std::convert::Infallible>(ex.handle(req).await) }
@@ -215,25 +252,22 @@ where
     let served = async {
         if h2 {
             hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
                 .serve_connection(io, svc)
                 .await
-                .map_err(|e| e.to_string())
+                .is_ok()
         } else {
             hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(handshake)
                 .serve_connection(io, svc)
                 .await
-                .map_err(|e| e.to_string())
+                .is_ok()
         }
     };
-    let close = tokio::select! {
-        r = served => if r.is_ok() { Close::Eof } else { Close::Error },
-        c = stop => c,
-    };
-    let (up_bytes, down_bytes) = counters.totals();
-    let _ = started;
-    Relayed {
-        up: up_bytes,
-        down: down_bytes,
-        close,
+    match live.run(served, stop).await {
+        Ok(true) => live.relayed(Close::Eof),
+        Ok(false) => live.relayed(Close::Error),
+        Err(close) => live.relayed(close),
     }
 }

@@ -609,7 +609,10 @@ where
                     server,
                     client_alpn: hello.alpn.clone(),
                 };
-                return crate::intercept::serve(ix, tunnel, audit, stop).await;
+                let live = std::sync::Arc::new(crate::relay::liveness::Liveness::new(
+                    shared.settings.timeouts.idle,
+                ));
+                return crate::intercept::serve(ix, tunnel, audit, stop, live, wait).await;
             }
             _ => {
                 audit.refused_in_tunnel(

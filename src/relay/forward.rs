@@ -7,7 +7,6 @@
 //! reaches the client), and the record says `close: "revoked"`.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -19,7 +18,7 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
 
 use crate::audit::metrics::ActiveGuard;
-use crate::audit::{AuditGuard, Close, Counters};
+use crate::audit::{AuditGuard, Close};
 use crate::egress::allowed::Allowed;
 use crate::egress::limits::ConnectionSlot;
 use crate::policy::reason::Reason;
@@ -27,6 +26,7 @@ use crate::policy::target::Target;
 use crate::policy::Decision;
 use crate::relay::abortable::{Abortable, Cut};
 use crate::relay::body::{self, Body, BoxError};
+use crate::relay::liveness::Liveness;
 use crate::relay::shaped_body::ShapedBody;
 use crate::server::shared::Shared;
 
@@ -63,9 +63,8 @@ pub async fn forward(
     } = allowed;
     let limiter = slot.limiter().clone();
     let shaped = limiter.shapes();
-    let counters = Arc::new(Counters::default());
-    audit.count(counters.clone());
-    let activity = Arc::new(Activity::new());
+    let live = Arc::new(Liveness::new(shared.settings.timeouts.idle));
+    audit.count(live.counters());
     let host = host_header(&grant.target);
     let exchange: SharedExchange = Arc::new(Mutex::new(Exchange {
         audit,
@@ -75,13 +74,11 @@ pub async fn forward(
 
     // The request, rewritten for the origin; its body counted and shaped.
     let (mut parts, body) = req.into_parts();
-    let up = counters.clone();
-    let up_activity = activity.clone();
+    let up = live.clone();
     let body = body
         .map_frame(move |f| {
             if let Some(d) = f.data_ref() {
-                up.up.fetch_add(d.len() as u64, Ordering::Relaxed);
-                up_activity.touch();
+                up.moved(true, d.len());
             }
             f
         })
@@ -138,18 +135,11 @@ pub async fn forward(
     // Nothing moving in either direction for `idle_ms` — an origin that never answers, a
     // client that stopped sending its body — ends the exchange the same way.
     let idle = {
-        let activity = activity.clone();
+        let live = live.clone();
         let exchange = exchange.clone();
         let cut = cut.clone();
-        let idle = shared.settings.timeouts.idle;
         async move {
-            loop {
-                let deadline = activity.deadline(idle);
-                tokio::time::sleep_until(deadline).await;
-                if activity.deadline(idle) <= tokio::time::Instant::now() {
-                    break;
-                }
-            }
+            live.idle().await;
             with_audit(&exchange, |a| {
                 a.close_if_unset(Close::Idle);
                 a.detail("nothing moved in either direction for timeouts.idle_ms");
@@ -178,11 +168,10 @@ pub async fn forward(
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
-            activity.touch();
+            live.touch();
             let body = Metered {
                 inner: body,
-                counters,
-                activity,
+                live,
                 exchange,
                 ended: false,
                 _done: done_tx,
@@ -213,37 +202,11 @@ fn bad_gateway(exchange: &SharedExchange, e: &hyper::Error) -> Response<Body> {
     resp
 }
 
-/// When bytes last moved in either direction of the exchange.
-struct Activity {
-    origin: tokio::time::Instant,
-    /// Milliseconds after `origin`.
-    last_ms: AtomicU64,
-}
-
-impl Activity {
-    fn new() -> Self {
-        Activity {
-            origin: tokio::time::Instant::now(),
-            last_ms: AtomicU64::new(0),
-        }
-    }
-
-    fn touch(&self) {
-        let ms = self.origin.elapsed().as_millis() as u64;
-        self.last_ms.fetch_max(ms, Ordering::Relaxed);
-    }
-
-    fn deadline(&self, idle: std::time::Duration) -> tokio::time::Instant {
-        self.origin + std::time::Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + idle
-    }
-}
-
 /// The origin's response body on its way to the client: counts bytes, notes how it ended,
 /// and holds the exchange (and so the record) until the body is finished or dropped.
 struct Metered {
     inner: Incoming,
-    counters: Arc<Counters>,
-    activity: Arc<Activity>,
+    live: Arc<Liveness>,
     exchange: SharedExchange,
     ended: bool,
     /// Dropped with the body: tells the watcher the exchange is over.
@@ -262,10 +225,7 @@ impl HttpBody for Metered {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(d) = frame.data_ref() {
-                    this.counters
-                        .down
-                        .fetch_add(d.len() as u64, Ordering::Relaxed);
-                    this.activity.touch();
+                    this.live.moved(false, d.len());
                 }
                 if this.inner.is_end_stream() {
                     this.ended = true;

@@ -17,7 +17,8 @@ use crate::audit::outcome::Close;
 use crate::egress::limits::SandboxLimiter;
 use crate::policy::reason::Reason;
 use crate::policy::target::{Host, Target};
-use crate::relay::tunnel::{abort, drive, pump, Progress, Relayed};
+use crate::relay::liveness::Liveness;
+use crate::relay::tunnel::{abort, drive, pump, Relayed};
 use crate::wire::first_bytes::Mismatch;
 use crate::wire::http_stream::{Head, RequestStream, Step};
 use crate::wire::peek::split_host_header;
@@ -75,7 +76,7 @@ where
     C: crate::relay::abortable::OverTcp,
     F: std::future::Future<Output = Close>,
 {
-    let progress = Progress::new();
+    let live = Liveness::new(idle);
     let found: Mutex<Option<Mismatch>> = Mutex::new(None);
     let relayed = {
         let (mut cr, cw) = tokio::io::split(&mut client);
@@ -86,7 +87,7 @@ where
             let mut buf = vec![0u8; 16 * 1024];
             loop {
                 let (out, refused) = frame(&mut framer, &pending, expected, report, &found);
-                send(&mut sw, &out, shaper, &progress).await?;
+                send(&mut sw, &out, shaper, &live).await?;
                 if refused {
                     return Err(std::io::Error::other("request refused"));
                 }
@@ -98,8 +99,8 @@ where
                 pending = buf[..n].to_vec();
             }
         };
-        let down = pump(sr, cw, false, shaper, &progress);
-        drive(up, down, &progress, idle, stop).await
+        let down = pump(sr, cw, false, shaper, &live);
+        drive(up, down, &live, stop).await
     };
     let mismatch = found.into_inner().ok().flatten();
     let enforced = mismatch.is_some() && !report;
@@ -171,7 +172,7 @@ async fn send<W: tokio::io::AsyncWrite + Unpin>(
     w: &mut W,
     out: &[u8],
     shaper: Option<&SandboxLimiter>,
-    progress: &Progress,
+    live: &Liveness,
 ) -> std::io::Result<()> {
     if out.is_empty() {
         return Ok(());
@@ -181,7 +182,7 @@ async fn send<W: tokio::io::AsyncWrite + Unpin>(
         .unwrap_or_default();
     if !delay.is_zero() {
         let until = Instant::now() + delay;
-        progress.active(until);
+        live.active(until);
         tokio::time::sleep_until(until).await;
     }
     let mut sent = 0;
@@ -191,7 +192,7 @@ async fn send<W: tokio::io::AsyncWrite + Unpin>(
             return Err(std::io::ErrorKind::WriteZero.into());
         }
         sent += m;
-        progress.moved(true, m);
+        live.moved(true, m);
     }
     Ok(())
 }

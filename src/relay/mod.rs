@@ -6,6 +6,7 @@ pub(crate) mod abortable;
 pub(crate) mod body;
 pub(crate) mod forward;
 pub mod http_checked;
+pub(crate) mod liveness;
 #[allow(unsafe_code)]
 pub(crate) mod send_queue;
 pub(crate) mod shaped_body;

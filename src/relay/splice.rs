@@ -16,7 +16,8 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 use crate::audit::outcome::Close;
-use crate::relay::tunnel::{drive, Progress, Relayed};
+use crate::relay::liveness::Liveness;
+use crate::relay::tunnel::{drive, Relayed};
 
 /// Most bytes moved through a pipe per splice: the kernel's default pipe capacity (64 KiB,
 /// 16 pages). Pipes are never enlarged: a pump whose peer stops reading holds its pipe with
@@ -50,13 +51,13 @@ fn give_pipe(p: (OwnedFd, OwnedFd)) {
 }
 
 /// Move everything from `src` to `dst` until `src` reaches EOF, then half-close `dst`.
-async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, progress: &Progress) -> io::Result<()> {
+async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, live: &Liveness) -> io::Result<()> {
     let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
     loop {
         src.readable().await?;
         let Ok((pr, pw)) = take_pipe() else {
             // No pipe to be had: move this chunk through user space.
-            if copy_chunk(src, dst, up, progress).await? {
+            if copy_chunk(src, dst, up, live).await? {
                 return Ok(());
             }
             continue;
@@ -89,7 +90,7 @@ async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, progress: &Progress) -
                 Ok(m) => {
                     left -= m;
                     // Counted as it reaches the socket: a cut mid-chunk counts what left.
-                    progress.moved(up, m);
+                    live.moved(up, m);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e),
@@ -106,7 +107,7 @@ async fn copy_chunk(
     src: &TcpStream,
     dst: &TcpStream,
     up: bool,
-    progress: &Progress,
+    live: &Liveness,
 ) -> io::Result<bool> {
     // On the heap, and only here: a buffer in this future's state would be reserved in every
     // pump of every tunnel, idle or not.
@@ -127,7 +128,7 @@ async fn copy_chunk(
             Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
             Ok(m) => {
                 sent += m;
-                progress.moved(up, m);
+                live.moved(up, m);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
@@ -142,10 +143,10 @@ pub async fn relay<F>(client: &TcpStream, server: &TcpStream, idle: Duration, st
 where
     F: Future<Output = Close>,
 {
-    let progress = Progress::new();
-    let up = pump(client, server, true, &progress);
-    let down = pump(server, client, false, &progress);
-    drive(up, down, &progress, idle, stop).await
+    let live = Liveness::new(idle);
+    let up = pump(client, server, true, &live);
+    let down = pump(server, client, false, &live);
+    drive(up, down, &live, stop).await
 }
 
 #[cfg(test)]

@@ -11,15 +11,15 @@
 
 use std::future::Future;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 
 use crate::audit::outcome::Close;
 use crate::egress::limits::SandboxLimiter;
+use crate::relay::liveness::Liveness;
 
 /// What a finished relay reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,93 +42,29 @@ impl Relayed {
     }
 }
 
-/// Bytes moved in each direction, and when anything last moved.
-#[derive(Debug)]
-pub struct Progress {
-    origin: Instant,
-    up: AtomicU64,
-    down: AtomicU64,
-    /// Nanoseconds after `origin` until which the tunnel counts as active.
-    active_until: AtomicU64,
-}
-
-impl Progress {
-    pub fn new() -> Self {
-        Progress {
-            origin: Instant::now(),
-            up: AtomicU64::new(0),
-            down: AtomicU64::new(0),
-            active_until: AtomicU64::new(0),
-        }
-    }
-
-    fn nanos(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.origin).as_nanos() as u64
-    }
-
-    /// `n` bytes were delivered in a direction (client → destination when `up`).
-    pub fn moved(&self, up: bool, n: usize) {
-        let counter = if up { &self.up } else { &self.down };
-        counter.fetch_add(n as u64, Ordering::Relaxed);
-        self.active(Instant::now());
-    }
-
-    /// The tunnel counts as active until `until` (reading, or waiting for bandwidth tokens).
-    pub fn active(&self, until: Instant) {
-        self.active_until
-            .fetch_max(self.nanos(until), Ordering::Relaxed);
-    }
-
-    fn idle_deadline(&self, idle: Duration) -> Instant {
-        self.origin + Duration::from_nanos(self.active_until.load(Ordering::Relaxed)) + idle
-    }
-
-    fn relayed(&self, close: Close) -> Relayed {
-        Relayed {
-            up: self.up.load(Ordering::Relaxed),
-            down: self.down.load(Ordering::Relaxed),
-            close,
-        }
-    }
-}
-
-impl Default for Progress {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// Run two pumps until both finish (`eof`), one fails (`error`), nothing moves for `idle`
-/// (`idle`), or `stop` resolves (its close).
-pub async fn drive<A, B, S>(a: A, b: B, progress: &Progress, idle: Duration, stop: S) -> Relayed
+/// Run two pumps until both finish (`eof`), one fails (`error`), nothing moves for the idle
+/// timeout (`idle`), or `stop` resolves (its close).
+pub async fn drive<A, B, S>(a: A, b: B, live: &Liveness, stop: S) -> Relayed
 where
     A: Future<Output = io::Result<()>>,
     B: Future<Output = io::Result<()>>,
     S: Future<Output = Close>,
 {
-    tokio::pin!(a, b, stop);
-    let (mut a_done, mut b_done) = (false, false);
-    loop {
-        if a_done && b_done {
-            return progress.relayed(Close::Eof);
-        }
-        let deadline = progress.idle_deadline(idle);
-        tokio::select! {
-            r = &mut a, if !a_done => match r {
-                Ok(()) => a_done = true,
-                Err(_) => return progress.relayed(Close::Error),
-            },
-            r = &mut b, if !b_done => match r {
-                Ok(()) => b_done = true,
-                Err(_) => return progress.relayed(Close::Error),
-            },
-            close = &mut stop => return progress.relayed(close),
-            _ = sleep_until(deadline) => {
-                if progress.idle_deadline(idle) <= Instant::now() {
-                    return progress.relayed(Close::Idle);
-                }
+    let both = async {
+        tokio::pin!(a, b);
+        let (mut a_done, mut b_done) = (false, false);
+        while !(a_done && b_done) {
+            tokio::select! {
+                r = &mut a, if !a_done => { r?; a_done = true }
+                r = &mut b, if !b_done => { r?; b_done = true }
             }
         }
+        io::Result::Ok(())
+    };
+    match live.run(both, stop).await {
+        Ok(Ok(())) => live.relayed(Close::Eof),
+        Ok(Err(_)) => live.relayed(Close::Error),
+        Err(close) => live.relayed(close),
     }
 }
 
@@ -141,7 +77,7 @@ pub(crate) async fn pump<R, W>(
     mut w: W,
     up: bool,
     shaper: Option<&SandboxLimiter>,
-    progress: &Progress,
+    live: &Liveness,
 ) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
@@ -157,7 +93,7 @@ where
         let delay = shaper.map(|s| s.shape_now(up, n)).unwrap_or_default();
         if !delay.is_zero() {
             let until = Instant::now() + delay;
-            progress.active(until);
+            live.active(until);
             tokio::time::sleep_until(until).await;
         }
         // Counted write by write: a cut mid-chunk counts what reached the socket.
@@ -168,7 +104,7 @@ where
                 return Err(io::ErrorKind::WriteZero.into());
             }
             sent += m;
-            progress.moved(up, m);
+            live.moved(up, m);
         }
     }
 }
@@ -188,10 +124,10 @@ where
 {
     let (cr, cw) = tokio::io::split(client);
     let (sr, sw) = tokio::io::split(server);
-    let progress = Progress::new();
-    let up = pump(cr, sw, true, shaper, &progress);
-    let down = pump(sr, cw, false, shaper, &progress);
-    drive(up, down, &progress, idle, stop).await
+    let live = Liveness::new(idle);
+    let up = pump(cr, sw, true, shaper, &live);
+    let down = pump(sr, cw, false, shaper, &live);
+    drive(up, down, &live, stop).await
 }
 
 /// Relay between two TCP sockets — zero-copy ([`crate::relay::splice`]) unless a `shaper` limits the

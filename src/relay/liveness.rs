@@ -1,0 +1,157 @@
+//! Is this exchange still alive? One tracker for every relay — CONNECT and transparent
+//! tunnels, forwarded HTTP, terminated (brokered) tunnels, DNS over TCP: bytes moved in each
+//! direction (into the record's [`Counters`]) and when anything last moved. [`Liveness::run`]
+//! races a piece of work against the idle deadline and a stop future (revocation, shutdown:
+//! [`crate::relay::watch::Watch::stopped`]), so no relay can forget either.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{sleep_until, Instant};
+
+use crate::audit::outcome::Close;
+use crate::audit::Counters;
+use crate::relay::tunnel::Relayed;
+
+/// Bytes moved and the idle deadline of one exchange.
+#[derive(Debug)]
+pub struct Liveness {
+    origin: Instant,
+    idle: Duration,
+    counters: Arc<Counters>,
+    /// Nanoseconds after `origin` until which the exchange counts as active.
+    active_until: AtomicU64,
+}
+
+impl Liveness {
+    /// An exchange that ends after `idle` with nothing moving.
+    pub fn new(idle: Duration) -> Self {
+        Liveness {
+            origin: Instant::now(),
+            idle,
+            counters: Arc::new(Counters::default()),
+            active_until: AtomicU64::new(0),
+        }
+    }
+
+    /// The byte counters, for the record ([`crate::audit::AuditGuard::count`]).
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.origin).as_nanos() as u64
+    }
+
+    /// `n` bytes were delivered in a direction (client → destination when `up`).
+    pub fn moved(&self, up: bool, n: usize) {
+        let counter = if up {
+            &self.counters.up
+        } else {
+            &self.counters.down
+        };
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+        self.touch();
+    }
+
+    /// Something happened that counts as activity (a request, a response head).
+    pub fn touch(&self) {
+        self.active(Instant::now());
+    }
+
+    /// The exchange counts as active until `until` (reading, or waiting for bandwidth).
+    pub fn active(&self, until: Instant) {
+        self.active_until
+            .fetch_max(self.nanos(until), Ordering::Relaxed);
+    }
+
+    fn deadline(&self) -> Instant {
+        self.origin + Duration::from_nanos(self.active_until.load(Ordering::Relaxed)) + self.idle
+    }
+
+    /// Resolves once nothing has moved for the idle timeout.
+    pub async fn idle(&self) {
+        loop {
+            let deadline = self.deadline();
+            sleep_until(deadline).await;
+            if self.deadline() <= Instant::now() {
+                return;
+            }
+        }
+    }
+
+    /// Client → destination and destination → client bytes so far.
+    pub fn totals(&self) -> (u64, u64) {
+        (
+            self.counters.up.load(Ordering::Relaxed),
+            self.counters.down.load(Ordering::Relaxed),
+        )
+    }
+
+    /// What the relay reports when it ends with `close`.
+    pub fn relayed(&self, close: Close) -> Relayed {
+        let (up, down) = self.totals();
+        Relayed { up, down, close }
+    }
+
+    /// Run `work` until it ends (`Ok`), nothing moves for the idle timeout
+    /// (`Err(Close::Idle)`), or `stop` resolves (`Err` with its close).
+    pub async fn run<W, S>(&self, work: W, stop: S) -> Result<W::Output, Close>
+    where
+        W: Future,
+        S: Future<Output = Close>,
+    {
+        tokio::select! {
+            out = work => Ok(out),
+            close = stop => Err(close),
+            () = self.idle() => Err(Close::Idle),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn silent_work_ends_idle_and_activity_extends_it() {
+        let live = Liveness::new(Duration::from_secs(5));
+        let r = live
+            .run(std::future::pending::<()>(), std::future::pending())
+            .await;
+        assert_eq!(r, Err(Close::Idle));
+        assert!(Instant::now() - live.origin >= Duration::from_secs(5));
+
+        let live = Arc::new(Liveness::new(Duration::from_secs(5)));
+        let feeder = {
+            let live = live.clone();
+            async move {
+                for _ in 0..4 {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    live.moved(true, 10);
+                }
+                std::future::pending::<()>().await
+            }
+        };
+        let r = live.run(feeder, std::future::pending()).await;
+        assert_eq!(r, Err(Close::Idle));
+        // Active until 12 s, idle 5 s later.
+        assert!(Instant::now() - live.origin >= Duration::from_secs(17));
+        assert_eq!(live.totals(), (40, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stop_wins_over_work() {
+        let live = Liveness::new(Duration::from_secs(60));
+        let stop = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Close::Revoked
+        };
+        let r = live.run(std::future::pending::<()>(), stop).await;
+        assert_eq!(r, Err(Close::Revoked));
+        let r = live.run(async { 7 }, std::future::pending()).await;
+        assert_eq!(r, Ok(7));
+    }
+}
