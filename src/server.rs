@@ -278,14 +278,27 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
             token_sha256,
             max_body: config.runtime.max_binding_bytes,
         });
-        tasks.push(tokio::spawn(accept_admin(l, admin, admin_tls)));
+        let gate = Gate::new("admin", &shared, config.admission);
+        tasks.push(tokio::spawn(accept_admin(l, gate, admin, admin_tls)));
     }
     if let Some((udp, tcp)) = dns {
         let mut server = hickory_server::ServerFuture::new(crate::dns::listener::DnsListener {
             shared: shared.clone(),
         });
         server.register_socket(udp);
-        server.register_listener(tcp, config.defaults.timeouts.header);
+        let handler = Arc::new(crate::dns::listener::DnsListener {
+            shared: shared.clone(),
+        });
+        let idle = config.defaults.timeouts.header;
+        let dns_shared = shared.clone();
+        tasks.push(tokio::spawn(accept_gated(
+            tcp,
+            Gate::new("dns", &shared, config.admission),
+            move |stream, client| {
+                let phase = dns_shared.phase.subscribe();
+                crate::dns::tcp::serve(handler.clone(), stream, client, idle, phase)
+            },
+        )));
         tasks.push(tokio::spawn(async move {
             if let Err(e) = server.block_until_done().await {
                 tracing::error!(error = %e, "the DNS listener stopped");
@@ -362,7 +375,7 @@ async fn wait_for_signal() {
 }
 
 /// Which data-plane listener an accept loop serves.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Proxy,
     /// The explicit proxy over TLS.
@@ -422,6 +435,14 @@ async fn accept_loop(
                     }
                 },
                 Err(refusal) => {
+                    let listener = if kind == Kind::Proxy {
+                        "proxy"
+                    } else {
+                        "proxy_tls"
+                    };
+                    shared
+                        .metrics()
+                        .admission_refused(listener, refusal.label());
                     let (reason, detail) = match refusal {
                         admission::Refusal::Rate(_) => (
                             Reason::RateLimited,
@@ -617,34 +638,110 @@ async fn reload_on_sighup(control: Arc<Controller>, audit: Arc<AuditLog>) {
     }
 }
 
-async fn accept_admin(
-    listener: TcpListener,
-    admin: Arc<Admin>,
-    tls: Option<Arc<crate::listen::explicit_tls::TlsServer>>,
-) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => match &tls {
-                None => {
-                    tokio::spawn(crate::control::admin::serve(admin.clone(), stream));
-                }
-                Some(tls) => {
-                    let (admin, acceptor) = (admin.clone(), tls.acceptor());
-                    tokio::spawn(async move {
-                        let hs =
-                            tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
-                        match hs.await {
-                            Ok(Ok(s)) => crate::control::admin::serve(admin, s).await,
-                            Ok(Err(e)) => tracing::debug!(error = %e, "admin TLS handshake failed"),
-                            Err(_) => {}
-                        }
-                    });
-                }
-            },
-            Err(e) => {
-                tracing::warn!(error = %e, "admin accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+/// Admission for a listener whose connections never identify a sandbox (admin, DNS over
+/// TCP): the same per-source cap, total cap and accept rate as an unidentified proxy
+/// connection (`admission:`), in a table of this listener's own — a flood of one listener
+/// never takes another's places — and the same first-byte timeout. A connection holds its
+/// place until it closes.
+struct Gate {
+    name: &'static str,
+    admissions: Arc<Admissions>,
+    shared: Arc<Shared>,
+}
+
+impl Gate {
+    fn new(name: &'static str, shared: &Arc<Shared>, cfg: crate::config::Admission) -> Self {
+        Gate {
+            name,
+            admissions: Admissions::new(cfg),
+            shared: shared.clone(),
+        }
+    }
+
+    /// Admit `stream` from `client` and wait for its first byte: `None` (closed, counted)
+    /// when refused or silent.
+    async fn admit(
+        admissions: Arc<Admissions>,
+        shared: Arc<Shared>,
+        name: &'static str,
+        stream: &TcpStream,
+        client: SocketAddr,
+    ) -> Option<admission::UnidentifiedSlot> {
+        let slot = match admissions.accept(client.ip()) {
+            Ok(slot) => slot,
+            Err(r) => {
+                shared.metrics().admission_refused(name, r.label());
+                return None;
+            }
+        };
+        let mut one = [0u8; 1];
+        match tokio::time::timeout(admissions.first_byte(), stream.peek(&mut one)).await {
+            Ok(Ok(n)) if n > 0 => Some(slot),
+            Ok(_) => None,
+            Err(_) => {
+                shared.metrics().admission_refused(name, "silent");
+                None
             }
         }
     }
+}
+
+/// Accept loop of a gated listener: every connection through [`Gate`], then `serve`.
+async fn accept_gated<F, Fut>(listener: TcpListener, gate: Gate, serve: F)
+where
+    F: Fn(TcpStream, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let serve = Arc::new(serve);
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let (stream, client) = match listener.accept().await {
+            Ok(x) => {
+                backoff = Duration::from_millis(5);
+                x
+            }
+            Err(e) => {
+                // EMFILE and friends: wait and retry rather than spin.
+                tracing::warn!(error = %e, listener = gate.name, "accept failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let (admissions, shared, name) = (gate.admissions.clone(), gate.shared.clone(), gate.name);
+        let serve = serve.clone();
+        tokio::spawn(async move {
+            if let Some(_slot) = Gate::admit(admissions, shared, name, &stream, client).await {
+                serve(stream, client).await;
+            }
+        });
+    }
+}
+
+/// The admin listener (plain HTTP or TLS with a client certificate), gated.
+async fn accept_admin(
+    listener: TcpListener,
+    gate: Gate,
+    admin: Arc<Admin>,
+    tls: Option<Arc<crate::listen::explicit_tls::TlsServer>>,
+) {
+    let handshake = gate.shared.settings.timeouts.header;
+    accept_gated(listener, gate, move |stream, _client| {
+        let admin = admin.clone();
+        let tls = tls.clone();
+        async move {
+            match tls {
+                None => crate::control::admin::serve(admin, stream).await,
+                Some(tls) => {
+                    let hs = tokio::time::timeout(handshake, tls.acceptor().accept(stream));
+                    match hs.await {
+                        Ok(Ok(s)) => crate::control::admin::serve(admin, s).await,
+                        Ok(Err(e)) => tracing::debug!(error = %e, "admin TLS handshake failed"),
+                        Err(_) => {}
+                    }
+                }
+            }
+        }
+    })
+    .await
 }

@@ -31,6 +31,7 @@ pub struct Metrics {
     control_plane_revision: IntGauge,
     control_plane_connected: IntGauge,
     control_plane_errors: IntCounterVec,
+    admission_refused: IntCounterVec,
 }
 
 /// One sandbox's per-connection metric handles, looked up once per sandbox and policy version
@@ -179,7 +180,16 @@ impl Metrics {
         registry.register(Box::new(control_plane_revision.clone()))?;
         registry.register(Box::new(control_plane_connected.clone()))?;
         registry.register(Box::new(control_plane_errors.clone()))?;
+        let admission_refused = IntCounterVec::new(
+            Opts::new(
+                "egress_admission_refused_total",
+                "Connections refused before identification, by listener and why (per_source, rate, silent)",
+            ),
+            &["listener", "why"],
+        )?;
+        registry.register(Box::new(admission_refused.clone()))?;
         Ok(Metrics {
+            admission_refused,
             control_plane_revision,
             control_plane_connected,
             control_plane_errors,
@@ -239,6 +249,13 @@ impl Metrics {
     }
 
     /// Count a connection refused because the audit queue was full.
+    /// Count a connection refused by admission on `listener` (`proxy`, `admin`, `dns`).
+    pub fn admission_refused(&self, listener: &str, why: &str) {
+        self.admission_refused
+            .with_label_values(&[listener, why])
+            .inc();
+    }
+
     pub fn audit_backpressure(&self) {
         self.audit_backpressure.inc();
     }

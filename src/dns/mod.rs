@@ -3,3 +3,4 @@
 
 pub(crate) mod listener;
 pub(crate) mod memory;
+pub(crate) mod tcp;

@@ -28,6 +28,16 @@ pub enum Refusal {
     Unidentified,
 }
 
+impl Refusal {
+    /// The metric label: `rate` or `unidentified`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Refusal::Rate(_) => "rate",
+            Refusal::Unidentified => "unidentified",
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Source {
     unidentified: u32,
