@@ -359,3 +359,30 @@ sandboxes:
     );
     assert!(!out.contains("`allowed.test`"), "{out}");
 }
+
+/// The README's 20-line policy example is a configuration `validate` accepts.
+#[test]
+fn the_readme_policy_example_validates() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("## A policy in 20 lines")
+        .nth(1)
+        .expect("the README has its policy example");
+    let yaml = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("a yaml block");
+    assert!(yaml.lines().count() <= 20, "the example grew past 20 lines");
+    let dir = tempfile::tempdir().unwrap();
+    let token = write(dir.path(), "admin.token", "t");
+    let yaml = yaml.replace("/etc/egress-proxy/admin.token", &token);
+    let cfg = write(dir.path(), "proxy.yaml", &yaml);
+    let (code, out, err) = run(&["validate", "--config", &cfg]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("1 sandboxes, 4 egress rules, 1 deny rules"),
+        "{out}"
+    );
+}

@@ -3,6 +3,10 @@
 //! cuts tunnels on another, leases expire everywhere, etcd going away leaves every replica
 //! enforcing what it had (and refusing writes), changes made while it was away are picked
 //! up, garbage under the prefix is skipped, and a late replica loads thousands of sandboxes.
+//!
+//! Every test here is `#[ignore]`d (like the network-namespace tests): it needs etcd
+//! (`apt-get install etcd-server etcd-client`) and fails, never skips, without it.
+//! `cargo test -- --include-ignored` (what `.ci/run` does) runs them.
 
 mod common;
 
@@ -139,20 +143,18 @@ impl Net {
     }
 }
 
-/// A temporary directory, a running etcd and the test origin; `None` (the test skips, having
-/// said why) when etcd is not installed outside CI.
-fn setup() -> Option<(tempfile::TempDir, Etcd, Net)> {
+/// A temporary directory, a running etcd and the test origin.
+fn setup() -> (tempfile::TempDir, Etcd, Net) {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = Etcd::start(dir.path())?;
+    let etcd = Etcd::start(dir.path());
     let net = Net::new(dir.path());
-    Some((dir, etcd, net))
+    (dir, etcd, net)
 }
 
 #[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
 fn replicas_share_registrations_and_a_delete_anywhere_cuts_tunnels_everywhere() {
-    let Some((dir, etcd, net)) = setup() else {
-        return;
-    };
+    let (dir, etcd, net) = setup();
     let a = replica(&dir.path().join("a"), etcd.client_port);
     let b = replica(&dir.path().join("b"), etcd.client_port);
     let c = replica(&dir.path().join("c"), etcd.client_port);
@@ -232,11 +234,10 @@ fn replicas_share_registrations_and_a_delete_anywhere_cuts_tunnels_everywhere() 
 }
 
 #[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
 fn writes_are_validated_before_they_reach_etcd() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(etcd) = Etcd::start(dir.path()) else {
-        return;
-    };
+    let etcd = Etcd::start(dir.path());
     let a = replica(&dir.path().join("a"), etcd.client_port);
     wait_ready(&a);
     let (status, body) = admin(&a, "PUT", "/v1/sandboxes/bad", r#"{"policy": 5}"#);
@@ -282,10 +283,9 @@ fn writes_are_validated_before_they_reach_etcd() {
 }
 
 #[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
 fn a_lease_without_keepalive_expires_and_the_sandbox_is_refused_everywhere() {
-    let Some((dir, etcd, net)) = setup() else {
-        return;
-    };
+    let (dir, etcd, net) = setup();
     let a = replica(&dir.path().join("a"), etcd.client_port);
     let b = replica(&dir.path().join("b"), etcd.client_port);
     wait_ready(&a);
@@ -330,10 +330,9 @@ fn a_lease_without_keepalive_expires_and_the_sandbox_is_refused_everywhere() {
 }
 
 #[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
 fn without_etcd_replicas_keep_enforcing_refuse_writes_and_catch_up_after() {
-    let Some((dir, mut etcd, net)) = setup() else {
-        return;
-    };
+    let (dir, mut etcd, net) = setup();
     let port = etcd.client_port;
     let a = replica(&dir.path().join("a"), port);
     let b = replica(&dir.path().join("b"), port);
@@ -415,10 +414,9 @@ fn without_etcd_replicas_keep_enforcing_refuse_writes_and_catch_up_after() {
 }
 
 #[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
 fn a_replica_is_not_ready_until_it_has_listed_etcd() {
-    let Some((dir, mut etcd, net)) = setup() else {
-        return;
-    };
+    let (dir, mut etcd, net) = setup();
     let port = etcd.client_port;
     etcd.ctl(&[
         "put",
@@ -440,10 +438,9 @@ fn a_replica_is_not_ready_until_it_has_listed_etcd() {
 }
 
 #[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
 fn garbage_under_the_prefix_is_skipped_and_the_rest_load() {
-    let Some((dir, etcd, net)) = setup() else {
-        return;
-    };
+    let (dir, etcd, net) = setup();
     let key = |id: &str| format!("{PREFIX}sandboxes/{id}");
     etcd.ctl(&["put", &key("good1"), &binding("good1", &["api.test:*"])]);
     etcd.ctl(&["put", &key("json"), "{not json"]);
@@ -510,10 +507,9 @@ fn garbage_under_the_prefix_is_skipped_and_the_rest_load() {
 }
 
 #[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
 fn a_replica_started_after_two_thousand_registrations_serves_all_of_them() {
-    let Some((dir, etcd, net)) = setup() else {
-        return;
-    };
+    let (dir, etcd, net) = setup();
     let a = replica(&dir.path().join("a"), etcd.client_port);
     wait_ready(&a);
     // Registered through replica A's API on one keep-alive connection, as a runtime would.
@@ -546,6 +542,7 @@ fn a_replica_started_after_two_thousand_registrations_serves_all_of_them() {
 }
 
 #[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
 fn etcd_over_tls_needs_the_right_ca_and_a_client_certificate() {
     let dir = tempfile::tempdir().unwrap();
     let tls = EtcdTlsFiles::generate(dir.path(), "good");
@@ -555,9 +552,7 @@ fn etcd_over_tls_needs_the_right_ca_and_a_client_certificate() {
         tls.client_cert.display().to_string(),
         tls.client_key.display().to_string(),
     );
-    let Some(etcd) = Etcd::start_with(dir.path(), Some(tls)) else {
-        return;
-    };
+    let etcd = Etcd::start_with(dir.path(), Some(tls));
     let net = Net::new(dir.path());
     let endpoint = format!("127.0.0.1:{}", etcd.client_port);
     let good = replica_with(
@@ -617,10 +612,9 @@ fn etcd_over_tls_needs_the_right_ca_and_a_client_certificate() {
 }
 
 #[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
 fn etcd_users_and_passwords() {
-    let Some((dir, etcd, net)) = setup() else {
-        return;
-    };
+    let (dir, etcd, net) = setup();
     let range = format!("{PREFIX}sandboxes/");
     for args in [
         vec!["user", "add", "root", "--new-user-password=root-pw"],
