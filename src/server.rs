@@ -137,8 +137,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     };
     let proxy_tls = match &config.listen.proxy_tls {
         Some(t) => {
-            let server =
-                crate::listen::explicit_tls::TlsServer::load(t).map_err(anyhow::Error::msg)?;
+            let server = crate::listen::explicit_tls::TlsServer::load(t)?;
             let listener = TcpListener::bind(t.addr)
                 .await
                 .with_context(|| format!("binding listen.proxy_tls {}", t.addr))?;
@@ -184,9 +183,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         tracing::warn!(warning = %w, "dns");
     }
     let interceptor = match &config.intercept {
-        Some(c) => Some(Arc::new(
-            crate::intercept::Interceptor::load(c).map_err(anyhow::Error::msg)?,
-        )),
+        Some(c) => Some(Arc::new(crate::intercept::Interceptor::load(c)?)),
         None => None,
     };
     let signing_key = match &config.audit_trail.signing_key_file {
@@ -262,9 +259,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         )));
     }
     let admin_tls = match &config.listen.admin_tls {
-        Some(t) => Some(Arc::new(
-            crate::listen::explicit_tls::TlsServer::load(t).map_err(anyhow::Error::msg)?,
-        )),
+        Some(t) => Some(Arc::new(crate::listen::explicit_tls::TlsServer::load(t)?)),
         None => None,
     };
     if let Some(l) = admin {
@@ -585,13 +580,11 @@ async fn watch_tls_files(tls: Arc<crate::listen::explicit_tls::TlsServer>) {
 async fn refuse_unrecorded(mut stream: TcpStream, kind: Kind) {
     match kind {
         Kind::Proxy => {
-            let body = "egress-proxy cannot record connections right now (its audit log is behind); retry shortly.\n";
-            let resp = format!(
-                "HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\nproxy-status: egress-proxy; error=proxy_internal_error; details=\"audit log backpressure\"\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
+            let resp = deny::unavailable_wire(
+                "cannot record connections right now (its audit log is behind)",
+                "audit log backpressure",
             );
-            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes()))
-                .await;
+            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&resp)).await;
         }
         Kind::ProxyTls | Kind::Transparent => {
             let _ = stream.set_zero_linger();

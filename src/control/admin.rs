@@ -131,23 +131,19 @@ async fn read_body(req: Request<Incoming>, max: usize) -> Result<String, Respons
 }
 
 fn change_error(e: ChangeError) -> Response<Full<Bytes>> {
-    match e {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut r = match e {
         ChangeError::Invalid(errs) => json_resp(
-            StatusCode::BAD_REQUEST,
+            status,
             json!({ "error": "invalid binding", "errors": errs.0.iter().map(|e| e.to_string()).collect::<Vec<_>>() }),
         ),
-        ChangeError::BadRequest(m) => error(StatusCode::BAD_REQUEST, m),
-        ChangeError::Conflict(m) => error(StatusCode::CONFLICT, m),
-        ChangeError::Full(m) => error(StatusCode::TOO_MANY_REQUESTS, m),
-        ChangeError::NotFound => error(StatusCode::NOT_FOUND, "no such registered sandbox"),
-        ChangeError::Failed(m) => error(StatusCode::INTERNAL_SERVER_ERROR, m),
-        ChangeError::Unavailable(m) => {
-            let mut r = error(StatusCode::SERVICE_UNAVAILABLE, m);
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
-            r
-        }
+        other => error(status, other.to_string()),
+    };
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
     }
+    r
 }
 
 async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -195,6 +191,7 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         }
         (&Method::POST, "/v1/reload") => match off_reactor(admin, |c| c.reload("api"))
             .await
+            .map(|r| r.map_err(|e| e.messages()))
             .unwrap_or_else(|| Err(vec!["control-plane task failed".into()]))
         {
             Ok(r) => json_resp(

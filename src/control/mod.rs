@@ -25,19 +25,21 @@ use crate::config::{self, Binding, Config, ConfigErrors};
 use crate::control::state_store::{StateStore, LOG_FILE};
 use crate::egress::resolve::Resolver;
 use crate::policy::sandbox_id::SandboxId;
-use crate::policy::set::{Changes, PolicySet, Scope};
+use crate::policy::set::{Changes, CompileError, PolicySet, Scope};
 use crate::server::shared::Shared;
+use registry::{Origin, Valid};
 
 pub(crate) mod admin;
 pub mod check;
 pub(crate) mod etcd;
+pub(crate) mod registry;
 pub(crate) mod state_store;
 
 pub use etcd::apply::RemoteChange;
 
 /// A sandbox registered through the API: the binding and its body (canonical JSON).
 #[derive(Clone)]
-struct Registered {
+pub(crate) struct Registered {
     /// Shared with the compiled sandbox.
     binding: Arc<Binding>,
     json: String,
@@ -60,23 +62,94 @@ struct State {
     skipped: BTreeMap<String, (i64, String)>,
 }
 
-/// Why a registration call failed, mapped to an HTTP status by the admin API.
-#[derive(Debug)]
+/// Why a registration call failed; [`ChangeError::status`] is its HTTP status in the admin API.
+#[derive(Debug, thiserror::Error)]
 pub enum ChangeError {
     /// 400: the body is invalid (every error listed).
+    #[error("{0}")]
     Invalid(ConfigErrors),
     /// 400: something else about the request is wrong.
+    #[error("{0}")]
     BadRequest(String),
     /// 409: the id belongs to a file-defined sandbox, or its `sources` overlap another's.
+    #[error("{0}")]
     Conflict(String),
     /// 429: `runtime.max_sandboxes` are registered already.
+    #[error("{0}")]
     Full(String),
     /// 404
+    #[error("no such registered sandbox")]
     NotFound,
     /// 500: the new set did not compile, or could not be persisted.
+    #[error("{0}")]
     Failed(String),
     /// 503: the control plane (etcd) cannot take the change now.
+    #[error("{0}")]
     Unavailable(String),
+}
+
+impl ChangeError {
+    /// The admin API's status for it.
+    pub fn status(&self) -> u16 {
+        match self {
+            ChangeError::Invalid(_) | ChangeError::BadRequest(_) => 400,
+            ChangeError::Conflict(_) => 409,
+            ChangeError::Full(_) => 429,
+            ChangeError::NotFound => 404,
+            ChangeError::Failed(_) => 500,
+            ChangeError::Unavailable(_) => 503,
+        }
+    }
+}
+
+impl From<registry::Rejected> for ChangeError {
+    fn from(r: registry::Rejected) -> Self {
+        use registry::Rejected;
+        match r {
+            Rejected::InvalidId(_) => ChangeError::BadRequest(r.to_string()),
+            Rejected::Invalid(errs) => ChangeError::Invalid(errs),
+            Rejected::FileDefined { .. } | Rejected::Overlap(_) => {
+                ChangeError::Conflict(r.to_string())
+            }
+            Rejected::Full { .. } => ChangeError::Full(r.to_string()),
+        }
+    }
+}
+
+/// Why a policy set could not be built from a configuration and the registrations.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileFailure {
+    #[error("sandbox {id} is defined both in {origin} and through the API")]
+    DefinedTwice { id: String, origin: String },
+    #[error(transparent)]
+    Compile(#[from] CompileError),
+}
+
+/// Why a reload was refused; the running policy stays.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The configuration files do not load.
+    #[error("{0}")]
+    Config(ConfigErrors),
+    /// Registrations made through the API are invalid under the new configuration.
+    #[error("{0}")]
+    Registrations(ConfigErrors),
+    #[error(transparent)]
+    Compile(#[from] CompileFailure),
+    #[error("the controller's lock is poisoned")]
+    Poisoned,
+}
+
+impl ReloadError {
+    /// Every problem, one message each (for the admin API and the logs).
+    pub fn messages(&self) -> Vec<String> {
+        match self {
+            ReloadError::Config(e) | ReloadError::Registrations(e) => {
+                e.0.iter().map(|e| e.to_string()).collect()
+            }
+            other => vec![other.to_string()],
+        }
+    }
 }
 
 /// A successful reload: the new policy version, and the settings that changed but only take
@@ -187,13 +260,13 @@ impl Controller {
         &self,
         config: &Config,
         runtime: &BTreeMap<String, Registered>,
-    ) -> Result<(PolicySet, Changes), String> {
+    ) -> Result<(PolicySet, Changes), CompileFailure> {
         for id in runtime.keys() {
             if config.bindings.iter().any(|b| &b.id == id) {
-                return Err(format!(
-                    "sandbox {id} is defined both in {} and through the API",
-                    config.origin
-                ));
+                return Err(CompileFailure::DefinedTwice {
+                    id: id.clone(),
+                    origin: config.origin.to_string(),
+                });
             }
         }
         let extra: Vec<Arc<Binding>> = runtime.values().map(|r| r.binding.clone()).collect();
@@ -201,7 +274,7 @@ impl Controller {
             .policy
             .load()
             .recompile(config, &extra, self.listeners.clone())
-            .map_err(|e| e.to_string())
+            .map_err(CompileFailure::from)
     }
 
     fn count(&self, ok: bool) {
@@ -242,49 +315,38 @@ impl Controller {
         };
         st.store = Ok(Some(store));
         problems.extend(restored.problems);
-        // Each registration is parsed and its policy compiled once, on its own; the whole set
-        // is compiled and published once at the end (linear in the number of registrations).
-        let file_ids: std::collections::HashSet<&str> =
-            st.config.bindings.iter().map(|b| b.id.as_str()).collect();
+        // Each registration is validated and its policy compiled once, on its own; the whole
+        // set is compiled and published once at the end (linear in the number of registrations).
         let mut runtime = st.runtime.clone();
+        let log = dir.join(LOG_FILE).display().to_string();
         for (id, text) in restored.entries {
-            let what = format!("{} (sandbox {id})", dir.join(LOG_FILE).display());
-            let problem = if file_ids.contains(id.as_str()) {
-                Some(format!(
-                    "{what}: skipped: sandbox {id} is defined in {}",
-                    st.config.origin
-                ))
-            } else {
-                match st.config.parse_runtime_binding(&text, &what, &id) {
-                    Err(errs) => Some(format!("{what}: skipped: {errs}")),
-                    Ok((binding, json)) => {
-                        match crate::policy::CompiledPolicy::compile(
-                            &binding.id,
-                            &binding.policy_file,
-                            &binding.network,
-                            binding.enforcement,
+            let checked =
+                registry::validate(&st.config, &runtime, &id, &text, Origin::StateLog(&log))
+                    .map_err(|e| e.to_string())
+                    .and_then(|v| {
+                        crate::policy::CompiledPolicy::compile(
+                            &v.binding.id,
+                            &v.binding.policy_file,
+                            &v.binding.network,
+                            v.binding.enforcement,
                             &st.config.defaults.ports,
-                        ) {
-                            Err(e) => Some(format!("{what}: skipped: cannot compile: {e}")),
-                            Ok(_) => {
-                                let binding = Arc::new(binding);
-                                runtime.insert(
-                                    id.clone(),
-                                    Registered {
-                                        binding,
-                                        json,
-                                        revision: 0,
-                                    },
-                                );
-                                None
-                            }
-                        }
-                    }
+                        )
+                        .map_err(|e| format!("cannot compile: {e}"))?;
+                        Ok(v)
+                    });
+            match checked {
+                Ok(v) => {
+                    let registered = Registered {
+                        binding: Arc::new(v.binding),
+                        json: v.json,
+                        revision: 0,
+                    };
+                    runtime.insert(id, registered);
                 }
-            };
-            if let Some(p) = problem {
-                problems.push(p);
-                st.unparsed.insert(id, text);
+                Err(why) => {
+                    problems.push(format!("{log} (sandbox {id}): skipped: {why}"));
+                    st.unparsed.insert(id, text);
+                }
             }
         }
         match self.compile(&st.config, &runtime) {
@@ -292,20 +354,19 @@ impl Controller {
                 st.runtime = runtime;
                 self.publish(set, changes.scope());
             }
-            Err(e) => problems.push(e),
+            Err(e) => problems.push(e.to_string()),
         }
         problems
     }
 
     /// Reload the configuration from disk (or the embedded default) and re-validate every
     /// runtime registration against it. Returns the new policy version.
-    pub fn reload(&self, why: &str) -> Result<Reloaded, Vec<String>> {
+    pub fn reload(&self, why: &str) -> Result<Reloaded, ReloadError> {
         let Ok(mut st) = self.state.lock() else {
-            return Err(vec!["controller lock poisoned".into()]);
+            return Err(ReloadError::Poisoned);
         };
         let result = (|| {
-            let config = config::load(self.path.as_deref())
-                .map_err(|e| e.0.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+            let config = config::load(self.path.as_deref()).map_err(ReloadError::Config)?;
             let mut runtime = BTreeMap::new();
             let mut errors = Vec::new();
             // Registrations parse the same under the new file unless what they are parsed
@@ -326,16 +387,16 @@ impl Controller {
                             },
                         );
                     }
-                    Err(e) => errors.extend(e.0.iter().map(|e| e.to_string())),
+                    Err(e) => errors.extend(e.0),
                 }
             }
             if !errors.is_empty() {
-                return Err(errors);
+                return Err(ReloadError::Registrations(ConfigErrors(errors)));
             }
             if !reparse {
                 runtime = st.runtime.clone();
             }
-            let (set, changes) = self.compile(&config, &runtime).map_err(|e| vec![e])?;
+            let (set, changes) = self.compile(&config, &runtime)?;
             Ok((config, runtime, set, changes))
         })();
         // Whatever happened, the files as they are now have been seen.
@@ -383,7 +444,7 @@ impl Controller {
                     }
                 }
                 self.count(false);
-                for e in &errors {
+                for e in errors.messages() {
                     tracing::error!(trigger = why, error = %e, "reload refused; the running policy stays");
                 }
                 Err(errors)
@@ -405,7 +466,11 @@ impl Controller {
         let Ok(mut st) = self.state.lock() else {
             return Err(ChangeError::Failed("lock poisoned".into()));
         };
-        let (sid, binding, json) = validate_registration(&st, id, body)?;
+        let Valid {
+            id: sid,
+            binding,
+            json,
+        } = registry::validate(&st.config, &st.runtime, id, body, Origin::Api)?;
         let id = sid.as_str();
         let binding = Arc::new(binding);
         // Only this sandbox is compiled; the new set shares every other one with the current
@@ -570,37 +635,6 @@ impl Controller {
     }
 }
 
-/// Everything a registration is checked for before it is accepted: the id, not a file-defined
-/// sandbox (409), room for it (429), the body (400), no other sandbox's `sources` (409).
-fn validate_registration(
-    st: &State,
-    id: &str,
-    body: &str,
-) -> Result<(SandboxId, Binding, String), ChangeError> {
-    let sid = SandboxId::new(id).map_err(|e| ChangeError::BadRequest(e.to_string()))?;
-    let id = sid.as_str();
-    if st.config.bindings.iter().any(|b| b.id == id) {
-        return Err(ChangeError::Conflict(format!(
-            "sandbox {id} is defined in {}; change it there (runtime registrations cannot override file-defined sandboxes)",
-            st.config.origin
-        )));
-    }
-    let max = st.config.runtime.max_sandboxes;
-    if !st.runtime.contains_key(id) && st.runtime.len() >= max {
-        return Err(ChangeError::Full(format!(
-            "{max} sandboxes are registered (runtime.max_sandboxes); delete some first"
-        )));
-    }
-    let (binding, json) = st
-        .config
-        .parse_runtime_binding(body, &format!("PUT /v1/sandboxes/{id}"), id)
-        .map_err(ChangeError::Invalid)?;
-    if let Some(clash) = overlapping_source(&st.config, &st.runtime, id, &binding) {
-        return Err(ChangeError::Conflict(clash));
-    }
-    Ok((sid, binding, json))
-}
-
 /// Where sandbox `id` comes from: the configuration file, the API (this process) or etcd.
 fn origin(st: &State, id: &str) -> &'static str {
     match st.runtime.get(id) {
@@ -643,37 +677,4 @@ fn compact_if_due(st: &mut State) {
     if let Err(e) = store.compact(live) {
         tracing::error!(error = %e, "cannot compact the state_dir log");
     }
-}
-
-/// A `sources` range of `binding` that overlaps a range of another sandbox: a registration
-/// may not take over (or carve out) another sandbox's addresses.
-fn overlapping_source(
-    config: &Config,
-    runtime: &BTreeMap<String, Registered>,
-    id: &str,
-    binding: &Binding,
-) -> Option<String> {
-    if binding.sources.is_empty() {
-        return None;
-    }
-    // Linear in the sandboxes that have sources (the common runtime registration has none
-    // and costs nothing here).
-    let others = config
-        .bindings
-        .iter()
-        .chain(runtime.values().map(|r| &*r.binding))
-        .filter(|b| !b.sources.is_empty() && b.id != id);
-    for other in others {
-        for mine in &binding.sources {
-            for theirs in &other.sources {
-                if mine.contains(&theirs.network()) || theirs.contains(&mine.network()) {
-                    return Some(format!(
-                        "sources {mine} overlaps {theirs} of sandbox {}: a registration may not claim another sandbox's addresses",
-                        other.id
-                    ));
-                }
-            }
-        }
-    }
-    None
 }

@@ -2,6 +2,7 @@
 //! operator's CA (`tls_intercept.ca_cert_file` / `ca_key_file`) and cached; and
 //! `egress-proxy ca init DIR`, which makes such a CA.
 
+use super::error::InterceptError;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -37,20 +38,26 @@ pub struct InterceptCa {
 
 impl InterceptCa {
     /// Load the CA certificate and key (PEM).
-    pub fn load(cert_file: &Path, key_file: &Path) -> Result<Self, String> {
+    pub fn load(cert_file: &Path, key_file: &Path) -> Result<Self, InterceptError> {
+        const CERT: &str = "tls_intercept.ca_cert_file";
+        const KEY: &str = "tls_intercept.ca_key_file";
         let cert_pem = std::fs::read_to_string(cert_file)
-            .map_err(|e| format!("tls_intercept.ca_cert_file {}: {e}", cert_file.display()))?;
+            .map_err(|e| InterceptError::file(CERT, cert_file, e))?;
         let key_pem = std::fs::read_to_string(key_file)
-            .map_err(|e| format!("tls_intercept.ca_key_file {}: {e}", key_file.display()))?;
+            .map_err(|e| InterceptError::file(KEY, key_file, e))?;
         let key = KeyPair::from_pem(&key_pem)
-            .map_err(|e| format!("tls_intercept.ca_key_file: not a private key (PEM): {e}"))?;
-        let params = CertificateParams::from_ca_cert_pem(&cert_pem)
-            .map_err(|e| format!("tls_intercept.ca_cert_file: not a CA certificate (PEM): {e}"))?;
+            .map_err(|e| InterceptError::content(KEY, format!("not a private key (PEM): {e}")))?;
+        let params = CertificateParams::from_ca_cert_pem(&cert_pem).map_err(|e| {
+            InterceptError::content(CERT, format!("not a CA certificate (PEM): {e}"))
+        })?;
         // Re-signing the parsed parameters gives an issuer with the same name and key: leaves
         // it signs chain to the operator's certificate.
-        let issuer = params
-            .self_signed(&key)
-            .map_err(|e| format!("tls_intercept: the key does not fit the certificate: {e}"))?;
+        let issuer = params.self_signed(&key).map_err(|e| {
+            InterceptError::content(
+                "tls_intercept",
+                format!("the key does not fit the certificate: {e}"),
+            )
+        })?;
         let ca_der = rustls_pemfile_first_cert(&cert_pem)?;
         Ok(InterceptCa {
             issuer,
@@ -61,22 +68,19 @@ impl InterceptCa {
     }
 
     /// The certificate presented for `host` (issued now, or from the cache).
-    pub fn leaf(&self, host: &str) -> Result<Arc<Leaf>, String> {
+    pub fn leaf(&self, host: &str) -> Result<Arc<Leaf>, InterceptError> {
         if let Some(l) = self.leaves.lock().ok().and_then(|m| m.get(host).cloned()) {
             return Ok(l);
         }
-        let key = KeyPair::generate().map_err(|e| e.to_string())?;
-        let mut params =
-            CertificateParams::new(vec![host.to_string()]).map_err(|e| e.to_string())?;
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(vec![host.to_string()])?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, host);
         params.distinguished_name = dn;
         let now = time::OffsetDateTime::now_utc();
         params.not_before = now - time::Duration::hours(1);
         params.not_after = now + time::Duration::days(7);
-        let cert = params
-            .signed_by(&key, &self.issuer, &self.key)
-            .map_err(|e| e.to_string())?;
+        let cert = params.signed_by(&key, &self.issuer, &self.key)?;
         let leaf = Arc::new(Leaf {
             chain: vec![cert.der().clone(), self.ca_der.clone()],
             key: key.serialize_der(),
@@ -94,27 +98,26 @@ impl InterceptCa {
     }
 }
 
-fn rustls_pemfile_first_cert(pem: &str) -> Result<CertificateDer<'static>, String> {
+fn rustls_pemfile_first_cert(pem: &str) -> Result<CertificateDer<'static>, InterceptError> {
     use rustls::pki_types::pem::PemObject;
     CertificateDer::pem_slice_iter(pem.as_bytes())
         .next()
         .and_then(Result::ok)
-        .ok_or_else(|| "tls_intercept.ca_cert_file: no certificate in the file".into())
+        .ok_or_else(|| {
+            InterceptError::content("tls_intercept.ca_cert_file", "no certificate in the file")
+        })
 }
 
 /// `egress-proxy ca init DIR`: a new CA for interception, `DIR/ca.crt` (give it to sandboxes)
 /// and `DIR/ca.key` (mode 0600; give it only to the proxy).
-pub fn init(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+pub fn init(dir: &Path) -> Result<(), InterceptError> {
+    std::fs::create_dir_all(dir).map_err(|e| InterceptError::file("ca init", dir, e))?;
     let (crt, key_path) = (dir.join("ca.crt"), dir.join("ca.key"));
     if crt.exists() || key_path.exists() {
-        return Err(format!(
-            "{} already holds a CA: remove it first (sandboxes that trust it must be told)",
-            dir.display()
-        ));
+        return Err(InterceptError::Exists(dir.to_path_buf()));
     }
-    let key = KeyPair::generate().map_err(|e| e.to_string())?;
-    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let mut dn = DistinguishedName::new();
@@ -123,21 +126,20 @@ pub fn init(dir: &Path) -> Result<(), String> {
     let now = time::OffsetDateTime::now_utc();
     params.not_before = now - time::Duration::hours(1);
     params.not_after = now + time::Duration::days(3650);
-    let cert = params.self_signed(&key).map_err(|e| e.to_string())?;
-    write_private(&key_path, key.serialize_pem().as_bytes())?;
-    std::fs::write(&crt, cert.pem()).map_err(|e| format!("{}: {e}", crt.display()))?;
+    let cert = params.self_signed(&key)?;
+    write_private(&key_path, key.serialize_pem().as_bytes())
+        .map_err(|e| InterceptError::file("ca init", &key_path, e))?;
+    std::fs::write(&crt, cert.pem()).map_err(|e| InterceptError::file("ca init", &crt, e))?;
     Ok(())
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .open(path)?;
     f.write_all(bytes)
-        .map_err(|e| format!("{}: {e}", path.display()))
 }

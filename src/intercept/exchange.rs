@@ -10,17 +10,19 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode};
-use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use http::{HeaderValue, Request, Response};
+use http_body_util::{combinators::BoxBody, BodyExt};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
+use super::error::InterceptError;
 use crate::audit::record::HttpFacts;
 use crate::audit::Recorder;
 use crate::config::credentials::{Credential, Inject};
 use crate::config::Binding;
+use crate::listen::deny;
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
 use crate::relay::liveness::Liveness;
@@ -35,18 +37,25 @@ pub enum Upstream {
 }
 
 impl Upstream {
-    pub async fn connect(tls: TlsStream<TcpStream>, h2: bool) -> Result<Self, String> {
+    pub async fn connect(tls: TlsStream<TcpStream>, h2: bool) -> Result<Self, InterceptError> {
         let io = TokioIo::new(tls);
         if h2 {
             let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
                 .await
-                .map_err(|e| format!("HTTP/2: {e}"))?;
+                .map_err(|source| InterceptError::Upstream {
+                    version: "HTTP/2",
+                    source,
+                })?;
             tokio::spawn(conn);
             Ok(Upstream::H2(send))
         } else {
-            let (send, conn) = hyper::client::conn::http1::handshake(io)
-                .await
-                .map_err(|e| format!("HTTP/1.1: {e}"))?;
+            let (send, conn) =
+                hyper::client::conn::http1::handshake(io)
+                    .await
+                    .map_err(|source| InterceptError::Upstream {
+                        version: "HTTP/1.1",
+                        source,
+                    })?;
             tokio::spawn(conn);
             Ok(Upstream::H1(tokio::sync::Mutex::new(send)))
         }
@@ -270,7 +279,7 @@ impl Exchange {
                     (0, 0),
                     started,
                 );
-                return refusal(r.reason, &r.detail);
+                return self.refused(&method, r.reason, &r.detail);
             }
         }
         let injected = self.inject(&mut req);
@@ -310,9 +319,22 @@ impl Exchange {
                     (up_bytes.load(Ordering::Relaxed), 0),
                     started,
                 );
-                plain(StatusCode::BAD_GATEWAY, None, &msg)
+                self.refused(&method, Reason::ConnectionRefused, &msg)
             }
         }
+    }
+
+    /// The refusal of a request in this tunnel, built like every other refusal (no path in
+    /// it: a path may carry a placeholder).
+    fn refused(&self, method: &str, reason: Reason, explanation: &str) -> Response<ResBody> {
+        let what = format!("{method} https://{}", self.host);
+        deny::in_tunnel(&deny::Refusal {
+            reason,
+            what: &what,
+            sandbox: Some(self.binding.id.as_str()),
+            explanation,
+            retry_after: None,
+        })
     }
 
     /// Put the credentials bound to this host on `req`; the names of those used.
@@ -388,39 +410,4 @@ fn replace_placeholder(req: &mut Request<Incoming>, c: &Credential) -> bool {
         }
     }
     found
-}
-
-fn refusal(reason: Reason, detail: &str) -> Response<ResBody> {
-    plain(
-        StatusCode::FORBIDDEN,
-        Some(reason),
-        &format!(
-            "egress-proxy refused this request: {}: {detail}\n",
-            reason.code()
-        ),
-    )
-}
-
-fn plain(status: StatusCode, reason: Option<Reason>, text: &str) -> Response<ResBody> {
-    let body = Full::new(Bytes::from(text.to_string()))
-        .map_err(|never| match never {})
-        .boxed();
-    let mut r = Response::new(body);
-    *r.status_mut() = status;
-    let ps = match reason {
-        Some(r) => format!(
-            "egress-proxy; error={}; details=\"{}\"",
-            r.proxy_status_error(),
-            r.code()
-        ),
-        None => "egress-proxy; error=http_protocol_error".into(),
-    };
-    if let Ok(v) = HeaderValue::from_str(&ps) {
-        r.headers_mut().insert("proxy-status", v);
-    }
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
 }

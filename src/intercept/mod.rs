@@ -9,6 +9,7 @@
 //! put on the request. Every other tunnel is relayed untouched, as before.
 
 pub mod ca;
+mod error;
 mod exchange;
 mod prefixed;
 
@@ -27,6 +28,7 @@ use crate::listen::client_io::ClientIo;
 use crate::relay::liveness::Liveness;
 use crate::relay::tunnel::Relayed;
 use ca::InterceptCa;
+pub use error::InterceptError;
 use exchange::{Exchange, Upstream};
 use prefixed::Prefixed;
 
@@ -47,25 +49,24 @@ impl std::fmt::Debug for Interceptor {
 }
 
 impl Interceptor {
-    pub fn load(cfg: &InterceptConfig) -> Result<Self, String> {
+    pub fn load(cfg: &InterceptConfig) -> Result<Self, InterceptError> {
+        const UPSTREAM_CA: &str = "tls_intercept.upstream_ca_file";
         let ca = InterceptCa::load(&cfg.ca_cert_file, &cfg.ca_key_file)?;
         let mut roots = rustls::RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         if let Some(f) = &cfg.upstream_ca_file {
             use rustls::pki_types::{pem::PemObject, CertificateDer};
-            let pem = std::fs::read(f)
-                .map_err(|e| format!("tls_intercept.upstream_ca_file {}: {e}", f.display()))?;
+            let pem = std::fs::read(f).map_err(|e| InterceptError::file(UPSTREAM_CA, f, e))?;
             for c in CertificateDer::pem_slice_iter(&pem) {
-                let c = c.map_err(|e| format!("tls_intercept.upstream_ca_file: {e}"))?;
+                let c = c.map_err(|e| InterceptError::content(UPSTREAM_CA, e))?;
                 roots
                     .add(c)
-                    .map_err(|e| format!("tls_intercept.upstream_ca_file: {e}"))?;
+                    .map_err(|e| InterceptError::content(UPSTREAM_CA, e))?;
             }
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let upstream = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
+            .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
             .with_no_client_auth();
         Ok(Interceptor {

@@ -74,11 +74,45 @@ pub fn response(r: &Refusal<'_>) -> Response<Body> {
     Response::from_parts(parts, body::full(text))
 }
 
+/// The same refusal inside a tunnel the proxy terminated (credential brokering): the
+/// connection stays open for the client's next request, so no `Connection: close`.
+pub fn in_tunnel(r: &Refusal<'_>) -> Response<Body> {
+    let mut resp = response(r);
+    resp.headers_mut().remove(header::CONNECTION);
+    resp
+}
+
 /// The same response as HTTP/1.1 bytes (status line, headers, body).
 pub fn wire(r: &Refusal<'_>) -> Vec<u8> {
-    let resp = build(r);
+    render(build(r), &phrase(r))
+}
+
+/// The proxy cannot take a connection now for a reason of its own (not a policy decision):
+/// 503 with `Retry-After: 1` and `Proxy-Status: proxy_internal_error`, as HTTP/1.1 bytes.
+pub fn unavailable_wire(why: &str, details: &str) -> Vec<u8> {
+    let mut resp = Response::new(Bytes::from(format!("egress-proxy {why}; retry shortly.\n")));
+    *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let h = resp.headers_mut();
+    h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    let ps = format!(
+        "egress-proxy; error=proxy_internal_error; details=\"{}\"",
+        sf_string(details)
+    );
+    if let Ok(v) = HeaderValue::from_str(&ps) {
+        h.insert("proxy-status", v);
+    }
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    render(resp, "Service Unavailable")
+}
+
+/// A response as HTTP/1.1 bytes with reason phrase `phrase`.
+fn render(resp: Response<Bytes>, phrase: &str) -> Vec<u8> {
     let status = resp.status();
-    let mut out = format!("HTTP/1.1 {} {}\r\n", status.as_u16(), phrase(r)).into_bytes();
+    let mut out = format!("HTTP/1.1 {} {phrase}\r\n", status.as_u16()).into_bytes();
     for (name, value) in resp.headers() {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");

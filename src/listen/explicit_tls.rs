@@ -37,6 +37,31 @@ pub enum ClientCert {
 }
 
 /// The listener's TLS settings and the configuration in force.
+/// Why the TLS listener's files could not be put in force; names the setting and the file.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsLoadError {
+    #[error("listen.proxy_tls.{what} {}: {why}", path.display())]
+    File {
+        what: &'static str,
+        path: PathBuf,
+        why: String,
+    },
+    #[error("listen.proxy_tls: {0}")]
+    Tls(#[from] rustls::Error),
+}
+
+fn file_error(
+    what: &'static str,
+    path: &std::path::Path,
+    why: impl std::fmt::Display,
+) -> TlsLoadError {
+    TlsLoadError::File {
+        what,
+        path: path.to_path_buf(),
+        why: why.to_string(),
+    }
+}
+
 pub struct TlsServer {
     settings: ProxyTls,
     current: ArcSwap<ServerConfig>,
@@ -46,7 +71,7 @@ pub struct TlsServer {
 
 impl TlsServer {
     /// Load the certificate, key and client CA; an error says which file and why.
-    pub fn load(settings: &ProxyTls) -> Result<Self, String> {
+    pub fn load(settings: &ProxyTls) -> Result<Self, TlsLoadError> {
         let config = build(settings)?;
         Ok(TlsServer {
             settings: settings.clone(),
@@ -62,7 +87,7 @@ impl TlsServer {
 
     /// Reload when a file changed: `None` when nothing changed, else whether the new files
     /// were put in force.
-    pub fn reload_if_changed(&self) -> Option<Result<(), String>> {
+    pub fn reload_if_changed(&self) -> Option<Result<(), TlsLoadError>> {
         let now = stamps(&files(&self.settings));
         {
             let mut seen = self.stamps.lock().ok()?;
@@ -104,33 +129,32 @@ fn stamps(files: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
 }
 
 /// The rustls configuration for `s`.
-fn build(s: &ProxyTls) -> Result<ServerConfig, String> {
+fn build(s: &ProxyTls) -> Result<ServerConfig, TlsLoadError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let show = |p: &PathBuf| p.display().to_string();
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&s.cert_file)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("listen.proxy_tls.cert_file {}: {e}", show(&s.cert_file)))?;
+        .map_err(|e| file_error("cert_file", &s.cert_file, e))?;
     if certs.is_empty() {
-        return Err(format!(
-            "listen.proxy_tls.cert_file {}: no certificate in it",
-            show(&s.cert_file)
+        return Err(file_error(
+            "cert_file",
+            &s.cert_file,
+            "no certificate in it",
         ));
     }
     let key = PrivateKeyDer::from_pem_file(&s.key_file)
-        .map_err(|e| format!("listen.proxy_tls.key_file {}: {e}", show(&s.key_file)))?;
+        .map_err(|e| file_error("key_file", &s.key_file, e))?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
+        .with_safe_default_protocol_versions()?;
     let builder = match &s.client_ca_file {
         Some(ca) => {
             let mut roots = RootCertStore::empty();
             let cas = CertificateDer::pem_file_iter(ca)
                 .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| format!("listen.proxy_tls.client_ca_file {}: {e}", show(ca)))?;
+                .map_err(|e| file_error("client_ca_file", ca, e))?;
             for c in cas {
                 roots
                     .add(c)
-                    .map_err(|e| format!("listen.proxy_tls.client_ca_file {}: {e}", show(ca)))?;
+                    .map_err(|e| file_error("client_ca_file", ca, e))?;
             }
             let mut verifier =
                 WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
@@ -139,14 +163,18 @@ fn build(s: &ProxyTls) -> Result<ServerConfig, String> {
             }
             let verifier = verifier
                 .build()
-                .map_err(|e| format!("listen.proxy_tls.client_ca_file {}: {e}", show(ca)))?;
+                .map_err(|e| file_error("client_ca_file", ca, e))?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
     };
-    let mut config = builder
-        .with_single_cert(certs, key)
-        .map_err(|e| format!("listen.proxy_tls: certificate and key do not match: {e}"))?;
+    let mut config = builder.with_single_cert(certs, key).map_err(|e| {
+        file_error(
+            "key_file",
+            &s.key_file,
+            format!("certificate and key do not match: {e}"),
+        )
+    })?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
 }

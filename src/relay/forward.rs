@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderName, Request, Response, StatusCode, Uri};
+use http::{header, HeaderMap, HeaderName, Request, Response, Uri};
 use http_body_util::BodyExt;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper_util::rt::TokioIo;
@@ -21,11 +21,12 @@ use crate::audit::metrics::ActiveGuard;
 use crate::audit::{AuditGuard, Close};
 use crate::egress::allowed::Allowed;
 use crate::egress::limits::ConnectionSlot;
+use crate::listen::deny;
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;
 use crate::policy::Decision;
 use crate::relay::abortable::{Abortable, Cut};
-use crate::relay::body::{self, Body, BoxError};
+use crate::relay::body::{Body, BoxError};
 use crate::relay::liveness::Liveness;
 use crate::relay::shaped_body::ShapedBody;
 use crate::server::shared::Shared;
@@ -74,6 +75,11 @@ pub async fn forward(
 
     // The request, rewritten for the origin; its body counted and shaped.
     let (mut parts, body) = req.into_parts();
+    // How a 502 names the request: method and decided authority, never the path or query.
+    let failed = Failed {
+        what: format!("{} http://{host}", parts.method),
+        sandbox: sandbox.binding.id.to_string(),
+    };
     let up = live.clone();
     let body = body
         .map_frame(move |f| {
@@ -113,7 +119,7 @@ pub async fn forward(
     .await
     {
         Ok(x) => x,
-        Err(e) => return bad_gateway(&exchange, &e),
+        Err(e) => return bad_gateway(&exchange, &e, &failed),
     };
 
     // The watcher: drives the upstream connection and cuts both sides on revocation or
@@ -183,23 +189,31 @@ pub async fn forward(
             };
             Response::from_parts(parts, body)
         }
-        Err(e) => bad_gateway(&exchange, &e),
+        Err(e) => bad_gateway(&exchange, &e, &failed),
     }
 }
 
 /// The request was allowed but the origin did not answer it properly: 502, recorded as
 /// `connection_refused` with the error (unless the exchange was revoked meanwhile).
-fn bad_gateway(exchange: &SharedExchange, e: &hyper::Error) -> Response<Body> {
+fn bad_gateway(exchange: &SharedExchange, e: &hyper::Error, failed: &Failed) -> Response<Body> {
     with_audit(exchange, |a| {
         a.decision(&Decision::deny(Reason::ConnectionRefused, None));
         a.detail(format!("upstream: {e}"));
         a.close_if_unset(Close::Error);
     });
-    let mut resp = Response::new(body::full(format!(
-        "egress-proxy: the destination did not answer the request properly ({e}).\n"
-    )));
-    *resp.status_mut() = StatusCode::BAD_GATEWAY;
-    resp
+    deny::response(&deny::Refusal {
+        reason: Reason::ConnectionRefused,
+        what: &failed.what,
+        sandbox: Some(&failed.sandbox),
+        explanation: &format!("the destination did not answer the request properly ({e})"),
+        retry_after: None,
+    })
+}
+
+/// What a 502 says about the request.
+struct Failed {
+    what: String,
+    sandbox: String,
 }
 
 /// The origin's response body on its way to the client: counts bytes, notes how it ended,

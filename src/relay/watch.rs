@@ -100,7 +100,7 @@ impl Watch {
     /// matters: create it once and poll it from a `select!` loop.
     pub async fn stopped(mut self) -> Close {
         let current = self.policy.borrow().generation();
-        if current != self.grant.generation && !self.still_allowed() {
+        if current > self.grant.generation && !self.still_allowed() {
             return Close::Revoked;
         }
         if *self.phase.borrow_and_update() == Phase::Stopping {

@@ -11,9 +11,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::control::{
-    overlapping_source, validate_registration, ChangeError, Controller, Registered,
-};
+use crate::control::registry::{self, Origin, Valid};
+use crate::control::{ChangeError, Controller, Registered};
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::{Scope, SetEdit};
 
@@ -55,7 +54,11 @@ impl Controller {
         let Ok(st) = self.state.lock() else {
             return Err(ChangeError::Failed("lock poisoned".into()));
         };
-        let (sid, binding, json) = validate_registration(&st, id, body)?;
+        let Valid {
+            id: sid,
+            binding,
+            json,
+        } = registry::validate(&st.config, &st.runtime, id, body, Origin::Api)?;
         crate::policy::CompiledPolicy::compile(
             &binding.id,
             &binding.policy_file,
@@ -238,19 +241,7 @@ fn check_remote(
     id: &str,
     text: &str,
 ) -> Result<(Arc<crate::config::Binding>, String), String> {
-    let sid = SandboxId::new(id).map_err(|e| format!("the key names no valid sandbox id: {e}"))?;
-    if st.config.bindings.iter().any(|b| b.id == sid.as_str()) {
-        return Err(format!(
-            "sandbox {id} is defined in {}; a registration cannot override it",
-            st.config.origin
-        ));
-    }
-    let (binding, json) = st
-        .config
-        .parse_runtime_binding(text, &format!("etcd (sandbox {id})"), id)
-        .map_err(|e| e.to_string())?;
-    if let Some(clash) = overlapping_source(&st.config, &st.runtime, id, &binding) {
-        return Err(clash);
-    }
-    Ok((Arc::new(binding), json))
+    registry::validate(&st.config, &st.runtime, id, text, Origin::Etcd)
+        .map(|v| (Arc::new(v.binding), v.json))
+        .map_err(|e| e.to_string())
 }

@@ -75,7 +75,7 @@ async fn session(cp: &ControlPlane, backoff: &mut Backoff) -> Interrupt {
                 cp.client.store(Some(Arc::new(c.clone())));
                 c
             }
-            Err(e) => return Interrupt::Failed("connect", e),
+            Err(e) => return Interrupt::Failed("connect", e.to_string()),
         },
     };
     let revision = match list(cp, &client).await {

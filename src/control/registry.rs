@@ -1,0 +1,118 @@
+//! Is this registration acceptable? One validator for every source of registrations —
+//! `PUT /v1/sandboxes/{id}`, the `state_dir` log read at start, and values read from etcd:
+//! the id is valid, it is not a file-defined sandbox, there is room for it (API writes only:
+//! replicas must agree on what etcd holds, and a restart must restore what was accepted),
+//! the body parses under this configuration, and its `sources` take no other sandbox's
+//! addresses.
+
+use std::collections::BTreeMap;
+
+use crate::config::{Binding, Config, ConfigErrors};
+use crate::control::Registered;
+use crate::policy::sandbox_id::SandboxId;
+
+/// Where a registration comes from: how its errors are located, and whether room is checked.
+#[derive(Debug, Clone, Copy)]
+pub enum Origin<'a> {
+    /// `PUT /v1/sandboxes/{id}`.
+    Api,
+    /// The `state_dir` log; the text locates the line's file.
+    StateLog(&'a str),
+    /// A value under the etcd prefix.
+    Etcd,
+}
+
+/// Why a registration is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Rejected {
+    #[error("the id names no valid sandbox: {0}")]
+    InvalidId(String),
+    #[error("sandbox {id} is defined in {origin}; change it there (runtime registrations cannot override file-defined sandboxes)")]
+    FileDefined { id: String, origin: String },
+    #[error("{max} sandboxes are registered (runtime.max_sandboxes); delete some first")]
+    Full { max: usize },
+    #[error("{0}")]
+    Invalid(ConfigErrors),
+    #[error("{0}")]
+    Overlap(String),
+}
+
+/// A registration that passed every check.
+#[derive(Debug)]
+pub struct Valid {
+    pub id: SandboxId,
+    pub binding: Binding,
+    /// The body as stored (canonical JSON).
+    pub json: String,
+}
+
+/// Check registration `id` with `body` against `config` and the registrations in force.
+pub(crate) fn validate(
+    config: &Config,
+    runtime: &BTreeMap<String, Registered>,
+    id: &str,
+    body: &str,
+    origin: Origin<'_>,
+) -> Result<Valid, Rejected> {
+    let sid = SandboxId::new(id).map_err(|e| Rejected::InvalidId(e.to_string()))?;
+    let id = sid.as_str();
+    if config.bindings.iter().any(|b| b.id == id) {
+        return Err(Rejected::FileDefined {
+            id: id.to_string(),
+            origin: config.origin.to_string(),
+        });
+    }
+    let max = config.runtime.max_sandboxes;
+    if matches!(origin, Origin::Api) && !runtime.contains_key(id) && runtime.len() >= max {
+        return Err(Rejected::Full { max });
+    }
+    let what = match origin {
+        Origin::Api => format!("PUT /v1/sandboxes/{id}"),
+        Origin::StateLog(file) => format!("{file} (sandbox {id})"),
+        Origin::Etcd => format!("etcd (sandbox {id})"),
+    };
+    let (binding, json) = config
+        .parse_runtime_binding(body, &what, id)
+        .map_err(Rejected::Invalid)?;
+    if let Some(clash) = overlapping_source(config, runtime, id, &binding) {
+        return Err(Rejected::Overlap(clash));
+    }
+    Ok(Valid {
+        id: sid,
+        binding,
+        json,
+    })
+}
+
+/// A `sources` range of `binding` that overlaps a range of another sandbox: a registration
+/// may not take over (or carve out) another sandbox's addresses.
+fn overlapping_source(
+    config: &Config,
+    runtime: &BTreeMap<String, Registered>,
+    id: &str,
+    binding: &Binding,
+) -> Option<String> {
+    if binding.sources.is_empty() {
+        return None;
+    }
+    // Linear in the sandboxes that have sources (the common runtime registration has none
+    // and costs nothing here).
+    let others = config
+        .bindings
+        .iter()
+        .chain(runtime.values().map(|r| &*r.binding))
+        .filter(|b| !b.sources.is_empty() && b.id != id);
+    for other in others {
+        for mine in &binding.sources {
+            for theirs in &other.sources {
+                if mine.contains(&theirs.network()) || theirs.contains(&mine.network()) {
+                    return Some(format!(
+                        "sources {mine} overlaps {theirs} of sandbox {}: a registration may not claim another sandbox's addresses",
+                        other.id
+                    ));
+                }
+            }
+        }
+    }
+    None
+}

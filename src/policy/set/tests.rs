@@ -1,0 +1,198 @@
+//! Unit tests of the policy set.
+
+use super::*;
+use crate::config::load_str;
+use std::path::Path;
+
+#[test]
+fn address_rule_zones_match_whole_labels() {
+    let text = "dns: { address_rule_zones: [cluster.local, Svc.] }\nsandboxes:\n  - { id: a, policy: { provider: local, config: {}, network: { egress: [10.0.0.0/8] } } }\n";
+    let c = load_str(text, "t", Path::new("."), None).unwrap();
+    let set = PolicySet::compile(&c, &[], vec![]).unwrap();
+    for yes in ["cluster.local", "db.ns.svc.cluster.local", "svc", "api.svc"] {
+        assert!(set.in_address_rule_zone(yes), "{yes}");
+    }
+    for no in [
+        "evilcluster.local",
+        "cluster.local.evil.example",
+        "svc.example",
+        "local",
+    ] {
+        assert!(!set.in_address_rule_zone(no), "{no}");
+    }
+    // A name outside the zones needs no addresses: refused without a lookup.
+    let sb = set.get("a").unwrap();
+    let t = |h: &str| Target::parse(h, None).unwrap();
+    assert!(
+        !set.decide(sb, &t("x.exfil.example:443"), None)
+            .needs_addresses
+    );
+    assert!(
+        set.decide(sb, &t("db.svc.cluster.local:443"), None)
+            .needs_addresses
+    );
+}
+
+#[test]
+fn compiles_and_identifies_by_source() {
+    let text = "sandboxes:\n  - { id: a, sources: [10.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [x.example.com] } } }\n  - { id: b, sources: [10.1.0.0/16], policy: { provider: local, config: {} } }\n";
+    let c = load_str(text, "t", Path::new("."), None).unwrap();
+    let set = PolicySet::compile(&c, &[], vec![]).unwrap();
+    assert_eq!(set.ids(), ["a", "b"]);
+    assert_eq!(
+        set.by_source("10.2.0.1".parse().unwrap())
+            .unwrap()
+            .binding
+            .id,
+        "a"
+    );
+    assert_eq!(
+        set.by_source("10.1.0.1".parse().unwrap())
+            .unwrap()
+            .binding
+            .id,
+        "b"
+    );
+    assert_eq!(
+        set.by_source("::ffff:10.1.0.1".parse().unwrap())
+            .unwrap()
+            .binding
+            .id,
+        "b"
+    );
+    assert!(set.by_source("192.168.0.1".parse().unwrap()).is_none());
+    assert_eq!(set.version().len(), 12);
+    // A different rule set has a different version; the same one the same.
+    let again = PolicySet::compile(&c, &[], vec![]).unwrap();
+    assert_eq!(again.version(), set.version());
+    let c2 = load_str(
+        &text.replace("x.example.com", "y.example.com"),
+        "t",
+        Path::new("."),
+        None,
+    )
+    .unwrap();
+    assert_ne!(
+        PolicySet::compile(&c2, &[], vec![]).unwrap().version(),
+        set.version()
+    );
+}
+
+#[test]
+fn incremental_changes_match_a_full_compile() {
+    let a = "  - { id: a, sources: [10.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [x.example.com] } } }\n";
+    let b = "  - { id: b, sources: [10.1.0.0/16], auth: { token_sha256: 0000000000000000000000000000000000000000000000000000000000000000 }, policy: { provider: local, config: {}, network: { egress: [y.example.com] } } }\n";
+    let load = |text: String| load_str(&text, "t", Path::new("."), None).unwrap();
+    let only_a = load(format!("sandboxes:\n{a}"));
+    let both = load(format!("sandboxes:\n{a}{b}"));
+    let set_a = PolicySet::compile(&only_a, &[], vec![]).unwrap();
+    let set_ab = PolicySet::compile(&both, &[], vec![]).unwrap();
+    let b_binding = Arc::new(both.bindings.iter().find(|x| x.id == "b").unwrap().clone());
+    let grown = set_a.with_binding(&b_binding).unwrap();
+    assert_eq!(grown.version(), set_ab.version());
+    assert_eq!(grown.ids(), ["a", "b"]);
+    assert_eq!(
+        grown
+            .by_source("10.1.2.3".parse().unwrap())
+            .unwrap()
+            .binding
+            .id,
+        "b"
+    );
+    let shrunk = grown.without("b");
+    assert_eq!(shrunk.version(), set_a.version());
+    assert_eq!(
+        shrunk
+            .by_source("10.1.2.3".parse().unwrap())
+            .unwrap()
+            .binding
+            .id,
+        "a"
+    );
+    // Replacing a sandbox with itself changes nothing; the original set is untouched.
+    assert_eq!(
+        grown.with_binding(&b_binding).unwrap().version(),
+        set_ab.version()
+    );
+    assert_eq!(set_a.ids(), ["a"]);
+}
+
+#[test]
+fn recompile_compiles_only_what_changed() {
+    let sb = |id: &str, extra: &str, host: &str| {
+        format!("  - {{ id: {id}{extra}, policy: {{ provider: local, config: {{}}, network: {{ egress: [{host}] }} }} }}\n")
+    };
+    let load = |defaults: &str, text: String| {
+        load_str(
+            &format!("{defaults}sandboxes:\n{text}"),
+            "t",
+            Path::new("."),
+            None,
+        )
+        .unwrap()
+    };
+    let before = load(
+        "",
+        format!(
+            "{}{}{}",
+            sb("a", "", "x.test"),
+            sb("b", "", "y.test"),
+            sb("c", ", sources: [10.0.0.0/8]", "z.test")
+        ),
+    );
+    let set = PolicySet::compile(&before, &[], vec![]).unwrap();
+    let same =
+        |next: &PolicySet, id: &str| Arc::ptr_eq(next.get(id).unwrap(), set.get(id).unwrap());
+
+    // b edited, a untouched, d added: only b and d compiled, only their exchanges woken.
+    let edited = load(
+        "",
+        format!(
+            "{}{}{}{}",
+            sb("a", "", "x.test"),
+            sb("b", "", "w.test"),
+            sb("c", ", sources: [10.0.0.0/8]", "z.test"),
+            sb("d", "", "v.test")
+        ),
+    );
+    let (next, changes) = set.recompile(&edited, &[], vec![]).unwrap();
+    assert!(same(&next, "a") && same(&next, "c") && !same(&next, "b"));
+    assert_eq!(changes.sandboxes, ["b", "d"]);
+    assert!(!changes.set_wide);
+    assert_eq!(
+        next.version(),
+        PolicySet::compile(&edited, &[], vec![]).unwrap().version()
+    );
+
+    // Nothing changed: nothing compiled, same version.
+    let (again, changes) = set.recompile(&before, &[], vec![]).unwrap();
+    assert!(changes.sandboxes.is_empty() && !changes.set_wide);
+    assert_eq!(again.version(), set.version());
+
+    // b removed: listed; c's sources changed: every exchange re-checks.
+    let moved = load(
+        "",
+        format!(
+            "{}{}",
+            sb("a", "", "x.test"),
+            sb("c", ", sources: [10.1.0.0/16]", "z.test")
+        ),
+    );
+    let (_, changes) = set.recompile(&moved, &[], vec![]).unwrap();
+    assert_eq!(changes.sandboxes, ["b", "c"]);
+    assert!(changes.set_wide);
+
+    // Defaults changed: everything recompiled, set-wide.
+    let ports = load(
+        "defaults: { ports: [8443] }\n",
+        format!(
+            "{}{}{}",
+            sb("a", "", "x.test"),
+            sb("b", "", "y.test"),
+            sb("c", ", sources: [10.0.0.0/8]", "z.test")
+        ),
+    );
+    let (next, changes) = set.recompile(&ports, &[], vec![]).unwrap();
+    assert!(changes.set_wide && !same(&next, "a"));
+    assert_eq!(changes.sandboxes.len(), 3);
+}
