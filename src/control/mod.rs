@@ -21,18 +21,20 @@ use std::time::SystemTime;
 
 use serde_json::{json, Value};
 
-use crate::config::{self, Binding, Config, ConfigErrors};
-use crate::control::state_store::{StateStore, LOG_FILE};
-use crate::egress::resolve::Resolver;
+use crate::config::{Binding, Config, ConfigErrors};
+use crate::control::state_store::StateStore;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::{Changes, CompileError, PolicySet, Scope};
 use crate::server::shared::Shared;
 use registry::{Origin, Valid};
+use reload::fingerprint;
+pub use reload::{ReloadError, Reloaded};
 
 pub(crate) mod admin;
 pub mod check;
 pub(crate) mod etcd;
 pub(crate) mod registry;
+mod reload;
 pub(crate) mod state_store;
 
 pub use etcd::apply::RemoteChange;
@@ -125,85 +127,6 @@ pub enum CompileFailure {
     Compile(#[from] CompileError),
 }
 
-/// Why a reload was refused; the running policy stays.
-#[derive(Debug, thiserror::Error)]
-pub enum ReloadError {
-    /// The configuration files do not load.
-    #[error("{0}")]
-    Config(ConfigErrors),
-    /// Registrations made through the API are invalid under the new configuration.
-    #[error("{0}")]
-    Registrations(ConfigErrors),
-    #[error(transparent)]
-    Compile(#[from] CompileFailure),
-    #[error("the controller's lock is poisoned")]
-    Poisoned,
-}
-
-impl ReloadError {
-    /// Every problem, one message each (for the admin API and the logs).
-    pub fn messages(&self) -> Vec<String> {
-        match self {
-            ReloadError::Config(e) | ReloadError::Registrations(e) => {
-                e.0.iter().map(|e| e.to_string()).collect()
-            }
-            other => vec![other.to_string()],
-        }
-    }
-}
-
-/// A successful reload: the new policy version, and the settings that changed but only take
-/// effect at the next start.
-#[derive(Debug)]
-pub struct Reloaded {
-    pub version: String,
-    pub needs_restart: Vec<&'static str>,
-}
-
-/// Settings that changed between `old` and `new` and are read only at start: the listeners
-/// and what they were built with. (`dns:` and every sandbox take effect on reload.)
-fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    let mut check = |name: &'static str, changed: bool| {
-        if changed {
-            out.push(name);
-        }
-    };
-    check("listen", old.listen != new.listen);
-    check(
-        "admin_token_file",
-        old.admin_token_file != new.admin_token_file,
-    );
-    check(
-        "audit",
-        old.audit_path != new.audit_path
-            || old.audit_queue_max != new.audit_queue_max
-            || old.audit_dns != new.audit_dns
-            || old.audit_trail != new.audit_trail,
-    );
-    check(
-        "max_connections",
-        old.max_connections != new.max_connections,
-    );
-    check("admission", old.admission != new.admission);
-    check(
-        "runtime.max_binding_bytes",
-        old.runtime.max_binding_bytes != new.runtime.max_binding_bytes,
-    );
-    check("state_dir", old.state_dir != new.state_dir);
-    check("control_plane", old.etcd != new.etcd);
-    check("tls_intercept", old.intercept != new.intercept);
-    check(
-        "runtime.state_sync_ms",
-        old.runtime.state_sync != new.runtime.state_sync,
-    );
-    check(
-        "defaults.timeouts",
-        old.defaults.timeouts != new.defaults.timeouts,
-    );
-    out
-}
-
 /// The live-policy controller.
 pub struct Controller {
     shared: Arc<Shared>,
@@ -215,19 +138,6 @@ pub struct Controller {
     /// Counts successful reloads (the control plane re-reads etcd after one, so that values
     /// a reload made valid are applied).
     reloads: tokio::sync::watch::Sender<u64>,
-}
-
-fn fingerprint(files: &[PathBuf]) -> Vec<(PathBuf, Option<(SystemTime, u64)>)> {
-    files
-        .iter()
-        .map(|f| {
-            let meta = std::fs::metadata(f).ok();
-            (
-                f.clone(),
-                meta.and_then(|m| Some((m.modified().ok()?, m.len()))),
-            )
-        })
-        .collect()
 }
 
 impl Controller {
@@ -288,179 +198,6 @@ impl Controller {
         self.shared.policy.publish(set, scope).version().to_string()
     }
 
-    /// Restore API-registered sandboxes from the `state_dir` log (at start) and keep the log
-    /// open for the changes to come. A corrupt line or an invalid registration is reported and
-    /// skipped, never fatal to the others; the set is compiled and published once.
-    pub fn restore(&self) -> Vec<String> {
-        let mut problems = Vec::new();
-        let Ok(mut guard) = self.state.lock() else {
-            return problems;
-        };
-        let st = &mut *guard;
-        if st.config.etcd.is_some() {
-            // etcd keeps the registrations ([`crate::control::etcd`]).
-            return problems;
-        }
-        let Some(dir) = st.config.state_dir.clone() else {
-            return problems;
-        };
-        let (store, restored) = match StateStore::open(&dir, st.config.runtime.state_sync) {
-            Ok(x) => x,
-            Err(e) => {
-                let why = format!("state_dir {}: {e}", dir.display());
-                problems.push(why.clone());
-                st.store = Err(why);
-                return problems;
-            }
-        };
-        st.store = Ok(Some(store));
-        problems.extend(restored.problems);
-        // Each registration is validated and its policy compiled once, on its own; the whole
-        // set is compiled and published once at the end (linear in the number of registrations).
-        let mut runtime = st.runtime.clone();
-        let log = dir.join(LOG_FILE).display().to_string();
-        for (id, text) in restored.entries {
-            let checked =
-                registry::validate(&st.config, &runtime, &id, &text, Origin::StateLog(&log))
-                    .map_err(|e| e.to_string())
-                    .and_then(|v| {
-                        crate::policy::CompiledPolicy::compile(
-                            &v.binding.id,
-                            &v.binding.policy_file,
-                            &v.binding.network,
-                            v.binding.enforcement,
-                            &st.config.defaults.ports,
-                        )
-                        .map_err(|e| format!("cannot compile: {e}"))?;
-                        Ok(v)
-                    });
-            match checked {
-                Ok(v) => {
-                    let registered = Registered {
-                        binding: Arc::new(v.binding),
-                        json: v.json,
-                        revision: 0,
-                    };
-                    runtime.insert(id, registered);
-                }
-                Err(why) => {
-                    problems.push(format!("{log} (sandbox {id}): skipped: {why}"));
-                    st.unparsed.insert(id, text);
-                }
-            }
-        }
-        match self.compile(&st.config, &runtime) {
-            Ok((set, changes)) => {
-                st.runtime = runtime;
-                self.publish(set, changes.scope());
-            }
-            Err(e) => problems.push(e.to_string()),
-        }
-        problems
-    }
-
-    /// Reload the configuration from disk (or the embedded default) and re-validate every
-    /// runtime registration against it. Returns the new policy version.
-    pub fn reload(&self, why: &str) -> Result<Reloaded, ReloadError> {
-        let Ok(mut st) = self.state.lock() else {
-            return Err(ReloadError::Poisoned);
-        };
-        let result = (|| {
-            let config = config::load(self.path.as_deref()).map_err(ReloadError::Config)?;
-            let mut runtime = BTreeMap::new();
-            let mut errors = Vec::new();
-            // Registrations parse the same under the new file unless what they are parsed
-            // with changed: then every one is parsed (and validated) again.
-            let reparse = !config.parses_runtime_bindings_like(&st.config);
-            for (id, r) in st.runtime.iter().filter(|_| reparse) {
-                match config.parse_runtime_binding(&r.json, &format!("registered sandbox {id}"), id)
-                {
-                    Ok((binding, json)) => {
-                        let binding = Arc::new(binding);
-                        let revision = r.revision;
-                        runtime.insert(
-                            id.clone(),
-                            Registered {
-                                binding,
-                                json,
-                                revision,
-                            },
-                        );
-                    }
-                    Err(e) => errors.extend(e.0),
-                }
-            }
-            if !errors.is_empty() {
-                return Err(ReloadError::Registrations(ConfigErrors(errors)));
-            }
-            if !reparse {
-                runtime = st.runtime.clone();
-            }
-            let (set, changes) = self.compile(&config, &runtime)?;
-            Ok((config, runtime, set, changes))
-        })();
-        // Whatever happened, the files as they are now have been seen.
-        match result {
-            Ok((config, runtime, set, changes)) => {
-                st.fingerprint = fingerprint(&config.files);
-                if config.dns != st.config.dns {
-                    let (resolver, warning) = Resolver::new(&config.dns);
-                    if let Some(w) = warning {
-                        tracing::warn!(warning = %w, "dns");
-                    }
-                    self.shared.set_resolver(resolver);
-                }
-                let needs_restart = needs_restart(&st.config, &config);
-                for setting in &needs_restart {
-                    tracing::warn!(
-                        trigger = why,
-                        setting,
-                        "changed in the configuration but needs a restart to take effect"
-                    );
-                }
-                st.config = config;
-                st.runtime = runtime;
-                let version = self.publish(set, changes.scope());
-                self.count(true);
-                self.reloads.send_modify(|n| *n += 1);
-                tracing::info!(
-                    trigger = why,
-                    policy_version = %version,
-                    changed = changes.sandboxes.len(),
-                    set_wide = changes.set_wide,
-                    "policy reloaded"
-                );
-                Ok(Reloaded {
-                    version,
-                    needs_restart,
-                })
-            }
-            Err(errors) => {
-                st.fingerprint = fingerprint(&st.config.files.clone());
-                if let Some(p) = &self.path {
-                    // Watch the file that failed too, so fixing it triggers a reload.
-                    if !st.fingerprint.iter().any(|(f, _)| f == p) {
-                        st.fingerprint.extend(fingerprint(std::slice::from_ref(p)));
-                    }
-                }
-                self.count(false);
-                for e in errors.messages() {
-                    tracing::error!(trigger = why, error = %e, "reload refused; the running policy stays");
-                }
-                Err(errors)
-            }
-        }
-    }
-
-    /// Whether any watched file changed since the last load.
-    pub fn files_changed(&self) -> bool {
-        let Ok(st) = self.state.lock() else {
-            return false;
-        };
-        let files: Vec<PathBuf> = st.fingerprint.iter().map(|(f, _)| f.clone()).collect();
-        fingerprint(&files) != st.fingerprint
-    }
-
     /// Register or replace a sandbox. Returns true when it is new.
     pub fn put(&self, id: &str, body: &str) -> Result<bool, ChangeError> {
         let Ok(mut st) = self.state.lock() else {
@@ -509,8 +246,8 @@ impl Controller {
                 },
             )
             .is_none();
-        self.publish(set, scope);
         self.count(true);
+        self.publish(set, scope);
         compact_if_due(&mut st);
         tracing::info!(sandbox = id, created, "sandbox registered");
         Ok(created)
@@ -555,8 +292,8 @@ impl Controller {
             .get(id)
             .map(|sb| sb.limiter(&self.shared.limiters).active())
             .unwrap_or(0);
-        self.publish(set, Scope::Sandboxes(std::slice::from_ref(&sid)));
         self.count(true);
+        self.publish(set, Scope::Sandboxes(std::slice::from_ref(&sid)));
         compact_if_due(&mut st);
         tracing::info!(sandbox = id, revoked = open, "sandbox removed");
         Ok(open)

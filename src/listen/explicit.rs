@@ -2,7 +2,7 @@
 //! absolute-form request forwarding. One connection is served by [`serve`]; each request by
 //! [`handle`], top to bottom: read the target → identify the sandbox → admit it under its
 //! limits → decide, resolve once, decide on the addresses ([`crate::egress`]) → dial a
-//! checked address → tunnel (here) or forward ([`crate::relay::forward`]). Every refusal is a §6
+//! checked address → tunnel ([`super::tunnel`]) or forward ([`crate::relay::forward`]). Every refusal is a §6
 //! deny response built by [`crate::listen::deny`]; every request has one audit guard.
 
 use std::convert::Infallible;
@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use http::{header, Method, Request, Response, StatusCode};
+use http::{header, Method, Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -30,13 +30,10 @@ use crate::listen::explicit_tls::ClientCert;
 use crate::policy::reason::Reason;
 use crate::policy::set::Sandbox;
 use crate::policy::target::Target;
-use crate::policy::{Decision, Enforcement};
+use crate::policy::Decision;
 use crate::relay::abortable::{Abortable, Cut, OverTcp};
-use crate::relay::body::{self, Body};
-use crate::relay::tunnel::Relayed;
+use crate::relay::body::Body;
 use crate::server::shared::Shared;
-use crate::wire::first_bytes::{self, FirstBytes};
-use crate::wire::peek::Peeked;
 
 /// Largest request head accepted (hyper answers 431 beyond it).
 const MAX_HEAD: usize = 64 * 1024;
@@ -425,7 +422,8 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
 
     // 6. Relay.
     if connect {
-        tunnel(&conn, req, allowed)
+        let permit = conn.permit.lock().ok().and_then(|mut p| p.take());
+        super::tunnel::tunnel(conn.shared.clone(), permit, req, allowed)
     } else {
         let shared = conn.shared.clone();
         crate::relay::forward::forward(shared, conn.cut.clone(), req, allowed).await
@@ -484,183 +482,4 @@ fn read_target(req: &Request<Incoming>) -> Result<Target, &'static str> {
     let authority = uri.authority().ok_or("absolute URI without a host")?;
     Target::parse(authority.as_str(), Some(80))
         .map_err(|_| "URI host is not a valid host name or IP literal")
-}
-
-/// Answer 200 and, in its own task, check the tunnel's first bytes ([`crate::wire::first_bytes`]) and
-/// relay it until it ends, is revoked, idles out or is shut down.
-fn tunnel(conn: &ClientConn, req: Request<Incoming>, allowed: Allowed) -> Response<Body> {
-    let shared = conn.shared.clone();
-    let permit = conn.permit.lock().ok().and_then(|mut p| p.take());
-    let Allowed {
-        mut audit,
-        sandbox,
-        grant,
-        dialed,
-        slot,
-    } = allowed;
-    let target = grant.target.clone();
-    let stop = shared.watch(grant).stopped();
-    tokio::spawn(async move {
-        let _active = sandbox.stats(shared.metrics()).active();
-        let relayed = match hyper::upgrade::on(req).await {
-            Ok(upgraded) => {
-                let limiter = slot.limiter();
-                let shaper = limiter.shapes().then_some(&**limiter);
-                let start = TunnelStart {
-                    shared: &shared,
-                    sandbox: &sandbox,
-                    target: &target,
-                    server: dialed.stream,
-                };
-                relay_upgraded(upgraded, start, &mut audit, stop, shaper).await
-            }
-            Err(_) => Relayed::nothing(Close::Error),
-        };
-        audit.relayed(relayed);
-        drop(audit);
-        drop(slot);
-        drop(permit);
-    });
-    Response::builder()
-        .status(StatusCode::OK)
-        .body(body::empty())
-        .unwrap_or_else(|_| Response::new(body::empty()))
-}
-
-/// What a tunnel starts from, besides the client.
-struct TunnelStart<'a> {
-    shared: &'a Shared,
-    sandbox: &'a Sandbox,
-    target: &'a Target,
-    /// The dialled destination.
-    server: TcpStream,
-}
-
-/// Relay a CONNECT tunnel: the client socket is recovered from hyper (with any bytes it had
-/// already buffered), its first bytes are read and verified before anything reaches the
-/// destination (a refusal resets both sockets), replayed, and the two plain TCP sockets are
-/// relayed — zero-copy when unshaped, and abortable on revocation.
-async fn relay_upgraded<F>(
-    upgraded: hyper::upgrade::Upgraded,
-    start: TunnelStart<'_>,
-    audit: &mut AuditGuard,
-    stop: F,
-    shaper: Option<&crate::egress::limits::SandboxLimiter>,
-) -> Relayed
-where
-    F: std::future::Future<Output = Close>,
-{
-    let TunnelStart {
-        shared,
-        sandbox,
-        target,
-        mut server,
-    } = start;
-    // Always a TCP connection (plain or TLS) underneath on this listener.
-    let Ok(parts) = upgraded.downcast::<TokioIo<Abortable<ClientIo>>>() else {
-        audit.detail("the upgraded connection is not a TCP socket");
-        return Relayed::nothing(Close::Error);
-    };
-    let Some(mut client) = parts.io.into_inner().into_inner() else {
-        return Relayed::nothing(Close::Error);
-    };
-    tokio::pin!(stop);
-    let wait = shared.settings.timeouts.header;
-    let early = parts.read_buf.to_vec();
-    let inspected = tokio::select! {
-        r = first_bytes::read_first_bytes(&mut client, &mut server, early, wait) => match r {
-            Ok(i) => i,
-            Err(_) => return Relayed::nothing(Close::Error),
-        },
-        close = &mut stop => return Relayed::nothing(close),
-    };
-    if let FirstBytes::Client(Peeked::Tls(hello)) = &inspected.first {
-        audit.client_hello(hello.sni.as_deref(), &hello.alpn, hello.ech);
-    }
-    let b = &sandbox.binding;
-    let rules = first_bytes::Rules {
-        require_tls: b.require_tls_ports.contains(&target.port),
-        refuse_ech: b.refuse_ech,
-    };
-    let report = b.enforcement == Enforcement::Report;
-    if let Err(m) = first_bytes::verify(target, &inspected.first, rules) {
-        if m.record(audit, report) {
-            // Nothing of the tunnel reaches the destination; both sides are reset.
-            let _ = client.tcp().set_zero_linger();
-            let _ = server.set_zero_linger();
-            return Relayed::nothing(Close::Eof);
-        }
-    }
-    // A host that a credential or an HTTP rule of this sandbox is bound to is terminated
-    // (and only such a host); over plain HTTP it is refused: the secret would travel in clear.
-    let terminate = shared
-        .settings
-        .interceptor
-        .as_ref()
-        .filter(|ix| ix.terminates(b, &target.host.to_string()));
-    if let Some(ix) = terminate {
-        match &inspected.first {
-            FirstBytes::Client(Peeked::Tls(hello)) => {
-                let tunnel = crate::intercept::Tunnel {
-                    binding: sandbox.binding.clone(),
-                    host: &target.host.to_string(),
-                    client,
-                    early: inspected.client,
-                    server,
-                    client_alpn: hello.alpn.clone(),
-                };
-                let live = std::sync::Arc::new(crate::relay::liveness::Liveness::new(
-                    shared.settings.timeouts.idle,
-                ));
-                return crate::intercept::serve(ix, tunnel, audit, stop, live, wait).await;
-            }
-            _ => {
-                audit.refused_in_tunnel(
-                    crate::policy::reason::Reason::CredentialMisuse,
-                    "the host's credentials or HTTP rules need TLS; this tunnel is not TLS",
-                );
-                let _ = client.tcp().set_zero_linger();
-                let _ = server.set_zero_linger();
-                return Relayed::nothing(Close::Eof);
-            }
-        }
-    }
-    audit.open();
-    let idle = shared.settings.timeouts.idle;
-    if let FirstBytes::Client(Peeked::Http { .. }) = &inspected.first {
-        // Plain HTTP: every later request in the tunnel must name the CONNECT host too.
-        let checked = crate::relay::http_checked::relay_checked(
-            client,
-            server,
-            inspected.client,
-            target,
-            report,
-            idle,
-            stop,
-            shaper,
-        )
-        .await;
-        if let Some(m) = checked.mismatch {
-            m.record(audit, report);
-        }
-        return checked.relayed;
-    }
-    // Replay what was read, each in its direction, then relay.
-    use tokio::io::AsyncWriteExt;
-    if server.write_all(&inspected.client).await.is_err()
-        || client.write_all(&inspected.server).await.is_err()
-    {
-        return Relayed::nothing(Close::Error);
-    }
-    let mut r = match client {
-        ClientIo::Tcp(client) => {
-            crate::relay::tunnel::relay_tcp(client, server, idle, stop, shaper).await
-        }
-        ClientIo::Tls(client) => {
-            crate::relay::tunnel::relay_streams(*client, server, idle, stop, shaper).await
-        }
-    };
-    r.up += inspected.client.len() as u64;
-    r.down += inspected.server.len() as u64;
-    r
 }

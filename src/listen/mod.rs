@@ -11,3 +11,4 @@ pub(crate) mod explicit_tls;
 #[allow(unsafe_code)]
 pub(crate) mod orig_dst;
 pub(crate) mod transparent;
+mod tunnel;

@@ -1,0 +1,345 @@
+//! Every connection enters through here: one accept loop per listener, with a backoff on
+//! accept errors (EMFILE and friends), the audit-backpressure refusal, and admission —
+//! per-source until a sandbox is identified on the data plane, for the connection's life on
+//! the admin listener and DNS over TCP ([`Gate`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::audit::{Close, Mode};
+use crate::control::admin::Admin;
+use crate::egress::admission::{self, Admissions};
+use crate::listen::accept::Accepted;
+use crate::listen::deny::{self, Refusal};
+use crate::policy::reason::Reason;
+use crate::policy::Decision;
+use crate::server::shared::Shared;
+
+/// Which data-plane listener an accept loop serves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Proxy,
+    /// The explicit proxy over TLS.
+    ProxyTls,
+    Transparent,
+}
+
+/// Accepting with a backoff on errors: EMFILE and friends wait and retry (5 ms doubling to
+/// 1 s) rather than spin.
+#[derive(Default)]
+struct Backoff(Option<Duration>);
+
+impl Backoff {
+    async fn accept(&mut self, listener: &TcpListener, name: &str) -> (TcpStream, SocketAddr) {
+        loop {
+            match listener.accept().await {
+                Ok(x) => {
+                    self.0 = None;
+                    return x;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, listener = name, "accept failed");
+                    let wait = self.0.map_or(Duration::from_millis(5), |d| {
+                        (d * 2).min(Duration::from_secs(1))
+                    });
+                    self.0 = Some(wait);
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+}
+
+/// Accept loop of a data-plane listener: one task per connection. Explicit-proxy connections
+/// are admitted per source address until their first request identifies them (then they take
+/// a place under the global cap); transparent connections are identified by their source at
+/// once and take their place under the cap here.
+pub(super) async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    kind: Kind,
+    tls: Option<Arc<crate::listen::explicit_tls::TlsServer>>,
+) {
+    let name = match kind {
+        Kind::Proxy => "proxy",
+        Kind::ProxyTls => "proxy_tls",
+        Kind::Transparent => "transparent",
+    };
+    let mut backoff = Backoff::default();
+    loop {
+        let (stream, client) = backoff.accept(&listener, name).await;
+        let accepted = Accepted {
+            conn_id: shared.next_conn_id(),
+            client,
+            started: Instant::now(),
+        };
+        let shared = shared.clone();
+        if shared.sink.log.saturated() {
+            // The audit writer is behind: refuse rather than accept what cannot be recorded.
+            shared.metrics().audit_backpressure();
+            tokio::spawn(refuse_unrecorded(stream, kind));
+            continue;
+        }
+        match kind {
+            Kind::Proxy | Kind::ProxyTls => match shared.admissions.accept(client.ip()) {
+                Ok(slot) => match &tls {
+                    Some(tls) => {
+                        tokio::spawn(serve_tls(shared, accepted, stream, slot, tls.clone()));
+                    }
+                    None => {
+                        let io = crate::listen::client_io::ClientIo::Tcp(stream);
+                        let cert = crate::listen::explicit_tls::ClientCert::Absent;
+                        tokio::spawn(crate::listen::explicit::serve(
+                            shared, accepted, io, slot, cert,
+                        ));
+                    }
+                },
+                Err(refusal) => {
+                    let listener = if kind == Kind::Proxy {
+                        "proxy"
+                    } else {
+                        "proxy_tls"
+                    };
+                    shared
+                        .metrics()
+                        .admission_refused(listener, refusal.label());
+                    let (reason, detail) = match refusal {
+                        admission::Refusal::Rate(_) => (
+                            Reason::RateLimited,
+                            "this address opens connections faster than admission.accepts_per_second_per_source",
+                        ),
+                        admission::Refusal::Unidentified => (
+                            Reason::ConnectionLimit,
+                            "this address holds too many connections that have not identified a sandbox (admission.unidentified_per_source)",
+                        ),
+                    };
+                    tokio::spawn(refuse_early(shared, accepted, stream, kind, reason, detail));
+                }
+            },
+            Kind::Transparent => match shared.take_cap() {
+                Some(permit) => {
+                    tokio::spawn(crate::listen::transparent::serve(
+                        shared, accepted, stream, permit,
+                    ));
+                }
+                None => {
+                    let detail = "the proxy is at its connection limit (max_connections)";
+                    tokio::spawn(refuse_early(
+                        shared,
+                        accepted,
+                        stream,
+                        kind,
+                        Reason::ConnectionLimit,
+                        detail,
+                    ));
+                }
+            },
+        }
+    }
+}
+
+/// Refuse a connection before reading anything from it: 429 on the explicit proxy (reset on
+/// the transparent listener), audited `close: "limit"` with why.
+async fn refuse_early(
+    shared: Arc<Shared>,
+    accepted: Accepted,
+    mut stream: TcpStream,
+    kind: Kind,
+    reason: Reason,
+    detail: &'static str,
+) {
+    let mode = match kind {
+        Kind::Proxy | Kind::ProxyTls => Mode::Connect,
+        Kind::Transparent => Mode::Tcp,
+    };
+    let mut audit = shared.audit(&accepted, mode, &shared.policy.load());
+    audit.decision(&Decision::deny(reason, None));
+    audit.close(Close::Limit);
+    audit.detail(detail);
+    match kind {
+        Kind::Proxy => {
+            let resp = deny::wire(&Refusal {
+                reason,
+                what: "this connection",
+                sandbox: None,
+                explanation: detail,
+                retry_after: Some(1),
+            });
+            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&resp)).await;
+        }
+        // No HTTP before the handshake: reset.
+        Kind::ProxyTls | Kind::Transparent => {
+            let _ = stream.set_zero_linger();
+        }
+    }
+}
+
+/// The TLS proxy listener: the handshake (within `admission.first_byte_ms`), what the client
+/// certificate says, then the explicit proxy over the TLS stream. A failed handshake is
+/// audited (a client certificate that does not verify: `auth_failed`).
+async fn serve_tls(
+    shared: Arc<Shared>,
+    accepted: Accepted,
+    stream: TcpStream,
+    slot: crate::egress::admission::UnidentifiedSlot,
+    tls: Arc<crate::listen::explicit_tls::TlsServer>,
+) {
+    let _ = stream.set_nodelay(true);
+    let wait = shared.admissions.first_byte();
+    let (reason, close, detail) =
+        match tokio::time::timeout(wait, tls.acceptor().accept(stream)).await {
+            Ok(Ok(s)) => {
+                let cert = tls.client_sandbox(s.get_ref().1.peer_certificates());
+                let io = crate::listen::client_io::ClientIo::Tls(Box::new(s));
+                return crate::listen::explicit::serve(shared, accepted, io, slot, cert).await;
+            }
+            Ok(Err(e)) => {
+                let cert_error = e
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                    .is_some_and(|r| {
+                        matches!(
+                            r,
+                            rustls::Error::InvalidCertificate(_)
+                                | rustls::Error::NoCertificatesPresented
+                        )
+                    });
+                let reason = if cert_error {
+                    Reason::AuthFailed
+                } else {
+                    Reason::InvalidTarget
+                };
+                (reason, Close::Error, format!("TLS handshake failed: {e}"))
+            }
+            Err(_) => (
+                Reason::InvalidTarget,
+                Close::Idle,
+                "no TLS handshake within admission.first_byte_ms".to_string(),
+            ),
+        };
+    let mut audit = shared.audit(&accepted, Mode::Connect, &shared.policy.load());
+    audit.decision(&Decision::deny(reason, None));
+    audit.close(close);
+    audit.detail(detail);
+}
+
+/// The audit queue is full: answer 503 (reset on the transparent listener) without a record —
+/// `egress_audit_backpressure_total` counts these.
+async fn refuse_unrecorded(mut stream: TcpStream, kind: Kind) {
+    match kind {
+        Kind::Proxy => {
+            let resp = deny::unavailable_wire(
+                "cannot record connections right now (its audit log is behind)",
+                "audit log backpressure",
+            );
+            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&resp)).await;
+        }
+        Kind::ProxyTls | Kind::Transparent => {
+            let _ = stream.set_zero_linger();
+        }
+    }
+}
+
+/// Admission for a listener whose connections never identify a sandbox (admin, DNS over
+/// TCP): the same per-source cap, total cap and accept rate as an unidentified proxy
+/// connection (`admission:`), in a table of this listener's own — a flood of one listener
+/// never takes another's places — and the same first-byte timeout. A connection holds its
+/// place until it closes.
+pub(super) struct Gate {
+    name: &'static str,
+    admissions: Arc<Admissions>,
+    shared: Arc<Shared>,
+}
+
+impl Gate {
+    pub(super) fn new(
+        name: &'static str,
+        shared: &Arc<Shared>,
+        cfg: crate::config::Admission,
+    ) -> Self {
+        Gate {
+            name,
+            admissions: Admissions::new(cfg),
+            shared: shared.clone(),
+        }
+    }
+
+    /// Admit `stream` from `client` and wait for its first byte: `None` (closed, counted)
+    /// when refused or silent.
+    async fn admit(
+        admissions: Arc<Admissions>,
+        shared: Arc<Shared>,
+        name: &'static str,
+        stream: &TcpStream,
+        client: SocketAddr,
+    ) -> Option<admission::UnidentifiedSlot> {
+        let slot = match admissions.accept(client.ip()) {
+            Ok(slot) => slot,
+            Err(r) => {
+                shared.metrics().admission_refused(name, r.label());
+                return None;
+            }
+        };
+        let mut one = [0u8; 1];
+        match tokio::time::timeout(admissions.first_byte(), stream.peek(&mut one)).await {
+            Ok(Ok(n)) if n > 0 => Some(slot),
+            Ok(_) => None,
+            Err(_) => {
+                shared.metrics().admission_refused(name, "silent");
+                None
+            }
+        }
+    }
+}
+
+/// Accept loop of a gated listener: every connection through [`Gate`], then `serve`.
+pub(super) async fn accept_gated<F, Fut>(listener: TcpListener, gate: Gate, serve: F)
+where
+    F: Fn(TcpStream, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let serve = Arc::new(serve);
+    let mut backoff = Backoff::default();
+    loop {
+        let (stream, client) = backoff.accept(&listener, gate.name).await;
+        let (admissions, shared, name) = (gate.admissions.clone(), gate.shared.clone(), gate.name);
+        let serve = serve.clone();
+        tokio::spawn(async move {
+            if let Some(_slot) = Gate::admit(admissions, shared, name, &stream, client).await {
+                serve(stream, client).await;
+            }
+        });
+    }
+}
+
+/// The admin listener (plain HTTP or TLS with a client certificate), gated.
+pub(super) async fn accept_admin(
+    listener: TcpListener,
+    gate: Gate,
+    admin: Arc<Admin>,
+    tls: Option<Arc<crate::listen::explicit_tls::TlsServer>>,
+) {
+    let handshake = gate.shared.settings.timeouts.header;
+    accept_gated(listener, gate, move |stream, _client| {
+        let admin = admin.clone();
+        let tls = tls.clone();
+        async move {
+            match tls {
+                None => crate::control::admin::serve(admin, stream).await,
+                Some(tls) => {
+                    let hs = tokio::time::timeout(handshake, tls.acceptor().accept(stream));
+                    match hs.await {
+                        Ok(Ok(s)) => crate::control::admin::serve(admin, s).await,
+                        Ok(Err(e)) => tracing::debug!(error = %e, "admin TLS handshake failed"),
+                        Err(_) => {}
+                    }
+                }
+            }
+        }
+    })
+    .await
+}

@@ -1,0 +1,142 @@
+//! The listeners the configuration asks for, bound before anything else starts so that a
+//! taken port or a bad certificate stops the start with a clear error.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::{TcpListener, UdpSocket};
+
+use crate::config::Config;
+use crate::listen::explicit_tls::TlsServer;
+
+/// A listener for TPROXY'd connections: `IP_TRANSPARENT` set before `bind`, so connections
+/// addressed to any destination are accepted and keep their original destination as the
+/// local address.
+fn bind_tproxy(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    crate::listen::orig_dst::set_transparent(&socket, addr.is_ipv6())?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// The DNS listener's sockets: UDP and TCP on the same address. With port 0, the TCP port is
+/// the one the kernel chose for UDP (retried a few times if another process holds it).
+async fn bind_dns(addr: SocketAddr) -> std::io::Result<(UdpSocket, TcpListener)> {
+    let mut last = None;
+    for _ in 0..8 {
+        let udp = UdpSocket::bind(addr).await?;
+        let bound = udp.local_addr()?;
+        match TcpListener::bind(bound).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) if addr.port() == 0 => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no port free for both UDP and TCP")))
+}
+
+/// Every listener of the configuration, bound (and the TLS listeners' certificates loaded).
+pub(super) struct Listeners {
+    pub proxy: Option<TcpListener>,
+    pub proxy_tls: Option<(TcpListener, Arc<TlsServer>)>,
+    pub transparent: Option<TcpListener>,
+    pub admin: Option<TcpListener>,
+    pub admin_tls: Option<Arc<TlsServer>>,
+    pub dns: Option<(UdpSocket, TcpListener)>,
+}
+
+/// The bound addresses, by listener.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Addrs {
+    pub proxy: Option<SocketAddr>,
+    pub proxy_tls: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+    pub transparent: Option<SocketAddr>,
+    pub dns: Option<SocketAddr>,
+}
+
+impl Addrs {
+    /// Every bound address (the proxy refuses to dial its own listeners).
+    pub fn all(&self) -> Vec<SocketAddr> {
+        [
+            self.proxy,
+            self.admin,
+            self.transparent,
+            self.dns,
+            self.proxy_tls,
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+}
+
+/// Bind `addr` for the listener named `what`, if configured.
+async fn bind(what: &str, addr: Option<SocketAddr>) -> anyhow::Result<Option<TcpListener>> {
+    match addr {
+        Some(a) => Ok(Some(
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("binding {what} {a}"))?,
+        )),
+        None => Ok(None),
+    }
+}
+
+impl Listeners {
+    pub async fn bind(config: &Config) -> anyhow::Result<Self> {
+        let l = &config.listen;
+        let transparent = match l.transparent {
+            Some(a) if l.transparent_tproxy => Some(bind_tproxy(a).with_context(|| {
+                format!("binding listen.transparent {a} for TPROXY (needs CAP_NET_ADMIN)")
+            })?),
+            a => bind("listen.transparent", a).await?,
+        };
+        let proxy_tls = match &l.proxy_tls {
+            Some(t) => {
+                let server = Arc::new(TlsServer::load(t)?);
+                bind("listen.proxy_tls", Some(t.addr))
+                    .await?
+                    .map(|listener| (listener, server))
+            }
+            None => None,
+        };
+        let dns = match l.dns {
+            Some(a) => Some(
+                bind_dns(a)
+                    .await
+                    .with_context(|| format!("binding listen.dns {a} (UDP and TCP)"))?,
+            ),
+            None => None,
+        };
+        let admin_tls = match &l.admin_tls {
+            Some(t) => Some(Arc::new(TlsServer::load(t)?)),
+            None => None,
+        };
+        Ok(Listeners {
+            proxy: bind("listen.proxy", l.proxy).await?,
+            proxy_tls,
+            transparent,
+            admin: bind("listen.admin", l.admin).await?,
+            admin_tls,
+            dns,
+        })
+    }
+
+    pub fn addrs(&self) -> Addrs {
+        let at = |l: &TcpListener| l.local_addr().ok();
+        Addrs {
+            proxy: self.proxy.as_ref().and_then(at),
+            proxy_tls: self.proxy_tls.as_ref().and_then(|(l, _)| at(l)),
+            admin: self.admin.as_ref().and_then(at),
+            transparent: self.transparent.as_ref().and_then(at),
+            dns: self.dns.as_ref().and_then(|(u, _)| u.local_addr().ok()),
+        }
+    }
+}
