@@ -44,10 +44,26 @@ pub struct Sink {
     pub metrics: Arc<Metrics>,
 }
 
-/// The one record of one connection (or forwarded request), written when dropped.
+/// What a guard records: how it is counted, and whether it is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    /// A connection or a forwarded request: counted in `egress_connections_total`, its bytes
+    /// in the sandbox's counters.
+    Connection,
+    /// A request inside a terminated tunnel (`mode: "https"`): counted like a connection; its
+    /// bytes are the tunnel's too, so they are not counted for the sandbox again.
+    Request,
+    /// A query to the DNS listener: counted in `egress_dns_queries_total`; an allowed query
+    /// is written only when `write_allowed` (`audit.dns: all`).
+    Query { write_allowed: bool },
+}
+
+/// The one record of one connection, forwarded request, request in a terminated tunnel or
+/// DNS query — written when dropped. Every `end` record is written here.
 pub struct AuditGuard {
     sink: Sink,
-    record: Record,
+    variant: Variant,
+    pub(crate) record: Record,
     /// `duration_ms` is measured from here (the accept, for a connection's first request).
     started: Instant,
     /// The identified sandbox's byte counters.
@@ -72,6 +88,7 @@ impl AuditGuard {
     pub fn new(sink: Sink, accepted: &Accepted, mode: Mode, policy_version: Arc<str>) -> Self {
         AuditGuard {
             sink,
+            variant: Variant::Connection,
             record: Record::new(accepted.conn_id, accepted.client, mode, policy_version),
             started: accepted.started,
             stats: None,
@@ -80,6 +97,49 @@ impl AuditGuard {
             counters: None,
             close: None,
         }
+    }
+
+    /// A guard for one query to the DNS listener (`record` says who asked), with its facts.
+    pub fn query(sink: Sink, record: Record, facts: record::DnsFacts, write_allowed: bool) -> Self {
+        let mut record = record;
+        record.dns = Some(Box::new(facts));
+        AuditGuard {
+            sink,
+            variant: Variant::Query { write_allowed },
+            record,
+            started: Instant::now(),
+            stats: None,
+            up: 0,
+            down: 0,
+            counters: None,
+            close: None,
+        }
+    }
+
+    /// The DNS facts of a query guard.
+    pub fn dns(&mut self) -> &mut record::DnsFacts {
+        self.record.dns.get_or_insert_with(Default::default)
+    }
+
+    /// The verdict and reason alone (no rule): a request refused or reported in a tunnel.
+    pub fn verdict(
+        &mut self,
+        verdict: crate::policy::Verdict,
+        reason: crate::policy::reason::Reason,
+    ) {
+        self.record.verdict = verdict;
+        self.record.reason = reason;
+    }
+
+    /// What the request inside a terminated tunnel was, and how it was answered.
+    pub fn http(&mut self, facts: record::HttpFacts) {
+        self.record.http = Some(Box::new(facts));
+    }
+
+    /// Bytes moved, when known only at the end.
+    pub fn bytes(&mut self, up: u64, down: u64) {
+        self.up = up;
+        self.down = down;
     }
 
     pub fn mode(&mut self, mode: Mode) {
@@ -194,7 +254,7 @@ impl AuditGuard {
     }
 }
 
-/// Writes one record per request inside a terminated tunnel: the tunnel's record with
+/// Makes the guard of each request inside a terminated tunnel: the tunnel's record with
 /// `mode: "https"`, the request's facts and its own decision.
 #[derive(Clone)]
 pub struct Recorder {
@@ -203,37 +263,23 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn request(
-        &self,
-        http: record::HttpFacts,
-        verdict: crate::policy::Verdict,
-        reason: crate::policy::reason::Reason,
-        detail: Option<String>,
-        bytes: (u64, u64),
-        started: Instant,
-    ) {
+    /// The guard of a request that begins now (allowed, `close: eof`, until told otherwise).
+    pub fn guard(&self) -> AuditGuard {
         let mut record = self.record.clone();
         record.mode = Mode::Https;
-        record.verdict = verdict;
-        record.reason = reason;
-        record.detail = detail.map(Cow::Owned);
-        record.http = Some(Box::new(http));
-        let r = &record;
-        self.sink.metrics.connection_finished(
-            r.sandbox.as_ref().map(|s| s.as_str()),
-            r.mode,
-            r.verdict,
-            r.reason,
-        );
-        self.sink.log.write(Entry {
-            event: Event::End,
-            at: SystemTime::now(),
+        record.verdict = crate::policy::Verdict::Allow;
+        record.reason = crate::policy::reason::Reason::RuleMatched;
+        AuditGuard {
+            sink: self.sink.clone(),
+            variant: Variant::Request,
             record,
-            bytes_up: bytes.0,
-            bytes_down: bytes.1,
-            duration_ms: started.elapsed().as_millis() as u64,
-            close: Some(Close::Eof),
-        });
+            started: Instant::now(),
+            stats: None,
+            up: 0,
+            down: 0,
+            counters: None,
+            close: None,
+        }
     }
 }
 
@@ -244,15 +290,27 @@ impl Drop for AuditGuard {
             self.down = c.down.load(Ordering::Relaxed);
         }
         let r = &self.record;
-        self.sink.metrics.connection_finished(
-            r.sandbox.as_ref().map(|s| s.as_str()),
-            r.mode,
-            r.verdict,
-            r.reason,
-        );
-        if let Some(stats) = &self.stats {
-            stats.relayed(self.up, self.down);
+        let sandbox = r.sandbox.as_ref().map(|s| s.as_str());
+        let metrics = &self.sink.metrics;
+        match self.variant {
+            Variant::Connection => {
+                metrics.connection_finished(sandbox, r.mode, r.verdict, r.reason);
+                if let Some(stats) = &self.stats {
+                    stats.relayed(self.up, self.down);
+                }
+            }
+            Variant::Request => metrics.connection_finished(sandbox, r.mode, r.verdict, r.reason),
+            Variant::Query { write_allowed } => {
+                metrics.dns_query(sandbox, r.verdict);
+                if !write_allowed && r.verdict == crate::policy::Verdict::Allow {
+                    return;
+                }
+            }
         }
+        let close = match self.variant {
+            Variant::Query { .. } => None,
+            _ => Some(self.close.unwrap_or(Close::Eof)),
+        };
         let placeholder = Record::new(r.conn_id, r.client, r.mode, r.policy_version.clone());
         let record = std::mem::replace(&mut self.record, placeholder);
         self.sink.log.write(Entry {
@@ -262,7 +320,7 @@ impl Drop for AuditGuard {
             bytes_up: self.up,
             bytes_down: self.down,
             duration_ms: self.started.elapsed().as_millis() as u64,
-            close: Some(self.close.unwrap_or(Close::Eof)),
+            close,
         });
     }
 }

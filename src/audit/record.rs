@@ -71,7 +71,7 @@ pub struct HttpFacts {
 }
 
 /// What a DNS listener record says beyond a connection's fields.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct DnsFacts {
     /// The name asked for (normalised when it could be; as received otherwise).
     pub name: Box<str>,

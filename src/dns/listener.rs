@@ -23,10 +23,9 @@
 //! decide a nameless connection by the name the sandbox resolved. One audit record per query
 //! (`mode: "dns"`), `egress_dns_queries_total{sandbox,decision}`.
 
-use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Edns, Header, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::opt::EdnsOption;
@@ -38,6 +37,7 @@ use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseI
 
 use crate::audit::outcome::Mode;
 use crate::audit::record::DnsFacts;
+use crate::audit::AuditGuard;
 use crate::audit::Record as AuditRecord;
 use crate::config::AuditDns;
 use crate::egress::identity::identify;
@@ -140,25 +140,6 @@ impl RequestHandler for DnsListener {
     }
 }
 
-/// The audit record of one query, filled as the query is handled and written at the end.
-struct QueryRecord {
-    record: AuditRecord,
-    facts: DnsFacts,
-    started: Instant,
-}
-
-impl QueryRecord {
-    fn decision(&mut self, d: &Decision) {
-        self.record.verdict = d.verdict;
-        self.record.reason = d.reason;
-        self.record.rule = d.rule.clone();
-    }
-
-    fn detail(&mut self, d: impl Into<Cow<'static, str>>) {
-        self.record.detail = Some(d.into());
-    }
-}
-
 impl DnsListener {
     /// Decide and answer one request; record and count it.
     async fn answer(&self, request: &Request) -> Reply {
@@ -168,31 +149,27 @@ impl DnsListener {
             Protocol::Tcp => "tcp",
             _ => "udp",
         };
-        let mut q = QueryRecord {
-            record: AuditRecord::new(
+        // The query's one record, written (and counted) when this guard drops.
+        let mut q = AuditGuard::query(
+            shared.sink.clone(),
+            AuditRecord::new(
                 shared.next_conn_id(),
                 request.src(),
                 Mode::Dns,
                 set.version_arc(),
             ),
-            facts: DnsFacts {
-                name: "".into(),
-                qtype: "".into(),
-                rcode: "",
-                answers: Vec::new(),
-                passed: 0,
-                ttl: None,
+            DnsFacts {
                 transport,
+                ..DnsFacts::default()
             },
-            started: Instant::now(),
-        };
+            shared.settings.audit_dns != AuditDns::Denied,
+        );
         let reply = self.decide(request, &set, &mut q).await;
-        q.facts.rcode = rcode_name(reply.rcode);
-        self.finish(q);
+        q.dns().rcode = rcode_name(reply.rcode);
         reply
     }
 
-    async fn decide(&self, request: &Request, set: &PolicySet, q: &mut QueryRecord) -> Reply {
+    async fn decide(&self, request: &Request, set: &PolicySet, q: &mut AuditGuard) -> Reply {
         let shared = &self.shared;
         if request.message_type() != MessageType::Query || request.op_code() != OpCode::Query {
             q.detail("not a standard query");
@@ -204,11 +181,11 @@ impl DnsListener {
         };
         let query = info.query.original();
         let rtype = query.query_type();
-        q.facts.qtype = rtype.to_string().into();
+        q.dns().qtype = rtype.to_string().into();
         let asked = query.name().to_ascii();
         let asked = asked.trim_end_matches('.');
         let name = normalize_name(asked);
-        q.facts.name = match &name {
+        q.dns().name = match &name {
             Ok(n) => n.as_str().into(),
             Err(_) => asked.to_ascii_lowercase().into(),
         };
@@ -324,7 +301,7 @@ impl DnsListener {
             .filter(|ip| sb.policy.answerable(*ip, &set.guard))
             .collect();
         let ttl = found.ttl.min(resolver.max_answer_ttl).as_secs() as u32;
-        q.facts.ttl = Some(ttl);
+        q.dns().ttl = Some(ttl);
         if kept.is_empty() && !found.addrs.is_empty() {
             let d = Decision::deny(Reason::DestinationIpProhibited, None);
             q.decision(&d);
@@ -354,7 +331,7 @@ impl DnsListener {
                 Record::from_rdata(owner.clone(), ttl, data)
             })
             .collect();
-        q.facts.answers = kept;
+        q.dns().answers = kept;
         Reply {
             rcode: ResponseCode::NoError,
             records,
@@ -363,7 +340,7 @@ impl DnsListener {
     }
 
     /// A refused name: NXDOMAIN without SOA, and why.
-    fn blocked(&self, sb: &Sandbox, name: &str, d: &Decision, q: &mut QueryRecord) -> Reply {
+    fn blocked(&self, sb: &Sandbox, name: &str, d: &Decision, q: &mut AuditGuard) -> Reply {
         let why = d.explain(&sb.binding.id, sb.policy.file(), 0);
         let text = format!("egress-proxy: {name}: {why}");
         if q.record.detail.is_none() {
@@ -373,7 +350,7 @@ impl DnsListener {
     }
 
     /// The resolver could not answer an allowed name.
-    fn resolve_failed(&self, e: ResolveError, q: &mut QueryRecord) -> Reply {
+    fn resolve_failed(&self, e: ResolveError, q: &mut AuditGuard) -> Reply {
         let rcode = match e {
             ResolveError::NotFound => ResponseCode::NXDomain,
             ResolveError::NoData => ResponseCode::NoError,
@@ -390,7 +367,7 @@ impl DnsListener {
 
     /// A `dns.pass_types` query for a name a name rule allows: the resolver's records, TTLs
     /// capped.
-    async fn pass(&self, name: &str, rtype: RecordType, q: &mut QueryRecord) -> Reply {
+    async fn pass(&self, name: &str, rtype: RecordType, q: &mut AuditGuard) -> Reply {
         let resolver = self.shared.resolver();
         match resolver.lookup_records(name, rtype).await {
             Ok((mut records, ttl)) => {
@@ -400,8 +377,8 @@ impl DnsListener {
                     let t = r.ttl().min(cap);
                     r.set_ttl(t);
                 }
-                q.facts.ttl = Some(ttl);
-                q.facts.passed = records.len();
+                q.dns().ttl = Some(ttl);
+                q.dns().passed = records.len();
                 Reply {
                     rcode: ResponseCode::NoError,
                     records,
@@ -410,32 +387,6 @@ impl DnsListener {
             }
             Err(e) => self.resolve_failed(e, q),
         }
-    }
-
-    /// Count the query and write its record (all, or only refusals with `audit.dns: denied`).
-    fn finish(&self, q: QueryRecord) {
-        let QueryRecord {
-            mut record,
-            facts,
-            started,
-        } = q;
-        let sandbox = record.sandbox.clone();
-        self.shared
-            .metrics()
-            .dns_query(sandbox.as_ref().map(|s| s.as_str()), record.verdict);
-        if self.shared.settings.audit_dns == AuditDns::Denied && record.verdict == Verdict::Allow {
-            return;
-        }
-        record.dns = Some(Box::new(facts));
-        self.shared.sink.log.write(crate::audit::record::Entry {
-            event: crate::audit::record::Event::End,
-            at: SystemTime::now(),
-            record,
-            bytes_up: 0,
-            bytes_down: 0,
-            duration_ms: started.elapsed().as_millis() as u64,
-            close: None,
-        });
     }
 }
 

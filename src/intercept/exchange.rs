@@ -7,7 +7,6 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
@@ -253,7 +252,8 @@ impl Exchange {
 
     pub async fn handle(&self, mut req: Request<Incoming>) -> Response<ResBody> {
         self.live.touch();
-        let started = Instant::now();
+        // The request's one record, written when this guard drops (with the response body).
+        let mut audit = self.recorder.guard();
         let method = req_method(&req);
         let path = req.uri().path().to_string();
         let facts = |status: u16, credential: Option<String>| HttpFacts {
@@ -263,22 +263,16 @@ impl Exchange {
             credential: credential.map(Into::into),
         };
         let mut verdict = Verdict::Allow;
-        let mut reason = Reason::RuleMatched;
-        let mut detail = None;
         if let Some(r) = self.check(&req) {
             if self.report() && r.reason.reportable() {
                 verdict = Verdict::Report;
-                reason = r.reason;
-                detail = Some(r.detail);
+                audit.verdict(verdict, r.reason);
+                audit.detail(r.detail);
             } else {
-                self.recorder.request(
-                    facts(403, r.credential.clone()),
-                    Verdict::Deny,
-                    r.reason,
-                    Some(r.detail.clone()),
-                    (0, 0),
-                    started,
-                );
+                audit.verdict(Verdict::Deny, r.reason);
+                audit.detail(r.detail.clone());
+                audit.http(facts(403, r.credential.clone()));
+                drop(audit);
                 return self.refused(&method, r.reason, &r.detail);
             }
         }
@@ -288,37 +282,27 @@ impl Exchange {
         let req = req.map(|b| Counted::new(b, up_bytes.clone(), self.live.clone(), true));
         match self.upstream.send(req).await {
             Ok(resp) => {
-                let status = resp.status().as_u16();
-                let down_bytes = Arc::new(AtomicU64::new(0));
-                let recorder = self.recorder.clone();
                 let mut f = facts_sent;
-                f.status = status;
+                f.status = resp.status().as_u16();
+                audit.http(f);
+                let down_bytes = Arc::new(AtomicU64::new(0));
                 let (up, down) = (up_bytes.clone(), down_bytes.clone());
                 resp.map(|b| {
                     let mut c = Counted::new(b, down_bytes, self.live.clone(), false);
                     c.done = Some(Box::new(move || {
-                        recorder.request(
-                            f,
-                            verdict,
-                            reason,
-                            detail,
-                            (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed)),
-                            started,
-                        );
+                        audit.bytes(up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
+                        drop(audit);
                     }));
                     c.map_err(|e| Box::new(e) as BoxError).boxed()
                 })
             }
             Err(e) => {
                 let msg = format!("the upstream failed: {e}");
-                self.recorder.request(
-                    facts_sent,
-                    verdict,
-                    Reason::ConnectionRefused,
-                    Some(msg.clone()),
-                    (up_bytes.load(Ordering::Relaxed), 0),
-                    started,
-                );
+                audit.http(facts_sent);
+                audit.verdict(verdict, Reason::ConnectionRefused);
+                audit.detail(msg.clone());
+                audit.bytes(up_bytes.load(Ordering::Relaxed), 0);
+                drop(audit);
                 self.refused(&method, Reason::ConnectionRefused, &msg)
             }
         }
