@@ -109,7 +109,8 @@ fn a_reload_resets_a_tunnel_so_queued_bytes_stop_at_once() {
     let p = start(dir.path(), "\"big.test:*\"");
     let reader = slow_reader(stalled_download(p.proxy, &origin, Some(&tok())));
     p.wait_audit("open", |r| r["target_host"] == "big.test");
-    std::thread::sleep(Duration::from_secs(2));
+    // A megabyte queued between the origin and the slow reader.
+    origin.wait_big_sent(1 << 20);
     write_config(dir.path(), "\"api.test:*\"", "", 30_000);
     let cut = Instant::now();
     let (status, body) = admin_req(p.admin, "POST", "/v1/reload", "", Some(ADMIN_TOKEN));
@@ -131,7 +132,8 @@ fn a_delete_resets_the_sandboxes_tunnels() {
     let s = stalled_download(p.proxy, &origin, Some(&basic("rt", "rt-secret")));
     let reader = slow_reader(s);
     p.wait_audit("open", |r| r["target_host"] == "big.test");
-    std::thread::sleep(Duration::from_secs(2));
+    // A megabyte queued between the origin and the slow reader.
+    origin.wait_big_sent(1 << 20);
     let cut = Instant::now();
     let (status, resp) = admin_req(p.admin, "DELETE", "/v1/sandboxes/rt", "", Some(ADMIN_TOKEN));
     assert_eq!(status, 200, "{resp}");
@@ -151,7 +153,8 @@ fn tunnels_left_when_the_shutdown_grace_runs_out_are_reset() {
     );
     let reader = slow_reader(stalled_download(p.proxy, &origin, Some(&tok())));
     p.wait_audit("open", |r| r["target_host"] == "big.test");
-    std::thread::sleep(Duration::from_secs(2));
+    // A megabyte queued between the origin and the slow reader.
+    origin.wait_big_sent(1 << 20);
     unsafe_free_kill(p.child.id(), "TERM");
     // The grace period is half a second: the cut comes then.
     let cut = Instant::now() + Duration::from_millis(500);

@@ -64,7 +64,7 @@ fn a_new_tunnel_works_when_stalled_tunnels_hold_every_pipe() {
     let _stalled: Vec<TcpStream> = (0..4)
         .map(|_| stalled_download(p.proxy, &origin, None))
         .collect();
-    std::thread::sleep(Duration::from_millis(1500));
+    origin.wait_big_stalled();
     let out = curl(&[
         "-p",
         "-x",

@@ -204,8 +204,8 @@ fn a_shaped_tunnel_whose_client_stops_reading_is_revoked() {
     let _client = stalled_download(&p, &origin);
     p.wait_audit("open", |r| r["target_host"] == "big.test");
     // At 4 MiB/s the proxy's socket buffers towards the client fill within a second or two;
-    // after that its write to the client is blocked.
-    std::thread::sleep(Duration::from_secs(3));
+    // after that its write to the client is blocked and the origin stops sending.
+    origin.wait_big_stalled();
     let sandboxes = shaped_sandbox().replace("\"big.test:*\"", "\"api.test:*\"");
     write_config(dir.path(), HOSTS, LOOPBACK_OK, &sandboxes);
     reload(&p);

@@ -268,7 +268,9 @@ fn a_certificate_rotation_keeps_open_tunnels_and_serves_the_new_one() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(1));
+    // The tunnel is open (its `open` record is written) before the certificate rotates.
+    s.proxy
+        .wait_audit("open", |r| r["target_port"].as_u64() == Some(u64::from(pp)));
     s.server_pki.issue(
         "server",
         "rotated",

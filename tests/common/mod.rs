@@ -117,6 +117,8 @@ pub struct Origin {
     pub addr: SocketAddr,
     /// Request-body bytes that reached `/upload`, over all requests.
     pub received: Arc<AtomicU64>,
+    /// `/big` bytes handed to the kernel, over all requests.
+    pub big_sent: Arc<AtomicU64>,
     _rt: Arc<tokio::runtime::Runtime>,
 }
 
@@ -139,7 +141,8 @@ impl Origin {
         let listener = rt.block_on(tokio::net::TcpListener::bind((ip, 0))).unwrap();
         let addr = listener.local_addr().unwrap();
         let received = Arc::new(AtomicU64::new(0));
-        let counter = received.clone();
+        let big_sent = Arc::new(AtomicU64::new(0));
+        let counter = (received.clone(), big_sent.clone());
         rt.spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -162,6 +165,7 @@ impl Origin {
         Origin {
             addr,
             received,
+            big_sent,
             _rt: rt,
         }
     }
@@ -169,7 +173,7 @@ impl Origin {
 
 async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     mut s: S,
-    received: Arc<AtomicU64>,
+    (received, big_sent): (Arc<AtomicU64>, Arc<AtomicU64>),
 ) {
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
@@ -201,6 +205,7 @@ async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
                     return;
                 }
                 sent += n;
+                big_sent.fetch_add(n as u64, Ordering::SeqCst);
             }
         }
         "/slow" => {
@@ -264,6 +269,31 @@ async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
 }
 
 impl Origin {
+    /// Wait (15 s at most) until `/big` has handed at least `bytes` to the kernel: with a
+    /// client that reads slowly or not at all, that many bytes are queued on their way.
+    pub fn wait_big_sent(&self, bytes: u64) {
+        eventually(Duration::from_secs(15), "the origin to send /big", || {
+            (self.big_sent.load(Ordering::SeqCst) >= bytes).then_some(())
+        });
+    }
+
+    /// Wait (15 s at most) until `/big` stops moving: nothing more handed to the kernel for
+    /// 500 ms — every buffer between it and a client that does not read is full.
+    pub fn wait_big_stalled(&self) {
+        let mut last = (u64::MAX, Instant::now());
+        eventually(
+            Duration::from_secs(15),
+            "the /big download to stall",
+            || {
+                let now = self.big_sent.load(Ordering::SeqCst);
+                if now != last.0 || now == 0 {
+                    last = (now, Instant::now());
+                }
+                (last.1.elapsed() >= Duration::from_millis(500)).then_some(())
+            },
+        );
+    }
+
     /// After a cut: let bytes already handed to the kernel land (300 ms), then check that
     /// nothing more reaches `/upload` for `quiet`. Returns what had arrived.
     pub fn assert_nothing_more_arrives(&self, quiet: Duration) -> u64 {
