@@ -7,7 +7,6 @@ mod common;
 
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
-use std::time::Duration;
 
 use common::*;
 
