@@ -22,37 +22,21 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
+use common::*;
 
 fn binding(i: usize) -> String {
     let digest = hex::encode(Sha256::digest(format!("token-{i}").as_bytes()));
     format!(
         r#"{{"auth": {{"token_sha256": "{digest}"}}, "policy": {{"provider": "local", "config": {{}}, "network": {{"egress": ["api.example.com", "*.github.com", "10.0.0.0/8:5432", "h{i}.example.org"]}}}}}}"#
     )
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// One request on a keep-alive connection; returns the status.
@@ -136,31 +120,11 @@ fn main() {
     };
     write_config("a.example.com");
     let started = Instant::now();
-    let mut child = Command::new("target/release/egress-proxy")
-        .args(["run", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("target/release/egress-proxy (cargo build --release first)");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut admin: Option<SocketAddr> = None;
-    let mut proxy: Option<SocketAddr> = None;
-    let mut lines = BufReader::new(stderr).lines();
-    for line in lines.by_ref().map_while(Result::ok) {
-        if line.contains("\"listening\"") {
-            let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-            admin = v["fields"]["admin_addr"]
-                .as_str()
-                .and_then(|a| a.parse().ok());
-            proxy = v["fields"]["proxy_addr"]
-                .as_str()
-                .and_then(|a| a.parse().ok());
-            break;
-        }
-    }
-    // Keep draining the proxy's log.
-    std::thread::spawn(move || lines.for_each(drop));
+    let Started {
+        mut child,
+        proxy,
+        admin,
+    } = start_proxy(Path::new("target/release/egress-proxy"), &config, &[]);
     let ready = started.elapsed();
     let (Some(admin), Some(proxy)) = (admin, proxy) else {
         eprintln!("the proxy did not start");

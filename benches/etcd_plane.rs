@@ -28,24 +28,11 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
+mod common;
+use common::*;
+
 const ADMIN_TOKEN: &str = "bench-admin-token";
 const PREFIX: &str = "/bench/";
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// A 4-entry policy, token `token-{i}`, that also allows the local sink on `sink_port`.
 fn binding(i: usize, sink_port: u16) -> String {
@@ -143,38 +130,18 @@ fn start_replica(bin: &Path, etcd_port: u16) -> (Replica, Instant) {
     )
     .expect("config");
     let started = Instant::now();
-    let mut child = Command::new(bin)
-        .args(["run", "--config"])
-        .arg(&config)
-        .env("RUST_LOG", "warn,egress_proxy::server=info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start egress-proxy");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("\"listening\"") {
-                let _ = tx.send(line);
-            }
-        }
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the proxy did not start");
-    let v: serde_json::Value = serde_json::from_str(&line).expect("json log");
-    let addr = |k: &str| -> SocketAddr {
-        v["fields"][k]
-            .as_str()
-            .and_then(|s| s.parse().ok())
-            .expect("address")
-    };
+    let started_proxy = start_proxy(
+        bin,
+        &config,
+        &[("RUST_LOG", "warn,egress_proxy::server=info")],
+    );
+    let child = started_proxy.child;
+    let addr = |a: Option<SocketAddr>| a.expect("address");
     (
         Replica {
             child,
-            proxy: addr("proxy_addr"),
-            admin: addr("admin_addr"),
+            proxy: addr(started_proxy.proxy),
+            admin: addr(started_proxy.admin),
             _dir: dir,
         },
         started,
@@ -389,16 +356,6 @@ fn preload(etcd_port: u16, n: usize, sink_port: u16) -> Duration {
         }
         started.elapsed()
     })
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 fn main() {

@@ -20,14 +20,8 @@ use http_body_util::{BodyExt, Empty, Full};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
+use common::*;
 
 /// An upstream CA and a server certificate for the bench names (DER), and the CA (PEM).
 fn upstream_pki() -> (Vec<u8>, Vec<u8>, String) {
@@ -171,28 +165,10 @@ sandboxes:
         ),
     )
     .expect("config");
-    let mut child = Command::new(&bin)
-        .args(["run", "--config"])
-        .arg(dir.path().join("proxy.yaml"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("proxy");
-    let stderr = child.stderr.take().expect("stderr");
-    let proxy: SocketAddr = {
-        use std::io::BufRead;
-        let line = std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-            .find(|l| l.contains("\"listening\""))
-            .expect("listening");
-        let v: serde_json::Value = serde_json::from_str(&line).expect("json");
-        v["fields"]["proxy_addr"]
-            .as_str()
-            .expect("addr")
-            .parse()
-            .expect("addr")
-    };
+    let Started {
+        mut child, proxy, ..
+    } = start_proxy(&bin, &dir.path().join("proxy.yaml"), &[]);
+    let proxy = proxy.expect("proxy address");
     let mut roots = rustls::RootCertStore::empty();
     for pem in [
         std::fs::read(dir.path().join("ica/ca.crt")).expect("ca"),
