@@ -17,10 +17,11 @@ pub mod control_plane;
 pub mod credentials;
 pub mod defaults;
 pub mod error;
+mod load;
 mod raw;
 mod refs;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,7 +29,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use serde::Serialize;
-use serde_yaml::{Mapping, Value};
+use serde_yaml::Value;
 
 use binding::{build_binding, id_lines, BindingCtx};
 pub use block::SandboxBlock;
@@ -37,6 +38,7 @@ pub use control_plane::{EtcdConfig, EtcdTls};
 use defaults::{resolve_admission, resolve_defaults, resolve_dns, resolve_listen, resolve_runtime};
 use error::{redact, unknown_field, Sink};
 pub use error::{ConfigError, ConfigErrors};
+use load::{build_bindings, check_top_keys, parse_top, section};
 use raw::{RawAdmission, RawAudit, RawDefaults, RawDns, RawListen, RawRuntime, TOP_LEVEL_KEYS};
 pub use raw::{RawAuth, RawLimits};
 use refs::PolicyIndex;
@@ -331,45 +333,9 @@ pub fn load_str(
     let mut warnings = Vec::new();
     let mut files: Vec<PathBuf> = path.map(|p| vec![p.to_path_buf()]).unwrap_or_default();
     let file: Arc<str> = origin.into();
-    let doc: Value = match serde_yaml::from_str(text) {
-        Ok(Value::Null) => Value::Mapping(Mapping::new()),
-        Ok(v) => v,
-        Err(e) => {
-            return Err(ConfigErrors(vec![ConfigError {
-                file,
-                line: e.location().map(|l| l.line()),
-                sandbox: None,
-                field: String::new(),
-                message: format!("not valid YAML: {}", redact(&e.to_string())),
-                code: None,
-            }]))
-        }
-    };
-    let Value::Mapping(mut top) = doc else {
-        return Err(ConfigErrors(vec![ConfigError {
-            file,
-            line: Some(1),
-            sandbox: None,
-            field: String::new(),
-            message: "expected a mapping at the top level".into(),
-            code: None,
-        }]));
-    };
+    let mut top = parse_top(text, &file)?;
     let mut sink = Sink::new(file.clone(), text, &mut errors);
-    for (k, _) in &top {
-        match k.as_str() {
-            Some(k) if TOP_LEVEL_KEYS.contains(&k) => {}
-            Some(k) => sink.top(
-                k,
-                format!(
-                    "unknown key (expected one of: {})",
-                    TOP_LEVEL_KEYS.join(", ")
-                ),
-                Some(&format!("{k}:")),
-            ),
-            None => sink.top("", "top-level keys must be strings", None),
-        }
-    }
+    check_top_keys(&top, &mut sink);
     let listen: RawListen = section(&mut top, "listen", &mut sink).unwrap_or_default();
     let dns: RawDns = section(&mut top, "dns", &mut sink).unwrap_or_default();
     let defaults: RawDefaults = section(&mut top, "defaults", &mut sink).unwrap_or_default();
@@ -461,49 +427,14 @@ pub fn load_str(
         id_lines: id_lines(text),
         placeholder_key: placeholder_key.as_ref().map(|k| k.as_slice()),
     };
-    let mut bindings = Vec::new();
-    let mut seen: HashSet<SandboxId> = HashSet::new();
-    let mut sources_seen: HashMap<IpNet, SandboxId> = HashMap::new();
-    for (i, value) in sandboxes.into_iter().enumerate() {
-        let before = sink.errors.len();
-        let Some(b) = build_binding(value, i, &ctx, &mut sink, &mut warnings, &mut files) else {
-            if sink.errors.len() == before {
-                sink.top(format!("sandboxes[{i}]"), "invalid binding", None);
-            }
-            continue;
-        };
-        if !seen.insert(b.id.clone()) {
-            sink.push(
-                Some(&b.id),
-                "id",
-                "duplicate sandbox id",
-                Some(&format!("id: {}", b.id)),
-                1,
-            );
-            continue;
-        }
-        for s in &b.sources {
-            if let Some(other) = sources_seen.insert(*s, b.id.clone()) {
-                sink.push(
-                    Some(&b.id),
-                    "sources",
-                    format!("{s} is already a source of sandbox {other}"),
-                    Some(&s.to_string()),
-                    1,
-                );
-            }
-        }
-        if b.token_sha256.is_none()
-            && b.sources.is_empty()
-            && listen.default_sandbox.as_deref() != Some(&b.id)
-        {
-            warnings.push(format!(
-                "sandbox {}: no auth, no sources and not the default sandbox: no connection can reach it",
-                b.id
-            ));
-        }
-        bindings.push(b);
-    }
+    let (bindings, seen) = build_bindings(
+        sandboxes,
+        &ctx,
+        listen.default_sandbox.as_deref(),
+        &mut sink,
+        &mut warnings,
+        &mut files,
+    );
     warnings.extend(binding::overlapping_sources(&bindings));
     if let Some(d) = &listen.default_sandbox {
         if !seen.contains(d.as_str()) {
@@ -541,35 +472,6 @@ pub fn load_str(
         files,
         index: Arc::new(index),
     })
-}
-
-/// Deserialize one top-level section, recording (not returning) its error.
-fn section<T: serde::de::DeserializeOwned>(
-    top: &mut Mapping,
-    key: &str,
-    sink: &mut Sink<'_>,
-) -> Option<T> {
-    let value = top.remove(key)?;
-    match serde_yaml::from_value(value) {
-        Ok(v) => Some(v),
-        Err(e) => {
-            let msg = redact(&e.to_string());
-            let line = sink.locate(&format!("{key}:"), 1);
-            let hint = unknown_field(&msg).map(|f| format!("{f}:"));
-            let line = hint
-                .and_then(|h| sink.locate(&h, line.unwrap_or(1)))
-                .or(line);
-            sink.errors.push(ConfigError {
-                file: sink.file.clone(),
-                line,
-                sandbox: None,
-                field: key.to_string(),
-                message: msg,
-                code: None,
-            });
-            None
-        }
-    }
 }
 
 #[cfg(test)]

@@ -147,7 +147,6 @@ fn change_error(e: ChangeError) -> Response<Full<Bytes>> {
 }
 
 async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    let plain = "text/plain; charset=utf-8";
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     let mutating = matches!(method, Method::PUT | Method::DELETE)
@@ -156,27 +155,14 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         return refused;
     }
     let shared = &admin.shared;
+    let sandbox_id = |suffix: &str| {
+        path.strip_prefix("/v1/sandboxes/")
+            .and_then(|p| p.strip_suffix(suffix))
+            .map(str::to_string)
+    };
     match (&method, path.as_str()) {
-        (&Method::GET, "/healthz") => text(StatusCode::OK, plain, "ok\n".into()),
-        (&Method::GET, "/readyz") => {
-            if shared.ready.load(Ordering::Acquire) {
-                let revision = admin
-                    .plane
-                    .as_ref()
-                    .map(|p| format!(", control plane revision {}", p.revision()))
-                    .unwrap_or_default();
-                text(
-                    StatusCode::OK,
-                    plain,
-                    format!(
-                        "ready: policy {}{revision}\n",
-                        shared.policy.load().version()
-                    ),
-                )
-            } else {
-                text(StatusCode::SERVICE_UNAVAILABLE, plain, "not ready\n".into())
-            }
-        }
+        (&Method::GET, "/healthz") => text(StatusCode::OK, PLAIN, "ok\n".into()),
+        (&Method::GET, "/readyz") => readyz(admin),
         (&Method::GET, "/metrics") => text(
             StatusCode::OK,
             "text/plain; version=0.0.4",
@@ -189,119 +175,160 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             }
             json_resp(StatusCode::OK, list)
         }
-        (&Method::POST, "/v1/reload") => match off_reactor(admin, |c| c.reload("api"))
-            .await
-            .map(|r| r.map_err(|e| e.messages()))
-            .unwrap_or_else(|| Err(vec!["control-plane task failed".into()]))
-        {
-            Ok(r) => json_resp(
-                StatusCode::OK,
-                json!({ "policy_version": r.version, "needs_restart": r.needs_restart }),
-            ),
-            Err(errors) => json_resp(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                json!({ "error": "reload refused; the running policy stays", "errors": errors }),
-            ),
+        (&Method::POST, "/v1/reload") => reload(admin).await,
+        (&Method::POST, "/v1/check") => match read_body(req, admin.max_body).await {
+            Ok(body) => check(shared, &body).await,
+            Err(r) => r,
         },
-        (&Method::POST, "/v1/check") => {
-            let body = match read_body(req, admin.max_body).await {
-                Ok(b) => b,
-                Err(r) => return r,
-            };
-            check(shared, &body).await
-        }
         (&Method::POST, p) if p.starts_with("/v1/sandboxes/") && p.ends_with("/keepalive") => {
-            let id = p["/v1/sandboxes/".len()..p.len() - "/keepalive".len()].to_string();
-            let Some(plane) = &admin.plane else {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "leases need control_plane.etcd; registrations without it never expire",
-                );
-            };
-            match plane.keepalive(&id).await {
-                Ok(ttl) => json_resp(StatusCode::OK, json!({ "id": id, "ttl_s": ttl })),
-                Err(e) => change_error(e),
-            }
+            keepalive(admin, sandbox_id("/keepalive").unwrap_or_default()).await
         }
         (&Method::GET, p) if p.starts_with("/v1/sandboxes/") && p.ends_with("/placeholders") => {
-            let id = &p["/v1/sandboxes/".len()..p.len() - "/placeholders".len()];
-            // Placeholders stand in for secrets: only the admin token holder gets them.
-            if admin.token_sha256.is_none() || !admin.authorized(&req) {
-                return error(
-                    StatusCode::UNAUTHORIZED,
-                    "placeholders need Authorization: Bearer <admin token>",
-                );
-            }
-            let set = shared.policy.load();
-            match set.get(id) {
-                Some(sb) => json_resp(
-                    StatusCode::OK,
-                    json!({
-                        "id": id,
-                        "placeholders": sb.binding.credentials.iter().map(|c| json!({
-                            "name": c.name,
-                            "placeholder": c.placeholder,
-                            "hosts": c.hosts.len(),
-                        })).collect::<Vec<_>>(),
-                    }),
-                ),
-                None => error(StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
-            }
+            placeholders(
+                admin,
+                &req,
+                &sandbox_id("/placeholders").unwrap_or_default(),
+            )
         }
         (m, p) if p.starts_with("/v1/sandboxes/") => {
             let id = p.trim_start_matches("/v1/sandboxes/").to_string();
             match *m {
-                Method::GET => match (admin.control.get(&id), admin.control.skipped(&id)) {
-                    (Some(v), _) => json_resp(StatusCode::OK, v),
-                    (None, Some((revision, why))) => json_resp(
-                        StatusCode::NOT_FOUND,
-                        json!({
-                            "error": format!("the value of sandbox `{id}` in etcd (revision {revision}) is not in force"),
-                            "why": why,
-                        }),
-                    ),
-                    (None, None) => error(StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
-                },
+                Method::GET => sandbox(admin, &id),
                 Method::PUT => {
                     let ttl_s = match ttl_param(req.uri().query()) {
                         Ok(t) => t,
                         Err(m) => return error(StatusCode::BAD_REQUEST, m),
                     };
-                    let body = match read_body(req, admin.max_body).await {
-                        Ok(b) => b,
-                        Err(r) => return r,
-                    };
-                    put(admin, id, body, ttl_s).await
-                }
-                Method::DELETE => {
-                    let result = match &admin.plane {
-                        Some(plane) => plane.delete(&id).await.map(|(n, r)| (n, Some(r))),
-                        None => off_reactor(admin, {
-                            let id = id.clone();
-                            move |c| c.delete(&id)
-                        })
-                        .await
-                        .unwrap_or_else(|| {
-                            Err(ChangeError::Failed("control-plane task failed".into()))
-                        })
-                        .map(|n| (n, None)),
-                    };
-                    match result {
-                        Ok((revoked, revision)) => {
-                            let mut body =
-                                json!({ "id": id, "deleted": true, "tunnels_closed": revoked });
-                            if let Some(r) = revision {
-                                body["revision"] = json!(r);
-                            }
-                            json_resp(StatusCode::OK, body)
-                        }
-                        Err(e) => change_error(e),
+                    match read_body(req, admin.max_body).await {
+                        Ok(body) => put(admin, id, body, ttl_s).await,
+                        Err(r) => r,
                     }
                 }
+                Method::DELETE => delete(admin, id).await,
                 _ => error(StatusCode::METHOD_NOT_ALLOWED, "use GET, PUT or DELETE"),
             }
         }
-        _ => text(StatusCode::NOT_FOUND, plain, "not found\n".into()),
+        _ => text(StatusCode::NOT_FOUND, PLAIN, "not found\n".into()),
+    }
+}
+
+const PLAIN: &str = "text/plain; charset=utf-8";
+
+/// `GET /readyz`: 200 once the policy is loaded (and etcd listed), 503 otherwise.
+fn readyz(admin: &Admin) -> Response<Full<Bytes>> {
+    let shared = &admin.shared;
+    if !shared.ready.load(Ordering::Acquire) {
+        return text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, "not ready\n".into());
+    }
+    let revision = admin
+        .plane
+        .as_ref()
+        .map(|p| format!(", control plane revision {}", p.revision()))
+        .unwrap_or_default();
+    text(
+        StatusCode::OK,
+        PLAIN,
+        format!(
+            "ready: policy {}{revision}\n",
+            shared.policy.load().version()
+        ),
+    )
+}
+
+/// `POST /v1/reload`.
+async fn reload(admin: &Admin) -> Response<Full<Bytes>> {
+    match off_reactor(admin, |c| c.reload("api"))
+        .await
+        .map(|r| r.map_err(|e| e.messages()))
+        .unwrap_or_else(|| Err(vec!["control-plane task failed".into()]))
+    {
+        Ok(r) => json_resp(
+            StatusCode::OK,
+            json!({ "policy_version": r.version, "needs_restart": r.needs_restart }),
+        ),
+        Err(errors) => json_resp(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!({ "error": "reload refused; the running policy stays", "errors": errors }),
+        ),
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/keepalive` (etcd leases).
+async fn keepalive(admin: &Admin, id: String) -> Response<Full<Bytes>> {
+    let Some(plane) = &admin.plane else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "leases need control_plane.etcd; registrations without it never expire",
+        );
+    };
+    match plane.keepalive(&id).await {
+        Ok(ttl) => json_resp(StatusCode::OK, json!({ "id": id, "ttl_s": ttl })),
+        Err(e) => change_error(e),
+    }
+}
+
+/// `GET /v1/sandboxes/{id}/placeholders`: they stand in for secrets, so only the admin token
+/// holder gets them.
+fn placeholders(admin: &Admin, req: &Request<Incoming>, id: &str) -> Response<Full<Bytes>> {
+    if admin.token_sha256.is_none() || !admin.authorized(req) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "placeholders need Authorization: Bearer <admin token>",
+        );
+    }
+    let set = admin.shared.policy.load();
+    match set.get(id) {
+        Some(sb) => json_resp(
+            StatusCode::OK,
+            json!({
+                "id": id,
+                "placeholders": sb.binding.credentials.iter().map(|c| json!({
+                    "name": c.name,
+                    "placeholder": c.placeholder,
+                    "hosts": c.hosts.len(),
+                })).collect::<Vec<_>>(),
+            }),
+        ),
+        None => error(StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
+    }
+}
+
+/// `GET /v1/sandboxes/{id}`: the sandbox in force, or why its etcd value is not.
+fn sandbox(admin: &Admin, id: &str) -> Response<Full<Bytes>> {
+    match (admin.control.get(id), admin.control.skipped(id)) {
+        (Some(v), _) => json_resp(StatusCode::OK, v),
+        (None, Some((revision, why))) => json_resp(
+            StatusCode::NOT_FOUND,
+            json!({
+                "error": format!("the value of sandbox `{id}` in etcd (revision {revision}) is not in force"),
+                "why": why,
+            }),
+        ),
+        (None, None) => error(StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
+    }
+}
+
+/// `DELETE /v1/sandboxes/{id}`: its open exchanges are cut.
+async fn delete(admin: &Admin, id: String) -> Response<Full<Bytes>> {
+    let result = match &admin.plane {
+        Some(plane) => plane.delete(&id).await.map(|(n, r)| (n, Some(r))),
+        None => off_reactor(admin, {
+            let id = id.clone();
+            move |c| c.delete(&id)
+        })
+        .await
+        .unwrap_or_else(|| Err(ChangeError::Failed("control-plane task failed".into())))
+        .map(|n| (n, None)),
+    };
+    match result {
+        Ok((revoked, revision)) => {
+            let mut body = json!({ "id": id, "deleted": true, "tunnels_closed": revoked });
+            if let Some(r) = revision {
+                body["revision"] = json!(r);
+            }
+            json_resp(StatusCode::OK, body)
+        }
+        Err(e) => change_error(e),
     }
 }
 

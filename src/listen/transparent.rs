@@ -20,6 +20,7 @@ use crate::egress::identity::identify;
 use crate::listen::accept::Accepted;
 use crate::listen::orig_dst::original_dst;
 use crate::policy::reason::Reason;
+use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::target::{Host, Target};
 use crate::policy::{Decision, Enforcement, Verdict};
 use crate::relay::tunnel::Relayed;
@@ -68,8 +69,6 @@ pub async fn serve(
         }
     };
 
-    let mut tls_reported: Option<Decision> = None;
-
     // 4. Peek until the first bytes say what this is.
     let (buf, peeked) = match peek(&mut stream, shared.settings.timeouts.header).await {
         Ok(x) => x,
@@ -80,84 +79,27 @@ pub async fn serve(
     };
 
     // 5. The target: the name the client asked for (SNI or Host), else the address.
-    let named: Option<(&str, &str)> = match &peeked {
-        Peeked::Tls(hello) => {
-            audit.mode(Mode::Sni);
-            audit.client_hello(hello.sni.as_deref(), &hello.alpn, hello.ech);
-            hello.sni.as_deref().map(|n| (n, "SNI"))
-        }
-        Peeked::Http { host } => {
-            audit.mode(Mode::Host);
-            host.as_deref()
-                .map(|h| (split_host_header(h).0, "Host header"))
-        }
-        Peeked::Other { detail } => {
-            audit.mode(Mode::Tcp);
-            audit.detail(*detail);
-            None
-        }
-        Peeked::Incomplete => None,
-    };
-    let target = match named {
-        None => Target {
-            host: Host::Ip(orig.ip()),
-            port: orig.port(),
-        },
-        Some((name, what)) => match Host::parse(name) {
-            Ok(host) => Target {
-                host,
-                port: orig.port(),
-            },
-            Err(_) => {
-                audit.detail(format!("{what} is not a valid host name"));
-                return reset(stream, audit, Decision::deny(Reason::InvalidTarget, None));
-            }
-        },
+    let Some((named, target)) = target_of(&peeked, orig, &mut audit) else {
+        return reset(stream, audit, Decision::deny(Reason::InvalidTarget, None));
     };
     audit.target(&target);
 
     // 5b. What flows: a port of `require_tls_ports` takes nothing but TLS, whatever the rules.
     let report = sb.binding.enforcement == Enforcement::Report;
-    if sb.binding.require_tls_ports.contains(&orig.port()) && !matches!(peeked, Peeked::Tls(_)) {
-        let why = match &peeked {
-            Peeked::Http { .. } => "a plain HTTP request",
-            _ => "not TLS",
-        };
-        audit.detail(format!(
-            "{why} on port {}, which requires TLS (require_tls_ports)",
-            orig.port()
-        ));
-        let d = Decision::deny(Reason::ProtocolNotAllowed, None);
-        if !report {
-            return reset(stream, audit, d);
-        }
-        tls_reported = Some(Decision {
-            verdict: Verdict::Report,
-            ..d
-        });
-    }
+    let tls_reported = match require_tls(&sb, orig.port(), &peeked, &mut audit) {
+        Ok(reported) => reported,
+        Err(refused) => return reset(stream, audit, refused),
+    };
 
     // 6. Decide, resolve once, decide on the addresses. A connection with no name is decided
     //    by a name the DNS listener gave this sandbox for its destination, if a name rule
     //    allows one; otherwise on the address.
     let by_answer = match named {
         Some(_) => None,
-        None => {
-            let names = shared.dns_memory.names(&sb.binding.id, orig.ip());
-            egress::decide_by_answer(&set, &sb, &names, orig.ip(), orig.port())
-        }
+        None => by_dns_answer(&shared, &set, &sb, orig, &peeked, &mut audit),
     };
     let (target, decided) = match by_answer {
-        Some((named_target, decided)) => {
-            audit.target(&named_target);
-            audit.detail(format!(
-                "{}; the name {} came from a DNS answer the proxy gave this sandbox for {}",
-                peeked_detail(&peeked),
-                named_target.host,
-                orig.ip()
-            ));
-            (named_target, decided)
-        }
+        Some(x) => x,
         None => {
             let resolver = shared.resolver();
             let lookup = shared.lookup(&resolver);
@@ -227,6 +169,101 @@ pub async fn serve(
     drop(audit);
     drop(slot);
     drop(permit);
+}
+
+/// The target a connection names — SNI or `Host` — on its original port, else its original
+/// address; and which of the two named it. `None` when the name is not a valid host name.
+fn target_of<'a>(
+    peeked: &'a Peeked,
+    orig: SocketAddr,
+    audit: &mut AuditGuard,
+) -> Option<(Option<(&'a str, &'static str)>, Target)> {
+    let named: Option<(&str, &'static str)> = match peeked {
+        Peeked::Tls(hello) => {
+            audit.mode(Mode::Sni);
+            audit.client_hello(hello.sni.as_deref(), &hello.alpn, hello.ech);
+            hello.sni.as_deref().map(|n| (n, "SNI"))
+        }
+        Peeked::Http { host } => {
+            audit.mode(Mode::Host);
+            host.as_deref()
+                .map(|h| (split_host_header(h).0, "Host header"))
+        }
+        Peeked::Other { detail } => {
+            audit.mode(Mode::Tcp);
+            audit.detail(*detail);
+            None
+        }
+        Peeked::Incomplete => None,
+    };
+    let host = match named {
+        None => Host::Ip(orig.ip()),
+        Some((name, what)) => match Host::parse(name) {
+            Ok(host) => host,
+            Err(_) => {
+                audit.detail(format!("{what} is not a valid host name"));
+                return None;
+            }
+        },
+    };
+    Some((
+        named,
+        Target {
+            host,
+            port: orig.port(),
+        },
+    ))
+}
+
+/// `require_tls_ports`: a port listed there takes nothing but TLS. `Err` with the refusal;
+/// in report mode `Ok` with the decision to record if the rules allow the connection.
+fn require_tls(
+    sb: &Sandbox,
+    port: u16,
+    peeked: &Peeked,
+    audit: &mut AuditGuard,
+) -> Result<Option<Decision>, Decision> {
+    if !sb.binding.require_tls_ports.contains(&port) || matches!(peeked, Peeked::Tls(_)) {
+        return Ok(None);
+    }
+    let why = match peeked {
+        Peeked::Http { .. } => "a plain HTTP request",
+        _ => "not TLS",
+    };
+    audit.detail(format!(
+        "{why} on port {port}, which requires TLS (require_tls_ports)"
+    ));
+    let d = Decision::deny(Reason::ProtocolNotAllowed, None);
+    if sb.binding.enforcement != Enforcement::Report {
+        return Err(d);
+    }
+    Ok(Some(Decision {
+        verdict: Verdict::Report,
+        ..d
+    }))
+}
+
+/// A connection with no name, decided by a name the DNS listener gave this sandbox for its
+/// destination — if a name rule allows one.
+fn by_dns_answer(
+    shared: &Shared,
+    set: &PolicySet,
+    sb: &Arc<Sandbox>,
+    orig: SocketAddr,
+    peeked: &Peeked,
+    audit: &mut AuditGuard,
+) -> Option<(Target, egress::Decided)> {
+    let names = shared.dns_memory.names(&sb.binding.id, orig.ip());
+    let (named_target, decided) =
+        egress::decide_by_answer(set, sb, &names, orig.ip(), orig.port())?;
+    audit.target(&named_target);
+    audit.detail(format!(
+        "{}; the name {} came from a DNS answer the proxy gave this sandbox for {}",
+        peeked_detail(peeked),
+        named_target.host,
+        orig.ip()
+    ));
+    Some((named_target, decided))
 }
 
 /// Read (without answering) until [`classify`] can tell what the connection speaks, the

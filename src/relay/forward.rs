@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 use crate::audit::metrics::ActiveGuard;
 use crate::audit::{AuditGuard, Close};
 use crate::egress::allowed::Allowed;
-use crate::egress::limits::ConnectionSlot;
+use crate::egress::limits::{ConnectionSlot, SandboxLimiter};
 use crate::listen::deny;
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;
@@ -73,45 +73,13 @@ pub async fn forward(
         _slot: slot,
     }));
 
-    // The request, rewritten for the origin; its body counted and shaped.
-    let (mut parts, body) = req.into_parts();
     // How a 502 names the request: method and decided authority, never the path or query.
     let failed = Failed {
-        what: format!("{} http://{host}", parts.method),
+        what: format!("{} http://{host}", req.method()),
         sandbox: sandbox.binding.id.to_string(),
     };
-    let up = live.clone();
-    let body = body
-        .map_frame(move |f| {
-            if let Some(d) = f.data_ref() {
-                up.moved(true, d.len());
-            }
-            f
-        })
-        .boxed();
-    let body = if shaped {
-        ShapedBody::new(body, limiter.clone(), true).boxed()
-    } else {
-        body
-    };
-    strip_hop_by_hop(&mut parts.headers);
-    // RFC 9112 §3.2.2: the request-target's authority is what was decided and dialled, and
-    // the Host sent upstream is that authority — never the client's own `Host` (a
-    // virtual-hosted origin would otherwise serve a host that was not decided).
-    parts.headers.remove(header::HOST);
-    if let Ok(v) = host.parse() {
-        parts.headers.insert(header::HOST, v);
-    }
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    parts.uri = path
-        .parse::<Uri>()
-        .unwrap_or_else(|_| Uri::from_static("/"));
-    parts.version = http::Version::HTTP_11;
-    let upstream_req = Request::from_parts(parts, body);
+    let shaper = shaped.then(|| limiter.clone());
+    let upstream_req = for_origin(req, &host, live.clone(), shaper);
 
     let (mut sender, upstream) = match hyper::client::conn::http1::handshake(TokioIo::new(
         Abortable::new(dialed.stream, cut.clone()),
@@ -191,6 +159,47 @@ pub async fn forward(
         }
         Err(e) => bad_gateway(&exchange, &e, &failed),
     }
+}
+
+/// `req` as the origin gets it: hop-by-hop headers and the proxy's credentials gone, origin
+/// form, `Host` the decided authority, and its body counted (and shaped under `shaper`).
+fn for_origin(
+    req: Request<Incoming>,
+    host: &str,
+    live: Arc<Liveness>,
+    shaper: Option<Arc<SandboxLimiter>>,
+) -> Request<http_body_util::combinators::BoxBody<Bytes, hyper::Error>> {
+    let (mut parts, body) = req.into_parts();
+    let body = body
+        .map_frame(move |f| {
+            if let Some(d) = f.data_ref() {
+                live.moved(true, d.len());
+            }
+            f
+        })
+        .boxed();
+    let body = match shaper {
+        Some(limiter) => ShapedBody::new(body, limiter, true).boxed(),
+        None => body,
+    };
+    strip_hop_by_hop(&mut parts.headers);
+    // RFC 9112 §3.2.2: the request-target's authority is what was decided and dialled, and
+    // the Host sent upstream is that authority — never the client's own `Host` (a
+    // virtual-hosted origin would otherwise serve a host that was not decided).
+    parts.headers.remove(header::HOST);
+    if let Ok(v) = host.parse() {
+        parts.headers.insert(header::HOST, v);
+    }
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    parts.uri = path
+        .parse::<Uri>()
+        .unwrap_or_else(|_| Uri::from_static("/"));
+    parts.version = http::Version::HTTP_11;
+    Request::from_parts(parts, body)
 }
 
 /// The request was allowed but the origin did not answer it properly: 502, recorded as

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Interleaved A/B of two egress-proxy builds on the same load: CONNECT rate (benches/loadgen.rs
+# `rate`: 32 concurrent CONNECT + 1-byte echo + close), bulk throughput (`bulk`: 4 tunnels),
+# and instructions per CONNECT (perf stat, user and kernel, 8 concurrent) — the stable number
+# on a noisy shared machine (../shared/perf-notes.md). Both builds are up at once and run
+# alternately, so drift hits both alike.
+#
+#   git worktree add /tmp/base <rev> && (cd /tmp/base && CARGO_TARGET_DIR=/tmp/base-target cargo build --release)
+#   benches/build_ab.sh /tmp/base-target/release/egress-proxy      # ROUNDS=4 SECONDS_PER_RUN=3
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OLD="${1:?usage: benches/build_ab.sh OLD_BINARY [NEW_BINARY]}"
+NEW="${2:-target/release/egress-proxy}"
+ROUNDS="${ROUNDS:-4}"; SECS="${SECONDS_PER_RUN:-3}"
+WORK="$(mktemp -d)"; PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+cargo build --release --bench loadgen >/dev/null 2>&1
+LG="$(ls -t target/release/deps/loadgen-* | grep -v '\.d$' | head -1)"
+
+config() { # port admin_port
+  cat <<YAML
+listen: { proxy: 127.0.0.1:$1, admin: 127.0.0.1:$2 }
+audit: { path: /dev/null }
+max_connections: 100000
+admission: { unidentified_per_source: 100000, unidentified_total: 100000, accepts_per_second_per_source: 1000000, accept_burst_per_source: 1000000 }
+defaults: { limits: { max_connections: 100000, connections_per_second: 1000000, burst: 1000000 } }
+sandboxes:
+  - id: bench
+    sources: [127.0.0.0/8]
+    policy: { provider: local, config: {}, network: { egress: ["127.0.0.1/32:*"] } }
+YAML
+}
+config 3151 9951 > "$WORK/old.yaml"
+config 3152 9952 > "$WORK/new.yaml"
+"$OLD" run --config "$WORK/old.yaml" 2>"$WORK/old.err" & PIDS+=($!); OLD_PID=$!
+"$NEW" run --config "$WORK/new.yaml" 2>"$WORK/new.err" & PIDS+=($!); NEW_PID=$!
+sleep 2
+field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read())['$1'])"; }
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# Instructions (user, kernel) per CONNECT of the proxy on port $1 (process $2).
+instructions() {
+  perf stat -x, -e instructions:u,instructions:k -p "$2" -o "$WORK/perf" -- sleep "$((SECS + 1))" &
+  local perf_pid=$!
+  sleep 0.3
+  local rate; rate="$("$LG" rate --proxy "127.0.0.1:$1" --concurrency 8 --seconds "$SECS" | field conn_per_sec)"
+  wait "$perf_pid"
+  python3 - "$WORK/perf" "$rate" "$SECS" <<'PY'
+import sys
+rows = [l.split(',') for l in open(sys.argv[1]) if l.strip() and not l.startswith('#')]
+n = float(sys.argv[2]) * float(sys.argv[3])
+u = next(float(r[0]) for r in rows if r[2].startswith('instructions:u'))
+k = next(float(r[0]) for r in rows if r[2].startswith('instructions:k'))
+print(f"{u / n:.0f} {k / n:.0f}")
+PY
+}
+declare -A rate bulk insn_u insn_k
+for i in $(seq "$ROUNDS"); do
+  if (( i % 2 )); then order="old new"; else order="new old"; fi
+  for which in $order; do
+    if [ "$which" = old ]; then port=3151; pid=$OLD_PID; else port=3152; pid=$NEW_PID; fi
+    rate[$which]+="$("$LG" rate --proxy 127.0.0.1:$port --concurrency 32 --seconds "$SECS" | field conn_per_sec) "
+    bulk[$which]+="$("$LG" bulk --proxy 127.0.0.1:$port --tunnels 4 --seconds "$SECS" | field gbit_per_sec) "
+    read -r u k < <(instructions "$port" "$pid")
+    insn_u[$which]+="$u "; insn_k[$which]+="$k "
+  done
+done
+for which in old new; do
+  echo "$which: CONNECT/s ${rate[$which]}(median $(echo ${rate[$which]} | tr ' ' '\n' | median))" \
+    "| bulk Gbit/s ${bulk[$which]}(median $(echo ${bulk[$which]} | tr ' ' '\n' | median))" \
+    "| instructions per CONNECT user ${insn_u[$which]}kernel ${insn_k[$which]}"
+done
