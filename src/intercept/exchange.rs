@@ -3,15 +3,13 @@
 //! credentials bound here on the request; forward it on the one upstream connection (HTTP/1.1
 //! or HTTP/2, trailers included); write one `mode: "https"` record when the response ends.
 
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body_util::{combinators::BoxBody, BodyExt};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
@@ -24,6 +22,7 @@ use crate::config::Binding;
 use crate::listen::deny;
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
+use crate::relay::counted::Counted;
 use crate::relay::liveness::Liveness;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -76,73 +75,6 @@ impl Upstream {
                 s.send_request(req).await
             }
         }
-    }
-}
-
-/// A body that counts its data bytes (into its own counter and the tunnel's) and passes
-/// every frame — data and trailers — through.
-pub struct Counted<B> {
-    inner: B,
-    mine: Arc<AtomicU64>,
-    live: Arc<Liveness>,
-    up: bool,
-    /// Written when the body ends or is dropped (the response of a request).
-    done: Option<Box<dyn FnOnce() + Send + Sync>>,
-}
-
-impl<B> Counted<B> {
-    fn new(inner: B, mine: Arc<AtomicU64>, live: Arc<Liveness>, up: bool) -> Self {
-        Counted {
-            inner,
-            mine,
-            live,
-            up,
-            done: None,
-        }
-    }
-}
-
-impl<B> Drop for Counted<B> {
-    fn drop(&mut self) {
-        if let Some(f) = self.done.take() {
-            f();
-        }
-    }
-}
-
-impl<B> Body for Counted<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(f))) = &polled {
-            if let Some(d) = f.data_ref() {
-                let n = d.len() as u64;
-                self.mine.fetch_add(n, Ordering::Relaxed);
-                self.live.moved(self.up, d.len());
-            }
-        }
-        if let Poll::Ready(None) = &polled {
-            if let Some(f) = self.done.take() {
-                f();
-            }
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -279,7 +211,8 @@ impl Exchange {
         let injected = self.inject(&mut req);
         let facts_sent = facts(0, injected.clone());
         let up_bytes = Arc::new(AtomicU64::new(0));
-        let req = req.map(|b| Counted::new(b, up_bytes.clone(), self.live.clone(), true));
+        let req =
+            req.map(|b| Counted::new(b, self.live.clone(), true).count_into(up_bytes.clone()));
         match self.upstream.send(req).await {
             Ok(resp) => {
                 let mut f = facts_sent;
@@ -288,12 +221,14 @@ impl Exchange {
                 let down_bytes = Arc::new(AtomicU64::new(0));
                 let (up, down) = (up_bytes.clone(), down_bytes.clone());
                 resp.map(|b| {
-                    let mut c = Counted::new(b, down_bytes, self.live.clone(), false);
-                    c.done = Some(Box::new(move || {
-                        audit.bytes(up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
-                        drop(audit);
-                    }));
-                    c.map_err(|e| Box::new(e) as BoxError).boxed()
+                    Counted::new(b, self.live.clone(), false)
+                        .count_into(down_bytes)
+                        .on_end(move |_| {
+                            audit.bytes(up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
+                            drop(audit);
+                        })
+                        .map_err(|e| Box::new(e) as BoxError)
+                        .boxed()
                 })
             }
             Err(e) => {

@@ -6,14 +6,12 @@
 //! dropped (nothing more reaches the origin) and so is the client connection (nothing more
 //! reaches the client), and the record says `close: "revoked"`.
 
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, Request, Response, Uri};
 use http_body_util::BodyExt;
-use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
 
@@ -27,6 +25,7 @@ use crate::policy::target::Target;
 use crate::policy::Decision;
 use crate::relay::abortable::{Abortable, Cut};
 use crate::relay::body::{Body, BoxError};
+use crate::relay::counted::Counted;
 use crate::relay::liveness::Liveness;
 use crate::relay::shaped_body::ShapedBody;
 use crate::server::shared::Shared;
@@ -143,13 +142,26 @@ pub async fn forward(
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             live.touch();
-            let body = Metered {
-                inner: body,
-                live,
-                exchange,
-                ended: false,
-                _done: done_tx,
-            };
+            // Counted, and the record (held by `exchange`) finished when the body ends.
+            let body = Counted::new(body, live, false)
+                .on_end(move |ending| {
+                    with_audit(&exchange, |a| {
+                        if !ending.complete {
+                            a.detail(match ending.error {
+                                Some(e) => format!("upstream: {e}"),
+                                None => "the client went away before the response ended".into(),
+                            });
+                        }
+                        a.close_if_unset(if ending.complete {
+                            Close::Eof
+                        } else {
+                            Close::Error
+                        });
+                    });
+                    // Tells the watcher the exchange is over.
+                    drop(done_tx);
+                })
+                .map_err(|e| Box::new(e) as BoxError);
             let body = if shaped {
                 ShapedBody::new(body, limiter, false).boxed()
             } else {
@@ -170,14 +182,7 @@ fn for_origin(
     shaper: Option<Arc<SandboxLimiter>>,
 ) -> Request<http_body_util::combinators::BoxBody<Bytes, hyper::Error>> {
     let (mut parts, body) = req.into_parts();
-    let body = body
-        .map_frame(move |f| {
-            if let Some(d) = f.data_ref() {
-                live.moved(true, d.len());
-            }
-            f
-        })
-        .boxed();
+    let body = Counted::new(body, live, true).boxed();
     let body = match shaper {
         Some(limiter) => ShapedBody::new(body, limiter, true).boxed(),
         None => body,
@@ -223,72 +228,6 @@ fn bad_gateway(exchange: &SharedExchange, e: &hyper::Error, failed: &Failed) -> 
 struct Failed {
     what: String,
     sandbox: String,
-}
-
-/// The origin's response body on its way to the client: counts bytes, notes how it ended,
-/// and holds the exchange (and so the record) until the body is finished or dropped.
-struct Metered {
-    inner: Incoming,
-    live: Arc<Liveness>,
-    exchange: SharedExchange,
-    ended: bool,
-    /// Dropped with the body: tells the watcher the exchange is over.
-    _done: oneshot::Sender<()>,
-}
-
-impl HttpBody for Metered {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(d) = frame.data_ref() {
-                    this.live.moved(false, d.len());
-                }
-                if this.inner.is_end_stream() {
-                    this.ended = true;
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => {
-                with_audit(&this.exchange, |a| {
-                    a.detail(format!("upstream: {e}"));
-                    a.close_if_unset(Close::Error);
-                });
-                Poll::Ready(Some(Err(Box::new(e))))
-            }
-            Poll::Ready(None) => {
-                this.ended = true;
-                Poll::Ready(None)
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for Metered {
-    fn drop(&mut self) {
-        let ended = self.ended || self.inner.is_end_stream();
-        with_audit(&self.exchange, |a| {
-            if !ended {
-                a.detail("the client went away before the response ended");
-            }
-            a.close_if_unset(if ended { Close::Eof } else { Close::Error });
-        });
-    }
 }
 
 /// Hop-by-hop headers, plus the proxy's own credentials: never forwarded.

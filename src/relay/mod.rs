@@ -4,6 +4,7 @@
 
 pub(crate) mod abortable;
 pub(crate) mod body;
+pub(crate) mod counted;
 pub(crate) mod forward;
 pub mod http_checked;
 pub(crate) mod liveness;

@@ -1,0 +1,163 @@
+//! The one body wrapper that counts: every HTTP body the proxy relays (forwarded requests and
+//! responses, requests and responses in terminated tunnels) passes through a [`Counted`],
+//! which counts its data bytes into the exchange's [`Liveness`] (so moving bytes keep it
+//! alive), passes every frame (data and trailers) through, and says once how it ended.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+
+use crate::relay::liveness::Liveness;
+
+/// How a counted body ended.
+#[derive(Debug)]
+pub struct Ending {
+    /// Its last frame was delivered.
+    pub complete: bool,
+    /// The error it ended with, if it failed.
+    pub error: Option<String>,
+}
+
+type OnEnd = Box<dyn FnOnce(Ending) + Send + Sync>;
+
+/// A body counted in one direction (`up`: client → destination).
+pub struct Counted<B> {
+    inner: B,
+    live: Arc<Liveness>,
+    up: bool,
+    /// This body's own count, when someone wants it.
+    count: Option<Arc<AtomicU64>>,
+    complete: bool,
+    error: Option<String>,
+    /// Called once, when the body ends or is dropped.
+    on_end: Option<OnEnd>,
+}
+
+impl<B: Body> Counted<B> {
+    pub fn new(inner: B, live: Arc<Liveness>, up: bool) -> Self {
+        Counted {
+            inner,
+            live,
+            up,
+            count: None,
+            complete: false,
+            error: None,
+            on_end: None,
+        }
+    }
+
+    /// Also count this body's bytes into `count`.
+    pub fn count_into(mut self, count: Arc<AtomicU64>) -> Self {
+        self.count = Some(count);
+        self
+    }
+
+    /// Call `f` once with how the body ended (when it ends, or when it is dropped).
+    pub fn on_end(mut self, f: impl FnOnce(Ending) + Send + Sync + 'static) -> Self {
+        self.on_end = Some(Box::new(f));
+        self
+    }
+
+    fn finish(&mut self) {
+        if let Some(f) = self.on_end.take() {
+            f(Ending {
+                complete: self.complete || self.inner.is_end_stream(),
+                error: self.error.take(),
+            });
+        }
+    }
+}
+
+impl<B> Drop for Counted<B> {
+    fn drop(&mut self) {
+        if let Some(f) = self.on_end.take() {
+            f(Ending {
+                complete: self.complete,
+                error: self.error.take(),
+            });
+        }
+    }
+}
+
+impl<B> Body for Counted<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(f))) => {
+                if let Some(d) = f.data_ref() {
+                    if let Some(c) = &self.count {
+                        c.fetch_add(d.len() as u64, Ordering::Relaxed);
+                    }
+                    self.live.moved(self.up, d.len());
+                }
+                if self.inner.is_end_stream() {
+                    self.complete = true;
+                }
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.error = Some(e.to_string());
+                self.finish();
+            }
+            Poll::Ready(None) => {
+                self.complete = true;
+                self.finish();
+            }
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn counts_data_and_says_once_how_it_ended() {
+        let live = Arc::new(Liveness::new(Duration::from_secs(60)));
+        let count = Arc::new(AtomicU64::new(0));
+        let endings = Arc::new(Mutex::new(Vec::new()));
+        let seen = endings.clone();
+        let body = Counted::new(Full::new(Bytes::from_static(b"hello")), live.clone(), false)
+            .count_into(count.clone())
+            .on_end(move |e| seen.lock().unwrap().push((e.complete, e.error)));
+        let got = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&got[..], b"hello");
+        assert_eq!(count.load(Ordering::Relaxed), 5);
+        assert_eq!(live.totals(), (0, 5));
+        assert_eq!(*endings.lock().unwrap(), vec![(true, None)]);
+
+        // Dropped before its end: incomplete, said once.
+        let seen = endings.clone();
+        let body = Counted::new(Full::new(Bytes::from_static(b"x")), live, true)
+            .on_end(move |e| seen.lock().unwrap().push((e.complete, e.error)));
+        drop(body);
+        assert_eq!(endings.lock().unwrap().len(), 2);
+        assert_eq!(endings.lock().unwrap()[1], (false, None));
+    }
+}
