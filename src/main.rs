@@ -292,6 +292,18 @@ fn load(path: Option<&PathBuf>) -> Result<Config, ExitCode> {
     })
 }
 
+/// The configuration and every sandbox compiled (`validate` and `check`); an error is printed.
+fn load_compiled(path: Option<&PathBuf>) -> Result<(Config, PolicySet), ExitCode> {
+    let config = load(path)?;
+    match PolicySet::compile(&config, &[], vec![]) {
+        Ok(set) => Ok((config, set)),
+        Err(e) => {
+            eprintln!("error: {e}");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
 fn run(path: Option<PathBuf>) -> ExitCode {
     let config = match load(path.as_ref()) {
         Ok(c) => c,
@@ -307,16 +319,9 @@ fn run(path: Option<PathBuf>) -> ExitCode {
 }
 
 fn validate(path: Option<PathBuf>) -> ExitCode {
-    let config = match load(path.as_ref()) {
-        Ok(c) => c,
+    let (config, set) = match load_compiled(path.as_ref()) {
+        Ok(x) => x,
         Err(code) => return code,
-    };
-    let set = match PolicySet::compile(&config, &[], vec![]) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
     };
     let (mut egress, mut deny) = (0, 0);
     for b in &config.bindings {
@@ -377,16 +382,9 @@ fn check(
     resolve: bool,
     as_json: bool,
 ) -> ExitCode {
-    let config = match load(path.as_ref()) {
-        Ok(c) => c,
+    let (config, set) = match load_compiled(path.as_ref()) {
+        Ok(x) => x,
         Err(code) => return code,
-    };
-    let set = match PolicySet::compile(&config, &[], vec![]) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
     };
     let Some(sb) = set.get(sandbox) else {
         eprintln!(

@@ -86,11 +86,16 @@ pub struct Counters {
 impl AuditGuard {
     /// A guard for `accepted`, denied `invalid_target` with `close: eof` until told otherwise.
     pub fn new(sink: Sink, accepted: &Accepted, mode: Mode, policy_version: Arc<str>) -> Self {
+        let record = Record::new(accepted.conn_id, accepted.client, mode, policy_version);
+        Self::of(sink, Variant::Connection, record, accepted.started)
+    }
+
+    fn of(sink: Sink, variant: Variant, record: Record, started: Instant) -> Self {
         AuditGuard {
             sink,
-            variant: Variant::Connection,
-            record: Record::new(accepted.conn_id, accepted.client, mode, policy_version),
-            started: accepted.started,
+            variant,
+            record,
+            started,
             stats: None,
             up: 0,
             down: 0,
@@ -103,17 +108,12 @@ impl AuditGuard {
     pub fn query(sink: Sink, record: Record, facts: record::DnsFacts, write_allowed: bool) -> Self {
         let mut record = record;
         record.dns = Some(Box::new(facts));
-        AuditGuard {
+        Self::of(
             sink,
-            variant: Variant::Query { write_allowed },
+            Variant::Query { write_allowed },
             record,
-            started: Instant::now(),
-            stats: None,
-            up: 0,
-            down: 0,
-            counters: None,
-            close: None,
-        }
+            Instant::now(),
+        )
     }
 
     /// The DNS facts of a query guard.
@@ -269,17 +269,7 @@ impl Recorder {
         record.mode = Mode::Https;
         record.verdict = crate::policy::Verdict::Allow;
         record.reason = crate::policy::reason::Reason::RuleMatched;
-        AuditGuard {
-            sink: self.sink.clone(),
-            variant: Variant::Request,
-            record,
-            started: Instant::now(),
-            stats: None,
-            up: 0,
-            down: 0,
-            counters: None,
-            close: None,
-        }
+        AuditGuard::of(self.sink.clone(), Variant::Request, record, Instant::now())
     }
 }
 

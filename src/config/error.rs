@@ -21,6 +21,20 @@ pub struct ConfigError {
     pub code: Option<&'static str>,
 }
 
+impl ConfigError {
+    /// A problem with a whole file (no sandbox, no field), at `line` when known.
+    pub fn in_file(file: Arc<str>, line: Option<usize>, message: impl Into<String>) -> Self {
+        ConfigError {
+            file,
+            line,
+            sandbox: None,
+            field: String::new(),
+            message: message.into(),
+            code: None,
+        }
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.file)?;

@@ -13,14 +13,7 @@ use super::*;
 /// The document's top-level mapping (an empty document is an empty mapping).
 pub(super) fn parse_top(text: &str, file: &Arc<str>) -> Result<Mapping, ConfigErrors> {
     let error = |line: Option<usize>, message: String| {
-        ConfigErrors(vec![ConfigError {
-            file: file.clone(),
-            line,
-            sandbox: None,
-            field: String::new(),
-            message,
-            code: None,
-        }])
+        ConfigErrors(vec![ConfigError::in_file(file.clone(), line, message)])
     };
     match serde_yaml::from_str(text) {
         Ok(Value::Null) => Ok(Mapping::new()),

@@ -87,14 +87,8 @@ pub(crate) fn read_standalone(
     warnings: &mut Vec<String>,
 ) -> Result<(SandboxBlock, NetworkSpec, Arc<str>), Vec<ConfigError>> {
     let file: Arc<str> = path.display().to_string().into();
-    let err = |line: Option<usize>, message: String| ConfigError {
-        file: file.clone(),
-        line,
-        sandbox: None,
-        field: String::new(),
-        message,
-        code: None,
-    };
+    let err =
+        |line: Option<usize>, message: String| ConfigError::in_file(file.clone(), line, message);
     let text =
         std::fs::read_to_string(path).map_err(|e| vec![err(None, format!("cannot read: {e}"))])?;
     let (yaml, first_line) = frontmatter(&text).map_err(|m| vec![err(Some(1), m)])?;

@@ -46,6 +46,23 @@ pub struct Valid {
     pub json: String,
 }
 
+impl Valid {
+    /// Whether its policy compiles on its own (checked before it is kept or written, so that
+    /// one bad registration can never fail the compile of a whole set).
+    pub fn compiles(&self, default_ports: &crate::policy::ports::PortSet) -> Result<(), String> {
+        let b = &self.binding;
+        crate::policy::CompiledPolicy::compile(
+            &b.id,
+            &b.policy_file,
+            &b.network,
+            b.enforcement,
+            default_ports,
+        )
+        .map(drop)
+        .map_err(|e| format!("cannot compile: {e}"))
+    }
+}
+
 /// Check registration `id` with `body` against `config` and the registrations in force.
 pub(crate) fn validate(
     config: &Config,

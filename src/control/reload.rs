@@ -142,17 +142,7 @@ impl Controller {
             let checked =
                 registry::validate(&st.config, &runtime, &id, &text, Origin::StateLog(&log))
                     .map_err(|e| e.to_string())
-                    .and_then(|v| {
-                        crate::policy::CompiledPolicy::compile(
-                            &v.binding.id,
-                            &v.binding.policy_file,
-                            &v.binding.network,
-                            v.binding.enforcement,
-                            &st.config.defaults.ports,
-                        )
-                        .map_err(|e| format!("cannot compile: {e}"))?;
-                        Ok(v)
-                    });
+                    .and_then(|v| v.compiles(&st.config.defaults.ports).map(|()| v));
             match checked {
                 Ok(v) => {
                     let registered = Registered {

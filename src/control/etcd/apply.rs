@@ -11,7 +11,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::control::registry::{self, Origin, Valid};
+use crate::control::registry::{self, Origin};
 use crate::control::{ChangeError, Controller, Registered};
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::{Scope, SetEdit};
@@ -54,22 +54,13 @@ impl Controller {
         let Ok(st) = self.state.lock() else {
             return Err(ChangeError::Failed("lock poisoned".into()));
         };
-        let Valid {
-            id: sid,
-            binding,
-            json,
-        } = registry::validate(&st.config, &st.runtime, id, body, Origin::Api)?;
-        crate::policy::CompiledPolicy::compile(
-            &binding.id,
-            &binding.policy_file,
-            &binding.network,
-            binding.enforcement,
-            &st.config.defaults.ports,
-        )
-        .map_err(|e| ChangeError::Failed(format!("cannot compile: {e}")))?;
+        let valid = registry::validate(&st.config, &st.runtime, id, body, Origin::Api)?;
+        valid
+            .compiles(&st.config.defaults.ports)
+            .map_err(ChangeError::Failed)?;
         Ok(Prepared {
-            json,
-            seen_revision: seen(&st, sid.as_str()),
+            seen_revision: seen(&st, valid.id.as_str()),
+            json: valid.json,
         })
     }
 
