@@ -8,6 +8,7 @@
 //! Nothing is formatted on the data plane: [`record::Entry`] is encoded to JSON on the writer
 //! thread ([`writer`]). Nothing in a record is a secret: no token, no Authorization header.
 
+pub(crate) mod accept;
 pub mod chain;
 pub(crate) mod metrics;
 mod ocsf;
@@ -27,14 +28,14 @@ use std::time::{Instant, SystemTime};
 pub use record::{Close, Mode, Record};
 pub use writer::AuditLog;
 
+use crate::audit::accept::Accepted;
 use crate::audit::metrics::{Metrics, SandboxStats};
+use crate::audit::outcome::Relayed;
 use crate::egress::identity::{Identified, Method};
 use crate::egress::resolve::ResolveError;
 use crate::egress::Decided;
-use crate::listen::accept::Accepted;
 use crate::policy::target::Target;
 use crate::policy::Decision;
-use crate::relay::tunnel::Relayed;
 use record::{Entry, Event};
 
 /// Where guards write and count.

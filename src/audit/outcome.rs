@@ -55,3 +55,24 @@ impl Mode {
         }
     }
 }
+
+/// What a finished relay reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Relayed {
+    /// Client → destination.
+    pub up: u64,
+    /// Destination → client.
+    pub down: u64,
+    pub close: Close,
+}
+
+impl Relayed {
+    /// Nothing was relayed.
+    pub fn nothing(close: Close) -> Self {
+        Relayed {
+            up: 0,
+            down: 0,
+            close,
+        }
+    }
+}

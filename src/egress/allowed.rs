@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use crate::audit::AuditGuard;
+use crate::egress::grant::Grant;
 use crate::egress::limits::ConnectionSlot;
 use crate::egress::Dialed;
 use crate::policy::set::Sandbox;
-use crate::relay::watch::Grant;
 
 /// An allowed, dialled request: everything the tunnel or the forwarder needs.
 pub struct Allowed {

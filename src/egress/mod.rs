@@ -6,6 +6,7 @@
 
 pub(crate) mod admission;
 pub(crate) mod allowed;
+pub(crate) mod grant;
 pub(crate) mod identity;
 pub mod limits;
 pub mod resolve;
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
 use crate::audit::metrics::{Metrics, Timing};
+use crate::egress::grant::Grant;
 use crate::egress::identity::Identified;
 use crate::egress::resolve::{ResolveError, Resolver};
 use crate::policy::guard::GuardVerdict;
@@ -23,7 +25,6 @@ use crate::policy::reason::Reason;
 use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::target::{Host, Target};
 use crate::policy::{Decision, Verdict};
-use crate::relay::watch::Grant;
 
 /// What [`decide`] found out.
 #[derive(Debug, Clone)]

@@ -19,10 +19,10 @@ use crate::audit::record::HttpFacts;
 use crate::audit::Recorder;
 use crate::config::credentials::{Credential, Inject};
 use crate::config::Binding;
-use crate::listen::deny;
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
 use crate::relay::counted::Counted;
+use crate::relay::deny;
 use crate::relay::liveness::Liveness;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

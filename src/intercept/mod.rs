@@ -24,7 +24,7 @@ use crate::audit::outcome::Close;
 use crate::audit::AuditGuard;
 use crate::config::credentials::{BoundHost, InterceptConfig};
 use crate::config::Binding;
-use crate::listen::client_io::ClientIo;
+use crate::relay::client_io::ClientIo;
 use crate::relay::liveness::Liveness;
 use crate::relay::tunnel::Relayed;
 use ca::InterceptCa;

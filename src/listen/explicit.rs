@@ -3,7 +3,7 @@
 //! [`handle`], top to bottom: read the target → identify the sandbox → admit it under its
 //! limits → decide, resolve once, decide on the addresses ([`crate::egress`]) → dial a
 //! checked address → tunnel ([`super::tunnel`]) or forward ([`crate::relay::forward`]). Every refusal is a §6
-//! deny response built by [`crate::listen::deny`]; every request has one audit guard.
+//! deny response built by [`crate::relay::deny`]; every request has one audit guard.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,15 +17,13 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::audit::accept::Accepted;
 use crate::audit::{AuditGuard, Close, Mode};
 use crate::egress;
 use crate::egress::admission::UnidentifiedSlot;
 use crate::egress::allowed::Allowed;
 use crate::egress::identity::{self, identify};
 use crate::egress::resolve::ResolveError;
-use crate::listen::accept::Accepted;
-use crate::listen::client_io::ClientIo;
-use crate::listen::deny::{self, Refusal};
 use crate::listen::explicit_tls::ClientCert;
 use crate::policy::reason::Reason;
 use crate::policy::set::Sandbox;
@@ -33,6 +31,8 @@ use crate::policy::target::Target;
 use crate::policy::Decision;
 use crate::relay::abortable::{Abortable, Cut, OverTcp};
 use crate::relay::body::Body;
+use crate::relay::client_io::ClientIo;
+use crate::relay::deny::{self, Refusal};
 use crate::server::shared::Shared;
 
 /// Largest request head accepted (hyper answers 431 beyond it).

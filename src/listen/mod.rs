@@ -3,9 +3,6 @@
 //! transparent listener (redirected TCP: the original destination, then the first bytes), the
 //! client's stream, and the one refusal builder every listener answers with.
 
-pub(crate) mod accept;
-pub(crate) mod client_io;
-pub(crate) mod deny;
 pub(crate) mod explicit;
 pub(crate) mod explicit_tls;
 #[allow(unsafe_code)]

@@ -14,10 +14,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::audit::accept::Accepted;
 use crate::audit::{AuditGuard, Close, Mode};
 use crate::egress;
 use crate::egress::identity::identify;
-use crate::listen::accept::Accepted;
 use crate::listen::orig_dst::original_dst;
 use crate::policy::reason::Reason;
 use crate::policy::set::{PolicySet, Sandbox};

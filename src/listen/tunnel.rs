@@ -14,12 +14,12 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::{AuditGuard, Close};
 use crate::egress::allowed::Allowed;
-use crate::listen::client_io::ClientIo;
 use crate::policy::set::Sandbox;
 use crate::policy::target::Target;
 use crate::policy::Enforcement;
 use crate::relay::abortable::{Abortable, OverTcp};
 use crate::relay::body::{self, Body};
+use crate::relay::client_io::ClientIo;
 use crate::relay::tunnel::Relayed;
 use crate::server::shared::Shared;
 use crate::wire::first_bytes::{self, FirstBytes};

@@ -1,10 +1,13 @@
 //! How are bytes moved, and when are they cut? The relays: byte tunnels (shaped or zero-copy
 //! with `splice`), plain-HTTP forwarding, the checked HTTP relay, the bodies that count and
-//! shape, and the watch every exchange holds on its grant (revocation, shutdown).
+//! shape, the watch every exchange holds on its grant (revocation, shutdown), the client's
+//! stream (TCP or TLS), and `deny`, the one builder of what a client is told when refused.
 
 pub(crate) mod abortable;
 pub(crate) mod body;
+pub(crate) mod client_io;
 pub(crate) mod counted;
+pub(crate) mod deny;
 pub(crate) mod forward;
 pub mod http_checked;
 pub(crate) mod liveness;

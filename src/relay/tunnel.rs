@@ -21,26 +21,7 @@ use crate::audit::outcome::Close;
 use crate::egress::limits::SandboxLimiter;
 use crate::relay::liveness::Liveness;
 
-/// What a finished relay reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Relayed {
-    /// Client → destination.
-    pub up: u64,
-    /// Destination → client.
-    pub down: u64,
-    pub close: Close,
-}
-
-impl Relayed {
-    /// Nothing was relayed.
-    pub fn nothing(close: Close) -> Self {
-        Relayed {
-            up: 0,
-            down: 0,
-            close,
-        }
-    }
-}
+pub use crate::audit::outcome::Relayed;
 
 /// Run two pumps until both finish (`eof`), one fails (`error`), nothing moves for the idle
 /// timeout (`idle`), or `stop` resolves (its close).

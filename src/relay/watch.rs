@@ -10,16 +10,13 @@
 //! sees the newer generation and re-decides at once — a change can never slip between the
 //! decision and the start of the relay.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
 use crate::audit::outcome::Close;
-use crate::egress::identity::Proof;
-use crate::policy::sandbox_id::SandboxId;
+pub use crate::egress::grant::Grant;
 use crate::policy::set::PolicySet;
-use crate::policy::target::Target;
 
 /// Where the process is in its life; relays and HTTP connections watch it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,37 +26,6 @@ pub enum Phase {
     Draining,
     /// The grace period is over: every exchange stops now.
     Stopping,
-}
-
-/// What an exchange was allowed to do: the sandbox (and how the client proved it was that
-/// sandbox), the target it asked for and the address actually dialled, decided under policy
-/// `generation`.
-#[derive(Debug, Clone)]
-pub struct Grant {
-    pub sandbox: SandboxId,
-    pub proof: Proof,
-    pub target: Target,
-    pub dialed: IpAddr,
-    pub generation: u64,
-}
-
-impl Grant {
-    /// Whether `set` still allows this exchange: it still identifies the client as the same
-    /// sandbox (a rotated token ends the tunnels opened with the old one), and it makes
-    /// exactly the decision a new connection with the same target and address would get.
-    pub fn allowed_by(&self, set: &PolicySet) -> bool {
-        if !self.proof.still_identifies(set, &self.sandbox) {
-            return false;
-        }
-        match set.get(self.sandbox.as_str()) {
-            None => false,
-            Some(sb) => set
-                .decide(sb, &self.target, Some(&[self.dialed]))
-                .decision
-                .verdict
-                .proceeds(),
-        }
-    }
 }
 
 /// A grant, watching the policy and the process phase.
@@ -137,7 +103,10 @@ impl Watch {
 mod tests {
     use super::*;
     use crate::config::load_str;
+    use crate::egress::identity::Proof;
+    use crate::policy::sandbox_id::SandboxId;
     use crate::policy::set::{LivePolicy, Scope};
+    use crate::policy::target::Target;
     use std::path::Path;
     use std::time::Duration;
 

@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::audit::accept::Accepted;
 use crate::audit::{Close, Mode};
 use crate::control::admin::Admin;
 use crate::egress::admission::{self, Admissions};
-use crate::listen::accept::Accepted;
-use crate::listen::deny::{self, Refusal};
 use crate::policy::reason::Reason;
 use crate::policy::Decision;
+use crate::relay::deny::{self, Refusal};
 use crate::server::shared::Shared;
 
 /// Which data-plane listener an accept loop serves.
@@ -91,7 +91,7 @@ pub(super) async fn accept_loop(
                         tokio::spawn(serve_tls(shared, accepted, stream, slot, tls.clone()));
                     }
                     None => {
-                        let io = crate::listen::client_io::ClientIo::Tcp(stream);
+                        let io = crate::relay::client_io::ClientIo::Tcp(stream);
                         let cert = crate::listen::explicit_tls::ClientCert::Absent;
                         tokio::spawn(crate::listen::explicit::serve(
                             shared, accepted, io, slot, cert,
@@ -194,7 +194,7 @@ async fn serve_tls(
         match tokio::time::timeout(wait, tls.acceptor().accept(stream)).await {
             Ok(Ok(s)) => {
                 let cert = tls.client_sandbox(s.get_ref().1.peer_certificates());
-                let io = crate::listen::client_io::ClientIo::Tls(Box::new(s));
+                let io = crate::relay::client_io::ClientIo::Tls(Box::new(s));
                 return crate::listen::explicit::serve(shared, accepted, io, slot, cert).await;
             }
             Ok(Err(e)) => {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
+use crate::audit::accept::Accepted;
 use crate::audit::metrics::Metrics;
 use crate::audit::{AuditGuard, Mode, Sink};
 use crate::config::Timeouts;
@@ -15,7 +16,6 @@ use crate::egress::admission::Admissions;
 use crate::egress::limits::{ConnectionSlot, Limiters, Refusal as LimitRefusal};
 use crate::egress::resolve::Resolver;
 use crate::egress::Lookup;
-use crate::listen::accept::Accepted;
 use crate::policy::reason::Reason;
 use crate::policy::set::{LivePolicy, PolicySet, Sandbox};
 use crate::relay::watch::{Grant, Phase, Watch};
