@@ -146,7 +146,7 @@ fn start_shared(config: &Config, listeners: Vec<SocketAddr>) -> anyhow::Result<A
         None => None,
     };
     let signing_key = match &config.audit_trail.signing_key_file {
-        Some(f) => Some(crate::audit::verify::read_signing_key(f).map_err(anyhow::Error::msg)?),
+        Some(f) => Some(crate::audit::verify::read_signing_key(f)?),
         None => None,
     };
     let audit = AuditLog::open_with(

@@ -55,13 +55,25 @@ pub struct Proposal {
 }
 
 /// Read the records and build the proposal. `Err` when a file cannot be read.
-pub fn suggest(opts: &Options) -> Result<Proposal, String> {
+/// An audit file `suggest` cannot read.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", path.display())]
+pub struct SuggestError {
+    path: std::path::PathBuf,
+    #[source]
+    source: std::io::Error,
+}
+
+pub fn suggest(opts: &Options) -> Result<Proposal, SuggestError> {
     let mut p = Proposal::default();
     // (host, port) → connections
     let mut seen: BTreeMap<(String, u16), u64> = BTreeMap::new();
     let mut rules_used: BTreeSet<String> = BTreeSet::new();
     for f in &opts.files {
-        let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        let text = std::fs::read_to_string(f).map_err(|source| SuggestError {
+            path: f.clone(),
+            source,
+        })?;
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
                 p.skipped_lines += 1;

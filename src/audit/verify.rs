@@ -64,8 +64,28 @@ struct State {
     saw_key: bool,
 }
 
+/// A file the verifier (or the proxy, for its signing key) cannot use.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyFileError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not an Ed25519 {what} in PEM", path.display())]
+    NotAKey { path: PathBuf, what: &'static str },
+}
+
+fn read_text(path: &Path) -> Result<String, KeyFileError> {
+    std::fs::read_to_string(path).map_err(|source| KeyFileError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// Verify `files` (oldest first). `Err` only when a file cannot be read.
-pub fn verify(files: &[PathBuf], key: Option<&VerifyingKey>) -> Result<Report, String> {
+pub fn verify(files: &[PathBuf], key: Option<&VerifyingKey>) -> Result<Report, KeyFileError> {
     let mut report = Report::default();
     let mut st = State {
         prev: None,
@@ -76,7 +96,10 @@ pub fn verify(files: &[PathBuf], key: Option<&VerifyingKey>) -> Result<Report, S
         saw_key: false,
     };
     for file in files {
-        let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let bytes = std::fs::read(file).map_err(|source| KeyFileError::Read {
+            path: file.clone(),
+            source,
+        })?;
         let text = String::from_utf8_lossy(&bytes);
         let complete = text.ends_with('\n') || text.is_empty();
         let lines: Vec<&str> = text.lines().collect();
@@ -368,22 +391,22 @@ fn check_line(
 }
 
 /// Read an Ed25519 public key (SPKI PEM, as `openssl pkey -pubout` writes it).
-pub fn read_public_key(path: &Path) -> Result<VerifyingKey, String> {
+pub fn read_public_key(path: &Path) -> Result<VerifyingKey, KeyFileError> {
     use ed25519_dalek::pkcs8::DecodePublicKey;
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    VerifyingKey::from_public_key_pem(&text)
-        .map_err(|e| format!("{}: not an Ed25519 public key (PEM): {e}", path.display()))
+    VerifyingKey::from_public_key_pem(&read_text(path)?).map_err(|_| KeyFileError::NotAKey {
+        path: path.to_path_buf(),
+        what: "public key (SPKI)",
+    })
 }
 
 /// Read an Ed25519 private key (PKCS#8 PEM, as `openssl genpkey -algorithm ed25519` writes
 /// it).
-pub fn read_signing_key(path: &Path) -> Result<ed25519_dalek::SigningKey, String> {
+pub fn read_signing_key(path: &Path) -> Result<ed25519_dalek::SigningKey, KeyFileError> {
     use ed25519_dalek::pkcs8::DecodePrivateKey;
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    ed25519_dalek::SigningKey::from_pkcs8_pem(&text).map_err(|_| {
-        format!(
-            "{}: not an Ed25519 private key in PKCS#8 PEM",
-            path.display()
-        )
+    ed25519_dalek::SigningKey::from_pkcs8_pem(&read_text(path)?).map_err(|_| {
+        KeyFileError::NotAKey {
+            path: path.to_path_buf(),
+            what: "private key (PKCS#8)",
+        }
     })
 }

@@ -267,7 +267,7 @@ fn network_spec(
                     line: sink.locate(&r.host, ctx.line),
                     sandbox: sb.map(str::to_string),
                     field: format!("{p}network.http[{i}]"),
-                    message: e,
+                    message: e.to_string(),
                     code: None,
                 });
             }

@@ -259,7 +259,7 @@ pub(super) fn resolve_intercept(
     for h in &raw.never {
         match BoundHost::parse(h) {
             Ok(b) => never.push(b),
-            Err(e) => sink.top("tls_intercept.never", e, Some(h)),
+            Err(e) => sink.top("tls_intercept.never", e.to_string(), Some(h)),
         }
     }
     (

@@ -153,7 +153,7 @@ pub(super) fn resolve_defaults(raw: RawDefaults, sink: &mut Sink<'_>) -> Default
             PortSet::any()
         }
         Err(e) => {
-            sink.top("defaults.ports", e, Some("ports:"));
+            sink.top("defaults.ports", e.to_string(), Some("ports:"));
             PortSet::any()
         }
     };

@@ -114,6 +114,7 @@ impl From<registry::Rejected> for ChangeError {
                 ChangeError::Conflict(r.to_string())
             }
             Rejected::Full { .. } => ChangeError::Full(r.to_string()),
+            Rejected::Compile(_) => ChangeError::Failed(r.to_string()),
         }
     }
 }

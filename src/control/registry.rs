@@ -35,6 +35,8 @@ pub enum Rejected {
     Invalid(ConfigErrors),
     #[error("{0}")]
     Overlap(String),
+    #[error("cannot compile: {0}")]
+    Compile(globset::Error),
 }
 
 /// A registration that passed every check.
@@ -49,7 +51,7 @@ pub struct Valid {
 impl Valid {
     /// Whether its policy compiles on its own (checked before it is kept or written, so that
     /// one bad registration can never fail the compile of a whole set).
-    pub fn compiles(&self, default_ports: &crate::policy::ports::PortSet) -> Result<(), String> {
+    pub fn compiles(&self, default_ports: &crate::policy::ports::PortSet) -> Result<(), Rejected> {
         let b = &self.binding;
         crate::policy::CompiledPolicy::compile(
             &b.id,
@@ -59,7 +61,7 @@ impl Valid {
             default_ports,
         )
         .map(drop)
-        .map_err(|e| format!("cannot compile: {e}"))
+        .map_err(Rejected::Compile)
     }
 }
 

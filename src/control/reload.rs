@@ -141,7 +141,6 @@ impl Controller {
         for (id, text) in restored.entries {
             let checked =
                 registry::validate(&st.config, &runtime, &id, &text, Origin::StateLog(&log))
-                    .map_err(|e| e.to_string())
                     .and_then(|v| v.compiles(&st.config.defaults.ports).map(|()| v));
             match checked {
                 Ok(v) => {

@@ -66,7 +66,7 @@ pub enum EntryError {
     #[error("malformed IPv6 address `{0}` (write `[addr]:port` to give a port)")]
     BadIpv6(String),
     #[error("{0}")]
-    BadPort(String),
+    BadPort(super::ParseError),
     #[error("invalid host name: {0}")]
     Name(#[from] NameError),
 }

@@ -3,6 +3,8 @@
 //! ([`HttpRule`]: methods and path globs on a host). Pure: compiled at load, matched per
 //! request by `intercept`.
 
+use super::ParseError;
+
 /// A host a credential (or an HTTP rule) is bound to: a name, `*.domain` or `**.domain`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BoundHost {
@@ -15,21 +17,21 @@ pub enum BoundHost {
 
 impl BoundHost {
     /// Parse an entry; globs, addresses and ports are refused (bindings are by name).
-    pub fn parse(text: &str) -> Result<BoundHost, String> {
+    pub fn parse(text: &str) -> Result<BoundHost, ParseError> {
         use crate::policy::entry::{parse_entry, HostPattern};
-        let e = parse_entry(text).map_err(|e| e.to_string())?;
+        let e = parse_entry(text).map_err(|e| ParseError(e.to_string()))?;
         if e.ports.is_some() {
-            return Err(format!(
+            return Err(ParseError(format!(
                 "`{text}`: no port here (credentials follow the host on any allowed port)"
-            ));
+            )));
         }
         match e.host {
             HostPattern::Exact(n) => Ok(BoundHost::Exact(n)),
             HostPattern::Subdomains(s) => Ok(BoundHost::Below(s)),
             HostPattern::ApexAndSubdomains(s) => Ok(BoundHost::ApexAndBelow(s)),
-            _ => Err(format!(
+            _ => Err(ParseError(format!(
                 "`{text}`: bind credentials to names (`api.example.com`, `*.example.com`, `**.example.com`), not globs or addresses"
-            )),
+            ))),
         }
     }
 
@@ -67,13 +69,13 @@ impl PartialEq for HttpRule {
 }
 
 impl HttpRule {
-    pub fn new(host: &str, methods: &[String], paths: &[String]) -> Result<HttpRule, String> {
+    pub fn new(host: &str, methods: &[String], paths: &[String]) -> Result<HttpRule, ParseError> {
         let host_pat = BoundHost::parse(host)?;
         let mut methods_up = Vec::new();
         for m in methods {
             let up = m.to_ascii_uppercase();
             if up.is_empty() || !up.bytes().all(|b| b.is_ascii_uppercase()) {
-                return Err(format!("method `{m}` is not an HTTP method"));
+                return Err(ParseError(format!("method `{m}` is not an HTTP method")));
             }
             methods_up.push(up);
         }
@@ -83,15 +85,15 @@ impl HttpRule {
             let mut b = globset::GlobSetBuilder::new();
             for p in paths {
                 if !p.starts_with('/') {
-                    return Err(format!("path `{p}` must start with /"));
+                    return Err(ParseError(format!("path `{p}` must start with /")));
                 }
                 let g = globset::GlobBuilder::new(p)
                     .literal_separator(true)
                     .build()
-                    .map_err(|e| format!("path `{p}`: {e}"))?;
+                    .map_err(|e| ParseError(format!("path `{p}`: {e}")))?;
                 b.add(g);
             }
-            Some(b.build().map_err(|e| e.to_string())?)
+            Some(b.build().map_err(|e| ParseError(e.to_string()))?)
         };
         Ok(HttpRule {
             text: format!("{host} {} {}", methods_up.join(","), paths.join(",")),

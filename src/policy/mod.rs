@@ -33,6 +33,12 @@ use crate::policy::addr_table::AddrTable;
 use crate::policy::guard::{address_forms, Guard, GuardVerdict};
 use crate::policy::target::{Host, Target};
 pub use decision::{Decision, Reason, Verdict};
+
+/// Why a piece of the rule grammar (a port list, an HTTP rule, a bound host) was refused; the
+/// message is meant for the operator who wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ParseError(pub String);
 use entry::{Entry, HostPattern};
 use name_matcher::{NameMatcher, NameMatcherBuilder};
 use ports::PortSet;

@@ -4,6 +4,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::ParseError;
+
 /// A set of TCP ports, kept as a few inclusive ranges.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PortSet {
@@ -20,9 +22,9 @@ impl PortSet {
     }
 
     /// A list of single ports (as in `defaults.ports`).
-    pub fn from_ports(ports: &[u16]) -> Result<Self, String> {
+    pub fn from_ports(ports: &[u16]) -> Result<Self, ParseError> {
         if let Some(p) = ports.iter().find(|p| **p == 0) {
-            return Err(format!("port {p} is outside 1-65535"));
+            return Err(ParseError(format!("port {p} is outside 1-65535")));
         }
         Ok(PortSet {
             ranges: ports.iter().map(|p| (*p, *p)).collect(),
@@ -30,7 +32,7 @@ impl PortSet {
     }
 
     /// Parse the text after the colon of an entry: `443`, `8000-8100` or `*`.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, ParseError> {
         if text == "*" {
             return Ok(Self::any());
         }
@@ -42,9 +44,9 @@ impl PortSet {
             }
         };
         if lo > hi {
-            return Err(format!(
+            return Err(ParseError(format!(
                 "port range `{text}` is empty (low end above high end)"
-            ));
+            )));
         }
         Ok(PortSet {
             ranges: Arc::from([(lo, hi)]),
@@ -65,15 +67,15 @@ impl PortSet {
     }
 }
 
-fn parse_port(text: &str) -> Result<u16, String> {
+fn parse_port(text: &str) -> Result<u16, ParseError> {
     if text.is_empty() || text.len() > 5 || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!(
+        return Err(ParseError(format!(
             "`{text}` is not a port (1-65535, a range lo-hi, or *)"
-        ));
+        )));
     }
     match text.parse::<u32>() {
         Ok(p) if (1..=65535).contains(&p) => Ok(p as u16),
-        _ => Err(format!("port {text} is outside 1-65535")),
+        _ => Err(ParseError(format!("port {text} is outside 1-65535"))),
     }
 }
 

@@ -55,9 +55,7 @@ impl Controller {
             return Err(ChangeError::Failed("lock poisoned".into()));
         };
         let valid = registry::validate(&st.config, &st.runtime, id, body, Origin::Api)?;
-        valid
-            .compiles(&st.config.defaults.ports)
-            .map_err(ChangeError::Failed)?;
+        valid.compiles(&st.config.defaults.ports)?;
         Ok(Prepared {
             seen_revision: seen(&st, valid.id.as_str()),
             json: valid.json,
@@ -86,15 +84,15 @@ impl Controller {
             .unwrap_or(0))
     }
 
-    /// After revision `revision` of sandbox `id` was applied: `Ok` if it is in force (or was
-    /// replaced since), `Err(why)` if this replica skipped it.
-    pub fn outcome(&self, id: &str, revision: i64) -> Result<(), String> {
+    /// After revision `revision` of sandbox `id` was applied: why this replica skipped it, or
+    /// `None` when it is in force (or was replaced since).
+    pub fn skipped_at(&self, id: &str, revision: i64) -> Option<String> {
         let Ok(st) = self.state.lock() else {
-            return Err("lock poisoned".into());
+            return Some("the controller's lock is poisoned".into());
         };
         match st.skipped.get(id) {
-            Some((r, why)) if *r == revision => Err(why.clone()),
-            _ => Ok(()),
+            Some((r, why)) if *r == revision => Some(why.clone()),
+            _ => None,
         }
     }
 

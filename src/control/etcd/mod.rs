@@ -192,11 +192,11 @@ impl ControlPlane {
             self.applied(revision).await?;
             let control = self.control.clone();
             let sid = id.to_string();
-            let outcome = tokio::task::spawn_blocking(move || control.outcome(&sid, revision))
+            let skipped = tokio::task::spawn_blocking(move || control.skipped_at(&sid, revision))
                 .await
                 .map_err(|e| ChangeError::Failed(format!("control task: {e}")))?;
-            return match outcome {
-                Ok(()) => {
+            return match skipped {
+                None => {
                     tracing::info!(
                         sandbox = id,
                         revision,
@@ -207,7 +207,7 @@ impl ControlPlane {
                 }
                 // Only a concurrent change can get here (another sandbox took the same
                 // sources in between): every replica skips the value alike.
-                Err(why) => Err(ChangeError::Conflict(format!(
+                Some(why) => Err(ChangeError::Conflict(format!(
                     "written at revision {revision} but not in force: {why}"
                 ))),
             };
