@@ -50,7 +50,7 @@
 pub mod audit;
 pub mod config;
 pub mod control;
-mod dns;
+pub mod dns;
 pub mod egress;
 pub mod intercept;
 mod listen;

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use hickory_proto::op::{Edns, Header, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::opt::EdnsOption;
 use hickory_proto::rr::rdata::{A, AAAA};
-use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
+use hickory_proto::rr::{RData, Record, RecordType};
 use hickory_proto::xfer::Protocol;
 use hickory_server::authority::MessageResponseBuilder;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
@@ -40,10 +40,10 @@ use crate::audit::record::DnsFacts;
 use crate::audit::AuditGuard;
 use crate::audit::Record as AuditRecord;
 use crate::config::AuditDns;
+use crate::dns::question::{classify, shown_name, Asked, Question, Unanswerable};
 use crate::egress::identity::identify;
-use crate::egress::resolve::{Family, ResolveError};
+use crate::egress::resolve::ResolveError;
 use crate::policy::dns_view::NameView;
-use crate::policy::hostname::normalize_name;
 use crate::policy::reason::Reason;
 use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::{Decision, Enforcement, Verdict};
@@ -86,17 +86,6 @@ impl Reply {
             ede: Some((code, text)),
         }
     }
-}
-
-/// What kind of answer a query type gets.
-enum Asked {
-    Addresses(Family),
-    /// HTTPS / SVCB: always empty.
-    Empty,
-    /// A type of `dns.pass_types`.
-    Pass(RecordType),
-    /// Anything else.
-    Refused,
 }
 
 #[async_trait::async_trait]
@@ -182,13 +171,16 @@ impl DnsListener {
         let query = info.query.original();
         let rtype = query.query_type();
         q.dns().qtype = rtype.to_string().into();
-        let asked = query.name().to_ascii();
-        let asked = asked.trim_end_matches('.');
-        let name = normalize_name(asked);
-        q.dns().name = match &name {
-            Ok(n) => n.as_str().into(),
-            Err(_) => asked.to_ascii_lowercase().into(),
-        };
+        q.dns().name = shown_name(query.name()).into();
+        let question = classify(
+            query.query_class(),
+            rtype,
+            query.name(),
+            &shared.resolver().pass_types,
+        );
+        if let Ok(question) = &question {
+            q.dns().name = question.name.as_str().into();
+        }
 
         // 1. Who asks.
         let default = shared.settings.default_sandbox.as_deref();
@@ -215,31 +207,21 @@ impl DnsListener {
         }
 
         // 3. The question: class IN, a type this listener answers, a valid name.
-        if query.query_class() != DNSClass::IN {
-            q.decision(&Decision::deny(Reason::ProtocolNotAllowed, None));
-            q.detail("only class IN is answered");
-            return Reply::code(ResponseCode::Refused);
-        }
-        let kind = match rtype {
-            RecordType::A => Asked::Addresses(Family::V4),
-            RecordType::AAAA => Asked::Addresses(Family::V6),
-            RecordType::HTTPS | RecordType::SVCB => Asked::Empty,
-            t if shared.resolver().pass_types.contains(&u16::from(t)) => Asked::Pass(t),
-            _ => Asked::Refused,
-        };
-        if let Asked::Refused = kind {
-            q.decision(&Decision::deny(Reason::ProtocolNotAllowed, None));
-            let text = format!("egress-proxy: {rtype} queries are not answered (dns.pass_types)");
-            q.detail(text.clone());
-            return Reply::explained(ResponseCode::Refused, EDE_PROHIBITED, text);
-        }
-        let name = match name {
-            Ok(n) => n,
-            Err(e) => {
-                q.decision(&Decision::deny(Reason::InvalidTarget, None));
-                let text = format!("egress-proxy: not a valid host name: {e}");
+        let Question { kind, name } = match question {
+            Ok(question) => question,
+            Err(why) => {
+                let (reason, rcode) = match why {
+                    Unanswerable::Name(_) => (Reason::InvalidTarget, ResponseCode::NXDomain),
+                    _ => (Reason::ProtocolNotAllowed, ResponseCode::Refused),
+                };
+                q.decision(&Decision::deny(reason, None));
+                let text = why.to_string();
                 q.detail(text.clone());
-                return Reply::explained(ResponseCode::NXDomain, EDE_BLOCKED, text);
+                return match why {
+                    Unanswerable::Class => Reply::code(rcode),
+                    Unanswerable::Name(_) => Reply::explained(rcode, EDE_BLOCKED, text),
+                    _ => Reply::explained(rcode, EDE_PROHIBITED, text),
+                };
             }
         };
 
@@ -274,7 +256,6 @@ impl DnsListener {
                 return self.blocked(&sb, &name, &d, q);
             }
             Asked::Pass(t) => return self.pass(&name, t, q).await,
-            Asked::Refused => return Reply::code(ResponseCode::Refused),
         };
 
         // 5. Resolve, then keep only what a connection could reach.

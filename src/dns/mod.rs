@@ -3,4 +3,5 @@
 
 pub(crate) mod listener;
 pub(crate) mod memory;
+pub mod question;
 pub(crate) mod tcp;

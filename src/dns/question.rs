@@ -1,0 +1,138 @@
+//! What a query asks, read without any I/O: the one question's class, type and name, checked
+//! and normalised. The listener decides on this; the fuzz target `dns_query` feeds it any
+//! bytes (hostile queries must give a refusal, never a panic).
+
+use hickory_proto::op::{Message, MessageType, OpCode};
+use hickory_proto::rr::{DNSClass, RecordType};
+
+use crate::egress::resolve::Family;
+use crate::policy::hostname::normalize_name;
+
+/// What kind of answer a question gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asked {
+    Addresses(Family),
+    /// HTTPS / SVCB: always empty (no ECH configuration, so the SNI stays readable).
+    Empty,
+    /// A type of `dns.pass_types`.
+    Pass(RecordType),
+}
+
+/// Why a question is not answered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unanswerable {
+    #[error("not a standard query")]
+    NotAQuery,
+    #[error("a query must ask exactly one question")]
+    NotOneQuestion,
+    #[error("only class IN is answered")]
+    Class,
+    #[error("egress-proxy: {0} queries are not answered (dns.pass_types)")]
+    Type(RecordType),
+    #[error("egress-proxy: not a valid host name: {0}")]
+    Name(String),
+}
+
+/// The question, ready to decide.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Question {
+    pub kind: Asked,
+    /// Lower case, no trailing dot, IDNA-checked.
+    pub name: String,
+}
+
+/// The name as the record shows it, before it is known to be valid.
+pub fn shown_name(asked: &hickory_proto::rr::Name) -> String {
+    asked.to_ascii().trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// Check one question (class, type, name) against what this listener answers.
+pub fn classify(
+    class: DNSClass,
+    rtype: RecordType,
+    name: &hickory_proto::rr::Name,
+    pass_types: &[u16],
+) -> Result<Question, Unanswerable> {
+    if class != DNSClass::IN {
+        return Err(Unanswerable::Class);
+    }
+    let kind = match rtype {
+        RecordType::A => Asked::Addresses(Family::V4),
+        RecordType::AAAA => Asked::Addresses(Family::V6),
+        RecordType::HTTPS | RecordType::SVCB => Asked::Empty,
+        t if pass_types.contains(&u16::from(t)) => Asked::Pass(t),
+        t => return Err(Unanswerable::Type(t)),
+    };
+    let ascii = name.to_ascii();
+    let name = normalize_name(ascii.trim_end_matches('.'))
+        .map_err(|e| Unanswerable::Name(e.to_string()))?;
+    Ok(Question { kind, name })
+}
+
+/// Read a query from the wire, as the fuzz target and tests do: a message that is a standard
+/// query with exactly one question, classified.
+pub fn read(bytes: &[u8], pass_types: &[u16]) -> Result<Question, Unanswerable> {
+    let msg = Message::from_vec(bytes).map_err(|_| Unanswerable::NotAQuery)?;
+    if msg.message_type() != MessageType::Query || msg.op_code() != OpCode::Query {
+        return Err(Unanswerable::NotAQuery);
+    }
+    let [q] = msg.queries() else {
+        return Err(Unanswerable::NotOneQuestion);
+    };
+    classify(q.query_class(), q.query_type(), q.name(), pass_types)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::Query;
+    use hickory_proto::rr::Name;
+    use std::str::FromStr;
+
+    fn wire(name: &str, t: RecordType, class: DNSClass) -> Vec<u8> {
+        let mut m = Message::new();
+        let mut q = Query::query(Name::from_str(name).expect("name"), t);
+        q.set_query_class(class);
+        m.add_query(q);
+        m.to_vec().expect("encode")
+    }
+
+    #[test]
+    fn an_a_query_is_read_and_normalised() {
+        let q = read(&wire("GitHub.COM.", RecordType::A, DNSClass::IN), &[]).expect("ok");
+        assert_eq!(q.name, "github.com");
+        assert_eq!(q.kind, Asked::Addresses(Family::V4));
+    }
+
+    #[test]
+    fn other_classes_types_and_shapes_are_refused() {
+        let chaos = wire("version.bind.", RecordType::TXT, DNSClass::CH);
+        assert_eq!(read(&chaos, &[16]), Err(Unanswerable::Class));
+        let txt = wire("a.test.", RecordType::TXT, DNSClass::IN);
+        assert_eq!(read(&txt, &[]), Err(Unanswerable::Type(RecordType::TXT)));
+        assert_eq!(
+            read(&txt, &[16]).map(|q| q.kind),
+            Ok(Asked::Pass(RecordType::TXT))
+        );
+        let mut two = Message::new();
+        two.add_query(Query::query(
+            Name::from_str("a.test.").expect("n"),
+            RecordType::A,
+        ));
+        two.add_query(Query::query(
+            Name::from_str("b.test.").expect("n"),
+            RecordType::A,
+        ));
+        assert_eq!(
+            read(&two.to_vec().expect("encode"), &[]),
+            Err(Unanswerable::NotOneQuestion)
+        );
+        assert_eq!(read(b"\x00\x01garbage", &[]), Err(Unanswerable::NotAQuery));
+    }
+
+    #[test]
+    fn a_name_that_is_not_a_host_name_is_refused() {
+        let bad = wire("127.1.", RecordType::A, DNSClass::IN);
+        assert!(matches!(read(&bad, &[]), Err(Unanswerable::Name(_))));
+    }
+}
