@@ -75,6 +75,31 @@ impl Upstream {
                                     h("x-api-key"),
                                 ));
                                 let path = req.uri().path().to_string();
+                                if path.starts_with("/echo") {
+                                    // Reflects what it got: the path and every header in the
+                                    // body, Origin as Access-Control-Allow-Origin, and
+                                    // Authorization as X-Echo-Auth.
+                                    let mut text = format!("path={path}\n");
+                                    for (n, v) in req.headers() {
+                                        text.push_str(&format!(
+                                            "{n}: {}\n",
+                                            String::from_utf8_lossy(v.as_bytes())
+                                        ));
+                                    }
+                                    let mut r = http::Response::new(
+                                        Full::new(Bytes::from(text))
+                                            .map_err(|never| match never {})
+                                            .boxed(),
+                                    );
+                                    if let Some(o) = req.headers().get("origin") {
+                                        r.headers_mut()
+                                            .insert("access-control-allow-origin", o.clone());
+                                    }
+                                    if let Some(a) = req.headers().get("authorization") {
+                                        r.headers_mut().insert("x-echo-auth", a.clone());
+                                    }
+                                    return Ok::<_, std::convert::Infallible>(r);
+                                }
                                 let _ = req.into_body().collect().await;
                                 if path.starts_with("/grpc/") {
                                     let mut trailers = http::HeaderMap::new();
@@ -171,6 +196,11 @@ fn env() -> Env {
 
 /// [`env`] with `extra` appended to the `defaults:` map (e.g. `, timeouts: {...}`).
 fn env_with(extra: &str) -> Env {
+    env_full(extra, "")
+}
+
+/// [`env_with`], and `sandbox_extra` lines (each `    key: value\n`) in the sandbox.
+fn env_full(extra: &str, sandbox_extra: &str) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
@@ -200,13 +230,13 @@ sandboxes:
     sources: [127.0.0.0/8]
     credentials:
       - {{ name: api, hosts: [api.test], inject: {{ header: Authorization, format: "Bearer {{secret}}" }}, source: {{ file: api.secret }} }}
-      - {{ name: other, hosts: [other.test], inject: {{ replace_placeholder: true }}, source: {{ env: OTHER_SECRET }} }}
-    policy:
+      - {{ name: other, hosts: [other.test], inject: {{ replace_placeholder: {{ headers: [X-Api-Key, Authorization] }} }}, source: {{ env: OTHER_SECRET }} }}
+{sandbox_extra}    policy:
       provider: local
       config: {{}}
       network:
         egress: ["api.test:{port}", "other.test:{port}", "mixed.test:{port}"]
-        http: [{{ host: api.test, methods: [GET, POST], paths: ["/v1/**", "/grpc/**"] }}]
+        http: [{{ host: api.test, methods: [GET, POST], paths: ["/v1/**", "/grpc/**", "/echo/**"] }}]
 "#,
         audit = d.join("audit.jsonl").display(),
         uca = upstream_ca.ca_pem.display(),
@@ -577,19 +607,14 @@ fn stalled_handshake(e: &Env) -> std::net::TcpStream {
     s
 }
 
-/// A terminated keep-alive HTTP/1.1 connection to `api.test` that made one request and
-/// got its answer; the client then says nothing.
-fn keep_alive_after_one_request(
-    e: &Env,
-) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+type Tls = rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>;
+
+/// A CONNECT tunnel to `host` (at the upstream's port) and TLS through it, trusting the
+/// interception CA: the client side of a terminated connection, for hand-written requests.
+fn tls_through(e: &Env, host: &str) -> Tls {
     use rustls::pki_types::{pem::PemObject, CertificateDer};
-    use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(e.proxy.proxy).unwrap();
-    connect_on(
-        &mut s,
-        &format!("api.test:{}", e.upstream.addr.port()),
-        None,
-    );
+    connect_on(&mut s, &format!("{host}:{}", e.upstream.addr.port()), None);
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(e.ica()).unwrap() {
         roots.add(c.unwrap()).unwrap();
@@ -600,18 +625,56 @@ fn keep_alive_after_one_request(
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from("api.test").unwrap();
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).unwrap();
     let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
-    let mut tls = rustls::StreamOwned::new(conn, s);
-    tls.write_all(b"GET /v1/keep HTTP/1.1\r\nHost: api.test\r\n\r\n")
+    rustls::StreamOwned::new(conn, s)
+}
+
+/// Write `request` (raw bytes) on `tls` and read one response (head and a Content-Length
+/// body) as text.
+fn roundtrip(tls: &mut Tls, request: &[u8]) -> String {
+    use std::io::{Read, Write};
+    tls.sock
+        .set_read_timeout(Some(Duration::from_secs(15)))
         .unwrap();
+    tls.write_all(request).unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&got).contains("ok /v1/keep") {
+    loop {
+        let text = String::from_utf8_lossy(&got).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let len = text[..end]
+                .lines()
+                .find_map(|l| {
+                    let (n, v) = l.split_once(':')?;
+                    n.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            if got.len() >= end + 4 + len {
+                return text;
+            }
+        }
         let n = tls.read(&mut buf).unwrap();
-        assert!(n > 0, "closed before the answer");
+        assert!(
+            n > 0,
+            "closed before the answer: {}",
+            String::from_utf8_lossy(&got)
+        );
         got.extend_from_slice(&buf[..n]);
     }
+}
+
+/// A terminated keep-alive HTTP/1.1 connection to `api.test` that made one request and
+/// got its answer; the client then says nothing.
+fn keep_alive_after_one_request(e: &Env) -> Tls {
+    let mut tls = tls_through(e, "api.test");
+    let port = e.upstream.addr.port();
+    let text = roundtrip(
+        &mut tls,
+        format!("GET /v1/keep HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n").as_bytes(),
+    );
+    assert!(text.contains("ok /v1/keep"), "{text}");
     tls
 }
 
@@ -685,4 +748,295 @@ fn revocation_cuts_terminated_connections_in_their_handshake_and_between_request
         .wait_record(|r| revoked(r) && r["bytes_down"].as_u64() > Some(0));
     e.proxy
         .wait_record(|r| revoked(r) && r["bytes_down"].as_u64() == Some(0));
+}
+
+/// Requests to api.test (terminated, a secret injected as `Authorization`) that name another
+/// authority: each is refused `host_mismatch` and nothing reaches the upstream; a request with
+/// no Host goes up with the one the proxy writes.
+#[test]
+fn a_terminated_request_names_exactly_the_decided_authority() {
+    let e = env();
+    let port = e.upstream.addr.port();
+    let attacks = [
+        format!("GET /v1/two HTTP/1.1\r\nHost: api.test:{port}\r\nHost: evil.test\r\n\r\n"),
+        format!("GET https://api.test:{port}/v1/abs HTTP/1.1\r\nHost: evil.test\r\n\r\n"),
+        format!("GET /v1/userinfo HTTP/1.1\r\nHost: api.test:{port}@evil.test\r\n\r\n"),
+        "GET /v1/port HTTP/1.1\r\nHost: api.test:9999\r\n\r\n".to_string(),
+        "GET /v1/other HTTP/1.1\r\nHost: evil.test\r\n\r\n".to_string(),
+    ];
+    for attack in &attacks {
+        let mut tls = tls_through(&e, "api.test");
+        let text = roundtrip(&mut tls, attack.as_bytes());
+        assert!(
+            text.starts_with("HTTP/1.1 403") && text.contains("host_mismatch"),
+            "{attack}\n{text}"
+        );
+    }
+    assert!(
+        e.upstream.seen().is_empty(),
+        "{:?} reached the upstream",
+        e.upstream.seen()
+    );
+    // No Host at all: the proxy writes exactly the decided one.
+    let mut tls = tls_through(&e, "api.test");
+    let text = roundtrip(&mut tls, b"GET /echo/nohost HTTP/1.1\r\n\r\n");
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains(&format!("host: api.test:{port}\n")), "{text}");
+    assert_eq!(text.matches("host: ").count(), 1, "{text}");
+
+    // HTTP/2: `:authority api.test` with a `host: evil.test` header.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let status = rt.block_on(async {
+        let mut send = h2_through(&e).await;
+        let req = http::Request::get(format!("https://api.test:{port}/v1/h2host"))
+            .header("host", "evil.test")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        send.send_request(req).await.unwrap().status()
+    });
+    assert_eq!(status, 403);
+    assert!(e.upstream.seen().iter().all(|s| s.2 != "/v1/h2host"));
+}
+
+/// An HTTP/2 connection to api.test through the proxy, trusting the interception CA.
+async fn h2_through(e: &Env) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let port = e.upstream.addr.port();
+    let mut tcp = tokio::net::TcpStream::connect(e.proxy.proxy).await.unwrap();
+    tcp.write_all(format!("CONNECT api.test:{port} HTTP/1.1\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        tcp.read_exact(&mut b).await.unwrap();
+        head.push(b[0]);
+    }
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_file_iter(e.ica()).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect("api.test".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+/// Dot-segments and encoded separators cannot walk out of a `GET /v1/**` rule; methods are
+/// compared without regard to case; TRACE and TRACK never go upstream.
+#[test]
+fn paths_are_canonical_and_methods_any_case() {
+    let e = env();
+    let ica = e.ica();
+    for path in [
+        "/v1/../admin",
+        "/v1/%2e%2e/admin",
+        "/v1/..%2fadmin",
+        "/v1/.%2e/admin",
+        "/v1/..;/admin",
+        "/v1/%5c..%5cadmin",
+    ] {
+        let out = e.curl(&ica, "api.test", path, &["-i", "--path-as-is"]);
+        assert!(
+            out.text().contains("403") && out.text().contains("http_not_allowed"),
+            "{path}: {}",
+            out.text()
+        );
+    }
+    for method in ["trace", "TRACK", "Trace", "delete", "PROPFIND"] {
+        let out = e.curl(&ica, "api.test", "/v1/m", &["-i", "-X", method]);
+        assert!(
+            out.text().contains("403") && out.text().contains("http_not_allowed"),
+            "{method}: {}",
+            out.text()
+        );
+    }
+    let seen = e.upstream.seen();
+    assert!(seen.is_empty(), "{seen:?} reached the upstream");
+    // An ordinary request still passes.
+    let out = e.curl(&ica, "api.test", "/v1/fine", &[]);
+    assert!(out.text().contains("ok /v1/fine"), "{}", out.text());
+}
+
+/// other.test's credential is replaced only in X-Api-Key and Authorization: the placeholder
+/// in Origin (reflected as Access-Control-Allow-Origin) or in the path is refused; Basic
+/// credentials from a URL (git, pip, npm) carry it replaced.
+#[test]
+fn a_placeholder_is_replaced_only_in_the_headers_named() {
+    let e = env();
+    let ica = e.ica();
+    let other = e.placeholder("other");
+    let origin = format!("Origin: https://{other}");
+    let out = e.curl(&ica, "other.test", "/echo/origin", &["-i", "-H", &origin]);
+    assert!(
+        out.text().contains("403") && out.text().contains("credential_misuse"),
+        "{}",
+        out.text()
+    );
+    let out = e.curl(&ica, "other.test", &format!("/echo/{other}"), &["-i"]);
+    assert!(out.text().contains("credential_misuse"), "{}", out.text());
+    assert!(
+        e.upstream.seen().is_empty(),
+        "{:?} reached the upstream",
+        e.upstream.seen()
+    );
+    assert!(!out.text().contains(SECRET_OTHER));
+
+    // curl -u user:<placeholder>: the upstream gets Basic user:<secret>.
+    let userpass = format!("git:{other}");
+    let out = e.curl(&ica, "other.test", "/basic", &["-u", &userpass]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    use base64::Engine;
+    let want = base64::engine::general_purpose::STANDARD.encode(format!("git:{SECRET_OTHER}"));
+    let seen = e.upstream.seen();
+    let got = seen.iter().find(|s| s.2 == "/basic").unwrap();
+    assert_eq!(got.4, format!("Basic {want}"));
+}
+
+/// A placeholder behind a byte that is not UTF-8 is still found on plain HTTP.
+#[test]
+fn raw_bytes_do_not_hide_a_placeholder_on_plain_http() {
+    use std::io::{Read, Write};
+    let e = env();
+    let api = e.placeholder("api");
+    let port = e.upstream.addr.port();
+    let mut s = std::net::TcpStream::connect(e.proxy.proxy).unwrap();
+    let mut req =
+        format!("GET http://mixed.test:{port}/raw HTTP/1.1\r\nHost: mixed.test:{port}\r\nX-Key: ")
+            .into_bytes();
+    req.push(0xff);
+    req.extend_from_slice(format!("{api}\r\nConnection: close\r\n\r\n").as_bytes());
+    s.write_all(&req).unwrap();
+    let mut text = String::new();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    text.push_str(&String::from_utf8_lossy(&raw));
+    assert!(text.contains("credential_misuse"), "{text}");
+}
+
+/// An upstream that echoes request headers sends the injected secret back: the client sees
+/// the placeholder, in the body and in a header; the record says `secret_reflected`.
+#[test]
+fn reflected_secrets_are_scrubbed_from_responses() {
+    let e = env();
+    let api = e.placeholder("api");
+    let auth = format!("Authorization: Bearer {api}");
+    for http in ["--http1.1", "--http2"] {
+        let out = e.curl(&e.ica(), "api.test", "/echo/me", &["-i", http, "-H", &auth]);
+        assert_eq!(out.code, 0, "{}", out.text());
+        let text = out.text();
+        assert!(
+            !text.contains(SECRET_API),
+            "{http}: the secret came back:\n{text}"
+        );
+        assert!(
+            text.contains(&format!("authorization: Bearer {api}")),
+            "{text}"
+        );
+        assert!(
+            text.to_ascii_lowercase()
+                .contains(&format!("x-echo-auth: bearer {api}")),
+            "{text}"
+        );
+    }
+    // The upstream did get the secret.
+    assert!(e
+        .upstream
+        .seen()
+        .iter()
+        .any(|s| s.2 == "/echo/me" && s.4 == format!("Bearer {SECRET_API}")));
+    let rec = e.proxy.wait_record(|r| r["path"] == "/echo/me");
+    assert_eq!(rec["secret_reflected"], "api", "{rec}");
+    let (_, metrics) = e.proxy.admin_get("/metrics");
+    assert!(
+        metrics.contains("egress_secret_reflected_total{credential=\"api\",sandbox=\"agent\"}"),
+        "{metrics}"
+    );
+}
+
+/// In report mode a request the check would refuse goes upstream, reported, and without any
+/// credential.
+#[test]
+fn report_mode_never_injects() {
+    let e = env_full("", "    enforcement: report\n");
+    let api = e.placeholder("api");
+    let auth = format!("Authorization: Bearer {api}");
+    let out = e.curl(&e.ica(), "api.test", "/admin/x", &["-H", &auth]);
+    assert!(out.text().contains("ok /admin/x"), "{}", out.text());
+    let seen = e.upstream.seen();
+    let got = seen.iter().find(|s| s.2 == "/admin/x").unwrap();
+    assert_eq!(got.4, format!("Bearer {api}"), "the secret was injected");
+    let rec = e.proxy.wait_record(|r| r["path"] == "/admin/x");
+    assert_eq!(rec["decision"], "report", "{rec}");
+    assert_eq!(rec["reason"], "http_not_allowed", "{rec}");
+    // An allowed request still gets it.
+    e.curl(&e.ica(), "api.test", "/v1/ok", &["-H", &auth]);
+    let seen = e.upstream.seen();
+    assert_eq!(
+        seen.iter().find(|s| s.2 == "/v1/ok").unwrap().4,
+        format!("Bearer {SECRET_API}")
+    );
+}
+
+/// A reload that narrows `network.http` applies from the next request of an open keep-alive
+/// connection, and the policy version changes with it.
+#[test]
+fn narrowed_http_rules_apply_to_open_connections() {
+    let e = env();
+    let port = e.upstream.addr.port();
+    let mut tls = keep_alive_after_one_request(&e);
+    let before = e.proxy.wait_record(|r| r["path"] == "/v1/keep")["policy_version"].clone();
+    let narrowed = e.yaml.replace("methods: [GET, POST]", "methods: [POST]");
+    assert_ne!(narrowed, e.yaml);
+    std::fs::write(e.dir.path().join("proxy.yaml"), narrowed).unwrap();
+    let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some(ADMIN));
+    assert_eq!(status, 200, "{body}");
+    let text = roundtrip(
+        &mut tls,
+        format!("GET /v1/after HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n").as_bytes(),
+    );
+    assert!(
+        text.starts_with("HTTP/1.1 403") && text.contains("http_not_allowed"),
+        "{text}"
+    );
+    assert!(e.upstream.seen().iter().all(|s| s.2 != "/v1/after"));
+    let after = e.proxy.wait_record(|r| r["path"] == "/v1/after")["policy_version"].clone();
+    assert_ne!(before, after);
+}
+
+/// The wave-2 form `replace_placeholder: true` is refused with a message naming the new one.
+#[test]
+fn replace_anywhere_is_refused_at_load() {
+    let e = env();
+    let old = e.yaml.replace(
+        "replace_placeholder: { headers: [X-Api-Key, Authorization] }",
+        "replace_placeholder: true",
+    );
+    assert_ne!(old, e.yaml);
+    std::fs::write(e.dir.path().join("old.yaml"), old).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["validate", "--config"])
+        .arg(e.dir.path().join("old.yaml"))
+        .env("OTHER_SECRET", "x")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("{ headers: [Authorization] }"), "{err}");
 }

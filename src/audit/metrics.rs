@@ -32,6 +32,7 @@ pub struct Metrics {
     control_plane_connected: IntGauge,
     control_plane_errors: IntCounterVec,
     admission_refused: IntCounterVec,
+    secret_reflected: IntCounterVec,
 }
 
 /// One sandbox's per-connection metric handles, looked up once per sandbox and policy version
@@ -188,8 +189,17 @@ impl Metrics {
             &["listener", "why"],
         )?;
         registry.register(Box::new(admission_refused.clone()))?;
+        let secret_reflected = IntCounterVec::new(
+            Opts::new(
+                "egress_secret_reflected_total",
+                "Responses of terminated hosts in which a brokered secret was found and replaced by its placeholder",
+            ),
+            &["sandbox", "credential"],
+        )?;
+        registry.register(Box::new(secret_reflected.clone()))?;
         Ok(Metrics {
             admission_refused,
+            secret_reflected,
             control_plane_revision,
             control_plane_connected,
             control_plane_errors,
@@ -248,7 +258,6 @@ impl Metrics {
             .inc();
     }
 
-    /// Count a connection refused because the audit queue was full.
     /// Count a connection refused by admission on `listener` (`proxy`, `admin`, `dns`).
     pub fn admission_refused(&self, listener: &str, why: &str) {
         self.admission_refused
@@ -256,6 +265,14 @@ impl Metrics {
             .inc();
     }
 
+    /// Count a response of a terminated host that carried `credential`'s secret.
+    pub fn secret_reflected(&self, sandbox: &str, credential: &str) {
+        self.secret_reflected
+            .with_label_values(&[sandbox, credential])
+            .inc();
+    }
+
+    /// Count a connection refused because the audit queue was full.
     pub fn audit_backpressure(&self) {
         self.audit_backpressure.inc();
     }

@@ -137,6 +137,21 @@ impl AuditGuard {
         self.record.http = Some(Box::new(facts));
     }
 
+    /// The response carried the secret of credential `name` (it was replaced): noted in the
+    /// request's record and counted.
+    pub fn secret_reflected(&mut self, name: &str) {
+        if let Some(sb) = &self.record.sandbox {
+            self.sink.metrics.secret_reflected(sb.as_str(), name);
+        }
+        if let Some(h) = self.record.http.as_mut() {
+            h.secret_reflected = Some(match h.secret_reflected.take() {
+                Some(prev) if prev.split(',').any(|n| n == name) => prev,
+                Some(prev) => format!("{prev},{name}").into(),
+                None => name.into(),
+            });
+        }
+    }
+
     /// Bytes moved, when known only at the end.
     pub fn bytes(&mut self, up: u64, down: u64) {
         self.up = up;

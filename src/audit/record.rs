@@ -68,6 +68,8 @@ pub struct HttpFacts {
     pub status: u16,
     /// The credential put on the request, by name (never its value).
     pub credential: Option<Box<str>>,
+    /// Credentials whose secret the response carried (replaced by the placeholder).
+    pub secret_reflected: Option<Box<str>>,
 }
 
 /// What a DNS listener record says beyond a connection's fields.
@@ -205,6 +207,8 @@ struct Json<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     credential: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    secret_reflected: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     run: Option<&'static str>,
 }
 
@@ -254,6 +258,7 @@ impl Entry {
             path: r.http.as_ref().map(|h| &*h.path),
             status: r.http.as_ref().map(|h| h.status),
             credential: r.http.as_ref().and_then(|h| h.credential.as_deref()),
+            secret_reflected: r.http.as_ref().and_then(|h| h.secret_reflected.as_deref()),
             run: RUN.get().map(String::as_str),
         };
         serde_json::to_writer(&mut *out, &json)?;

@@ -40,8 +40,9 @@ pub enum Inject {
         name: http::HeaderName,
         format: String,
     },
-    /// Replace the placeholder wherever it appears in the request's headers and URL.
-    ReplacePlaceholder,
+    /// Replace the placeholder in these request headers only (`Authorization` with the Basic
+    /// scheme: in the decoded user or password). A placeholder anywhere else is refused.
+    ReplacePlaceholder { headers: Vec<http::HeaderName> },
 }
 
 /// One credential of a binding.
@@ -79,7 +80,23 @@ pub struct RawInject {
     #[serde(default)]
     pub format: Option<String>,
     #[serde(default)]
-    pub replace_placeholder: Option<bool>,
+    pub replace_placeholder: Option<RawReplace>,
+}
+
+/// `inject.replace_placeholder` as written: `{ headers: [...] }`. The wave-2 form `true`
+/// (replace anywhere) is refused with a message: it let a placeholder in a reflected header
+/// or the URL come back as the secret.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum RawReplace {
+    Flag(bool),
+    In(RawReplaceIn),
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawReplaceIn {
+    pub headers: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
@@ -143,8 +160,8 @@ pub fn resolve(
     if raw.hosts.is_empty() {
         errors.push("hosts: bind the credential to at least one host".into());
     }
-    let inject = match (&raw.inject.header, raw.inject.replace_placeholder) {
-        (Some(h), None | Some(false)) => match http::HeaderName::from_bytes(h.as_bytes()) {
+    let inject = match (&raw.inject.header, &raw.inject.replace_placeholder) {
+        (Some(h), None) => match http::HeaderName::from_bytes(h.as_bytes()) {
             Ok(name) => {
                 let format = raw
                     .inject
@@ -161,10 +178,33 @@ pub fn resolve(
                 None
             }
         },
-        (None, Some(true)) if raw.inject.format.is_none() => Some(Inject::ReplacePlaceholder),
+        (None, Some(RawReplace::In(r))) if raw.inject.format.is_none() => {
+            let mut headers = Vec::new();
+            for h in &r.headers {
+                match http::HeaderName::from_bytes(h.as_bytes()) {
+                    Ok(n) => headers.push(n),
+                    Err(_) => errors.push(format!(
+                        "inject.replace_placeholder.headers: `{h}` is not a header name"
+                    )),
+                }
+            }
+            if r.headers.is_empty() {
+                errors.push("inject.replace_placeholder.headers: name at least one header".into());
+            }
+            Some(Inject::ReplacePlaceholder { headers })
+        }
+        (None, Some(RawReplace::Flag(_))) => {
+            errors.push(
+                "inject.replace_placeholder: name the headers the placeholder may be replaced in, e.g. { headers: [Authorization] } (replacing it anywhere let a reflected header or URL return the secret)"
+                    .into(),
+            );
+            None
+        }
         _ => {
-            errors
-                .push("inject: either { header, format } or { replace_placeholder: true }".into());
+            errors.push(
+                "inject: either { header, format } or { replace_placeholder: { headers: [...] } }"
+                    .into(),
+            );
             None
         }
     };
@@ -216,7 +256,12 @@ pub struct InterceptConfig {
     pub upstream_ca_file: Option<PathBuf>,
     /// Hosts never terminated (pinned clients, mutual-TLS upstreams).
     pub never: Vec<BoundHost>,
+    /// Bytes of each response body scanned for reflected secrets (`scrub_body_bytes`).
+    pub scrub_body_bytes: u64,
 }
+
+/// The default of `tls_intercept.scrub_body_bytes`: 64 MiB.
+pub const DEFAULT_SCRUB_BODY_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -227,6 +272,8 @@ pub(super) struct RawIntercept {
     pub upstream_ca_file: Option<String>,
     #[serde(default)]
     pub never: Vec<String>,
+    #[serde(default)]
+    pub scrub_body_bytes: Option<u64>,
 }
 
 /// Validate `tls_intercept`; returns it and the placeholder key (a digest of the CA key, read
@@ -268,6 +315,7 @@ pub(super) fn resolve_intercept(
             ca_key_file: key_file,
             upstream_ca_file: raw.upstream_ca_file.as_deref().map(rel),
             never,
+            scrub_body_bytes: raw.scrub_body_bytes.unwrap_or(DEFAULT_SCRUB_BODY_BYTES),
         }),
         key,
     )

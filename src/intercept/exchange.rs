@@ -1,10 +1,20 @@
-//! One request on a terminated host: refuse TRACE, requests naming another host, requests no
-//! `network.http` rule allows, and placeholders of credentials bound elsewhere; put the
-//! credentials bound here on the request; forward it on the one upstream connection (HTTP/1.1
-//! or HTTP/2, trailers included); write one `mode: "https"` record when the response ends.
+//! One request on a terminated host, read against the sandbox's binding *now* (a reload that
+//! narrows rules or rotates a secret applies from the next request):
+//!
+//! 1. refused unless it is one the rules can judge: its method (any case; TRACE, TRACK and
+//!    unusual methods only when a rule names them), exactly the decided authority
+//!    ([`super::authority`]), a canonical path ([`crate::policy::http_rules::canonical_path`]);
+//!    a placeholder bound elsewhere, or outside the headers its credential names, is
+//!    `credential_misuse`; then the `network.http` rules;
+//! 2. the credentials bound here are put on it (never when the check refused it, even in report
+//!    mode: a reported request goes upstream without any credential);
+//! 3. it goes upstream with one authority written by the proxy and `Accept-Encoding: identity`
+//!    when a secret could come back ([`super::scrub`] reads what it can scan);
+//! 4. the response's headers and body are scrubbed of the secrets bound here
+//!    (`secret_reflected`); one `mode: "https"` record when the response ends.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
@@ -15,10 +25,13 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use super::error::InterceptError;
+use super::scrub::{Findings, Scrubbed, Scrubber};
+use super::{authority, placeholder};
 use crate::audit::record::HttpFacts;
 use crate::audit::Recorder;
-use crate::config::credentials::{Credential, Inject};
+use crate::config::credentials::Inject;
 use crate::config::Binding;
+use crate::policy::http_rules::{canonical_path, method_refusal};
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
 use crate::relay::counted::Counted;
@@ -78,13 +91,30 @@ impl Upstream {
     }
 }
 
+/// The sandbox's binding as it is now, with the version of the policy set it is in (`None`:
+/// the sandbox is gone).
+pub type CurrentBinding = Box<dyn Fn() -> Option<(Arc<Binding>, Arc<str>)> + Send + Sync>;
+
+/// A binding, and the scrubber of its secrets bound to the tunnel's host (none: no secret).
+type ScrubberOf = (Arc<Binding>, Option<Arc<Scrubber>>);
+
+/// Where a terminated tunnel leads.
+pub struct Destination {
+    pub host: String,
+    pub port: u16,
+}
+
 /// One terminated tunnel's request handler.
 pub struct Exchange {
-    binding: Arc<Binding>,
-    host: String,
+    current: CurrentBinding,
+    dest: Destination,
     upstream: Upstream,
     recorder: Recorder,
     live: Arc<Liveness>,
+    /// Bytes of a response body scanned for secrets, at most.
+    scrub_limit: u64,
+    /// The scrubber of the binding last seen (rebuilt when the binding changes).
+    scrubber: Mutex<Option<ScrubberOf>>,
 }
 
 /// Why a request is refused, for the response and the record.
@@ -94,112 +124,149 @@ struct Refusal {
     credential: Option<String>,
 }
 
+impl Refusal {
+    fn new(reason: Reason, detail: impl Into<String>) -> Self {
+        Refusal {
+            reason,
+            detail: detail.into(),
+            credential: None,
+        }
+    }
+}
+
+/// Whether `req` carries `placeholder` in its URL, or in a header other than `allowed`.
+fn carries_outside<B>(req: &Request<B>, placeholder: &str, allowed: &[http::HeaderName]) -> bool {
+    let in_uri = req
+        .uri()
+        .path_and_query()
+        .is_some_and(|pq| placeholder::contains(pq.as_str().as_bytes(), placeholder.as_bytes()));
+    in_uri
+        || req
+            .headers()
+            .iter()
+            .any(|(n, v)| !allowed.contains(n) && placeholder::carried(n, v, placeholder))
+}
+
 impl Exchange {
     pub fn new(
-        binding: Arc<Binding>,
-        host: &str,
+        current: CurrentBinding,
+        dest: Destination,
         upstream: Upstream,
         recorder: Recorder,
         live: Arc<Liveness>,
+        scrub_limit: u64,
     ) -> Self {
         Exchange {
-            binding,
-            host: host.to_string(),
+            current,
+            dest,
             upstream,
             recorder,
             live,
+            scrub_limit,
+            scrubber: Mutex::new(None),
         }
     }
 
-    fn report(&self) -> bool {
-        self.binding.enforcement == Enforcement::Report
-    }
-
-    /// What is wrong with `req`, if anything (before any credential is put on it).
-    fn check(&self, req: &Request<Incoming>) -> Option<Refusal> {
+    /// What is wrong with `req` under `b`, if anything (before any credential is put on it).
+    fn check(&self, b: &Binding, req: &Request<Incoming>) -> Option<Refusal> {
+        let host = self.dest.host.as_str();
         let method = req.method().as_str();
-        if method == "TRACE" {
-            return Some(Refusal {
-                reason: Reason::HttpNotAllowed,
-                detail: "TRACE is refused on terminated hosts (it would echo injected credentials)"
-                    .into(),
-                credential: None,
-            });
+        let rules: Vec<_> = b
+            .network
+            .http
+            .iter()
+            .filter(|r| r.host.matches(host))
+            .collect();
+        if let Some(why) = method_refusal(method, rules.iter().copied()) {
+            return Some(Refusal::new(Reason::HttpNotAllowed, why));
         }
-        // The request must be for the host the tunnel was decided and terminated for.
-        let named = req
-            .uri()
-            .authority()
-            .map(|a| a.host().to_string())
-            .or_else(|| {
-                req.headers()
-                    .get(http::header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .map(|h| h.rsplit_once(':').map(|(h, _)| h).unwrap_or(h).to_string())
-            });
-        if let Some(n) = named {
-            if !n.eq_ignore_ascii_case(&self.host) {
-                return Some(Refusal {
-                    reason: Reason::HostMismatch,
-                    detail: format!(
-                        "the request names {n}, the tunnel was decided for {}",
-                        self.host
+        if let Some(why) = authority::mismatch(req, host, self.dest.port) {
+            return Some(Refusal::new(Reason::HostMismatch, why));
+        }
+        let path = req.uri().path();
+        if let Err(why) = canonical_path(path) {
+            return Some(Refusal::new(
+                Reason::HttpNotAllowed,
+                format!("{why}: refused on terminated hosts (the upstream could read it as another path)"),
+            ));
+        }
+        for c in b.credentials.iter() {
+            let (misused, why) = match &c.inject {
+                _ if !c.bound_to(host) => (
+                    carries_outside(req, &c.placeholder, &[]),
+                    format!("the placeholder of credential {} is bound to other hosts than {host}", c.name),
+                ),
+                Inject::ReplacePlaceholder { headers } => (
+                    carries_outside(req, &c.placeholder, headers),
+                    format!(
+                        "the placeholder of credential {} is replaced only in {}; it is elsewhere in the request",
+                        c.name,
+                        headers.iter().map(|h| h.as_str()).collect::<Vec<_>>().join(", ")
                     ),
-                    credential: None,
-                });
-            }
-        }
-        for c in self.binding.credentials.iter() {
-            if !c.bound_to(&self.host) && carries(req, &c.placeholder) {
+                ),
+                Inject::Header { .. } => (false, String::new()),
+            };
+            if misused {
                 return Some(Refusal {
                     reason: Reason::CredentialMisuse,
-                    detail: format!(
-                        "the placeholder of credential {} is bound to other hosts than {}",
-                        c.name, self.host
-                    ),
+                    detail: why,
                     credential: Some(c.name.clone()),
                 });
             }
         }
-        let rules: Vec<_> = self
-            .binding
-            .network
-            .http
-            .iter()
-            .filter(|r| r.host.matches(&self.host))
-            .collect();
-        if !rules.is_empty() && !rules.iter().any(|r| r.allows(method, req.uri().path())) {
-            return Some(Refusal {
-                reason: Reason::HttpNotAllowed,
-                detail: format!(
-                    "no network.http rule allows {method} {} on {}",
-                    req.uri().path(),
-                    self.host
-                ),
-                credential: None,
-            });
+        if !rules.is_empty() && !rules.iter().any(|r| r.allows(method, path)) {
+            return Some(Refusal::new(
+                Reason::HttpNotAllowed,
+                format!("no network.http rule allows {method} {path} on {host}"),
+            ));
         }
         None
+    }
+
+    /// The scrubber for `b`'s secrets bound to this host (cached per binding).
+    fn scrubber(&self, b: &Arc<Binding>) -> Option<Arc<Scrubber>> {
+        let Ok(mut cache) = self.scrubber.lock() else {
+            return None;
+        };
+        if let Some((seen, s)) = cache.as_ref() {
+            if Arc::ptr_eq(seen, b) {
+                return s.clone();
+            }
+        }
+        let host = self.dest.host.as_str();
+        let s = Scrubber::new(b.credentials.iter().filter(|c| c.bound_to(host))).map(Arc::new);
+        *cache = Some((b.clone(), s.clone()));
+        s
     }
 
     pub async fn handle(&self, mut req: Request<Incoming>) -> Response<ResBody> {
         self.live.touch();
         // The request's one record, written when this guard drops (with the response body).
         let mut audit = self.recorder.guard();
-        let method = req_method(&req);
+        let method = req.method().as_str().to_string();
         let path = req.uri().path().to_string();
         let facts = |status: u16, credential: Option<String>| HttpFacts {
             method: method.as_str().into(),
             path: path.as_str().into(),
             status,
             credential: credential.map(Into::into),
+            secret_reflected: None,
         };
+        let Some((binding, version)) = (self.current)() else {
+            let why = "the sandbox is no longer registered";
+            audit.verdict(Verdict::Deny, Reason::UnknownSandbox);
+            audit.detail(why);
+            audit.http(facts(403, None));
+            drop(audit);
+            return self.refused(&method, Reason::UnknownSandbox, why);
+        };
+        audit.record.policy_version = version;
         let mut verdict = Verdict::Allow;
-        if let Some(r) = self.check(&req) {
-            if self.report() && r.reason.reportable() {
+        if let Some(r) = self.check(&binding, &req) {
+            if binding.enforcement == Enforcement::Report && r.reason.reportable() {
                 verdict = Verdict::Report;
                 audit.verdict(verdict, r.reason);
-                audit.detail(r.detail);
+                audit.detail(format!("{} (forwarded without credentials)", r.detail));
             } else {
                 audit.verdict(Verdict::Deny, r.reason);
                 audit.detail(r.detail.clone());
@@ -208,27 +275,71 @@ impl Exchange {
                 return self.refused(&method, r.reason, &r.detail);
             }
         }
-        let injected = self.inject(&mut req);
+        // A request the check would refuse is never given a credential.
+        let injected = match verdict {
+            Verdict::Allow => self.inject(&binding, &mut req),
+            _ => None,
+        };
+        let h2 = matches!(self.upstream, Upstream::H2(_));
+        authority::write(&mut req, &self.dest.host, self.dest.port, h2);
+        let scrubber = self.scrubber(&binding);
+        if scrubber.is_some() {
+            req.headers_mut().insert(
+                http::header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
+        }
         let facts_sent = facts(0, injected.clone());
         let up_bytes = Arc::new(AtomicU64::new(0));
         let req =
             req.map(|b| Counted::new(b, self.live.clone(), true).count_into(up_bytes.clone()));
         match self.upstream.send(req).await {
-            Ok(resp) => {
+            Ok(mut resp) => {
                 let mut f = facts_sent;
                 f.status = resp.status().as_u16();
                 audit.http(f);
+                let findings = Arc::new(Mutex::new(Findings::default()));
+                if let Some(s) = &scrubber {
+                    for name in s.headers(resp.headers_mut()) {
+                        audit.secret_reflected(name);
+                    }
+                    if let Some(enc) = resp.headers().get(http::header::CONTENT_ENCODING) {
+                        audit.detail(format!(
+                            "the response is {}-encoded although identity was asked: its body was scanned as sent",
+                            String::from_utf8_lossy(enc.as_bytes())
+                        ));
+                    }
+                }
                 let down_bytes = Arc::new(AtomicU64::new(0));
                 let (up, down) = (up_bytes.clone(), down_bytes.clone());
-                resp.map(|b| {
-                    Counted::new(b, self.live.clone(), false)
+                let limit = self.scrub_limit;
+                let seen = findings.clone();
+                let on_end = move |_| {
+                    if let Ok(f) = seen.lock() {
+                        for n in &f.names {
+                            audit.secret_reflected(n);
+                        }
+                        if let Some(past) = f.unscanned_past {
+                            audit.detail(format!(
+                                "the response body past {past} bytes was not scanned for secrets (tls_intercept.scrub_body_bytes)"
+                            ));
+                        }
+                    }
+                    audit.bytes(up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
+                    drop(audit);
+                };
+                let live = self.live.clone();
+                resp.map(|b| match scrubber {
+                    Some(s) => Counted::new(Scrubbed::new(b, s, limit, findings), live, false)
                         .count_into(down_bytes)
-                        .on_end(move |_| {
-                            audit.bytes(up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
-                            drop(audit);
-                        })
+                        .on_end(on_end)
                         .map_err(|e| Box::new(e) as BoxError)
-                        .boxed()
+                        .boxed(),
+                    None => Counted::new(b, live, false)
+                        .count_into(down_bytes)
+                        .on_end(on_end)
+                        .map_err(|e| Box::new(e) as BoxError)
+                        .boxed(),
                 })
             }
             Err(e) => {
@@ -246,25 +357,21 @@ impl Exchange {
     /// The refusal of a request in this tunnel, built like every other refusal (no path in
     /// it: a path may carry a placeholder).
     fn refused(&self, method: &str, reason: Reason, explanation: &str) -> Response<ResBody> {
-        let what = format!("{method} https://{}", self.host);
+        let what = format!("{method} https://{}", self.dest.host);
+        let id = (self.current)().map(|(b, _)| b.id.to_string());
         deny::in_tunnel(&deny::Refusal {
             reason,
             what: &what,
-            sandbox: Some(self.binding.id.as_str()),
+            sandbox: id.as_deref(),
             explanation,
             retry_after: None,
         })
     }
 
-    /// Put the credentials bound to this host on `req`; the names of those used.
-    fn inject(&self, req: &mut Request<Incoming>) -> Option<String> {
+    /// Put the credentials of `b` bound to this host on `req`; the names of those used.
+    fn inject(&self, b: &Binding, req: &mut Request<Incoming>) -> Option<String> {
         let mut used: Vec<&str> = Vec::new();
-        for c in self
-            .binding
-            .credentials
-            .iter()
-            .filter(|c| c.bound_to(&self.host))
-        {
+        for c in b.credentials.iter().filter(|c| c.bound_to(&self.dest.host)) {
             match &c.inject {
                 Inject::Header { name, format } => {
                     let value = format.replace("{secret}", c.secret.expose());
@@ -274,8 +381,28 @@ impl Exchange {
                         used.push(&c.name);
                     }
                 }
-                Inject::ReplacePlaceholder => {
-                    if replace_placeholder(req, c) {
+                Inject::ReplacePlaceholder { headers } => {
+                    let mut found = false;
+                    for name in headers {
+                        let replaced: Vec<HeaderValue> = req
+                            .headers()
+                            .get_all(name)
+                            .iter()
+                            .map(|v| {
+                                placeholder::replaced(name, v, &c.placeholder, c.secret.expose())
+                                    .inspect(|_| found = true)
+                                    .unwrap_or_else(|| v.clone())
+                            })
+                            .collect();
+                        if replaced.is_empty() {
+                            continue;
+                        }
+                        req.headers_mut().remove(name);
+                        for v in replaced {
+                            req.headers_mut().append(name.clone(), v);
+                        }
+                    }
+                    if found {
                         used.push(&c.name);
                     }
                 }
@@ -283,50 +410,4 @@ impl Exchange {
         }
         (!used.is_empty()).then(|| used.join(","))
     }
-}
-
-fn req_method(req: &Request<Incoming>) -> String {
-    req.method().as_str().to_string()
-}
-
-/// Whether `placeholder` appears in the request's URL or any header value.
-fn carries(req: &Request<Incoming>, placeholder: &str) -> bool {
-    let in_uri = req
-        .uri()
-        .path_and_query()
-        .is_some_and(|pq| pq.as_str().contains(placeholder));
-    in_uri
-        || req
-            .headers()
-            .values()
-            .any(|v| contains_bytes(v.as_bytes(), placeholder.as_bytes()))
-}
-
-fn contains_bytes(hay: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
-}
-
-/// Replace `c`'s placeholder by its secret in header values and the URL; whether it was found.
-fn replace_placeholder(req: &mut Request<Incoming>, c: &Credential) -> bool {
-    let mut found = false;
-    let secret = c.secret.expose();
-    for (_, v) in req.headers_mut().iter_mut() {
-        if let Ok(s) = v.to_str() {
-            if s.contains(&c.placeholder) {
-                if let Ok(mut nv) = HeaderValue::from_str(&s.replace(&c.placeholder, secret)) {
-                    nv.set_sensitive(true);
-                    *v = nv;
-                    found = true;
-                }
-            }
-        }
-    }
-    let uri = req.uri().to_string();
-    if uri.contains(&c.placeholder) {
-        if let Ok(u) = uri.replace(&c.placeholder, secret).parse() {
-            *req.uri_mut() = u;
-            found = true;
-        }
-    }
-    found
 }

@@ -3,15 +3,19 @@
 //! certificate for the decided name issued by the operator's CA ([`ca`]), opens TLS to the
 //! upstream itself and verifies it for that same name (public roots plus
 //! `tls_intercept.upstream_ca_file`), keeps the ALPN the upstream chose (HTTP/1.1 or HTTP/2,
-//! so gRPC works), and then handles each request ([`exchange`]): TRACE and requests no HTTP
-//! rule allows are refused with an ordinary 403 inside the tunnel, a placeholder bound to
-//! another host is refused (`credential_misuse`), and the credentials bound to this host are
-//! put on the request. Every other tunnel is relayed untouched, as before.
+//! so gRPC works), and then handles each request ([`exchange`]) under the sandbox's binding as
+//! it is at that request: one authority ([`authority`]), canonical paths and methods, a
+//! placeholder only where its credential says ([`placeholder`]), the credentials bound to this
+//! host put on the request, and the response scrubbed of their secrets ([`scrub`]). Every
+//! other tunnel is relayed untouched, as before.
 
+mod authority;
 pub mod ca;
 mod error;
 mod exchange;
+mod placeholder;
 mod prefixed;
+mod scrub;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +33,8 @@ use crate::relay::liveness::Liveness;
 use crate::relay::tunnel::Relayed;
 use ca::InterceptCa;
 pub use error::InterceptError;
-use exchange::{Exchange, Upstream};
+pub use exchange::CurrentBinding;
+use exchange::{Destination, Exchange, Upstream};
 use prefixed::Prefixed;
 
 /// What terminating needs, loaded at start.
@@ -38,6 +43,7 @@ pub struct Interceptor {
     /// Upstream TLS, without ALPN (set per connection from what the client offered).
     upstream: Arc<rustls::ClientConfig>,
     never: Vec<BoundHost>,
+    scrub_body_bytes: u64,
 }
 
 impl std::fmt::Debug for Interceptor {
@@ -73,6 +79,7 @@ impl Interceptor {
             ca,
             upstream: Arc::new(upstream),
             never: cfg.never.clone(),
+            scrub_body_bytes: cfg.scrub_body_bytes,
         })
     }
 
@@ -101,14 +108,15 @@ pub fn plain_http_misuse<B>(
                 c.name
             ));
         }
+        let p = c.placeholder.as_bytes();
         let in_uri = req
             .uri()
             .path_and_query()
-            .is_some_and(|pq| pq.as_str().contains(&c.placeholder));
+            .is_some_and(|pq| placeholder::contains(pq.as_str().as_bytes(), p));
         let in_headers = req
             .headers()
-            .values()
-            .any(|v| v.to_str().is_ok_and(|s| s.contains(&c.placeholder)));
+            .iter()
+            .any(|(n, v)| placeholder::carried(n, v, &c.placeholder));
         if in_uri || in_headers {
             return Some(format!(
                 "the request carries the placeholder of credential {}, which is not bound to {host}",
@@ -121,8 +129,11 @@ pub fn plain_http_misuse<B>(
 
 /// One terminated tunnel.
 pub struct Tunnel<'a> {
-    pub binding: Arc<Binding>,
+    /// The sandbox's binding as it is at each request.
+    pub current: CurrentBinding,
     pub host: &'a str,
+    /// The decided port (the authority every request must name).
+    pub port: u16,
     pub client: ClientIo,
     /// Bytes already read from the client (its ClientHello).
     pub early: Vec<u8>,
@@ -239,11 +250,15 @@ where
         }
     };
     let ex = Arc::new(Exchange::new(
-        t.binding,
-        t.host,
+        t.current,
+        Destination {
+            host: t.host.to_string(),
+            port: t.port,
+        },
         up,
         audit.recorder(),
         live.clone(),
+        ix.scrub_body_bytes,
     ));
     let svc = hyper::service::service_fn(move |req| {
         let ex = ex.clone();

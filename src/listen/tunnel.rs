@@ -71,7 +71,7 @@ pub(super) fn tunnel(
 
 /// What a tunnel starts from, besides the client.
 struct TunnelStart<'a> {
-    shared: &'a Shared,
+    shared: &'a Arc<Shared>,
     sandbox: &'a Sandbox,
     target: &'a Target,
     /// The dialled destination.
@@ -143,9 +143,16 @@ where
     if let Some(ix) = terminate {
         match &inspected.first {
             FirstBytes::Client(Peeked::Tls(hello)) => {
+                let shared2 = Arc::clone(shared);
+                let id = sandbox.binding.id.clone();
                 let tunnel = crate::intercept::Tunnel {
-                    binding: sandbox.binding.clone(),
+                    current: Box::new(move || {
+                        let set = shared2.policy.load();
+                        set.get(id.as_str())
+                            .map(|s| (s.binding.clone(), set.version_arc()))
+                    }),
                     host: &target.host.to_string(),
+                    port: target.port,
                     client,
                     early: inspected.client,
                     server,

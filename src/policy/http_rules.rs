@@ -1,7 +1,9 @@
 //! What may a terminated request do? The names credentials and HTTP rules are bound to
-//! ([`BoundHost`]: a name, `*.domain` or `**.domain`) and the `network.http` rules
-//! ([`HttpRule`]: methods and path globs on a host). Pure: compiled at load, matched per
-//! request by `intercept`.
+//! ([`BoundHost`]: a name, `*.domain` or `**.domain`), the `network.http` rules
+//! ([`HttpRule`]: methods and path globs on a host), and what a request must look like before
+//! any rule is matched: a canonical path ([`canonical_path`]: nothing an upstream could read
+//! as another path) and a method compared without regard to case ([`method_refusal`]). Pure:
+//! compiled at load, matched per request by `intercept`.
 
 use super::ParseError;
 
@@ -104,9 +106,146 @@ impl HttpRule {
         })
     }
 
-    /// Whether this rule allows `method` on `path` (the path without its query).
+    /// Whether this rule allows `method` (any case) on `path` (canonical, without its
+    /// query: see [`canonical_path`]).
     pub fn allows(&self, method: &str, path: &str) -> bool {
-        (self.methods.is_empty() || self.methods.iter().any(|m| m == method))
-            && self.matcher.as_ref().is_none_or(|m| m.is_match(path))
+        self.names_method(method) && self.matcher.as_ref().is_none_or(|m| m.is_match(path))
+    }
+
+    /// Whether this rule names `method` (any case) explicitly.
+    pub fn names_method(&self, method: &str) -> bool {
+        self.methods.is_empty() || self.methods.iter().any(|m| m.eq_ignore_ascii_case(method))
+    }
+
+    fn names_exactly(&self, method: &str) -> bool {
+        self.methods.iter().any(|m| m.eq_ignore_ascii_case(method))
+    }
+}
+
+/// The methods a terminated host serves without a rule naming them.
+const ORDINARY_METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"];
+
+/// Why `method` is refused on a terminated host whose rules are `rules` (those bound to the
+/// host), before any path is looked at: TRACE and TRACK echo the request (injected
+/// credentials included), and methods other than the ordinary ones are refused unless a rule
+/// names them. Compared without regard to case (`trace` is TRACE).
+pub fn method_refusal<'r>(
+    method: &str,
+    mut rules: impl Iterator<Item = &'r HttpRule>,
+) -> Option<String> {
+    let ordinary = ORDINARY_METHODS
+        .iter()
+        .any(|m| m.eq_ignore_ascii_case(method));
+    if ordinary || rules.any(|r| r.names_exactly(method)) {
+        return None;
+    }
+    let up = method.to_ascii_uppercase();
+    Some(if up == "TRACE" || up == "TRACK" {
+        format!("{up} is refused on terminated hosts (it would echo injected credentials)")
+    } else {
+        format!("{method} is refused on terminated hosts unless a network.http rule names it")
+    })
+}
+
+/// Why a request path is not canonical: it could mean another path to the upstream than the
+/// one rules are matched on. Refused: anything but an absolute path; `.` and `..` segments
+/// (also as `..;params`); percent-encoded `.`, `/`, `\`, NUL or control bytes; malformed
+/// percent-encoding; a raw `\` or control byte. Every other path is matched and forwarded
+/// exactly as received.
+pub fn canonical_path(path: &str) -> Result<(), &'static str> {
+    let b = path.as_bytes();
+    if b.first() != Some(&b'/') {
+        return Err("the path is not absolute");
+    }
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'\\' => return Err("the path has a backslash"),
+            c if c < 0x20 || c == 0x7f => return Err("the path has a control byte"),
+            b'%' => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                let (Some(h), Some(l)) = (
+                    b.get(i + 1).copied().and_then(hex),
+                    b.get(i + 2).copied().and_then(hex),
+                ) else {
+                    return Err("the path has a malformed percent-encoding");
+                };
+                let c = (h * 16 + l) as u8;
+                if matches!(c, b'.' | b'/' | b'\\') || c < 0x20 || c == 0x7f {
+                    return Err("the path percent-encodes `.`, `/`, `\\` or a control byte");
+                }
+                i += 3;
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    for segment in path.split('/') {
+        let bare = segment.split(';').next().unwrap_or(segment);
+        if bare == "." || bare == ".." {
+            return Err("the path has a `.` or `..` segment");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_that_could_mean_another_path_are_not_canonical() {
+        for bad in [
+            "/repos/../admin",
+            "/repos/./x",
+            "/repos/%2e%2e/admin",
+            "/repos/%2E%2E/admin",
+            "/repos/..%2fadmin",
+            "/repos/..%2Fadmin",
+            "/repos/.%2e/admin",
+            "/repos/%2e/admin",
+            "/repos/..;x/admin",
+            "/repos/..",
+            "/repos\\..\\admin",
+            "/repos/%5c..%5cadmin",
+            "/repos/a%00b",
+            "/repos/a%0ab",
+            "/repos/%zz",
+            "/repos/%2",
+            "*",
+            "repos",
+        ] {
+            assert!(canonical_path(bad).is_err(), "{bad} passed");
+        }
+        for good in [
+            "/",
+            "/repos/a/b",
+            "/repos/a%20b",
+            "/a.b/c..d/.e",
+            "/x;y=1",
+            "/%41",
+        ] {
+            assert_eq!(canonical_path(good), Ok(()), "{good}");
+        }
+    }
+
+    #[test]
+    fn methods_are_compared_without_case() {
+        let get = HttpRule::new("api.test", &["GET".into()], &["/v1/**".into()]).unwrap();
+        assert!(get.allows("get", "/v1/x"));
+        assert!(!get.allows("delete", "/v1/x"));
+        let none: [&HttpRule; 0] = [];
+        for m in ["TRACE", "trace", "Track", "PROPFIND", "CONNECT"] {
+            assert!(method_refusal(m, none.iter().copied()).is_some(), "{m}");
+        }
+        for m in ["GET", "get", "Patch", "OPTIONS"] {
+            assert!(method_refusal(m, none.iter().copied()).is_none(), "{m}");
+        }
+        let propfind = HttpRule::new("dav.test", &["PROPFIND".into()], &[]).unwrap();
+        assert!(method_refusal("propfind", [&propfind].into_iter()).is_none());
+        // A rule with no methods allows the ordinary ones, never TRACE.
+        let any = HttpRule::new("api.test", &[], &[]).unwrap();
+        assert!(method_refusal("TRACE", [&any].into_iter()).is_some());
     }
 }

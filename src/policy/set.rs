@@ -423,6 +423,17 @@ fn hash_binding(h: &mut Sha256, b: &Binding) {
         b.refuse_ech,
         b.network.resolve_for_address_rules
     ));
+    // What terminated requests are judged by and given: HTTP rules and credentials (the
+    // secret by its digest, so a rotation is a new version and wakes the sandbox's exchanges).
+    for r in b.network.http.iter() {
+        h.update(b"h");
+        h.update(format!("{:?}{:?}{:?}", r.host, r.methods, r.paths));
+    }
+    for c in b.credentials.iter() {
+        h.update(b"c");
+        h.update(format!("{}{:?}{:?}", c.name, c.hosts, c.inject));
+        h.update(Sha256::digest(c.secret.expose().as_bytes()));
+    }
 }
 
 #[cfg(test)]

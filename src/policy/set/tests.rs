@@ -196,3 +196,22 @@ fn recompile_compiles_only_what_changed() {
     assert!(changes.set_wide && !same(&next, "a"));
     assert_eq!(changes.sandboxes.len(), 3);
 }
+
+#[test]
+fn the_version_covers_http_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.key"), "key").unwrap();
+    let text = "tls_intercept: { ca_cert_file: ca.crt, ca_key_file: ca.key }\nsandboxes:\n  - { id: a, policy: { provider: local, config: {}, network: { egress: [api.test], http: [{ host: api.test, methods: [GET] }] } } }\n";
+    let version = |t: &str| {
+        let c = load_str(t, "t", dir.path(), None).unwrap();
+        PolicySet::compile(&c, &[], vec![])
+            .unwrap()
+            .version()
+            .to_string()
+    };
+    assert_eq!(version(text), version(text));
+    assert_ne!(
+        version(text),
+        version(&text.replace("[GET]", "[GET, POST]"))
+    );
+}

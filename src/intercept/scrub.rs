@@ -1,0 +1,404 @@
+//! Responses of terminated hosts never carry a brokered secret back: wherever a secret bound
+//! to the host appears in a response header or body — as is, percent-encoded, or in base64
+//! (standard or URL-safe, at any alignment inside a longer base64 string) — it is replaced by
+//! a string of the same length cut from its placeholder, so lengths (and `Content-Length`)
+//! stay right. Bodies are scanned as they stream, safe across chunk boundaries: only a tail
+//! that could still become a secret is held back, never a whole chunk, so server-sent events
+//! are not delayed. Past `tls_intercept.scrub_body_bytes` a body passes unscanned (noted).
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use aho_corasick::{AhoCorasick, MatchKind};
+use base64::Engine;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue};
+use hyper::body::{Body, Frame, SizeHint};
+
+use crate::config::credentials::Credential;
+
+/// Every form of the secrets of some credentials, compiled once per binding.
+pub struct Scrubber {
+    ac: AhoCorasick,
+    /// Per pattern: its same-length replacement, and the credential's index in `names`.
+    replacements: Vec<(Vec<u8>, usize)>,
+    patterns: Vec<Vec<u8>>,
+    names: Vec<String>,
+}
+
+impl std::fmt::Debug for Scrubber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scrubber")
+            .field("names", &self.names)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Base64 fragments of `secret` that do not depend on what surrounds it, at the three
+/// alignments it can have inside a longer base64 string, in both alphabets.
+fn base64_forms(secret: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for engine in [
+        &base64::engine::general_purpose::STANDARD_NO_PAD,
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+    ] {
+        for k in 0..3usize {
+            let mut data = vec![0u8; k];
+            data.extend_from_slice(secret);
+            let enc = engine.encode(&data).into_bytes();
+            let bits = 8 * data.len();
+            // Characters covering prefix bits depend on the prefix; the last ones may depend
+            // on what follows.
+            let first = (8 * k).div_ceil(6);
+            let last = bits / 6; // characters fully inside the data
+            if last > first && last - first >= 8 {
+                out.push(enc[first..last].to_vec());
+            }
+        }
+    }
+    out
+}
+
+fn percent_forms(secret: &[u8]) -> Vec<Vec<u8>> {
+    let unreserved = |b: u8| b.is_ascii_alphanumeric() || b"-._~".contains(&b);
+    if secret.iter().all(|b| unreserved(*b)) {
+        return Vec::new();
+    }
+    let mut upper = Vec::new();
+    let mut lower = Vec::new();
+    for &b in secret {
+        if unreserved(b) {
+            upper.push(b);
+            lower.push(b);
+        } else {
+            upper.extend_from_slice(format!("%{b:02X}").as_bytes());
+            lower.extend_from_slice(format!("%{b:02x}").as_bytes());
+        }
+    }
+    if upper == lower {
+        vec![upper]
+    } else {
+        vec![upper, lower]
+    }
+}
+
+/// `len` bytes cut from `placeholder`, repeated if it is shorter.
+fn cut(placeholder: &[u8], len: usize) -> Vec<u8> {
+    placeholder.iter().copied().cycle().take(len).collect()
+}
+
+impl Scrubber {
+    /// The scrubber of `creds`' secrets; `None` when there are none.
+    pub fn new<'c>(creds: impl Iterator<Item = &'c Credential>) -> Option<Scrubber> {
+        let mut patterns = Vec::new();
+        let mut replacements = Vec::new();
+        let mut names = Vec::new();
+        for c in creds {
+            let secret = c.secret.expose().as_bytes();
+            let mut forms = vec![secret.to_vec()];
+            forms.extend(percent_forms(secret));
+            forms.extend(base64_forms(secret));
+            for f in forms {
+                if !patterns.contains(&f) {
+                    replacements.push((cut(c.placeholder.as_bytes(), f.len()), names.len()));
+                    patterns.push(f);
+                }
+            }
+            names.push(c.name.clone());
+        }
+        if patterns.is_empty() {
+            return None;
+        }
+        let ac = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&patterns)
+            .ok()?;
+        Some(Scrubber {
+            ac,
+            replacements,
+            patterns,
+            names,
+        })
+    }
+
+    /// Replace every secret in `buf` in place; the credentials found (indexes into names).
+    fn scrub(&self, buf: &mut [u8], found: &mut Vec<usize>) {
+        let hits: Vec<_> = self.ac.find_iter(&*buf).collect();
+        for m in hits {
+            let (with, who) = &self.replacements[m.pattern().as_usize()];
+            buf[m.start()..m.end()].copy_from_slice(with);
+            if !found.contains(who) {
+                found.push(*who);
+            }
+        }
+    }
+
+    /// How many bytes at the end of `buf` could be the start of a secret (held back until
+    /// more arrives).
+    fn held_tail(&self, buf: &[u8]) -> usize {
+        let mut keep = 0;
+        for p in &self.patterns {
+            let most = (p.len() - 1).min(buf.len());
+            for k in (keep + 1..=most).rev() {
+                if buf[buf.len() - k..] == p[..k] {
+                    keep = k;
+                    break;
+                }
+            }
+        }
+        keep
+    }
+
+    /// Scrub response headers in place; the names of the credentials found.
+    pub fn headers(&self, headers: &mut HeaderMap) -> Vec<&str> {
+        let mut found = Vec::new();
+        for v in headers.values_mut() {
+            if self.ac.is_match(v.as_bytes()) {
+                let mut bytes = v.as_bytes().to_vec();
+                self.scrub(&mut bytes, &mut found);
+                if let Ok(nv) = HeaderValue::from_bytes(&bytes) {
+                    *v = nv;
+                }
+            }
+        }
+        found.iter().map(|i| self.names[*i].as_str()).collect()
+    }
+}
+
+/// Who is told what a body carried: the credential names found, and whether the body went
+/// past the scan limit.
+#[derive(Debug, Default)]
+pub struct Findings {
+    pub names: Vec<String>,
+    pub unscanned_past: Option<u64>,
+}
+
+/// A response body with every secret replaced as it streams.
+pub struct Scrubbed<B> {
+    inner: B,
+    scrubber: Arc<Scrubber>,
+    held: Vec<u8>,
+    scanned: u64,
+    limit: u64,
+    /// Trailers that arrived while bytes were still held.
+    trailers: Option<HeaderMap>,
+    done: bool,
+    findings: Arc<Mutex<Findings>>,
+}
+
+impl<B> Scrubbed<B> {
+    pub fn new(
+        inner: B,
+        scrubber: Arc<Scrubber>,
+        limit: u64,
+        findings: Arc<Mutex<Findings>>,
+    ) -> Self {
+        Scrubbed {
+            inner,
+            scrubber,
+            held: Vec::new(),
+            scanned: 0,
+            limit,
+            trailers: None,
+            done: false,
+            findings,
+        }
+    }
+
+    fn note(&self, found: &[usize]) {
+        if found.is_empty() {
+            return;
+        }
+        if let Ok(mut f) = self.findings.lock() {
+            for i in found {
+                let n = &self.scrubber.names[*i];
+                if !f.names.contains(n) {
+                    f.names.push(n.clone());
+                }
+            }
+        }
+    }
+}
+
+impl<B> Body for Scrubbed<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = &mut *self;
+        loop {
+            if this.done {
+                if !this.held.is_empty() {
+                    return Poll::Ready(Some(Ok(Frame::data(
+                        std::mem::take(&mut this.held).into(),
+                    ))));
+                }
+                return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))));
+            }
+            let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    this.done = true;
+                    continue;
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Some(Ok(f))) => f,
+            };
+            let data = match frame.into_data() {
+                Ok(d) => d,
+                Err(frame) => {
+                    // Trailers: flush what is held first.
+                    this.trailers = frame.into_trailers().ok();
+                    this.done = true;
+                    continue;
+                }
+            };
+            if this.scanned >= this.limit && this.held.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
+            this.scanned += data.len() as u64;
+            let mut buf = std::mem::take(&mut this.held);
+            buf.extend_from_slice(&data);
+            let mut found = Vec::new();
+            this.scrubber.scrub(&mut buf, &mut found);
+            this.note(&found);
+            let keep = if this.scanned >= this.limit {
+                if let Ok(mut f) = this.findings.lock() {
+                    f.unscanned_past = Some(this.limit);
+                }
+                0
+            } else {
+                this.scrubber.held_tail(&buf)
+            };
+            this.held = buf.split_off(buf.len() - keep);
+            if !buf.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(buf.into()))));
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.held.is_empty() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // Replacements keep lengths: the inner body's hint holds, plus what is held.
+        let inner = self.inner.size_hint();
+        let held = self.held.len() as u64;
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + held);
+        if let Some(u) = inner.upper() {
+            hint.set_upper(u + held);
+        }
+        hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    fn cred(name: &str, secret: &str, placeholder: &str) -> Credential {
+        let raw = crate::config::credentials::RawCredential {
+            name: name.into(),
+            hosts: vec!["api.test".into()],
+            inject: crate::config::credentials::RawInject {
+                header: Some("Authorization".into()),
+                format: None,
+                replace_placeholder: None,
+            },
+            source: crate::config::credentials::RawSource {
+                file: Some("f".into()),
+                env: None,
+            },
+        };
+        let mut c =
+            crate::config::credentials::resolve(&raw, "sb", &|_| Ok(secret.to_string()), b"k")
+                .unwrap();
+        c.placeholder = placeholder.into();
+        c
+    }
+
+    const SECRET: &str = "sk-live/0123456789+abcdefghij";
+    const PH: &str = "egp_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+    async fn run(chunks: Vec<Vec<u8>>) -> (Vec<u8>, Vec<String>) {
+        let s = Arc::new(Scrubber::new([cred("api", SECRET, PH)].iter()).unwrap());
+        let stream = Chunks(chunks.into_iter().map(Bytes::from).collect());
+        let findings = Arc::new(Mutex::new(Findings::default()));
+        let body = Scrubbed::new(stream, s, 1 << 20, findings.clone());
+        let out = body.collect().await.unwrap().to_bytes().to_vec();
+        let names = findings.lock().unwrap().names.clone();
+        (out, names)
+    }
+
+    /// A body that yields these chunks, one per poll.
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_secret_split_across_chunks_is_replaced_at_the_same_length() {
+        let body = format!("{{\"echo\":\"{SECRET}\"}}").into_bytes();
+        for cut_at in 1..body.len() {
+            let (out, names) = run(vec![body[..cut_at].to_vec(), body[cut_at..].to_vec()]).await;
+            assert_eq!(out.len(), body.len());
+            assert!(
+                !String::from_utf8_lossy(&out).contains(SECRET),
+                "cut at {cut_at}"
+            );
+            assert!(String::from_utf8_lossy(&out).contains(&PH[..SECRET.len()]));
+            assert_eq!(names, vec!["api".to_string()]);
+        }
+    }
+
+    #[tokio::test]
+    async fn base64_and_percent_forms_are_found() {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        for prefix in ["", "u:", "us:", "use:"] {
+            let enc = b64.encode(format!("{prefix}{SECRET}"));
+            let (out, names) = run(vec![enc.clone().into_bytes()]).await;
+            assert_ne!(out, enc.as_bytes(), "prefix {prefix:?}");
+            assert_eq!(names.len(), 1);
+        }
+        let pct = SECRET.replace('/', "%2F").replace('+', "%2B");
+        let (out, names) = run(vec![pct.clone().into_bytes()]).await;
+        assert_ne!(out, pct.as_bytes());
+        assert_eq!(names.len(), 1);
+        // Clean bodies pass unchanged.
+        let (out, names) = run(vec![b"hello ".to_vec(), b"world".to_vec()]).await;
+        assert_eq!(out, b"hello world");
+        assert!(names.is_empty());
+    }
+
+    #[test]
+    fn headers_are_scrubbed() {
+        let s = Scrubber::new([cred("api", SECRET, PH)].iter()).unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(
+            "access-control-allow-origin",
+            HeaderValue::from_static(SECRET),
+        );
+        h.insert("x-ok", HeaderValue::from_static("fine"));
+        assert_eq!(s.headers(&mut h), vec!["api"]);
+        assert_eq!(h["access-control-allow-origin"], &PH[..SECRET.len()]);
+        assert_eq!(h["x-ok"], "fine");
+    }
+}
