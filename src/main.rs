@@ -96,7 +96,13 @@ enum Command {
 enum CaAction {
     /// Make a new CA for tls_intercept: DIR/ca.crt (install it in sandboxes) and DIR/ca.key
     /// (mode 0600, for the proxy only).
-    Init { dir: PathBuf },
+    Init {
+        dir: PathBuf,
+        /// Limit the CA to these DNS domains (X.509 name constraints): a stolen CA key can then
+        /// impersonate only names under them. Repeat for several domains.
+        #[arg(long = "permit", value_name = "DOMAIN")]
+        permit: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -133,8 +139,8 @@ fn main() -> ExitCode {
         Command::Validate { config } => validate(config),
         Command::HashToken => hash_token(),
         Command::Ca {
-            action: CaAction::Init { dir },
-        } => match egress_proxy::intercept::ca::init(&dir) {
+            action: CaAction::Init { dir, permit },
+        } => match egress_proxy::intercept::ca::init(&dir, &permit) {
             Ok(()) => {
                 println!(
                     "wrote {0}/ca.crt (give it to sandboxes) and {0}/ca.key (mode 0600: the proxy only)",

@@ -1040,3 +1040,53 @@ fn replace_anywhere_is_refused_at_load() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("{ headers: [Authorization] }"), "{err}");
 }
+
+/// The leaf presented for a terminated host carries key usage digitalSignature and EKU
+/// serverAuth; `ca init --permit` makes a CA with name constraints.
+#[test]
+fn leaves_are_server_certificates_and_a_ca_can_be_name_constrained() {
+    let e = env();
+    let port = e.upstream.addr.port();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl s_client -proxy {} -connect api.test:{port} -servername api.test -showcerts </dev/null 2>/dev/null | openssl x509 -noout -ext keyUsage,extendedKeyUsage",
+            e.proxy.proxy
+        ))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Digital Signature"), "{text}");
+    assert!(text.contains("TLS Web Server Authentication"), "{text}");
+
+    let dir = e.dir.path().join("constrained");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["ca", "init"])
+        .arg(&dir)
+        .args(["--permit", "example.com", "--permit", "api.test"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-ext", "nameConstraints", "-in"])
+        .arg(dir.join("ca.crt"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("DNS:example.com") && text.contains("DNS:api.test"),
+        "{text}"
+    );
+    // A bad domain is a clear error.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["ca", "init"])
+        .arg(e.dir.path().join("bad"))
+        .args(["--permit", "not a domain"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}

@@ -184,12 +184,46 @@ struct GatewayEnv {
 }
 
 fn gateway_env(n: u8, strict: bool, tproxy: bool) -> Option<GatewayEnv> {
+    gateway_env_with(n, strict, tproxy, false)
+}
+
+/// The admin token when `broker` is set (placeholders need it).
+const BROKER_ADMIN: &str = "admin-token-for-the-gateway-broker";
+/// The secret of the `api` credential when `broker` is set.
+const API_SECRET: &str = "sk-transparent-0123456789abcdefghijklmnop";
+
+/// [`gateway_env`]; with `broker`, an interception CA (`DIR/ica`) and a credential `api`
+/// bound to api.test (header `Authorization: Bearer {secret}`), so api.test is terminated.
+fn gateway_env_with(n: u8, strict: bool, tproxy: bool, broker: bool) -> Option<GatewayEnv> {
     if !can_run() {
         return None;
     }
     let ns = Netns::new("gw", 77, n);
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
+    let (top, creds) = if broker {
+        let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+            .args(["ca", "init"])
+            .arg(dir.path().join("ica"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(dir.path().join("api.secret"), API_SECRET).unwrap();
+        std::fs::write(dir.path().join("admin.token"), BROKER_ADMIN).unwrap();
+        (
+            format!(
+                "admin_token_file: admin.token\ntls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: {} }}\n",
+                ca.ca_pem.display()
+            ),
+            "    credentials:\n      - { name: api, hosts: [api.test], inject: { header: Authorization, format: \"Bearer {secret}\" }, source: { file: api.secret } }\n".to_string(),
+        )
+    } else {
+        (String::new(), String::new())
+    };
     let https = Origin::start_on(&ns.host_ip, Some(&ca));
     let https_by_addr = Origin::start_on(&ns.host_ip, Some(&ca));
     let http = Origin::start_on(&ns.host_ip, None);
@@ -205,11 +239,11 @@ defaults:
   guard_allow_ranges: [10.77.{n}.0/24]
   timeouts: {{ connect_ms: 2000, header_ms: 1500 }}
   require_tls_ports: [443, {by_addr}]
-sandboxes:
+{top}sandboxes:
   - id: sbx
     sources: [{sip}/32]
     strict_sni_dst: {strict}
-    policy:
+{creds}    policy:
       provider: local
       config: {{}}
       network:
@@ -1156,4 +1190,51 @@ sandboxes:
     let seen = String::from_utf8_lossy(&got.lock().unwrap()).into_owned();
     assert!(seen.contains("SSH-2.0-by-name"), "{seen}");
     assert!(!seen.contains("unresolved"), "{seen}");
+}
+
+/// A sandbox redirected by iptables (no HTTPS_PROXY) gets brokering too: api.test, decided by
+/// its SNI, is terminated; curl trusting the interception CA sends the placeholder, the origin
+/// receives the secret (its `/echo` sends it back, and the proxy scrubs it to the
+/// placeholder: `secret_reflected`).
+#[test]
+#[ignore = "needs root, ip, iptables"]
+fn gateway_terminates_bound_hosts_and_brokers_credentials() {
+    let Some(env) = gateway_env_with(9, false, false, true) else {
+        return;
+    };
+    let (status, body) = admin_req(
+        env.proxy.admin,
+        "GET",
+        "/v1/sandboxes/sbx/placeholders",
+        "",
+        Some(BROKER_ADMIN),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let placeholder = v["placeholders"][0]["placeholder"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ica = env._dir.path().join("ica/ca.crt").display().to_string();
+    let op = env.https.addr.port();
+    let ip = env.ns.host_ip.clone();
+    let auth = format!("Authorization: Bearer {placeholder}");
+    let (code, out) = env.ns.curl(&[
+        "--cacert",
+        &ica,
+        "--resolve",
+        &format!("api.test:{op}:{ip}"),
+        "-H",
+        &auth,
+        &format!("https://api.test:{op}/echo"),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains(API_SECRET), "the secret came back: {out}");
+    assert!(out.contains(&placeholder), "{out}");
+    let rec = env
+        .proxy
+        .wait_record(|r| r["mode"] == "https" && r["path"] == "/echo");
+    assert_eq!(rec["credential"], "api", "{rec}");
+    assert_eq!(rec["secret_reflected"], "api", "{rec}");
+    assert_eq!(rec["sandbox"], "sbx", "{rec}");
 }

@@ -5,7 +5,7 @@
 use super::error::InterceptError;
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyPair, KeyUsagePurpose,
@@ -15,15 +15,40 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 /// Leaf certificates kept at most (the oldest half is dropped past this).
 const CACHE_MAX: usize = 4096;
 
-/// A leaf certificate and its key, DER.
+/// A leaf certificate and its key, DER, with the TLS server configurations built from it
+/// (one per ALPN the upstream chose: none, `http/1.1`, `h2`), built once.
 pub struct Leaf {
     pub chain: Vec<CertificateDer<'static>>,
     pub key: Vec<u8>,
+    configs: [OnceLock<Arc<rustls::ServerConfig>>; 3],
 }
 
 impl Leaf {
     pub fn key_der(&self) -> PrivateKeyDer<'static> {
         PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key.clone()))
+    }
+
+    /// The server configuration presenting this leaf and offering `alpn` (what the upstream
+    /// chose), cached.
+    pub fn server_config(
+        &self,
+        alpn: Option<&[u8]>,
+    ) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+        let slot = match alpn {
+            None => 0,
+            Some(b"h2") => 2,
+            Some(_) => 1,
+        };
+        if let Some(c) = self.configs[slot].get() {
+            return Ok(c.clone());
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(self.chain.clone(), self.key_der())?;
+        cfg.alpn_protocols = alpn.map(|p| vec![p.to_vec()]).unwrap_or_default();
+        Ok(self.configs[slot].get_or_init(|| Arc::new(cfg)).clone())
     }
 }
 
@@ -77,6 +102,9 @@ impl InterceptCa {
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, host);
         params.distinguished_name = dn;
+        // What strict verifiers (Apple's, Go's with EKU checks) require of a server leaf.
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
         let now = time::OffsetDateTime::now_utc();
         params.not_before = now - time::Duration::hours(1);
         params.not_after = now + time::Duration::days(7);
@@ -84,6 +112,7 @@ impl InterceptCa {
         let leaf = Arc::new(Leaf {
             chain: vec![cert.der().clone(), self.ca_der.clone()],
             key: key.serialize_der(),
+            configs: Default::default(),
         });
         if let Ok(mut m) = self.leaves.lock() {
             if m.len() >= CACHE_MAX {
@@ -108,9 +137,17 @@ fn rustls_pemfile_first_cert(pem: &str) -> Result<CertificateDer<'static>, Inter
         })
 }
 
-/// `egress-proxy ca init DIR`: a new CA for interception, `DIR/ca.crt` (give it to sandboxes)
-/// and `DIR/ca.key` (mode 0600; give it only to the proxy).
-pub fn init(dir: &Path) -> Result<(), InterceptError> {
+/// `egress-proxy ca init DIR [--permit DOMAIN]...`: a new CA for interception, `DIR/ca.crt`
+/// (give it to sandboxes) and `DIR/ca.key` (mode 0600; give it only to the proxy). With
+/// `permit`, the CA carries name constraints: clients accept what it signs only for names
+/// under those domains, so a stolen key cannot impersonate anything else.
+pub fn init(dir: &Path, permit: &[String]) -> Result<(), InterceptError> {
+    let mut permitted = Vec::new();
+    for d in permit {
+        let name = crate::policy::hostname::normalize_name(d.trim_start_matches('.'))
+            .map_err(|e| InterceptError::content("ca init --permit", format!("`{d}`: {e}")))?;
+        permitted.push(rcgen::GeneralSubtree::DnsName(name));
+    }
     std::fs::create_dir_all(dir).map_err(|e| InterceptError::file("ca init", dir, e))?;
     let (crt, key_path) = (dir.join("ca.crt"), dir.join("ca.key"));
     if crt.exists() || key_path.exists() {
@@ -120,6 +157,12 @@ pub fn init(dir: &Path) -> Result<(), InterceptError> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    if !permitted.is_empty() {
+        params.name_constraints = Some(rcgen::NameConstraints {
+            permitted_subtrees: permitted,
+            excluded_subtrees: Vec::new(),
+        });
+    }
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, "egress-proxy interception CA");
     params.distinguished_name = dn;

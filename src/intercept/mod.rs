@@ -40,8 +40,9 @@ use prefixed::Prefixed;
 /// What terminating needs, loaded at start.
 pub struct Interceptor {
     ca: InterceptCa,
-    /// Upstream TLS, without ALPN (set per connection from what the client offered).
-    upstream: Arc<rustls::ClientConfig>,
+    /// Upstream TLS, one per ALPN offer a client can make (none, `http/1.1`, `h2`, both),
+    /// built once.
+    upstream: [Arc<rustls::ClientConfig>; 4],
     never: Vec<BoundHost>,
     scrub_body_bytes: u64,
 }
@@ -75,9 +76,19 @@ impl Interceptor {
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
             .with_no_client_auth();
+        let offering = |protocols: &[&[u8]]| {
+            let mut c = upstream.clone();
+            c.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
+            Arc::new(c)
+        };
         Ok(Interceptor {
             ca,
-            upstream: Arc::new(upstream),
+            upstream: [
+                offering(&[]),
+                offering(&[b"http/1.1"]),
+                offering(&[b"h2"]),
+                offering(&[b"h2", b"http/1.1"]),
+            ],
             never: cfg.never.clone(),
             scrub_body_bytes: cfg.scrub_body_bytes,
         })
@@ -174,19 +185,16 @@ where
             }
         };
     }
-    let alpn: Vec<Vec<u8>> = t
-        .client_alpn
-        .iter()
-        .filter(|p| *p == "h2" || *p == "http/1.1")
-        .map(|p| p.as_bytes().to_vec())
-        .collect();
-    let mut up_cfg = (*ix.upstream).clone();
-    up_cfg.alpn_protocols = alpn;
+    // Offer the upstream what the client offered (of HTTP/1.1 and HTTP/2), so the protocol
+    // the upstream picks is one the client speaks.
+    let h1 = t.client_alpn.iter().any(|p| p == "http/1.1");
+    let h2 = t.client_alpn.iter().any(|p| p == "h2");
+    let up_cfg = ix.upstream[usize::from(h1) + 2 * usize::from(h2)].clone();
     let Ok(name) = ServerName::try_from(t.host.to_string()) else {
         audit.detail("terminating: the host is not a TLS server name");
         return Relayed::nothing(Close::Error);
     };
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(up_cfg));
+    let connector = tokio_rustls::TlsConnector::from(up_cfg);
     let upstream = match step!(
         "the upstream's TLS handshake",
         connector.connect(name, t.server)
@@ -209,22 +217,14 @@ where
             return Relayed::nothing(Close::Error);
         }
     };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let server_cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .and_then(|b| {
-            b.with_no_client_auth()
-                .with_single_cert(leaf.chain.clone(), leaf.key_der())
-        });
-    let mut server_cfg = match server_cfg {
+    let server_cfg = match leaf.server_config(negotiated.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             audit.detail(format!("terminating: {e}"));
             return Relayed::nothing(Close::Error);
         }
     };
-    server_cfg.alpn_protocols = negotiated.into_iter().collect();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_cfg));
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
     let client = match step!(
         "the client's TLS handshake",
         acceptor.accept(Prefixed::new(t.early, t.client))

@@ -137,15 +137,40 @@ pub async fn serve(
     // The set is not kept alive by a long tunnel: the watch re-reads the newest one.
     drop(set);
 
-    // 8. Replay what was peeked, then relay until the end, idleness, revocation or shutdown.
-    audit.open();
+    // 8. Replay what was peeked (or terminate), then relay until the end, idleness,
+    //    revocation or shutdown.
     let _active = sb.stats(shared.metrics()).active();
     let stop = shared.watch(grant).stopped();
     let mut up = dialed.stream;
     let limiter = slot.limiter();
     let idle = shared.settings.timeouts.idle;
     let shaper = limiter.shapes().then_some(&**limiter);
-    let relayed = if matches!(peeked, Peeked::Http { .. }) {
+    let terminate = match &peeked {
+        Peeked::Tls(hello) => shared
+            .settings
+            .interceptor
+            .as_ref()
+            .filter(|ix| ix.terminates(&sb.binding, &target.host.to_string()))
+            .map(|ix| (ix, hello.alpn.clone())),
+        _ => None,
+    };
+    let relayed = if let Some((ix, client_alpn)) = terminate {
+        // A host credentials or HTTP rules are bound to: terminated, as on the explicit
+        // proxy (the SNI decided the name).
+        let tunnel = crate::intercept::Tunnel {
+            current: shared.current_binding(&sb.binding.id),
+            host: &target.host.to_string(),
+            port: target.port,
+            client: crate::relay::client_io::ClientIo::Tcp(stream),
+            early: buf,
+            server: up,
+            client_alpn,
+        };
+        let live = Arc::new(crate::relay::liveness::Liveness::new(idle));
+        let wait = shared.settings.timeouts.header;
+        crate::intercept::serve(ix, tunnel, &mut audit, stop, live, wait).await
+    } else if matches!(peeked, Peeked::Http { .. }) {
+        audit.open();
         // Decided by Host: every later request on the connection is checked too.
         let checked = crate::relay::http_checked::relay_checked(
             stream, up, buf, &target, report, idle, stop, shaper,
@@ -156,6 +181,7 @@ pub async fn serve(
         }
         checked.relayed
     } else {
+        audit.open();
         match up.write_all(&buf).await {
             Ok(()) => {
                 let mut r = crate::relay::tunnel::relay_tcp(stream, up, idle, stop, shaper).await;

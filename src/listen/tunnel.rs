@@ -143,14 +143,8 @@ where
     if let Some(ix) = terminate {
         match &inspected.first {
             FirstBytes::Client(Peeked::Tls(hello)) => {
-                let shared2 = Arc::clone(shared);
-                let id = sandbox.binding.id.clone();
                 let tunnel = crate::intercept::Tunnel {
-                    current: Box::new(move || {
-                        let set = shared2.policy.load();
-                        set.get(id.as_str())
-                            .map(|s| (s.binding.clone(), set.version_arc()))
-                    }),
+                    current: shared.current_binding(&sandbox.binding.id),
                     host: &target.host.to_string(),
                     port: target.port,
                     client,

@@ -124,6 +124,21 @@ impl Shared {
     }
 
     /// Watch `grant` against every later policy and the process phase.
+    /// The binding of sandbox `id` as it is at each call, with the version of the set it is
+    /// in: what a terminated tunnel reads per request.
+    pub fn current_binding(
+        self: &Arc<Self>,
+        id: &crate::policy::sandbox_id::SandboxId,
+    ) -> crate::intercept::CurrentBinding {
+        let shared = Arc::clone(self);
+        let id = id.clone();
+        Box::new(move || {
+            let set = shared.policy.load();
+            set.get(id.as_str())
+                .map(|s| (s.binding.clone(), set.version_arc()))
+        })
+    }
+
     pub fn watch(&self, grant: Grant) -> Watch {
         let mine = self.policy.subscribe_sandbox(&grant.sandbox);
         Watch::new(grant, self.policy.subscribe(), mine, self.phase.subscribe())
