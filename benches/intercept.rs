@@ -1,9 +1,13 @@
 //! Requests per second through a terminated host (a credential bound to it: TLS terminated,
-//! the header injected, the request re-sent upstream) versus a relayed one (the tunnel
-//! untouched), with the same HTTPS upstream, the same client and keep-alive HTTP/1.1.
+//! the header injected, the request checked and re-sent upstream, the response scrubbed)
+//! versus a relayed one (the tunnel untouched), with the same HTTPS upstream, the same client
+//! and keep-alive connections: HTTP/1.1, or HTTP/2 with `--h2` (`--streams` concurrent
+//! streams per connection). Only 200 answers are counted; any other status aborts the run.
 //!
 //! ```text
 //! cargo build --release && cargo bench --bench intercept -- --connections 8 --seconds 5
+//! cargo bench --bench intercept -- --connections 4 --streams 8 --seconds 5 --h2
+//! cargo bench --bench intercept -- --bin /tmp/old/target/release/egress-proxy   # A/B
 //! ```
 //! It makes its own CAs, starts `target/release/egress-proxy` and a hyper HTTPS upstream on
 //! loopback, and prints one JSON line.
@@ -49,7 +53,7 @@ async fn upstream(cert: Vec<u8>, key: Vec<u8>) -> SocketAddr {
             rustls::pki_types::PrivateKeyDer::Pkcs8(key.into()),
         )
         .expect("cert");
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -67,21 +71,59 @@ async fn upstream(cert: Vec<u8>, key: Vec<u8>) -> SocketAddr {
                         Bytes::from_static(b"ok\n"),
                     )))
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                let io = hyper_util::rt::TokioIo::new(tls);
+                if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
+                    let _ = hyper::server::conn::http2::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(io, svc)
                     .await;
+                } else {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, svc)
+                        .await;
+                }
             });
         }
     });
     addr
 }
 
-/// Keep-alive GETs through one tunnel to `host` until `until`; returns how many.
+/// How a client connection speaks.
+#[derive(Clone, Copy)]
+struct Shape {
+    h2: bool,
+    /// Concurrent streams per connection (HTTP/2).
+    streams: usize,
+}
+
+/// A GET as the sandbox sends it (the placeholder in Authorization).
+fn request(uri: &str, host: Option<&str>) -> http::Request<Empty<Bytes>> {
+    let mut b = http::Request::get(uri).header("authorization", "Bearer placeholder");
+    if let Some(h) = host {
+        b = b.header("host", h);
+    }
+    b.body(Empty::<Bytes>::new()).expect("req")
+}
+
+/// Count an answer; anything but 200 aborts the run (the bench measures answered requests).
+async fn answered(resp: http::Response<hyper::body::Incoming>, count: &AtomicU64) {
+    assert_eq!(
+        resp.status(),
+        200,
+        "the bench must measure answered requests"
+    );
+    let _ = resp.into_body().collect().await;
+    count.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Keep-alive GETs through one tunnel to `host` until `until`, counted in `count`.
 async fn client(
     proxy: SocketAddr,
     host: &'static str,
     port: u16,
-    roots: Arc<rustls::ClientConfig>,
+    tls_cfg: Arc<rustls::ClientConfig>,
+    shape: Shape,
     until: Instant,
     count: Arc<AtomicU64>,
 ) {
@@ -102,31 +144,62 @@ async fn client(
         "{}",
         String::from_utf8_lossy(&head)
     );
-    let tls = tokio_rustls::TlsConnector::from(roots)
+    let tls = tokio_rustls::TlsConnector::from(tls_cfg)
         .connect(host.try_into().expect("name"), tcp)
         .await
         .expect("tls");
-    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-        .await
-        .expect("h1");
+    let io = hyper_util::rt::TokioIo::new(tls);
+    let authority = format!("{host}:{port}");
+    if shape.h2 {
+        let (send, conn) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                .await
+                .expect("h2");
+        tokio::spawn(conn);
+        let uri = format!("https://{authority}/v1/x");
+        let tasks: Vec<_> = (0..shape.streams)
+            .map(|_| {
+                let send = send.clone();
+                let (uri, count) = (uri.clone(), count.clone());
+                tokio::spawn(async move {
+                    let mut send = send;
+                    while Instant::now() < until {
+                        let resp = send
+                            .send_request(request(&uri, None))
+                            .await
+                            .expect("request");
+                        answered(resp, &count).await;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            let _ = t.await;
+        }
+        return;
+    }
+    let (send, conn) = hyper::client::conn::http1::handshake(io).await.expect("h1");
     tokio::spawn(conn);
+    let mut send = send;
     while Instant::now() < until {
-        let req = http::Request::get("/v1/x")
-            .header("host", host)
-            .header("authorization", "Bearer placeholder")
-            .body(Empty::<Bytes>::new())
-            .expect("req");
-        let resp = send.send_request(req).await.expect("request");
-        let _ = resp.into_body().collect().await;
-        count.fetch_add(1, Ordering::Relaxed);
+        let resp = send
+            .send_request(request("/v1/x", Some(&authority)))
+            .await
+            .expect("request");
+        answered(resp, &count).await;
     }
 }
 
 fn main() {
     let conns = arg("--connections", 8);
     let secs = arg("--seconds", 5);
+    let shape = Shape {
+        h2: std::env::args().any(|a| a == "--h2"),
+        streams: arg("--streams", 1) as usize,
+    };
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let bin = root.join("target/release/egress-proxy");
+    // `--bin PATH` runs another build (an A/B against the previous commit).
+    let bin = arg("--bin", root.join("target/release/egress-proxy"));
     assert!(bin.exists(), "build first: cargo build --release");
     let dir = tempfile::tempdir().expect("tmp");
     let ok = Command::new(&bin)
@@ -185,10 +258,18 @@ sandboxes:
         .expect("tls")
         .with_root_certificates(roots)
         .with_no_client_auth();
-    ccfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    ccfg.alpn_protocols = if shape.h2 {
+        vec![b"h2".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
     let ccfg = Arc::new(ccfg);
     let mut out = serde_json::Map::new();
-    for round in 0..2 {
+    out.insert(
+        "protocol".into(),
+        serde_json::json!(if shape.h2 { "h2" } else { "http/1.1" }),
+    );
+    for round in 0..3 {
         for host in ["bound.test", "relayed.test"] {
             let count = Arc::new(AtomicU64::new(0));
             let until = Instant::now() + Duration::from_secs(secs);
@@ -200,6 +281,7 @@ sandboxes:
                             host,
                             port,
                             ccfg.clone(),
+                            shape,
                             until,
                             count.clone(),
                         ))

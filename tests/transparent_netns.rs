@@ -1237,4 +1237,19 @@ fn gateway_terminates_bound_hosts_and_brokers_credentials() {
     assert_eq!(rec["credential"], "api", "{rec}");
     assert_eq!(rec["secret_reflected"], "api", "{rec}");
     assert_eq!(rec["sandbox"], "sbx", "{rec}");
+
+    // Plain HTTP to the bound host: reset, nothing reaches it.
+    let hp = env.http.addr.port();
+    let (code, out) = env.ns.curl(&[
+        "--resolve",
+        &format!("api.test:{hp}:{ip}"),
+        "-H",
+        &auth,
+        &format!("http://api.test:{hp}/plain"),
+    ]);
+    assert_ne!(code, 0, "{out}");
+    let rec = env
+        .proxy
+        .wait_record(|r| r["mode"] == "host" && r["reason"] == "credential_misuse");
+    assert_eq!(rec["decision"], "deny", "{rec}");
 }

@@ -24,14 +24,19 @@ pub fn names_decided(value: &str, host: &str, port: u16) -> bool {
         return false;
     }
     match value.rsplit_once(':') {
-        Some((h, p)) => h.eq_ignore_ascii_case(host) && p == port.to_string(),
+        Some((h, p)) => {
+            h.eq_ignore_ascii_case(host)
+                && !p.starts_with('0')
+                && p.bytes().all(|b| b.is_ascii_digit())
+                && p.parse::<u16>() == Ok(port)
+        }
         None => port == 443 && value.eq_ignore_ascii_case(host),
     }
 }
 
 /// Why `req` does not name exactly the decided authority, if it does not.
 pub fn mismatch<B>(req: &Request<B>, host: &str, port: u16) -> Option<String> {
-    let want = decided(host, port);
+    let want = || decided(host, port);
     let hosts = req.headers().get_all(HOST);
     let mut n = 0;
     for h in hosts.iter() {
@@ -41,40 +46,58 @@ pub fn mismatch<B>(req: &Request<B>, host: &str, port: u16) -> Option<String> {
         }
         if !names_decided(&String::from_utf8_lossy(h.as_bytes()), host, port) {
             return Some(format!(
-                "the Host header is not {want}, the authority the tunnel was decided for"
+                "the Host header is not {}, the authority the tunnel was decided for",
+                want()
             ));
         }
     }
     if let Some(a) = req.uri().authority() {
         if !names_decided(a.as_str(), host, port) {
             return Some(format!(
-                "the request's authority is not {want}, the authority the tunnel was decided for"
+                "the request's authority is not {}, the authority the tunnel was decided for",
+                want()
             ));
         }
     }
     None
 }
 
-/// Write the one authority: every client Host removed; HTTP/1.1 gets an origin-form target and
-/// one Host, HTTP/2 an absolute URI (`:authority`) and no Host.
-pub fn write<B>(req: &mut Request<B>, host: &str, port: u16, h2: bool) {
-    let authority = decided(host, port);
-    req.headers_mut().remove(HOST);
-    let pq = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "/".into());
-    let uri = if h2 {
-        format!("https://{authority}{pq}")
-    } else {
-        if let Ok(v) = http::HeaderValue::from_str(&authority) {
-            req.headers_mut().insert(HOST, v);
+/// The authority the proxy writes for one tunnel, built once.
+#[derive(Debug, Clone)]
+pub struct Written {
+    authority: http::uri::Authority,
+    host: http::HeaderValue,
+}
+
+impl Written {
+    pub fn new(host: &str, port: u16) -> Option<Self> {
+        let text = decided(host, port);
+        Some(Written {
+            authority: text.parse().ok()?,
+            host: http::HeaderValue::from_str(&text).ok()?,
+        })
+    }
+
+    /// Write the one authority on `req`: every client Host removed; HTTP/1.1 gets an
+    /// origin-form target and one Host, HTTP/2 an absolute URI (`:authority`) and no Host.
+    pub fn write<B>(&self, req: &mut Request<B>, h2: bool) {
+        req.headers_mut().remove(HOST);
+        let mut parts = http::uri::Parts::default();
+        parts.path_and_query = Some(
+            req.uri()
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+        );
+        if h2 {
+            parts.scheme = Some(http::uri::Scheme::HTTPS);
+            parts.authority = Some(self.authority.clone());
+        } else {
+            req.headers_mut().insert(HOST, self.host.clone());
         }
-        pq
-    };
-    if let Ok(u) = uri.parse::<Uri>() {
-        *req.uri_mut() = u;
+        if let Ok(u) = Uri::from_parts(parts) {
+            *req.uri_mut() = u;
+        }
     }
 }
 
@@ -120,12 +143,12 @@ mod tests {
     #[test]
     fn the_proxy_writes_one_authority() {
         let mut r = req("https://api.test:8443/v1?q=1", &["api.test:8443"]);
-        write(&mut r, "api.test", 8443, false);
+        Written::new("api.test", 8443).unwrap().write(&mut r, false);
         assert_eq!(r.uri(), "/v1?q=1");
         assert_eq!(r.headers().get_all(HOST).iter().count(), 1);
         assert_eq!(r.headers()[HOST], "api.test:8443");
         let mut r = req("/v1", &["api.test"]);
-        write(&mut r, "api.test", 443, true);
+        Written::new("api.test", 443).unwrap().write(&mut r, true);
         assert_eq!(r.uri(), "https://api.test/v1");
         assert!(r.headers().get(HOST).is_none());
     }

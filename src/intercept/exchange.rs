@@ -31,7 +31,7 @@ use crate::audit::record::HttpFacts;
 use crate::audit::Recorder;
 use crate::config::credentials::Inject;
 use crate::config::Binding;
-use crate::policy::http_rules::{canonical_path, method_refusal};
+use crate::policy::http_rules::{canonical_path, method_refusal, HttpRule};
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
 use crate::relay::counted::Counted;
@@ -95,8 +95,47 @@ impl Upstream {
 /// the sandbox is gone).
 pub type CurrentBinding = Box<dyn Fn() -> Option<(Arc<Binding>, Arc<str>)> + Send + Sync>;
 
-/// A binding, and the scrubber of its secrets bound to the tunnel's host (none: no secret).
-type ScrubberOf = (Arc<Binding>, Option<Arc<Scrubber>>);
+/// What a binding means for this tunnel's host, worked out once per binding (a reload makes
+/// a new binding, and the next request a new `Prepared`).
+struct Prepared {
+    binding: Arc<Binding>,
+    /// The `network.http` rules for this host.
+    rules: Vec<HttpRule>,
+    /// Header credentials bound here: the header and its value, built once.
+    headers: Vec<(http::HeaderName, HeaderValue, String)>,
+    /// The scrubber of the secrets bound here (none: no secret).
+    scrubber: Option<Arc<Scrubber>>,
+}
+
+impl Prepared {
+    fn new(binding: Arc<Binding>, host: &str) -> Self {
+        let rules = binding
+            .network
+            .http
+            .iter()
+            .filter(|r| r.host.matches(host))
+            .cloned()
+            .collect();
+        let mut headers = Vec::new();
+        for c in binding.credentials.iter().filter(|c| c.bound_to(host)) {
+            if let Inject::Header { name, format } = &c.inject {
+                let value = format.replace("{secret}", c.secret.expose());
+                if let Ok(mut v) = HeaderValue::from_str(&value) {
+                    v.set_sensitive(true);
+                    headers.push((name.clone(), v, c.name.clone()));
+                }
+            }
+        }
+        let scrubber =
+            Scrubber::new(binding.credentials.iter().filter(|c| c.bound_to(host))).map(Arc::new);
+        Prepared {
+            binding,
+            rules,
+            headers,
+            scrubber,
+        }
+    }
+}
 
 /// Where a terminated tunnel leads.
 pub struct Destination {
@@ -108,13 +147,15 @@ pub struct Destination {
 pub struct Exchange {
     current: CurrentBinding,
     dest: Destination,
+    /// The one authority requests go upstream with.
+    written: authority::Written,
     upstream: Upstream,
     recorder: Recorder,
     live: Arc<Liveness>,
     /// Bytes of a response body scanned for secrets, at most.
     scrub_limit: u64,
     /// The scrubber of the binding last seen (rebuilt when the binding changes).
-    scrubber: Mutex<Option<ScrubberOf>>,
+    prepared: Mutex<Option<Arc<Prepared>>>,
 }
 
 /// Why a request is refused, for the response and the record.
@@ -155,29 +196,26 @@ impl Exchange {
         recorder: Recorder,
         live: Arc<Liveness>,
         scrub_limit: u64,
-    ) -> Self {
-        Exchange {
+    ) -> Option<Self> {
+        Some(Exchange {
             current,
+            written: authority::Written::new(&dest.host, dest.port)?,
             dest,
             upstream,
             recorder,
             live,
             scrub_limit,
-            scrubber: Mutex::new(None),
-        }
+            prepared: Mutex::new(None),
+        })
     }
 
-    /// What is wrong with `req` under `b`, if anything (before any credential is put on it).
-    fn check(&self, b: &Binding, req: &Request<Incoming>) -> Option<Refusal> {
+    /// What is wrong with `req` under `p`, if anything (before any credential is put on it).
+    fn check(&self, p: &Prepared, req: &Request<Incoming>) -> Option<Refusal> {
+        let b = &*p.binding;
         let host = self.dest.host.as_str();
         let method = req.method().as_str();
-        let rules: Vec<_> = b
-            .network
-            .http
-            .iter()
-            .filter(|r| r.host.matches(host))
-            .collect();
-        if let Some(why) = method_refusal(method, rules.iter().copied()) {
+        let rules = &p.rules;
+        if let Some(why) = method_refusal(method, rules.iter()) {
             return Some(Refusal::new(Reason::HttpNotAllowed, why));
         }
         if let Some(why) = authority::mismatch(req, host, self.dest.port) {
@@ -223,20 +261,18 @@ impl Exchange {
         None
     }
 
-    /// The scrubber for `b`'s secrets bound to this host (cached per binding).
-    fn scrubber(&self, b: &Arc<Binding>) -> Option<Arc<Scrubber>> {
-        let Ok(mut cache) = self.scrubber.lock() else {
-            return None;
-        };
-        if let Some((seen, s)) = cache.as_ref() {
-            if Arc::ptr_eq(seen, b) {
-                return s.clone();
+    /// What `b` means for this host (cached per binding).
+    fn prepared(&self, b: Arc<Binding>) -> Arc<Prepared> {
+        if let Ok(cache) = self.prepared.lock() {
+            if let Some(p) = cache.as_ref().filter(|p| Arc::ptr_eq(&p.binding, &b)) {
+                return p.clone();
             }
         }
-        let host = self.dest.host.as_str();
-        let s = Scrubber::new(b.credentials.iter().filter(|c| c.bound_to(host))).map(Arc::new);
-        *cache = Some((b.clone(), s.clone()));
-        s
+        let p = Arc::new(Prepared::new(b, &self.dest.host));
+        if let Ok(mut cache) = self.prepared.lock() {
+            *cache = Some(p.clone());
+        }
+        p
     }
 
     pub async fn handle(&self, mut req: Request<Incoming>) -> Response<ResBody> {
@@ -262,7 +298,9 @@ impl Exchange {
         };
         audit.record.policy_version = version;
         let mut verdict = Verdict::Allow;
-        if let Some(r) = self.check(&binding, &req) {
+        let prepared = self.prepared(binding);
+        let binding = &prepared.binding;
+        if let Some(r) = self.check(&prepared, &req) {
             if binding.enforcement == Enforcement::Report && r.reason.reportable() {
                 verdict = Verdict::Report;
                 audit.verdict(verdict, r.reason);
@@ -277,12 +315,12 @@ impl Exchange {
         }
         // A request the check would refuse is never given a credential.
         let injected = match verdict {
-            Verdict::Allow => self.inject(&binding, &mut req),
+            Verdict::Allow => self.inject(&prepared, &mut req),
             _ => None,
         };
         let h2 = matches!(self.upstream, Upstream::H2(_));
-        authority::write(&mut req, &self.dest.host, self.dest.port, h2);
-        let scrubber = self.scrubber(&binding);
+        self.written.write(&mut req, h2);
+        let scrubber = prepared.scrubber.clone();
         if scrubber.is_some() {
             req.headers_mut().insert(
                 http::header::ACCEPT_ENCODING,
@@ -368,19 +406,21 @@ impl Exchange {
         })
     }
 
-    /// Put the credentials of `b` bound to this host on `req`; the names of those used.
-    fn inject(&self, b: &Binding, req: &mut Request<Incoming>) -> Option<String> {
+    /// Put the credentials bound to this host on `req`; the names of those used.
+    fn inject(&self, p: &Prepared, req: &mut Request<Incoming>) -> Option<String> {
         let mut used: Vec<&str> = Vec::new();
-        for c in b.credentials.iter().filter(|c| c.bound_to(&self.dest.host)) {
+        for (name, value, credential) in &p.headers {
+            req.headers_mut().insert(name.clone(), value.clone());
+            used.push(credential);
+        }
+        for c in p
+            .binding
+            .credentials
+            .iter()
+            .filter(|c| c.bound_to(&self.dest.host))
+        {
             match &c.inject {
-                Inject::Header { name, format } => {
-                    let value = format.replace("{secret}", c.secret.expose());
-                    if let Ok(mut v) = HeaderValue::from_str(&value) {
-                        v.set_sensitive(true);
-                        req.headers_mut().insert(name.clone(), v);
-                        used.push(&c.name);
-                    }
-                }
+                Inject::Header { .. } => {}
                 Inject::ReplacePlaceholder { headers } => {
                     let mut found = false;
                     for name in headers {

@@ -249,7 +249,7 @@ where
             return Relayed::nothing(Close::Error);
         }
     };
-    let ex = Arc::new(Exchange::new(
+    let Some(ex) = Exchange::new(
         t.current,
         Destination {
             host: t.host.to_string(),
@@ -259,7 +259,11 @@ where
         audit.recorder(),
         live.clone(),
         ix.scrub_body_bytes,
-    ));
+    ) else {
+        audit.detail("terminating: the host and port are not an authority");
+        return Relayed::nothing(Close::Error);
+    };
+    let ex = Arc::new(ex);
     let svc = hyper::service::service_fn(move |req| {
         let ex = ex.clone();
         async move { Ok::<_, std::convert::Infallible>(ex.handle(req).await) }

@@ -264,6 +264,22 @@ where
                 return Poll::Ready(Some(Ok(Frame::data(data))));
             }
             this.scanned += data.len() as u64;
+            if this.held.is_empty()
+                && this.scanned < this.limit
+                && !this.scrubber.ac.is_match(&data)
+            {
+                // The common case: nothing to replace, nothing held — pass the chunk as it
+                // is, holding back only a tail that could begin a secret.
+                let keep = this.scrubber.held_tail(&data);
+                if keep > 0 {
+                    this.held = data[data.len() - keep..].to_vec();
+                }
+                let out = data.slice(..data.len() - keep);
+                if !out.is_empty() {
+                    return Poll::Ready(Some(Ok(Frame::data(out))));
+                }
+                continue;
+            }
             let mut buf = std::mem::take(&mut this.held);
             buf.extend_from_slice(&data);
             let mut found = Vec::new();

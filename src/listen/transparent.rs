@@ -145,13 +145,25 @@ pub async fn serve(
     let limiter = slot.limiter();
     let idle = shared.settings.timeouts.idle;
     let shaper = limiter.shapes().then_some(&**limiter);
-    let terminate = match &peeked {
-        Peeked::Tls(hello) => shared
-            .settings
-            .interceptor
-            .as_ref()
-            .filter(|ix| ix.terminates(&sb.binding, &target.host.to_string()))
-            .map(|ix| (ix, hello.alpn.clone())),
+    let bound = shared
+        .settings
+        .interceptor
+        .as_ref()
+        .filter(|ix| ix.terminates(&sb.binding, &target.host.to_string()));
+    let terminate = match (&peeked, bound) {
+        (Peeked::Tls(hello), Some(ix)) => Some((ix, hello.alpn.clone())),
+        (_, Some(_)) => {
+            // As on the explicit proxy: a bound host takes nothing but TLS (a secret never
+            // travels in clear), and nothing reaches it.
+            audit.detail(
+                "the host's credentials or HTTP rules need TLS; this connection is not TLS",
+            );
+            return reset(
+                stream,
+                audit,
+                Decision::deny(Reason::CredentialMisuse, None),
+            );
+        }
         _ => None,
     };
     let relayed = if let Some((ix, client_alpn)) = terminate {
