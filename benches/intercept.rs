@@ -269,6 +269,7 @@ sandboxes:
         "protocol".into(),
         serde_json::json!(if shape.h2 { "h2" } else { "http/1.1" }),
     );
+    let mut cpu_before = cpu_us(child.id()).unwrap_or(0);
     for round in 0..3 {
         for host in ["bound.test", "relayed.test"] {
             let count = Arc::new(AtomicU64::new(0));
@@ -292,6 +293,16 @@ sandboxes:
                 }
             });
             let rps = count.load(Ordering::Relaxed) as f64 / secs as f64;
+            let cpu = cpu_us(child.id()).unwrap_or(0);
+            let used = cpu.saturating_sub(cpu_before);
+            cpu_before = cpu;
+            out.insert(
+                format!("{host}_round{round}_proxy_cpu_us_per_req"),
+                serde_json::json!(
+                    (used as f64 / count.load(Ordering::Relaxed).max(1) as f64 * 10.0).round()
+                        / 10.0
+                ),
+            );
             out.insert(
                 format!("{host}_round{round}_req_per_s"),
                 serde_json::json!(rps.round()),

@@ -77,3 +77,16 @@ pub fn start_proxy(bin: &Path, config: &Path, env: &[(&str, &str)]) -> Started {
         child,
     }
 }
+
+/// CPU time (user + system) process `pid` has used so far, in microseconds (`/proc/PID/stat`;
+/// instruction counters are not available on every VM, this is).
+pub fn cpu_us(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // USER_HZ is 100 on every Linux this runs on.
+    let hz = 100u64;
+    Some(ticks * 1_000_000 / hz)
+}
