@@ -40,7 +40,10 @@ pub const LIMITS: Limits = Limits {
     bandwidth_up_bps: None,
     bandwidth_down_bps: None,
     dns_queries_per_second: 100.0,
+    socket_buffer_bytes: Some(SOCKET_BUFFER_BYTES),
 };
+/// `defaults.limits.socket_buffer_bytes`: 256 KiB.
+pub const SOCKET_BUFFER_BYTES: u32 = 256 * 1024;
 /// `dns.max_answer_ttl_s`
 pub const MAX_ANSWER_TTL_S: u32 = 60;
 /// `audit.path`: stdout.
@@ -79,6 +82,12 @@ pub(super) fn resolve_limits(raw: &RawLimits, base: Option<&Limits>) -> Limits {
         dns_queries_per_second: raw
             .dns_queries_per_second
             .unwrap_or(d.dns_queries_per_second),
+        socket_buffer_bytes: match raw.socket_buffer_bytes {
+            // 0: the kernel's autotuning.
+            Some(0) => None,
+            Some(n) => Some(n),
+            None => d.socket_buffer_bytes,
+        },
     }
 }
 
@@ -113,6 +122,15 @@ pub(super) fn check_limits(
             format!("{field}.connections_per_second"),
             "must be a positive number",
             Some("connections_per_second:"),
+            line,
+        );
+    }
+    if l.socket_buffer_bytes.is_some_and(|n| n < 4096) {
+        sink.push(
+            sandbox,
+            format!("{field}.socket_buffer_bytes"),
+            "must be at least 4096 (or 0 for the kernel's autotuning)",
+            Some("socket_buffer_bytes:"),
             line,
         );
     }

@@ -136,6 +136,10 @@ pub struct Limits {
     /// Queries per second the DNS listener answers for the sandbox (one second's worth may
     /// come at once).
     pub dns_queries_per_second: f64,
+    /// The kernel buffer a relayed tunnel's client socket may queue to send (`SO_SNDBUF`) and
+    /// its destination socket may hold received (`SO_RCVBUF`): what a client that stops
+    /// reading can pin in kernel memory, per tunnel. `None`: the kernel's autotuning (MiBs).
+    pub socket_buffer_bytes: Option<u32>,
 }
 
 /// Timeouts of the data plane.

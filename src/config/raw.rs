@@ -165,6 +165,8 @@ pub struct RawLimits {
     pub bandwidth_down_bps: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns_queries_per_second: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_buffer_bytes: Option<u32>,
 }
 
 fn d_connect() -> u64 {

@@ -142,6 +142,7 @@ pub async fn serve(
     let _active = sb.stats(shared.metrics()).active();
     let stop = shared.watch(grant).stopped();
     let mut up = dialed.stream;
+    crate::relay::buffers::cap(&stream, Some(&up), sb.binding.limits.socket_buffer_bytes);
     let limiter = slot.limiter();
     let idle = shared.settings.timeouts.idle;
     let shaper = limiter.shapes().then_some(&**limiter);

@@ -120,6 +120,7 @@ where
         audit.client_hello(hello.sni.as_deref(), &hello.alpn, hello.ech);
     }
     let b = &sandbox.binding;
+    crate::relay::buffers::cap(client.tcp(), Some(&server), b.limits.socket_buffer_bytes);
     let rules = first_bytes::Rules {
         require_tls: b.require_tls_ports.contains(&target.port),
         refuse_ech: b.refuse_ech,

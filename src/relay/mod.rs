@@ -5,6 +5,7 @@
 
 pub(crate) mod abortable;
 pub(crate) mod body;
+pub(crate) mod buffers;
 pub(crate) mod client_io;
 pub(crate) mod counted;
 pub(crate) mod deny;
