@@ -331,6 +331,7 @@ mod tests {
             bandwidth_up_bps: None,
             bandwidth_down_bps: None,
             dns_queries_per_second: 100.0,
+            socket_buffer_bytes: None,
         }
     }
 
