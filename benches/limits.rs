@@ -15,6 +15,7 @@ fn limits(bw: Option<u64>) -> Limits {
         bandwidth_up_bps: bw,
         bandwidth_down_bps: bw,
         dns_queries_per_second: 1e12,
+        socket_buffer_bytes: None,
     }
 }
 
