@@ -216,8 +216,15 @@ fn spawn_listeners(
         )));
     }
     if let Some((udp, tcp)) = l.dns {
+        let strangers = shared.dns_strangers.clone();
+        tasks.push(tokio::spawn(crate::dns::strangers::summarise(
+            strangers.clone(),
+            shared.clone(),
+            config.admission.dns_summary,
+        )));
         let listener = || crate::dns::listener::DnsListener {
             shared: shared.clone(),
+            strangers: strangers.clone(),
         };
         let mut server = hickory_server::ServerFuture::new(listener());
         server.register_socket(udp);
@@ -265,6 +272,8 @@ async fn shutdown(
         let _ = tokio::time::timeout(Duration::from_secs(2), cap.acquire_many(all)).await;
     }
     control.flush_state();
+    // The last period's sums of unidentified DNS clients.
+    crate::dns::strangers::write(&shared.dns_strangers, shared);
     // The audit sink may be stuck (a pipe nobody reads): never wait for it forever.
     let lost = shared.sink.log.close(AUDIT_CLOSE_WAIT);
     if lost > 0 {

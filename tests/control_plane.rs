@@ -401,7 +401,10 @@ fn without_etcd_replicas_keep_enforcing_refuse_writes_and_catch_up_after() {
         assert_eq!(net.get(p, "late", "api.test", "/late").code, 0);
         assert_ne!(net.get(p, "gone", "api.test", "/").code, 0);
         assert_eq!(net.get(p, "keep", "api.test", "/").code, 0);
-        assert_eq!(metric(p, "egress_control_plane_connected"), Some(1.0));
+        // The gauge is set once the watch is back, which may be a moment after the relist.
+        eventually(Duration::from_secs(10), "connected to be reported", || {
+            (metric(p, "egress_control_plane_connected") == Some(1.0)).then_some(())
+        });
     }
     // Writes work again.
     let (status, body) = admin(

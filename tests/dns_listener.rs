@@ -221,20 +221,90 @@ fn hostile_datagrams_get_an_error_or_nothing_and_the_listener_keeps_serving() {
     assert_eq!(ips(&d), ["127.0.0.5"], "{}", d.raw);
 }
 
+/// A source no sandbox has gets `REFUSED`, and its refusals are summed into one record per
+/// period (`count`, `first_ts`, `last_ts`) instead of one record per query.
 #[test]
 fn unidentified_clients_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (proxy, dns) = start_full(
         dir.path(),
         "",
-        "dns: { servers: [\"127.0.0.1:9\"], hosts: { ok.test: [127.0.0.5] } }\nsandboxes:\n  - { id: far, sources: [10.200.0.0/16], policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n",
+        "admission: { dns_summary_s: 1 }\ndns: { servers: [\"127.0.0.1:9\"], hosts: { ok.test: [127.0.0.5] } }\nsandboxes:\n  - { id: far, sources: [10.200.0.0/16], policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n",
     );
     let d = dig(dns, &["ok.test", "A"]);
     assert_eq!(d.status, "REFUSED", "{}", d.raw);
     let recs = wait_records(&proxy, |r| r.iter().any(|x| x["mode"] == "dns"));
-    let r = dns_record(&recs, "ok.test", "A");
+    let r = recs.iter().find(|x| x["mode"] == "dns").unwrap();
     assert_eq!(r["reason"], "auth_required", "{r}");
+    assert_eq!(r["count"], 1, "{r}");
+    assert!(r["first_ts"].is_string() && r["last_ts"].is_string(), "{r}");
     assert!(r["sandbox"].is_null(), "{r}");
+}
+
+/// 20,000 queries from an unidentified address: a bounded number of answers (its rate) and a
+/// bounded number of audit lines (one per source and period), every query counted in them.
+#[test]
+fn an_unidentified_flood_writes_a_bounded_number_of_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let (proxy, dns) = start_full(
+        dir.path(),
+        "",
+        "admission: { dns_summary_s: 1, dns_queries_per_second_per_source: 50 }\ndns: { servers: [\"127.0.0.1:9\"], hosts: { ok.test: [127.0.0.5] } }\nsandboxes:\n  - { id: far, sources: [10.200.0.0/16], policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n",
+    );
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let started = std::time::Instant::now();
+    const FLOOD: u64 = 20_000;
+    let receiver = sock.try_clone().unwrap();
+    receiver
+        .set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
+    let answers = std::thread::spawn(move || {
+        let mut n = 0u64;
+        let mut buf = [0u8; 1500];
+        while receiver.recv_from(&mut buf).is_ok() {
+            n += 1;
+        }
+        n
+    });
+    for i in 0..FLOOD {
+        sock.send_to(&dns_query(i as u16, "ok.test", 1), dns)
+            .unwrap();
+        if i % 500 == 0 {
+            // Leave the kernel's socket buffers a moment, so that most datagrams arrive.
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    let answered = answers.join().unwrap();
+    let secs = started.elapsed().as_secs_f64();
+    // Burst (2 × rate) plus the rate over the flood's duration (and the receiver's wait).
+    assert!(
+        (answered as f64) <= 100.0 + 50.0 * (secs + 1.0),
+        "{answered} answers in {secs:.1} s"
+    );
+    // Datagrams the kernel dropped before the listener read them are not counted anywhere.
+    wait_records(&proxy, |r| {
+        r.iter()
+            .filter(|x| x["mode"] == "dns")
+            .map(|x| x["count"].as_u64().unwrap_or(0))
+            .sum::<u64>()
+            >= FLOOD / 10
+    });
+    // Two more periods: every sum is written.
+    std::thread::sleep(Duration::from_millis(2500));
+    let recs = proxy.audit_records();
+    let secs = started.elapsed().as_secs_f64();
+    let lines = recs.iter().filter(|x| x["mode"] == "dns").count();
+    let counted: u64 = recs
+        .iter()
+        .filter(|x| x["mode"] == "dns")
+        .map(|x| x["count"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(counted <= FLOOD, "{counted}");
+    assert!(
+        lines as f64 <= secs + 3.0,
+        "{lines} audit lines for {FLOOD} queries over {secs:.1} s"
+    );
+    eprintln!("{FLOOD} unidentified queries: {answered} answered, {counted} counted in {lines} audit lines");
 }
 
 #[test]

@@ -55,8 +55,15 @@ enum Variant {
     /// bytes are the tunnel's too, so they are not counted for the sandbox again.
     Request,
     /// A query to the DNS listener: counted in `egress_dns_queries_total`; an allowed query
-    /// is written only when `write_allowed` (`audit.dns: all`).
-    Query { write_allowed: bool },
+    /// is written only when `write_allowed` (`audit.dns: all`); an aggregated one (an
+    /// unidentified client's refusal, summed per source) never on its own.
+    /// A summary record (the sums of an unidentified source) is written but not counted
+    /// again.
+    Query {
+        write_allowed: bool,
+        aggregated: bool,
+        summary: bool,
+    },
 }
 
 /// The one record of one connection, forwarded request, request in a terminated tunnel or
@@ -111,10 +118,30 @@ impl AuditGuard {
         record.dns = Some(Box::new(facts));
         Self::of(
             sink,
-            Variant::Query { write_allowed },
+            Variant::Query {
+                write_allowed,
+                aggregated: false,
+                summary: false,
+            },
             record,
             Instant::now(),
         )
+    }
+
+    /// This query is summed into its source's periodic record
+    /// ([`crate::dns::strangers`]): counted, never written on its own.
+    pub fn aggregated(&mut self) {
+        if let Variant::Query { aggregated, .. } = &mut self.variant {
+            *aggregated = true;
+        }
+    }
+
+    /// This guard writes the sums of many queries already counted one by one: written, not
+    /// counted again.
+    pub fn summary(&mut self) {
+        if let Variant::Query { summary, .. } = &mut self.variant {
+            *summary = true;
+        }
     }
 
     /// The DNS facts of a query guard.
@@ -306,9 +333,15 @@ impl Drop for AuditGuard {
                 }
             }
             Variant::Request => metrics.connection_finished(sandbox, r.mode, r.verdict, r.reason),
-            Variant::Query { write_allowed } => {
-                metrics.dns_query(sandbox, r.verdict);
-                if !write_allowed && r.verdict == crate::policy::Verdict::Allow {
+            Variant::Query {
+                write_allowed,
+                aggregated,
+                summary,
+            } => {
+                if !summary {
+                    metrics.dns_query(sandbox, r.verdict);
+                }
+                if aggregated || (!write_allowed && r.verdict == crate::policy::Verdict::Allow) {
                     return;
                 }
             }

@@ -89,6 +89,19 @@ pub struct DnsFacts {
     pub ttl: Option<u32>,
     /// `udp` or `tcp`.
     pub transport: &'static str,
+    /// A record that sums an unidentified source's refused queries: how many, and the first
+    /// and last (RFC 3339).
+    pub summed: Option<Summed>,
+}
+
+/// The refused queries of one unidentified source over one period.
+#[derive(Debug, Clone, Default)]
+pub struct Summed {
+    pub count: u64,
+    /// Of those, dropped unanswered (over the per-source rate).
+    pub dropped: u64,
+    pub first: Box<str>,
+    pub last: Box<str>,
 }
 
 impl Record {
@@ -195,6 +208,14 @@ struct Json<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     passed_records: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dropped: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_ts: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_ts: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     ttl: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     transport: Option<&'static str>,
@@ -252,6 +273,10 @@ impl Entry {
             rcode: dns.map(|d| d.rcode),
             answers: dns.map(|d| d.answers.iter().map(IpAddr::to_string).collect()),
             passed_records: dns.map(|d| d.passed).filter(|n| *n > 0),
+            count: dns.and_then(|d| d.summed.as_ref()).map(|s| s.count),
+            dropped: dns.and_then(|d| d.summed.as_ref()).map(|s| s.dropped),
+            first_ts: dns.and_then(|d| d.summed.as_ref()).map(|s| &*s.first),
+            last_ts: dns.and_then(|d| d.summed.as_ref()).map(|s| &*s.last),
             ttl: dns.and_then(|d| d.ttl),
             transport: dns.map(|d| d.transport),
             method: r.http.as_ref().map(|h| &*h.method),

@@ -61,6 +61,8 @@ pub const ADMISSION: Admission = Admission {
     first_byte: Duration::from_millis(3_000),
     auth_failures_per_second_per_source: 5.0,
     auth_failure_burst: 20,
+    dns_queries_per_second_per_source: 10.0,
+    dns_summary: Duration::from_secs(10),
 };
 /// `runtime:`
 pub const RUNTIME: RuntimeLimits = RuntimeLimits {
@@ -460,6 +462,13 @@ pub(super) fn resolve_admission(raw: RawAdmission, sink: &mut Sink<'_>) -> Admis
             .auth_failures_per_second_per_source
             .unwrap_or(d.auth_failures_per_second_per_source),
         auth_failure_burst: raw.auth_failure_burst.unwrap_or(d.auth_failure_burst),
+        dns_queries_per_second_per_source: raw
+            .dns_queries_per_second_per_source
+            .unwrap_or(d.dns_queries_per_second_per_source),
+        dns_summary: raw
+            .dns_summary_s
+            .map(Duration::from_secs)
+            .unwrap_or(d.dns_summary),
     };
     for (name, v) in [
         ("unidentified_per_source", a.unidentified_per_source),
@@ -484,6 +493,10 @@ pub(super) fn resolve_admission(raw: RawAdmission, sink: &mut Sink<'_>) -> Admis
             "auth_failures_per_second_per_source",
             a.auth_failures_per_second_per_source,
         ),
+        (
+            "dns_queries_per_second_per_source",
+            a.dns_queries_per_second_per_source,
+        ),
     ] {
         if !(v.is_finite() && v > 0.0) {
             sink.top(
@@ -492,6 +505,13 @@ pub(super) fn resolve_admission(raw: RawAdmission, sink: &mut Sink<'_>) -> Admis
                 Some(name),
             );
         }
+    }
+    if a.dns_summary.is_zero() {
+        sink.top(
+            "admission.dns_summary_s",
+            "must be at least 1",
+            Some("dns_summary_s"),
+        );
     }
     if a.first_byte.is_zero() {
         sink.top(

@@ -241,6 +241,11 @@ pub struct Admission {
     pub auth_failures_per_second_per_source: f64,
     /// … and its burst.
     pub auth_failure_burst: u32,
+    /// DNS queries per second one unidentified address gets answered (`REFUSED`); beyond it
+    /// they are dropped unanswered. Burst: twice the rate.
+    pub dns_queries_per_second_per_source: f64,
+    /// How often an unidentified address's refused DNS queries are summed into one record.
+    pub dns_summary: Duration,
 }
 
 /// `runtime:` — bounds on what the admin API may register.

@@ -303,6 +303,8 @@ pub struct RawAdmission {
     pub first_byte_ms: Option<u64>,
     pub auth_failures_per_second_per_source: Option<f64>,
     pub auth_failure_burst: Option<u32>,
+    pub dns_queries_per_second_per_source: Option<f64>,
+    pub dns_summary_s: Option<u64>,
 }
 
 /// `runtime:` — bounds on what the admin API may register.

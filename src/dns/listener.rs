@@ -3,7 +3,9 @@
 //! could use the answer, so DNS carries nothing a connection could not:
 //!
 //! - the client is identified by source address (or `listen.default_sandbox`); anyone else
-//!   gets `REFUSED`, as does a sandbox over `limits.dns_queries_per_second`;
+//!   gets `REFUSED` up to `admission.dns_queries_per_second_per_source` and no answer beyond,
+//!   its refusals summed into one record per source and period ([`crate::dns::strangers`]);
+//!   a sandbox over `limits.dns_queries_per_second` gets `REFUSED`;
 //! - A and AAAA: a name a name rule could allow (on any port), or any name under
 //!   `network.mode: allow-all`, is resolved by the proxy's resolver and answered with the
 //!   final addresses under the name asked (CNAMEs flattened), the TTL capped at
@@ -41,6 +43,7 @@ use crate::audit::AuditGuard;
 use crate::audit::Record as AuditRecord;
 use crate::config::AuditDns;
 use crate::dns::question::{classify, shown_name, Asked, Question, Unanswerable};
+use crate::dns::strangers::{Answer, Strangers};
 use crate::egress::identity::identify;
 use crate::egress::resolve::ResolveError;
 use crate::policy::dns_view::NameView;
@@ -60,6 +63,8 @@ const MAX_UDP_PAYLOAD: u16 = 1232;
 /// The request handler hickory-server calls for every query.
 pub struct DnsListener {
     pub shared: Arc<Shared>,
+    /// Unidentified sources: their refusals summed, their rate bounded.
+    pub strangers: Arc<Strangers>,
 }
 
 /// What to send back, and what the record says.
@@ -98,7 +103,10 @@ impl RequestHandler for DnsListener {
         let mut header = Header::response_from_request(request.header());
         header.set_recursion_available(true);
         header.set_authoritative(false);
-        let reply = if self.shared.sink.log.saturated() {
+        let reply = if !self.known(request) {
+            // An unidentified source over its rate: no answer (summed, never recorded alone).
+            return ResponseInfo::from(header);
+        } else if self.shared.sink.log.saturated() {
             // Nothing can be recorded: answer nothing useful, record nothing (counted).
             self.shared.metrics().audit_backpressure();
             Reply::code(ResponseCode::ServFail)
@@ -130,6 +138,17 @@ impl RequestHandler for DnsListener {
 }
 
 impl DnsListener {
+    /// Whether to answer `request` at all: a source no sandbox has is answered `REFUSED` up to
+    /// its rate, and dropped beyond it.
+    fn known(&self, request: &Request) -> bool {
+        let set = self.shared.policy.load();
+        let default = self.shared.settings.default_sandbox.as_deref();
+        if identify(&set, None, request.src().ip(), default).is_ok() {
+            return true;
+        }
+        self.strangers.refused(request.src().ip()) == Answer::Refuse
+    }
+
     /// Decide and answer one request; record and count it.
     async fn answer(&self, request: &Request) -> Reply {
         let shared = &self.shared;
@@ -187,9 +206,10 @@ impl DnsListener {
         let who = match identify(set, None, request.src().ip(), default) {
             Ok(w) => w,
             Err(refused) => {
+                // Counted here, recorded in its source's periodic sum (dns::strangers).
                 q.record.identity = refused.method;
                 q.decision(&Decision::deny(refused.reason, None));
-                q.detail("no sandbox has this source address");
+                q.aggregated();
                 return Reply::code(ResponseCode::Refused);
             }
         };

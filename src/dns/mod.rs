@@ -4,4 +4,5 @@
 pub(crate) mod listener;
 pub(crate) mod memory;
 pub mod question;
+pub(crate) mod strangers;
 pub(crate) mod tcp;

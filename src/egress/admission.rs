@@ -78,6 +78,11 @@ impl Drop for UnidentifiedSlot {
 }
 
 impl Admissions {
+    /// The `admission:` settings this table applies.
+    pub fn config(&self) -> &Admission {
+        &self.cfg
+    }
+
     pub fn new(cfg: Admission) -> Arc<Self> {
         Arc::new(Admissions {
             cfg,

@@ -58,6 +58,8 @@ pub struct Shared {
     /// Answers the DNS listener gave, by sandbox and address (names for nameless
     /// transparent connections).
     pub dns_memory: crate::dns::memory::DnsMemory,
+    /// DNS clients no sandbox has: their refusals summed per source, their rate bounded.
+    pub dns_strangers: Arc<crate::dns::strangers::Strangers>,
     /// Source of `conn_id`s.
     next_id: AtomicU64,
 }
@@ -77,11 +79,14 @@ impl Shared {
             sink,
             settings,
             limiters: Limiters::default(),
-            admissions,
+            admissions: admissions.clone(),
             cap: Arc::new(Semaphore::new(cap)),
             phase: watch::channel(Phase::Serving).0,
             ready: AtomicBool::new(false),
             dns_memory: Default::default(),
+            dns_strangers: crate::dns::strangers::Strangers::new(
+                admissions.config().dns_queries_per_second_per_source,
+            ),
             next_id: AtomicU64::new(1),
         }
     }
