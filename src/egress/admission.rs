@@ -205,6 +205,7 @@ mod tests {
             first_byte: Duration::from_secs(1),
             auth_failures_per_second_per_source: 0.001,
             auth_failure_burst: 2,
+            ..crate::config::defaults::ADMISSION
         }
     }
 
