@@ -70,8 +70,9 @@ fn the_admin_listener_caps_each_source_and_closes_silent_connections() {
     let p = start(dir.path());
     assert_eq!(p.admin_get("/healthz").0, 200);
     let mut held = hold(p.admin, 3);
-    // Give the proxy time to admit the three (they are accepted in order).
-    std::thread::sleep(Duration::from_millis(100));
+    // Give the proxy time to admit the three (they are accepted in order; the tests of this
+    // file run side by side, so leave it ample time).
+    std::thread::sleep(Duration::from_millis(500));
     let mut fourth = TcpStream::connect(p.admin).unwrap();
     fourth
         .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -169,4 +170,94 @@ fn dns_over_tcp_caps_each_source_closes_silent_and_idle_connections() {
             "egress_admission_refused_total{listener=\"dns\",why=\"unidentified\"}"
         ) >= 1
     );
+}
+
+/// A TCP connection to `dst` from the loopback address `src` (127.0.0.0/8 is all ours).
+fn connect_from(src: &str, dst: SocketAddr) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let s = rt.block_on(async {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(format!("{src}:0").parse().unwrap()).unwrap();
+        sock.connect(dst).await.unwrap().into_std().unwrap()
+    });
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// A CONNECT from `src` to a closed port on loopback: any HTTP answer means the connection was
+/// admitted and served (403/502 are fine); `None` when it was closed or refused (429).
+fn connect_answer(proxy: SocketAddr, src: &str) -> Option<String> {
+    let mut c = connect_from(src, proxy);
+    c.write_all(b"CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1:9\r\n\r\n")
+        .ok()?;
+    let mut buf = [0u8; 512];
+    let n = c.read(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf[..n]).to_string();
+    (n > 0 && !text.starts_with("HTTP/1.1 429")).then_some(text)
+}
+
+/// The many-sources attack on the unidentified pool: silent connections from four addresses
+/// fill it, and a new client still gets in (the oldest silent one is closed for it); then
+/// connections that do send bytes (a request head never finished) fill what strangers may
+/// use, and an address that identified a sandbox lately still gets in on the reserved share
+/// while a stranger is refused.
+#[test]
+fn the_unidentified_pool_cannot_be_captured() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\nadmission: {{ unidentified_per_source: 5, unidentified_total: 20, identified_share: 0.1, first_byte_ms: 60000 }}\ndefaults: {{ timeouts: {{ header_ms: 60000 }} }}\nsandboxes:\n  - {{ id: local, sources: [127.0.0.1/32], policy: {{ provider: local, config: {{}}, network: {{ egress: [ok.test] }} }} }}\n",
+            audit.display()
+        ),
+    )
+    .unwrap();
+    let p = Proxy::start_with(config, audit, &[]);
+    // The sandbox's address identifies once.
+    assert!(connect_answer(p.proxy, "127.0.0.1").is_some());
+
+    // Phase 1: 20 silent connections from four addresses fill the pool.
+    let attackers = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
+    let mut silent: Vec<TcpStream> = attackers
+        .iter()
+        .flat_map(|a| (0..5).map(move |_| connect_from(a, p.proxy)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let answer = connect_answer(p.proxy, "127.0.0.6");
+    assert!(
+        answer.is_some(),
+        "a new client was kept out by silent connections"
+    );
+    assert!(
+        closed_silently(&mut silent[0]),
+        "the oldest silent connection was not closed to make room"
+    );
+    drop(silent);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Phase 2: 18 connections that sent half a request head: what strangers may use is full.
+    let mut talking = Vec::new();
+    for (i, a) in attackers.iter().enumerate() {
+        for _ in 0..if i == 3 { 3 } else { 5 } {
+            let mut s = connect_from(a, p.proxy);
+            s.write_all(b"GET http://ok.test/ HTTP/1.1\r\n").unwrap();
+            talking.push(s);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        connect_answer(p.proxy, "127.0.0.7").is_none(),
+        "a stranger got a place kept for identified addresses"
+    );
+    assert!(
+        connect_answer(p.proxy, "127.0.0.1").is_some(),
+        "a recently identified sandbox could not connect"
+    );
+    drop(talking);
 }

@@ -63,6 +63,7 @@ pub const ADMISSION: Admission = Admission {
     auth_failure_burst: 20,
     dns_queries_per_second_per_source: 10.0,
     dns_summary: Duration::from_secs(10),
+    identified_share: 0.1,
 };
 /// `runtime:`
 pub const RUNTIME: RuntimeLimits = RuntimeLimits {
@@ -469,6 +470,7 @@ pub(super) fn resolve_admission(raw: RawAdmission, sink: &mut Sink<'_>) -> Admis
             .dns_summary_s
             .map(Duration::from_secs)
             .unwrap_or(d.dns_summary),
+        identified_share: raw.identified_share.unwrap_or(d.identified_share),
     };
     for (name, v) in [
         ("unidentified_per_source", a.unidentified_per_source),
@@ -505,6 +507,13 @@ pub(super) fn resolve_admission(raw: RawAdmission, sink: &mut Sink<'_>) -> Admis
                 Some(name),
             );
         }
+    }
+    if !(0.0..=0.9).contains(&a.identified_share) {
+        sink.top(
+            "admission.identified_share",
+            "must be from 0 to 0.9",
+            Some("identified_share"),
+        );
     }
     if a.dns_summary.is_zero() {
         sink.top(

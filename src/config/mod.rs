@@ -246,6 +246,9 @@ pub struct Admission {
     pub dns_queries_per_second_per_source: f64,
     /// How often an unidentified address's refused DNS queries are summed into one record.
     pub dns_summary: Duration,
+    /// The share of `unidentified_total` only addresses that identified a sandbox in the
+    /// last ten minutes may use.
+    pub identified_share: f64,
 }
 
 /// `runtime:` — bounds on what the admin API may register.

@@ -305,6 +305,7 @@ pub struct RawAdmission {
     pub auth_failure_burst: Option<u32>,
     pub dns_queries_per_second_per_source: Option<f64>,
     pub dns_summary_s: Option<u64>,
+    pub identified_share: Option<f64>,
 }
 
 /// `runtime:` — bounds on what the admin API may register.

@@ -5,11 +5,18 @@
 //! identified connections (those count under the global `max_connections`, which an
 //! unidentified connection never holds).
 //!
+//! The pool of unidentified connections cannot be captured: when it is full, the oldest
+//! connection that has sent nothing is closed to admit the new one (a slowloris from many
+//! addresses only cycles its own connections), and a share of the pool
+//! (`admission.identified_share`) is kept for addresses that identified a sandbox in the last
+//! ten minutes, so connections that do send bytes but never identify cannot fill it either.
+//!
 //! State per address lives in one bounded table: entries with nothing in flight and full
 //! buckets are forgotten first, so a scan from many addresses cannot grow it without limit.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,6 +25,8 @@ use crate::egress::limits::{Admit, TokenBucket};
 
 /// Most addresses tracked at once; beyond it new addresses are refused until entries expire.
 const MAX_TRACKED: usize = 65_536;
+/// How long an address that identified a sandbox keeps its claim on the reserved share.
+const RECENT: Duration = Duration::from_secs(600);
 
 /// Why a connection was refused before identification.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,10 +54,50 @@ struct Source {
     auth_failures: TokenBucket,
 }
 
+/// What an unidentified connection and the table share: how to close it to make room, and
+/// whether its place was already given back (then its drop gives back nothing).
+#[derive(Debug, Default)]
+struct SlotState {
+    evict: tokio::sync::Notify,
+    released: AtomicBool,
+}
+
 #[derive(Debug)]
 struct Table {
     by_source: HashMap<IpAddr, Source>,
     unidentified_total: u32,
+    /// Connections that have sent nothing yet, oldest first (by admission order).
+    silent: BTreeMap<u64, (IpAddr, Arc<SlotState>)>,
+    next_seq: u64,
+    /// Addresses that identified a sandbox, and when.
+    recent: HashMap<IpAddr, Instant>,
+}
+
+impl Table {
+    /// Give back the place of connection `seq` from `source` (once).
+    fn release(&mut self, seq: u64, source: IpAddr, state: &SlotState) {
+        self.silent.remove(&seq);
+        if state.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.unidentified_total = self.unidentified_total.saturating_sub(1);
+        if let Some(s) = self.by_source.get_mut(&source) {
+            s.unidentified = s.unidentified.saturating_sub(1);
+        }
+    }
+
+    /// Close the oldest connection that has sent nothing; whether there was one.
+    fn evict_oldest_silent(&mut self) -> bool {
+        let Some((&seq, _)) = self.silent.iter().next() else {
+            return false;
+        };
+        let Some((source, state)) = self.silent.remove(&seq) else {
+            return false;
+        };
+        self.release(seq, source, &state);
+        state.evict.notify_one();
+        true
+    }
 }
 
 /// Per-address admission state.
@@ -59,20 +108,40 @@ pub struct Admissions {
     table: Mutex<Table>,
 }
 
-/// One unidentified connection's place; given back when dropped (identified or closed).
+/// One unidentified connection's place; given back when dropped (identified or closed), or
+/// taken away to make room while it has sent nothing ([`UnidentifiedSlot::evicted`]).
 #[derive(Debug)]
 pub struct UnidentifiedSlot {
     owner: Arc<Admissions>,
     source: IpAddr,
+    seq: u64,
+    state: Arc<SlotState>,
+}
+
+impl UnidentifiedSlot {
+    /// The client sent its first byte: it is no longer a candidate to close for room.
+    pub fn spoke(&self) {
+        if let Ok(mut t) = self.owner.table.lock() {
+            t.silent.remove(&self.seq);
+        }
+    }
+
+    /// Completes when this connection was closed to make room (it had sent nothing and the
+    /// pool was full).
+    pub async fn evicted(&self) {
+        self.state.evict.notified().await
+    }
+
+    /// The address this connection comes from.
+    pub fn source(&self) -> IpAddr {
+        self.source
+    }
 }
 
 impl Drop for UnidentifiedSlot {
     fn drop(&mut self) {
         if let Ok(mut t) = self.owner.table.lock() {
-            t.unidentified_total = t.unidentified_total.saturating_sub(1);
-            if let Some(s) = t.by_source.get_mut(&self.source) {
-                s.unidentified = s.unidentified.saturating_sub(1);
-            }
+            t.release(self.seq, self.source, &self.state);
         }
     }
 }
@@ -90,6 +159,9 @@ impl Admissions {
             table: Mutex::new(Table {
                 by_source: HashMap::new(),
                 unidentified_total: 0,
+                silent: BTreeMap::new(),
+                next_seq: 0,
+                recent: HashMap::new(),
             }),
         })
     }
@@ -110,9 +182,18 @@ impl Admissions {
         let Ok(mut t) = self.table.lock() else {
             return Err(Refusal::Unidentified);
         };
-        if t.unidentified_total >= cfg.unidentified_total {
-            return Err(Refusal::Unidentified);
-        }
+        // Addresses that identified lately may use the reserved share too.
+        let recent = t
+            .recent
+            .get(&source)
+            .is_some_and(|at| at.elapsed() < RECENT);
+        let reserved = (f64::from(cfg.unidentified_total) * cfg.identified_share) as u32;
+        let limit = if recent {
+            cfg.unidentified_total
+        } else {
+            cfg.unidentified_total.saturating_sub(reserved).max(1)
+        };
+        let full = t.unidentified_total >= limit;
         let entry = match t.by_source.get_mut(&source) {
             Some(_) => t.by_source.get_mut(&source),
             None => {
@@ -135,12 +216,35 @@ impl Admissions {
         if let Admit::DelayFor(d) = s.accepts.check(now, 1.0) {
             return Err(Refusal::Rate(d));
         }
-        s.unidentified += 1;
+        if full && !t.evict_oldest_silent() {
+            return Err(Refusal::Unidentified);
+        }
+        if let Some(s) = t.by_source.get_mut(&source) {
+            s.unidentified += 1;
+        }
         t.unidentified_total += 1;
+        let seq = t.next_seq;
+        t.next_seq += 1;
+        let state = Arc::new(SlotState::default());
+        t.silent.insert(seq, (source, state.clone()));
         Ok(UnidentifiedSlot {
             owner: self.clone(),
             source,
+            seq,
+            state,
         })
+    }
+
+    /// `source` identified a sandbox: it may use the reserved share of the pool for a while.
+    pub fn identified(&self, source: IpAddr) {
+        if let Ok(mut t) = self.table.lock() {
+            if t.recent.len() >= MAX_TRACKED && !t.recent.contains_key(&source) {
+                t.recent.retain(|_, at| at.elapsed() < RECENT);
+            }
+            if t.recent.len() < MAX_TRACKED || t.recent.contains_key(&source) {
+                t.recent.insert(source, Instant::now());
+            }
+        }
     }
 
     /// `Some(wait)` when `source` has used up its failed authentications: refuse the attempt
@@ -214,10 +318,15 @@ mod tests {
         let a = Admissions::new(cfg());
         let x: IpAddr = "10.0.0.1".parse().unwrap();
         let y: IpAddr = "10.0.0.2".parse().unwrap();
-        let held: Vec<_> = (0..3).map(|_| a.accept(x).unwrap()).collect();
+        // Connections that have sent bytes (silent ones may be closed to make room).
+        let talking = |s: UnidentifiedSlot| {
+            s.spoke();
+            s
+        };
+        let held: Vec<_> = (0..3).map(|_| talking(a.accept(x).unwrap())).collect();
         assert_eq!(a.accept(x).unwrap_err(), Refusal::Unidentified);
-        let y1 = a.accept(y).unwrap();
-        let _y2 = a.accept(y).unwrap();
+        let y1 = talking(a.accept(y).unwrap());
+        let _y2 = talking(a.accept(y).unwrap());
         // 5 in total now.
         assert_eq!(a.accept(y).unwrap_err(), Refusal::Unidentified);
         drop(y1);
@@ -264,5 +373,43 @@ mod tests {
         m.insert("10.0.0.2".parse().unwrap(), busy);
         forget_idle(&mut m, 0);
         assert_eq!(m.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_full_pool_closes_its_oldest_silent_connection_and_keeps_a_share_for_the_identified()
+    {
+        let a = Admissions::new(Admission {
+            unidentified_per_source: 10,
+            unidentified_total: 10,
+            identified_share: 0.2,
+            ..cfg()
+        });
+        let attacker: IpAddr = "10.0.0.66".parse().unwrap();
+        let known: IpAddr = "10.0.0.7".parse().unwrap();
+        let stranger: IpAddr = "10.0.0.8".parse().unwrap();
+        a.identified(known);
+        // Eight silent connections fill what strangers may use (10 minus the reserved 2).
+        let mut held: Vec<_> = (0..8).map(|_| a.accept(attacker).unwrap()).collect();
+        // A new one closes the oldest silent connection to get in.
+        let newcomer = a.accept(stranger).unwrap();
+        tokio::time::timeout(Duration::from_secs(1), held[0].evicted())
+            .await
+            .expect("the oldest silent connection is told to close");
+        // Connections that spoke are never closed for room: with every stranger place
+        // taken by talkers, a stranger is refused, a recently identified address is not.
+        for s in &held {
+            s.spoke();
+        }
+        newcomer.spoke();
+        assert_eq!(a.accept(stranger).unwrap_err(), Refusal::Unidentified);
+        let k1 = a.accept(known).unwrap();
+        let _k2 = a.accept(known).unwrap();
+        k1.spoke();
+        _k2.spoke();
+        assert_eq!(a.accept(known).unwrap_err(), Refusal::Unidentified);
+        // Places given back are counted once, evicted or not.
+        held.clear();
+        drop(newcomer);
+        assert!(a.accept(stranger).is_ok());
     }
 }

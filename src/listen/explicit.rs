@@ -74,7 +74,9 @@ impl ClientConn {
         }
         self.identified.store(true, Ordering::Release);
         if let Ok(mut u) = self.unidentified.lock() {
-            u.take();
+            if let Some(slot) = u.take() {
+                self.shared.admissions.identified(slot.source());
+            }
         }
         true
     }
@@ -99,15 +101,23 @@ pub async fn serve(
     // A client that connects and says nothing holds its allowance only briefly.
     let mut first = [0u8; 1];
     let wait = shared.admissions.first_byte();
-    let silent = match tokio::time::timeout(wait, stream.peek(&mut first)).await {
-        Ok(Ok(n)) if n > 0 => None,
-        Ok(Ok(_)) => Some((Close::Eof, "closed before sending a request")),
-        Ok(Err(_)) => Some((Close::Error, "connection error before a request")),
-        Err(_) => Some((
-            Close::Idle,
-            "nothing received within admission.first_byte_ms",
+    let first_byte = tokio::time::timeout(wait, stream.peek(&mut first));
+    let silent = tokio::select! {
+        r = first_byte => match r {
+            Ok(Ok(n)) if n > 0 => None,
+            Ok(Ok(_)) => Some((Close::Eof, "closed before sending a request")),
+            Ok(Err(_)) => Some((Close::Error, "connection error before a request")),
+            Err(_) => Some((
+                Close::Idle,
+                "nothing received within admission.first_byte_ms",
+            )),
+        },
+        () = unidentified.evicted() => Some((
+            Close::Limit,
+            "closed to make room: it had sent nothing and the unidentified pool was full",
         )),
     };
+    unidentified.spoke();
     if let Some((close, detail)) = silent {
         let mut audit = shared.audit(&accepted, Mode::Connect, &shared.policy.load());
         audit.close(close);

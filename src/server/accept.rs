@@ -190,37 +190,48 @@ async fn serve_tls(
 ) {
     let _ = stream.set_nodelay(true);
     let wait = shared.admissions.first_byte();
-    let (reason, close, detail) =
-        match tokio::time::timeout(wait, tls.acceptor().accept(stream)).await {
-            Ok(Ok(s)) => {
-                let cert = tls.client_sandbox(s.get_ref().1.peer_certificates());
-                let io = crate::relay::client_io::ClientIo::Tls(Box::new(s));
-                return crate::listen::explicit::serve(shared, accepted, io, slot, cert).await;
-            }
-            Ok(Err(e)) => {
-                let cert_error = e
-                    .get_ref()
-                    .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-                    .is_some_and(|r| {
-                        matches!(
-                            r,
-                            rustls::Error::InvalidCertificate(_)
-                                | rustls::Error::NoCertificatesPresented
-                        )
-                    });
-                let reason = if cert_error {
-                    Reason::AuthFailed
-                } else {
-                    Reason::InvalidTarget
-                };
-                (reason, Close::Error, format!("TLS handshake failed: {e}"))
-            }
-            Err(_) => (
-                Reason::InvalidTarget,
-                Close::Idle,
-                "no TLS handshake within admission.first_byte_ms".to_string(),
-            ),
-        };
+    let handshake = tokio::time::timeout(wait, tls.acceptor().accept(stream));
+    let done = tokio::select! {
+        r = handshake => r,
+        () = slot.evicted() => {
+            let mut audit = shared.audit(&accepted, Mode::Connect, &shared.policy.load());
+            audit.decision(&Decision::deny(Reason::ConnectionLimit, None));
+            audit.close(Close::Limit);
+            audit.detail("closed to make room: its TLS handshake had not begun and the unidentified pool was full");
+            return;
+        }
+    };
+    slot.spoke();
+    let (reason, close, detail) = match done {
+        Ok(Ok(s)) => {
+            let cert = tls.client_sandbox(s.get_ref().1.peer_certificates());
+            let io = crate::relay::client_io::ClientIo::Tls(Box::new(s));
+            return crate::listen::explicit::serve(shared, accepted, io, slot, cert).await;
+        }
+        Ok(Err(e)) => {
+            let cert_error = e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                .is_some_and(|r| {
+                    matches!(
+                        r,
+                        rustls::Error::InvalidCertificate(_)
+                            | rustls::Error::NoCertificatesPresented
+                    )
+                });
+            let reason = if cert_error {
+                Reason::AuthFailed
+            } else {
+                Reason::InvalidTarget
+            };
+            (reason, Close::Error, format!("TLS handshake failed: {e}"))
+        }
+        Err(_) => (
+            Reason::InvalidTarget,
+            Close::Idle,
+            "no TLS handshake within admission.first_byte_ms".to_string(),
+        ),
+    };
     let mut audit = shared.audit(&accepted, Mode::Connect, &shared.policy.load());
     audit.decision(&Decision::deny(reason, None));
     audit.close(close);
@@ -285,7 +296,16 @@ impl Gate {
             }
         };
         let mut one = [0u8; 1];
-        match tokio::time::timeout(admissions.first_byte(), stream.peek(&mut one)).await {
+        let first_byte = tokio::time::timeout(admissions.first_byte(), stream.peek(&mut one));
+        let r = tokio::select! {
+            r = first_byte => r,
+            () = slot.evicted() => {
+                shared.metrics().admission_refused(name, "evicted");
+                return None;
+            }
+        };
+        slot.spoke();
+        match r {
             Ok(Ok(n)) if n > 0 => Some(slot),
             Ok(_) => None,
             Err(_) => {
