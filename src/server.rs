@@ -5,6 +5,7 @@
 
 mod accept;
 mod bind;
+pub(crate) mod descriptors;
 pub(crate) mod shared;
 mod watch;
 
@@ -184,7 +185,7 @@ fn spawn_listeners(
     admin: Arc<Admin>,
     config: &Config,
 ) -> Vec<JoinHandle<()>> {
-    let mut tasks = Vec::new();
+    let mut tasks = vec![tokio::spawn(shared.descriptors.clone().sample())];
     let data_plane = [
         (l.proxy.map(|l| (l, None)), Kind::Proxy),
         (l.proxy_tls.map(|(l, t)| (l, Some(t))), Kind::ProxyTls),

@@ -261,3 +261,60 @@ fn the_unidentified_pool_cannot_be_captured() {
     );
     drop(talking);
 }
+
+/// Admin connections from many addresses cannot take the descriptors the data plane needs:
+/// with `descriptor_reserve: 0.5` of a 400-descriptor limit, a flood of 500 silent admin
+/// connections from five addresses is refused past about 200 open descriptors, and a CONNECT
+/// still gets through (with `descriptor_reserve: 0` the same flood takes every descriptor).
+#[test]
+fn the_control_plane_is_refused_before_the_data_plane_runs_out_of_descriptors() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let audit = dir.path().join("audit.jsonl");
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\nadmission: {{ first_byte_ms: 60000, descriptor_reserve: 0.5 }}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ ok.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.1/32], require_tls_ports: [] }}\nsandboxes:\n  - {{ id: local, sources: [127.0.0.1/32], policy: {{ provider: local, config: {{}}, network: {{ egress: [\"ok.test:*\"] }} }} }}\n",
+            audit.display()
+        ),
+    )
+    .unwrap();
+    let p = Proxy::start_wrapped(config, audit, &[], &["prlimit", "--nofile=400:400", "--"]);
+    let flood: Vec<TcpStream> = [
+        "127.0.0.2",
+        "127.0.0.3",
+        "127.0.0.4",
+        "127.0.0.5",
+        "127.0.0.6",
+    ]
+    .iter()
+    .flat_map(|a| (0..100).map(move |_| connect_from(a, p.admin)))
+    .collect();
+    std::thread::sleep(Duration::from_millis(800));
+    // The data plane still has descriptors: a CONNECT and a request through it.
+    let mut c = connect_from("127.0.0.1", p.proxy);
+    let target = format!("ok.test:{}", origin.addr.port());
+    c.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\nGET /hello HTTP/1.1\r\nHost: ok.test\r\nConnection: close\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut got = String::new();
+    let _ = c.read_to_string(&mut got);
+    assert!(
+        got.starts_with("HTTP/1.1 200") && got.contains("hello from origin"),
+        "the data plane ran out of descriptors: {got:?}"
+    );
+    drop(flood);
+    let refused = eventually(
+        Duration::from_secs(10),
+        "the admin listener answers",
+        || {
+            let (status, text) = p.admin_get("/metrics");
+            (status == 200).then_some(text)
+        },
+    );
+    assert!(
+        refused.lines().any(|l| l
+            .starts_with("egress_admission_refused_total{listener=\"admin\",why=\"descriptors\"}")),
+        "{refused}"
+    );
+}

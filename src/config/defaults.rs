@@ -64,6 +64,7 @@ pub const ADMISSION: Admission = Admission {
     dns_queries_per_second_per_source: 10.0,
     dns_summary: Duration::from_secs(10),
     identified_share: 0.1,
+    descriptor_reserve: 0.25,
 };
 /// `runtime:`
 pub const RUNTIME: RuntimeLimits = RuntimeLimits {
@@ -471,6 +472,7 @@ pub(super) fn resolve_admission(raw: RawAdmission, sink: &mut Sink<'_>) -> Admis
             .map(Duration::from_secs)
             .unwrap_or(d.dns_summary),
         identified_share: raw.identified_share.unwrap_or(d.identified_share),
+        descriptor_reserve: raw.descriptor_reserve.unwrap_or(d.descriptor_reserve),
     };
     for (name, v) in [
         ("unidentified_per_source", a.unidentified_per_source),
@@ -507,6 +509,13 @@ pub(super) fn resolve_admission(raw: RawAdmission, sink: &mut Sink<'_>) -> Admis
                 Some(name),
             );
         }
+    }
+    if !(0.0..=0.9).contains(&a.descriptor_reserve) {
+        sink.top(
+            "admission.descriptor_reserve",
+            "must be from 0 to 0.9",
+            Some("descriptor_reserve"),
+        );
     }
     if !(0.0..=0.9).contains(&a.identified_share) {
         sink.top(

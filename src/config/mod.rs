@@ -249,6 +249,9 @@ pub struct Admission {
     /// The share of `unidentified_total` only addresses that identified a sandbox in the
     /// last ten minutes may use.
     pub identified_share: f64,
+    /// The share of the descriptor limit kept for the data plane: the admin listener and DNS
+    /// over TCP are refused when open descriptors reach the rest.
+    pub descriptor_reserve: f64,
 }
 
 /// `runtime:` — bounds on what the admin API may register.

@@ -306,6 +306,7 @@ pub struct RawAdmission {
     pub dns_queries_per_second_per_source: Option<f64>,
     pub dns_summary_s: Option<u64>,
     pub identified_share: Option<f64>,
+    pub descriptor_reserve: Option<f64>,
 }
 
 /// `runtime:` — bounds on what the admin API may register.

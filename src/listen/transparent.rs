@@ -27,12 +27,14 @@ use crate::relay::tunnel::Relayed;
 use crate::server::shared::Shared;
 use crate::wire::peek::{classify, split_host_header, Peeked, MAX_PEEK};
 
-/// Serve one redirected connection. `permit` is its place under the global cap.
+/// Serve one redirected connection. `permit` is its place under the global cap, `unidentified`
+/// its place among its address's connections not yet identified (given back at identification).
 pub async fn serve(
     shared: Arc<Shared>,
     accepted: Accepted,
     mut stream: TcpStream,
     permit: OwnedSemaphorePermit,
+    unidentified: Option<crate::egress::admission::UnidentifiedSlot>,
 ) {
     let _ = stream.set_nodelay(true);
     let set = shared.policy.load();
@@ -59,6 +61,11 @@ pub async fn serve(
     };
     let sb = who.sandbox.clone();
     audit.identified(&who, sb.stats(shared.metrics()).clone());
+    // Identified: the place among connections no sandbox has is given back.
+    if let Some(slot) = unidentified {
+        slot.spoke();
+        drop(slot);
+    }
 
     // 3. Its limits.
     let slot = match shared.admit(&sb) {

@@ -69,6 +69,10 @@ pub(super) async fn accept_loop(
         Kind::ProxyTls => "proxy_tls",
         Kind::Transparent => "transparent",
     };
+    // Transparent connections are admitted per source too, in a table of their own (they are
+    // identified by source at once, so the place is held only until then: what binds here is
+    // the accept rate per source and the cap on connections no sandbox has).
+    let own = (kind == Kind::Transparent).then(|| Admissions::new(*shared.admissions.config()));
     let mut backoff = Backoff::default();
     loop {
         let (stream, client) = backoff.accept(&listener, name).await;
@@ -120,13 +124,34 @@ pub(super) async fn accept_loop(
                     tokio::spawn(refuse_early(shared, accepted, stream, kind, reason, detail));
                 }
             },
-            Kind::Transparent => match shared.take_cap() {
-                Some(permit) => {
-                    tokio::spawn(crate::listen::transparent::serve(
-                        shared, accepted, stream, permit,
+            Kind::Transparent => match (
+                own.as_ref().map(|a| a.accept(client.ip())),
+                shared.take_cap(),
+            ) {
+                (Some(Err(refusal)), _) => {
+                    shared
+                        .metrics()
+                        .admission_refused("transparent", refusal.label());
+                    let detail = match refusal {
+                        admission::Refusal::Rate(_) => "this address opens connections faster than admission.accepts_per_second_per_source",
+                        admission::Refusal::Unidentified => "this address holds too many connections no sandbox has (admission.unidentified_per_source)",
+                    };
+                    tokio::spawn(refuse_early(
+                        shared,
+                        accepted,
+                        stream,
+                        kind,
+                        Reason::ConnectionLimit,
+                        detail,
                     ));
                 }
-                None => {
+                (slot, Some(permit)) => {
+                    let slot = slot.and_then(Result::ok);
+                    tokio::spawn(crate::listen::transparent::serve(
+                        shared, accepted, stream, permit, slot,
+                    ));
+                }
+                (_, None) => {
                     let detail = "the proxy is at its connection limit (max_connections)";
                     tokio::spawn(refuse_early(
                         shared,
@@ -279,38 +304,53 @@ impl Gate {
         }
     }
 
-    /// Admit `stream` from `client` and wait for its first byte: `None` (closed, counted)
-    /// when refused or silent.
-    async fn admit(
-        admissions: Arc<Admissions>,
-        shared: Arc<Shared>,
-        name: &'static str,
-        stream: &TcpStream,
-        client: SocketAddr,
-    ) -> Option<admission::UnidentifiedSlot> {
-        let slot = match admissions.accept(client.ip()) {
-            Ok(slot) => slot,
+    /// Admit a connection from `client`, in accept order (before any task is spawned, so a
+    /// later connection can never take the place of an earlier one): `None` (counted) when
+    /// refused.
+    fn admit(&self, client: SocketAddr) -> Option<admission::UnidentifiedSlot> {
+        if !self.shared.descriptors.take() {
+            // Descriptors are running low: the data plane keeps the reserve.
+            self.shared
+                .metrics()
+                .admission_refused(self.name, "descriptors");
+            return None;
+        }
+        match self.admissions.accept(client.ip()) {
+            Ok(slot) => Some(slot),
             Err(r) => {
-                shared.metrics().admission_refused(name, r.label());
-                return None;
+                self.shared
+                    .metrics()
+                    .admission_refused(self.name, r.label());
+                None
             }
-        };
+        }
+    }
+
+    /// Wait for the first byte of an admitted connection: `false` (closed, counted) when it
+    /// stays silent or is closed to make room.
+    async fn first_byte(
+        shared: &Shared,
+        name: &'static str,
+        first_byte: Duration,
+        stream: &TcpStream,
+        slot: &admission::UnidentifiedSlot,
+    ) -> bool {
         let mut one = [0u8; 1];
-        let first_byte = tokio::time::timeout(admissions.first_byte(), stream.peek(&mut one));
+        let wait = tokio::time::timeout(first_byte, stream.peek(&mut one));
         let r = tokio::select! {
-            r = first_byte => r,
+            r = wait => r,
             () = slot.evicted() => {
                 shared.metrics().admission_refused(name, "evicted");
-                return None;
+                return false;
             }
         };
         slot.spoke();
         match r {
-            Ok(Ok(n)) if n > 0 => Some(slot),
-            Ok(_) => None,
+            Ok(Ok(n)) => n > 0,
+            Ok(Err(_)) => false,
             Err(_) => {
                 shared.metrics().admission_refused(name, "silent");
-                None
+                false
             }
         }
     }
@@ -326,12 +366,17 @@ where
     let mut backoff = Backoff::default();
     loop {
         let (stream, client) = backoff.accept(&listener, gate.name).await;
-        let (admissions, shared, name) = (gate.admissions.clone(), gate.shared.clone(), gate.name);
+        let Some(slot) = gate.admit(client) else {
+            continue;
+        };
+        let (shared, name) = (gate.shared.clone(), gate.name);
+        let wait = gate.admissions.first_byte();
         let serve = serve.clone();
         tokio::spawn(async move {
-            if let Some(_slot) = Gate::admit(admissions, shared, name, &stream, client).await {
+            if Gate::first_byte(&shared, name, wait, &stream, &slot).await {
                 serve(stream, client).await;
             }
+            drop(slot);
         });
     }
 }

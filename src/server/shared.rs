@@ -58,6 +58,8 @@ pub struct Shared {
     /// Answers the DNS listener gave, by sandbox and address (names for nameless
     /// transparent connections).
     pub dns_memory: crate::dns::memory::DnsMemory,
+    /// Open descriptors against the reserve kept for the data plane.
+    pub descriptors: Arc<crate::server::descriptors::Descriptors>,
     /// DNS clients no sandbox has: their refusals summed per source, their rate bounded.
     pub dns_strangers: Arc<crate::dns::strangers::Strangers>,
     /// Source of `conn_id`s.
@@ -84,6 +86,9 @@ impl Shared {
             phase: watch::channel(Phase::Serving).0,
             ready: AtomicBool::new(false),
             dns_memory: Default::default(),
+            descriptors: crate::server::descriptors::Descriptors::new(
+                admissions.config().descriptor_reserve,
+            ),
             dns_strangers: crate::dns::strangers::Strangers::new(
                 admissions.config().dns_queries_per_second_per_source,
             ),
