@@ -318,3 +318,93 @@ fn the_control_plane_is_refused_before_the_data_plane_runs_out_of_descriptors() 
         "{refused}"
     );
 }
+
+/// 5,000 idle connections from one address to each of the admin listener and DNS over TCP:
+/// each listener holds at most `unidentified_per_source` of them (the rest are closed at
+/// once) and closes those at `first_byte_ms`, while `/healthz`, a CONNECT and a DNS query
+/// from another address keep answering.
+#[test]
+fn five_thousand_idle_connections_per_listener_do_not_starve_anyone() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:0 }}\naudit: {{ path: {} }}\nadmission: {{ first_byte_ms: 1500, accept_burst_per_source: 20000, accepts_per_second_per_source: 20000 }}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ ok.test: [127.0.0.5] }} }}\nsandboxes:\n  - {{ id: local, sources: [127.0.0.0/8], policy: {{ provider: local, config: {{}}, network: {{ egress: [ok.test] }} }} }}\n",
+            audit.display()
+        ),
+    )
+    .unwrap();
+    let p = Proxy::start_with(config, audit, &[]);
+    let dns = p.dns.expect("dns listener");
+    let mut held = Vec::new();
+    for target in [p.admin, dns] {
+        for _ in 0..5_000 {
+            match connect_from_nonblocking("127.0.0.9", target) {
+                Some(s) => held.push(s),
+                None => break,
+            }
+        }
+    }
+    // Another address is served by all three.
+    let (status, _) = eventually(
+        Duration::from_secs(5),
+        "healthz from another address",
+        || {
+            let r = p.admin_get("/healthz");
+            (r.0 == 200).then_some(r)
+        },
+    );
+    assert_eq!(status, 200);
+    assert!(connect_answer(p.proxy, "127.0.0.2").is_some());
+    let mut q = connect_from("127.0.0.3", dns);
+    assert_eq!(tcp_query(&mut q, 77, "ok.test"), Some(0));
+    // At most 256 per listener were kept; the rest were closed by the proxy, and the kept
+    // ones are closed at first_byte_ms.
+    let (_, text) = p.admin_get("/metrics");
+    for listener in ["admin", "dns"] {
+        let refused = text
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "egress_admission_refused_total{{listener=\"{listener}\",why=\"unidentified\"}}"
+                ))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        assert!(
+            refused >= 4_000.0,
+            "{listener}: only {refused} refused\n{text}"
+        );
+    }
+    let silent = eventually(Duration::from_secs(10), "held connections closed", || {
+        let n = metric(
+            &p,
+            "egress_admission_refused_total{listener=\"admin\",why=\"silent\"}",
+        ) + metric(
+            &p,
+            "egress_admission_refused_total{listener=\"dns\",why=\"silent\"}",
+        );
+        (n >= 2 * 256).then_some(n)
+    });
+    assert!(silent <= 2 * 256, "{silent}");
+    drop(held);
+}
+
+/// A connection from `src` to `dst`, or `None` when the test process runs out of descriptors.
+fn connect_from_nonblocking(src: &str, dst: SocketAddr) -> Option<TcpStream> {
+    let sock = socket_from(src)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    rt.block_on(async { sock.connect(dst).await.ok()?.into_std().ok() })
+}
+
+fn socket_from(src: &str) -> Option<tokio::net::TcpSocket> {
+    let sock = tokio::net::TcpSocket::new_v4().ok()?;
+    sock.bind(format!("{src}:0").parse().ok()?).ok()?;
+    Some(sock)
+}
