@@ -19,6 +19,41 @@ use super::{Binding, Config, Defaults};
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::NetworkSpec;
 
+/// Deepest nesting of `[`/`{` a runtime binding may have (a real one has under 10).
+const MAX_DEPTH: usize = 64;
+
+/// The deepest nesting of flow collections (`[`, `{`) in `text`, outside quoted strings: a
+/// cheap, linear bound checked before any parser sees the text (libyaml is super-linear in
+/// depth).
+fn flow_depth(text: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let mut quote: Option<u8> = None;
+    let mut escaped = false;
+    for &b in text.as_bytes() {
+        match quote {
+            Some(q) => {
+                if escaped {
+                    escaped = false;
+                } else if b == b'\\' && q == b'"' {
+                    escaped = true;
+                } else if b == q {
+                    quote = None;
+                }
+            }
+            None => match b {
+                b'"' | b'\'' => quote = Some(b),
+                b'[' | b'{' => {
+                    depth += 1;
+                    deepest = deepest.max(depth);
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            },
+        }
+    }
+    deepest
+}
+
 impl Config {
     /// Parse a binding that arrives at run time (admin API `PUT /v1/sandboxes/{id}`, or a file
     /// of `state_dir`), with this configuration's defaults, providers and `sandbox_dirs`
@@ -40,12 +75,39 @@ impl Config {
                 code: None,
             }])
         };
-        let mut value: Value = serde_yaml::from_str(text).map_err(|e| {
-            one(
-                format!("not valid JSON or YAML: {}", redact(&e.to_string())),
-                e.location().map(|l| l.line()),
-            )
-        })?;
+        // Bounded before anything parses it: a hostile value (an etcd key, a state file) must
+        // cost milliseconds, never the replica.
+        let max = self.runtime.max_binding_bytes;
+        if text.len() > max {
+            return Err(one(
+                format!(
+                    "{} bytes, over runtime.max_binding_bytes ({max})",
+                    text.len()
+                ),
+                None,
+            ));
+        }
+        if flow_depth(text) > MAX_DEPTH {
+            return Err(one(format!("nested deeper than {MAX_DEPTH} levels"), None));
+        }
+        let mut value: Value = if text.trim_start().starts_with('{') {
+            // JSON (what runtimes, etcd and the state log send): serde_json, which has its
+            // own recursion limit and is linear.
+            let json: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+                one(
+                    format!("not valid JSON: {}", redact(&e.to_string())),
+                    Some(e.line()),
+                )
+            })?;
+            serde_yaml::to_value(json).map_err(|e| one(redact(&e.to_string()), None))?
+        } else {
+            serde_yaml::from_str(text).map_err(|e| {
+                one(
+                    format!("not valid JSON or YAML: {}", redact(&e.to_string())),
+                    e.location().map(|l| l.line()),
+                )
+            })?
+        };
         let Value::Mapping(map) = &mut value else {
             return Err(one(
                 "expected an object: a sandbox binding with an inline policy".into(),

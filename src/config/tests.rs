@@ -151,3 +151,43 @@ fn max_connections_is_bounded_so_no_value_can_panic_the_process() {
     let c = load_text("max_connections: 10000000\n").unwrap();
     assert_eq!(c.max_connections.get(), 10_000_000);
 }
+
+#[test]
+fn hostile_runtime_bindings_are_refused_before_any_parser_sees_them() {
+    let c = load_text("runtime: { max_binding_bytes: 2000000 }").unwrap();
+    let deep = format!(
+        "{{\"policy\": {}{}}}",
+        "[".repeat(200_000),
+        "]".repeat(200_000)
+    );
+    let e = c.parse_runtime_binding(&deep, "etcd", "x").unwrap_err();
+    assert!(e.to_string().contains("nested deeper than"), "{e}");
+    let deep_yaml = format!("policy: {}{}", "{a: ".repeat(1000), "}".repeat(1000));
+    let e = c
+        .parse_runtime_binding(&deep_yaml, "etcd", "x")
+        .unwrap_err();
+    assert!(e.to_string().contains("nested deeper than"), "{e}");
+    // Brackets inside strings are not nesting.
+    let quoted = format!(
+        "{{\"policy\": {{\"provider\": \"local\", \"config\": {{\"note\": \"{}\"}}}}}}",
+        "[".repeat(500)
+    );
+    assert!(!c
+        .parse_runtime_binding(&quoted, "etcd", "x")
+        .err()
+        .is_some_and(|e| e.to_string().contains("nested deeper than")));
+    let small = load_text("runtime: { max_binding_bytes: 100 }").unwrap();
+    let e = small
+        .parse_runtime_binding(&"x".repeat(101), "etcd", "x")
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("over runtime.max_binding_bytes"),
+        "{e}"
+    );
+    // A JSON binding still parses (serde_json), a YAML one too.
+    let json =
+        r#"{"policy": {"provider": "local", "config": {}, "network": {"egress": ["a.test"]}}}"#;
+    assert!(c.parse_runtime_binding(json, "etcd", "x").is_ok());
+    let yaml = "policy: { provider: local, config: {}, network: { egress: [a.test] } }";
+    assert!(c.parse_runtime_binding(yaml, "api", "x").is_ok());
+}
