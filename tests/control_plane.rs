@@ -682,3 +682,38 @@ fn etcd_users_and_passwords() {
     // The password is never logged.
     assert!(!a.stderr_text().contains("proxy-pw") && !b.stderr_text().contains("guess"));
 }
+
+/// A PUT while etcd is frozen (`SIGSTOP`: connected, silent) is answered 504 `outcome:
+/// unknown` with a revision to check — never a 503, which a runtime would read as "not
+/// written" — and the documented convergence works: once etcd answers again, the same PUT
+/// (idempotent) succeeds and the sandbox is in force on every replica.
+#[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
+fn a_write_whose_outcome_is_unknown_answers_504_and_a_retry_converges() {
+    let (dir, etcd, net) = setup();
+    let a = replica(&dir.path().join("a"), etcd.client_port);
+    let b = replica(&dir.path().join("b"), etcd.client_port);
+    wait_ready(&a);
+    wait_ready(&b);
+    etcd.signal("-STOP");
+    let body = binding("frozen", &["api.test:*"]);
+    let (status, text) = admin(&a, "PUT", "/v1/sandboxes/frozen", &body);
+    etcd.signal("-CONT");
+    assert_eq!(status, 504, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["outcome"], "unknown", "{v}");
+    assert!(v["revision"].as_i64().is_some(), "{v}");
+    // Converge: retry the same PUT until it is answered (201 or 200: the first may have
+    // committed after all).
+    let (status, text) = eventually(Duration::from_secs(20), "the retried PUT", || {
+        let (s, t) = admin(&a, "PUT", "/v1/sandboxes/frozen", &body);
+        matches!(s, 200 | 201).then_some((s, t))
+    });
+    assert!(matches!(status, 200 | 201), "{text}");
+    for p in [&a, &b] {
+        eventually(Duration::from_secs(10), "the sandbox everywhere", || {
+            knows(p, "frozen").then_some(())
+        });
+        assert_eq!(net.get(p, "frozen", "api.test", "/after").code, 0);
+    }
+}

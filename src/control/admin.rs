@@ -137,6 +137,18 @@ fn change_error(e: ChangeError) -> Response<Full<Bytes>> {
             status,
             json!({ "error": "invalid binding", "errors": errs.0.iter().map(|e| e.to_string()).collect::<Vec<_>>() }),
         ),
+        ChangeError::Outcome {
+            detail,
+            committed,
+            revision,
+        } => json_resp(
+            status,
+            json!({
+                "error": detail,
+                "outcome": if committed { "committed" } else { "unknown" },
+                "revision": revision,
+            }),
+        ),
         other => error(status, other.to_string()),
     };
     if status == StatusCode::SERVICE_UNAVAILABLE {

@@ -85,9 +85,21 @@ pub enum ChangeError {
     /// 500: the new set did not compile, or could not be persisted.
     #[error("{0}")]
     Failed(String),
-    /// 503: the control plane (etcd) cannot take the change now.
+    /// 503: the control plane (etcd) cannot take the change now — nothing was sent.
     #[error("{0}")]
     Unavailable(String),
+    /// 504: the write was sent to etcd and its fate is not known here (`committed: false`:
+    /// etcd did not answer, it may or may not have applied it), or it was committed at
+    /// `revision` but this replica has not applied it in time. Never a 503: a runtime that
+    /// gives up after a 503 would believe a committed sandbox absent.
+    #[error("{detail}")]
+    Outcome {
+        detail: String,
+        committed: bool,
+        /// The revision written (committed), or the last one this replica had applied when
+        /// it sent the write (unknown): read the key at or after it to learn the outcome.
+        revision: i64,
+    },
 }
 
 impl ChangeError {
@@ -100,6 +112,7 @@ impl ChangeError {
             ChangeError::NotFound => 404,
             ChangeError::Failed(_) => 500,
             ChangeError::Unavailable(_) => 503,
+            ChangeError::Outcome { .. } => 504,
         }
     }
 }

@@ -1014,6 +1014,19 @@ impl Etcd {
         }
     }
 
+    /// Freeze (`SIGSTOP`) or thaw (`SIGCONT`) the member: its sockets stay open, nothing
+    /// answers.
+    pub fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let ok = Command::new("kill")
+                .args([sig, &c.id().to_string()])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            assert!(ok, "kill {sig} etcd");
+        }
+    }
+
     /// Kill the member (as a crash would) and wait for it.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -124,6 +124,24 @@ impl ControlPlane {
         Err(ChangeError::Unavailable(out))
     }
 
+    /// A write sent to etcd, bounded by `request_timeout`: a failure after sending is an
+    /// unknown outcome (504), never a 503 — the transaction may have committed.
+    async fn write<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, ChangeError> {
+        let before = self.revision();
+        self.call("write", fut)
+            .await
+            .map_err(|e| ChangeError::Outcome {
+                detail: format!(
+                    "{e}; the write was sent and may have been applied: read the sandbox (or retry the same PUT, which is idempotent) once this replica's revision passes {before}"
+                ),
+                committed: false,
+                revision: before,
+            })
+    }
+
     /// Wait until this replica has applied `revision`.
     async fn applied(&self, revision: i64) -> Result<(), ChangeError> {
         let mut rx = self.applied.subscribe();
@@ -133,10 +151,14 @@ impl ControlPlane {
         .await;
         match reached {
             Ok(true) => Ok(()),
-            _ => Err(ChangeError::Unavailable(format!(
-                "written to etcd at revision {revision}, but this replica has not applied it within {} ms",
-                self.cfg.request_timeout.as_millis()
-            ))),
+            _ => Err(ChangeError::Outcome {
+                detail: format!(
+                    "committed to etcd at revision {revision}, but this replica has not applied it within {} ms: every replica enforces it once its revision reaches {revision}",
+                    self.cfg.request_timeout.as_millis()
+                ),
+                committed: true,
+                revision,
+            }),
         }
     }
 
@@ -178,11 +200,15 @@ impl ControlPlane {
                     prepared.seen_revision,
                 )])
                 .and_then([TxnOp::put(key.clone(), prepared.json, Some(opts))]);
-            let resp = self.call("write", client.txn(txn)).await?;
+            let resp = self.write(client.txn(txn)).await?;
             let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
             if !resp.succeeded() {
-                // Catch up with the newer value, then validate again.
-                self.applied(revision).await?;
+                // Nothing was written: catch up with the newer value, then validate again.
+                self.applied(revision).await.map_err(|_| {
+                    ChangeError::Unavailable(format!(
+                        "sandbox {id} changed in etcd (revision {revision}) and this replica has not caught up; nothing was written"
+                    ))
+                })?;
                 continue;
             }
             let created = resp.op_responses().into_iter().all(|r| match r {
@@ -229,10 +255,7 @@ impl ControlPlane {
         };
         let key = self.cfg.sandbox_key(id);
         let resp = self
-            .call(
-                "write",
-                client.delete(key, Some(DeleteOptions::new().with_prev_key())),
-            )
+            .write(client.delete(key, Some(DeleteOptions::new().with_prev_key())))
             .await?;
         if resp.deleted() == 0 {
             return Err(ChangeError::NotFound);
