@@ -1059,6 +1059,34 @@ impl Etcd {
     pub fn ctl(&self, args: &[&str]) -> String {
         self.ctl_on(self.client_port, args)
     }
+
+    /// `etcdctl put KEY` with the value on standard input (values too large for an argument).
+    pub fn put_stdin(&self, key: &str, value: &[u8]) {
+        use std::io::Write as _;
+        let mut child = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(self.ctl_tls())
+            .args([
+                "--endpoints",
+                &format!("{}://127.0.0.1:{}", self.scheme(), self.client_port),
+                "put",
+                key,
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("etcdctl");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(value)
+            .expect("write the value");
+        assert!(
+            child.wait().expect("etcdctl").success(),
+            "etcdctl put {key}"
+        );
+    }
 }
 
 impl Drop for Etcd {
