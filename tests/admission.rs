@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-const YAML: &str = "admission: { unidentified_per_source: 3, first_byte_ms: 800 }\ndefaults: { timeouts: { header_ms: 1500 } }\ndns: { servers: [\"127.0.0.1:9\"], hosts: { ok.test: [127.0.0.5] } }\nsandboxes:\n  - { id: local, sources: [127.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n";
+const YAML: &str = "admission: { unidentified_per_source: 3, first_byte_ms: 2500 }\ndefaults: { timeouts: { header_ms: 1500 } }\ndns: { servers: [\"127.0.0.1:9\"], hosts: { ok.test: [127.0.0.5] } }\nsandboxes:\n  - { id: local, sources: [127.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n";
 
 fn start(dir: &std::path::Path) -> Proxy {
     let audit = dir.join("audit.jsonl");
@@ -70,9 +70,9 @@ fn the_admin_listener_caps_each_source_and_closes_silent_connections() {
     let p = start(dir.path());
     assert_eq!(p.admin_get("/healthz").0, 200);
     let mut held = hold(p.admin, 3);
-    // Give the proxy time to admit the three (they are accepted in order; the tests of this
-    // file run side by side, so leave it ample time).
-    std::thread::sleep(Duration::from_millis(500));
+    // Give the proxy time to admit the three (admission is in accept order; they stay held
+    // for first_byte_ms, 2.5 s, well past this).
+    std::thread::sleep(Duration::from_millis(200));
     let mut fourth = TcpStream::connect(p.admin).unwrap();
     fourth
         .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
