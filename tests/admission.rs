@@ -172,17 +172,10 @@ fn dns_over_tcp_caps_each_source_closes_silent_and_idle_connections() {
     );
 }
 
-/// A TCP connection to `dst` from the loopback address `src` (127.0.0.0/8 is all ours).
+/// A TCP connection to `dst` from the loopback address `src` (127.0.0.0/8 is all ours),
+/// blocking, with a 10 s read timeout.
 fn connect_from(src: &str, dst: SocketAddr) -> TcpStream {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let s = rt.block_on(async {
-        let sock = tokio::net::TcpSocket::new_v4().unwrap();
-        sock.bind(format!("{src}:0").parse().unwrap()).unwrap();
-        sock.connect(dst).await.unwrap().into_std().unwrap()
-    });
+    let s = try_connect_from(src, dst).expect("connect from a loopback address");
     s.set_nonblocking(false).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s
@@ -339,7 +332,7 @@ fn five_thousand_idle_connections_per_listener_do_not_starve_anyone() {
     let mut held = Vec::new();
     for target in [p.admin, dns] {
         for _ in 0..5_000 {
-            match connect_from_nonblocking("127.0.0.9", target) {
+            match try_connect_from("127.0.0.9", target) {
                 Some(s) => held.push(s),
                 None => break,
             }
@@ -392,19 +385,14 @@ fn five_thousand_idle_connections_per_listener_do_not_starve_anyone() {
 }
 
 /// A connection from `src` to `dst`, or `None` when the test process runs out of descriptors.
-fn connect_from_nonblocking(src: &str, dst: SocketAddr) -> Option<TcpStream> {
-    let sock = socket_from(src)?;
+fn try_connect_from(src: &str, dst: SocketAddr) -> Option<TcpStream> {
+    let sock = tokio::net::TcpSocket::new_v4().ok()?;
+    sock.bind(format!("{src}:0").parse().ok()?).ok()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .ok()?;
     rt.block_on(async { sock.connect(dst).await.ok()?.into_std().ok() })
-}
-
-fn socket_from(src: &str) -> Option<tokio::net::TcpSocket> {
-    let sock = tokio::net::TcpSocket::new_v4().ok()?;
-    sock.bind(format!("{src}:0").parse().ok()?).ok()?;
-    Some(sock)
 }
 
 /// `GET path` on `addr`: the body of a 200, or `None` when the connection was refused, closed

@@ -431,45 +431,8 @@ fn http2_grpc_trailers_and_http_rules() {
 
 /// CONNECT through the proxy, TLS with ALPN h2 trusting the interception CA, one POST.
 async fn grpc_call(e: &Env) -> http::HeaderMap {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let port = e.upstream.addr.port();
-    let mut tcp = tokio::net::TcpStream::connect(e.proxy.proxy).await.unwrap();
-    tcp.write_all(
-        format!("CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n").as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        tcp.read_exact(&mut b).await.unwrap();
-        head.push(b[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 200"));
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    let pem = std::fs::read(e.dir.path().join("ica/ca.crt")).unwrap();
-    for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect("api.test".try_into().unwrap(), tcp)
-        .await
-        .unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tls),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let mut send = h2_through(e).await;
     let req = http::Request::post(format!("https://api.test:{port}/grpc/svc.Echo/Say"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
