@@ -113,9 +113,20 @@ enum AuditAction {
     Verify {
         #[arg(required = true)]
         files: Vec<PathBuf>,
-        /// The Ed25519 public key (PEM) matching audit.signing_key_file.
+        /// The Ed25519 public key (PEM) matching audit.signing_key_file: signatures are
+        /// checked and the trail must keep its signed checkpoint interval, end every run with
+        /// its final checkpoint (or have the next run name the crash), and not be empty.
         #[arg(long)]
         public_key: Option<PathBuf>,
+        /// The newest file is still being written: accept its last run without a final
+        /// checkpoint while its next checkpoint is not overdue (the lines after the last
+        /// checkpoint are reported as only chained).
+        #[arg(long, requires = "public_key")]
+        open_run: bool,
+        /// audit.checkpoint_file: the log must hold every signed line it holds (from the
+        /// first one the given files hold on); a cut or replaced end of the log is found.
+        #[arg(long, value_name = "FILE")]
+        checkpoints: Option<PathBuf>,
     },
 }
 
@@ -161,8 +172,19 @@ fn main() -> ExitCode {
             config,
         } => suggest(audit, sandbox, min_count, wildcard_min, config),
         Command::Audit {
-            action: AuditAction::Verify { files, public_key },
-        } => audit_verify(&files, public_key.as_deref()),
+            action:
+                AuditAction::Verify {
+                    files,
+                    public_key,
+                    open_run,
+                    checkpoints,
+                },
+        } => audit_verify(
+            &files,
+            public_key.as_deref(),
+            open_run,
+            checkpoints.as_deref(),
+        ),
         Command::Config {
             action: ConfigAction::Example,
         } => {
@@ -228,7 +250,12 @@ fn suggest(
     }
 }
 
-fn audit_verify(files: &[PathBuf], public_key: Option<&std::path::Path>) -> ExitCode {
+fn audit_verify(
+    files: &[PathBuf],
+    public_key: Option<&std::path::Path>,
+    open_run: bool,
+    checkpoints: Option<&std::path::Path>,
+) -> ExitCode {
     use egress_proxy::audit::verify;
     let key = match public_key.map(verify::read_public_key).transpose() {
         Ok(k) => k,
@@ -237,7 +264,13 @@ fn audit_verify(files: &[PathBuf], public_key: Option<&std::path::Path>) -> Exit
             return ExitCode::from(2);
         }
     };
-    let report = match verify::verify(files, key.as_ref()) {
+    let opts = verify::Options {
+        key: key.as_ref(),
+        open_run,
+        checkpoints,
+        ..verify::Options::default()
+    };
+    let report = match verify::verify_with(files, &opts) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
@@ -253,8 +286,18 @@ fn audit_verify(files: &[PathBuf], public_key: Option<&std::path::Path>) -> Exit
             ExitCode::from(1)
         }
         None => {
+            let mut extra = String::new();
+            if open_run {
+                extra.push_str(&format!(", {} only chained", report.only_chained));
+            }
+            if checkpoints.is_some() {
+                extra.push_str(&format!(
+                    ", {} signed lines matched in the checkpoint file",
+                    report.anchored
+                ));
+            }
             println!(
-                "intact: {} records, {} runs, {} checkpoints ({} signatures checked)",
+                "intact: {} records, {} runs, {} checkpoints ({} signatures checked{extra})",
                 report.records, report.runs, report.checkpoints, report.signatures_checked
             );
             ExitCode::SUCCESS

@@ -1,6 +1,10 @@
 //! The tamper-evident audit trail with the real binary: a chained, signed log verifies
 //! across restarts; a deleted, edited, swapped or cut line is reported at the right line and
 //! seq; signatures verify with the right key only; rotation and reopening keep the chain.
+//! And a forger without the key — who edits, drops the signed lines after the edit and
+//! recomputes every `seq` and `chain` — is caught by `--public-key`, as are a replaced or cut
+//! tail, an emptied file and an unsigned run_start, while a crash followed by a restart still
+//! verifies.
 
 mod common;
 
@@ -76,8 +80,13 @@ fn run_and_stop(dir: &Path, audit: &str, n: usize) {
 
 /// `egress-proxy audit verify FILES [--public-key K]`: (exit code, stdout).
 fn verify(files: &[&Path], key: Option<&Path>) -> (i32, String) {
+    verify_args(files, key, &[])
+}
+
+/// `egress-proxy audit verify FILES [--public-key K] EXTRA...`: (exit code, stdout).
+fn verify_args(files: &[&Path], key: Option<&Path>, extra: &[&str]) -> (i32, String) {
     let mut c = Command::new(bin());
-    c.args(["audit", "verify"]).args(files);
+    c.args(["audit", "verify"]).args(files).args(extra);
     if let Some(k) = key {
         c.arg("--public-key").arg(k);
     }
@@ -320,4 +329,331 @@ fn verify_usage_errors_exit_2() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// What a forger without the signing key can do after changing lines: renumber `seq` within
+/// each run and recompute every chain (each later run_start's `prev_chain` and each
+/// checkpoint's `chain_head` too), so that the
+/// hash chain alone finds nothing.
+fn rechain(lines: &[String]) -> Vec<String> {
+    use sha2::{Digest, Sha256};
+    /// `text` with the JSON value of `field` (a string or null) replaced by `value`.
+    fn set_field(text: &str, field: &str, value: &str) -> String {
+        let key = format!("\"{field}\":");
+        let Some(at) = text.find(&key) else {
+            return text.to_string();
+        };
+        let from = at + key.len();
+        let len = if text[from..].starts_with("null") {
+            4
+        } else {
+            text[from + 1..].find('"').unwrap() + 2
+        };
+        format!("{}{value}{}", &text[..from], &text[from + len..])
+    }
+    let mut prev = [0u8; 32];
+    let mut seq = 0u64;
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        // The bytes as written up to `,"seq":N`: everything else is kept to the byte.
+        let mut body = l[..l.rfind(",\"seq\":").unwrap()].to_string();
+        if is(l, "run_start") {
+            seq = 0;
+            let v: serde_json::Value = serde_json::from_str(&(body.clone() + "}")).unwrap();
+            match v["prev_chain"].as_str() {
+                Some(p) if i == 0 => hex::decode_to_slice(p, &mut prev).unwrap(),
+                _ if i > 0 => {
+                    body = set_field(&body, "prev_chain", &format!("\"{}\"", hex::encode(prev)))
+                }
+                _ => {}
+            }
+        }
+        if is(l, "checkpoint") {
+            body = set_field(&body, "chain_head", &format!("\"{}\"", hex::encode(prev)));
+        }
+        seq += 1;
+        let canonical = format!("{body},\"seq\":{seq}}}");
+        prev = Sha256::new()
+            .chain_update(prev)
+            .chain_update(canonical.as_bytes())
+            .finalize()
+            .into();
+        out.push(format!(
+            "{body},\"seq\":{seq},\"chain\":\"{}\"}}",
+            hex::encode(prev)
+        ));
+    }
+    out
+}
+
+fn is(line: &str, event: &str) -> bool {
+    line.contains(&format!("\"event\":\"{event}\""))
+}
+
+/// Index of the last line of `lines` that is a `event` line (and not final, for checkpoints).
+fn last_index(lines: &[String], pred: impl Fn(&str) -> bool) -> usize {
+    lines.iter().rposition(|l| pred(l)).unwrap()
+}
+
+/// Write `lines` as a forged file and verify it without and with the key: the chain alone
+/// must find nothing (the forger did the work), the key must. Returns the keyed output.
+fn forged(dir: &Path, lines: &[String], pk: &Path) -> String {
+    let f = dir.join("forged.jsonl");
+    write_lines(&f, lines);
+    let (code, out) = verify(&[&f], None);
+    assert_eq!(
+        code, 0,
+        "the forgery should pass the chain check alone: {out}"
+    );
+    let (code, out) = verify(&[&f], Some(pk));
+    assert_eq!(code, 1, "the key must catch the forgery: {out}");
+    out
+}
+
+#[test]
+fn an_edit_with_the_signed_lines_after_it_dropped_and_the_chain_recomputed_fails_with_the_key() {
+    // Run 2 of the log: run_start, 4 records, checkpoint, 1 record, final checkpoint.
+    let (dir, log, pk) = signed_log();
+    let all = lines(&log);
+    let start2 = last_index(&all, |l| is(l, "run_start"));
+    let finals = all.iter().filter(|l| l.contains("\"final\":true")).count();
+    assert_eq!(finals, 2, "two runs, each with its final checkpoint");
+
+    // Edit the last record and drop the final checkpoint: the run no longer ends signed.
+    let mut v = all.clone();
+    v.pop();
+    let k = v.len() - 1;
+    v[k] = v[k].replace("denied", "allowed");
+    let out = forged(dir.path(), &rechain(&v), &pk);
+    assert!(
+        out.contains(&format!(":{} (seq", k + 1))
+            && out.contains("without its signed final checkpoint"),
+        "{out}"
+    );
+
+    // Edit an earlier record of run 2 and drop every signed line after it: five lines follow
+    // the run_start unsigned, while the run signed an interval of four.
+    let mut v: Vec<String> = all[..all.len() - 1]
+        .iter()
+        .filter(|l| !is(l, "checkpoint") || all[..start2].contains(l))
+        .cloned()
+        .collect();
+    let k = start2 + 2;
+    v[k] = v[k].replace("denied", "allowed");
+    let out = forged(dir.path(), &rechain(&v), &pk);
+    assert!(
+        out.contains("5 lines since the last signed line")
+            && out.contains("signs every 4: checkpoints were removed"),
+        "{out}"
+    );
+
+    // Edit a record of run 1 and drop its signed lines after it: run 2's signed run_start
+    // pins the chain it continues, so recomputing it breaks its signature.
+    let cp1 = all[..start2]
+        .iter()
+        .position(|l| is(l, "checkpoint"))
+        .unwrap();
+    let mut v: Vec<String> = all
+        .iter()
+        .enumerate()
+        .filter(|(i, l)| !(is(l, "checkpoint") && *i > cp1 && *i < start2))
+        .map(|(_, l)| l.clone())
+        .collect();
+    v[cp1 + 1] = v[cp1 + 1].replace("denied", "allowed");
+    let out = forged(dir.path(), &rechain(&v), &pk);
+    assert!(out.contains("run_start signature does not verify"), "{out}");
+    assert_eq!(verify(&[&log], Some(&pk)).0, 0);
+}
+
+#[test]
+fn a_replaced_or_cut_tail_an_emptied_file_and_an_unsigned_run_start_fail_with_the_key() {
+    let (dir, log, pk) = signed_log();
+    let all = lines(&log);
+    let cp = last_index(&all, |l| {
+        is(l, "checkpoint") && l.contains("\"final\":false")
+    });
+
+    // Everything after the last checkpoint replaced by other records.
+    let mut v = all[..=cp].to_vec();
+    for i in 0..3 {
+        v.push(all[cp - 1].replace("denied", &format!("other{i}")));
+    }
+    let out = forged(dir.path(), &rechain(&v), &pk);
+    assert!(out.contains("without its signed final checkpoint"), "{out}");
+
+    // ... and the kept checkpoint turned into a final one: `final` is signed.
+    let mut v = all[..=cp].to_vec();
+    v[cp] = v[cp].replace("\"final\":false", "\"final\":true");
+    let out = forged(dir.path(), &rechain(&v), &pk);
+    assert!(
+        out.contains(&format!(":{}", cp + 1))
+            && out.contains("checkpoint signature does not verify"),
+        "{out}"
+    );
+
+    // Truncated after the checkpoint (nothing recomputed: a plain cut).
+    let cut = dir.path().join("cut.jsonl");
+    write_lines(&cut, &all[..=cp]);
+    let (code, out) = verify(&[&cut], Some(&pk));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!("cut.jsonl:{} (seq", cp + 1))
+            && out.contains("without its signed final checkpoint"),
+        "{out}"
+    );
+
+    // Emptied.
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    for key in [Some(pk.as_path()), None] {
+        let (code, out) = verify(&[&empty], key);
+        assert_eq!(code, 1, "{out}");
+        assert!(out.contains("TAMPERED") && out.contains("empty"), "{out}");
+    }
+
+    // A forger's own trail, from scratch: its run_start is unsigned.
+    let mut v: Vec<String> = all
+        .iter()
+        .filter(|l| !is(l, "checkpoint"))
+        .cloned()
+        .collect();
+    let sig_at = v[0].find(",\"signature\":\"").unwrap();
+    v[0] = format!("{}{}", &v[0][..sig_at], &v[0][sig_at + 143..]);
+    let out = forged(dir.path(), &rechain(&v), &pk);
+    assert!(
+        out.contains(":1 (seq 1)") && out.contains("run_start is unsigned"),
+        "{out}"
+    );
+
+    // A trail written without a signing key does not pass for a signed one.
+    let plain = tempfile::tempdir().unwrap();
+    run_and_stop(plain.path(), "chain: true", 2);
+    let (code, out) = verify(&[&plain.path().join("audit.jsonl")], Some(&pk));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("run_start is unsigned"), "{out}");
+}
+
+#[test]
+fn a_crashed_run_named_by_the_next_run_start_verifies_and_an_open_run_is_judged_by_its_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sk, pk) = keypair(dir.path(), "audit");
+    let log = dir.path().join("audit.jsonl");
+    let audit = format!(
+        "chain: true, signing_key_file: {}, checkpoint_every_records: 1000, checkpoint_every_s: 3",
+        sk.display()
+    );
+    let mut p = Proxy::start_with(config(dir.path(), &audit), log.clone(), &[]);
+    traffic(&p, 3);
+    eventually(Duration::from_secs(5), "three records written", || {
+        (lines(&log).len() >= 4).then_some(())
+    });
+    // A live file: no final checkpoint yet. Plain verification fails; --open-run accepts
+    // the unsigned tail and counts it.
+    let (code, out) = verify(&[&log], Some(&pk));
+    assert_eq!(code, 1, "{out}");
+    let (code, out) = verify_args(&[&log], Some(&pk), &["--open-run"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("3 only chained"), "{out}");
+
+    // The writer stops (SIGSTOP) before its next checkpoint: once the signed interval plus the
+    // slack has passed, the open run's checkpoint is overdue.
+    unsafe_free_kill(p.child.id(), "STOP");
+    std::thread::sleep(Duration::from_millis(5500));
+    let (code, out) = verify_args(&[&log], Some(&pk), &["--open-run"]);
+    unsafe_free_kill(p.child.id(), "CONT");
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("no checkpoint for") && out.contains("every 3 s"),
+        "{out}"
+    );
+    // Running again, it signs at once.
+    eventually(Duration::from_secs(5), "a checkpoint after SIGCONT", || {
+        lines(&log).last().filter(|l| is(l, "checkpoint")).map(drop)
+    });
+    let (code, out) = verify_args(&[&log], Some(&pk), &["--open-run"]);
+    assert_eq!(code, 0, "{out}");
+
+    // A forger edits the live file's first record and drops the checkpoint after it: the
+    // records after the edit are later than the signed interval allows.
+    traffic(&p, 2);
+    eventually(Duration::from_secs(5), "two more records", || {
+        (lines(&log).len() >= 7).then_some(())
+    });
+    let mut v: Vec<String> = lines(&log)
+        .into_iter()
+        .filter(|l| !is(l, "checkpoint"))
+        .collect();
+    v[1] = v[1].replace("denied", "allowed");
+    let f = dir.path().join("forged.jsonl");
+    write_lines(&f, &rechain(&v));
+    let (code, out) = verify_args(&[&f], Some(&pk), &["--open-run"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("after the last signed line") && out.contains("checkpoints were removed"),
+        "{out}"
+    );
+
+    // kill -9: no final checkpoint. The next run names the run that ended unclosed.
+    unsafe_free_kill(p.child.id(), "KILL");
+    let _ = p.child.wait();
+    let (code, out) = verify(&[&log], Some(&pk));
+    assert_eq!(code, 1, "{out}");
+    run_and_stop(dir.path(), &audit, 2);
+    let (code, out) = verify(&[&log], Some(&pk));
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("ended without its final checkpoint (a crash or a kill)"),
+        "{out}"
+    );
+    assert!(out.contains("intact: 7 records, 2 runs"), "{out}");
+}
+
+#[test]
+fn the_checkpoint_file_finds_a_log_whose_last_runs_were_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sk, pk) = keypair(dir.path(), "audit");
+    let log = dir.path().join("audit.jsonl");
+    let anchor = dir.path().join("checkpoints.jsonl");
+    let audit = format!(
+        "chain: true, signing_key_file: {}, checkpoint_every_records: 4, checkpoint_file: {}",
+        sk.display(),
+        anchor.display()
+    );
+    run_and_stop(dir.path(), &audit, 6);
+    run_and_stop(dir.path(), &audit, 5);
+    let anchor_arg = anchor.to_str().unwrap();
+    let (code, out) = verify_args(&[&log], Some(&pk), &["--checkpoints", anchor_arg]);
+    assert_eq!(code, 0, "{out}");
+    // Two run_starts, three checkpoints in run 1 ... every signed line of the log is there.
+    let signed = lines(&log)
+        .iter()
+        .filter(|l| is(l, "run_start") || is(l, "checkpoint"))
+        .count();
+    assert_eq!(lines(&anchor).len(), signed);
+    assert!(
+        out.contains(&format!("{signed} signed lines matched")),
+        "{out}"
+    );
+
+    // The whole second run cut off: the file ends at run 1's final checkpoint, which the key
+    // alone cannot tell from a trail that ended there.
+    let all = lines(&log);
+    let start2 = last_index(&all, |l| is(l, "run_start"));
+    let cut = dir.path().join("cut.jsonl");
+    write_lines(&cut, &all[..start2]);
+    assert_eq!(verify(&[&cut], Some(&pk)).0, 0);
+    let (code, out) = verify_args(&[&cut], Some(&pk), &["--checkpoints", anchor_arg]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("the log lacks this signed run_start") && out.contains("cut or replaced"),
+        "{out}"
+    );
+
+    // A checkpoint file that was itself edited does not verify.
+    let mut a = lines(&anchor);
+    a[0] = a[0].replace("\"prev_chain\":null", "\"prev_chain\":\"00\"");
+    write_lines(&anchor, &a);
+    let (code, out) = verify_args(&[&log], Some(&pk), &["--checkpoints", anchor_arg]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("checkpoint file"), "{out}");
 }

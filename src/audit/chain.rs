@@ -7,22 +7,76 @@
 //! field off the line it reads ([`split`]).
 //!
 //! A run begins with a `run_start` line naming the chain it continues (`prev_chain`: the last
-//! chain in the file when the process started, `null` for a new file). With a signing key,
-//! `checkpoint` lines sign the chain so far every N records or T seconds and at shutdown
-//! (`final: true`): whoever rewrites the file after an edit cannot re-sign it. Rotation and
-//! reopening continue the chain; `egress-proxy audit verify` ([`super::verify`]) checks it.
+//! chain in the file when the process started, `null` for a new file) and, when the file's
+//! last line was not a final checkpoint, the run that ended without one (`unclosed_run`: a
+//! crash, a kill, or a run without a signing key). With a signing key the `run_start` is
+//! signed, and carries the checkpoint interval and the key id; `checkpoint` lines sign the
+//! chain so far before more than `every_records` lines or more than `every_s` seconds go
+//! unsigned, and at shutdown (`final: true`). What a signature covers is [`signed_message`],
+//! used by the writer and by `egress-proxy audit verify` ([`super::verify`]) alike: whoever
+//! rewrites the file cannot re-sign it, re-date it, or declare a cut run finished.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use ed25519_dalek::{Signer, SigningKey};
-use serde_json::json;
+use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-/// What a checkpoint signature covers (the verifier builds the same bytes).
-pub fn checkpoint_message(run: &str, seq: u64, chain_head: &str) -> Vec<u8> {
-    format!("egress-proxy audit checkpoint v1\n{run}\n{seq}\n{chain_head}").into_bytes()
+/// How often a run signs its chain. Written into the signed `run_start` and every checkpoint,
+/// so a verifier knows how long an unsigned stretch may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interval {
+    /// At most this many lines between two signed lines.
+    pub records: u64,
+    /// A line written more than this long after the last signed line is preceded by a
+    /// checkpoint (unless it is the first line since).
+    pub every: Duration,
+}
+
+/// The fields of a `run_start` its signature covers (besides its kind and `seq`).
+const RUN_START_SIGNED: &[&str] = &[
+    "run",
+    "ts",
+    "prev_chain",
+    "partial_tail",
+    "unclosed_run",
+    "checkpoint_every_records",
+    "checkpoint_every_s",
+    "key_id",
+];
+
+/// The fields of a `checkpoint` its signature covers (besides its kind and `seq`).
+const CHECKPOINT_SIGNED: &[&str] = &[
+    "run",
+    "ts",
+    "chain_head",
+    "final",
+    "checkpoint_every_records",
+    "checkpoint_every_s",
+    "key_id",
+];
+
+/// The bytes a signed line's signature covers: its kind, its `seq`, then each signed field as
+/// `name=<JSON>` (a missing field is `null`). `None` for a line that is never signed. The
+/// writer builds it from the value it is about to write, the verifier from the line it read:
+/// one function, so the two cannot drift.
+pub fn signed_message(v: &Value, seq: u64) -> Option<Vec<u8>> {
+    let event = v.get("event")?.as_str()?;
+    let fields = match event {
+        "run_start" => RUN_START_SIGNED,
+        "checkpoint" => CHECKPOINT_SIGNED,
+        _ => return None,
+    };
+    let mut m = format!("egress-proxy audit {event} v2\nseq={seq}\n");
+    for f in fields {
+        m.push_str(f);
+        m.push('=');
+        m.push_str(&v.get(*f).unwrap_or(&Value::Null).to_string());
+        m.push('\n');
+    }
+    Some(m.into_bytes())
 }
 
 /// A short id of a public key: the first 16 hex digits of the SHA-256 of its 32 bytes.
@@ -36,8 +90,11 @@ pub struct Chain {
     seq: u64,
     run: String,
     key: Option<SigningKey>,
-    /// Records since the last checkpoint.
-    since_checkpoint: u64,
+    interval: Interval,
+    /// Lines since the last signed line.
+    since_signed: u64,
+    /// When the last signed line was made.
+    last_signed: Instant,
 }
 
 /// `line` without its `chain` field: (canonical bytes, the chain's hex), or `None` when the
@@ -62,13 +119,20 @@ pub fn link(prev: &[u8; 32], canonical: &[u8]) -> [u8; 32] {
 
 impl Chain {
     /// A new run continuing `prev` (the file's last chain), or a new chain.
-    pub fn new(run: String, prev: Option<[u8; 32]>, key: Option<SigningKey>) -> Chain {
+    pub fn new(
+        run: String,
+        prev: Option<[u8; 32]>,
+        key: Option<SigningKey>,
+        interval: Interval,
+    ) -> Chain {
         Chain {
             prev: prev.unwrap_or([0; 32]),
             seq: 0,
             run,
             key,
-            since_checkpoint: 0,
+            interval,
+            since_signed: 0,
+            last_signed: Instant::now(),
         }
     }
 
@@ -82,7 +146,7 @@ impl Chain {
         }
         line.pop();
         self.seq += 1;
-        self.since_checkpoint += 1;
+        self.since_signed += 1;
         line.extend_from_slice(format!(",\"seq\":{}}}", self.seq).as_bytes());
         self.prev = link(&self.prev, line);
         line.pop();
@@ -91,103 +155,182 @@ impl Chain {
         line.extend_from_slice(b"\"}\n");
     }
 
-    /// The `run_start` line: which chain this run continues, and whether the file ended in
-    /// a partial line (a crash mid-write) that was closed with a newline.
-    pub fn run_start(&mut self, prev_chain: Option<&str>, partial_tail: bool) -> Vec<u8> {
+    /// The `run_start` line: which chain this run continues, whether the file ended in a
+    /// partial line (a crash mid-write) that was closed with a newline, and which run ended
+    /// without its final checkpoint. Signed when the chain has a key.
+    pub fn run_start(&mut self, tail: &Tail) -> Vec<u8> {
         let mut v = json!({
             "ts": super::record::rfc3339(SystemTime::now()),
             "event": "run_start",
             "run": self.run,
-            "prev_chain": prev_chain,
+            "prev_chain": tail.chain,
         });
-        if partial_tail {
+        if tail.partial {
             v["partial_tail"] = json!(true);
         }
-        if let Some(k) = &self.key {
-            v["key_id"] = json!(key_id(&k.verifying_key().to_bytes()));
+        if let Some(u) = tail.unclosed() {
+            v["unclosed_run"] = json!({ "run": u.run, "last_seq": u.seq });
         }
-        self.sealed(&v)
+        self.sign(&mut v, 1);
+        let line = self.sealed(&v);
+        self.since_signed = 0;
+        self.last_signed = Instant::now();
+        line
     }
 
-    /// Whether a checkpoint is due after `records_threshold` records.
-    pub fn checkpoint_due(&self, records_threshold: u64) -> bool {
-        self.key.is_some() && self.since_checkpoint >= records_threshold
+    /// Add the interval, the key id and the signature to a line that will get `seq`.
+    fn sign(&self, v: &mut Value, seq: u64) {
+        let Some(key) = &self.key else {
+            return;
+        };
+        v["checkpoint_every_records"] = json!(self.interval.records);
+        v["checkpoint_every_s"] = json!(self.interval.every.as_secs());
+        v["key_id"] = json!(key_id(&key.verifying_key().to_bytes()));
+        if let Some(msg) = signed_message(v, seq) {
+            v["signature"] = json!(hex::encode(key.sign(&msg).to_bytes()));
+        }
     }
 
-    /// Whether records were written since the last checkpoint (and one can be signed).
-    pub fn has_unsigned(&self) -> bool {
-        self.key.is_some() && self.since_checkpoint > 0
+    /// Whether a checkpoint must be written before the next line: lines went unsigned, and
+    /// either `records` of them did or `every` has passed since the last signed line.
+    pub fn checkpoint_due(&self) -> bool {
+        self.key.is_some()
+            && self.since_signed > 0
+            && (self.since_signed >= self.interval.records
+                || self.last_signed.elapsed() >= self.interval.every)
     }
 
     /// A signed `checkpoint` line over the chain so far (`None` without a key).
     pub fn checkpoint(&mut self, last: bool) -> Option<Vec<u8>> {
-        let key = self.key.as_ref()?;
+        self.key.as_ref()?;
         let head = hex::encode(self.prev);
-        // The checkpoint's own seq: the one `sealed` gives it.
-        let seq = self.seq + 1;
-        let sig = key.sign(&checkpoint_message(&self.run, seq, &head));
-        let v = json!({
+        let mut v = json!({
             "ts": super::record::rfc3339(SystemTime::now()),
             "event": "checkpoint",
             "run": self.run,
             "chain_head": head,
-            "key_id": key_id(&key.verifying_key().to_bytes()),
-            "signature": hex::encode(sig.to_bytes()),
             "final": last,
         });
+        // The checkpoint's own seq: the one `sealed` gives it.
+        self.sign(&mut v, self.seq + 1);
         let line = self.sealed(&v);
-        self.since_checkpoint = 0;
+        self.since_signed = 0;
+        self.last_signed = Instant::now();
         Some(line)
     }
 
-    fn sealed(&mut self, v: &serde_json::Value) -> Vec<u8> {
+    fn sealed(&mut self, v: &Value) -> Vec<u8> {
         let mut line = serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec());
         self.seal(&mut line);
         line
     }
 }
 
-/// The last chain written to `path` (or, when it is empty or missing, to `path.1`), and
-/// whether `path` ends in a partial line.
-pub fn last_chain(path: &Path) -> (Option<String>, bool) {
-    let (chain, partial) = tail_chain(path);
-    if chain.is_some() || partial {
-        return (chain, partial);
-    }
-    let rotated = super::output::rotated_name(path, 1);
-    (tail_chain(&rotated).0, false)
+/// The last line of a run, as read back from the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastLine {
+    pub run: String,
+    pub seq: u64,
+    /// It is a `final: true` checkpoint: the run ended cleanly.
+    pub closed: bool,
 }
 
-fn tail_chain(path: &Path) -> (Option<String>, bool) {
+/// What a new run needs to know about the end of the file it appends to.
+#[derive(Debug, Clone, Default)]
+pub struct Tail {
+    /// The last chain written (hex).
+    pub chain: Option<String>,
+    /// The file ends in a partial line.
+    pub partial: bool,
+    /// The last chained line.
+    pub last: Option<LastLine>,
+}
+
+impl Tail {
+    /// The run that ended without its final checkpoint, if the last one did.
+    pub fn unclosed(&self) -> Option<&LastLine> {
+        self.last.as_ref().filter(|l| !l.closed)
+    }
+
+    /// The last chain as bytes.
+    pub fn chain_bytes(&self) -> Option<[u8; 32]> {
+        let mut b = [0u8; 32];
+        let h = self.chain.as_deref()?;
+        hex::decode_to_slice(h, &mut b).ok().map(|_| b)
+    }
+}
+
+/// The run a chained line belongs to: `run`, or `unmapped.run` in an OCSF record.
+pub fn run_of(v: &Value) -> Option<&str> {
+    v.get("run")
+        .or_else(|| v.get("unmapped")?.get("run"))?
+        .as_str()
+}
+
+/// The end of `path` (or, when it is empty or missing, of `path.1`).
+pub fn last_chain(path: &Path) -> Tail {
+    let tail = tail_of(path);
+    if tail.chain.is_some() || tail.partial {
+        return tail;
+    }
+    let rotated = super::output::rotated_name(path, 1);
+    Tail {
+        partial: false,
+        ..tail_of(&rotated)
+    }
+}
+
+fn tail_of(path: &Path) -> Tail {
     let Ok(mut f) = std::fs::File::open(path) else {
-        return (None, false);
+        return Tail::default();
     };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let from = len.saturating_sub(1 << 20);
     if f.seek(SeekFrom::Start(from)).is_err() {
-        return (None, false);
+        return Tail::default();
     }
     let mut buf = Vec::new();
     if f.read_to_end(&mut buf).is_err() {
-        return (None, false);
+        return Tail::default();
     }
     let partial = !buf.is_empty() && buf.last() != Some(&b'\n');
     let text = String::from_utf8_lossy(&buf);
-    let chain = text
-        .lines()
-        .rev()
-        .filter_map(|l| split(l).map(|(_, c)| c.to_string()))
-        .next();
-    (chain, partial)
+    let Some((canonical, chain)) = text.lines().rev().find_map(split) else {
+        return Tail {
+            partial,
+            ..Tail::default()
+        };
+    };
+    let last = serde_json::from_str::<Value>(&canonical)
+        .ok()
+        .and_then(|v| {
+            Some(LastLine {
+                run: run_of(&v)?.to_string(),
+                seq: v.get("seq")?.as_u64()?,
+                closed: v["event"] == "checkpoint" && v["final"] == true,
+            })
+        });
+    Tail {
+        chain: Some(chain.to_string()),
+        partial,
+        last,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn interval() -> Interval {
+        Interval {
+            records: 3,
+            every: Duration::from_secs(60),
+        }
+    }
+
     #[test]
     fn a_sealed_line_splits_back_into_its_canonical_bytes() {
-        let mut c = Chain::new("r".into(), None, None);
+        let mut c = Chain::new("r".into(), None, None, interval());
         let mut line = b"{\"a\":1}\n".to_vec();
         c.seal(&mut line);
         let text = String::from_utf8(line).unwrap();
@@ -212,5 +355,91 @@ mod tests {
     fn lines_without_a_chain_do_not_split() {
         assert!(split("{\"a\":1}").is_none());
         assert!(split("{\"a\":1,\"chain\":\"abc\"}").is_none());
+    }
+
+    /// The signature of a run_start and a checkpoint covers every field that matters: the
+    /// writer's message and the one rebuilt from the written line are the same, and changing
+    /// any signed field (final, the interval, the time, the crash it names) changes it.
+    #[test]
+    fn signed_lines_cover_their_fields_and_rebuild_from_the_written_line() {
+        use ed25519_dalek::Verifier;
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let public = key.verifying_key();
+        let mut c = Chain::new("r".into(), None, Some(key), interval());
+        let tail = Tail {
+            chain: Some("ab".repeat(32)),
+            partial: false,
+            last: Some(LastLine {
+                run: "old".into(),
+                seq: 9,
+                closed: false,
+            }),
+        };
+        let start = String::from_utf8(c.run_start(&tail)).unwrap();
+        let mut rec = b"{\"event\":\"end\"}".to_vec();
+        c.seal(&mut rec);
+        let cp = String::from_utf8(c.checkpoint(false).unwrap()).unwrap();
+        for line in [start, cp] {
+            let (canonical, _) = split(line.trim_end()).unwrap();
+            let v: Value = serde_json::from_str(&canonical).unwrap();
+            let seq = v["seq"].as_u64().unwrap();
+            let sig: [u8; 64] = hex::decode(v["signature"].as_str().unwrap())
+                .unwrap()
+                .try_into()
+                .unwrap();
+            let sig = ed25519_dalek::Signature::from_bytes(&sig);
+            let msg = signed_message(&v, seq).unwrap();
+            assert!(public.verify(&msg, &sig).is_ok(), "{line}");
+            for (field, other) in [
+                ("final", json!(true)),
+                ("checkpoint_every_records", json!(1_000_000)),
+                ("ts", json!("2000-01-01T00:00:00.000Z")),
+                ("unclosed_run", Value::Null),
+                ("prev_chain", Value::Null),
+            ] {
+                if v.get(field).is_none() {
+                    continue;
+                }
+                let mut forged = v.clone();
+                forged[field] = other;
+                let msg = signed_message(&forged, seq).unwrap();
+                assert!(public.verify(&msg, &sig).is_err(), "{field} is not signed");
+            }
+            assert!(public
+                .verify(&signed_message(&v, seq + 1).unwrap(), &sig)
+                .is_err());
+        }
+        assert!(signed_message(&json!({"event": "end"}), 1).is_none());
+    }
+
+    #[test]
+    fn the_tail_names_a_run_that_ended_without_its_final_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.jsonl");
+        let mut c = Chain::new(
+            "r1".into(),
+            None,
+            Some(SigningKey::from_bytes(&[1; 32])),
+            interval(),
+        );
+        let mut text = c.run_start(&Tail::default());
+        let mut rec = b"{\"event\":\"end\",\"run\":\"r1\"}".to_vec();
+        c.seal(&mut rec);
+        text.extend_from_slice(&rec);
+        std::fs::write(&path, &text).unwrap();
+        let t = last_chain(&path);
+        assert_eq!(
+            t.unclosed(),
+            Some(&LastLine {
+                run: "r1".into(),
+                seq: 2,
+                closed: false
+            })
+        );
+        text.extend_from_slice(&c.checkpoint(true).unwrap());
+        std::fs::write(&path, &text).unwrap();
+        let t = last_chain(&path);
+        assert!(t.unclosed().is_none() && t.last.is_some());
+        assert!(!t.partial);
     }
 }

@@ -1,20 +1,63 @@
-//! `egress-proxy audit verify FILE... [--public-key F]`: check the hash chain (and, with a
-//! public key, the checkpoint signatures) of audit files given oldest first, and report the
-//! first line that was deleted, altered, reordered or truncated.
+//! `egress-proxy audit verify FILE... [--public-key F] [--open-run] [--checkpoints F]`: check
+//! the hash chain of audit files given oldest first and report the first line that was
+//! deleted, altered, reordered or truncated — and, with the public key, hold the trail to
+//! what the proxy signed.
 //!
-//! What it can tell: within the files given, a removed line (a gap in `seq`, or a `run_start`
-//! whose `prev_chain` is not the chain before it), an edited line (its chain does not follow
-//! from the line before), two lines swapped (`seq` out of order), a line cut short. What it
-//! cannot: lines removed from the very end of the newest file, or a file rewritten from some
-//! point on with a recomputed chain — unless checkpoints were signed, and then only up to the
-//! last checkpoint (whoever edits cannot sign). Ship the files (or the checkpoints) elsewhere
-//! to anchor the end.
+//! Without a key: a removed line (a gap in `seq`, or a `run_start` whose `prev_chain` is not
+//! the chain before it), an edited line (its chain does not follow from the line before), two
+//! lines swapped (`seq` out of order), a line cut short. A forger who recomputes the chain
+//! after an edit passes this.
+//!
+//! With `--public-key` the check fails closed: every `run_start` must be signed (it names the
+//! chain it continues, the checkpoint interval and the key); no more lines than the signed
+//! interval's records, and no line later than its seconds (plus [`CLOCK_SLACK`]), may follow
+//! a signed line without a checkpoint; every run must end with its signed `final`
+//! checkpoint, unless the next signed `run_start` names it as unclosed (a crash); and an empty
+//! trail is not intact. So an edit needs a signature the forger cannot make: after any
+//! recomputed stretch the next signed line no longer verifies, and dropping the signed lines
+//! after it breaks the interval or the final checkpoint. `--open-run` accepts a live file's
+//! last run without its final checkpoint (saying how many lines are only chained) as long as
+//! its next checkpoint is not overdue. What a local file alone cannot show is a cut that ends
+//! exactly at a final checkpoint (whole runs removed from the end): `--checkpoints` holds the
+//! log against `audit.checkpoint_file`, a second copy of every signed line kept elsewhere.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ed25519_dalek::{Signature, Verifier, VerifyingKey};
+use serde_json::Value;
 
-use super::chain::{checkpoint_message, key_id, link, split};
+use super::chain::{key_id, link, run_of, signed_message, split};
+
+/// Leeway of the interval's time rule: timestamps are written to the millisecond, and the
+/// writer's clock may be stepped a little. A wall clock stepped forward by more than this
+/// while a run was writing is reported as a missing checkpoint.
+pub const CLOCK_SLACK: Duration = Duration::from_secs(2);
+
+/// How to verify.
+#[derive(Debug, Clone)]
+pub struct Options<'a> {
+    /// Check signatures, and fail closed (see the module doc).
+    pub key: Option<&'a VerifyingKey>,
+    /// The newest file is still being written: its last run may lack its final checkpoint.
+    pub open_run: bool,
+    /// `audit.checkpoint_file`: every signed line the proxy wrote, kept elsewhere.
+    pub checkpoints: Option<&'a Path>,
+    /// The time an open run's unsigned tail is judged against.
+    pub now: SystemTime,
+}
+
+impl Default for Options<'_> {
+    fn default() -> Self {
+        Options {
+            key: None,
+            open_run: false,
+            checkpoints: None,
+            now: SystemTime::now(),
+        }
+    }
+}
 
 /// What went wrong, where.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +72,10 @@ pub struct Problem {
 
 impl std::fmt::Display for Problem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.file.display(), self.line)?;
+        write!(f, "{}", self.file.display())?;
+        if self.line > 0 {
+            write!(f, ":{}", self.line)?;
+        }
         if let Some(s) = self.seq {
             write!(f, " (seq {s})")?;
         }
@@ -48,6 +94,10 @@ pub struct Report {
     pub problem: Option<Problem>,
     /// Things worth knowing that are not tampering.
     pub notes: Vec<String>,
+    /// With `--open-run`: lines after the open run's last signed line (only chained).
+    pub only_chained: u64,
+    /// With `--checkpoints`: signed lines of the checkpoint file found in the log.
+    pub anchored: u64,
 }
 
 /// Where the verifier is in the chain.
@@ -62,6 +112,18 @@ struct State {
     /// The current run's last line was a final checkpoint.
     ended_signed: bool,
     saw_key: bool,
+    /// The current run's signed interval: (records, seconds).
+    interval: Option<(u64, u64)>,
+    /// The last signed line (`run_start` or checkpoint): where, and its time (ms).
+    last_signed: Option<(PathBuf, usize, Option<i64>)>,
+    /// Lines since the last signed line.
+    unsigned: u64,
+    /// The time (ms) of the first of them.
+    first_unsigned_ms: Option<i64>,
+    /// The last line read: its run, seq and place.
+    last: Option<(String, u64, PathBuf, usize)>,
+    /// Every signed line read (for `--checkpoints`).
+    signed_lines: HashSet<String>,
 }
 
 /// A file the verifier (or the proxy, for its signing key) cannot use.
@@ -84,8 +146,19 @@ fn read_text(path: &Path) -> Result<String, KeyFileError> {
     })
 }
 
-/// Verify `files` (oldest first). `Err` only when a file cannot be read.
+/// Verify `files` (oldest first) without a key (see [`verify_with`]).
 pub fn verify(files: &[PathBuf], key: Option<&VerifyingKey>) -> Result<Report, KeyFileError> {
+    verify_with(
+        files,
+        &Options {
+            key,
+            ..Options::default()
+        },
+    )
+}
+
+/// Verify `files` (oldest first). `Err` only when a file cannot be read.
+pub fn verify_with(files: &[PathBuf], opts: &Options<'_>) -> Result<Report, KeyFileError> {
     let mut report = Report::default();
     let mut st = State {
         prev: None,
@@ -94,8 +167,22 @@ pub fn verify(files: &[PathBuf], key: Option<&VerifyingKey>) -> Result<Report, K
         partial_at: None,
         ended_signed: false,
         saw_key: false,
+        interval: None,
+        last_signed: None,
+        unsigned: 0,
+        first_unsigned_ms: None,
+        last: None,
+        signed_lines: HashSet::new(),
     };
-    for file in files {
+    // The checkpoint file is read first: the proxy writes a signed line to the log before it
+    // copies it there, so what this read holds is already in the log read after it.
+    let anchor = match opts.checkpoints {
+        Some(path) => Some((path, read_text(path)?)),
+        None => None,
+    };
+    let key = opts.key;
+    let count = files.len();
+    for (n, file) in files.iter().enumerate() {
         let bytes = std::fs::read(file).map_err(|source| KeyFileError::Read {
             path: file.clone(),
             source,
@@ -108,6 +195,14 @@ pub fn verify(files: &[PathBuf], key: Option<&VerifyingKey>) -> Result<Report, K
             let last_line = i + 1 == lines.len();
             if line.is_empty() {
                 continue;
+            }
+            if last_line && !complete && opts.open_run && n + 1 == count {
+                // A live file read while the writer is in the middle of a line.
+                report.notes.push(format!(
+                    "{}:{at}: the last line is still being written; not checked",
+                    file.display()
+                ));
+                break;
             }
             if let Err(p) = check_line(&mut st, &mut report, key, file, at, line) {
                 if last_line && !complete {
@@ -139,7 +234,7 @@ pub fn verify(files: &[PathBuf], key: Option<&VerifyingKey>) -> Result<Report, K
             }
         }
     }
-    if let Some((file, line)) = st.partial_at {
+    if let Some((file, line)) = st.partial_at.take() {
         report.problem = Some(Problem {
             file,
             line,
@@ -148,9 +243,23 @@ pub fn verify(files: &[PathBuf], key: Option<&VerifyingKey>) -> Result<Report, K
         });
         return Ok(report);
     }
-    if st.saw_key && !st.ended_signed {
+    if st.last.is_none() {
+        report.problem = Some(Problem {
+            file: files.last().cloned().unwrap_or_default(),
+            line: 0,
+            seq: None,
+            what: "empty: no audit line at all, while a proxy starts every trail with a run_start (emptied, or not an audit file)".into(),
+        });
+        return Ok(report);
+    }
+    if key.is_some() {
+        if let Some(p) = run_end(&st, &mut report, opts) {
+            report.problem = Some(p);
+            return Ok(report);
+        }
+    } else if st.saw_key && !st.ended_signed {
         report.notes.push(
-            "the last run does not end with its final checkpoint: it is still running, it crashed, or its end was cut off"
+            "the last run does not end with its final checkpoint: it is still running, it crashed, or its end was cut off (--public-key fails on this)"
                 .into(),
         );
     }
@@ -159,7 +268,189 @@ pub fn verify(files: &[PathBuf], key: Option<&VerifyingKey>) -> Result<Report, K
             .notes
             .push("checkpoint signatures were not checked (no --public-key)".into());
     }
+    if let Some((path, text)) = anchor {
+        if let Some(p) = check_anchor(&st, &mut report, key, path, &text) {
+            report.problem = Some(p);
+        }
+    }
     Ok(report)
+}
+
+/// With a key: the last run must end with its signed final checkpoint — or, with
+/// `--open-run`, have its next checkpoint not yet overdue.
+fn run_end(st: &State, report: &mut Report, opts: &Options<'_>) -> Option<Problem> {
+    if st.ended_signed {
+        return None;
+    }
+    let (run, seq, file, line) = st.last.as_ref()?;
+    let signed_at = match &st.last_signed {
+        Some((f, l, _)) => format!("{}:{l}", f.display()),
+        None => "none in these files".into(),
+    };
+    if !opts.open_run {
+        return Some(problem(
+            file,
+            *line,
+            Some(*seq),
+            format!(
+                "run {run} ends here without its signed final checkpoint (last signed line: {signed_at}): its end was cut or replaced; a live file is checked with --open-run, and a crashed run is named by the next run_start"
+            ),
+        ));
+    }
+    report.only_chained = st.unsigned;
+    if st.unsigned == 0 {
+        return None;
+    }
+    let every = st.interval.map(|(_, s)| s)?;
+    let signed_ms = st.last_signed.as_ref().and_then(|(_, _, t)| *t)?;
+    let due = signed_ms
+        .saturating_add(every as i64 * 1000)
+        .max(st.first_unsigned_ms.unwrap_or(signed_ms));
+    let now = ms_since_epoch(opts.now);
+    if now > due.saturating_add(CLOCK_SLACK.as_millis() as i64) {
+        return Some(problem(
+            file,
+            *line,
+            Some(*seq),
+            format!(
+                "run {run}: {} line(s) after the last signed line ({signed_at}) and no checkpoint for {} s, while the run signs every {every} s: the writer stopped, or checkpoints were cut",
+                st.unsigned,
+                (now - due) / 1000 + every as i64
+            ),
+        ));
+    }
+    report.notes.push(format!(
+        "run {run} is open: {} line(s) after its last signed line ({signed_at}) are only chained until its next checkpoint",
+        st.unsigned
+    ));
+    None
+}
+
+/// `--checkpoints`: every signed line of the checkpoint file from the first one the log holds
+/// on must be in the log, byte for byte; the lines before it belong to older files.
+fn check_anchor(
+    st: &State,
+    report: &mut Report,
+    key: Option<&VerifyingKey>,
+    path: &Path,
+    text: &str,
+) -> Option<Problem> {
+    let mut skipped = 0u64;
+    for (i, line) in text.lines().enumerate() {
+        let at = i + 1;
+        let line = line.trim_end();
+        if line.is_empty() {
+            continue;
+        }
+        let parsed = split(line).and_then(|(canonical, _)| {
+            let v: Value = serde_json::from_str(&canonical).ok()?;
+            let seq = v["seq"].as_u64()?;
+            signed_message(&v, seq).map(|_| (v, seq))
+        });
+        let Some((v, seq)) = parsed else {
+            return Some(problem(
+                path,
+                at,
+                None,
+                "not a signed run_start or checkpoint line: the checkpoint file was altered",
+            ));
+        };
+        if let Some(k) = key {
+            if let Err(why) = check_signature(k, &v, seq) {
+                return Some(problem(
+                    path,
+                    at,
+                    Some(seq),
+                    format!("checkpoint file: {why}"),
+                ));
+            }
+        }
+        if st.signed_lines.contains(line) {
+            report.anchored += 1;
+            continue;
+        }
+        if report.anchored == 0 {
+            skipped += 1;
+            continue;
+        }
+        return Some(problem(
+            path,
+            at,
+            Some(seq),
+            format!(
+                "the log lacks this signed {} of run {} (seq {seq}) that the checkpoint file holds: the log's end was cut or replaced after its last matching signed line",
+                v["event"].as_str().unwrap_or("line"),
+                run_of(&v).unwrap_or("?")
+            ),
+        ));
+    }
+    if report.anchored == 0 && skipped > 0 {
+        return Some(problem(
+            path,
+            0,
+            None,
+            format!("none of its {skipped} signed lines is in the log: the log was replaced, or these are not its files"),
+        ));
+    }
+    if skipped > 0 {
+        report.notes.push(format!(
+            "{}: its first {skipped} signed line(s) belong to files not given",
+            path.display()
+        ));
+    }
+    None
+}
+
+/// Milliseconds since the epoch.
+fn ms_since_epoch(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A line's time in ms since the epoch: `ts` (RFC 3339), or OCSF's `time`.
+fn time_ms(v: &Value) -> Option<i64> {
+    if let Some(ts) = v.get("ts").and_then(Value::as_str) {
+        let t =
+            time::OffsetDateTime::parse(ts, &time::format_description::well_known::Rfc3339).ok()?;
+        return i64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok();
+    }
+    v.get("time").and_then(Value::as_i64)
+}
+
+/// Check a signed line's signature.
+fn check_signature(key: &VerifyingKey, v: &Value, seq: u64) -> Result<(), String> {
+    let event = v["event"].as_str().unwrap_or("line");
+    let Some(sig) = v.get("signature") else {
+        return Err(format!(
+            "the {event} is unsigned: with --public-key every run starts with a signed run_start (a forger cannot sign; a proxy without audit.signing_key_file does not)"
+        ));
+    };
+    let sig = sig
+        .as_str()
+        .and_then(|s| hex::decode(s).ok())
+        .and_then(|b| <[u8; 64]>::try_from(b.as_slice()).ok())
+        .map(|b| Signature::from_bytes(&b));
+    let ok = match (sig, signed_message(v, seq)) {
+        (Some(s), Some(msg)) => key.verify(&msg, &s).is_ok(),
+        _ => false,
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(format!(
+        "{event} signature does not verify with the given key (key id {}; the line names {})",
+        key_id(&key.to_bytes()),
+        v["key_id"].as_str().unwrap_or("none")
+    ))
+}
+
+/// The signed interval a `run_start` or checkpoint carries: (records, seconds).
+fn interval_of(v: &Value) -> Option<(u64, u64)> {
+    Some((
+        v.get("checkpoint_every_records")?.as_u64()?,
+        v.get("checkpoint_every_s")?.as_u64()?,
+    ))
 }
 
 /// A gap in `seq` whose missing record comes later in the file is a reordering, not a
@@ -222,7 +513,7 @@ fn check_line(
             "not a chained record (altered, cut short, or written without audit.chain)",
         ));
     };
-    let v: serde_json::Value = serde_json::from_str(&canonical).map_err(|_| {
+    let v: Value = serde_json::from_str(&canonical).map_err(|_| {
         problem(
             file,
             at,
@@ -252,55 +543,7 @@ fn check_line(
         ));
     }
     let prev_for_link = if event == "run_start" {
-        let named = v["prev_chain"].as_str();
-        match (named, st.prev) {
-            (Some(n), Some(p)) if n != hex::encode(p) => {
-                return Err(problem(
-                    file,
-                    at,
-                    Some(seq),
-                    format!(
-                        "records deleted before this run_start: it continues chain {n}, the line before ends chain {}",
-                        hex::encode(p)
-                    ),
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(problem(
-                    file,
-                    at,
-                    Some(seq),
-                    "a run_start that starts a new chain in the middle of the files: lines before it belong to another trail, or were replaced",
-                ))
-            }
-            _ => {}
-        }
-        if seq != 1 {
-            return Err(problem(
-                file,
-                at,
-                Some(seq),
-                "a run_start whose seq is not 1",
-            ));
-        }
-        report.runs += 1;
-        st.run = v["run"].as_str().map(str::to_string);
-        st.ended_signed = false;
-        if v["key_id"].is_string() {
-            st.saw_key = true;
-        }
-        let mut p = [0u8; 32];
-        if let Some(n) = named {
-            if st.prev.is_none() {
-                report.notes.push(format!(
-                    "{}:{at}: the first run continues chain {n} from files not given",
-                    file.display()
-                ));
-            }
-            hex::decode_to_slice(n, &mut p)
-                .map_err(|_| problem(file, at, Some(seq), "prev_chain is not hex"))?;
-        }
-        Some(p)
+        Some(run_start(st, report, key, file, at, seq, &v)?)
     } else {
         if st.prev.is_some() {
             if seq > st.next_seq {
@@ -330,7 +573,7 @@ fn check_line(
                 "{}:{at}: the files start at seq {seq}, after a run_start not given; the chain is checked from here",
                 file.display()
             ));
-            st.run = v["run"].as_str().map(str::to_string);
+            st.run = run_of(&v).map(str::to_string);
         }
         st.prev
     };
@@ -345,48 +588,203 @@ fn check_line(
         }
     }
     if event == "checkpoint" {
-        report.checkpoints += 1;
-        st.saw_key = true;
-        let head = v["chain_head"].as_str().unwrap_or("");
-        if let Some(p) = st.prev {
-            if head != hex::encode(p) {
-                return Err(problem(
-                    file,
-                    at,
-                    Some(seq),
-                    "checkpoint signs a chain head that is not the line before",
-                ));
-            }
+        checkpoint(st, report, key, file, at, seq, &v)?;
+    } else if event != "run_start" {
+        st.ended_signed = false;
+        report.records += 1;
+        if key.is_some() {
+            within_interval(st, file, at, seq, &v)?;
         }
-        if let Some(k) = key {
-            let run = v["run"].as_str().unwrap_or("");
-            let sig = v["signature"]
-                .as_str()
-                .and_then(|s| hex::decode(s).ok())
-                .and_then(|b| <[u8; 64]>::try_from(b.as_slice()).ok())
-                .map(|b| Signature::from_bytes(&b));
-            let ok = sig.is_some_and(|s| k.verify(&checkpoint_message(run, seq, head), &s).is_ok());
-            if !ok {
+    }
+    if matches!(event, "run_start" | "checkpoint") {
+        st.signed_lines.insert(line.trim_end().to_string());
+    }
+    st.prev = Some(chain);
+    st.next_seq = seq + 1;
+    st.last = Some((
+        st.run.clone().unwrap_or_default(),
+        seq,
+        file.to_path_buf(),
+        at,
+    ));
+    Ok(())
+}
+
+/// A `run_start`: it continues the chain before it, has seq 1 and, with a key, is signed and
+/// names the run before it if that one ended without its final checkpoint. Returns the chain
+/// it links to.
+fn run_start(
+    st: &mut State,
+    report: &mut Report,
+    key: Option<&VerifyingKey>,
+    file: &Path,
+    at: usize,
+    seq: u64,
+    v: &Value,
+) -> Result<[u8; 32], Problem> {
+    let named = v["prev_chain"].as_str();
+    match (named, st.prev) {
+        (Some(n), Some(p)) if n != hex::encode(p) => {
+            return Err(problem(
+                file,
+                at,
+                Some(seq),
+                format!(
+                    "records deleted before this run_start: it continues chain {n}, the line before ends chain {}",
+                    hex::encode(p)
+                ),
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(problem(
+                file,
+                at,
+                Some(seq),
+                "a run_start that starts a new chain in the middle of the files: lines before it belong to another trail, or were replaced",
+            ))
+        }
+        _ => {}
+    }
+    if seq != 1 {
+        return Err(problem(
+            file,
+            at,
+            Some(seq),
+            "a run_start whose seq is not 1",
+        ));
+    }
+    if let Some(k) = key {
+        check_signature(k, v, seq).map_err(|why| problem(file, at, Some(seq), why))?;
+        if let (Some((prun, pseq, ..)), false) = (&st.last, st.ended_signed) {
+            let unclosed = &v["unclosed_run"];
+            if unclosed["run"].as_str() != Some(prun.as_str())
+                || unclosed["last_seq"].as_u64() != Some(*pseq)
+            {
                 return Err(problem(
                     file,
                     at,
                     Some(seq),
                     format!(
-                        "checkpoint signature does not verify with the given key (key id {}; the checkpoint names {})",
-                        key_id(&k.to_bytes()),
-                        v["key_id"].as_str().unwrap_or("none")
+                        "run {prun} ends at seq {pseq} without its signed final checkpoint, and this run_start does not name it as unclosed: that run's end was cut or replaced"
                     ),
                 ));
             }
-            report.signatures_checked += 1;
+            report.notes.push(format!(
+                "{}:{at}: run {prun} ended without its final checkpoint (a crash or a kill), as this run_start says; its last {} line(s) are only chained",
+                file.display(),
+                st.unsigned
+            ));
         }
-        st.ended_signed = v["final"] == true;
-    } else if event != "run_start" {
-        st.ended_signed = false;
-        report.records += 1;
+        st.interval = interval_of(v);
+        st.last_signed = Some((file.to_path_buf(), at, time_ms(v)));
+        st.unsigned = 0;
+        st.first_unsigned_ms = None;
     }
-    st.prev = Some(chain);
-    st.next_seq = seq + 1;
+    report.runs += 1;
+    st.run = run_of(v).map(str::to_string);
+    st.ended_signed = false;
+    if v["key_id"].is_string() {
+        st.saw_key = true;
+    }
+    let mut p = [0u8; 32];
+    if let Some(n) = named {
+        if st.prev.is_none() {
+            report.notes.push(format!(
+                "{}:{at}: the first run continues chain {n} from files not given",
+                file.display()
+            ));
+        }
+        hex::decode_to_slice(n, &mut p)
+            .map_err(|_| problem(file, at, Some(seq), "prev_chain is not hex"))?;
+    }
+    Ok(p)
+}
+
+/// A `checkpoint`: it signs the chain head of the line before it, with the given key.
+fn checkpoint(
+    st: &mut State,
+    report: &mut Report,
+    key: Option<&VerifyingKey>,
+    file: &Path,
+    at: usize,
+    seq: u64,
+    v: &Value,
+) -> Result<(), Problem> {
+    report.checkpoints += 1;
+    st.saw_key = true;
+    let head = v["chain_head"].as_str().unwrap_or("");
+    if let Some(p) = st.prev {
+        if head != hex::encode(p) {
+            return Err(problem(
+                file,
+                at,
+                Some(seq),
+                "checkpoint signs a chain head that is not the line before",
+            ));
+        }
+    }
+    if let Some(k) = key {
+        check_signature(k, v, seq).map_err(|why| problem(file, at, Some(seq), why))?;
+        report.signatures_checked += 1;
+        st.interval = interval_of(v);
+        st.last_signed = Some((file.to_path_buf(), at, time_ms(v)));
+        st.unsigned = 0;
+        st.first_unsigned_ms = None;
+    }
+    st.ended_signed = v["final"] == true;
+    Ok(())
+}
+
+/// With a key: a line after a signed line must keep within the run's signed interval — no
+/// more lines than its records, and (after the first) none later than its seconds.
+fn within_interval(
+    st: &mut State,
+    file: &Path,
+    at: usize,
+    seq: u64,
+    v: &Value,
+) -> Result<(), Problem> {
+    st.unsigned += 1;
+    let t = time_ms(v);
+    if st.unsigned == 1 {
+        st.first_unsigned_ms = t;
+    }
+    let Some((records, every)) = st.interval else {
+        // The files start inside a run whose interval was in a file not given.
+        return Ok(());
+    };
+    let signed_at = match &st.last_signed {
+        Some((f, l, _)) => format!("{}:{l}", f.display()),
+        None => "?".into(),
+    };
+    if st.unsigned > records {
+        return Err(problem(
+            file,
+            at,
+            Some(seq),
+            format!(
+                "{} lines since the last signed line ({signed_at}), while this run signs every {records}: checkpoints were removed",
+                st.unsigned
+            ),
+        ));
+    }
+    let signed_ms = st.last_signed.as_ref().and_then(|(_, _, t)| *t);
+    if let (true, Some(t), Some(s)) = (st.unsigned >= 2, t, signed_ms) {
+        let limit = s
+            .saturating_add(every as i64 * 1000)
+            .saturating_add(CLOCK_SLACK.as_millis() as i64);
+        if t > limit {
+            return Err(problem(
+                file,
+                at,
+                Some(seq),
+                format!(
+                    "written {} s after the last signed line ({signed_at}) with no checkpoint between, while this run signs every {every} s: checkpoints were removed",
+                    (t - s) / 1000
+                ),
+            ));
+        }
+    }
     Ok(())
 }
 

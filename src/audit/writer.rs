@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::chain::Chain;
+use super::chain::{Chain, Interval, Tail};
 use super::output::Output;
 use super::record::{Entry, Event};
 use crate::config::audit::{AuditTrail, Format};
@@ -89,23 +89,35 @@ impl AuditLog {
         key: Option<ed25519_dalek::SigningKey>,
     ) -> std::io::Result<Self> {
         let mut out = Output::open(path.as_deref(), trail.rotate, trail.fsync)?;
+        let mut anchor = match &trail.checkpoint_file {
+            Some(p) => Some(Anchor::open(p)?),
+            None => None,
+        };
         let chain = if trail.chain {
-            let (prev, partial) = match &path {
+            let tail = match &path {
                 Some(p) => super::chain::last_chain(p),
-                None => (None, false),
+                None => Tail::default(),
             };
-            if partial {
+            if tail.partial {
                 // A crash left half a line: end it, and say so in the run_start.
                 out.write_all(b"\n")?;
             }
-            let prev_bytes = prev.as_deref().and_then(|h| {
-                let mut b = [0u8; 32];
-                hex::decode_to_slice(h, &mut b).ok().map(|_| b)
-            });
-            let mut chain = Chain::new(super::record::run_id().to_string(), prev_bytes, key);
-            let start = chain.run_start(prev.as_deref(), partial);
+            let interval = Interval {
+                records: trail.checkpoint_every_records.max(1),
+                every: trail.checkpoint_every,
+            };
+            let mut chain = Chain::new(
+                super::record::run_id().to_string(),
+                tail.chain_bytes(),
+                key,
+                interval,
+            );
+            let start = chain.run_start(&tail);
             out.write_all(&start)?;
             out.finish_batch()?;
+            if let Some(a) = anchor.as_mut() {
+                a.write(&start)?;
+            }
             Some(chain)
         } else {
             None
@@ -113,9 +125,8 @@ impl AuditLog {
         let inner = Inner::new();
         let i = inner.clone();
         let cfg = LoopConfig {
-            every_records: trail.checkpoint_every_records,
-            every: trail.checkpoint_every,
             format: trail.format,
+            anchor,
         };
         std::thread::Builder::new()
             .name("audit-writer".into())
@@ -183,9 +194,34 @@ impl AuditLog {
 
 /// What the writer loop needs besides the queue.
 struct LoopConfig {
-    every_records: u64,
-    every: Duration,
     format: Format,
+    /// `audit.checkpoint_file`: every signed line is also appended there.
+    anchor: Option<Anchor>,
+}
+
+/// `audit.checkpoint_file`: a second copy of every signed line (`run_start`, `checkpoint`),
+/// on another volume or a pipe to a shipper, so that a cut or replaced tail of the main log
+/// can be told (`audit verify --checkpoints`).
+struct Anchor {
+    file: std::fs::File,
+}
+
+impl Anchor {
+    fn open(path: &std::path::Path) -> std::io::Result<Anchor> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        Ok(Anchor { file })
+    }
+
+    /// Append one signed line and make it durable (a pipe cannot be synced: that is fine).
+    fn write(&mut self, line: &[u8]) -> std::io::Result<()> {
+        self.file.write_all(line)?;
+        let _ = self.file.sync_data();
+        Ok(())
+    }
 }
 
 fn write_loop(inner: &Inner, mut out: Output, chain: Option<Chain>, cfg: LoopConfig) {
@@ -194,8 +230,8 @@ fn write_loop(inner: &Inner, mut out: Output, chain: Option<Chain>, cfg: LoopCon
         line: Vec::with_capacity(1024),
         chain,
         format: cfg.format,
+        anchor: cfg.anchor,
     };
-    let mut last_checkpoint = Instant::now();
     loop {
         let closing = match inner.queue.lock() {
             Ok(q) => {
@@ -218,12 +254,10 @@ fn write_loop(inner: &Inner, mut out: Output, chain: Option<Chain>, cfg: LoopCon
         }
         let urgent = batch.iter().any(|e| e.event == Event::Open);
         write_batch(inner, &mut out, &mut batch, &mut enc);
-        if let Some(c) = enc.chain.as_mut() {
-            let due = c.checkpoint_due(cfg.every_records)
-                || (c.has_unsigned() && last_checkpoint.elapsed() >= cfg.every);
-            if due && !closing {
-                write_checkpoint(&mut out, c, false);
-                last_checkpoint = Instant::now();
+        // The interval's time also passes with no new record: sign what went unsigned.
+        if !closing && enc.chain.as_ref().is_some_and(Chain::checkpoint_due) {
+            if let Err(err) = enc.checkpoint(&mut out, false) {
+                report_failure(inner, &err.to_string());
             }
         }
         if urgent && !closing {
@@ -238,8 +272,8 @@ fn write_loop(inner: &Inner, mut out: Output, chain: Option<Chain>, cfg: LoopCon
                 std::mem::swap(&mut q.entries, &mut batch);
             }
             write_batch(inner, &mut out, &mut batch, &mut enc);
-            if let Some(c) = enc.chain.as_mut() {
-                write_checkpoint(&mut out, c, true);
+            if let Err(err) = enc.checkpoint(&mut out, true) {
+                report_failure(inner, &err.to_string());
             }
             let _ = out.sync();
             break;
@@ -251,21 +285,40 @@ fn write_loop(inner: &Inner, mut out: Output, chain: Option<Chain>, cfg: LoopCon
     inner.done_cv.notify_all();
 }
 
+/// Log the first write failure (not eprintln!: it panics when stderr is closed too).
+fn report_failure(inner: &Inner, err: &str) {
+    if !inner.failing.swap(true, Ordering::Relaxed) {
+        let _ = writeln!(std::io::stderr(), "audit: write failed: {err}");
+    }
+}
+
 /// How records become lines: the format, the chain (if any), and a reused buffer.
 struct Encoder {
     line: Vec<u8>,
     chain: Option<Chain>,
     format: Format,
+    anchor: Option<Anchor>,
 }
 
-/// Write a signed checkpoint (when the chain has a key) and flush it.
-fn write_checkpoint(out: &mut Output, chain: &mut Chain, last: bool) {
-    if let Some(cp) = chain.checkpoint(last) {
-        let _ = out.write_all(&cp).and_then(|_| out.finish_batch());
+impl Encoder {
+    /// Write a signed checkpoint (when the chain has a key) to the log and the anchor, and
+    /// flush it.
+    fn checkpoint(&mut self, out: &mut Output, last: bool) -> std::io::Result<()> {
+        let Some(cp) = self.chain.as_mut().and_then(|c| c.checkpoint(last)) else {
+            return Ok(());
+        };
+        out.write_all(&cp)?;
+        out.finish_batch()?;
+        if let Some(a) = self.anchor.as_mut() {
+            a.write(&cp)?;
+        }
+        Ok(())
     }
 }
 
-/// Encode (and chain), write and flush `batch` (emptying it).
+/// Encode (and chain), write and flush `batch` (emptying it). A checkpoint goes before any
+/// line that would otherwise leave more than the interval's records or time unsigned, so a
+/// verifier can hold the file to the interval the run signed.
 fn write_batch(inner: &Inner, out: &mut Output, batch: &mut Vec<Entry>, enc: &mut Encoder) {
     if batch.is_empty() {
         return;
@@ -273,6 +326,11 @@ fn write_batch(inner: &Inner, out: &mut Output, batch: &mut Vec<Entry>, enc: &mu
     let n = batch.len();
     let mut failed = None;
     for e in batch.drain(..) {
+        if enc.chain.as_ref().is_some_and(Chain::checkpoint_due) {
+            if let Err(err) = enc.checkpoint(out, false) {
+                failed = Some(err.to_string());
+            }
+        }
         let line = &mut enc.line;
         line.clear();
         let encoded = match enc.format {
@@ -296,10 +354,7 @@ fn write_batch(inner: &Inner, out: &mut Output, batch: &mut Vec<Entry>, enc: &mu
     }
     inner.pending.fetch_sub(n, Ordering::Relaxed);
     if let Some(err) = failed {
-        if !inner.failing.swap(true, Ordering::Relaxed) {
-            // Not eprintln!: it panics when stderr is closed too.
-            let _ = writeln!(std::io::stderr(), "audit: write failed: {err}");
-        }
+        report_failure(inner, &err);
     }
 }
 
@@ -372,9 +427,8 @@ mod tests {
         let inner = Inner::new();
         let i = inner.clone();
         let cfg = LoopConfig {
-            every_records: 10,
-            every: Duration::from_secs(60),
             format: Format::Json,
+            anchor: None,
         };
         std::thread::spawn(move || write_loop(&i, Output::other(Box::new(writer)), None, cfg));
         let log = AuditLog {

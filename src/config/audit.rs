@@ -49,6 +49,9 @@ pub struct AuditTrail {
     pub signing_key_file: Option<PathBuf>,
     pub checkpoint_every_records: u64,
     pub checkpoint_every: Duration,
+    /// Every signed line (`run_start`, `checkpoint`) is also appended here: another volume,
+    /// or a pipe to a shipper, so that a cut or replaced tail of the log can be detected.
+    pub checkpoint_file: Option<PathBuf>,
     pub rotate: Option<Rotate>,
     pub fsync: Fsync,
     pub format: Format,
@@ -61,6 +64,7 @@ impl Default for AuditTrail {
             signing_key_file: None,
             checkpoint_every_records: 10_000,
             checkpoint_every: Duration::from_secs(60),
+            checkpoint_file: None,
             rotate: None,
             fsync: Fsync::Never,
             format: Format::Json,
@@ -80,6 +84,8 @@ pub(super) struct RawTrail {
     pub checkpoint_every_records: Option<u64>,
     #[serde(default)]
     pub checkpoint_every_s: Option<u64>,
+    #[serde(default)]
+    pub checkpoint_file: Option<String>,
     #[serde(default)]
     pub rotate: Option<RawRotate>,
     /// `never`, `every_record`, or a number of milliseconds.
@@ -134,6 +140,13 @@ pub(super) fn resolve_trail(
             Some("signing_key_file"),
         );
     }
+    if raw.checkpoint_file.is_some() && raw.signing_key_file.is_none() {
+        sink.top(
+            "audit.checkpoint_file",
+            "a checkpoint file holds signed lines: it needs `audit.signing_key_file` (and `chain: true`)",
+            Some("checkpoint_file"),
+        );
+    }
     let rotate = raw.rotate.map(|r| Rotate {
         max_bytes: r.max_bytes,
         keep: r.keep,
@@ -172,6 +185,7 @@ pub(super) fn resolve_trail(
         signing_key_file: raw.signing_key_file.as_deref().map(rel),
         checkpoint_every_records: every_records.max(1),
         checkpoint_every: Duration::from_secs(every_s.max(1)),
+        checkpoint_file: raw.checkpoint_file.as_deref().map(rel),
         rotate,
         fsync,
         format: raw.format,
