@@ -136,7 +136,10 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
 
 /// Everything a connection handler reads: the compiled policy, the resolver, the
 /// interception CA, the audit log and metrics, admission and the connection cap.
-fn start_shared(config: &Config, listeners: Vec<SocketAddr>) -> anyhow::Result<Arc<Shared>> {
+pub(crate) fn start_shared(
+    config: &Config,
+    listeners: Vec<SocketAddr>,
+) -> anyhow::Result<Arc<Shared>> {
     let set = PolicySet::compile(config, &[], listeners).context("compiling the policy")?;
     let (resolver, dns_warning) = Resolver::new(&config.dns);
     if let Some(w) = dns_warning {

@@ -12,13 +12,22 @@
 //! are reset if no longer allowed (`close: "revoked"`). Changes are serialised by one lock,
 //! taken on a blocking thread (the admin API and the file watcher call in from
 //! `spawn_blocking`), never on a data-plane worker.
+//!
+//! Nothing is parsed or compiled under that lock: a registration (API or etcd) is parsed and
+//! compiled against the configuration in force first, and the lock is held only to check
+//! what depends on the other registrations (room, `sources`) and to apply it — done again
+//! if a reload changed the configuration meanwhile. Readers never take it: every change
+//! publishes a [`View`] (the configuration and the registrations, persistent maps cloned in
+//! O(1)) that `GET /v1/sandboxes` and the etcd write checks read.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
+use arc_swap::ArcSwap;
 use serde_json::{json, Value};
 
 use crate::config::{Binding, Config, ConfigErrors};
@@ -26,7 +35,7 @@ use crate::control::state_store::StateStore;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::{Changes, CompileError, PolicySet, Scope};
 use crate::server::shared::Shared;
-use registry::{Origin, Valid};
+use registry::{Origin, Ready};
 use reload::fingerprint;
 pub use reload::{ReloadError, Reloaded};
 
@@ -44,15 +53,66 @@ pub use etcd::apply::RemoteChange;
 pub(crate) struct Registered {
     /// Shared with the compiled sandbox.
     binding: Arc<Binding>,
-    json: String,
+    json: Arc<str>,
     /// The etcd revision it was written at (0: registered locally).
     revision: i64,
 }
 
+/// The registrations in force, by id: a persistent map, so that the [`View`] shares it.
+pub(crate) type Registrations = imbl::OrdMap<String, Registered>;
+
+/// Values under the etcd prefix that are not in force, by id: their revision and why.
+type Skipped = imbl::OrdMap<String, (i64, String)>;
+
+/// What readers need of the controller's state, published after every change.
+struct View {
+    config: Arc<Config>,
+    runtime: Registrations,
+    skipped: Skipped,
+}
+
+/// The controller's state, locked. Whoever changes it (`DerefMut`) publishes a new [`View`]
+/// when the guard drops: no change can leave readers on an old one.
+struct Locked<'a> {
+    state: MutexGuard<'a, State>,
+    view: &'a ArcSwap<View>,
+    changed: bool,
+}
+
+impl Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.changed = true;
+        &mut self.state
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        if self.changed {
+            self.view.store(Arc::new(View {
+                config: self.state.config.clone(),
+                runtime: self.state.runtime.clone(),
+                skipped: self.state.skipped.clone(),
+            }));
+        }
+    }
+}
+
+/// How often a change parsed before the lock is parsed again because a reload changed the
+/// configuration meanwhile, before it gives up (503: nothing was applied).
+const RETRIES: usize = 3;
+
 /// What the controller guards.
 struct State {
-    config: Config,
-    runtime: BTreeMap<String, Registered>,
+    config: Arc<Config>,
+    runtime: Registrations,
     /// Restored registrations that are not in force (invalid under this configuration, or
     /// clashing with a file-defined id): kept in the log, reported, retried at the next start.
     unparsed: BTreeMap<String, String>,
@@ -61,7 +121,7 @@ struct State {
     /// (path, modified, length) of every file the configuration was read from.
     fingerprint: Vec<(PathBuf, Option<(SystemTime, u64)>)>,
     /// Values under the etcd prefix that are not in force, by id: their revision and why.
-    skipped: BTreeMap<String, (i64, String)>,
+    skipped: Skipped,
 }
 
 /// Why a registration call failed; [`ChangeError::status`] is its HTTP status in the admin API.
@@ -127,7 +187,7 @@ impl From<registry::Rejected> for ChangeError {
                 ChangeError::Conflict(r.to_string())
             }
             Rejected::Full { .. } => ChangeError::Full(r.to_string()),
-            Rejected::Compile(_) => ChangeError::Failed(r.to_string()),
+            Rejected::Compile(_) | Rejected::NotCompiled(_) => ChangeError::Failed(r.to_string()),
         }
     }
 }
@@ -149,6 +209,8 @@ pub struct Controller {
     /// Bound listener addresses (loop protection in every compiled set).
     listeners: Vec<SocketAddr>,
     state: Mutex<State>,
+    /// The state as of the last change, for readers (see [`Locked`]).
+    view: ArcSwap<View>,
     /// Counts successful reloads (the control plane re-reads etcd after one, so that values
     /// a reload made valid are applied).
     reloads: tokio::sync::watch::Sender<u64>,
@@ -162,20 +224,39 @@ impl Controller {
         listeners: Vec<SocketAddr>,
     ) -> Self {
         let fp = fingerprint(&config.files);
+        let config = Arc::new(config);
         Controller {
             shared,
             path,
             listeners,
+            view: ArcSwap::from_pointee(View {
+                config: config.clone(),
+                runtime: Registrations::new(),
+                skipped: Skipped::new(),
+            }),
             state: Mutex::new(State {
                 config,
-                runtime: BTreeMap::new(),
+                runtime: Registrations::new(),
                 unparsed: BTreeMap::new(),
                 store: Ok(None),
                 fingerprint: fp,
-                skipped: BTreeMap::new(),
+                skipped: Skipped::new(),
             }),
             reloads: tokio::sync::watch::channel(0).0,
         }
+    }
+
+    /// Take the lock (on a blocking thread: see the module doc).
+    fn lock(&self) -> Result<Locked<'_>, ChangeError> {
+        let state = self
+            .state
+            .lock()
+            .map_err(|_| ChangeError::Failed("lock poisoned".into()))?;
+        Ok(Locked {
+            state,
+            view: &self.view,
+            changed: false,
+        })
     }
 
     /// Compile `config` plus runtime registrations, reusing every sandbox of the set in force
@@ -183,7 +264,7 @@ impl Controller {
     fn compile(
         &self,
         config: &Config,
-        runtime: &BTreeMap<String, Registered>,
+        runtime: &Registrations,
     ) -> Result<(PolicySet, Changes), CompileFailure> {
         for id in runtime.keys() {
             if config.bindings.iter().any(|b| &b.id == id) {
@@ -214,29 +295,44 @@ impl Controller {
 
     /// Register or replace a sandbox. Returns true when it is new.
     pub fn put(&self, id: &str, body: &str) -> Result<bool, ChangeError> {
-        let Ok(mut st) = self.state.lock() else {
-            return Err(ChangeError::Failed("lock poisoned".into()));
-        };
-        let Valid {
+        for _ in 0..RETRIES {
+            // Parsed and compiled with no lock held, against the configuration in force.
+            let config = self.view.load().config.clone();
+            let ready = registry::prepare(&config, id, body, Origin::Api).map_err(|e| {
+                if matches!(e, registry::Rejected::NotCompiled(_)) {
+                    self.count(false);
+                }
+                ChangeError::from(e)
+            })?;
+            let mut st = self.lock()?;
+            if !Arc::ptr_eq(&st.config, &config) {
+                // A reload came in between: parse under the new configuration.
+                continue;
+            }
+            return self.apply_put(&mut st, ready);
+        }
+        Err(ChangeError::Unavailable(
+            "the configuration was reloaded while this registration was checked; retry".into(),
+        ))
+    }
+
+    /// Admit and apply a registration prepared under `st.config`.
+    fn apply_put(&self, st: &mut Locked<'_>, ready: Ready) -> Result<bool, ChangeError> {
+        let Ready {
             id: sid,
             binding,
             json,
-        } = registry::validate(&st.config, &st.runtime, id, body, Origin::Api)?;
+            sandbox,
+        } = ready;
         let id = sid.as_str();
-        let binding = Arc::new(binding);
-        // Only this sandbox is compiled; the new set shares every other one with the current
-        // set (which this lock keeps in step with `st`).
-        let set = self
-            .shared
-            .policy
-            .load()
-            .with_binding(&binding)
-            .map_err(|e| {
-                self.count(false);
-                ChangeError::Failed(e.to_string())
-            })?;
+        registry::admit(&st.config, &st.runtime, id, &binding, Origin::Api)?;
+        // Only this sandbox changes; the new set shares every other one with the current set
+        // (which this lock keeps in step with `st`).
+        let mut edit = self.shared.policy.load().edit();
+        edit.insert(sandbox);
+        let set = edit.finish();
         let new_in_log = !st.runtime.contains_key(id) && !st.unparsed.contains_key(id);
-        if let Some(store) = store_of(&mut st)? {
+        if let Some(store) = store_of(st)? {
             store
                 .put(id, &json, new_in_log)
                 .map_err(|e| ChangeError::Failed(format!("cannot persist to state_dir: {e}")))?;
@@ -262,7 +358,7 @@ impl Controller {
             .is_none();
         self.count(true);
         self.publish(set, scope);
-        compact_if_due(&mut st);
+        compact_if_due(st);
         tracing::info!(sandbox = id, created, "sandbox registered");
         Ok(created)
     }
@@ -271,9 +367,7 @@ impl Controller {
     /// many were open.
     pub fn delete(&self, id: &str) -> Result<u32, ChangeError> {
         let sid = SandboxId::new(id).map_err(|_| ChangeError::NotFound)?;
-        let Ok(mut st) = self.state.lock() else {
-            return Err(ChangeError::Failed("lock poisoned".into()));
-        };
+        let mut st = self.lock()?;
         if !st.runtime.contains_key(id) && st.unparsed.contains_key(id) {
             // Restored but never in force: only the log holds it.
             if let Some(store) = store_of(&mut st)? {
@@ -313,12 +407,10 @@ impl Controller {
         Ok(open)
     }
 
-    /// `GET /v1/sandboxes`
+    /// `GET /v1/sandboxes` (no lock: the published view).
     pub fn list(&self) -> Value {
         let set = self.shared.policy.load();
-        let Ok(st) = self.state.lock() else {
-            return json!([]);
-        };
+        let view = self.view.load();
         let items: Vec<Value> = set
             .ids()
             .into_iter()
@@ -327,7 +419,7 @@ impl Controller {
                 let b = &sb.binding;
                 json!({
                     "id": b.id,
-                    "origin": origin(&st, b.id.as_str()),
+                    "origin": origin(&view.runtime, b.id.as_str()),
                     "mode": b.network.mode.as_str(),
                     "enforcement": b.enforcement.as_str(),
                     "egress": b.network.egress.len(),
@@ -348,20 +440,14 @@ impl Controller {
         }
     }
 
-    /// `GET /v1/sandboxes/{id}`
+    /// `GET /v1/sandboxes/{id}` (no lock: the published view).
     pub fn get(&self, id: &str) -> Option<Value> {
         let set = self.shared.policy.load();
         let sb = set.get(id)?;
         let b = &sb.binding;
-        let (origin, revision) = self
-            .state
-            .lock()
-            .ok()
-            .map(|st| {
-                let rev = st.runtime.get(id).map(|r| r.revision).filter(|r| *r > 0);
-                (origin(&st, id), rev)
-            })
-            .unwrap_or(("file", None));
+        let view = self.view.load();
+        let revision = view.runtime.get(id).map(|r| r.revision).filter(|r| *r > 0);
+        let origin = origin(&view.runtime, id);
         Some(json!({
             "id": b.id,
             "origin": origin,
@@ -387,8 +473,8 @@ impl Controller {
 }
 
 /// Where sandbox `id` comes from: the configuration file, the API (this process) or etcd.
-fn origin(st: &State, id: &str) -> &'static str {
-    match st.runtime.get(id) {
+fn origin(runtime: &Registrations, id: &str) -> &'static str {
+    match runtime.get(id) {
         None => "file",
         Some(r) if r.revision > 0 => "etcd",
         Some(_) => "api",
@@ -423,9 +509,92 @@ fn compact_if_due(st: &mut State) {
     }
     let live = runtime
         .iter()
-        .map(|(id, r)| (id.as_str(), r.json.as_str()))
+        .map(|(id, r)| (id.as_str(), &*r.json))
         .chain(unparsed.iter().map(|(id, t)| (id.as_str(), t.as_str())));
     if let Err(e) = store.compact(live) {
         tracing::error!(error = %e, "cannot compact the state_dir log");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    const BODY: &str =
+        r#"{"policy": {"provider": "local", "config": {}, "network": {"egress": ["api.test"]}}}"#;
+
+    fn controller(dir: &std::path::Path) -> Arc<Controller> {
+        let yaml = format!(
+            "audit: {{ path: {} }}\nsandboxes:\n  - id: file\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"x.test\"] }} }}\n",
+            dir.join("audit.jsonl").display()
+        );
+        let config = crate::config::load_str(&yaml, "test.yaml", dir, None).unwrap();
+        let shared = crate::server::start_shared(&config, vec![]).unwrap();
+        Arc::new(Controller::new(shared, None, config, vec![]))
+    }
+
+    /// Readers never wait for the controller's lock: while a change holds it (a slow
+    /// `state_dir` fsync, a large batch from etcd), `GET /v1/sandboxes[/{id}]` — called on a
+    /// runtime worker — and the etcd write checks still answer, from the published view.
+    /// A PUT waits for the lock only to apply, and then applies. (The timeout detects a
+    /// reader stuck on the lock; it is not a speed limit.)
+    #[test]
+    fn reads_and_write_checks_answer_while_the_lock_is_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = controller(dir.path());
+        assert!(c.put("a", BODY).unwrap());
+        let held = c.state.lock().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let reader = c.clone();
+        std::thread::spawn(move || {
+            let listed = reader.list();
+            let one = reader.get("a");
+            let prepared = reader.prepare_put("b", BODY).map(|p| p.seen_revision);
+            let refused = reader.prepare_delete("file").map_err(|e| e.status());
+            let skipped = reader.has_skipped();
+            let _ = tx.send((listed, one, prepared.ok(), refused.err(), skipped));
+        });
+        let (listed, one, prepared, refused, skipped) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a reader waited for the controller's lock");
+        assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 2, "{listed}");
+        assert_eq!(one.unwrap()["origin"], "api");
+        assert_eq!(prepared, Some(0));
+        assert_eq!(refused, Some(409));
+        assert!(!skipped);
+        // A PUT started now applies once the lock is released.
+        let writer = c.clone();
+        let put = std::thread::spawn(move || writer.put("b", BODY));
+        drop(held);
+        assert!(put.join().unwrap().unwrap());
+        assert_eq!(c.list()["sandboxes"].as_array().unwrap().len(), 3);
+        assert_eq!(c.get("b").unwrap()["origin"], "api");
+    }
+
+    /// Every kind of change — a PUT, an etcd batch with a value skipped, a DELETE — publishes
+    /// the view that the lock-free readers answer from.
+    #[test]
+    fn every_change_publishes_the_view_readers_see() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = controller(dir.path());
+        assert!(c.get("a").is_none());
+        c.put("a", BODY).unwrap();
+        assert_eq!(c.view.load().runtime.len(), 1);
+        assert!(c.get("a").is_some());
+        c.apply_remote(
+            vec![RemoteChange::Put {
+                id: "r".into(),
+                text: "{not json".into(),
+                revision: 7,
+            }],
+            false,
+        );
+        assert!(c.has_skipped());
+        assert!(c.skipped_at("r", 7).is_some());
+        c.delete("a").unwrap();
+        assert!(c.get("a").is_none());
+        assert_eq!(c.list()["sandboxes"].as_array().unwrap().len(), 1);
     }
 }

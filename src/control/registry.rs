@@ -4,12 +4,18 @@
 //! replicas must agree on what etcd holds, and a restart must restore what was accepted),
 //! the body parses under this configuration, and its `sources` take no other sandbox's
 //! addresses.
+//!
+//! The work is split where the controller's lock falls: [`parse`] needs only the
+//! configuration and runs before the lock is taken (a hostile body costs its parse, never
+//! another writer's wait); [`admit`] checks the registrations in force (room, `sources`) and
+//! is cheap enough to run under it. [`validate`] is both, for callers that hold a snapshot.
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::config::{Binding, Config, ConfigErrors};
-use crate::control::Registered;
+use crate::control::Registrations;
 use crate::policy::sandbox_id::SandboxId;
+use crate::policy::set::{CompileError, Sandbox};
 
 /// Where a registration comes from: how its errors are located, and whether room is checked.
 #[derive(Debug, Clone, Copy)]
@@ -37,6 +43,38 @@ pub enum Rejected {
     Overlap(String),
     #[error("cannot compile: {0}")]
     Compile(globset::Error),
+    #[error("{0}")]
+    NotCompiled(CompileError),
+}
+
+/// A registration parsed and compiled before the controller's lock: what is left to do under
+/// it is [`admit`] and an insert into the policy set.
+pub(crate) struct Ready {
+    pub id: SandboxId,
+    pub binding: Arc<Binding>,
+    /// The body as stored (canonical JSON).
+    pub json: Arc<str>,
+    /// Compiled with `defaults.ports` of the configuration it was parsed under.
+    pub sandbox: Sandbox,
+}
+
+/// [`parse`], then compile the sandbox: all the work a registration costs, with no lock held.
+pub(crate) fn prepare(
+    config: &Config,
+    id: &str,
+    body: &str,
+    origin: Origin<'_>,
+) -> Result<Ready, Rejected> {
+    let Valid { id, binding, json } = parse(config, id, body, origin)?;
+    let binding = Arc::new(binding);
+    let sandbox =
+        Sandbox::compile(&binding, &config.defaults.ports).map_err(Rejected::NotCompiled)?;
+    Ok(Ready {
+        id,
+        binding,
+        json: json.into(),
+        sandbox,
+    })
 }
 
 /// A registration that passed every check.
@@ -68,7 +106,20 @@ impl Valid {
 /// Check registration `id` with `body` against `config` and the registrations in force.
 pub(crate) fn validate(
     config: &Config,
-    runtime: &BTreeMap<String, Registered>,
+    runtime: &Registrations,
+    id: &str,
+    body: &str,
+    origin: Origin<'_>,
+) -> Result<Valid, Rejected> {
+    let valid = parse(config, id, body, origin)?;
+    admit(config, runtime, valid.id.as_str(), &valid.binding, origin)?;
+    Ok(valid)
+}
+
+/// What needs only the configuration: the id is valid and not file-defined, and the body
+/// parses under `config`.
+pub(crate) fn parse(
+    config: &Config,
     id: &str,
     body: &str,
     origin: Origin<'_>,
@@ -81,10 +132,6 @@ pub(crate) fn validate(
             origin: config.origin.to_string(),
         });
     }
-    let max = config.runtime.max_sandboxes;
-    if matches!(origin, Origin::Api) && !runtime.contains_key(id) && runtime.len() >= max {
-        return Err(Rejected::Full { max });
-    }
     let what = match origin {
         Origin::Api => format!("PUT /v1/sandboxes/{id}"),
         Origin::StateLog(file) => format!("{file} (sandbox {id})"),
@@ -93,9 +140,6 @@ pub(crate) fn validate(
     let (binding, json) = config
         .parse_runtime_binding(body, &what, id)
         .map_err(Rejected::Invalid)?;
-    if let Some(clash) = overlapping_source(config, runtime, id, &binding) {
-        return Err(Rejected::Overlap(clash));
-    }
     Ok(Valid {
         id: sid,
         binding,
@@ -103,11 +147,30 @@ pub(crate) fn validate(
     })
 }
 
+/// What needs the registrations in force: room for a new one (API writes only) and no other
+/// sandbox's `sources`.
+pub(crate) fn admit(
+    config: &Config,
+    runtime: &Registrations,
+    id: &str,
+    binding: &Binding,
+    origin: Origin<'_>,
+) -> Result<(), Rejected> {
+    let max = config.runtime.max_sandboxes;
+    if matches!(origin, Origin::Api) && !runtime.contains_key(id) && runtime.len() >= max {
+        return Err(Rejected::Full { max });
+    }
+    if let Some(clash) = overlapping_source(config, runtime, id, binding) {
+        return Err(Rejected::Overlap(clash));
+    }
+    Ok(())
+}
+
 /// A `sources` range of `binding` that overlaps a range of another sandbox: a registration
 /// may not take over (or carve out) another sandbox's addresses.
 fn overlapping_source(
     config: &Config,
-    runtime: &BTreeMap<String, Registered>,
+    runtime: &Registrations,
     id: &str,
     binding: &Binding,
 ) -> Option<String> {

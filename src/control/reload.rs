@@ -2,8 +2,10 @@
 //! builds the whole new set first (re-validating every runtime registration when what they
 //! are parsed with changed) and publishes it only if everything compiles; otherwise the
 //! running policy stays. Settings read only at start are reported as needing a restart.
+//! The files are read and parsed, the registrations re-parsed and the set compiled with no
+//! lock held; the lock is taken to publish, and the work is done again if a registration or
+//! another reload came in meanwhile.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -11,8 +13,9 @@ use std::time::SystemTime;
 use crate::config::{self, Config, ConfigErrors};
 use crate::control::registry::{self, Origin};
 use crate::control::state_store::{StateStore, LOG_FILE};
-use crate::control::{CompileFailure, Controller, Registered};
+use crate::control::{CompileFailure, Controller, Locked, Registered, Registrations, RETRIES};
 use crate::egress::resolve::Resolver;
+use crate::policy::set::{Changes, PolicySet};
 
 /// Why a reload was refused; the running policy stays.
 #[derive(Debug, thiserror::Error)]
@@ -106,13 +109,22 @@ pub(super) fn fingerprint(files: &[PathBuf]) -> Vec<(PathBuf, Option<(SystemTime
         .collect()
 }
 
+/// A reload built before the lock: the configuration, the registrations under it, and the
+/// set they compile to.
+struct Built {
+    config: Config,
+    runtime: Registrations,
+    set: PolicySet,
+    changes: Changes,
+}
+
 impl Controller {
     /// Restore API-registered sandboxes from the `state_dir` log (at start) and keep the log
     /// open for the changes to come. A corrupt line or an invalid registration is reported and
     /// skipped, never fatal to the others; the set is compiled and published once.
     pub fn restore(&self) -> Vec<String> {
         let mut problems = Vec::new();
-        let Ok(mut guard) = self.state.lock() else {
+        let Ok(mut guard) = self.lock() else {
             return problems;
         };
         let st = &mut *guard;
@@ -146,7 +158,7 @@ impl Controller {
                 Ok(v) => {
                     let registered = Registered {
                         binding: Arc::new(v.binding),
-                        json: v.json,
+                        json: v.json.into(),
                         revision: 0,
                     };
                     runtime.insert(id, registered);
@@ -170,46 +182,75 @@ impl Controller {
     /// Reload the configuration from disk (or the embedded default) and re-validate every
     /// runtime registration against it. Returns the new policy version.
     pub fn reload(&self, why: &str) -> Result<Reloaded, ReloadError> {
-        let Ok(mut st) = self.state.lock() else {
-            return Err(ReloadError::Poisoned);
-        };
-        let result = (|| {
-            let config = config::load(self.path.as_deref()).map_err(ReloadError::Config)?;
-            let mut runtime = BTreeMap::new();
-            let mut errors = Vec::new();
-            // Registrations parse the same under the new file unless what they are parsed
-            // with changed: then every one is parsed (and validated) again.
-            let reparse = !config.parses_runtime_bindings_like(&st.config);
-            for (id, r) in st.runtime.iter().filter(|_| reparse) {
+        for _ in 0..RETRIES {
+            let view = self.view.load_full();
+            let built = self.build(&view.config, &view.runtime);
+            let mut st = self.lock().map_err(|_| ReloadError::Poisoned)?;
+            if Arc::ptr_eq(&st.config, &view.config) && st.runtime.ptr_eq(&view.runtime) {
+                return self.apply_reload(&mut st, why, built);
+            }
+        }
+        // Registrations kept coming in: build under the lock.
+        let mut st = self.lock().map_err(|_| ReloadError::Poisoned)?;
+        let (config, runtime) = (st.config.clone(), st.runtime.clone());
+        let built = self.build(&config, &runtime);
+        self.apply_reload(&mut st, why, built)
+    }
+
+    /// Read the configuration and build the set it makes with `runtime` (re-parsing each
+    /// registration if what they are parsed with changed since `old`).
+    fn build(&self, old: &Config, runtime: &Registrations) -> Result<Built, ReloadError> {
+        let config = config::load(self.path.as_deref()).map_err(ReloadError::Config)?;
+        let mut errors = Vec::new();
+        // Registrations parse the same under the new file unless what they are parsed
+        // with changed: then every one is parsed (and validated) again.
+        let runtime = if config.parses_runtime_bindings_like(old) {
+            runtime.clone()
+        } else {
+            let mut again = Registrations::new();
+            for (id, r) in runtime.iter() {
                 match config.parse_runtime_binding(&r.json, &format!("registered sandbox {id}"), id)
                 {
                     Ok((binding, json)) => {
-                        let binding = Arc::new(binding);
-                        let revision = r.revision;
-                        runtime.insert(
-                            id.clone(),
-                            Registered {
-                                binding,
-                                json,
-                                revision,
-                            },
-                        );
+                        let registered = Registered {
+                            binding: Arc::new(binding),
+                            json: json.into(),
+                            revision: r.revision,
+                        };
+                        again.insert(id.clone(), registered);
                     }
                     Err(e) => errors.extend(e.0),
                 }
             }
-            if !errors.is_empty() {
-                return Err(ReloadError::Registrations(ConfigErrors(errors)));
-            }
-            if !reparse {
-                runtime = st.runtime.clone();
-            }
-            let (set, changes) = self.compile(&config, &runtime)?;
-            Ok((config, runtime, set, changes))
-        })();
+            again
+        };
+        if !errors.is_empty() {
+            return Err(ReloadError::Registrations(ConfigErrors(errors)));
+        }
+        let (set, changes) = self.compile(&config, &runtime)?;
+        Ok(Built {
+            config,
+            runtime,
+            set,
+            changes,
+        })
+    }
+
+    /// Publish a built reload (or report why it was refused), under the lock.
+    fn apply_reload(
+        &self,
+        st: &mut Locked<'_>,
+        why: &str,
+        built: Result<Built, ReloadError>,
+    ) -> Result<Reloaded, ReloadError> {
         // Whatever happened, the files as they are now have been seen.
-        match result {
-            Ok((config, runtime, set, changes)) => {
+        match built {
+            Ok(Built {
+                config,
+                runtime,
+                set,
+                changes,
+            }) => {
                 st.fingerprint = fingerprint(&config.files);
                 if config.dns != st.config.dns {
                     let (resolver, warning) = Resolver::new(&config.dns);
@@ -226,7 +267,7 @@ impl Controller {
                         "changed in the configuration but needs a restart to take effect"
                     );
                 }
-                st.config = config;
+                st.config = Arc::new(config);
                 st.runtime = runtime;
                 // Counted before it is published: whoever sees its effects sees the count.
                 self.count(true);

@@ -85,6 +85,14 @@ pub struct CompileError {
     pub message: String,
 }
 
+impl Sandbox {
+    /// Compile one binding with the set's default ports (`defaults.ports`): the work of a
+    /// registration, done before the controller's lock is taken ([`SetEdit::insert`]).
+    pub fn compile(b: &Arc<Binding>, default_ports: &PortSet) -> Result<Sandbox, CompileError> {
+        compile_sandbox(b, default_ports)
+    }
+}
+
 /// Compile one binding.
 fn compile_sandbox(b: &Arc<Binding>, default_ports: &PortSet) -> Result<Sandbox, CompileError> {
     let policy = CompiledPolicy::compile(
@@ -371,6 +379,14 @@ impl SetEdit {
     /// Add or replace `b`, compiling only it.
     pub fn put(&mut self, b: &Arc<Binding>) -> Result<(), CompileError> {
         let sb = compile_sandbox(b, &self.0.default_ports)?;
+        self.insert(sb);
+        Ok(())
+    }
+
+    /// Add or replace a sandbox compiled already ([`Sandbox::compile`], with this set's
+    /// default ports): no compile work.
+    pub fn insert(&mut self, sb: Sandbox) {
+        let b = sb.binding.clone();
         let next = &mut self.0;
         next.remove_entry(&b.id);
         let id: Arc<str> = b.id.as_str().into();
@@ -379,7 +395,6 @@ impl SetEdit {
         }
         xor(&mut next.sandboxes_digest, &sb.digest);
         next.sandboxes.insert(b.id.clone(), Arc::new(sb));
-        Ok(())
     }
 
     /// Remove sandbox `id` (nothing when absent).

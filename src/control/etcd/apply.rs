@@ -6,13 +6,16 @@
 //! own: an invalid one (bad JSON, an invalid policy, the id of a file-defined sandbox, another
 //! sandbox's `sources`) is skipped — and a sandbox whose new value is invalid is removed, not
 //! left on its old policy — while the rest of the batch applies. A batch is compiled
-//! incrementally (only the changed sandboxes) and published once.
+//! incrementally (only the changed sandboxes) and published once. Every value is parsed and
+//! compiled before the controller's lock is taken: a hostile value costs its own parse
+//! (bounded before it, see [`crate::control::etcd`]) and never delays a DELETE behind it by
+//! more than that; the write checks read the published view and take no lock at all.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
-use crate::control::registry::{self, Origin};
-use crate::control::{ChangeError, Controller, Registered};
+use crate::config::Config;
+use crate::control::registry::{self, Origin, Ready};
+use crate::control::{ChangeError, Controller, Locked, Registered, State, RETRIES};
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::{Scope, SetEdit};
 
@@ -49,16 +52,27 @@ pub struct Prepared {
 
 impl Controller {
     /// Check a registration as `put` would, without changing anything: with etcd the value is
-    /// written there and applied when the watch brings it back.
+    /// written there and applied when the watch brings it back. Reads the published view: no
+    /// lock.
     pub fn prepare_put(&self, id: &str, body: &str) -> Result<Prepared, ChangeError> {
-        let Ok(st) = self.state.lock() else {
-            return Err(ChangeError::Failed("lock poisoned".into()));
-        };
-        let valid = registry::validate(&st.config, &st.runtime, id, body, Origin::Api)?;
-        valid.compiles(&st.config.defaults.ports)?;
+        let view = self.view.load();
+        let ready = registry::prepare(&view.config, id, body, Origin::Api)?;
+        registry::admit(
+            &view.config,
+            &view.runtime,
+            ready.id.as_str(),
+            &ready.binding,
+            Origin::Api,
+        )?;
+        let id = ready.id.as_str();
         Ok(Prepared {
-            seen_revision: seen(&st, valid.id.as_str()),
-            json: valid.json,
+            seen_revision: view
+                .runtime
+                .get(id)
+                .map(|r| r.revision)
+                .or_else(|| view.skipped.get(id).map(|(r, _)| *r))
+                .unwrap_or(0),
+            json: ready.json.to_string(),
         })
     }
 
@@ -66,13 +80,11 @@ impl Controller {
     /// Returns how many exchanges of the sandbox are open now.
     pub fn prepare_delete(&self, id: &str) -> Result<u32, ChangeError> {
         SandboxId::new(id).map_err(|_| ChangeError::NotFound)?;
-        let Ok(st) = self.state.lock() else {
-            return Err(ChangeError::Failed("lock poisoned".into()));
-        };
-        if st.config.bindings.iter().any(|b| b.id == id) {
+        let view = self.view.load();
+        if view.config.bindings.iter().any(|b| b.id == id) {
             return Err(ChangeError::Conflict(format!(
                 "sandbox {id} is defined in {}; remove it there",
-                st.config.origin
+                view.config.origin
             )));
         }
         Ok(self
@@ -87,10 +99,7 @@ impl Controller {
     /// After revision `revision` of sandbox `id` was applied: why this replica skipped it, or
     /// `None` when it is in force (or was replaced since).
     pub fn skipped_at(&self, id: &str, revision: i64) -> Option<String> {
-        let Ok(st) = self.state.lock() else {
-            return Some("the controller's lock is poisoned".into());
-        };
-        match st.skipped.get(id) {
+        match self.view.load().skipped.get(id) {
             Some((r, why)) if *r == revision => Some(why.clone()),
             _ => None,
         }
@@ -103,25 +112,57 @@ impl Controller {
 
     /// Whether some value in etcd is not in force (a reload may have made it valid).
     pub fn has_skipped(&self) -> bool {
-        self.state
-            .lock()
-            .map(|st| !st.skipped.is_empty())
-            .unwrap_or(false)
+        !self.view.load().skipped.is_empty()
     }
 
     /// Why the value of sandbox `id` in etcd is not in force, if it was skipped.
     pub fn skipped(&self, id: &str) -> Option<(i64, String)> {
-        self.state.lock().ok()?.skipped.get(id).cloned()
+        self.view.load().skipped.get(id).cloned()
     }
 
     /// Apply changes read from etcd, in order. With `full`, `changes` is the whole prefix
     /// (a list): every registration it does not hold is removed (and its exchanges revoked),
     /// and skipped values are checked again (the configuration may have changed).
     pub fn apply_remote(&self, changes: Vec<RemoteChange>, full: bool) -> Applied {
-        let Ok(mut guard) = self.state.lock() else {
-            return Applied::default();
-        };
-        let st = &mut *guard;
+        for attempt in 0..=RETRIES {
+            // Parse and compile every changed value with no lock held (the last attempt,
+            // after reloads kept changing the configuration, does it under the lock).
+            let view = self.view.load_full();
+            let ready: Vec<Option<Result<Ready, String>>> = changes
+                .iter()
+                .map(|c| match c {
+                    RemoteChange::Put { id, text, revision } if attempt < RETRIES => {
+                        let unchanged = view
+                            .runtime
+                            .get(id)
+                            .is_some_and(|r| r.revision == *revision)
+                            || (!full && view.skipped.get(id).is_some_and(|(r, _)| r == revision));
+                        (!unchanged).then(|| prepare_remote(&view.config, id, text))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let Ok(mut st) = self.lock() else {
+                return Applied::default();
+            };
+            if attempt < RETRIES && !std::sync::Arc::ptr_eq(&st.config, &view.config) {
+                continue;
+            }
+            return self.apply_ready(&mut st, &changes, ready, full);
+        }
+        Applied::default()
+    }
+
+    /// Apply `changes` under the lock, with the values prepared for them (`None`: not
+    /// prepared, done here).
+    fn apply_ready(
+        &self,
+        st: &mut Locked<'_>,
+        changes: &[RemoteChange],
+        ready: Vec<Option<Result<Ready, String>>>,
+        full: bool,
+    ) -> Applied {
+        let st: &mut State = st;
         let mut edit = self.shared.policy.load().edit();
         let mut touched: Vec<SandboxId> = Vec::new();
         let mut set_wide = false;
@@ -145,29 +186,31 @@ impl Controller {
                 touched.extend(SandboxId::new(&id).ok());
             }
         }
-        for change in changes {
+        for (change, prepared) in changes.iter().zip(ready) {
             match change {
                 RemoteChange::Put { id, text, revision } => {
-                    let unchanged = st.runtime.get(&id).is_some_and(|r| r.revision == revision)
-                        || (!full && st.skipped.get(&id).is_some_and(|(r, _)| *r == revision));
+                    let revision = *revision;
+                    let unchanged = st.runtime.get(id).is_some_and(|r| r.revision == revision)
+                        || (!full && st.skipped.get(id).is_some_and(|(r, _)| *r == revision));
                     if unchanged {
                         continue;
                     }
-                    let checked = check_remote(st, &id, &text);
-                    set_wide |= remove(st, &mut edit, &id);
-                    let admitted = checked.and_then(|(binding, json)| {
-                        edit.put(&binding)
-                            .map_err(|e| format!("cannot compile: {e}"))?;
-                        Ok((binding, json))
+                    let prepared = prepared.unwrap_or_else(|| prepare_remote(&st.config, id, text));
+                    let admitted = prepared.and_then(|ready| {
+                        registry::admit(&st.config, &st.runtime, id, &ready.binding, Origin::Etcd)
+                            .map_err(|e| e.to_string())?;
+                        Ok(ready)
                     });
+                    set_wide |= remove(st, &mut edit, id);
                     match admitted {
-                        Ok((binding, json)) => {
-                            set_wide |= !binding.sources.is_empty();
+                        Ok(ready) => {
+                            set_wide |= !ready.binding.sources.is_empty();
+                            edit.insert(ready.sandbox);
                             st.runtime.insert(
                                 id.clone(),
                                 Registered {
-                                    binding,
-                                    json,
+                                    binding: ready.binding,
+                                    json: ready.json,
                                     revision,
                                 },
                             );
@@ -178,12 +221,12 @@ impl Controller {
                             applied.skipped += 1;
                         }
                     }
-                    touched.extend(SandboxId::new(&id).ok());
+                    touched.extend(SandboxId::new(id).ok());
                 }
                 RemoteChange::Delete { id } => {
-                    if st.runtime.contains_key(&id) || st.skipped.contains_key(&id) {
-                        set_wide |= remove(st, &mut edit, &id);
-                        touched.extend(SandboxId::new(&id).ok());
+                    if st.runtime.contains_key(id) || st.skipped.contains_key(id) {
+                        set_wide |= remove(st, &mut edit, id);
+                        touched.extend(SandboxId::new(id).ok());
                     }
                 }
             }
@@ -202,18 +245,9 @@ impl Controller {
     }
 }
 
-/// The revision at which the key of `id` was last seen (0: never, or removed since).
-fn seen(st: &crate::control::State, id: &str) -> i64 {
-    st.runtime
-        .get(id)
-        .map(|r| r.revision)
-        .or_else(|| st.skipped.get(id).map(|(r, _)| *r))
-        .unwrap_or(0)
-}
-
 /// Remove `id` from the registrations and from `edit`; whether it had `sources` (then
 /// every exchange must re-check, not only its own).
-fn remove(st: &mut crate::control::State, edit: &mut SetEdit, id: &str) -> bool {
+fn remove(st: &mut State, edit: &mut SetEdit, id: &str) -> bool {
     st.skipped.remove(id);
     match st.runtime.remove(id) {
         Some(old) => {
@@ -224,13 +258,8 @@ fn remove(st: &mut crate::control::State, edit: &mut SetEdit, id: &str) -> bool 
     }
 }
 
-/// Validate a value read from etcd (no room check: every replica must reach the same set).
-fn check_remote(
-    st: &crate::control::State,
-    id: &str,
-    text: &str,
-) -> Result<(Arc<crate::config::Binding>, String), String> {
-    registry::validate(&st.config, &st.runtime, id, text, Origin::Etcd)
-        .map(|v| (Arc::new(v.binding), v.json))
-        .map_err(|e| e.to_string())
+/// Parse and compile a value read from etcd (no room check: every replica must reach the
+/// same set).
+fn prepare_remote(config: &Config, id: &str, text: &str) -> Result<Ready, String> {
+    registry::prepare(config, id, text, Origin::Etcd).map_err(|e| e.to_string())
 }
