@@ -188,13 +188,18 @@ pub async fn serve(
         };
         let live = Arc::new(crate::relay::liveness::Liveness::new(idle));
         let wait = shared.settings.timeouts.header;
-        crate::intercept::serve(ix, tunnel, &mut audit, stop, live, wait).await
+        // Boxed, like every branch a plain tunnel does not take: an idle tunnel's task holds
+        // only the state of the branch it is in.
+        Box::pin(crate::intercept::serve(
+            ix, tunnel, &mut audit, stop, live, wait,
+        ))
+        .await
     } else if matches!(peeked, Peeked::Http { .. }) {
         audit.open();
         // Decided by Host: every later request on the connection is checked too.
-        let checked = crate::relay::http_checked::relay_checked(
+        let checked = Box::pin(crate::relay::http_checked::relay_checked(
             stream, up, buf, &target, report, idle, stop, shaper,
-        )
+        ))
         .await;
         if let Some(m) = checked.mismatch {
             m.record(&mut audit, report);
@@ -204,8 +209,11 @@ pub async fn serve(
         audit.open();
         match up.write_all(&buf).await {
             Ok(()) => {
+                // The peeked bytes are replayed: the relay does not keep them.
+                let replayed = buf.len() as u64;
+                drop(buf);
                 let mut r = crate::relay::tunnel::relay_tcp(stream, up, idle, stop, shaper).await;
-                r.up += buf.len() as u64;
+                r.up += replayed;
                 r
             }
             Err(_) => Relayed::nothing(Close::Error),
@@ -329,15 +337,16 @@ async fn peek(stream: &mut TcpStream, wait: std::time::Duration) -> Result<(Vec<
             }
             p => return Ok((buf, p)),
         }
-        let mut chunk = [0u8; 4096];
-        match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+        // Into the vector's spare room: no buffer in this future's state.
+        buf.reserve(4096);
+        match tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await {
             Ok(Ok(0)) => {
                 let p = Peeked::Other {
                     detail: "client sent nothing before closing",
                 };
                 return Ok((buf, p));
             }
-            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(Ok(_)) => {}
             Ok(Err(_)) => return Err(()),
             // Server-speaks-first protocols (and stalled clients): decide on the destination.
             Err(_) => {

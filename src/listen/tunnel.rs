@@ -103,12 +103,16 @@ where
         audit.detail("the upgraded connection is not a TCP socket");
         return Relayed::nothing(Close::Error);
     };
-    let Some(mut client) = parts.io.into_inner().into_inner() else {
+    // Taken apart at once: `read_buf` shares hyper's read buffer, which a `parts` kept
+    // alive would hold for the tunnel's whole life.
+    let hyper::upgrade::Parts { io, read_buf, .. } = parts;
+    let early = read_buf.to_vec();
+    drop(read_buf);
+    let Some(mut client) = io.into_inner().into_inner() else {
         return Relayed::nothing(Close::Error);
     };
     tokio::pin!(stop);
     let wait = shared.settings.timeouts.header;
-    let early = parts.read_buf.to_vec();
     let inspected = tokio::select! {
         r = first_bytes::read_first_bytes(&mut client, &mut server, early, wait) => match r {
             Ok(i) => i,
@@ -156,7 +160,10 @@ where
                 let live = std::sync::Arc::new(crate::relay::liveness::Liveness::new(
                     shared.settings.timeouts.idle,
                 ));
-                return crate::intercept::serve(ix, tunnel, audit, stop, live, wait).await;
+                // Boxed, like every branch a plain tunnel does not take: an idle tunnel's task
+                // holds only the state of the branch it is in (see docs/performance.md).
+                return Box::pin(crate::intercept::serve(ix, tunnel, audit, stop, live, wait))
+                    .await;
             }
             _ => {
                 audit.refused_in_tunnel(
@@ -173,7 +180,7 @@ where
     let idle = shared.settings.timeouts.idle;
     if let FirstBytes::Client(Peeked::Http { .. }) = &inspected.first {
         // Plain HTTP: every later request in the tunnel must name the CONNECT host too.
-        let checked = crate::relay::http_checked::relay_checked(
+        let checked = Box::pin(crate::relay::http_checked::relay_checked(
             client,
             server,
             inspected.client,
@@ -182,29 +189,34 @@ where
             idle,
             stop,
             shaper,
-        )
+        ))
         .await;
         if let Some(m) = checked.mismatch {
             m.record(audit, report);
         }
         return checked.relayed;
     }
-    // Replay what was read, each in its direction, then relay.
+    // Replay what was read, each in its direction, then relay (without the buffers).
     use tokio::io::AsyncWriteExt;
     if server.write_all(&inspected.client).await.is_err()
         || client.write_all(&inspected.server).await.is_err()
     {
         return Relayed::nothing(Close::Error);
     }
+    let replayed = (inspected.client.len() as u64, inspected.server.len() as u64);
+    drop(inspected);
     let mut r = match client {
         ClientIo::Tcp(client) => {
             crate::relay::tunnel::relay_tcp(client, server, idle, stop, shaper).await
         }
         ClientIo::Tls(client) => {
-            crate::relay::tunnel::relay_streams(*client, server, idle, stop, shaper).await
+            Box::pin(crate::relay::tunnel::relay_streams(
+                *client, server, idle, stop, shaper,
+            ))
+            .await
         }
     };
-    r.up += inspected.client.len() as u64;
-    r.down += inspected.server.len() as u64;
+    r.up += replayed.0;
+    r.down += replayed.1;
     r
 }

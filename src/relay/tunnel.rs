@@ -129,7 +129,8 @@ where
 {
     let mut r = match shaper {
         None => crate::relay::splice::relay(&client, &server, idle, stop).await,
-        Some(_) => relay(&mut client, &mut server, idle, stop, shaper).await,
+        // Boxed: an unshaped tunnel's task does not carry the user-space relay's state.
+        Some(_) => Box::pin(relay(&mut client, &mut server, idle, stop, shaper)).await,
     };
     if matches!(r.close, Close::Revoked | Close::Shutdown) {
         r.up = r.up.saturating_sub(abort(server));

@@ -61,9 +61,11 @@ pub async fn read_first_bytes<C: tokio::io::AsyncRead + Unpin>(
         first: FirstBytes::Silent,
     };
     let deadline = tokio::time::Instant::now() + wait;
-    let mut chunk = [0u8; 4096];
-    let mut server_chunk = [0u8; 4096];
+    // Read into the vectors' spare room: buffers in this future's state would be carried by
+    // every tunnel's task for its whole life.
+    out.server.reserve(4096);
     loop {
+        out.client.reserve(4096);
         match classify(&out.client) {
             Peeked::Incomplete if out.client.len() < MAX_FIRST_BYTES => {}
             Peeked::Incomplete => {
@@ -78,16 +80,13 @@ pub async fn read_first_bytes<C: tokio::io::AsyncRead + Unpin>(
             }
         }
         tokio::select! {
-            r = client.read(&mut chunk) => match r? {
-                0 => {
-                    out.first = FirstBytes::Client(Peeked::Other {
-                        detail: "the client closed before sending a ClientHello or request",
-                    });
-                    return Ok(out);
-                }
-                n => out.client.extend_from_slice(&chunk[..n]),
+            r = client.read_buf(&mut out.client) => if r? == 0 {
+                out.first = FirstBytes::Client(Peeked::Other {
+                    detail: "the client closed before sending a ClientHello or request",
+                });
+                return Ok(out);
             },
-            r = server.read(&mut server_chunk) => {
+            r = server.read_buf(&mut out.server) => {
                 let n = r?;
                 if n == 0 {
                     return Err(std::io::Error::new(
@@ -95,7 +94,6 @@ pub async fn read_first_bytes<C: tokio::io::AsyncRead + Unpin>(
                         "the destination closed before the client spoke",
                     ));
                 }
-                out.server.extend_from_slice(&server_chunk[..n]);
                 out.first = FirstBytes::ServerFirst;
                 return Ok(out);
             }
