@@ -62,10 +62,12 @@ pub async fn read_first_bytes<C: tokio::io::AsyncRead + Unpin>(
     };
     let deadline = tokio::time::Instant::now() + wait;
     // Read into the vectors' spare room: buffers in this future's state would be carried by
-    // every tunnel's task for its whole life.
-    out.server.reserve(4096);
+    // every tunnel's task for its whole life. The destination's side has no room until it
+    // speaks (then a read of up to 64 bytes tells that it spoke first; the rest is relayed).
     loop {
-        out.client.reserve(4096);
+        if out.client.capacity() - out.client.len() < 512 {
+            out.client.reserve(2048);
+        }
         match classify(&out.client) {
             Peeked::Incomplete if out.client.len() < MAX_FIRST_BYTES => {}
             Peeked::Incomplete => {
