@@ -177,6 +177,7 @@ pub(crate) fn start_shared(
             default_sandbox: config.listen.default_sandbox.clone(),
             audit_dns: config.audit_dns,
             interceptor,
+            forward_keepalive: config.forward_keepalive,
         },
     )))
 }
@@ -188,7 +189,10 @@ fn spawn_listeners(
     admin: Arc<Admin>,
     config: &Config,
 ) -> Vec<JoinHandle<()>> {
-    let mut tasks = vec![tokio::spawn(shared.descriptors.clone().sample())];
+    let mut tasks = vec![
+        tokio::spawn(shared.descriptors.clone().sample()),
+        tokio::spawn(sweep_upstreams(shared.clone())),
+    ];
     let data_plane = [
         (l.proxy.map(|l| (l, None)), Kind::Proxy),
         (l.proxy_tls.map(|(l, t)| (l, Some(t))), Kind::ProxyTls),
@@ -291,4 +295,19 @@ async fn shutdown(
         );
     }
     tracing::info!("stopped");
+}
+
+/// Close the kept upstream connections of forwarded requests that must go: at once when a
+/// policy is published (a revoked destination gets nothing more), and on a timer (idle too
+/// long, closed by the origin).
+async fn sweep_upstreams(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(shared.upstreams.sweep_every());
+    let mut published = shared.policy.subscribe();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = published.changed() => if changed.is_err() { return },
+        }
+        shared.upstreams.sweep(&shared.policy.load());
+    }
 }

@@ -10,9 +10,12 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::error::Sink;
-use super::raw::{RawAdmission, RawDefaults, RawDns, RawLimits, RawListen, RawRuntime};
+use super::raw::{
+    RawAdmission, RawDefaults, RawDns, RawForwardKeepalive, RawLimits, RawListen, RawRuntime,
+};
 use super::{
-    Admission, ClientNames, Defaults, DnsConfig, Limits, Listen, ProxyTls, RuntimeLimits, Timeouts,
+    Admission, ClientNames, Defaults, DnsConfig, ForwardKeepalive, Limits, Listen, ProxyTls,
+    RuntimeLimits, Timeouts,
 };
 use crate::policy::hostname::normalize_name;
 use crate::policy::ports::PortSet;
@@ -71,6 +74,14 @@ pub const RUNTIME: RuntimeLimits = RuntimeLimits {
     max_sandboxes: 100_000,
     max_binding_bytes: 64 * 1024,
     state_sync: Duration::ZERO,
+};
+
+/// `forward_keepalive:` — 4 s idle: shorter than the keep-alive timeouts of common origins
+/// (Apache's is 5 s), so a kept connection is rarely one the origin is closing just then.
+pub const FORWARD_KEEPALIVE: ForwardKeepalive = ForwardKeepalive {
+    idle: Duration::from_secs(4),
+    max_idle_per_origin: 8,
+    max_idle: 1024,
 };
 
 pub(super) fn resolve_limits(raw: &RawLimits, base: Option<&Limits>) -> Limits {
@@ -565,4 +576,31 @@ pub(super) fn resolve_runtime(raw: RawRuntime, sink: &mut Sink<'_>) -> RuntimeLi
         );
     }
     r
+}
+
+pub(super) fn resolve_forward_keepalive(
+    raw: RawForwardKeepalive,
+    sink: &mut Sink<'_>,
+) -> ForwardKeepalive {
+    let d = FORWARD_KEEPALIVE;
+    let k = ForwardKeepalive {
+        idle: raw.idle_ms.map(Duration::from_millis).unwrap_or(d.idle),
+        max_idle_per_origin: raw.max_idle_per_origin.unwrap_or(d.max_idle_per_origin),
+        max_idle: raw.max_idle.unwrap_or(d.max_idle),
+    };
+    if k.idle > Duration::from_secs(600) {
+        sink.top(
+            "forward_keepalive.idle_ms",
+            "must be from 0 (keep none) to 600000",
+            Some("idle_ms"),
+        );
+    }
+    if k.max_idle_per_origin > 1000 || k.max_idle > 100_000 {
+        sink.top(
+            "forward_keepalive",
+            "max_idle_per_origin must be at most 1000 and max_idle at most 100000",
+            Some("forward_keepalive"),
+        );
+    }
+    k
 }

@@ -35,11 +35,17 @@ use binding::{build_binding, id_lines, BindingCtx};
 pub use block::SandboxBlock;
 use control_plane::{resolve_control_plane, RawControlPlane};
 pub use control_plane::{EtcdConfig, EtcdTls};
-use defaults::{resolve_admission, resolve_defaults, resolve_dns, resolve_listen, resolve_runtime};
+use defaults::{
+    resolve_admission, resolve_defaults, resolve_dns, resolve_forward_keepalive, resolve_listen,
+    resolve_runtime,
+};
 use error::{redact, unknown_field, Sink};
 pub use error::{ConfigError, ConfigErrors};
 use load::{build_bindings, check_top_keys, parse_top, section};
-use raw::{RawAdmission, RawAudit, RawDefaults, RawDns, RawListen, RawRuntime, TOP_LEVEL_KEYS};
+use raw::{
+    RawAdmission, RawAudit, RawDefaults, RawDns, RawForwardKeepalive, RawListen, RawRuntime,
+    TOP_LEVEL_KEYS,
+};
 pub use raw::{RawAuth, RawLimits};
 use refs::PolicyIndex;
 
@@ -254,6 +260,18 @@ pub struct Admission {
     pub descriptor_reserve: f64,
 }
 
+/// `forward_keepalive:` — upstream connections of forwarded plain HTTP kept idle for the
+/// next request of the same sandbox to the same origin ([`crate::relay::upstream_pool`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardKeepalive {
+    /// How long an idle connection is kept (zero: none is kept).
+    pub idle: Duration,
+    /// Idle connections per sandbox, origin and address, at most.
+    pub max_idle_per_origin: usize,
+    /// Idle connections in all, at most.
+    pub max_idle: usize,
+}
+
 /// `runtime:` — bounds on what the admin API may register.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuntimeLimits {
@@ -293,6 +311,7 @@ pub struct Config {
     pub admission: Admission,
     /// Bounds on runtime registrations.
     pub runtime: RuntimeLimits,
+    pub forward_keepalive: ForwardKeepalive,
     /// `control_plane.etcd`: registrations shared by every replica through etcd.
     pub etcd: Option<EtcdConfig>,
     /// `tls_intercept`: the CA for terminating hosts that credentials or HTTP rules bind.
@@ -366,6 +385,8 @@ pub fn load_str(
         section(&mut top, "max_connections", &mut sink).unwrap_or(defaults::MAX_CONNECTIONS);
     let admission: RawAdmission = section(&mut top, "admission", &mut sink).unwrap_or_default();
     let runtime: RawRuntime = section(&mut top, "runtime", &mut sink).unwrap_or_default();
+    let forward_keepalive: RawForwardKeepalive =
+        section(&mut top, "forward_keepalive", &mut sink).unwrap_or_default();
     let control_plane: RawControlPlane =
         section(&mut top, "control_plane", &mut sink).unwrap_or_default();
     let raw_intercept: Option<credentials::RawIntercept> =
@@ -373,6 +394,7 @@ pub fn load_str(
     let sandboxes: Vec<Value> = section(&mut top, "sandboxes", &mut sink).unwrap_or_default();
     let admission = resolve_admission(admission, &mut sink);
     let runtime = resolve_runtime(runtime, &mut sink);
+    let forward_keepalive = resolve_forward_keepalive(forward_keepalive, &mut sink);
 
     for p in &extra_providers {
         if block::BUILTIN_PROVIDERS.contains(&p.as_str()) {
@@ -476,6 +498,7 @@ pub fn load_str(
         audit_trail,
         admission,
         runtime,
+        forward_keepalive,
         etcd,
         intercept,
         placeholder_key,

@@ -24,6 +24,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "max_connections",
     "admission",
     "runtime",
+    "forward_keepalive",
     "control_plane",
     "tls_intercept",
     "sandboxes",
@@ -307,6 +308,15 @@ pub struct RawAdmission {
     pub dns_summary_s: Option<u64>,
     pub identified_share: Option<f64>,
     pub descriptor_reserve: Option<f64>,
+}
+
+/// `forward_keepalive:` — idle upstream connections kept for forwarded plain HTTP.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawForwardKeepalive {
+    pub idle_ms: Option<u64>,
+    pub max_idle_per_origin: Option<usize>,
+    pub max_idle: Option<usize>,
 }
 
 /// `runtime:` — bounds on what the admin API may register.

@@ -10,12 +10,14 @@ use crate::egress::limits::ConnectionSlot;
 use crate::egress::Dialed;
 use crate::policy::set::Sandbox;
 
-/// An allowed, dialled request: everything the tunnel or the forwarder needs.
-pub struct Allowed {
+/// An allowed request, with how its destination is reached (`C`: a socket dialled to a
+/// checked address; for a forwarded request, possibly a kept connection to one —
+/// [`crate::relay::forward::Conn`]): everything the tunnel or the forwarder needs.
+pub struct Allowed<C = Dialed> {
     pub audit: AuditGuard,
     pub sandbox: Arc<Sandbox>,
     pub grant: Grant,
-    pub dialed: Dialed,
+    pub dialed: C,
     /// The sandbox's concurrent-connection slot, held until the exchange ends.
     pub slot: ConnectionSlot,
 }

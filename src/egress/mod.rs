@@ -197,13 +197,19 @@ impl Dialed {
     /// What this connection was allowed to do, for the exchange to watch: the sandbox `who`
     /// identified reaching `target` at the dialled address, decided under `set`.
     pub fn grant(&self, who: &Identified, target: Target, set: &PolicySet) -> Grant {
-        Grant {
-            sandbox: who.sandbox.binding.id.clone(),
-            proof: who.proof,
-            target,
-            dialed: self.addr.ip(),
-            generation: set.generation(),
-        }
+        grant(who, target, self.addr.ip(), set)
+    }
+}
+
+/// What an exchange of the sandbox `who` identified is allowed to do: reach `target` at
+/// `dialed`, decided under `set`.
+pub fn grant(who: &Identified, target: Target, dialed: IpAddr, set: &PolicySet) -> Grant {
+    Grant {
+        sandbox: who.sandbox.binding.id.clone(),
+        proof: who.proof,
+        target,
+        dialed,
+        generation: set.generation(),
     }
 }
 

@@ -33,6 +33,7 @@ use crate::relay::abortable::{Abortable, Cut, OverTcp};
 use crate::relay::body::Body;
 use crate::relay::client_io::ClientIo;
 use crate::relay::deny::{self, Refusal};
+use crate::relay::forward::Conn;
 use crate::server::shared::Shared;
 
 /// Largest request head accepted (hyper answers 431 beyond it).
@@ -408,7 +409,31 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         }
     }
 
-    // 5. Dial only a checked address.
+    // 5. Dial only a checked address — or, for a forwarded request, take a kept connection
+    // of this sandbox to this authority at one of the addresses just checked.
+    let kept = match connect {
+        true => None,
+        false => shared.upstreams.take(
+            &sb.binding.id,
+            &target.to_string(),
+            &decided.dial,
+            target.port,
+        ),
+    };
+    if let Some(up) = kept {
+        audit.dialed(up.addr);
+        let grant = egress::grant(&who, target, up.addr.ip(), &set);
+        drop(set);
+        let allowed = Allowed {
+            audit,
+            sandbox: sb,
+            grant,
+            dialed: Conn::Kept(up),
+            slot,
+        };
+        let shared = conn.shared.clone();
+        return crate::relay::forward::forward(shared, conn.cut.clone(), req, allowed).await;
+    }
     let timeout = shared.settings.timeouts.connect;
     let dialed =
         match egress::dial(&decided.dial, target.port, None, timeout, shared.metrics()).await {
@@ -435,6 +460,20 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         let permit = conn.permit.lock().ok().and_then(|mut p| p.take());
         super::tunnel::tunnel(conn.shared.clone(), permit, req, allowed)
     } else {
+        let Allowed {
+            audit,
+            sandbox,
+            grant,
+            dialed,
+            slot,
+        } = allowed;
+        let allowed = Allowed {
+            audit,
+            sandbox,
+            grant,
+            dialed: Conn::Dialed(dialed),
+            slot,
+        };
         let shared = conn.shared.clone();
         crate::relay::forward::forward(shared, conn.cut.clone(), req, allowed).await
     }

@@ -3,8 +3,10 @@
 //! (origin-form target, hop-by-hop headers and the proxy's credentials removed), send it,
 //! and stream both bodies — counted, shaped under the sandbox's bandwidth limits, and
 //! watched: when the policy no longer allows the exchange, the upstream connection is
-//! dropped (nothing more reaches the origin) and so is the client connection (nothing more
-//! reaches the client), and the record says `close: "revoked"`.
+//! reset (nothing more reaches the origin) and so is the client connection (nothing more
+//! reaches the client), and the record says `close: "revoked"`. An exchange that ended
+//! cleanly leaves its upstream connection to [`crate::relay::upstream_pool`] for the next
+//! request of the same sandbox to the same authority and address.
 
 use std::sync::{Arc, Mutex};
 
@@ -12,7 +14,6 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, Request, Response, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
 
 use crate::audit::metrics::ActiveGuard;
@@ -22,13 +23,23 @@ use crate::egress::limits::{ConnectionSlot, SandboxLimiter};
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;
 use crate::policy::Decision;
-use crate::relay::abortable::{Abortable, Cut};
+use crate::relay::abortable::Cut;
 use crate::relay::body::{Body, BoxError};
 use crate::relay::counted::Counted;
 use crate::relay::deny;
 use crate::relay::liveness::Liveness;
 use crate::relay::shaped_body::ShapedBody;
+use crate::relay::upstream_pool::Upstream;
 use crate::server::shared::Shared;
+
+/// How a forwarded request reaches its origin.
+pub enum Conn {
+    /// A socket dialled for it.
+    Dialed(crate::egress::Dialed),
+    /// A kept connection of the same sandbox to the same authority, at an address this
+    /// request's decision allows.
+    Kept(Upstream),
+}
 
 /// What lives exactly as long as the exchange: its record, its place in the active gauge
 /// and under the sandbox's connection limit. Shared by the response body, the watcher task
@@ -52,7 +63,7 @@ pub async fn forward(
     shared: Arc<Shared>,
     cut: Arc<Cut>,
     req: Request<Incoming>,
-    allowed: Allowed,
+    allowed: Allowed<Conn>,
 ) -> Response<Body> {
     let Allowed {
         mut audit,
@@ -80,29 +91,36 @@ pub async fn forward(
     let shaper = shaped.then(|| limiter.clone());
     let upstream_req = for_origin(req, &host, live.clone(), shaper);
 
-    let (mut sender, upstream) = match hyper::client::conn::http1::handshake(TokioIo::new(
-        Abortable::new(dialed.stream, cut.clone()),
-    ))
-    .await
-    {
-        Ok(x) => x,
-        Err(e) => return bad_gateway(&exchange, &e, &failed),
+    let mut up = match dialed {
+        Conn::Kept(up) => up,
+        Conn::Dialed(d) => match Upstream::handshake(d.stream, d.addr).await {
+            Ok(up) => up,
+            Err(e) => return bad_gateway(&exchange, &e, &failed),
+        },
     };
+    if up.reused > 0 {
+        with_audit(&exchange, |a| {
+            a.detail("sent on a kept upstream connection")
+        });
+    }
+    let upstream_cut = up.cut.clone();
 
-    // The watcher: drives the upstream connection and cuts both sides on revocation or
-    // shutdown; it ends when the exchange does.
+    // The watcher: cuts both sides on revocation, shutdown or idleness; it ends when the
+    // exchange does.
     let (done_tx, done_rx) = oneshot::channel::<()>();
     // Record why, and cut the client connection, *before* the upstream connection is dropped:
     // the handler must never see the upstream error first and answer the client with a 502.
     let stop = {
-        let watch = shared.watch(grant);
+        let watch = shared.watch(grant.clone());
         let exchange = exchange.clone();
         let cut = cut.clone();
+        let upstream_cut = upstream_cut.clone();
         async move {
             let close = watch.stopped().await;
             with_audit(&exchange, |a| a.close(close));
             // Reset both connections: nothing queued reaches the origin or the client.
             cut.abort();
+            upstream_cut.abort();
         }
     };
     // Nothing moving in either direction for `idle_ms` — an origin that never answers, a
@@ -111,6 +129,7 @@ pub async fn forward(
         let live = live.clone();
         let exchange = exchange.clone();
         let cut = cut.clone();
+        let upstream_cut = upstream_cut.clone();
         async move {
             live.idle().await;
             with_audit(&exchange, |a| {
@@ -118,18 +137,12 @@ pub async fn forward(
                 a.detail("nothing moved in either direction for timeouts.idle_ms");
             });
             cut.close();
+            upstream_cut.close();
         }
     };
     let watcher_exchange = exchange.clone();
     tokio::spawn(async move {
-        let drive_upstream = async {
-            let _ = upstream.await;
-            // The origin is done; keep watching while the client is still being served.
-            std::future::pending::<()>().await
-        };
-        // Whichever ends first, the upstream connection is dropped with this select.
         tokio::select! {
-            _ = drive_upstream => {}
             _ = done_rx => {}
             _ = stop => {}
             _ = idle => {}
@@ -137,7 +150,10 @@ pub async fn forward(
         drop(watcher_exchange);
     });
 
-    match sender.send_request(upstream_req).await {
+    let sent = up.sender.send_request(upstream_req).await;
+    // Kept for the next request if this exchange ends cleanly; closed otherwise.
+    let after = Mutex::new(Some((shared.clone(), grant, up)));
+    match sent {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
@@ -145,6 +161,14 @@ pub async fn forward(
             // Counted, and the record (held by `exchange`) finished when the body ends.
             let body = Counted::new(body, live, false)
                 .on_end(move |ending| {
+                    if let Some((shared, grant, up)) = after.lock().ok().and_then(|mut a| a.take())
+                    {
+                        if ending.complete {
+                            shared.upstreams.put(&grant, up);
+                        } else {
+                            up.cut.close();
+                        }
+                    }
                     with_audit(&exchange, |a| {
                         if !ending.complete {
                             a.detail(match ending.error {
@@ -169,7 +193,10 @@ pub async fn forward(
             };
             Response::from_parts(parts, body)
         }
-        Err(e) => bad_gateway(&exchange, &e, &failed),
+        Err(e) => {
+            upstream_cut.close();
+            bad_gateway(&exchange, &e, &failed)
+        }
     }
 }
 

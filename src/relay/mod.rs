@@ -1,6 +1,7 @@
 //! How are bytes moved, and when are they cut? The relays: byte tunnels (shaped or zero-copy
 //! with `splice`), plain-HTTP forwarding, the checked HTTP relay, the bodies that count and
-//! shape, the watch every exchange holds on its grant (revocation, shutdown), the client's
+//! shape, the kept upstream connections of forwarded requests, the watch every exchange holds
+//! on its grant (revocation, shutdown), the client's
 //! stream (TCP or TLS), and `deny`, the one builder of what a client is told when refused.
 
 pub(crate) mod abortable;
@@ -17,4 +18,5 @@ pub(crate) mod send_queue;
 pub(crate) mod shaped_body;
 pub(crate) mod splice;
 pub(crate) mod tunnel;
+pub(crate) mod upstream_pool;
 pub(crate) mod watch;

@@ -30,6 +30,8 @@ pub struct Settings {
     pub audit_dns: crate::config::AuditDns,
     /// `tls_intercept`: terminates the tunnels credentials and HTTP rules are bound to.
     pub interceptor: Option<Arc<crate::intercept::Interceptor>>,
+    /// `forward_keepalive`.
+    pub forward_keepalive: crate::config::ForwardKeepalive,
 }
 
 /// Everything a connection task needs.
@@ -62,6 +64,8 @@ pub struct Shared {
     pub descriptors: Arc<crate::server::descriptors::Descriptors>,
     /// DNS clients no sandbox has: their refusals summed per source, their rate bounded.
     pub dns_strangers: Arc<crate::dns::strangers::Strangers>,
+    /// Idle upstream connections of forwarded requests, per sandbox and origin.
+    pub upstreams: crate::relay::upstream_pool::UpstreamPool,
     /// Source of `conn_id`s.
     next_id: AtomicU64,
 }
@@ -76,6 +80,7 @@ impl Shared {
         settings: Settings,
     ) -> Self {
         Shared {
+            upstreams: crate::relay::upstream_pool::UpstreamPool::new(settings.forward_keepalive),
             policy: LivePolicy::new(policy),
             resolver: ArcSwap::from_pointee(resolver),
             sink,

@@ -1,0 +1,207 @@
+//! Keep-alive for forwarded plain HTTP (`GET http://…` on the explicit proxy,
+//! [`crate::relay::forward`]). An upstream connection whose exchange ended cleanly is kept
+//! idle for the next request of the **same sandbox** to the **same decided authority** at the
+//! **same checked address**, and only replaces the connect: that next request is identified,
+//! limited, decided and resolved as if it were the first, and a kept connection is taken only
+//! when its address is one the fresh decision allows. So the pool never widens anything:
+//! it is never shared across sandboxes, and a connection whose policy was revoked is not only
+//! never taken again — [`UpstreamPool::sweep`] closes it (with a reset), along with those
+//! idle longer than `forward_keepalive.idle_ms` and those the origin closed. Bounded per
+//! origin and in total; `idle_ms: 0` keeps none.
+//!
+//! Each upstream connection has its own [`Cut`] and a task that drives it until the origin
+//! closes it or the cut fires: the client connection that used it last does not own it.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use crate::config::ForwardKeepalive;
+use crate::egress::grant::Grant;
+use crate::policy::sandbox_id::SandboxId;
+use crate::policy::set::PolicySet;
+use crate::relay::abortable::{Abortable, Cut};
+
+/// The body of a forwarded request, as sent upstream.
+pub type ReqBody = BoxBody<Bytes, hyper::Error>;
+
+/// One HTTP/1.1 connection to an origin.
+pub struct Upstream {
+    pub sender: hyper::client::conn::http1::SendRequest<ReqBody>,
+    /// Ends it: `close` (FIN) or `abort` (reset).
+    pub cut: Arc<Cut>,
+    /// The checked address it is connected to.
+    pub addr: SocketAddr,
+    /// Requests it has carried before this one (0: new).
+    pub reused: u32,
+}
+
+impl Upstream {
+    /// Speak HTTP/1.1 on a dialled socket; the connection is driven by its own task until the
+    /// origin closes it or its cut fires.
+    pub async fn handshake(stream: TcpStream, addr: SocketAddr) -> Result<Upstream, hyper::Error> {
+        let cut = Cut::new();
+        let io = TokioIo::new(Abortable::new(stream, cut.clone()));
+        let (sender, conn) = hyper::client::conn::http1::handshake(io).await?;
+        let mut fired = cut.subscribe();
+        tokio::spawn(async move {
+            // Dropping the connection closes the socket (reset after an abort).
+            tokio::select! {
+                _ = conn => {}
+                _ = fired.changed() => {}
+            }
+        });
+        Ok(Upstream {
+            sender,
+            cut,
+            addr,
+            reused: 0,
+        })
+    }
+}
+
+/// Whose idle connections these are: one sandbox, one decided authority, one address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    sandbox: SandboxId,
+    /// `host:port` as decided (the name, not what it resolved to).
+    authority: String,
+    addr: SocketAddr,
+}
+
+/// An idle connection, and the grant of the exchange that used it last.
+struct Idle {
+    up: Upstream,
+    since: Instant,
+    grant: Grant,
+}
+
+/// The idle upstream connections of forwarded requests.
+pub struct UpstreamPool {
+    settings: ForwardKeepalive,
+    idle: Mutex<HashMap<Key, Vec<Idle>>>,
+}
+
+impl UpstreamPool {
+    pub fn new(settings: ForwardKeepalive) -> Self {
+        UpstreamPool {
+            settings,
+            idle: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// An idle connection of `sandbox` to `authority` at one of `allowed` (the addresses this
+    /// request's own decision allows, in its order) on `port`, ready for a request.
+    pub fn take(
+        &self,
+        sandbox: &SandboxId,
+        authority: &str,
+        allowed: &[IpAddr],
+        port: u16,
+    ) -> Option<Upstream> {
+        if self.settings.idle.is_zero() {
+            return None;
+        }
+        let mut idle = self.idle.lock().ok()?;
+        for ip in allowed {
+            let key = Key {
+                sandbox: sandbox.clone(),
+                authority: authority.to_string(),
+                addr: SocketAddr::new(*ip, port),
+            };
+            let Some(list) = idle.get_mut(&key) else {
+                continue;
+            };
+            // Newest first: the least likely to be closing.
+            while let Some(entry) = list.pop() {
+                if entry.since.elapsed() < self.settings.idle
+                    && entry.up.sender.is_ready()
+                    && !entry.up.sender.is_closed()
+                {
+                    if list.is_empty() {
+                        idle.remove(&key);
+                    }
+                    let mut up = entry.up;
+                    up.reused += 1;
+                    return Some(up);
+                }
+                entry.up.cut.close();
+            }
+            idle.remove(&key);
+        }
+        None
+    }
+
+    /// Keep `up` after a clean exchange under `grant`, or close it when it cannot be reused
+    /// or there is no room.
+    pub fn put(&self, grant: &Grant, up: Upstream) {
+        let keep = !self.settings.idle.is_zero() && !up.sender.is_closed();
+        let Ok(mut idle) = self.idle.lock() else {
+            up.cut.close();
+            return;
+        };
+        let total: usize = idle.values().map(Vec::len).sum();
+        let key = Key {
+            sandbox: grant.sandbox.clone(),
+            authority: grant.target.to_string(),
+            addr: up.addr,
+        };
+        let list = idle.entry(key).or_default();
+        if !keep
+            || list.len() >= self.settings.max_idle_per_origin
+            || total >= self.settings.max_idle
+        {
+            up.cut.close();
+            return;
+        }
+        list.push(Idle {
+            up,
+            since: Instant::now(),
+            grant: grant.clone(),
+        });
+    }
+
+    /// Close what must not be kept: idle longer than the setting or closed by the origin
+    /// (FIN), or no longer allowed by `set` (reset: a revoked destination gets nothing more,
+    /// not even an orderly close). Returns how many were closed.
+    pub fn sweep(&self, set: &PolicySet) -> usize {
+        let Ok(mut idle) = self.idle.lock() else {
+            return 0;
+        };
+        let mut closed = 0;
+        idle.retain(|_, list| {
+            list.retain(|e| {
+                if !e.grant.allowed_by(set) {
+                    e.up.cut.abort();
+                } else if e.since.elapsed() >= self.settings.idle || e.up.sender.is_closed() {
+                    e.up.cut.close();
+                } else {
+                    return true;
+                }
+                closed += 1;
+                false
+            });
+            !list.is_empty()
+        });
+        closed
+    }
+
+    /// Idle connections kept now.
+    pub fn idle_count(&self) -> usize {
+        self.idle
+            .lock()
+            .map(|m| m.values().map(Vec::len).sum())
+            .unwrap_or(0)
+    }
+
+    /// How often [`UpstreamPool::sweep`] should run.
+    pub fn sweep_every(&self) -> Duration {
+        (self.settings.idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(5))
+    }
+}
