@@ -2,6 +2,9 @@
 # Compare egress-proxy with direct connections, Squid and tinyproxy on loopback, with one load
 # generator (benches/loadgen.rs), in one run, and print a Markdown table (medians of RUNS runs).
 # Installs squid and tinyproxy from the distribution if missing; stops everything it starts.
+# G3PROXY=path adds g3proxy (its http_proxy server, a direct escaper) to the CONNECT table;
+# then the forwarding comparison (benches/forward_compare.sh) and, with dnsmasq installed, the
+# DNS one (benches/dns_compare.sh) run too (SKIP_EXTRA=1 leaves them out).
 #
 #   benches/compare.sh            # RUNS=3 SECONDS_PER_RUN=5 IDLE_TUNNELS=9000 by default
 set -euo pipefail
@@ -69,6 +72,21 @@ SQUID_PID="$(pgrep -n -x squid || true)"
 
 declare -A ADDR=( [direct]=direct [egress-proxy]=127.0.0.1:3130 [squid]=127.0.0.1:3129 [tinyproxy]=127.0.0.1:8899 )
 ORDER=(direct egress-proxy squid tinyproxy)
+if [ -n "${G3PROXY:-}" ]; then
+  # Not run on the machine this was written on (no g3proxy binary there).
+  cat > "$WORK/g3proxy.yaml" <<YAML
+runtime: { thread_number: 2 }
+resolver:
+  - { name: default, type: c-ares, server: 127.0.0.1 }
+escaper:
+  - { name: default, type: direct_fixed, resolver: default, egress_net_filter: { default: allow, allow: 127.0.0.1 } }
+server:
+  - { name: http, type: http_proxy, escaper: default, listen: "127.0.0.1:3131" }
+YAML
+  "$G3PROXY" -c "$WORK/g3proxy.yaml" >"$WORK/g3.out" 2>&1 & PIDS+=($!)
+  sleep 1
+  ADDR[g3proxy]=127.0.0.1:3131; ORDER+=(g3proxy)
+fi
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read())['$1'])"; }
 
@@ -107,3 +125,15 @@ for t in "${ORDER[@]}"; do
 done
 echo
 echo "Machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -r); loadgen, origin and proxy share it. Medians of $RUNS runs of ${SECS}s."
+
+if [ -z "${SKIP_EXTRA:-}" ]; then
+  cleanup; PIDS=(); WORK="$(mktemp -d)"
+  echo; echo "## Forwarded plain HTTP"
+  benches/forward_compare.sh
+  if command -v dnsmasq >/dev/null; then
+    echo; echo "## DNS listener"
+    benches/dns_compare.sh
+  else
+    echo "(DNS comparison skipped: apt-get install dnsmasq-base)"
+  fi
+fi
