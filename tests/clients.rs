@@ -56,8 +56,7 @@ fn a_refused_connect_says_why_in_the_status_line_and_in_python_errors() {
     );
     let status = head.lines().next().unwrap_or("");
     assert!(
-        status.starts_with("HTTP/1.1 403 egress-proxy: refused denied.test:443: not in network.egress of sandbox agent1")
-            && status.ends_with("[no_rule_matched]"),
+        status.starts_with("HTTP/1.1 403 egress-proxy [no_rule_matched]: refused denied.test:443: not in network.egress of sandbox agent1"),
         "{head}"
     );
     assert!(
@@ -83,6 +82,44 @@ fn a_refused_connect_says_why_in_the_status_line_and_in_python_errors() {
     );
 }
 
+/// A reason far longer than a status line may be (the policy file sits deep in a long path:
+/// over 400 bytes) is cut, but never loses its `[reason]` code: the code comes first.
+#[test]
+fn a_400_byte_reason_keeps_its_code_in_the_status_line() {
+    let top = tempfile::tempdir().unwrap();
+    let deep = top
+        .path()
+        .join("policies-of-a-very-large-organisation-".repeat(5))
+        .join("team-with-a-long-name-and-a-longer-subteam-".repeat(4));
+    std::fs::create_dir_all(&deep).unwrap();
+    let up = SlowDns::start(Duration::ZERO, &[]);
+    let p = proxy(&deep, up.addr);
+    let auth = basic("agent1", "tok-agent1");
+    let head = raw_exchange(
+        p.proxy,
+        format!("CONNECT denied.test:443 HTTP/1.1\r\nHost: denied.test:443\r\nProxy-Authorization: {auth}\r\n\r\n")
+            .as_bytes(),
+        Duration::from_secs(5),
+    );
+    let status = head.lines().next().unwrap_or("");
+    // The whole reason, as the Proxy-Status header carries it, is over 400 bytes.
+    let details = head
+        .lines()
+        .find(|l| l.starts_with("proxy-status:"))
+        .unwrap_or_default();
+    assert!(details.len() > 400, "{details}");
+    assert!(
+        status.starts_with("HTTP/1.1 403 egress-proxy [no_rule_matched]: refused denied.test:443"),
+        "{status}"
+    );
+    assert!(
+        status.len() <= "HTTP/1.1 403 ".len() + 240,
+        "{}",
+        status.len()
+    );
+    assert!(status.ends_with("..."), "{status}");
+}
+
 #[test]
 fn unparseable_and_origin_form_requests_get_a_full_refusal() {
     let dir = tempfile::tempdir().unwrap();
@@ -94,7 +131,10 @@ fn unparseable_and_origin_form_requests_get_a_full_refusal() {
         b"GET http://::1:18082/ HTTP/1.1\r\nHost: [::1]:18082\r\n\r\n",
         Duration::from_secs(5),
     );
-    assert!(r.starts_with("HTTP/1.1 400 egress-proxy: refused"), "{r}");
+    assert!(
+        r.starts_with("HTTP/1.1 400 egress-proxy [invalid_target]: refused"),
+        "{r}"
+    );
     assert!(
         r.contains("proxy-status: egress-proxy; error=http_request_error"),
         "{r}"

@@ -33,13 +33,15 @@ pub struct Refusal<'a> {
 /// Longest reason phrase sent.
 pub const MAX_PHRASE: usize = 240;
 
-/// The reason phrase of a refusal: printable ASCII, one line, bounded.
+/// The reason phrase of a refusal: printable ASCII, one line, bounded — with the
+/// `[reason]` code first, so that however it is cut (here, or by a client that shows only
+/// the start of a line) the code survives.
 pub fn phrase(r: &Refusal<'_>) -> String {
     let subject = r.what.strip_prefix("CONNECT ").unwrap_or(r.what);
     let text = format!(
-        "egress-proxy: refused {subject}: {} [{}]",
-        r.explanation,
-        r.reason.code()
+        "egress-proxy [{}]: refused {subject}: {}",
+        r.reason.code(),
+        r.explanation
     );
     let mut out: String = text
         .chars()
@@ -199,7 +201,7 @@ mod tests {
         };
         assert_eq!(
             phrase(&r),
-            "egress-proxy: refused denied.example:443: not in network.egress of sandbox agent1 (policy.yaml) [no_rule_matched]"
+            "egress-proxy [no_rule_matched]: refused denied.example:443: not in network.egress of sandbox agent1 (policy.yaml)"
         );
         let resp = response(&r);
         let p = resp.extensions().get::<hyper::ext::ReasonPhrase>().unwrap();
@@ -210,6 +212,7 @@ mod tests {
             ..r
         });
         assert!(p.len() <= MAX_PHRASE, "{}", p.len());
+        assert!(p.starts_with("egress-proxy [no_rule_matched]: "), "{p}");
         assert!(p.bytes().all(|b| (b' '..=b'~').contains(&b)), "{p}");
         assert!(hyper::ext::ReasonPhrase::try_from(p).is_ok());
     }
