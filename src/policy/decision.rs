@@ -88,7 +88,8 @@ impl Decision {
             },
             Reason::DestinationIpProhibited => format!(
                 "the destination resolves only to prohibited addresses (private, loopback, link-local/metadata or reserved); \
-                 to reach a private service, add an address rule for it to network.egress of sandbox {sandbox} ({file})"
+                 to reach a private service, allow its name in network.egress of sandbox {sandbox} ({file}) and its range in \
+                 defaults.guard_allow_ranges (an address rule instead would allow every name that resolves into the range)"
             ),
             Reason::ProxyLoop => "the destination is this proxy itself".into(),
             Reason::InvalidTarget => "the target is not a valid host name or canonical IP literal with a port".into(),
@@ -117,5 +118,28 @@ impl Decision {
                 "no network.http rule of sandbox {sandbox} allows this method and path on this host ({file})"
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hint for a refused private address leads to the safe fix — the name allowed, its
+    /// range opened in the guard — and away from an address rule, which would allow every
+    /// name that resolves into the range.
+    #[test]
+    fn a_refused_private_address_points_to_a_name_rule_and_the_guard_ranges() {
+        let why = Decision::deny(Reason::DestinationIpProhibited, None).explain(
+            "agent1",
+            "policy.yaml",
+            5432,
+        );
+        assert!(
+            why.contains("allow its name in network.egress of sandbox agent1"),
+            "{why}"
+        );
+        assert!(why.contains("defaults.guard_allow_ranges"), "{why}");
+        assert!(!why.contains("add an address rule"), "{why}");
     }
 }

@@ -265,7 +265,7 @@ mod tests {
         }))
         .unwrap();
         assert!(
-            raw.starts_with("HTTP/1.1 429 egress-proxy: refused a connection: egress-proxy is at its connection limit [connection_limit]\r\n"),
+            raw.starts_with("HTTP/1.1 429 egress-proxy [connection_limit]: refused a connection: egress-proxy is at its connection limit\r\n"),
             "{raw}"
         );
         assert!(raw.contains("retry-after: 1\r\n"), "{raw}");
