@@ -205,7 +205,7 @@ fn suggest(
     use egress_proxy::policy::ports::PortSet;
     let (default_ports, current) = match &config {
         Some(path) => {
-            let c = match load(Some(path)) {
+            let c = match load_for_review(Some(path)) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -331,8 +331,20 @@ fn hash_token() -> ExitCode {
 }
 
 /// Load the config or print every error and return exit code 2.
+/// The configuration `run` serves: every secret it names must be readable.
 fn load(path: Option<&PathBuf>) -> Result<Config, ExitCode> {
-    config::load(path.map(PathBuf::as_path)).map_err(|errors| {
+    report(config::load(path.map(PathBuf::as_path)))
+}
+
+/// The configuration the review tools read (`check`, `validate`, `suggest --config`): a
+/// secret that cannot be read here is a warning, not an error.
+fn load_for_review(path: Option<&PathBuf>) -> Result<Config, ExitCode> {
+    report(config::load_for_review(path.map(PathBuf::as_path)))
+}
+
+/// Print every configuration error (exit 2).
+fn report(loaded: Result<Config, config::ConfigErrors>) -> Result<Config, ExitCode> {
+    loaded.map_err(|errors| {
         for e in &errors.0 {
             eprintln!("error: {e}");
         }
@@ -343,7 +355,7 @@ fn load(path: Option<&PathBuf>) -> Result<Config, ExitCode> {
 
 /// The configuration and every sandbox compiled (`validate` and `check`); an error is printed.
 fn load_compiled(path: Option<&PathBuf>) -> Result<(Config, PolicySet), ExitCode> {
-    let config = load(path)?;
+    let config = load_for_review(path)?;
     match PolicySet::compile(&config, &[], vec![]) {
         Ok(set) => Ok((config, set)),
         Err(e) => {
@@ -377,13 +389,23 @@ fn validate(path: Option<PathBuf>) -> ExitCode {
         egress += b.network.egress.len();
         deny += b.network.deny.len();
     }
+    // Counted as printed: the loader's warnings and those that need the compiled set.
+    let warnings: Vec<String> = config
+        .warnings
+        .iter()
+        .cloned()
+        .chain(egress_proxy::control::check::address_only_hosts(
+            &config, &set,
+        ))
+        .collect();
     println!(
-        "{}: OK: {} sandboxes, {} egress rules, {} deny rules, {} warnings, policy version {}",
+        "{}: OK: {} sandboxes, {} egress rules, {} deny rules, {} warning{}, policy version {}",
         config.origin,
         config.bindings.len(),
         egress,
         deny,
-        config.warnings.len(),
+        warnings.len(),
+        if warnings.len() == 1 { "" } else { "s" },
         set.version()
     );
     for b in &config.bindings {
@@ -398,13 +420,7 @@ fn validate(path: Option<PathBuf>) -> ExitCode {
             b.policy_ref.as_deref().unwrap_or(&b.policy_file),
         );
     }
-    for w in config
-        .warnings
-        .iter()
-        .chain(&egress_proxy::control::check::address_only_hosts(
-            &config, &set,
-        ))
-    {
+    for w in &warnings {
         println!("warning: {w}");
     }
     ExitCode::SUCCESS

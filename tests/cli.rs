@@ -358,6 +358,77 @@ sandboxes:
         "{out}"
     );
     assert!(!out.contains("`allowed.test`"), "{out}");
+    // The summary counts what it prints.
+    assert!(out.contains(", 1 warning, policy version"), "{out}");
+    assert_eq!(out.matches("\nwarning: ").count(), 1, "{out}");
+}
+
+/// Policies are reviewed where the secrets are not: `validate`, `check` and `suggest
+/// --config` work without a credential's secret file or variable (one warning each), while
+/// `run` still refuses to start without them. A sandbox that only client certificates reach
+/// is not called unreachable.
+#[test]
+fn review_tools_work_without_secrets_and_run_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    // A CA for tls_intercept (its key is present: only the credentials' secrets are absent).
+    let ca = dir.path().join("ca");
+    let (code, out, err) = run(&["ca", "init", ca.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let p = write(
+        dir.path(),
+        "p.yaml",
+        r#"
+listen:
+  proxy_tls: { addr: 127.0.0.1:0, cert_file: tls.crt, key_file: tls.key, client_ca_file: clients.crt, client_cn: true }
+tls_intercept: { ca_cert_file: ca/ca.crt, ca_key_file: ca/ca.key }
+sandboxes:
+  - id: agent1
+    sources: [127.0.0.0/8]
+    policy: { provider: local, config: {}, network: { egress: ["api.github.com"] } }
+    credentials:
+      - { name: gh, hosts: [api.github.com], inject: { header: Authorization, format: "Bearer {secret}" }, source: { env: EGRESS_TEST_ABSENT_GH_TOKEN } }
+      - { name: npm, hosts: [api.github.com], inject: { header: X-Npm, format: "{secret}" }, source: { file: secrets/npm-token } }
+  - id: by-cert
+    policy: { provider: local, config: {}, network: { egress: ["api.github.com"] } }
+"#,
+    );
+    let (code, out, err) = run(&["validate", "--config", &p]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(", 2 warnings, policy version"), "{out}");
+    assert!(
+        out.contains("warning: sandbox agent1: credential gh: source.env: the variable EGRESS_TEST_ABSENT_GH_TOKEN is not set")
+            && out.contains("warning: sandbox agent1: credential npm: source.file:")
+            && out.contains("`run` refuses to start without it"),
+        "{out}"
+    );
+    assert!(!out.contains("no connection can reach it"), "{out}");
+    let (code, out, err) = run(&[
+        "check",
+        "--config",
+        &p,
+        "--sandbox",
+        "agent1",
+        "api.github.com",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let audit = write(dir.path(), "audit.jsonl", "");
+    let (code, out, err) = run(&[
+        "suggest",
+        "--audit",
+        &audit,
+        "--sandbox",
+        "agent1",
+        "--config",
+        &p,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    // `run` needs the secrets: it exits 2 before binding anything.
+    let (code, out, err) = run(&["run", "--config", &p]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("EGRESS_TEST_ABSENT_GH_TOKEN is not set"),
+        "{err}"
+    );
 }
 
 /// The README's 20-line policy example is a configuration `validate` accepts.

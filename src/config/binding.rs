@@ -171,6 +171,7 @@ impl Config {
             index: &self.index,
             id_lines: id_lines(text),
             placeholder_key: self.placeholder_key.as_ref().map(|k| k.as_slice()),
+            secrets: self.secrets,
         };
         let b = build_binding(value, 0, &ctx, &mut sink, &mut warnings, &mut files);
         match b {
@@ -202,6 +203,8 @@ pub(super) struct BindingCtx<'a> {
     pub id_lines: HashMap<String, usize>,
     /// What credential placeholders derive from (`None`: no `tls_intercept`).
     pub placeholder_key: Option<&'a [u8]>,
+    /// Whether a credential's secret must be readable (`run`) or may be absent (review tools).
+    pub secrets: super::Secrets,
 }
 
 /// Map every `id: X` line of a file to its line number (first occurrence wins).
@@ -311,7 +314,7 @@ pub(super) fn build_binding(
         Some(ports) => super::defaults::tls_ports(ports, "require_tls_ports", sb, line, sink),
         None => ctx.defaults.require_tls_ports.clone(),
     };
-    let credentials = resolve_credentials(&raw, ctx, sb, sink, line, files);
+    let credentials = resolve_credentials(&raw, ctx, sb, sink, line, files, warnings);
     let (block, network, policy_file, policy_ref) = policy?;
     if !network.http.is_empty() && ctx.placeholder_key.is_none() {
         sink.push(
@@ -351,6 +354,7 @@ fn resolve_credentials(
     sink: &mut Sink<'_>,
     line: usize,
     files: &mut Vec<PathBuf>,
+    warnings: &mut Vec<String>,
 ) -> Vec<super::credentials::Credential> {
     if raw.credentials.is_empty() {
         return Vec::new();
@@ -396,7 +400,7 @@ fn resolve_credentials(
             );
             continue;
         }
-        match super::credentials::resolve(c, &raw.id, &read, key) {
+        match super::credentials::resolve(c, &raw.id, &read, key, ctx.secrets, warnings) {
             Ok(cred) => out.push(cred),
             Err(errs) => {
                 for e in errs {

@@ -131,11 +131,15 @@ pub fn placeholder(key: &[u8], sandbox: &str, name: &str, secret_len: usize) -> 
 
 /// Validate and load one credential. `read` reads a file (relative to the config); `key` is
 /// what placeholders derive from.
+/// Under [`super::Secrets::MayBeAbsent`] a secret that cannot be read is a warning in
+/// `warnings` and a stand-in takes its place (review tools decide no differently without it).
 pub fn resolve(
     raw: &RawCredential,
     sandbox: &str,
     read_file: &dyn Fn(&str) -> Result<String, String>,
     key: &[u8],
+    secrets: super::Secrets,
+    warnings: &mut Vec<String>,
 ) -> Result<Credential, Vec<String>> {
     let mut errors = Vec::new();
     let valid_name = !raw.name.is_empty()
@@ -208,20 +212,27 @@ pub fn resolve(
             None
         }
     };
+    let mut absent = |why: String| match secrets {
+        super::Secrets::Required => {
+            errors.push(why);
+            None
+        }
+        super::Secrets::MayBeAbsent => {
+            warnings.push(format!(
+                "sandbox {sandbox}: credential {}: {why}; not needed to review the policy, but `run` refuses to start without it",
+                raw.name
+            ));
+            Some(ABSENT_SECRET.to_string())
+        }
+    };
     let secret = match (&raw.source.file, &raw.source.env) {
         (Some(f), None) => match read_file(f) {
             Ok(text) => Some(text.trim().to_string()),
-            Err(e) => {
-                errors.push(format!("source.file: {e}"));
-                None
-            }
+            Err(e) => absent(format!("source.file: {e}")),
         },
         (None, Some(v)) => match std::env::var(v) {
             Ok(s) => Some(s.trim().to_string()),
-            Err(_) => {
-                errors.push(format!("source.env: the variable {v} is not set"));
-                None
-            }
+            Err(_) => absent(format!("source.env: the variable {v} is not set")),
         },
         _ => {
             errors.push("source: exactly one of file, env (never the secret itself)".into());
@@ -276,13 +287,19 @@ pub(super) struct RawIntercept {
     pub scrub_body_bytes: Option<u64>,
 }
 
+/// What stands in for a secret that review tools could not read (never used to serve).
+const ABSENT_SECRET: &str = "secret-absent-on-this-machine";
+
 /// Validate `tls_intercept`; returns it and the placeholder key (a digest of the CA key, read
-/// now: placeholders are stable for as long as the CA key is).
+/// now: placeholders are stable for as long as the CA key is). Under
+/// [`super::Secrets::MayBeAbsent`] an unreadable CA key is a warning in `warnings`.
 pub(super) fn resolve_intercept(
     raw: Option<RawIntercept>,
     rel: &dyn Fn(&str) -> PathBuf,
     sink: &mut super::error::Sink<'_>,
     files: &mut Vec<PathBuf>,
+    secrets: super::Secrets,
+    warnings: &mut Vec<String>,
 ) -> (Option<InterceptConfig>, Option<[u8; 32]>) {
     let Some(raw) = raw else {
         return (None, None);
@@ -292,6 +309,13 @@ pub(super) fn resolve_intercept(
         Ok(k) => {
             files.push(key_file.clone());
             Some(Sha256::digest(&k).into())
+        }
+        Err(e) if secrets == super::Secrets::MayBeAbsent => {
+            warnings.push(format!(
+                "tls_intercept.ca_key_file: cannot read {}: {e}; not needed to review the policy, but `run` refuses to start without it",
+                key_file.display()
+            ));
+            Some(Sha256::digest(ABSENT_SECRET.as_bytes()).into())
         }
         Err(e) => {
             sink.top(

@@ -50,6 +50,7 @@ pub(super) fn build_bindings(
     sandboxes: Vec<Value>,
     ctx: &BindingCtx<'_>,
     default_sandbox: Option<&str>,
+    by_certificate: bool,
     sink: &mut Sink<'_>,
     warnings: &mut Vec<String>,
     files: &mut Vec<PathBuf>,
@@ -89,9 +90,10 @@ pub(super) fn build_bindings(
         if b.token_sha256.is_none()
             && b.sources.is_empty()
             && default_sandbox != Some(b.id.as_str())
+            && !by_certificate
         {
             warnings.push(format!(
-                "sandbox {}: no auth, no sources and not the default sandbox: no connection can reach it",
+                "sandbox {}: no auth, no sources, no client certificates (listen.proxy_tls.client_names) and not the default sandbox: no connection can reach it",
                 b.id
             ));
         }

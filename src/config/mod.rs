@@ -324,14 +324,36 @@ pub struct Config {
     index: Arc<PolicyIndex>,
     /// What placeholders derive from (a digest of the interception CA's key).
     placeholder_key: Option<[u8; 32]>,
+    /// Whether secrets had to be readable when this was loaded (registrations parse alike).
+    secrets: Secrets,
+}
+
+/// Whether the secrets a configuration names (credentials' `source`, the interception CA's
+/// key) must be readable. `run` needs them; the review tools (`check`, `validate`,
+/// `suggest --config`) run where policies are reviewed, which rarely holds the secrets: there
+/// a missing secret is a warning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Secrets {
+    #[default]
+    Required,
+    MayBeAbsent,
 }
 
 /// Load a configuration file, or the embedded default when `path` is `None`.
 pub fn load(path: Option<&Path>) -> Result<Config, ConfigErrors> {
+    load_with(path, Secrets::Required)
+}
+
+/// [`load`] for the review tools: secrets that cannot be read are warnings.
+pub fn load_for_review(path: Option<&Path>) -> Result<Config, ConfigErrors> {
+    load_with(path, Secrets::MayBeAbsent)
+}
+
+fn load_with(path: Option<&Path>, secrets: Secrets) -> Result<Config, ConfigErrors> {
     match path {
         None => {
             let base = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-            load_str(EMBEDDED_CONFIG, EMBEDDED_NAME, &base, None)
+            load_str_with(EMBEDDED_CONFIG, EMBEDDED_NAME, &base, None, secrets)
         }
         Some(p) => {
             let name: Arc<str> = p.display().to_string().into();
@@ -351,7 +373,7 @@ pub fn load(path: Option<&Path>) -> Result<Config, ConfigErrors> {
             } else {
                 base
             };
-            load_str(&text, &name, &base, Some(p))
+            load_str_with(&text, &name, &base, Some(p), secrets)
         }
     }
 }
@@ -362,6 +384,16 @@ pub fn load_str(
     origin: &str,
     base_dir: &Path,
     path: Option<&Path>,
+) -> Result<Config, ConfigErrors> {
+    load_str_with(text, origin, base_dir, path, Secrets::Required)
+}
+
+fn load_str_with(
+    text: &str,
+    origin: &str,
+    base_dir: &Path,
+    path: Option<&Path>,
+    secrets: Secrets,
 ) -> Result<Config, ConfigErrors> {
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
@@ -426,8 +458,14 @@ pub fn load_str(
         }
     };
     let etcd = resolve_control_plane(control_plane, &rel, &mut sink);
-    let (intercept, placeholder_key) =
-        credentials::resolve_intercept(raw_intercept, &rel, &mut sink, &mut files);
+    let (intercept, placeholder_key) = credentials::resolve_intercept(
+        raw_intercept,
+        &rel,
+        &mut sink,
+        &mut files,
+        secrets,
+        &mut warnings,
+    );
     let audit_trail = audit::resolve_trail(audit.trail.clone(), audit.path != "-", &rel, &mut sink);
     if etcd.is_some() && state_dir.is_some() {
         warnings.push(
@@ -463,11 +501,18 @@ pub fn load_str(
         index: &index,
         id_lines: id_lines(text),
         placeholder_key: placeholder_key.as_ref().map(|k| k.as_slice()),
+        secrets,
     };
+    // A verified client certificate on the TLS listener can name any sandbox.
+    let by_certificate = listen
+        .proxy_tls
+        .as_ref()
+        .is_some_and(|t| t.client_names != ClientNames::None);
     let (bindings, seen) = build_bindings(
         sandboxes,
         &ctx,
         listen.default_sandbox.as_deref(),
+        by_certificate,
         &mut sink,
         &mut warnings,
         &mut files,
@@ -502,6 +547,7 @@ pub fn load_str(
         etcd,
         intercept,
         placeholder_key,
+        secrets,
         state_dir: state_dir.map(|p| rel(&p)),
         extra_providers,
         max_connections,
