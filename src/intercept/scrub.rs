@@ -336,9 +336,15 @@ mod tests {
                 env: None,
             },
         };
-        let mut c =
-            crate::config::credentials::resolve(&raw, "sb", &|_| Ok(secret.to_string()), b"k")
-                .unwrap();
+        let mut c = crate::config::credentials::resolve(
+            &raw,
+            "sb",
+            &|_| Ok(secret.to_string()),
+            b"k",
+            crate::config::Secrets::Required,
+            &mut Vec::new(),
+        )
+        .unwrap();
         c.placeholder = placeholder.into();
         c
     }

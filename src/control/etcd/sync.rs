@@ -1,7 +1,8 @@
 //! Keeping a replica in step with etcd: list the prefix (in pages, at one revision), apply it
 //! as a whole, then watch from the next revision and apply each batch of events in order.
 //! A compacted start revision lists again (the diff removes what disappeared meanwhile); a
-//! failure waits with backoff and starts over. Readiness (`/readyz`) waits for the first list.
+//! failure waits with backoff and starts over. Readiness (`/readyz`) waits for the first list
+//! and the watch after it (only then are writes taken).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -94,6 +95,11 @@ async fn session(cp: &ControlPlane, backoff: &mut Backoff) -> Interrupt {
     cp.set_connected(true);
     backoff.reset();
     tracing::info!(revision, "control plane: watching etcd");
+    // Ready once registrations are loaded *and* writes can be taken: a runtime that writes
+    // as soon as `/readyz` says 200 must not get a 503.
+    if !cp.shared.ready.swap(true, Ordering::AcqRel) {
+        tracing::info!(revision, "control plane: ready");
+    }
     let mut reloads = cp.control.subscribe_reloads();
     reloads.borrow_and_update();
     loop {
@@ -185,13 +191,11 @@ async fn list(cp: &ControlPlane, client: &Client) -> Result<i64, Interrupt> {
     let count = entries.len();
     apply(cp, entries.into_iter().map(|(_, c)| c).collect(), true).await;
     cp.set_applied(revision);
-    if !cp.shared.ready.swap(true, Ordering::AcqRel) {
-        tracing::info!(
-            revision,
-            sandboxes = count,
-            "control plane: registrations loaded; ready"
-        );
-    }
+    tracing::info!(
+        revision,
+        sandboxes = count,
+        "control plane: registrations loaded"
+    );
     Ok(revision)
 }
 
