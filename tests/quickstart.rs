@@ -1,0 +1,74 @@
+//! The README's offline quick start, run as it is written: the block after
+//! `<!-- quickstart -->` goes to bash in an empty directory with the built binary on `PATH`;
+//! it must show the origin's page, a 403 whose status line starts with its reason code, and
+//! an allow and a deny record.
+
+use std::process::Command;
+
+#[test]
+fn the_readme_quick_start_runs_offline_as_written() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let after = readme
+        .split_once("<!-- quickstart -->")
+        .expect("the README marks its quick start")
+        .1;
+    let block = after
+        .split_once("```sh\n")
+        .and_then(|(_, rest)| rest.split_once("\n```"))
+        .expect("a sh block after the marker")
+        .0;
+    let dir = tempfile::tempdir().unwrap();
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(block)
+        .current_dir(dir.path())
+        .env("PATH", path)
+        // No proxy setting of the caller's may reach curl.
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("ALL_PROXY")
+        .output()
+        .expect("bash");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let log = std::fs::read_to_string(dir.path().join("proxy.log")).unwrap_or_default();
+    let all = format!("{stdout}\n--- stderr:\n{stderr}\n--- proxy.log:\n{log}");
+    assert!(out.status.success(), "{all}");
+    assert!(stdout.contains("<!DOCTYPE HTML>"), "{all}");
+    assert!(
+        stdout.contains(
+            "HTTP/1.1 403 egress-proxy [no_rule_matched]: refused GET http://denied.test:18000/"
+        ),
+        "{all}"
+    );
+    let records: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|r: &serde_json::Value| r["event"] == "end")
+        .collect();
+    assert!(
+        records
+            .iter()
+            .any(|r| r["decision"] == "allow" && r["target_host"] == "origin.test"),
+        "{all}"
+    );
+    assert!(
+        records
+            .iter()
+            .any(|r| r["decision"] == "deny" && r["reason"] == "no_rule_matched"),
+        "{all}"
+    );
+}
