@@ -90,6 +90,31 @@ enum Command {
         #[command(subcommand)]
         action: AuditAction,
     },
+    /// Watch decisions as they happen (GET /v1/observe on the admin listener): one line per
+    /// decision (coloured on a terminal), or the audit records as JSON lines with --json.
+    Observe {
+        /// The admin listener.
+        #[arg(long, default_value = "http://127.0.0.1:9901")]
+        admin: String,
+        /// A file holding the admin token (default: $EGRESS_PROXY_ADMIN_TOKEN).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Only this sandbox.
+        #[arg(long)]
+        sandbox: Option<String>,
+        /// Only this decision (allow, deny, report).
+        #[arg(long)]
+        decision: Option<String>,
+        /// Only this reason code (e.g. no_rule_matched).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Only this destination host.
+        #[arg(long)]
+        host: Option<String>,
+        /// Print the records as JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -185,6 +210,23 @@ fn main() -> ExitCode {
             open_run,
             checkpoints.as_deref(),
         ),
+        Command::Observe {
+            admin,
+            token_file,
+            sandbox,
+            decision,
+            reason,
+            host,
+            json,
+        } => {
+            let filters = [
+                ("sandbox", sandbox),
+                ("decision", decision),
+                ("reason", reason),
+                ("host", host),
+            ];
+            observe(&admin, token_file.as_deref(), &filters, json)
+        }
         Command::Config {
             action: ConfigAction::Example,
         } => {
@@ -498,4 +540,109 @@ fn print_decision(out: &serde_json::Value, as_json: bool) {
     if let Some(r) = out.get("resolved") {
         println!("  resolved: {r}");
     }
+}
+
+/// `egress-proxy observe`: stream `GET /v1/observe` (HTTP/1.0, so the body simply runs until
+/// the connection closes) and print each record.
+fn observe(
+    admin: &str,
+    token_file: Option<&std::path::Path>,
+    filters: &[(&str, Option<String>)],
+    json: bool,
+) -> ExitCode {
+    use std::io::{BufRead, BufReader, IsTerminal, Write};
+    let token = match token_file {
+        Some(f) => {
+            std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))
+        }
+        None => std::env::var("EGRESS_PROXY_ADMIN_TOKEN")
+            .map_err(|_| "no admin token: --token-file FILE or EGRESS_PROXY_ADMIN_TOKEN".into()),
+    };
+    let token = match token {
+        Ok(t) => t.trim().to_string(),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let Some(authority) = admin
+        .strip_prefix("http://")
+        .map(|a| a.trim_end_matches('/'))
+        .filter(|a| !a.is_empty() && !a.contains('/'))
+    else {
+        eprintln!("error: --admin must be http://HOST:PORT (the admin listener), not {admin}");
+        return ExitCode::from(2);
+    };
+    let query: Vec<String> = filters
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", query_escape(v))))
+        .collect();
+    let mut stream = match std::net::TcpStream::connect(authority) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: cannot connect to the admin listener {authority}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let request = format!(
+        "GET /v1/observe?{} HTTP/1.0\r\nHost: {authority}\r\nAuthorization: Bearer {token}\r\n\r\n",
+        query.join("&")
+    );
+    if let Err(e) = stream.write_all(request.as_bytes()) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let mut reader = BufReader::new(stream);
+    let mut status = String::new();
+    let _ = reader.read_line(&mut status);
+    // The headers, up to the blank line.
+    loop {
+        let mut h = String::new();
+        match reader.read_line(&mut h) {
+            Ok(0) | Err(_) => break,
+            Ok(_) if h.trim_end().is_empty() => break,
+            Ok(_) => {}
+        }
+    }
+    if status.split_whitespace().nth(1) != Some("200") {
+        let mut body = String::new();
+        let _ = std::io::Read::read_to_string(&mut reader, &mut body);
+        eprintln!("error: {} {}", status.trim_end(), body.trim_end());
+        return ExitCode::from(2);
+    }
+    let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let mut out = std::io::stdout().lock();
+    for line in reader.lines() {
+        let Ok(line) = line else { break };
+        let printed = if json {
+            writeln!(out, "{line}")
+        } else {
+            match serde_json::from_str::<serde_json::Value>(&line) {
+                Ok(r) => writeln!(
+                    out,
+                    "{}",
+                    egress_proxy::control::observe::human_line(&r, colour)
+                ),
+                Err(_) => continue,
+            }
+        };
+        if printed.and_then(|()| out.flush()).is_err() {
+            // The reader of our output went away.
+            return ExitCode::SUCCESS;
+        }
+    }
+    eprintln!("the admin listener closed the stream");
+    ExitCode::SUCCESS
+}
+
+/// A query value with everything but unreserved characters percent-encoded.
+fn query_escape(v: &str) -> String {
+    v.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

@@ -8,6 +8,10 @@
 //! without limit; connections already accepted still get their records. [`AuditLog::close`]
 //! waits at most its deadline for the writer, then says how many records it could not write.
 //!
+//! Observers ([`AuditLog::observe`], `GET /v1/observe`) get each record's JSON line from the
+//! writer thread through a broadcast channel: sending never waits, and an observer that falls
+//! behind loses the oldest lines (and is told how many), never slowing the writer.
+//!
 //! [`saturated`]: AuditLog::saturated
 
 use std::io::Write;
@@ -48,7 +52,12 @@ struct Inner {
     failing: AtomicBool,
     /// Open the file again before the next write (SIGHUP / SIGUSR1).
     reopen: AtomicBool,
+    /// Each record's JSON line, for observers (nothing is encoded for them while none is).
+    observers: tokio::sync::broadcast::Sender<bytes::Bytes>,
 }
+
+/// Lines an observer may fall behind by before it loses the oldest.
+const OBSERVER_BACKLOG: usize = 4096;
 
 impl Inner {
     fn new() -> Arc<Self> {
@@ -60,6 +69,7 @@ impl Inner {
             done_cv: Condvar::new(),
             failing: AtomicBool::new(false),
             reopen: AtomicBool::new(false),
+            observers: tokio::sync::broadcast::channel(OBSERVER_BACKLOG).0,
         })
     }
 }
@@ -132,6 +142,12 @@ impl AuditLog {
             .name("audit-writer".into())
             .spawn(move || write_loop(&i, out, chain, cfg))?;
         Ok(AuditLog { inner, queue_max })
+    }
+
+    /// Every record written from now on, as its JSON line (this proxy's own record format,
+    /// whatever `audit.format` is): the decisions as they happen.
+    pub fn observe(&self) -> tokio::sync::broadcast::Receiver<bytes::Bytes> {
+        self.inner.observers.subscribe()
     }
 
     /// Open the file again before the next write (after logrotate moved it).
@@ -337,6 +353,19 @@ fn write_batch(inner: &Inner, out: &mut Output, batch: &mut Vec<Entry>, enc: &mu
             Format::Json => e.encode(line),
             Format::Ocsf => super::ocsf::encode(&e, line),
         };
+        if encoded.is_ok() && inner.observers.receiver_count() > 0 {
+            let mut json = Vec::new();
+            let as_json = match enc.format {
+                Format::Json => {
+                    json.extend_from_slice(line);
+                    Ok(())
+                }
+                Format::Ocsf => e.encode(&mut json),
+            };
+            if as_json.is_ok() {
+                let _ = inner.observers.send(bytes::Bytes::from(json));
+            }
+        }
         match encoded {
             Ok(()) => {
                 if let Some(c) = enc.chain.as_mut() {

@@ -3,6 +3,8 @@
 //! need `Authorization: Bearer <token>` and are refused (403) when no `admin_token_file` is
 //! configured; with a token configured every `/v1/*` call needs it. Tokens are compared as
 //! SHA-256 digests in constant time. Bodies are capped at `runtime.max_binding_bytes`.
+//! `GET /v1/observe` streams decisions ([`crate::control::observe`]); like a mutating call it
+//! needs the token, and is refused when none is configured.
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
@@ -42,13 +44,43 @@ where
 {
     let svc = service_fn(move |req| {
         let admin = admin.clone();
-        async move { Ok::<_, Infallible>(route(&admin, req).await) }
+        async move { Ok::<_, Infallible>(respond(&admin, req).await) }
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(std::time::Duration::from_secs(10))
         .serve_connection(TokioIo::new(stream), svc)
         .await;
+}
+
+/// A response of any admin call: a whole body, or the observe stream.
+type AdminBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+async fn respond(admin: &Admin, req: Request<Incoming>) -> Response<AdminBody> {
+    if req.method() == Method::GET && req.uri().path() == "/v1/observe" {
+        return observe(admin, &req);
+    }
+    route(admin, req).await.map(BodyExt::boxed)
+}
+
+/// `GET /v1/observe`: the token is required (as for a change), then the stream.
+fn observe(admin: &Admin, req: &Request<Incoming>) -> Response<AdminBody> {
+    if let Some(refused) = admin.gate(req, true) {
+        return refused.map(BodyExt::boxed);
+    }
+    let filter = match crate::control::observe::Filter::parse(req.uri().query()) {
+        Ok(f) => f,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()).map(BodyExt::boxed),
+    };
+    let lines = crate::control::observe::stream(admin.shared.sink.log.observe(), filter);
+    let mut r = Response::new(lines.boxed());
+    if let Ok(v) = "application/x-ndjson".parse() {
+        r.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    if let Ok(v) = "no-cache".parse() {
+        r.headers_mut().insert(header::CACHE_CONTROL, v);
+    }
+    r
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {

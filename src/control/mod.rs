@@ -42,6 +42,7 @@ pub use reload::{ReloadError, Reloaded};
 pub(crate) mod admin;
 pub mod check;
 pub(crate) mod etcd;
+pub mod observe;
 pub(crate) mod registry;
 mod reload;
 pub(crate) mod state_store;

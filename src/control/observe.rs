@@ -1,0 +1,231 @@
+//! `GET /v1/observe`: the decisions as they happen — every audit record (`open` and `end`)
+//! written from the moment of the call, as JSON lines on a response that does not end,
+//! filtered by `sandbox`, `decision`, `reason` and `host` (query parameters, each optional,
+//! all must match). Follows reloads (the stream comes from the audit writer, not from a
+//! policy). A slow observer never slows the proxy: it falls behind in its own bounded buffer,
+//! loses the oldest lines and gets `{"event":"observe_dropped","count":N}` saying how many.
+//! The admin token is required (decisions name sandboxes and destinations).
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame};
+use serde::Deserialize;
+use tokio::sync::{broadcast, mpsc};
+
+/// Lines waiting for an observer's connection to take them, at most.
+const WAITING: usize = 256;
+
+/// What an observer wants to see.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Filter {
+    sandbox: Option<String>,
+    decision: Option<String>,
+    reason: Option<String>,
+    host: Option<String>,
+}
+
+/// Why a query cannot be served.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown or repeated query parameter `{0}` (sandbox, decision, reason, host)")]
+pub struct BadQuery(String);
+
+impl Filter {
+    /// Read `sandbox=…&decision=…&reason=…&host=…`.
+    pub fn parse(query: Option<&str>) -> Result<Filter, BadQuery> {
+        let mut f = Filter::default();
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = percent_decode(v);
+            let slot = match k {
+                "sandbox" => &mut f.sandbox,
+                "decision" => &mut f.decision,
+                "reason" => &mut f.reason,
+                "host" => &mut f.host,
+                _ => return Err(BadQuery(k.to_string())),
+            };
+            if slot.replace(v).is_some() {
+                return Err(BadQuery(k.to_string()));
+            }
+        }
+        Ok(f)
+    }
+
+    /// Whether a record's JSON line passes.
+    pub fn matches(&self, line: &[u8]) -> bool {
+        #[derive(Deserialize)]
+        struct Fields<'a> {
+            #[serde(borrow)]
+            sandbox: Option<&'a str>,
+            #[serde(borrow)]
+            decision: Option<&'a str>,
+            #[serde(borrow)]
+            reason: Option<&'a str>,
+            #[serde(borrow)]
+            target_host: Option<&'a str>,
+        }
+        let Ok(r) = serde_json::from_slice::<Fields<'_>>(line) else {
+            return false;
+        };
+        let is = |want: &Option<String>, got: Option<&str>| match want {
+            None => true,
+            Some(w) => got == Some(w.as_str()),
+        };
+        is(&self.sandbox, r.sandbox)
+            && is(&self.decision, r.decision)
+            && is(&self.reason, r.reason)
+            && is(&self.host, r.target_host)
+    }
+}
+
+/// `%XX` decoded (a `+` is a space), invalid escapes kept as they are.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match b[i] {
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The observer's response body: the lines its forwarder passes on.
+pub struct Lines {
+    rx: mpsc::Receiver<Bytes>,
+}
+
+impl Body for Lines {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.rx.poll_recv(cx).map(|l| l.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// Start forwarding the records from `records` that pass `filter`; the body ends only when
+/// the audit log closes, and the forwarder ends when the observer goes away.
+pub fn stream(mut records: broadcast::Receiver<Bytes>, filter: Filter) -> Lines {
+    let (tx, rx) = mpsc::channel::<Bytes>(WAITING);
+    tokio::spawn(async move {
+        loop {
+            let line = match records.recv().await {
+                Ok(line) => line,
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    // The observer is too slow: the oldest lines were dropped, and it is told.
+                    let notice = format!("{{\"event\":\"observe_dropped\",\"count\":{n}}}\n");
+                    Bytes::from(notice)
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            };
+            let notice = line.starts_with(b"{\"event\":\"observe_dropped\"");
+            if (notice || filter.matches(&line)) && tx.send(line).await.is_err() {
+                return;
+            }
+        }
+    });
+    Lines { rx }
+}
+
+/// One line for a person: time, decision, sandbox, mode, destination, reason (and rule or
+/// detail), and for an `end` how it closed; `colour` wraps the decision in ANSI colour.
+pub fn human_line(r: &serde_json::Value, colour: bool) -> String {
+    let s = |k: &str| r[k].as_str().unwrap_or("");
+    if s("event") == "observe_dropped" {
+        return format!(
+            "({} records dropped: this observer fell behind)",
+            r["count"].as_u64().unwrap_or(0)
+        );
+    }
+    let time = s("ts").split_once('T').map(|(_, t)| t).unwrap_or("");
+    let decision = s("decision").to_ascii_uppercase();
+    let paint = match (colour, decision.as_str()) {
+        (false, _) => "",
+        (true, "ALLOW") => "\x1b[32m",
+        (true, "DENY") => "\x1b[31m",
+        (true, _) => "\x1b[33m",
+    };
+    let reset = if paint.is_empty() { "" } else { "\x1b[0m" };
+    let target = match (r["target_host"].as_str(), r["target_port"].as_u64()) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        (Some(h), None) => h.to_string(),
+        _ => r["original_dst"].as_str().unwrap_or("-").to_string(),
+    };
+    let mut line = format!(
+        "{time} {paint}{decision:<6}{reset} {} {} {target} {}",
+        r["sandbox"].as_str().unwrap_or("-"),
+        s("mode"),
+        s("reason"),
+    );
+    if let Some(rule) = r["rule"].as_str() {
+        line.push_str(&format!(" (rule {rule})"));
+    }
+    if let Some(d) = r["detail"].as_str() {
+        line.push_str(&format!(" - {d}"));
+    }
+    match s("event") {
+        "open" => line.push_str(" [open]"),
+        _ => {
+            if let Some(c) = r["close"].as_str() {
+                line.push_str(&format!(
+                    " [{c}, up {} down {}]",
+                    r["bytes_up"].as_u64().unwrap_or(0),
+                    r["bytes_down"].as_u64().unwrap_or(0)
+                ));
+            }
+        }
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_read_the_query_and_match_records() {
+        let f = Filter::parse(Some("sandbox=agent-1&decision=deny&host=evil.example")).unwrap();
+        let deny = br#"{"event":"end","sandbox":"agent-1","decision":"deny","reason":"no_rule_matched","target_host":"evil.example"}"#;
+        let allow = br#"{"event":"end","sandbox":"agent-1","decision":"allow","reason":"rule_matched","target_host":"evil.example"}"#;
+        let other = br#"{"event":"end","sandbox":"agent-2","decision":"deny","reason":"no_rule_matched","target_host":"evil.example"}"#;
+        assert!(f.matches(deny));
+        assert!(!f.matches(allow));
+        assert!(!f.matches(other));
+        assert!(!f.matches(b"not json"));
+        assert!(Filter::parse(None).unwrap().matches(allow));
+        assert_eq!(
+            Filter::parse(Some("reason=no%5Frule_matched"))
+                .unwrap()
+                .reason,
+            Some("no_rule_matched".into())
+        );
+        assert!(Filter::parse(Some("token=x")).is_err());
+        assert!(Filter::parse(Some("sandbox=a&sandbox=b")).is_err());
+        assert_eq!(percent_decode("a%2"), "a%2");
+        let r: serde_json::Value = serde_json::from_slice(deny).unwrap();
+        assert_eq!(
+            human_line(&r, false),
+            " DENY   agent-1  evil.example no_rule_matched"
+        );
+        assert!(human_line(&r, true).contains("\x1b[31mDENY  \x1b[0m"));
+        assert_eq!(percent_decode("%zz+x"), "%zz x");
+    }
+}
