@@ -9,6 +9,7 @@
 #   benches/compare.sh            # RUNS=3 SECONDS_PER_RUN=5 IDLE_TUNNELS=9000 by default
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/peers.sh
 RUNS="${RUNS:-3}"; SECS="${SECONDS_PER_RUN:-5}"; IDLE="${IDLE_TUNNELS:-9000}"
 WORK="$(mktemp -d)"; PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
@@ -21,48 +22,9 @@ cargo build --release --bench loadgen >/dev/null 2>&1
 cargo build --release >/dev/null 2>&1
 LG="$(ls -t target/release/deps/loadgen-* | grep -v '\.d$' | head -1)"
 
-# egress-proxy: an allow policy for the loopback origin; audit discarded like the others' logs.
-cat > "$WORK/egress.yaml" <<YAML
-listen: { proxy: 127.0.0.1:3130, admin: 127.0.0.1:9930 }
-audit: { path: /dev/null }
-max_connections: 100000
-# One load generator on one address: lift the per-address admission limits too.
-admission: { unidentified_per_source: 100000, unidentified_total: 100000, accepts_per_second_per_source: 1000000, accept_burst_per_source: 1000000 }
-defaults: { limits: { max_connections: 100000, connections_per_second: 1000000, burst: 1000000 } }
-sandboxes:
-  - id: bench
-    sources: [127.0.0.0/8]
-    policy: { provider: local, config: {}, network: { egress: ["127.0.0.1/32:*"] } }
-YAML
-# Squid: CONNECT to any port from loopback, no cache, no logs, one worker.
-mkdir -p "$WORK/squid"; chown proxy:proxy "$WORK/squid" 2>/dev/null || true
-cat > "$WORK/squid.conf" <<CONF
-http_port 127.0.0.1:3129
-acl localnet src 127.0.0.0/8
-http_access allow localnet
-http_access deny all
-cache deny all
-cache_mem 8 MB
-access_log none
-cache_store_log none
-cache_log /dev/null
-pid_filename $WORK/squid/squid.pid
-coredump_dir $WORK/squid
-max_filedescriptors 20000
-workers 1
-shutdown_lifetime 1 seconds
-CONF
-# tinyproxy: no ConnectPort line = CONNECT to any port; minimal logging.
-cat > "$WORK/tinyproxy.conf" <<CONF
-Port 8899
-Listen 127.0.0.1
-Timeout 600
-MaxClients 20000
-LogLevel Critical
-PidFile "$WORK/tinyproxy.pid"
-Allow 127.0.0.1
-DisableViaHeader Yes
-CONF
+egress_bench_config 3130 9930 > "$WORK/egress.yaml"
+squid_config "$WORK" 3129 > "$WORK/squid.conf"
+tinyproxy_config "$WORK" 8899 > "$WORK/tinyproxy.conf"
 
 target/release/egress-proxy run --config "$WORK/egress.yaml" 2>"$WORK/egress.err" & PIDS+=($!); EGRESS_PID=$!
 squid -f "$WORK/squid.conf" -N >"$WORK/squid.out" 2>&1 & PIDS+=($!)
@@ -73,16 +35,7 @@ SQUID_PID="$(pgrep -n -x squid || true)"
 declare -A ADDR=( [direct]=direct [egress-proxy]=127.0.0.1:3130 [squid]=127.0.0.1:3129 [tinyproxy]=127.0.0.1:8899 )
 ORDER=(direct egress-proxy squid tinyproxy)
 if [ -n "${G3PROXY:-}" ]; then
-  # Not run on the machine this was written on (no g3proxy binary there).
-  cat > "$WORK/g3proxy.yaml" <<YAML
-runtime: { thread_number: 2 }
-resolver:
-  - { name: default, type: c-ares, server: 127.0.0.1 }
-escaper:
-  - { name: default, type: direct_fixed, resolver: default, egress_net_filter: { default: allow, allow: 127.0.0.1 } }
-server:
-  - { name: http, type: http_proxy, escaper: default, listen: "127.0.0.1:3131" }
-YAML
+  g3proxy_config 3131 > "$WORK/g3proxy.yaml"
   "$G3PROXY" -c "$WORK/g3proxy.yaml" >"$WORK/g3.out" 2>&1 & PIDS+=($!)
   sleep 1
   ADDR[g3proxy]=127.0.0.1:3131; ORDER+=(g3proxy)

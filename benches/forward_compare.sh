@@ -9,6 +9,7 @@
 #   benches/forward_compare.sh      # RUNS=5 SECONDS_PER_RUN=4 CONCURRENCY=32
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/peers.sh
 RUNS="${RUNS:-5}"; SECS="${SECONDS_PER_RUN:-4}"; CONC="${CONCURRENCY:-32}"
 WORK="$(mktemp -d)"; PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
@@ -36,70 +37,23 @@ http {
   server { listen $ORIGIN; location / { return 200 "hello from the origin\n"; } }
 }
 CONF
-egress_config() { # proxy_port admin_port
-  cat <<YAML
-listen: { proxy: 127.0.0.1:$1, admin: 127.0.0.1:$2 }
-audit: { path: /dev/null }
-max_connections: 100000
-admission: { unidentified_per_source: 100000, unidentified_total: 100000, accepts_per_second_per_source: 1000000, accept_burst_per_source: 1000000 }
-defaults: { limits: { max_connections: 100000, connections_per_second: 1000000, burst: 1000000 } }
-sandboxes:
-  - id: bench
-    sources: [127.0.0.0/8]
-    policy: { provider: local, config: {}, network: { egress: ["127.0.0.1/32:*"] } }
-YAML
-}
-mkdir -p "$WORK/squid"; chown proxy:proxy "$WORK/squid" 2>/dev/null || true
-cat > "$WORK/squid.conf" <<CONF
-http_port 127.0.0.1:3129
-acl localnet src 127.0.0.0/8
-http_access allow localnet
-http_access deny all
-cache deny all
-cache_mem 8 MB
-access_log none
-cache_store_log none
-cache_log /dev/null
-pid_filename $WORK/squid/squid.pid
-coredump_dir $WORK/squid
-max_filedescriptors 20000
-workers 1
-shutdown_lifetime 1 seconds
-CONF
-cat > "$WORK/tinyproxy.conf" <<CONF
-Port 8899
-Listen 127.0.0.1
-Timeout 600
-MaxClients 20000
-LogLevel Critical
-PidFile "$WORK/tinyproxy.pid"
-Allow 127.0.0.1
-DisableViaHeader Yes
-CONF
+squid_config "$WORK" 3129 > "$WORK/squid.conf"
+tinyproxy_config "$WORK" 8899 > "$WORK/tinyproxy.conf"
 
 nginx -p "$WORK" -c "$WORK/nginx.conf" & PIDS+=($!)
-egress_config 3130 9930 > "$WORK/egress.yaml"
+egress_bench_config 3130 9930 > "$WORK/egress.yaml"
 target/release/egress-proxy run --config "$WORK/egress.yaml" 2>"$WORK/egress.err" & PIDS+=($!)
 squid -f "$WORK/squid.conf" -N >"$WORK/squid.out" 2>&1 & PIDS+=($!)
 tinyproxy -d -c "$WORK/tinyproxy.conf" >"$WORK/tiny.out" 2>&1 & PIDS+=($!)
 declare -A ADDR=( [direct]=direct [egress-proxy]=127.0.0.1:3130 [squid]=127.0.0.1:3129 [tinyproxy]=127.0.0.1:8899 )
 ORDER=(direct egress-proxy squid tinyproxy)
 if [ -n "${OLD:-}" ]; then
-  egress_config 3140 9940 > "$WORK/old.yaml"
+  egress_bench_config 3140 9940 > "$WORK/old.yaml"
   "$OLD" run --config "$WORK/old.yaml" 2>"$WORK/old.err" & PIDS+=($!)
   ADDR[egress-proxy-old]=127.0.0.1:3140; ORDER+=(egress-proxy-old)
 fi
 if [ -n "${G3PROXY:-}" ]; then
-  # Not run on the machine this was written on (no g3proxy binary there).
-  cat > "$WORK/g3proxy.yaml" <<YAML
-runtime: { thread_number: 2 }
-resolver:
-  - { name: default, type: c-ares, server: 127.0.0.1 }
-escaper:
-  - { name: default, type: direct_fixed, resolver: default, egress_net_filter: { default: allow, allow: 127.0.0.1 } }
-server:
-  - { name: http, type: http_proxy, escaper: default, listen: "127.0.0.1:3131" }
-YAML
+  g3proxy_config 3131 > "$WORK/g3proxy.yaml"
   "$G3PROXY" -c "$WORK/g3proxy.yaml" >"$WORK/g3.out" 2>&1 & PIDS+=($!)
   ADDR[g3proxy]=127.0.0.1:3131; ORDER+=(g3proxy)
 fi

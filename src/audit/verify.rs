@@ -126,6 +126,17 @@ struct State {
     signed_lines: HashSet<String>,
 }
 
+impl State {
+    /// Signed line `v` (at `file:at`) verified: the interval it signs, and the time and count
+    /// of unsigned lines, hold from here.
+    fn signed(&mut self, v: &Value, file: &Path, at: usize) {
+        self.interval = interval_of(v);
+        self.last_signed = Some((file.to_path_buf(), at, time_ms(v)));
+        self.unsigned = 0;
+        self.first_unsigned_ms = None;
+    }
+}
+
 /// A file the verifier (or the proxy, for its signing key) cannot use.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
@@ -675,10 +686,7 @@ fn run_start(
                 st.unsigned
             ));
         }
-        st.interval = interval_of(v);
-        st.last_signed = Some((file.to_path_buf(), at, time_ms(v)));
-        st.unsigned = 0;
-        st.first_unsigned_ms = None;
+        st.signed(v, file, at);
     }
     report.runs += 1;
     st.run = run_of(v).map(str::to_string);
@@ -726,10 +734,7 @@ fn checkpoint(
     if let Some(k) = key {
         check_signature(k, v, seq).map_err(|why| problem(file, at, Some(seq), why))?;
         report.signatures_checked += 1;
-        st.interval = interval_of(v);
-        st.last_signed = Some((file.to_path_buf(), at, time_ms(v)));
-        st.unsigned = 0;
-        st.first_unsigned_ms = None;
+        st.signed(v, file, at);
     }
     st.ended_signed = v["final"] == true;
     Ok(())

@@ -1,0 +1,68 @@
+# Sourced by the comparison scripts: equivalent configurations of egress-proxy and its peers
+# on loopback (allow everything from 127.0.0.0/8, no cache, no logs), so every script
+# measures the same setups.
+
+# egress-proxy with an allow policy for loopback origins and the admission limits lifted
+# (one load generator on one address); audit to $3 (default /dev/null, like the peers' logs).
+egress_bench_config() { # proxy_port admin_port [audit_path]
+  cat <<YAML
+listen: { proxy: 127.0.0.1:$1, admin: 127.0.0.1:$2 }
+audit: { path: ${3:-/dev/null} }
+max_connections: 100000
+admission: { unidentified_per_source: 100000, unidentified_total: 100000, accepts_per_second_per_source: 1000000, accept_burst_per_source: 1000000 }
+defaults: { limits: { max_connections: 100000, connections_per_second: 1000000, burst: 1000000 } }
+sandboxes:
+  - id: bench
+    sources: [127.0.0.0/8]
+    policy: { provider: local, config: {}, network: { egress: ["127.0.0.1/32:*"] } }
+YAML
+}
+
+# Squid: CONNECT and forwarding from loopback, no cache, no logs, one worker; state in $1.
+squid_config() { # work_dir port
+  mkdir -p "$1/squid"; chown proxy:proxy "$1/squid" 2>/dev/null || true
+  cat <<CONF
+http_port 127.0.0.1:$2
+acl localnet src 127.0.0.0/8
+http_access allow localnet
+http_access deny all
+cache deny all
+cache_mem 8 MB
+access_log none
+cache_store_log none
+cache_log /dev/null
+pid_filename $1/squid/squid.pid
+coredump_dir $1/squid
+max_filedescriptors 20000
+workers 1
+shutdown_lifetime 1 seconds
+CONF
+}
+
+# tinyproxy: no ConnectPort line = CONNECT to any port; minimal logging.
+tinyproxy_config() { # work_dir port
+  cat <<CONF
+Port $2
+Listen 127.0.0.1
+Timeout 600
+MaxClients 20000
+LogLevel Critical
+PidFile "$1/tinyproxy.pid"
+Allow 127.0.0.1
+DisableViaHeader Yes
+CONF
+}
+
+# g3proxy (G3PROXY=path): its http_proxy server with a direct escaper. Not run on the machine
+# this was written on (no g3proxy binary there).
+g3proxy_config() { # port
+  cat <<YAML
+runtime: { thread_number: 2 }
+resolver:
+  - { name: default, type: c-ares, server: 127.0.0.1 }
+escaper:
+  - { name: default, type: direct_fixed, resolver: default, egress_net_filter: { default: allow, allow: 127.0.0.1 } }
+server:
+  - { name: http, type: http_proxy, escaper: default, listen: "127.0.0.1:$1" }
+YAML
+}
