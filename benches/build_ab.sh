@@ -9,6 +9,7 @@
 #   benches/build_ab.sh /tmp/base-target/release/egress-proxy      # ROUNDS=4 SECONDS_PER_RUN=3
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/peers.sh
 OLD="${1:?usage: benches/build_ab.sh OLD_BINARY [NEW_BINARY]}"
 NEW="${2:-target/release/egress-proxy}"
 ROUNDS="${ROUNDS:-4}"; SECS="${SECONDS_PER_RUN:-3}"
@@ -18,21 +19,8 @@ trap cleanup EXIT
 cargo build --release --bench loadgen >/dev/null 2>&1
 LG="$(ls -t target/release/deps/loadgen-* | grep -v '\.d$' | head -1)"
 
-config() { # port admin_port
-  cat <<YAML
-listen: { proxy: 127.0.0.1:$1, admin: 127.0.0.1:$2 }
-audit: { path: /dev/null }
-max_connections: 100000
-admission: { unidentified_per_source: 100000, unidentified_total: 100000, accepts_per_second_per_source: 1000000, accept_burst_per_source: 1000000 }
-defaults: { limits: { max_connections: 100000, connections_per_second: 1000000, burst: 1000000 } }
-sandboxes:
-  - id: bench
-    sources: [127.0.0.0/8]
-    policy: { provider: local, config: {}, network: { egress: ["127.0.0.1/32:*"] } }
-YAML
-}
-config 3151 9951 > "$WORK/old.yaml"
-config 3152 9952 > "$WORK/new.yaml"
+egress_bench_config 3151 9951 > "$WORK/old.yaml"
+egress_bench_config 3152 9952 > "$WORK/new.yaml"
 "$OLD" run --config "$WORK/old.yaml" 2>"$WORK/old.err" & PIDS+=($!); OLD_PID=$!
 "$NEW" run --config "$WORK/new.yaml" 2>"$WORK/new.err" & PIDS+=($!); NEW_PID=$!
 sleep 2

@@ -8,6 +8,7 @@
 #   benches/chain_ab.sh            # ROUNDS=6 SECONDS_PER_RUN=4
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/peers.sh
 ROUNDS="${ROUNDS:-6}"; SECS="${SECONDS_PER_RUN:-4}"
 WORK="$(mktemp -d)"; PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
@@ -17,21 +18,8 @@ cargo build --release >/dev/null 2>&1
 LG="$(ls -t target/release/deps/loadgen-* | grep -v '\.d$' | head -1)"
 openssl genpkey -algorithm ed25519 -out "$WORK/sk.pem" 2>/dev/null
 
-config() { # port admin_port audit_extra
-  cat <<YAML
-listen: { proxy: 127.0.0.1:$1, admin: 127.0.0.1:$2 }
-audit: { path: $WORK/audit-$1.jsonl$3 }
-max_connections: 100000
-admission: { unidentified_per_source: 100000, unidentified_total: 100000, accepts_per_second_per_source: 1000000, accept_burst_per_source: 1000000 }
-defaults: { limits: { max_connections: 100000, connections_per_second: 1000000, burst: 1000000 } }
-sandboxes:
-  - id: bench
-    sources: [127.0.0.0/8]
-    policy: { provider: local, config: {}, network: { egress: ["127.0.0.1/32:*"] } }
-YAML
-}
-config 3141 9941 "" > "$WORK/off.yaml"
-config 3142 9942 ", chain: true, signing_key_file: $WORK/sk.pem, checkpoint_every_records: 10000" > "$WORK/on.yaml"
+egress_bench_config 3141 9941 "$WORK/audit-3141.jsonl" > "$WORK/off.yaml"
+egress_bench_config 3142 9942 "$WORK/audit-3142.jsonl, chain: true, signing_key_file: $WORK/sk.pem, checkpoint_every_records: 10000" > "$WORK/on.yaml"
 target/release/egress-proxy run --config "$WORK/off.yaml" 2>"$WORK/off.err" & PIDS+=($!)
 target/release/egress-proxy run --config "$WORK/on.yaml" 2>"$WORK/on.err" & PIDS+=($!)
 sleep 2

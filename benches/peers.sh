@@ -3,8 +3,9 @@
 # measures the same setups.
 
 # egress-proxy with an allow policy for loopback origins and the admission limits lifted
-# (one load generator on one address); audit to $3 (default /dev/null, like the peers' logs).
-egress_bench_config() { # proxy_port admin_port [audit_path]
+# (one load generator on one address); audit to $3 (default /dev/null, like the peers' logs;
+# more `audit:` keys may follow the path: "$WORK/a.jsonl, chain: true").
+egress_bench_config() { # proxy_port admin_port [audit_path[, audit keys]]
   cat <<YAML
 listen: { proxy: 127.0.0.1:$1, admin: 127.0.0.1:$2 }
 audit: { path: ${3:-/dev/null} }
