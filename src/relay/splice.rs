@@ -20,11 +20,12 @@ use crate::relay::liveness::Liveness;
 use crate::relay::tunnel::{drive, Relayed};
 
 /// Most bytes moved through a pipe per splice: the kernel's default pipe capacity (64 KiB,
-/// 16 pages). Pipes are never enlarged: a pump whose peer stops reading holds its pipe with
-/// the bytes in it, and an unprivileged proxy's pipes all count against one
-/// `fs.pipe-user-pages-soft` budget (with 1 MiB pipes, ~64 stalled tunnels exhausted it and
-/// every other tunnel's pipes shrank to one page). When no pipe can be had at all (the hard
-/// budget, or descriptors), a pump copies through user space instead.
+/// 16 pages). A pump whose peer stops reading holds its pipe with the bytes in it, and an
+/// unprivileged proxy's pipes all count against one `fs.pipe-user-pages-soft` budget (with
+/// 1 MiB pipes for every tunnel, ~64 stalled tunnels exhausted it and every other tunnel's
+/// pipes shrank to one page): so only a bounded number of pipes are grown at once
+/// ([`MAX_GROWN`] of [`GROWN_SIZE`]), while a stream keeps filling them. When no pipe can be
+/// had at all (the hard budget, or descriptors), a pump copies through user space instead.
 const PIPE_SIZE: usize = 64 * 1024;
 
 /// Empty pipes kept for reuse. A pump holds a pipe only while bytes are in flight, so idle
@@ -50,31 +51,126 @@ fn give_pipe(p: (OwnedFd, OwnedFd)) {
     }
 }
 
-/// Move everything from `src` to `dst` until `src` reaches EOF, then half-close `dst`.
+/// A pipe taken from the pool, and how much it holds.
+struct Pipe {
+    /// (read end, write end); `None` once given back.
+    fds: Option<(OwnedFd, OwnedFd)>,
+    /// Its capacity: [`PIPE_SIZE`], or [`GROWN_SIZE`] while grown.
+    cap: usize,
+}
+
+/// What a pipe grows to while a stream keeps filling it.
+const GROWN_SIZE: usize = 256 * 1024;
+/// Pipes grown at once, at most, across the process: 16 MiB of pipe pages, a quarter of the
+/// default per-user budget, so stalled tunnels cannot take the budget from the others.
+const MAX_GROWN: usize = 64;
+static GROWN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl Pipe {
+    fn take() -> io::Result<Pipe> {
+        take_pipe().map(|fds| Pipe {
+            fds: Some(fds),
+            cap: PIPE_SIZE,
+        })
+    }
+
+    fn fd(&self, write: bool) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        match &self.fds {
+            Some((r, w)) => Ok(if write { w.as_fd() } else { r.as_fd() }),
+            None => Err(io::ErrorKind::NotConnected.into()),
+        }
+    }
+
+    /// Grow to [`GROWN_SIZE`] when the budget allows (a refusal by the kernel is fine).
+    fn grow(&mut self) {
+        use std::sync::atomic::Ordering;
+        if self.cap != PIPE_SIZE {
+            return;
+        }
+        if GROWN.fetch_add(1, Ordering::Relaxed) >= MAX_GROWN {
+            GROWN.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        let grown = self.fd(true).and_then(|w| {
+            nix::fcntl::fcntl(w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(GROWN_SIZE as i32))
+                .map_err(io::Error::from)
+        });
+        match grown {
+            Ok(n) if n as usize >= GROWN_SIZE => self.cap = GROWN_SIZE,
+            _ => {
+                GROWN.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Back to the pool, *empty* and at the default size (a pipe that cannot shrink is
+    /// closed instead).
+    fn give(mut self) {
+        if self.cap != PIPE_SIZE {
+            let shrunk = self.fd(true).and_then(|w| {
+                nix::fcntl::fcntl(w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE as i32))
+                    .map_err(io::Error::from)
+            });
+            if shrunk.is_err() {
+                return;
+            }
+            GROWN.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            self.cap = PIPE_SIZE;
+        }
+        if let Some(fds) = self.fds.take() {
+            give_pipe(fds);
+        }
+    }
+}
+
+impl Drop for Pipe {
+    /// Dropped while grown (an error, a cut tunnel): its place in the budget is free again.
+    fn drop(&mut self) {
+        if self.cap != PIPE_SIZE {
+            GROWN.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// Move everything from `src` to `dst` until `src` reaches EOF, then half-close `dst`. A
+/// pump keeps its pipe only while the stream keeps filling it (and then grows it, see
+/// [`Pipe::grow`]); once the source has nothing to read the pipe goes back to the pool, so
+/// an idle tunnel holds none.
 async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, live: &Liveness) -> io::Result<()> {
     let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
+    let mut held: Option<Pipe> = None;
     loop {
-        src.readable().await?;
-        let Ok((pr, pw)) = take_pipe() else {
-            // No pipe to be had: move this chunk through user space.
-            if copy_chunk(src, dst, up, live).await? {
-                return Ok(());
+        let pipe = match held.take() {
+            // Streaming: read again at once (the socket is still marked readable).
+            Some(p) => p,
+            None => {
+                src.readable().await?;
+                match Pipe::take() {
+                    Ok(p) => p,
+                    Err(_) => {
+                        // No pipe to be had: move this chunk through user space.
+                        if copy_chunk(src, dst, up, live).await? {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                }
             }
-            continue;
         };
         let moved = src.try_io(Interest::READABLE, || {
-            splice(src.as_fd(), None, pw.as_fd(), None, PIPE_SIZE, flags).map_err(io::Error::from)
+            let w = pipe.fd(true)?;
+            splice(src.as_fd(), None, w, None, pipe.cap, flags).map_err(io::Error::from)
         });
         let n = match moved {
             Ok(0) => {
-                give_pipe((pr, pw));
+                pipe.give();
                 let _ =
                     nix::sys::socket::shutdown(dst.as_raw_fd(), nix::sys::socket::Shutdown::Write);
                 return Ok(());
             }
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                give_pipe((pr, pw));
+                pipe.give();
                 continue;
             }
             Err(e) => return Err(e),
@@ -83,7 +179,8 @@ async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, live: &Liveness) -> io
         while left > 0 {
             dst.writable().await?;
             let written = dst.try_io(Interest::WRITABLE, || {
-                splice(pr.as_fd(), None, dst.as_fd(), None, left, flags).map_err(io::Error::from)
+                let r = pipe.fd(false)?;
+                splice(r, None, dst.as_fd(), None, left, flags).map_err(io::Error::from)
             });
             match written {
                 Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
@@ -96,8 +193,15 @@ async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, live: &Liveness) -> io
                 Err(e) => return Err(e),
             }
         }
-        // Fully drained: the pipe is empty and can serve another tunnel.
-        give_pipe((pr, pw));
+        // Fully drained. A pipe the source filled is kept (grown) for the next chunk; else it
+        // is empty and can serve another tunnel.
+        if n == pipe.cap {
+            let mut pipe = pipe;
+            pipe.grow();
+            held = Some(pipe);
+        } else {
+            pipe.give();
+        }
     }
 }
 
@@ -155,6 +259,9 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
+    /// The tests that move data grow pipes (a process-wide count): one at a time.
+    static MOVING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     async fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
@@ -164,6 +271,7 @@ mod tests {
 
     #[tokio::test]
     async fn relays_both_ways_counts_and_half_closes() {
+        let _one = MOVING.lock().await;
         let (mut client_peer, client) = pair().await;
         let (server, mut server_peer) = pair().await;
         let task = tokio::spawn(async move {
@@ -192,6 +300,39 @@ mod tests {
         assert_eq!(writer.await.unwrap(), b"reply");
         let r = task.await.unwrap();
         assert_eq!((r.up, r.down, r.close), (3_000_000, 5, Close::Eof));
+    }
+
+    /// Pipes grown while a stream filled them give their place in the budget back, whether
+    /// the relay ends or is cut in the middle of a stream (its futures dropped).
+    #[tokio::test]
+    async fn grown_pipes_give_back_their_budget_when_the_relay_ends_or_is_cut() {
+        use std::sync::atomic::Ordering;
+        let _one = MOVING.lock().await;
+        let (mut client_peer, client) = pair().await;
+        let (server, mut server_peer) = pair().await;
+        let (tx, rx) = tokio::sync::oneshot::channel::<Close>();
+        let stop = async move { rx.await.unwrap_or(Close::Shutdown) };
+        let task =
+            tokio::spawn(
+                async move { relay(&client, &server, Duration::from_secs(5), stop).await },
+            );
+        let writer = tokio::spawn(async move {
+            let chunk = vec![7u8; 1 << 20];
+            while client_peer.write_all(&chunk).await.is_ok() {}
+        });
+        // Read slowly enough that the pump keeps a full pipe, then cut mid-stream.
+        let mut buf = vec![0u8; 1 << 16];
+        let mut got = 0;
+        let mut grown_seen = 0;
+        while got < 20_000_000 {
+            got += server_peer.read(&mut buf).await.unwrap();
+            grown_seen = grown_seen.max(GROWN.load(Ordering::Relaxed));
+        }
+        assert!(grown_seen >= 1, "a streaming pump grows its pipe");
+        tx.send(Close::Revoked).unwrap();
+        assert_eq!(task.await.unwrap().close, Close::Revoked);
+        writer.abort();
+        assert_eq!(GROWN.load(Ordering::Relaxed), 0);
     }
 
     #[tokio::test]
