@@ -149,7 +149,8 @@ async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, live: &Liveness) -> io
                     Ok(p) => p,
                     Err(_) => {
                         // No pipe to be had: move this chunk through user space.
-                        if copy_chunk(src, dst, up, live).await? {
+                        // Boxed: the fallback's state is not carried by every pump.
+                        if Box::pin(copy_chunk(src, dst, up, live)).await? {
                             return Ok(());
                         }
                         continue;
