@@ -28,6 +28,17 @@ sandboxes:
     )
 }
 
+/// What agent1 gets for `CONNECT denied.test:443`: the response head (and body).
+fn refused_connect(p: &Proxy) -> String {
+    let auth = basic("agent1", "tok-agent1");
+    raw_exchange(
+        p.proxy,
+        format!("CONNECT denied.test:443 HTTP/1.1\r\nHost: denied.test:443\r\nProxy-Authorization: {auth}\r\n\r\n")
+            .as_bytes(),
+        Duration::from_secs(5),
+    )
+}
+
 /// Run a Python snippet with the proxy in `HTTPS_PROXY`; its stdout.
 fn python(proxy: SocketAddr, code: &str) -> String {
     let url = format!("http://agent1:tok-agent1@{proxy}");
@@ -47,13 +58,7 @@ fn a_refused_connect_says_why_in_the_status_line_and_in_python_errors() {
     let dir = tempfile::tempdir().unwrap();
     let up = SlowDns::start(Duration::ZERO, &[]);
     let p = proxy(dir.path(), up.addr);
-    let auth = basic("agent1", "tok-agent1");
-    let head = raw_exchange(
-        p.proxy,
-        format!("CONNECT denied.test:443 HTTP/1.1\r\nHost: denied.test:443\r\nProxy-Authorization: {auth}\r\n\r\n")
-            .as_bytes(),
-        Duration::from_secs(5),
-    );
+    let head = refused_connect(&p);
     let status = head.lines().next().unwrap_or("");
     assert!(
         status.starts_with("HTTP/1.1 403 egress-proxy [no_rule_matched]: refused denied.test:443: not in network.egress of sandbox agent1"),
@@ -94,13 +99,7 @@ fn a_400_byte_reason_keeps_its_code_in_the_status_line() {
     std::fs::create_dir_all(&deep).unwrap();
     let up = SlowDns::start(Duration::ZERO, &[]);
     let p = proxy(&deep, up.addr);
-    let auth = basic("agent1", "tok-agent1");
-    let head = raw_exchange(
-        p.proxy,
-        format!("CONNECT denied.test:443 HTTP/1.1\r\nHost: denied.test:443\r\nProxy-Authorization: {auth}\r\n\r\n")
-            .as_bytes(),
-        Duration::from_secs(5),
-    );
+    let head = refused_connect(&p);
     let status = head.lines().next().unwrap_or("");
     // The whole reason, as the Proxy-Status header carries it, is over 400 bytes.
     let details = head

@@ -109,12 +109,17 @@ impl UpstreamPool {
             return None;
         }
         let mut idle = self.idle.lock().ok()?;
+        if idle.is_empty() {
+            return None;
+        }
+        // One key, its address changed per candidate: no allocation per address.
+        let mut key = Key {
+            sandbox: sandbox.clone(),
+            authority: authority.to_string(),
+            addr: SocketAddr::new(IpAddr::from([0, 0, 0, 0]), port),
+        };
         for ip in allowed {
-            let key = Key {
-                sandbox: sandbox.clone(),
-                authority: authority.to_string(),
-                addr: SocketAddr::new(*ip, port),
-            };
+            key.addr = SocketAddr::new(*ip, port);
             let Some(list) = idle.get_mut(&key) else {
                 continue;
             };
