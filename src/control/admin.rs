@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{json, Value};
@@ -148,16 +148,22 @@ impl Admin {
     }
 }
 
+/// The body, at most `max` bytes: a larger announced length is refused before any of it is
+/// read, a larger body as soon as it passes `max`.
 async fn read_body(req: Request<Incoming>, max: usize) -> Result<String, Response<Full<Bytes>>> {
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("body larger than {max} bytes (runtime.max_binding_bytes) or unreadable"),
+        )
+    };
+    if req.body().size_hint().lower() > max as u64 {
+        return Err(too_large());
+    }
     let collected = Limited::new(req.into_body(), max)
         .collect()
         .await
-        .map_err(|_| {
-            error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("body larger than {max} bytes (runtime.max_binding_bytes) or unreadable"),
-            )
-        })?;
+        .map_err(|_| too_large())?;
     String::from_utf8(collected.to_bytes().to_vec())
         .map_err(|_| error(StatusCode::BAD_REQUEST, "body is not UTF-8"))
 }
@@ -190,69 +196,114 @@ fn change_error(e: ChangeError) -> Response<Full<Bytes>> {
     r
 }
 
+/// The admin API's paths (`docs/openapi.yaml`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Path {
+    Healthz,
+    Readyz,
+    Metrics,
+    Sandboxes,
+    Sandbox(String),
+    Keepalive(String),
+    Placeholders(String),
+    Check,
+    Reload,
+    Observe,
+}
+
+impl Path {
+    fn of(path: &str) -> Option<Path> {
+        Some(match path {
+            "/healthz" => Path::Healthz,
+            "/readyz" => Path::Readyz,
+            "/metrics" => Path::Metrics,
+            "/v1/sandboxes" => Path::Sandboxes,
+            "/v1/check" => Path::Check,
+            "/v1/reload" => Path::Reload,
+            "/v1/observe" => Path::Observe,
+            _ => {
+                let rest = path.strip_prefix("/v1/sandboxes/")?;
+                match rest.split_once('/') {
+                    None => Path::Sandbox(rest.to_string()),
+                    Some((id, "keepalive")) => Path::Keepalive(id.to_string()),
+                    Some((id, "placeholders")) => Path::Placeholders(id.to_string()),
+                    Some(_) => return None,
+                }
+            }
+        })
+    }
+
+    /// The methods the path takes (the `Allow` of a 405).
+    fn allow(&self) -> &'static str {
+        match self {
+            Path::Sandbox(_) => "GET, PUT, DELETE",
+            Path::Keepalive(_) | Path::Check | Path::Reload => "POST",
+            _ => "GET",
+        }
+    }
+
+    /// Whether `method` on this path changes something (the token is then always needed).
+    fn mutating(&self, method: &Method) -> bool {
+        match self {
+            Path::Sandbox(_) => matches!(*method, Method::PUT | Method::DELETE),
+            Path::Keepalive(_) | Path::Reload => *method == Method::POST,
+            _ => false,
+        }
+    }
+}
+
 async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    let path = req.uri().path().to_string();
+    let Some(path) = Path::of(req.uri().path()) else {
+        return text(StatusCode::NOT_FOUND, PLAIN, "not found\n".into());
+    };
     let method = req.method().clone();
-    let mutating = matches!(method, Method::PUT | Method::DELETE)
-        || (method == Method::POST && (path == "/v1/reload" || path.ends_with("/keepalive")));
-    if let Some(refused) = admin.gate(&req, mutating) {
+    if let Some(refused) = admin.gate(&req, path.mutating(&method)) {
         return refused;
     }
     let shared = &admin.shared;
-    let sandbox_id = |suffix: &str| {
-        path.strip_prefix("/v1/sandboxes/")
-            .and_then(|p| p.strip_suffix(suffix))
-            .map(str::to_string)
-    };
-    match (&method, path.as_str()) {
-        (&Method::GET, "/healthz") => text(StatusCode::OK, PLAIN, "ok\n".into()),
-        (&Method::GET, "/readyz") => readyz(admin),
-        (&Method::GET, "/metrics") => text(
+    match (method, path) {
+        (Method::GET, Path::Healthz) => text(StatusCode::OK, PLAIN, "ok\n".into()),
+        (Method::GET, Path::Readyz) => readyz(admin),
+        (Method::GET, Path::Metrics) => text(
             StatusCode::OK,
             "text/plain; version=0.0.4",
             shared.metrics().render(),
         ),
-        (&Method::GET, "/v1/sandboxes") => {
+        (Method::GET, Path::Sandboxes) => {
             let mut list = admin.control.list();
             if let Some(plane) = &admin.plane {
                 list["control_plane"] = plane.status();
             }
             json_resp(StatusCode::OK, list)
         }
-        (&Method::POST, "/v1/reload") => reload(admin).await,
-        (&Method::POST, "/v1/check") => match read_body(req, admin.max_body).await {
+        (Method::POST, Path::Reload) => reload(admin).await,
+        (Method::POST, Path::Check) => match read_body(req, admin.max_body).await {
             Ok(body) => check(shared, &body).await,
             Err(r) => r,
         },
-        (&Method::POST, p) if p.starts_with("/v1/sandboxes/") && p.ends_with("/keepalive") => {
-            keepalive(admin, sandbox_id("/keepalive").unwrap_or_default()).await
-        }
-        (&Method::GET, p) if p.starts_with("/v1/sandboxes/") && p.ends_with("/placeholders") => {
-            placeholders(
-                admin,
-                &req,
-                &sandbox_id("/placeholders").unwrap_or_default(),
-            )
-        }
-        (m, p) if p.starts_with("/v1/sandboxes/") => {
-            let id = p.trim_start_matches("/v1/sandboxes/").to_string();
-            match *m {
-                Method::GET => sandbox(admin, &id),
-                Method::PUT => {
-                    let ttl_s = match ttl_param(req.uri().query()) {
-                        Ok(t) => t,
-                        Err(m) => return error(StatusCode::BAD_REQUEST, m),
-                    };
-                    match read_body(req, admin.max_body).await {
-                        Ok(body) => put(admin, id, body, ttl_s).await,
-                        Err(r) => r,
-                    }
-                }
-                Method::DELETE => delete(admin, id).await,
-                _ => error(StatusCode::METHOD_NOT_ALLOWED, "use GET, PUT or DELETE"),
+        (Method::POST, Path::Keepalive(id)) => keepalive(admin, id).await,
+        (Method::GET, Path::Placeholders(id)) => placeholders(admin, &req, &id),
+        (Method::GET, Path::Sandbox(id)) => sandbox(admin, &id),
+        (Method::PUT, Path::Sandbox(id)) => {
+            let ttl_s = match ttl_param(req.uri().query()) {
+                Ok(t) => t,
+                Err(m) => return error(StatusCode::BAD_REQUEST, m),
+            };
+            match read_body(req, admin.max_body).await {
+                Ok(body) => put(admin, id, body, ttl_s).await,
+                Err(r) => r,
             }
         }
-        _ => text(StatusCode::NOT_FOUND, PLAIN, "not found\n".into()),
+        (Method::DELETE, Path::Sandbox(id)) => delete(admin, id).await,
+        (_, path) => {
+            let mut r = error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("use {}", path.allow()),
+            );
+            r.headers_mut()
+                .insert(header::ALLOW, http::HeaderValue::from_static(path.allow()));
+            r
+        }
     }
 }
 

@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+
+pub mod openapi;
 use sha2::{Digest, Sha256};
 
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
@@ -571,16 +573,19 @@ pub fn admin_req(
     .unwrap();
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let (status, headers) = openapi::parse_head(head);
+    // No answer at all (a refused connection) has nothing to check.
+    if status != 0 {
+        openapi::conform(&openapi::Exchange {
+            method,
+            target: path,
+            status,
+            headers: &headers,
+            body,
+        });
+    }
+    (status, body.to_string())
 }
 
 /// One admin request on a keep-alive connection (as a runtime sends them); returns the
@@ -598,8 +603,7 @@ pub fn keep_alive_request(
         body.len()
     );
     s.get_mut().write_all(request.as_bytes()).unwrap();
-    let mut status_line = String::new();
-    s.read_line(&mut status_line).unwrap();
+    let mut head = String::new();
     let mut length = 0usize;
     loop {
         let mut line = String::new();
@@ -611,14 +615,19 @@ pub fn keep_alive_request(
                 length = v.trim().parse().unwrap();
             }
         }
+        head.push_str(&line);
     }
     let mut rest = vec![0u8; length];
     s.read_exact(&mut rest).unwrap();
-    status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
+    let (status, headers) = openapi::parse_head(head.trim_end());
+    openapi::conform(&openapi::Exchange {
+        method,
+        target: path,
+        status,
+        headers: &headers,
+        body: &String::from_utf8_lossy(&rest),
+    });
+    status
 }
 
 /// A DNS server on 127.0.0.1 (UDP) that answers A queries for the names it knows after

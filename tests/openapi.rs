@@ -1,0 +1,322 @@
+//! The admin API's OpenAPI 3.1 document (`docs/openapi.yaml`): a real validator (PyPI
+//! `openapi-spec-validator`) accepts it, every operation is called on the real binary and
+//! answers as documented (the check itself is in `common::openapi` and runs on every admin
+//! response of every test), and the check refuses responses the document does not describe.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::openapi::{self, Exchange};
+use common::*;
+
+const ADMIN_TOKEN: &str = "openapi-admin-token";
+
+#[test]
+fn the_document_is_valid_openapi_3_1() {
+    let doc = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.yaml");
+    let out = Command::new("python3")
+        .args(["-m", "openapi_spec_validator", doc])
+        .output()
+        .expect("python3 runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "openapi-spec-validator refused docs/openapi.yaml (or is not installed: .ci/run installs it with pip): {text}"
+    );
+    assert!(text.contains("OK"), "{text}");
+    assert_eq!(openapi::document()["openapi"], "3.1.0");
+}
+
+fn headers(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_check_refuses_what_the_document_does_not_describe() {
+    let json = headers(&[("Content-Type", "application/json")]);
+    let ok = |method, target, status, headers: &[(String, String)], body| {
+        openapi::check(&Exchange {
+            method,
+            target,
+            status,
+            headers,
+            body,
+        })
+    };
+    let body = r#"{"id":"a","created":true,"policy_version":"0a1b2c"}"#;
+    ok("PUT", "/v1/sandboxes/a", 201, &json, body).unwrap();
+    // A field the document does not have.
+    let extra = r#"{"id":"a","created":true,"policy_version":"0a1b2c","secret":"x"}"#;
+    let e = ok("PUT", "/v1/sandboxes/a", 201, &json, extra).unwrap_err();
+    assert!(e.contains("secret"), "{e}");
+    // A required field missing, a wrong type.
+    assert!(ok(
+        "PUT",
+        "/v1/sandboxes/a",
+        201,
+        &json,
+        r#"{"id":"a","created":true}"#
+    )
+    .is_err());
+    assert!(ok(
+        "DELETE",
+        "/v1/sandboxes/a",
+        200,
+        &json,
+        r#"{"id":"a","deleted":true,"tunnels_closed":"1"}"#
+    )
+    .is_err());
+    // A status the operation does not list.
+    let e = ok("PUT", "/v1/sandboxes/a", 202, &json, body).unwrap_err();
+    assert!(e.contains("202"), "{e}");
+    // A media type the response does not list.
+    let plain = headers(&[("Content-Type", "text/plain")]);
+    assert!(ok("PUT", "/v1/sandboxes/a", 201, &plain, body).is_err());
+    // A 401 without its WWW-Authenticate.
+    let unauthorized = r#"{"error":"this call needs the token"}"#;
+    let e = ok("POST", "/v1/reload", 401, &json, unauthorized).unwrap_err();
+    assert!(e.contains("WWW-Authenticate"), "{e}");
+    let with_challenge = headers(&[
+        ("Content-Type", "application/json"),
+        ("WWW-Authenticate", "Bearer realm=\"egress-proxy-admin\""),
+    ]);
+    ok("POST", "/v1/reload", 401, &with_challenge, unauthorized).unwrap();
+    // A 503 of a change without Retry-After.
+    assert!(ok(
+        "DELETE",
+        "/v1/sandboxes/a",
+        503,
+        &json,
+        r#"{"error":"etcd"}"#
+    )
+    .is_err());
+    // An API path the document does not have, or a method a path does not take without 405.
+    assert!(ok("GET", "/v1/secrets", 200, &json, "{}").is_err());
+    assert!(ok("PATCH", "/v1/sandboxes/a", 200, &json, body).is_err());
+    let allow = headers(&[
+        ("Content-Type", "application/json"),
+        ("Allow", "GET, PUT, DELETE"),
+    ]);
+    ok(
+        "PATCH",
+        "/v1/sandboxes/a",
+        405,
+        &allow,
+        r#"{"error":"use GET, PUT or DELETE"}"#,
+    )
+    .unwrap();
+    // The probes' text bodies are checked too.
+    let text = headers(&[("Content-Type", "text/plain; charset=utf-8")]);
+    ok("GET", "/readyz", 200, &text, "ready: policy 3fa2b1\n").unwrap();
+    assert!(ok("GET", "/readyz", 200, &text, "ready\n").is_err());
+}
+
+/// `proxy.yaml` with a file sandbox that brokers one credential.
+fn config(dir: &Path) {
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["ca", "init"])
+        .arg(dir.join("ica"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(dir.join("admin.token"), ADMIN_TOKEN).unwrap();
+    std::fs::write(dir.join("api.key"), "sk-openapi-test").unwrap();
+    std::fs::write(
+        dir.join("proxy.yaml"),
+        format!(
+            r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
+audit: {{ path: {audit} }}
+admin_token_file: {token}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.github.com: [140.82.112.5] }} }}
+tls_intercept: {{ ca_cert_file: {dir}/ica/ca.crt, ca_key_file: {dir}/ica/ca.key }}
+sandboxes:
+  - id: filed
+    sources: [127.0.0.0/8]
+    credentials:
+      - name: api
+        hosts: [api.test]
+        inject: {{ header: Authorization, format: "Bearer {{secret}}" }}
+        source: {{ file: {key} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: [api.test, example.com] }} }}
+"#,
+            audit = dir.join("audit.jsonl").display(),
+            token = dir.join("admin.token").display(),
+            dir = dir.display(),
+            key = dir.join("api.key").display(),
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn every_operation_answers_as_documented() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let p = Proxy::start_with(
+        dir.path().join("proxy.yaml"),
+        dir.path().join("audit.jsonl"),
+        &[],
+    );
+    let a = p.admin;
+    let t = Some(ADMIN_TOKEN);
+    let binding = format!(
+        r#"{{"auth": {{"token_sha256": "{}"}}, "enforcement": "report", "policy": {{"provider": "local", "config": {{}}, "network": {{"egress": ["example.com", "**.github.com"]}}}}}}"#,
+        sha("sandbox-token")
+    );
+    // Every call below is checked against the document by `admin_req`; the statuses are
+    // asserted here so that each documented answer is really reached.
+    assert_eq!(admin_req(a, "GET", "/healthz", "", None).0, 200);
+    assert_eq!(admin_req(a, "GET", "/readyz", "", None).0, 200);
+    assert_eq!(admin_req(a, "GET", "/metrics", "", None).0, 200);
+    assert_eq!(admin_req(a, "GET", "/v1/sandboxes", "", t).0, 200);
+    assert_eq!(admin_req(a, "GET", "/v1/sandboxes", "", None).0, 401);
+    assert_eq!(
+        admin_req(a, "GET", "/v1/sandboxes", "", Some("wrong")).0,
+        401
+    );
+    assert_eq!(admin_req(a, "PUT", "/v1/sandboxes/rt", &binding, t).0, 201);
+    assert_eq!(admin_req(a, "PUT", "/v1/sandboxes/rt", &binding, t).0, 200);
+    assert_eq!(
+        admin_req(a, "PUT", "/v1/sandboxes/rt", &binding, None).0,
+        401
+    );
+    let (status, body) = admin_req(a, "PUT", "/v1/sandboxes/bad", r#"{"policy": 3}"#, t);
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        admin_req(a, "PUT", "/v1/sandboxes/rt?ttl_s=5", &binding, t).0,
+        400
+    );
+    assert_eq!(
+        admin_req(a, "PUT", "/v1/sandboxes/filed", &binding, t).0,
+        409
+    );
+    assert_eq!(over_the_cap(a, "PUT", "/v1/sandboxes/big"), 413);
+    assert_eq!(over_the_cap(a, "POST", "/v1/check"), 413);
+    assert_eq!(admin_req(a, "GET", "/v1/sandboxes/rt", "", t).0, 200);
+    assert_eq!(admin_req(a, "GET", "/v1/sandboxes/filed", "", t).0, 200);
+    assert_eq!(admin_req(a, "GET", "/v1/sandboxes/nobody", "", t).0, 404);
+    assert_eq!(admin_req(a, "PATCH", "/v1/sandboxes/rt", "", t).0, 405);
+    assert_eq!(admin_req(a, "GET", "/v1/reload", "", t).0, 405);
+    assert_eq!(admin_req(a, "GET", "/v1/nothing", "", t).0, 404);
+    let check = r#"{"sandbox": "rt", "target": "api.github.com:443"}"#;
+    let (status, body) = admin_req(a, "POST", "/v1/check", check, t);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""decision":"allow""#), "{body}");
+    let check = r#"{"sandbox": "filed", "target": "127.0.0.1:22"}"#;
+    assert_eq!(admin_req(a, "POST", "/v1/check", check, t).0, 200);
+    let check = r#"{"sandbox": "filed", "target": "bad target:x"}"#;
+    assert_eq!(admin_req(a, "POST", "/v1/check", check, t).0, 200);
+    assert_eq!(admin_req(a, "POST", "/v1/check", "{}", t).0, 400);
+    let check = r#"{"sandbox": "nobody", "target": "example.com"}"#;
+    assert_eq!(admin_req(a, "POST", "/v1/check", check, t).0, 404);
+    let (status, body) = admin_req(a, "GET", "/v1/sandboxes/filed/placeholders", "", t);
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("sk-openapi-test"), "{body}");
+    assert_eq!(
+        admin_req(a, "GET", "/v1/sandboxes/filed/placeholders", "", None).0,
+        401
+    );
+    assert_eq!(
+        admin_req(a, "GET", "/v1/sandboxes/nobody/placeholders", "", t).0,
+        404
+    );
+    assert_eq!(
+        admin_req(a, "POST", "/v1/sandboxes/rt/keepalive", "", t).0,
+        400
+    );
+    assert_eq!(admin_req(a, "POST", "/v1/reload", "", t).0, 200);
+    assert_eq!(admin_req(a, "GET", "/v1/observe?colour=red", "", t).0, 400);
+    assert_eq!(admin_req(a, "GET", "/v1/observe", "", Some("wrong")).0, 401);
+    assert_eq!(admin_req(a, "DELETE", "/v1/sandboxes/rt", "", t).0, 200);
+    assert_eq!(admin_req(a, "DELETE", "/v1/sandboxes/rt", "", t).0, 404);
+    assert_eq!(admin_req(a, "DELETE", "/v1/sandboxes/filed", "", t).0, 409);
+    // A reload with a typo is refused and the running policy stays.
+    let yaml = std::fs::read_to_string(dir.path().join("proxy.yaml")).unwrap();
+    std::fs::write(
+        dir.path().join("proxy.yaml"),
+        format!("{yaml}lisen: {{}}\n"),
+    )
+    .unwrap();
+    let (status, body) = admin_req(a, "POST", "/v1/reload", "", t);
+    assert_eq!(status, 422, "{body}");
+
+    // Every operation of the document was called and answered as documented.
+    let seen: std::collections::BTreeSet<String> =
+        openapi::seen().into_iter().map(|(op, _)| op).collect();
+    let documented: std::collections::BTreeSet<String> = openapi::document()["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|item| item.as_object().unwrap().values())
+        .filter_map(|op| op["operationId"].as_str().map(str::to_string))
+        .collect();
+    let missed: Vec<_> = documented.difference(&seen).collect();
+    assert!(missed.is_empty(), "operations never exercised: {missed:?}");
+}
+
+/// A request announcing a body over `runtime.max_binding_bytes`, without sending it: the
+/// answer must come from the announced length alone (a proxy that read first would wait).
+fn over_the_cap(admin: std::net::SocketAddr, method: &str, path: &str) -> u16 {
+    let text = raw_exchange(
+        admin,
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 3000000\r\n\r\n{{"
+        )
+        .as_bytes(),
+        std::time::Duration::from_secs(5),
+    );
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let (status, headers) = openapi::parse_head(head);
+    openapi::conform(&Exchange {
+        method,
+        target: path,
+        status,
+        headers: &headers,
+        body,
+    });
+    status
+}
+
+#[test]
+fn without_a_token_changes_are_refused_as_documented() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("proxy.yaml"),
+        format!(
+            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\n",
+            dir.path().join("audit.jsonl").display()
+        ),
+    )
+    .unwrap();
+    let p = Proxy::start_with(
+        dir.path().join("proxy.yaml"),
+        dir.path().join("audit.jsonl"),
+        &[],
+    );
+    let a = p.admin;
+    assert_eq!(admin_req(a, "GET", "/v1/sandboxes", "", None).0, 200);
+    assert_eq!(admin_req(a, "PUT", "/v1/sandboxes/x", "{}", None).0, 403);
+    assert_eq!(admin_req(a, "DELETE", "/v1/sandboxes/x", "", None).0, 403);
+    assert_eq!(admin_req(a, "POST", "/v1/reload", "", None).0, 403);
+    assert_eq!(
+        admin_req(a, "POST", "/v1/sandboxes/x/keepalive", "", None).0,
+        403
+    );
+    assert_eq!(admin_req(a, "GET", "/v1/observe", "", None).0, 403);
+    assert_eq!(
+        admin_req(a, "GET", "/v1/sandboxes/default/placeholders", "", None).0,
+        401
+    );
+}
