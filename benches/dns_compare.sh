@@ -1,47 +1,116 @@
 #!/usr/bin/env bash
-# The DNS listener's budget (issue 15): queries per second and latency for an allowed name
-# answered from the proxy's cache, for refused names (a fresh random name each time: the
-# exfiltration path), side by side with the same load sent straight to dnsmasq (Debian's
-# dnsmasq-base), which is also the proxy's upstream. Rounds are interleaved; medians are what
-# the closing note reports.
+# The DNS listener side by side with unbound and dnsmasq (Debian packages), measured with
+# dnsperf (Debian's dnsperf): queries per second for an allowed name answered from cache,
+# for refused names (a fresh random name each query: the exfiltration path), and the p50/p99
+# latency of allowed names at a fixed 5,000 QPS. Every server has the same upstream (a
+# dnsmasq on loopback that knows allowed.bench and exfil.bench) and the same policy: unbound
+# forwards everything to it and refuses exfil.bench with a local zone (its equivalent of a
+# deny rule); dnsmasq is measured as that upstream itself. OLD=path adds an older
+# egress-proxy build. Rounds are interleaved; the closing note reports medians.
 #
-#   benches/dns_compare.sh [ROUNDS] [SECONDS] [CONCURRENCY]
+#   benches/dns_compare.sh [ROUNDS] [SECONDS]        # OLD=/tmp/base-target/release/egress-proxy
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS="${1:-3}"; SECS="${2:-5}"; CONC="${3:-32}"
-command -v dnsmasq >/dev/null || { echo "needs dnsmasq (apt-get install dnsmasq-base)" >&2; exit 2; }
+ROUNDS="${1:-3}"; SECS="${2:-5}"
+for t in dnsperf unbound dnsmasq; do
+  command -v "$t" >/dev/null || { echo "needs $t (apt-get install dnsperf unbound dnsmasq-base)" >&2; exit 2; }
+done
 cargo build --release --quiet --bin egress-proxy
-cargo bench --quiet --bench dnsload --no-run 2>/dev/null
-LOAD=$(ls -t target/release/deps/dnsload-* | grep -v '\.d$' | head -1)
 work=$(mktemp -d /dev/shm/egress-dns.XXXX)
-cleanup() { kill "${DNSMASQ:-}" "${PROXY:-}" 2>/dev/null || true; rm -rf "$work"; }
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-UP=127.0.0.1:15353
-dnsmasq --keep-in-foreground --no-resolv --no-hosts --port=15353 --listen-address=127.0.0.1 \
+UP=15353
+dnsmasq --keep-in-foreground --no-resolv --no-hosts --port=$UP --listen-address=127.0.0.1 \
   --bind-interfaces --address=/allowed.bench/127.0.0.1 --address=/exfil.bench/127.0.0.2 \
   --cache-size=10000 --local-ttl=300 --pid-file="$work/dnsmasq.pid" --user=root 2>"$work/dnsmasq.log" &
-DNSMASQ=$!
-cat > "$work/proxy.yaml" <<YAML
-listen: { proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:15354, default_sandbox: bench }
-audit: { path: $work/audit.jsonl }
-dns: { servers: ["$UP"], timeout_ms: 2000 }
+PIDS+=($!)
+
+cat > "$work/unbound.conf" <<CONF
+server:
+  interface: 127.0.0.1
+  port: 15355
+  do-daemonize: no
+  use-syslog: no
+  logfile: ""
+  verbosity: 0
+  username: ""
+  chroot: ""
+  directory: "$work"
+  pidfile: "$work/unbound.pid"
+  num-threads: 2
+  so-reuseport: yes
+  access-control: 127.0.0.0/8 allow
+  do-not-query-localhost: no
+  module-config: "iterator"
+  local-zone: "exfil.bench." always_nxdomain
+  local-zone: "bench." nodefault
+forward-zone:
+  name: "."
+  forward-addr: 127.0.0.1@$UP
+CONF
+unbound -c "$work/unbound.conf" 2>"$work/unbound.log" &
+PIDS+=($!)
+
+proxy_config() { # dns_port
+  cat <<YAML
+listen: { proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:$1, default_sandbox: bench }
+audit: { path: /dev/null }
+dns: { servers: ["127.0.0.1:$UP"], timeout_ms: 2000 }
 defaults: { guard_allow_ranges: [127.0.0.0/8] }
+admission: { dns_queries_per_second_per_source: 10000000 }
 sandboxes:
   - id: bench
-    limits: { dns_queries_per_second: 1000000 }
+    limits: { dns_queries_per_second: 10000000 }
     policy: { provider: local, config: {}, network: { egress: ["allowed.bench"] } }
 YAML
-target/release/egress-proxy run --config "$work/proxy.yaml" 2>"$work/proxy.log" &
-PROXY=$!
-sleep 1
+}
+proxy_config 15354 > "$work/new.yaml"
+target/release/egress-proxy run --config "$work/new.yaml" 2>"$work/new.log" &
+PIDS+=($!)
+SERVERS="dnsmasq=$UP unbound=15355 egress-proxy=15354"
+if [ -n "${OLD:-}" ]; then
+  proxy_config 15356 > "$work/old.yaml"
+  "$OLD" run --config "$work/old.yaml" 2>"$work/old.log" &
+  PIDS+=($!)
+  SERVERS="$SERVERS egress-proxy-old=15356"
+fi
+sleep 1.5
 
-run() { "$LOAD" --server "$1" --name "$2" ${3:+$3} --concurrency "$CONC" --seconds "$SECS"; }
+printf 'allowed.bench A\n' > "$work/allowed.txt"
+python3 -c "
+import random
+r = random.Random(7)
+print('\n'.join('q%016x.exfil.bench A' % r.getrandbits(64) for _ in range(400000)))" > "$work/denied.txt"
+# Warm every cache.
+for s in $SERVERS; do dig +short -p "${s#*=}" @127.0.0.1 allowed.bench >/dev/null; done
+
+qps() { # port file
+  dnsperf -s 127.0.0.1 -p "$1" -d "$2" -l "$SECS" -c 8 -q 200 -T 2 2>&1 \
+    | awk '/Queries per second/ {print int($4)}'
+}
+latency() { # port: p50 and p99 in microseconds at 5,000 QPS
+  dnsperf -s 127.0.0.1 -p "$1" -d "$work/allowed.txt" -l "$SECS" -Q 5000 -c 4 -v 2>/dev/null \
+    | awk '$1 == ">" && $2 == "NOERROR" {print $NF * 1000000}' | sort -n \
+    | awk '{a[NR]=$1} END {if (NR) printf "%d/%d\n", a[int(NR*0.5)], a[int(NR*0.99)]; else print "-"}'
+}
+declare -A ALLOWED DENIED LAT
 for r in $(seq "$ROUNDS"); do
-  echo "# round $r"
-  run "$UP" allowed.bench
-  run 127.0.0.1:15354 allowed.bench
-  run "$UP" exfil.bench --random-prefix
-  run 127.0.0.1:15354 exfil.bench --random-prefix
+  for s in $SERVERS; do
+    name=${s%%=*}; port=${s#*=}
+    ALLOWED[$name]+="$(qps "$port" "$work/allowed.txt") "
+    DENIED[$name]+="$(qps "$port" "$work/denied.txt") "
+    LAT[$name]+="$(latency "$port") "
+  done
+  echo "# round $r done" >&2
 done
-echo "# audit records written: $(wc -l < "$work/audit.jsonl")"
+median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+printf '%-18s %14s %14s %24s\n' server "allowed QPS" "denied QPS" "p50/p99 us @5k QPS"
+for s in $SERVERS; do
+  name=${s%%=*}
+  printf '%-18s %14s %14s %24s   (allowed: %s| denied: %s| latency: %s)\n' "$name" \
+    "$(echo "${ALLOWED[$name]}" | median)" "$(echo "${DENIED[$name]}" | median)" \
+    "$(echo "${LAT[$name]}" | tr ' ' '\n' | grep -v '^$' | sort -t/ -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')" \
+    "${ALLOWED[$name]}" "${DENIED[$name]}" "${LAT[$name]}"
+done

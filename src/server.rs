@@ -234,9 +234,12 @@ fn spawn_listeners(
             shared: shared.clone(),
             strangers: strangers.clone(),
         };
-        let mut server = hickory_server::ServerFuture::new(listener());
-        server.register_socket(udp);
         let handler = Arc::new(listener());
+        tasks.push(tokio::spawn(crate::dns::udp::serve(
+            handler.clone(),
+            udp,
+            shared.phase.subscribe(),
+        )));
         let idle = config.defaults.timeouts.header;
         let dns_shared = shared.clone();
         tasks.push(tokio::spawn(accept::accept_gated(
@@ -247,11 +250,6 @@ fn spawn_listeners(
                 crate::dns::tcp::serve(handler.clone(), stream, client, idle, phase)
             },
         )));
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = server.block_until_done().await {
-                tracing::error!(error = %e, "the DNS listener stopped");
-            }
-        }));
     }
     tasks
 }

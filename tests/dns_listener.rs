@@ -384,3 +384,55 @@ sandboxes:
         "audit.dns: denied recorded an allowed query: {recs:#?}"
     );
 }
+
+/// An answer is never larger than the client can take over UDP: 512 bytes without EDNS
+/// (truncated, TC set, so the client retries over TCP), the advertised size with EDNS; over
+/// TCP the whole answer comes. A response sent to the listener is never answered (no
+/// reflection loop between two resolvers).
+#[test]
+fn udp_answers_fit_the_client_payload_and_responses_are_never_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let many: Vec<String> = (1..=60).map(|i| format!("127.0.3.{i}")).collect();
+    let yaml = format!(
+        r#"
+dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ many.test: [{}] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.0/8] }}
+sandboxes:
+  - {{ id: s, sources: [127.0.0.0/8], policy: {{ provider: local, config: {{}}, network: {{ egress: [many.test] }} }} }}
+"#,
+        many.join(", ")
+    );
+    let (_p, dns) = start_full(dir.path(), "", &yaml);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 4096];
+
+    // No EDNS: at most 512 bytes, TC set.
+    sock.send_to(&dns_query(7, "many.test", 1), dns).unwrap();
+    let (n, _) = sock.recv_from(&mut buf).unwrap();
+    assert!(n <= 512, "{n} bytes to a client without EDNS");
+    assert_eq!(&buf[..2], &7u16.to_be_bytes());
+    assert_ne!(buf[2] & 0x02, 0, "TC is set on a truncated answer");
+
+    // EDNS with 4096: all 60 addresses (60 × 16 bytes plus the question) fit in our 1232.
+    let mut q = dns_query(8, "many.test", 1);
+    q[11] = 1; // ARCOUNT 1: the OPT record follows
+    q.extend_from_slice(&[0, 0, 41, 0x10, 0x00, 0, 0, 0, 0, 0, 0]);
+    sock.send_to(&q, dns).unwrap();
+    let (n, _) = sock.recv_from(&mut buf).unwrap();
+    assert!(n > 512 && n <= 1232, "{n} bytes with EDNS");
+    assert_eq!(buf[2] & 0x02, 0, "not truncated with EDNS");
+    assert_eq!(u16::from_be_bytes([buf[6], buf[7]]), 60);
+
+    // Over TCP (dig retries there after TC) every address comes.
+    let d = dig(dns, &["many.test", "A", "+noedns"]);
+    assert_eq!(d.answers.len(), 60, "{}", d.raw);
+
+    // A response (QR set) gets nothing; the next query is answered.
+    let mut response = dns_query(9, "many.test", 1);
+    response[2] |= 0x80;
+    sock.send_to(&response, dns).unwrap();
+    sock.send_to(&dns_query(10, "many.test", 1), dns).unwrap();
+    let (_, _) = sock.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..2], &10u16.to_be_bytes(), "the response was answered");
+}

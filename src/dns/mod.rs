@@ -1,8 +1,10 @@
 //! The filtering resolver (`listen.dns`): answers a sandbox only what its policy could use,
 //! and remembers each answer so transparent mode can name a nameless connection.
 
+pub(crate) mod answer;
 pub(crate) mod listener;
 pub(crate) mod memory;
 pub mod question;
 pub(crate) mod strangers;
 pub(crate) mod tcp;
+pub(crate) mod udp;

@@ -3,23 +3,23 @@
 //! (`server::accept_gated`) and is closed by the same [`Liveness`] as every relay: each
 //! message is a 2-byte length and the query; answers go back in order on the same
 //! connection; it closes on EOF, a malformed frame, `idle` with no complete query, or
-//! shutdown. UDP stays with hickory's `ServerFuture`.
+//! shutdown. UDP is [`crate::dns::udp`].
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use hickory_proto::rr::Record;
-use hickory_proto::serialize::binary::{BinDecodable, BinEncoder};
+use hickory_proto::serialize::binary::BinDecodable;
 use hickory_proto::xfer::Protocol;
-use hickory_server::authority::{MessageRequest, MessageResponse};
-use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::authority::MessageRequest;
+use hickory_server::server::{Request, RequestHandler};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::audit::outcome::Close;
+use crate::dns::answer::Encoded;
 use crate::dns::listener::DnsListener;
 use crate::relay::liveness::Liveness;
 use crate::relay::watch::Phase;
@@ -56,7 +56,7 @@ pub async fn serve(
             return;
         };
         let request = Request::new(message, client, Protocol::Tcp);
-        let answer = Answer::default();
+        let answer = Encoded::new(u16::MAX);
         handler.handle_request(&request, answer.clone()).await;
         let Some(bytes) = answer.take() else { return };
         let Ok(len) = u16::try_from(bytes.len()) else {
@@ -88,42 +88,4 @@ async fn read_frame(stream: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
     let mut buf = vec![0u8; len];
     stream.read_exact(&mut buf).await?;
     Ok(Some(buf))
-}
-
-/// Where the handler's response is encoded (one per query).
-#[derive(Clone, Default)]
-struct Answer(Arc<Mutex<Option<Vec<u8>>>>);
-
-impl Answer {
-    fn take(&self) -> Option<Vec<u8>> {
-        self.0.lock().ok()?.take()
-    }
-}
-
-#[async_trait::async_trait]
-impl ResponseHandler for Answer {
-    async fn send_response<'a>(
-        &mut self,
-        response: MessageResponse<
-            '_,
-            'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-        >,
-    ) -> io::Result<ResponseInfo> {
-        let mut buffer = Vec::with_capacity(512);
-        let info = {
-            let mut encoder = BinEncoder::new(&mut buffer);
-            encoder.set_max_size(u16::MAX);
-            response
-                .destructive_emit(&mut encoder)
-                .map_err(io::Error::other)?
-        };
-        if let Ok(mut slot) = self.0.lock() {
-            *slot = Some(buffer);
-        }
-        Ok(info)
-    }
 }

@@ -25,20 +25,58 @@ fn bind_tproxy(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(1024)
 }
 
-/// The DNS listener's sockets: UDP and TCP on the same address. With port 0, the TCP port is
-/// the one the kernel chose for UDP (retried a few times if another process holds it).
-async fn bind_dns(addr: SocketAddr) -> std::io::Result<(UdpSocket, TcpListener)> {
+/// The DNS listener's sockets: one UDP socket per worker thread on the same address
+/// (`SO_REUSEPORT`: the kernel spreads clients over them by address and port, so each receive
+/// loop waits on a socket of its own and a datagram wakes one loop, not all), and TCP on the
+/// same address. With port 0 the ports are the one the kernel chose for the first UDP socket
+/// (retried a few times if another process holds its TCP twin).
+async fn bind_dns(addr: SocketAddr) -> std::io::Result<(Vec<UdpSocket>, TcpListener)> {
+    let loops = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 16);
     let mut last = None;
     for _ in 0..8 {
-        let udp = UdpSocket::bind(addr).await?;
-        let bound = udp.local_addr()?;
-        match TcpListener::bind(bound).await {
-            Ok(tcp) => return Ok((udp, tcp)),
-            Err(e) if addr.port() == 0 => last = Some(e),
+        let first = reuseport_udp(addr)?;
+        let bound = first.local_addr()?;
+        let tcp = match TcpListener::bind(bound).await {
+            Ok(tcp) => tcp,
+            Err(e) if addr.port() == 0 => {
+                last = Some(e);
+                continue;
+            }
             Err(e) => return Err(e),
+        };
+        let mut udp = vec![first];
+        for _ in 1..loops {
+            udp.push(reuseport_udp(bound)?);
         }
+        return Ok((udp, tcp));
     }
     Err(last.unwrap_or_else(|| std::io::Error::other("no port free for both UDP and TCP")))
+}
+
+/// A non-blocking UDP socket with `SO_REUSEPORT`, bound to `addr`. (Only sockets of the same
+/// user can join the group: another user's process cannot take a share of the queries.)
+fn reuseport_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage};
+    let family = if addr.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    let fd = socket::socket(
+        family,
+        SockType::Datagram,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    socket::setsockopt(&fd, sockopt::ReusePort, &true)?;
+    socket::bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrStorage::from(addr),
+    )?;
+    UdpSocket::from_std(std::net::UdpSocket::from(fd))
 }
 
 /// Every listener of the configuration, bound (and the TLS listeners' certificates loaded).
@@ -48,7 +86,7 @@ pub(super) struct Listeners {
     pub transparent: Option<TcpListener>,
     pub admin: Option<TcpListener>,
     pub admin_tls: Option<Arc<TlsServer>>,
-    pub dns: Option<(UdpSocket, TcpListener)>,
+    pub dns: Option<(Vec<UdpSocket>, TcpListener)>,
 }
 
 /// The bound addresses, by listener.
@@ -136,7 +174,11 @@ impl Listeners {
             proxy_tls: self.proxy_tls.as_ref().and_then(|(l, _)| at(l)),
             admin: self.admin.as_ref().and_then(at),
             transparent: self.transparent.as_ref().and_then(at),
-            dns: self.dns.as_ref().and_then(|(u, _)| u.local_addr().ok()),
+            dns: self
+                .dns
+                .as_ref()
+                .and_then(|(u, _)| u.first())
+                .and_then(|u| u.local_addr().ok()),
         }
     }
 }

@@ -1,0 +1,138 @@
+//! DNS over UDP on `listen.dns`: one receive loop per socket (a socket per worker thread,
+//! `SO_REUSEPORT`), each answering in place. hickory's `ServerFuture` spawned a task per
+//! datagram and sent every answer through a channel to a single sending task; here a query
+//! whose answer is ready at once (a cached allowed name, a refused name, a malformed query)
+//! is answered by the loop that read it, with no task, channel or wake-up in between, and
+//! only a query that must wait (the upstream resolver) is moved to a task of its own. The
+//! rules of RFC 1035 and of hickory's own loop are kept: responses (QR set) are never
+//! answered (no reflection), nor are sources with port 0; a message whose header reads but
+//! whose body does not gets `FORMERR`; anything shorter than a header gets nothing; an answer
+//! larger than the client's payload (512 bytes, or its EDNS size) is truncated with TC set.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hickory_proto::op::{Header, MessageType, ResponseCode};
+use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable};
+use hickory_proto::xfer::Protocol;
+use hickory_server::authority::MessageRequest;
+use hickory_server::server::{Request, RequestHandler};
+use tokio::net::UdpSocket;
+use tokio::sync::watch;
+
+use crate::dns::answer::Encoded;
+use crate::dns::listener::DnsListener;
+use crate::relay::watch::Phase;
+
+/// The largest datagram read (EDNS payloads above this are not offered by anyone sane).
+const MAX_DATAGRAM: usize = 4096;
+/// The payload a client without EDNS can take (RFC 1035 §4.2.1).
+const CLASSIC_PAYLOAD: u16 = 512;
+
+/// Serve each socket (one per worker thread, `SO_REUSEPORT`) with a loop of its own until
+/// shutdown.
+pub async fn serve(
+    handler: Arc<DnsListener>,
+    sockets: Vec<UdpSocket>,
+    phase: watch::Receiver<Phase>,
+) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for socket in sockets {
+        tasks.spawn(receive(handler.clone(), Arc::new(socket), phase.clone()));
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// One receive loop.
+async fn receive(
+    handler: Arc<DnsListener>,
+    socket: Arc<UdpSocket>,
+    mut phase: watch::Receiver<Phase>,
+) {
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    loop {
+        let received = tokio::select! {
+            r = socket.recv_from(&mut buf) => r,
+            _ = phase.wait_for(|p| *p != Phase::Serving) => return,
+        };
+        let (len, src) = match received {
+            Ok(r) => r,
+            // ICMP errors of earlier sends (ECONNREFUSED) and the like: keep serving.
+            Err(e) => {
+                tracing::debug!(error = %e, "dns: udp receive");
+                continue;
+            }
+        };
+        if src.port() == 0 || src.ip().is_unspecified() {
+            continue;
+        }
+        let Some(work) = datagram(&handler, &buf[..len], src) else {
+            continue;
+        };
+        // Answered at once when it can be; otherwise the wait moves to a task of its own so
+        // this loop keeps reading.
+        let mut work = Box::pin(work);
+        let polled = work
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        match polled {
+            std::task::Poll::Ready(Some(bytes)) => send(&socket, &bytes, src).await,
+            std::task::Poll::Ready(None) => {}
+            std::task::Poll::Pending => {
+                // Polled again at once by the runtime, which registers its own waker.
+                let socket = socket.clone();
+                tokio::spawn(async move {
+                    if let Some(bytes) = work.await {
+                        send(&socket, &bytes, src).await;
+                    }
+                });
+            }
+        }
+    }
+}
+
+async fn send(socket: &UdpSocket, bytes: &[u8], to: SocketAddr) {
+    if let Err(e) = socket.send_to(bytes, to).await {
+        tracing::debug!(error = %e, "dns: udp send");
+    }
+}
+
+/// What to do with one datagram: `None` to drop it, or the future of its encoded answer.
+fn datagram(
+    handler: &Arc<DnsListener>,
+    bytes: &[u8],
+    src: SocketAddr,
+) -> Option<impl Future<Output = Option<Vec<u8>>> + Send + 'static> {
+    let mut decoder = BinDecoder::new(bytes);
+    let header = Header::read(&mut decoder).ok()?;
+    if header.message_type() == MessageType::Response {
+        // Never answer a response: no reflection loops.
+        return None;
+    }
+    let parsed = MessageRequest::from_bytes(bytes);
+    let handler = handler.clone();
+    Some(async move {
+        match parsed {
+            Ok(message) => {
+                let limit = message
+                    .edns()
+                    .map(|e| e.max_payload().max(CLASSIC_PAYLOAD))
+                    .unwrap_or(CLASSIC_PAYLOAD);
+                let request = Request::new(message, src, Protocol::Udp);
+                let answer = Encoded::new(limit);
+                handler.handle_request(&request, answer.clone()).await;
+                answer.take()
+            }
+            Err(_) => form_error(&header),
+        }
+    })
+}
+
+/// `FORMERR` for a query whose header is readable but whose body is not.
+fn form_error(header: &Header) -> Option<Vec<u8>> {
+    let mut reply = Header::response_from_request(header);
+    reply.set_response_code(ResponseCode::FormErr);
+    reply.set_query_count(0);
+    reply.to_bytes().ok()
+}
