@@ -178,6 +178,7 @@ pub(crate) fn start_shared(
             audit_dns: config.audit_dns,
             interceptor,
             forward_keepalive: config.forward_keepalive,
+            upstream_proxy: config.upstream_proxy.clone().map(Arc::new),
         },
     )))
 }

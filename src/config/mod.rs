@@ -20,6 +20,7 @@ pub mod error;
 mod load;
 mod raw;
 mod refs;
+pub mod upstream;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -312,6 +313,8 @@ pub struct Config {
     /// Bounds on runtime registrations.
     pub runtime: RuntimeLimits,
     pub forward_keepalive: ForwardKeepalive,
+    /// `upstream_proxy`: the parent every allowed connection goes through.
+    pub upstream_proxy: Option<upstream::UpstreamProxy>,
     /// `control_plane.etcd`: registrations shared by every replica through etcd.
     pub etcd: Option<EtcdConfig>,
     /// `tls_intercept`: the CA for terminating hosts that credentials or HTTP rules bind.
@@ -423,6 +426,8 @@ fn load_str_with(
         section(&mut top, "control_plane", &mut sink).unwrap_or_default();
     let raw_intercept: Option<credentials::RawIntercept> =
         section(&mut top, "tls_intercept", &mut sink).flatten();
+    let raw_upstream: Option<upstream::RawUpstreamProxy> =
+        section(&mut top, "upstream_proxy", &mut sink).flatten();
     let sandboxes: Vec<Value> = section(&mut top, "sandboxes", &mut sink).unwrap_or_default();
     let admission = resolve_admission(admission, &mut sink);
     let runtime = resolve_runtime(runtime, &mut sink);
@@ -466,6 +471,25 @@ fn load_str_with(
         secrets,
         &mut warnings,
     );
+    let upstream_proxy = raw_upstream.and_then(|raw| {
+        if let Some(a) = &raw.auth {
+            files.push(rel(&a.password_file));
+        }
+        let read = |f: &str| {
+            let path = rel(f);
+            std::fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))
+        };
+        match upstream::resolve(&raw, &read, secrets, &mut warnings) {
+            Ok(u) => Some(u),
+            Err(errs) => {
+                for e in errs {
+                    sink.top("upstream_proxy", e, Some("upstream_proxy"));
+                }
+                None
+            }
+        }
+    });
     let audit_trail = audit::resolve_trail(audit.trail.clone(), audit.path != "-", &rel, &mut sink);
     if etcd.is_some() && state_dir.is_some() {
         warnings.push(
@@ -544,6 +568,7 @@ fn load_str_with(
         admission,
         runtime,
         forward_keepalive,
+        upstream_proxy,
         etcd,
         intercept,
         placeholder_key,

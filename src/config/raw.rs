@@ -25,6 +25,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "admission",
     "runtime",
     "forward_keepalive",
+    "upstream_proxy",
     "control_plane",
     "tls_intercept",
     "sandboxes",

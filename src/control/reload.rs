@@ -78,6 +78,7 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
         old.max_connections != new.max_connections,
     );
     check("admission", old.admission != new.admission);
+    check("upstream_proxy", old.upstream_proxy != new.upstream_proxy);
     check(
         "runtime.max_binding_bytes",
         old.runtime.max_binding_bytes != new.runtime.max_binding_bytes,

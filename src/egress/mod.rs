@@ -9,6 +9,7 @@ pub(crate) mod allowed;
 pub(crate) mod grant;
 pub(crate) mod identity;
 pub mod limits;
+pub(crate) mod parent;
 pub mod resolve;
 
 use std::net::{IpAddr, SocketAddr};
@@ -151,6 +152,28 @@ pub async fn decide(
         resolver_error: None,
         addresses_consulted: true,
     }
+}
+
+/// [`decide`] for an exchange that goes through the parent proxy: a name a name rule allows
+/// (or report mode lets through) goes to the parent unresolved — no lookup here, so no DNS
+/// query leaks the name and the parent resolves it; anything else (an address, a name only
+/// address rules could allow) is decided exactly as without a parent, and the parent is then
+/// asked for the checked address.
+pub async fn decide_for_parent(
+    set: &PolicySet,
+    sb: &Sandbox,
+    target: &Target,
+    lookup: Lookup<'_>,
+) -> Decided {
+    if let Host::Name(_) = target.host {
+        let t0 = Instant::now();
+        let first = set.decide(sb, target, None);
+        lookup.observe(Timing::Decision, t0);
+        if first.decision.verdict.proceeds() {
+            return Decided::refused(first.decision);
+        }
+    }
+    decide(set, sb, target, None, lookup).await
 }
 
 /// Transparent mode, a connection that carries no name: decide it as `name:port` for the first

@@ -385,7 +385,11 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
 
     // 4. Decide on the name, resolve once, decide on the addresses.
     let resolver = shared.resolver();
-    let decided = egress::decide(&set, &sb, &target, None, shared.lookup(&resolver)).await;
+    let parent = shared.parent_for(&target);
+    let decided = match parent {
+        Some(_) => egress::decide_for_parent(&set, &sb, &target, shared.lookup(&resolver)).await,
+        None => egress::decide(&set, &sb, &target, None, shared.lookup(&resolver)).await,
+    };
     audit.decided(&decided);
     if !decided.proceeds() {
         let mut why = decided
@@ -411,7 +415,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
 
     // 5. Dial only a checked address — or, for a forwarded request, take a kept connection
     // of this sandbox to this authority at one of the addresses just checked.
-    let kept = match connect {
+    let kept = match connect || parent.is_some() {
         true => None,
         false => shared.upstreams.take(
             &sb.binding.id,
@@ -435,17 +439,36 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         return crate::relay::forward::forward(shared, conn.cut.clone(), req, allowed).await;
     }
     let timeout = shared.settings.timeouts.connect;
-    let dialed =
-        match egress::dial(&decided.dial, target.port, None, timeout, shared.metrics()).await {
-            Ok(d) => d,
-            Err(reason) => {
-                let d = Decision::deny(reason, None);
-                let why = d.explain(&sb.binding.id, sb.policy.file(), target.port);
-                return refuse(audit, &req, Some(&sb), d, why, None);
+    let opened = egress::parent::open(
+        parent,
+        &decided,
+        &target,
+        None,
+        &set.guard,
+        &resolver,
+        timeout,
+        shared.metrics(),
+    )
+    .await;
+    let (dialed, checked) = match opened {
+        Ok(o) => {
+            if let Some(via) = o.via {
+                audit.detail(via);
             }
-        };
+            (o.dialed, o.checked)
+        }
+        Err(failed) => {
+            let d = Decision::deny(failed.reason, None);
+            let mut why = d.explain(&sb.binding.id, sb.policy.file(), target.port);
+            if !failed.detail.is_empty() {
+                why = format!("{why}: {}", failed.detail);
+                audit.detail(failed.detail);
+            }
+            return refuse(audit, &req, Some(&sb), d, why, None);
+        }
+    };
     audit.dialed(dialed.addr);
-    let grant = dialed.grant(&who, target, &set);
+    let grant = egress::grant(&who, target, checked, &set);
     drop(set);
     let allowed = Allowed {
         audit,

@@ -110,7 +110,14 @@ pub async fn serve(
         None => {
             let resolver = shared.resolver();
             let lookup = shared.lookup(&resolver);
-            let decided = egress::decide(&set, &sb, &target, Some(orig.ip()), lookup).await;
+            // Through a parent, a name goes unresolved unless strict_sni_dst must compare
+            // the client's destination with its addresses.
+            let decided = match shared.parent_for(&target) {
+                Some(_) if !sb.binding.strict_sni_dst => {
+                    egress::decide_for_parent(&set, &sb, &target, lookup).await
+                }
+                _ => egress::decide(&set, &sb, &target, Some(orig.ip()), lookup).await,
+            };
             (target, decided)
         }
     };
@@ -127,20 +134,34 @@ pub async fn serve(
 
     // 7. Dial a checked address, the client's own choice when it is one of them.
     let timeout = shared.settings.timeouts.connect;
-    let dialed = match egress::dial(
-        &decided.dial,
-        target.port,
+    let resolver = shared.resolver();
+    let opened = egress::parent::open(
+        shared.parent_for(&target),
+        &decided,
+        &target,
         Some(orig.ip()),
+        &set.guard,
+        &resolver,
         timeout,
         shared.metrics(),
     )
-    .await
-    {
-        Ok(d) => d,
-        Err(reason) => return reset(stream, audit, Decision::deny(reason, None)),
+    .await;
+    let (dialed, checked) = match opened {
+        Ok(o) => {
+            if let Some(via) = o.via {
+                audit.detail(via);
+            }
+            (o.dialed, o.checked)
+        }
+        Err(failed) => {
+            if !failed.detail.is_empty() {
+                audit.detail(failed.detail);
+            }
+            return reset(stream, audit, Decision::deny(failed.reason, None));
+        }
     };
     audit.dialed(dialed.addr);
-    let grant = dialed.grant(&who, target.clone(), &set);
+    let grant = egress::grant(&who, target.clone(), checked, &set);
     // The set is not kept alive by a long tunnel: the watch re-reads the newest one.
     drop(set);
 

@@ -103,6 +103,10 @@ impl Decision {
             Reason::DnsTimeout => "the proxy's resolver timed out".into(),
             Reason::ConnectionTimeout => "connecting to the destination timed out".into(),
             Reason::ConnectionRefused => "the destination refused the connection".into(),
+            Reason::UpstreamProxyRefused => {
+                "the parent proxy (upstream_proxy) refused the tunnel after this proxy allowed it"
+                    .into()
+            }
             Reason::ProtocolNotAllowed => format!(
                 "the tunnel did not carry what its port requires (TLS on require_tls_ports, no ECH with refuse_ech) for sandbox {sandbox} ({file})"
             ),

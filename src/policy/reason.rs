@@ -48,11 +48,15 @@ pub enum Reason {
     /// On a terminated host, no `network.http` rule allows the request's method and path
     /// (or the method is TRACE).
     HttpNotAllowed,
+    /// The parent proxy (`upstream_proxy`) refused the tunnel after this proxy allowed it
+    /// (its status is in the record's detail).
+    UpstreamProxyRefused,
 }
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 25] = [
+    pub const ALL: [Reason; 26] = [
+        Reason::UpstreamProxyRefused,
         Reason::CredentialMisuse,
         Reason::HttpNotAllowed,
         Reason::RuleMatched,
@@ -108,6 +112,7 @@ impl Reason {
             Reason::HostMismatch => "host_mismatch",
             Reason::CredentialMisuse => "credential_misuse",
             Reason::HttpNotAllowed => "http_not_allowed",
+            Reason::UpstreamProxyRefused => "upstream_proxy_refused",
         }
     }
 
@@ -130,7 +135,10 @@ impl Reason {
             Reason::InvalidTarget => 400,
             Reason::AuthRequired | Reason::AuthFailed | Reason::UnknownSandbox => 407,
             Reason::RateLimited | Reason::ConnectionLimit => 429,
-            Reason::DnsError | Reason::DestinationNotFound | Reason::ConnectionRefused => 502,
+            Reason::DnsError
+            | Reason::DestinationNotFound
+            | Reason::ConnectionRefused
+            | Reason::UpstreamProxyRefused => 502,
             Reason::DnsTimeout | Reason::ConnectionTimeout => 504,
         }
     }
@@ -162,6 +170,7 @@ impl Reason {
             Reason::DnsTimeout => "dns_timeout",
             Reason::ConnectionTimeout => "connection_timeout",
             Reason::ConnectionRefused => "connection_refused",
+            Reason::UpstreamProxyRefused => "destination_unavailable",
         }
     }
 

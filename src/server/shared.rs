@@ -32,6 +32,8 @@ pub struct Settings {
     pub interceptor: Option<Arc<crate::intercept::Interceptor>>,
     /// `forward_keepalive`.
     pub forward_keepalive: crate::config::ForwardKeepalive,
+    /// `upstream_proxy`: the parent allowed exchanges go through.
+    pub upstream_proxy: Option<Arc<crate::config::upstream::UpstreamProxy>>,
 }
 
 /// Everything a connection task needs.
@@ -135,6 +137,18 @@ impl Shared {
         Lookup {
             resolver: Some(resolver),
             metrics: Some(self.metrics()),
+        }
+    }
+
+    /// The parent proxy `target` goes through, unless it is bypassed (or none is configured).
+    pub fn parent_for(
+        &self,
+        target: &crate::policy::target::Target,
+    ) -> Option<&crate::config::upstream::UpstreamProxy> {
+        let parent = self.settings.upstream_proxy.as_deref()?;
+        match &target.host {
+            crate::policy::target::Host::Name(n) if parent.bypassed(n) => None,
+            _ => Some(parent),
         }
     }
 

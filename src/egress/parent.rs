@@ -1,0 +1,260 @@
+//! Through the parent proxy (`upstream_proxy`): after this proxy's own decision allowed a
+//! target, a tunnel to it is asked of the parent with `CONNECT host:port` — for CONNECT
+//! tunnels, forwarded plain HTTP, terminated (brokered) hosts and transparent connections
+//! alike, so the parent's answer is always its own and never confused with an origin's. The
+//! parent's address is what this proxy dials itself, so the guard judges it (a parent on a
+//! private or loopback address must be listed in `defaults.guard_allow_ranges`); the target
+//! name goes to the parent unresolved. The parent's reply head is read without reading a
+//! byte past it, so what the origin sends first (an SSH or SMTP banner) stays in the socket
+//! for the relay. A refusal (407, 403, 502, …) becomes `upstream_proxy_refused` with the
+//! parent's status line; its `Proxy-Authorization` is never logged.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::audit::metrics::Metrics;
+use crate::config::upstream::UpstreamProxy;
+use crate::egress::resolve::Resolver;
+use crate::egress::Dialed;
+use crate::policy::guard::{Guard, GuardVerdict};
+use crate::policy::reason::Reason;
+use crate::policy::target::Target;
+
+/// The largest reply head accepted from the parent.
+const MAX_HEAD: usize = 16 * 1024;
+
+/// Why the parent gave no tunnel: the reason the client is refused with, and what the
+/// record's detail says.
+#[derive(Debug)]
+pub struct ParentFailed {
+    pub reason: Reason,
+    pub detail: String,
+}
+
+/// A tunnel to `target` through `parent`: the socket to the parent, positioned after its
+/// `200` (so it carries the target's bytes), and the parent's address.
+pub async fn connect(
+    parent: &UpstreamProxy,
+    target: &Target,
+    guard: &Guard,
+    resolver: &Resolver,
+    timeout: Duration,
+    metrics: &Metrics,
+) -> Result<Dialed, ParentFailed> {
+    let shown = parent.shown();
+    let failed = |reason, detail: String| ParentFailed { reason, detail };
+    let addrs = match parent.host.parse::<IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => resolver
+            .resolve(&parent.host)
+            .await
+            .map_err(|e| failed(e.reason(), format!("upstream proxy {shown}: {e}")))?,
+    };
+    let mut refused = None;
+    let permitted: Vec<IpAddr> = addrs
+        .iter()
+        .copied()
+        .filter(|ip| match guard.check(*ip, parent.port, |_| false) {
+            GuardVerdict::Permit => true,
+            v => {
+                refused = Some((*ip, v));
+                false
+            }
+        })
+        .collect();
+    if permitted.is_empty() {
+        let why = match refused {
+            Some((ip, GuardVerdict::Prohibited(range))) => format!(
+                "upstream proxy {shown}: its address {ip} is in {range}; a parent on a private or loopback address must be listed in defaults.guard_allow_ranges"
+            ),
+            Some((ip, _)) => format!("upstream proxy {shown}: {ip} is this proxy itself"),
+            None => format!("upstream proxy {shown}: no address"),
+        };
+        return Err(failed(Reason::DestinationIpProhibited, why));
+    }
+    let mut dialed = crate::egress::dial(&permitted, parent.port, None, timeout, metrics)
+        .await
+        .map_err(|reason| failed(reason, format!("upstream proxy {shown}: cannot connect")))?;
+    let authority = target.to_string();
+    let mut request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
+    if let Some(auth) = &parent.authorization {
+        request.push_str("Proxy-Authorization: ");
+        request.push_str(auth.value());
+        request.push_str("\r\n");
+    }
+    request.push_str("\r\n");
+    let exchange = async {
+        dialed.stream.write_all(request.as_bytes()).await?;
+        read_head(&mut dialed.stream).await
+    };
+    let head = match tokio::time::timeout(timeout, exchange).await {
+        Ok(Ok(head)) => head,
+        Ok(Err(e)) => {
+            return Err(failed(
+                Reason::UpstreamProxyRefused,
+                format!("upstream proxy {shown}: no tunnel ({e})"),
+            ))
+        }
+        Err(_) => {
+            return Err(failed(
+                Reason::ConnectionTimeout,
+                format!("upstream proxy {shown}: no answer to CONNECT"),
+            ))
+        }
+    };
+    let status_line = head.lines().next().unwrap_or("").trim();
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse::<u16>().ok());
+    match status {
+        Some(200..=299) if status_line.starts_with("HTTP/1.") => Ok(dialed),
+        _ => Err(failed(
+            Reason::UpstreamProxyRefused,
+            format!("upstream proxy {shown} answered {}", printable(status_line)),
+        )),
+    }
+}
+
+/// How an allowed exchange reaches its target.
+pub struct Opened {
+    pub dialed: Dialed,
+    /// The address the exchange's grant is watched with: the checked address dialled (or
+    /// asked of the parent), or the parent's own when the parent resolves the name.
+    pub checked: IpAddr,
+    /// What the record's detail says about the route (through a parent).
+    pub via: Option<String>,
+}
+
+/// Open what `decided` allowed: a checked address directly, or — with a parent that does
+/// not bypass the target — a tunnel through the parent to the checked address when the name
+/// was resolved here (address rules needed it: the parent then cannot resolve it anew), or
+/// to the name itself when it was not.
+#[allow(clippy::too_many_arguments)]
+pub async fn open(
+    parent: Option<&UpstreamProxy>,
+    decided: &crate::egress::Decided,
+    target: &Target,
+    prefer: Option<IpAddr>,
+    guard: &Guard,
+    resolver: &Resolver,
+    timeout: Duration,
+    metrics: &Metrics,
+) -> Result<Opened, ParentFailed> {
+    let Some(parent) = parent else {
+        let dialed = crate::egress::dial(&decided.dial, target.port, prefer, timeout, metrics)
+            .await
+            .map_err(|reason| ParentFailed {
+                reason,
+                detail: String::new(),
+            })?;
+        return Ok(Opened {
+            checked: dialed.addr.ip(),
+            dialed,
+            via: None,
+        });
+    };
+    let asked = match decided.dial.first() {
+        Some(ip)
+            if !decided.resolved.is_empty()
+                || matches!(target.host, crate::policy::target::Host::Ip(_)) =>
+        {
+            Target {
+                host: crate::policy::target::Host::Ip(*ip),
+                port: target.port,
+            }
+        }
+        _ => target.clone(),
+    };
+    let dialed = connect(parent, &asked, guard, resolver, timeout, metrics).await?;
+    let checked = match asked.host {
+        crate::policy::target::Host::Ip(ip) => ip,
+        crate::policy::target::Host::Name(_) => dialed.addr.ip(),
+    };
+    Ok(Opened {
+        via: Some(format!(
+            "through upstream proxy {} (CONNECT {asked})",
+            parent.shown()
+        )),
+        checked,
+        dialed,
+    })
+}
+
+/// The parent's reply head up to and including the blank line, never a byte more: peek, and
+/// consume only what belongs to the head.
+async fn read_head(stream: &mut TcpStream) -> std::io::Result<String> {
+    let mut head: Vec<u8> = Vec::with_capacity(256);
+    let mut buf = [0u8; 2048];
+    loop {
+        let n = stream.peek(&mut buf).await?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the parent closed the connection",
+            ));
+        }
+        // Where the blank line ends, counting bytes already consumed (it may straddle).
+        let from = head.len().saturating_sub(3);
+        let mut joined = head[from..].to_vec();
+        joined.extend_from_slice(&buf[..n]);
+        let end = joined.windows(4).position(|w| w == b"\r\n\r\n");
+        let take = match end {
+            Some(pos) => pos + 4 - (head.len() - from),
+            None => n,
+        };
+        let start = head.len();
+        head.resize(start + take, 0);
+        stream.read_exact(&mut head[start..]).await?;
+        if end.is_some() {
+            return Ok(String::from_utf8_lossy(&head).into_owned());
+        }
+        if head.len() > MAX_HEAD {
+            return Err(std::io::Error::other(
+                "the parent's reply head is too large",
+            ));
+        }
+    }
+}
+
+/// A status line as it may be shown: printable ASCII, at most 120 bytes.
+fn printable(line: &str) -> String {
+    line.chars()
+        .filter(|c| c.is_ascii_graphic() || *c == ' ')
+        .take(120)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The head is consumed up to the blank line and no further, even when it arrives in
+    /// pieces that split the blank line.
+    #[tokio::test]
+    async fn the_head_is_read_to_the_blank_line_and_no_further() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            for piece in [
+                &b"HTTP/1.1 200 Connection established\r\n\r"[..],
+                b"\nSSH-2.0-banner\r\n",
+            ] {
+                s.write_all(piece).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            s
+        });
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let head = read_head(&mut client).await.unwrap();
+        assert_eq!(head, "HTTP/1.1 200 Connection established\r\n\r\n");
+        let mut rest = [0u8; 16];
+        client.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest, b"SSH-2.0-banner\r\n");
+        drop(server);
+    }
+}

@@ -1,0 +1,321 @@
+//! `upstream_proxy`: a real Squid (Debian's `squid`) on loopback as the parent, requiring a
+//! password (basic_ncsa_auth). Allowed CONNECT tunnels and forwarded GETs reach the origin
+//! through it (its access log shows them, as CONNECTs of the decided authority); a denied
+//! target never reaches it; its refusal (407 with a wrong password) comes back as
+//! `upstream_proxy_refused` with its status; the parent's password appears in no log; a parent
+//! on loopback is refused by the guard unless `guard_allow_ranges` lists it; a bypassed name
+//! is dialled directly. Fails (never skips) when squid is missing: `.ci/run` installs it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const PASSWORD: &str = "parent-pass-7f3a";
+
+/// A Squid on 127.0.0.1 that requires `agent` / [`PASSWORD`] and logs every request.
+struct Squid {
+    port: u16,
+    log: PathBuf,
+    child: Child,
+}
+
+impl Squid {
+    fn start(dir: &Path) -> Squid {
+        let sq = dir.join("squid");
+        std::fs::create_dir_all(&sq).unwrap();
+        // Squid's workers run as `proxy`: they must reach their files.
+        for d in [dir, sq.as_path()] {
+            Command::new("chmod").arg("755").arg(d).status().unwrap();
+        }
+        let hash = Command::new("openssl")
+            .args(["passwd", "-apr1", PASSWORD])
+            .output()
+            .unwrap();
+        let hash = String::from_utf8(hash.stdout).unwrap();
+        std::fs::write(sq.join("passwd"), format!("agent:{}", hash.trim())).unwrap();
+        std::fs::write(
+            sq.join("hosts"),
+            "127.0.0.1 api.test plain.test other.test\n",
+        )
+        .unwrap();
+        let port = free_port();
+        let log = sq.join("access.log");
+        std::fs::write(
+            sq.join("squid.conf"),
+            format!(
+                "http_port 127.0.0.1:{port}
+pid_filename {d}/squid.pid
+access_log stdio:{log}
+cache_log {d}/cache.log
+cache_store_log none
+cache deny all
+coredump_dir {d}
+hosts_file {d}/hosts
+dns_nameservers 127.0.0.1
+auth_param basic program /usr/lib/squid/basic_ncsa_auth {d}/passwd
+auth_param basic realm parent
+acl authed proxy_auth REQUIRED
+http_access allow authed
+http_access deny all
+shutdown_lifetime 0 seconds
+",
+                d = sq.display(),
+                log = log.display(),
+            ),
+        )
+        .unwrap();
+        Command::new("chown")
+            .args(["-R", "proxy:proxy"])
+            .arg(&sq)
+            .status()
+            .unwrap();
+        // A service name of its own: instances of the same name share memory segments.
+        let child = Command::new("squid")
+            .args(["-N", "-n", &format!("eptest{port}"), "-f"])
+            .arg(sq.join("squid.conf"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("squid is installed (.ci/run installs Debian's squid)");
+        let squid = Squid { port, log, child };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "squid did not listen: {}",
+                std::fs::read_to_string(sq.join("cache.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        squid
+    }
+
+    /// Squid's access log, once `pred` holds (it writes each line when a transaction ends).
+    fn log_when(&self, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            if pred(&text) || Instant::now() > deadline {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Squid {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    ca: TestCa,
+    https: Origin,
+    http: Origin,
+    squid: Squid,
+}
+
+fn env() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let https = Origin::start(Some(&ca));
+    let http = Origin::start(None);
+    let squid = Squid::start(dir.path());
+    Env {
+        dir,
+        ca,
+        https,
+        http,
+        squid,
+    }
+}
+
+impl Env {
+    /// Start the proxy with `upstream_proxy` pointing at Squid with `password`, and `extra`
+    /// top-level YAML.
+    fn proxy(&self, tag: &str, password: &str, guard: &str) -> Proxy {
+        let d = self.dir.path().join(tag);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("parent.pw"), format!("{password}\n")).unwrap();
+        let yaml = format!(
+            r#"
+dns:
+  servers: ["127.0.0.1:9"]
+  timeout_ms: 500
+  hosts: {{ api.test: [127.0.0.1], plain.test: [127.0.0.1], denied.test: [127.0.0.1], other.test: [127.0.0.1] }}
+defaults: {{ {guard} timeouts: {{ connect_ms: 3000 }} }}
+upstream_proxy:
+  url: http://127.0.0.1:{port}
+  auth: {{ username: agent, password_file: {pw} }}
+  bypass: [other.test]
+sandboxes:
+  - id: s
+    sources: [127.0.0.0/8]
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*", "plain.test:*", "other.test:*"], deny: [denied.test] }} }}
+"#,
+            port = self.squid.port,
+            pw = d.join("parent.pw").display(),
+        );
+        Proxy::start(&d, &yaml)
+    }
+
+    fn via(&self, p: &Proxy, url: &str) -> CurlOut {
+        curl(&[
+            "-x",
+            &format!("http://{}", p.proxy),
+            "--cacert",
+            &self.ca.ca_pem.to_string_lossy(),
+            "-i",
+            url,
+        ])
+    }
+}
+
+const GUARD: &str = "guard_allow_ranges: [127.0.0.1/32],";
+
+#[test]
+fn allowed_exchanges_go_through_the_parent_and_denied_ones_never_reach_it() {
+    let e = env();
+    let p = e.proxy("ok", PASSWORD, GUARD);
+    let hp = e.https.addr.port();
+    let pp = e.http.addr.port();
+
+    // An allowed CONNECT: the tunnel goes through Squid to the origin.
+    let out = e.via(&p, &format!("https://api.test:{hp}/hello"));
+    assert!(
+        out.text().contains("hello from origin /hello"),
+        "{} {}",
+        out.text(),
+        out.stderr
+    );
+    // A forwarded GET: also a CONNECT of the decided authority through Squid.
+    let out = e.via(&p, &format!("http://plain.test:{pp}/hello"));
+    assert!(
+        out.text().contains("hello from origin /hello"),
+        "{} {}",
+        out.text(),
+        out.stderr
+    );
+    // A denied one: refused here, never seen by Squid.
+    let out = e.via(&p, &format!("https://denied.test:{hp}/"));
+    assert!(
+        out.stderr.contains("403") || out.text().contains("403"),
+        "{} {}",
+        out.text(),
+        out.stderr
+    );
+
+    let log = e.squid.log_when(|l| {
+        l.contains(&format!("CONNECT api.test:{hp}"))
+            && l.contains(&format!("CONNECT plain.test:{pp}"))
+    });
+    assert!(log.contains(&format!("CONNECT api.test:{hp}")), "{log}");
+    assert!(log.contains(&format!("CONNECT plain.test:{pp}")), "{log}");
+    assert!(
+        log.contains("agent"),
+        "Squid authenticated the proxy: {log}"
+    );
+    assert!(
+        !log.contains("denied.test"),
+        "a denied target reached the parent: {log}"
+    );
+
+    // The records name the route; the password is in no log, nor its Basic form.
+    let rec = p.wait_record(|r| r["target_host"] == "api.test" && r["decision"] == "allow");
+    assert_eq!(
+        rec["dialed"],
+        format!("127.0.0.1:{}", e.squid.port),
+        "{rec}"
+    );
+    assert!(
+        rec["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("through upstream proxy"),
+        "{rec}"
+    );
+    let basic = basic("agent", PASSWORD);
+    let audit = std::fs::read_to_string(&p.audit).unwrap();
+    for secret in [PASSWORD, basic.trim_start_matches("Basic ")] {
+        assert!(
+            !audit.contains(secret),
+            "the parent's password in the audit log"
+        );
+        assert!(
+            !p.stderr_text().contains(secret),
+            "the parent's password in the proxy's log"
+        );
+    }
+}
+
+#[test]
+fn a_parent_refusal_is_reported_with_its_status() {
+    let e = env();
+    let p = e.proxy("wrong", "not-the-password", GUARD);
+    let hp = e.https.addr.port();
+    let out = e.via(&p, &format!("https://api.test:{hp}/hello"));
+    let all = format!("{}{}", out.text(), out.stderr);
+    assert!(all.contains("502"), "{all}");
+    assert!(all.contains("upstream_proxy_refused"), "{all}");
+    let rec = p.wait_record(|r| r["target_host"] == "api.test");
+    assert_eq!(rec["reason"], "upstream_proxy_refused", "{rec}");
+    assert!(
+        rec["detail"].as_str().unwrap_or("").contains("407"),
+        "{rec}"
+    );
+    // A forwarded request too.
+    let pp = e.http.addr.port();
+    let out = e.via(&p, &format!("http://plain.test:{pp}/hello"));
+    assert!(out.text().starts_with("HTTP/1.1 502"), "{}", out.text());
+    assert!(
+        out.text().contains("upstream_proxy_refused"),
+        "{}",
+        out.text()
+    );
+}
+
+#[test]
+fn the_guard_judges_the_parent_and_bypassed_names_go_direct() {
+    let e = env();
+    // Without guard_allow_ranges, a parent on loopback is refused with a hint.
+    let p = e.proxy("guarded", PASSWORD, "");
+    let hp = e.https.addr.port();
+    let out = e.via(&p, &format!("https://api.test:{hp}/hello"));
+    assert!(
+        out.text().contains("403") || out.stderr.contains("403"),
+        "{} {}",
+        out.text(),
+        out.stderr
+    );
+    let rec = p.wait_record(|r| r["target_host"] == "api.test");
+    assert_eq!(rec["reason"], "destination_ip_prohibited", "{rec}");
+    assert!(
+        rec["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("guard_allow_ranges"),
+        "{rec}"
+    );
+
+    // A bypassed name is dialled directly: the origin answers, Squid never sees it.
+    let p = e.proxy("bypass", PASSWORD, GUARD);
+    let out = e.via(&p, &format!("https://other.test:{hp}/hello"));
+    assert!(
+        out.text().contains("hello from origin /hello"),
+        "{} {}",
+        out.text(),
+        out.stderr
+    );
+    let rec = p.wait_record(|r| r["target_host"] == "other.test");
+    assert_eq!(rec["dialed"], format!("127.0.0.1:{hp}"), "{rec}");
+    std::thread::sleep(Duration::from_millis(300));
+    let log = std::fs::read_to_string(&e.squid.log).unwrap_or_default();
+    assert!(!log.contains("other.test"), "{log}");
+}
