@@ -161,6 +161,15 @@ impl Drop for GatewayRules {
             "--tproxy",
             "--ipv4-only",
         ]);
+        let _ = sh(&[
+            s,
+            "remove",
+            "gateway",
+            "--iface",
+            &self.0,
+            "--tproxy",
+            "--ipv6-only",
+        ]);
     }
 }
 
@@ -1252,4 +1261,119 @@ fn gateway_terminates_bound_hosts_and_brokers_credentials() {
         .proxy
         .wait_record(|r| r["mode"] == "host" && r["reason"] == "credential_misuse");
     assert_eq!(rec["decision"], "deny", "{rec}");
+}
+
+/// IPv6 end to end with TPROXY (ip6tables mangle, IPV6_TRANSPARENT): an IPv6-only sandbox
+/// namespace, curl over v6, the SNI decides; a forged destination still gets the name's real
+/// address; and the guard refuses `::1` and ULA addresses by default (only the one ULA
+/// address listed in `guard_allow_ranges` passes).
+#[test]
+#[ignore = "needs root, ip, ip6tables"]
+fn gateway_ipv6_tproxy_decides_by_sni_and_the_guard_refuses_loopback_and_ula() {
+    if !can_run() {
+        return;
+    }
+    let ns = Netns::new("t6", 82, 1);
+    let (h6, s6) = ("fd00:82:1::1", "fd00:82:1::2");
+    must(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{h6}/64"),
+        "dev",
+        &ns.host_if,
+        "nodad",
+    ]);
+    must(&[
+        "ip",
+        "-n",
+        &ns.name,
+        "addr",
+        "add",
+        &format!("{s6}/64"),
+        "dev",
+        "egpt61s",
+        "nodad",
+    ]);
+    must(&[
+        "ip", "-n", &ns.name, "-6", "route", "add", "default", "via", h6,
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let https = Origin::start_on(h6, Some(&ca));
+    let audit = dir.path().join("audit.jsonl");
+    let yaml = format!(
+        r#"
+listen: {{ proxy: null, transparent: "[::]:0", transparent_tproxy: true, admin: 127.0.0.1:0 }}
+audit: {{ path: {audit} }}
+dns:
+  servers: ["127.0.0.1:9"]
+  timeout_ms: 500
+  hosts: {{ api.test: ["{h6}"], private.test: ["fd00:82:77::5"], meta.test: ["::1"] }}
+defaults: {{ guard_allow_ranges: ["{h6}/128"], timeouts: {{ connect_ms: 2000 }} }}
+sandboxes:
+  - id: v6
+    sources: ["{s6}/128"]
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*", "private.test:*", "meta.test:*"] }} }}
+"#,
+        audit = audit.display()
+    );
+    let cfg = dir.path().join("proxy.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    let proxy = Proxy::start_with(cfg, audit, &[]);
+    let tport = proxy.transparent.expect("transparent").port().to_string();
+    let _rules = GatewayRules(ns.host_if.clone());
+    must(&[
+        script().to_str().unwrap(),
+        "install",
+        "gateway",
+        "--iface",
+        &ns.host_if,
+        "--proxy-port",
+        &tport,
+        "--tproxy",
+        "--ipv6-only",
+    ]);
+    let ca = ca.ca_pem.display().to_string();
+    let op = https.addr.port();
+    let get = |name: &str, addr: &str, path: &str| {
+        ns.curl(&[
+            "-6",
+            "--cacert",
+            &ca,
+            "--resolve",
+            &format!("{name}:{op}:[{addr}]"),
+            &format!("https://{name}:{op}{path}"),
+        ])
+    };
+    // Allowed by its SNI; the original destination kept.
+    let (code, out) = get("api.test", h6, "/six");
+    assert_eq!(
+        code,
+        0,
+        "{out}\n{:#?}\n{}",
+        proxy.audit_records(),
+        proxy.stderr_text()
+    );
+    assert!(out.contains("hello from origin /six"), "{out}");
+    let rec = proxy
+        .wait_record(|r| r["sni"] == "api.test" && r["original_dst"] == format!("[{h6}]:{op}"));
+    assert_eq!(rec["decision"], "allow");
+    assert_eq!(rec["dialed"], format!("[{h6}]:{op}"));
+    // A forged destination: TPROXY hands over the connection addressed to another address,
+    // the proxy dials the name's own address.
+    let forged = "fd00:82:9::9";
+    let (code, out) = get("api.test", forged, "/forged");
+    assert_eq!(code, 0, "{out}");
+    let rec = proxy.wait_record(|r| r["original_dst"] == format!("[{forged}]:{op}"));
+    assert_eq!(rec["dialed"], format!("[{h6}]:{op}"));
+    // The guard: a ULA address not listed, and ::1, are refused whatever the name rule says.
+    for (name, addr) in [("private.test", "fd00:82:77::5"), ("meta.test", "::1")] {
+        let (code, _) = get(name, h6, "/");
+        assert_ne!(code, 0, "{name} ({addr}) was reached");
+        let rec = proxy.wait_record(|r| r["sni"] == name);
+        assert_eq!(rec["decision"], "deny", "{rec}");
+        assert_eq!(rec["reason"], "destination_ip_prohibited", "{rec}");
+        assert_eq!(rec["resolved"][0], addr, "{rec}");
+    }
 }
