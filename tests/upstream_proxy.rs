@@ -387,3 +387,61 @@ sandboxes:
         .log_when(|l| l.contains(&format!("CONNECT api.test:{hp}")));
     assert!(log.contains(&format!("CONNECT api.test:{hp}")), "{log}");
 }
+
+/// A reload that takes the rule away cuts a tunnel that runs through the parent, at once, and
+/// the record says `revoked`; a new attempt is refused here and never reaches the parent.
+#[test]
+fn a_tunnel_through_the_parent_is_revoked_by_a_reload() {
+    let e = env();
+    let p = e.proxy("revoke", PASSWORD, GUARD);
+    let hp = e.https.addr.port();
+    let px = format!("http://{}", p.proxy);
+    let ca = e.ca.ca_pem.to_string_lossy().into_owned();
+    let url = format!("https://api.test:{hp}/slow");
+    let slow = std::thread::spawn(move || {
+        let out = curl(&["-x", &px, "--cacert", &ca, &url]);
+        (out, Instant::now())
+    });
+    // The download (a minute long) is under way through Squid.
+    p.wait_audit("open", |r| r["target_host"] == "api.test");
+    std::thread::sleep(Duration::from_millis(300));
+    let config = std::fs::read_to_string(&p.config).unwrap();
+    std::fs::write(&p.config, config.replace("\"api.test:*\", ", "")).unwrap();
+    let reloaded = Instant::now();
+    unsafe_free_kill(p.child.id(), "HUP");
+    let (out, ended) = slow.join().unwrap();
+    assert_ne!(out.code, 0, "the download was cut");
+    assert!(
+        ended.duration_since(reloaded) < Duration::from_secs(20),
+        "cut {:?} after the reload",
+        ended.duration_since(reloaded)
+    );
+    let rec = p.wait_record(|r| r["target_host"] == "api.test" && r["close"] == "revoked");
+    assert!(
+        rec["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("through upstream proxy"),
+        "{rec}"
+    );
+    // Squid writes the cut tunnel's line when it ends; count once it is there.
+    let before = e
+        .squid
+        .log_when(|l| l.contains(&format!("CONNECT api.test:{hp}")))
+        .lines()
+        .count();
+    assert!(before > 0);
+    let again = e.via(&p, &format!("https://api.test:{hp}/again"));
+    assert!(
+        again.stderr.contains("403") || again.text().contains("403"),
+        "{}",
+        again.stderr
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let log = std::fs::read_to_string(&e.squid.log).unwrap_or_default();
+    assert_eq!(
+        log.lines().count(),
+        before,
+        "the refused attempt reached the parent: {log}"
+    );
+}
