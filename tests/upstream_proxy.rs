@@ -445,3 +445,136 @@ fn a_tunnel_through_the_parent_is_revoked_by_a_reload() {
         "the refused attempt reached the parent: {log}"
     );
 }
+
+/// Per sandbox: a sandbox's own `upstream_proxy` replaces the top-level one (here: none at
+/// the top, one sandbox through Squid, another direct), `direct` opts out of a top-level
+/// parent, and a runtime registration cannot name a password file for its parent.
+#[test]
+fn each_sandbox_may_have_its_own_parent_or_go_direct() {
+    let e = env();
+    let d = e.dir.path().join("per-sandbox");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("parent.pw"), PASSWORD).unwrap();
+    std::fs::write(d.join("admin.token"), "per-sandbox-admin").unwrap();
+    let yaml = format!(
+        r#"
+admin_token_file: {d}/admin.token
+dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ api.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+sandboxes:
+  - id: via
+    auth: {{ token_sha256: {via} }}
+    upstream_proxy: {{ url: "http://127.0.0.1:{port}", auth: {{ username: agent, password_file: {d}/parent.pw }} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }}
+  - id: plain
+    auth: {{ token_sha256: {plain} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }}
+"#,
+        d = d.display(),
+        port = e.squid.port,
+        via = sha("via-token"),
+        plain = sha("plain-token"),
+    );
+    let p = Proxy::start(&d, &yaml);
+    let hp = e.https.addr.port();
+    let get = |user: &str, path: &str| {
+        curl(&[
+            "-x",
+            &format!("http://{}", p.proxy),
+            "--proxy-user",
+            user,
+            "--cacert",
+            &e.ca.ca_pem.to_string_lossy(),
+            &format!("https://api.test:{hp}{path}"),
+        ])
+    };
+    let out = get("via:via-token", "/via");
+    assert!(
+        out.text().contains("hello from origin /via"),
+        "{} {}",
+        out.text(),
+        out.stderr
+    );
+    let out = get("plain:plain-token", "/plain");
+    assert!(
+        out.text().contains("hello from origin /plain"),
+        "{} {}",
+        out.text(),
+        out.stderr
+    );
+    let via = p.wait_record(|r| r["sandbox"] == "via" && r["target_host"] == "api.test");
+    assert_eq!(
+        via["dialed"],
+        format!("127.0.0.1:{}", e.squid.port),
+        "{via}"
+    );
+    let plain = p.wait_record(|r| r["sandbox"] == "plain" && r["target_host"] == "api.test");
+    assert_eq!(plain["dialed"], format!("127.0.0.1:{hp}"), "{plain}");
+    let log = e.squid.log_when(|l| l.contains("CONNECT api.test"));
+    assert_eq!(
+        log.matches("CONNECT api.test").count(),
+        1,
+        "only `via` used the parent: {log}"
+    );
+
+    // A runtime registration may pick a parent without auth, or direct, never a file.
+    let body = format!(
+        r#"{{"auth": {{"token_sha256": "{}"}}, "upstream_proxy": {{"url": "http://127.0.0.1:{}", "auth": {{"username": "agent", "password_file": "/etc/shadow"}}}}, "policy": {{"provider": "local", "config": {{}}, "network": {{"egress": ["api.test:*"]}}}}}}"#,
+        sha("rt-token"),
+        e.squid.port
+    );
+    let (status, resp) = admin_req(
+        p.admin,
+        "PUT",
+        "/v1/sandboxes/rt",
+        &body,
+        Some("per-sandbox-admin"),
+    );
+    assert_eq!(status, 400, "{resp}");
+    assert!(resp.contains("upstream_proxy.auth"), "{resp}");
+    assert!(!resp.contains("root:"), "{resp}");
+    let body = body.replace(
+        r#", "auth": {"username": "agent", "password_file": "/etc/shadow"}"#,
+        "",
+    );
+    let (status, resp) = admin_req(
+        p.admin,
+        "PUT",
+        "/v1/sandboxes/rt",
+        &body,
+        Some("per-sandbox-admin"),
+    );
+    assert_eq!(status, 201, "{resp}");
+
+    // `direct` opts a sandbox out of a top-level parent.
+    let d2 = e.dir.path().join("direct");
+    std::fs::create_dir_all(&d2).unwrap();
+    std::fs::write(d2.join("parent.pw"), PASSWORD).unwrap();
+    let yaml = format!(
+        r#"
+dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ other.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+upstream_proxy: {{ url: "http://127.0.0.1:{port}", auth: {{ username: agent, password_file: {d}/parent.pw }} }}
+sandboxes:
+  - id: s
+    sources: [127.0.0.0/8]
+    upstream_proxy: direct
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["other.test:*"] }} }}
+"#,
+        d = d2.display(),
+        port = e.squid.port,
+    );
+    let p2 = Proxy::start(&d2, &yaml);
+    let out = e.via(&p2, &format!("https://other.test:{hp}/direct"));
+    assert!(
+        out.text().contains("hello from origin /direct"),
+        "{} {}",
+        out.text(),
+        out.stderr
+    );
+    let rec = p2.wait_record(|r| r["target_host"] == "other.test");
+    assert_eq!(rec["dialed"], format!("127.0.0.1:{hp}"), "{rec}");
+    std::thread::sleep(Duration::from_millis(300));
+    let log = std::fs::read_to_string(&e.squid.log).unwrap_or_default();
+    assert!(!log.contains("other.test"), "{log}");
+}

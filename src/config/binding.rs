@@ -134,6 +134,17 @@ impl Config {
                 None,
             ));
         }
+        if let Some(Value::Mapping(parent)) = map.get("upstream_proxy") {
+            if parent.contains_key("auth") {
+                return Err(one(
+                    "runtime registrations cannot give `upstream_proxy.auth` (the parent's \
+                     password comes from the operator's files): use a parent without auth, \
+                     `direct`, or define the sandbox in the config file"
+                        .into(),
+                    None,
+                ));
+            }
+        }
         if let Some(Value::Mapping(auth)) = map.get("auth") {
             // The proxy's own files and environment are not the caller's to name: the answer
             // must not even say whether such a file or variable exists.
@@ -315,6 +326,36 @@ pub(super) fn build_binding(
         None => ctx.defaults.require_tls_ports.clone(),
     };
     let credentials = resolve_credentials(&raw, ctx, sb, sink, line, files, warnings);
+    let upstream_proxy = match &raw.upstream_proxy {
+        None => super::upstream::ParentChoice::Inherit,
+        Some(choice) => {
+            let path = |f: &str| {
+                if Path::new(f).is_absolute() {
+                    PathBuf::from(f)
+                } else {
+                    ctx.base_dir.join(f)
+                }
+            };
+            if let super::upstream::RawSandboxParent::Via(r) = choice {
+                if let Some(a) = &r.auth {
+                    files.push(path(&a.password_file));
+                }
+            }
+            let read = |f: &str| -> Result<String, String> {
+                let p = path(f);
+                std::fs::read_to_string(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+            };
+            match super::upstream::resolve_choice(choice, &read, ctx.secrets, warnings) {
+                Ok(c) => c,
+                Err(errs) => {
+                    for e in errs {
+                        sink.push(sb, "upstream_proxy", e, Some("upstream_proxy"), line);
+                    }
+                    super::upstream::ParentChoice::Inherit
+                }
+            }
+        }
+    };
     let (block, network, policy_file, policy_ref) = policy?;
     if !network.http.is_empty() && ctx.placeholder_key.is_none() {
         sink.push(
@@ -343,6 +384,7 @@ pub(super) fn build_binding(
         policy_file,
         policy_ref,
         credentials: credentials.into(),
+        upstream_proxy,
     })
 }
 

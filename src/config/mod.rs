@@ -198,6 +198,8 @@ pub struct Binding {
     pub policy_ref: Option<String>,
     /// Secrets put on requests to the hosts they are bound to (terminated by the proxy).
     pub credentials: Arc<[credentials::Credential]>,
+    /// `upstream_proxy` of this sandbox: inherit the top-level parent, `direct`, or its own.
+    pub upstream_proxy: upstream::ParentChoice,
 }
 
 /// `max_connections`: a number of connections the process can actually hold — at least 1, at

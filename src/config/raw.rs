@@ -363,4 +363,7 @@ pub struct RawBinding {
     /// Secrets put on requests to the hosts they are bound to ([`super::credentials`]).
     #[serde(default)]
     pub credentials: Vec<super::credentials::RawCredential>,
+    /// This sandbox's parent proxy, or `direct` ([`super::upstream`]).
+    #[serde(default)]
+    pub upstream_proxy: Option<super::upstream::RawSandboxParent>,
 }

@@ -1,6 +1,7 @@
 //! `upstream_proxy:` — a parent proxy every allowed connection goes through, after this
 //! proxy's own decision (the parent never widens policy): `{ url: "http://host:port", auth:
-//! { username, password_file }, bypass: [names] }`. The password comes from a file, never
+//! { username, password_file }, bypass: [names] }`, at the top level and per sandbox (a
+//! sandbox's own parent, or `direct`, replaces the top-level one for it). The password comes from a file, never
 //! inline, and is held only as the ready `Proxy-Authorization` value, which no `Debug` or
 //! message ever shows. `https://` parents are refused with a message (not supported yet).
 
@@ -28,6 +29,54 @@ pub struct RawUpstreamProxy {
 pub struct RawParentAuth {
     pub username: String,
     pub password_file: String,
+}
+
+/// A sandbox's `upstream_proxy` as written: its own parent, or `direct`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawSandboxParent {
+    Direct(String),
+    Via(RawUpstreamProxy),
+}
+
+/// Which parent a sandbox's exchanges go through.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum ParentChoice {
+    /// The top-level `upstream_proxy`, if any.
+    #[default]
+    Inherit,
+    /// None: dialled directly even when a top-level parent is set.
+    Direct,
+    /// Its own parent.
+    Via(std::sync::Arc<UpstreamProxy>),
+}
+
+impl ParentChoice {
+    /// The parent for this sandbox, given the top-level one.
+    pub fn pick<'a>(&'a self, top: Option<&'a UpstreamProxy>) -> Option<&'a UpstreamProxy> {
+        match self {
+            ParentChoice::Inherit => top,
+            ParentChoice::Direct => None,
+            ParentChoice::Via(p) => Some(p),
+        }
+    }
+}
+
+/// Resolve a sandbox's `upstream_proxy`.
+pub fn resolve_choice(
+    raw: &RawSandboxParent,
+    read_file: &dyn Fn(&str) -> Result<String, String>,
+    secrets: super::Secrets,
+    warnings: &mut Vec<String>,
+) -> Result<ParentChoice, Vec<String>> {
+    match raw {
+        RawSandboxParent::Direct(s) if s == "direct" => Ok(ParentChoice::Direct),
+        RawSandboxParent::Direct(s) => Err(vec![format!(
+            "`{s}`: expected `direct` or {{ url, auth, bypass }}"
+        )]),
+        RawSandboxParent::Via(r) => resolve(r, read_file, secrets, warnings)
+            .map(|p| ParentChoice::Via(std::sync::Arc::new(p))),
+    }
 }
 
 /// The parent proxy, resolved.

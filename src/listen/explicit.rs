@@ -385,7 +385,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
 
     // 4. Decide on the name, resolve once, decide on the addresses.
     let resolver = shared.resolver();
-    let parent = shared.parent_for(&target);
+    let parent = shared.parent_for(&sb, &target);
     let decided = match parent {
         Some(_) => egress::decide_for_parent(&set, &sb, &target, shared.lookup(&resolver)).await,
         None => egress::decide(&set, &sb, &target, None, shared.lookup(&resolver)).await,

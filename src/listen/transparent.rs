@@ -112,7 +112,7 @@ pub async fn serve(
             let lookup = shared.lookup(&resolver);
             // Through a parent, a name goes unresolved unless strict_sni_dst must compare
             // the client's destination with its addresses.
-            let decided = match shared.parent_for(&target) {
+            let decided = match shared.parent_for(&sb, &target) {
                 Some(_) if !sb.binding.strict_sni_dst => {
                     egress::decide_for_parent(&set, &sb, &target, lookup).await
                 }
@@ -136,7 +136,7 @@ pub async fn serve(
     let timeout = shared.settings.timeouts.connect;
     let resolver = shared.resolver();
     let opened = egress::parent::open(
-        shared.parent_for(&target),
+        shared.parent_for(&sb, &target),
         &decided,
         &target,
         Some(orig.ip()),

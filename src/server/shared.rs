@@ -140,12 +140,15 @@ impl Shared {
         }
     }
 
-    /// The parent proxy `target` goes through, unless it is bypassed (or none is configured).
-    pub fn parent_for(
-        &self,
+    /// The parent proxy `sandbox`'s exchange with `target` goes through: its own, or the
+    /// top-level one; none when it is `direct`, the target is bypassed, or none is configured.
+    pub fn parent_for<'a>(
+        &'a self,
+        sandbox: &'a crate::policy::set::Sandbox,
         target: &crate::policy::target::Target,
-    ) -> Option<&crate::config::upstream::UpstreamProxy> {
-        let parent = self.settings.upstream_proxy.as_deref()?;
+    ) -> Option<&'a crate::config::upstream::UpstreamProxy> {
+        let top = self.settings.upstream_proxy.as_deref();
+        let parent = sandbox.binding.upstream_proxy.pick(top)?;
         match &target.host {
             crate::policy::target::Host::Name(n) if parent.bypassed(n) => None,
             _ => Some(parent),
