@@ -58,9 +58,23 @@ pub struct ClientConn {
     pub cut: Arc<Cut>,
     /// What the client's certificate says (TLS listener with client certificates).
     cert: ClientCert,
+    /// HTTP/2 (ALPN `h2` on the TLS listener): a revoked forwarded exchange resets its own
+    /// stream, never the connection its siblings share.
+    h2: bool,
 }
 
 impl ClientConn {
+    /// What a forwarded exchange cuts when it is revoked or idles out: the connection on
+    /// HTTP/1.1 (its only exchange at a time); on HTTP/2 a cut of its own, so only its stream
+    /// ends (its response body fails, and hyper resets the stream).
+    fn exchange_cut(&self) -> Arc<Cut> {
+        if self.h2 {
+            Cut::new()
+        } else {
+            self.cut.clone()
+        }
+    }
+
     /// A request identified a sandbox: move from the address's unidentified allowance to the
     /// global cap (once per connection). `false` when the cap is full.
     fn identified(&self) -> bool {
@@ -93,7 +107,9 @@ pub async fn serve(
     unidentified: UnidentifiedSlot,
     cert: ClientCert,
 ) {
-    let _ = io.tcp().set_nodelay(true);
+    if let Some(tcp) = io.tcp() {
+        let _ = tcp.set_nodelay(true);
+    }
     let stream = match io {
         ClientIo::Tcp(stream) => stream,
         // The TLS listener has checked the first bytes (the handshake, within first_byte_ms).
@@ -139,6 +155,7 @@ async fn serve_http(
     unidentified: UnidentifiedSlot,
     cert: ClientCert,
 ) {
+    let h2 = matches!(&io, ClientIo::Tls(t) if t.get_ref().1.alpn_protocol() == Some(b"h2"));
     let conn = Arc::new(ClientConn {
         shared: shared.clone(),
         accepted,
@@ -148,6 +165,7 @@ async fn serve_http(
         identified: std::sync::atomic::AtomicBool::new(false),
         cut: Cut::new(),
         cert,
+        h2,
     });
     let svc = {
         let conn = conn.clone();
@@ -156,30 +174,62 @@ async fn serve_http(
             async move { Ok::<_, Infallible>(handle(conn, req).await) }
         })
     };
-    let http = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(shared.settings.timeouts.header)
-        .max_buf_size(MAX_HEAD)
-        .max_header_size(MAX_HEAD)
-        .serve_connection(TokioIo::new(Abortable::new(io, conn.cut.clone())), svc)
-        .with_upgrades();
+    let io = TokioIo::new(Abortable::new(io, conn.cut.clone()));
+    let result = if conn.h2 {
+        // HTTP/2 (negotiated with ALPN on the TLS listener): every stream is a request of its
+        // own — a CONNECT tunnel (RFC 9113 §8.5) or a forwarded request — identified, limited,
+        // decided, recorded and revoked alone.
+        let http = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(H2_MAX_STREAMS)
+            .max_header_list_size(MAX_HEAD as u32)
+            .serve_connection(io, svc);
+        drive(&shared, &conn, http, |h| h.graceful_shutdown()).await
+    } else {
+        let http = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(shared.settings.timeouts.header)
+            .max_buf_size(MAX_HEAD)
+            .max_header_size(MAX_HEAD)
+            .serve_connection(io, svc)
+            .with_upgrades();
+        drive(&shared, &conn, http, |h| h.graceful_shutdown()).await
+    };
+    let Some(result) = result else { return };
+    if conn.requests.load(Ordering::Relaxed) == 0 {
+        no_request(&conn, result.err());
+    }
+}
+
+/// Streams one HTTP/2 connection may have open at once (each is also under its sandbox's
+/// `limits.max_connections`).
+const H2_MAX_STREAMS: u32 = 100;
+
+/// Drive a connection until it ends (`Some`), finishing it gracefully at shutdown, or until
+/// its cut fires (`None`: dropped at once).
+async fn drive<C>(
+    shared: &Shared,
+    conn: &ClientConn,
+    http: C,
+    finish: impl Fn(std::pin::Pin<&mut C>),
+) -> Option<Result<(), hyper::Error>>
+where
+    C: std::future::Future<Output = Result<(), hyper::Error>>,
+{
     tokio::pin!(http);
     let mut phase = shared.phase.subscribe();
     let mut cut = conn.cut.subscribe();
-    let result = loop {
+    loop {
         tokio::select! {
             // Checked first: once a forwarded exchange is revoked, hyper must not get to
             // answer the client (with a 502 for the upstream connection that was just cut).
             biased;
             // A forwarded exchange was revoked (or idled out): drop the connection, and with
             // it the response; `Abortable` resets it if it was revoked.
-            _ = cut.changed() => return,
-            _ = phase.changed() => http.as_mut().graceful_shutdown(),
-            r = http.as_mut() => break r,
+            _ = cut.changed() => return None,
+            _ = phase.changed() => finish(http.as_mut()),
+            r = http.as_mut() => return Some(r),
         }
-    };
-    if conn.requests.load(Ordering::Relaxed) == 0 {
-        no_request(&conn, result.err());
     }
 }
 
@@ -436,7 +486,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
             slot,
         };
         let shared = conn.shared.clone();
-        return crate::relay::forward::forward(shared, conn.cut.clone(), req, allowed).await;
+        return crate::relay::forward::forward(shared, conn.exchange_cut(), req, allowed).await;
     }
     let timeout = shared.settings.timeouts.connect;
     let opened = egress::parent::open(
@@ -498,7 +548,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
             slot,
         };
         let shared = conn.shared.clone();
-        crate::relay::forward::forward(shared, conn.cut.clone(), req, allowed).await
+        crate::relay::forward::forward(shared, conn.exchange_cut(), req, allowed).await
     }
 }
 

@@ -64,17 +64,21 @@ fn file_error(
 
 pub struct TlsServer {
     settings: ProxyTls,
+    /// Whether ALPN offers `h2` (the proxy listener; the admin listener speaks HTTP/1.1).
+    http2: bool,
     current: ArcSwap<ServerConfig>,
     /// Modification time and length of each file when last loaded.
     stamps: Mutex<Vec<Option<(SystemTime, u64)>>>,
 }
 
 impl TlsServer {
-    /// Load the certificate, key and client CA; an error says which file and why.
-    pub fn load(settings: &ProxyTls) -> Result<Self, TlsLoadError> {
-        let config = build(settings)?;
+    /// Load the certificate, key and client CA; an error says which file and why. `http2`:
+    /// offer `h2` before `http/1.1`.
+    pub fn load(settings: &ProxyTls, http2: bool) -> Result<Self, TlsLoadError> {
+        let config = build(settings, http2)?;
         Ok(TlsServer {
             settings: settings.clone(),
+            http2,
             current: ArcSwap::from_pointee(config),
             stamps: Mutex::new(stamps(&files(settings))),
         })
@@ -96,7 +100,7 @@ impl TlsServer {
             }
             *seen = now;
         }
-        Some(build(&self.settings).map(|c| self.current.store(Arc::new(c))))
+        Some(build(&self.settings, self.http2).map(|c| self.current.store(Arc::new(c))))
     }
 
     /// The sandbox a verified client certificate names.
@@ -129,7 +133,7 @@ fn stamps(files: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
 }
 
 /// The rustls configuration for `s`.
-fn build(s: &ProxyTls) -> Result<ServerConfig, TlsLoadError> {
+fn build(s: &ProxyTls, http2: bool) -> Result<ServerConfig, TlsLoadError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&s.cert_file)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
@@ -175,7 +179,13 @@ fn build(s: &ProxyTls) -> Result<ServerConfig, TlsLoadError> {
             format!("certificate and key do not match: {e}"),
         )
     })?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // On the proxy listener HTTP/2 first (several tunnels on one connection, RFC 9113 §8.5);
+    // HTTP/1.1 otherwise.
+    config.alpn_protocols = if http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
     Ok(config)
 }
 

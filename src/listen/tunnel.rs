@@ -98,18 +98,21 @@ where
         target,
         mut server,
     } = start;
-    // Always a TCP connection (plain or TLS) underneath on this listener.
-    let Ok(parts) = upgraded.downcast::<TokioIo<Abortable<ClientIo>>>() else {
-        audit.detail("the upgraded connection is not a TCP socket");
-        return Relayed::nothing(Close::Error);
-    };
-    // Taken apart at once: `read_buf` shares hyper's read buffer, which a `parts` kept
-    // alive would hold for the tunnel's whole life.
-    let hyper::upgrade::Parts { io, read_buf, .. } = parts;
-    let early = read_buf.to_vec();
-    drop(read_buf);
-    let Some(mut client) = io.into_inner().into_inner() else {
-        return Relayed::nothing(Close::Error);
+    // An HTTP/1.1 connection (plain or TLS) is taken back whole; on HTTP/2 the tunnel is
+    // one stream of the connection, relayed as it is.
+    let (mut client, early) = match upgraded.downcast::<TokioIo<Abortable<ClientIo>>>() {
+        Ok(parts) => {
+            // Taken apart at once: `read_buf` shares hyper's read buffer, which a `parts`
+            // kept alive would hold for the tunnel's whole life.
+            let hyper::upgrade::Parts { io, read_buf, .. } = parts;
+            let early = read_buf.to_vec();
+            drop(read_buf);
+            let Some(client) = io.into_inner().into_inner() else {
+                return Relayed::nothing(Close::Error);
+            };
+            (client, early)
+        }
+        Err(stream) => (ClientIo::H2(Box::new(TokioIo::new(stream))), Vec::new()),
     };
     tokio::pin!(stop);
     let wait = shared.settings.timeouts.header;
@@ -124,7 +127,9 @@ where
         audit.client_hello(hello.sni.as_deref(), &hello.alpn, hello.ech);
     }
     let b = &sandbox.binding;
-    crate::relay::buffers::cap(client.tcp(), Some(&server), b.limits.socket_buffer_bytes);
+    if let Some(tcp) = client.tcp() {
+        crate::relay::buffers::cap(tcp, Some(&server), b.limits.socket_buffer_bytes);
+    }
     let rules = first_bytes::Rules {
         require_tls: b.require_tls_ports.contains(&target.port),
         refuse_ech: b.refuse_ech,
@@ -133,7 +138,7 @@ where
     if let Err(m) = first_bytes::verify(target, &inspected.first, rules) {
         if m.record(audit, report) {
             // Nothing of the tunnel reaches the destination; both sides are reset.
-            let _ = client.tcp().set_zero_linger();
+            client.reset();
             let _ = server.set_zero_linger();
             return Relayed::nothing(Close::Eof);
         }
@@ -170,7 +175,7 @@ where
                     crate::policy::reason::Reason::CredentialMisuse,
                     "the host's credentials or HTTP rules need TLS; this tunnel is not TLS",
                 );
-                let _ = client.tcp().set_zero_linger();
+                client.reset();
                 let _ = server.set_zero_linger();
                 return Relayed::nothing(Close::Eof);
             }
@@ -212,6 +217,12 @@ where
         ClientIo::Tls(client) => {
             Box::pin(crate::relay::tunnel::relay_streams(
                 *client, server, idle, stop, shaper,
+            ))
+            .await
+        }
+        h2 @ ClientIo::H2(_) => {
+            Box::pin(crate::relay::tunnel::relay_streams(
+                h2, server, idle, stop, shaper,
             ))
             .await
         }

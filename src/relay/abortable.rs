@@ -51,14 +51,16 @@ impl Cut {
     }
 }
 
-/// A stream with a TCP socket underneath (plain, or TLS over TCP): what can be reset.
+/// A stream with (usually) a TCP socket of its own underneath — plain, or TLS over TCP: what
+/// can be reset. An HTTP/2 stream shares its connection's socket with its siblings, so it has
+/// none (`None`): it is reset by dropping it (RST_STREAM), never by resetting the socket.
 pub trait OverTcp: AsyncRead + AsyncWrite + Unpin {
-    fn tcp(&self) -> &TcpStream;
+    fn tcp(&self) -> Option<&TcpStream>;
 }
 
 impl OverTcp for TcpStream {
-    fn tcp(&self) -> &TcpStream {
-        self
+    fn tcp(&self) -> Option<&TcpStream> {
+        Some(self)
     }
 }
 
@@ -95,7 +97,9 @@ impl<S: OverTcp> Drop for Abortable<S> {
     fn drop(&mut self) {
         if let Some(s) = &self.stream {
             if self.cut.aborted() {
-                let _ = s.tcp().set_zero_linger();
+                if let Some(t) = s.tcp() {
+                    let _ = t.set_zero_linger();
+                }
             }
         }
     }

@@ -163,8 +163,15 @@ where
 
 /// [`abort`] for a stream over a TCP socket.
 pub(crate) fn abort_over<S: crate::relay::abortable::OverTcp>(stream: S) -> u64 {
-    let _ = stream.tcp().set_zero_linger();
-    let unsent = crate::relay::send_queue::unsent(stream.tcp());
+    let unsent = match stream.tcp() {
+        Some(t) => {
+            let _ = t.set_zero_linger();
+            crate::relay::send_queue::unsent(t)
+        }
+        // An HTTP/2 stream: dropping it resets it; what its connection still queues is
+        // shared with its siblings and not counted.
+        None => 0,
+    };
     drop(stream);
     unsent
 }

@@ -138,7 +138,7 @@ impl Listeners {
         };
         let proxy_tls = match &l.proxy_tls {
             Some(t) => {
-                let server = Arc::new(TlsServer::load(t)?);
+                let server = Arc::new(TlsServer::load(t, true)?);
                 bind("listen.proxy_tls", Some(t.addr))
                     .await?
                     .map(|listener| (listener, server))
@@ -154,7 +154,7 @@ impl Listeners {
             None => None,
         };
         let admin_tls = match &l.admin_tls {
-            Some(t) => Some(Arc::new(TlsServer::load(t)?)),
+            Some(t) => Some(Arc::new(TlsServer::load(t, false)?)),
             None => None,
         };
         Ok(Listeners {

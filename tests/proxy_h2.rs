@@ -1,0 +1,234 @@
+//! HTTP/2 to the proxy (`listen.proxy_tls` negotiates `h2` with ALPN): two CONNECT tunnels
+//! (RFC 9113 §8.5) and a forwarded request on one connection, each identified, decided and
+//! recorded alone; a reload that revokes one tunnel resets that stream and its sibling keeps
+//! running. The client is hyper's HTTP/2 client over rustls: Debian 12's curl (7.88) has no
+//! `--proxy-http2` (it came in curl 8.1).
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The proxy's own certificate (for 127.0.0.1) and the CA that signed it.
+fn proxy_certificate(dir: &Path) -> rustls::RootCertStore {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(DnType::CommonName, "h2 proxy CA");
+    let ca = p.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse().unwrap())];
+    let cert = p.signed_by(&key, &ca, &ca_key).unwrap();
+    std::fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).unwrap();
+    roots
+}
+
+fn config(dir: &Path, rules: &str) {
+    std::fs::write(
+        dir.join("proxy.yaml"),
+        format!(
+            r#"listen:
+  proxy: 127.0.0.1:0
+  admin: 127.0.0.1:0
+  proxy_tls: {{ addr: 127.0.0.1:0, cert_file: server.pem, key_file: server.key }}
+audit: {{ path: {audit} }}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], rev.test: [127.0.0.1], denied.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+sandboxes:
+  - id: s
+    auth: {{ token_sha256: {sha} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: [{rules}] }} }}
+"#,
+            audit = dir.join("audit.jsonl").display(),
+            sha = sha("h2-token"),
+        ),
+    )
+    .unwrap();
+}
+
+/// An HTTP/2 connection to the TLS listener (ALPN `h2` only).
+async fn connect_h2(
+    addr: std::net::SocketAddr,
+    roots: rustls::RootCertStore,
+) -> SendRequest<Empty<Bytes>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    assert_eq!(
+        tls.get_ref().1.alpn_protocol(),
+        Some(&b"h2"[..]),
+        "h2 negotiated"
+    );
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+fn proxy_auth() -> String {
+    basic("s", "h2-token")
+}
+
+/// Open a CONNECT stream to `authority`: the status, and the tunnel when it is 200.
+async fn tunnel(
+    sender: &mut SendRequest<Empty<Bytes>>,
+    authority: &str,
+) -> (u16, Option<TokioIo<hyper::upgrade::Upgraded>>) {
+    let req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(authority)
+        .header("proxy-authorization", proxy_auth())
+        .body(Empty::new())
+        .unwrap();
+    sender.ready().await.unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    if status != 200 {
+        return (status, None);
+    }
+    let up = hyper::upgrade::on(resp).await.unwrap();
+    (status, Some(TokioIo::new(up)))
+}
+
+/// Start a slow download through a tunnel; count what arrives until the stream ends.
+fn download(
+    mut t: TokioIo<hyper::upgrade::Upgraded>,
+    host: &str,
+) -> (
+    Arc<std::sync::atomic::AtomicU64>,
+    tokio::task::JoinHandle<Instant>,
+) {
+    let got = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = got.clone();
+    let request = format!("GET /slow HTTP/1.1\r\nHost: {host}\r\n\r\n");
+    let task = tokio::spawn(async move {
+        t.write_all(request.as_bytes()).await.unwrap();
+        let mut buf = [0u8; 4096];
+        loop {
+            match t.read(&mut buf).await {
+                Ok(0) | Err(_) => return Instant::now(),
+                Ok(n) => {
+                    counter.fetch_add(n as u64, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        }
+    });
+    (got, task)
+}
+
+#[test]
+fn two_tunnels_and_a_request_on_one_h2_connection_and_revoking_one_leaves_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let roots = proxy_certificate(dir.path());
+    let origin = Origin::start(None);
+    let op = origin.addr.port();
+    config(dir.path(), r#""api.test:*", "rev.test:*""#);
+    let proxy = Proxy::start_with(
+        dir.path().join("proxy.yaml"),
+        dir.path().join("audit.jsonl"),
+        &[],
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(scenario(dir.path(), roots, op, &proxy));
+}
+
+async fn scenario(dir: &Path, roots: rustls::RootCertStore, op: u16, proxy: &Proxy) {
+    let mut h2 = connect_h2(proxy.proxy_tls.expect("proxy_tls"), roots).await;
+
+    // Two tunnels on the one connection.
+    let (status, rev) = tunnel(&mut h2, &format!("rev.test:{op}")).await;
+    assert_eq!(status, 200);
+    let (status, api) = tunnel(&mut h2, &format!("api.test:{op}")).await;
+    assert_eq!(status, 200);
+    let (rev_got, rev_done) = download(rev.unwrap(), "rev.test");
+    let (api_got, api_done) = download(api.unwrap(), "api.test");
+
+    // A forwarded request and a denied tunnel on the same connection, alongside.
+    let req = http::Request::builder()
+        .uri(format!("http://api.test:{op}/hello"))
+        .header("proxy-authorization", proxy_auth())
+        .body(Empty::new())
+        .unwrap();
+    h2.ready().await.unwrap();
+    let resp = h2.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).starts_with("hello from origin /hello"));
+    let (status, _) = tunnel(&mut h2, &format!("denied.test:{op}")).await;
+    assert_eq!(status, 403, "a denied stream is refused alone");
+
+    // Both downloads are moving.
+    let t0 = Instant::now();
+    while rev_got.load(std::sync::atomic::Ordering::SeqCst) < 2048
+        || api_got.load(std::sync::atomic::Ordering::SeqCst) < 2048
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "downloads did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Revoke rev.test: its stream ends at once, api.test's keeps going on the same connection.
+    config(dir, r#""api.test:*""#);
+    let reloaded = Instant::now();
+    unsafe_free_kill(proxy.child.id(), "HUP");
+    let ended = tokio::time::timeout(Duration::from_secs(10), rev_done)
+        .await
+        .expect("the revoked stream ended")
+        .unwrap();
+    assert!(ended.duration_since(reloaded) < Duration::from_secs(10));
+    let at_cut = api_got.load(std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let later = api_got.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        later > at_cut + 2048,
+        "the sibling stream stopped too ({at_cut} → {later})"
+    );
+    assert!(!api_done.is_finished(), "the sibling tunnel ended");
+
+    // The records: one per stream, the same client connection, rev.test revoked.
+    let rev = proxy.wait_record(|r| r["target_host"] == "rev.test");
+    assert_eq!(rev["close"], "revoked", "{rev}");
+    let denied = proxy.wait_record(|r| r["target_host"] == "denied.test");
+    assert_eq!(denied["decision"], "deny", "{denied}");
+    let fwd = proxy.wait_record(|r| {
+        r["path"] == "/hello" || (r["mode"] == "http" && r["target_host"] == "api.test")
+    });
+    assert_eq!(rev["client"], denied["client"], "one connection");
+    assert_eq!(rev["client"], fwd["client"], "one connection");
+    assert_eq!(rev["sandbox"], "s");
+    // A new stream after the reload: rev.test is refused, api.test still allowed.
+    let (status, _) = tunnel(&mut h2, &format!("rev.test:{op}")).await;
+    assert_eq!(status, 403);
+    api_done.abort();
+}
