@@ -185,11 +185,38 @@ async fn scenario(dir: &Path, roots: rustls::RootCertStore, op: u16, proxy: &Pro
     assert!(String::from_utf8_lossy(&body).starts_with("hello from origin /hello"));
     let (status, _) = tunnel(&mut h2, &format!("denied.test:{op}")).await;
     assert_eq!(status, 403, "a denied stream is refused alone");
+    // A slow forwarded download from rev.test, also on this connection.
+    let req = http::Request::builder()
+        .uri(format!("http://rev.test:{op}/slow"))
+        .header("proxy-authorization", proxy_auth())
+        .body(Empty::new())
+        .unwrap();
+    h2.ready().await.unwrap();
+    let resp = h2.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let fwd_got = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let fwd_done = {
+        let got = fwd_got.clone();
+        let mut body = resp.into_body();
+        tokio::spawn(async move {
+            while let Some(frame) = body.frame().await {
+                match frame {
+                    Ok(f) => {
+                        let n = f.data_ref().map(|d| d.len()).unwrap_or(0);
+                        got.fetch_add(n as u64, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Err(_) => return "reset",
+                }
+            }
+            "ended"
+        })
+    };
 
     // Both downloads are moving.
     let t0 = Instant::now();
     while rev_got.load(std::sync::atomic::Ordering::SeqCst) < 2048
         || api_got.load(std::sync::atomic::Ordering::SeqCst) < 2048
+        || fwd_got.load(std::sync::atomic::Ordering::SeqCst) < 2048
     {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
@@ -207,6 +234,15 @@ async fn scenario(dir: &Path, roots: rustls::RootCertStore, op: u16, proxy: &Pro
         .expect("the revoked stream ended")
         .unwrap();
     assert!(ended.duration_since(reloaded) < Duration::from_secs(10));
+    // The forwarded download from rev.test ends too (its stream reset, not completed).
+    let how = tokio::time::timeout(Duration::from_secs(10), fwd_done)
+        .await
+        .expect("the revoked forwarded stream ended")
+        .unwrap();
+    assert!(
+        fwd_got.load(std::sync::atomic::Ordering::SeqCst) < 614_400,
+        "the revoked download completed ({how})"
+    );
     let at_cut = api_got.load(std::sync::atomic::Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let later = api_got.load(std::sync::atomic::Ordering::SeqCst);

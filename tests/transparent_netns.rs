@@ -144,6 +144,24 @@ impl Drop for Netns {
     }
 }
 
+/// [`Netns`] number 1 of `net` with IPv6 too: `fd00:<net>:1::1` on the host side, `::2` in
+/// the sandbox, whose default IPv6 route goes through the host. (host, sandbox) addresses.
+fn v6_netns(tag: &str, net: u8) -> (Netns, String, String) {
+    let ns = Netns::new(tag, net, 1);
+    let (h6, s6) = (format!("fd00:{net}:1::1"), format!("fd00:{net}:1::2"));
+    let sb_if = format!("egp{tag}1s");
+    let h6_net = format!("{h6}/64");
+    let s6_net = format!("{s6}/64");
+    must(&["ip", "addr", "add", &h6_net, "dev", &ns.host_if, "nodad"]);
+    must(&[
+        "ip", "-n", &ns.name, "addr", "add", &s6_net, "dev", &sb_if, "nodad",
+    ]);
+    must(&[
+        "ip", "-n", &ns.name, "-6", "route", "add", "default", "via", &h6,
+    ]);
+    (ns, h6, s6)
+}
+
 /// Removes the gateway rules on drop (they live in the root namespace).
 struct GatewayRules(String);
 
@@ -677,31 +695,8 @@ fn gateway_ipv6_uses_the_ipv6_original_destination() {
     if !can_run() {
         return;
     }
-    let ns = Netns::new("v6", 81, 1);
-    let (h6, s6) = ("fd00:81:1::1", "fd00:81:1::2");
-    must(&[
-        "ip",
-        "addr",
-        "add",
-        &format!("{h6}/64"),
-        "dev",
-        &ns.host_if,
-        "nodad",
-    ]);
-    must(&[
-        "ip",
-        "-n",
-        &ns.name,
-        "addr",
-        "add",
-        &format!("{s6}/64"),
-        "dev",
-        "egpv61s",
-        "nodad",
-    ]);
-    must(&[
-        "ip", "-n", &ns.name, "-6", "route", "add", "default", "via", h6,
-    ]);
+    let (ns, h6, s6) = v6_netns("v6", 81);
+    let (h6, s6) = (h6.as_str(), s6.as_str());
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
     let https = Origin::start_on(h6, Some(&ca));
@@ -1273,31 +1268,8 @@ fn gateway_ipv6_tproxy_decides_by_sni_and_the_guard_refuses_loopback_and_ula() {
     if !can_run() {
         return;
     }
-    let ns = Netns::new("t6", 82, 1);
-    let (h6, s6) = ("fd00:82:1::1", "fd00:82:1::2");
-    must(&[
-        "ip",
-        "addr",
-        "add",
-        &format!("{h6}/64"),
-        "dev",
-        &ns.host_if,
-        "nodad",
-    ]);
-    must(&[
-        "ip",
-        "-n",
-        &ns.name,
-        "addr",
-        "add",
-        &format!("{s6}/64"),
-        "dev",
-        "egpt61s",
-        "nodad",
-    ]);
-    must(&[
-        "ip", "-n", &ns.name, "-6", "route", "add", "default", "via", h6,
-    ]);
+    let (ns, h6, s6) = v6_netns("t6", 82);
+    let (h6, s6) = (h6.as_str(), s6.as_str());
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
     let https = Origin::start_on(h6, Some(&ca));

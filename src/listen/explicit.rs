@@ -488,31 +488,16 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         let shared = conn.shared.clone();
         return crate::relay::forward::forward(shared, conn.exchange_cut(), req, allowed).await;
     }
-    let timeout = shared.settings.timeouts.connect;
-    let opened = egress::parent::open(
-        parent,
-        &decided,
-        &target,
-        None,
-        &set.guard,
-        &resolver,
-        timeout,
-        shared.metrics(),
-    )
-    .await;
-    let (dialed, checked) = match opened {
-        Ok(o) => {
-            if let Some(via) = o.via {
-                audit.detail(via);
-            }
-            (o.dialed, o.checked)
-        }
+    let (dialed, checked) = match shared
+        .open_allowed(&sb, &set, &decided, &target, None, &mut audit)
+        .await
+    {
+        Ok(x) => x,
         Err(failed) => {
             let d = Decision::deny(failed.reason, None);
             let mut why = d.explain(&sb.binding.id, sb.policy.file(), target.port);
             if !failed.detail.is_empty() {
                 why = format!("{why}: {}", failed.detail);
-                audit.detail(failed.detail);
             }
             return refuse(audit, &req, Some(&sb), d, why, None);
         }

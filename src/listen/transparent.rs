@@ -133,32 +133,12 @@ pub async fn serve(
     }
 
     // 7. Dial a checked address, the client's own choice when it is one of them.
-    let timeout = shared.settings.timeouts.connect;
-    let resolver = shared.resolver();
-    let opened = egress::parent::open(
-        shared.parent_for(&sb, &target),
-        &decided,
-        &target,
-        Some(orig.ip()),
-        &set.guard,
-        &resolver,
-        timeout,
-        shared.metrics(),
-    )
-    .await;
-    let (dialed, checked) = match opened {
-        Ok(o) => {
-            if let Some(via) = o.via {
-                audit.detail(via);
-            }
-            (o.dialed, o.checked)
-        }
-        Err(failed) => {
-            if !failed.detail.is_empty() {
-                audit.detail(failed.detail);
-            }
-            return reset(stream, audit, Decision::deny(failed.reason, None));
-        }
+    let (dialed, checked) = match shared
+        .open_allowed(&sb, &set, &decided, &target, Some(orig.ip()), &mut audit)
+        .await
+    {
+        Ok(x) => x,
+        Err(failed) => return reset(stream, audit, Decision::deny(failed.reason, None)),
     };
     audit.dialed(dialed.addr);
     let grant = egress::grant(&who, target.clone(), checked, &set);

@@ -155,6 +155,47 @@ impl Shared {
         }
     }
 
+    /// Open what `decided` allowed for `sandbox` — directly, or through its parent proxy —
+    /// and say in `audit` which way (or why not): the connection and the address its grant
+    /// is watched with. `prefer`: the client's own destination (transparent mode).
+    pub async fn open_allowed(
+        &self,
+        sandbox: &crate::policy::set::Sandbox,
+        set: &crate::policy::set::PolicySet,
+        decided: &crate::egress::Decided,
+        target: &crate::policy::target::Target,
+        prefer: Option<std::net::IpAddr>,
+        audit: &mut crate::audit::AuditGuard,
+    ) -> Result<(crate::egress::Dialed, std::net::IpAddr), crate::egress::parent::ParentFailed>
+    {
+        let resolver = self.resolver();
+        let opened = crate::egress::parent::open(
+            self.parent_for(sandbox, target),
+            decided,
+            target,
+            prefer,
+            &set.guard,
+            &resolver,
+            self.settings.timeouts.connect,
+            self.metrics(),
+        )
+        .await;
+        match opened {
+            Ok(o) => {
+                if let Some(via) = o.via {
+                    audit.detail(via);
+                }
+                Ok((o.dialed, o.checked))
+            }
+            Err(failed) => {
+                if !failed.detail.is_empty() {
+                    audit.detail(failed.detail.clone());
+                }
+                Err(failed)
+            }
+        }
+    }
+
     /// Watch `grant` against every later policy and the process phase.
     /// The binding of sandbox `id` as it is at each call, with the version of the set it is
     /// in: what a terminated tunnel reads per request.
