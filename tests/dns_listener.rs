@@ -436,3 +436,107 @@ sandboxes:
     let (_, _) = sock.recv_from(&mut buf).unwrap();
     assert_eq!(&buf[..2], &10u16.to_be_bytes(), "the response was answered");
 }
+
+/// The listener's UDP sockets share their port among themselves (`SO_REUSEPORT`), never with
+/// another process: a second proxy started on the same DNS address (an old instance still
+/// running, with an old policy) refuses to start instead of answering some of the queries.
+#[test]
+fn a_second_proxy_on_the_same_dns_port_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let yaml = |audit: &str| {
+        format!(
+            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:{port} }}\naudit: {{ path: {audit} }}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ a.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.0/8] }}\nsandboxes:\n  - {{ id: s, sources: [127.0.0.0/8], policy: {{ provider: local, config: {{}}, network: {{ egress: [a.test] }} }} }}\n"
+        )
+    };
+    let first_cfg = dir.path().join("first.yaml");
+    std::fs::write(
+        &first_cfg,
+        yaml(&dir.path().join("a1.jsonl").display().to_string()),
+    )
+    .unwrap();
+    let first = Proxy::start_with(first_cfg, dir.path().join("a1.jsonl"), &[]);
+    let second_cfg = dir.path().join("second.yaml");
+    std::fs::write(
+        &second_cfg,
+        yaml(&dir.path().join("a2.jsonl").display().to_string()),
+    )
+    .unwrap();
+    let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["run", "--config"])
+        .arg(&second_cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = second.try_wait().unwrap() {
+            break Some(s);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = second.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    let _ = second.stderr.take().unwrap().read_to_string(&mut err);
+    let status = status.expect("the second proxy kept running on a taken DNS port");
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("listen.dns"), "{err}");
+    // Another process holding the UDP port with SO_REUSEPORT of its own (TCP free): joining
+    // its group would split the queries with it; the proxy refuses the port instead.
+    let port2 = free_port();
+    let squatter = {
+        use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn};
+        let fd = socket::socket(
+            AddressFamily::Inet,
+            SockType::Datagram,
+            SockFlag::empty(),
+            None,
+        )
+        .unwrap();
+        socket::setsockopt(&fd, sockopt::ReusePort, &true).unwrap();
+        let addr: std::net::SocketAddrV4 = format!("127.0.0.1:{port2}").parse().unwrap();
+        socket::bind(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &SockaddrIn::from(addr),
+        )
+        .unwrap();
+        fd
+    };
+    let third_cfg = dir.path().join("third.yaml");
+    std::fs::write(
+        &third_cfg,
+        yaml(&dir.path().join("a3.jsonl").display().to_string()).replace(
+            &format!("dns: 127.0.0.1:{port}"),
+            &format!("dns: 127.0.0.1:{port2}"),
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new("timeout")
+        .args(["15", env!("CARGO_BIN_EXE_egress-proxy"), "run", "--config"])
+        .arg(&third_cfg)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && out.status.code() != Some(124),
+        "started beside another process's SO_REUSEPORT socket: {text}"
+    );
+    assert!(text.contains("listen.dns"), "{text}");
+    drop(squatter);
+
+    // The first one still answers every query.
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    for id in 0..20u16 {
+        sock.send_to(&dns_query(id, "a.test", 1), first.dns.unwrap())
+            .unwrap();
+        let mut buf = [0u8; 512];
+        let (n, _) = sock.recv_from(&mut buf).unwrap();
+        assert!(n > 12 && buf[..2] == id.to_be_bytes());
+    }
+}

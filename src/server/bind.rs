@@ -28,8 +28,11 @@ fn bind_tproxy(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// The DNS listener's sockets: one UDP socket per worker thread on the same address
 /// (`SO_REUSEPORT`: the kernel spreads clients over them by address and port, so each receive
 /// loop waits on a socket of its own and a datagram wakes one loop, not all), and TCP on the
-/// same address. With port 0 the ports are the one the kernel chose for the first UDP socket
-/// (retried a few times if another process holds its TCP twin).
+/// same address. The address is first bound by a plain socket, so a port that anyone holds —
+/// another egress-proxy's `SO_REUSEPORT` group included — is refused as taken instead of
+/// silently shared (an old instance with an old policy would answer some of the queries).
+/// With port 0 the ports are the one the kernel chose (retried a few times if another
+/// process holds its TCP twin).
 async fn bind_dns(addr: SocketAddr) -> std::io::Result<(Vec<UdpSocket>, TcpListener)> {
     let loops = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -37,8 +40,8 @@ async fn bind_dns(addr: SocketAddr) -> std::io::Result<(Vec<UdpSocket>, TcpListe
         .clamp(1, 16);
     let mut last = None;
     for _ in 0..8 {
-        let first = reuseport_udp(addr)?;
-        let bound = first.local_addr()?;
+        let probe = std::net::UdpSocket::bind(addr)?;
+        let bound = probe.local_addr()?;
         let tcp = match TcpListener::bind(bound).await {
             Ok(tcp) => tcp,
             Err(e) if addr.port() == 0 => {
@@ -47,8 +50,9 @@ async fn bind_dns(addr: SocketAddr) -> std::io::Result<(Vec<UdpSocket>, TcpListe
             }
             Err(e) => return Err(e),
         };
-        let mut udp = vec![first];
-        for _ in 1..loops {
+        drop(probe);
+        let mut udp = Vec::with_capacity(loops);
+        for _ in 0..loops {
             udp.push(reuseport_udp(bound)?);
         }
         return Ok((udp, tcp));
