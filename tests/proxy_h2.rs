@@ -37,6 +37,11 @@ fn proxy_certificate(dir: &Path) -> rustls::RootCertStore {
 }
 
 fn config(dir: &Path, rules: &str) {
+    config_with(dir, rules, "")
+}
+
+/// [`config`] with `extra` inside `defaults:` (e.g. `, timeouts: {...}`).
+fn config_with(dir: &Path, rules: &str, extra: &str) {
     std::fs::write(
         dir.join("proxy.yaml"),
         format!(
@@ -46,7 +51,7 @@ fn config(dir: &Path, rules: &str) {
   proxy_tls: {{ addr: 127.0.0.1:0, cert_file: server.pem, key_file: server.key }}
 audit: {{ path: {audit} }}
 dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], rev.test: [127.0.0.1], denied.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32]{extra} }}
 sandboxes:
   - id: s
     auth: {{ token_sha256: {sha} }}
@@ -267,4 +272,56 @@ async fn scenario(dir: &Path, roots: rustls::RootCertStore, op: u16, proxy: &Pro
     let (status, _) = tunnel(&mut h2, &format!("rev.test:{op}")).await;
     assert_eq!(status, 403);
     api_done.abort();
+}
+
+/// An HTTP/2 connection on which no stream starts for `idle_ms` is told to go away (GOAWAY):
+/// it cannot hold its place unused, while a tunnel still open on it runs to its end.
+#[test]
+fn an_h2_connection_that_starts_no_stream_for_idle_ms_goes_away_and_open_tunnels_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let roots = proxy_certificate(dir.path());
+    let origin = Origin::start(None);
+    let op = origin.addr.port();
+    config_with(
+        dir.path(),
+        r#""api.test:*""#,
+        ", timeouts: { idle_ms: 1000 }",
+    );
+    let proxy = Proxy::start_with(
+        dir.path().join("proxy.yaml"),
+        dir.path().join("audit.jsonl"),
+        &[],
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut h2 = connect_h2(proxy.proxy_tls.expect("proxy_tls"), roots).await;
+        let (status, t) = tunnel(&mut h2, &format!("api.test:{op}")).await;
+        assert_eq!(status, 200);
+        let (got, done) = download(t.unwrap(), "api.test");
+        // No new stream for 2.5 × idle_ms: the connection takes no more.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let req = http::Request::builder()
+            .uri(format!("http://api.test:{op}/late"))
+            .header("proxy-authorization", proxy_auth())
+            .body(Empty::new())
+            .unwrap();
+        let late = match h2.ready().await {
+            Err(_) => true,
+            Ok(()) => h2.send_request(req).await.is_err(),
+        };
+        assert!(late, "a stream started on a connection idle past idle_ms");
+        // The tunnel (never idle: the origin sends every 100 ms) still moves.
+        let before = got.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(
+            got.load(std::sync::atomic::Ordering::SeqCst) > before,
+            "the open tunnel stopped at the GOAWAY"
+        );
+        assert!(!done.is_finished());
+        done.abort();
+    });
 }

@@ -184,7 +184,8 @@ async fn serve_http(
             .max_concurrent_streams(H2_MAX_STREAMS)
             .max_header_list_size(MAX_HEAD as u32)
             .serve_connection(io, svc);
-        drive(&shared, &conn, http, |h| h.graceful_shutdown()).await
+        let idle = Some(shared.settings.timeouts.idle);
+        drive(&shared, &conn, http, |h| h.graceful_shutdown(), idle).await
     } else {
         let http = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
@@ -193,7 +194,7 @@ async fn serve_http(
             .max_header_size(MAX_HEAD)
             .serve_connection(io, svc)
             .with_upgrades();
-        drive(&shared, &conn, http, |h| h.graceful_shutdown()).await
+        drive(&shared, &conn, http, |h| h.graceful_shutdown(), None).await
     };
     let Some(result) = result else { return };
     if conn.requests.load(Ordering::Relaxed) == 0 {
@@ -206,12 +207,15 @@ async fn serve_http(
 const H2_MAX_STREAMS: u32 = 100;
 
 /// Drive a connection until it ends (`Some`), finishing it gracefully at shutdown, or until
-/// its cut fires (`None`: dropped at once).
+/// its cut fires (`None`: dropped at once). With `idle` (HTTP/2), a connection on which no
+/// stream has started for that long is finished gracefully too (GOAWAY): its open streams
+/// run to their end, and it can no longer hold a place without using it.
 async fn drive<C>(
     shared: &Shared,
     conn: &ClientConn,
     http: C,
     finish: impl Fn(std::pin::Pin<&mut C>),
+    idle: Option<std::time::Duration>,
 ) -> Option<Result<(), hyper::Error>>
 where
     C: std::future::Future<Output = Result<(), hyper::Error>>,
@@ -219,6 +223,11 @@ where
     tokio::pin!(http);
     let mut phase = shared.phase.subscribe();
     let mut cut = conn.cut.subscribe();
+    let every = idle.map_or(std::time::Duration::from_secs(3600), |d| d / 4);
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let mut seen = conn.requests.load(Ordering::Relaxed);
+    let mut quiet_since = Instant::now();
+    let mut finishing = false;
     loop {
         tokio::select! {
             // Checked first: once a forwarded exchange is revoked, hyper must not get to
@@ -228,6 +237,16 @@ where
             // it the response; `Abortable` resets it if it was revoked.
             _ = cut.changed() => return None,
             _ = phase.changed() => finish(http.as_mut()),
+            _ = ticker.tick(), if idle.is_some() && !finishing => {
+                let now = conn.requests.load(Ordering::Relaxed);
+                if now != seen {
+                    seen = now;
+                    quiet_since = Instant::now();
+                } else if idle.is_some_and(|d| quiet_since.elapsed() >= d) {
+                    finishing = true;
+                    finish(http.as_mut());
+                }
+            }
             r = http.as_mut() => return Some(r),
         }
     }
