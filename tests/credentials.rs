@@ -203,16 +203,7 @@ fn env_with(extra: &str) -> Env {
 fn env_full(extra: &str, sandbox_extra: &str) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
-        .args(["ca", "init"])
-        .arg(d.join("ica"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ca_init(&d.join("ica"));
     let upstream_ca = TestCa::generate(d);
     let upstream = Upstream::start(&upstream_ca);
     let port = upstream.addr.port();

@@ -121,16 +121,7 @@ fn the_check_refuses_what_the_document_does_not_describe() {
 
 /// `proxy.yaml` with a file sandbox that brokers one credential.
 fn config(dir: &Path) {
-    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
-        .args(["ca", "init"])
-        .arg(dir.join("ica"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ca_init(&dir.join("ica"));
     std::fs::write(dir.join("admin.token"), ADMIN_TOKEN).unwrap();
     std::fs::write(dir.join("api.key"), "sk-openapi-test").unwrap();
     std::fs::write(

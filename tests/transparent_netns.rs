@@ -229,16 +229,7 @@ fn gateway_env_with(n: u8, strict: bool, tproxy: bool, broker: bool) -> Option<G
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
     let (top, creds) = if broker {
-        let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
-            .args(["ca", "init"])
-            .arg(dir.path().join("ica"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ca_init(&dir.path().join("ica"));
         std::fs::write(dir.path().join("api.secret"), API_SECRET).unwrap();
         std::fs::write(dir.path().join("admin.token"), BROKER_ADMIN).unwrap();
         (

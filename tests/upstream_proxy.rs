@@ -328,16 +328,7 @@ fn a_brokered_credential_goes_through_the_parent_inside_its_tunnel() {
     let e = env();
     let d = e.dir.path().join("broker");
     std::fs::create_dir_all(&d).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
-        .args(["ca", "init"])
-        .arg(d.join("ica"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ca_init(&d.join("ica"));
     std::fs::write(d.join("parent.pw"), PASSWORD).unwrap();
     std::fs::write(
         d.join("api.secret"),

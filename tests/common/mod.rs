@@ -506,6 +506,21 @@ impl Drop for Proxy {
     }
 }
 
+/// `egress-proxy ca init DIR`: an interception CA (`DIR/ca.crt`, `DIR/ca.key`) for
+/// `tls_intercept`.
+pub fn ca_init(dir: &Path) {
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["ca", "init"])
+        .arg(dir)
+        .output()
+        .expect("the egress-proxy binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A minimal HTTP/1.1 GET: (status, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     admin_req(addr, "GET", path, "", None)
