@@ -223,8 +223,11 @@ where
     tokio::pin!(http);
     let mut phase = shared.phase.subscribe();
     let mut cut = conn.cut.subscribe();
-    let every = idle.map_or(std::time::Duration::from_secs(3600), |d| d / 4);
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    // Only HTTP/2 connections get a ticker: nothing is allocated for an HTTP/1.1 one.
+    let mut ticker = idle.map(|d| {
+        let every = d / 4;
+        tokio::time::interval_at(tokio::time::Instant::now() + every, every)
+    });
     let mut seen = conn.requests.load(Ordering::Relaxed);
     let mut quiet_since = Instant::now();
     let mut finishing = false;
@@ -237,7 +240,7 @@ where
             // it the response; `Abortable` resets it if it was revoked.
             _ = cut.changed() => return None,
             _ = phase.changed() => finish(http.as_mut()),
-            _ = ticker.tick(), if idle.is_some() && !finishing => {
+            _ = tick(&mut ticker), if !finishing => {
                 let now = conn.requests.load(Ordering::Relaxed);
                 if now != seen {
                     seen = now;
@@ -249,6 +252,16 @@ where
             }
             r = http.as_mut() => return Some(r),
         }
+    }
+}
+
+/// The next tick of `ticker`; never without one.
+async fn tick(ticker: &mut Option<tokio::time::Interval>) {
+    match ticker {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
     }
 }
 
