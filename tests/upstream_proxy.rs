@@ -4,7 +4,11 @@
 //! target never reaches it; its refusal (407 with a wrong password) comes back as
 //! `upstream_proxy_refused` with its status; the parent's password appears in no log; a parent
 //! on loopback is refused by the guard unless `guard_allow_ranges` lists it; a bypassed name
-//! is dialled directly. Fails (never skips) when squid is missing: `.ci/run` installs it.
+//! is dialled directly. The same through an `https://` parent (Squid's `https_port`, its
+//! certificate from the test CA given as `ca_file`): the password and every tunnel travel
+//! inside TLS, brokered TLS runs inside that, a reload still cuts at once, and a parent whose
+//! certificate is not trusted is refused. Fails (never skips) when squid is missing:
+//! `.ci/run` installs it.
 
 mod common;
 
@@ -16,15 +20,17 @@ use common::*;
 
 const PASSWORD: &str = "parent-pass-7f3a";
 
-/// A Squid on 127.0.0.1 that requires `agent` / [`PASSWORD`] and logs every request.
+/// A Squid on 127.0.0.1 that requires `agent` / [`PASSWORD`] and logs every request; with
+/// `tls`, spoken to over TLS (`https_port`) with the test CA's certificate.
 struct Squid {
     port: u16,
     log: PathBuf,
     child: Child,
+    tls: bool,
 }
 
 impl Squid {
-    fn start(dir: &Path) -> Squid {
+    fn start(dir: &Path, tls: Option<&TestCa>) -> Squid {
         let sq = dir.join("squid");
         std::fs::create_dir_all(&sq).unwrap();
         // Squid's workers run as `proxy`: they must reach their files.
@@ -44,10 +50,22 @@ impl Squid {
         .unwrap();
         let port = free_port();
         let log = sq.join("access.log");
+        let listen = match tls {
+            None => format!("http_port 127.0.0.1:{port}"),
+            Some(ca) => {
+                for (from, to) in [(&ca.cert_pem, "tls.pem"), (&ca.key_pem, "tls.key")] {
+                    std::fs::copy(from, sq.join(to)).unwrap();
+                }
+                format!(
+                    "https_port 127.0.0.1:{port} tls-cert={d}/tls.pem tls-key={d}/tls.key",
+                    d = sq.display()
+                )
+            }
+        };
         std::fs::write(
             sq.join("squid.conf"),
             format!(
-                "http_port 127.0.0.1:{port}
+                "{listen}
 pid_filename {d}/squid.pid
 access_log stdio:{log}
 cache_log {d}/cache.log
@@ -81,7 +99,12 @@ shutdown_lifetime 0 seconds
             .stderr(Stdio::null())
             .spawn()
             .expect("squid is installed (.ci/run installs Debian's squid)");
-        let squid = Squid { port, log, child };
+        let squid = Squid {
+            port,
+            log,
+            child,
+            tls: tls.is_some(),
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -123,11 +146,20 @@ struct Env {
 }
 
 fn env() -> Env {
+    env_with(false)
+}
+
+/// With an `https://` parent.
+fn env_tls() -> Env {
+    env_with(true)
+}
+
+fn env_with(tls: bool) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
     let https = Origin::start(Some(&ca));
     let http = Origin::start(None);
-    let squid = Squid::start(dir.path());
+    let squid = Squid::start(dir.path(), tls.then_some(&ca));
     Env {
         dir,
         ca,
@@ -138,9 +170,26 @@ fn env() -> Env {
 }
 
 impl Env {
+    /// `url` (and `ca_file`) of `upstream_proxy` for this Squid, as YAML mapping entries.
+    fn parent(&self) -> String {
+        match self.squid.tls {
+            false => format!("url: \"http://127.0.0.1:{}\"", self.squid.port),
+            true => format!(
+                "url: \"https://127.0.0.1:{}\", ca_file: {}",
+                self.squid.port,
+                self.ca.ca_pem.display()
+            ),
+        }
+    }
+
     /// Start the proxy with `upstream_proxy` pointing at Squid with `password`, and `extra`
     /// top-level YAML.
     fn proxy(&self, tag: &str, password: &str, guard: &str) -> Proxy {
+        self.proxy_to(tag, password, guard, &self.parent())
+    }
+
+    /// [`Env::proxy`] with `parent` as `upstream_proxy`'s url (and ca_file) entries.
+    fn proxy_to(&self, tag: &str, password: &str, guard: &str, parent: &str) -> Proxy {
         let d = self.dir.path().join(tag);
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join("parent.pw"), format!("{password}\n")).unwrap();
@@ -152,7 +201,7 @@ dns:
   hosts: {{ api.test: [127.0.0.1], plain.test: [127.0.0.1], denied.test: [127.0.0.1], other.test: [127.0.0.1] }}
 defaults: {{ {guard} timeouts: {{ connect_ms: 3000 }} }}
 upstream_proxy:
-  url: http://127.0.0.1:{port}
+  {parent}
   auth: {{ username: agent, password_file: {pw} }}
   bypass: [other.test]
 sandboxes:
@@ -160,7 +209,7 @@ sandboxes:
     sources: [127.0.0.0/8]
     policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*", "plain.test:*", "other.test:*"], deny: [denied.test] }} }}
 "#,
-            port = self.squid.port,
+            parent = parent.replace(", ca_file", "\n  ca_file"),
             pw = d.join("parent.pw").display(),
         );
         Proxy::start(&d, &yaml)
@@ -182,7 +231,15 @@ const GUARD: &str = "guard_allow_ranges: [127.0.0.1/32],";
 
 #[test]
 fn allowed_exchanges_go_through_the_parent_and_denied_ones_never_reach_it() {
-    let e = env();
+    allowed_exchanges_go_through_the_parent_and_denied_ones_never_reach_it_with(&env());
+}
+
+#[test]
+fn an_https_parent_carries_tunnels_and_forwarded_requests_inside_tls() {
+    allowed_exchanges_go_through_the_parent_and_denied_ones_never_reach_it_with(&env_tls());
+}
+
+fn allowed_exchanges_go_through_the_parent_and_denied_ones_never_reach_it_with(e: &Env) {
     let p = e.proxy("ok", PASSWORD, GUARD);
     let hp = e.https.addr.port();
     let pp = e.http.addr.port();
@@ -281,6 +338,41 @@ fn a_parent_refusal_is_reported_with_its_status() {
     );
 }
 
+/// An `https://` parent is verified: without `ca_file` naming its CA, its certificate is
+/// not trusted, and the exchange is refused with the reason and the TLS error — the password
+/// is never sent to it.
+#[test]
+fn an_https_parent_must_present_a_trusted_certificate() {
+    let e = env_tls();
+    let untrusted = format!("url: \"https://127.0.0.1:{}\"", e.squid.port);
+    let p = e.proxy_to("untrusted", PASSWORD, GUARD, &untrusted);
+    let hp = e.https.addr.port();
+    let out = e.via(&p, &format!("https://api.test:{hp}/hello"));
+    let all = format!("{}{}", out.text(), out.stderr);
+    assert!(all.contains("502"), "{all}");
+    let rec = p.wait_record(|r| r["target_host"] == "api.test");
+    assert_eq!(rec["reason"], "upstream_proxy_refused", "{rec}");
+    let detail = rec["detail"].as_str().unwrap_or("");
+    assert!(
+        detail.contains("TLS") && detail.contains("certificate"),
+        "{rec}"
+    );
+    // Squid logs a request only once one arrived inside TLS: none did.
+    std::thread::sleep(Duration::from_millis(300));
+    let log = std::fs::read_to_string(&e.squid.log).unwrap_or_default();
+    assert!(!log.contains("api.test"), "{log}");
+
+    // The same parent with the CA: through.
+    let p = e.proxy("trusted", PASSWORD, GUARD);
+    let out = e.via(&p, &format!("https://api.test:{hp}/hello"));
+    assert!(
+        out.text().contains("hello from origin /hello"),
+        "{} {}",
+        out.text(),
+        out.stderr
+    );
+}
+
 #[test]
 fn the_guard_judges_the_parent_and_bypassed_names_go_direct() {
     let e = env();
@@ -325,7 +417,15 @@ fn the_guard_judges_the_parent_and_bypassed_names_go_direct() {
 /// CONNECT.
 #[test]
 fn a_brokered_credential_goes_through_the_parent_inside_its_tunnel() {
-    let e = env();
+    a_brokered_credential_goes_through_the_parent_inside_its_tunnel_with(&env());
+}
+
+#[test]
+fn a_brokered_credential_goes_through_an_https_parent() {
+    a_brokered_credential_goes_through_the_parent_inside_its_tunnel_with(&env_tls());
+}
+
+fn a_brokered_credential_goes_through_the_parent_inside_its_tunnel_with(e: &Env) {
     let d = e.dir.path().join("broker");
     std::fs::create_dir_all(&d).unwrap();
     ca_init(&d.join("ica"));
@@ -340,7 +440,7 @@ fn a_brokered_credential_goes_through_the_parent_inside_its_tunnel() {
 dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ api.test: [127.0.0.1] }} }}
 defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
 tls_intercept: {{ ca_cert_file: {d}/ica/ca.crt, ca_key_file: {d}/ica/ca.key, upstream_ca_file: {uca} }}
-upstream_proxy: {{ url: "http://127.0.0.1:{port}", auth: {{ username: agent, password_file: {d}/parent.pw }} }}
+upstream_proxy: {{ {parent}, auth: {{ username: agent, password_file: {d}/parent.pw }} }}
 sandboxes:
   - id: s
     sources: [127.0.0.0/8]
@@ -350,7 +450,7 @@ sandboxes:
 "#,
         d = d.display(),
         uca = e.ca.ca_pem.display(),
-        port = e.squid.port,
+        parent = e.parent(),
     );
     let p = Proxy::start(&d, &yaml);
     let hp = e.https.addr.port();
@@ -383,7 +483,15 @@ sandboxes:
 /// the record says `revoked`; a new attempt is refused here and never reaches the parent.
 #[test]
 fn a_tunnel_through_the_parent_is_revoked_by_a_reload() {
-    let e = env();
+    a_tunnel_through_the_parent_is_revoked_by_a_reload_with(&env());
+}
+
+#[test]
+fn a_tunnel_through_an_https_parent_is_revoked_by_a_reload() {
+    a_tunnel_through_the_parent_is_revoked_by_a_reload_with(&env_tls());
+}
+
+fn a_tunnel_through_the_parent_is_revoked_by_a_reload_with(e: &Env) {
     let p = e.proxy("revoke", PASSWORD, GUARD);
     let hp = e.https.addr.port();
     let px = format!("http://{}", p.proxy);
@@ -455,14 +563,14 @@ defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
 sandboxes:
   - id: via
     auth: {{ token_sha256: {via} }}
-    upstream_proxy: {{ url: "http://127.0.0.1:{port}", auth: {{ username: agent, password_file: {d}/parent.pw }} }}
+    upstream_proxy: {{ {parent}, auth: {{ username: agent, password_file: {d}/parent.pw }} }}
     policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }}
   - id: plain
     auth: {{ token_sha256: {plain} }}
     policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }}
 "#,
         d = d.display(),
-        port = e.squid.port,
+        parent = e.parent(),
         via = sha("via-token"),
         plain = sha("plain-token"),
     );
@@ -524,6 +632,21 @@ sandboxes:
     assert_eq!(status, 400, "{resp}");
     assert!(resp.contains("upstream_proxy.auth"), "{resp}");
     assert!(!resp.contains("root:"), "{resp}");
+    // Nor a CA file: the answer must not tell whether it exists or what it holds.
+    let with_ca = body.replace(
+        r#""auth": {"username": "agent", "password_file": "/etc/shadow"}"#,
+        r#""ca_file": "/etc/shadow""#,
+    );
+    let (status, resp) = admin_req(
+        p.admin,
+        "PUT",
+        "/v1/sandboxes/rt",
+        &with_ca,
+        Some("per-sandbox-admin"),
+    );
+    assert_eq!(status, 400, "{resp}");
+    assert!(resp.contains("upstream_proxy.ca_file"), "{resp}");
+    assert!(!resp.contains("root:"), "{resp}");
     let body = body.replace(
         r#", "auth": {"username": "agent", "password_file": "/etc/shadow"}"#,
         "",
@@ -545,7 +668,7 @@ sandboxes:
         r#"
 dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ other.test: [127.0.0.1] }} }}
 defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-upstream_proxy: {{ url: "http://127.0.0.1:{port}", auth: {{ username: agent, password_file: {d}/parent.pw }} }}
+upstream_proxy: {{ {parent}, auth: {{ username: agent, password_file: {d}/parent.pw }} }}
 sandboxes:
   - id: s
     sources: [127.0.0.0/8]
@@ -553,7 +676,7 @@ sandboxes:
     policy: {{ provider: local, config: {{}}, network: {{ egress: ["other.test:*"] }} }}
 "#,
         d = d2.display(),
-        port = e.squid.port,
+        parent = e.parent(),
     );
     let p2 = Proxy::start(&d2, &yaml);
     let out = e.via(&p2, &format!("https://other.test:{hp}/direct"));

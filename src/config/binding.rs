@@ -135,11 +135,12 @@ impl Config {
             ));
         }
         if let Some(Value::Mapping(parent)) = map.get("upstream_proxy") {
-            if parent.contains_key("auth") {
+            if parent.contains_key("auth") || parent.contains_key("ca_file") {
                 return Err(one(
-                    "runtime registrations cannot give `upstream_proxy.auth` (the parent's \
-                     password comes from the operator's files): use a parent without auth, \
-                     `direct`, or define the sandbox in the config file"
+                    "runtime registrations cannot give `upstream_proxy.auth` or \
+                     `upstream_proxy.ca_file` (the parent's password and CA come from the \
+                     operator's files): use a parent without them, `direct`, or define the \
+                     sandbox in the config file"
                         .into(),
                     None,
                 ));
@@ -339,6 +340,9 @@ pub(super) fn build_binding(
             if let super::upstream::RawSandboxParent::Via(r) = choice {
                 if let Some(a) = &r.auth {
                     files.push(path(&a.password_file));
+                }
+                if let Some(ca) = &r.ca_file {
+                    files.push(path(ca));
                 }
             }
             let read = |f: &str| -> Result<String, String> {

@@ -477,6 +477,9 @@ fn load_str_with(
         if let Some(a) = &raw.auth {
             files.push(rel(&a.password_file));
         }
+        if let Some(ca) = &raw.ca_file {
+            files.push(rel(ca));
+        }
         let read = |f: &str| {
             let path = rel(f);
             std::fs::read_to_string(&path)

@@ -1,11 +1,19 @@
 //! `upstream_proxy:` — a parent proxy every allowed connection goes through, after this
-//! proxy's own decision (the parent never widens policy): `{ url: "http://host:port", auth:
-//! { username, password_file }, bypass: [names] }`, at the top level and per sandbox (a
-//! sandbox's own parent, or `direct`, replaces the top-level one for it). The password comes from a file, never
-//! inline, and is held only as the ready `Proxy-Authorization` value, which no `Debug` or
-//! message ever shows. `https://` parents are refused with a message (not supported yet).
+//! proxy's own decision (the parent never widens policy): `{ url: "http://host:port" |
+//! "https://host:port", auth: { username, password_file }, ca_file, bypass: [entries] }`, at
+//! the top level and per sandbox (a sandbox's own parent, or `direct`, replaces the top-level
+//! one for it). The password comes from a file, never inline, and is held only as the ready
+//! `Proxy-Authorization` value, which no `Debug` or message ever shows. An `https://` parent
+//! is verified against the public roots plus `ca_file`; the password then travels only
+//! inside TLS.
 
 use std::fmt;
+use std::sync::Arc;
+
+use rustls::pki_types::ServerName;
+
+use crate::policy::entry::{parse_entry, Entry, HostPattern};
+use crate::policy::target::{Host, Target};
 
 use base64::Engine;
 use serde::Deserialize;
@@ -87,8 +95,76 @@ pub struct UpstreamProxy {
     pub port: u16,
     /// `Proxy-Authorization` for it, if it needs one.
     pub authorization: Option<ParentAuthorization>,
-    /// Host names (exact, or `*.suffix`) dialled directly instead.
-    pub bypass: Vec<String>,
+    /// What is dialled directly instead.
+    pub bypass: Vec<BypassEntry>,
+    /// TLS to the parent (`https://`).
+    pub tls: Option<ParentTls>,
+}
+
+/// How TLS to an `https://` parent is made: its verified name and the roots it is checked
+/// against (the public ones and `ca_file`'s).
+#[derive(Clone)]
+pub struct ParentTls {
+    config: Arc<rustls::ClientConfig>,
+    name: ServerName<'static>,
+    /// `ca_file`'s content: what a reload compares.
+    ca_pem: Option<String>,
+}
+
+impl ParentTls {
+    fn new(host: &str, ca_pem: Option<String>) -> Result<ParentTls, String> {
+        use rustls::pki_types::{pem::PemObject, CertificateDer};
+        let name = ServerName::try_from(host.to_string())
+            .map_err(|_| format!("url: `{host}` is not a name TLS can verify"))?;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        if let Some(pem) = &ca_pem {
+            let mut n = 0;
+            for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                let c = c.map_err(|e| format!("ca_file: {e}"))?;
+                roots.add(c).map_err(|e| format!("ca_file: {e}"))?;
+                n += 1;
+            }
+            if n == 0 {
+                return Err("ca_file: no PEM certificate in it".into());
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(ParentTls {
+            config: Arc::new(config),
+            name,
+            ca_pem,
+        })
+    }
+
+    pub fn connector(&self) -> tokio_rustls::TlsConnector {
+        tokio_rustls::TlsConnector::from(self.config.clone())
+    }
+
+    /// The name (or address) its certificate must be valid for.
+    pub fn server_name(&self) -> &ServerName<'static> {
+        &self.name
+    }
+}
+
+impl PartialEq for ParentTls {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name && self.ca_pem == other.ca_pem
+    }
+}
+
+impl fmt::Debug for ParentTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ParentTls")
+            .field("name", &self.name)
+            .field("ca_file", &self.ca_pem.is_some())
+            .finish()
+    }
 }
 
 impl UpstreamProxy {
@@ -101,14 +177,83 @@ impl UpstreamProxy {
         }
     }
 
-    /// Whether `host` (normalised, lower case) is dialled directly.
-    pub fn bypassed(&self, host: &str) -> bool {
-        self.bypass.iter().any(|b| match b.strip_prefix("*.") {
-            Some(suffix) => host
-                .strip_suffix(suffix)
-                .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
-            None => b == host,
+    /// Whether `target` is dialled directly instead (a `bypass` entry matches it).
+    pub fn bypassed(&self, target: &Target) -> bool {
+        self.bypass.iter().any(|b| b.matches(target))
+    }
+}
+
+/// One `bypass` entry: the grammar of `network.egress` (names, `*.`/`**.` suffixes, label
+/// globs, addresses and ranges, `localhost`, optional ports). Without a port it matches every
+/// port. An address entry matches a target given as an address: a name is not resolved to
+/// decide (a name allowed by a name rule goes to the parent unresolved) — as `NO_PROXY`
+/// ranges do in curl.
+#[derive(Clone)]
+pub struct BypassEntry {
+    text: String,
+    entry: Entry,
+    /// A label glob, compiled (labels as path segments, so `*` stays within one label).
+    glob: Option<globset::GlobMatcher>,
+}
+
+impl BypassEntry {
+    fn parse(text: &str) -> Result<BypassEntry, String> {
+        let entry = parse_entry(text).map_err(|e| format!("bypass: `{text}`: {e}"))?;
+        let glob = match &entry.host {
+            HostPattern::Glob { pattern, .. } => Some(
+                globset::GlobBuilder::new(&pattern.replace('.', "/"))
+                    .literal_separator(true)
+                    .build()
+                    .map_err(|e| format!("bypass: `{text}`: {e}"))?
+                    .compile_matcher(),
+            ),
+            _ => None,
+        };
+        Ok(BypassEntry {
+            text: text.to_string(),
+            entry,
+            glob,
         })
+    }
+
+    fn matches(&self, target: &Target) -> bool {
+        if let Some(ports) = &self.entry.ports {
+            if !ports.contains(target.port) {
+                return false;
+            }
+        }
+        let below = |name: &str, d: &str| {
+            name.len() > d.len() + 1
+                && name.ends_with(d)
+                && name.as_bytes()[name.len() - d.len() - 1] == b'.'
+        };
+        match (&self.entry.host, &target.host) {
+            (HostPattern::Exact(n), Host::Name(name)) => **name == **n,
+            (HostPattern::Subdomains(d), Host::Name(name)) => below(name, d),
+            (HostPattern::ApexAndSubdomains(d), Host::Name(name)) => {
+                **name == **d || below(name, d)
+            }
+            (HostPattern::Glob { .. }, Host::Name(name)) => self
+                .glob
+                .as_ref()
+                .is_some_and(|g| g.is_match(name.replace('.', "/"))),
+            (HostPattern::Net(net), Host::Ip(ip)) => net.contains(ip),
+            (HostPattern::Localhost, Host::Name(name)) => &**name == "localhost",
+            (HostPattern::Localhost, Host::Ip(ip)) => ip.is_loopback(),
+            _ => false,
+        }
+    }
+}
+
+impl PartialEq for BypassEntry {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl fmt::Debug for BypassEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
     }
 }
 
@@ -138,14 +283,14 @@ pub fn resolve(
 ) -> Result<UpstreamProxy, Vec<String>> {
     let mut errors = Vec::new();
     let url = raw.url.trim();
-    let rest = match url.split_once("://") {
-        Some(("http", rest)) => rest,
-        Some(("https", _)) => {
-            return Err(vec![
-                "url: https:// parents are not supported yet; use the parent's http:// port".into(),
-            ])
+    let (https, rest) = match url.split_once("://") {
+        Some(("http", rest)) => (false, rest),
+        Some(("https", rest)) => (true, rest),
+        _ => {
+            return Err(vec![format!(
+                "url `{url}`: expected http://host:port or https://host:port"
+            )])
         }
-        _ => return Err(vec![format!("url `{url}`: expected http://host:port")]),
     };
     let authority = rest.trim_end_matches('/');
     if authority.contains('@') {
@@ -173,23 +318,26 @@ pub fn resolve(
     if host.is_empty() {
         errors.push(format!("url `{url}`: no host"));
     }
-    if raw.ca_file.is_some() {
-        errors.push("ca_file: only for an https:// parent (not supported yet)".into());
+    let mut tls = None;
+    match (&raw.ca_file, https) {
+        (Some(_), false) => errors.push("ca_file: only for an https:// parent".into()),
+        (ca_file, true) if !host.is_empty() => {
+            let ca_pem = match ca_file {
+                None => Ok(None),
+                Some(f) => read_file(f).map(Some).map_err(|e| format!("ca_file: {e}")),
+            };
+            match ca_pem.and_then(|pem| ParentTls::new(&host.to_ascii_lowercase(), pem)) {
+                Ok(t) => tls = Some(t),
+                Err(e) => errors.push(e),
+            }
+        }
+        _ => {}
     }
     let mut bypass = Vec::new();
     for b in &raw.bypass {
-        let b = b.trim().trim_end_matches('.').to_ascii_lowercase();
-        let name = b.strip_prefix("*.").unwrap_or(&b);
-        let valid = !name.is_empty()
-            && name.split('.').all(|l| {
-                !l.is_empty() && l.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
-            });
-        if valid {
-            bypass.push(b);
-        } else {
-            errors.push(format!(
-                "bypass: `{b}` — a host name, or *.suffix (address rules are not supported here)"
-            ));
+        match BypassEntry::parse(b.trim()) {
+            Ok(entry) => bypass.push(entry),
+            Err(e) => errors.push(e),
         }
     }
     let authorization = match &raw.auth {
@@ -226,6 +374,7 @@ pub fn resolve(
             port,
             authorization,
             bypass,
+            tls,
         })
     } else {
         Err(errors)
@@ -252,6 +401,10 @@ mod tests {
         Ok("s3cret\n".into())
     }
 
+    fn t(s: &str) -> Target {
+        Target::parse(s, None).unwrap()
+    }
+
     #[test]
     fn a_parent_resolves_and_never_shows_its_password() {
         let mut w = Vec::new();
@@ -266,8 +419,10 @@ mod tests {
         let auth = p.authorization.clone().unwrap();
         assert_eq!(auth.value(), "Basic YWdlbnQ6czNjcmV0");
         assert!(!format!("{p:?}").contains("YWdlbnQ6czNjcmV0"));
-        assert!(p.bypassed("internal.test") && p.bypassed("a.corp.test"));
-        assert!(!p.bypassed("corp.test") && !p.bypassed("xcorp.test") && !p.bypassed("other.test"));
+        assert!(p.bypassed(&t("internal.test:443")) && p.bypassed(&t("a.corp.test:80")));
+        for not in ["corp.test:443", "xcorp.test:443", "other.test:443"] {
+            assert!(!p.bypassed(&t(not)), "{not}");
+        }
         assert_eq!(
             resolve(
                 &raw("http://[::1]:8080"),
@@ -281,11 +436,64 @@ mod tests {
         );
     }
 
+    /// `bypass` takes `network.egress` entries: names, suffixes, globs, ports, addresses and
+    /// ranges (which match address targets only), `localhost`.
+    #[test]
+    fn bypass_takes_the_entries_of_network_egress() {
+        let mut w = Vec::new();
+        let entries = [
+            "**.svc.test",
+            "ci-*.build.test",
+            "registry.test:5000",
+            "10.0.0.0/8",
+            "[fd00::/8]:443",
+            "localhost",
+        ];
+        let r = RawUpstreamProxy {
+            bypass: entries.iter().map(|e| e.to_string()).collect(),
+            ..raw("http://squid.test:3128")
+        };
+        let p = resolve(&r, &read, super::super::Secrets::Required, &mut w).unwrap();
+        for yes in [
+            "svc.test:80",
+            "a.b.svc.test:443",
+            "ci-7.build.test:443",
+            "registry.test:5000",
+            "10.1.2.3:22",
+            "[fd00::1]:443",
+            "localhost:8080",
+            "127.0.0.1:80",
+        ] {
+            assert!(p.bypassed(&t(yes)), "{yes}");
+        }
+        for no in [
+            "xsvc.test:80",
+            "a.ci-7.build.test:443",
+            "ci-7.x.build.test:443",
+            "registry.test:443",
+            "11.1.2.3:22",
+            "[fd00::1]:80",
+            "internal.test:443",
+        ] {
+            assert!(!p.bypassed(&t(no)), "{no}");
+        }
+        let r = RawUpstreamProxy {
+            bypass: vec!["https://x.test".into(), "*".into()],
+            ..raw("http://squid.test:3128")
+        };
+        let e = resolve(&r, &read, super::super::Secrets::Required, &mut w).unwrap_err();
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(
+            e[0].contains("write `x.test") && e[1].contains("bypass: `*`"),
+            "{e:?}"
+        );
+    }
+
     #[test]
     fn bad_parents_are_refused_with_a_reason() {
         let mut w = Vec::new();
         for (url, why) in [
-            ("https://squid.test:3128", "not supported"),
+            ("https://squid.test:3128/x", "no path"),
             ("socks5://squid.test:1080", "expected http"),
             ("http://user:pw@squid.test:3128", "no credentials"),
             ("http://squid.test", "port"),
@@ -311,5 +519,70 @@ mod tests {
         )
         .is_ok());
         assert_eq!(w.len(), 1);
+    }
+
+    #[test]
+    fn an_https_parent_is_verified_against_its_ca_file() {
+        let mut w = Vec::new();
+        let with_ca = |url: &str, ca: Option<&str>| RawUpstreamProxy {
+            ca_file: ca.map(String::from),
+            ..raw(url)
+        };
+        // No ca_file: the public roots, and the name its certificate must carry.
+        let p = resolve(
+            &with_ca("https://Squid.test:3128", None),
+            &read,
+            super::super::Secrets::Required,
+            &mut w,
+        )
+        .unwrap();
+        let tls = p.tls.as_ref().unwrap();
+        assert_eq!(
+            format!("{:?}", tls.server_name()),
+            format!("{:?}", ServerName::try_from("squid.test").unwrap())
+        );
+        assert!(resolve(
+            &raw("http://squid.test:3128"),
+            &read,
+            super::super::Secrets::Required,
+            &mut w
+        )
+        .unwrap()
+        .tls
+        .is_none());
+        // ca_file only with https, and it must hold a certificate.
+        for (url, ca, why) in [
+            (
+                "http://squid.test:3128",
+                Some("ca.pem"),
+                "only for an https",
+            ),
+            (
+                "https://squid.test:3128",
+                Some("ca.pem"),
+                "no PEM certificate",
+            ),
+        ] {
+            let e = resolve(
+                &with_ca(url, ca),
+                &read,
+                super::super::Secrets::Required,
+                &mut w,
+            )
+            .unwrap_err();
+            assert!(e.join(" ").contains(why), "{url}: {e:?}");
+        }
+        let unreadable = |f: &str| match f {
+            "pw" => Ok("s3cret".to_string()),
+            _ => Err("cannot read ca.pem: no such file".to_string()),
+        };
+        let e = resolve(
+            &with_ca("https://squid.test:3128", Some("ca.pem")),
+            &unreadable,
+            super::super::Secrets::Required,
+            &mut w,
+        )
+        .unwrap_err();
+        assert!(e.join(" ").contains("ca_file: cannot read"), "{e:?}");
     }
 }

@@ -212,7 +212,7 @@ pub fn decide_by_answer(
 /// A connection to a checked address.
 #[derive(Debug)]
 pub struct Dialed {
-    pub stream: TcpStream,
+    pub stream: crate::relay::server_io::ServerIo,
     pub addr: SocketAddr,
 }
 
@@ -245,6 +245,21 @@ pub async fn dial(
     timeout: Duration,
     metrics: &Metrics,
 ) -> Result<Dialed, Reason> {
+    let (stream, addr) = dial_socket(addrs, port, prefer, timeout, metrics).await?;
+    Ok(Dialed {
+        stream: crate::relay::server_io::ServerIo::Tcp(stream),
+        addr,
+    })
+}
+
+/// [`dial`], giving the plain socket and the address it reached.
+pub(crate) async fn dial_socket(
+    addrs: &[IpAddr],
+    port: u16,
+    prefer: Option<IpAddr>,
+    timeout: Duration,
+    metrics: &Metrics,
+) -> Result<(TcpStream, SocketAddr), Reason> {
     let mut order = addrs.to_vec();
     if let Some(i) = prefer.and_then(|p| order.iter().position(|a| *a == p)) {
         order.swap(0, i);
@@ -258,7 +273,7 @@ pub async fn dial(
         match r {
             Ok(Ok(stream)) => {
                 let _ = stream.set_nodelay(true);
-                return Ok(Dialed { stream, addr });
+                return Ok((stream, addr));
             }
             Ok(Err(_)) => last = Reason::ConnectionRefused,
             Err(_) => last = Reason::ConnectionTimeout,

@@ -22,6 +22,7 @@ use crate::egress::Dialed;
 use crate::policy::guard::{Guard, GuardVerdict};
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;
+use crate::relay::server_io::ServerIo;
 
 /// The largest reply head accepted from the parent.
 const MAX_HEAD: usize = 16 * 1024;
@@ -75,9 +76,30 @@ pub async fn connect(
         };
         return Err(failed(Reason::DestinationIpProhibited, why));
     }
-    let mut dialed = crate::egress::dial(&permitted, parent.port, None, timeout, metrics)
+    let (tcp, addr) = crate::egress::dial_socket(&permitted, parent.port, None, timeout, metrics)
         .await
         .map_err(|reason| failed(reason, format!("upstream proxy {shown}: cannot connect")))?;
+    let mut stream = match &parent.tls {
+        None => ServerIo::Tcp(tcp),
+        Some(tls) => {
+            let handshake = tls.connector().connect(tls.server_name().clone(), tcp);
+            match tokio::time::timeout(timeout, handshake).await {
+                Ok(Ok(s)) => ServerIo::Tls(Box::new(s)),
+                Ok(Err(e)) => {
+                    return Err(failed(
+                        Reason::UpstreamProxyRefused,
+                        format!("upstream proxy {shown}: TLS with it failed: {e}"),
+                    ))
+                }
+                Err(_) => {
+                    return Err(failed(
+                        Reason::ConnectionTimeout,
+                        format!("upstream proxy {shown}: no TLS handshake"),
+                    ))
+                }
+            }
+        }
+    };
     let authority = target.to_string();
     let mut request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
     if let Some(auth) = &parent.authorization {
@@ -87,8 +109,11 @@ pub async fn connect(
     }
     request.push_str("\r\n");
     let exchange = async {
-        dialed.stream.write_all(request.as_bytes()).await?;
-        read_head(&mut dialed.stream).await
+        stream.write_all(request.as_bytes()).await?;
+        match &mut stream {
+            ServerIo::Tcp(tcp) => read_head(tcp).await,
+            ServerIo::Tls(tls) => read_head_buffered(tls).await,
+        }
     };
     let head = match tokio::time::timeout(timeout, exchange).await {
         Ok(Ok(head)) => head,
@@ -111,7 +136,7 @@ pub async fn connect(
         .nth(1)
         .and_then(|s| s.parse::<u16>().ok());
     match status {
-        Some(200..=299) if status_line.starts_with("HTTP/1.") => Ok(dialed),
+        Some(200..=299) if status_line.starts_with("HTTP/1.") => Ok(Dialed { stream, addr }),
         _ => Err(failed(
             Reason::UpstreamProxyRefused,
             format!("upstream proxy {shown} answered {}", printable(status_line)),
@@ -218,6 +243,23 @@ async fn read_head(stream: &mut TcpStream) -> std::io::Result<String> {
             ));
         }
     }
+}
+
+/// [`read_head`] over TLS: byte by byte out of the TLS layer's own buffer (no system call
+/// per byte), so nothing past the blank line is taken from what the relay will read.
+async fn read_head_buffered<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+) -> std::io::Result<String> {
+    let mut head: Vec<u8> = Vec::with_capacity(256);
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > MAX_HEAD {
+            return Err(std::io::Error::other(
+                "the parent's reply head is too large",
+            ));
+        }
+        head.push(stream.read_u8().await?);
+    }
+    Ok(String::from_utf8_lossy(&head).into_owned())
 }
 
 /// A status line as it may be shown: printable ASCII, at most 120 bytes.

@@ -16,12 +16,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::relay::server_io::ServerIo;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body_util::{combinators::BoxBody, BodyExt};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use super::error::InterceptError;
@@ -48,7 +48,7 @@ pub enum Upstream {
 }
 
 impl Upstream {
-    pub async fn connect(tls: TlsStream<TcpStream>, h2: bool) -> Result<Self, InterceptError> {
+    pub async fn connect(tls: TlsStream<ServerIo>, h2: bool) -> Result<Self, InterceptError> {
         let io = TokioIo::new(tls);
         if h2 {
             let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)

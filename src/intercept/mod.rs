@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::ServerName;
-use tokio::net::TcpStream;
 
 use crate::audit::outcome::Close;
 use crate::audit::AuditGuard;
@@ -148,7 +147,7 @@ pub struct Tunnel<'a> {
     pub client: ClientIo,
     /// Bytes already read from the client (its ClientHello).
     pub early: Vec<u8>,
-    pub server: TcpStream,
+    pub server: crate::relay::server_io::ServerIo,
     /// The protocols the client's ClientHello offered.
     pub client_alpn: Vec<String>,
 }

@@ -150,7 +150,11 @@ pub async fn serve(
     let _active = sb.stats(shared.metrics()).active();
     let stop = shared.watch(grant).stopped();
     let mut up = dialed.stream;
-    crate::relay::buffers::cap(&stream, Some(&up), sb.binding.limits.socket_buffer_bytes);
+    crate::relay::buffers::cap(
+        &stream,
+        crate::relay::abortable::OverTcp::tcp(&up),
+        sb.binding.limits.socket_buffer_bytes,
+    );
     let limiter = slot.limiter();
     let idle = shared.settings.timeouts.idle;
     let shaper = limiter.shapes().then_some(&**limiter);
@@ -213,7 +217,16 @@ pub async fn serve(
                 // The peeked bytes are replayed: the relay does not keep them.
                 let replayed = buf.len() as u64;
                 drop(buf);
-                let mut r = crate::relay::tunnel::relay_tcp(stream, up, idle, stop, shaper).await;
+                let mut r = match up.into_tcp() {
+                    Ok(up) => crate::relay::tunnel::relay_tcp(stream, up, idle, stop, shaper).await,
+                    // TLS to a parent proxy: relayed in user space.
+                    Err(up) => {
+                        Box::pin(crate::relay::tunnel::relay_streams(
+                            stream, up, idle, stop, shaper,
+                        ))
+                        .await
+                    }
+                };
                 r.up += replayed;
                 r
             }

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::{AuditGuard, Close};
@@ -20,6 +19,7 @@ use crate::policy::Enforcement;
 use crate::relay::abortable::{Abortable, OverTcp};
 use crate::relay::body::{self, Body};
 use crate::relay::client_io::ClientIo;
+use crate::relay::server_io::ServerIo;
 use crate::relay::tunnel::Relayed;
 use crate::server::shared::Shared;
 use crate::wire::first_bytes::{self, FirstBytes};
@@ -75,7 +75,7 @@ struct TunnelStart<'a> {
     sandbox: &'a Sandbox,
     target: &'a Target,
     /// The dialled destination.
-    server: TcpStream,
+    server: ServerIo,
 }
 
 /// Relay a CONNECT tunnel: the client socket is recovered from hyper (with any bytes it had
@@ -128,7 +128,7 @@ where
     }
     let b = &sandbox.binding;
     if let Some(tcp) = client.tcp() {
-        crate::relay::buffers::cap(tcp, Some(&server), b.limits.socket_buffer_bytes);
+        crate::relay::buffers::cap(tcp, server.tcp(), b.limits.socket_buffer_bytes);
     }
     let rules = first_bytes::Rules {
         require_tls: b.require_tls_ports.contains(&target.port),
@@ -139,7 +139,7 @@ where
         if m.record(audit, report) {
             // Nothing of the tunnel reaches the destination; both sides are reset.
             client.reset();
-            let _ = server.set_zero_linger();
+            server.reset();
             return Relayed::nothing(Close::Eof);
         }
     }
@@ -176,7 +176,7 @@ where
                     "the host's credentials or HTTP rules need TLS; this tunnel is not TLS",
                 );
                 client.reset();
-                let _ = server.set_zero_linger();
+                server.reset();
                 return Relayed::nothing(Close::Eof);
             }
         }
@@ -210,19 +210,15 @@ where
     }
     let replayed = (inspected.client.len() as u64, inspected.server.len() as u64);
     drop(inspected);
-    let mut r = match client {
-        ClientIo::Tcp(client) => {
+    let mut r = match (client, server.into_tcp()) {
+        (ClientIo::Tcp(client), Ok(server)) => {
             crate::relay::tunnel::relay_tcp(client, server, idle, stop, shaper).await
         }
-        ClientIo::Tls(client) => {
+        // Either side in TLS (or an HTTP/2 stream): relayed in user space.
+        (client, server) => {
+            let server = server.map_or_else(|tls| tls, ServerIo::Tcp);
             Box::pin(crate::relay::tunnel::relay_streams(
-                *client, server, idle, stop, shaper,
-            ))
-            .await
-        }
-        h2 @ ClientIo::H2(_) => {
-            Box::pin(crate::relay::tunnel::relay_streams(
-                h2, server, idle, stop, shaper,
+                client, server, idle, stop, shaper,
             ))
             .await
         }

@@ -4,12 +4,7 @@
 //! resets, reach the TCP socket underneath through [`OverTcp`] (an HTTP/2 stream has none
 //! of its own: it is reset alone by dropping it, its siblings untouched).
 
-use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
@@ -49,66 +44,4 @@ impl OverTcp for TlsStream<TcpStream> {
     }
 }
 
-impl AsyncRead for ClientIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientIo::Tcp(t) => Pin::new(t).poll_read(cx, buf),
-            ClientIo::Tls(t) => Pin::new(t.as_mut()).poll_read(cx, buf),
-            ClientIo::H2(t) => Pin::new(t.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for ClientIo {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ClientIo::Tcp(t) => Pin::new(t).poll_write(cx, buf),
-            ClientIo::Tls(t) => Pin::new(t.as_mut()).poll_write(cx, buf),
-            ClientIo::H2(t) => Pin::new(t.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ClientIo::Tcp(t) => Pin::new(t).poll_write_vectored(cx, bufs),
-            ClientIo::Tls(t) => Pin::new(t.as_mut()).poll_write_vectored(cx, bufs),
-            ClientIo::H2(t) => Pin::new(t.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            ClientIo::Tcp(t) => t.is_write_vectored(),
-            ClientIo::Tls(t) => t.is_write_vectored(),
-            ClientIo::H2(t) => t.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientIo::Tcp(t) => Pin::new(t).poll_flush(cx),
-            ClientIo::Tls(t) => Pin::new(t.as_mut()).poll_flush(cx),
-            ClientIo::H2(t) => Pin::new(t.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientIo::Tcp(t) => Pin::new(t).poll_shutdown(cx),
-            ClientIo::Tls(t) => Pin::new(t.as_mut()).poll_shutdown(cx),
-            ClientIo::H2(t) => Pin::new(t.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
+crate::relay::delegate_io!(ClientIo { Tcp, Tls, H2 });

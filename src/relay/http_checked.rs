@@ -10,7 +10,6 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::audit::outcome::Close;
@@ -18,7 +17,7 @@ use crate::egress::limits::SandboxLimiter;
 use crate::policy::reason::Reason;
 use crate::policy::target::{Host, Target};
 use crate::relay::liveness::Liveness;
-use crate::relay::tunnel::{abort, drive, pump, Relayed};
+use crate::relay::tunnel::{drive, pump, Relayed};
 use crate::wire::first_bytes::Mismatch;
 use crate::wire::http_stream::{Head, RequestStream, Step};
 use crate::wire::peek::split_host_header;
@@ -62,9 +61,9 @@ pub fn check(head: &Head, expected: &Target) -> Result<(), Mismatch> {
 /// request head) and checking every request head against `expected`. With `report`, a
 /// mismatch is recorded and the request relayed anyway.
 #[allow(clippy::too_many_arguments)]
-pub async fn relay_checked<C, F>(
+pub async fn relay_checked<C, S, F>(
     mut client: C,
-    mut server: TcpStream,
+    mut server: S,
     first: Vec<u8>,
     expected: &Target,
     report: bool,
@@ -74,13 +73,14 @@ pub async fn relay_checked<C, F>(
 ) -> Checked
 where
     C: crate::relay::abortable::OverTcp,
+    S: crate::relay::abortable::OverTcp,
     F: std::future::Future<Output = Close>,
 {
     let live = Liveness::new(idle);
     let found: Mutex<Option<Mismatch>> = Mutex::new(None);
     let relayed = {
         let (mut cr, cw) = tokio::io::split(&mut client);
-        let (sr, mut sw) = server.split();
+        let (sr, mut sw) = tokio::io::split(&mut server);
         let up = async {
             let mut framer = RequestStream::new();
             let mut pending = first;
@@ -108,7 +108,9 @@ where
     if enforced || matches!(relayed.close, Close::Revoked | Close::Shutdown) {
         // Reset both: nothing queued reaches either side, and the counts leave out what the
         // kernel still held unsent.
-        relayed.up = relayed.up.saturating_sub(abort(server));
+        relayed.up = relayed
+            .up
+            .saturating_sub(crate::relay::tunnel::abort_over(server));
         relayed.down = relayed
             .down
             .saturating_sub(crate::relay::tunnel::abort_over(client));

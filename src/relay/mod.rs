@@ -2,7 +2,10 @@
 //! with `splice`), plain-HTTP forwarding, the checked HTTP relay, the bodies that count and
 //! shape, the kept upstream connections of forwarded requests, the watch every exchange holds
 //! on its grant (revocation, shutdown), the client's
-//! stream (TCP or TLS), and `deny`, the one builder of what a client is told when refused.
+//! and the destination's streams (TCP or TLS), and `deny`, the one builder of what a client is told when refused.
+
+mod io_enum;
+pub(crate) use io_enum::delegate_io;
 
 pub(crate) mod abortable;
 pub(crate) mod body;
@@ -15,6 +18,7 @@ pub mod http_checked;
 pub(crate) mod liveness;
 #[allow(unsafe_code)]
 pub(crate) mod send_queue;
+pub(crate) mod server_io;
 pub(crate) mod shaped_body;
 pub(crate) mod splice;
 pub(crate) mod tunnel;

@@ -139,23 +139,24 @@ where
     r
 }
 
-/// Relay between any client stream over TCP (a TLS client connection) and a TCP socket, in
-/// user space, shaped when a `shaper` is given; aborted (reset) like [`relay_tcp`]. The
-/// client's unsent count is in TLS record bytes, not payload bytes.
-pub async fn relay_streams<C, F>(
+/// Relay between any streams over TCP (a TLS client connection, an HTTP/2 stream, TLS to a
+/// parent proxy) in user space, shaped when a `shaper` is given; aborted (reset) like
+/// [`relay_tcp`]. The unsent count of a TLS side is in TLS record bytes, not payload bytes.
+pub async fn relay_streams<C, S, F>(
     mut client: C,
-    mut server: TcpStream,
+    mut server: S,
     idle: Duration,
     stop: F,
     shaper: Option<&SandboxLimiter>,
 ) -> Relayed
 where
     C: crate::relay::abortable::OverTcp,
+    S: crate::relay::abortable::OverTcp,
     F: Future<Output = Close>,
 {
     let mut r = relay(&mut client, &mut server, idle, stop, shaper).await;
     if matches!(r.close, Close::Revoked | Close::Shutdown) {
-        r.up = r.up.saturating_sub(abort(server));
+        r.up = r.up.saturating_sub(abort_over(server));
         r.down = r.down.saturating_sub(abort_over(client));
     }
     r

@@ -20,13 +20,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
 use crate::config::ForwardKeepalive;
 use crate::egress::grant::Grant;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::PolicySet;
 use crate::relay::abortable::{Abortable, Cut};
+use crate::relay::server_io::ServerIo;
 
 /// The body of a forwarded request, as sent upstream.
 pub type ReqBody = BoxBody<Bytes, hyper::Error>;
@@ -45,7 +45,7 @@ pub struct Upstream {
 impl Upstream {
     /// Speak HTTP/1.1 on a dialled socket; the connection is driven by its own task until the
     /// origin closes it or its cut fires.
-    pub async fn handshake(stream: TcpStream, addr: SocketAddr) -> Result<Upstream, hyper::Error> {
+    pub async fn handshake(stream: ServerIo, addr: SocketAddr) -> Result<Upstream, hyper::Error> {
         let cut = Cut::new();
         let io = TokioIo::new(Abortable::new(stream, cut.clone()));
         let (sender, conn) = hyper::client::conn::http1::handshake(io).await?;

@@ -149,10 +149,7 @@ impl Shared {
     ) -> Option<&'a crate::config::upstream::UpstreamProxy> {
         let top = self.settings.upstream_proxy.as_deref();
         let parent = sandbox.binding.upstream_proxy.pick(top)?;
-        match &target.host {
-            crate::policy::target::Host::Name(n) if parent.bypassed(n) => None,
-            _ => Some(parent),
-        }
+        (!parent.bypassed(target)).then_some(parent)
     }
 
     /// Open what `decided` allowed for `sandbox` — directly, or through its parent proxy —

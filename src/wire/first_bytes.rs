@@ -13,7 +13,6 @@
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
 
 use crate::audit::AuditGuard;
 use crate::policy::reason::Reason;
@@ -49,12 +48,16 @@ pub struct Inspected {
 /// Read the client's first bytes (starting with `early`, what the HTTP layer had already
 /// buffered) until they can be classified, the destination speaks first, 16 KiB arrive or
 /// `wait` passes. Nothing is written to either side.
-pub async fn read_first_bytes<C: tokio::io::AsyncRead + Unpin>(
+pub async fn read_first_bytes<C, S>(
     client: &mut C,
-    server: &mut TcpStream,
+    server: &mut S,
     early: Vec<u8>,
     wait: Duration,
-) -> std::io::Result<Inspected> {
+) -> std::io::Result<Inspected>
+where
+    C: tokio::io::AsyncRead + Unpin,
+    S: tokio::io::AsyncRead + Unpin,
+{
     let mut out = Inspected {
         client: early,
         server: Vec::new(),

@@ -52,6 +52,9 @@ pub fn basic(user: &str, pass: &str) -> String {
 /// A test CA and a server certificate signed by it, written to `dir`.
 pub struct TestCa {
     pub ca_pem: PathBuf,
+    /// The server certificate and its key, as PEM files (for servers configured by path).
+    pub cert_pem: PathBuf,
+    pub key_pem: PathBuf,
     pub cert_der: Vec<u8>,
     pub key_der: Vec<u8>,
 }
@@ -75,8 +78,14 @@ impl TestCa {
         let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
         let ca_pem = dir.join("ca.pem");
         std::fs::write(&ca_pem, ca.pem()).unwrap();
+        let cert_pem = dir.join("test-origin.pem");
+        std::fs::write(&cert_pem, cert.pem()).unwrap();
+        let key_pem = dir.join("test-origin.key");
+        std::fs::write(&key_pem, key.serialize_pem()).unwrap();
         TestCa {
             ca_pem,
+            cert_pem,
+            key_pem,
             cert_der: cert.der().to_vec(),
             key_der: key.serialize_der(),
         }
