@@ -540,3 +540,91 @@ fn a_second_proxy_on_the_same_dns_port_refuses_to_start() {
         assert!(n > 12 && buf[..2] == id.to_be_bytes());
     }
 }
+
+/// A repeated query is answered again (each repeat with its own id and its own record) —
+/// but never across sandboxes, and never past a policy change: the query that follows a
+/// reload is decided under the new policy at once.
+#[test]
+fn repeated_queries_are_answered_alike_until_the_policy_changes_and_never_across_sandboxes() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = r#"
+dns: { servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: { gone.test: [127.0.0.8], stay.test: [127.0.0.9], new.test: [127.0.0.10] } }
+defaults: { guard_allow_ranges: [127.0.0.0/8] }
+sandboxes:
+  - { id: a, sources: [127.0.0.1/32], policy: { provider: local, config: {}, network: { egress: [gone.test, stay.test] } } }
+  - { id: b, sources: [127.0.0.2/32], policy: { provider: local, config: {}, network: { egress: [stay.test] } } }
+"#;
+    let (proxy, dns) = start_full(dir.path(), "", yaml);
+    let ask = |sock: &UdpSocket, id: u16, name: &str| -> Vec<u8> {
+        sock.send_to(&dns_query(id, name, 1), dns).unwrap();
+        let mut buf = [0u8; 512];
+        let (n, _) = sock.recv_from(&mut buf).expect("an answer");
+        assert_eq!(
+            &buf[..2],
+            &id.to_be_bytes(),
+            "the answer carries the query's id"
+        );
+        buf[..n].to_vec()
+    };
+    let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+    a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    for id in 1..=50u16 {
+        let r = ask(&a, id, "gone.test");
+        assert_eq!(dns_rcode(&r), Some(0), "query {id}");
+        assert!(r.ends_with(&[127, 0, 0, 8]), "query {id}: {r:?}");
+    }
+    let recs = wait_records(&proxy, |r| {
+        r.iter().filter(|x| x["target_host"] == "gone.test").count() >= 50
+    });
+    let ids: std::collections::HashSet<String> = recs
+        .iter()
+        .filter(|x| x["target_host"] == "gone.test")
+        .map(|x| {
+            assert_eq!(x["decision"], "allow", "{x}");
+            assert_eq!(x["sandbox"], "a", "{x}");
+            x["conn_id"].to_string()
+        })
+        .collect();
+    assert_eq!(ids.len(), 50, "one record of its own per query");
+
+    // Sandbox b asks the very same bytes right after a's answers: refused every time, from
+    // sockets landing on either receive loop.
+    for i in 0..8u16 {
+        let b = UdpSocket::bind("127.0.0.2:0").unwrap();
+        b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(dns_rcode(&ask(&b, 1, "gone.test")), Some(3), "socket {i}");
+        assert_eq!(dns_rcode(&ask(&a, 1, "gone.test")), Some(0));
+    }
+
+    // The reload takes gone.test from a: once it applies (new.test answers), gone.test is
+    // refused at once, though the same query was answered a moment before.
+    let config = std::fs::read_to_string(&proxy.config).unwrap();
+    std::fs::write(
+        &proxy.config,
+        config.replace(
+            "egress: [gone.test, stay.test]",
+            "egress: [new.test, stay.test]",
+        ),
+    )
+    .unwrap();
+    unsafe_free_kill(proxy.child.id(), "HUP");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reload never applied"
+        );
+        let warm = ask(&a, 2, "gone.test");
+        if dns_rcode(&ask(&a, 3, "new.test")) == Some(0) {
+            let after = ask(&a, 2, "gone.test");
+            assert_eq!(
+                dns_rcode(&after),
+                Some(3),
+                "answered from before the reload"
+            );
+            break;
+        }
+        assert_eq!(dns_rcode(&warm), Some(0));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -93,12 +93,33 @@ impl Reply {
     }
 }
 
+/// An allowed answer a UDP receive loop may serve again to the same query
+/// ([`crate::dns::answer_cache`]): the record it wrote (each repeat writes its own copy) and
+/// the policy generation it was decided under.
+pub struct Answered {
+    pub record: AuditRecord,
+    pub generation: u64,
+}
+
 #[async_trait::async_trait]
 impl RequestHandler for DnsListener {
     async fn handle_request<R: ResponseHandler>(
         &self,
         request: &Request,
+        response_handle: R,
+    ) -> ResponseInfo {
+        self.respond(request, response_handle, None).await
+    }
+}
+
+impl DnsListener {
+    /// Answer `request` through `response_handle`; with `keep`, also say there whether the
+    /// answer may be served again ([`Answered`]).
+    pub async fn respond<R: ResponseHandler>(
+        &self,
+        request: &Request,
         mut response_handle: R,
+        keep: Option<&mut Option<Answered>>,
     ) -> ResponseInfo {
         let mut header = Header::response_from_request(request.header());
         header.set_recursion_available(true);
@@ -111,7 +132,11 @@ impl RequestHandler for DnsListener {
             self.shared.metrics().audit_backpressure();
             Reply::code(ResponseCode::ServFail)
         } else {
-            self.answer(request).await
+            let (reply, answered) = self.answer(request, keep.is_some()).await;
+            if let (Some(keep), Some(a)) = (keep, answered) {
+                *keep = Some(a);
+            }
+            reply
         };
         header.set_response_code(reply.rcode);
         let mut builder = MessageResponseBuilder::from_message_request(request);
@@ -135,9 +160,7 @@ impl RequestHandler for DnsListener {
             }
         }
     }
-}
 
-impl DnsListener {
     /// Whether to answer `request` at all: a source no sandbox has is answered `REFUSED` up to
     /// its rate, and dropped beyond it.
     fn known(&self, request: &Request) -> bool {
@@ -149,8 +172,9 @@ impl DnsListener {
         self.strangers.refused(request.src().ip()) == Answer::Refuse
     }
 
-    /// Decide and answer one request; record and count it.
-    async fn answer(&self, request: &Request) -> Reply {
+    /// Decide and answer one request; record and count it. With `keep`, an allowed answer
+    /// with records comes back as [`Answered`] too.
+    async fn answer(&self, request: &Request, keep: bool) -> (Reply, Option<Answered>) {
         let shared = &self.shared;
         let set = shared.policy.load();
         let transport = match request.protocol() {
@@ -174,7 +198,16 @@ impl DnsListener {
         );
         let reply = self.decide(request, &set, &mut q).await;
         q.dns().rcode = rcode_name(reply.rcode);
-        reply
+        let answered = (keep
+            && reply.rcode == ResponseCode::NoError
+            && !reply.records.is_empty()
+            && q.record.verdict == Verdict::Allow
+            && q.dns().ttl.is_some_and(|t| t > 0))
+        .then(|| Answered {
+            record: q.record.clone(),
+            generation: set.generation(),
+        });
+        (reply, answered)
     }
 
     async fn decide(&self, request: &Request, set: &PolicySet, q: &mut AuditGuard) -> Reply {

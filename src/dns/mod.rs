@@ -2,6 +2,7 @@
 //! and remembers each answer so transparent mode can name a nameless connection.
 
 pub(crate) mod answer;
+pub(crate) mod answer_cache;
 pub(crate) mod listener;
 pub(crate) mod memory;
 pub mod question;

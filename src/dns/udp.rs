@@ -8,6 +8,8 @@
 //! answered (no reflection), nor are sources with port 0; a message whose header reads but
 //! whose body does not gets `FORMERR`; anything shorter than a header gets nothing; an answer
 //! larger than the client's payload (512 bytes, or its EDNS size) is truncated with TC set.
+//! Each loop keeps the allowed answers it gave at once ([`crate::dns::answer_cache`]) and
+//! serves a repeat of the same query from them.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -17,12 +19,13 @@ use hickory_proto::op::{Header, MessageType, ResponseCode};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable};
 use hickory_proto::xfer::Protocol;
 use hickory_server::authority::MessageRequest;
-use hickory_server::server::{Request, RequestHandler};
+use hickory_server::server::Request;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 
 use crate::dns::answer::Encoded;
-use crate::dns::listener::DnsListener;
+use crate::dns::answer_cache::AnswerCache;
+use crate::dns::listener::{Answered, DnsListener};
 use crate::relay::watch::Phase;
 
 /// The largest datagram read (EDNS payloads above this are not offered by anyone sane).
@@ -51,6 +54,7 @@ async fn receive(
     mut phase: watch::Receiver<Phase>,
 ) {
     let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut cache = AnswerCache::default();
     loop {
         let received = tokio::select! {
             r = socket.recv_from(&mut buf) => r,
@@ -67,6 +71,10 @@ async fn receive(
         if src.port() == 0 || src.ip().is_unspecified() {
             continue;
         }
+        if let Some(answer) = cache.serve(&handler, &buf[..len], src) {
+            send(&socket, &answer, src).await;
+            continue;
+        }
         let Some(work) = datagram(&handler, &buf[..len], src) else {
             continue;
         };
@@ -77,13 +85,18 @@ async fn receive(
             .as_mut()
             .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
         match polled {
-            std::task::Poll::Ready(Some(bytes)) => send(&socket, &bytes, src).await,
+            std::task::Poll::Ready(Some((bytes, answered))) => {
+                send(&socket, &bytes, src).await;
+                if let Some(a) = answered {
+                    cache.keep(&buf[..len], &bytes, a);
+                }
+            }
             std::task::Poll::Ready(None) => {}
             std::task::Poll::Pending => {
                 // Polled again at once by the runtime, which registers its own waker.
                 let socket = socket.clone();
                 tokio::spawn(async move {
-                    if let Some(bytes) = work.await {
+                    if let Some((bytes, _)) = work.await {
                         send(&socket, &bytes, src).await;
                     }
                 });
@@ -98,12 +111,15 @@ async fn send(socket: &UdpSocket, bytes: &[u8], to: SocketAddr) {
     }
 }
 
+/// An encoded answer, and whether it may be served again.
+type Answer = (Vec<u8>, Option<Answered>);
+
 /// What to do with one datagram: `None` to drop it, or the future of its encoded answer.
 fn datagram(
     handler: &Arc<DnsListener>,
     bytes: &[u8],
     src: SocketAddr,
-) -> Option<impl Future<Output = Option<Vec<u8>>> + Send + 'static> {
+) -> Option<impl Future<Output = Option<Answer>> + Send + 'static> {
     let mut decoder = BinDecoder::new(bytes);
     let header = Header::read(&mut decoder).ok()?;
     if header.message_type() == MessageType::Response {
@@ -121,10 +137,16 @@ fn datagram(
                     .unwrap_or(CLASSIC_PAYLOAD);
                 let request = Request::new(message, src, Protocol::Udp);
                 let answer = Encoded::new(limit);
-                handler.handle_request(&request, answer.clone()).await;
-                answer.take()
+                let mut answered = None;
+                handler
+                    .respond(&request, answer.clone(), Some(&mut answered))
+                    .await;
+                // Kept only whole: a truncated answer is not repeated.
+                let bytes = answer.take()?;
+                let whole = bytes.get(2).is_some_and(|flags| flags & 0x02 == 0);
+                Some((bytes, answered.filter(|_| whole)))
             }
-            Err(_) => form_error(&header),
+            Err(_) => form_error(&header).map(|b| (b, None)),
         }
     })
 }

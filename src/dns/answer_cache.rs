@@ -1,0 +1,147 @@
+//! Allowed answers served again, per UDP receive loop: the same query (every byte after the
+//! id: flags, question as spelt, EDNS) from a sandbox, under the same policy generation,
+//! within [`LIFE`] of an answer that came from the resolver's cache, gets the same bytes with
+//! its own id — without parsing the message, asking the resolver or encoding again. Each
+//! repeat still passes what every query passes: identified by its source, under its
+//! sandbox's query rate, refused nothing-recorded when the audit log is saturated, and
+//! written as its own record (a copy of the first one's, with its own id and client).
+//!
+//! What it never does: serve across sandboxes (the sandbox is in the key), outlive a policy
+//! change (the generation is: a reload or a registration publishes a new one, and the next
+//! query is decided anew), or keep a refusal, a failure or an empty answer. The TTLs it
+//! repeats are at most [`LIFE`] older than the resolver's. Bounded at [`MAX_ENTRIES`] per
+//! loop; one loop's cache is its own (no lock on the hot path).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use crate::audit::record::Record;
+use crate::audit::AuditGuard;
+use crate::config::AuditDns;
+use crate::dns::listener::{Answered, DnsListener};
+use crate::egress::identity::identify;
+use crate::policy::sandbox_id::SandboxId;
+
+/// How long an answer is served again.
+pub const LIFE: Duration = Duration::from_secs(1);
+/// Answers kept per receive loop.
+pub const MAX_ENTRIES: usize = 4096;
+/// A DNS header: id, flags, four counts.
+const HEADER: usize = 12;
+
+/// One loop's kept answers, by a hash of (sandbox, generation, query after its id); the
+/// entry holds them all, so a hash collision is a miss, never a wrong answer.
+#[derive(Default)]
+pub struct AnswerCache {
+    map: HashMap<u64, Kept>,
+    hasher: RandomState,
+}
+
+struct Kept {
+    sandbox: SandboxId,
+    generation: u64,
+    /// The query after its id.
+    query: Box<[u8]>,
+    /// The answer after its id.
+    answer: Box<[u8]>,
+    until: Instant,
+    /// The first query's record, copied for each repeat.
+    record: Record,
+}
+
+impl AnswerCache {
+    fn key(&self, sandbox: &str, generation: u64, query: &[u8]) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        sandbox.hash(&mut h);
+        generation.hash(&mut h);
+        query.hash(&mut h);
+        h.finish()
+    }
+
+    /// The answer to `datagram` from `src` if it is a repeat of a kept one (and its record
+    /// is on its way); `None`: decide it the full way.
+    pub fn serve(
+        &mut self,
+        handler: &DnsListener,
+        datagram: &[u8],
+        src: SocketAddr,
+    ) -> Option<Vec<u8>> {
+        // A response (QR) is never answered, and only a standard query (opcode 0) is kept.
+        if self.map.is_empty() || datagram.len() <= HEADER || datagram[2] & 0xf8 != 0 {
+            return None;
+        }
+        let shared = &handler.shared;
+        let set = shared.policy.load();
+        let default = shared.settings.default_sandbox.as_deref();
+        let who = identify(&set, None, src.ip(), default).ok()?;
+        let sandbox = &who.sandbox.binding.id;
+        let generation = set.generation();
+        let query = &datagram[2..];
+        let kept = self.map.get(&self.key(sandbox, generation, query))?;
+        if kept.sandbox != *sandbox
+            || kept.generation != generation
+            || *kept.query != *query
+            || kept.until <= Instant::now()
+        {
+            return None;
+        }
+        // As every query: nothing answered that cannot be recorded, and the sandbox's rate
+        // (a refusal is left to the full way, which records it).
+        if shared.sink.log.saturated()
+            || who
+                .sandbox
+                .limiter(&shared.limiters)
+                .admit_query(shared.limiters.now())
+                .is_err()
+        {
+            return None;
+        }
+        let mut answer = Vec::with_capacity(kept.answer.len() + 2);
+        answer.extend_from_slice(&datagram[..2]);
+        answer.extend_from_slice(&kept.answer);
+        let mut record = kept.record.clone();
+        record.conn_id = shared.next_conn_id();
+        record.client = src;
+        let facts = record.dns.take().map(|f| *f).unwrap_or_default();
+        // Written (and counted) as it drops.
+        drop(AuditGuard::query(
+            shared.sink.clone(),
+            record,
+            facts,
+            shared.settings.audit_dns != AuditDns::Denied,
+        ));
+        Some(answer)
+    }
+
+    /// Keep `answer` to `datagram`, allowed as `answered` says.
+    pub fn keep(&mut self, datagram: &[u8], answer: &[u8], answered: Answered) {
+        let Some(sandbox) = answered.record.sandbox.clone() else {
+            return;
+        };
+        if datagram.len() <= HEADER || answer.len() <= HEADER {
+            return;
+        }
+        let now = Instant::now();
+        if self.map.len() >= MAX_ENTRIES {
+            self.map.retain(|_, k| k.until > now);
+            if self.map.len() >= MAX_ENTRIES {
+                self.map.clear();
+            }
+        }
+        let query = &datagram[2..];
+        let key = self.key(&sandbox, answered.generation, query);
+        self.map.insert(
+            key,
+            Kept {
+                sandbox,
+                generation: answered.generation,
+                query: query.into(),
+                answer: answer[2..].into(),
+                until: now + LIFE,
+                record: answered.record,
+            },
+        );
+    }
+}
