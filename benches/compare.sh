@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compare egress-proxy with direct connections, Squid and tinyproxy on loopback, with one load
-# generator (benches/loadgen.rs), in one run, and print a Markdown table (medians of RUNS runs).
+# generator (benches/loadgen.rs), in one run, and print a Markdown table (medians of RUNS
+# interleaved rounds: every target once per round).
 # Installs squid and tinyproxy from the distribution if missing; stops everything it starts.
 # G3PROXY=path adds g3proxy (its http_proxy server, a direct escaper) to the CONNECT table;
 # then the forwarding comparison (benches/forward_compare.sh) and, with dnsmasq installed, the
@@ -36,34 +37,37 @@ declare -A ADDR=( [direct]=direct [egress-proxy]=127.0.0.1:3130 [squid]=127.0.0.
 ORDER=(direct egress-proxy squid tinyproxy)
 if [ -n "${G3PROXY:-}" ]; then
   g3proxy_config 3131 > "$WORK/g3proxy.yaml"
-  "$G3PROXY" -c "$WORK/g3proxy.yaml" >"$WORK/g3.out" 2>&1 & PIDS+=($!)
+  "$G3PROXY" -c "$WORK/g3proxy.yaml" -C "$WORK" >"$WORK/g3.out" 2>&1 & PIDS+=($!); G3_PID=$!
   sleep 1
   ADDR[g3proxy]=127.0.0.1:3131; ORDER+=(g3proxy)
 fi
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read())['$1'])"; }
 
-declare -A RATE RATE_TLS BULK P50 P99
-for t in "${ORDER[@]}"; do
-  r=(); h=(); b=()
-  for _ in $(seq "$RUNS"); do
-    r+=("$("$LG" rate --proxy "${ADDR[$t]}" --concurrency 32 --seconds "$SECS" | field conn_per_sec)")
+declare -A RATE RATE_TLS BULK P50 P99 R H B
+# Interleaved: every target once per round, so the machine's drift hits all alike.
+for round in $(seq "$RUNS"); do
+  for t in "${ORDER[@]}"; do
+    R[$t]+=" $("$LG" rate --proxy "${ADDR[$t]}" --concurrency 32 --seconds "$SECS" | field conn_per_sec)"
     # TLS-shaped: each tunnel starts with a real ClientHello (egress-proxy parses it).
-    h+=("$("$LG" rate --hello --proxy "${ADDR[$t]}" --concurrency 32 --seconds "$SECS" | field conn_per_sec)")
-    b+=("$("$LG" bulk --proxy "${ADDR[$t]}" --tunnels 4 --seconds "$SECS" | field gbit_per_sec)")
+    H[$t]+=" $("$LG" rate --hello --proxy "${ADDR[$t]}" --concurrency 32 --seconds "$SECS" | field conn_per_sec)"
+    B[$t]+=" $("$LG" bulk --proxy "${ADDR[$t]}" --tunnels 4 --seconds "$SECS" | field gbit_per_sec)"
   done
-  RATE[$t]="$(printf '%s\n' "${r[@]}" | median)"; RATE_TLS[$t]="$(printf '%s\n' "${h[@]}" | median)"; BULK[$t]="$(printf '%s\n' "${b[@]}" | median)"
+  echo "round $round: $(for t in "${ORDER[@]}"; do printf '%s rate%s bulk%s; ' "$t" "${R[$t]}" "${B[$t]}"; done)" >&2
+done
+for t in "${ORDER[@]}"; do
+  RATE[$t]="$(printf '%s\n' ${R[$t]} | median)"; RATE_TLS[$t]="$(printf '%s\n' ${H[$t]} | median)"; BULK[$t]="$(printf '%s\n' ${B[$t]} | median)"
   lat="$("$LG" latency --proxy "${ADDR[$t]}" --concurrency 8 --seconds "$SECS")"
   P50[$t]="$(echo "$lat" | field p50_us)"; P99[$t]="$(echo "$lat" | field p99_us)"
-  echo "measured $t: rate ${r[*]} bulk ${b[*]}" >&2
 done
 
 # Idle tunnels: RSS growth per tunnel (origin in its own process: descriptor limits).
 "$LG" origin >"$WORK/origin.out" & PIDS+=($!); sleep 1
 ORIGIN="$(field origin <"$WORK/origin.out")"
 declare -A IDLE_KIB
-for t in egress-proxy squid tinyproxy; do
-  case $t in egress-proxy) pid=$EGRESS_PID ;; squid) pid=$SQUID_PID ;; tinyproxy) pid=$TINY_PID ;; esac
+IDLE_ORDER=(egress-proxy squid tinyproxy); [ -n "${G3PROXY:-}" ] && IDLE_ORDER+=(g3proxy)
+for t in "${IDLE_ORDER[@]}"; do
+  case $t in egress-proxy) pid=$EGRESS_PID ;; squid) pid=$SQUID_PID ;; tinyproxy) pid=$TINY_PID ;; g3proxy) pid=$G3_PID ;; esac
   out="$(timeout 180 "$LG" idle --proxy "${ADDR[$t]}" --tunnels "$IDLE" --pid "$pid" --origin "$ORIGIN" || echo '{"kib_per_tunnel":null}')"
   IDLE_KIB[$t]="$(echo "$out" | field kib_per_tunnel)"
   echo "idle $t: $out" >&2

@@ -54,7 +54,7 @@ if [ -n "${OLD:-}" ]; then
 fi
 if [ -n "${G3PROXY:-}" ]; then
   g3proxy_config 3131 > "$WORK/g3proxy.yaml"
-  "$G3PROXY" -c "$WORK/g3proxy.yaml" >"$WORK/g3.out" 2>&1 & PIDS+=($!)
+  "$G3PROXY" -c "$WORK/g3proxy.yaml" -C "$WORK" >"$WORK/g3.out" 2>&1 & PIDS+=($!)
   ADDR[g3proxy]=127.0.0.1:3131; ORDER+=(g3proxy)
 fi
 sleep 3

@@ -55,12 +55,13 @@ CONF
 }
 
 # g3proxy (G3PROXY=path): its http_proxy server with a direct escaper. Not run on the machine
-# this was written on (no g3proxy binary there).
+# this was run on, built from source (`cargo build --release -p g3proxy --no-default-features
+# --features rustls-ring`: no Lua, Python, c-ares or QUIC; needs libssl-dev and capnproto).
 g3proxy_config() { # port
   cat <<YAML
 runtime: { thread_number: 2 }
 resolver:
-  - { name: default, type: c-ares, server: 127.0.0.1 }
+  - { name: default, type: hickory, server: 127.0.0.1 }
 escaper:
   - { name: default, type: direct_fixed, resolver: default, egress_net_filter: { default: allow, allow: 127.0.0.1 } }
 server:

@@ -80,7 +80,7 @@ pub const RUNTIME: RuntimeLimits = RuntimeLimits {
 /// (Apache's is 5 s), so a kept connection is rarely one the origin is closing just then.
 pub const FORWARD_KEEPALIVE: ForwardKeepalive = ForwardKeepalive {
     idle: Duration::from_secs(4),
-    max_idle_per_origin: 8,
+    max_idle_per_origin: 64,
     max_idle: 1024,
 };
 
