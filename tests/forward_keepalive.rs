@@ -2,7 +2,9 @@
 //! that counts its connections: a sandbox's second request (from another client connection)
 //! reuses the upstream connection; another sandbox, or another authority at the same address,
 //! never does; a kept connection is closed when its policy is revoked, and when it has been
-//! idle for `forward_keepalive.idle_ms`; `idle_ms: 0` keeps none.
+//! idle for `forward_keepalive.idle_ms`; `idle_ms: 0` keeps none. A kept connection that the
+//! origin closes as the next request arrives: a bodiless GET is sent again on a new
+//! connection, a POST with a body is not (502).
 
 mod common;
 
@@ -25,6 +27,12 @@ struct KeepAliveOrigin {
 
 impl KeepAliveOrigin {
     fn start() -> KeepAliveOrigin {
+        Self::start_closing_after(usize::MAX)
+    }
+
+    /// An origin that answers `answers` requests per connection, then closes the connection
+    /// when the next request arrives, without answering it.
+    fn start_closing_after(answers: usize) -> KeepAliveOrigin {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -36,7 +44,7 @@ impl KeepAliveOrigin {
                 let n = a.fetch_add(1, Ordering::SeqCst) + 1;
                 let c = c.clone();
                 std::thread::spawn(move || {
-                    serve(stream, n);
+                    serve(stream, n, answers);
                     c.lock().unwrap().push(n);
                 });
             }
@@ -57,8 +65,9 @@ impl KeepAliveOrigin {
     }
 }
 
-/// Answer requests on one connection until the peer closes it.
-fn serve(stream: std::net::TcpStream, n: usize) {
+/// Answer requests on one connection until the peer closes it, or `answers` were answered
+/// and another arrives.
+fn serve(stream: std::net::TcpStream, n: usize, mut answers: usize) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut out = stream;
     loop {
@@ -79,6 +88,9 @@ fn serve(stream: std::net::TcpStream, n: usize) {
                 host = v.trim().to_string();
             }
         }
+        if answers == 0 {
+            return;
+        }
         let body = format!("connection {n} host {host}\n");
         let resp = format!(
             "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
@@ -87,6 +99,7 @@ fn serve(stream: std::net::TcpStream, n: usize) {
         if out.write_all(resp.as_bytes()).is_err() {
             return;
         }
+        answers -= 1;
     }
 }
 
@@ -216,4 +229,39 @@ fn a_kept_connection_is_closed_when_revoked_or_idle_and_none_is_kept_with_idle_z
     eventually(Duration::from_secs(5), "both closed", || {
         (origin.closed().len() == 2).then_some(())
     });
+}
+
+/// The origin closes a kept connection as the next request arrives (its keep-alive ran out
+/// just then): a bodiless GET on it is sent again, once, on a new connection to the same
+/// checked address, and the record says so; a POST with a body is not (it may have been
+/// acted on) and gets the 502.
+#[test]
+fn a_request_on_a_kept_connection_the_origin_closed_is_sent_again_only_when_it_may_be() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = KeepAliveOrigin::start_closing_after(1);
+    let p = start(dir.path(), "", "\"origin.test:*\"");
+    let url = format!("http://origin.test:{}/x", origin.addr.port());
+    assert!(get(&p, "a", TOKEN_A, &url).contains("connection 1"));
+    // Taken from the pool: connection 1, which the origin closes unanswered.
+    let body = get(&p, "a", TOKEN_A, &url);
+    assert!(body.contains("connection 2"), "{body}");
+    let rec = p.wait_record(|r| {
+        r["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("sent again on a new one"))
+    });
+    assert_eq!(rec["decision"], "allow", "{rec}");
+
+    // Connection 2 is kept; a POST on it is closed unanswered and is not sent again.
+    let out = curl(&[
+        "-sS",
+        "-i",
+        "-x",
+        &format!("http://a:{TOKEN_A}@{}", p.proxy),
+        "-d",
+        "payload",
+        &url,
+    ]);
+    assert!(out.text().starts_with("HTTP/1.1 502"), "{}", out.text());
+    assert_eq!(origin.connections(), 2, "the POST was sent again");
 }

@@ -150,7 +150,33 @@ pub async fn forward(
         drop(watcher_exchange);
     });
 
-    let sent = up.sender.send_request(upstream_req).await;
+    // A kept connection may have been closed by the origin just as it was taken: a request
+    // that never left, or a bodiless idempotent one that got no answer, is sent again once
+    // on a new connection to the same checked address (RFC 9110 §9.2.2).
+    let again = (up.reused > 0).then(|| resendable(&upstream_req)).flatten();
+    let sent = match up.sender.try_send_request(upstream_req).await {
+        Ok(resp) => Ok(resp),
+        Err(mut e) if up.reused > 0 => {
+            let unanswered = e.error().is_incomplete_message() || e.error().is_canceled();
+            match e
+                .take_message()
+                .or_else(|| again.filter(|_| unanswered).map(Resend::request))
+            {
+                Some(req) => match redial(&shared, &up).await {
+                    Ok(fresh) => {
+                        up = fresh;
+                        with_audit(&exchange, |a| {
+                            a.detail("the kept upstream connection was closed by the origin; sent again on a new one")
+                        });
+                        up.sender.send_request(req).await.map_err(|e| e.to_string())
+                    }
+                    Err(err) => Err(err),
+                },
+                None => Err(e.into_error().to_string()),
+            }
+        }
+        Err(e) => Err(e.into_error().to_string()),
+    };
     // Kept for the next request if this exchange ends cleanly; closed otherwise.
     let after = Mutex::new(Some((shared.clone(), grant, up)));
     match sent {
@@ -200,6 +226,55 @@ pub async fn forward(
     }
 }
 
+/// What is needed to send a bodiless idempotent request again.
+struct Resend {
+    method: http::Method,
+    uri: Uri,
+    headers: HeaderMap,
+}
+
+impl Resend {
+    fn request(self) -> Request<crate::relay::upstream_pool::ReqBody> {
+        let mut req = Request::new(
+            http_body_util::Empty::<Bytes>::new()
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+        *req.method_mut() = self.method;
+        *req.uri_mut() = self.uri;
+        *req.headers_mut() = self.headers;
+        req
+    }
+}
+
+/// A copy of `req` to send again if it is idempotent and has no body.
+fn resendable<B: hyper::body::Body>(req: &Request<B>) -> Option<Resend> {
+    use http::Method;
+    let idempotent = [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE];
+    (idempotent.contains(req.method()) && req.body().is_end_stream()).then(|| Resend {
+        method: req.method().clone(),
+        uri: req.uri().clone(),
+        headers: req.headers().clone(),
+    })
+}
+
+/// A new connection to the checked address `up` was connected to, under `up`'s cut (which
+/// the exchange's watcher holds).
+async fn redial(shared: &Shared, up: &Upstream) -> Result<Upstream, String> {
+    let d = crate::egress::dial(
+        &[up.addr.ip()],
+        up.addr.port(),
+        None,
+        shared.settings.timeouts.connect,
+        shared.metrics(),
+    )
+    .await
+    .map_err(|reason| format!("the kept connection closed, and a new one failed ({reason})"))?;
+    Upstream::handshake_with(d.stream, d.addr, up.cut.clone())
+        .await
+        .map_err(|e| e.to_string())
+}
+
 /// `req` as the origin gets it: hop-by-hop headers and the proxy's credentials gone, origin
 /// form, `Host` the decided authority, and its body counted (and shaped under `shaper`).
 fn for_origin(
@@ -236,7 +311,11 @@ fn for_origin(
 
 /// The request was allowed but the origin did not answer it properly: 502, recorded as
 /// `connection_refused` with the error (unless the exchange was revoked meanwhile).
-fn bad_gateway(exchange: &SharedExchange, e: &hyper::Error, failed: &Failed) -> Response<Body> {
+fn bad_gateway(
+    exchange: &SharedExchange,
+    e: &dyn std::fmt::Display,
+    failed: &Failed,
+) -> Response<Body> {
     with_audit(exchange, |a| {
         a.decision(&Decision::deny(Reason::ConnectionRefused, None));
         a.detail(format!("upstream: {e}"));

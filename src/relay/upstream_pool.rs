@@ -46,7 +46,16 @@ impl Upstream {
     /// Speak HTTP/1.1 on a dialled socket; the connection is driven by its own task until the
     /// origin closes it or its cut fires.
     pub async fn handshake(stream: ServerIo, addr: SocketAddr) -> Result<Upstream, hyper::Error> {
-        let cut = Cut::new();
+        Self::handshake_with(stream, addr, Cut::new()).await
+    }
+
+    /// [`Upstream::handshake`] under an existing `cut` (a connection that replaces one whose
+    /// exchange is already watched with that cut).
+    pub async fn handshake_with(
+        stream: ServerIo,
+        addr: SocketAddr,
+        cut: Arc<Cut>,
+    ) -> Result<Upstream, hyper::Error> {
         let io = TokioIo::new(Abortable::new(stream, cut.clone()));
         let (sender, conn) = hyper::client::conn::http1::handshake(io).await?;
         let mut fired = cut.subscribe();
