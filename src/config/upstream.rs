@@ -113,22 +113,10 @@ pub struct ParentTls {
 
 impl ParentTls {
     fn new(host: &str, ca_pem: Option<String>) -> Result<ParentTls, String> {
-        use rustls::pki_types::{pem::PemObject, CertificateDer};
         let name = ServerName::try_from(host.to_string())
             .map_err(|_| format!("url: `{host}` is not a name TLS can verify"))?;
-        let mut roots = rustls::RootCertStore::empty();
-        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        if let Some(pem) = &ca_pem {
-            let mut n = 0;
-            for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                let c = c.map_err(|e| format!("ca_file: {e}"))?;
-                roots.add(c).map_err(|e| format!("ca_file: {e}"))?;
-                n += 1;
-            }
-            if n == 0 {
-                return Err("ca_file: no PEM certificate in it".into());
-            }
-        }
+        let roots = crate::egress::roots::public_and(ca_pem.as_deref().map(str::as_bytes))
+            .map_err(|e| format!("ca_file: {e}"))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()

@@ -11,6 +11,7 @@ pub(crate) mod identity;
 pub mod limits;
 pub(crate) mod parent;
 pub mod resolve;
+pub(crate) mod roots;
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};

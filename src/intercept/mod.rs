@@ -58,18 +58,12 @@ impl Interceptor {
     pub fn load(cfg: &InterceptConfig) -> Result<Self, InterceptError> {
         const UPSTREAM_CA: &str = "tls_intercept.upstream_ca_file";
         let ca = InterceptCa::load(&cfg.ca_cert_file, &cfg.ca_key_file)?;
-        let mut roots = rustls::RootCertStore::empty();
-        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        if let Some(f) = &cfg.upstream_ca_file {
-            use rustls::pki_types::{pem::PemObject, CertificateDer};
-            let pem = std::fs::read(f).map_err(|e| InterceptError::file(UPSTREAM_CA, f, e))?;
-            for c in CertificateDer::pem_slice_iter(&pem) {
-                let c = c.map_err(|e| InterceptError::content(UPSTREAM_CA, e))?;
-                roots
-                    .add(c)
-                    .map_err(|e| InterceptError::content(UPSTREAM_CA, e))?;
-            }
-        }
+        let pem = match &cfg.upstream_ca_file {
+            Some(f) => Some(std::fs::read(f).map_err(|e| InterceptError::file(UPSTREAM_CA, f, e))?),
+            None => None,
+        };
+        let roots = crate::egress::roots::public_and(pem.as_deref())
+            .map_err(|e| InterceptError::content(UPSTREAM_CA, e))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let upstream = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
