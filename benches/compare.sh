@@ -44,7 +44,7 @@ fi
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read())['$1'])"; }
 
-declare -A RATE RATE_TLS BULK P50 P99 R H B
+declare -A RATE RATE_TLS BULK P50 P99 R H B PACED
 # Interleaved: every target once per round, so the machine's drift hits all alike.
 for round in $(seq "$RUNS"); do
   for t in "${ORDER[@]}"; do
@@ -59,6 +59,9 @@ for t in "${ORDER[@]}"; do
   RATE[$t]="$(printf '%s\n' ${R[$t]} | median)"; RATE_TLS[$t]="$(printf '%s\n' ${H[$t]} | median)"; BULK[$t]="$(printf '%s\n' ${B[$t]} | median)"
   lat="$("$LG" latency --proxy "${ADDR[$t]}" --concurrency 8 --seconds "$SECS")"
   P50[$t]="$(echo "$lat" | field p50_us)"; P99[$t]="$(echo "$lat" | field p99_us)"
+  # The same load for every target: a closed loop runs more connections through a faster one.
+  paced="$("$LG" latency --proxy "${ADDR[$t]}" --concurrency 8 --seconds "$SECS" --rate "${LAT_RATE:-4000}")"
+  PACED[$t]="$(echo "$paced" | field p50_us) / $(echo "$paced" | field p99_us)"
 done
 
 # Idle tunnels: RSS growth per tunnel (origin in its own process: descriptor limits).
@@ -75,10 +78,10 @@ done
 
 ratio() { python3 -c "a,b=float('$1'),float('$2'); print(f'{a/b:.2f}×' if b else '-')"; }
 echo
-echo "| target | CONNECT rate (conn/s) | with a ClientHello | vs Squid | bulk (Gbit/s, 4 tunnels) | vs Squid | vs direct | p50 / p99 CONNECT→first byte (µs) | idle RSS per tunnel (KiB, $IDLE tunnels) |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| target | CONNECT rate (conn/s) | with a ClientHello | vs Squid | bulk (Gbit/s, 4 tunnels) | vs Squid | vs direct | p50 / p99 CONNECT→first byte (µs) | the same at ${LAT_RATE:-4000} conn/s | idle RSS per tunnel (KiB, $IDLE tunnels) |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for t in "${ORDER[@]}"; do
-  echo "| $t | ${RATE[$t]} | ${RATE_TLS[$t]} | $(ratio "${RATE[$t]}" "${RATE[squid]}") | ${BULK[$t]} | $(ratio "${BULK[$t]}" "${BULK[squid]}") | $(ratio "${BULK[$t]}" "${BULK[direct]}") | ${P50[$t]} / ${P99[$t]} | ${IDLE_KIB[$t]:--} |"
+  echo "| $t | ${RATE[$t]} | ${RATE_TLS[$t]} | $(ratio "${RATE[$t]}" "${RATE[squid]}") | ${BULK[$t]} | $(ratio "${BULK[$t]}" "${BULK[squid]}") | $(ratio "${BULK[$t]}" "${BULK[direct]}") | ${P50[$t]} / ${P99[$t]} | ${PACED[$t]} | ${IDLE_KIB[$t]:--} |"
 done
 echo
 echo "Machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -r); loadgen, origin and proxy share it. Medians of $RUNS runs of ${SECS}s."

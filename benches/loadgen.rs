@@ -11,7 +11,8 @@
 //! rate: CONNECT, one 1-byte echo round trip, close — connections per second (`--hello`: the
 //! tunnel starts with a real TLS ClientHello instead, which a verifying proxy parses).
 //! bulk: N tunnels each reading an endless stream — Gbit/s delivered to the client.
-//! latency: p50/p99 of connect → CONNECT → first echoed byte.
+//! latency: p50/p99 of connect → CONNECT → first echoed byte; closed loop, or paced at
+//! `--rate N` connections per second in all (the same load for every proxy compared).
 //! idle: open N tunnels (each proven with an echo) and report the proxy's RSS growth per tunnel.
 
 use std::net::SocketAddr;
@@ -35,6 +36,9 @@ struct Args {
     /// Open each tunnel with a real TLS ClientHello (captured from curl) instead of one byte:
     /// the TLS-shaped workload, which a verifying proxy must parse.
     hello: bool,
+    /// `latency`: connections per second in all, spread over the concurrent tasks (0: as
+    /// fast as each answers).
+    rate: u64,
 }
 
 fn parse_args() -> Args {
@@ -48,6 +52,7 @@ fn parse_args() -> Args {
         auth: None,
         origin: None,
         hello: false,
+        rate: 0,
     };
     let mut it = std::env::args().skip(1).filter(|s| s != "--bench");
     while let Some(arg) = it.next() {
@@ -63,6 +68,7 @@ fn parse_args() -> Args {
             "--auth" => a.auth = it.next(),
             "--origin" => a.origin = it.next().and_then(|v| v.parse().ok()),
             "--hello" => a.hello = true,
+            "--rate" => a.rate = it.next().and_then(|v| v.parse().ok()).unwrap_or(0),
             m if !m.starts_with('-') && a.mode.is_empty() => a.mode = m.to_string(),
             _ => {}
         }
@@ -239,8 +245,16 @@ async fn latency(a: &Args, origin: SocketAddr) -> serde_json::Value {
     for _ in 0..a.concurrency {
         let hello = a.hello;
         let (samples, stop, proxy, auth) = (samples.clone(), stop.clone(), a.proxy, a.auth.clone());
+        // Paced: each task starts a connection every `every`, on a schedule (a late one is
+        // started at once, never skipped).
+        let every = (a.rate > 0).then(|| Duration::from_secs_f64(a.concurrency as f64 / a.rate as f64));
         tasks.push(tokio::spawn(async move {
+            let mut next = tokio::time::Instant::now();
             while !stop.load(Ordering::Relaxed) {
+                if let Some(every) = every {
+                    tokio::time::sleep_until(next).await;
+                    next += every;
+                }
                 let t = Instant::now();
                 let ok = async {
                     let mut s = open(proxy, origin, auth.as_deref()).await?;
