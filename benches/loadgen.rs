@@ -247,7 +247,8 @@ async fn latency(a: &Args, origin: SocketAddr) -> serde_json::Value {
         let (samples, stop, proxy, auth) = (samples.clone(), stop.clone(), a.proxy, a.auth.clone());
         // Paced: each task starts a connection every `every`, on a schedule (a late one is
         // started at once, never skipped).
-        let every = (a.rate > 0).then(|| Duration::from_secs_f64(a.concurrency as f64 / a.rate as f64));
+        let every =
+            (a.rate > 0).then(|| Duration::from_secs_f64(a.concurrency as f64 / a.rate as f64));
         tasks.push(tokio::spawn(async move {
             let mut next = tokio::time::Instant::now();
             while !stop.load(Ordering::Relaxed) {
