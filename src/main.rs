@@ -462,10 +462,28 @@ fn validate(path: Option<PathBuf>) -> ExitCode {
             b.policy_ref.as_deref().unwrap_or(&b.policy_file),
         );
     }
+    println!("  {}", audit_summary(&config));
     for w in &warnings {
         println!("warning: {w}");
     }
     ExitCode::SUCCESS
+}
+
+/// Where the audit trail goes, and what happens while it cannot be written.
+fn audit_summary(config: &config::Config) -> String {
+    let to = config
+        .audit_path
+        .as_ref()
+        .map_or("stdout".to_string(), |p| p.display().to_string());
+    let failure = match config.audit_trail.on_failure {
+        config::audit::OnFailure::Refuse => {
+            "on_failure=refuse: while it cannot be written, new connections, requests and DNS queries are refused (audit_unavailable) and /readyz answers 503; no record is dropped"
+        }
+        config::audit::OnFailure::Continue => {
+            "on_failure=continue: while it cannot be written, traffic is served and its records are dropped (counted in egress_audit_dropped_total)"
+        }
+    };
+    format!("audit: {to}; {failure}")
 }
 
 fn identity_summary(b: &config::Binding) -> String {

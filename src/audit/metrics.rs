@@ -28,11 +28,44 @@ pub struct Metrics {
     reloads: IntCounterVec,
     policy_info: IntGaugeVec,
     audit_backpressure: IntCounter,
+    /// The audit sink's state, set from [`crate::audit::health::Health`] at each scrape.
+    audit_sink: AuditSinkMetrics,
     control_plane_revision: IntGauge,
     control_plane_connected: IntGauge,
     control_plane_errors: IntCounterVec,
     admission_refused: IntCounterVec,
     secret_reflected: IntCounterVec,
+}
+
+/// `egress_audit_sink_failing_seconds`, `egress_audit_dropped_total`,
+/// `egress_audit_queue_pending`.
+struct AuditSinkMetrics {
+    failing_seconds: prometheus::Gauge,
+    dropped: IntCounter,
+    pending: IntGauge,
+}
+
+impl AuditSinkMetrics {
+    fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let m = AuditSinkMetrics {
+            failing_seconds: prometheus::Gauge::new(
+                "egress_audit_sink_failing_seconds",
+                "How long the audit sink has been failing to write (0 while it writes)",
+            )?,
+            dropped: IntCounter::new(
+                "egress_audit_dropped_total",
+                "Audit records given up on (audit.on_failure: continue while the sink failed)",
+            )?,
+            pending: IntGauge::new(
+                "egress_audit_queue_pending",
+                "Audit records waiting to be written (queued, or kept from a failed write)",
+            )?,
+        };
+        registry.register(Box::new(m.failing_seconds.clone()))?;
+        registry.register(Box::new(m.dropped.clone()))?;
+        registry.register(Box::new(m.pending.clone()))?;
+        Ok(m)
+    }
 }
 
 /// One sandbox's per-connection metric handles, looked up once per sandbox and policy version
@@ -143,9 +176,10 @@ impl Metrics {
         )?;
         let audit_backpressure = IntCounter::new(
             "egress_audit_backpressure_total",
-            "Connections refused (503 / reset, unrecorded) because the audit queue was full",
+            "Connections, requests and DNS queries refused (audit_unavailable: 503 / reset / REFUSED, unrecorded) because the audit queue was full or its sink failed",
         )?;
         registry.register(Box::new(audit_backpressure.clone()))?;
+        let audit_sink = AuditSinkMetrics::register(&registry)?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(bytes.clone()))?;
         registry.register(Box::new(active.clone()))?;
@@ -215,6 +249,7 @@ impl Metrics {
             reloads,
             policy_info,
             audit_backpressure,
+            audit_sink,
         })
     }
 
@@ -275,6 +310,18 @@ impl Metrics {
     /// Count a connection refused because the audit queue was full.
     pub fn audit_backpressure(&self) {
         self.audit_backpressure.inc();
+    }
+
+    /// Export the audit sink's state (called before each scrape renders).
+    pub fn audit_sink(&self, st: &crate::audit::health::Status) {
+        let m = &self.audit_sink;
+        m.failing_seconds
+            .set(st.failing_for.map_or(0.0, |d| d.as_secs_f64()));
+        let seen = m.dropped.get();
+        if st.dropped > seen {
+            m.dropped.inc_by(st.dropped - seen);
+        }
+        m.pending.set(i64::try_from(st.pending).unwrap_or(i64::MAX));
     }
 
     /// Count a reload or registration attempt.

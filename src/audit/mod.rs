@@ -10,6 +10,7 @@
 
 pub(crate) mod accept;
 pub mod chain;
+pub mod health;
 pub(crate) mod metrics;
 mod ocsf;
 pub(crate) mod outcome;
@@ -306,6 +307,16 @@ pub struct Recorder {
 }
 
 impl Recorder {
+    /// `Some` when the trail cannot take this request's record now ([`AuditLog::unavailable`]);
+    /// the refusal is counted.
+    pub fn unavailable(&self) -> Option<health::Unavailable> {
+        let why = self.sink.log.unavailable();
+        if why.is_some() {
+            self.sink.metrics.audit_backpressure();
+        }
+        why
+    }
+
     /// The guard of a request that begins now (allowed, `close: eof`, until told otherwise).
     pub fn guard(&self) -> AuditGuard {
         let mut record = self.record.clone();

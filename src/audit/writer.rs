@@ -3,32 +3,46 @@
 //! disk, never formats JSON, and never wakes the writer per `end` record (a context switch
 //! per connection was the largest cost at high connection rates).
 //!
-//! The queue is bounded for *new* connections: once `queue_max` entries wait, [`saturated`]
-//! says so and the listeners refuse new connections (503 / reset, counted) instead of growing
-//! without limit; connections already accepted still get their records. [`AuditLog::close`]
-//! waits at most its deadline for the writer, then says how many records it could not write.
+//! The queue is bounded for *new* connections: once `queue_max` entries wait, the sink is
+//! [`unavailable`] and the listeners refuse new connections, requests and queries
+//! (`audit_unavailable`, counted) instead of growing without limit; connections already
+//! accepted still get their records. [`AuditLog::close`] waits at most its deadline for the
+//! writer, then says how many records it could not write.
+//!
+//! **A sink that fails** (a full disk, an I/O error, a read-only remount, a closed pipe, a
+//! file that cannot be opened again) loses nothing under `audit.on_failure: refuse`: the
+//! batch that failed is kept, encoded and chained, and written again with backoff (10 ms to
+//! 1 s), the records behind it wait in the queue, and meanwhile the sink is unavailable, so
+//! nothing new is served unrecorded. The output is cut back to its last complete line first
+//! ([`Output::commit`]), so the file stays parsable and its chain verifies. Under `continue`
+//! the batch is dropped and counted instead. Each failure episode is logged once when it
+//! begins and once when it ends, with its count.
 //!
 //! Observers ([`AuditLog::observe`], `GET /v1/observe`) get each record's JSON line from the
 //! writer thread through a broadcast channel: sending never waits, and an observer that falls
 //! behind loses the oldest lines (and is told how many), never slowing the writer.
 //!
-//! [`saturated`]: AuditLog::saturated
+//! [`unavailable`]: AuditLog::unavailable
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::chain::{Chain, Interval, Tail};
+use super::health::{Health, Unavailable};
 use super::output::Output;
 use super::record::{Entry, Event};
-use crate::config::audit::{AuditTrail, Format};
+use crate::config::audit::{AuditTrail, Format, OnFailure};
 
 /// How long the writer sleeps between drains: the most an entry waits before it is written.
 const DRAIN_EVERY: Duration = Duration::from_millis(5);
 /// The most an `open` entry waits (and the least time between two wake-ups for opens).
 const URGENT_EVERY: Duration = Duration::from_millis(1);
+/// The first and the longest wait before a failed batch is written again.
+const RETRY_FIRST: Duration = Duration::from_millis(10);
+const RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// Entries waiting for the writer, and whether the log is closing.
 #[derive(Default)]
@@ -43,13 +57,11 @@ struct Queue {
 struct Inner {
     queue: Mutex<Queue>,
     wake: Condvar,
-    /// Entries queued and not yet written (queue plus the batch being written).
-    pending: AtomicUsize,
+    /// Whether records can be taken, and what is pending.
+    health: Health,
     /// Set by the writer when it has written and flushed everything and stopped.
     done: Mutex<bool>,
     done_cv: Condvar,
-    /// Write errors happened (logged once).
-    failing: AtomicBool,
     /// Open the file again before the next write (SIGHUP / SIGUSR1).
     reopen: AtomicBool,
     /// Each record's JSON line, for observers (nothing is encoded for them while none is).
@@ -60,14 +72,13 @@ struct Inner {
 const OBSERVER_BACKLOG: usize = 4096;
 
 impl Inner {
-    fn new() -> Arc<Self> {
+    fn new(on_failure: OnFailure, queue_max: usize) -> Arc<Self> {
         Arc::new(Inner {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
-            pending: AtomicUsize::new(0),
+            health: Health::new(on_failure, queue_max),
             done: Mutex::new(false),
             done_cv: Condvar::new(),
-            failing: AtomicBool::new(false),
             reopen: AtomicBool::new(false),
             observers: tokio::sync::broadcast::channel(OBSERVER_BACKLOG).0,
         })
@@ -77,7 +88,6 @@ impl Inner {
 /// The audit sink.
 pub struct AuditLog {
     inner: Arc<Inner>,
-    queue_max: usize,
 }
 
 impl AuditLog {
@@ -100,7 +110,10 @@ impl AuditLog {
     ) -> std::io::Result<Self> {
         let mut out = Output::open(path.as_deref(), trail.rotate, trail.fsync)?;
         let mut anchor = match &trail.checkpoint_file {
-            Some(p) => Some(Anchor::open(p)?),
+            Some(p) => Some(
+                Output::open(Some(p), None, crate::config::audit::Fsync::EveryRecord)
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))?,
+            ),
             None => None,
         };
         let chain = if trail.chain {
@@ -108,9 +121,10 @@ impl AuditLog {
                 Some(p) => super::chain::last_chain(p),
                 None => Tail::default(),
             };
+            let mut first = Vec::new();
             if tail.partial {
                 // A crash left half a line: end it, and say so in the run_start.
-                out.write_all(b"\n")?;
+                first.push(b'\n');
             }
             let interval = Interval {
                 records: trail.checkpoint_every_records.max(1),
@@ -123,25 +137,22 @@ impl AuditLog {
                 interval,
             );
             let start = chain.run_start(&tail);
-            out.write_all(&start)?;
-            out.finish_batch()?;
+            first.extend_from_slice(&start);
+            out.commit(&first).map_err(|f| f.error)?;
             if let Some(a) = anchor.as_mut() {
-                a.write(&start)?;
+                a.commit(&start).map_err(|f| f.error)?;
             }
             Some(chain)
         } else {
             None
         };
-        let inner = Inner::new();
+        let inner = Inner::new(trail.on_failure, queue_max);
         let i = inner.clone();
-        let cfg = LoopConfig {
-            format: trail.format,
-            anchor,
-        };
+        let writer = Writer::new(out, anchor, chain, trail.format);
         std::thread::Builder::new()
             .name("audit-writer".into())
-            .spawn(move || write_loop(&i, out, chain, cfg))?;
-        Ok(AuditLog { inner, queue_max })
+            .spawn(move || write_loop(&i, writer))?;
+        Ok(AuditLog { inner })
     }
 
     /// Every record written from now on, as its JSON line (this proxy's own record format,
@@ -165,7 +176,7 @@ impl AuditLog {
                 q.entries.push(entry);
                 wake = urgent && !q.urgent;
                 q.urgent |= urgent;
-                self.inner.pending.fetch_add(1, Ordering::Relaxed);
+                self.inner.health.pending.fetch_add(1, Ordering::Relaxed);
             }
             Err(_) => tracing::error!("audit queue poisoned; a record was lost"),
         }
@@ -174,21 +185,28 @@ impl AuditLog {
         }
     }
 
-    /// Whether new connections should be refused: `queue_max` entries are waiting.
-    pub fn saturated(&self) -> bool {
-        self.inner.pending.load(Ordering::Relaxed) >= self.queue_max
+    /// `Some` when nothing new may be served: `queue_max` entries are waiting, or the sink
+    /// fails under `on_failure: refuse`.
+    pub fn unavailable(&self) -> Option<Unavailable> {
+        self.inner.health.unavailable()
+    }
+
+    /// The sink's state, for `/readyz` and the metrics.
+    pub fn health(&self) -> &Health {
+        &self.inner.health
     }
 
     /// Close the log: wait up to `deadline` for every queued record to be written and
     /// flushed. Returns how many records could not be written (0 when all were).
     pub fn close(&self, deadline: Duration) -> usize {
+        let pending = || self.inner.health.pending.load(Ordering::Relaxed);
         if let Ok(mut q) = self.inner.queue.lock() {
             q.closing = true;
         }
         self.inner.wake.notify_one();
         let until = Instant::now() + deadline;
         let Ok(mut done) = self.inner.done.lock() else {
-            return self.inner.pending.load(Ordering::Relaxed);
+            return pending();
         };
         while !*done {
             let left = until.saturating_duration_since(Instant::now());
@@ -197,102 +215,266 @@ impl AuditLog {
             }
             match self.inner.done_cv.wait_timeout(done, left) {
                 Ok((d, _)) => done = d,
-                Err(_) => return self.inner.pending.load(Ordering::Relaxed),
+                Err(_) => return pending(),
             }
         }
-        if *done {
-            0
-        } else {
-            self.inner.pending.load(Ordering::Relaxed)
+        pending()
+    }
+}
+
+/// Encoded lines not yet in their output.
+#[derive(Default)]
+struct Backlog {
+    bytes: Vec<u8>,
+    /// Records among them (signed lines are not records).
+    records: usize,
+}
+
+/// The writer thread's side: the outputs, the chain, and what is encoded but not written.
+struct Writer {
+    out: Output,
+    /// `audit.checkpoint_file`: a second copy of every signed line (`run_start`,
+    /// `checkpoint`), on another volume or a pipe to a shipper, so that a cut or replaced
+    /// tail of the main log can be told (`audit verify --checkpoints`).
+    anchor: Option<Output>,
+    line: Vec<u8>,
+    chain: Option<Chain>,
+    format: Format,
+    main: Backlog,
+    /// Signed lines not yet in the anchor.
+    side: Vec<u8>,
+    /// The output (a stream) ends inside a line: what follows starts with a line end.
+    mid_line: bool,
+    /// While failing: the next attempt, and the wait after it.
+    retry_at: Option<Instant>,
+    retry_wait: Duration,
+}
+
+impl Writer {
+    fn new(out: Output, anchor: Option<Output>, chain: Option<Chain>, format: Format) -> Self {
+        Writer {
+            out,
+            anchor,
+            line: Vec::with_capacity(1024),
+            chain,
+            format,
+            main: Backlog::default(),
+            side: Vec::new(),
+            mid_line: false,
+            retry_at: None,
+            retry_wait: RETRY_FIRST,
+        }
+    }
+
+    /// Whether a failed batch waits to be written again (new entries wait in the queue).
+    fn stalled(&self) -> bool {
+        !self.main.bytes.is_empty() || !self.side.is_empty()
+    }
+
+    /// Add a signed checkpoint (when the chain has a key) for the log and the anchor.
+    fn checkpoint(&mut self, last: bool) {
+        if let Some(cp) = self.chain.as_mut().and_then(|c| c.checkpoint(last)) {
+            self.main.bytes.extend_from_slice(&cp);
+            if self.anchor.is_some() {
+                self.side.extend_from_slice(&cp);
+            }
+        }
+    }
+
+    /// Encode (and chain) `batch` into the backlog, emptying it. A checkpoint goes before
+    /// any line that would otherwise leave more than the interval's records or time unsigned,
+    /// so a verifier can hold the file to the interval the run signed.
+    fn encode(&mut self, inner: &Inner, batch: &mut Vec<Entry>) {
+        for e in batch.drain(..) {
+            if self.chain.as_ref().is_some_and(Chain::checkpoint_due) {
+                self.checkpoint(false);
+            }
+            let line = &mut self.line;
+            line.clear();
+            let encoded = match self.format {
+                Format::Json => e.encode(line),
+                Format::Ocsf => super::ocsf::encode(&e, line),
+            };
+            if encoded.is_ok() && inner.observers.receiver_count() > 0 {
+                observe(inner, &e, line, self.format);
+            }
+            match encoded {
+                Ok(()) => {
+                    if let Some(c) = self.chain.as_mut() {
+                        c.seal(line);
+                    }
+                    self.main.bytes.extend_from_slice(line);
+                    self.main.records += 1;
+                }
+                Err(err) => {
+                    let _ = writeln!(std::io::stderr(), "audit: cannot encode a record: {err}");
+                    inner.health.dropped(1);
+                    inner.health.pending.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Write the backlog to the log and the anchor, unless a retry is not due yet (`force`
+    /// ignores the wait). On failure the backlog is kept (`refuse`) or dropped and counted
+    /// (`continue`).
+    fn flush(&mut self, inner: &Inner, force: bool) {
+        if !self.stalled() || (!force && self.retry_at.is_some_and(|t| Instant::now() < t)) {
+            return;
+        }
+        let mut error = None;
+        if !self.main.bytes.is_empty() {
+            match self.out.commit(&self.main.bytes) {
+                Ok(()) => {
+                    let n = std::mem::take(&mut self.main.records);
+                    inner.health.pending.fetch_sub(n, Ordering::Relaxed);
+                    self.main.bytes.clear();
+                }
+                Err(f) => {
+                    // A stream took part of a line (or the line end a drop still owes).
+                    self.mid_line = match f.kept {
+                        0 => self.main.bytes == b"\n",
+                        k => self.main.bytes[k - 1] != b'\n',
+                    };
+                    self.main.bytes.drain(..f.kept);
+                    if self.main.bytes.is_empty() {
+                        // Written whole; what failed came after (a sync, a rotation).
+                        let n = std::mem::take(&mut self.main.records);
+                        inner.health.pending.fetch_sub(n, Ordering::Relaxed);
+                    }
+                    error = Some(f.error);
+                }
+            }
+        }
+        if let Some(a) = self.anchor.as_mut().filter(|_| !self.side.is_empty()) {
+            match a.commit(&self.side) {
+                Ok(()) => self.side.clear(),
+                Err(f) => {
+                    self.side.drain(..f.kept);
+                    error = error.or(Some(f.error));
+                }
+            }
+        }
+        match error {
+            None => self.recovered(inner),
+            Some(e) => self.failed(inner, &e),
+        }
+    }
+
+    fn failed(&mut self, inner: &Inner, e: &std::io::Error) {
+        let health = &inner.health;
+        let started = health.failed(e);
+        match health.on_failure() {
+            OnFailure::Refuse => {
+                if started {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "audit: write failed: {e}; new connections, requests and DNS queries are refused (audit_unavailable) until the trail can be written; no record is dropped (audit.on_failure: refuse)"
+                    );
+                }
+                self.retry_at = Some(Instant::now() + self.retry_wait);
+                self.retry_wait = (self.retry_wait * 2).min(RETRY_MAX);
+            }
+            OnFailure::Continue => {
+                if started {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "audit: write failed: {e}; records are dropped and counted (egress_audit_dropped_total) until the trail can be written (audit.on_failure: continue)"
+                    );
+                }
+                let n = std::mem::take(&mut self.main.records);
+                health.dropped(n);
+                health.pending.fetch_sub(n, Ordering::Relaxed);
+                // A stream that took part of a line gets the rest of that line cut: the next
+                // batch starts on a line of its own.
+                self.main.bytes.clear();
+                if std::mem::take(&mut self.mid_line) {
+                    self.main.bytes.push(b'\n');
+                }
+                self.side.clear();
+            }
+        }
+    }
+
+    fn recovered(&mut self, inner: &Inner) {
+        self.retry_at = None;
+        self.retry_wait = RETRY_FIRST;
+        if let Some(took) = inner.health.recovered() {
+            let st = inner.health.status();
+            let _ = writeln!(
+                std::io::stderr(),
+                "audit: writing again after {:.1} s of failure ({} records dropped in all)",
+                took.as_secs_f64(),
+                st.dropped
+            );
         }
     }
 }
 
-/// What the writer loop needs besides the queue.
-struct LoopConfig {
-    format: Format,
-    /// `audit.checkpoint_file`: every signed line is also appended there.
-    anchor: Option<Anchor>,
-}
-
-/// `audit.checkpoint_file`: a second copy of every signed line (`run_start`, `checkpoint`),
-/// on another volume or a pipe to a shipper, so that a cut or replaced tail of the main log
-/// can be told (`audit verify --checkpoints`).
-struct Anchor {
-    file: std::fs::File,
-}
-
-impl Anchor {
-    fn open(path: &std::path::Path) -> std::io::Result<Anchor> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-        Ok(Anchor { file })
-    }
-
-    /// Append one signed line and make it durable (a pipe cannot be synced: that is fine).
-    fn write(&mut self, line: &[u8]) -> std::io::Result<()> {
-        self.file.write_all(line)?;
-        let _ = self.file.sync_data();
-        Ok(())
-    }
-}
-
-fn write_loop(inner: &Inner, mut out: Output, chain: Option<Chain>, cfg: LoopConfig) {
-    let mut batch: Vec<Entry> = Vec::new();
-    let mut enc = Encoder {
-        line: Vec::with_capacity(1024),
-        chain,
-        format: cfg.format,
-        anchor: cfg.anchor,
+/// Send a record's JSON line to the observers.
+fn observe(inner: &Inner, e: &Entry, line: &[u8], format: Format) {
+    let mut json = Vec::new();
+    let as_json = match format {
+        Format::Json => {
+            json.extend_from_slice(line);
+            Ok(())
+        }
+        Format::Ocsf => e.encode(&mut json),
     };
+    if as_json.is_ok() {
+        let _ = inner.observers.send(bytes::Bytes::from(json));
+    }
+}
+
+fn write_loop(inner: &Inner, mut w: Writer) {
+    let mut batch: Vec<Entry> = Vec::new();
     loop {
+        let wait = match w.retry_at {
+            Some(t) if w.stalled() => t.saturating_duration_since(Instant::now()),
+            _ => DRAIN_EVERY,
+        };
         let closing = match inner.queue.lock() {
             Ok(q) => {
-                let (mut q, _) = match inner.wake.wait_timeout_while(q, DRAIN_EVERY, |q| {
+                let (mut q, _) = match inner.wake.wait_timeout_while(q, wait, |q| {
                     !q.urgent && !q.closing && !inner.reopen.load(Ordering::Acquire)
                 }) {
                     Ok(x) => x,
                     Err(_) => break,
                 };
-                std::mem::swap(&mut q.entries, &mut batch);
-                q.urgent = false;
+                // While a failed batch waits, the entries behind it stay queued (counted).
+                if !w.stalled() || q.closing {
+                    std::mem::swap(&mut q.entries, &mut batch);
+                    q.urgent = false;
+                }
                 q.closing
             }
             Err(_) => break,
         };
         if inner.reopen.swap(false, Ordering::AcqRel) {
-            if let Err(e) = out.reopen() {
+            if let Err(e) = w.out.reopen() {
                 let _ = writeln!(std::io::stderr(), "audit: cannot reopen the file: {e}");
+                w.failed(inner, &e);
             }
         }
         let urgent = batch.iter().any(|e| e.event == Event::Open);
-        write_batch(inner, &mut out, &mut batch, &mut enc);
-        // The interval's time also passes with no new record: sign what went unsigned.
-        if !closing && enc.chain.as_ref().is_some_and(Chain::checkpoint_due) {
-            if let Err(err) = enc.checkpoint(&mut out, false) {
-                report_failure(inner, &err.to_string());
+        w.flush(inner, false);
+        if !w.stalled() {
+            w.encode(inner, &mut batch);
+            // The interval's time also passes with no new record: sign what went unsigned.
+            if !closing && w.chain.as_ref().is_some_and(Chain::checkpoint_due) {
+                w.checkpoint(false);
             }
+            w.flush(inner, true);
         }
-        if urgent && !closing {
+        if closing {
+            closing_drain(inner, &mut w, &mut batch);
+            break;
+        }
+        if urgent {
             // Opens are written within URGENT_EVERY, and the writer wakes at most that often:
             // at ten thousand tunnels a second, one wake per tunnel was the data plane's
             // largest cost. Opens that arrive meanwhile keep the flag set and go out next.
             std::thread::sleep(URGENT_EVERY);
-        }
-        if closing {
-            // Anything queued after the flag was seen goes out too, then stop.
-            if let Ok(mut q) = inner.queue.lock() {
-                std::mem::swap(&mut q.entries, &mut batch);
-            }
-            write_batch(inner, &mut out, &mut batch, &mut enc);
-            if let Err(err) = enc.checkpoint(&mut out, true) {
-                report_failure(inner, &err.to_string());
-            }
-            let _ = out.sync();
-            break;
         }
     }
     if let Ok(mut d) = inner.done.lock() {
@@ -301,90 +483,20 @@ fn write_loop(inner: &Inner, mut out: Output, chain: Option<Chain>, cfg: LoopCon
     inner.done_cv.notify_all();
 }
 
-/// Log the first write failure (not eprintln!: it panics when stderr is closed too).
-fn report_failure(inner: &Inner, err: &str) {
-    if !inner.failing.swap(true, Ordering::Relaxed) {
-        let _ = writeln!(std::io::stderr(), "audit: write failed: {err}");
+/// Closing: anything queued after the flag was seen goes out too, then the final
+/// checkpoint; a failing sink is retried (with backoff) until `close`'s deadline gives up.
+fn closing_drain(inner: &Inner, w: &mut Writer, batch: &mut Vec<Entry>) {
+    if let Ok(mut q) = inner.queue.lock() {
+        batch.append(&mut q.entries);
     }
-}
-
-/// How records become lines: the format, the chain (if any), and a reused buffer.
-struct Encoder {
-    line: Vec<u8>,
-    chain: Option<Chain>,
-    format: Format,
-    anchor: Option<Anchor>,
-}
-
-impl Encoder {
-    /// Write a signed checkpoint (when the chain has a key) to the log and the anchor, and
-    /// flush it.
-    fn checkpoint(&mut self, out: &mut Output, last: bool) -> std::io::Result<()> {
-        let Some(cp) = self.chain.as_mut().and_then(|c| c.checkpoint(last)) else {
-            return Ok(());
-        };
-        out.write_all(&cp)?;
-        out.finish_batch()?;
-        if let Some(a) = self.anchor.as_mut() {
-            a.write(&cp)?;
-        }
-        Ok(())
+    w.encode(inner, batch);
+    w.checkpoint(true);
+    w.flush(inner, true);
+    while w.stalled() && inner.health.on_failure() == OnFailure::Refuse {
+        std::thread::sleep(w.retry_wait);
+        w.flush(inner, true);
     }
-}
-
-/// Encode (and chain), write and flush `batch` (emptying it). A checkpoint goes before any
-/// line that would otherwise leave more than the interval's records or time unsigned, so a
-/// verifier can hold the file to the interval the run signed.
-fn write_batch(inner: &Inner, out: &mut Output, batch: &mut Vec<Entry>, enc: &mut Encoder) {
-    if batch.is_empty() {
-        return;
-    }
-    let n = batch.len();
-    let mut failed = None;
-    for e in batch.drain(..) {
-        if enc.chain.as_ref().is_some_and(Chain::checkpoint_due) {
-            if let Err(err) = enc.checkpoint(out, false) {
-                failed = Some(err.to_string());
-            }
-        }
-        let line = &mut enc.line;
-        line.clear();
-        let encoded = match enc.format {
-            Format::Json => e.encode(line),
-            Format::Ocsf => super::ocsf::encode(&e, line),
-        };
-        if encoded.is_ok() && inner.observers.receiver_count() > 0 {
-            let mut json = Vec::new();
-            let as_json = match enc.format {
-                Format::Json => {
-                    json.extend_from_slice(line);
-                    Ok(())
-                }
-                Format::Ocsf => e.encode(&mut json),
-            };
-            if as_json.is_ok() {
-                let _ = inner.observers.send(bytes::Bytes::from(json));
-            }
-        }
-        match encoded {
-            Ok(()) => {
-                if let Some(c) = enc.chain.as_mut() {
-                    c.seal(line);
-                }
-                if let Err(err) = out.write_all(line) {
-                    failed = Some(err.to_string());
-                }
-            }
-            Err(err) => failed = Some(format!("cannot encode a record: {err}")),
-        }
-    }
-    if let Err(err) = out.finish_batch() {
-        failed = Some(err.to_string());
-    }
-    inner.pending.fetch_sub(n, Ordering::Relaxed);
-    if let Some(err) = failed {
-        report_failure(inner, &err);
-    }
+    let _ = w.out.sync();
 }
 
 #[cfg(test)]
@@ -453,26 +565,147 @@ mod tests {
             while w.write_all(&chunk).is_ok() {}
         });
         std::thread::sleep(Duration::from_millis(200));
-        let inner = Inner::new();
+        let inner = Inner::new(OnFailure::Refuse, 50);
         let i = inner.clone();
-        let cfg = LoopConfig {
-            format: Format::Json,
-            anchor: None,
-        };
-        std::thread::spawn(move || write_loop(&i, Output::other(Box::new(writer)), None, cfg));
-        let log = AuditLog {
-            inner,
-            queue_max: 50,
-        };
+        let w = Writer::new(Output::other(Box::new(writer)), None, None, Format::Json);
+        std::thread::spawn(move || write_loop(&i, w));
+        let log = AuditLog { inner };
         for i in 0..100 {
             log.write(entry(i, Event::End));
         }
-        assert!(log.saturated());
+        assert_eq!(log.unavailable(), Some(Unavailable::Saturated));
         let started = Instant::now();
         let lost = log.close(Duration::from_millis(300));
         assert!(started.elapsed() < Duration::from_secs(3));
         assert_eq!(lost, 100);
         drop(reader);
         let _ = fill.join();
+    }
+
+    /// A stream that can be made to fail: while `broken`, it takes 7 bytes once (half a
+    /// line), then fails with ENOSPC.
+    struct Flaky {
+        broken: Arc<AtomicBool>,
+        took_partial: bool,
+        got: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Flaky {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if self.broken.load(Ordering::SeqCst) {
+                if !self.took_partial && b.len() > 7 {
+                    self.took_partial = true;
+                    self.got.lock().unwrap().extend_from_slice(&b[..7]);
+                    return Ok(7);
+                }
+                return Err(std::io::Error::from_raw_os_error(28));
+            }
+            self.took_partial = false;
+            self.got.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn flaky_log(on_failure: OnFailure) -> (AuditLog, Arc<AtomicBool>, Arc<Mutex<Vec<u8>>>) {
+        let broken = Arc::new(AtomicBool::new(false));
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let sink = Flaky {
+            broken: broken.clone(),
+            took_partial: false,
+            got: got.clone(),
+        };
+        let inner = Inner::new(on_failure, 1000);
+        let i = inner.clone();
+        let w = Writer::new(Output::other(Box::new(sink)), None, None, Format::Json);
+        std::thread::spawn(move || write_loop(&i, w));
+        (AuditLog { inner }, broken, got)
+    }
+
+    fn wait_until(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn conn_ids(got: &Mutex<Vec<u8>>) -> Vec<u64> {
+        let text = String::from_utf8(got.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| {
+                    panic!("not a complete record: {l:?}: {e}");
+                });
+                v["conn_id"].as_u64().unwrap()
+            })
+            .collect()
+    }
+
+    /// `refuse`: a failed write loses nothing. The sink is unavailable while it fails, the
+    /// half-written line is completed, and every record arrives once, in order.
+    #[test]
+    fn a_failing_sink_keeps_every_record_and_refuses_meanwhile() {
+        let (log, broken, got) = flaky_log(OnFailure::Refuse);
+        log.write(entry(0, Event::End));
+        wait_until("the first record", || !got.lock().unwrap().is_empty());
+        broken.store(true, Ordering::SeqCst);
+        for i in 1..=50 {
+            log.write(entry(i, Event::End));
+        }
+        wait_until("the failure", || log.unavailable().is_some());
+        assert_eq!(log.unavailable(), Some(Unavailable::Failing));
+        let st = log.health().status();
+        assert!(st.failing_for.is_some());
+        assert_eq!(st.dropped, 0);
+        // Records of connections already open still arrive while it fails.
+        for i in 51..=60 {
+            log.write(entry(i, Event::End));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(log.unavailable(), Some(Unavailable::Failing));
+        broken.store(false, Ordering::SeqCst);
+        wait_until("the recovery", || log.unavailable().is_none());
+        assert_eq!(log.close(Duration::from_secs(5)), 0);
+        assert_eq!(conn_ids(&got), (0..=60).collect::<Vec<_>>());
+        assert_eq!(log.health().status().dropped, 0);
+    }
+
+    /// `continue`: the sink stays available; what could not be written is counted, and
+    /// the stream's half line is ended so that every later line parses.
+    #[test]
+    fn continue_drops_and_counts_what_it_cannot_write() {
+        let (log, broken, got) = flaky_log(OnFailure::Continue);
+        log.write(entry(0, Event::End));
+        wait_until("the first record", || !got.lock().unwrap().is_empty());
+        broken.store(true, Ordering::SeqCst);
+        for i in 1..=20 {
+            log.write(entry(i, Event::End));
+        }
+        wait_until("the drops", || log.health().status().dropped == 20);
+        assert_eq!(log.unavailable(), None);
+        broken.store(false, Ordering::SeqCst);
+        for i in 21..=30 {
+            log.write(entry(i, Event::End));
+        }
+        assert_eq!(log.close(Duration::from_secs(5)), 0);
+        let text = String::from_utf8(got.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        // The first record, the broken half line, then 21..=30.
+        assert_eq!(lines.len(), 12, "{text}");
+        assert!(serde_json::from_str::<serde_json::Value>(lines[1]).is_err());
+        let after: Vec<u64> = lines[2..]
+            .iter()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["conn_id"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(after, (21..=30).collect::<Vec<_>>());
+        assert_eq!(log.health().status().dropped, 20);
+        assert!(!log.health().failing());
     }
 }

@@ -31,6 +31,20 @@ pub enum Format {
     Ocsf,
 }
 
+/// `audit.on_failure`: what the proxy does while the audit sink cannot be written (a full
+/// disk, an I/O error, a read-only remount, a closed pipe).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnFailure {
+    /// Keep every record and retry; refuse new connections, requests and DNS queries
+    /// (`audit_unavailable`) until the records can be written again. `/readyz` says 503.
+    #[default]
+    Refuse,
+    /// Serve on and drop the records that cannot be written, counting them
+    /// (`egress_audit_dropped_total`).
+    Continue,
+}
+
 /// `audit.rotate`
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rotate {
@@ -55,6 +69,7 @@ pub struct AuditTrail {
     pub rotate: Option<Rotate>,
     pub fsync: Fsync,
     pub format: Format,
+    pub on_failure: OnFailure,
 }
 
 impl Default for AuditTrail {
@@ -68,6 +83,7 @@ impl Default for AuditTrail {
             rotate: None,
             fsync: Fsync::Never,
             format: Format::Json,
+            on_failure: OnFailure::Refuse,
         }
     }
 }
@@ -93,6 +109,9 @@ pub(super) struct RawTrail {
     pub fsync: Option<serde_yaml::Value>,
     #[serde(default)]
     pub format: Format,
+    /// `refuse` (default) or `continue`.
+    #[serde(default)]
+    pub on_failure: OnFailure,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -189,5 +208,6 @@ pub(super) fn resolve_trail(
         rotate,
         fsync,
         format: raw.format,
+        on_failure: raw.on_failure,
     }
 }

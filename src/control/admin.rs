@@ -264,11 +264,16 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
     match (method, path) {
         (Method::GET, Path::Healthz) => text(StatusCode::OK, PLAIN, "ok\n".into()),
         (Method::GET, Path::Readyz) => readyz(admin),
-        (Method::GET, Path::Metrics) => text(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            shared.metrics().render(),
-        ),
+        (Method::GET, Path::Metrics) => {
+            shared
+                .metrics()
+                .audit_sink(&shared.sink.log.health().status());
+            text(
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                shared.metrics().render(),
+            )
+        }
         (Method::GET, Path::Sandboxes) => {
             let mut list = admin.control.list();
             if let Some(plane) = &admin.plane {
@@ -309,12 +314,34 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
 
 const PLAIN: &str = "text/plain; charset=utf-8";
 
-/// `GET /readyz`: 200 once the policy is loaded (and etcd listed), 503 otherwise.
+/// `GET /readyz`: 200 once the policy is loaded (and etcd listed), 503 otherwise — and 503
+/// while the audit sink fails under `audit.on_failure: refuse` (this replica serves nothing
+/// then, so a Service should send its traffic elsewhere).
 fn readyz(admin: &Admin) -> Response<Full<Bytes>> {
     let shared = &admin.shared;
     if !shared.ready.load(Ordering::Acquire) {
         return text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, "not ready\n".into());
     }
+    let audit = shared.sink.log.health().status();
+    let failing = audit.failing_for.map(|d| {
+        format!(
+            "the audit sink has been failing for {:.1} s ({})",
+            d.as_secs_f64(),
+            audit.error
+        )
+    });
+    if let Some(f) = &failing {
+        if audit.on_failure == crate::config::audit::OnFailure::Refuse {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                PLAIN,
+                format!("not ready: audit_unavailable: {f}; connections are refused until it writes again\n"),
+            );
+        }
+    }
+    let dropping = failing
+        .map(|f| format!("; {f}: records are dropped (audit.on_failure: continue)"))
+        .unwrap_or_default();
     let revision = admin
         .plane
         .as_ref()
@@ -324,7 +351,7 @@ fn readyz(admin: &Admin) -> Response<Full<Bytes>> {
         StatusCode::OK,
         PLAIN,
         format!(
-            "ready: policy {}{revision}\n",
+            "ready: policy {}{revision}{dropping}\n",
             shared.policy.load().version()
         ),
     )

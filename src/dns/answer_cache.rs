@@ -89,7 +89,7 @@ impl AnswerCache {
         }
         // As every query: nothing answered that cannot be recorded, and the sandbox's rate
         // (a refusal is left to the full way, which records it).
-        if shared.sink.log.saturated()
+        if shared.sink.log.unavailable().is_some()
             || who
                 .sandbox
                 .limiter(&shared.limiters)

@@ -57,6 +57,8 @@ const EDE_OPTION: u16 = 15;
 /// EDE info codes: Blocked (15), Prohibited (18).
 const EDE_BLOCKED: u16 = 15;
 const EDE_PROHIBITED: u16 = 18;
+/// RFC 8914 "Not Ready": the audit trail cannot take the query's record.
+const EDE_NOT_READY: u16 = 14;
 /// The UDP payload this listener advertises (the DNS flag day 2020 value).
 const MAX_UDP_PAYLOAD: u16 = 1232;
 
@@ -127,10 +129,11 @@ impl DnsListener {
         let reply = if !self.known(request) {
             // An unidentified source over its rate: no answer (summed, never recorded alone).
             return ResponseInfo::from(header);
-        } else if self.shared.sink.log.saturated() {
+        } else if let Some(why) = self.shared.sink.log.unavailable() {
             // Nothing can be recorded: answer nothing useful, record nothing (counted).
             self.shared.metrics().audit_backpressure();
-            Reply::code(ResponseCode::ServFail)
+            let text = format!("{}: {}", Reason::AuditUnavailable.code(), why.explain());
+            Reply::explained(ResponseCode::Refused, EDE_NOT_READY, text)
         } else {
             let (reply, answered) = self.answer(request, keep.is_some()).await;
             if let (Some(keep), Some(a)) = (keep, answered) {

@@ -277,6 +277,11 @@ impl Exchange {
 
     pub async fn handle(&self, mut req: Request<Incoming>) -> Response<ResBody> {
         self.live.touch();
+        if let Some(why) = self.recorder.unavailable() {
+            // Not served: its record could not be kept (unrecorded, counted).
+            let method = req.method().as_str().to_string();
+            return self.refused(&method, Reason::AuditUnavailable, why.explain());
+        }
         // The request's one record, written when this guard drops (with the response body).
         let mut audit = self.recorder.guard();
         let method = req.method().as_str().to_string();

@@ -377,6 +377,18 @@ fn describe(req: &Request<Incoming>) -> String {
 /// One request, from its target to its tunnel or forwarded exchange.
 async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body> {
     let shared = &conn.shared;
+    if let Some(why) = shared.sink.log.unavailable() {
+        // Every request (the next one on a kept connection, each HTTP/2 stream) is refused
+        // while its record could not be kept — unrecorded, counted.
+        shared.metrics().audit_backpressure();
+        return deny::response(&Refusal {
+            reason: Reason::AuditUnavailable,
+            what: &describe(&req),
+            sandbox: None,
+            explanation: why.explain(),
+            retry_after: Some(1),
+        });
+    }
     let accepted = if conn.requests.fetch_add(1, Ordering::Relaxed) == 0 {
         conn.accepted
     } else {

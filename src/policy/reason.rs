@@ -51,11 +51,15 @@ pub enum Reason {
     /// The parent proxy (`upstream_proxy`) refused the tunnel after this proxy allowed it
     /// (its status is in the record's detail).
     UpstreamProxyRefused,
+    /// The audit trail cannot take the record (its sink fails, or `queue_max` records wait):
+    /// nothing is served that could not be recorded (`audit.on_failure: refuse`).
+    AuditUnavailable,
 }
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 26] = [
+    pub const ALL: [Reason; 27] = [
+        Reason::AuditUnavailable,
         Reason::UpstreamProxyRefused,
         Reason::CredentialMisuse,
         Reason::HttpNotAllowed,
@@ -113,6 +117,7 @@ impl Reason {
             Reason::CredentialMisuse => "credential_misuse",
             Reason::HttpNotAllowed => "http_not_allowed",
             Reason::UpstreamProxyRefused => "upstream_proxy_refused",
+            Reason::AuditUnavailable => "audit_unavailable",
         }
     }
 
@@ -140,6 +145,7 @@ impl Reason {
             | Reason::ConnectionRefused
             | Reason::UpstreamProxyRefused => 502,
             Reason::DnsTimeout | Reason::ConnectionTimeout => 504,
+            Reason::AuditUnavailable => 503,
         }
     }
 
@@ -171,6 +177,7 @@ impl Reason {
             Reason::ConnectionTimeout => "connection_timeout",
             Reason::ConnectionRefused => "connection_refused",
             Reason::UpstreamProxyRefused => "destination_unavailable",
+            Reason::AuditUnavailable => "proxy_internal_error",
         }
     }
 

@@ -89,28 +89,6 @@ pub fn wire(r: &Refusal<'_>) -> Vec<u8> {
     render(build(r), &phrase(r))
 }
 
-/// The proxy cannot take a connection now for a reason of its own (not a policy decision):
-/// 503 with `Retry-After: 1` and `Proxy-Status: proxy_internal_error`, as HTTP/1.1 bytes.
-pub fn unavailable_wire(why: &str, details: &str) -> Vec<u8> {
-    let mut resp = Response::new(Bytes::from(format!("egress-proxy {why}; retry shortly.\n")));
-    *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    let h = resp.headers_mut();
-    h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    let ps = format!(
-        "egress-proxy; error=proxy_internal_error; details=\"{}\"",
-        sf_string(details)
-    );
-    if let Ok(v) = HeaderValue::from_str(&ps) {
-        h.insert("proxy-status", v);
-    }
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    h.insert(header::CONNECTION, HeaderValue::from_static("close"));
-    render(resp, "Service Unavailable")
-}
-
 /// A response as HTTP/1.1 bytes with reason phrase `phrase`.
 fn render(resp: Response<Bytes>, phrase: &str) -> Vec<u8> {
     let status = resp.status();
@@ -166,7 +144,7 @@ fn build(r: &Refusal<'_>) -> Response<Bytes> {
             HeaderValue::from_static("Basic realm=\"egress-proxy\""),
         );
     }
-    if status == StatusCode::TOO_MANY_REQUESTS {
+    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
         let secs = r.retry_after.unwrap_or(1).max(1);
         h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }

@@ -11,6 +11,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::audit::accept::Accepted;
+use crate::audit::health::Unavailable;
 use crate::audit::{Close, Mode};
 use crate::control::admin::Admin;
 use crate::egress::admission::{self, Admissions};
@@ -82,10 +83,11 @@ pub(super) async fn accept_loop(
             started: Instant::now(),
         };
         let shared = shared.clone();
-        if shared.sink.log.saturated() {
-            // The audit writer is behind: refuse rather than accept what cannot be recorded.
+        if let Some(why) = shared.sink.log.unavailable() {
+            // The audit trail is behind or failing: refuse rather than accept what cannot be
+            // recorded.
             shared.metrics().audit_backpressure();
-            tokio::spawn(refuse_unrecorded(stream, kind));
+            tokio::spawn(refuse_unrecorded(stream, kind, why));
             continue;
         }
         match kind {
@@ -263,15 +265,19 @@ async fn serve_tls(
     audit.detail(detail);
 }
 
-/// The audit queue is full: answer 503 (reset on the transparent listener) without a record —
+/// The audit trail cannot take records (its queue is full or its sink fails): answer 503
+/// `audit_unavailable` (reset on the transparent listener and on TLS) without a record —
 /// `egress_audit_backpressure_total` counts these.
-async fn refuse_unrecorded(mut stream: TcpStream, kind: Kind) {
+async fn refuse_unrecorded(mut stream: TcpStream, kind: Kind, why: Unavailable) {
     match kind {
         Kind::Proxy => {
-            let resp = deny::unavailable_wire(
-                "cannot record connections right now (its audit log is behind)",
-                "audit log backpressure",
-            );
+            let resp = deny::wire(&Refusal {
+                reason: Reason::AuditUnavailable,
+                what: "this connection",
+                sandbox: None,
+                explanation: why.explain(),
+                retry_after: Some(1),
+            });
             let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&resp)).await;
         }
         Kind::ProxyTls | Kind::Transparent => {
