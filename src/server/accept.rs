@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::audit::accept::Accepted;
@@ -278,7 +278,16 @@ async fn refuse_unrecorded(mut stream: TcpStream, kind: Kind, why: Unavailable) 
                 explanation: why.explain(),
                 retry_after: Some(1),
             });
-            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&resp)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                stream.write_all(&resp).await?;
+                stream.shutdown().await?;
+                // Read what the client sent before closing: closing with unread bytes would
+                // reset the connection and could destroy the 503 before the client reads it.
+                let mut sink = [0u8; 4096];
+                while stream.read(&mut sink).await? > 0 {}
+                std::io::Result::Ok(())
+            })
+            .await;
         }
         Kind::ProxyTls | Kind::Transparent => {
             let _ = stream.set_zero_linger();

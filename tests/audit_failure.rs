@@ -1,0 +1,363 @@
+//! When the audit trail cannot be written, traffic stops and no record disappears: the real
+//! binary writes its trail on a small tmpfs that the test fills up while a client keeps
+//! connecting (root: `mount`; `#[ignore]`d like the netns tests, and failing, never skipping,
+//! when it cannot run).
+//!
+//! Under `audit.on_failure: refuse` (the default) new connections, the next request on a kept
+//! connection and DNS queries are refused with `audit_unavailable` while the disk is full,
+//! `/readyz` says 503, a tunnel opened before keeps running, and once space returns every
+//! allowed connection has its record, the file parses line by line and its signed chain
+//! verifies. Under `continue` every connection is served and the dropped count equals the
+//! records missing from the file.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{connect_on, dns_query, dns_rcode, read_head, Origin, Proxy};
+
+/// A tmpfs of `size` mounted at `at` for the test's life.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .expect("mount (run as root: cargo test -- --include-ignored)")
+            .success();
+        assert!(ok, "mounting a tmpfs needs root");
+        Tmpfs(at.to_path_buf())
+    }
+
+    /// Fill it up: a file that takes every free byte.
+    fn fill(&self) -> PathBuf {
+        let filler = self.0.join("filler");
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![b'x'; 4096];
+        while f.write_all(&chunk).is_ok() {}
+        // The last partial chunk: byte by byte until nothing fits.
+        while f.write_all(b"x").is_ok() {}
+        filler
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn keypair(dir: &Path) -> (PathBuf, PathBuf) {
+    let sk = dir.join("audit.pem");
+    let pk = dir.join("audit.pub.pem");
+    for args in [
+        vec![
+            "genpkey",
+            "-algorithm",
+            "ed25519",
+            "-out",
+            sk.to_str().unwrap(),
+        ],
+        vec![
+            "pkey",
+            "-pubout",
+            "-in",
+            sk.to_str().unwrap(),
+            "-out",
+            pk.to_str().unwrap(),
+        ],
+    ] {
+        let ok = Command::new("openssl")
+            .args(&args)
+            .status()
+            .expect("openssl");
+        assert!(ok.success());
+    }
+    (sk, pk)
+}
+
+/// The proxy with its trail on `vol` and a DNS listener.
+fn start(dir: &Path, vol: &Path, origin: SocketAddr, trail: &str) -> Proxy {
+    let audit = vol.join("audit.jsonl");
+    let config = dir.join("proxy.yaml");
+    let yaml = format!(
+        "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:0 }}
+audit: {{ path: {audit}, {trail} }}
+admission: {{ accepts_per_second_per_source: 100000, accept_burst_per_source: 100000 }}
+dns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ origin.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+sandboxes:
+  - id: s
+    sources: [127.0.0.0/8]
+    limits: {{ connections_per_second: 100000, burst: 100000, dns_queries_per_second: 100000 }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"origin.test:{port}\"] }} }}
+",
+        audit = audit.display(),
+        port = origin.port()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    Proxy::start_with(config, audit, &[])
+}
+
+/// One CONNECT: its status line.
+fn connect_once(proxy: SocketAddr, target: &str) -> String {
+    let mut s = TcpStream::connect(proxy).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // A refusal may come before the request is read: a failed write is not the test's end.
+    let _ = write!(s, "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    let head = read_head(&mut s);
+    String::from_utf8_lossy(&head)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// One request on a kept connection: (status line, body).
+fn request_on(s: &mut BufReader<TcpStream>, url: &str) -> (String, String) {
+    write!(
+        s.get_mut(),
+        "GET {url} HTTP/1.1\r\nHost: origin.test\r\n\r\n"
+    )
+    .unwrap();
+    let mut status = String::new();
+    s.read_line(&mut status).unwrap();
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        if s.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().unwrap();
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    s.read_exact(&mut body).unwrap();
+    (
+        status.trim_end().to_string(),
+        String::from_utf8_lossy(&body).into(),
+    )
+}
+
+fn dns_rcode_of(dns: SocketAddr, id: u16) -> Option<u8> {
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    sock.send_to(&dns_query(id, "origin.test", 1), dns).unwrap();
+    let mut buf = [0u8; 1500];
+    let n = sock.recv(&mut buf).ok()?;
+    dns_rcode(&buf[..n])
+}
+
+/// Every line parses (no half record); the conn_ids of the allowed CONNECTs' `event`
+/// records (`open` when the tunnel opened, `end` when it closed).
+fn allowed_connects(audit: &Path, event: &str) -> Vec<u64> {
+    let text = std::fs::read_to_string(audit).unwrap();
+    let mut ids = Vec::new();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("a line of the trail does not parse ({e}): {line:?}"));
+        if v["event"] == event && v["mode"] == "connect" && v["decision"] == "allow" {
+            ids.push(v["conn_id"].as_u64().unwrap());
+        }
+    }
+    ids
+}
+
+fn allowed_connect_ends(audit: &Path) -> Vec<u64> {
+    allowed_connects(audit, "end")
+}
+
+fn wait_ready(p: &Proxy, want: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (code, body) = p.admin_get("/readyz");
+        if code == want {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "/readyz stayed {code}: {body}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn metric(p: &Proxy, name: &str) -> f64 {
+    let (_, text) = p.admin_get("/metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+#[test]
+#[ignore = "root: mounts a tmpfs"]
+fn a_full_audit_disk_refuses_new_traffic_and_loses_no_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = Tmpfs::mount(&dir.path().join("vol"), "256k");
+    let (sk, pk) = keypair(dir.path());
+    let origin = Origin::start(None);
+    let target = format!("origin.test:{}", origin.addr.port());
+    let url = format!("http://{target}/kept");
+    let trail = format!(
+        "chain: true, signing_key_file: {}, checkpoint_every_s: 1",
+        sk.display()
+    );
+    let mut p = start(dir.path(), &vol.0, origin.addr, &trail);
+    let mut allowed = 0;
+    for _ in 0..50 {
+        assert!(connect_once(p.proxy, &target).starts_with("HTTP/1.1 200"));
+        allowed += 1;
+    }
+    // Open before the disk fills: a tunnel, and a kept plain-HTTP connection.
+    let mut held = TcpStream::connect(p.proxy).unwrap();
+    held.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    connect_on(&mut held, &target, None);
+    allowed += 1;
+    let mut kept = BufReader::new(TcpStream::connect(p.proxy).unwrap());
+    kept.get_ref()
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let (status, body) = request_on(&mut kept, &url);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    assert!(body.contains("hello from origin"), "{body}");
+    assert_eq!(dns_rcode_of(p.dns.unwrap(), 1), Some(0));
+    wait_ready(&p, 200);
+
+    let filler = vol.fill();
+    // Connections go on until a write fails; from then on they are refused.
+    let mut refused = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while refused < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "never refused: {}",
+            p.stderr_text()
+        );
+        let status = connect_once(p.proxy, &target);
+        if status.starts_with("HTTP/1.1 200") {
+            assert_eq!(refused, 0, "served after a refusal: {status}");
+            allowed += 1;
+        } else {
+            assert!(
+                status.starts_with("HTTP/1.1 503") && status.contains("[audit_unavailable]"),
+                "{status}"
+            );
+            refused += 1;
+        }
+    }
+    let ready = wait_ready(&p, 503);
+    assert!(ready.contains("audit_unavailable"), "{ready}");
+    assert!(metric(&p, "egress_audit_sink_failing_seconds") > 0.0);
+    // The next request on the kept connection, and a DNS query: refused too.
+    let (status, body) = request_on(&mut kept, &url);
+    assert!(
+        status.starts_with("HTTP/1.1 503") && body.contains("audit_unavailable"),
+        "{status} {body}"
+    );
+    assert_eq!(dns_rcode_of(p.dns.unwrap(), 2), Some(5), "REFUSED");
+    // The tunnel opened before keeps running.
+    write!(held, "GET /held HTTP/1.1\r\nHost: origin.test\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    held.read_to_string(&mut answer).unwrap();
+    assert!(answer.contains("hello from origin /held"), "{answer}");
+    drop(held);
+    assert_eq!(
+        std::fs::read_to_string(&p.audit)
+            .unwrap()
+            .matches('\n')
+            .count(),
+        std::fs::read_to_string(&p.audit).unwrap().lines().count(),
+        "the trail ends with a complete line while the disk is full"
+    );
+
+    // Longer than the signed interval (checkpoint_every_s: 1), with nothing written.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(p.admin_get("/readyz").0, 503);
+    std::fs::remove_file(filler).unwrap();
+    wait_ready(&p, 200);
+    for _ in 0..20 {
+        assert!(connect_once(p.proxy, &target).starts_with("HTTP/1.1 200"));
+        allowed += 1;
+    }
+    assert!(p.stderr_text().contains("No space left on device"));
+    p.terminate();
+
+    let ids = allowed_connect_ends(&p.audit);
+    let mut unique = ids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "a record written twice");
+    assert_eq!(
+        ids.len(),
+        allowed,
+        "every allowed connection has its record"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["audit", "verify"])
+        .arg(&p.audit)
+        .arg("--public-key")
+        .arg(&pk)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+#[ignore = "root: mounts a tmpfs"]
+fn continue_serves_on_and_counts_every_record_it_drops() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = Tmpfs::mount(&dir.path().join("vol"), "128k");
+    let origin = Origin::start(None);
+    let target = format!("origin.test:{}", origin.addr.port());
+    let mut p = start(dir.path(), &vol.0, origin.addr, "on_failure: continue");
+    let mut allowed = 0;
+    for _ in 0..20 {
+        assert!(connect_once(p.proxy, &target).starts_with("HTTP/1.1 200"));
+        allowed += 1;
+    }
+    let filler = vol.fill();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&p, "egress_audit_dropped_total") < 50.0 {
+        assert!(Instant::now() < deadline, "nothing dropped");
+        for _ in 0..10 {
+            let status = connect_once(p.proxy, &target);
+            assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+            allowed += 1;
+        }
+    }
+    let ready = wait_ready(&p, 200);
+    assert!(ready.contains("dropped"), "{ready}");
+    std::fs::remove_file(filler).unwrap();
+    for _ in 0..20 {
+        assert!(connect_once(p.proxy, &target).starts_with("HTTP/1.1 200"));
+        allowed += 1;
+    }
+    // Everything written (the writer drains within milliseconds), then counted.
+    std::thread::sleep(Duration::from_millis(500));
+    // Each tunnel has two records: `open`, and `end` when it closed.
+    let dropped = metric(&p, "egress_audit_dropped_total") as usize;
+    let written =
+        |p: &Proxy| allowed_connects(&p.audit, "open").len() + allowed_connect_ends(&p.audit).len();
+    let before = written(&p);
+    assert_eq!(
+        before + dropped,
+        2 * allowed,
+        "dropped {dropped}, written {before}"
+    );
+    assert!(dropped >= 50);
+    p.terminate();
+    assert_eq!(written(&p), before);
+}
