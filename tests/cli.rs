@@ -457,3 +457,78 @@ fn the_readme_policy_example_validates() {
         "{out}"
     );
 }
+
+/// An all-covering address rule (`0.0.0.0/0`, `::/0`) is no key to the guard: loopback,
+/// private and metadata addresses stay refused; a rule inside a range opens it; metadata
+/// opens only by its exact entry; `validate` warns about the wide entries.
+#[test]
+fn an_all_covering_address_rule_opens_no_guarded_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "p.yaml",
+        r#"
+sandboxes:
+  - id: wide
+    policy: { provider: local, config: {}, network: { egress: ["0.0.0.0/0:*", "[::/0]:*"] } }
+  - id: narrow
+    policy: { provider: local, config: {}, network: { egress: ["10.1.0.0/16:*", "169.254.0.0/16:*"] } }
+  - id: exact
+    policy: { provider: local, config: {}, network: { egress: ["169.254.169.254/32:80"] } }
+"#,
+    );
+    let decide = |sandbox: &str, target: &str| {
+        let (code, out, err) = run(&[
+            "check",
+            "--config",
+            &p,
+            "--sandbox",
+            sandbox,
+            target,
+            "--json",
+        ]);
+        let v: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+        (code, v["reason"].as_str().unwrap_or("").to_string())
+    };
+    for target in [
+        "127.0.0.1:80",
+        "10.1.2.3:443",
+        "169.254.169.254:80",
+        "[::1]:80",
+        "[fd00:ec2::254]:80",
+        "[::ffff:169.254.169.254]:80",
+    ] {
+        assert_eq!(
+            decide("wide", target),
+            (1, "destination_ip_prohibited".into()),
+            "{target}"
+        );
+    }
+    assert_eq!(decide("wide", "1.1.1.1:443"), (0, "rule_matched".into()));
+    assert_eq!(decide("narrow", "10.1.2.3:443"), (0, "rule_matched".into()));
+    assert_eq!(decide("narrow", "10.2.0.1:443").0, 1);
+    assert_eq!(
+        decide("narrow", "169.254.1.1:443"),
+        (0, "rule_matched".into())
+    );
+    assert_eq!(
+        decide("narrow", "169.254.169.254:80"),
+        (1, "destination_ip_prohibited".into())
+    );
+    assert_eq!(
+        decide("exact", "169.254.169.254:80"),
+        (0, "rule_matched".into())
+    );
+    let (code, out, err) = run(&["validate", "--config", &p]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("warning: sandbox wide: network.egress entry `0.0.0.0/0:*`"),
+        "{out}"
+    );
+    assert!(out.contains("entry `[::/0]:*`"), "{out}");
+    assert!(
+        !out.contains("sandbox narrow: network.egress entry"),
+        "{out}"
+    );
+}

@@ -290,6 +290,19 @@ fn network_spec(
             "{who}: network.mode is restricted with an empty egress list: nothing is reachable"
         ));
     }
+    for (text, entry) in &egress {
+        if let crate::policy::entry::HostPattern::Net(net) = &entry.host {
+            let wide = match net {
+                ipnet::IpNet::V4(n) => n.prefix_len() < 8,
+                ipnet::IpNet::V6(n) => n.prefix_len() < 16,
+            };
+            if wide {
+                warnings.push(format!(
+                    "{who}: network.egress entry `{text}` allows a range wider than /8 (IPv4) or /16 (IPv6): every public address in it is reachable. It opens none of the guard's private, loopback or metadata ranges (an address rule opens only the ranges it lies inside; metadata addresses need an exact /32 or /128 entry)"
+                ));
+            }
+        }
+    }
     Some(NetworkSpec {
         mode,
         egress,

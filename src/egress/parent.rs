@@ -58,7 +58,7 @@ pub async fn connect(
     let permitted: Vec<IpAddr> = addrs
         .iter()
         .copied()
-        .filter(|ip| match guard.check(*ip, parent.port, |_| false) {
+        .filter(|ip| match guard.check(*ip, parent.port, |_| None) {
             GuardVerdict::Permit => true,
             v => {
                 refused = Some((*ip, v));

@@ -59,7 +59,7 @@ impl CompiledPolicy {
     pub fn answerable(&self, ip: IpAddr, guard: &Guard) -> bool {
         let denied =
             address_forms(ip).any(|f| self.deny.addrs.matches(f).any(|r| r.ports.is_any()));
-        !denied && guard.check(ip, 0, |a| self.allow.covers_any_port(a)) == GuardVerdict::Permit
+        !denied && guard.check(ip, 0, |a| self.allow.covering(a)) == GuardVerdict::Permit
     }
 }
 

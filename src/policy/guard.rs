@@ -89,6 +89,68 @@ const SPECIAL_V6: &[(u128, u8, &str)] = &[
     ),
 ];
 
+/// Cloud metadata endpoints: an address rule opens one only by naming it exactly (a `/32` or
+/// `/128` entry), never as part of a wider range (AWS, GCP and Azure `169.254.169.254`; ECS
+/// task metadata `169.254.170.2` and EKS Pod Identity `169.254.170.23`; AWS IPv6
+/// `fd00:ec2::254` and `fd00:ec2::23`; Alibaba `100.100.100.200`).
+const METADATA: &[IpAddr] = &[
+    IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254)),
+    IpAddr::V4(Ipv4Addr::new(169, 254, 170, 2)),
+    IpAddr::V4(Ipv4Addr::new(169, 254, 170, 23)),
+    IpAddr::V4(Ipv4Addr::new(100, 100, 100, 200)),
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x23)),
+];
+
+/// The built-in special-purpose range that makes the canonical `ip` prohibited, as a network
+/// an address rule must lie inside to open it. An IPv6 address prohibited for the IPv4
+/// address it embeds gets that range under its embedding prefix (IPv4-compatible and NAT64
+/// `/96`, 6to4 `2002::/16`); a Teredo address only its own `/128`.
+fn special_net(ip: IpAddr) -> Option<IpNet> {
+    let v4_net = |v4: Ipv4Addr| {
+        let a = u32::from(v4);
+        SPECIAL_V4.iter().find_map(|(net, len, _)| {
+            let mask = if *len == 0 {
+                0
+            } else {
+                u32::MAX << (32 - u32::from(*len))
+            };
+            (a & mask == u32::from_be_bytes(*net) & mask)
+                .then_some((u32::from_be_bytes(*net), *len))
+        })
+    };
+    let v6 = |bits: u128, len: u8| {
+        ipnet::Ipv6Net::new(Ipv6Addr::from(bits), len)
+            .ok()
+            .map(IpNet::V6)
+    };
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => v4_net(v4).and_then(|(net, len)| {
+            ipnet::Ipv4Net::new(Ipv4Addr::from(net), len)
+                .ok()
+                .map(IpNet::V4)
+        }),
+        IpAddr::V6(addr) => {
+            let a = u128::from(addr);
+            if let Some((net, len, _)) =
+                SPECIAL_V6.iter().find(|(n, l, _)| prefix_match6(a, *n, *l))
+            {
+                return v6(*net, *len);
+            }
+            let [first, second] = embedded_ipv4(addr);
+            let (net, len) = first.and_then(v4_net).or_else(|| second.and_then(v4_net))?;
+            if second.is_some() {
+                return v6(a, 128); // Teredo
+            }
+            if prefix_match6(a, 0x2002_0000_0000_0000_0000_0000_0000_0000, 16) {
+                return v6((0x2002u128 << 112) | (u128::from(net) << 80), 16 + len);
+            }
+            // IPv4-compatible `::/96`, NAT64 `64:ff9b::/96`.
+            v6((a >> 32 << 32) | u128::from(net), 96 + len)
+        }
+    }
+}
+
 /// The special-purpose range `ip` falls in (after canonicalisation), if any. IPv6 addresses
 /// that embed an IPv4 address are judged by that address too.
 pub fn special_purpose(ip: IpAddr) -> Option<&'static str> {
@@ -207,7 +269,7 @@ pub enum GuardVerdict {
 #[derive(Debug, Clone, Default)]
 pub struct Guard {
     /// `defaults.prohibited_ranges`: added to the built-in list (cluster/service CIDRs).
-    prohibited: AddrTable<()>,
+    prohibited: AddrTable<IpNet>,
     /// `defaults.guard_allow_ranges`: let through for every sandbox.
     allowed: AddrTable<()>,
     /// Listener addresses, so the proxy never dials itself.
@@ -221,7 +283,7 @@ impl Guard {
     pub fn new(prohibited: &[IpNet], allowed: &[IpNet], listeners: Vec<SocketAddr>) -> Self {
         let mut p = AddrTable::new();
         for n in prohibited {
-            p.insert(*n, ());
+            p.insert(*n, *n);
         }
         let mut a = AddrTable::new();
         for n in allowed {
@@ -247,17 +309,25 @@ impl Guard {
         self
     }
 
-    /// Judge `ip:port`. `covered` says whether the sandbox's own egress address rules cover
-    /// the (canonical) address on any port — such addresses pass the range checks, never the
-    /// loop check. Prohibited ranges are matched against every embedded form.
-    pub fn check(&self, ip: IpAddr, port: u16, covered: impl Fn(IpAddr) -> bool) -> GuardVerdict {
+    /// Judge `ip:port`. `covering` gives the networks of the sandbox's own egress address
+    /// rules that cover the (canonical) address on any port — an address passes the range
+    /// checks when one of them lies inside the range that prohibits it (never the loop
+    /// check). Prohibited ranges are matched against every embedded form.
+    pub fn check<I: IntoIterator<Item = IpNet>>(
+        &self,
+        ip: IpAddr,
+        port: u16,
+        covering: impl Fn(IpAddr) -> I,
+    ) -> GuardVerdict {
         let ip = ip.to_canonical();
         if self.is_listener(ip, port) {
             return GuardVerdict::Loop;
         }
-        // The sandbox's own address rules let an address through on its canonical form only:
-        // an allow rule for 8.8.8.8 does not cover a 6to4 or Teredo address embedding it.
-        if covered(ip) {
+        // The sandbox's own address rules let an address through on its canonical form only
+        // (an allow rule for 8.8.8.8 does not cover a 6to4 or Teredo address embedding it),
+        // and only a rule that lies inside the prohibited range: `10.1.0.0/16` opens itself,
+        // `0.0.0.0/0` opens nothing private, and a metadata address needs its exact entry.
+        if covering(ip).into_iter().any(|net| self.opened_by(ip, net)) {
             return GuardVerdict::Permit;
         }
         let range = special_purpose(ip).or_else(|| {
@@ -271,6 +341,30 @@ impl Guard {
             }
             _ => GuardVerdict::Permit,
         }
+    }
+
+    /// Whether an address rule for `net` (which covers `ip`) opens `ip`: `net` lies inside
+    /// every range that prohibits `ip`, and names a metadata address exactly.
+    fn opened_by(&self, ip: IpAddr, net: IpNet) -> bool {
+        if METADATA.contains(&ip) {
+            return net.prefix_len() == net.max_prefix_len();
+        }
+        if let Some(range) = special_net(ip) {
+            if !range.contains(&net) {
+                return false;
+            }
+        }
+        // Operator ranges (`defaults.prohibited_ranges`), matched on the canonical form; an
+        // address prohibited for an embedded form only opens by its exact entry.
+        let canonical_ranges: Vec<&IpNet> = self.prohibited.matches(ip).collect();
+        if !canonical_ranges.iter().all(|r| r.contains(&net)) {
+            return false;
+        }
+        let embedded_only = canonical_ranges.is_empty()
+            && address_forms(ip)
+                .skip(1)
+                .any(|f| self.prohibited.contains(f));
+        !embedded_only || net.prefix_len() == net.max_prefix_len()
     }
 
     /// Whether `ip:port` is (or may be) one of the proxy's own listeners: a listener's port on
@@ -388,7 +482,7 @@ mod tests {
                 "0.0.0.0:15001".parse().unwrap(),
             ],
         );
-        let none = |_: IpAddr| false;
+        let none = |_: IpAddr| None::<IpNet>;
         assert_eq!(g.check(ip("1.1.1.1"), 443, none), GuardVerdict::Permit);
         assert!(matches!(
             g.check(ip("10.0.0.1"), 443, none),
@@ -401,34 +495,30 @@ mod tests {
         );
         // Covered by the sandbox's own rule.
         assert_eq!(
-            g.check(ip("10.0.0.1"), 5432, |a| a == ip("10.0.0.1")),
+            g.check(ip("10.0.0.1"), 5432, |a| (a == ip("10.0.0.1"))
+                .then(|| net("10.0.0.1/32"))),
             GuardVerdict::Permit
         );
         assert_eq!(
-            g.check(ip("::ffff:10.0.0.1"), 5432, |a| a == ip("10.0.0.1")),
+            g.check(ip("::ffff:10.0.0.1"), 5432, |a| (a == ip("10.0.0.1"))
+                .then(|| net("10.0.0.1/32"))),
             GuardVerdict::Permit
         );
         // Loop protection even when covered.
-        assert_eq!(g.check(ip("127.0.0.1"), 3128, |_| true), GuardVerdict::Loop);
+        assert_eq!(g.check(ip("127.0.0.1"), 3128, exact), GuardVerdict::Loop);
         assert_eq!(
-            g.check(ip("::ffff:127.0.0.1"), 3128, |_| true),
+            g.check(ip("::ffff:127.0.0.1"), 3128, exact),
             GuardVerdict::Loop
         );
-        assert_eq!(
-            g.check(ip("127.0.0.5"), 15001, |_| true),
-            GuardVerdict::Loop
-        );
-        assert_eq!(
-            g.check(ip("127.0.0.1"), 3129, |_| true),
-            GuardVerdict::Permit
-        );
+        assert_eq!(g.check(ip("127.0.0.5"), 15001, exact), GuardVerdict::Loop);
+        assert_eq!(g.check(ip("127.0.0.1"), 3129, exact), GuardVerdict::Permit);
     }
 
     #[test]
     fn every_address_of_this_host_on_a_listener_port_is_the_proxy() {
         let g = Guard::new(&[], &[], vec!["127.0.0.1:3128".parse().unwrap()])
             .with_local(vec![ip("10.1.2.3"), ip("2001:db8::5")]);
-        let everything = |_: IpAddr| true;
+        let everything = exact;
         for a in [
             "127.0.0.1",
             "127.9.9.9",
@@ -451,6 +541,50 @@ mod tests {
             g.check(ip("10.1.2.4"), 3128, everything),
             GuardVerdict::Permit
         );
+    }
+
+    /// A rule covering every address of `a` exactly.
+    fn exact(a: IpAddr) -> Option<IpNet> {
+        Some(IpNet::from(a))
+    }
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    /// An address rule opens a prohibited range only when it lies inside it; metadata only
+    /// by its exact entry; the operator's ranges likewise.
+    #[test]
+    fn an_address_rule_opens_only_the_ranges_it_lies_inside() {
+        let g = Guard::new(&[net("203.0.114.0/24")], &[], Vec::new());
+        let judge = |a: &str, rule: &str| g.check(ip(a), 443, |_| Some(net(rule)));
+        let open = GuardVerdict::Permit;
+        assert_eq!(judge("10.1.2.3", "10.1.0.0/16"), open);
+        assert_eq!(judge("10.1.2.3", "10.0.0.0/8"), open);
+        assert_ne!(judge("10.1.2.3", "0.0.0.0/0"), open);
+        assert_ne!(judge("10.1.2.3", "8.0.0.0/6"), open);
+        assert_ne!(judge("127.0.0.1", "0.0.0.0/0"), open);
+        assert_eq!(judge("127.0.0.1", "127.0.0.0/8"), open);
+        assert_ne!(judge("169.254.169.254", "0.0.0.0/0"), open);
+        assert_ne!(judge("169.254.169.254", "169.254.0.0/16"), open);
+        assert_ne!(judge("169.254.169.254", "169.254.169.0/24"), open);
+        assert_eq!(judge("169.254.169.254", "169.254.169.254/32"), open);
+        assert_eq!(judge("169.254.1.1", "169.254.0.0/16"), open);
+        assert_ne!(judge("fd00:ec2::254", "fd00::/8"), open);
+        assert_eq!(judge("fd00:ec2::254", "fd00:ec2::254/128"), open);
+        assert_ne!(judge("::1", "::/0"), open);
+        assert_ne!(judge("fd12::1", "::/0"), open);
+        assert_eq!(judge("fd12::1", "fd12::/16"), open);
+        // Embedded IPv4: NAT64 of 10.0.0.1 opens by a rule inside 64:ff9b::10.0.0.0/104.
+        assert_ne!(judge("64:ff9b::a00:1", "64:ff9b::/96"), open);
+        assert_eq!(judge("64:ff9b::a00:1", "64:ff9b::a00:0/104"), open);
+        assert_ne!(judge("2002:a00:1::1", "2002::/16"), open);
+        assert_eq!(judge("2002:a00:1::1", "2002:a00::/24"), open);
+        // Operator ranges.
+        assert_ne!(judge("203.0.114.9", "203.0.0.0/16"), open);
+        assert_eq!(judge("203.0.114.9", "203.0.114.0/25"), open);
+        // Public addresses are not the guard's to refuse.
+        assert_eq!(judge("1.1.1.1", "0.0.0.0/0"), open);
     }
 
     #[test]

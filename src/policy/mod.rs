@@ -136,6 +136,8 @@ pub struct NetworkSpec {
 struct RuleSet {
     names: NameMatcher,
     addrs: AddrTable<Arc<Rule>>,
+    /// The same address rules' networks.
+    nets: AddrTable<IpNet>,
     /// Match address rules against embedded IPv4 forms too (deny rules only).
     match_embedded: bool,
     /// The distinct port sets of its address rules (a name is resolved to try them only for a
@@ -185,6 +187,7 @@ impl RuleSet {
                     if !set.addr_ports.contains(&rule.ports) {
                         set.addr_ports.push(rule.ports.clone());
                     }
+                    set.nets.insert(*net, *net);
                     set.addrs.insert(*net, rule)
                 }
                 HostPattern::Localhost => {
@@ -192,17 +195,18 @@ impl RuleSet {
                         set.addr_ports.push(rule.ports.clone());
                     }
                     names.add_exact("localhost", rule.clone());
-                    set.addrs.insert(
-                        IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(127, 0, 0, 0), 8)),
-                        rule.clone(),
-                    );
-                    set.addrs
-                        .insert(IpNet::V6(Ipv6Net::from(Ipv6Addr::LOCALHOST)), rule);
+                    let v4 = IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(127, 0, 0, 0), 8));
+                    let v6 = IpNet::V6(Ipv6Net::from(Ipv6Addr::LOCALHOST));
+                    set.addrs.insert(v4, rule.clone());
+                    set.addrs.insert(v6, rule);
+                    set.nets.insert(v4, v4);
+                    set.nets.insert(v6, v6);
                 }
             }
         }
         set.names = names.build()?;
         set.addrs.shrink_to_fit();
+        set.nets.shrink_to_fit();
         Ok(set)
     }
 
@@ -232,6 +236,12 @@ impl RuleSet {
 
     fn covers_any_port(&self, ip: IpAddr) -> bool {
         self.addrs.contains(ip.to_canonical())
+    }
+
+    /// The networks of the address rules that cover the canonical `ip` on any port (the
+    /// guard opens a prohibited range only for a rule inside it).
+    fn covering(&self, ip: IpAddr) -> impl Iterator<Item = IpNet> + '_ {
+        self.nets.matches(ip.to_canonical()).copied()
     }
 }
 
@@ -327,7 +337,7 @@ impl CompiledPolicy {
             return outcome;
         }
         for ip in addrs {
-            match guard.check(*ip, target.port, |a| self.allow.covers_any_port(a)) {
+            match guard.check(*ip, target.port, |a| self.allow.covering(a)) {
                 GuardVerdict::Permit => outcome.dial.push(*ip),
                 v => outcome.refused.push((*ip, v)),
             }
