@@ -100,6 +100,20 @@ impl Upstream {
                                     }
                                     return Ok::<_, std::convert::Infallible>(r);
                                 }
+                                if path.starts_with("/v1/trailer") {
+                                    // Reflects Authorization in a response trailer.
+                                    let mut trailers = http::HeaderMap::new();
+                                    if let Some(a) = req.headers().get("authorization") {
+                                        trailers.insert("x-echo-auth", a.clone());
+                                    }
+                                    let body = GrpcBody {
+                                        step: 0,
+                                        trailers: Some(trailers),
+                                    };
+                                    return Ok::<_, std::convert::Infallible>(http::Response::new(
+                                        body.boxed(),
+                                    ));
+                                }
                                 let _ = req.into_body().collect().await;
                                 if path.starts_with("/grpc/") {
                                     let mut trailers = http::HeaderMap::new();
@@ -922,6 +936,84 @@ fn reflected_secrets_are_scrubbed_from_responses() {
         metrics.contains("egress_secret_reflected_total{credential=\"api\",sandbox=\"agent\"}"),
         "{metrics}"
     );
+}
+
+/// An upstream that reflects the injected secret in a response *trailer* (HTTP/2 trailing
+/// HEADERS) does not get it to the client: trailers are scrubbed like headers, and the record
+/// says `secret_reflected`. (HTTP/1.1 chunked trailers are the same body frame to the
+/// scrubber: `intercept::scrub`'s unit tests.)
+#[test]
+fn reflected_secrets_are_scrubbed_from_trailers() {
+    let e = env();
+    let api = e.placeholder("api");
+    let port = e.upstream.addr.port();
+    // HTTP/2.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let trailers = rt.block_on(async {
+        let mut send = h2_through(&e).await;
+        let req = http::Request::get(format!("https://api.test:{port}/v1/trailer/h2"))
+            .header("authorization", format!("Bearer {api}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .trailers()
+            .cloned()
+    });
+    let trailers = trailers.expect("the trailers reach the client");
+    let echoed = trailers
+        .get("x-echo-auth")
+        .expect("x-echo-auth")
+        .to_str()
+        .unwrap();
+    assert!(
+        !echoed.contains(SECRET_API),
+        "HTTP/2: the secret came back in a trailer"
+    );
+    assert_eq!(echoed, format!("Bearer {api}"));
+    let rec = e.proxy.wait_record(|r| r["path"] == "/v1/trailer/h2");
+    assert_eq!(rec["secret_reflected"], "api", "{rec}");
+}
+
+/// A rule that allows only `GET /v1/**` cannot be walked past with a method-override header,
+/// a `_method` parameter or a URL-rewrite header: each is refused before anything (or any
+/// credential) reaches the upstream.
+#[test]
+fn override_headers_cannot_walk_past_method_and_path_rules() {
+    let e = env();
+    let ica = e.ica();
+    let cases: [(&str, &[&str]); 7] = [
+        ("/v1/o1", &["-H", "X-HTTP-Method-Override: DELETE"]),
+        ("/v1/o2", &["-H", "X-HTTP-Method: DELETE"]),
+        ("/v1/o3?_method=DELETE", &[]),
+        ("/v1/o4?a=1&%5Fmethod=DELETE", &[]),
+        ("/v1/o5", &["-H", "X-Original-URL: /admin"]),
+        ("/v1/o6", &["-H", "X-Rewrite-URL: /admin"]),
+        ("/v1/o7", &["-H", "X-Forwarded-Host: internal.example"]),
+    ];
+    for (path, extra) in cases {
+        let mut args = vec!["-i"];
+        args.extend_from_slice(extra);
+        let out = e.curl(&ica, "api.test", path, &args);
+        let text = out.text();
+        assert!(
+            text.contains(" 403") && text.contains("http_not_allowed"),
+            "{path} {extra:?}: {text}"
+        );
+    }
+    let seen = e.upstream.seen();
+    assert!(
+        !seen.iter().any(|s| s.2.starts_with("/v1/o")),
+        "reached the upstream: {seen:?}"
+    );
+    // Without them, the same request passes.
+    assert!(e
+        .curl(&ica, "api.test", "/v1/o8?method=x", &[])
+        .text()
+        .contains("ok /v1/o8"));
 }
 
 /// In report mode a request the check would refuse goes upstream, reported, and without any

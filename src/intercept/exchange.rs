@@ -4,6 +4,8 @@
 //! 1. refused unless it is one the rules can judge: its method (any case; TRACE, TRACK and
 //!    unusual methods only when a rule names them), exactly the decided authority
 //!    ([`super::authority`]), a canonical path ([`crate::policy::http_rules::canonical_path`]);
+//!    no override header or `_method` parameter that would make the upstream read another
+//!    method, path or host ([`crate::policy::http_rules::override_refusal`]);
 //!    a placeholder bound elsewhere, or outside the headers its credential names, is
 //!    `credential_misuse`; then the `network.http` rules;
 //! 2. the credentials bound here are put on it (never when the check refused it, even in report
@@ -31,7 +33,7 @@ use crate::audit::record::HttpFacts;
 use crate::audit::Recorder;
 use crate::config::credentials::Inject;
 use crate::config::Binding;
-use crate::policy::http_rules::{canonical_path, method_refusal, HttpRule};
+use crate::policy::http_rules::{canonical_path, method_refusal, override_refusal, HttpRule};
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
 use crate::relay::counted::Counted;
@@ -216,6 +218,9 @@ impl Exchange {
         let method = req.method().as_str();
         let rules = &p.rules;
         if let Some(why) = method_refusal(method, rules.iter()) {
+            return Some(Refusal::new(Reason::HttpNotAllowed, why));
+        }
+        if let Some(why) = override_refusal(req.headers(), req.uri().query()) {
             return Some(Refusal::new(Reason::HttpNotAllowed, why));
         }
         if let Some(why) = authority::mismatch(req, host, self.dest.port) {

@@ -153,16 +153,21 @@ impl Scrubber {
     /// Scrub response headers in place; the names of the credentials found.
     pub fn headers(&self, headers: &mut HeaderMap) -> Vec<&str> {
         let mut found = Vec::new();
-        for v in headers.values_mut() {
+        self.fields(headers, &mut found);
+        found.iter().map(|i| self.names[*i].as_str()).collect()
+    }
+
+    /// Scrub the values of a header or trailer section in place.
+    fn fields(&self, fields: &mut HeaderMap, found: &mut Vec<usize>) {
+        for v in fields.values_mut() {
             if self.ac.is_match(v.as_bytes()) {
                 let mut bytes = v.as_bytes().to_vec();
-                self.scrub(&mut bytes, &mut found);
+                self.scrub(&mut bytes, found);
                 if let Ok(nv) = HeaderValue::from_bytes(&bytes) {
                     *v = nv;
                 }
             }
         }
-        found.iter().map(|i| self.names[*i].as_str()).collect()
     }
 }
 
@@ -254,8 +259,16 @@ where
             let data = match frame.into_data() {
                 Ok(d) => d,
                 Err(frame) => {
-                    // Trailers: flush what is held first.
-                    this.trailers = frame.into_trailers().ok();
+                    // Trailers (HTTP/1.1 chunked trailers, HTTP/2 trailing HEADERS) are
+                    // scrubbed like headers, whatever the body's scan limit; what is held
+                    // is flushed first.
+                    let mut trailers = frame.into_trailers().ok();
+                    if let Some(t) = trailers.as_mut() {
+                        let mut found = Vec::new();
+                        this.scrubber.fields(t, &mut found);
+                        this.note(&found);
+                    }
+                    this.trailers = trailers;
                     this.done = true;
                     continue;
                 }
@@ -408,6 +421,45 @@ mod tests {
         let (out, names) = run(vec![b"hello ".to_vec(), b"world".to_vec()]).await;
         assert_eq!(out, b"hello world");
         assert!(names.is_empty());
+    }
+
+    /// A body of one data frame and a trailer section.
+    struct WithTrailers(u8, HeaderMap);
+
+    impl Body for WithTrailers {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            self.0 += 1;
+            Poll::Ready(match self.0 {
+                1 => Some(Ok(Frame::data(Bytes::from_static(b"body")))),
+                2 => Some(Ok(Frame::trailers(std::mem::take(&mut self.1)))),
+                _ => None,
+            })
+        }
+    }
+
+    /// Trailers (HTTP/1.1 chunked trailer section, HTTP/2 trailing HEADERS) are scrubbed like
+    /// headers, and the finding is reported — even past the body's scan limit.
+    #[tokio::test]
+    async fn trailers_are_scrubbed() {
+        for limit in [1 << 20, 0] {
+            let s = Arc::new(Scrubber::new([cred("api", SECRET, PH)].iter()).unwrap());
+            let mut t = HeaderMap::new();
+            t.insert(
+                "x-echo",
+                HeaderValue::from_str(&format!("Bearer {SECRET}")).unwrap(),
+            );
+            let findings = Arc::new(Mutex::new(Findings::default()));
+            let body = Scrubbed::new(WithTrailers(0, t), s, limit, findings.clone());
+            let got = body.collect().await.unwrap();
+            let t = got.trailers().cloned().unwrap();
+            assert_eq!(t["x-echo"], format!("Bearer {}", &PH[..SECRET.len()]));
+            assert_eq!(findings.lock().unwrap().names, vec!["api".to_string()]);
+        }
     }
 
     #[test]

@@ -147,6 +147,72 @@ pub fn method_refusal<'r>(
     })
 }
 
+/// Request headers that ask an upstream framework to treat the request as another method,
+/// path or host than the one the rules judged (Rails, Laravel, Symfony, Express
+/// `method-override`, IIS URL Rewrite, Spring's forwarded headers).
+const OVERRIDE_HEADERS: &[&str] = &[
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+    "x-original-url",
+    "x-original-uri",
+    "x-rewrite-url",
+    "x-override-url",
+    "x-forwarded-host",
+    "x-forwarded-prefix",
+    "x-forwarded-path",
+    "x-forwarded-uri",
+];
+
+/// Why a request on a terminated host asks to be read as another method, path or host than
+/// the one its method and path rules judged: an override header ([`OVERRIDE_HEADERS`]), or a
+/// `_method` query parameter (any case, percent-encoded or not). Such a request is refused:
+/// the rules (and the credential injected with them) would apply to one request and the
+/// upstream would act on another.
+pub fn override_refusal(headers: &http::HeaderMap, query: Option<&str>) -> Option<String> {
+    if let Some(h) = OVERRIDE_HEADERS.iter().find(|h| headers.contains_key(**h)) {
+        return Some(format!(
+            "the {h} header would make the upstream read another method, path or host than the rules judged; refused on terminated hosts"
+        ));
+    }
+    let query = query?;
+    for pair in query.split(['&', ';']) {
+        let key = pair.split('=').next().unwrap_or("");
+        let decoded = percent_decode(key);
+        if decoded.eq_ignore_ascii_case(b"_method") {
+            return Some(
+                "the _method query parameter would make the upstream read another method than the rules judged; refused on terminated hosts"
+                    .into(),
+            );
+        }
+    }
+    None
+}
+
+/// `%XX` decoded (`+` as a space); malformed escapes are kept as they are.
+fn percent_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match b[i] {
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    out
+}
+
 /// Why a request path is not canonical: it could mean another path to the upstream than the
 /// one rules are matched on. Refused: anything but an absolute path; `.` and `..` segments
 /// (also as `..;params`); percent-encoded `.`, `/`, `\`, NUL or control bytes; malformed
@@ -247,5 +313,35 @@ mod tests {
         // A rule with no methods allows the ordinary ones, never TRACE.
         let any = HttpRule::new("api.test", &[], &[]).unwrap();
         assert!(method_refusal("TRACE", [&any].into_iter()).is_some());
+    }
+
+    #[test]
+    fn override_headers_and_method_parameters_are_found() {
+        let mut h = http::HeaderMap::new();
+        assert_eq!(override_refusal(&h, Some("a=1&b=2")), None);
+        for q in [
+            "_method=DELETE",
+            "a=1&_METHOD=put",
+            "%5Fmethod=x",
+            "x=1;%5fMethod=y",
+        ] {
+            assert!(override_refusal(&h, Some(q)).is_some(), "{q}");
+        }
+        assert_eq!(override_refusal(&h, Some("my_method=1&method=2")), None);
+        for name in [
+            "X-HTTP-Method-Override",
+            "x-original-url",
+            "X-Rewrite-URL",
+            "X-Forwarded-Host",
+        ] {
+            h.clear();
+            h.insert(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                http::HeaderValue::from_static("DELETE"),
+            );
+            assert!(override_refusal(&h, None)
+                .unwrap()
+                .contains(&name.to_ascii_lowercase()));
+        }
     }
 }
