@@ -532,3 +532,29 @@ sandboxes:
         "{out}"
     );
 }
+
+/// `check` takes a URL as the OpenAPI document says (`/v1/check` shares the parser): the
+/// scheme's port when none is written; credentials in it or another scheme are invalid.
+#[test]
+fn check_takes_url_targets() {
+    let decide = |target: &str| {
+        let (code, out, err) = run(&["check", "--sandbox", "demo", target, "--json"]);
+        let v: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+        (
+            code,
+            v["target"].as_str().unwrap_or("").to_string(),
+            v["reason"].as_str().unwrap_or("").to_string(),
+        )
+    };
+    assert_eq!(
+        decide("https://api.openai.com/v1/models"),
+        (0, "api.openai.com:443".into(), "rule_matched".into())
+    );
+    assert_eq!(
+        decide("http://example.net/"),
+        (1, "example.net:80".into(), "no_rule_matched".into())
+    );
+    assert_eq!(decide("https://u:p@api.openai.com/").2, "invalid_target");
+    assert_eq!(decide("gopher://api.openai.com/").2, "invalid_target");
+}

@@ -295,6 +295,23 @@ fn runtime_api_put_check_restart_delete() {
         "{check}"
     );
     assert_eq!(v["resolved"], serde_json::json!(["127.0.0.1"]));
+    // A URL target, as the OpenAPI document promises.
+    let (status, check) = e.admin(
+        "POST",
+        "/v1/check",
+        r#"{"sandbox": "newbie", "target": "https://api.test:8443/v1/models?x=1"}"#,
+        Some(ADMIN_TOKEN),
+    );
+    assert_eq!(status, 200, "{check}");
+    let v: serde_json::Value = serde_json::from_str(&check).unwrap();
+    assert_eq!(
+        (&v["decision"], &v["target"]),
+        (
+            &serde_json::json!("allow"),
+            &serde_json::json!("api.test:8443")
+        ),
+        "{check}"
+    );
     let (_, check) = e.admin(
         "POST",
         "/v1/check",

@@ -10,6 +10,31 @@ use crate::egress::{self, Lookup};
 use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::target::{Host, Target};
 
+/// A target as `check` takes it: `host[:port]`, an address, or a URL
+/// (`scheme://host[:port][/path]`, the port defaulting to the scheme's: 80 for `http` and
+/// `ws`, 443 for `https` and `wss`). The path does not take part in the network decision. A
+/// URL with credentials in it, or another scheme, is invalid.
+pub fn parse_target(text: &str) -> Result<Target, String> {
+    let Some((scheme, _)) = text.split_once("://") else {
+        return Target::parse(text, Some(443)).map_err(|e| e.to_string());
+    };
+    let default = match scheme.to_ascii_lowercase().as_str() {
+        "http" | "ws" => 80,
+        "https" | "wss" => 443,
+        other => {
+            return Err(format!(
+                "unsupported URL scheme `{other}` (http, https, ws, wss)"
+            ))
+        }
+    };
+    let uri: http::Uri = text.parse().map_err(|e| format!("malformed URL: {e}"))?;
+    let authority = uri.authority().ok_or("a URL without a host")?;
+    if authority.as_str().contains('@') {
+        return Err("a URL with credentials in it".into());
+    }
+    Target::parse(authority.as_str(), Some(default)).map_err(|e| e.to_string())
+}
+
 /// Decide and describe. Without a resolver nothing is looked up: a name is decided by name
 /// rules alone, and the explanation says when address rules were not consulted.
 pub async fn check(
@@ -20,7 +45,7 @@ pub async fn check(
 ) -> Value {
     let sandbox = sb.binding.id.as_str();
     let enforcement = sb.policy.enforcement().as_str();
-    let target = match Target::parse(target_text, Some(443)) {
+    let target = match parse_target(target_text) {
         Ok(t) => t,
         // An invalid target is a decision (invalid_target), not a usage error.
         Err(e) => {
@@ -94,4 +119,31 @@ pub fn address_only_hosts(config: &crate::config::Config, set: &PolicySet) -> Ve
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_targets_with_their_schemes_port() {
+        let t = |s: &str| parse_target(s).map(|t| t.to_string());
+        assert_eq!(
+            t("https://api.example.com/v1/x?y=1").unwrap(),
+            "api.example.com:443"
+        );
+        assert_eq!(t("http://api.example.com/").unwrap(), "api.example.com:80");
+        assert_eq!(
+            t("HTTP://Api.Example.com:8080").unwrap(),
+            "api.example.com:8080"
+        );
+        assert_eq!(
+            t("wss://[2001:db8::1]/socket").unwrap(),
+            "[2001:db8::1]:443"
+        );
+        assert_eq!(t("api.example.com").unwrap(), "api.example.com:443");
+        assert!(t("https://user:pw@api.example.com/").is_err());
+        assert!(t("ftp://api.example.com/").is_err());
+        assert!(t("https:///path").is_err());
+    }
 }
