@@ -657,3 +657,73 @@ fn the_checkpoint_file_finds_a_log_whose_last_runs_were_cut() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("checkpoint file"), "{out}");
 }
+
+/// One fabricated record after a run's signed *final* checkpoint, chained correctly and
+/// stamped now, is refused — with and without `--open-run`: nothing may follow a final
+/// checkpoint but the next run's signed `run_start`.
+#[test]
+fn a_record_appended_after_the_final_checkpoint_is_refused() {
+    let (dir, log, pk) = signed_log();
+    let mut all = lines(&log);
+    assert!(all.last().unwrap().contains("\"final\":true"));
+    let record = all
+        .iter()
+        .rev()
+        .find(|l| is(l, "end"))
+        .unwrap()
+        .replace("denied", "forged");
+    all.push(record);
+    let f = dir.path().join("appended.jsonl");
+    write_lines(&f, &rechain(&all));
+    let (code, out) = verify(&[&f], None);
+    assert_eq!(code, 0, "the chain alone accepts it: {out}");
+    for extra in [&[][..], &["--open-run"][..]] {
+        let (code, out) = verify_args(&[&f], Some(&pk), extra);
+        assert_eq!(code, 1, "{extra:?}: {out}");
+        assert!(
+            out.contains("after run") && out.contains("final checkpoint"),
+            "{out}"
+        );
+    }
+}
+
+/// A live run signs a checkpoint every `checkpoint_every_s` even with no traffic, so
+/// `--open-run` holds its file to the verifier's clock: the live file verifies, the same file
+/// cut back to an earlier (non-final) checkpoint does not once the interval has passed.
+#[test]
+fn an_idle_live_run_keeps_signing_and_a_file_cut_at_an_old_checkpoint_is_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sk, pk) = keypair(dir.path(), "audit");
+    let log = dir.path().join("audit.jsonl");
+    let audit = format!(
+        "chain: true, signing_key_file: {}, checkpoint_every_s: 1",
+        sk.display()
+    );
+    let p = Proxy::start_with(config(dir.path(), &audit), log.clone(), &[]);
+    traffic(&p, 2);
+    // Idle from here: the run keeps signing.
+    eventually(Duration::from_secs(10), "heartbeat checkpoints", || {
+        let all = lines(&log);
+        let after = all.iter().rev().take_while(|l| is(l, "checkpoint")).count();
+        (after >= 4).then_some(())
+    });
+    let (code, out) = verify_args(&[&log], Some(&pk), &["--open-run"]);
+    assert_eq!(code, 0, "{out}");
+    // Cut after the first checkpoint that follows the records: by now it is more than the
+    // interval plus the slack old.
+    let all = lines(&log);
+    let first_cp = all.iter().position(|l| is(l, "checkpoint")).unwrap();
+    let cut = dir.path().join("cut.jsonl");
+    write_lines(&cut, &all[..=first_cp]);
+    eventually(Duration::from_secs(10), "the cut checkpoint to age", || {
+        let (code, out) = verify_args(&[&cut], Some(&pk), &["--open-run"]);
+        (code == 1).then_some(out)
+    });
+    let (code, out) = verify_args(&[&cut], Some(&pk), &["--open-run"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("no checkpoint for"), "{out}");
+    // The live file, meanwhile, still verifies.
+    let (code, out) = verify_args(&[&log], Some(&pk), &["--open-run"]);
+    assert_eq!(code, 0, "{out}");
+    drop(p);
+}

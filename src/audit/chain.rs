@@ -191,11 +191,12 @@ impl Chain {
         }
     }
 
-    /// Whether a checkpoint must be written before the next line: lines went unsigned, and
-    /// either `records` of them did or `every` has passed since the last signed line.
+    /// Whether a checkpoint must be written (before the next line, or now): `records` lines
+    /// went unsigned, or `every` has passed since the last signed line — also with no line
+    /// since, so that a live run's file is never older than its interval (`audit verify
+    /// --open-run` measures its last signed line against the verifier's clock).
     pub fn checkpoint_due(&self) -> bool {
         self.key.is_some()
-            && self.since_signed > 0
             && (self.since_signed >= self.interval.records
                 || self.last_signed.elapsed() >= self.interval.every)
     }

@@ -17,7 +17,10 @@
 //! recomputed stretch the next signed line no longer verifies, and dropping the signed lines
 //! after it breaks the interval or the final checkpoint. `--open-run` accepts a live file's
 //! last run without its final checkpoint (saying how many lines are only chained) as long as
-//! its next checkpoint is not overdue. What a local file alone cannot show is a cut that ends
+//! its last signed line is younger, by the verifier's clock, than the signed interval (plus
+//! [`CLOCK_SLACK`]): a live run signs a checkpoint at least that often even when idle, so a
+//! file cut at an earlier checkpoint, or a tail appended to a stopped run, fails once the
+//! interval has passed. Nothing may follow a run's final checkpoint but the next `run_start`. What a local file alone cannot show is a cut that ends
 //! exactly at a final checkpoint (whole runs removed from the end): `--checkpoints` holds the
 //! log against `audit.checkpoint_file`, a second copy of every signed line kept elsewhere.
 
@@ -118,8 +121,6 @@ struct State {
     last_signed: Option<(PathBuf, usize, Option<i64>)>,
     /// Lines since the last signed line.
     unsigned: u64,
-    /// The time (ms) of the first of them.
-    first_unsigned_ms: Option<i64>,
     /// The last line read: its run, seq and place.
     last: Option<(String, u64, PathBuf, usize)>,
     /// Every signed line read (for `--checkpoints`).
@@ -133,7 +134,6 @@ impl State {
         self.interval = interval_of(v);
         self.last_signed = Some((file.to_path_buf(), at, time_ms(v)));
         self.unsigned = 0;
-        self.first_unsigned_ms = None;
     }
 }
 
@@ -181,7 +181,6 @@ pub fn verify_with(files: &[PathBuf], opts: &Options<'_>) -> Result<Report, KeyF
         interval: None,
         last_signed: None,
         unsigned: 0,
-        first_unsigned_ms: None,
         last: None,
         signed_lines: HashSet::new(),
     };
@@ -309,14 +308,12 @@ fn run_end(st: &State, report: &mut Report, opts: &Options<'_>) -> Option<Proble
         ));
     }
     report.only_chained = st.unsigned;
-    if st.unsigned == 0 {
-        return None;
-    }
+    // A live run signs at least every `every` seconds, idle or not: its last signed line is
+    // measured against the verifier's clock — never against the unsigned tail's own
+    // timestamps, which whoever appended it chose.
     let every = st.interval.map(|(_, s)| s)?;
     let signed_ms = st.last_signed.as_ref().and_then(|(_, _, t)| *t)?;
-    let due = signed_ms
-        .saturating_add(every as i64 * 1000)
-        .max(st.first_unsigned_ms.unwrap_or(signed_ms));
+    let due = signed_ms.saturating_add(every as i64 * 1000);
     let now = ms_since_epoch(opts.now);
     if now > due.saturating_add(CLOCK_SLACK.as_millis() as i64) {
         return Some(problem(
@@ -324,16 +321,18 @@ fn run_end(st: &State, report: &mut Report, opts: &Options<'_>) -> Option<Proble
             *line,
             Some(*seq),
             format!(
-                "run {run}: {} line(s) after the last signed line ({signed_at}) and no checkpoint for {} s, while the run signs every {every} s: the writer stopped, or checkpoints were cut",
+                "run {run}: {} line(s) after the last signed line ({signed_at}) and no checkpoint for {} s, while a live run signs every {every} s (idle or not): the writer stopped, or the file was cut or appended to",
                 st.unsigned,
-                (now - due) / 1000 + every as i64
+                (now - signed_ms) / 1000
             ),
         ));
     }
-    report.notes.push(format!(
-        "run {run} is open: {} line(s) after its last signed line ({signed_at}) are only chained until its next checkpoint",
-        st.unsigned
-    ));
+    if st.unsigned > 0 {
+        report.notes.push(format!(
+            "run {run} is open: {} line(s) after its last signed line ({signed_at}) are only chained until its next checkpoint",
+            st.unsigned
+        ));
+    }
     None
 }
 
@@ -553,6 +552,19 @@ fn check_line(
             pfile.display()
         ));
     }
+    if st.ended_signed && event != "run_start" && key.is_some() {
+        // A final checkpoint ends its run: whatever follows in the same run was appended
+        // after the run ended (only the next run's signed run_start may follow).
+        return Err(problem(
+            file,
+            at,
+            Some(seq),
+            format!(
+                "a line after run {}'s signed final checkpoint: appended after the run ended",
+                st.run.as_deref().unwrap_or("?")
+            ),
+        ));
+    }
     let prev_for_link = if event == "run_start" {
         Some(run_start(st, report, key, file, at, seq, &v)?)
     } else {
@@ -751,9 +763,6 @@ fn within_interval(
 ) -> Result<(), Problem> {
     st.unsigned += 1;
     let t = time_ms(v);
-    if st.unsigned == 1 {
-        st.first_unsigned_ms = t;
-    }
     let Some((records, every)) = st.interval else {
         // The files start inside a run whose interval was in a file not given.
         return Ok(());
