@@ -325,3 +325,66 @@ fn an_h2_connection_that_starts_no_stream_for_idle_ms_goes_away_and_open_tunnels
         done.abort();
     });
 }
+
+/// Each HTTP/2 stream takes a place under the global `max_connections`, as an HTTP/1.1
+/// connection does: with `max_connections: 4`, one connection (one place) carries three
+/// tunnels, the fourth stream gets `429 connection_limit`, and so does an HTTP/1.1 CONNECT
+/// from elsewhere; a tunnel that ends gives its place back.
+#[test]
+fn each_h2_stream_takes_a_place_under_the_global_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let roots = proxy_certificate(dir.path());
+    let origin = Origin::start(None);
+    let op = origin.addr.port();
+    config(dir.path(), r#""api.test:*""#);
+    let cfg = dir.path().join("proxy.yaml");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("max_connections: 4\n{text}")).unwrap();
+    let proxy = Proxy::start_with(cfg, dir.path().join("audit.jsonl"), &[]);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut h2 = connect_h2(proxy.proxy_tls.expect("proxy_tls"), roots).await;
+        let mut open = Vec::new();
+        let mut statuses = Vec::new();
+        for _ in 0..6 {
+            let (status, t) = tunnel(&mut h2, &format!("api.test:{op}")).await;
+            statuses.push(status);
+            open.extend(t);
+        }
+        assert_eq!(statuses, [200, 200, 200, 429, 429, 429]);
+        // Another client's HTTP/1.1 CONNECT: the cap is full.
+        let plain = proxy.proxy;
+        let auth = proxy_auth();
+        let head = tokio::task::spawn_blocking(move || {
+            let mut s = std::net::TcpStream::connect(plain).unwrap();
+            use std::io::Write;
+            write!(
+                s,
+                "CONNECT api.test:{op} HTTP/1.1\r\nProxy-Authorization: {auth}\r\n\r\n"
+            )
+            .unwrap();
+            String::from_utf8_lossy(&read_head(&mut s)).into_owned()
+        })
+        .await
+        .unwrap();
+        assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+        // One tunnel ends: its place comes back.
+        drop(open.pop());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status, t) = tunnel(&mut h2, &format!("api.test:{op}")).await;
+            if status == 200 {
+                open.extend(t);
+                break;
+            }
+            assert!(Instant::now() < deadline, "the place never came back");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let rec = proxy.wait_record(|r| r["reason"] == "connection_limit");
+    assert_eq!(rec["decision"], "deny", "{rec}");
+}

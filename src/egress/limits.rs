@@ -215,7 +215,7 @@ impl SandboxLimiter {
             self.active.fetch_sub(1, Ordering::AcqRel);
             return Err(Refusal::Rate(d));
         }
-        Ok(ConnectionSlot(self.clone()))
+        Ok(ConnectionSlot(self.clone(), None))
     }
 
     /// Take a DNS query token at `now`, or say how long until one is there.
@@ -262,11 +262,21 @@ impl SandboxLimiter {
 
 /// A connection's place under its sandbox's `max_connections`; released on drop.
 #[derive(Debug)]
-pub struct ConnectionSlot(Arc<SandboxLimiter>);
+pub struct ConnectionSlot(
+    Arc<SandboxLimiter>,
+    /// A place under the global `max_connections` this exchange holds too (an HTTP/2
+    /// stream's: its connection holds one of its own).
+    Option<tokio::sync::OwnedSemaphorePermit>,
+);
 
 impl ConnectionSlot {
     pub fn limiter(&self) -> &Arc<SandboxLimiter> {
         &self.0
+    }
+
+    /// Hold `place` (under the global cap) as long as this slot.
+    pub fn hold(&mut self, place: tokio::sync::OwnedSemaphorePermit) {
+        self.1 = Some(place);
     }
 }
 

@@ -466,8 +466,22 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         return refuse(audit, &req, Some(&sb), d, why, Some(1));
     }
 
-    // 3. Its limits: a place under max_connections and a rate token, before any work.
-    let slot = match shared.admit(&sb) {
+    // 3. Its limits: a place under max_connections and a rate token, before any work. Each
+    // HTTP/2 stream takes a place of its own under the global cap, as an HTTP/1.1 connection
+    // does (its connection keeps the one it took when it identified).
+    let stream_place = match conn.h2 {
+        false => None,
+        true => match shared.take_cap() {
+            Some(p) => Some(p),
+            None => {
+                audit.close(Close::Limit);
+                let d = Decision::deny(Reason::ConnectionLimit, None);
+                let why = "egress-proxy is at its connection limit (max_connections)".to_string();
+                return refuse(audit, &req, Some(&sb), d, why, Some(1));
+            }
+        },
+    };
+    let mut slot = match shared.admit(&sb) {
         Ok(slot) => slot,
         Err((reason, retry_after)) => {
             audit.close(Close::Limit);
@@ -476,6 +490,9 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
             return refuse(audit, &req, Some(&sb), d, why, Some(retry_after));
         }
     };
+    if let Some(place) = stream_place {
+        slot.hold(place);
+    }
 
     // 4. Decide on the name, resolve once, decide on the addresses.
     let resolver = shared.resolver();
@@ -559,7 +576,12 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
 
     // 6. Relay.
     if connect {
-        let permit = conn.permit.lock().ok().and_then(|mut p| p.take());
+        // An HTTP/1.1 connection's place goes to its tunnel (the HTTP connection ends there);
+        // an HTTP/2 stream's tunnel holds its own place in its slot.
+        let permit = match conn.h2 {
+            true => None,
+            false => conn.permit.lock().ok().and_then(|mut p| p.take()),
+        };
         super::tunnel::tunnel(conn.shared.clone(), permit, req, allowed)
     } else {
         let Allowed {
