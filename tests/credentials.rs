@@ -100,6 +100,41 @@ impl Upstream {
                                     }
                                     return Ok::<_, std::convert::Infallible>(r);
                                 }
+                                if path.starts_with("/v1/enc") || path.starts_with("/v1/gzip") {
+                                    let auth = h("authorization");
+                                    let secret = auth.strip_prefix("Bearer ").unwrap_or("");
+                                    let mut r = if path.starts_with("/v1/gzip") {
+                                        // Compressed although the proxy asked for identity.
+                                        let mut r = http::Response::new(
+                                            Full::new(Bytes::from(gzip(
+                                                format!("token={secret}\n").as_bytes(),
+                                            )))
+                                            .map_err(|never| match never {})
+                                            .boxed(),
+                                        );
+                                        r.headers_mut()
+                                            .insert("content-encoding", "gzip".parse().unwrap());
+                                        r
+                                    } else {
+                                        // The secret in the encodings the review found.
+                                        let body = encoded_forms(secret).join("\n");
+                                        let mut r = http::Response::new(
+                                            Full::new(Bytes::from(body))
+                                                .map_err(|never| match never {})
+                                                .boxed(),
+                                        );
+                                        *r.status_mut() = http::StatusCode::FOUND;
+                                        let location = format!(
+                                            "https://cb.example/?token={}",
+                                            encoded_forms(secret)[0]
+                                        );
+                                        r.headers_mut()
+                                            .insert("location", location.parse().unwrap());
+                                        r
+                                    };
+                                    r.headers_mut().insert("x-kind", "enc".parse().unwrap());
+                                    return Ok::<_, std::convert::Infallible>(r);
+                                }
                                 if path.starts_with("/v1/trailer") {
                                     // Reflects Authorization in a response trailer.
                                     let mut trailers = http::HeaderMap::new();
@@ -161,6 +196,35 @@ impl Upstream {
     fn seen(&self) -> Vec<(String, String, String, String, String, String)> {
         self.seen.lock().unwrap().clone()
     }
+}
+
+/// `secret` partly percent-encoded (`-` as `%2D`, as Python's `quote()` keeps letters),
+/// JSON `\uXXXX`-escaped, in hex (both cases), and upper-cased.
+fn encoded_forms(secret: &str) -> Vec<String> {
+    vec![
+        secret.replace('-', "%2D"),
+        secret
+            .chars()
+            .map(|c| format!("\\u{:04x}", c as u32))
+            .collect(),
+        hex::encode(secret),
+        hex::encode(secret).to_uppercase(),
+        secret.to_uppercase(),
+        secret.replace('-', "%2d").replace('a', "%61"),
+    ]
+}
+
+/// `data` gzip-compressed (the system's `gzip`).
+fn gzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("gzip")
+        .args(["-c", "-n"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("gzip");
+    child.stdin.take().unwrap().write_all(data).unwrap();
+    child.wait_with_output().unwrap().stdout
 }
 
 /// A gRPC-like response body: one data frame, then trailers.
@@ -1014,6 +1078,42 @@ fn override_headers_cannot_walk_past_method_and_path_rules() {
         .curl(&ica, "api.test", "/v1/o8?method=x", &[])
         .text()
         .contains("ok /v1/o8"));
+}
+
+/// The injected secret reflected partly percent-encoded (in the body and a redirect's
+/// `Location`), `\uXXXX`-escaped, in hex and upper-cased is found in every form; a body
+/// compressed although `identity` was asked is refused (502 `unscannable_response`), never
+/// passed unscanned.
+#[test]
+fn encoded_and_compressed_reflections_never_reach_the_client() {
+    let e = env();
+    let ica = e.ica();
+    for http in ["--http1.1", "--http2"] {
+        let out = e.curl(&ica, "api.test", "/v1/enc", &["-i", http]);
+        assert_eq!(out.code, 0, "{}", out.text());
+        let text = out.text();
+        assert!(text.contains("x-kind: enc"), "{text}");
+        for form in encoded_forms(SECRET_API) {
+            assert!(!text.contains(&form), "{http}: {form} came back:\n{text}");
+            assert!(
+                !text
+                    .to_ascii_lowercase()
+                    .contains(&form.to_ascii_lowercase()),
+                "{http}: {form} came back in another case:\n{text}"
+            );
+        }
+        let out = e.curl(&ica, "api.test", "/v1/gzip", &["-i", http]);
+        let text = out.text();
+        assert!(
+            text.contains(" 502") && text.contains("unscannable_response"),
+            "{http}: {text}"
+        );
+    }
+    let rec = e.proxy.wait_record(|r| r["path"] == "/v1/enc");
+    assert_eq!(rec["secret_reflected"], "api", "{rec}");
+    let rec = e.proxy.wait_record(|r| r["path"] == "/v1/gzip");
+    assert_eq!(rec["reason"], "unscannable_response", "{rec}");
+    assert_eq!(rec["status"], 502, "{rec}");
 }
 
 /// In report mode a request the check would refuse goes upstream, reported, and without any

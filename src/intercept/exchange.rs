@@ -190,6 +190,23 @@ fn carries_outside<B>(req: &Request<B>, placeholder: &str, allowed: &[http::Head
             .any(|(n, v)| !allowed.contains(n) && placeholder::carried(n, v, placeholder))
 }
 
+/// Why a response of a host with a secret bound cannot be scanned: a `Content-Encoding`
+/// other than `identity` on a body that is not known to be empty.
+fn unscannable<B: hyper::body::Body>(resp: &Response<B>) -> Option<String> {
+    let enc = resp.headers().get(http::header::CONTENT_ENCODING)?;
+    let identity = enc.to_str().is_ok_and(|e| {
+        e.split(',')
+            .all(|t| t.trim().eq_ignore_ascii_case("identity"))
+    });
+    if identity || resp.body().is_end_stream() {
+        return None;
+    }
+    Some(format!(
+        "the upstream answered with Content-Encoding: {} although identity was asked; an encoded body cannot be scanned for the secrets brokered to it, so it is not passed",
+        String::from_utf8_lossy(enc.as_bytes())
+    ))
+}
+
 impl Exchange {
     pub fn new(
         current: CurrentBinding,
@@ -351,11 +368,14 @@ impl Exchange {
                     for name in s.headers(resp.headers_mut()) {
                         audit.secret_reflected(name);
                     }
-                    if let Some(enc) = resp.headers().get(http::header::CONTENT_ENCODING) {
-                        audit.detail(format!(
-                            "the response is {}-encoded although identity was asked: its body was scanned as sent",
-                            String::from_utf8_lossy(enc.as_bytes())
-                        ));
+                    if let Some(why) = unscannable(&resp) {
+                        // Never passed unscanned: a compressed secret would not be found.
+                        audit.verdict(Verdict::Deny, Reason::UnscannableResponse);
+                        audit.http(facts(502, injected.clone()));
+                        audit.detail(why.clone());
+                        audit.bytes(up_bytes.load(Ordering::Relaxed), 0);
+                        drop(audit);
+                        return self.refused(&method, Reason::UnscannableResponse, &why);
                     }
                 }
                 let down_bytes = Arc::new(AtomicU64::new(0));

@@ -16,6 +16,7 @@ mod exchange;
 mod placeholder;
 mod prefixed;
 mod scrub;
+mod unescape;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,10 +1,13 @@
 //! Responses of terminated hosts never carry a brokered secret back: wherever a secret bound
-//! to the host appears in a response header or body — as is, percent-encoded, or in base64
-//! (standard or URL-safe, at any alignment inside a longer base64 string) — it is replaced by
-//! a string of the same length cut from its placeholder, so lengths (and `Content-Length`)
-//! stay right. Bodies are scanned as they stream, safe across chunk boundaries: only a tail
-//! that could still become a secret is held back, never a whole chunk, so server-sent events
-//! are not delayed. Past `tls_intercept.scrub_body_bytes` a body passes unscanned (noted).
+//! to the host appears in a response header, trailer or body — as is, in any letter case,
+//! percent-encoded (any subset of its bytes, as `quote()` leaves `/`), JSON-escaped (`\/`,
+//! `\uXXXX`), in hex, or in base64 (standard or URL-safe, at any alignment inside a longer
+//! base64 string) — it is replaced by a string of the same length cut from its placeholder,
+//! so lengths (and `Content-Length`) stay right. Escapes are undone before matching
+//! ([`super::unescape`]) and the match replaced in the original bytes. Bodies are scanned as
+//! they stream, safe across chunk boundaries: only a tail that could still become a secret
+//! (or an escape cut in two) is held back, never a whole chunk, so server-sent events are not
+//! delayed. Past `tls_intercept.scrub_body_bytes` a body passes unscanned (noted).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -16,13 +19,17 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use hyper::body::{Body, Frame, SizeHint};
 
+use super::unescape;
 use crate::config::credentials::Credential;
 
 /// Every form of the secrets of some credentials, compiled once per binding.
 pub struct Scrubber {
+    /// Matched without regard to ASCII case, on the unescaped view of the bytes.
     ac: AhoCorasick,
-    /// Per pattern: its same-length replacement, and the credential's index in `names`.
-    replacements: Vec<(Vec<u8>, usize)>,
+    /// Per pattern: the credential's index in `names`.
+    owners: Vec<usize>,
+    /// Per credential: its placeholder (replacements are cut from it).
+    placeholders: Vec<Vec<u8>>,
     patterns: Vec<Vec<u8>>,
     names: Vec<String>,
 }
@@ -60,27 +67,9 @@ fn base64_forms(secret: &[u8]) -> Vec<Vec<u8>> {
     out
 }
 
-fn percent_forms(secret: &[u8]) -> Vec<Vec<u8>> {
-    let unreserved = |b: u8| b.is_ascii_alphanumeric() || b"-._~".contains(&b);
-    if secret.iter().all(|b| unreserved(*b)) {
-        return Vec::new();
-    }
-    let mut upper = Vec::new();
-    let mut lower = Vec::new();
-    for &b in secret {
-        if unreserved(b) {
-            upper.push(b);
-            lower.push(b);
-        } else {
-            upper.extend_from_slice(format!("%{b:02X}").as_bytes());
-            lower.extend_from_slice(format!("%{b:02x}").as_bytes());
-        }
-    }
-    if upper == lower {
-        vec![upper]
-    } else {
-        vec![upper, lower]
-    }
+/// The secret in hex (matched in either case).
+fn hex_form(secret: &[u8]) -> Vec<u8> {
+    hex::encode(secret).into_bytes()
 }
 
 /// `len` bytes cut from `placeholder`, repeated if it is shorter.
@@ -91,20 +80,21 @@ fn cut(placeholder: &[u8], len: usize) -> Vec<u8> {
 impl Scrubber {
     /// The scrubber of `creds`' secrets; `None` when there are none.
     pub fn new<'c>(creds: impl Iterator<Item = &'c Credential>) -> Option<Scrubber> {
-        let mut patterns = Vec::new();
-        let mut replacements = Vec::new();
+        let mut patterns: Vec<Vec<u8>> = Vec::new();
+        let mut owners = Vec::new();
+        let mut placeholders = Vec::new();
         let mut names = Vec::new();
         for c in creds {
             let secret = c.secret.expose().as_bytes();
-            let mut forms = vec![secret.to_vec()];
-            forms.extend(percent_forms(secret));
+            let mut forms = vec![secret.to_vec(), hex_form(secret)];
             forms.extend(base64_forms(secret));
             for f in forms {
-                if !patterns.contains(&f) {
-                    replacements.push((cut(c.placeholder.as_bytes(), f.len()), names.len()));
+                if !patterns.iter().any(|p| p.eq_ignore_ascii_case(&f)) {
+                    owners.push(names.len());
                     patterns.push(f);
                 }
             }
+            placeholders.push(c.placeholder.as_bytes().to_vec());
             names.push(c.name.clone());
         }
         if patterns.is_empty() {
@@ -112,36 +102,69 @@ impl Scrubber {
         }
         let ac = AhoCorasick::builder()
             .match_kind(MatchKind::LeftmostLongest)
+            .ascii_case_insensitive(true)
             .build(&patterns)
             .ok()?;
         Some(Scrubber {
             ac,
-            replacements,
+            owners,
+            placeholders,
             patterns,
             names,
         })
     }
 
+    /// Whether `buf` may hold a secret in some form (escapes are judged on the slow path).
+    fn may_match(&self, buf: &[u8]) -> bool {
+        unescape::has_escapes(buf) || self.ac.is_match(buf)
+    }
+
     /// Replace every secret in `buf` in place; the credentials found (indexes into names).
     fn scrub(&self, buf: &mut [u8], found: &mut Vec<usize>) {
-        let hits: Vec<_> = self.ac.find_iter(&*buf).collect();
-        for m in hits {
-            let (with, who) = &self.replacements[m.pattern().as_usize()];
-            buf[m.start()..m.end()].copy_from_slice(with);
-            if !found.contains(who) {
-                found.push(*who);
+        let mut spans = Vec::new();
+        if unescape::has_escapes(buf) {
+            let (view, map) = unescape::decode(buf);
+            for m in self.ac.find_iter(&view) {
+                spans.push((map[m.start()], map[m.end()], m.pattern().as_usize()));
+            }
+        } else {
+            for m in self.ac.find_iter(&*buf) {
+                spans.push((m.start(), m.end(), m.pattern().as_usize()));
+            }
+        }
+        for (start, end, pattern) in spans {
+            let who = self.owners[pattern];
+            let with = cut(&self.placeholders[who], end - start);
+            buf[start..end].copy_from_slice(&with);
+            if !found.contains(&who) {
+                found.push(who);
             }
         }
     }
 
-    /// How many bytes at the end of `buf` could be the start of a secret (held back until
-    /// more arrives).
+    /// How many bytes at the end of `buf` could be the start of a secret, or of an escape,
+    /// (held back until more arrives).
     fn held_tail(&self, buf: &[u8]) -> usize {
+        // An escape cut at the end is held whole, with whatever before it could begin a
+        // secret that the escape continues.
+        let end = unescape::incomplete_escape(buf).unwrap_or(buf.len());
+        let head = &buf[..end];
+        let start = if unescape::has_escapes(head) {
+            let (view, map) = unescape::decode(head);
+            map[view.len() - self.prefix_tail(&view)]
+        } else {
+            end - self.prefix_tail(head)
+        };
+        buf.len() - start
+    }
+
+    /// The longest tail of `buf` that begins some pattern (any case).
+    fn prefix_tail(&self, buf: &[u8]) -> usize {
         let mut keep = 0;
         for p in &self.patterns {
             let most = (p.len() - 1).min(buf.len());
             for k in (keep + 1..=most).rev() {
-                if buf[buf.len() - k..] == p[..k] {
+                if buf[buf.len() - k..].eq_ignore_ascii_case(&p[..k]) {
                     keep = k;
                     break;
                 }
@@ -160,7 +183,7 @@ impl Scrubber {
     /// Scrub the values of a header or trailer section in place.
     fn fields(&self, fields: &mut HeaderMap, found: &mut Vec<usize>) {
         for v in fields.values_mut() {
-            if self.ac.is_match(v.as_bytes()) {
+            if self.may_match(v.as_bytes()) {
                 let mut bytes = v.as_bytes().to_vec();
                 self.scrub(&mut bytes, found);
                 if let Ok(nv) = HeaderValue::from_bytes(&bytes) {
@@ -277,9 +300,7 @@ where
                 return Poll::Ready(Some(Ok(Frame::data(data))));
             }
             this.scanned += data.len() as u64;
-            if this.held.is_empty()
-                && this.scanned < this.limit
-                && !this.scrubber.ac.is_match(&data)
+            if this.held.is_empty() && this.scanned < this.limit && !this.scrubber.may_match(&data)
             {
                 // The common case: nothing to replace, nothing held — pass the chunk as it
                 // is, holding back only a tail that could begin a secret.
@@ -459,6 +480,47 @@ mod tests {
             let t = got.trailers().cloned().unwrap();
             assert_eq!(t["x-echo"], format!("Bearer {}", &PH[..SECRET.len()]));
             assert_eq!(findings.lock().unwrap().names, vec!["api".to_string()]);
+        }
+    }
+
+    /// Every encoding the fifth review got a secret back in: partly percent-encoded (`/`
+    /// kept, `+` as `%2B`), JSON `\/`, `\uXXXX`, hex in either case, lowercased — whole and
+    /// split across two chunks at every position.
+    #[tokio::test]
+    async fn encoded_forms_are_found_whole_and_split() {
+        let json_u: String = SECRET
+            .chars()
+            .map(|c| format!("\\u{:04x}", c as u32))
+            .collect();
+        let forms = [
+            SECRET.replace('+', "%2B"),
+            SECRET.replace('/', "%2f"),
+            SECRET.replace('/', "\\/"),
+            json_u,
+            hex::encode(SECRET),
+            hex::encode(SECRET).to_uppercase(),
+            SECRET.to_lowercase(),
+            SECRET.to_uppercase(),
+            SECRET
+                .replace('-', "%2D")
+                .replace('/', "%2F")
+                .replace('+', "%2b"),
+        ];
+        for form in forms {
+            let body = format!("Location: https://x/?t={form}&n=1").into_bytes();
+            let (out, names) = run(vec![body.clone()]).await;
+            assert_eq!(out.len(), body.len(), "{form}");
+            let text = String::from_utf8_lossy(&out).to_string();
+            assert!(!text.contains(&form), "{form}: {text}");
+            assert_eq!(names, vec!["api".to_string()], "{form}");
+            for cut_at in 1..body.len() {
+                let (out, _) = run(vec![body[..cut_at].to_vec(), body[cut_at..].to_vec()]).await;
+                assert_eq!(out.len(), body.len());
+                assert!(
+                    !String::from_utf8_lossy(&out).contains(&form),
+                    "{form} cut at {cut_at}"
+                );
+            }
         }
     }
 

@@ -121,6 +121,9 @@ impl Decision {
             Reason::HttpNotAllowed => format!(
                 "no network.http rule of sandbox {sandbox} allows this method and path on this host ({file})"
             ),
+            Reason::UnscannableResponse => {
+                "the upstream answered with a compressed or otherwise encoded body although identity was asked; it cannot be scanned for the credentials brokered to it, so it is not passed".into()
+            }
             Reason::AuditUnavailable => {
                 "the audit trail cannot be written right now, and nothing is served that could not be recorded (audit.on_failure: refuse)".into()
             }

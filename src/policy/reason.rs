@@ -54,11 +54,15 @@ pub enum Reason {
     /// The audit trail cannot take the record (its sink fails, or `queue_max` records wait):
     /// nothing is served that could not be recorded (`audit.on_failure: refuse`).
     AuditUnavailable,
+    /// A terminated host answered with a body the secret scanner cannot read (a
+    /// `Content-Encoding` although `identity` was asked): it is not passed.
+    UnscannableResponse,
 }
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 27] = [
+    pub const ALL: [Reason; 28] = [
+        Reason::UnscannableResponse,
         Reason::AuditUnavailable,
         Reason::UpstreamProxyRefused,
         Reason::CredentialMisuse,
@@ -118,6 +122,7 @@ impl Reason {
             Reason::HttpNotAllowed => "http_not_allowed",
             Reason::UpstreamProxyRefused => "upstream_proxy_refused",
             Reason::AuditUnavailable => "audit_unavailable",
+            Reason::UnscannableResponse => "unscannable_response",
         }
     }
 
@@ -146,6 +151,7 @@ impl Reason {
             | Reason::UpstreamProxyRefused => 502,
             Reason::DnsTimeout | Reason::ConnectionTimeout => 504,
             Reason::AuditUnavailable => 503,
+            Reason::UnscannableResponse => 502,
         }
     }
 
@@ -178,6 +184,7 @@ impl Reason {
             Reason::ConnectionRefused => "connection_refused",
             Reason::UpstreamProxyRefused => "destination_unavailable",
             Reason::AuditUnavailable => "proxy_internal_error",
+            Reason::UnscannableResponse => "http_response_content_coding",
         }
     }
 
