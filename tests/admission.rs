@@ -195,9 +195,10 @@ fn connect_answer(proxy: SocketAddr, src: &str) -> Option<String> {
 
 /// The many-sources attack on the unidentified pool: silent connections from four addresses
 /// fill it, and a new client still gets in (the oldest silent one is closed for it); then
-/// connections that do send bytes (a request head never finished) fill what strangers may
-/// use, and an address that identified a sandbox lately still gets in on the reserved share
-/// while a stranger is refused.
+/// connections that do send bytes but never identify (a request head never finished) fill
+/// all of it, and a stranger still gets in (the pool is shared fairly: a talker of an
+/// address holding more is closed for it), and so does an address that identified a sandbox
+/// lately (it takes nothing from the pool). Both were refused before.
 #[test]
 fn the_unidentified_pool_cannot_be_captured() {
     let dir = tempfile::tempdir().unwrap();
@@ -206,7 +207,7 @@ fn the_unidentified_pool_cannot_be_captured() {
     std::fs::write(
         &config,
         format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\nadmission: {{ unidentified_per_source: 5, unidentified_total: 20, identified_share: 0.1, first_byte_ms: 60000 }}\ndefaults: {{ timeouts: {{ header_ms: 60000 }} }}\nsandboxes:\n  - {{ id: local, sources: [127.0.0.1/32], policy: {{ provider: local, config: {{}}, network: {{ egress: [ok.test] }} }} }}\n",
+            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\nadmission: {{ unidentified_per_source: 5, unidentified_total: 20, first_byte_ms: 60000 }}\ndefaults: {{ timeouts: {{ header_ms: 60000 }} }}\nsandboxes:\n  - {{ id: local, sources: [127.0.0.1/32], policy: {{ provider: local, config: {{}}, network: {{ egress: [ok.test] }} }} }}\n",
             audit.display()
         ),
     )
@@ -234,10 +235,10 @@ fn the_unidentified_pool_cannot_be_captured() {
     drop(silent);
     std::thread::sleep(Duration::from_millis(300));
 
-    // Phase 2: 18 connections that sent half a request head: what strangers may use is full.
+    // Phase 2: 20 connections that sent half a request head fill the whole pool.
     let mut talking = Vec::new();
-    for (i, a) in attackers.iter().enumerate() {
-        for _ in 0..if i == 3 { 3 } else { 5 } {
+    for a in &attackers {
+        for _ in 0..5 {
             let mut s = connect_from(a, p.proxy);
             s.write_all(b"GET http://ok.test/ HTTP/1.1\r\n").unwrap();
             talking.push(s);
@@ -245,9 +246,23 @@ fn the_unidentified_pool_cannot_be_captured() {
     }
     std::thread::sleep(Duration::from_millis(500));
     assert!(
-        connect_answer(p.proxy, "127.0.0.7").is_none(),
-        "a stranger got a place kept for identified addresses"
+        connect_answer(p.proxy, "127.0.0.7").is_some(),
+        "talkers that never identify kept a new address out"
     );
+    // One talker of an address holding the most was closed for it.
+    let mut closed = 0;
+    for t in &talking {
+        let mut r: &TcpStream = t;
+        r.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        match r.read(&mut b) {
+            Ok(0) => closed += 1,
+            Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => closed += 1,
+            _ => {}
+        }
+        r.set_nonblocking(false).unwrap();
+    }
+    assert_eq!(closed, 1, "one talker is closed to make room");
     assert!(
         connect_answer(p.proxy, "127.0.0.1").is_some(),
         "a recently identified sandbox could not connect"
@@ -412,4 +427,48 @@ fn try_get(addr: SocketAddr, path: &str) -> Option<String> {
     }
     text.split_once("\r\n\r\n")
         .map(|(_, body)| body.to_string())
+}
+
+/// `/healthz` and `/readyz` answer while other addresses flood the admin port with
+/// connections that speak but never finish a request and fill its whole pool: the probe's
+/// connection takes the place of a talker from an address holding more (refused before, so a
+/// liveness probe would have restarted the proxy).
+#[test]
+fn probes_answer_under_a_flood_of_the_admin_port_from_other_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\nadmission: {{ unidentified_per_source: 10, unidentified_total: 40, first_byte_ms: 60000 }}\ndefaults: {{ timeouts: {{ header_ms: 60000 }} }}\nsandboxes: []\n",
+            audit.display()
+        ),
+    )
+    .unwrap();
+    let p = Proxy::start_with(config, audit, &[]);
+    let mut flood = Vec::new();
+    for src in ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"] {
+        for _ in 0..10 {
+            let mut s = connect_from(src, p.admin);
+            s.write_all(b"GET /healthz HTTP/1.1\r\n").unwrap();
+            flood.push(s);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // More from the flooders are refused: the pool is full and they hold their share.
+    let mut extra = connect_from("127.0.0.2", p.admin);
+    let _ = extra.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(closed_silently(&mut extra), "a flooder got an 11th place");
+    for path in ["/healthz", "/readyz", "/healthz"] {
+        let body = try_get(p.admin, path);
+        assert!(body.is_some(), "{path} did not answer under the flood");
+    }
+    assert!(
+        metric(
+            &p,
+            "egress_admission_refused_total{listener=\"admin\",why=\"evicted\"}"
+        ) >= 1
+    );
+    drop(flood);
 }

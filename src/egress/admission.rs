@@ -5,11 +5,16 @@
 //! identified connections (those count under the global `max_connections`, which an
 //! unidentified connection never holds).
 //!
-//! The pool of unidentified connections cannot be captured: when it is full, the oldest
-//! connection that has sent nothing is closed to admit the new one (a slowloris from many
-//! addresses only cycles its own connections), and a share of the pool
-//! (`admission.identified_share`) is kept for addresses that identified a sandbox in the last
-//! ten minutes, so connections that do send bytes but never identify cannot fill it either.
+//! The pool of unidentified connections (`unidentified_total`) cannot be captured. It is for
+//! addresses that have not identified a sandbox lately: an address that identified one in the
+//! last ten minutes is bounded by its own per-source cap only and takes nothing from it. When
+//! the pool is full a newcomer still gets in, and someone else's place is taken instead: the
+//! oldest connection that has sent nothing; else the oldest connection of the address holding
+//! the most, when that is more than the newcomer would hold (shared fairly); else the oldest
+//! connection of any address holding more than the newcomer. A connection that sends one byte
+//! and never identifies is closed for room like a silent one — so neither a slowloris from
+//! many addresses nor talkers that never identify can lock a new address out.
+//! (`admission.identified_share` is accepted and no longer needed.)
 //!
 //! State per address lives in one bounded table: entries with nothing in flight and full
 //! buckets are forgotten first, so a scan from many addresses cannot grow it without limit.
@@ -33,8 +38,11 @@ const RECENT: Duration = Duration::from_secs(600);
 pub enum Refusal {
     /// The address opens connections faster than `accepts_per_second_per_source`.
     Rate(Duration),
-    /// The address (or everyone together) holds too many unidentified connections.
-    Unidentified,
+    /// The address holds `unidentified_per_source` connections that have not identified.
+    PerSource,
+    /// The pool (`unidentified_total`) is full and no one holds more of it than this address
+    /// would (or the table of addresses is full).
+    Pool,
 }
 
 impl Refusal {
@@ -42,14 +50,32 @@ impl Refusal {
     pub fn label(&self) -> &'static str {
         match self {
             Refusal::Rate(_) => "rate",
-            Refusal::Unidentified => "unidentified",
+            Refusal::PerSource | Refusal::Pool => "unidentified",
+        }
+    }
+
+    /// Which limit was hit, for the refusal's text.
+    pub fn explain(&self) -> &'static str {
+        match self {
+            Refusal::Rate(_) => {
+                "this address opens connections faster than admission.accepts_per_second_per_source"
+            }
+            Refusal::PerSource => {
+                "this address holds admission.unidentified_per_source connections that have not identified a sandbox"
+            }
+            Refusal::Pool => {
+                "the pool of connections that have not identified a sandbox (admission.unidentified_total) is full, and no address holds more of it than this one"
+            }
         }
     }
 }
 
 #[derive(Debug)]
 struct Source {
-    unidentified: u32,
+    /// Its connections that have not identified, oldest first (pooled or not).
+    slots: BTreeMap<u64, Arc<SlotState>>,
+    /// How many of them count in the pool.
+    pooled: u32,
     accepts: TokenBucket,
     auth_failures: TokenBucket,
 }
@@ -60,6 +86,8 @@ struct Source {
 struct SlotState {
     evict: tokio::sync::Notify,
     released: AtomicBool,
+    /// It counts in the pool (its address had not identified lately when it came).
+    pooled: bool,
 }
 
 #[derive(Debug)]
@@ -71,6 +99,10 @@ struct Table {
     next_seq: u64,
     /// Addresses that identified a sandbox, and when.
     recent: HashMap<IpAddr, Instant>,
+    /// Pooled connections, oldest first.
+    pooled: BTreeMap<u64, IpAddr>,
+    /// (pooled connections, address) of every address holding some: the heaviest last.
+    heavy: std::collections::BTreeSet<(u32, IpAddr)>,
 }
 
 impl Table {
@@ -80,23 +112,77 @@ impl Table {
         if state.released.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.unidentified_total = self.unidentified_total.saturating_sub(1);
-        if let Some(s) = self.by_source.get_mut(&source) {
-            s.unidentified = s.unidentified.saturating_sub(1);
+        let Some(s) = self.by_source.get_mut(&source) else {
+            return;
+        };
+        s.slots.remove(&seq);
+        if state.pooled {
+            self.unidentified_total = self.unidentified_total.saturating_sub(1);
+            self.pooled.remove(&seq);
+            self.heavy.remove(&(s.pooled, source));
+            s.pooled = s.pooled.saturating_sub(1);
+            if s.pooled > 0 {
+                self.heavy.insert((s.pooled, source));
+            }
         }
     }
 
-    /// Close the oldest connection that has sent nothing; whether there was one.
-    fn evict_oldest_silent(&mut self) -> bool {
-        let Some((&seq, _)) = self.silent.iter().next() else {
-            return false;
-        };
-        let Some((source, state)) = self.silent.remove(&seq) else {
+    /// Count one more pooled connection for `source`.
+    fn pool(&mut self, seq: u64, source: IpAddr) {
+        self.unidentified_total += 1;
+        self.pooled.insert(seq, source);
+        if let Some(s) = self.by_source.get_mut(&source) {
+            self.heavy.remove(&(s.pooled, source));
+            s.pooled += 1;
+            self.heavy.insert((s.pooled, source));
+        }
+    }
+
+    /// Close connection `seq` of `source` to make room.
+    fn evict(&mut self, seq: u64, source: IpAddr) -> bool {
+        let Some(state) = self
+            .by_source
+            .get(&source)
+            .and_then(|s| s.slots.get(&seq).cloned())
+        else {
             return false;
         };
         self.release(seq, source, &state);
         state.evict.notify_one();
         true
+    }
+
+    /// Make room in the full pool for a newcomer from `source`: close the oldest silent
+    /// connection; else the oldest of the heaviest address when it holds more than the
+    /// newcomer would; else the oldest of any address holding more than the newcomer.
+    fn make_room(&mut self, source: IpAddr) -> bool {
+        let silent = self.silent.iter().find(|(_, (_, st))| st.pooled);
+        if let Some((seq, ip)) = silent.map(|(seq, (ip, _))| (*seq, *ip)) {
+            return self.evict(seq, ip);
+        }
+        let mine = self.by_source.get(&source).map_or(0, |s| s.pooled);
+        if let Some(&(most, ip)) = self.heavy.iter().next_back() {
+            if most > mine + 1 {
+                let oldest = self.by_source.get(&ip).and_then(|s| {
+                    s.slots
+                        .iter()
+                        .find(|(_, st)| st.pooled)
+                        .map(|(seq, _)| *seq)
+                });
+                if let Some(seq) = oldest {
+                    return self.evict(seq, ip);
+                }
+            }
+        }
+        let victim = self.pooled.iter().find(|(_, ip)| {
+            self.by_source
+                .get(ip)
+                .is_some_and(|s| s.pooled > mine && **ip != source)
+        });
+        match victim.map(|(seq, ip)| (*seq, *ip)) {
+            Some((seq, ip)) => self.evict(seq, ip),
+            None => false,
+        }
     }
 }
 
@@ -136,6 +222,23 @@ impl UnidentifiedSlot {
     pub fn source(&self) -> IpAddr {
         self.source
     }
+
+    /// A handle that completes when this connection is closed to make room, usable after the
+    /// slot itself has moved (a connection that spoke but never identified can be closed
+    /// too).
+    pub fn eviction(&self) -> Eviction {
+        Eviction(self.state.clone())
+    }
+}
+
+/// See [`UnidentifiedSlot::eviction`].
+#[derive(Debug, Clone)]
+pub struct Eviction(Arc<SlotState>);
+
+impl Eviction {
+    pub async fn wait(&self) {
+        self.0.evict.notified().await
+    }
 }
 
 impl Drop for UnidentifiedSlot {
@@ -162,6 +265,8 @@ impl Admissions {
                 silent: BTreeMap::new(),
                 next_seq: 0,
                 recent: HashMap::new(),
+                pooled: BTreeMap::new(),
+                heavy: std::collections::BTreeSet::new(),
             }),
         })
     }
@@ -180,52 +285,47 @@ impl Admissions {
         let now = self.now();
         let cfg = self.cfg;
         let Ok(mut t) = self.table.lock() else {
-            return Err(Refusal::Unidentified);
+            return Err(Refusal::Pool);
         };
-        // Addresses that identified lately may use the reserved share too.
+        // Addresses that identified lately are bounded by their own cap, not the pool.
         let recent = t
             .recent
             .get(&source)
             .is_some_and(|at| at.elapsed() < RECENT);
-        let reserved = (f64::from(cfg.unidentified_total) * cfg.identified_share) as u32;
-        let limit = if recent {
-            cfg.unidentified_total
-        } else {
-            cfg.unidentified_total.saturating_sub(reserved).max(1)
-        };
-        let full = t.unidentified_total >= limit;
-        let entry = match t.by_source.get_mut(&source) {
-            Some(_) => t.by_source.get_mut(&source),
-            None => {
-                if t.by_source.len() >= MAX_TRACKED {
-                    forget_idle(&mut t.by_source, now);
-                }
-                if t.by_source.len() >= MAX_TRACKED {
-                    return Err(Refusal::Unidentified);
-                }
-                t.by_source.insert(source, self.fresh(now));
-                t.by_source.get_mut(&source)
+        if !t.by_source.contains_key(&source) {
+            if t.by_source.len() >= MAX_TRACKED {
+                forget_idle(&mut t.by_source, now);
             }
+            if t.by_source.len() >= MAX_TRACKED {
+                return Err(Refusal::Pool);
+            }
+            let fresh = self.fresh(now);
+            t.by_source.insert(source, fresh);
+        }
+        let Some(s) = t.by_source.get_mut(&source) else {
+            return Err(Refusal::Pool);
         };
-        let Some(s) = entry else {
-            return Err(Refusal::Unidentified);
-        };
-        if s.unidentified >= cfg.unidentified_per_source {
-            return Err(Refusal::Unidentified);
+        if s.slots.len() >= cfg.unidentified_per_source as usize {
+            return Err(Refusal::PerSource);
         }
         if let Admit::DelayFor(d) = s.accepts.check(now, 1.0) {
             return Err(Refusal::Rate(d));
         }
-        if full && !t.evict_oldest_silent() {
-            return Err(Refusal::Unidentified);
+        if !recent && t.unidentified_total >= cfg.unidentified_total && !t.make_room(source) {
+            return Err(Refusal::Pool);
         }
-        if let Some(s) = t.by_source.get_mut(&source) {
-            s.unidentified += 1;
-        }
-        t.unidentified_total += 1;
         let seq = t.next_seq;
         t.next_seq += 1;
-        let state = Arc::new(SlotState::default());
+        let state = Arc::new(SlotState {
+            pooled: !recent,
+            ..SlotState::default()
+        });
+        if let Some(s) = t.by_source.get_mut(&source) {
+            s.slots.insert(seq, state.clone());
+        }
+        if !recent {
+            t.pool(seq, source);
+        }
         t.silent.insert(seq, (source, state.clone()));
         Ok(UnidentifiedSlot {
             owner: self.clone(),
@@ -235,7 +335,8 @@ impl Admissions {
         })
     }
 
-    /// `source` identified a sandbox: it may use the reserved share of the pool for a while.
+    /// `source` identified a sandbox: for a while its connections are bounded by its own cap
+    /// and take nothing from the pool.
     pub fn identified(&self, source: IpAddr) {
         if let Ok(mut t) = self.table.lock() {
             if t.recent.len() >= MAX_TRACKED && !t.recent.contains_key(&source) {
@@ -273,7 +374,8 @@ impl Admissions {
     fn fresh(&self, now: u64) -> Source {
         let c = self.cfg;
         Source {
-            unidentified: 0,
+            slots: BTreeMap::new(),
+            pooled: 0,
             accepts: TokenBucket::new(
                 c.accepts_per_second_per_source,
                 f64::from(c.accept_burst_per_source),
@@ -292,7 +394,7 @@ impl Admissions {
 /// (forgetting them changes no future answer).
 fn forget_idle(by_source: &mut HashMap<IpAddr, Source>, now: u64) {
     by_source.retain(|_, s| {
-        s.unidentified > 0 || !s.accepts.is_full_at(now) || !s.auth_failures.is_full_at(now)
+        !s.slots.is_empty() || !s.accepts.is_full_at(now) || !s.auth_failures.is_full_at(now)
     });
 }
 
@@ -313,26 +415,75 @@ mod tests {
         }
     }
 
-    #[test]
-    fn unidentified_connections_are_capped_per_source_and_in_total() {
+    /// Connections that have sent bytes (silent ones are closed for room first).
+    fn talking(s: UnidentifiedSlot) -> UnidentifiedSlot {
+        s.spoke();
+        s
+    }
+
+    async fn closed(s: &UnidentifiedSlot) -> bool {
+        tokio::time::timeout(Duration::from_millis(200), s.evicted())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn the_pool_is_shared_fairly_and_the_cap_per_source_holds() {
         let a = Admissions::new(cfg());
         let x: IpAddr = "10.0.0.1".parse().unwrap();
         let y: IpAddr = "10.0.0.2".parse().unwrap();
-        // Connections that have sent bytes (silent ones may be closed to make room).
-        let talking = |s: UnidentifiedSlot| {
-            s.spoke();
-            s
-        };
         let held: Vec<_> = (0..3).map(|_| talking(a.accept(x).unwrap())).collect();
-        assert_eq!(a.accept(x).unwrap_err(), Refusal::Unidentified);
-        let y1 = talking(a.accept(y).unwrap());
+        assert_eq!(a.accept(x).unwrap_err(), Refusal::PerSource);
+        let _y1 = talking(a.accept(y).unwrap());
         let _y2 = talking(a.accept(y).unwrap());
-        // 5 in total now.
-        assert_eq!(a.accept(y).unwrap_err(), Refusal::Unidentified);
-        drop(y1);
-        let _y3 = a.accept(y).unwrap();
+        // 5 in total: the pool is full. y holds 2 of it, x 3: y's next takes x's oldest.
+        let _y3 = talking(a.accept(y).unwrap());
+        assert!(
+            closed(&held[0]).await,
+            "the heavier address gives up its oldest"
+        );
+        assert!(!closed(&held[1]).await);
+        // Now y holds 3 (its own cap) and x 2.
+        assert_eq!(a.accept(y).unwrap_err(), Refusal::PerSource);
+        // A third address takes from the heaviest (y, 3 > 0 + 1).
+        let z = a.accept("10.0.0.3".parse().unwrap()).unwrap();
+        drop(z);
         drop(held);
-        let _x = a.accept(x).unwrap();
+    }
+
+    /// One address whose connections speak but never identify cannot lock out others, however
+    /// many addresses it uses; and an address that identified lately takes nothing from the
+    /// pool (so identifying once from each address fills nothing either).
+    #[tokio::test]
+    async fn talkers_that_never_identify_cannot_lock_out_a_new_address() {
+        let a = Admissions::new(Admission {
+            unidentified_per_source: 10,
+            unidentified_total: 10,
+            ..cfg()
+        });
+        let talkers: Vec<IpAddr> = (1..=10)
+            .map(|i| format!("10.9.0.{i}").parse().unwrap())
+            .collect();
+        let held: Vec<_> = talkers
+            .iter()
+            .map(|ip| talking(a.accept(*ip).unwrap()))
+            .collect();
+        // Ten addresses, one talker each: the pool is full, and a newcomer still gets in.
+        let newcomer: IpAddr = "10.0.0.8".parse().unwrap();
+        let _n = talking(a.accept(newcomer).unwrap());
+        assert!(
+            closed(&held[0]).await,
+            "the oldest talker is closed for room"
+        );
+        // An address that identified lately is bounded by its own cap only.
+        let known: IpAddr = "10.0.0.7".parse().unwrap();
+        a.identified(known);
+        let mine: Vec<_> = (0..10).map(|_| talking(a.accept(known).unwrap())).collect();
+        assert_eq!(a.accept(known).unwrap_err(), Refusal::PerSource);
+        for s in &held[1..] {
+            assert!(!closed(s).await, "its connections took no one's place");
+        }
+        drop(mine);
     }
 
     #[test]
@@ -369,47 +520,33 @@ mod tests {
         let a = Admissions::new(cfg());
         m.insert("10.0.0.1".parse().unwrap(), a.fresh(0));
         let mut busy = a.fresh(0);
-        busy.unidentified = 1;
+        busy.slots.insert(1, Arc::default());
         m.insert("10.0.0.2".parse().unwrap(), busy);
         forget_idle(&mut m, 0);
         assert_eq!(m.len(), 1);
     }
 
     #[tokio::test]
-    async fn a_full_pool_closes_its_oldest_silent_connection_and_keeps_a_share_for_the_identified()
-    {
+    async fn a_full_pool_closes_its_oldest_silent_connection_first() {
         let a = Admissions::new(Admission {
             unidentified_per_source: 10,
             unidentified_total: 10,
-            identified_share: 0.2,
             ..cfg()
         });
         let attacker: IpAddr = "10.0.0.66".parse().unwrap();
-        let known: IpAddr = "10.0.0.7".parse().unwrap();
         let stranger: IpAddr = "10.0.0.8".parse().unwrap();
-        a.identified(known);
-        // Eight silent connections fill what strangers may use (10 minus the reserved 2).
-        let mut held: Vec<_> = (0..8).map(|_| a.accept(attacker).unwrap()).collect();
-        // A new one closes the oldest silent connection to get in.
+        let held: Vec<_> = (0..9)
+            .map(|_| talking(a.accept(attacker).unwrap()))
+            .collect();
+        let silent = a.accept(attacker).unwrap();
         let newcomer = a.accept(stranger).unwrap();
-        tokio::time::timeout(Duration::from_secs(1), held[0].evicted())
-            .await
-            .expect("the oldest silent connection is told to close");
-        // Connections that spoke are never closed for room: with every stranger place
-        // taken by talkers, a stranger is refused, a recently identified address is not.
-        for s in &held {
-            s.spoke();
-        }
-        newcomer.spoke();
-        assert_eq!(a.accept(stranger).unwrap_err(), Refusal::Unidentified);
-        let k1 = a.accept(known).unwrap();
-        let _k2 = a.accept(known).unwrap();
-        k1.spoke();
-        _k2.spoke();
-        assert_eq!(a.accept(known).unwrap_err(), Refusal::Unidentified);
+        assert!(closed(&silent).await, "the silent one goes first");
+        assert!(!closed(&held[0]).await);
         // Places given back are counted once, evicted or not.
-        held.clear();
+        drop(silent);
+        drop(held);
         drop(newcomer);
-        assert!(a.accept(stranger).is_ok());
+        let all: Vec<_> = (0..10).map(|_| a.accept(stranger).unwrap()).collect();
+        assert_eq!(all.len(), 10);
     }
 }

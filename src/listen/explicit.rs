@@ -156,6 +156,7 @@ async fn serve_http(
     cert: ClientCert,
 ) {
     let h2 = matches!(&io, ClientIo::Tls(t) if t.get_ref().1.alpn_protocol() == Some(b"h2"));
+    let eviction = unidentified.eviction();
     let conn = Arc::new(ClientConn {
         shared: shared.clone(),
         accepted,
@@ -175,26 +176,42 @@ async fn serve_http(
         })
     };
     let io = TokioIo::new(Abortable::new(io, conn.cut.clone()));
-    let result = if conn.h2 {
-        // HTTP/2 (negotiated with ALPN on the TLS listener): every stream is a request of its
-        // own — a CONNECT tunnel (RFC 9113 §8.5) or a forwarded request — identified, limited,
-        // decided, recorded and revoked alone.
-        let http = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(H2_MAX_STREAMS)
-            .max_header_list_size(MAX_HEAD as u32)
-            .serve_connection(io, svc);
-        let idle = Some(shared.settings.timeouts.idle);
-        drive(&shared, &conn, http, |h| h.graceful_shutdown(), idle).await
-    } else {
-        let http = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(shared.settings.timeouts.header)
-            .max_buf_size(MAX_HEAD)
-            .max_header_size(MAX_HEAD)
-            .serve_connection(io, svc)
-            .with_upgrades();
-        drive(&shared, &conn, http, |h| h.graceful_shutdown(), None).await
+    let serving = async {
+        if conn.h2 {
+            // HTTP/2 (negotiated with ALPN on the TLS listener): every stream is a request of its
+            // own — a CONNECT tunnel (RFC 9113 §8.5) or a forwarded request — identified, limited,
+            // decided, recorded and revoked alone.
+            let http =
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .timer(TokioTimer::new())
+                    .max_concurrent_streams(H2_MAX_STREAMS)
+                    .max_header_list_size(MAX_HEAD as u32)
+                    .serve_connection(io, svc);
+            let idle = Some(shared.settings.timeouts.idle);
+            drive(&shared, &conn, http, |h| h.graceful_shutdown(), idle).await
+        } else {
+            let http = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(shared.settings.timeouts.header)
+                .max_buf_size(MAX_HEAD)
+                .max_header_size(MAX_HEAD)
+                .serve_connection(io, svc)
+                .with_upgrades();
+            drive(&shared, &conn, http, |h| h.graceful_shutdown(), None).await
+        }
+    };
+    // Until it identifies, the connection may be closed to make room in the full pool of
+    // unidentified connections (it spoke, but never said who it is).
+    let result = tokio::select! {
+        r = serving => r,
+        () = eviction.wait() => {
+            if conn.requests.load(Ordering::Relaxed) == 0 {
+                let mut audit = shared.audit(&conn.accepted, Mode::Connect, &shared.policy.load());
+                audit.close(Close::Limit);
+                audit.detail("closed to make room: it had not identified a sandbox and the unidentified pool was full");
+            }
+            return;
+        }
     };
     let Some(result) = result else { return };
     if conn.requests.load(Ordering::Relaxed) == 0 {

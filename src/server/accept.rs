@@ -113,16 +113,13 @@ pub(super) async fn accept_loop(
                     shared
                         .metrics()
                         .admission_refused(listener, refusal.label());
-                    let (reason, detail) = match refusal {
-                        admission::Refusal::Rate(_) => (
-                            Reason::RateLimited,
-                            "this address opens connections faster than admission.accepts_per_second_per_source",
-                        ),
-                        admission::Refusal::Unidentified => (
-                            Reason::ConnectionLimit,
-                            "this address holds too many connections that have not identified a sandbox (admission.unidentified_per_source)",
-                        ),
+                    let reason = match refusal {
+                        admission::Refusal::Rate(_) => Reason::RateLimited,
+                        admission::Refusal::PerSource | admission::Refusal::Pool => {
+                            Reason::ConnectionLimit
+                        }
                     };
+                    let detail = refusal.explain();
                     tokio::spawn(refuse_early(shared, accepted, stream, kind, reason, detail));
                 }
             },
@@ -134,10 +131,7 @@ pub(super) async fn accept_loop(
                     shared
                         .metrics()
                         .admission_refused("transparent", refusal.label());
-                    let detail = match refusal {
-                        admission::Refusal::Rate(_) => "this address opens connections faster than admission.accepts_per_second_per_source",
-                        admission::Refusal::Unidentified => "this address holds too many connections no sandbox has (admission.unidentified_per_source)",
-                    };
+                    let detail = refusal.explain();
                     tokio::spawn(refuse_early(
                         shared,
                         accepted,
@@ -389,7 +383,12 @@ where
         let serve = serve.clone();
         tokio::spawn(async move {
             if Gate::first_byte(&shared, name, wait, &stream, &slot).await {
-                serve(stream, client).await;
+                // Served until it closes — or until it is closed to make room in the full
+                // pool for a newcomer (the pool is shared fairly between addresses).
+                tokio::select! {
+                    () = serve(stream, client) => {}
+                    () = slot.evicted() => shared.metrics().admission_refused(name, "evicted"),
+                }
             }
             drop(slot);
         });
