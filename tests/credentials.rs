@@ -135,6 +135,21 @@ impl Upstream {
                                     r.headers_mut().insert("x-kind", "enc".parse().unwrap());
                                     return Ok::<_, std::convert::Infallible>(r);
                                 }
+                                if let Some(to) = path.strip_prefix("/v1/redirect/") {
+                                    // A redirect to another host (same upstream, another name).
+                                    let port = host_port(&h("host"), &req);
+                                    let mut r = http::Response::new(
+                                        Full::new(Bytes::new())
+                                            .map_err(|never| match never {})
+                                            .boxed(),
+                                    );
+                                    *r.status_mut() = http::StatusCode::FOUND;
+                                    r.headers_mut().insert(
+                                        "location",
+                                        format!("https://{to}:{port}/v1/landing").parse().unwrap(),
+                                    );
+                                    return Ok::<_, std::convert::Infallible>(r);
+                                }
                                 if path.starts_with("/v1/trailer") {
                                     // Reflects Authorization in a response trailer.
                                     let mut trailers = http::HeaderMap::new();
@@ -196,6 +211,14 @@ impl Upstream {
     fn seen(&self) -> Vec<(String, String, String, String, String, String)> {
         self.seen.lock().unwrap().clone()
     }
+}
+
+/// The port a request was sent to (from its URI or `Host`).
+fn host_port(host: &str, req: &http::Request<hyper::body::Incoming>) -> u16 {
+    req.uri()
+        .port_u16()
+        .or_else(|| host.rsplit_once(':').and_then(|(_, p)| p.parse().ok()))
+        .unwrap_or(443)
 }
 
 /// `secret` partly percent-encoded (`-` as `%2D`, as Python's `quote()` keeps letters),
@@ -1114,6 +1137,48 @@ fn encoded_and_compressed_reflections_never_reach_the_client() {
     let rec = e.proxy.wait_record(|r| r["path"] == "/v1/gzip");
     assert_eq!(rec["reason"], "unscannable_response", "{rec}");
     assert_eq!(rec["status"], 502, "{rec}");
+}
+
+/// A brokered host that redirects to another host: the client follows (resending its own
+/// `Authorization`, which holds only the placeholder), and the other host gets no secret —
+/// the proxy injects per request and per host, and never follows redirects itself.
+#[test]
+fn a_redirect_from_a_bound_host_carries_no_credential_to_the_next_host() {
+    let e = env();
+    let api = e.placeholder("api");
+    let auth = format!("Authorization: Bearer {api}");
+    // The terminated host shows the interception CA's certificate, the relayed one its own.
+    let both = e.dir.path().join("both.pem");
+    let pem = std::fs::read_to_string(e.ica()).unwrap()
+        + &std::fs::read_to_string(&e.upstream_ca.ca_pem).unwrap();
+    std::fs::write(&both, pem).unwrap();
+    let out = e.curl(
+        &both.display().to_string(),
+        "api.test",
+        "/v1/redirect/mixed.test",
+        &["-L", "--location-trusted", "-H", &auth],
+    );
+    assert_eq!(out.code, 0, "{} {}", out.text(), out.stderr);
+    let seen = e.upstream.seen();
+    let first = seen
+        .iter()
+        .find(|s| s.2 == "/v1/redirect/mixed.test")
+        .unwrap();
+    assert_eq!(
+        first.4,
+        format!("Bearer {SECRET_API}"),
+        "the bound host got its secret"
+    );
+    let landing = seen
+        .iter()
+        .find(|s| s.2 == "/v1/landing")
+        .expect("the client followed the redirect");
+    assert_eq!(landing.0, "mixed.test");
+    assert!(
+        !landing.4.contains(SECRET_API),
+        "the secret followed the redirect: {landing:?}"
+    );
+    assert_eq!(landing.4, format!("Bearer {api}"));
 }
 
 /// In report mode a request the check would refuse goes upstream, reported, and without any

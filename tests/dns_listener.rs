@@ -144,6 +144,24 @@ sandboxes:
     assert_eq!(dig(dns, &["edge.cdn.test", "A"]).status, "NXDOMAIN");
     assert_eq!(dig(dns, &["x.outside-zones.test", "A"]).status, "NXDOMAIN");
     assert_eq!(dig(dns, &["c2VjcmV0.exfil.test", "ANY"]).status, "REFUSED");
+    // A denied name that exists upstream and one that does not get the same answer (no
+    // existence oracle), apart from the name itself.
+    let exists = dig(dns, &["edge.cdn.test", "A"]);
+    let missing = dig(dns, &["nope.cdn.test", "A"]);
+    assert_eq!(exists.status, missing.status);
+    assert_eq!(
+        exists
+            .ede
+            .as_deref()
+            .map(|e| e.replace("edge.cdn.test", "N")),
+        missing
+            .ede
+            .as_deref()
+            .map(|e| e.replace("nope.cdn.test", "N")),
+        "{}\n{}",
+        exists.raw,
+        missing.raw
+    );
     assert_eq!(
         upstream.queries.load(Ordering::SeqCst),
         before,

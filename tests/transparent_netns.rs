@@ -257,6 +257,7 @@ defaults:
   guard_allow_ranges: [10.77.{n}.0/24]
   timeouts: {{ connect_ms: 2000, header_ms: 1500 }}
   require_tls_ports: [443, {by_addr}]
+  refuse_ech: true
 {top}sandboxes:
   - id: sbx
     sources: [{sip}/32]
@@ -1338,5 +1339,54 @@ sandboxes:
         assert_eq!(rec["decision"], "deny", "{rec}");
         assert_eq!(rec["reason"], "destination_ip_prohibited", "{rec}");
         assert_eq!(rec["resolved"][0], addr, "{rec}");
+    }
+}
+
+/// `refuse_ech` holds on the transparent listener as on CONNECT tunnels (one checker): a
+/// ClientHello with Encrypted Client Hello behind an allowed outer SNI is refused and nothing
+/// reaches the origin, while the same hello without ECH passes. (The ECH hello was relayed
+/// and audited `ech: true, allow` before.)
+#[test]
+#[ignore = "needs root, ip, iptables"]
+fn gateway_refuses_encrypted_client_hello() {
+    let Some(GatewayEnv {
+        ns,
+        proxy,
+        _dir: dir,
+        _rules: _keep_rules,
+        ..
+    }) = gateway_env(6, false, false)
+    else {
+        return;
+    };
+    let ip = ns.host_ip.clone();
+    for (ech, hello) in [
+        (false, common::tls_hello::client_hello("api.test", &[])),
+        (true, common::tls_hello::ech_hello("api.test")),
+    ] {
+        let (port, got) = recording_origin(&ip);
+        let file = dir.path().join(format!("hello-{ech}.bin"));
+        std::fs::write(&file, &hello).unwrap();
+        let script = format!(
+            "exec 3<>/dev/tcp/{ip}/{port}; cat {} >&3; sleep 1",
+            file.display()
+        );
+        let _ = sh(&["ip", "netns", "exec", &ns.name, "bash", "-c", &script]);
+        let rec = proxy
+            .wait_record(|r| r["event"] == "end" && r["original_dst"] == format!("{ip}:{port}"));
+        assert_eq!(rec["ech"], ech, "{rec}");
+        let arrived = got.lock().unwrap().len();
+        if ech {
+            assert_eq!(rec["decision"], "deny", "{rec}");
+            assert_eq!(rec["reason"], "protocol_not_allowed", "{rec}");
+            assert_eq!(arrived, 0, "the ECH hello reached the origin");
+        } else {
+            assert_eq!(rec["decision"], "allow", "{rec}");
+            assert_eq!(
+                arrived,
+                hello.len(),
+                "the plain hello should reach the origin"
+            );
+        }
     }
 }

@@ -25,6 +25,7 @@ use crate::policy::target::{Host, Target};
 use crate::policy::{Decision, Enforcement, Verdict};
 use crate::relay::tunnel::Relayed;
 use crate::server::shared::Shared;
+use crate::wire::first_bytes::{self, FirstBytes, Rules};
 use crate::wire::peek::{classify, split_host_header, Peeked, MAX_PEEK};
 
 /// Serve one redirected connection. `permit` is its place under the global cap, `unidentified`
@@ -91,9 +92,10 @@ pub async fn serve(
     };
     audit.target(&target);
 
-    // 5b. What flows: a port of `require_tls_ports` takes nothing but TLS, whatever the rules.
+    // 5b. What flows, whatever the rules: nothing but TLS on `require_tls_ports`, no ECH
+    //     under `refuse_ech` — the CONNECT tunnel's checker.
     let report = sb.binding.enforcement == Enforcement::Report;
-    let tls_reported = match require_tls(&sb, orig.port(), &peeked, &mut audit) {
+    let tls_reported = match first_bytes_check(&sb, &target, &peeked, &mut audit) {
         Ok(reported) => reported,
         Err(refused) => return reset(stream, audit, refused),
     };
@@ -123,7 +125,7 @@ pub async fn serve(
     };
     audit.decided(&decided);
     if let Some(d) = tls_reported.as_ref() {
-        // Allowed by the rules, refused by require_tls_ports: the record says report.
+        // Allowed by the rules, refused by its first bytes: the record says report.
         if decided.decision.verdict == Verdict::Allow {
             audit.decision(d);
         }
@@ -283,26 +285,31 @@ fn target_of<'a>(
     ))
 }
 
-/// `require_tls_ports`: a port listed there takes nothing but TLS. `Err` with the refusal;
-/// in report mode `Ok` with the decision to record if the rules allow the connection.
-fn require_tls(
+/// What the first bytes carry, judged by the same checker as a CONNECT tunnel's
+/// ([`first_bytes::verify`]): a port of `require_tls_ports` takes nothing but TLS, a
+/// ClientHello with Encrypted Client Hello is refused under `refuse_ech`, and a request's
+/// `Host` port must be the connection's. `Err` with the refusal; in report mode `Ok` with the
+/// decision to record if the rules allow the connection.
+fn first_bytes_check(
     sb: &Sandbox,
-    port: u16,
+    target: &Target,
     peeked: &Peeked,
     audit: &mut AuditGuard,
 ) -> Result<Option<Decision>, Decision> {
-    if !sb.binding.require_tls_ports.contains(&port) || matches!(peeked, Peeked::Tls(_)) {
-        return Ok(None);
-    }
-    let why = match peeked {
-        Peeked::Http { .. } => "a plain HTTP request",
-        _ => "not TLS",
+    let first = match peeked {
+        Peeked::Incomplete => FirstBytes::Silent,
+        p => FirstBytes::Client(p.clone()),
     };
-    audit.detail(format!(
-        "{why} on port {port}, which requires TLS (require_tls_ports)"
-    ));
-    let d = Decision::deny(Reason::ProtocolNotAllowed, None);
-    if sb.binding.enforcement != Enforcement::Report {
+    let rules = Rules {
+        require_tls: sb.binding.require_tls_ports.contains(&target.port),
+        refuse_ech: sb.binding.refuse_ech,
+    };
+    let Err(m) = first_bytes::verify(target, &first, rules) else {
+        return Ok(None);
+    };
+    let d = Decision::deny(m.reason, None);
+    audit.detail(m.detail);
+    if sb.binding.enforcement != Enforcement::Report || !m.reason.reportable() {
         return Err(d);
     }
     Ok(Some(Decision {

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 
 pub mod openapi;
+pub mod tls_hello;
 use sha2::{Digest, Sha256};
 
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
