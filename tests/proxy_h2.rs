@@ -388,3 +388,243 @@ fn each_h2_stream_takes_a_place_under_the_global_cap() {
     let rec = proxy.wait_record(|r| r["reason"] == "connection_limit");
     assert_eq!(rec["decision"], "deny", "{rec}");
 }
+
+/// A minimal HTTP/2 client that writes frames by hand, for what no well-behaved client sends.
+mod raw {
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+    use tokio_rustls::client::TlsStream;
+
+    pub type Reader = ReadHalf<TlsStream<tokio::net::TcpStream>>;
+    pub type Writer = WriteHalf<TlsStream<tokio::net::TcpStream>>;
+
+    pub const HEADERS: u8 = 1;
+    pub const RST_STREAM: u8 = 3;
+    pub const SETTINGS: u8 = 4;
+    pub const GOAWAY: u8 = 7;
+    pub const WINDOW_UPDATE: u8 = 8;
+
+    pub fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend_from_slice(&[ty, flags]);
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// An HPACK header block of literal fields without indexing (names and values < 127).
+    pub fn block(fields: &[(&str, &str)]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for (n, v) in fields {
+            b.push(0x00);
+            b.push(n.len() as u8);
+            b.extend_from_slice(n.as_bytes());
+            b.push(v.len() as u8);
+            b.extend_from_slice(v.as_bytes());
+        }
+        b
+    }
+
+    /// HEADERS with END_HEADERS on `stream`.
+    pub fn headers(stream: u32, fields: &[(&str, &str)]) -> Vec<u8> {
+        frame(HEADERS, 0x4, stream, &block(fields))
+    }
+
+    pub async fn read_frame(r: &mut Reader) -> Option<(u8, u8, u32, Vec<u8>)> {
+        let mut head = [0u8; 9];
+        r.read_exact(&mut head).await.ok()?;
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        let mut payload = vec![0u8; len];
+        r.read_exact(&mut payload).await.ok()?;
+        Some((head[3], head[4], stream, payload))
+    }
+
+    /// TLS with ALPN h2 to `addr`, the preface and an empty SETTINGS sent, the server's
+    /// SETTINGS read and acknowledged: (reader, writer, the server's settings).
+    pub async fn connect(
+        addr: std::net::SocketAddr,
+        roots: rustls::RootCertStore,
+    ) -> (Reader, Writer, Vec<(u16, u32)>) {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let (mut r, mut w) = tokio::io::split(tls);
+        w.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        w.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+        let mut settings = Vec::new();
+        loop {
+            let (ty, flags, _, p) = read_frame(&mut r).await.expect("the server's SETTINGS");
+            if ty == SETTINGS && flags & 1 == 0 {
+                for s in p.chunks(6) {
+                    settings.push((
+                        u16::from_be_bytes([s[0], s[1]]),
+                        u32::from_be_bytes([s[2], s[3], s[4], s[5]]),
+                    ));
+                }
+                break;
+            }
+        }
+        w.write_all(&frame(SETTINGS, 1, 0, &[])).await.unwrap();
+        (r, w, settings)
+    }
+}
+
+/// A TCP listener on loopback that counts the connections it accepts.
+fn counting_listener() -> (u16, Arc<std::sync::atomic::AtomicU64>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let count = n.clone();
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        for s in l.incoming().map_while(Result::ok) {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            kept.push(s);
+        }
+    });
+    (port, n)
+}
+
+/// Extended CONNECT (RFC 8441 / 9220: `:protocol` `websocket`, `connect-udp`, `connect-ip`)
+/// is not offered (no SETTINGS_ENABLE_CONNECT_PROTOCOL) and a stream that sends `:protocol`
+/// anyway is reset: no rule can allow what the proxy cannot check, and nothing is dialled.
+#[test]
+fn extended_connect_is_not_offered_and_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let roots = proxy_certificate(dir.path());
+    let (port, accepted) = counting_listener();
+    config(dir.path(), r#""api.test:*""#);
+    let proxy = Proxy::start_with(
+        dir.path().join("proxy.yaml"),
+        dir.path().join("audit.jsonl"),
+        &[],
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use tokio::io::AsyncWriteExt;
+        let (mut r, mut w, settings) = raw::connect(proxy.proxy_tls.unwrap(), roots).await;
+        assert!(
+            !settings.iter().any(|(id, v)| *id == 8 && *v != 0),
+            "extended CONNECT offered: {settings:?}"
+        );
+        let authority = format!("api.test:{port}");
+        let auth = proxy_auth();
+        for (i, protocol) in ["websocket", "connect-udp", "connect-ip"]
+            .iter()
+            .enumerate()
+        {
+            let stream = 2 * i as u32 + 1;
+            let fields = [
+                (":method", "CONNECT"),
+                (":protocol", *protocol),
+                (":scheme", "https"),
+                (":path", "/"),
+                (":authority", authority.as_str()),
+                ("proxy-authorization", auth.as_str()),
+            ];
+            w.write_all(&raw::headers(stream, &fields)).await.unwrap();
+            let refused = tokio::time::timeout(Duration::from_secs(5), async {
+                loop {
+                    let Some((ty, _, s, p)) = raw::read_frame(&mut r).await else {
+                        return false; // the connection closed: not a refusal of this stream
+                    };
+                    match ty {
+                        raw::RST_STREAM if s == stream => return true,
+                        raw::GOAWAY => return false,
+                        // `:status 200` is HPACK's static entry 8 (0x88).
+                        raw::HEADERS if s == stream => return p.first() != Some(&0x88),
+                        _ => {}
+                    }
+                }
+            })
+            .await
+            .expect("an answer to the :protocol stream");
+            assert!(refused, "{protocol}: the stream was accepted");
+        }
+    });
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a :protocol stream was dialled"
+    );
+}
+
+/// MadeYouReset (CVE-2025-8671): a client makes the server reset its streams itself (here a
+/// WINDOW_UPDATE that overflows each new stream's window, a stream error), so the resets do
+/// not count as the client's while the requests already reached the server. The proxy's
+/// HTTP/2 layer counts them: past its limit the connection gets GOAWAY ENHANCE_YOUR_CALM,
+/// and the proxy goes on serving others.
+#[test]
+fn made_you_reset_ends_the_connection_and_others_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let roots = proxy_certificate(dir.path());
+    let (port, _accepted) = counting_listener();
+    config(dir.path(), r#""api.test:*""#);
+    let proxy = Proxy::start_with(
+        dir.path().join("proxy.yaml"),
+        dir.path().join("audit.jsonl"),
+        &[],
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let r2 = roots.clone();
+    let calm = rt.block_on(async {
+        use tokio::io::AsyncWriteExt;
+        let (mut r, mut w, _) = raw::connect(proxy.proxy_tls.unwrap(), roots).await;
+        let reader = tokio::spawn(async move {
+            while let Some((ty, _, _, p)) = raw::read_frame(&mut r).await {
+                if ty == raw::GOAWAY {
+                    return Some(u32::from_be_bytes([p[4], p[5], p[6], p[7]]));
+                }
+            }
+            None
+        });
+        let authority = format!("api.test:{port}");
+        let auth = proxy_auth();
+        for i in 0..1500u32 {
+            let stream = 2 * i + 1;
+            let fields = [
+                (":method", "CONNECT"),
+                (":authority", authority.as_str()),
+                ("proxy-authorization", auth.as_str()),
+            ];
+            let mut out = raw::headers(stream, &fields);
+            // The stream's send window pushed past 2^31-1: a stream error the server answers
+            // with its own RST_STREAM (FLOW_CONTROL_ERROR), after the request reached it.
+            let overflow = 0x7fff_ffffu32.to_be_bytes();
+            out.extend(raw::frame(raw::WINDOW_UPDATE, 0, stream, &overflow));
+            if w.write_all(&out).await.is_err() {
+                break;
+            }
+        }
+        tokio::time::timeout(Duration::from_secs(15), reader)
+            .await
+            .expect("the connection ends")
+            .unwrap()
+    });
+    assert_eq!(calm, Some(0xb), "GOAWAY ENHANCE_YOUR_CALM");
+    // Everyone else is still served.
+    assert_eq!(proxy.admin_get("/healthz").0, 200);
+    let origin = Origin::start(None);
+    rt.block_on(async {
+        let mut h2 = connect_h2(proxy.proxy_tls.unwrap(), r2).await;
+        let (status, _t) = tunnel(&mut h2, &format!("api.test:{}", origin.addr.port())).await;
+        assert_eq!(status, 200);
+    });
+}

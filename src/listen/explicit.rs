@@ -185,6 +185,8 @@ async fn serve_http(
                 hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
                     .timer(TokioTimer::new())
                     .max_concurrent_streams(H2_MAX_STREAMS)
+            .max_pending_accept_reset_streams(Some(H2_MAX_PENDING_RESETS))
+            .max_local_error_reset_streams(Some(H2_MAX_LOCAL_RESETS))
                     .max_header_list_size(MAX_HEAD as u32)
                     .serve_connection(io, svc);
             let idle = Some(shared.settings.timeouts.idle);
@@ -220,8 +222,14 @@ async fn serve_http(
 }
 
 /// Streams one HTTP/2 connection may have open at once (each is also under its sandbox's
-/// `limits.max_connections`).
+/// `limits.max_connections` and the global `max_connections`).
 const H2_MAX_STREAMS: u32 = 100;
+/// Streams the client reset before they were served (Rapid Reset, CVE-2023-44487), and
+/// streams the server had to reset for the client's protocol errors (MadeYouReset,
+/// CVE-2025-8671), beyond which the connection gets GOAWAY ENHANCE_YOUR_CALM. Stated here
+/// rather than left to the libraries' defaults (the same numbers today).
+const H2_MAX_PENDING_RESETS: usize = 20;
+const H2_MAX_LOCAL_RESETS: usize = 1024;
 
 /// Drive a connection until it ends (`Some`), finishing it gracefully at shutdown, or until
 /// its cut fires (`None`: dropped at once). With `idle` (HTTP/2), a connection on which no
