@@ -177,3 +177,60 @@ fn ambiguous_framing_is_refused_before_anything_is_forwarded() {
         "{seen}"
     );
 }
+
+/// Inside a CONNECT tunnel to a name whose entry names no port (allowed on `defaults.ports`),
+/// what flows must be a ClientHello or an HTTP head the proxy reads: a head led by CRLF, a
+/// lowercase method, a head over the first-bytes cap or HTTP/2 prior knowledge is refused as
+/// `unrecognised_protocol` (before, each was relayed unchecked, Host and all); a plain
+/// request naming the host passes. A rule that names the port still carries any protocol.
+#[test]
+fn a_tunnel_carries_only_what_the_proxy_reads_unless_the_rule_names_the_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Recorder::start();
+    let port = origin.addr.port();
+    let p = Proxy::start(
+        dir.path(),
+        &format!(
+            r#"dns: {{ servers: ["127.0.0.1:9"], hosts: {{ web.test: [127.0.0.1], raw.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32], ports: [443, {port}], timeouts: {{ header_ms: 1500 }} }}
+sandboxes:
+  - id: s
+    sources: [127.0.0.0/8]
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["web.test", "raw.test:{port}"] }} }}
+"#
+        ),
+    );
+    let target = format!("web.test:{port}");
+    let big = format!(
+        "GET /big HTTP/1.1\r\nHost: web.test\r\nX: {}\r\n",
+        "b".repeat(70 * 1024)
+    );
+    let cases: [&[u8]; 4] = [
+        b"\r\nGET /crlf HTTP/1.1\r\nHost: denied.test\r\n\r\n",
+        b"get /lower HTTP/1.1\r\nHost: denied.test\r\n\r\n",
+        big.as_bytes(),
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    ];
+    for case in cases {
+        through_tunnel(p.proxy, &target, case);
+    }
+    assert!(origin.seen().is_empty(), "{:.200}", origin.seen());
+    let refused = || {
+        p.audit_records()
+            .iter()
+            .filter(|r| r["reason"] == "unrecognised_protocol")
+            .count()
+    };
+    eventually(Duration::from_secs(10), "a refusal per case", || {
+        (refused() == cases.len()).then_some(())
+    });
+    through_tunnel(
+        p.proxy,
+        &target,
+        b"GET /fine HTTP/1.1\r\nHost: web.test\r\n\r\n",
+    );
+    assert!(origin.seen().contains("GET /fine"), "{}", origin.seen());
+    // The same odd bytes to a name whose entry names the port: another protocol may flow.
+    through_tunnel(p.proxy, &format!("raw.test:{port}"), b"\r\nset a b\r\n");
+    assert!(origin.seen().contains("set a b"), "{}", origin.seen());
+}

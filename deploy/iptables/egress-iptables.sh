@@ -25,6 +25,14 @@
 #                       all other UDP from the sandbox is dropped
 # Protocols other than TCP and UDP from the sandbox are dropped (ICMPv6 router and neighbour
 # discovery excepted), in mangle PREROUTING for gateways and filter OUTPUT for sidecars.
+#   --sources CIDR      gateway: the only source addresses the sandboxes behind IFACE have
+#                       (repeatable); packets from IFACE with any other source are dropped.
+#                       Without it, packets whose source would not be routed back out of
+#                       IFACE are dropped (strict reverse-path filter, `-m rpfilter`), which
+#                       stops a sandbox forging another interface's sandbox but not a
+#                       neighbour on the same interface: name the sources for that. The
+#                       proxy identifies a connection or DNS query by its source address, so
+#                       that identity is only as strong as this.
 #   --tproxy            gateway: use TPROXY (mangle PREROUTING, fwmark 0x1, local route in
 #                       table 100) instead of REDIRECT; the proxy needs
 #                       `listen.transparent_tproxy: true` and CAP_NET_ADMIN
@@ -38,6 +46,7 @@ set -euo pipefail
 ACTION="${1:-}"; MODEL="${2:-}"
 [ $# -ge 2 ] && shift 2 || true
 PORT=15001; UID_EXEMPT=""; IFACE=""; DNS=(); DNS_PORT=""; FAMILIES=(4 6); DRY=0; TPROXY=0
+SOURCES=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --proxy-port) PORT="$2"; shift 2 ;;
@@ -45,11 +54,12 @@ while [ $# -gt 0 ]; do
     --iface) IFACE="$2"; shift 2 ;;
     --dns) DNS+=("$2"); shift 2 ;;
     --dns-redirect) DNS_PORT="$2"; shift 2 ;;
+    --sources) SOURCES+=("$2"); shift 2 ;;
     --tproxy) TPROXY=1; shift ;;
     --ipv4-only) FAMILIES=(4); shift ;;
     --ipv6-only) FAMILIES=(6); shift ;;
     --dry-run) DRY=1; shift ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "egress-iptables: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -60,6 +70,9 @@ case "$MODEL" in
   gateway) [ -n "$IFACE" ] || { echo "egress-iptables: gateway needs --iface" >&2; exit 2; } ;;
   *) usage ;;
 esac
+if [ "${#SOURCES[@]}" -gt 0 ] && [ "$MODEL" != gateway ]; then
+  echo "egress-iptables: --sources is for the gateway model" >&2; exit 2
+fi
 if [ "$TPROXY" = 1 ] && [ "$MODEL" != gateway ]; then
   echo "egress-iptables: --tproxy is for the gateway model" >&2; exit 2
 fi
@@ -76,7 +89,7 @@ if [ "$MODEL" = sidecar ]; then
   DNS_CHAIN=EGRESS_PROXY_DNS
 else
   CHAIN="EGRESS_PROXY_$IFACE"; UDP_CHAIN="EGRESS_UDP_$IFACE"; OTHER_CHAIN="EGRESS_OTH_$IFACE"
-  DNS_CHAIN="EGRESS_DNS_$IFACE"
+  DNS_CHAIN="EGRESS_DNS_$IFACE"; SPOOF_CHAIN="EGRESS_SRC_$IFACE"
   [ "${#CHAIN}" -le 28 ] || { echo "egress-iptables: interface name too long" >&2; exit 2; }
 fi
 
@@ -129,6 +142,10 @@ remove_family() {
     echo "$ipt -t $udp_table -F $OTHER_CHAIN; $ipt -t $udp_table -X $OTHER_CHAIN"
     echo "$ipt -t nat -D $(nat_hook) -j $DNS_CHAIN   # while present"
     echo "$ipt -t nat -F $DNS_CHAIN; $ipt -t nat -X $DNS_CHAIN"
+    if [ "$MODEL" = gateway ]; then
+      echo "$ipt -t mangle -D PREROUTING -i $IFACE -j $SPOOF_CHAIN   # while present"
+      echo "$ipt -t mangle -F $SPOOF_CHAIN; $ipt -t mangle -X $SPOOF_CHAIN"
+    fi
     return
   fi
   # shellcheck disable=SC2046
@@ -155,6 +172,13 @@ remove_family() {
   $ipt -t "$udp_table" -X "$UDP_CHAIN" 2>/dev/null || true
   $ipt -t "$udp_table" -F "$OTHER_CHAIN" 2>/dev/null || true
   $ipt -t "$udp_table" -X "$OTHER_CHAIN" 2>/dev/null || true
+  if [ "$MODEL" = gateway ]; then
+    while $ipt -t mangle -C PREROUTING -i "$IFACE" -j "$SPOOF_CHAIN" 2>/dev/null; do
+      $ipt -t mangle -D PREROUTING -i "$IFACE" -j "$SPOOF_CHAIN"
+    done
+    $ipt -t mangle -F "$SPOOF_CHAIN" 2>/dev/null || true
+    $ipt -t mangle -X "$SPOOF_CHAIN" 2>/dev/null || true
+  fi
 }
 
 install_family() {
@@ -222,6 +246,28 @@ install_family() {
   run $ipt -t "$udp_table" -A $udp_rest -p udp -j "$UDP_CHAIN"
   # Every other protocol: ICMP echo and raw IP protocols would carry data past the proxy.
   run $ipt -t "$udp_table" -N "$OTHER_CHAIN"
+  if [ "$MODEL" = gateway ]; then
+    # No forged sources: the proxy identifies sandboxes by source address. Jumped to before
+    # the UDP chain (inserted first below), so a forged DNS query never reaches the listener.
+    run $ipt -t mangle -N "$SPOOF_CHAIN"
+    local listed=0
+    for s in "${SOURCES[@]}"; do
+      if is_family "$fam" "$s"; then
+        run $ipt -t mangle -A "$SPOOF_CHAIN" -s "$s" -j RETURN
+        listed=1
+      fi
+    done
+    if [ "$listed" = 1 ]; then
+      if [ "$fam" = 6 ]; then
+        # Link-local sources carry neighbour discovery; they never reach the proxy.
+        run $ipt -t mangle -A "$SPOOF_CHAIN" -s fe80::/10 -j RETURN
+      fi
+      run $ipt -t mangle -A "$SPOOF_CHAIN" -j DROP
+    else
+      run $ipt -t mangle -A "$SPOOF_CHAIN" -m rpfilter --invert -j DROP
+    fi
+    run $ipt -t mangle -I PREROUTING 1 -i "$IFACE" -j "$SPOOF_CHAIN"
+  fi
   if [ -n "$DNS_PORT" ]; then
     # DNS over TLS would carry names past the DNS listener. Matched on the original port:
     # a sidecar's connection was already redirected when filter OUTPUT sees it.

@@ -185,8 +185,8 @@ async fn serve_http(
                 hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
                     .timer(TokioTimer::new())
                     .max_concurrent_streams(H2_MAX_STREAMS)
-            .max_pending_accept_reset_streams(Some(H2_MAX_PENDING_RESETS))
-            .max_local_error_reset_streams(Some(H2_MAX_LOCAL_RESETS))
+                    .max_pending_accept_reset_streams(Some(H2_MAX_PENDING_RESETS))
+                    .max_local_error_reset_streams(Some(H2_MAX_LOCAL_RESETS))
                     .max_header_list_size(MAX_HEAD as u32)
                     .serve_connection(io, svc);
             let idle = Some(shared.settings.timeouts.idle);
@@ -527,6 +527,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         None => egress::decide(&set, &sb, &target, None, shared.lookup(&resolver)).await,
     };
     audit.decided(&decided);
+    let opaque = decided.decision.allows_opaque(&target);
     if !decided.proceeds() {
         let mut why = decided
             .decision
@@ -607,7 +608,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
             true => None,
             false => conn.permit.lock().ok().and_then(|mut p| p.take()),
         };
-        super::tunnel::tunnel(conn.shared.clone(), permit, req, allowed)
+        super::tunnel::tunnel(conn.shared.clone(), permit, req, allowed, opaque)
     } else {
         let Allowed {
             audit,

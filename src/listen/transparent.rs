@@ -92,13 +92,8 @@ pub async fn serve(
     };
     audit.target(&target);
 
-    // 5b. What flows, whatever the rules: nothing but TLS on `require_tls_ports`, no ECH
-    //     under `refuse_ech` — the CONNECT tunnel's checker.
     let report = sb.binding.enforcement == Enforcement::Report;
-    let tls_reported = match first_bytes_check(&sb, &target, &peeked, &mut audit) {
-        Ok(reported) => reported,
-        Err(refused) => return reset(stream, audit, refused),
-    };
+    let named_target = target.clone();
 
     // 6. Decide, resolve once, decide on the addresses. A connection with no name is decided
     //    by a name the DNS listener gave this sandbox for its destination, if a name rule
@@ -124,14 +119,19 @@ pub async fn serve(
         }
     };
     audit.decided(&decided);
-    if let Some(d) = tls_reported.as_ref() {
-        // Allowed by the rules, refused by its first bytes: the record says report.
-        if decided.decision.verdict == Verdict::Allow {
-            audit.decision(d);
-        }
-    }
     if !decided.proceeds() {
         return reset(stream, audit, decided.decision);
+    }
+
+    // 6b. What flows — the CONNECT tunnel's checker: nothing but TLS on `require_tls_ports`,
+    //     no ECH under `refuse_ech`, and anything but TLS or a readable HTTP head only where
+    //     the rule that allowed it lets opaque TCP flow.
+    let opaque = decided.decision.allows_opaque(&target);
+    match first_bytes_check(&sb, &named_target, &peeked, opaque, &mut audit) {
+        Err(refused) => return reset(stream, audit, refused),
+        // Allowed by the rules, refused by its first bytes: the record says report.
+        Ok(Some(d)) if decided.decision.verdict == Verdict::Allow => audit.decision(&d),
+        Ok(_) => {}
     }
 
     // 7. Dial a checked address, the client's own choice when it is one of them.
@@ -259,7 +259,7 @@ fn target_of<'a>(
             host.as_deref()
                 .map(|h| (split_host_header(h).0, "Host header"))
         }
-        Peeked::Other { detail } => {
+        Peeked::Other { detail } | Peeked::Unrecognised { detail } => {
             audit.mode(Mode::Tcp);
             audit.detail(*detail);
             None
@@ -294,6 +294,7 @@ fn first_bytes_check(
     sb: &Sandbox,
     target: &Target,
     peeked: &Peeked,
+    opaque: bool,
     audit: &mut AuditGuard,
 ) -> Result<Option<Decision>, Decision> {
     let first = match peeked {
@@ -303,6 +304,7 @@ fn first_bytes_check(
     let rules = Rules {
         require_tls: sb.binding.require_tls_ports.contains(&target.port),
         refuse_ech: sb.binding.refuse_ech,
+        opaque,
     };
     let Err(m) = first_bytes::verify(target, &first, rules) else {
         return Ok(None);
@@ -351,7 +353,7 @@ async fn peek(stream: &mut TcpStream, wait: std::time::Duration) -> Result<(Vec<
         match classify(&buf) {
             Peeked::Incomplete if buf.len() < MAX_PEEK => {}
             Peeked::Incomplete => {
-                let p = Peeked::Other {
+                let p = Peeked::Unrecognised {
                     detail: "first bytes larger than 64 KiB",
                 };
                 return Ok((buf, p));
@@ -369,10 +371,17 @@ async fn peek(stream: &mut TcpStream, wait: std::time::Duration) -> Result<(Vec<
             }
             Ok(Ok(_)) => {}
             Ok(Err(_)) => return Err(()),
-            // Server-speaks-first protocols (and stalled clients): decide on the destination.
-            Err(_) => {
+            // Server-speaks-first protocols (and stalled clients): decide on the destination;
+            // a hello or head begun and not finished is not understood.
+            Err(_) if buf.is_empty() => {
                 let p = Peeked::Other {
                     detail: "no TLS or HTTP within header_ms",
+                };
+                return Ok((buf, p));
+            }
+            Err(_) => {
+                let p = Peeked::Unrecognised {
+                    detail: "an incomplete ClientHello or request head within header_ms",
                 };
                 return Ok((buf, p));
             }

@@ -32,6 +32,7 @@ pub(super) fn tunnel(
     permit: Option<OwnedSemaphorePermit>,
     req: Request<Incoming>,
     allowed: Allowed,
+    opaque: bool,
 ) -> Response<Body> {
     let Allowed {
         mut audit,
@@ -58,6 +59,7 @@ pub(super) fn tunnel(
                     sandbox: &sandbox,
                     target: &target,
                     server: dialed.stream,
+                    opaque,
                 };
                 relay_upgraded(upgraded, start, &mut audit, stop, shaper).await
             }
@@ -81,6 +83,8 @@ struct TunnelStart<'a> {
     target: &'a Target,
     /// The dialled destination.
     server: ServerIo,
+    /// The rule lets opaque TCP flow ([`first_bytes::Rules::opaque`]).
+    opaque: bool,
 }
 
 /// Relay a CONNECT tunnel: the client socket is recovered from hyper (with any bytes it had
@@ -102,6 +106,7 @@ where
         sandbox,
         target,
         mut server,
+        opaque,
     } = start;
     // An HTTP/1.1 connection (plain or TLS) is taken back whole; on HTTP/2 the tunnel is
     // one stream of the connection, relayed as it is.
@@ -138,6 +143,7 @@ where
     let rules = first_bytes::Rules {
         require_tls: b.require_tls_ports.contains(&target.port),
         refuse_ech: b.refuse_ech,
+        opaque,
     };
     let report = b.enforcement == Enforcement::Report;
     if let Err(m) = first_bytes::verify(target, &inspected.first, rules) {

@@ -61,6 +61,14 @@ impl Decision {
 }
 
 impl Decision {
+    /// Whether a connection to `target` allowed by this decision may carry a protocol the
+    /// proxy cannot read (opaque TCP): the target is an address, or the rule that allowed it
+    /// names its port or is an address rule.
+    pub fn allows_opaque(&self, target: &crate::policy::target::Target) -> bool {
+        matches!(target.host, crate::policy::target::Host::Ip(_))
+            || self.rule.as_ref().is_some_and(|r| r.allows_opaque)
+    }
+
     /// One sentence for a person or an agent: what decided, and which file/rule to change.
     pub fn explain(&self, sandbox: &str, file: &str, port: u16) -> String {
         let rule = |r: &Option<Arc<Rule>>| {
@@ -120,6 +128,9 @@ impl Decision {
             ),
             Reason::HttpNotAllowed => format!(
                 "no network.http rule of sandbox {sandbox} allows this method and path on this host ({file})"
+            ),
+            Reason::UnrecognisedProtocol => format!(
+                "the connection's first bytes are neither a TLS ClientHello nor a complete, unambiguous HTTP/1.x request, and no rule of sandbox {sandbox} allows another protocol there: name the port in the entry (`host:{port}`) or use an address rule ({file})"
             ),
             Reason::UnscannableResponse => {
                 "the upstream answered with a compressed or otherwise encoded body although identity was asked; it cannot be scanned for the credentials brokered to it, so it is not passed".into()

@@ -116,6 +116,10 @@ pub struct Rule {
     pub text: String,
     pub ports: PortSet,
     pub source: RuleSource,
+    /// What flows may be a protocol the proxy cannot read (opaque TCP): the entry names its
+    /// ports (`host:5432`, `host:*`) or is an address or range. An entry that relies on
+    /// `defaults.ports` allows only TLS or HTTP the proxy can check.
+    pub allows_opaque: bool,
 }
 
 /// The network part of a sandbox, parsed and ready to compile.
@@ -165,8 +169,11 @@ impl RuleSet {
                 (None, ListKind::Deny) => PortSet::any(),
                 (None, ListKind::Egress) => default_ports.clone(),
             };
+            let allows_opaque = entry.ports.is_some()
+                || matches!(entry.host, HostPattern::Net(_) | HostPattern::Localhost);
             let rule = Arc::new(Rule {
                 text: text.clone(),
+                allows_opaque,
                 ports,
                 source: RuleSource {
                     file: file.clone(),

@@ -190,6 +190,7 @@ mod tests {
     fn rule(text: &str, ports: PortSet) -> Arc<Rule> {
         Arc::new(Rule {
             text: text.into(),
+            allows_opaque: false,
             ports,
             source: RuleSource {
                 file: "t.yaml".into(),

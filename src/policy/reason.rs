@@ -57,11 +57,16 @@ pub enum Reason {
     /// A terminated host answered with a body the secret scanner cannot read (a
     /// `Content-Encoding` although `identity` was asked): it is not passed.
     UnscannableResponse,
+    /// The first bytes of a connection decided by name are neither a ClientHello nor a
+    /// complete, unambiguous HTTP/1.x request head, and no rule allows opaque TCP there (a
+    /// rule naming the port, or an address rule).
+    UnrecognisedProtocol,
 }
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 28] = [
+    pub const ALL: [Reason; 29] = [
+        Reason::UnrecognisedProtocol,
         Reason::UnscannableResponse,
         Reason::AuditUnavailable,
         Reason::UpstreamProxyRefused,
@@ -123,6 +128,7 @@ impl Reason {
             Reason::UpstreamProxyRefused => "upstream_proxy_refused",
             Reason::AuditUnavailable => "audit_unavailable",
             Reason::UnscannableResponse => "unscannable_response",
+            Reason::UnrecognisedProtocol => "unrecognised_protocol",
         }
     }
 
@@ -141,6 +147,7 @@ impl Reason {
             | Reason::HostMismatch
             | Reason::CredentialMisuse
             | Reason::HttpNotAllowed
+            | Reason::UnrecognisedProtocol
             | Reason::ProxyLoop => 403,
             Reason::InvalidTarget => 400,
             Reason::AuthRequired | Reason::AuthFailed | Reason::UnknownSandbox => 407,
@@ -170,6 +177,7 @@ impl Reason {
             | Reason::SniMismatch
             | Reason::HostMismatch
             | Reason::CredentialMisuse
+            | Reason::UnrecognisedProtocol
             | Reason::HttpNotAllowed => "http_request_denied",
             Reason::DestinationIpProhibited | Reason::DestinationMismatch => {
                 "destination_ip_prohibited"
@@ -201,6 +209,7 @@ impl Reason {
                 | Reason::ProtocolNotAllowed
                 | Reason::SniMismatch
                 | Reason::HostMismatch
+                | Reason::UnrecognisedProtocol
                 | Reason::HttpNotAllowed
         )
     }

@@ -1,10 +1,16 @@
-//! What flows through a `CONNECT` tunnel: after the `200`, the client's first bytes are read
-//! (up to 16 KiB, within `timeouts.header_ms`) before anything is relayed upstream, and
-//! checked against the target the tunnel was allowed for ([`verify`]):
+//! What flows through a `CONNECT` tunnel — and a transparent connection, with the same
+//! [`verify`]: after the `200`, the client's first bytes are read (up to the one cap,
+//! [`MAX_PEEK`], within `timeouts.header_ms`) before anything is relayed upstream, and
+//! checked against the target the tunnel was allowed for:
 //! - on a port of `require_tls_ports` they must be a TLS ClientHello (`protocol_not_allowed`);
 //! - a ClientHello's SNI must name the `CONNECT` host when that is a name (`sni_mismatch`: no
 //!   domain fronting), and carry no ECH when the sandbox has `refuse_ech`;
-//! - a plain HTTP/1.x request's `Host` must name the `CONNECT` host (`host_mismatch`).
+//! - a plain HTTP/1.x request's `Host` must name the `CONNECT` host (`host_mismatch`);
+//! - anything else — another protocol, bytes that start like TLS or HTTP but are not a hello or
+//!   a head the proxy reads unambiguously (over the cap, a leading CRLF, HTTP/2 prior
+//!   knowledge…), a destination that speaks first, silence — only where the rule that allowed
+//!   the target says opaque TCP may flow: it names the port, or it is an address rule
+//!   (`unrecognised_protocol` otherwise). What is not understood is refused.
 //!
 //! Server-speaks-first protocols (SSH, SMTP) are told apart by the destination speaking
 //! before the client has sent anything decisive: on a port that does not require TLS the
@@ -18,10 +24,7 @@ use crate::audit::AuditGuard;
 use crate::policy::reason::Reason;
 use crate::policy::target::{Host, Target};
 use crate::policy::{Decision, Verdict};
-use crate::wire::peek::{classify, split_host_header, Peeked};
-
-/// The most a tunnel's first bytes are buffered before they are judged.
-pub const MAX_FIRST_BYTES: usize = 16 * 1024;
+use crate::wire::peek::{classify, split_host_header, Peeked, MAX_PEEK};
 
 /// What the start of a tunnel showed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,10 +75,10 @@ where
             out.client.reserve(2048);
         }
         match classify(&out.client) {
-            Peeked::Incomplete if out.client.len() < MAX_FIRST_BYTES => {}
+            Peeked::Incomplete if out.client.len() < MAX_PEEK => {}
             Peeked::Incomplete => {
-                out.first = FirstBytes::Client(Peeked::Other {
-                    detail: "first bytes larger than 16 KiB without a complete ClientHello or request head",
+                out.first = FirstBytes::Client(Peeked::Unrecognised {
+                    detail: "first bytes larger than the cap without a complete ClientHello or request head",
                 });
                 return Ok(out);
             }
@@ -105,7 +108,7 @@ where
             _ = tokio::time::sleep_until(deadline) => {
                 out.first = match out.client.is_empty() {
                     true => FirstBytes::Silent,
-                    false => FirstBytes::Client(Peeked::Other {
+                    false => FirstBytes::Client(Peeked::Unrecognised {
                         detail: "an incomplete ClientHello or request head within header_ms",
                     }),
                 };
@@ -121,6 +124,9 @@ pub struct Rules {
     /// The port is in `require_tls_ports`.
     pub require_tls: bool,
     pub refuse_ech: bool,
+    /// The rule that allowed the target lets opaque TCP flow (it names the port, or it is an
+    /// address rule; [`crate::policy::Rule::allows_opaque`]).
+    pub opaque: bool,
 }
 
 /// Why a tunnel's first bytes were refused: the reason and the record's `detail`.
@@ -224,10 +230,14 @@ pub fn verify(target: &Target, first: &FirstBytes, rules: Rules) -> Result<(), M
                 )
             }
         }
-        FirstBytes::Client(Peeked::Other { detail }) if rules.require_tls => mismatch(
-            Reason::ProtocolNotAllowed,
-            format!("not TLS on port {port}, which requires it: {detail}"),
-        ),
+        FirstBytes::Client(Peeked::Other { detail } | Peeked::Unrecognised { detail })
+            if rules.require_tls =>
+        {
+            mismatch(
+                Reason::ProtocolNotAllowed,
+                format!("not TLS on port {port}, which requires it: {detail}"),
+            )
+        }
         FirstBytes::ServerFirst if rules.require_tls => mismatch(
             Reason::ProtocolNotAllowed,
             format!("the destination spoke first on port {port}, which requires TLS"),
@@ -236,9 +246,25 @@ pub fn verify(target: &Target, first: &FirstBytes, rules: Rules) -> Result<(), M
             Reason::ProtocolNotAllowed,
             format!("no ClientHello within header_ms on port {port}, which requires TLS"),
         ),
-        _ => Ok(()),
+        _ if rules.opaque => Ok(()),
+        FirstBytes::Client(Peeked::Other { detail } | Peeked::Unrecognised { detail }) => {
+            mismatch(Reason::UnrecognisedProtocol, format!("{detail}; {OPAQUE}"))
+        }
+        FirstBytes::ServerFirst => mismatch(
+            Reason::UnrecognisedProtocol,
+            format!("the destination spoke first; {OPAQUE}"),
+        ),
+        FirstBytes::Silent => mismatch(
+            Reason::UnrecognisedProtocol,
+            format!("no ClientHello or request head within header_ms; {OPAQUE}"),
+        ),
+        FirstBytes::Client(Peeked::Incomplete) => Ok(()),
     }
 }
+
+/// Why opaque TCP was not allowed, for the record.
+const OPAQUE: &str =
+    "another protocol passes only where the rule names the port (`host:port`) or is an address rule";
 
 /// A client-chosen name for a record: ASCII printable, at most 255 characters.
 fn printable(s: &str) -> String {
@@ -274,10 +300,12 @@ mod tests {
     const TLS_PORT: Rules = Rules {
         require_tls: true,
         refuse_ech: false,
+        opaque: false,
     };
     const OPEN_PORT: Rules = Rules {
         require_tls: false,
         refuse_ech: false,
+        opaque: true,
     };
 
     fn reason(r: Result<(), Mismatch>) -> Option<Reason> {
@@ -370,10 +398,27 @@ mod tests {
                 "{host:?}"
             );
         }
-        // Raw protocols on ports that do not require TLS pass.
-        let other = FirstBytes::Client(Peeked::Other { detail: "x" });
-        for first in [other, FirstBytes::ServerFirst, FirstBytes::Silent] {
+        // Raw protocols on ports that do not require TLS pass where the rule names the port
+        // (or is an address rule); where it does not, they are refused, as are bytes that
+        // start like HTTP but are not a head the proxy reads.
+        let other = || FirstBytes::Client(Peeked::Other { detail: "x" });
+        let unrecognised = || FirstBytes::Client(Peeked::Unrecognised { detail: "x" });
+        for first in [
+            other(),
+            unrecognised(),
+            FirstBytes::ServerFirst,
+            FirstBytes::Silent,
+        ] {
             assert_eq!(reason(verify(&t, &first, OPEN_PORT)), None);
+            let by_default_ports = Rules {
+                opaque: false,
+                ..OPEN_PORT
+            };
+            assert_eq!(
+                reason(verify(&t, &first, by_default_ports)),
+                Some(Reason::UnrecognisedProtocol),
+                "{first:?}"
+            );
         }
     }
 

@@ -128,10 +128,13 @@ impl RequestStream {
         self.state = match self.state {
             State::ChunkSize => {
                 let size = text.split(|b| *b == b';').next().unwrap_or_default();
+                // Hex digits only: `from_str_radix` would take a sign (`+a`), which hyper and
+                // most origins refuse — a framing difference smuggling lives on.
                 let size = std::str::from_utf8(size)
                     .ok()
-                    .map(str::trim)
+                    .map(|s| s.trim_end_matches([' ', '\t']))
                     .filter(|s| !s.is_empty() && s.len() <= 16)
+                    .filter(|s| s.bytes().all(|b| b.is_ascii_hexdigit()))
                     .and_then(|s| u64::from_str_radix(s, 16).ok())
                     .ok_or("bad chunk size")?;
                 if size == 0 {
@@ -172,7 +175,12 @@ impl RequestStream {
                 hosts += 1;
                 host = Some(value.trim().to_string());
             } else if h.name.eq_ignore_ascii_case("content-length") {
-                let n: u64 = value.trim().parse().map_err(|_| "bad Content-Length")?;
+                // Digits only (no sign, no list), as hyper requires on the explicit proxy.
+                let v = value.trim();
+                if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err("bad Content-Length");
+                }
+                let n: u64 = v.parse().map_err(|_| "bad Content-Length")?;
                 if length.is_some_and(|l| l != n) {
                     return Err("differing Content-Length headers");
                 }
@@ -297,5 +305,22 @@ GET http://five:8080/x HTTP/1.1\r\nHost: six\r\n\r\n";
         let (heads, relayed) = run(input, 5).unwrap();
         assert_eq!(hosts(&heads), vec![Some("a")]);
         assert_eq!(relayed, input);
+    }
+
+    #[test]
+    fn signed_or_listed_lengths_are_refused() {
+        for bad in [
+            &b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +3\r\n\r\nabc"[..],
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3, 3\r\n\r\nabc",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n+3\r\nabc\r\n0\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n 3\r\nabc\r\n0\r\n\r\n",
+        ] {
+            assert!(run(bad, 1000).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        assert!(run(
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc",
+            1000
+        )
+        .is_ok());
     }
 }

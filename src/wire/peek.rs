@@ -1,6 +1,10 @@
-//! What a redirected connection is, from its first bytes (transparent mode): a TLS
-//! ClientHello (→ SNI), an HTTP/1.x request (→ `Host`), or something else. Pure functions
-//! over a buffer; the caller reads more while the answer is `Incomplete`, up to 64 KiB.
+//! What a connection's first bytes are — on the transparent listener and inside CONNECT
+//! tunnels, one classifier: a TLS ClientHello (→ SNI), a complete and unambiguous HTTP/1.x
+//! request head (→ `Host`), something that starts like one of them but is not (a broken
+//! hello, a head with a leading CRLF, a lowercase method, too many headers, two `Host`s,
+//! framing hyper would refuse, HTTP/2 prior knowledge, a head over the cap:
+//! [`Peeked::Unrecognised`]), or another protocol. Pure functions over a buffer; the caller
+//! reads more while the answer is `Incomplete`, up to [`MAX_PEEK`].
 
 use crate::wire::sni::{self, ClientHello, Hello};
 
@@ -17,70 +21,147 @@ pub enum Peeked {
     Http {
         host: Option<String>,
     },
-    /// Neither TLS nor HTTP (or a broken hello/head): decide on the original destination.
+    /// Neither TLS nor HTTP: another protocol (opaque TCP), allowed only where a rule says so.
     Other {
+        detail: &'static str,
+    },
+    /// Starts like TLS or HTTP but is not a ClientHello or a request head the proxy can read
+    /// unambiguously: never judged by a name it may not mean.
+    Unrecognised {
         detail: &'static str,
     },
 }
 
+/// Headers a request head may have for the proxy to read it (httparse's array).
+const MAX_HEADERS: usize = 64;
+
 /// Classify the bytes received so far.
 pub fn classify(buf: &[u8]) -> Peeked {
     match sni::parse(buf) {
-        Hello::Incomplete => return Peeked::Incomplete,
+        Hello::Incomplete if buf.len() < MAX_PEEK => return Peeked::Incomplete,
+        Hello::Incomplete => {
+            return Peeked::Unrecognised {
+                detail:
+                    "a TLS record larger than the first-bytes cap without a complete ClientHello",
+            }
+        }
         Hello::Parsed(h) => return Peeked::Tls(h),
-        Hello::Malformed(detail) => return Peeked::Other { detail },
+        Hello::Malformed(detail) => return Peeked::Unrecognised { detail },
         Hello::NotTls => {}
     }
-    if !looks_like_http(buf) {
-        return Peeked::Other {
-            detail: "neither TLS nor HTTP",
-        };
+    match looks_like_http(buf) {
+        Looks::No => {
+            return Peeked::Other {
+                detail: "neither TLS nor HTTP",
+            }
+        }
+        Looks::Maybe => return Peeked::Incomplete,
+        Looks::Loosely(detail) => return Peeked::Unrecognised { detail },
+        Looks::Yes => {}
     }
-    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
         Ok(httparse::Status::Partial) if buf.len() < MAX_PEEK => Peeked::Incomplete,
-        Ok(httparse::Status::Partial) => Peeked::Other {
-            detail: "HTTP request head larger than 64 KiB",
+        Ok(httparse::Status::Partial) => Peeked::Unrecognised {
+            detail: "an HTTP request head larger than the first-bytes cap",
         },
-        Ok(httparse::Status::Complete(_)) => {
-            let hosts: Vec<&[u8]> = req
-                .headers
-                .iter()
-                .filter(|h| h.name.eq_ignore_ascii_case("host"))
-                .map(|h| h.value)
-                .collect();
-            match hosts.as_slice() {
-                [one] => Peeked::Http {
-                    host: std::str::from_utf8(one).ok().map(|s| s.trim().to_string()),
-                },
-                [] => Peeked::Http { host: None },
-                _ => Peeked::Other {
-                    detail: "several Host headers",
-                },
-            }
-        }
-        Err(_) => Peeked::Other {
-            detail: "malformed HTTP request head",
+        Ok(httparse::Status::Complete(_)) => match strict(req.headers) {
+            Ok(host) => Peeked::Http { host },
+            Err(detail) => Peeked::Unrecognised { detail },
+        },
+        Err(httparse::Error::TooManyHeaders) => Peeked::Unrecognised {
+            detail: "an HTTP request head with more than 64 headers",
+        },
+        Err(_) => Peeked::Unrecognised {
+            detail: "a malformed HTTP request head",
         },
     }
 }
 
-/// An uppercase method token and a space.
-fn looks_like_http(buf: &[u8]) -> bool {
-    let token: Vec<u8> = buf
-        .iter()
-        .take_while(|b| b.is_ascii_uppercase())
-        .copied()
-        .collect();
-    if token.is_empty() {
-        return false;
+/// The `Host` of a parsed head, when its framing is what hyper accepts: one `Host`, a
+/// `Content-Length` of digits only (no sign, no list), no `Transfer-Encoding` but `chunked`,
+/// not both.
+fn strict(headers: &[httparse::Header<'_>]) -> Result<Option<String>, &'static str> {
+    let mut host = None;
+    let (mut hosts, mut length, mut coding) = (0, false, false);
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("host") {
+            hosts += 1;
+            host = std::str::from_utf8(h.value)
+                .ok()
+                .map(|s| s.trim().to_string());
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            let v = h.value.trim_ascii();
+            if length || v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+                return Err("an ambiguous Content-Length");
+            }
+            length = true;
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            if coding || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                return Err("a Transfer-Encoding other than one `chunked`");
+            }
+            coding = true;
+        }
     }
-    match buf.get(token.len()) {
-        Some(b' ') => true,
-        // Still reading the method.
-        None => token.len() < 16,
-        Some(_) => false,
+    if hosts > 1 {
+        return Err("several Host headers");
+    }
+    if length && coding {
+        return Err("both Content-Length and Transfer-Encoding");
+    }
+    Ok(host)
+}
+
+/// How much the start of `buf` looks like an HTTP/1.x request line.
+enum Looks {
+    /// An uppercase method token and a space.
+    Yes,
+    /// Not yet known (a short uppercase token).
+    Maybe,
+    /// Like a request, but not one the proxy reads: leading white space, a lowercase
+    /// method, HTTP/2 prior knowledge.
+    Loosely(&'static str),
+    No,
+}
+
+fn looks_like_http(buf: &[u8]) -> Looks {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0";
+    if buf.starts_with(PREFACE) {
+        return Looks::Loosely("HTTP/2 prior knowledge (the proxy cannot check each stream)");
+    }
+    if PREFACE.starts_with(buf) {
+        return Looks::Maybe;
+    }
+    let token_len = buf.iter().take_while(|b| b.is_ascii_uppercase()).count();
+    if token_len > 0 {
+        return match buf.get(token_len) {
+            Some(b' ') => Looks::Yes,
+            None if token_len < 16 => Looks::Maybe,
+            _ => loosely(buf),
+        };
+    }
+    loosely(buf)
+}
+
+/// Bytes that are not a request line the proxy reads but that an origin's lenient parser
+/// might take for one.
+fn loosely(buf: &[u8]) -> Looks {
+    let start = buf
+        .iter()
+        .position(|b| !matches!(b, b'\r' | b'\n' | b' ' | b'\t'))
+        .unwrap_or(buf.len());
+    let token = &buf[start..];
+    let token_len = token.iter().take_while(|b| b.is_ascii_alphabetic()).count();
+    let method_like = token_len > 0 && token_len <= 16 && token.get(token_len) == Some(&b' ');
+    match (start, method_like) {
+        (0, true) => Looks::Loosely("a request line with a method that is not uppercase"),
+        (_, true) => Looks::Loosely("white space or CRLF before the request line"),
+        _ if start == buf.len() && buf.len() < 16 => Looks::Maybe,
+        _ if start == buf.len() => Looks::Loosely("nothing but white space"),
+        // White space then a token still being read.
+        _ if start > 0 && start + token_len == buf.len() && token_len <= 16 => Looks::Maybe,
+        _ => Looks::No,
     }
 }
 
@@ -119,14 +200,44 @@ mod tests {
             classify(b"GET / HTTP/1.0\r\n\r\n"),
             Peeked::Http { host: None }
         );
-        assert!(matches!(
-            classify(b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"),
-            Peeked::Other { .. }
-        ));
-        assert!(matches!(
-            classify(b"GET / HTTP/1.1\r\nBad Header\r\n\r\n"),
-            Peeked::Other { .. }
-        ));
+    }
+
+    /// What an origin's lenient parser may read as a request, and the proxy does not: never
+    /// HTTP (judged by a Host), never another protocol (allowed under a name's rule).
+    #[test]
+    fn http_the_proxy_does_not_read_is_unrecognised() {
+        let many: String = (0..70).map(|i| format!("X-{i}: v\r\n")).collect();
+        let many = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
+        let huge = format!(
+            "GET / HTTP/1.1\r\nHost: a\r\nX: {}\r\n",
+            "y".repeat(MAX_PEEK)
+        );
+        let cases: Vec<&[u8]> = vec![
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+            b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"get / HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +3\r\n\r\nabc",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3, 3\r\n\r\nabc",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, identity\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            many.as_bytes(),
+            huge.as_bytes(),
+            b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00",
+        ];
+        for case in cases {
+            assert!(
+                matches!(classify(case), Peeked::Unrecognised { .. }),
+                "{:?}: {:?}",
+                String::from_utf8_lossy(&case[..case.len().min(60)]),
+                classify(case)
+            );
+        }
+        // Prefixes still being read are not judged yet.
+        for partial in [&b"PRI * HT"[..], b"\r\n", b"\r\nGE", b"GET"] {
+            assert_eq!(classify(partial), Peeked::Incomplete, "{partial:?}");
+        }
     }
 
     #[test]
