@@ -41,7 +41,13 @@ impl Recorder {
                         }
                         keep.lock().unwrap().extend_from_slice(&buf[..n]);
                         if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                            // A CONNECT it refuses (a 2xx would open a tunnel).
+                            let answer: &[u8] = if buf.starts_with(b"CONNECT") {
+                                b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n"
+                            } else {
+                                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                            };
+                            let _ = s.write_all(answer);
                         }
                     }
                 });
@@ -233,4 +239,93 @@ sandboxes:
     // The same odd bytes to a name whose entry names the port: another protocol may flow.
     through_tunnel(p.proxy, &format!("raw.test:{port}"), b"\r\nset a b\r\n");
     assert!(origin.seen().contains("set a b"), "{}", origin.seen());
+}
+
+/// An origin that answers the first request head with `101 Switching Protocols` and keeps
+/// every byte it receives.
+fn switching_origin() -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let keep = got.clone();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().map_while(Result::ok) {
+            let keep = keep.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let mut answered = false;
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    keep.lock().unwrap().extend_from_slice(&buf[..n]);
+                    if !answered {
+                        answered = true;
+                        let _ = s.write_all(
+                            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+                        );
+                    }
+                }
+            });
+        }
+    });
+    (addr, got)
+}
+
+/// A request with `Upgrade:` ends the per-request checks only when the origin really
+/// switches: pipelined behind an upgrade the origin answered `200`, a request for a denied
+/// Host is refused and never reaches the origin (before, it was relayed: the stream was taken
+/// for opaque at the Upgrade header); after a real `101` the rest is the new protocol's.
+#[test]
+fn an_upgrade_the_origin_did_not_accept_does_not_end_the_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Recorder::start();
+    let (switching, switched_got) = switching_origin();
+    let p = Proxy::start(
+        dir.path(),
+        &format!(
+            r#"dns: {{ servers: ["127.0.0.1:9"], hosts: {{ ok.test: [127.0.0.1], ws.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32], timeouts: {{ header_ms: 1500 }} }}
+sandboxes:
+  - id: s
+    sources: [127.0.0.0/8]
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["ok.test:{}", "ws.test:{}"] }} }}
+"#,
+            origin.addr.port(),
+            switching.port()
+        ),
+    );
+    let port = origin.addr.port();
+    let smuggle = format!(
+        "GET /ws HTTP/1.1\r\nHost: ok.test:{port}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n\
+GET /two HTTP/1.1\r\nHost: denied.test\r\n\r\n"
+    );
+    through_tunnel(p.proxy, &format!("ok.test:{port}"), smuggle.as_bytes());
+    let seen = origin.seen();
+    assert!(seen.contains("GET /ws"), "{seen}");
+    assert!(
+        !seen.contains("/two") && !seen.contains("denied.test"),
+        "{seen}"
+    );
+    let rec = p.wait_record(|r| r["reason"] == "host_mismatch");
+    assert_eq!(rec["decision"], "deny", "{rec}");
+    // The same after a CONNECT the origin refused (405): it ends nothing.
+    origin.got.lock().unwrap().clear();
+    let connect = format!(
+        "CONNECT ok.test:{port} HTTP/1.1\r\nHost: ok.test:{port}\r\n\r\nGET /three HTTP/1.1\r\nHost: denied.test\r\n\r\n"
+    );
+    through_tunnel(p.proxy, &format!("ok.test:{port}"), connect.as_bytes());
+    assert!(!origin.seen().contains("/three"), "{}", origin.seen());
+    // A real switch: what follows is the new protocol's, relayed as it is.
+    let ws = format!(
+        "GET /ws HTTP/1.1\r\nHost: ws.test:{}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n\x01\x05hello GET /x HTTP/1.1\r\nHost: denied.test\r\n\r\n",
+        switching.port()
+    );
+    through_tunnel(
+        p.proxy,
+        &format!("ws.test:{}", switching.port()),
+        ws.as_bytes(),
+    );
+    let got = String::from_utf8_lossy(&switched_got.lock().unwrap()).into_owned();
+    assert!(got.contains("\u{1}\u{5}hello GET /x"), "{got:?}");
 }

@@ -4,7 +4,11 @@
 //! names another host or port than the one the connection was decided and dialled for ends
 //! the connection with a reset (`host_mismatch`; in report mode it is recorded and relayed).
 //! A request that cannot be framed unambiguously ends it too (`protocol_not_allowed`).
-//! The other direction is a plain pump.
+//! The other direction is relayed as it comes and framed alongside
+//! ([`crate::wire::http_response`]) so that a request asking to switch protocols (`Upgrade`,
+//! `CONNECT`) ends the checks only when the origin really switched (`101`, `2xx`): until it
+//! has answered, nothing more of the client's is relayed, and after any other answer the next
+//! request is checked like the others.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -17,9 +21,10 @@ use crate::egress::limits::SandboxLimiter;
 use crate::policy::reason::Reason;
 use crate::policy::target::{Host, Target};
 use crate::relay::liveness::Liveness;
-use crate::relay::tunnel::{drive, pump, Relayed};
+use crate::relay::tunnel::{drive, pump_observed, Relayed};
 use crate::wire::first_bytes::Mismatch;
-use crate::wire::http_stream::{Head, RequestStream, Step};
+use crate::wire::http_response::{Answer, ResponseStream};
+use crate::wire::http_stream::{Head, RequestKind, RequestStream, Step};
 use crate::wire::peek::split_host_header;
 
 /// How a checked relay ended: the relay's result, and the first request that was refused (or,
@@ -78,6 +83,8 @@ where
 {
     let live = Liveness::new(idle);
     let found: Mutex<Option<Mismatch>> = Mutex::new(None);
+    let responses = Mutex::new(ResponseStream::new());
+    let (answer_tx, answer_rx) = tokio::sync::watch::channel(Answer::Pending);
     let relayed = {
         let (mut cr, cw) = tokio::io::split(&mut client);
         let (sr, mut sw) = tokio::io::split(&mut server);
@@ -85,11 +92,30 @@ where
             let mut framer = RequestStream::new();
             let mut pending = first;
             let mut buf = vec![0u8; 16 * 1024];
+            let mut answer_rx = answer_rx;
             loop {
-                let (out, refused) = frame(&mut framer, &pending, expected, report, &found);
-                send(&mut sw, &out, shaper, &live).await?;
-                if refused {
+                let f = frame(&mut framer, &pending, expected, report, &found);
+                if let Ok(mut r) = responses.lock() {
+                    for k in &f.sent {
+                        r.sent(*k);
+                    }
+                    if f.sent.iter().any(|k| k.upgrade || k.connect) {
+                        answer_tx.send_replace(Answer::Pending);
+                    }
+                }
+                send(&mut sw, &f.out, shaper, &live).await?;
+                if f.refused {
                     return Err(std::io::Error::other("request refused"));
+                }
+                if let Some(rest) = f.held {
+                    // Nothing more goes out until the origin has answered the switch.
+                    let answer = *answer_rx
+                        .wait_for(|a| *a != Answer::Pending)
+                        .await
+                        .map_err(|_| std::io::Error::other("the origin never answered"))?;
+                    framer.switched(answer == Answer::Switched);
+                    pending = rest;
+                    continue;
                 }
                 let n = cr.read(&mut buf).await?;
                 if n == 0 {
@@ -99,7 +125,21 @@ where
                 pending = buf[..n].to_vec();
             }
         };
-        let down = pump(sr, cw, false, shaper, &live);
+        let observe = |bytes: &[u8]| {
+            let mut r = responses
+                .lock()
+                .map_err(|_| std::io::Error::other("poisoned"))?;
+            r.feed(bytes).map_err(std::io::Error::other)?;
+            if r.answer() != Answer::Pending {
+                answer_tx.send_if_modified(|a| {
+                    let changed = *a != r.answer();
+                    *a = r.answer();
+                    changed
+                });
+            }
+            Ok(())
+        };
+        let down = pump_observed(sr, cw, false, shaper, &live, observe);
         drive(up, down, &live, stop).await
     };
     let mismatch = found.into_inner().ok().flatten();
@@ -121,16 +161,33 @@ where
     Checked { relayed, mismatch }
 }
 
-/// Frame `data`: the bytes that may go to the origin, and whether a refused request (or
-/// unframeable bytes) ends the connection here. The first mismatch is kept in `found`.
+/// What one pass of the framer over the client's bytes gave.
+struct Framed {
+    /// The bytes that may go to the origin.
+    out: Vec<u8>,
+    /// A refused request (or unframeable bytes) ends the connection here.
+    refused: bool,
+    /// The request heads that went into `out`, in order.
+    sent: Vec<RequestKind>,
+    /// A request asked to switch protocols: the bytes after it, held until the origin
+    /// answers.
+    held: Option<Vec<u8>>,
+}
+
+/// Frame `data`. The first mismatch is kept in `found`.
 fn frame(
     framer: &mut RequestStream,
     mut data: &[u8],
     expected: &Target,
     report: bool,
     found: &Mutex<Option<Mismatch>>,
-) -> (Vec<u8>, bool) {
-    let mut out = Vec::with_capacity(data.len());
+) -> Framed {
+    let mut f = Framed {
+        out: Vec::with_capacity(data.len()),
+        refused: false,
+        sent: Vec::new(),
+        held: None,
+    };
     let keep = |m: Mismatch| {
         if let Ok(mut f) = found.lock() {
             f.get_or_insert(m);
@@ -139,34 +196,45 @@ fn frame(
     while !data.is_empty() {
         match framer.step(data) {
             Ok(Step::Pass(n)) => {
-                out.extend_from_slice(&data[..n]);
+                f.out.extend_from_slice(&data[..n]);
                 data = &data[n..];
             }
             Ok(Step::Buffered) => data = &[],
             Ok(Step::Line { consumed }) => {
-                out.extend(framer.take_held());
+                f.out.extend(framer.take_held());
                 data = &data[consumed..];
             }
             Ok(Step::Head { head, consumed }) => {
                 if let Err(m) = check(&head, expected) {
                     keep(m);
                     if !report {
-                        return (out, true);
+                        f.refused = true;
+                        return f;
                     }
                 }
-                out.extend(framer.take_held());
+                f.sent.push(head.kind);
+                f.out.extend(framer.take_held());
                 data = &data[consumed..];
+            }
+            Ok(Step::AwaitSwitch) => {
+                f.held = Some(data.to_vec());
+                return f;
             }
             Err(why) => {
                 keep(Mismatch {
                     reason: Reason::ProtocolNotAllowed,
                     detail: format!("HTTP that cannot be framed unambiguously: {why}"),
                 });
-                return (out, true);
+                f.refused = true;
+                return f;
             }
         }
     }
-    (out, false)
+    // The switch request may end exactly at the end of `data`: wait before reading on.
+    if framer.step(&[]) == Ok(Step::AwaitSwitch) {
+        f.held = Some(Vec::new());
+    }
+    f
 }
 
 /// Write `out` to the origin, shaped, counted write by write.
@@ -207,6 +275,7 @@ mod tests {
         Head {
             host: host.map(Into::into),
             authority: authority.map(Into::into),
+            kind: RequestKind::default(),
         }
     }
 

@@ -54,11 +54,27 @@ const BUF: usize = 16 * 1024;
 /// Copy `r` to `w` until EOF (then half-close `w`), waiting for bandwidth tokens before each
 /// write when a `shaper` is given (delayed, never dropped).
 pub(crate) async fn pump<R, W>(
+    r: R,
+    w: W,
+    up: bool,
+    shaper: Option<&SandboxLimiter>,
+    live: &Liveness,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    pump_observed(r, w, up, shaper, live, |_| Ok(())).await
+}
+
+/// [`pump`], showing each read to `observe` before it is written (an error ends the pump).
+pub(crate) async fn pump_observed<R, W>(
     mut r: R,
     mut w: W,
     up: bool,
     shaper: Option<&SandboxLimiter>,
     live: &Liveness,
+    mut observe: impl FnMut(&[u8]) -> io::Result<()>,
 ) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
@@ -71,6 +87,7 @@ where
             let _ = w.shutdown().await;
             return Ok(());
         }
+        observe(&buf[..n])?;
         let delay = shaper.map(|s| s.shape_now(up, n)).unwrap_or_default();
         if !delay.is_zero() {
             let until = Instant::now() + delay;

@@ -4,7 +4,10 @@
 //! Ambiguous framing — `Content-Length` together with `Transfer-Encoding`, differing
 //! lengths, a transfer coding other than chunked — is an error: it is how requests are
 //! smuggled past an inspecting proxy. After a request that asks to switch protocols
-//! (`Upgrade`) or a `CONNECT`, the rest of the stream is opaque.
+//! (`Upgrade`) or a `CONNECT`, the framer waits ([`Step::AwaitSwitch`]) until the relay knows
+//! the origin's answer ([`crate::wire::http_response`]): only a `101` (or a `2xx` to the
+//! `CONNECT`) makes the rest of the stream opaque ([`RequestStream::switched`]); any other
+//! answer and the next request is framed and checked like every other.
 
 use crate::wire::peek::MAX_PEEK;
 
@@ -13,6 +16,18 @@ use crate::wire::peek::MAX_PEEK;
 pub struct Head {
     pub host: Option<String>,
     pub authority: Option<String>,
+    /// What its answer's framing depends on.
+    pub kind: RequestKind,
+}
+
+/// What a response's framing (and a protocol switch) depends on in its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RequestKind {
+    /// `HEAD`: its answer has no body.
+    pub head: bool,
+    pub connect: bool,
+    /// It carries `Upgrade`.
+    pub upgrade: bool,
 }
 
 /// What the next bytes are.
@@ -28,6 +43,9 @@ pub enum Step {
     /// A request head is complete: check it, then relay [`RequestStream::take_held`]; the
     /// first `consumed` bytes of the input went into it.
     Head { head: Head, consumed: usize },
+    /// A request that asked to switch protocols (or a `CONNECT`) went out whole: nothing
+    /// more is framed until [`RequestStream::switched`] says whether the origin switched.
+    AwaitSwitch,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +59,8 @@ enum State {
     ChunkEnd(u8),
     /// Trailer lines after the last chunk, up to an empty line.
     Trailers,
+    /// The request before asked to switch protocols; the origin's answer is not known yet.
+    AwaitSwitch,
     Opaque,
 }
 
@@ -50,6 +70,8 @@ pub struct RequestStream {
     state: State,
     /// The request head (or chunk-size / trailer line) being read.
     buf: Vec<u8>,
+    /// The request being framed asked to switch: after its body, wait for the answer.
+    switch_after: bool,
 }
 
 impl Default for RequestStream {
@@ -63,6 +85,45 @@ impl RequestStream {
         RequestStream {
             state: State::Head,
             buf: Vec::new(),
+            switch_after: false,
+        }
+    }
+
+    /// A framer of a message body alone (a response's, [`crate::wire::http_response`]):
+    /// `length` bytes, or chunked when `None`; [`RequestStream::body_done`] says when it ended.
+    pub fn body(length: Option<u64>) -> Self {
+        let state = match length {
+            Some(0) => State::Head,
+            Some(n) => State::Body(n),
+            None => State::ChunkSize,
+        };
+        RequestStream {
+            state,
+            buf: Vec::new(),
+            switch_after: false,
+        }
+    }
+
+    /// The body (of [`RequestStream::body`]) has ended.
+    pub fn body_done(&self) -> bool {
+        self.state == State::Head
+    }
+
+    /// The origin answered the request that asked to switch: with a switch (`101`, or a
+    /// `2xx` to a `CONNECT`) the rest of the stream is opaque; otherwise framing goes on.
+    pub fn switched(&mut self, switched: bool) {
+        if self.state == State::AwaitSwitch {
+            self.state = if switched { State::Opaque } else { State::Head };
+        }
+    }
+
+    /// The message ended (its body, or a bodiless head): next is a head, or the wait for
+    /// the answer to a switch.
+    fn ended(&mut self) -> State {
+        if std::mem::take(&mut self.switch_after) {
+            State::AwaitSwitch
+        } else {
+            State::Head
         }
     }
 
@@ -75,10 +136,11 @@ impl RequestStream {
     pub fn step(&mut self, data: &[u8]) -> Result<Step, &'static str> {
         match self.state {
             State::Opaque => Ok(Step::Pass(data.len())),
+            State::AwaitSwitch => Ok(Step::AwaitSwitch),
             State::Body(left) => {
                 let n = (data.len() as u64).min(left) as usize;
                 self.state = if left == n as u64 {
-                    State::Head
+                    self.ended()
                 } else {
                     State::Body(left - n as u64)
                 };
@@ -143,7 +205,7 @@ impl RequestStream {
                     State::ChunkData(size)
                 }
             }
-            _ if text.is_empty() => State::Head,
+            _ if text.is_empty() => self.ended(),
             _ => State::Trailers,
         };
         self.buf = line;
@@ -210,19 +272,27 @@ impl RequestStream {
             path.split_once("://")
                 .map(|(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or("").to_string())
         };
-        self.state = if upgrade || method == "CONNECT" {
-            State::Opaque
-        } else if chunked {
+        let kind = RequestKind {
+            head: method == "HEAD",
+            connect: method == "CONNECT",
+            upgrade,
+        };
+        self.switch_after = upgrade || kind.connect;
+        self.state = if chunked {
             State::ChunkSize
         } else {
             match length {
                 Some(n) if n > 0 => State::Body(n),
-                _ => State::Head,
+                _ => self.ended(),
             }
         };
         self.buf.truncate(len);
         Ok(Step::Head {
-            head: Head { host, authority },
+            head: Head {
+                host,
+                authority,
+                kind,
+            },
             consumed: len - before,
         })
     }
@@ -256,6 +326,7 @@ mod tests {
                         relayed.extend(rs.take_held());
                         data = &data[consumed..];
                     }
+                    Step::AwaitSwitch => return Err("waiting for the origin's answer"),
                 }
             }
         }
@@ -299,12 +370,35 @@ GET http://five:8080/x HTTP/1.1\r\nHost: six\r\n\r\n";
         }
     }
 
+    /// After an `Upgrade` (or `CONNECT`) request the framer waits for the origin's answer:
+    /// a switch makes the rest opaque, anything else frames (and checks) the next request.
     #[test]
-    fn after_an_upgrade_the_stream_is_opaque() {
-        let input = b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n\x81\x05GET / HTTP/1.1\r\nHost: b\r\n\r\n";
-        let (heads, relayed) = run(input, 5).unwrap();
-        assert_eq!(hosts(&heads), vec![Some("a")]);
-        assert_eq!(relayed, input);
+    fn after_an_upgrade_the_answer_decides() {
+        let head = b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n";
+        let rest = b"\x81\x05GET / HTTP/1.1\r\nHost: b\r\n\r\n";
+        for switched in [true, false] {
+            let mut rs = RequestStream::new();
+            assert!(matches!(rs.step(head).unwrap(), Step::Head { .. }));
+            rs.take_held();
+            assert_eq!(rs.step(rest).unwrap(), Step::AwaitSwitch);
+            rs.switched(switched);
+            let next = rs.step(rest);
+            if switched {
+                assert_eq!(next.unwrap(), Step::Pass(rest.len()));
+            } else {
+                assert!(
+                    next.is_err(),
+                    "the bytes after a refused upgrade are framed"
+                );
+            }
+        }
+        let mut rs = RequestStream::new();
+        let connect = b"CONNECT b:443 HTTP/1.1\r\nHost: b:443\r\n\r\n";
+        assert!(matches!(rs.step(connect).unwrap(), Step::Head { .. }));
+        rs.take_held();
+        assert_eq!(rs.step(b"GET").unwrap(), Step::AwaitSwitch);
+        rs.switched(false);
+        assert_eq!(rs.step(b"GET").unwrap(), Step::Buffered);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! request of a plain-HTTP stream. No policy, no I/O beyond reading the stream handed in.
 
 pub mod first_bytes;
+pub mod http_response;
 pub mod http_stream;
 pub mod peek;
 pub mod sni;
