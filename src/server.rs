@@ -193,6 +193,7 @@ fn spawn_listeners(
     let mut tasks = vec![
         tokio::spawn(shared.descriptors.clone().sample()),
         tokio::spawn(sweep_upstreams(shared.clone())),
+        tokio::spawn(sweep_dns_memory(shared.clone())),
     ];
     let data_plane = [
         (l.proxy.map(|l| (l, None)), Kind::Proxy),
@@ -299,6 +300,15 @@ async fn shutdown(
 /// Close the kept upstream connections of forwarded requests that must go: at once when a
 /// policy is published (a revoked destination gets nothing more), and on a timer (idle too
 /// long, closed by the origin).
+/// Drop the DNS answers that expired and give their memory back.
+async fn sweep_dns_memory(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
+    loop {
+        tick.tick().await;
+        shared.dns_memory.sweep();
+    }
+}
+
 async fn sweep_upstreams(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(shared.upstreams.sweep_every());
     let mut published = shared.policy.subscribe();

@@ -123,6 +123,25 @@ sandboxes:
     // Address rules only: answered when every address is covered, refused otherwise.
     assert_eq!(ips(&dig(dns, &["db.svc.test", "A"])), ["10.1.0.5"]);
     assert_eq!(dig(dns, &["mixed.svc.test", "A"]).status, "NXDOMAIN");
+    // Inside an address zone, a name that exists but is not covered and one that does not
+    // exist get the same answer (before, only the first carried an explanation: an oracle
+    // for internal names).
+    let exists = dig(dns, &["mixed.svc.test", "A"]);
+    let missing = dig(dns, &["nope.svc.test", "A"]);
+    assert_eq!(exists.status, missing.status);
+    assert_eq!(
+        exists
+            .ede
+            .as_deref()
+            .map(|e| e.replace("mixed.svc.test", "N")),
+        missing
+            .ede
+            .as_deref()
+            .map(|e| e.replace("nope.svc.test", "N")),
+        "{}\n{}",
+        exists.raw,
+        missing.raw
+    );
     // Over TCP too.
     let d = dig(dns, &["+tcp", "api.allowed.test", "A"]);
     assert_eq!(ips(&d), ["127.0.0.10"], "{}", d.raw);

@@ -329,3 +329,24 @@ GET /two HTTP/1.1\r\nHost: denied.test\r\n\r\n"
     let got = String::from_utf8_lossy(&switched_got.lock().unwrap()).into_owned();
     assert!(got.contains("\u{1}\u{5}hello GET /x"), "{got:?}");
 }
+
+/// A forwarded request whose chunked body is malformed is the client's fault: 400
+/// `malformed_request` in the answer and the record (it was a 502 `connection_refused`,
+/// blaming the origin).
+#[test]
+fn a_malformed_request_body_is_the_clients_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Recorder::start();
+    let p = start(dir.path(), &origin);
+    let port = origin.addr.port();
+    let req = format!(
+        "POST http://ok.test:{port}/body HTTP/1.1\r\nHost: ok.test:{port}\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n"
+    );
+    let answer = raw(p.proxy, req.as_bytes());
+    assert!(
+        answer.starts_with("HTTP/1.1 400") && answer.contains("malformed_request"),
+        "{answer}"
+    );
+    let rec = p.wait_record(|r| r["reason"] == "malformed_request");
+    assert_eq!(rec["decision"], "deny", "{rec}");
+}

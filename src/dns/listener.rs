@@ -323,12 +323,21 @@ impl DnsListener {
             .observe(crate::audit::metrics::Timing::Dns, t);
         let found = match found {
             Ok(f) => f,
+            // Inside an address zone a name no name rule allows is refused alike whether it
+            // exists or not: the answer is no oracle for internal names (the record says).
+            Err(ResolveError::NotFound | ResolveError::NoData) if address_only => {
+                let d = Decision::deny(Reason::NoRuleMatched, None);
+                q.decision(&d);
+                q.detail("the name has no addresses; answered as refused, so that the answer does not tell which names exist");
+                return self.blocked(&sb, &name, &d, q);
+            }
             Err(e) => return self.resolve_failed(e, q),
         };
         q.record.resolved = found.addrs.clone();
         if address_only && !found.addrs.iter().all(|ip| sb.policy.covers_address(*ip)) {
             let d = Decision::deny(Reason::NoRuleMatched, None);
             q.decision(&d);
+            q.detail("resolved to try address rules; not every address is covered");
             return self.blocked(&sb, &name, &d, q);
         }
         let kept: Vec<IpAddr> = found

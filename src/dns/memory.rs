@@ -4,10 +4,14 @@
 //! as `github.com:port` by name rules.
 //!
 //! Only what the proxy itself answered is here, so a sandbox cannot plant a mapping: it can
-//! only ask for names its policy already lets it resolve. Bounded: at most [`MAX_ENTRIES`]
-//! addresses in all and [`NAMES_PER_ADDRESS`] names per address; when full, expired entries
-//! are dropped first and, failing that, the new answer is not remembered (a connection
-//! without a remembered name falls back to address rules: closed, not open).
+//! only ask for names its policy already lets it resolve. Bounded, and accounted per sandbox:
+//! one sandbox holds at most [`PER_SANDBOX`] addresses (past that its own expired entries are
+//! swept, at most once a second, and then its new answers are not remembered — a connection
+//! without a remembered name falls back to address rules: closed, not open), so one sandbox
+//! flooding the listener never evicts another's answers or slows its queries; all together
+//! hold at most [`MAX_ENTRIES`], and when that is full the sandbox holding the most gives up
+//! its soonest-expiring entry to one holding less. [`DnsMemory::sweep`] (every few seconds)
+//! drops what expired and gives the memory back.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -21,16 +25,60 @@ use crate::policy::sandbox_id::SandboxId;
 pub const GRACE: Duration = Duration::from_secs(60);
 /// Addresses remembered across all sandboxes.
 pub const MAX_ENTRIES: usize = 262_144;
+/// Addresses remembered for one sandbox.
+pub const PER_SANDBOX: usize = 16_384;
 /// Names remembered for one address of one sandbox (CDN addresses serve many names).
 pub const NAMES_PER_ADDRESS: usize = 8;
+/// The least time between two sweeps of a full sandbox's answers on the query path.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// The names one sandbox was given for one address, each with when it expires.
 type Names = Vec<(Arc<str>, Instant)>;
 
+/// One sandbox's remembered answers.
+#[derive(Debug)]
+struct Share {
+    map: HashMap<IpAddr, Names>,
+    swept: Instant,
+}
+
+impl Share {
+    /// Drop what expired; the number of addresses dropped.
+    fn sweep(&mut self, now: Instant) -> usize {
+        let before = self.map.len();
+        self.map.retain(|_, names| {
+            names.retain(|(_, t)| *t > now);
+            !names.is_empty()
+        });
+        if self.map.capacity() > 64 && self.map.capacity() > 4 * self.map.len() {
+            self.map.shrink_to_fit();
+        }
+        self.swept = now;
+        before - self.map.len()
+    }
+
+    /// Give up the entry that expires first.
+    fn evict_one(&mut self) -> bool {
+        let oldest = self
+            .map
+            .iter()
+            .min_by_key(|(_, names)| names.iter().map(|(_, t)| *t).max())
+            .map(|(ip, _)| *ip);
+        oldest.is_some_and(|ip| self.map.remove(&ip).is_some())
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    shares: HashMap<SandboxId, Share>,
+    /// Addresses remembered in all shares.
+    total: usize,
+}
+
 /// The remembered answers.
 #[derive(Debug, Default)]
 pub struct DnsMemory {
-    map: Mutex<HashMap<(SandboxId, IpAddr), Names>>,
+    inner: Mutex<Inner>,
 }
 
 impl DnsMemory {
@@ -42,21 +90,30 @@ impl DnsMemory {
         let now = Instant::now();
         let until = now + ttl + GRACE;
         let name: Arc<str> = name.into();
-        let Ok(mut map) = self.map.lock() else {
+        let Ok(mut inner) = self.inner.lock() else {
             return;
         };
-        if map.len() + addrs.len() > MAX_ENTRIES {
-            map.retain(|_, names| {
-                names.retain(|(_, t)| *t > now);
-                !names.is_empty()
-            });
-        }
+        let inner = &mut *inner;
         for ip in addrs {
-            let key = (sandbox.clone(), ip.to_canonical());
-            if !map.contains_key(&key) && map.len() >= MAX_ENTRIES {
+            let ip = ip.to_canonical();
+            let known = inner
+                .shares
+                .get(sandbox)
+                .is_some_and(|s| s.map.contains_key(&ip));
+            if !known && !inner.room_for(sandbox, now) {
                 continue;
             }
-            let names = map.entry(key).or_default();
+            let share = inner
+                .shares
+                .entry(sandbox.clone())
+                .or_insert_with(|| Share {
+                    map: HashMap::new(),
+                    swept: now,
+                });
+            let names = share.map.entry(ip).or_default();
+            if names.is_empty() {
+                inner.total += 1;
+            }
             names.retain(|(n, t)| *t > now && *n != name);
             if names.len() >= NAMES_PER_ADDRESS {
                 // Drop the one that expires first.
@@ -71,15 +128,78 @@ impl DnsMemory {
     /// The names `sandbox` was given for `ip` that have not expired, newest first.
     pub fn names(&self, sandbox: &SandboxId, ip: IpAddr) -> Vec<Arc<str>> {
         let now = Instant::now();
-        let Ok(map) = self.map.lock() else {
+        let Ok(inner) = self.inner.lock() else {
             return Vec::new();
         };
-        let mut found: Names = map
-            .get(&(sandbox.clone(), ip.to_canonical()))
+        let mut found: Names = inner
+            .shares
+            .get(sandbox)
+            .and_then(|s| s.map.get(&ip.to_canonical()))
             .map(|v| v.iter().filter(|(_, t)| *t > now).cloned().collect())
             .unwrap_or_default();
         found.sort_by_key(|e| std::cmp::Reverse(e.1));
         found.into_iter().map(|(n, _)| n).collect()
+    }
+
+    /// Drop every expired answer and give the memory back (run every few seconds).
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        let inner = &mut *inner;
+        let mut dropped = 0;
+        for share in inner.shares.values_mut() {
+            dropped += share.sweep(now);
+        }
+        inner.total -= dropped.min(inner.total);
+        inner.shares.retain(|_, s| !s.map.is_empty());
+        if inner.shares.capacity() > 64 && inner.shares.capacity() > 4 * inner.shares.len() {
+            inner.shares.shrink_to_fit();
+        }
+    }
+
+    /// Addresses remembered (in all sandboxes, and for `sandbox`).
+    pub fn len(&self, sandbox: &SandboxId) -> (usize, usize) {
+        self.inner.lock().map_or((0, 0), |i| {
+            (i.total, i.shares.get(sandbox).map_or(0, |s| s.map.len()))
+        })
+    }
+}
+
+impl Inner {
+    /// Whether `sandbox` may remember one more address: its share has room (after sweeping
+    /// its expired ones, at most once a second), and so does the whole (else the sandbox
+    /// holding the most gives up one entry, when it holds more than this one).
+    fn room_for(&mut self, sandbox: &SandboxId, now: Instant) -> bool {
+        let mine = self.shares.get(sandbox).map_or(0, |s| s.map.len());
+        if mine >= PER_SANDBOX {
+            let Some(share) = self.shares.get_mut(sandbox) else {
+                return false;
+            };
+            if now.duration_since(share.swept) < SWEEP_EVERY {
+                return false;
+            }
+            let dropped = share.sweep(now);
+            self.total -= dropped.min(self.total);
+            if share.map.len() >= PER_SANDBOX {
+                return false;
+            }
+        }
+        if self.total < MAX_ENTRIES {
+            return true;
+        }
+        let mine = self.shares.get(sandbox).map_or(0, |s| s.map.len());
+        let heaviest = self
+            .shares
+            .iter_mut()
+            .max_by_key(|(_, s)| s.map.len())
+            .filter(|(_, s)| s.map.len() > mine + 1);
+        let evicted = heaviest.is_some_and(|(_, share)| share.evict_one());
+        if evicted {
+            self.total -= 1;
+        }
+        evicted
     }
 }
 
@@ -128,5 +248,38 @@ mod tests {
         let names = m.names(&id("s"), a);
         assert_eq!(names.len(), NAMES_PER_ADDRESS);
         assert_eq!(&*names[0], &format!("n{}.test", NAMES_PER_ADDRESS + 4));
+    }
+
+    /// One sandbox flooding the listener fills its own share only: another sandbox's new
+    /// answers are still remembered, and once the answers expire a sweep gives the memory
+    /// back. (Before, one pool of 262,144 addresses was shared: a flood filled it, and every
+    /// query then walked it.)
+    #[test]
+    fn one_sandbox_cannot_crowd_out_another_and_memory_comes_back() {
+        let m = DnsMemory::default();
+        let flood = id("flood");
+        for i in 0..(PER_SANDBOX as u32 + 1000) {
+            let ip = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+            m.remember(&flood, &format!("n{i}.test"), &[ip], Duration::ZERO);
+        }
+        assert_eq!(m.len(&flood).1, PER_SANDBOX);
+        let other = id("other");
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        m.remember(&other, "github.com", &[a], Duration::from_secs(30));
+        assert_eq!(m.names(&other, a), vec![Arc::<str>::from("github.com")]);
+        // Expired (TTL 0 within the grace): swept, and the memory is given back.
+        {
+            let mut inner = m.inner.lock().unwrap();
+            let past = Instant::now() - GRACE - Duration::from_secs(1);
+            for names in inner.shares.get_mut(&flood).unwrap().map.values_mut() {
+                for (_, t) in names.iter_mut() {
+                    *t = past;
+                }
+            }
+        }
+        m.sweep();
+        assert_eq!(m.len(&flood), (1, 0));
+        assert!(!m.inner.lock().unwrap().shares.contains_key(&flood));
+        assert_eq!(m.names(&other, a).len(), 1);
     }
 }

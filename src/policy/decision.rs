@@ -129,6 +129,9 @@ impl Decision {
             Reason::HttpNotAllowed => format!(
                 "no network.http rule of sandbox {sandbox} allows this method and path on this host ({file})"
             ),
+            Reason::MalformedRequest => {
+                "the request could not be read as sent (a malformed body)".into()
+            }
             Reason::UnrecognisedProtocol => format!(
                 "the connection's first bytes are neither a TLS ClientHello nor a complete, unambiguous HTTP/1.x request, and no rule of sandbox {sandbox} allows another protocol there: name the port in the entry (`host:{port}`) or use an address rule ({file})"
             ),

@@ -61,11 +61,15 @@ pub enum Reason {
     /// complete, unambiguous HTTP/1.x request head, and no rule allows opaque TCP there (a
     /// rule naming the port, or an address rule).
     UnrecognisedProtocol,
+    /// A forwarded request could not be read as the client sent it (a malformed body): the
+    /// client's fault, answered 400.
+    MalformedRequest,
 }
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 29] = [
+    pub const ALL: [Reason; 30] = [
+        Reason::MalformedRequest,
         Reason::UnrecognisedProtocol,
         Reason::UnscannableResponse,
         Reason::AuditUnavailable,
@@ -129,6 +133,7 @@ impl Reason {
             Reason::AuditUnavailable => "audit_unavailable",
             Reason::UnscannableResponse => "unscannable_response",
             Reason::UnrecognisedProtocol => "unrecognised_protocol",
+            Reason::MalformedRequest => "malformed_request",
         }
     }
 
@@ -149,7 +154,7 @@ impl Reason {
             | Reason::HttpNotAllowed
             | Reason::UnrecognisedProtocol
             | Reason::ProxyLoop => 403,
-            Reason::InvalidTarget => 400,
+            Reason::InvalidTarget | Reason::MalformedRequest => 400,
             Reason::AuthRequired | Reason::AuthFailed | Reason::UnknownSandbox => 407,
             Reason::RateLimited | Reason::ConnectionLimit => 429,
             Reason::DnsError
@@ -183,7 +188,7 @@ impl Reason {
                 "destination_ip_prohibited"
             }
             Reason::ProxyLoop => "proxy_loop_detected",
-            Reason::InvalidTarget => "http_request_error",
+            Reason::InvalidTarget | Reason::MalformedRequest => "http_request_error",
             Reason::RateLimited | Reason::ConnectionLimit => "connection_limit_reached",
             Reason::DnsError => "dns_error",
             Reason::DestinationNotFound => "destination_not_found",

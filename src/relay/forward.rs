@@ -154,8 +154,11 @@ pub async fn forward(
     // that never left, or a bodiless idempotent one that got no answer, is sent again once
     // on a new connection to the same checked address (RFC 9110 §9.2.2).
     let again = (up.reused > 0).then(|| resendable(&upstream_req)).flatten();
+    // An error of the request itself (its body from the client could not be read: bad
+    // chunked framing, a short body) is the client's, not the origin's.
     let sent = match up.sender.try_send_request(upstream_req).await {
         Ok(resp) => Ok(resp),
+        Err(e) if e.error().is_user() => Err(Sent::Client(e.into_error().to_string())),
         Err(mut e) if up.reused > 0 => {
             let unanswered = e.error().is_incomplete_message() || e.error().is_canceled();
             match e
@@ -168,14 +171,20 @@ pub async fn forward(
                         with_audit(&exchange, |a| {
                             a.detail("the kept upstream connection was closed by the origin; sent again on a new one")
                         });
-                        up.sender.send_request(req).await.map_err(|e| e.to_string())
+                        up.sender
+                            .send_request(req)
+                            .await
+                            .map_err(|e| match e.is_user() {
+                                true => Sent::Client(e.to_string()),
+                                false => Sent::Origin(e.to_string()),
+                            })
                     }
-                    Err(err) => Err(err),
+                    Err(err) => Err(Sent::Origin(err)),
                 },
-                None => Err(e.into_error().to_string()),
+                None => Err(Sent::Origin(e.into_error().to_string())),
             }
         }
-        Err(e) => Err(e.into_error().to_string()),
+        Err(e) => Err(Sent::Origin(e.into_error().to_string())),
     };
     // Kept for the next request if this exchange ends cleanly; closed otherwise.
     let after = Mutex::new(Some((shared.clone(), grant, up)));
@@ -219,11 +228,40 @@ pub async fn forward(
             };
             Response::from_parts(parts, body)
         }
-        Err(e) => {
+        Err(Sent::Origin(e)) => {
             upstream_cut.close();
             bad_gateway(&exchange, &e, &failed)
         }
+        Err(Sent::Client(e)) => {
+            upstream_cut.close();
+            bad_request(&exchange, &e, &failed)
+        }
     }
+}
+
+/// Why a forwarded request got no answer.
+enum Sent {
+    /// The origin (or the way to it) failed.
+    Origin(String),
+    /// The request could not be sent as the client gave it (its body was malformed).
+    Client(String),
+}
+
+/// The client's request could not be sent as it was (a malformed body): 400, recorded as
+/// `malformed_request` — the client's fault, not the origin's.
+fn bad_request(exchange: &SharedExchange, e: &str, failed: &Failed) -> Response<Body> {
+    with_audit(exchange, |a| {
+        a.decision(&Decision::deny(Reason::MalformedRequest, None));
+        a.detail(format!("client: {e}"));
+        a.close_if_unset(Close::Error);
+    });
+    deny::response(&deny::Refusal {
+        reason: Reason::MalformedRequest,
+        what: &failed.what,
+        sandbox: Some(&failed.sandbox),
+        explanation: &format!("the request could not be read as sent ({e})"),
+        retry_after: None,
+    })
 }
 
 /// What is needed to send a bodiless idempotent request again.

@@ -252,6 +252,13 @@ impl RequestStream {
                 let last = value.rsplit(',').next().unwrap_or("").trim();
                 chunked = last.eq_ignore_ascii_case("chunked");
             } else if h.name.eq_ignore_ascii_case("upgrade") {
+                // h2c would carry streams whose `:authority` nothing checks.
+                if value
+                    .split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("h2c"))
+                {
+                    return Err("an upgrade to h2c (HTTP/2 streams the proxy cannot check)");
+                }
                 upgrade = true;
             }
         }
@@ -399,6 +406,12 @@ GET http://five:8080/x HTTP/1.1\r\nHost: six\r\n\r\n";
         assert_eq!(rs.step(b"GET").unwrap(), Step::AwaitSwitch);
         rs.switched(false);
         assert_eq!(rs.step(b"GET").unwrap(), Step::Buffered);
+    }
+
+    #[test]
+    fn an_upgrade_to_h2c_is_refused() {
+        let req = b"GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: websocket, H2C\r\n\r\n";
+        assert!(run(req, 1000).is_err());
     }
 
     #[test]
