@@ -300,6 +300,7 @@ fn a_full_audit_disk_refuses_new_traffic_and_loses_no_record() {
         allowed,
         "every allowed connection has its record"
     );
+    eprintln!("full disk: {allowed} allowed connections, each with one end record; {refused} refused while the disk was full");
     let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
         .args(["audit", "verify"])
         .arg(&p.audit)
@@ -358,6 +359,7 @@ fn continue_serves_on_and_counts_every_record_it_drops() {
         "dropped {dropped}, written {before}"
     );
     assert!(dropped >= 50);
+    eprintln!("continue: {allowed} connections served, {before} records written, {dropped} dropped and counted");
     p.terminate();
     assert_eq!(written(&p), before);
 }
