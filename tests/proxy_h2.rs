@@ -64,11 +64,11 @@ sandboxes:
     .unwrap();
 }
 
-/// An HTTP/2 connection to the TLS listener (ALPN `h2` only).
-async fn connect_h2(
+/// TLS to the TLS listener offering ALPN `h2` only, trusting `roots`.
+async fn tls_h2(
     addr: std::net::SocketAddr,
     roots: rustls::RootCertStore,
-) -> SendRequest<Empty<Bytes>> {
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -78,10 +78,18 @@ async fn connect_h2(
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
         .connect(name, tcp)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// An HTTP/2 connection to the TLS listener (ALPN `h2` only).
+async fn connect_h2(
+    addr: std::net::SocketAddr,
+    roots: rustls::RootCertStore,
+) -> SendRequest<Empty<Bytes>> {
+    let tls = tls_h2(addr, roots).await;
     assert_eq!(
         tls.get_ref().1.alpn_protocol(),
         Some(&b"h2"[..]),
@@ -391,7 +399,6 @@ fn each_h2_stream_takes_a_place_under_the_global_cap() {
 
 /// A minimal HTTP/2 client that writes frames by hand, for what no well-behaved client sends.
 mod raw {
-    use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
     use tokio_rustls::client::TlsStream;
 
@@ -446,19 +453,7 @@ mod raw {
         addr: std::net::SocketAddr,
         roots: rustls::RootCertStore,
     ) -> (Reader, Writer, Vec<(u16, u32)>) {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        cfg.alpn_protocols = vec![b"h2".to_vec()];
-        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-            .connect(name, tcp)
-            .await
-            .unwrap();
+        let tls = super::tls_h2(addr, roots).await;
         let (mut r, mut w) = tokio::io::split(tls);
         w.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
             .await

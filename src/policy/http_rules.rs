@@ -190,7 +190,7 @@ pub fn override_refusal(headers: &http::HeaderMap, query: Option<&str>) -> Optio
 }
 
 /// `%XX` decoded (`+` as a space); malformed escapes are kept as they are.
-fn percent_decode(s: &str) -> Vec<u8> {
+pub(crate) fn percent_decode(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
