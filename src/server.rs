@@ -300,12 +300,14 @@ async fn shutdown(
 /// Close the kept upstream connections of forwarded requests that must go: at once when a
 /// policy is published (a revoked destination gets nothing more), and on a timer (idle too
 /// long, closed by the origin).
-/// Drop the DNS answers that expired and give their memory back.
+/// Drop the DNS answers that expired and, after many, give their memory back to the system.
 async fn sweep_dns_memory(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
     loop {
         tick.tick().await;
-        shared.dns_memory.sweep();
+        if shared.dns_memory.sweep() >= 1024 {
+            crate::dns::give_back::release_free_memory();
+        }
     }
 }
 

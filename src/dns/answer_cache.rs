@@ -115,6 +115,18 @@ impl AnswerCache {
         Some(answer)
     }
 
+    /// Drop the answers past their [`LIFE`] (the loop calls it every few seconds, so an idle
+    /// loop does not keep a flood's answers); how many were dropped.
+    pub fn expire(&mut self) -> usize {
+        let now = Instant::now();
+        let before = self.map.len();
+        self.map.retain(|_, k| k.until > now);
+        if self.map.capacity() > 64 && self.map.capacity() > 4 * self.map.len() {
+            self.map.shrink_to_fit();
+        }
+        before - self.map.len()
+    }
+
     /// Keep `answer` to `datagram`, allowed as `answered` says.
     pub fn keep(&mut self, datagram: &[u8], answer: &[u8], answered: Answered) {
         let Some(sandbox) = answered.record.sandbox.clone() else {

@@ -141,11 +141,11 @@ impl DnsMemory {
         found.into_iter().map(|(n, _)| n).collect()
     }
 
-    /// Drop every expired answer and give the memory back (run every few seconds).
-    pub fn sweep(&self) {
+    /// Drop every expired answer (run every few seconds); how many addresses were dropped.
+    pub fn sweep(&self) -> usize {
         let now = Instant::now();
         let Ok(mut inner) = self.inner.lock() else {
-            return;
+            return 0;
         };
         let inner = &mut *inner;
         let mut dropped = 0;
@@ -157,6 +157,7 @@ impl DnsMemory {
         if inner.shares.capacity() > 64 && inner.shares.capacity() > 4 * inner.shares.len() {
             inner.shares.shrink_to_fit();
         }
+        dropped
     }
 
     /// Addresses remembered (in all sandboxes, and for `sandbox`).

@@ -3,6 +3,8 @@
 
 pub(crate) mod answer;
 pub(crate) mod answer_cache;
+#[allow(unsafe_code)]
+pub(crate) mod give_back;
 pub(crate) mod listener;
 pub(crate) mod memory;
 pub mod question;

@@ -55,10 +55,16 @@ async fn receive(
 ) {
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let mut cache = AnswerCache::default();
+    let mut expire = tokio::time::interval(std::time::Duration::from_secs(5));
+    expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let received = tokio::select! {
             r = socket.recv_from(&mut buf) => r,
             _ = phase.wait_for(|p| *p != Phase::Serving) => return,
+            _ = expire.tick() => {
+                cache.expire();
+                continue;
+            }
         };
         let (len, src) = match received {
             Ok(r) => r,
