@@ -20,6 +20,11 @@ fuzz_target!(|data: &[u8]| {
                 let _ = stream.take_held();
                 consumed
             }
+            // The origin's answer to an upgrade decides; the fuzzer's first byte picks it.
+            Ok(Step::AwaitSwitch) => {
+                stream.switched(rest[0] & 1 == 1);
+                continue;
+            }
         };
         assert!(used <= chunk.len(), "a step claimed more bytes than it was given");
         if used == 0 {
