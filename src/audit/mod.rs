@@ -9,6 +9,7 @@
 //! thread ([`writer`]). Nothing in a record is a secret: no token, no Authorization header.
 
 pub(crate) mod accept;
+mod batch;
 pub mod chain;
 pub mod health;
 pub(crate) mod metrics;

@@ -30,23 +30,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use super::batch::Writer;
 use super::chain::{Chain, Interval, Tail};
 use super::health::{Health, Unavailable};
 use super::output::Output;
 use super::record::{Entry, Event};
-use crate::config::audit::{AuditTrail, Format, OnFailure};
+use crate::config::audit::{AuditTrail, OnFailure};
 
 /// How long the writer sleeps between drains: the most an entry waits before it is written.
 const DRAIN_EVERY: Duration = Duration::from_millis(5);
 /// The most an `open` entry waits (and the least time between two wake-ups for opens).
 const URGENT_EVERY: Duration = Duration::from_millis(1);
-/// The first and the longest wait before a failed batch is written again.
-const RETRY_FIRST: Duration = Duration::from_millis(10);
-const RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// Entries waiting for the writer, and whether the log is closing.
 #[derive(Default)]
-struct Queue {
+pub(super) struct Queue {
     entries: Vec<Entry>,
     closing: bool,
     /// An `open` entry arrived: write now.
@@ -54,18 +52,18 @@ struct Queue {
 }
 
 /// What the data plane and the writer thread share.
-struct Inner {
+pub(super) struct Inner {
     queue: Mutex<Queue>,
     wake: Condvar,
     /// Whether records can be taken, and what is pending.
-    health: Health,
+    pub(super) health: Health,
     /// Set by the writer when it has written and flushed everything and stopped.
     done: Mutex<bool>,
     done_cv: Condvar,
     /// Open the file again before the next write (SIGHUP / SIGUSR1).
     reopen: AtomicBool,
     /// Each record's JSON line, for observers (nothing is encoded for them while none is).
-    observers: tokio::sync::broadcast::Sender<bytes::Bytes>,
+    pub(super) observers: tokio::sync::broadcast::Sender<bytes::Bytes>,
 }
 
 /// Lines an observer may fall behind by before it loses the oldest.
@@ -222,210 +220,6 @@ impl AuditLog {
     }
 }
 
-/// Encoded lines not yet in their output.
-#[derive(Default)]
-struct Backlog {
-    bytes: Vec<u8>,
-    /// Records among them (signed lines are not records).
-    records: usize,
-}
-
-/// The writer thread's side: the outputs, the chain, and what is encoded but not written.
-struct Writer {
-    out: Output,
-    /// `audit.checkpoint_file`: a second copy of every signed line (`run_start`,
-    /// `checkpoint`), on another volume or a pipe to a shipper, so that a cut or replaced
-    /// tail of the main log can be told (`audit verify --checkpoints`).
-    anchor: Option<Output>,
-    line: Vec<u8>,
-    chain: Option<Chain>,
-    format: Format,
-    main: Backlog,
-    /// Signed lines not yet in the anchor.
-    side: Vec<u8>,
-    /// The output (a stream) ends inside a line: what follows starts with a line end.
-    mid_line: bool,
-    /// While failing: the next attempt, and the wait after it.
-    retry_at: Option<Instant>,
-    retry_wait: Duration,
-}
-
-impl Writer {
-    fn new(out: Output, anchor: Option<Output>, chain: Option<Chain>, format: Format) -> Self {
-        Writer {
-            out,
-            anchor,
-            line: Vec::with_capacity(1024),
-            chain,
-            format,
-            main: Backlog::default(),
-            side: Vec::new(),
-            mid_line: false,
-            retry_at: None,
-            retry_wait: RETRY_FIRST,
-        }
-    }
-
-    /// Whether a failed batch waits to be written again (new entries wait in the queue).
-    fn stalled(&self) -> bool {
-        !self.main.bytes.is_empty() || !self.side.is_empty()
-    }
-
-    /// Add a signed checkpoint (when the chain has a key) for the log and the anchor.
-    fn checkpoint(&mut self, last: bool) {
-        if let Some(cp) = self.chain.as_mut().and_then(|c| c.checkpoint(last)) {
-            self.main.bytes.extend_from_slice(&cp);
-            if self.anchor.is_some() {
-                self.side.extend_from_slice(&cp);
-            }
-        }
-    }
-
-    /// Encode (and chain) `batch` into the backlog, emptying it. A checkpoint goes before
-    /// any line that would otherwise leave more than the interval's records or time unsigned,
-    /// so a verifier can hold the file to the interval the run signed.
-    fn encode(&mut self, inner: &Inner, batch: &mut Vec<Entry>) {
-        for e in batch.drain(..) {
-            if self.chain.as_ref().is_some_and(Chain::checkpoint_due) {
-                self.checkpoint(false);
-            }
-            let line = &mut self.line;
-            line.clear();
-            let encoded = match self.format {
-                Format::Json => e.encode(line),
-                Format::Ocsf => super::ocsf::encode(&e, line),
-            };
-            if encoded.is_ok() && inner.observers.receiver_count() > 0 {
-                observe(inner, &e, line, self.format);
-            }
-            match encoded {
-                Ok(()) => {
-                    if let Some(c) = self.chain.as_mut() {
-                        c.seal(line);
-                    }
-                    self.main.bytes.extend_from_slice(line);
-                    self.main.records += 1;
-                }
-                Err(err) => {
-                    let _ = writeln!(std::io::stderr(), "audit: cannot encode a record: {err}");
-                    inner.health.dropped(1);
-                    inner.health.pending.fetch_sub(1, Ordering::Relaxed);
-                }
-            }
-        }
-    }
-
-    /// Write the backlog to the log and the anchor, unless a retry is not due yet (`force`
-    /// ignores the wait). On failure the backlog is kept (`refuse`) or dropped and counted
-    /// (`continue`).
-    fn flush(&mut self, inner: &Inner, force: bool) {
-        if !self.stalled() || (!force && self.retry_at.is_some_and(|t| Instant::now() < t)) {
-            return;
-        }
-        let mut error = None;
-        if !self.main.bytes.is_empty() {
-            match self.out.commit(&self.main.bytes) {
-                Ok(()) => {
-                    let n = std::mem::take(&mut self.main.records);
-                    inner.health.pending.fetch_sub(n, Ordering::Relaxed);
-                    self.main.bytes.clear();
-                }
-                Err(f) => {
-                    // A stream took part of a line (or the line end a drop still owes).
-                    self.mid_line = match f.kept {
-                        0 => self.main.bytes == b"\n",
-                        k => self.main.bytes[k - 1] != b'\n',
-                    };
-                    self.main.bytes.drain(..f.kept);
-                    if self.main.bytes.is_empty() {
-                        // Written whole; what failed came after (a sync, a rotation).
-                        let n = std::mem::take(&mut self.main.records);
-                        inner.health.pending.fetch_sub(n, Ordering::Relaxed);
-                    }
-                    error = Some(f.error);
-                }
-            }
-        }
-        if let Some(a) = self.anchor.as_mut().filter(|_| !self.side.is_empty()) {
-            match a.commit(&self.side) {
-                Ok(()) => self.side.clear(),
-                Err(f) => {
-                    self.side.drain(..f.kept);
-                    error = error.or(Some(f.error));
-                }
-            }
-        }
-        match error {
-            None => self.recovered(inner),
-            Some(e) => self.failed(inner, &e),
-        }
-    }
-
-    fn failed(&mut self, inner: &Inner, e: &std::io::Error) {
-        let health = &inner.health;
-        let started = health.failed(e);
-        match health.on_failure() {
-            OnFailure::Refuse => {
-                if started {
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "audit: write failed: {e}; new connections, requests and DNS queries are refused (audit_unavailable) until the trail can be written; no record is dropped (audit.on_failure: refuse)"
-                    );
-                }
-                self.retry_at = Some(Instant::now() + self.retry_wait);
-                self.retry_wait = (self.retry_wait * 2).min(RETRY_MAX);
-            }
-            OnFailure::Continue => {
-                if started {
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "audit: write failed: {e}; records are dropped and counted (egress_audit_dropped_total) until the trail can be written (audit.on_failure: continue)"
-                    );
-                }
-                let n = std::mem::take(&mut self.main.records);
-                health.dropped(n);
-                health.pending.fetch_sub(n, Ordering::Relaxed);
-                // A stream that took part of a line gets the rest of that line cut: the next
-                // batch starts on a line of its own.
-                self.main.bytes.clear();
-                if std::mem::take(&mut self.mid_line) {
-                    self.main.bytes.push(b'\n');
-                }
-                self.side.clear();
-            }
-        }
-    }
-
-    fn recovered(&mut self, inner: &Inner) {
-        self.retry_at = None;
-        self.retry_wait = RETRY_FIRST;
-        if let Some(took) = inner.health.recovered() {
-            let st = inner.health.status();
-            let _ = writeln!(
-                std::io::stderr(),
-                "audit: writing again after {:.1} s of failure ({} records dropped in all)",
-                took.as_secs_f64(),
-                st.dropped
-            );
-        }
-    }
-}
-
-/// Send a record's JSON line to the observers.
-fn observe(inner: &Inner, e: &Entry, line: &[u8], format: Format) {
-    let mut json = Vec::new();
-    let as_json = match format {
-        Format::Json => {
-            json.extend_from_slice(line);
-            Ok(())
-        }
-        Format::Ocsf => e.encode(&mut json),
-    };
-    if as_json.is_ok() {
-        let _ = inner.observers.send(bytes::Bytes::from(json));
-    }
-}
-
 fn write_loop(inner: &Inner, mut w: Writer) {
     let mut batch: Vec<Entry> = Vec::new();
     loop {
@@ -503,6 +297,7 @@ fn closing_drain(inner: &Inner, w: &mut Writer, batch: &mut Vec<Entry>) {
 mod tests {
     use super::*;
     use crate::audit::record::{Close, Mode, Record};
+    use crate::config::audit::Format;
     use std::time::SystemTime;
 
     fn entry(i: u64, event: Event) -> Entry {

@@ -1,0 +1,228 @@
+//! The writer thread's side of the audit sink ([`super::writer`]): entries encoded (and
+//! chained) into a backlog of complete lines, written to the log and the checkpoint file in
+//! one piece per batch, and — when a write fails — kept and tried again with backoff
+//! (`audit.on_failure: refuse`) or dropped and counted (`continue`). Health
+//! ([`super::health`]) follows every attempt.
+
+use std::io::Write;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::chain::Chain;
+use super::output::Output;
+use super::record::Entry;
+use super::writer::Inner;
+use crate::config::audit::{Format, OnFailure};
+
+/// The first and the longest wait before a failed batch is written again.
+const RETRY_FIRST: Duration = Duration::from_millis(10);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Encoded lines not yet in their output.
+#[derive(Default)]
+struct Backlog {
+    bytes: Vec<u8>,
+    /// Records among them (signed lines are not records).
+    records: usize,
+}
+
+/// The writer thread's side: the outputs, the chain, and what is encoded but not written.
+pub(super) struct Writer {
+    pub(super) out: Output,
+    /// `audit.checkpoint_file`: a second copy of every signed line (`run_start`,
+    /// `checkpoint`), on another volume or a pipe to a shipper, so that a cut or replaced
+    /// tail of the main log can be told (`audit verify --checkpoints`).
+    anchor: Option<Output>,
+    line: Vec<u8>,
+    pub(super) chain: Option<Chain>,
+    format: Format,
+    main: Backlog,
+    /// Signed lines not yet in the anchor.
+    side: Vec<u8>,
+    /// The output (a stream) ends inside a line: what follows starts with a line end.
+    mid_line: bool,
+    /// While failing: the next attempt, and the wait after it.
+    pub(super) retry_at: Option<Instant>,
+    pub(super) retry_wait: Duration,
+}
+
+impl Writer {
+    pub(super) fn new(
+        out: Output,
+        anchor: Option<Output>,
+        chain: Option<Chain>,
+        format: Format,
+    ) -> Self {
+        Writer {
+            out,
+            anchor,
+            line: Vec::with_capacity(1024),
+            chain,
+            format,
+            main: Backlog::default(),
+            side: Vec::new(),
+            mid_line: false,
+            retry_at: None,
+            retry_wait: RETRY_FIRST,
+        }
+    }
+
+    /// Whether a failed batch waits to be written again (new entries wait in the queue).
+    pub(super) fn stalled(&self) -> bool {
+        !self.main.bytes.is_empty() || !self.side.is_empty()
+    }
+
+    /// Add a signed checkpoint (when the chain has a key) for the log and the anchor.
+    pub(super) fn checkpoint(&mut self, last: bool) {
+        if let Some(cp) = self.chain.as_mut().and_then(|c| c.checkpoint(last)) {
+            self.main.bytes.extend_from_slice(&cp);
+            if self.anchor.is_some() {
+                self.side.extend_from_slice(&cp);
+            }
+        }
+    }
+
+    /// Encode (and chain) `batch` into the backlog, emptying it. A checkpoint goes before
+    /// any line that would otherwise leave more than the interval's records or time unsigned,
+    /// so a verifier can hold the file to the interval the run signed.
+    pub(super) fn encode(&mut self, inner: &Inner, batch: &mut Vec<Entry>) {
+        for e in batch.drain(..) {
+            if self.chain.as_ref().is_some_and(Chain::checkpoint_due) {
+                self.checkpoint(false);
+            }
+            let line = &mut self.line;
+            line.clear();
+            let encoded = match self.format {
+                Format::Json => e.encode(line),
+                Format::Ocsf => super::ocsf::encode(&e, line),
+            };
+            if encoded.is_ok() && inner.observers.receiver_count() > 0 {
+                observe(inner, &e, line, self.format);
+            }
+            match encoded {
+                Ok(()) => {
+                    if let Some(c) = self.chain.as_mut() {
+                        c.seal(line);
+                    }
+                    self.main.bytes.extend_from_slice(line);
+                    self.main.records += 1;
+                }
+                Err(err) => {
+                    let _ = writeln!(std::io::stderr(), "audit: cannot encode a record: {err}");
+                    inner.health.dropped(1);
+                    inner.health.pending.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Write the backlog to the log and the anchor, unless a retry is not due yet (`force`
+    /// ignores the wait). On failure the backlog is kept (`refuse`) or dropped and counted
+    /// (`continue`).
+    pub(super) fn flush(&mut self, inner: &Inner, force: bool) {
+        if !self.stalled() || (!force && self.retry_at.is_some_and(|t| Instant::now() < t)) {
+            return;
+        }
+        let mut error = None;
+        if !self.main.bytes.is_empty() {
+            match self.out.commit(&self.main.bytes) {
+                Ok(()) => {
+                    let n = std::mem::take(&mut self.main.records);
+                    inner.health.pending.fetch_sub(n, Ordering::Relaxed);
+                    self.main.bytes.clear();
+                }
+                Err(f) => {
+                    // A stream took part of a line (or the line end a drop still owes).
+                    self.mid_line = match f.kept {
+                        0 => self.main.bytes == b"\n",
+                        k => self.main.bytes[k - 1] != b'\n',
+                    };
+                    self.main.bytes.drain(..f.kept);
+                    if self.main.bytes.is_empty() {
+                        // Written whole; what failed came after (a sync, a rotation).
+                        let n = std::mem::take(&mut self.main.records);
+                        inner.health.pending.fetch_sub(n, Ordering::Relaxed);
+                    }
+                    error = Some(f.error);
+                }
+            }
+        }
+        if let Some(a) = self.anchor.as_mut().filter(|_| !self.side.is_empty()) {
+            match a.commit(&self.side) {
+                Ok(()) => self.side.clear(),
+                Err(f) => {
+                    self.side.drain(..f.kept);
+                    error = error.or(Some(f.error));
+                }
+            }
+        }
+        match error {
+            None => self.recovered(inner),
+            Some(e) => self.failed(inner, &e),
+        }
+    }
+
+    pub(super) fn failed(&mut self, inner: &Inner, e: &std::io::Error) {
+        let health = &inner.health;
+        let started = health.failed(e);
+        match health.on_failure() {
+            OnFailure::Refuse => {
+                if started {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "audit: write failed: {e}; new connections, requests and DNS queries are refused (audit_unavailable) until the trail can be written; no record is dropped (audit.on_failure: refuse)"
+                    );
+                }
+                self.retry_at = Some(Instant::now() + self.retry_wait);
+                self.retry_wait = (self.retry_wait * 2).min(RETRY_MAX);
+            }
+            OnFailure::Continue => {
+                if started {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "audit: write failed: {e}; records are dropped and counted (egress_audit_dropped_total) until the trail can be written (audit.on_failure: continue)"
+                    );
+                }
+                let n = std::mem::take(&mut self.main.records);
+                health.dropped(n);
+                health.pending.fetch_sub(n, Ordering::Relaxed);
+                // A stream that took part of a line gets the rest of that line cut: the next
+                // batch starts on a line of its own.
+                self.main.bytes.clear();
+                if std::mem::take(&mut self.mid_line) {
+                    self.main.bytes.push(b'\n');
+                }
+                self.side.clear();
+            }
+        }
+    }
+
+    pub(super) fn recovered(&mut self, inner: &Inner) {
+        self.retry_at = None;
+        self.retry_wait = RETRY_FIRST;
+        if let Some(took) = inner.health.recovered() {
+            let st = inner.health.status();
+            let _ = writeln!(
+                std::io::stderr(),
+                "audit: writing again after {:.1} s of failure ({} records dropped in all)",
+                took.as_secs_f64(),
+                st.dropped
+            );
+        }
+    }
+}
+
+/// Send a record's JSON line to the observers.
+fn observe(inner: &Inner, e: &Entry, line: &[u8], format: Format) {
+    let mut json = Vec::new();
+    let as_json = match format {
+        Format::Json => {
+            json.extend_from_slice(line);
+            Ok(())
+        }
+        Format::Ocsf => e.encode(&mut json),
+    };
+    if as_json.is_ok() {
+        let _ = inner.observers.send(bytes::Bytes::from(json));
+    }
+}
