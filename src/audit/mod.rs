@@ -47,6 +47,19 @@ pub struct Sink {
     pub metrics: Arc<Metrics>,
 }
 
+impl Sink {
+    /// `Some` when the trail cannot take a record now ([`AuditLog::unavailable`]): the
+    /// caller refuses unrecorded, and the refusal is counted here
+    /// (`egress_audit_backpressure_total`) — one place for every listener.
+    pub fn refuse_unrecorded(&self) -> Option<health::Unavailable> {
+        let why = self.log.unavailable();
+        if why.is_some() {
+            self.metrics.audit_backpressure();
+        }
+        why
+    }
+}
+
 /// What a guard records: how it is counted, and whether it is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Variant {
@@ -311,11 +324,7 @@ impl Recorder {
     /// `Some` when the trail cannot take this request's record now ([`AuditLog::unavailable`]);
     /// the refusal is counted.
     pub fn unavailable(&self) -> Option<health::Unavailable> {
-        let why = self.sink.log.unavailable();
-        if why.is_some() {
-            self.sink.metrics.audit_backpressure();
-        }
-        why
+        self.sink.refuse_unrecorded()
     }
 
     /// The guard of a request that begins now (allowed, `close: eof`, until told otherwise).

@@ -129,9 +129,8 @@ impl DnsListener {
         let reply = if !self.known(request) {
             // An unidentified source over its rate: no answer (summed, never recorded alone).
             return ResponseInfo::from(header);
-        } else if let Some(why) = self.shared.sink.log.unavailable() {
+        } else if let Some(why) = self.shared.sink.refuse_unrecorded() {
             // Nothing can be recorded: answer nothing useful, record nothing (counted).
-            self.shared.metrics().audit_backpressure();
             let text = format!("{}: {}", Reason::AuditUnavailable.code(), why.explain());
             Reply::explained(ResponseCode::Refused, EDE_NOT_READY, text)
         } else {

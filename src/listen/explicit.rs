@@ -402,10 +402,9 @@ fn describe(req: &Request<Incoming>) -> String {
 /// One request, from its target to its tunnel or forwarded exchange.
 async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body> {
     let shared = &conn.shared;
-    if let Some(why) = shared.sink.log.unavailable() {
+    if let Some(why) = shared.sink.refuse_unrecorded() {
         // Every request (the next one on a kept connection, each HTTP/2 stream) is refused
         // while its record could not be kept — unrecorded, counted.
-        shared.metrics().audit_backpressure();
         return deny::response(&Refusal {
             reason: Reason::AuditUnavailable,
             what: &describe(&req),

@@ -83,10 +83,9 @@ pub(super) async fn accept_loop(
             started: Instant::now(),
         };
         let shared = shared.clone();
-        if let Some(why) = shared.sink.log.unavailable() {
+        if let Some(why) = shared.sink.refuse_unrecorded() {
             // The audit trail is behind or failing: refuse rather than accept what cannot be
             // recorded.
-            shared.metrics().audit_backpressure();
             tokio::spawn(refuse_unrecorded(stream, kind, why));
             continue;
         }
