@@ -305,9 +305,8 @@ async fn sweep_dns_memory(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
     loop {
         tick.tick().await;
-        if shared.dns_memory.sweep() >= 1024 {
-            crate::dns::give_back::release_free_memory();
-        }
+        crate::dns::give_back::freed(shared.dns_memory.sweep());
+        crate::dns::give_back::release_if_many();
     }
 }
 

@@ -35,6 +35,7 @@ pub struct Metrics {
     control_plane_errors: IntCounterVec,
     admission_refused: IntCounterVec,
     secret_reflected: IntCounterVec,
+    dns_remembered: IntGaugeVec,
 }
 
 /// `egress_audit_sink_failing_seconds`, `egress_audit_dropped_total`,
@@ -231,7 +232,16 @@ impl Metrics {
             &["sandbox", "credential"],
         )?;
         registry.register(Box::new(secret_reflected.clone()))?;
+        let dns_remembered = IntGaugeVec::new(
+            Opts::new(
+                "egress_dns_remembered_addresses",
+                "Addresses the DNS listener's answers gave each sandbox that are still remembered (TTL plus grace)",
+            ),
+            &["sandbox"],
+        )?;
+        registry.register(Box::new(dns_remembered.clone()))?;
         Ok(Metrics {
+            dns_remembered,
             admission_refused,
             secret_reflected,
             control_plane_revision,
@@ -322,6 +332,17 @@ impl Metrics {
             m.dropped.inc_by(st.dropped - seen);
         }
         m.pending.set(i64::try_from(st.pending).unwrap_or(i64::MAX));
+    }
+
+    /// Export how many addresses each sandbox's DNS answers hold (called before each scrape
+    /// renders; a sandbox holding none has no series).
+    pub fn dns_remembered(&self, shares: &[(crate::policy::sandbox_id::SandboxId, usize)]) {
+        self.dns_remembered.reset();
+        for (sandbox, n) in shares {
+            self.dns_remembered
+                .with_label_values(&[sandbox.as_str()])
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Count a reload or registration attempt.

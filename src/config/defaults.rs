@@ -49,6 +49,9 @@ pub const LIMITS: Limits = Limits {
 pub const SOCKET_BUFFER_BYTES: u32 = 256 * 1024;
 /// `dns.max_answer_ttl_s`
 pub const MAX_ANSWER_TTL_S: u32 = 60;
+/// `dns.answer_grace_s`: clients (the JVM, Go, glibc with nscd) keep answers a little longer
+/// than they were told.
+pub const ANSWER_GRACE_S: u32 = 60;
 /// `audit.path`: stdout.
 pub const AUDIT_PATH: &str = "-";
 /// Top-level `max_connections` (the global cap on identified connections).
@@ -316,12 +319,20 @@ pub(super) fn resolve_dns(raw: RawDns, sink: &mut Sink<'_>) -> DnsConfig {
             Some("max_answer_ttl_s:"),
         );
     }
+    if raw.answer_grace_s > 86_400 {
+        sink.top(
+            "dns.answer_grace_s",
+            "must be at most 86400 (a day)",
+            Some("answer_grace_s:"),
+        );
+    }
     DnsConfig {
         servers,
         hosts,
         timeout: Duration::from_millis(raw.timeout_ms.max(1)),
         address_rule_zones,
         max_answer_ttl: Duration::from_secs(u64::from(raw.max_answer_ttl_s.max(1))),
+        answer_grace: Duration::from_secs(u64::from(raw.answer_grace_s)),
         pass_types,
     }
 }

@@ -127,6 +127,9 @@ pub struct DnsConfig {
     pub address_rule_zones: Vec<String>,
     /// The DNS listener's answers live at most this long (`dns.max_answer_ttl_s`).
     pub max_answer_ttl: Duration,
+    /// How long past its TTL a DNS listener answer still names its addresses for
+    /// transparent connections (`dns.answer_grace_s`).
+    pub answer_grace: Duration,
     /// Record types the DNS listener passes through for names a name rule could allow
     /// (`dns.pass_types`), besides A and AAAA.
     pub pass_types: Vec<u16>,

@@ -128,6 +128,9 @@ pub struct RawDns {
     /// Cap on the TTL of the DNS listener's answers.
     #[serde(default = "d_max_answer_ttl")]
     pub max_answer_ttl_s: u32,
+    /// How long past its TTL an answer still names its addresses (transparent mode).
+    #[serde(default = "d_answer_grace")]
+    pub answer_grace_s: u32,
     /// Record types (names such as `TXT`, `MX`) passed through for allowed names.
     #[serde(default)]
     pub pass_types: Vec<String>,
@@ -135,6 +138,10 @@ pub struct RawDns {
 
 fn d_max_answer_ttl() -> u32 {
     defaults::MAX_ANSWER_TTL_S
+}
+
+fn d_answer_grace() -> u32 {
+    defaults::ANSWER_GRACE_S
 }
 
 impl Default for RawDns {
@@ -145,6 +152,7 @@ impl Default for RawDns {
             timeout_ms: d_dns_timeout(),
             address_rule_zones: None,
             max_answer_ttl_s: d_max_answer_ttl(),
+            answer_grace_s: d_answer_grace(),
             pass_types: Vec::new(),
         }
     }

@@ -268,6 +268,7 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             shared
                 .metrics()
                 .audit_sink(&shared.sink.log.health().status());
+            shared.metrics().dns_remembered(&shared.dns_memory.shares());
             text(
                 StatusCode::OK,
                 "text/plain; version=0.0.4",

@@ -363,7 +363,7 @@ impl DnsListener {
             &sb.binding.id,
             &name,
             &kept,
-            Duration::from_secs(ttl.into()),
+            Duration::from_secs(ttl.into()) + resolver.answer_grace,
         );
         let owner = query.name().clone();
         let records = kept

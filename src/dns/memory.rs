@@ -1,5 +1,5 @@
 //! Answers the DNS listener gave, remembered per sandbox as address → names until the
-//! answer's TTL plus a grace period: a transparent connection that carries no name (SSH,
+//! answer's TTL plus a grace period (`dns.answer_grace_s`): a transparent connection that carries no name (SSH,
 //! Postgres — mode `tcp`) to an address the sandbox obtained for `github.com` is then decided
 //! as `github.com:port` by name rules.
 //!
@@ -20,9 +20,6 @@ use std::time::{Duration, Instant};
 
 use crate::policy::sandbox_id::SandboxId;
 
-/// How long past its TTL an answer still names its addresses: clients (the JVM, Go, glibc
-/// with nscd) keep answers a little longer than they were told.
-pub const GRACE: Duration = Duration::from_secs(60);
 /// Addresses remembered across all sandboxes.
 pub const MAX_ENTRIES: usize = 262_144;
 /// Addresses remembered for one sandbox.
@@ -82,13 +79,14 @@ pub struct DnsMemory {
 }
 
 impl DnsMemory {
-    /// Remember that `sandbox` was told `name` has `addrs`, for `ttl` (plus [`GRACE`]).
-    pub fn remember(&self, sandbox: &SandboxId, name: &str, addrs: &[IpAddr], ttl: Duration) {
+    /// Remember that `sandbox` was told `name` has `addrs`, for `keep` (the answer's TTL plus
+    /// the grace).
+    pub fn remember(&self, sandbox: &SandboxId, name: &str, addrs: &[IpAddr], keep: Duration) {
         if addrs.is_empty() {
             return;
         }
         let now = Instant::now();
-        let until = now + ttl + GRACE;
+        let until = now + keep;
         let name: Arc<str> = name.into();
         let Ok(mut inner) = self.inner.lock() else {
             return;
@@ -165,6 +163,21 @@ impl DnsMemory {
         self.inner.lock().map_or((0, 0), |i| {
             (i.total, i.shares.get(sandbox).map_or(0, |s| s.map.len()))
         })
+    }
+}
+
+impl DnsMemory {
+    /// Addresses remembered per sandbox (for the metrics).
+    pub fn shares(&self) -> Vec<(SandboxId, usize)> {
+        self.inner.lock().map_or_else(
+            |_| Vec::new(),
+            |i| {
+                i.shares
+                    .iter()
+                    .map(|(id, s)| (id.clone(), s.map.len()))
+                    .collect()
+            },
+        )
     }
 }
 
@@ -268,10 +281,10 @@ mod tests {
         let a: IpAddr = "192.0.2.1".parse().unwrap();
         m.remember(&other, "github.com", &[a], Duration::from_secs(30));
         assert_eq!(m.names(&other, a), vec![Arc::<str>::from("github.com")]);
-        // Expired (TTL 0 within the grace): swept, and the memory is given back.
+        // Expired: swept, and the memory is given back.
         {
             let mut inner = m.inner.lock().unwrap();
-            let past = Instant::now() - GRACE - Duration::from_secs(1);
+            let past = Instant::now() - Duration::from_secs(1);
             for names in inner.shares.get_mut(&flood).unwrap().map.values_mut() {
                 for (_, t) in names.iter_mut() {
                     *t = past;

@@ -62,7 +62,7 @@ async fn receive(
             r = socket.recv_from(&mut buf) => r,
             _ = phase.wait_for(|p| *p != Phase::Serving) => return,
             _ = expire.tick() => {
-                cache.expire();
+                crate::dns::give_back::freed(cache.expire());
                 continue;
             }
         };

@@ -87,6 +87,9 @@ pub struct Resolver {
     timeout: Duration,
     /// `dns.max_answer_ttl_s`: also the TTL of `dns.hosts` answers.
     pub max_answer_ttl: Duration,
+    /// `dns.answer_grace_s`: how long past its TTL a DNS listener answer still names its
+    /// addresses for transparent connections.
+    pub answer_grace: Duration,
     /// `dns.pass_types`.
     pub pass_types: Vec<u16>,
 }
@@ -130,6 +133,7 @@ impl Resolver {
                 dns,
                 timeout: cfg.timeout,
                 max_answer_ttl: cfg.max_answer_ttl,
+                answer_grace: cfg.answer_grace,
                 pass_types: cfg.pass_types.clone(),
             },
             warning,
@@ -270,6 +274,7 @@ mod tests {
             timeout: Duration::from_millis(200),
             address_rule_zones: Vec::new(),
             max_answer_ttl: Duration::from_secs(60),
+            answer_grace: Duration::from_secs(60),
             pass_types: Vec::new(),
         };
         let (r, _) = Resolver::new(&cfg);

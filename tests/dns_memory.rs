@@ -1,0 +1,176 @@
+//! The DNS listener's answer memory under a flood, through the real binary and raw UDP
+//! queries: one sandbox asking 20,000 distinct names fills only its own share (16,384
+//! addresses), another sandbox's new names still resolve and are remembered meanwhile, and
+//! once the answers expired (TTL + `dns.answer_grace_s`) the shares are empty and the
+//! process's resident memory is back near where it started. Memory is counted, not timed:
+//! the only waits are for the sweep to run, and they have generous limits.
+
+mod common;
+
+use std::net::UdpSocket;
+use std::time::Duration;
+
+use common::*;
+
+const FLOOD: u32 = 20_000;
+const OTHER: u32 = 20;
+/// `dns::memory::PER_SANDBOX`.
+const SHARE: u64 = 16_384;
+
+fn config(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let mut hosts = String::new();
+    for i in 0..FLOOD {
+        hosts += &format!(
+            "    n{i}.flood.test: [10.{}.{}.{}]\n",
+            (i >> 16) & 255,
+            (i >> 8) & 255,
+            i & 255
+        );
+    }
+    for k in 0..2 * OTHER {
+        hosts += &format!("    o{k}.other.test: [10.200.0.{k}]\n");
+    }
+    let audit = dir.join("audit.jsonl");
+    let path = dir.join("proxy.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:0 }}
+audit: {{ path: {}, dns: denied }}
+dns:
+  servers: ["127.0.0.1:9"]
+  max_answer_ttl_s: 1
+  answer_grace_s: 2
+  hosts:
+{hosts}
+defaults: {{ guard_allow_ranges: [10.0.0.0/8] }}
+sandboxes:
+  - {{ id: flood, sources: [127.0.0.1/32], limits: {{ dns_queries_per_second: 1000000, burst: 1000000 }}, policy: {{ provider: local, config: {{}}, network: {{ egress: ["*.flood.test"] }} }} }}
+  - {{ id: other, sources: [127.0.0.2/32], policy: {{ provider: local, config: {{}}, network: {{ egress: ["*.other.test"] }} }} }}
+"#,
+            audit.display()
+        ),
+    )
+    .unwrap();
+    (path, audit)
+}
+
+/// Resident memory of `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
+/// `egress_dns_remembered_addresses{sandbox}` for each sandbox that has a series.
+fn remembered(proxy: &Proxy) -> Vec<(String, u64)> {
+    let (status, text) = proxy.admin_get("/metrics");
+    assert_eq!(status, 200);
+    text.lines()
+        .filter_map(|l| l.strip_prefix("egress_dns_remembered_addresses{sandbox=\""))
+        .filter_map(|l| {
+            let (id, rest) = l.split_once("\"} ")?;
+            Some((id.to_string(), rest.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Ask `name` from `sock`; the response code and the number of answers.
+fn ask(sock: &UdpSocket, dns: std::net::SocketAddr, id: u16, name: &str) -> Option<(u8, u16)> {
+    sock.send_to(&dns_query(id, name, 1), dns).unwrap();
+    let mut buf = [0u8; 1500];
+    loop {
+        let n = sock.recv(&mut buf).ok()?;
+        let r = &buf[..n];
+        if n >= 12 && r[..2] == id.to_be_bytes() {
+            return Some((r[3] & 15, u16::from_be_bytes([r[6], r[7]])));
+        }
+    }
+}
+
+/// One flood from 127.0.0.1; every 1,000 names the other sandbox asks one new name of its
+/// own, which must resolve. How many flood queries were answered.
+fn flood(proxy: &Proxy, other_from: u32) -> u32 {
+    let dns = proxy.dns.unwrap();
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let o = UdpSocket::bind("127.0.0.2:0").unwrap();
+    o.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut answered = 0;
+    for i in 0..FLOOD {
+        if let Some((0, 1)) = ask(&s, dns, i as u16, &format!("n{i}.flood.test")) {
+            answered += 1;
+        }
+        if i % 1000 == 999 {
+            let k = other_from + i / 1000;
+            let got = ask(&o, dns, k as u16, &format!("o{k}.other.test"));
+            assert_eq!(
+                got,
+                Some((0, 1)),
+                "the other sandbox's new name o{k}.other.test did not resolve during the flood"
+            );
+        }
+    }
+    answered
+}
+
+#[test]
+fn one_sandbox_flooding_fills_only_its_share_and_the_memory_is_given_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, audit) = config(dir.path());
+    let proxy = Proxy::start_with(config, audit, &[]);
+    let pid = proxy.child.id();
+
+    // Warm up (allocator arenas, the loops' buffers) before the baseline.
+    let o = UdpSocket::bind("127.0.0.2:0").unwrap();
+    o.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(
+        ask(&o, proxy.dns.unwrap(), 1, "o0.other.test"),
+        Some((0, 1))
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let start = rss_kib(pid);
+
+    let answered = flood(&proxy, 0);
+    assert_eq!(answered, FLOOD, "every flood query was answered");
+    let peak = rss_kib(pid);
+    let shares = remembered(&proxy);
+    let share = |id: &str| shares.iter().find(|(s, _)| s == id).map(|(_, n)| *n);
+    // The flooder holds its share and no more; the other sandbox's 20 answers (the warm-up's
+    // o0 asked again in the flood) are all remembered.
+    assert_eq!(share("flood"), Some(SHARE), "{shares:?}");
+    assert_eq!(share("other"), Some(u64::from(OTHER)), "{shares:?}");
+    assert!(
+        peak >= start + 4 * 1024,
+        "the flood should have cost memory to give back (start {start} KiB, peak {peak} KiB)"
+    );
+
+    // TTL 1 s + grace 2 s, then the 10 s sweep: nothing remembered, memory given back.
+    eventually(Duration::from_secs(60), "the answers to expire", || {
+        remembered(&proxy).is_empty().then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let after = rss_kib(pid);
+    eprintln!("RSS: start {start} KiB, after the flood {peak} KiB, after expiry {after} KiB");
+    assert!(
+        after - start.min(after) <= (peak - start) / 2,
+        "less than half of the flood's memory was given back (start {start} KiB, peak {peak} KiB, after {after} KiB)"
+    );
+
+    // A second flood does not build on the first.
+    assert_eq!(flood(&proxy, OTHER), FLOOD);
+    let peak2 = rss_kib(pid);
+    eventually(Duration::from_secs(60), "the answers to expire", || {
+        remembered(&proxy).is_empty().then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let after2 = rss_kib(pid);
+    eprintln!("RSS: after a second flood {peak2} KiB, after its expiry {after2} KiB");
+    assert!(
+        after2 - start.min(after2) <= (peak - start) / 2,
+        "a second flood left more behind (start {start} KiB, first peak {peak} KiB, after the second {after2} KiB)"
+    );
+}
