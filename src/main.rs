@@ -560,107 +560,18 @@ fn print_decision(out: &serde_json::Value, as_json: bool) {
     }
 }
 
-/// `egress-proxy observe`: stream `GET /v1/observe` (HTTP/1.0, so the body simply runs until
-/// the connection closes) and print each record.
+/// `egress-proxy observe`: follow the decisions ([`egress_proxy::control::observe_client`]).
 fn observe(
     admin: &str,
     token_file: Option<&std::path::Path>,
     filters: &[(&str, Option<String>)],
     json: bool,
 ) -> ExitCode {
-    use std::io::{BufRead, BufReader, IsTerminal, Write};
-    let token = match token_file {
-        Some(f) => {
-            std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))
-        }
-        None => std::env::var("EGRESS_PROXY_ADMIN_TOKEN")
-            .map_err(|_| "no admin token: --token-file FILE or EGRESS_PROXY_ADMIN_TOKEN".into()),
-    };
-    let token = match token {
-        Ok(t) => t.trim().to_string(),
+    match egress_proxy::control::observe_client::follow(admin, token_file, filters, json) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let Some(authority) = admin
-        .strip_prefix("http://")
-        .map(|a| a.trim_end_matches('/'))
-        .filter(|a| !a.is_empty() && !a.contains('/'))
-    else {
-        eprintln!("error: --admin must be http://HOST:PORT (the admin listener), not {admin}");
-        return ExitCode::from(2);
-    };
-    let query: Vec<String> = filters
-        .iter()
-        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", query_escape(v))))
-        .collect();
-    let mut stream = match std::net::TcpStream::connect(authority) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: cannot connect to the admin listener {authority}: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let request = format!(
-        "GET /v1/observe?{} HTTP/1.0\r\nHost: {authority}\r\nAuthorization: Bearer {token}\r\n\r\n",
-        query.join("&")
-    );
-    if let Err(e) = stream.write_all(request.as_bytes()) {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
-    }
-    let mut reader = BufReader::new(stream);
-    let mut status = String::new();
-    let _ = reader.read_line(&mut status);
-    // The headers, up to the blank line.
-    loop {
-        let mut h = String::new();
-        match reader.read_line(&mut h) {
-            Ok(0) | Err(_) => break,
-            Ok(_) if h.trim_end().is_empty() => break,
-            Ok(_) => {}
+            ExitCode::from(2)
         }
     }
-    if status.split_whitespace().nth(1) != Some("200") {
-        let mut body = String::new();
-        let _ = std::io::Read::read_to_string(&mut reader, &mut body);
-        eprintln!("error: {} {}", status.trim_end(), body.trim_end());
-        return ExitCode::from(2);
-    }
-    let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let mut out = std::io::stdout().lock();
-    for line in reader.lines() {
-        let Ok(line) = line else { break };
-        let printed = if json {
-            writeln!(out, "{line}")
-        } else {
-            match serde_json::from_str::<serde_json::Value>(&line) {
-                Ok(r) => writeln!(
-                    out,
-                    "{}",
-                    egress_proxy::control::observe::human_line(&r, colour)
-                ),
-                Err(_) => continue,
-            }
-        };
-        if printed.and_then(|()| out.flush()).is_err() {
-            // The reader of our output went away.
-            return ExitCode::SUCCESS;
-        }
-    }
-    eprintln!("the admin listener closed the stream");
-    ExitCode::SUCCESS
-}
-
-/// A query value with everything but unreserved characters percent-encoded.
-fn query_escape(v: &str) -> String {
-    v.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }

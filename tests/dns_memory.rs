@@ -2,7 +2,9 @@
 //! queries: one sandbox asking 20,000 distinct names fills only its own share (16,384
 //! addresses), another sandbox's new names still resolve and are remembered meanwhile, and
 //! once the answers expired (TTL + `dns.answer_grace_s`) the shares are empty and the
-//! process's resident memory is back near where it started. Memory is counted, not timed:
+//! process gives a good part of the flood's resident memory back (bounded loosely: RSS is
+//! the allocator's business and moves with the machine's load; the failure this catches is
+//! nothing given back, RSS staying at the peak and a second flood building on the first). Memory is counted, not timed:
 //! the only waits are for the sweep to run, and they have generous limits.
 
 mod common;
@@ -14,7 +16,7 @@ use common::*;
 
 const FLOOD: u32 = 20_000;
 const OTHER: u32 = 20;
-/// `dns::memory::PER_SANDBOX`.
+/// `egress::answers::PER_SANDBOX`.
 const SHARE: u64 = 16_384;
 
 fn config(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
@@ -155,9 +157,12 @@ fn one_sandbox_flooding_fills_only_its_share_and_the_memory_is_given_back() {
     std::thread::sleep(Duration::from_millis(500));
     let after = rss_kib(pid);
     eprintln!("RSS: start {start} KiB, after the flood {peak} KiB, after expiry {after} KiB");
+    // What the flood cost, at least a quarter of it given back (measured: 60-80 %; with
+    // nothing given back RSS stays at or above the peak).
+    let cost = peak - start;
     assert!(
-        after - start.min(after) <= (peak - start) / 2,
-        "less than half of the flood's memory was given back (start {start} KiB, peak {peak} KiB, after {after} KiB)"
+        after + cost / 4 <= peak,
+        "less than a quarter of the flood's memory was given back (start {start} KiB, peak {peak} KiB, after {after} KiB)"
     );
 
     // A second flood does not build on the first.
@@ -170,7 +175,11 @@ fn one_sandbox_flooding_fills_only_its_share_and_the_memory_is_given_back() {
     let after2 = rss_kib(pid);
     eprintln!("RSS: after a second flood {peak2} KiB, after its expiry {after2} KiB");
     assert!(
-        after2 - start.min(after2) <= (peak - start) / 2,
-        "a second flood left more behind (start {start} KiB, first peak {peak} KiB, after the second {after2} KiB)"
+        peak2 <= peak + cost / 2,
+        "a second flood built on the first (start {start} KiB, first peak {peak} KiB, second {peak2} KiB)"
+    );
+    assert!(
+        after2 + (peak2 - start) / 4 <= peak2,
+        "less than a quarter of the second flood's memory was given back (start {start} KiB, peak {peak2} KiB, after {after2} KiB)"
     );
 }

@@ -241,6 +241,48 @@ sandboxes:
     assert!(origin.seen().contains("set a b"), "{}", origin.seen());
 }
 
+/// One first-bytes cap on both paths (64 KiB; the CONNECT path had 16): a 40 KiB head in a
+/// tunnel is read whole and its `Host` checked — a denied name is refused, nothing reaches
+/// the origin, and the same head naming the tunnel's host passes. The transparent side is in
+/// `transparent_netns.rs` (`gateway_checks_every_request_and_requires_tls_on_tls_ports`).
+#[test]
+fn a_head_under_the_one_cap_is_read_whole_and_checked_in_a_tunnel() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Recorder::start();
+    let port = origin.addr.port();
+    let p = Proxy::start(
+        dir.path(),
+        &format!(
+            r#"dns: {{ servers: ["127.0.0.1:9"], hosts: {{ web.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32], ports: [{port}], timeouts: {{ header_ms: 3000 }} }}
+sandboxes:
+  - id: s
+    sources: [127.0.0.0/8]
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["web.test"] }} }}
+"#
+        ),
+    );
+    let target = format!("web.test:{port}");
+    let head = |host: &str, path: &str| {
+        format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nX-Pad: {}\r\n\r\n",
+            "p".repeat(40 * 1024)
+        )
+    };
+    through_tunnel(p.proxy, &target, head("denied.test", "/denied").as_bytes());
+    let rec = eventually(Duration::from_secs(10), "the refusal", || {
+        p.audit_records()
+            .into_iter()
+            .find(|r| r["event"] == "end" && r["reason"] == "host_mismatch")
+    });
+    assert_eq!(rec["decision"], "deny", "{rec}");
+    assert!(origin.seen().is_empty(), "{:.200}", origin.seen());
+    through_tunnel(p.proxy, &target, head("web.test", "/fine").as_bytes());
+    eventually(Duration::from_secs(10), "the allowed head", || {
+        origin.seen().contains("GET /fine").then_some(())
+    });
+}
+
 /// An origin that answers the first request head with `101 Switching Protocols` and keeps
 /// every byte it receives.
 fn switching_origin() -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {

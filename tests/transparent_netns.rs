@@ -1012,6 +1012,27 @@ fn gateway_checks_every_request_and_requires_tls_on_tls_ports() {
         );
     }
 
+    // One first-bytes cap on both paths (64 KiB): a 40 KiB head — over the 16 KiB CONNECT
+    // tunnels once had — is read whole and decided by its Host, here as in a tunnel
+    // (`field_bypasses.rs`): the denied name is refused and nothing reaches the origin.
+    let (port, got) = recording_origin(&ip);
+    let pad = "p".repeat(40 * 1024);
+    let big = format!("GET /big HTTP/1.1\r\nHost: denied.test:{port}\r\nX-Pad: {pad}\r\n\r\n");
+    let script = format!("exec 3<>/dev/tcp/{ip}/{port}; printf '%s' \"$REQS\" >&3; sleep 1");
+    let env_reqs = format!("REQS={big}");
+    let _ = sh(&[
+        "ip", "netns", "exec", &ns.name, "env", &env_reqs, "bash", "-c", &script,
+    ]);
+    let rec =
+        proxy.wait_record(|r| r["event"] == "end" && r["original_dst"] == format!("{ip}:{port}"));
+    assert_eq!(rec["decision"], "deny", "{rec}");
+    assert_eq!(rec["reason"], "denied_by_rule", "{rec}");
+    assert_eq!(rec["target"], format!("denied.test:{port}"), "{rec}");
+    assert!(
+        got.lock().unwrap().is_empty(),
+        "the 40 KiB head reached the origin"
+    );
+
     // Plain HTTP to a port of require_tls_ports is refused, although an address rule allows
     // the destination (TLS to it passes: the gateway test above).
     let bp = by_addr.addr.port();

@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde_yaml::Value;
-use sha2::{Digest, Sha256};
 
+use super::binding_secrets::{resolve_credentials, token_digest};
 use super::block::{parse_block, BlockCtx, SandboxBlock};
 use super::defaults::{check_limits, resolve_limits};
 use super::error::{redact, unknown_field, ConfigError, ConfigErrors, Sink};
-use super::raw::{RawAuth, RawBinding, RawLimits};
+use super::raw::{RawBinding, RawLimits};
 use super::refs::{self, PolicyIndex};
 use super::{Binding, Config, Defaults};
 use crate::policy::sandbox_id::SandboxId;
@@ -390,153 +390,6 @@ pub(super) fn build_binding(
         credentials: credentials.into(),
         upstream_proxy,
     })
-}
-
-/// Load a binding's `credentials` (secrets read now); errors go to `sink`, never a secret.
-fn resolve_credentials(
-    raw: &RawBinding,
-    ctx: &BindingCtx<'_>,
-    sb: Option<&str>,
-    sink: &mut Sink<'_>,
-    line: usize,
-    files: &mut Vec<PathBuf>,
-    warnings: &mut Vec<String>,
-) -> Vec<super::credentials::Credential> {
-    if raw.credentials.is_empty() {
-        return Vec::new();
-    }
-    let Some(key) = ctx.placeholder_key else {
-        sink.push(
-            sb,
-            "credentials",
-            "credentials need `tls_intercept` (the CA that terminates their hosts)",
-            Some("credentials:"),
-            line,
-        );
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    let read = |f: &str| -> Result<String, String> {
-        let p = if Path::new(f).is_absolute() {
-            PathBuf::from(f)
-        } else {
-            ctx.base_dir.join(f)
-        };
-        std::fs::read_to_string(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))
-    };
-    for (i, c) in raw.credentials.iter().enumerate() {
-        if let Some(f) = &c.source.file {
-            let p = if Path::new(f).is_absolute() {
-                PathBuf::from(f)
-            } else {
-                ctx.base_dir.join(f)
-            };
-            files.push(p);
-        }
-        if out
-            .iter()
-            .any(|o: &super::credentials::Credential| o.name == c.name)
-        {
-            sink.push(
-                sb,
-                format!("credentials[{i}]"),
-                format!("duplicate name `{}`", c.name),
-                Some(&c.name),
-                line,
-            );
-            continue;
-        }
-        match super::credentials::resolve(c, &raw.id, &read, key, ctx.secrets, warnings) {
-            Ok(cred) => out.push(cred),
-            Err(errs) => {
-                for e in errs {
-                    sink.push(sb, format!("credentials[{i}]"), e, Some(&c.name), line);
-                }
-            }
-        }
-    }
-    out
-}
-
-fn token_digest(
-    auth: &RawAuth,
-    base_dir: &Path,
-    sb: Option<&str>,
-    sink: &mut Sink<'_>,
-    line: usize,
-    files: &mut Vec<PathBuf>,
-) -> Option<[u8; 32]> {
-    let forms = [
-        auth.token_sha256.is_some(),
-        auth.token_file.is_some(),
-        auth.token_env.is_some(),
-    ];
-    if forms.iter().filter(|f| **f).count() != 1 {
-        sink.push(
-            sb,
-            "auth",
-            "give exactly one of token_sha256, token_file, token_env",
-            Some("auth:"),
-            line,
-        );
-        return None;
-    }
-    let secret = if let Some(hex_digest) = &auth.token_sha256 {
-        let mut out = [0u8; 32];
-        return match hex::decode_to_slice(hex_digest.trim(), &mut out) {
-            Ok(()) => Some(out),
-            Err(_) => {
-                sink.push(
-                    sb,
-                    "auth.token_sha256",
-                    "must be 64 hexadecimal characters (a SHA-256 digest)",
-                    Some("token_sha256:"),
-                    line,
-                );
-                None
-            }
-        };
-    } else if let Some(f) = &auth.token_file {
-        let path = if Path::new(f).is_absolute() {
-            PathBuf::from(f)
-        } else {
-            base_dir.join(f)
-        };
-        files.push(path.clone());
-        match std::fs::read_to_string(&path) {
-            Ok(t) => t.trim().to_string(),
-            Err(e) => {
-                sink.push(
-                    sb,
-                    "auth.token_file",
-                    format!("cannot read {}: {}", path.display(), e.kind()),
-                    Some("token_file:"),
-                    line,
-                );
-                return None;
-            }
-        }
-    } else {
-        let var = auth.token_env.as_deref().unwrap_or_default();
-        match std::env::var(var) {
-            Ok(t) => t.trim().to_string(),
-            Err(_) => {
-                sink.push(
-                    sb,
-                    "auth.token_env",
-                    format!("environment variable {var} is not set"),
-                    Some("token_env:"),
-                    line,
-                );
-                return None;
-            }
-        }
-    };
-    if secret.is_empty() {
-        sink.push(sb, "auth", "the token is empty", Some("auth:"), line);
-        return None;
-    }
-    Some(Sha256::digest(secret.as_bytes()).into())
 }
 
 type ResolvedPolicy = (SandboxBlock, NetworkSpec, Arc<str>, Option<String>);

@@ -2,7 +2,6 @@
 //! them (`defaults:`, `dns:`, `listen:`, limits): raw serde values in, checked typed values
 //! out, every problem recorded in the [`Sink`].
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,13 +10,12 @@ use ipnet::IpNet;
 
 use super::error::Sink;
 use super::raw::{
-    RawAdmission, RawDefaults, RawDns, RawForwardKeepalive, RawLimits, RawListen, RawRuntime,
+    RawAdmission, RawDefaults, RawForwardKeepalive, RawLimits, RawListen, RawRuntime,
 };
 use super::{
-    Admission, ClientNames, Defaults, DnsConfig, ForwardKeepalive, Limits, Listen, ProxyTls,
-    RuntimeLimits, Timeouts,
+    Admission, ClientNames, Defaults, ForwardKeepalive, Limits, Listen, ProxyTls, RuntimeLimits,
+    Timeouts,
 };
-use crate::policy::hostname::normalize_name;
 use crate::policy::ports::PortSet;
 
 /// `listen.proxy`
@@ -255,126 +253,6 @@ pub(super) fn tls_ports(
     v.sort_unstable();
     v.dedup();
     v.into()
-}
-
-pub(super) fn resolve_dns(raw: RawDns, sink: &mut Sink<'_>) -> DnsConfig {
-    let mut servers = Vec::new();
-    for (i, s) in raw.servers.iter().enumerate() {
-        let parsed = s
-            .parse::<SocketAddr>()
-            .ok()
-            .or_else(|| s.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 53)));
-        match parsed {
-            Some(a) => servers.push(a),
-            None => sink.top(
-                format!("dns.servers[{i}]"),
-                format!("`{s}` is not `ip` or `ip:port`"),
-                Some(s),
-            ),
-        }
-    }
-    let mut hosts = BTreeMap::new();
-    for (name, addrs) in raw.hosts {
-        match normalize_name(&name) {
-            Ok(n) => {
-                hosts.insert(n, addrs.into_iter().map(|a| a.to_canonical()).collect());
-            }
-            Err(e) => sink.top(
-                format!("dns.hosts.{name}"),
-                format!("invalid name: {e}"),
-                Some(&name),
-            ),
-        }
-    }
-    if raw.timeout_ms == 0 {
-        sink.top("dns.timeout_ms", "must be positive", Some("timeout_ms:"));
-    }
-    let zones = raw.address_rule_zones.unwrap_or_else(system_search_domains);
-    let mut address_rule_zones = Vec::new();
-    for z in zones {
-        match normalize_name(z.trim_matches('.')) {
-            Ok(n) => address_rule_zones.push(n),
-            Err(_) => sink.top(
-                "dns.address_rule_zones",
-                format!("`{z}` is not a DNS name"),
-                Some("address_rule_zones"),
-            ),
-        }
-    }
-    let mut pass_types = Vec::new();
-    for t in &raw.pass_types {
-        match record_type_code(t) {
-            Some(code) => pass_types.push(code),
-            None => sink.top(
-                "dns.pass_types",
-                format!("`{t}` is not a DNS record type this listener can pass (A and AAAA are always answered; HTTPS and SVCB are always empty)"),
-                Some(t),
-            ),
-        }
-    }
-    if raw.max_answer_ttl_s == 0 {
-        sink.top(
-            "dns.max_answer_ttl_s",
-            "must be positive",
-            Some("max_answer_ttl_s:"),
-        );
-    }
-    if raw.answer_grace_s > 86_400 {
-        sink.top(
-            "dns.answer_grace_s",
-            "must be at most 86400 (a day)",
-            Some("answer_grace_s:"),
-        );
-    }
-    DnsConfig {
-        servers,
-        hosts,
-        timeout: Duration::from_millis(raw.timeout_ms.max(1)),
-        address_rule_zones,
-        max_answer_ttl: Duration::from_secs(u64::from(raw.max_answer_ttl_s.max(1))),
-        answer_grace: Duration::from_secs(u64::from(raw.answer_grace_s)),
-        pass_types,
-    }
-}
-
-/// The numeric code of a record type named in `dns.pass_types` (`TXT`, `mx`, `TYPE99`). The
-/// types the listener answers itself (A, AAAA, HTTPS, SVCB) and zone-transfer or meta types
-/// cannot be passed.
-fn record_type_code(name: &str) -> Option<u16> {
-    use hickory_proto::rr::RecordType;
-    let upper = name.trim().to_ascii_uppercase();
-    let t = match upper.strip_prefix("TYPE") {
-        Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
-            RecordType::from(n.parse::<u16>().ok()?)
-        }
-        _ => upper.parse::<RecordType>().ok()?,
-    };
-    match t {
-        RecordType::A
-        | RecordType::AAAA
-        | RecordType::HTTPS
-        | RecordType::SVCB
-        | RecordType::ANY
-        | RecordType::AXFR
-        | RecordType::IXFR
-        | RecordType::OPT
-        | RecordType::ZERO => None,
-        t => Some(u16::from(t)),
-    }
-}
-
-/// The `search` (or `domain`) domains of `/etc/resolv.conf`: in Kubernetes,
-/// `<ns>.svc.cluster.local svc.cluster.local cluster.local`.
-fn system_search_domains() -> Vec<String> {
-    let text = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        if let Some("search" | "domain") = words.next() {
-            out = words.map(str::to_string).collect();
-        }
-    }
-    out
 }
 
 pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut Sink<'_>) -> Listen {

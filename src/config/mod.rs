@@ -11,11 +11,13 @@
 
 pub mod audit;
 mod binding;
+mod binding_secrets;
 pub mod block;
 mod conformance;
 pub mod control_plane;
 pub mod credentials;
 pub mod defaults;
+mod dns;
 pub mod error;
 mod load;
 mod raw;
@@ -37,9 +39,9 @@ pub use block::SandboxBlock;
 use control_plane::{resolve_control_plane, RawControlPlane};
 pub use control_plane::{EtcdConfig, EtcdTls};
 use defaults::{
-    resolve_admission, resolve_defaults, resolve_dns, resolve_forward_keepalive, resolve_listen,
-    resolve_runtime,
+    resolve_admission, resolve_defaults, resolve_forward_keepalive, resolve_listen, resolve_runtime,
 };
+use dns::resolve_dns;
 use error::{redact, unknown_field, Sink};
 pub use error::{ConfigError, ConfigErrors};
 use load::{build_bindings, check_top_keys, parse_top, section};

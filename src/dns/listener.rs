@@ -21,7 +21,7 @@
 //!   asked as `github.com.<ns>.svc.cluster.local`, and a REFUSED there would fail the lookup
 //!   of an allowed name. `enforcement: report` answers and records `report`.
 //!
-//! Each answer is remembered (see [`crate::dns::memory`]) so the transparent listener can
+//! Each answer is remembered (see [`crate::egress::answers`]) so the transparent listener can
 //! decide a nameless connection by the name the sandbox resolved. One audit record per query
 //! (`mode: "dns"`), `egress_dns_queries_total{sandbox,decision}`.
 

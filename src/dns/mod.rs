@@ -6,7 +6,6 @@ pub(crate) mod answer_cache;
 #[allow(unsafe_code)]
 pub(crate) mod give_back;
 pub(crate) mod listener;
-pub(crate) mod memory;
 pub mod question;
 pub(crate) mod strangers;
 pub(crate) mod tcp;

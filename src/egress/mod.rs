@@ -5,13 +5,15 @@
 //! is the data plane's by construction.
 
 pub(crate) mod admission;
-pub(crate) mod allowed;
+pub mod admit;
+pub(crate) mod answers;
 pub(crate) mod grant;
 pub(crate) mod identity;
 pub mod limits;
 pub(crate) mod parent;
 pub mod resolve;
 pub(crate) mod roots;
+pub mod verdict;
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};

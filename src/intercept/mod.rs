@@ -28,9 +28,12 @@ use crate::audit::outcome::Close;
 use crate::audit::AuditGuard;
 use crate::config::credentials::{BoundHost, InterceptConfig};
 use crate::config::Binding;
+use crate::egress::verdict::{Judgement, Point, Stage};
+use crate::policy::reason::Reason;
 use crate::relay::client_io::ClientIo;
 use crate::relay::liveness::Liveness;
 use crate::relay::tunnel::Relayed;
+use crate::wire::first_bytes::Mismatch;
 use ca::InterceptCa;
 pub use error::InterceptError;
 pub use exchange::CurrentBinding;
@@ -99,12 +102,13 @@ impl Interceptor {
 }
 
 /// Why a plain-HTTP request of `binding` to `host` must be refused for its credentials: the
-/// host has a credential bound (it would travel in clear), or the request carries a
-/// placeholder. `None`: nothing to do with credentials.
-pub fn plain_http_misuse<B>(
+/// host has a credential bound (it would travel in clear), or the request (`uri`, `headers`)
+/// carries a placeholder. `None`: nothing to do with credentials.
+pub fn plain_http_misuse(
     binding: &Binding,
     host: &str,
-    req: &http::Request<B>,
+    uri: &http::Uri,
+    headers: &http::HeaderMap,
 ) -> Option<String> {
     for c in binding.credentials.iter() {
         if c.bound_to(host) {
@@ -114,12 +118,10 @@ pub fn plain_http_misuse<B>(
             ));
         }
         let p = c.placeholder.as_bytes();
-        let in_uri = req
-            .uri()
+        let in_uri = uri
             .path_and_query()
             .is_some_and(|pq| placeholder::contains(pq.as_str().as_bytes(), p));
-        let in_headers = req
-            .headers()
+        let in_headers = headers
             .iter()
             .any(|(n, v)| placeholder::carried(n, v, &c.placeholder));
         if in_uri || in_headers {
@@ -130,6 +132,31 @@ pub fn plain_http_misuse<B>(
         }
     }
     None
+}
+
+/// The verdict stage that keeps credentials out of clear text: a forwarded plain-HTTP
+/// request to a host a credential is bound to, or carrying a placeholder, is refused
+/// (`credential_misuse`) before anything is dialled.
+pub struct InClear;
+
+impl Stage for InClear {
+    fn name(&self) -> &'static str {
+        "credentials in clear"
+    }
+
+    fn judge(&self, at: &Point<'_>) -> Judgement {
+        let Some((uri, headers)) = at.request else {
+            return Judgement::Pass;
+        };
+        let host = at.target.host.to_string();
+        match plain_http_misuse(&at.sandbox.binding, &host, uri, headers) {
+            None => Judgement::Pass,
+            Some(detail) => Judgement::Refuse(Mismatch {
+                reason: Reason::CredentialMisuse,
+                detail,
+            }),
+        }
+    }
 }
 
 /// One terminated tunnel.

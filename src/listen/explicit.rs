@@ -1,9 +1,10 @@
 //! The explicit proxy listener (`listen.proxy`): HTTP/1.1 `CONNECT host:port` tunnels and
-//! absolute-form request forwarding. One connection is served by [`serve`]; each request by
-//! [`handle`], top to bottom: read the target → identify the sandbox → admit it under its
-//! limits → decide, resolve once, decide on the addresses ([`crate::egress`]) → dial a
-//! checked address → tunnel ([`super::tunnel`]) or forward ([`crate::relay::forward`]). Every refusal is a §6
-//! deny response built by [`crate::relay::deny`]; every request has one audit guard.
+//! absolute-form request forwarding (and the same over TLS and HTTP/2). One connection is
+//! served by [`serve`]; each request by [`handle`], an adapter: read the target → one call
+//! into the admission sequence ([`crate::egress::admit`]: identify, limits, decide, the
+//! verdict point, open, grant) → tunnel ([`super::tunnel`]) or forward
+//! ([`crate::relay::forward`]). Every refusal is a §6 deny response built by
+//! [`crate::relay::deny`]; every request has one audit guard.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,11 +20,8 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::accept::Accepted;
 use crate::audit::{AuditGuard, Close, Mode};
-use crate::egress;
 use crate::egress::admission::UnidentifiedSlot;
-use crate::egress::allowed::Allowed;
-use crate::egress::identity::{self, identify};
-use crate::egress::resolve::ResolveError;
+use crate::egress::admit::{self, Ask, AtCapacity, Door, Evidence, Seat};
 use crate::listen::explicit_tls::ClientCert;
 use crate::policy::reason::Reason;
 use crate::policy::set::Sandbox;
@@ -33,7 +31,6 @@ use crate::relay::abortable::{Abortable, Cut, OverTcp};
 use crate::relay::body::Body;
 use crate::relay::client_io::ClientIo;
 use crate::relay::deny::{self, Refusal};
-use crate::relay::forward::Conn;
 use crate::server::shared::Shared;
 
 /// Largest request head accepted (hyper answers 431 beyond it).
@@ -72,6 +69,19 @@ impl ClientConn {
             Cut::new()
         } else {
             self.cut.clone()
+        }
+    }
+
+    /// The accept facts of the next request: the first one inherits the connection's id and
+    /// start time, each later one gets its own.
+    fn next_accepted(&self) -> Accepted {
+        if self.requests.fetch_add(1, Ordering::Relaxed) == 0 {
+            return self.accepted;
+        }
+        Accepted {
+            conn_id: self.shared.next_conn_id(),
+            client: self.accepted.client,
+            started: Instant::now(),
         }
     }
 
@@ -399,7 +409,9 @@ fn describe(req: &Request<Incoming>) -> String {
     }
 }
 
-/// One request, from its target to its tunnel or forwarded exchange.
+/// One request, from its target to its tunnel or forwarded exchange: read the target, one
+/// call into the admission sequence ([`crate::egress::admit`]), then the tunnel or the
+/// forwarder — or the refusal as a §6 response.
 async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body> {
     let shared = &conn.shared;
     if let Some(why) = shared.sink.refuse_unrecorded() {
@@ -413,21 +425,13 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
             retry_after: Some(1),
         });
     }
-    let accepted = if conn.requests.fetch_add(1, Ordering::Relaxed) == 0 {
-        conn.accepted
-    } else {
-        Accepted {
-            conn_id: shared.next_conn_id(),
-            client: conn.accepted.client,
-            started: Instant::now(),
-        }
-    };
+    let accepted = conn.next_accepted();
     let connect = req.method() == Method::CONNECT;
     let set = shared.policy.load();
+    let resolver = shared.resolver();
     let mode = if connect { Mode::Connect } else { Mode::Http };
     let mut audit = shared.audit(&accepted, mode, &set);
 
-    // 1. The target.
     let target = match read_target(&req) {
         Ok(t) => t,
         Err(why) => {
@@ -437,169 +441,43 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         }
     };
     audit.target(&target);
-
-    // 2. The sandbox. An address that keeps presenting wrong credentials is slowed down
-    // before its next credential is even looked at.
     let credentials = req
         .headers()
         .get(header::PROXY_AUTHORIZATION)
         .map(|v| v.as_bytes());
-    let source = accepted.client.ip();
-    if credentials.is_some() {
-        if let Some(wait) = shared.admissions.auth_blocked(source) {
-            audit.identity_refused(identity::Method::Token);
-            audit.detail("too many failed authentications from this address");
-            let d = Decision::deny(Reason::RateLimited, None);
-            let why = "too many failed authentications from this address; retry later".into();
-            let retry = wait.as_secs_f64().ceil().max(1.0) as u64;
-            return refuse(audit, &req, None, d, why, Some(retry));
-        }
-    }
-    let default = shared.settings.default_sandbox.as_deref();
-    let identity = match &conn.cert {
-        // A verified certificate decides: it never falls through to a weaker method.
-        ClientCert::Names(id) => identity::by_certificate(&set, Some(id)),
-        ClientCert::Unnamed => identity::by_certificate(&set, None),
-        ClientCert::Absent => identify(&set, credentials, source, default),
-    };
-    let who = match identity {
-        Ok(w) => w,
-        Err(refused) => {
-            audit.identity_refused(refused.method);
-            if matches!(refused.reason, Reason::AuthFailed | Reason::UnknownSandbox) {
-                shared.admissions.auth_failed(source);
-            }
-            // The audit keeps the difference; the client cannot tell an unknown sandbox id
-            // from a wrong token.
-            audit.decision(&Decision::deny(refused.reason, None));
-            let public = match refused.reason {
-                Reason::UnknownSandbox => Reason::AuthFailed,
-                r => r,
-            };
-            let d = Decision::deny(public, None);
-            let why = d.explain("-", "-", target.port);
-            return refuse_as(audit, &req, None, &d, why, None);
-        }
-    };
-    let sb = who.sandbox.clone();
-    audit.identified(&who, sb.stats(shared.metrics()).clone());
-    if !conn.identified() {
-        audit.close(Close::Limit);
-        let d = Decision::deny(Reason::ConnectionLimit, None);
-        let why = "egress-proxy is at its connection limit (max_connections)".to_string();
-        return refuse(audit, &req, Some(&sb), d, why, Some(1));
-    }
-
-    // 3. Its limits: a place under max_connections and a rate token, before any work. Each
-    // HTTP/2 stream takes a place of its own under the global cap, as an HTTP/1.1 connection
-    // does (its connection keeps the one it took when it identified).
-    let stream_place = match conn.h2 {
-        false => None,
-        true => match shared.take_cap() {
-            Some(p) => Some(p),
-            None => {
-                audit.close(Close::Limit);
-                let d = Decision::deny(Reason::ConnectionLimit, None);
-                let why = "egress-proxy is at its connection limit (max_connections)".to_string();
-                return refuse(audit, &req, Some(&sb), d, why, Some(1));
-            }
+    let door = Door {
+        source: accepted.client.ip(),
+        evidence: match &conn.cert {
+            ClientCert::Names(id) => Evidence::Certificate(Some(id)),
+            ClientCert::Unnamed => Evidence::Certificate(None),
+            ClientCert::Absent => Evidence::Presented { credentials },
         },
+        port: target.port,
     };
-    let mut slot = match shared.admit(&sb) {
-        Ok(slot) => slot,
-        Err((reason, retry_after)) => {
-            audit.close(Close::Limit);
-            let d = Decision::deny(reason, None);
-            let why = d.explain(&sb.binding.id, sb.policy.file(), 0);
-            return refuse(audit, &req, Some(&sb), d, why, Some(retry_after));
-        }
+    let ask = Ask {
+        target,
+        original: None,
+        nameless: None,
+        first: None,
+        request: (!connect).then(|| (req.uri(), req.headers())),
+        reuse: !connect,
     };
-    if let Some(place) = stream_place {
-        slot.hold(place);
-    }
-
-    // 4. Decide on the name, resolve once, decide on the addresses.
-    let resolver = shared.resolver();
-    let parent = shared.parent_for(&sb, &target);
-    let decided = match parent {
-        Some(_) => egress::decide_for_parent(&set, &sb, &target, shared.lookup(&resolver)).await,
-        None => egress::decide(&set, &sb, &target, None, shared.lookup(&resolver)).await,
-    };
-    audit.decided(&decided);
-    let opaque = decided.decision.allows_opaque(&target);
-    if !decided.proceeds() {
-        let mut why = decided
-            .decision
-            .explain(&sb.binding.id, sb.policy.file(), target.port);
-        if let Some(ResolveError::Failed(detail)) = &decided.resolver_error {
-            why = format!("{why} ({detail})");
-        }
-        return refuse(audit, &req, Some(&sb), decided.decision, why, None);
-    }
-
-    // A credential never travels in clear: plain HTTP to a host one is bound to, or carrying
-    // a placeholder, is refused before anything is dialled.
-    if !connect {
-        if let Some(why) =
-            crate::intercept::plain_http_misuse(&sb.binding, &target.host.to_string(), &req)
-        {
-            let d = Decision::deny(crate::policy::reason::Reason::CredentialMisuse, None);
-            audit.detail(why.clone());
-            return refuse(audit, &req, Some(&sb), d, why, None);
-        }
-    }
-
-    // 5. Dial only a checked address — or, for a forwarded request, take a kept connection
-    // of this sandbox to this authority at one of the addresses just checked.
-    let kept = match connect || parent.is_some() {
-        true => None,
-        false => shared.upstreams.take(
-            &sb.binding.id,
-            &target.to_string(),
-            &decided.dial,
-            target.port,
-        ),
-    };
-    if let Some(up) = kept {
-        audit.dialed(up.addr);
-        let grant = egress::grant(&who, target, up.addr.ip(), &set);
-        drop(set);
-        let allowed = Allowed {
-            audit,
-            sandbox: sb,
-            grant,
-            dialed: Conn::Kept(up),
-            slot,
-        };
-        let shared = conn.shared.clone();
-        return crate::relay::forward::forward(shared, conn.exchange_cut(), req, allowed).await;
-    }
-    let (dialed, checked) = match shared
-        .open_allowed(&sb, &set, &decided, &target, None, &mut audit)
-        .await
-    {
-        Ok(x) => x,
-        Err(failed) => {
-            let d = Decision::deny(failed.reason, None);
-            let mut why = d.explain(&sb.binding.id, sb.policy.file(), target.port);
-            if !failed.detail.is_empty() {
-                why = format!("{why}: {}", failed.detail);
-            }
-            return refuse(audit, &req, Some(&sb), d, why, None);
-        }
-    };
-    audit.dialed(dialed.addr);
-    let grant = egress::grant(&who, target, checked, &set);
+    let admitted = admit::admit(
+        &shared.cx(&set, &resolver),
+        door,
+        &mut Places(&conn),
+        ask,
+        &mut audit,
+    )
+    .await;
     drop(set);
-    let allowed = Allowed {
-        audit,
-        sandbox: sb,
-        grant,
-        dialed,
-        slot,
+    let admitted = match admitted {
+        Ok(a) => a,
+        Err(r) => {
+            let sandbox = r.sandbox.as_deref();
+            return refuse_as(audit, &req, sandbox, &r.shown, r.explanation, r.retry_after);
+        }
     };
-
-    // 6. Relay.
     if connect {
         // An HTTP/1.1 connection's place goes to its tunnel (the HTTP connection ends there);
         // an HTTP/2 stream's tunnel holds its own place in its slot.
@@ -607,24 +485,28 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
             true => None,
             false => conn.permit.lock().ok().and_then(|mut p| p.take()),
         };
-        super::tunnel::tunnel(conn.shared.clone(), permit, req, allowed, opaque)
+        super::tunnel::tunnel(conn.shared.clone(), permit, req, audit, admitted)
     } else {
-        let Allowed {
-            audit,
-            sandbox,
-            grant,
-            dialed,
-            slot,
-        } = allowed;
-        let allowed = Allowed {
-            audit,
-            sandbox,
-            grant,
-            dialed: Conn::Dialed(dialed),
-            slot,
-        };
         let shared = conn.shared.clone();
-        crate::relay::forward::forward(shared, conn.exchange_cut(), req, allowed).await
+        crate::relay::forward::forward(shared, conn.exchange_cut(), req, audit, admitted).await
+    }
+}
+
+/// The explicit listener's places under the global cap: a request that identifies a sandbox
+/// moves its connection from the address's unidentified allowance to the cap (once per
+/// connection); each HTTP/2 stream also takes a place of its own, as an HTTP/1.1 connection
+/// does.
+struct Places<'a>(&'a ClientConn);
+
+impl Seat for Places<'_> {
+    fn identified(&mut self) -> Result<Option<OwnedSemaphorePermit>, AtCapacity> {
+        if !self.0.identified() {
+            return Err(AtCapacity);
+        }
+        match self.0.h2 {
+            false => Ok(None),
+            true => self.0.shared.take_cap().map(Some).ok_or(AtCapacity),
+        }
     }
 }
 

@@ -1,11 +1,14 @@
 //! How does a connection arrive, and where does it say it goes? The listeners of the data
-//! plane: the explicit proxy (`CONNECT` and absolute-form HTTP, over TCP or TLS) and the
-//! transparent listener (redirected TCP: the original destination, then the first bytes), the
-//! client's stream, and the one refusal builder every listener answers with.
+//! plane, each an adapter that parses its protocol, makes one call into the admission
+//! sequence ([`crate::egress::admit`]) and hands what it admitted to the one relay chooser
+//! ([`relay_choice`]): the explicit proxy (`CONNECT` and absolute-form HTTP, over TCP or TLS,
+//! HTTP/1.1 or HTTP/2) and the transparent listener (redirected TCP: the original destination,
+//! then the first bytes).
 
 pub(crate) mod explicit;
 pub(crate) mod explicit_tls;
 #[allow(unsafe_code)]
 pub(crate) mod orig_dst;
+pub(crate) mod relay_choice;
 pub(crate) mod transparent;
 mod tunnel;

@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 use crate::audit::metrics::ActiveGuard;
 use crate::audit::{AuditGuard, Close};
-use crate::egress::allowed::Allowed;
+use crate::egress::admit::{Admitted, Route};
 use crate::egress::limits::{ConnectionSlot, SandboxLimiter};
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;
@@ -31,15 +31,6 @@ use crate::relay::liveness::Liveness;
 use crate::relay::shaped_body::ShapedBody;
 use crate::relay::upstream_pool::Upstream;
 use crate::server::shared::Shared;
-
-/// How a forwarded request reaches its origin.
-pub enum Conn {
-    /// A socket dialled for it.
-    Dialed(crate::egress::Dialed),
-    /// A kept connection of the same sandbox to the same authority, at an address this
-    /// request's decision allows.
-    Kept(Upstream),
-}
 
 /// What lives exactly as long as the exchange: its record, its place in the active gauge
 /// and under the sandbox's connection limit. Shared by the response body, the watcher task
@@ -63,15 +54,16 @@ pub async fn forward(
     shared: Arc<Shared>,
     cut: Arc<Cut>,
     req: Request<Incoming>,
-    allowed: Allowed<Conn>,
+    mut audit: AuditGuard,
+    admitted: Admitted,
 ) -> Response<Body> {
-    let Allowed {
-        mut audit,
+    let Admitted {
         sandbox,
         grant,
-        dialed,
+        route,
         slot,
-    } = allowed;
+        ..
+    } = admitted;
     let limiter = slot.limiter().clone();
     let shaped = limiter.shapes();
     let live = Arc::new(Liveness::new(shared.settings.timeouts.idle));
@@ -91,9 +83,9 @@ pub async fn forward(
     let shaper = shaped.then(|| limiter.clone());
     let upstream_req = for_origin(req, &host, live.clone(), shaper);
 
-    let mut up = match dialed {
-        Conn::Kept(up) => up,
-        Conn::Dialed(d) => match Upstream::handshake(d.stream, d.addr).await {
+    let mut up = match route {
+        Route::Kept(up) => up,
+        Route::Dialed(d) => match Upstream::handshake(d.stream, d.addr).await {
             Ok(up) => up,
             Err(e) => return bad_gateway(&exchange, &e, &failed),
         },

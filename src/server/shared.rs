@@ -13,11 +13,12 @@ use crate::audit::metrics::Metrics;
 use crate::audit::{AuditGuard, Mode, Sink};
 use crate::config::Timeouts;
 use crate::egress::admission::Admissions;
-use crate::egress::limits::{ConnectionSlot, Limiters, Refusal as LimitRefusal};
+use crate::egress::admit::Cx;
+use crate::egress::limits::Limiters;
 use crate::egress::resolve::Resolver;
+use crate::egress::verdict::{FirstBytesStage, Verdicts};
 use crate::egress::Lookup;
-use crate::policy::reason::Reason;
-use crate::policy::set::{LivePolicy, PolicySet, Sandbox};
+use crate::policy::set::{LivePolicy, PolicySet};
 use crate::relay::watch::{Grant, Phase, Watch};
 
 /// Settings fixed for the life of the process.
@@ -61,13 +62,15 @@ pub struct Shared {
     pub ready: AtomicBool,
     /// Answers the DNS listener gave, by sandbox and address (names for nameless
     /// transparent connections).
-    pub dns_memory: crate::dns::memory::DnsMemory,
+    pub dns_memory: crate::egress::answers::DnsMemory,
     /// Open descriptors against the reserve kept for the data plane.
     pub descriptors: Arc<crate::server::descriptors::Descriptors>,
     /// DNS clients no sandbox has: their refusals summed per source, their rate bounded.
     pub dns_strangers: Arc<crate::dns::strangers::Strangers>,
     /// Idle upstream connections of forwarded requests, per sandbox and origin.
     pub upstreams: crate::relay::upstream_pool::UpstreamPool,
+    /// The verdict point's stages, in order.
+    pub verdicts: Verdicts,
     /// Source of `conn_id`s.
     next_id: AtomicU64,
 }
@@ -83,6 +86,10 @@ impl Shared {
     ) -> Self {
         Shared {
             upstreams: crate::relay::upstream_pool::UpstreamPool::new(settings.forward_keepalive),
+            verdicts: Verdicts::new(vec![
+                Arc::new(FirstBytesStage),
+                Arc::new(crate::intercept::InClear),
+            ]),
             policy: LivePolicy::new(policy),
             resolver: ArcSwap::from_pointee(resolver),
             sink,
@@ -140,60 +147,24 @@ impl Shared {
         }
     }
 
-    /// The parent proxy `sandbox`'s exchange with `target` goes through: its own, or the
-    /// top-level one; none when it is `direct`, the target is bypassed, or none is configured.
-    pub fn parent_for<'a>(
-        &'a self,
-        sandbox: &'a crate::policy::set::Sandbox,
-        target: &crate::policy::target::Target,
-    ) -> Option<&'a crate::config::upstream::UpstreamProxy> {
-        let top = self.settings.upstream_proxy.as_deref();
-        let parent = sandbox.binding.upstream_proxy.pick(top)?;
-        (!parent.bypassed(target)).then_some(parent)
-    }
-
-    /// Open what `decided` allowed for `sandbox` — directly, or through its parent proxy —
-    /// and say in `audit` which way (or why not): the connection and the address its grant
-    /// is watched with. `prefer`: the client's own destination (transparent mode).
-    pub async fn open_allowed(
-        &self,
-        sandbox: &crate::policy::set::Sandbox,
-        set: &crate::policy::set::PolicySet,
-        decided: &crate::egress::Decided,
-        target: &crate::policy::target::Target,
-        prefer: Option<std::net::IpAddr>,
-        audit: &mut crate::audit::AuditGuard,
-    ) -> Result<(crate::egress::Dialed, std::net::IpAddr), crate::egress::parent::ParentFailed>
-    {
-        let resolver = self.resolver();
-        let opened = crate::egress::parent::open(
-            self.parent_for(sandbox, target),
-            decided,
-            target,
-            prefer,
-            &set.guard,
-            &resolver,
-            self.settings.timeouts.connect,
-            self.metrics(),
-        )
-        .await;
-        match opened {
-            Ok(o) => {
-                if let Some(via) = o.via {
-                    audit.detail(via);
-                }
-                Ok((o.dialed, o.checked))
-            }
-            Err(failed) => {
-                if !failed.detail.is_empty() {
-                    audit.detail(failed.detail.clone());
-                }
-                Err(failed)
-            }
+    /// The handles the admission sequence reads, for one exchange decided under `set` with
+    /// `resolver`.
+    pub fn cx<'a>(&'a self, set: &'a PolicySet, resolver: &'a Resolver) -> Cx<'a> {
+        Cx {
+            set,
+            resolver,
+            metrics: self.metrics(),
+            limiters: &self.limiters,
+            admissions: &self.admissions,
+            answers: &self.dns_memory,
+            upstreams: &self.upstreams,
+            verdicts: &self.verdicts,
+            default_sandbox: self.settings.default_sandbox.as_deref(),
+            parent: self.settings.upstream_proxy.as_deref(),
+            connect_timeout: self.settings.timeouts.connect,
         }
     }
 
-    /// Watch `grant` against every later policy and the process phase.
     /// The binding of sandbox `id` as it is at each call, with the version of the set it is
     /// in: what a terminated tunnel reads per request.
     pub fn current_binding(
@@ -209,23 +180,9 @@ impl Shared {
         })
     }
 
+    /// Watch `grant` against every later policy and the process phase.
     pub fn watch(&self, grant: Grant) -> Watch {
         let mine = self.policy.subscribe_sandbox(&grant.sandbox);
         Watch::new(grant, self.policy.subscribe(), mine, self.phase.subscribe())
-    }
-
-    /// Admit a connection of `sandbox` under its limits, or count the refusal and say why
-    /// (reason, seconds for Retry-After).
-    pub fn admit(&self, sandbox: &Sandbox) -> Result<ConnectionSlot, (Reason, u64)> {
-        let limiter = sandbox.limiter(&self.limiters);
-        limiter.admit(self.limiters.now()).map_err(|r| {
-            self.metrics().rate_limited(&sandbox.binding.id, r.label());
-            match r {
-                LimitRefusal::Connections => (Reason::ConnectionLimit, 1),
-                LimitRefusal::Rate(d) => {
-                    (Reason::RateLimited, d.as_secs_f64().ceil().max(1.0) as u64)
-                }
-            }
-        })
     }
 }

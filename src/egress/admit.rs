@@ -1,0 +1,450 @@
+//! The one admission sequence. Every data-plane listener parses its own protocol into a
+//! [`Door`] (who the client is) and an [`Ask`] (which target, its first bytes if read, the
+//! request head of a forwarded request) and calls [`admit`] once; it returns an [`Admitted`]
+//! exchange (a checked connection, its grant and its place under the limits) or a [`Refused`]
+//! one, already recorded on the audit guard, that the listener turns into its own answer (an
+//! HTTP status, a reset). A listener that must read before it knows the target (transparent
+//! mode peeks under the sandbox's limits) calls the two halves: [`enter`] (steps 1-2) gives an
+//! [`Entered`] exchange, the only way to [`Entered::admit`] (steps 3-6). In order, each step
+//! refusing what it must:
+//! 1. identify the sandbox (a certificate; else `Proxy-Authorization`, the source address, the
+//!    default sandbox), an address failing to authenticate too often being slowed first;
+//! 2. the listener's place under the global cap ([`Seat`]), then the sandbox's limits;
+//! 3. decide on the name, resolve once, decide on every address (address rules, the guard) —
+//!    directly or for a parent proxy; a nameless transparent connection by a name the DNS
+//!    listener gave the sandbox for its destination;
+//! 4. the verdict point ([`super::verdict`]): stages that may only narrow;
+//! 5. open a checked address (or a parent's tunnel to it; or, for a forwarded request, a kept
+//!    connection to one of the addresses just checked);
+//! 6. the grant the relay watches.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, Uri};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::audit::metrics::Metrics;
+use crate::audit::{AuditGuard, Close};
+use crate::config::upstream::UpstreamProxy;
+use crate::egress::admission::Admissions;
+use crate::egress::answers::DnsMemory;
+use crate::egress::grant::Grant;
+use crate::egress::identity::{self, Identified, Method};
+use crate::egress::limits::{ConnectionSlot, Limiters, Refusal as LimitRefusal};
+use crate::egress::resolve::{ResolveError, Resolver};
+use crate::egress::verdict::{Point, Verdicts};
+use crate::egress::{Decided, Dialed, Lookup};
+use crate::policy::reason::Reason;
+use crate::policy::set::{PolicySet, Sandbox};
+use crate::policy::target::Target;
+use crate::policy::Decision;
+use crate::relay::upstream_pool::{Upstream, UpstreamPool};
+use crate::wire::first_bytes::FirstBytes;
+
+/// The handles the sequence reads, and nothing else.
+pub struct Cx<'a> {
+    /// The policy snapshot the exchange is decided under.
+    pub set: &'a PolicySet,
+    pub resolver: &'a Resolver,
+    pub metrics: &'a Metrics,
+    pub limiters: &'a Limiters,
+    pub admissions: &'a Admissions,
+    /// The DNS listener's answers (names for nameless transparent connections).
+    pub answers: &'a DnsMemory,
+    /// Kept upstream connections of forwarded requests.
+    pub upstreams: &'a UpstreamPool,
+    pub verdicts: &'a Verdicts,
+    /// `listen.default_sandbox`.
+    pub default_sandbox: Option<&'a str>,
+    /// The top-level `upstream_proxy`.
+    pub parent: Option<&'a UpstreamProxy>,
+    /// `timeouts.connect_ms`.
+    pub connect_timeout: Duration,
+}
+
+/// What the client presented to say which sandbox it is.
+#[derive(Clone, Copy)]
+pub enum Evidence<'a> {
+    /// A verified client certificate (the TLS listener), naming a sandbox or not: it decides
+    /// alone, never falling through to a weaker method.
+    Certificate(Option<&'a str>),
+    /// `Proxy-Authorization` if sent; else the source address; else the default sandbox.
+    Presented { credentials: Option<&'a [u8]> },
+}
+
+/// Who is at the door.
+#[derive(Clone, Copy)]
+pub struct Door<'a> {
+    /// The client's address.
+    pub source: IpAddr,
+    pub evidence: Evidence<'a>,
+    /// The port asked for, if known (for the refusal's sentence).
+    pub port: u16,
+}
+
+/// What a listener parsed of where the exchange goes.
+pub struct Ask<'a> {
+    /// The target the client named: a CONNECT authority, an absolute URI's, the SNI or
+    /// `Host` of a transparent connection, else its original address.
+    pub target: Target,
+    /// Transparent mode: where the client's packets were going (dialled first when it is a
+    /// checked address; compared with the name's addresses under `strict_sni_dst`).
+    pub original: Option<IpAddr>,
+    /// Transparent mode, a connection that carried no name: why (for the record), and the
+    /// target may be decided by a name the DNS listener gave the sandbox for `original`.
+    pub nameless: Option<&'static str>,
+    /// The first bytes, when the listener read them before deciding.
+    pub first: Option<&'a FirstBytes>,
+    /// A forwarded plain-HTTP request's target and headers.
+    pub request: Option<(&'a Uri, &'a HeaderMap)>,
+    /// A forwarded request may go on a kept connection.
+    pub reuse: bool,
+}
+
+/// The global cap (`max_connections`) is full.
+#[derive(Debug, Clone, Copy)]
+pub struct AtCapacity;
+
+/// How a listener takes its place under the global cap (`max_connections`) once the sandbox
+/// is known.
+pub trait Seat {
+    /// `Ok(Some(place))` for a place of its own, held with the sandbox's slot until the
+    /// exchange ends (an HTTP/2 stream).
+    fn identified(&mut self) -> Result<Option<OwnedSemaphorePermit>, AtCapacity>;
+}
+
+/// The listener already holds its place (taken at accept): nothing to take.
+pub struct Seated<F: FnMut()>(pub F);
+
+impl<F: FnMut()> Seat for Seated<F> {
+    fn identified(&mut self) -> Result<Option<OwnedSemaphorePermit>, AtCapacity> {
+        (self.0)();
+        Ok(None)
+    }
+}
+
+/// How an admitted exchange reaches its target.
+pub enum Route {
+    /// A connection opened for it (directly, or through a parent proxy).
+    Dialed(Dialed),
+    /// A kept connection of the same sandbox to the same authority, at an address this
+    /// exchange's decision allows (forwarded requests).
+    Kept(Upstream),
+}
+
+/// An admitted exchange: everything a relay needs.
+pub struct Admitted {
+    pub sandbox: Arc<Sandbox>,
+    /// What the relay watches against every later policy.
+    pub grant: Grant,
+    pub route: Route,
+    /// The sandbox's concurrent-connection slot, held until the exchange ends.
+    pub slot: ConnectionSlot,
+    /// The policy's decision (allow, or report in report mode).
+    pub decision: Decision,
+    /// The rule that allowed it lets opaque TCP flow (for a tunnel's first bytes).
+    pub opaque: bool,
+}
+
+/// A refused exchange, already recorded on the guard: what the listener answers with.
+#[derive(Debug)]
+pub struct Refused {
+    /// The decision shown to the client (the record keeps the real one: an unknown sandbox is
+    /// shown as a failed authentication).
+    pub shown: Decision,
+    /// The sandbox, once identified.
+    pub sandbox: Option<Arc<Sandbox>>,
+    /// One sentence for the refusal's body.
+    pub explanation: String,
+    /// Seconds for `Retry-After`.
+    pub retry_after: Option<u64>,
+}
+
+/// Run the whole sequence for one exchange; see the module's documentation.
+pub async fn admit(
+    cx: &Cx<'_>,
+    door: Door<'_>,
+    seat: &mut (dyn Seat + Send),
+    ask: Ask<'_>,
+    audit: &mut AuditGuard,
+) -> Result<Admitted, Refused> {
+    enter(cx, door, seat, audit)?.admit(cx, ask, audit).await
+}
+
+/// An identified exchange admitted under its limits, not yet decided.
+pub struct Entered {
+    who: Identified,
+    slot: ConnectionSlot,
+}
+
+/// Steps 1-2: identify the sandbox, take the listener's place under the global cap and the
+/// sandbox's slot.
+pub fn enter(
+    cx: &Cx<'_>,
+    door: Door<'_>,
+    seat: &mut (dyn Seat + Send),
+    audit: &mut AuditGuard,
+) -> Result<Entered, Refused> {
+    let who = identify(cx, door, audit)?;
+    audit.identified(&who, who.sandbox.stats(cx.metrics).clone());
+    let slot = limits(cx, &who.sandbox, seat, audit)?;
+    Ok(Entered { who, slot })
+}
+
+impl Entered {
+    /// The sandbox identified.
+    pub fn sandbox(&self) -> &Arc<Sandbox> {
+        &self.who.sandbox
+    }
+
+    /// Steps 3-6: decide, the verdict point, open, grant.
+    pub async fn admit(
+        self,
+        cx: &Cx<'_>,
+        ask: Ask<'_>,
+        audit: &mut AuditGuard,
+    ) -> Result<Admitted, Refused> {
+        let Entered { who, slot } = self;
+        let sb = who.sandbox.clone();
+        let parent = parent_for(cx.parent, &sb, &ask.target);
+        let (target, decided) = decide(cx, &sb, &ask, parent, audit).await;
+        audit.decided(&decided);
+        if !decided.proceeds() {
+            let mut why = decided
+                .decision
+                .explain(&sb.binding.id, sb.policy.file(), target.port);
+            if let Some(ResolveError::Failed(detail)) = &decided.resolver_error {
+                why = format!("{why} ({detail})");
+            }
+            return Err(refusal(decided.decision, Some(sb), why, None));
+        }
+        let opaque = decided.decision.allows_opaque(&target);
+        let point = Point {
+            sandbox: &sb,
+            asked: &ask.target,
+            target: &target,
+            decision: &decided.decision,
+            opaque,
+            first: ask.first,
+            request: ask.request,
+        };
+        if let Err(r) = cx.verdicts.judge(&point, audit).await {
+            return Err(refusal(r.decision, Some(sb), r.detail, None));
+        }
+        let (route, checked) = open(cx, &sb, &ask, parent, &decided, &target, audit).await?;
+        let grant = super::grant(&who, target, checked, cx.set);
+        Ok(Admitted {
+            sandbox: sb,
+            grant,
+            route,
+            slot,
+            decision: decided.decision,
+            opaque,
+        })
+    }
+}
+
+fn refusal(
+    shown: Decision,
+    sandbox: Option<Arc<Sandbox>>,
+    explanation: String,
+    retry_after: Option<u64>,
+) -> Refused {
+    Refused {
+        shown,
+        sandbox,
+        explanation,
+        retry_after,
+    }
+}
+
+fn seconds(d: Duration) -> u64 {
+    d.as_secs_f64().ceil().max(1.0) as u64
+}
+
+/// Step 1: the sandbox. An address that keeps presenting wrong credentials is slowed down
+/// before its next credential is even looked at; the client cannot tell an unknown sandbox
+/// from a wrong token (the record can).
+fn identify(cx: &Cx<'_>, door: Door<'_>, audit: &mut AuditGuard) -> Result<Identified, Refused> {
+    let source = door.source;
+    let presented = match door.evidence {
+        Evidence::Presented { credentials } => credentials,
+        Evidence::Certificate(_) => None,
+    };
+    if presented.is_some() {
+        if let Some(wait) = cx.admissions.auth_blocked(source) {
+            audit.identity_refused(Method::Token);
+            audit.detail("too many failed authentications from this address");
+            let d = Decision::deny(Reason::RateLimited, None);
+            audit.decision(&d);
+            let why = "too many failed authentications from this address; retry later";
+            return Err(refusal(d, None, why.into(), Some(seconds(wait))));
+        }
+    }
+    let identified = match door.evidence {
+        Evidence::Certificate(named) => identity::by_certificate(cx.set, named),
+        Evidence::Presented { credentials } => {
+            identity::identify(cx.set, credentials, source, cx.default_sandbox)
+        }
+    };
+    identified.map_err(|refused| {
+        audit.identity_refused(refused.method);
+        if matches!(refused.reason, Reason::AuthFailed | Reason::UnknownSandbox) {
+            cx.admissions.auth_failed(source);
+        }
+        audit.decision(&Decision::deny(refused.reason, None));
+        let public = match refused.reason {
+            Reason::UnknownSandbox => Reason::AuthFailed,
+            r => r,
+        };
+        let d = Decision::deny(public, None);
+        let why = d.explain("-", "-", door.port);
+        refusal(d, None, why, None)
+    })
+}
+
+/// Step 2: the listener's place under the global cap, then the sandbox's own limits (a place
+/// under `max_connections` of its own and a rate token), before any work.
+fn limits(
+    cx: &Cx<'_>,
+    sb: &Arc<Sandbox>,
+    seat: &mut (dyn Seat + Send),
+    audit: &mut AuditGuard,
+) -> Result<ConnectionSlot, Refused> {
+    let limited = |audit: &mut AuditGuard, reason, why: String, retry| {
+        audit.close(Close::Limit);
+        let d = Decision::deny(reason, None);
+        audit.decision(&d);
+        refusal(d, Some(sb.clone()), why, Some(retry))
+    };
+    let Ok(place) = seat.identified() else {
+        let why = "egress-proxy is at its connection limit (max_connections)".to_string();
+        return Err(limited(audit, Reason::ConnectionLimit, why, 1));
+    };
+    let limiter = sb.limiter(cx.limiters);
+    match limiter.admit(cx.limiters.now()) {
+        Ok(mut slot) => {
+            if let Some(place) = place {
+                slot.hold(place);
+            }
+            Ok(slot)
+        }
+        Err(r) => {
+            cx.metrics.rate_limited(&sb.binding.id, r.label());
+            let (reason, retry) = match r {
+                LimitRefusal::Connections => (Reason::ConnectionLimit, 1),
+                LimitRefusal::Rate(d) => (Reason::RateLimited, seconds(d)),
+            };
+            let why = Decision::deny(reason, None).explain(&sb.binding.id, sb.policy.file(), 0);
+            Err(limited(audit, reason, why, retry))
+        }
+    }
+}
+
+/// The parent proxy `sandbox`'s exchange with `target` goes through: its own, or the
+/// top-level one; none when it is `direct`, the target is bypassed, or none is configured.
+pub fn parent_for<'a>(
+    top: Option<&'a UpstreamProxy>,
+    sandbox: &'a Sandbox,
+    target: &Target,
+) -> Option<&'a UpstreamProxy> {
+    let parent = sandbox.binding.upstream_proxy.pick(top)?;
+    (!parent.bypassed(target)).then_some(parent)
+}
+
+/// Step 3: decide. A nameless transparent connection is decided by a name the DNS listener
+/// gave this sandbox for its destination, if a name rule allows one; otherwise on the name
+/// (resolved once), or on the address. Through a parent a name goes unresolved, unless
+/// `strict_sni_dst` must compare the client's destination with its addresses.
+async fn decide(
+    cx: &Cx<'_>,
+    sb: &Sandbox,
+    ask: &Ask<'_>,
+    parent: Option<&UpstreamProxy>,
+    audit: &mut AuditGuard,
+) -> (Target, Decided) {
+    if let (Some(why), Some(original)) = (ask.nameless, ask.original) {
+        let names = cx.answers.names(&sb.binding.id, original);
+        let port = ask.target.port;
+        if let Some((named, decided)) = super::decide_by_answer(cx.set, sb, &names, original, port)
+        {
+            audit.target(&named);
+            audit.detail(format!(
+                "{why}; the name {} came from a DNS answer the proxy gave this sandbox for {original}",
+                named.host
+            ));
+            return (named, decided);
+        }
+    }
+    let lookup = Lookup {
+        resolver: Some(cx.resolver),
+        metrics: Some(cx.metrics),
+    };
+    let strict = ask.original.is_some() && sb.binding.strict_sni_dst;
+    let decided = match parent {
+        Some(_) if !strict => super::decide_for_parent(cx.set, sb, &ask.target, lookup).await,
+        _ => super::decide(cx.set, sb, &ask.target, ask.original, lookup).await,
+    };
+    (ask.target.clone(), decided)
+}
+
+/// Step 5: open what was decided — a kept connection of this sandbox to this authority at an
+/// address just checked (forwarded requests), else a checked address, directly or through
+/// the parent — and say in the record which way (or why not). Returns the route and the
+/// address the grant is watched with.
+async fn open(
+    cx: &Cx<'_>,
+    sb: &Arc<Sandbox>,
+    ask: &Ask<'_>,
+    parent: Option<&UpstreamProxy>,
+    decided: &Decided,
+    target: &Target,
+    audit: &mut AuditGuard,
+) -> Result<(Route, IpAddr), Refused> {
+    if ask.reuse && parent.is_none() {
+        let authority = target.to_string();
+        if let Some(up) = cx
+            .upstreams
+            .take(&sb.binding.id, &authority, &decided.dial, target.port)
+        {
+            audit.dialed(up.addr);
+            let checked = up.addr.ip();
+            return Ok((Route::Kept(up), checked));
+        }
+    }
+    let opened = super::parent::open(
+        parent,
+        decided,
+        target,
+        ask.original,
+        &cx.set.guard,
+        cx.resolver,
+        cx.connect_timeout,
+        cx.metrics,
+    )
+    .await;
+    match opened {
+        Ok(o) => {
+            if let Some(via) = o.via {
+                audit.detail(via);
+            }
+            audit.dialed(o.dialed.addr);
+            Ok((Route::Dialed(o.dialed), o.checked))
+        }
+        Err(failed) => {
+            let d = Decision::deny(failed.reason, None);
+            let mut why = d.explain(&sb.binding.id, sb.policy.file(), target.port);
+            if !failed.detail.is_empty() {
+                audit.detail(failed.detail.clone());
+                why = format!("{why}: {}", failed.detail);
+            }
+            audit.decision(&d);
+            Err(refusal(d, Some(sb.clone()), why, None))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
