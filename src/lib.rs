@@ -42,6 +42,7 @@
 //!   every live exchange by [`policy::live`].
 
 #![deny(unsafe_code)]
+#![warn(clippy::too_many_lines)]
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
@@ -56,5 +57,6 @@ pub mod intercept;
 mod listen;
 pub mod policy;
 pub mod relay;
+pub mod runtime;
 pub mod server;
 pub mod wire;

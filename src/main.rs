@@ -2,6 +2,7 @@
 //! Exit codes: 0 allow / success, 1 deny (`check`), 2 usage or configuration error.
 
 #![deny(unsafe_code)]
+#![warn(clippy::too_many_lines)]
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)

@@ -5,8 +5,6 @@
 
 mod accept;
 mod bind;
-pub(crate) mod descriptors;
-pub(crate) mod shared;
 mod watch;
 
 use std::io::Write as _;
@@ -29,7 +27,7 @@ use crate::egress::admission::Admissions;
 use crate::egress::resolve::Resolver;
 use crate::policy::set::PolicySet;
 use crate::relay::watch::Phase;
-use crate::server::shared::{Settings, Shared};
+use crate::runtime::{Settings, Shared};
 use accept::{Gate, Kind};
 use bind::Listeners;
 

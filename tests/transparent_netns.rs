@@ -1027,7 +1027,8 @@ fn gateway_checks_every_request_and_requires_tls_on_tls_ports() {
         proxy.wait_record(|r| r["event"] == "end" && r["original_dst"] == format!("{ip}:{port}"));
     assert_eq!(rec["decision"], "deny", "{rec}");
     assert_eq!(rec["reason"], "denied_by_rule", "{rec}");
-    assert_eq!(rec["target"], format!("denied.test:{port}"), "{rec}");
+    assert_eq!(rec["target_host"], "denied.test", "{rec}");
+    assert_eq!(rec["target_port"], port, "{rec}");
     assert!(
         got.lock().unwrap().is_empty(),
         "the 40 KiB head reached the origin"

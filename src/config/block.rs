@@ -208,6 +208,10 @@ pub(crate) fn parse_block(
     Some((block, network?))
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "the network block's keys, one after another; moves to serde defaults (issue 38)"
+)]
 fn network_spec(
     block: &SandboxBlock,
     ctx: &BlockCtx<'_>,

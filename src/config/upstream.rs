@@ -263,6 +263,10 @@ impl fmt::Debug for ParentAuthorization {
 
 /// Resolve `upstream_proxy`. `read_file` reads a file relative to the configuration; under
 /// [`super::Secrets::MayBeAbsent`] an unreadable password file is a warning (review tools).
+#[allow(
+    clippy::too_many_lines,
+    reason = "the parent proxy's keys, one after another; moves to serde defaults (issue 38)"
+)]
 pub fn resolve(
     raw: &RawUpstreamProxy,
     read_file: &dyn Fn(&str) -> Result<String, String>,

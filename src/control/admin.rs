@@ -22,7 +22,7 @@ use subtle::ConstantTimeEq;
 
 use crate::control::etcd::{ControlPlane, TTL_RANGE};
 use crate::control::{ChangeError, Controller};
-use crate::server::shared::Shared;
+use crate::runtime::Shared;
 
 /// What the admin API needs.
 pub struct Admin {

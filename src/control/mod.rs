@@ -34,7 +34,7 @@ use crate::config::{Binding, Config};
 use crate::control::state_store::StateStore;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::{Changes, CompileError, PolicySet, Scope};
-use crate::server::shared::Shared;
+use crate::runtime::Shared;
 pub use change_error::ChangeError;
 use registry::{Origin, Ready};
 use reload::fingerprint;

@@ -13,6 +13,7 @@ pub mod limits;
 pub(crate) mod parent;
 pub mod resolve;
 pub(crate) mod roots;
+pub(crate) mod strangers;
 pub mod verdict;
 
 use std::net::{IpAddr, SocketAddr};

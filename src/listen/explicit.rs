@@ -31,7 +31,7 @@ use crate::relay::abortable::{Abortable, Cut, OverTcp};
 use crate::relay::body::Body;
 use crate::relay::client_io::ClientIo;
 use crate::relay::deny::{self, Refusal};
-use crate::server::shared::Shared;
+use crate::runtime::Shared;
 
 /// Largest request head accepted (hyper answers 431 beyond it).
 const MAX_HEAD: usize = 64 * 1024;
@@ -487,8 +487,8 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         };
         super::tunnel::tunnel(conn.shared.clone(), permit, req, audit, admitted)
     } else {
-        let shared = conn.shared.clone();
-        crate::relay::forward::forward(shared, conn.exchange_cut(), req, audit, admitted).await
+        let fx = conn.shared.forwarding(&admitted.grant);
+        crate::relay::forward::forward(fx, conn.exchange_cut(), req, audit, admitted).await
     }
 }
 

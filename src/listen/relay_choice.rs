@@ -26,7 +26,7 @@ use crate::relay::abortable::OverTcp;
 use crate::relay::client_io::ClientIo;
 use crate::relay::server_io::ServerIo;
 use crate::relay::tunnel::Relayed;
-use crate::server::shared::Shared;
+use crate::runtime::Shared;
 use crate::wire::first_bytes::{FirstBytes, Inspected};
 use crate::wire::peek::Peeked;
 

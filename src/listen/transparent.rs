@@ -18,13 +18,13 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::accept::Accepted;
 use crate::audit::{AuditGuard, Mode};
-use crate::egress::admit::{self, Ask, Door, Evidence, Route, Seated};
+use crate::egress::admit::{self, Admitted, Ask, Door, Evidence, Route, Seated};
 use crate::listen::orig_dst::original_dst;
 use crate::policy::reason::Reason;
 use crate::policy::target::{Host, Target};
 use crate::policy::Decision;
 use crate::relay::client_io::ClientIo;
-use crate::server::shared::Shared;
+use crate::runtime::Shared;
 use crate::wire::first_bytes::{FirstBytes, Inspected};
 use crate::wire::peek::{classify, split_host_header, Peeked, MAX_PEEK};
 
@@ -37,26 +37,54 @@ pub async fn serve(
     accepted: Accepted,
     mut stream: TcpStream,
     permit: OwnedSemaphorePermit,
-    mut unidentified: Option<crate::egress::admission::UnidentifiedSlot>,
+    unidentified: Option<crate::egress::admission::UnidentifiedSlot>,
 ) {
     let _ = stream.set_nodelay(true);
     let set = shared.policy.load();
     let resolver = shared.resolver();
-    let cx = shared.cx(&set, &resolver);
     let mut audit = shared.audit(&accepted, Mode::Sni, &set);
+    let cx = shared.cx(&set, &resolver);
+    let admitted = admit_connection(
+        &cx,
+        &shared,
+        &accepted,
+        &mut stream,
+        unidentified,
+        &mut audit,
+    );
+    let (admitted, read) = match admitted.await {
+        Ok(x) => x,
+        Err(None) => return reset_recorded(stream, audit),
+        Err(Some(d)) => return reset(stream, audit, d),
+    };
+    // The set is not kept alive by a long tunnel: the watch re-reads the newest one.
+    drop(set);
+    relay_admitted(&shared, stream, admitted, read, &mut audit).await;
+    drop(audit);
+    drop(permit);
+}
 
-    // Where the client meant to go.
-    let orig = match original_dst(&stream) {
+/// Original destination → [`admit::enter`] (the sandbox by source address or the default,
+/// its limits; identified, the place among connections no sandbox has is given back) → peek
+/// under those limits → the target → [`admit::Entered::admit`]. `Err` with the refusal to
+/// record, or `None` when the guard holds it already.
+async fn admit_connection(
+    cx: &admit::Cx<'_>,
+    shared: &Shared,
+    accepted: &Accepted,
+    stream: &mut TcpStream,
+    mut unidentified: Option<crate::egress::admission::UnidentifiedSlot>,
+    audit: &mut AuditGuard,
+) -> Result<(Admitted, Inspected), Option<Decision>> {
+    let invalid = || Some(Decision::deny(Reason::InvalidTarget, None));
+    let orig = match original_dst(stream) {
         Ok((a, _)) => SocketAddr::new(a.ip().to_canonical(), a.port()),
         Err(e) => {
             audit.detail(format!("no original destination: {e}"));
-            return reset(stream, audit, Decision::deny(Reason::InvalidTarget, None));
+            return Err(invalid());
         }
     };
     audit.original_dst(orig);
-
-    // The sandbox, by source address (or the default), and its limits; identified, the place
-    // among connections no sandbox has is given back.
     let door = Door {
         source: accepted.client.ip(),
         evidence: Evidence::Presented { credentials: None },
@@ -67,20 +95,13 @@ pub async fn serve(
             slot.spoke();
         }
     });
-    let entered = match admit::enter(&cx, door, &mut seat, &mut audit) {
-        Ok(e) => e,
-        Err(_) => return reset_recorded(stream, audit),
-    };
-
-    // Peek, under the sandbox's limits, until the first bytes say what this is.
-    let Ok((buf, peeked)) = peek(&mut stream, shared.settings.timeouts.header).await else {
+    let entered = admit::enter(cx, door, &mut seat, audit).map_err(|_| None)?;
+    let Ok((buf, peeked)) = peek(stream, shared.settings.timeouts.header).await else {
         audit.detail("read error while peeking");
-        return reset(stream, audit, Decision::deny(Reason::InvalidTarget, None));
+        return Err(invalid());
     };
-    // The target: the name the client asked for (SNI or Host), else the address.
-    let Some((named, target)) = target_of(&peeked, orig, &mut audit) else {
-        return reset(stream, audit, Decision::deny(Reason::InvalidTarget, None));
-    };
+    // The name the client asked for (SNI or Host), else the address.
+    let (named, target) = target_of(&peeked, orig, audit).ok_or_else(invalid)?;
     audit.target(&target);
     let first = match &peeked {
         Peeked::Incomplete => FirstBytes::Silent,
@@ -94,42 +115,52 @@ pub async fn serve(
         request: None,
         reuse: false,
     };
-    let admitted = match entered.admit(&cx, ask, &mut audit).await {
-        Ok(a) => a,
-        Err(_) => return reset_recorded(stream, audit),
+    let admitted = entered.admit(cx, ask, audit).await.map_err(|_| None)?;
+    let inspected = Inspected {
+        client: buf,
+        server: Vec::new(),
+        first,
     };
-    let Route::Dialed(dialed) = admitted.route else {
-        return reset_recorded(stream, audit);
-    };
-    // The set is not kept alive by a long tunnel: the watch re-reads the newest one.
-    drop(set);
+    Ok((admitted, inspected))
+}
 
-    // Replay what was peeked (or terminate), then relay until the end, idleness, revocation
-    // or shutdown.
-    let sb = admitted.sandbox;
-    let slot = admitted.slot;
-    let _active = sb.stats(shared.metrics()).active();
-    let target = admitted.grant.target.clone();
-    let stop = shared.watch(admitted.grant).stopped();
+/// Replay what was peeked (or terminate), then relay until the end, idleness, revocation or
+/// shutdown.
+async fn relay_admitted(
+    shared: &Arc<Shared>,
+    stream: TcpStream,
+    admitted: Admitted,
+    inspected: Inspected,
+    audit: &mut AuditGuard,
+) {
+    let Admitted {
+        sandbox,
+        grant,
+        route,
+        slot,
+        ..
+    } = admitted;
+    let Route::Dialed(dialed) = route else {
+        // Transparent connections never ask for a kept connection.
+        audit.close(crate::audit::Close::Error);
+        return;
+    };
+    let _active = sandbox.stats(shared.metrics()).active();
+    let target = grant.target.clone();
+    let stop = shared.watch(grant).stopped();
     let limiter = slot.limiter();
     let shaper = limiter.shapes().then_some(&**limiter);
     let start = Start {
-        shared: &shared,
-        sandbox: &sb,
+        shared,
+        sandbox: &sandbox,
         target: &target,
         client: ClientIo::Tcp(stream),
         server: dialed.stream,
-        inspected: Inspected {
-            client: buf,
-            server: Vec::new(),
-            first,
-        },
+        inspected,
     };
-    let relayed = relay_choice::relay(start, &mut audit, stop, shaper).await;
+    let relayed = relay_choice::relay(start, audit, stop, shaper).await;
     audit.relayed(relayed);
-    drop(audit);
     drop(slot);
-    drop(permit);
 }
 
 /// The target a connection names — SNI or `Host` — on its original port, else its original

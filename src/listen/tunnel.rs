@@ -20,7 +20,7 @@ use crate::relay::body::{self, Body};
 use crate::relay::client_io::ClientIo;
 use crate::relay::server_io::ServerIo;
 use crate::relay::tunnel::Relayed;
-use crate::server::shared::Shared;
+use crate::runtime::Shared;
 use crate::wire::first_bytes::{self, FirstBytes};
 use crate::wire::peek::Peeked;
 

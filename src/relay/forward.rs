@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 use tokio::sync::oneshot;
 
 use crate::audit::metrics::ActiveGuard;
+use crate::audit::metrics::Metrics;
 use crate::audit::{AuditGuard, Close};
 use crate::egress::admit::{Admitted, Route};
 use crate::egress::limits::{ConnectionSlot, SandboxLimiter};
@@ -30,7 +31,8 @@ use crate::relay::deny;
 use crate::relay::liveness::Liveness;
 use crate::relay::shaped_body::ShapedBody;
 use crate::relay::upstream_pool::Upstream;
-use crate::server::shared::Shared;
+use crate::relay::upstream_pool::UpstreamPool;
+use crate::relay::watch::Watch;
 
 /// What lives exactly as long as the exchange: its record, its place in the active gauge
 /// and under the sandbox's connection limit. Shared by the response body, the watcher task
@@ -49,9 +51,26 @@ fn with_audit(ex: &SharedExchange, f: impl FnOnce(&mut AuditGuard)) {
     }
 }
 
+/// What a forwarded exchange reads besides its request: the handles, not the whole runtime.
+pub struct Forwarding {
+    /// The exchange's grant, watched against every later policy and the process phase.
+    pub watch: Watch,
+    /// Where a connection that ended cleanly is kept for the next request.
+    pub upstreams: Arc<UpstreamPool>,
+    pub metrics: Arc<Metrics>,
+    /// `timeouts.idle_ms`.
+    pub idle: std::time::Duration,
+    /// `timeouts.connect_ms` (a kept connection closed under the request is dialled again).
+    pub connect: std::time::Duration,
+}
+
 /// Forward one allowed request and return the origin's response (or a 502).
+#[allow(
+    clippy::too_many_lines,
+    reason = "one forwarded exchange end to end; split pending (issue 38)"
+)]
 pub async fn forward(
-    shared: Arc<Shared>,
+    fx: Forwarding,
     cut: Arc<Cut>,
     req: Request<Incoming>,
     mut audit: AuditGuard,
@@ -66,12 +85,19 @@ pub async fn forward(
     } = admitted;
     let limiter = slot.limiter().clone();
     let shaped = limiter.shapes();
-    let live = Arc::new(Liveness::new(shared.settings.timeouts.idle));
+    let Forwarding {
+        watch,
+        upstreams,
+        metrics,
+        idle,
+        connect,
+    } = fx;
+    let live = Arc::new(Liveness::new(idle));
     audit.count(live.counters());
     let host = host_header(&grant.target);
     let exchange: SharedExchange = Arc::new(Mutex::new(Exchange {
         audit,
-        _active: sandbox.stats(shared.metrics()).active(),
+        _active: sandbox.stats(&metrics).active(),
         _slot: slot,
     }));
 
@@ -98,88 +124,12 @@ pub async fn forward(
     let upstream_cut = up.cut.clone();
 
     // The watcher: cuts both sides on revocation, shutdown or idleness; it ends when the
-    // exchange does.
-    let (done_tx, done_rx) = oneshot::channel::<()>();
-    // Record why, and cut the client connection, *before* the upstream connection is dropped:
-    // the handler must never see the upstream error first and answer the client with a 502.
-    let stop = {
-        let watch = shared.watch(grant.clone());
-        let exchange = exchange.clone();
-        let cut = cut.clone();
-        let upstream_cut = upstream_cut.clone();
-        async move {
-            let close = watch.stopped().await;
-            with_audit(&exchange, |a| a.close(close));
-            // Reset both connections: nothing queued reaches the origin or the client.
-            cut.abort();
-            upstream_cut.abort();
-        }
-    };
-    // Nothing moving in either direction for `idle_ms` — an origin that never answers, a
-    // client that stopped sending its body — ends the exchange the same way.
-    let idle = {
-        let live = live.clone();
-        let exchange = exchange.clone();
-        let cut = cut.clone();
-        let upstream_cut = upstream_cut.clone();
-        async move {
-            live.idle().await;
-            with_audit(&exchange, |a| {
-                a.close_if_unset(Close::Idle);
-                a.detail("nothing moved in either direction for timeouts.idle_ms");
-            });
-            cut.close();
-            upstream_cut.close();
-        }
-    };
-    let watcher_exchange = exchange.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = done_rx => {}
-            _ = stop => {}
-            _ = idle => {}
-        }
-        drop(watcher_exchange);
-    });
+    // exchange does (`done_tx` dropped).
+    let done_tx = watch_exchange(watch, &exchange, &cut, &upstream_cut, &live);
 
-    // A kept connection may have been closed by the origin just as it was taken: a request
-    // that never left, or a bodiless idempotent one that got no answer, is sent again once
-    // on a new connection to the same checked address (RFC 9110 §9.2.2).
-    let again = (up.reused > 0).then(|| resendable(&upstream_req)).flatten();
-    // An error of the request itself (its body from the client could not be read: bad
-    // chunked framing, a short body) is the client's, not the origin's.
-    let sent = match up.sender.try_send_request(upstream_req).await {
-        Ok(resp) => Ok(resp),
-        Err(e) if e.error().is_user() => Err(Sent::Client(e.into_error().to_string())),
-        Err(mut e) if up.reused > 0 => {
-            let unanswered = e.error().is_incomplete_message() || e.error().is_canceled();
-            match e
-                .take_message()
-                .or_else(|| again.filter(|_| unanswered).map(Resend::request))
-            {
-                Some(req) => match redial(&shared, &up).await {
-                    Ok(fresh) => {
-                        up = fresh;
-                        with_audit(&exchange, |a| {
-                            a.detail("the kept upstream connection was closed by the origin; sent again on a new one")
-                        });
-                        up.sender
-                            .send_request(req)
-                            .await
-                            .map_err(|e| match e.is_user() {
-                                true => Sent::Client(e.to_string()),
-                                false => Sent::Origin(e.to_string()),
-                            })
-                    }
-                    Err(err) => Err(Sent::Origin(err)),
-                },
-                None => Err(Sent::Origin(e.into_error().to_string())),
-            }
-        }
-        Err(e) => Err(Sent::Origin(e.into_error().to_string())),
-    };
+    let sent = send((connect, &metrics), &exchange, &mut up, upstream_req).await;
     // Kept for the next request if this exchange ends cleanly; closed otherwise.
-    let after = Mutex::new(Some((shared.clone(), grant, up)));
+    let after = Mutex::new(Some((upstreams, grant, up)));
     match sent {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
@@ -188,10 +138,11 @@ pub async fn forward(
             // Counted, and the record (held by `exchange`) finished when the body ends.
             let body = Counted::new(body, live, false)
                 .on_end(move |ending| {
-                    if let Some((shared, grant, up)) = after.lock().ok().and_then(|mut a| a.take())
+                    if let Some((upstreams, grant, up)) =
+                        after.lock().ok().and_then(|mut a| a.take())
                     {
                         if ending.complete {
-                            shared.upstreams.put(&grant, up);
+                            upstreams.put(&grant, up);
                         } else {
                             up.cut.close();
                         }
@@ -228,6 +179,93 @@ pub async fn forward(
             upstream_cut.close();
             bad_request(&exchange, &e, &failed)
         }
+    }
+}
+
+/// Watch an exchange until it ends (the returned sender dropped): on revocation or shutdown
+/// record why and reset both connections (nothing queued reaches the origin or the client);
+/// when nothing moved in either direction for `idle_ms` — an origin that never answers, a
+/// client that stopped sending its body — close both. The record and the client's cut come
+/// *before* the upstream connection is dropped: the handler must never see the upstream
+/// error first and answer the client with a 502.
+fn watch_exchange(
+    watch: Watch,
+    exchange: &SharedExchange,
+    cut: &Arc<Cut>,
+    upstream_cut: &Arc<Cut>,
+    live: &Arc<Liveness>,
+) -> oneshot::Sender<()> {
+    let (done_tx, done_rx) = oneshot::channel::<()>();
+    let stop = {
+        let (exchange, cut, upstream_cut) = (exchange.clone(), cut.clone(), upstream_cut.clone());
+        async move {
+            let close = watch.stopped().await;
+            with_audit(&exchange, |a| a.close(close));
+            cut.abort();
+            upstream_cut.abort();
+        }
+    };
+    let idle = {
+        let live = live.clone();
+        let (exchange, cut, upstream_cut) = (exchange.clone(), cut.clone(), upstream_cut.clone());
+        async move {
+            live.idle().await;
+            with_audit(&exchange, |a| {
+                a.close_if_unset(Close::Idle);
+                a.detail("nothing moved in either direction for timeouts.idle_ms");
+            });
+            cut.close();
+            upstream_cut.close();
+        }
+    };
+    let watcher_exchange = exchange.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = done_rx => {}
+            _ = stop => {}
+            _ = idle => {}
+        }
+        drop(watcher_exchange);
+    });
+    done_tx
+}
+
+/// Send the request on `up`. A kept connection may have been closed by the origin just as it
+/// was taken: a request that never left, or a bodiless idempotent one that got no answer, is
+/// sent again once on a new connection to the same checked address (RFC 9110 §9.2.2). An
+/// error of the request itself (its body from the client could not be read: bad chunked
+/// framing, a short body) is the client's, not the origin's.
+async fn send(
+    dial: (std::time::Duration, &Metrics),
+    exchange: &SharedExchange,
+    up: &mut Upstream,
+    upstream_req: Request<crate::relay::upstream_pool::ReqBody>,
+) -> Result<Response<Incoming>, Sent> {
+    let again = (up.reused > 0).then(|| resendable(&upstream_req)).flatten();
+    match up.sender.try_send_request(upstream_req).await {
+        Ok(resp) => Ok(resp),
+        Err(e) if e.error().is_user() => Err(Sent::Client(e.into_error().to_string())),
+        Err(mut e) if up.reused > 0 => {
+            let unanswered = e.error().is_incomplete_message() || e.error().is_canceled();
+            let Some(req) = e
+                .take_message()
+                .or_else(|| again.filter(|_| unanswered).map(Resend::request))
+            else {
+                return Err(Sent::Origin(e.into_error().to_string()));
+            };
+            *up = redial(dial, up).await.map_err(Sent::Origin)?;
+            with_audit(exchange, |a| {
+                a.detail("the kept upstream connection was closed by the origin; sent again on a new one")
+            });
+            up.sender
+                .send_request(req)
+                .await
+                .map_err(|e| match e.is_user() {
+                    true => Sent::Client(e.to_string()),
+                    false => Sent::Origin(e.to_string()),
+                })
+        }
+        Err(e) => Err(Sent::Origin(e.into_error().to_string())),
     }
 }
 
@@ -290,16 +328,13 @@ fn resendable<B: hyper::body::Body>(req: &Request<B>) -> Option<Resend> {
 
 /// A new connection to the checked address `up` was connected to, under `up`'s cut (which
 /// the exchange's watcher holds).
-async fn redial(shared: &Shared, up: &Upstream) -> Result<Upstream, String> {
-    let d = crate::egress::dial(
-        &[up.addr.ip()],
-        up.addr.port(),
-        None,
-        shared.settings.timeouts.connect,
-        shared.metrics(),
-    )
-    .await
-    .map_err(|reason| format!("the kept connection closed, and a new one failed ({reason})"))?;
+async fn redial(
+    (timeout, metrics): (std::time::Duration, &Metrics),
+    up: &Upstream,
+) -> Result<Upstream, String> {
+    let d = crate::egress::dial(&[up.addr.ip()], up.addr.port(), None, timeout, metrics)
+        .await
+        .map_err(|reason| format!("the kept connection closed, and a new one failed ({reason})"))?;
     Upstream::handshake_with(d.stream, d.addr, up.cut.clone())
         .await
         .map_err(|e| e.to_string())

@@ -110,6 +110,10 @@ pub(super) fn problem(
     }
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one line's checks in the order the chain defines them; split pending (issue 38)"
+)]
 pub(super) fn check_line(
     st: &mut State,
     report: &mut Report,

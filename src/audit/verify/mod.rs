@@ -172,6 +172,10 @@ pub fn verify(files: &[PathBuf], key: Option<&VerifyingKey>) -> Result<Report, K
 }
 
 /// Verify `files` (oldest first). `Err` only when a file cannot be read.
+#[allow(
+    clippy::too_many_lines,
+    reason = "the verifier's walk over files and runs; split pending (issue 38)"
+)]
 pub fn verify_with(files: &[PathBuf], opts: &Options<'_>) -> Result<Report, KeyFileError> {
     let mut report = Report::default();
     let mut st = State {

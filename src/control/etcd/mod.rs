@@ -27,7 +27,7 @@ use etcd_client::{Client, Compare, CompareOp, DeleteOptions, PutOptions, Txn, Tx
 use crate::config::EtcdConfig;
 use crate::control::{ChangeError, Controller};
 use crate::policy::sandbox_id::SandboxId;
-use crate::server::shared::Shared;
+use crate::runtime::Shared;
 
 /// Lease lengths `?ttl_s=` accepts (etcd raises anything below its minimum, about 2 s).
 pub const TTL_RANGE: std::ops::RangeInclusive<i64> = 1..=30 * 24 * 3600;

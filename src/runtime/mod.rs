@@ -1,6 +1,10 @@
-//! State every data-plane task sees, and nothing else: no response building, no record
-//! assembly, no registry of connections (each exchange watches the policy itself, see
-//! [`crate::relay::watch`]).
+//! The runtime context: state every data-plane task sees, built by the server and read by
+//! the listeners, the DNS listener and the controller — and nothing else: no response
+//! building, no record assembly, no registry of connections (each exchange watches the policy
+//! itself, see [`crate::relay::watch`]). It sits above the stages it holds (egress, relay,
+//! intercept, audit) and below the ones that read it, so no stage it holds imports it.
+
+pub(crate) mod descriptors;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -64,11 +68,11 @@ pub struct Shared {
     /// transparent connections).
     pub dns_memory: crate::egress::answers::DnsMemory,
     /// Open descriptors against the reserve kept for the data plane.
-    pub descriptors: Arc<crate::server::descriptors::Descriptors>,
+    pub descriptors: Arc<crate::runtime::descriptors::Descriptors>,
     /// DNS clients no sandbox has: their refusals summed per source, their rate bounded.
-    pub dns_strangers: Arc<crate::dns::strangers::Strangers>,
+    pub dns_strangers: Arc<crate::egress::strangers::Strangers>,
     /// Idle upstream connections of forwarded requests, per sandbox and origin.
-    pub upstreams: crate::relay::upstream_pool::UpstreamPool,
+    pub upstreams: Arc<crate::relay::upstream_pool::UpstreamPool>,
     /// The verdict point's stages, in order.
     pub verdicts: Verdicts,
     /// Source of `conn_id`s.
@@ -85,7 +89,9 @@ impl Shared {
         settings: Settings,
     ) -> Self {
         Shared {
-            upstreams: crate::relay::upstream_pool::UpstreamPool::new(settings.forward_keepalive),
+            upstreams: Arc::new(crate::relay::upstream_pool::UpstreamPool::new(
+                settings.forward_keepalive,
+            )),
             verdicts: Verdicts::new(vec![
                 Arc::new(FirstBytesStage),
                 Arc::new(crate::intercept::InClear),
@@ -100,10 +106,10 @@ impl Shared {
             phase: watch::channel(Phase::Serving).0,
             ready: AtomicBool::new(false),
             dns_memory: Default::default(),
-            descriptors: crate::server::descriptors::Descriptors::new(
+            descriptors: crate::runtime::descriptors::Descriptors::new(
                 admissions.config().descriptor_reserve,
             ),
-            dns_strangers: crate::dns::strangers::Strangers::new(
+            dns_strangers: crate::egress::strangers::Strangers::new(
                 admissions.config().dns_queries_per_second_per_source,
             ),
             next_id: AtomicU64::new(1),
@@ -178,6 +184,17 @@ impl Shared {
             set.get(id.as_str())
                 .map(|s| (s.binding.clone(), set.version_arc()))
         })
+    }
+
+    /// What a forwarded exchange of `grant` reads ([`crate::relay::forward`]).
+    pub fn forwarding(&self, grant: &Grant) -> crate::relay::forward::Forwarding {
+        crate::relay::forward::Forwarding {
+            watch: self.watch(grant.clone()),
+            upstreams: self.upstreams.clone(),
+            metrics: self.sink.metrics.clone(),
+            idle: self.settings.timeouts.idle,
+            connect: self.settings.timeouts.connect,
+        }
     }
 
     /// Watch `grant` against every later policy and the process phase.
