@@ -1,24 +1,27 @@
 //! egress-proxy: per-sandbox egress control for AI-agent sandboxes.
 //!
 //! # Layout: one folder per stage, each answering one question
-//! A stage uses the stages below it in this list. The exceptions, kept on purpose and listed
-//! in `docs/architecture.md`: `server::shared::Shared` is the runtime context every
-//! handler reads (built by the server, so it lives there); the audit guard and the egress
-//! stage hand each other their values (`AuditGuard::decided(&Decided)`, `Allowed` carries the
-//! guard); the published [`policy::set`] caches runtime handles (limiter, metrics).
+//! A stage uses the stages below it in this list. The exceptions, listed in
+//! `docs/architecture.md`: the audit guard and the egress stage hand each other their values
+//! (`AuditGuard::decided(&Decided)`); egress's connections are relay's stream types; the
+//! published [`policy::set`] caches runtime handles (limiter, metrics).
 //! - `server` (`server.rs`, `server/`): how does the process start and stop? Binding
 //!   (`bind`), the accept loops and the admission gate of every listener (`accept`), files
-//!   and signals (`watch`), graceful shutdown, and `shared`.
-//! - `listen/`: how does a connection arrive and say where it goes? `explicit` (CONNECT and
-//!   absolute-form HTTP, per request), `explicit_tls` (the same over TLS), `tunnel` (a CONNECT
-//!   once allowed), `transparent` (redirected TCP: `orig_dst`, one of two fenced `unsafe`
-//!   modules, then the first bytes).
-//! - `dns/`: the filtering resolver (`listen.dns`, UDP via hickory, TCP framed here) and the
-//!   memory of its answers, where `transparent` finds the name of a nameless destination.
+//!   and signals (`watch`), graceful shutdown.
+//! - `listen/`: how does a connection arrive and say where it goes? Adapters over the one
+//!   admission sequence ([`egress::admit`]): `explicit` (CONNECT and absolute-form HTTP, per
+//!   request and per HTTP/2 stream), `explicit_tls` (the same over TLS), `tunnel` (a CONNECT
+//!   once admitted), `transparent` (redirected TCP: `orig_dst`, one of the fenced `unsafe`
+//!   modules, then the first bytes); and `relay_choice`, the one relay chooser.
+//! - `dns/`: the filtering resolver (`listen.dns`: its own UDP loops with a repeat cache, TCP
+//!   framed here); the answers it gave are remembered in `egress::answers`, where the
+//!   sequence finds the name of a nameless transparent destination.
 //! - [`control`]: how does policy change at runtime? The controller (registrations,
 //!   `registry` — the one validator — `reload`, `state_store`), `admin` (health, metrics, the
 //!   runtime API), `check` (`check` and `POST /v1/check`, through the data plane's own
 //!   `egress::decide`), and `etcd/` (registrations shared by replicas).
+//! - [`runtime`]: what every data-plane task reads — `Shared`, built by the server, and the
+//!   narrower handles it lends (the sequence's `Cx`, a forwarded exchange's `Forwarding`).
 //! - [`intercept`]: credential brokering, a relay that terminates TLS for bound hosts.
 //! - [`relay`]: how are bytes moved, and cut? `tunnel` / `splice` (shaped or zero-copy;
 //!   `send_queue`, the other fenced `unsafe`, says what a reset discarded), `forward`
@@ -29,9 +32,10 @@
 //! - [`audit`]: what is recorded and counted: `accept` (a connection's start), the guard that
 //!   writes every `end` record, the writer, the chain and its verifier, OCSF, metrics,
 //!   `suggest`.
-//! - [`egress`]: who is it, may it, and to which address? `identity`, `admission` and
-//!   `limits`, `decide` (policy on the name, resolve once with `resolve`, policy and guard on
-//!   every address), `dial` (a checked address only) and the `grant` it makes.
+//! - [`egress`]: who is it, may it, and to which address? `admit` (the one sequence) and
+//!   `verdict` (the verdict point), `identity`, `admission` and `limits`, `decide` (policy on
+//!   the name, resolve once with `resolve`, policy and guard on every address), `dial` (a
+//!   checked address only) and the `grant` it makes.
 //! - [`wire`]: what do the first bytes say? The ClientHello/SNI parser, peeking, first-bytes
 //!   checks, HTTP/1 framing: parsers shared by listeners and relays.
 //! - [`config`]: `proxy.yaml`, AIP-36 sandbox blocks and `*.SANDBOX.md` files → typed,

@@ -43,7 +43,7 @@ use crate::audit::AuditGuard;
 use crate::audit::Record as AuditRecord;
 use crate::config::AuditDns;
 use crate::dns::question::{classify, shown_name, Asked, Question, Unanswerable};
-use crate::egress::identity::identify;
+use crate::egress::identity::{self, identify, Identified};
 use crate::egress::resolve::ResolveError;
 use crate::egress::strangers::{Answer, Strangers};
 use crate::policy::dns_view::NameView;
@@ -126,7 +126,12 @@ impl DnsListener {
         let mut header = Header::response_from_request(request.header());
         header.set_recursion_available(true);
         header.set_authoritative(false);
-        let reply = if !self.known(request) {
+        // Who asks, once per query: the source address's sandbox, else the default one.
+        let set = self.shared.policy.load();
+        let default = self.shared.settings.default_sandbox.as_deref();
+        let who = identify(&set, None, request.src().ip(), default);
+        let reply = if who.is_err() && self.strangers.refused(request.src().ip()) != Answer::Refuse
+        {
             // An unidentified source over its rate: no answer (summed, never recorded alone).
             return ResponseInfo::from(header);
         } else if let Some(why) = self.shared.sink.refuse_unrecorded() {
@@ -134,7 +139,7 @@ impl DnsListener {
             let text = format!("{}: {}", Reason::AuditUnavailable.code(), why.explain());
             Reply::explained(ResponseCode::Refused, EDE_NOT_READY, text)
         } else {
-            let (reply, answered) = self.answer(request, keep.is_some()).await;
+            let (reply, answered) = self.answer(request, &set, who, keep.is_some()).await;
             if let (Some(keep), Some(a)) = (keep, answered) {
                 *keep = Some(a);
             }
@@ -163,22 +168,16 @@ impl DnsListener {
         }
     }
 
-    /// Whether to answer `request` at all: a source no sandbox has is answered `REFUSED` up to
-    /// its rate, and dropped beyond it.
-    fn known(&self, request: &Request) -> bool {
-        let set = self.shared.policy.load();
-        let default = self.shared.settings.default_sandbox.as_deref();
-        if identify(&set, None, request.src().ip(), default).is_ok() {
-            return true;
-        }
-        self.strangers.refused(request.src().ip()) == Answer::Refuse
-    }
-
     /// Decide and answer one request; record and count it. With `keep`, an allowed answer
     /// with records comes back as [`Answered`] too.
-    async fn answer(&self, request: &Request, keep: bool) -> (Reply, Option<Answered>) {
+    async fn answer(
+        &self,
+        request: &Request,
+        set: &PolicySet,
+        who: Result<Identified, identity::Refused>,
+        keep: bool,
+    ) -> (Reply, Option<Answered>) {
         let shared = &self.shared;
-        let set = shared.policy.load();
         let transport = match request.protocol() {
             Protocol::Tcp => "tcp",
             _ => "udp",
@@ -198,7 +197,7 @@ impl DnsListener {
             },
             shared.settings.audit_dns != AuditDns::Denied,
         );
-        let reply = self.decide(request, &set, &mut q).await;
+        let reply = self.decide(request, set, who, &mut q).await;
         q.dns().rcode = rcode_name(reply.rcode);
         let answered = (keep
             && reply.rcode == ResponseCode::NoError
@@ -216,7 +215,13 @@ impl DnsListener {
         clippy::too_many_lines,
         reason = "one query's decision; split pending with the DNS adapter (issue 38)"
     )]
-    async fn decide(&self, request: &Request, set: &PolicySet, q: &mut AuditGuard) -> Reply {
+    async fn decide(
+        &self,
+        request: &Request,
+        set: &PolicySet,
+        who: Result<Identified, identity::Refused>,
+        q: &mut AuditGuard,
+    ) -> Reply {
         let shared = &self.shared;
         if request.message_type() != MessageType::Query || request.op_code() != OpCode::Query {
             q.detail("not a standard query");
@@ -240,9 +245,8 @@ impl DnsListener {
             q.dns().name = question.name.as_str().into();
         }
 
-        // 1. Who asks.
-        let default = shared.settings.default_sandbox.as_deref();
-        let who = match identify(set, None, request.src().ip(), default) {
+        // 1. Who asks (identified once, by respond).
+        let who = match who {
             Ok(w) => w,
             Err(refused) => {
                 // Counted here, recorded in its source's periodic sum (dns::strangers).
