@@ -26,12 +26,12 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio_rustls::client::TlsStream;
 
+use super::authority;
+use super::credential::{self, carries_outside, Bound};
 use super::error::InterceptError;
 use super::scrub::{Findings, Scrubbed, Scrubber};
-use super::{authority, placeholder};
 use crate::audit::record::HttpFacts;
-use crate::audit::Recorder;
-use crate::config::credentials::Inject;
+use crate::audit::{AuditGuard, Recorder};
 use crate::config::Binding;
 use crate::policy::http_rules::{canonical_path, method_refusal, override_refusal, HttpRule};
 use crate::policy::reason::Reason;
@@ -103,8 +103,8 @@ struct Prepared {
     binding: Arc<Binding>,
     /// The `network.http` rules for this host.
     rules: Vec<HttpRule>,
-    /// Header credentials bound here: the header and its value, built once.
-    headers: Vec<(http::HeaderName, HeaderValue, String)>,
+    /// The credentials bound here, each as its kind handles it.
+    bound: Vec<Bound>,
     /// The scrubber of the secrets bound here (none: no secret).
     scrubber: Option<Arc<Scrubber>>,
 }
@@ -118,22 +118,17 @@ impl Prepared {
             .filter(|r| r.host.matches(host))
             .cloned()
             .collect();
-        let mut headers = Vec::new();
-        for c in binding.credentials.iter().filter(|c| c.bound_to(host)) {
-            if let Inject::Header { name, format } = &c.inject {
-                let value = format.replace("{secret}", c.secret.expose());
-                if let Ok(mut v) = HeaderValue::from_str(&value) {
-                    v.set_sensitive(true);
-                    headers.push((name.clone(), v, c.name.clone()));
-                }
-            }
-        }
-        let scrubber =
-            Scrubber::new(binding.credentials.iter().filter(|c| c.bound_to(host))).map(Arc::new);
+        let bound: Vec<Bound> = binding
+            .credentials
+            .iter()
+            .filter(|c| c.bound_to(host))
+            .map(credential::bound)
+            .collect();
+        let scrubber = Scrubber::new(bound.iter()).map(Arc::new);
         Prepared {
             binding,
             rules,
-            headers,
+            bound,
             scrubber,
         }
     }
@@ -177,19 +172,6 @@ impl Refusal {
     }
 }
 
-/// Whether `req` carries `placeholder` in its URL, or in a header other than `allowed`.
-fn carries_outside<B>(req: &Request<B>, placeholder: &str, allowed: &[http::HeaderName]) -> bool {
-    let in_uri = req
-        .uri()
-        .path_and_query()
-        .is_some_and(|pq| placeholder::contains(pq.as_str().as_bytes(), placeholder.as_bytes()));
-    in_uri
-        || req
-            .headers()
-            .iter()
-            .any(|(n, v)| !allowed.contains(n) && placeholder::carried(n, v, placeholder))
-}
-
 /// Why a response of a host with a secret bound cannot be scanned: a `Content-Encoding`
 /// other than `identity` on a body that is not known to be empty.
 fn unscannable<B: hyper::body::Body>(resp: &Response<B>) -> Option<String> {
@@ -205,6 +187,31 @@ fn unscannable<B: hyper::body::Body>(resp: &Response<B>) -> Option<String> {
         "the upstream answered with Content-Encoding: {} although identity was asked; an encoded body cannot be scanned for the secrets brokered to it, so it is not passed",
         String::from_utf8_lossy(enc.as_bytes())
     ))
+}
+
+/// What the record says of the request asked: its method and path.
+struct Asked {
+    method: String,
+    path: String,
+}
+
+impl Asked {
+    fn facts(&self, status: u16, credential: Option<String>) -> HttpFacts {
+        HttpFacts {
+            method: self.method.as_str().into(),
+            path: self.path.as_str().into(),
+            status,
+            credential: credential.map(Into::into),
+            secret_reflected: None,
+        }
+    }
+}
+
+/// What went upstream: the request, the credentials put on it, the bytes sent so far.
+struct Sent {
+    asked: Asked,
+    injected: Option<String>,
+    up_bytes: Arc<AtomicU64>,
 }
 
 impl Exchange {
@@ -250,28 +257,26 @@ impl Exchange {
                 format!("{why}: refused on terminated hosts (the upstream could read it as another path)"),
             ));
         }
-        for c in b.credentials.iter() {
-            let (misused, why) = match &c.inject {
-                _ if !c.bound_to(host) => (
-                    carries_outside(req, &c.placeholder, &[]),
-                    format!("the placeholder of credential {} is bound to other hosts than {host}", c.name),
-                ),
-                Inject::ReplacePlaceholder { headers } => (
-                    carries_outside(req, &c.placeholder, headers),
-                    format!(
-                        "the placeholder of credential {} is replaced only in {}; it is elsewhere in the request",
-                        c.name,
-                        headers.iter().map(|h| h.as_str()).collect::<Vec<_>>().join(", ")
-                    ),
-                ),
-                Inject::Header { .. } => (false, String::new()),
-            };
-            if misused {
-                return Some(Refusal {
-                    reason: Reason::CredentialMisuse,
-                    detail: why,
-                    credential: Some(c.name.clone()),
-                });
+        let misuse = |credential: &str, detail: String| {
+            Some(Refusal {
+                reason: Reason::CredentialMisuse,
+                detail,
+                credential: Some(credential.to_string()),
+            })
+        };
+        for c in b.credentials.iter().filter(|c| !c.bound_to(host)) {
+            if carries_outside(req.uri(), req.headers(), &c.placeholder, &[]) {
+                let why = format!(
+                    "the placeholder of credential {} is bound to other hosts than {host}",
+                    c.name
+                );
+                return misuse(&c.name, why);
+            }
+        }
+        for k in &p.bound {
+            if let Some(why) = k.kind.misuse(req.uri(), req.headers(), &k.placeholder) {
+                let why = format!("the placeholder of credential {} is {why}", k.name);
+                return misuse(&k.name, why);
             }
         }
         if !rules.is_empty() && !rules.iter().any(|r| r.allows(method, path)) {
@@ -297,53 +302,27 @@ impl Exchange {
         p
     }
 
-    #[allow(
-        clippy::too_many_lines,
-        reason = "one terminated request's fixed order; becomes named stages with the credential trait (issue 38)"
-    )]
+    /// One request, in the fixed order of the module's documentation: decide, put the
+    /// credentials on it, write the authority, send, scrub the response.
     pub async fn handle(&self, mut req: Request<Incoming>) -> Response<ResBody> {
         self.live.touch();
+        let asked = Asked {
+            method: req.method().as_str().to_string(),
+            path: req.uri().path().to_string(),
+        };
         if let Some(why) = self.recorder.unavailable() {
             // Not served: its record could not be kept (unrecorded, counted).
-            let method = req.method().as_str().to_string();
-            return self.refused(&method, Reason::AuditUnavailable, why.explain());
+            return self.refused(&asked.method, Reason::AuditUnavailable, why.explain());
         }
         // The request's one record, written when this guard drops (with the response body).
         let mut audit = self.recorder.guard();
-        let method = req.method().as_str().to_string();
-        let path = req.uri().path().to_string();
-        let facts = |status: u16, credential: Option<String>| HttpFacts {
-            method: method.as_str().into(),
-            path: path.as_str().into(),
-            status,
-            credential: credential.map(Into::into),
-            secret_reflected: None,
-        };
-        let Some((binding, version)) = (self.current)() else {
-            let why = "the sandbox is no longer registered";
-            audit.verdict(Verdict::Deny, Reason::UnknownSandbox);
-            audit.detail(why);
-            audit.http(facts(403, None));
-            drop(audit);
-            return self.refused(&method, Reason::UnknownSandbox, why);
-        };
-        audit.record.policy_version = version;
-        let mut verdict = Verdict::Allow;
-        let prepared = self.prepared(binding);
-        let binding = &prepared.binding;
-        if let Some(r) = self.check(&prepared, &req) {
-            if binding.enforcement == Enforcement::Report && r.reason.reportable() {
-                verdict = Verdict::Report;
-                audit.verdict(verdict, r.reason);
-                audit.detail(format!("{} (forwarded without credentials)", r.detail));
-            } else {
-                audit.verdict(Verdict::Deny, r.reason);
-                audit.detail(r.detail.clone());
-                audit.http(facts(403, r.credential.clone()));
+        let (prepared, verdict) = match self.decide(&req, &asked, &mut audit) {
+            Ok(x) => x,
+            Err(r) => {
                 drop(audit);
-                return self.refused(&method, r.reason, &r.detail);
+                return self.refused(&asked.method, r.reason, &r.detail);
             }
-        }
+        };
         // A request the check would refuse is never given a credential.
         let injected = match verdict {
             Verdict::Allow => self.inject(&prepared, &mut req),
@@ -358,72 +337,123 @@ impl Exchange {
                 HeaderValue::from_static("identity"),
             );
         }
-        let facts_sent = facts(0, injected.clone());
         let up_bytes = Arc::new(AtomicU64::new(0));
         let req =
             req.map(|b| Counted::new(b, self.live.clone(), true).count_into(up_bytes.clone()));
         match self.upstream.send(req).await {
-            Ok(mut resp) => {
-                let mut f = facts_sent;
-                f.status = resp.status().as_u16();
-                audit.http(f);
-                let findings = Arc::new(Mutex::new(Findings::default()));
-                if let Some(s) = &scrubber {
-                    for name in s.headers(resp.headers_mut()) {
-                        audit.secret_reflected(name);
-                    }
-                    if let Some(why) = unscannable(&resp) {
-                        // Never passed unscanned: a compressed secret would not be found.
-                        audit.verdict(Verdict::Deny, Reason::UnscannableResponse);
-                        audit.http(facts(502, injected.clone()));
-                        audit.detail(why.clone());
-                        audit.bytes(up_bytes.load(Ordering::Relaxed), 0);
-                        drop(audit);
-                        return self.refused(&method, Reason::UnscannableResponse, &why);
-                    }
-                }
-                let down_bytes = Arc::new(AtomicU64::new(0));
-                let (up, down) = (up_bytes.clone(), down_bytes.clone());
-                let limit = self.scrub_limit;
-                let seen = findings.clone();
-                let on_end = move |_| {
-                    if let Ok(f) = seen.lock() {
-                        for n in &f.names {
-                            audit.secret_reflected(n);
-                        }
-                        if let Some(past) = f.unscanned_past {
-                            audit.detail(format!(
-                                "the response body past {past} bytes was not scanned for secrets (tls_intercept.scrub_body_bytes)"
-                            ));
-                        }
-                    }
-                    audit.bytes(up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
-                    drop(audit);
+            Ok(resp) => {
+                let sent = Sent {
+                    asked,
+                    injected,
+                    up_bytes,
                 };
-                let live = self.live.clone();
-                resp.map(|b| match scrubber {
-                    Some(s) => Counted::new(Scrubbed::new(b, s, limit, findings), live, false)
-                        .count_into(down_bytes)
-                        .on_end(on_end)
-                        .map_err(|e| Box::new(e) as BoxError)
-                        .boxed(),
-                    None => Counted::new(b, live, false)
-                        .count_into(down_bytes)
-                        .on_end(on_end)
-                        .map_err(|e| Box::new(e) as BoxError)
-                        .boxed(),
-                })
+                self.response(resp, audit, scrubber, sent)
             }
             Err(e) => {
                 let msg = format!("the upstream failed: {e}");
-                audit.http(facts_sent);
+                audit.http(asked.facts(0, injected));
                 audit.verdict(verdict, Reason::ConnectionRefused);
                 audit.detail(msg.clone());
                 audit.bytes(up_bytes.load(Ordering::Relaxed), 0);
                 drop(audit);
-                self.refused(&method, Reason::ConnectionRefused, &msg)
+                self.refused(&asked.method, Reason::ConnectionRefused, &msg)
             }
         }
+    }
+
+    /// Read the request against the binding in force now: `Err` with the refusal (recorded);
+    /// else what the binding means here and the verdict (report mode: a request
+    /// the rules refuse goes upstream without credentials, recorded `report`).
+    fn decide(
+        &self,
+        req: &Request<Incoming>,
+        asked: &Asked,
+        audit: &mut AuditGuard,
+    ) -> Result<(Arc<Prepared>, Verdict), Refusal> {
+        let Some((binding, version)) = (self.current)() else {
+            let why = "the sandbox is no longer registered";
+            audit.verdict(Verdict::Deny, Reason::UnknownSandbox);
+            audit.detail(why);
+            audit.http(asked.facts(403, None));
+            return Err(Refusal::new(Reason::UnknownSandbox, why));
+        };
+        audit.record.policy_version = version;
+        let prepared = self.prepared(binding);
+        let Some(r) = self.check(&prepared, req) else {
+            return Ok((prepared, Verdict::Allow));
+        };
+        if prepared.binding.enforcement == Enforcement::Report && r.reason.reportable() {
+            audit.verdict(Verdict::Report, r.reason);
+            audit.detail(format!("{} (forwarded without credentials)", r.detail));
+            return Ok((prepared, Verdict::Report));
+        }
+        audit.verdict(Verdict::Deny, r.reason);
+        audit.detail(r.detail.clone());
+        audit.http(asked.facts(403, r.credential.clone()));
+        Err(r)
+    }
+
+    /// The upstream's response, its headers scrubbed at once and its body as it streams
+    /// (`secret_reflected`); refused when it cannot be scanned. The record is written when
+    /// the body ends.
+    fn response(
+        &self,
+        mut resp: Response<Incoming>,
+        mut audit: AuditGuard,
+        scrubber: Option<Arc<Scrubber>>,
+        sent: Sent,
+    ) -> Response<ResBody> {
+        let Sent {
+            asked,
+            injected,
+            up_bytes,
+        } = sent;
+        audit.http(asked.facts(resp.status().as_u16(), injected.clone()));
+        let findings = Arc::new(Mutex::new(Findings::default()));
+        if let Some(s) = &scrubber {
+            for name in s.headers(resp.headers_mut()) {
+                audit.secret_reflected(name);
+            }
+            if let Some(why) = unscannable(&resp) {
+                // Never passed unscanned: a compressed secret would not be found.
+                audit.verdict(Verdict::Deny, Reason::UnscannableResponse);
+                audit.http(asked.facts(502, injected));
+                audit.detail(why.clone());
+                audit.bytes(up_bytes.load(Ordering::Relaxed), 0);
+                drop(audit);
+                return self.refused(&asked.method, Reason::UnscannableResponse, &why);
+            }
+        }
+        let down_bytes = Arc::new(AtomicU64::new(0));
+        let (up, down) = (up_bytes, down_bytes.clone());
+        let seen = findings.clone();
+        let on_end = move |_| {
+            if let Ok(f) = seen.lock() {
+                for n in &f.names {
+                    audit.secret_reflected(n);
+                }
+                if let Some(past) = f.unscanned_past {
+                    audit.detail(format!(
+                        "the response body past {past} bytes was not scanned for secrets (tls_intercept.scrub_body_bytes)"
+                    ));
+                }
+            }
+            audit.bytes(up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
+            drop(audit);
+        };
+        let (live, limit) = (self.live.clone(), self.scrub_limit);
+        resp.map(|b| match scrubber {
+            Some(s) => Counted::new(Scrubbed::new(b, s, limit, findings), live, false)
+                .count_into(down_bytes)
+                .on_end(on_end)
+                .map_err(|e| Box::new(e) as BoxError)
+                .boxed(),
+            None => Counted::new(b, live, false)
+                .count_into(down_bytes)
+                .on_end(on_end)
+                .map_err(|e| Box::new(e) as BoxError)
+                .boxed(),
+        })
     }
 
     /// The refusal of a request in this tunnel, built like every other refusal (no path in
@@ -440,48 +470,15 @@ impl Exchange {
         })
     }
 
-    /// Put the credentials bound to this host on `req`; the names of those used.
+    /// Put the credentials bound to this host on `req`, each by its kind; the names of those
+    /// used.
     fn inject(&self, p: &Prepared, req: &mut Request<Incoming>) -> Option<String> {
-        let mut used: Vec<&str> = Vec::new();
-        for (name, value, credential) in &p.headers {
-            req.headers_mut().insert(name.clone(), value.clone());
-            used.push(credential);
-        }
-        for c in p
-            .binding
-            .credentials
+        let used: Vec<&str> = p
+            .bound
             .iter()
-            .filter(|c| c.bound_to(&self.dest.host))
-        {
-            match &c.inject {
-                Inject::Header { .. } => {}
-                Inject::ReplacePlaceholder { headers } => {
-                    let mut found = false;
-                    for name in headers {
-                        let replaced: Vec<HeaderValue> = req
-                            .headers()
-                            .get_all(name)
-                            .iter()
-                            .map(|v| {
-                                placeholder::replaced(name, v, &c.placeholder, c.secret.expose())
-                                    .inspect(|_| found = true)
-                                    .unwrap_or_else(|| v.clone())
-                            })
-                            .collect();
-                        if replaced.is_empty() {
-                            continue;
-                        }
-                        req.headers_mut().remove(name);
-                        for v in replaced {
-                            req.headers_mut().append(name.clone(), v);
-                        }
-                    }
-                    if found {
-                        used.push(&c.name);
-                    }
-                }
-            }
-        }
+            .filter(|k| k.kind.apply(req.headers_mut(), &k.placeholder))
+            .map(|k| k.name.as_str())
+            .collect();
         (!used.is_empty()).then(|| used.join(","))
     }
 }

@@ -11,6 +11,7 @@
 
 mod authority;
 pub mod ca;
+pub mod credential;
 mod error;
 mod exchange;
 mod placeholder;

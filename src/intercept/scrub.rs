@@ -19,8 +19,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use hyper::body::{Body, Frame, SizeHint};
 
+use super::credential::Bound;
 use super::unescape;
-use crate::config::credentials::Credential;
 
 /// Every form of the secrets of some credentials, compiled once per binding.
 pub struct Scrubber {
@@ -78,20 +78,24 @@ fn cut(placeholder: &[u8], len: usize) -> Vec<u8> {
 }
 
 impl Scrubber {
-    /// The scrubber of `creds`' secrets; `None` when there are none.
-    pub fn new<'c>(creds: impl Iterator<Item = &'c Credential>) -> Option<Scrubber> {
+    /// The scrubber of the secrets `bound` credentials' kinds name ([`Kind::secrets`]);
+    /// `None` when there are none.
+    ///
+    /// [`Kind::secrets`]: super::credential::Kind::secrets
+    pub fn new<'c>(bound: impl Iterator<Item = &'c Bound>) -> Option<Scrubber> {
         let mut patterns: Vec<Vec<u8>> = Vec::new();
         let mut owners = Vec::new();
         let mut placeholders = Vec::new();
         let mut names = Vec::new();
-        for c in creds {
-            let secret = c.secret.expose().as_bytes();
-            let mut forms = vec![secret.to_vec(), hex_form(secret)];
-            forms.extend(base64_forms(secret));
-            for f in forms {
-                if !patterns.iter().any(|p| p.eq_ignore_ascii_case(&f)) {
-                    owners.push(names.len());
-                    patterns.push(f);
+        for c in bound {
+            for secret in c.kind.secrets() {
+                let mut forms = vec![secret.to_vec(), hex_form(secret)];
+                forms.extend(base64_forms(secret));
+                for f in forms {
+                    if !patterns.iter().any(|p| p.eq_ignore_ascii_case(&f)) {
+                        owners.push(names.len());
+                        patterns.push(f);
+                    }
                 }
             }
             placeholders.push(c.placeholder.as_bytes().to_vec());
@@ -354,6 +358,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::credentials::Credential;
     use http_body_util::BodyExt;
 
     fn cred(name: &str, secret: &str, placeholder: &str) -> Credential {
@@ -387,7 +392,10 @@ mod tests {
     const PH: &str = "egp_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
     async fn run(chunks: Vec<Vec<u8>>) -> (Vec<u8>, Vec<String>) {
-        let s = Arc::new(Scrubber::new([cred("api", SECRET, PH)].iter()).unwrap());
+        let s = Arc::new(
+            Scrubber::new([super::super::credential::bound(&cred("api", SECRET, PH))].iter())
+                .unwrap(),
+        );
         let stream = Chunks(chunks.into_iter().map(Bytes::from).collect());
         let findings = Arc::new(Mutex::new(Findings::default()));
         let body = Scrubbed::new(stream, s, 1 << 20, findings.clone());
@@ -468,7 +476,10 @@ mod tests {
     #[tokio::test]
     async fn trailers_are_scrubbed() {
         for limit in [1 << 20, 0] {
-            let s = Arc::new(Scrubber::new([cred("api", SECRET, PH)].iter()).unwrap());
+            let s = Arc::new(
+                Scrubber::new([super::super::credential::bound(&cred("api", SECRET, PH))].iter())
+                    .unwrap(),
+            );
             let mut t = HeaderMap::new();
             t.insert(
                 "x-echo",
@@ -526,7 +537,8 @@ mod tests {
 
     #[test]
     fn headers_are_scrubbed() {
-        let s = Scrubber::new([cred("api", SECRET, PH)].iter()).unwrap();
+        let s = Scrubber::new([super::super::credential::bound(&cred("api", SECRET, PH))].iter())
+            .unwrap();
         let mut h = HeaderMap::new();
         h.insert(
             "access-control-allow-origin",
