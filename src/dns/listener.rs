@@ -211,10 +211,6 @@ impl DnsListener {
         (reply, answered)
     }
 
-    #[allow(
-        clippy::too_many_lines,
-        reason = "one query's decision; split pending with the DNS adapter (issue 38)"
-    )]
     async fn decide(
         &self,
         request: &Request,
@@ -272,40 +268,13 @@ impl DnsListener {
         // 3. The question: class IN, a type this listener answers, a valid name.
         let Question { kind, name } = match question {
             Ok(question) => question,
-            Err(why) => {
-                let (reason, rcode) = match why {
-                    Unanswerable::Name(_) => (Reason::InvalidTarget, ResponseCode::NXDomain),
-                    _ => (Reason::ProtocolNotAllowed, ResponseCode::Refused),
-                };
-                q.decision(&Decision::deny(reason, None));
-                let text = why.to_string();
-                q.detail(text.clone());
-                return match why {
-                    Unanswerable::Class => Reply::code(rcode),
-                    Unanswerable::Name(_) => Reply::explained(rcode, EDE_BLOCKED, text),
-                    _ => Reply::explained(rcode, EDE_PROHIBITED, text),
-                };
-            }
+            Err(why) => return unanswerable(why, q),
         };
 
         // 4. What the policy lets this sandbox learn about the name.
-        let report = sb.binding.enforcement == Enforcement::Report;
-        let view = set.dns_view(&sb, &name);
-        let (decision, address_only) = match view {
-            NameView::Named(rule) => (Decision::allow(Reason::RuleMatched, Some(rule)), false),
-            NameView::AllowAll => (Decision::allow(Reason::AllowAllMode, None), false),
-            NameView::AddressRules => (Decision::allow(Reason::RuleMatched, None), true),
-            NameView::Refused(d) if report && d.reason.reportable() => (
-                Decision {
-                    verdict: Verdict::Report,
-                    ..d
-                },
-                false,
-            ),
-            NameView::Refused(d) => {
-                q.decision(&d);
-                return self.blocked(&sb, &name, &d, q);
-            }
+        let (decision, address_only) = match self.view(set, &sb, &name, q) {
+            Ok(v) => v,
+            Err(refused) => return refused,
         };
         q.decision(&decision);
 
@@ -322,9 +291,63 @@ impl DnsListener {
         };
 
         // 5. Resolve, then keep only what a connection could reach.
+        let asked = Resolving {
+            sb: &sb,
+            name: &name,
+            owner: query.name().clone(),
+            address_only,
+        };
+        self.resolve(asked, family, set, q).await
+    }
+
+    /// Step 4 of a query: what the policy lets `sb` learn about `name` — the decision, and
+    /// whether only address rules could allow it; `Err` with the refusal (recorded). In
+    /// report mode a reportable refusal is answered, recorded `report`.
+    fn view(
+        &self,
+        set: &PolicySet,
+        sb: &Sandbox,
+        name: &str,
+        q: &mut AuditGuard,
+    ) -> Result<(Decision, bool), Reply> {
+        let report = sb.binding.enforcement == Enforcement::Report;
+        Ok(match set.dns_view(sb, name) {
+            NameView::Named(rule) => (Decision::allow(Reason::RuleMatched, Some(rule)), false),
+            NameView::AllowAll => (Decision::allow(Reason::AllowAllMode, None), false),
+            NameView::AddressRules => (Decision::allow(Reason::RuleMatched, None), true),
+            NameView::Refused(d) if report && d.reason.reportable() => (
+                Decision {
+                    verdict: Verdict::Report,
+                    ..d
+                },
+                false,
+            ),
+            NameView::Refused(d) => {
+                q.decision(&d);
+                return Err(self.blocked(sb, name, &d, q));
+            }
+        })
+    }
+
+    /// Step 5 of a query: resolve with the proxy's resolver, then answer only the addresses
+    /// a connection of the sandbox could reach (remembered for transparent connections).
+    async fn resolve(
+        &self,
+        asked: Resolving<'_>,
+        family: crate::egress::resolve::Family,
+        set: &PolicySet,
+        q: &mut AuditGuard,
+    ) -> Reply {
+        let Resolving {
+            sb,
+            name,
+            owner,
+            address_only,
+        } = asked;
+        let shared = &self.shared;
         let resolver = shared.resolver();
         let t = Instant::now();
-        let found = resolver.lookup_family(&name, family).await;
+        let found = resolver.lookup_family(name, family).await;
         shared
             .metrics()
             .observe(crate::audit::metrics::Timing::Dns, t);
@@ -336,7 +359,7 @@ impl DnsListener {
                 let d = Decision::deny(Reason::NoRuleMatched, None);
                 q.decision(&d);
                 q.detail("the name has no addresses; answered as refused, so that the answer does not tell which names exist");
-                return self.blocked(&sb, &name, &d, q);
+                return self.blocked(sb, name, &d, q);
             }
             Err(e) => return self.resolve_failed(e, q),
         };
@@ -345,7 +368,7 @@ impl DnsListener {
             let d = Decision::deny(Reason::NoRuleMatched, None);
             q.decision(&d);
             q.detail("resolved to try address rules; not every address is covered");
-            return self.blocked(&sb, &name, &d, q);
+            return self.blocked(sb, name, &d, q);
         }
         let kept: Vec<IpAddr> = found
             .addrs
@@ -369,11 +392,10 @@ impl DnsListener {
         }
         shared.dns_memory.remember(
             &sb.binding.id,
-            &name,
+            name,
             &kept,
             Duration::from_secs(ttl.into()) + resolver.answer_grace,
         );
-        let owner = query.name().clone();
         let records = kept
             .iter()
             .map(|ip| {
@@ -444,6 +466,33 @@ impl DnsListener {
 }
 
 /// The record's spelling of a response code.
+/// What step 5 of a query resolves, for whom.
+struct Resolving<'a> {
+    sb: &'a Sandbox,
+    name: &'a str,
+    /// The question's name as asked (the owner of the answer's records).
+    owner: hickory_proto::rr::Name,
+    /// Allowed only by address rules: every address must be covered.
+    address_only: bool,
+}
+
+/// A question this listener does not answer: class other than IN (REFUSED), a type it does
+/// not pass (REFUSED, EDE Prohibited) or an invalid name (NXDOMAIN, EDE Blocked).
+fn unanswerable(why: Unanswerable, q: &mut AuditGuard) -> Reply {
+    let (reason, rcode) = match why {
+        Unanswerable::Name(_) => (Reason::InvalidTarget, ResponseCode::NXDomain),
+        _ => (Reason::ProtocolNotAllowed, ResponseCode::Refused),
+    };
+    q.decision(&Decision::deny(reason, None));
+    let text = why.to_string();
+    q.detail(text.clone());
+    match why {
+        Unanswerable::Class => Reply::code(rcode),
+        Unanswerable::Name(_) => Reply::explained(rcode, EDE_BLOCKED, text),
+        _ => Reply::explained(rcode, EDE_PROHIBITED, text),
+    }
+}
+
 fn rcode_name(rcode: ResponseCode) -> &'static str {
     match rcode {
         ResponseCode::NoError => "NOERROR",

@@ -37,10 +37,6 @@ pub struct ParentFailed {
 
 /// A tunnel to `target` through `parent`: the socket to the parent, positioned after its
 /// `200` (so it carries the target's bytes), and the parent's address.
-#[allow(
-    clippy::too_many_lines,
-    reason = "the CONNECT handshake with a parent, plain or TLS; split pending (issue 38)"
-)]
 pub async fn connect(
     parent: &UpstreamProxy,
     target: &Target,
@@ -58,28 +54,7 @@ pub async fn connect(
             .await
             .map_err(|e| failed(e.reason(), format!("upstream proxy {shown}: {e}")))?,
     };
-    let mut refused = None;
-    let permitted: Vec<IpAddr> = addrs
-        .iter()
-        .copied()
-        .filter(|ip| match guard.check(*ip, parent.port, |_| None) {
-            GuardVerdict::Permit => true,
-            v => {
-                refused = Some((*ip, v));
-                false
-            }
-        })
-        .collect();
-    if permitted.is_empty() {
-        let why = match refused {
-            Some((ip, GuardVerdict::Prohibited(range))) => format!(
-                "upstream proxy {shown}: its address {ip} is in {range}; a parent on a private or loopback address must be listed in defaults.guard_allow_ranges"
-            ),
-            Some((ip, _)) => format!("upstream proxy {shown}: {ip} is this proxy itself"),
-            None => format!("upstream proxy {shown}: no address"),
-        };
-        return Err(failed(Reason::DestinationIpProhibited, why));
-    }
+    let permitted = permitted(parent, &addrs, guard)?;
     let (tcp, addr) = crate::egress::dial_socket(&permitted, parent.port, None, timeout, metrics)
         .await
         .map_err(|reason| failed(reason, format!("upstream proxy {shown}: cannot connect")))?;
@@ -104,14 +79,7 @@ pub async fn connect(
             }
         }
     };
-    let authority = target.to_string();
-    let mut request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
-    if let Some(auth) = &parent.authorization {
-        request.push_str("Proxy-Authorization: ");
-        request.push_str(auth.value());
-        request.push_str("\r\n");
-    }
-    request.push_str("\r\n");
+    let request = connect_request(parent, target);
     let exchange = async {
         stream.write_all(request.as_bytes()).await?;
         match &mut stream {
@@ -146,6 +114,56 @@ pub async fn connect(
             format!("upstream proxy {shown} answered {}", printable(status_line)),
         )),
     }
+}
+
+/// The parent's addresses the guard permits: a parent on a private or loopback address must
+/// be listed in `defaults.guard_allow_ranges`, like any destination.
+fn permitted(
+    parent: &UpstreamProxy,
+    addrs: &[IpAddr],
+    guard: &Guard,
+) -> Result<Vec<IpAddr>, ParentFailed> {
+    let shown = parent.shown();
+    let mut refused = None;
+    let permitted: Vec<IpAddr> = addrs
+        .iter()
+        .copied()
+        .filter(|ip| match guard.check(*ip, parent.port, |_| None) {
+            GuardVerdict::Permit => true,
+            v => {
+                refused = Some((*ip, v));
+                false
+            }
+        })
+        .collect();
+    if !permitted.is_empty() {
+        return Ok(permitted);
+    }
+    let detail = match refused {
+        Some((ip, GuardVerdict::Prohibited(range))) => format!(
+            "upstream proxy {shown}: its address {ip} is in {range}; a parent on a private or loopback address must be listed in defaults.guard_allow_ranges"
+        ),
+        Some((ip, _)) => format!("upstream proxy {shown}: {ip} is this proxy itself"),
+        None => format!("upstream proxy {shown}: no address"),
+    };
+    Err(ParentFailed {
+        reason: Reason::DestinationIpProhibited,
+        detail,
+    })
+}
+
+/// The `CONNECT` asking `parent` for a tunnel to `target`, with its credentials if it has
+/// any.
+fn connect_request(parent: &UpstreamProxy, target: &Target) -> String {
+    let authority = target.to_string();
+    let mut request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
+    if let Some(auth) = &parent.authorization {
+        request.push_str("Proxy-Authorization: ");
+        request.push_str(auth.value());
+        request.push_str("\r\n");
+    }
+    request.push_str("\r\n");
+    request
 }
 
 /// How an allowed exchange reaches its target.

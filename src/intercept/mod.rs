@@ -179,10 +179,6 @@ pub struct Tunnel<'a> {
 /// timeout, or `stop` fires (revocation, shutdown). Each handshake — TLS to the upstream, TLS
 /// with the client, HTTP with the upstream — must finish within `handshake` and is cut by
 /// `stop` like the relay itself; request heads must arrive within `handshake` too.
-#[allow(
-    clippy::too_many_lines,
-    reason = "the two handshakes of a terminated tunnel, each bounded; split pending (issue 38)"
-)]
 pub async fn serve<F>(
     ix: &Interceptor,
     t: Tunnel<'_>,
@@ -195,11 +191,16 @@ where
     F: std::future::Future<Output = Close>,
 {
     tokio::pin!(stop);
-    // One step of the setup: bounded by `handshake`, cut by `stop`.
+    // One step of the setup: bounded by `handshake`, cut by `stop`; its failure ends the
+    // tunnel with `$failed(error)` as the record's detail.
     macro_rules! step {
-        ($what:expr, $fut:expr) => {
+        ($what:expr, $fut:expr, $failed:expr) => {
             match tokio::time::timeout(handshake, live.run($fut, &mut stop)).await {
-                Ok(Ok(r)) => r,
+                Ok(Ok(Ok(r))) => r,
+                Ok(Ok(Err(e))) => {
+                    audit.detail(($failed)(e));
+                    return Relayed::nothing(Close::Error);
+                }
                 Ok(Err(close)) => return live.relayed(close),
                 Err(_) => {
                     audit.detail(format!(
@@ -211,70 +212,38 @@ where
             }
         };
     }
-    // Offer the upstream what the client offered (of HTTP/1.1 and HTTP/2), so the protocol
-    // the upstream picks is one the client speaks.
-    let h1 = t.client_alpn.iter().any(|p| p == "http/1.1");
-    let h2 = t.client_alpn.iter().any(|p| p == "h2");
-    let up_cfg = ix.upstream[usize::from(h1) + 2 * usize::from(h2)].clone();
-    let Ok(name) = ServerName::try_from(t.host.to_string()) else {
+    let Some((connector, name)) = upstream_connector(ix, &t.client_alpn, t.host) else {
         audit.detail("terminating: the host is not a TLS server name");
         return Relayed::nothing(Close::Error);
     };
-    let connector = tokio_rustls::TlsConnector::from(up_cfg);
-    let upstream = match step!(
+    let upstream = step!(
         "the upstream's TLS handshake",
-        connector.connect(name, t.server)
-    ) {
-        Ok(s) => s,
-        Err(e) => {
-            audit.detail(format!(
-                "terminating: the upstream's TLS failed (certificate not valid for {}?): {e}",
-                t.host
-            ));
-            return Relayed::nothing(Close::Error);
-        }
-    };
+        connector.connect(name, t.server),
+        |e| format!(
+            "terminating: the upstream's TLS failed (certificate not valid for {}?): {e}",
+            t.host
+        )
+    );
     let negotiated = upstream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
     let h2 = negotiated.as_deref() == Some(b"h2");
-    let leaf = match ix.ca.leaf(t.host) {
-        Ok(l) => l,
-        Err(e) => {
-            audit.detail(format!("terminating: cannot issue a certificate: {e}"));
-            return Relayed::nothing(Close::Error);
-        }
-    };
-    let server_cfg = match leaf.server_config(negotiated.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            audit.detail(format!("terminating: {e}"));
-            return Relayed::nothing(Close::Error);
-        }
+    let Some(server_cfg) = client_config(ix, t.host, negotiated.as_deref(), audit) else {
+        return Relayed::nothing(Close::Error);
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
-    let client = match step!(
+    // A client that does not trust the interception CA ends here.
+    let client = step!(
         "the client's TLS handshake",
-        acceptor.accept(Prefixed::new(t.early, t.client))
-    ) {
-        Ok(c) => c,
-        Err(e) => {
-            // A client that does not trust the interception CA ends here.
-            audit.detail(format!(
-                "terminating: the client refused the proxy's certificate (is the interception CA installed?): {e}"
-            ));
-            return Relayed::nothing(Close::Error);
+        acceptor.accept(Prefixed::new(t.early, t.client)),
+        |e| {
+            format!("terminating: the client refused the proxy's certificate (is the interception CA installed?): {e}")
         }
-    };
+    );
     audit.open();
-    let up = match step!(
+    let up = step!(
         "the upstream's HTTP handshake",
-        Upstream::connect(upstream, h2)
-    ) {
-        Ok(u) => u,
-        Err(e) => {
-            audit.detail(format!("terminating: upstream {e}"));
-            return Relayed::nothing(Close::Error);
-        }
-    };
+        Upstream::connect(upstream, h2),
+        |e| format!("terminating: upstream {e}")
+    );
     let Some(ex) = Exchange::new(
         t.current,
         Destination {
@@ -289,31 +258,77 @@ where
         audit.detail("terminating: the host and port are not an authority");
         return Relayed::nothing(Close::Error);
     };
-    let ex = Arc::new(ex);
+    let served = serve_requests(Arc::new(ex), client, h2, handshake);
+    match live.run(served, stop).await {
+        Ok(true) => live.relayed(Close::Eof),
+        Ok(false) => live.relayed(Close::Error),
+        Err(close) => live.relayed(close),
+    }
+}
+
+/// How to reach the upstream over TLS: offering it what the client offered (of HTTP/1.1 and
+/// HTTP/2), so the protocol it picks is one the client speaks, and the name to verify.
+/// `None` when `host` is not a TLS server name.
+fn upstream_connector(
+    ix: &Interceptor,
+    client_alpn: &[String],
+    host: &str,
+) -> Option<(tokio_rustls::TlsConnector, ServerName<'static>)> {
+    let h1 = client_alpn.iter().any(|p| p == "http/1.1");
+    let h2 = client_alpn.iter().any(|p| p == "h2");
+    let config = ix.upstream[usize::from(h1) + 2 * usize::from(h2)].clone();
+    let name = ServerName::try_from(host.to_string()).ok()?;
+    Some((tokio_rustls::TlsConnector::from(config), name))
+}
+
+/// The TLS configuration the client is served with: a leaf for `host` from the interception
+/// CA, offering the protocol the upstream chose (`negotiated`). `None` (said in the record)
+/// when it cannot be made.
+fn client_config(
+    ix: &Interceptor,
+    host: &str,
+    negotiated: Option<&[u8]>,
+    audit: &mut AuditGuard,
+) -> Option<Arc<rustls::ServerConfig>> {
+    let leaf = match ix.ca.leaf(host) {
+        Ok(l) => l,
+        Err(e) => {
+            audit.detail(format!("terminating: cannot issue a certificate: {e}"));
+            return None;
+        }
+    };
+    match leaf.server_config(negotiated) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            audit.detail(format!("terminating: {e}"));
+            None
+        }
+    }
+}
+
+/// Serve the client's requests on its TLS stream with `ex` (HTTP/2 when the upstream chose
+/// it; HTTP/1.1 heads within `handshake`); whether the connection ended cleanly.
+async fn serve_requests<S>(ex: Arc<Exchange>, client: S, h2: bool, handshake: Duration) -> bool
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let svc = hyper::service::service_fn(move |req| {
         let ex = ex.clone();
         async move { Ok::<_, std::convert::Infallible>(ex.handle(req).await) }
     });
     let io = TokioIo::new(client);
-    let served = async {
-        if h2 {
-            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .serve_connection(io, svc)
-                .await
-                .is_ok()
-        } else {
-            hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(handshake)
-                .serve_connection(io, svc)
-                .await
-                .is_ok()
-        }
-    };
-    match live.run(served, stop).await {
-        Ok(true) => live.relayed(Close::Eof),
-        Ok(false) => live.relayed(Close::Error),
-        Err(close) => live.relayed(close),
+    if h2 {
+        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .serve_connection(io, svc)
+            .await
+            .is_ok()
+    } else {
+        hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(handshake)
+            .serve_connection(io, svc)
+            .await
+            .is_ok()
     }
 }

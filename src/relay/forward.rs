@@ -65,10 +65,6 @@ pub struct Forwarding {
 }
 
 /// Forward one allowed request and return the origin's response (or a 502).
-#[allow(
-    clippy::too_many_lines,
-    reason = "one forwarded exchange end to end; split pending (issue 38)"
-)]
 pub async fn forward(
     fx: Forwarding,
     cut: Arc<Cut>,
@@ -128,8 +124,7 @@ pub async fn forward(
     let done_tx = watch_exchange(watch, &exchange, &cut, &upstream_cut, &live);
 
     let sent = send((connect, &metrics), &exchange, &mut up, upstream_req).await;
-    // Kept for the next request if this exchange ends cleanly; closed otherwise.
-    let after = Mutex::new(Some((upstreams, grant, up)));
+    let after = (upstreams, grant, up);
     match sent {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
@@ -137,32 +132,7 @@ pub async fn forward(
             live.touch();
             // Counted, and the record (held by `exchange`) finished when the body ends.
             let body = Counted::new(body, live, false)
-                .on_end(move |ending| {
-                    if let Some((upstreams, grant, up)) =
-                        after.lock().ok().and_then(|mut a| a.take())
-                    {
-                        if ending.complete {
-                            upstreams.put(&grant, up);
-                        } else {
-                            up.cut.close();
-                        }
-                    }
-                    with_audit(&exchange, |a| {
-                        if !ending.complete {
-                            a.detail(match ending.error {
-                                Some(e) => format!("upstream: {e}"),
-                                None => "the client went away before the response ended".into(),
-                            });
-                        }
-                        a.close_if_unset(if ending.complete {
-                            Close::Eof
-                        } else {
-                            Close::Error
-                        });
-                    });
-                    // Tells the watcher the exchange is over.
-                    drop(done_tx);
-                })
+                .on_end(finish(after, exchange, done_tx))
                 .map_err(|e| Box::new(e) as BoxError);
             let body = if shaped {
                 ShapedBody::new(body, limiter, false).boxed()
@@ -179,6 +149,41 @@ pub async fn forward(
             upstream_cut.close();
             bad_request(&exchange, &e, &failed)
         }
+    }
+}
+
+/// What happens when a forwarded response's body ends: the upstream connection is kept for
+/// the next request of the same sandbox and authority when it ended cleanly, closed
+/// otherwise; the record says how it ended; the watcher is told the exchange is over.
+fn finish(
+    after: (Arc<UpstreamPool>, crate::egress::grant::Grant, Upstream),
+    exchange: SharedExchange,
+    done_tx: oneshot::Sender<()>,
+) -> impl FnOnce(crate::relay::counted::Ending) + Send + Sync + 'static {
+    // In a mutex: the connection is not `Sync`, the callback must be.
+    let after = Mutex::new(Some(after));
+    move |ending| {
+        if let Some((upstreams, grant, up)) = after.lock().ok().and_then(|mut a| a.take()) {
+            if ending.complete {
+                upstreams.put(&grant, up);
+            } else {
+                up.cut.close();
+            }
+        }
+        with_audit(&exchange, |a| {
+            if !ending.complete {
+                a.detail(match ending.error {
+                    Some(e) => format!("upstream: {e}"),
+                    None => "the client went away before the response ended".into(),
+                });
+            }
+            a.close_if_unset(if ending.complete {
+                Close::Eof
+            } else {
+                Close::Error
+            });
+        });
+        drop(done_tx);
     }
 }
 

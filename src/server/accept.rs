@@ -59,10 +59,6 @@ impl Backoff {
 /// are admitted per source address until their first request identifies them (then they take
 /// a place under the global cap); transparent connections are identified by their source at
 /// once and take their place under the cap here.
-#[allow(
-    clippy::too_many_lines,
-    reason = "one accept loop for every listener kind; split pending (issue 38)"
-)]
 pub(super) async fn accept_loop(
     listener: TcpListener,
     shared: Arc<Shared>,
@@ -94,76 +90,89 @@ pub(super) async fn accept_loop(
             continue;
         }
         match kind {
-            Kind::Proxy | Kind::ProxyTls => match shared.admissions.accept(client.ip()) {
-                Ok(slot) => match &tls {
-                    Some(tls) => {
-                        tokio::spawn(serve_tls(shared, accepted, stream, slot, tls.clone()));
-                    }
-                    None => {
-                        let io = crate::relay::client_io::ClientIo::Tcp(stream);
-                        let cert = crate::listen::explicit_tls::ClientCert::Absent;
-                        tokio::spawn(crate::listen::explicit::serve(
-                            shared, accepted, io, slot, cert,
-                        ));
-                    }
-                },
-                Err(refusal) => {
-                    let listener = if kind == Kind::Proxy {
-                        "proxy"
-                    } else {
-                        "proxy_tls"
-                    };
-                    shared
-                        .metrics()
-                        .admission_refused(listener, refusal.label());
-                    let reason = match refusal {
-                        admission::Refusal::Rate(_) => Reason::RateLimited,
-                        admission::Refusal::PerSource | admission::Refusal::Pool => {
-                            Reason::ConnectionLimit
-                        }
-                    };
-                    let detail = refusal.explain();
-                    tokio::spawn(refuse_early(shared, accepted, stream, kind, reason, detail));
-                }
-            },
-            Kind::Transparent => match (
-                own.as_ref().map(|a| a.accept(client.ip())),
-                shared.take_cap(),
-            ) {
-                (Some(Err(refusal)), _) => {
-                    shared
-                        .metrics()
-                        .admission_refused("transparent", refusal.label());
-                    let detail = refusal.explain();
-                    tokio::spawn(refuse_early(
-                        shared,
-                        accepted,
-                        stream,
-                        kind,
-                        Reason::ConnectionLimit,
-                        detail,
-                    ));
-                }
-                (slot, Some(permit)) => {
-                    let slot = slot.and_then(Result::ok);
-                    tokio::spawn(crate::listen::transparent::serve(
-                        shared, accepted, stream, permit, slot,
-                    ));
-                }
-                (_, None) => {
-                    let detail = "the proxy is at its connection limit (max_connections)";
-                    tokio::spawn(refuse_early(
-                        shared,
-                        accepted,
-                        stream,
-                        kind,
-                        Reason::ConnectionLimit,
-                        detail,
-                    ));
-                }
-            },
+            Kind::Proxy | Kind::ProxyTls => proxy(shared, accepted, stream, kind, tls.as_ref()),
+            Kind::Transparent => transparent(shared, accepted, stream, own.as_ref()),
         }
     }
+}
+
+/// An explicit-proxy connection: admitted per source address until its first request
+/// identifies it, then served (over TLS when the listener is `proxy_tls`).
+fn proxy(
+    shared: Arc<Shared>,
+    accepted: Accepted,
+    stream: TcpStream,
+    kind: Kind,
+    tls: Option<&Arc<crate::listen::explicit_tls::TlsServer>>,
+) {
+    let slot = match shared.admissions.accept(accepted.client.ip()) {
+        Ok(slot) => slot,
+        Err(refusal) => return refuse_admission(shared, accepted, stream, kind, refusal),
+    };
+    match tls {
+        Some(tls) => {
+            tokio::spawn(serve_tls(shared, accepted, stream, slot, tls.clone()));
+        }
+        None => {
+            let io = crate::relay::client_io::ClientIo::Tcp(stream);
+            let cert = crate::listen::explicit_tls::ClientCert::Absent;
+            tokio::spawn(crate::listen::explicit::serve(
+                shared, accepted, io, slot, cert,
+            ));
+        }
+    }
+}
+
+/// A transparent connection: admitted per source in the listener's own table (`own`), and
+/// given its place under the global cap here (it is identified by its source at once).
+fn transparent(
+    shared: Arc<Shared>,
+    accepted: Accepted,
+    stream: TcpStream,
+    own: Option<&Arc<Admissions>>,
+) {
+    let slot = match own.map(|a| a.accept(accepted.client.ip())) {
+        Some(Err(refusal)) => {
+            return refuse_admission(shared, accepted, stream, Kind::Transparent, refusal);
+        }
+        slot => slot.and_then(Result::ok),
+    };
+    let Some(permit) = shared.take_cap() else {
+        let detail = "the proxy is at its connection limit (max_connections)";
+        let kind = Kind::Transparent;
+        let reason = Reason::ConnectionLimit;
+        tokio::spawn(refuse_early(shared, accepted, stream, kind, reason, detail));
+        return;
+    };
+    tokio::spawn(crate::listen::transparent::serve(
+        shared, accepted, stream, permit, slot,
+    ));
+}
+
+/// A connection the per-source admission refused: counted under its listener, refused early
+/// with the limit it hit (a rate is `rate_limited`; a per-source or pool cap,
+/// `connection_limit`).
+fn refuse_admission(
+    shared: Arc<Shared>,
+    accepted: Accepted,
+    stream: TcpStream,
+    kind: Kind,
+    refusal: admission::Refusal,
+) {
+    let listener = match kind {
+        Kind::Proxy => "proxy",
+        Kind::ProxyTls => "proxy_tls",
+        Kind::Transparent => "transparent",
+    };
+    shared
+        .metrics()
+        .admission_refused(listener, refusal.label());
+    let reason = match refusal {
+        admission::Refusal::Rate(_) => Reason::RateLimited,
+        admission::Refusal::PerSource | admission::Refusal::Pool => Reason::ConnectionLimit,
+    };
+    let detail = refusal.explain();
+    tokio::spawn(refuse_early(shared, accepted, stream, kind, reason, detail));
 }
 
 /// Refuse a connection before reading anything from it: 429 on the explicit proxy (reset on
