@@ -1,0 +1,214 @@
+//! Origin servers on loopback (HTTPS with the test CA, or plain HTTP): `/big`, `/slow`,
+//! `/echo`, `/upload` and a greeting.
+
+#![allow(dead_code)]
+
+use super::*;
+
+/// Size of the `/big` response.
+pub const BIG: usize = 8 * 1024 * 1024;
+
+/// The byte at offset `i` of `/big`.
+pub fn big_byte(i: usize) -> u8 {
+    (i % 251) as u8
+}
+
+/// An origin server on 127.0.0.1:0 (TLS when given a CA). Paths: `/big` (8 MiB), `/slow`
+/// (1 KiB every 100 ms for a minute), `/echo` (echoes the request head), `/upload` (reads the
+/// request body to its end, counting every byte in `received`), anything else a short
+/// greeting.
+pub struct Origin {
+    pub addr: SocketAddr,
+    /// Request-body bytes that reached `/upload`, over all requests.
+    pub received: Arc<AtomicU64>,
+    /// `/big` bytes handed to the kernel, over all requests.
+    pub big_sent: Arc<AtomicU64>,
+    _rt: Arc<tokio::runtime::Runtime>,
+}
+
+impl Origin {
+    pub fn start(tls: Option<&TestCa>) -> Origin {
+        Self::start_on("127.0.0.1", tls)
+    }
+
+    /// Start on a given local address (a veth address in the netns tests).
+    pub fn start_on(ip: &str, tls: Option<&TestCa>) -> Origin {
+        let rt = Arc::new(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap(),
+        );
+        let acceptor =
+            tls.map(|ca| tokio_rustls::TlsAcceptor::from(Arc::new(ca.server_config(&[]))));
+        let listener = rt.block_on(tokio::net::TcpListener::bind((ip, 0))).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let received = Arc::new(AtomicU64::new(0));
+        let big_sent = Arc::new(AtomicU64::new(0));
+        let counter = (received.clone(), big_sent.clone());
+        rt.spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    match acceptor {
+                        Some(a) => {
+                            if let Ok(s) = a.accept(stream).await {
+                                serve_one(s, counter).await;
+                            }
+                        }
+                        None => serve_one(stream, counter).await,
+                    }
+                });
+            }
+        });
+        Origin {
+            addr,
+            received,
+            big_sent,
+            _rt: rt,
+        }
+    }
+}
+
+async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut s: S,
+    (received, big_sent): (Arc<AtomicU64>, Arc<AtomicU64>),
+) {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+        if head.len() > 65536 {
+            return;
+        }
+    }
+    let text = String::from_utf8_lossy(&head).to_string();
+    let path = text.split_whitespace().nth(1).unwrap_or("/").to_string();
+    match path.split('?').next().unwrap_or("/") {
+        "/big" => {
+            let hdr =
+                format!("HTTP/1.1 200 OK\r\nContent-Length: {BIG}\r\nConnection: close\r\n\r\n");
+            if s.write_all(hdr.as_bytes()).await.is_err() {
+                return;
+            }
+            let chunk: Vec<u8> = (0..65536).map(big_byte).collect();
+            // 65536 is not a multiple of 251, so write with the right phase.
+            let mut sent = 0;
+            while sent < BIG {
+                let phase = sent % 251;
+                let n = (BIG - sent).min(65536 - 251);
+                if s.write_all(&chunk[phase..phase + n]).await.is_err() {
+                    return;
+                }
+                sent += n;
+                big_sent.fetch_add(n as u64, Ordering::SeqCst);
+            }
+        }
+        "/slow" => {
+            let hdr = "HTTP/1.1 200 OK\r\nContent-Length: 614400\r\nConnection: close\r\n\r\n";
+            if s.write_all(hdr.as_bytes()).await.is_err() {
+                return;
+            }
+            for _ in 0..600 {
+                if s.write_all(&[b'.'; 1024]).await.is_err() || s.flush().await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        "/upload" => {
+            // Count the body (what followed the head in this read, then the rest) to EOF or
+            // Content-Length.
+            let length: Option<u64> = text.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().ok())
+                    .flatten()
+            });
+            let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
+            let mut got = (head.len() - end) as u64;
+            received.fetch_add(got, Ordering::SeqCst);
+            while length.is_none_or(|l| got < l) {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        got += n as u64;
+                        received.fetch_add(n as u64, Ordering::SeqCst);
+                    }
+                }
+            }
+            let body = format!("received {got}\n");
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
+        }
+        "/echo" => {
+            let body = text;
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
+        }
+        _ => {
+            let body = format!("hello from origin {path}\n");
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
+        }
+    }
+    let _ = s.shutdown().await;
+}
+
+impl Origin {
+    /// Wait (15 s at most) until `/big` has handed at least `bytes` to the kernel: with a
+    /// client that reads slowly or not at all, that many bytes are queued on their way.
+    pub fn wait_big_sent(&self, bytes: u64) {
+        eventually(Duration::from_secs(15), "the origin to send /big", || {
+            (self.big_sent.load(Ordering::SeqCst) >= bytes).then_some(())
+        });
+    }
+
+    /// Wait (15 s at most) until `/big` stops moving: nothing more handed to the kernel for
+    /// 500 ms — every buffer between it and a client that does not read is full.
+    pub fn wait_big_stalled(&self) {
+        let mut last = (u64::MAX, Instant::now());
+        eventually(
+            Duration::from_secs(15),
+            "the /big download to stall",
+            || {
+                let now = self.big_sent.load(Ordering::SeqCst);
+                if now != last.0 || now == 0 {
+                    last = (now, Instant::now());
+                }
+                (last.1.elapsed() >= Duration::from_millis(500)).then_some(())
+            },
+        );
+    }
+
+    /// After a cut: let bytes already handed to the kernel land (300 ms), then check that
+    /// nothing more reaches `/upload` for `quiet`. Returns what had arrived.
+    pub fn assert_nothing_more_arrives(&self, quiet: Duration) -> u64 {
+        std::thread::sleep(Duration::from_millis(300));
+        let at_cut = self.received.load(Ordering::SeqCst);
+        std::thread::sleep(quiet);
+        assert_eq!(
+            self.received.load(Ordering::SeqCst),
+            at_cut,
+            "upload bytes kept reaching the origin after the cut"
+        );
+        at_cut
+    }
+}
