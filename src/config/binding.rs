@@ -353,10 +353,7 @@ pub(super) fn build_binding(
                     files.push(path(ca));
                 }
             }
-            let read = |f: &str| -> Result<String, String> {
-                let p = path(f);
-                std::fs::read_to_string(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))
-            };
+            let read = |f: &str| super::files::read_in(ctx.base_dir, f);
             match super::upstream::resolve_choice(choice, &read, ctx.secrets, warnings) {
                 Ok(c) => c,
                 Err(errs) => {

@@ -34,14 +34,7 @@ pub(super) fn resolve_credentials(
         return Vec::new();
     };
     let mut out = Vec::new();
-    let read = |f: &str| -> Result<String, String> {
-        let p = if Path::new(f).is_absolute() {
-            PathBuf::from(f)
-        } else {
-            ctx.base_dir.join(f)
-        };
-        std::fs::read_to_string(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))
-    };
+    let read = |f: &str| super::files::read_in(ctx.base_dir, f);
     for (i, c) in raw.credentials.iter().enumerate() {
         if let Some(f) = &c.source.file {
             let p = if Path::new(f).is_absolute() {

@@ -140,7 +140,7 @@ pub fn placeholder(key: &[u8], sandbox: &str, name: &str, secret_len: usize) -> 
 pub fn resolve(
     raw: &RawCredential,
     sandbox: &str,
-    read_file: &dyn Fn(&str) -> Result<String, String>,
+    read_file: super::files::ReadFile<'_>,
     key: &[u8],
     secrets: super::Secrets,
     warnings: &mut Vec<String>,

@@ -264,8 +264,7 @@ fn load_str_with(
         }
         let read = |f: &str| {
             let path = rel(f);
-            std::fs::read_to_string(&path)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))
+            std::fs::read_to_string(&path).map_err(|source| files::ReadError { path, source })
         };
         match upstream::resolve(&raw, &read, secrets, &mut warnings) {
             Ok(u) => Some(u),

@@ -19,6 +19,7 @@ pub mod credentials;
 pub mod defaults;
 mod dns;
 pub mod error;
+pub mod files;
 mod load;
 mod raw;
 mod refs;

@@ -73,7 +73,7 @@ impl ParentChoice {
 /// Resolve a sandbox's `upstream_proxy`.
 pub fn resolve_choice(
     raw: &RawSandboxParent,
-    read_file: &dyn Fn(&str) -> Result<String, String>,
+    read_file: super::files::ReadFile<'_>,
     secrets: super::Secrets,
     warnings: &mut Vec<String>,
 ) -> Result<ParentChoice, Vec<String>> {
@@ -269,7 +269,7 @@ impl fmt::Debug for ParentAuthorization {
 )]
 pub fn resolve(
     raw: &RawUpstreamProxy,
-    read_file: &dyn Fn(&str) -> Result<String, String>,
+    read_file: super::files::ReadFile<'_>,
     secrets: super::Secrets,
     warnings: &mut Vec<String>,
 ) -> Result<UpstreamProxy, Vec<String>> {
@@ -389,7 +389,14 @@ mod tests {
         }
     }
 
-    fn read(_: &str) -> Result<String, String> {
+    fn no_file(path: &str) -> crate::config::files::ReadError {
+        crate::config::files::ReadError {
+            path: path.into(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+        }
+    }
+
+    fn read(_: &str) -> Result<String, crate::config::files::ReadError> {
         Ok("s3cret\n".into())
     }
 
@@ -494,7 +501,7 @@ mod tests {
             let e = resolve(&raw(url), &read, super::super::Secrets::Required, &mut w).unwrap_err();
             assert!(e.join(" ").contains(why), "{url}: {e:?}");
         }
-        let missing = |_: &str| Err("cannot read pw: no such file".to_string());
+        let missing = |_: &str| Err(no_file("pw"));
         let e = resolve(
             &raw("http://squid.test:3128"),
             &missing,
@@ -566,7 +573,7 @@ mod tests {
         }
         let unreadable = |f: &str| match f {
             "pw" => Ok("s3cret".to_string()),
-            _ => Err("cannot read ca.pem: no such file".to_string()),
+            _ => Err(no_file("ca.pem")),
         };
         let e = resolve(
             &with_ca("https://squid.test:3128", Some("ca.pem")),

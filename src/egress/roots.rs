@@ -6,20 +6,30 @@
 use rustls::pki_types::{pem::PemObject, CertificateDer};
 use rustls::RootCertStore;
 
+/// Why an operator's PEM file cannot add roots.
+#[derive(Debug, thiserror::Error)]
+pub enum RootsError {
+    #[error("not readable as PEM: {0}")]
+    Pem(#[from] rustls::pki_types::pem::Error),
+    #[error("an invalid certificate: {0}")]
+    Certificate(#[from] rustls::Error),
+    #[error("no PEM certificate in it")]
+    Empty,
+}
+
 /// The public roots, plus every certificate in `extra_pem`. `Err` says why `extra_pem` is
 /// not usable (unreadable PEM, an invalid certificate, no certificate at all).
-pub fn public_and(extra_pem: Option<&[u8]>) -> Result<RootCertStore, String> {
+pub fn public_and(extra_pem: Option<&[u8]>) -> Result<RootCertStore, RootsError> {
     let mut roots = RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(pem) = extra_pem {
         let mut added = 0;
         for c in CertificateDer::pem_slice_iter(pem) {
-            let c = c.map_err(|e| e.to_string())?;
-            roots.add(c).map_err(|e| e.to_string())?;
+            roots.add(c?)?;
             added += 1;
         }
         if added == 0 {
-            return Err("no PEM certificate in it".into());
+            return Err(RootsError::Empty);
         }
     }
     Ok(roots)
@@ -40,8 +50,9 @@ mod tests {
             .unwrap();
         let two = format!("{}{}", ca.pem(), ca.pem());
         assert_eq!(public_and(Some(two.as_bytes())).unwrap().len(), public + 2);
-        assert!(public_and(Some(b"not a certificate"))
-            .unwrap_err()
-            .contains("no PEM"));
+        assert!(matches!(
+            public_and(Some(b"not a certificate")),
+            Err(RootsError::Empty)
+        ));
     }
 }
