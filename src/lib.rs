@@ -3,8 +3,8 @@
 //! # Layout: one folder per stage, each answering one question
 //! A stage uses the stages below it in this list. The exceptions, listed in
 //! `docs/architecture.md`: the audit guard and the egress stage hand each other their values
-//! (`AuditGuard::decided(&Decided)`); egress's connections are relay's stream types; the
-//! published [`policy::set`] caches runtime handles (limiter, metrics).
+//! (`AuditGuard::decided(&Decided)`); egress's connections are relay's stream types; a
+//! compiled [`policy::set`] sandbox keeps its `config::Binding`.
 //! - `server` (`server.rs`, `server/`): how does the process start and stop? Binding
 //!   (`bind`), the accept loops and the admission gate of every listener (`accept`), files
 //!   and signals (`watch`), graceful shutdown.

@@ -32,6 +32,7 @@ use serde_json::{json, Value};
 
 use crate::config::{Binding, Config};
 use crate::control::state_store::StateStore;
+use crate::egress::handles::Handles;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::{Changes, CompileError, PolicySet, Scope};
 use crate::runtime::Shared;

@@ -21,6 +21,7 @@ use crate::audit::record::Record;
 use crate::audit::AuditGuard;
 use crate::config::AuditDns;
 use crate::dns::listener::{Answered, DnsListener};
+use crate::egress::handles::Handles;
 use crate::egress::identity::identify;
 use crate::policy::sandbox_id::SandboxId;
 

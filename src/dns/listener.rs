@@ -43,6 +43,7 @@ use crate::audit::AuditGuard;
 use crate::audit::Record as AuditRecord;
 use crate::config::AuditDns;
 use crate::dns::question::{classify, shown_name, Asked, Question, Unanswerable};
+use crate::egress::handles::Handles;
 use crate::egress::identity::{self, identify, Identified};
 use crate::egress::resolve::ResolveError;
 use crate::egress::strangers::{Answer, Strangers};

@@ -31,6 +31,7 @@ use crate::config::upstream::UpstreamProxy;
 use crate::egress::admission::Admissions;
 use crate::egress::answers::DnsMemory;
 use crate::egress::grant::Grant;
+use crate::egress::handles::Handles;
 use crate::egress::identity::{self, Identified, Method};
 use crate::egress::limits::{ConnectionSlot, Limiters, Refusal as LimitRefusal};
 use crate::egress::resolve::{ResolveError, Resolver};
@@ -188,7 +189,7 @@ pub fn enter(
     audit: &mut AuditGuard,
 ) -> Result<Entered, Refused> {
     let who = identify(cx, door, audit)?;
-    audit.identified(&who, who.sandbox.stats(cx.metrics).clone());
+    audit.identified(&who, who.sandbox.stats(cx.metrics));
     let slot = limits(cx, &who.sandbox, seat, audit)?;
     Ok(Entered { who, slot })
 }

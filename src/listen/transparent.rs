@@ -19,6 +19,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::audit::accept::Accepted;
 use crate::audit::{AuditGuard, Mode};
 use crate::egress::admit::{self, Admitted, Ask, Door, Evidence, Route, Seated};
+use crate::egress::handles::Handles;
 use crate::listen::orig_dst::original_dst;
 use crate::policy::reason::Reason;
 use crate::policy::target::{Host, Target};

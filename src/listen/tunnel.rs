@@ -12,6 +12,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::{AuditGuard, Close};
 use crate::egress::admit::{Admitted, Route};
+use crate::egress::handles::Handles;
 use crate::egress::verdict;
 use crate::policy::set::Sandbox;
 use crate::policy::target::Target;

@@ -8,9 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
-use crate::audit::metrics::{Metrics, SandboxStats};
 use crate::config::{Binding, Config};
-use crate::egress::limits::{Limiters, SandboxLimiter};
 use crate::policy::addr_table::AddrTable;
 use crate::policy::dns_view::NameView;
 use crate::policy::guard::Guard;
@@ -27,27 +25,12 @@ pub struct Sandbox {
     /// Shared with the registration it came from (one copy per sandbox).
     pub binding: Arc<Binding>,
     pub policy: CompiledPolicy,
-    /// Its limiter state (which outlives this compiled value), found once per policy version
-    /// instead of once per connection.
-    limiter: OnceLock<Arc<SandboxLimiter>>,
-    /// Its metric handles, likewise.
-    stats: OnceLock<Arc<SandboxStats>>,
+    /// What a stage above keeps for this compiled sandbox — its limiter and metric handles
+    /// (`egress::handles`) — found once per policy version instead of once per connection.
+    /// Policy neither builds nor reads it.
+    pub runtime: OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
     /// SHA-256 of everything in its binding that decides (XOR-combined into the version).
     digest: [u8; 32],
-}
-
-impl Sandbox {
-    /// The sandbox's limiter, reconfigured to this binding's limits on first use.
-    pub fn limiter(&self, limiters: &Limiters) -> &Arc<SandboxLimiter> {
-        self.limiter
-            .get_or_init(|| limiters.get(&self.binding.id, &self.binding.limits))
-    }
-
-    /// The sandbox's per-connection metric handles.
-    pub fn stats(&self, metrics: &Metrics) -> &Arc<SandboxStats> {
-        self.stats
-            .get_or_init(|| Arc::new(metrics.sandbox(&self.binding.id)))
-    }
 }
 
 /// All sandboxes, compiled.
@@ -111,8 +94,7 @@ fn compile_sandbox(b: &Arc<Binding>, default_ports: &PortSet) -> Result<Sandbox,
     Ok(Sandbox {
         binding: Arc::clone(b),
         policy,
-        limiter: OnceLock::new(),
-        stats: OnceLock::new(),
+        runtime: OnceLock::new(),
         digest: hasher.finalize().into(),
     })
 }

@@ -20,6 +20,7 @@ use crate::audit::metrics::ActiveGuard;
 use crate::audit::metrics::Metrics;
 use crate::audit::{AuditGuard, Close};
 use crate::egress::admit::{Admitted, Route};
+use crate::egress::handles::Handles;
 use crate::egress::limits::{ConnectionSlot, SandboxLimiter};
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;

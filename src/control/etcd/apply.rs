@@ -16,6 +16,7 @@ use std::collections::HashSet;
 use crate::config::Config;
 use crate::control::registry::{self, Origin, Ready};
 use crate::control::{ChangeError, Controller, Locked, Registered, State, RETRIES};
+use crate::egress::handles::Handles;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::{Scope, SetEdit};
 
