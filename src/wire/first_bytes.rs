@@ -49,8 +49,8 @@ pub struct Inspected {
 }
 
 /// Read the client's first bytes (starting with `early`, what the HTTP layer had already
-/// buffered) until they can be classified, the destination speaks first, 16 KiB arrive or
-/// `wait` passes. Nothing is written to either side.
+/// buffered) until they can be classified, the destination speaks first, the one cap
+/// ([`MAX_PEEK`], 64 KiB) is reached or `wait` passes. Nothing is written to either side.
 pub async fn read_first_bytes<C, S>(
     client: &mut C,
     server: &mut S,
