@@ -54,15 +54,56 @@ fn flow_depth(text: &str) -> usize {
     deepest
 }
 
+/// What a runtime registration may not carry — the operator's secrets, files and environment
+/// are not the caller's to name (the answer must not even say whether such a file exists) —
+/// and why; `None` when it carries none of them.
+fn not_at_run_time(map: &serde_yaml::Mapping) -> Option<&'static str> {
+    if map.contains_key("credentials") {
+        return Some(
+            "runtime registrations cannot carry `credentials` (their secrets come from the \
+             operator's files or environment): define them in the config file",
+        );
+    }
+    if let Some(Value::Mapping(parent)) = map.get("upstream_proxy") {
+        if parent.contains_key("auth") || parent.contains_key("ca_file") {
+            return Some(
+                "runtime registrations cannot give `upstream_proxy.auth` or \
+                 `upstream_proxy.ca_file` (the parent's password and CA come from the \
+                 operator's files): use a parent without them, `direct`, or define the \
+                 sandbox in the config file",
+            );
+        }
+    }
+    if let Some(Value::Mapping(auth)) = map.get("auth") {
+        // The proxy's own files and environment are not the caller's to name: the answer
+        // must not even say whether such a file or variable exists.
+        if auth.contains_key("token_file") || auth.contains_key("token_env") {
+            return Some(
+                "runtime registrations take `auth.token_sha256` only (`token_file` and \
+                 `token_env` are for bindings in the operator's own config files)",
+            );
+        }
+    }
+    if let Some(Value::Mapping(p)) = map.get("policy") {
+        if p.contains_key("ref") {
+            // Runtime bindings carry their policy inline; refs are for files the operator owns.
+            let is_slug = p
+                .get("ref")
+                .and_then(Value::as_str)
+                .is_some_and(|r| r.starts_with('@'));
+            if !is_slug {
+                return Some("runtime bindings take an inline policy (or an `@owner/slug` ref into sandbox_dirs), not a file path");
+            }
+        }
+    }
+    None
+}
+
 impl Config {
     /// Parse a binding that arrives at run time (admin API `PUT /v1/sandboxes/{id}`, or a file
     /// of `state_dir`), with this configuration's defaults, providers and `sandbox_dirs`
     /// index. The body is JSON or YAML; its `id`, when present, must be `id` (it is filled in
     /// otherwise). Returns the binding and the body as canonical JSON, for persistence.
-    #[allow(
-        clippy::too_many_lines,
-        reason = "field-by-field parse of a runtime registration; moves to serde defaults (issue 38)"
-    )]
     pub fn parse_runtime_binding(
         &self,
         text: &str,
@@ -130,49 +171,8 @@ impl Config {
                 ))
             }
         }
-        if map.contains_key("credentials") {
-            return Err(one(
-                "runtime registrations cannot carry `credentials` (their secrets come from the \
-                 operator's files or environment): define them in the config file"
-                    .into(),
-                None,
-            ));
-        }
-        if let Some(Value::Mapping(parent)) = map.get("upstream_proxy") {
-            if parent.contains_key("auth") || parent.contains_key("ca_file") {
-                return Err(one(
-                    "runtime registrations cannot give `upstream_proxy.auth` or \
-                     `upstream_proxy.ca_file` (the parent's password and CA come from the \
-                     operator's files): use a parent without them, `direct`, or define the \
-                     sandbox in the config file"
-                        .into(),
-                    None,
-                ));
-            }
-        }
-        if let Some(Value::Mapping(auth)) = map.get("auth") {
-            // The proxy's own files and environment are not the caller's to name: the answer
-            // must not even say whether such a file or variable exists.
-            if auth.contains_key("token_file") || auth.contains_key("token_env") {
-                return Err(one(
-                    "runtime registrations take `auth.token_sha256` only (`token_file` and \
-                     `token_env` are for bindings in the operator's own config files)"
-                        .into(),
-                    None,
-                ));
-            }
-        }
-        if let Some(Value::Mapping(p)) = map.get("policy") {
-            if p.contains_key("ref") {
-                // Runtime bindings carry their policy inline; refs are for files the operator owns.
-                let is_slug = p
-                    .get("ref")
-                    .and_then(Value::as_str)
-                    .is_some_and(|r| r.starts_with('@'));
-                if !is_slug {
-                    return Err(one("runtime bindings take an inline policy (or an `@owner/slug` ref into sandbox_dirs), not a file path".into(), None));
-                }
-            }
+        if let Some(why) = not_at_run_time(map) {
+            return Err(one(why.into(), None));
         }
         let json =
             serde_json::to_string(&value).map_err(|e| one(format!("cannot encode: {e}"), None))?;
@@ -242,100 +242,17 @@ pub(super) fn id_lines(text: &str) -> HashMap<String, usize> {
     out
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "field-by-field build of a binding; moves to serde defaults (issue 38)"
-)]
-pub(super) fn build_binding(
-    value: Value,
-    index: usize,
+/// A binding's `upstream_proxy`: inherited, `direct`, or its own parent (whose password and
+/// CA files are watched like the configuration's own).
+fn parent_choice(
+    choice: Option<&super::upstream::RawSandboxParent>,
     ctx: &BindingCtx<'_>,
+    (sb, line): (Option<&str>, usize),
     sink: &mut Sink<'_>,
     warnings: &mut Vec<String>,
     files: &mut Vec<PathBuf>,
-) -> Option<Binding> {
-    let Value::Mapping(mut map) = value else {
-        sink.top(
-            format!("sandboxes[{index}]"),
-            "expected a mapping with `id` and `policy`",
-            None,
-        );
-        return None;
-    };
-    let id_text = map.get("id").and_then(Value::as_str).map(str::to_string);
-    let label = id_text
-        .clone()
-        .unwrap_or_else(|| format!("sandboxes[{index}]"));
-    let sb = Some(label.as_str());
-    let line = id_text
-        .as_deref()
-        .and_then(|id| ctx.id_lines.get(id).copied())
-        .unwrap_or(1);
-    let before = sink.errors.len();
-    // A plaintext token is refused by name, and never echoed.
-    if let Some(Value::Mapping(auth)) = map.get_mut("auth") {
-        for key in ["token", "password", "secret"] {
-            if auth.remove(key).is_some() {
-                sink.push(
-                    sb,
-                    format!("auth.{key}"),
-                    "plaintext tokens are not allowed in config: use token_sha256, token_file or token_env",
-                    Some(&format!("{key}:")),
-                    line,
-                );
-            }
-        }
-    }
-    let policy_value = map.remove("policy");
-    let raw: Option<RawBinding> = match serde_yaml::from_value(Value::Mapping(map)) {
-        Ok(r) => Some(r),
-        Err(e) => {
-            let msg = redact(&e.to_string());
-            let hint = unknown_field(&msg).map(|f| format!("{f}:"));
-            sink.push(sb, "", msg, hint.as_deref(), line);
-            None
-        }
-    };
-    if let Some(id) = &id_text {
-        if !crate::policy::sandbox_id::is_valid(id) {
-            sink.push(
-                sb,
-                "id",
-                "must match [a-z0-9][a-z0-9_.-]{0,62}",
-                Some("id:"),
-                line,
-            );
-        }
-    }
-    let token_sha256 = raw
-        .as_ref()
-        .and_then(|r| r.auth.as_ref())
-        .and_then(|a| token_digest(a, ctx.base_dir, sb, sink, line, files));
-    let policy = match policy_value {
-        None => {
-            sink.push(
-                sb,
-                "policy",
-                "required: an AIP-36 sandbox block, `{ inline: ... }` or `{ ref: ... }`",
-                None,
-                line,
-            );
-            None
-        }
-        Some(v) => resolve_policy(v, sb, line, ctx, sink, warnings, files),
-    };
-    let raw = raw?;
-    let limits = resolve_limits(
-        raw.limits.as_ref().unwrap_or(&RawLimits::default()),
-        Some(&ctx.defaults.limits),
-    );
-    check_limits(&limits, sb, "limits", sink, line);
-    let require_tls_ports = match &raw.require_tls_ports {
-        Some(ports) => super::defaults::tls_ports(ports, "require_tls_ports", sb, line, sink),
-        None => ctx.defaults.require_tls_ports.clone(),
-    };
-    let credentials = resolve_credentials(&raw, ctx, sb, sink, line, files, warnings);
-    let upstream_proxy = match &raw.upstream_proxy {
+) -> super::upstream::ParentChoice {
+    match choice {
         None => super::upstream::ParentChoice::Inherit,
         Some(choice) => {
             let path = |f: &str| {
@@ -364,7 +281,106 @@ pub(super) fn build_binding(
                 }
             }
         }
+    }
+}
+
+/// The fields of a binding besides its policy: plaintext tokens refused by name (never
+/// echoed), unknown keys refused, the id checked. `None` when they do not parse.
+fn raw_binding(
+    mut map: serde_yaml::Mapping,
+    id_text: Option<&str>,
+    (sb, line): (Option<&str>, usize),
+    sink: &mut Sink<'_>,
+) -> Option<RawBinding> {
+    // A plaintext token is refused by name, and never echoed.
+    if let Some(Value::Mapping(auth)) = map.get_mut("auth") {
+        for key in ["token", "password", "secret"] {
+            if auth.remove(key).is_some() {
+                sink.push(
+                    sb,
+                    format!("auth.{key}"),
+                    "plaintext tokens are not allowed in config: use token_sha256, token_file or token_env",
+                    Some(&format!("{key}:")),
+                    line,
+                );
+            }
+        }
+    }
+    let raw: Option<RawBinding> = match serde_yaml::from_value(Value::Mapping(map)) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            let msg = redact(&e.to_string());
+            let hint = unknown_field(&msg).map(|f| format!("{f}:"));
+            sink.push(sb, "", msg, hint.as_deref(), line);
+            None
+        }
     };
+    if let Some(id) = id_text {
+        if !crate::policy::sandbox_id::is_valid(id) {
+            sink.push(
+                sb,
+                "id",
+                "must match [a-z0-9][a-z0-9_.-]{0,62}",
+                Some("id:"),
+                line,
+            );
+        }
+    }
+    raw
+}
+
+pub(super) fn build_binding(
+    value: Value,
+    index: usize,
+    ctx: &BindingCtx<'_>,
+    sink: &mut Sink<'_>,
+    warnings: &mut Vec<String>,
+    files: &mut Vec<PathBuf>,
+) -> Option<Binding> {
+    let Value::Mapping(mut map) = value else {
+        sink.top(
+            format!("sandboxes[{index}]"),
+            "expected a mapping with `id` and `policy`",
+            None,
+        );
+        return None;
+    };
+    let id_text = map.get("id").and_then(Value::as_str).map(str::to_string);
+    let label = id_text
+        .clone()
+        .unwrap_or_else(|| format!("sandboxes[{index}]"));
+    let sb = Some(label.as_str());
+    let line = id_text
+        .as_deref()
+        .and_then(|id| ctx.id_lines.get(id).copied())
+        .unwrap_or(1);
+    let before = sink.errors.len();
+    let policy_value = map.remove("policy");
+    let raw = raw_binding(map, id_text.as_deref(), (sb, line), sink);
+    let token_sha256 = raw
+        .as_ref()
+        .and_then(|r| r.auth.as_ref())
+        .and_then(|a| token_digest(a, ctx.base_dir, sb, sink, line, files));
+    let policy = resolve_policy(policy_value, sb, line, ctx, sink, warnings, files);
+    let raw = raw?;
+    let limits = resolve_limits(
+        raw.limits.as_ref().unwrap_or(&RawLimits::default()),
+        Some(&ctx.defaults.limits),
+    );
+    check_limits(&limits, sb, "limits", sink, line);
+    let require_tls_ports = match &raw.require_tls_ports {
+        Some(ports) => super::defaults::tls_ports(ports, "require_tls_ports", sb, line, sink),
+        None => ctx.defaults.require_tls_ports.clone(),
+    };
+    let credentials = resolve_credentials(&raw, ctx, sb, sink, line, files, warnings);
+    let upstream_proxy = parent_choice(
+        raw.upstream_proxy.as_ref(),
+        ctx,
+        (sb, line),
+        sink,
+        warnings,
+        files,
+    );
     let (block, network, policy_file, policy_ref) = policy?;
     if !network.http.is_empty() && ctx.placeholder_key.is_none() {
         sink.push(
@@ -397,14 +413,72 @@ pub(super) fn build_binding(
     })
 }
 
+/// `policy: { ref: … }`: a file path or an `@owner/slug` into `sandbox_dirs`, standing alone.
+fn policy_ref(
+    m: &serde_yaml::Mapping,
+    (sb, policy_line): (Option<&str>, usize),
+    ctx: &BindingCtx<'_>,
+    sink: &mut Sink<'_>,
+    warnings: &mut Vec<String>,
+    files: &mut Vec<PathBuf>,
+) -> Option<ResolvedPolicy> {
+    if m.len() != 1 {
+        sink.push(
+            sb,
+            "policy",
+            "`ref` stands alone: put the block in the referenced file",
+            Some("ref:"),
+            policy_line,
+        );
+        return None;
+    }
+    let Some(r) = m.get("ref").and_then(Value::as_str) else {
+        sink.push(
+            sb,
+            "policy.ref",
+            "must be a string: a file path or `@owner/slug`",
+            Some("ref:"),
+            policy_line,
+        );
+        return None;
+    };
+    let found = refs::resolve_ref(
+        r,
+        ctx.base_dir,
+        ctx.index,
+        ctx.extra_providers,
+        warnings,
+        files,
+    );
+    match found {
+        Ok((block, network, file)) => Some((block, network, file, Some(r.to_string()))),
+        Err(mut errs) => {
+            if errs.is_empty() {
+                let loc = sink.locate(r, policy_line);
+                sink.errors.push(ConfigError {
+                    file: sink.file.clone(),
+                    line: loc,
+                    sandbox: sb.map(str::to_string),
+                    field: "policy.ref".into(),
+                    message: format!("`{r}` cannot be resolved (no such file, or no SANDBOX.md with that id in sandbox_dirs)"),
+                    code: Some("sandbox_ref_unresolvable"),
+                });
+            } else {
+                for e in &mut errs {
+                    e.sandbox = sb.map(str::to_string);
+                }
+                sink.errors.extend(errs);
+            }
+            None
+        }
+    }
+}
+
 type ResolvedPolicy = (SandboxBlock, NetworkSpec, Arc<str>, Option<String>);
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "resolves a policy reference in its documented order; split pending (issue 38)"
-)]
+/// A binding's `policy` (required): an AIP-36 block, `{ inline: … }` or `{ ref: … }`.
 fn resolve_policy(
-    value: Value,
+    value: Option<Value>,
     sb: Option<&str>,
     line: usize,
     ctx: &BindingCtx<'_>,
@@ -412,6 +486,16 @@ fn resolve_policy(
     warnings: &mut Vec<String>,
     files: &mut Vec<PathBuf>,
 ) -> Option<ResolvedPolicy> {
+    let Some(value) = value else {
+        sink.push(
+            sb,
+            "policy",
+            "required: an AIP-36 sandbox block, `{ inline: ... }` or `{ ref: ... }`",
+            None,
+            line,
+        );
+        return None;
+    };
     let policy_line = sink.locate("policy:", line).unwrap_or(line);
     let (has_inline, has_ref) = match &value {
         Value::Mapping(m) => (m.contains_key("inline"), m.contains_key("ref")),
@@ -431,56 +515,7 @@ fn resolve_policy(
         let Value::Mapping(m) = &value else {
             return None;
         };
-        if m.len() != 1 {
-            sink.push(
-                sb,
-                "policy",
-                "`ref` stands alone: put the block in the referenced file",
-                Some("ref:"),
-                policy_line,
-            );
-            return None;
-        }
-        let Some(r) = m.get("ref").and_then(Value::as_str) else {
-            sink.push(
-                sb,
-                "policy.ref",
-                "must be a string: a file path or `@owner/slug`",
-                Some("ref:"),
-                policy_line,
-            );
-            return None;
-        };
-        let found = refs::resolve_ref(
-            r,
-            ctx.base_dir,
-            ctx.index,
-            ctx.extra_providers,
-            warnings,
-            files,
-        );
-        return match found {
-            Ok((block, network, file)) => Some((block, network, file, Some(r.to_string()))),
-            Err(mut errs) => {
-                if errs.is_empty() {
-                    let loc = sink.locate(r, policy_line);
-                    sink.errors.push(ConfigError {
-                        file: sink.file.clone(),
-                        line: loc,
-                        sandbox: sb.map(str::to_string),
-                        field: "policy.ref".into(),
-                        message: format!("`{r}` cannot be resolved (no such file, or no SANDBOX.md with that id in sandbox_dirs)"),
-                        code: Some("sandbox_ref_unresolvable"),
-                    });
-                } else {
-                    for e in &mut errs {
-                        e.sandbox = sb.map(str::to_string);
-                    }
-                    sink.errors.extend(errs);
-                }
-                None
-            }
-        };
+        return policy_ref(m, (sb, policy_line), ctx, sink, warnings, files);
     }
     let block_value = if has_inline {
         let Value::Mapping(mut m) = value else {

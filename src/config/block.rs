@@ -208,10 +208,6 @@ pub(crate) fn parse_block(
     Some((block, network?))
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "the network block's keys, one after another; moves to serde defaults (issue 38)"
-)]
 fn network_spec(
     block: &SandboxBlock,
     ctx: &BlockCtx<'_>,
@@ -283,6 +279,24 @@ fn network_spec(
     let who = sb
         .map(|s| format!("sandbox {s}"))
         .unwrap_or_else(|| sink.file.to_string());
+    warn_about(mode, &egress, &who, warnings);
+    Some(NetworkSpec {
+        mode,
+        egress,
+        deny,
+        resolve_for_address_rules: net.resolve_for_address_rules,
+        http: http.into(),
+    })
+}
+
+/// What a valid network block may still get wrong: egress entries a `deny-all` mode ignores,
+/// a `restricted` mode with nothing in it, and address ranges wider than /8 or /16.
+fn warn_about(
+    mode: Mode,
+    egress: &[(String, crate::policy::entry::Entry)],
+    who: &str,
+    warnings: &mut Vec<String>,
+) {
     if mode == Mode::DenyAll && !egress.is_empty() {
         warnings.push(format!(
             "{who}: network.mode is deny-all; its {} egress entries are ignored",
@@ -294,7 +308,7 @@ fn network_spec(
             "{who}: network.mode is restricted with an empty egress list: nothing is reachable"
         ));
     }
-    for (text, entry) in &egress {
+    for (text, entry) in egress {
         if let crate::policy::entry::HostPattern::Net(net) = &entry.host {
             let wide = match net {
                 ipnet::IpNet::V4(n) => n.prefix_len() < 8,
@@ -307,13 +321,6 @@ fn network_spec(
             }
         }
     }
-    Some(NetworkSpec {
-        mode,
-        egress,
-        deny,
-        resolve_for_address_rules: net.resolve_for_address_rules,
-        http: http.into(),
-    })
 }
 
 #[cfg(test)]

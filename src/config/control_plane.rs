@@ -90,10 +90,6 @@ impl EtcdConfig {
 }
 
 /// Validate `control_plane:`; every problem goes to `sink`.
-#[allow(
-    clippy::too_many_lines,
-    reason = "field-by-field etcd settings; moves to serde defaults (issue 38)"
-)]
 pub(super) fn resolve_control_plane(
     raw: RawControlPlane,
     rel: &dyn Fn(&str) -> PathBuf,
@@ -129,39 +125,7 @@ pub(super) fn resolve_control_plane(
             );
         }
     }
-    let mut endpoints = Vec::new();
-    for e in &raw.endpoints {
-        let (scheme, rest) = match e.split_once("://") {
-            Some((s, r)) => (Some(s), r),
-            None => (None, e.as_str()),
-        };
-        let ok_scheme = match scheme {
-            None => true,
-            Some("http") => tls.is_none(),
-            Some("https") => true,
-            Some(_) => false,
-        };
-        if !ok_scheme {
-            sink.top(
-                field("endpoints"),
-                format!(
-                    "`{e}`: use http://host:port, or https://host:port with `tls` (a bare host:port takes the scheme `tls` implies)"
-                ),
-                Some(e),
-            );
-            continue;
-        }
-        if rest.is_empty() || rest.contains('/') || !rest.contains(':') {
-            sink.top(
-                field("endpoints"),
-                format!("`{e}`: expected host:port"),
-                Some(e),
-            );
-            continue;
-        }
-        let scheme = scheme.unwrap_or(if tls.is_some() { "https" } else { "http" });
-        endpoints.push(format!("{scheme}://{rest}"));
-    }
+    let endpoints = endpoints(&raw.endpoints, tls.is_some(), sink);
     let prefix = raw.prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_string());
     if prefix.is_empty() || !prefix.ends_with('/') {
         sink.top(
@@ -205,6 +169,46 @@ pub(super) fn resolve_control_plane(
         dial_timeout,
         request_timeout,
     })
+}
+
+/// `control_plane.etcd.endpoints` as URLs: `http://` or `https://` (a bare `host:port`
+/// takes the scheme `tls` implies); every malformed one goes to `sink`.
+fn endpoints(raw: &[String], tls: bool, sink: &mut Sink<'_>) -> Vec<String> {
+    let field = |f: &str| format!("control_plane.etcd.{f}");
+    let mut endpoints = Vec::new();
+    for e in raw {
+        let (scheme, rest) = match e.split_once("://") {
+            Some((s, r)) => (Some(s), r),
+            None => (None, e.as_str()),
+        };
+        let ok_scheme = match scheme {
+            None => true,
+            Some("http") => !tls,
+            Some("https") => true,
+            Some(_) => false,
+        };
+        if !ok_scheme {
+            sink.top(
+                field("endpoints"),
+                format!(
+                    "`{e}`: use http://host:port, or https://host:port with `tls` (a bare host:port takes the scheme `tls` implies)"
+                ),
+                Some(e),
+            );
+            continue;
+        }
+        if rest.is_empty() || rest.contains('/') || !rest.contains(':') {
+            sink.top(
+                field("endpoints"),
+                format!("`{e}`: expected host:port"),
+                Some(e),
+            );
+            continue;
+        }
+        let scheme = scheme.unwrap_or(if tls { "https" } else { "http" });
+        endpoints.push(format!("{scheme}://{rest}"));
+    }
+    endpoints
 }
 
 #[cfg(test)]

@@ -133,10 +133,6 @@ pub fn placeholder(key: &[u8], sandbox: &str, name: &str, secret_len: usize) -> 
 /// what placeholders derive from.
 /// Under [`super::Secrets::MayBeAbsent`] a secret that cannot be read is a warning in
 /// `warnings` and a stand-in takes its place (review tools decide no differently without it).
-#[allow(
-    clippy::too_many_lines,
-    reason = "a credential's keys, one after another; becomes per-kind with the credential trait (issue 38)"
-)]
 pub fn resolve(
     raw: &RawCredential,
     sandbox: &str,
@@ -168,54 +164,7 @@ pub fn resolve(
     if raw.hosts.is_empty() {
         errors.push("hosts: bind the credential to at least one host".into());
     }
-    let inject = match (&raw.inject.header, &raw.inject.replace_placeholder) {
-        (Some(h), None) => match http::HeaderName::from_bytes(h.as_bytes()) {
-            Ok(name) => {
-                let format = raw
-                    .inject
-                    .format
-                    .clone()
-                    .unwrap_or_else(|| "{secret}".into());
-                if !format.contains("{secret}") {
-                    errors.push("inject.format must contain {secret}".into());
-                }
-                Some(Inject::Header { name, format })
-            }
-            Err(_) => {
-                errors.push(format!("inject.header `{h}` is not a header name"));
-                None
-            }
-        },
-        (None, Some(RawReplace::In(r))) if raw.inject.format.is_none() => {
-            let mut headers = Vec::new();
-            for h in &r.headers {
-                match http::HeaderName::from_bytes(h.as_bytes()) {
-                    Ok(n) => headers.push(n),
-                    Err(_) => errors.push(format!(
-                        "inject.replace_placeholder.headers: `{h}` is not a header name"
-                    )),
-                }
-            }
-            if r.headers.is_empty() {
-                errors.push("inject.replace_placeholder.headers: name at least one header".into());
-            }
-            Some(Inject::ReplacePlaceholder { headers })
-        }
-        (None, Some(RawReplace::Flag(_))) => {
-            errors.push(
-                "inject.replace_placeholder: name the headers the placeholder may be replaced in, e.g. { headers: [Authorization] } (replacing it anywhere let a reflected header or URL return the secret)"
-                    .into(),
-            );
-            None
-        }
-        _ => {
-            errors.push(
-                "inject: either { header, format } or { replace_placeholder: { headers: [...] } }"
-                    .into(),
-            );
-            None
-        }
-    };
+    let inject = inject(&raw.inject, &mut errors);
     let mut absent = |why: String| match secrets {
         super::Secrets::Required => {
             errors.push(why);
@@ -259,6 +208,54 @@ pub fn resolve(
             secret: Secret(secret.into()),
         }),
         _ => Err(errors),
+    }
+}
+
+/// `inject:` — how the credential goes on a request (the kinds, `crate::intercept::credential`).
+fn inject(raw: &RawInject, errors: &mut Vec<String>) -> Option<Inject> {
+    match (&raw.header, &raw.replace_placeholder) {
+        (Some(h), None) => match http::HeaderName::from_bytes(h.as_bytes()) {
+            Ok(name) => {
+                let format = raw.format.clone().unwrap_or_else(|| "{secret}".into());
+                if !format.contains("{secret}") {
+                    errors.push("inject.format must contain {secret}".into());
+                }
+                Some(Inject::Header { name, format })
+            }
+            Err(_) => {
+                errors.push(format!("inject.header `{h}` is not a header name"));
+                None
+            }
+        },
+        (None, Some(RawReplace::In(r))) if raw.format.is_none() => {
+            let mut headers = Vec::new();
+            for h in &r.headers {
+                match http::HeaderName::from_bytes(h.as_bytes()) {
+                    Ok(n) => headers.push(n),
+                    Err(_) => errors.push(format!(
+                        "inject.replace_placeholder.headers: `{h}` is not a header name"
+                    )),
+                }
+            }
+            if r.headers.is_empty() {
+                errors.push("inject.replace_placeholder.headers: name at least one header".into());
+            }
+            Some(Inject::ReplacePlaceholder { headers })
+        }
+        (None, Some(RawReplace::Flag(_))) => {
+            errors.push(
+                "inject.replace_placeholder: name the headers the placeholder may be replaced in, e.g. { headers: [Authorization] } (replacing it anywhere let a reflected header or URL return the secret)"
+                    .into(),
+            );
+            None
+        }
+        _ => {
+            errors.push(
+                "inject: either { header, format } or { replace_placeholder: { headers: [...] } }"
+                    .into(),
+            );
+            None
+        }
     }
 }
 

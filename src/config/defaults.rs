@@ -10,7 +10,7 @@ use ipnet::IpNet;
 
 use super::error::Sink;
 use super::raw::{
-    RawAdmission, RawDefaults, RawForwardKeepalive, RawLimits, RawListen, RawRuntime,
+    RawAdmission, RawDefaults, RawForwardKeepalive, RawLimits, RawListen, RawProxyTls, RawRuntime,
 };
 use super::{
     Admission, ClientNames, Defaults, ForwardKeepalive, Limits, Listen, ProxyTls, RuntimeLimits,
@@ -255,10 +255,6 @@ pub(super) fn tls_ports(
     v.into()
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "field-by-field listener settings; moves to serde defaults (issue 38)"
-)]
 pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut Sink<'_>) -> Listen {
     if raw.proxy.is_none() && raw.transparent.is_none() && raw.proxy_tls.is_none() {
         sink.top(
@@ -272,54 +268,7 @@ pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut S
             sink.top("listen.admin", format!("{admin} is not loopback: set `admin_token_file` so that mutating admin calls need a bearer token"), Some("admin:"));
         }
     }
-    let proxy_tls = raw.proxy_tls.map(|t| {
-        let client_names = match (&t.client_uri_prefix, t.client_cn) {
-            (Some(_), true) => {
-                sink.top(
-                    "listen.proxy_tls",
-                    "set one of `client_uri_prefix` and `client_cn`, not both",
-                    Some("client_cn"),
-                );
-                ClientNames::None
-            }
-            (Some(p), false) if p.is_empty() => {
-                sink.top(
-                    "listen.proxy_tls.client_uri_prefix",
-                    "must not be empty",
-                    Some("client_uri_prefix"),
-                );
-                ClientNames::None
-            }
-            (Some(p), false) => ClientNames::UriPrefix(p.clone()),
-            (None, true) => ClientNames::CommonName,
-            (None, false) => ClientNames::None,
-        };
-        match (&t.client_ca_file, &client_names) {
-            (Some(_), ClientNames::None) if t.client_uri_prefix.is_none() && !t.client_cn => {
-                sink.top(
-                    "listen.proxy_tls",
-                    "`client_ca_file` needs `client_uri_prefix` or `client_cn` (how a certificate names its sandbox)",
-                    Some("client_ca_file"),
-                );
-            }
-            (None, ClientNames::UriPrefix(_) | ClientNames::CommonName) => {
-                sink.top(
-                    "listen.proxy_tls",
-                    "client certificate names need `client_ca_file` (the CA that signs them)",
-                    Some("proxy_tls"),
-                );
-            }
-            _ => {}
-        }
-        ProxyTls {
-            addr: t.addr,
-            cert_file: t.cert_file.into(),
-            key_file: t.key_file.into(),
-            client_ca_file: t.client_ca_file.map(Into::into),
-            client_names,
-            require_client_cert: false,
-        }
-    });
+    let proxy_tls = raw.proxy_tls.map(|t| proxy_tls(t, sink));
     let admin_tls = raw.admin_tls.map(|t| ProxyTls {
         addr: raw.admin.unwrap_or(ADMIN_ADDR),
         cert_file: t.cert_file.into(),
@@ -347,10 +296,56 @@ pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut S
     }
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "field-by-field admission settings; moves to serde defaults (issue 38)"
-)]
+/// `listen.proxy_tls`: how a client certificate names its sandbox, and the CA it needs.
+fn proxy_tls(t: RawProxyTls, sink: &mut Sink<'_>) -> ProxyTls {
+    let client_names = match (&t.client_uri_prefix, t.client_cn) {
+        (Some(_), true) => {
+            sink.top(
+                "listen.proxy_tls",
+                "set one of `client_uri_prefix` and `client_cn`, not both",
+                Some("client_cn"),
+            );
+            ClientNames::None
+        }
+        (Some(p), false) if p.is_empty() => {
+            sink.top(
+                "listen.proxy_tls.client_uri_prefix",
+                "must not be empty",
+                Some("client_uri_prefix"),
+            );
+            ClientNames::None
+        }
+        (Some(p), false) => ClientNames::UriPrefix(p.clone()),
+        (None, true) => ClientNames::CommonName,
+        (None, false) => ClientNames::None,
+    };
+    match (&t.client_ca_file, &client_names) {
+        (Some(_), ClientNames::None) if t.client_uri_prefix.is_none() && !t.client_cn => {
+            sink.top(
+                "listen.proxy_tls",
+                "`client_ca_file` needs `client_uri_prefix` or `client_cn` (how a certificate names its sandbox)",
+                Some("client_ca_file"),
+            );
+        }
+        (None, ClientNames::UriPrefix(_) | ClientNames::CommonName) => {
+            sink.top(
+                "listen.proxy_tls",
+                "client certificate names need `client_ca_file` (the CA that signs them)",
+                Some("proxy_tls"),
+            );
+        }
+        _ => {}
+    }
+    ProxyTls {
+        addr: t.addr,
+        cert_file: t.cert_file.into(),
+        key_file: t.key_file.into(),
+        client_ca_file: t.client_ca_file.map(Into::into),
+        client_names,
+        require_client_cert: false,
+    }
+}
+
 pub(super) fn resolve_admission(raw: RawAdmission, sink: &mut Sink<'_>) -> Admission {
     let d = ADMISSION;
     let a = Admission {
@@ -382,6 +377,12 @@ pub(super) fn resolve_admission(raw: RawAdmission, sink: &mut Sink<'_>) -> Admis
         identified_share: raw.identified_share.unwrap_or(d.identified_share),
         descriptor_reserve: raw.descriptor_reserve.unwrap_or(d.descriptor_reserve),
     };
+    check_admission(&a, sink);
+    a
+}
+
+/// Each `admission` value within its range; every one out of it goes to `sink`.
+fn check_admission(a: &Admission, sink: &mut Sink<'_>) {
     for (name, v) in [
         ("unidentified_per_source", a.unidentified_per_source),
         ("unidentified_total", a.unidentified_total),
@@ -446,7 +447,6 @@ pub(super) fn resolve_admission(raw: RawAdmission, sink: &mut Sink<'_>) -> Admis
             Some("first_byte_ms"),
         );
     }
-    a
 }
 
 pub(super) fn resolve_runtime(raw: RawRuntime, sink: &mut Sink<'_>) -> RuntimeLimits {

@@ -263,10 +263,6 @@ impl fmt::Debug for ParentAuthorization {
 
 /// Resolve `upstream_proxy`. `read_file` reads a file relative to the configuration; under
 /// [`super::Secrets::MayBeAbsent`] an unreadable password file is a warning (review tools).
-#[allow(
-    clippy::too_many_lines,
-    reason = "the parent proxy's keys, one after another; moves to serde defaults (issue 38)"
-)]
 pub fn resolve(
     raw: &RawUpstreamProxy,
     read_file: super::files::ReadFile<'_>,
@@ -332,34 +328,10 @@ pub fn resolve(
             Err(e) => errors.push(e),
         }
     }
-    let authorization = match &raw.auth {
-        None => None,
-        Some(auth) => {
-            if auth.username.is_empty() || auth.username.contains(':') {
-                errors.push("auth.username: not empty, no `:`".into());
-            }
-            match read_file(&auth.password_file) {
-                Ok(p) => {
-                    let p = p.trim_end_matches(['\r', '\n']);
-                    let token = base64::engine::general_purpose::STANDARD
-                        .encode(format!("{}:{p}", auth.username));
-                    Some(ParentAuthorization(format!("Basic {token}")))
-                }
-                Err(e) => match secrets {
-                    super::Secrets::Required => {
-                        errors.push(format!("auth.password_file: {e}"));
-                        None
-                    }
-                    super::Secrets::MayBeAbsent => {
-                        warnings.push(format!(
-                            "upstream_proxy: auth.password_file: {e}; not needed to review the policy, but `run` refuses to start without it"
-                        ));
-                        None
-                    }
-                },
-            }
-        }
-    };
+    let authorization = raw
+        .auth
+        .as_ref()
+        .and_then(|auth| authorization(auth, read_file, secrets, &mut errors, warnings));
     if errors.is_empty() {
         Ok(UpstreamProxy {
             host: host.to_ascii_lowercase(),
@@ -370,6 +342,38 @@ pub fn resolve(
         })
     } else {
         Err(errors)
+    }
+}
+
+/// `upstream_proxy.auth`: the ready `Proxy-Authorization` value, from the username and the
+/// password file. An unreadable file is an error, or under [`super::Secrets::MayBeAbsent`] a
+/// warning.
+fn authorization(
+    auth: &RawParentAuth,
+    read_file: super::files::ReadFile<'_>,
+    secrets: super::Secrets,
+    errors: &mut Vec<String>,
+    warnings: &mut Vec<String>,
+) -> Option<ParentAuthorization> {
+    if auth.username.is_empty() || auth.username.contains(':') {
+        errors.push("auth.username: not empty, no `:`".into());
+    }
+    match read_file(&auth.password_file) {
+        Ok(p) => {
+            let p = p.trim_end_matches(['\r', '\n']);
+            let token =
+                base64::engine::general_purpose::STANDARD.encode(format!("{}:{p}", auth.username));
+            Some(ParentAuthorization(format!("Basic {token}")))
+        }
+        Err(e) => {
+            match secrets {
+                super::Secrets::Required => errors.push(format!("auth.password_file: {e}")),
+                super::Secrets::MayBeAbsent => warnings.push(format!(
+                    "upstream_proxy: auth.password_file: {e}; not needed to review the policy, but `run` refuses to start without it"
+                )),
+            }
+            None
+        }
     }
 }
 
