@@ -170,70 +170,11 @@ fn show(host: &Host) -> String {
 }
 
 /// Check what the start of a tunnel to `target` showed against `rules`.
-#[allow(
-    clippy::too_many_lines,
-    reason = "the first-bytes rules as one match, in the order DESIGN lists them"
-)]
 pub fn verify(target: &Target, first: &FirstBytes, rules: Rules) -> Result<(), Mismatch> {
     let port = target.port;
     match first {
-        FirstBytes::Client(Peeked::Tls(hello)) => {
-            if rules.refuse_ech && hello.ech {
-                return mismatch(
-                    Reason::ProtocolNotAllowed,
-                    "the ClientHello carries Encrypted Client Hello (refuse_ech)",
-                );
-            }
-            let Host::Name(name) = &target.host else {
-                // An IP literal allowed by an address rule: the SNI is recorded, not matched.
-                return Ok(());
-            };
-            match hello.sni.as_deref() {
-                None => mismatch(
-                    Reason::SniMismatch,
-                    format!("the ClientHello has no SNI; CONNECT named {name}"),
-                ),
-                Some(sni) => match Host::parse(sni) {
-                    Ok(h) if h == target.host => Ok(()),
-                    _ => mismatch(
-                        Reason::SniMismatch,
-                        format!("SNI {} does not match CONNECT host {name}", printable(sni)),
-                    ),
-                },
-            }
-        }
-        FirstBytes::Client(Peeked::Http { host }) => {
-            if rules.require_tls {
-                return mismatch(
-                    Reason::ProtocolNotAllowed,
-                    format!("a plain HTTP request on port {port}, which requires TLS"),
-                );
-            }
-            let Some(value) = host.as_deref() else {
-                return mismatch(
-                    Reason::HostMismatch,
-                    format!(
-                        "the HTTP request has no Host; CONNECT named {}",
-                        show(&target.host)
-                    ),
-                );
-            };
-            let (h, p) = split_host_header(value);
-            let same_host = Host::parse(h).is_ok_and(|h| h == target.host);
-            let same_port = p.is_none_or(|p| p.parse::<u16>() == Ok(port));
-            if same_host && same_port {
-                Ok(())
-            } else {
-                mismatch(
-                    Reason::HostMismatch,
-                    format!(
-                        "Host {} does not match CONNECT host {}:{port}",
-                        printable(value),
-                        show(&target.host)
-                    ),
-                )
-            }
-        }
+        FirstBytes::Client(Peeked::Tls(hello)) => verify_hello(target, hello, rules),
+        FirstBytes::Client(Peeked::Http { host }) => verify_head(target, host.as_deref(), rules),
         FirstBytes::Client(Peeked::Other { detail } | Peeked::Unrecognised { detail })
             if rules.require_tls =>
         {
@@ -263,6 +204,73 @@ pub fn verify(target: &Target, first: &FirstBytes, rules: Rules) -> Result<(), M
             format!("no ClientHello or request head within header_ms; {OPAQUE}"),
         ),
         FirstBytes::Client(Peeked::Incomplete) => Ok(()),
+    }
+}
+
+/// A ClientHello: no ECH under `refuse_ech`; its SNI must name the target when that is a name.
+fn verify_hello(
+    target: &Target,
+    hello: &crate::wire::sni::ClientHello,
+    rules: Rules,
+) -> Result<(), Mismatch> {
+    if rules.refuse_ech && hello.ech {
+        return mismatch(
+            Reason::ProtocolNotAllowed,
+            "the ClientHello carries Encrypted Client Hello (refuse_ech)",
+        );
+    }
+    let Host::Name(name) = &target.host else {
+        // An IP literal allowed by an address rule: the SNI is recorded, not matched.
+        return Ok(());
+    };
+    match hello.sni.as_deref() {
+        None => mismatch(
+            Reason::SniMismatch,
+            format!("the ClientHello has no SNI; CONNECT named {name}"),
+        ),
+        Some(sni) => match Host::parse(sni) {
+            Ok(h) if h == target.host => Ok(()),
+            _ => mismatch(
+                Reason::SniMismatch,
+                format!("SNI {} does not match CONNECT host {name}", printable(sni)),
+            ),
+        },
+    }
+}
+
+/// A plain HTTP request head: refused on a port that requires TLS; its `Host` (and port, when
+/// it names one) must be the target's.
+fn verify_head(target: &Target, host: Option<&str>, rules: Rules) -> Result<(), Mismatch> {
+    let port = target.port;
+    if rules.require_tls {
+        return mismatch(
+            Reason::ProtocolNotAllowed,
+            format!("a plain HTTP request on port {port}, which requires TLS"),
+        );
+    }
+    let Some(value) = host else {
+        return mismatch(
+            Reason::HostMismatch,
+            format!(
+                "the HTTP request has no Host; CONNECT named {}",
+                show(&target.host)
+            ),
+        );
+    };
+    let (h, p) = split_host_header(value);
+    let same_host = Host::parse(h).is_ok_and(|h| h == target.host);
+    let same_port = p.is_none_or(|p| p.parse::<u16>() == Ok(port));
+    if same_host && same_port {
+        Ok(())
+    } else {
+        mismatch(
+            Reason::HostMismatch,
+            format!(
+                "Host {} does not match CONNECT host {}:{port}",
+                printable(value),
+                show(&target.host)
+            ),
+        )
     }
 }
 

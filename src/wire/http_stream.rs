@@ -212,10 +212,6 @@ impl RequestStream {
         Ok(Step::Line { consumed: take })
     }
 
-    #[allow(
-        clippy::too_many_lines,
-        reason = "a request head's framing rules as one parser, as hyper applies them"
-    )]
     fn head(&mut self, data: &[u8]) -> Result<Step, &'static str> {
         let before = self.buf.len();
         self.buf.extend_from_slice(data);
@@ -229,52 +225,12 @@ impl RequestStream {
             Ok(httparse::Status::Complete(len)) => len,
             Err(_) => return Err("malformed request head"),
         };
-        let mut host = None;
-        let mut hosts = 0;
-        let mut length: Option<u64> = None;
-        let mut chunked = false;
-        let mut coded = false;
-        let mut upgrade = false;
-        for h in req.headers.iter() {
-            let value = std::str::from_utf8(h.value).map_err(|_| "non-UTF-8 header value")?;
-            if h.name.eq_ignore_ascii_case("host") {
-                hosts += 1;
-                host = Some(value.trim().to_string());
-            } else if h.name.eq_ignore_ascii_case("content-length") {
-                // Digits only (no sign, no list), as hyper requires on the explicit proxy.
-                let v = value.trim();
-                if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err("bad Content-Length");
-                }
-                let n: u64 = v.parse().map_err(|_| "bad Content-Length")?;
-                if length.is_some_and(|l| l != n) {
-                    return Err("differing Content-Length headers");
-                }
-                length = Some(n);
-            } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-                coded = true;
-                let last = value.rsplit(',').next().unwrap_or("").trim();
-                chunked = last.eq_ignore_ascii_case("chunked");
-            } else if h.name.eq_ignore_ascii_case("upgrade") {
-                // h2c would carry streams whose `:authority` nothing checks.
-                if value
-                    .split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("h2c"))
-                {
-                    return Err("an upgrade to h2c (HTTP/2 streams the proxy cannot check)");
-                }
-                upgrade = true;
-            }
-        }
-        if hosts > 1 {
-            return Err("several Host headers");
-        }
-        if coded && length.is_some() {
-            return Err("both Content-Length and Transfer-Encoding");
-        }
-        if coded && !chunked {
-            return Err("a transfer coding other than chunked last");
-        }
+        let Framing {
+            host,
+            length,
+            chunked,
+            upgrade,
+        } = framing(req.headers)?;
         let method = req.method.unwrap_or("");
         let path = req.path.unwrap_or("");
         let authority = if method == "CONNECT" {
@@ -307,6 +263,72 @@ impl RequestStream {
             consumed: len - before,
         })
     }
+}
+
+/// What a request head's headers say about it and its body.
+struct Framing {
+    host: Option<String>,
+    length: Option<u64>,
+    chunked: bool,
+    upgrade: bool,
+}
+
+/// Read the headers with the framing rules hyper applies on the explicit proxy: one `Host`,
+/// digits-only `Content-Length` (equal when repeated), `chunked` last when there is a
+/// transfer coding, never both framings, no upgrade to h2c.
+fn framing(headers: &[httparse::Header<'_>]) -> Result<Framing, &'static str> {
+    let mut host = None;
+    let mut hosts = 0;
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let mut coded = false;
+    let mut upgrade = false;
+    for h in headers {
+        let value = std::str::from_utf8(h.value).map_err(|_| "non-UTF-8 header value")?;
+        if h.name.eq_ignore_ascii_case("host") {
+            hosts += 1;
+            host = Some(value.trim().to_string());
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            // Digits only (no sign, no list), as hyper requires on the explicit proxy.
+            let v = value.trim();
+            if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+                return Err("bad Content-Length");
+            }
+            let n: u64 = v.parse().map_err(|_| "bad Content-Length")?;
+            if length.is_some_and(|l| l != n) {
+                return Err("differing Content-Length headers");
+            }
+            length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            coded = true;
+            let last = value.rsplit(',').next().unwrap_or("").trim();
+            chunked = last.eq_ignore_ascii_case("chunked");
+        } else if h.name.eq_ignore_ascii_case("upgrade") {
+            // h2c would carry streams whose `:authority` nothing checks.
+            if value
+                .split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("h2c"))
+            {
+                return Err("an upgrade to h2c (HTTP/2 streams the proxy cannot check)");
+            }
+            upgrade = true;
+        }
+    }
+    if hosts > 1 {
+        return Err("several Host headers");
+    }
+    if coded && length.is_some() {
+        return Err("both Content-Length and Transfer-Encoding");
+    }
+    if coded && !chunked {
+        return Err("a transfer coding other than chunked last");
+    }
+    Ok(Framing {
+        host,
+        length,
+        chunked,
+        upgrade,
+    })
 }
 
 #[cfg(test)]
