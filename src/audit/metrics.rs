@@ -115,155 +115,42 @@ pub enum Timing {
 }
 
 impl Metrics {
-    #[allow(
-        clippy::too_many_lines,
-        reason = "registers every metric family in one place; splitting scatters the names"
-    )]
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        let connections = IntCounterVec::new(
-            Opts::new(
-                "egress_connections_total",
-                "Connections (and forwarded requests) by outcome",
-            ),
-            &["sandbox", "mode", "decision", "reason"],
-        )?;
-        let bytes = IntCounterVec::new(
-            Opts::new(
-                "egress_bytes_total",
-                "Bytes relayed, up = client to destination",
-            ),
-            &["sandbox", "direction"],
-        )?;
-        let active = IntGaugeVec::new(
-            Opts::new(
-                "egress_active_connections",
-                "Open client connections by sandbox",
-            ),
-            &["sandbox"],
-        )?;
+        let r = &registry;
         let buckets = vec![
             0.000_001, 0.000_005, 0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05,
             0.1, 0.5, 1.0, 5.0,
         ];
-        let decision_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "egress_decision_seconds",
-                "Time to decide (policy and guard), excluding DNS",
-            )
-            .buckets(buckets.clone()),
-        )?;
-        let dns_seconds = Histogram::with_opts(
-            HistogramOpts::new("egress_dns_seconds", "Time to resolve a target name")
-                .buckets(buckets.clone()),
-        )?;
-        let dial_seconds = Histogram::with_opts(
-            HistogramOpts::new("egress_dial_seconds", "Time to connect to the destination")
-                .buckets(buckets),
-        )?;
-        let rate_limited = IntCounterVec::new(
-            Opts::new(
-                "egress_rate_limited_total",
-                "Connections refused by a limit",
-            ),
-            &["sandbox", "limit"],
-        )?;
-        let reloads = IntCounterVec::new(
-            Opts::new("egress_config_reloads_total", "Policy reloads by result"),
-            &["result"],
-        )?;
-        let policy_info = IntGaugeVec::new(
-            Opts::new(
-                "egress_policy_info",
-                "The policy version in force (value 1)",
-            ),
-            &["version"],
-        )?;
-        let audit_backpressure = IntCounter::new(
-            "egress_audit_backpressure_total",
-            "Connections, requests and DNS queries refused (audit_unavailable: 503 / reset / REFUSED, unrecorded) because the audit queue was full or its sink failed",
-        )?;
-        registry.register(Box::new(audit_backpressure.clone()))?;
-        let audit_sink = AuditSinkMetrics::register(&registry)?;
-        registry.register(Box::new(connections.clone()))?;
-        registry.register(Box::new(bytes.clone()))?;
-        registry.register(Box::new(active.clone()))?;
-        registry.register(Box::new(decision_seconds.clone()))?;
-        registry.register(Box::new(dns_seconds.clone()))?;
-        registry.register(Box::new(dial_seconds.clone()))?;
-        registry.register(Box::new(rate_limited.clone()))?;
-        let dns_queries = IntCounterVec::new(
-            Opts::new(
-                "egress_dns_queries_total",
-                "Queries answered by the DNS listener, by decision",
-            ),
-            &["sandbox", "decision"],
-        )?;
-        registry.register(Box::new(dns_queries.clone()))?;
-        registry.register(Box::new(reloads.clone()))?;
-        registry.register(Box::new(policy_info.clone()))?;
-        let control_plane_revision = IntGauge::new(
-            "egress_control_plane_revision",
-            "The etcd revision this replica has applied (0 without a control plane)",
-        )?;
-        let control_plane_connected = IntGauge::new(
-            "egress_control_plane_connected",
-            "1 while this replica watches etcd, 0 otherwise (it keeps enforcing what it applied)",
-        )?;
-        let control_plane_errors = IntCounterVec::new(
-            Opts::new(
-                "egress_control_plane_errors_total",
-                "Control-plane failures: connect, list, watch, write, invalid_value, compacted",
-            ),
-            &["kind"],
-        )?;
-        registry.register(Box::new(control_plane_revision.clone()))?;
-        registry.register(Box::new(control_plane_connected.clone()))?;
-        registry.register(Box::new(control_plane_errors.clone()))?;
-        let admission_refused = IntCounterVec::new(
-            Opts::new(
-                "egress_admission_refused_total",
-                "Connections refused before identification, by listener and why (per_source, rate, silent)",
-            ),
-            &["listener", "why"],
-        )?;
-        registry.register(Box::new(admission_refused.clone()))?;
-        let secret_reflected = IntCounterVec::new(
-            Opts::new(
-                "egress_secret_reflected_total",
-                "Responses of terminated hosts in which a brokered secret was found and replaced by its placeholder",
-            ),
-            &["sandbox", "credential"],
-        )?;
-        registry.register(Box::new(secret_reflected.clone()))?;
-        let dns_remembered = IntGaugeVec::new(
-            Opts::new(
-                "egress_dns_remembered_addresses",
-                "Addresses the DNS listener's answers gave each sandbox that are still remembered (TTL plus grace)",
-            ),
-            &["sandbox"],
-        )?;
-        registry.register(Box::new(dns_remembered.clone()))?;
         Ok(Metrics {
-            dns_remembered,
-            admission_refused,
-            secret_reflected,
-            control_plane_revision,
-            control_plane_connected,
-            control_plane_errors,
+            connections: counters(r, "egress_connections_total", "Connections (and forwarded requests) by outcome", &["sandbox", "mode", "decision", "reason"])?,
+            bytes: counters(r, "egress_bytes_total", "Bytes relayed, up = client to destination", &["sandbox", "direction"])?,
+            active: gauges(r, "egress_active_connections", "Open client connections by sandbox", &["sandbox"])?,
+            decision_seconds: histogram(r, "egress_decision_seconds", "Time to decide (policy and guard), excluding DNS", &buckets)?,
+            dns_seconds: histogram(r, "egress_dns_seconds", "Time to resolve a target name", &buckets)?,
+            dial_seconds: histogram(r, "egress_dial_seconds", "Time to connect to the destination", &buckets)?,
+            rate_limited: counters(r, "egress_rate_limited_total", "Connections refused by a limit", &["sandbox", "limit"])?,
+            dns_queries: counters(r, "egress_dns_queries_total", "Queries answered by the DNS listener, by decision", &["sandbox", "decision"])?,
+            reloads: counters(r, "egress_config_reloads_total", "Policy reloads by result", &["result"])?,
+            policy_info: gauges(r, "egress_policy_info", "The policy version in force (value 1)", &["version"])?,
+            audit_backpressure: registered(r, IntCounter::new(
+                "egress_audit_backpressure_total",
+                "Connections, requests and DNS queries refused (audit_unavailable: 503 / reset / REFUSED, unrecorded) because the audit queue was full or its sink failed",
+            )?)?,
+            audit_sink: AuditSinkMetrics::register(r)?,
+            control_plane_revision: registered(r, IntGauge::new(
+                "egress_control_plane_revision",
+                "The etcd revision this replica has applied (0 without a control plane)",
+            )?)?,
+            control_plane_connected: registered(r, IntGauge::new(
+                "egress_control_plane_connected",
+                "1 while this replica watches etcd, 0 otherwise (it keeps enforcing what it applied)",
+            )?)?,
+            control_plane_errors: counters(r, "egress_control_plane_errors_total", "Control-plane failures: connect, list, watch, write, invalid_value, compacted", &["kind"])?,
+            admission_refused: counters(r, "egress_admission_refused_total", "Connections refused before identification, by listener and why (per_source, rate, silent)", &["listener", "why"])?,
+            secret_reflected: counters(r, "egress_secret_reflected_total", "Responses of terminated hosts in which a brokered secret was found and replaced by its placeholder", &["sandbox", "credential"])?,
+            dns_remembered: gauges(r, "egress_dns_remembered_addresses", "Addresses the DNS listener's answers gave each sandbox that are still remembered (TTL plus grace)", &["sandbox"])?,
             registry,
-            connections,
-            bytes,
-            active,
-            decision_seconds,
-            dns_seconds,
-            dial_seconds,
-            rate_limited,
-            dns_queries,
-            reloads,
-            policy_info,
-            audit_backpressure,
-            audit_sink,
         })
     }
 
@@ -396,6 +283,46 @@ impl Metrics {
         }
         String::from_utf8_lossy(&buf).into_owned()
     }
+}
+
+/// Register `m` in `registry` and hand it back.
+fn registered<M>(registry: &Registry, m: M) -> Result<M, prometheus::Error>
+where
+    M: prometheus::core::Collector + Clone + 'static,
+{
+    registry.register(Box::new(m.clone()))?;
+    Ok(m)
+}
+
+/// A registered counter family.
+fn counters(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntCounterVec, prometheus::Error> {
+    registered(registry, IntCounterVec::new(Opts::new(name, help), labels)?)
+}
+
+/// A registered gauge family.
+fn gauges(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntGaugeVec, prometheus::Error> {
+    registered(registry, IntGaugeVec::new(Opts::new(name, help), labels)?)
+}
+
+/// A registered histogram of seconds.
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+) -> Result<Histogram, prometheus::Error> {
+    let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+    registered(registry, Histogram::with_opts(opts)?)
 }
 
 #[cfg(test)]
