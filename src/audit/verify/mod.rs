@@ -171,11 +171,67 @@ pub fn verify(files: &[PathBuf], key: Option<&VerifyingKey>) -> Result<Report, K
     )
 }
 
+/// Check every line of one `file` against the run state; `Some` with the first problem,
+/// which ends the verification. `live`: the newest file of an open run, whose last line may
+/// still be being written.
+fn check_file(
+    st: &mut State,
+    report: &mut Report,
+    key: Option<&VerifyingKey>,
+    file: &PathBuf,
+    live: bool,
+) -> Result<Option<Problem>, KeyFileError> {
+    let bytes = std::fs::read(file).map_err(|source| KeyFileError::Read {
+        path: file.clone(),
+        source,
+    })?;
+    let text = String::from_utf8_lossy(&bytes);
+    let complete = text.ends_with('\n') || text.is_empty();
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let at = i + 1;
+        let last_line = i + 1 == lines.len();
+        if line.is_empty() {
+            continue;
+        }
+        if last_line && !complete && live {
+            // A live file read while the writer is in the middle of a line.
+            report.notes.push(format!(
+                "{}:{at}: the last line is still being written; not checked",
+                file.display()
+            ));
+            break;
+        }
+        if let Err(p) = check_line(st, report, key, file, at, line) {
+            if last_line && !complete {
+                return Ok(Some(problem(
+                    file,
+                    at,
+                    None,
+                    "truncated: the file ends in the middle of this line",
+                )));
+            }
+            // A line cut short by a crash is closed with a newline at the next start,
+            // which says so: anything else that does not parse is tampering.
+            if st.partial_at.is_none() && p.what.starts_with("not a chained record") {
+                st.partial_at = Some((file.clone(), at));
+                continue;
+            }
+            return Ok(Some(reordered(p, &lines[i + 1..], at, st.next_seq)));
+        }
+        if last_line && !complete {
+            return Ok(Some(Problem {
+                file: file.clone(),
+                line: at,
+                seq: None,
+                what: "truncated: the file ends in the middle of this line".into(),
+            }));
+        }
+    }
+    Ok(None)
+}
+
 /// Verify `files` (oldest first). `Err` only when a file cannot be read.
-#[allow(
-    clippy::too_many_lines,
-    reason = "the verifier's walk over files and runs; split pending (issue 38)"
-)]
 pub fn verify_with(files: &[PathBuf], opts: &Options<'_>) -> Result<Report, KeyFileError> {
     let mut report = Report::default();
     let mut st = State {
@@ -200,55 +256,10 @@ pub fn verify_with(files: &[PathBuf], opts: &Options<'_>) -> Result<Report, KeyF
     let key = opts.key;
     let count = files.len();
     for (n, file) in files.iter().enumerate() {
-        let bytes = std::fs::read(file).map_err(|source| KeyFileError::Read {
-            path: file.clone(),
-            source,
-        })?;
-        let text = String::from_utf8_lossy(&bytes);
-        let complete = text.ends_with('\n') || text.is_empty();
-        let lines: Vec<&str> = text.lines().collect();
-        for (i, line) in lines.iter().enumerate() {
-            let at = i + 1;
-            let last_line = i + 1 == lines.len();
-            if line.is_empty() {
-                continue;
-            }
-            if last_line && !complete && opts.open_run && n + 1 == count {
-                // A live file read while the writer is in the middle of a line.
-                report.notes.push(format!(
-                    "{}:{at}: the last line is still being written; not checked",
-                    file.display()
-                ));
-                break;
-            }
-            if let Err(p) = check_line(&mut st, &mut report, key, file, at, line) {
-                if last_line && !complete {
-                    report.problem = Some(problem(
-                        file,
-                        at,
-                        None,
-                        "truncated: the file ends in the middle of this line",
-                    ));
-                    return Ok(report);
-                }
-                // A line cut short by a crash is closed with a newline at the next start,
-                // which says so: anything else that does not parse is tampering.
-                if st.partial_at.is_none() && p.what.starts_with("not a chained record") {
-                    st.partial_at = Some((file.clone(), at));
-                    continue;
-                }
-                report.problem = Some(reordered(p, &lines[i + 1..], at, st.next_seq));
-                return Ok(report);
-            }
-            if last_line && !complete {
-                report.problem = Some(Problem {
-                    file: file.clone(),
-                    line: at,
-                    seq: None,
-                    what: "truncated: the file ends in the middle of this line".into(),
-                });
-                return Ok(report);
-            }
+        let live = opts.open_run && n + 1 == count;
+        if let Some(p) = check_file(&mut st, &mut report, key, file, live)? {
+            report.problem = Some(p);
+            return Ok(report);
         }
     }
     if let Some((file, line)) = st.partial_at.take() {
