@@ -110,10 +110,6 @@ pub(super) fn problem(
     }
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "one line's checks in the order the chain defines them; split pending (issue 38)"
-)]
 pub(super) fn check_line(
     st: &mut State,
     report: &mut Report,
@@ -122,28 +118,7 @@ pub(super) fn check_line(
     at: usize,
     line: &str,
 ) -> Result<(), Problem> {
-    let Some((canonical, chain_hex)) = split(line) else {
-        return Err(problem(
-            file,
-            at,
-            None,
-            "not a chained record (altered, cut short, or written without audit.chain)",
-        ));
-    };
-    let v: Value = serde_json::from_str(&canonical).map_err(|_| {
-        problem(
-            file,
-            at,
-            None,
-            "not a chained record (not JSON once the chain is removed)",
-        )
-    })?;
-    let seq = v["seq"]
-        .as_u64()
-        .ok_or_else(|| problem(file, at, None, "not a chained record (no seq)"))?;
-    let mut chain = [0u8; 32];
-    hex::decode_to_slice(chain_hex, &mut chain)
-        .map_err(|_| problem(file, at, Some(seq), "chain is not hex"))?;
+    let (canonical, v, seq, chain) = parse_chained(line, file, at)?;
     let event = v["event"].as_str().unwrap_or("");
     if let Some((pfile, pline)) = st.partial_at.take() {
         if !(event == "run_start" && v["partial_tail"] == true) {
@@ -175,37 +150,7 @@ pub(super) fn check_line(
     let prev_for_link = if event == "run_start" {
         Some(run_start(st, report, key, file, at, seq, &v)?)
     } else {
-        if st.prev.is_some() {
-            if seq > st.next_seq {
-                return Err(problem(
-                    file,
-                    at,
-                    Some(seq),
-                    format!(
-                        "record(s) deleted: expected seq {}, found {seq}",
-                        st.next_seq
-                    ),
-                ));
-            }
-            if seq < st.next_seq {
-                return Err(problem(
-                    file,
-                    at,
-                    Some(seq),
-                    format!(
-                        "records reordered or repeated: seq {seq} after seq {}",
-                        st.next_seq - 1
-                    ),
-                ));
-            }
-        } else {
-            report.notes.push(format!(
-                "{}:{at}: the files start at seq {seq}, after a run_start not given; the chain is checked from here",
-                file.display()
-            ));
-            st.run = run_of(&v).map(str::to_string);
-        }
-        st.prev
+        in_sequence(st, report, (file, at), seq, &v)?
     };
     if let Some(prev) = prev_for_link {
         if link(&prev, canonical.as_bytes()) != chain {
@@ -238,6 +183,81 @@ pub(super) fn check_line(
         at,
     ));
     Ok(())
+}
+
+/// A chained line taken apart: its canonical record (the line without its chain), the record,
+/// its `seq` and its chain value.
+fn parse_chained(
+    line: &str,
+    file: &Path,
+    at: usize,
+) -> Result<(String, Value, u64, [u8; 32]), Problem> {
+    let Some((canonical, chain_hex)) = split(line) else {
+        return Err(problem(
+            file,
+            at,
+            None,
+            "not a chained record (altered, cut short, or written without audit.chain)",
+        ));
+    };
+    let v: Value = serde_json::from_str(&canonical).map_err(|_| {
+        problem(
+            file,
+            at,
+            None,
+            "not a chained record (not JSON once the chain is removed)",
+        )
+    })?;
+    let seq = v["seq"]
+        .as_u64()
+        .ok_or_else(|| problem(file, at, None, "not a chained record (no seq)"))?;
+    let mut chain = [0u8; 32];
+    hex::decode_to_slice(chain_hex, &mut chain)
+        .map_err(|_| problem(file, at, Some(seq), "chain is not hex"))?;
+    Ok((canonical, v, seq, chain))
+}
+
+/// A record inside a run: its `seq` must be the next one (a gap is a deletion, a step back a
+/// reorder). Files that start after a `run_start` not given are checked from their first
+/// record. The chain the record must follow from, if known.
+fn in_sequence(
+    st: &mut State,
+    report: &mut Report,
+    (file, at): (&Path, usize),
+    seq: u64,
+    v: &Value,
+) -> Result<Option<[u8; 32]>, Problem> {
+    if st.prev.is_some() {
+        if seq > st.next_seq {
+            return Err(problem(
+                file,
+                at,
+                Some(seq),
+                format!(
+                    "record(s) deleted: expected seq {}, found {seq}",
+                    st.next_seq
+                ),
+            ));
+        }
+        if seq < st.next_seq {
+            return Err(problem(
+                file,
+                at,
+                Some(seq),
+                format!(
+                    "records reordered or repeated: seq {seq} after seq {}",
+                    st.next_seq - 1
+                ),
+            ));
+        }
+    } else {
+        report.notes.push(format!(
+            "{}:{at}: the files start at seq {seq}, after a run_start not given; the chain is checked from here",
+            file.display()
+        ));
+        st.run = run_of(v).map(str::to_string);
+    }
+    Ok(st.prev)
 }
 
 /// A `run_start`: it continues the chain before it, has seq 1 and, with a key, is signed and
