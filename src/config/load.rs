@@ -173,7 +173,7 @@ pub fn load_str(
 
 #[allow(
     clippy::too_many_lines,
-    reason = "the top-level sections in load order; split pending (issue 38)"
+    reason = "reads then resolves the top-level sections in load order, so errors come in file order; a Sections type is the next split (issue 38)"
 )]
 fn load_str_with(
     text: &str,
@@ -255,27 +255,8 @@ fn load_str_with(
         secrets,
         &mut warnings,
     );
-    let upstream_proxy = raw_upstream.and_then(|raw| {
-        if let Some(a) = &raw.auth {
-            files.push(rel(&a.password_file));
-        }
-        if let Some(ca) = &raw.ca_file {
-            files.push(rel(ca));
-        }
-        let read = |f: &str| {
-            let path = rel(f);
-            std::fs::read_to_string(&path).map_err(|source| files::ReadError { path, source })
-        };
-        match upstream::resolve(&raw, &read, secrets, &mut warnings) {
-            Ok(u) => Some(u),
-            Err(errs) => {
-                for e in errs {
-                    sink.top("upstream_proxy", e, Some("upstream_proxy"));
-                }
-                None
-            }
-        }
-    });
+    let upstream_proxy = raw_upstream
+        .and_then(|raw| top_parent(&raw, &rel, secrets, &mut sink, &mut warnings, &mut files));
     let audit_trail = audit::resolve_trail(audit.trail.clone(), audit.path != "-", &rel, &mut sink);
     if etcd.is_some() && state_dir.is_some() {
         warnings.push(
@@ -284,15 +265,7 @@ fn load_str_with(
         );
     }
     let mut listen = listen;
-    for t in listen
-        .proxy_tls
-        .iter_mut()
-        .chain(listen.admin_tls.iter_mut())
-    {
-        t.cert_file = rel(&t.cert_file.to_string_lossy());
-        t.key_file = rel(&t.key_file.to_string_lossy());
-        t.client_ca_file = t.client_ca_file.as_ref().map(|p| rel(&p.to_string_lossy()));
-    }
+    relative_tls_paths(&mut listen, &rel);
     let index = refs::index_dirs(
         &sandbox_dirs
             .iter()
@@ -367,4 +340,48 @@ fn load_str_with(
         files,
         index: Arc::new(index),
     })
+}
+
+/// The top-level `upstream_proxy`, its password and CA files read relative to the
+/// configuration (and watched); every problem goes to `sink`.
+fn top_parent(
+    raw: &upstream::RawUpstreamProxy,
+    rel: &dyn Fn(&str) -> PathBuf,
+    secrets: Secrets,
+    sink: &mut Sink<'_>,
+    warnings: &mut Vec<String>,
+    files: &mut Vec<PathBuf>,
+) -> Option<upstream::UpstreamProxy> {
+    if let Some(a) = &raw.auth {
+        files.push(rel(&a.password_file));
+    }
+    if let Some(ca) = &raw.ca_file {
+        files.push(rel(ca));
+    }
+    let read = |f: &str| {
+        let path = rel(f);
+        std::fs::read_to_string(&path).map_err(|source| files::ReadError { path, source })
+    };
+    match upstream::resolve(raw, &read, secrets, warnings) {
+        Ok(u) => Some(u),
+        Err(errs) => {
+            for e in errs {
+                sink.top("upstream_proxy", e, Some("upstream_proxy"));
+            }
+            None
+        }
+    }
+}
+
+/// The TLS listeners' certificate, key and client CA files, relative to the configuration.
+fn relative_tls_paths(listen: &mut Listen, rel: &dyn Fn(&str) -> PathBuf) {
+    for t in listen
+        .proxy_tls
+        .iter_mut()
+        .chain(listen.admin_tls.iter_mut())
+    {
+        t.cert_file = rel(&t.cert_file.to_string_lossy());
+        t.key_file = rel(&t.key_file.to_string_lossy());
+        t.client_ca_file = t.client_ca_file.as_ref().map(|p| rel(&p.to_string_lossy()));
+    }
 }
