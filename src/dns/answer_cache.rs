@@ -21,8 +21,6 @@ use crate::audit::record::Record;
 use crate::audit::AuditGuard;
 use crate::config::AuditDns;
 use crate::dns::listener::{Answered, DnsListener};
-use crate::egress::handles::Handles;
-use crate::egress::identity::identify;
 use crate::policy::sandbox_id::SandboxId;
 
 /// How long an answer is served again.
@@ -76,7 +74,7 @@ impl AnswerCache {
         let shared = &handler.shared;
         let set = shared.policy.load();
         let default = shared.settings.default_sandbox.as_deref();
-        let who = identify(&set, None, src.ip(), default).ok()?;
+        let who = crate::egress::admit::query_asker(&set, default, src.ip()).ok()?;
         let sandbox = &who.sandbox.binding.id;
         let generation = set.generation();
         let query = &datagram[2..];
@@ -90,13 +88,16 @@ impl AnswerCache {
         }
         // As every query: nothing answered that cannot be recorded, and the sandbox's rate
         // (a refusal is left to the full way, which records it).
-        if shared.sink.log.unavailable().is_some()
-            || who
-                .sandbox
-                .limiter(&shared.limiters)
-                .admit_query(shared.limiters.now())
-                .is_err()
-        {
+        let over_rate = || {
+            crate::egress::admit::query_rate(
+                &shared.limiters,
+                shared.metrics(),
+                &who.sandbox,
+                false,
+            )
+            .is_err()
+        };
+        if shared.sink.log.unavailable().is_some() || over_rate() {
             return None;
         }
         let mut answer = Vec::with_capacity(kept.answer.len() + 2);

@@ -43,8 +43,8 @@ use crate::audit::AuditGuard;
 use crate::audit::Record as AuditRecord;
 use crate::config::AuditDns;
 use crate::dns::question::{classify, shown_name, Asked, Question, Unanswerable};
-use crate::egress::handles::Handles;
-use crate::egress::identity::{self, identify, Identified};
+use crate::egress::admit;
+use crate::egress::identity::{self, Identified};
 use crate::egress::resolve::ResolveError;
 use crate::egress::strangers::{Answer, Strangers};
 use crate::policy::dns_view::NameView;
@@ -130,7 +130,7 @@ impl DnsListener {
         // Who asks, once per query: the source address's sandbox, else the default one.
         let set = self.shared.policy.load();
         let default = self.shared.settings.default_sandbox.as_deref();
-        let who = identify(&set, None, request.src().ip(), default);
+        let who = admit::query_asker(&set, default, request.src().ip());
         let reply = if who.is_err() && self.strangers.refused(request.src().ip()) != Answer::Refuse
         {
             // An unidentified source over its rate: no answer (summed, never recorded alone).
@@ -258,9 +258,7 @@ impl DnsListener {
         q.record.sandbox = Some(sb.binding.id.clone());
 
         // 2. Its query rate.
-        let limiter = sb.limiter(&shared.limiters);
-        if limiter.admit_query(shared.limiters.now()).is_err() {
-            shared.metrics().rate_limited(&sb.binding.id, "dns");
+        if admit::query_rate(&shared.limiters, shared.metrics(), &sb, true).is_err() {
             q.decision(&Decision::deny(Reason::RateLimited, None));
             q.detail("over limits.dns_queries_per_second");
             return Reply::code(ResponseCode::Refused);

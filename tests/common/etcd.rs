@@ -87,8 +87,20 @@ impl Etcd {
             child: None,
             tls,
         };
-        e.spawn(e.client_port);
-        e
+        // A port picked free can be taken before etcd binds it (parallel tests connect from
+        // ephemeral ports): etcd then exits at once, and it is started again on other ports.
+        for _ in 0..5 {
+            match e.try_spawn(e.client_port) {
+                Ok(()) => return e,
+                Err(Start::Exited) => {
+                    let _ = std::fs::remove_dir_all(&e.data);
+                    e.client_port = free_port();
+                    e.peer_port = free_port();
+                }
+                Err(Start::Unhealthy) => panic!("etcd did not become healthy: {}", e.log_tail()),
+            }
+        }
+        panic!("etcd exited at start five times: {}", e.log_tail())
     }
 
     fn scheme(&self) -> &'static str {
@@ -113,6 +125,22 @@ impl Etcd {
 
     /// (Re)start the member, serving clients on `client_port`, and wait until it is healthy.
     pub fn spawn(&mut self, client_port: u16) {
+        match self.try_spawn(client_port) {
+            Ok(()) => {}
+            Err(Start::Exited) => panic!("etcd exited at start: {}", self.log_tail()),
+            Err(Start::Unhealthy) => panic!("etcd did not become healthy: {}", self.log_tail()),
+        }
+    }
+
+    /// The end of what etcd wrote to stderr (its log, kept beside its data directory).
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.data.with_extension("log")).unwrap_or_default();
+        let start = log.len().saturating_sub(1500);
+        log.get(start..).unwrap_or(&log).to_string()
+    }
+
+    /// [`Etcd::spawn`], saying why it did not come up.
+    fn try_spawn(&mut self, client_port: u16) -> Result<(), Start> {
         let client = format!("{}://127.0.0.1:{client_port}", self.scheme());
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let mut cmd = Command::new("etcd");
@@ -135,7 +163,11 @@ impl Etcd {
             .args(["--initial-cluster", &format!("t={peer}")])
             .args(["--log-level", "error"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(
+                std::fs::File::create(self.data.with_extension("log"))
+                    .map(Stdio::from)
+                    .unwrap_or_else(|_| Stdio::null()),
+            )
             .spawn()
             .expect("start etcd");
         self.child = Some(child);
@@ -151,9 +183,19 @@ impl Etcd {
                 .map(|s| s.success())
                 .unwrap_or(false);
             if ok {
-                return;
+                return Ok(());
             }
-            assert!(Instant::now() < deadline, "etcd did not become healthy");
+            let exited = self
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            if exited {
+                self.child = None;
+                return Err(Start::Exited);
+            }
+            if Instant::now() >= deadline {
+                return Err(Start::Unhealthy);
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -237,4 +279,13 @@ impl Drop for Etcd {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Why a member did not come up.
+#[derive(Debug)]
+enum Start {
+    /// It exited (a port it was given was taken meanwhile).
+    Exited,
+    /// It ran but never answered `endpoint health` within 20 s.
+    Unhealthy,
 }
