@@ -30,3 +30,32 @@ pub fn read_in(base: &Path, f: &str) -> Result<String, ReadError> {
     let path = path_in(base, f);
     std::fs::read_to_string(&path).map_err(|source| ReadError { path, source })
 }
+
+/// Why a PEM file an operator names as extra roots holds no usable certificate.
+#[derive(Debug, thiserror::Error)]
+pub enum PemError {
+    #[error("not readable as PEM: {0}")]
+    Pem(#[from] rustls::pki_types::pem::Error),
+    #[error("an invalid certificate: {0}")]
+    Certificate(#[from] rustls::Error),
+    #[error("no PEM certificate in it")]
+    Empty,
+}
+
+/// The certificates in `pem` — at least one, each usable as a trust anchor: what an
+/// operator's CA file describes. Roots are built from them at run time
+/// ([`crate::egress::roots`]).
+pub fn certificates(
+    pem: &[u8],
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, PemError> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let certs = CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>()?;
+    if certs.is_empty() {
+        return Err(PemError::Empty);
+    }
+    let mut check = rustls::RootCertStore::empty();
+    for c in &certs {
+        check.add(c.clone())?;
+    }
+    Ok(certs)
+}

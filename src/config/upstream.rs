@@ -7,13 +7,13 @@
 //! is verified against the public roots plus `ca_file`; the password then travels only
 //! inside TLS.
 
+use std::any::Any;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use rustls::pki_types::ServerName;
+use rustls::pki_types::{CertificateDer, ServerName};
 
 use crate::policy::entry::{parse_entry, Entry, HostPattern};
-use crate::policy::target::{Host, Target};
 
 use base64::Engine;
 use serde::Deserialize;
@@ -101,42 +101,35 @@ pub struct UpstreamProxy {
     pub tls: Option<ParentTls>,
 }
 
-/// How TLS to an `https://` parent is made: its verified name and the roots it is checked
-/// against (the public ones and `ca_file`'s).
+/// TLS to an `https://` parent, as described: the name its certificate must be valid for and
+/// `ca_file`'s certificates (besides the public roots). The client configuration made from it
+/// is built once, at run time, by [`crate::egress::parent`], and kept in `runtime`.
 #[derive(Clone)]
 pub struct ParentTls {
-    config: Arc<rustls::ClientConfig>,
-    name: ServerName<'static>,
+    pub name: ServerName<'static>,
+    pub ca: Vec<CertificateDer<'static>>,
     /// `ca_file`'s content: what a reload compares.
     ca_pem: Option<String>,
+    /// Filled by the egress side on first use; opaque here.
+    pub runtime: Arc<OnceLock<Arc<dyn Any + Send + Sync>>>,
 }
 
 impl ParentTls {
     fn new(host: &str, ca_pem: Option<String>) -> Result<ParentTls, String> {
         let name = ServerName::try_from(host.to_string())
             .map_err(|_| format!("url: `{host}` is not a name TLS can verify"))?;
-        let roots = crate::egress::roots::public_and(ca_pem.as_deref().map(str::as_bytes))
-            .map_err(|e| format!("ca_file: {e}"))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS: {e}"))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let ca = match &ca_pem {
+            Some(pem) => {
+                super::files::certificates(pem.as_bytes()).map_err(|e| format!("ca_file: {e}"))?
+            }
+            None => Vec::new(),
+        };
         Ok(ParentTls {
-            config: Arc::new(config),
             name,
+            ca,
             ca_pem,
+            runtime: Arc::default(),
         })
-    }
-
-    pub fn connector(&self) -> tokio_rustls::TlsConnector {
-        tokio_rustls::TlsConnector::from(self.config.clone())
-    }
-
-    /// The name (or address) its certificate must be valid for.
-    pub fn server_name(&self) -> &ServerName<'static> {
-        &self.name
     }
 }
 
@@ -164,18 +157,11 @@ impl UpstreamProxy {
             format!("{}:{}", self.host, self.port)
         }
     }
-
-    /// Whether `target` is dialled directly instead (a `bypass` entry matches it).
-    pub fn bypassed(&self, target: &Target) -> bool {
-        self.bypass.iter().any(|b| b.matches(target))
-    }
 }
 
 /// One `bypass` entry: the grammar of `network.egress` (names, `*.`/`**.` suffixes, label
-/// globs, addresses and ranges, `localhost`, optional ports). Without a port it matches every
-/// port. An address entry matches a target given as an address: a name is not resolved to
-/// decide (a name allowed by a name rule goes to the parent unresolved) — as `NO_PROXY`
-/// ranges do in curl.
+/// globs, addresses and ranges, `localhost`, optional ports), parsed; what it matches is
+/// [`crate::egress::parent::bypassed`].
 #[derive(Clone)]
 pub struct BypassEntry {
     text: String,
@@ -204,32 +190,14 @@ impl BypassEntry {
         })
     }
 
-    fn matches(&self, target: &Target) -> bool {
-        if let Some(ports) = &self.entry.ports {
-            if !ports.contains(target.port) {
-                return false;
-            }
-        }
-        let below = |name: &str, d: &str| {
-            name.len() > d.len() + 1
-                && name.ends_with(d)
-                && name.as_bytes()[name.len() - d.len() - 1] == b'.'
-        };
-        match (&self.entry.host, &target.host) {
-            (HostPattern::Exact(n), Host::Name(name)) => **name == **n,
-            (HostPattern::Subdomains(d), Host::Name(name)) => below(name, d),
-            (HostPattern::ApexAndSubdomains(d), Host::Name(name)) => {
-                **name == **d || below(name, d)
-            }
-            (HostPattern::Glob { .. }, Host::Name(name)) => self
-                .glob
-                .as_ref()
-                .is_some_and(|g| g.is_match(name.replace('.', "/"))),
-            (HostPattern::Net(net), Host::Ip(ip)) => net.contains(ip),
-            (HostPattern::Localhost, Host::Name(name)) => &**name == "localhost",
-            (HostPattern::Localhost, Host::Ip(ip)) => ip.is_loopback(),
-            _ => false,
-        }
+    /// The entry, in `network.egress`'s grammar.
+    pub fn entry(&self) -> &Entry {
+        &self.entry
+    }
+
+    /// A label glob's compiled form (labels as path segments).
+    pub fn glob(&self) -> Option<&globset::GlobMatcher> {
+        self.glob.as_ref()
     }
 }
 
@@ -380,6 +348,8 @@ fn authorization(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::egress::parent::bypassed;
+    use crate::policy::target::Target;
 
     fn raw(url: &str) -> RawUpstreamProxy {
         RawUpstreamProxy {
@@ -422,9 +392,9 @@ mod tests {
         let auth = p.authorization.clone().unwrap();
         assert_eq!(auth.value(), "Basic YWdlbnQ6czNjcmV0");
         assert!(!format!("{p:?}").contains("YWdlbnQ6czNjcmV0"));
-        assert!(p.bypassed(&t("internal.test:443")) && p.bypassed(&t("a.corp.test:80")));
+        assert!(bypassed(&p, &t("internal.test:443")) && bypassed(&p, &t("a.corp.test:80")));
         for not in ["corp.test:443", "xcorp.test:443", "other.test:443"] {
-            assert!(!p.bypassed(&t(not)), "{not}");
+            assert!(!bypassed(&p, &t(not)), "{not}");
         }
         assert_eq!(
             resolve(
@@ -467,7 +437,7 @@ mod tests {
             "localhost:8080",
             "127.0.0.1:80",
         ] {
-            assert!(p.bypassed(&t(yes)), "{yes}");
+            assert!(bypassed(&p, &t(yes)), "{yes}");
         }
         for no in [
             "xsvc.test:80",
@@ -478,7 +448,7 @@ mod tests {
             "[fd00::1]:80",
             "internal.test:443",
         ] {
-            assert!(!p.bypassed(&t(no)), "{no}");
+            assert!(!bypassed(&p, &t(no)), "{no}");
         }
         let r = RawUpstreamProxy {
             bypass: vec!["https://x.test".into(), "*".into()],
@@ -541,7 +511,7 @@ mod tests {
         .unwrap();
         let tls = p.tls.as_ref().unwrap();
         assert_eq!(
-            format!("{:?}", tls.server_name()),
+            format!("{:?}", tls.name),
             format!("{:?}", ServerName::try_from("squid.test").unwrap())
         );
         assert!(resolve(

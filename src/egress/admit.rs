@@ -384,7 +384,7 @@ pub fn parent_for<'a>(
     target: &Target,
 ) -> Option<&'a UpstreamProxy> {
     let parent = sandbox.binding.upstream_proxy.pick(top)?;
-    (!parent.bypassed(target)).then_some(parent)
+    (!crate::egress::parent::bypassed(parent, target)).then_some(parent)
 }
 
 /// Step 3: decide. A nameless transparent connection is decided by a name the DNS listener

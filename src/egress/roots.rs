@@ -1,38 +1,31 @@
 //! What a certificate this proxy is shown upstream is verified against — an origin's when a
 //! tunnel is terminated, an `https://` parent proxy's: the public roots (webpki-roots) plus
 //! the PEM certificates an operator adds (`tls_intercept.upstream_ca_file`,
-//! `upstream_proxy.ca_file`).
+//! `upstream_proxy.ca_file`), which the configuration has read and checked
+//! ([`crate::config::files::certificates`]).
 
-use rustls::pki_types::{pem::PemObject, CertificateDer};
+use rustls::pki_types::CertificateDer;
 use rustls::RootCertStore;
 
-/// Why an operator's PEM file cannot add roots.
-#[derive(Debug, thiserror::Error)]
-pub enum RootsError {
-    #[error("not readable as PEM: {0}")]
-    Pem(#[from] rustls::pki_types::pem::Error),
-    #[error("an invalid certificate: {0}")]
-    Certificate(#[from] rustls::Error),
-    #[error("no PEM certificate in it")]
-    Empty,
-}
+use crate::config::files::{certificates, PemError};
 
 /// The public roots, plus every certificate in `extra_pem`. `Err` says why `extra_pem` is
 /// not usable (unreadable PEM, an invalid certificate, no certificate at all).
-pub fn public_and(extra_pem: Option<&[u8]>) -> Result<RootCertStore, RootsError> {
+pub fn public_and(extra_pem: Option<&[u8]>) -> Result<RootCertStore, PemError> {
+    let extra = match extra_pem {
+        Some(pem) => certificates(pem)?,
+        None => Vec::new(),
+    };
+    Ok(public_and_certificates(&extra))
+}
+
+/// The public roots, plus `extra` (certificates [`certificates`] accepted, so each is a
+/// valid trust anchor).
+pub fn public_and_certificates(extra: &[CertificateDer<'static>]) -> RootCertStore {
     let mut roots = RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    if let Some(pem) = extra_pem {
-        let mut added = 0;
-        for c in CertificateDer::pem_slice_iter(pem) {
-            roots.add(c?)?;
-            added += 1;
-        }
-        if added == 0 {
-            return Err(RootsError::Empty);
-        }
-    }
-    Ok(roots)
+    roots.add_parsable_certificates(extra.iter().cloned());
+    roots
 }
 
 #[cfg(test)]
@@ -52,7 +45,7 @@ mod tests {
         assert_eq!(public_and(Some(two.as_bytes())).unwrap().len(), public + 2);
         assert!(matches!(
             public_and(Some(b"not a certificate")),
-            Err(RootsError::Empty)
+            Err(PemError::Empty)
         ));
     }
 }

@@ -12,8 +12,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::AsyncWriteExt;
 
 use crate::audit::metrics::Metrics;
 use crate::config::upstream::UpstreamProxy;
@@ -24,8 +23,12 @@ use crate::policy::reason::Reason;
 use crate::policy::target::Target;
 use crate::relay::server_io::ServerIo;
 
-/// The largest reply head accepted from the parent.
-const MAX_HEAD: usize = 16 * 1024;
+mod head;
+mod route;
+
+pub use route::bypassed;
+
+use head::{read_head, read_head_buffered};
 
 /// Why the parent gave no tunnel: the reason the client is refused with, and what the
 /// record's detail says.
@@ -61,7 +64,13 @@ pub async fn connect(
     let mut stream = match &parent.tls {
         None => ServerIo::Tcp(tcp),
         Some(tls) => {
-            let handshake = tls.connector().connect(tls.server_name().clone(), tcp);
+            let connector = route::connector(tls).map_err(|e| {
+                failed(
+                    Reason::UpstreamProxyRefused,
+                    format!("upstream proxy {shown}: no TLS configuration ({e})"),
+                )
+            })?;
+            let handshake = connector.connect(tls.name.clone(), tcp);
             match tokio::time::timeout(timeout, handshake).await {
                 Ok(Ok(s)) => ServerIo::Tls(Box::new(s)),
                 Ok(Err(e)) => {
@@ -231,94 +240,10 @@ pub async fn open(
     })
 }
 
-/// The parent's reply head up to and including the blank line, never a byte more: peek, and
-/// consume only what belongs to the head.
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<String> {
-    let mut head: Vec<u8> = Vec::with_capacity(256);
-    let mut buf = [0u8; 2048];
-    loop {
-        let n = stream.peek(&mut buf).await?;
-        if n == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the parent closed the connection",
-            ));
-        }
-        // Where the blank line ends, counting bytes already consumed (it may straddle).
-        let from = head.len().saturating_sub(3);
-        let mut joined = head[from..].to_vec();
-        joined.extend_from_slice(&buf[..n]);
-        let end = joined.windows(4).position(|w| w == b"\r\n\r\n");
-        let take = match end {
-            Some(pos) => pos + 4 - (head.len() - from),
-            None => n,
-        };
-        let start = head.len();
-        head.resize(start + take, 0);
-        stream.read_exact(&mut head[start..]).await?;
-        if end.is_some() {
-            return Ok(String::from_utf8_lossy(&head).into_owned());
-        }
-        if head.len() > MAX_HEAD {
-            return Err(std::io::Error::other(
-                "the parent's reply head is too large",
-            ));
-        }
-    }
-}
-
-/// [`read_head`] over TLS: byte by byte out of the TLS layer's own buffer (no system call
-/// per byte), so nothing past the blank line is taken from what the relay will read.
-async fn read_head_buffered<S: tokio::io::AsyncRead + Unpin>(
-    stream: &mut S,
-) -> std::io::Result<String> {
-    let mut head: Vec<u8> = Vec::with_capacity(256);
-    while !head.ends_with(b"\r\n\r\n") {
-        if head.len() > MAX_HEAD {
-            return Err(std::io::Error::other(
-                "the parent's reply head is too large",
-            ));
-        }
-        head.push(stream.read_u8().await?);
-    }
-    Ok(String::from_utf8_lossy(&head).into_owned())
-}
-
 /// A status line as it may be shown: printable ASCII, at most 120 bytes.
 fn printable(line: &str) -> String {
     line.chars()
         .filter(|c| c.is_ascii_graphic() || *c == ' ')
         .take(120)
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The head is consumed up to the blank line and no further, even when it arrives in
-    /// pieces that split the blank line.
-    #[tokio::test]
-    async fn the_head_is_read_to_the_blank_line_and_no_further() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            for piece in [
-                &b"HTTP/1.1 200 Connection established\r\n\r"[..],
-                b"\nSSH-2.0-banner\r\n",
-            ] {
-                s.write_all(piece).await.unwrap();
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            s
-        });
-        let mut client = TcpStream::connect(addr).await.unwrap();
-        let head = read_head(&mut client).await.unwrap();
-        assert_eq!(head, "HTTP/1.1 200 Connection established\r\n\r\n");
-        let mut rest = [0u8; 16];
-        client.read_exact(&mut rest).await.unwrap();
-        assert_eq!(&rest, b"SSH-2.0-banner\r\n");
-        drop(server);
-    }
 }
