@@ -171,10 +171,155 @@ pub fn load_str(
     load_str_with(text, origin, base_dir, path, Secrets::Required)
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "reads then resolves the top-level sections in load order, so errors come in file order; a Sections type is the next split (issue 38)"
-)]
+/// The top-level sections as written, each read (and its errors reported) in load order,
+/// so errors come in file order.
+struct Sections {
+    listen: RawListen,
+    dns: RawDns,
+    defaults: RawDefaults,
+    audit: RawAudit,
+    admin_token_file: Option<String>,
+    state_dir: Option<String>,
+    sandbox_dirs: Vec<String>,
+    extra_providers: Vec<String>,
+    max_connections: u64,
+    admission: RawAdmission,
+    runtime: RawRuntime,
+    forward_keepalive: RawForwardKeepalive,
+    control_plane: RawControlPlane,
+    raw_intercept: Option<credentials::RawIntercept>,
+    raw_upstream: Option<upstream::RawUpstreamProxy>,
+    sandboxes: Vec<Value>,
+}
+
+impl Sections {
+    fn read(top: &mut Mapping, sink: &mut Sink<'_>) -> Sections {
+        Sections {
+            listen: section(top, "listen", sink).unwrap_or_default(),
+            dns: section(top, "dns", sink).unwrap_or_default(),
+            defaults: section(top, "defaults", sink).unwrap_or_default(),
+            audit: section(top, "audit", sink).unwrap_or_default(),
+            admin_token_file: section(top, "admin_token_file", sink).flatten(),
+            state_dir: section(top, "state_dir", sink).flatten(),
+            sandbox_dirs: section(top, "sandbox_dirs", sink).unwrap_or_default(),
+            extra_providers: section(top, "extra_providers", sink).unwrap_or_default(),
+            max_connections: section(top, "max_connections", sink)
+                .unwrap_or(defaults::MAX_CONNECTIONS),
+            admission: section(top, "admission", sink).unwrap_or_default(),
+            runtime: section(top, "runtime", sink).unwrap_or_default(),
+            forward_keepalive: section(top, "forward_keepalive", sink).unwrap_or_default(),
+            control_plane: section(top, "control_plane", sink).unwrap_or_default(),
+            raw_intercept: section(top, "tls_intercept", sink).flatten(),
+            raw_upstream: section(top, "upstream_proxy", sink).flatten(),
+            sandboxes: section(top, "sandboxes", sink).unwrap_or_default(),
+        }
+    }
+}
+
+/// The top-level settings that need nothing but their own section.
+struct Knobs {
+    defaults: Defaults,
+    dns: DnsConfig,
+    listen: Listen,
+    admission: Admission,
+    runtime: RuntimeLimits,
+    forward_keepalive: ForwardKeepalive,
+    max_connections: MaxConnections,
+}
+
+impl Knobs {
+    fn resolve(s: &mut Sections, base_dir: &Path, sink: &mut Sink<'_>) -> Knobs {
+        let defaults = resolve_defaults(std::mem::take(&mut s.defaults), sink);
+        let dns = resolve_dns(std::mem::take(&mut s.dns), sink);
+        let has_admin_token = s.admin_token_file.is_some();
+        let mut listen = resolve_listen(std::mem::take(&mut s.listen), has_admin_token, sink);
+        relative_tls_paths(&mut listen, &|p: &str| files::path_in(base_dir, p));
+        let knobs = Knobs {
+            defaults,
+            dns,
+            listen,
+            admission: resolve_admission(std::mem::take(&mut s.admission), sink),
+            runtime: resolve_runtime(std::mem::take(&mut s.runtime), sink),
+            forward_keepalive: resolve_forward_keepalive(
+                std::mem::take(&mut s.forward_keepalive),
+                sink,
+            ),
+            max_connections: max_connections(s.max_connections, sink),
+        };
+        check_extra_providers(&s.extra_providers, sink);
+        knobs
+    }
+}
+
+/// With etcd as the control plane, `state_dir` keeps no registrations: say so.
+fn unused_state_dir(etcd: bool, state_dir: bool) -> Option<String> {
+    (etcd && state_dir).then(|| {
+        "state_dir is not used for registrations when control_plane.etcd is set: etcd keeps them"
+            .to_string()
+    })
+}
+
+/// `max_connections`, within its bounds.
+fn max_connections(n: u64, sink: &mut Sink<'_>) -> MaxConnections {
+    MaxConnections::new(n).unwrap_or_else(|| {
+        sink.top(
+            "max_connections",
+            format!("must be from 1 to {}", MaxConnections::LIMIT),
+            Some("max_connections:"),
+        );
+        MaxConnections::default()
+    })
+}
+
+/// `extra_providers` may not reuse a built-in provider's id.
+fn check_extra_providers(extra: &[String], sink: &mut Sink<'_>) {
+    for p in extra {
+        if block::BUILTIN_PROVIDERS.contains(&p.as_str()) {
+            sink.top(
+                "extra_providers",
+                format!("`{p}` collides with a built-in provider id"),
+                Some(p),
+            );
+        }
+    }
+}
+
+/// The sandboxes' bindings; `listen.default_sandbox` must name one of them.
+fn sandboxes_of(
+    sandboxes: Vec<Value>,
+    ctx: &BindingCtx<'_>,
+    listen: &Listen,
+    sink: &mut Sink<'_>,
+    warnings: &mut Vec<String>,
+    files: &mut Vec<PathBuf>,
+) -> Vec<Binding> {
+    // A verified client certificate on the TLS listener can name any sandbox.
+    let by_certificate = listen
+        .proxy_tls
+        .as_ref()
+        .is_some_and(|t| t.client_names != ClientNames::None);
+    let (bindings, seen) = build_bindings(
+        sandboxes,
+        ctx,
+        listen.default_sandbox.as_deref(),
+        by_certificate,
+        sink,
+        warnings,
+        files,
+    );
+    warnings.extend(binding::overlapping_sources(&bindings));
+    if let Some(d) = &listen.default_sandbox {
+        if !seen.contains(d.as_str()) {
+            sink.top(
+                "listen.default_sandbox",
+                format!("no sandbox has id `{d}`"),
+                Some("default_sandbox:"),
+            );
+        }
+    }
+    bindings
+}
+
 fn load_str_with(
     text: &str,
     origin: &str,
@@ -189,152 +334,74 @@ fn load_str_with(
     let mut top = parse_top(text, &file)?;
     let mut sink = Sink::new(file.clone(), text, &mut errors);
     check_top_keys(&top, &mut sink);
-    let listen: RawListen = section(&mut top, "listen", &mut sink).unwrap_or_default();
-    let dns: RawDns = section(&mut top, "dns", &mut sink).unwrap_or_default();
-    let defaults: RawDefaults = section(&mut top, "defaults", &mut sink).unwrap_or_default();
-    let audit: RawAudit = section(&mut top, "audit", &mut sink).unwrap_or_default();
-    let admin_token_file: Option<String> =
-        section(&mut top, "admin_token_file", &mut sink).flatten();
-    let state_dir: Option<String> = section(&mut top, "state_dir", &mut sink).flatten();
-    let sandbox_dirs: Vec<String> =
-        section(&mut top, "sandbox_dirs", &mut sink).unwrap_or_default();
-    let extra_providers: Vec<String> =
-        section(&mut top, "extra_providers", &mut sink).unwrap_or_default();
-    let max_connections: u64 =
-        section(&mut top, "max_connections", &mut sink).unwrap_or(defaults::MAX_CONNECTIONS);
-    let admission: RawAdmission = section(&mut top, "admission", &mut sink).unwrap_or_default();
-    let runtime: RawRuntime = section(&mut top, "runtime", &mut sink).unwrap_or_default();
-    let forward_keepalive: RawForwardKeepalive =
-        section(&mut top, "forward_keepalive", &mut sink).unwrap_or_default();
-    let control_plane: RawControlPlane =
-        section(&mut top, "control_plane", &mut sink).unwrap_or_default();
-    let raw_intercept: Option<credentials::RawIntercept> =
-        section(&mut top, "tls_intercept", &mut sink).flatten();
-    let raw_upstream: Option<upstream::RawUpstreamProxy> =
-        section(&mut top, "upstream_proxy", &mut sink).flatten();
-    let sandboxes: Vec<Value> = section(&mut top, "sandboxes", &mut sink).unwrap_or_default();
-    let admission = resolve_admission(admission, &mut sink);
-    let runtime = resolve_runtime(runtime, &mut sink);
-    let forward_keepalive = resolve_forward_keepalive(forward_keepalive, &mut sink);
-
-    for p in &extra_providers {
-        if block::BUILTIN_PROVIDERS.contains(&p.as_str()) {
-            sink.top(
-                "extra_providers",
-                format!("`{p}` collides with a built-in provider id"),
-                Some(p),
-            );
-        }
-    }
-    let defaults = resolve_defaults(defaults, &mut sink);
-    let dns = resolve_dns(dns, &mut sink);
-    let listen = resolve_listen(listen, admin_token_file.is_some(), &mut sink);
-    let max_connections = MaxConnections::new(max_connections).unwrap_or_else(|| {
-        sink.top(
-            "max_connections",
-            format!("must be from 1 to {}", MaxConnections::LIMIT),
-            Some("max_connections:"),
-        );
-        MaxConnections::default()
-    });
-
-    let rel = |p: &str| -> PathBuf {
-        let p = Path::new(p);
-        if p.is_absolute() {
-            p.to_path_buf()
-        } else {
-            base_dir.join(p)
-        }
-    };
-    let etcd = resolve_control_plane(control_plane, &rel, &mut sink);
+    let mut s = Sections::read(&mut top, &mut sink);
+    let knobs = Knobs::resolve(&mut s, base_dir, &mut sink);
+    let rel = |p: &str| files::path_in(base_dir, p);
+    let etcd = resolve_control_plane(s.control_plane, &rel, &mut sink);
     let (intercept, placeholder_key) = credentials::resolve_intercept(
-        raw_intercept,
+        s.raw_intercept,
         &rel,
         &mut sink,
         &mut files,
         secrets,
         &mut warnings,
     );
-    let upstream_proxy = raw_upstream
+    let upstream_proxy = s
+        .raw_upstream
         .and_then(|raw| top_parent(&raw, &rel, secrets, &mut sink, &mut warnings, &mut files));
-    let audit_trail = audit::resolve_trail(audit.trail.clone(), audit.path != "-", &rel, &mut sink);
-    if etcd.is_some() && state_dir.is_some() {
-        warnings.push(
-            "state_dir is not used for registrations when control_plane.etcd is set: etcd keeps them"
-                .into(),
-        );
-    }
-    let mut listen = listen;
-    relative_tls_paths(&mut listen, &rel);
+    let audit_trail =
+        audit::resolve_trail(s.audit.trail.clone(), s.audit.path != "-", &rel, &mut sink);
+    warnings.extend(unused_state_dir(etcd.is_some(), s.state_dir.is_some()));
+    let dirs: Vec<_> = s.sandbox_dirs.iter().map(|d| (d.clone(), rel(d))).collect();
     let index = refs::index_dirs(
-        &sandbox_dirs
-            .iter()
-            .map(|d| (d.clone(), rel(d)))
-            .collect::<Vec<_>>(),
-        &extra_providers,
+        &dirs,
+        &s.extra_providers,
         &mut sink,
         &mut warnings,
         &mut files,
     );
-
     let ctx = BindingCtx {
         base_dir,
-        defaults: &defaults,
-        extra_providers: &extra_providers,
+        defaults: &knobs.defaults,
+        extra_providers: &s.extra_providers,
         index: &index,
         id_lines: id_lines(text),
         placeholder_key: placeholder_key.as_ref().map(|k| k.as_slice()),
         secrets,
     };
-    // A verified client certificate on the TLS listener can name any sandbox.
-    let by_certificate = listen
-        .proxy_tls
-        .as_ref()
-        .is_some_and(|t| t.client_names != ClientNames::None);
-    let (bindings, seen) = build_bindings(
-        sandboxes,
+    let bindings = sandboxes_of(
+        s.sandboxes,
         &ctx,
-        listen.default_sandbox.as_deref(),
-        by_certificate,
+        &knobs.listen,
         &mut sink,
         &mut warnings,
         &mut files,
     );
-    warnings.extend(binding::overlapping_sources(&bindings));
-    if let Some(d) = &listen.default_sandbox {
-        if !seen.contains(d.as_str()) {
-            sink.top(
-                "listen.default_sandbox",
-                format!("no sandbox has id `{d}`"),
-                Some("default_sandbox:"),
-            );
-        }
-    }
     if !errors.is_empty() {
         return Err(ConfigErrors(errors));
     }
     Ok(Config {
+        admission: knobs.admission,
+        runtime: knobs.runtime,
+        forward_keepalive: knobs.forward_keepalive,
+        max_connections: knobs.max_connections,
+        defaults: knobs.defaults,
+        dns: knobs.dns,
+        listen: knobs.listen,
         origin: file,
         base_dir: base_dir.to_path_buf(),
-        listen,
-        admin_token_file: admin_token_file.map(|p| rel(&p)),
-        dns,
-        defaults,
-        audit_path: (audit.path != "-").then(|| rel(&audit.path)),
-        audit_queue_max: audit.queue_max.max(1),
-        audit_dns: audit.dns,
+        admin_token_file: s.admin_token_file.map(|p| rel(&p)),
+        audit_path: (s.audit.path != "-").then(|| rel(&s.audit.path)),
+        audit_queue_max: s.audit.queue_max.max(1),
+        audit_dns: s.audit.dns,
         audit_trail,
-        admission,
-        runtime,
-        forward_keepalive,
         upstream_proxy,
         etcd,
         intercept,
         placeholder_key,
         secrets,
-        state_dir: state_dir.map(|p| rel(&p)),
-        extra_providers,
-        max_connections,
+        state_dir: s.state_dir.map(|p| rel(&p)),
+        extra_providers: s.extra_providers,
         bindings,
         warnings,
         files,
