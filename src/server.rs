@@ -124,6 +124,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         admin_addr = %show(addrs.admin),
         transparent_addr = %show(addrs.transparent),
         dns_addr = %show(addrs.dns),
+        socks5_addr = %show(addrs.socks5),
         policy_version = %shared.policy.load().version(),
         "listening"
     );
@@ -197,6 +198,7 @@ fn spawn_listeners(
         (l.proxy.map(|l| (l, None)), Kind::Proxy),
         (l.proxy_tls.map(|(l, t)| (l, Some(t))), Kind::ProxyTls),
         (l.transparent.map(|l| (l, None)), Kind::Transparent),
+        (l.socks5.map(|l| (l, None)), Kind::Socks5),
     ];
     for (bound, kind) in data_plane {
         if let Some((listener, tls)) = bound {

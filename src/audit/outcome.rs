@@ -39,6 +39,8 @@ pub enum Mode {
     Dns,
     /// One request inside a tunnel the proxy terminated (credentials, HTTP rules).
     Https,
+    /// The SOCKS5 listener, a CONNECT request.
+    Socks5,
 }
 
 impl Mode {
@@ -52,6 +54,7 @@ impl Mode {
             Mode::Tcp => "tcp",
             Mode::Dns => "dns",
             Mode::Https => "https",
+            Mode::Socks5 => "socks5",
         }
     }
 }

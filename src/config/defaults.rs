@@ -256,10 +256,14 @@ pub(super) fn tls_ports(
 }
 
 pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut Sink<'_>) -> Listen {
-    if raw.proxy.is_none() && raw.transparent.is_none() && raw.proxy_tls.is_none() {
+    if raw.proxy.is_none()
+        && raw.transparent.is_none()
+        && raw.proxy_tls.is_none()
+        && raw.socks5.is_none()
+    {
         sink.top(
             "listen",
-            "at least one of `proxy`, `proxy_tls` and `transparent` must be set",
+            "at least one of `proxy`, `proxy_tls`, `transparent` and `socks5` must be set",
             Some("listen:"),
         );
     }
@@ -292,6 +296,7 @@ pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut S
         transparent_tproxy: raw.transparent_tproxy,
         admin: raw.admin,
         dns: raw.dns,
+        socks5: raw.socks5,
         default_sandbox: raw.default_sandbox,
     }
 }

@@ -72,6 +72,8 @@ pub struct Listen {
     pub admin: Option<SocketAddr>,
     /// The DNS listener (UDP and TCP on the same address); off by default.
     pub dns: Option<SocketAddr>,
+    /// The SOCKS5 listener (CONNECT, username/password or by source); off by default.
+    pub socks5: Option<SocketAddr>,
     /// The HTTPS proxy listener; off by default.
     pub proxy_tls: Option<ProxyTls>,
     /// TLS for the admin listener (its `addr` is `admin`'s).

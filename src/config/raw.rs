@@ -54,6 +54,9 @@ pub struct RawListen {
     pub admin: Option<SocketAddr>,
     #[serde(default)]
     pub dns: Option<SocketAddr>,
+    /// The SOCKS5 listener.
+    #[serde(default)]
+    pub socks5: Option<SocketAddr>,
     /// The HTTPS proxy listener.
     #[serde(default)]
     pub proxy_tls: Option<RawProxyTls>,
@@ -100,6 +103,7 @@ impl Default for RawListen {
             transparent_tproxy: false,
             admin: d_admin(),
             dns: None,
+            socks5: None,
             proxy_tls: None,
             admin_tls: None,
             default_sandbox: None,

@@ -30,7 +30,7 @@ fn null_listener_disables_it() {
     let e = load_text("listen: { proxy: null }").unwrap_err();
     assert!(
         e.to_string()
-            .contains("at least one of `proxy`, `proxy_tls` and `transparent`"),
+            .contains("at least one of `proxy`, `proxy_tls`, `transparent` and `socks5`"),
         "{e}"
     );
 }

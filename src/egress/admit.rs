@@ -71,8 +71,11 @@ pub enum Evidence<'a> {
     /// A verified client certificate (the TLS listener), naming a sandbox or not: it decides
     /// alone, never falling through to a weaker method.
     Certificate(Option<&'a str>),
-    /// `Proxy-Authorization` if sent; else the source address; else the default sandbox.
-    Presented { credentials: Option<&'a [u8]> },
+    /// `Proxy-Authorization` or a SOCKS5 login if sent; else the source address; else the
+    /// default sandbox.
+    Presented {
+        credentials: Option<identity::Credentials<'a>>,
+    },
 }
 
 /// Who is at the door.

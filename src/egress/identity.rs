@@ -1,7 +1,7 @@
 //! Which sandbox a connection belongs to (DESIGN §4), tried in order — the first method that
 //! applies decides, and a failed credential never falls through to a weaker method:
-//! 1. `Proxy-Authorization: Basic` (user = sandbox id, password = token; SHA-256 compared in
-//!    constant time), 2. the client's source address in a sandbox's `sources`, 3. the
+//! 1. `Proxy-Authorization: Basic` or a SOCKS5 username/password (RFC 1929) (user = sandbox
+//!    id, password = token; SHA-256 compared in constant time), 2. the client's source address in a sandbox's `sources`, 3. the
 //!    listener's `default_sandbox`, 4. nothing → `auth_required` (407 with a challenge).
 //!
 //! Tokens are never stored, logged or echoed: only their digests are compared.
@@ -104,19 +104,35 @@ pub fn by_certificate(set: &PolicySet, named: Option<&str>) -> Result<Identified
     })
 }
 
-/// Identify a connection. `proxy_authorization` is the raw header value, if any.
+/// A sandbox id and token, as a client presented them.
+#[derive(Debug, Clone, Copy)]
+pub enum Credentials<'a> {
+    /// A raw `Proxy-Authorization` header value (`Basic base64(id:token)`).
+    Header(&'a [u8]),
+    /// A SOCKS5 username and password (RFC 1929), as sent.
+    Login { user: &'a [u8], password: &'a [u8] },
+}
+
+/// Identify a connection by what it presented, if anything, then its source address.
 pub fn identify(
     set: &PolicySet,
-    proxy_authorization: Option<&[u8]>,
+    credentials: Option<Credentials<'_>>,
     client: IpAddr,
     default_sandbox: Option<&str>,
 ) -> Result<Identified, Refused> {
-    if let Some(value) = proxy_authorization {
+    if let Some(credentials) = credentials {
         let refused = |reason| Refused {
             reason,
             method: Method::Token,
         };
-        let (user, token) = parse_basic(value).ok_or(refused(Reason::AuthFailed))?;
+        let (user, token) = match credentials {
+            Credentials::Header(value) => parse_basic(value),
+            Credentials::Login { user, password } => std::str::from_utf8(user)
+                .ok()
+                .zip(std::str::from_utf8(password).ok())
+                .map(|(u, p)| (u.to_string(), p.to_string())),
+        }
+        .ok_or(refused(Reason::AuthFailed))?;
         let sandbox = set.get(&user).ok_or(refused(Reason::UnknownSandbox))?;
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let ok = match &sandbox.binding.token_sha256 {
@@ -198,39 +214,55 @@ mod tests {
         let s = set();
         let src: IpAddr = "10.1.1.1".parse().unwrap();
         let other: IpAddr = "192.0.2.1".parse().unwrap();
-        let id = identify(&s, Some(&basic("a", "tok-a")), src, Some("side")).unwrap();
+        let id = identify(
+            &s,
+            Some(Credentials::Header(&basic("a", "tok-a"))),
+            src,
+            Some("side"),
+        )
+        .unwrap();
         assert_eq!(
             (id.sandbox.binding.id.as_str(), id.method),
             ("a", Method::Token)
         );
         // A wrong token does not fall through to the source or the default.
         assert_eq!(
-            identify(&s, Some(&basic("a", "nope")), src, Some("side"))
-                .unwrap_err()
-                .reason,
+            identify(
+                &s,
+                Some(Credentials::Header(&basic("a", "nope"))),
+                src,
+                Some("side")
+            )
+            .unwrap_err()
+            .reason,
             Reason::AuthFailed
         );
         assert_eq!(
-            identify(&s, Some(&basic("ghost", "x")), src, None)
-                .unwrap_err()
-                .reason,
+            identify(
+                &s,
+                Some(Credentials::Header(&basic("ghost", "x"))),
+                src,
+                None
+            )
+            .unwrap_err()
+            .reason,
             Reason::UnknownSandbox
         );
         // A sandbox without a token cannot be claimed with credentials.
         assert_eq!(
-            identify(&s, Some(&basic("b", "")), src, None)
+            identify(&s, Some(Credentials::Header(&basic("b", ""))), src, None)
                 .unwrap_err()
                 .reason,
             Reason::AuthFailed
         );
         assert_eq!(
-            identify(&s, Some(b"Bearer xyz"), src, None)
+            identify(&s, Some(Credentials::Header(b"Bearer xyz")), src, None)
                 .unwrap_err()
                 .reason,
             Reason::AuthFailed
         );
         assert_eq!(
-            identify(&s, Some(b"Basic !!!"), src, None)
+            identify(&s, Some(Credentials::Header(b"Basic !!!")), src, None)
                 .unwrap_err()
                 .reason,
             Reason::AuthFailed
@@ -249,5 +281,28 @@ mod tests {
             identify(&s, None, other, None).unwrap_err().reason,
             Reason::AuthRequired
         );
+    }
+
+    /// A SOCKS5 login is the same id and token, judged the same way.
+    #[test]
+    fn a_socks_login_is_an_id_and_token() {
+        let s = set();
+        let src: IpAddr = "10.1.1.1".parse().unwrap();
+        let login = |user: &'static str, password: &'static str| {
+            Some(Credentials::Login {
+                user: user.as_bytes(),
+                password: password.as_bytes(),
+            })
+        };
+        let id = identify(&s, login("a", "tok-a"), src, None).unwrap();
+        assert_eq!(id.method, Method::Token);
+        let reason = |c| identify(&s, c, src, Some("side")).unwrap_err().reason;
+        assert_eq!(reason(login("a", "nope")), Reason::AuthFailed);
+        assert_eq!(reason(login("ghost", "x")), Reason::UnknownSandbox);
+        let bad = Some(Credentials::Login {
+            user: b"a",
+            password: b"\xff",
+        });
+        assert_eq!(reason(bad), Reason::AuthFailed);
     }
 }

@@ -444,7 +444,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
     let credentials = req
         .headers()
         .get(header::PROXY_AUTHORIZATION)
-        .map(|v| v.as_bytes());
+        .map(|v| crate::egress::identity::Credentials::Header(v.as_bytes()));
     let door = Door {
         source: accepted.client.ip(),
         evidence: match &conn.cert {

@@ -2,13 +2,14 @@
 //! plane, each an adapter that parses its protocol, makes one call into the admission
 //! sequence ([`crate::egress::admit`]) and hands what it admitted to the one relay chooser
 //! ([`relay_choice`]): the explicit proxy (`CONNECT` and absolute-form HTTP, over TCP or TLS,
-//! HTTP/1.1 or HTTP/2) and the transparent listener (redirected TCP: the original destination,
-//! then the first bytes).
+//! HTTP/1.1 or HTTP/2), the transparent listener (redirected TCP: the original destination,
+//! then the first bytes) and the SOCKS5 listener (a CONNECT, with a login or by source).
 
 pub(crate) mod explicit;
 pub(crate) mod explicit_tls;
 #[allow(unsafe_code)]
 pub(crate) mod orig_dst;
 pub(crate) mod relay_choice;
+pub(crate) mod socks5;
 pub(crate) mod transparent;
 mod tunnel;

@@ -89,22 +89,41 @@ pub(super) fn tunnel(
 }
 
 /// An admitted tunnel, besides its client.
-struct Opened<'a> {
-    shared: &'a Arc<Shared>,
-    sandbox: &'a Sandbox,
-    target: &'a Target,
-    server: ServerIo,
+pub(super) struct Opened<'a> {
+    pub shared: &'a Arc<Shared>,
+    pub sandbox: &'a Sandbox,
+    pub target: &'a Target,
+    pub server: ServerIo,
     /// The policy's decision.
-    decision: crate::policy::Decision,
-    opaque: bool,
+    pub decision: crate::policy::Decision,
+    pub opaque: bool,
 }
 
 /// Relay a CONNECT tunnel: the client socket is recovered from hyper (with any bytes it had
-/// already buffered), its first bytes are read and judged by the one checker
-/// ([`verdict::first_bytes_of`]) before anything reaches the destination (a refusal resets
-/// both sockets), then [`relay_choice::relay`] moves them.
+/// already buffered), then [`relay_opened`].
 async fn relay_upgraded<F>(
     upgraded: hyper::upgrade::Upgraded,
+    opened: Opened<'_>,
+    audit: &mut AuditGuard,
+    stop: F,
+    shaper: Option<&crate::egress::limits::SandboxLimiter>,
+) -> Relayed
+where
+    F: std::future::Future<Output = Close>,
+{
+    let Some((client, early)) = take_client(upgraded) else {
+        return Relayed::nothing(Close::Error);
+    };
+    relay_opened(client, early, opened, audit, stop, shaper).await
+}
+
+/// Relay a tunnel the client was told is open (a CONNECT's 200, a SOCKS5 success): its first
+/// bytes (`early`: what was read with the request) are read and judged by the one checker
+/// ([`verdict::first_bytes_of`]) before anything reaches the destination (a refusal resets
+/// both sockets), then [`relay_choice::relay`] moves them.
+pub(super) async fn relay_opened<F>(
+    mut client: ClientIo,
+    early: Vec<u8>,
     opened: Opened<'_>,
     audit: &mut AuditGuard,
     stop: F,
@@ -121,9 +140,6 @@ where
         decision,
         opaque,
     } = opened;
-    let Some((mut client, early)) = take_client(upgraded) else {
-        return Relayed::nothing(Close::Error);
-    };
     tokio::pin!(stop);
     let wait = shared.settings.timeouts.header;
     let inspected = tokio::select! {

@@ -27,6 +27,19 @@ pub(super) enum Kind {
     /// The explicit proxy over TLS.
     ProxyTls,
     Transparent,
+    Socks5,
+}
+
+impl Kind {
+    /// The listener's name in metrics and logs.
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Proxy => "proxy",
+            Kind::ProxyTls => "proxy_tls",
+            Kind::Transparent => "transparent",
+            Kind::Socks5 => "socks5",
+        }
+    }
 }
 
 /// Accepting with a backoff on errors: EMFILE and friends wait and retry (5 ms doubling to
@@ -65,11 +78,7 @@ pub(super) async fn accept_loop(
     kind: Kind,
     tls: Option<Arc<crate::listen::explicit_tls::TlsServer>>,
 ) {
-    let name = match kind {
-        Kind::Proxy => "proxy",
-        Kind::ProxyTls => "proxy_tls",
-        Kind::Transparent => "transparent",
-    };
+    let name = kind.name();
     // Transparent connections are admitted per source too, in a table of their own (they are
     // identified by source at once, so the place is held only until then: what binds here is
     // the accept rate per source and the cap on connections no sandbox has).
@@ -91,6 +100,7 @@ pub(super) async fn accept_loop(
         }
         match kind {
             Kind::Proxy | Kind::ProxyTls => proxy(shared, accepted, stream, kind, tls.as_ref()),
+            Kind::Socks5 => socks5(shared, accepted, stream),
             Kind::Transparent => transparent(shared, accepted, stream, own.as_ref()),
         }
     }
@@ -120,6 +130,17 @@ fn proxy(
                 shared, accepted, io, slot, cert,
             ));
         }
+    }
+}
+
+/// A SOCKS5 connection: admitted per source address until its login (or its source)
+/// identifies it, like an explicit-proxy connection.
+fn socks5(shared: Arc<Shared>, accepted: Accepted, stream: TcpStream) {
+    match shared.admissions.accept(accepted.client.ip()) {
+        Ok(slot) => {
+            tokio::spawn(crate::listen::socks5::serve(shared, accepted, stream, slot));
+        }
+        Err(refusal) => refuse_admission(shared, accepted, stream, Kind::Socks5, refusal),
     }
 }
 
@@ -159,14 +180,9 @@ fn refuse_admission(
     kind: Kind,
     refusal: admission::Refusal,
 ) {
-    let listener = match kind {
-        Kind::Proxy => "proxy",
-        Kind::ProxyTls => "proxy_tls",
-        Kind::Transparent => "transparent",
-    };
     shared
         .metrics()
-        .admission_refused(listener, refusal.label());
+        .admission_refused(kind.name(), refusal.label());
     let reason = match refusal {
         admission::Refusal::Rate(_) => Reason::RateLimited,
         admission::Refusal::PerSource | admission::Refusal::Pool => Reason::ConnectionLimit,
@@ -188,6 +204,7 @@ async fn refuse_early(
     let mode = match kind {
         Kind::Proxy | Kind::ProxyTls => Mode::Connect,
         Kind::Transparent => Mode::Tcp,
+        Kind::Socks5 => Mode::Socks5,
     };
     let mut audit = shared.audit(&accepted, mode, &shared.policy.load());
     audit.decision(&Decision::deny(reason, None));
@@ -204,8 +221,8 @@ async fn refuse_early(
             });
             let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&resp)).await;
         }
-        // No HTTP before the handshake: reset.
-        Kind::ProxyTls | Kind::Transparent => {
+        // No HTTP before the handshake, and nothing SOCKS5 can say before the greeting: reset.
+        Kind::ProxyTls | Kind::Transparent | Kind::Socks5 => {
             let _ = stream.set_zero_linger();
         }
     }
@@ -295,7 +312,7 @@ async fn refuse_unrecorded(mut stream: TcpStream, kind: Kind, why: Unavailable) 
             })
             .await;
         }
-        Kind::ProxyTls | Kind::Transparent => {
+        Kind::ProxyTls | Kind::Transparent | Kind::Socks5 => {
             let _ = stream.set_zero_linger();
         }
     }

@@ -91,6 +91,7 @@ pub(super) struct Listeners {
     pub admin: Option<TcpListener>,
     pub admin_tls: Option<Arc<TlsServer>>,
     pub dns: Option<(Vec<UdpSocket>, TcpListener)>,
+    pub socks5: Option<TcpListener>,
 }
 
 /// The bound addresses, by listener.
@@ -101,6 +102,7 @@ pub(super) struct Addrs {
     pub admin: Option<SocketAddr>,
     pub transparent: Option<SocketAddr>,
     pub dns: Option<SocketAddr>,
+    pub socks5: Option<SocketAddr>,
 }
 
 impl Addrs {
@@ -112,6 +114,7 @@ impl Addrs {
             self.transparent,
             self.dns,
             self.proxy_tls,
+            self.socks5,
         ]
         .into_iter()
         .flatten()
@@ -168,6 +171,7 @@ impl Listeners {
             admin: bind("listen.admin", l.admin).await?,
             admin_tls,
             dns,
+            socks5: bind("listen.socks5", l.socks5).await?,
         })
     }
 
@@ -183,6 +187,7 @@ impl Listeners {
                 .as_ref()
                 .and_then(|(u, _)| u.first())
                 .and_then(|u| u.local_addr().ok()),
+            socks5: self.socks5.as_ref().and_then(at),
         }
     }
 }

@@ -8,3 +8,4 @@ pub mod http_response;
 pub mod http_stream;
 pub mod peek;
 pub mod sni;
+pub mod socks5;

@@ -14,6 +14,8 @@ pub struct Proxy {
     pub dns: Option<SocketAddr>,
     /// The TLS proxy listener, when `listen.proxy_tls` is set.
     pub proxy_tls: Option<SocketAddr>,
+    /// The SOCKS5 listener, when `listen.socks5` is set.
+    pub socks5: Option<SocketAddr>,
     pub audit: PathBuf,
     pub config: PathBuf,
     pub child: Child,
@@ -114,6 +116,7 @@ impl Proxy {
             transparent: addr("transparent_addr"),
             dns: addr("dns_addr"),
             proxy_tls: addr("proxy_tls_addr"),
+            socks5: addr("socks5_addr"),
             audit,
             config,
             child,
