@@ -12,7 +12,8 @@
 //!   admission sequence ([`egress::admit`]): `explicit` (CONNECT and absolute-form HTTP, per
 //!   request and per HTTP/2 stream), `explicit_tls` (the same over TLS), `tunnel` (a CONNECT
 //!   once admitted), `transparent` (redirected TCP: `orig_dst`, one of the fenced `unsafe`
-//!   modules, then the first bytes); and `relay_choice`, the one relay chooser.
+//!   modules, then the first bytes), `socks5` (a SOCKS5 CONNECT); and `relay_choice`, the one
+//!   relay chooser.
 //! - `dns/`: the filtering resolver (`listen.dns`: its own UDP loops with a repeat cache, TCP
 //!   framed here); the answers it gave are remembered in `egress::answers`, where the
 //!   sequence finds the name of a nameless transparent destination.

@@ -1,6 +1,8 @@
 //! `upstream_proxy`: a real Squid (Debian's `squid`) on loopback as the parent, requiring a
-//! password (basic_ncsa_auth). Allowed CONNECT tunnels and forwarded GETs reach the origin
-//! through it (its access log shows them, as CONNECTs of the decided authority); a denied
+//! password (basic_ncsa_auth). Allowed CONNECT tunnels reach the origin through it as
+//! CONNECTs of the decided authority, forwarded plain HTTP as requests in absolute form on
+//! kept connections (its access log shows the URLs and the proxy's source port) — through a
+//! Squid that, as corporate ones do, refuses `CONNECT` to ports other than 443; a denied
 //! target never reaches it; its refusal (407 with a wrong password) comes back as
 //! `upstream_proxy_refused` with its status; the parent's password appears in no log; a parent
 //! on loopback is refused by the guard unless `guard_allow_ranges` lists it; a bypassed name
@@ -31,6 +33,11 @@ struct Squid {
 
 impl Squid {
     fn start(dir: &Path, tls: Option<&TestCa>) -> Squid {
+        Self::start_with(dir, tls, "")
+    }
+
+    /// With `rules`: `http_access` lines placed before the ones that let `agent` in.
+    fn start_with(dir: &Path, tls: Option<&TestCa>, rules: &str) -> Squid {
         let sq = dir.join("squid");
         std::fs::create_dir_all(&sq).unwrap();
         // Squid's workers run as `proxy`: they must reach their files.
@@ -67,7 +74,8 @@ impl Squid {
             format!(
                 "{listen}
 pid_filename {d}/squid.pid
-access_log stdio:{log}
+logformat ep %ts %>a:%>p %Ss/%03>Hs %rm %ru %[un
+access_log stdio:{log} ep
 cache_log {d}/cache.log
 cache_store_log none
 cache deny all
@@ -77,6 +85,7 @@ dns_nameservers 127.0.0.1
 auth_param basic program /usr/lib/squid/basic_ncsa_auth {d}/passwd
 auth_param basic realm parent
 acl authed proxy_auth REQUIRED
+{rules}
 http_access allow authed
 http_access deny all
 shutdown_lifetime 0 seconds
@@ -252,7 +261,7 @@ fn allowed_exchanges_go_through_the_parent_and_denied_ones_never_reach_it_with(e
         out.text(),
         out.stderr
     );
-    // A forwarded GET: also a CONNECT of the decided authority through Squid.
+    // A forwarded GET: a request in absolute form through Squid.
     let out = e.via(&p, &format!("http://plain.test:{pp}/hello"));
     assert!(
         out.text().contains("hello from origin /hello"),
@@ -271,10 +280,13 @@ fn allowed_exchanges_go_through_the_parent_and_denied_ones_never_reach_it_with(e
 
     let log = e.squid.log_when(|l| {
         l.contains(&format!("CONNECT api.test:{hp}"))
-            && l.contains(&format!("CONNECT plain.test:{pp}"))
+            && l.contains(&format!("GET http://plain.test:{pp}/hello"))
     });
     assert!(log.contains(&format!("CONNECT api.test:{hp}")), "{log}");
-    assert!(log.contains(&format!("CONNECT plain.test:{pp}")), "{log}");
+    assert!(
+        log.contains(&format!("GET http://plain.test:{pp}/hello agent")),
+        "{log}"
+    );
     assert!(
         log.contains("agent"),
         "Squid authenticated the proxy: {log}"
@@ -691,4 +703,67 @@ sandboxes:
     std::thread::sleep(Duration::from_millis(300));
     let log = std::fs::read_to_string(&e.squid.log).unwrap_or_default();
     assert!(!log.contains("other.test"), "{log}");
+}
+
+/// A Squid configured as corporate parents usually are (`http_access deny CONNECT
+/// !SSL_ports`) refuses a CONNECT to port 80: plain HTTP goes to it as requests in absolute
+/// form, with the parent's credentials, one after another on one kept connection (Squid logs
+/// each URL with the same source port of this proxy). A CONNECT to another port is still
+/// refused by that Squid, and is `upstream_proxy_refused` here.
+#[test]
+fn plain_http_goes_to_a_corporate_parent_as_requests_on_one_kept_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let https = Origin::start(Some(&ca));
+    let http = Origin::start(None);
+    let rules =
+        "acl SSL_ports port 443\nacl CONNECT method CONNECT\nhttp_access deny CONNECT !SSL_ports";
+    let squid = Squid::start_with(dir.path(), None, rules);
+    let e = Env {
+        dir,
+        ca,
+        https,
+        http,
+        squid,
+    };
+    let p = e.proxy("corporate", PASSWORD, GUARD);
+    let pp = e.http.addr.port();
+    for path in ["/one", "/two", "/three?q=1"] {
+        let out = e.via(&p, &format!("http://plain.test:{pp}{path}"));
+        assert!(
+            out.text().contains(&format!("hello from origin {path}")),
+            "{} {}",
+            out.text(),
+            out.stderr
+        );
+    }
+    let log = e
+        .squid
+        .log_when(|l| l.contains(&format!("GET http://plain.test:{pp}/three?q=1")));
+    let ports: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(&format!("GET http://plain.test:{pp}/")))
+        .map(|l| l.split_whitespace().nth(1).unwrap_or(""))
+        .collect();
+    assert_eq!(ports.len(), 3, "{log}");
+    assert!(
+        ports.iter().all(|p| *p == ports[0]),
+        "one kept connection to the parent: {log}"
+    );
+    assert!(!log.contains("CONNECT"), "{log}");
+    // The records say so.
+    let rec = p.wait_record(|r| {
+        r["target_host"] == "plain.test" && r["detail"].as_str().is_some_and(|d| d.contains("kept"))
+    });
+    assert_eq!(rec["decision"], "allow", "{rec}");
+    // A tunnel to a port that Squid refuses to CONNECT to: the parent's refusal, said so.
+    let hp = e.https.addr.port();
+    let out = e.via(&p, &format!("https://api.test:{hp}/"));
+    let all = format!("{}{}", out.text(), out.stderr);
+    assert!(all.contains("upstream_proxy_refused"), "{all}");
+    let rec = p.wait_record(|r| r["target_host"] == "api.test");
+    assert!(
+        rec["detail"].as_str().unwrap_or("").contains("403"),
+        "{rec}"
+    );
 }

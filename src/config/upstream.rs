@@ -61,7 +61,10 @@ pub enum ParentChoice {
 
 impl ParentChoice {
     /// The parent for this sandbox, given the top-level one.
-    pub fn pick<'a>(&'a self, top: Option<&'a UpstreamProxy>) -> Option<&'a UpstreamProxy> {
+    pub fn pick<'a>(
+        &'a self,
+        top: Option<&'a std::sync::Arc<UpstreamProxy>>,
+    ) -> Option<&'a std::sync::Arc<UpstreamProxy>> {
         match self {
             ParentChoice::Inherit => top,
             ParentChoice::Direct => None,

@@ -60,7 +60,7 @@ pub struct Cx<'a> {
     /// `listen.default_sandbox`.
     pub default_sandbox: Option<&'a str>,
     /// The top-level `upstream_proxy`.
-    pub parent: Option<&'a UpstreamProxy>,
+    pub parent: Option<&'a Arc<UpstreamProxy>>,
     /// `timeouts.connect_ms`.
     pub connect_timeout: Duration,
 }
@@ -150,6 +150,18 @@ pub struct Admitted {
     pub decision: Decision,
     /// The rule that allowed it lets opaque TCP flow (for a tunnel's first bytes).
     pub opaque: bool,
+    /// A forwarded request that goes to a parent proxy as a request.
+    pub through: Option<Through>,
+}
+
+/// A forwarded plain-HTTP request sent to a parent proxy as a request in absolute form
+/// (`GET http://host/path`, with the parent's `Proxy-Authorization`), on a connection to the
+/// parent kept like one to an origin.
+pub struct Through {
+    pub parent: Arc<UpstreamProxy>,
+    /// The authority the request names to the parent: the checked address when the name was
+    /// resolved here, else the decided name.
+    pub asked: Target,
 }
 
 /// A refused exchange, already recorded on the guard: what the listener answers with.
@@ -237,7 +249,16 @@ impl Entered {
         if let Err(r) = cx.verdicts.judge(&point, audit).await {
             return Err(refusal(r.decision, Some(sb), r.detail, None));
         }
-        let (route, checked) = open(cx, &sb, &ask, parent, &decided, &target, audit).await?;
+        let (route, checked, through) = match (ask.request, parent) {
+            (Some(_), Some(parent)) => {
+                requests_through(cx, &sb, parent, &decided, &target, audit).await?
+            }
+            _ => {
+                let (route, checked) =
+                    open(cx, &sb, &ask, parent, &decided, &target, audit).await?;
+                (route, checked, None)
+            }
+        };
         let grant = super::grant(&who, target, checked, cx.set);
         Ok(Admitted {
             sandbox: sb,
@@ -246,6 +267,7 @@ impl Entered {
             slot,
             decision: decided.decision,
             opaque,
+            through,
         })
     }
 }
@@ -382,10 +404,10 @@ fn limits(
 /// The parent proxy `sandbox`'s exchange with `target` goes through: its own, or the
 /// top-level one; none when it is `direct`, the target is bypassed, or none is configured.
 pub fn parent_for<'a>(
-    top: Option<&'a UpstreamProxy>,
+    top: Option<&'a Arc<UpstreamProxy>>,
     sandbox: &'a Sandbox,
     target: &Target,
-) -> Option<&'a UpstreamProxy> {
+) -> Option<&'a Arc<UpstreamProxy>> {
     let parent = sandbox.binding.upstream_proxy.pick(top)?;
     (!crate::egress::parent::bypassed(parent, target)).then_some(parent)
 }
@@ -398,7 +420,7 @@ async fn decide(
     cx: &Cx<'_>,
     sb: &Sandbox,
     ask: &Ask<'_>,
-    parent: Option<&UpstreamProxy>,
+    parent: Option<&Arc<UpstreamProxy>>,
     audit: &mut AuditGuard,
 ) -> (Target, Decided) {
     if let (Some(why), Some(original)) = (ask.nameless, ask.original) {
@@ -434,7 +456,7 @@ async fn open(
     cx: &Cx<'_>,
     sb: &Arc<Sandbox>,
     ask: &Ask<'_>,
-    parent: Option<&UpstreamProxy>,
+    parent: Option<&Arc<UpstreamProxy>>,
     decided: &Decided,
     target: &Target,
     audit: &mut AuditGuard,
@@ -451,7 +473,7 @@ async fn open(
         }
     }
     let opened = super::parent::open(
-        parent,
+        parent.map(|p| &**p),
         decided,
         target,
         ask.original,
@@ -469,17 +491,73 @@ async fn open(
             audit.dialed(o.dialed.addr);
             Ok((Route::Dialed(o.dialed), o.checked))
         }
-        Err(failed) => {
-            let d = Decision::deny(failed.reason, None);
-            let mut why = d.explain(&sb.binding.id, sb.policy.file(), target.port);
-            if !failed.detail.is_empty() {
-                audit.detail(failed.detail.clone());
-                why = format!("{why}: {}", failed.detail);
-            }
-            audit.decision(&d);
-            Err(refusal(d, Some(sb.clone()), why, None))
-        }
+        Err(failed) => Err(parent_failed(sb, target, failed, audit)),
     }
+}
+
+/// The refusal for what could not be opened (directly or through the parent).
+fn parent_failed(
+    sb: &Arc<Sandbox>,
+    target: &Target,
+    failed: super::parent::ParentFailed,
+    audit: &mut AuditGuard,
+) -> Refused {
+    let d = Decision::deny(failed.reason, None);
+    let mut why = d.explain(&sb.binding.id, sb.policy.file(), target.port);
+    if !failed.detail.is_empty() {
+        audit.detail(failed.detail.clone());
+        why = format!("{why}: {}", failed.detail);
+    }
+    audit.decision(&d);
+    refusal(d, Some(sb.clone()), why, None)
+}
+
+/// Step 5 for a forwarded request through a parent: a kept connection of this sandbox to the
+/// parent for this authority, else a new one to one of the parent's permitted addresses; the
+/// request then goes to it in absolute form. The grant is watched with the checked address
+/// asked of the parent, or the parent's own when the parent resolves the name.
+async fn requests_through(
+    cx: &Cx<'_>,
+    sb: &Arc<Sandbox>,
+    parent: &Arc<UpstreamProxy>,
+    decided: &Decided,
+    target: &Target,
+    audit: &mut AuditGuard,
+) -> Result<(Route, IpAddr, Option<Through>), Refused> {
+    use crate::policy::target::Host;
+    use crate::relay::upstream_pool::authority;
+    let asked = super::parent::asked(decided, target);
+    let addrs = super::parent::addresses(parent, &cx.set.guard, cx.resolver)
+        .await
+        .map_err(|f| parent_failed(sb, target, f, audit))?;
+    let key = authority(target, Some(parent));
+    audit.detail(format!(
+        "through upstream proxy {} (GET in absolute form for {asked})",
+        parent.shown()
+    ));
+    let route = match cx.upstreams.take(&sb.binding.id, &key, &addrs, parent.port) {
+        Some(up) => Route::Kept(up),
+        None => {
+            let dialed = super::parent::reach(parent, &addrs, cx.connect_timeout, cx.metrics)
+                .await
+                .map_err(|f| parent_failed(sb, target, f, audit))?;
+            Route::Dialed(dialed)
+        }
+    };
+    let at = match &route {
+        Route::Kept(up) => up.addr,
+        Route::Dialed(d) => d.addr,
+    };
+    audit.dialed(at);
+    let checked = match asked.host {
+        Host::Ip(ip) => ip,
+        Host::Name(_) => at.ip(),
+    };
+    let through = Through {
+        parent: parent.clone(),
+        asked,
+    };
+    Ok((route, checked, Some(through)))
 }
 
 #[cfg(test)]

@@ -240,6 +240,7 @@ async fn relay_admitted(
         slot,
         decision,
         opaque,
+        ..
     } = admitted;
     let Route::Dialed(dialed) = route else {
         // A SOCKS5 CONNECT never asks for a kept connection.

@@ -43,6 +43,7 @@ pub(super) fn tunnel(
         slot,
         decision,
         opaque,
+        ..
     } = admitted;
     let Route::Dialed(dialed) = route else {
         // A CONNECT never asks for a kept connection: nothing to relay.

@@ -1,6 +1,7 @@
 //! Absolute-form request forwarding (`GET http://host/...` on the explicit proxy), after the
 //! request was allowed and a checked address dialled: rewrite the request for the origin
-//! (origin-form target, hop-by-hop headers and the proxy's credentials removed), send it,
+//! (origin-form target, hop-by-hop headers and the proxy's credentials removed; through a
+//! parent proxy, absolute form with the parent's own `Proxy-Authorization`), send it,
 //! and stream both bodies — counted, shaped under the sandbox's bandwidth limits, and
 //! watched: when the policy no longer allows the exchange, the upstream connection is
 //! reset (nothing more reaches the origin) and so is the client connection (nothing more
@@ -19,7 +20,7 @@ use tokio::sync::oneshot;
 use crate::audit::metrics::ActiveGuard;
 use crate::audit::metrics::Metrics;
 use crate::audit::{AuditGuard, Close};
-use crate::egress::admit::{Admitted, Route};
+use crate::egress::admit::{Admitted, Route, Through};
 use crate::egress::handles::Handles;
 use crate::egress::limits::{ConnectionSlot, SandboxLimiter};
 use crate::policy::reason::Reason;
@@ -78,6 +79,7 @@ pub async fn forward(
         grant,
         route,
         slot,
+        through,
         ..
     } = admitted;
     let limiter = slot.limiter().clone();
@@ -104,12 +106,15 @@ pub async fn forward(
         sandbox: sandbox.binding.id.to_string(),
     };
     let shaper = shaped.then(|| limiter.clone());
-    let upstream_req = for_origin(req, &host, live.clone(), shaper);
+    let upstream_req = for_origin(req, &host, live.clone(), shaper, through.as_ref());
 
     let mut up = match route {
         Route::Kept(up) => up,
         Route::Dialed(d) => match Upstream::handshake(d.stream, d.addr).await {
-            Ok(up) => up,
+            Ok(mut up) => {
+                up.via = through.as_ref().map(|t| t.parent.clone());
+                up
+            }
             Err(e) => return bad_gateway(&exchange, &e, &failed),
         },
     };
@@ -127,6 +132,10 @@ pub async fn forward(
     let sent = send((connect, &metrics), &exchange, &mut up, upstream_req).await;
     let after = (upstreams, grant, up);
     match sent {
+        Ok(resp) if through.is_some() && parent_refused(&resp) => {
+            upstream_cut.close();
+            refused_by_parent(&exchange, &resp, through.as_ref(), &failed)
+        }
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
@@ -332,27 +341,79 @@ fn resendable<B: hyper::body::Body>(req: &Request<B>) -> Option<Resend> {
     })
 }
 
-/// A new connection to the checked address `up` was connected to, under `up`'s cut (which
-/// the exchange's watcher holds).
+/// A new connection to the checked address `up` was connected to (the parent's, over TLS to
+/// an `https://` parent), under `up`'s cut (which the exchange's watcher holds).
 async fn redial(
     (timeout, metrics): (std::time::Duration, &Metrics),
     up: &Upstream,
 ) -> Result<Upstream, String> {
-    let d = crate::egress::dial(&[up.addr.ip()], up.addr.port(), None, timeout, metrics)
+    let gone = "the kept connection closed, and a new one failed";
+    let d = match &up.via {
+        None => crate::egress::dial(&[up.addr.ip()], up.addr.port(), None, timeout, metrics)
+            .await
+            .map_err(|reason| format!("{gone} ({reason})"))?,
+        Some(parent) => crate::egress::parent::reach(parent, &[up.addr.ip()], timeout, metrics)
+            .await
+            .map_err(|f| format!("{gone} ({})", f.detail))?,
+    };
+    let mut new = Upstream::handshake_with(d.stream, d.addr, up.cut.clone())
         .await
-        .map_err(|reason| format!("the kept connection closed, and a new one failed ({reason})"))?;
-    Upstream::handshake_with(d.stream, d.addr, up.cut.clone())
-        .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    new.via = up.via.clone();
+    Ok(new)
+}
+
+/// Whether a response that came through a parent is the parent's own refusal rather than
+/// the origin's answer: a 407 (the parent wants credentials), or an error the parent marked
+/// as its own — an RFC 9209 `Proxy-Status` naming an error, or Squid's `X-Squid-Error`.
+fn parent_refused<B>(resp: &Response<B>) -> bool {
+    let h = resp.headers();
+    resp.status() == http::StatusCode::PROXY_AUTHENTICATION_REQUIRED
+        || h.contains_key("x-squid-error")
+        || h.get_all("proxy-status")
+            .iter()
+            .any(|v| v.to_str().is_ok_and(|v| v.contains("error=")))
+}
+
+/// The parent refused a forwarded request: 502 `upstream_proxy_refused` with its status
+/// line, as for a refused CONNECT (its body is not passed on).
+fn refused_by_parent<B>(
+    exchange: &SharedExchange,
+    resp: &Response<B>,
+    through: Option<&Through>,
+    failed: &Failed,
+) -> Response<Body> {
+    let shown = through.map(|t| t.parent.shown()).unwrap_or_default();
+    let status = resp.status();
+    let detail = format!(
+        "upstream proxy {shown} answered HTTP/1.1 {} {}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
+    );
+    with_audit(exchange, |a| {
+        a.decision(&Decision::deny(Reason::UpstreamProxyRefused, None));
+        a.detail(detail.clone());
+        a.close_if_unset(Close::Error);
+    });
+    deny::response(&deny::Refusal {
+        reason: Reason::UpstreamProxyRefused,
+        what: &failed.what,
+        sandbox: Some(&failed.sandbox),
+        explanation: &detail,
+        retry_after: None,
+    })
 }
 
 /// `req` as the origin gets it: hop-by-hop headers and the proxy's credentials gone, origin
 /// form, `Host` the decided authority, and its body counted (and shaped under `shaper`).
+/// Through a parent: absolute form naming what is asked of the parent, and the parent's own
+/// `Proxy-Authorization`.
 fn for_origin(
     req: Request<Incoming>,
     host: &str,
     live: Arc<Liveness>,
     shaper: Option<Arc<SandboxLimiter>>,
+    through: Option<&Through>,
 ) -> Request<http_body_util::combinators::BoxBody<Bytes, hyper::Error>> {
     let (mut parts, body) = req.into_parts();
     let body = Counted::new(body, live, true).boxed();
@@ -373,9 +434,17 @@ fn for_origin(
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
-    parts.uri = path
-        .parse::<Uri>()
-        .unwrap_or_else(|_| Uri::from_static("/"));
+    parts.uri = match through {
+        None => path.parse::<Uri>(),
+        Some(t) => format!("http://{}{path}", t.asked).parse::<Uri>(),
+    }
+    .unwrap_or_else(|_| Uri::from_static("/"));
+    if let Some(auth) = through.and_then(|t| t.parent.authorization.as_ref()) {
+        if let Ok(mut v) = http::HeaderValue::from_str(auth.value()) {
+            v.set_sensitive(true);
+            parts.headers.insert(header::PROXY_AUTHORIZATION, v);
+        }
+    }
     parts.version = http::Version::HTTP_11;
     Request::from_parts(parts, body)
 }

@@ -21,10 +21,12 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use hyper_util::rt::TokioIo;
 
+use crate::config::upstream::UpstreamProxy;
 use crate::config::ForwardKeepalive;
 use crate::egress::grant::Grant;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::PolicySet;
+use crate::policy::target::Target;
 use crate::relay::abortable::{Abortable, Cut};
 use crate::relay::server_io::ServerIo;
 
@@ -40,6 +42,17 @@ pub struct Upstream {
     pub addr: SocketAddr,
     /// Requests it has carried before this one (0: new).
     pub reused: u32,
+    /// The parent proxy it is connected to, when requests go to one in absolute form.
+    pub via: Option<Arc<UpstreamProxy>>,
+}
+
+/// How kept connections to `target` are found: its authority, and the parent they go to if
+/// any (a connection to a parent is kept for requests to the same authority through it).
+pub fn authority(target: &Target, via: Option<&UpstreamProxy>) -> String {
+    match via {
+        None => target.to_string(),
+        Some(parent) => format!("{target} via {}", parent.shown()),
+    }
 }
 
 impl Upstream {
@@ -71,6 +84,7 @@ impl Upstream {
             cut,
             addr,
             reused: 0,
+            via: None,
         })
     }
 }
@@ -163,7 +177,7 @@ impl UpstreamPool {
         let total: usize = idle.values().map(Vec::len).sum();
         let key = Key {
             sandbox: grant.sandbox.clone(),
-            authority: grant.target.to_string(),
+            authority: authority(&grant.target, up.via.as_deref()),
             addr: up.addr,
         };
         let list = idle.entry(key).or_default();

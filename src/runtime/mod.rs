@@ -166,7 +166,7 @@ impl Shared {
             upstreams: &self.upstreams,
             verdicts: &self.verdicts,
             default_sandbox: self.settings.default_sandbox.as_deref(),
-            parent: self.settings.upstream_proxy.as_deref(),
+            parent: self.settings.upstream_proxy.as_ref(),
             connect_timeout: self.settings.timeouts.connect,
         }
     }

@@ -1,7 +1,9 @@
 //! Through the parent proxy (`upstream_proxy`): after this proxy's own decision allowed a
 //! target, a tunnel to it is asked of the parent with `CONNECT host:port` — for CONNECT
-//! tunnels, forwarded plain HTTP, terminated (brokered) hosts and transparent connections
-//! alike, so the parent's answer is always its own and never confused with an origin's. The
+//! tunnels, terminated (brokered) hosts and transparent connections alike, so the parent's
+//! answer is always its own and never confused with an origin's. Forwarded plain HTTP goes
+//! to the parent as requests ([`reach`] the parent, then [`crate::relay::forward`] writes the
+//! absolute form), because corporate parents refuse `CONNECT` to port 80. The
 //! parent's address is what this proxy dials itself, so the guard judges it (a parent on a
 //! private or loopback address must be listed in `defaults.guard_allow_ranges`); the target
 //! name goes to the parent unresolved. The parent's reply head is read without reading a
@@ -38,6 +40,67 @@ pub struct ParentFailed {
     pub detail: String,
 }
 
+/// The parent's addresses, resolved by this proxy's resolver, that the guard permits.
+pub async fn addresses(
+    parent: &UpstreamProxy,
+    guard: &Guard,
+    resolver: &Resolver,
+) -> Result<Vec<IpAddr>, ParentFailed> {
+    let addrs = match parent.host.parse::<IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => resolver
+            .resolve(&parent.host)
+            .await
+            .map_err(|e| ParentFailed {
+                reason: e.reason(),
+                detail: format!("upstream proxy {}: {e}", parent.shown()),
+            })?,
+    };
+    permitted(parent, &addrs, guard)
+}
+
+/// A connection to the parent itself at one of `addrs` (already permitted): TCP, then TLS
+/// for an `https://` parent, verified before anything is sent to it.
+pub async fn reach(
+    parent: &UpstreamProxy,
+    addrs: &[IpAddr],
+    timeout: Duration,
+    metrics: &Metrics,
+) -> Result<Dialed, ParentFailed> {
+    let shown = parent.shown();
+    let failed = |reason, detail: String| ParentFailed { reason, detail };
+    let (tcp, addr) = crate::egress::dial_socket(addrs, parent.port, None, timeout, metrics)
+        .await
+        .map_err(|reason| failed(reason, format!("upstream proxy {shown}: cannot connect")))?;
+    let Some(tls) = &parent.tls else {
+        return Ok(Dialed {
+            stream: ServerIo::Tcp(tcp),
+            addr,
+        });
+    };
+    let connector = route::connector(tls).map_err(|e| {
+        failed(
+            Reason::UpstreamProxyRefused,
+            format!("upstream proxy {shown}: no TLS configuration ({e})"),
+        )
+    })?;
+    let handshake = connector.connect(tls.name.clone(), tcp);
+    match tokio::time::timeout(timeout, handshake).await {
+        Ok(Ok(s)) => Ok(Dialed {
+            stream: ServerIo::Tls(Box::new(s)),
+            addr,
+        }),
+        Ok(Err(e)) => Err(failed(
+            Reason::UpstreamProxyRefused,
+            format!("upstream proxy {shown}: TLS with it failed: {e}"),
+        )),
+        Err(_) => Err(failed(
+            Reason::ConnectionTimeout,
+            format!("upstream proxy {shown}: no TLS handshake"),
+        )),
+    }
+}
+
 /// A tunnel to `target` through `parent`: the socket to the parent, positioned after its
 /// `200` (so it carries the target's bytes), and the parent's address.
 pub async fn connect(
@@ -50,44 +113,8 @@ pub async fn connect(
 ) -> Result<Dialed, ParentFailed> {
     let shown = parent.shown();
     let failed = |reason, detail: String| ParentFailed { reason, detail };
-    let addrs = match parent.host.parse::<IpAddr>() {
-        Ok(ip) => vec![ip],
-        Err(_) => resolver
-            .resolve(&parent.host)
-            .await
-            .map_err(|e| failed(e.reason(), format!("upstream proxy {shown}: {e}")))?,
-    };
-    let permitted = permitted(parent, &addrs, guard)?;
-    let (tcp, addr) = crate::egress::dial_socket(&permitted, parent.port, None, timeout, metrics)
-        .await
-        .map_err(|reason| failed(reason, format!("upstream proxy {shown}: cannot connect")))?;
-    let mut stream = match &parent.tls {
-        None => ServerIo::Tcp(tcp),
-        Some(tls) => {
-            let connector = route::connector(tls).map_err(|e| {
-                failed(
-                    Reason::UpstreamProxyRefused,
-                    format!("upstream proxy {shown}: no TLS configuration ({e})"),
-                )
-            })?;
-            let handshake = connector.connect(tls.name.clone(), tcp);
-            match tokio::time::timeout(timeout, handshake).await {
-                Ok(Ok(s)) => ServerIo::Tls(Box::new(s)),
-                Ok(Err(e)) => {
-                    return Err(failed(
-                        Reason::UpstreamProxyRefused,
-                        format!("upstream proxy {shown}: TLS with it failed: {e}"),
-                    ))
-                }
-                Err(_) => {
-                    return Err(failed(
-                        Reason::ConnectionTimeout,
-                        format!("upstream proxy {shown}: no TLS handshake"),
-                    ))
-                }
-            }
-        }
-    };
+    let addrs = addresses(parent, guard, resolver).await?;
+    let Dialed { mut stream, addr } = reach(parent, &addrs, timeout, metrics).await?;
     let request = connect_request(parent, target);
     let exchange = async {
         stream.write_all(request.as_bytes()).await?;
@@ -213,18 +240,7 @@ pub async fn open(
             via: None,
         });
     };
-    let asked = match decided.dial.first() {
-        Some(ip)
-            if !decided.resolved.is_empty()
-                || matches!(target.host, crate::policy::target::Host::Ip(_)) =>
-        {
-            Target {
-                host: crate::policy::target::Host::Ip(*ip),
-                port: target.port,
-            }
-        }
-        _ => target.clone(),
-    };
+    let asked = asked(decided, target);
     let dialed = connect(parent, &asked, guard, resolver, timeout, metrics).await?;
     let checked = match asked.host {
         crate::policy::target::Host::Ip(ip) => ip,
@@ -238,6 +254,24 @@ pub async fn open(
         checked,
         dialed,
     })
+}
+
+/// What is asked of the parent for `target`: the checked address when the name was resolved
+/// here (address rules needed it: the parent then cannot resolve it anew) or the target is
+/// an address, else the name itself.
+pub fn asked(decided: &crate::egress::Decided, target: &Target) -> Target {
+    match decided.dial.first() {
+        Some(ip)
+            if !decided.resolved.is_empty()
+                || matches!(target.host, crate::policy::target::Host::Ip(_)) =>
+        {
+            Target {
+                host: crate::policy::target::Host::Ip(*ip),
+                port: target.port,
+            }
+        }
+        _ => target.clone(),
+    }
 }
 
 /// A status line as it may be shown: printable ASCII, at most 120 bytes.
