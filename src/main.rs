@@ -103,11 +103,13 @@ enum Command {
         /// Only this sandbox.
         #[arg(long)]
         sandbox: Option<String>,
-        /// Only this decision (allow, deny, report).
-        #[arg(long)]
+        /// Only this decision.
+        #[arg(long, value_parser = egress_proxy::control::observe::DECISIONS)]
         decision: Option<String>,
         /// Only this reason code (e.g. no_rule_matched).
-        #[arg(long)]
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(
+            egress_proxy::policy::reason::Reason::ALL.map(|r| r.code())
+        ))]
         reason: Option<String>,
         /// Only this destination host.
         #[arg(long)]
@@ -115,6 +117,15 @@ enum Command {
         /// Print the records as JSON lines.
         #[arg(long)]
         json: bool,
+        /// An `https://` admin listener's CA (PEM), trusted besides the public roots.
+        #[arg(long)]
+        cacert: Option<PathBuf>,
+        /// A client certificate (PEM) for an admin listener that asks for one.
+        #[arg(long, requires = "key")]
+        cert: Option<PathBuf>,
+        /// The client certificate's key (PEM).
+        #[arg(long, requires = "cert")]
+        key: Option<PathBuf>,
     },
 }
 
@@ -219,6 +230,9 @@ fn main() -> ExitCode {
             reason,
             host,
             json,
+            cacert,
+            cert,
+            key,
         } => {
             let filters = [
                 ("sandbox", sandbox),
@@ -226,7 +240,8 @@ fn main() -> ExitCode {
                 ("reason", reason),
                 ("host", host),
             ];
-            observe(&admin, token_file.as_deref(), &filters, json)
+            let tls = egress_proxy::control::observe_client::AdminTls { cacert, cert, key };
+            observe(&admin, token_file.as_deref(), &filters, json, &tls)
         }
         Command::Config {
             action: ConfigAction::Example,
@@ -567,8 +582,9 @@ fn observe(
     token_file: Option<&std::path::Path>,
     filters: &[(&str, Option<String>)],
     json: bool,
+    tls: &egress_proxy::control::observe_client::AdminTls,
 ) -> ExitCode {
-    match egress_proxy::control::observe_client::follow(admin, token_file, filters, json) {
+    match egress_proxy::control::observe_client::follow(admin, token_file, filters, json, tls) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -41,10 +41,12 @@ struct Observer {
 
 impl Observer {
     fn start(p: &Proxy, dir: &std::path::Path, args: &[&str]) -> Observer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
-            .arg("observe")
-            .arg("--admin")
-            .arg(format!("http://{}", p.admin))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_egress-proxy"));
+        cmd.arg("observe");
+        if !args.contains(&"--admin") {
+            cmd.arg("--admin").arg(format!("http://{}", p.admin));
+        }
+        let mut child = cmd
             .arg("--token-file")
             .arg(dir.join("admin.token"))
             .args(args)
@@ -176,4 +178,118 @@ fn observe_needs_the_admin_token() {
     assert!(!err.contains("wrong"), "the token is never printed: {err}");
     let (status, _) = http_get(p.admin, "/v1/observe");
     assert_eq!(status, 401);
+}
+
+/// A filter value no record can carry is refused, never followed silently for ever: the CLI
+/// says which values exist, the API answers 400.
+#[test]
+fn unknown_filter_values_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, _origin) = start(dir.path());
+    for args in [["--decision", "DENY"], ["--reason", "blocked"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+            .args(["observe", "--admin", &format!("http://{}", p.admin)])
+            .arg("--token-file")
+            .arg(dir.path().join("admin.token"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("possible values"), "{err}");
+    }
+    for query in ["decision=blocked", "reason=nope"] {
+        let (status, body) = admin_req(
+            p.admin,
+            "GET",
+            &format!("/v1/observe?{query}"),
+            "",
+            Some(ADMIN_TOKEN),
+        );
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(body.contains("nothing would ever match"), "{body}");
+    }
+}
+
+/// Without an admin token configured, observe is refused with a message that says the call
+/// needs one (not that it is a "mutating" call).
+#[test]
+fn observe_without_a_configured_token_says_what_it_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Proxy::start(
+        dir.path(),
+        "sandboxes:\n  - { id: demo, sources: [127.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [a.test] } } }\n",
+    );
+    std::fs::write(dir.path().join("some.token"), "x\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["observe", "--admin", &format!("http://{}", p.admin)])
+        .arg("--token-file")
+        .arg(dir.path().join("some.token"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("403"), "{err}");
+    assert!(
+        err.contains("this call needs the admin token, and none is configured"),
+        "{err}"
+    );
+    assert!(!err.contains("mutating"), "{err}");
+}
+
+/// `observe` follows an `https://` admin listener (`listen.admin_tls`), trusting its CA with
+/// `--cacert`; without it the certificate is refused and nothing is sent.
+#[test]
+fn observe_follows_a_tls_admin_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(None);
+    std::fs::write(dir.path().join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"listen:
+  proxy: 127.0.0.1:0
+  admin: 127.0.0.1:0
+  admin_tls: {{ cert_file: {cert}, key_file: {key} }}
+audit: {{ path: {audit} }}
+admin_token_file: {admin}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1] }} }}
+sandboxes:
+  - {{ id: demo, sources: [127.0.0.0/8], policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }} }}
+"#,
+            cert = ca.cert_pem.display(),
+            key = ca.key_pem.display(),
+            audit = audit.display(),
+            admin = dir.path().join("admin.token").display(),
+        ),
+    )
+    .unwrap();
+    let p = Proxy::start_with(config, audit, &[]);
+    let url = format!("https://{}", p.admin);
+    // Not trusted without --cacert.
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["observe", "--admin", &url])
+        .arg("--token-file")
+        .arg(dir.path().join("admin.token"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("TLS") || err.contains("certificate"), "{err}");
+    let ca_pem = ca.ca_pem.display().to_string();
+    let o = Observer::start(
+        &p,
+        dir.path(),
+        &["--admin", &url, "--cacert", &ca_pem, "--json"],
+    );
+    until_subscribed(&p, &o);
+    drop(origin);
+    assert!(
+        o.lines().iter().any(|l| l.contains("warmup.test")),
+        "{:?}",
+        o.lines()
+    );
 }

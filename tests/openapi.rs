@@ -311,3 +311,53 @@ fn without_a_token_changes_are_refused_as_documented() {
         401
     );
 }
+
+/// Generated clients (openapi-python-client) take the first `anyOf` branch that parses, and
+/// their models ignore keys they do not know: a branch whose required keys are a subset of a
+/// later one's would swallow it (the `errors` list of an invalid binding was lost that way).
+/// So in every `anyOf`, the more specific schema comes first.
+#[test]
+fn any_of_lists_the_more_specific_schema_first() {
+    fn required(doc: &serde_json::Value, branch: &serde_json::Value) -> Vec<String> {
+        let schema = match branch["$ref"].as_str() {
+            Some(r) => doc.pointer(r.trim_start_matches('#')).unwrap_or(branch),
+            None => branch,
+        };
+        let mut keys: Vec<String> = schema["required"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|k| k.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        keys.sort();
+        keys
+    }
+    fn walk(doc: &serde_json::Value, v: &serde_json::Value, seen: &mut usize) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(branches) = m.get("anyOf").and_then(|a| a.as_array()) {
+                    *seen += 1;
+                    for (i, earlier) in branches.iter().enumerate() {
+                        for later in &branches[i + 1..] {
+                            let (e, l) = (required(doc, earlier), required(doc, later));
+                            let swallows = e.len() < l.len() && e.iter().all(|k| l.contains(k));
+                            assert!(
+                                !swallows,
+                                "{earlier} comes before the more specific {later}"
+                            );
+                        }
+                    }
+                }
+                m.values().for_each(|x| walk(doc, x, seen));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(doc, x, seen)),
+            _ => {}
+        }
+    }
+    let doc = openapi::document();
+    let mut seen = 0;
+    walk(doc, doc, &mut seen);
+    assert!(seen >= 2, "the document's anyOf lists were not found");
+}

@@ -128,7 +128,7 @@ impl Admin {
         if mutating && self.token_sha256.is_none() {
             return Some(error(
                 StatusCode::FORBIDDEN,
-                "mutating admin calls are refused: no admin token is configured. Set \
+                "this call needs the admin token, and none is configured. Set \
                  `admin_token_file` in proxy.yaml to a file holding a long random token, and \
                  send it as `Authorization: Bearer <token>`",
             ));

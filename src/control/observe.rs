@@ -29,8 +29,17 @@ pub struct Filter {
 
 /// Why a query cannot be served.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown or repeated query parameter `{0}` (sandbox, decision, reason, host)")]
-pub struct BadQuery(String);
+pub enum BadQuery {
+    #[error("unknown or repeated query parameter `{0}` (sandbox, decision, reason, host)")]
+    Parameter(String),
+    #[error("decision `{0}` is none of allow, deny, report: nothing would ever match")]
+    Decision(String),
+    #[error("reason `{0}` is not a reason code (e.g. no_rule_matched, denied_by_rule): nothing would ever match")]
+    Reason(String),
+}
+
+/// The decisions a record can carry.
+pub const DECISIONS: [&str; 3] = ["allow", "deny", "report"];
 
 impl Filter {
     /// Read `sandbox=…&decision=…&reason=…&host=…`.
@@ -44,11 +53,23 @@ impl Filter {
                 "decision" => &mut f.decision,
                 "reason" => &mut f.reason,
                 "host" => &mut f.host,
-                _ => return Err(BadQuery(k.to_string())),
+                _ => return Err(BadQuery::Parameter(k.to_string())),
             };
             if slot.replace(v).is_some() {
-                return Err(BadQuery(k.to_string()));
+                return Err(BadQuery::Parameter(k.to_string()));
             }
+        }
+        // A value no record can carry would match nothing, silently, for ever.
+        if let Some(d) = f.decision.as_deref().filter(|d| !DECISIONS.contains(d)) {
+            return Err(BadQuery::Decision(d.to_string()));
+        }
+        let known = |r: &str| {
+            crate::policy::reason::Reason::ALL
+                .iter()
+                .any(|k| k.code() == r)
+        };
+        if let Some(r) = f.reason.as_deref().filter(|r| !known(r)) {
+            return Err(BadQuery::Reason(r.to_string()));
         }
         Ok(f)
     }
@@ -200,6 +221,16 @@ mod tests {
         );
         assert!(Filter::parse(Some("token=x")).is_err());
         assert!(Filter::parse(Some("sandbox=a&sandbox=b")).is_err());
+        // Values no record carries are refused, not followed silently for ever.
+        for bad in [
+            "decision=DENY",
+            "decision=blocked",
+            "reason=nope",
+            "reason=Denied",
+        ] {
+            assert!(Filter::parse(Some(bad)).is_err(), "{bad}");
+        }
+        assert!(Filter::parse(Some("decision=report&reason=denied_by_rule")).is_ok());
         assert_eq!(percent_decode("a%2"), "a%2");
         let r: serde_json::Value = serde_json::from_slice(deny).unwrap();
         assert_eq!(

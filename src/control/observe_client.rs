@@ -2,9 +2,25 @@
 //! admin listener (so the body simply runs until the connection closes), each record printed
 //! as it arrives, as JSON or as one human line ([`super::observe::human_line`]). The token is
 //! read from a file or the environment and sent only in the request's `Authorization` header.
+//! An `https://` admin listener (`listen.admin_tls`) is verified against the public roots and
+//! `--cacert`, with `--cert`/`--key` when it asks for a client certificate.
 
-use std::io::{BufRead, BufReader, IsTerminal, Write};
-use std::path::Path;
+use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+/// How to speak TLS to an `https://` admin listener.
+#[derive(Debug, Default, Clone)]
+pub struct AdminTls {
+    /// PEM certificates trusted besides the public roots (the admin listener's CA).
+    pub cacert: Option<PathBuf>,
+    /// A client certificate and its key (PEM), for a listener with `client_ca_file`.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
 
 /// Why following the decisions failed.
 #[derive(Debug, thiserror::Error)]
@@ -16,8 +32,10 @@ pub enum ObserveError {
     },
     #[error("no admin token: --token-file FILE or EGRESS_PROXY_ADMIN_TOKEN")]
     NoToken,
-    #[error("--admin must be http://HOST:PORT (the admin listener), not {0}")]
+    #[error("--admin must be http://HOST:PORT or https://HOST:PORT (the admin listener), not {0}")]
     Admin(String),
+    #[error("TLS to the admin listener: {0}")]
+    Tls(String),
     #[error("cannot connect to the admin listener {authority}: {source}")]
     Connect {
         authority: String,
@@ -38,6 +56,7 @@ pub fn follow(
     token_file: Option<&Path>,
     filters: &[(&str, Option<String>)],
     json: bool,
+    tls: &AdminTls,
 ) -> Result<(), ObserveError> {
     let token = match token_file {
         Some(f) => std::fs::read_to_string(f).map_err(|source| ObserveError::TokenFile {
@@ -47,16 +66,19 @@ pub fn follow(
         None => std::env::var("EGRESS_PROXY_ADMIN_TOKEN").map_err(|_| ObserveError::NoToken)?,
     };
     let token = token.trim();
-    let authority = admin
-        .strip_prefix("http://")
-        .map(|a| a.trim_end_matches('/'))
+    let (secure, rest) = match admin.split_once("://") {
+        Some(("http", rest)) => (false, rest),
+        Some(("https", rest)) => (true, rest),
+        _ => return Err(ObserveError::Admin(admin.to_string())),
+    };
+    let authority = Some(rest.trim_end_matches('/'))
         .filter(|a| !a.is_empty() && !a.contains('/'))
         .ok_or_else(|| ObserveError::Admin(admin.to_string()))?;
     let query: Vec<String> = filters
         .iter()
         .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", query_escape(v))))
         .collect();
-    let mut stream =
+    let stream =
         std::net::TcpStream::connect(authority).map_err(|source| ObserveError::Connect {
             authority: authority.to_string(),
             source,
@@ -65,7 +87,59 @@ pub fn follow(
         "GET /v1/observe?{} HTTP/1.0\r\nHost: {authority}\r\nAuthorization: Bearer {token}\r\n\r\n",
         query.join("&")
     );
-    stream.write_all(request.as_bytes())?;
+    match secure {
+        false => exchange(stream, &request, json),
+        true => {
+            let conn = client(tls, authority)?;
+            exchange(rustls::StreamOwned::new(conn, stream), &request, json)
+        }
+    }
+}
+
+/// A TLS client for the admin listener at `authority` (its certificate must name the host).
+fn client(tls: &AdminTls, authority: &str) -> Result<rustls::ClientConnection, ObserveError> {
+    let bad = |what: &str, e: &dyn std::fmt::Display| ObserveError::Tls(format!("{what}: {e}"));
+    let extra = match &tls.cacert {
+        Some(f) => std::fs::read(f).map_err(|e| bad(&f.display().to_string(), &e))?,
+        None => Vec::new(),
+    };
+    let roots = crate::egress::roots::public_and((!extra.is_empty()).then_some(&extra[..]))
+        .map_err(|e| bad("--cacert", &e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad("TLS versions", &e))?
+        .with_root_certificates(roots);
+    let config = match (&tls.cert, &tls.key) {
+        (Some(cert), Some(key)) => {
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+                .and_then(|i| i.collect())
+                .map_err(|e| bad(&cert.display().to_string(), &e))?;
+            let key = PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| bad(&key.display().to_string(), &e))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| bad("--cert/--key", &e))?
+        }
+        (None, None) => builder.with_no_client_auth(),
+        _ => return Err(ObserveError::Tls("--cert and --key go together".into())),
+    };
+    let host = match authority.rsplit_once(':') {
+        Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
+        None => authority,
+    };
+    let name = ServerName::try_from(host.to_string()).map_err(|e| bad(host, &e))?;
+    rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| bad("TLS", &e))
+}
+
+/// Send the request, read the answer's head, then print the records.
+fn exchange<S: Read + Write>(mut stream: S, request: &str, json: bool) -> Result<(), ObserveError> {
+    stream.write_all(request.as_bytes()).map_err(|e| {
+        match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+            Some(t) => ObserveError::Tls(t.to_string()),
+            None => ObserveError::Io(e),
+        }
+    })?;
     let mut reader = BufReader::new(stream);
     let mut status = String::new();
     let _ = reader.read_line(&mut status);
