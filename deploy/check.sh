@@ -24,14 +24,9 @@ done
 echo "== proxy configurations"
 cargo build --quiet --bin egress-proxy
 for p in $(find deploy/kubernetes -name proxy.yaml | sort); do
-  # Token and admin files live in Secrets at run time: stand in empty-free placeholders.
-  tmp="$out/$(echo "$p" | tr / _)"
-  mkdir -p "$out/etc"
-  sed -e "s#/etc/egress-proxy/#$out/etc/#g" "$p" > "$tmp"
-  for f in $(grep -o "$out/etc/[A-Za-z0-9/_.-]*" "$tmp" | sort -u); do
-    mkdir -p "$(dirname "$f")"; echo placeholder-token > "$f"
-  done
-  target/debug/egress-proxy validate --config "$tmp"
+  # As shipped: the token and admin files live in Secrets at run time, and `validate` (a
+  # review tool) warns about what it cannot read instead of failing.
+  target/debug/egress-proxy validate --config "$p"
 done
 
 echo "== systemd unit"

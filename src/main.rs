@@ -267,6 +267,7 @@ fn suggest(
                 Ok(c) => c,
                 Err(code) => return code,
             };
+            warn_absent_secrets(&c);
             let Some(b) = c.bindings.iter().find(|b| b.id == sandbox) else {
                 eprintln!("error: {} defines no sandbox `{sandbox}`", path.display());
                 return ExitCode::from(2);
@@ -400,6 +401,15 @@ fn load_for_review(path: Option<&PathBuf>) -> Result<Config, ExitCode> {
     report(config::load_for_review(path.map(PathBuf::as_path)))
 }
 
+/// Say on stderr which secrets a review tool did without (`run` would refuse to start).
+fn warn_absent_secrets(config: &Config) {
+    for w in &config.warnings {
+        if w.contains(config::ABSENT_SECRET_NOTE) {
+            eprintln!("warning: {w}");
+        }
+    }
+}
+
 /// Print every configuration error (exit 2).
 fn report(loaded: Result<Config, config::ConfigErrors>) -> Result<Config, ExitCode> {
     loaded.map_err(|errors| {
@@ -527,6 +537,7 @@ fn check(
         Ok(x) => x,
         Err(code) => return code,
     };
+    warn_absent_secrets(&config);
     let Some(sb) = set.get(sandbox) else {
         eprintln!(
             "error: no sandbox `{sandbox}` (configured: {})",

@@ -558,3 +558,64 @@ fn check_takes_url_targets() {
     assert_eq!(decide("https://u:p@api.openai.com/").2, "invalid_target");
     assert_eq!(decide("gopher://api.openai.com/").2, "invalid_target");
 }
+
+/// Sandbox tokens and the admin token are secrets like the credentials': the review tools
+/// (`validate`, `check`, `suggest --config`) warn that they could not read them and go on —
+/// `check` and `suggest` say so on stderr — and `run` refuses to start, naming each with its
+/// line.
+#[test]
+fn review_tools_work_without_tokens_and_run_names_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "gw.yaml",
+        r#"admin_token_file: secrets/admin.token
+sandboxes:
+  - id: by-file
+    auth: { token_file: secrets/by-file.token }
+    policy: { provider: local, config: {}, network: { egress: ["api.github.com"] } }
+  - id: by-env
+    auth: { token_env: EGRESS_TEST_ABSENT_SANDBOX_TOKEN }
+    policy: { provider: local, config: {}, network: { egress: ["pypi.org"] } }
+"#,
+    );
+    let (code, out, err) = run(&["validate", "--config", &p]);
+    assert_eq!(code, 0, "{out}{err}");
+    for needle in [
+        "warning: sandbox by-file: auth.token_file: cannot read ",
+        "secrets/by-file.token: No such file or directory",
+        "warning: sandbox by-env: auth.token_env: environment variable EGRESS_TEST_ABSENT_SANDBOX_TOKEN is not set",
+        "warning: admin_token_file: cannot read ",
+    ] {
+        assert!(out.contains(needle), "{needle}\n{out}");
+    }
+    let (code, out, err) = run(&["check", "--config", &p, "--sandbox", "by-env", "pypi.org"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("allow by-env -> pypi.org:443"), "{out}");
+    assert!(
+        err.contains("warning: sandbox by-file: auth.token_file"),
+        "{err}"
+    );
+    let audit = write(dir.path(), "audit.jsonl", "");
+    let args = [
+        "suggest",
+        "--audit",
+        &audit,
+        "--sandbox",
+        "by-file",
+        "--config",
+        &p,
+    ];
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(err.contains("warning: admin_token_file"), "{err}");
+    let (code, out, err) = run(&["run", "--config", &p]);
+    assert_eq!(code, 2, "{out}{err}");
+    for needle in [
+        "gw.yaml:4: sandbox by-file: auth.token_file: cannot read",
+        "gw.yaml:7: sandbox by-env: auth.token_env: environment variable",
+        "admin_token_file: cannot read",
+    ] {
+        assert!(err.contains(needle), "{needle}\n{err}");
+    }
+}

@@ -357,10 +357,13 @@ pub(super) fn build_binding(
     let before = sink.errors.len();
     let policy_value = map.remove("policy");
     let raw = raw_binding(map, id_text.as_deref(), (sb, line), sink);
-    let token_sha256 = raw
-        .as_ref()
-        .and_then(|r| r.auth.as_ref())
-        .and_then(|a| token_digest(a, ctx.base_dir, sb, sink, line, files));
+    let token_sha256 = raw.as_ref().and_then(|r| r.auth.as_ref()).and_then(|a| {
+        let tcx = super::binding_secrets::TokenCtx {
+            base_dir: ctx.base_dir,
+            secrets: ctx.secrets,
+        };
+        token_digest(a, &tcx, (sb, line), sink, warnings, files)
+    });
     let policy = resolve_policy(policy_value, sb, line, ctx, sink, warnings, files);
     let raw = raw?;
     let limits = resolve_limits(

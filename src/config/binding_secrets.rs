@@ -69,14 +69,37 @@ pub(super) fn resolve_credentials(
     out
 }
 
+/// Where a sandbox's token comes from, and what review tools may do without it.
+pub(super) struct TokenCtx<'a> {
+    pub base_dir: &'a Path,
+    pub secrets: super::Secrets,
+}
+
+/// A sandbox's token digest. Under [`super::Secrets::MayBeAbsent`] (review tools) a token file
+/// that cannot be read or a variable that is not set is a warning, and the sandbox keeps a
+/// digest no token has (it is never served from such a load).
 pub(super) fn token_digest(
     auth: &RawAuth,
-    base_dir: &Path,
-    sb: Option<&str>,
+    tcx: &TokenCtx<'_>,
+    (sb, line): (Option<&str>, usize),
     sink: &mut Sink<'_>,
-    line: usize,
+    warnings: &mut Vec<String>,
     files: &mut Vec<PathBuf>,
 ) -> Option<[u8; 32]> {
+    let mut absent = |field: &str, why: String, hint: &str| match tcx.secrets {
+        super::Secrets::MayBeAbsent => {
+            let who = sb.unwrap_or("-");
+            warnings.push(format!(
+                "sandbox {who}: {field}: {why}; {}",
+                super::ABSENT_SECRET_NOTE
+            ));
+            Some([0u8; 32])
+        }
+        super::Secrets::Required => {
+            sink.push(sb, field, why, Some(hint), line);
+            None
+        }
+    };
     let forms = [
         auth.token_sha256.is_some(),
         auth.token_file.is_some(),
@@ -108,23 +131,13 @@ pub(super) fn token_digest(
             }
         };
     } else if let Some(f) = &auth.token_file {
-        let path = if Path::new(f).is_absolute() {
-            PathBuf::from(f)
-        } else {
-            base_dir.join(f)
-        };
+        let path = super::files::path_in(tcx.base_dir, f);
         files.push(path.clone());
         match std::fs::read_to_string(&path) {
             Ok(t) => t.trim().to_string(),
             Err(e) => {
-                sink.push(
-                    sb,
-                    "auth.token_file",
-                    format!("cannot read {}: {}", path.display(), e.kind()),
-                    Some("token_file:"),
-                    line,
-                );
-                return None;
+                let why = format!("cannot read {}: {e}", path.display());
+                return absent("auth.token_file", why, "token_file:");
             }
         }
     } else {
@@ -132,14 +145,8 @@ pub(super) fn token_digest(
         match std::env::var(var) {
             Ok(t) => t.trim().to_string(),
             Err(_) => {
-                sink.push(
-                    sb,
-                    "auth.token_env",
-                    format!("environment variable {var} is not set"),
-                    Some("token_env:"),
-                    line,
-                );
-                return None;
+                let why = format!("environment variable {var} is not set");
+                return absent("auth.token_env", why, "token_env:");
             }
         }
     };

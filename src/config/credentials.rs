@@ -172,8 +172,9 @@ pub fn resolve(
         }
         super::Secrets::MayBeAbsent => {
             warnings.push(format!(
-                "sandbox {sandbox}: credential {}: {why}; not needed to review the policy, but `run` refuses to start without it",
-                raw.name
+                "sandbox {sandbox}: credential {}: {why}; {}",
+                raw.name,
+                super::ABSENT_SECRET_NOTE
             ));
             Some(ABSENT_SECRET.to_string())
         }
@@ -313,8 +314,9 @@ pub(super) fn resolve_intercept(
         }
         Err(e) if secrets == super::Secrets::MayBeAbsent => {
             warnings.push(format!(
-                "tls_intercept.ca_key_file: cannot read {}: {e}; not needed to review the policy, but `run` refuses to start without it",
-                key_file.display()
+                "tls_intercept.ca_key_file: cannot read {}: {e}; {}",
+                key_file.display(),
+                super::ABSENT_SECRET_NOTE
             ));
             Some(Sha256::digest(ABSENT_SECRET.as_bytes()).into())
         }

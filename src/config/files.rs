@@ -18,7 +18,8 @@ pub type ReadFile<'a> = &'a dyn Fn(&str) -> Result<String, ReadError>;
 
 /// `f` relative to `base` unless it is absolute.
 pub fn path_in(base: &Path, f: &str) -> PathBuf {
-    if Path::new(f).is_absolute() {
+    // A file beside a config given as `x.yaml` is `f`, not `./f` (nor `./../f`).
+    if Path::new(f).is_absolute() || base.as_os_str().is_empty() || base == Path::new(".") {
         PathBuf::from(f)
     } else {
         base.join(f)

@@ -251,6 +251,31 @@ impl Knobs {
     }
 }
 
+/// `admin_token_file` must hold a token when the proxy runs (a review tool only warns).
+fn admin_token(
+    path: &Path,
+    secrets: Secrets,
+    sink: &mut Sink<'_>,
+    warnings: &mut Vec<String>,
+) -> PathBuf {
+    let problem = match std::fs::read_to_string(path) {
+        Ok(t) if t.trim().is_empty() => Some(format!("{} is empty", path.display())),
+        Ok(_) => None,
+        Err(e) => Some(format!("cannot read {}: {e}", path.display())),
+    };
+    match (problem, secrets) {
+        (None, _) => {}
+        (Some(why), Secrets::MayBeAbsent) => warnings.push(format!(
+            "admin_token_file: {why}; {}",
+            super::ABSENT_SECRET_NOTE
+        )),
+        (Some(why), Secrets::Required) => {
+            sink.top("admin_token_file", why, Some("admin_token_file"))
+        }
+    }
+    path.to_path_buf()
+}
+
 /// With etcd as the control plane, `state_dir` keeps no registrations: say so.
 fn unused_state_dir(etcd: bool, state_dir: bool) -> Option<String> {
     (etcd && state_dir).then(|| {
@@ -377,6 +402,10 @@ fn load_str_with(
         &mut warnings,
         &mut files,
     );
+    let admin_token_file = s
+        .admin_token_file
+        .take()
+        .map(|f| admin_token(&rel(&f), secrets, &mut sink, &mut warnings));
     if !errors.is_empty() {
         return Err(ConfigErrors(errors));
     }
@@ -390,7 +419,7 @@ fn load_str_with(
         listen: knobs.listen,
         origin: file,
         base_dir: base_dir.to_path_buf(),
-        admin_token_file: s.admin_token_file.map(|p| rel(&p)),
+        admin_token_file,
         audit_path: (s.audit.path != "-").then(|| rel(&s.audit.path)),
         audit_queue_max: s.audit.queue_max.max(1),
         audit_dns: s.audit.dns,

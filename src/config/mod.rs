@@ -341,6 +341,11 @@ pub struct Config {
     secrets: Secrets,
 }
 
+/// How a review tool's warning about a secret it could not read ends (`check` and `suggest`
+/// print these; `validate` prints every warning).
+pub const ABSENT_SECRET_NOTE: &str =
+    "not needed to review the policy, but `run` refuses to start without it";
+
 /// Whether the secrets a configuration names (credentials' `source`, the interception CA's
 /// key) must be readable. `run` needs them; the review tools (`check`, `validate`,
 /// `suggest --config`) run where policies are reviewed, which rarely holds the secrets: there

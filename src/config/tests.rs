@@ -80,7 +80,22 @@ sandboxes:
 fn admin_on_non_loopback_needs_a_token() {
     let e = load_text("listen: { admin: 0.0.0.0:9901 }").unwrap_err();
     assert!(e.to_string().contains("admin_token_file"));
-    assert!(load_text("listen: { admin: 0.0.0.0:9901 }\nadmin_token_file: /run/t").is_ok());
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("t");
+    std::fs::write(&token, "a-long-random-token\n").unwrap();
+    let with = format!(
+        "listen: {{ admin: 0.0.0.0:9901 }}\nadmin_token_file: {}",
+        token.display()
+    );
+    assert!(load_text(&with).is_ok());
+    // A token file that cannot be read stops `run` at load, naming it.
+    let e =
+        load_text("listen: { admin: 0.0.0.0:9901 }\nadmin_token_file: /nonexistent/t").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("admin_token_file: cannot read /nonexistent/t"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -340,7 +340,8 @@ fn authorization(
             match secrets {
                 super::Secrets::Required => errors.push(format!("auth.password_file: {e}")),
                 super::Secrets::MayBeAbsent => warnings.push(format!(
-                    "upstream_proxy: auth.password_file: {e}; not needed to review the policy, but `run` refuses to start without it"
+                    "upstream_proxy: auth.password_file: {e}; {}",
+                    super::ABSENT_SECRET_NOTE
                 )),
             }
             None
