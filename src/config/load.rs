@@ -251,6 +251,51 @@ impl Knobs {
     }
 }
 
+/// How the sections that name secrets are read: paths relative to the configuration, and
+/// whether a secret that cannot be read is an error (`run`) or a warning (review tools).
+struct Secretly<'a> {
+    rel: &'a dyn Fn(&str) -> PathBuf,
+    secrets: Secrets,
+}
+
+/// The top-level sections that name secrets, resolved.
+type SecretSections = (
+    Option<super::credentials::InterceptConfig>,
+    Option<[u8; 32]>,
+    Option<super::upstream::UpstreamProxy>,
+    Option<PathBuf>,
+);
+
+impl Secretly<'_> {
+    /// `tls_intercept` (and the placeholder key), `upstream_proxy`, `admin_token_file`.
+    fn sections(
+        &self,
+        s: &mut Sections,
+        sink: &mut Sink<'_>,
+        warnings: &mut Vec<String>,
+        files: &mut Vec<PathBuf>,
+    ) -> SecretSections {
+        let (rel, secrets) = (self.rel, self.secrets);
+        let (intercept, placeholder_key) = credentials::resolve_intercept(
+            s.raw_intercept.take(),
+            &rel,
+            sink,
+            files,
+            secrets,
+            warnings,
+        );
+        let upstream_proxy = s
+            .raw_upstream
+            .take()
+            .and_then(|raw| top_parent(&raw, &rel, secrets, sink, warnings, files));
+        let admin_token_file = s
+            .admin_token_file
+            .take()
+            .map(|f| admin_token(&rel(&f), secrets, sink, warnings));
+        (intercept, placeholder_key, upstream_proxy, admin_token_file)
+    }
+}
+
 /// `admin_token_file` must hold a token when the proxy runs (a review tool only warns).
 fn admin_token(
     path: &Path,
@@ -362,18 +407,13 @@ fn load_str_with(
     let mut s = Sections::read(&mut top, &mut sink);
     let knobs = Knobs::resolve(&mut s, base_dir, &mut sink);
     let rel = |p: &str| files::path_in(base_dir, p);
-    let etcd = resolve_control_plane(s.control_plane, &rel, &mut sink);
-    let (intercept, placeholder_key) = credentials::resolve_intercept(
-        s.raw_intercept,
-        &rel,
-        &mut sink,
-        &mut files,
+    let read = Secretly {
+        rel: &rel,
         secrets,
-        &mut warnings,
-    );
-    let upstream_proxy = s
-        .raw_upstream
-        .and_then(|raw| top_parent(&raw, &rel, secrets, &mut sink, &mut warnings, &mut files));
+    };
+    let (intercept, placeholder_key, upstream_proxy, admin_token_file) =
+        read.sections(&mut s, &mut sink, &mut warnings, &mut files);
+    let etcd = resolve_control_plane(s.control_plane, &rel, &mut sink);
     let audit_trail =
         audit::resolve_trail(s.audit.trail.clone(), s.audit.path != "-", &rel, &mut sink);
     warnings.extend(unused_state_dir(etcd.is_some(), s.state_dir.is_some()));
@@ -402,10 +442,6 @@ fn load_str_with(
         &mut warnings,
         &mut files,
     );
-    let admin_token_file = s
-        .admin_token_file
-        .take()
-        .map(|f| admin_token(&rel(&f), secrets, &mut sink, &mut warnings));
     if !errors.is_empty() {
         return Err(ConfigErrors(errors));
     }
