@@ -394,7 +394,12 @@ sandboxes:
     );
     let (code, out, err) = run(&["validate", "--config", &p]);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains(", 2 warnings, policy version"), "{out}");
+    // The two credentials' secrets, and the TLS listener's three files.
+    assert!(out.contains(", 5 warnings, policy version"), "{out}");
+    assert!(
+        out.contains("warning: listen.proxy_tls.cert_file: cannot read "),
+        "{out}"
+    );
     assert!(
         out.contains("warning: sandbox agent1: credential gh: source.env: the variable EGRESS_TEST_ABSENT_GH_TOKEN is not set")
             && out.contains("warning: sandbox agent1: credential npm: source.file:")
@@ -618,4 +623,105 @@ sandboxes:
     ] {
         assert!(err.contains(needle), "{needle}\n{err}");
     }
+}
+
+/// Two listeners on one address are refused by `validate` (and `run`, before binding),
+/// naming both, instead of `run` failing with "Address already in use".
+#[test]
+fn listeners_on_one_address_are_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    for (listen, first, second) in [
+        (
+            "{ proxy: 127.0.0.1:43180, admin: 127.0.0.1:43180 }",
+            "proxy",
+            "admin",
+        ),
+        (
+            "{ proxy: 0.0.0.0:43181, socks5: 127.0.0.1:43181 }",
+            "proxy",
+            "socks5",
+        ),
+    ] {
+        let p = write(dir.path(), "port.yaml", &format!("listen: {listen}\n"));
+        for cmd in ["validate", "run"] {
+            let (code, out, err) = run(&[cmd, "--config", &p]);
+            assert_eq!(code, 2, "{cmd} {listen}: {out}{err}");
+            assert!(
+                err.contains(&format!("listen.{first} ("))
+                    && err.contains(&format!("and listen.{second} (")),
+                "{err}"
+            );
+            assert!(err.contains("port.yaml:1: listen."), "{err}");
+        }
+    }
+    // Distinct ports, or port 0, are fine.
+    let p = write(
+        dir.path(),
+        "ok.yaml",
+        "listen: { proxy: 127.0.0.1:0, admin: 127.0.0.1:0, socks5: 127.0.0.1:43182 }\n",
+    );
+    let (code, out, err) = run(&["validate", "--config", &p]);
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+/// The TLS files a configuration names are checked one way (F14): an unreadable one is a
+/// warning for `validate` and an error with its line for `run` — the TLS listener's files
+/// included, which `run` used to find only when binding — and a leaf certificate given as the
+/// interception CA is refused by both (clients would refuse everything it signs).
+#[test]
+fn tls_files_are_checked_at_load_one_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "tls.yaml",
+        "listen:\n  proxy: 127.0.0.1:0\n  proxy_tls: { addr: 127.0.0.1:0, cert_file: nope/tls.crt, key_file: nope/tls.key }\n",
+    );
+    let (code, out, err) = run(&["validate", "--config", &p]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("warning: listen.proxy_tls.cert_file: cannot read "),
+        "{out}"
+    );
+    assert!(
+        out.contains("warning: listen.proxy_tls.key_file: cannot read "),
+        "{out}"
+    );
+    let (code, out, err) = run(&["run", "--config", &p]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("tls.yaml:3: listen.proxy_tls.cert_file: cannot read "),
+        "{err}"
+    );
+    assert!(err.contains("configuration error(s)"), "{err}");
+    // A leaf as the interception CA: refused by validate and run.
+    let ca = dir.path().join("ca");
+    let (code, out, err) = run(&["ca", "init", ca.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["leaf.test".to_string()])
+        .unwrap()
+        .self_signed(&leaf_key)
+        .unwrap();
+    write(dir.path(), "leaf.crt", &leaf.pem());
+    let p = write(
+        dir.path(),
+        "leaf.yaml",
+        "tls_intercept: { ca_cert_file: leaf.crt, ca_key_file: ca/ca.key }\n",
+    );
+    for cmd in ["validate", "run"] {
+        let (code, out, err) = run(&[cmd, "--config", &p]);
+        assert_eq!(code, 2, "{cmd}: {out}{err}");
+        assert!(
+            err.contains("tls_intercept.ca_cert_file:") && err.contains("not a CA certificate"),
+            "{cmd}: {err}"
+        );
+    }
+    // The CA `ca init` made is one.
+    let p = write(
+        dir.path(),
+        "ca.yaml",
+        "tls_intercept: { ca_cert_file: ca/ca.crt, ca_key_file: ca/ca.key }\n",
+    );
+    let (code, out, err) = run(&["validate", "--config", &p]);
+    assert_eq!(code, 0, "{out}{err}");
 }

@@ -272,6 +272,7 @@ pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut S
             sink.top("listen.admin", format!("{admin} is not loopback: set `admin_token_file` so that mutating admin calls need a bearer token"), Some("admin:"));
         }
     }
+    same_address(&raw, sink);
     let proxy_tls = raw.proxy_tls.map(|t| proxy_tls(t, sink));
     let admin_tls = raw.admin_tls.map(|t| ProxyTls {
         addr: raw.admin.unwrap_or(ADMIN_ADDR),
@@ -298,6 +299,38 @@ pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut S
         dns: raw.dns,
         socks5: raw.socks5,
         default_sandbox: raw.default_sandbox,
+    }
+}
+
+/// Two TCP listeners cannot share an address (the second bind would fail at start, blaming
+/// whoever else holds the port): said at load, naming both. A wildcard address overlaps every
+/// address of its family on the same port; port 0 lets the system choose.
+fn same_address(raw: &RawListen, sink: &mut Sink<'_>) {
+    let named = [
+        ("proxy", raw.proxy),
+        ("proxy_tls", raw.proxy_tls.as_ref().map(|t| t.addr)),
+        ("transparent", raw.transparent),
+        ("socks5", raw.socks5),
+        ("admin", raw.admin),
+        ("dns", raw.dns),
+    ];
+    let bound: Vec<(&str, SocketAddr)> = named
+        .iter()
+        .filter_map(|(n, a)| a.filter(|a| a.port() != 0).map(|a| (*n, a)))
+        .collect();
+    for (i, (first, a)) in bound.iter().enumerate() {
+        for (second, b) in &bound[i + 1..] {
+            let overlap = a.port() == b.port()
+                && a.is_ipv4() == b.is_ipv4()
+                && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified());
+            if overlap {
+                sink.top(
+                    format!("listen.{second}"),
+                    format!("listen.{first} ({a}) and listen.{second} ({b}) would share one address: give each listener a port of its own"),
+                    Some(&format!("{second}:")),
+                );
+            }
+        }
     }
 }
 

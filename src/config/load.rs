@@ -296,6 +296,48 @@ impl Secretly<'_> {
     }
 }
 
+impl Secretly<'_> {
+    /// The TLS listeners' certificate, key and client CA files, and the interception CA's
+    /// certificate, checked one way ([`tls_files`]).
+    fn tls_files(
+        &self,
+        listen: &Listen,
+        intercept: Option<&super::credentials::InterceptConfig>,
+        sink: &mut Sink<'_>,
+        warnings: &mut Vec<String>,
+    ) {
+        use tls_files::Holds;
+        let tls = [
+            ("proxy_tls", &listen.proxy_tls),
+            ("admin_tls", &listen.admin_tls),
+        ];
+        let mut wanted = Vec::new();
+        for (name, t) in tls {
+            let Some(t) = t else { continue };
+            wanted.push((
+                format!("listen.{name}.cert_file"),
+                &t.cert_file,
+                Holds::Certificates,
+            ));
+            wanted.push((format!("listen.{name}.key_file"), &t.key_file, Holds::Key));
+            if let Some(ca) = &t.client_ca_file {
+                wanted.push((
+                    format!("listen.{name}.client_ca_file"),
+                    ca,
+                    Holds::Certificates,
+                ));
+            }
+        }
+        if let Some(i) = intercept {
+            let field = "tls_intercept.ca_cert_file".to_string();
+            wanted.push((field, &i.ca_cert_file, Holds::CaCertificate));
+        }
+        for (field, path, holds) in wanted {
+            tls_files::report(path, &field, holds, self.secrets, sink, warnings);
+        }
+    }
+}
+
 /// `admin_token_file` must hold a token when the proxy runs (a review tool only warns).
 fn admin_token(
     path: &Path,
@@ -407,12 +449,10 @@ fn load_str_with(
     let mut s = Sections::read(&mut top, &mut sink);
     let knobs = Knobs::resolve(&mut s, base_dir, &mut sink);
     let rel = |p: &str| files::path_in(base_dir, p);
-    let read = Secretly {
-        rel: &rel,
-        secrets,
-    };
+    let read = Secretly { rel: &rel, secrets };
     let (intercept, placeholder_key, upstream_proxy, admin_token_file) =
         read.sections(&mut s, &mut sink, &mut warnings, &mut files);
+    read.tls_files(&knobs.listen, intercept.as_ref(), &mut sink, &mut warnings);
     let etcd = resolve_control_plane(s.control_plane, &rel, &mut sink);
     let audit_trail =
         audit::resolve_trail(s.audit.trail.clone(), s.audit.path != "-", &rel, &mut sink);

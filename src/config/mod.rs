@@ -23,6 +23,7 @@ pub mod files;
 mod load;
 mod raw;
 mod refs;
+mod tls_files;
 pub mod upstream;
 
 use std::collections::{BTreeMap, HashMap};
