@@ -201,6 +201,11 @@ fn recompile_compiles_only_what_changed() {
 fn the_version_covers_http_rules() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ca.key"), "key").unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca.self_signed(&key).unwrap();
+    std::fs::write(dir.path().join("ca.crt"), ca.pem()).unwrap();
     let text = "tls_intercept: { ca_cert_file: ca.crt, ca_key_file: ca.key }\nsandboxes:\n  - { id: a, policy: { provider: local, config: {}, network: { egress: [api.test], http: [{ host: api.test, methods: [GET] }] } } }\n";
     let version = |t: &str| {
         let c = load_str(t, "t", dir.path(), None).unwrap();
