@@ -725,3 +725,48 @@ fn tls_files_are_checked_at_load_one_way() {
     let (code, out, err) = run(&["validate", "--config", &p]);
     assert_eq!(code, 0, "{out}{err}");
 }
+
+/// An address rule is not tried for a name outside `dns.address_rule_zones`, and the refusal
+/// says so (it used to blame "not in network.egress" alone); with the opt-in it is tried.
+#[test]
+fn a_name_outside_the_address_rule_zones_is_told_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "addr.yaml",
+        r#"dns: { address_rule_zones: [corp.internal], servers: ["127.0.0.1:9"], timeout_ms: 300 }
+sandboxes:
+  - id: s1
+    sources: [127.0.0.0/8]
+    policy: { provider: local, config: {}, network: { egress: ["203.0.113.0/24:443"] } }
+"#,
+    );
+    let (code, out, err) = run(&[
+        "check",
+        "--config",
+        &p,
+        "--sandbox",
+        "s1",
+        "--resolve",
+        "pypi.org",
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("no_rule_matched"), "{out}");
+    assert!(
+        out.contains("address rules were not tried: `pypi.org` is outside dns.address_rule_zones"),
+        "{out}"
+    );
+    // A name in a zone is resolved to try them (here the resolver does not answer: the
+    // refusal is the policy's, with no note about zones).
+    let (code, out, err) = run(&[
+        "check",
+        "--config",
+        &p,
+        "--sandbox",
+        "s1",
+        "--resolve",
+        "db.corp.internal",
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(!out.contains("address rules were not tried"), "{out}");
+}

@@ -62,7 +62,7 @@ pub async fn check(
     };
     let decided = egress::decide(set, sb, &target, None, lookup).await;
     let d = &decided.decision;
-    let mut explanation = d.explain(sandbox, sb.policy.file(), target.port);
+    let mut explanation = decided.explain(sandbox, sb.policy.file(), &target);
     if !decided.addresses_consulted && !d.verdict.proceeds() {
         explanation.push_str(" (address rules not consulted: add --resolve)");
     }

@@ -228,9 +228,7 @@ impl Entered {
         let (target, decided) = decide(cx, &sb, &ask, parent, audit).await;
         audit.decided(&decided);
         if !decided.proceeds() {
-            let mut why = decided
-                .decision
-                .explain(&sb.binding.id, sb.policy.file(), target.port);
+            let mut why = decided.explain(&sb.binding.id, sb.policy.file(), &target);
             if let Some(ResolveError::Failed(detail)) = &decided.resolver_error {
                 why = format!("{why} ({detail})");
             }

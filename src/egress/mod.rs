@@ -50,6 +50,8 @@ pub struct Decided {
     /// False when a name was decided without resolving it (no resolver given) although
     /// address rules could have changed the answer.
     pub addresses_consulted: bool,
+    /// Address rules were not tried because the name is outside `dns.address_rule_zones`.
+    pub outside_zones: bool,
 }
 
 impl Decided {
@@ -67,7 +69,21 @@ impl Decided {
             dst_in_resolved: None,
             resolver_error: None,
             addresses_consulted: true,
+            outside_zones: false,
         }
+    }
+
+    /// The sentence a refusal gives: the decision's explanation, and why address rules were
+    /// not tried when that is the cause.
+    pub fn explain(&self, sandbox: &str, file: &str, target: &Target) -> String {
+        let mut why = self.decision.explain(sandbox, file, target.port);
+        if self.outside_zones {
+            why.push_str(&format!(
+                "; address rules were not tried: `{}` is outside dns.address_rule_zones (add a name rule, or set network.resolve_for_address_rules: true)",
+                target.host
+            ));
+        }
+        why
     }
 }
 
@@ -101,7 +117,9 @@ pub async fn decide(
     let first = set.decide(sb, target, None);
     lookup.observe(Timing::Decision, t0);
     if first.decision.verdict == Verdict::Deny && !first.needs_addresses {
-        return Decided::refused(first.decision);
+        let mut d = Decided::refused(first.decision);
+        d.outside_zones = first.outside_zones;
+        return d;
     }
     let mut resolved = Vec::new();
     let mut dst_in_resolved = None;
@@ -156,6 +174,7 @@ pub async fn decide(
         dst_in_resolved,
         resolver_error: None,
         addresses_consulted: true,
+        outside_zones: false,
     }
 }
 
@@ -207,6 +226,7 @@ pub fn decide_by_answer(
                 dst_in_resolved: Some(true),
                 resolver_error: None,
                 addresses_consulted: true,
+                outside_zones: false,
             };
             return Some((target, decided));
         }

@@ -275,6 +275,9 @@ pub struct Outcome {
     /// True when no addresses were given and the decision cannot be final without them
     /// (a name target that is allowed, reported, or may still be allowed by address rules).
     pub needs_addresses: bool,
+    /// Address rules might have allowed the name, but it was not resolved to try them: it is
+    /// outside `dns.address_rule_zones` (and `network.resolve_for_address_rules` is off).
+    pub outside_zones: bool,
 }
 
 impl CompiledPolicy {
@@ -328,6 +331,7 @@ impl CompiledPolicy {
             dial: Vec::new(),
             refused: Vec::new(),
             needs_addresses: false,
+            outside_zones: false,
         };
         // Report mode relaxes allowlist refusals only.
         if outcome.decision.verdict == Verdict::Deny

@@ -320,6 +320,7 @@ impl PolicySet {
                 && !self.static_names.contains(&**name)
             {
                 outcome.needs_addresses = false;
+                outcome.outside_zones = true;
             }
         }
         outcome
