@@ -24,7 +24,11 @@ const NAMES: &[&str] = &[
 ];
 
 fn config(dir: &Path, port: u16) -> String {
-    let hosts: Vec<String> = NAMES.iter().map(|n| format!("{n}: [127.0.0.1]")).collect();
+    let hosts: Vec<String> = NAMES
+        .iter()
+        .chain(&["denied.test"])
+        .map(|n| format!("{n}: [127.0.0.1]"))
+        .collect();
     format!(
         r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
 audit: {{ path: {audit}, chain: true }}
@@ -34,7 +38,7 @@ sandboxes:
   - id: agent
     sources: [127.0.0.0/8]
     enforcement: report
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.one.test:{port}", "unused.test"] }} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.one.test:{port}", "unused.test"], deny: [denied.test] }} }}
 "#,
         audit = dir.join("audit.jsonl").display(),
         hosts = hosts.join(", "),
@@ -86,6 +90,12 @@ fn suggest_proposes_what_was_used_and_never_a_public_suffix_wildcard() {
         let out = curl(&["-x", &px, t]);
         assert_eq!(out.code, 0, "{t}: {}", out.text());
     }
+    // Matched by network.deny (reported in report mode; refused once enforced): never
+    // proposed, said apart.
+    for _ in 0..2 {
+        let out = curl(&["-x", &px, &format!("http://denied.test:{port}/")]);
+        assert_eq!(out.code, 0, "{}", out.text());
+    }
     proxy.terminate();
     let log = dir.path().join("audit.jsonl");
     let log_s = log.display().to_string();
@@ -117,6 +127,11 @@ fn suggest_proposes_what_was_used_and_never_a_public_suffix_wildcard() {
         "{yaml}"
     );
     assert!(yaml.contains("2 connections"), "{yaml}");
+    assert!(yaml.contains("# 1 connection\n"), "{yaml}");
+    assert!(
+        yaml.contains(&format!("# left out: denied.test:{port} (2 connections) was refused by network.deny rule `denied.test`")),
+        "{yaml}"
+    );
     assert!(
         yaml.contains("3 names: cdn1.two.test, cdn2.two.test, cdn3.two.test"),
         "{yaml}"

@@ -8,7 +8,9 @@
 //! entry (never a public suffix). Names under a private-section suffix are each their own
 //! registrable domain (`user1.github.io` and `user2.github.io` have different owners), so
 //! they are never merged into one wildcard. IP-literal targets become address rules. A port
-//! is written only when it is not in `defaults.ports`.
+//! is written only when it is not in `defaults.ports`. A destination that `network.deny`
+//! refused (`denied_by_rule`) is never proposed — deny wins, so the entry would change
+//! nothing — and is listed apart, with the rule that refused it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -51,6 +53,8 @@ pub struct Proposal {
     pub unused: Vec<String>,
     /// Proposed entries not in the current policy.
     pub added: Vec<String>,
+    /// `host:port` refused by a deny rule → (connections, the rule): left out.
+    pub denied: BTreeMap<String, (u64, String)>,
     pub skipped_lines: u64,
 }
 
@@ -91,6 +95,12 @@ pub fn suggest(opts: &Options) -> Result<Proposal, SuggestError> {
             };
             let decision = v["decision"].as_str().unwrap_or("?").to_string();
             *p.by_decision.entry(decision.clone()).or_default() += 1;
+            if v["reason"] == "denied_by_rule" {
+                let rule = v["rule"].as_str().unwrap_or("?").to_string();
+                let key = format!("{}:{port}", host.to_ascii_lowercase());
+                p.denied.entry(key).or_insert((0, rule)).0 += 1;
+                continue;
+            }
             if decision == "allow" {
                 if let Some(rule) = v["rule"].as_str() {
                     rules_used.insert(rule.to_string());
@@ -183,6 +193,14 @@ fn propose(seen: &BTreeMap<(String, u16), u64>, opts: &Options) -> Vec<Proposed>
 }
 
 /// The proposal as YAML to paste under a sandbox's `policy:`.
+/// "1 connection", "2 connections".
+fn connections(n: u64) -> String {
+    match n {
+        1 => "1 connection".into(),
+        n => format!("{n} connections"),
+    }
+}
+
 pub fn render(p: &Proposal, opts: &Options) -> String {
     let total: u64 = p.by_decision.values().sum();
     let decisions: Vec<String> = p
@@ -210,11 +228,11 @@ pub fn render(p: &Proposal, opts: &Options) -> String {
     for e in &p.entries {
         let quoted = format!("\"{}\"", e.entry);
         let what = if e.names.is_empty() {
-            format!("{} connections", e.connections)
+            connections(e.connections)
         } else {
             format!(
-                "{} connections, {} names: {}",
-                e.connections,
+                "{}, {} names: {}",
+                connections(e.connections),
                 e.names.len(),
                 e.names.join(", ")
             )
@@ -222,6 +240,12 @@ pub fn render(p: &Proposal, opts: &Options) -> String {
         s.push_str(&format!(
             "    - {quoted:<width$} # {what}\n",
             width = width + 2
+        ));
+    }
+    for (target, (n, rule)) in &p.denied {
+        s.push_str(&format!(
+            "# left out: {target} ({}) was refused by network.deny rule `{rule}`: deny wins, so an egress entry would change nothing\n",
+            connections(*n)
         ));
     }
     if opts.current.is_some() {
