@@ -72,3 +72,47 @@ fn the_readme_quick_start_runs_offline_as_written() {
         "{all}"
     );
 }
+
+/// The README's sample refusal on the embedded default config (`egress-proxy run`, no
+/// `--config`) is what the proxy answers: every line of the sample's response appears in
+/// curl's, the status line first (the sample once showed a generic `403 Forbidden`).
+#[test]
+fn the_readme_sample_refusal_is_what_the_embedded_config_answers() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let command = "$ curl -i -x http://127.0.0.1:3128 http://gist.github.com/\n";
+    let sample = readme
+        .split_once(command)
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("the README shows the refusal of gist.github.com")
+        .0;
+    let mut proxy = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .arg("run")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let out = loop {
+        let out = Command::new("curl")
+            .args(["-sS", "-i", "--noproxy", "", "-x", "http://127.0.0.1:3128"])
+            .arg("http://gist.github.com/")
+            .env_remove("http_proxy")
+            .output()
+            .expect("curl");
+        if out.status.success() || std::time::Instant::now() > deadline {
+            break String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    let first = sample.lines().next().unwrap_or_default();
+    assert!(out.starts_with(first), "README: {first}\nproxy: {out}");
+    for line in sample.lines().filter(|l| !l.is_empty()) {
+        assert!(
+            out.contains(line),
+            "README line not in the answer: {line}\n{out}"
+        );
+    }
+}
