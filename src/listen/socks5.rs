@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use crate::audit::accept::Accepted;
 use crate::audit::{AuditGuard, Close, Mode};
 use crate::egress::admission::UnidentifiedSlot;
-use crate::egress::admit::{self, Admitted, Ask, AtCapacity, Door, Evidence, Route, Seat};
+use crate::egress::admit::{self, Admitted, Ask, AtCapacity, Door, Evidence, Seat, Tunnel};
 use crate::egress::handles::Handles;
 use crate::egress::identity::Credentials;
 use crate::policy::reason::Reason;
@@ -233,18 +233,16 @@ async fn relay_admitted(
     admitted: Admitted,
     audit: &mut AuditGuard,
 ) {
-    let Admitted {
+    let Some(Tunnel {
         sandbox,
         grant,
-        route,
+        dialed,
         slot,
         decision,
         opaque,
-        ..
-    } = admitted;
-    let Route::Dialed(dialed) = route else {
+    }) = admitted.into_tunnel(audit)
+    else {
         // A SOCKS5 CONNECT never asks for a kept connection.
-        audit.close(Close::Error);
         return;
     };
     if io

@@ -18,7 +18,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::accept::Accepted;
 use crate::audit::{AuditGuard, Mode};
-use crate::egress::admit::{self, Admitted, Ask, Door, Evidence, Route, Seated};
+use crate::egress::admit::{self, Admitted, Ask, Door, Evidence, Seated, Tunnel};
 use crate::egress::handles::Handles;
 use crate::listen::orig_dst::original_dst;
 use crate::policy::reason::Reason;
@@ -134,16 +134,15 @@ async fn relay_admitted(
     inspected: Inspected,
     audit: &mut AuditGuard,
 ) {
-    let Admitted {
+    let Some(Tunnel {
         sandbox,
         grant,
-        route,
+        dialed,
         slot,
         ..
-    } = admitted;
-    let Route::Dialed(dialed) = route else {
+    }) = admitted.into_tunnel(audit)
+    else {
         // Transparent connections never ask for a kept connection.
-        audit.close(crate::audit::Close::Error);
         return;
     };
     let _active = sandbox.stats(shared.metrics()).active();

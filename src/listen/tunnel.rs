@@ -11,7 +11,7 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::{AuditGuard, Close};
-use crate::egress::admit::{Admitted, Route};
+use crate::egress::admit::{Admitted, Tunnel};
 use crate::egress::handles::Handles;
 use crate::egress::verdict;
 use crate::policy::set::Sandbox;
@@ -36,18 +36,16 @@ pub(super) fn tunnel(
     mut audit: AuditGuard,
     admitted: Admitted,
 ) -> Response<Body> {
-    let Admitted {
+    let Some(Tunnel {
         sandbox,
         grant,
-        route,
+        dialed,
         slot,
         decision,
         opaque,
-        ..
-    } = admitted;
-    let Route::Dialed(dialed) = route else {
+    }) = admitted.into_tunnel(&mut audit)
+    else {
         // A CONNECT never asks for a kept connection: nothing to relay.
-        audit.close(Close::Error);
         return Response::builder()
             .status(StatusCode::BAD_GATEWAY)
             .body(body::empty())
