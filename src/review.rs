@@ -1,0 +1,236 @@
+//! The review tools of the `egress-proxy` command — `validate`, `check` and `suggest` — which
+//! read a configuration where the secrets it names may be absent (each is then a warning),
+//! and print decisions and summaries.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use egress_proxy::config::{self, Config};
+use egress_proxy::egress::resolve::Resolver;
+use egress_proxy::policy::set::PolicySet;
+
+use crate::report;
+
+pub(crate) fn suggest(
+    files: Vec<PathBuf>,
+    sandbox: String,
+    min_count: u64,
+    wildcard_min: usize,
+    config: Option<PathBuf>,
+) -> ExitCode {
+    use egress_proxy::audit::suggest;
+    use egress_proxy::policy::ports::PortSet;
+    let (default_ports, current) = match &config {
+        Some(path) => {
+            let c = match load_for_review(Some(path)) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            warn_absent_secrets(&c);
+            let Some(b) = c.bindings.iter().find(|b| b.id == sandbox) else {
+                eprintln!("error: {} defines no sandbox `{sandbox}`", path.display());
+                return ExitCode::from(2);
+            };
+            let current: Vec<String> = b.network.egress.iter().map(|(t, _)| t.clone()).collect();
+            (c.defaults.ports.clone(), Some(current))
+        }
+        None => match PortSet::from_ports(&[443]) {
+            Ok(p) => (p, None),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let opts = suggest::Options {
+        files,
+        sandbox,
+        min_count: min_count.max(1),
+        wildcard_min: wildcard_min.max(2),
+        default_ports,
+        current,
+    };
+    match suggest::suggest(&opts) {
+        Ok(p) => {
+            print!("{}", suggest::render(&p, &opts));
+            if p.skipped_lines > 0 {
+                eprintln!(
+                    "note: {} lines were not JSON records and were skipped",
+                    p.skipped_lines
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The configuration the review tools read (`check`, `validate`, `suggest --config`): a
+/// secret that cannot be read here is a warning, not an error.
+pub(crate) fn load_for_review(path: Option<&PathBuf>) -> Result<Config, ExitCode> {
+    report(config::load_for_review(path.map(PathBuf::as_path)))
+}
+
+/// Say on stderr which secrets a review tool did without (`run` would refuse to start).
+pub(crate) fn warn_absent_secrets(config: &Config) {
+    for w in &config.warnings {
+        if w.contains(config::ABSENT_SECRET_NOTE) {
+            eprintln!("warning: {w}");
+        }
+    }
+}
+
+/// The configuration and every sandbox compiled (`validate` and `check`); an error is printed.
+pub(crate) fn load_compiled(path: Option<&PathBuf>) -> Result<(Config, PolicySet), ExitCode> {
+    let config = load_for_review(path)?;
+    match PolicySet::compile(&config, &[], vec![]) {
+        Ok(set) => Ok((config, set)),
+        Err(e) => {
+            eprintln!("error: {e}");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
+    let (config, set) = match load_compiled(path.as_ref()) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    let (mut egress, mut deny) = (0, 0);
+    for b in &config.bindings {
+        egress += b.network.egress.len();
+        deny += b.network.deny.len();
+    }
+    // Counted as printed: the loader's warnings and those that need the compiled set.
+    let warnings: Vec<String> = config
+        .warnings
+        .iter()
+        .cloned()
+        .chain(egress_proxy::control::check::address_only_hosts(
+            &config, &set,
+        ))
+        .collect();
+    println!(
+        "{}: OK: {} sandboxes, {} egress rules, {} deny rules, {} warning{}, policy version {}",
+        config.origin,
+        config.bindings.len(),
+        egress,
+        deny,
+        warnings.len(),
+        if warnings.len() == 1 { "" } else { "s" },
+        set.version()
+    );
+    for b in &config.bindings {
+        println!(
+            "  {:<20} mode={:<10} enforcement={:<7} egress={:<4} deny={:<3} identity={} policy={}",
+            b.id,
+            b.network.mode.as_str(),
+            b.enforcement.as_str(),
+            b.network.egress.len(),
+            b.network.deny.len(),
+            identity_summary(b),
+            b.policy_ref.as_deref().unwrap_or(&b.policy_file),
+        );
+    }
+    println!("  {}", audit_summary(&config));
+    for w in &warnings {
+        println!("warning: {w}");
+    }
+    ExitCode::SUCCESS
+}
+
+/// Where the audit trail goes, and what happens while it cannot be written.
+pub(crate) fn audit_summary(config: &config::Config) -> String {
+    let to = config
+        .audit_path
+        .as_ref()
+        .map_or("stdout".to_string(), |p| p.display().to_string());
+    let failure = match config.audit_trail.on_failure {
+        config::audit::OnFailure::Refuse => {
+            "on_failure=refuse: while it cannot be written, new connections, requests and DNS queries are refused (audit_unavailable) and /readyz answers 503; no record is dropped"
+        }
+        config::audit::OnFailure::Continue => {
+            "on_failure=continue: while it cannot be written, traffic is served and its records are dropped (counted in egress_audit_dropped_total)"
+        }
+    };
+    format!("audit: {to}; {failure}")
+}
+
+pub(crate) fn identity_summary(b: &config::Binding) -> String {
+    let mut parts = Vec::new();
+    if b.token_sha256.is_some() {
+        parts.push("token".to_string());
+    }
+    if !b.sources.is_empty() {
+        parts.push(format!("sources({})", b.sources.len()));
+    }
+    if parts.is_empty() {
+        parts.push("none".into());
+    }
+    parts.join("+")
+}
+
+pub(crate) fn check(
+    path: Option<PathBuf>,
+    sandbox: &str,
+    target_text: &str,
+    resolve: bool,
+    as_json: bool,
+) -> ExitCode {
+    let (config, set) = match load_compiled(path.as_ref()) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    warn_absent_secrets(&config);
+    let Some(sb) = set.get(sandbox) else {
+        eprintln!(
+            "error: no sandbox `{sandbox}` (configured: {})",
+            set.ids().join(", ")
+        );
+        return ExitCode::from(2);
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let out = rt.block_on(async {
+        let resolver = resolve.then(|| Resolver::new(&config.dns).0);
+        egress_proxy::control::check::check(&set, sb, target_text, resolver.as_ref()).await
+    });
+    print_decision(&out, as_json);
+    if out["decision"] == "deny" {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+pub(crate) fn print_decision(out: &serde_json::Value, as_json: bool) {
+    if as_json {
+        println!("{out}");
+        return;
+    }
+    let s = |k: &str| out[k].as_str().unwrap_or("-").to_string();
+    println!(
+        "{} {} -> {}: {} ({})",
+        s("decision"),
+        s("sandbox"),
+        s("target"),
+        s("reason"),
+        s("enforcement")
+    );
+    println!("  {}", s("explanation"));
+    if let Some(r) = out.get("resolved") {
+        println!("  resolved: {r}");
+    }
+}
