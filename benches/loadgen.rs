@@ -1,6 +1,7 @@
 //! Load generator for egress-proxy and the proxies it is compared with. It runs its own
 //! loopback origin (echo, or an endless source for bulk) and drives it directly or through an
-//! HTTP CONNECT proxy. One JSON line of results per run, on stdout.
+//! HTTP CONNECT proxy (or, with `--socks5`, a SOCKS5 one: no authentication, an IPv4 CONNECT).
+//! One JSON line of results per run, on stdout.
 //!
 //! ```text
 //! cargo bench --bench loadgen -- rate    --proxy 127.0.0.1:3128 --concurrency 32 --seconds 5
@@ -39,6 +40,8 @@ struct Args {
     /// `latency`: connections per second in all, spread over the concurrent tasks (0: as
     /// fast as each answers).
     rate: u64,
+    /// Speak SOCKS5 to the proxy instead of HTTP CONNECT.
+    socks5: bool,
 }
 
 fn parse_args() -> Args {
@@ -53,6 +56,7 @@ fn parse_args() -> Args {
         origin: None,
         hello: false,
         rate: 0,
+        socks5: false,
     };
     let mut it = std::env::args().skip(1).filter(|s| s != "--bench");
     while let Some(arg) = it.next() {
@@ -68,6 +72,7 @@ fn parse_args() -> Args {
             "--auth" => a.auth = it.next(),
             "--origin" => a.origin = it.next().and_then(|v| v.parse().ok()),
             "--hello" => a.hello = true,
+            "--socks5" => a.socks5 = true,
             "--rate" => a.rate = it.next().and_then(|v| v.parse().ok()).unwrap_or(0),
             m if !m.starts_with('-') && a.mode.is_empty() => a.mode = m.to_string(),
             _ => {}
@@ -116,6 +121,28 @@ async fn origin() -> SocketAddr {
     addr
 }
 
+/// `--socks5`: the proxy speaks SOCKS5 (set once, before any connection).
+static SOCKS5: AtomicBool = AtomicBool::new(false);
+
+/// Through a SOCKS5 proxy: no authentication (the sandbox is known by the source address),
+/// CONNECT to the origin's IPv4 address, success expected.
+async fn open_socks5(s: &mut TcpStream, origin: SocketAddr) -> std::io::Result<()> {
+    let std::net::IpAddr::V4(ip) = origin.ip() else {
+        return Err(std::io::Error::other("--socks5 needs an IPv4 origin"));
+    };
+    let mut req = vec![5, 1, 0, 5, 1, 0, 1];
+    req.extend_from_slice(&ip.octets());
+    req.extend_from_slice(&origin.port().to_be_bytes());
+    // Greeting and request in one write; the server answers both in order.
+    s.write_all(&req).await?;
+    let mut answer = [0u8; 12];
+    s.read_exact(&mut answer).await?;
+    if answer[..2] != [5, 0] || answer[2..4] != [5, 0] {
+        return Err(std::io::Error::other(format!("SOCKS5 refused: {answer:?}")));
+    }
+    Ok(())
+}
+
 /// Connect to `origin`, through `proxy` with CONNECT when given.
 async fn open(
     proxy: Option<SocketAddr>,
@@ -129,6 +156,10 @@ async fn open(
     };
     let mut s = TcpStream::connect(p).await?;
     s.set_nodelay(true)?;
+    if SOCKS5.load(Ordering::Relaxed) {
+        open_socks5(&mut s, origin).await?;
+        return Ok(s);
+    }
     let auth = auth
         .map(|a| format!("Proxy-Authorization: {a}\r\n"))
         .unwrap_or_default();
@@ -323,9 +354,10 @@ async fn idle(a: &Args, origin: SocketAddr) -> serde_json::Value {
 fn main() {
     let a = parse_args();
     if a.mode.is_empty() {
-        eprintln!("usage: loadgen rate|bulk|latency|idle [--proxy ADDR|direct] [--concurrency N] [--tunnels N] [--seconds S] [--pid PID] [--auth VALUE]");
+        eprintln!("usage: loadgen rate|bulk|latency|idle [--proxy ADDR|direct] [--socks5] [--concurrency N] [--tunnels N] [--seconds S] [--pid PID] [--auth VALUE]");
         return;
     }
+    SOCKS5.store(a.socks5, Ordering::Relaxed);
     // Ten thousand tunnels need twenty thousand descriptors here (client and origin ends).
     let _ = rlimit::increase_nofile_limit(u64::MAX);
     let rt = match tokio::runtime::Builder::new_multi_thread()
