@@ -693,6 +693,24 @@ fn tls_files_are_checked_at_load_one_way() {
         "{err}"
     );
     assert!(err.contains("configuration error(s)"), "{err}");
+    // The same for an https:// parent's ca_file, located at its own line.
+    let p = write(
+        dir.path(),
+        "up.yaml",
+        "upstream_proxy:\n  url: https://127.0.0.1:3129\n\n  ca_file: nope/corp-ca.pem\n",
+    );
+    let (code, out, err) = run(&["validate", "--config", &p]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("warning: upstream_proxy: ca_file: cannot read "),
+        "{out}"
+    );
+    let (code, out, err) = run(&["run", "--config", &p]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("up.yaml:4: upstream_proxy: ca_file: cannot read "),
+        "{err}"
+    );
     // A leaf as the interception CA: refused by validate and run.
     let ca = dir.path().join("ca");
     let (code, out, err) = run(&["ca", "init", ca.to_str().unwrap()]);

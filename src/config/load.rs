@@ -537,8 +537,18 @@ fn top_parent(
     match upstream::resolve(raw, &read, secrets, warnings) {
         Ok(u) => Some(u),
         Err(errs) => {
+            // Each error names its key first (`ca_file: …`): located at that key's line
+            // below the block's, else at the block.
+            let block = sink.locate("upstream_proxy", 1).unwrap_or(1);
             for e in errs {
-                sink.top("upstream_proxy", e, Some("upstream_proxy"));
+                let key = e
+                    .split_once(':')
+                    .map(|(k, _)| k.rsplit('.').next().unwrap_or(k));
+                let at = key
+                    .map(|k| format!("{k}:"))
+                    .filter(|k| sink.locate(k, block).is_some());
+                let hint = at.as_deref().unwrap_or("upstream_proxy");
+                sink.push(None, "upstream_proxy", e, Some(hint), block);
             }
             None
         }

@@ -281,9 +281,18 @@ pub fn resolve(
     match (&raw.ca_file, https) {
         (Some(_), false) => errors.push("ca_file: only for an https:// parent".into()),
         (ca_file, true) if !host.is_empty() => {
-            let ca_pem = match ca_file {
+            let ca_pem = match ca_file.as_deref().map(read_file) {
                 None => Ok(None),
-                Some(f) => read_file(f).map(Some).map_err(|e| format!("ca_file: {e}")),
+                Some(Ok(pem)) => Ok(Some(pem)),
+                // Like every file a review tool may not see: a warning there, an error to run.
+                Some(Err(e)) if secrets == super::Secrets::MayBeAbsent => {
+                    warnings.push(format!(
+                        "upstream_proxy: ca_file: {e}; {}",
+                        super::ABSENT_SECRET_NOTE
+                    ));
+                    Ok(None)
+                }
+                Some(Err(e)) => Err(format!("ca_file: {e}")),
             };
             match ca_pem.and_then(|pem| ParentTls::new(&host.to_ascii_lowercase(), pem)) {
                 Ok(t) => tls = Some(t),
