@@ -281,19 +281,7 @@ pub fn resolve(
     match (&raw.ca_file, https) {
         (Some(_), false) => errors.push("ca_file: only for an https:// parent".into()),
         (ca_file, true) if !host.is_empty() => {
-            let ca_pem = match ca_file.as_deref().map(read_file) {
-                None => Ok(None),
-                Some(Ok(pem)) => Ok(Some(pem)),
-                // Like every file a review tool may not see: a warning there, an error to run.
-                Some(Err(e)) if secrets == super::Secrets::MayBeAbsent => {
-                    warnings.push(format!(
-                        "upstream_proxy: ca_file: {e}; {}",
-                        super::ABSENT_SECRET_NOTE
-                    ));
-                    Ok(None)
-                }
-                Some(Err(e)) => Err(format!("ca_file: {e}")),
-            };
+            let ca_pem = ca_pem(ca_file.as_deref(), read_file, secrets, warnings);
             match ca_pem.and_then(|pem| ParentTls::new(&host.to_ascii_lowercase(), pem)) {
                 Ok(t) => tls = Some(t),
                 Err(e) => errors.push(e),
@@ -322,6 +310,28 @@ pub fn resolve(
         })
     } else {
         Err(errors)
+    }
+}
+
+/// `ca_file`'s text, if given. Like every file a review tool may not see, an unreadable one
+/// is a warning there and an error to run.
+fn ca_pem(
+    ca_file: Option<&str>,
+    read_file: super::files::ReadFile<'_>,
+    secrets: super::Secrets,
+    warnings: &mut Vec<String>,
+) -> Result<Option<String>, String> {
+    match ca_file.map(read_file) {
+        None => Ok(None),
+        Some(Ok(pem)) => Ok(Some(pem)),
+        Some(Err(e)) if secrets == super::Secrets::MayBeAbsent => {
+            warnings.push(format!(
+                "upstream_proxy: ca_file: {e}; {}",
+                super::ABSENT_SECRET_NOTE
+            ));
+            Ok(None)
+        }
+        Some(Err(e)) => Err(format!("ca_file: {e}")),
     }
 }
 
