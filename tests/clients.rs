@@ -211,3 +211,63 @@ fn names_no_rule_allows_are_refused_by_policy_not_by_the_resolver() {
     assert!(r.starts_with("HTTP/1.1 407 "), "{r}");
     assert!(!r.contains("nobody-here"), "{r}");
 }
+
+/// An agent that asks for JSON (`Accept: application/json`) gets its refusal as an object it
+/// can act on — reason, rule, host, port, sandbox, hint — for a forwarded request (curl) and
+/// for a CONNECT; without it, the text refusal as before.
+#[test]
+fn a_refusal_is_json_for_a_client_that_asks_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = SlowDns::start(Duration::ZERO, &[]);
+    let p = proxy(dir.path(), up.addr);
+    let px = format!("http://agent1:tok-agent1@{}", p.proxy);
+    let out = curl(&[
+        "-x",
+        &px,
+        "-H",
+        "Accept: application/json",
+        "http://denied.test:8080/x?secret=1",
+    ]);
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.text()));
+    assert_eq!(v["reason"], "no_rule_matched", "{v}");
+    assert_eq!(
+        (v["host"].as_str(), v["port"].as_u64()),
+        (Some("denied.test"), Some(8080))
+    );
+    assert_eq!(v["sandbox"], "agent1");
+    assert!(v["rule"].is_null(), "{v}");
+    assert!(
+        v["hint"].as_str().unwrap().contains("network.egress"),
+        "{v}"
+    );
+    assert!(
+        !out.text().contains("secret=1"),
+        "the query is never echoed: {v}"
+    );
+    // A CONNECT that asks for JSON.
+    let auth = basic("agent1", "tok-agent1");
+    let head = raw_exchange(
+        p.proxy,
+        format!("CONNECT denied.test:443 HTTP/1.1\r\nHost: denied.test:443\r\nAccept: application/json\r\nProxy-Authorization: {auth}\r\n\r\n").as_bytes(),
+        Duration::from_secs(5),
+    );
+    assert!(
+        head.starts_with("HTTP/1.1 403 egress-proxy [no_rule_matched]"),
+        "{head}"
+    );
+    let body = head.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {head}"));
+    assert_eq!(
+        (v["host"].as_str(), v["port"].as_u64()),
+        (Some("denied.test"), Some(443))
+    );
+    // Without Accept: the text body.
+    let out = curl(&["-x", &px, "http://denied.test:8080/"]);
+    assert!(
+        out.text()
+            .starts_with("egress-proxy refused GET http://denied.test:8080/"),
+        "{}",
+        out.text()
+    );
+}

@@ -533,13 +533,24 @@ fn refuse_as(
     retry_after: Option<u64>,
 ) -> Response<Body> {
     drop(audit);
-    deny::response(&Refusal {
+    let refusal = Refusal {
         reason: shown.reason,
         what: &describe(req),
         sandbox: sandbox.map(|s| s.binding.id.as_str()),
         explanation: &explanation,
         retry_after,
-    })
+    };
+    // An agent that asked for JSON gets the refusal as an object (its target parsed again:
+    // only on this path, and only for it).
+    if !deny::wants_json(req.headers()) {
+        return deny::response(&refusal);
+    }
+    let target = read_target(req).ok();
+    let structured = deny::Structured {
+        target: target.as_ref(),
+        rule: shown.rule.as_ref().map(|r| &*r.text),
+    };
+    deny::response_to(&refusal, Some(structured))
 }
 
 /// The target of a CONNECT (authority-form, port required) or an absolute-form request

@@ -10,11 +10,16 @@
 //! errors of wget, urllib, requests, pip, httpx, aiohttp, npm, Go and Java. One line of
 //! printable ASCII, at most [`MAX_PHRASE`] bytes, built from the same sanitised text as the
 //! body (no credentials: targets never carry userinfo).
+//!
+//! A client that asks for JSON (`Accept: application/json`, as an agent's tool would) gets the
+//! same refusal as a JSON object it can act on ([`response_to`]): `reason`, `rule`, `host`,
+//! `port`, `sandbox`, `explanation`, `hint`, `retry_after`.
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::policy::reason::Reason;
+use crate::policy::target::Target;
 use crate::relay::body::{self, Body};
 
 /// What to say in a refusal.
@@ -74,6 +79,59 @@ fn sf_string(s: &str) -> String {
 pub fn response(r: &Refusal<'_>) -> Response<Body> {
     let (parts, text) = build(r).into_parts();
     Response::from_parts(parts, body::full(text))
+}
+
+/// What a refusal in JSON says besides the text's: the refused target and the rule.
+#[derive(Clone, Copy, Default)]
+pub struct Structured<'a> {
+    pub target: Option<&'a Target>,
+    pub rule: Option<&'a str>,
+}
+
+/// Whether a request's `Accept` asks for JSON (`application/json` or `+json`, not refused with
+/// `q=0`).
+pub fn wants_json(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("").to_ascii_lowercase();
+            let json = media == "application/json" || media.ends_with("+json");
+            let refused = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f32>().ok())
+                    .is_some_and(|q| q == 0.0)
+            });
+            json && !refused
+        })
+}
+
+/// [`response`], with the body as JSON when `json` is given (the client asked for it).
+pub fn response_to(r: &Refusal<'_>, json: Option<Structured<'_>>) -> Response<Body> {
+    let Some(s) = json else {
+        return response(r);
+    };
+    let (mut parts, _) = build(r).into_parts();
+    let body = serde_json::json!({
+        "error": "refused by egress-proxy",
+        "reason": r.reason.code(),
+        "rule": s.rule,
+        "host": s.target.map(|t| t.host.to_string()),
+        "port": s.target.map(|t| t.port),
+        "sandbox": r.sandbox,
+        "refused": r.what,
+        "explanation": r.explanation,
+        "hint": hint(r.reason).trim_end(),
+        "retry_after": r.retry_after,
+    });
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, body::full(Bytes::from(body.to_string())))
 }
 
 /// The same refusal inside a tunnel the proxy terminated (credential brokering): the
@@ -193,6 +251,57 @@ mod tests {
         assert!(p.starts_with("egress-proxy [no_rule_matched]: "), "{p}");
         assert!(p.bytes().all(|b| (b' '..=b'~').contains(&b)), "{p}");
         assert!(hyper::ext::ReasonPhrase::try_from(p).is_ok());
+    }
+
+    #[test]
+    fn json_is_given_to_who_asks_for_it() {
+        let accept = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::ACCEPT, HeaderValue::from_str(v).unwrap());
+            wants_json(&h)
+        };
+        assert!(accept("application/json"));
+        assert!(accept("text/html, application/problem+json;q=0.9"));
+        assert!(accept("Application/JSON; charset=utf-8"));
+        assert!(!accept("application/json;q=0"));
+        assert!(!accept("*/*"));
+        assert!(!accept("text/plain"));
+        assert!(!wants_json(&HeaderMap::new()));
+        let target = Target::parse("denied.example:443", None).unwrap();
+        let r = Refusal {
+            reason: Reason::DeniedByRule,
+            what: "CONNECT denied.example:443",
+            sandbox: Some("agent1"),
+            explanation: "denied by rule `denied.example`",
+            retry_after: None,
+        };
+        let s = Structured {
+            target: Some(&target),
+            rule: Some("denied.example"),
+        };
+        let (parts, body) = response_to(&r, Some(s)).into_parts();
+        assert_eq!(parts.status, StatusCode::FORBIDDEN);
+        assert_eq!(parts.headers[header::CONTENT_TYPE], "application/json");
+        assert!(parts.headers.contains_key("proxy-status"));
+        let bytes = futures_body(body);
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["reason"], "denied_by_rule");
+        assert_eq!(v["rule"], "denied.example");
+        assert_eq!(
+            (v["host"].as_str(), v["port"].as_u64()),
+            (Some("denied.example"), Some(443))
+        );
+        assert_eq!(v["sandbox"], "agent1");
+        assert!(v["hint"].as_str().unwrap().contains("network.deny"));
+    }
+
+    /// A whole body, collected.
+    fn futures_body(body: Body) -> Bytes {
+        use http_body_util::BodyExt;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(body.collect()).unwrap().to_bytes()
     }
 
     #[test]
