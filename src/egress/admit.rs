@@ -107,6 +107,20 @@ pub struct Ask<'a> {
     pub reuse: bool,
 }
 
+impl Ask<'_> {
+    /// A tunnel to `target` the client named, nothing read yet (a SOCKS5 CONNECT).
+    pub fn to(target: Target) -> Self {
+        Ask {
+            target,
+            original: None,
+            nameless: None,
+            first: None,
+            request: None,
+            reuse: false,
+        }
+    }
+}
+
 /// The global cap (`max_connections`) is full.
 #[derive(Debug, Clone, Copy)]
 pub struct AtCapacity;

@@ -455,12 +455,9 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         port: target.port,
     };
     let ask = Ask {
-        target,
-        original: None,
-        nameless: None,
-        first: None,
         request: (!connect).then(|| (req.uri(), req.headers())),
         reuse: !connect,
+        ..Ask::to(target)
     };
     let admitted = admit::admit(
         &shared.cx(&set, &resolver),

@@ -182,15 +182,7 @@ async fn negotiate(
     };
     io.answer(&accepted, audit).await?;
     let target = request(io, audit).await?;
-    let ask = Ask {
-        target,
-        original: None,
-        nameless: None,
-        first: None,
-        request: None,
-        reuse: false,
-    };
-    match entered.admit(cx, ask, audit).await {
+    match entered.admit(cx, Ask::to(target), audit).await {
         Ok(admitted) => Some(admitted),
         Err(r) => {
             io.refuse(&socks5::reply(reply_for(r.shown.reason))).await;

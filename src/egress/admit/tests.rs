@@ -159,15 +159,7 @@ impl World {
             evidence: Evidence::Presented { credentials: None },
             port: target.port,
         };
-        let ask = Ask {
-            target,
-            original: None,
-            nameless: None,
-            first: None,
-            request: None,
-            reuse: false,
-        };
-        let r = admit(&cx, door, &mut Seated(|| {}), ask, &mut audit).await;
+        let r = admit(&cx, door, &mut Seated(|| {}), Ask::to(target), &mut audit).await;
         (r, audit)
     }
 }
