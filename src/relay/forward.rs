@@ -23,6 +23,7 @@ use crate::audit::{AuditGuard, Close};
 use crate::egress::admit::{Admitted, Route, Through};
 use crate::egress::handles::Handles;
 use crate::egress::limits::{ConnectionSlot, SandboxLimiter};
+use crate::egress::parent;
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;
 use crate::policy::Decision;
@@ -108,15 +109,9 @@ pub async fn forward(
     let shaper = shaped.then(|| limiter.clone());
     let upstream_req = for_origin(req, &host, live.clone(), shaper, through.as_ref());
 
-    let mut up = match route {
-        Route::Kept(up) => up,
-        Route::Dialed(d) => match Upstream::handshake(d.stream, d.addr).await {
-            Ok(mut up) => {
-                up.via = through.as_ref().map(|t| t.parent.clone());
-                up
-            }
-            Err(e) => return bad_gateway(&exchange, &e, &failed),
-        },
+    let mut up = match upstream_of(route, through.as_ref()).await {
+        Ok(up) => up,
+        Err(e) => return bad_gateway(&exchange, &e, &failed),
     };
     if up.reused > 0 {
         with_audit(&exchange, |a| {
@@ -130,12 +125,14 @@ pub async fn forward(
     let done_tx = watch_exchange(watch, &exchange, &cut, &upstream_cut, &live);
 
     let sent = send((connect, &metrics), &exchange, &mut up, upstream_req).await;
+    // Through a parent, its own refusal is told from the origin's answer.
+    let refused = sent.as_ref().ok().zip(through.as_ref());
+    if let Some(detail) = refused.and_then(|(r, t)| parent::refusal(&t.parent, r)) {
+        upstream_cut.close();
+        return refused_by_parent(&exchange, &detail, &failed);
+    }
     let after = (upstreams, grant, up);
     match sent {
-        Ok(resp) if through.is_some() && parent_refused(&resp) => {
-            upstream_cut.close();
-            refused_by_parent(&exchange, &resp, through.as_ref(), &failed)
-        }
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
@@ -352,7 +349,7 @@ async fn redial(
         None => crate::egress::dial(&[up.addr.ip()], up.addr.port(), None, timeout, metrics)
             .await
             .map_err(|reason| format!("{gone} ({reason})"))?,
-        Some(parent) => crate::egress::parent::reach(parent, &[up.addr.ip()], timeout, metrics)
+        Some(p) => parent::reach(p, &[up.addr.ip()], timeout, metrics)
             .await
             .map_err(|f| format!("{gone} ({})", f.detail))?,
     };
@@ -363,43 +360,31 @@ async fn redial(
     Ok(new)
 }
 
-/// Whether a response that came through a parent is the parent's own refusal rather than
-/// the origin's answer: a 407 (the parent wants credentials), or an error the parent marked
-/// as its own — an RFC 9209 `Proxy-Status` naming an error, or Squid's `X-Squid-Error`.
-fn parent_refused<B>(resp: &Response<B>) -> bool {
-    let h = resp.headers();
-    resp.status() == http::StatusCode::PROXY_AUTHENTICATION_REQUIRED
-        || h.contains_key("x-squid-error")
-        || h.get_all("proxy-status")
-            .iter()
-            .any(|v| v.to_str().is_ok_and(|v| v.contains("error=")))
+/// The connection a forwarded request goes on: the kept one, or HTTP/1.1 on the one dialled
+/// (to the origin, or to the parent it goes through).
+async fn upstream_of(route: Route, through: Option<&Through>) -> Result<Upstream, hyper::Error> {
+    match route {
+        Route::Kept(up) => Ok(up),
+        Route::Dialed(d) => {
+            let via = through.map(|t| t.parent.clone());
+            Upstream::handshake(d.stream, d.addr, via).await
+        }
+    }
 }
 
-/// The parent refused a forwarded request: 502 `upstream_proxy_refused` with its status
-/// line, as for a refused CONNECT (its body is not passed on).
-fn refused_by_parent<B>(
-    exchange: &SharedExchange,
-    resp: &Response<B>,
-    through: Option<&Through>,
-    failed: &Failed,
-) -> Response<Body> {
-    let shown = through.map(|t| t.parent.shown()).unwrap_or_default();
-    let status = resp.status();
-    let detail = format!(
-        "upstream proxy {shown} answered HTTP/1.1 {} {}",
-        status.as_u16(),
-        status.canonical_reason().unwrap_or("")
-    );
+/// The parent refused a forwarded request ([`parent::refusal`]): 502 `upstream_proxy_refused`
+/// with its status line, as for a refused CONNECT (its body is not passed on).
+fn refused_by_parent(exchange: &SharedExchange, detail: &str, failed: &Failed) -> Response<Body> {
     with_audit(exchange, |a| {
         a.decision(&Decision::deny(Reason::UpstreamProxyRefused, None));
-        a.detail(detail.clone());
+        a.detail(detail.to_string());
         a.close_if_unset(Close::Error);
     });
     deny::response(&deny::Refusal {
         reason: Reason::UpstreamProxyRefused,
         what: &failed.what,
         sandbox: Some(&failed.sandbox),
-        explanation: &detail,
+        explanation: detail,
         retry_after: None,
     })
 }

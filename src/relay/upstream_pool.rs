@@ -56,10 +56,16 @@ pub fn authority(target: &Target, via: Option<&UpstreamProxy>) -> String {
 }
 
 impl Upstream {
-    /// Speak HTTP/1.1 on a dialled socket; the connection is driven by its own task until the
-    /// origin closes it or its cut fires.
-    pub async fn handshake(stream: ServerIo, addr: SocketAddr) -> Result<Upstream, hyper::Error> {
-        Self::handshake_with(stream, addr, Cut::new()).await
+    /// Speak HTTP/1.1 on a dialled socket (to an origin, or to the parent `via`); the
+    /// connection is driven by its own task until the origin closes it or its cut fires.
+    pub async fn handshake(
+        stream: ServerIo,
+        addr: SocketAddr,
+        via: Option<Arc<UpstreamProxy>>,
+    ) -> Result<Upstream, hyper::Error> {
+        let mut up = Self::handshake_with(stream, addr, Cut::new()).await?;
+        up.via = via;
+        Ok(up)
     }
 
     /// [`Upstream::handshake`] under an existing `cut` (a connection that replaces one whose

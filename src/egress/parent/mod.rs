@@ -274,6 +274,32 @@ pub fn asked(decided: &crate::egress::Decided, target: &Target) -> Target {
     }
 }
 
+/// Whether the answer to a request sent through `parent` in absolute form is the parent's own
+/// refusal rather than the origin's answer — a 407 (it wants credentials), or an error it
+/// marked as its own: an RFC 9209 `Proxy-Status` naming an error, or Squid's `X-Squid-Error`
+/// — and if so, the detail that says it (as a refused `CONNECT`'s does).
+pub fn refusal<B>(parent: &UpstreamProxy, resp: &http::Response<B>) -> Option<String> {
+    let h = resp.headers();
+    let marked = resp.status() == http::StatusCode::PROXY_AUTHENTICATION_REQUIRED
+        || h.contains_key("x-squid-error")
+        || h.get_all("proxy-status")
+            .iter()
+            .any(|v| v.to_str().is_ok_and(|v| v.contains("error=")));
+    marked.then(|| {
+        let status = resp.status();
+        let line = format!(
+            "HTTP/1.1 {} {}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("")
+        );
+        format!(
+            "upstream proxy {} answered {}",
+            parent.shown(),
+            printable(&line)
+        )
+    })
+}
+
 /// A status line as it may be shown: printable ASCII, at most 120 bytes.
 fn printable(line: &str) -> String {
     line.chars()
