@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::PrivateKeyDer;
 
 use super::error::Sink;
 use super::Secrets;
@@ -42,16 +42,9 @@ pub(super) fn check(path: &Path, holds: Holds) -> Result<(), Problem> {
             .map(drop)
             .map_err(|_| wrong("no PEM private key in it"));
     }
-    let certs: Vec<CertificateDer<'_>> = CertificateDer::pem_slice_iter(&bytes)
-        .collect::<Result<_, _>>()
-        .map_err(|_| wrong("not PEM certificates"))?;
-    let Some(first) = certs.first() else {
-        return Err(wrong("no PEM certificate in it"));
-    };
-    for c in &certs {
-        x509_parser::parse_x509_certificate(c).map_err(|_| wrong("an invalid certificate"))?;
-    }
-    if holds == Holds::CaCertificate {
+    // The check every operator CA file gets: PEM certificates, at least one, each valid.
+    let certs = super::files::certificates(&bytes).map_err(|e| wrong(&e.to_string()))?;
+    if let (Holds::CaCertificate, Some(first)) = (holds, certs.first()) {
         let (_, cert) = x509_parser::parse_x509_certificate(first)
             .map_err(|_| wrong("an invalid certificate"))?;
         if !cert.is_ca() {
