@@ -53,6 +53,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod approvals;
 pub mod audit;
 pub mod config;
 pub mod control;

@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand};
 
 use egress_proxy::config::{self, Config};
 
+mod approve_cli;
 mod review;
 
 use review::{check, suggest, validate};
@@ -129,6 +130,39 @@ enum Command {
         #[arg(long, requires = "cert")]
         key: Option<PathBuf>,
     },
+    /// List the access requests sandboxes made (newest first).
+    Requests {
+        /// Only requests in this state.
+        #[arg(long, value_parser = ["pending", "approved", "denied", "expired"])]
+        state: Option<String>,
+        /// Print the admin API's JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        to: approve_cli::AdminArgs,
+    },
+    /// Approve an access request: a grant for its host and port (1h unless told).
+    Approve {
+        /// The request's id (r-…).
+        id: String,
+        #[command(flatten)]
+        kind: approve_cli::Kind,
+        /// A note kept with the answer (and in the audit record).
+        #[arg(long)]
+        note: Option<String>,
+        #[command(flatten)]
+        to: approve_cli::AdminArgs,
+    },
+    /// Deny an access request.
+    Deny {
+        /// The request's id (r-…).
+        id: String,
+        /// A note kept with the answer (and in the audit record).
+        #[arg(long)]
+        note: Option<String>,
+        #[command(flatten)]
+        to: approve_cli::AdminArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -190,19 +224,7 @@ fn main() -> ExitCode {
         Command::HashToken => hash_token(),
         Command::Ca {
             action: CaAction::Init { dir, permit },
-        } => match egress_proxy::intercept::ca::init(&dir, &permit) {
-            Ok(()) => {
-                println!(
-                    "wrote {0}/ca.crt (give it to sandboxes) and {0}/ca.key (mode 0600: the proxy only)",
-                    dir.display()
-                );
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(2)
-            }
-        },
+        } => ca_init(&dir, &permit),
         Command::Suggest {
             audit,
             sandbox,
@@ -245,11 +267,32 @@ fn main() -> ExitCode {
             let tls = egress_proxy::control::observe_client::AdminTls { cacert, cert, key };
             observe(&admin, token_file.as_deref(), &filters, json, &tls)
         }
+        Command::Requests { state, json, to } => approve_cli::requests(&to, state.as_deref(), json),
+        Command::Approve { id, kind, note, to } => {
+            approve_cli::approve(&to, &id, &kind, note.as_deref())
+        }
+        Command::Deny { id, note, to } => approve_cli::deny(&to, &id, note.as_deref()),
         Command::Config {
             action: ConfigAction::Example,
         } => {
             print!("{}", config::EMBEDDED_CONFIG);
             ExitCode::SUCCESS
+        }
+    }
+}
+
+fn ca_init(dir: &std::path::Path, permit: &[String]) -> ExitCode {
+    match egress_proxy::intercept::ca::init(dir, permit) {
+        Ok(()) => {
+            println!(
+                "wrote {0}/ca.crt (give it to sandboxes) and {0}/ca.key (mode 0600: the proxy only)",
+                dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
         }
     }
 }

@@ -5,6 +5,7 @@
 
 mod accept;
 mod bind;
+mod desk;
 mod watch;
 
 use std::io::Write as _;
@@ -95,6 +96,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     for problem in control.restore() {
         tracing::warn!(problem = %problem, "state_dir");
     }
+    let _desk = desk::start(&config, &shared, &control);
     // With etcd, registrations come from there: ready once the first list is applied.
     let plane = config
         .etcd
@@ -164,6 +166,7 @@ pub(crate) fn start_shared(
     let sink = Sink {
         log: Arc::new(audit),
         metrics: Arc::new(metrics),
+        denials: Default::default(),
     };
     Ok(Arc::new(Shared::new(
         set,

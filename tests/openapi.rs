@@ -227,6 +227,55 @@ fn every_operation_answers_as_documented() {
         admin_req(a, "POST", "/v1/sandboxes/rt/keepalive", "", t).0,
         400
     );
+    // Access requests: two made from inside the sandbox (identified by its source), answered.
+    let ask = |host: &str| {
+        let body = format!(r#"{{"host": "{host}", "port": 443, "reason": "openapi"}}"#);
+        let px = format!("http://{}", p.proxy);
+        let out = curl(&[
+            "-x",
+            &px,
+            "--data-binary",
+            &body,
+            "http://egress-proxy.local/v1/requests",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out.text()).unwrap();
+        v["id"].as_str().unwrap().to_string()
+    };
+    let (first, second) = (ask("one.test"), ask("two.test"));
+    assert_eq!(admin_req(a, "GET", "/v1/requests", "", t).0, 200);
+    assert_eq!(
+        admin_req(a, "GET", "/v1/requests?state=pending", "", t).0,
+        200
+    );
+    assert_eq!(admin_req(a, "GET", "/v1/requests?state=odd", "", t).0, 400);
+    assert_eq!(admin_req(a, "GET", "/v1/requests", "", None).0, 401);
+    let one = format!("/v1/requests/{first}");
+    assert_eq!(admin_req(a, "GET", &one, "", t).0, 200);
+    assert_eq!(
+        admin_req(a, "GET", "/v1/requests/r-000000000000", "", t).0,
+        404
+    );
+    let approve = format!("{one}/approve");
+    assert_eq!(admin_req(a, "POST", &approve, r#"{"ttl_s": 0}"#, t).0, 400);
+    assert_eq!(admin_req(a, "POST", &approve, "{}", None).0, 401);
+    let ttl = r#"{"grant": "ttl", "ttl_s": 60, "note": "openapi"}"#;
+    assert_eq!(admin_req(a, "POST", &approve, ttl, t).0, 200);
+    assert_eq!(admin_req(a, "POST", &approve, ttl, t).0, 409);
+    let nobody = "/v1/requests/r-000000000000";
+    assert_eq!(
+        admin_req(a, "POST", &format!("{nobody}/approve"), "", t).0,
+        404
+    );
+    let deny = format!("/v1/requests/{second}/deny");
+    assert_eq!(admin_req(a, "POST", &deny, r#"{"grant": "ttl"}"#, t).0, 400);
+    assert_eq!(admin_req(a, "POST", &deny, "{}", None).0, 401);
+    assert_eq!(admin_req(a, "POST", &deny, r#"{"note": "no"}"#, t).0, 200);
+    assert_eq!(admin_req(a, "POST", &deny, "", t).0, 409);
+    assert_eq!(
+        admin_req(a, "POST", &format!("{nobody}/deny"), "", t).0,
+        404
+    );
+    assert_eq!(admin_req(a, "GET", &deny, "", t).0, 405);
     assert_eq!(admin_req(a, "POST", "/v1/reload", "", t).0, 200);
     assert_eq!(admin_req(a, "GET", "/v1/observe?colour=red", "", t).0, 400);
     assert_eq!(admin_req(a, "GET", "/v1/observe", "", Some("wrong")).0, 401);

@@ -11,6 +11,7 @@
 pub(crate) mod accept;
 mod batch;
 pub mod chain;
+pub mod denials;
 pub mod health;
 pub(crate) mod metrics;
 mod ocsf;
@@ -45,6 +46,8 @@ use record::{Entry, Event};
 pub struct Sink {
     pub log: Arc<AuditLog>,
     pub metrics: Arc<Metrics>,
+    /// Each sandbox's latest refusals (`GET /v1/denials` in the sandbox).
+    pub denials: Arc<denials::Denials>,
 }
 
 impl Sink {
@@ -79,6 +82,8 @@ enum Variant {
         aggregated: bool,
         summary: bool,
     },
+    /// A step of an access request (`mode: "approval"`): written, counted nowhere.
+    Event,
 }
 
 /// The one record of one connection, forwarded request, request in a terminated tunnel or
@@ -111,6 +116,11 @@ impl AuditGuard {
     pub fn new(sink: Sink, accepted: &Accepted, mode: Mode, policy_version: Arc<str>) -> Self {
         let record = Record::new(accepted.conn_id, accepted.client, mode, policy_version);
         Self::of(sink, Variant::Connection, record, accepted.started)
+    }
+
+    /// A guard for an event that is not a connection (an access request's step).
+    pub fn event(sink: Sink, record: Record) -> Self {
+        Self::of(sink, Variant::Event, record, Instant::now())
     }
 
     fn of(sink: Sink, variant: Variant, record: Record, started: Instant) -> Self {
@@ -354,6 +364,7 @@ impl Drop for AuditGuard {
                 }
             }
             Variant::Request => metrics.connection_finished(sandbox, r.mode, r.verdict, r.reason),
+            Variant::Event => {}
             Variant::Query {
                 write_allowed,
                 aggregated,
@@ -367,8 +378,11 @@ impl Drop for AuditGuard {
                 }
             }
         }
+        if r.verdict == crate::policy::Verdict::Deny && !matches!(self.variant, Variant::Event) {
+            self.sink.denials.note(r);
+        }
         let close = match self.variant {
-            Variant::Query { .. } => None,
+            Variant::Query { .. } | Variant::Event => None,
             _ => Some(self.close.unwrap_or(Close::Eof)),
         };
         let placeholder = Record::new(r.conn_id, r.client, r.mode, r.policy_version.clone());
@@ -397,6 +411,7 @@ mod tests {
         let sink = Sink {
             log: Arc::new(AuditLog::open(Some(&path), 1000).unwrap()),
             metrics: Arc::new(Metrics::new().unwrap()),
+            denials: Default::default(),
         };
         let accepted = Accepted {
             conn_id: 9,

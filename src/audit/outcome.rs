@@ -41,6 +41,9 @@ pub enum Mode {
     Https,
     /// The SOCKS5 listener, a CONNECT request.
     Socks5,
+    /// An access request's life (`approval` says which step): asked, approved, denied,
+    /// expired. Not a connection: counted nowhere else.
+    Approval,
 }
 
 impl Mode {
@@ -55,6 +58,7 @@ impl Mode {
             Mode::Dns => "dns",
             Mode::Https => "https",
             Mode::Socks5 => "socks5",
+            Mode::Approval => "approval",
         }
     }
 }

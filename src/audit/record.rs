@@ -56,6 +56,29 @@ pub struct Record {
     pub dns: Option<Box<DnsFacts>>,
     /// A request inside a terminated tunnel (`mode: "https"`).
     pub http: Option<Box<HttpFacts>>,
+    /// An access request's step (`mode: "approval"`).
+    pub approval: Option<Box<ApprovalFacts>>,
+}
+
+/// What an approval record adds: the request, the step, who took it and the grant.
+#[derive(Debug, Clone, Serialize)]
+pub struct ApprovalFacts {
+    /// The request's id (`r-…`), also the grant's name.
+    pub request: Box<str>,
+    /// `requested`, `approved`, `denied`, `expired`, `revoked`.
+    pub step: &'static str,
+    /// Who: `sandbox`, `admin`, `webhook`, `auto`, `expiry`.
+    pub by: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grant: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
+    /// The agent's reason or the approver's note (length-limited at the door).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<Box<str>>,
+    /// The auto-approval checks that passed or stopped it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<String>,
 }
 
 /// What a record of a request inside a terminated tunnel adds.
@@ -130,6 +153,7 @@ impl Record {
             detail: None,
             dns: None,
             http: None,
+            approval: None,
         }
     }
 }
@@ -230,6 +254,8 @@ struct Json<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     secret_reflected: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    approval: Option<&'a ApprovalFacts>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     run: Option<&'static str>,
 }
 
@@ -284,6 +310,7 @@ impl Entry {
             status: r.http.as_ref().map(|h| h.status),
             credential: r.http.as_ref().and_then(|h| h.credential.as_deref()),
             secret_reflected: r.http.as_ref().and_then(|h| h.secret_reflected.as_deref()),
+            approval: r.approval.as_deref(),
             run: RUN.get().map(String::as_str),
         };
         serde_json::to_writer(&mut *out, &json)?;

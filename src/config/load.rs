@@ -187,6 +187,7 @@ struct Sections {
     runtime: RawRuntime,
     forward_keepalive: RawForwardKeepalive,
     control_plane: RawControlPlane,
+    approvals: super::approvals::RawApprovals,
     raw_intercept: Option<credentials::RawIntercept>,
     raw_upstream: Option<upstream::RawUpstreamProxy>,
     sandboxes: Vec<Value>,
@@ -209,6 +210,7 @@ impl Sections {
             runtime: section(top, "runtime", sink).unwrap_or_default(),
             forward_keepalive: section(top, "forward_keepalive", sink).unwrap_or_default(),
             control_plane: section(top, "control_plane", sink).unwrap_or_default(),
+            approvals: section(top, "approvals", sink).unwrap_or_default(),
             raw_intercept: section(top, "tls_intercept", sink).flatten(),
             raw_upstream: section(top, "upstream_proxy", sink).flatten(),
             sandboxes: section(top, "sandboxes", sink).unwrap_or_default(),
@@ -267,6 +269,17 @@ type SecretSections = (
 );
 
 impl Secretly<'_> {
+    /// `approvals:` (its webhook names a secret file).
+    fn approvals(
+        &self,
+        s: &mut Sections,
+        sink: &mut Sink<'_>,
+        warnings: &mut Vec<String>,
+    ) -> super::approvals::ApprovalsConfig {
+        let raw = std::mem::take(&mut s.approvals);
+        super::approvals::resolve_approvals(raw, self.rel, self.secrets, sink, warnings)
+    }
+
     /// `tls_intercept` (and the placeholder key), `upstream_proxy`, `admin_token_file`.
     fn sections(
         &self,
@@ -453,6 +466,7 @@ fn load_str_with(
     let (intercept, placeholder_key, upstream_proxy, admin_token_file) =
         read.sections(&mut s, &mut sink, &mut warnings, &mut files);
     read.tls_files(&knobs.listen, intercept.as_ref(), &mut sink, &mut warnings);
+    let approvals = read.approvals(&mut s, &mut sink, &mut warnings);
     let etcd = resolve_control_plane(s.control_plane, &rel, &mut sink);
     let audit_trail =
         audit::resolve_trail(s.audit.trail.clone(), s.audit.path != "-", &rel, &mut sink);
@@ -502,6 +516,7 @@ fn load_str_with(
         audit_trail,
         upstream_proxy,
         etcd,
+        approvals,
         intercept,
         placeholder_key,
         secrets,

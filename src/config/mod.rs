@@ -9,6 +9,7 @@
 //! runtime registrations), [`block`] (the AIP-36 block) and `conformance` (its checks),
 //! `refs` (`*.SANDBOX.md` files and `sandbox_dirs`), `raw` (the serde shape), [`error`].
 
+pub mod approvals;
 pub mod audit;
 mod binding;
 mod binding_secrets;
@@ -328,6 +329,8 @@ pub struct Config {
     pub upstream_proxy: Option<upstream::UpstreamProxy>,
     /// `control_plane.etcd`: registrations shared by every replica through etcd.
     pub etcd: Option<EtcdConfig>,
+    /// `approvals`: bounds on access requests, the webhook, auto-approval.
+    pub approvals: approvals::ApprovalsConfig,
     /// `tls_intercept`: the CA for terminating hosts that credentials or HTTP rules bind.
     pub intercept: Option<credentials::InterceptConfig>,
     pub bindings: Vec<Binding>,

@@ -27,6 +27,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "forward_keepalive",
     "upstream_proxy",
     "control_plane",
+    "approvals",
     "tls_intercept",
     "sandboxes",
 ];

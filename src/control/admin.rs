@@ -92,11 +92,11 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     r
 }
 
-fn json_resp(status: StatusCode, v: Value) -> Response<Full<Bytes>> {
+pub(super) fn json_resp(status: StatusCode, v: Value) -> Response<Full<Bytes>> {
     text(status, "application/json", format!("{v}\n"))
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response<Full<Bytes>> {
+pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response<Full<Bytes>> {
     json_resp(status, json!({ "error": message.into() }))
 }
 
@@ -150,7 +150,10 @@ impl Admin {
 
 /// The body, at most `max` bytes: a larger announced length is refused before any of it is
 /// read, a larger body as soon as it passes `max`.
-async fn read_body(req: Request<Incoming>, max: usize) -> Result<String, Response<Full<Bytes>>> {
+pub(super) async fn read_body(
+    req: Request<Incoming>,
+    max: usize,
+) -> Result<String, Response<Full<Bytes>>> {
     let too_large = || {
         error(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -209,6 +212,8 @@ enum Path {
     Check,
     Reload,
     Observe,
+    /// `/v1/requests[/{id}[/approve|/deny]]` ([`super::admin_requests`]).
+    Requests(super::admin_requests::At),
 }
 
 impl Path {
@@ -221,6 +226,9 @@ impl Path {
             "/v1/check" => Path::Check,
             "/v1/reload" => Path::Reload,
             "/v1/observe" => Path::Observe,
+            _ if path.starts_with("/v1/requests") => {
+                Path::Requests(super::admin_requests::At::of(path)?)
+            }
             _ => {
                 let rest = path.strip_prefix("/v1/sandboxes/")?;
                 match rest.split_once('/') {
@@ -238,6 +246,7 @@ impl Path {
         match self {
             Path::Sandbox(_) => "GET, PUT, DELETE",
             Path::Keepalive(_) | Path::Check | Path::Reload => "POST",
+            Path::Requests(at) => at.allow(),
             _ => "GET",
         }
     }
@@ -246,7 +255,7 @@ impl Path {
     fn mutating(&self, method: &Method) -> bool {
         match self {
             Path::Sandbox(_) => matches!(*method, Method::PUT | Method::DELETE),
-            Path::Keepalive(_) | Path::Reload => *method == Method::POST,
+            Path::Keepalive(_) | Path::Reload | Path::Requests(_) => *method == Method::POST,
             _ => false,
         }
     }
@@ -301,6 +310,9 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             }
         }
         (Method::DELETE, Path::Sandbox(id)) => delete(admin, id).await,
+        (m, Path::Requests(at)) if at.takes(&m) => {
+            super::admin_requests::route(shared, at, req, admin.max_body).await
+        }
         (_, path) => {
             let mut r = error(
                 StatusCode::METHOD_NOT_ALLOWED,

@@ -42,6 +42,8 @@ use reload::fingerprint;
 pub use reload::{ReloadError, Reloaded};
 
 pub(crate) mod admin;
+pub mod admin_client;
+mod admin_requests;
 mod change_error;
 pub mod check;
 pub(crate) mod etcd;
@@ -342,6 +344,21 @@ impl Controller {
         compact_if_due(&mut st);
         tracing::info!(sandbox = id, revoked = open, "sandbox removed");
         Ok(open)
+    }
+
+    /// Put sandbox `id`'s grants in force (the approvals desk's publisher): only its
+    /// exchanges re-check themselves, and those a removed grant allowed are cut.
+    pub fn publish_grants(&self, id: &SandboxId, granted: crate::policy::granted::Granted) {
+        let Ok(_st) = self.lock() else {
+            tracing::error!(sandbox = %id, "cannot publish grants: the controller's lock is poisoned");
+            return;
+        };
+        // Kept even for a sandbox not (yet) in the set: a registration that brings it in
+        // finds them (a reload keeps only the grants of sandboxes it has).
+        let mut edit = self.shared.policy.load().edit();
+        edit.grants(id, granted);
+        let set = edit.finish();
+        self.publish(set, Scope::Sandboxes(std::slice::from_ref(id)));
     }
 
     /// `GET /v1/sandboxes` (no lock: the published view).

@@ -97,7 +97,10 @@ pub fn follow(
 }
 
 /// A TLS client for the admin listener at `authority` (its certificate must name the host).
-fn client(tls: &AdminTls, authority: &str) -> Result<rustls::ClientConnection, ObserveError> {
+pub(super) fn client(
+    tls: &AdminTls,
+    authority: &str,
+) -> Result<rustls::ClientConnection, ObserveError> {
     let bad = |what: &str, e: &dyn std::fmt::Display| ObserveError::Tls(format!("{what}: {e}"));
     let extra = match &tls.cacert {
         Some(f) => std::fs::read(f).map_err(|e| bad(&f.display().to_string(), &e))?,

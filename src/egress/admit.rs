@@ -103,6 +103,8 @@ pub struct Ask<'a> {
     pub first: Option<&'a FirstBytes>,
     /// A forwarded plain-HTTP request's target and headers.
     pub request: Option<(&'a Uri, &'a HeaderMap)>,
+    /// A forwarded plain-HTTP request's method.
+    pub method: Option<&'a http::Method>,
     /// A forwarded request may go on a kept connection.
     pub reuse: bool,
 }
@@ -116,6 +118,7 @@ impl Ask<'_> {
             nameless: None,
             first: None,
             request: None,
+            method: None,
             reuse: false,
         }
     }
@@ -287,6 +290,8 @@ impl Entered {
             opaque,
             first: ask.first,
             request: ask.request,
+            method: ask.method,
+            grant: cx.set.grant_of(&sb, &decided.decision),
         };
         if let Err(r) = cx.verdicts.judge(&point, audit).await {
             return Err(refusal(r.decision, Some(sb), r.detail, None));

@@ -8,6 +8,7 @@ pub(crate) mod admission;
 pub mod admit;
 pub(crate) mod answers;
 pub(crate) mod grant;
+pub(crate) mod grant_stage;
 pub(crate) mod handles;
 pub(crate) mod identity;
 pub mod limits;

@@ -24,6 +24,7 @@ use http::{HeaderMap, Uri};
 
 use crate::audit::AuditGuard;
 use crate::config::Binding;
+use crate::policy::granted::GrantEntry;
 use crate::policy::reason::Reason;
 use crate::policy::set::Sandbox;
 use crate::policy::target::Target;
@@ -63,6 +64,10 @@ pub struct Point<'a> {
     pub first: Option<&'a FirstBytes>,
     /// A forwarded plain-HTTP request's target and headers.
     pub request: Option<(&'a Uri, &'a HeaderMap)>,
+    /// A forwarded plain-HTTP request's method.
+    pub method: Option<&'a http::Method>,
+    /// The grant that allowed it (decision `grant_matched`).
+    pub grant: Option<&'a Arc<GrantEntry>>,
 }
 
 /// One stage of the verdict point.

@@ -15,7 +15,6 @@ use http::{header, Method, Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::accept::Accepted;
@@ -34,7 +33,7 @@ use crate::relay::deny::{self, Refusal};
 use crate::runtime::Shared;
 
 /// Largest request head accepted (hyper answers 431 beyond it).
-const MAX_HEAD: usize = 64 * 1024;
+pub(super) const MAX_HEAD: usize = 64 * 1024;
 
 /// One client connection, as its requests see it.
 pub struct ClientConn {
@@ -151,8 +150,8 @@ pub async fn serve(
         audit.detail(detail);
         return;
     }
-    if let Some(bad) = malformed_head(&stream).await {
-        return refuse_malformed(&shared, accepted, stream, bad).await;
+    if let Some(bad) = super::explicit_head::malformed_head(&stream).await {
+        return super::explicit_head::refuse_malformed(&shared, accepted, stream, bad).await;
     }
     serve_http(shared, accepted, ClientIo::Tcp(stream), unidentified, cert).await
 }
@@ -300,82 +299,6 @@ async fn tick(ticker: &mut Option<tokio::time::Interval>) {
     }
 }
 
-/// A first request head that arrived whole but cannot be served: what it was and why.
-struct Malformed {
-    mode: Mode,
-    why: String,
-}
-
-/// Look (without reading) at the first request head, if it is all there: hyper would answer a
-/// head it cannot parse with a bare 400, so the proxy answers it itself, with Proxy-Status,
-/// a body and the right mode in the record. A head still incomplete is left to hyper.
-async fn malformed_head(stream: &TcpStream) -> Option<Malformed> {
-    let mut buf = vec![0u8; MAX_HEAD];
-    let n = stream.peek(&mut buf).await.ok()?;
-    let head = &buf[..n];
-    let mut headers = [httparse::EMPTY_HEADER; 100];
-    let mut req = httparse::Request::new(&mut headers);
-    let mode = |method: Option<&str>| match method {
-        Some(m) if m.eq_ignore_ascii_case("CONNECT") => Mode::Connect,
-        _ => Mode::Http,
-    };
-    match req.parse(head) {
-        Ok(httparse::Status::Partial) => None,
-        Err(e) => {
-            let first = head.split(|b| *b == b' ').next().unwrap_or_default();
-            Some(Malformed {
-                mode: mode(std::str::from_utf8(first).ok()),
-                why: format!("the request is not valid HTTP/1.1 ({e})"),
-            })
-        }
-        Ok(httparse::Status::Complete(_)) => {
-            let method = req.method;
-            let path = req.path.unwrap_or_default();
-            if mode(method) == Mode::Connect || path.parse::<http::Uri>().is_ok() {
-                return None;
-            }
-            Some(Malformed {
-                mode: mode(method),
-                why: "the request target is not a valid URI (IPv6 literals need brackets: http://[::1]:8080/)".into(),
-            })
-        }
-    }
-}
-
-/// Answer a malformed first request with a §6 400 and record it.
-async fn refuse_malformed(
-    shared: &Shared,
-    accepted: Accepted,
-    mut stream: TcpStream,
-    bad: Malformed,
-) {
-    use tokio::io::AsyncWriteExt;
-    let mut audit = shared.audit(&accepted, bad.mode, &shared.policy.load());
-    audit.decision(&Decision::deny(Reason::InvalidTarget, None));
-    audit.detail(bad.why.clone());
-    audit.close(Close::Error);
-    // Take in what was sent, so that closing does not reset the answer away.
-    let mut sink = [0u8; 4096];
-    while let Ok(n) = stream.try_read(&mut sink) {
-        if n == 0 {
-            break;
-        }
-    }
-    let resp = deny::wire(&Refusal {
-        reason: Reason::InvalidTarget,
-        what: "this request",
-        sandbox: None,
-        explanation: &bad.why,
-        retry_after: None,
-    });
-    let wait = shared.settings.timeouts.header;
-    let _ = tokio::time::timeout(wait, async {
-        stream.write_all(&resp).await?;
-        stream.shutdown().await
-    })
-    .await;
-}
-
 /// The connection ended before any request reached [`handle`]: record why.
 fn no_request(conn: &ClientConn, error: Option<hyper::Error>) {
     let shared = &conn.shared;
@@ -454,8 +377,16 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         },
         port: target.port,
     };
+    if super::ask::is_local(&target) {
+        let cx = shared.cx(&set, &resolver);
+        return match enter_locally(&conn, &cx, door, &req, audit) {
+            Ok((e, audit)) => super::ask::answer(shared, e, req, audit, accepted.client).await,
+            Err(refused) => *refused,
+        };
+    }
     let ask = Ask {
         request: (!connect).then(|| (req.uri(), req.headers())),
+        method: (!connect).then(|| req.method()),
         reuse: !connect,
         ..Ask::to(target)
     };
@@ -486,6 +417,36 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
     } else {
         let fx = conn.shared.forwarding(&admitted.grant);
         crate::relay::forward::forward(fx, conn.exchange_cut(), req, audit, admitted).await
+    }
+}
+
+/// A request to the proxy's own endpoint (`egress-proxy.local`): identified and limited like
+/// any request (then answered by [`super::ask`]), over plain HTTP only.
+fn enter_locally(
+    conn: &ClientConn,
+    cx: &admit::Cx<'_>,
+    door: Door<'_>,
+    req: &Request<Incoming>,
+    mut audit: AuditGuard,
+) -> Result<(admit::Entered, AuditGuard), Box<Response<Body>>> {
+    if req.method() == Method::CONNECT {
+        let why = "egress-proxy.local is answered over plain HTTP through the proxy: use http://egress-proxy.local/v1/…";
+        let d = Decision::deny(Reason::InvalidTarget, None);
+        return Err(Box::new(refuse(audit, req, None, d, why.into(), None)));
+    }
+    match admit::enter(cx, door, &mut Places(conn), &mut audit) {
+        Ok(e) => Ok((e, audit)),
+        Err(r) => {
+            let sandbox = r.sandbox.as_deref();
+            Err(Box::new(refuse_as(
+                audit,
+                req,
+                sandbox,
+                &r.shown,
+                r.explanation,
+                r.retry_after,
+            )))
+        }
     }
 }
 

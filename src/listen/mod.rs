@@ -5,7 +5,9 @@
 //! HTTP/1.1 or HTTP/2), the transparent listener (redirected TCP: the original destination,
 //! then the first bytes) and the SOCKS5 listener (a CONNECT, with a login or by source).
 
+pub(crate) mod ask;
 pub(crate) mod explicit;
+mod explicit_head;
 pub(crate) mod explicit_tls;
 #[allow(unsafe_code)]
 pub(crate) mod orig_dst;

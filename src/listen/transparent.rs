@@ -114,6 +114,7 @@ async fn admit_connection(
         nameless: named.is_none().then(|| peeked_detail(&peeked)),
         first: Some(&first),
         request: None,
+        method: None,
         reuse: false,
     };
     let admitted = entered.admit(cx, ask, audit).await.map_err(|_| None)?;

@@ -82,6 +82,8 @@ impl Decision {
                 None => format!("allowed by network.egress of sandbox {sandbox} ({file})"),
             },
             Reason::AllowAllMode => format!("allowed: sandbox {sandbox} has network.mode allow-all ({file})"),
+            Reason::GrantMatched => format!("allowed by {}", rule(&self.rule)),
+            Reason::ProxyEndpoint => "answered by the proxy itself (egress-proxy.local)".into(),
             Reason::NoRuleMatched => format!("not in network.egress of sandbox {sandbox} ({file})"),
             Reason::DeniedByRule => format!("denied by rule {}", rule(&self.rule)),
             Reason::DenyAllMode => {

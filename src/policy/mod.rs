@@ -11,6 +11,7 @@ mod compact_map;
 pub mod decision;
 pub mod dns_view;
 pub mod entry;
+pub mod granted;
 pub mod guard;
 pub mod hostname;
 pub mod http_rules;
@@ -85,6 +86,8 @@ impl Enforcement {
 pub enum ListKind {
     Egress,
     Deny,
+    /// A grant approved at run time ([`granted`]): `file` names it.
+    Grant,
 }
 
 /// Where a rule was written: file, sandbox, list and index.
@@ -101,6 +104,7 @@ impl fmt::Display for RuleSource {
         let list = match self.list {
             ListKind::Egress => "egress",
             ListKind::Deny => "deny",
+            ListKind::Grant => return write!(f, "{}: sandbox {}", self.file, self.sandbox),
         };
         write!(
             f,
@@ -167,7 +171,7 @@ impl RuleSet {
             let ports = match (&entry.ports, list) {
                 (Some(p), _) => p.clone(),
                 (None, ListKind::Deny) => PortSet::any(),
-                (None, ListKind::Egress) => default_ports.clone(),
+                (None, ListKind::Egress | ListKind::Grant) => default_ports.clone(),
             };
             let allows_opaque = entry.ports.is_some()
                 || matches!(entry.host, HostPattern::Net(_) | HostPattern::Localhost);
@@ -326,6 +330,42 @@ impl CompiledPolicy {
             Host::Name(_) => addrs,
         };
         let (policy, pending) = self.policy_step(target, addrs);
+        self.finish(policy, pending, target, addrs, guard, |a| {
+            self.allow.covering(a)
+        })
+    }
+
+    /// Decide on `target` for a grant ([`granted`]) of this sandbox: the grant's decision,
+    /// then the guard as for any rule — except that a grant opens no prohibited range, even
+    /// where an address rule of the sandbox does.
+    pub fn decide_granted(
+        &self,
+        decision: Decision,
+        target: &Target,
+        addrs: Option<&[IpAddr]>,
+        guard: &Guard,
+    ) -> Outcome {
+        let literal;
+        let addrs = match &target.host {
+            Host::Ip(ip) => {
+                literal = [*ip];
+                Some(&literal[..])
+            }
+            Host::Name(_) => addrs,
+        };
+        self.finish(decision, false, target, addrs, guard, |_| None)
+    }
+
+    /// What follows the policy step: report mode, then every address through the guard.
+    fn finish<I: IntoIterator<Item = IpNet>>(
+        &self,
+        policy: Decision,
+        pending: bool,
+        target: &Target,
+        addrs: Option<&[IpAddr]>,
+        guard: &Guard,
+        covering: impl Fn(IpAddr) -> I,
+    ) -> Outcome {
         let mut outcome = Outcome {
             decision: policy,
             dial: Vec::new(),
@@ -348,7 +388,7 @@ impl CompiledPolicy {
             return outcome;
         }
         for ip in addrs {
-            match guard.check(*ip, target.port, |a| self.allow.covering(a)) {
+            match guard.check(*ip, target.port, &covering) {
                 GuardVerdict::Permit => outcome.dial.push(*ip),
                 v => outcome.refused.push((*ip, v)),
             }

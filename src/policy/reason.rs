@@ -14,6 +14,11 @@ pub enum Reason {
     RuleMatched,
     /// Allowed: `network.mode: allow-all`.
     AllowAllMode,
+    /// Allowed: a grant approved at run time (an access request's answer).
+    GrantMatched,
+    /// Answered by the proxy itself: a request to `egress-proxy.local` (access requests,
+    /// denials), never resolved or dialled.
+    ProxyEndpoint,
     NoRuleMatched,
     DeniedByRule,
     DenyAllMode,
@@ -68,7 +73,9 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 30] = [
+    pub const ALL: [Reason; 32] = [
+        Reason::ProxyEndpoint,
+        Reason::GrantMatched,
         Reason::MalformedRequest,
         Reason::UnrecognisedProtocol,
         Reason::UnscannableResponse,
@@ -106,6 +113,8 @@ impl Reason {
         match self {
             Reason::RuleMatched => "rule_matched",
             Reason::AllowAllMode => "allow_all_mode",
+            Reason::GrantMatched => "grant_matched",
+            Reason::ProxyEndpoint => "proxy_endpoint",
             Reason::NoRuleMatched => "no_rule_matched",
             Reason::DeniedByRule => "denied_by_rule",
             Reason::DenyAllMode => "deny_all_mode",
@@ -140,7 +149,10 @@ impl Reason {
     /// HTTP status of the deny response on the explicit proxy.
     pub fn status(self) -> u16 {
         match self {
-            Reason::RuleMatched | Reason::AllowAllMode => 200,
+            Reason::RuleMatched
+            | Reason::AllowAllMode
+            | Reason::GrantMatched
+            | Reason::ProxyEndpoint => 200,
             Reason::NoRuleMatched
             | Reason::DeniedByRule
             | Reason::DenyAllMode
@@ -170,7 +182,10 @@ impl Reason {
     /// The RFC 9209 `Proxy-Status` error type.
     pub fn proxy_status_error(self) -> &'static str {
         match self {
-            Reason::RuleMatched | Reason::AllowAllMode => "",
+            Reason::RuleMatched
+            | Reason::AllowAllMode
+            | Reason::GrantMatched
+            | Reason::ProxyEndpoint => "",
             Reason::NoRuleMatched
             | Reason::DeniedByRule
             | Reason::DenyAllMode
@@ -221,7 +236,13 @@ impl Reason {
 
     /// Whether this reason means the connection was allowed.
     pub fn is_allow(self) -> bool {
-        matches!(self, Reason::RuleMatched | Reason::AllowAllMode)
+        matches!(
+            self,
+            Reason::RuleMatched
+                | Reason::AllowAllMode
+                | Reason::GrantMatched
+                | Reason::ProxyEndpoint
+        )
     }
 }
 

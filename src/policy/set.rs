@@ -11,8 +11,10 @@ use sha2::{Digest, Sha256};
 use crate::config::{Binding, Config};
 use crate::policy::addr_table::AddrTable;
 use crate::policy::dns_view::NameView;
+use crate::policy::granted::Granted;
 use crate::policy::guard::Guard;
 use crate::policy::ports::PortSet;
+use crate::policy::reason::Reason;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::target::{Host, Target};
 use crate::policy::{CompiledPolicy, Outcome, Verdict};
@@ -53,7 +55,13 @@ pub struct PolicySet {
     sandboxes_digest: [u8; 32],
     /// Digest of the set-wide settings that decide (default ports, guard ranges).
     defaults_digest: [u8; 32],
-    /// Short hash of everything that decides (ids, modes, rules, identities, defaults).
+    /// Grants approved at run time, by sandbox ([`crate::policy::granted`]): carried from
+    /// set to set across reloads and registrations; consulted only when a sandbox's own
+    /// policy refused for want of a rule.
+    grants: imbl::HashMap<SandboxId, Arc<Granted>>,
+    /// Digest of every grant (part of the version).
+    grants_digest: [u8; 32],
+    /// Short hash of everything that decides (ids, modes, rules, identities, defaults, grants).
     version: Arc<str>,
     /// Position in the sequence of published sets (0 until published): an exchange decided
     /// under an older generation re-checks itself.
@@ -105,10 +113,13 @@ fn xor(acc: &mut [u8; 32], d: &[u8; 32]) {
     }
 }
 
-fn version_of(sandboxes: &[u8; 32], defaults: &[u8; 32]) -> Arc<str> {
+fn version_of(sandboxes: &[u8; 32], defaults: &[u8; 32], grants: &[u8; 32]) -> Arc<str> {
     let mut h = Sha256::new();
     h.update(sandboxes);
     h.update(defaults);
+    if *grants != [0u8; 32] {
+        h.update(grants);
+    }
     hex::encode(&h.finalize()[..6]).into()
 }
 
@@ -224,6 +235,8 @@ impl PolicySet {
             }
         }
         changes.sandboxes.sort_unstable();
+        let grants = carried_grants(previous, &sandboxes);
+        let grants_digest = grants_digest(&grants);
         let set = PolicySet {
             sandboxes,
             sources,
@@ -231,9 +244,11 @@ impl PolicySet {
             default_ports: ports.clone(),
             zones: config.dns.address_rule_zones.clone().into(),
             static_names: Arc::new(config.dns.hosts.keys().cloned().collect()),
-            version: version_of(&sandboxes_digest, &defaults_digest),
+            version: version_of(&sandboxes_digest, &defaults_digest, &grants_digest),
             sandboxes_digest,
             defaults_digest,
+            grants,
+            grants_digest,
             generation: 0,
         };
         Ok((set, changes))
@@ -282,6 +297,11 @@ impl PolicySet {
         v
     }
 
+    /// `defaults.ports`, what every sandbox is compiled with.
+    pub fn default_ports(&self) -> &PortSet {
+        &self.default_ports
+    }
+
     /// The policy version (hash of the compiled set).
     pub fn version(&self) -> &str {
         &self.version
@@ -309,6 +329,9 @@ impl PolicySet {
     /// Decide for a sandbox with this set's guard.
     pub fn decide(&self, sandbox: &Sandbox, target: &Target, addrs: Option<&[IpAddr]>) -> Outcome {
         let mut outcome = sandbox.policy.decide(target, addrs, &self.guard);
+        if let Some(granted) = self.granted(sandbox, target, addrs, &outcome) {
+            return granted;
+        }
         // A name no name rule allows is resolved (to try address rules) only under
         // `dns.address_rule_zones` or with `network.resolve_for_address_rules`: any other
         // lookup would carry the name to whoever serves its zone, for nothing.
@@ -326,9 +349,72 @@ impl PolicySet {
         outcome
     }
 
+    /// A grant's decision, when the sandbox's own policy refused `target` for want of a rule
+    /// (`no_rule_matched`, `port_not_allowed`) and a grant in force covers it.
+    fn granted(
+        &self,
+        sandbox: &Sandbox,
+        target: &Target,
+        addrs: Option<&[IpAddr]>,
+        own: &Outcome,
+    ) -> Option<Outcome> {
+        if self.grants.is_empty()
+            || own.decision.verdict == Verdict::Allow
+            || !matches!(
+                own.decision.reason,
+                Reason::NoRuleMatched | Reason::PortNotAllowed
+            )
+        {
+            return None;
+        }
+        let grants = self.grants.get(sandbox.binding.id.as_str())?;
+        let grant = grants.find(target, std::time::SystemTime::now())?;
+        let decision =
+            crate::policy::Decision::allow(Reason::GrantMatched, Some(grant.rule.clone()));
+        Some(
+            sandbox
+                .policy
+                .decide_granted(decision, target, addrs, &self.guard),
+        )
+    }
+
+    /// The grant that made `decision` (a `grant_matched` one) for `sandbox`.
+    pub fn grant_of(
+        &self,
+        sandbox: &Sandbox,
+        decision: &crate::policy::Decision,
+    ) -> Option<&Arc<crate::policy::granted::GrantEntry>> {
+        if decision.reason != Reason::GrantMatched {
+            return None;
+        }
+        let rule = decision.rule.as_ref()?;
+        self.grants_of(sandbox.binding.id.as_str())?.by_rule(rule)
+    }
+
+    /// The grants of sandbox `id`, if it has any.
+    pub fn grants_of(&self, id: &str) -> Option<&Arc<Granted>> {
+        self.grants.get(id)
+    }
+
     /// What the DNS listener may tell `sandbox` about `name`: address rules count only for
     /// names that [`PolicySet::decide`] would resolve for them.
     pub fn dns_view(&self, sandbox: &Sandbox, name: &str) -> NameView {
+        let view = self.dns_view_own(sandbox, name);
+        if let NameView::Refused(d) = &view {
+            if matches!(d.reason, Reason::NoRuleMatched | Reason::PortNotAllowed) {
+                let now = std::time::SystemTime::now();
+                if let Some(g) = self
+                    .grants_of(sandbox.binding.id.as_str())
+                    .and_then(|g| g.names(name, now))
+                {
+                    return NameView::Named(g.rule.clone());
+                }
+            }
+        }
+        view
+    }
+
+    fn dns_view_own(&self, sandbox: &Sandbox, name: &str) -> NameView {
         match sandbox.policy.name_view(name) {
             NameView::AddressRules
                 if !sandbox.binding.network.resolve_for_address_rules
@@ -383,6 +469,18 @@ impl SetEdit {
     /// Remove sandbox `id` (nothing when absent).
     pub fn remove(&mut self, id: &str) {
         self.0.remove_entry(id);
+        self.0.grants.remove(id);
+        self.0.grants_digest = grants_digest(&self.0.grants);
+    }
+
+    /// Replace sandbox `id`'s grants (none: `granted` empty).
+    pub fn grants(&mut self, id: &SandboxId, granted: Granted) {
+        if granted.entries.is_empty() {
+            self.0.grants.remove(id);
+        } else {
+            self.0.grants.insert(id.clone(), Arc::new(granted));
+        }
+        self.0.grants_digest = grants_digest(&self.0.grants);
     }
 
     /// The set as edited.
@@ -392,9 +490,45 @@ impl SetEdit {
 
     /// The edited set, with its new version.
     pub fn finish(mut self) -> PolicySet {
-        self.0.version = version_of(&self.0.sandboxes_digest, &self.0.defaults_digest);
+        self.0.version = version_of(
+            &self.0.sandboxes_digest,
+            &self.0.defaults_digest,
+            &self.0.grants_digest,
+        );
         self.0
     }
+}
+
+/// The grants of `previous` whose sandbox is still in `sandboxes` (a reload keeps them).
+fn carried_grants(
+    previous: Option<&PolicySet>,
+    sandboxes: &imbl::HashMap<SandboxId, Arc<Sandbox>>,
+) -> imbl::HashMap<SandboxId, Arc<Granted>> {
+    previous
+        .map(|p| {
+            p.grants
+                .iter()
+                .filter(|(id, _)| sandboxes.contains_key(*id))
+                .map(|(id, g)| (id.clone(), g.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The digest of every sandbox's grants (zero without any).
+fn grants_digest(grants: &imbl::HashMap<SandboxId, Arc<Granted>>) -> [u8; 32] {
+    if grants.is_empty() {
+        return [0u8; 32];
+    }
+    let mut ids: Vec<&SandboxId> = grants.keys().collect();
+    ids.sort_unstable();
+    let mut h = Sha256::new();
+    for id in ids {
+        h.update(id.as_bytes());
+        h.update([0]);
+        h.update(grants[id].digest_text());
+    }
+    h.finalize().into()
 }
 
 fn hash_binding(h: &mut Sha256, b: &Binding) {

@@ -126,6 +126,15 @@ pub fn response_to(r: &Refusal<'_>, json: Option<Structured<'_>>) -> Response<Bo
         "explanation": r.explanation,
         "hint": hint(r.reason).trim_end(),
         "retry_after": r.retry_after,
+        "request_access": grantable(r.reason).then(|| serde_json::json!({
+            "method": "POST",
+            "url": REQUEST_ACCESS,
+            "body": {
+                "host": s.target.map(|t| crate::policy::granted::host_text(&t.host).trim_matches(['[', ']']).to_string()),
+                "port": s.target.map(|t| t.port),
+                "reason": "why this sandbox needs it",
+            },
+        })),
     });
     parts.headers.insert(
         header::CONTENT_TYPE,
@@ -176,12 +185,15 @@ fn build(r: &Refusal<'_>) -> Response<Bytes> {
         why = r.explanation,
         hint = hint(r.reason),
     );
-    let proxy_status = format!(
+    let mut proxy_status = format!(
         "egress-proxy; error={}; details=\"{}: {}\"",
         r.reason.proxy_status_error(),
         r.reason.code(),
         sf_string(r.explanation)
     );
+    if grantable(r.reason) {
+        proxy_status.push_str(&format!("; request-access=\"{REQUEST_ACCESS}\""));
+    }
     let mut resp = Response::new(Bytes::from(body));
     *resp.status_mut() = status;
     if let Ok(p) = hyper::ext::ReasonPhrase::try_from(phrase(r)) {
@@ -209,9 +221,20 @@ fn build(r: &Refusal<'_>) -> Response<Bytes> {
     resp
 }
 
+/// Where a sandbox asks for access (`crate::listen::ask`).
+pub const REQUEST_ACCESS: &str = "http://egress-proxy.local/v1/requests";
+
+/// Whether a grant could answer a refusal for `reason` (the policy lacked a rule).
+pub fn grantable(reason: Reason) -> bool {
+    matches!(reason, Reason::NoRuleMatched | Reason::PortNotAllowed)
+}
+
 fn hint(reason: Reason) -> &'static str {
     match reason {
-        Reason::NoRuleMatched | Reason::PortNotAllowed | Reason::DenyAllMode => {
+        Reason::NoRuleMatched | Reason::PortNotAllowed => {
+            "To ask for it, POST {\"host\", \"port\", \"reason\"} to http://egress-proxy.local/v1/requests through this proxy and wait for a person to approve (GET /v1/requests/ID?wait=30); or an operator adds it to network.egress of this sandbox's policy.\n"
+        }
+        Reason::DenyAllMode => {
             "To allow it, add the host (and port) to network.egress of this sandbox's policy; an operator must change it, not the agent.\n"
         }
         Reason::DeniedByRule => "The destination is explicitly denied by network.deny.\n",
@@ -316,7 +339,7 @@ mod tests {
         assert_eq!(r.status(), 403);
         assert_eq!(
             r.headers()["proxy-status"],
-            "egress-proxy; error=http_request_denied; details=\"no_rule_matched: not in network.egress of sandbox demo (config/proxy.yaml)\""
+            "egress-proxy; error=http_request_denied; details=\"no_rule_matched: not in network.egress of sandbox demo (config/proxy.yaml)\"; request-access=\"http://egress-proxy.local/v1/requests\""
         );
         let r = response(&Refusal {
             reason: Reason::AuthRequired,

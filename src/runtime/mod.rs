@@ -75,6 +75,8 @@ pub struct Shared {
     pub upstreams: Arc<crate::relay::upstream_pool::UpstreamPool>,
     /// The verdict point's stages, in order.
     pub verdicts: Verdicts,
+    /// Access requests and their grants (set once, at start).
+    pub desk: std::sync::OnceLock<Arc<crate::approvals::Desk>>,
     /// Source of `conn_id`s.
     next_id: AtomicU64,
 }
@@ -95,6 +97,8 @@ impl Shared {
             verdicts: Verdicts::new(vec![
                 Arc::new(FirstBytesStage),
                 Arc::new(crate::intercept::InClear),
+                // Last: a `once` grant is spent only by an exchange every other stage passed.
+                Arc::new(crate::egress::grant_stage::GrantStage),
             ]),
             policy: LivePolicy::new(policy),
             resolver: ArcSwap::from_pointee(resolver),
@@ -112,6 +116,7 @@ impl Shared {
             dns_strangers: crate::egress::strangers::Strangers::new(
                 admissions.config().dns_queries_per_second_per_source,
             ),
+            desk: std::sync::OnceLock::new(),
             next_id: AtomicU64::new(1),
         }
     }

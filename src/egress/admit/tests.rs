@@ -119,6 +119,7 @@ impl World {
             sink: Sink {
                 log: Arc::new(log),
                 metrics: Arc::new(Metrics::new().unwrap()),
+                denials: Default::default(),
             },
             _dir: dir,
         }

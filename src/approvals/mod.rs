@@ -1,0 +1,571 @@
+//! Access requests and the grants that answer them (issue 41). A sandbox that meets a refusal
+//! asks, at `POST http://egress-proxy.local/v1/requests` ([`crate::listen::ask`]), for one
+//! host and port; a person (the admin API, `egress-proxy approve`), the webhook or the
+//! auto-approval rule answers; an approval is a grant ([`crate::policy::granted`]) that the
+//! policy set carries for that sandbox until it expires, is kept in `state_dir` and shared
+//! through etcd, so every replica enforces it. At its expiry the set is published without it,
+//! and the live exchanges it allowed are cut like any revocation.
+//!
+//! The [`Desk`] holds it all in memory, bounded: pending requests per sandbox
+//! (`approvals.max_pending`), requests per sandbox per minute (`approvals.per_minute`),
+//! [`MAX_REQUESTS`] kept in all (answered ones leave first), reasons by length. Every step is
+//! an audit record (`mode: "approval"`). Changes of grants reach the data plane through one
+//! publisher (the controller's lock, so a reload never loses one).
+
+pub mod auto;
+pub mod request;
+pub mod stored;
+pub mod webhook;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use crate::audit::record::{rfc3339, ApprovalFacts, Record};
+use crate::audit::{AuditGuard, Mode, Sink};
+use crate::config::approvals::ApprovalsConfig;
+use crate::policy::granted::{GrantEntry, GrantKind, Granted};
+use crate::policy::reason::Reason;
+use crate::policy::sandbox_id::SandboxId;
+use crate::policy::set::{PolicySet, Sandbox};
+use crate::policy::{Decision, Verdict};
+pub use request::{Request, State};
+use stored::StoredGrant;
+
+/// Requests kept in all, pending or answered (the oldest answered leave first).
+pub const MAX_REQUESTS: usize = 4096;
+/// Grants one sandbox may hold at once.
+pub const MAX_GRANTS: usize = 64;
+/// The longest `?wait=` of a long poll.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// Publishes a sandbox's grants to the data plane (the controller, under its lock).
+pub type Publisher = Box<dyn Fn(&SandboxId, Granted) + Send + Sync>;
+
+/// Where grants are shared with other replicas (etcd).
+pub trait Remote: Send + Sync {
+    fn put(&self, grant: StoredGrant);
+    fn delete(&self, sandbox: &str, id: &str);
+}
+
+/// An answer to a request.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    Approve {
+        kind: GrantKind,
+        /// For `ttl` (required) and `once` (optional; the default is an hour).
+        ttl: Option<Duration>,
+        note: Option<String>,
+    },
+    Deny {
+        note: Option<String>,
+    },
+}
+
+/// Why a request or an answer was refused: the HTTP status and the sentence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub status: u16,
+    pub message: String,
+}
+
+fn refused(status: u16, message: impl Into<String>) -> Refused {
+    Refused {
+        status,
+        message: message.into(),
+    }
+}
+
+/// See the module documentation.
+pub struct Desk {
+    pub cfg: ApprovalsConfig,
+    sink: Sink,
+    policy: watch::Receiver<Arc<PolicySet>>,
+    inner: Mutex<Inner>,
+    /// Bumped at every change of a request (long polls wait on it).
+    changed: watch::Sender<u64>,
+    publisher: OnceLock<Publisher>,
+    remote: OnceLock<Arc<dyn Remote>>,
+    /// `state_dir/grants.json`, when there is a `state_dir`.
+    store: Option<PathBuf>,
+}
+
+#[derive(Default)]
+struct Inner {
+    seq: u64,
+    requests: HashMap<String, Request>,
+    /// Request ids in creation order.
+    order: VecDeque<String>,
+    grants: BTreeMap<SandboxId, Vec<Arc<GrantEntry>>>,
+    /// Requests per sandbox in the current minute.
+    asked: HashMap<SandboxId, (Instant, u32)>,
+}
+
+impl Desk {
+    pub fn new(
+        cfg: ApprovalsConfig,
+        sink: Sink,
+        policy: watch::Receiver<Arc<PolicySet>>,
+        state_dir: Option<&std::path::Path>,
+    ) -> Arc<Desk> {
+        Arc::new(Desk {
+            cfg,
+            sink,
+            policy,
+            inner: Mutex::new(Inner::default()),
+            changed: watch::channel(0).0,
+            publisher: OnceLock::new(),
+            remote: OnceLock::new(),
+            store: state_dir.map(stored::path_in),
+        })
+    }
+
+    /// Set who publishes grants (once, at start).
+    pub fn set_publisher(&self, p: Publisher) {
+        let _ = self.publisher.set(p);
+    }
+
+    /// Share grants through `remote` (once, at start).
+    pub fn set_remote(&self, r: Arc<dyn Remote>) {
+        let _ = self.remote.set(r);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new request from sandbox `sb` (identified by its connection, never by the body).
+    pub fn ask(
+        &self,
+        sb: &Sandbox,
+        terminated: bool,
+        body: &[u8],
+        client: SocketAddr,
+    ) -> Result<Request, Refused> {
+        let asked = request::parse(body, self.cfg.reason_max).map_err(|m| refused(400, m))?;
+        let set = self.policy.borrow().clone();
+        let own = sb.policy.decide(&asked.target, None, &set.guard);
+        match own.decision.reason {
+            Reason::DeniedByRule | Reason::DenyAllMode => {
+                return Err(refused(
+                    409,
+                    format!(
+                        "{} cannot be granted: {}",
+                        asked.target,
+                        own.decision
+                            .explain(&sb.binding.id, sb.policy.file(), asked.target.port)
+                    ),
+                ))
+            }
+            _ if own.decision.verdict == Verdict::Allow => {
+                return Err(refused(
+                    409,
+                    format!(
+                        "{} is already allowed: {}",
+                        asked.target,
+                        own.decision
+                            .explain(&sb.binding.id, sb.policy.file(), asked.target.port)
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        if terminated {
+            return Err(refused(
+                409,
+                format!("{} is a host whose requests the proxy terminates (a credential or an HTTP rule): its rules stay as written, no grant widens them", asked.target.host),
+            ));
+        }
+        let sid = sb.binding.id.clone();
+        let now = SystemTime::now();
+        let request = {
+            let mut inner = self.lock();
+            inner.room_for(&sid, &self.cfg)?;
+            inner.make_room()?;
+            inner.seq += 1;
+            let r = Request {
+                id: request::new_id(inner.seq),
+                sandbox: sid,
+                asked,
+                state: State::Pending,
+                created: now,
+                deadline: Some(now + self.cfg.pending_ttl),
+                answered_by: None,
+                grant: None,
+                note: None,
+                checks: Vec::new(),
+            };
+            inner.order.push_back(r.id.clone());
+            inner.requests.insert(r.id.clone(), r.clone());
+            r
+        };
+        self.record(&request, "requested", "sandbox", Some(client), None);
+        self.changed.send_modify(|n| *n += 1);
+        Ok(request)
+    }
+
+    /// Answer request `id` (`by`: `admin`, `webhook`, `auto`).
+    pub fn answer(
+        &self,
+        id: &str,
+        answer: Answer,
+        by: &'static str,
+        checks: Vec<String>,
+    ) -> Result<Request, Refused> {
+        let mut inner = self.lock();
+        let r = inner
+            .requests
+            .get_mut(id)
+            .ok_or_else(|| refused(404, format!("no request {id}")))?;
+        if r.state != State::Pending {
+            return Err(refused(
+                409,
+                format!("request {id} is {} already", r.state.as_str()),
+            ));
+        }
+        r.answered_by = Some(by);
+        r.checks = checks;
+        let now = SystemTime::now();
+        let grant = match answer {
+            Answer::Deny { note } => {
+                r.state = State::Denied;
+                r.note = note;
+                r.deadline = None;
+                None
+            }
+            Answer::Approve { kind, ttl, note } => {
+                let ttl = match (kind, ttl) {
+                    (GrantKind::Ttl, None) => {
+                        return Err(refused(400, "a ttl grant needs ttl_s"));
+                    }
+                    (GrantKind::Permanent, _) => None,
+                    (GrantKind::Once, None) => Some(Duration::from_secs(3600)),
+                    (_, t) => t,
+                };
+                r.state = State::Approved;
+                r.note = note;
+                r.grant = Some(kind);
+                r.deadline = ttl.map(|t| now + t);
+                let a = &r.asked;
+                Some(Arc::new(GrantEntry::new(
+                    r.sandbox.as_str(),
+                    &r.id,
+                    a.target.host.clone(),
+                    a.target.port,
+                    a.methods.clone(),
+                    a.paths.clone(),
+                    kind,
+                    r.deadline,
+                    by,
+                )))
+            }
+        };
+        let r = r.clone();
+        if let Some(g) = &grant {
+            let list = inner.grants.entry(r.sandbox.clone()).or_default();
+            if list.len() >= MAX_GRANTS {
+                list.remove(0);
+            }
+            list.push(g.clone());
+            self.publish(&inner, &r.sandbox);
+            self.save(&inner);
+            if let Some(remote) = self.remote.get() {
+                remote.put(StoredGrant::of(r.sandbox.as_str(), g));
+            }
+        }
+        drop(inner);
+        let step = if grant.is_some() {
+            "approved"
+        } else {
+            "denied"
+        };
+        self.record(&r, step, by, None, grant.as_ref().map(|g| g.rule.clone()));
+        self.changed.send_modify(|n| *n += 1);
+        Ok(r)
+    }
+
+    /// Expire what is due: pending requests past `approvals.pending_ttl_s`, grants past their
+    /// expiry (published away: the exchanges they allowed are cut). Called every tick.
+    pub fn tick(&self) {
+        let now = SystemTime::now();
+        let mut inner = self.lock();
+        let mut ended: Vec<Request> = Vec::new();
+        for r in inner.requests.values_mut() {
+            let due = r.deadline.is_some_and(|d| d <= now);
+            if due && matches!(r.state, State::Pending | State::Approved) {
+                r.state = State::Expired;
+                ended.push(r.clone());
+            }
+        }
+        let mut touched = Vec::new();
+        for (sid, list) in inner.grants.iter_mut() {
+            let before = list.len();
+            list.retain(|g| g.expires.is_none_or(|e| e > now));
+            if list.len() != before {
+                touched.push(sid.clone());
+            }
+        }
+        inner.grants.retain(|_, l| !l.is_empty());
+        for sid in &touched {
+            self.publish(&inner, sid);
+        }
+        if !touched.is_empty() {
+            self.save(&inner);
+        }
+        drop(inner);
+        for r in &ended {
+            self.record(r, "expired", "expiry", None, None);
+        }
+        if !ended.is_empty() {
+            self.changed.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Request `id` as sandbox `sandbox` may see it (another sandbox's is not found).
+    pub fn get(&self, sandbox: &str, id: &str) -> Option<Request> {
+        let inner = self.lock();
+        inner
+            .requests
+            .get(id)
+            .filter(|r| r.sandbox.as_str() == sandbox)
+            .cloned()
+    }
+
+    /// Like [`Desk::get`], waiting up to `wait` for it to leave `pending`.
+    pub async fn wait(&self, sandbox: &str, id: &str, wait: Duration) -> Option<Request> {
+        let mut changes = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
+        loop {
+            let r = self.get(sandbox, id)?;
+            if r.state != State::Pending {
+                return Some(r);
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return Some(r),
+            }
+        }
+    }
+
+    /// `GET /v1/requests[?state=]` (admin), newest first.
+    pub fn list(&self, state: Option<State>) -> Value {
+        let inner = self.lock();
+        let items: Vec<Value> = inner
+            .order
+            .iter()
+            .rev()
+            .filter_map(|id| inner.requests.get(id))
+            .filter(|r| state.is_none_or(|s| r.state == s))
+            .map(Request::view)
+            .collect();
+        json!({ "requests": items })
+    }
+
+    /// Keep what auto-approval found on a request it left pending.
+    pub fn note_checks(&self, id: &str, checks: Vec<String>) {
+        if let Some(r) = self.lock().requests.get_mut(id) {
+            r.checks = checks;
+        }
+    }
+
+    /// Request `id` for the admin API.
+    pub fn find(&self, id: &str) -> Option<Request> {
+        self.lock().requests.get(id).cloned()
+    }
+
+    /// Grants kept in `state_dir` (at start): those not expired are in force again.
+    pub fn restore(&self) -> Result<usize, String> {
+        let Some(path) = &self.store else {
+            return Ok(0);
+        };
+        let grants = stored::load(path)?;
+        Ok(self.adopt(grants))
+    }
+
+    /// Take grants made elsewhere (the state dir, another replica); returns how many.
+    pub fn adopt(&self, grants: Vec<StoredGrant>) -> usize {
+        let now = SystemTime::now();
+        let mut inner = self.lock();
+        let mut touched = Vec::new();
+        let mut n = 0;
+        for s in grants {
+            let (Ok(sid), Some(g)) = (SandboxId::new(&s.sandbox), s.entry()) else {
+                tracing::warn!(grant = %s.id, "a kept grant does not parse; skipped");
+                continue;
+            };
+            if g.expires.is_some_and(|e| e <= now) {
+                continue;
+            }
+            let list = inner.grants.entry(sid.clone()).or_default();
+            match list.iter().position(|x| x.id == g.id) {
+                // Already here (this replica's own write, read back): keep the one in force,
+                // and what it knows of its use.
+                Some(i) => {
+                    if g.used() {
+                        list[i].mark_used();
+                    }
+                    continue;
+                }
+                None => list.push(g),
+            }
+            n += 1;
+            if !touched.contains(&sid) {
+                touched.push(sid);
+            }
+        }
+        for sid in &touched {
+            self.publish(&inner, sid);
+        }
+        if n > 0 {
+            self.save(&inner);
+        }
+        n
+    }
+
+    /// A grant removed elsewhere (another replica's revocation, an etcd lease that ended).
+    /// A `once` grant used here stays until its own expiry: its exchange is not cut.
+    pub fn forget(&self, sandbox: &str, id: &str) {
+        let mut inner = self.lock();
+        let Ok(sid) = SandboxId::new(sandbox) else {
+            return;
+        };
+        let Some(list) = inner.grants.get_mut(&sid) else {
+            return;
+        };
+        let before = list.len();
+        list.retain(|g| &*g.id != id || (g.kind == GrantKind::Once && g.used()));
+        if list.len() != before {
+            self.publish(&inner, &sid);
+            self.save(&inner);
+        }
+    }
+
+    /// Every grant in force, serialisable.
+    pub fn grants(&self) -> Vec<StoredGrant> {
+        stored_all(&self.lock())
+    }
+
+    fn publish(&self, inner: &Inner, sid: &SandboxId) {
+        let entries = inner.grants.get(sid).cloned().unwrap_or_default();
+        if let Some(p) = self.publisher.get() {
+            p(sid, Granted { entries });
+        }
+    }
+
+    fn save(&self, inner: &Inner) {
+        let Some(path) = &self.store else { return };
+        if let Err(e) = stored::save(path, &stored_all(inner)) {
+            tracing::error!(error = %e, path = %path.display(), "cannot keep grants in state_dir");
+        }
+    }
+
+    /// Write an approval record.
+    fn record(
+        &self,
+        r: &Request,
+        step: &'static str,
+        by: &'static str,
+        client: Option<SocketAddr>,
+        rule: Option<Arc<crate::policy::Rule>>,
+    ) {
+        let version = self.policy.borrow().version_arc();
+        let client = client.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let mut rec = Record::new(0, client, Mode::Approval, version);
+        rec.sandbox = Some(r.sandbox.clone());
+        rec.target = Some(r.asked.target.clone());
+        let d = match rule {
+            Some(rule) => Decision::allow(Reason::GrantMatched, Some(rule)),
+            None => Decision::deny(Reason::NoRuleMatched, None),
+        };
+        rec.verdict = d.verdict;
+        rec.reason = d.reason;
+        rec.rule = d.rule;
+        rec.approval = Some(Box::new(ApprovalFacts {
+            request: r.id.as_str().into(),
+            step,
+            by,
+            grant: r
+                .grant
+                .map(GrantKind::as_str)
+                .filter(|_| step == "approved"),
+            expires: r.deadline.filter(|_| step == "approved").map(rfc3339),
+            text: match step {
+                "requested" => Some(r.asked.reason.as_str().into()),
+                _ => r.note.as_deref().map(Into::into),
+            },
+            checks: r.checks.clone(),
+        }));
+        drop(AuditGuard::event(self.sink.clone(), rec));
+    }
+}
+
+impl Inner {
+    /// Whether sandbox `sid` may ask once more now (`approvals.per_minute`,
+    /// `approvals.max_pending`); counts the request when it may.
+    fn room_for(&mut self, sid: &SandboxId, cfg: &ApprovalsConfig) -> Result<(), Refused> {
+        let pending = self
+            .requests
+            .values()
+            .filter(|r| r.sandbox == *sid && r.state == State::Pending)
+            .count();
+        let window = self.asked.entry(sid.clone()).or_insert((Instant::now(), 0));
+        if window.0.elapsed() >= Duration::from_secs(60) {
+            *window = (Instant::now(), 0);
+        }
+        if window.1 >= cfg.per_minute {
+            return Err(refused(
+                429,
+                format!(
+                    "sandbox {sid} made {} requests this minute (approvals.per_minute)",
+                    cfg.per_minute
+                ),
+            ));
+        }
+        if pending >= cfg.max_pending {
+            return Err(refused(
+                429,
+                format!("sandbox {sid} has {pending} requests waiting (approvals.max_pending)"),
+            ));
+        }
+        window.1 += 1;
+        Ok(())
+    }
+
+    /// Make room for one more request: drop the oldest answered one; refuse when every kept
+    /// request is pending.
+    fn make_room(&mut self) -> Result<(), Refused> {
+        if self.requests.len() < MAX_REQUESTS {
+            return Ok(());
+        }
+        let old = self.order.iter().position(|id| {
+            self.requests
+                .get(id)
+                .is_none_or(|r| r.state != State::Pending)
+        });
+        match old {
+            Some(i) => {
+                if let Some(id) = self.order.remove(i) {
+                    self.requests.remove(&id);
+                }
+                Ok(())
+            }
+            None => Err(refused(
+                503,
+                "the proxy holds as many pending requests as it keeps; try again later",
+            )),
+        }
+    }
+}
+
+fn stored_all(inner: &Inner) -> Vec<StoredGrant> {
+    inner
+        .grants
+        .iter()
+        .flat_map(|(sid, l)| l.iter().map(|g| StoredGrant::of(sid.as_str(), g)))
+        .collect()
+}

@@ -1,0 +1,100 @@
+//! Grants as they are kept outside the process — in `state_dir/grants.json` and under the
+//! etcd prefix's `grants/` keys — so that a restart and every replica enforce the same ones.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::granted::{GrantEntry, GrantKind};
+use crate::policy::target::Host;
+
+/// One grant, serialisable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredGrant {
+    pub id: String,
+    pub sandbox: String,
+    pub host: String,
+    pub port: u16,
+    #[serde(default)]
+    pub methods: Vec<String>,
+    #[serde(default)]
+    pub paths: Vec<String>,
+    pub kind: GrantKind,
+    /// Unix milliseconds; absent: permanent.
+    #[serde(default)]
+    pub expires_ms: Option<u64>,
+    pub approver: String,
+    #[serde(default)]
+    pub used: bool,
+}
+
+impl StoredGrant {
+    pub fn of(sandbox: &str, g: &GrantEntry) -> Self {
+        StoredGrant {
+            id: g.id.to_string(),
+            sandbox: sandbox.to_string(),
+            host: crate::policy::granted::host_text(&g.host)
+                .trim_matches(['[', ']'])
+                .to_string(),
+            port: g.port,
+            methods: g.methods.clone(),
+            paths: g.paths.clone(),
+            kind: g.kind,
+            expires_ms: g.expires.map(millis),
+            approver: g.approver.to_string(),
+            used: g.used(),
+        }
+    }
+
+    /// The entry the data plane reads; `None` for a value that does not parse.
+    pub fn entry(&self) -> Option<Arc<GrantEntry>> {
+        let host = Host::parse(&self.host).ok()?;
+        let g = GrantEntry::new(
+            &self.sandbox,
+            &self.id,
+            host,
+            self.port,
+            self.methods.clone(),
+            self.paths.clone(),
+            self.kind,
+            self.expires_ms
+                .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+            &self.approver,
+        );
+        if self.used {
+            g.mark_used();
+        }
+        Some(Arc::new(g))
+    }
+}
+
+pub fn millis(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// `state_dir/grants.json`.
+pub fn path_in(state_dir: &Path) -> PathBuf {
+    state_dir.join("grants.json")
+}
+
+/// Write every grant (a temporary file renamed over the old one: never half a file).
+pub fn save(path: &Path, grants: &[StoredGrant]) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_vec_pretty(grants).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, text)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Read the grants kept (none when there is no file).
+pub fn load(path: &Path) -> Result<Vec<StoredGrant>, String> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}

@@ -1,0 +1,195 @@
+//! `approvals.webhook`: every new request is sent, as JSON, to the operator's URL, signed
+//! with HMAC-SHA256 under the shared secret; the reply may carry the decision, signed the
+//! same way. A reply that is not signed right, is stale, or names another request is ignored
+//! (the request stays pending for a person or a later API call).
+//!
+//! Signing: `X-Egress-Proxy-Timestamp: UNIX_SECONDS` and
+//! `X-Egress-Proxy-Signature: sha256=HEX(HMAC_SHA256(secret, TIMESTAMP + "." + BODY))`, on
+//! the request and on the reply alike. A reply's timestamp must be within [`SKEW`] of now.
+//! Reply body: `{"id": "r-…", "decision": "approve" | "deny", "grant"?, "ttl_s"?, "note"?}`.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hmac::{Hmac, Mac};
+use http_body_util::{BodyExt, Full, Limited};
+use serde::Deserialize;
+use sha2::Sha256;
+
+use crate::config::approvals::Webhook;
+
+/// How far a reply's timestamp may be from now.
+pub const SKEW: Duration = Duration::from_secs(300);
+/// Largest reply body read.
+const MAX_REPLY: usize = 16 * 1024;
+
+pub const SIGNATURE: &str = "x-egress-proxy-signature";
+pub const TIMESTAMP: &str = "x-egress-proxy-timestamp";
+
+/// `sha256=HEX` of `timestamp.body` under `secret`.
+pub fn sign(secret: &[u8], timestamp: u64, body: &[u8]) -> String {
+    match mac(secret, timestamp, body) {
+        Some(m) => format!("sha256={}", hex::encode(m.finalize().into_bytes())),
+        None => String::new(),
+    }
+}
+
+/// The HMAC of `timestamp.body` under `secret`, not yet finalised (HMAC takes keys of any
+/// length: `None` never happens).
+fn mac(secret: &[u8], timestamp: u64, body: &[u8]) -> Option<Hmac<Sha256>> {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).ok()?;
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    Some(mac)
+}
+
+/// Whether `signature` is `timestamp.body`'s under `secret` (in constant time), and the
+/// timestamp is within [`SKEW`] of `now`.
+pub fn verify(secret: &[u8], timestamp: &str, signature: &str, body: &[u8], now: u64) -> bool {
+    let Ok(ts) = timestamp.trim().parse::<u64>() else {
+        return false;
+    };
+    if ts.abs_diff(now) > SKEW.as_secs() {
+        return false;
+    }
+    let Some(hex_sig) = signature.trim().strip_prefix("sha256=") else {
+        return false;
+    };
+    let Ok(given) = hex::decode(hex_sig) else {
+        return false;
+    };
+    mac(secret, ts, body).is_some_and(|m| m.verify_slice(&given).is_ok())
+}
+
+/// The decision a webhook's reply may carry.
+#[derive(Debug, Deserialize)]
+pub struct Reply {
+    pub id: String,
+    pub decision: String,
+    #[serde(default)]
+    pub grant: Option<String>,
+    #[serde(default)]
+    pub ttl_s: Option<u64>,
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+pub fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Send `body` to the webhook; the reply's decision when it is signed right and names `id`.
+pub async fn send(hook: &Webhook, id: &str, body: Vec<u8>) -> Result<Option<Reply>, String> {
+    let ts = now_secs();
+    let signature = sign(&hook.secret, ts, &body);
+    let fut = exchange(hook, ts, signature, body);
+    let (status, headers, reply) = tokio::time::timeout(hook.timeout, fut)
+        .await
+        .map_err(|_| format!("no answer within {:?}", hook.timeout))??;
+    if !(200..300).contains(&status) || reply.is_empty() {
+        return Ok(None);
+    }
+    let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !verify(
+        &hook.secret,
+        header(TIMESTAMP),
+        header(SIGNATURE),
+        &reply,
+        now_secs(),
+    ) {
+        return Err("the reply's signature does not verify; its decision is ignored".into());
+    }
+    let reply: Reply = serde_json::from_slice(&reply).map_err(|e| format!("reply: {e}"))?;
+    if reply.id != id {
+        return Err(format!("the reply names request {}, not {id}", reply.id));
+    }
+    Ok(Some(reply))
+}
+
+type Answered = (u16, http::HeaderMap, Vec<u8>);
+
+async fn exchange(
+    hook: &Webhook,
+    ts: u64,
+    signature: String,
+    body: Vec<u8>,
+) -> Result<Answered, String> {
+    let uri = &hook.url;
+    let host = uri
+        .host()
+        .ok_or("no host")?
+        .trim_matches(['[', ']'])
+        .to_string();
+    let tls = uri.scheme_str() == Some("https");
+    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| format!("connect {host}:{port}: {e}"))?;
+    let req = http::Request::post(uri.path_and_query().map_or("/", |p| p.as_str()))
+        .header(
+            http::header::HOST,
+            uri.authority().map_or("", |a| a.as_str()),
+        )
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(TIMESTAMP, ts.to_string())
+        .header(SIGNATURE, signature)
+        .body(Full::new(bytes::Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
+    if !tls {
+        return round_trip(hyper_util::rt::TokioIo::new(tcp), req).await;
+    }
+    let roots = crate::egress::roots::public_and(None).map_err(|e| e.to_string())?;
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(host).map_err(|e| e.to_string())?;
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
+    round_trip(hyper_util::rt::TokioIo::new(stream), req).await
+}
+
+async fn round_trip<IO>(io: IO, req: http::Request<Full<bytes::Bytes>>) -> Result<Answered, String>
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let (parts, body) = resp.into_parts();
+    let bytes = Limited::new(body, MAX_REPLY)
+        .collect()
+        .await
+        .map_err(|e| format!("reply body: {e}"))?
+        .to_bytes();
+    Ok((status, parts.headers, bytes.to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signature_verifies_only_for_its_body_secret_and_time() {
+        let now = 1_800_000_000;
+        let sig = sign(b"k", now, b"{}");
+        assert!(verify(b"k", &now.to_string(), &sig, b"{}", now + 10));
+        assert!(!verify(b"other", &now.to_string(), &sig, b"{}", now));
+        assert!(!verify(b"k", &now.to_string(), &sig, b"{ }", now));
+        assert!(!verify(b"k", &(now + 1).to_string(), &sig, b"{}", now));
+        assert!(!verify(b"k", &now.to_string(), &sig, b"{}", now + 301));
+        assert!(!verify(b"k", &now.to_string(), "sha256=zz", b"{}", now));
+    }
+}

@@ -1,0 +1,117 @@
+//! `egress-proxy requests`, `approve ID` and `deny ID`: the approvers' commands, one admin
+//! API call each ([`egress_proxy::control::admin_client`]).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use serde_json::{json, Value};
+
+use egress_proxy::control::admin_client::{call, human, parse_duration};
+use egress_proxy::control::observe_client::AdminTls;
+
+/// How to reach the admin listener (as `observe`).
+#[derive(Args)]
+pub struct AdminArgs {
+    /// The admin listener.
+    #[arg(long, default_value = "http://127.0.0.1:9901")]
+    admin: String,
+    /// A file holding the admin token (default: $EGRESS_PROXY_ADMIN_TOKEN).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// An `https://` admin listener's CA (PEM), trusted besides the public roots.
+    #[arg(long)]
+    cacert: Option<PathBuf>,
+    /// A client certificate (PEM) for an admin listener that asks for one.
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
+}
+
+/// How long an approval holds.
+#[derive(Args)]
+#[group(multiple = false)]
+pub struct Kind {
+    /// For one exchange.
+    #[arg(long)]
+    once: bool,
+    /// For this long: 3s, 10m, 2h, 1d (the default kind; 1h unless given).
+    #[arg(long, value_parser = parse_duration)]
+    ttl: Option<u64>,
+    /// Until revoked.
+    #[arg(long)]
+    permanent: bool,
+}
+
+fn run(to: &AdminArgs, method: &str, path: &str, body: Option<&Value>, json_out: bool) -> ExitCode {
+    let tls = AdminTls {
+        cacert: to.cacert.clone(),
+        cert: to.cert.clone(),
+        key: to.key.clone(),
+    };
+    match call(
+        &to.admin,
+        to.token_file.as_deref(),
+        &tls,
+        method,
+        path,
+        body,
+    ) {
+        Ok((200..=299, text)) => {
+            let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            if json_out || v.get("requests").is_none() {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or(text));
+            } else {
+                print!("{}", human(&v));
+            }
+            ExitCode::SUCCESS
+        }
+        Ok((status, text)) => {
+            eprintln!("error: the admin API answered {status}: {}", text.trim());
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `egress-proxy requests [--state S] [--json]`.
+pub fn requests(to: &AdminArgs, state: Option<&str>, json_out: bool) -> ExitCode {
+    let path = match state {
+        Some(s) => format!("/v1/requests?state={s}"),
+        None => "/v1/requests".into(),
+    };
+    run(to, "GET", &path, None, json_out)
+}
+
+/// `egress-proxy approve ID [--once | --ttl D | --permanent] [--note N]`.
+pub fn approve(to: &AdminArgs, id: &str, kind: &Kind, note: Option<&str>) -> ExitCode {
+    let body = match (kind.once, kind.ttl, kind.permanent) {
+        (true, ttl, _) => json!({ "grant": "once", "ttl_s": ttl, "note": note }),
+        (_, _, true) => json!({ "grant": "permanent", "note": note }),
+        (_, ttl, _) => json!({ "grant": "ttl", "ttl_s": ttl.unwrap_or(3600), "note": note }),
+    };
+    run(
+        to,
+        "POST",
+        &format!("/v1/requests/{id}/approve"),
+        Some(&body),
+        true,
+    )
+}
+
+/// `egress-proxy deny ID [--note N]`.
+pub fn deny(to: &AdminArgs, id: &str, note: Option<&str>) -> ExitCode {
+    let body = json!({ "note": note });
+    run(
+        to,
+        "POST",
+        &format!("/v1/requests/{id}/deny"),
+        Some(&body),
+        true,
+    )
+}

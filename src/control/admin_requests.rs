@@ -1,0 +1,181 @@
+//! The approvers' side of access requests on the admin API (`docs/openapi.yaml`):
+//! `GET /v1/requests[?state=]`, `GET /v1/requests/{id}`, `POST /v1/requests/{id}/approve`
+//! `{"grant": "once" | "ttl" | "permanent", "ttl_s"?, "note"?}` and
+//! `POST /v1/requests/{id}/deny` `{"note"?}`. Answering needs the admin token, like every
+//! call that changes something; the answer is applied by the approvals desk
+//! ([`crate::approvals`]), on a blocking thread (it publishes through the controller's lock).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::admin::{error, json_resp, read_body};
+use crate::approvals::{request, Answer, Desk, State};
+use crate::policy::granted::GrantKind;
+use crate::runtime::Shared;
+
+/// Longest grant `ttl_s` accepted (30 days).
+const MAX_TTL_S: u64 = 30 * 24 * 3600;
+/// Longest note.
+const MAX_NOTE: usize = 500;
+
+/// Which requests path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum At {
+    List,
+    One(String),
+    Approve(String),
+    Deny(String),
+}
+
+impl At {
+    pub fn of(path: &str) -> Option<At> {
+        if path == "/v1/requests" {
+            return Some(At::List);
+        }
+        let rest = path.strip_prefix("/v1/requests/")?;
+        Some(match rest.split_once('/') {
+            None => At::One(rest.to_string()),
+            Some((id, "approve")) => At::Approve(id.to_string()),
+            Some((id, "deny")) => At::Deny(id.to_string()),
+            Some(_) => return None,
+        })
+    }
+
+    pub fn allow(&self) -> &'static str {
+        match self {
+            At::List | At::One(_) => "GET",
+            At::Approve(_) | At::Deny(_) => "POST",
+        }
+    }
+
+    pub fn takes(&self, m: &Method) -> bool {
+        m.as_str() == self.allow()
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Body {
+    #[serde(default)]
+    grant: Option<GrantKind>,
+    #[serde(default)]
+    ttl_s: Option<u64>,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+pub async fn route(
+    shared: &Arc<Shared>,
+    at: At,
+    req: Request<Incoming>,
+    max_body: usize,
+) -> Response<Full<Bytes>> {
+    let Some(desk) = shared.desk.get().cloned() else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the proxy is starting");
+    };
+    match at {
+        At::List => {
+            let state = req
+                .uri()
+                .query()
+                .into_iter()
+                .flat_map(|q| q.split('&'))
+                .find_map(|kv| kv.strip_prefix("state="));
+            let state = match state.map(|s| (s, State::parse(s))) {
+                None => None,
+                Some((_, Some(s))) => Some(s),
+                Some((s, None)) => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        format!("state must be pending, approved, denied or expired, not `{s}`"),
+                    )
+                }
+            };
+            json_resp(StatusCode::OK, desk.list(state))
+        }
+        At::One(id) => match desk.find(&id).filter(|_| request::valid_id(&id)) {
+            Some(r) => json_resp(StatusCode::OK, r.view()),
+            None => error(StatusCode::NOT_FOUND, format!("no request `{id}`")),
+        },
+        At::Approve(id) | At::Deny(id) if !request::valid_id(&id) => {
+            error(StatusCode::NOT_FOUND, format!("no request `{id}`"))
+        }
+        At::Approve(id) => {
+            let body = match parse(req, max_body).await {
+                Ok(b) => b,
+                Err(r) => return r,
+            };
+            let kind = body.grant.unwrap_or(GrantKind::Ttl);
+            if body.ttl_s.is_some_and(|t| t == 0 || t > MAX_TTL_S) {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("ttl_s must be 1-{MAX_TTL_S}"),
+                );
+            }
+            if kind == GrantKind::Permanent && body.ttl_s.is_some() {
+                return error(StatusCode::BAD_REQUEST, "a permanent grant takes no ttl_s");
+            }
+            let answer = Answer::Approve {
+                kind,
+                ttl: body.ttl_s.map(Duration::from_secs),
+                note: body.note,
+            };
+            apply(desk, id, answer).await
+        }
+        At::Deny(id) => {
+            let body = match parse(req, max_body).await {
+                Ok(b) => b,
+                Err(r) => return r,
+            };
+            if body.grant.is_some() || body.ttl_s.is_some() {
+                return error(StatusCode::BAD_REQUEST, "a denial takes only a note");
+            }
+            apply(desk, id, Answer::Deny { note: body.note }).await
+        }
+    }
+}
+
+/// The answer's body (empty: `{}`).
+async fn parse(req: Request<Incoming>, max: usize) -> Result<Body, Response<Full<Bytes>>> {
+    let text = read_body(req, max).await?;
+    if text.trim().is_empty() {
+        return Ok(Body::default());
+    }
+    let body: Body = serde_json::from_str(&text).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            format!("the body must be {{\"grant\": \"once\"|\"ttl\"|\"permanent\", \"ttl_s\"?, \"note\"?}}: {e}"),
+        )
+    })?;
+    if body.note.as_ref().is_some_and(|n| n.len() > MAX_NOTE) {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("note is longer than {MAX_NOTE} bytes"),
+        ));
+    }
+    Ok(body)
+}
+
+/// Apply an answer on a blocking thread (it publishes through the controller's lock).
+async fn apply(desk: Arc<Desk>, id: String, answer: Answer) -> Response<Full<Bytes>> {
+    let done =
+        tokio::task::spawn_blocking(move || desk.answer(&id, answer, "admin", Vec::new())).await;
+    match done {
+        Ok(Ok(r)) => json_resp(StatusCode::OK, r.view()),
+        Ok(Err(e)) => {
+            let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+            json_resp(status, json!({ "error": e.message }))
+        }
+        Err(_) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the answer could not be applied",
+        ),
+    }
+}

@@ -1,0 +1,51 @@
+//! The verdict stage of grants approved at run time ([`crate::policy::granted`]): an exchange
+//! the policy allowed by a grant is refused here when the grant limits methods or paths and
+//! the exchange is a tunnel (nothing the proxy can check them on) or a request outside them,
+//! and when it is a `once` grant whose one exchange was taken. It runs last, so that a `once`
+//! grant is spent only by an exchange every other stage passed.
+
+use crate::egress::verdict::{Judgement, Point, Stage};
+use crate::policy::reason::Reason;
+use crate::wire::first_bytes::Mismatch;
+
+/// See the module documentation.
+pub struct GrantStage;
+
+impl Stage for GrantStage {
+    fn name(&self) -> &'static str {
+        "grant"
+    }
+
+    fn judge(&self, at: &Point<'_>) -> Judgement {
+        let Some(grant) = at.grant else {
+            return Judgement::Pass;
+        };
+        if grant.scoped() {
+            let Some(((uri, _), method)) = at.request.zip(at.method) else {
+                return Judgement::Refuse(Mismatch {
+                    reason: Reason::NoRuleMatched,
+                    detail: format!(
+                        "grant {} holds only for the methods and paths it names, which a tunnel cannot be checked against; send plain HTTP, or ask for a grant without them",
+                        grant.id
+                    ),
+                });
+            };
+            if !grant.allows_request(method.as_str(), uri.path()) {
+                return Judgement::Refuse(Mismatch {
+                    reason: Reason::HttpNotAllowed,
+                    detail: format!(
+                        "grant {} allows methods {:?} and paths {:?} only",
+                        grant.id, grant.methods, grant.paths
+                    ),
+                });
+            }
+        }
+        if !grant.take() {
+            return Judgement::Refuse(Mismatch {
+                reason: Reason::NoRuleMatched,
+                detail: format!("grant {} was for one exchange, and it was used", grant.id),
+            });
+        }
+        Judgement::Pass
+    }
+}

@@ -1,0 +1,239 @@
+//! The proxy's own endpoint inside every sandbox: requests through the proxy to the reserved
+//! authority [`LOCAL`] (`egress-proxy.local`, never resolved, never dialled) are answered
+//! here, for the sandbox the connection identified (never a field of the body):
+//! - `POST /v1/requests` `{"host", "port", "methods"?, "paths"?, "reason"}` → `202` the
+//!   request (`pending`, or `approved` at once by auto-approval);
+//! - `GET /v1/requests/{id}[?wait=S]` → the request, after waiting up to `S` seconds (at
+//!   most 60) for an answer;
+//! - `GET /v1/denials` → this sandbox's latest refusals.
+//!
+//! A new request is checked by auto-approval ([`crate::approvals::auto`]) before it is
+//! answered, and sent to the webhook, if any, after.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde_json::{json, Value};
+
+use crate::approvals::{auto, request, webhook, Answer, Desk};
+use crate::audit::AuditGuard;
+use crate::egress::admit::Entered;
+use crate::policy::granted::GrantKind;
+use crate::policy::reason::Reason;
+use crate::policy::set::Sandbox;
+use crate::policy::target::{Host, Target};
+use crate::policy::Decision;
+use crate::relay::body::{self, Body};
+use crate::runtime::Shared;
+
+/// The reserved name.
+pub const LOCAL: &str = "egress-proxy.local";
+/// Largest request body read.
+const MAX_BODY: usize = 8 * 1024;
+
+/// Whether `target` is the proxy's own endpoint.
+pub fn is_local(target: &Target) -> bool {
+    matches!(&target.host, Host::Name(n) if &**n == LOCAL)
+}
+
+/// Answer one request to the endpoint for the sandbox `entered` identified.
+pub async fn answer(
+    shared: &Arc<Shared>,
+    entered: Entered,
+    req: Request<Incoming>,
+    mut audit: AuditGuard,
+    client: SocketAddr,
+) -> Response<Body> {
+    audit.decision(&Decision::allow(Reason::ProxyEndpoint, None));
+    let sb = entered.sandbox().clone();
+    let Some(desk) = shared.desk.get().cloned() else {
+        return reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"error": "the proxy is starting"}),
+        );
+    };
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    audit.detail(format!("answered by the proxy: {method} {path}"));
+    let resp = match (method, path.as_str()) {
+        (Method::POST, "/v1/requests") => {
+            let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => {
+                    return reply(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        json!({"error": format!("the body is over {MAX_BODY} bytes or broken")}),
+                    )
+                }
+            };
+            create(shared, &desk, &sb, &body, client).await
+        }
+        (Method::GET, "/v1/denials") => reply(
+            StatusCode::OK,
+            json!({ "sandbox": sb.binding.id.as_str(), "denials": shared.sink.denials.of(sb.binding.id.as_str()) }),
+        ),
+        (Method::GET, p) if p.starts_with("/v1/requests/") => {
+            let id = &p["/v1/requests/".len()..];
+            let wait = wait_of(req.uri().query());
+            let found = match request::valid_id(id) {
+                true => desk.wait(sb.binding.id.as_str(), id, wait).await,
+                false => None,
+            };
+            match found {
+                Some(r) => reply(StatusCode::OK, r.view()),
+                None => reply(
+                    StatusCode::NOT_FOUND,
+                    json!({"error": format!("no request {id} of this sandbox")}),
+                ),
+            }
+        }
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            json!({"error": "egress-proxy.local serves POST /v1/requests, GET /v1/requests/{id}[?wait=S] and GET /v1/denials"}),
+        ),
+    };
+    drop(entered);
+    resp
+}
+
+/// `?wait=S` (seconds; at most [`crate::approvals::MAX_WAIT`]).
+fn wait_of(query: Option<&str>) -> Duration {
+    query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|kv| kv.strip_prefix("wait="))
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(|s| Duration::from_secs_f64(s.min(crate::approvals::MAX_WAIT.as_secs_f64())))
+        .unwrap_or_default()
+}
+
+/// A new request: kept, checked by auto-approval, then sent to the webhook.
+async fn create(
+    shared: &Arc<Shared>,
+    desk: &Arc<Desk>,
+    sb: &Arc<Sandbox>,
+    body: &Bytes,
+    client: SocketAddr,
+) -> Response<Body> {
+    let probe = request::parse(body, desk.cfg.reason_max).ok();
+    let terminated = probe.as_ref().is_some_and(|a| terminated(sb, &a.target));
+    let r = match desk.ask(sb, terminated, body, client) {
+        Ok(r) => r,
+        Err(e) => {
+            let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+            return reply(status, json!({ "error": e.message }));
+        }
+    };
+    let mut r = r;
+    let set = shared.policy.load();
+    if let Some(auto) = auto::compile(&desk.cfg, set.default_ports()) {
+        let resolver = shared.resolver();
+        let own = sb.policy.decide(&r.asked.target, None, &set.guard);
+        let own_denied = own.decision.reason == Reason::DeniedByRule;
+        let checks = auto::check(
+            &auto,
+            &desk.cfg,
+            &set,
+            own_denied,
+            terminated,
+            &r.asked.target,
+            &resolver,
+        )
+        .await;
+        if checks.passed {
+            let approve = Answer::Approve {
+                kind: GrantKind::Ttl,
+                ttl: Some(desk.cfg.auto_ttl),
+                note: Some("auto-approved (approvals.auto)".into()),
+            };
+            let (d, id) = (desk.clone(), r.id.clone());
+            let done =
+                tokio::task::spawn_blocking(move || d.answer(&id, approve, "auto", checks.lines))
+                    .await;
+            if let Ok(Ok(done)) = done {
+                r = done;
+            }
+        } else {
+            desk.note_checks(&r.id, checks.lines.clone());
+            r.checks = checks.lines;
+        }
+    }
+    if desk.cfg.webhook.is_some() && r.state == crate::approvals::State::Pending {
+        tokio::spawn(ask_webhook(desk.clone(), r.view()));
+    }
+    let mut resp = reply(StatusCode::ACCEPTED, r.view());
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/requests/{}", r.id)) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    resp
+}
+
+/// Send a request to the webhook; apply the decision its reply carries, if signed right.
+async fn ask_webhook(desk: Arc<Desk>, view: Value) {
+    let Some(hook) = desk.cfg.webhook.clone() else {
+        return;
+    };
+    let id = view["id"].as_str().unwrap_or_default().to_string();
+    let body = json!({ "type": "access_request", "request": view }).to_string();
+    let reply = match webhook::send(&hook, &id, body.into_bytes()).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(request = %id, error = %e, "approvals webhook");
+            return;
+        }
+    };
+    let answer = match (reply.decision.as_str(), reply.grant.as_deref()) {
+        ("deny", _) => Answer::Deny { note: reply.note },
+        ("approve", g) => {
+            let kind = match g.unwrap_or("ttl") {
+                "once" => GrantKind::Once,
+                "permanent" => GrantKind::Permanent,
+                _ => GrantKind::Ttl,
+            };
+            let ttl = reply.ttl_s.map(Duration::from_secs);
+            Answer::Approve {
+                kind,
+                ttl,
+                note: reply.note,
+            }
+        }
+        (other, _) => {
+            tracing::warn!(request = %id, decision = other, "approvals webhook: unknown decision ignored");
+            return;
+        }
+    };
+    let done = tokio::task::spawn_blocking({
+        let id = id.clone();
+        move || desk.answer(&id, answer, "webhook", Vec::new())
+    })
+    .await;
+    if let Ok(Err(e)) = done {
+        tracing::warn!(request = %id, error = %e.message, "approvals webhook: answer not applied");
+    }
+}
+
+/// Whether the sandbox's requests to `target`'s host are terminated (a credential or an
+/// HTTP rule is bound to it): its rules stay above every grant.
+fn terminated(sb: &Sandbox, target: &Target) -> bool {
+    let host = target.host.to_string();
+    let b = &sb.binding;
+    b.credentials.iter().any(|c| c.bound_to(&host))
+        || b.network.http.iter().any(|r| r.host.matches(&host))
+}
+
+fn reply(status: StatusCode, v: Value) -> Response<Body> {
+    let mut resp = Response::new(body::full(Bytes::from(v.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}

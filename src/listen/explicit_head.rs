@@ -1,0 +1,89 @@
+//! The explicit listener's first look at a connection's first request head (without reading
+//! it): hyper would answer a head it cannot parse with a bare 400, so the proxy answers it
+//! itself, with `Proxy-Status`, a body, and the right mode in the record.
+
+use tokio::net::TcpStream;
+
+use super::explicit::MAX_HEAD;
+use crate::audit::accept::Accepted;
+use crate::audit::{Close, Mode};
+use crate::policy::reason::Reason;
+use crate::policy::Decision;
+use crate::relay::deny::{self, Refusal};
+use crate::runtime::Shared;
+
+/// A first request head that arrived whole but cannot be served: what it was and why.
+pub(super) struct Malformed {
+    mode: Mode,
+    why: String,
+}
+
+/// Look (without reading) at the first request head, if it is all there: hyper would answer a
+/// head it cannot parse with a bare 400, so the proxy answers it itself, with Proxy-Status,
+/// a body and the right mode in the record. A head still incomplete is left to hyper.
+pub(super) async fn malformed_head(stream: &TcpStream) -> Option<Malformed> {
+    let mut buf = vec![0u8; MAX_HEAD];
+    let n = stream.peek(&mut buf).await.ok()?;
+    let head = &buf[..n];
+    let mut headers = [httparse::EMPTY_HEADER; 100];
+    let mut req = httparse::Request::new(&mut headers);
+    let mode = |method: Option<&str>| match method {
+        Some(m) if m.eq_ignore_ascii_case("CONNECT") => Mode::Connect,
+        _ => Mode::Http,
+    };
+    match req.parse(head) {
+        Ok(httparse::Status::Partial) => None,
+        Err(e) => {
+            let first = head.split(|b| *b == b' ').next().unwrap_or_default();
+            Some(Malformed {
+                mode: mode(std::str::from_utf8(first).ok()),
+                why: format!("the request is not valid HTTP/1.1 ({e})"),
+            })
+        }
+        Ok(httparse::Status::Complete(_)) => {
+            let method = req.method;
+            let path = req.path.unwrap_or_default();
+            if mode(method) == Mode::Connect || path.parse::<http::Uri>().is_ok() {
+                return None;
+            }
+            Some(Malformed {
+                mode: mode(method),
+                why: "the request target is not a valid URI (IPv6 literals need brackets: http://[::1]:8080/)".into(),
+            })
+        }
+    }
+}
+
+/// Answer a malformed first request with a §6 400 and record it.
+pub(super) async fn refuse_malformed(
+    shared: &Shared,
+    accepted: Accepted,
+    mut stream: TcpStream,
+    bad: Malformed,
+) {
+    use tokio::io::AsyncWriteExt;
+    let mut audit = shared.audit(&accepted, bad.mode, &shared.policy.load());
+    audit.decision(&Decision::deny(Reason::InvalidTarget, None));
+    audit.detail(bad.why.clone());
+    audit.close(Close::Error);
+    // Take in what was sent, so that closing does not reset the answer away.
+    let mut sink = [0u8; 4096];
+    while let Ok(n) = stream.try_read(&mut sink) {
+        if n == 0 {
+            break;
+        }
+    }
+    let resp = deny::wire(&Refusal {
+        reason: Reason::InvalidTarget,
+        what: "this request",
+        sandbox: None,
+        explanation: &bad.why,
+        retry_after: None,
+    });
+    let wait = shared.settings.timeouts.header;
+    let _ = tokio::time::timeout(wait, async {
+        stream.write_all(&resp).await?;
+        stream.shutdown().await
+    })
+    .await;
+}

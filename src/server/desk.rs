@@ -1,0 +1,53 @@
+//! Assembling the approvals desk ([`crate::approvals`]) at start: the controller publishes
+//! its grants, `state_dir` restores them (without etcd; with etcd the control plane does),
+//! and a thread expires what is due every [`TICK`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::approvals::Desk;
+use crate::config::Config;
+use crate::control::Controller;
+use crate::runtime::Shared;
+
+/// How often due requests and grants are expired (a grant refuses new exchanges at its
+/// expiry exactly; its open tunnels are cut within one tick).
+pub const TICK: Duration = Duration::from_millis(200);
+
+/// Build the desk, put it in `shared`, and start its expiry thread.
+pub fn start(config: &Config, shared: &Arc<Shared>, control: &Arc<Controller>) -> Arc<Desk> {
+    let state_dir = config
+        .state_dir
+        .as_deref()
+        .filter(|_| config.etcd.is_none());
+    let desk = Desk::new(
+        config.approvals.clone(),
+        shared.sink.clone(),
+        shared.policy.subscribe(),
+        state_dir,
+    );
+    let publisher = control.clone();
+    desk.set_publisher(Box::new(move |id, granted| {
+        publisher.publish_grants(id, granted)
+    }));
+    match desk.restore() {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(grants = n, "grants restored from state_dir"),
+        Err(e) => tracing::warn!(error = %e, "cannot restore grants from state_dir"),
+    }
+    let _ = shared.desk.set(desk.clone());
+    let ticking = Arc::downgrade(&desk);
+    let spawned = std::thread::Builder::new()
+        .name("approvals-expiry".into())
+        .spawn(move || {
+            while let Some(desk) = ticking.upgrade() {
+                desk.tick();
+                drop(desk);
+                std::thread::sleep(TICK);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the approvals expiry thread: grants will not expire");
+    }
+    desk
+}

@@ -1,0 +1,533 @@
+//! Access requests from inside a sandbox (issue 41), with the real binary, curl and the CLI:
+//! a refusal says how to ask; the agent asks at `http://egress-proxy.local`; a person
+//! approves with `egress-proxy approve ID --ttl`; the grant lets the same request through
+//! and, at its expiry, refuses it again and cuts the tunnel it allowed; every step is in the
+//! signed audit chain. Also: another sandbox cannot see or use the request, requests are
+//! bounded, deny rules stay above grants, auto-approval approves only what adds no
+//! dangerous reach, and a webhook approves inline — unless its reply's signature is wrong.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const ADMIN_TOKEN: &str = "approvals-admin-token";
+
+/// An Ed25519 key pair made by openssl: (private PEM, public PEM).
+fn keypair(dir: &Path) -> (PathBuf, PathBuf) {
+    let sk = dir.join("audit.pem");
+    let pk = dir.join("audit.pub.pem");
+    let run = |args: &[&str]| {
+        let ok = Command::new("openssl")
+            .args(args)
+            .status()
+            .expect("openssl")
+            .success();
+        assert!(ok, "openssl {args:?}");
+    };
+    run(&[
+        "genpkey",
+        "-algorithm",
+        "ed25519",
+        "-out",
+        sk.to_str().unwrap(),
+    ]);
+    run(&[
+        "pkey",
+        "-pubout",
+        "-in",
+        sk.to_str().unwrap(),
+        "-out",
+        pk.to_str().unwrap(),
+    ]);
+    (sk, pk)
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    ca: TestCa,
+    https: Origin,
+    proxy: Proxy,
+    public_key: PathBuf,
+}
+
+/// A proxy with sandboxes `agent` and `other`, a signed audit chain, `extra` top-level YAML.
+fn env(extra: &str) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
+    let (sk, pk) = keypair(d);
+    let yaml = format!(
+        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
+audit: {{ path: {audit}, chain: true, signing_key_file: {sk} }}
+admin_token_file: {token}
+state_dir: {state}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ granted.test: [127.0.0.1], denied.test: [127.0.0.1], pub.auto.test: [127.0.0.1], inside.auto.test: [10.1.2.3], someone.github.io: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+{extra}
+sandboxes:
+  - id: agent
+    auth: {{ token_sha256: {a} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["allowed.test"], deny: ["denied.test"] }} }}
+  - id: other
+    auth: {{ token_sha256: {o} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["allowed.test"] }} }}
+"#,
+        audit = d.join("audit.jsonl").display(),
+        sk = sk.display(),
+        token = d.join("admin.token").display(),
+        state = d.join("state").display(),
+        a = sha("tok-agent"),
+        o = sha("tok-other"),
+    );
+    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
+    let ca = TestCa::generate(d);
+    let https = Origin::start(Some(&ca));
+    let proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    Env {
+        dir,
+        ca,
+        https,
+        proxy,
+        public_key: pk,
+    }
+}
+
+impl Env {
+    fn px(&self, who: &str) -> String {
+        format!("http://{who}:tok-{who}@{}", self.proxy.proxy)
+    }
+
+    /// `https://HOST:PORT/PATH` through the proxy as `who`.
+    fn get(&self, who: &str, host: &str, path: &str) -> CurlOut {
+        let ca = self.ca.ca_pem.display().to_string();
+        let url = format!("https://{host}:{}{path}", self.https.addr.port());
+        curl(&["-x", &self.px(who), "--cacert", &ca, &url])
+    }
+
+    /// A call to the in-sandbox endpoint as `who`: (status, JSON body).
+    fn ask(&self, who: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+        let url = format!("http://egress-proxy.local{path}");
+        let mut args = vec![
+            "-x",
+            &*Box::leak(self.px(who).into_boxed_str()),
+            "-X",
+            method,
+        ];
+        if let Some(b) = body {
+            args.extend(["-H", "Content-Type: application/json", "--data-binary", b]);
+        }
+        args.extend(["-w", "\n%{http_code}", &*Box::leak(url.into_boxed_str())]);
+        let out = curl(&args);
+        let text = out.text();
+        let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (
+            status.trim().parse().unwrap_or(0),
+            serde_json::from_str(body).unwrap_or(Value::Null),
+        )
+    }
+
+    /// `egress-proxy ARGS --admin … --token-file …`: (exit code, output).
+    fn cli(&self, args: &[&str]) -> (i32, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+            .args(args)
+            .arg("--admin")
+            .arg(format!("http://{}", self.proxy.admin))
+            .arg("--token-file")
+            .arg(self.dir.path().join("admin.token"))
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    }
+
+    fn request(&self, who: &str, host: &str, reason: &str) -> (u16, Value) {
+        let body = format!(
+            r#"{{"host": "{host}", "port": {}, "reason": "{reason}"}}"#,
+            self.https.addr.port()
+        );
+        self.ask(who, "POST", "/v1/requests", Some(&body))
+    }
+}
+
+/// The whole loop: refused → asked → approved for 3 s → passes → at expiry refused again
+/// and the tunnel the grant allowed is cut; the records of every step verify.
+#[test]
+fn the_agent_asks_a_person_approves_and_the_grant_ends_on_time() {
+    let e = env("");
+    // Refused, and told how to ask (JSON for an agent that asks for it).
+    assert_ne!(e.get("agent", "granted.test", "/").code, 0);
+    let url = format!("http://granted.test:{}/", e.https.addr.port());
+    let out = curl(&[
+        "-x",
+        &e.px("agent"),
+        "-H",
+        "Accept: application/json",
+        "-i",
+        &url,
+    ]);
+    let text = out.text();
+    assert!(text.contains(" 403 "), "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("request-access=\"http://egress-proxy.local/v1/requests\""),
+        "{text}"
+    );
+    let body: Value = serde_json::from_str(text.split("\r\n\r\n").last().unwrap()).unwrap();
+    assert_eq!(
+        body["request_access"]["url"],
+        "http://egress-proxy.local/v1/requests"
+    );
+    assert_eq!(body["request_access"]["body"]["host"], "granted.test");
+    // What the sandbox was refused, from inside.
+    let (status, denials) = e.ask("agent", "GET", "/v1/denials", None);
+    assert_eq!(status, 200, "{denials}");
+    assert!(
+        denials["denials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["host"] == "granted.test"),
+        "{denials}"
+    );
+
+    // The agent asks; the sandbox is the connection's, never the body's.
+    let (status, r) = e.request("agent", "granted.test", "fetch the docs");
+    assert_eq!(status, 202, "{r}");
+    assert_eq!(r["state"], "pending");
+    assert_eq!(r["sandbox"], "agent");
+    let id = r["id"].as_str().unwrap().to_string();
+    // A long poll that nobody answers returns pending after its wait.
+    let t = Instant::now();
+    let (_, polled) = e.ask("agent", "GET", &format!("/v1/requests/{id}?wait=1"), None);
+    assert_eq!(polled["state"], "pending");
+    assert!(t.elapsed() >= Duration::from_millis(900));
+    // Another sandbox neither sees it nor passes.
+    let (status, _) = e.ask("other", "GET", &format!("/v1/requests/{id}"), None);
+    assert_eq!(status, 404);
+
+    // A person lists and approves it for 3 s.
+    let (code, listed) = e.cli(&["requests", "--state", "pending"]);
+    assert_eq!(code, 0, "{listed}");
+    assert!(
+        listed.contains(&id) && listed.contains("granted.test"),
+        "{listed}"
+    );
+    let (code, approved) = e.cli(&["approve", &id, "--ttl", "3s", "--note", "ok for docs"]);
+    assert_eq!(code, 0, "{approved}");
+    assert!(
+        !approved.contains(ADMIN_TOKEN),
+        "the token is never printed"
+    );
+    let approved_at = Instant::now();
+    let (_, polled) = e.ask("agent", "GET", &format!("/v1/requests/{id}?wait=5"), None);
+    assert_eq!(polled["state"], "approved", "{polled}");
+    assert_eq!(polled["grant"], "ttl");
+
+    // The same request passes now, for this sandbox only, and says why.
+    let out = e.get("agent", "granted.test", "/");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rec = e
+        .proxy
+        .wait_record(|r| r["target_host"] == "granted.test" && r["decision"] == "allow");
+    assert_eq!(rec["reason"], "grant_matched");
+    assert!(rec["rule_source"].as_str().unwrap().contains(&id), "{rec}");
+    assert_ne!(e.get("other", "granted.test", "/").code, 0);
+    // Deny rules stay above every grant: the sandbox cannot even ask for them.
+    let (status, r) = e.request("agent", "denied.test", "please");
+    assert_eq!(status, 409, "{r}");
+
+    // A tunnel opened under the grant, then the expiry: cut, and refused again.
+    let ca = e.ca.ca_pem.display().to_string();
+    let px = e.px("agent");
+    let slow_url = format!("https://granted.test:{}/slow", e.https.addr.port());
+    let slow = std::thread::spawn(move || curl(&["-x", &px, "--cacert", &ca, &slow_url]));
+    let out = slow.join().unwrap();
+    let ended = approved_at.elapsed();
+    assert_ne!(out.code, 0, "the download under the grant was cut");
+    assert!(ended < Duration::from_secs(30), "cut after {ended:?}");
+    let rec = e
+        .proxy
+        .wait_record(|r| r["target_host"] == "granted.test" && r["close"] == "revoked");
+    assert_eq!(rec["reason"], "grant_matched");
+    assert_ne!(e.get("agent", "granted.test", "/").code, 0);
+    let (_, r) = e.ask("agent", "GET", &format!("/v1/requests/{id}"), None);
+    assert_eq!(r["state"], "expired");
+
+    // Every step is a record, and the whole chain verifies with the public key.
+    let steps = e.proxy.wait_audit("end", |r| {
+        r["mode"] == "approval" && r["approval"]["step"] == "expired"
+    });
+    assert_eq!(steps["approval"]["request"], id.as_str());
+    let recs = e.proxy.audit_records();
+    for step in ["requested", "approved"] {
+        assert!(
+            recs.iter()
+                .any(|r| r["approval"]["step"] == step && r["approval"]["request"] == id.as_str()),
+            "no {step} record"
+        );
+    }
+    let approved = recs
+        .iter()
+        .find(|r| r["approval"]["step"] == "approved")
+        .unwrap();
+    assert_eq!(approved["approval"]["by"], "admin");
+    assert_eq!(approved["approval"]["text"], "ok for docs");
+    let mut p = e.proxy;
+    p.terminate();
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["audit", "verify"])
+        .arg(e.dir.path().join("audit.jsonl"))
+        .arg("--public-key")
+        .arg(&e.public_key)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+}
+
+/// `once` is one exchange; a denial is final; a grant survives a restart (state_dir).
+#[test]
+fn once_is_one_exchange_a_denial_is_final_and_grants_survive_a_restart() {
+    let mut e = env("");
+    let (_, r) = e.request("agent", "granted.test", "one look");
+    let id = r["id"].as_str().unwrap().to_string();
+    let (code, out) = e.cli(&["approve", &id, "--once"]);
+    assert_eq!(code, 0, "{out}");
+    let first = e.get("agent", "granted.test", "/");
+    assert_eq!(
+        first.code,
+        0,
+        "{} {:#?}",
+        first.stderr,
+        e.proxy.audit_records()
+    );
+    assert_ne!(
+        e.get("agent", "granted.test", "/").code,
+        0,
+        "a once grant is spent"
+    );
+    let rec = e.proxy.wait_record(|r| {
+        r["target_host"] == "granted.test"
+            && r["decision"] == "deny"
+            && r["detail"].as_str().is_some_and(|d| d.contains("used"))
+    });
+    assert_eq!(rec["reason"], "no_rule_matched");
+
+    // A denial: the request is final, another answer conflicts.
+    let (_, r) = e.request("agent", "granted.test", "again");
+    let id = r["id"].as_str().unwrap().to_string();
+    assert_eq!(e.cli(&["deny", &id, "--note", "no"]).0, 0);
+    let (_, r) = e.ask("agent", "GET", &format!("/v1/requests/{id}?wait=2"), None);
+    assert_eq!(r["state"], "denied");
+    let (code, out) = e.cli(&["approve", &id]);
+    assert_ne!(code, 0);
+    assert!(out.contains("409"), "{out}");
+
+    // A permanent grant is kept in state_dir and holds after a restart.
+    let (_, r) = e.request("agent", "granted.test", "for good");
+    let id = r["id"].as_str().unwrap().to_string();
+    assert_eq!(e.cli(&["approve", &id, "--permanent"]).0, 0);
+    assert_eq!(e.get("agent", "granted.test", "/").code, 0);
+    e.proxy.terminate();
+    let d = e.dir.path();
+    e.proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    let out = e.get("agent", "granted.test", "/");
+    assert_eq!(
+        out.code,
+        0,
+        "the grant survived the restart: {} {:?} {}",
+        out.stderr,
+        e.proxy.stderr_text(),
+        std::fs::read_to_string(d.join("state/grants.json")).unwrap_or_default()
+    );
+}
+
+/// A flood costs what the caps allow: per-minute and pending caps answer 429, a long reason
+/// or a body naming another sandbox 400; nothing asked of another sandbox's name leaks.
+#[test]
+fn requests_are_bounded_and_checked() {
+    let e = env("approvals: { max_pending: 2, per_minute: 3 }");
+    for i in 0..2 {
+        let (status, r) = e.request("agent", &format!("h{i}.test"), "x");
+        assert_eq!(status, 202, "{r}");
+    }
+    let (status, r) = e.request("agent", "h2.test", "x");
+    assert_eq!(status, 429, "{r}");
+    assert!(r["error"].as_str().unwrap().contains("max_pending"), "{r}");
+    let long = "y".repeat(600);
+    let (status, _) = e.request("agent", "h3.test", &long);
+    assert_eq!(status, 400);
+    let (status, r) = e.ask(
+        "agent",
+        "POST",
+        "/v1/requests",
+        Some(r#"{"host": "h4.test", "reason": "x", "sandbox": "other"}"#),
+    );
+    assert_eq!(status, 400, "{r}");
+    // An allowed host needs no request.
+    let allowed = r#"{"host": "allowed.test", "port": 443, "reason": "x"}"#;
+    let (status, r) = e.ask("other", "POST", "/v1/requests", Some(allowed));
+    assert_eq!(status, 409, "{r}");
+    // Without credentials the endpoint answers nobody.
+    let out = curl(&[
+        "-x",
+        &format!("http://{}", e.proxy.proxy),
+        "-i",
+        "http://egress-proxy.local/v1/denials",
+    ]);
+    assert!(out.text().contains(" 407 "), "{}", out.text());
+    // Nor is it reached over CONNECT.
+    let out = curl(&[
+        "-x",
+        &e.px("agent"),
+        "https://egress-proxy.local/v1/denials",
+    ]);
+    assert_ne!(out.code, 0);
+}
+
+/// Auto-approval: a matching public name at once; the same pattern for a name in 10/8, and a
+/// wildcard above registrable domains (a private public suffix), wait for a person.
+#[test]
+fn auto_approval_grants_only_what_adds_no_dangerous_reach() {
+    let e = env(r#"approvals: { auto: ["*.auto.test:*", "*.github.io:*"], auto_ttl_s: 60 }"#);
+    let (status, r) = e.request("agent", "pub.auto.test", "tests");
+    assert_eq!(status, 202, "{r}");
+    assert_eq!(r["state"], "approved", "{r}");
+    assert_eq!(r["answered_by"], "auto");
+    assert!(
+        r["checks"].to_string().contains("public_addresses: passed"),
+        "{r}"
+    );
+    assert_eq!(e.get("agent", "pub.auto.test", "/").code, 0);
+
+    let (_, r) = e.request("agent", "inside.auto.test", "tests");
+    assert_eq!(r["state"], "pending", "{r}");
+    assert!(
+        r["checks"]
+            .to_string()
+            .contains("public_addresses: failed (10.1.2.3"),
+        "{r}"
+    );
+
+    let (_, r) = e.request("agent", "someone.github.io", "tests");
+    assert_eq!(r["state"], "pending", "{r}");
+    assert!(
+        r["checks"].to_string().contains("registrable: failed"),
+        "{r}"
+    );
+    let rec = e
+        .proxy
+        .wait_record(|r| r["approval"]["step"] == "approved" && r["approval"]["by"] == "auto");
+    assert!(
+        rec["approval"]["checks"]
+            .to_string()
+            .contains("pattern: `*.auto.test:*`"),
+        "{rec}"
+    );
+}
+
+/// A webhook that signs its reply approves inline; one whose signature is wrong is ignored
+/// (the request waits for a person). The request it gets is signed and verifies.
+#[test]
+fn a_webhook_approves_inline_and_a_bad_signature_is_ignored() {
+    let secret = b"webhook-secret-for-tests";
+    let hook = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = hook.local_addr().unwrap();
+    let served = std::thread::spawn(move || {
+        let mut verified = Vec::new();
+        for round in 0..2 {
+            let (mut s, _) = hook.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            let (head, body) = loop {
+                let n = s.read(&mut chunk).unwrap();
+                buf.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&buf).to_string();
+                if let Some((h, b)) = text.split_once("\r\n\r\n") {
+                    let len: usize = h
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if b.len() >= len {
+                        break (h.to_string(), b.to_string());
+                    }
+                }
+            };
+            let header = |name: &str| {
+                head.lines()
+                    .find_map(|l| {
+                        l.split_once(':')
+                            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+                            .map(|(_, v)| v.trim().to_string())
+                    })
+                    .unwrap_or_default()
+            };
+            let now = egress_proxy::approvals::webhook::now_secs();
+            verified.push(egress_proxy::approvals::webhook::verify(
+                secret,
+                &header("x-egress-proxy-timestamp"),
+                &header("x-egress-proxy-signature"),
+                body.as_bytes(),
+                now,
+            ));
+            let asked: Value = serde_json::from_str(&body).unwrap();
+            let id = asked["request"]["id"].as_str().unwrap();
+            let reply =
+                format!(r#"{{"id": "{id}", "decision": "approve", "grant": "ttl", "ttl_s": 60}}"#);
+            let key: &[u8] = if round == 0 {
+                secret
+            } else {
+                b"not-the-secret"
+            };
+            let sig = egress_proxy::approvals::webhook::sign(key, now, reply.as_bytes());
+            write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Egress-Proxy-Timestamp: {now}\r\nX-Egress-Proxy-Signature: {sig}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
+                reply.len()
+            )
+            .unwrap();
+        }
+        verified
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("hook.secret");
+    std::fs::write(&secret_file, secret).unwrap();
+    let e = env(&format!(
+        "approvals: {{ webhook: {{ url: \"http://{addr}/hook\", secret_file: {} }} }}",
+        secret_file.display()
+    ));
+    let (_, r) = e.request("agent", "granted.test", "signed");
+    let good = r["id"].as_str().unwrap().to_string();
+    let (_, r) = e.ask(
+        "agent",
+        "GET",
+        &format!("/v1/requests/{good}?wait=10"),
+        None,
+    );
+    assert_eq!(r["state"], "approved", "{r}");
+    assert_eq!(r["answered_by"], "webhook");
+    let (_, r) = e.request("agent", "other.granted.test", "forged");
+    let bad = r["id"].as_str().unwrap().to_string();
+    let verified = served.join().unwrap();
+    assert_eq!(verified, [true, true], "the proxy signs what it sends");
+    let (_, r) = e.ask("agent", "GET", &format!("/v1/requests/{bad}?wait=2"), None);
+    assert_eq!(
+        r["state"], "pending",
+        "a reply with a bad signature is ignored: {r}"
+    );
+}
