@@ -96,12 +96,15 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     for problem in control.restore() {
         tracing::warn!(problem = %problem, "state_dir");
     }
-    let _desk = desk::start(&config, &shared, &control);
+    let desk = desk::start(&config, &shared, &control);
     // With etcd, registrations come from there: ready once the first list is applied.
     let plane = config
         .etcd
         .clone()
         .map(|cfg| crate::control::etcd::ControlPlane::new(cfg, control.clone(), shared.clone()));
+    if let Some(p) = &plane {
+        desk.set_remote(crate::control::etcd::grants::EtcdGrants::new(p.clone()));
+    }
     let admin = Arc::new(Admin {
         shared: shared.clone(),
         control: control.clone(),
@@ -116,7 +119,13 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         shared.sink.log.clone(),
     )));
     match &plane {
-        Some(p) => tasks.push(p.spawn()),
+        Some(p) => {
+            tasks.push(tokio::spawn(crate::control::etcd::grants::run(
+                p.clone(),
+                desk.clone(),
+            )));
+            tasks.push(p.spawn())
+        }
         None => shared.ready.store(true, Ordering::Release),
     }
     let show = |a: Option<SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();

@@ -769,3 +769,87 @@ fn a_deeply_nested_value_is_skipped_at_once_and_a_delete_behind_it_applies() {
     assert_eq!(status, 404);
     assert!(body.contains("nested deeper than"), "{body}");
 }
+
+/// Issue 41: a grant given on one replica lets the sandbox through another (the grant is
+/// shared through etcd), a `once` grant spent on one is refused on the other, and a grant's
+/// end on one ends it everywhere.
+#[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
+fn an_approval_on_one_replica_lets_the_sandbox_through_another() {
+    let (dir, etcd, net) = setup();
+    let a = replica(&dir.path().join("a"), etcd.client_port);
+    let b = replica(&dir.path().join("b"), etcd.client_port);
+    wait_ready(&a);
+    wait_ready(&b);
+    let ask = |p: &Proxy, reason: &str| -> String {
+        let body = format!(
+            r#"{{"host": "api.test", "port": {}, "reason": "{reason}"}}"#,
+            net.https.addr.port()
+        );
+        let out = curl(&[
+            "-x",
+            &format!("http://filebox:file-secret@{}", p.proxy),
+            "--data-binary",
+            &body,
+            "http://egress-proxy.local/v1/requests",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out.text()).unwrap();
+        v["id"].as_str().unwrap().to_string()
+    };
+    assert_ne!(
+        net.get_as(&b, "filebox:file-secret", "api.test", "/").code,
+        0
+    );
+    let id = ask(&a, "shared");
+    let (status, body) = admin(
+        &a,
+        "POST",
+        &format!("/v1/requests/{id}/approve"),
+        r#"{"grant": "ttl", "ttl_s": 4}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    eventually(
+        Duration::from_secs(10),
+        "the grant reaches replica b",
+        || (net.get_as(&b, "filebox:file-secret", "api.test", "/").code == 0).then_some(()),
+    );
+    let rec = b.wait_record(|r| r["target_host"] == "api.test" && r["decision"] == "allow");
+    assert_eq!(rec["reason"], "grant_matched");
+    // Its end ends it on b as well (b's own clock, and etcd's lease).
+    eventually(
+        Duration::from_secs(15),
+        "the grant ends on replica b",
+        || (net.get_as(&b, "filebox:file-secret", "api.test", "/").code != 0).then_some(()),
+    );
+
+    // A once grant spent on a is refused on b.
+    let id = ask(&a, "once");
+    let (status, body) = admin(
+        &a,
+        "POST",
+        &format!("/v1/requests/{id}/approve"),
+        r#"{"grant": "once"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let check = format!(
+        r#"{{"sandbox": "filebox", "target": "api.test:{}"}}"#,
+        net.https.addr.port()
+    );
+    let decided = |p: &Proxy| admin(p, "POST", "/v1/check", &check).1;
+    eventually(Duration::from_secs(10), "the once grant reaches b", || {
+        decided(&b).contains("grant_matched").then_some(())
+    });
+    assert_eq!(
+        net.get_as(&a, "filebox:file-secret", "api.test", "/").code,
+        0
+    );
+    eventually(
+        Duration::from_secs(10),
+        "b forgets the spent once grant",
+        || (!decided(&b).contains("grant_matched")).then_some(()),
+    );
+    assert_ne!(
+        net.get_as(&b, "filebox:file-secret", "api.test", "/").code,
+        0
+    );
+}

@@ -104,6 +104,8 @@ struct Inner {
     grants: BTreeMap<SandboxId, Vec<Arc<GrantEntry>>>,
     /// Requests per sandbox in the current minute.
     asked: HashMap<SandboxId, (Instant, u32)>,
+    /// Spent `once` grants already removed from the other replicas.
+    spent: std::collections::HashSet<Arc<str>>,
 }
 
 impl Desk {
@@ -311,6 +313,7 @@ impl Desk {
             }
         }
         inner.grants.retain(|_, l| !l.is_empty());
+        self.share_spent(&mut inner);
         for sid in &touched {
             self.publish(&inner, sid);
         }
@@ -448,6 +451,23 @@ impl Desk {
     /// Every grant in force, serialisable.
     pub fn grants(&self) -> Vec<StoredGrant> {
         stored_all(&self.lock())
+    }
+
+    /// A `once` grant spent here is removed from the other replicas (through etcd), so that
+    /// they refuse the exchange it allowed too; it stays here until its expiry.
+    fn share_spent(&self, inner: &mut Inner) {
+        let Some(remote) = self.remote.get() else {
+            return;
+        };
+        let Inner { grants, spent, .. } = inner;
+        spent.retain(|id| grants.values().flatten().any(|g| &g.id == id));
+        for (sid, list) in grants.iter() {
+            for g in list {
+                if g.kind == GrantKind::Once && g.used() && spent.insert(g.id.clone()) {
+                    remote.delete(sid.as_str(), &g.id);
+                }
+            }
+        }
     }
 
     fn publish(&self, inner: &Inner, sid: &SandboxId) {

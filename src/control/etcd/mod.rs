@@ -15,6 +15,7 @@
 
 pub(crate) mod apply;
 mod connect;
+pub(crate) mod grants;
 mod sync;
 
 use std::sync::atomic::{AtomicBool, Ordering};

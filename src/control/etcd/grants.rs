@@ -1,0 +1,165 @@
+//! Grants shared through etcd (issue 41): every approval a replica gives is written under
+//! `{prefix}grants/{sandbox}/{id}` (with a lease that ends shortly after the grant, so etcd
+//! forgets it too), and every replica watches that prefix and takes what it finds
+//! ([`Desk::adopt`]); a deleted key — a lease that ran out, a `once` grant another replica
+//! spent — is forgotten ([`Desk::forget`]). Each replica also expires grants by their own
+//! time, so a replica cut off from etcd never keeps one past its expiry.
+//!
+//! A session lists the prefix, then watches from the next revision; a failure waits a second
+//! and starts over (a list again adopts what was missed; a deletion missed meanwhile is made
+//! good by the grant's own expiry).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
+
+use super::ControlPlane;
+use crate::approvals::stored::StoredGrant;
+use crate::approvals::{Desk, Remote};
+
+/// How long after its expiry a grant's key outlives it (etcd leases are coarse).
+const LEASE_SLACK_S: i64 = 5;
+
+/// Writes grants to etcd for [`Desk`] (each write a task of its own: the desk never waits).
+pub struct EtcdGrants {
+    cp: Arc<ControlPlane>,
+    /// The runtime the writes run on (the desk calls in from its expiry thread too).
+    runtime: tokio::runtime::Handle,
+}
+
+impl EtcdGrants {
+    /// Made on the runtime (its handle is kept).
+    pub fn new(cp: Arc<ControlPlane>) -> Arc<Self> {
+        Arc::new(EtcdGrants {
+            cp,
+            runtime: tokio::runtime::Handle::current(),
+        })
+    }
+
+    fn key(&self, sandbox: &str, id: &str) -> String {
+        format!("{}grants/{sandbox}/{id}", self.cp.cfg.prefix)
+    }
+
+    fn client(&self) -> Option<Client> {
+        self.cp.client.load_full().map(|c| (*c).clone())
+    }
+}
+
+impl Remote for EtcdGrants {
+    fn put(&self, grant: StoredGrant) {
+        let Some(mut client) = self.client() else {
+            tracing::warn!(grant = %grant.id, "etcd not connected: the grant holds on this replica only");
+            return;
+        };
+        let key = self.key(&grant.sandbox, &grant.id);
+        let timeout = self.cp.cfg.request_timeout;
+        self.runtime.spawn(async move {
+            let write = async {
+                let mut opts = PutOptions::new();
+                if let Some(ms) = grant.expires_ms {
+                    let left =
+                        ms.saturating_sub(crate::approvals::stored::millis(SystemTime::now()));
+                    let ttl = (left / 1000) as i64 + LEASE_SLACK_S;
+                    let lease = client.lease_grant(ttl, None).await?.id();
+                    opts = opts.with_lease(lease);
+                }
+                let value = serde_json::to_vec(&grant).unwrap_or_default();
+                client.put(key, value, Some(opts)).await.map(|_| ())
+            };
+            match tokio::time::timeout(timeout, write).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(grant = %grant.id, error = %e, "cannot share a grant through etcd")
+                }
+                Err(_) => tracing::warn!(grant = %grant.id, "etcd did not take a grant in time"),
+            }
+        });
+    }
+
+    fn delete(&self, sandbox: &str, id: &str) {
+        let Some(mut client) = self.client() else {
+            return;
+        };
+        let key = self.key(sandbox, id);
+        let timeout = self.cp.cfg.request_timeout;
+        self.runtime.spawn(async move {
+            let _ = tokio::time::timeout(timeout, client.delete(key, None)).await;
+        });
+    }
+}
+
+/// Keep `desk` in step with the grants under the prefix until the task is aborted.
+pub async fn run(cp: Arc<ControlPlane>, desk: Arc<Desk>) {
+    loop {
+        if let Err(e) = session(&cp, &desk).await {
+            tracing::warn!(error = %e, "control plane: grants watch interrupted; retrying");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn session(cp: &ControlPlane, desk: &Arc<Desk>) -> Result<(), String> {
+    let Some(client) = cp.client.load_full() else {
+        return Err("not connected yet".into());
+    };
+    let mut client = (*client).clone();
+    let prefix = format!("{}grants/", cp.cfg.prefix);
+    let listed = client
+        .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|e| e.to_string())?;
+    let revision = listed.header().map(|h| h.revision()).unwrap_or(0);
+    let grants: Vec<StoredGrant> = listed
+        .kvs()
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+        .collect();
+    adopt(desk, grants).await;
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revision + 1);
+    let mut stream = client
+        .watch(prefix.clone(), Some(opts))
+        .await
+        .map_err(|e| e.to_string())?;
+    while let Some(resp) = stream.message().await.map_err(|e| e.to_string())? {
+        if resp.canceled() || resp.compact_revision() > 0 {
+            return Err("the watch was cancelled or compacted".into());
+        }
+        let mut put = Vec::new();
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            match ev.event_type() {
+                EventType::Put => {
+                    put.extend(serde_json::from_slice::<StoredGrant>(kv.value()).ok())
+                }
+                EventType::Delete => {
+                    let key = String::from_utf8_lossy(kv.key()).to_string();
+                    if let Some((sandbox, id)) =
+                        key.strip_prefix(&prefix).and_then(|k| k.split_once('/'))
+                    {
+                        let (sandbox, id) = (sandbox.to_string(), id.to_string());
+                        forget(desk, sandbox, id).await;
+                    }
+                }
+            }
+        }
+        adopt(desk, put).await;
+    }
+    Err("etcd closed the watch".into())
+}
+
+/// The desk publishes through the controller's lock: off the reactor.
+async fn adopt(desk: &Arc<Desk>, grants: Vec<StoredGrant>) {
+    if grants.is_empty() {
+        return;
+    }
+    let desk = desk.clone();
+    let _ = tokio::task::spawn_blocking(move || desk.adopt(grants)).await;
+}
+
+async fn forget(desk: &Arc<Desk>, sandbox: String, id: String) {
+    let desk = desk.clone();
+    let _ = tokio::task::spawn_blocking(move || desk.forget(&sandbox, &id)).await;
+}
