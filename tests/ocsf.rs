@@ -109,6 +109,16 @@ sandboxes:
         curl(&["-x", &watcher, &format!("http://seen.test:{port}/r")]).code,
         0
     );
+    // An access request from inside the sandbox (its record is an approval step).
+    let ask = r#"{"host": "wanted.test", "port": 443, "reason": "ocsf"}"#;
+    let out = curl(&[
+        "-x",
+        &px,
+        "--data-binary",
+        ask,
+        "http://egress-proxy.local/v1/requests",
+    ]);
+    assert!(out.text().contains("pending"), "{}", out.text());
     // DNS: an answer and a refusal.
     let dns = proxy.dns.unwrap();
     assert!(dig(dns, &["api.test", "A"])
@@ -174,6 +184,10 @@ sandboxes:
     assert_eq!(answered["rcode_id"], 0);
     assert_eq!(answered["answers"][0]["rdata"], "127.0.0.1");
     assert_eq!(answered["disposition_id"], 1);
+    let asked = find(&|r| r["unmapped"]["approval"]["step"] == "requested");
+    assert_eq!(asked["activity_id"], 99);
+    assert_eq!(asked["dst_endpoint"]["hostname"], "wanted.test");
+    assert_eq!(asked["unmapped"]["approval"]["text"], "ocsf");
     let refused = find(&|r| r["class_uid"] == 4003 && r["query"]["hostname"] == "other.test");
     assert_eq!(refused["disposition_id"], 2);
     assert_eq!(refused["rcode_id"], 3);

@@ -16,6 +16,7 @@
 //! | `duration_ms`, `ts` | `duration`, `time` (Unix ms) |
 //! | DNS `qtype`, `rcode`, `answers`, `ttl`, `transport` | `query.hostname` / `type`, `rcode` / `rcode_id`, `answers[].rdata` / `type` / `ttl`, `connection_info.protocol_name` |
 //! | `conn_id`, `run`, `mode`, `identity`, `sni`, `close`, `policy_version`, … | `metadata.uid` (`run/conn_id`), `unmapped` |
+//! | an access request's step (`mode: approval`, `approval`) | Network Activity, `activity_id` 99 Other; `approval` → `unmapped.approval`, the grant's rule → `firewall_rule` |
 //!
 //! With `audit.chain` the lines also carry `seq` and `chain` at the top level.
 
@@ -118,6 +119,9 @@ fn common(e: &Entry, class_uid: u32, activity_id: u32, profiles: &[&str]) -> Map
     if let Some(d) = r.original_dst {
         unmapped["original_dst"] = json!(d.to_string());
     }
+    if let Some(a) = &r.approval {
+        unmapped["approval"] = json!(a);
+    }
     m.insert("unmapped".into(), unmapped);
     m
 }
@@ -125,6 +129,7 @@ fn common(e: &Entry, class_uid: u32, activity_id: u32, profiles: &[&str]) -> Map
 fn network_activity(e: &Entry) -> Value {
     let r = &e.record;
     let activity = match (e.event, r.verdict, e.close) {
+        _ if r.mode == Mode::Approval => 99,
         (Event::Open, _, _) => 1,
         (_, Verdict::Deny, _) => 5,
         (_, _, Some(Close::Revoked)) => 3,

@@ -183,6 +183,23 @@ pub fn human_line(r: &serde_json::Value, colour: bool) -> String {
     if let Some(d) = r["detail"].as_str() {
         line.push_str(&format!(" - {d}"));
     }
+    if let Some(a) = r["approval"].as_object() {
+        let f = |k: &str| a.get(k).and_then(|v| v.as_str()).unwrap_or("");
+        line.push_str(&format!(
+            " [request {} {} by {}",
+            f("request"),
+            f("step"),
+            f("by")
+        ));
+        if !f("grant").is_empty() {
+            line.push_str(&format!(", {} grant", f("grant")));
+        }
+        if !f("text").is_empty() {
+            line.push_str(&format!(": {}", f("text")));
+        }
+        line.push(']');
+        return line;
+    }
     match s("event") {
         "open" => line.push_str(" [open]"),
         _ => {
