@@ -338,6 +338,17 @@ fn once_is_one_exchange_a_denial_is_final_and_grants_survive_a_restart() {
     let id = r["id"].as_str().unwrap().to_string();
     assert_eq!(e.cli(&["approve", &id, "--permanent"]).0, 0);
     assert_eq!(e.get("agent", "granted.test", "/").code, 0);
+    // A reload (the configuration read again) keeps it.
+    let token = Some(ADMIN_TOKEN);
+    assert_eq!(
+        admin_req(e.proxy.admin, "POST", "/v1/reload", "", token).0,
+        200
+    );
+    assert_eq!(
+        e.get("agent", "granted.test", "/").code,
+        0,
+        "the grant survived a reload"
+    );
     e.proxy.terminate();
     let d = e.dir.path();
     e.proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);

@@ -52,6 +52,9 @@ pub fn parse(body: &[u8], reason_max: usize) -> Result<Asked, String> {
         if n.contains('*') {
             return Err("host must be one name or address, not a pattern".into());
         }
+        if &**n == "egress-proxy.local" {
+            return Err("egress-proxy.local is the proxy itself".into());
+        }
     }
     if b.reason.trim().is_empty() {
         return Err("reason is required: say why the sandbox needs this destination".into());
@@ -199,6 +202,7 @@ mod tests {
             r#"{"host":"example.com","reason":"x","methods":["CONNECT"]}"#,
             r#"{"host":"example.com","reason":"x","paths":["no-slash"]}"#,
             r#"{"host":"bad host","reason":"x"}"#,
+            r#"{"host":"egress-proxy.local","port":80,"reason":"x"}"#,
             "not json",
         ] {
             assert!(parse(bad.as_bytes(), 100).is_err(), "{bad}");

@@ -220,3 +220,97 @@ fn the_version_covers_http_rules() {
         version(&text.replace("[GET]", "[GET, POST]"))
     );
 }
+
+/// A grant widens only what the sandbox's own policy refused for want of a rule: deny rules,
+/// `deny-all`, and the address guard stay above it — a grant opens no prohibited range, even
+/// where an address rule of the sandbox does — and it survives a recompile (a reload) while
+/// its sandbox does.
+#[test]
+fn grants_sit_below_deny_rules_and_the_guard() {
+    use crate::policy::granted::{GrantEntry, GrantKind, Granted};
+    let text = "sandboxes:\n  - { id: a, policy: { provider: local, config: {}, network: { egress: [\"10.0.0.0/8:5432\"], deny: [denied.example] } } }\n  - { id: z, policy: { provider: local, config: {}, network: { mode: deny-all } } }\n";
+    let c = load_str(text, "t", Path::new("."), None).unwrap();
+    let set = PolicySet::compile(&c, &[], vec![]).unwrap();
+    let t = |h: &str| Target::parse(h, None).unwrap();
+    let grant = |sb: &str, host: &str| {
+        let target = t(host);
+        Arc::new(GrantEntry::new(
+            sb,
+            &format!("r-{:012x}", host.len()),
+            target.host,
+            target.port,
+            vec![],
+            vec![],
+            GrantKind::Ttl,
+            Some(std::time::SystemTime::now() + std::time::Duration::from_secs(60)),
+            "admin",
+        ))
+    };
+    let mut edit = set.edit();
+    let a = SandboxId::new("a").unwrap();
+    edit.grants(
+        &a,
+        Granted {
+            entries: vec![
+                grant("a", "public.example:443"),
+                grant("a", "denied.example:443"),
+                grant("a", "169.254.169.254:443"),
+                grant("a", "inside.example:443"),
+            ],
+        },
+    );
+    let z = SandboxId::new("z").unwrap();
+    edit.grants(
+        &z,
+        Granted {
+            entries: vec![grant("z", "public.example:443")],
+        },
+    );
+    let granted = edit.finish();
+    assert_ne!(
+        granted.version(),
+        set.version(),
+        "grants are part of the version"
+    );
+    let sa = granted.get("a").unwrap();
+    let public = "93.184.216.34".parse().unwrap();
+    let o = granted.decide(sa, &t("public.example:443"), Some(&[public]));
+    assert_eq!(o.decision.reason, Reason::GrantMatched);
+    assert_eq!(o.dial, [public]);
+    assert!(o
+        .decision
+        .rule
+        .unwrap()
+        .source
+        .to_string()
+        .contains("grant r-"));
+    // Another port of the same host is not granted.
+    let o = granted.decide(sa, &t("public.example:8443"), Some(&[public]));
+    assert_eq!(o.decision.verdict, Verdict::Deny);
+    // network.deny stays above.
+    let o = granted.decide(sa, &t("denied.example:443"), None);
+    assert_eq!(o.decision.reason, Reason::DeniedByRule);
+    // The guard stays above: a metadata address, and a private one inside the sandbox's own
+    // address rule (which would open it for a name the rule allowed).
+    let o = granted.decide(sa, &t("169.254.169.254:443"), None);
+    assert_eq!(o.decision.reason, Reason::DestinationIpProhibited);
+    let private = "10.1.2.3".parse().unwrap();
+    let o = granted.decide(sa, &t("inside.example:443"), Some(&[private]));
+    assert_eq!(o.decision.reason, Reason::DestinationIpProhibited, "{o:?}");
+    // (The sandbox's own rule, on its own port, does open it.)
+    let o = granted.decide(sa, &t("10.1.2.3:5432"), None);
+    assert_eq!(o.decision.reason, Reason::RuleMatched);
+    // deny-all stays above.
+    let sz = granted.get("z").unwrap();
+    let o = granted.decide(sz, &t("public.example:443"), Some(&[public]));
+    assert_eq!(o.decision.reason, Reason::DenyAllMode);
+    // A reload keeps the grants of the sandboxes it keeps.
+    let (reloaded, _) = granted.recompile(&c, &[], vec![]).unwrap();
+    let o = reloaded.decide(
+        reloaded.get("a").unwrap(),
+        &t("public.example:443"),
+        Some(&[public]),
+    );
+    assert_eq!(o.decision.reason, Reason::GrantMatched);
+    assert_eq!(reloaded.version(), granted.version());
+}
