@@ -542,3 +542,61 @@ fn a_webhook_approves_inline_and_a_bad_signature_is_ignored() {
         "a reply with a bad signature is ignored: {r}"
     );
 }
+
+/// With `tls_intercept`, the endpoint answers over `CONNECT egress-proxy.local:443` too, with
+/// a certificate from the interception CA (what the sandbox trusts): `https://` works, each
+/// request is a record, and the sandbox is still the connection's.
+#[test]
+fn the_endpoint_answers_over_https_with_the_proxys_own_certificate() {
+    let ca_dir = tempfile::tempdir().unwrap();
+    ca_init(&ca_dir.path().join("ica"));
+    let ica = ca_dir.path().join("ica");
+    let e = env(&format!(
+        "tls_intercept: {{ ca_cert_file: {0}/ca.crt, ca_key_file: {0}/ca.key }}",
+        ica.display()
+    ));
+    let cacert = ica.join("ca.crt").display().to_string();
+    let body = format!(
+        r#"{{"host": "granted.test", "port": {}, "reason": "over https"}}"#,
+        e.https.addr.port()
+    );
+    let out = curl(&[
+        "-x",
+        &e.px("agent"),
+        "--cacert",
+        &cacert,
+        "--data-binary",
+        &body,
+        "https://egress-proxy.local/v1/requests",
+    ]);
+    let r: Value = serde_json::from_str(&out.text()).unwrap_or(Value::Null);
+    assert_eq!(r["state"], "pending", "{} {}", out.text(), out.stderr);
+    assert_eq!(r["sandbox"], "agent");
+    let id = r["id"].as_str().unwrap();
+    // Another sandbox's tunnel to the endpoint does not see it.
+    let out = curl(&[
+        "-x",
+        &e.px("other"),
+        "--cacert",
+        &cacert,
+        &format!("https://egress-proxy.local/v1/requests/{id}"),
+    ]);
+    assert!(out.text().contains("no request"), "{}", out.text());
+    // Without trusting the proxy's CA, TLS fails (the certificate is the proxy's, not a public one).
+    let out = curl(&[
+        "-x",
+        &e.px("agent"),
+        "https://egress-proxy.local/v1/denials",
+    ]);
+    assert_ne!(out.code, 0);
+    let rec = e.proxy.wait_record(|r| {
+        r["mode"] == "https" && r["reason"] == "proxy_endpoint" && r["sandbox"] == "agent"
+    });
+    assert!(
+        rec["detail"]
+            .as_str()
+            .unwrap()
+            .contains("POST /v1/requests"),
+        "{rec}"
+    );
+}

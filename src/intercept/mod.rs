@@ -92,6 +92,15 @@ impl Interceptor {
         })
     }
 
+    /// The proxy's own endpoint over TLS (`host` is `egress-proxy.local`): a leaf for it from
+    /// the interception CA, which is what sandboxes already trust, offering HTTP/1.1.
+    pub fn own_server_config(
+        &self,
+        host: &str,
+    ) -> Result<Arc<rustls::ServerConfig>, InterceptError> {
+        Ok(self.ca.leaf(host)?.server_config(Some(b"http/1.1"))?)
+    }
+
     /// Whether the tunnels of `binding` to `host` are terminated.
     pub fn terminates(&self, binding: &Binding, host: &str) -> bool {
         if self.never.iter().any(|n| n.matches(host)) {

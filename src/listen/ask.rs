@@ -7,6 +7,9 @@
 //!   most 60) for an answer;
 //! - `GET /v1/denials` → this sandbox's latest refusals.
 //!
+//! Over plain HTTP through the proxy ([`answer`]), and over `CONNECT egress-proxy.local:443`
+//! with a certificate from the interception CA ([`tunnel`]; needs `tls_intercept`).
+//!
 //! A new request is checked by auto-approval ([`crate::approvals::auto`]) before it is
 //! answered, and sent to the webhook, if any, after.
 
@@ -18,10 +21,11 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
 use crate::approvals::{auto, request, webhook, Answer, Desk};
-use crate::audit::AuditGuard;
+use crate::audit::{AuditGuard, Close};
 use crate::egress::admit::Entered;
 use crate::policy::granted::GrantKind;
 use crate::policy::reason::Reason;
@@ -41,7 +45,8 @@ pub fn is_local(target: &Target) -> bool {
     matches!(&target.host, Host::Name(n) if &**n == LOCAL)
 }
 
-/// Answer one request to the endpoint for the sandbox `entered` identified.
+/// Answer one request to the endpoint (plain HTTP through the proxy) for the sandbox
+/// `entered` identified.
 pub async fn answer(
     shared: &Arc<Shared>,
     entered: Entered,
@@ -49,8 +54,94 @@ pub async fn answer(
     mut audit: AuditGuard,
     client: SocketAddr,
 ) -> Response<Body> {
-    audit.decision(&Decision::allow(Reason::ProxyEndpoint, None));
     let sb = entered.sandbox().clone();
+    let resp = respond(shared, &sb, req, &mut audit, client).await;
+    drop(entered);
+    resp
+}
+
+/// `CONNECT egress-proxy.local:443`: answer 200, then terminate TLS with a leaf from the
+/// interception CA and answer each request inside as [`answer`] does (each with a record of
+/// its own, `mode: "https"`). The tunnel holds the sandbox's place until it ends (the client
+/// closes, a request head is late by `timeouts.header_ms`, or the proxy shuts down).
+pub fn tunnel(
+    shared: &Arc<Shared>,
+    entered: Entered,
+    req: Request<Incoming>,
+    mut audit: AuditGuard,
+    client: SocketAddr,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+) -> Response<Body> {
+    audit.decision(&Decision::allow(Reason::ProxyEndpoint, None));
+    let config = shared
+        .settings
+        .interceptor
+        .as_ref()
+        .map(|ix| ix.own_server_config(LOCAL));
+    let Some(Ok(config)) = config else {
+        audit.detail("no certificate for egress-proxy.local (tls_intercept)");
+        return reply(
+            StatusCode::BAD_GATEWAY,
+            json!({"error": "egress-proxy.local over https needs tls_intercept: use http://egress-proxy.local"}),
+        );
+    };
+    let upgrade = hyper::upgrade::on(req);
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        let sb = entered.sandbox().clone();
+        let recorder = audit.recorder();
+        let header = shared.settings.timeouts.header;
+        let mut phase = shared.phase.subscribe();
+        let served = async {
+            let upgraded = upgrade.await.map_err(|e| e.to_string())?;
+            let accept = tokio_rustls::TlsAcceptor::from(config).accept(TokioIo::new(upgraded));
+            let tls = match tokio::time::timeout(header, accept).await {
+                Ok(r) => r.map_err(|e| format!("TLS with the client: {e}"))?,
+                Err(_) => {
+                    return Err("TLS with the client took longer than timeouts.header_ms".into())
+                }
+            };
+            let svc = hyper::service::service_fn(move |req| {
+                let (shared, sb, recorder) = (shared.clone(), sb.clone(), recorder.clone());
+                async move {
+                    let mut audit = recorder.guard();
+                    Ok::<_, std::convert::Infallible>(
+                        respond(&shared, &sb, req, &mut audit, client).await,
+                    )
+                }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header)
+                .serve_connection(TokioIo::new(tls), svc);
+            tokio::select! {
+                r = conn => r.map_err(|e| e.to_string()),
+                _ = phase.changed() => Ok(()),
+            }
+        };
+        if let Err(e) = served.await {
+            audit.detail(format!("egress-proxy.local over TLS: {e}"));
+            audit.close(Close::Error);
+        }
+        drop(audit);
+        drop(entered);
+        drop(permit);
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .body(body::empty())
+        .unwrap_or_else(|_| Response::new(body::empty()))
+}
+
+/// Route one request to the endpoint; `audit` is its record.
+async fn respond(
+    shared: &Arc<Shared>,
+    sb: &Arc<Sandbox>,
+    req: Request<Incoming>,
+    audit: &mut AuditGuard,
+    client: SocketAddr,
+) -> Response<Body> {
+    audit.decision(&Decision::allow(Reason::ProxyEndpoint, None));
     let Some(desk) = shared.desk.get().cloned() else {
         return reply(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -60,7 +151,7 @@ pub async fn answer(
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     audit.detail(format!("answered by the proxy: {method} {path}"));
-    let resp = match (method, path.as_str()) {
+    match (method, path.as_str()) {
         (Method::POST, "/v1/requests") => {
             let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
                 Ok(b) => b.to_bytes(),
@@ -71,7 +162,7 @@ pub async fn answer(
                     )
                 }
             };
-            create(shared, &desk, &sb, &body, client).await
+            create(shared, &desk, sb, &body, client).await
         }
         (Method::GET, "/v1/denials") => reply(
             StatusCode::OK,
@@ -96,9 +187,7 @@ pub async fn answer(
             StatusCode::NOT_FOUND,
             json!({"error": "egress-proxy.local serves POST /v1/requests, GET /v1/requests/{id}[?wait=S] and GET /v1/denials"}),
         ),
-    };
-    drop(entered);
-    resp
+    }
 }
 
 /// `?wait=S` (seconds; at most [`crate::approvals::MAX_WAIT`]).

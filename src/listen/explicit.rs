@@ -380,7 +380,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
     if super::ask::is_local(&target) {
         let cx = shared.cx(&set, &resolver);
         return match enter_locally(&conn, &cx, door, &req, audit) {
-            Ok((e, audit)) => super::ask::answer(shared, e, req, audit, accepted.client).await,
+            Ok((e, audit)) => serve_locally(&conn, e, req, audit).await,
             Err(refused) => *refused,
         };
     }
@@ -421,7 +421,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
 }
 
 /// A request to the proxy's own endpoint (`egress-proxy.local`): identified and limited like
-/// any request (then answered by [`super::ask`]), over plain HTTP only.
+/// any request (then answered by [`super::ask`]); over `CONNECT` only with `tls_intercept`.
 fn enter_locally(
     conn: &ClientConn,
     cx: &admit::Cx<'_>,
@@ -429,8 +429,8 @@ fn enter_locally(
     req: &Request<Incoming>,
     mut audit: AuditGuard,
 ) -> Result<(admit::Entered, AuditGuard), Box<Response<Body>>> {
-    if req.method() == Method::CONNECT {
-        let why = "egress-proxy.local is answered over plain HTTP through the proxy: use http://egress-proxy.local/v1/…";
+    if req.method() == Method::CONNECT && conn.shared.settings.interceptor.is_none() {
+        let why = "egress-proxy.local over https needs the proxy's tls_intercept CA: use http://egress-proxy.local/v1/…";
         let d = Decision::deny(Reason::InvalidTarget, None);
         return Err(Box::new(refuse(audit, req, None, d, why.into(), None)));
     }
@@ -448,6 +448,25 @@ fn enter_locally(
             )))
         }
     }
+}
+
+/// Answer a request to the proxy's own endpoint: a CONNECT becomes a TLS tunnel to it (the
+/// connection's place goes with it, as with any tunnel), a plain request is answered.
+async fn serve_locally(
+    conn: &ClientConn,
+    entered: admit::Entered,
+    req: Request<Incoming>,
+    audit: AuditGuard,
+) -> Response<Body> {
+    let client = conn.accepted.client;
+    if req.method() != Method::CONNECT {
+        return super::ask::answer(&conn.shared, entered, req, audit, client).await;
+    }
+    let permit = match conn.h2 {
+        true => None,
+        false => conn.permit.lock().ok().and_then(|mut p| p.take()),
+    };
+    super::ask::tunnel(&conn.shared, entered, req, audit, client, permit)
 }
 
 /// The explicit listener's places under the global cap: a request that identifies a sandbox
