@@ -1348,6 +1348,47 @@ fn gateway_terminates_bound_hosts_and_brokers_credentials() {
     assert_eq!(rec["decision"], "deny", "{rec}");
 }
 
+/// Issue 41 from the transparent listener: a connection whose `Host` (plain HTTP) or SNI
+/// (TLS, with the interception CA's certificate) names `egress-proxy.local` is answered by the
+/// proxy for the sandbox its source address identifies — whatever address it was sent to.
+#[test]
+#[ignore = "needs root, ip, iptables"]
+fn gateway_answers_egress_proxy_local_for_the_sandbox() {
+    let Some(env) = gateway_env_with(10, false, false, true) else {
+        return;
+    };
+    let ip = env.ns.host_ip.clone();
+    let body = r#"{"host": "wanted.test", "port": 443, "reason": "from the gateway"}"#;
+    let (code, out) = env.ns.curl(&[
+        "--resolve",
+        &format!("egress-proxy.local:80:{ip}"),
+        "--data-binary",
+        body,
+        "http://egress-proxy.local/v1/requests",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    assert_eq!(r["state"], "pending", "{out}");
+    assert_eq!(r["sandbox"], "sbx", "{out}");
+    let ica = env._dir.path().join("ica/ca.crt").display().to_string();
+    let (code, out) = env.ns.curl(&[
+        "--cacert",
+        &ica,
+        "--resolve",
+        &format!("egress-proxy.local:443:{ip}"),
+        &format!(
+            "https://egress-proxy.local/v1/requests/{}",
+            r["id"].as_str().unwrap()
+        ),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\"from the gateway\""), "{out}");
+    let rec = env
+        .proxy
+        .wait_record(|r| r["mode"] == "https" && r["reason"] == "proxy_endpoint");
+    assert_eq!(rec["sandbox"], "sbx", "{rec}");
+}
+
 /// IPv6 end to end with TPROXY (ip6tables mangle, IPV6_TRANSPARENT): an IPv6-only sandbox
 /// namespace, curl over v6, the SNI decides; a forged destination still gets the name's real
 /// address; and the guard refuses `::1` and ULA addresses by default (only the one ULA

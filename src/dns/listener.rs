@@ -311,7 +311,11 @@ impl DnsListener {
     ) -> Result<(Decision, bool), Reply> {
         let report = sb.binding.enforcement == Enforcement::Report;
         Ok(match set.dns_view(sb, name) {
-            NameView::Named(rule) => (Decision::allow(Reason::RuleMatched, Some(rule)), false),
+            NameView::Named(rule) => {
+                let granted = rule.source.list == crate::policy::ListKind::Grant;
+                let reason = [Reason::RuleMatched, Reason::GrantMatched][usize::from(granted)];
+                (Decision::allow(reason, Some(rule)), false)
+            }
             NameView::AllowAll => (Decision::allow(Reason::AllowAllMode, None), false),
             NameView::AddressRules => (Decision::allow(Reason::RuleMatched, None), true),
             NameView::Refused(d) if report && d.reason.reportable() => (

@@ -15,7 +15,7 @@ pub mod credential;
 mod error;
 mod exchange;
 mod placeholder;
-mod prefixed;
+pub(crate) mod prefixed;
 mod scrub;
 mod unescape;
 

@@ -88,38 +88,14 @@ pub fn tunnel(
     let upgrade = hyper::upgrade::on(req);
     let shared = shared.clone();
     tokio::spawn(async move {
-        let sb = entered.sandbox().clone();
-        let recorder = audit.recorder();
-        let header = shared.settings.timeouts.header;
-        let mut phase = shared.phase.subscribe();
-        let served = async {
-            let upgraded = upgrade.await.map_err(|e| e.to_string())?;
-            let accept = tokio_rustls::TlsAcceptor::from(config).accept(TokioIo::new(upgraded));
-            let tls = match tokio::time::timeout(header, accept).await {
-                Ok(r) => r.map_err(|e| format!("TLS with the client: {e}"))?,
-                Err(_) => {
-                    return Err("TLS with the client took longer than timeouts.header_ms".into())
-                }
-            };
-            let svc = hyper::service::service_fn(move |req| {
-                let (shared, sb, recorder) = (shared.clone(), sb.clone(), recorder.clone());
-                async move {
-                    let mut audit = recorder.guard();
-                    Ok::<_, std::convert::Infallible>(
-                        respond(&shared, &sb, req, &mut audit, client).await,
-                    )
-                }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(header)
-                .serve_connection(TokioIo::new(tls), svc);
-            tokio::select! {
-                r = conn => r.map_err(|e| e.to_string()),
-                _ = phase.changed() => Ok(()),
+        let served = match upgrade.await {
+            Ok(upgraded) => {
+                let io = TokioIo::new(upgraded);
+                serve_tls(&shared, &entered, io, config, &audit, client).await
             }
+            Err(e) => Err(e.to_string()),
         };
-        if let Err(e) = served.await {
+        if let Err(e) = served {
             audit.detail(format!("egress-proxy.local over TLS: {e}"));
             audit.close(Close::Error);
         }
@@ -131,6 +107,91 @@ pub fn tunnel(
         .status(StatusCode::OK)
         .body(body::empty())
         .unwrap_or_else(|_| Response::new(body::empty()))
+}
+
+/// A transparent connection that named `egress-proxy.local` (its `Host`, or its SNI when
+/// `tls_intercept` gives the proxy a certificate for it): answered here, its first bytes
+/// (`read`, already taken off the socket) first. `Err` with why it could not be.
+pub async fn serve_transparent(
+    shared: &Arc<Shared>,
+    entered: &Entered,
+    stream: tokio::net::TcpStream,
+    read: Vec<u8>,
+    tls: bool,
+    audit: &mut AuditGuard,
+    client: SocketAddr,
+) -> Result<(), String> {
+    audit.decision(&Decision::allow(Reason::ProxyEndpoint, None));
+    let io = crate::intercept::prefixed::Prefixed::new(read, stream);
+    if !tls {
+        return serve_http(shared, entered.sandbox(), io, audit, client).await;
+    }
+    let config = shared
+        .settings
+        .interceptor
+        .as_ref()
+        .ok_or("egress-proxy.local over TLS needs tls_intercept")?
+        .own_server_config(LOCAL)
+        .map_err(|e| e.to_string())?;
+    serve_tls(shared, entered, io, config, audit, client).await
+}
+
+/// TLS with the client (within `timeouts.header_ms`), then [`serve_http`].
+async fn serve_tls<IO>(
+    shared: &Arc<Shared>,
+    entered: &Entered,
+    io: IO,
+    config: Arc<rustls::ServerConfig>,
+    audit: &AuditGuard,
+    client: SocketAddr,
+) -> Result<(), String>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let header = shared.settings.timeouts.header;
+    let accept = tokio_rustls::TlsAcceptor::from(config).accept(io);
+    let tls = match tokio::time::timeout(header, accept).await {
+        Ok(r) => r.map_err(|e| format!("TLS with the client: {e}"))?,
+        Err(_) => return Err("TLS with the client took longer than timeouts.header_ms".into()),
+    };
+    serve_http(shared, entered.sandbox(), tls, audit, client).await
+}
+
+/// Serve HTTP/1.1 requests on `io` until the client closes, a request head is late by
+/// `timeouts.header_ms`, or the proxy shuts down; each request is a record of its own
+/// (`mode: "https"`, from `audit`'s).
+async fn serve_http<IO>(
+    shared: &Arc<Shared>,
+    sb: &Arc<Sandbox>,
+    io: IO,
+    audit: &AuditGuard,
+    client: SocketAddr,
+) -> Result<(), String>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let recorder = audit.recorder();
+    let header = shared.settings.timeouts.header;
+    let mut phase = shared.phase.subscribe();
+    let svc = {
+        let (shared, sb) = (shared.clone(), sb.clone());
+        hyper::service::service_fn(move |req| {
+            let (shared, sb, recorder) = (shared.clone(), sb.clone(), recorder.clone());
+            async move {
+                let mut audit = recorder.guard();
+                let resp = respond(&shared, &sb, req, &mut audit, client).await;
+                Ok::<_, std::convert::Infallible>(resp)
+            }
+        })
+    };
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header)
+        .serve_connection(TokioIo::new(io), svc);
+    tokio::select! {
+        r = conn => r.map_err(|e| e.to_string()),
+        _ = phase.changed() => Ok(()),
+    }
 }
 
 /// Route one request to the endpoint; `audit` is its record.

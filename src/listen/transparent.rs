@@ -54,7 +54,22 @@ pub async fn serve(
         &mut audit,
     );
     let (admitted, read) = match admitted.await {
-        Ok(x) => x,
+        Ok(Admission::Relay(admitted, read)) => (admitted, read),
+        Ok(Admission::Local(entered, read, tls)) => {
+            drop(set);
+            let client = accepted.client;
+            let served = super::ask::serve_transparent(
+                &shared, &entered, stream, read, tls, &mut audit, client,
+            );
+            if let Err(e) = served.await {
+                audit.detail(format!("egress-proxy.local: {e}"));
+                audit.close(crate::audit::Close::Error);
+            }
+            drop(entered);
+            drop(audit);
+            drop(permit);
+            return;
+        }
         Err(None) => return reset_recorded(stream, audit),
         Err(Some(d)) => return reset(stream, audit, d),
     };
@@ -63,6 +78,19 @@ pub async fn serve(
     relay_admitted(&shared, stream, admitted, read, &mut audit).await;
     drop(audit);
     drop(permit);
+}
+
+/// What admitting a connection gave.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "moved once per connection; boxing the relay would add an allocation to every one"
+)]
+enum Admission {
+    /// An exchange to relay, with what was read of it.
+    Relay(Admitted, Inspected),
+    /// A connection to the proxy's own endpoint (`egress-proxy.local` in its `Host` or SNI):
+    /// identified and limited, answered by [`super::ask`]; what was read, and whether it is TLS.
+    Local(admit::Entered, Vec<u8>, bool),
 }
 
 /// Original destination → [`admit::enter`] (the sandbox by source address or the default,
@@ -76,7 +104,7 @@ async fn admit_connection(
     stream: &mut TcpStream,
     mut unidentified: Option<crate::egress::admission::UnidentifiedSlot>,
     audit: &mut AuditGuard,
-) -> Result<(Admitted, Inspected), Option<Decision>> {
+) -> Result<Admission, Option<Decision>> {
     let invalid = || Some(Decision::deny(Reason::InvalidTarget, None));
     let orig = match original_dst(stream) {
         Ok((a, _)) => SocketAddr::new(a.ip().to_canonical(), a.port()),
@@ -104,6 +132,13 @@ async fn admit_connection(
     // The name the client asked for (SNI or Host), else the address.
     let (named, target) = target_of(&peeked, orig, audit).ok_or_else(invalid)?;
     audit.target(&target);
+    if super::ask::is_local(&target) {
+        return match peeked {
+            Peeked::Http { .. } => Ok(Admission::Local(entered, buf, false)),
+            Peeked::Tls(_) => Ok(Admission::Local(entered, buf, true)),
+            _ => Err(invalid()),
+        };
+    }
     let first = match &peeked {
         Peeked::Incomplete => FirstBytes::Silent,
         p => FirstBytes::Client(p.clone()),
@@ -123,7 +158,7 @@ async fn admit_connection(
         server: Vec::new(),
         first,
     };
-    Ok((admitted, inspected))
+    Ok(Admission::Relay(admitted, inspected))
 }
 
 /// Replay what was peeked (or terminate), then relay until the end, idleness, revocation or
