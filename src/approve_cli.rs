@@ -104,6 +104,11 @@ pub fn approve(to: &AdminArgs, id: &str, kind: &Kind, note: Option<&str>) -> Exi
     )
 }
 
+/// `egress-proxy revoke ID`: an approved request's grant ends now.
+pub fn revoke(to: &AdminArgs, id: &str) -> ExitCode {
+    run(to, "POST", &format!("/v1/requests/{id}/revoke"), None, true)
+}
+
 /// `egress-proxy deny ID [--note N]`.
 pub fn deny(to: &AdminArgs, id: &str, note: Option<&str>) -> ExitCode {
     let body = json!({ "note": note });

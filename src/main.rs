@@ -153,6 +153,13 @@ enum Command {
         #[command(flatten)]
         to: approve_cli::AdminArgs,
     },
+    /// End an approved request's grant now (on every replica; its exchanges are cut).
+    Revoke {
+        /// The request's id (r-…).
+        id: String,
+        #[command(flatten)]
+        to: approve_cli::AdminArgs,
+    },
     /// Deny an access request.
     Deny {
         /// The request's id (r-…).
@@ -272,6 +279,7 @@ fn main() -> ExitCode {
             approve_cli::approve(&to, &id, &kind, note.as_deref())
         }
         Command::Deny { id, note, to } => approve_cli::deny(&to, &id, note.as_deref()),
+        Command::Revoke { id, to } => approve_cli::revoke(&to, &id),
         Command::Config {
             action: ConfigAction::Example,
         } => {

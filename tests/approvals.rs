@@ -354,13 +354,40 @@ fn once_is_one_exchange_a_denial_is_final_and_grants_survive_a_restart() {
     e.proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
     let out = e.get("agent", "granted.test", "/");
     assert_eq!(
-        out.code,
-        0,
-        "the grant survived the restart: {} {:?} {}",
-        out.stderr,
-        e.proxy.stderr_text(),
-        std::fs::read_to_string(d.join("state/grants.json")).unwrap_or_default()
+        out.code, 0,
+        "the grant survived the restart: {}",
+        out.stderr
     );
+    // Revoked before its end: a tunnel it allowed is cut, new ones are refused.
+    let ca = e.ca.ca_pem.display().to_string();
+    let px = e.px("agent");
+    let slow_url = format!("https://granted.test:{}/slow", e.https.addr.port());
+    let opened = |p: &Proxy| {
+        p.audit_records()
+            .iter()
+            .filter(|r| r["event"] == "open" && r["target_host"] == "granted.test")
+            .count()
+    };
+    let before = opened(&e.proxy);
+    let slow = std::thread::spawn(move || curl(&["-x", &px, "--cacert", &ca, &slow_url]));
+    eventually(Duration::from_secs(10), "the tunnel opens", || {
+        (opened(&e.proxy) > before).then_some(())
+    });
+    let (code, out) = e.cli(&["revoke", &id]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\"revoked\""), "{out}");
+    assert_ne!(
+        slow.join().unwrap().code,
+        0,
+        "the tunnel under the revoked grant was cut"
+    );
+    let rec = e
+        .proxy
+        .wait_record(|r| r["target_host"] == "granted.test" && r["close"] == "revoked");
+    assert_eq!(rec["reason"], "grant_matched");
+    assert_ne!(e.get("agent", "granted.test", "/").code, 0);
+    let (code, out) = e.cli(&["revoke", &id]);
+    assert_ne!(code, 0, "{out}");
 }
 
 /// A flood costs what the caps allow: per-minute and pending caps answer 429, a long reason

@@ -276,6 +276,14 @@ fn every_operation_answers_as_documented() {
         404
     );
     assert_eq!(admin_req(a, "GET", &deny, "", t).0, 405);
+    let revoke = format!("{one}/revoke");
+    assert_eq!(admin_req(a, "POST", &revoke, "", None).0, 401);
+    assert_eq!(admin_req(a, "POST", &revoke, "", t).0, 200);
+    assert_eq!(admin_req(a, "POST", &revoke, "", t).0, 409);
+    assert_eq!(
+        admin_req(a, "POST", &format!("{nobody}/revoke"), "", t).0,
+        404
+    );
     assert_eq!(admin_req(a, "POST", "/v1/reload", "", t).0, 200);
     assert_eq!(admin_req(a, "GET", "/v1/observe?colour=red", "", t).0, 400);
     assert_eq!(admin_req(a, "GET", "/v1/observe", "", Some("wrong")).0, 401);

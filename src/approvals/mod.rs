@@ -291,6 +291,66 @@ impl Desk {
         Ok(r)
     }
 
+    /// Revoke the grant of approved request `id` before its end: the set is published
+    /// without it (the exchanges it allowed are cut), on every replica.
+    pub fn revoke(&self, id: &str, by: &'static str) -> Result<Request, Refused> {
+        let mut inner = self.lock();
+        let grant = inner.grants.iter().find_map(|(sid, l)| {
+            l.iter()
+                .find(|g| &*g.id == id)
+                .map(|g| (sid.clone(), g.clone()))
+        });
+        let r = match (inner.requests.get_mut(id), grant) {
+            (Some(r), Some(_)) if r.state == State::Approved => {
+                r.state = State::Revoked;
+                r.answered_by = Some(by);
+                r.deadline = None;
+                r.clone()
+            }
+            (Some(r), _) => {
+                let state = r.state.as_str();
+                return Err(refused(
+                    409,
+                    format!("request {id} is {state}: only an approved one has a grant to revoke"),
+                ));
+            }
+            // A grant kept across a restart (its request was not): revoked all the same.
+            (None, Some((sandbox, g))) => Request {
+                id: id.to_string(),
+                sandbox,
+                asked: request::Asked {
+                    target: crate::policy::target::Target {
+                        host: g.host.clone(),
+                        port: g.port,
+                    },
+                    methods: g.methods.clone(),
+                    paths: g.paths.clone(),
+                    reason: String::new(),
+                },
+                state: State::Revoked,
+                created: SystemTime::now(),
+                deadline: None,
+                answered_by: Some(by),
+                grant: Some(g.kind),
+                note: None,
+                checks: Vec::new(),
+            },
+            (None, None) => return Err(refused(404, format!("no request or grant {id}"))),
+        };
+        if let Some(list) = inner.grants.get_mut(&r.sandbox) {
+            list.retain(|g| &*g.id != id);
+        }
+        self.publish(&inner, &r.sandbox);
+        self.save(&inner);
+        if let Some(remote) = self.remote.get() {
+            remote.delete(r.sandbox.as_str(), id);
+        }
+        drop(inner);
+        self.record(&r, "revoked", by, None, None);
+        self.changed.send_modify(|n| *n += 1);
+        Ok(r)
+    }
+
     /// Expire what is due: pending requests past `approvals.pending_ttl_s`, grants past their
     /// expiry (published away: the exchanges they allowed are cut). Called every tick.
     pub fn tick(&self) {

@@ -98,6 +98,8 @@ pub enum State {
     Approved,
     Denied,
     Expired,
+    /// Approved, then revoked by an operator before its end.
+    Revoked,
 }
 
 impl State {
@@ -107,6 +109,7 @@ impl State {
             State::Approved => "approved",
             State::Denied => "denied",
             State::Expired => "expired",
+            State::Revoked => "revoked",
         }
     }
 
@@ -116,6 +119,7 @@ impl State {
             "approved" => State::Approved,
             "denied" => State::Denied,
             "expired" => State::Expired,
+            "revoked" => State::Revoked,
             _ => return None,
         })
     }

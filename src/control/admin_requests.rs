@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::admin::{error, json_resp, read_body};
-use crate::approvals::{request, Answer, Desk, State};
+use crate::approvals::{request, Answer, Desk, Refused, Request as Asked, State};
 use crate::policy::granted::GrantKind;
 use crate::runtime::Shared;
 
@@ -32,6 +32,7 @@ pub enum At {
     One(String),
     Approve(String),
     Deny(String),
+    Revoke(String),
 }
 
 impl At {
@@ -44,6 +45,7 @@ impl At {
             None => At::One(rest.to_string()),
             Some((id, "approve")) => At::Approve(id.to_string()),
             Some((id, "deny")) => At::Deny(id.to_string()),
+            Some((id, "revoke")) => At::Revoke(id.to_string()),
             Some(_) => return None,
         })
     }
@@ -51,7 +53,7 @@ impl At {
     pub fn allow(&self) -> &'static str {
         match self {
             At::List | At::One(_) => "GET",
-            At::Approve(_) | At::Deny(_) => "POST",
+            At::Approve(_) | At::Deny(_) | At::Revoke(_) => "POST",
         }
     }
 
@@ -104,7 +106,7 @@ pub async fn route(
             Some(r) => json_resp(StatusCode::OK, r.view()),
             None => error(StatusCode::NOT_FOUND, format!("no request `{id}`")),
         },
-        At::Approve(id) | At::Deny(id) if !request::valid_id(&id) => {
+        At::Approve(id) | At::Deny(id) | At::Revoke(id) if !request::valid_id(&id) => {
             error(StatusCode::NOT_FOUND, format!("no request `{id}`"))
         }
         At::Approve(id) => {
@@ -139,6 +141,10 @@ pub async fn route(
             }
             apply(desk, id, Answer::Deny { note: body.note }).await
         }
+        At::Revoke(id) => {
+            let done = tokio::task::spawn_blocking(move || desk.revoke(&id, "admin")).await;
+            done_json(done)
+        }
     }
 }
 
@@ -167,6 +173,13 @@ async fn parse(req: Request<Incoming>, max: usize) -> Result<Body, Response<Full
 async fn apply(desk: Arc<Desk>, id: String, answer: Answer) -> Response<Full<Bytes>> {
     let done =
         tokio::task::spawn_blocking(move || desk.answer(&id, answer, "admin", Vec::new())).await;
+    done_json(done)
+}
+
+/// The request as it now stands, or the refusal.
+fn done_json(
+    done: Result<Result<Asked, Refused>, tokio::task::JoinError>,
+) -> Response<Full<Bytes>> {
     match done {
         Ok(Ok(r)) => json_resp(StatusCode::OK, r.view()),
         Ok(Err(e)) => {

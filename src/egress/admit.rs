@@ -306,7 +306,11 @@ impl Entered {
                 (route, checked, None)
             }
         };
-        let grant = super::grant(&who, target, checked, cx.set);
+        let mut grant = super::grant(&who, target, checked, cx.set);
+        grant.granted_by = cx
+            .set
+            .grant_of(&sb, &decided.decision)
+            .map(|g| g.id.clone());
         Ok(Admitted {
             sandbox: sb,
             grant,

@@ -5,6 +5,7 @@
 use std::net::IpAddr;
 
 use crate::egress::identity::Proof;
+use crate::policy::granted::GrantKind;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::PolicySet;
 use crate::policy::target::Target;
@@ -19,6 +20,8 @@ pub struct Grant {
     pub target: Target,
     pub dialed: IpAddr,
     pub generation: u64,
+    /// The approved grant (`crate::policy::granted`) that allowed it, if one did.
+    pub granted_by: Option<std::sync::Arc<str>>,
 }
 
 impl Grant {
@@ -29,13 +32,20 @@ impl Grant {
         if !self.proof.still_identifies(set, &self.sandbox) {
             return false;
         }
-        match set.get(self.sandbox.as_str()) {
-            None => false,
-            Some(sb) => set
-                .decide(sb, &self.target, Some(&[self.dialed]))
-                .decision
-                .verdict
-                .proceeds(),
+        let Some(sb) = set.get(self.sandbox.as_str()) else {
+            return false;
+        };
+        let decided = set.decide(sb, &self.target, Some(&[self.dialed])).decision;
+        if !decided.verdict.proceeds() {
+            return false;
+        }
+        // A spent `once` grant still allows the one exchange it was spent on, and no other
+        // (an exchange whose own grant was revoked or ended is not kept by it).
+        match set.grant_of(sb, &decided) {
+            Some(g) if g.kind == GrantKind::Once && g.used() => {
+                self.granted_by.as_deref() == Some(&*g.id)
+            }
+            _ => true,
         }
     }
 }

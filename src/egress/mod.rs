@@ -259,6 +259,7 @@ pub fn grant(who: &Identified, target: Target, dialed: IpAddr, set: &PolicySet) 
         target,
         dialed,
         generation: set.generation(),
+        granted_by: None,
     }
 }
 

@@ -130,6 +130,7 @@ mod tests {
             target: Target::parse("x.example.com:443", None).unwrap(),
             dialed: "93.184.216.34".parse().unwrap(),
             generation,
+            granted_by: None,
         }
     }
 
