@@ -402,6 +402,16 @@ fn requests_are_bounded_and_checked() {
     let (status, r) = e.request("agent", "h2.test", "x");
     assert_eq!(status, 429, "{r}");
     assert!(r["error"].as_str().unwrap().contains("max_pending"), "{r}");
+    // A reload puts new bounds in force for the next request.
+    let cfg = e.dir.path().join("proxy.yaml");
+    let yaml = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, yaml.replace("max_pending: 2", "max_pending: 3")).unwrap();
+    let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some(ADMIN_TOKEN));
+    assert_eq!(status, 200, "{body}");
+    let (status, r) = e.request("agent", "h2.test", "x");
+    assert_eq!(status, 202, "{r}");
+    let (status, r) = e.request("agent", "h5.test", "x");
+    assert_eq!(status, 429, "{r}");
     let long = "y".repeat(600);
     let (status, _) = e.request("agent", "h3.test", &long);
     assert_eq!(status, 400);

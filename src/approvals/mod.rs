@@ -83,7 +83,8 @@ fn refused(status: u16, message: impl Into<String>) -> Refused {
 
 /// See the module documentation.
 pub struct Desk {
-    pub cfg: ApprovalsConfig,
+    /// `approvals:` in force (a reload replaces it).
+    cfg: arc_swap::ArcSwap<ApprovalsConfig>,
     sink: Sink,
     policy: watch::Receiver<Arc<PolicySet>>,
     inner: Mutex<Inner>,
@@ -116,7 +117,7 @@ impl Desk {
         state_dir: Option<&std::path::Path>,
     ) -> Arc<Desk> {
         Arc::new(Desk {
-            cfg,
+            cfg: arc_swap::ArcSwap::from_pointee(cfg),
             sink,
             policy,
             inner: Mutex::new(Inner::default()),
@@ -125,6 +126,17 @@ impl Desk {
             remote: OnceLock::new(),
             store: state_dir.map(stored::path_in),
         })
+    }
+
+    /// `approvals:` in force.
+    pub fn cfg(&self) -> Arc<ApprovalsConfig> {
+        self.cfg.load_full()
+    }
+
+    /// Put a reloaded `approvals:` in force (bounds, auto-approval, the webhook and its
+    /// secret apply to the next request).
+    pub fn set_cfg(&self, cfg: ApprovalsConfig) {
+        self.cfg.store(Arc::new(cfg));
     }
 
     /// Set who publishes grants (once, at start).
@@ -149,7 +161,8 @@ impl Desk {
         body: &[u8],
         client: SocketAddr,
     ) -> Result<Request, Refused> {
-        let asked = request::parse(body, self.cfg.reason_max).map_err(|m| refused(400, m))?;
+        let cfg = self.cfg();
+        let asked = request::parse(body, cfg.reason_max).map_err(|m| refused(400, m))?;
         let set = self.policy.borrow().clone();
         let own = sb.policy.decide(&asked.target, None, &set.guard);
         match own.decision.reason {
@@ -187,7 +200,7 @@ impl Desk {
         let now = SystemTime::now();
         let request = {
             let mut inner = self.lock();
-            inner.room_for(&sid, &self.cfg)?;
+            inner.room_for(&sid, &cfg)?;
             inner.make_room()?;
             inner.seq += 1;
             let r = Request {
@@ -196,7 +209,7 @@ impl Desk {
                 asked,
                 state: State::Pending,
                 created: now,
-                deadline: Some(now + self.cfg.pending_ttl),
+                deadline: Some(now + cfg.pending_ttl),
                 answered_by: None,
                 grant: None,
                 note: None,

@@ -257,4 +257,16 @@ mod tests {
         assert!(human_line(&r, true).contains("\x1b[31mDENY  \x1b[0m"));
         assert_eq!(percent_decode("%zz+x"), "%zz x");
     }
+
+    #[test]
+    fn an_approval_step_reads_as_one_line() {
+        let r: serde_json::Value = serde_json::from_str(
+            r#"{"ts":"2026-11-26T10:00:00.000Z","event":"end","sandbox":"agent-1","mode":"approval","decision":"allow","reason":"grant_matched","target_host":"docs.rs","target_port":443,"rule":"docs.rs:443","approval":{"request":"r-0123456789ab","step":"approved","by":"admin","grant":"ttl","text":"ok"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            human_line(&r, false),
+            "10:00:00.000Z ALLOW  agent-1 approval docs.rs:443 grant_matched (rule docs.rs:443) [request r-0123456789ab approved by admin, ttl grant: ok]"
+        );
+    }
 }

@@ -260,6 +260,11 @@ impl Controller {
                     }
                     self.shared.set_resolver(resolver);
                 }
+                if config.approvals != st.config.approvals {
+                    if let Some(desk) = self.shared.desk.get() {
+                        desk.set_cfg(config.approvals.clone());
+                    }
+                }
                 let needs_restart = needs_restart(&st.config, &config);
                 for setting in &needs_restart {
                     tracing::warn!(

@@ -271,7 +271,8 @@ async fn create(
     body: &Bytes,
     client: SocketAddr,
 ) -> Response<Body> {
-    let probe = request::parse(body, desk.cfg.reason_max).ok();
+    let cfg = desk.cfg();
+    let probe = request::parse(body, cfg.reason_max).ok();
     let terminated = probe.as_ref().is_some_and(|a| terminated(sb, &a.target));
     let r = match desk.ask(sb, terminated, body, client) {
         Ok(r) => r,
@@ -282,13 +283,13 @@ async fn create(
     };
     let mut r = r;
     let set = shared.policy.load();
-    if let Some(auto) = auto::compile(&desk.cfg, set.default_ports()) {
+    if let Some(auto) = auto::compile(&cfg, set.default_ports()) {
         let resolver = shared.resolver();
         let own = sb.policy.decide(&r.asked.target, None, &set.guard);
         let own_denied = own.decision.reason == Reason::DeniedByRule;
         let checks = auto::check(
             &auto,
-            &desk.cfg,
+            &cfg,
             &set,
             own_denied,
             terminated,
@@ -299,7 +300,7 @@ async fn create(
         if checks.passed {
             let approve = Answer::Approve {
                 kind: GrantKind::Ttl,
-                ttl: Some(desk.cfg.auto_ttl),
+                ttl: Some(cfg.auto_ttl),
                 note: Some("auto-approved (approvals.auto)".into()),
             };
             let (d, id) = (desk.clone(), r.id.clone());
@@ -314,7 +315,7 @@ async fn create(
             r.checks = checks.lines;
         }
     }
-    if desk.cfg.webhook.is_some() && r.state == crate::approvals::State::Pending {
+    if cfg.webhook.is_some() && r.state == crate::approvals::State::Pending {
         tokio::spawn(ask_webhook(desk.clone(), r.view()));
     }
     let mut resp = reply(StatusCode::ACCEPTED, r.view());
@@ -326,7 +327,7 @@ async fn create(
 
 /// Send a request to the webhook; apply the decision its reply carries, if signed right.
 async fn ask_webhook(desk: Arc<Desk>, view: Value) {
-    let Some(hook) = desk.cfg.webhook.clone() else {
+    let Some(hook) = desk.cfg().webhook.clone() else {
         return;
     };
     let id = view["id"].as_str().unwrap_or_default().to_string();
