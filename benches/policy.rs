@@ -1,5 +1,7 @@
 //! `policy_decide`: one decision against a 10,000-entry policy (exact, wildcard, glob, CIDR);
-//! `policy_compile`: compiling 10,000 sandboxes. Also prints per-call decide percentiles
+//! `policy_compile`: compiling 10,000 sandboxes; `grants`: a set's decision for a name no rule
+//! allows, without grants and with the 64 a sandbox may hold (the target granted last, or not
+//! at all: the whole list scanned). Also prints per-call decide percentiles
 //! (p50/p99/p99.9) measured one call at a time, since the budget (DESIGN §12) is a p99.
 //!
 //! Run: `cargo bench --bench policy`
@@ -156,7 +158,59 @@ fn percentiles() {
     );
 }
 
-criterion_group!(benches, bench_decide, bench_compile);
+/// A set with sandbox `a` holding `n` grants (`g0.example.com:443` …), the last one for
+/// `wanted.example.com:443` when `wanted`.
+fn granted_set(n: usize, wanted: bool) -> PolicySet {
+    use egress_proxy::policy::granted::{GrantEntry, GrantKind, Granted};
+    use egress_proxy::policy::sandbox_id::SandboxId;
+    use std::sync::Arc;
+    let yaml = "sandboxes:\n  - { id: a, policy: { provider: local, config: {}, network: { egress: [api.example.com, \"*.cdn.example.net\"], deny: [bad.example.com] } } }\n";
+    let config = load_str(yaml, "bench.yaml", Path::new("."), None).expect("valid");
+    let set = PolicySet::compile(&config, &[], vec![]).expect("compiles");
+    let entries = (0..n)
+        .map(|i| {
+            let host = match (wanted, i + 1 == n) {
+                (true, true) => "wanted.example.com".to_string(),
+                _ => format!("g{i}.example.com"),
+            };
+            let t = Target::parse(&format!("{host}:443"), None).expect("valid");
+            Arc::new(GrantEntry::new(
+                "a",
+                &format!("r-{i:012x}"),
+                t.host,
+                443,
+                vec![],
+                vec![],
+                GrantKind::Ttl,
+                Some(std::time::SystemTime::now() + Duration::from_secs(3600)),
+                "admin",
+            ))
+        })
+        .collect();
+    let mut edit = set.edit();
+    edit.grants(&SandboxId::new("a").expect("id"), Granted { entries });
+    edit.finish()
+}
+
+fn bench_grants(c: &mut Criterion) {
+    let target = Target::parse("wanted.example.com:443", None).expect("valid");
+    let addrs: Vec<IpAddr> = vec!["93.184.216.34".parse().expect("ip")];
+    let mut g = c.benchmark_group("grants");
+    for (name, n, wanted) in [
+        ("none", 0, false),
+        ("64_target_granted_last", 64, true),
+        ("64_target_not_granted", 64, false),
+    ] {
+        let set = granted_set(n, wanted);
+        let sb = set.get("a").expect("sandbox").clone();
+        g.bench_function(name, |b| {
+            b.iter(|| black_box(set.decide(&sb, black_box(&target), Some(&addrs))))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_decide, bench_compile, bench_grants);
 
 fn main() {
     benches();
