@@ -221,7 +221,23 @@ fn the_agent_asks_a_person_approves_and_the_grant_ends_on_time() {
         listed.contains(&id) && listed.contains("granted.test"),
         "{listed}"
     );
+    let poll = {
+        let (px, id) = (e.px("agent"), id.clone());
+        std::thread::spawn(move || {
+            let url = format!("http://egress-proxy.local/v1/requests/{id}?wait=20");
+            let out = curl(&["-x", &px, &url]);
+            (Instant::now(), out.text())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let asked_at = Instant::now();
     let (code, approved) = e.cli(&["approve", &id, "--ttl", "3s", "--note", "ok for docs"]);
+    let (answered_at, polled) = poll.join().unwrap();
+    assert!(polled.contains("\"approved\""), "{polled}");
+    eprintln!(
+        "a waiting long poll learnt of the approval {:?} after `egress-proxy approve` started",
+        answered_at.duration_since(asked_at)
+    );
     assert_eq!(code, 0, "{approved}");
     assert!(
         !approved.contains(ADMIN_TOKEN),
@@ -254,6 +270,7 @@ fn the_agent_asks_a_person_approves_and_the_grant_ends_on_time() {
     let ended = approved_at.elapsed();
     assert_ne!(out.code, 0, "the download under the grant was cut");
     assert!(ended < Duration::from_secs(30), "cut after {ended:?}");
+    eprintln!("grant of 3 s: the tunnel under it ended {ended:?} after the approval");
     let rec = e
         .proxy
         .wait_record(|r| r["target_host"] == "granted.test" && r["close"] == "revoked");

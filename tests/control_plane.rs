@@ -808,10 +808,15 @@ fn an_approval_on_one_replica_lets_the_sandbox_through_another() {
         r#"{"grant": "ttl", "ttl_s": 4}"#,
     );
     assert_eq!(status, 200, "{body}");
+    let approved = Instant::now();
     eventually(
         Duration::from_secs(10),
         "the grant reaches replica b",
         || (net.get_as(&b, "filebox:file-secret", "api.test", "/").code == 0).then_some(()),
+    );
+    eprintln!(
+        "an approval on replica a let the sandbox through replica b {:?} later (the first try that passed)",
+        approved.elapsed()
     );
     let rec = b.wait_record(|r| r["target_host"] == "api.test" && r["decision"] == "allow");
     assert_eq!(rec["reason"], "grant_matched");

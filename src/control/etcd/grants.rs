@@ -68,7 +68,7 @@ impl Remote for EtcdGrants {
                 client.put(key, value, Some(opts)).await.map(|_| ())
             };
             match tokio::time::timeout(timeout, write).await {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => tracing::info!(grant = %grant.id, "control plane: grant written to etcd"),
                 Ok(Err(e)) => {
                     tracing::warn!(grant = %grant.id, error = %e, "cannot share a grant through etcd")
                 }
@@ -92,12 +92,21 @@ impl Remote for EtcdGrants {
 /// Keep `desk` in step with the grants under the prefix until the task is aborted.
 pub async fn run(cp: Arc<ControlPlane>, desk: Arc<Desk>) {
     loop {
+        // Until the registrations' session is up (it connects), look often: grants are
+        // listed within [`WAIT`] of the replica becoming ready.
+        if !cp.connected() {
+            tokio::time::sleep(WAIT).await;
+            continue;
+        }
         if let Err(e) = session(&cp, &desk).await {
             tracing::warn!(error = %e, "control plane: grants watch interrupted; retrying");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
+
+/// How often a replica not yet connected looks again.
+const WAIT: Duration = Duration::from_millis(20);
 
 async fn session(cp: &ControlPlane, desk: &Arc<Desk>) -> Result<(), String> {
     let Some(client) = cp.client.load_full() else {
@@ -156,7 +165,11 @@ async fn adopt(desk: &Arc<Desk>, grants: Vec<StoredGrant>) {
         return;
     }
     let desk = desk.clone();
-    let _ = tokio::task::spawn_blocking(move || desk.adopt(grants)).await;
+    if let Ok(n) = tokio::task::spawn_blocking(move || desk.adopt(grants)).await {
+        if n > 0 {
+            tracing::info!(grants = n, "control plane: grants adopted from etcd");
+        }
+    }
 }
 
 async fn forget(desk: &Arc<Desk>, sandbox: String, id: String) {
