@@ -1,5 +1,6 @@
-//! `egress-proxy requests`, `approve ID` and `deny ID`: the approvers' commands, one admin
-//! API call each ([`egress_proxy::control::admin_client`]).
+//! `egress-proxy requests`, `approve ID`, `deny ID` and `revoke ID`: the approvers' commands,
+//! one admin API call each ([`egress_proxy::control::admin_client`]); and how every admin
+//! client command (these and `observe`) reaches the admin listener ([`AdminArgs`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,10 +16,10 @@ use egress_proxy::control::observe_client::AdminTls;
 pub struct AdminArgs {
     /// The admin listener.
     #[arg(long, default_value = "http://127.0.0.1:9901")]
-    admin: String,
+    pub admin: String,
     /// A file holding the admin token (default: $EGRESS_PROXY_ADMIN_TOKEN).
     #[arg(long)]
-    token_file: Option<PathBuf>,
+    pub token_file: Option<PathBuf>,
     /// An `https://` admin listener's CA (PEM), trusted besides the public roots.
     #[arg(long)]
     cacert: Option<PathBuf>,
@@ -28,6 +29,17 @@ pub struct AdminArgs {
     /// The client certificate's key (PEM).
     #[arg(long, requires = "cert")]
     key: Option<PathBuf>,
+}
+
+impl AdminArgs {
+    /// How to speak TLS to an `https://` admin listener.
+    pub fn tls(&self) -> AdminTls {
+        AdminTls {
+            cacert: self.cacert.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+        }
+    }
 }
 
 /// How long an approval holds.
@@ -46,15 +58,10 @@ pub struct Kind {
 }
 
 fn run(to: &AdminArgs, method: &str, path: &str, body: Option<&Value>, json_out: bool) -> ExitCode {
-    let tls = AdminTls {
-        cacert: to.cacert.clone(),
-        cert: to.cert.clone(),
-        key: to.key.clone(),
-    };
     match call(
         &to.admin,
         to.token_file.as_deref(),
-        &tls,
+        &to.tls(),
         method,
         path,
         body,

@@ -97,12 +97,6 @@ enum Command {
     /// Watch decisions as they happen (GET /v1/observe on the admin listener): one line per
     /// decision (coloured on a terminal), or the audit records as JSON lines with --json.
     Observe {
-        /// The admin listener.
-        #[arg(long, default_value = "http://127.0.0.1:9901")]
-        admin: String,
-        /// A file holding the admin token (default: $EGRESS_PROXY_ADMIN_TOKEN).
-        #[arg(long)]
-        token_file: Option<PathBuf>,
         /// Only this sandbox.
         #[arg(long)]
         sandbox: Option<String>,
@@ -120,15 +114,8 @@ enum Command {
         /// Print the records as JSON lines.
         #[arg(long)]
         json: bool,
-        /// An `https://` admin listener's CA (PEM), trusted besides the public roots.
-        #[arg(long)]
-        cacert: Option<PathBuf>,
-        /// A client certificate (PEM) for an admin listener that asks for one.
-        #[arg(long, requires = "key")]
-        cert: Option<PathBuf>,
-        /// The client certificate's key (PEM).
-        #[arg(long, requires = "cert")]
-        key: Option<PathBuf>,
+        #[command(flatten)]
+        to: approve_cli::AdminArgs,
     },
     /// List the access requests sandboxes made (newest first).
     Requests {
@@ -254,16 +241,12 @@ fn main() -> ExitCode {
             checkpoints.as_deref(),
         ),
         Command::Observe {
-            admin,
-            token_file,
             sandbox,
             decision,
             reason,
             host,
             json,
-            cacert,
-            cert,
-            key,
+            to,
         } => {
             let filters = [
                 ("sandbox", sandbox),
@@ -271,8 +254,13 @@ fn main() -> ExitCode {
                 ("reason", reason),
                 ("host", host),
             ];
-            let tls = egress_proxy::control::observe_client::AdminTls { cacert, cert, key };
-            observe(&admin, token_file.as_deref(), &filters, json, &tls)
+            observe(
+                &to.admin,
+                to.token_file.as_deref(),
+                &filters,
+                json,
+                &to.tls(),
+            )
         }
         Command::Requests { state, json, to } => approve_cli::requests(&to, state.as_deref(), json),
         Command::Approve { id, kind, note, to } => {

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::observe_client::{client, AdminTls, ObserveError};
+use super::observe_client::{client, reach, AdminTls, ObserveError};
 
 /// One admin call: `method path` with an optional JSON body; the status and the body.
 pub fn call(
@@ -19,21 +19,7 @@ pub fn call(
     path: &str,
     body: Option<&Value>,
 ) -> Result<(u16, String), ObserveError> {
-    let token = match token_file {
-        Some(f) => std::fs::read_to_string(f).map_err(|source| ObserveError::TokenFile {
-            path: f.display().to_string(),
-            source,
-        })?,
-        None => std::env::var("EGRESS_PROXY_ADMIN_TOKEN").map_err(|_| ObserveError::NoToken)?,
-    };
-    let (secure, rest) = match admin.split_once("://") {
-        Some(("http", rest)) => (false, rest),
-        Some(("https", rest)) => (true, rest),
-        _ => return Err(ObserveError::Admin(admin.to_string())),
-    };
-    let authority = Some(rest.trim_end_matches('/'))
-        .filter(|a| !a.is_empty() && !a.contains('/'))
-        .ok_or_else(|| ObserveError::Admin(admin.to_string()))?;
+    let (token, secure, authority) = reach(admin, token_file)?;
     let payload = body.map(Value::to_string).unwrap_or_default();
     let request = format!(
         "{method} {path} HTTP/1.0\r\nHost: {authority}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",

@@ -58,22 +58,8 @@ pub fn follow(
     json: bool,
     tls: &AdminTls,
 ) -> Result<(), ObserveError> {
-    let token = match token_file {
-        Some(f) => std::fs::read_to_string(f).map_err(|source| ObserveError::TokenFile {
-            path: f.display().to_string(),
-            source,
-        })?,
-        None => std::env::var("EGRESS_PROXY_ADMIN_TOKEN").map_err(|_| ObserveError::NoToken)?,
-    };
+    let (token, secure, authority) = reach(admin, token_file)?;
     let token = token.trim();
-    let (secure, rest) = match admin.split_once("://") {
-        Some(("http", rest)) => (false, rest),
-        Some(("https", rest)) => (true, rest),
-        _ => return Err(ObserveError::Admin(admin.to_string())),
-    };
-    let authority = Some(rest.trim_end_matches('/'))
-        .filter(|a| !a.is_empty() && !a.contains('/'))
-        .ok_or_else(|| ObserveError::Admin(admin.to_string()))?;
     let query: Vec<String> = filters
         .iter()
         .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", query_escape(v))))
@@ -94,6 +80,30 @@ pub fn follow(
             exchange(rustls::StreamOwned::new(conn, stream), &request, json)
         }
     }
+}
+
+/// The admin token (from `token_file`, else `EGRESS_PROXY_ADMIN_TOKEN`), whether `admin` is
+/// `https://`, and its `HOST:PORT`.
+pub(super) fn reach<'a>(
+    admin: &'a str,
+    token_file: Option<&Path>,
+) -> Result<(String, bool, &'a str), ObserveError> {
+    let token = match token_file {
+        Some(f) => std::fs::read_to_string(f).map_err(|source| ObserveError::TokenFile {
+            path: f.display().to_string(),
+            source,
+        })?,
+        None => std::env::var("EGRESS_PROXY_ADMIN_TOKEN").map_err(|_| ObserveError::NoToken)?,
+    };
+    let (secure, rest) = match admin.split_once("://") {
+        Some(("http", rest)) => (false, rest),
+        Some(("https", rest)) => (true, rest),
+        _ => return Err(ObserveError::Admin(admin.to_string())),
+    };
+    let authority = Some(rest.trim_end_matches('/'))
+        .filter(|a| !a.is_empty() && !a.contains('/'))
+        .ok_or_else(|| ObserveError::Admin(admin.to_string()))?;
+    Ok((token, secure, authority))
 }
 
 /// A TLS client for the admin listener at `authority` (its certificate must name the host).

@@ -321,17 +321,11 @@ impl CompiledPolicy {
     /// Decide on `target`. `addrs` is `None` before resolution (name targets are then decided
     /// by name rules alone) and the resolved addresses after; IP-literal targets need none.
     pub fn decide(&self, target: &Target, addrs: Option<&[IpAddr]>, guard: &Guard) -> Outcome {
-        let literal;
-        let addrs = match &target.host {
-            Host::Ip(ip) => {
-                literal = [*ip];
-                Some(&literal[..])
-            }
-            Host::Name(_) => addrs,
-        };
-        let (policy, pending) = self.policy_step(target, addrs);
-        self.finish(policy, pending, target, addrs, guard, |a| {
-            self.allow.covering(a)
+        with_literal(target, addrs, |addrs| {
+            let (policy, pending) = self.policy_step(target, addrs);
+            self.finish(policy, pending, target, addrs, guard, |a| {
+                self.allow.covering(a)
+            })
         })
     }
 
@@ -345,15 +339,9 @@ impl CompiledPolicy {
         addrs: Option<&[IpAddr]>,
         guard: &Guard,
     ) -> Outcome {
-        let literal;
-        let addrs = match &target.host {
-            Host::Ip(ip) => {
-                literal = [*ip];
-                Some(&literal[..])
-            }
-            Host::Name(_) => addrs,
-        };
-        self.finish(decision, false, target, addrs, guard, |_| None)
+        with_literal(target, addrs, |addrs| {
+            self.finish(decision, false, target, addrs, guard, |_| None)
+        })
     }
 
     /// What follows the policy step: report mode, then every address through the guard.
@@ -463,6 +451,18 @@ impl CompiledPolicy {
             }
         }
         (Decision::allow(Reason::RuleMatched, first), false)
+    }
+}
+
+/// Call `f` with the addresses to decide on: an IP-literal target's own address, else `addrs`.
+fn with_literal<R>(
+    target: &Target,
+    addrs: Option<&[IpAddr]>,
+    f: impl FnOnce(Option<&[IpAddr]>) -> R,
+) -> R {
+    match &target.host {
+        Host::Ip(ip) => f(Some(&[*ip])),
+        Host::Name(_) => f(addrs),
     }
 }
 
