@@ -62,8 +62,10 @@ pub fn parse(body: &[u8], reason_max: usize) -> Result<Asked, String> {
     if b.reason.len() > reason_max {
         return Err(format!("reason is longer than {reason_max} bytes"));
     }
-    if b.reason.chars().any(|c| c.is_control() && c != '\n') {
-        return Err("reason must not contain control characters".into());
+    // One line: a reason is printed in `observe` and terminals, where a newline or an escape
+    // sequence could pass for another line.
+    if b.reason.chars().any(char::is_control) {
+        return Err("reason must be one line without control characters".into());
     }
     if b.methods.len() > MAX_SCOPE || b.paths.len() > MAX_SCOPE {
         return Err(format!("at most {MAX_SCOPE} methods and {MAX_SCOPE} paths"));
@@ -207,6 +209,8 @@ mod tests {
             r#"{"host":"example.com","reason":"x","paths":["no-slash"]}"#,
             r#"{"host":"bad host","reason":"x"}"#,
             r#"{"host":"egress-proxy.local","port":80,"reason":"x"}"#,
+            r#"{"host":"example.com","reason":"x\n10:00:00 ALLOW forged"}"#,
+            r#"{"host":"example.com","reason":"\u001b[32mgreen"}"#,
             "not json",
         ] {
             assert!(parse(bad.as_bytes(), 100).is_err(), "{bad}");
