@@ -258,7 +258,7 @@ fn network_spec(
     let deny = parse_list(&net.deny, "deny");
     let mut http = Vec::new();
     for (i, r) in net.http.iter().enumerate() {
-        match super::credentials::HttpRule::new(&r.host, &r.methods, &r.paths) {
+        match super::credentials::HttpRule::with_git(&r.host, &r.methods, &r.paths, &r.git) {
             Ok(rule) => http.push(rule),
             Err(e) => {
                 ok = false;

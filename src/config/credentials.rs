@@ -386,4 +386,7 @@ pub struct RawHttpRule {
     pub methods: Vec<String>,
     #[serde(default)]
     pub paths: Vec<String>,
+    /// `[fetch, push]`: git's smart HTTP for these services only.
+    #[serde(default)]
+    pub git: Vec<String>,
 }

@@ -279,7 +279,8 @@ impl Exchange {
                 return misuse(&k.name, why);
             }
         }
-        if !rules.is_empty() && !rules.iter().any(|r| r.allows(method, path)) {
+        let query = req.uri().query();
+        if !rules.is_empty() && !rules.iter().any(|r| r.allows_request(method, path, query)) {
             return Some(Refusal::new(
                 Reason::HttpNotAllowed,
                 format!("no network.http rule allows {method} {path} on {host}"),

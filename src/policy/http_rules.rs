@@ -59,19 +59,102 @@ pub struct HttpRule {
     pub host: BoundHost,
     /// Upper-case; empty: any method.
     pub methods: Vec<String>,
-    /// Path globs (`*` within a segment, `**` across); empty: any path.
+    /// Path globs (`*` within a segment, `**` across); empty: any path. With `git`, they
+    /// name repositories (the path before `/info/refs`, `/git-upload-pack`, …).
     pub paths: Vec<String>,
+    /// `git: [fetch, push]`: the rule allows only git's smart HTTP for these services.
+    pub git: Vec<GitService>,
     matcher: Option<globset::GlobSet>,
+}
+
+/// A git smart-HTTP service (`git: [fetch | push]` in a rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GitService {
+    /// `git-upload-pack`: clone and fetch.
+    Fetch,
+    /// `git-receive-pack`: push.
+    Push,
+}
+
+impl GitService {
+    pub fn parse(s: &str) -> Result<GitService, ParseError> {
+        match s {
+            "fetch" => Ok(GitService::Fetch),
+            "push" => Ok(GitService::Push),
+            _ => Err(ParseError(format!("git: `{s}` is not fetch or push"))),
+        }
+    }
+
+    fn pack(self) -> &'static str {
+        match self {
+            GitService::Fetch => "git-upload-pack",
+            GitService::Push => "git-receive-pack",
+        }
+    }
+}
+
+/// What a request is in git's smart HTTP protocol: the service and the repository path, or
+/// `None` when it is not a smart-HTTP request (the dumb protocol's plain GETs included).
+pub fn git_request<'p>(
+    method: &str,
+    path: &'p str,
+    query: Option<&str>,
+) -> Option<(GitService, &'p str)> {
+    let services = [GitService::Fetch, GitService::Push];
+    if method.eq_ignore_ascii_case("GET") {
+        let repo = path.strip_suffix("/info/refs")?;
+        let asked = query?
+            .split('&')
+            .filter_map(|kv| kv.strip_prefix("service="))
+            .collect::<Vec<_>>();
+        // One service, named exactly: two would leave the server to pick one.
+        let [one] = asked[..] else { return None };
+        return services
+            .into_iter()
+            .find(|s| s.pack() == one)
+            .map(|s| (s, repo));
+    }
+    if method.eq_ignore_ascii_case("POST") {
+        return services.into_iter().find_map(|s| {
+            path.strip_suffix(s.pack())?
+                .strip_suffix('/')
+                .map(|r| (s, r))
+        });
+    }
+    None
 }
 
 impl PartialEq for HttpRule {
     fn eq(&self, other: &Self) -> bool {
-        self.host == other.host && self.methods == other.methods && self.paths == other.paths
+        self.host == other.host
+            && self.methods == other.methods
+            && self.paths == other.paths
+            && self.git == other.git
     }
 }
 
 impl HttpRule {
     pub fn new(host: &str, methods: &[String], paths: &[String]) -> Result<HttpRule, ParseError> {
+        Self::with_git(host, methods, paths, &[])
+    }
+
+    /// A rule that may name git services (`git: [fetch | push]`): then it allows git's smart
+    /// HTTP for those services on the repositories `paths` name, and nothing else.
+    pub fn with_git(
+        host: &str,
+        methods: &[String],
+        paths: &[String],
+        git: &[String],
+    ) -> Result<HttpRule, ParseError> {
+        let git = git
+            .iter()
+            .map(|g| GitService::parse(g))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !git.is_empty() && !methods.is_empty() {
+            return Err(ParseError(
+                "a rule with `git` names no methods (git's own are implied); write another rule for the others".into(),
+            ));
+        }
         let host_pat = BoundHost::parse(host)?;
         let mut methods_up = Vec::new();
         for m in methods {
@@ -97,11 +180,29 @@ impl HttpRule {
             }
             Some(b.build().map_err(|e| ParseError(e.to_string()))?)
         };
+        let git_text = match git.is_empty() {
+            true => String::new(),
+            false => {
+                let names: Vec<&str> = git
+                    .iter()
+                    .map(|g| match g {
+                        GitService::Fetch => "fetch",
+                        GitService::Push => "push",
+                    })
+                    .collect();
+                format!(" git:{}", names.join(","))
+            }
+        };
         Ok(HttpRule {
-            text: format!("{host} {} {}", methods_up.join(","), paths.join(",")),
+            text: format!(
+                "{host} {} {}{git_text}",
+                methods_up.join(","),
+                paths.join(",")
+            ),
             host: host_pat,
             methods: methods_up,
             paths: paths.to_vec(),
+            git,
             matcher,
         })
     }
@@ -109,6 +210,19 @@ impl HttpRule {
     /// Whether this rule allows `method` (any case) on `path` (canonical, without its
     /// query: see [`canonical_path`]).
     pub fn allows(&self, method: &str, path: &str) -> bool {
+        self.allows_request(method, path, None)
+    }
+
+    /// [`HttpRule::allows`], with the request's query (git's smart HTTP names its service
+    /// there). A rule with `git` allows only smart-HTTP requests for its services, on the
+    /// repositories its paths name.
+    pub fn allows_request(&self, method: &str, path: &str, query: Option<&str>) -> bool {
+        if !self.git.is_empty() {
+            return git_request(method, path, query).is_some_and(|(service, repo)| {
+                self.git.contains(&service)
+                    && self.matcher.as_ref().is_none_or(|m| m.is_match(repo))
+            });
+        }
         self.names_method(method) && self.matcher.as_ref().is_none_or(|m| m.is_match(path))
     }
 
@@ -343,5 +457,40 @@ mod tests {
                 .unwrap()
                 .contains(&name.to_ascii_lowercase()));
         }
+    }
+
+    #[test]
+    fn git_rules_tell_fetch_from_push_and_allow_nothing_else() {
+        let fetch =
+            HttpRule::with_git("git.test", &[], &["/org/*.git".into()], &["fetch".into()]).unwrap();
+        let q = |s: &'static str| Some(s);
+        assert!(fetch.allows_request("GET", "/org/a.git/info/refs", q("service=git-upload-pack")));
+        assert!(fetch.allows_request("POST", "/org/a.git/git-upload-pack", None));
+        // Push, in both of its forms; the dumb protocol; two services at once; other repos.
+        assert!(!fetch.allows_request(
+            "GET",
+            "/org/a.git/info/refs",
+            q("service=git-receive-pack")
+        ));
+        assert!(!fetch.allows_request("POST", "/org/a.git/git-receive-pack", None));
+        assert!(!fetch.allows_request("GET", "/org/a.git/info/refs", None));
+        assert!(!fetch.allows_request("GET", "/org/a.git/objects/info/packs", None));
+        assert!(!fetch.allows_request(
+            "GET",
+            "/org/a.git/info/refs",
+            q("service=git-upload-pack&service=git-receive-pack")
+        ));
+        assert!(!fetch.allows_request("POST", "/other/a.git/git-upload-pack", None));
+        assert!(!fetch.allows_request("PUT", "/org/a.git/git-upload-pack", None));
+        assert!(!fetch.allows_request("GET", "/org/a.git", None));
+        let push =
+            HttpRule::with_git("git.test", &[], &[], &["fetch".into(), "push".into()]).unwrap();
+        assert!(push.allows_request("POST", "/any/r/git-receive-pack", None));
+        assert!(HttpRule::with_git("git.test", &["GET".into()], &[], &["fetch".into()]).is_err());
+        assert!(HttpRule::with_git("git.test", &[], &[], &["clone".into()]).is_err());
+        assert_ne!(
+            fetch,
+            HttpRule::with_git("git.test", &[], &["/org/*.git".into()], &["push".into()]).unwrap()
+        );
     }
 }

@@ -559,7 +559,10 @@ fn hash_binding(h: &mut Sha256, b: &Binding) {
     // secret by its digest, so a rotation is a new version and wakes the sandbox's exchanges).
     for r in b.network.http.iter() {
         h.update(b"h");
-        h.update(format!("{:?}{:?}{:?}", r.host, r.methods, r.paths));
+        h.update(format!(
+            "{:?}{:?}{:?}{:?}",
+            r.host, r.methods, r.paths, r.git
+        ));
     }
     for c in b.credentials.iter() {
         h.update(b"c");

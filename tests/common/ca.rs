@@ -8,6 +8,7 @@ use super::*;
 /// Names the test certificate is valid for (the origins answer to all of them).
 pub const CERT_NAMES: &[&str] = &[
     "api.test",
+    "git.test",
     "granted.test",
     "pub.auto.test",
     "big.test",

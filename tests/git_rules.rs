@@ -1,0 +1,195 @@
+//! `git: [fetch | push]` rules (issue 42's first part) with the real `git` client through the
+//! proxy to a real `git http-backend` behind a test certificate (`tests/data/git_https.py`):
+//! under `git: [fetch]` a clone passes and a push is refused (`http_not_allowed`, nothing
+//! written to the repository); under `git: [fetch, push]` the push passes.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use common::*;
+
+/// The git origin: its port, and the child serving it (killed on drop).
+struct GitOrigin {
+    port: u16,
+    child: Child,
+}
+
+impl Drop for GitOrigin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn git(dir: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", dir)
+        // Only what the test sets: the machine's CA bundle and proxies would override it.
+        .env_remove("GIT_SSL_CAINFO")
+        .env_remove("https_proxy")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("http_proxy")
+        .env_remove("ALL_PROXY")
+        .output()
+        .expect("git is installed (.ci/run installs it)");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// A bare repository `ROOT/org/app.git` with one commit, served over HTTPS.
+fn origin(dir: &Path, ca: &TestCa) -> GitOrigin {
+    let root = dir.join("repos");
+    std::fs::create_dir_all(root.join("org")).unwrap();
+    let bare = root.join("org/app.git");
+    assert!(git(dir, &["init", "-q", "--bare", "-b", "main", bare.to_str().unwrap()]).0);
+    let work = dir.join("seed");
+    std::fs::create_dir_all(&work).unwrap();
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["config", "user.email", "t@test"],
+        &["config", "user.name", "t"],
+    ] {
+        assert!(git(&work, args).0);
+    }
+    std::fs::write(work.join("README"), "hello\n").unwrap();
+    assert!(git(&work, &["add", "README"]).0);
+    assert!(git(&work, &["commit", "-q", "-m", "one"]).0);
+    let (ok, out) = git(&work, &["push", "-q", bare.to_str().unwrap(), "main"]);
+    assert!(ok, "{out}");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/git_https.py");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .arg(&ca.cert_pem)
+        .arg(&ca.key_pem)
+        .arg(&root)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    GitOrigin {
+        port: line.trim().parse().expect("the origin prints its port"),
+        child,
+    }
+}
+
+/// A proxy terminating git.test with `rule` as its `network.http` rule.
+fn proxy(dir: &Path, ca: &TestCa, port: u16, git_services: &str) -> Proxy {
+    ca_init(&dir.join("ica"));
+    Proxy::start(
+        dir,
+        &format!(
+            r#"
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ git.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
+sandboxes:
+  - id: dev
+    auth: {{ token_sha256: {tok} }}
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["git.test:{port}"]
+        http: [{{ host: git.test, paths: ["/org/*.git"], git: [{git_services}] }}]
+"#,
+            ica = dir.join("ica").display(),
+            upstream = ca.ca_pem.display(),
+            tok = sha("dev-secret"),
+        ),
+    )
+}
+
+/// `git ARGS` in `dir` through `p` as sandbox `dev`, trusting the interception CA.
+fn via(p: &Proxy, dir: &Path, ica: &Path, args: &[&str]) -> (bool, String) {
+    let proxy = format!("http.proxy=http://dev:dev-secret@{}", p.proxy);
+    let ca = format!("http.sslCAInfo={}", ica.display());
+    let mut full = vec!["-c", &proxy, "-c", &ca];
+    full.extend_from_slice(args);
+    git(dir, &full)
+}
+
+#[test]
+fn fetch_only_clones_and_refuses_a_push() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let o = origin(dir.path(), &ca);
+    let p = proxy(dir.path(), &ca, o.port, "fetch");
+    let ica = dir.path().join("ica/ca.crt");
+    let url = format!("https://git.test:{}/org/app.git", o.port);
+    let (ok, out) = via(&p, dir.path(), &ica, &["clone", "-q", &url, "clone"]);
+    assert!(ok, "the clone passes: {out}");
+    let clone = dir.path().join("clone");
+    assert_eq!(
+        std::fs::read_to_string(clone.join("README")).unwrap(),
+        "hello\n"
+    );
+    let rec =
+        p.wait_record(|r| r["mode"] == "https" && r["path"] == "/org/app.git/git-upload-pack");
+    assert_eq!(rec["decision"], "allow", "{rec}");
+
+    // A push: refused at its first request, nothing reaches the repository.
+    std::fs::write(clone.join("NEW"), "exfiltrated\n").unwrap();
+    for args in [
+        &["config", "user.email", "t@test"][..],
+        &["config", "user.name", "t"],
+        &["add", "NEW"],
+        &["commit", "-q", "-m", "two"],
+    ] {
+        assert!(git(&clone, args).0);
+    }
+    let (ok, out) = via(&p, &clone, &ica, &["push", "-q", "origin", "main"]);
+    assert!(!ok, "the push was refused: {out}");
+    let rec = p.wait_record(|r| r["mode"] == "https" && r["reason"] == "http_not_allowed");
+    assert_eq!(rec["path"], "/org/app.git/info/refs", "{rec}");
+    let bare = dir.path().join("repos/org/app.git");
+    let (_, log) = git(&bare, &["log", "--oneline", "main"]);
+    assert_eq!(
+        log.lines().count(),
+        1,
+        "the repository kept one commit: {log}"
+    );
+    // Another repository than the rule names is refused even for fetch.
+    let other = format!("https://git.test:{}/elsewhere/app.git", o.port);
+    let (ok, _) = via(&p, dir.path(), &ica, &["clone", "-q", &other, "other"]);
+    assert!(!ok);
+}
+
+#[test]
+fn fetch_and_push_allows_the_push() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let o = origin(dir.path(), &ca);
+    let p = proxy(dir.path(), &ca, o.port, "fetch, push");
+    let ica = dir.path().join("ica/ca.crt");
+    let url = format!("https://git.test:{}/org/app.git", o.port);
+    assert!(via(&p, dir.path(), &ica, &["clone", "-q", &url, "clone"]).0);
+    let clone = dir.path().join("clone");
+    std::fs::write(clone.join("NEW"), "allowed\n").unwrap();
+    for args in [
+        &["config", "user.email", "t@test"][..],
+        &["config", "user.name", "t"],
+        &["add", "NEW"],
+        &["commit", "-q", "-m", "two"],
+    ] {
+        assert!(git(&clone, args).0);
+    }
+    let (ok, out) = via(&p, &clone, &ica, &["push", "-q", "origin", "main"]);
+    assert!(ok, "the push passes: {out}");
+    let (_, log) = git(
+        &dir.path().join("repos/org/app.git"),
+        &["log", "--oneline", "main"],
+    );
+    assert_eq!(log.lines().count(), 2, "{log}");
+}
