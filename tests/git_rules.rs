@@ -50,7 +50,13 @@ fn origin(dir: &Path, ca: &TestCa) -> GitOrigin {
     let root = dir.join("repos");
     std::fs::create_dir_all(root.join("org")).unwrap();
     let bare = root.join("org/app.git");
-    assert!(git(dir, &["init", "-q", "--bare", "-b", "main", bare.to_str().unwrap()]).0);
+    assert!(
+        git(
+            dir,
+            &["init", "-q", "--bare", "-b", "main", bare.to_str().unwrap()]
+        )
+        .0
+    );
     let work = dir.join("seed");
     std::fs::create_dir_all(&work).unwrap();
     for args in [
