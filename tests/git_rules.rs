@@ -45,6 +45,19 @@ fn git(dir: &Path, args: &[&str]) -> (bool, String) {
     )
 }
 
+/// A second commit in the clone at `clone`: a file `NEW` holding `text`.
+fn commit(clone: &Path, text: &str) {
+    std::fs::write(clone.join("NEW"), text).unwrap();
+    for args in [
+        &["config", "user.email", "t@test"][..],
+        &["config", "user.name", "t"],
+        &["add", "NEW"],
+        &["commit", "-q", "-m", "two"],
+    ] {
+        assert!(git(clone, args).0);
+    }
+}
+
 /// A bare repository `ROOT/org/app.git` with one commit, served over HTTPS.
 fn origin(dir: &Path, ca: &TestCa) -> GitOrigin {
     let root = dir.join("repos");
@@ -146,15 +159,7 @@ fn fetch_only_clones_and_refuses_a_push() {
     assert_eq!(rec["decision"], "allow", "{rec}");
 
     // A push: refused at its first request, nothing reaches the repository.
-    std::fs::write(clone.join("NEW"), "exfiltrated\n").unwrap();
-    for args in [
-        &["config", "user.email", "t@test"][..],
-        &["config", "user.name", "t"],
-        &["add", "NEW"],
-        &["commit", "-q", "-m", "two"],
-    ] {
-        assert!(git(&clone, args).0);
-    }
+    commit(&clone, "exfiltrated\n");
     let (ok, out) = via(&p, &clone, &ica, &["push", "-q", "origin", "main"]);
     assert!(!ok, "the push was refused: {out}");
     let rec = p.wait_record(|r| r["mode"] == "https" && r["reason"] == "http_not_allowed");
@@ -182,15 +187,7 @@ fn fetch_and_push_allows_the_push() {
     let url = format!("https://git.test:{}/org/app.git", o.port);
     assert!(via(&p, dir.path(), &ica, &["clone", "-q", &url, "clone"]).0);
     let clone = dir.path().join("clone");
-    std::fs::write(clone.join("NEW"), "allowed\n").unwrap();
-    for args in [
-        &["config", "user.email", "t@test"][..],
-        &["config", "user.name", "t"],
-        &["add", "NEW"],
-        &["commit", "-q", "-m", "two"],
-    ] {
-        assert!(git(&clone, args).0);
-    }
+    commit(&clone, "allowed\n");
     let (ok, out) = via(&p, &clone, &ica, &["push", "-q", "origin", "main"]);
     assert!(ok, "the push passes: {out}");
     let (_, log) = git(

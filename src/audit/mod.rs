@@ -378,7 +378,11 @@ impl Drop for AuditGuard {
                 }
             }
         }
-        if r.verdict == crate::policy::Verdict::Deny && !matches!(self.variant, Variant::Event) {
+        // Connections' and requests' refusals only: a DNS refusal names no port to ask for,
+        // and the refused-query path stays free of the lock and the formatting.
+        if r.verdict == crate::policy::Verdict::Deny
+            && matches!(self.variant, Variant::Connection | Variant::Request)
+        {
             self.sink.denials.note(r);
         }
         let close = match self.variant {
