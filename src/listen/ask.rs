@@ -202,6 +202,21 @@ async fn respond(
     audit: &mut AuditGuard,
     client: SocketAddr,
 ) -> Response<Body> {
+    // A kept connection (TLS, transparent) answers only while the sandbox it identified is
+    // still registered with the same binding: a removal, a rotated token or a changed policy
+    // ends what it may ask, as it ends a tunnel.
+    let current = shared.policy.load();
+    if !current
+        .get(sb.binding.id.as_str())
+        .is_some_and(|now| Arc::ptr_eq(&now.binding, &sb.binding))
+    {
+        let why =
+            "the sandbox changed or was removed since this connection identified it; connect again";
+        audit.decision(&Decision::deny(Reason::UnknownSandbox, None));
+        audit.detail(why);
+        return reply(StatusCode::FORBIDDEN, json!({ "error": why }));
+    }
+    drop(current);
     audit.decision(&Decision::allow(Reason::ProxyEndpoint, None));
     let Some(desk) = shared.desk.get().cloned() else {
         return reply(
