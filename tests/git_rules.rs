@@ -1,6 +1,6 @@
 //! `git: [fetch | push]` rules (issue 42's first part) with the real `git` client through the
 //! proxy to a real `git http-backend` behind a test certificate (`tests/data/git_https.py`):
-//! under `git: [fetch]` a clone passes and a push is refused (`http_not_allowed`, nothing
+//! under `git: [fetch]` a clone passes and a push is refused (`git_not_allowed`, nothing
 //! written to the repository); under `git: [fetch, push]` the push passes.
 
 mod common;
@@ -162,7 +162,7 @@ fn fetch_only_clones_and_refuses_a_push() {
     commit(&clone, "exfiltrated\n");
     let (ok, out) = via(&p, &clone, &ica, &["push", "-q", "origin", "main"]);
     assert!(!ok, "the push was refused: {out}");
-    let rec = p.wait_record(|r| r["mode"] == "https" && r["reason"] == "http_not_allowed");
+    let rec = p.wait_record(|r| r["mode"] == "https" && r["reason"] == "git_not_allowed");
     assert_eq!(rec["path"], "/org/app.git/info/refs", "{rec}");
     let bare = dir.path().join("repos/org/app.git");
     let (_, log) = git(&bare, &["log", "--oneline", "main"]);

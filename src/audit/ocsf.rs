@@ -102,27 +102,7 @@ fn common(e: &Entry, class_uid: u32, activity_id: u32, profiles: &[&str]) -> Map
         "src_endpoint".into(),
         json!({ "ip": r.client.ip().to_string(), "port": r.client.port() }),
     );
-    let mut unmapped = json!({
-        "conn_id": r.conn_id,
-        "run": run_id(),
-        "mode": r.mode,
-        "identity": r.identity.as_str(),
-        "decision": r.verdict.as_str(),
-        "policy_version": &*r.policy_version,
-    });
-    if let Some(sni) = &r.sni {
-        unmapped["sni"] = json!(sni);
-    }
-    if let Some(c) = e.close {
-        unmapped["close"] = json!(c);
-    }
-    if let Some(d) = r.original_dst {
-        unmapped["original_dst"] = json!(d.to_string());
-    }
-    if let Some(a) = &r.approval {
-        unmapped["approval"] = json!(a);
-    }
-    m.insert("unmapped".into(), unmapped);
+    m.insert("unmapped".into(), unmapped(e));
     m
 }
 
@@ -212,4 +192,33 @@ fn dns_activity(e: &Entry) -> Value {
         );
     }
     Value::Object(m)
+}
+
+/// What OCSF has no attribute for, under `unmapped`.
+fn unmapped(e: &Entry) -> Value {
+    let r = &e.record;
+    let mut unmapped = json!({
+        "conn_id": r.conn_id,
+        "run": run_id(),
+        "mode": r.mode,
+        "identity": r.identity.as_str(),
+        "decision": r.verdict.as_str(),
+        "policy_version": &*r.policy_version,
+    });
+    if let Some(sni) = &r.sni {
+        unmapped["sni"] = json!(sni);
+    }
+    if let Some(c) = e.close {
+        unmapped["close"] = json!(c);
+    }
+    if let Some(d) = r.original_dst {
+        unmapped["original_dst"] = json!(d.to_string());
+    }
+    if let Some(a) = &r.approval {
+        unmapped["approval"] = json!(a);
+    }
+    if let Some(c) = r.http.as_ref().and_then(|h| h.call.as_deref()) {
+        unmapped["call"] = json!(c);
+    }
+    unmapped
 }

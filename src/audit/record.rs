@@ -93,6 +93,9 @@ pub struct HttpFacts {
     pub credential: Option<Box<str>>,
     /// Credentials whose secret the response carried (replaced by the placeholder).
     pub secret_reflected: Option<Box<str>>,
+    /// What the request called in a protocol a rule named: `tools/call search` (MCP),
+    /// `mutation createGist` (GraphQL), `eth_call` (JSON-RPC), `git fetch`, `lfs upload`.
+    pub call: Option<Box<str>>,
 }
 
 /// What a DNS listener record says beyond a connection's fields.
@@ -254,6 +257,8 @@ struct Json<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     secret_reflected: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    call: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     approval: Option<&'a ApprovalFacts>,
     #[serde(skip_serializing_if = "Option::is_none")]
     run: Option<&'static str>,
@@ -310,6 +315,7 @@ impl Entry {
             status: r.http.as_ref().map(|h| h.status),
             credential: r.http.as_ref().and_then(|h| h.credential.as_deref()),
             secret_reflected: r.http.as_ref().and_then(|h| h.secret_reflected.as_deref()),
+            call: r.http.as_ref().and_then(|h| h.call.as_deref()),
             approval: r.approval.as_deref(),
             run: RUN.get().map(String::as_str),
         };

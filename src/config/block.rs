@@ -89,7 +89,7 @@ pub struct BlockNetwork {
     pub resolve_for_address_rules: bool,
     /// Method and path rules on hosts the proxy terminates (`tls_intercept`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub http: Vec<super::credentials::RawHttpRule>,
+    pub http: Vec<super::http_rules::RawHttpRule>,
 }
 
 /// One filesystem mount (kept for the runtime).
@@ -208,6 +208,33 @@ pub(crate) fn parse_block(
     Some((block, network?))
 }
 
+/// `rules` with its presets expanded (their egress entries added to `egress`); `None` when a
+/// preset entry is wrong (the error is in `sink`).
+fn expanded(
+    rules: &[super::http_rules::RawHttpRule],
+    egress: &mut Vec<String>,
+    ctx: &BlockCtx<'_>,
+    sink: &mut Sink<'_>,
+) -> Option<Vec<super::http_rules::RawHttpRule>> {
+    match super::presets::expand_all(rules, egress) {
+        Ok((rules, added)) => {
+            egress.extend(added);
+            Some(rules)
+        }
+        Err((i, message)) => {
+            sink.errors.push(crate::config::ConfigError {
+                file: sink.file.clone(),
+                line: sink.locate("preset:", ctx.line),
+                sandbox: ctx.sandbox.map(str::to_string),
+                field: format!("{}network.http[{i}]", ctx.prefix),
+                message,
+                code: None,
+            });
+            None
+        }
+    }
+}
+
 fn network_spec(
     block: &SandboxBlock,
     ctx: &BlockCtx<'_>,
@@ -223,7 +250,8 @@ fn network_spec(
         resolve_for_address_rules: false,
         http: Vec::new(),
     });
-    let egress_texts = net.egress.clone().unwrap_or_default();
+    let mut egress_texts = net.egress.clone().unwrap_or_default();
+    let http_rules = expanded(&net.http, &mut egress_texts, ctx, sink)?;
     let mode = net.mode.unwrap_or(if egress_texts.is_empty() {
         Mode::DenyAll
     } else {
@@ -257,8 +285,8 @@ fn network_spec(
     let egress = parse_list(&egress_texts, "egress");
     let deny = parse_list(&net.deny, "deny");
     let mut http = Vec::new();
-    for (i, r) in net.http.iter().enumerate() {
-        match super::credentials::HttpRule::with_git(&r.host, &r.methods, &r.paths, &r.git) {
+    for (i, r) in http_rules.iter().enumerate() {
+        match r.compile() {
             Ok(rule) => http.push(rule),
             Err(e) => {
                 ok = false;
@@ -267,7 +295,7 @@ fn network_spec(
                     line: sink.locate(&r.host, ctx.line),
                     sandbox: sb.map(str::to_string),
                     field: format!("{p}network.http[{i}]"),
-                    message: e.to_string(),
+                    message: e,
                     code: None,
                 });
             }

@@ -271,10 +271,16 @@ pub struct InterceptConfig {
     pub never: Vec<BoundHost>,
     /// Bytes of each response body scanned for reflected secrets (`scrub_body_bytes`).
     pub scrub_body_bytes: u64,
+    /// Bytes of a request body a protocol rule judges, and of an MCP message it filters
+    /// (`judge_body_bytes`).
+    pub judge_body_bytes: u64,
 }
 
 /// The default of `tls_intercept.scrub_body_bytes`: 64 MiB.
 pub const DEFAULT_SCRUB_BODY_BYTES: u64 = 64 << 20;
+
+/// The default of `tls_intercept.judge_body_bytes`: 1 MiB.
+pub const DEFAULT_JUDGE_BODY_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -287,6 +293,8 @@ pub(super) struct RawIntercept {
     pub never: Vec<String>,
     #[serde(default)]
     pub scrub_body_bytes: Option<u64>,
+    #[serde(default)]
+    pub judge_body_bytes: Option<u64>,
 }
 
 /// What stands in for a secret that review tools could not read (never used to serve).
@@ -343,6 +351,7 @@ pub(super) fn resolve_intercept(
             upstream_ca_file: raw.upstream_ca_file.as_deref().map(rel),
             never,
             scrub_body_bytes: raw.scrub_body_bytes.unwrap_or(DEFAULT_SCRUB_BODY_BYTES),
+            judge_body_bytes: raw.judge_body_bytes.unwrap_or(DEFAULT_JUDGE_BODY_BYTES),
         }),
         key,
     )
@@ -375,18 +384,4 @@ mod tests {
         assert_eq!(placeholder(b"k", "s", "n", 5).len(), 32);
         assert_eq!(format!("{:?}", Secret("x".into())), "<redacted>");
     }
-}
-
-/// `network.http[]` as written.
-#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct RawHttpRule {
-    pub host: String,
-    #[serde(default)]
-    pub methods: Vec<String>,
-    #[serde(default)]
-    pub paths: Vec<String>,
-    /// `[fetch, push]`: git's smart HTTP for these services only.
-    #[serde(default)]
-    pub git: Vec<String>,
 }

@@ -180,6 +180,9 @@ pub fn human_line(r: &serde_json::Value, colour: bool) -> String {
     if let Some(rule) = r["rule"].as_str() {
         line.push_str(&format!(" (rule {rule})"));
     }
+    if let Some(c) = r["call"].as_str() {
+        line.push_str(&format!(" call {c}"));
+    }
     if let Some(d) = r["detail"].as_str() {
         line.push_str(&format!(" - {d}"));
     }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use crate::relay::server_io::ServerIo;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
-use http_body_util::{combinators::BoxBody, BodyExt};
+use http_body_util::{combinators::BoxBody, BodyExt, Either, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio_rustls::client::TlsStream;
@@ -29,24 +29,40 @@ use tokio_rustls::client::TlsStream;
 use super::authority;
 use super::credential::{self, carries_outside, Bound};
 use super::error::InterceptError;
+use super::judge::{self, Allowed};
+use super::mcp_filter::{self, McpFiltered, Notes};
 use super::scrub::{Findings, Scrubbed, Scrubber};
 use crate::audit::record::HttpFacts;
 use crate::audit::{AuditGuard, Recorder};
 use crate::config::Binding;
-use crate::policy::http_rules::{canonical_path, method_refusal, override_refusal, HttpRule};
+use crate::policy::http_rules::{
+    canonical_path_with, git_request, method_refusal, override_refusal, Admits, HttpRule,
+};
+use crate::policy::protocols::mcp::{Lists, McpRule};
+use crate::policy::protocols::{lfs, Protocol, Refused};
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
-use crate::relay::counted::Counted;
+use crate::relay::counted::{Counted, Ending};
 use crate::relay::deny;
 use crate::relay::liveness::Liveness;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ResBody = BoxBody<Bytes, BoxError>;
+/// A request body as it goes upstream: streamed, or the bytes a protocol rule judged.
+pub type UpBody = Either<Incoming, Full<Bytes>>;
+
+/// How much of a body the exchange reads: responses scanned for secrets (`scrub`), request
+/// bodies judged by protocol rules and MCP messages filtered (`judge`).
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    pub scrub: u64,
+    pub judge: u64,
+}
 
 /// The upstream connection's request side.
 pub enum Upstream {
-    H1(tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Counted<Incoming>>>),
-    H2(hyper::client::conn::http2::SendRequest<Counted<Incoming>>),
+    H1(tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Counted<UpBody>>>),
+    H2(hyper::client::conn::http2::SendRequest<Counted<UpBody>>),
 }
 
 impl Upstream {
@@ -76,7 +92,7 @@ impl Upstream {
 
     async fn send(
         &self,
-        req: Request<Counted<Incoming>>,
+        req: Request<Counted<UpBody>>,
     ) -> Result<Response<Incoming>, hyper::Error> {
         match self {
             Upstream::H1(s) => {
@@ -149,8 +165,7 @@ pub struct Exchange {
     upstream: Upstream,
     recorder: Recorder,
     live: Arc<Liveness>,
-    /// Bytes of a response body scanned for secrets, at most.
-    scrub_limit: u64,
+    limits: BodyLimits,
     /// The scrubber of the binding last seen (rebuilt when the binding changes).
     prepared: Mutex<Option<Arc<Prepared>>>,
 }
@@ -189,10 +204,12 @@ fn unscannable<B: hyper::body::Body>(resp: &Response<B>) -> Option<String> {
     ))
 }
 
-/// What the record says of the request asked: its method and path.
+/// What the record says of the request asked: its method and path, and what it called in a
+/// protocol a rule named (a tool, an operation, a git service).
 struct Asked {
     method: String,
     path: String,
+    call: Option<String>,
 }
 
 impl Asked {
@@ -203,9 +220,65 @@ impl Asked {
             status,
             credential: credential.map(Into::into),
             secret_reflected: None,
+            call: self.call.as_deref().map(Into::into),
         }
     }
 }
+
+/// What the check made of a request.
+enum Checked {
+    Refused(Refusal),
+    /// Allowed; what it called (git's service), if anything.
+    Allowed(Option<String>),
+    /// Allowed if its body is one these protocols allow.
+    Judge(Vec<Arc<Protocol>>),
+}
+
+/// What [`Exchange::decide`] decided before the body is read.
+struct Decided {
+    prepared: Arc<Prepared>,
+    verdict: Verdict,
+    judges: Vec<Arc<Protocol>>,
+}
+
+/// Where a response body goes after any MCP filter: the secret scrubber, the count, the
+/// record (when it ends).
+struct Out {
+    live: Arc<Liveness>,
+    limit: u64,
+    scrubber: Option<Arc<Scrubber>>,
+    findings: Arc<Mutex<Findings>>,
+    down_bytes: Arc<AtomicU64>,
+}
+
+impl Out {
+    fn finish<B>(self, b: B, on_end: impl FnOnce(Ending) + Send + Sync + 'static) -> ResBody
+    where
+        B: hyper::body::Body<Data = Bytes> + Unpin + Send + Sync + 'static,
+        B::Error: Into<BoxError> + std::fmt::Display,
+    {
+        match self.scrubber {
+            Some(s) => Counted::new(
+                Scrubbed::new(b, s, self.limit, self.findings),
+                self.live,
+                false,
+            )
+            .count_into(self.down_bytes)
+            .on_end(on_end)
+            .map_err(Into::into)
+            .boxed(),
+            None => Counted::new(b, self.live, false)
+                .count_into(self.down_bytes)
+                .on_end(on_end)
+                .map_err(Into::into)
+                .boxed(),
+        }
+    }
+}
+
+/// What reads a response before the client does: the secret scrubber, and the MCP rule
+/// that filters it with the lists the request asked for.
+type Readers = (Option<Arc<Scrubber>>, Option<(Arc<McpRule>, Lists)>);
 
 /// What went upstream: the request, the credentials put on it, the bytes sent so far.
 struct Sent {
@@ -221,7 +294,7 @@ impl Exchange {
         upstream: Upstream,
         recorder: Recorder,
         live: Arc<Liveness>,
-        scrub_limit: u64,
+        limits: BodyLimits,
     ) -> Option<Self> {
         Some(Exchange {
             current,
@@ -230,13 +303,53 @@ impl Exchange {
             upstream,
             recorder,
             live,
-            scrub_limit,
+            limits,
             prepared: Mutex::new(None),
         })
     }
 
     /// What is wrong with `req` under `p`, if anything (before any credential is put on it).
-    fn check(&self, p: &Prepared, req: &Request<Incoming>) -> Option<Refusal> {
+    fn check(&self, p: &Prepared, req: &Request<Incoming>) -> Checked {
+        match self.refusal(p, req) {
+            Some(r) => Checked::Refused(r),
+            None => self.rules(p, req),
+        }
+    }
+
+    /// What the host's rules make of a request the checks before them passed.
+    fn rules(&self, p: &Prepared, req: &Request<Incoming>) -> Checked {
+        let (method, path, query) = (req.method().as_str(), req.uri().path(), req.uri().query());
+        let git_call =
+            || git_request(method, path, query).map(|(s, _)| format!("git {}", s.name()));
+        if p.rules.is_empty() {
+            return Checked::Allowed(None);
+        }
+        let mut judges = Vec::new();
+        for r in &p.rules {
+            match r.admits(method, path, query) {
+                Admits::Yes => return Checked::Allowed(git_call()),
+                Admits::Judge(proto) => judges.push(proto.clone()),
+                Admits::No => {}
+            }
+        }
+        if !judges.is_empty() {
+            return Checked::Judge(judges);
+        }
+        let host = self.dest.host.as_str();
+        let git = git_request(method, path, query).is_some()
+            || lfs::batch_repository(method, path).is_some();
+        let reason = match git {
+            true => Reason::GitNotAllowed,
+            false => Reason::HttpNotAllowed,
+        };
+        Checked::Refused(Refusal::new(
+            reason,
+            format!("no network.http rule allows {method} {path} on {host}"),
+        ))
+    }
+
+    /// Why `req` is refused before the host's rules are read, if it is.
+    fn refusal(&self, p: &Prepared, req: &Request<Incoming>) -> Option<Refusal> {
         let b = &*p.binding;
         let host = self.dest.host.as_str();
         let method = req.method().as_str();
@@ -251,7 +364,11 @@ impl Exchange {
             return Some(Refusal::new(Reason::HostMismatch, why));
         }
         let path = req.uri().path();
-        if let Err(why) = canonical_path(path) {
+        let any_path = !rules.is_empty()
+            && rules
+                .iter()
+                .all(|r| r.paths.is_empty() && r.git.is_empty() && r.protocol.is_none());
+        if let Err(why) = canonical_path_with(path, any_path) {
             return Some(Refusal::new(
                 Reason::HttpNotAllowed,
                 format!("{why}: refused on terminated hosts (the upstream could read it as another path)"),
@@ -279,13 +396,6 @@ impl Exchange {
                 return misuse(&k.name, why);
             }
         }
-        let query = req.uri().query();
-        if !rules.is_empty() && !rules.iter().any(|r| r.allows_request(method, path, query)) {
-            return Some(Refusal::new(
-                Reason::HttpNotAllowed,
-                format!("no network.http rule allows {method} {path} on {host}"),
-            ));
-        }
         None
     }
 
@@ -303,13 +413,15 @@ impl Exchange {
         p
     }
 
-    /// One request, in the fixed order of the module's documentation: decide, put the
-    /// credentials on it, write the authority, send, scrub the response.
-    pub async fn handle(&self, mut req: Request<Incoming>) -> Response<ResBody> {
+    /// One request, in the fixed order of the module's documentation: decide (reading the
+    /// body when a protocol rule judges it), put the credentials on it, write the authority,
+    /// send, filter and scrub the response.
+    pub async fn handle(&self, req: Request<Incoming>) -> Response<ResBody> {
         self.live.touch();
-        let asked = Asked {
+        let mut asked = Asked {
             method: req.method().as_str().to_string(),
             path: req.uri().path().to_string(),
+            call: None,
         };
         if let Some(why) = self.recorder.unavailable() {
             // Not served: its record could not be kept (unrecorded, counted).
@@ -317,22 +429,30 @@ impl Exchange {
         }
         // The request's one record, written when this guard drops (with the response body).
         let mut audit = self.recorder.guard();
-        let (prepared, verdict) = match self.decide(&req, &asked, &mut audit) {
+        let d = match self.decide(&req, &mut asked, &mut audit) {
             Ok(x) => x,
             Err(r) => {
                 drop(audit);
                 return self.refused(&asked.method, r.reason, &r.detail);
             }
         };
+        let (mut req, verdict, allowed) = match d.judges.is_empty() {
+            true => (req.map(Either::Left), d.verdict, Allowed::default()),
+            false => match self.judged(req, &d, &mut asked, &mut audit).await {
+                Ok(x) => x,
+                Err(resp) => return resp,
+            },
+        };
         // A request the check would refuse is never given a credential.
         let injected = match verdict {
-            Verdict::Allow => self.inject(&prepared, &mut req),
+            Verdict::Allow => self.inject(&d.prepared, &mut req),
             _ => None,
         };
         let h2 = matches!(self.upstream, Upstream::H2(_));
         self.written.write(&mut req, h2);
-        let scrubber = prepared.scrubber.clone();
-        if scrubber.is_some() {
+        let scrubber = d.prepared.scrubber.clone();
+        let mcp = allowed.mcp.filter(|_| verdict == Verdict::Allow);
+        if scrubber.is_some() || mcp.is_some() {
             req.headers_mut().insert(
                 http::header::ACCEPT_ENCODING,
                 HeaderValue::from_static("identity"),
@@ -348,7 +468,7 @@ impl Exchange {
                     injected,
                     up_bytes,
                 };
-                self.response(resp, audit, scrubber, sent)
+                self.response(resp, audit, (scrubber, mcp), sent)
             }
             Err(e) => {
                 let msg = format!("the upstream failed: {e}");
@@ -363,14 +483,15 @@ impl Exchange {
     }
 
     /// Read the request against the binding in force now: `Err` with the refusal (recorded);
-    /// else what the binding means here and the verdict (report mode: a request
-    /// the rules refuse goes upstream without credentials, recorded `report`).
+    /// else what the binding means here, the verdict (report mode: a request the rules
+    /// refuse goes upstream without credentials, recorded `report`) and the protocols that
+    /// still judge the body.
     fn decide(
         &self,
         req: &Request<Incoming>,
-        asked: &Asked,
+        asked: &mut Asked,
         audit: &mut AuditGuard,
-    ) -> Result<(Arc<Prepared>, Verdict), Refusal> {
+    ) -> Result<Decided, Refusal> {
         let Some((binding, version)) = (self.current)() else {
             let why = "the sandbox is no longer registered";
             audit.verdict(Verdict::Deny, Reason::UnknownSandbox);
@@ -380,13 +501,27 @@ impl Exchange {
         };
         audit.record.policy_version = version;
         let prepared = self.prepared(binding);
-        let Some(r) = self.check(&prepared, req) else {
-            return Ok((prepared, Verdict::Allow));
+        let decided = |verdict, judges| Decided {
+            prepared: prepared.clone(),
+            verdict,
+            judges,
         };
+        let r = match self.check(&prepared, req) {
+            Checked::Allowed(call) => {
+                asked.call = call;
+                return Ok(decided(Verdict::Allow, Vec::new()));
+            }
+            Checked::Judge(judges) => return Ok(decided(Verdict::Allow, judges)),
+            Checked::Refused(r) => r,
+        };
+        if git_request(req.method().as_str(), req.uri().path(), req.uri().query()).is_some() {
+            asked.call = git_request(req.method().as_str(), req.uri().path(), req.uri().query())
+                .map(|(s, _)| format!("git {}", s.name()));
+        }
         if prepared.binding.enforcement == Enforcement::Report && r.reason.reportable() {
             audit.verdict(Verdict::Report, r.reason);
             audit.detail(format!("{} (forwarded without credentials)", r.detail));
-            return Ok((prepared, Verdict::Report));
+            return Ok(decided(Verdict::Report, Vec::new()));
         }
         audit.verdict(Verdict::Deny, r.reason);
         audit.detail(r.detail.clone());
@@ -394,16 +529,62 @@ impl Exchange {
         Err(r)
     }
 
-    /// The upstream's response, its headers scrubbed at once and its body as it streams
-    /// (`secret_reflected`); refused when it cannot be scanned. The record is written when
-    /// the body ends.
+    /// Read and judge the body of a request a protocol rule judges ([`judge`]): the request
+    /// with the bytes judged, its verdict and what it may do; or the refusal, recorded
+    /// (JSON-RPC calls are answered with JSON-RPC errors). In report mode a refused body is
+    /// forwarded without credentials and recorded `report`.
+    async fn judged(
+        &self,
+        req: Request<Incoming>,
+        d: &Decided,
+        asked: &mut Asked,
+        audit: &mut AuditGuard,
+    ) -> Result<(Request<UpBody>, Verdict, Allowed), Response<ResBody>> {
+        let (parts, body) = req.into_parts();
+        let (bytes, refused) = match judge::read(body, self.limits.judge, &d.judges[0]).await {
+            Err(r) => (None, r),
+            Ok(bytes) => match judge::judge(&d.judges, &parts, &bytes) {
+                Ok(allowed) => {
+                    asked.call = allowed.call.clone();
+                    let req = Request::from_parts(parts, Either::Right(Full::new(bytes)));
+                    return Ok((req, d.verdict, allowed));
+                }
+                Err(r) => (Some(bytes), r),
+            },
+        };
+        asked.call = refused.call.clone();
+        let report =
+            d.prepared.binding.enforcement == Enforcement::Report && refused.reason.reportable();
+        if let (true, Some(bytes)) = (report, bytes) {
+            audit.verdict(Verdict::Report, refused.reason);
+            audit.detail(format!(
+                "{} (forwarded without credentials)",
+                refused.detail
+            ));
+            let req = Request::from_parts(parts, Either::Right(Full::new(bytes)));
+            return Ok((req, Verdict::Report, Allowed::default()));
+        }
+        audit.verdict(Verdict::Deny, refused.reason);
+        audit.detail(refused.detail.clone());
+        let status = match refused.rpc {
+            Some(_) => 200,
+            None => refused.reason.status(),
+        };
+        audit.http(asked.facts(status, None));
+        Err(self.refused_call(&asked.method, &refused))
+    }
+
+    /// The upstream's response: an MCP rule's filter first ([`mcp_filter`]), then its
+    /// headers scrubbed at once and its body as it streams (`secret_reflected`); refused when
+    /// it cannot be read. The record is written when the body ends.
     fn response(
         &self,
         mut resp: Response<Incoming>,
         mut audit: AuditGuard,
-        scrubber: Option<Arc<Scrubber>>,
+        readers: Readers,
         sent: Sent,
     ) -> Response<ResBody> {
+        let (scrubber, mcp) = readers;
         let Sent {
             asked,
             injected,
@@ -415,19 +596,29 @@ impl Exchange {
             for name in s.headers(resp.headers_mut()) {
                 audit.secret_reflected(name);
             }
-            if let Some(why) = unscannable(&resp) {
-                // Never passed unscanned: a compressed secret would not be found.
-                audit.verdict(Verdict::Deny, Reason::UnscannableResponse);
-                audit.http(asked.facts(502, injected));
-                audit.detail(why.clone());
-                audit.bytes(up_bytes.load(Ordering::Relaxed), 0);
-                drop(audit);
-                return self.refused(&asked.method, Reason::UnscannableResponse, &why);
-            }
         }
+        let why = match scrubber.is_some() || mcp.is_some() {
+            true => unscannable(&resp),
+            false => None,
+        };
+        if let Some(why) = why {
+            // Never passed unread: a compressed secret or MCP message would not be found.
+            audit.verdict(Verdict::Deny, Reason::UnscannableResponse);
+            audit.http(asked.facts(502, injected));
+            audit.detail(why.clone());
+            audit.bytes(up_bytes.load(Ordering::Relaxed), 0);
+            drop(audit);
+            return self.refused(&asked.method, Reason::UnscannableResponse, &why);
+        }
+        let notes = Arc::new(Mutex::new(Notes::default()));
+        let filter = mcp.and_then(|(rule, lists)| {
+            let framing = mcp_filter::framing(resp.headers())?;
+            resp.headers_mut().remove(http::header::CONTENT_LENGTH);
+            Some((rule, lists, framing))
+        });
         let down_bytes = Arc::new(AtomicU64::new(0));
         let (up, down) = (up_bytes, down_bytes.clone());
-        let seen = findings.clone();
+        let (seen, noted) = (findings.clone(), notes.clone());
         let on_end = move |_| {
             if let Ok(f) = seen.lock() {
                 for n in &f.names {
@@ -439,22 +630,61 @@ impl Exchange {
                     ));
                 }
             }
+            if let Ok(n) = noted.lock() {
+                if n.hidden > 0 {
+                    audit.detail(format!(
+                        "the MCP response hid {} list entries the rule does not allow",
+                        n.hidden
+                    ));
+                }
+                if !n.dropped.is_empty() {
+                    audit.detail(format!(
+                        "the MCP server's requests were dropped: {}",
+                        n.dropped.join(", ")
+                    ));
+                }
+            }
             audit.bytes(up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
             drop(audit);
         };
-        let (live, limit) = (self.live.clone(), self.scrub_limit);
-        resp.map(|b| match scrubber {
-            Some(s) => Counted::new(Scrubbed::new(b, s, limit, findings), live, false)
-                .count_into(down_bytes)
-                .on_end(on_end)
-                .map_err(|e| Box::new(e) as BoxError)
-                .boxed(),
-            None => Counted::new(b, live, false)
-                .count_into(down_bytes)
-                .on_end(on_end)
-                .map_err(|e| Box::new(e) as BoxError)
-                .boxed(),
+        let out = Out {
+            live: self.live.clone(),
+            limit: self.limits.scrub,
+            scrubber,
+            findings,
+            down_bytes,
+        };
+        let judge_limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
+        resp.map(|b| match filter {
+            Some((rule, lists, framing)) => out.finish(
+                McpFiltered::new(b, rule, lists, framing, judge_limit, notes),
+                on_end,
+            ),
+            None => out.finish(b, on_end),
         })
+    }
+
+    /// The refusal of a judged request: JSON-RPC errors for the ids its calls carried, else
+    /// the house refusal.
+    fn refused_call(&self, method: &str, r: &Refused) -> Response<ResBody> {
+        match &r.rpc {
+            Some((ids, batch)) if !ids.is_empty() => {
+                let what = format!("{method} https://{}", self.dest.host);
+                let id = (self.current)().map(|(b, _)| b.id.to_string());
+                deny::jsonrpc(
+                    &deny::Refusal {
+                        reason: r.reason,
+                        what: &what,
+                        sandbox: id.as_deref(),
+                        explanation: &r.detail,
+                        retry_after: None,
+                    },
+                    ids,
+                    *batch,
+                )
+            }
+            _ => self.refused(method, r.reason, &r.detail),
+        }
     }
 
     /// The refusal of a request in this tunnel, built like every other refusal (no path in
@@ -473,7 +703,7 @@ impl Exchange {
 
     /// Put the credentials bound to this host on `req`, each by its kind; the names of those
     /// used.
-    fn inject(&self, p: &Prepared, req: &mut Request<Incoming>) -> Option<String> {
+    fn inject<B>(&self, p: &Prepared, req: &mut Request<B>) -> Option<String> {
         let used: Vec<&str> = p
             .bound
             .iter()

@@ -14,6 +14,8 @@ pub mod ca;
 pub mod credential;
 mod error;
 mod exchange;
+mod judge;
+mod mcp_filter;
 mod placeholder;
 pub(crate) mod prefixed;
 mod scrub;
@@ -49,6 +51,7 @@ pub struct Interceptor {
     upstream: [Arc<rustls::ClientConfig>; 4],
     never: Vec<BoundHost>,
     scrub_body_bytes: u64,
+    judge_body_bytes: u64,
 }
 
 impl std::fmt::Debug for Interceptor {
@@ -89,6 +92,7 @@ impl Interceptor {
             ],
             never: cfg.never.clone(),
             scrub_body_bytes: cfg.scrub_body_bytes,
+            judge_body_bytes: cfg.judge_body_bytes,
         })
     }
 
@@ -262,7 +266,10 @@ where
         up,
         audit.recorder(),
         live.clone(),
-        ix.scrub_body_bytes,
+        exchange::BodyLimits {
+            scrub: ix.scrub_body_bytes,
+            judge: ix.judge_body_bytes,
+        },
     ) else {
         audit.detail("terminating: the host and port are not an authority");
         return Relayed::nothing(Close::Error);

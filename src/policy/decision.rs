@@ -131,6 +131,13 @@ impl Decision {
             Reason::HttpNotAllowed => format!(
                 "no network.http rule of sandbox {sandbox} allows this method and path on this host ({file})"
             ),
+            r @ (Reason::McpNotAllowed
+            | Reason::JsonRpcNotAllowed
+            | Reason::GraphQlNotAllowed
+            | Reason::GitNotAllowed) => format!(
+                "the {} rule of sandbox {sandbox} does not allow this call (its tool, method, operation or service), or the body is not one it can read ({file})",
+                r.code().trim_end_matches("_not_allowed")
+            ),
             Reason::MalformedRequest => {
                 "the request could not be read as sent (a malformed body)".into()
             }

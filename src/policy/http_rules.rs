@@ -5,6 +5,9 @@
 //! as another path) and a method compared without regard to case ([`method_refusal`]). Pure:
 //! compiled at load, matched per request by `intercept`.
 
+use std::sync::Arc;
+
+use super::protocols::{lfs, Protocol};
 use super::ParseError;
 
 /// A host a credential (or an HTTP rule) is bound to: a name, `*.domain` or `**.domain`.
@@ -64,7 +67,18 @@ pub struct HttpRule {
     pub paths: Vec<String>,
     /// `git: [fetch, push]`: the rule allows only git's smart HTTP for these services.
     pub git: Vec<GitService>,
+    /// `protocol:` (or `lfs:`): the request body is judged by it ([`Protocol::judge`]).
+    pub protocol: Option<Arc<Protocol>>,
     matcher: Option<globset::GlobSet>,
+}
+
+/// What a rule makes of a request's method, path and query.
+#[derive(Debug, Clone, Copy)]
+pub enum Admits<'r> {
+    No,
+    Yes,
+    /// Yes if the body is one its protocol allows.
+    Judge(&'r Arc<Protocol>),
 }
 
 /// A git smart-HTTP service (`git: [fetch | push]` in a rule).
@@ -82,6 +96,14 @@ impl GitService {
             "fetch" => Ok(GitService::Fetch),
             "push" => Ok(GitService::Push),
             _ => Err(ParseError(format!("git: `{s}` is not fetch or push"))),
+        }
+    }
+
+    /// As written in rules and records.
+    pub fn name(self) -> &'static str {
+        match self {
+            GitService::Fetch => "fetch",
+            GitService::Push => "push",
         }
     }
 
@@ -130,6 +152,7 @@ impl PartialEq for HttpRule {
             && self.methods == other.methods
             && self.paths == other.paths
             && self.git == other.git
+            && self.text == other.text
     }
 }
 
@@ -146,6 +169,30 @@ impl HttpRule {
         paths: &[String],
         git: &[String],
     ) -> Result<HttpRule, ParseError> {
+        Self::with_protocol(host, methods, paths, git, None)
+    }
+
+    /// A rule that may also name a protocol ([`Protocol`]: `protocol: mcp | jsonrpc |
+    /// graphql`, or `lfs:`): then it allows only that protocol's requests on its paths (for
+    /// LFS: the batch calls of the repositories its paths name), judged by their bodies.
+    pub fn with_protocol(
+        host: &str,
+        methods: &[String],
+        paths: &[String],
+        git: &[String],
+        protocol: Option<Protocol>,
+    ) -> Result<HttpRule, ParseError> {
+        if protocol.is_some() && !methods.is_empty() {
+            return Err(ParseError(
+                "a rule with a protocol names no HTTP methods (the protocol's own are implied)"
+                    .into(),
+            ));
+        }
+        if matches!(protocol, Some(ref p) if !matches!(p, Protocol::Lfs(_))) && !git.is_empty() {
+            return Err(ParseError(
+                "a rule names git or a protocol, not both".into(),
+            ));
+        }
         let git = git
             .iter()
             .map(|g| GitService::parse(g))
@@ -183,19 +230,17 @@ impl HttpRule {
         let git_text = match git.is_empty() {
             true => String::new(),
             false => {
-                let names: Vec<&str> = git
-                    .iter()
-                    .map(|g| match g {
-                        GitService::Fetch => "fetch",
-                        GitService::Push => "push",
-                    })
-                    .collect();
+                let names: Vec<&str> = git.iter().map(|g| g.name()).collect();
                 format!(" git:{}", names.join(","))
             }
         };
+        let protocol_text = protocol
+            .as_ref()
+            .map(|p| format!(" {}", p.describe()))
+            .unwrap_or_default();
         Ok(HttpRule {
             text: format!(
-                "{host} {} {}{git_text}",
+                "{host} {} {}{git_text}{protocol_text}",
                 methods_up.join(","),
                 paths.join(",")
             ),
@@ -203,6 +248,7 @@ impl HttpRule {
             methods: methods_up,
             paths: paths.to_vec(),
             git,
+            protocol: protocol.map(Arc::new),
             matcher,
         })
     }
@@ -217,13 +263,37 @@ impl HttpRule {
     /// there). A rule with `git` allows only smart-HTTP requests for its services, on the
     /// repositories its paths name.
     pub fn allows_request(&self, method: &str, path: &str, query: Option<&str>) -> bool {
-        if !self.git.is_empty() {
-            return git_request(method, path, query).is_some_and(|(service, repo)| {
-                self.git.contains(&service)
-                    && self.matcher.as_ref().is_none_or(|m| m.is_match(repo))
-            });
+        matches!(self.admits(method, path, query), Admits::Yes)
+    }
+
+    /// What this rule makes of a request (see [`Admits`]). A rule with `git` allows only
+    /// smart-HTTP requests for its services on the repositories its paths name (and, with
+    /// `lfs`, judges those repositories' LFS batch calls); a rule with a protocol judges the
+    /// requests that protocol carries on its paths.
+    pub fn admits(&self, method: &str, path: &str, query: Option<&str>) -> Admits<'_> {
+        let on = |p: &str| self.matcher.as_ref().is_none_or(|m| m.is_match(p));
+        let yes = |b: bool| if b { Admits::Yes } else { Admits::No };
+        if let Some(p) = self
+            .protocol
+            .as_ref()
+            .filter(|p| matches!(***p, Protocol::Lfs(_)))
+        {
+            if let Some(repo) = lfs::batch_repository(method, path) {
+                return match on(repo) {
+                    true => Admits::Judge(p),
+                    false => Admits::No,
+                };
+            }
         }
-        self.names_method(method) && self.matcher.as_ref().is_none_or(|m| m.is_match(path))
+        if !self.git.is_empty() || matches!(self.protocol.as_deref(), Some(Protocol::Lfs(_))) {
+            return yes(git_request(method, path, query)
+                .is_some_and(|(service, repo)| self.git.contains(&service) && on(repo)));
+        }
+        match self.protocol.as_ref() {
+            Some(p) if p.carries(method) && on(path) => Admits::Judge(p),
+            Some(_) => Admits::No,
+            None => yes(self.names_method(method) && on(path)),
+        }
     }
 
     /// Whether this rule names `method` (any case) explicitly.
@@ -333,6 +403,13 @@ pub(crate) fn percent_decode(s: &str) -> Vec<u8> {
 /// percent-encoding; a raw `\` or control byte. Every other path is matched and forwarded
 /// exactly as received.
 pub fn canonical_path(path: &str) -> Result<(), &'static str> {
+    canonical_path_with(path, false)
+}
+
+/// [`canonical_path`], with a percent-encoded `/` allowed when `encoded_slash` (the host's
+/// rules match no path glob, so no reading of the path can reach one they would refuse: npm's
+/// `@scope%2fname`).
+pub fn canonical_path_with(path: &str, encoded_slash: bool) -> Result<(), &'static str> {
     let b = path.as_bytes();
     if b.first() != Some(&b'/') {
         return Err("the path is not absolute");
@@ -351,6 +428,10 @@ pub fn canonical_path(path: &str) -> Result<(), &'static str> {
                     return Err("the path has a malformed percent-encoding");
                 };
                 let c = (h * 16 + l) as u8;
+                if c == b'/' && encoded_slash {
+                    i += 3;
+                    continue;
+                }
                 if matches!(c, b'.' | b'/' | b'\\') || c < 0x20 || c == 0x7f {
                     return Err("the path percent-encodes `.`, `/`, `\\` or a control byte");
                 }

@@ -18,6 +18,7 @@ pub mod http_rules;
 pub mod live;
 pub mod name_matcher;
 pub mod ports;
+pub mod protocols;
 pub mod reason;
 pub mod sandbox_id;
 pub mod set;

@@ -53,6 +53,18 @@ pub enum Reason {
     /// On a terminated host, no `network.http` rule allows the request's method and path
     /// (or the method is TRACE).
     HttpNotAllowed,
+    /// On a terminated host, a `protocol: mcp` rule refuses the MCP call (a tool, resource,
+    /// prompt or method outside its lists), or the body is not MCP it can read.
+    McpNotAllowed,
+    /// A `protocol: jsonrpc` rule refuses a method, or the body is not JSON-RPC 2.0.
+    #[serde(rename = "jsonrpc_not_allowed")]
+    JsonRpcNotAllowed,
+    /// A `protocol: graphql` rule refuses an operation (kind, name, root field, persisted
+    /// query), or the body is not a GraphQL request it can parse.
+    #[serde(rename = "graphql_not_allowed")]
+    GraphQlNotAllowed,
+    /// A git rule refuses the smart-HTTP service or the Git LFS batch operation.
+    GitNotAllowed,
     /// The parent proxy (`upstream_proxy`) refused the tunnel after this proxy allowed it
     /// (its status is in the record's detail).
     UpstreamProxyRefused,
@@ -73,7 +85,11 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 32] = [
+    pub const ALL: [Reason; 36] = [
+        Reason::McpNotAllowed,
+        Reason::JsonRpcNotAllowed,
+        Reason::GraphQlNotAllowed,
+        Reason::GitNotAllowed,
         Reason::ProxyEndpoint,
         Reason::GrantMatched,
         Reason::MalformedRequest,
@@ -138,6 +154,10 @@ impl Reason {
             Reason::HostMismatch => "host_mismatch",
             Reason::CredentialMisuse => "credential_misuse",
             Reason::HttpNotAllowed => "http_not_allowed",
+            Reason::McpNotAllowed => "mcp_not_allowed",
+            Reason::JsonRpcNotAllowed => "jsonrpc_not_allowed",
+            Reason::GraphQlNotAllowed => "graphql_not_allowed",
+            Reason::GitNotAllowed => "git_not_allowed",
             Reason::UpstreamProxyRefused => "upstream_proxy_refused",
             Reason::AuditUnavailable => "audit_unavailable",
             Reason::UnscannableResponse => "unscannable_response",
@@ -164,6 +184,10 @@ impl Reason {
             | Reason::HostMismatch
             | Reason::CredentialMisuse
             | Reason::HttpNotAllowed
+            | Reason::McpNotAllowed
+            | Reason::JsonRpcNotAllowed
+            | Reason::GraphQlNotAllowed
+            | Reason::GitNotAllowed
             | Reason::UnrecognisedProtocol
             | Reason::ProxyLoop => 403,
             Reason::InvalidTarget | Reason::MalformedRequest => 400,
@@ -198,7 +222,11 @@ impl Reason {
             | Reason::HostMismatch
             | Reason::CredentialMisuse
             | Reason::UnrecognisedProtocol
-            | Reason::HttpNotAllowed => "http_request_denied",
+            | Reason::HttpNotAllowed
+            | Reason::McpNotAllowed
+            | Reason::JsonRpcNotAllowed
+            | Reason::GraphQlNotAllowed
+            | Reason::GitNotAllowed => "http_request_denied",
             Reason::DestinationIpProhibited | Reason::DestinationMismatch => {
                 "destination_ip_prohibited"
             }
@@ -231,6 +259,10 @@ impl Reason {
                 | Reason::HostMismatch
                 | Reason::UnrecognisedProtocol
                 | Reason::HttpNotAllowed
+                | Reason::McpNotAllowed
+                | Reason::JsonRpcNotAllowed
+                | Reason::GraphQlNotAllowed
+                | Reason::GitNotAllowed
         )
     }
 

@@ -560,8 +560,8 @@ fn hash_binding(h: &mut Sha256, b: &Binding) {
     for r in b.network.http.iter() {
         h.update(b"h");
         h.update(format!(
-            "{:?}{:?}{:?}{:?}",
-            r.host, r.methods, r.paths, r.git
+            "{:?}{:?}{:?}{:?}{}",
+            r.host, r.methods, r.paths, r.git, r.text
         ));
     }
     for c in b.credentials.iter() {

@@ -151,6 +151,42 @@ pub fn in_tunnel(r: &Refusal<'_>) -> Response<Body> {
     resp
 }
 
+/// The refusal of JSON-RPC calls (MCP, `protocol: jsonrpc`), answered the way their client
+/// reads answers: status 200, `application/json`, one error per request id (an array for a
+/// batch), code -32001, the house text as the message and the reason in `data`; the
+/// `Proxy-Status` header as in every other refusal.
+pub fn jsonrpc(r: &Refusal<'_>, ids: &[serde_json::Value], batch: bool) -> Response<Body> {
+    let (mut parts, text) = build(r).into_parts();
+    let message = String::from_utf8_lossy(&text)
+        .lines()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let error = |id: &serde_json::Value| {
+        serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "error": {
+                "code": -32001,
+                "message": message,
+                "data": {"reason": r.reason.code(), "sandbox": r.sandbox, "detail": r.explanation},
+            }
+        })
+    };
+    let doc = match (batch, ids) {
+        (false, [one]) => error(one),
+        _ => serde_json::Value::Array(ids.iter().map(error).collect()),
+    };
+    parts.status = StatusCode::OK;
+    parts.headers.remove(header::CONNECTION);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    parts.extensions.remove::<hyper::ext::ReasonPhrase>();
+    Response::from_parts(parts, body::full(doc.to_string()))
+}
+
 /// The same response as HTTP/1.1 bytes (status line, headers, body).
 pub fn wire(r: &Refusal<'_>) -> Vec<u8> {
     render(build(r), &phrase(r))

@@ -1,0 +1,248 @@
+//! `network.http[]` as written, and how each entry becomes rules: an ordinary rule (host,
+//! methods, paths), a git rule (`git`, `lfs`), a protocol rule (`protocol: mcp | jsonrpc |
+//! graphql` with its lists), or `preset: NAME`, which [`super::presets`] expands into
+//! ordinary rules (and the egress entries they need) before anything is compiled.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::policy::http_rules::HttpRule;
+use crate::policy::protocols::graphql::GraphQlRule;
+use crate::policy::protocols::jsonrpc::MethodRule;
+use crate::policy::protocols::lfs::LfsOp;
+use crate::policy::protocols::mcp::{ArgMatch, McpRule, ToolRule};
+use crate::policy::protocols::Protocol;
+
+/// `network.http[]` as written.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttpRule {
+    /// `preset: NAME`: this entry stands for the preset's rules (and nothing else is written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host: String,
+    /// HTTP methods; with `protocol: jsonrpc`, the JSON-RPC methods (globs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
+    /// `[fetch, push]`: git's smart HTTP for these services only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub git: Vec<String>,
+    /// `[download, upload]`: Git LFS batch operations on the repositories `paths` name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lfs: Vec<String>,
+    /// `mcp`, `jsonrpc` or `graphql`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    /// MCP: tool names (globs), each optionally with argument matchers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<RawTool>,
+    /// MCP: resource URIs (globs, `**` across `/`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<String>,
+    /// MCP: prompt names (globs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prompts: Vec<String>,
+    /// MCP: requests the server may send the client (`sampling/createMessage`, …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub server_requests: Vec<String>,
+    /// GraphQL: `query`, `mutation`, `subscription`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operations: Vec<String>,
+    /// GraphQL: operation names (globs); an anonymous operation is then refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    /// GraphQL: root fields (globs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<String>,
+    /// GraphQL: persisted-query hashes and document ids allowed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub persisted: Vec<String>,
+}
+
+/// One entry of `tools:`: a name, or a name with argument matchers.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum RawTool {
+    Name(String),
+    Matched {
+        name: String,
+        #[serde(default)]
+        arguments: BTreeMap<String, RawArg>,
+    },
+}
+
+/// A matcher on one argument: exactly one of `equals`, `one_of`, `glob`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RawArg {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub equals: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub one_of: Option<Vec<Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub glob: Option<String>,
+}
+
+impl RawArg {
+    fn compile(&self, name: &str) -> Result<ArgMatch, String> {
+        match (&self.equals, &self.one_of, &self.glob) {
+            (Some(v), None, None) => Ok(ArgMatch::Equals(v.clone())),
+            (None, Some(vs), None) => Ok(ArgMatch::OneOf(vs.clone())),
+            (None, None, Some(g)) => ArgMatch::glob(g),
+            _ => Err(format!(
+                "argument `{name}`: write exactly one of equals, one_of, glob"
+            )),
+        }
+    }
+}
+
+impl RawHttpRule {
+    /// Whether any of the protocol keys is written.
+    fn names_protocol_lists(&self) -> bool {
+        !(self.tools.is_empty()
+            && self.resources.is_empty()
+            && self.prompts.is_empty()
+            && self.server_requests.is_empty()
+            && self.operations.is_empty()
+            && self.names.is_empty()
+            && self.fields.is_empty()
+            && self.persisted.is_empty())
+    }
+
+    fn protocol(&self) -> Result<Option<Protocol>, String> {
+        let lfs = |r: &Self| -> Result<Vec<LfsOp>, String> {
+            r.lfs.iter().map(|o| LfsOp::parse(o)).collect()
+        };
+        let Some(name) = self.protocol.as_deref() else {
+            if self.names_protocol_lists() {
+                return Err("tools, resources, prompts, server_requests, operations, names, fields and persisted need a `protocol`".into());
+            }
+            return Ok((!self.lfs.is_empty())
+                .then(|| lfs(self))
+                .transpose()?
+                .map(Protocol::Lfs));
+        };
+        if !self.lfs.is_empty() {
+            return Err("lfs goes with git, not with a protocol".into());
+        }
+        let only = |allowed: &[&str]| -> Result<(), String> {
+            let written = [
+                ("tools", self.tools.is_empty()),
+                ("resources", self.resources.is_empty()),
+                ("prompts", self.prompts.is_empty()),
+                ("server_requests", self.server_requests.is_empty()),
+                ("operations", self.operations.is_empty()),
+                ("names", self.names.is_empty()),
+                ("fields", self.fields.is_empty()),
+                ("persisted", self.persisted.is_empty()),
+            ];
+            match written
+                .iter()
+                .find(|(k, empty)| !empty && !allowed.contains(k))
+            {
+                Some((k, _)) => Err(format!("`{k}` does not go with protocol: {name}")),
+                None => Ok(()),
+            }
+        };
+        match name {
+            "jsonrpc" => {
+                only(&[])?;
+                Ok(Some(Protocol::JsonRpc(MethodRule::new(&self.methods)?)))
+            }
+            "mcp" => {
+                only(&["tools", "resources", "prompts", "server_requests"])?;
+                self.no_methods(name)?;
+                let tools = self
+                    .tools
+                    .iter()
+                    .map(|t| match t {
+                        RawTool::Name(n) => ToolRule::new(n, Vec::new()),
+                        RawTool::Matched { name, arguments } => {
+                            let args = arguments
+                                .iter()
+                                .map(|(k, a)| a.compile(k).map(|m| (k.clone(), m)))
+                                .collect::<Result<Vec<_>, _>>()?;
+                            ToolRule::new(name, args)
+                        }
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let r = McpRule::new(tools, &self.resources, &self.prompts, &self.server_requests)?;
+                Ok(Some(Protocol::Mcp(std::sync::Arc::new(r))))
+            }
+            "graphql" => {
+                only(&["operations", "names", "fields", "persisted"])?;
+                self.no_methods(name)?;
+                let r =
+                    GraphQlRule::new(&self.operations, &self.names, &self.fields, &self.persisted)?;
+                Ok(Some(Protocol::GraphQl(r)))
+            }
+            other => Err(format!("protocol `{other}` is not mcp, jsonrpc or graphql")),
+        }
+    }
+
+    fn no_methods(&self, name: &str) -> Result<(), String> {
+        match self.methods.is_empty() {
+            true => Ok(()),
+            false => Err(format!(
+                "a `protocol: {name}` rule names no methods (its HTTP methods are implied)"
+            )),
+        }
+    }
+
+    /// The rule this entry compiles to (a preset is expanded before this).
+    pub fn compile(&self) -> Result<HttpRule, String> {
+        if self.preset.is_some() {
+            return Err("a preset entry names nothing else".into());
+        }
+        if self.host.is_empty() {
+            return Err("an http rule names its host (or a preset)".into());
+        }
+        let protocol = self.protocol()?;
+        // With jsonrpc, `methods` are the JSON-RPC methods, not HTTP ones.
+        let methods: &[String] = match protocol {
+            Some(Protocol::JsonRpc(_)) => &[],
+            _ => &self.methods,
+        };
+        HttpRule::with_protocol(&self.host, methods, &self.paths, &self.git, protocol)
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(yaml: &str) -> Result<HttpRule, String> {
+        let raw: RawHttpRule = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
+        raw.compile()
+    }
+
+    #[test]
+    fn protocol_rules_compile_and_mistakes_are_named() {
+        assert!(rule("{host: mcp.test, paths: [/mcp], protocol: mcp, tools: [search, {name: create_issue, arguments: {repo: {one_of: [a/b]}}}]}").is_ok());
+        assert!(rule("{host: rpc.test, protocol: jsonrpc, methods: [eth_call]}").is_ok());
+        assert!(rule("{host: gh.test, protocol: graphql, operations: [query]}").is_ok());
+        assert!(rule("{host: gh.test, paths: ['/*/*'], git: [fetch], lfs: [download]}").is_ok());
+        for (bad, says) in [
+            ("{host: x.test, protocol: smtp}", "not mcp"),
+            ("{host: x.test, tools: [a]}", "need a `protocol`"),
+            ("{host: x.test, protocol: mcp, operations: [query]}", "does not go with"),
+            ("{host: x.test, protocol: mcp, methods: [POST]}", "names no methods"),
+            ("{host: x.test, protocol: graphql}", "operations"),
+            ("{host: x.test, protocol: graphql, operations: [delete]}", "not query"),
+            ("{host: x.test, protocol: jsonrpc}", "methods"),
+            ("{host: x.test, protocol: mcp, tools: [{name: a, arguments: {b: {equals: 1, glob: x}}}]}", "exactly one"),
+            ("{host: x.test, lfs: [steal]}", "not download"),
+            ("{host: x.test, protocol: mcp, git: [fetch]}", "not both"),
+            ("{protocol: mcp}", "host"),
+        ] {
+            let e = rule(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+}

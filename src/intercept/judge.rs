@@ -1,0 +1,83 @@
+//! The body of a request on a terminated host whose rules name a protocol: read whole, within
+//! `tls_intercept.judge_body_bytes` (a larger body, or one that fails to arrive, is refused),
+//! then judged by each candidate rule's protocol in turn ([`Protocol::judge`]); the first that
+//! allows it decides. The bytes judged are the bytes sent upstream.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+
+use crate::policy::protocols::mcp::{Lists, McpRule};
+use crate::policy::protocols::{Asked, Protocol, Refused};
+use crate::policy::reason::Reason;
+
+/// What the judged request may do: what it called, and the MCP rule its response is filtered
+/// by (with the lists asked for).
+#[derive(Default)]
+pub struct Allowed {
+    pub call: Option<String>,
+    pub mcp: Option<(Arc<McpRule>, Lists)>,
+}
+
+/// Read `body` (at most `limit` bytes); the refusal names the first candidate's protocol.
+pub async fn read(body: Incoming, limit: u64, first: &Protocol) -> Result<Bytes, Refused> {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) => {
+            let too_large = e
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some();
+            let (reason, detail) = match too_large {
+                true => (
+                    first.reason(),
+                    format!("the body is larger than {limit} bytes, more than a {} rule judges (tls_intercept.judge_body_bytes)", first.name()),
+                ),
+                false => (Reason::MalformedRequest, format!("the body could not be read: {e}")),
+            };
+            Err(Refused {
+                reason,
+                detail,
+                call: None,
+                rpc: None,
+            })
+        }
+    }
+}
+
+/// Judge `body` by each candidate in turn: the first that allows it decides; else the first
+/// candidate's refusal.
+pub fn judge(candidates: &[Arc<Protocol>], parts: &Parts, body: &[u8]) -> Result<Allowed, Refused> {
+    let asked = Asked {
+        method: parts.method.as_str(),
+        query: parts.uri.query(),
+        content_type: parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+    };
+    let mut first = None;
+    for p in candidates {
+        match p.judge(asked, body) {
+            Ok(j) => {
+                let mcp = match &**p {
+                    Protocol::Mcp(rule) => Some((rule.clone(), j.lists)),
+                    _ => None,
+                };
+                return Ok(Allowed { call: j.call, mcp });
+            }
+            Err(r) => {
+                first.get_or_insert(r);
+            }
+        }
+    }
+    Err(first.unwrap_or_else(|| Refused {
+        reason: Reason::HttpNotAllowed,
+        detail: "no rule judged the request".into(),
+        call: None,
+        rpc: None,
+    }))
+}

@@ -1,0 +1,347 @@
+//! An MCP server's response as the rule lets the client see it: a JSON body (one message or
+//! a batch) is read whole, within a byte limit; an event stream (`text/event-stream`) is read
+//! event by event. Each message goes through [`McpRule::filter`]: lists the client asked for
+//! lose what the rule does not allow, requests the server sends that the rule does not allow
+//! are dropped (the event becomes an SSE comment). A message that cannot be read ends the
+//! body with an error: nothing passes unjudged. Other bodies (a 202's empty one, an error
+//! page) carry no MCP message and pass as they are.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use hyper::body::{Body, Frame};
+use serde_json::Value;
+
+use crate::policy::protocols::mcp::{Filtered, Lists, McpRule};
+use crate::policy::protocols::strict_json;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the filter did, for the record.
+#[derive(Debug, Default)]
+pub struct Notes {
+    pub hidden: usize,
+    pub dropped: Vec<String>,
+}
+
+/// How the body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    Json,
+    EventStream,
+}
+
+/// The framing of a response by its `Content-Type`, if it is one the filter reads.
+pub fn framing(headers: &HeaderMap) -> Option<Framing> {
+    let ct = headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
+    let media = ct.split(';').next()?.trim().to_ascii_lowercase();
+    match media.as_str() {
+        "application/json" => Some(Framing::Json),
+        "text/event-stream" => Some(Framing::EventStream),
+        _ => None,
+    }
+}
+
+/// A response body filtered by an MCP rule.
+pub struct McpFiltered<B> {
+    inner: B,
+    rule: Arc<McpRule>,
+    lists: Lists,
+    framing: Framing,
+    limit: usize,
+    buf: Vec<u8>,
+    /// The lines of the event being read (event streams).
+    lines: Vec<Vec<u8>>,
+    done: bool,
+    notes: Arc<Mutex<Notes>>,
+}
+
+impl<B> McpFiltered<B> {
+    pub fn new(
+        inner: B,
+        rule: Arc<McpRule>,
+        lists: Lists,
+        framing: Framing,
+        limit: usize,
+        notes: Arc<Mutex<Notes>>,
+    ) -> Self {
+        McpFiltered {
+            inner,
+            rule,
+            lists,
+            framing,
+            limit,
+            buf: Vec::new(),
+            lines: Vec::new(),
+            done: false,
+            notes,
+        }
+    }
+
+    /// Filter a JSON document of messages; `None` when nothing is left of it.
+    fn filter_doc(&self, mut doc: Value) -> Option<Value> {
+        let mut notes = self.notes.lock().ok();
+        let mut keep = |m: &mut Value| match self.rule.filter(m, &self.lists) {
+            Filtered::Kept => true,
+            Filtered::Hid(n) => {
+                if let Some(n_) = notes.as_mut() {
+                    n_.hidden += n;
+                }
+                true
+            }
+            Filtered::Dropped(method) => {
+                if let Some(n_) = notes.as_mut() {
+                    n_.dropped.push(method);
+                }
+                false
+            }
+        };
+        match &mut doc {
+            Value::Array(items) => {
+                items.retain_mut(&mut keep);
+                (!items.is_empty()).then_some(doc)
+            }
+            one => keep(one).then_some(doc),
+        }
+    }
+
+    /// One complete event: its lines, filtered.
+    fn event(&mut self, out: &mut Vec<u8>) -> Result<(), String> {
+        let lines = std::mem::take(&mut self.lines);
+        let mut data: Vec<&[u8]> = Vec::new();
+        let mut other: Vec<&[u8]> = Vec::new();
+        for l in &lines {
+            match l.strip_prefix(b"data:") {
+                Some(d) => data.push(d.strip_prefix(b" ").unwrap_or(d)),
+                None if l == b"data" => data.push(b""),
+                None => other.push(l),
+            }
+        }
+        let text = data.join(&b'\n');
+        if text.iter().all(u8::is_ascii_whitespace) {
+            for l in &lines {
+                out.extend_from_slice(l);
+                out.push(b'\n');
+            }
+            out.push(b'\n');
+            return Ok(());
+        }
+        let doc = strict_json::parse(&text)
+            .map_err(|e| format!("an event of the MCP stream is not JSON: {e}"))?;
+        match self.filter_doc(doc) {
+            Some(doc) => {
+                for l in other {
+                    out.extend_from_slice(l);
+                    out.push(b'\n');
+                }
+                out.extend_from_slice(b"data: ");
+                out.extend_from_slice(doc.to_string().as_bytes());
+                out.extend_from_slice(b"\n\n");
+            }
+            None => out.extend_from_slice(b": egress-proxy dropped a server request\n\n"),
+        }
+        Ok(())
+    }
+
+    /// Read the complete lines held; filter each complete event into `out`.
+    fn drain(&mut self, at_end: bool, out: &mut Vec<u8>) -> Result<(), String> {
+        let mut start = 0;
+        while let Some(i) = self.buf[start..]
+            .iter()
+            .position(|b| *b == b'\n' || *b == b'\r')
+        {
+            let end = start + i;
+            let next = match self.buf[end] {
+                b'\r' if end + 1 == self.buf.len() && !at_end => break,
+                b'\r' if self.buf.get(end + 1) == Some(&b'\n') => end + 2,
+                _ => end + 1,
+            };
+            let line = self.buf[start..end].to_vec();
+            start = next;
+            if line.is_empty() {
+                if !self.lines.is_empty() {
+                    self.event(out)?;
+                }
+            } else {
+                self.lines.push(line);
+            }
+        }
+        self.buf.drain(..start);
+        let held = self.buf.len() + self.lines.iter().map(Vec::len).sum::<usize>();
+        if held > self.limit {
+            return Err(format!(
+                "an event of the MCP stream is larger than {} bytes (tls_intercept.judge_body_bytes)",
+                self.limit
+            ));
+        }
+        Ok(())
+    }
+
+    /// The whole JSON body, filtered.
+    fn whole(&mut self) -> Result<Vec<u8>, String> {
+        let doc = strict_json::parse(&self.buf)
+            .map_err(|e| format!("the MCP response is not JSON: {e}"))?;
+        Ok(match self.filter_doc(doc) {
+            Some(doc) => doc.to_string().into_bytes(),
+            None => Vec::new(),
+        })
+    }
+}
+
+impl<B> Body for McpFiltered<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+                Poll::Ready(Some(Ok(f))) => f,
+                Poll::Ready(None) => {
+                    this.done = true;
+                    let out = match this.framing {
+                        Framing::Json => this.whole(),
+                        Framing::EventStream => {
+                            let mut out = Vec::new();
+                            this.drain(true, &mut out).map(|_| out)
+                        }
+                    };
+                    return match out {
+                        Ok(o) if o.is_empty() => Poll::Ready(None),
+                        Ok(o) => Poll::Ready(Some(Ok(Frame::data(o.into())))),
+                        Err(e) => Poll::Ready(Some(Err(e.into()))),
+                    };
+                }
+            };
+            let Ok(data) = frame.into_data() else {
+                // Trailers carry no MCP message; they are not passed.
+                continue;
+            };
+            this.buf.extend_from_slice(&data);
+            if this.framing == Framing::Json {
+                if this.buf.len() > this.limit {
+                    this.done = true;
+                    let e = format!(
+                        "the MCP response is larger than {} bytes (tls_intercept.judge_body_bytes)",
+                        this.limit
+                    );
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                continue;
+            }
+            let mut out = Vec::new();
+            if let Err(e) = this.drain(false, &mut out) {
+                this.done = true;
+                return Poll::Ready(Some(Err(e.into())));
+            }
+            if !out.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(out.into()))));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::protocols::jsonrpc;
+    use crate::policy::protocols::mcp::ToolRule;
+    use http_body_util::BodyExt;
+    use std::collections::VecDeque;
+
+    /// A body that yields the given chunks, then ends.
+    struct Chunks(VecDeque<&'static [u8]>);
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(
+                self.0
+                    .pop_front()
+                    .map(|c| Ok(Frame::data(Bytes::from_static(c)))),
+            )
+        }
+    }
+
+    fn filtered(framing: Framing, chunks: Vec<&'static [u8]>) -> Result<String, String> {
+        let rule = McpRule::new(
+            vec![ToolRule::new("search", vec![]).unwrap()],
+            &[],
+            &[],
+            &[],
+        )
+        .unwrap();
+        let (_, lists) = rule
+            .judge(&jsonrpc::parse(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#).unwrap())
+            .unwrap();
+        let body = McpFiltered::new(
+            Chunks(chunks.into()),
+            Arc::new(rule),
+            lists,
+            framing,
+            1 << 16,
+            Default::default(),
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(body.collect())
+            .map(|c| String::from_utf8_lossy(&c.to_bytes()).to_string())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn event_streams_are_filtered_event_by_event_across_chunks() {
+        let out = filtered(
+            Framing::EventStream,
+            vec![
+                b"id: 1\r\nevent: message\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"tools\":[{\"name\":\"search\"},",
+                b"{\"name\":\"delete_repo\"}]}}\r\n\r",
+                b"\ndata: {\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"sampling/createMessage\"}\n\n",
+                b"data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\n: keepalive\n\n",
+            ],
+        )
+        .unwrap();
+        assert!(
+            out.contains("search") && !out.contains("delete_repo"),
+            "{out}"
+        );
+        assert!(out.starts_with("id: 1\nevent: message\ndata: "), "{out}");
+        assert!(!out.contains("sampling"), "{out}");
+        assert!(
+            out.contains("notifications/progress") && out.contains(": keepalive"),
+            "{out}"
+        );
+        assert!(filtered(Framing::EventStream, vec![b"data: {not json}\n\n"]).is_err());
+    }
+
+    #[test]
+    fn json_bodies_are_filtered_whole() {
+        let out = filtered(
+            Framing::Json,
+            vec![b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"tools\":[{\"name\":\"search\"},{\"name\":\"x\"}]}}"],
+        )
+        .unwrap();
+        assert!(out.contains("search") && !out.contains("\"x\""), "{out}");
+        assert!(filtered(Framing::Json, vec![b"{\"a\":1,\"a\":2}"]).is_err());
+    }
+}

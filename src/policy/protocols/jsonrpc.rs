@@ -1,0 +1,183 @@
+//! JSON-RPC 2.0 messages as a rule judges them: a body is one message or a batch (an array);
+//! each is a request (method and id), a notification (method, no id) or a response (id and
+//! `result` or `error`). Anything else — another version, a method that is not a string, an
+//! empty batch, a message that is both request and response — is refused, never guessed at.
+
+use serde_json::Value;
+
+use super::strict_json;
+
+/// One JSON-RPC message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    Request {
+        id: Value,
+        method: String,
+        params: Value,
+    },
+    Notification {
+        method: String,
+        params: Value,
+    },
+    Response {
+        id: Value,
+    },
+}
+
+impl Message {
+    /// The method, for requests and notifications.
+    pub fn method(&self) -> Option<&str> {
+        match self {
+            Message::Request { method, .. } | Message::Notification { method, .. } => Some(method),
+            Message::Response { .. } => None,
+        }
+    }
+
+    /// The id, for requests and responses.
+    pub fn id(&self) -> Option<&Value> {
+        match self {
+            Message::Request { id, .. } | Message::Response { id } => Some(id),
+            Message::Notification { .. } => None,
+        }
+    }
+
+    pub fn params(&self) -> &Value {
+        match self {
+            Message::Request { params, .. } | Message::Notification { params, .. } => params,
+            Message::Response { .. } => &Value::Null,
+        }
+    }
+}
+
+/// A body's messages, and whether they came as a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Body {
+    pub messages: Vec<Message>,
+    pub batch: bool,
+}
+
+/// Read `bytes` as JSON-RPC 2.0 (see the module's documentation).
+pub fn parse(bytes: &[u8]) -> Result<Body, String> {
+    let v = strict_json::parse(bytes)?;
+    read(&v)
+}
+
+/// [`parse`] on a value already read.
+pub fn read(v: &Value) -> Result<Body, String> {
+    match v {
+        Value::Array(items) if items.is_empty() => Err("an empty JSON-RPC batch".into()),
+        Value::Array(items) => Ok(Body {
+            messages: items.iter().map(message).collect::<Result<_, _>>()?,
+            batch: true,
+        }),
+        one => Ok(Body {
+            messages: vec![message(one)?],
+            batch: false,
+        }),
+    }
+}
+
+/// One message (see [`Message`]).
+pub fn message(v: &Value) -> Result<Message, String> {
+    let Value::Object(o) = v else {
+        return Err("a JSON-RPC message is not an object".into());
+    };
+    if o.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err("a JSON-RPC message without \"jsonrpc\": \"2.0\"".into());
+    }
+    let id = match o.get("id") {
+        None => None,
+        Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => Some(id.clone()),
+        Some(_) => return Err("a JSON-RPC id that is not a string or a number".into()),
+    };
+    let answers = o.contains_key("result") || o.contains_key("error");
+    match (o.get("method"), id) {
+        (Some(_), _) if answers => {
+            Err("a JSON-RPC message that is both a call and an answer".into())
+        }
+        (Some(Value::String(m)), Some(id)) => Ok(Message::Request {
+            id,
+            method: m.clone(),
+            params: o.get("params").cloned().unwrap_or(Value::Null),
+        }),
+        (Some(Value::String(m)), None) => Ok(Message::Notification {
+            method: m.clone(),
+            params: o.get("params").cloned().unwrap_or(Value::Null),
+        }),
+        (Some(_), _) => Err("a JSON-RPC method that is not a string".into()),
+        (None, Some(id)) if answers => Ok(Message::Response { id }),
+        (None, _) => Err("a JSON-RPC message with neither a method nor an answer".into()),
+    }
+}
+
+/// A JSON-RPC method rule: the methods (globs) a `protocol: jsonrpc` rule allows.
+#[derive(Debug, Clone)]
+pub struct MethodRule {
+    pub methods: Vec<String>,
+    matcher: globset::GlobSet,
+}
+
+impl MethodRule {
+    pub fn new(methods: &[String]) -> Result<MethodRule, String> {
+        if methods.is_empty() {
+            return Err("a `protocol: jsonrpc` rule names its methods (`methods: [globs]`)".into());
+        }
+        Ok(MethodRule {
+            methods: methods.to_vec(),
+            matcher: super::names(methods, "method")?,
+        })
+    }
+
+    /// Why `body`'s messages are not all allowed (the first refused, named), if any.
+    pub fn refusal(&self, body: &Body) -> Option<String> {
+        body.messages.iter().find_map(|m| match m.method() {
+            Some(name) if self.matcher.is_match(name) => None,
+            Some(name) => Some(format!(
+                "the JSON-RPC method `{name}` is not in the rule's methods"
+            )),
+            None => {
+                Some("a JSON-RPC response sent to the server is not a call a rule allows".into())
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_read_strictly() {
+        let b = parse(br#"{"jsonrpc":"2.0","id":1,"method":"eth_call","params":[]}"#).unwrap();
+        assert!(!b.batch);
+        assert_eq!(b.messages[0].method(), Some("eth_call"));
+        let b = parse(br#"[{"jsonrpc":"2.0","method":"n"},{"jsonrpc":"2.0","id":"a","result":1}]"#)
+            .unwrap();
+        assert!(b.batch);
+        assert!(matches!(b.messages[0], Message::Notification { .. }));
+        assert!(matches!(b.messages[1], Message::Response { .. }));
+        for bad in [
+            &br#"[]"#[..],
+            br#"{"id":1,"method":"m"}"#,
+            br#"{"jsonrpc":"1.0","id":1,"method":"m"}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":5}"#,
+            br#"{"jsonrpc":"2.0","id":{},"method":"m"}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":"m","result":1}"#,
+            br#"{"jsonrpc":"2.0","id":1}"#,
+            br#""m""#,
+            br#"{"jsonrpc":"2.0","id":1,"method":"a","method":"b"}"#,
+        ] {
+            assert!(parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn a_batch_is_refused_when_one_call_is_not_allowed() {
+        let rule = MethodRule::new(&["eth_get*".into(), "net_version".into()]).unwrap();
+        let ok = parse(br#"[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance"},{"jsonrpc":"2.0","method":"net_version"}]"#).unwrap();
+        assert_eq!(rule.refusal(&ok), None);
+        let bad = parse(br#"[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance"},{"jsonrpc":"2.0","id":2,"method":"eth_sendTransaction"}]"#).unwrap();
+        assert!(rule.refusal(&bad).unwrap().contains("eth_sendTransaction"));
+        assert!(MethodRule::new(&[]).is_err());
+    }
+}

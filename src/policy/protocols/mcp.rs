@@ -1,0 +1,363 @@
+//! `protocol: mcp`: what a Model Context Protocol client may ask of a server, and what the
+//! server may show and ask of it. Requests: `tools/call` only for the rule's tools (with
+//! optional argument matchers), `resources/read` and `resources/(un)subscribe` only for its
+//! resources, `prompts/get` only for its prompts; the session's own methods (`initialize`,
+//! `ping`, the lists, `completion/complete`, `logging/setLevel`, notifications) always; any
+//! other method is refused. Answers to the server's requests are refused unless the rule
+//! allows some (`server_requests`). Responses: the lists are filtered to what the rule allows,
+//! and requests the server sends (sampling, elicitation, roots) are dropped unless allowed.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::jsonrpc::{Body, Message};
+use super::names;
+
+/// A matcher on one argument of a tool call.
+#[derive(Debug, Clone)]
+pub enum ArgMatch {
+    Equals(Value),
+    OneOf(Vec<Value>),
+    Glob(String, globset::GlobMatcher),
+}
+
+impl ArgMatch {
+    pub fn glob(pattern: &str) -> Result<ArgMatch, String> {
+        let g = globset::Glob::new(pattern).map_err(|e| format!("glob `{pattern}`: {e}"))?;
+        Ok(ArgMatch::Glob(pattern.to_string(), g.compile_matcher()))
+    }
+
+    fn matches(&self, v: &Value) -> bool {
+        match self {
+            ArgMatch::Equals(want) => v == want,
+            ArgMatch::OneOf(any) => any.contains(v),
+            ArgMatch::Glob(_, g) => v.as_str().is_some_and(|s| g.is_match(s)),
+        }
+    }
+}
+
+/// One entry of `tools:`: a name glob and matchers on named arguments (each must be present
+/// and match).
+#[derive(Debug, Clone)]
+pub struct ToolRule {
+    pub name: String,
+    glob: globset::GlobMatcher,
+    pub arguments: Vec<(String, ArgMatch)>,
+}
+
+impl ToolRule {
+    pub fn new(name: &str, arguments: Vec<(String, ArgMatch)>) -> Result<ToolRule, String> {
+        let glob = globset::Glob::new(name)
+            .map_err(|e| format!("tool `{name}`: {e}"))?
+            .compile_matcher();
+        Ok(ToolRule {
+            name: name.to_string(),
+            glob,
+            arguments,
+        })
+    }
+}
+
+/// Which list a request asked for (its response is filtered).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum List {
+    Tools,
+    Resources,
+    Prompts,
+}
+
+/// The lists asked for in one request body, by id (as JSON text).
+pub type Lists = HashMap<String, List>;
+
+/// What the rule made of one response message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Filtered {
+    Kept,
+    /// Entries of a list were hidden (how many).
+    Hid(usize),
+    /// A request of the server's was dropped (its method).
+    Dropped(String),
+}
+
+/// A `protocol: mcp` rule.
+#[derive(Debug, Clone)]
+pub struct McpRule {
+    pub tools: Vec<ToolRule>,
+    pub resources: Vec<String>,
+    pub prompts: Vec<String>,
+    pub server_requests: Vec<String>,
+    resource_set: globset::GlobSet,
+    prompt_set: globset::GlobSet,
+    server_set: globset::GlobSet,
+}
+
+/// Methods every MCP session needs, allowed under any `protocol: mcp` rule.
+const SESSION: &[&str] = &[
+    "initialize",
+    "ping",
+    "tools/list",
+    "resources/list",
+    "resources/templates/list",
+    "prompts/list",
+    "completion/complete",
+    "logging/setLevel",
+];
+
+impl McpRule {
+    pub fn new(
+        tools: Vec<ToolRule>,
+        resources: &[String],
+        prompts: &[String],
+        server_requests: &[String],
+    ) -> Result<McpRule, String> {
+        let mut uris = globset::GlobSetBuilder::new();
+        for r in resources {
+            let g = globset::GlobBuilder::new(r)
+                .literal_separator(true)
+                .build()
+                .map_err(|e| format!("resource `{r}`: {e}"))?;
+            uris.add(g);
+        }
+        Ok(McpRule {
+            tools,
+            resources: resources.to_vec(),
+            prompts: prompts.to_vec(),
+            server_requests: server_requests.to_vec(),
+            resource_set: uris.build().map_err(|e| e.to_string())?,
+            prompt_set: names(prompts, "prompt")?,
+            server_set: names(server_requests, "server request")?,
+        })
+    }
+
+    fn tool_allowed(&self, params: &Value) -> Result<String, String> {
+        let Some(name) = params.get("name").and_then(Value::as_str) else {
+            return Err("a tools/call without a tool name".into());
+        };
+        let args = params.get("arguments");
+        let mut named = false;
+        for t in self.tools.iter().filter(|t| t.glob.is_match(name)) {
+            named = true;
+            let fits = t
+                .arguments
+                .iter()
+                .all(|(arg, m)| args.and_then(|a| a.get(arg)).is_some_and(|v| m.matches(v)));
+            if fits {
+                return Ok(name.to_string());
+            }
+        }
+        Err(match named {
+            true => format!("the arguments of tool `{name}` are not ones the rule allows"),
+            false => format!("the tool `{name}` is not in the rule's tools"),
+        })
+    }
+
+    fn uri_allowed(&self, params: &Value, method: &str) -> Result<String, String> {
+        let Some(uri) = params.get("uri").and_then(Value::as_str) else {
+            return Err(format!("a {method} without a uri"));
+        };
+        match self.resource_set.is_match(uri) {
+            true => Ok(uri.to_string()),
+            false => Err(format!(
+                "the resource `{uri}` is not in the rule's resources"
+            )),
+        }
+    }
+
+    /// One client message: `Ok` with what it was (for the record), or why it is refused.
+    fn judge_one(&self, m: &Message, lists: &mut Lists) -> Result<String, String> {
+        let Some(method) = m.method() else {
+            return match self.server_requests.is_empty() {
+                true => Err(
+                    "an answer to a server request, and the rule allows none (server_requests)"
+                        .into(),
+                ),
+                false => Ok("answer".into()),
+            };
+        };
+        let params = m.params();
+        let list = match method {
+            "tools/list" => Some(List::Tools),
+            "resources/list" => Some(List::Resources),
+            "prompts/list" => Some(List::Prompts),
+            _ => None,
+        };
+        if let (Some(list), Some(id)) = (list, m.id()) {
+            lists.insert(id.to_string(), list);
+        }
+        match method {
+            "tools/call" => Ok(format!("tools/call {}", self.tool_allowed(params)?)),
+            "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
+                Ok(format!("{method} {}", self.uri_allowed(params, method)?))
+            }
+            "prompts/get" => {
+                let name = params.get("name").and_then(Value::as_str).unwrap_or("");
+                match self.prompt_set.is_match(name) && !name.is_empty() {
+                    true => Ok(format!("prompts/get {name}")),
+                    false => Err(format!("the prompt `{name}` is not in the rule's prompts")),
+                }
+            }
+            m if SESSION.contains(&m) || m.starts_with("notifications/") => Ok(m.to_string()),
+            m => Err(format!("the MCP method `{m}` is not one a rule allows")),
+        }
+    }
+
+    /// Judge a client's body: every message must be allowed (a batch with one refused call
+    /// is refused whole). `Ok`: what was called, and the lists asked for.
+    pub fn judge(&self, body: &Body) -> Result<(Vec<String>, Lists), (String, Option<String>)> {
+        let mut lists = Lists::new();
+        let mut calls = Vec::with_capacity(body.messages.len());
+        for m in &body.messages {
+            match self.judge_one(m, &mut lists) {
+                Ok(c) => calls.push(c),
+                Err(why) => {
+                    let call = m.method().map(|meth| match meth {
+                        "tools/call" => format!(
+                            "tools/call {}",
+                            m.params().get("name").and_then(Value::as_str).unwrap_or("")
+                        ),
+                        _ => meth.to_string(),
+                    });
+                    return Err((why, call));
+                }
+            }
+        }
+        Ok((calls, lists))
+    }
+
+    /// Filter one message the server sent (see the module's documentation).
+    pub fn filter(&self, msg: &mut Value, lists: &Lists) -> Filtered {
+        let method = msg
+            .get("method")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if let Some(method) = method {
+            let is_request = msg.get("id").is_some();
+            if !is_request || method == "ping" || self.server_set.is_match(&method) {
+                return Filtered::Kept;
+            }
+            return Filtered::Dropped(method);
+        }
+        let Some(list) = msg.get("id").and_then(|id| lists.get(&id.to_string())) else {
+            return Filtered::Kept;
+        };
+        let (key, field) = match list {
+            List::Tools => ("tools", "name"),
+            List::Resources => ("resources", "uri"),
+            List::Prompts => ("prompts", "name"),
+        };
+        let Some(Value::Array(items)) = msg.get_mut("result").and_then(|r| r.get_mut(key)) else {
+            return Filtered::Kept;
+        };
+        let before = items.len();
+        items.retain(|item| {
+            let name = item.get(field).and_then(Value::as_str).unwrap_or("");
+            match list {
+                List::Tools => self.tools.iter().any(|t| t.glob.is_match(name)),
+                List::Resources => self.resource_set.is_match(name),
+                List::Prompts => self.prompt_set.is_match(name),
+            }
+        });
+        match before - items.len() {
+            0 => Filtered::Kept,
+            n => Filtered::Hid(n),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::jsonrpc::parse;
+    use super::*;
+    use serde_json::json;
+
+    fn rule() -> McpRule {
+        let tools = vec![
+            ToolRule::new("search*", vec![]).unwrap(),
+            ToolRule::new(
+                "create_issue",
+                vec![("repo".into(), ArgMatch::OneOf(vec![json!("acme/docs")]))],
+            )
+            .unwrap(),
+        ];
+        McpRule::new(
+            tools,
+            &["file:///docs/**".into()],
+            &["summarize".into()],
+            &[],
+        )
+        .unwrap()
+    }
+
+    fn judge(body: &str) -> Result<Vec<String>, String> {
+        rule()
+            .judge(&parse(body.as_bytes()).unwrap())
+            .map(|(c, _)| c)
+            .map_err(|(why, _)| why)
+    }
+
+    #[test]
+    fn calls_are_judged_by_tool_arguments_resource_and_prompt() {
+        let call = |name: &str, args: Value| {
+            json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":name,"arguments":args}}).to_string()
+        };
+        assert_eq!(
+            judge(&call("search_code", json!({"q":"x"}))).unwrap(),
+            ["tools/call search_code"]
+        );
+        assert!(judge(&call("delete_repo", json!({})))
+            .unwrap_err()
+            .contains("delete_repo"));
+        assert!(judge(&call("create_issue", json!({"repo":"acme/docs"}))).is_ok());
+        assert!(judge(&call("create_issue", json!({"repo":"acme/secret"}))).is_err());
+        assert!(judge(&call("create_issue", json!({}))).is_err());
+        let read = |uri: &str| {
+            json!({"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":uri}})
+                .to_string()
+        };
+        assert!(judge(&read("file:///docs/a/b.md")).is_ok());
+        assert!(judge(&read("file:///etc/passwd")).is_err());
+        assert!(judge(
+            r#"{"jsonrpc":"2.0","id":3,"method":"prompts/get","params":{"name":"summarize"}}"#
+        )
+        .is_ok());
+        assert!(judge(
+            r#"{"jsonrpc":"2.0","id":3,"method":"prompts/get","params":{"name":"other"}}"#
+        )
+        .is_err());
+        assert!(judge(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).is_ok());
+        assert!(judge(r#"{"jsonrpc":"2.0","id":4,"method":"tasks/run"}"#).is_err());
+        // An answer to a server request is refused unless the rule allows some.
+        assert!(judge(r#"{"jsonrpc":"2.0","id":9,"result":{}}"#).is_err());
+        // A batch with one refused call is refused whole.
+        let batch = format!(
+            "[{},{}]",
+            call("search", json!({})),
+            call("delete_repo", json!({}))
+        );
+        assert!(judge(&batch).is_err());
+    }
+
+    #[test]
+    fn lists_are_filtered_and_server_requests_dropped() {
+        let r = rule();
+        let (_, lists) = r
+            .judge(&parse(br#"{"jsonrpc":"2.0","id":"t","method":"tools/list"}"#).unwrap())
+            .unwrap();
+        let mut resp = json!({"jsonrpc":"2.0","id":"t","result":{"tools":[{"name":"search"},{"name":"delete_repo"},{"name":"create_issue"}]}});
+        assert_eq!(r.filter(&mut resp, &lists), Filtered::Hid(1));
+        assert_eq!(resp["result"]["tools"].as_array().unwrap().len(), 2);
+        // Another id's result is not a list the client asked for here.
+        let mut other =
+            json!({"jsonrpc":"2.0","id":"u","result":{"tools":[{"name":"delete_repo"}]}});
+        assert_eq!(r.filter(&mut other, &lists), Filtered::Kept);
+        let mut sampling =
+            json!({"jsonrpc":"2.0","id":7,"method":"sampling/createMessage","params":{}});
+        assert_eq!(
+            r.filter(&mut sampling, &lists),
+            Filtered::Dropped("sampling/createMessage".into())
+        );
+        let mut note = json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"});
+        assert_eq!(r.filter(&mut note, &lists), Filtered::Kept);
+    }
+}

@@ -1,0 +1,200 @@
+//! What a request on a terminated host says beyond its method and path, for rules that name a
+//! protocol: JSON-RPC methods ([`jsonrpc`]), MCP tools, resources and prompts ([`mcp`]),
+//! GraphQL operations ([`graphql`]) and Git LFS batch operations ([`lfs`]). Each reads the
+//! request body (buffered by `intercept`, bounded) strictly — a body it cannot read is
+//! refused, never passed ([`strict_json`]). Pure: matched per request, no I/O.
+
+pub mod graphql;
+pub mod jsonrpc;
+pub mod lfs;
+pub mod mcp;
+pub mod strict_json;
+
+use crate::policy::reason::Reason;
+
+/// The protocol a `network.http` rule names.
+#[derive(Debug, Clone)]
+pub enum Protocol {
+    JsonRpc(jsonrpc::MethodRule),
+    Mcp(std::sync::Arc<mcp::McpRule>),
+    GraphQl(graphql::GraphQlRule),
+    Lfs(Vec<lfs::LfsOp>),
+}
+
+/// The request as a protocol reads it (its body aside).
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    pub method: &'a str,
+    pub query: Option<&'a str>,
+    pub content_type: Option<&'a str>,
+}
+
+/// An allowed request: what it called (for the record), and for MCP the lists its
+/// response must be filtered of.
+#[derive(Debug, Clone, Default)]
+pub struct Judged {
+    pub call: Option<String>,
+    pub lists: mcp::Lists,
+}
+
+/// A refused request: why, what it called when known, and how to answer it (JSON-RPC
+/// clients are answered with JSON-RPC errors for the ids they sent).
+#[derive(Debug, Clone)]
+pub struct Refused {
+    pub reason: Reason,
+    pub detail: String,
+    pub call: Option<String>,
+    /// The ids of a JSON-RPC body's requests, and whether it was a batch (none: answer with
+    /// the house refusal).
+    pub rpc: Option<(Vec<serde_json::Value>, bool)>,
+}
+
+impl Protocol {
+    /// The name written in rules and records.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Protocol::JsonRpc(_) => "jsonrpc",
+            Protocol::Mcp(_) => "mcp",
+            Protocol::GraphQl(_) => "graphql",
+            Protocol::Lfs(_) => "lfs",
+        }
+    }
+
+    /// The rule as text, every part that decides included (the policy version hashes it).
+    pub fn describe(&self) -> String {
+        match self {
+            Protocol::JsonRpc(r) => format!("protocol:jsonrpc methods:{}", r.methods.join(",")),
+            Protocol::Mcp(r) => {
+                let tools: Vec<String> = r
+                    .tools
+                    .iter()
+                    .map(|t| match t.arguments.is_empty() {
+                        true => t.name.clone(),
+                        false => format!("{}({:?})", t.name, t.arguments),
+                    })
+                    .collect();
+                format!(
+                    "protocol:mcp tools:{} resources:{} prompts:{} server_requests:{}",
+                    tools.join(","),
+                    r.resources.join(","),
+                    r.prompts.join(","),
+                    r.server_requests.join(",")
+                )
+            }
+            Protocol::GraphQl(r) => format!(
+                "protocol:graphql operations:{} names:{} fields:{} persisted:{}",
+                r.operations
+                    .iter()
+                    .map(|o| o.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                r.names.join(","),
+                r.fields.join(","),
+                r.persisted.join(",")
+            ),
+            Protocol::Lfs(ops) => format!(
+                "lfs:{}",
+                ops.iter().map(|o| o.as_str()).collect::<Vec<_>>().join(",")
+            ),
+        }
+    }
+
+    /// The reason a refusal of this protocol carries.
+    pub fn reason(&self) -> Reason {
+        match self {
+            Protocol::JsonRpc(_) => Reason::JsonRpcNotAllowed,
+            Protocol::Mcp(_) => Reason::McpNotAllowed,
+            Protocol::GraphQl(_) => Reason::GraphQlNotAllowed,
+            Protocol::Lfs(_) => Reason::GitNotAllowed,
+        }
+    }
+
+    /// Whether an HTTP request with `method` can be one of this protocol's (the body still
+    /// to be judged): JSON-RPC and LFS POST; MCP POST, GET (the server's event stream) and
+    /// DELETE (the session's end); GraphQL POST and GET.
+    pub fn carries(&self, method: &str) -> bool {
+        let m = |x: &str| method.eq_ignore_ascii_case(x);
+        match self {
+            Protocol::JsonRpc(_) | Protocol::Lfs(_) => m("POST"),
+            Protocol::Mcp(_) => m("POST") || m("GET") || m("DELETE"),
+            Protocol::GraphQl(_) => m("POST") || m("GET"),
+        }
+    }
+
+    /// Judge a request and its body.
+    pub fn judge(&self, asked: Asked<'_>, body: &[u8]) -> Result<Judged, Refused> {
+        let refuse = |detail: String, call: Option<String>, rpc| Refused {
+            reason: self.reason(),
+            detail,
+            call,
+            rpc,
+        };
+        match self {
+            Protocol::JsonRpc(rule) => {
+                let b = jsonrpc::parse(body).map_err(|e| refuse(e, None, None))?;
+                let call = b
+                    .messages
+                    .iter()
+                    .filter_map(|m| m.method())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                match rule.refusal(&b) {
+                    None => Ok(Judged {
+                        call: Some(call),
+                        lists: mcp::Lists::new(),
+                    }),
+                    Some(why) => Err(refuse(why, Some(call), Some(ids(&b)))),
+                }
+            }
+            Protocol::Mcp(rule) => {
+                if !asked.method.eq_ignore_ascii_case("POST") {
+                    return Ok(Judged {
+                        call: Some(format!("{} session", asked.method.to_ascii_uppercase())),
+                        lists: mcp::Lists::new(),
+                    });
+                }
+                let b = jsonrpc::parse(body).map_err(|e| refuse(e, None, None))?;
+                match rule.judge(&b) {
+                    Ok((calls, lists)) => Ok(Judged {
+                        call: Some(calls.join(",")),
+                        lists,
+                    }),
+                    Err((why, call)) => Err(refuse(why, call, Some(ids(&b)))),
+                }
+            }
+            Protocol::GraphQl(rule) => rule
+                .judge(asked.method, asked.query, asked.content_type, body)
+                .map(|call| Judged {
+                    call: Some(call),
+                    lists: mcp::Lists::new(),
+                })
+                .map_err(|(why, call)| refuse(why, call, None)),
+            Protocol::Lfs(ops) => lfs::judge(ops, body)
+                .map(|call| Judged {
+                    call: Some(call),
+                    lists: mcp::Lists::new(),
+                })
+                .map_err(|(why, call)| refuse(why, call, None)),
+        }
+    }
+}
+
+/// The ids of a JSON-RPC body's requests, and whether it was a batch.
+fn ids(b: &jsonrpc::Body) -> (Vec<serde_json::Value>, bool) {
+    let ids = b
+        .messages
+        .iter()
+        .filter(|m| m.method().is_some())
+        .filter_map(|m| m.id().cloned())
+        .collect();
+    (ids, b.batch)
+}
+
+/// A set of name globs (`*` any run of characters); `what` names them in errors.
+pub(crate) fn names(globs: &[String], what: &str) -> Result<globset::GlobSet, String> {
+    let mut b = globset::GlobSetBuilder::new();
+    for g in globs {
+        b.add(globset::Glob::new(g).map_err(|e| format!("{what} `{g}`: {e}"))?);
+    }
+    b.build().map_err(|e| e.to_string())
+}
