@@ -103,14 +103,24 @@ fn origin(dir: &Path, ca: &TestCa) -> GitOrigin {
     }
 }
 
-/// A proxy terminating git.test with `rule` as its `network.http` rule.
+/// A proxy terminating git.test with a git rule for `git_services`.
 fn proxy(dir: &Path, ca: &TestCa, port: u16, git_services: &str) -> Proxy {
+    let network = format!(
+        r#"egress: ["git.test:{port}"]
+        http: [{{ host: git.test, paths: ["/org/*.git"], git: [{git_services}] }}]"#
+    );
+    proxy_with(dir, ca, &network)
+}
+
+/// A proxy for sandbox `dev` whose `network` block is `network` (git.test and github.com
+/// are the test origin).
+fn proxy_with(dir: &Path, ca: &TestCa, network: &str) -> Proxy {
     ca_init(&dir.join("ica"));
     Proxy::start(
         dir,
         &format!(
             r#"
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ git.test: [127.0.0.1] }} }}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ git.test: [127.0.0.1], github.com: [127.0.0.1] }} }}
 defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
 tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
 sandboxes:
@@ -120,8 +130,7 @@ sandboxes:
       provider: local
       config: {{}}
       network:
-        egress: ["git.test:{port}"]
-        http: [{{ host: git.test, paths: ["/org/*.git"], git: [{git_services}] }}]
+        {network}
 "#,
             ica = dir.join("ica").display(),
             upstream = ca.ca_pem.display(),
@@ -195,4 +204,37 @@ fn fetch_and_push_allows_the_push() {
         &["log", "--oneline", "main"],
     );
     assert_eq!(log.lines().count(), 2, "{log}");
+}
+
+/// `preset: github-read-only` (the origin stands in for github.com; the test adds its port to
+/// the preset's `github.com:443`): the clone passes, the push is refused at its first
+/// request, and the repository keeps one commit.
+#[test]
+fn github_read_only_clones_and_refuses_a_push() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let o = origin(dir.path(), &ca);
+    let network = format!(
+        r#"egress: ["github.com:{}"]
+        http: [{{ preset: github-read-only }}]"#,
+        o.port
+    );
+    let p = proxy_with(dir.path(), &ca, &network);
+    let ica = dir.path().join("ica/ca.crt");
+    let url = format!("https://github.com:{}/org/app.git", o.port);
+    let (ok, out) = via(&p, dir.path(), &ica, &["clone", "-q", &url, "clone"]);
+    assert!(ok, "the clone passes: {out}");
+    let clone = dir.path().join("clone");
+    commit(&clone, "exfiltrated\n");
+    let (ok, out) = via(&p, &clone, &ica, &["push", "-q", "origin", "main"]);
+    assert!(!ok, "the push is refused: {out}");
+    let rec = p.wait_record(|r| r["reason"] == "git_not_allowed");
+    assert_eq!(rec["call"], "git push", "{rec}");
+    let bare = dir.path().join("repos/org/app.git");
+    let (_, log) = git(&bare, &["log", "--oneline", "main"]);
+    assert_eq!(
+        log.lines().count(),
+        1,
+        "the repository kept one commit: {log}"
+    );
 }

@@ -51,13 +51,20 @@ pub async fn read(body: Incoming, limit: u64, first: &Protocol) -> Result<Bytes,
 /// Judge `body` by each candidate in turn: the first that allows it decides; else the first
 /// candidate's refusal.
 pub fn judge(candidates: &[Arc<Protocol>], parts: &Parts, body: &[u8]) -> Result<Allowed, Refused> {
+    // A header that is not visible ASCII (a base64-wrapped name included) cannot agree
+    // with the body: it reads as a value no body carries.
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .map(|v| v.to_str().unwrap_or("\u{0}"))
+    };
     let asked = Asked {
         method: parts.method.as_str(),
         query: parts.uri.query(),
-        content_type: parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok()),
+        content_type: header("content-type"),
+        mcp_method: header("mcp-method"),
+        mcp_name: header("mcp-name"),
     };
     let mut first = None;
     for p in candidates {

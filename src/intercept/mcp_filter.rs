@@ -98,6 +98,12 @@ impl<B> McpFiltered<B> {
                 }
                 false
             }
+            Filtered::Answered(method) => {
+                if let Some(n_) = notes.as_mut() {
+                    n_.dropped.push(method);
+                }
+                true
+            }
         };
         match &mut doc {
             Value::Array(items) => {

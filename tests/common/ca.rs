@@ -8,6 +8,8 @@ use super::*;
 /// Names the test certificate is valid for (the origins answer to all of them).
 pub const CERT_NAMES: &[&str] = &[
     "api.test",
+    "mcp.test",
+    "github.com",
     "git.test",
     "granted.test",
     "pub.auto.test",

@@ -78,6 +78,9 @@ pub enum Filtered {
     Hid(usize),
     /// A request of the server's was dropped (its method).
     Dropped(String),
+    /// A result that asked the client for input the rule does not allow (SEP-2322
+    /// `inputRequests`) was replaced by an error (the method asked for).
+    Answered(String),
 }
 
 /// A `protocol: mcp` rule.
@@ -95,6 +98,12 @@ pub struct McpRule {
 /// Methods every MCP session needs, allowed under any `protocol: mcp` rule.
 const SESSION: &[&str] = &[
     "initialize",
+    "server/discover",
+    "subscriptions/listen",
+    "tasks/get",
+    "tasks/list",
+    "tasks/result",
+    "tasks/cancel",
     "ping",
     "tools/list",
     "resources/list",
@@ -176,6 +185,12 @@ impl McpRule {
             };
         };
         let params = m.params();
+        if params.get("inputResponses").is_some() && self.server_requests.is_empty() {
+            return Err(
+                "answers to a server's input requests, and the rule allows none (server_requests)"
+                    .into(),
+            );
+        }
         let list = match method {
             "tools/list" => Some(List::Tools),
             "resources/list" => Some(List::Resources),
@@ -225,6 +240,50 @@ impl McpRule {
         Ok((calls, lists))
     }
 
+    /// The first method a result's `inputRequests` asks for that the rule does not allow.
+    fn input_refused(&self, msg: &Value) -> Option<String> {
+        let asked = msg.get("result")?.get("inputRequests")?;
+        let Value::Object(requests) = asked else {
+            return Some("input in a shape this proxy cannot read".into());
+        };
+        requests.values().find_map(|r| {
+            let m = r.get("method").and_then(Value::as_str).unwrap_or("");
+            (m.is_empty() || !self.server_set.is_match(m)).then(|| m.to_string())
+        })
+    }
+
+    /// Whether the routing headers of the 2026 transport (`Mcp-Method`, `Mcp-Name`) say
+    /// what the body says: a server or gateway that routes by them must not be sent another
+    /// call than the one judged. `Err` names the difference.
+    pub fn headers_agree(
+        body: &Body,
+        method: Option<&str>,
+        name: Option<&str>,
+    ) -> Result<(), String> {
+        if method.is_none() && name.is_none() {
+            return Ok(());
+        }
+        let [one] = &body.messages[..] else {
+            return Err("Mcp-Method or Mcp-Name headers on a batch".into());
+        };
+        if method.is_some_and(|h| Some(h) != one.method()) {
+            return Err("the Mcp-Method header names another method than the body".into());
+        }
+        if let Some(h) = name {
+            let field = match one.method() {
+                Some("resources/read") => "uri",
+                _ => "name",
+            };
+            if Some(h) != one.params().get(field).and_then(Value::as_str) {
+                return Err(
+                    "the Mcp-Name header names another tool, prompt or resource than the body"
+                        .into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Filter one message the server sent (see the module's documentation).
     pub fn filter(&self, msg: &mut Value, lists: &Lists) -> Filtered {
         let method = msg
@@ -237,6 +296,17 @@ impl McpRule {
                 return Filtered::Kept;
             }
             return Filtered::Dropped(method);
+        }
+        if let Some(asked) = self.input_refused(msg) {
+            let text = format!("egress-proxy: the server asked the client for {asked}, which the rule does not allow (server_requests)");
+            if let Some(o) = msg.as_object_mut() {
+                o.remove("result");
+                o.insert(
+                    "error".into(),
+                    serde_json::json!({"code": -32001, "message": text}),
+                );
+            }
+            return Filtered::Answered(asked);
         }
         let Some(list) = msg.get("id").and_then(|id| lists.get(&id.to_string())) else {
             return Filtered::Kept;
@@ -359,5 +429,25 @@ mod tests {
         );
         let mut note = json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"});
         assert_eq!(r.filter(&mut note, &lists), Filtered::Kept);
+        let mut input = json!({"jsonrpc":"2.0","id":3,"result":{"resultType":"input_required","inputRequests":{"a":{"method":"sampling/createMessage","params":{}}}}});
+        assert_eq!(
+            r.filter(&mut input, &lists),
+            Filtered::Answered("sampling/createMessage".into())
+        );
+        assert!(input.get("result").is_none() && input["error"]["code"] == -32001);
+    }
+
+    #[test]
+    fn routing_headers_must_say_what_the_body_says() {
+        let b =
+            parse(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search"}}"#)
+                .unwrap();
+        assert!(McpRule::headers_agree(&b, Some("tools/call"), Some("search")).is_ok());
+        assert!(McpRule::headers_agree(&b, None, None).is_ok());
+        assert!(McpRule::headers_agree(&b, Some("tools/list"), None).is_err());
+        assert!(McpRule::headers_agree(&b, Some("tools/call"), Some("delete_repo")).is_err());
+        // Answers to a server's input requests are refused unless the rule allows some.
+        let retry = br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"search","inputResponses":{"a":{}}}}"#;
+        assert!(rule().judge(&parse(retry).unwrap()).is_err());
     }
 }

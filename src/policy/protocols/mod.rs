@@ -27,6 +27,9 @@ pub struct Asked<'a> {
     pub method: &'a str,
     pub query: Option<&'a str>,
     pub content_type: Option<&'a str>,
+    /// MCP's routing headers (`Mcp-Method`, `Mcp-Name`), when sent.
+    pub mcp_method: Option<&'a str>,
+    pub mcp_name: Option<&'a str>,
 }
 
 /// An allowed request: what it called (for the record), and for MCP the lists its
@@ -154,6 +157,8 @@ impl Protocol {
                     });
                 }
                 let b = jsonrpc::parse(body).map_err(|e| refuse(e, None, None))?;
+                mcp::McpRule::headers_agree(&b, asked.mcp_method, asked.mcp_name)
+                    .map_err(|e| refuse(e, None, Some(ids(&b))))?;
                 match rule.judge(&b) {
                     Ok((calls, lists)) => Ok(Judged {
                         call: Some(calls.join(",")),

@@ -7,44 +7,46 @@
 //!    no override header or `_method` parameter that would make the upstream read another
 //!    method, path or host ([`crate::policy::http_rules::override_refusal`]);
 //!    a placeholder bound elsewhere, or outside the headers its credential names, is
-//!    `credential_misuse`; then the `network.http` rules;
+//!    `credential_misuse`; then the `network.http` rules — a rule naming a protocol reads
+//!    the body whole (`tls_intercept.judge_body_bytes`) and judges it
+//!    ([`crate::policy::protocols`]); the bytes judged are the bytes sent;
 //! 2. the credentials bound here are put on it (never when the check refused it, even in report
 //!    mode: a reported request goes upstream without any credential);
 //! 3. it goes upstream with one authority written by the proxy and `Accept-Encoding: identity`
 //!    when a secret could come back ([`super::scrub`] reads what it can scan);
-//! 4. the response's headers and body are scrubbed of the secrets bound here
-//!    (`secret_reflected`); one `mode: "https"` record when the response ends.
+//! 4. an MCP rule filters the response ([`super::mcp_filter`]); its headers and body are
+//!    scrubbed of the secrets bound here (`secret_reflected`); one `mode: "https"` record
+//!    (with `call`: the tool, operation or service) when the response ends.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::relay::server_io::ServerIo;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
-use http_body_util::{combinators::BoxBody, BodyExt, Either, Full};
+use http_body_util::{combinators::BoxBody, Either, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio_rustls::client::TlsStream;
 
 use super::authority;
 use super::credential::{self, carries_outside, Bound};
-use super::error::InterceptError;
 use super::judge::{self, Allowed};
-use super::mcp_filter::{self, McpFiltered, Notes};
-use super::scrub::{Findings, Scrubbed, Scrubber};
+use super::scrub::Scrubber;
 use crate::audit::record::HttpFacts;
 use crate::audit::{AuditGuard, Recorder};
 use crate::config::Binding;
 use crate::policy::http_rules::{
     canonical_path_with, git_request, method_refusal, override_refusal, Admits, HttpRule,
 };
-use crate::policy::protocols::mcp::{Lists, McpRule};
 use crate::policy::protocols::{lfs, Protocol, Refused};
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
-use crate::relay::counted::{Counted, Ending};
+use crate::relay::counted::Counted;
 use crate::relay::deny;
 use crate::relay::liveness::Liveness;
+
+mod response;
+mod upstream;
+
+pub use upstream::Upstream;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ResBody = BoxBody<Bytes, BoxError>;
@@ -57,56 +59,6 @@ pub type UpBody = Either<Incoming, Full<Bytes>>;
 pub struct BodyLimits {
     pub scrub: u64,
     pub judge: u64,
-}
-
-/// The upstream connection's request side.
-pub enum Upstream {
-    H1(tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Counted<UpBody>>>),
-    H2(hyper::client::conn::http2::SendRequest<Counted<UpBody>>),
-}
-
-impl Upstream {
-    pub async fn connect(tls: TlsStream<ServerIo>, h2: bool) -> Result<Self, InterceptError> {
-        let io = TokioIo::new(tls);
-        if h2 {
-            let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-                .await
-                .map_err(|source| InterceptError::Upstream {
-                    version: "HTTP/2",
-                    source,
-                })?;
-            tokio::spawn(conn);
-            Ok(Upstream::H2(send))
-        } else {
-            let (send, conn) =
-                hyper::client::conn::http1::handshake(io)
-                    .await
-                    .map_err(|source| InterceptError::Upstream {
-                        version: "HTTP/1.1",
-                        source,
-                    })?;
-            tokio::spawn(conn);
-            Ok(Upstream::H1(tokio::sync::Mutex::new(send)))
-        }
-    }
-
-    async fn send(
-        &self,
-        req: Request<Counted<UpBody>>,
-    ) -> Result<Response<Incoming>, hyper::Error> {
-        match self {
-            Upstream::H1(s) => {
-                let mut s = s.lock().await;
-                s.ready().await?;
-                s.send_request(req).await
-            }
-            Upstream::H2(s) => {
-                let mut s = s.clone();
-                s.ready().await?;
-                s.send_request(req).await
-            }
-        }
-    }
 }
 
 /// The sandbox's binding as it is now, with the version of the policy set it is in (`None`:
@@ -187,23 +139,6 @@ impl Refusal {
     }
 }
 
-/// Why a response of a host with a secret bound cannot be scanned: a `Content-Encoding`
-/// other than `identity` on a body that is not known to be empty.
-fn unscannable<B: hyper::body::Body>(resp: &Response<B>) -> Option<String> {
-    let enc = resp.headers().get(http::header::CONTENT_ENCODING)?;
-    let identity = enc.to_str().is_ok_and(|e| {
-        e.split(',')
-            .all(|t| t.trim().eq_ignore_ascii_case("identity"))
-    });
-    if identity || resp.body().is_end_stream() {
-        return None;
-    }
-    Some(format!(
-        "the upstream answered with Content-Encoding: {} although identity was asked; an encoded body cannot be scanned for the secrets brokered to it, so it is not passed",
-        String::from_utf8_lossy(enc.as_bytes())
-    ))
-}
-
 /// What the record says of the request asked: its method and path, and what it called in a
 /// protocol a rule named (a tool, an operation, a git service).
 struct Asked {
@@ -240,45 +175,6 @@ struct Decided {
     verdict: Verdict,
     judges: Vec<Arc<Protocol>>,
 }
-
-/// Where a response body goes after any MCP filter: the secret scrubber, the count, the
-/// record (when it ends).
-struct Out {
-    live: Arc<Liveness>,
-    limit: u64,
-    scrubber: Option<Arc<Scrubber>>,
-    findings: Arc<Mutex<Findings>>,
-    down_bytes: Arc<AtomicU64>,
-}
-
-impl Out {
-    fn finish<B>(self, b: B, on_end: impl FnOnce(Ending) + Send + Sync + 'static) -> ResBody
-    where
-        B: hyper::body::Body<Data = Bytes> + Unpin + Send + Sync + 'static,
-        B::Error: Into<BoxError> + std::fmt::Display,
-    {
-        match self.scrubber {
-            Some(s) => Counted::new(
-                Scrubbed::new(b, s, self.limit, self.findings),
-                self.live,
-                false,
-            )
-            .count_into(self.down_bytes)
-            .on_end(on_end)
-            .map_err(Into::into)
-            .boxed(),
-            None => Counted::new(b, self.live, false)
-                .count_into(self.down_bytes)
-                .on_end(on_end)
-                .map_err(Into::into)
-                .boxed(),
-        }
-    }
-}
-
-/// What reads a response before the client does: the secret scrubber, and the MCP rule
-/// that filters it with the lists the request asked for.
-type Readers = (Option<Arc<Scrubber>>, Option<(Arc<McpRule>, Lists)>);
 
 /// What went upstream: the request, the credentials put on it, the bytes sent so far.
 struct Sent {
@@ -572,96 +468,6 @@ impl Exchange {
         };
         audit.http(asked.facts(status, None));
         Err(self.refused_call(&asked.method, &refused))
-    }
-
-    /// The upstream's response: an MCP rule's filter first ([`mcp_filter`]), then its
-    /// headers scrubbed at once and its body as it streams (`secret_reflected`); refused when
-    /// it cannot be read. The record is written when the body ends.
-    fn response(
-        &self,
-        mut resp: Response<Incoming>,
-        mut audit: AuditGuard,
-        readers: Readers,
-        sent: Sent,
-    ) -> Response<ResBody> {
-        let (scrubber, mcp) = readers;
-        let Sent {
-            asked,
-            injected,
-            up_bytes,
-        } = sent;
-        audit.http(asked.facts(resp.status().as_u16(), injected.clone()));
-        let findings = Arc::new(Mutex::new(Findings::default()));
-        if let Some(s) = &scrubber {
-            for name in s.headers(resp.headers_mut()) {
-                audit.secret_reflected(name);
-            }
-        }
-        let why = match scrubber.is_some() || mcp.is_some() {
-            true => unscannable(&resp),
-            false => None,
-        };
-        if let Some(why) = why {
-            // Never passed unread: a compressed secret or MCP message would not be found.
-            audit.verdict(Verdict::Deny, Reason::UnscannableResponse);
-            audit.http(asked.facts(502, injected));
-            audit.detail(why.clone());
-            audit.bytes(up_bytes.load(Ordering::Relaxed), 0);
-            drop(audit);
-            return self.refused(&asked.method, Reason::UnscannableResponse, &why);
-        }
-        let notes = Arc::new(Mutex::new(Notes::default()));
-        let filter = mcp.and_then(|(rule, lists)| {
-            let framing = mcp_filter::framing(resp.headers())?;
-            resp.headers_mut().remove(http::header::CONTENT_LENGTH);
-            Some((rule, lists, framing))
-        });
-        let down_bytes = Arc::new(AtomicU64::new(0));
-        let (up, down) = (up_bytes, down_bytes.clone());
-        let (seen, noted) = (findings.clone(), notes.clone());
-        let on_end = move |_| {
-            if let Ok(f) = seen.lock() {
-                for n in &f.names {
-                    audit.secret_reflected(n);
-                }
-                if let Some(past) = f.unscanned_past {
-                    audit.detail(format!(
-                        "the response body past {past} bytes was not scanned for secrets (tls_intercept.scrub_body_bytes)"
-                    ));
-                }
-            }
-            if let Ok(n) = noted.lock() {
-                if n.hidden > 0 {
-                    audit.detail(format!(
-                        "the MCP response hid {} list entries the rule does not allow",
-                        n.hidden
-                    ));
-                }
-                if !n.dropped.is_empty() {
-                    audit.detail(format!(
-                        "the MCP server's requests were dropped: {}",
-                        n.dropped.join(", ")
-                    ));
-                }
-            }
-            audit.bytes(up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
-            drop(audit);
-        };
-        let out = Out {
-            live: self.live.clone(),
-            limit: self.limits.scrub,
-            scrubber,
-            findings,
-            down_bytes,
-        };
-        let judge_limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
-        resp.map(|b| match filter {
-            Some((rule, lists, framing)) => out.finish(
-                McpFiltered::new(b, rule, lists, framing, judge_limit, notes),
-                on_end,
-            ),
-            None => out.finish(b, on_end),
-        })
     }
 
     /// The refusal of a judged request: JSON-RPC errors for the ids its calls carried, else

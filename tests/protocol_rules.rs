@@ -1,0 +1,340 @@
+//! Protocol rules on terminated hosts (issue 42), with real clients through the proxy to local
+//! origins: the official MCP Python SDK (PyPI `mcp`) against its own streamable-HTTP server
+//! (`tests/data/mcp_server.py`, JSON and SSE answers), and curl for GraphQL, JSON-RPC and Git
+//! LFS batch calls against the test origin (whose `/upload` says how many body bytes arrived,
+//! so a refused body is seen never to have left the proxy).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+
+use common::*;
+
+/// A child process killed on drop.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The MCP server in `mode` (`json` or `sse`): its port and process.
+fn mcp_server(ca: &TestCa, mode: &str) -> (u16, Killed) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/mcp_server.py");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .arg(&ca.cert_pem)
+        .arg(&ca.key_pem)
+        .arg(mode)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .parse()
+        .expect("the MCP server prints its port (tests/run installs PyPI mcp)");
+    (port, Killed(child))
+}
+
+/// A proxy terminating mcp.test and api.test for sandbox `dev` with the `http` rules given;
+/// `sandbox_extra` goes in the sandbox entry (e.g. `enforcement: report`).
+fn proxy(dir: &Path, ca: &TestCa, ports: (u16, u16), http: &str, sandbox_extra: &str) -> Proxy {
+    ca_init(&dir.join("ica"));
+    Proxy::start(
+        dir,
+        &format!(
+            r#"
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ mcp.test: [127.0.0.1], api.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream}, judge_body_bytes: 4096 }}
+sandboxes:
+  - id: dev
+    auth: {{ token_sha256: {tok} }}
+{sandbox_extra}    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["mcp.test:{mcp}", "api.test:{api}"]
+        http: {http}
+"#,
+            ica = dir.join("ica").display(),
+            upstream = ca.ca_pem.display(),
+            tok = sha("dev-secret"),
+            mcp = ports.0,
+            api = ports.1,
+        ),
+    )
+}
+
+const MCP_RULE: &str = r#"[{ host: mcp.test, paths: [/mcp], protocol: mcp, tools: [search, { name: create_issue, arguments: { repo: { one_of: [acme/docs] } } }], resources: ["file:///docs/**"], prompts: [summarize] }]"#;
+
+#[test]
+fn the_mcp_sdk_sees_and_calls_only_the_allowed_tools_in_json_and_sse() {
+    for mode in ["json", "sse"] {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::generate(dir.path());
+        let (port, _server) = mcp_server(&ca, mode);
+        let p = proxy(dir.path(), &ca, (port, 9), MCP_RULE, "");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/mcp_client.py");
+        let out = Command::new("python3")
+            .arg(script)
+            .arg(format!("https://mcp.test:{port}/mcp"))
+            .arg(format!("http://dev:dev-secret@{}", p.proxy))
+            .arg(dir.path().join("ica/ca.crt"))
+            .output()
+            .expect("python3");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        // tools/list is filtered to the rule's tools.
+        assert_eq!(
+            got["tools"],
+            serde_json::json!(["create_issue", "search"]),
+            "{mode}: {got}"
+        );
+        assert_eq!(got["search"]["ok"], "found:rust", "{mode}: {got}");
+        assert_eq!(got["readme"], "ok", "{mode}: {got}");
+        // Refused calls are JSON-RPC errors naming the reason.
+        for k in ["delete_repo", "create_issue_other", "secret", "leak"] {
+            let e = got[k]["error"].as_str().unwrap_or_default();
+            assert!(e.contains("mcp_not_allowed"), "{mode} {k}: {got}");
+        }
+        let rec = p.wait_record(|r| {
+            r["reason"] == "mcp_not_allowed" && r["call"] == "tools/call delete_repo"
+        });
+        assert_eq!(rec["decision"], "deny", "{rec}");
+        assert_eq!(rec["status"], 200, "answered as a JSON-RPC error: {rec}");
+        let listed = p.wait_record(|r| r["call"] == "tools/list" && r["decision"] == "allow");
+        assert!(
+            listed["detail"]
+                .as_str()
+                .unwrap_or("")
+                .contains("hid 1 list entries"),
+            "{mode}: {listed}"
+        );
+        p.wait_record(|r| r["call"] == "tools/call search" && r["decision"] == "allow");
+        // What the SDK would never send: a forged routing header, a repeated key.
+        let forged = |body: &str, header: &str| {
+            let out = curl(&[
+                "-x",
+                &format!("http://dev:dev-secret@{}", p.proxy),
+                "--cacert",
+                dir.path().join("ica/ca.crt").to_str().unwrap(),
+                "-H",
+                "content-type: application/json",
+                "-H",
+                "accept: application/json, text/event-stream",
+                "-H",
+                header,
+                "--data-binary",
+                body,
+                &format!("https://mcp.test:{port}/mcp"),
+            ]);
+            out.text()
+        };
+        let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"search","arguments":{"q":"x"}}}"#;
+        let answer = forged(call, "mcp-name: delete_repo");
+        assert!(
+            answer.contains("-32001") && answer.contains("Mcp-Name"),
+            "{answer}"
+        );
+        let twice = r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"search","name":"delete_repo","arguments":{}}}"#;
+        let answer = forged(twice, "x-test: 1");
+        assert!(
+            answer.contains("mcp_not_allowed") && answer.contains("twice"),
+            "{answer}"
+        );
+    }
+}
+
+/// curl through `p` as `dev` to `https://api.test:PORT/upload`, posting `body` with
+/// `content_type`: (HTTP status, body).
+fn post(p: &Proxy, dir: &Path, port: u16, body: &str, content_type: &str) -> (u16, String) {
+    let url = format!("https://api.test:{port}/upload");
+    let out = curl(&[
+        "-x",
+        &format!("http://dev:dev-secret@{}", p.proxy),
+        "--cacert",
+        dir.join("ica/ca.crt").to_str().unwrap(),
+        "-H",
+        &format!("content-type: {content_type}"),
+        "--data-binary",
+        body,
+        "-w",
+        "\n%{http_code}",
+        &url,
+    ]);
+    let text = out.text();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+const GRAPHQL_RULE: &str =
+    r#"[{ host: api.test, paths: [/upload], protocol: graphql, operations: [query] }]"#;
+
+#[test]
+fn a_graphql_query_passes_and_a_mutation_is_refused_before_it_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(Some(&ca));
+    let port = origin.addr.port();
+    let p = proxy(dir.path(), &ca, (9, port), GRAPHQL_RULE, "");
+    let query = r#"{"query":"query Me { viewer { login } }"}"#;
+    let (status, body) = post(&p, dir.path(), port, query, "application/json");
+    assert_eq!(
+        (status, body.trim()),
+        (200, format!("received {}", query.len()).as_str())
+    );
+    let before = origin.received.load(Ordering::SeqCst);
+    for mutation in [
+        r#"{"query":"mutation { createGist(files: []) { id } }"}"#,
+        // The query operationName picks hides a mutation in the same document.
+        r#"{"query":"query A { viewer { login } } mutation B { deleteRepo { id } }","operationName":"A"}"#,
+        // A persisted query the rule does not list.
+        r#"{"extensions":{"persistedQuery":{"version":1,"sha256Hash":"ab12"}}}"#,
+        // A repeated key: parsers disagree on which one counts.
+        r#"{"query":"{ viewer { login } }","query":"mutation { x }"}"#,
+        "{ not json",
+    ] {
+        let (status, body) = post(&p, dir.path(), port, mutation, "application/json");
+        assert_eq!(status, 403, "{mutation}: {body}");
+        assert!(body.contains("graphql_not_allowed"), "{body}");
+    }
+    let (status, _) = post(
+        &p,
+        dir.path(),
+        port,
+        "mutation { x }",
+        "application/graphql",
+    );
+    assert_eq!(status, 403);
+    // A body over judge_body_bytes (4096 here) is refused, not passed unjudged.
+    let big = format!(
+        r#"{{"query":"{{ viewer {{ login }} }}","pad":"{}"}}"#,
+        "x".repeat(5000)
+    );
+    let (status, body) = post(&p, dir.path(), port, &big, "application/json");
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("judge_body_bytes"), "{body}");
+    assert_eq!(
+        origin.received.load(Ordering::SeqCst),
+        before,
+        "no refused body left the proxy"
+    );
+    let rec = p.wait_record(|r| r["reason"] == "graphql_not_allowed");
+    assert_eq!(rec["call"], "mutation createGist", "{rec}");
+}
+
+#[test]
+fn report_mode_forwards_a_refused_mutation_and_records_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(Some(&ca));
+    let port = origin.addr.port();
+    let p = proxy(
+        dir.path(),
+        &ca,
+        (9, port),
+        GRAPHQL_RULE,
+        "    enforcement: report\n",
+    );
+    let m = r#"{"query":"mutation { createGist { id } }"}"#;
+    let (status, body) = post(&p, dir.path(), port, m, "application/json");
+    assert_eq!(
+        (status, body.trim()),
+        (200, format!("received {}", m.len()).as_str())
+    );
+    let rec = p.wait_record(|r| r["reason"] == "graphql_not_allowed");
+    assert_eq!(rec["decision"], "report", "{rec}");
+    assert_eq!(rec["call"], "mutation createGist", "{rec}");
+}
+
+#[test]
+fn a_jsonrpc_batch_with_one_forbidden_call_is_refused_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(Some(&ca));
+    let port = origin.addr.port();
+    let rule = r#"[{ host: api.test, paths: [/upload], protocol: jsonrpc, methods: ["eth_get*", eth_call] }]"#;
+    let p = proxy(dir.path(), &ca, (9, port), rule, "");
+    let ok = r#"[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":[]},{"jsonrpc":"2.0","id":2,"method":"eth_call"}]"#;
+    let (status, body) = post(&p, dir.path(), port, ok, "application/json");
+    assert_eq!(
+        (status, body.trim()),
+        (200, format!("received {}", ok.len()).as_str())
+    );
+    let before = origin.received.load(Ordering::SeqCst);
+    let bad = r#"[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance"},{"jsonrpc":"2.0","id":"x","method":"eth_sendRawTransaction","params":["0xf8"]}]"#;
+    let (status, body) = post(&p, dir.path(), port, bad, "application/json");
+    assert_eq!(status, 200, "{body}");
+    let errors: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let errors = errors.as_array().expect("a batch is answered with a batch");
+    assert_eq!(errors.len(), 2, "one error per call of the batch: {body}");
+    assert_eq!(errors[0]["id"], 1);
+    assert_eq!(errors[1]["id"], "x");
+    for e in errors {
+        assert_eq!(e["error"]["code"], -32001, "{e}");
+        assert_eq!(e["error"]["data"]["reason"], "jsonrpc_not_allowed", "{e}");
+    }
+    assert_eq!(
+        origin.received.load(Ordering::SeqCst),
+        before,
+        "nothing of the batch was sent"
+    );
+    let rec = p.wait_record(|r| r["reason"] == "jsonrpc_not_allowed");
+    assert_eq!(
+        rec["call"], "eth_getBalance,eth_sendRawTransaction",
+        "{rec}"
+    );
+}
+
+#[test]
+fn an_lfs_download_passes_and_an_upload_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(Some(&ca));
+    let port = origin.addr.port();
+    // The origin's /upload stands in for the repository /upload's batch endpoint: a rule
+    // naming the repository path `/upload/..` would not reach it, so the batch path is the
+    // origin's own.
+    let rule = r#"[{ host: api.test, paths: ["/**"], git: [fetch], lfs: [download] }]"#;
+    let p = proxy(dir.path(), &ca, (9, port), rule, "");
+    let url = format!("https://api.test:{port}/o/r.git/info/lfs/objects/batch");
+    let send = |op: &str| {
+        let out = curl(&[
+            "-x",
+            &format!("http://dev:dev-secret@{}", p.proxy),
+            "--cacert",
+            dir.path().join("ica/ca.crt").to_str().unwrap(),
+            "-H",
+            "content-type: application/vnd.git-lfs+json",
+            "--data-binary",
+            &format!(r#"{{"operation":"{op}","objects":[]}}"#),
+            "-w",
+            "\n%{http_code}",
+            &url,
+        ]);
+        out.text()
+    };
+    assert!(send("download").ends_with("\n200"));
+    let refused = send("upload");
+    assert!(
+        refused.ends_with("\n403") && refused.contains("git_not_allowed"),
+        "{refused}"
+    );
+    let rec = p.wait_record(|r| r["reason"] == "git_not_allowed");
+    assert_eq!(rec["call"], "lfs upload", "{rec}");
+}
