@@ -75,36 +75,46 @@ sandboxes:
     )
 }
 
-const MCP_RULE: &str = r#"[{ host: mcp.test, paths: [/mcp], protocol: mcp, tools: [search, { name: create_issue, arguments: { repo: { one_of: [acme/docs] } } }], resources: ["file:///docs/**"], prompts: [summarize] }]"#;
+const MCP_RULE: &str = r#"[{ host: mcp.test, paths: [/mcp], protocol: mcp, tools: [search, ask_user, { name: create_issue, arguments: { repo: { one_of: [acme/docs] } } }], resources: ["file:///docs/**"], prompts: [summarize] }]"#;
+
+/// Run the SDK client (`mode`: its connect mode) through `p` to the MCP server on `port`.
+fn mcp_client(p: &Proxy, dir: &Path, port: u16, mode: &str) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/mcp_client.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(format!("https://mcp.test:{port}/mcp"))
+        .arg(format!("http://dev:dev-secret@{}", p.proxy))
+        .arg(dir.join("ica/ca.crt"))
+        .arg(mode)
+        .output()
+        .expect("python3");
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        for r in p.audit_records() {
+            eprintln!("{r}");
+        }
+    }
+    assert!(
+        out.status.success(),
+        "{mode}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(text.trim()).unwrap()
+}
 
 #[test]
 fn the_mcp_sdk_sees_and_calls_only_the_allowed_tools_in_json_and_sse() {
-    for mode in ["json", "sse"] {
+    // The server answers in JSON or in event streams; the client speaks the 2026 protocol
+    // (auto) or the initialize handshake (legacy).
+    for (mode, client_mode) in [("json", "auto"), ("sse", "auto"), ("sse", "legacy")] {
         let dir = tempfile::tempdir().unwrap();
         let ca = TestCa::generate(dir.path());
         let (port, _server) = mcp_server(&ca, mode);
         let p = proxy(dir.path(), &ca, (port, 9), MCP_RULE, "");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/mcp_client.py");
-        let out = Command::new("python3")
-            .arg(script)
-            .arg(format!("https://mcp.test:{port}/mcp"))
-            .arg(format!("http://dev:dev-secret@{}", p.proxy))
-            .arg(dir.path().join("ica/ca.crt"))
-            .output()
-            .expect("python3");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{mode}: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let got: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        let got = mcp_client(&p, dir.path(), port, client_mode);
         // tools/list is filtered to the rule's tools.
-        assert_eq!(
-            got["tools"],
-            serde_json::json!(["create_issue", "search"]),
-            "{mode}: {got}"
-        );
+        let tools = serde_json::json!(["ask_user", "create_issue", "search"]);
+        assert_eq!(got["tools"], tools, "{mode}: {got}");
         assert_eq!(got["search"]["ok"], "found:rust", "{mode}: {got}");
         assert_eq!(got["readme"], "ok", "{mode}: {got}");
         // Refused calls are JSON-RPC errors naming the reason.
@@ -126,6 +136,19 @@ fn the_mcp_sdk_sees_and_calls_only_the_allowed_tools_in_json_and_sse() {
             "{mode}: {listed}"
         );
         p.wait_record(|r| r["call"] == "tools/call search" && r["decision"] == "allow");
+        if client_mode == "legacy" {
+            // The server's elicitation (a request to the client, on the call's event
+            // stream) never reaches the client: the call ends with the proxy's error.
+            let e = got["ask_user"]["error"].as_str().unwrap_or_default();
+            assert!(e.contains("elicitation/create"), "{got}");
+            assert_eq!(got["elicited"], serde_json::json!([]), "{got}");
+            let rec = p.wait_record(|r| r["call"] == "tools/call ask_user");
+            let detail = rec["detail"].as_str().unwrap_or_default();
+            assert!(
+                detail.contains("requests were dropped: elicitation/create"),
+                "{rec}"
+            );
+        }
         // What the SDK would never send: a forged routing header, a repeated key.
         let forged = |body: &str, header: &str| {
             let out = curl(&[
@@ -158,6 +181,26 @@ fn the_mcp_sdk_sees_and_calls_only_the_allowed_tools_in_json_and_sse() {
             "{answer}"
         );
     }
+}
+
+#[test]
+fn a_server_request_the_rule_allows_reaches_the_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let (port, _server) = mcp_server(&ca, "sse");
+    let rule = r#"[{ host: mcp.test, paths: [/mcp], protocol: mcp, tools: [ask_user], server_requests: [elicitation/create] }]"#;
+    let p = proxy(dir.path(), &ca, (port, 9), rule, "");
+    let got = mcp_client(&p, dir.path(), port, "legacy");
+    assert_eq!(got["tools"], serde_json::json!(["ask_user"]), "{got}");
+    assert_eq!(
+        got["ask_user"]["ok"], "asked:accept:the user's secret",
+        "{got}"
+    );
+    assert_eq!(
+        got["elicited"],
+        serde_json::json!(["your password?"]),
+        "{got}"
+    );
 }
 
 /// curl through `p` as `dev` to `https://api.test:PORT/upload`, posting `body` with

@@ -2,10 +2,13 @@
 //! a batch) is read whole, within a byte limit; an event stream (`text/event-stream`) is read
 //! event by event. Each message goes through [`McpRule::filter`]: lists the client asked for
 //! lose what the rule does not allow, requests the server sends that the rule does not allow
-//! are dropped (the event becomes an SSE comment). A message that cannot be read ends the
-//! body with an error: nothing passes unjudged. Other bodies (a 202's empty one, an error
-//! page) carry no MCP message and pass as they are.
+//! are dropped (the event becomes an SSE comment). When the stream answers the client's own
+//! requests, a dropped request ends it: the requests still unanswered get JSON-RPC errors
+//! saying why (the server, waiting for an answer the client will never send, is left to its
+//! own timeout). A message that cannot be read ends the body with an error: nothing passes
+//! unjudged. Other bodies (a 202's empty one, an error page) carry no MCP message and pass.
 
+use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -55,6 +58,10 @@ pub struct McpFiltered<B> {
     buf: Vec<u8>,
     /// The lines of the event being read (event streams).
     lines: Vec<Vec<u8>>,
+    /// The ids (as JSON text) of the client's requests answered so far.
+    answered: HashSet<String>,
+    /// Set when a server request was dropped from a stream that answers the client's.
+    cut: Option<String>,
     done: bool,
     notes: Arc<Mutex<Notes>>,
 }
@@ -76,16 +83,27 @@ impl<B> McpFiltered<B> {
             limit,
             buf: Vec::new(),
             lines: Vec::new(),
+            answered: HashSet::new(),
+            cut: None,
             done: false,
             notes,
         }
     }
 
     /// Filter a JSON document of messages; `None` when nothing is left of it.
-    fn filter_doc(&self, mut doc: Value) -> Option<Value> {
+    fn filter_doc(&mut self, mut doc: Value) -> Option<Value> {
         let mut notes = self.notes.lock().ok();
-        let mut keep = |m: &mut Value| match self.rule.filter(m, &self.lists) {
-            Filtered::Kept => true,
+        let (rule, lists) = (&self.rule, &self.lists);
+        let (answered, cut) = (&mut self.answered, &mut self.cut);
+        let mut keep = |m: &mut Value| match rule.filter(m, lists) {
+            Filtered::Kept => {
+                if m.get("method").is_none() {
+                    if let Some(id) = m.get("id") {
+                        answered.insert(id.to_string());
+                    }
+                }
+                true
+            }
             Filtered::Hid(n) => {
                 if let Some(n_) = notes.as_mut() {
                     n_.hidden += n;
@@ -93,6 +111,9 @@ impl<B> McpFiltered<B> {
                 true
             }
             Filtered::Dropped(method) => {
+                if !lists.is_empty() {
+                    cut.get_or_insert(method.clone());
+                }
                 if let Some(n_) = notes.as_mut() {
                     n_.dropped.push(method);
                 }
@@ -152,6 +173,24 @@ impl<B> McpFiltered<B> {
         Ok(())
     }
 
+    /// JSON-RPC errors, as one event, for the client's requests still unanswered when the
+    /// server asked for `method`.
+    fn unanswered(&self, method: &str, out: &mut Vec<u8>) {
+        let text = format!("egress-proxy: the server asked the client for {method}, which the rule does not allow (server_requests); the stream was ended");
+        let errors: Vec<Value> = self
+            .lists
+            .keys()
+            .filter(|k| !self.answered.contains(*k))
+            .filter_map(|k| serde_json::from_str::<Value>(k).ok())
+            .map(|id| serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32001, "message": text}}))
+            .collect();
+        for e in errors {
+            out.extend_from_slice(b"event: message\ndata: ");
+            out.extend_from_slice(e.to_string().as_bytes());
+            out.extend_from_slice(b"\n\n");
+        }
+    }
+
     /// Read the complete lines held; filter each complete event into `out`.
     fn drain(&mut self, at_end: bool, out: &mut Vec<u8>) -> Result<(), String> {
         let mut start = 0;
@@ -171,6 +210,12 @@ impl<B> McpFiltered<B> {
                 if !self.lines.is_empty() {
                     self.event(out)?;
                 }
+                if let Some(method) = self.cut.clone() {
+                    self.unanswered(&method, out);
+                    self.done = true;
+                    self.buf.clear();
+                    return Ok(());
+                }
             } else {
                 self.lines.push(line);
             }
@@ -188,6 +233,10 @@ impl<B> McpFiltered<B> {
 
     /// The whole JSON body, filtered.
     fn whole(&mut self) -> Result<Vec<u8>, String> {
+        if self.buf.iter().all(u8::is_ascii_whitespace) {
+            // No message (a 202's body): nothing to filter.
+            return Ok(std::mem::take(&mut self.buf));
+        }
         let doc = strict_json::parse(&self.buf)
             .map_err(|e| format!("the MCP response is not JSON: {e}"))?;
         Ok(match self.filter_doc(doc) {
@@ -255,6 +304,9 @@ where
                 this.done = true;
                 return Poll::Ready(Some(Err(e.into())));
             }
+            if this.done && out.is_empty() {
+                return Poll::Ready(None);
+            }
             if !out.is_empty() {
                 return Poll::Ready(Some(Ok(Frame::data(out.into()))));
             }
@@ -320,10 +372,10 @@ mod tests {
         let out = filtered(
             Framing::EventStream,
             vec![
+                b"data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\n: keepalive\n\n",
                 b"id: 1\r\nevent: message\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"tools\":[{\"name\":\"search\"},",
                 b"{\"name\":\"delete_repo\"}]}}\r\n\r",
-                b"\ndata: {\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"sampling/createMessage\"}\n\n",
-                b"data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\n: keepalive\n\n",
+                b"\n",
             ],
         )
         .unwrap();
@@ -331,13 +383,35 @@ mod tests {
             out.contains("search") && !out.contains("delete_repo"),
             "{out}"
         );
-        assert!(out.starts_with("id: 1\nevent: message\ndata: "), "{out}");
-        assert!(!out.contains("sampling"), "{out}");
+        assert!(out.contains("id: 1\nevent: message\ndata: "), "{out}");
         assert!(
             out.contains("notifications/progress") && out.contains(": keepalive"),
             "{out}"
         );
         assert!(filtered(Framing::EventStream, vec![b"data: {not json}\n\n"]).is_err());
+    }
+
+    #[test]
+    fn a_dropped_server_request_ends_the_stream_with_errors_for_what_is_unanswered() {
+        let out = filtered(
+            Framing::EventStream,
+            vec![
+                b"data: {\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"elicitation/create\",\"params\":{}}\n\n",
+                b"data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"tools\":[]}}\n\n",
+            ],
+        )
+        .unwrap();
+        assert!(!out.contains("elicitation/create\","), "{out}");
+        assert!(
+            out.contains("\"id\":1")
+                && out.contains("-32001")
+                && out.contains("elicitation/create"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("\"result\""),
+            "the stream ended before the server's answer: {out}"
+        );
     }
 
     #[test]
@@ -349,5 +423,6 @@ mod tests {
         .unwrap();
         assert!(out.contains("search") && !out.contains("\"x\""), "{out}");
         assert!(filtered(Framing::Json, vec![b"{\"a\":1,\"a\":2}"]).is_err());
+        assert_eq!(filtered(Framing::Json, vec![]).unwrap(), "");
     }
 }

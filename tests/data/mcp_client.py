@@ -1,10 +1,10 @@
 """An MCP client for tests, the official MCP Python SDK's (PyPI `mcp`), through a proxy.
 
-usage: mcp_client.py URL PROXY CA_FILE   (PROXY `-`: none)
+usage: mcp_client.py URL PROXY CA_FILE [MODE]   (PROXY `-`: none; MODE: auto | legacy)
 
 Prints one JSON object: the tools listed, what `search` returned, and what `delete_repo`,
 reading `file:///secret/key` and getting the `leak` prompt gave (a result, or the error's
-message).
+message); with `ask_user` listed, what it gave and what the client was asked (elicited).
 """
 import asyncio
 import json
@@ -14,8 +14,10 @@ import sys
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp_types import ElicitResult
 
 URL, PROXY, CA = sys.argv[1], sys.argv[2], sys.argv[3]
+MODE = sys.argv[4] if len(sys.argv) > 4 else "auto"
 
 
 def text(result):
@@ -29,11 +31,20 @@ async def attempt(call):
         return {"error": str(e)}
 
 
+ELICITED = []
+
+
+async def on_elicit(context, params):
+    ELICITED.append(params.message)
+    return ElicitResult(action="accept", content={"answer": "the user's secret"})
+
+
 async def main():
     ctx = ssl.create_default_context(cafile=CA)
     http = httpx2.AsyncClient(proxy=None if PROXY == "-" else PROXY, verify=ctx, timeout=20)
     out = {}
-    async with Client(streamable_http_client(URL, http_client=http)) as client:
+    transport = streamable_http_client(URL, http_client=http)
+    async with Client(transport, elicitation_callback=on_elicit, mode=MODE) as client:
         listed = await client.list_tools()
         out["tools"] = sorted(t.name for t in listed.tools)
         out["search"] = await attempt(client.call_tool("search", {"q": "rust"}))
@@ -50,6 +61,10 @@ async def main():
         out["secret"] = "ok" if "ok" in secret else secret
         leak = await attempt(client.get_prompt("leak", {"text": "x"}))
         out["leak"] = "ok" if "ok" in leak else leak
+        if "ask_user" in out["tools"] or PROXY == "-":
+            asked = await attempt(client.call_tool("ask_user", {"q": "your password?"}))
+            out["ask_user"] = {"ok": text(asked["ok"])} if "ok" in asked else asked
+            out["elicited"] = ELICITED
     print(json.dumps(out), flush=True)
 
 

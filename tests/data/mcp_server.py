@@ -3,7 +3,7 @@ streamable-HTTP app over HTTPS with the test CA's certificate.
 
 usage: mcp_server.py CERT KEY (json|sse)   (prints the port, then serves until killed)
 
-Tools: `search`, `delete_repo`, `create_issue`; a resource `file:///docs/readme` and one
+Tools: `search`, `delete_repo`, `create_issue`, `ask_user` (elicits an answer); a resource `file:///docs/readme` and one
 `file:///secret/key`; prompts `summarize` and `leak`. `json` answers POSTs with JSON bodies,
 `sse` with event streams.
 """
@@ -12,7 +12,8 @@ import socket
 import sys
 
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel
 from mcp.server.transport_security import TransportSecuritySettings
 
 CERT, KEY, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -36,6 +37,17 @@ def delete_repo(name: str) -> str:
 def create_issue(repo: str, title: str) -> str:
     """Open an issue."""
     return f"issue:{repo}:{title}"
+
+
+class Answer(BaseModel):
+    answer: str
+
+
+@server.tool()
+async def ask_user(q: str, ctx: Context) -> str:
+    """Ask the client's user (an elicitation: a request from the server to the client)."""
+    result = await ctx.elicit(q, schema=Answer)
+    return f"asked:{result.action}:{getattr(result.data, 'answer', '')}"
 
 
 @server.resource("file:///docs/readme")

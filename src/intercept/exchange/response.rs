@@ -115,7 +115,8 @@ impl Exchange {
             return self.refused(&asked.method, Reason::UnscannableResponse, &why);
         }
         let notes = Arc::new(Mutex::new(Notes::default()));
-        let filter = mcp.and_then(|(rule, lists)| {
+        let empty = hyper::body::Body::is_end_stream(resp.body());
+        let filter = mcp.filter(|_| !empty).and_then(|(rule, lists)| {
             let framing = mcp_filter::framing(resp.headers())?;
             resp.headers_mut().remove(http::header::CONTENT_LENGTH);
             Some((rule, lists, framing))

@@ -59,15 +59,17 @@ impl ToolRule {
     }
 }
 
-/// Which list a request asked for (its response is filtered).
+/// What a request asked for: a list (its response is filtered) or anything else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum List {
     Tools,
     Resources,
     Prompts,
+    Other,
 }
 
-/// The lists asked for in one request body, by id (as JSON text).
+/// What each request of one body asked for, by id (as JSON text): the answers the client
+/// waits for.
 pub type Lists = HashMap<String, List>;
 
 /// What the rule made of one response message.
@@ -197,8 +199,8 @@ impl McpRule {
             "prompts/list" => Some(List::Prompts),
             _ => None,
         };
-        if let (Some(list), Some(id)) = (list, m.id()) {
-            lists.insert(id.to_string(), list);
+        if let Some(id) = m.id() {
+            lists.insert(id.to_string(), list.unwrap_or(List::Other));
         }
         match method {
             "tools/call" => Ok(format!("tools/call {}", self.tool_allowed(params)?)),
@@ -315,6 +317,7 @@ impl McpRule {
             List::Tools => ("tools", "name"),
             List::Resources => ("resources", "uri"),
             List::Prompts => ("prompts", "name"),
+            List::Other => return Filtered::Kept,
         };
         let Some(Value::Array(items)) = msg.get_mut("result").and_then(|r| r.get_mut(key)) else {
             return Filtered::Kept;
@@ -326,6 +329,7 @@ impl McpRule {
                 List::Tools => self.tools.iter().any(|t| t.glob.is_match(name)),
                 List::Resources => self.resource_set.is_match(name),
                 List::Prompts => self.prompt_set.is_match(name),
+                List::Other => true,
             }
         });
         match before - items.len() {
