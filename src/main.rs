@@ -201,6 +201,9 @@ enum AuditAction {
 enum ConfigAction {
     /// Print the embedded default configuration, every key commented.
     Example,
+    /// Print what `preset: NAME` in `network.http` expands into (every preset without a
+    /// NAME), as YAML: its `network.egress` entries and `network.http` rules.
+    Presets { name: Option<String> },
 }
 
 fn main() -> ExitCode {
@@ -274,6 +277,18 @@ fn main() -> ExitCode {
             print!("{}", config::EMBEDDED_CONFIG);
             ExitCode::SUCCESS
         }
+        Command::Config {
+            action: ConfigAction::Presets { name },
+        } => match config::presets::to_yaml(name.as_deref()) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        },
     }
 }
 

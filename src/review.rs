@@ -135,6 +135,13 @@ pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
             identity_summary(b),
             b.policy_ref.as_deref().unwrap_or(&b.policy_file),
         );
+        // The terminated hosts' rules, presets expanded, as they are matched.
+        for r in b.network.http.iter() {
+            println!(
+                "    http: {}",
+                r.text.split_whitespace().collect::<Vec<_>>().join(" ")
+            );
+        }
     }
     println!("  {}", audit_summary(&config));
     for w in &warnings {

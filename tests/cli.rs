@@ -788,3 +788,79 @@ sandboxes:
     assert_eq!(code, 1, "{out}{err}");
     assert!(!out.contains("address rules were not tried"), "{out}");
 }
+
+/// `config presets` prints every preset's expansion as YAML; `validate` prints a sandbox's
+/// terminated-host rules with its presets expanded (and the preset's egress entries counted);
+/// a preset entry with another key, or an unknown preset, is an error naming the entry.
+#[test]
+fn presets_are_printed_expanded_and_validated() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, all, _) = run(&["config", "presets"]);
+    assert_eq!(code, 0);
+    for name in [
+        "github-read-only",
+        "pypi-install",
+        "npm-install",
+        "crates-install",
+        "openai-inference",
+        "anthropic-inference",
+    ] {
+        assert!(all.contains(&format!("`preset: {name}`")), "{name}: {all}");
+    }
+    let (code, _, err) = run(&["config", "presets", "github-write"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("not a preset"), "{err}");
+    let ca = dir.path().join("ica");
+    let out = bin()
+        .args(["ca", "init", ca.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let config = |http: &str| {
+        format!(
+            r#"
+tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key }}
+sandboxes:
+  - id: agent
+    sources: [127.0.0.0/8]
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["example.com:443"]
+        http: {http}
+"#
+        )
+    };
+    let p = write(
+        dir.path(),
+        "p.yaml",
+        &config("[{ preset: github-read-only }]"),
+    );
+    let (code, out, err) = run(&["validate", "--config", &p]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("egress=7"),
+        "the preset's 6 entries are added: {out}"
+    );
+    assert!(
+        out.contains("http: github.com /*/* git:fetch lfs:download"),
+        "{out}"
+    );
+    assert!(out.contains("protocol:graphql operations:query"), "{out}");
+    let p = write(
+        dir.path(),
+        "bad.yaml",
+        &config("[{ preset: github-read-only, methods: [POST] }]"),
+    );
+    let (code, _, err) = run(&["validate", "--config", &p]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("network.http[0]") && err.contains("stands alone"),
+        "{err}"
+    );
+    let p = write(dir.path(), "unknown.yaml", &config("[{ preset: pypi }]"));
+    let (code, _, err) = run(&["validate", "--config", &p]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not a preset"), "{err}");
+}

@@ -193,10 +193,10 @@ pub fn to_yaml(name: Option<&str>) -> Result<String, String> {
         let p = expand(n)?;
         let mut doc = serde_yaml::Mapping::new();
         doc.insert(
-            "preset".into(),
+            "network".into(),
             serde_yaml::to_value(p).map_err(|e| e.to_string())?,
         );
-        out.push_str(&format!("# preset: {n}\n"));
+        out.push_str(&format!("# `preset: {n}` in network.http stands for:\n"));
         out.push_str(&serde_yaml::to_string(&doc).map_err(|e| e.to_string())?);
     }
     match out.is_empty() {

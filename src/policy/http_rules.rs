@@ -456,6 +456,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_encoded_slash_passes_only_where_no_path_glob_is_matched() {
+        assert!(canonical_path("/@types%2fnode").is_err());
+        assert!(canonical_path_with("/@types%2fnode", true).is_ok());
+        assert!(canonical_path_with("/@types%2Fnode", true).is_ok());
+        for still_bad in ["/a/%2e%2e/b", "/a/..", "/a%5cb", "/a%00"] {
+            assert!(canonical_path_with(still_bad, true).is_err(), "{still_bad}");
+        }
+    }
+
+    #[test]
     fn paths_that_could_mean_another_path_are_not_canonical() {
         for bad in [
             "/repos/../admin",

@@ -65,8 +65,14 @@ impl Protocol {
 
     /// The rule as text, every part that decides included (the policy version hashes it).
     pub fn describe(&self) -> String {
+        let part = |k: &str, v: Vec<String>| match v.is_empty() {
+            true => String::new(),
+            false => format!(" {k}:{}", v.join(",")),
+        };
         match self {
-            Protocol::JsonRpc(r) => format!("protocol:jsonrpc methods:{}", r.methods.join(",")),
+            Protocol::JsonRpc(r) => {
+                format!("protocol:jsonrpc{}", part("methods", r.methods.clone()))
+            }
             Protocol::Mcp(r) => {
                 let tools: Vec<String> = r
                     .tools
@@ -77,23 +83,25 @@ impl Protocol {
                     })
                     .collect();
                 format!(
-                    "protocol:mcp tools:{} resources:{} prompts:{} server_requests:{}",
-                    tools.join(","),
-                    r.resources.join(","),
-                    r.prompts.join(","),
-                    r.server_requests.join(",")
+                    "protocol:mcp{}{}{}{}",
+                    part("tools", tools),
+                    part("resources", r.resources.clone()),
+                    part("prompts", r.prompts.clone()),
+                    part("server_requests", r.server_requests.clone())
                 )
             }
             Protocol::GraphQl(r) => format!(
-                "protocol:graphql operations:{} names:{} fields:{} persisted:{}",
-                r.operations
-                    .iter()
-                    .map(|o| o.as_str())
-                    .collect::<Vec<_>>()
-                    .join(","),
-                r.names.join(","),
-                r.fields.join(","),
-                r.persisted.join(",")
+                "protocol:graphql{}{}{}{}",
+                part(
+                    "operations",
+                    r.operations
+                        .iter()
+                        .map(|o| o.as_str().to_string())
+                        .collect()
+                ),
+                part("names", r.names.clone()),
+                part("fields", r.fields.clone()),
+                part("persisted", r.persisted.clone())
             ),
             Protocol::Lfs(ops) => format!(
                 "lfs:{}",
