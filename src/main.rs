@@ -206,6 +206,26 @@ enum ConfigAction {
     Presets { name: Option<String> },
 }
 
+/// `egress-proxy config …`.
+fn config_action(action: ConfigAction) -> ExitCode {
+    match action {
+        ConfigAction::Example => {
+            print!("{}", config::EMBEDDED_CONFIG);
+            ExitCode::SUCCESS
+        }
+        ConfigAction::Presets { name } => match config::presets::to_yaml(name.as_deref()) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        },
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -271,24 +291,7 @@ fn main() -> ExitCode {
         }
         Command::Deny { id, note, to } => approve_cli::deny(&to, &id, note.as_deref()),
         Command::Revoke { id, to } => approve_cli::revoke(&to, &id),
-        Command::Config {
-            action: ConfigAction::Example,
-        } => {
-            print!("{}", config::EMBEDDED_CONFIG);
-            ExitCode::SUCCESS
-        }
-        Command::Config {
-            action: ConfigAction::Presets { name },
-        } => match config::presets::to_yaml(name.as_deref()) {
-            Ok(text) => {
-                print!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(2)
-            }
-        },
+        Command::Config { action } => config_action(action),
     }
 }
 
