@@ -32,6 +32,7 @@ fn mcp_server(ca: &TestCa, mode: &str) -> (u16, Killed) {
         .arg(&ca.key_pem)
         .arg(mode)
         .stdout(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .expect("python3");
     let mut line = String::new();
@@ -123,11 +124,11 @@ fn the_mcp_sdk_sees_and_calls_only_the_allowed_tools_in_json_and_sse() {
             assert!(e.contains("mcp_not_allowed"), "{mode} {k}: {got}");
         }
         let rec = p.wait_record(|r| {
-            r["reason"] == "mcp_not_allowed" && r["call"] == "tools/call delete_repo"
+            r["reason"] == "mcp_not_allowed" && r["call"] == "mcp tools/call delete_repo"
         });
         assert_eq!(rec["decision"], "deny", "{rec}");
         assert_eq!(rec["status"], 200, "answered as a JSON-RPC error: {rec}");
-        let listed = p.wait_record(|r| r["call"] == "tools/list" && r["decision"] == "allow");
+        let listed = p.wait_record(|r| r["call"] == "mcp tools/list" && r["decision"] == "allow");
         assert!(
             listed["detail"]
                 .as_str()
@@ -135,14 +136,14 @@ fn the_mcp_sdk_sees_and_calls_only_the_allowed_tools_in_json_and_sse() {
                 .contains("hid 1 list entries"),
             "{mode}: {listed}"
         );
-        p.wait_record(|r| r["call"] == "tools/call search" && r["decision"] == "allow");
+        p.wait_record(|r| r["call"] == "mcp tools/call search" && r["decision"] == "allow");
         if client_mode == "legacy" {
             // The server's elicitation (a request to the client, on the call's event
             // stream) never reaches the client: the call ends with the proxy's error.
             let e = got["ask_user"]["error"].as_str().unwrap_or_default();
             assert!(e.contains("elicitation/create"), "{got}");
             assert_eq!(got["elicited"], serde_json::json!([]), "{got}");
-            let rec = p.wait_record(|r| r["call"] == "tools/call ask_user");
+            let rec = p.wait_record(|r| r["call"] == "mcp tools/call ask_user");
             let detail = rec["detail"].as_str().unwrap_or_default();
             assert!(
                 detail.contains("requests were dropped: elicitation/create"),
@@ -278,7 +279,7 @@ fn a_graphql_query_passes_and_a_mutation_is_refused_before_it_leaves() {
         "no refused body left the proxy"
     );
     let rec = p.wait_record(|r| r["reason"] == "graphql_not_allowed");
-    assert_eq!(rec["call"], "mutation createGist", "{rec}");
+    assert_eq!(rec["call"], "graphql mutation createGist", "{rec}");
 }
 
 #[test]
@@ -302,7 +303,7 @@ fn report_mode_forwards_a_refused_mutation_and_records_it() {
     );
     let rec = p.wait_record(|r| r["reason"] == "graphql_not_allowed");
     assert_eq!(rec["decision"], "report", "{rec}");
-    assert_eq!(rec["call"], "mutation createGist", "{rec}");
+    assert_eq!(rec["call"], "graphql mutation createGist", "{rec}");
 }
 
 #[test]
@@ -339,7 +340,7 @@ fn a_jsonrpc_batch_with_one_forbidden_call_is_refused_whole() {
     );
     let rec = p.wait_record(|r| r["reason"] == "jsonrpc_not_allowed");
     assert_eq!(
-        rec["call"], "eth_getBalance,eth_sendRawTransaction",
+        rec["call"], "jsonrpc eth_getBalance,eth_sendRawTransaction",
         "{rec}"
     );
 }
@@ -380,4 +381,72 @@ fn an_lfs_download_passes_and_an_upload_is_refused() {
     );
     let rec = p.wait_record(|r| r["reason"] == "git_not_allowed");
     assert_eq!(rec["call"], "lfs upload", "{rec}");
+}
+
+/// Report mode, then `suggest`: the SDK client calls tools the rule does not list; nothing is
+/// filtered or refused (report), every call is recorded, and `suggest` proposes the MCP rule
+/// that would allow exactly the calls seen — which `validate` accepts.
+#[test]
+fn suggest_learns_an_mcp_rule_from_report_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let (port, _server) = mcp_server(&ca, "json");
+    let rule = r#"[{ host: mcp.test, paths: [/mcp], protocol: mcp, tools: [search] }]"#;
+    let p = proxy(
+        dir.path(),
+        &ca,
+        (port, 9),
+        rule,
+        "    enforcement: report\n",
+    );
+    let got = mcp_client(&p, dir.path(), port, "auto");
+    assert_eq!(
+        got["tools"].as_array().map(Vec::len),
+        Some(4),
+        "not filtered in report mode: {got}"
+    );
+    assert_eq!(got["delete_repo"]["ok"], "deleted:prod", "{got}");
+    let rec = p.wait_record(|r| r["call"] == "mcp tools/call delete_repo");
+    assert_eq!(
+        (rec["decision"].as_str(), rec["reason"].as_str()),
+        (Some("report"), Some("mcp_not_allowed")),
+        "{rec}"
+    );
+    p.wait_record(|r| r["call"] == "mcp prompts/get leak");
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["suggest", "--sandbox", "dev", "--audit"])
+        .arg(&p.audit)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let want = r#"protocol: mcp, tools: ["ask_user", "create_issue", "delete_repo", "search"], resources: ["file:///docs/readme", "file:///secret/key"], prompts: ["leak"]"#;
+    assert!(text.contains(want), "{text}");
+    // The proposal is configuration `validate` accepts.
+    let http = text
+        .lines()
+        .skip_while(|l| *l != "  http:")
+        .skip(1)
+        .take_while(|l| l.starts_with("    - "))
+        .map(|l| l.trim_start_matches("    - "))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let cfg = std::fs::read_to_string(dir.path().join("proxy.yaml")).unwrap();
+    let cfg = cfg.replace(rule, &format!("[{http}]"));
+    std::fs::write(dir.path().join("suggested.yaml"), cfg).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["validate", "--config"])
+        .arg(dir.path().join("suggested.yaml"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("tools:ask_user,create_issue,delete_repo,search"),
+        "{said}"
+    );
 }

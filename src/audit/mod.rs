@@ -19,6 +19,7 @@ pub(crate) mod outcome;
 mod output;
 pub mod record;
 pub mod suggest;
+pub mod suggest_http;
 pub mod verify;
 mod writer;
 

@@ -10,7 +10,9 @@
 //! they are never merged into one wildcard. IP-literal targets become address rules. A port
 //! is written only when it is not in `defaults.ports`. A destination that `network.deny`
 //! refused (`denied_by_rule`) is never proposed — deny wins, so the entry would change
-//! nothing — and is listed apart, with the rule that refused it.
+//! nothing — and is listed apart, with the rule that refused it. Requests on terminated hosts
+//! that called something (an MCP tool, a GraphQL operation, a git service) propose
+//! `network.http` rules ([`super::suggest_http`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -56,6 +58,8 @@ pub struct Proposal {
     /// `host:port` refused by a deny rule → (connections, the rule): left out.
     pub denied: BTreeMap<String, (u64, String)>,
     pub skipped_lines: u64,
+    /// Calls seen on terminated hosts, for `network.http` rules.
+    pub http: super::suggest_http::Calls,
 }
 
 /// Read the records and build the proposal. `Err` when a file cannot be read.
@@ -84,6 +88,12 @@ pub fn suggest(opts: &Options) -> Result<Proposal, SuggestError> {
                 continue;
             };
             if v["event"] != "end" || v["sandbox"] != opts.sandbox.as_str() || v["mode"] == "dns" {
+                continue;
+            }
+            if v["mode"] == "https" {
+                // A request in a terminated tunnel: its connection is counted by its own
+                // record; what it called may propose a network.http rule.
+                p.http.add(&v);
                 continue;
             }
             let (Some(host), Some(port)) = (v["target_host"].as_str(), v["target_port"].as_u64())
@@ -241,6 +251,9 @@ pub fn render(p: &Proposal, opts: &Options) -> String {
             "    - {quoted:<width$} # {what}\n",
             width = width + 2
         ));
+    }
+    if !p.http.is_empty() {
+        s.push_str(&p.http.render());
     }
     for (target, (n, rule)) in &p.denied {
         s.push_str(&format!(

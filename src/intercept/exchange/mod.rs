@@ -347,7 +347,11 @@ impl Exchange {
         let h2 = matches!(self.upstream, Upstream::H2(_));
         self.written.write(&mut req, h2);
         let scrubber = d.prepared.scrubber.clone();
-        let mcp = allowed.mcp.filter(|_| verdict == Verdict::Allow);
+        // Report mode filters nothing: lists and server requests pass as the server sent them.
+        let enforced = d.prepared.binding.enforcement != Enforcement::Report;
+        let mcp = allowed
+            .mcp
+            .filter(|_| verdict == Verdict::Allow && enforced);
         if scrubber.is_some() || mcp.is_some() {
             req.headers_mut().insert(
                 http::header::ACCEPT_ENCODING,

@@ -47,7 +47,7 @@ pub fn judge(ops: &[LfsOp], body: &[u8]) -> Result<String, (String, Option<Strin
         }
         None => return Err(("an LFS batch request without an operation".into(), None)),
     };
-    let call = format!("lfs {}", op.as_str());
+    let call = op.as_str().to_string();
     match ops.contains(&op) {
         true => Ok(call),
         false => Err((

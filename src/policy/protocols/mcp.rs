@@ -228,12 +228,16 @@ impl McpRule {
             match self.judge_one(m, &mut lists) {
                 Ok(c) => calls.push(c),
                 Err(why) => {
-                    let call = m.method().map(|meth| match meth {
-                        "tools/call" => format!(
-                            "tools/call {}",
-                            m.params().get("name").and_then(Value::as_str).unwrap_or("")
-                        ),
-                        _ => meth.to_string(),
+                    let call = m.method().map(|meth| {
+                        let named =
+                            |k: &str| m.params().get(k).and_then(Value::as_str).unwrap_or("");
+                        match meth {
+                            "tools/call" | "prompts/get" => format!("{meth} {}", named("name")),
+                            "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
+                                format!("{meth} {}", named("uri"))
+                            }
+                            _ => meth.to_string(),
+                        }
                     });
                     return Err((why, call));
                 }

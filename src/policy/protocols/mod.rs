@@ -132,8 +132,23 @@ impl Protocol {
         }
     }
 
-    /// Judge a request and its body.
+    /// Judge a request and its body; the call recorded names the protocol first
+    /// (`mcp tools/call search`, `graphql mutation createGist`, `lfs upload`).
     pub fn judge(&self, asked: Asked<'_>, body: &[u8]) -> Result<Judged, Refused> {
+        let named = |c: Option<String>| c.map(|c| format!("{} {c}", self.name()));
+        match self.judge_body(asked, body) {
+            Ok(j) => Ok(Judged {
+                call: named(j.call),
+                ..j
+            }),
+            Err(r) => Err(Refused {
+                call: named(r.call),
+                ..r
+            }),
+        }
+    }
+
+    fn judge_body(&self, asked: Asked<'_>, body: &[u8]) -> Result<Judged, Refused> {
         let refuse = |detail: String, call: Option<String>, rpc| Refused {
             reason: self.reason(),
             detail,
