@@ -3,10 +3,15 @@
 //! versus a relayed one (the tunnel untouched), with the same HTTPS upstream, the same client
 //! and keep-alive connections: HTTP/1.1, or HTTP/2 with `--h2` (`--streams` concurrent
 //! streams per connection). Only 200 answers are counted; any other status aborts the run.
+//! With `--mcp` it compares two terminated hosts instead, each sent the same MCP `tools/call`
+//! POST and answered the same JSON-RPC result: one with only a path rule (`path.test`), one
+//! with a `protocol: mcp` rule (`mcp.test`: the body read, parsed and judged, the JSON
+//! response parsed and filtered).
 //!
 //! ```text
 //! cargo build --release && cargo bench --bench intercept -- --connections 8 --seconds 5
 //! cargo bench --bench intercept -- --connections 4 --streams 8 --seconds 5 --h2
+//! cargo bench --bench intercept -- --connections 8 --seconds 5 --mcp
 //! cargo bench --bench intercept -- --bin /tmp/old/target/release/egress-proxy   # A/B
 //! ```
 //! It makes its own CAs, starts `target/release/egress-proxy` and a hyper HTTPS upstream on
@@ -20,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Full};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -34,8 +39,13 @@ fn upstream_pki() -> (Vec<u8>, Vec<u8>, String) {
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca_cert = ca.self_signed(&ca_key).expect("ca");
     let key = KeyPair::generate().expect("key");
-    let mut p =
-        CertificateParams::new(vec!["bound.test".into(), "relayed.test".into()]).expect("params");
+    let mut p = CertificateParams::new(vec![
+        "bound.test".into(),
+        "relayed.test".into(),
+        "path.test".into(),
+        "mcp.test".into(),
+    ])
+    .expect("params");
     p.subject_alt_names
         .push(SanType::IpAddress("127.0.0.1".parse().expect("ip")));
     let cert = p.signed_by(&key, &ca_cert, &ca_key).expect("leaf");
@@ -66,11 +76,19 @@ async fn upstream(cert: Vec<u8>, key: Vec<u8>) -> SocketAddr {
                 let Ok(tls) = acceptor.accept(tcp).await else {
                     return;
                 };
-                let svc = hyper::service::service_fn(|_req| async {
-                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
-                        Bytes::from_static(b"ok\n"),
-                    )))
-                });
+                let svc = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        if req.uri().path() == "/mcp" {
+                            let _ = req.into_body().collect().await;
+                            let resp = http::Response::builder()
+                                .header("content-type", "application/json")
+                                .body(Full::new(Bytes::from_static(MCP_RESULT)))
+                                .expect("resp");
+                            return Ok::<_, std::convert::Infallible>(resp);
+                        }
+                        Ok(http::Response::new(Full::new(Bytes::from_static(b"ok\n"))))
+                    },
+                );
                 let io = hyper_util::rt::TokioIo::new(tls);
                 if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
                     let _ = hyper::server::conn::http2::Builder::new(
@@ -95,15 +113,33 @@ struct Shape {
     h2: bool,
     /// Concurrent streams per connection (HTTP/2).
     streams: usize,
+    /// Compare the path-rule host with the MCP-rule host.
+    mcp: bool,
 }
 
-/// A GET as the sandbox sends it (the placeholder in Authorization).
-fn request(uri: &str, host: Option<&str>) -> http::Request<Empty<Bytes>> {
+/// The MCP call the `--mcp` hosts are sent, and the result they answer.
+const MCP_CALL: &[u8] = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search","arguments":{"q":"rust async runtimes"}}}"#;
+const MCP_RESULT: &[u8] = br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"found 3 results"}],"isError":false}}"#;
+
+/// A GET as the sandbox sends it (the placeholder in Authorization); to the `--mcp` hosts, the
+/// MCP call's POST.
+fn request(uri: &str, host: Option<&str>, mcp: bool) -> http::Request<Full<Bytes>> {
+    if mcp {
+        let mut b = http::Request::post(uri.replace("/v1/x", "/mcp"))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        if let Some(h) = host {
+            b = b.header("host", h);
+        }
+        return b
+            .body(Full::new(Bytes::from_static(MCP_CALL)))
+            .expect("req");
+    }
     let mut b = http::Request::get(uri).header("authorization", "Bearer placeholder");
     if let Some(h) = host {
         b = b.header("host", h);
     }
-    b.body(Empty::<Bytes>::new()).expect("req")
+    b.body(Full::new(Bytes::new())).expect("req")
 }
 
 /// Count an answer; anything but 200 aborts the run (the bench measures answered requests).
@@ -165,7 +201,7 @@ async fn client(
                     let mut send = send;
                     while Instant::now() < until {
                         let resp = send
-                            .send_request(request(&uri, None))
+                            .send_request(request(&uri, None, shape.mcp))
                             .await
                             .expect("request");
                         answered(resp, &count).await;
@@ -183,7 +219,7 @@ async fn client(
     let mut send = send;
     while Instant::now() < until {
         let resp = send
-            .send_request(request("/v1/x", Some(&authority)))
+            .send_request(request("/v1/x", Some(&authority), shape.mcp))
             .await
             .expect("request");
         answered(resp, &count).await;
@@ -196,6 +232,7 @@ fn main() {
     let shape = Shape {
         h2: std::env::args().any(|a| a == "--h2"),
         streams: arg("--streams", 1) as usize,
+        mcp: std::env::args().any(|a| a == "--mcp"),
     };
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     // `--bin PATH` runs another build (an A/B against the previous commit).
@@ -225,7 +262,7 @@ fn main() {
         format!(
             r#"listen: {{ proxy: 127.0.0.1:0, admin: null }}
 audit: {{ path: /dev/null }}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ bound.test: [127.0.0.1], relayed.test: [127.0.0.1] }} }}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ bound.test: [127.0.0.1], relayed.test: [127.0.0.1], path.test: [127.0.0.1], mcp.test: [127.0.0.1] }} }}
 defaults: {{ guard_allow_ranges: [127.0.0.1/32], limits: {{ max_connections: 100000, connections_per_second: 1000000, burst: 1000000 }} }}
 tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: uca.pem }}
 sandboxes:
@@ -233,7 +270,14 @@ sandboxes:
     sources: [127.0.0.0/8]
     credentials:
       - {{ name: api, hosts: [bound.test], inject: {{ header: Authorization, format: "Bearer {{secret}}" }}, source: {{ file: secret }} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["bound.test:{port}", "relayed.test:{port}"] }} }}
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["bound.test:{port}", "relayed.test:{port}", "path.test:{port}", "mcp.test:{port}"]
+        http:
+          - {{ host: path.test, methods: [POST], paths: [/mcp] }}
+          - {{ host: mcp.test, paths: [/mcp], protocol: mcp, tools: [search] }}
 "#
         ),
     )
@@ -271,7 +315,11 @@ sandboxes:
     );
     let mut cpu_before = cpu_us(child.id()).unwrap_or(0);
     for round in 0..3 {
-        for host in ["bound.test", "relayed.test"] {
+        let hosts = match shape.mcp {
+            true => ["path.test", "mcp.test"],
+            false => ["bound.test", "relayed.test"],
+        };
+        for host in hosts {
             let count = Arc::new(AtomicU64::new(0));
             let until = Instant::now() + Duration::from_secs(secs);
             rt.block_on(async {

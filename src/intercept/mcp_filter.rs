@@ -48,6 +48,13 @@ pub fn framing(headers: &HeaderMap) -> Option<Framing> {
     }
 }
 
+/// What filtering left of a document.
+enum Doc {
+    Unchanged,
+    Changed(Value),
+    Gone,
+}
+
 /// A response body filtered by an MCP rule.
 pub struct McpFiltered<B> {
     inner: B,
@@ -90,12 +97,47 @@ impl<B> McpFiltered<B> {
         }
     }
 
-    /// Filter a JSON document of messages; `None` when nothing is left of it.
-    fn filter_doc(&mut self, mut doc: Value) -> Option<Value> {
+    /// Filter a JSON document of messages: `Unchanged` (its bytes pass as they came),
+    /// `Changed`, or `Gone` when nothing is left of it.
+    fn filter_doc(&mut self, mut doc: Value) -> Doc {
+        let mut changed = false;
         let mut notes = self.notes.lock().ok();
         let (rule, lists) = (&self.rule, &self.lists);
         let (answered, cut) = (&mut self.answered, &mut self.cut);
-        let mut keep = |m: &mut Value| match rule.filter(m, lists) {
+        let mut keep = |m: &mut Value| {
+            let f = rule.filter(m, lists);
+            changed |= f != Filtered::Kept;
+            Self::note(
+                f,
+                m,
+                (&mut *answered, &mut *cut),
+                notes.as_deref_mut(),
+                lists,
+            )
+        };
+        let kept = match &mut doc {
+            Value::Array(items) => {
+                items.retain_mut(&mut keep);
+                !items.is_empty()
+            }
+            one => keep(one),
+        };
+        match (kept, changed) {
+            (false, _) => Doc::Gone,
+            (true, false) => Doc::Unchanged,
+            (true, true) => Doc::Changed(doc),
+        }
+    }
+
+    /// What one message's filtering means: kept or not, noted for the record.
+    fn note(
+        f: Filtered,
+        m: &Value,
+        (answered, cut): (&mut HashSet<String>, &mut Option<String>),
+        notes: Option<&mut Notes>,
+        lists: &Lists,
+    ) -> bool {
+        match f {
             Filtered::Kept => {
                 if m.get("method").is_none() {
                     if let Some(id) = m.get("id") {
@@ -105,7 +147,7 @@ impl<B> McpFiltered<B> {
                 true
             }
             Filtered::Hid(n) => {
-                if let Some(n_) = notes.as_mut() {
+                if let Some(n_) = notes {
                     n_.hidden += n;
                 }
                 true
@@ -114,24 +156,17 @@ impl<B> McpFiltered<B> {
                 if !lists.is_empty() {
                     cut.get_or_insert(method.clone());
                 }
-                if let Some(n_) = notes.as_mut() {
+                if let Some(n_) = notes {
                     n_.dropped.push(method);
                 }
                 false
             }
             Filtered::Answered(method) => {
-                if let Some(n_) = notes.as_mut() {
+                if let Some(n_) = notes {
                     n_.dropped.push(method);
                 }
                 true
             }
-        };
-        match &mut doc {
-            Value::Array(items) => {
-                items.retain_mut(&mut keep);
-                (!items.is_empty()).then_some(doc)
-            }
-            one => keep(one).then_some(doc),
         }
     }
 
@@ -159,7 +194,14 @@ impl<B> McpFiltered<B> {
         let doc = strict_json::parse(&text)
             .map_err(|e| format!("an event of the MCP stream is not JSON: {e}"))?;
         match self.filter_doc(doc) {
-            Some(doc) => {
+            Doc::Unchanged => {
+                for l in &lines {
+                    out.extend_from_slice(l);
+                    out.push(b'\n');
+                }
+                out.push(b'\n');
+            }
+            Doc::Changed(doc) => {
                 for l in other {
                     out.extend_from_slice(l);
                     out.push(b'\n');
@@ -168,7 +210,7 @@ impl<B> McpFiltered<B> {
                 out.extend_from_slice(doc.to_string().as_bytes());
                 out.extend_from_slice(b"\n\n");
             }
-            None => out.extend_from_slice(b": egress-proxy dropped a server request\n\n"),
+            Doc::Gone => out.extend_from_slice(b": egress-proxy dropped a server request\n\n"),
         }
         Ok(())
     }
@@ -240,8 +282,9 @@ impl<B> McpFiltered<B> {
         let doc = strict_json::parse(&self.buf)
             .map_err(|e| format!("the MCP response is not JSON: {e}"))?;
         Ok(match self.filter_doc(doc) {
-            Some(doc) => doc.to_string().into_bytes(),
-            None => Vec::new(),
+            Doc::Unchanged => std::mem::take(&mut self.buf),
+            Doc::Changed(doc) => doc.to_string().into_bytes(),
+            Doc::Gone => Vec::new(),
         })
     }
 }

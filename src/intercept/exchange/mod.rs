@@ -368,7 +368,7 @@ impl Exchange {
                     injected,
                     up_bytes,
                 };
-                self.response(resp, audit, (scrubber, mcp), sent)
+                self.response(resp, audit, (scrubber, mcp), sent).await
             }
             Err(e) => {
                 let msg = format!("the upstream failed: {e}");

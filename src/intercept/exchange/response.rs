@@ -8,12 +8,12 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::Response;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
 use super::{BoxError, Exchange, ResBody, Sent};
 use crate::audit::AuditGuard;
-use crate::intercept::mcp_filter::{self, McpFiltered, Notes};
+use crate::intercept::mcp_filter::{self, Framing, McpFiltered, Notes};
 use crate::intercept::scrub::{Findings, Scrubbed, Scrubber};
 use crate::policy::protocols::mcp::{Lists, McpRule};
 use crate::policy::reason::Reason;
@@ -77,11 +77,49 @@ impl Out {
 /// that filters it with the lists the request asked for.
 pub(super) type Readers = (Option<Arc<Scrubber>>, Option<(Arc<McpRule>, Lists)>);
 
+/// What ends a response's record: the secrets found, what the MCP filter did, the bytes.
+fn ender(
+    mut audit: AuditGuard,
+    findings: Arc<Mutex<Findings>>,
+    notes: Arc<Mutex<Notes>>,
+    (up, down): (Arc<AtomicU64>, Arc<AtomicU64>),
+) -> impl FnOnce(Ending) + Send + Sync + 'static {
+    move |_| {
+        if let Ok(f) = findings.lock() {
+            for n in &f.names {
+                audit.secret_reflected(n);
+            }
+            if let Some(past) = f.unscanned_past {
+                audit.detail(format!(
+                    "the response body past {past} bytes was not scanned for secrets (tls_intercept.scrub_body_bytes)"
+                ));
+            }
+        }
+        if let Ok(n) = notes.lock() {
+            if n.hidden > 0 {
+                audit.detail(format!(
+                    "the MCP response hid {} list entries the rule does not allow",
+                    n.hidden
+                ));
+            }
+            if !n.dropped.is_empty() {
+                audit.detail(format!(
+                    "the MCP server's requests were dropped: {}",
+                    n.dropped.join(", ")
+                ));
+            }
+        }
+        audit.bytes(up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
+        drop(audit);
+    }
+}
+
 impl Exchange {
-    /// The upstream's response: an MCP rule's filter first ([`mcp_filter`]), then its
+    /// The upstream's response: an MCP rule's filter first ([`mcp_filter`]: a JSON body read
+    /// whole and answered with its exact length, an event stream as it streams), then its
     /// headers scrubbed at once and its body as it streams (`secret_reflected`); refused when
     /// it cannot be read. The record is written when the body ends.
-    pub(super) fn response(
+    pub(super) async fn response(
         &self,
         mut resp: Response<Incoming>,
         mut audit: AuditGuard,
@@ -89,13 +127,10 @@ impl Exchange {
         sent: Sent,
     ) -> Response<ResBody> {
         let (scrubber, mcp) = readers;
-        let Sent {
-            asked,
-            injected,
-            up_bytes,
-        } = sent;
-        audit.http(asked.facts(resp.status().as_u16(), injected.clone()));
-        let findings = Arc::new(Mutex::new(Findings::default()));
+        audit.http(
+            sent.asked
+                .facts(resp.status().as_u16(), sent.injected.clone()),
+        );
         if let Some(s) = &scrubber {
             for name in s.headers(resp.headers_mut()) {
                 audit.secret_reflected(name);
@@ -107,12 +142,7 @@ impl Exchange {
         };
         if let Some(why) = why {
             // Never passed unread: a compressed secret or MCP message would not be found.
-            audit.verdict(Verdict::Deny, Reason::UnscannableResponse);
-            audit.http(asked.facts(502, injected));
-            audit.detail(why.clone());
-            audit.bytes(up_bytes.load(Ordering::Relaxed), 0);
-            drop(audit);
-            return self.refused(&asked.method, Reason::UnscannableResponse, &why);
+            return self.unread(audit, &sent, &why);
         }
         let notes = Arc::new(Mutex::new(Notes::default()));
         let empty = hyper::body::Body::is_end_stream(resp.body());
@@ -121,37 +151,31 @@ impl Exchange {
             resp.headers_mut().remove(http::header::CONTENT_LENGTH);
             Some((rule, lists, framing))
         });
-        let down_bytes = Arc::new(AtomicU64::new(0));
-        let (up, down) = (up_bytes, down_bytes.clone());
-        let (seen, noted) = (findings.clone(), notes.clone());
-        let on_end = move |_| {
-            if let Ok(f) = seen.lock() {
-                for n in &f.names {
-                    audit.secret_reflected(n);
-                }
-                if let Some(past) = f.unscanned_past {
-                    audit.detail(format!(
-                        "the response body past {past} bytes was not scanned for secrets (tls_intercept.scrub_body_bytes)"
-                    ));
-                }
-            }
-            if let Ok(n) = noted.lock() {
-                if n.hidden > 0 {
-                    audit.detail(format!(
-                        "the MCP response hid {} list entries the rule does not allow",
-                        n.hidden
-                    ));
-                }
-                if !n.dropped.is_empty() {
-                    audit.detail(format!(
-                        "the MCP server's requests were dropped: {}",
-                        n.dropped.join(", ")
-                    ));
+        let judge_limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
+        let (mut parts, b) = resp.into_parts();
+        // A JSON body is read whole here, so that it goes on with its exact length.
+        let (filter, json) = match filter {
+            Some((rule, lists, Framing::Json)) => {
+                let read =
+                    McpFiltered::new(b, rule, lists, Framing::Json, judge_limit, notes.clone());
+                match read.collect().await {
+                    Ok(c) => (None, Ok(c.to_bytes())),
+                    Err(e) => {
+                        let why = format!("the MCP response could not be read: {e}");
+                        return self.unread(audit, &sent, &why);
+                    }
                 }
             }
-            audit.bytes(up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
-            drop(audit);
+            other => (other, Err(b)),
         };
+        let findings = Arc::new(Mutex::new(Findings::default()));
+        let down_bytes = Arc::new(AtomicU64::new(0));
+        let on_end = ender(
+            audit,
+            findings.clone(),
+            notes.clone(),
+            (sent.up_bytes, down_bytes.clone()),
+        );
         let out = Out {
             live: self.live.clone(),
             limit: self.limits.scrub,
@@ -159,13 +183,30 @@ impl Exchange {
             findings,
             down_bytes,
         };
-        let judge_limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
-        resp.map(|b| match filter {
-            Some((rule, lists, framing)) => out.finish(
+        let body = match (filter, json) {
+            (_, Ok(bytes)) => {
+                parts
+                    .headers
+                    .insert(http::header::CONTENT_LENGTH, bytes.len().into());
+                out.finish(Full::new(bytes), on_end)
+            }
+            (Some((rule, lists, framing)), Err(b)) => out.finish(
                 McpFiltered::new(b, rule, lists, framing, judge_limit, notes),
                 on_end,
             ),
-            None => out.finish(b, on_end),
-        })
+            (None, Err(b)) => out.finish(b, on_end),
+        };
+        Response::from_parts(parts, body)
+    }
+
+    /// A response that cannot be read (an encoding, an MCP message that does not parse):
+    /// recorded and refused, never passed.
+    fn unread(&self, mut audit: AuditGuard, sent: &Sent, why: &str) -> Response<ResBody> {
+        audit.verdict(Verdict::Deny, Reason::UnscannableResponse);
+        audit.http(sent.asked.facts(502, sent.injected.clone()));
+        audit.detail(why.to_string());
+        audit.bytes(sent.up_bytes.load(Ordering::Relaxed), 0);
+        drop(audit);
+        self.refused(&sent.asked.method, Reason::UnscannableResponse, why)
     }
 }
