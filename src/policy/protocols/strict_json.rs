@@ -3,7 +3,6 @@
 //! first or the last wins), so a rule judged on one reading could be bypassed on the other.
 //! Depth is bounded by `serde_json`'s own recursion limit; trailing bytes are refused.
 
-use std::collections::HashSet;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -71,12 +70,11 @@ impl<'de> Visitor<'de> for Strict {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut out = Map::new();
-        let mut seen = HashSet::new();
         while let Some(k) = map.next_key::<String>()? {
-            if !seen.insert(k.clone()) {
+            let v = map.next_value_seed(Strict)?;
+            if out.contains_key(&k) {
                 return Err(de::Error::custom(format!("the key `{k}` appears twice")));
             }
-            let v = map.next_value_seed(Strict)?;
             out.insert(k, v);
         }
         Ok(Value::Object(out))
