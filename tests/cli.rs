@@ -807,6 +807,14 @@ fn presets_are_printed_expanded_and_validated() {
     ] {
         assert!(all.contains(&format!("`preset: {name}`")), "{name}: {all}");
     }
+    // docs/protocols.md shows exactly what the binary expands.
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/protocols.md"))
+            .unwrap();
+    assert!(
+        doc.contains(all.trim_end()),
+        "docs/protocols.md is behind `config presets`"
+    );
     let (code, _, err) = run(&["config", "presets", "github-write"]);
     assert_eq!(code, 2);
     assert!(err.contains("not a preset"), "{err}");
