@@ -116,6 +116,16 @@ fn the_mcp_sdk_sees_and_calls_only_the_allowed_tools_in_json_and_sse() {
         // tools/list is filtered to the rule's tools.
         let tools = serde_json::json!(["ask_user", "create_issue", "search"]);
         assert_eq!(got["tools"], tools, "{mode}: {got}");
+        assert_eq!(
+            got["resources"],
+            serde_json::json!(["file:///docs/readme"]),
+            "{mode}: {got}"
+        );
+        assert_eq!(
+            got["prompts"],
+            serde_json::json!(["summarize"]),
+            "{mode}: {got}"
+        );
         assert_eq!(got["search"]["ok"], "found:rust", "{mode}: {got}");
         assert_eq!(got["readme"], "ok", "{mode}: {got}");
         // Refused calls are JSON-RPC errors naming the reason.

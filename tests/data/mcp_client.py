@@ -2,7 +2,7 @@
 
 usage: mcp_client.py URL PROXY CA_FILE [MODE]   (PROXY `-`: none; MODE: auto | legacy)
 
-Prints one JSON object: the tools listed, what `search` returned, and what `delete_repo`,
+Prints one JSON object: the tools, resources and prompts listed, what `search` returned, and what `delete_repo`,
 reading `file:///secret/key` and getting the `leak` prompt gave (a result, or the error's
 message); with `ask_user` listed, what it gave and what the client was asked (elicited).
 """
@@ -47,6 +47,8 @@ async def main():
     async with Client(transport, elicitation_callback=on_elicit, mode=MODE) as client:
         listed = await client.list_tools()
         out["tools"] = sorted(t.name for t in listed.tools)
+        out["resources"] = sorted(str(r.uri) for r in (await client.list_resources()).resources)
+        out["prompts"] = sorted(p.name for p in (await client.list_prompts()).prompts)
         out["search"] = await attempt(client.call_tool("search", {"q": "rust"}))
         out["delete_repo"] = await attempt(client.call_tool("delete_repo", {"name": "prod"}))
         out["create_issue_other"] = await attempt(
