@@ -5,24 +5,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use common::*;
-
-/// The git origin: its port, and the child serving it (killed on drop).
-struct GitOrigin {
-    port: u16,
-    child: Child,
-}
-
-impl Drop for GitOrigin {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn git(dir: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new("git")
@@ -59,7 +45,7 @@ fn commit(clone: &Path, text: &str) {
 }
 
 /// A bare repository `ROOT/org/app.git` with one commit, served over HTTPS.
-fn origin(dir: &Path, ca: &TestCa) -> GitOrigin {
+fn origin(dir: &Path, ca: &TestCa) -> ScriptOrigin {
     let root = dir.join("repos");
     std::fs::create_dir_all(root.join("org")).unwrap();
     let bare = root.join("org/app.git");
@@ -84,23 +70,14 @@ fn origin(dir: &Path, ca: &TestCa) -> GitOrigin {
     assert!(git(&work, &["commit", "-q", "-m", "one"]).0);
     let (ok, out) = git(&work, &["push", "-q", bare.to_str().unwrap(), "main"]);
     assert!(ok, "{out}");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/git_https.py");
-    let mut child = Command::new("python3")
-        .arg(script)
-        .arg(&ca.cert_pem)
-        .arg(&ca.key_pem)
-        .arg(&root)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    GitOrigin {
-        port: line.trim().parse().expect("the origin prints its port"),
-        child,
-    }
+    ScriptOrigin::start(
+        "git_https.py",
+        &[
+            ca.cert_pem.as_os_str(),
+            ca.key_pem.as_os_str(),
+            root.as_os_str(),
+        ],
+    )
 }
 
 /// A proxy terminating git.test with a git rule for `git_services`.

@@ -6,44 +6,26 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::Ordering;
 
 use common::*;
 
-/// A child process killed on drop.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// The MCP server in `mode` (`json` or `sse`).
+fn mcp_server(ca: &TestCa, mode: &str) -> ScriptOrigin {
+    let mode = std::ffi::OsStr::new(mode);
+    ScriptOrigin::start(
+        "mcp_server.py",
+        &[ca.cert_pem.as_os_str(), ca.key_pem.as_os_str(), mode],
+    )
 }
 
-/// The MCP server in `mode` (`json` or `sse`): its port and process.
-fn mcp_server(ca: &TestCa, mode: &str) -> (u16, Killed) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/mcp_server.py");
-    let mut child = Command::new("python3")
-        .arg(script)
-        .arg(&ca.cert_pem)
-        .arg(&ca.key_pem)
-        .arg(mode)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .trim()
-        .parse()
-        .expect("the MCP server prints its port (tests/run installs PyPI mcp)");
-    (port, Killed(child))
+/// A test origin behind `ca`'s certificate, and its port.
+fn api_origin(ca: &TestCa) -> (Origin, u16) {
+    let origin = Origin::start(Some(ca));
+    let port = origin.addr.port();
+    (origin, port)
 }
 
 /// A proxy terminating mcp.test and api.test for sandbox `dev` with the `http` rules given;
@@ -110,7 +92,8 @@ fn the_mcp_sdk_sees_and_calls_only_the_allowed_tools_in_json_and_sse() {
     for (mode, client_mode) in [("json", "auto"), ("sse", "auto"), ("sse", "legacy")] {
         let dir = tempfile::tempdir().unwrap();
         let ca = TestCa::generate(dir.path());
-        let (port, _server) = mcp_server(&ca, mode);
+        let server = mcp_server(&ca, mode);
+        let port = server.port;
         let p = proxy(dir.path(), &ca, (port, 9), MCP_RULE, "");
         let got = mcp_client(&p, dir.path(), port, client_mode);
         // tools/list is filtered to the rule's tools.
@@ -198,7 +181,8 @@ fn the_mcp_sdk_sees_and_calls_only_the_allowed_tools_in_json_and_sse() {
 fn a_server_request_the_rule_allows_reaches_the_client() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
-    let (port, _server) = mcp_server(&ca, "sse");
+    let server = mcp_server(&ca, "sse");
+    let port = server.port;
     let rule = r#"[{ host: mcp.test, paths: [/mcp], protocol: mcp, tools: [ask_user], server_requests: [elicitation/create] }]"#;
     let p = proxy(dir.path(), &ca, (port, 9), rule, "");
     let got = mcp_client(&p, dir.path(), port, "legacy");
@@ -243,8 +227,7 @@ const GRAPHQL_RULE: &str =
 fn a_graphql_query_passes_and_a_mutation_is_refused_before_it_leaves() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
-    let origin = Origin::start(Some(&ca));
-    let port = origin.addr.port();
+    let (origin, port) = api_origin(&ca);
     let p = proxy(dir.path(), &ca, (9, port), GRAPHQL_RULE, "");
     let query = r#"{"query":"query Me { viewer { login } }"}"#;
     let (status, body) = post(&p, dir.path(), port, query, "application/json");
@@ -296,8 +279,7 @@ fn a_graphql_query_passes_and_a_mutation_is_refused_before_it_leaves() {
 fn report_mode_forwards_a_refused_mutation_and_records_it() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
-    let origin = Origin::start(Some(&ca));
-    let port = origin.addr.port();
+    let (_origin, port) = api_origin(&ca);
     let p = proxy(
         dir.path(),
         &ca,
@@ -320,8 +302,7 @@ fn report_mode_forwards_a_refused_mutation_and_records_it() {
 fn a_jsonrpc_batch_with_one_forbidden_call_is_refused_whole() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
-    let origin = Origin::start(Some(&ca));
-    let port = origin.addr.port();
+    let (origin, port) = api_origin(&ca);
     let rule = r#"[{ host: api.test, paths: [/upload], protocol: jsonrpc, methods: ["eth_get*", eth_call] }]"#;
     let p = proxy(dir.path(), &ca, (9, port), rule, "");
     let ok = r#"[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":[]},{"jsonrpc":"2.0","id":2,"method":"eth_call"}]"#;
@@ -359,8 +340,7 @@ fn a_jsonrpc_batch_with_one_forbidden_call_is_refused_whole() {
 fn an_lfs_download_passes_and_an_upload_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
-    let origin = Origin::start(Some(&ca));
-    let port = origin.addr.port();
+    let (_origin, port) = api_origin(&ca);
     // The origin's /upload stands in for the repository /upload's batch endpoint: a rule
     // naming the repository path `/upload/..` would not reach it, so the batch path is the
     // origin's own.
@@ -400,7 +380,8 @@ fn an_lfs_download_passes_and_an_upload_is_refused() {
 fn suggest_learns_an_mcp_rule_from_report_mode() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
-    let (port, _server) = mcp_server(&ca, "json");
+    let server = mcp_server(&ca, "json");
+    let port = server.port;
     let rule = r#"[{ host: mcp.test, paths: [/mcp], protocol: mcp, tools: [search] }]"#;
     let p = proxy(
         dir.path(),

@@ -360,28 +360,10 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::intercept::scrub::tests::Chunks;
     use crate::policy::protocols::jsonrpc;
     use crate::policy::protocols::mcp::ToolRule;
     use http_body_util::BodyExt;
-    use std::collections::VecDeque;
-
-    /// A body that yields the given chunks, then ends.
-    struct Chunks(VecDeque<&'static [u8]>);
-
-    impl Body for Chunks {
-        type Data = Bytes;
-        type Error = std::convert::Infallible;
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-            Poll::Ready(
-                self.0
-                    .pop_front()
-                    .map(|c| Ok(Frame::data(Bytes::from_static(c)))),
-            )
-        }
-    }
 
     fn filtered(framing: Framing, chunks: Vec<&'static [u8]>) -> Result<String, String> {
         let rule = McpRule::new(
@@ -395,7 +377,7 @@ mod tests {
             .judge(&jsonrpc::parse(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#).unwrap())
             .unwrap();
         let body = McpFiltered::new(
-            Chunks(chunks.into()),
+            Chunks(chunks.into_iter().map(Bytes::from_static).collect()),
             Arc::new(rule),
             lists,
             framing,

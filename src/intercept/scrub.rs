@@ -356,7 +356,7 @@ where
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::credentials::Credential;
     use http_body_util::BodyExt;
@@ -404,8 +404,8 @@ mod tests {
         (out, names)
     }
 
-    /// A body that yields these chunks, one per poll.
-    struct Chunks(std::collections::VecDeque<Bytes>);
+    /// A body that yields these chunks, one per poll (the MCP filter's tests use it too).
+    pub(crate) struct Chunks(pub(crate) std::collections::VecDeque<Bytes>);
 
     impl Body for Chunks {
         type Data = Bytes;

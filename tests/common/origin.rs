@@ -212,3 +212,43 @@ impl Origin {
         at_cut
     }
 }
+
+/// An origin run by a Python script of `tests/data` (the git backend, the MCP server): the
+/// port it prints on its first line, and the process, killed on drop.
+pub struct ScriptOrigin {
+    pub port: u16,
+    child: std::process::Child,
+}
+
+impl Drop for ScriptOrigin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ScriptOrigin {
+    /// Start `python3 tests/data/SCRIPT ARGS…` (its stderr discarded) and read its port.
+    pub fn start(script: &str, args: &[&std::ffi::OsStr]) -> ScriptOrigin {
+        use std::io::BufRead;
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(script);
+        let mut child = std::process::Command::new("python3")
+            .arg(path)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("the origin's first line");
+        let port = line
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{script} printed no port (are its Python packages installed? tests/run installs them)"));
+        ScriptOrigin { port, child }
+    }
+}
