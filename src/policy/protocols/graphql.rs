@@ -59,6 +59,18 @@ pub struct GraphQlRule {
 /// Where GraphQL requests carry a persisted document's id instead of (or beside) its text.
 const DOCUMENT_IDS: &[&str] = &["id", "documentId", "doc_id", "queryId"];
 
+/// The parameters a GraphQL request may carry in a URL.
+const GRAPHQL_KEYS: &[&str] = &[
+    "query",
+    "operationName",
+    "variables",
+    "extensions",
+    "id",
+    "documentId",
+    "doc_id",
+    "queryId",
+];
+
 /// How deep fragment spreads at the root are followed.
 const MAX_SPREAD_DEPTH: usize = 16;
 
@@ -234,6 +246,24 @@ fn requests(
     if !method.eq_ignore_ascii_case("POST") {
         return Err(format!("{method} carries no GraphQL request"));
     }
+    // Some servers read a POST's URL parameters before its body (express-graphql): those are
+    // judged too, as a request of their own.
+    let mut out = Vec::new();
+    if let Some(q) = query {
+        let url = from_query(q)?;
+        if GRAPHQL_KEYS.iter().any(|k| url.contains_key(*k)) {
+            out.push(url);
+        }
+    }
+    out.extend(body_requests(content_type, body)?);
+    Ok(out)
+}
+
+/// The GraphQL requests of a POST's body.
+fn body_requests(
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<Vec<Map<String, Value>>, String> {
     let media = content_type
         .and_then(|c| c.split(';').next())
         .map(|c| c.trim().to_ascii_lowercase());
@@ -256,12 +286,16 @@ fn requests(
     }
 }
 
-/// A GET's GraphQL request: `query`, `operationName`, `extensions` (JSON), each at most once.
+/// A URL's GraphQL request: its GraphQL parameters (`query`, `operationName`, `variables` and
+/// `extensions` as JSON, document ids), each at most once; other parameters are not read.
 fn from_query(q: &str) -> Result<Map<String, Value>, String> {
     let mut out = Map::new();
     for pair in q.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let k = String::from_utf8(percent_decode(k)).map_err(|_| "a query key is not UTF-8")?;
+        if !GRAPHQL_KEYS.contains(&k.as_str()) {
+            continue;
+        }
         let v = String::from_utf8(percent_decode(v)).map_err(|_| "a query value is not UTF-8")?;
         let value = match k.as_str() {
             "extensions" | "variables" => strict_json::parse(v.as_bytes())?,
@@ -318,6 +352,13 @@ mod tests {
                 b""
             )
             .is_err());
+        // A POST's URL parameters are judged beside its body (some servers read them first).
+        let body = br#"{"query":"{ viewer { login } }"}"#;
+        let json = Some("application/json");
+        assert!(r
+            .judge("POST", Some("query=mutation%7Bx%7D"), json, body)
+            .is_err());
+        assert!(r.judge("POST", Some("trace=1&trace=2"), json, body).is_ok());
         for bad in [
             "{",
             r#"{"query":"{ a"}"#,
