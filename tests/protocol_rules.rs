@@ -404,6 +404,13 @@ fn suggest_learns_an_mcp_rule_from_report_mode() {
         "{rec}"
     );
     p.wait_record(|r| r["call"] == "mcp prompts/get leak");
+    // Nothing was filtered, and the record says what enforcing would have hidden.
+    let listed = p.wait_record(|r| r["call"] == "mcp tools/list");
+    let detail = listed["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("would have hidden 3 list entries"),
+        "{listed}"
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
         .args(["suggest", "--sandbox", "dev", "--audit"])
         .arg(&p.audit)

@@ -28,6 +28,8 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub struct Notes {
     pub hidden: usize,
     pub dropped: Vec<String>,
+    /// Report mode: nothing was changed; these are what enforcing would have done.
+    pub report: bool,
 }
 
 /// How the body is framed.
@@ -69,6 +71,8 @@ pub struct McpFiltered<B> {
     answered: HashSet<String>,
     /// Set when a server request was dropped from a stream that answers the client's.
     cut: Option<String>,
+    /// Report mode: note what would be filtered, pass everything as it came.
+    dry: bool,
     done: bool,
     notes: Arc<Mutex<Notes>>,
 }
@@ -92,9 +96,20 @@ impl<B> McpFiltered<B> {
             lines: Vec::new(),
             answered: HashSet::new(),
             cut: None,
+            dry: false,
             done: false,
             notes,
         }
+    }
+
+    /// Report mode: every message passes as it came; the notes say what enforcing would
+    /// have hidden or dropped.
+    pub fn dry(mut self, dry: bool) -> Self {
+        self.dry = dry;
+        if let Ok(mut n) = self.notes.lock() {
+            n.report = dry;
+        }
+        self
     }
 
     /// Filter a JSON document of messages: `Unchanged` (its bytes pass as they came),
@@ -122,6 +137,10 @@ impl<B> McpFiltered<B> {
             }
             one => keep(one),
         };
+        if self.dry {
+            self.cut = None;
+            return Doc::Unchanged;
+        }
         match (kept, changed) {
             (false, _) => Doc::Gone,
             (true, false) => Doc::Unchanged,
@@ -436,6 +455,41 @@ mod tests {
         assert!(
             !out.contains("\"result\""),
             "the stream ended before the server's answer: {out}"
+        );
+    }
+
+    #[test]
+    fn report_mode_passes_everything_and_notes_what_it_would_filter() {
+        let rule = McpRule::new(
+            vec![ToolRule::new("search", vec![]).unwrap()],
+            &[],
+            &[],
+            &[],
+        )
+        .unwrap();
+        let (_, lists) = rule
+            .judge(&jsonrpc::parse(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#).unwrap())
+            .unwrap();
+        let sent: &'static [u8] = b"data: {\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"elicitation/create\"}\n\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"tools\":[{\"name\":\"search\"},{\"name\":\"x\"}]}}\n\n";
+        let notes: Arc<Mutex<Notes>> = Default::default();
+        let body = McpFiltered::new(
+            Chunks([Bytes::from_static(sent)].into()),
+            Arc::new(rule),
+            lists,
+            Framing::EventStream,
+            1 << 16,
+            notes.clone(),
+        )
+        .dry(true);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let out = rt.block_on(body.collect()).unwrap().to_bytes();
+        assert_eq!(&out[..], sent, "nothing changed in report mode");
+        let n = notes.lock().unwrap();
+        assert!(
+            n.report && n.hidden == 1 && n.dropped == ["elicitation/create"],
+            "{n:?}"
         );
     }
 

@@ -347,11 +347,13 @@ impl Exchange {
         let h2 = matches!(self.upstream, Upstream::H2(_));
         self.written.write(&mut req, h2);
         let scrubber = d.prepared.scrubber.clone();
-        // Report mode filters nothing: lists and server requests pass as the server sent them.
-        let enforced = d.prepared.binding.enforcement != Enforcement::Report;
+        // Report mode changes nothing (lists and server requests pass as the server sent
+        // them); the record says what enforcing would have hidden or dropped.
+        let report = d.prepared.binding.enforcement == Enforcement::Report;
         let mcp = allowed
             .mcp
-            .filter(|_| verdict == Verdict::Allow && enforced);
+            .filter(|_| verdict == Verdict::Allow)
+            .map(|(rule, lists)| (rule, lists, report));
         if scrubber.is_some() || mcp.is_some() {
             req.headers_mut().insert(
                 http::header::ACCEPT_ENCODING,

@@ -74,8 +74,8 @@ impl Out {
 }
 
 /// What reads a response before the client does: the secret scrubber, and the MCP rule
-/// that filters it with the lists the request asked for.
-pub(super) type Readers = (Option<Arc<Scrubber>>, Option<(Arc<McpRule>, Lists)>);
+/// that filters it with the lists the request asked for (and whether only to report).
+pub(super) type Readers = (Option<Arc<Scrubber>>, Option<(Arc<McpRule>, Lists, bool)>);
 
 /// What ends a response's record: the secrets found, what the MCP filter did, the bytes.
 fn ender(
@@ -96,15 +96,19 @@ fn ender(
             }
         }
         if let Ok(n) = notes.lock() {
+            let (hid, were) = match n.report {
+                true => ("would have hidden", "would have been dropped (report mode)"),
+                false => ("hid", "were dropped"),
+            };
             if n.hidden > 0 {
                 audit.detail(format!(
-                    "the MCP response hid {} list entries the rule does not allow",
+                    "the MCP response {hid} {} list entries the rule does not allow",
                     n.hidden
                 ));
             }
             if !n.dropped.is_empty() {
                 audit.detail(format!(
-                    "the MCP server's requests were dropped: {}",
+                    "the MCP server's requests {were}: {}",
                     n.dropped.join(", ")
                 ));
             }
@@ -146,18 +150,19 @@ impl Exchange {
         }
         let notes = Arc::new(Mutex::new(Notes::default()));
         let empty = hyper::body::Body::is_end_stream(resp.body());
-        let filter = mcp.filter(|_| !empty).and_then(|(rule, lists)| {
+        let filter = mcp.filter(|_| !empty).and_then(|(rule, lists, report)| {
             let framing = mcp_filter::framing(resp.headers())?;
             resp.headers_mut().remove(http::header::CONTENT_LENGTH);
-            Some((rule, lists, framing))
+            Some((rule, lists, framing, report))
         });
         let judge_limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
         let (mut parts, b) = resp.into_parts();
         // A JSON body is read whole here, so that it goes on with its exact length.
         let (filter, json) = match filter {
-            Some((rule, lists, Framing::Json)) => {
+            Some((rule, lists, Framing::Json, report)) => {
                 let read =
-                    McpFiltered::new(b, rule, lists, Framing::Json, judge_limit, notes.clone());
+                    McpFiltered::new(b, rule, lists, Framing::Json, judge_limit, notes.clone())
+                        .dry(report);
                 match read.collect().await {
                     Ok(c) => (None, Ok(c.to_bytes())),
                     Err(e) => {
@@ -190,8 +195,8 @@ impl Exchange {
                     .insert(http::header::CONTENT_LENGTH, bytes.len().into());
                 out.finish(Full::new(bytes), on_end)
             }
-            (Some((rule, lists, framing)), Err(b)) => out.finish(
-                McpFiltered::new(b, rule, lists, framing, judge_limit, notes),
+            (Some((rule, lists, framing, report)), Err(b)) => out.finish(
+                McpFiltered::new(b, rule, lists, framing, judge_limit, notes).dry(report),
                 on_end,
             ),
             (None, Err(b)) => out.finish(b, on_end),
