@@ -71,6 +71,7 @@ async fn upstream(cert: Vec<u8>, key: Vec<u8>) -> SocketAddr {
     let addr = l.local_addr().expect("addr");
     tokio::spawn(async move {
         while let Ok((tcp, _)) = l.accept().await {
+            let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else {
@@ -164,6 +165,7 @@ async fn client(
     count: Arc<AtomicU64>,
 ) {
     let mut tcp = tokio::net::TcpStream::connect(proxy).await.expect("proxy");
+    tcp.set_nodelay(true).expect("nodelay");
     tcp.write_all(
         format!("CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").as_bytes(),
     )
