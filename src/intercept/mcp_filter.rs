@@ -384,7 +384,8 @@ mod tests {
     use crate::policy::protocols::mcp::ToolRule;
     use http_body_util::BodyExt;
 
-    fn filtered(framing: Framing, chunks: Vec<&'static [u8]>) -> Result<String, String> {
+    /// A rule allowing the tool `search`, and the lists of a `tools/list` request with id 1.
+    fn search_only() -> (McpRule, Lists) {
         let rule = McpRule::new(
             vec![ToolRule::new("search", vec![]).unwrap()],
             &[],
@@ -392,9 +393,13 @@ mod tests {
             &[],
         )
         .unwrap();
-        let (_, lists) = rule
-            .judge(&jsonrpc::parse(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#).unwrap())
-            .unwrap();
+        let asked = jsonrpc::parse(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#).unwrap();
+        let (_, lists) = rule.judge(&asked).unwrap();
+        (rule, lists)
+    }
+
+    fn filtered(framing: Framing, chunks: Vec<&'static [u8]>) -> Result<String, String> {
+        let (rule, lists) = search_only();
         let body = McpFiltered::new(
             Chunks(chunks.into_iter().map(Bytes::from_static).collect()),
             Arc::new(rule),
@@ -460,16 +465,7 @@ mod tests {
 
     #[test]
     fn report_mode_passes_everything_and_notes_what_it_would_filter() {
-        let rule = McpRule::new(
-            vec![ToolRule::new("search", vec![]).unwrap()],
-            &[],
-            &[],
-            &[],
-        )
-        .unwrap();
-        let (_, lists) = rule
-            .judge(&jsonrpc::parse(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#).unwrap())
-            .unwrap();
+        let (rule, lists) = search_only();
         let sent: &'static [u8] = b"data: {\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"elicitation/create\"}\n\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"tools\":[{\"name\":\"search\"},{\"name\":\"x\"}]}}\n\n";
         let notes: Arc<Mutex<Notes>> = Default::default();
         let body = McpFiltered::new(

@@ -81,7 +81,7 @@ pub(super) type Readers = (Option<Arc<Scrubber>>, Option<(Arc<McpRule>, Lists, b
 fn ender(
     mut audit: AuditGuard,
     findings: Arc<Mutex<Findings>>,
-    notes: Arc<Mutex<Notes>>,
+    notes: Option<Arc<Mutex<Notes>>>,
     (up, down): (Arc<AtomicU64>, Arc<AtomicU64>),
 ) -> impl FnOnce(Ending) + Send + Sync + 'static {
     move |_| {
@@ -95,7 +95,7 @@ fn ender(
                 ));
             }
         }
-        if let Ok(n) = notes.lock() {
+        if let Some(Ok(n)) = notes.as_ref().map(|n| n.lock()) {
             let (hid, were) = match n.report {
                 true => ("would have hidden", "would have been dropped (report mode)"),
                 false => ("hid", "were dropped"),
@@ -116,6 +116,14 @@ fn ender(
         audit.bytes(up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
         drop(audit);
     }
+}
+
+/// A response body on its way: untouched, filtered as it streams, or read whole and
+/// filtered.
+enum Read {
+    Plain(Incoming),
+    Stream(McpFiltered<Incoming>),
+    Whole(Bytes),
 }
 
 impl Exchange {
@@ -148,7 +156,8 @@ impl Exchange {
             // Never passed unread: a compressed secret or MCP message would not be found.
             return self.unread(audit, &sent, &why);
         }
-        let notes = Arc::new(Mutex::new(Notes::default()));
+        // Only a filtered response has notes (no allocation for the others).
+        let notes = mcp.as_ref().map(|_| Arc::new(Mutex::new(Notes::default())));
         let empty = hyper::body::Body::is_end_stream(resp.body());
         let filter = mcp.filter(|_| !empty).and_then(|(rule, lists, report)| {
             let framing = mcp_filter::framing(resp.headers())?;
@@ -157,21 +166,23 @@ impl Exchange {
         });
         let judge_limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
         let (mut parts, b) = resp.into_parts();
-        // A JSON body is read whole here, so that it goes on with its exact length.
-        let (filter, json) = match filter {
-            Some((rule, lists, Framing::Json, report)) => {
-                let read =
-                    McpFiltered::new(b, rule, lists, Framing::Json, judge_limit, notes.clone())
-                        .dry(report);
-                match read.collect().await {
-                    Ok(c) => (None, Ok(c.to_bytes())),
-                    Err(e) => {
-                        let why = format!("the MCP response could not be read: {e}");
-                        return self.unread(audit, &sent, &why);
-                    }
+        let read = match filter {
+            None => Read::Plain(b),
+            Some((rule, lists, framing, report)) => {
+                let notes = notes.clone().unwrap_or_default();
+                let f = McpFiltered::new(b, rule, lists, framing, judge_limit, notes).dry(report);
+                match framing {
+                    Framing::EventStream => Read::Stream(f),
+                    // Read whole here, so that it goes on with its exact length.
+                    Framing::Json => match f.collect().await {
+                        Ok(c) => Read::Whole(c.to_bytes()),
+                        Err(e) => {
+                            let why = format!("the MCP response could not be read: {e}");
+                            return self.unread(audit, &sent, &why);
+                        }
+                    },
                 }
             }
-            other => (other, Err(b)),
         };
         let findings = Arc::new(Mutex::new(Findings::default()));
         let down_bytes = Arc::new(AtomicU64::new(0));
@@ -188,18 +199,14 @@ impl Exchange {
             findings,
             down_bytes,
         };
-        let body = match (filter, json) {
-            (_, Ok(bytes)) => {
-                parts
-                    .headers
-                    .insert(http::header::CONTENT_LENGTH, bytes.len().into());
+        let body = match read {
+            Read::Whole(bytes) => {
+                let length = bytes.len().into();
+                parts.headers.insert(http::header::CONTENT_LENGTH, length);
                 out.finish(Full::new(bytes), on_end)
             }
-            (Some((rule, lists, framing, report)), Err(b)) => out.finish(
-                McpFiltered::new(b, rule, lists, framing, judge_limit, notes).dry(report),
-                on_end,
-            ),
-            (None, Err(b)) => out.finish(b, on_end),
+            Read::Stream(f) => out.finish(f, on_end),
+            Read::Plain(b) => out.finish(b, on_end),
         };
         Response::from_parts(parts, body)
     }
