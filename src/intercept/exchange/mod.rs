@@ -75,17 +75,24 @@ struct Prepared {
     bound: Vec<Bound>,
     /// The scrubber of the secrets bound here (none: no secret).
     scrubber: Option<Arc<Scrubber>>,
+    /// Every rule here matches any path (no glob, git or protocol): an encoded `/` cannot
+    /// reach a path a rule would refuse.
+    any_path: bool,
 }
 
 impl Prepared {
     fn new(binding: Arc<Binding>, host: &str) -> Self {
-        let rules = binding
+        let rules: Vec<HttpRule> = binding
             .network
             .http
             .iter()
             .filter(|r| r.host.matches(host))
             .cloned()
             .collect();
+        let any_path = !rules.is_empty()
+            && rules
+                .iter()
+                .all(|r| r.paths.is_empty() && r.git.is_empty() && r.protocol.is_none());
         let bound: Vec<Bound> = binding
             .credentials
             .iter()
@@ -98,6 +105,7 @@ impl Prepared {
             rules,
             bound,
             scrubber,
+            any_path,
         }
     }
 }
@@ -260,11 +268,7 @@ impl Exchange {
             return Some(Refusal::new(Reason::HostMismatch, why));
         }
         let path = req.uri().path();
-        let any_path = !rules.is_empty()
-            && rules
-                .iter()
-                .all(|r| r.paths.is_empty() && r.git.is_empty() && r.protocol.is_none());
-        if let Err(why) = canonical_path_with(path, any_path) {
+        if let Err(why) = canonical_path_with(path, p.any_path) {
             return Some(Refusal::new(
                 Reason::HttpNotAllowed,
                 format!("{why}: refused on terminated hosts (the upstream could read it as another path)"),
@@ -416,9 +420,10 @@ impl Exchange {
             Checked::Judge(judges) => return Ok(decided(Verdict::Allow, judges)),
             Checked::Refused(r) => r,
         };
-        if git_request(req.method().as_str(), req.uri().path(), req.uri().query()).is_some() {
-            asked.call = git_request(req.method().as_str(), req.uri().path(), req.uri().query())
-                .map(|(s, _)| format!("git {}", s.name()));
+        if let Some((service, _)) =
+            git_request(req.method().as_str(), req.uri().path(), req.uri().query())
+        {
+            asked.call = Some(format!("git {}", service.name()));
         }
         if prepared.binding.enforcement == Enforcement::Report && r.reason.reportable() {
             audit.verdict(Verdict::Report, r.reason);
