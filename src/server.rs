@@ -205,6 +205,7 @@ fn spawn_listeners(
         tokio::spawn(shared.descriptors.clone().sample()),
         tokio::spawn(sweep_upstreams(shared.clone())),
         tokio::spawn(sweep_dns_memory(shared.clone())),
+        tokio::spawn(drop_minted_tokens(shared.clone())),
     ];
     let data_plane = [
         (l.proxy.map(|l| (l, None)), Kind::Proxy),
@@ -319,6 +320,17 @@ async fn sweep_dns_memory(shared: Arc<Shared>) {
         tick.tick().await;
         crate::dns::give_back::freed(shared.dns_memory.sweep());
         crate::dns::give_back::release_if_many();
+    }
+}
+
+/// On every publication, drop the minted tokens of credentials the policy no longer has.
+async fn drop_minted_tokens(shared: Arc<Shared>) {
+    let Some(ix) = shared.settings.interceptor.clone() else {
+        return;
+    };
+    let mut published = shared.policy.subscribe();
+    while published.changed().await.is_ok() {
+        ix.minter.retain(&shared.policy.load());
     }
 }
 

@@ -36,7 +36,7 @@ pub(super) fn resolve_credentials(
     let mut out = Vec::new();
     let read = |f: &str| super::files::read_in(ctx.base_dir, f);
     for (i, c) in raw.credentials.iter().enumerate() {
-        if let Some(f) = &c.source.file {
+        for f in c.source.files() {
             let p = if Path::new(f).is_absolute() {
                 PathBuf::from(f)
             } else {

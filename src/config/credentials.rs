@@ -17,9 +17,14 @@ pub use crate::policy::http_rules::{BoundHost, HttpRule};
 /// A secret value. Compared by content (a changed file is a changed binding), shown as
 /// `<redacted>`.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Secret(Arc<str>);
+pub struct Secret(pub(super) Arc<str>);
 
 impl Secret {
+    /// A secret the proxy obtained itself (a minted token).
+    pub fn new(s: &str) -> Secret {
+        Secret(s.into())
+    }
+
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -50,26 +55,84 @@ pub enum Inject {
 pub struct Credential {
     pub name: String,
     pub hosts: Vec<BoundHost>,
-    pub inject: Inject,
-    pub secret: Secret,
-    /// What the sandbox holds instead (`GET /v1/sandboxes/{id}/placeholders`).
+    /// What the proxy holds and how it goes on a request.
+    pub kind: CredentialKind,
+    /// What the sandbox holds instead (`GET /v1/sandboxes/{id}/placeholders`); for
+    /// `aws_sigv4`, the placeholder access key id.
     pub placeholder: String,
+}
+
+/// The kinds of credential (`kind:`), each put on requests by its own implementation in
+/// `crate::intercept::credential`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CredentialKind {
+    /// `kind: static` (the default): a secret set in a header or replacing the placeholder.
+    Static { inject: Inject, secret: Secret },
+    /// `kind: aws_sigv4`: requests signed with the placeholder keys are re-signed.
+    AwsSigV4(super::credential_kinds::AwsKeys),
+    /// `kind: oauth2` and `kind: github_app`: a token the proxy mints and refreshes.
+    Minted(std::sync::Arc<super::credential_kinds::Minting>),
 }
 
 impl Credential {
     pub fn bound_to(&self, host: &str) -> bool {
         self.hosts.iter().any(|h| h.matches(host))
     }
+
+    /// What identifies this credential with its secrets, by digest (a rotation or any change
+    /// is a new fingerprint): the policy version and the minted-token cache key read it.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        let mut h = Sha256::new();
+        h.update(format!("{}{:?}{:?}", self.name, self.hosts, self.kind));
+        for s in self.secrets() {
+            h.update(Sha256::digest(s.expose().as_bytes()));
+        }
+        h.finalize().into()
+    }
+
+    /// Every secret the proxy read for this credential.
+    pub fn secrets(&self) -> Vec<&Secret> {
+        match &self.kind {
+            CredentialKind::Static { secret, .. } => vec![secret],
+            CredentialKind::AwsSigV4(k) => k.secrets(),
+            CredentialKind::Minted(m) => vec![&m.secret],
+        }
+    }
 }
 
 /// `credentials[]` as written.
-#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawCredential {
     pub name: String,
     pub hosts: Vec<String>,
-    pub inject: RawInject,
+    /// `static` (default), `aws_sigv4`, `oauth2`, `github_app`.
+    #[serde(default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub inject: Option<RawInject>,
     pub source: RawSource,
+    /// `oauth2`: `client_credentials`, `refresh_token` or `jwt_bearer`.
+    #[serde(default)]
+    pub grant: Option<String>,
+    /// `oauth2`: where tokens are minted.
+    #[serde(default)]
+    pub token_url: Option<String>,
+    /// `oauth2`.
+    #[serde(default)]
+    pub client_id: Option<String>,
+    /// `oauth2`.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// `github_app`.
+    #[serde(default)]
+    pub app_id: Option<u64>,
+    /// `github_app`.
+    #[serde(default)]
+    pub installation_id: Option<u64>,
+    /// `github_app`: the API that mints installation tokens (`https://api.github.com`).
+    #[serde(default)]
+    pub api_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
@@ -99,13 +162,42 @@ pub struct RawReplaceIn {
     pub headers: Vec<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawSource {
     #[serde(default)]
     pub file: Option<String>,
     #[serde(default)]
     pub env: Option<String>,
+    #[serde(default)]
+    pub access_key_id_file: Option<String>,
+    #[serde(default)]
+    pub secret_access_key_file: Option<String>,
+    #[serde(default)]
+    pub session_token_file: Option<String>,
+    #[serde(default)]
+    pub client_secret_file: Option<String>,
+    #[serde(default)]
+    pub refresh_token_file: Option<String>,
+    #[serde(default)]
+    pub private_key_file: Option<String>,
+}
+
+impl RawSource {
+    /// Every file named (watched for rotation).
+    pub fn files(&self) -> impl Iterator<Item = &String> {
+        [
+            &self.file,
+            &self.access_key_id_file,
+            &self.secret_access_key_file,
+            &self.session_token_file,
+            &self.client_secret_file,
+            &self.refresh_token_file,
+            &self.private_key_file,
+        ]
+        .into_iter()
+        .flatten()
+    }
 }
 
 /// The placeholder of credential `name` of sandbox `sandbox`: opaque, stable for as long as
@@ -164,56 +256,130 @@ pub fn resolve(
     if raw.hosts.is_empty() {
         errors.push("hosts: bind the credential to at least one host".into());
     }
-    let inject = inject(&raw.inject, &mut errors);
-    let mut absent = |why: String| match secrets {
-        super::Secrets::Required => {
-            errors.push(why);
-            None
-        }
-        super::Secrets::MayBeAbsent => {
-            warnings.push(format!(
-                "sandbox {sandbox}: credential {}: {why}; {}",
-                raw.name,
-                super::ABSENT_SECRET_NOTE
+    let kind = raw.kind.as_deref().unwrap_or("static");
+    let mut read = Reader {
+        read_file,
+        secrets,
+        sandbox,
+        name: &raw.name,
+        warnings,
+    };
+    let mut resolved = match kind {
+        "static" => static_kind(raw, &mut read, &mut errors),
+        "aws_sigv4" => super::credential_kinds::aws(raw, &mut read, &mut errors),
+        "oauth2" | "github_app" => super::credential_kinds::minted(raw, &mut read, &mut errors),
+        other => {
+            errors.push(format!(
+                "kind `{other}`: one of static, aws_sigv4, oauth2, github_app"
             ));
-            Some(ABSENT_SECRET.to_string())
-        }
-    };
-    let secret = match (&raw.source.file, &raw.source.env) {
-        (Some(f), None) => match read_file(f) {
-            Ok(text) => Some(text.trim().to_string()),
-            Err(e) => absent(format!("source.file: {e}")),
-        },
-        (None, Some(v)) => match std::env::var(v) {
-            Ok(s) => Some(s.trim().to_string()),
-            Err(_) => absent(format!("source.env: the variable {v} is not set")),
-        },
-        _ => {
-            errors.push("source: exactly one of file, env (never the secret itself)".into());
             None
         }
     };
-    let secret = secret.filter(|s| {
-        let ok = !s.is_empty() && s.bytes().all(|b| (0x20..0x7f).contains(&b));
-        if !ok {
-            errors.push("the secret is empty or not printable ASCII".into());
-        }
-        ok
-    });
-    match (errors.is_empty(), inject, secret) {
-        (true, Some(inject), Some(secret)) => Ok(Credential {
-            placeholder: placeholder(key, sandbox, &raw.name, secret.len()),
+    if let Some(CredentialKind::AwsSigV4(k)) = resolved.as_mut() {
+        k.placeholder_secret =
+            super::credential_kinds::aws_placeholder_secret(key, sandbox, &raw.name);
+    }
+    match (errors.is_empty(), resolved) {
+        (true, Some(kind)) => Ok(Credential {
+            placeholder: match &kind {
+                CredentialKind::AwsSigV4(_) => {
+                    super::credential_kinds::aws_placeholder_key_id(key, sandbox, &raw.name)
+                }
+                CredentialKind::Static { secret, .. } => {
+                    placeholder(key, sandbox, &raw.name, secret.expose().len())
+                }
+                CredentialKind::Minted(_) => placeholder(key, sandbox, &raw.name, 40),
+            },
             name: raw.name.clone(),
             hosts,
-            inject,
-            secret: Secret(secret.into()),
+            kind,
         }),
         _ => Err(errors),
     }
 }
 
+/// Reads a credential's secrets: an error names the file or variable, never a secret; under
+/// [`super::Secrets::MayBeAbsent`] an unreadable one is a warning and a stand-in.
+pub(super) struct Reader<'a> {
+    read_file: super::files::ReadFile<'a>,
+    secrets: super::Secrets,
+    sandbox: &'a str,
+    name: &'a str,
+    warnings: &'a mut Vec<String>,
+}
+
+impl Reader<'_> {
+    /// The trimmed content of file `f` (`what` names the key).
+    pub(super) fn file(&mut self, f: &str, what: &str) -> Result<String, String> {
+        match (self.read_file)(f) {
+            Ok(text) => Ok(text.trim().to_string()),
+            Err(e) => self.absent(format!("source.{what}: {e}")),
+        }
+    }
+
+    /// The trimmed value of variable `v`.
+    fn env(&mut self, v: &str) -> Result<String, String> {
+        match std::env::var(v) {
+            Ok(s) => Ok(s.trim().to_string()),
+            Err(_) => self.absent(format!("source.env: the variable {v} is not set")),
+        }
+    }
+
+    fn absent(&mut self, why: String) -> Result<String, String> {
+        match self.secrets {
+            super::Secrets::Required => Err(why),
+            super::Secrets::MayBeAbsent => {
+                self.warnings.push(format!(
+                    "sandbox {}: credential {}: {why}; {}",
+                    self.sandbox,
+                    self.name,
+                    super::ABSENT_SECRET_NOTE
+                ));
+                Ok(ABSENT_SECRET.to_string())
+            }
+        }
+    }
+}
+
+/// A secret as read: printable ASCII, not empty.
+pub(super) fn printable(s: String, what: &str, errors: &mut Vec<String>) -> Option<Secret> {
+    let ok = !s.is_empty() && s.bytes().all(|b| (0x20..0x7f).contains(&b));
+    if !ok {
+        errors.push(format!(
+            "{what}: the secret is empty or not printable ASCII"
+        ));
+    }
+    ok.then(|| Secret(s.into()))
+}
+
+/// `kind: static`: `inject` and `source: { file | env }`.
+fn static_kind(
+    raw: &RawCredential,
+    read: &mut Reader<'_>,
+    errors: &mut Vec<String>,
+) -> Option<CredentialKind> {
+    let inject = match &raw.inject {
+        Some(i) => inject(i, errors),
+        None => {
+            errors.push("inject: the static kind needs { header, format } or { replace_placeholder: { headers: [...] } }".into());
+            None
+        }
+    };
+    let s = &raw.source;
+    let secret = match (&s.file, &s.env) {
+        (Some(f), None) => read.file(f, "file"),
+        (None, Some(v)) => read.env(v),
+        _ => Err("source: exactly one of file, env (never the secret itself)".into()),
+    };
+    let secret = printable(secret.map_err(|e| errors.push(e)).ok()?, "source", errors)?;
+    Some(CredentialKind::Static {
+        inject: inject?,
+        secret,
+    })
+}
+
 /// `inject:` — how the credential goes on a request (the kinds, `crate::intercept::credential`).
-fn inject(raw: &RawInject, errors: &mut Vec<String>) -> Option<Inject> {
+pub(super) fn inject(raw: &RawInject, errors: &mut Vec<String>) -> Option<Inject> {
     match (&raw.header, &raw.replace_placeholder) {
         (Some(h), None) => match http::HeaderName::from_bytes(h.as_bytes()) {
             Ok(name) => {

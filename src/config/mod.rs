@@ -16,6 +16,7 @@ mod binding_secrets;
 pub mod block;
 mod conformance;
 pub mod control_plane;
+pub mod credential_kinds;
 pub mod credentials;
 pub mod defaults;
 mod dns;

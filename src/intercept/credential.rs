@@ -1,31 +1,49 @@
 //! Credentials as kinds behind one trait. A binding's `credentials[]` describe (config); here
-//! each becomes a [`Bound`] credential of its [`Kind`], which says the three things a
-//! terminated exchange asks of it, in the exchange's fixed order:
+//! each becomes a [`Bound`] credential of its [`Kind`], which says what a terminated exchange
+//! asks of it, in the exchange's fixed order:
 //! 1. [`Kind::misuse`] — before anything: is the sandbox's placeholder somewhere this kind
-//!    does not take it (a refusal, `credential_misuse`);
-//! 2. [`Kind::apply`] — after the request was allowed: put the secret on it;
-//! 3. [`Kind::secrets`] — what the response scrubber looks for (and replaces with the
-//!    placeholder).
+//!    does not take it, or the request signed in a way it cannot sign again (a refusal,
+//!    `credential_misuse`);
+//! 2. [`Kind::reads_body`] — whether the body must be read whole first (a SigV4 request that
+//!    declares no payload hash is signed over its body);
+//! 3. [`Kind::apply`] — after the request was allowed and its authority written, as it will
+//!    be sent: put the credential on it (a minting kind may mint first; when it cannot, the
+//!    request is refused `credential_unavailable`, never sent without it);
+//! 4. [`Kind::secrets`] — what the response scrubber looks for (and replaces with the
+//!    placeholder), minted tokens included.
 //!
-//! The kinds: [`Header`] (set a header to a format with the secret) and [`Replace`] (replace
-//! the placeholder inside named headers, Basic auth decoded). A signing or minting kind (AWS
-//! SigV4, OAuth2) is one more implementation; [`bound`] is the one place that maps a
-//! configured credential to its kind.
+//! The kinds: [`Header`] (set a header to a format with the secret), [`Replace`] (replace the
+//! placeholder inside named headers, Basic auth decoded), [`super::sigv4::AwsSigV4`] (sign
+//! again with the real keys) and [`Minted`] (a token minted by [`super::minter`]); [`bound`]
+//! is the one place that maps a configured credential to its kind.
 
-use http::{HeaderMap, HeaderName, HeaderValue, Uri};
+use std::sync::Arc;
 
+use base64::Engine;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
+
+use super::exchange::UpBody;
+use super::minter::{Minter, Slot};
 use super::placeholder;
-use crate::config::credentials::{Credential, Inject};
+use super::sigv4::AwsSigV4;
+use crate::config::credentials::{Credential, CredentialKind, Inject};
+use crate::egress::resolve::Resolver;
 
 /// What a kind of credential does on a terminated exchange.
+#[async_trait::async_trait]
 pub trait Kind: Send + Sync {
     /// Why the request (`uri`, `headers`) carries `placeholder` where this kind does not take
-    /// it; `None` when it does not.
+    /// it, or cannot be given this credential; `None` when it can.
     fn misuse(&self, uri: &Uri, headers: &HeaderMap, placeholder: &str) -> Option<String>;
-    /// Put the credential on the request's headers; whether it was used.
-    fn apply(&self, headers: &mut HeaderMap, placeholder: &str) -> bool;
+    /// Whether the body must be read whole before [`Kind::apply`].
+    fn reads_body(&self, _uri: &Uri, _headers: &HeaderMap) -> bool {
+        false
+    }
+    /// Put the credential on the request (authority written, as it will be sent): whether it
+    /// was used; `Err` why it could not be had (`credential_unavailable`).
+    async fn apply(&self, req: &mut Request<UpBody>, placeholder: &str) -> Result<bool, String>;
     /// The secret values a response must never carry back.
-    fn secrets(&self) -> Vec<&[u8]>;
+    fn secrets(&self) -> Vec<Vec<u8>>;
 }
 
 /// A credential bound to the host being terminated.
@@ -36,14 +54,69 @@ pub struct Bound {
     pub kind: Box<dyn Kind>,
 }
 
-/// The kind of a configured credential.
-pub fn bound(c: &Credential) -> Bound {
-    let kind: Box<dyn Kind> = match &c.inject {
-        Inject::Header { name, format } => Box::new(Header::new(name, format, c.secret.expose())),
-        Inject::ReplacePlaceholder { headers } => Box::new(Replace {
-            headers: headers.clone(),
-            secret: c.secret.expose().to_string(),
-        }),
+/// What minting kinds need: the process's tokens and the proxy's resolver.
+#[derive(Clone)]
+pub struct MintCx {
+    pub minter: Arc<Minter>,
+    pub resolver: Arc<Resolver>,
+}
+
+#[cfg(test)]
+impl MintCx {
+    /// A context whose resolver knows no name and whose TLS trusts the public roots.
+    pub fn for_tests() -> MintCx {
+        let cfg = crate::config::DnsConfig {
+            servers: vec!["127.0.0.1:9".parse().unwrap()],
+            hosts: Default::default(),
+            timeout: std::time::Duration::from_millis(100),
+            address_rule_zones: Vec::new(),
+            max_answer_ttl: std::time::Duration::from_secs(60),
+            answer_grace: std::time::Duration::from_secs(60),
+            pass_types: Vec::new(),
+        };
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        MintCx {
+            minter: Arc::new(Minter::new(Arc::new(tls))),
+            resolver: Arc::new(Resolver::new(&cfg).0),
+        }
+    }
+}
+
+/// The kind of a configured credential of `sandbox`.
+pub fn bound(c: &Credential, sandbox: &str, cx: &MintCx) -> Bound {
+    let kind: Box<dyn Kind> = match &c.kind {
+        CredentialKind::Static { inject, secret } => match inject {
+            Inject::Header { name, format } => Box::new(Header::new(name, format, secret.expose())),
+            Inject::ReplacePlaceholder { headers } => Box::new(Replace {
+                headers: headers.clone(),
+                secret: secret.expose().to_string(),
+            }),
+        },
+        CredentialKind::AwsSigV4(keys) => Box::new(Resign(AwsSigV4::new(keys.clone()))),
+        CredentialKind::Minted(m) => {
+            let (header, format) = match &m.inject {
+                Inject::Header { name, format } => (name.clone(), format.clone()),
+                Inject::ReplacePlaceholder { .. } => {
+                    (http::header::AUTHORIZATION, "Bearer {secret}".into())
+                }
+            };
+            Box::new(Minted {
+                slot: cx.minter.slot(sandbox, c, m),
+                cx: cx.clone(),
+                header,
+                format,
+                git_basic: matches!(
+                    m.how,
+                    crate::config::credential_kinds::Mint::GithubApp { .. }
+                ),
+            })
+        }
     };
     Bound {
         name: c.name.clone(),
@@ -93,21 +166,22 @@ impl Header {
     }
 }
 
+#[async_trait::async_trait]
 impl Kind for Header {
     fn misuse(&self, _: &Uri, _: &HeaderMap, _: &str) -> Option<String> {
         None
     }
 
-    fn apply(&self, headers: &mut HeaderMap, _: &str) -> bool {
+    async fn apply(&self, req: &mut Request<UpBody>, _: &str) -> Result<bool, String> {
         let Some(v) = &self.value else {
-            return false;
+            return Ok(false);
         };
-        headers.insert(self.name.clone(), v.clone());
-        true
+        req.headers_mut().insert(self.name.clone(), v.clone());
+        Ok(true)
     }
 
-    fn secrets(&self) -> Vec<&[u8]> {
-        vec![self.secret.as_bytes()]
+    fn secrets(&self) -> Vec<Vec<u8>> {
+        vec![self.secret.as_bytes().to_vec()]
     }
 }
 
@@ -119,6 +193,7 @@ pub struct Replace {
     secret: String,
 }
 
+#[async_trait::async_trait]
 impl Kind for Replace {
     fn misuse(&self, uri: &Uri, headers: &HeaderMap, placeholder: &str) -> Option<String> {
         carries_outside(uri, headers, placeholder, &self.headers).then(|| {
@@ -130,7 +205,8 @@ impl Kind for Replace {
         })
     }
 
-    fn apply(&self, headers: &mut HeaderMap, placeholder: &str) -> bool {
+    async fn apply(&self, req: &mut Request<UpBody>, placeholder: &str) -> Result<bool, String> {
+        let headers = req.headers_mut();
         let mut found = false;
         for name in &self.headers {
             let replaced: Vec<HeaderValue> = headers
@@ -150,10 +226,101 @@ impl Kind for Replace {
                 headers.append(name.clone(), v);
             }
         }
-        found
+        Ok(found)
     }
 
-    fn secrets(&self) -> Vec<&[u8]> {
-        vec![self.secret.as_bytes()]
+    fn secrets(&self) -> Vec<Vec<u8>> {
+        vec![self.secret.as_bytes().to_vec()]
+    }
+}
+
+/// `kind: aws_sigv4` behind the trait ([`AwsSigV4`] does the work).
+struct Resign(AwsSigV4);
+
+#[async_trait::async_trait]
+impl Kind for Resign {
+    fn misuse(&self, uri: &Uri, headers: &HeaderMap, placeholder: &str) -> Option<String> {
+        self.0.misuse(uri, headers, placeholder)
+    }
+
+    fn reads_body(&self, uri: &Uri, headers: &HeaderMap) -> bool {
+        self.0.reads_body(uri, headers)
+    }
+
+    async fn apply(&self, req: &mut Request<UpBody>, _: &str) -> Result<bool, String> {
+        let whole = req.body().bytes().cloned();
+        match self.0.resign(req, whole.as_deref())? {
+            None => Ok(false),
+            Some(None) => Ok(true),
+            Some(Some(mut chunks)) => {
+                let body = std::mem::replace(req.body_mut(), UpBody::Whole(None));
+                *req.body_mut() = match body {
+                    UpBody::Streamed(b) => UpBody::Resigned(b, Box::new(chunks)),
+                    UpBody::Whole(Some(b)) => {
+                        let out = chunks.push(&b)?;
+                        if !chunks.finished() {
+                            return Err("the aws-chunked body ended before its final chunk".into());
+                        }
+                        UpBody::whole(out)
+                    }
+                    other => other,
+                };
+                Ok(true)
+            }
+        }
+    }
+
+    fn secrets(&self) -> Vec<Vec<u8>> {
+        self.0.secrets()
+    }
+}
+
+/// `kind: oauth2` and `kind: github_app`: the token minted for this sandbox goes in the
+/// header (`Authorization: Bearer` unless `inject` says otherwise); for a GitHub App, git's
+/// smart-HTTP requests get it as the Basic-auth password (`x-access-token:TOKEN`), as git
+/// over HTTPS takes it.
+pub struct Minted {
+    slot: Arc<Slot>,
+    cx: MintCx,
+    header: HeaderName,
+    format: String,
+    git_basic: bool,
+}
+
+#[async_trait::async_trait]
+impl Kind for Minted {
+    fn misuse(&self, _: &Uri, _: &HeaderMap, _: &str) -> Option<String> {
+        None
+    }
+
+    async fn apply(&self, req: &mut Request<UpBody>, _: &str) -> Result<bool, String> {
+        let token = self.slot.token(&self.cx.minter, &self.cx.resolver).await?;
+        let git = self.git_basic
+            && crate::policy::http_rules::git_request(
+                req.method().as_str(),
+                req.uri().path(),
+                req.uri().query(),
+            )
+            .is_some();
+        let value = match git {
+            true => format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD
+                    .encode(format!("x-access-token:{}", token.expose()))
+            ),
+            false => self.format.replace("{secret}", token.expose()),
+        };
+        let mut v = HeaderValue::from_str(&value)
+            .map_err(|_| "the minted token is not a valid header value".to_string())?;
+        v.set_sensitive(true);
+        req.headers_mut().insert(self.header.clone(), v);
+        Ok(true)
+    }
+
+    fn secrets(&self) -> Vec<Vec<u8>> {
+        self.slot
+            .current()
+            .map(|t| vec![t.expose().as_bytes().to_vec()])
+            .unwrap_or_default()
     }
 }

@@ -16,9 +16,11 @@ mod error;
 mod exchange;
 mod judge;
 mod mcp_filter;
+pub mod minter;
 mod placeholder;
 pub(crate) mod prefixed;
 mod scrub;
+mod sigv4;
 mod unescape;
 
 use std::sync::Arc;
@@ -52,6 +54,8 @@ pub struct Interceptor {
     never: Vec<BoundHost>,
     scrub_body_bytes: u64,
     judge_body_bytes: u64,
+    /// Tokens minted for `oauth2` and `github_app` credentials, shared by every tunnel.
+    pub minter: Arc<minter::Minter>,
 }
 
 impl std::fmt::Debug for Interceptor {
@@ -82,7 +86,10 @@ impl Interceptor {
             c.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
             Arc::new(c)
         };
+        let mut minting = upstream.clone();
+        minting.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Interceptor {
+            minter: Arc::new(minter::Minter::new(Arc::new(minting))),
             ca,
             upstream: [
                 offering(&[]),
@@ -186,6 +193,8 @@ pub struct Tunnel<'a> {
     pub server: crate::relay::server_io::ServerIo,
     /// The protocols the client's ClientHello offered.
     pub client_alpn: Vec<String>,
+    /// The proxy's resolver (token endpoints are resolved by it).
+    pub resolver: Arc<crate::egress::resolve::Resolver>,
 }
 
 /// Terminate `t` and serve its requests until either side closes, nothing moves for the idle
@@ -266,6 +275,10 @@ where
         up,
         audit.recorder(),
         live.clone(),
+        credential::MintCx {
+            minter: ix.minter.clone(),
+            resolver: t.resolver.clone(),
+        },
         exchange::BodyLimits {
             scrub: ix.scrub_body_bytes,
             judge: ix.judge_body_bytes,

@@ -89,8 +89,8 @@ impl Scrubber {
         let mut names = Vec::new();
         for c in bound {
             for secret in c.kind.secrets() {
-                let mut forms = vec![secret.to_vec(), hex_form(secret)];
-                forms.extend(base64_forms(secret));
+                let mut forms = vec![secret.clone(), hex_form(&secret)];
+                forms.extend(base64_forms(&secret));
                 for f in forms {
                     if !patterns.iter().any(|p| p.eq_ignore_ascii_case(&f)) {
                         owners.push(names.len());
@@ -365,15 +365,16 @@ pub(crate) mod tests {
         let raw = crate::config::credentials::RawCredential {
             name: name.into(),
             hosts: vec!["api.test".into()],
-            inject: crate::config::credentials::RawInject {
+            inject: Some(crate::config::credentials::RawInject {
                 header: Some("Authorization".into()),
                 format: None,
                 replace_placeholder: None,
-            },
+            }),
             source: crate::config::credentials::RawSource {
                 file: Some("f".into()),
-                env: None,
+                ..Default::default()
             },
+            ..Default::default()
         };
         let mut c = crate::config::credentials::resolve(
             &raw,
@@ -393,8 +394,15 @@ pub(crate) mod tests {
 
     async fn run(chunks: Vec<Vec<u8>>) -> (Vec<u8>, Vec<String>) {
         let s = Arc::new(
-            Scrubber::new([super::super::credential::bound(&cred("api", SECRET, PH))].iter())
-                .unwrap(),
+            Scrubber::new(
+                [super::super::credential::bound(
+                    &cred("api", SECRET, PH),
+                    "sb",
+                    &super::super::credential::MintCx::for_tests(),
+                )]
+                .iter(),
+            )
+            .unwrap(),
         );
         let stream = Chunks(chunks.into_iter().map(Bytes::from).collect());
         let findings = Arc::new(Mutex::new(Findings::default()));
@@ -477,8 +485,15 @@ pub(crate) mod tests {
     async fn trailers_are_scrubbed() {
         for limit in [1 << 20, 0] {
             let s = Arc::new(
-                Scrubber::new([super::super::credential::bound(&cred("api", SECRET, PH))].iter())
-                    .unwrap(),
+                Scrubber::new(
+                    [super::super::credential::bound(
+                        &cred("api", SECRET, PH),
+                        "sb",
+                        &super::super::credential::MintCx::for_tests(),
+                    )]
+                    .iter(),
+                )
+                .unwrap(),
             );
             let mut t = HeaderMap::new();
             t.insert(
@@ -537,8 +552,15 @@ pub(crate) mod tests {
 
     #[test]
     fn headers_are_scrubbed() {
-        let s = Scrubber::new([super::super::credential::bound(&cred("api", SECRET, PH))].iter())
-            .unwrap();
+        let s = Scrubber::new(
+            [super::super::credential::bound(
+                &cred("api", SECRET, PH),
+                "sb",
+                &super::super::credential::MintCx::for_tests(),
+            )]
+            .iter(),
+        )
+        .unwrap();
         let mut h = HeaderMap::new();
         h.insert(
             "access-control-allow-origin",

@@ -88,6 +88,7 @@ where
             early: inspected.client,
             server,
             client_alpn: hello.alpn.clone(),
+            resolver: shared.resolver(),
         };
         let timeouts = &shared.settings.timeouts;
         let live = Arc::new(crate::relay::liveness::Liveness::new(timeouts.idle));

@@ -102,6 +102,11 @@ impl Decision {
                  defaults.guard_allow_ranges (an address rule instead would allow every name that resolves into the range)"
             ),
             Reason::ProxyLoop => "the destination is this proxy itself".into(),
+            r @ (Reason::UpstreamProxyRefused
+            | Reason::MalformedRequest
+            | Reason::UnscannableResponse
+            | Reason::CredentialUnavailable
+            | Reason::AuditUnavailable) => fixed(r).into(),
             Reason::InvalidTarget => "the target is not a valid host name or canonical IP literal with a port".into(),
             Reason::AuthRequired => "no sandbox identity: send Proxy-Authorization: Basic (sandbox id and token)".into(),
             Reason::AuthFailed => "wrong sandbox id or token".into(),
@@ -113,10 +118,6 @@ impl Decision {
             Reason::DnsTimeout => "the proxy's resolver timed out".into(),
             Reason::ConnectionTimeout => "connecting to the destination timed out".into(),
             Reason::ConnectionRefused => "the destination refused the connection".into(),
-            Reason::UpstreamProxyRefused => {
-                "the parent proxy (upstream_proxy) refused the tunnel after this proxy allowed it"
-                    .into()
-            }
             Reason::ProtocolNotAllowed => format!(
                 "the tunnel did not carry what its port requires (TLS on require_tls_ports, no ECH with refuse_ech) for sandbox {sandbox} ({file})"
             ),
@@ -138,19 +139,24 @@ impl Decision {
                 "the {} rule of sandbox {sandbox} does not allow this call (its tool, method, operation or service), or the body is not one it can read ({file})",
                 r.code().trim_end_matches("_not_allowed")
             ),
-            Reason::MalformedRequest => {
-                "the request could not be read as sent (a malformed body)".into()
-            }
             Reason::UnrecognisedProtocol => format!(
                 "the connection's first bytes are neither a TLS ClientHello nor a complete, unambiguous HTTP/1.x request, and no rule of sandbox {sandbox} allows another protocol there: name the port in the entry (`host:{port}`) or use an address rule ({file})"
             ),
-            Reason::UnscannableResponse => {
-                "the upstream answered with a compressed or otherwise encoded body although identity was asked; it cannot be scanned for the credentials brokered to it, so it is not passed".into()
-            }
-            Reason::AuditUnavailable => {
-                "the audit trail cannot be written right now, and nothing is served that could not be recorded (audit.on_failure: refuse)".into()
-            }
         }
+    }
+}
+
+/// The explanations that name neither sandbox nor file.
+fn fixed(r: Reason) -> &'static str {
+    match r {
+        Reason::UpstreamProxyRefused => {
+            "the parent proxy (upstream_proxy) refused the tunnel after this proxy allowed it"
+        }
+        Reason::MalformedRequest => "the request could not be read as sent (a malformed body)",
+        Reason::UnscannableResponse => "the upstream answered with a compressed or otherwise encoded body although identity was asked; it cannot be scanned for the credentials brokered to it, so it is not passed",
+        Reason::CredentialUnavailable => "a credential this host needs could not be minted (its token endpoint refused or did not answer); the request was not sent without it",
+        Reason::AuditUnavailable => "the audit trail cannot be written right now, and nothing is served that could not be recorded (audit.on_failure: refuse)",
+        _ => "",
     }
 }
 

@@ -74,6 +74,9 @@ pub enum Reason {
     /// A terminated host answered with a body the secret scanner cannot read (a
     /// `Content-Encoding` although `identity` was asked): it is not passed.
     UnscannableResponse,
+    /// A credential the request needs could not be had: its token endpoint refused or did
+    /// not answer (the request is not sent without it).
+    CredentialUnavailable,
     /// The first bytes of a connection decided by name are neither a ClientHello nor a
     /// complete, unambiguous HTTP/1.x request head, and no rule allows opaque TCP there (a
     /// rule naming the port, or an address rule).
@@ -85,7 +88,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 36] = [
+    pub const ALL: [Reason; 37] = [
         Reason::McpNotAllowed,
         Reason::JsonRpcNotAllowed,
         Reason::GraphQlNotAllowed,
@@ -95,6 +98,7 @@ impl Reason {
         Reason::MalformedRequest,
         Reason::UnrecognisedProtocol,
         Reason::UnscannableResponse,
+        Reason::CredentialUnavailable,
         Reason::AuditUnavailable,
         Reason::UpstreamProxyRefused,
         Reason::CredentialMisuse,
@@ -161,6 +165,7 @@ impl Reason {
             Reason::UpstreamProxyRefused => "upstream_proxy_refused",
             Reason::AuditUnavailable => "audit_unavailable",
             Reason::UnscannableResponse => "unscannable_response",
+            Reason::CredentialUnavailable => "credential_unavailable",
             Reason::UnrecognisedProtocol => "unrecognised_protocol",
             Reason::MalformedRequest => "malformed_request",
         }
@@ -200,6 +205,7 @@ impl Reason {
             Reason::DnsTimeout | Reason::ConnectionTimeout => 504,
             Reason::AuditUnavailable => 503,
             Reason::UnscannableResponse => 502,
+            Reason::CredentialUnavailable => 503,
         }
     }
 
@@ -241,6 +247,7 @@ impl Reason {
             Reason::UpstreamProxyRefused => "destination_unavailable",
             Reason::AuditUnavailable => "proxy_internal_error",
             Reason::UnscannableResponse => "http_response_content_coding",
+            Reason::CredentialUnavailable => "proxy_internal_error",
         }
     }
 

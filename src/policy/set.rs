@@ -566,8 +566,7 @@ fn hash_binding(h: &mut Sha256, b: &Binding) {
     }
     for c in b.credentials.iter() {
         h.update(b"c");
-        h.update(format!("{}{:?}{:?}", c.name, c.hosts, c.inject));
-        h.update(Sha256::digest(c.secret.expose().as_bytes()));
+        h.update(c.fingerprint());
     }
 }
 

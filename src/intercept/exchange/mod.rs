@@ -23,11 +23,11 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
-use http_body_util::{combinators::BoxBody, Either, Full};
+use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 
 use super::authority;
-use super::credential::{self, carries_outside, Bound};
+use super::credential::{self, carries_outside, Bound, MintCx};
 use super::judge::{self, Allowed};
 use super::scrub::Scrubber;
 use crate::audit::record::HttpFacts;
@@ -44,14 +44,14 @@ use crate::relay::deny;
 use crate::relay::liveness::Liveness;
 
 mod response;
+mod up_body;
 mod upstream;
 
+pub use up_body::UpBody;
 pub use upstream::Upstream;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ResBody = BoxBody<Bytes, BoxError>;
-/// A request body as it goes upstream: streamed, or the bytes a protocol rule judged.
-pub type UpBody = Either<Incoming, Full<Bytes>>;
 
 /// How much of a body the exchange reads: responses scanned for secrets (`scrub`), request
 /// bodies judged by protocol rules and MCP messages filtered (`judge`).
@@ -73,15 +73,18 @@ struct Prepared {
     rules: Vec<HttpRule>,
     /// The credentials bound here, each as its kind handles it.
     bound: Vec<Bound>,
-    /// The scrubber of the secrets bound here (none: no secret).
-    scrubber: Option<Arc<Scrubber>>,
+    /// The scrubber of the secrets bound here (none: no secret), with the minter generation
+    /// it knew (a minted token is a new secret: the next request rebuilds it).
+    scrubber: Mutex<(u64, Option<Arc<Scrubber>>)>,
+    /// Whether a credential here is minted (its scrubber follows the minter).
+    minted: bool,
     /// Every rule here matches any path (no glob, git or protocol): an encoded `/` cannot
     /// reach a path a rule would refuse.
     any_path: bool,
 }
 
 impl Prepared {
-    fn new(binding: Arc<Binding>, host: &str) -> Self {
+    fn new(binding: Arc<Binding>, host: &str, cx: &MintCx) -> Self {
         let rules: Vec<HttpRule> = binding
             .network
             .http
@@ -97,16 +100,37 @@ impl Prepared {
             .credentials
             .iter()
             .filter(|c| c.bound_to(host))
-            .map(credential::bound)
+            .map(|c| credential::bound(c, binding.id.as_str(), cx))
             .collect();
-        let scrubber = Scrubber::new(bound.iter()).map(Arc::new);
+        let minted = binding.credentials.iter().any(|c| {
+            c.bound_to(host)
+                && matches!(
+                    c.kind,
+                    crate::config::credentials::CredentialKind::Minted(_)
+                )
+        });
+        let generation = cx.minter.generation();
+        let scrubber = Mutex::new((generation, Scrubber::new(bound.iter()).map(Arc::new)));
         Prepared {
             binding,
             rules,
             bound,
             scrubber,
+            minted,
             any_path,
         }
+    }
+
+    /// The scrubber of the secrets bound here as they are now (minted tokens included).
+    fn scrubber(&self, cx: &MintCx) -> Option<Arc<Scrubber>> {
+        let Ok(mut s) = self.scrubber.lock() else {
+            return Scrubber::new(self.bound.iter()).map(Arc::new);
+        };
+        let now = cx.minter.generation();
+        if self.minted && s.0 != now {
+            *s = (now, Scrubber::new(self.bound.iter()).map(Arc::new));
+        }
+        s.1.clone()
     }
 }
 
@@ -125,6 +149,8 @@ pub struct Exchange {
     upstream: Upstream,
     recorder: Recorder,
     live: Arc<Liveness>,
+    /// What minting kinds need.
+    mint: MintCx,
     limits: BodyLimits,
     /// The scrubber of the binding last seen (rebuilt when the binding changes).
     prepared: Mutex<Option<Arc<Prepared>>>,
@@ -198,6 +224,7 @@ impl Exchange {
         upstream: Upstream,
         recorder: Recorder,
         live: Arc<Liveness>,
+        mint: MintCx,
         limits: BodyLimits,
     ) -> Option<Self> {
         Some(Exchange {
@@ -207,6 +234,7 @@ impl Exchange {
             upstream,
             recorder,
             live,
+            mint,
             limits,
             prepared: Mutex::new(None),
         })
@@ -306,7 +334,7 @@ impl Exchange {
                 return p.clone();
             }
         }
-        let p = Arc::new(Prepared::new(b, &self.dest.host));
+        let p = Arc::new(Prepared::new(b, &self.dest.host, &self.mint));
         if let Ok(mut cache) = self.prepared.lock() {
             *cache = Some(p.clone());
         }
@@ -337,20 +365,14 @@ impl Exchange {
             }
         };
         let (mut req, verdict, allowed) = match d.judges.is_empty() {
-            true => (req.map(Either::Left), d.verdict, Allowed::default()),
+            true => (req.map(UpBody::Streamed), d.verdict, Allowed::default()),
             false => match self.judged(req, &d, &mut asked, &mut audit).await {
                 Ok(x) => x,
                 Err(resp) => return resp,
             },
         };
-        // A request the check would refuse is never given a credential.
-        let injected = match verdict {
-            Verdict::Allow => self.inject(&d.prepared, &mut req),
-            _ => None,
-        };
         let h2 = matches!(self.upstream, Upstream::H2(_));
         self.written.write(&mut req, h2);
-        let scrubber = d.prepared.scrubber.clone();
         // Report mode changes nothing (lists and server requests pass as the server sent
         // them); the record says what enforcing would have hidden or dropped.
         let report = d.prepared.binding.enforcement == Enforcement::Report;
@@ -358,12 +380,28 @@ impl Exchange {
             .mcp
             .filter(|_| verdict == Verdict::Allow)
             .map(|(rule, lists)| (rule, lists, report));
-        if scrubber.is_some() || mcp.is_some() {
+        if !d.prepared.bound.is_empty() || mcp.is_some() {
             req.headers_mut().insert(
                 http::header::ACCEPT_ENCODING,
                 HeaderValue::from_static("identity"),
             );
         }
+        // A request the check would refuse is never given a credential; one is put on as
+        // the request will be sent (a signature covers the authority written above).
+        let injected = match verdict {
+            Verdict::Allow => match self.inject(&d.prepared, &mut req).await {
+                Ok(used) => used,
+                Err(r) => {
+                    audit.verdict(Verdict::Deny, r.reason);
+                    audit.detail(r.detail.clone());
+                    audit.http(asked.facts(r.reason.status(), r.credential.clone()));
+                    drop(audit);
+                    return self.refused(&asked.method, r.reason, &r.detail);
+                }
+            },
+            _ => None,
+        };
+        let scrubber = d.prepared.scrubber(&self.mint);
         let up_bytes = Arc::new(AtomicU64::new(0));
         let req =
             req.map(|b| Counted::new(b, self.live.clone(), true).count_into(up_bytes.clone()));
@@ -453,7 +491,7 @@ impl Exchange {
             Ok(bytes) => match judge::judge(&d.judges, &parts, &bytes) {
                 Ok(allowed) => {
                     asked.call = allowed.call.clone();
-                    let req = Request::from_parts(parts, Either::Right(Full::new(bytes)));
+                    let req = Request::from_parts(parts, UpBody::whole(bytes));
                     return Ok((req, d.verdict, allowed));
                 }
                 Err(r) => (Some(bytes), r),
@@ -468,7 +506,7 @@ impl Exchange {
                 "{} (forwarded without credentials)",
                 refused.detail
             ));
-            let req = Request::from_parts(parts, Either::Right(Full::new(bytes)));
+            let req = Request::from_parts(parts, UpBody::whole(bytes));
             return Ok((req, Verdict::Report, Allowed::default()));
         }
         audit.verdict(Verdict::Deny, refused.reason);
@@ -518,15 +556,48 @@ impl Exchange {
         })
     }
 
-    /// Put the credentials bound to this host on `req`, each by its kind; the names of those
-    /// used.
-    fn inject<B>(&self, p: &Prepared, req: &mut Request<B>) -> Option<String> {
-        let used: Vec<&str> = p
+    /// Put the credentials bound to this host on `req`, each by its kind (the body read whole
+    /// first when one signs over it); the names of those used, or why one could not be had.
+    async fn inject(
+        &self,
+        p: &Prepared,
+        req: &mut Request<UpBody>,
+    ) -> Result<Option<String>, Refusal> {
+        let whole = p
             .bound
             .iter()
-            .filter(|k| k.kind.apply(req.headers_mut(), &k.placeholder))
-            .map(|k| k.name.as_str())
-            .collect();
-        (!used.is_empty()).then(|| used.join(","))
+            .any(|k| k.kind.reads_body(req.uri(), req.headers()));
+        if whole {
+            let body = std::mem::replace(req.body_mut(), UpBody::Whole(None));
+            if let UpBody::Streamed(b) = body {
+                let limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
+                let read =
+                    http_body_util::BodyExt::collect(http_body_util::Limited::new(b, limit)).await;
+                let bytes = read.map_err(|_| {
+                    Refusal::new(
+                        Reason::HttpNotAllowed,
+                        format!("the body is signed over whole and is larger than {limit} bytes (tls_intercept.judge_body_bytes) or could not be read; send x-amz-content-sha256"),
+                    )
+                })?;
+                *req.body_mut() = UpBody::whole(bytes.to_bytes());
+            } else {
+                *req.body_mut() = body;
+            }
+        }
+        let mut used = Vec::new();
+        for k in &p.bound {
+            match k.kind.apply(req, &k.placeholder).await {
+                Ok(true) => used.push(k.name.as_str()),
+                Ok(false) => {}
+                Err(why) => {
+                    return Err(Refusal {
+                        reason: Reason::CredentialUnavailable,
+                        detail: format!("credential {}: {why}", k.name),
+                        credential: Some(k.name.clone()),
+                    })
+                }
+            }
+        }
+        Ok((!used.is_empty()).then(|| used.join(",")))
     }
 }
