@@ -181,7 +181,14 @@ impl AwsSigV4 {
             return Some("not to be sent: the placeholder secret key is in the request".into());
         }
         match auth(uri, headers) {
-            Auth::None => None,
+            // The key id elsewhere is a signature of another scheme (SigV2's
+            // `AWSAccessKeyId=`): never passed on, never re-signed.
+            Auth::None => {
+                super::credential::carries_outside(uri, headers, key_id, &[]).then(|| {
+                    "in a request not signed with SigV4 (SigV2 and other schemes are not re-signed)"
+                        .into()
+                })
+            }
             Auth::Other(what) => Some(format!("not re-signed: the request is {what}")),
             Auth::SigV4(s) if s.key_id != key_id => {
                 Some("not what the request was signed with (another access key id)".into())

@@ -24,6 +24,9 @@ pub const CERT_NAMES: &[&str] = &[
     "gone.test",
     "rev.test",
     "mixed.test",
+    "s3.test",
+    "auth.test",
+    "api.github.com",
 ];
 
 /// Hex SHA-256 of a token, as `token_sha256` wants it.

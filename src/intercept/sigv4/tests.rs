@@ -106,3 +106,41 @@ fn framing_it_cannot_read_is_an_error() {
         .unwrap();
     assert!(c.push(b"more").is_err());
 }
+
+fn keys() -> AwsKeys {
+    AwsKeys {
+        access_key_id: crate::config::credentials::Secret::new("AKIAREAL"),
+        secret_access_key: crate::config::credentials::Secret::new("realsecret"),
+        session_token: None,
+        placeholder_secret: "placeholdersecret".into(),
+    }
+}
+
+#[test]
+fn a_presigned_url_is_signed_again_in_its_query() {
+    let now = time::OffsetDateTime::now_utc();
+    let f = time::macros::format_description!("[year][month][day]T[hour][minute][second]Z");
+    let at = now.format(f).unwrap();
+    let uri = format!("/b/k?versionId=3&X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAPH%2F{}%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Date={at}&X-Amz-Expires=300&X-Amz-SignedHeaders=host&X-Amz-Signature=00", &at[..8]);
+    let mut req = Request::get(uri)
+        .header("host", "s3.test:9")
+        .body(())
+        .unwrap();
+    let k = AwsSigV4::new(keys());
+    assert!(k.misuse(req.uri(), req.headers(), "AKIAPH").is_none());
+    assert!(k.misuse(req.uri(), req.headers(), "AKIAOTHER").is_some());
+    k.resign(&mut req, None).unwrap().unwrap();
+    let q = req.uri().query().unwrap().to_string();
+    assert!(q.contains("versionId=3"), "{q}");
+    assert!(q.contains("X-Amz-Credential=AKIAREAL%2F"), "{q}");
+    assert!(q.contains("X-Amz-Signature="), "{q}");
+    assert!(
+        !q.contains("AKIAPH") && !q.contains("X-Amz-Signature=00&"),
+        "{q}"
+    );
+    assert!(
+        req.uri().path() == "/b/k" && req.uri().authority().is_none(),
+        "{}",
+        req.uri()
+    );
+}
