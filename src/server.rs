@@ -328,7 +328,7 @@ async fn drop_minted_tokens(shared: Arc<Shared>) {
     let Some(ix) = shared.settings.interceptor.clone() else {
         return;
     };
-    let mut published = shared.policy.subscribe();
+    let mut published = shared.policy.subscribe_every();
     while published.changed().await.is_ok() {
         ix.minter.retain(&shared.policy.load());
     }

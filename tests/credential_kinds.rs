@@ -200,3 +200,359 @@ fn another_sandboxs_placeholder_keys_are_refused() {
     let got = aws_client(&p, dir.path(), "other", origin.port, (key_id, secret));
     assert_eq!(got["signed_put"], 200, "{got}");
 }
+
+/// The token/API/GitHub-like origin (`tests/data/token_origin.py`): tokens live `expires` s.
+struct Tokens {
+    origin: ScriptOrigin,
+}
+
+impl Tokens {
+    fn start(dir: &Path, ca: &TestCa, expires: u32) -> Tokens {
+        let key = dir.join("app.key");
+        let pubkey = dir.join("app.pub");
+        let ok = Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+                "-out",
+            ])
+            .arg(&key)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+            && Command::new("openssl")
+                .args(["pkey", "-pubout", "-in"])
+                .arg(&key)
+                .arg("-out")
+                .arg(&pubkey)
+                .status()
+                .unwrap()
+                .success();
+        assert!(ok, "openssl made no key");
+        let root = dir.join("git");
+        std::fs::create_dir_all(root.join("acme")).unwrap();
+        let git = |args: &[&str], cwd: &Path| {
+            let out = Command::new("git")
+                .args(args)
+                .current_dir(cwd)
+                .env("GIT_CONFIG_GLOBAL", "/dev/null")
+                .env("GIT_AUTHOR_NAME", "t")
+                .env("GIT_AUTHOR_EMAIL", "t@t")
+                .env("GIT_COMMITTER_NAME", "t")
+                .env("GIT_COMMITTER_EMAIL", "t@t")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let work = dir.join("work");
+        std::fs::create_dir_all(&work).unwrap();
+        git(&["init", "-q", "-b", "main"], &work);
+        std::fs::write(work.join("README"), "docs\n").unwrap();
+        git(&["add", "README"], &work);
+        git(&["commit", "-qm", "first"], &work);
+        git(
+            &[
+                "clone",
+                "-q",
+                "--bare",
+                ".",
+                root.join("acme/docs.git").to_str().unwrap(),
+            ],
+            &work,
+        );
+        let expires = expires.to_string();
+        let origin = ScriptOrigin::start(
+            "token_origin.py",
+            &[
+                ca.cert_pem.as_os_str(),
+                ca.key_pem.as_os_str(),
+                pubkey.as_os_str(),
+                expires.as_ref(),
+                root.as_os_str(),
+            ],
+        );
+        Tokens { origin }
+    }
+
+    fn port(&self) -> u16 {
+        self.origin.port
+    }
+
+    /// The origin's counters (read directly, not through the proxy).
+    fn stats(&self, ca: &TestCa) -> serde_json::Value {
+        let url = format!("https://auth.test:{}/_stats", self.port());
+        let resolve = format!("auth.test:{}:127.0.0.1", self.port());
+        let out = curl(&[
+            "--cacert",
+            ca.ca_pem.to_str().unwrap(),
+            "--resolve",
+            &resolve,
+            &url,
+        ]);
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+/// A proxy for sandbox `dev` with `credentials` (YAML list entries), reaching api.test,
+/// github.com and api.github.com on `port` (auth.test, the token endpoint, too).
+fn minting_proxy(dir: &Path, ca: &TestCa, port: u16, credentials: &str) -> Proxy {
+    ca_init(&dir.join("ica"));
+    std::fs::write(dir.join("admin.token"), ADMIN).unwrap();
+    std::fs::write(dir.join("client.secret"), "client-secret-1\n").unwrap();
+    std::fs::write(dir.join("refresh.token"), "refresh-0\n").unwrap();
+    Proxy::start(dir, &minting_yaml(dir, ca, port, credentials))
+}
+
+fn minting_yaml(dir: &Path, ca: &TestCa, port: u16, credentials: &str) -> String {
+    format!(
+        r#"admin_token_file: admin.token
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], auth.test: [127.0.0.1], github.com: [127.0.0.1], api.github.com: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
+sandboxes:
+  - id: dev
+    auth: {{ token_sha256: {tok} }}
+    credentials: {credentials}
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["api.test:{port}", "github.com:{port}", "api.github.com:{port}"]
+        http: [{{ host: api.test, methods: [GET, POST], paths: ["/**"] }}]
+"#,
+        ica = dir.join("ica").display(),
+        upstream = ca.ca_pem.display(),
+        tok = sha("dev-secret"),
+    )
+}
+
+/// curl as sandbox dev through `p` to `https://host:port/path`.
+fn dev_curl(p: &Proxy, dir: &Path, host: &str, port: u16, path: &str) -> CurlOut {
+    let url = format!("https://{host}:{port}{path}");
+    let px = format!("http://dev:dev-secret@{}", p.proxy);
+    let ica = dir.join("ica/ca.crt");
+    curl(&["-x", &px, "--cacert", ica.to_str().unwrap(), &url])
+}
+
+fn oauth2(grant: &str, source: &str, port: u16) -> String {
+    format!(
+        "[{{ name: api, kind: oauth2, hosts: [api.test], grant: {grant}, token_url: \"https://auth.test:{port}/token\", client_id: agent, scopes: [read, write], source: {{ {source} }} }}]"
+    )
+}
+
+#[test]
+fn oauth2_tokens_are_minted_for_each_grant_and_never_reach_the_sandbox() {
+    for (grant, source) in [
+        ("client_credentials", "client_secret_file: client.secret"),
+        ("refresh_token", "refresh_token_file: refresh.token"),
+        ("jwt_bearer", "private_key_file: app.key"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::generate(dir.path());
+        let t = Tokens::start(dir.path(), &ca, 3600);
+        let p = minting_proxy(dir.path(), &ca, t.port(), &oauth2(grant, source, t.port()));
+        for _ in 0..3 {
+            let out = dev_curl(&p, dir.path(), "api.test", t.port(), "/api/items");
+            let body = String::from_utf8_lossy(&out.stdout).to_string();
+            let v: serde_json::Value = serde_json::from_str(&body)
+                .unwrap_or_else(|_| panic!("{grant}: {body} {}", out.stderr));
+            assert_eq!(v["ok"], true, "{grant}: {body}");
+            // The origin echoed the token; the sandbox sees the placeholder in its place.
+            assert!(
+                !body.contains("at-"),
+                "{grant}: a minted token reached the sandbox: {body}"
+            );
+        }
+        let stats = t.stats(&ca);
+        let key = match grant {
+            "jwt_bearer" => "jwt_bearer",
+            g => g,
+        };
+        assert_eq!(
+            stats[key], 1,
+            "{grant}: one mint for three requests: {stats}"
+        );
+        assert_eq!(stats["api_ok"], 3, "{stats}");
+        let rec = p.wait_record(|r| r["mode"] == "https" && r["credential"] == "api");
+        assert_eq!(rec["decision"], "allow");
+        let log = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+        assert!(!log.contains("at-1-") && !log.contains("client-secret-1"));
+    }
+}
+
+#[test]
+fn fifty_requests_after_expiry_refresh_the_token_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    // Tokens live 10 s and are renewed a quarter of that before they end (at 7.5 s): the
+    // fifty requests start past that point and have 7.5 s before a second renewal is due.
+    let t = Tokens::start(dir.path(), &ca, 10);
+    let cred = oauth2(
+        "refresh_token",
+        "refresh_token_file: refresh.token",
+        t.port(),
+    );
+    let p = minting_proxy(dir.path(), &ca, t.port(), &cred);
+    let out = dev_curl(&p, dir.path(), "api.test", t.port(), "/api/first");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("\"ok\": true"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(t.stats(&ca)["refresh_token"], 1);
+    std::thread::sleep(std::time::Duration::from_millis(7700));
+    // Fifty requests at once, each in its own tunnel, all finding the token expired.
+    let url = format!("https://api.test:{}/api/n", t.port());
+    let px = format!("http://dev:dev-secret@{}", p.proxy);
+    let ica = dir.path().join("ica/ca.crt");
+    let mut args = vec![
+        "--parallel",
+        "--parallel-immediate",
+        "--parallel-max",
+        "50",
+        "-x",
+        &px,
+        "--cacert",
+        ica.to_str().unwrap(),
+        "-w",
+        "%{http_code}\\n",
+    ];
+    for _ in 0..50 {
+        args.extend(["-o", "/dev/null", &url]);
+    }
+    let out = curl(&args);
+    let codes = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        codes.lines().filter(|c| *c == "200").count(),
+        50,
+        "{codes} {}",
+        out.stderr
+    );
+    let stats = t.stats(&ca);
+    // One refresh for all fifty (the refresh token rotates: a second one would have failed).
+    assert_eq!(stats["refresh_token"], 2, "{stats}");
+    assert_eq!(stats["unauthorized"], 0, "{stats}");
+}
+
+#[test]
+fn a_refused_mint_is_credential_unavailable_and_nothing_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let t = Tokens::start(dir.path(), &ca, 3600);
+    std::fs::write(dir.path().join("wrong.secret"), "not-the-secret").unwrap();
+    let cred = oauth2(
+        "client_credentials",
+        "client_secret_file: wrong.secret",
+        t.port(),
+    );
+    let p = minting_proxy(dir.path(), &ca, t.port(), &cred);
+    let out = dev_curl(&p, dir.path(), "api.test", t.port(), "/api/items");
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(body.contains("credential_unavailable"), "{body}");
+    let rec = p.wait_record(|r| r["reason"] == "credential_unavailable");
+    assert!(
+        rec["detail"]
+            .as_str()
+            .unwrap()
+            .contains("401 (invalid_client)"),
+        "{rec}"
+    );
+    assert!(!rec.to_string().contains("not-the-secret"));
+    let stats = t.stats(&ca);
+    // The API never saw the request (no request went out without its credential).
+    assert_eq!(
+        (stats["api_ok"].as_u64(), stats["unauthorized"].as_u64()),
+        (Some(0), Some(0)),
+        "{stats}"
+    );
+}
+
+#[test]
+fn a_policy_without_the_credential_drops_its_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let t = Tokens::start(dir.path(), &ca, 3600);
+    let cred = oauth2(
+        "client_credentials",
+        "client_secret_file: client.secret",
+        t.port(),
+    );
+    let p = minting_proxy(dir.path(), &ca, t.port(), &cred);
+    let get = || dev_curl(&p, dir.path(), "api.test", t.port(), "/api/items");
+    assert!(String::from_utf8_lossy(&get().stdout).contains("\"ok\": true"));
+    assert!(String::from_utf8_lossy(&get().stdout).contains("\"ok\": true"));
+    assert_eq!(t.stats(&ca)["client_credentials"], 1);
+    let config = dir.path().join("proxy.yaml");
+    let with = std::fs::read_to_string(&config).unwrap();
+    let reload = |yaml: &str| {
+        std::fs::write(&config, yaml).unwrap();
+        let (status, body) = admin_req(p.admin, "POST", "/v1/reload", "", Some(ADMIN));
+        assert_eq!(status, 200, "{body}");
+    };
+    reload(&with.replace(&cred, "[]"));
+    // Without the credential the API sees a request without a token.
+    assert!(String::from_utf8_lossy(&get().stdout).contains("no valid token"));
+    reload(&with);
+    // The same credential again: its old token was dropped, a new one is minted.
+    assert!(String::from_utf8_lossy(&get().stdout).contains("\"ok\": true"));
+    assert_eq!(t.stats(&ca)["client_credentials"], 2);
+}
+
+#[test]
+fn a_github_app_installation_token_clones_over_git_and_calls_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let t = Tokens::start(dir.path(), &ca, 3600);
+    let cred = format!(
+        "[{{ name: gh, kind: github_app, hosts: [github.com, api.github.com], app_id: 7, installation_id: 42, api_url: \"https://api.github.com:{}\", source: {{ private_key_file: app.key }} }}]",
+        t.port()
+    );
+    let p = minting_proxy(dir.path(), &ca, t.port(), &cred);
+    let out = dev_curl(
+        &p,
+        dir.path(),
+        "api.github.com",
+        t.port(),
+        "/api/repos/acme/docs",
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("\"ok\": true"),
+        "{}",
+        out.stderr
+    );
+    let clone = dir.path().join("clone");
+    let out = Command::new("git")
+        .args(["-c", "http.sslCAInfo=", "clone", "-q"])
+        .arg(format!("https://github.com:{}/acme/docs.git", t.port()))
+        .arg(&clone)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_SSL_CAINFO", dir.path().join("ica/ca.crt"))
+        .env("HTTPS_PROXY", format!("http://dev:dev-secret@{}", p.proxy))
+        .env_remove("GIT_SSL_CAPATH")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(clone.join("README")).unwrap(),
+        "docs\n"
+    );
+    let stats = t.stats(&ca);
+    assert_eq!(
+        stats["github"], 1,
+        "one installation token for API and git: {stats}"
+    );
+    assert_eq!(stats["unauthorized"], 0, "{stats}");
+}

@@ -34,6 +34,8 @@ pub struct LivePolicy {
     per_sandbox: std::sync::Mutex<std::collections::HashMap<SandboxId, watch::Sender<()>>>,
     /// The last generation handed out.
     generation: AtomicU64,
+    /// Told of every publication, whatever its scope (housekeeping: minted tokens).
+    every: watch::Sender<()>,
 }
 
 impl LivePolicy {
@@ -45,6 +47,7 @@ impl LivePolicy {
             changes: watch::channel(set).0,
             per_sandbox: std::sync::Mutex::new(std::collections::HashMap::new()),
             generation: AtomicU64::new(1),
+            every: watch::channel(()).0,
         }
     }
 
@@ -59,6 +62,7 @@ impl LivePolicy {
         set.generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let set = Arc::new(set);
         self.current.store(set.clone());
+        self.every.send_replace(());
         match scope {
             Scope::All => {
                 self.changes.send_replace(set.clone());
@@ -85,6 +89,11 @@ impl LivePolicy {
             }
         }
         set
+    }
+
+    /// A receiver told of every later publication, set-wide or of some sandboxes only.
+    pub fn subscribe_every(&self) -> watch::Receiver<()> {
+        self.every.subscribe()
     }
 
     /// A receiver of every later set-wide publication (and of the newest set).
