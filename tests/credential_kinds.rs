@@ -325,7 +325,7 @@ sandboxes:
       provider: local
       config: {{}}
       network:
-        egress: ["api.test:{port}", "github.com:{port}", "api.github.com:{port}"]
+        egress: ["api.test:{port}", "auth.test:{port}", "github.com:{port}", "api.github.com:{port}"]
         http: [{{ host: api.test, methods: [GET, POST], paths: ["/**"] }}]
 "#,
         ica = dir.join("ica").display(),
@@ -551,4 +551,69 @@ fn a_github_app_installation_token_clones_over_git_and_calls_the_api() {
         "one installation token for API and git: {stats}"
     );
     assert_eq!(stats["unauthorized"], 0, "{stats}");
+}
+
+#[test]
+fn tokens_the_sandbox_obtains_itself_come_back_sealed_and_are_redeemed() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let t = Tokens::start(dir.path(), &ca, 3600);
+    let cred = oauth2(
+        "client_credentials",
+        "client_secret_file: client.secret",
+        t.port(),
+    );
+    let p = minting_proxy(dir.path(), &ca, t.port(), &cred);
+    // The sandbox's own client calls the credential's token endpoint.
+    let url = format!("https://auth.test:{}/token", t.port());
+    let px = format!("http://dev:dev-secret@{}", p.proxy);
+    let ica = dir.path().join("ica/ca.crt");
+    let out = curl(&[
+        "-x",
+        &px,
+        "--cacert",
+        ica.to_str().unwrap(),
+        "-u",
+        "sandbox:sandbox-pass",
+        "-d",
+        "grant_type=client_credentials",
+        &url,
+    ]);
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{} {}", String::from_utf8_lossy(&out.stdout), out.stderr));
+    let sealed = answer["access_token"].as_str().unwrap().to_string();
+    assert!(sealed.starts_with("egp_sealed_"), "{answer}");
+    assert_eq!(answer["token_type"], "Bearer");
+    // The sealed token works on the credential's host: the proxy redeems it (and mints
+    // nothing of its own).
+    let auth = format!("Authorization: Bearer {sealed}");
+    let api = format!("https://api.test:{}/api/items", t.port());
+    let call = |auth: &str| {
+        let out = curl(&[
+            "-x",
+            &px,
+            "--cacert",
+            ica.to_str().unwrap(),
+            "-H",
+            auth,
+            &api,
+        ]);
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let body = call(&auth);
+    assert!(body.contains("\"ok\": true"), "{body}");
+    assert!(!body.contains("at-"), "the real token came back: {body}");
+    let stats = t.stats(&ca);
+    assert_eq!(
+        (
+            stats["client_credentials"].as_u64(),
+            stats["api_ok"].as_u64()
+        ),
+        (Some(1), Some(1)),
+        "{stats}"
+    );
+    // A forged sealed token is refused before anything is sent.
+    let body = call("Authorization: Bearer egp_sealed_0000000000000000000000000000000000000000");
+    assert!(body.contains("credential_misuse"), "{body}");
+    assert_eq!(t.stats(&ca)["unauthorized"], 0);
 }

@@ -71,6 +71,12 @@ pub struct Minting {
 }
 
 impl Minting {
+    /// The host and path of the token endpoint (a sandbox's own calls there are sealed).
+    pub fn token_endpoint(&self) -> Option<(String, String)> {
+        let url: http::Uri = self.token_url().parse().ok()?;
+        Some((url.host()?.to_ascii_lowercase(), url.path().to_string()))
+    }
+
     /// The URL tokens are minted at.
     pub fn token_url(&self) -> String {
         match &self.how {

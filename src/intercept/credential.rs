@@ -107,6 +107,8 @@ pub fn bound(c: &Credential, sandbox: &str, cx: &MintCx) -> Bound {
                 }
             };
             Box::new(Minted {
+                sandbox: sandbox.to_string(),
+                name: c.name.clone(),
                 slot: cx.minter.slot(sandbox, c, m),
                 cx: cx.clone(),
                 header,
@@ -280,6 +282,8 @@ impl Kind for Resign {
 /// smart-HTTP requests get it as the Basic-auth password (`x-access-token:TOKEN`), as git
 /// over HTTPS takes it.
 pub struct Minted {
+    sandbox: String,
+    name: String,
     slot: Arc<Slot>,
     cx: MintCx,
     header: HeaderName,
@@ -289,12 +293,59 @@ pub struct Minted {
 
 #[async_trait::async_trait]
 impl Kind for Minted {
-    fn misuse(&self, _: &Uri, _: &HeaderMap, _: &str) -> Option<String> {
+    /// A sealed token ([`super::sealed`]) anywhere in the request must be one sealed for this
+    /// sandbox and credential, still live, and in the credential's header.
+    fn misuse(&self, uri: &Uri, headers: &HeaderMap, _: &str) -> Option<String> {
+        let in_uri = uri
+            .path_and_query()
+            .is_some_and(|pq| super::sealed::find(pq.as_str().as_bytes()).is_some());
+        if in_uri {
+            return Some("a sealed token in the URL (it is redeemed only in its header)".into());
+        }
+        for (n, v) in headers {
+            let Some(sealed) = super::sealed::find(v.as_bytes()) else {
+                continue;
+            };
+            if *n != self.header {
+                return Some(format!(
+                    "a sealed token in {n} (it is redeemed only in {})",
+                    self.header
+                ));
+            }
+            match self
+                .cx
+                .minter
+                .sealed
+                .redeem(&self.sandbox, &self.name, sealed)
+            {
+                Ok(_) => {}
+                Err(super::sealed::Unsealed::Elsewhere) => {
+                    return Some("a sealed token of another sandbox or credential".into())
+                }
+                Err(super::sealed::Unsealed::Unknown) => {
+                    return Some("a sealed token that is unknown or has expired".into())
+                }
+            }
+        }
         None
     }
 
     async fn apply(&self, req: &mut Request<UpBody>, _: &str) -> Result<bool, String> {
-        let token = self.slot.token(&self.cx.minter, &self.cx.resolver).await?;
+        let sealed = req
+            .headers()
+            .get(&self.header)
+            .and_then(|v| super::sealed::find(v.as_bytes()))
+            .and_then(|s| {
+                self.cx
+                    .minter
+                    .sealed
+                    .redeem(&self.sandbox, &self.name, s)
+                    .ok()
+            });
+        let token = match sealed {
+            Some(t) => t,
+            None => self.slot.token(&self.cx.minter, &self.cx.resolver).await?,
+        };
         let git = self.git_basic
             && crate::policy::http_rules::git_request(
                 req.method().as_str(),
@@ -318,9 +369,12 @@ impl Kind for Minted {
     }
 
     fn secrets(&self) -> Vec<Vec<u8>> {
+        let sealed = self.cx.minter.sealed.tokens_of(&self.sandbox, &self.name);
         self.slot
             .current()
-            .map(|t| vec![t.expose().as_bytes().to_vec()])
-            .unwrap_or_default()
+            .into_iter()
+            .chain(sealed)
+            .map(|t| t.expose().as_bytes().to_vec())
+            .collect()
     }
 }

@@ -20,6 +20,7 @@ pub mod minter;
 mod placeholder;
 pub(crate) mod prefixed;
 mod scrub;
+pub mod sealed;
 mod sigv4;
 mod unescape;
 
@@ -117,8 +118,22 @@ impl Interceptor {
         if self.never.iter().any(|n| n.matches(host)) {
             return false;
         }
-        binding.credentials.iter().any(|c| c.bound_to(host))
+        binding
+            .credentials
+            .iter()
+            .any(|c| c.bound_to(host) || token_host(c, host))
             || binding.network.http.iter().any(|r| r.host.matches(host))
+    }
+}
+
+/// Whether `host` is the token endpoint of minting credential `c` (its answers to the
+/// sandbox are sealed, so it is terminated).
+pub(crate) fn token_host(c: &crate::config::credentials::Credential, host: &str) -> bool {
+    match &c.kind {
+        crate::config::credentials::CredentialKind::Minted(m) => m
+            .token_endpoint()
+            .is_some_and(|(h, _)| h.eq_ignore_ascii_case(host)),
+        _ => false,
     }
 }
 

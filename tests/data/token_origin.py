@@ -1,7 +1,8 @@
 """A token endpoint, an API and a GitHub-like host in one HTTPS origin, for tests of the
 proxy's minted credentials. Everything it accepts, it verifies:
 
-- POST /token (OAuth2): client_credentials with HTTP Basic client:secret; refresh_token with
+- POST /token (OAuth2): client_credentials with HTTP Basic client:secret (the proxy's
+  client, or the sandbox's own `sandbox:sandbox-pass`); refresh_token with
   the current refresh token (rotated on every use); jwt_bearer with a JWT assertion whose
   RS256 signature PyJWT verifies with PUBKEY, iss = sub = the client id, aud = the token URL.
   Tokens live EXPIRES seconds. `/token?fail=1` style refusals: a wrong secret gets 401
@@ -79,7 +80,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         url = "https://%s/token" % self.headers["Host"]
         if grant == "client_credentials":
             auth = self.headers.get("Authorization", "")
-            if auth != "Basic " + base64.b64encode(b"agent:client-secret-1").decode():
+            allowed = [b"agent:client-secret-1", b"sandbox:sandbox-pass"]
+            if auth not in ["Basic " + base64.b64encode(c).decode() for c in allowed]:
                 return self.send(401, {"error": "invalid_client"})
             self.count("client_credentials")
         elif grant == "refresh_token":

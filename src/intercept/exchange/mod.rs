@@ -27,14 +27,13 @@ use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 
 use super::authority;
-use super::credential::{self, carries_outside, Bound, MintCx};
+use super::credential::{carries_outside, MintCx};
 use super::judge::{self, Allowed};
-use super::scrub::Scrubber;
 use crate::audit::record::HttpFacts;
 use crate::audit::{AuditGuard, Recorder};
 use crate::config::Binding;
 use crate::policy::http_rules::{
-    canonical_path_with, git_request, method_refusal, override_refusal, Admits, HttpRule,
+    canonical_path_with, git_request, method_refusal, override_refusal, Admits,
 };
 use crate::policy::protocols::{lfs, Protocol, Refused};
 use crate::policy::reason::Reason;
@@ -43,10 +42,13 @@ use crate::relay::counted::Counted;
 use crate::relay::deny;
 use crate::relay::liveness::Liveness;
 
+mod inject;
+mod prepared;
 mod response;
 mod up_body;
 mod upstream;
 
+use prepared::Prepared;
 pub use up_body::UpBody;
 pub use upstream::Upstream;
 
@@ -64,75 +66,6 @@ pub struct BodyLimits {
 /// The sandbox's binding as it is now, with the version of the policy set it is in (`None`:
 /// the sandbox is gone).
 pub type CurrentBinding = Box<dyn Fn() -> Option<(Arc<Binding>, Arc<str>)> + Send + Sync>;
-
-/// What a binding means for this tunnel's host, worked out once per binding (a reload makes
-/// a new binding, and the next request a new `Prepared`).
-struct Prepared {
-    binding: Arc<Binding>,
-    /// The `network.http` rules for this host.
-    rules: Vec<HttpRule>,
-    /// The credentials bound here, each as its kind handles it.
-    bound: Vec<Bound>,
-    /// The scrubber of the secrets bound here (none: no secret), with the minter generation
-    /// it knew (a minted token is a new secret: the next request rebuilds it).
-    scrubber: Mutex<(u64, Option<Arc<Scrubber>>)>,
-    /// Whether a credential here is minted (its scrubber follows the minter).
-    minted: bool,
-    /// Every rule here matches any path (no glob, git or protocol): an encoded `/` cannot
-    /// reach a path a rule would refuse.
-    any_path: bool,
-}
-
-impl Prepared {
-    fn new(binding: Arc<Binding>, host: &str, cx: &MintCx) -> Self {
-        let rules: Vec<HttpRule> = binding
-            .network
-            .http
-            .iter()
-            .filter(|r| r.host.matches(host))
-            .cloned()
-            .collect();
-        let any_path = !rules.is_empty()
-            && rules
-                .iter()
-                .all(|r| r.paths.is_empty() && r.git.is_empty() && r.protocol.is_none());
-        let bound: Vec<Bound> = binding
-            .credentials
-            .iter()
-            .filter(|c| c.bound_to(host))
-            .map(|c| credential::bound(c, binding.id.as_str(), cx))
-            .collect();
-        let minted = binding.credentials.iter().any(|c| {
-            c.bound_to(host)
-                && matches!(
-                    c.kind,
-                    crate::config::credentials::CredentialKind::Minted(_)
-                )
-        });
-        let generation = cx.minter.generation();
-        let scrubber = Mutex::new((generation, Scrubber::new(bound.iter()).map(Arc::new)));
-        Prepared {
-            binding,
-            rules,
-            bound,
-            scrubber,
-            minted,
-            any_path,
-        }
-    }
-
-    /// The scrubber of the secrets bound here as they are now (minted tokens included).
-    fn scrubber(&self, cx: &MintCx) -> Option<Arc<Scrubber>> {
-        let Ok(mut s) = self.scrubber.lock() else {
-            return Scrubber::new(self.bound.iter()).map(Arc::new);
-        };
-        let now = cx.minter.generation();
-        if self.minted && s.0 != now {
-            *s = (now, Scrubber::new(self.bound.iter()).map(Arc::new));
-        }
-        s.1.clone()
-    }
-}
 
 /// Where a terminated tunnel leads.
 pub struct Destination {
@@ -380,7 +313,10 @@ impl Exchange {
             .mcp
             .filter(|_| verdict == Verdict::Allow)
             .map(|(rule, lists)| (rule, lists, report));
-        if !d.prepared.bound.is_empty() || mcp.is_some() {
+        // The sandbox's own call to a minting credential's token endpoint: its answer is
+        // sealed, whatever the verdict.
+        let seal = d.prepared.seal_of(req.uri().path());
+        if !d.prepared.bound.is_empty() || mcp.is_some() || seal.is_some() {
             req.headers_mut().insert(
                 http::header::ACCEPT_ENCODING,
                 HeaderValue::from_static("identity"),
@@ -391,13 +327,7 @@ impl Exchange {
         let injected = match verdict {
             Verdict::Allow => match self.inject(&d.prepared, &mut req).await {
                 Ok(used) => used,
-                Err(r) => {
-                    audit.verdict(Verdict::Deny, r.reason);
-                    audit.detail(r.detail.clone());
-                    audit.http(asked.facts(r.reason.status(), r.credential.clone()));
-                    drop(audit);
-                    return self.refused(&asked.method, r.reason, &r.detail);
-                }
+                Err(r) => return self.unavailable(audit, &asked, r),
             },
             _ => None,
         };
@@ -412,7 +342,8 @@ impl Exchange {
                     injected,
                     up_bytes,
                 };
-                self.response(resp, audit, (scrubber, mcp), sent).await
+                self.response(resp, audit, (scrubber, mcp, seal), sent)
+                    .await
             }
             Err(e) => {
                 let msg = format!("the upstream failed: {e}");
@@ -554,50 +485,5 @@ impl Exchange {
             explanation,
             retry_after: None,
         })
-    }
-
-    /// Put the credentials bound to this host on `req`, each by its kind (the body read whole
-    /// first when one signs over it); the names of those used, or why one could not be had.
-    async fn inject(
-        &self,
-        p: &Prepared,
-        req: &mut Request<UpBody>,
-    ) -> Result<Option<String>, Refusal> {
-        let whole = p
-            .bound
-            .iter()
-            .any(|k| k.kind.reads_body(req.uri(), req.headers()));
-        if whole {
-            let body = std::mem::replace(req.body_mut(), UpBody::Whole(None));
-            if let UpBody::Streamed(b) = body {
-                let limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
-                let read =
-                    http_body_util::BodyExt::collect(http_body_util::Limited::new(b, limit)).await;
-                let bytes = read.map_err(|_| {
-                    Refusal::new(
-                        Reason::HttpNotAllowed,
-                        format!("the body is signed over whole and is larger than {limit} bytes (tls_intercept.judge_body_bytes) or could not be read; send x-amz-content-sha256"),
-                    )
-                })?;
-                *req.body_mut() = UpBody::whole(bytes.to_bytes());
-            } else {
-                *req.body_mut() = body;
-            }
-        }
-        let mut used = Vec::new();
-        for k in &p.bound {
-            match k.kind.apply(req, &k.placeholder).await {
-                Ok(true) => used.push(k.name.as_str()),
-                Ok(false) => {}
-                Err(why) => {
-                    return Err(Refusal {
-                        reason: Reason::CredentialUnavailable,
-                        detail: format!("credential {}: {why}", k.name),
-                        credential: Some(k.name.clone()),
-                    })
-                }
-            }
-        }
-        Ok((!used.is_empty()).then(|| used.join(",")))
     }
 }

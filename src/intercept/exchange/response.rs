@@ -73,9 +73,14 @@ impl Out {
     }
 }
 
-/// What reads a response before the client does: the secret scrubber, and the MCP rule
-/// that filters it with the lists the request asked for (and whether only to report).
-pub(super) type Readers = (Option<Arc<Scrubber>>, Option<(Arc<McpRule>, Lists, bool)>);
+/// What reads a response before the client does: the secret scrubber, the MCP rule that
+/// filters it with the lists the request asked for (and whether only to report), and the
+/// sandbox and credential whose token answer it is (sealed).
+pub(super) type Readers = (
+    Option<Arc<Scrubber>>,
+    Option<(Arc<McpRule>, Lists, bool)>,
+    Option<(String, String)>,
+);
 
 /// What ends a response's record: the secrets found, what the MCP filter did, the bytes.
 fn ender(
@@ -126,7 +131,45 @@ enum Read {
     Whole(Bytes),
 }
 
+/// A response an MCP rule filters: as it streams (an event stream), or read whole and
+/// filtered, so that it goes on with its exact length (JSON).
+async fn filtered(
+    b: Incoming,
+    (rule, lists, framing, report): (Arc<McpRule>, Lists, Framing, bool),
+    notes: Arc<Mutex<Notes>>,
+    limit: usize,
+) -> Result<Read, String> {
+    let f = McpFiltered::new(b, rule, lists, framing, limit, notes).dry(report);
+    match framing {
+        Framing::EventStream => Ok(Read::Stream(f)),
+        Framing::Json => match f.collect().await {
+            Ok(c) => Ok(Read::Whole(c.to_bytes())),
+            Err(e) => Err(format!("the MCP response could not be read: {e}")),
+        },
+    }
+}
+
 impl Exchange {
+    /// A token endpoint's answer to the sandbox, read whole (bounded) with its tokens sealed
+    /// for `(sandbox, credential)` ([`crate::intercept::sealed`]); `Err`: not passed at all.
+    async fn sealed(
+        &self,
+        b: Incoming,
+        (sandbox, credential): (String, String),
+        limit: usize,
+    ) -> Result<Read, String> {
+        let c = http_body_util::Limited::new(b, limit)
+            .collect()
+            .await
+            .map_err(|e| format!("the token endpoint's answer could not be read: {e}"))?;
+        let minter = &self.mint.minter;
+        Ok(Read::Whole(minter.seal_answer(
+            &sandbox,
+            &credential,
+            &c.to_bytes(),
+        )?))
+    }
+
     /// The upstream's response: an MCP rule's filter first ([`mcp_filter`]: a JSON body read
     /// whole and answered with its exact length, an event stream as it streams), then its
     /// headers scrubbed at once and its body as it streams (`secret_reflected`); refused when
@@ -138,7 +181,7 @@ impl Exchange {
         readers: Readers,
         sent: Sent,
     ) -> Response<ResBody> {
-        let (scrubber, mcp) = readers;
+        let (scrubber, mcp, seal) = readers;
         audit.http(
             sent.asked
                 .facts(resp.status().as_u16(), sent.injected.clone()),
@@ -148,7 +191,8 @@ impl Exchange {
                 audit.secret_reflected(name);
             }
         }
-        let why = match scrubber.is_some() || mcp.is_some() {
+        let seal = seal.filter(|_| resp.status().is_success());
+        let why = match scrubber.is_some() || mcp.is_some() || seal.is_some() {
             true => unscannable(&resp),
             false => None,
         };
@@ -166,24 +210,21 @@ impl Exchange {
         });
         let judge_limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
         let (mut parts, b) = resp.into_parts();
-        let read = match filter {
-            None => Read::Plain(b),
-            Some((rule, lists, framing, report)) => {
-                let notes = notes.clone().unwrap_or_default();
-                let f = McpFiltered::new(b, rule, lists, framing, judge_limit, notes).dry(report);
-                match framing {
-                    Framing::EventStream => Read::Stream(f),
-                    // Read whole here, so that it goes on with its exact length.
-                    Framing::Json => match f.collect().await {
-                        Ok(c) => Read::Whole(c.to_bytes()),
-                        Err(e) => {
-                            let why = format!("the MCP response could not be read: {e}");
-                            return self.unread(audit, &sent, &why);
-                        }
-                    },
-                }
-            }
+        let sealed = seal.as_ref().map(|(_, c)| c.clone());
+        let read = match (filter, seal) {
+            (None, None) => Ok(Read::Plain(b)),
+            (None, Some(s)) => self.sealed(b, s, judge_limit).await,
+            (Some(f), _) => filtered(b, f, notes.clone().unwrap_or_default(), judge_limit).await,
         };
+        let read = match read {
+            Ok(r) => r,
+            Err(why) => return self.unread(audit, &sent, &why),
+        };
+        if let Some(c) = sealed {
+            audit.detail(format!(
+                "the tokens in the answer were sealed for credential {c}"
+            ));
+        }
         let findings = Arc::new(Mutex::new(Findings::default()));
         let down_bytes = Arc::new(AtomicU64::new(0));
         let on_end = ender(

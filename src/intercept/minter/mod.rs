@@ -41,6 +41,8 @@ pub struct Minter {
     generation: AtomicU64,
     /// Requests sent to token endpoints (tests and metrics read it).
     pub mints: AtomicU64,
+    /// Tokens a sandbox obtained itself, sealed ([`crate::intercept::sealed`]).
+    pub sealed: crate::intercept::sealed::Sealed,
 }
 
 /// One credential's token of one sandbox.
@@ -73,6 +75,7 @@ impl Minter {
             tls,
             generation: AtomicU64::new(0),
             mints: AtomicU64::new(0),
+            sealed: Default::default(),
         }
     }
 
@@ -114,6 +117,18 @@ impl Minter {
     /// Bumped on every mint.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// A sandbox's own token answer with its tokens sealed (scrubbers learn of them).
+    pub fn seal_answer(
+        &self,
+        sandbox: &str,
+        credential: &str,
+        body: &[u8],
+    ) -> Result<bytes::Bytes, String> {
+        let out = self.sealed.seal_answer(sandbox, credential, body);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        out
     }
 
     /// How many tokens are held now.

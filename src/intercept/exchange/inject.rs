@@ -1,0 +1,71 @@
+//! The credentials of a terminated request, put on as it will be sent: each bound kind in
+//! turn ([`crate::intercept::credential`]), the body read whole first when a kind signs over
+//! it; a credential that cannot be had refuses the request (`credential_unavailable`).
+
+use http::{Request, Response};
+use http_body_util::BodyExt;
+
+use super::{Asked, Exchange, Prepared, Refusal, ResBody, UpBody};
+use crate::audit::AuditGuard;
+use crate::policy::reason::Reason;
+use crate::policy::Verdict;
+
+impl Exchange {
+    /// Put the credentials bound to this host on `req`, each by its kind (the body read whole
+    /// first when one signs over it); the names of those used, or why one could not be had.
+    pub(super) async fn inject(
+        &self,
+        p: &Prepared,
+        req: &mut Request<UpBody>,
+    ) -> Result<Option<String>, Refusal> {
+        let whole = p
+            .bound
+            .iter()
+            .any(|k| k.kind.reads_body(req.uri(), req.headers()));
+        if whole {
+            let body = std::mem::replace(req.body_mut(), UpBody::Whole(None));
+            if let UpBody::Streamed(b) = body {
+                let limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
+                let read = http_body_util::Limited::new(b, limit).collect().await;
+                let bytes = read.map_err(|_| {
+                    Refusal::new(
+                        Reason::HttpNotAllowed,
+                        format!("the body is signed over whole and is larger than {limit} bytes (tls_intercept.judge_body_bytes) or could not be read; send x-amz-content-sha256"),
+                    )
+                })?;
+                *req.body_mut() = UpBody::whole(bytes.to_bytes());
+            } else {
+                *req.body_mut() = body;
+            }
+        }
+        let mut used = Vec::new();
+        for k in &p.bound {
+            match k.kind.apply(req, &k.placeholder).await {
+                Ok(true) => used.push(k.name.as_str()),
+                Ok(false) => {}
+                Err(why) => {
+                    return Err(Refusal {
+                        reason: Reason::CredentialUnavailable,
+                        detail: format!("credential {}: {why}", k.name),
+                        credential: Some(k.name.clone()),
+                    })
+                }
+            }
+        }
+        Ok((!used.is_empty()).then(|| used.join(",")))
+    }
+
+    /// The refusal of a request whose credential could not be put on, recorded.
+    pub(super) fn unavailable(
+        &self,
+        mut audit: AuditGuard,
+        asked: &Asked,
+        r: Refusal,
+    ) -> Response<ResBody> {
+        audit.verdict(Verdict::Deny, r.reason);
+        audit.detail(r.detail.clone());
+        audit.http(asked.facts(r.reason.status(), r.credential.clone()));
+        drop(audit);
+        self.refused(&asked.method, r.reason, &r.detail)
+    }
+}
