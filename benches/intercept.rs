@@ -7,11 +7,17 @@
 //! POST and answered the same JSON-RPC result: one with only a path rule (`path.test`), one
 //! with a `protocol: mcp` rule (`mcp.test`: the body read, parsed and judged, the JSON
 //! response parsed and filtered).
+//! With `--sigv4` it compares the static-header host (`bound.test`) with one bound to an
+//! `aws_sigv4` credential (`aws.test`): each GET carries a SigV4 Authorization made once with
+//! the sandbox's placeholder key id, which the proxy checks, strips and signs again with the
+//! real keys on every request (the upstream does not verify; `tests/credential_kinds.rs`
+//! does).
 //!
 //! ```text
 //! cargo build --release && cargo bench --bench intercept -- --connections 8 --seconds 5
 //! cargo bench --bench intercept -- --connections 4 --streams 8 --seconds 5 --h2
 //! cargo bench --bench intercept -- --connections 8 --seconds 5 --mcp
+//! cargo bench --bench intercept -- --connections 8 --seconds 5 --sigv4
 //! cargo bench --bench intercept -- --bin /tmp/old/target/release/egress-proxy   # A/B
 //! ```
 //! It makes its own CAs, starts `target/release/egress-proxy` and a hyper HTTPS upstream on
@@ -44,6 +50,7 @@ fn upstream_pki() -> (Vec<u8>, Vec<u8>, String) {
         "relayed.test".into(),
         "path.test".into(),
         "mcp.test".into(),
+        "aws.test".into(),
     ])
     .expect("params");
     p.subject_alt_names
@@ -116,6 +123,8 @@ struct Shape {
     streams: usize,
     /// Compare the path-rule host with the MCP-rule host.
     mcp: bool,
+    /// The SigV4 Authorization (and its date) requests to `aws.test` carry (`--sigv4`).
+    sigv4: Option<(&'static str, &'static str)>,
 }
 
 /// The MCP call the `--mcp` hosts are sent, and the result they answer.
@@ -124,8 +133,21 @@ const MCP_RESULT: &[u8] = br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"typ
 
 /// A GET as the sandbox sends it (the placeholder in Authorization); to the `--mcp` hosts, the
 /// MCP call's POST.
-fn request(uri: &str, host: Option<&str>, mcp: bool) -> http::Request<Full<Bytes>> {
-    if mcp {
+fn request(uri: &str, host: Option<&str>, shape: Shape, aws: bool) -> http::Request<Full<Bytes>> {
+    if let (true, Some((auth, date))) = (aws, shape.sigv4) {
+        let mut b = http::Request::get(uri)
+            .header("authorization", auth)
+            .header("x-amz-date", date)
+            .header(
+                "x-amz-content-sha256",
+                "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+            );
+        if let Some(h) = host {
+            b = b.header("host", h);
+        }
+        return b.body(Full::new(Bytes::new())).expect("req");
+    }
+    if shape.mcp {
         let mut b = http::Request::post(uri.replace("/v1/x", "/mcp"))
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream");
@@ -203,7 +225,7 @@ async fn client(
                     let mut send = send;
                     while Instant::now() < until {
                         let resp = send
-                            .send_request(request(&uri, None, shape.mcp))
+                            .send_request(request(&uri, None, shape, host == "aws.test"))
                             .await
                             .expect("request");
                         answered(resp, &count).await;
@@ -221,20 +243,47 @@ async fn client(
     let mut send = send;
     while Instant::now() < until {
         let resp = send
-            .send_request(request("/v1/x", Some(&authority), shape.mcp))
+            .send_request(request(
+                "/v1/x",
+                Some(&authority),
+                shape,
+                host == "aws.test",
+            ))
             .await
             .expect("request");
         answered(resp, &count).await;
     }
 }
 
+/// The SigV4 Authorization of sandbox `bench`'s placeholder key id (derived, like the proxy
+/// does, from the interception CA's key) for today's scope, and its `x-amz-date`.
+fn sigv4_auth(ca_key: &std::path::Path) -> (&'static str, &'static str) {
+    use sha2::Digest;
+    let key = sha2::Sha256::digest(std::fs::read(ca_key).expect("ca key"));
+    let key_id =
+        egress_proxy::config::credential_kinds::aws_placeholder_key_id(&key, "bench", "aws");
+    let now = time::OffsetDateTime::now_utc();
+    let f = time::macros::format_description!("[year][month][day]T[hour][minute][second]Z");
+    let date = now.format(f).expect("date");
+    let auth = format!(
+        "AWS4-HMAC-SHA256 Credential={key_id}/{}/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={}",
+        &date[..8],
+        "0".repeat(64)
+    );
+    (
+        Box::leak(auth.into_boxed_str()),
+        Box::leak(date.into_boxed_str()),
+    )
+}
+
 fn main() {
     let conns = arg("--connections", 8);
     let secs = arg("--seconds", 5);
-    let shape = Shape {
+    let mut shape = Shape {
         h2: std::env::args().any(|a| a == "--h2"),
         streams: arg("--streams", 1) as usize,
         mcp: std::env::args().any(|a| a == "--mcp"),
+        sigv4: None,
     };
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     // `--bin PATH` runs another build (an A/B against the previous commit).
@@ -249,6 +298,15 @@ fn main() {
         .expect("ca init")
         .success();
     assert!(ok);
+    if std::env::args().any(|a| a == "--sigv4") {
+        shape.sigv4 = Some(sigv4_auth(&dir.path().join("ica/ca.key")));
+    }
+    for (f, v) in [
+        ("aws.id", "AKIAREALKEY000000001"),
+        ("aws.secret", "realSecretKey/0123456789abcdefghijklmnopq"),
+    ] {
+        std::fs::write(dir.path().join(f), v).expect("write");
+    }
     let (cert, key, upstream_ca) = upstream_pki();
     std::fs::write(dir.path().join("uca.pem"), &upstream_ca).expect("write");
     std::fs::write(
@@ -264,7 +322,7 @@ fn main() {
         format!(
             r#"listen: {{ proxy: 127.0.0.1:0, admin: null }}
 audit: {{ path: /dev/null }}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ bound.test: [127.0.0.1], relayed.test: [127.0.0.1], path.test: [127.0.0.1], mcp.test: [127.0.0.1] }} }}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ bound.test: [127.0.0.1], relayed.test: [127.0.0.1], path.test: [127.0.0.1], mcp.test: [127.0.0.1], aws.test: [127.0.0.1] }} }}
 defaults: {{ guard_allow_ranges: [127.0.0.1/32], limits: {{ max_connections: 100000, connections_per_second: 1000000, burst: 1000000 }} }}
 tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: uca.pem }}
 sandboxes:
@@ -272,11 +330,12 @@ sandboxes:
     sources: [127.0.0.0/8]
     credentials:
       - {{ name: api, hosts: [bound.test], inject: {{ header: Authorization, format: "Bearer {{secret}}" }}, source: {{ file: secret }} }}
+      - {{ name: aws, kind: aws_sigv4, hosts: [aws.test], source: {{ access_key_id_file: aws.id, secret_access_key_file: aws.secret }} }}
     policy:
       provider: local
       config: {{}}
       network:
-        egress: ["bound.test:{port}", "relayed.test:{port}", "path.test:{port}", "mcp.test:{port}"]
+        egress: ["bound.test:{port}", "relayed.test:{port}", "path.test:{port}", "mcp.test:{port}", "aws.test:{port}"]
         http:
           - {{ host: path.test, methods: [POST], paths: [/mcp] }}
           - {{ host: mcp.test, paths: [/mcp], protocol: mcp, tools: [search] }}
@@ -317,9 +376,10 @@ sandboxes:
     );
     let mut cpu_before = cpu_us(child.id()).unwrap_or(0);
     for round in 0..3 {
-        let hosts = match shape.mcp {
-            true => ["path.test", "mcp.test"],
-            false => ["bound.test", "relayed.test"],
+        let hosts = match (shape.mcp, shape.sigv4.is_some()) {
+            (true, _) => ["path.test", "mcp.test"],
+            (_, true) => ["bound.test", "aws.test"],
+            _ => ["bound.test", "relayed.test"],
         };
         for host in hosts {
             let count = Arc::new(AtomicU64::new(0));
