@@ -32,6 +32,19 @@ fn placeholders(p: &Proxy, id: &str) -> serde_json::Value {
     v["placeholders"][0].clone()
 }
 
+/// The S3-like origin that verifies with the real keys.
+fn aws_origin(ca: &TestCa) -> ScriptOrigin {
+    ScriptOrigin::start(
+        "aws_origin.py",
+        &[
+            ca.cert_pem.as_os_str(),
+            ca.key_pem.as_os_str(),
+            REAL_KEY_ID.as_ref(),
+            REAL_SECRET.as_ref(),
+        ],
+    )
+}
+
 /// A proxy where sandboxes `dev` and `other` each have an `aws_sigv4` credential for s3.test
 /// (the same real keys), the origin on `port`.
 fn aws_proxy(dir: &Path, ca: &TestCa, port: u16) -> Proxy {
@@ -98,15 +111,7 @@ fn aws_client(p: &Proxy, dir: &Path, id: &str, port: u16, keys: (&str, &str)) ->
 fn boto3_with_placeholder_keys_is_re_signed_with_the_real_ones() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
-    let origin = ScriptOrigin::start(
-        "aws_origin.py",
-        &[
-            ca.cert_pem.as_os_str(),
-            ca.key_pem.as_os_str(),
-            REAL_KEY_ID.as_ref(),
-            REAL_SECRET.as_ref(),
-        ],
-    );
+    let origin = aws_origin(&ca);
     let p = aws_proxy(dir.path(), &ca, origin.port);
     let ph = placeholders(&p, "dev");
     assert_eq!(ph["kind"], "aws_sigv4");
@@ -164,15 +169,7 @@ fn boto3_with_placeholder_keys_is_re_signed_with_the_real_ones() {
 fn another_sandboxs_placeholder_keys_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
-    let origin = ScriptOrigin::start(
-        "aws_origin.py",
-        &[
-            ca.cert_pem.as_os_str(),
-            ca.key_pem.as_os_str(),
-            REAL_KEY_ID.as_ref(),
-            REAL_SECRET.as_ref(),
-        ],
-    );
+    let origin = aws_origin(&ca);
     let p = aws_proxy(dir.path(), &ca, origin.port);
     let other = placeholders(&p, "other");
     let (key_id, secret) = (
@@ -334,6 +331,32 @@ sandboxes:
     )
 }
 
+/// A token origin whose tokens live `expires` s and a proxy with the credentials
+/// `credentials(port)` gives.
+struct MintEnv {
+    dir: tempfile::TempDir,
+    ca: TestCa,
+    t: Tokens,
+    p: Proxy,
+    cred: String,
+}
+
+fn mint_env(expires: u32, credentials: impl Fn(u16) -> String) -> MintEnv {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let t = Tokens::start(dir.path(), &ca, expires);
+    std::fs::write(dir.path().join("wrong.secret"), "not-the-secret").unwrap();
+    let cred = credentials(t.port());
+    let p = minting_proxy(dir.path(), &ca, t.port(), &cred);
+    MintEnv {
+        dir,
+        ca,
+        t,
+        p,
+        cred,
+    }
+}
+
 /// curl as sandbox dev through `p` to `https://host:port/path`.
 fn dev_curl(p: &Proxy, dir: &Path, host: &str, port: u16, path: &str) -> CurlOut {
     let url = format!("https://{host}:{port}{path}");
@@ -386,17 +409,17 @@ fn oauth2_tokens_are_minted_for_each_grant_and_never_reach_the_sandbox() {
 
 #[test]
 fn fifty_requests_after_expiry_refresh_the_token_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = TestCa::generate(dir.path());
     // Tokens live 10 s and are renewed a quarter of that before they end (at 7.5 s): the
     // fifty requests start past that point and have 7.5 s before a second renewal is due.
-    let t = Tokens::start(dir.path(), &ca, 10);
-    let cred = oauth2(
-        "refresh_token",
-        "refresh_token_file: refresh.token",
-        t.port(),
-    );
-    let p = minting_proxy(dir.path(), &ca, t.port(), &cred);
+    let MintEnv {
+        dir,
+        ca,
+        t,
+        p,
+        cred: _,
+    } = mint_env(10, |port| {
+        oauth2("refresh_token", "refresh_token_file: refresh.token", port)
+    });
     let out = dev_curl(&p, dir.path(), "api.test", t.port(), "/api/first");
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("\"ok\": true"),
@@ -440,16 +463,19 @@ fn fifty_requests_after_expiry_refresh_the_token_once() {
 
 #[test]
 fn a_refused_mint_is_credential_unavailable_and_nothing_is_sent() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = TestCa::generate(dir.path());
-    let t = Tokens::start(dir.path(), &ca, 3600);
-    std::fs::write(dir.path().join("wrong.secret"), "not-the-secret").unwrap();
-    let cred = oauth2(
-        "client_credentials",
-        "client_secret_file: wrong.secret",
-        t.port(),
-    );
-    let p = minting_proxy(dir.path(), &ca, t.port(), &cred);
+    let MintEnv {
+        dir,
+        ca,
+        t,
+        p,
+        cred: _,
+    } = mint_env(3600, |port| {
+        oauth2(
+            "client_credentials",
+            "client_secret_file: wrong.secret",
+            port,
+        )
+    });
     let out = dev_curl(&p, dir.path(), "api.test", t.port(), "/api/items");
     let body = String::from_utf8_lossy(&out.stdout);
     assert!(body.contains("credential_unavailable"), "{body}");
@@ -473,15 +499,19 @@ fn a_refused_mint_is_credential_unavailable_and_nothing_is_sent() {
 
 #[test]
 fn a_policy_without_the_credential_drops_its_token() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = TestCa::generate(dir.path());
-    let t = Tokens::start(dir.path(), &ca, 3600);
-    let cred = oauth2(
-        "client_credentials",
-        "client_secret_file: client.secret",
-        t.port(),
-    );
-    let p = minting_proxy(dir.path(), &ca, t.port(), &cred);
+    let MintEnv {
+        dir,
+        ca,
+        t,
+        p,
+        cred,
+    } = mint_env(3600, |port| {
+        oauth2(
+            "client_credentials",
+            "client_secret_file: client.secret",
+            port,
+        )
+    });
     let get = || dev_curl(&p, dir.path(), "api.test", t.port(), "/api/items");
     assert!(String::from_utf8_lossy(&get().stdout).contains("\"ok\": true"));
     assert!(String::from_utf8_lossy(&get().stdout).contains("\"ok\": true"));
@@ -504,14 +534,18 @@ fn a_policy_without_the_credential_drops_its_token() {
 
 #[test]
 fn a_github_app_installation_token_clones_over_git_and_calls_the_api() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = TestCa::generate(dir.path());
-    let t = Tokens::start(dir.path(), &ca, 3600);
-    let cred = format!(
+    let MintEnv {
+        dir,
+        ca,
+        t,
+        p,
+        cred: _,
+    } = mint_env(3600, |port| {
+        format!(
         "[{{ name: gh, kind: github_app, hosts: [github.com, api.github.com], app_id: 7, installation_id: 42, api_url: \"https://api.github.com:{}\", source: {{ private_key_file: app.key }} }}]",
-        t.port()
-    );
-    let p = minting_proxy(dir.path(), &ca, t.port(), &cred);
+        port
+    )
+    });
     let out = dev_curl(
         &p,
         dir.path(),
@@ -555,15 +589,19 @@ fn a_github_app_installation_token_clones_over_git_and_calls_the_api() {
 
 #[test]
 fn tokens_the_sandbox_obtains_itself_come_back_sealed_and_are_redeemed() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = TestCa::generate(dir.path());
-    let t = Tokens::start(dir.path(), &ca, 3600);
-    let cred = oauth2(
-        "client_credentials",
-        "client_secret_file: client.secret",
-        t.port(),
-    );
-    let p = minting_proxy(dir.path(), &ca, t.port(), &cred);
+    let MintEnv {
+        dir,
+        ca,
+        t,
+        p,
+        cred: _,
+    } = mint_env(3600, |port| {
+        oauth2(
+            "client_credentials",
+            "client_secret_file: client.secret",
+            port,
+        )
+    });
     // The sandbox's own client calls the credential's token endpoint.
     let url = format!("https://auth.test:{}/token", t.port());
     let px = format!("http://dev:dev-secret@{}", p.proxy);

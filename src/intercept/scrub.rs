@@ -392,18 +392,15 @@ pub(crate) mod tests {
     const SECRET: &str = "sk-live/0123456789+abcdefghij";
     const PH: &str = "egp_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
+    /// The scrubber of one static credential (`SECRET`, placeholder `PH`).
+    fn api_scrubber() -> Arc<Scrubber> {
+        let cx = super::super::credential::MintCx::for_tests();
+        let bound = super::super::credential::bound(&cred("api", SECRET, PH), "sb", &cx);
+        Arc::new(Scrubber::new([bound].iter()).unwrap())
+    }
+
     async fn run(chunks: Vec<Vec<u8>>) -> (Vec<u8>, Vec<String>) {
-        let s = Arc::new(
-            Scrubber::new(
-                [super::super::credential::bound(
-                    &cred("api", SECRET, PH),
-                    "sb",
-                    &super::super::credential::MintCx::for_tests(),
-                )]
-                .iter(),
-            )
-            .unwrap(),
-        );
+        let s = api_scrubber();
         let stream = Chunks(chunks.into_iter().map(Bytes::from).collect());
         let findings = Arc::new(Mutex::new(Findings::default()));
         let body = Scrubbed::new(stream, s, 1 << 20, findings.clone());
@@ -484,17 +481,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn trailers_are_scrubbed() {
         for limit in [1 << 20, 0] {
-            let s = Arc::new(
-                Scrubber::new(
-                    [super::super::credential::bound(
-                        &cred("api", SECRET, PH),
-                        "sb",
-                        &super::super::credential::MintCx::for_tests(),
-                    )]
-                    .iter(),
-                )
-                .unwrap(),
-            );
+            let s = api_scrubber();
             let mut t = HeaderMap::new();
             t.insert(
                 "x-echo",
@@ -552,15 +539,7 @@ pub(crate) mod tests {
 
     #[test]
     fn headers_are_scrubbed() {
-        let s = Scrubber::new(
-            [super::super::credential::bound(
-                &cred("api", SECRET, PH),
-                "sb",
-                &super::super::credential::MintCx::for_tests(),
-            )]
-            .iter(),
-        )
-        .unwrap();
+        let s = api_scrubber();
         let mut h = HeaderMap::new();
         h.insert(
             "access-control-allow-origin",
