@@ -57,6 +57,7 @@ pub mod approvals;
 pub mod audit;
 pub mod config;
 pub mod control;
+pub mod decider;
 pub mod dns;
 pub mod egress;
 pub mod intercept;

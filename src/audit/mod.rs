@@ -190,6 +190,16 @@ impl AuditGuard {
         self.record.http = Some(Box::new(facts));
     }
 
+    /// What the decider said of this exchange.
+    pub fn decider(&mut self, note: impl Into<Box<str>>) {
+        self.record.decider = Some(note.into());
+    }
+
+    /// What the body scanner found (rule names, never the text).
+    pub fn dlp(&mut self, note: impl Into<Box<str>>) {
+        self.record.dlp = Some(note.into());
+    }
+
     /// The response carried the secret of credential `name` (it was replaced): noted in the
     /// request's record and counted.
     pub fn secret_reflected(&mut self, name: &str) {

@@ -217,6 +217,12 @@ fn unmapped(e: &Entry) -> Value {
     if let Some(a) = &r.approval {
         unmapped["approval"] = json!(a);
     }
+    if let Some(d) = r.decider.as_deref() {
+        unmapped["decider"] = json!(d);
+    }
+    if let Some(d) = r.dlp.as_deref() {
+        unmapped["dlp"] = json!(d);
+    }
     if let Some(c) = r.http.as_ref().and_then(|h| h.call.as_deref()) {
         unmapped["call"] = json!(c);
     }

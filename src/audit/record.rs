@@ -58,6 +58,10 @@ pub struct Record {
     pub http: Option<Box<HttpFacts>>,
     /// An access request's step (`mode: "approval"`).
     pub approval: Option<Box<ApprovalFacts>>,
+    /// What the decider said (`allow`, `deny 403: …`, `unavailable: …`), and what the body
+    /// scanner found (`dlp: rule, …`).
+    pub decider: Option<Box<str>>,
+    pub dlp: Option<Box<str>>,
 }
 
 /// What an approval record adds: the request, the step, who took it and the grant.
@@ -157,6 +161,8 @@ impl Record {
             dns: None,
             http: None,
             approval: None,
+            decider: None,
+            dlp: None,
         }
     }
 }
@@ -259,6 +265,10 @@ struct Json<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     call: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    decider: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dlp: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     approval: Option<&'a ApprovalFacts>,
     #[serde(skip_serializing_if = "Option::is_none")]
     run: Option<&'static str>,
@@ -316,6 +326,8 @@ impl Entry {
             credential: r.http.as_ref().and_then(|h| h.credential.as_deref()),
             secret_reflected: r.http.as_ref().and_then(|h| h.secret_reflected.as_deref()),
             call: r.http.as_ref().and_then(|h| h.call.as_deref()),
+            decider: r.decider.as_deref(),
+            dlp: r.dlp.as_deref(),
             approval: r.approval.as_deref(),
             run: RUN.get().map(String::as_str),
         };

@@ -384,6 +384,7 @@ pub(super) fn build_binding(
         warnings,
         files,
     );
+    let (decider, dlp) = super::decider::of_binding(&raw, ctx.defaults, (sb, line), sink);
     let (block, network, policy_file, policy_ref) = policy?;
     if !network.http.is_empty() && ctx.placeholder_key.is_none() {
         sink.push(
@@ -413,6 +414,8 @@ pub(super) fn build_binding(
         policy_ref,
         credentials: credentials.into(),
         upstream_proxy,
+        decider,
+        dlp,
     })
 }
 

@@ -228,6 +228,7 @@ pub(super) fn resolve_defaults(raw: RawDefaults, sink: &mut Sink<'_>) -> Default
             sink,
         ),
         refuse_ech: raw.refuse_ech,
+        decider: None,
     }
 }
 

@@ -190,6 +190,7 @@ struct Sections {
     approvals: super::approvals::RawApprovals,
     raw_intercept: Option<credentials::RawIntercept>,
     raw_upstream: Option<upstream::RawUpstreamProxy>,
+    decider: Option<super::decider::RawDecider>,
     sandboxes: Vec<Value>,
 }
 
@@ -213,6 +214,7 @@ impl Sections {
             approvals: section(top, "approvals", sink).unwrap_or_default(),
             raw_intercept: section(top, "tls_intercept", sink).flatten(),
             raw_upstream: section(top, "upstream_proxy", sink).flatten(),
+            decider: section(top, "decider", sink).flatten(),
             sandboxes: section(top, "sandboxes", sink).unwrap_or_default(),
         }
     }
@@ -231,7 +233,14 @@ struct Knobs {
 
 impl Knobs {
     fn resolve(s: &mut Sections, base_dir: &Path, sink: &mut Sink<'_>) -> Knobs {
-        let defaults = resolve_defaults(std::mem::take(&mut s.defaults), sink);
+        let mut defaults = resolve_defaults(std::mem::take(&mut s.defaults), sink);
+        if let Some(raw) = s.decider.take() {
+            let mut errors = Vec::new();
+            defaults.decider = super::decider::resolve_decider(&raw, &mut errors);
+            for e in errors {
+                sink.top("decider", e, Some("decider:"));
+            }
+        }
         let dns = resolve_dns(std::mem::take(&mut s.dns), sink);
         let has_admin_token = s.admin_token_file.is_some();
         let mut listen = resolve_listen(std::mem::take(&mut s.listen), has_admin_token, sink);

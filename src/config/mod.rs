@@ -18,6 +18,7 @@ mod conformance;
 pub mod control_plane;
 pub mod credential_kinds;
 pub mod credentials;
+pub mod decider;
 pub mod defaults;
 mod dns;
 pub mod error;
@@ -184,6 +185,8 @@ pub struct Defaults {
     /// Ports whose tunnels must carry TLS (a ClientHello first).
     pub require_tls_ports: Arc<[u16]>,
     pub refuse_ech: bool,
+    /// The top-level `decider:` (a sandbox's own takes precedence).
+    pub decider: Option<Arc<decider::DeciderConfig>>,
 }
 
 /// One sandbox binding: identity, proxy-side settings and its AIP-36 block.
@@ -213,6 +216,10 @@ pub struct Binding {
     pub credentials: Arc<[credentials::Credential]>,
     /// `upstream_proxy` of this sandbox: inherit the top-level parent, `direct`, or its own.
     pub upstream_proxy: upstream::ParentChoice,
+    /// The decider asked after the policy allowed ([`crate::decider`]).
+    pub decider: Option<Arc<decider::DeciderConfig>>,
+    /// The scanner of request bodies to terminated hosts.
+    pub dlp: Option<Arc<decider::DlpConfig>>,
 }
 
 /// `max_connections`: a number of connections the process can actually hold — at least 1, at

@@ -29,6 +29,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "control_plane",
     "approvals",
     "tls_intercept",
+    "decider",
     "sandboxes",
 ];
 
@@ -379,4 +380,10 @@ pub struct RawBinding {
     /// This sandbox's parent proxy, or `direct` ([`super::upstream`]).
     #[serde(default)]
     pub upstream_proxy: Option<super::upstream::RawSandboxParent>,
+    /// This sandbox's decider (else the top-level one).
+    #[serde(default)]
+    pub decider: Option<super::decider::RawDecider>,
+    /// Request-body scanning on terminated hosts.
+    #[serde(default)]
+    pub dlp: Option<super::decider::RawDlp>,
 }

@@ -180,6 +180,12 @@ pub fn human_line(r: &serde_json::Value, colour: bool) -> String {
     if let Some(rule) = r["rule"].as_str() {
         line.push_str(&format!(" (rule {rule})"));
     }
+    if let Some(d) = r["decider"].as_str() {
+        line.push_str(&format!(" decider {d}"));
+    }
+    if let Some(d) = r["dlp"].as_str() {
+        line.push_str(&format!(" dlp {d}"));
+    }
     if let Some(c) = r["call"].as_str() {
         line.push_str(&format!(" call {c}"));
     }

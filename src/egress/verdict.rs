@@ -40,6 +40,11 @@ pub enum Judgement {
     Pass,
     /// Refused, with the reason (the response's code) and the record's detail.
     Refuse(Mismatch),
+    /// A decider's answer: its words go in the record (`decider`); refused when it says so.
+    Noted {
+        note: String,
+        refuse: Option<Mismatch>,
+    },
     /// Answered later, within `within`; past it the exchange is refused with `on_timeout`.
     Hold {
         answer: Later,
@@ -114,8 +119,15 @@ impl Verdicts {
                 },
                 j => j,
             };
-            if let Judgement::Refuse(m) = judgement {
-                refused(at.sandbox, at.decision, m, audit)?;
+            match judgement {
+                Judgement::Refuse(m) => refused(at.sandbox, at.decision, m, audit)?,
+                Judgement::Noted { note, refuse } => {
+                    audit.decider(note);
+                    if let Some(m) = refuse {
+                        refused(at.sandbox, at.decision, m, audit)?;
+                    }
+                }
+                _ => {}
             }
         }
         Ok(())

@@ -59,6 +59,8 @@ pub struct Bound {
 pub struct MintCx {
     pub minter: Arc<Minter>,
     pub resolver: Arc<Resolver>,
+    /// The external deciders (the exchange asks them per request).
+    pub deciders: Arc<crate::decider::Deciders>,
 }
 
 #[cfg(test)]
@@ -84,6 +86,7 @@ impl MintCx {
         MintCx {
             minter: Arc::new(Minter::new(Arc::new(tls))),
             resolver: Arc::new(Resolver::new(&cfg).0),
+            deciders: Default::default(),
         }
     }
 }

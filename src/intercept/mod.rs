@@ -12,6 +12,7 @@
 mod authority;
 pub mod ca;
 pub mod credential;
+pub mod dlp;
 mod error;
 mod exchange;
 mod judge;
@@ -113,6 +114,19 @@ impl Interceptor {
         Ok(self.ca.leaf(host)?.server_config(Some(b"http/1.1"))?)
     }
 
+    /// What a tunnel's exchange needs to mint, and to ask deciders.
+    fn mint_cx(
+        &self,
+        resolver: &Arc<crate::egress::resolve::Resolver>,
+        deciders: &Arc<crate::decider::Deciders>,
+    ) -> credential::MintCx {
+        credential::MintCx {
+            minter: self.minter.clone(),
+            resolver: resolver.clone(),
+            deciders: deciders.clone(),
+        }
+    }
+
     /// Whether the tunnels of `binding` to `host` are terminated.
     pub fn terminates(&self, binding: &Binding, host: &str) -> bool {
         if self.never.iter().any(|n| n.matches(host)) {
@@ -210,6 +224,8 @@ pub struct Tunnel<'a> {
     pub client_alpn: Vec<String>,
     /// The proxy's resolver (token endpoints are resolved by it).
     pub resolver: Arc<crate::egress::resolve::Resolver>,
+    /// The external deciders (asked per request).
+    pub deciders: Arc<crate::decider::Deciders>,
 }
 
 /// Terminate `t` and serve its requests until either side closes, nothing moves for the idle
@@ -290,10 +306,7 @@ where
         up,
         audit.recorder(),
         live.clone(),
-        credential::MintCx {
-            minter: ix.minter.clone(),
-            resolver: t.resolver.clone(),
-        },
+        ix.mint_cx(&t.resolver, &t.deciders),
         exchange::BodyLimits {
             scrub: ix.scrub_body_bytes,
             judge: ix.judge_body_bytes,

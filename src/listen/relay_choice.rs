@@ -89,6 +89,7 @@ where
             server,
             client_alpn: hello.alpn.clone(),
             resolver: shared.resolver(),
+            deciders: shared.deciders.clone(),
         };
         let timeouts = &shared.settings.timeouts;
         let live = Arc::new(crate::relay::liveness::Liveness::new(timeouts.idle));

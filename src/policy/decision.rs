@@ -106,6 +106,9 @@ impl Decision {
             | Reason::MalformedRequest
             | Reason::UnscannableResponse
             | Reason::CredentialUnavailable
+            | Reason::DeniedByDecider
+            | Reason::DeciderUnavailable
+            | Reason::DlpBlocked
             | Reason::AuditUnavailable) => fixed(r).into(),
             Reason::InvalidTarget => "the target is not a valid host name or canonical IP literal with a port".into(),
             Reason::AuthRequired => "no sandbox identity: send Proxy-Authorization: Basic (sandbox id and token)".into(),
@@ -155,6 +158,9 @@ fn fixed(r: Reason) -> &'static str {
         Reason::MalformedRequest => "the request could not be read as sent (a malformed body)",
         Reason::UnscannableResponse => "the upstream answered with a compressed or otherwise encoded body although identity was asked; it cannot be scanned for the credentials brokered to it, so it is not passed",
         Reason::CredentialUnavailable => "a credential this host needs could not be minted (its token endpoint refused or did not answer); the request was not sent without it",
+        Reason::DeniedByDecider => "the decider this sandbox is bound to refused it (its reason is in the record's detail)",
+        Reason::DeciderUnavailable => "the decider did not answer in time, was unreachable or busy, or answered what cannot be read; decider.on_error is deny",
+        Reason::DlpBlocked => "the request body carries what a dlp rule of this sandbox looks for (the rule is named in the record)",
         Reason::AuditUnavailable => "the audit trail cannot be written right now, and nothing is served that could not be recorded (audit.on_failure: refuse)",
         _ => "",
     }

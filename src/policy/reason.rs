@@ -77,6 +77,13 @@ pub enum Reason {
     /// A credential the request needs could not be had: its token endpoint refused or did
     /// not answer (the request is not sent without it).
     CredentialUnavailable,
+    /// The decider (`decider:`) refused the exchange.
+    DeniedByDecider,
+    /// The decider did not answer within its time, was down, busy or answered what cannot be
+    /// read (`decider.on_error: deny`).
+    DeciderUnavailable,
+    /// A `dlp` rule found what it looks for in the request body.
+    DlpBlocked,
     /// The first bytes of a connection decided by name are neither a ClientHello nor a
     /// complete, unambiguous HTTP/1.x request head, and no rule allows opaque TCP there (a
     /// rule naming the port, or an address rule).
@@ -88,7 +95,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 37] = [
+    pub const ALL: [Reason; 40] = [
         Reason::McpNotAllowed,
         Reason::JsonRpcNotAllowed,
         Reason::GraphQlNotAllowed,
@@ -99,6 +106,9 @@ impl Reason {
         Reason::UnrecognisedProtocol,
         Reason::UnscannableResponse,
         Reason::CredentialUnavailable,
+        Reason::DeniedByDecider,
+        Reason::DeciderUnavailable,
+        Reason::DlpBlocked,
         Reason::AuditUnavailable,
         Reason::UpstreamProxyRefused,
         Reason::CredentialMisuse,
@@ -166,6 +176,9 @@ impl Reason {
             Reason::AuditUnavailable => "audit_unavailable",
             Reason::UnscannableResponse => "unscannable_response",
             Reason::CredentialUnavailable => "credential_unavailable",
+            Reason::DeniedByDecider => "denied_by_decider",
+            Reason::DeciderUnavailable => "decider_unavailable",
+            Reason::DlpBlocked => "dlp_blocked",
             Reason::UnrecognisedProtocol => "unrecognised_protocol",
             Reason::MalformedRequest => "malformed_request",
         }
@@ -205,7 +218,8 @@ impl Reason {
             Reason::DnsTimeout | Reason::ConnectionTimeout => 504,
             Reason::AuditUnavailable => 503,
             Reason::UnscannableResponse => 502,
-            Reason::CredentialUnavailable => 503,
+            Reason::CredentialUnavailable | Reason::DeciderUnavailable => 503,
+            Reason::DeniedByDecider | Reason::DlpBlocked => 403,
         }
     }
 
@@ -247,7 +261,8 @@ impl Reason {
             Reason::UpstreamProxyRefused => "destination_unavailable",
             Reason::AuditUnavailable => "proxy_internal_error",
             Reason::UnscannableResponse => "http_response_content_coding",
-            Reason::CredentialUnavailable => "proxy_internal_error",
+            Reason::CredentialUnavailable | Reason::DeciderUnavailable => "proxy_internal_error",
+            Reason::DeniedByDecider | Reason::DlpBlocked => "http_request_denied",
         }
     }
 
@@ -270,6 +285,9 @@ impl Reason {
                 | Reason::JsonRpcNotAllowed
                 | Reason::GraphQlNotAllowed
                 | Reason::GitNotAllowed
+                | Reason::DeniedByDecider
+                | Reason::DeciderUnavailable
+                | Reason::DlpBlocked
         )
     }
 

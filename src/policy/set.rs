@@ -568,6 +568,14 @@ fn hash_binding(h: &mut Sha256, b: &Binding) {
         h.update(b"c");
         h.update(c.fingerprint());
     }
+    // The decider and the body scanner narrow what is allowed: a change is a new version.
+    h.update(format!("{:?}", b.decider));
+    if let Some(d) = &b.dlp {
+        h.update(format!("{:?}{:?}", d.entropy, d.max_bytes));
+        for r in &d.rules {
+            h.update(format!("{}{:?}{}", r.name, r.action, r.pattern.as_str()));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -75,6 +75,8 @@ pub struct Shared {
     pub upstreams: Arc<crate::relay::upstream_pool::UpstreamPool>,
     /// The verdict point's stages, in order.
     pub verdicts: Verdicts,
+    /// The external deciders' connections (the verdict stage and terminated exchanges).
+    pub deciders: Arc<crate::decider::Deciders>,
     /// Access requests and their grants (set once, at start).
     pub desk: std::sync::OnceLock<Arc<crate::approvals::Desk>>,
     /// Source of `conn_id`s.
@@ -90,13 +92,16 @@ impl Shared {
         cap: usize,
         settings: Settings,
     ) -> Self {
+        let deciders = Arc::new(crate::decider::Deciders::default());
         Shared {
+            deciders: deciders.clone(),
             upstreams: Arc::new(crate::relay::upstream_pool::UpstreamPool::new(
                 settings.forward_keepalive,
             )),
             verdicts: Verdicts::new(vec![
                 Arc::new(FirstBytesStage),
                 Arc::new(crate::intercept::InClear),
+                Arc::new(crate::decider::stage::DeciderStage { deciders }),
                 // Last: a `once` grant is spent only by an exchange every other stage passed.
                 Arc::new(crate::egress::grant_stage::GrantStage),
             ]),

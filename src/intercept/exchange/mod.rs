@@ -42,6 +42,7 @@ use crate::relay::counted::Counted;
 use crate::relay::deny;
 use crate::relay::liveness::Liveness;
 
+mod decider;
 mod inject;
 mod prepared;
 mod response;
@@ -89,6 +90,22 @@ pub struct Exchange {
     prepared: Mutex<Option<Arc<Prepared>>>,
 }
 
+/// Record what the body scanner found; the refusal when a `deny` rule cut the body.
+fn dlp_found(
+    found: &Mutex<crate::intercept::dlp::Found>,
+    audit: &mut AuditGuard,
+) -> Option<Refusal> {
+    let f = found.lock().ok()?;
+    if !f.names.is_empty() {
+        audit.dlp(f.names.join(","));
+    }
+    let rule = f.blocked.as_ref()?;
+    Some(Refusal::new(
+        Reason::DlpBlocked,
+        format!("dlp rule {rule} matched the request body; the upload was cut"),
+    ))
+}
+
 /// Why a request is refused, for the response and the record.
 struct Refusal {
     reason: Reason,
@@ -115,6 +132,14 @@ struct Asked {
 }
 
 impl Asked {
+    fn of<B>(req: &Request<B>) -> Self {
+        Asked {
+            method: req.method().as_str().to_string(),
+            path: req.uri().path().to_string(),
+            call: None,
+        }
+    }
+
     fn facts(&self, status: u16, credential: Option<String>) -> HttpFacts {
         HttpFacts {
             method: self.method.as_str().into(),
@@ -279,11 +304,7 @@ impl Exchange {
     /// send, filter and scrub the response.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<ResBody> {
         self.live.touch();
-        let mut asked = Asked {
-            method: req.method().as_str().to_string(),
-            path: req.uri().path().to_string(),
-            call: None,
-        };
+        let mut asked = Asked::of(&req);
         if let Some(why) = self.recorder.unavailable() {
             // Not served: its record could not be kept (unrecorded, counted).
             return self.refused(&asked.method, Reason::AuditUnavailable, why.explain());
@@ -303,6 +324,13 @@ impl Exchange {
                 Ok(x) => x,
                 Err(resp) => return resp,
             },
+        };
+        let verdict = match self
+            .ask_decider(&d.prepared, &mut req, verdict, &mut audit)
+            .await
+        {
+            Ok(v) => v,
+            Err(r) => return self.unavailable(audit, &asked, r),
         };
         let h2 = matches!(self.upstream, Upstream::H2(_));
         self.written.write(&mut req, h2);
@@ -332,10 +360,15 @@ impl Exchange {
             _ => None,
         };
         let scrubber = d.prepared.scrubber(&self.mint);
+        let dlp = self.scanned(&d.prepared, &mut req);
         let up_bytes = Arc::new(AtomicU64::new(0));
         let req =
             req.map(|b| Counted::new(b, self.live.clone(), true).count_into(up_bytes.clone()));
-        match self.upstream.send(req).await {
+        let sent = self.upstream.send(req).await;
+        if let Some(r) = dlp.and_then(|found| dlp_found(&found, &mut audit)) {
+            return self.unavailable(audit, &asked, r);
+        }
+        match sent {
             Ok(resp) => {
                 let sent = Sent {
                     asked,

@@ -1,6 +1,8 @@
 //! A request body as it goes upstream: streamed as the client sends it, the bytes read whole
 //! (judged by a protocol rule, or hashed to be signed), or streamed with its `aws-chunked`
-//! chunk signatures computed again ([`crate::intercept::sigv4::Chunks`]).
+//! chunk signatures computed again ([`crate::intercept::sigv4::Chunks`]), the bytes a decider
+//! was shown followed by the rest, and any of these scanned by the body DLP
+//! ([`crate::intercept::dlp`]) as it streams.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -9,6 +11,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use crate::intercept::dlp::Scanner;
 use crate::intercept::sigv4::Chunks;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -18,6 +21,9 @@ pub enum UpBody {
     /// The whole body (taken when sent).
     Whole(Option<Bytes>),
     Resigned(Incoming, Box<Chunks>),
+    /// The bytes read to show a decider (taken first), then the rest as it streams.
+    Prefixed(Option<Bytes>, Incoming),
+    Scanned(Box<UpBody>, Box<Scanner>),
 }
 
 impl UpBody {
@@ -30,6 +36,41 @@ impl UpBody {
         match self {
             UpBody::Whole(b) => b.as_ref(),
             _ => None,
+        }
+    }
+
+    /// Read up to `max` bytes to show a decider: the body to send on (the same bytes then the
+    /// rest), the bytes shown, and whether the body is longer.
+    pub async fn prefix(self, max: usize) -> Result<(UpBody, Bytes, bool), String> {
+        use http_body_util::BodyExt;
+        let mut b = match self {
+            UpBody::Streamed(b) => b,
+            UpBody::Whole(Some(w)) => {
+                let shown = w.slice(..w.len().min(max));
+                return Ok((UpBody::whole(w.clone()), shown, w.len() > max));
+            }
+            other => return Ok((other, Bytes::new(), true)),
+        };
+        let mut got = bytes::BytesMut::new();
+        loop {
+            match b.frame().await {
+                None => {
+                    let all = got.freeze();
+                    return Ok((UpBody::whole(all.clone()), all, false));
+                }
+                Some(Err(e)) => return Err(format!("reading the body for the decider: {e}")),
+                Some(Ok(f)) => match f.into_data() {
+                    Ok(d) => got.extend_from_slice(&d),
+                    Err(_) => {
+                        return Err("a body with trailers cannot be shown to the decider".into())
+                    }
+                },
+            }
+            if got.len() > max {
+                let all = got.freeze();
+                let shown = all.slice(..max);
+                return Ok((UpBody::Prefixed(Some(all), b), shown, true));
+            }
         }
     }
 }
@@ -45,6 +86,21 @@ impl Body for UpBody {
         match self.get_mut() {
             UpBody::Streamed(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
             UpBody::Whole(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            UpBody::Prefixed(first, b) => match first.take() {
+                Some(f) => Poll::Ready(Some(Ok(Frame::data(f)))),
+                None => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            },
+            UpBody::Scanned(inner, scanner) => {
+                let frame = std::task::ready!(Pin::new(&mut **inner).poll_frame(cx));
+                if let Some(Ok(f)) = &frame {
+                    if let Some(d) = f.data_ref() {
+                        if let Err(why) = scanner.scan(d) {
+                            return Poll::Ready(Some(Err(why.into())));
+                        }
+                    }
+                }
+                Poll::Ready(frame)
+            }
             UpBody::Resigned(b, chunks) => loop {
                 match std::task::ready!(Pin::new(&mut *b).poll_frame(cx)) {
                     None if chunks.finished() => return Poll::Ready(None),
@@ -75,6 +131,8 @@ impl Body for UpBody {
         match self {
             UpBody::Streamed(b) | UpBody::Resigned(b, _) => b.is_end_stream(),
             UpBody::Whole(b) => b.is_none(),
+            UpBody::Prefixed(first, b) => first.is_none() && b.is_end_stream(),
+            UpBody::Scanned(inner, _) => inner.is_end_stream(),
         }
     }
 
@@ -82,6 +140,17 @@ impl Body for UpBody {
         match self {
             UpBody::Streamed(b) | UpBody::Resigned(b, _) => b.size_hint(),
             UpBody::Whole(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            UpBody::Prefixed(first, b) => {
+                let extra = first.as_ref().map_or(0, |f| f.len() as u64);
+                let h = b.size_hint();
+                let mut out = SizeHint::new();
+                out.set_lower(h.lower() + extra);
+                if let Some(u) = h.upper() {
+                    out.set_upper(u + extra);
+                }
+                out
+            }
+            UpBody::Scanned(inner, _) => inner.size_hint(),
         }
     }
 }

@@ -1,0 +1,258 @@
+//! `decider:` — an external decider the proxy asks after its own policy allowed an exchange
+//! (top level, or the same key in a sandbox entry, which takes precedence) — and `dlp:`, the
+//! built-in scanner of request bodies to terminated hosts (a sandbox entry's key). What they
+//! do is [`crate::decider`]'s and `crate::intercept::dlp`'s; here they are validated.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Where the decider listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeciderUrl {
+    /// `http://host:port/path` (loopback or a trusted network: the protocol is not
+    /// encrypted).
+    Http { authority: String, path: String },
+    /// `unix:/path/to/socket` (HTTP/1.1 over it, path `/`), or `unix:/sock:/path`.
+    Unix { socket: String, path: String },
+}
+
+/// What a failed decider means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    Deny,
+    Allow,
+}
+
+/// A decider, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeciderConfig {
+    pub url: DeciderUrl,
+    /// For the whole answer (each ask of a `need_body` exchange has its own).
+    pub timeout: Duration,
+    /// The most body bytes sent when the decider asks for the body.
+    pub need_body_max: usize,
+    pub on_error: OnError,
+    /// Asks in flight at once, across the process; past it an ask is a failure.
+    pub max_in_flight: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawDecider {
+    pub url: String,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub need_body_max: Option<u64>,
+    #[serde(default)]
+    pub on_error: Option<String>,
+    #[serde(default)]
+    pub max_in_flight: Option<u64>,
+}
+
+/// Validate `decider:`; errors say which key.
+pub fn resolve_decider(raw: &RawDecider, errors: &mut Vec<String>) -> Option<Arc<DeciderConfig>> {
+    let url = if let Some(rest) = raw.url.strip_prefix("unix:") {
+        let (socket, path) = match rest.split_once(":/") {
+            Some((s, p)) => (s.to_string(), format!("/{p}")),
+            None => (rest.to_string(), "/".to_string()),
+        };
+        if !socket.starts_with('/') {
+            errors.push(format!("decider.url `{}`: unix:/absolute/socket", raw.url));
+            return None;
+        }
+        DeciderUrl::Unix { socket, path }
+    } else {
+        match raw.url.parse::<http::Uri>() {
+            Ok(u) if u.scheme_str() == Some("http") && u.authority().is_some() => {
+                DeciderUrl::Http {
+                    authority: u.authority().map(|a| a.to_string()).unwrap_or_default(),
+                    path: u
+                        .path_and_query()
+                        .map(|p| p.to_string())
+                        .unwrap_or("/".into()),
+                }
+            }
+            _ => {
+                errors.push(format!(
+                    "decider.url `{}`: http://host:port/path or unix:/socket",
+                    raw.url
+                ));
+                return None;
+            }
+        }
+    };
+    let on_error = match raw.on_error.as_deref() {
+        None | Some("deny") => OnError::Deny,
+        Some("allow") => OnError::Allow,
+        Some(o) => {
+            errors.push(format!("decider.on_error `{o}`: deny or allow"));
+            return None;
+        }
+    };
+    let timeout_ms = raw.timeout_ms.unwrap_or(500);
+    if !(1..=60_000).contains(&timeout_ms) {
+        errors.push("decider.timeout_ms: 1 to 60000".into());
+        return None;
+    }
+    let need_body_max = raw.need_body_max.unwrap_or(64 * 1024);
+    if need_body_max > 16 << 20 {
+        errors.push("decider.need_body_max: at most 16 MiB".into());
+        return None;
+    }
+    let max_in_flight = raw.max_in_flight.unwrap_or(256);
+    if !(1..=100_000).contains(&max_in_flight) {
+        errors.push("decider.max_in_flight: 1 to 100000".into());
+        return None;
+    }
+    Some(Arc::new(DeciderConfig {
+        url,
+        timeout: Duration::from_millis(timeout_ms),
+        need_body_max: usize::try_from(need_body_max).unwrap_or(usize::MAX),
+        on_error,
+        max_in_flight: usize::try_from(max_in_flight).unwrap_or(usize::MAX),
+    }))
+}
+
+/// What a DLP rule does on a match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DlpAction {
+    /// The request is cut (`dlp_blocked`).
+    Deny,
+    /// Recorded only.
+    Report,
+}
+
+/// One named pattern.
+#[derive(Debug, Clone)]
+pub struct DlpRule {
+    pub name: String,
+    pub pattern: regex::bytes::Regex,
+    pub action: DlpAction,
+}
+
+/// `dlp:` of a sandbox, resolved.
+#[derive(Debug, Clone)]
+pub struct DlpConfig {
+    pub rules: Vec<DlpRule>,
+    /// The high-entropy token detector: tokens at least `min_length` long whose Shannon
+    /// entropy is at least `bits_per_char`.
+    pub entropy: Option<(usize, f64, DlpAction)>,
+    /// Bytes of each request body scanned.
+    pub max_bytes: u64,
+}
+
+impl PartialEq for DlpConfig {
+    fn eq(&self, o: &Self) -> bool {
+        self.max_bytes == o.max_bytes
+            && self.entropy == o.entropy
+            && self.rules.len() == o.rules.len()
+            && self.rules.iter().zip(&o.rules).all(|(a, b)| {
+                a.name == b.name && a.action == b.action && a.pattern.as_str() == b.pattern.as_str()
+            })
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawDlp {
+    #[serde(default)]
+    pub rules: Vec<RawDlpRule>,
+    #[serde(default)]
+    pub entropy: Option<RawEntropy>,
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawDlpRule {
+    pub name: String,
+    pub pattern: String,
+    #[serde(default)]
+    pub action: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawEntropy {
+    #[serde(default)]
+    pub min_length: Option<u64>,
+    #[serde(default)]
+    pub bits_per_char: Option<f64>,
+    #[serde(default)]
+    pub action: Option<String>,
+}
+
+fn action(a: Option<&str>, at: &str, errors: &mut Vec<String>) -> DlpAction {
+    match a {
+        None | Some("deny") => DlpAction::Deny,
+        Some("report") => DlpAction::Report,
+        Some(o) => {
+            errors.push(format!("{at}.action `{o}`: deny or report"));
+            DlpAction::Deny
+        }
+    }
+}
+
+/// Validate `dlp:`.
+pub fn resolve_dlp(raw: &RawDlp, errors: &mut Vec<String>) -> Option<Arc<DlpConfig>> {
+    let before = errors.len();
+    let mut rules = Vec::new();
+    for (i, r) in raw.rules.iter().enumerate() {
+        let at = format!("dlp.rules[{i}]");
+        if r.name.is_empty() || r.name.len() > 64 {
+            errors.push(format!("{at}.name: 1 to 64 characters"));
+        }
+        let pattern = regex::bytes::RegexBuilder::new(&r.pattern)
+            .size_limit(1 << 20)
+            .build();
+        match pattern {
+            Ok(pattern) => rules.push(DlpRule {
+                name: r.name.clone(),
+                pattern,
+                action: action(r.action.as_deref(), &at, errors),
+            }),
+            Err(e) => errors.push(format!("{at}.pattern: {e}")),
+        }
+    }
+    let entropy = raw.entropy.as_ref().map(|e| {
+        (
+            usize::try_from(e.min_length.unwrap_or(32))
+                .unwrap_or(32)
+                .clamp(8, 4096),
+            e.bits_per_char.unwrap_or(4.5),
+            action(e.action.as_deref(), "dlp.entropy", errors),
+        )
+    });
+    (errors.len() == before).then(|| {
+        Arc::new(DlpConfig {
+            rules,
+            entropy,
+            max_bytes: raw.max_bytes.unwrap_or(1 << 20),
+        })
+    })
+}
+
+/// A sandbox's decider (its own, else the top-level one) and body scanner; errors go to
+/// `sink` at the sandbox's line.
+pub(super) fn of_binding(
+    raw: &super::raw::RawBinding,
+    defaults: &super::Defaults,
+    (sb, line): (Option<&str>, usize),
+    sink: &mut super::error::Sink<'_>,
+) -> (Option<Arc<DeciderConfig>>, Option<Arc<DlpConfig>>) {
+    let mut errors = Vec::new();
+    let decider = match &raw.decider {
+        Some(d) => resolve_decider(d, &mut errors),
+        None => defaults.decider.clone(),
+    };
+    let dlp = raw.dlp.as_ref().and_then(|d| resolve_dlp(d, &mut errors));
+    for e in errors {
+        sink.push(sb, "decider/dlp", e, None, line);
+    }
+    (decider, dlp)
+}

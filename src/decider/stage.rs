@@ -1,0 +1,94 @@
+//! The decider at the verdict point: host level for CONNECT tunnels, transparent and SOCKS5
+//! connections (`protocol: connect`), and forwarded plain-HTTP requests (`protocol: http`,
+//! with method, path and headers). Neither has a body to give nor headers the proxy can change
+//! there, so `need_body` and header changes are answers this point cannot honour: a failure
+//! (`on_error`). Terminated requests are asked by the exchange itself, per request.
+
+use std::sync::Arc;
+
+use super::{noted, Answer, Ask, Deciders, Outcome};
+use crate::egress::verdict::{Judgement, Point, Stage};
+use crate::policy::reason::Reason;
+use crate::policy::Verdict;
+use crate::wire::first_bytes::Mismatch;
+
+pub struct DeciderStage {
+    pub deciders: Arc<Deciders>,
+}
+
+/// What an outcome means where nothing can be changed: the judgement, with the record's note.
+pub fn judgement(o: Outcome, changes_possible: bool) -> Judgement {
+    let note = noted(&o);
+    let refuse = |reason, detail: String| Judgement::Noted {
+        note: note.clone(),
+        refuse: Some(Mismatch { reason, detail }),
+    };
+    match o {
+        Outcome::Answer(Answer::Allow(e)) if e.is_empty() || changes_possible => {
+            Judgement::Noted { note, refuse: None }
+        }
+        Outcome::Answer(Answer::Deny { status, reason }) => refuse(
+            Reason::DeniedByDecider,
+            format!("the decider refused it ({status}): {reason}"),
+        ),
+        Outcome::FailedOpen(_) => Judgement::Noted { note, refuse: None },
+        Outcome::Failed(why) => refuse(Reason::DeciderUnavailable, format!("decider: {why}")),
+        Outcome::Answer(Answer::Allow(_)) | Outcome::Answer(Answer::NeedBody) => refuse(
+            Reason::DeciderUnavailable,
+            "decider: it asked for a body or header changes on a tunnel or forwarded request, where the proxy can give neither".into(),
+        ),
+    }
+}
+
+impl Stage for DeciderStage {
+    fn name(&self) -> &'static str {
+        "the decider"
+    }
+
+    fn judge(&self, at: &Point<'_>) -> Judgement {
+        let b = &at.sandbox.binding;
+        let Some(cfg) = b.decider.clone() else {
+            return Judgement::Pass;
+        };
+        let protected = super::credential_headers(b);
+        let ask = Ask {
+            version: super::wire::VERSION,
+            sandbox: b.id.to_string(),
+            identity: super::identity(b),
+            protocol: if at.request.is_some() {
+                "http"
+            } else {
+                "connect"
+            },
+            target: super::wire::Target {
+                host: at.target.host.to_string(),
+                port: at.target.port,
+            },
+            method: at.method.map(|m| m.as_str().to_string()),
+            path: at.request.map(|(u, _)| u.path().to_string()),
+            headers: at
+                .request
+                .map(|(_, h)| super::visible_headers(h, b, &protected))
+                .unwrap_or_default(),
+            policy: super::wire::Policy {
+                decision: if at.decision.verdict == Verdict::Report {
+                    "report"
+                } else {
+                    "allow"
+                },
+                rule: at.decision.rule.as_ref().map(|r| r.text.clone()),
+            },
+            body: None,
+        };
+        let deciders = self.deciders.clone();
+        let within = cfg.timeout + std::time::Duration::from_millis(50);
+        Judgement::Hold {
+            answer: Box::pin(async move {
+                let p: Vec<&str> = protected.iter().map(String::as_str).collect();
+                judgement(deciders.ask(&cfg, &ask, &p).await, false)
+            }),
+            within,
+            on_timeout: Reason::DeciderUnavailable,
+        }
+    }
+}

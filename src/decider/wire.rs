@@ -1,0 +1,216 @@
+//! The decider protocol, version 1 (`docs/decider.md`, with its JSON Schema): what the proxy
+//! sends ([`Ask`]) and what it reads back ([`Answer`]). An answer that is not exactly one of
+//! the three verdicts, or that touches a header it may not, is not understood — and what is
+//! not understood is a failure (`decider_unavailable` under `on_error: deny`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub const VERSION: u32 = 1;
+
+/// Headers never sent to a decider (they carry credentials), whatever the request.
+pub const NEVER_SENT: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "x-api-key",
+    "api-key",
+    "x-amz-security-token",
+];
+
+/// Headers a decider may neither set nor remove: framing, routing and credentials.
+pub const NOT_ITS_TO_TOUCH: &[&str] = &[
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+    "host",
+    "content-encoding",
+    "expect",
+];
+
+#[derive(Debug, Serialize)]
+pub struct Target {
+    pub host: String,
+    pub port: u16,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Policy {
+    pub decision: &'static str,
+    pub rule: Option<String>,
+}
+
+/// The body, when the decider asked for it.
+#[derive(Debug, Serialize)]
+pub struct Body {
+    pub base64: String,
+    /// Bytes sent (at most `need_body_max`).
+    pub bytes: usize,
+    /// The body is longer than what is sent.
+    pub truncated: bool,
+}
+
+/// One question to the decider.
+#[derive(Debug, Serialize)]
+pub struct Ask {
+    pub version: u32,
+    pub sandbox: String,
+    /// How the sandbox was identified: `token` or `source`.
+    pub identity: &'static str,
+    /// `connect` (a tunnel or transparent connection, host level), `http` (a forwarded
+    /// plain-HTTP request), `https` (a request inside a terminated tunnel).
+    pub protocol: &'static str,
+    pub target: Target,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Lower-case names; repeated headers joined with `, `; credentials never included.
+    pub headers: BTreeMap<String, String>,
+    pub policy: Policy,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<Body>,
+}
+
+/// The decider's answer, as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAnswer {
+    verdict: String,
+    #[serde(default)]
+    version: Option<u32>,
+    #[serde(default)]
+    set_headers: BTreeMap<String, String>,
+    #[serde(default)]
+    remove_headers: Vec<String>,
+    #[serde(default)]
+    status: Option<u16>,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// Header changes an `allow` asks for.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Edits {
+    pub set: Vec<(http::HeaderName, http::HeaderValue)>,
+    pub remove: Vec<http::HeaderName>,
+}
+
+impl Edits {
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.remove.is_empty()
+    }
+}
+
+/// What the decider said.
+#[derive(Debug, PartialEq)]
+pub enum Answer {
+    Allow(Edits),
+    Deny { status: u16, reason: String },
+    NeedBody,
+}
+
+/// Read an answer; `protected` are further header names it may not touch (the credentials'
+/// own headers). `Err` says what is wrong with it.
+pub fn read(body: &[u8], protected: &[&str]) -> Result<Answer, String> {
+    let raw: RawAnswer =
+        serde_json::from_slice(body).map_err(|e| format!("the answer is not a verdict: {e}"))?;
+    if raw.version.is_some_and(|v| v != VERSION) {
+        return Err(format!(
+            "the answer is of protocol version {:?}, not {VERSION}",
+            raw.version
+        ));
+    }
+    let touchable = |n: &str| -> Result<http::HeaderName, String> {
+        let name = http::HeaderName::from_bytes(n.as_bytes())
+            .map_err(|_| format!("`{n}` is not a header name"))?;
+        let s = name.as_str();
+        if NOT_ITS_TO_TOUCH.contains(&s) || NEVER_SENT.contains(&s) || protected.contains(&s) {
+            return Err(format!("header `{s}` is not the decider's to touch"));
+        }
+        Ok(name)
+    };
+    match raw.verdict.as_str() {
+        "allow" => {
+            let mut edits = Edits::default();
+            for (n, v) in &raw.set_headers {
+                let value = http::HeaderValue::from_str(v)
+                    .map_err(|_| format!("the value of `{n}` is not a header value"))?;
+                edits.set.push((touchable(n)?, value));
+            }
+            for n in &raw.remove_headers {
+                edits.remove.push(touchable(n)?);
+            }
+            Ok(Answer::Allow(edits))
+        }
+        "deny" => {
+            let status = raw.status.unwrap_or(403);
+            if !(400..=499).contains(&status) {
+                return Err(format!("a deny's status must be 4xx, not {status}"));
+            }
+            let reason: String = raw
+                .reason
+                .unwrap_or_else(|| "no reason given".into())
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(200)
+                .collect();
+            Ok(Answer::Deny { status, reason })
+        }
+        "need_body" => Ok(Answer::NeedBody),
+        v => Err(format!("verdict `{v}` is not allow, deny or need_body")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_read_strictly() {
+        assert_eq!(
+            read(br#"{"verdict":"allow"}"#, &[]),
+            Ok(Answer::Allow(Edits::default()))
+        );
+        let Ok(Answer::Allow(e)) = read(
+            br#"{"verdict":"allow","set_headers":{"x-team":"a"},"remove_headers":["x-debug"]}"#,
+            &[],
+        ) else {
+            panic!("not read")
+        };
+        assert_eq!((e.set.len(), e.remove.len()), (1, 1));
+        assert_eq!(
+            read(br#"{"verdict":"deny","status":451,"reason":"no"}"#, &[]),
+            Ok(Answer::Deny {
+                status: 451,
+                reason: "no".into()
+            })
+        );
+        assert_eq!(
+            read(br#"{"verdict":"need_body"}"#, &[]),
+            Ok(Answer::NeedBody)
+        );
+        for bad in [
+            &br#"{"verdict":"maybe"}"#[..],
+            br#"{"verdict":"allow","extra":1}"#,
+            br#"{"verdict":"allow","set_headers":{"content-length":"1"}}"#,
+            br#"{"verdict":"allow","remove_headers":["authorization"]}"#,
+            br#"{"verdict":"deny","status":200}"#,
+            br#"{"verdict":"allow","version":2}"#,
+            b"not json",
+            b"",
+        ] {
+            assert!(read(bad, &[]).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        assert!(read(
+            br#"{"verdict":"allow","set_headers":{"x-api-token":"t"}}"#,
+            &["x-api-token"]
+        )
+        .is_err());
+    }
+}
