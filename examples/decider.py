@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""An example decider for egress-proxy (protocol version 1, docs/decider.md).
+
+It serves HTTP/1.1 on 127.0.0.1 (a free port, printed on the first line) or on a Unix
+socket (`--unix PATH`), and answers each ask:
+
+- a tunnel or connection (`protocol: connect`) to a host under `blocked.test`: deny;
+- a request whose path starts with /admin: deny, status 403;
+- a POST, PUT or PATCH without its body: need_body; with it, deny when the body mentions
+  "PROJECT-X", else allow;
+- anything else: allow, adding the header `x-decided-by: example-decider` and removing
+  `x-debug` (header changes apply inside terminated tunnels only; elsewhere the proxy
+  would count them as an answer it cannot honour, so they are sent there only).
+
+`--sleep S` answers every ask S seconds late (to see the proxy's timeout).
+
+usage: decider.py [--unix PATH] [--sleep S]
+"""
+import base64
+import http.server
+import json
+import os
+import socket
+import socketserver
+import sys
+import time
+
+SLEEP = 0.0
+
+
+def decide(ask):
+    """The verdict for one ask (a dict as the proxy sent it)."""
+    if ask.get("version") != 1:
+        return {"verdict": "deny", "reason": "unknown protocol version"}
+    target = ask["target"]["host"]
+    if target == "blocked.test" or target.endswith(".blocked.test"):
+        return {"verdict": "deny", "status": 403, "reason": "this host is blocked by the decider"}
+    if ask["protocol"] == "connect":
+        return {"verdict": "allow"}
+    path = ask.get("path") or "/"
+    if path.startswith("/admin"):
+        return {"verdict": "deny", "status": 403, "reason": "admin paths are off limits"}
+    if ask.get("method") in ("POST", "PUT", "PATCH") and ask["protocol"] == "https":
+        body = ask.get("body")
+        if body is None:
+            return {"verdict": "need_body"}
+        if b"PROJECT-X" in base64.b64decode(body["base64"]):
+            return {"verdict": "deny", "status": 403, "reason": "the body mentions PROJECT-X"}
+    if ask["protocol"] == "https":
+        return {"verdict": "allow", "set_headers": {"x-decided-by": "example-decider"},
+                "remove_headers": ["x-debug"]}
+    return {"verdict": "allow"}
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def address_string(self):
+        return "decider-client"
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        ask = json.loads(self.rfile.read(length))
+        if SLEEP:
+            time.sleep(SLEEP)
+        body = json.dumps(decide(ask)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def main():
+    global SLEEP
+    args = sys.argv[1:]
+    unix = None
+    while args:
+        a = args.pop(0)
+        if a == "--unix":
+            unix = args.pop(0)
+        elif a == "--sleep":
+            SLEEP = float(args.pop(0))
+    if unix:
+        if os.path.exists(unix):
+            os.unlink(unix)
+        server = UnixServer(unix, Handler)
+        print(unix, flush=True)
+    else:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        print(server.server_address[1], flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+//! The external decider and body DLP (issue 44), through the real binary: the documented
+//! example decider (`examples/decider.py`) over HTTP and over a Unix socket denies by path and
+//! by host, sets and removes headers, and asks for the body; a decider that sleeps past its
+//! timeout and one that is stopped each give `decider_unavailable` within the timeout while a
+//! sandbox without a decider is served meanwhile; a DLP rule cuts an upload that carries a
+//! private key and lets the same upload without it through.
+
+mod common;
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// `examples/decider.py` with `args`; its first line (port or socket path), and the child.
+struct Decider {
+    child: Child,
+    at: String,
+}
+
+impl Drop for Decider {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn decider(args: &[&str]) -> Decider {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/decider.py");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    Decider {
+        child,
+        at: line.trim().to_string(),
+    }
+}
+
+const PRIVATE_KEY: &str =
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA1234\n-----END RSA PRIVATE KEY-----\n";
+
+/// One sandbox entry: `id` with `extra` lines (decider, dlp) reaching the origin's names.
+fn sandbox(id: &str, extra: &str, port: u16) -> String {
+    format!(
+        r#"  - id: {id}
+    auth: {{ token_sha256: {tok} }}
+{extra}    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["api.test:{port}", "other.test:{port}", "blocked.test:{port}"]
+        http: [{{ host: api.test, methods: [GET, POST], paths: ["/**"] }}]
+"#,
+        tok = sha(&format!("{id}-secret")),
+    )
+}
+
+fn proxy(dir: &Path, ca: &TestCa, sandboxes: &str, top: &str) -> Proxy {
+    ca_init(&dir.join("ica"));
+    Proxy::start(
+        dir,
+        &format!(
+            r#"dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], other.test: [127.0.0.1], blocked.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
+{top}
+sandboxes:
+{sandboxes}"#,
+            ica = dir.join("ica").display(),
+            upstream = ca.ca_pem.display(),
+        ),
+    )
+}
+
+/// curl as `id` through `p` to `https://host:port/path` with `extra` arguments.
+fn as_sandbox(p: &Proxy, dir: &Path, id: &str, url: &str, extra: &[&str]) -> CurlOut {
+    let px = format!("http://{id}:{id}-secret@{}", p.proxy);
+    let ica = dir.join("ica/ca.crt");
+    let mut args = vec!["-x", &px, "--cacert", ica.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    args.push(url);
+    curl(&args)
+}
+
+fn text(o: &CurlOut) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), o.stderr)
+}
+
+#[test]
+fn the_example_decider_denies_rewrites_and_reads_bodies() {
+    for over_unix in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::generate(dir.path());
+        let origin = Origin::start(Some(&ca));
+        let port = origin.addr.port();
+        let sock = dir.path().join("decider.sock");
+        let d = match over_unix {
+            true => decider(&["--unix", sock.to_str().unwrap()]),
+            false => decider(&[]),
+        };
+        let url = match over_unix {
+            true => format!("unix:{}", d.at),
+            false => format!("http://127.0.0.1:{}/decide", d.at),
+        };
+        let extra = format!("    decider: {{ url: \"{url}\", timeout_ms: 2000 }}\n");
+        let p = proxy(dir.path(), &ca, &sandbox("dev", &extra, port), "");
+        let api = |path: &str| format!("https://api.test:{port}{path}");
+        // Denied by path, before anything reaches the origin.
+        let out = as_sandbox(&p, dir.path(), "dev", &api("/admin/users"), &[]);
+        assert!(text(&out).contains("denied_by_decider"), "{}", text(&out));
+        let rec = p.wait_record(|r| r["reason"] == "denied_by_decider");
+        assert!(
+            rec["decider"]
+                .as_str()
+                .unwrap()
+                .contains("admin paths are off limits"),
+            "{rec}"
+        );
+        // Allowed with a header set and one removed.
+        let out = as_sandbox(&p, dir.path(), "dev", &api("/echo"), &["-H", "X-Debug: 1"]);
+        let echoed = text(&out).to_ascii_lowercase();
+        assert!(echoed.contains("x-decided-by: example-decider"), "{echoed}");
+        assert!(!echoed.contains("x-debug"), "{echoed}");
+        // A POST: the decider asks for the body, then allows it or not by what it says.
+        let before = origin.received.load(Ordering::SeqCst);
+        let out = as_sandbox(
+            &p,
+            dir.path(),
+            "dev",
+            &api("/upload"),
+            &["--data-binary", "plain notes"],
+        );
+        assert!(text(&out).contains("received 11"), "{}", text(&out));
+        let out = as_sandbox(
+            &p,
+            dir.path(),
+            "dev",
+            &api("/upload"),
+            &["--data-binary", "about PROJECT-X"],
+        );
+        assert!(text(&out).contains("denied_by_decider"), "{}", text(&out));
+        assert_eq!(
+            origin.received.load(Ordering::SeqCst),
+            before + 11,
+            "the refused body was sent"
+        );
+        // Host level: a tunnel to a blocked host (not terminated) is refused at CONNECT.
+        let out = as_sandbox(
+            &p,
+            dir.path(),
+            "dev",
+            &format!("https://blocked.test:{port}/"),
+            &[],
+        );
+        assert!(text(&out).contains("403"), "{}", text(&out));
+        let rec = p.wait_record(|r| r["mode"] == "connect" && r["reason"] == "denied_by_decider");
+        assert!(
+            rec["decider"].as_str().unwrap().starts_with("deny 403"),
+            "{rec}"
+        );
+        // And the decider's allow of a tunnel is in its record.
+        let _ = as_sandbox(
+            &p,
+            dir.path(),
+            "dev",
+            &format!("https://other.test:{port}/"),
+            &["-k"],
+        );
+        let rec = p.wait_record(|r| r["mode"] == "connect" && r["target_host"] == "other.test");
+        assert_eq!(rec["decider"], "allow", "{rec}");
+    }
+}
+
+#[test]
+fn a_slow_or_stopped_decider_is_unavailable_and_costs_other_sandboxes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(Some(&ca));
+    let port = origin.addr.port();
+    let slow = decider(&["--sleep", "5"]);
+    let mut stopped = decider(&[]);
+    let stopped_port = stopped.at.clone();
+    let _ = stopped.child.kill();
+    let _ = stopped.child.wait();
+    let slow_cfg = format!(
+        "    decider: {{ url: \"http://127.0.0.1:{}/\", timeout_ms: 400 }}\n",
+        slow.at
+    );
+    let gone_cfg =
+        format!("    decider: {{ url: \"http://127.0.0.1:{stopped_port}/\", timeout_ms: 400 }}\n");
+    let sandboxes = format!(
+        "{}{}{}",
+        sandbox("slow", &slow_cfg, port),
+        sandbox("gone", &gone_cfg, port),
+        sandbox("free", "", port)
+    );
+    let p = proxy(dir.path(), &ca, &sandboxes, "");
+    let api = format!("https://api.test:{port}/v1/x");
+    // Eight slow asks at once; meanwhile the sandbox without a decider is served.
+    let started = Instant::now();
+    let waiting: Vec<_> = (0..8)
+        .map(|_| {
+            let (px, ica, api) = (
+                format!("http://slow:slow-secret@{}", p.proxy),
+                dir.path().join("ica/ca.crt"),
+                api.clone(),
+            );
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let out = curl(&["-x", &px, "--cacert", ica.to_str().unwrap(), &api]);
+                (text(&out), t.elapsed())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let free_started = Instant::now();
+    let out = as_sandbox(&p, dir.path(), "free", &api, &[]);
+    let free_took = free_started.elapsed();
+    assert!(text(&out).contains("hello from origin"), "{}", text(&out));
+    for w in waiting {
+        let (body, took) = w.join().unwrap();
+        // A CONNECT refusal: curl shows its status; the record names the reason.
+        assert!(body.contains("response 503"), "{body}");
+        // Within the timeout (400 ms) and the CONNECT handshake, not the decider's 5 s.
+        assert!(took < Duration::from_secs(4), "{took:?}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(4));
+    eprintln!("free sandbox served in {free_took:?} while the slow decider held eight asks");
+    let rec = p.wait_record(|r| r["reason"] == "decider_unavailable" && r["sandbox"] == "slow");
+    assert!(
+        rec["decider"].as_str().unwrap().contains("did not answer"),
+        "{rec}"
+    );
+    // A stopped decider: refused at once.
+    let out = as_sandbox(&p, dir.path(), "gone", &api, &[]);
+    assert!(text(&out).contains("response 503"), "{}", text(&out));
+    let rec = p.wait_record(|r| r["reason"] == "decider_unavailable" && r["sandbox"] == "gone");
+    assert!(
+        rec["decider"].as_str().unwrap().contains("cannot reach"),
+        "{rec}"
+    );
+}
+
+#[test]
+fn a_dlp_rule_cuts_an_upload_with_a_private_key_and_passes_it_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(Some(&ca));
+    let port = origin.addr.port();
+    let dlp = "    dlp: { rules: [{ name: private_key, pattern: \"-----BEGIN [A-Z ]*PRIVATE KEY-----\" }], entropy: { min_length: 40, action: report } }\n";
+    let p = proxy(dir.path(), &ca, &sandbox("dev", dlp, port), "");
+    let api = format!("https://api.test:{port}/upload");
+    let with_key = format!("config dump\n{PRIVATE_KEY}");
+    let out = as_sandbox(&p, dir.path(), "dev", &api, &["--data-binary", &with_key]);
+    assert!(text(&out).contains("dlp_blocked"), "{}", text(&out));
+    let rec = p.wait_record(|r| r["reason"] == "dlp_blocked");
+    assert_eq!(rec["dlp"], "private_key", "{rec}");
+    assert!(
+        !rec.to_string().contains("BEGIN RSA"),
+        "the matched text is recorded: {rec}"
+    );
+    assert_eq!(
+        origin.received.load(Ordering::SeqCst),
+        0,
+        "the key reached the origin"
+    );
+    // The same upload without the key passes.
+    let without = "config dump\nnothing secret here\n";
+    let out = as_sandbox(&p, dir.path(), "dev", &api, &["--data-binary", without]);
+    assert!(
+        text(&out).contains(&format!("received {}", without.len())),
+        "{}",
+        text(&out)
+    );
+    // A high-entropy token is only reported.
+    let token = "token=q8Zr3LkP0vXw9TnB2sYh7JdM4cFg6AeRtUiOpQlKzXcVbNm";
+    let out = as_sandbox(&p, dir.path(), "dev", &api, &["--data-binary", token]);
+    assert!(text(&out).contains("received"), "{}", text(&out));
+    let rec = p.wait_record(|r| r["dlp"] == "high_entropy");
+    assert_eq!(rec["decision"], "allow", "{rec}");
+}
+
+#[test]
+fn the_top_level_decider_applies_to_every_sandbox_without_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(Some(&ca));
+    let port = origin.addr.port();
+    let d = decider(&[]);
+    let top = format!("decider: {{ url: \"http://127.0.0.1:{}/\" }}", d.at);
+    let p = proxy(dir.path(), &ca, &sandbox("dev", "", port), &top);
+    let out = as_sandbox(
+        &p,
+        dir.path(),
+        "dev",
+        &format!("https://api.test:{port}/admin"),
+        &[],
+    );
+    assert!(text(&out).contains("denied_by_decider"), "{}", text(&out));
+}
