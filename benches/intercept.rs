@@ -7,6 +7,11 @@
 //! POST and answered the same JSON-RPC result: one with only a path rule (`path.test`), one
 //! with a `protocol: mcp` rule (`mcp.test`: the body read, parsed and judged, the JSON
 //! response parsed and filtered).
+//! With `--decider` it compares the static-header host asked through a sandbox without a
+//! decider (`plain`, clients from 127.0.0.1) and one whose sandbox has a local decider that
+//! allows everything (`decided`, from 127.0.0.2: asked for the tunnel and for every request),
+//! then `plain` again while a third sandbox (127.0.0.3) keeps 32 tunnels waiting on a decider
+//! that never answers (`plain_slow_neighbour`: what a slow decider costs other sandboxes).
 //! With `--sigv4` it compares the static-header host (`bound.test`) with one bound to an
 //! `aws_sigv4` credential (`aws.test`): each GET carries a SigV4 Authorization made once with
 //! the sandbox's placeholder key id, which the proxy checks, strips and signs again with the
@@ -18,6 +23,7 @@
 //! cargo bench --bench intercept -- --connections 4 --streams 8 --seconds 5 --h2
 //! cargo bench --bench intercept -- --connections 8 --seconds 5 --mcp
 //! cargo bench --bench intercept -- --connections 8 --seconds 5 --sigv4
+//! cargo bench --bench intercept -- --connections 8 --seconds 5 --decider
 //! cargo bench --bench intercept -- --bin /tmp/old/target/release/egress-proxy   # A/B
 //! ```
 //! It makes its own CAs, starts `target/release/egress-proxy` and a hyper HTTPS upstream on
@@ -177,8 +183,84 @@ async fn answered(resp: http::Response<hyper::body::Incoming>, count: &AtomicU64
 }
 
 /// Keep-alive GETs through one tunnel to `host` until `until`, counted in `count`.
+/// A connection to the proxy from `source` (each bench sandbox is a source address).
+async fn dial(proxy: SocketAddr, source: std::net::IpAddr) -> tokio::net::TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+    sock.bind(SocketAddr::new(source, 0)).expect("bind");
+    sock.connect(proxy).await.expect("proxy")
+}
+
+/// A decider that allows everything, as fast as it can (`--decider`).
+async fn allowing_decider() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else {
+                continue;
+            };
+            let _ = s.set_nodelay(true);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        let _ = req.into_body().collect().await;
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                            Bytes::from_static(br#"{"verdict":"allow"}"#),
+                        )))
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// A decider that accepts and never answers.
+async fn silent_decider() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            held.push(s);
+        }
+    });
+    addr
+}
+
+/// Tunnels of the slow sandbox (127.0.0.3) to `host`, one after another until `until`,
+/// each refused when its decider times out; counted in `refused`.
+async fn slow_neighbour(
+    proxy: SocketAddr,
+    host: &str,
+    port: u16,
+    until: Instant,
+    refused: Arc<AtomicU64>,
+) {
+    while Instant::now() < until {
+        let mut tcp = dial(proxy, "127.0.0.3".parse().expect("ip")).await;
+        let ask = format!("CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n");
+        if tcp.write_all(ask.as_bytes()).await.is_err() {
+            continue;
+        }
+        let mut head = [0u8; 12];
+        if tcp.read_exact(&mut head).await.is_ok() && head.ends_with(b"503") {
+            refused.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // reason: the bench's one client, every knob a parameter
 async fn client(
     proxy: SocketAddr,
+    source: std::net::IpAddr,
     host: &'static str,
     port: u16,
     tls_cfg: Arc<rustls::ClientConfig>,
@@ -186,7 +268,7 @@ async fn client(
     until: Instant,
     count: Arc<AtomicU64>,
 ) {
-    let mut tcp = tokio::net::TcpStream::connect(proxy).await.expect("proxy");
+    let mut tcp = dial(proxy, source).await;
     tcp.set_nodelay(true).expect("nodelay");
     tcp.write_all(
         format!("CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").as_bytes(),
@@ -279,6 +361,7 @@ fn sigv4_auth(ca_key: &std::path::Path) -> (&'static str, &'static str) {
 fn main() {
     let conns = arg("--connections", 8);
     let secs = arg("--seconds", 5);
+    let decider = std::env::args().any(|a| a == "--decider");
     let mut shape = Shape {
         h2: std::env::args().any(|a| a == "--h2"),
         streams: arg("--streams", 1) as usize,
@@ -317,18 +400,14 @@ fn main() {
     let rt = tokio::runtime::Runtime::new().expect("rt");
     let up = rt.block_on(upstream(cert, key));
     let port = up.port();
-    std::fs::write(
-        dir.path().join("proxy.yaml"),
+    let (allow_at, silent_at) =
+        rt.block_on(async { (allowing_decider().await, silent_decider().await) });
+    // One sandbox per source address; `decided` and `slow` differ from `plain` only by a decider.
+    let sandbox = |id: &str, source: &str, decider: String| {
         format!(
-            r#"listen: {{ proxy: 127.0.0.1:0, admin: null }}
-audit: {{ path: /dev/null }}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ bound.test: [127.0.0.1], relayed.test: [127.0.0.1], path.test: [127.0.0.1], mcp.test: [127.0.0.1], aws.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32], limits: {{ max_connections: 100000, connections_per_second: 1000000, burst: 1000000 }} }}
-tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: uca.pem }}
-sandboxes:
-  - id: bench
-    sources: [127.0.0.0/8]
-    credentials:
+            r#"  - id: {id}
+    sources: [{source}/32]
+{decider}    credentials:
       - {{ name: api, hosts: [bound.test], inject: {{ header: Authorization, format: "Bearer {{secret}}" }}, source: {{ file: secret }} }}
       - {{ name: aws, kind: aws_sigv4, hosts: [aws.test], source: {{ access_key_id_file: aws.id, secret_access_key_file: aws.secret }} }}
     policy:
@@ -340,6 +419,31 @@ sandboxes:
           - {{ host: path.test, methods: [POST], paths: [/mcp] }}
           - {{ host: mcp.test, paths: [/mcp], protocol: mcp, tools: [search] }}
 "#
+        )
+    };
+    let plain = sandbox("bench", "127.0.0.1", String::new());
+    let decided = sandbox(
+        "decided",
+        "127.0.0.2",
+        format!("    decider: {{ url: \"http://{allow_at}/\", timeout_ms: 2000 }}\n"),
+    );
+    let slow = sandbox(
+        "slow",
+        "127.0.0.3",
+        format!(
+            "    decider: {{ url: \"http://{silent_at}/\", timeout_ms: 300, max_in_flight: 64 }}\n"
+        ),
+    );
+    std::fs::write(
+        dir.path().join("proxy.yaml"),
+        format!(
+            r#"listen: {{ proxy: 127.0.0.1:0, admin: null }}
+audit: {{ path: /dev/null }}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ bound.test: [127.0.0.1], relayed.test: [127.0.0.1], path.test: [127.0.0.1], mcp.test: [127.0.0.1], aws.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32], limits: {{ max_connections: 100000, connections_per_second: 1000000, burst: 1000000 }} }}
+tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: uca.pem }}
+sandboxes:
+{plain}{decided}{slow}"#
         ),
     )
     .expect("config");
@@ -376,19 +480,47 @@ sandboxes:
     );
     let mut cpu_before = cpu_us(child.id()).unwrap_or(0);
     for round in 0..3 {
-        let hosts = match (shape.mcp, shape.sigv4.is_some()) {
-            (true, _) => ["path.test", "mcp.test"],
-            (_, true) => ["bound.test", "aws.test"],
-            _ => ["bound.test", "relayed.test"],
-        };
-        for host in hosts {
+        let one = "127.0.0.1".parse().expect("ip");
+        let phases: Vec<(&str, &'static str, std::net::IpAddr, bool)> =
+            match (shape.mcp, shape.sigv4.is_some(), decider) {
+                (true, _, _) => vec![
+                    ("path.test", "path.test", one, false),
+                    ("mcp.test", "mcp.test", one, false),
+                ],
+                (_, true, _) => vec![
+                    ("bound.test", "bound.test", one, false),
+                    ("aws.test", "aws.test", one, false),
+                ],
+                (_, _, true) => vec![
+                    ("plain", "bound.test", one, false),
+                    (
+                        "decided",
+                        "bound.test",
+                        "127.0.0.2".parse().expect("ip"),
+                        false,
+                    ),
+                    ("plain_slow_neighbour", "bound.test", one, true),
+                ],
+                _ => vec![
+                    ("bound.test", "bound.test", one, false),
+                    ("relayed.test", "relayed.test", one, false),
+                ],
+            };
+        for (label, host, source, neighbour) in phases {
             let count = Arc::new(AtomicU64::new(0));
             let until = Instant::now() + Duration::from_secs(secs);
+            let refused = Arc::new(AtomicU64::new(0));
             rt.block_on(async {
+                let slow: Vec<_> = (0..if neighbour { 32 } else { 0 })
+                    .map(|_| {
+                        tokio::spawn(slow_neighbour(proxy, host, port, until, refused.clone()))
+                    })
+                    .collect();
                 let tasks: Vec<_> = (0..conns)
                     .map(|_| {
                         tokio::spawn(client(
                             proxy,
+                            source,
                             host,
                             port,
                             ccfg.clone(),
@@ -398,23 +530,29 @@ sandboxes:
                         ))
                     })
                     .collect();
-                for t in tasks {
+                for t in tasks.into_iter().chain(slow) {
                     let _ = t.await;
                 }
             });
+            if neighbour {
+                out.insert(
+                    format!("{label}_round{round}_neighbour_refused"),
+                    serde_json::json!(refused.load(Ordering::Relaxed)),
+                );
+            }
             let rps = count.load(Ordering::Relaxed) as f64 / secs as f64;
             let cpu = cpu_us(child.id()).unwrap_or(0);
             let used = cpu.saturating_sub(cpu_before);
             cpu_before = cpu;
             out.insert(
-                format!("{host}_round{round}_proxy_cpu_us_per_req"),
+                format!("{label}_round{round}_proxy_cpu_us_per_req"),
                 serde_json::json!(
                     (used as f64 / count.load(Ordering::Relaxed).max(1) as f64 * 10.0).round()
                         / 10.0
                 ),
             );
             out.insert(
-                format!("{host}_round{round}_req_per_s"),
+                format!("{label}_round{round}_req_per_s"),
                 serde_json::json!(rps.round()),
             );
         }

@@ -12,9 +12,11 @@ socket (`--unix PATH`), and answers each ask:
   `x-debug` (header changes apply inside terminated tunnels only; elsewhere the proxy
   would count them as an answer it cannot honour, so they are sent there only).
 
-`--sleep S` answers every ask S seconds late (to see the proxy's timeout).
+`--sleep S` answers every ask S seconds late (to see the proxy's timeout). `--schema FILE`
+checks every ask, and every answer it gives, against docs/decider.schema.json (Python's
+`jsonschema`): an ask that does not match is denied with the reason `schema: …`.
 
-usage: decider.py [--unix PATH] [--sleep S]
+usage: decider.py [--unix PATH] [--sleep S] [--schema FILE]
 """
 import base64
 import http.server
@@ -26,6 +28,22 @@ import sys
 import time
 
 SLEEP = 0.0
+SCHEMA = None
+
+
+def checked(ask):
+    """`decide`, with the ask and the answer checked against the schema when one is given."""
+    if SCHEMA is not None:
+        import jsonschema
+        defs = SCHEMA["$defs"]
+        try:
+            jsonschema.validate(ask, {**defs["Ask"], "$defs": defs})
+        except jsonschema.ValidationError as e:
+            return {"verdict": "deny", "reason": "schema: %s" % e.message[:150]}
+        answer = decide(ask)
+        jsonschema.validate(answer, {**defs["Answer"], "$defs": defs})
+        return answer
+    return decide(ask)
 
 
 def decide(ask):
@@ -66,7 +84,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         ask = json.loads(self.rfile.read(length))
         if SLEEP:
             time.sleep(SLEEP)
-        body = json.dumps(decide(ask)).encode()
+        body = json.dumps(checked(ask)).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -79,7 +97,7 @@ class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 def main():
-    global SLEEP
+    global SLEEP, SCHEMA
     args = sys.argv[1:]
     unix = None
     while args:
@@ -88,6 +106,8 @@ def main():
             unix = args.pop(0)
         elif a == "--sleep":
             SLEEP = float(args.pop(0))
+        elif a == "--schema":
+            SCHEMA = json.load(open(args.pop(0)))
     if unix:
         if os.path.exists(unix):
             os.unlink(unix)

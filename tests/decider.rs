@@ -105,9 +105,12 @@ fn the_example_decider_denies_rewrites_and_reads_bodies() {
         let origin = Origin::start(Some(&ca));
         let port = origin.addr.port();
         let sock = dir.path().join("decider.sock");
+        // The decider checks every ask (and its answers) against the documented schema.
+        let schema = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/decider.schema.json");
+        let schema = schema.to_str().unwrap();
         let d = match over_unix {
-            true => decider(&["--unix", sock.to_str().unwrap()]),
-            false => decider(&[]),
+            true => decider(&["--unix", sock.to_str().unwrap(), "--schema", schema]),
+            false => decider(&["--schema", schema]),
         };
         let url = match over_unix {
             true => format!("unix:{}", d.at),
@@ -127,6 +130,10 @@ fn the_example_decider_denies_rewrites_and_reads_bodies() {
                 .contains("admin paths are off limits"),
             "{rec}"
         );
+        assert!(!p
+            .audit_records()
+            .iter()
+            .any(|r| r.to_string().contains("schema:")));
         // Allowed with a header set and one removed.
         let out = as_sandbox(&p, dir.path(), "dev", &api("/echo"), &["-H", "X-Debug: 1"]);
         let echoed = text(&out).to_ascii_lowercase();
