@@ -300,6 +300,12 @@ fn every_operation_answers_as_documented() {
     let (status, body) = admin_req(a, "POST", "/v1/reload", "", t);
     assert_eq!(status, 422, "{body}");
 
+    // The identity issuer's documents are public (no token).
+    for path in ["/.well-known/jwks.json", "/.well-known/openid-configuration"] {
+        let (status, body) = admin_req(a, "GET", path, "", None);
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+
     // Every operation of the document was called and answered as documented.
     let seen: std::collections::BTreeSet<String> =
         openapi::seen().into_iter().map(|(op, _)| op).collect();

@@ -384,17 +384,11 @@ pub(super) fn build_binding(
         warnings,
         files,
     );
-    let (decider, dlp) = super::decider::of_binding(&raw, ctx.defaults, (sb, line), sink);
+    let (decider, dlp, identity_token) =
+        super::decider::of_binding(&raw, ctx.defaults, (sb, line), sink);
     let (block, network, policy_file, policy_ref) = policy?;
-    if !network.http.is_empty() && ctx.placeholder_key.is_none() {
-        sink.push(
-            sb,
-            "policy.network.http",
-            "HTTP rules apply to terminated hosts: configure `tls_intercept` first",
-            Some("http:"),
-            line,
-        );
-    }
+    let terminating = (!network.http.is_empty(), identity_token.is_some());
+    super::identity::needs_intercept(ctx.placeholder_key, terminating, (sb, line), sink);
     if sink.errors.len() > before {
         return None;
     }
@@ -416,6 +410,7 @@ pub(super) fn build_binding(
         upstream_proxy,
         decider,
         dlp,
+        identity_token,
     })
 }
 

@@ -440,6 +440,8 @@ pub struct InterceptConfig {
     /// Bytes of a request body a protocol rule judges, and of an MCP message it filters
     /// (`judge_body_bytes`).
     pub judge_body_bytes: u64,
+    /// The issuer of sandbox identity tokens (`identity`).
+    pub identity: super::identity::IssuerConfig,
 }
 
 /// The default of `tls_intercept.scrub_body_bytes`: 64 MiB.
@@ -461,6 +463,8 @@ pub(super) struct RawIntercept {
     pub scrub_body_bytes: Option<u64>,
     #[serde(default)]
     pub judge_body_bytes: Option<u64>,
+    #[serde(default)]
+    pub identity: Option<super::identity::RawIssuer>,
 }
 
 /// What stands in for a secret that review tools could not read (never used to serve).
@@ -503,6 +507,11 @@ pub(super) fn resolve_intercept(
             None
         }
     };
+    let mut errors = Vec::new();
+    let identity = super::identity::resolve_issuer(raw.identity.clone(), &mut errors);
+    for e in errors {
+        sink.top("tls_intercept.identity", e, Some("identity"));
+    }
     let mut never = Vec::new();
     for h in &raw.never {
         match BoundHost::parse(h) {
@@ -518,6 +527,7 @@ pub(super) fn resolve_intercept(
             never,
             scrub_body_bytes: raw.scrub_body_bytes.unwrap_or(DEFAULT_SCRUB_BODY_BYTES),
             judge_body_bytes: raw.judge_body_bytes.unwrap_or(DEFAULT_JUDGE_BODY_BYTES),
+            identity,
         }),
         key,
     )

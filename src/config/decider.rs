@@ -237,22 +237,33 @@ pub fn resolve_dlp(raw: &RawDlp, errors: &mut Vec<String>) -> Option<Arc<DlpConf
     })
 }
 
-/// A sandbox's decider (its own, else the top-level one) and body scanner; errors go to
-/// `sink` at the sandbox's line.
+/// What narrows or marks a sandbox's exchanges beyond its policy.
+pub(super) type Guards = (
+    Option<Arc<DeciderConfig>>,
+    Option<Arc<DlpConfig>>,
+    Option<Arc<super::identity::IdentityToken>>,
+);
+
+/// A sandbox's decider (its own, else the top-level one), body scanner and identity token;
+/// errors go to `sink` at the sandbox's line.
 pub(super) fn of_binding(
     raw: &super::raw::RawBinding,
     defaults: &super::Defaults,
     (sb, line): (Option<&str>, usize),
     sink: &mut super::error::Sink<'_>,
-) -> (Option<Arc<DeciderConfig>>, Option<Arc<DlpConfig>>) {
+) -> Guards {
     let mut errors = Vec::new();
     let decider = match &raw.decider {
         Some(d) => resolve_decider(d, &mut errors),
         None => defaults.decider.clone(),
     };
     let dlp = raw.dlp.as_ref().and_then(|d| resolve_dlp(d, &mut errors));
+    let identity = raw
+        .identity_token
+        .as_ref()
+        .and_then(|t| super::identity::resolve_token(t, &mut errors));
     for e in errors {
-        sink.push(sb, "decider/dlp", e, None, line);
+        sink.push(sb, "decider/dlp/identity_token", e, None, line);
     }
-    (decider, dlp)
+    (decider, dlp, identity)
 }

@@ -24,6 +24,7 @@ mod dns;
 pub mod error;
 pub mod files;
 pub mod http_rules;
+pub mod identity;
 mod load;
 pub mod presets;
 mod raw;
@@ -220,6 +221,8 @@ pub struct Binding {
     pub decider: Option<Arc<decider::DeciderConfig>>,
     /// The scanner of request bodies to terminated hosts.
     pub dlp: Option<Arc<decider::DlpConfig>>,
+    /// The hosts whose terminated requests carry the sandbox's identity token.
+    pub identity_token: Option<Arc<identity::IdentityToken>>,
 }
 
 /// `max_connections`: a number of connections the process can actually hold — at least 1, at

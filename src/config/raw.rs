@@ -386,4 +386,7 @@ pub struct RawBinding {
     /// Request-body scanning on terminated hosts.
     #[serde(default)]
     pub dlp: Option<super::decider::RawDlp>,
+    /// A signed identity toward these hosts.
+    #[serde(default)]
+    pub identity_token: Option<super::identity::RawIdentityToken>,
 }

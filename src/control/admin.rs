@@ -262,6 +262,10 @@ impl Path {
 }
 
 async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    // Public, like any issuer's keys: no token.
+    if let Some(r) = super::admin_keys::well_known(&admin.shared, &req) {
+        return r;
+    }
     let Some(path) = Path::of(req.uri().path()) else {
         return text(StatusCode::NOT_FOUND, PLAIN, "not found\n".into());
     };
@@ -417,36 +421,11 @@ fn placeholders(admin: &Admin, req: &Request<Incoming>, id: &str) -> Response<Fu
             StatusCode::OK,
             json!({
                 "id": id,
-                "placeholders": sb.binding.credentials.iter().map(placeholder_of).collect::<Vec<_>>(),
+                "placeholders": sb.binding.credentials.iter().map(super::admin_keys::placeholder_of).collect::<Vec<_>>(),
             }),
         ),
         None => error(StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
     }
-}
-
-/// One credential's placeholder: for `aws_sigv4`, the AWS-shaped key pair the sandbox's SDK
-/// is configured with.
-fn placeholder_of(c: &crate::config::credentials::Credential) -> serde_json::Value {
-    use crate::config::credentials::CredentialKind;
-    let mut v = json!({
-        "name": c.name,
-        "placeholder": c.placeholder,
-        "hosts": c.hosts.len(),
-    });
-    let kind = match &c.kind {
-        CredentialKind::Static { .. } => "static",
-        CredentialKind::AwsSigV4(k) => {
-            v["access_key_id"] = json!(c.placeholder);
-            v["secret_access_key"] = json!(k.placeholder_secret);
-            "aws_sigv4"
-        }
-        CredentialKind::Minted(m) => match m.how {
-            crate::config::credential_kinds::Mint::OAuth2 { .. } => "oauth2",
-            crate::config::credential_kinds::Mint::GithubApp { .. } => "github_app",
-        },
-    };
-    v["kind"] = json!(kind);
-    v
 }
 
 /// `GET /v1/sandboxes/{id}`: the sandbox in force, or why its etcd value is not.

@@ -43,6 +43,7 @@ pub use reload::{ReloadError, Reloaded};
 
 pub(crate) mod admin;
 pub mod admin_client;
+mod admin_keys;
 mod admin_requests;
 mod change_error;
 pub mod check;

@@ -61,6 +61,8 @@ pub struct MintCx {
     pub resolver: Arc<Resolver>,
     /// The external deciders (the exchange asks them per request).
     pub deciders: Arc<crate::decider::Deciders>,
+    /// The signer of identity tokens.
+    pub issuer: Option<Arc<super::identity::Issuer>>,
 }
 
 #[cfg(test)]
@@ -87,6 +89,7 @@ impl MintCx {
             minter: Arc::new(Minter::new(Arc::new(tls))),
             resolver: Arc::new(Resolver::new(&cfg).0),
             deciders: Default::default(),
+            issuer: None,
         }
     }
 }

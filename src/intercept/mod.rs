@@ -15,6 +15,7 @@ pub mod credential;
 pub mod dlp;
 mod error;
 mod exchange;
+pub mod identity;
 mod judge;
 mod mcp_filter;
 pub mod minter;
@@ -58,6 +59,8 @@ pub struct Interceptor {
     judge_body_bytes: u64,
     /// Tokens minted for `oauth2` and `github_app` credentials, shared by every tunnel.
     pub minter: Arc<minter::Minter>,
+    /// The signer of sandbox identity tokens (its keys are served by the admin listener).
+    pub issuer: Arc<identity::Issuer>,
 }
 
 impl std::fmt::Debug for Interceptor {
@@ -90,7 +93,10 @@ impl Interceptor {
         };
         let mut minting = upstream.clone();
         minting.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let issuer = identity::Issuer::new(cfg.identity.clone())
+            .map_err(|e| InterceptError::content("tls_intercept.identity", e))?;
         Ok(Interceptor {
+            issuer: Arc::new(issuer),
             minter: Arc::new(minter::Minter::new(Arc::new(minting))),
             ca,
             upstream: [
@@ -124,6 +130,7 @@ impl Interceptor {
             minter: self.minter.clone(),
             resolver: resolver.clone(),
             deciders: deciders.clone(),
+            issuer: Some(self.issuer.clone()),
         }
     }
 
@@ -137,6 +144,10 @@ impl Interceptor {
             .iter()
             .any(|c| c.bound_to(host) || token_host(c, host))
             || binding.network.http.iter().any(|r| r.host.matches(host))
+            || binding
+                .identity_token
+                .as_ref()
+                .is_some_and(|t| t.bound_to(host))
     }
 }
 

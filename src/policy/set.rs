@@ -569,7 +569,7 @@ fn hash_binding(h: &mut Sha256, b: &Binding) {
         h.update(c.fingerprint());
     }
     // The decider and the body scanner narrow what is allowed: a change is a new version.
-    h.update(format!("{:?}", b.decider));
+    h.update(format!("{:?}{:?}", b.decider, b.identity_token));
     if let Some(d) = &b.dlp {
         h.update(format!("{:?}{:?}", d.entropy, d.max_bytes));
         for r in &d.rules {

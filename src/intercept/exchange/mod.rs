@@ -285,14 +285,21 @@ impl Exchange {
         None
     }
 
-    /// What `b` means for this host (cached per binding).
-    fn prepared(&self, b: Arc<Binding>) -> Arc<Prepared> {
+    /// What `b` means for this host (cached per binding and policy version: identity tokens
+    /// name the version).
+    fn prepared(&self, b: Arc<Binding>, version: Arc<str>) -> Arc<Prepared> {
         if let Ok(cache) = self.prepared.lock() {
-            if let Some(p) = cache.as_ref().filter(|p| Arc::ptr_eq(&p.binding, &b)) {
+            let same = |p: &&Arc<Prepared>| Arc::ptr_eq(&p.binding, &b) && p.version == version;
+            if let Some(p) = cache.as_ref().filter(same) {
                 return p.clone();
             }
         }
-        let p = Arc::new(Prepared::new(b, &self.dest.host, &self.mint));
+        let p = Arc::new(Prepared::new(
+            b,
+            &self.dest.host,
+            &self.mint,
+            version.clone(),
+        ));
         if let Ok(mut cache) = self.prepared.lock() {
             *cache = Some(p.clone());
         }
@@ -407,8 +414,8 @@ impl Exchange {
             audit.http(asked.facts(403, None));
             return Err(Refusal::new(Reason::UnknownSandbox, why));
         };
-        audit.record.policy_version = version;
-        let prepared = self.prepared(binding);
+        audit.record.policy_version = version.clone();
+        let prepared = self.prepared(binding, version);
         let decided = |verdict, judges| Decided {
             prepared: prepared.clone(),
             verdict,

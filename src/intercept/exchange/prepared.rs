@@ -14,6 +14,8 @@ use crate::policy::http_rules::HttpRule;
 /// a new binding, and the next request a new `Prepared`).
 pub(super) struct Prepared {
     pub(super) binding: Arc<Binding>,
+    /// The policy version it was made under.
+    pub(super) version: Arc<str>,
     /// The `network.http` rules for this host.
     pub(super) rules: Vec<HttpRule>,
     /// The credentials bound here, each as its kind handles it.
@@ -32,7 +34,7 @@ pub(super) struct Prepared {
 }
 
 impl Prepared {
-    pub(super) fn new(binding: Arc<Binding>, host: &str, cx: &MintCx) -> Self {
+    pub(super) fn new(binding: Arc<Binding>, host: &str, cx: &MintCx, version: Arc<str>) -> Self {
         let rules: Vec<HttpRule> = binding
             .network
             .http
@@ -44,12 +46,27 @@ impl Prepared {
             && rules
                 .iter()
                 .all(|r| r.paths.is_empty() && r.git.is_empty() && r.protocol.is_none());
-        let bound: Vec<Bound> = binding
+        let mut bound: Vec<Bound> = binding
             .credentials
             .iter()
             .filter(|c| c.bound_to(host))
             .map(|c| credential::bound(c, binding.id.as_str(), cx))
             .collect();
+        // The sandbox's identity token, for the hosts it names: a kind like the others.
+        let identity = binding.identity_token.clone().filter(|t| t.bound_to(host));
+        if let (Some(token), Some(issuer)) = (identity, cx.issuer.clone()) {
+            bound.push(Bound {
+                name: "sandbox-identity".into(),
+                placeholder: String::new(),
+                kind: Box::new(crate::intercept::identity::IdentityKind {
+                    issuer,
+                    sandbox: binding.id.to_string(),
+                    aud: host.to_string(),
+                    version: version.clone(),
+                    token,
+                }),
+            });
+        }
         let sealing: Vec<(String, String)> = binding
             .credentials
             .iter()
@@ -69,6 +86,7 @@ impl Prepared {
         let scrubber = Mutex::new((generation, Scrubber::new(bound.iter()).map(Arc::new)));
         Prepared {
             binding,
+            version,
             rules,
             bound,
             scrubber,

@@ -1,0 +1,129 @@
+//! Sandbox identity tokens (issue 45, its first part), through the real binary: an origin
+//! that verifies each token with PyJWT against the JWKS it fetches from the proxy's admin
+//! listener (`tests/data/identity_origin.py`) accepts sandbox dev's token, with the SPIFFE
+//! subject and the policy version; rejects that token replayed for another audience; and a
+//! token the sandbox forged in the header is refused before anything is sent.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn an_origin_verifies_the_sandbox_identity_against_the_published_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = TestCa::generate(d);
+    ca_init(&d.join("ica"));
+    // The origin's port must be in the policy, and the origin needs the admin's address:
+    // take a free port for the admin first.
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let jwks = format!("http://127.0.0.1:{admin_port}/.well-known/jwks.json");
+    let origin = ScriptOrigin::start(
+        "identity_origin.py",
+        &[
+            ca.cert_pem.as_os_str(),
+            ca.key_pem.as_os_str(),
+            jwks.as_ref(),
+        ],
+    );
+    let port = origin.port;
+    let yaml = format!(
+        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:{admin_port} }}
+audit: {{ path: {audit} }}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], other.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: {uca}, identity: {{ trust_domain: agents.example, issuer: "https://egress.agents.example" }} }}
+sandboxes:
+  - id: dev
+    auth: {{ token_sha256: {tok} }}
+    identity_token: {{ hosts: [api.test], ttl_s: 120 }}
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["api.test:{port}", "other.test:{port}"]
+"#,
+        audit = d.join("audit.jsonl").display(),
+        uca = ca.ca_pem.display(),
+        tok = sha("dev-secret"),
+    );
+    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
+    let p = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    // The discovery document points at the keys.
+    let (status, body) = p.admin_get("/.well-known/openid-configuration");
+    assert_eq!(status, 200, "{body}");
+    let disco: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(disco["issuer"], "https://egress.agents.example");
+    assert!(disco["jwks_uri"]
+        .as_str()
+        .unwrap()
+        .ends_with("/.well-known/jwks.json"));
+    let (status, body) = p.admin_get("/.well-known/jwks.json");
+    assert_eq!(status, 200, "{body}");
+    let keys: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(keys["keys"][0]["crv"], "Ed25519", "{keys}");
+
+    let px = format!("http://dev:dev-secret@{}", p.proxy);
+    let ica = d.join("ica/ca.crt");
+    let get = |url: &str, extra: &[&str]| {
+        let mut args = vec!["-sS", "-x", &px, "--cacert", ica.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        args.push(url);
+        let out = curl(&args);
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), out.stderr)
+    };
+    // Accepted: the origin verified the signature with the published key, for its host.
+    let body = get(&format!("https://api.test:{port}/whoami"), &[]);
+    let claims: serde_json::Value =
+        serde_json::from_str(&body).unwrap_or_else(|_| panic!("{body}"));
+    assert_eq!(
+        claims["sub"], "spiffe://agents.example/sandbox/dev",
+        "{claims}"
+    );
+    assert_eq!(claims["aud"], "api.test");
+    assert_eq!(claims["iss"], "https://egress.agents.example");
+    assert!(claims["policy_version"]
+        .as_str()
+        .is_some_and(|v| !v.is_empty()));
+    assert!(claims["exp"].as_u64().unwrap() - claims["iat"].as_u64().unwrap() == 120);
+    // The same token replayed toward another audience is rejected.
+    let body = get(
+        &format!("https://api.test:{port}/replay?aud=other.test"),
+        &[],
+    );
+    assert!(
+        body.contains("\"rejected\"") && body.contains("udience"),
+        "{body}"
+    );
+    // A token the sandbox writes itself never leaves the proxy.
+    let body = get(
+        &format!("https://api.test:{port}/whoami"),
+        &["-H", "X-Sandbox-Identity: eyJhbGciOiJub25lIn0.e30."],
+    );
+    assert!(body.contains("credential_misuse"), "{body}");
+    let rec = p.wait_record(|r| r["reason"] == "credential_misuse");
+    assert!(
+        rec["detail"]
+            .as_str()
+            .unwrap()
+            .contains("x-sandbox-identity"),
+        "{rec}"
+    );
+    // A host the token is not bound to is not terminated and gets no token.
+    let out = curl(&[
+        "-sS",
+        "-x",
+        &px,
+        "--cacert",
+        ca.ca_pem.to_str().unwrap(),
+        &format!("https://other.test:{port}/whoami"),
+    ]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no token"));
+    // No token is in the audit trail.
+    let log = std::fs::read_to_string(d.join("audit.jsonl")).unwrap();
+    assert!(!log.contains("eyJ"), "a token in the audit log");
+}
