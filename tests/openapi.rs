@@ -301,7 +301,10 @@ fn every_operation_answers_as_documented() {
     assert_eq!(status, 422, "{body}");
 
     // The identity issuer's documents are public (no token).
-    for path in ["/.well-known/jwks.json", "/.well-known/openid-configuration"] {
+    for path in [
+        "/.well-known/jwks.json",
+        "/.well-known/openid-configuration",
+    ] {
         let (status, body) = admin_req(a, "GET", path, "", None);
         assert_eq!(status, 200, "{path}: {body}");
     }
