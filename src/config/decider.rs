@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 /// Where the decider listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum DeciderUrl {
     /// `http://host:port/path` (loopback or a trusted network: the protocol is not
     /// encrypted).
@@ -19,7 +19,7 @@ pub enum DeciderUrl {
 }
 
 /// What a failed decider means.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnError {
     Deny,
@@ -27,7 +27,7 @@ pub enum OnError {
 }
 
 /// A decider, resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DeciderConfig {
     pub url: DeciderUrl,
     /// For the whole answer (each ask of a `need_body` exchange has its own).

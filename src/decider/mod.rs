@@ -34,20 +34,22 @@ pub enum Outcome {
 /// The deciders of the process, one client (and its connections) per configuration.
 #[derive(Default)]
 pub struct Deciders {
-    clients: Mutex<HashMap<String, Arc<client::Client>>>,
+    clients: Mutex<HashMap<DeciderConfig, Arc<client::Client>>>,
 }
 
 impl Deciders {
+    /// The client of `cfg` (one per distinct configuration, kept across reloads).
     fn client(&self, cfg: &Arc<DeciderConfig>) -> Arc<client::Client> {
-        let key = format!("{cfg:?}");
         let mut clients = match self.clients.lock() {
             Ok(c) => c,
             Err(p) => p.into_inner(),
         };
-        clients
-            .entry(key)
-            .or_insert_with(|| Arc::new(client::Client::new(cfg.clone())))
-            .clone()
+        if let Some(c) = clients.get(&**cfg) {
+            return c.clone();
+        }
+        let c = Arc::new(client::Client::new(cfg.clone()));
+        clients.insert((**cfg).clone(), c.clone());
+        c
     }
 
     /// Ask `cfg` about `ask`; `protected` are the binding's credential header names (the

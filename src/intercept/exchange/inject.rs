@@ -55,8 +55,9 @@ impl Exchange {
         Ok((!used.is_empty()).then(|| used.join(",")))
     }
 
-    /// The refusal of a request whose credential could not be put on, recorded.
-    pub(super) fn unavailable(
+    /// A refusal after the request was decided (a credential that could not be had, the
+    /// decider, the body scanner), recorded with its reason and built like every other.
+    pub(super) fn refused_recorded(
         &self,
         mut audit: AuditGuard,
         asked: &Asked,

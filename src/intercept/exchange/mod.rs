@@ -337,7 +337,7 @@ impl Exchange {
             .await
         {
             Ok(v) => v,
-            Err(r) => return self.unavailable(audit, &asked, r),
+            Err(r) => return self.refused_recorded(audit, &asked, r),
         };
         let h2 = matches!(self.upstream, Upstream::H2(_));
         self.written.write(&mut req, h2);
@@ -362,7 +362,7 @@ impl Exchange {
         let injected = match verdict {
             Verdict::Allow => match self.inject(&d.prepared, &mut req).await {
                 Ok(used) => used,
-                Err(r) => return self.unavailable(audit, &asked, r),
+                Err(r) => return self.refused_recorded(audit, &asked, r),
             },
             _ => None,
         };
@@ -373,7 +373,7 @@ impl Exchange {
             req.map(|b| Counted::new(b, self.live.clone(), true).count_into(up_bytes.clone()));
         let sent = self.upstream.send(req).await;
         if let Some(r) = dlp.and_then(|found| dlp_found(&found, &mut audit)) {
-            return self.unavailable(audit, &asked, r);
+            return self.refused_recorded(audit, &asked, r);
         }
         match sent {
             Ok(resp) => {

@@ -20,11 +20,12 @@ pub(super) struct Prepared {
     pub(super) rules: Vec<HttpRule>,
     /// The credentials bound here, each as its kind handles it.
     pub(super) bound: Vec<Bound>,
-    /// The scrubber of the secrets bound here (none: no secret), with the minter generation
-    /// it knew (a minted token is a new secret: the next request rebuilds it).
-    pub(super) scrubber: Mutex<(u64, Option<Arc<Scrubber>>)>,
-    /// Whether a credential here is minted (its scrubber follows the minter).
-    pub(super) minted: bool,
+    /// The scrubber of the secrets bound here (none: no secret), built once.
+    pub(super) scrubber: Option<Arc<Scrubber>>,
+    /// When a credential here is minted (or its answers sealed): the scrubber as of the
+    /// minter generation it knew (a new token is a new secret: the next request rebuilds it).
+    /// `None` otherwise, so the common case takes no lock.
+    pub(super) minted_scrubber: Option<Mutex<(u64, Option<Arc<Scrubber>>)>>,
     /// This host is the token endpoint of these minting credentials (name, path): the
     /// sandbox's own calls there have their answers sealed ([`crate::intercept::sealed`]).
     pub(super) sealing: Vec<(String, String)>,
@@ -82,15 +83,16 @@ impl Prepared {
             .credentials
             .iter()
             .any(|c| c.bound_to(host) && matches!(c.kind, CredentialKind::Minted(_)));
-        let generation = cx.minter.generation();
-        let scrubber = Mutex::new((generation, Scrubber::new(bound.iter()).map(Arc::new)));
+        let scrubber = Scrubber::new(bound.iter()).map(Arc::new);
+        let minted_scrubber = (minted || !sealing.is_empty())
+            .then(|| Mutex::new((cx.minter.generation(), scrubber.clone())));
         Prepared {
             binding,
             version,
             rules,
             bound,
             scrubber,
-            minted: minted || !sealing.is_empty(),
+            minted_scrubber,
             sealing,
             any_path,
         }
@@ -98,11 +100,14 @@ impl Prepared {
 
     /// The scrubber of the secrets bound here as they are now (minted tokens included).
     pub(super) fn scrubber(&self, cx: &MintCx) -> Option<Arc<Scrubber>> {
-        let Ok(mut s) = self.scrubber.lock() else {
+        let Some(minted) = &self.minted_scrubber else {
+            return self.scrubber.clone();
+        };
+        let Ok(mut s) = minted.lock() else {
             return Scrubber::new(self.bound.iter()).map(Arc::new);
         };
         let now = cx.minter.generation();
-        if self.minted && s.0 != now {
+        if s.0 != now {
             *s = (now, Scrubber::new(self.bound.iter()).map(Arc::new));
         }
         s.1.clone()
