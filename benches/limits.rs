@@ -16,6 +16,8 @@ fn limits(bw: Option<u64>) -> Limits {
         bandwidth_down_bps: bw,
         dns_queries_per_second: 1e12,
         socket_buffer_bytes: None,
+        bytes_per_day: None,
+        requests_per_day: None,
     }
 }
 

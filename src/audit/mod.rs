@@ -308,7 +308,19 @@ impl AuditGuard {
     pub fn relayed(&mut self, r: Relayed) {
         self.up = r.up;
         self.down = r.down;
-        self.close = Some(r.close);
+        self.relayed_until(r.close);
+    }
+
+    /// How a relay ended; a relay cut by its sandbox's daily quota (`Close::Limit`) is
+    /// recorded as refused for it.
+    pub fn relayed_until(&mut self, close: Close) {
+        if close == Close::Limit {
+            self.refused_in_tunnel(
+                crate::policy::reason::Reason::QuotaExceeded,
+                "cut: the sandbox's bytes_per_day quota was reached",
+            );
+        }
+        self.close = Some(close);
     }
 
     /// What writes the records of the requests inside this (terminated) tunnel.

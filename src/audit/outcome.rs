@@ -16,8 +16,16 @@ pub enum Close {
     /// The policy in force no longer allows the exchange.
     Revoked,
     Shutdown,
-    /// Refused by a limit.
+    /// Refused by a limit (or cut by a daily quota).
     Limit,
+}
+
+impl Close {
+    /// Whether a relay that ended this way is cut (both sockets reset, nothing queued
+    /// delivered): revocation, shutdown, a spent quota.
+    pub fn aborts(self) -> bool {
+        matches!(self, Close::Revoked | Close::Shutdown | Close::Limit)
+    }
 }
 
 /// What the proxy read the destination from (the record's `mode`).

@@ -42,6 +42,8 @@ pub const LIMITS: Limits = Limits {
     bandwidth_down_bps: None,
     dns_queries_per_second: 100.0,
     socket_buffer_bytes: Some(SOCKET_BUFFER_BYTES),
+    bytes_per_day: None,
+    requests_per_day: None,
 };
 /// `defaults.limits.socket_buffer_bytes`: 256 KiB.
 pub const SOCKET_BUFFER_BYTES: u32 = 256 * 1024;
@@ -104,6 +106,8 @@ pub(super) fn resolve_limits(raw: &RawLimits, base: Option<&Limits>) -> Limits {
             Some(n) => Some(n),
             None => d.socket_buffer_bytes,
         },
+        bytes_per_day: raw.bytes_per_day.or(d.bytes_per_day),
+        requests_per_day: raw.requests_per_day.or(d.requests_per_day),
     }
 }
 
@@ -162,6 +166,8 @@ pub(super) fn check_limits(
     for (name, v) in [
         ("bandwidth_up_bps", l.bandwidth_up_bps),
         ("bandwidth_down_bps", l.bandwidth_down_bps),
+        ("bytes_per_day", l.bytes_per_day),
+        ("requests_per_day", l.requests_per_day),
     ] {
         if v == Some(0) {
             sink.push(

@@ -162,6 +162,10 @@ pub struct Limits {
     /// its destination socket may hold received (`SO_RCVBUF`): what a client that stops
     /// reading can pin in kernel memory, per tunnel. `None`: the kernel's autotuning (MiBs).
     pub socket_buffer_bytes: Option<u32>,
+    /// Bytes (both directions) the sandbox may move in a UTC day (`quota_exceeded` past it).
+    pub bytes_per_day: Option<u64>,
+    /// Requests (tunnels not seen into, forwarded and terminated requests) in a UTC day.
+    pub requests_per_day: Option<u64>,
 }
 
 /// Timeouts of the data plane.

@@ -183,6 +183,10 @@ pub struct RawLimits {
     pub dns_queries_per_second: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket_buffer_bytes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_day: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_day: Option<u64>,
 }
 
 fn d_connect() -> u64 {

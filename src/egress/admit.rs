@@ -33,6 +33,7 @@ use crate::egress::answers::DnsMemory;
 use crate::egress::grant::Grant;
 use crate::egress::handles::Handles;
 use crate::egress::identity::{self, Identified, Method};
+use crate::egress::quota::until_tomorrow;
 use crate::egress::limits::{ConnectionSlot, Limiters, Refusal as LimitRefusal};
 use crate::egress::resolve::{ResolveError, Resolver};
 use crate::egress::verdict::{Point, Verdicts};
@@ -445,7 +446,14 @@ fn limits(
             let (reason, retry) = match r {
                 LimitRefusal::Connections => (Reason::ConnectionLimit, 1),
                 LimitRefusal::Rate(d) => (Reason::RateLimited, seconds(d)),
+                LimitRefusal::Quota(_) => (Reason::QuotaExceeded, seconds(until_tomorrow())),
             };
+            if let LimitRefusal::Quota(spent) = r {
+                audit.detail(format!(
+                    "the {} quota is spent until midnight UTC",
+                    spent.key()
+                ));
+            }
             let why = Decision::deny(reason, None).explain(&sb.binding.id, sb.policy.file(), 0);
             Err(limited(audit, reason, why, retry))
         }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::config::Limits;
+use crate::egress::quota::{DayCount, Meter, Spent};
 
 /// The verdict of a bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -111,6 +112,8 @@ pub enum Refusal {
     Connections,
     /// `connections_per_second` / `burst` exceeded; retry after the delay.
     Rate(Duration),
+    /// A daily quota is spent (until midnight UTC).
+    Quota(Spent),
 }
 
 impl Refusal {
@@ -118,6 +121,7 @@ impl Refusal {
         match self {
             Refusal::Connections => "connections",
             Refusal::Rate(_) => "rate",
+            Refusal::Quota(_) => "quota",
         }
     }
 }
@@ -137,6 +141,8 @@ pub struct SandboxLimiter {
     dns: Mutex<TokenBucket>,
     up: Mutex<Option<TokenBucket>>,
     down: Mutex<Option<TokenBucket>>,
+    /// The daily quotas' counts.
+    meter: Arc<Meter>,
 }
 
 fn bandwidth_bucket(bps: Option<u64>, now: u64) -> Option<TokenBucket> {
@@ -164,7 +170,17 @@ impl SandboxLimiter {
             down: Mutex::new(bandwidth_bucket(limits.bandwidth_down_bps, now)),
             limits: Mutex::new(limits.clone()),
             active: AtomicU32::new(0),
+            meter: {
+                let m = Meter::default();
+                m.configure(limits.bytes_per_day, limits.requests_per_day);
+                Arc::new(m)
+            },
         }
+    }
+
+    /// The sandbox's daily counts (the relays count into it; admission reads it).
+    pub fn meter(&self) -> &Arc<Meter> {
+        &self.meter
     }
 
     fn reconfigure(&self, limits: &Limits, now: u64) {
@@ -174,6 +190,8 @@ impl SandboxLimiter {
         if *current == *limits {
             return;
         }
+        self.meter
+            .configure(limits.bytes_per_day, limits.requests_per_day);
         if let Ok(mut r) = self.rate.lock() {
             r.reconfigure(limits.connections_per_second, f64::from(limits.burst));
         }
@@ -200,6 +218,9 @@ impl SandboxLimiter {
 
     /// Admit a new connection at `now`: a slot under `max_connections` and a rate token.
     pub fn admit(self: &Arc<Self>, now: u64) -> Result<ConnectionSlot, Refusal> {
+        if let Some(spent) = self.meter.spent() {
+            return Err(Refusal::Quota(spent));
+        }
         let max = self.limits.lock().map(|l| l.max_connections).unwrap_or(0);
         let prev = self.active.fetch_add(1, Ordering::AcqRel);
         if prev >= max {
@@ -291,6 +312,8 @@ impl Drop for ConnectionSlot {
 pub struct Limiters {
     origin: Instant,
     by_id: RwLock<HashMap<String, Arc<SandboxLimiter>>>,
+    /// Daily counts persisted before a restart, for sandboxes not seen since.
+    restored: Mutex<HashMap<String, DayCount>>,
 }
 
 impl Default for Limiters {
@@ -298,6 +321,7 @@ impl Default for Limiters {
         Limiters {
             origin: Instant::now(),
             by_id: RwLock::new(HashMap::new()),
+            restored: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -320,10 +344,53 @@ impl Limiters {
         match self.by_id.write() {
             Ok(mut map) => map
                 .entry(id.to_string())
-                .or_insert_with(|| Arc::new(SandboxLimiter::new(limits, self.origin, now)))
+                .or_insert_with(|| {
+                    let l = SandboxLimiter::new(limits, self.origin, now);
+                    let seed = self.restored.lock().ok().and_then(|mut r| r.remove(id));
+                    if let Some(c) = seed {
+                        l.meter.restore(c);
+                    }
+                    Arc::new(l)
+                })
                 .clone(),
             Err(_) => Arc::new(SandboxLimiter::new(limits, self.origin, now)),
         }
+    }
+
+    /// Counts persisted before a restart: given to each sandbox's meter when it is first seen.
+    pub fn restore(&self, counts: HashMap<String, DayCount>) {
+        let Ok(map) = self.by_id.read() else { return };
+        let mut rest = HashMap::new();
+        for (id, c) in counts {
+            match map.get(&id) {
+                Some(l) => l.meter.restore(c),
+                None => {
+                    rest.insert(id, c);
+                }
+            }
+        }
+        if let Ok(mut r) = self.restored.lock() {
+            r.extend(rest);
+        }
+    }
+
+    /// Every sandbox's meter that counted anything today, and those restored but not seen.
+    pub fn counts(&self) -> Vec<(String, Arc<Meter>)> {
+        let Ok(map) = self.by_id.read() else {
+            return Vec::new();
+        };
+        map.iter()
+            .filter(|(_, l)| {
+                let c = l.meter.mine();
+                c.bytes != 0 || c.requests != 0
+            })
+            .map(|(id, l)| (id.clone(), l.meter.clone()))
+            .collect()
+    }
+
+    /// Counts restored and not yet given to a meter (kept when persisting again).
+    pub fn pending(&self) -> HashMap<String, DayCount> {
+        self.restored.lock().map(|r| r.clone()).unwrap_or_default()
     }
 }
 
@@ -342,6 +409,8 @@ mod tests {
             bandwidth_down_bps: None,
             dns_queries_per_second: 100.0,
             socket_buffer_bytes: None,
+            bytes_per_day: None,
+            requests_per_day: None,
         }
     }
 

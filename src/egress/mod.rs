@@ -12,6 +12,7 @@ pub(crate) mod grant_stage;
 pub(crate) mod handles;
 pub(crate) mod identity;
 pub mod limits;
+pub mod quota;
 pub(crate) mod parent;
 pub mod resolve;
 pub(crate) mod roots;

@@ -24,6 +24,7 @@ use crate::policy::target::Target;
 use crate::policy::Enforcement;
 use crate::relay::abortable::OverTcp;
 use crate::relay::client_io::ClientIo;
+use crate::relay::liveness::Liveness;
 use crate::relay::server_io::ServerIo;
 use crate::relay::tunnel::Relayed;
 use crate::runtime::Shared;
@@ -48,11 +49,12 @@ pub async fn relay<F>(
     start: Start<'_>,
     audit: &mut AuditGuard,
     stop: F,
-    shaper: Option<&SandboxLimiter>,
+    limiter: &SandboxLimiter,
 ) -> Relayed
 where
     F: Future<Output = Close>,
 {
+    let shaper = limiter.shapes().then_some(limiter);
     let Start {
         shared,
         sandbox,
@@ -92,7 +94,7 @@ where
             deciders: shared.deciders.clone(),
         };
         let timeouts = &shared.settings.timeouts;
-        let live = Arc::new(crate::relay::liveness::Liveness::new(timeouts.idle));
+        let live = Arc::new(Liveness::new(timeouts.idle).metered(limiter));
         return Box::pin(crate::intercept::serve(
             ix,
             tunnel,
@@ -104,7 +106,9 @@ where
         .await;
     }
     audit.open();
-    let idle = shared.settings.timeouts.idle;
+    // A tunnel the proxy does not see into is one request.
+    let live = Liveness::new(shared.settings.timeouts.idle).metered(limiter);
+    live.request();
     if let FirstBytes::Client(Peeked::Http { .. }) = &inspected.first {
         // Plain HTTP: every later request on the connection must name the decided host too.
         let report = b.enforcement == Enforcement::Report;
@@ -114,7 +118,7 @@ where
             inspected.client,
             target,
             report,
-            idle,
+            live,
             stop,
             shaper,
         ))
@@ -124,7 +128,7 @@ where
         }
         return checked.relayed;
     }
-    replay_and_relay(client, server, inspected, idle, stop, shaper).await
+    replay_and_relay(client, server, inspected, live, stop, shaper).await
 }
 
 /// Replay what was read, each in its direction, then relay without the buffers.
@@ -132,7 +136,7 @@ async fn replay_and_relay<F>(
     mut client: ClientIo,
     mut server: ServerIo,
     inspected: Inspected,
-    idle: std::time::Duration,
+    live: Liveness,
     stop: F,
     shaper: Option<&SandboxLimiter>,
 ) -> Relayed
@@ -144,22 +148,21 @@ where
     {
         return Relayed::nothing(Close::Error);
     }
-    let replayed = (inspected.client.len() as u64, inspected.server.len() as u64);
+    // What was replayed counts like what the relay moves (and toward the sandbox's quota).
+    live.moved(true, inspected.client.len());
+    live.moved(false, inspected.server.len());
     drop(inspected);
-    let mut r = match (client, server.into_tcp()) {
+    match (client, server.into_tcp()) {
         (ClientIo::Tcp(client), Ok(server)) => {
-            crate::relay::tunnel::relay_tcp(client, server, idle, stop, shaper).await
+            crate::relay::tunnel::relay_tcp(client, server, live, stop, shaper).await
         }
         // Either side in TLS (or an HTTP/2 stream): relayed in user space.
         (client, server) => {
             let server = server.map_or_else(|tls| tls, ServerIo::Tcp);
             Box::pin(crate::relay::tunnel::relay_streams(
-                client, server, idle, stop, shaper,
+                client, server, live, stop, shaper,
             ))
             .await
         }
-    };
-    r.up += replayed.0;
-    r.down += replayed.1;
-    r
+    }
 }

@@ -248,7 +248,6 @@ async fn relay_admitted(
     let target = grant.target.clone();
     let stop = Box::pin(shared.watch(grant).stopped());
     let limiter = slot.limiter();
-    let shaper = limiter.shapes().then_some(&**limiter);
     let opened = Opened {
         shared,
         sandbox: &sandbox,
@@ -260,7 +259,7 @@ async fn relay_admitted(
     // What the client sent after its request, before the answer, is its first bytes.
     let early = std::mem::take(&mut io.buf);
     let client = ClientIo::Tcp(io.stream);
-    let relayed = relay_opened(client, early, opened, audit, stop, shaper).await;
+    let relayed = relay_opened(client, early, opened, audit, stop, limiter).await;
     audit.relayed(relayed);
     drop(slot);
 }

@@ -185,7 +185,6 @@ async fn relay_admitted(
     let target = grant.target.clone();
     let stop = shared.watch(grant).stopped();
     let limiter = slot.limiter();
-    let shaper = limiter.shapes().then_some(&**limiter);
     let start = Start {
         shared,
         sandbox: &sandbox,
@@ -194,7 +193,7 @@ async fn relay_admitted(
         server: dialed.stream,
         inspected,
     };
-    let relayed = relay_choice::relay(start, audit, stop, shaper).await;
+    let relayed = relay_choice::relay(start, audit, stop, limiter).await;
     audit.relayed(relayed);
     drop(slot);
 }

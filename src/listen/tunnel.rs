@@ -63,7 +63,6 @@ pub(super) fn tunnel(
         let relayed = match upgrade.await {
             Ok(upgraded) => {
                 let limiter = slot.limiter();
-                let shaper = limiter.shapes().then_some(&**limiter);
                 let opened = Opened {
                     shared: &shared,
                     sandbox: &sandbox,
@@ -72,7 +71,7 @@ pub(super) fn tunnel(
                     decision,
                     opaque,
                 };
-                relay_upgraded(upgraded, opened, &mut audit, stop, shaper).await
+                relay_upgraded(upgraded, opened, &mut audit, stop, limiter).await
             }
             Err(_) => Relayed::nothing(Close::Error),
         };
@@ -105,7 +104,7 @@ async fn relay_upgraded<F>(
     opened: Opened<'_>,
     audit: &mut AuditGuard,
     stop: F,
-    shaper: Option<&crate::egress::limits::SandboxLimiter>,
+    limiter: &crate::egress::limits::SandboxLimiter,
 ) -> Relayed
 where
     F: std::future::Future<Output = Close>,
@@ -113,7 +112,7 @@ where
     let Some((client, early)) = take_client(upgraded) else {
         return Relayed::nothing(Close::Error);
     };
-    relay_opened(client, early, opened, audit, stop, shaper).await
+    relay_opened(client, early, opened, audit, stop, limiter).await
 }
 
 /// Relay a tunnel the client was told is open (a CONNECT's 200, a SOCKS5 success): its first
@@ -126,7 +125,7 @@ pub(super) async fn relay_opened<F>(
     opened: Opened<'_>,
     audit: &mut AuditGuard,
     stop: F,
-    shaper: Option<&crate::egress::limits::SandboxLimiter>,
+    limiter: &crate::egress::limits::SandboxLimiter,
 ) -> Relayed
 where
     F: std::future::Future<Output = Close>,
@@ -169,7 +168,7 @@ where
         server,
         inspected,
     };
-    relay_choice::relay(start, audit, stop, shaper).await
+    relay_choice::relay(start, audit, stop, limiter).await
 }
 
 /// The client's side of an upgraded CONNECT: an HTTP/1.1 connection (plain or TLS) is taken

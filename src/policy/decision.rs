@@ -116,6 +116,9 @@ impl Decision {
             Reason::UnknownSandbox => "the sandbox id in Proxy-Authorization is not configured".into(),
             Reason::RateLimited => format!("sandbox {sandbox} is opening connections faster than its limit"),
             Reason::ConnectionLimit => format!("sandbox {sandbox} has too many open connections"),
+            Reason::QuotaExceeded => format!(
+                "sandbox {sandbox} has spent a daily quota (limits.bytes_per_day or limits.requests_per_day) until midnight UTC"
+            ),
             Reason::DnsError => "the proxy's resolver failed".into(),
             Reason::DestinationNotFound => "the name does not exist or has no addresses".into(),
             Reason::DnsTimeout => "the proxy's resolver timed out".into(),

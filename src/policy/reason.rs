@@ -91,11 +91,15 @@ pub enum Reason {
     /// A forwarded request could not be read as the client sent it (a malformed body): the
     /// client's fault, answered 400.
     MalformedRequest,
+    /// A daily quota of the sandbox (`limits.bytes_per_day`, `limits.requests_per_day`) is
+    /// spent: new exchanges are refused and the one that crossed it is cut.
+    QuotaExceeded,
 }
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 40] = [
+    pub const ALL: [Reason; 41] = [
+        Reason::QuotaExceeded,
         Reason::McpNotAllowed,
         Reason::JsonRpcNotAllowed,
         Reason::GraphQlNotAllowed,
@@ -181,6 +185,7 @@ impl Reason {
             Reason::DlpBlocked => "dlp_blocked",
             Reason::UnrecognisedProtocol => "unrecognised_protocol",
             Reason::MalformedRequest => "malformed_request",
+            Reason::QuotaExceeded => "quota_exceeded",
         }
     }
 
@@ -210,7 +215,7 @@ impl Reason {
             | Reason::ProxyLoop => 403,
             Reason::InvalidTarget | Reason::MalformedRequest => 400,
             Reason::AuthRequired | Reason::AuthFailed | Reason::UnknownSandbox => 407,
-            Reason::RateLimited | Reason::ConnectionLimit => 429,
+            Reason::RateLimited | Reason::ConnectionLimit | Reason::QuotaExceeded => 429,
             Reason::DnsError
             | Reason::DestinationNotFound
             | Reason::ConnectionRefused
@@ -252,7 +257,9 @@ impl Reason {
             }
             Reason::ProxyLoop => "proxy_loop_detected",
             Reason::InvalidTarget | Reason::MalformedRequest => "http_request_error",
-            Reason::RateLimited | Reason::ConnectionLimit => "connection_limit_reached",
+            Reason::RateLimited | Reason::ConnectionLimit | Reason::QuotaExceeded => {
+                "connection_limit_reached"
+            }
             Reason::DnsError => "dns_error",
             Reason::DestinationNotFound => "destination_not_found",
             Reason::DnsTimeout => "dns_timeout",

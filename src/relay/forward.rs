@@ -92,7 +92,8 @@ pub async fn forward(
         idle,
         connect,
     } = fx;
-    let live = Arc::new(Liveness::new(idle));
+    let live = Arc::new(Liveness::new(idle).metered(&limiter));
+    live.request();
     audit.count(live.counters());
     let host = host_header(&grant.target);
     let exchange: SharedExchange = Arc::new(Mutex::new(Exchange {
@@ -230,12 +231,23 @@ fn watch_exchange(
             upstream_cut.close();
         }
     };
+    let spent = {
+        let live = live.clone();
+        let (exchange, cut, upstream_cut) = (exchange.clone(), cut.clone(), upstream_cut.clone());
+        async move {
+            live.quota_spent().await;
+            with_audit(&exchange, |a| a.relayed_until(Close::Limit));
+            cut.abort();
+            upstream_cut.abort();
+        }
+    };
     let watcher_exchange = exchange.clone();
     tokio::spawn(async move {
         tokio::select! {
             _ = done_rx => {}
             _ = stop => {}
             _ = idle => {}
+            _ = spent => {}
         }
         drop(watcher_exchange);
     });

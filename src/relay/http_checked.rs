@@ -11,7 +11,6 @@
 //! request is checked like the others.
 
 use std::sync::Mutex;
-use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
@@ -72,7 +71,7 @@ pub async fn relay_checked<C, S, F>(
     first: Vec<u8>,
     expected: &Target,
     report: bool,
-    idle: Duration,
+    live: Liveness,
     stop: F,
     shaper: Option<&SandboxLimiter>,
 ) -> Checked
@@ -81,7 +80,6 @@ where
     S: crate::relay::abortable::OverTcp,
     F: std::future::Future<Output = Close>,
 {
-    let live = Liveness::new(idle);
     let found: Mutex<Option<Mismatch>> = Mutex::new(None);
     let responses = Mutex::new(ResponseStream::new());
     let (answer_tx, answer_rx) = tokio::sync::watch::channel(Answer::Pending);

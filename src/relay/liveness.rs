@@ -13,6 +13,8 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::audit::outcome::Close;
 use crate::audit::Counters;
+use crate::egress::limits::SandboxLimiter;
+use crate::egress::quota::{Meter, Spent};
 use crate::relay::tunnel::Relayed;
 
 /// Bytes moved and the idle deadline of one exchange.
@@ -23,6 +25,9 @@ pub struct Liveness {
     counters: Arc<Counters>,
     /// Nanoseconds after `origin` until which the exchange counts as active.
     active_until: AtomicU64,
+    /// The sandbox's daily quotas, when it has one: bytes count into it, and the exchange is
+    /// cut (`Close::Limit`) when the day's bytes reach the quota.
+    meter: Option<Arc<Meter>>,
 }
 
 impl Liveness {
@@ -33,7 +38,35 @@ impl Liveness {
             idle,
             counters: Arc::new(Counters::default()),
             active_until: AtomicU64::new(0),
+            meter: None,
         }
+    }
+
+    /// Count into `limiter`'s daily quotas (nothing to do when the sandbox has none).
+    pub fn metered(mut self, limiter: &SandboxLimiter) -> Self {
+        let meter = limiter.meter();
+        self.meter = meter.metered().then(|| meter.clone());
+        self
+    }
+
+    /// One request made (counted against `requests_per_day`).
+    pub fn request(&self) {
+        if let Some(m) = &self.meter {
+            m.request();
+        }
+    }
+
+    /// Resolves when the sandbox's bytes reach their daily quota (never when it has none).
+    pub async fn quota_spent(&self) {
+        match &self.meter {
+            Some(m) => m.exceeded().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Which daily quota refuses a new request now, if one does.
+    pub fn spent(&self) -> Option<Spent> {
+        self.meter.as_ref().and_then(|m| m.spent())
     }
 
     /// The byte counters, for the record ([`crate::audit::AuditGuard::count`]).
@@ -53,6 +86,9 @@ impl Liveness {
             &self.counters.down
         };
         counter.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(m) = &self.meter {
+            m.moved(n as u64);
+        }
         self.touch();
     }
 
@@ -107,7 +143,15 @@ impl Liveness {
             out = work => Ok(out),
             close = stop => Err(close),
             () = self.idle() => Err(Close::Idle),
+            () = self.quota_spent() => Err(Close::Limit),
         }
+    }
+}
+
+impl From<Duration> for Liveness {
+    /// An unmetered exchange that ends after `idle` with nothing moving.
+    fn from(idle: Duration) -> Self {
+        Liveness::new(idle)
     }
 }
 

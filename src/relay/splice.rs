@@ -9,7 +9,6 @@ use std::future::Future;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use nix::fcntl::{splice, OFlag, SpliceFFlags};
 use tokio::io::Interest;
@@ -244,11 +243,16 @@ async fn copy_chunk(
 
 /// Relay between two sockets with splice. `client` → `server` is "up". The caller keeps the
 /// sockets (and decides how to close them).
-pub async fn relay<F>(client: &TcpStream, server: &TcpStream, idle: Duration, stop: F) -> Relayed
+pub async fn relay<F>(
+    client: &TcpStream,
+    server: &TcpStream,
+    live: impl Into<Liveness>,
+    stop: F,
+) -> Relayed
 where
     F: Future<Output = Close>,
 {
-    let live = Liveness::new(idle);
+    let live = live.into();
     let up = pump(client, server, true, &live);
     let down = pump(server, client, false, &live);
     drive(up, down, &live, stop).await
@@ -257,6 +261,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 

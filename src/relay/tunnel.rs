@@ -11,7 +11,6 @@
 
 use std::future::Future;
 use std::io;
-use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -111,7 +110,7 @@ where
 pub async fn relay<C, S, F>(
     client: C,
     server: S,
-    idle: Duration,
+    live: impl Into<Liveness>,
     stop: F,
     shaper: Option<&SandboxLimiter>,
 ) -> Relayed
@@ -122,7 +121,7 @@ where
 {
     let (cr, cw) = tokio::io::split(client);
     let (sr, sw) = tokio::io::split(server);
-    let live = Liveness::new(idle);
+    let live = live.into();
     let up = pump(cr, sw, true, shaper, &live);
     let down = pump(sr, cw, false, shaper, &live);
     drive(up, down, &live, stop).await
@@ -137,7 +136,7 @@ where
 pub async fn relay_tcp<F>(
     mut client: TcpStream,
     mut server: TcpStream,
-    idle: Duration,
+    live: Liveness,
     stop: F,
     shaper: Option<&SandboxLimiter>,
 ) -> Relayed
@@ -145,11 +144,11 @@ where
     F: Future<Output = Close>,
 {
     let mut r = match shaper {
-        None => crate::relay::splice::relay(&client, &server, idle, stop).await,
+        None => crate::relay::splice::relay(&client, &server, live, stop).await,
         // Boxed: an unshaped tunnel's task does not carry the user-space relay's state.
-        Some(_) => Box::pin(relay(&mut client, &mut server, idle, stop, shaper)).await,
+        Some(_) => Box::pin(relay(&mut client, &mut server, live, stop, shaper)).await,
     };
-    if matches!(r.close, Close::Revoked | Close::Shutdown) {
+    if r.close.aborts() {
         r.up = r.up.saturating_sub(abort(server));
         r.down = r.down.saturating_sub(abort(client));
     }
@@ -162,7 +161,7 @@ where
 pub async fn relay_streams<C, S, F>(
     mut client: C,
     mut server: S,
-    idle: Duration,
+    live: Liveness,
     stop: F,
     shaper: Option<&SandboxLimiter>,
 ) -> Relayed
@@ -171,8 +170,8 @@ where
     S: crate::relay::abortable::OverTcp,
     F: Future<Output = Close>,
 {
-    let mut r = relay(&mut client, &mut server, idle, stop, shaper).await;
-    if matches!(r.close, Close::Revoked | Close::Shutdown) {
+    let mut r = relay(&mut client, &mut server, live, stop, shaper).await;
+    if r.close.aborts() {
         r.up = r.up.saturating_sub(abort_over(server));
         r.down = r.down.saturating_sub(abort_over(client));
     }
@@ -208,6 +207,7 @@ pub(crate) fn abort(socket: TcpStream) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use tokio::io::duplex;
 
     fn never() -> std::future::Pending<Close> {

@@ -244,6 +244,13 @@ impl Exchange {
         let host = self.dest.host.as_str();
         let method = req.method().as_str();
         let rules = &p.rules;
+        if let Some(spent) = self.live.spent() {
+            let why = format!(
+                "the sandbox's {} quota is spent until midnight UTC",
+                spent.key()
+            );
+            return Some(Refusal::new(Reason::QuotaExceeded, why));
+        }
         if let Some(why) = method_refusal(method, rules.iter()) {
             return Some(Refusal::new(Reason::HttpNotAllowed, why));
         }
@@ -325,6 +332,8 @@ impl Exchange {
                 return self.refused(&asked.method, r.reason, &r.detail);
             }
         };
+        // Each request inside a terminated tunnel counts toward `requests_per_day`.
+        self.live.request();
         let (mut req, verdict, allowed) = match d.judges.is_empty() {
             true => (req.map(UpBody::Streamed), d.verdict, Allowed::default()),
             false => match self.judged(req, &d, &mut asked, &mut audit).await {

@@ -1,0 +1,278 @@
+//! Daily quotas of one sandbox (`limits.bytes_per_day`, `limits.requests_per_day`): a
+//! [`Meter`] per sandbox, kept with its other limits (so it survives reloads), counts the bytes
+//! its exchanges move in both directions and the requests it makes in the current UTC day.
+//!
+//! - New exchanges are refused at admission (`quota_exceeded`) while either count is at its
+//!   quota, until the day rolls over (`Retry-After`: the seconds until midnight UTC).
+//! - A live exchange is cut the moment its bytes carry the day's count to the quota: every
+//!   relay counts through its [`crate::relay::liveness::Liveness`], which holds the meter and
+//!   races [`Meter::exceeded`] against the relay (the cut overshoots by at most the chunk that
+//!   crossed: one read buffer).
+//! - Requests: a tunnel the proxy does not see into counts one; a forwarded request, and each
+//!   request inside a terminated tunnel, counts one.
+//!
+//! Other replicas' counts for the day (shared through etcd, [`crate::server::usage`]) are
+//! added as `others`: the quota is on the sum, exact up to what the other replicas moved since
+//! their last sync.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::Notify;
+
+/// Which quota a sandbox is at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spent {
+    Bytes,
+    Requests,
+}
+
+impl Spent {
+    /// The configuration key, for the refusal's detail.
+    pub fn key(self) -> &'static str {
+        match self {
+            Spent::Bytes => "bytes_per_day",
+            Spent::Requests => "requests_per_day",
+        }
+    }
+}
+
+/// The current UTC day (days since the epoch).
+pub fn today() -> u32 {
+    (unix_now().as_secs() / 86_400) as u32
+}
+
+fn unix_now() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+/// Time until the current UTC day ends (at least one second).
+pub fn until_tomorrow() -> Duration {
+    let secs = unix_now().as_secs();
+    Duration::from_secs((86_400 - secs % 86_400).max(1))
+}
+
+/// One sandbox's counts for the current day, against its quotas (0: none).
+#[derive(Debug, Default)]
+pub struct Meter {
+    bytes_quota: AtomicU64,
+    requests_quota: AtomicU64,
+    day: AtomicU32,
+    bytes: AtomicU64,
+    requests: AtomicU64,
+    /// What the other replicas counted today (etcd).
+    others_bytes: AtomicU64,
+    others_requests: AtomicU64,
+    /// Set when a count reached its quota today; cleared when the day rolls.
+    over: AtomicBool,
+    cut: Notify,
+}
+
+/// One day's counts, as persisted and shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DayCount {
+    pub day: u32,
+    pub bytes: u64,
+    pub requests: u64,
+}
+
+impl Meter {
+    /// Set the quotas (`None`: unlimited); a raised quota lifts the refusal at once.
+    pub fn configure(&self, bytes: Option<u64>, requests: Option<u64>) {
+        self.bytes_quota.store(bytes.unwrap_or(0), Ordering::Relaxed);
+        self.requests_quota
+            .store(requests.unwrap_or(0), Ordering::Relaxed);
+        self.recheck();
+    }
+
+    /// Whether either quota is set (an unmetered sandbox's relays skip the meter).
+    pub fn metered(&self) -> bool {
+        self.bytes_quota.load(Ordering::Relaxed) != 0
+            || self.requests_quota.load(Ordering::Relaxed) != 0
+    }
+
+    /// Start a new day when the UTC day changed since the last count.
+    fn roll(&self) {
+        let now = today();
+        let day = self.day.load(Ordering::Relaxed);
+        if day != now
+            && self
+                .day
+                .compare_exchange(day, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.bytes.store(0, Ordering::Relaxed);
+            self.requests.store(0, Ordering::Relaxed);
+            self.others_bytes.store(0, Ordering::Relaxed);
+            self.others_requests.store(0, Ordering::Relaxed);
+            self.over.store(false, Ordering::Release);
+        }
+    }
+
+    /// `n` bytes moved (either direction).
+    pub fn moved(&self, n: u64) {
+        self.roll();
+        let total = self.bytes.fetch_add(n, Ordering::Relaxed) + n;
+        let quota = self.bytes_quota.load(Ordering::Relaxed);
+        if quota != 0 && total + self.others_bytes.load(Ordering::Relaxed) >= quota {
+            self.trip();
+        }
+    }
+
+    /// One request made.
+    pub fn request(&self) {
+        self.roll();
+        let total = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
+        let quota = self.requests_quota.load(Ordering::Relaxed);
+        if quota != 0 && total + self.others_requests.load(Ordering::Relaxed) >= quota {
+            self.over.store(true, Ordering::Release);
+        }
+    }
+
+    fn trip(&self) {
+        if !self.over.swap(true, Ordering::AcqRel) {
+            self.cut.notify_waiters();
+        }
+    }
+
+    /// Which quota refuses a new exchange now, if one does.
+    pub fn spent(&self) -> Option<Spent> {
+        self.roll();
+        let at = |count: &AtomicU64, others: &AtomicU64, quota: &AtomicU64| {
+            let q = quota.load(Ordering::Relaxed);
+            q != 0 && count.load(Ordering::Relaxed) + others.load(Ordering::Relaxed) >= q
+        };
+        if at(&self.bytes, &self.others_bytes, &self.bytes_quota) {
+            Some(Spent::Bytes)
+        } else if at(&self.requests, &self.others_requests, &self.requests_quota) {
+            Some(Spent::Requests)
+        } else {
+            None
+        }
+    }
+
+    /// Re-evaluate `over` after the quotas or the others' counts changed.
+    fn recheck(&self) {
+        match self.spent() {
+            Some(Spent::Bytes) => self.trip(),
+            Some(Spent::Requests) => self.over.store(true, Ordering::Release),
+            None => self.over.store(false, Ordering::Release),
+        }
+    }
+
+    /// Resolves when this sandbox's bytes reach their quota (at once if they have).
+    pub async fn exceeded(&self) {
+        loop {
+            let notified = self.cut.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.spent() == Some(Spent::Bytes) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// This replica's counts today.
+    pub fn mine(&self) -> DayCount {
+        self.roll();
+        DayCount {
+            day: self.day.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Start from counts persisted before a restart (ignored unless they are today's).
+    pub fn restore(&self, c: DayCount) {
+        self.roll();
+        if c.day == self.day.load(Ordering::Relaxed) {
+            self.bytes.fetch_add(c.bytes, Ordering::Relaxed);
+            self.requests.fetch_add(c.requests, Ordering::Relaxed);
+            self.recheck();
+        }
+    }
+
+    /// What the other replicas counted today (ignored unless it is for today).
+    pub fn others(&self, c: DayCount) {
+        self.roll();
+        if c.day == self.day.load(Ordering::Relaxed) {
+            self.others_bytes.store(c.bytes, Ordering::Relaxed);
+            self.others_requests.store(c.requests, Ordering::Relaxed);
+            self.recheck();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_quota_refuses_at_its_count_and_a_raise_lifts_it() {
+        let m = Meter::default();
+        m.configure(Some(1000), Some(3));
+        assert!(m.metered());
+        m.moved(999);
+        assert_eq!(m.spent(), None);
+        m.moved(1);
+        assert_eq!(m.spent(), Some(Spent::Bytes));
+        m.configure(Some(2000), Some(3));
+        assert_eq!(m.spent(), None);
+        m.request();
+        m.request();
+        assert_eq!(m.spent(), None);
+        m.request();
+        assert_eq!(m.spent(), Some(Spent::Requests));
+        m.configure(None, None);
+        assert!(!m.metered());
+        assert_eq!(m.spent(), None);
+    }
+
+    #[test]
+    fn others_count_toward_the_quota_and_old_days_are_ignored() {
+        let m = Meter::default();
+        m.configure(Some(100), None);
+        m.others(DayCount {
+            day: today(),
+            bytes: 90,
+            requests: 0,
+        });
+        m.moved(10);
+        assert_eq!(m.spent(), Some(Spent::Bytes));
+        let m = Meter::default();
+        m.configure(Some(100), None);
+        m.restore(DayCount {
+            day: today() - 1,
+            bytes: 500,
+            requests: 5,
+        });
+        assert_eq!(m.mine().bytes, 0);
+        m.restore(DayCount {
+            day: today(),
+            bytes: 100,
+            requests: 5,
+        });
+        assert_eq!(m.spent(), Some(Spent::Bytes));
+    }
+
+    #[tokio::test]
+    async fn exceeded_wakes_a_waiting_relay() {
+        let m = Arc::new(Meter::default());
+        m.configure(Some(10), None);
+        let waiter = tokio::spawn({
+            let m = m.clone();
+            async move { m.exceeded().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        m.moved(10);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken")
+            .expect("joined");
+    }
+}
