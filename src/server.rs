@@ -6,6 +6,7 @@
 mod accept;
 mod bind;
 mod desk;
+pub mod usage;
 mod watch;
 
 use std::io::Write as _;
@@ -97,6 +98,11 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         tracing::warn!(problem = %problem, "state_dir");
     }
     let desk = desk::start(&config, &shared, &control);
+    let keeper = usage::Keeper::start(
+        config.state_dir.as_deref(),
+        config.etcd.is_some(),
+        shared.clone(),
+    );
     // With etcd, registrations come from there: ready once the first list is applied.
     let plane = config
         .etcd
@@ -113,6 +119,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         max_body: config.runtime.max_binding_bytes,
     });
     let mut tasks = spawn_listeners(listeners, &shared, admin, &config);
+    tasks.push(tokio::spawn(keeper.clone().run()));
     tasks.push(tokio::spawn(watch::watch_files(control.clone())));
     tasks.push(tokio::spawn(watch::reload_on_sighup(
         control.clone(),
@@ -124,6 +131,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
                 p.clone(),
                 desk.clone(),
             )));
+            tasks.push(tokio::spawn(crate::control::etcd::usage::run(p.clone())));
             tasks.push(p.spawn())
         }
         None => shared.ready.store(true, Ordering::Release),
@@ -141,6 +149,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     );
     watch::wait_for_signal().await;
     shutdown(&shared, &control, &config, tasks).await;
+    keeper.save();
     Ok(())
 }
 
@@ -172,10 +181,16 @@ pub(crate) fn start_shared(
     .context("opening the audit log")?;
     let metrics = Metrics::new().context("registering metrics")?;
     metrics.set_policy_version(set.version());
+    let usage: Arc<crate::audit::usage::Ledger> = Default::default();
+    let gauges = crate::audit::usage::Gauges::new(usage.clone()).context("usage metrics")?;
+    metrics
+        .register(Box::new(gauges))
+        .context("registering usage metrics")?;
     let sink = Sink {
         log: Arc::new(audit),
         metrics: Arc::new(metrics),
         denials: Default::default(),
+        usage,
     };
     Ok(Arc::new(Shared::new(
         set,

@@ -276,6 +276,14 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
+    /// Also gather `collector` (the usage ledger's gauges).
+    pub fn register(
+        &self,
+        collector: Box<dyn prometheus::core::Collector>,
+    ) -> prometheus::Result<()> {
+        self.registry.register(collector)
+    }
+
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {

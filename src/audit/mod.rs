@@ -20,6 +20,7 @@ mod output;
 pub mod record;
 pub mod suggest;
 pub mod suggest_http;
+pub mod usage;
 pub mod verify;
 mod writer;
 
@@ -49,6 +50,8 @@ pub struct Sink {
     pub metrics: Arc<Metrics>,
     /// Each sandbox's latest refusals (`GET /v1/denials` in the sandbox).
     pub denials: Arc<denials::Denials>,
+    /// Connections, requests and bytes per sandbox × destination × decision.
+    pub usage: Arc<usage::Ledger>,
 }
 
 impl Sink {
@@ -331,6 +334,20 @@ impl AuditGuard {
         }
     }
 
+    /// Count this record in the usage ledger (an identified sandbox's only).
+    fn ledger(&self, t: usage::Tally) {
+        let r = &self.record;
+        let Some(sb) = &r.sandbox else { return };
+        let dest = match (&r.target, r.original_dst) {
+            (Some(t), _) => t.host.to_string(),
+            (None, Some(a)) => a.ip().to_string(),
+            (None, None) => "-".to_string(),
+        };
+        self.sink
+            .usage
+            .note(sb.as_str(), &dest, r.verdict.as_str(), t);
+    }
+
     /// Write the `open` record (a tunnel or exchange begins), with what is known now.
     pub fn open(&self) {
         self.sink.log.write(Entry {
@@ -385,8 +402,20 @@ impl Drop for AuditGuard {
                 if let Some(stats) = &self.stats {
                     stats.relayed(self.up, self.down);
                 }
+                self.ledger(usage::Tally {
+                    connections: 1,
+                    requests: u64::from(r.mode == Mode::Http),
+                    bytes_up: self.up,
+                    bytes_down: self.down,
+                });
             }
-            Variant::Request => metrics.connection_finished(sandbox, r.mode, r.verdict, r.reason),
+            Variant::Request => {
+                metrics.connection_finished(sandbox, r.mode, r.verdict, r.reason);
+                self.ledger(usage::Tally {
+                    requests: 1,
+                    ..Default::default()
+                });
+            }
             Variant::Event => {}
             Variant::Query {
                 write_allowed,
@@ -439,6 +468,7 @@ mod tests {
             log: Arc::new(AuditLog::open(Some(&path), 1000).unwrap()),
             metrics: Arc::new(Metrics::new().unwrap()),
             denials: Default::default(),
+            usage: Default::default(),
         };
         let accepted = Accepted {
             conn_id: 9,

@@ -212,6 +212,8 @@ enum Path {
     Check,
     Reload,
     Observe,
+    /// `/v1/usage` ([`super::admin_usage`]).
+    Usage,
     /// `/v1/requests[/{id}[/approve|/deny]]` ([`super::admin_requests`]).
     Requests(super::admin_requests::At),
 }
@@ -226,6 +228,7 @@ impl Path {
             "/v1/check" => Path::Check,
             "/v1/reload" => Path::Reload,
             "/v1/observe" => Path::Observe,
+            "/v1/usage" => Path::Usage,
             _ if path.starts_with("/v1/requests") => {
                 Path::Requests(super::admin_requests::At::of(path)?)
             }
@@ -302,6 +305,7 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         },
         (Method::POST, Path::Keepalive(id)) => keepalive(admin, id).await,
         (Method::GET, Path::Placeholders(id)) => placeholders(admin, &req, &id),
+        (Method::GET, Path::Usage) => super::admin_usage::answer(shared, req.uri().query()),
         (Method::GET, Path::Sandbox(id)) => sandbox(admin, &id),
         (Method::PUT, Path::Sandbox(id)) => {
             let ttl_s = match ttl_param(req.uri().query()) {

@@ -45,6 +45,7 @@ pub(crate) mod admin;
 pub mod admin_client;
 mod admin_keys;
 mod admin_requests;
+mod admin_usage;
 mod change_error;
 pub mod check;
 pub(crate) mod etcd;

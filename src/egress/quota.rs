@@ -81,7 +81,8 @@ pub struct DayCount {
 impl Meter {
     /// Set the quotas (`None`: unlimited); a raised quota lifts the refusal at once.
     pub fn configure(&self, bytes: Option<u64>, requests: Option<u64>) {
-        self.bytes_quota.store(bytes.unwrap_or(0), Ordering::Relaxed);
+        self.bytes_quota
+            .store(bytes.unwrap_or(0), Ordering::Relaxed);
         self.requests_quota
             .store(requests.unwrap_or(0), Ordering::Relaxed);
         self.recheck();
@@ -183,6 +184,17 @@ impl Meter {
             bytes: self.bytes.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
         }
+    }
+
+    /// This replica's counts today, and the other replicas'.
+    pub fn today(&self) -> (DayCount, DayCount) {
+        let mine = self.mine();
+        let others = DayCount {
+            day: mine.day,
+            bytes: self.others_bytes.load(Ordering::Relaxed),
+            requests: self.others_requests.load(Ordering::Relaxed),
+        };
+        (mine, others)
     }
 
     /// Start from counts persisted before a restart (ignored unless they are today's).

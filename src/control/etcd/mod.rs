@@ -17,6 +17,7 @@ pub(crate) mod apply;
 mod connect;
 pub(crate) mod grants;
 mod sync;
+pub mod usage;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

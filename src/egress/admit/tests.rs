@@ -120,6 +120,7 @@ impl World {
                 log: Arc::new(log),
                 metrics: Arc::new(Metrics::new().unwrap()),
                 denials: Default::default(),
+                usage: Default::default(),
             },
             _dir: dir,
         }

@@ -1,0 +1,120 @@
+//! `GET /v1/usage?sandbox=ID&since=TIME`: the usage ledger ([`crate::audit::usage`]) summed
+//! per sandbox × destination × decision from `since` on (an RFC 3339 time or Unix seconds,
+//! rounded down to the hour; by default the start of the current UTC day), and each sandbox's
+//! daily quotas with what is spent of them today (this replica's counts plus the others' when
+//! etcd shares them).
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use serde_json::json;
+
+use super::admin::{error, json_resp};
+use crate::audit::record::rfc3339;
+use crate::egress::handles::Handles;
+use crate::runtime::Shared;
+
+/// The answer to `GET /v1/usage` with this query string.
+pub(super) fn answer(shared: &Shared, query: Option<&str>) -> Response<Full<Bytes>> {
+    let mut sandbox = None;
+    let mut since = None;
+    for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        match &*k {
+            "sandbox" => sandbox = Some(v.into_owned()),
+            "since" => match parse_since(&v) {
+                Some(s) => since = Some(s),
+                None => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "since: an RFC 3339 time (2026-11-26T00:00:00Z) or Unix seconds",
+                    )
+                }
+            },
+            other => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown parameter {other:?}: use sandbox and since"),
+                )
+            }
+        }
+    }
+    let since_hour =
+        since.map_or_else(|| crate::egress::quota::today() * 24, |s| (s / 3600) as u32);
+    let usage = shared.sink.usage.sums(sandbox.as_deref(), since_hour);
+    let rows: Vec<_> = usage
+        .iter()
+        .map(|c| {
+            json!({
+                "sandbox": c.sandbox,
+                "destination": c.destination,
+                "decision": c.decision,
+                "connections": c.tally.connections,
+                "requests": c.tally.requests,
+                "bytes_up": c.tally.bytes_up,
+                "bytes_down": c.tally.bytes_down,
+            })
+        })
+        .collect();
+    let set = shared.policy.load();
+    let quotas: Vec<_> = set
+        .ids()
+        .into_iter()
+        .filter_map(|id| set.get(id))
+        .filter(|sb| {
+            sandbox
+                .as_deref()
+                .is_none_or(|s| s == sb.binding.id.as_str())
+        })
+        .filter(|sb| {
+            let l = &sb.binding.limits;
+            l.bytes_per_day.is_some() || l.requests_per_day.is_some()
+        })
+        .map(|sb| {
+            let l = &sb.binding.limits;
+            let meter = sb.limiter(&shared.limiters).meter().clone();
+            let (mine, others) = meter.today();
+            json!({
+                "sandbox": sb.binding.id,
+                "bytes_per_day": l.bytes_per_day,
+                "requests_per_day": l.requests_per_day,
+                "bytes": mine.bytes + others.bytes,
+                "requests": mine.requests + others.requests,
+                "spent": meter.spent().map(|s| s.key()),
+            })
+        })
+        .collect();
+    let from = UNIX_EPOCH + Duration::from_secs(u64::from(since_hour) * 3600);
+    json_resp(
+        StatusCode::OK,
+        json!({
+            "since": rfc3339(from),
+            "until": rfc3339(std::time::SystemTime::now()),
+            "usage": rows,
+            "quotas": quotas,
+        }),
+    )
+}
+
+/// Unix seconds from an RFC 3339 time or a number of seconds.
+fn parse_since(v: &str) -> Option<u64> {
+    if let Ok(n) = v.parse::<u64>() {
+        return Some(n);
+    }
+    let t = time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc3339).ok()?;
+    u64::try_from(t.unix_timestamp()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_takes_rfc3339_or_seconds_and_nothing_else() {
+        assert_eq!(parse_since("3600"), Some(3600));
+        assert_eq!(parse_since("1970-01-01T01:00:00Z"), Some(3600));
+        assert_eq!(parse_since("yesterday"), None);
+        assert_eq!(parse_since("-5"), None);
+    }
+}
