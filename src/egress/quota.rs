@@ -112,14 +112,16 @@ impl Meter {
         }
     }
 
-    /// `n` bytes moved (either direction).
-    pub fn moved(&self, n: u64) {
+    /// `n` bytes moved (either direction); `true` when the day's bytes reached the quota.
+    pub fn moved(&self, n: u64) -> bool {
         self.roll();
         let total = self.bytes.fetch_add(n, Ordering::Relaxed) + n;
         let quota = self.bytes_quota.load(Ordering::Relaxed);
-        if quota != 0 && total + self.others_bytes.load(Ordering::Relaxed) >= quota {
+        let reached = quota != 0 && total + self.others_bytes.load(Ordering::Relaxed) >= quota;
+        if reached {
             self.trip();
         }
+        reached
     }
 
     /// One request made.

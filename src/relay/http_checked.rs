@@ -261,6 +261,7 @@ async fn send<W: tokio::io::AsyncWrite + Unpin>(
         }
         sent += m;
         live.moved(true, m);
+        live.within_quota()?;
     }
     Ok(())
 }

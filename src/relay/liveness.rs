@@ -28,6 +28,8 @@ pub struct Liveness {
     /// The sandbox's daily quotas, when it has one: bytes count into it, and the exchange is
     /// cut (`Close::Limit`) when the day's bytes reach the quota.
     meter: Option<Arc<Meter>>,
+    /// Set when this exchange's bytes carried the day's count to the quota.
+    cut: std::sync::atomic::AtomicBool,
 }
 
 impl Liveness {
@@ -39,6 +41,7 @@ impl Liveness {
             counters: Arc::new(Counters::default()),
             active_until: AtomicU64::new(0),
             meter: None,
+            cut: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -54,6 +57,22 @@ impl Liveness {
         if let Some(m) = &self.meter {
             m.request();
         }
+    }
+
+    /// An error once this exchange's bytes reached the sandbox's daily quota: a pump checks
+    /// after every write, so the cut comes at the chunk that crossed, not some writes later.
+    pub fn within_quota(&self) -> std::io::Result<()> {
+        match self.cut.load(Ordering::Relaxed) {
+            true => Err(std::io::Error::other(
+                "the sandbox's bytes_per_day quota was reached",
+            )),
+            false => Ok(()),
+        }
+    }
+
+    /// Whether the exchange ended because the quota was reached ([`Liveness::within_quota`]).
+    pub fn quota_cut(&self) -> bool {
+        self.cut.load(Ordering::Relaxed)
     }
 
     /// Resolves when the sandbox's bytes reach their daily quota (never when it has none).
@@ -87,7 +106,9 @@ impl Liveness {
         };
         counter.fetch_add(n as u64, Ordering::Relaxed);
         if let Some(m) = &self.meter {
-            m.moved(n as u64);
+            if m.moved(n as u64) {
+                self.cut.store(true, Ordering::Relaxed);
+            }
         }
         self.touch();
     }

@@ -188,6 +188,7 @@ async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, live: &Liveness) -> io
                     left -= m;
                     // Counted as it reaches the socket: a cut mid-chunk counts what left.
                     live.moved(up, m);
+                    live.within_quota()?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e),
@@ -233,6 +234,7 @@ async fn copy_chunk(
             Ok(m) => {
                 sent += m;
                 live.moved(up, m);
+                live.within_quota()?;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),

@@ -43,6 +43,7 @@ where
     };
     match live.run(both, stop).await {
         Ok(Ok(())) => live.relayed(Close::Eof),
+        Ok(Err(_)) if live.quota_cut() => live.relayed(Close::Limit),
         Ok(Err(_)) => live.relayed(Close::Error),
         Err(close) => live.relayed(close),
     }
@@ -102,6 +103,7 @@ where
             }
             sent += m;
             live.moved(up, m);
+            live.within_quota()?;
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Keeping usage across restarts: the ledger ([`crate::audit::usage`]) and each sandbox's
-//! daily quota counts ([`crate::egress::quota`]) are saved in `state_dir/usage.json` every
+//! daily quota counts ([`crate::egress::quota`]) are saved in `state_dir/usage.state` (JSON) every
 //! [`SAVE_EVERY`] and at shutdown (written to a temporary file
 //! and renamed: a crash leaves the previous file whole), and read back at start. Without a
 //! `state_dir` they live in memory only. With etcd, the quota counts are also shared between
@@ -19,7 +19,7 @@ use crate::runtime::Shared;
 /// How often the file is written (when something was counted).
 pub const SAVE_EVERY: Duration = Duration::from_secs(2);
 /// The file's name in `state_dir`.
-pub const FILE: &str = "usage.json";
+pub const FILE: &str = "usage.state";
 
 /// The saved form.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -47,7 +47,7 @@ pub struct Keeper {
 
 impl Keeper {
     /// Read what was saved in `state_dir` (a file that cannot be read is reported and kept
-    /// aside as `usage.json.broken`; counting starts afresh). With `etcd`
+    /// aside as `usage.state.broken`; counting starts afresh). With `etcd`
     /// the quota counts are not taken from the file: etcd still holds them.
     pub fn start(state_dir: Option<&Path>, etcd: bool, shared: Arc<Shared>) -> Arc<Self> {
         let path = state_dir.map(|d| d.join(FILE));
@@ -77,7 +77,7 @@ impl Keeper {
                 Ok(None) => {}
                 Err(e) => {
                     // Kept aside for the operator; counting starts afresh.
-                    let aside = p.with_extension("json.broken");
+                    let aside = p.with_extension("state.broken");
                     let _ = std::fs::rename(p, &aside);
                     tracing::warn!(error = %e, kept = %aside.display(), "cannot read the saved usage");
                 }
@@ -158,7 +158,7 @@ fn load(path: &Path) -> Result<Option<Saved>, String> {
 
 fn write(path: &Path, saved: &Saved) -> std::io::Result<()> {
     let body = serde_json::to_vec(saved)?;
-    let tmp = path.with_extension("json.tmp");
+    let tmp = path.with_extension("state.tmp");
     std::fs::write(&tmp, body)?;
     std::fs::rename(&tmp, path)
 }
