@@ -62,6 +62,7 @@ pub mod dns;
 pub mod egress;
 pub mod intercept;
 mod listen;
+pub mod otel;
 pub mod policy;
 pub mod relay;
 pub mod runtime;

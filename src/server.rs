@@ -118,6 +118,11 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         token_sha256,
         max_body: config.runtime.max_binding_bytes,
     });
+    // Before the listeners: no record is written that the exporter does not see.
+    let otel = match &config.otel {
+        Some(c) => Some(crate::otel::Otel::start(c, &shared)?),
+        None => None,
+    };
     let mut tasks = spawn_listeners(listeners, &shared, admin, &config);
     tasks.push(tokio::spawn(keeper.clone().run()));
     tasks.push(tokio::spawn(watch::watch_files(control.clone())));
@@ -150,6 +155,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     watch::wait_for_signal().await;
     shutdown(&shared, &control, &config, tasks).await;
     keeper.save();
+    drop(otel);
     Ok(())
 }
 

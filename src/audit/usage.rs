@@ -69,6 +69,9 @@ type Hours = Vec<(u32, u8, Tally)>;
 struct Book {
     by: HashMap<Box<str>, HashMap<Box<str>, Hours>>,
     pairs: usize,
+    /// Per sandbox and decision, everything counted since the process started (never
+    /// dropped, not restored): the monotonic counters OpenTelemetry exports.
+    since_start: HashMap<Box<str>, [Tally; 3]>,
 }
 
 /// The ledger (one per process).
@@ -93,6 +96,32 @@ impl Ledger {
             return;
         };
         self.add(this_hour(), sandbox, destination, d as u8, &t);
+        if let Ok(mut book) = self.book.lock() {
+            match book.since_start.get_mut(sandbox) {
+                Some(s) => s[d].add(&t),
+                None => {
+                    let mut s = [Tally::default(); 3];
+                    s[d] = t;
+                    book.since_start.insert(sandbox.into(), s);
+                }
+            }
+        }
+    }
+
+    /// Per sandbox and decision, what was counted since the process started.
+    pub fn since_start(&self) -> Vec<(String, &'static str, Tally)> {
+        let Ok(book) = self.book.lock() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (sb, tallies) in &book.since_start {
+            for (i, t) in tallies.iter().enumerate() {
+                if *t != Tally::default() {
+                    out.push((sb.to_string(), DECISIONS[i], *t));
+                }
+            }
+        }
+        out
     }
 
     fn add(&self, hour: u32, sandbox: &str, destination: &str, decision: u8, t: &Tally) {

@@ -191,6 +191,7 @@ struct Sections {
     raw_intercept: Option<credentials::RawIntercept>,
     raw_upstream: Option<upstream::RawUpstreamProxy>,
     decider: Option<super::decider::RawDecider>,
+    otel: Option<super::otel::RawOtel>,
     sandboxes: Vec<Value>,
 }
 
@@ -215,6 +216,7 @@ impl Sections {
             raw_intercept: section(top, "tls_intercept", sink).flatten(),
             raw_upstream: section(top, "upstream_proxy", sink).flatten(),
             decider: section(top, "decider", sink).flatten(),
+            otel: section(top, "otel", sink).flatten(),
             sandboxes: section(top, "sandboxes", sink).unwrap_or_default(),
         }
     }
@@ -477,6 +479,7 @@ fn load_str_with(
     read.tls_files(&knobs.listen, intercept.as_ref(), &mut sink, &mut warnings);
     let approvals = read.approvals(&mut s, &mut sink, &mut warnings);
     let etcd = resolve_control_plane(s.control_plane, &rel, &mut sink);
+    let otel = super::otel::resolve_otel(s.otel.take(), &rel, &mut sink);
     let audit_trail =
         audit::resolve_trail(s.audit.trail.clone(), s.audit.path != "-", &rel, &mut sink);
     warnings.extend(unused_state_dir(etcd.is_some(), s.state_dir.is_some()));
@@ -526,6 +529,7 @@ fn load_str_with(
         upstream_proxy,
         etcd,
         approvals,
+        otel,
         intercept,
         placeholder_key,
         secrets,

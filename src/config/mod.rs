@@ -26,6 +26,7 @@ pub mod files;
 pub mod http_rules;
 pub mod identity;
 mod load;
+pub mod otel;
 pub mod presets;
 mod raw;
 mod refs;
@@ -348,6 +349,8 @@ pub struct Config {
     pub etcd: Option<EtcdConfig>,
     /// `approvals`: bounds on access requests, the webhook, auto-approval.
     pub approvals: approvals::ApprovalsConfig,
+    /// `otel`: OpenTelemetry export of records and counters ([`crate::otel`]).
+    pub otel: Option<otel::OtelConfig>,
     /// `tls_intercept`: the CA for terminating hosts that credentials or HTTP rules bind.
     pub intercept: Option<credentials::InterceptConfig>,
     pub bindings: Vec<Binding>,

@@ -30,6 +30,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "approvals",
     "tls_intercept",
     "decider",
+    "otel",
     "sandboxes",
 ];
 

@@ -1,0 +1,151 @@
+//! Audit records as OTel logs: one task reads the audit writer's observer channel (each
+//! record's JSON line), gathers up to [`BATCH`] lines or [`LINGER`], and exports them grouped
+//! by sandbox — each group with the resource `service.name` and `sandbox.id` — as log records
+//! whose body is the record's JSON line and whose attributes are its main fields
+//! (`sandbox.id`, `egress.decision`, `egress.reason`, `egress.mode`, `server.address`,
+//! `server.port`, `egress.bytes_up`, `egress.bytes_down`). A deny is `WARN`, the rest `INFO`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use opentelemetry::logs::{AnyValue, LogRecord as _, Logger as _, LoggerProvider as _, Severity};
+use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_otlp::{LogExporter, WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_sdk::logs::{LogBatch, LogExporter as _, SdkLogRecord, SdkLoggerProvider};
+use opentelemetry_sdk::Resource;
+use tokio::sync::broadcast::{error::RecvError, Receiver};
+
+use super::{header_map, metadata, signal_url, Counts};
+use crate::config::otel::{OtelConfig, OtelProtocol};
+
+/// Most records in one export.
+const BATCH: usize = 512;
+/// Longest a record waits for its batch to fill.
+const LINGER: Duration = Duration::from_millis(500);
+
+/// The OTLP log exporter `cfg` names.
+pub(super) fn exporter(
+    cfg: &OtelConfig,
+    headers: &[(String, String)],
+) -> anyhow::Result<LogExporter> {
+    let url = signal_url(cfg, "logs");
+    let built = match cfg.protocol {
+        OtelProtocol::Grpc => LogExporter::builder()
+            .with_tonic()
+            .with_endpoint(url)
+            .with_timeout(cfg.timeout)
+            .with_metadata(metadata(headers)?)
+            .build(),
+        OtelProtocol::Http => LogExporter::builder()
+            .with_http()
+            .with_endpoint(url)
+            .with_timeout(cfg.timeout)
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_headers(header_map(headers))
+            .build(),
+    };
+    built.map_err(|e| anyhow::anyhow!("otel: cannot build the log exporter: {e}"))
+}
+
+/// Export until the task is aborted or the audit log closes.
+pub(super) async fn run(
+    cfg: OtelConfig,
+    mut exporter: LogExporter,
+    mut lines: Receiver<Bytes>,
+    counts: Counts,
+) {
+    // Log records are made by a logger; this provider has no processor of its own.
+    let provider = SdkLoggerProvider::builder().build();
+    let logger = provider.logger("egress-proxy");
+    let scope = InstrumentationScope::builder("egress-proxy")
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .build();
+    loop {
+        let mut batch: Vec<Bytes> = Vec::with_capacity(BATCH);
+        match lines.recv().await {
+            Ok(l) => batch.push(l),
+            Err(RecvError::Lagged(n)) => {
+                counts.dropped.inc_by(n);
+                continue;
+            }
+            Err(RecvError::Closed) => return,
+        }
+        let until = tokio::time::Instant::now() + LINGER;
+        while batch.len() < BATCH {
+            match tokio::time::timeout_at(until, lines.recv()).await {
+                Ok(Ok(l)) => batch.push(l),
+                Ok(Err(RecvError::Lagged(n))) => counts.dropped.inc_by(n),
+                Ok(Err(RecvError::Closed)) | Err(_) => break,
+            }
+        }
+        let mut by_sandbox: BTreeMap<String, Vec<SdkLogRecord>> = BTreeMap::new();
+        for line in &batch {
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) else {
+                continue;
+            };
+            let sandbox = v["sandbox"].as_str().unwrap_or_default().to_string();
+            let mut rec = logger.create_log_record();
+            fill(&mut rec, &v, line);
+            by_sandbox.entry(sandbox).or_default().push(rec);
+        }
+        for (sandbox, records) in by_sandbox {
+            let mut resource =
+                Resource::builder_empty().with_service_name(cfg.service_name.clone());
+            if !sandbox.is_empty() {
+                resource = resource.with_attribute(KeyValue::new("sandbox.id", sandbox));
+            }
+            exporter.set_resource(&resource.build());
+            let refs: Vec<(&SdkLogRecord, &InstrumentationScope)> =
+                records.iter().map(|r| (r, &scope)).collect();
+            let n = refs.len() as u64;
+            let sent =
+                tokio::time::timeout(cfg.timeout, exporter.export(LogBatch::new(&refs))).await;
+            let outcome = match sent {
+                Ok(Ok(())) => "exported",
+                _ => "failed",
+            };
+            counts.records.with_label_values(&[outcome]).inc_by(n);
+        }
+    }
+}
+
+/// One record's fields on its log record.
+fn fill(rec: &mut SdkLogRecord, v: &serde_json::Value, line: &[u8]) {
+    let text = String::from_utf8_lossy(line).trim_end().to_string();
+    rec.set_body(AnyValue::String(text.into()));
+    rec.set_event_name("egress.record");
+    let ts = v["ts"]
+        .as_str()
+        .and_then(|t| {
+            time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
+        })
+        .map(SystemTime::from)
+        .unwrap_or_else(SystemTime::now);
+    rec.set_timestamp(ts);
+    rec.set_observed_timestamp(SystemTime::now());
+    let deny = v["decision"] == "deny";
+    rec.set_severity_number(if deny { Severity::Warn } else { Severity::Info });
+    rec.set_severity_text(if deny { "WARN" } else { "INFO" });
+    for (key, field) in [
+        ("sandbox.id", "sandbox"),
+        ("egress.event", "event"),
+        ("egress.decision", "decision"),
+        ("egress.reason", "reason"),
+        ("egress.mode", "mode"),
+        ("server.address", "target_host"),
+    ] {
+        if let Some(s) = v[field].as_str() {
+            rec.add_attribute(key, AnyValue::String(s.to_string().into()));
+        }
+    }
+    for (key, field) in [
+        ("server.port", "target_port"),
+        ("egress.bytes_up", "bytes_up"),
+        ("egress.bytes_down", "bytes_down"),
+    ] {
+        if let Some(n) = v[field].as_i64() {
+            rec.add_attribute(key, AnyValue::Int(n));
+        }
+    }
+}
