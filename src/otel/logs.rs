@@ -23,6 +23,11 @@ use crate::config::otel::{OtelConfig, OtelProtocol};
 const BATCH: usize = 512;
 /// Longest a record waits for its batch to fill.
 const LINGER: Duration = Duration::from_millis(500);
+/// After a failed export, batches are counted as failed without being built or sent for this
+/// long, doubling up to [`MAX_BACKOFF`] while exports keep failing: a collector that is down
+/// costs (almost) nothing.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// The OTLP log exporter `cfg` names.
 pub(super) fn exporter(
@@ -61,6 +66,8 @@ pub(super) async fn run(
     let scope = InstrumentationScope::builder("egress-proxy")
         .with_version(env!("CARGO_PKG_VERSION"))
         .build();
+    let mut backoff = FIRST_BACKOFF;
+    let mut resume_at: Option<tokio::time::Instant> = None;
     loop {
         let mut batch: Vec<Bytes> = Vec::with_capacity(BATCH);
         match lines.recv().await {
@@ -79,6 +86,13 @@ pub(super) async fn run(
                 Ok(Err(RecvError::Closed)) | Err(_) => break,
             }
         }
+        if resume_at.is_some_and(|t| tokio::time::Instant::now() < t) {
+            counts
+                .records
+                .with_label_values(&["failed"])
+                .inc_by(batch.len() as u64);
+            continue;
+        }
         let mut by_sandbox: BTreeMap<String, Vec<SdkLogRecord>> = BTreeMap::new();
         for line in &batch {
             let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) else {
@@ -89,6 +103,7 @@ pub(super) async fn run(
             fill(&mut rec, &v, line);
             by_sandbox.entry(sandbox).or_default().push(rec);
         }
+        let mut failed = false;
         for (sandbox, records) in by_sandbox {
             let mut resource =
                 Resource::builder_empty().with_service_name(cfg.service_name.clone());
@@ -103,9 +118,19 @@ pub(super) async fn run(
                 tokio::time::timeout(cfg.timeout, exporter.export(LogBatch::new(&refs))).await;
             let outcome = match sent {
                 Ok(Ok(())) => "exported",
-                _ => "failed",
+                _ => {
+                    failed = true;
+                    "failed"
+                }
             };
             counts.records.with_label_values(&[outcome]).inc_by(n);
+        }
+        if failed {
+            resume_at = Some(tokio::time::Instant::now() + backoff);
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        } else {
+            resume_at = None;
+            backoff = FIRST_BACKOFF;
         }
     }
 }
