@@ -294,3 +294,57 @@ fn replicas_sharing_etcd_refuse_on_each_others_counts() {
     // Another sandbox is still served by B.
     assert!(connect_status(b.proxy, "free", &target).starts_with("HTTP/1.1 200"));
 }
+
+#[test]
+fn each_request_inside_a_terminated_tunnel_counts_and_the_one_past_the_quota_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let https = ScriptOrigin::start(
+        "keepalive_origin.py",
+        &[ca.cert_pem.as_os_str(), ca.key_pem.as_os_str()],
+    );
+    ca_init(&dir.path().join("ica"));
+    let terminated = format!(
+        "  - id: t\n    auth: {{ token_sha256: {} }}\n    limits: {{ requests_per_day: 3 }}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"api.test:*\"], http: [{{ host: api.test, methods: [GET], paths: [\"/**\"] }}] }} }}\n",
+        sha("t-secret")
+    );
+    let yaml = format!(
+        "tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {up} }}\n{}",
+        config(dir.path(), "").replace("sandboxes:\n", &format!("sandboxes:\n{terminated}")),
+        ica = dir.path().join("ica").display(),
+        up = ca.ca_pem.display(),
+    );
+    let proxy = Proxy::start(dir.path(), &yaml);
+    let via = format!("http://t:t-secret@{}", proxy.proxy);
+    let ica = dir.path().join("ica/ca.crt").display().to_string();
+    let url = format!("https://api.test:{}/n", https.port);
+    // Five requests in one tunnel (curl reuses the connection): the tunnel itself is not a
+    // request; the fourth and fifth are past the quota.
+    let mut args = vec!["-x", &via, "--cacert", &ica, "-w", "%{http_code}\\n"];
+    for _ in 0..5 {
+        args.extend(["-o", "/dev/null", &url]);
+    }
+    let out = curl(&args);
+    let text = out.text();
+    let codes: Vec<&str> = text.lines().collect();
+    assert_eq!(codes, ["200", "200", "200", "429", "429"], "{}", out.stderr);
+    // One tunnel carried them all.
+    let tunnels = proxy
+        .audit_records()
+        .iter()
+        .filter(|r| r["sandbox"] == "t" && r["event"] == "open")
+        .count();
+    assert_eq!(tunnels, 1);
+    let refused = proxy.wait_record(|r| r["sandbox"] == "t" && r["mode"] == "https" && r["reason"] == "quota_exceeded");
+    assert!(refused["detail"].as_str().unwrap().contains("requests_per_day"), "{refused}");
+    let u = usage(&proxy, "?sandbox=t");
+    assert_eq!(u["quotas"][0]["requests"], 3, "{u}");
+    let rows = u["usage"].as_array().unwrap();
+    let requests = |d: &str| {
+        rows.iter()
+            .find(|r| r["decision"] == d)
+            .map(|r| r["requests"].as_u64().unwrap())
+    };
+    assert_eq!(requests("allow"), Some(3), "{u}");
+    assert_eq!(requests("deny"), Some(2), "{u}");
+}
