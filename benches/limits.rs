@@ -18,6 +18,7 @@ fn limits(bw: Option<u64>) -> Limits {
         socket_buffer_bytes: None,
         bytes_per_day: None,
         requests_per_day: None,
+        per_destination: Vec::new(),
     }
 }
 

@@ -300,6 +300,14 @@ fn every_operation_answers_as_documented() {
     let (status, body) = admin_req(a, "POST", "/v1/reload", "", t);
     assert_eq!(status, 422, "{body}");
 
+    // Usage: the sums and the quotas, a bad `since`, and the token.
+    let (status, body) = admin_req(a, "GET", "/v1/usage?since=0", "", t);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(admin_req(a, "GET", "/v1/usage?sandbox=rt", "", t).0, 200);
+    assert_eq!(admin_req(a, "GET", "/v1/usage?since=soon", "", t).0, 400);
+    assert_eq!(admin_req(a, "GET", "/v1/usage?colour=red", "", t).0, 400);
+    assert_eq!(admin_req(a, "GET", "/v1/usage", "", Some("wrong")).0, 401);
+
     // The identity issuer's documents are public (no token).
     for path in [
         "/.well-known/jwks.json",

@@ -19,7 +19,7 @@ const SLACK: u64 = 512 * 1024;
 
 fn sandbox(id: &str, limits: &str) -> String {
     format!(
-        "  - id: {id}\n    auth: {{ token_sha256: {} }}\n    limits: {limits}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"big.test:*\", \"api.test:*\"] }} }}\n",
+        "  - id: {id}\n    auth: {{ token_sha256: {} }}\n    limits: {limits}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"big.test:*\", \"api.test:*\", \"*.counted.test:*\"] }} }}\n",
         sha(&format!("{id}-secret"))
     )
 }
@@ -31,8 +31,12 @@ fn config(dir: &Path, extra: &str) -> String {
     sandboxes.push_str(&sandbox("q", "{ bytes_per_day: 1048576 }"));
     sandboxes.push_str(&sandbox("r", "{ requests_per_day: 3 }"));
     sandboxes.push_str(&sandbox("free", "{}"));
+    sandboxes.push_str(&sandbox(
+        "d",
+        "{ per_destination: [{ host: big.test, bytes_per_day: 1048576 }, { host: \"*.counted.test\", requests_per_day: 2 }] }",
+    ));
     format!(
-        "state_dir: {}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ api.test: [127.0.0.1], big.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.1/32] }}\n{extra}sandboxes:\n{sandboxes}",
+        "state_dir: {}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ api.test: [127.0.0.1], big.test: [127.0.0.1], a.counted.test: [127.0.0.1], b.counted.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.1/32] }}\n{extra}sandboxes:\n{sandboxes}",
         state.display()
     )
 }
@@ -148,6 +152,52 @@ fn a_daily_byte_quota_cuts_the_download_that_crosses_it_and_survives_a_restart()
     );
     let u = usage(&proxy, "?sandbox=q");
     assert_eq!(u["quotas"][0]["spent"], "bytes_per_day", "{u}");
+}
+
+#[test]
+fn per_destination_quotas_count_their_hosts_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let port = origin.addr.port();
+    // big.test's 1 MiB: the download is cut, big.test refused after, api.test still served.
+    let got = tunnel_download(proxy.proxy, "d", &origin);
+    assert!(got < MIB + SLACK, "{got}");
+    let status = connect_status(proxy.proxy, "d", &format!("big.test:{port}"));
+    assert!(status.starts_with("HTTP/1.1 429"), "{status}");
+    let refused = proxy.wait_record(|r| {
+        r["sandbox"] == "d" && r["reason"] == "quota_exceeded" && r["close"] != "limit"
+    });
+    let detail = refused["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("big.test (limits.per_destination)"),
+        "{refused}"
+    );
+    let status = connect_status(proxy.proxy, "d", &format!("api.test:{port}"));
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    // *.counted.test: two requests in all, whichever names; other hosts go on.
+    let via = format!("http://d:d-secret@{}", proxy.proxy);
+    let code = |host: &str| {
+        let url = format!("http://{host}:{port}/");
+        curl(&["-o", "/dev/null", "-w", "%{http_code}", "-x", &via, &url]).text()
+    };
+    assert_eq!(code("a.counted.test"), "200");
+    assert_eq!(code("b.counted.test"), "200");
+    assert_eq!(code("a.counted.test"), "429");
+    assert_eq!(code("api.test"), "200");
+    let u = usage(&proxy, "?sandbox=d");
+    let row = |dest: &str| {
+        u["quotas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["destination"] == dest)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {dest} row: {u}"))
+    };
+    assert_eq!(row("big.test")["spent"], "bytes_per_day");
+    assert_eq!(row("*.counted.test")["spent"], "requests_per_day");
+    assert_eq!(row("*.counted.test")["requests"], 2);
 }
 
 #[test]
@@ -335,8 +385,16 @@ fn each_request_inside_a_terminated_tunnel_counts_and_the_one_past_the_quota_is_
         .filter(|r| r["sandbox"] == "t" && r["event"] == "open")
         .count();
     assert_eq!(tunnels, 1);
-    let refused = proxy.wait_record(|r| r["sandbox"] == "t" && r["mode"] == "https" && r["reason"] == "quota_exceeded");
-    assert!(refused["detail"].as_str().unwrap().contains("requests_per_day"), "{refused}");
+    let refused = proxy.wait_record(|r| {
+        r["sandbox"] == "t" && r["mode"] == "https" && r["reason"] == "quota_exceeded"
+    });
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap()
+            .contains("requests_per_day"),
+        "{refused}"
+    );
     let u = usage(&proxy, "?sandbox=t");
     assert_eq!(u["quotas"][0]["requests"], 3, "{u}");
     let rows = u["usage"].as_array().unwrap();

@@ -320,7 +320,7 @@ impl AuditGuard {
         if close == Close::Limit {
             self.refused_in_tunnel(
                 crate::policy::reason::Reason::QuotaExceeded,
-                "cut: the sandbox's bytes_per_day quota was reached",
+                "cut: a bytes_per_day quota of the sandbox (its own or a per_destination one) was reached",
             );
         }
         self.close = Some(close);

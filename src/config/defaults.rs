@@ -44,6 +44,7 @@ pub const LIMITS: Limits = Limits {
     socket_buffer_bytes: Some(SOCKET_BUFFER_BYTES),
     bytes_per_day: None,
     requests_per_day: None,
+    per_destination: Vec::new(),
 };
 /// `defaults.limits.socket_buffer_bytes`: 256 KiB.
 pub const SOCKET_BUFFER_BYTES: u32 = 256 * 1024;
@@ -108,6 +109,18 @@ pub(super) fn resolve_limits(raw: &RawLimits, base: Option<&Limits>) -> Limits {
         },
         bytes_per_day: raw.bytes_per_day.or(d.bytes_per_day),
         requests_per_day: raw.requests_per_day.or(d.requests_per_day),
+        per_destination: raw
+            .per_destination
+            .clone()
+            .map(|v| {
+                v.into_iter()
+                    .map(|mut q| {
+                        q.host = q.host.trim_end_matches('.').to_ascii_lowercase();
+                        q
+                    })
+                    .collect()
+            })
+            .unwrap_or(d.per_destination),
     }
 }
 
@@ -154,6 +167,7 @@ pub(super) fn check_limits(
             line,
         );
     }
+    super::quotas::check_destination_quotas(l, sandbox, field, sink, line);
     if l.burst == 0 {
         sink.push(
             sandbox,

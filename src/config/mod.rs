@@ -28,6 +28,7 @@ pub mod identity;
 mod load;
 pub mod otel;
 pub mod presets;
+mod quotas;
 mod raw;
 mod refs;
 mod tls_files;
@@ -167,6 +168,33 @@ pub struct Limits {
     pub bytes_per_day: Option<u64>,
     /// Requests (tunnels not seen into, forwarded and terminated requests) in a UTC day.
     pub requests_per_day: Option<u64>,
+    /// Daily quotas on destinations (`per_destination`): each counts the exchanges with the
+    /// hosts its pattern matches, on top of the sandbox's own.
+    pub per_destination: Vec<DestinationQuota>,
+}
+
+/// One `limits.per_destination` entry: a host (`api.example.com`) or every name under a
+/// domain (`*.example.com`), and its daily quotas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DestinationQuota {
+    pub host: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_day: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_day: Option<u64>,
+}
+
+impl DestinationQuota {
+    /// Whether `host` (lower case) is one this entry counts.
+    pub fn matches(&self, host: &str) -> bool {
+        match self.host.strip_prefix("*.") {
+            Some(domain) => host
+                .strip_suffix(domain)
+                .is_some_and(|rest| rest.ends_with('.') && rest.len() > 1),
+            None => self.host == host,
+        }
+    }
 }
 
 /// Timeouts of the data plane.

@@ -188,6 +188,8 @@ pub struct RawLimits {
     pub bytes_per_day: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_day: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_destination: Option<Vec<super::DestinationQuota>>,
 }
 
 fn d_connect() -> u64 {

@@ -58,33 +58,26 @@ pub(super) fn answer(shared: &Shared, query: Option<&str>) -> Response<Full<Byte
         })
         .collect();
     let set = shared.policy.load();
-    let quotas: Vec<_> = set
-        .ids()
-        .into_iter()
-        .filter_map(|id| set.get(id))
-        .filter(|sb| {
-            sandbox
-                .as_deref()
-                .is_none_or(|s| s == sb.binding.id.as_str())
-        })
-        .filter(|sb| {
-            let l = &sb.binding.limits;
-            l.bytes_per_day.is_some() || l.requests_per_day.is_some()
-        })
-        .map(|sb| {
-            let l = &sb.binding.limits;
-            let meter = sb.limiter(&shared.limiters).meter().clone();
-            let (mine, others) = meter.today();
-            json!({
-                "sandbox": sb.binding.id,
-                "bytes_per_day": l.bytes_per_day,
-                "requests_per_day": l.requests_per_day,
-                "bytes": mine.bytes + others.bytes,
-                "requests": mine.requests + others.requests,
-                "spent": meter.spent().map(|s| s.key()),
-            })
-        })
-        .collect();
+    let mut quotas = Vec::new();
+    for sb in set.ids().into_iter().filter_map(|id| set.get(id)) {
+        let id = sb.binding.id.as_str();
+        if sandbox.as_deref().is_some_and(|s| s != id) {
+            continue;
+        }
+        let l = &sb.binding.limits;
+        let limiter = sb.limiter(&shared.limiters);
+        if l.bytes_per_day.is_some() || l.requests_per_day.is_some() {
+            let set = (l.bytes_per_day, l.requests_per_day);
+            quotas.push(quota_row(id, None, set, limiter.meter()));
+        }
+        for q in &l.per_destination {
+            let key = format!("{id}@{}", q.host);
+            if let Some(m) = shared.limiters.meter_of(&key) {
+                let set = (q.bytes_per_day, q.requests_per_day);
+                quotas.push(quota_row(id, Some(&q.host), set, &m));
+            }
+        }
+    }
     let from = UNIX_EPOCH + Duration::from_secs(u64::from(since_hour) * 3600);
     json_resp(
         StatusCode::OK,
@@ -95,6 +88,25 @@ pub(super) fn answer(shared: &Shared, query: Option<&str>) -> Response<Full<Byte
             "quotas": quotas,
         }),
     )
+}
+
+/// One quota's row: what is set and what is spent today.
+fn quota_row(
+    sandbox: &str,
+    destination: Option<&str>,
+    (bytes_per_day, requests_per_day): (Option<u64>, Option<u64>),
+    meter: &crate::egress::quota::Meter,
+) -> serde_json::Value {
+    let (mine, others) = meter.today();
+    json!({
+        "sandbox": sandbox,
+        "destination": destination,
+        "bytes_per_day": bytes_per_day,
+        "requests_per_day": requests_per_day,
+        "bytes": mine.bytes + others.bytes,
+        "requests": mine.requests + others.requests,
+        "spent": meter.spent().map(|s| s.key()),
+    })
 }
 
 /// Unix seconds from an RFC 3339 time or a number of seconds.

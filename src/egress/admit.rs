@@ -293,6 +293,7 @@ impl Entered {
             request: ask.request,
             method: ask.method,
             grant: cx.set.grant_of(&sb, &decided.decision),
+            limiter: slot.limiter(),
         };
         if let Err(r) = cx.verdicts.judge(&point, audit).await {
             return Err(refusal(r.decision, Some(sb), r.detail, None));
@@ -449,10 +450,7 @@ fn limits(
                 LimitRefusal::Quota(_) => (Reason::QuotaExceeded, seconds(until_tomorrow())),
             };
             if let LimitRefusal::Quota(spent) = r {
-                audit.detail(format!(
-                    "the {} quota is spent until midnight UTC",
-                    spent.key()
-                ));
+                audit.detail(limiter.meter().describe(spent));
             }
             let why = Decision::deny(reason, None).explain(&sb.binding.id, sb.policy.file(), 0);
             Err(limited(audit, reason, why, retry))

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::config::Limits;
+use crate::config::{DestinationQuota, Limits};
 use crate::egress::quota::{DayCount, Meter, Spent};
 
 /// The verdict of a bucket.
@@ -143,6 +143,27 @@ pub struct SandboxLimiter {
     down: Mutex<Option<TokenBucket>>,
     /// The daily quotas' counts.
     meter: Arc<Meter>,
+    /// The `per_destination` entries and their counts.
+    destinations: Mutex<Vec<(DestinationQuota, Arc<Meter>)>>,
+}
+
+/// The meters of `quotas`, reusing those of `old` with the same host (their counts go on).
+fn destination_meters(
+    quotas: &[DestinationQuota],
+    old: &[(DestinationQuota, Arc<Meter>)],
+) -> Vec<(DestinationQuota, Arc<Meter>)> {
+    quotas
+        .iter()
+        .map(|q| {
+            let meter = old
+                .iter()
+                .find(|(o, _)| o.host == q.host)
+                .map(|(_, m)| m.clone())
+                .unwrap_or_else(|| Arc::new(Meter::scoped(&q.host)));
+            meter.configure(q.bytes_per_day, q.requests_per_day);
+            (q.clone(), meter)
+        })
+        .collect()
 }
 
 fn bandwidth_bucket(bps: Option<u64>, now: u64) -> Option<TokenBucket> {
@@ -175,7 +196,55 @@ impl SandboxLimiter {
                 m.configure(limits.bytes_per_day, limits.requests_per_day);
                 Arc::new(m)
             },
+            destinations: Mutex::new(destination_meters(&limits.per_destination, &[])),
         }
+    }
+
+    /// Whether the sandbox has any daily quota (most have none: their exchanges skip all this).
+    pub fn has_quotas(&self) -> bool {
+        self.meter.metered() || self.destinations.lock().is_ok_and(|d| !d.is_empty())
+    }
+
+    /// Whether any `per_destination` quota is set.
+    pub fn has_destination_quotas(&self) -> bool {
+        self.destinations.lock().is_ok_and(|d| !d.is_empty())
+    }
+
+    /// The meters an exchange with `host` counts into: the sandbox's (when it has a quota)
+    /// and those of the `per_destination` entries that match.
+    pub fn meters_for(&self, host: &str) -> Vec<Arc<Meter>> {
+        let mut out = Vec::new();
+        if self.meter.metered() {
+            out.push(self.meter.clone());
+        }
+        if let Ok(d) = self.destinations.lock() {
+            out.extend(
+                d.iter()
+                    .filter(|(q, _)| q.matches(host))
+                    .map(|(_, m)| m.clone()),
+            );
+        }
+        out
+    }
+
+    /// The `per_destination` meter whose quota refuses an exchange with `host`, if one does.
+    pub fn destination_spent(&self, host: &str) -> Option<(Arc<Meter>, Spent)> {
+        let d = self.destinations.lock().ok()?;
+        d.iter()
+            .filter(|(q, _)| q.matches(host))
+            .find_map(|(_, m)| m.spent().map(|s| (m.clone(), s)))
+    }
+
+    /// Every meter with its key: the sandbox id, or `id@host` for a `per_destination` one.
+    fn keyed_meters(&self, id: &str) -> Vec<(String, Arc<Meter>)> {
+        let mut out = vec![(id.to_string(), self.meter.clone())];
+        if let Ok(d) = self.destinations.lock() {
+            out.extend(
+                d.iter()
+                    .map(|(q, m)| (format!("{id}@{}", q.host), m.clone())),
+            );
+        }
+        out
     }
 
     /// The sandbox's daily counts (the relays count into it; admission reads it).
@@ -192,6 +261,10 @@ impl SandboxLimiter {
         }
         self.meter
             .configure(limits.bytes_per_day, limits.requests_per_day);
+        if let Ok(mut d) = self.destinations.lock() {
+            let next = destination_meters(&limits.per_destination, &d);
+            *d = next;
+        }
         if let Ok(mut r) = self.rate.lock() {
             r.reconfigure(limits.connections_per_second, f64::from(limits.burst));
         }
@@ -346,9 +419,12 @@ impl Limiters {
                 .entry(id.to_string())
                 .or_insert_with(|| {
                     let l = SandboxLimiter::new(limits, self.origin, now);
-                    let seed = self.restored.lock().ok().and_then(|mut r| r.remove(id));
-                    if let Some(c) = seed {
-                        l.meter.restore(c);
+                    if let Ok(mut r) = self.restored.lock() {
+                        for (key, m) in l.keyed_meters(id) {
+                            if let Some(c) = r.remove(&key) {
+                                m.restore(c);
+                            }
+                        }
                     }
                     Arc::new(l)
                 })
@@ -361,11 +437,11 @@ impl Limiters {
     pub fn restore(&self, counts: HashMap<String, DayCount>) {
         let Ok(map) = self.by_id.read() else { return };
         let mut rest = HashMap::new();
-        for (id, c) in counts {
-            match map.get(&id) {
-                Some(l) => l.meter.restore(c),
+        for (key, c) in counts {
+            match self.keyed(&map, &key) {
+                Some(m) => m.restore(c),
                 None => {
-                    rest.insert(id, c);
+                    rest.insert(key, c);
                 }
             }
         }
@@ -374,18 +450,43 @@ impl Limiters {
         }
     }
 
-    /// Every sandbox's meter that counted anything today, and those restored but not seen.
+    /// Every meter that counted anything today, by key (the sandbox id, or `id@host` for a
+    /// `per_destination` entry).
     pub fn counts(&self) -> Vec<(String, Arc<Meter>)> {
         let Ok(map) = self.by_id.read() else {
             return Vec::new();
         };
         map.iter()
-            .filter(|(_, l)| {
-                let c = l.meter.mine();
+            .flat_map(|(id, l)| l.keyed_meters(id))
+            .filter(|(_, m)| {
+                let c = m.mine();
                 c.bytes != 0 || c.requests != 0
             })
-            .map(|(id, l)| (id.clone(), l.meter.clone()))
             .collect()
+    }
+
+    /// The meter of `key` (see [`Limiters::counts`]) of a sandbox seen since the start.
+    pub fn meter_of(&self, key: &str) -> Option<Arc<Meter>> {
+        let map = self.by_id.read().ok()?;
+        self.keyed(&map, key)
+    }
+
+    fn keyed(&self, map: &HashMap<String, Arc<SandboxLimiter>>, key: &str) -> Option<Arc<Meter>> {
+        let (id, host) = match key.split_once('@') {
+            Some((id, host)) => (id, Some(host)),
+            None => (key, None),
+        };
+        let l = map.get(id)?;
+        match host {
+            None => Some(l.meter.clone()),
+            Some(h) => l
+                .destinations
+                .lock()
+                .ok()?
+                .iter()
+                .find(|(q, _)| q.host == h)
+                .map(|(_, m)| m.clone()),
+        }
     }
 
     /// Counts restored and not yet given to a meter (kept when persisting again).
@@ -411,6 +512,7 @@ mod tests {
             socket_buffer_bytes: None,
             bytes_per_day: None,
             requests_per_day: None,
+            per_destination: Vec::new(),
         }
     }
 

@@ -54,9 +54,12 @@ pub fn until_tomorrow() -> Duration {
     Duration::from_secs((86_400 - secs % 86_400).max(1))
 }
 
-/// One sandbox's counts for the current day, against its quotas (0: none).
+/// One sandbox's counts for the current day, against its quotas (0: none) — all of its
+/// exchanges, or (`scope`) those with the hosts of one `per_destination` entry.
 #[derive(Debug, Default)]
 pub struct Meter {
+    /// The `per_destination` host pattern; empty for the sandbox-wide meter.
+    scope: Box<str>,
     bytes_quota: AtomicU64,
     requests_quota: AtomicU64,
     day: AtomicU32,
@@ -79,6 +82,33 @@ pub struct DayCount {
 }
 
 impl Meter {
+    /// The meter of one `per_destination` entry.
+    pub fn scoped(host: &str) -> Meter {
+        Meter {
+            scope: host.into(),
+            ..Meter::default()
+        }
+    }
+
+    /// The `per_destination` host pattern, if this meter is one's.
+    pub fn scope(&self) -> Option<&str> {
+        (!self.scope.is_empty()).then_some(&*self.scope)
+    }
+
+    /// What a refusal for `spent` says.
+    pub fn describe(&self, spent: Spent) -> String {
+        match self.scope() {
+            None => format!(
+                "the sandbox's {} quota is spent until midnight UTC",
+                spent.key()
+            ),
+            Some(host) => format!(
+                "the {} quota on {host} (limits.per_destination) is spent until midnight UTC",
+                spent.key()
+            ),
+        }
+    }
+
     /// Set the quotas (`None`: unlimited); a raised quota lifts the refusal at once.
     pub fn configure(&self, bytes: Option<u64>, requests: Option<u64>) {
         self.bytes_quota
@@ -220,6 +250,32 @@ impl Meter {
     }
 }
 
+/// The verdict point's stage for `limits.per_destination`: an exchange with a host whose
+/// daily quota is spent is refused (`quota_exceeded`) before the decider is asked or anything
+/// dialled. (The sandbox-wide quotas refuse earlier, with its other limits.)
+pub struct DestinationQuotaStage;
+
+impl crate::egress::verdict::Stage for DestinationQuotaStage {
+    fn name(&self) -> &'static str {
+        "per_destination quota"
+    }
+
+    fn judge(&self, at: &crate::egress::verdict::Point<'_>) -> crate::egress::verdict::Judgement {
+        use crate::egress::verdict::Judgement;
+        if !at.limiter.has_destination_quotas() {
+            return Judgement::Pass;
+        }
+        let host = at.target.host.to_string();
+        match at.limiter.destination_spent(&host) {
+            None => Judgement::Pass,
+            Some((meter, spent)) => Judgement::Refuse(crate::wire::first_bytes::Mismatch {
+                reason: crate::policy::reason::Reason::QuotaExceeded,
+                detail: meter.describe(spent),
+            }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +327,43 @@ mod tests {
             requests: 5,
         });
         assert_eq!(m.spent(), Some(Spent::Bytes));
+    }
+
+    #[test]
+    fn per_destination_entries_are_validated_and_match_their_hosts() {
+        use crate::config::load_str;
+        use std::path::Path;
+        let load = |limits: &str| {
+            let text = format!(
+                "sandboxes:\n  - {{ id: a, limits: {limits}, policy: {{ provider: local, config: {{}}, network: {{ egress: [\"x.test\"] }} }} }}\n"
+            );
+            load_str(&text, "t", Path::new("."), None).map_err(|e| e.to_string())
+        };
+        let c = load("{ per_destination: [{ host: API.Example.com., bytes_per_day: 5 }, { host: \"*.s3.test\", requests_per_day: 1 }] }").unwrap();
+        let q = &c.bindings[0].limits.per_destination;
+        assert_eq!(q[0].host, "api.example.com");
+        assert!(q[0].matches("api.example.com") && !q[0].matches("x.api.example.com"));
+        assert!(q[1].matches("b.s3.test") && q[1].matches("a.b.s3.test"));
+        assert!(!q[1].matches("s3.test") && !q[1].matches("evils3.test"));
+        for (bad, says) in [
+            (
+                "{ per_destination: [{ host: a.test }] }",
+                "needs bytes_per_day or requests_per_day",
+            ),
+            (
+                "{ per_destination: [{ host: a.test, bytes_per_day: 0 }] }",
+                "positive",
+            ),
+            (
+                "{ per_destination: [{ host: \"a.*.test\", bytes_per_day: 1 }] }",
+                "per_destination[0].host",
+            ),
+            ("{ per_destination: [{ host: a.test, bytes: 1 }] }", "bytes"),
+            ("{ bytes_per_day: 0 }", "bytes_per_day"),
+        ] {
+            let e = load(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[tokio::test]

@@ -73,6 +73,8 @@ pub struct Point<'a> {
     pub method: Option<&'a http::Method>,
     /// The grant that allowed it (decision `grant_matched`).
     pub grant: Option<&'a Arc<GrantEntry>>,
+    /// The sandbox's limits and daily quotas.
+    pub limiter: &'a crate::egress::limits::SandboxLimiter,
 }
 
 /// One stage of the verdict point.

@@ -94,7 +94,7 @@ where
             deciders: shared.deciders.clone(),
         };
         let timeouts = &shared.settings.timeouts;
-        let live = Arc::new(Liveness::new(timeouts.idle).metered(limiter));
+        let live = Arc::new(Liveness::new(timeouts.idle).metered(limiter, &target.host));
         return Box::pin(crate::intercept::serve(
             ix,
             tunnel,
@@ -107,7 +107,7 @@ where
     }
     audit.open();
     // A tunnel the proxy does not see into is one request.
-    let live = Liveness::new(shared.settings.timeouts.idle).metered(limiter);
+    let live = Liveness::new(shared.settings.timeouts.idle).metered(limiter, &target.host);
     live.request();
     if let FirstBytes::Client(Peeked::Http { .. }) = &inspected.first {
         // Plain HTTP: every later request on the connection must name the decided host too.

@@ -92,7 +92,7 @@ pub async fn forward(
         idle,
         connect,
     } = fx;
-    let live = Arc::new(Liveness::new(idle).metered(&limiter));
+    let live = Arc::new(Liveness::new(idle).metered(&limiter, &grant.target.host));
     live.request();
     audit.count(live.counters());
     let host = host_header(&grant.target);

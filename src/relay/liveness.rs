@@ -14,7 +14,7 @@ use tokio::time::{sleep_until, Instant};
 use crate::audit::outcome::Close;
 use crate::audit::Counters;
 use crate::egress::limits::SandboxLimiter;
-use crate::egress::quota::{Meter, Spent};
+use crate::egress::quota::Meter;
 use crate::relay::tunnel::Relayed;
 
 /// Bytes moved and the idle deadline of one exchange.
@@ -25,9 +25,10 @@ pub struct Liveness {
     counters: Arc<Counters>,
     /// Nanoseconds after `origin` until which the exchange counts as active.
     active_until: AtomicU64,
-    /// The sandbox's daily quotas, when it has one: bytes count into it, and the exchange is
-    /// cut (`Close::Limit`) when the day's bytes reach the quota.
-    meter: Option<Arc<Meter>>,
+    /// The daily quotas the exchange counts into (the sandbox's, its destination's; none for
+    /// most): bytes count into each, and the exchange is cut (`Close::Limit`) when one's day
+    /// reaches its quota.
+    meters: Box<[Arc<Meter>]>,
     /// Set when this exchange's bytes carried the day's count to the quota.
     cut: std::sync::atomic::AtomicBool,
 }
@@ -40,21 +41,23 @@ impl Liveness {
             idle,
             counters: Arc::new(Counters::default()),
             active_until: AtomicU64::new(0),
-            meter: None,
+            meters: Box::new([]),
             cut: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
-    /// Count into `limiter`'s daily quotas (nothing to do when the sandbox has none).
-    pub fn metered(mut self, limiter: &SandboxLimiter) -> Self {
-        let meter = limiter.meter();
-        self.meter = meter.metered().then(|| meter.clone());
+    /// Count into `limiter`'s daily quotas that apply to an exchange with `host` (nothing to do
+    /// when the sandbox has none).
+    pub fn metered(mut self, limiter: &SandboxLimiter, host: &dyn std::fmt::Display) -> Self {
+        if limiter.has_quotas() {
+            self.meters = limiter.meters_for(&host.to_string()).into_boxed_slice();
+        }
         self
     }
 
     /// One request made (counted against `requests_per_day`).
     pub fn request(&self) {
-        if let Some(m) = &self.meter {
+        for m in self.meters.iter() {
             m.request();
         }
     }
@@ -75,17 +78,22 @@ impl Liveness {
         self.cut.load(Ordering::Relaxed)
     }
 
-    /// Resolves when the sandbox's bytes reach their daily quota (never when it has none).
+    /// Resolves when the bytes of one of its quotas reach it (never when it has none).
     pub async fn quota_spent(&self) {
-        match &self.meter {
-            Some(m) => m.exceeded().await,
-            None => std::future::pending().await,
+        match &*self.meters {
+            [] => std::future::pending().await,
+            [m] => m.exceeded().await,
+            many => {
+                futures_util::future::select_all(many.iter().map(|m| Box::pin(m.exceeded()))).await;
+            }
         }
     }
 
-    /// Which daily quota refuses a new request now, if one does.
-    pub fn spent(&self) -> Option<Spent> {
-        self.meter.as_ref().and_then(|m| m.spent())
+    /// Why a new request is refused now, if a daily quota refuses it.
+    pub fn spent(&self) -> Option<String> {
+        self.meters
+            .iter()
+            .find_map(|m| m.spent().map(|s| m.describe(s)))
     }
 
     /// The byte counters, for the record ([`crate::audit::AuditGuard::count`]).
@@ -105,7 +113,7 @@ impl Liveness {
             &self.counters.down
         };
         counter.fetch_add(n as u64, Ordering::Relaxed);
-        if let Some(m) = &self.meter {
+        for m in self.meters.iter() {
             if m.moved(n as u64) {
                 self.cut.store(true, Ordering::Relaxed);
             }

@@ -101,6 +101,7 @@ impl Shared {
             verdicts: Verdicts::new(vec![
                 Arc::new(FirstBytesStage),
                 Arc::new(crate::intercept::InClear),
+                Arc::new(crate::egress::quota::DestinationQuotaStage),
                 Arc::new(crate::decider::stage::DeciderStage { deciders }),
                 // Last: a `once` grant is spent only by an exchange every other stage passed.
                 Arc::new(crate::egress::grant_stage::GrantStage),

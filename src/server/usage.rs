@@ -34,6 +34,9 @@ struct Saved {
 #[serde(deny_unknown_fields)]
 struct Quota {
     sandbox: String,
+    /// A `per_destination` entry's host (its own meter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    destination: Option<String>,
     day: u32,
     bytes: u64,
     requests: u64,
@@ -64,7 +67,7 @@ impl Keeper {
                                 bytes: q.bytes,
                                 requests: q.requests,
                             };
-                            (q.sandbox, c)
+                            (key(q.sandbox, q.destination), c)
                         })
                         .collect();
                     let quotas = counts.len();
@@ -94,10 +97,12 @@ impl Keeper {
             .limiters
             .counts()
             .into_iter()
-            .map(|(sandbox, m)| {
+            .map(|(key, m)| {
                 let c = m.mine();
+                let (sandbox, destination) = split(key);
                 Quota {
                     sandbox,
+                    destination,
                     day: c.day,
                     bytes: c.bytes,
                     requests: c.requests,
@@ -111,11 +116,15 @@ impl Keeper {
                 .pending()
                 .into_iter()
                 .filter(|(_, c)| c.day == today)
-                .map(|(sandbox, c)| Quota {
-                    sandbox,
-                    day: c.day,
-                    bytes: c.bytes,
-                    requests: c.requests,
+                .map(|(key, c)| {
+                    let (sandbox, destination) = split(key);
+                    Quota {
+                        sandbox,
+                        destination,
+                        day: c.day,
+                        bytes: c.bytes,
+                        requests: c.requests,
+                    }
                 }),
         );
         let saved = Saved {
@@ -140,6 +149,21 @@ impl Keeper {
             let keeper = self.clone();
             let _ = tokio::task::spawn_blocking(move || keeper.save()).await;
         }
+    }
+}
+
+/// A meter's key: the sandbox id, or `id@host` for a `per_destination` entry.
+fn key(sandbox: String, destination: Option<String>) -> String {
+    match destination {
+        Some(d) => format!("{sandbox}@{d}"),
+        None => sandbox,
+    }
+}
+
+fn split(key: String) -> (String, Option<String>) {
+    match key.split_once('@') {
+        Some((s, d)) => (s.to_string(), Some(d.to_string())),
+        None => (key, None),
     }
 }
 
@@ -181,6 +205,7 @@ mod tests {
             cells: vec![],
             quota: vec![Quota {
                 sandbox: "a".into(),
+                destination: None,
                 day: 1,
                 bytes: 2,
                 requests: 3,

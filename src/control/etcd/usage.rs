@@ -1,6 +1,7 @@
 //! Daily quota counts shared between replicas: every [`SYNC_EVERY`] a replica writes its own
 //! counts of the day for each sandbox that counted anything under
-//! `{prefix}usage/{day}/{sandbox}/{replica}` (a plain put: each replica owns its keys, so no
+//! `{prefix}usage/{day}/{key}/{replica}` (the key: the sandbox id, or `id@host` for a
+//! `per_destination` entry) (a plain put: each replica owns its keys, so no
 //! write ever races another), lists `{prefix}usage/{day}/` and gives each sandbox's meter the
 //! sum of the *other* keys ([`crate::egress::quota::Meter::others`]).
 //!
@@ -132,9 +133,15 @@ impl Sharer {
             sum.requests += v.requests;
         }
         let set = cp.shared.policy.load();
-        for (sandbox, count) in others {
-            if let Some(sb) = set.get(&sandbox) {
-                sb.limiter(limiters).meter().others(count);
+        for (key, count) in others {
+            // Made now if this replica has not served the sandbox yet: its first exchange
+            // here is then judged on the others' counts too.
+            let id = key.split_once('@').map_or(key.as_str(), |(id, _)| id);
+            if let Some(sb) = set.get(id) {
+                sb.limiter(limiters);
+            }
+            if let Some(m) = limiters.meter_of(&key) {
+                m.others(count);
             }
         }
         Ok(())

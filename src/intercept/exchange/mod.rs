@@ -244,11 +244,7 @@ impl Exchange {
         let host = self.dest.host.as_str();
         let method = req.method().as_str();
         let rules = &p.rules;
-        if let Some(spent) = self.live.spent() {
-            let why = format!(
-                "the sandbox's {} quota is spent until midnight UTC",
-                spent.key()
-            );
+        if let Some(why) = self.live.spent() {
             return Some(Refusal::new(Reason::QuotaExceeded, why));
         }
         if let Some(why) = method_refusal(method, rules.iter()) {

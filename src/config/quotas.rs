@@ -1,0 +1,47 @@
+//! `limits.per_destination` (daily quotas on the hosts of a pattern): validated here; what
+//! they do is [`crate::egress::quota`]'s.
+
+use super::error::Sink;
+use super::Limits;
+
+/// Most `per_destination` entries one sandbox may have.
+const MAX_DESTINATION_QUOTAS: usize = 64;
+
+pub(super) fn check_destination_quotas(
+    l: &Limits,
+    sandbox: Option<&str>,
+    field: &str,
+    sink: &mut Sink<'_>,
+    line: usize,
+) {
+    let mut push = |what: String, why: &str| {
+        sink.push(sandbox, what, why, Some("per_destination"), line);
+    };
+    if l.per_destination.len() > MAX_DESTINATION_QUOTAS {
+        push(format!("{field}.per_destination"), "at most 64 entries");
+    }
+    for (i, q) in l.per_destination.iter().enumerate() {
+        let at = format!("{field}.per_destination[{i}]");
+        let name = q.host.strip_prefix("*.").unwrap_or(&q.host);
+        let valid = !name.is_empty()
+            && !name.contains('*')
+            && name.split('.').all(|label| {
+                !label.is_empty()
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b':')
+            });
+        if !valid {
+            push(
+                format!("{at}.host"),
+                "a host name (api.example.com), `*.` and a domain, or an IP address",
+            );
+        }
+        if q.bytes_per_day.is_none() && q.requests_per_day.is_none() {
+            push(at.clone(), "needs bytes_per_day or requests_per_day");
+        }
+        if q.bytes_per_day == Some(0) || q.requests_per_day == Some(0) {
+            push(at, "quotas must be positive (leave one out for unlimited)");
+        }
+    }
+}
