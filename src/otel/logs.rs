@@ -11,13 +11,13 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use opentelemetry::logs::{AnyValue, LogRecord as _, Logger as _, LoggerProvider as _, Severity};
 use opentelemetry::{InstrumentationScope, KeyValue};
-use opentelemetry_otlp::{LogExporter, WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_otlp::LogExporter;
 use opentelemetry_sdk::logs::{LogBatch, LogExporter as _, SdkLogRecord, SdkLoggerProvider};
 use opentelemetry_sdk::Resource;
 use tokio::sync::broadcast::{error::RecvError, Receiver};
 
-use super::{header_map, metadata, signal_url, Counts};
-use crate::config::otel::{OtelConfig, OtelProtocol};
+use super::Counts;
+use crate::config::otel::OtelConfig;
 
 /// Most records in one export.
 const BATCH: usize = 512;
@@ -34,23 +34,7 @@ pub(super) fn exporter(
     cfg: &OtelConfig,
     headers: &[(String, String)],
 ) -> anyhow::Result<LogExporter> {
-    let url = signal_url(cfg, "logs");
-    let built = match cfg.protocol {
-        OtelProtocol::Grpc => LogExporter::builder()
-            .with_tonic()
-            .with_endpoint(url)
-            .with_timeout(cfg.timeout)
-            .with_metadata(metadata(headers)?)
-            .build(),
-        OtelProtocol::Http => LogExporter::builder()
-            .with_http()
-            .with_endpoint(url)
-            .with_timeout(cfg.timeout)
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_headers(header_map(headers))
-            .build(),
-    };
-    built.map_err(|e| anyhow::anyhow!("otel: cannot build the log exporter: {e}"))
+    super::otlp_exporter!(LogExporter, cfg, headers, "logs")
 }
 
 /// Export until the task is aborted or the audit log closes.

@@ -8,14 +8,13 @@ use std::sync::Arc;
 
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::KeyValue;
-use opentelemetry_otlp::{MetricExporter, WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_otlp::MetricExporter;
 use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::Resource;
 
-use super::{header_map, metadata, signal_url};
 use crate::audit::usage::{Ledger, Tally};
-use crate::config::otel::{OtelConfig, OtelProtocol};
+use crate::config::otel::OtelConfig;
 
 /// Build the exporter and the provider, and register the observed counters.
 pub(super) fn start(
@@ -23,23 +22,7 @@ pub(super) fn start(
     headers: &[(String, String)],
     ledger: Arc<Ledger>,
 ) -> anyhow::Result<SdkMeterProvider> {
-    let url = signal_url(cfg, "metrics");
-    let exporter = match cfg.protocol {
-        OtelProtocol::Grpc => MetricExporter::builder()
-            .with_tonic()
-            .with_endpoint(url)
-            .with_timeout(cfg.timeout)
-            .with_metadata(metadata(headers)?)
-            .build(),
-        OtelProtocol::Http => MetricExporter::builder()
-            .with_http()
-            .with_endpoint(url)
-            .with_timeout(cfg.timeout)
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_headers(header_map(headers))
-            .build(),
-    }
-    .map_err(|e| anyhow::anyhow!("otel: cannot build the metric exporter: {e}"))?;
+    let exporter = super::otlp_exporter!(MetricExporter, cfg, headers, "metrics")?;
     let reader = PeriodicReader::builder(exporter, opentelemetry_sdk::runtime::Tokio)
         .with_interval(cfg.interval)
         .build();

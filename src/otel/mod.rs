@@ -115,6 +115,33 @@ fn metadata(headers: &[(String, String)]) -> anyhow::Result<MetadataMap> {
 
 use opentelemetry_otlp::tonic_types::metadata::MetadataMap;
 
+/// Build an OTLP exporter of type `$kind` (`LogExporter`, `MetricExporter`) for `signal`, over
+/// the configured protocol, with the headers and the timeout.
+macro_rules! otlp_exporter {
+    ($kind:ty, $cfg:expr, $headers:expr, $signal:literal) => {{
+        use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
+        let (cfg, headers) = ($cfg, $headers);
+        let url = $crate::otel::signal_url(cfg, $signal);
+        let built = match cfg.protocol {
+            $crate::config::otel::OtelProtocol::Grpc => <$kind>::builder()
+                .with_tonic()
+                .with_endpoint(url)
+                .with_timeout(cfg.timeout)
+                .with_metadata($crate::otel::metadata(headers)?)
+                .build(),
+            $crate::config::otel::OtelProtocol::Http => <$kind>::builder()
+                .with_http()
+                .with_endpoint(url)
+                .with_timeout(cfg.timeout)
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_headers($crate::otel::header_map(headers))
+                .build(),
+        };
+        built.map_err(|e| anyhow::anyhow!("otel: cannot build the {} exporter: {e}", $signal))
+    }};
+}
+pub(crate) use otlp_exporter;
+
 /// The URL of a signal for OTLP/HTTP (`/v1/logs`, `/v1/metrics`); gRPC takes the endpoint.
 fn signal_url(cfg: &OtelConfig, signal: &str) -> String {
     match cfg.protocol {

@@ -42,6 +42,20 @@ struct Quota {
     requests: u64,
 }
 
+impl Quota {
+    /// The saved form of meter `key`'s counts.
+    fn of(key: String, c: DayCount) -> Quota {
+        let (sandbox, destination) = split(key);
+        Quota {
+            sandbox,
+            destination,
+            day: c.day,
+            bytes: c.bytes,
+            requests: c.requests,
+        }
+    }
+}
+
 /// Where usage is saved, if anywhere.
 pub struct Keeper {
     path: Option<PathBuf>,
@@ -97,17 +111,7 @@ impl Keeper {
             .limiters
             .counts()
             .into_iter()
-            .map(|(key, m)| {
-                let c = m.mine();
-                let (sandbox, destination) = split(key);
-                Quota {
-                    sandbox,
-                    destination,
-                    day: c.day,
-                    bytes: c.bytes,
-                    requests: c.requests,
-                }
-            })
+            .map(|(key, m)| Quota::of(key, m.mine()))
             .collect();
         let today = crate::egress::quota::today();
         quota.extend(
@@ -116,16 +120,7 @@ impl Keeper {
                 .pending()
                 .into_iter()
                 .filter(|(_, c)| c.day == today)
-                .map(|(key, c)| {
-                    let (sandbox, destination) = split(key);
-                    Quota {
-                        sandbox,
-                        destination,
-                        day: c.day,
-                        bytes: c.bytes,
-                        requests: c.requests,
-                    }
-                }),
+                .map(|(key, c)| Quota::of(key, c)),
         );
         let saved = Saved {
             version: 1,
