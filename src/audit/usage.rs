@@ -95,17 +95,7 @@ impl Ledger {
         let Some(d) = DECISIONS.iter().position(|x| *x == decision) else {
             return;
         };
-        self.add(this_hour(), sandbox, destination, d as u8, &t);
-        if let Ok(mut book) = self.book.lock() {
-            match book.since_start.get_mut(sandbox) {
-                Some(s) => s[d].add(&t),
-                None => {
-                    let mut s = [Tally::default(); 3];
-                    s[d] = t;
-                    book.since_start.insert(sandbox.into(), s);
-                }
-            }
-        }
+        self.add(this_hour(), sandbox, destination, d as u8, &t, true);
     }
 
     /// Per sandbox and decision, what was counted since the process started.
@@ -124,11 +114,30 @@ impl Ledger {
         out
     }
 
-    fn add(&self, hour: u32, sandbox: &str, destination: &str, decision: u8, t: &Tally) {
+    /// Count `t` in its cell (and, when `live`, since the start: not for restored cells).
+    fn add(
+        &self,
+        hour: u32,
+        sandbox: &str,
+        destination: &str,
+        decision: u8,
+        t: &Tally,
+        live: bool,
+    ) {
         let Ok(mut book) = self.book.lock() else {
             return;
         };
         let book = &mut *book;
+        if live {
+            match book.since_start.get_mut(sandbox) {
+                Some(s) => s[decision as usize].add(t),
+                None => {
+                    let mut s = [Tally::default(); 3];
+                    s[decision as usize] = *t;
+                    book.since_start.insert(sandbox.into(), s);
+                }
+            }
+        }
         if !book.by.contains_key(sandbox) {
             book.by.insert(sandbox.into(), HashMap::new());
         }
@@ -237,7 +246,7 @@ impl Ledger {
         let mut n = 0;
         for c in cells.into_iter().filter(|c| c.hour >= oldest) {
             if let Some(d) = DECISIONS.iter().position(|x| *x == c.decision) {
-                self.add(c.hour, &c.sandbox, &c.destination, d as u8, &c.tally);
+                self.add(c.hour, &c.sandbox, &c.destination, d as u8, &c.tally, false);
                 n += 1;
             }
         }
@@ -373,7 +382,7 @@ mod tests {
     fn saved_cells_restore_and_old_hours_are_dropped() {
         let l = Ledger::default();
         l.note("a", "x.example", "allow", t(10, 20));
-        l.add(1, "a", "old.example", 0, &t(1, 1));
+        l.add(1, "a", "old.example", 0, &t(1, 1), true);
         let cells = l.cells();
         assert_eq!(cells.len(), 1, "the hour past retention is dropped");
         let m = Ledger::default();

@@ -145,6 +145,8 @@ pub struct SandboxLimiter {
     meter: Arc<Meter>,
     /// The `per_destination` entries and their counts.
     destinations: Mutex<Vec<(DestinationQuota, Arc<Meter>)>>,
+    /// Whether `destinations` has any (read without the lock on every exchange).
+    has_destinations: std::sync::atomic::AtomicBool,
 }
 
 /// The meters of `quotas`, reusing those of `old` with the same host (their counts go on).
@@ -197,17 +199,18 @@ impl SandboxLimiter {
                 Arc::new(m)
             },
             destinations: Mutex::new(destination_meters(&limits.per_destination, &[])),
+            has_destinations: (!limits.per_destination.is_empty()).into(),
         }
     }
 
     /// Whether the sandbox has any daily quota (most have none: their exchanges skip all this).
     pub fn has_quotas(&self) -> bool {
-        self.meter.metered() || self.destinations.lock().is_ok_and(|d| !d.is_empty())
+        self.meter.metered() || self.has_destination_quotas()
     }
 
     /// Whether any `per_destination` quota is set.
     pub fn has_destination_quotas(&self) -> bool {
-        self.destinations.lock().is_ok_and(|d| !d.is_empty())
+        self.has_destinations.load(Ordering::Relaxed)
     }
 
     /// The meters an exchange with `host` counts into: the sandbox's (when it has a quota)
@@ -265,6 +268,8 @@ impl SandboxLimiter {
             let next = destination_meters(&limits.per_destination, &d);
             *d = next;
         }
+        self.has_destinations
+            .store(!limits.per_destination.is_empty(), Ordering::Relaxed);
         if let Ok(mut r) = self.rate.lock() {
             r.reconfigure(limits.connections_per_second, f64::from(limits.burst));
         }

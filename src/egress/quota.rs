@@ -172,6 +172,9 @@ impl Meter {
 
     /// Which quota refuses a new exchange now, if one does.
     pub fn spent(&self) -> Option<Spent> {
+        if !self.metered() {
+            return None;
+        }
         self.roll();
         let at = |count: &AtomicU64, others: &AtomicU64, quota: &AtomicU64| {
             let q = quota.load(Ordering::Relaxed);
