@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::config::{DestinationQuota, Limits};
-use crate::egress::quota::{DayCount, Meter, Spent};
+use crate::egress::quota::{destination_meters, DayCount, Meter, Spent};
 
 /// The verdict of a bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -147,25 +147,6 @@ pub struct SandboxLimiter {
     destinations: Mutex<Vec<(DestinationQuota, Arc<Meter>)>>,
     /// Whether `destinations` has any (read without the lock on every exchange).
     has_destinations: std::sync::atomic::AtomicBool,
-}
-
-/// The meters of `quotas`, reusing those of `old` with the same host (their counts go on).
-fn destination_meters(
-    quotas: &[DestinationQuota],
-    old: &[(DestinationQuota, Arc<Meter>)],
-) -> Vec<(DestinationQuota, Arc<Meter>)> {
-    quotas
-        .iter()
-        .map(|q| {
-            let meter = old
-                .iter()
-                .find(|(o, _)| o.host == q.host)
-                .map(|(_, m)| m.clone())
-                .unwrap_or_else(|| Arc::new(Meter::scoped(&q.host)));
-            meter.configure(q.bytes_per_day, q.requests_per_day);
-            (q.clone(), meter)
-        })
-        .collect()
 }
 
 fn bandwidth_bucket(bps: Option<u64>, now: u64) -> Option<TokenBucket> {

@@ -253,6 +253,25 @@ impl Meter {
     }
 }
 
+/// The meters of `quotas`, reusing those of `old` with the same host (their counts go on).
+pub(crate) fn destination_meters(
+    quotas: &[crate::config::DestinationQuota],
+    old: &[(crate::config::DestinationQuota, std::sync::Arc<Meter>)],
+) -> Vec<(crate::config::DestinationQuota, std::sync::Arc<Meter>)> {
+    quotas
+        .iter()
+        .map(|q| {
+            let meter = old
+                .iter()
+                .find(|(o, _)| o.host == q.host)
+                .map(|(_, m)| m.clone())
+                .unwrap_or_else(|| std::sync::Arc::new(Meter::scoped(&q.host)));
+            meter.configure(q.bytes_per_day, q.requests_per_day);
+            (q.clone(), meter)
+        })
+        .collect()
+}
+
 /// The verdict point's stage for `limits.per_destination`: an exchange with a host whose
 /// daily quota is spent is refused (`quota_exceeded`) before the decider is asked or anything
 /// dialled. (The sandbox-wide quotas refuse earlier, with its other limits.)
