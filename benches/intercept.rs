@@ -18,8 +18,15 @@
 //! real keys on every request (the upstream does not verify; `tests/credential_kinds.rs`
 //! does).
 //!
+//! With `--squid` it compares brokered HTTPS with a peer that does the same job: the
+//! static-header host terminated by egress-proxy over HTTP/1.1 and over HTTP/2 (the same
+//! connections, one stream each: the same concurrency), and Squid with ssl-bump
+//! (`squid-openssl`, [`common::squid_bump`]) terminating the same CONNECTs with the same CA,
+//! verifying the same upstream, over HTTP/1.1 (Squid speaks no HTTP/2 to clients).
+//!
 //! ```text
 //! cargo build --release && cargo bench --bench intercept -- --connections 8 --seconds 5
+//! cargo bench --bench intercept -- --connections 8 --seconds 5 --squid
 //! cargo bench --bench intercept -- --connections 4 --streams 8 --seconds 5 --h2
 //! cargo bench --bench intercept -- --connections 8 --seconds 5 --mcp
 //! cargo bench --bench intercept -- --connections 8 --seconds 5 --sigv4
@@ -362,6 +369,7 @@ fn main() {
     let conns = arg("--connections", 8);
     let secs = arg("--seconds", 5);
     let decider = std::env::args().any(|a| a == "--decider");
+    let with_squid = std::env::args().any(|a| a == "--squid");
     let mut shape = Shape {
         h2: std::env::args().any(|a| a == "--h2"),
         streams: arg("--streams", 1) as usize,
@@ -478,11 +486,35 @@ sandboxes:
         "protocol".into(),
         serde_json::json!(if shape.h2 { "h2" } else { "http/1.1" }),
     );
+    // `--squid`: the peer, and an HTTP/2 client config beside the HTTP/1.1 one.
+    let squid = with_squid.then(|| {
+        let hosts = ["bound.test", "relayed.test"];
+        let ica = (dir.path().join("ica/ca.crt"), dir.path().join("ica/ca.key"));
+        common::squid_bump::start(
+            dir.path(),
+            free_port(),
+            (&ica.0, &ica.1),
+            &dir.path().join("uca.pem"),
+            &hosts,
+        )
+        .unwrap_or_else(|e| panic!("squid ssl-bump: {e}"))
+    });
+    let h2_cfg = {
+        let mut c = (*ccfg).clone();
+        c.alpn_protocols = vec![b"h2".to_vec()];
+        Arc::new(c)
+    };
     let mut cpu_before = cpu_us(child.id()).unwrap_or(0);
+    let mut squid_cpu_before = 0;
     for round in 0..3 {
         let one = "127.0.0.1".parse().expect("ip");
         let phases: Vec<(&str, &'static str, std::net::IpAddr, bool)> =
             match (shape.mcp, shape.sigv4.is_some(), decider) {
+                _ if squid.is_some() => vec![
+                    ("terminated_h1", "bound.test", one, false),
+                    ("terminated_h2", "bound.test", one, false),
+                    ("squid_bump_h1", "bound.test", one, false),
+                ],
                 (true, _, _) => vec![
                     ("path.test", "path.test", one, false),
                     ("mcp.test", "mcp.test", one, false),
@@ -516,15 +548,32 @@ sandboxes:
                         tokio::spawn(slow_neighbour(proxy, host, port, until, refused.clone()))
                     })
                     .collect();
+                // The peer's phase goes through Squid; the HTTP/2 phase with one stream per
+                // connection (the same concurrency as HTTP/1.1).
+                let via = match (label, &squid) {
+                    ("squid_bump_h1", Some(s)) => SocketAddr::from(([127, 0, 0, 1], s.port)),
+                    _ => proxy,
+                };
+                let (phase_shape, phase_cfg) = match label {
+                    "terminated_h2" => (
+                        Shape {
+                            h2: true,
+                            streams: 1,
+                            ..shape
+                        },
+                        h2_cfg.clone(),
+                    ),
+                    _ => (shape, ccfg.clone()),
+                };
                 let tasks: Vec<_> = (0..conns)
                     .map(|_| {
                         tokio::spawn(client(
-                            proxy,
+                            via,
                             source,
                             host,
                             port,
-                            ccfg.clone(),
-                            shape,
+                            phase_cfg.clone(),
+                            phase_shape,
                             until,
                             count.clone(),
                         ))
@@ -542,8 +591,17 @@ sandboxes:
             }
             let rps = count.load(Ordering::Relaxed) as f64 / secs as f64;
             let cpu = cpu_us(child.id()).unwrap_or(0);
-            let used = cpu.saturating_sub(cpu_before);
+            let mut used = cpu.saturating_sub(cpu_before);
             cpu_before = cpu;
+            if label == "squid_bump_h1" {
+                // Squid's own CPU (its main process; the certificate helpers are idle once
+                // the one certificate is made).
+                let s = squid_cpu();
+                used = s.saturating_sub(squid_cpu_before);
+                squid_cpu_before = s;
+            } else if squid.is_some() {
+                squid_cpu_before = squid_cpu();
+            }
             out.insert(
                 format!("{label}_round{round}_proxy_cpu_us_per_req"),
                 serde_json::json!(
@@ -559,5 +617,19 @@ sandboxes:
     }
     let _ = child.kill();
     let _ = child.wait();
+    drop(squid);
     println!("{}", serde_json::Value::Object(out));
+}
+
+/// CPU time of the running `squid` processes (its worker does the work), microseconds.
+fn squid_cpu() -> u64 {
+    let out = Command::new("pgrep").args(["-x", "squid"]).output();
+    out.map(|o| {
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .filter_map(cpu_us)
+            .sum()
+    })
+    .unwrap_or(0)
 }

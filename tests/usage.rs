@@ -291,17 +291,21 @@ fn usage_sums_match_the_audit_records() {
     let (status, body) = proxy.admin_get("/v1/usage?since=tomorrow");
     assert_eq!(status, 400, "{body}");
 
-    // The same counts as metrics.
+    // The same counts as metrics, summed over destinations (never a label).
     let (_, metrics) = proxy.admin_get("/metrics");
     let line = metrics
         .lines()
         .find(|l| {
             l.starts_with("egress_usage_requests{")
-                && l.contains("destination=\"big.test\"")
+                && l.contains("decision=\"allow\"")
                 && l.contains("sandbox=\"free\"")
         })
         .unwrap_or_else(|| panic!("no usage gauge:\n{metrics}"));
     assert!(line.ends_with(" 3"), "{line}");
+    assert!(
+        !metrics.contains("big.test"),
+        "destination hosts must not be labels"
+    );
 }
 
 #[test]

@@ -10,6 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
 use std::time::Duration;
 
+pub mod squid_bump;
+
 /// `--name VALUE` from the command line, or `default`.
 pub fn arg<T: FromStr>(name: &str, default: T) -> T {
     let args: Vec<String> = std::env::args().collect();

@@ -256,13 +256,14 @@ impl Ledger {
 
 /// The ledger's counts of the current UTC day as gauges (read at every scrape):
 /// `egress_usage_connections`, `egress_usage_requests` and `egress_usage_bytes` (with
-/// `direction`), each by sandbox, destination and decision.
+/// `direction`), each by sandbox and decision. Destinations are summed: a destination host is
+/// never a metric label (DESIGN §8); `GET /v1/usage` has them.
 pub struct Gauges {
     ledger: std::sync::Arc<Ledger>,
     descs: Vec<prometheus::core::Desc>,
 }
 
-const LABELS: [&str; 3] = ["sandbox", "destination", "decision"];
+const LABELS: [&str; 2] = ["sandbox", "decision"];
 
 fn gauge(name: &str, help: &str, extra: &[&str]) -> prometheus::Result<prometheus::IntGaugeVec> {
     let labels: Vec<&str> = LABELS.iter().chain(extra).copied().collect();
@@ -311,16 +312,22 @@ impl prometheus::core::Collector for Gauges {
         };
         let today = this_hour() / 24 * 24;
         let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let mut sums: HashMap<(String, String), Tally> = HashMap::new();
         for c in self.ledger.sums(None, today) {
-            let l = [&*c.sandbox, &*c.destination, &*c.decision];
-            conns.with_label_values(&l).set(clamp(c.tally.connections));
-            reqs.with_label_values(&l).set(clamp(c.tally.requests));
-            let up = [l[0], l[1], l[2], "up"];
-            bytes.with_label_values(&up).set(clamp(c.tally.bytes_up));
-            let down = [l[0], l[1], l[2], "down"];
+            sums.entry((c.sandbox, c.decision))
+                .or_default()
+                .add(&c.tally);
+        }
+        for ((sandbox, decision), t) in &sums {
+            let l = [sandbox.as_str(), decision.as_str()];
+            conns.with_label_values(&l).set(clamp(t.connections));
+            reqs.with_label_values(&l).set(clamp(t.requests));
             bytes
-                .with_label_values(&down)
-                .set(clamp(c.tally.bytes_down));
+                .with_label_values(&[l[0], l[1], "up"])
+                .set(clamp(t.bytes_up));
+            bytes
+                .with_label_values(&[l[0], l[1], "down"])
+                .set(clamp(t.bytes_down));
         }
         [conns, reqs, bytes]
             .iter()
