@@ -26,7 +26,7 @@ use crate::policy::reason::Reason;
 use crate::policy::set::Sandbox;
 use crate::policy::target::Target;
 use crate::policy::Decision;
-use crate::relay::abortable::{Abortable, Cut, OverTcp};
+use crate::relay::abortable::{Abortable, Cut};
 use crate::relay::body::Body;
 use crate::relay::client_io::ClientIo;
 use crate::relay::deny::{self, Refusal};
@@ -116,9 +116,6 @@ pub async fn serve(
     unidentified: UnidentifiedSlot,
     cert: ClientCert,
 ) {
-    if let Some(tcp) = io.tcp() {
-        let _ = tcp.set_nodelay(true);
-    }
     let stream = match io {
         ClientIo::Tcp(stream) => stream,
         // The TLS listener has checked the first bytes (the handshake, within first_byte_ms).

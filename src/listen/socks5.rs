@@ -51,7 +51,6 @@ pub async fn serve(
     stream: TcpStream,
     unidentified: UnidentifiedSlot,
 ) {
-    let _ = stream.set_nodelay(true);
     let set = shared.policy.load();
     let resolver = shared.resolver();
     let mut audit = shared.audit(&accepted, Mode::Socks5, &set);

@@ -40,7 +40,6 @@ pub async fn serve(
     permit: OwnedSemaphorePermit,
     unidentified: Option<crate::egress::admission::UnidentifiedSlot>,
 ) {
-    let _ = stream.set_nodelay(true);
     let set = shared.policy.load();
     let resolver = shared.resolver();
     let mut audit = shared.audit(&accepted, Mode::Sni, &set);

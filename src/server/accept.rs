@@ -238,7 +238,6 @@ async fn serve_tls(
     slot: crate::egress::admission::UnidentifiedSlot,
     tls: Arc<crate::listen::explicit_tls::TlsServer>,
 ) {
-    let _ = stream.set_nodelay(true);
     let wait = shared.admissions.first_byte();
     let handshake = tokio::time::timeout(wait, tls.acceptor().accept(stream));
     let done = tokio::select! {

@@ -122,6 +122,21 @@ impl Addrs {
     }
 }
 
+/// The socket options every data-plane connection wants, set once on its listener: Linux
+/// copies them to each accepted socket, so no connection pays a `setsockopt` for them.
+/// `TCP_NODELAY` (a proxy forwards what it has at once), and `SO_SNDBUF` at
+/// `defaults.limits.socket_buffer_bytes` (what a client that stops reading may pin: a
+/// sandbox with another value sets its own, [`crate::relay::buffers::cap`]).
+fn data_plane_options(l: &TcpListener, sndbuf: Option<u32>) -> std::io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    setsockopt(l, sockopt::TcpNoDelay, &true)?;
+    if let Some(n) = sndbuf {
+        setsockopt(l, sockopt::SndBuf, &(n as usize))?;
+    }
+    crate::relay::buffers::inherited(sndbuf);
+    Ok(())
+}
+
 /// Bind `addr` for the listener named `what`, if configured.
 async fn bind(what: &str, addr: Option<SocketAddr>) -> anyhow::Result<Option<TcpListener>> {
     match addr {
@@ -164,7 +179,7 @@ impl Listeners {
             Some(t) => Some(Arc::new(TlsServer::load(t, false)?)),
             None => None,
         };
-        Ok(Listeners {
+        let listeners = Listeners {
             proxy: bind("listen.proxy", l.proxy).await?,
             proxy_tls,
             transparent,
@@ -172,7 +187,20 @@ impl Listeners {
             admin_tls,
             dns,
             socks5: bind("listen.socks5", l.socks5).await?,
-        })
+        };
+        let sndbuf = config.defaults.limits.socket_buffer_bytes;
+        for l in [
+            listeners.proxy.as_ref(),
+            listeners.proxy_tls.as_ref().map(|(l, _)| l),
+            listeners.transparent.as_ref(),
+            listeners.socks5.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            data_plane_options(l, sndbuf).context("setting the data-plane socket options")?;
+        }
+        Ok(listeners)
     }
 
     pub fn addrs(&self) -> Addrs {
@@ -189,5 +217,27 @@ impl Listeners {
                 .and_then(|u| u.local_addr().ok()),
             socks5: self.socks5.as_ref().and_then(at),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the listener sets is what every accepted socket has: the per-connection
+    /// `setsockopt` calls this replaces would otherwise be needed.
+    #[tokio::test]
+    async fn accepted_sockets_inherit_the_listeners_options() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        data_plane_options(&l, Some(65536)).unwrap();
+        let addr = l.local_addr().unwrap();
+        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = l.accept().await.unwrap();
+        assert!(accepted.nodelay().unwrap());
+        let sndbuf =
+            nix::sys::socket::getsockopt(&accepted, nix::sys::socket::sockopt::SndBuf).unwrap();
+        // The kernel doubles what it is given.
+        assert_eq!(sndbuf, 2 * 65536);
+        assert!(!client.nodelay().unwrap());
     }
 }
