@@ -11,7 +11,8 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Mutex;
 
 use nix::fcntl::{splice, OFlag, SpliceFFlags};
-use tokio::io::Interest;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
 use crate::audit::outcome::Close;
@@ -243,11 +244,55 @@ async fn copy_chunk(
     Ok(false)
 }
 
-/// Relay between two sockets with splice. `client` → `server` is "up". The caller keeps the
-/// sockets (and decides how to close them).
+/// Bytes a direction moves through user space before it switches to splice. A short tunnel —
+/// an API call, a TLS handshake and a small answer — then costs one `read` and one `write` per
+/// chunk and no pipe. Tokio's reads also note a short read as "drained", so no read is wasted
+/// on `EAGAIN`: a burst smaller than the buffer costs one system call fewer than through a pipe,
+/// which must be tried again to learn it is empty. Bulk streams pass this within a few reads.
+const SPLICE_AFTER: u64 = 64 * 1024;
+/// The user-space phase's read size.
+const CHUNK: usize = 16 * 1024;
+
+/// One direction: through user space for its first [`SPLICE_AFTER`] bytes, then zero-copy.
+async fn start_then_splice(
+    mut src: ReadHalf<'_>,
+    mut dst: WriteHalf<'_>,
+    up: bool,
+    live: &Liveness,
+) -> io::Result<()> {
+    let mut moved = 0u64;
+    while moved < SPLICE_AFTER {
+        // Wait without a buffer: an idle tunnel holds none.
+        src.as_ref().readable().await?;
+        let mut buf = vec![0u8; CHUNK];
+        let n = src.read(&mut buf).await?;
+        if n == 0 {
+            let _ = nix::sys::socket::shutdown(
+                dst.as_ref().as_raw_fd(),
+                nix::sys::socket::Shutdown::Write,
+            );
+            return Ok(());
+        }
+        let mut sent = 0;
+        while sent < n {
+            let m = dst.write(&buf[sent..n]).await?;
+            if m == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            sent += m;
+            live.moved(up, m);
+            live.within_quota()?;
+        }
+        moved += n as u64;
+    }
+    pump(src.as_ref(), dst.as_ref(), up, live).await
+}
+
+/// Relay between two sockets: in user space while a direction is young, then with splice.
+/// `client` → `server` is "up". The caller keeps the sockets (and decides how to close them).
 pub async fn relay<F>(
-    client: &TcpStream,
-    server: &TcpStream,
+    client: &mut TcpStream,
+    server: &mut TcpStream,
     live: impl Into<Liveness>,
     stop: F,
 ) -> Relayed
@@ -255,8 +300,10 @@ where
     F: Future<Output = Close>,
 {
     let live = live.into();
-    let up = pump(client, server, true, &live);
-    let down = pump(server, client, false, &live);
+    let (client_r, client_w) = client.split();
+    let (server_r, server_w) = server.split();
+    let up = start_then_splice(client_r, server_w, true, &live);
+    let down = start_then_splice(server_r, client_w, false, &live);
     drive(up, down, &live, stop).await
 }
 
@@ -280,12 +327,12 @@ mod tests {
     #[tokio::test]
     async fn relays_both_ways_counts_and_half_closes() {
         let _one = MOVING.lock().await;
-        let (mut client_peer, client) = pair().await;
-        let (server, mut server_peer) = pair().await;
+        let (mut client_peer, mut client) = pair().await;
+        let (mut server, mut server_peer) = pair().await;
         let task = tokio::spawn(async move {
             relay(
-                &client,
-                &server,
+                &mut client,
+                &mut server,
                 Duration::from_secs(5),
                 std::future::pending(),
             )
@@ -316,14 +363,13 @@ mod tests {
     async fn grown_pipes_give_back_their_budget_when_the_relay_ends_or_is_cut() {
         use std::sync::atomic::Ordering;
         let _one = MOVING.lock().await;
-        let (mut client_peer, client) = pair().await;
-        let (server, mut server_peer) = pair().await;
+        let (mut client_peer, mut client) = pair().await;
+        let (mut server, mut server_peer) = pair().await;
         let (tx, rx) = tokio::sync::oneshot::channel::<Close>();
         let stop = async move { rx.await.unwrap_or(Close::Shutdown) };
-        let task =
-            tokio::spawn(
-                async move { relay(&client, &server, Duration::from_secs(5), stop).await },
-            );
+        let task = tokio::spawn(async move {
+            relay(&mut client, &mut server, Duration::from_secs(5), stop).await
+        });
         let writer = tokio::spawn(async move {
             let chunk = vec![7u8; 1 << 20];
             while client_peer.write_all(&chunk).await.is_ok() {}
@@ -345,24 +391,23 @@ mod tests {
 
     #[tokio::test]
     async fn idle_and_stop() {
-        let (_cp, client) = pair().await;
-        let (server, _sp) = pair().await;
+        let (_cp, mut client) = pair().await;
+        let (mut server, _sp) = pair().await;
         let r = relay(
-            &client,
-            &server,
+            &mut client,
+            &mut server,
             Duration::from_millis(200),
             std::future::pending(),
         )
         .await;
         assert_eq!(r.close, Close::Idle);
-        let (_cp, client) = pair().await;
-        let (server, _sp) = pair().await;
+        let (_cp, mut client) = pair().await;
+        let (mut server, _sp) = pair().await;
         let (tx, rx) = tokio::sync::oneshot::channel::<Close>();
         let stop = async move { rx.await.unwrap_or(Close::Shutdown) };
-        let task =
-            tokio::spawn(
-                async move { relay(&client, &server, Duration::from_secs(30), stop).await },
-            );
+        let task = tokio::spawn(async move {
+            relay(&mut client, &mut server, Duration::from_secs(30), stop).await
+        });
         tx.send(Close::Revoked).unwrap();
         assert_eq!(task.await.unwrap().close, Close::Revoked);
     }

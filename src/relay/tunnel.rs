@@ -146,7 +146,7 @@ where
     F: Future<Output = Close>,
 {
     let mut r = match shaper {
-        None => crate::relay::splice::relay(&client, &server, live, stop).await,
+        None => crate::relay::splice::relay(&mut client, &mut server, live, stop).await,
         // Boxed: an unshaped tunnel's task does not carry the user-space relay's state.
         Some(_) => Box::pin(relay(&mut client, &mut server, live, stop, shaper)).await,
     };
