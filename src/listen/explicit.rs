@@ -122,12 +122,15 @@ pub async fn serve(
         tls => return serve_http(shared, accepted, tls, unidentified, cert).await,
     };
     // A client that connects and says nothing holds its allowance only briefly.
-    let mut first = [0u8; 1];
     let wait = shared.admissions.first_byte();
-    let first_byte = tokio::time::timeout(wait, stream.peek(&mut first));
+    let first_byte = tokio::time::timeout(wait, super::explicit_head::first_look(&stream));
+    let mut first = Vec::new();
     let silent = tokio::select! {
         r = first_byte => match r {
-            Ok(Ok(n)) if n > 0 => None,
+            Ok(Ok(bytes)) if !bytes.is_empty() => {
+                first = bytes;
+                None
+            }
             Ok(Ok(_)) => Some((Close::Eof, "closed before sending a request")),
             Ok(Err(_)) => Some((Close::Error, "connection error before a request")),
             Err(_) => Some((
@@ -147,7 +150,7 @@ pub async fn serve(
         audit.detail(detail);
         return;
     }
-    if let Some(bad) = super::explicit_head::malformed_head(&stream).await {
+    if let Some(bad) = super::explicit_head::malformed_head(&stream, first).await {
         return super::explicit_head::refuse_malformed(&shared, accepted, stream, bad).await;
     }
     serve_http(shared, accepted, ClientIo::Tcp(stream), unidentified, cert).await

@@ -18,13 +18,36 @@ pub(super) struct Malformed {
     why: String,
 }
 
+/// What the first look peeks at: a CONNECT or a request head fits; a larger one is peeked at
+/// again with room for [`MAX_HEAD`].
+const FIRST_LOOK: usize = 4096;
+
+/// Wait (without a buffer: a silent client holds none) until the connection has something to
+/// say, then peek at it: the bytes (empty when the client closed). One system call for what
+/// the first-byte wait and the head check each peeked before.
+pub(super) async fn first_look(stream: &TcpStream) -> std::io::Result<Vec<u8>> {
+    stream.readable().await?;
+    let mut buf = vec![0u8; FIRST_LOOK];
+    let n = stream.peek(&mut buf).await?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
 /// Look (without reading) at the first request head, if it is all there: hyper would answer a
 /// head it cannot parse with a bare 400, so the proxy answers it itself, with Proxy-Status,
 /// a body and the right mode in the record. A head still incomplete is left to hyper.
-pub(super) async fn malformed_head(stream: &TcpStream) -> Option<Malformed> {
-    let mut buf = vec![0u8; MAX_HEAD];
-    let n = stream.peek(&mut buf).await.ok()?;
-    let head = &buf[..n];
+/// `first` is what [`first_look`] saw; only a first look that filled its buffer is looked at
+/// again, with room for a whole head.
+pub(super) async fn malformed_head(stream: &TcpStream, first: Vec<u8>) -> Option<Malformed> {
+    let buf = if first.len() == FIRST_LOOK {
+        let mut big = vec![0u8; MAX_HEAD];
+        let n = stream.peek(&mut big).await.ok()?;
+        big.truncate(n);
+        big
+    } else {
+        first
+    };
+    let head = &buf[..];
     let mut headers = [httparse::EMPTY_HEADER; 100];
     let mut req = httparse::Request::new(&mut headers);
     let mode = |method: Option<&str>| match method {
