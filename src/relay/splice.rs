@@ -262,30 +262,43 @@ async fn start_then_splice(
 ) -> io::Result<()> {
     let mut moved = 0u64;
     while moved < SPLICE_AFTER {
-        // Wait without a buffer: an idle tunnel holds none.
+        // Wait with nothing but the readiness: an idle tunnel's task holds no buffer and no
+        // read or write state (the copy is boxed, and gone once the chunk is moved).
         src.as_ref().readable().await?;
-        let mut buf = vec![0u8; CHUNK];
-        let n = src.read(&mut buf).await?;
-        if n == 0 {
-            let _ = nix::sys::socket::shutdown(
-                dst.as_ref().as_raw_fd(),
-                nix::sys::socket::Shutdown::Write,
-            );
-            return Ok(());
-        }
-        let mut sent = 0;
-        while sent < n {
-            let m = dst.write(&buf[sent..n]).await?;
-            if m == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
+        match Box::pin(copy_once(&mut src, &mut dst, up, live)).await? {
+            0 => {
+                let _ = nix::sys::socket::shutdown(
+                    dst.as_ref().as_raw_fd(),
+                    nix::sys::socket::Shutdown::Write,
+                );
+                return Ok(());
             }
-            sent += m;
-            live.moved(up, m);
-            live.within_quota()?;
+            n => moved += n as u64,
         }
-        moved += n as u64;
     }
     pump(src.as_ref(), dst.as_ref(), up, live).await
+}
+
+/// Read one chunk from `src` and write it all to `dst`: its size (0 at EOF).
+async fn copy_once(
+    src: &mut ReadHalf<'_>,
+    dst: &mut WriteHalf<'_>,
+    up: bool,
+    live: &Liveness,
+) -> io::Result<usize> {
+    let mut buf = vec![0u8; CHUNK];
+    let n = src.read(&mut buf).await?;
+    let mut sent = 0;
+    while sent < n {
+        let m = dst.write(&buf[sent..n]).await?;
+        if m == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        sent += m;
+        live.moved(up, m);
+        live.within_quota()?;
+    }
+    Ok(n)
 }
 
 /// Relay between two sockets: in user space while a direction is young, then with splice.
