@@ -182,7 +182,8 @@ async fn relay_admitted(
     };
     let _active = sandbox.stats(shared.metrics()).active();
     let target = grant.target.clone();
-    let stop = shared.watch(grant).stopped();
+    // Boxed: held once for the tunnel's life, not once per async layer it passes through.
+    let stop = Box::pin(shared.watch(grant).stopped());
     let limiter = slot.limiter();
     let start = Start {
         shared,

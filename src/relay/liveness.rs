@@ -5,11 +5,13 @@
 //! [`crate::relay::watch::Watch::stopped`]), so no relay can forget either.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::time::{sleep_until, Instant};
+use tokio::time::{sleep_until, Instant, Sleep};
 
 use crate::audit::outcome::Close;
 use crate::audit::Counters;
@@ -162,18 +164,71 @@ impl Liveness {
     }
 
     /// Run `work` until it ends (`Ok`), nothing moves for the idle timeout
-    /// (`Err(Close::Idle)`), or `stop` resolves (`Err` with its close).
-    pub async fn run<W, S>(&self, work: W, stop: S) -> Result<W::Output, Close>
+    /// (`Err(Close::Idle)`), `stop` resolves (`Err` with its close), or a daily quota is spent
+    /// (`Err(Close::Limit)`). A future of its own, not an `async fn`: `work` and `stop` are held
+    /// once, where an `async fn` keeps its arguments *and* the `select!` that moved them.
+    pub fn run<W, S>(&self, work: W, stop: S) -> Run<'_, W, S>
     where
         W: Future,
         S: Future<Output = Close>,
     {
-        tokio::select! {
-            out = work => Ok(out),
-            close = stop => Err(close),
-            () = self.idle() => Err(Close::Idle),
-            () = self.quota_spent() => Err(Close::Limit),
+        let quota: Option<Pin<Box<dyn Future<Output = ()> + Send + '_>>> =
+            match self.meters.is_empty() {
+                true => None,
+                false => Some(Box::pin(self.quota_spent())),
+            };
+        Run {
+            live: self,
+            work,
+            stop,
+            idle: sleep_until(self.deadline()),
+            quota,
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`Liveness::run`]'s future: what an idle relay's task holds is this, the two pumps and
+    /// little else (docs/performance.md, idle memory).
+    pub struct Run<'a, W, S> {
+        live: &'a Liveness,
+        #[pin]
+        work: W,
+        #[pin]
+        stop: S,
+        #[pin]
+        idle: Sleep,
+        // Only for an exchange under a daily quota.
+        quota: Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>,
+    }
+}
+
+impl<W: Future, S: Future<Output = Close>> Future for Run<'_, W, S> {
+    type Output = Result<W::Output, Close>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if let Poll::Ready(close) = this.stop.poll(cx) {
+            return Poll::Ready(Err(close));
+        }
+        if let Some(q) = this.quota.as_mut() {
+            if q.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(Close::Limit));
+            }
+        }
+        if let Poll::Ready(out) = this.work.poll(cx) {
+            return Poll::Ready(Ok(out));
+        }
+        // Idle only when nothing moved since the sleep was set: else sleep on to the new
+        // deadline.
+        while this.idle.as_mut().poll(cx).is_ready() {
+            let deadline = this.live.deadline();
+            if deadline <= Instant::now() {
+                return Poll::Ready(Err(Close::Idle));
+            }
+            this.idle.as_mut().reset(deadline);
+        }
+        Poll::Pending
     }
 }
 

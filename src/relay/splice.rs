@@ -402,6 +402,21 @@ mod tests {
         assert_eq!(GROWN.load(Ordering::Relaxed), 0);
     }
 
+    /// An idle tunnel's task holds this future for the tunnel's life: its two pumps, the idle
+    /// sleep and the stop, each once. Before the driver was a future of its own (nested `async
+    /// fn`s each kept what they passed on) it was 4,384 bytes, and the whole task ~7 KiB
+    /// (docs/performance.md, idle memory). A bound on a size, not a timing: deterministic.
+    #[tokio::test]
+    async fn an_idle_relay_holds_its_pumps_once() {
+        let (_cp, mut client) = pair().await;
+        let (mut server, _sp) = pair().await;
+        let stop = Box::pin(std::future::pending::<Close>());
+        let live = Liveness::new(Duration::from_secs(5));
+        let relaying = relay(&mut client, &mut server, live, stop);
+        let size = std::mem::size_of_val(&relaying);
+        assert!(size <= 1536, "the splice relay's future is {size} bytes");
+    }
+
     #[tokio::test]
     async fn idle_and_stop() {
         let (_cp, mut client) = pair().await;

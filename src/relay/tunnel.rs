@@ -23,30 +23,28 @@ use crate::relay::liveness::Liveness;
 pub use crate::audit::outcome::Relayed;
 
 /// Run two pumps until both finish (`eof`), one fails (`error`), nothing moves for the idle
-/// timeout (`idle`), or `stop` resolves (its close).
-pub async fn drive<A, B, S>(a: A, b: B, live: &Liveness, stop: S) -> Relayed
+/// timeout (`idle`), or `stop` resolves (its close). Built from futures that hold their parts
+/// once (no `async fn` that would keep both pumps as arguments and again as what it awaits):
+/// an idle tunnel's task is little more than its two pumps.
+pub fn drive<'a, A, B, S>(
+    a: A,
+    b: B,
+    live: &'a Liveness,
+    stop: S,
+) -> impl Future<Output = Relayed> + 'a
 where
-    A: Future<Output = io::Result<()>>,
-    B: Future<Output = io::Result<()>>,
-    S: Future<Output = Close>,
+    A: Future<Output = io::Result<()>> + 'a,
+    B: Future<Output = io::Result<()>> + 'a,
+    S: Future<Output = Close> + 'a,
 {
-    let both = async {
-        tokio::pin!(a, b);
-        let (mut a_done, mut b_done) = (false, false);
-        while !(a_done && b_done) {
-            tokio::select! {
-                r = &mut a, if !a_done => { r?; a_done = true }
-                r = &mut b, if !b_done => { r?; b_done = true }
-            }
-        }
-        io::Result::Ok(())
-    };
-    match live.run(both, stop).await {
-        Ok(Ok(())) => live.relayed(Close::Eof),
+    use futures_util::FutureExt;
+    let both = futures_util::future::try_join(a, b);
+    live.run(both, stop).map(move |r| match r {
+        Ok(Ok(((), ()))) => live.relayed(Close::Eof),
         Ok(Err(_)) if live.quota_cut() => live.relayed(Close::Limit),
         Ok(Err(_)) => live.relayed(Close::Error),
         Err(close) => live.relayed(close),
-    }
+    })
 }
 
 const BUF: usize = 16 * 1024;
