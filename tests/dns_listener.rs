@@ -665,3 +665,100 @@ sandboxes:
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A burst the listener reads in batches (`recvmmsg`, up to 32 a call) and answers in batches
+/// (`sendmmsg`): valid queries from two clients interleaved with hostile datagrams (responses,
+/// fragments, text, garbage with a readable header). Every valid query is answered exactly
+/// once, to the client that sent it, with its own id and its own verdict; no hostile datagram
+/// gets `NOERROR`; and every valid query is recorded.
+#[test]
+fn a_burst_of_mixed_datagrams_is_answered_query_by_query_to_each_sender() {
+    let dir = tempfile::tempdir().unwrap();
+    let (proxy, dns) = start_full(
+        dir.path(),
+        ", default_sandbox: s",
+        "dns: { servers: [\"127.0.0.1:9\"], hosts: { ok.test: [127.0.0.5], no.test: [127.0.0.6] } }\ndefaults: { guard_allow_ranges: [127.0.0.0/8] }\nsandboxes:\n  - { id: s, policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n",
+    );
+    let clients = [
+        UdpSocket::bind("127.0.0.1:0").unwrap(),
+        UdpSocket::bind("127.0.0.1:0").unwrap(),
+    ];
+    for c in &clients {
+        c.set_read_timeout(Some(Duration::from_millis(1500)))
+            .unwrap();
+    }
+    // ids 1000.. are valid (even: ok.test, odd: no.test); 5000.. are hostile.
+    let mut sent = [Vec::new(), Vec::new()];
+    // 96 datagrams: more than a batch, well under a socket's receive buffer (UDP drops what
+    // does not fit, which would be the kernel's loss, not the listener's).
+    for i in 0..32u16 {
+        let who = usize::from(i % 2);
+        let id = 1000 + i;
+        let name = if i % 4 < 2 { "ok.test" } else { "no.test" };
+        clients[who].send_to(&dns_query(id, name, 1), dns).unwrap();
+        sent[who].push((id, name));
+        let mut response = dns_query(5000 + i, "ok.test", 1);
+        response[2] |= 0x80;
+        let mut cut = dns_query(5000 + i, "ok.test", 1);
+        cut.truncate(15);
+        let hostile = match i % 2 {
+            0 => [response, cut],
+            _ => [vec![0u8; 3], b"GET / HTTP/1.1\r\n\r\n".to_vec()],
+        };
+        for bad in hostile {
+            clients[who].send_to(&bad, dns).unwrap();
+        }
+    }
+    for (who, c) in clients.iter().enumerate() {
+        let mut answered = std::collections::HashMap::new();
+        let mut buf = [0u8; 1500];
+        while let Ok((n, _)) = c.recv_from(&mut buf) {
+            let id = u16::from_be_bytes([buf[0], buf[1]]);
+            let rcode = dns_rcode(&buf[..n]).unwrap();
+            if id >= 5000 {
+                assert_ne!(rcode, 0, "a hostile datagram was answered NOERROR");
+                continue;
+            }
+            assert!(
+                answered.insert(id, (rcode, buf[..n].to_vec())).is_none(),
+                "query {id} answered twice"
+            );
+        }
+        assert_eq!(
+            answered.len(),
+            sent[who].len(),
+            "client {who}: {answered:?}"
+        );
+        for (id, name) in &sent[who] {
+            let (rcode, bytes) = &answered[id];
+            if *name == "ok.test" {
+                assert_eq!(*rcode, 0, "{id}");
+                assert!(
+                    bytes.windows(4).any(|w| w == [127, 0, 0, 5]),
+                    "{id}: the allowed answer"
+                );
+            } else {
+                assert_ne!(*rcode, 0, "{id}: no.test is not in the policy");
+                assert!(
+                    !bytes.windows(4).any(|w| w == [127, 0, 0, 6]),
+                    "{id}: the refused name's address leaked"
+                );
+            }
+        }
+    }
+    let queried = |recs: &[serde_json::Value]| {
+        recs.iter()
+            .filter(|r| {
+                r["mode"] == "dns"
+                    && (r["target_host"] == "ok.test" || r["target_host"] == "no.test")
+            })
+            .count()
+    };
+    let recs = wait_records(&proxy, |recs| queried(recs) >= 32);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        queried(&proxy.audit_records()),
+        32,
+        "one record per query: {recs:#?}"
+    );
+}

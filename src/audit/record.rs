@@ -4,6 +4,7 @@
 //! field names and value spellings are the contract.
 
 use std::borrow::Cow;
+use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -202,42 +203,42 @@ pub fn set_run_id() {
 /// The JSON shape of an entry (field order and names are the contract).
 #[derive(Serialize)]
 struct Json<'a> {
-    ts: String,
+    ts: Shown<Rfc3339>,
     event: Event,
     conn_id: u64,
     sandbox: Option<&'a str>,
     identity: &'static str,
-    client: String,
+    client: Shown<&'a SocketAddr>,
     mode: Mode,
-    target_host: Option<String>,
+    target_host: Option<Shown<&'a dyn Display>>,
     target_port: Option<u16>,
     sni: Option<&'a str>,
-    original_dst: Option<String>,
+    original_dst: Option<Shown<&'a SocketAddr>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     dst_in_resolved: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     alpn: Option<&'a [String]>,
     #[serde(skip_serializing_if = "Option::is_none")]
     ech: Option<bool>,
-    resolved: Vec<String>,
-    dialed: Option<String>,
+    resolved: Listed<'a>,
+    dialed: Option<Shown<&'a SocketAddr>>,
     decision: Verdict,
     reason: Reason,
     rule: Option<&'a str>,
-    rule_source: Option<String>,
+    rule_source: Option<Shown<&'a dyn Display>>,
     policy_version: &'a str,
     bytes_up: u64,
     bytes_down: u64,
     duration_ms: u64,
     close: Option<Close>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    detail: Option<String>,
+    detail: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     qtype: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     rcode: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    answers: Option<Vec<String>>,
+    answers: Option<Listed<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     passed_records: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -280,30 +281,30 @@ impl Entry {
         let r = &self.record;
         let dns = r.dns.as_deref();
         let json = Json {
-            ts: rfc3339(self.at),
+            ts: Shown(Rfc3339(self.at)),
             event: self.event,
             conn_id: r.conn_id,
             sandbox: r.sandbox.as_ref().map(SandboxId::as_str),
             identity: r.identity.as_str(),
-            client: r.client.to_string(),
+            client: Shown(&r.client),
             mode: r.mode,
             target_host: r
                 .target
                 .as_ref()
-                .map(|t| t.host.to_string())
-                .or_else(|| dns.map(|d| d.name.to_string())),
+                .map(|t| Shown(&t.host as &dyn Display))
+                .or_else(|| dns.map(|d| Shown(&d.name as &dyn Display))),
             target_port: r.target.as_ref().map(|t| t.port),
             sni: r.sni.as_deref(),
-            original_dst: r.original_dst.map(|a| a.to_string()),
+            original_dst: r.original_dst.as_ref().map(Shown),
             dst_in_resolved: r.dst_in_resolved,
             alpn: r.alpn.as_deref(),
             ech: r.ech,
-            resolved: r.resolved.iter().map(IpAddr::to_string).collect(),
-            dialed: r.dialed.map(|a| a.to_string()),
+            resolved: Listed(&r.resolved),
+            dialed: r.dialed.as_ref().map(Shown),
             decision: r.verdict,
             reason: r.reason,
             rule: r.rule.as_ref().map(|x| x.text.as_str()),
-            rule_source: r.rule.as_ref().map(|x| x.source.to_string()),
+            rule_source: r.rule.as_ref().map(|x| Shown(&x.source as &dyn Display)),
             policy_version: &r.policy_version,
             bytes_up: self.bytes_up,
             bytes_down: self.bytes_down,
@@ -312,7 +313,7 @@ impl Entry {
             detail: detail(r),
             qtype: dns.map(|d| &*d.qtype),
             rcode: dns.map(|d| d.rcode),
-            answers: dns.map(|d| d.answers.iter().map(IpAddr::to_string).collect()),
+            answers: dns.map(|d| Listed(&d.answers)),
             passed_records: dns.map(|d| d.passed).filter(|n| *n > 0),
             count: dns.and_then(|d| d.summed.as_ref()).map(|s| s.count),
             dropped: dns.and_then(|d| d.summed.as_ref()).map(|s| s.dropped),
@@ -338,9 +339,9 @@ impl Entry {
 }
 
 /// The record's `detail`: the stage's own words, then what the guard refused.
-fn detail(r: &Record) -> Option<String> {
+fn detail(r: &Record) -> Option<Cow<'_, str>> {
     if r.guard_refused.is_empty() {
-        return r.detail.as_ref().map(|d| d.to_string());
+        return r.detail.as_deref().map(Cow::Borrowed);
     }
     let list: Vec<String> = r
         .guard_refused
@@ -352,32 +353,62 @@ fn detail(r: &Record) -> Option<String> {
         })
         .collect();
     let guard = format!("guard refused {}", list.join(", "));
-    Some(match &r.detail {
+    Some(Cow::Owned(match &r.detail {
         Some(d) => format!("{d}; {guard}"),
         None => guard,
-    })
+    }))
 }
 
 /// RFC 3339 UTC timestamp with milliseconds.
 pub fn rfc3339(at: SystemTime) -> String {
-    let d = at.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{:03}Z",
-        d.subsec_millis()
-    )
+    Rfc3339(at).to_string()
+}
+
+/// A time shown as an RFC 3339 UTC timestamp with milliseconds (written straight into the
+/// record's line, no string of its own).
+struct Rfc3339(SystemTime);
+
+impl Display for Rfc3339 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let d = self.0.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let secs = d.as_secs() as i64;
+        let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+        let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
+        // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+        let z = days + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z.rem_euclid(146_097);
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + i64::from(month <= 2);
+        write!(
+            f,
+            "{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{:03}Z",
+            d.subsec_millis()
+        )
+    }
+}
+
+/// A value serialized as its `Display` text, written (escaped) straight into the line: no
+/// `String` per address, name or timestamp on the writer thread.
+struct Shown<T>(T);
+
+impl<T: Display> Serialize for Shown<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
+/// Addresses serialized as a list of their texts.
+struct Listed<'a>(&'a [IpAddr]);
+
+impl Serialize for Listed<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(Shown))
+    }
 }
 
 #[cfg(test)]

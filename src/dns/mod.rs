@@ -6,6 +6,8 @@ pub(crate) mod answer_cache;
 #[allow(unsafe_code)]
 pub(crate) mod give_back;
 pub(crate) mod listener;
+#[allow(unsafe_code)]
+pub(crate) mod mmsg;
 pub mod question;
 pub(crate) mod strangers;
 pub(crate) mod tcp;

@@ -20,16 +20,18 @@ use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable};
 use hickory_proto::xfer::Protocol;
 use hickory_server::authority::MessageRequest;
 use hickory_server::server::Request;
+use std::os::fd::AsFd;
+
+use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 
 use crate::dns::answer::Encoded;
 use crate::dns::answer_cache::AnswerCache;
 use crate::dns::listener::{Answered, DnsListener};
+use crate::dns::mmsg::{self, Inbox};
 use crate::relay::watch::Phase;
 
-/// The largest datagram read (EDNS payloads above this are not offered by anyone sane).
-const MAX_DATAGRAM: usize = 4096;
 /// The payload a client without EDNS can take (RFC 1035 §4.2.1).
 const CLASSIC_PAYLOAD: u16 = 512;
 
@@ -47,68 +49,115 @@ pub async fn serve(
     while tasks.join_next().await.is_some() {}
 }
 
-/// One receive loop.
+/// One receive loop: each wake-up reads what is queued (up to a batch, one `recvmmsg`),
+/// answers what can be answered at once, and sends those answers together (one `sendmmsg`).
 async fn receive(
     handler: Arc<DnsListener>,
     socket: Arc<UdpSocket>,
     mut phase: watch::Receiver<Phase>,
 ) {
-    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut inbox = Inbox::default();
+    let mut answers: Vec<(Vec<u8>, SocketAddr)> = Vec::with_capacity(mmsg::BATCH);
     let mut cache = AnswerCache::default();
     let mut expire = tokio::time::interval(std::time::Duration::from_secs(5));
     expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let received = tokio::select! {
-            r = socket.recv_from(&mut buf) => r,
+        let ready = tokio::select! {
+            r = socket.readable() => r,
             _ = phase.wait_for(|p| *p != Phase::Serving) => return,
             _ = expire.tick() => {
                 crate::dns::give_back::freed(cache.expire());
                 continue;
             }
         };
-        let (len, src) = match received {
-            Ok(r) => r,
+        if let Err(e) = ready {
+            tracing::debug!(error = %e, "dns: udp readiness");
+            continue;
+        }
+        match socket.try_io(Interest::READABLE, || inbox.receive(socket.as_fd())) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             // ICMP errors of earlier sends (ECONNREFUSED) and the like: keep serving.
             Err(e) => {
                 tracing::debug!(error = %e, "dns: udp receive");
                 continue;
             }
-        };
-        if src.port() == 0 || src.ip().is_unspecified() {
-            continue;
         }
-        if let Some(answer) = cache.serve(&handler, &buf[..len], src) {
-            send(&socket, &answer, src).await;
-            continue;
+        for (bytes, src) in inbox.datagrams() {
+            let Some(src) = src.filter(|s| s.port() != 0 && !s.ip().is_unspecified()) else {
+                continue;
+            };
+            answer(&handler, &socket, &mut cache, bytes, src, &mut answers);
         }
-        let Some(work) = datagram(&handler, &buf[..len], src) else {
-            continue;
-        };
-        // Answered at once when it can be; otherwise the wait moves to a task of its own so
-        // this loop keeps reading.
-        let mut work = Box::pin(work);
-        let polled = work
-            .as_mut()
-            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
-        match polled {
-            std::task::Poll::Ready(Some((bytes, answered))) => {
-                send(&socket, &bytes, src).await;
-                if let Some(a) = answered {
-                    cache.keep(&buf[..len], &bytes, a);
+        send_all(&socket, &mut answers).await;
+        // A flood never starves the loop's other work, nor the worker's other tasks.
+        tokio::task::consume_budget().await;
+    }
+}
+
+/// Answer one datagram: into `answers` when the answer is ready at once (a repeat served from
+/// `cache`, a refusal, a malformed query), else from a task of its own (the resolver).
+fn answer(
+    handler: &Arc<DnsListener>,
+    socket: &Arc<UdpSocket>,
+    cache: &mut AnswerCache,
+    bytes: &[u8],
+    src: SocketAddr,
+    answers: &mut Vec<(Vec<u8>, SocketAddr)>,
+) {
+    if let Some(answer) = cache.serve(handler, bytes, src) {
+        answers.push((answer, src));
+        return;
+    }
+    let Some(work) = datagram(handler, bytes, src) else {
+        return;
+    };
+    let mut work = Box::pin(work);
+    let polled = work
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+    match polled {
+        std::task::Poll::Ready(Some((answer, answered))) => {
+            if let Some(a) = answered {
+                cache.keep(bytes, &answer, a);
+            }
+            answers.push((answer, src));
+        }
+        std::task::Poll::Ready(None) => {}
+        std::task::Poll::Pending => {
+            // Polled again at once by the runtime, which registers its own waker.
+            let socket = socket.clone();
+            tokio::spawn(async move {
+                if let Some((bytes, _)) = work.await {
+                    send(&socket, &bytes, src).await;
+                }
+            });
+        }
+    }
+}
+
+/// Send every answer of a batch, as many per system call as the socket takes; an answer the
+/// kernel refuses (an unroutable source) is dropped, not retried.
+async fn send_all(socket: &UdpSocket, answers: &mut Vec<(Vec<u8>, SocketAddr)>) {
+    let mut from = 0;
+    while from < answers.len() {
+        match socket.try_io(Interest::WRITABLE, || {
+            mmsg::send(socket.as_fd(), &answers[from..])
+        }) {
+            Ok(0) => break,
+            Ok(n) => from += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if socket.writable().await.is_err() {
+                    break;
                 }
             }
-            std::task::Poll::Ready(None) => {}
-            std::task::Poll::Pending => {
-                // Polled again at once by the runtime, which registers its own waker.
-                let socket = socket.clone();
-                tokio::spawn(async move {
-                    if let Some((bytes, _)) = work.await {
-                        send(&socket, &bytes, src).await;
-                    }
-                });
+            Err(e) => {
+                tracing::debug!(error = %e, "dns: udp send");
+                from += 1;
             }
         }
     }
+    answers.clear();
 }
 
 async fn send(socket: &UdpSocket, bytes: &[u8], to: SocketAddr) {

@@ -1,0 +1,210 @@
+//! Many datagrams per system call for the DNS listener's UDP loops: `recvmmsg(2)` reads what
+//! is queued (up to [`BATCH`]) in one call, and `sendmmsg(2)` sends a batch's answers in one.
+//! Under load a loop then pays one system call and one wake-up per batch, not per query
+//! (docs/performance.md, DNS). The fourth fenced module with `unsafe`: the two calls and the
+//! socket addresses they fill. Addresses go through `socket2`'s `SockAddr`, which knows each
+//! family's layout; nothing here keeps a pointer past the call that uses it.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use socket2::{SockAddr, SockAddrStorage};
+
+/// Datagrams read, or answers sent, per system call at most.
+pub const BATCH: usize = 32;
+/// The largest datagram read (EDNS payloads above this are not offered by anyone sane); a
+/// longer one is cut to this and fails to parse.
+pub const MAX_DATAGRAM: usize = 4096;
+
+/// One receive loop's buffers: [`BATCH`] datagrams of [`MAX_DATAGRAM`], allocated once.
+pub struct Inbox {
+    buf: Box<[u8]>,
+    /// Each read datagram's length and source (`None`: not an IP source).
+    got: Vec<(usize, Option<SocketAddr>)>,
+}
+
+impl Default for Inbox {
+    fn default() -> Self {
+        Inbox {
+            buf: vec![0u8; BATCH * MAX_DATAGRAM].into_boxed_slice(),
+            got: Vec::with_capacity(BATCH),
+        }
+    }
+}
+
+impl Inbox {
+    /// Read the datagrams queued on `fd` (up to [`BATCH`]) without waiting: how many;
+    /// `WouldBlock` when there are none.
+    pub fn receive(&mut self, fd: BorrowedFd<'_>) -> io::Result<usize> {
+        self.got.clear();
+        let mut names: [SockAddrStorage; BATCH] =
+            std::array::from_fn(|_| SockAddrStorage::zeroed());
+        let mut iovs: [libc::iovec; BATCH] = std::array::from_fn(|_| libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        });
+        for (iov, chunk) in iovs.iter_mut().zip(self.buf.chunks_mut(MAX_DATAGRAM)) {
+            iov.iov_base = chunk.as_mut_ptr().cast();
+            iov.iov_len = chunk.len();
+        }
+        let mut headers: [libc::mmsghdr; BATCH] = std::array::from_fn(|_| zeroed_header());
+        for ((h, iov), name) in headers
+            .iter_mut()
+            .zip(iovs.iter_mut())
+            .zip(names.iter_mut())
+        {
+            h.msg_hdr.msg_name = (name as *mut SockAddrStorage).cast();
+            h.msg_hdr.msg_namelen = name.size_of();
+            h.msg_hdr.msg_iov = iov;
+            h.msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: every header points at a live `iovec` over a distinct `MAX_DATAGRAM` slice of
+        // `self.buf` and at a live, writable address storage of the size it states; all of them
+        // outlive the call, which only writes through those pointers (and the headers' lengths
+        // and flags). `fd` is borrowed, so open, for the call's duration.
+        let n = unsafe {
+            libc::recvmmsg(
+                fd.as_raw_fd(),
+                headers.as_mut_ptr(),
+                BATCH as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = usize::try_from(n).unwrap_or(0).min(BATCH);
+        for (h, name) in headers.iter().zip(names).take(n) {
+            let len = (h.msg_len as usize).min(MAX_DATAGRAM);
+            let namelen = h.msg_hdr.msg_namelen.min(name.size_of());
+            // SAFETY: the kernel wrote a socket address of `namelen` bytes (at most the
+            // storage's size) into `name`.
+            let source = unsafe { SockAddr::new(name, namelen) }.as_socket();
+            self.got.push((len, source));
+        }
+        Ok(n)
+    }
+
+    /// The datagrams of the last [`Inbox::receive`], with their sources.
+    pub fn datagrams(&self) -> impl Iterator<Item = (&[u8], Option<SocketAddr>)> {
+        self.got
+            .iter()
+            .zip(self.buf.chunks(MAX_DATAGRAM))
+            .map(|(&(len, src), chunk)| (&chunk[..len], src))
+    }
+}
+
+/// Send the first [`BATCH`] of `answers` (each to its address) without waiting: how many
+/// were sent (the rest are for a later call); `WouldBlock` when none could be.
+pub fn send(fd: BorrowedFd<'_>, answers: &[(Vec<u8>, SocketAddr)]) -> io::Result<usize> {
+    let n = answers.len().min(BATCH);
+    if n == 0 {
+        return Ok(0);
+    }
+    let names: Vec<SockAddr> = answers[..n]
+        .iter()
+        .map(|(_, a)| SockAddr::from(*a))
+        .collect();
+    let mut iovs: [libc::iovec; BATCH] = std::array::from_fn(|_| libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    });
+    for (iov, (bytes, _)) in iovs.iter_mut().zip(&answers[..n]) {
+        iov.iov_base = bytes.as_ptr().cast_mut().cast();
+        iov.iov_len = bytes.len();
+    }
+    let mut headers: [libc::mmsghdr; BATCH] = std::array::from_fn(|_| zeroed_header());
+    for ((h, iov), name) in headers.iter_mut().zip(iovs.iter_mut()).zip(&names) {
+        h.msg_hdr.msg_name = name.as_ptr().cast_mut().cast();
+        h.msg_hdr.msg_namelen = name.len();
+        h.msg_hdr.msg_iov = iov;
+        h.msg_hdr.msg_iovlen = 1;
+    }
+    // SAFETY: the first `n` headers point at live `iovec`s over the answers' bytes and at
+    // live socket addresses of the lengths they state, all outliving the call; `sendmmsg`
+    // only reads through them (it writes the headers' `msg_len`). `fd` is borrowed, so open.
+    let sent = unsafe {
+        libc::sendmmsg(
+            fd.as_raw_fd(),
+            headers.as_mut_ptr(),
+            n as libc::c_uint,
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(sent).unwrap_or(0))
+}
+
+fn zeroed_header() -> libc::mmsghdr {
+    // SAFETY: `mmsghdr` is a C struct of integers and pointers, for which all zeros is valid
+    // (null pointers, zero lengths).
+    unsafe { std::mem::zeroed() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    /// A batch goes out in one call and comes back in one, each datagram whole, in order and
+    /// with its source; an empty queue is `WouldBlock`.
+    #[test]
+    fn sends_and_receives_a_batch_with_sources() {
+        let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = b.local_addr().unwrap();
+        let answers: Vec<(Vec<u8>, SocketAddr)> = (0..40u8)
+            .map(|i| (vec![i; 10 + i as usize * 50], to))
+            .collect();
+        let sent = send(a.as_fd(), &answers).unwrap();
+        assert_eq!(sent, BATCH, "one call sends a whole batch");
+        let mut inbox = Inbox::default();
+        let n = inbox.receive(b.as_fd()).unwrap();
+        assert_eq!(n, BATCH);
+        for (i, (bytes, src)) in inbox.datagrams().enumerate() {
+            assert_eq!(bytes, &answers[i].0[..], "datagram {i}");
+            assert_eq!(src, Some(a.local_addr().unwrap()));
+        }
+        let err = inbox.receive(b.as_fd()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(
+            inbox.datagrams().count(),
+            0,
+            "a failed read leaves nothing to serve"
+        );
+    }
+
+    /// A datagram longer than the buffer is cut to it, not spilled into the next one's.
+    #[test]
+    fn an_oversized_datagram_is_cut_to_the_buffer() {
+        let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        a.send_to(&[7u8; MAX_DATAGRAM + 500], b.local_addr().unwrap())
+            .unwrap();
+        a.send_to(b"next", b.local_addr().unwrap()).unwrap();
+        let mut inbox = Inbox::default();
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            inbox.receive(b.as_fd()).unwrap();
+            seen.extend(inbox.datagrams().map(|(d, _)| d.to_vec()));
+        }
+        assert_eq!(seen[0].len(), MAX_DATAGRAM);
+        assert_eq!(seen[1], b"next");
+    }
+
+    /// IPv6 sources come back as IPv6.
+    #[test]
+    fn ipv6_sources_are_kept() {
+        let b = std::net::UdpSocket::bind("[::1]:0").unwrap();
+        let a = std::net::UdpSocket::bind("[::1]:0").unwrap();
+        send(a.as_fd(), &[(b"q".to_vec(), b.local_addr().unwrap())]).unwrap();
+        let mut inbox = Inbox::default();
+        inbox.receive(b.as_fd()).unwrap();
+        let got: Vec<_> = inbox.datagrams().map(|(_, s)| s).collect();
+        assert_eq!(got, vec![Some(a.local_addr().unwrap())]);
+    }
+}
