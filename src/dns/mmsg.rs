@@ -40,10 +40,7 @@ impl Inbox {
         self.got.clear();
         let mut names: [SockAddrStorage; BATCH] =
             std::array::from_fn(|_| SockAddrStorage::zeroed());
-        let mut iovs: [libc::iovec; BATCH] = std::array::from_fn(|_| libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        });
+        let mut iovs: [libc::iovec; BATCH] = std::array::from_fn(|_| empty_iov());
         for (iov, chunk) in iovs.iter_mut().zip(self.buf.chunks_mut(MAX_DATAGRAM)) {
             iov.iov_base = chunk.as_mut_ptr().cast();
             iov.iov_len = chunk.len();
@@ -54,10 +51,8 @@ impl Inbox {
             .zip(iovs.iter_mut())
             .zip(names.iter_mut())
         {
-            h.msg_hdr.msg_name = (name as *mut SockAddrStorage).cast();
-            h.msg_hdr.msg_namelen = name.size_of();
-            h.msg_hdr.msg_iov = iov;
-            h.msg_hdr.msg_iovlen = 1;
+            let len = name.size_of();
+            point(h, (name as *mut SockAddrStorage).cast(), len, iov);
         }
         // SAFETY: every header points at a live `iovec` over a distinct `MAX_DATAGRAM` slice of
         // `self.buf` and at a live, writable address storage of the size it states; all of them
@@ -107,20 +102,14 @@ pub fn send(fd: BorrowedFd<'_>, answers: &[(Vec<u8>, SocketAddr)]) -> io::Result
         .iter()
         .map(|(_, a)| SockAddr::from(*a))
         .collect();
-    let mut iovs: [libc::iovec; BATCH] = std::array::from_fn(|_| libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    });
+    let mut iovs: [libc::iovec; BATCH] = std::array::from_fn(|_| empty_iov());
     for (iov, (bytes, _)) in iovs.iter_mut().zip(&answers[..n]) {
         iov.iov_base = bytes.as_ptr().cast_mut().cast();
         iov.iov_len = bytes.len();
     }
     let mut headers: [libc::mmsghdr; BATCH] = std::array::from_fn(|_| zeroed_header());
     for ((h, iov), name) in headers.iter_mut().zip(iovs.iter_mut()).zip(&names) {
-        h.msg_hdr.msg_name = name.as_ptr().cast_mut().cast();
-        h.msg_hdr.msg_namelen = name.len();
-        h.msg_hdr.msg_iov = iov;
-        h.msg_hdr.msg_iovlen = 1;
+        point(h, name.as_ptr().cast_mut().cast(), name.len(), iov);
     }
     // SAFETY: the first `n` headers point at live `iovec`s over the answers' bytes and at
     // live socket addresses of the lengths they state, all outliving the call; `sendmmsg`
@@ -137,6 +126,26 @@ pub fn send(fd: BorrowedFd<'_>, answers: &[(Vec<u8>, SocketAddr)]) -> io::Result
         return Err(io::Error::last_os_error());
     }
     Ok(usize::try_from(sent).unwrap_or(0))
+}
+
+/// Point a header at one datagram's address (`len` bytes at `name`) and its one buffer.
+fn point(
+    h: &mut libc::mmsghdr,
+    name: *mut libc::c_void,
+    len: libc::socklen_t,
+    iov: &mut libc::iovec,
+) {
+    h.msg_hdr.msg_name = name;
+    h.msg_hdr.msg_namelen = len;
+    h.msg_hdr.msg_iov = iov;
+    h.msg_hdr.msg_iovlen = 1;
+}
+
+fn empty_iov() -> libc::iovec {
+    libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }
 }
 
 fn zeroed_header() -> libc::mmsghdr {
