@@ -15,19 +15,8 @@ cargo build --release --bench loadgen >/dev/null 2>&1
 LG="$(ls -t target/release/deps/loadgen-* | grep -v '\.d$' | head -1)"
 BINS=("$@"); [ ${#BINS[@]} -eq 0 ] && BINS=(target/release/egress-proxy)
 declare -A PORT PID
-NAMES=(); port=3180
-for b in "${BINS[@]}"; do
-  name="$(echo "$b" | tr -c 'a-zA-Z0-9\n' _)"
-  egress_bench_config "$port" "$((port + 6800))" > "$WORK/$port.yaml"
-  "$b" run --config "$WORK/$port.yaml" 2>/dev/null & PIDS+=($!); PID[$name]=$!; PORT[$name]=$port
-  NAMES+=("$name"); port=$((port + 1))
-done
-if [ -n "${G3PROXY:-}" ]; then
-  g3proxy_config "$port" > "$WORK/g3.yaml"
-  "$G3PROXY" -c "$WORK/g3.yaml" -C "$WORK" >/dev/null 2>&1 & PIDS+=($!); PID[g3proxy]=$!; PORT[g3proxy]=$port
-  NAMES+=(g3proxy)
-fi
-sleep 2
+NAMES=()
+start_proxies 3180 "${BINS[@]}"
 HZ="$(getconf CLK_TCK)"
 declare -A U S R
 for round in $(seq "$ROUNDS"); do

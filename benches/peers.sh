@@ -68,3 +68,22 @@ server:
   - { name: http, type: http_proxy, escaper: default, listen: "127.0.0.1:$1" }
 YAML
 }
+
+# Start each egress-proxy binary given (and g3proxy when $G3PROXY is set) on consecutive
+# ports from $1, in $WORK; fills the caller's NAMES (in order), PID and PORT (by name) and
+# appends to PIDS for the caller's cleanup. Names are the binaries' paths made safe.
+start_proxies() { # first_port binary...
+  local port="$1" b name; shift
+  for b in "$@"; do
+    name="$(echo "$b" | tr -c 'a-zA-Z0-9\n' _)"
+    egress_bench_config "$port" "$((port + 6800))" > "$WORK/$port.yaml"
+    "$b" run --config "$WORK/$port.yaml" 2>/dev/null & PIDS+=($!); PID[$name]=$!; PORT[$name]=$port
+    NAMES+=("$name"); port=$((port + 1))
+  done
+  if [ -n "${G3PROXY:-}" ]; then
+    g3proxy_config "$port" > "$WORK/g3.yaml"
+    "$G3PROXY" -c "$WORK/g3.yaml" -C "$WORK" >/dev/null 2>&1 & PIDS+=($!); PID[g3proxy]=$!; PORT[g3proxy]=$port
+    NAMES+=(g3proxy)
+  fi
+  sleep 2
+}

@@ -19,19 +19,7 @@ field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read())['$1'])
 BINS=("$@"); [ ${#BINS[@]} -eq 0 ] && BINS=(target/release/egress-proxy)
 declare -A PORT PID
 NAMES=()
-port=3170
-for b in "${BINS[@]}"; do
-  name="egress-$(echo "$b" | tr -c "a-zA-Z0-9\n" _)"
-  egress_bench_config "$port" "$((port + 6800))" > "$WORK/$port.yaml"
-  "$b" run --config "$WORK/$port.yaml" 2>/dev/null & PIDS+=($!); PID[$name]=$!; PORT[$name]=$port
-  NAMES+=("$name"); port=$((port + 1))
-done
-if [ -n "${G3PROXY:-}" ]; then
-  g3proxy_config "$port" > "$WORK/g3.yaml"
-  "$G3PROXY" -c "$WORK/g3.yaml" -C "$WORK" >/dev/null 2>&1 & PIDS+=($!); PID[g3proxy]=$!; PORT[g3proxy]=$port
-  NAMES+=(g3proxy)
-fi
-sleep 2
+start_proxies 3170 "${BINS[@]}"
 declare -A CONNS
 for n in "${NAMES[@]}"; do
   "$LG" rate --proxy "127.0.0.1:${PORT[$n]}" --concurrency 8 --seconds 1 >/dev/null   # warm
