@@ -140,13 +140,21 @@ impl Liveness {
 
     /// Resolves once nothing has moved for the idle timeout.
     pub async fn idle(&self) {
-        loop {
+        let mut sleep = std::pin::pin!(sleep_until(self.deadline()));
+        std::future::poll_fn(|cx| self.poll_idle(sleep.as_mut(), cx)).await
+    }
+
+    /// Ready once `sleep` (set to an earlier deadline) ends with nothing moved since; while
+    /// something moves, it is set again to the new deadline.
+    fn poll_idle(&self, mut sleep: Pin<&mut Sleep>, cx: &mut Context<'_>) -> Poll<()> {
+        while sleep.as_mut().poll(cx).is_ready() {
             let deadline = self.deadline();
-            sleep_until(deadline).await;
-            if self.deadline() <= Instant::now() {
-                return;
+            if deadline <= Instant::now() {
+                return Poll::Ready(());
             }
+            sleep.as_mut().reset(deadline);
         }
+        Poll::Pending
     }
 
     /// Client → destination and destination → client bytes so far.
@@ -207,7 +215,7 @@ impl<W: Future, S: Future<Output = Close>> Future for Run<'_, W, S> {
     type Output = Result<W::Output, Close>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
+        let this = self.project();
         if let Poll::Ready(close) = this.stop.poll(cx) {
             return Poll::Ready(Err(close));
         }
@@ -219,16 +227,10 @@ impl<W: Future, S: Future<Output = Close>> Future for Run<'_, W, S> {
         if let Poll::Ready(out) = this.work.poll(cx) {
             return Poll::Ready(Ok(out));
         }
-        // Idle only when nothing moved since the sleep was set: else sleep on to the new
-        // deadline.
-        while this.idle.as_mut().poll(cx).is_ready() {
-            let deadline = this.live.deadline();
-            if deadline <= Instant::now() {
-                return Poll::Ready(Err(Close::Idle));
-            }
-            this.idle.as_mut().reset(deadline);
+        match this.live.poll_idle(this.idle, cx) {
+            Poll::Ready(()) => Poll::Ready(Err(Close::Idle)),
+            Poll::Pending => Poll::Pending,
         }
-        Poll::Pending
     }
 }
 
