@@ -339,8 +339,23 @@ fn continue_serves_on_and_counts_every_record_it_drops() {
             allowed += 1;
         }
     }
-    let ready = wait_ready(&p, 200);
-    assert!(ready.contains("dropped"), "{ready}");
+    // A failed batch is cut back to the last whole one, so the audit file's last page can
+    // still take a short batch now and then: the sink is failing most of the time, not all
+    // of it. While it fails, /readyz says ready and names the drops; it never says 503.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (code, body) = p.admin_get("/readyz");
+        assert_eq!(code, 200, "{body}");
+        if body.contains("dropped") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never named the drops: {body}"
+        );
+        assert!(connect_once(p.proxy, &target).starts_with("HTTP/1.1 200"));
+        allowed += 1;
+    }
     std::fs::remove_file(filler).unwrap();
     for _ in 0..20 {
         assert!(connect_once(p.proxy, &target).starts_with("HTTP/1.1 200"));
