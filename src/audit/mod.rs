@@ -13,11 +13,14 @@ mod batch;
 pub mod chain;
 pub mod denials;
 pub mod health;
+mod json_line;
 pub(crate) mod metrics;
 mod ocsf;
 pub(crate) mod outcome;
 mod output;
 pub mod record;
+#[cfg(test)]
+mod record_golden;
 pub mod suggest;
 pub mod suggest_http;
 pub mod usage;

@@ -21,6 +21,18 @@ pub enum Close {
 }
 
 impl Close {
+    /// The record's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Close::Eof => "eof",
+            Close::Idle => "idle",
+            Close::Error => "error",
+            Close::Revoked => "revoked",
+            Close::Shutdown => "shutdown",
+            Close::Limit => "limit",
+        }
+    }
+
     /// Whether a relay that ended this way is cut (both sockets reset, nothing queued
     /// delivered): revocation, shutdown, a spent quota.
     pub fn aborts(self) -> bool {

@@ -6,11 +6,13 @@
 use std::borrow::Cow;
 use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr};
+
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
+use crate::audit::json_line::Object;
 pub use crate::audit::outcome::{Close, Mode};
 use crate::egress::identity::Method;
 use crate::policy::guard::GuardVerdict;
@@ -25,6 +27,16 @@ use crate::policy::{Rule, Verdict};
 pub enum Event {
     Open,
     End,
+}
+
+impl Event {
+    /// The record's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Event::Open => "open",
+            Event::End => "end",
+        }
+    }
 }
 
 /// Everything a connection's record says, as typed values.
@@ -200,139 +212,74 @@ pub fn set_run_id() {
     let _ = RUN.set(format!("{}-{ms:x}", std::process::id()));
 }
 
-/// The JSON shape of an entry (field order and names are the contract).
-#[derive(Serialize)]
-struct Json<'a> {
-    ts: Shown<Rfc3339>,
-    event: Event,
-    conn_id: u64,
-    sandbox: Option<&'a str>,
-    identity: &'static str,
-    client: Shown<&'a SocketAddr>,
-    mode: Mode,
-    target_host: Option<Shown<&'a dyn Display>>,
-    target_port: Option<u16>,
-    sni: Option<&'a str>,
-    original_dst: Option<Shown<&'a SocketAddr>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    dst_in_resolved: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    alpn: Option<&'a [String]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ech: Option<bool>,
-    resolved: Listed<'a>,
-    dialed: Option<Shown<&'a SocketAddr>>,
-    decision: Verdict,
-    reason: Reason,
-    rule: Option<&'a str>,
-    rule_source: Option<Shown<&'a dyn Display>>,
-    policy_version: &'a str,
-    bytes_up: u64,
-    bytes_down: u64,
-    duration_ms: u64,
-    close: Option<Close>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    detail: Option<Cow<'a, str>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    qtype: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    rcode: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    answers: Option<Listed<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    passed_records: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    count: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    dropped: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    first_ts: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    last_ts: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ttl: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    transport: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    method: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    path: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    status: Option<u16>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    credential: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    secret_reflected: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    call: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    decider: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    dlp: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    approval: Option<&'a ApprovalFacts>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    run: Option<&'static str>,
-}
-
 impl Entry {
-    /// Append this entry as one JSON line (with the newline) to `out`.
+    /// Append this entry as one JSON line (with the newline) to `out`: the fields in the
+    /// contract's order, `null` where a connection field has no value, absent where a field
+    /// belongs to another kind of record ([`crate::audit::json_line`]).
     pub fn encode(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
         let r = &self.record;
         let dns = r.dns.as_deref();
-        let json = Json {
-            ts: Shown(Rfc3339(self.at)),
-            event: self.event,
-            conn_id: r.conn_id,
-            sandbox: r.sandbox.as_ref().map(SandboxId::as_str),
-            identity: r.identity.as_str(),
-            client: Shown(&r.client),
-            mode: r.mode,
-            target_host: r
-                .target
-                .as_ref()
-                .map(|t| Shown(&t.host as &dyn Display))
-                .or_else(|| dns.map(|d| Shown(&d.name as &dyn Display))),
-            target_port: r.target.as_ref().map(|t| t.port),
-            sni: r.sni.as_deref(),
-            original_dst: r.original_dst.as_ref().map(Shown),
-            dst_in_resolved: r.dst_in_resolved,
-            alpn: r.alpn.as_deref(),
-            ech: r.ech,
-            resolved: Listed(&r.resolved),
-            dialed: r.dialed.as_ref().map(Shown),
-            decision: r.verdict,
-            reason: r.reason,
-            rule: r.rule.as_ref().map(|x| x.text.as_str()),
-            rule_source: r.rule.as_ref().map(|x| Shown(&x.source as &dyn Display)),
-            policy_version: &r.policy_version,
-            bytes_up: self.bytes_up,
-            bytes_down: self.bytes_down,
-            duration_ms: self.duration_ms,
-            close: self.close,
-            detail: detail(r),
-            qtype: dns.map(|d| &*d.qtype),
-            rcode: dns.map(|d| d.rcode),
-            answers: dns.map(|d| Listed(&d.answers)),
-            passed_records: dns.map(|d| d.passed).filter(|n| *n > 0),
-            count: dns.and_then(|d| d.summed.as_ref()).map(|s| s.count),
-            dropped: dns.and_then(|d| d.summed.as_ref()).map(|s| s.dropped),
-            first_ts: dns.and_then(|d| d.summed.as_ref()).map(|s| &*s.first),
-            last_ts: dns.and_then(|d| d.summed.as_ref()).map(|s| &*s.last),
-            ttl: dns.and_then(|d| d.ttl),
-            transport: dns.map(|d| d.transport),
-            method: r.http.as_ref().map(|h| &*h.method),
-            path: r.http.as_ref().map(|h| &*h.path),
-            status: r.http.as_ref().map(|h| h.status),
-            credential: r.http.as_ref().and_then(|h| h.credential.as_deref()),
-            secret_reflected: r.http.as_ref().and_then(|h| h.secret_reflected.as_deref()),
-            call: r.http.as_ref().and_then(|h| h.call.as_deref()),
-            decider: r.decider.as_deref(),
-            dlp: r.dlp.as_deref(),
-            approval: r.approval.as_deref(),
-            run: RUN.get().map(String::as_str),
-        };
-        serde_json::to_writer(&mut *out, &json)?;
+        let summed = dns.and_then(|d| d.summed.as_ref());
+        let http = r.http.as_deref();
+        let mut o = Object::open(out);
+        o.plain("ts", |out| rfc3339_into(out, self.at));
+        o.str("event", self.event.as_str());
+        o.u64("conn_id", r.conn_id);
+        o.str_or_null("sandbox", r.sandbox.as_ref().map(SandboxId::as_str));
+        o.str("identity", r.identity.as_str());
+        o.shown("client", &r.client);
+        o.str("mode", r.mode.as_str());
+        let host = r.target.as_ref().map(|t| &t.host as &dyn Display);
+        o.shown_or_null("target_host", host.or(dns.map(|d| &d.name as &dyn Display)));
+        o.u64_or_null("target_port", r.target.as_ref().map(|t| u64::from(t.port)));
+        o.str_or_null("sni", r.sni.as_deref());
+        o.shown_or_null(
+            "original_dst",
+            r.original_dst.as_ref().map(|a| a as &dyn Display),
+        );
+        o.bool_if("dst_in_resolved", r.dst_in_resolved);
+        if let Some(alpn) = &r.alpn {
+            o.list("alpn", alpn);
+        }
+        o.bool_if("ech", r.ech);
+        o.list("resolved", &r.resolved);
+        o.shown_or_null("dialed", r.dialed.as_ref().map(|a| a as &dyn Display));
+        o.str("decision", r.verdict.as_str());
+        o.str("reason", r.reason.code());
+        o.str_or_null("rule", r.rule.as_ref().map(|x| x.text.as_str()));
+        let source = r.rule.as_ref().map(|x| &x.source as &dyn Display);
+        o.shown_or_null("rule_source", source);
+        o.str("policy_version", &r.policy_version);
+        o.u64("bytes_up", self.bytes_up);
+        o.u64("bytes_down", self.bytes_down);
+        o.u64("duration_ms", self.duration_ms);
+        o.str_or_null("close", self.close.map(Close::as_str));
+        o.str_if("detail", detail(r).as_deref());
+        if let Some(d) = dns {
+            o.str("qtype", &d.qtype);
+            o.str("rcode", d.rcode);
+            o.list("answers", &d.answers);
+            o.u64_if("passed_records", Some(d.passed as u64).filter(|n| *n > 0));
+        }
+        o.u64_if("count", summed.map(|s| s.count));
+        o.u64_if("dropped", summed.map(|s| s.dropped));
+        o.str_if("first_ts", summed.map(|s| &*s.first));
+        o.str_if("last_ts", summed.map(|s| &*s.last));
+        o.u64_if("ttl", dns.and_then(|d| d.ttl).map(u64::from));
+        o.str_if("transport", dns.map(|d| d.transport));
+        if let Some(h) = http {
+            o.str("method", &h.method);
+            o.str("path", &h.path);
+            o.u64("status", u64::from(h.status));
+            o.str_if("credential", h.credential.as_deref());
+            o.str_if("secret_reflected", h.secret_reflected.as_deref());
+            o.str_if("call", h.call.as_deref());
+        }
+        o.str_if("decider", r.decider.as_deref());
+        o.str_if("dlp", r.dlp.as_deref());
+        o.serialized_if("approval", r.approval.as_deref())?;
+        o.str_if("run", RUN.get().map(String::as_str));
+        o.close();
         out.push(b'\n');
         Ok(())
     }
@@ -361,54 +308,51 @@ fn detail(r: &Record) -> Option<Cow<'_, str>> {
 
 /// RFC 3339 UTC timestamp with milliseconds.
 pub fn rfc3339(at: SystemTime) -> String {
-    Rfc3339(at).to_string()
+    let mut out = Vec::with_capacity(24);
+    rfc3339_into(&mut out, at);
+    String::from_utf8(out).unwrap_or_default()
 }
 
-/// A time shown as an RFC 3339 UTC timestamp with milliseconds (written straight into the
-/// record's line, no string of its own).
-struct Rfc3339(SystemTime);
-
-impl Display for Rfc3339 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let d = self.0.duration_since(UNIX_EPOCH).unwrap_or_default();
-        let secs = d.as_secs() as i64;
-        let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-        let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
-        // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-        let z = days + 719_468;
-        let era = z.div_euclid(146_097);
-        let doe = z.rem_euclid(146_097);
-        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let day = doy - (153 * mp + 2) / 5 + 1;
-        let month = if mp < 10 { mp + 3 } else { mp - 9 };
-        let year = yoe + era * 400 + i64::from(month <= 2);
-        write!(
-            f,
-            "{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{:03}Z",
-            d.subsec_millis()
-        )
+/// Append `at` as an RFC 3339 UTC timestamp with milliseconds (`2026-11-22T11:03:43.882Z`;
+/// ASCII digits only, nothing to escape).
+fn rfc3339_into(out: &mut Vec<u8>, at: SystemTime) {
+    let d = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let digits = |out: &mut Vec<u8>, n: i64, width: u32| {
+        for k in (0..width).rev() {
+            out.push(b'0' + (n / 10_i64.pow(k) % 10) as u8);
+        }
+    };
+    if year > 9999 {
+        out.extend_from_slice(itoa::Buffer::new().format(year).as_bytes());
+    } else {
+        digits(out, year, 4);
     }
-}
-
-/// A value serialized as its `Display` text, written (escaped) straight into the line: no
-/// `String` per address, name or timestamp on the writer thread.
-struct Shown<T>(T);
-
-impl<T: Display> Serialize for Shown<T> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&self.0)
+    for (sep, n) in [
+        (b'-', month),
+        (b'-', day),
+        (b'T', rem / 3600),
+        (b':', rem % 3600 / 60),
+    ] {
+        out.push(sep);
+        digits(out, n, 2);
     }
-}
-
-/// Addresses serialized as a list of their texts.
-struct Listed<'a>(&'a [IpAddr]);
-
-impl Serialize for Listed<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(Shown))
-    }
+    out.push(b':');
+    digits(out, rem % 60, 2);
+    out.push(b'.');
+    digits(out, i64::from(d.subsec_millis()), 3);
+    out.push(b'Z');
 }
 
 #[cfg(test)]

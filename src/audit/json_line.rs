@@ -1,0 +1,273 @@
+//! One JSON object written field by field onto the end of a line buffer, for the audit
+//! writer: no intermediate value, no `Serialize` walk. Keys are the record's fixed names
+//! (plain ASCII, copied as they are); strings are escaped as RFC 8259 §7 requires, spelt as
+//! serde_json spells them (`\"`, `\\`, `\b \f \n \r \t`, `\u00XX` for the other control
+//! characters; everything else, DEL and non-ASCII included, as it is), so a line is the same
+//! bytes the serde encoder wrote and can never hold a raw line break a reader would split
+//! on. Numbers go through `itoa`.
+
+use std::fmt::{self, Display, Write as _};
+
+use serde::Serialize;
+
+/// An object being written; [`Object::close`] ends it.
+pub struct Object<'a> {
+    out: &'a mut Vec<u8>,
+    empty: bool,
+}
+
+impl<'a> Object<'a> {
+    /// Start an object at the end of `out`.
+    pub fn open(out: &'a mut Vec<u8>) -> Self {
+        out.push(b'{');
+        Object { out, empty: true }
+    }
+
+    /// End the object.
+    pub fn close(self) {
+        self.out.push(b'}');
+    }
+
+    fn key(&mut self, key: &'static str) {
+        debug_assert!(key
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\'));
+        if !self.empty {
+            self.out.push(b',');
+        }
+        self.empty = false;
+        self.out.push(b'"');
+        self.out.extend_from_slice(key.as_bytes());
+        self.out.extend_from_slice(b"\":");
+    }
+
+    /// `"key":"value"`.
+    pub fn str(&mut self, key: &'static str, value: &str) {
+        self.key(key);
+        quoted(self.out, value);
+    }
+
+    /// A string whose text `write` appends and which needs no escaping (digits, a fixed
+    /// spelling).
+    pub fn plain(&mut self, key: &'static str, write: impl FnOnce(&mut Vec<u8>)) {
+        self.key(key);
+        self.out.push(b'"');
+        write(self.out);
+        self.out.push(b'"');
+    }
+
+    /// A string, or `null`.
+    pub fn str_or_null(&mut self, key: &'static str, value: Option<&str>) {
+        match value {
+            Some(v) => self.str(key, v),
+            None => self.null(key),
+        }
+    }
+
+    /// A string, or no field at all.
+    pub fn str_if(&mut self, key: &'static str, value: Option<&str>) {
+        if let Some(v) = value {
+            self.str(key, v);
+        }
+    }
+
+    /// A value's `Display` text as a string, escaped as it is written (no `String`).
+    pub fn shown(&mut self, key: &'static str, value: &dyn Display) {
+        self.key(key);
+        self.out.push(b'"');
+        // Writing into a Vec cannot fail; a Display that reports an error leaves its part.
+        let _ = write!(Escaped(self.out), "{value}");
+        self.out.push(b'"');
+    }
+
+    /// A `Display` text, or `null`.
+    pub fn shown_or_null(&mut self, key: &'static str, value: Option<&dyn Display>) {
+        match value {
+            Some(v) => self.shown(key, v),
+            None => self.null(key),
+        }
+    }
+
+    pub fn u64(&mut self, key: &'static str, value: u64) {
+        self.key(key);
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
+    }
+
+    /// A number, or `null`.
+    pub fn u64_or_null(&mut self, key: &'static str, value: Option<u64>) {
+        match value {
+            Some(v) => self.u64(key, v),
+            None => self.null(key),
+        }
+    }
+
+    /// A number, or no field at all.
+    pub fn u64_if(&mut self, key: &'static str, value: Option<u64>) {
+        if let Some(v) = value {
+            self.u64(key, v);
+        }
+    }
+
+    /// A boolean, or no field at all.
+    pub fn bool_if(&mut self, key: &'static str, value: Option<bool>) {
+        if let Some(v) = value {
+            self.key(key);
+            self.out
+                .extend_from_slice(if v { b"true" as &[u8] } else { b"false" });
+        }
+    }
+
+    pub fn null(&mut self, key: &'static str) {
+        self.key(key);
+        self.out.extend_from_slice(b"null");
+    }
+
+    /// An array of `Display` texts.
+    pub fn list<T: Display>(&mut self, key: &'static str, items: &[T]) {
+        self.key(key);
+        self.out.push(b'[');
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                self.out.push(b',');
+            }
+            self.out.push(b'"');
+            let _ = write!(Escaped(self.out), "{item}");
+            self.out.push(b'"');
+        }
+        self.out.push(b']');
+    }
+
+    /// A rare nested value, through serde (an access request's facts), or no field at all.
+    pub fn serialized_if<T: Serialize>(
+        &mut self,
+        key: &'static str,
+        value: Option<&T>,
+    ) -> serde_json::Result<()> {
+        if let Some(v) = value {
+            self.key(key);
+            serde_json::to_writer(&mut *self.out, v)?;
+        }
+        Ok(())
+    }
+}
+
+/// `value` as a JSON string, quotes included.
+pub fn quoted(out: &mut Vec<u8>, value: &str) {
+    out.push(b'"');
+    escape(out, value);
+    out.push(b'"');
+}
+
+/// Append `s` escaped for the inside of a JSON string: runs that need nothing are copied
+/// whole.
+fn escape(out: &mut Vec<u8>, s: &str) {
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let short: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0x00..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        if short.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 0xf)],
+            ]);
+        } else {
+            out.extend_from_slice(short);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+}
+
+/// A `fmt::Write` that escapes what it is given.
+struct Escaped<'a>(&'a mut Vec<u8>);
+
+impl fmt::Write for Escaped<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        escape(self.0, s);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn json_of(s: &str) -> String {
+        let mut out = Vec::new();
+        quoted(&mut out, s);
+        String::from_utf8(out).expect("utf-8 in, utf-8 out")
+    }
+
+    #[test]
+    fn every_control_character_and_the_two_specials_are_escaped() {
+        for b in 0u8..0x20 {
+            let s = char::from(b).to_string();
+            assert_eq!(
+                json_of(&s),
+                serde_json::to_string(&s).expect("json"),
+                "{b:#x}"
+            );
+            assert!(!json_of(&s).bytes().any(|c| c < 0x20));
+        }
+        assert_eq!(json_of("a\"b\\c"), r#""a\"b\\c""#);
+        assert_eq!(json_of("\u{7f}é😀"), "\"\u{7f}é😀\"");
+    }
+
+    #[test]
+    fn fields_nulls_and_absences_are_spelt_as_serde_would() {
+        let mut out = Vec::new();
+        let mut o = Object::open(&mut out);
+        o.str("a", "x\ny");
+        o.str_or_null("b", None);
+        o.str_if("skipped", None);
+        o.u64("n", u64::MAX);
+        o.u64_or_null("m", None);
+        o.bool_if("t", Some(true));
+        o.bool_if("gone", None);
+        let ips: [std::net::IpAddr; 2] =
+            ["10.0.0.1".parse().expect("ip"), "::1".parse().expect("ip")];
+        o.list("ips", &ips);
+        o.list::<String>("none", &[]);
+        o.shown_or_null("s", Some(&"q\"" as &dyn Display));
+        o.close();
+        let want = serde_json::json!({
+            "a": "x\ny", "b": null, "n": u64::MAX, "m": null, "t": true,
+            "ips": ["10.0.0.1", "::1"], "none": [], "s": "q\"",
+        });
+        let got: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(got, want);
+    }
+
+    proptest! {
+        /// Any text, forged names and paths included, is the same JSON string serde_json
+        /// writes, reads back whole, and never breaks the line.
+        #[test]
+        fn any_text_is_escaped_exactly_as_serde_json_does(s in any::<String>(), t in "[\\x00-\\x7f]{0,40}") {
+            for text in [&s, &t] {
+                let ours = json_of(text);
+                prop_assert_eq!(&ours, &serde_json::to_string(text).expect("json"));
+                prop_assert!(!ours.contains('\n') && !ours.contains('\r'));
+                let back: String = serde_json::from_str(&ours).expect("reads back");
+                prop_assert_eq!(&back, text);
+            }
+        }
+    }
+}
