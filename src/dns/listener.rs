@@ -231,16 +231,17 @@ impl DnsListener {
         let query = info.query.original();
         let rtype = query.query_type();
         q.dns().qtype = rtype.to_string().into();
-        q.dns().name = shown_name(query.name()).into();
         let question = classify(
             query.query_class(),
             rtype,
             query.name(),
             &shared.resolver().pass_types,
         );
-        if let Ok(question) = &question {
-            q.dns().name = question.name.as_str().into();
-        }
+        // Recorded normalised when it is a host name, else as received.
+        q.dns().name = match &question {
+            Ok(question) => question.name.as_str().into(),
+            Err(_) => shown_name(query.name()).into(),
+        };
 
         // 1. Who asks (identified once, by respond).
         let who = match who {
@@ -286,7 +287,8 @@ impl DnsListener {
                 q.detail(format!("{t} is passed only for names a name rule allows"));
                 return self.blocked(&sb, &name, &d, q);
             }
-            Asked::Pass(t) => return self.pass(&name, t, q).await,
+            // Boxed, as below: only a query that reaches the resolver carries its state.
+            Asked::Pass(t) => return Box::pin(self.pass(&name, t, q)).await,
         };
 
         // 5. Resolve, then keep only what a connection could reach.
@@ -296,7 +298,8 @@ impl DnsListener {
             owner: query.name().clone(),
             address_only,
         };
-        self.resolve(asked, family, set, q).await
+        // Boxed: a refusal, answered at once, does not carry (or copy) the resolver's state.
+        Box::pin(self.resolve(asked, family, set, q)).await
     }
 
     /// Step 4 of a query: what the policy lets `sb` learn about `name` — the decision, and
