@@ -6,7 +6,9 @@
 # dnsmasq on loopback that knows allowed.bench and exfil.bench) and the same policy: unbound
 # forwards everything to it and refuses exfil.bench with a local zone (its equivalent of a
 # deny rule); dnsmasq is measured as that upstream itself. OLD=path adds an older
-# egress-proxy build. Rounds are interleaved; the closing note reports medians.
+# egress-proxy build. Rounds are interleaved; the closing note reports medians. Beside each
+# rate, the server's own CPU per query (user + system, from /proc, all its threads): on two
+# shared cores the rate also depends on how much CPU dnsperf gets, the CPU per query does not.
 #
 #   benches/dns_compare.sh [ROUNDS] [SECONDS]        # OLD=/tmp/base-target/release/egress-proxy
 set -euo pipefail
@@ -26,6 +28,8 @@ dnsmasq --keep-in-foreground --no-resolv --no-hosts --port=$UP --listen-address=
   --bind-interfaces --address=/allowed.bench/127.0.0.1 --address=/exfil.bench/127.0.0.2 \
   --cache-size=10000 --local-ttl=300 --pid-file="$work/dnsmasq.pid" --user=root 2>"$work/dnsmasq.log" &
 PIDS+=($!)
+declare -A PID
+PID[dnsmasq]=$!
 
 cat > "$work/unbound.conf" <<CONF
 server:
@@ -52,6 +56,7 @@ forward-zone:
 CONF
 unbound -c "$work/unbound.conf" 2>"$work/unbound.log" &
 PIDS+=($!)
+PID[unbound]=$!
 
 proxy_config() { # dns_port
   cat <<YAML
@@ -69,11 +74,13 @@ YAML
 proxy_config 15354 > "$work/new.yaml"
 target/release/egress-proxy run --config "$work/new.yaml" 2>"$work/new.log" &
 PIDS+=($!)
+PID[egress-proxy]=$!
 SERVERS="dnsmasq=$UP unbound=15355 egress-proxy=15354"
 if [ -n "${OLD:-}" ]; then
   proxy_config 15356 > "$work/old.yaml"
   "$OLD" run --config "$work/old.yaml" 2>"$work/old.log" &
   PIDS+=($!)
+  PID[egress-proxy-old]=$!
   SERVERS="$SERVERS egress-proxy-old=15356"
 fi
 sleep 1.5
@@ -86,9 +93,16 @@ print('\n'.join('q%016x.exfil.bench A' % r.getrandbits(64) for _ in range(400000
 # Warm every cache.
 for s in $SERVERS; do dig +short -p "${s#*=}" @127.0.0.1 allowed.bench >/dev/null; done
 
-qps() { # port file
-  dnsperf -s 127.0.0.1 -p "$1" -d "$2" -l "$SECS" -c 8 -q 200 -T 2 2>&1 \
-    | awk '/Queries per second/ {print int($4)}'
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+HZ=$(getconf CLK_TCK)
+qps() { # name port file: "QPS/us-of-server-CPU-per-query"
+  local before out after
+  before=$(ticks "${PID[$1]}")
+  out=$(dnsperf -s 127.0.0.1 -p "$2" -d "$3" -l "$SECS" -c 8 -q 200 -T 2 2>&1)
+  after=$(ticks "${PID[$1]}")
+  echo "$out" | awk -v t=$((after - before)) -v hz="$HZ" '
+    /Queries completed/ {n = $3} /Queries per second/ {q = int($4)}
+    END {printf "%d/%.2f", q, n ? t * 1000000 / hz / n : 0}'
 }
 latency() { # port: p50 and p99 in microseconds at 5,000 QPS
   dnsperf -s 127.0.0.1 -p "$1" -d "$work/allowed.txt" -l "$SECS" -Q 5000 -c 4 -v 2>/dev/null \
@@ -99,18 +113,20 @@ declare -A ALLOWED DENIED LAT
 for r in $(seq "$ROUNDS"); do
   for s in $SERVERS; do
     name=${s%%=*}; port=${s#*=}
-    ALLOWED[$name]+="$(qps "$port" "$work/allowed.txt") "
-    DENIED[$name]+="$(qps "$port" "$work/denied.txt") "
+    ALLOWED[$name]+="$(qps "$name" "$port" "$work/allowed.txt") "
+    DENIED[$name]+="$(qps "$name" "$port" "$work/denied.txt") "
     LAT[$name]+="$(latency "$port") "
   done
   echo "# round $r done" >&2
 done
 median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-printf '%-18s %14s %14s %24s\n' server "allowed QPS" "denied QPS" "p50/p99 us @5k QPS"
+# The medians of the rates and, separately, of the CPU per query.
+medians() { local v; v=$(cat); echo "$(echo "$v" | tr ' ' '\n' | cut -d/ -f1 | median)/$(echo "$v" | tr ' ' '\n' | cut -s -d/ -f2 | median)"; }
+printf '%-18s %14s %14s %24s\n' server "allowed QPS/us" "denied QPS/us" "p50/p99 us @5k QPS"
 for s in $SERVERS; do
   name=${s%%=*}
   printf '%-18s %14s %14s %24s   (allowed: %s| denied: %s| latency: %s)\n' "$name" \
-    "$(echo "${ALLOWED[$name]}" | median)" "$(echo "${DENIED[$name]}" | median)" \
+    "$(echo "${ALLOWED[$name]}" | medians)" "$(echo "${DENIED[$name]}" | medians)" \
     "$(echo "${LAT[$name]}" | tr ' ' '\n' | grep -v '^$' | sort -t/ -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')" \
     "${ALLOWED[$name]}" "${DENIED[$name]}" "${LAT[$name]}"
 done
