@@ -43,7 +43,28 @@ pub struct Question {
 
 /// The name as the record shows it, before it is known to be valid.
 pub fn shown_name(asked: &hickory_proto::rr::Name) -> String {
-    asked.to_ascii().trim_end_matches('.').to_ascii_lowercase()
+    text(asked).to_ascii_lowercase()
+}
+
+/// The name's presentation form without its final dot: put together from the labels when
+/// each is plain host-name bytes (letters, digits, `_`, and `-` after the first: nothing to
+/// escape), else hickory's escaped form (`\.`, `\DDD`), which a host-name check refuses.
+fn text(name: &hickory_proto::rr::Name) -> String {
+    let plain = |b: &u8| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_';
+    let mut out = String::with_capacity(name.len());
+    for label in name.iter() {
+        match std::str::from_utf8(label) {
+            // hickory escapes a leading `-` (`\-`).
+            Ok(l) if label.iter().all(plain) && !l.starts_with('-') => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(l);
+            }
+            _ => return name.to_ascii().trim_end_matches('.').to_owned(),
+        }
+    }
+    out
 }
 
 /// Check one question (class, type, name) against what this listener answers.
@@ -63,9 +84,7 @@ pub fn classify(
         t if pass_types.contains(&u16::from(t)) => Asked::Pass(t),
         t => return Err(Unanswerable::Type(t)),
     };
-    let ascii = name.to_ascii();
-    let name = normalize_name(ascii.trim_end_matches('.'))
-        .map_err(|e| Unanswerable::Name(e.to_string()))?;
+    let name = normalize_name(&text(name)).map_err(|e| Unanswerable::Name(e.to_string()))?;
     Ok(Question { kind, name })
 }
 
@@ -128,6 +147,26 @@ mod tests {
             Err(Unanswerable::NotOneQuestion)
         );
         assert_eq!(read(b"\x00\x01garbage", &[]), Err(Unanswerable::NotAQuery));
+    }
+
+    use proptest::strategy::Strategy;
+
+    proptest::proptest! {
+        /// The text put together from plain labels is hickory's own presentation form.
+        #[test]
+        fn a_name_reads_as_hickory_spells_it(
+            labels in proptest::collection::vec(proptest::prop_oneof![
+                "[a-zA-Z0-9_-]{1,12}".prop_map(String::into_bytes),
+                "[a-z.*\\\\ é]{1,6}".prop_map(String::into_bytes),
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 1..12),
+            ], 0..5),
+            fqdn in proptest::prelude::any::<bool>(),
+        ) {
+            let Ok(mut name) = Name::from_labels(labels) else { return Ok(()) };
+            name.set_fqdn(fqdn);
+            let hickory = name.to_ascii();
+            proptest::prop_assert_eq!(text(&name), hickory.trim_end_matches('.'));
+        }
     }
 
     #[test]
