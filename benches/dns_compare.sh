@@ -23,13 +23,10 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-UP=15353
-dnsmasq --keep-in-foreground --no-resolv --no-hosts --port=$UP --listen-address=127.0.0.1 \
-  --bind-interfaces --address=/allowed.bench/127.0.0.1 --address=/exfil.bench/127.0.0.2 \
-  --cache-size=10000 --local-ttl=300 --pid-file="$work/dnsmasq.pid" --user=root 2>"$work/dnsmasq.log" &
-PIDS+=($!)
+source benches/dns_common.sh
+start_upstream
 declare -A PID
-PID[dnsmasq]=$!
+PID[dnsmasq]=$UPSTREAM_PID
 
 cat > "$work/unbound.conf" <<CONF
 server:
@@ -58,19 +55,6 @@ unbound -c "$work/unbound.conf" 2>"$work/unbound.log" &
 PIDS+=($!)
 PID[unbound]=$!
 
-proxy_config() { # dns_port
-  cat <<YAML
-listen: { proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:$1, default_sandbox: bench }
-audit: { path: /dev/null }
-dns: { servers: ["127.0.0.1:$UP"], timeout_ms: 2000 }
-defaults: { guard_allow_ranges: [127.0.0.0/8] }
-admission: { dns_queries_per_second_per_source: 10000000 }
-sandboxes:
-  - id: bench
-    limits: { dns_queries_per_second: 10000000 }
-    policy: { provider: local, config: {}, network: { egress: ["allowed.bench"] } }
-YAML
-}
 proxy_config 15354 > "$work/new.yaml"
 target/release/egress-proxy run --config "$work/new.yaml" 2>"$work/new.log" &
 PIDS+=($!)
@@ -85,11 +69,7 @@ if [ -n "${OLD:-}" ]; then
 fi
 sleep 1.5
 
-printf 'allowed.bench A\n' > "$work/allowed.txt"
-python3 -c "
-import random
-r = random.Random(7)
-print('\n'.join('q%016x.exfil.bench A' % r.getrandbits(64) for _ in range(400000)))" > "$work/denied.txt"
+query_files
 # Warm every cache.
 for s in $SERVERS; do dig +short -p "${s#*=}" @127.0.0.1 allowed.bench >/dev/null; done
 

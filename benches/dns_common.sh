@@ -1,0 +1,40 @@
+# Shared by the DNS benches (sourced): the upstream every server forwards to, the proxy's
+# bench configuration and the query files. Needs $work (a scratch directory) and PIDS (an
+# array the caller's cleanup kills).
+
+UP=15353
+
+# A dnsmasq on loopback that knows allowed.bench and exfil.bench; its pid is $UPSTREAM_PID.
+start_upstream() {
+  dnsmasq --keep-in-foreground --no-resolv --no-hosts --port=$UP --listen-address=127.0.0.1 \
+    --bind-interfaces --address=/allowed.bench/127.0.0.1 --address=/exfil.bench/127.0.0.2 \
+    --cache-size=10000 --local-ttl=300 --pid-file="$work/dnsmasq.pid" --user=root 2>"$work/dnsmasq.log" &
+  UPSTREAM_PID=$!
+  PIDS+=("$UPSTREAM_PID")
+}
+
+# The proxy's configuration: one sandbox allowed allowed.bench, limits lifted, the audit
+# trail encoded and written to /dev/null.
+proxy_config() { # dns_port
+  cat <<YAML
+listen: { proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:$1, default_sandbox: bench }
+audit: { path: /dev/null }
+dns: { servers: ["127.0.0.1:$UP"], timeout_ms: 2000 }
+defaults: { guard_allow_ranges: [127.0.0.0/8] }
+admission: { dns_queries_per_second_per_source: 10000000 }
+sandboxes:
+  - id: bench
+    limits: { dns_queries_per_second: 10000000 }
+    policy: { provider: local, config: {}, network: { egress: ["allowed.bench"] } }
+YAML
+}
+
+# allowed.txt (one cached name) and denied.txt (400,000 fresh refused names: the
+# exfiltration path, where no answer cache can help).
+query_files() {
+  printf 'allowed.bench A\n' > "$work/allowed.txt"
+  python3 -c "
+import random
+r = random.Random(7)
+print('\n'.join('q%016x.exfil.bench A' % r.getrandbits(64) for _ in range(400000)))" > "$work/denied.txt"
+}
