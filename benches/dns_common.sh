@@ -1,6 +1,10 @@
-# Shared by the DNS benches (sourced): the upstream every server forwards to, the proxy's
-# bench configuration and the query files. Needs $work (a scratch directory) and PIDS (an
-# array the caller's cleanup kills).
+# Shared by the DNS benches (sourced): a scratch directory and the processes stopped on exit,
+# the upstream every server forwards to, the proxy's bench configuration and the query files.
+
+work=$(mktemp -d /dev/shm/egress-dns.XXXX)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
 
 UP=15353
 

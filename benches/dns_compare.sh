@@ -18,10 +18,6 @@ for t in dnsperf unbound dnsmasq; do
   command -v "$t" >/dev/null || { echo "needs $t (apt-get install dnsperf unbound dnsmasq-base)" >&2; exit 2; }
 done
 cargo build --release --quiet --bin egress-proxy
-work=$(mktemp -d /dev/shm/egress-dns.XXXX)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
 
 source benches/dns_common.sh
 start_upstream

@@ -18,10 +18,6 @@ if [ ${#BINS[@]} -eq 0 ]; then
   cargo build --release --quiet --bin egress-proxy
   BINS=(target/release/egress-proxy)
 fi
-work=$(mktemp -d /dev/shm/egress-dnsi.XXXX)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
 source benches/dns_common.sh
 start_upstream
 proxy_config 15364 > "$work/proxy.yaml"
