@@ -6,7 +6,6 @@
 use std::borrow::Cow;
 use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr};
-
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
