@@ -47,6 +47,31 @@ fn hold(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
     (0..n).map(|_| TcpStream::connect(addr).unwrap()).collect()
 }
 
+/// Hold three silent connections to `addr` (the per-source cap), give the proxy time to admit
+/// them, and check that a fourth from the same address is refused (`refused` tries it and
+/// says). A connection's place is taken when the proxy accepts it, in accept-queue order, and
+/// a burst of handshakes on loopback under load does not always reach that queue in the
+/// order the client made them; a fourth that got in first is served, and then one of the
+/// three is refused. So when the fourth is served, everything is closed (the places come
+/// back at EOF) and the whole try is made again, up to four times: a cap that does not hold
+/// serves every try. Returns the held three.
+fn hold_three_and_refuse_a_fourth(
+    addr: SocketAddr,
+    refused: impl Fn(&mut TcpStream) -> bool,
+) -> Vec<TcpStream> {
+    for _ in 0..4 {
+        let held = hold(addr, 3);
+        std::thread::sleep(Duration::from_millis(200));
+        let mut fourth = TcpStream::connect(addr).unwrap();
+        if refused(&mut fourth) {
+            return held;
+        }
+        drop((held, fourth));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    panic!("a 4th connection from one address was served in each of 4 tries, 3 held");
+}
+
 fn metric(p: &Proxy, line_start: &str) -> u64 {
     let (_, text) = p.admin_get("/metrics");
     text.lines()
@@ -69,18 +94,12 @@ fn the_admin_listener_caps_each_source_and_closes_silent_connections() {
     let dir = tempfile::tempdir().unwrap();
     let p = start(dir.path());
     assert_eq!(p.admin_get("/healthz").0, 200);
-    let mut held = hold(p.admin, 3);
-    // Give the proxy time to admit the three (admission is in accept order; they stay held
-    // for first_byte_ms, 5 s, well past this even on a loaded machine).
-    std::thread::sleep(Duration::from_millis(200));
-    let mut fourth = TcpStream::connect(p.admin).unwrap();
-    fourth
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    assert!(
-        closed_silently(&mut fourth),
-        "a 4th connection from one address was served"
-    );
+    let mut held = hold_three_and_refuse_a_fourth(p.admin, |fourth| {
+        fourth
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .is_err()
+            || closed_silently(fourth)
+    });
     // The proxy listener's places are its own: a CONNECT from the same address still works.
     let mut c = TcpStream::connect(p.proxy).unwrap();
     c.write_all(b"CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1:9\r\n\r\n")
@@ -146,14 +165,8 @@ fn dns_over_tcp_caps_each_source_closes_silent_and_idle_connections() {
         "closed before the idle timeout"
     );
 
-    let mut held = hold(dns, 3);
-    std::thread::sleep(Duration::from_millis(100));
-    let mut fourth = TcpStream::connect(dns).unwrap();
-    assert_eq!(
-        tcp_query(&mut fourth, 3, "ok.test"),
-        None,
-        "a 4th connection was served"
-    );
+    let mut held =
+        hold_three_and_refuse_a_fourth(dns, |fourth| tcp_query(fourth, 3, "ok.test").is_none());
     all_closed(&mut held);
     let mut again = eventually(Duration::from_secs(5), "DNS over TCP answers again", || {
         let mut s = TcpStream::connect(dns).ok()?;
