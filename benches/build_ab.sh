@@ -13,9 +13,7 @@ source benches/peers.sh
 OLD="${1:?usage: benches/build_ab.sh OLD_BINARY [NEW_BINARY]}"
 NEW="${2:-target/release/egress-proxy}"
 ROUNDS="${ROUNDS:-4}"; SECS="${SECONDS_PER_RUN:-3}"
-WORK="$(mktemp -d)"; PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
+scratch
 cargo build --release --bench loadgen >/dev/null 2>&1
 LG="$(ls -t target/release/deps/loadgen-* | grep -v '\.d$' | head -1)"
 

@@ -12,9 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/peers.sh
 RUNS="${RUNS:-3}"; SECS="${SECONDS_PER_RUN:-5}"; IDLE="${IDLE_TUNNELS:-9000}"
-WORK="$(mktemp -d)"; PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
+scratch
 
 if ! command -v squid >/dev/null || ! command -v tinyproxy >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq squid tinyproxy >/dev/null

@@ -8,9 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/peers.sh
 ROUNDS="${ROUNDS:-5}"; SECS="${SECONDS_PER_RUN:-4}"
-WORK="$(mktemp -d)"; PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
+scratch
 cargo build --release --bench loadgen >/dev/null 2>&1
 LG="$(ls -t target/release/deps/loadgen-* | grep -v '\.d$' | head -1)"
 BINS=("$@"); [ ${#BINS[@]} -eq 0 ] && BINS=(target/release/egress-proxy)

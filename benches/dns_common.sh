@@ -1,10 +1,8 @@
 # Shared by the DNS benches (sourced): a scratch directory and the processes stopped on exit,
 # the upstream every server forwards to, the proxy's bench configuration and the query files.
 
-work=$(mktemp -d /dev/shm/egress-dns.XXXX)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+source benches/peers.sh
+scratch /dev/shm/egress-dns.XXXX
 
 UP=15353
 
@@ -12,7 +10,7 @@ UP=15353
 start_upstream() {
   dnsmasq --keep-in-foreground --no-resolv --no-hosts --port=$UP --listen-address=127.0.0.1 \
     --bind-interfaces --address=/allowed.bench/127.0.0.1 --address=/exfil.bench/127.0.0.2 \
-    --cache-size=10000 --local-ttl=300 --pid-file="$work/dnsmasq.pid" --user=root 2>"$work/dnsmasq.log" &
+    --cache-size=10000 --local-ttl=300 --pid-file="$WORK/dnsmasq.pid" --user=root 2>"$WORK/dnsmasq.log" &
   UPSTREAM_PID=$!
   PIDS+=("$UPSTREAM_PID")
 }
@@ -36,9 +34,9 @@ YAML
 # allowed.txt (one cached name) and denied.txt (400,000 fresh refused names: the
 # exfiltration path, where no answer cache can help).
 query_files() {
-  printf 'allowed.bench A\n' > "$work/allowed.txt"
+  printf 'allowed.bench A\n' > "$WORK/allowed.txt"
   python3 -c "
 import random
 r = random.Random(7)
-print('\n'.join('q%016x.exfil.bench A' % r.getrandbits(64) for _ in range(400000)))" > "$work/denied.txt"
+print('\n'.join('q%016x.exfil.bench A' % r.getrandbits(64) for _ in range(400000)))" > "$WORK/denied.txt"
 }

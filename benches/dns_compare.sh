@@ -24,7 +24,7 @@ start_upstream
 declare -A PID
 PID[dnsmasq]=$UPSTREAM_PID
 
-cat > "$work/unbound.conf" <<CONF
+cat > "$WORK/unbound.conf" <<CONF
 server:
   interface: 127.0.0.1
   port: 15355
@@ -34,8 +34,8 @@ server:
   verbosity: 0
   username: ""
   chroot: ""
-  directory: "$work"
-  pidfile: "$work/unbound.pid"
+  directory: "$WORK"
+  pidfile: "$WORK/unbound.pid"
   num-threads: 2
   so-reuseport: yes
   access-control: 127.0.0.0/8 allow
@@ -47,18 +47,18 @@ forward-zone:
   name: "."
   forward-addr: 127.0.0.1@$UP
 CONF
-unbound -c "$work/unbound.conf" 2>"$work/unbound.log" &
+unbound -c "$WORK/unbound.conf" 2>"$WORK/unbound.log" &
 PIDS+=($!)
 PID[unbound]=$!
 
-proxy_config 15354 > "$work/new.yaml"
-target/release/egress-proxy run --config "$work/new.yaml" 2>"$work/new.log" &
+proxy_config 15354 > "$WORK/new.yaml"
+target/release/egress-proxy run --config "$WORK/new.yaml" 2>"$WORK/new.log" &
 PIDS+=($!)
 PID[egress-proxy]=$!
 SERVERS="dnsmasq=$UP unbound=15355 egress-proxy=15354"
 if [ -n "${OLD:-}" ]; then
-  proxy_config 15356 > "$work/old.yaml"
-  "$OLD" run --config "$work/old.yaml" 2>"$work/old.log" &
+  proxy_config 15356 > "$WORK/old.yaml"
+  "$OLD" run --config "$WORK/old.yaml" 2>"$WORK/old.log" &
   PIDS+=($!)
   PID[egress-proxy-old]=$!
   SERVERS="$SERVERS egress-proxy-old=15356"
@@ -81,7 +81,7 @@ qps() { # name port file: "QPS/us-of-server-CPU-per-query"
     END {printf "%d/%.2f", q, n ? t * 1000000 / hz / n : 0}'
 }
 latency() { # port: p50 and p99 in microseconds at 5,000 QPS
-  dnsperf -s 127.0.0.1 -p "$1" -d "$work/allowed.txt" -l "$SECS" -Q 5000 -c 4 -v 2>/dev/null \
+  dnsperf -s 127.0.0.1 -p "$1" -d "$WORK/allowed.txt" -l "$SECS" -Q 5000 -c 4 -v 2>/dev/null \
     | awk '$1 == ">" && $2 == "NOERROR" {print $NF * 1000000}' | sort -n \
     | awk '{a[NR]=$1} END {if (NR) printf "%d/%d\n", a[int(NR*0.5)], a[int(NR*0.99)]; else print "-"}'
 }
@@ -89,8 +89,8 @@ declare -A ALLOWED DENIED LAT
 for r in $(seq "$ROUNDS"); do
   for s in $SERVERS; do
     name=${s%%=*}; port=${s#*=}
-    ALLOWED[$name]+="$(qps "$name" "$port" "$work/allowed.txt") "
-    DENIED[$name]+="$(qps "$name" "$port" "$work/denied.txt") "
+    ALLOWED[$name]+="$(qps "$name" "$port" "$WORK/allowed.txt") "
+    DENIED[$name]+="$(qps "$name" "$port" "$WORK/denied.txt") "
     LAT[$name]+="$(latency "$port") "
   done
   echo "# round $r done" >&2

@@ -20,23 +20,23 @@ if [ ${#BINS[@]} -eq 0 ]; then
 fi
 source benches/dns_common.sh
 start_upstream
-proxy_config 15364 > "$work/proxy.yaml"
+proxy_config 15364 > "$WORK/proxy.yaml"
 query_files
-yes 'allowed.bench A' | head -n "$N" > "$work/allowed.q" || true
-head -n "$N" "$work/denied.txt" > "$work/denied.q"
+yes 'allowed.bench A' | head -n "$N" > "$WORK/allowed.q" || true
+head -n "$N" "$WORK/denied.txt" > "$WORK/denied.q"
 
 count() { # binary kind: instructions per query
-  local out="$work/cg.out" p sent ir
-  valgrind --tool=callgrind --callgrind-out-file="$out" "$1" run --config "$work/proxy.yaml" 2>"$work/cg.log" &
+  local out="$WORK/cg.out" p sent ir
+  valgrind --tool=callgrind --callgrind-out-file="$out" "$1" run --config "$WORK/proxy.yaml" 2>"$WORK/cg.log" &
   p=$!
   for _ in $(seq 120); do
     dig +short +time=1 +tries=1 -p 15364 @127.0.0.1 allowed.bench >/dev/null 2>&1 && break
     sleep 0.5
   done
   # Warm up (the first refusals fill the policy's and allocator's caches), then count.
-  dnsperf -s 127.0.0.1 -p 15364 -d "$work/$2.q" -n 1 -c 4 -q 50 -t 10 >/dev/null 2>&1
+  dnsperf -s 127.0.0.1 -p 15364 -d "$WORK/$2.q" -n 1 -c 4 -q 50 -t 10 >/dev/null 2>&1
   callgrind_control -z "$p" >/dev/null 2>&1
-  sent=$(dnsperf -s 127.0.0.1 -p 15364 -d "$work/$2.q" -n 1 -c 4 -q 50 -t 10 2>&1 | awk '/Queries completed/ {print $3}')
+  sent=$(dnsperf -s 127.0.0.1 -p 15364 -d "$WORK/$2.q" -n 1 -c 4 -q 50 -t 10 2>&1 | awk '/Queries completed/ {print $3}')
   callgrind_control -d "$p" >/dev/null 2>&1
   sleep 1
   kill "$p"; wait "$p" 2>/dev/null || true

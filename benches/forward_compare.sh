@@ -11,9 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/peers.sh
 RUNS="${RUNS:-5}"; SECS="${SECONDS_PER_RUN:-4}"; CONC="${CONCURRENCY:-32}"
-WORK="$(mktemp -d)"; PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
+scratch
 
 need=()
 for t in hey nginx squid tinyproxy; do command -v "$t" >/dev/null || need+=("$t"); done

@@ -8,9 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/peers.sh
 TUNNELS="${TUNNELS:-8000}"; ROUNDS="${ROUNDS:-2}"
-WORK="$(mktemp -d)"; PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
+scratch
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 cargo build --release --bench loadgen >/dev/null 2>&1
 LG="$(ls -t target/release/deps/loadgen-* | grep -v '\.d$' | head -1)"

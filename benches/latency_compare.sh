@@ -10,9 +10,7 @@ cd "$(dirname "$0")/.."
 source benches/peers.sh
 G3PROXY="${G3PROXY:?G3PROXY=path to a g3proxy binary}"
 RATE="${RATE:-4000}"; ROUNDS="${ROUNDS:-5}"; SECS="${SECONDS_PER_RUN:-3}"
-WORK="$(mktemp -d)"; PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
+scratch
 cargo build --release --bench loadgen >/dev/null 2>&1
 cargo build --release >/dev/null 2>&1
 LG="$(ls -t target/release/deps/loadgen-* | grep -v '\.d$' | head -1)"

@@ -2,6 +2,11 @@
 # on loopback (allow everything from 127.0.0.0/8, no cache, no logs), so every script
 # measures the same setups.
 
+# The scratch directory $WORK (mktemp -d, with its arguments) and the processes in $PIDS: on
+# exit they are stopped and it is removed. `cleanup` may also be called between rounds.
+scratch() { WORK="$(mktemp -d "$@")"; PIDS=(); trap cleanup EXIT; }
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
+
 # egress-proxy with an allow policy for loopback origins and the admission limits lifted
 # (one load generator on one address); audit to $3 (default /dev/null, like the peers' logs;
 # more `audit:` keys may follow the path: "$WORK/a.jsonl, chain: true").
