@@ -24,6 +24,9 @@
 //! - [`runtime`]: what every data-plane task reads — `Shared`, built by the server, and the
 //!   narrower handles it lends (the sequence's `Cx`, a forwarded exchange's `Forwarding`).
 //! - [`intercept`]: credential brokering, a relay that terminates TLS for bound hosts.
+//! - [`pipeline`]: what is a request judged by? The one request pipeline's phases (head,
+//!   body) and the one predicate of hosts judged per request, for forwarded plain HTTP and
+//!   every request of a terminated tunnel alike.
 //! - [`relay`]: how are bytes moved, and cut? `tunnel` / `splice` (shaped or zero-copy;
 //!   `send_queue`, the other fenced `unsafe`, says what a reset discarded), `forward`
 //!   (plain-HTTP exchange), `http_checked` (every request of a plain-HTTP stream checked),
@@ -63,6 +66,7 @@ pub mod egress;
 pub mod intercept;
 mod listen;
 pub mod otel;
+pub mod pipeline;
 pub mod policy;
 pub mod relay;
 pub mod runtime;

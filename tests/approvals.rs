@@ -654,3 +654,46 @@ fn the_endpoint_answers_over_https_with_the_proxys_own_certificate() {
         "{rec}"
     );
 }
+
+/// Security review round A, A33: a grant scoped to `GET /docs/*` was escaped with dot
+/// segments, forwarded verbatim to an origin that normalises them. A scoped grant holds only
+/// for a canonical path, as `network.http` rules do.
+#[test]
+fn a_path_scoped_grant_is_not_escaped_by_dot_segments() {
+    let e = env("");
+    let plain = Origin::start(None);
+    let port = plain.addr.port();
+    let body = format!(
+        r#"{{"host": "granted.test", "port": {port}, "methods": ["GET"], "paths": ["/docs/*"], "reason": "read the docs"}}"#
+    );
+    let (status, r) = e.ask("agent", "POST", "/v1/requests", Some(&body));
+    assert_eq!(status, 202, "{r}");
+    let id = r["id"].as_str().unwrap().to_string();
+    let (code, out) = e.cli(&["approve", &id, "--ttl", "60s"]);
+    assert_eq!(code, 0, "{out}");
+    let get = |path: &str| {
+        let url = format!("http://granted.test:{port}{path}");
+        let out = curl(&[
+            "-x",
+            &e.px("agent"),
+            "--path-as-is",
+            "-w",
+            "\n%{http_code}",
+            &url,
+        ]);
+        let text = out.text();
+        let (_, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        status.trim().parse::<u16>().unwrap_or(0)
+    };
+    assert_eq!(get("/docs/k"), 200);
+    for escaped in [
+        "/docs/../admin",
+        "/docs/%2e%2e/admin",
+        "/docs/..%2fadmin",
+        "/docs/./../admin",
+        "/docs/%2E%2E/%2E%2E/etc/passwd",
+    ] {
+        assert_eq!(get(escaped), 403, "{escaped}");
+    }
+    assert_eq!(get("/admin"), 403);
+}

@@ -654,4 +654,34 @@ fn tokens_the_sandbox_obtains_itself_come_back_sealed_and_are_redeemed() {
     let body = call("Authorization: Bearer egp_sealed_0000000000000000000000000000000000000000");
     assert!(body.contains("credential_misuse"), "{body}");
     assert_eq!(t.stats(&ca)["unauthorized"], 0);
+    // The same endpoint as a router reaches it by other spellings (review B3), and its error
+    // answers: every token comes back sealed.
+    for path in ["/token/", "/TOKEN", "//token"] {
+        let url = format!("https://auth.test:{}{path}", t.port());
+        let out = curl(&[
+            "-x",
+            &px,
+            "--cacert",
+            ica.to_str().unwrap(),
+            "--path-as-is",
+            "-u",
+            "sandbox:sandbox-pass",
+            "-d",
+            "grant_type=client_credentials",
+            &url,
+        ]);
+        let text = out.text();
+        assert!(
+            !text.contains("at-"),
+            "{path}: the real token came back: {text}"
+        );
+        let answer: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("{path}: {text}"));
+        assert!(
+            answer["access_token"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("egp_sealed_")),
+            "{path}: {answer}"
+        );
+    }
 }

@@ -302,6 +302,15 @@ fn env_with(extra: &str) -> Env {
 
 /// [`env_with`], and `sandbox_extra` lines (each `    key: value\n`) in the sandbox.
 fn env_full(extra: &str, sandbox_extra: &str) -> Env {
+    env_rules(
+        extra,
+        sandbox_extra,
+        r#"[{ host: api.test, methods: [GET, POST], paths: ["/v1/**", "/grpc/**", "/echo/**"] }]"#,
+    )
+}
+
+/// [`env_full`] with these `network.http` rules.
+fn env_rules(extra: &str, sandbox_extra: &str, http: &str) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     ca_init(&d.join("ica"));
@@ -328,7 +337,7 @@ sandboxes:
       config: {{}}
       network:
         egress: ["api.test:{port}", "other.test:{port}", "mixed.test:{port}"]
-        http: [{{ host: api.test, methods: [GET, POST], paths: ["/v1/**", "/grpc/**", "/echo/**"] }}]
+        http: {http}
 "#,
         audit = d.join("audit.jsonl").display(),
         uca = upstream_ca.ca_pem.display(),
@@ -1300,4 +1309,58 @@ fn leaves_are_server_certificates_and_a_ca_can_be_name_constrained() {
         .output()
         .unwrap();
     assert!(!out.status.success());
+}
+
+/// Review rounds B and C on HTTP/2 (C1e, C7) against an upstream that speaks h2: a body on GET
+/// or DELETE to an MCP path, and a GraphQL body sent as a form (which graphene-django reads by
+/// its `query` field), are refused on HTTP/2 streams as on HTTP/1.1 — nothing reaches the
+/// upstream — while a JSON query passes on h2.
+#[test]
+fn http2_bodies_on_get_and_graphql_forms_are_refused_before_they_leave() {
+    let e = env_rules(
+        "",
+        "",
+        r#"[{ host: api.test, paths: [/mcp], protocol: mcp, tools: [search] }, { host: api.test, paths: [/gql], protocol: graphql, operations: [query] }]"#,
+    );
+    let ica = e.ica();
+    let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"delete_all","arguments":{}}}"#;
+    let h2 = ["--http2", "-w", "\n%{http_code} %{http_version}"];
+    for method in ["GET", "DELETE"] {
+        let mut args = h2.to_vec();
+        args.extend([
+            "-X",
+            method,
+            "-H",
+            "content-type: application/json",
+            "--data-binary",
+            call,
+        ]);
+        let text = e.curl(&ica, "api.test", "/mcp", &args).text();
+        assert!(text.ends_with("403 2"), "{method}: {text}");
+        assert!(text.contains("http_not_allowed"), "{method}: {text}");
+    }
+    let smuggle = r#"{"query":"{ viewer }","variables":{"x":"&query=mutation+{+deleteRepository(id:1)+{+ok+}+}&"}}"#;
+    for ct in [
+        "application/x-www-form-urlencoded",
+        "application/x-www-form-urlencoded; charset=utf-8",
+        "text/plain",
+    ] {
+        let header = format!("content-type: {ct}");
+        let mut args = h2.to_vec();
+        args.extend(["-H", &header, "--data-binary", smuggle]);
+        let text = e.curl(&ica, "api.test", "/gql", &args).text();
+        assert!(text.ends_with("403 2"), "{ct}: {text}");
+        assert!(text.contains("graphql_not_allowed"), "{ct}: {text}");
+    }
+    let mut args = h2.to_vec();
+    args.extend([
+        "-H",
+        "content-type: application/json",
+        "--data-binary",
+        r#"{"query":"{ viewer }"}"#,
+    ]);
+    let text = e.curl(&ica, "api.test", "/gql", &args).text();
+    assert!(text.ends_with("200 2"), "{text}");
+    let seen: Vec<String> = e.upstream.seen().into_iter().map(|s| s.2).collect();
+    assert_eq!(seen, ["/gql"], "only the JSON query reached the upstream");
 }

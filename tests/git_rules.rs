@@ -161,6 +161,29 @@ fn fetch_only_clones_and_refuses_a_push() {
     let other = format!("https://git.test:{}/elsewhere/app.git", o.port);
     let (ok, _) = via(&p, dir.path(), &ica, &["clone", "-q", &other, "other"]);
     assert!(!ok);
+    // The probe with a second, percent-encoded `service` (review W3): `git http-backend`
+    // decodes the name and keeps the last, so it would advertise receive-pack.
+    for query in [
+        "service=git-upload-pack&servic%65=git-receive-pack",
+        "service=git-upload-pack&%73ervice=git-receive-pack",
+        "servic%65=git-receive-pack",
+    ] {
+        let out = curl(&[
+            "-x",
+            &format!("http://dev:dev-secret@{}", p.proxy),
+            "--cacert",
+            ica.to_str().unwrap(),
+            "-w",
+            "\n%{http_code} %{content_type}",
+            &format!("https://git.test:{}/org/app.git/info/refs?{query}", o.port),
+        ]);
+        let text = out.text();
+        assert!(text.contains("git_not_allowed"), "{query}: {text}");
+        assert!(
+            !text.contains("receive-pack-advertisement"),
+            "{query}: {text}"
+        );
+    }
 }
 
 #[test]

@@ -112,7 +112,14 @@ fn the_mcp_sdk_sees_and_calls_only_the_allowed_tools_in_json_and_sse() {
         assert_eq!(got["search"]["ok"], "found:rust", "{mode}: {got}");
         assert_eq!(got["readme"], "ok", "{mode}: {got}");
         // Refused calls are JSON-RPC errors naming the reason.
-        for k in ["delete_repo", "create_issue_other", "secret", "leak"] {
+        for k in [
+            "delete_repo",
+            "create_issue_other",
+            "secret",
+            "leak",
+            "dotted",
+            "encoded",
+        ] {
             let e = got[k]["error"].as_str().unwrap_or_default();
             assert!(e.contains("mcp_not_allowed"), "{mode} {k}: {got}");
         }
@@ -174,6 +181,40 @@ fn the_mcp_sdk_sees_and_calls_only_the_allowed_tools_in_json_and_sse() {
             answer.contains("mcp_not_allowed") && answer.contains("twice"),
             "{answer}"
         );
+        // The dot-segment reads were refused by the proxy for their form (review B1).
+        let rec = p.wait_record(|r| {
+            r["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("not canonical"))
+        });
+        assert_eq!(rec["reason"], "mcp_not_allowed", "{rec}");
+        // A body on GET or DELETE is never relayed unjudged (review W1; on HTTP/2, C1e, in
+        // credentials.rs against an upstream that speaks it): refused before it leaves.
+        let delete = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"delete_repo","arguments":{"name":"prod"}}}"#;
+        for (method, version) in [("GET", "--http1.1"), ("DELETE", "--http1.1")] {
+            let out = curl(&[
+                "-x",
+                &format!("http://dev:dev-secret@{}", p.proxy),
+                "--cacert",
+                dir.path().join("ica/ca.crt").to_str().unwrap(),
+                version,
+                "-X",
+                method,
+                "-H",
+                "content-type: application/json",
+                "--data-binary",
+                delete,
+                "-w",
+                "\n%{http_code} %{http_version}",
+                &format!("https://mcp.test:{port}/mcp"),
+            ]);
+            let text = out.text();
+            assert!(text.ends_with("403 1.1"), "{method} {version}: {text}");
+            assert!(
+                text.contains("http_not_allowed"),
+                "{method} {version}: {text}"
+            );
+        }
     }
 }
 

@@ -14,27 +14,8 @@ use bytes::Bytes;
 use common::*;
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType};
+use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// The proxy's own certificate (for 127.0.0.1) and the CA that signed it.
-fn proxy_certificate(dir: &Path) -> rustls::RootCertStore {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.distinguished_name.push(DnType::CommonName, "h2 proxy CA");
-    let ca = p.self_signed(&ca_key).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse().unwrap())];
-    let cert = p.signed_by(&key, &ca, &ca_key).unwrap();
-    std::fs::write(dir.join("server.pem"), cert.pem()).unwrap();
-    std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.der().clone()).unwrap();
-    roots
-}
 
 fn config(dir: &Path, rules: &str) {
     config_with(dir, rules, "")
@@ -62,45 +43,6 @@ sandboxes:
         ),
     )
     .unwrap();
-}
-
-/// TLS to the TLS listener offering ALPN `h2` only, trusting `roots`.
-async fn tls_h2(
-    addr: std::net::SocketAddr,
-    roots: rustls::RootCertStore,
-) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect(name, tcp)
-        .await
-        .unwrap()
-}
-
-/// An HTTP/2 connection to the TLS listener (ALPN `h2` only).
-async fn connect_h2(
-    addr: std::net::SocketAddr,
-    roots: rustls::RootCertStore,
-) -> SendRequest<Empty<Bytes>> {
-    let tls = tls_h2(addr, roots).await;
-    assert_eq!(
-        tls.get_ref().1.alpn_protocol(),
-        Some(&b"h2"[..]),
-        "h2 negotiated"
-    );
-    let (sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    sender
 }
 
 fn proxy_auth() -> String {

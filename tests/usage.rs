@@ -216,6 +216,57 @@ fn requests_per_day_refuses_the_request_past_it() {
     assert_eq!(u["quotas"][0]["spent"], "requests_per_day", "{u}");
 }
 
+/// Clients review wave 4, B1: forwarded plain HTTP counted bodies only, so 8 KiB of header and
+/// query per GET went up uncounted under a byte quota. The heads count now: the record's
+/// `bytes_up` holds them, and the quota (1 MiB for `q`) refuses once they fill it.
+#[test]
+fn forwarded_heads_count_toward_the_byte_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let via = format!("http://q:q-secret@{}", proxy.proxy);
+    let big = "x".repeat(7000);
+    let url = format!("http://api.test:{}/hello?d={big}", origin.addr.port());
+    let header = format!("X-Data: {big}");
+    let first = curl(&[
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-x",
+        &via,
+        "-H",
+        &header,
+        &url,
+    ]);
+    assert_eq!(first.text(), "200");
+    let rec = proxy.wait_record(|r| r["sandbox"] == "q" && r["mode"] == "http");
+    let up = rec["bytes_up"].as_u64().unwrap_or(0);
+    assert!(up >= 14_000, "the head's bytes are counted: {rec}");
+    assert!(rec["bytes_down"].as_u64().unwrap_or(0) > 0, "{rec}");
+    // 1 MiB of quota: some 50 such requests (7 KiB of query and 7 KiB of header up, the path
+    // echoed down), then refused — counting bodies alone, all 110 were served.
+    let codes: Vec<String> = (0..110)
+        .map(|_| {
+            curl(&[
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-x",
+                &via,
+                "-H",
+                &header,
+                &url,
+            ])
+            .text()
+        })
+        .collect();
+    assert!(codes.iter().any(|c| c == "429"), "{codes:?}");
+    let served = codes.iter().filter(|c| *c == "200").count();
+    assert!((30..=80).contains(&served), "{served} served: {codes:?}");
+}
+
 #[test]
 fn usage_sums_match_the_audit_records() {
     let dir = tempfile::tempdir().unwrap();

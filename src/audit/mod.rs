@@ -269,11 +269,11 @@ impl AuditGuard {
     pub fn refused_in_tunnel(
         &mut self,
         reason: crate::policy::reason::Reason,
-        detail: &'static str,
+        detail: impl Into<Cow<'static, str>>,
     ) {
         self.record.verdict = crate::policy::Verdict::Deny;
         self.record.reason = reason;
-        self.record.detail = Some(Cow::Borrowed(detail));
+        self.record.detail = Some(detail.into());
     }
 
     /// Everything [`crate::egress::decide`] found out.
@@ -334,6 +334,7 @@ impl AuditGuard {
         Recorder {
             sink: self.sink.clone(),
             record: self.record.clone(),
+            mode: Mode::Https,
         }
     }
 
@@ -366,14 +367,22 @@ impl AuditGuard {
 }
 
 /// Makes the guard of each request inside a terminated tunnel: the tunnel's record with
-/// `mode: "https"`, the request's facts and its own decision.
+/// `mode: "https"` (`"http"` for plain HTTP judged inside a tunnel), the request's facts and
+/// its own decision.
 #[derive(Clone)]
 pub struct Recorder {
     sink: Sink,
     record: Record,
+    mode: Mode,
 }
 
 impl Recorder {
+    /// Requests recorded `mode: "http"`: plain HTTP, judged inside a tunnel.
+    pub fn in_clear(mut self) -> Self {
+        self.mode = Mode::Http;
+        self
+    }
+
     /// `Some` when the trail cannot take this request's record now ([`AuditLog::unavailable`]);
     /// the refusal is counted.
     pub fn unavailable(&self) -> Option<health::Unavailable> {
@@ -383,7 +392,7 @@ impl Recorder {
     /// The guard of a request that begins now (allowed, `close: eof`, until told otherwise).
     pub fn guard(&self) -> AuditGuard {
         let mut record = self.record.clone();
-        record.mode = Mode::Https;
+        record.mode = self.mode;
         record.verdict = crate::policy::Verdict::Allow;
         record.reason = crate::policy::reason::Reason::RuleMatched;
         AuditGuard::of(self.sink.clone(), Variant::Request, record, Instant::now())

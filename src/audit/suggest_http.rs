@@ -71,7 +71,13 @@ impl Calls {
                 for c in rest.split(',') {
                     match c.split_once(' ') {
                         Some(("tools/call", t)) => s.tools.insert(t.to_string()),
-                        Some(("resources/read", r)) => s.resources.insert(r.to_string()),
+                        // A URI that could name another resource is never proposed (the
+                        // rule would refuse it anyway).
+                        Some(("resources/read", r))
+                            if crate::policy::protocols::mcp::canonical_uri(r).is_ok() =>
+                        {
+                            s.resources.insert(r.to_string())
+                        }
                         Some(("prompts/get", p)) => s.prompts.insert(p.to_string()),
                         _ => false,
                     };

@@ -275,6 +275,14 @@ pub fn resolve(
             None
         }
     };
+    if matches!(resolved, Some(CredentialKind::AwsSigV4(_))) {
+        for h in hosts.iter().filter(|h| !matches!(h, BoundHost::Exact(_))) {
+            errors.push(format!(
+                "hosts: `{}`: an aws_sigv4 credential is bound to the AWS endpoints it signs for, by name (s3.eu-west-1.amazonaws.com, sts.amazonaws.com); a wildcard covers names anyone can own (S3 buckets in virtual-host style, API Gateway and Lambda URLs), and the real key id and session token would reach them",
+                h.text()
+            ));
+        }
+    }
     if let Some(CredentialKind::AwsSigV4(k)) = resolved.as_mut() {
         k.placeholder_secret =
             super::credential_kinds::aws_placeholder_secret(key, sandbox, &raw.name);

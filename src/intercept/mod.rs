@@ -16,7 +16,6 @@ pub mod dlp;
 mod error;
 mod exchange;
 pub mod identity;
-mod judge;
 mod mcp_filter;
 pub mod minter;
 mod placeholder;
@@ -134,20 +133,15 @@ impl Interceptor {
         }
     }
 
+    /// `tls_intercept.judge_body_bytes`: the most of a body a protocol rule reads.
+    pub fn judge_body_bytes(&self) -> u64 {
+        self.judge_body_bytes
+    }
+
     /// Whether the tunnels of `binding` to `host` are terminated.
     pub fn terminates(&self, binding: &Binding, host: &str) -> bool {
-        if self.never.iter().any(|n| n.matches(host)) {
-            return false;
-        }
-        binding
-            .credentials
-            .iter()
-            .any(|c| c.bound_to(host) || token_host(c, host))
-            || binding.network.http.iter().any(|r| r.host.matches(host))
-            || binding
-                .identity_token
-                .as_ref()
-                .is_some_and(|t| t.bound_to(host))
+        !self.never.iter().any(|n| n.matches(host))
+            && crate::pipeline::judged_per_request(binding, host)
     }
 }
 
@@ -239,6 +233,28 @@ pub struct Tunnel<'a> {
     pub deciders: Arc<crate::decider::Deciders>,
 }
 
+/// One step of a tunnel's setup: bounded by `handshake`, cut by `stop`; its failure ends the
+/// tunnel with `$failed(error)` as the record's detail.
+macro_rules! step {
+    (($audit:expr, $live:expr, $stop:expr, $handshake:expr), $what:expr, $fut:expr, $failed:expr) => {
+        match tokio::time::timeout($handshake, $live.run($fut, &mut $stop)).await {
+            Ok(Ok(Ok(r))) => r,
+            Ok(Ok(Err(e))) => {
+                $audit.detail(($failed)(e));
+                return Relayed::nothing(Close::Error);
+            }
+            Ok(Err(close)) => return $live.relayed(close),
+            Err(_) => {
+                $audit.detail(format!(
+                    "terminating: {} took longer than timeouts.header_ms",
+                    $what
+                ));
+                return $live.relayed(Close::Idle);
+            }
+        }
+    };
+}
+
 /// Terminate `t` and serve its requests until either side closes, nothing moves for the idle
 /// timeout, or `stop` fires (revocation, shutdown). Each handshake — TLS to the upstream, TLS
 /// with the client, HTTP with the upstream — must finish within `handshake` and is cut by
@@ -255,32 +271,12 @@ where
     F: std::future::Future<Output = Close>,
 {
     tokio::pin!(stop);
-    // One step of the setup: bounded by `handshake`, cut by `stop`; its failure ends the
-    // tunnel with `$failed(error)` as the record's detail.
-    macro_rules! step {
-        ($what:expr, $fut:expr, $failed:expr) => {
-            match tokio::time::timeout(handshake, live.run($fut, &mut stop)).await {
-                Ok(Ok(Ok(r))) => r,
-                Ok(Ok(Err(e))) => {
-                    audit.detail(($failed)(e));
-                    return Relayed::nothing(Close::Error);
-                }
-                Ok(Err(close)) => return live.relayed(close),
-                Err(_) => {
-                    audit.detail(format!(
-                        "terminating: {} took longer than timeouts.header_ms",
-                        $what
-                    ));
-                    return live.relayed(Close::Idle);
-                }
-            }
-        };
-    }
     let Some((connector, name)) = upstream_connector(ix, &t.client_alpn, t.host) else {
         audit.detail("terminating: the host is not a TLS server name");
         return Relayed::nothing(Close::Error);
     };
     let upstream = step!(
+        (audit, live, stop, handshake),
         "the upstream's TLS handshake",
         connector.connect(name, t.server),
         |e| format!(
@@ -296,6 +292,7 @@ where
     let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
     // A client that does not trust the interception CA ends here.
     let client = step!(
+        (audit, live, stop, handshake),
         "the client's TLS handshake",
         acceptor.accept(Prefixed::new(t.early, t.client)),
         |e| {
@@ -304,18 +301,110 @@ where
     );
     audit.open();
     let up = step!(
+        (audit, live, stop, handshake),
         "the upstream's HTTP handshake",
         Upstream::connect(upstream, h2),
         |e| format!("terminating: upstream {e}")
     );
+    let sides = Sides {
+        up,
+        client,
+        h2,
+        scheme: "https",
+    };
+    let ends = Ends {
+        current: t.current,
+        host: t.host,
+        port: t.port,
+        resolver: t.resolver,
+        deciders: t.deciders,
+    };
+    exchanges(ix, ends, sides, (audit, live, handshake), stop).await
+}
+
+/// Plain HTTP inside a tunnel to a host judged per request: every request on it is read and
+/// judged by the same exchange as a terminated one ([`crate::pipeline`]), recorded `mode:
+/// "http"`, and sent on HTTP/1.1 over the dialled connection. Only for a host with no secret
+/// bound (the caller refuses the others: a credential or identity token never travels in
+/// clear), so nothing is put on the requests.
+pub async fn serve_plain<F>(
+    ix: &Interceptor,
+    t: Tunnel<'_>,
+    audit: &mut AuditGuard,
+    stop: F,
+    live: Arc<Liveness>,
+    handshake: Duration,
+) -> Relayed
+where
+    F: std::future::Future<Output = Close>,
+{
+    tokio::pin!(stop);
+    let up = step!(
+        (audit, live, stop, handshake),
+        "the upstream's HTTP handshake",
+        Upstream::connect(t.server, false),
+        |e| format!("plain HTTP judged per request: upstream {e}")
+    );
+    audit.open();
+    let sides = Sides {
+        up,
+        client: Prefixed::new(t.early, t.client),
+        h2: false,
+        scheme: "http",
+    };
+    let ends = Ends {
+        current: t.current,
+        host: t.host,
+        port: t.port,
+        resolver: t.resolver,
+        deciders: t.deciders,
+    };
+    exchanges(ix, ends, sides, (audit, live, handshake), stop).await
+}
+
+/// What the exchanges of a tunnel read besides its two sides.
+struct Ends<'a> {
+    current: CurrentBinding,
+    host: &'a str,
+    port: u16,
+    resolver: Arc<crate::egress::resolve::Resolver>,
+    deciders: Arc<crate::decider::Deciders>,
+}
+
+/// The two sides of a tunnel whose requests are served one by one.
+struct Sides<C> {
+    up: Upstream,
+    client: C,
+    h2: bool,
+    scheme: &'static str,
+}
+
+/// Serve the requests of a tunnel whose two sides are set up, each through the exchange,
+/// until either side closes, nothing moves for the idle timeout, or `stop` fires.
+async fn exchanges<C, F>(
+    ix: &Interceptor,
+    t: Ends<'_>,
+    sides: Sides<C>,
+    (audit, live, handshake): (&mut AuditGuard, Arc<Liveness>, Duration),
+    stop: F,
+) -> Relayed
+where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    F: std::future::Future<Output = Close>,
+{
+    let recorder = match sides.scheme {
+        "http" => audit.recorder().in_clear(),
+        _ => audit.recorder(),
+    };
     let Some(ex) = Exchange::new(
         t.current,
         Destination {
             host: t.host.to_string(),
             port: t.port,
+            scheme: sides.scheme,
         },
-        up,
-        audit.recorder(),
+        sides.up,
+        recorder,
         live.clone(),
         ix.mint_cx(&t.resolver, &t.deciders),
         exchange::BodyLimits {
@@ -326,7 +415,7 @@ where
         audit.detail("terminating: the host and port are not an authority");
         return Relayed::nothing(Close::Error);
     };
-    let served = serve_requests(Arc::new(ex), client, h2, handshake);
+    let served = serve_requests(Arc::new(ex), sides.client, sides.h2, handshake);
     match live.run(served, stop).await {
         Ok(true) => live.relayed(Close::Eof),
         Ok(false) => live.relayed(Close::Error),

@@ -155,12 +155,29 @@ fn amz_date(s: &str) -> Option<SystemTime> {
     Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
 }
 
-/// What is left of a presigned URL's life; `None` when it has expired.
+/// The longest life SigV4 gives a presigned URL (AWS refuses more): 7 days.
+const MAX_PRESIGNED: Duration = Duration::from_secs(604_800);
+/// How far ahead of the proxy's clock a presigned `X-Amz-Date` may be (clock skew).
+const PRESIGNED_SKEW: Duration = Duration::from_secs(60);
+
+/// What is left of a presigned URL's life; `None` when it has expired, when its `X-Amz-Date`
+/// is more than a minute ahead of now (a date in the future would stretch the life re-signed
+/// with the real key), or when `X-Amz-Expires` is more than 7 days.
 fn remaining(at: &str, expires: u64) -> Option<Duration> {
-    let end = amz_date(at)? + Duration::from_secs(expires);
-    end.duration_since(SystemTime::now())
+    remaining_at(at, expires, SystemTime::now())
+}
+
+fn remaining_at(at: &str, expires: u64, now: SystemTime) -> Option<Duration> {
+    let start = amz_date(at)?;
+    let life = Duration::from_secs(expires);
+    if life > MAX_PRESIGNED || start > now + PRESIGNED_SKEW {
+        return None;
+    }
+    (start + life)
+        .duration_since(now)
         .ok()
         .filter(|d| !d.is_zero())
+        .map(|d| d.min(MAX_PRESIGNED))
 }
 
 /// The AWS re-signing kind.
@@ -196,7 +213,7 @@ impl AwsSigV4 {
             Auth::SigV4(s) => {
                 if let Some((at, exp)) = &s.presigned {
                     if remaining(at, *exp).is_none() {
-                        return Some("on a presigned URL that has expired".into());
+                        return Some("on a presigned URL that has expired, is dated more than a minute ahead, or asks for more than 7 days".into());
                     }
                 }
                 let payload = headers
@@ -248,8 +265,9 @@ impl AwsSigV4 {
         let signable_body = match (&s.presigned, &declared, body) {
             (Some((at, exp)), _, _) => {
                 settings.signature_location = SignatureLocation::QueryParams;
-                settings.expires_in =
-                    Some(remaining(at, *exp).ok_or("the presigned URL has expired")?);
+                settings.expires_in = Some(remaining(at, *exp).ok_or(
+                    "the presigned URL has expired, is dated ahead, or asks for more than 7 days",
+                )?);
                 strip_query_auth(req)?;
                 match s.service.as_str() {
                     "s3" => SignableBody::UnsignedPayload,

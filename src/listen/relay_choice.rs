@@ -1,8 +1,9 @@
 //! The one relay chooser: once an exchange is admitted and its first bytes judged, how its
 //! bytes move — the same for a CONNECT tunnel and a transparent connection:
-//! - a host that a credential or an HTTP rule of the sandbox is bound to is terminated
-//!   ([`crate::intercept`]), and only over TLS: anything else to it is refused (a secret never
-//!   travels in clear) and nothing reaches it;
+//! - a host judged per request ([`crate::pipeline::judged_per_request`]) is terminated
+//!   ([`crate::intercept`]) over TLS; plain HTTP to it has each request judged by the same
+//!   exchange ([`crate::intercept::serve_plain`]) unless a secret is bound to the host (a
+//!   secret never travels in clear); anything else to it is refused and nothing reaches it;
 //! - plain HTTP has every later request checked against the decided host
 //!   ([`crate::relay::http_checked`]);
 //! - anything else has what was read replayed in its directions and is relayed — zero-copy
@@ -55,56 +56,25 @@ where
     F: Future<Output = Close>,
 {
     let shaper = limiter.shapes().then_some(limiter);
-    let Start {
-        shared,
-        sandbox,
-        target,
-        client,
-        server,
-        inspected,
-    } = start;
-    let b = &sandbox.binding;
-    if let Some(tcp) = client.tcp() {
-        crate::relay::buffers::cap(tcp, server.tcp(), b.limits.socket_buffer_bytes);
+    let (shared, b) = (start.shared, &start.sandbox.binding);
+    if let Some(tcp) = start.client.tcp() {
+        crate::relay::buffers::cap(tcp, start.server.tcp(), b.limits.socket_buffer_bytes);
     }
     let terminate = shared
         .settings
         .interceptor
         .as_ref()
-        .filter(|ix| ix.terminates(b, &target.host.to_string()));
+        .filter(|ix| ix.terminates(b, &start.target.host.to_string()));
     if let Some(ix) = terminate {
-        let FirstBytes::Client(Peeked::Tls(hello)) = &inspected.first else {
-            audit.refused_in_tunnel(
-                Reason::CredentialMisuse,
-                "the host's credentials or HTTP rules need TLS; this connection is not TLS",
-            );
-            client.reset();
-            server.reset();
-            return Relayed::nothing(Close::Eof);
-        };
-        let tunnel = crate::intercept::Tunnel {
-            current: shared.current_binding(&b.id),
-            host: &target.host.to_string(),
-            port: target.port,
-            client,
-            early: inspected.client,
-            server,
-            client_alpn: hello.alpn.clone(),
-            resolver: shared.resolver(),
-            deciders: shared.deciders.clone(),
-        };
-        let timeouts = &shared.settings.timeouts;
-        let live = Arc::new(Liveness::new(timeouts.idle).metered(limiter, &target.host));
-        return Box::pin(crate::intercept::serve(
-            ix,
-            tunnel,
-            audit,
-            stop,
-            live,
-            timeouts.header,
-        ))
-        .await;
+        return terminated(ix, start, audit, stop, limiter).await;
     }
+    let Start {
+        target,
+        client,
+        server,
+        inspected,
+        ..
+    } = start;
     audit.open();
     // A tunnel the proxy does not see into is one request.
     let live = Liveness::new(shared.settings.timeouts.idle).metered(limiter, &target.host);
@@ -129,6 +99,99 @@ where
         return checked.relayed;
     }
     replay_and_relay(client, server, inspected, live, stop, shaper).await
+}
+
+/// A host judged per request: TLS is terminated ([`crate::intercept::serve`]), plain HTTP
+/// has each request judged in clear ([`crate::intercept::serve_plain`]) unless a secret is
+/// bound to the host; anything else is refused and nothing reaches it.
+async fn terminated<F>(
+    ix: &crate::intercept::Interceptor,
+    start: Start<'_>,
+    audit: &mut AuditGuard,
+    stop: F,
+    limiter: &SandboxLimiter,
+) -> Relayed
+where
+    F: Future<Output = Close>,
+{
+    let Start {
+        shared,
+        sandbox,
+        target,
+        client,
+        server,
+        inspected,
+    } = start;
+    let b = &sandbox.binding;
+    let host = target.host.to_string();
+    let (hello, in_clear) = match &inspected.first {
+        FirstBytes::Client(Peeked::Tls(hello)) => (Some(hello), None),
+        FirstBytes::Client(Peeked::Http { .. }) => (None, secret_in_clear(b, &host)),
+        _ => (None, Some("the host is judged per request: only TLS or plain HTTP is read, and this connection is neither".into())),
+    };
+    if let Some(why) = in_clear {
+        audit.refused_in_tunnel(Reason::CredentialMisuse, why);
+        client.reset();
+        server.reset();
+        return Relayed::nothing(Close::Eof);
+    }
+    let tunnel = crate::intercept::Tunnel {
+        current: shared.current_binding(&b.id),
+        host: &host,
+        port: target.port,
+        client,
+        early: inspected.client,
+        server,
+        client_alpn: hello.map(|h| h.alpn.clone()).unwrap_or_default(),
+        resolver: shared.resolver(),
+        deciders: shared.deciders.clone(),
+    };
+    let timeouts = &shared.settings.timeouts;
+    let live = Arc::new(Liveness::new(timeouts.idle).metered(limiter, &target.host));
+    match hello {
+        Some(_) => {
+            Box::pin(crate::intercept::serve(
+                ix,
+                tunnel,
+                audit,
+                stop,
+                live,
+                timeouts.header,
+            ))
+            .await
+        }
+        // Plain HTTP to a host judged per request: each request through the same exchange.
+        None => {
+            Box::pin(crate::intercept::serve_plain(
+                ix,
+                tunnel,
+                audit,
+                stop,
+                live,
+                timeouts.header,
+            ))
+            .await
+        }
+    }
+}
+
+/// Why plain HTTP to `host` cannot be served: a credential or the identity token is bound to
+/// it (a secret never travels in clear). `None`: its requests are judged in clear.
+fn secret_in_clear(b: &crate::config::Binding, host: &str) -> Option<String> {
+    if let Some(c) = b
+        .credentials
+        .iter()
+        .find(|c| c.bound_to(host) || crate::intercept::token_host(c, host))
+    {
+        return Some(format!(
+            "credential {} is bound to {host}: requests to it must use https (a secret never travels in clear)",
+            c.name
+        ));
+    }
+    b.identity_token
+        .as_ref()
+        .filter(|t| t.bound_to(host))
+        .map(|_| format!("{host} gets the sandbox's identity token: requests to it must use https (the token never travels in clear)"))
 }
 
 /// Replay what was read, each in its direction, then relay without the buffers.

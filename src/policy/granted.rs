@@ -108,9 +108,15 @@ impl GrantEntry {
         !self.methods.is_empty() || !self.paths.is_empty()
     }
 
-    /// Whether a request with `method` and `path` is within its scope.
+    /// Whether a request with `method` and `path` is within its scope. A scoped grant holds
+    /// only for a canonical path ([`crate::policy::http_rules::canonical_path`], as
+    /// `network.http` rules): `/docs/../admin` is not under `/docs/*` for any origin that
+    /// normalises it.
     pub fn allows_request(&self, method: &str, path: &str) -> bool {
-        (self.methods.is_empty() || self.methods.iter().any(|m| m.eq_ignore_ascii_case(method)))
+        let canonical = || crate::policy::http_rules::canonical_path(path).is_ok();
+        (!self.scoped() || canonical())
+            && (self.methods.is_empty()
+                || self.methods.iter().any(|m| m.eq_ignore_ascii_case(method)))
             && (self.paths.is_empty() || self.paths.iter().any(|p| glob(p, path)))
     }
 
@@ -261,6 +267,23 @@ mod tests {
         assert!(g.used());
         let t = entry(GrantKind::Ttl, None);
         assert!(t.take() && t.take());
+    }
+
+    #[test]
+    fn a_scoped_grant_holds_only_for_canonical_paths() {
+        let mut g = entry(GrantKind::Ttl, None);
+        g.methods = vec!["GET".into()];
+        g.paths = vec!["/docs/*".into()];
+        assert!(g.allows_request("GET", "/docs/k"));
+        for bad in [
+            "/docs/../admin",
+            "/docs/%2e%2e/admin",
+            "/docs/..%2fadmin",
+            "/docs/./../admin",
+            "/docs/%2E%2E/%2E%2E/etc/passwd",
+        ] {
+            assert!(!g.allows_request("GET", bad), "{bad}");
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+pub use super::git_http::{git_probe_ambiguous, git_request, GitService};
 use super::protocols::{lfs, Protocol};
 use super::ParseError;
 
@@ -37,6 +38,15 @@ impl BoundHost {
             _ => Err(ParseError(format!(
                 "`{text}`: bind credentials to names (`api.example.com`, `*.example.com`, `**.example.com`), not globs or addresses"
             ))),
+        }
+    }
+
+    /// As written in a config (`api.example.com`, `*.example.com`, `**.example.com`).
+    pub fn text(&self) -> String {
+        match self {
+            BoundHost::Exact(n) => n.clone(),
+            BoundHost::Below(d) => format!("*.{d}"),
+            BoundHost::ApexAndBelow(d) => format!("**.{d}"),
         }
     }
 
@@ -79,71 +89,6 @@ pub enum Admits<'r> {
     Yes,
     /// Yes if the body is one its protocol allows.
     Judge(&'r Arc<Protocol>),
-}
-
-/// A git smart-HTTP service (`git: [fetch | push]` in a rule).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GitService {
-    /// `git-upload-pack`: clone and fetch.
-    Fetch,
-    /// `git-receive-pack`: push.
-    Push,
-}
-
-impl GitService {
-    pub fn parse(s: &str) -> Result<GitService, ParseError> {
-        match s {
-            "fetch" => Ok(GitService::Fetch),
-            "push" => Ok(GitService::Push),
-            _ => Err(ParseError(format!("git: `{s}` is not fetch or push"))),
-        }
-    }
-
-    /// As written in rules and records.
-    pub fn name(self) -> &'static str {
-        match self {
-            GitService::Fetch => "fetch",
-            GitService::Push => "push",
-        }
-    }
-
-    fn pack(self) -> &'static str {
-        match self {
-            GitService::Fetch => "git-upload-pack",
-            GitService::Push => "git-receive-pack",
-        }
-    }
-}
-
-/// What a request is in git's smart HTTP protocol: the service and the repository path, or
-/// `None` when it is not a smart-HTTP request (the dumb protocol's plain GETs included).
-pub fn git_request<'p>(
-    method: &str,
-    path: &'p str,
-    query: Option<&str>,
-) -> Option<(GitService, &'p str)> {
-    let services = [GitService::Fetch, GitService::Push];
-    if method.eq_ignore_ascii_case("GET") {
-        let repo = path.strip_suffix("/info/refs")?;
-        let asked = query?
-            .split('&')
-            .filter_map(|kv| kv.strip_prefix("service="))
-            .collect::<Vec<_>>();
-        // One service, named exactly: two would leave the server to pick one.
-        let [one] = asked[..] else { return None };
-        return services
-            .into_iter()
-            .find(|s| s.pack() == one)
-            .map(|s| (s, repo));
-    }
-    if method.eq_ignore_ascii_case("POST") {
-        return services.into_iter().find_map(|s| {
-            path.strip_suffix(s.pack())?
-                .strip_suffix('/')
-                .map(|r| (s, r))
-        });
-    }
-    None
 }
 
 impl PartialEq for HttpRule {
@@ -293,6 +238,23 @@ impl HttpRule {
             Some(p) if p.carries(method) && on(path) => Admits::Judge(p),
             Some(_) => Admits::No,
             None => yes(self.names_method(method) && on(path)),
+        }
+    }
+
+    /// Whether this rule reads a protocol on this request, whatever its method: a rule naming
+    /// a protocol on one of its paths, a `git` rule on a smart-HTTP request of one of its
+    /// repositories, an LFS rule on a batch call of one of them. Where one does, a plainer
+    /// rule for the same host does not decide the request ([`crate::pipeline::head`]).
+    pub fn reads(&self, method: &str, path: &str, query: Option<&str>) -> bool {
+        let on = |p: &str| self.matcher.as_ref().is_none_or(|m| m.is_match(p));
+        let git = || {
+            git_request(method, path, query).is_some_and(|(_, repo)| on(repo))
+                || git_probe_ambiguous(method, path, query)
+        };
+        match self.protocol.as_deref() {
+            Some(Protocol::Lfs(_)) => lfs::batch_repository(method, path).is_some_and(on) || git(),
+            Some(_) => on(path),
+            None => !self.git.is_empty() && git(),
         }
     }
 

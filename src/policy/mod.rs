@@ -11,6 +11,7 @@ mod compact_map;
 pub mod decision;
 pub mod dns_view;
 pub mod entry;
+pub mod git_http;
 pub mod granted;
 pub mod guard;
 pub mod hostname;

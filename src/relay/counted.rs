@@ -130,12 +130,54 @@ where
     }
 }
 
+/// The bytes of a request head as HTTP/1.1 writes it: request line, header lines, the empty
+/// line. A forwarded exchange counts its heads too (URLs and headers carry data: a quota of
+/// bytes that counted bodies alone would let them through).
+pub fn request_head_len<B>(req: &http::Request<B>) -> usize {
+    let u = req.uri();
+    let target = match (u.scheme_str(), u.authority()) {
+        (Some(s), Some(a)) => s.len() + 3 + a.as_str().len(),
+        _ => 0,
+    } + u.path_and_query().map_or(1, |p| p.as_str().len());
+    req.method().as_str().len() + 1 + target + " HTTP/1.1\r\n".len() + headers_len(req.headers())
+}
+
+/// The bytes of a response head as HTTP/1.1 writes it (status line, header lines, empty line).
+pub fn response_head_len<B>(resp: &http::Response<B>) -> usize {
+    let reason = resp.status().canonical_reason().unwrap_or("");
+    "HTTP/1.1 200 \r\n".len() + reason.len() + headers_len(resp.headers())
+}
+
+fn headers_len(h: &http::HeaderMap) -> usize {
+    h.iter()
+        .map(|(n, v)| n.as_str().len() + 2 + v.len() + 2)
+        .sum::<usize>()
+        + 2
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use http_body_util::{BodyExt, Full};
     use std::sync::Mutex;
     use std::time::Duration;
+
+    #[test]
+    fn heads_are_measured_as_http1_writes_them() {
+        let req = http::Request::get("http://a.test/x?q=1")
+            .header("host", "a.test")
+            .body(())
+            .unwrap();
+        let written = "GET http://a.test/x?q=1 HTTP/1.1\r\nhost: a.test\r\n\r\n";
+        assert_eq!(request_head_len(&req), written.len());
+        let resp = http::Response::builder()
+            .status(404)
+            .header("content-length", "0")
+            .body(())
+            .unwrap();
+        let written = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
+        assert_eq!(response_head_len(&resp), written.len());
+    }
 
     #[tokio::test]
     async fn counts_data_and_says_once_how_it_ended() {

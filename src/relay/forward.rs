@@ -24,12 +24,13 @@ use crate::egress::admit::{Admitted, Route, Through};
 use crate::egress::handles::Handles;
 use crate::egress::limits::{ConnectionSlot, SandboxLimiter};
 use crate::egress::parent;
+use crate::pipeline::{self, forwarded::ForwardBody, head::HostRules};
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;
 use crate::policy::Decision;
 use crate::relay::abortable::Cut;
 use crate::relay::body::{Body, BoxError};
-use crate::relay::counted::Counted;
+use crate::relay::counted::{self, Counted};
 use crate::relay::deny;
 use crate::relay::liveness::Liveness;
 use crate::relay::shaped_body::ShapedBody;
@@ -65,6 +66,8 @@ pub struct Forwarding {
     pub idle: std::time::Duration,
     /// `timeouts.connect_ms` (a kept connection closed under the request is dialled again).
     pub connect: std::time::Duration,
+    /// `tls_intercept.judge_body_bytes`: the most of a body a protocol rule reads.
+    pub judge_body_bytes: u64,
 }
 
 /// Forward one allowed request and return the origin's response (or a 502).
@@ -91,24 +94,39 @@ pub async fn forward(
         metrics,
         idle,
         connect,
+        judge_body_bytes,
     } = fx;
     let live = Arc::new(Liveness::new(idle).metered(&limiter, &grant.target.host));
     live.request();
     audit.count(live.counters());
     let host = host_header(&grant.target);
+    // How a refusal or a 502 names the request: method and decided authority, never the
+    // path or query.
+    let failed = Failed {
+        what: format!("{} http://{host}", req.method()),
+        sandbox: sandbox.binding.id.to_string(),
+    };
+    // The request pipeline, where the host is judged per request: nothing is sent before it.
+    let judged = judged(
+        &sandbox.binding,
+        &grant.target,
+        judge_body_bytes,
+        req,
+        &mut audit,
+    );
+    let req = match judged.await {
+        Ok(r) => r,
+        Err(r) => return refused(audit, &r, &failed),
+    };
     let exchange: SharedExchange = Arc::new(Mutex::new(Exchange {
         audit,
         _active: sandbox.stats(&metrics).active(),
         _slot: slot,
     }));
-
-    // How a 502 names the request: method and decided authority, never the path or query.
-    let failed = Failed {
-        what: format!("{} http://{host}", req.method()),
-        sandbox: sandbox.binding.id.to_string(),
-    };
     let shaper = shaped.then(|| limiter.clone());
     let upstream_req = for_origin(req, &host, live.clone(), shaper, through.as_ref());
+    // The head is counted as what it is on the wire (its body is counted as it streams).
+    live.moved(true, counted::request_head_len(&upstream_req));
 
     let mut up = match upstream_of(route, through.as_ref()).await {
         Ok(up) => up,
@@ -135,19 +153,8 @@ pub async fn forward(
     let after = (upstreams, grant, up);
     match sent {
         Ok(resp) => {
-            let (mut parts, body) = resp.into_parts();
-            strip_hop_by_hop(&mut parts.headers);
-            live.touch();
-            // Counted, and the record (held by `exchange`) finished when the body ends.
-            let body = Counted::new(body, live, false)
-                .on_end(finish(after, exchange, done_tx))
-                .map_err(|e| Box::new(e) as BoxError);
-            let body = if shaped {
-                ShapedBody::new(body, limiter, false).boxed()
-            } else {
-                body.boxed()
-            };
-            Response::from_parts(parts, body)
+            let shaper = shaped.then_some(limiter);
+            answer(resp, live, shaper, finish(after, exchange, done_tx))
         }
         Err(Sent::Origin(e)) => {
             upstream_cut.close();
@@ -158,6 +165,57 @@ pub async fn forward(
             bad_request(&exchange, &e, &failed)
         }
     }
+}
+
+/// The request as the pipeline lets it go ([`pipeline::forwarded`]) when `target`'s host is
+/// judged per request by `binding`; as it came otherwise. `Err`: refused (recorded).
+async fn judged(
+    binding: &crate::config::Binding,
+    target: &Target,
+    limit: u64,
+    req: Request<Incoming>,
+    audit: &mut AuditGuard,
+) -> Result<Request<ForwardBody>, pipeline::Refusal> {
+    let name = target.host.to_string();
+    let rules = HostRules::of(binding, &name);
+    if rules.is_empty() {
+        return Ok(req.map(|b| b.boxed()));
+    }
+    pipeline::forwarded::judge(binding, &rules, &name, limit, req, audit).await
+}
+
+/// The origin's answer as the client gets it: hop-by-hop headers gone, its head and body
+/// counted (the body shaped under `shaper`), and `finish` run when the body ends.
+fn answer(
+    resp: Response<Incoming>,
+    live: Arc<Liveness>,
+    shaper: Option<Arc<SandboxLimiter>>,
+    finish: impl FnOnce(crate::relay::counted::Ending) + Send + Sync + 'static,
+) -> Response<Body> {
+    live.moved(false, counted::response_head_len(&resp));
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    // Counted, and the record (held by the exchange) finished when the body ends.
+    let body = Counted::new(body, live, false)
+        .on_end(finish)
+        .map_err(|e| Box::new(e) as BoxError);
+    let body = match shaper {
+        Some(limiter) => ShapedBody::new(body, limiter, false).boxed(),
+        None => body.boxed(),
+    };
+    Response::from_parts(parts, body)
+}
+
+/// A request the pipeline refused: its record finished, the §6 refusal.
+fn refused(mut audit: AuditGuard, r: &pipeline::Refusal, failed: &Failed) -> Response<Body> {
+    audit.close_if_unset(Close::Error);
+    deny::response(&deny::Refusal {
+        reason: r.reason,
+        what: &failed.what,
+        sandbox: Some(&failed.sandbox),
+        explanation: &r.detail,
+        retry_after: None,
+    })
 }
 
 /// What happens when a forwarded response's body ends: the upstream connection is kept for
@@ -406,7 +464,7 @@ fn refused_by_parent(exchange: &SharedExchange, detail: &str, failed: &Failed) -
 /// Through a parent: absolute form naming what is asked of the parent, and the parent's own
 /// `Proxy-Authorization`.
 fn for_origin(
-    req: Request<Incoming>,
+    req: Request<ForwardBody>,
     host: &str,
     live: Arc<Liveness>,
     shaper: Option<Arc<SandboxLimiter>>,

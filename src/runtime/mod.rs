@@ -205,6 +205,13 @@ impl Shared {
             metrics: self.sink.metrics.clone(),
             idle: self.settings.timeouts.idle,
             connect: self.settings.timeouts.connect,
+            judge_body_bytes: self
+                .settings
+                .interceptor
+                .as_ref()
+                .map_or(crate::config::credentials::DEFAULT_JUDGE_BODY_BYTES, |ix| {
+                    ix.judge_body_bytes()
+                }),
         }
     }
 

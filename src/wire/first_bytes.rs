@@ -6,11 +6,13 @@
 //! - a ClientHello's SNI must name the `CONNECT` host when that is a name (`sni_mismatch`: no
 //!   domain fronting), and carry no ECH when the sandbox has `refuse_ech`;
 //! - a plain HTTP/1.x request's `Host` must name the `CONNECT` host (`host_mismatch`);
-//! - anything else — another protocol, bytes that start like TLS or HTTP but are not a hello or
-//!   a head the proxy reads unambiguously (over the cap, a leading CRLF, HTTP/2 prior
-//!   knowledge…), a destination that speaks first, silence — only where the rule that allowed
-//!   the target says opaque TCP may flow: it names the port, or it is an address rule
-//!   (`unrecognised_protocol` otherwise). What is not understood is refused.
+//! - bytes that start like TLS or HTTP but are not a hello or a head the proxy reads
+//!   unambiguously (over the cap, a leading CRLF, a lowercase method, HTTP/2 prior
+//!   knowledge…) are refused on every entry (`unrecognised_protocol`): an origin could read
+//!   them as a request for a host that was never decided;
+//! - anything else — another protocol, a destination that speaks first, silence — only where
+//!   the rule that allowed the target says opaque TCP may flow: it names the port, or it is an
+//!   address rule (`unrecognised_protocol` otherwise). What is not understood is refused.
 //!
 //! Server-speaks-first protocols (SSH, SMTP) are told apart by the destination speaking
 //! before the client has sent anything decisive: on a port that does not require TLS the
@@ -191,8 +193,15 @@ pub fn verify(target: &Target, first: &FirstBytes, rules: Rules) -> Result<(), M
             Reason::ProtocolNotAllowed,
             format!("no ClientHello within header_ms on port {port}, which requires TLS"),
         ),
+        // Bytes that start like TLS or HTTP but are not read unambiguously are refused on
+        // every entry, opaque or not: an origin may read them as a request for a name that was
+        // never decided (a leading CRLF or a lowercase method reaches another virtual host).
+        FirstBytes::Client(Peeked::Unrecognised { detail }) => mismatch(
+            Reason::UnrecognisedProtocol,
+            format!("{detail}: it starts like TLS or HTTP but cannot be read unambiguously, so it is refused on every entry"),
+        ),
         _ if rules.opaque => Ok(()),
-        FirstBytes::Client(Peeked::Other { detail } | Peeked::Unrecognised { detail }) => {
+        FirstBytes::Client(Peeked::Other { detail }) => {
             mismatch(Reason::UnrecognisedProtocol, format!("{detail}; {OPAQUE}"))
         }
         FirstBytes::ServerFirst => mismatch(
@@ -411,16 +420,15 @@ mod tests {
             );
         }
         // Raw protocols on ports that do not require TLS pass where the rule names the port
-        // (or is an address rule); where it does not, they are refused, as are bytes that
-        // start like HTTP but are not a head the proxy reads.
+        // (or is an address rule); where it does not, they are refused. Bytes that start like
+        // HTTP or TLS but are not read unambiguously are refused everywhere (review B4).
+        let unrecognised = FirstBytes::Client(Peeked::Unrecognised { detail: "x" });
+        assert_eq!(
+            reason(verify(&t, &unrecognised, OPEN_PORT)),
+            Some(Reason::UnrecognisedProtocol)
+        );
         let other = || FirstBytes::Client(Peeked::Other { detail: "x" });
-        let unrecognised = || FirstBytes::Client(Peeked::Unrecognised { detail: "x" });
-        for first in [
-            other(),
-            unrecognised(),
-            FirstBytes::ServerFirst,
-            FirstBytes::Silent,
-        ] {
+        for first in [other(), FirstBytes::ServerFirst, FirstBytes::Silent] {
             assert_eq!(reason(verify(&t, &first, OPEN_PORT)), None);
             let by_default_ports = Rules {
                 opaque: false,

@@ -1,7 +1,7 @@
 //! Test harness: a test CA and origin servers (HTTPS and HTTP) on loopback, the real
 //! `egress-proxy` binary started on `127.0.0.1:0` with a config written by the test, and
 //! real `curl`. Everything it starts it stops (Drop). By role: `ca`, `origin`, `proxy`,
-//! `client`, `dns`, `etcd`, `openapi`, `tls_hello`; `eventually` waits on a condition.
+//! `client`, `dns`, `etcd`, `h2`, `openapi`, `tls_hello`; `eventually` waits on a condition.
 // Each test file uses a part of the harness: the rest is unused in its crate.
 #![allow(dead_code, unused_imports)]
 
@@ -25,6 +25,7 @@ mod ca;
 mod client;
 mod dns;
 mod etcd;
+mod h2;
 pub mod openapi;
 mod origin;
 mod proxy;
@@ -34,6 +35,7 @@ pub use ca::*;
 pub use client::*;
 pub use dns::*;
 pub use etcd::*;
+pub use h2::*;
 pub use origin::*;
 pub use proxy::*;
 

@@ -3,7 +3,8 @@
 usage: mcp_client.py URL PROXY CA_FILE [MODE]   (PROXY `-`: none; MODE: auto | legacy)
 
 Prints one JSON object: the tools, resources and prompts listed, what `search` returned, and what `delete_repo`,
-reading `file:///secret/key` and getting the `leak` prompt gave (a result, or the error's
+reading `file:///secret/key` (also as `file:///docs/../secret/key` and its percent-encoded
+form) and getting the `leak` prompt gave (a result, or the error's
 message); with `ask_user` listed, what it gave and what the client was asked (elicited).
 """
 import asyncio
@@ -61,6 +62,12 @@ async def main():
         out["readme"] = "ok" if "ok" in readme else readme
         secret = await attempt(client.read_resource("file:///secret/key"))
         out["secret"] = "ok" if "ok" in secret else secret
+        # Outside the allowed prefix by dot segments (review round B, B1): a server that
+        # resolves the URI would read file:///secret/key.
+        for k, uri in (("dotted", "file:///docs/../secret/key"),
+                       ("encoded", "file:///docs/%2e%2e/secret/key")):
+            r = await attempt(client.read_resource(uri))
+            out[k] = "ok" if "ok" in r else r
         leak = await attempt(client.get_prompt("leak", {"text": "x"}))
         out["leak"] = "ok" if "ok" in leak else leak
         if "ask_user" in out["tools"] or PROXY == "-":

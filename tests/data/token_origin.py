@@ -1,7 +1,7 @@
 """A token endpoint, an API and a GitHub-like host in one HTTPS origin, for tests of the
 proxy's minted credentials. Everything it accepts, it verifies:
 
-- POST /token (OAuth2): client_credentials with HTTP Basic client:secret (the proxy's
+- POST /token (OAuth2; routed like Express: any case, trailing or doubled `/`): client_credentials with HTTP Basic client:secret (the proxy's
   client, or the sandbox's own `sandbox:sandbox-pass`); refresh_token with
   the current refresh token (rotated on every use); jwt_bearer with a JWT assertion whose
   RS256 signature PyJWT verifies with PUBKEY, iss = sub = the client id, aud = the token URL.
@@ -155,7 +155,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if path == "/_stats":
             with LOCK:
                 return self.send(200, STATS)
-        if path == "/token" and self.command == "POST":
+        # Routed as Express does by default: case-insensitive, a trailing or doubled `/`
+        # ignored — `/token/`, `/TOKEN` and `//token` reach the token endpoint.
+        route = "/" + "/".join(seg for seg in path.lower().split("/") if seg)
+        if route == "/token" and self.command == "POST":
             return self.token_endpoint(dict(parse_qsl(body.decode())))
         if path == "/app/installations/42/access_tokens" and self.command == "POST":
             return self.github_token()

@@ -28,14 +28,14 @@ use hyper::body::Incoming;
 
 use super::authority;
 use super::credential::{carries_outside, MintCx};
-use super::judge::{self, Allowed};
 use crate::audit::record::HttpFacts;
 use crate::audit::{AuditGuard, Recorder};
 use crate::config::Binding;
-use crate::policy::http_rules::{
-    canonical_path_with, git_request, method_refusal, override_refusal, Admits,
-};
-use crate::policy::protocols::{lfs, Protocol, Refused};
+use crate::pipeline::body::{self as judge, Allowed};
+use crate::pipeline::head::{Checked, Head};
+use crate::pipeline::Refusal;
+use crate::policy::http_rules::git_request;
+use crate::policy::protocols::{Protocol, Refused};
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
 use crate::relay::counted::Counted;
@@ -72,6 +72,8 @@ pub type CurrentBinding = Box<dyn Fn() -> Option<(Arc<Binding>, Arc<str>)> + Sen
 pub struct Destination {
     pub host: String,
     pub port: u16,
+    /// `https`, or `http` for plain HTTP inside a tunnel (judged the same, sent in clear).
+    pub scheme: &'static str,
 }
 
 /// One terminated tunnel's request handler.
@@ -106,23 +108,6 @@ fn dlp_found(
     ))
 }
 
-/// Why a request is refused, for the response and the record.
-struct Refusal {
-    reason: Reason,
-    detail: String,
-    credential: Option<String>,
-}
-
-impl Refusal {
-    fn new(reason: Reason, detail: impl Into<String>) -> Self {
-        Refusal {
-            reason,
-            detail: detail.into(),
-            credential: None,
-        }
-    }
-}
-
 /// What the record says of the request asked: its method and path, and what it called in a
 /// protocol a rule named (a tool, an operation, a git service).
 struct Asked {
@@ -150,15 +135,6 @@ impl Asked {
             call: self.call.as_deref().map(Into::into),
         }
     }
-}
-
-/// What the check made of a request.
-enum Checked {
-    Refused(Refusal),
-    /// Allowed; what it called (git's service), if anything.
-    Allowed(Option<String>),
-    /// Allowed if its body is one these protocols allow.
-    Judge(Vec<Arc<Protocol>>),
 }
 
 /// What [`Exchange::decide`] decided before the body is read.
@@ -198,70 +174,26 @@ impl Exchange {
         })
     }
 
-    /// What is wrong with `req` under `p`, if anything (before any credential is put on it).
+    /// What is wrong with `req` under `p`, if anything (before any credential is put on it):
+    /// what only a terminated tunnel checks, then the pipeline's head phase
+    /// ([`crate::pipeline::head`]).
     fn check(&self, p: &Prepared, req: &Request<Incoming>) -> Checked {
         match self.refusal(p, req) {
             Some(r) => Checked::Refused(r),
-            None => self.rules(p, req),
+            None => p.rules.judge(&self.dest.host, Head::of(req)),
         }
     }
 
-    /// What the host's rules make of a request the checks before them passed.
-    fn rules(&self, p: &Prepared, req: &Request<Incoming>) -> Checked {
-        let (method, path, query) = (req.method().as_str(), req.uri().path(), req.uri().query());
-        let git_call =
-            || git_request(method, path, query).map(|(s, _)| format!("git {}", s.name()));
-        if p.rules.is_empty() {
-            return Checked::Allowed(None);
-        }
-        let mut judges = Vec::new();
-        for r in &p.rules {
-            match r.admits(method, path, query) {
-                Admits::Yes => return Checked::Allowed(git_call()),
-                Admits::Judge(proto) => judges.push(proto.clone()),
-                Admits::No => {}
-            }
-        }
-        if !judges.is_empty() {
-            return Checked::Judge(judges);
-        }
-        let host = self.dest.host.as_str();
-        let git = git_request(method, path, query).is_some()
-            || lfs::batch_repository(method, path).is_some();
-        let reason = match git {
-            true => Reason::GitNotAllowed,
-            false => Reason::HttpNotAllowed,
-        };
-        Checked::Refused(Refusal::new(
-            reason,
-            format!("no network.http rule allows {method} {path} on {host}"),
-        ))
-    }
-
-    /// Why `req` is refused before the host's rules are read, if it is.
+    /// Why `req` is refused before the pipeline's head phase reads it, if it is: a spent
+    /// quota, another authority than the tunnel's, a placeholder where its credential is not.
     fn refusal(&self, p: &Prepared, req: &Request<Incoming>) -> Option<Refusal> {
         let b = &*p.binding;
         let host = self.dest.host.as_str();
-        let method = req.method().as_str();
-        let rules = &p.rules;
         if let Some(why) = self.live.spent() {
             return Some(Refusal::new(Reason::QuotaExceeded, why));
         }
-        if let Some(why) = method_refusal(method, rules.iter()) {
-            return Some(Refusal::new(Reason::HttpNotAllowed, why));
-        }
-        if let Some(why) = override_refusal(req.headers(), req.uri().query()) {
-            return Some(Refusal::new(Reason::HttpNotAllowed, why));
-        }
         if let Some(why) = authority::mismatch(req, host, self.dest.port) {
             return Some(Refusal::new(Reason::HostMismatch, why));
-        }
-        let path = req.uri().path();
-        if let Err(why) = canonical_path_with(path, p.any_path) {
-            return Some(Refusal::new(
-                Reason::HttpNotAllowed,
-                format!("{why}: refused on terminated hosts (the upstream could read it as another path)"),
-            ));
         }
         let misuse = |credential: &str, detail: String| {
             Some(Refusal {
@@ -500,7 +432,7 @@ impl Exchange {
     fn refused_call(&self, method: &str, r: &Refused) -> Response<ResBody> {
         match &r.rpc {
             Some((ids, batch)) if !ids.is_empty() => {
-                let what = format!("{method} https://{}", self.dest.host);
+                let what = format!("{method} {}://{}", self.dest.scheme, self.dest.host);
                 let id = (self.current)().map(|(b, _)| b.id.to_string());
                 deny::jsonrpc(
                     &deny::Refusal {
@@ -521,7 +453,7 @@ impl Exchange {
     /// The refusal of a request in this tunnel, built like every other refusal (no path in
     /// it: a path may carry a placeholder).
     fn refused(&self, method: &str, reason: Reason, explanation: &str) -> Response<ResBody> {
-        let what = format!("{method} https://{}", self.dest.host);
+        let what = format!("{method} {}://{}", self.dest.scheme, self.dest.host);
         let id = (self.current)().map(|(b, _)| b.id.to_string());
         deny::in_tunnel(&deny::Refusal {
             reason,

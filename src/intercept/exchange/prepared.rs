@@ -8,7 +8,7 @@ use super::super::credential::{self, Bound, MintCx};
 use super::super::scrub::Scrubber;
 use crate::config::credentials::CredentialKind;
 use crate::config::Binding;
-use crate::policy::http_rules::HttpRule;
+use crate::pipeline::head::HostRules;
 
 /// What a binding means for this tunnel's host, worked out once per binding (a reload makes
 /// a new binding, and the next request a new `Prepared`).
@@ -16,8 +16,8 @@ pub(super) struct Prepared {
     pub(super) binding: Arc<Binding>,
     /// The policy version it was made under.
     pub(super) version: Arc<str>,
-    /// The `network.http` rules for this host.
-    pub(super) rules: Vec<HttpRule>,
+    /// The `network.http` rules for this host, as the pipeline's head phase reads them.
+    pub(super) rules: HostRules,
     /// The credentials bound here, each as its kind handles it.
     pub(super) bound: Vec<Bound>,
     /// The scrubber of the secrets bound here (none: no secret), built once.
@@ -29,24 +29,11 @@ pub(super) struct Prepared {
     /// This host is the token endpoint of these minting credentials (name, path): the
     /// sandbox's own calls there have their answers sealed ([`crate::intercept::sealed`]).
     pub(super) sealing: Vec<(String, String)>,
-    /// Every rule here matches any path (no glob, git or protocol): an encoded `/` cannot
-    /// reach a path a rule would refuse.
-    pub(super) any_path: bool,
 }
 
 impl Prepared {
     pub(super) fn new(binding: Arc<Binding>, host: &str, cx: &MintCx, version: Arc<str>) -> Self {
-        let rules: Vec<HttpRule> = binding
-            .network
-            .http
-            .iter()
-            .filter(|r| r.host.matches(host))
-            .cloned()
-            .collect();
-        let any_path = !rules.is_empty()
-            && rules
-                .iter()
-                .all(|r| r.paths.is_empty() && r.git.is_empty() && r.protocol.is_none());
+        let rules = HostRules::of(&binding, host);
         let mut bound: Vec<Bound> = binding
             .credentials
             .iter()
@@ -94,7 +81,6 @@ impl Prepared {
             scrubber,
             minted_scrubber,
             sealing,
-            any_path,
         }
     }
 
@@ -113,11 +99,48 @@ impl Prepared {
         s.1.clone()
     }
 
-    /// The sandbox and credential whose token endpoint `path` is here (its answer is sealed).
+    /// The sandbox and credential whose token endpoint `path` is here (its answer is sealed):
+    /// compared as routers read paths ([`route_form`]), not byte for byte — `/token/`,
+    /// `/TOKEN` and `//token` reach the same handler on common routers.
     pub(super) fn seal_of(&self, path: &str) -> Option<(String, String)> {
+        let asked = route_form(path);
         self.sealing
             .iter()
-            .find(|(_, p)| p == path)
+            .find(|(_, p)| route_form(p) == asked)
             .map(|(name, _)| (self.binding.id.to_string(), name.clone()))
+    }
+}
+
+/// A path as the most lenient common router matches it: percent-decoded, ASCII lower case,
+/// empty segments (a trailing or doubled `/`) and `;params` dropped. Dot segments never get
+/// here: the pipeline's head phase refused them.
+fn route_form(path: &str) -> Vec<Vec<u8>> {
+    path.split('/')
+        .map(|seg| seg.split(';').next().unwrap_or(seg))
+        .filter(|seg| !seg.is_empty())
+        .map(|seg| crate::policy::http_rules::percent_decode(seg).to_ascii_lowercase())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route_form;
+
+    #[test]
+    fn token_paths_are_compared_as_routers_read_them() {
+        let token = route_form("/oauth/token");
+        for same in [
+            "/oauth/token",
+            "/oauth/token/",
+            "/OAUTH/Token",
+            "//oauth//token",
+            "/oauth/%74oken",
+            "/oauth/token;x=1",
+        ] {
+            assert_eq!(route_form(same), token, "{same}");
+        }
+        for other in ["/oauth/tokens", "/oauth", "/oauth/token/x"] {
+            assert_ne!(route_form(other), token, "{other}");
+        }
     }
 }

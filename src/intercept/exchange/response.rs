@@ -191,7 +191,8 @@ impl Exchange {
                 audit.secret_reflected(name);
             }
         }
-        let seal = seal.filter(|_| resp.status().is_success());
+        // Every answer of the token endpoint is sealed, whatever its status: an error answer
+        // may carry tokens too.
         let why = match scrubber.is_some() || mcp.is_some() || seal.is_some() {
             true => unscannable(&resp),
             false => None,

@@ -1,15 +1,14 @@
 //! The upstream side of a terminated tunnel: one HTTP/1.1 or HTTP/2 connection over the
-//! verified TLS stream, and the requests sent on it.
+//! verified TLS stream (or, for plain HTTP inside a tunnel, over the dialled connection), and
+//! the requests sent on it.
 
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio_rustls::client::TlsStream;
 
 use super::UpBody;
 use crate::intercept::error::InterceptError;
 use crate::relay::counted::Counted;
-use crate::relay::server_io::ServerIo;
 
 /// The upstream connection's request side.
 pub enum Upstream {
@@ -18,8 +17,13 @@ pub enum Upstream {
 }
 
 impl Upstream {
-    pub async fn connect(tls: TlsStream<ServerIo>, h2: bool) -> Result<Self, InterceptError> {
-        let io = TokioIo::new(tls);
+    /// HTTP/2 or HTTP/1.1 over `io`: the verified TLS stream, or the dialled TCP connection
+    /// for plain HTTP inside a tunnel.
+    pub async fn connect<S>(io: S, h2: bool) -> Result<Self, InterceptError>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let io = TokioIo::new(io);
         if h2 {
             let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
                 .await

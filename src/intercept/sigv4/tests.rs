@@ -144,3 +144,19 @@ fn a_presigned_url_is_signed_again_in_its_query() {
         req.uri()
     );
 }
+
+#[test]
+fn a_presigned_url_dated_ahead_or_living_past_seven_days_is_not_re_signed() {
+    let now = UNIX_EPOCH + Duration::from_secs(1_798_761_600); // 2027-01-01T00:00:00Z
+    let at = "20270101T000000Z";
+    assert_eq!(remaining_at(at, 60, now), Some(Duration::from_secs(60)));
+    // Thirty seconds ahead is skew; a year ahead stretches the life (review W6).
+    assert!(remaining_at("20270101T000030Z", 3600, now).is_some());
+    assert_eq!(remaining_at("20280101T000000Z", 3600, now), None);
+    assert_eq!(remaining_at(at, 604_801, now), None);
+    assert_eq!(
+        remaining_at(at, 604_800, now),
+        Some(Duration::from_secs(604_800))
+    );
+    assert_eq!(remaining_at("20261201T000000Z", 60, now), None, "expired");
+}

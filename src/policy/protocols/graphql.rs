@@ -273,6 +273,12 @@ fn body_requests(
         one.insert("query".into(), Value::String(text.to_string()));
         return Ok(vec![one]);
     }
+    if !super::json_media(content_type) {
+        return Err(super::media_refusal(content_type, "a GraphQL").replace(
+            "(application/json,",
+            "(application/json or application/graphql,",
+        ));
+    }
     match strict_json::parse(body)? {
         Value::Object(o) => Ok(vec![o]),
         Value::Array(items) if !items.is_empty() => items

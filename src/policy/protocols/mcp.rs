@@ -167,6 +167,12 @@ impl McpRule {
         let Some(uri) = params.get("uri").and_then(Value::as_str) else {
             return Err(format!("a {method} without a uri"));
         };
+        if let Err(why) = canonical_uri(uri) {
+            return Err(format!(
+                "the resource uri `{}` is not canonical ({why}): the server could read it as another resource",
+                uri.escape_debug()
+            ));
+        }
         match self.resource_set.is_match(uri) {
             true => Ok(uri.to_string()),
             false => Err(format!(
@@ -343,6 +349,31 @@ impl McpRule {
     }
 }
 
+/// Why a resource URI could name another resource to the server than the one a glob matched
+/// (as [`crate::policy::http_rules::canonical_path`] for HTTP paths): a control byte or a
+/// backslash anywhere; in its path (after `scheme:` and any `//authority`), a `.` or `..`
+/// segment or a percent-encoded `.`, `/`, `\` or control byte. Servers that resolve URIs
+/// (pydantic's `AnyUrl`, file-backed resources) would read `file:///docs/../secret` as
+/// `file:///secret`.
+pub fn canonical_uri(uri: &str) -> Result<(), &'static str> {
+    if uri.bytes().any(|b| b < 0x20 || b == 0x7f || b == b'\\') {
+        return Err("a control byte or a backslash");
+    }
+    let rest = uri.split_once(':').map_or(uri, |(_, r)| r);
+    let rest = match rest.strip_prefix("//") {
+        Some(r) => r.find('/').map_or("", |i| &r[i..]),
+        None => rest,
+    };
+    let path = rest.split(['?', '#']).next().unwrap_or("");
+    if path.is_empty() {
+        return Ok(());
+    }
+    match path.starts_with('/') {
+        true => crate::policy::http_rules::canonical_path(path),
+        false => crate::policy::http_rules::canonical_path(&format!("/{path}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::jsonrpc::parse;
@@ -372,6 +403,32 @@ mod tests {
             .judge(&parse(body.as_bytes()).unwrap())
             .map(|(c, _)| c)
             .map_err(|(why, _)| why)
+    }
+
+    #[test]
+    fn resource_uris_that_could_name_another_resource_are_refused() {
+        let read = |uri: &str| {
+            json!({"jsonrpc":"2.0","id":7,"method":"resources/read","params":{"uri":uri}})
+                .to_string()
+        };
+        for bad in [
+            "file:///docs/../secret/key",
+            "file:///docs/%2e%2e/secret/key",
+            "file:///docs/%2E%2E/secret/key",
+            "file:///docs/..%2fsecret",
+            "file:///docs/./../secret",
+            "file:///docs/..\\secret",
+            "file:///docs/a%00b",
+        ] {
+            let why = judge(&read(bad)).unwrap_err();
+            assert!(why.contains("not canonical"), "{bad}: {why}");
+        }
+        assert!(judge(&read("file:///docs/readme")).is_ok());
+        assert!(judge(&read("file:///docs/a%20b")).is_ok());
+        assert!(judge(&read("file:///secret/key")).is_err());
+        for good in ["urn:x:y", "note://host/a/b?x=1", "file:///", "mem:"] {
+            assert_eq!(canonical_uri(good), Ok(()), "{good}");
+        }
     }
 
     #[test]

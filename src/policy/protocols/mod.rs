@@ -155,8 +155,13 @@ impl Protocol {
             call,
             rpc,
         };
+        let json = |what: &str| match json_media(asked.content_type) {
+            true => Ok(()),
+            false => Err(refuse(media_refusal(asked.content_type, what), None, None)),
+        };
         match self {
             Protocol::JsonRpc(rule) => {
+                json("a JSON-RPC")?;
                 let b = jsonrpc::parse(body).map_err(|e| refuse(e, None, None))?;
                 let call = b
                     .messages
@@ -179,6 +184,7 @@ impl Protocol {
                         lists: mcp::Lists::new(),
                     });
                 }
+                json("an MCP")?;
                 let b = jsonrpc::parse(body).map_err(|e| refuse(e, None, None))?;
                 mcp::McpRule::headers_agree(&b, asked.mcp_method, asked.mcp_name)
                     .map_err(|e| refuse(e, None, Some(ids(&b))))?;
@@ -197,14 +203,54 @@ impl Protocol {
                     lists: mcp::Lists::new(),
                 })
                 .map_err(|(why, call)| refuse(why, call, None)),
-            Protocol::Lfs(ops) => lfs::judge(ops, body)
+            Protocol::Lfs(ops) => json("an LFS")
+                .and_then(|()| lfs::judge(ops, body).map_err(|(why, call)| refuse(why, call, None)))
                 .map(|call| Judged {
                     call: Some(call),
                     lists: mcp::Lists::new(),
-                })
-                .map_err(|(why, call)| refuse(why, call, None)),
+                }),
         }
     }
+}
+
+/// Whether `content_type` is JSON as every origin reads it: `application/json` or
+/// `application/…+json`, with no parameter but `charset=utf-8`. Anything else (a form,
+/// multipart, text, another charset, no type at all) could be read by the origin as something
+/// other than the JSON judged, so a rule that reads JSON refuses it rather than guess.
+pub fn json_media(content_type: Option<&str>) -> bool {
+    let Some(ct) = content_type else {
+        return false;
+    };
+    let mut parts = ct.split(';');
+    let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+    let json = media == "application/json"
+        || media
+            .strip_prefix("application/")
+            .is_some_and(|sub| sub.len() > 5 && sub.ends_with("+json") && !sub.contains('/'));
+    json && parts.all(|p| {
+        let (k, v) = p.split_once('=').unwrap_or((p, ""));
+        let v = v.trim().trim_matches('"');
+        k.trim().eq_ignore_ascii_case("charset") && v.eq_ignore_ascii_case("utf-8")
+    })
+}
+
+/// The refusal's words for a body of `what` (`a JSON-RPC`) whose media type is not JSON.
+pub fn media_refusal(content_type: Option<&str>, what: &str) -> String {
+    let shown: String = content_type
+        .unwrap_or("none")
+        .chars()
+        .take(100)
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect();
+    format!(
+        "{what} body is read as JSON only when its Content-Type says so (application/json, charset utf-8 at most); `{shown}` could be read by the origin as something else: refused, never guessed"
+    )
 }
 
 /// The ids of a JSON-RPC body's requests, and whether it was a batch.
@@ -225,4 +271,34 @@ pub(crate) fn names(globs: &[String], what: &str) -> Result<globset::GlobSet, St
         b.add(globset::Glob::new(g).map_err(|e| format!("{what} `{g}`: {e}"))?);
     }
     b.build().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_media;
+
+    #[test]
+    fn json_is_read_only_where_the_media_type_says_json_in_utf_8() {
+        for yes in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "application/json;charset=\"UTF-8\"",
+            "application/vnd.git-lfs+json",
+        ] {
+            assert!(json_media(Some(yes)), "{yes}");
+        }
+        for no in [
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "text/plain",
+            "application/json; charset=utf-16",
+            "application/json; boundary=x",
+            "application/+json",
+            "text/json",
+            "\u{0}",
+        ] {
+            assert!(!json_media(Some(no)), "{no}");
+        }
+        assert!(!json_media(None));
+    }
 }

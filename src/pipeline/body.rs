@@ -1,14 +1,15 @@
-//! The body of a request on a terminated host whose rules name a protocol: read whole, within
-//! `tls_intercept.judge_body_bytes` (a larger body, or one that fails to arrive, is refused),
-//! then judged by each candidate rule's protocol in turn ([`Protocol::judge`]); the first that
-//! allows it decides. The bytes judged are the bytes sent upstream.
+//! The body phase of the request pipeline: the body of a request whose rules name a protocol
+//! is read whole, within `tls_intercept.judge_body_bytes` (a larger body, or one that fails to
+//! arrive, is refused), then judged by each candidate rule's protocol in turn
+//! ([`Protocol::judge`]); the first that allows it decides. The body is read as its declared
+//! media type ([`Protocol::judge`] refuses a type the protocol does not read), and only one
+//! `Content-Type` is read. The bytes judged are the bytes sent upstream.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::request::Parts;
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 
 use crate::policy::protocols::mcp::{Lists, McpRule};
 use crate::policy::protocols::{Asked, Protocol, Refused};
@@ -23,7 +24,11 @@ pub struct Allowed {
 }
 
 /// Read `body` (at most `limit` bytes); the refusal names the first candidate's protocol.
-pub async fn read(body: Incoming, limit: u64, first: &Protocol) -> Result<Bytes, Refused> {
+pub async fn read<B>(body: B, limit: u64, first: &Protocol) -> Result<Bytes, Refused>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     match Limited::new(body, limit).collect().await {
         Ok(c) => Ok(c.to_bytes()),
@@ -53,11 +58,14 @@ pub async fn read(body: Incoming, limit: u64, first: &Protocol) -> Result<Bytes,
 pub fn judge(candidates: &[Arc<Protocol>], parts: &Parts, body: &[u8]) -> Result<Allowed, Refused> {
     // A header that is not visible ASCII (a base64-wrapped name included) cannot agree
     // with the body: it reads as a value no body carries.
+    // A header sent twice is read as a value no body agrees with: the origin may read either.
     let header = |name: &str| {
-        parts
-            .headers
-            .get(name)
-            .map(|v| v.to_str().unwrap_or("\u{0}"))
+        let mut all = parts.headers.get_all(name).iter();
+        let first = all.next()?;
+        match all.next() {
+            Some(_) => Some("\u{0}"),
+            None => Some(first.to_str().unwrap_or("\u{0}")),
+        }
     };
     let asked = Asked {
         method: parts.method.as_str(),

@@ -1,0 +1,104 @@
+//! The pipeline on a forwarded plain-HTTP request (`GET http://host/…`) to a host judged per
+//! request: the head phase, then the body phase where a protocol rule reads the body, before
+//! anything is sent. What a plain request cannot have — a credential or the identity token —
+//! is refused before it is dialled ([`crate::intercept::InClear`]) or here (the sandbox's own
+//! identity header). In report mode a refusal is recorded `report` and the request is sent as
+//! it came.
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+
+use super::head::{Checked, Head, HostRules};
+use super::{body, Refusal};
+use crate::audit::record::HttpFacts;
+use crate::audit::AuditGuard;
+use crate::config::Binding;
+use crate::policy::{Enforcement, Verdict};
+
+/// A forwarded request's body, as the forwarder sends it.
+pub type ForwardBody = BoxBody<Bytes, hyper::Error>;
+
+/// Judge a forwarded request of `binding` to `host` (whose rules are `rules`, not empty):
+/// `Ok` with the request to send (its body whole when a protocol rule read it), recorded with
+/// what it called; `Err` with the refusal, recorded (verdict, reason, detail, method and path).
+pub async fn judge<B>(
+    binding: &Binding,
+    rules: &HostRules,
+    host: &str,
+    limit: u64,
+    req: Request<B>,
+    audit: &mut AuditGuard,
+) -> Result<Request<ForwardBody>, Refusal>
+where
+    B: http_body::Body<Data = Bytes, Error = hyper::Error> + Send + Sync + 'static,
+{
+    let checked = rules.judge(host, Head::of(&req));
+    let (parts, b) = req.into_parts();
+    let refused = match checked {
+        Checked::Allowed(call) => {
+            audit.http(facts(&parts, call));
+            return Ok(Request::from_parts(parts, b.boxed()));
+        }
+        Checked::Refused(r) => r,
+        Checked::Judge(judges) => {
+            let read = match judges.first() {
+                Some(p) => body::read(b, limit, p).await,
+                None => Ok(Bytes::new()),
+            };
+            let (bytes, refused) = match read {
+                Ok(bytes) => match body::judge(&judges, &parts, &bytes) {
+                    Ok(allowed) => {
+                        audit.http(facts(&parts, allowed.call));
+                        return Ok(whole(parts, bytes));
+                    }
+                    Err(r) => (bytes, r),
+                },
+                Err(r) => {
+                    // A body that could not be read whole cannot be sent as judged, even in
+                    // report mode.
+                    audit.http(facts(&parts, None));
+                    audit.verdict(Verdict::Deny, r.reason);
+                    audit.detail(r.detail.clone());
+                    return Err(Refusal::new(r.reason, r.detail));
+                }
+            };
+            audit.http(facts(&parts, refused.call.clone()));
+            let r = Refusal::new(refused.reason, refused.detail);
+            return reported(binding, r, audit).map(|()| whole(parts, bytes));
+        }
+    };
+    audit.http(facts(&parts, None));
+    reported(binding, refused, audit).map(|()| Request::from_parts(parts, b.boxed()))
+}
+
+/// A refusal, recorded: `Ok` when report mode lets the request go on (recorded `report`).
+fn reported(binding: &Binding, r: Refusal, audit: &mut AuditGuard) -> Result<(), Refusal> {
+    if binding.enforcement == Enforcement::Report && r.reason.reportable() {
+        audit.verdict(Verdict::Report, r.reason);
+        audit.detail(format!("{} (report mode: forwarded)", r.detail));
+        return Ok(());
+    }
+    audit.verdict(Verdict::Deny, r.reason);
+    audit.detail(r.detail.clone());
+    Err(r)
+}
+
+/// What the record says of the request: its method and path (no query), and what it called.
+fn facts(parts: &http::request::Parts, call: Option<String>) -> HttpFacts {
+    HttpFacts {
+        method: parts.method.as_str().into(),
+        path: parts.uri.path().into(),
+        status: 0,
+        credential: None,
+        secret_reflected: None,
+        call: call.map(Into::into),
+    }
+}
+
+/// The request with the body that was judged, sent whole.
+fn whole(parts: http::request::Parts, bytes: Bytes) -> Request<ForwardBody> {
+    let body = Full::new(bytes).map_err(|never| match never {}).boxed();
+    Request::from_parts(parts, body)
+}

@@ -1,0 +1,273 @@
+//! The head phase of the request pipeline: what a request's method, target and headers make of
+//! it under the `network.http` rules of its host, before any body is read. The same function
+//! judges a forwarded plain-HTTP request and each request of a terminated tunnel.
+
+use std::sync::Arc;
+
+use http::{HeaderMap, Method, Uri};
+
+use super::Refusal;
+use crate::config::Binding;
+use crate::policy::http_rules::{
+    canonical_path_with, git_probe_ambiguous, git_request, method_refusal, override_refusal,
+    Admits, HttpRule,
+};
+use crate::policy::protocols::{lfs, Protocol};
+use crate::policy::reason::Reason;
+
+/// The `network.http` rules of one sandbox for one host, compiled once per binding.
+#[derive(Debug, Clone, Default)]
+pub struct HostRules {
+    pub rules: Vec<HttpRule>,
+    /// Every rule here matches any path (no glob, git or protocol): an encoded `/` cannot
+    /// reach a path a rule would refuse (npm's `@scope%2fname`).
+    pub any_path: bool,
+    /// The header the proxy signs the sandbox's identity in, when `host` is an identity host:
+    /// never the sandbox's own to send.
+    pub identity_header: Option<http::HeaderName>,
+}
+
+/// A request's head, as the pipeline reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct Head<'a> {
+    pub method: &'a Method,
+    pub uri: &'a Uri,
+    pub headers: &'a HeaderMap,
+    /// The request carries a body (or may: a length the framing does not give as zero).
+    pub has_body: bool,
+}
+
+impl<'a> Head<'a> {
+    /// The head of `req`; a body is assumed unless the framing says it is empty.
+    pub fn of<B: http_body::Body>(req: &'a http::Request<B>) -> Self {
+        let b = req.body();
+        Head {
+            method: req.method(),
+            uri: req.uri(),
+            headers: req.headers(),
+            has_body: !(b.is_end_stream() || b.size_hint().exact() == Some(0)),
+        }
+    }
+}
+
+/// What the head phase made of a request.
+#[derive(Debug)]
+pub enum Checked {
+    Refused(Refusal),
+    /// Allowed; what it called (git's service), if anything.
+    Allowed(Option<String>),
+    /// Allowed if its body is one these protocols allow ([`super::body`]).
+    Judge(Vec<Arc<Protocol>>),
+}
+
+/// Methods that carry no body an origin is bound to read: a body on them is refused on a host
+/// judged per request (a protocol rule would not see it; an origin that ignores it would
+/// read it as the next request).
+const BODILESS: [Method; 4] = [Method::GET, Method::HEAD, Method::DELETE, Method::OPTIONS];
+
+impl HostRules {
+    /// The rules of `binding` for `host`.
+    pub fn of(binding: &Binding, host: &str) -> Self {
+        let rules: Vec<HttpRule> = binding
+            .network
+            .http
+            .iter()
+            .filter(|r| r.host.matches(host))
+            .cloned()
+            .collect();
+        let any_path = !rules.is_empty()
+            && rules
+                .iter()
+                .all(|r| r.paths.is_empty() && r.git.is_empty() && r.protocol.is_none());
+        let identity_header = binding
+            .identity_token
+            .as_ref()
+            .filter(|t| t.bound_to(host))
+            .map(|t| t.header.clone());
+        HostRules {
+            rules,
+            any_path,
+            identity_header,
+        }
+    }
+
+    /// Whether there is anything here to judge a request by.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty() && self.identity_header.is_none()
+    }
+
+    /// The head phase, in order: the method, override headers and parameters, the path's
+    /// canonical form, a body where the method carries none, the proxy's identity header,
+    /// then the rules.
+    pub fn judge(&self, host: &str, head: Head<'_>) -> Checked {
+        match self.refusal(head) {
+            Some(r) => Checked::Refused(r),
+            None => self.rules(host, head),
+        }
+    }
+
+    /// Why `head` is refused before the rules are read, if it is.
+    fn refusal(&self, head: Head<'_>) -> Option<Refusal> {
+        let method = head.method.as_str();
+        let refuse = |why: String| Some(Refusal::new(Reason::HttpNotAllowed, why));
+        if let Some(why) = method_refusal(method, self.rules.iter()) {
+            return refuse(why);
+        }
+        if let Some(why) = override_refusal(head.headers, head.uri.query()) {
+            return refuse(why);
+        }
+        if let Err(why) = canonical_path_with(head.uri.path(), self.any_path) {
+            return refuse(format!(
+                "{why}: refused on hosts judged per request (the origin could read it as another path)"
+            ));
+        }
+        if head.has_body
+            && BODILESS
+                .iter()
+                .any(|m| m.as_str().eq_ignore_ascii_case(method))
+        {
+            return refuse(format!(
+                "a {method} request with a body is refused on hosts judged per request (no rule reads it, and an origin could read it as another request)"
+            ));
+        }
+        if let Some(h) = self
+            .identity_header
+            .as_ref()
+            .filter(|h| head.headers.contains_key(*h))
+        {
+            return Some(Refusal {
+                reason: Reason::CredentialMisuse,
+                detail: format!(
+                    "not the sandbox's to send: {h} is the header the proxy signs its identity in"
+                ),
+                credential: Some("sandbox-identity".into()),
+            });
+        }
+        None
+    }
+
+    /// What the rules make of a request the checks before them passed. Where a rule reads a
+    /// protocol on this request's path (or git's smart HTTP on its repository), only such
+    /// rules decide: a plainer rule for the same host cannot skip the protocol's judgement.
+    fn rules(&self, host: &str, head: Head<'_>) -> Checked {
+        let (method, path, query) = (head.method.as_str(), head.uri.path(), head.uri.query());
+        let git_call =
+            || git_request(method, path, query).map(|(s, _)| format!("git {}", s.name()));
+        if self.rules.is_empty() {
+            return Checked::Allowed(None);
+        }
+        let reading: Vec<&HttpRule> = self
+            .rules
+            .iter()
+            .filter(|r| r.reads(method, path, query))
+            .collect();
+        let candidates: Vec<&HttpRule> = match reading.is_empty() {
+            true => self.rules.iter().collect(),
+            false => reading,
+        };
+        let mut judges = Vec::new();
+        for r in candidates {
+            match r.admits(method, path, query) {
+                Admits::Yes => return Checked::Allowed(git_call()),
+                Admits::Judge(proto) => judges.push(proto.clone()),
+                Admits::No => {}
+            }
+        }
+        if !judges.is_empty() {
+            return Checked::Judge(judges);
+        }
+        let git = git_request(method, path, query).is_some()
+            || git_probe_ambiguous(method, path, query)
+            || lfs::batch_repository(method, path).is_some();
+        let reason = match git {
+            true => Reason::GitNotAllowed,
+            false => Reason::HttpNotAllowed,
+        };
+        Checked::Refused(Refusal::new(
+            reason,
+            format!("no network.http rule allows {method} {path} on {host}"),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::protocols::graphql::GraphQlRule;
+
+    fn rules(list: Vec<HttpRule>) -> HostRules {
+        HostRules {
+            any_path: false,
+            rules: list,
+            identity_header: None,
+        }
+    }
+
+    fn judge(r: &HostRules, method: &str, target: &str, body: bool) -> Checked {
+        let (m, u, h) = (
+            Method::from_bytes(method.as_bytes()).unwrap(),
+            target.parse::<Uri>().unwrap(),
+            HeaderMap::new(),
+        );
+        r.judge(
+            "h.test",
+            Head {
+                method: &m,
+                uri: &u,
+                headers: &h,
+                has_body: body,
+            },
+        )
+    }
+
+    #[test]
+    fn a_plain_rule_does_not_skip_a_graphql_rule_on_its_path() {
+        let gql = GraphQlRule::new(&["query".into()], &[], &["viewer".into()], &[]).unwrap();
+        let r = rules(vec![
+            HttpRule::with_protocol(
+                "h.test",
+                &[],
+                &["/graphql".into()],
+                &[],
+                Some(Protocol::GraphQl(gql)),
+            )
+            .unwrap(),
+            HttpRule::new("h.test", &["GET".into()], &[]).unwrap(),
+        ]);
+        assert!(matches!(
+            judge(&r, "GET", "/graphql?query=%7B%20secret%20%7D", false),
+            Checked::Judge(_)
+        ));
+        assert!(matches!(
+            judge(&r, "GET", "/other", false),
+            Checked::Allowed(_)
+        ));
+    }
+
+    #[test]
+    fn bodies_on_bodiless_methods_and_dot_segments_are_refused() {
+        let r = rules(vec![
+            HttpRule::new("h.test", &[], &["/ok/**".into()]).unwrap()
+        ]);
+        for (m, t, body) in [
+            ("GET", "/ok/a", true),
+            ("DELETE", "/ok/a", true),
+            ("GET", "/ok/../secret", false),
+            ("GET", "/ok/%2e%2e/secret", false),
+            ("GET", "/secret", false),
+        ] {
+            assert!(
+                matches!(judge(&r, m, t, body), Checked::Refused(_)),
+                "{m} {t}"
+            );
+        }
+        assert!(matches!(
+            judge(&r, "POST", "/ok/a", true),
+            Checked::Allowed(_)
+        ));
+        assert!(matches!(
+            judge(&r, "GET", "/ok/a", false),
+            Checked::Allowed(_)
+        ));
+    }
+}

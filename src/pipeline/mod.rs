@@ -1,0 +1,62 @@
+//! The one request pipeline: every HTTP request to a host that is judged per request —
+//! forwarded plain HTTP, and each request (each HTTP/2 stream) of a terminated tunnel — goes
+//! through the same named phases, judged as the origin will read it:
+//!
+//! 1. **head** ([`head::HostRules::judge`]): the request made canonical — a method compared
+//!    without case (TRACE and unusual methods only where a rule names them), no override
+//!    header or `_method` parameter, a canonical path (no dot segment, no encoded `.` `/` `\`,
+//!    the same canonicalizer as grants, sealing and presets), no body on a method that carries
+//!    none, no identity header of the proxy's own — then the host's `network.http` rules as one
+//!    matcher: where a rule reads a protocol on the request's path (MCP, JSON-RPC, GraphQL,
+//!    git, LFS), only such rules decide, so a plainer rule on the same host cannot skip it;
+//! 2. **body** ([`body::read`], [`body::judge`]): a rule naming a protocol reads the body,
+//!    bounded, *as its declared media type* — a media type the protocol does not read is
+//!    refused, never guessed — and the bytes judged are the bytes sent;
+//! 3. the verdict stages that ask per request (the decider, quotas) and then credentials,
+//!    DLP, send and the response phases run where the path can run them: on a terminated
+//!    host all of them ([`crate::intercept`]); on forwarded plain HTTP, the head and body
+//!    phases here, while a credential never travels in clear
+//!    ([`crate::intercept::InClear`] refuses such a request before it is dialled).
+//!
+//! [`judged_per_request`] is the one predicate that says which hosts these are.
+
+pub mod body;
+pub mod forwarded;
+pub mod head;
+
+use crate::config::Binding;
+
+/// Whether the requests of `binding` to `host` are judged one by one: a credential or the
+/// identity token is bound to it, it is the token endpoint of a minting credential, or a
+/// `network.http` rule names it. The one predicate: termination
+/// ([`crate::intercept::Interceptor::terminates`]) and the forwarded path both ask it.
+pub fn judged_per_request(binding: &Binding, host: &str) -> bool {
+    binding
+        .credentials
+        .iter()
+        .any(|c| c.bound_to(host) || crate::intercept::token_host(c, host))
+        || binding.network.http.iter().any(|r| r.host.matches(host))
+        || binding
+            .identity_token
+            .as_ref()
+            .is_some_and(|t| t.bound_to(host))
+}
+
+/// Why a request is refused, for its response and its record.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    pub reason: crate::policy::reason::Reason,
+    pub detail: String,
+    /// The credential it concerns, when it is about one.
+    pub credential: Option<String>,
+}
+
+impl Refusal {
+    pub fn new(reason: crate::policy::reason::Reason, detail: impl Into<String>) -> Self {
+        Refusal {
+            reason,
+            detail: detail.into(),
+            credential: None,
+        }
+    }
+}
