@@ -316,3 +316,92 @@ fn the_top_level_decider_applies_to_every_sandbox_without_its_own() {
     );
     assert!(text(&out).contains("denied_by_decider"), "{}", text(&out));
 }
+
+/// Security review round A, A26: a private key sent gzip'd, base64'd, percent-encoded, in a
+/// header or in the query reached the origin. The DLP phase now scans the target and headers
+/// and the body as the origin may decode it, on terminated and forwarded plain-HTTP requests
+/// alike; a coding it cannot undo is refused.
+#[test]
+fn dlp_finds_a_key_in_every_encoding_on_terminated_and_forwarded_requests() {
+    use base64::Engine;
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let tls = Origin::start(Some(&ca));
+    let plain = Origin::start(None);
+    let (tls_port, plain_port) = (tls.addr.port(), plain.addr.port());
+    let dlp = "    dlp: { rules: [{ name: private_key, pattern: \"-----BEGIN [A-Z ]*PRIVATE KEY-----\" }] }\n";
+    let sandbox = format!(
+        r#"  - id: dev
+    auth: {{ token_sha256: {tok} }}
+{dlp}    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["api.test:{tls_port}", "other.test:{plain_port}"]
+        http: [{{ host: api.test, methods: [GET, POST], paths: ["/**"] }}]
+"#,
+        tok = sha("dev-secret"),
+    );
+    let p = proxy(dir.path(), &ca, &sandbox, "");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(PRIVATE_KEY.as_bytes()).unwrap();
+    let gz_file = dir.path().join("body.gz");
+    std::fs::write(&gz_file, gz.finish().unwrap()).unwrap();
+    let gz_arg = format!("@{}", gz_file.display());
+    let b64 = base64::engine::general_purpose::STANDARD.encode(PRIVATE_KEY);
+    let pct: String = PRIVATE_KEY.bytes().map(|b| format!("%{b:02X}")).collect();
+    let header = format!("X-Config: {b64}");
+    for base in [
+        format!("https://api.test:{tls_port}"),
+        format!("http://other.test:{plain_port}"),
+    ] {
+        let upload = format!("{base}/upload");
+        let query = format!("{base}/upload?k={pct}");
+        let cases: [(&str, &str, Vec<&str>); 6] = [
+            (
+                "gzip",
+                &upload,
+                vec!["-H", "Content-Encoding: gzip", "--data-binary", &gz_arg],
+            ),
+            ("base64", &upload, vec!["--data-binary", &b64]),
+            ("percent", &upload, vec!["--data-binary", &pct]),
+            ("header", &upload, vec!["-H", &header, "--data-binary", "x"]),
+            ("query", &query, vec!["--data-binary", "x"]),
+            (
+                "br",
+                &upload,
+                vec!["-H", "Content-Encoding: br", "--data-binary", "x"],
+            ),
+        ];
+        for (what, url, extra) in cases {
+            let out = as_sandbox(&p, dir.path(), "dev", url, &extra);
+            assert!(
+                text(&out).contains("dlp_blocked"),
+                "{base} {what}: {}",
+                text(&out)
+            );
+        }
+        // Without the key, the same request passes.
+        let out = as_sandbox(
+            &p,
+            dir.path(),
+            "dev",
+            &upload,
+            &["--data-binary", "nothing"],
+        );
+        assert!(text(&out).contains("received 7"), "{base}: {}", text(&out));
+    }
+    assert_eq!(
+        tls.received.load(Ordering::SeqCst),
+        7,
+        "only the clean upload"
+    );
+    assert_eq!(
+        plain.received.load(Ordering::SeqCst),
+        7,
+        "only the clean upload"
+    );
+    let rec = p.wait_record(|r| r["reason"] == "dlp_blocked" && r["mode"] == "http");
+    assert_eq!(rec["dlp"], "private_key", "{rec}");
+}

@@ -1,7 +1,7 @@
 //! `decider:` — an external decider the proxy asks after its own policy allowed an exchange
 //! (top level, or the same key in a sandbox entry, which takes precedence) — and `dlp:`, the
 //! built-in scanner of request bodies to terminated hosts (a sandbox entry's key). What they
-//! do is [`crate::decider`]'s and `crate::intercept::dlp`'s; here they are validated.
+//! do is [`crate::decider`]'s and `crate::pipeline::dlp`'s; here they are validated.
 
 use std::sync::Arc;
 use std::time::Duration;

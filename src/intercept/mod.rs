@@ -12,7 +12,6 @@
 mod authority;
 pub mod ca;
 pub mod credential;
-pub mod dlp;
 mod error;
 mod exchange;
 pub mod identity;
@@ -23,7 +22,7 @@ pub(crate) mod prefixed;
 mod scrub;
 pub mod sealed;
 mod sigv4;
-mod unescape;
+pub(crate) mod unescape;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -9,37 +9,83 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 
 use super::head::{Checked, Head, HostRules};
 use super::{body, Refusal};
 use crate::audit::record::HttpFacts;
 use crate::audit::AuditGuard;
 use crate::config::Binding;
+use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
+use crate::relay::body::SendError;
 
 /// A forwarded request's body, as the forwarder sends it.
-pub type ForwardBody = BoxBody<Bytes, hyper::Error>;
+pub type ForwardBody = BoxBody<Bytes, SendError>;
+
+/// What the DLP scanner found in a forwarded body, read after it was sent.
+pub type Found = std::sync::Arc<std::sync::Mutex<super::dlp::Found>>;
+
+/// The pipeline's phases on a forwarded request of `binding` to `host`, in order: the head and
+/// body phases where the host has `network.http` rules ([`judge`]), then the DLP phase where
+/// the sandbox has `dlp:` (its target and headers now, its body as it streams — or read whole
+/// and decoded when compressed). `Ok` with the request to send and what the body scanner will
+/// have found; `Err` with the refusal, recorded.
+pub async fn phases(
+    binding: &Binding,
+    host: &str,
+    limit: u64,
+    req: Request<Incoming>,
+    audit: &mut AuditGuard,
+) -> Result<(Request<ForwardBody>, Option<Found>), Refusal> {
+    let rules = HostRules::of(binding, host);
+    let req = match rules.is_empty() {
+        true => req.map(|b| b.map_err(SendError::from).boxed()),
+        false => judge(binding, &rules, host, limit, req, audit).await?,
+    };
+    let Some(cfg) = binding.dlp.clone() else {
+        return Ok((req, None));
+    };
+    let scanner = super::dlp::Scanner::new(cfg, binding.enforcement == Enforcement::Report);
+    let found = scanner.found.clone();
+    let (parts, body) = req.into_parts();
+    match super::dlp::phase(scanner, &parts.uri, &parts.headers, body).await {
+        Ok(super::dlp::Phase::Stream(s)) => {
+            let body = s.boxed();
+            Ok((Request::from_parts(parts, body), Some(found)))
+        }
+        Ok(super::dlp::Phase::Whole(b)) => Ok((whole(parts, b), Some(found))),
+        Err(why) => {
+            if let Some(names) = found.lock().ok().filter(|f| !f.names.is_empty()) {
+                audit.dlp(names.names.join(","));
+            }
+            audit.verdict(Verdict::Deny, Reason::DlpBlocked);
+            audit.detail(why.clone());
+            Err(Refusal::new(Reason::DlpBlocked, why))
+        }
+    }
+}
 
 /// Judge a forwarded request of `binding` to `host` (whose rules are `rules`, not empty):
 /// `Ok` with the request to send (its body whole when a protocol rule read it), recorded with
 /// what it called; `Err` with the refusal, recorded (verdict, reason, detail, method and path).
-pub async fn judge<B>(
+pub async fn judge(
     binding: &Binding,
     rules: &HostRules,
     host: &str,
     limit: u64,
-    req: Request<B>,
+    req: Request<Incoming>,
     audit: &mut AuditGuard,
-) -> Result<Request<ForwardBody>, Refusal>
-where
-    B: http_body::Body<Data = Bytes, Error = hyper::Error> + Send + Sync + 'static,
-{
+) -> Result<Request<ForwardBody>, Refusal> {
     let checked = rules.judge(host, Head::of(&req));
     let (parts, b) = req.into_parts();
     let refused = match checked {
         Checked::Allowed(call) => {
             audit.http(facts(&parts, call));
-            return Ok(Request::from_parts(parts, b.boxed()));
+            return Ok(Request::from_parts(
+                parts,
+                b.map_err(SendError::from).boxed(),
+            ));
         }
         Checked::Refused(r) => r,
         Checked::Judge(judges) => {
@@ -70,7 +116,8 @@ where
         }
     };
     audit.http(facts(&parts, None));
-    reported(binding, refused, audit).map(|()| Request::from_parts(parts, b.boxed()))
+    reported(binding, refused, audit)
+        .map(|()| Request::from_parts(parts, b.map_err(SendError::from).boxed()))
 }
 
 /// A refusal, recorded: `Ok` when report mode lets the request go on (recorded `report`).

@@ -24,7 +24,7 @@ use crate::egress::admit::{Admitted, Route, Through};
 use crate::egress::handles::Handles;
 use crate::egress::limits::{ConnectionSlot, SandboxLimiter};
 use crate::egress::parent;
-use crate::pipeline::{self, forwarded::ForwardBody, head::HostRules};
+use crate::pipeline::{self, forwarded::ForwardBody};
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;
 use crate::policy::Decision;
@@ -107,14 +107,10 @@ pub async fn forward(
         sandbox: sandbox.binding.id.to_string(),
     };
     // The request pipeline, where the host is judged per request: nothing is sent before it.
-    let judged = judged(
-        &sandbox.binding,
-        &grant.target,
-        judge_body_bytes,
-        req,
-        &mut audit,
-    );
-    let req = match judged.await {
+    let name = grant.target.host.to_string();
+    let judged =
+        pipeline::forwarded::phases(&sandbox.binding, &name, judge_body_bytes, req, &mut audit);
+    let (req, dlp) = match judged.await {
         Ok(r) => r,
         Err(r) => return refused(audit, &r, &failed),
     };
@@ -144,6 +140,10 @@ pub async fn forward(
     let done_tx = watch_exchange(watch, &exchange, &cut, &upstream_cut, &live);
 
     let sent = send((connect, &metrics), &exchange, &mut up, upstream_req).await;
+    if let Some(cut) = dlp.and_then(|found| dlp_cut(&exchange, &found, &failed)) {
+        upstream_cut.close();
+        return cut;
+    }
     // Through a parent, its own refusal is told from the origin's answer.
     let refused = sent.as_ref().ok().zip(through.as_ref());
     if let Some(detail) = refused.and_then(|(r, t)| parent::refusal(&t.parent, r)) {
@@ -167,23 +167,6 @@ pub async fn forward(
     }
 }
 
-/// The request as the pipeline lets it go ([`pipeline::forwarded`]) when `target`'s host is
-/// judged per request by `binding`; as it came otherwise. `Err`: refused (recorded).
-async fn judged(
-    binding: &crate::config::Binding,
-    target: &Target,
-    limit: u64,
-    req: Request<Incoming>,
-    audit: &mut AuditGuard,
-) -> Result<Request<ForwardBody>, pipeline::Refusal> {
-    let name = target.host.to_string();
-    let rules = HostRules::of(binding, &name);
-    if rules.is_empty() {
-        return Ok(req.map(|b| b.boxed()));
-    }
-    pipeline::forwarded::judge(binding, &rules, &name, limit, req, audit).await
-}
-
 /// The origin's answer as the client gets it: hop-by-hop headers gone, its head and body
 /// counted (the body shaped under `shaper`), and `finish` run when the body ends.
 fn answer(
@@ -204,6 +187,32 @@ fn answer(
         None => body.boxed(),
     };
     Response::from_parts(parts, body)
+}
+
+/// The DLP scanner cut the body (`dlp_blocked`): the record says so and which rules matched,
+/// the client gets the refusal (the origin got an incomplete body, never the whole).
+fn dlp_cut(
+    exchange: &SharedExchange,
+    found: &pipeline::forwarded::Found,
+    failed: &Failed,
+) -> Option<Response<Body>> {
+    let mut cut = None;
+    with_audit(exchange, |a| {
+        cut = pipeline::dlp::recorded(found, a);
+        if let Some(why) = &cut {
+            a.decision(&Decision::deny(Reason::DlpBlocked, None));
+            a.detail(why.clone());
+            a.close_if_unset(Close::Error);
+        }
+    });
+    let why = cut?;
+    Some(deny::response(&deny::Refusal {
+        reason: Reason::DlpBlocked,
+        what: &failed.what,
+        sandbox: Some(&failed.sandbox),
+        explanation: &why,
+        retry_after: None,
+    }))
 }
 
 /// A request the pipeline refused: its record finished, the §6 refusal.
@@ -469,7 +478,7 @@ fn for_origin(
     live: Arc<Liveness>,
     shaper: Option<Arc<SandboxLimiter>>,
     through: Option<&Through>,
-) -> Request<http_body_util::combinators::BoxBody<Bytes, hyper::Error>> {
+) -> Request<crate::relay::upstream_pool::ReqBody> {
     let (mut parts, body) = req.into_parts();
     let body = Counted::new(body, live, true).boxed();
     let body = match shaper {

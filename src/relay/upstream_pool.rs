@@ -31,7 +31,7 @@ use crate::relay::abortable::{Abortable, Cut};
 use crate::relay::server_io::ServerIo;
 
 /// The body of a forwarded request, as sent upstream.
-pub type ReqBody = BoxBody<Bytes, hyper::Error>;
+pub type ReqBody = BoxBody<Bytes, crate::relay::body::SendError>;
 
 /// One HTTP/1.1 connection to an origin.
 pub struct Upstream {

@@ -4,7 +4,7 @@
 //! credentials). It may allow (and set or remove headers), deny, or ask for the body: then
 //! up to `need_body_max` bytes are read, shown, and the decider asked again — the bytes shown
 //! are the bytes sent. In report mode its refusal forwards the request without credentials,
-//! recorded `report`. The body DLP ([`crate::intercept::dlp`]) wraps what goes upstream.
+//! recorded `report`. The body DLP ([`crate::pipeline::dlp`]) wraps what goes upstream.
 
 use base64::Engine;
 use http::Request;
@@ -12,9 +12,10 @@ use http::Request;
 use super::{Exchange, Prepared, Refusal, UpBody};
 use crate::audit::AuditGuard;
 use crate::decider::{self, wire, Answer, Ask, Outcome};
-use crate::intercept::dlp::Scanner;
+use crate::pipeline::dlp::{self, Found, Phase, Scanner};
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
+use std::sync::{Arc, Mutex};
 
 impl Exchange {
     /// Ask the binding's decider about `req` (allowed so far with `verdict`): the verdict it
@@ -126,19 +127,27 @@ impl Exchange {
         }
     }
 
-    /// Wrap the body in the binding's DLP scanner, if it has one; what it finds is read
-    /// after the request was sent.
-    pub(super) fn scanned(
+    /// The DLP phase ([`crate::pipeline::dlp::phase`]) when the binding has `dlp:`: the
+    /// target and headers the sandbox sent (before any credential is put on), and the body —
+    /// scanned as it streams, or read whole and decoded when compressed. What the scanner
+    /// finds in the body is read after the request was sent.
+    pub(super) async fn scanned(
         &self,
         p: &Prepared,
-        req: &mut Request<UpBody>,
-    ) -> Option<std::sync::Arc<std::sync::Mutex<crate::intercept::dlp::Found>>> {
-        let cfg = p.binding.dlp.clone()?;
+        req: Request<UpBody>,
+    ) -> Result<(Request<UpBody>, Option<Arc<Mutex<Found>>>), Refusal> {
+        let Some(cfg) = p.binding.dlp.clone() else {
+            return Ok((req, None));
+        };
         let report = p.binding.enforcement == Enforcement::Report;
         let scanner = Scanner::new(cfg, report);
         let found = scanner.found.clone();
-        let body = std::mem::replace(req.body_mut(), UpBody::Whole(None));
-        *req.body_mut() = UpBody::Scanned(Box::new(body), Box::new(scanner));
-        Some(found)
+        let (parts, body) = req.into_parts();
+        let body = match dlp::phase(scanner, &parts.uri, &parts.headers, body).await {
+            Ok(Phase::Stream(s)) => UpBody::Scanned(Box::new(s)),
+            Ok(Phase::Whole(b)) => UpBody::whole(b),
+            Err(why) => return Err(Refusal::new(Reason::DlpBlocked, why)),
+        };
+        Ok((Request::from_parts(parts, body), Some(found)))
     }
 }

@@ -24,7 +24,8 @@ impl Exchange {
             .any(|k| k.kind.reads_body(req.uri(), req.headers()));
         if whole {
             let body = std::mem::replace(req.body_mut(), UpBody::Whole(None));
-            if let UpBody::Streamed(b) = body {
+            if !matches!(body, UpBody::Whole(_)) {
+                let b = body;
                 let limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
                 let read = http_body_util::Limited::new(b, limit).collect().await;
                 let bytes = read.map_err(|_| {

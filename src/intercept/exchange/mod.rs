@@ -92,20 +92,30 @@ pub struct Exchange {
     prepared: Mutex<Option<Arc<Prepared>>>,
 }
 
-/// Record what the body scanner found; the refusal when a `deny` rule cut the body.
-fn dlp_found(
-    found: &Mutex<crate::intercept::dlp::Found>,
-    audit: &mut AuditGuard,
-) -> Option<Refusal> {
-    let f = found.lock().ok()?;
-    if !f.names.is_empty() {
-        audit.dlp(f.names.join(","));
+/// What reads the response of `req`: the MCP rule that filters it (report mode changes
+/// nothing — lists and server requests pass as the server sent them — and the record says
+/// what enforcing would have hidden or dropped), and the sealing of a minting credential's
+/// token endpoint answering the sandbox's own call, whatever the verdict. Where anything reads
+/// the response, it is asked for uncompressed.
+fn readers(
+    p: &Prepared,
+    allowed: Allowed,
+    verdict: Verdict,
+    req: &mut Request<UpBody>,
+) -> (response::Mcp, Option<(String, String)>) {
+    let report = p.binding.enforcement == Enforcement::Report;
+    let mcp = allowed
+        .mcp
+        .filter(|_| verdict == Verdict::Allow)
+        .map(|(rule, lists)| (rule, lists, report));
+    let seal = p.seal_of(req.uri().path());
+    if !p.bound.is_empty() || mcp.is_some() || seal.is_some() {
+        req.headers_mut().insert(
+            http::header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
     }
-    let rule = f.blocked.as_ref()?;
-    Some(Refusal::new(
-        Reason::DlpBlocked,
-        format!("dlp rule {rule} matched the request body; the upload was cut"),
-    ))
+    (mcp, seal)
 }
 
 /// What the record says of the request asked: its method and path, and what it called in a
@@ -278,22 +288,12 @@ impl Exchange {
         };
         let h2 = matches!(self.upstream, Upstream::H2(_));
         self.written.write(&mut req, h2);
-        // Report mode changes nothing (lists and server requests pass as the server sent
-        // them); the record says what enforcing would have hidden or dropped.
-        let report = d.prepared.binding.enforcement == Enforcement::Report;
-        let mcp = allowed
-            .mcp
-            .filter(|_| verdict == Verdict::Allow)
-            .map(|(rule, lists)| (rule, lists, report));
-        // The sandbox's own call to a minting credential's token endpoint: its answer is
-        // sealed, whatever the verdict.
-        let seal = d.prepared.seal_of(req.uri().path());
-        if !d.prepared.bound.is_empty() || mcp.is_some() || seal.is_some() {
-            req.headers_mut().insert(
-                http::header::ACCEPT_ENCODING,
-                HeaderValue::from_static("identity"),
-            );
-        }
+        let (mcp, seal) = readers(&d.prepared, allowed, verdict, &mut req);
+        // The DLP phase judges what the sandbox sent, before any credential is put on.
+        let (mut req, dlp) = match self.scanned(&d.prepared, req).await {
+            Ok(x) => x,
+            Err(r) => return self.refused_recorded(audit, &asked, r),
+        };
         // A request the check would refuse is never given a credential; one is put on as
         // the request will be sent (a signature covers the authority written above).
         let injected = match verdict {
@@ -304,13 +304,13 @@ impl Exchange {
             _ => None,
         };
         let scrubber = d.prepared.scrubber(&self.mint);
-        let dlp = self.scanned(&d.prepared, &mut req);
         let up_bytes = Arc::new(AtomicU64::new(0));
         let req =
             req.map(|b| Counted::new(b, self.live.clone(), true).count_into(up_bytes.clone()));
         let sent = self.upstream.send(req).await;
-        if let Some(r) = dlp.and_then(|found| dlp_found(&found, &mut audit)) {
-            return self.refused_recorded(audit, &asked, r);
+        if let Some(why) = dlp.and_then(|found| crate::pipeline::dlp::recorded(&found, &mut audit))
+        {
+            return self.refused_recorded(audit, &asked, Refusal::new(Reason::DlpBlocked, why));
         }
         match sent {
             Ok(resp) => {

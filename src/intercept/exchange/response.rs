@@ -76,11 +76,10 @@ impl Out {
 /// What reads a response before the client does: the secret scrubber, the MCP rule that
 /// filters it with the lists the request asked for (and whether only to report), and the
 /// sandbox and credential whose token answer it is (sealed).
-pub(super) type Readers = (
-    Option<Arc<Scrubber>>,
-    Option<(Arc<McpRule>, Lists, bool)>,
-    Option<(String, String)>,
-);
+pub(super) type Readers = (Option<Arc<Scrubber>>, Mcp, Option<(String, String)>);
+
+/// The MCP rule that filters a response, the lists asked for, and whether only to report.
+pub(super) type Mcp = Option<(Arc<McpRule>, Lists, bool)>;
 
 /// What ends a response's record: the secrets found, what the MCP filter did, the bytes.
 fn ender(

@@ -1,8 +1,8 @@
 //! A request body as it goes upstream: streamed as the client sends it, the bytes read whole
 //! (judged by a protocol rule, or hashed to be signed), or streamed with its `aws-chunked`
 //! chunk signatures computed again ([`crate::intercept::sigv4::Chunks`]), the bytes a decider
-//! was shown followed by the rest, and any of these scanned by the body DLP
-//! ([`crate::intercept::dlp`]) as it streams.
+//! was shown followed by the rest, and any of these scanned by the DLP phase
+//! ([`crate::pipeline::dlp`]) as it streams.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -11,8 +11,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::intercept::dlp::Scanner;
 use crate::intercept::sigv4::Chunks;
+use crate::pipeline::dlp::Scanned;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -23,7 +23,7 @@ pub enum UpBody {
     Resigned(Incoming, Box<Chunks>),
     /// The bytes read to show a decider (taken first), then the rest as it streams.
     Prefixed(Option<Bytes>, Incoming),
-    Scanned(Box<UpBody>, Box<Scanner>),
+    Scanned(Box<Scanned<UpBody>>),
 }
 
 impl UpBody {
@@ -90,17 +90,7 @@ impl Body for UpBody {
                 Some(f) => Poll::Ready(Some(Ok(Frame::data(f)))),
                 None => Pin::new(b).poll_frame(cx).map_err(Into::into),
             },
-            UpBody::Scanned(inner, scanner) => {
-                let frame = std::task::ready!(Pin::new(&mut **inner).poll_frame(cx));
-                if let Some(Ok(f)) = &frame {
-                    if let Some(d) = f.data_ref() {
-                        if let Err(why) = scanner.scan(d) {
-                            return Poll::Ready(Some(Err(why.into())));
-                        }
-                    }
-                }
-                Poll::Ready(frame)
-            }
+            UpBody::Scanned(b) => Pin::new(&mut **b).poll_frame(cx),
             UpBody::Resigned(b, chunks) => loop {
                 match std::task::ready!(Pin::new(&mut *b).poll_frame(cx)) {
                     None if chunks.finished() => return Poll::Ready(None),
@@ -132,7 +122,7 @@ impl Body for UpBody {
             UpBody::Streamed(b) | UpBody::Resigned(b, _) => b.is_end_stream(),
             UpBody::Whole(b) => b.is_none(),
             UpBody::Prefixed(first, b) => first.is_none() && b.is_end_stream(),
-            UpBody::Scanned(inner, _) => inner.is_end_stream(),
+            UpBody::Scanned(b) => b.is_end_stream(),
         }
     }
 
@@ -150,7 +140,7 @@ impl Body for UpBody {
                 }
                 out
             }
-            UpBody::Scanned(inner, _) => inner.size_hint(),
+            UpBody::Scanned(b) => b.size_hint(),
         }
     }
 }

@@ -1,0 +1,455 @@
+//! The request DLP phase of the pipeline (`dlp:` of a sandbox), wherever secrets travel: the
+//! request target (path and query, userinfo) and header values ([`head`]), and the body as it
+//! streams ([`Scanner`]) — no whole-body buffering: each chunk is scanned with the last
+//! [`OVERLAP`] bytes of the one before, so a match split across chunks is found — within
+//! `max_bytes`. Every place is scanned as it is and as the origin may decode it: percent and
+//! JSON escapes undone (the scrubber's decoder, [`crate::intercept::unescape`]) and base64 runs
+//! decoded; a body under a `Content-Encoding` is decompressed first ([`Coding`]), and one the
+//! proxy cannot undo is refused. A `deny` match refuses the request (in the body: cuts it; the
+//! upstream gets an incomplete body, never a complete one), a `report` match is recorded.
+//! Matches are recorded by rule name, never by the text matched.
+
+use std::sync::{Arc, Mutex};
+
+use std::borrow::Cow;
+use std::io::Read;
+
+use base64::Engine;
+use bytes::{Bytes, BytesMut};
+
+use crate::config::decider::{DlpAction, DlpConfig};
+use crate::intercept::unescape;
+
+/// Bytes of the previous chunk scanned again with the next.
+pub const OVERLAP: usize = 1024;
+/// The name the entropy detector's finds are recorded under.
+pub const HIGH_ENTROPY: &str = "high_entropy";
+
+/// What the scanner found, shared with the exchange.
+#[derive(Default, Debug)]
+pub struct Found {
+    /// Rule names, in the order first found.
+    pub names: Vec<String>,
+    /// A `deny` rule matched (the body was cut).
+    pub blocked: Option<String>,
+}
+
+/// The scanner of one body.
+pub struct Scanner {
+    cfg: Arc<DlpConfig>,
+    /// `deny` acts as `report` (the sandbox is in report mode).
+    report_only: bool,
+    tail: BytesMut,
+    scanned: u64,
+    pub found: Arc<Mutex<Found>>,
+}
+
+/// Shannon entropy of `s`, in bits per byte.
+fn entropy(s: &[u8]) -> f64 {
+    let mut counts = [0u32; 256];
+    for b in s {
+        counts[usize::from(*b)] += 1;
+    }
+    let n = s.len() as f64;
+    counts
+        .iter()
+        .filter(|c| **c > 0)
+        .map(|c| {
+            let p = f64::from(*c) / n;
+            -p * p.log2()
+        })
+        .sum()
+}
+
+impl Scanner {
+    pub fn new(cfg: Arc<DlpConfig>, report_only: bool) -> Self {
+        Scanner {
+            cfg,
+            report_only,
+            tail: BytesMut::new(),
+            scanned: 0,
+            found: Default::default(),
+        }
+    }
+
+    /// Scan the next chunk; `Err` with the rule when a `deny` rule matched.
+    pub fn scan(&mut self, chunk: &Bytes) -> Result<(), String> {
+        let left = self.cfg.max_bytes.saturating_sub(self.scanned);
+        if left == 0 {
+            return Ok(());
+        }
+        let take = chunk.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        self.scanned += take as u64;
+        let mut window = std::mem::take(&mut self.tail);
+        window.extend_from_slice(&chunk[..take]);
+        let mut hits = rule_hits(&self.cfg, &window);
+        if let Some((min, bits, action)) = self.cfg.entropy {
+            let token = |b: &u8| b.is_ascii_alphanumeric() || b"+/=_-".contains(b);
+            let high = window[..]
+                .split(|b| !token(b))
+                .any(|t| t.len() >= min && entropy(t) >= bits);
+            if high {
+                hits.push((HIGH_ENTROPY.to_string(), action));
+            }
+        }
+        let keep = window.len().min(OVERLAP);
+        self.tail = window.split_off(window.len() - keep);
+        self.note(hits, "the request body")
+    }
+
+    /// Scan the request's target and header values with the named rules (not the entropy
+    /// detector: tokens and placeholders in headers are random by design), before anything is
+    /// sent; `Err` with the refusal's words when a `deny` rule matched.
+    pub fn head(&mut self, uri: &http::Uri, headers: &http::HeaderMap) -> Result<(), String> {
+        let mut hits = Vec::new();
+        if let Some(pq) = uri.path_and_query() {
+            hits.extend(rule_hits(&self.cfg, pq.as_str().as_bytes()));
+        }
+        if let Some(a) = uri.authority() {
+            hits.extend(rule_hits(&self.cfg, a.as_str().as_bytes()));
+        }
+        for (name, value) in headers {
+            if name == http::header::PROXY_AUTHORIZATION {
+                continue;
+            }
+            hits.extend(rule_hits(&self.cfg, value.as_bytes()));
+        }
+        self.note(hits, "the request's target or headers")
+    }
+
+    /// Record what was found; `Err` at the first `deny` rule (unless only reporting).
+    fn note(&self, hits: Vec<(String, DlpAction)>, place: &str) -> Result<(), String> {
+        let Ok(mut f) = self.found.lock() else {
+            return Err("the scanner failed".into());
+        };
+        for (name, action) in hits {
+            if !f.names.contains(&name) {
+                f.names.push(name.clone());
+            }
+            if action == DlpAction::Deny && !self.report_only && f.blocked.is_none() {
+                f.blocked = Some(name.clone());
+                return Err(format!("dlp rule {name} matched {place}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the DLP phase made of a request that may go on: its body scanned as it streams, or
+/// (compressed) read whole, decoded, scanned, and sent as it came.
+pub enum Phase<B> {
+    Stream(Scanned<B>),
+    Whole(Bytes),
+}
+
+/// The DLP phase: the request's target and headers, then its body — wrapped to be scanned as
+/// it streams, or read whole (within `max_bytes`) and decoded first when it has a
+/// `Content-Encoding`. `Err` with the refusal's words (the scanner's finds say which rule).
+pub async fn phase<B>(
+    scanner: Scanner,
+    uri: &http::Uri,
+    headers: &http::HeaderMap,
+    body: B,
+) -> Result<Phase<B>, String>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: From<Cut> + Into<BoxError>,
+{
+    use http_body_util::BodyExt;
+    let mut scanner = scanner;
+    scanner.head(uri, headers)?;
+    let coding = Coding::of(headers);
+    if coding == Coding::Identity {
+        return Ok(Phase::Stream(Scanned {
+            inner: body,
+            scanner,
+        }));
+    }
+    let max = scanner.cfg.max_bytes;
+    let limit = usize::try_from(max).unwrap_or(usize::MAX);
+    let whole = http_body_util::Limited::new(body, limit)
+        .collect()
+        .await
+        .map_err(|_| format!("a body under a Content-Encoding is scanned whole, and this one is larger than {max} bytes (dlp.max_bytes) or could not be read"))?
+        .to_bytes();
+    let plain = coding.decode(&whole, max)?;
+    scanner.scan(&Bytes::from(plain))?;
+    Ok(Phase::Whole(whole))
+}
+
+/// A body scanned as it streams: a `deny` match ends it with an error (the upstream gets an
+/// incomplete body, never a complete one).
+pub struct Scanned<B> {
+    inner: B,
+    scanner: Scanner,
+}
+
+/// The error a scanned body ends with when a `deny` rule matched.
+#[derive(Debug)]
+pub struct Cut(pub String);
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Cut {}
+
+impl<B> http_body::Body for Scanned<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: From<Cut>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        let frame = std::task::ready!(std::pin::Pin::new(&mut this.inner).poll_frame(cx));
+        if let Some(Ok(f)) = &frame {
+            if let Some(d) = f.data_ref() {
+                if let Err(why) = this.scanner.scan(d) {
+                    return std::task::Poll::Ready(Some(Err(Cut(why).into())));
+                }
+            }
+        }
+        std::task::Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Record what the scanner found on `audit` (rule names only); the refusal's words when a
+/// `deny` rule cut the body.
+pub fn recorded(found: &Mutex<Found>, audit: &mut crate::audit::AuditGuard) -> Option<String> {
+    let f = found.lock().ok()?;
+    if !f.names.is_empty() {
+        audit.dlp(f.names.join(","));
+    }
+    let rule = f.blocked.as_ref()?;
+    Some(format!(
+        "dlp rule {rule} matched the request body; the upload was cut"
+    ))
+}
+
+/// The named rules that match `bytes` as they are or in any of their decoded views.
+fn rule_hits(cfg: &DlpConfig, bytes: &[u8]) -> Vec<(String, DlpAction)> {
+    let views = views(bytes);
+    cfg.rules
+        .iter()
+        .filter(|r| views.iter().any(|v| r.pattern.is_match(v)))
+        .map(|r| (r.name.clone(), r.action))
+        .collect()
+}
+
+/// The shortest base64 run decoded: shorter ones are words, not encodings.
+const MIN_BASE64: usize = 16;
+
+/// `bytes` as they are and as an origin may decode them: percent and JSON escapes undone
+/// (the scrubber's decoder), and each base64 run (standard or URL-safe, padded or not)
+/// decoded — of the escapes-undone view too, so percent-encoded base64 is found.
+fn views(bytes: &[u8]) -> Vec<Cow<'_, [u8]>> {
+    let mut out = vec![Cow::Borrowed(bytes)];
+    if unescape::has_escapes(bytes) {
+        out.push(Cow::Owned(unescape::decode(bytes).0));
+    }
+    let mut decoded = Vec::new();
+    for v in &out {
+        let b64 = |c: &u8| c.is_ascii_alphanumeric() || b"+/_-".contains(c);
+        for run in v.split(|c| !b64(c)).filter(|r| r.len() >= MIN_BASE64) {
+            let run = &run[..run.len() / 4 * 4];
+            let engines = [
+                base64::engine::general_purpose::STANDARD_NO_PAD,
+                base64::engine::general_purpose::URL_SAFE_NO_PAD,
+            ];
+            if let Some(d) = engines.iter().find_map(|e| e.decode(run).ok()) {
+                decoded.push(Cow::Owned(d));
+            }
+        }
+    }
+    out.extend(decoded);
+    out
+}
+
+/// A request body's `Content-Encoding`, as the DLP reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Coding {
+    /// None, or `identity`.
+    Identity,
+    Gzip,
+    Deflate,
+    /// One the proxy cannot undo (`br`, `zstd`, two codings): refused where DLP scans.
+    Other(String),
+}
+
+impl Coding {
+    pub fn of(headers: &http::HeaderMap) -> Coding {
+        let all: Vec<&[u8]> = headers
+            .get_all(http::header::CONTENT_ENCODING)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .map(|c| c.trim_ascii())
+            .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"))
+            .collect();
+        match all[..] {
+            [] => Coding::Identity,
+            [c] if c.eq_ignore_ascii_case(b"gzip") || c.eq_ignore_ascii_case(b"x-gzip") => {
+                Coding::Gzip
+            }
+            [c] if c.eq_ignore_ascii_case(b"deflate") => Coding::Deflate,
+            _ => Coding::Other(
+                all.iter()
+                    .map(|c| String::from_utf8_lossy(c).into_owned())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+        }
+    }
+
+    /// `body` decoded, at most `max` bytes of it (what the scanner would read anyway); `Err`
+    /// when it does not decode.
+    pub fn decode(&self, body: &[u8], max: u64) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        let read = match self {
+            Coding::Identity => return Ok(body.to_vec()),
+            Coding::Gzip => flate2::read::MultiGzDecoder::new(body)
+                .take(max)
+                .read_to_end(&mut out),
+            Coding::Deflate => flate2::read::ZlibDecoder::new(body)
+                .take(max)
+                .read_to_end(&mut out),
+            Coding::Other(c) => {
+                return Err(format!(
+                    "the body's Content-Encoding {c} cannot be undone to scan it"
+                ))
+            }
+        };
+        read.map(|_| out)
+            .map_err(|e| format!("the body's Content-Encoding does not decode: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::decider::{resolve_dlp, RawDlp, RawDlpRule, RawEntropy};
+
+    fn cfg() -> Arc<DlpConfig> {
+        let raw = RawDlp {
+            rules: vec![RawDlpRule {
+                name: "private_key".into(),
+                pattern: "-----BEGIN [A-Z ]*PRIVATE KEY-----".into(),
+                action: None,
+            }],
+            entropy: Some(RawEntropy {
+                min_length: Some(32),
+                bits_per_char: Some(4.5),
+                action: Some("report".into()),
+            }),
+            max_bytes: Some(1 << 20),
+        };
+        resolve_dlp(&raw, &mut Vec::new()).unwrap()
+    }
+
+    #[test]
+    fn a_pattern_split_across_chunks_is_found_and_denies() {
+        let mut s = Scanner::new(cfg(), false);
+        assert!(s
+            .scan(&Bytes::from_static(b"hello -----BEGIN RSA PRIV"))
+            .is_ok());
+        assert!(s.scan(&Bytes::from_static(b"ATE KEY-----\nMIIE")).is_err());
+        let f = s.found.lock().unwrap();
+        assert_eq!(f.blocked.as_deref(), Some("private_key"));
+    }
+
+    #[test]
+    fn encoded_keys_are_found_in_bodies_targets_and_headers() {
+        let key = b"-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA";
+        let b64 = base64::engine::general_purpose::STANDARD.encode(key);
+        let url = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key);
+        let pct: String = key.iter().map(|b| format!("%{b:02X}")).collect();
+        let json = "\\u002d\\u002d\\u002d\\u002d\\u002dBEGIN RSA PRIVATE KEY-----";
+        for body in [
+            b64.clone(),
+            url.clone(),
+            pct.clone(),
+            json.to_string(),
+            format!("x={}", pct),
+        ] {
+            let mut s = Scanner::new(cfg(), false);
+            assert!(s.scan(&Bytes::from(body.clone())).is_err(), "{body}");
+        }
+        let mut s = Scanner::new(cfg(), false);
+        let uri: http::Uri = format!("/upload?k={pct}").parse().unwrap();
+        assert!(s.head(&uri, &http::HeaderMap::new()).is_err());
+        let mut h = http::HeaderMap::new();
+        h.insert("x-data", b64.parse().unwrap());
+        let mut s = Scanner::new(cfg(), false);
+        assert!(s.head(&"/".parse().unwrap(), &h).is_err());
+        // The proxy's own credentials are not the origin's to see, nor DLP's to judge.
+        let mut h = http::HeaderMap::new();
+        h.insert("proxy-authorization", b64.parse().unwrap());
+        let mut s = Scanner::new(cfg(), false);
+        assert!(s.head(&"/".parse().unwrap(), &h).is_ok());
+    }
+
+    #[test]
+    fn compressed_bodies_are_undone_and_unknown_codings_are_named() {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(b"-----BEGIN PRIVATE KEY-----").unwrap();
+        let gz = gz.finish().unwrap();
+        let mut h = http::HeaderMap::new();
+        h.insert("content-encoding", "gzip".parse().unwrap());
+        let c = Coding::of(&h);
+        assert_eq!(c, Coding::Gzip);
+        let plain = c.decode(&gz, 1 << 20).unwrap();
+        assert!(Scanner::new(cfg(), false)
+            .scan(&Bytes::from(plain))
+            .is_err());
+        h.insert("content-encoding", "gzip, br".parse().unwrap());
+        assert!(Coding::of(&h).decode(&gz, 1 << 20).is_err());
+        h.insert("content-encoding", "identity".parse().unwrap());
+        assert_eq!(Coding::of(&h), Coding::Identity);
+        assert!(Coding::Gzip.decode(b"not gzip", 100).is_err());
+    }
+
+    #[test]
+    fn high_entropy_tokens_are_reported_and_text_is_not() {
+        let mut s = Scanner::new(cfg(), false);
+        s.scan(&Bytes::from_static(
+            b"the quick brown fox jumps over the lazy dog again and again",
+        ))
+        .unwrap();
+        assert!(s.found.lock().unwrap().names.is_empty());
+        s.scan(&Bytes::from_static(
+            b"token=q8Zr3LkP0vXw9TnB2sYh7JdM4cFg6AeRtUiOpQlKz",
+        ))
+        .unwrap();
+        assert_eq!(
+            s.found.lock().unwrap().names,
+            vec![HIGH_ENTROPY.to_string()]
+        );
+        // Report mode: a deny rule only reports.
+        let mut r = Scanner::new(cfg(), true);
+        assert!(r
+            .scan(&Bytes::from_static(b"-----BEGIN PRIVATE KEY-----"))
+            .is_ok());
+        assert_eq!(
+            r.found.lock().unwrap().names,
+            vec!["private_key".to_string()]
+        );
+    }
+}
