@@ -222,6 +222,17 @@ const API_SECRET: &str = "sk-transparent-0123456789abcdefghijklmnop";
 /// [`gateway_env`]; with `broker`, an interception CA (`DIR/ica`) and a credential `api`
 /// bound to api.test (header `Authorization: Bearer {secret}`), so api.test is terminated.
 fn gateway_env_with(n: u8, strict: bool, tproxy: bool, broker: bool) -> Option<GatewayEnv> {
+    gateway_env_full(n, strict, tproxy, broker, "")
+}
+
+/// [`gateway_env_with`], with these `network.http` rules (YAML; empty: none).
+fn gateway_env_full(
+    n: u8,
+    strict: bool,
+    tproxy: bool,
+    broker: bool,
+    http_rules: &str,
+) -> Option<GatewayEnv> {
     if !can_run() {
         return None;
     }
@@ -268,7 +279,7 @@ defaults:
       network:
         egress: ["api.test:*", "plain.test:*", "{ip}:{by_addr}"]
         deny: ["denied.test"]
-"#,
+{http}"#,
         ip = ns.host_ip,
         listen = if tproxy {
             "0.0.0.0:0".to_string()
@@ -278,6 +289,10 @@ defaults:
         sip = ns.sandbox_ip,
         audit = dir.path().join("audit.jsonl").display(),
         by_addr = https_by_addr.addr.port(),
+        http = match http_rules.is_empty() {
+            true => String::new(),
+            false => format!("        http: {http_rules}\n"),
+        },
     );
     let cfg = dir.path().join("proxy.yaml");
     std::fs::write(&cfg, yaml).unwrap();
@@ -1664,4 +1679,45 @@ sandboxes:
         "a neighbour's forged address passed --sources"
     );
     assert_eq!(recorded("victim"), 0);
+}
+
+/// Issue 58: plain HTTP through the transparent listener to a host with `network.http` rules
+/// is judged request by request by the same pipeline as a forwarded or terminated request (the
+/// old code reset the connection as `credential_misuse`, a misleading reason, so the allowed
+/// request failed too).
+#[test]
+#[ignore = "needs root, ip, iptables"]
+fn gateway_judges_plain_http_to_a_host_with_http_rules_request_by_request() {
+    let rules = r#"[{ host: plain.test, methods: [GET], paths: ["/ok/**"] }]"#;
+    let Some(env) = gateway_env_full(11, false, false, true, rules) else {
+        return;
+    };
+    let (ip, port) = (env.ns.host_ip.clone(), env.http.addr.port());
+    let url = |path: &str| format!("http://{ip}:{port}{path}");
+    let host = format!("Host: plain.test:{port}");
+    let (code, out) = env.ns.curl(&["-H", &host, &url("/ok/a")]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("hello from origin /ok/a"), "{out}");
+    for (what, args) in [
+        ("another path", vec!["-H", &host, &url("/secret")]),
+        (
+            "another method",
+            vec!["-H", &host, "-d", "x", &url("/ok/a")],
+        ),
+        (
+            "a dot segment",
+            vec!["-H", &host, "--path-as-is", &url("/ok/../secret")],
+        ),
+    ] {
+        let (_, out) = env.ns.curl(&args);
+        assert!(out.contains("http_not_allowed"), "{what}: {out}");
+    }
+    let rec = env.proxy.wait_record(|r| r["path"] == "/secret");
+    assert_eq!(rec["mode"], "http", "{rec}");
+    assert_eq!(rec["decision"], "deny", "{rec}");
+    assert_eq!(rec["reason"], "http_not_allowed", "{rec}");
+    let allowed = env
+        .proxy
+        .wait_record(|r| r["path"] == "/ok/a" && r["status"] == 200);
+    assert_eq!(allowed["decision"], "allow", "{allowed}");
 }
