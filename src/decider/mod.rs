@@ -3,7 +3,8 @@
 //! it, the proxy asks. Host level at the verdict point ([`stage::DeciderStage`]: CONNECT
 //! tunnels, transparent and SOCKS5 connections, forwarded plain-HTTP requests), and per
 //! request inside terminated tunnels (the exchange asks, and only there can a decider ask
-//! for the body or change headers).
+//! for the body or change headers). Both build their question with [`Question::new`] and
+//! consult through [`Deciders::consult`]; one function sends it.
 //!
 //! Hard failure semantics: a decider that is down, slower than `timeout_ms`, busy past
 //! `max_in_flight`, or that answers anything but a verdict this version defines gets
@@ -52,9 +53,47 @@ impl Deciders {
         c
     }
 
-    /// Ask `cfg` about `ask`; `protected` are the binding's credential header names (the
-    /// decider may not touch them).
-    pub async fn ask(&self, cfg: &Arc<DeciderConfig>, ask: &Ask, protected: &[&str]) -> Outcome {
+    /// Consult `cfg` about `q`, at the verdict point and per terminated request alike: asked
+    /// once, and when it asks for the body and `body` can show it, asked again with up to
+    /// `need_body_max` bytes of it (a second `need_body` is a failure). Where no body can be
+    /// shown, `need_body` is the caller's to judge.
+    pub async fn consult<S: Showable>(
+        &self,
+        cfg: &Arc<DeciderConfig>,
+        q: &mut Question,
+        mut body: Option<&mut S>,
+    ) -> Outcome {
+        loop {
+            let o = self.ask(cfg, q).await;
+            if o != Outcome::Answer(Answer::NeedBody) {
+                return o;
+            }
+            let Some(b) = body.as_deref_mut() else {
+                return o;
+            };
+            if q.ask.body.is_some() {
+                return failed(cfg, "it asked for the body again after seeing it".into());
+            }
+            match b.show(cfg.need_body_max).await {
+                Ok((shown, truncated)) => {
+                    use base64::Engine;
+                    q.ask.body = Some(wire::Body {
+                        base64: base64::engine::general_purpose::STANDARD.encode(&shown),
+                        bytes: shown.len(),
+                        truncated,
+                    });
+                }
+                // The body could not be read: nothing can be sent either.
+                Err(why) => return Outcome::Failed(why),
+            }
+        }
+    }
+
+    /// Ask `cfg` about `q` — the one place a decider is asked. Its credential header names are
+    /// the decider's to neither see nor touch.
+    async fn ask(&self, cfg: &Arc<DeciderConfig>, q: &Question) -> Outcome {
+        let protected: Vec<&str> = q.protected.iter().map(String::as_str).collect();
+        let (ask, protected) = (&q.ask, &protected[..]);
         let failed = |why: String| match cfg.on_error {
             OnError::Deny => Outcome::Failed(why),
             OnError::Allow => Outcome::FailedOpen(why),
@@ -70,6 +109,80 @@ impl Deciders {
             },
             Err(why) => failed(why),
         }
+    }
+}
+
+/// `on_error`'s outcome for a decider that gave no usable answer.
+fn failed(cfg: &DeciderConfig, why: String) -> Outcome {
+    match cfg.on_error {
+        OnError::Deny => Outcome::Failed(why),
+        OnError::Allow => Outcome::FailedOpen(why),
+    }
+}
+
+/// A request body a decider may be shown: up to `max` bytes of it and whether there is more;
+/// the bytes shown are the bytes sent.
+pub trait Showable {
+    fn show(
+        &mut self,
+        max: usize,
+    ) -> impl std::future::Future<Output = Result<(bytes::Bytes, bool), String>> + Send;
+}
+
+/// No body to show (the verdict point: a tunnel or a forwarded request's head).
+pub struct NoBody;
+
+impl Showable for NoBody {
+    async fn show(&mut self, _: usize) -> Result<(bytes::Bytes, bool), String> {
+        Err("no body can be shown here".into())
+    }
+}
+
+/// An exchange as a decider is asked about it, built in one place for every caller.
+pub struct Question {
+    pub ask: Ask,
+    /// The binding's credential header names.
+    protected: Vec<String>,
+}
+
+/// What a question is about: the protocol (`connect`, `http`, `https`), the target, the
+/// request's head when there is one, and the policy's decision and rule.
+pub struct About<'a> {
+    pub protocol: &'static str,
+    pub host: String,
+    pub port: u16,
+    pub request: Option<(&'a http::Method, &'a http::Uri, &'a http::HeaderMap)>,
+    pub decision: &'static str,
+    pub rule: Option<String>,
+}
+
+impl Question {
+    /// The question about `about` for a sandbox bound by `b`: credentials (and headers carrying
+    /// a placeholder) never in it.
+    pub fn new(b: &Binding, about: About<'_>) -> Question {
+        let protected = credential_headers(b);
+        let ask = Ask {
+            version: wire::VERSION,
+            sandbox: b.id.to_string(),
+            identity: identity(b),
+            protocol: about.protocol,
+            target: wire::Target {
+                host: about.host,
+                port: about.port,
+            },
+            method: about.request.map(|(m, _, _)| m.as_str().to_string()),
+            path: about.request.map(|(_, u, _)| u.path().to_string()),
+            headers: about
+                .request
+                .map(|(_, _, h)| visible_headers(h, b, &protected))
+                .unwrap_or_default(),
+            policy: wire::Policy {
+                decision: about.decision,
+                rule: about.rule,
+            },
+            body: None,
+        };
+        Question { ask, protected }
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::{noted, Answer, Ask, Deciders, Outcome};
+use super::{noted, About, Answer, Deciders, NoBody, Outcome, Question};
 use crate::egress::verdict::{Judgement, Point, Stage};
 use crate::policy::reason::Reason;
 use crate::policy::Verdict;
@@ -50,27 +50,17 @@ impl Stage for DeciderStage {
         let Some(cfg) = b.decider.clone() else {
             return Judgement::Pass;
         };
-        let protected = super::credential_headers(b);
-        let ask = Ask {
-            version: super::wire::VERSION,
-            sandbox: b.id.to_string(),
-            identity: super::identity(b),
-            protocol: if at.request.is_some() {
-                "http"
-            } else {
-                "connect"
-            },
-            target: super::wire::Target {
+        let mut q = Question::new(
+            b,
+            About {
+                protocol: if at.request.is_some() {
+                    "http"
+                } else {
+                    "connect"
+                },
                 host: at.target.host.to_string(),
                 port: at.target.port,
-            },
-            method: at.method.map(|m| m.as_str().to_string()),
-            path: at.request.map(|(u, _)| u.path().to_string()),
-            headers: at
-                .request
-                .map(|(_, h)| super::visible_headers(h, b, &protected))
-                .unwrap_or_default(),
-            policy: super::wire::Policy {
+                request: at.request.zip(at.method).map(|((u, h), m)| (m, u, h)),
                 decision: if at.decision.verdict == Verdict::Report {
                     "report"
                 } else {
@@ -78,14 +68,13 @@ impl Stage for DeciderStage {
                 },
                 rule: at.decision.rule.as_ref().map(|r| r.text.clone()),
             },
-            body: None,
-        };
+        );
         let deciders = self.deciders.clone();
         let within = cfg.timeout + std::time::Duration::from_millis(50);
         Judgement::Hold {
             answer: Box::pin(async move {
-                let p: Vec<&str> = protected.iter().map(String::as_str).collect();
-                judgement(deciders.ask(&cfg, &ask, &p).await, false)
+                let o = deciders.consult::<NoBody>(&cfg, &mut q, None).await;
+                judgement(o, false)
             }),
             within,
             on_timeout: Reason::DeciderUnavailable,

@@ -6,12 +6,11 @@
 //! are the bytes sent. In report mode its refusal forwards the request without credentials,
 //! recorded `report`. The body DLP ([`crate::pipeline::dlp`]) wraps what goes upstream.
 
-use base64::Engine;
 use http::Request;
 
 use super::{Exchange, Prepared, Refusal, UpBody};
 use crate::audit::AuditGuard;
-use crate::decider::{self, wire, Answer, Ask, Outcome};
+use crate::decider::{self, About, Answer, Outcome, Question};
 use crate::pipeline::dlp::{self, Found, Phase, Scanner};
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
@@ -36,30 +35,24 @@ impl Exchange {
             return Ok(verdict);
         };
         let b = &p.binding;
-        let protected = decider::credential_headers(b);
-        let touch: Vec<&str> = protected.iter().map(String::as_str).collect();
-        let mut ask = Ask {
-            version: wire::VERSION,
-            sandbox: b.id.to_string(),
-            identity: decider::identity(b),
-            protocol: "https",
-            target: wire::Target {
+        let mut q = Question::new(
+            b,
+            About {
+                protocol: "https",
                 host: self.dest.host.clone(),
                 port: self.dest.port,
-            },
-            method: Some(req.method().as_str().to_string()),
-            path: Some(req.uri().path().to_string()),
-            headers: decider::visible_headers(req.headers(), b, &protected),
-            policy: wire::Policy {
+                request: Some((req.method(), req.uri(), req.headers())),
                 decision: "allow",
                 rule: None,
             },
-            body: None,
-        };
-        let mut outcome = self.mint.deciders.ask(&cfg, &ask, &touch).await;
-        if outcome == Outcome::Answer(Answer::NeedBody) {
-            outcome = self.with_body(&cfg, &mut ask, &touch, req).await;
-        }
+        );
+        let mut shown = Shown(req);
+        let outcome = self
+            .mint
+            .deciders
+            .consult(&cfg, &mut q, Some(&mut shown))
+            .await;
+        let req = shown.0;
         audit.decider(decider::noted(&outcome));
         let refusal = match outcome {
             Outcome::Answer(Answer::Allow(edits)) => {
@@ -94,39 +87,6 @@ impl Exchange {
         Err(refusal)
     }
 
-    /// The decider asked for the body: show it up to `need_body_max` bytes (the bytes shown
-    /// are the bytes sent) and ask again; a second `need_body` is a failure.
-    async fn with_body(
-        &self,
-        cfg: &std::sync::Arc<crate::config::decider::DeciderConfig>,
-        ask: &mut Ask,
-        touch: &[&str],
-        req: &mut Request<UpBody>,
-    ) -> Outcome {
-        let failed = |why: String| match cfg.on_error {
-            crate::config::decider::OnError::Deny => Outcome::Failed(why),
-            crate::config::decider::OnError::Allow => Outcome::FailedOpen(why),
-        };
-        let body = std::mem::replace(req.body_mut(), UpBody::Whole(None));
-        let (body, shown, truncated) = match body.prefix(cfg.need_body_max).await {
-            Ok(x) => x,
-            // The body could not be read: nothing can be sent either.
-            Err(why) => return Outcome::Failed(why),
-        };
-        *req.body_mut() = body;
-        ask.body = Some(wire::Body {
-            base64: base64::engine::general_purpose::STANDARD.encode(&shown),
-            bytes: shown.len(),
-            truncated,
-        });
-        match self.mint.deciders.ask(cfg, ask, touch).await {
-            Outcome::Answer(Answer::NeedBody) => {
-                failed("it asked for the body again after seeing it".into())
-            }
-            o => o,
-        }
-    }
-
     /// The DLP phase ([`crate::pipeline::dlp::phase`]) when the binding has `dlp:`: the
     /// target and headers the sandbox sent (before any credential is put on), and the body —
     /// scanned as it streams, or read whole and decoded when compressed. What the scanner
@@ -149,5 +109,18 @@ impl Exchange {
             Err(why) => return Err(Refusal::new(Reason::DlpBlocked, why)),
         };
         Ok((Request::from_parts(parts, body), Some(found)))
+    }
+}
+
+/// A terminated request's body, shown to the decider that asked for it: read up to the
+/// limit, and put back whole (the bytes shown are the bytes sent).
+struct Shown<'a>(&'a mut Request<UpBody>);
+
+impl decider::Showable for Shown<'_> {
+    async fn show(&mut self, max: usize) -> Result<(bytes::Bytes, bool), String> {
+        let body = std::mem::replace(self.0.body_mut(), UpBody::Whole(None));
+        let (body, shown, truncated) = body.prefix(max).await?;
+        *self.0.body_mut() = body;
+        Ok((shown, truncated))
     }
 }
