@@ -654,6 +654,10 @@ fn tokens_the_sandbox_obtains_itself_come_back_sealed_and_are_redeemed() {
     let body = call("Authorization: Bearer egp_sealed_0000000000000000000000000000000000000000");
     assert!(body.contains("credential_misuse"), "{body}");
     assert_eq!(t.stats(&ca)["unauthorized"], 0);
+    // Over plain HTTP the answer could not be sealed: refused before anything is dialled.
+    let plain = format!("http://auth.test:{}/token", t.port());
+    let out = curl(&["-x", &px, "-d", "grant_type=client_credentials", &plain]);
+    assert!(out.text().contains("credential_misuse"), "{}", out.text());
     // The same endpoint as a router reaches it by other spellings (review B3), and its error
     // answers: every token comes back sealed.
     for path in ["/token/", "/TOKEN", "//token"] {

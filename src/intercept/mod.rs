@@ -156,8 +156,9 @@ pub(crate) fn token_host(c: &crate::config::credentials::Credential, host: &str)
 }
 
 /// Why a plain-HTTP request of `binding` to `host` must be refused for its credentials: the
-/// host has a credential bound (it would travel in clear), or the request (`uri`, `headers`)
-/// carries a placeholder. `None`: nothing to do with credentials.
+/// host has a credential bound (it would travel in clear) or is a minting credential's token
+/// endpoint (its answers must be sealed), or the request (`uri`, `headers`) carries a
+/// placeholder. `None`: nothing to do with credentials.
 pub fn plain_http_misuse(
     binding: &Binding,
     host: &str,
@@ -168,6 +169,12 @@ pub fn plain_http_misuse(
         if c.bound_to(host) {
             return Some(format!(
                 "credential {} is bound to {host}: requests to it must use https (a secret never travels in clear)",
+                c.name
+            ));
+        }
+        if token_host(c, host) {
+            return Some(format!(
+                "{host} is the token endpoint of credential {}: requests to it must use https (its answers are sealed)",
                 c.name
             ));
         }
