@@ -1364,3 +1364,30 @@ fn http2_bodies_on_get_and_graphql_forms_are_refused_before_they_leave() {
     let seen: Vec<String> = e.upstream.seen().into_iter().map(|s| s.2).collect();
     assert_eq!(seen, ["/gql"], "only the JSON query reached the upstream");
 }
+
+/// Security review round A, A35: 20 HTTP/2 streams on one terminated connection were all
+/// served against `requests_per_day: 3`. Each request is now reserved against the quota —
+/// checked and counted at once — so exactly 3 streams are served and 17 refused.
+#[test]
+fn parallel_h2_streams_spend_a_request_quota_exactly() {
+    let e = env_full("", "    limits: { requests_per_day: 3 }\n");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let statuses = rt.block_on(async {
+        let send = h2_through(&e).await;
+        let port = e.upstream.addr.port();
+        let streams = (0..20).map(|i| {
+            let mut send = send.clone();
+            async move {
+                let req = http::Request::get(format!("https://api.test:{port}/v1/q{i}"))
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                send.ready().await.unwrap();
+                send.send_request(req).await.unwrap().status().as_u16()
+            }
+        });
+        futures_util::future::join_all(streams).await
+    });
+    let served = statuses.iter().filter(|s| **s == 200).count();
+    let refused = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!((served, refused), (3, 17), "{statuses:?}");
+}

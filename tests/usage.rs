@@ -267,6 +267,37 @@ fn forwarded_heads_count_toward_the_byte_quota() {
     assert!((30..=80).contains(&served), "{served} served: {codes:?}");
 }
 
+/// Security review round A, A11 (and the request pipeline's reservation phase): 30 forwarded
+/// requests at once against `requests_per_day: 3` served 12 on the old code — each checked the
+/// count before any had added to it. A request is now reserved (checked and counted in one
+/// step): exactly 3 are served and the other 27 refused.
+#[test]
+fn parallel_requests_spend_a_request_quota_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let url = format!("http://api.test:{}/hello", origin.addr.port());
+    let via = format!("http://r:r-secret@{}", proxy.proxy);
+    let start = std::sync::Arc::new(std::sync::Barrier::new(30));
+    let codes: Vec<String> = (0..30)
+        .map(|_| {
+            let (url, via, start) = (url.clone(), via.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                curl(&["-o", "/dev/null", "-w", "%{http_code}", "-x", &via, &url]).text()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    let served = codes.iter().filter(|c| *c == "200").count();
+    let refused = codes.iter().filter(|c| *c == "429").count();
+    assert_eq!((served, refused), (3, 27), "{codes:?}");
+    let u = usage(&proxy, "?sandbox=r");
+    assert_eq!(u["quotas"][0]["requests"], 3, "{u}");
+}
+
 #[test]
 fn usage_sums_match_the_audit_records() {
     let dir = tempfile::tempdir().unwrap();

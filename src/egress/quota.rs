@@ -9,7 +9,10 @@
 //!   races [`Meter::exceeded`] against the relay (the cut overshoots by at most the chunk that
 //!   crossed: one read buffer).
 //! - Requests: a tunnel the proxy does not see into counts one; a forwarded request, and each
-//!   request inside a terminated tunnel, counts one.
+//!   request inside a terminated tunnel, counts one. A request is *reserved*
+//!   ([`Meter::reserve`], through [`crate::relay::liveness::Liveness::reserve`]): checked and
+//!   counted in one atomic step, so parallel requests cannot all pass a quota one of them
+//!   fills.
 //!
 //! Other replicas' counts for the day (shared through etcd, [`crate::server::usage`]) are
 //! added as `others`: the quota is on the sum, exact up to what the other replicas moved since
@@ -164,6 +167,46 @@ impl Meter {
         }
     }
 
+    /// Reserve one request: counted now if neither quota is spent, else refused with the
+    /// quota that is — the check and the count are one atomic step, so requests made at once
+    /// cannot all pass a check that only one of them may pass.
+    pub fn reserve(&self) -> Result<(), Spent> {
+        if !self.metered() {
+            return Ok(());
+        }
+        self.roll();
+        let bytes = self.bytes_quota.load(Ordering::Relaxed);
+        let spent_bytes =
+            self.bytes.load(Ordering::Relaxed) + self.others_bytes.load(Ordering::Relaxed);
+        if bytes != 0 && spent_bytes >= bytes {
+            return Err(Spent::Bytes);
+        }
+        let quota = self.requests_quota.load(Ordering::Relaxed);
+        let others = self.others_requests.load(Ordering::Relaxed);
+        let reserved = self
+            .requests
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (quota == 0 || n + others < quota).then_some(n + 1)
+            });
+        match reserved {
+            Ok(n) => {
+                if quota != 0 && n + 1 + others >= quota {
+                    self.over.store(true, Ordering::Release);
+                }
+                Ok(())
+            }
+            Err(_) => Err(Spent::Requests),
+        }
+    }
+
+    /// Give back a request reserved by [`Meter::reserve`] (another meter refused it).
+    pub fn release(&self) {
+        let _ = self
+            .requests
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1));
+        self.recheck();
+    }
+
     fn trip(&self) {
         if !self.over.swap(true, Ordering::AcqRel) {
             self.cut.notify_waiters();
@@ -302,6 +345,28 @@ impl crate::egress::verdict::Stage for DestinationQuotaStage {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn requests_reserved_at_once_never_pass_the_quota() {
+        let m = Arc::new(Meter::default());
+        m.configure(None, Some(3));
+        let ok = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..30 {
+                s.spawn(|| {
+                    if m.reserve().is_ok() {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        assert_eq!(ok.load(Ordering::Relaxed), 3);
+        assert_eq!(m.reserve(), Err(Spent::Requests));
+        m.release();
+        assert_eq!(m.reserve(), Ok(()));
+        let unmetered = Meter::default();
+        assert_eq!(unmetered.reserve(), Ok(()));
+    }
 
     #[test]
     fn a_quota_refuses_at_its_count_and_a_raise_lifts_it() {

@@ -75,10 +75,15 @@ where
         inspected,
         ..
     } = start;
-    audit.open();
-    // A tunnel the proxy does not see into is one request.
+    // A tunnel the proxy does not see into is one request, reserved against the quotas.
     let live = Liveness::new(shared.settings.timeouts.idle).metered(limiter, &target.host);
-    live.request();
+    if let Err(why) = live.reserve() {
+        audit.refused_in_tunnel(Reason::QuotaExceeded, why);
+        client.reset();
+        server.reset();
+        return Relayed::nothing(Close::Limit);
+    }
+    audit.open();
     if let FirstBytes::Client(Peeked::Http { .. }) = &inspected.first {
         // Plain HTTP: every later request on the connection must name the decided host too.
         let report = b.enforcement == Enforcement::Report;

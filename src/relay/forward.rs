@@ -97,7 +97,6 @@ pub async fn forward(
         judge_body_bytes,
     } = fx;
     let live = Arc::new(Liveness::new(idle).metered(&limiter, &grant.target.host));
-    live.request();
     audit.count(live.counters());
     let host = host_header(&grant.target);
     // How a refusal or a 502 names the request: method and decided authority, never the
@@ -106,11 +105,10 @@ pub async fn forward(
         what: format!("{} http://{host}", req.method()),
         sandbox: sandbox.binding.id.to_string(),
     };
-    // The request pipeline, where the host is judged per request: nothing is sent before it.
-    let name = grant.target.host.to_string();
-    let judged =
-        pipeline::forwarded::phases(&sandbox.binding, &name, judge_body_bytes, req, &mut audit);
-    let (req, dlp) = match judged.await {
+
+    // The quota reservation and the request pipeline: nothing is sent before them.
+    let at = (&*live, &*sandbox.binding, &grant.target, judge_body_bytes);
+    let (req, dlp) = match judged(at, req, &mut audit).await {
         Ok(r) => r,
         Err(r) => return refused(audit, &r, &failed),
     };
@@ -215,6 +213,22 @@ fn dlp_cut(
     }))
 }
 
+/// The request reserved against the daily quotas (checked and counted at once), then the
+/// pipeline's phases ([`pipeline::forwarded::phases`]). `Err`: refused, recorded.
+async fn judged(
+    (live, binding, target, limit): (&Liveness, &crate::config::Binding, &Target, u64),
+    req: Request<Incoming>,
+    audit: &mut AuditGuard,
+) -> Result<(Request<ForwardBody>, Option<pipeline::forwarded::Found>), pipeline::Refusal> {
+    if let Err(why) = live.reserve() {
+        audit.decision(&Decision::deny(Reason::QuotaExceeded, None));
+        audit.detail(why.clone());
+        return Err(pipeline::Refusal::new(Reason::QuotaExceeded, why));
+    }
+    let host = target.host.to_string();
+    pipeline::forwarded::phases(binding, &host, limit, req, audit).await
+}
+
 /// A request the pipeline refused: its record finished, the §6 refusal.
 fn refused(mut audit: AuditGuard, r: &pipeline::Refusal, failed: &Failed) -> Response<Body> {
     audit.close_if_unset(Close::Error);
@@ -223,7 +237,8 @@ fn refused(mut audit: AuditGuard, r: &pipeline::Refusal, failed: &Failed) -> Res
         what: &failed.what,
         sandbox: Some(&failed.sandbox),
         explanation: &r.detail,
-        retry_after: None,
+        retry_after: (r.reason == Reason::QuotaExceeded)
+            .then(|| crate::egress::quota::until_tomorrow().as_secs()),
     })
 }
 

@@ -57,11 +57,19 @@ impl Liveness {
         self
     }
 
-    /// One request made (counted against `requests_per_day`).
-    pub fn request(&self) {
-        for m in self.meters.iter() {
-            m.request();
+    /// Reserve one request against every daily quota of the exchange (the sandbox's and its
+    /// destination's), checked and counted at once — the one place a request is counted
+    /// against a quota. `Err` with the refusal's words when one is spent (nothing counted).
+    pub fn reserve(&self) -> Result<(), String> {
+        for (i, m) in self.meters.iter().enumerate() {
+            if let Err(spent) = m.reserve() {
+                for done in &self.meters[..i] {
+                    done.release();
+                }
+                return Err(m.describe(spent));
+            }
         }
+        Ok(())
     }
 
     /// An error once this exchange's bytes reached the sandbox's daily quota: a pump checks

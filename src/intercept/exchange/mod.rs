@@ -194,14 +194,11 @@ impl Exchange {
         }
     }
 
-    /// Why `req` is refused before the pipeline's head phase reads it, if it is: a spent
-    /// quota, another authority than the tunnel's, a placeholder where its credential is not.
+    /// Why `req` is refused before the pipeline's head phase reads it, if it is: another
+    /// authority than the tunnel's, a placeholder where its credential is not.
     fn refusal(&self, p: &Prepared, req: &Request<Incoming>) -> Option<Refusal> {
         let b = &*p.binding;
         let host = self.dest.host.as_str();
-        if let Some(why) = self.live.spent() {
-            return Some(Refusal::new(Reason::QuotaExceeded, why));
-        }
         if let Some(why) = authority::mismatch(req, host, self.dest.port) {
             return Some(Refusal::new(Reason::HostMismatch, why));
         }
@@ -270,8 +267,11 @@ impl Exchange {
                 return self.refused(&asked.method, r.reason, &r.detail);
             }
         };
-        // Each request inside a terminated tunnel counts toward `requests_per_day`.
-        self.live.request();
+        // Each request inside a terminated tunnel is reserved against the daily quotas:
+        // checked and counted at once, so parallel streams cannot all pass.
+        if let Err(why) = self.live.reserve() {
+            return self.refused_recorded(audit, &asked, Refusal::new(Reason::QuotaExceeded, why));
+        }
         let (mut req, verdict, allowed) = match d.judges.is_empty() {
             true => (req.map(UpBody::Streamed), d.verdict, Allowed::default()),
             false => match self.judged(req, &d, &mut asked, &mut audit).await {
