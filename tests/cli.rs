@@ -872,3 +872,39 @@ sandboxes:
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("not a preset"), "{err}");
 }
+
+/// Security review round B, W4: an `aws_sigv4` credential bound by wildcard sent the real key
+/// id and session token to any name below it (S3 buckets, API Gateway): refused at load.
+#[test]
+fn an_aws_sigv4_credential_bound_by_wildcard_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "aws.id", "AKIAREALKEY000000001");
+    write(
+        dir.path(),
+        "aws.secret",
+        "realSecretKey/0123456789abcdefghijklmnopq",
+    );
+    let ica = dir.path().join("ica");
+    let (code, out, err) = run(&["ca", "init", ica.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let config = |hosts: &str| {
+        format!(
+            "tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key }}\nsandboxes:\n  - id: a\n    credentials:\n      - {{ name: aws, kind: aws_sigv4, hosts: {hosts}, source: {{ access_key_id_file: aws.id, secret_access_key_file: aws.secret }} }}\n    policy: {{ provider: local, config: {{}} }}\n"
+        )
+    };
+    let cfg = write(dir.path(), "p.yaml", &config("[\"*.amazonaws.com\"]"));
+    let (code, out, err) = run(&["validate", "--config", &cfg]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("`*.amazonaws.com`: an aws_sigv4 credential is bound to the AWS endpoints it signs for, by name"),
+        "{err}"
+    );
+    assert!(!err.contains("realSecretKey") && !out.contains("realSecretKey"));
+    let cfg = write(
+        dir.path(),
+        "p.yaml",
+        &config("[s3.eu-west-1.amazonaws.com]"),
+    );
+    let (_, _, err) = run(&["validate", "--config", &cfg]);
+    assert!(!err.contains("aws_sigv4 credential is bound"), "{err}");
+}
