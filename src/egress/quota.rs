@@ -157,16 +157,6 @@ impl Meter {
         reached
     }
 
-    /// One request made.
-    pub fn request(&self) {
-        self.roll();
-        let total = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
-        let quota = self.requests_quota.load(Ordering::Relaxed);
-        if quota != 0 && total + self.others_requests.load(Ordering::Relaxed) >= quota {
-            self.over.store(true, Ordering::Release);
-        }
-    }
-
     /// Reserve one request: counted now if neither quota is spent, else refused with the
     /// quota that is — the check and the count are one atomic step, so requests made at once
     /// cannot all pass a check that only one of them may pass.
@@ -379,10 +369,10 @@ mod tests {
         assert_eq!(m.spent(), Some(Spent::Bytes));
         m.configure(Some(2000), Some(3));
         assert_eq!(m.spent(), None);
-        m.request();
-        m.request();
+        m.reserve().unwrap();
+        m.reserve().unwrap();
         assert_eq!(m.spent(), None);
-        m.request();
+        m.reserve().unwrap();
         assert_eq!(m.spent(), Some(Spent::Requests));
         m.configure(None, None);
         assert!(!m.metered());
