@@ -220,23 +220,15 @@ impl Stage for InClear {
     }
 }
 
-/// One terminated tunnel.
+/// One terminated tunnel: what its exchanges read, and its two sides.
 pub struct Tunnel<'a> {
-    /// The sandbox's binding as it is at each request.
-    pub current: CurrentBinding,
-    pub host: &'a str,
-    /// The decided port (the authority every request must name).
-    pub port: u16,
+    pub ends: Ends<'a>,
     pub client: ClientIo,
     /// Bytes already read from the client (its ClientHello).
     pub early: Vec<u8>,
     pub server: crate::relay::server_io::ServerIo,
     /// The protocols the client's ClientHello offered.
     pub client_alpn: Vec<String>,
-    /// The proxy's resolver (token endpoints are resolved by it).
-    pub resolver: Arc<crate::egress::resolve::Resolver>,
-    /// The external deciders (asked per request).
-    pub deciders: Arc<crate::decider::Deciders>,
 }
 
 /// One step of a tunnel's setup: bounded by `handshake`, cut by `stop`; its failure ends the
@@ -277,7 +269,7 @@ where
     F: std::future::Future<Output = Close>,
 {
     tokio::pin!(stop);
-    let Some((connector, name)) = upstream_connector(ix, &t.client_alpn, t.host) else {
+    let Some((connector, name)) = upstream_connector(ix, &t.client_alpn, t.ends.host) else {
         audit.detail("terminating: the host is not a TLS server name");
         return Relayed::nothing(Close::Error);
     };
@@ -287,12 +279,12 @@ where
         connector.connect(name, t.server),
         |e| format!(
             "terminating: the upstream's TLS failed (certificate not valid for {}?): {e}",
-            t.host
+            t.ends.host
         )
     );
     let negotiated = upstream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
     let h2 = negotiated.as_deref() == Some(b"h2");
-    let Some(server_cfg) = client_config(ix, t.host, negotiated.as_deref(), audit) else {
+    let Some(server_cfg) = client_config(ix, t.ends.host, negotiated.as_deref(), audit) else {
         return Relayed::nothing(Close::Error);
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
@@ -318,14 +310,7 @@ where
         h2,
         scheme: "https",
     };
-    let ends = Ends {
-        current: t.current,
-        host: t.host,
-        port: t.port,
-        resolver: t.resolver,
-        deciders: t.deciders,
-    };
-    exchanges(ix, ends, sides, (audit, live, handshake), stop).await
+    exchanges(ix, t.ends, sides, (audit, live, handshake), stop).await
 }
 
 /// Plain HTTP inside a tunnel to a host judged per request: every request on it is read and
@@ -358,23 +343,20 @@ where
         h2: false,
         scheme: "http",
     };
-    let ends = Ends {
-        current: t.current,
-        host: t.host,
-        port: t.port,
-        resolver: t.resolver,
-        deciders: t.deciders,
-    };
-    exchanges(ix, ends, sides, (audit, live, handshake), stop).await
+    exchanges(ix, t.ends, sides, (audit, live, handshake), stop).await
 }
 
 /// What the exchanges of a tunnel read besides its two sides.
-struct Ends<'a> {
-    current: CurrentBinding,
-    host: &'a str,
-    port: u16,
-    resolver: Arc<crate::egress::resolve::Resolver>,
-    deciders: Arc<crate::decider::Deciders>,
+pub struct Ends<'a> {
+    /// The sandbox's binding as it is at each request.
+    pub current: CurrentBinding,
+    pub host: &'a str,
+    /// The decided port (the authority every request must name).
+    pub port: u16,
+    /// The proxy's resolver (token endpoints are resolved by it).
+    pub resolver: Arc<crate::egress::resolve::Resolver>,
+    /// The external deciders (asked per request).
+    pub deciders: Arc<crate::decider::Deciders>,
 }
 
 /// The two sides of a tunnel whose requests are served one by one.

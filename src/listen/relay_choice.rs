@@ -141,15 +141,17 @@ where
         return Relayed::nothing(Close::Eof);
     }
     let tunnel = crate::intercept::Tunnel {
-        current: shared.current_binding(&b.id),
-        host: &host,
-        port: target.port,
+        ends: crate::intercept::Ends {
+            current: shared.current_binding(&b.id),
+            host: &host,
+            port: target.port,
+            resolver: shared.resolver(),
+            deciders: shared.deciders.clone(),
+        },
         client,
         early: inspected.client,
         server,
         client_alpn: hello.map(|h| h.alpn.clone()).unwrap_or_default(),
-        resolver: shared.resolver(),
-        deciders: shared.deciders.clone(),
     };
     let timeouts = &shared.settings.timeouts;
     let live = Arc::new(Liveness::new(timeouts.idle).metered(limiter, &target.host));
