@@ -407,6 +407,44 @@ fn once_is_one_exchange_a_denial_is_final_and_grants_survive_a_restart() {
     assert_ne!(code, 0, "{out}");
 }
 
+/// Security review A04: a `once` grant's spending was never persisted, so every restart gave
+/// it back (SIGTERM: 200, 200; SIGKILL: 200, 200). Spending is now journalled in `state_dir`
+/// before the exchange leaves: after a stop, and after a kill straight after the spend, the
+/// spent grant refuses.
+#[test]
+fn a_spent_once_grant_stays_spent_across_a_stop_and_a_kill() {
+    let mut e = env("");
+    for kill in [false, true] {
+        let host = if kill {
+            "granted.test"
+        } else {
+            "pub.auto.test"
+        };
+        let (_, r) = e.request("agent", host, "one look");
+        let id = r["id"].as_str().unwrap().to_string();
+        let (code, out) = e.cli(&["approve", &id, "--once"]);
+        assert_eq!(code, 0, "{out}");
+        let first = e.get("agent", host, "/");
+        assert_eq!(first.code, 0, "the grant's one exchange: {}", first.stderr);
+        if kill {
+            let _ = e.proxy.child.kill();
+            let _ = e.proxy.child.wait();
+        } else {
+            e.proxy.terminate();
+        }
+        let d = e.dir.path();
+        e.proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+        let again = e.get("agent", host, "/");
+        assert_ne!(again.code, 0, "spent before the restart (kill: {kill})");
+        let rec = e.proxy.wait_record(|r| {
+            r["target_host"] == host
+                && r["decision"] == "deny"
+                && r["detail"].as_str().is_some_and(|d| d.contains("used"))
+        });
+        assert_eq!(rec["reason"], "no_rule_matched");
+    }
+}
+
 /// A flood costs what the caps allow: per-minute and pending caps answer 429, a long reason
 /// or a body naming another sandbox 400; nothing asked of another sandbox's name leaks.
 #[test]
@@ -502,7 +540,10 @@ fn auto_approval_grants_only_what_adds_no_dangerous_reach() {
 }
 
 /// A webhook that signs its reply approves inline; one whose signature is wrong is ignored
-/// (the request waits for a person). The request it gets is signed and verifies.
+/// (the request waits for a person). The request it gets is signed and verifies. A signed
+/// reply with `ttl_s: u64::MAX` (security review A09: a panic that left the request
+/// "approved" with no grant and no record) is refused like the admin API refuses it: the
+/// request stays pending and a person can still answer it.
 #[test]
 fn a_webhook_approves_inline_and_a_bad_signature_is_ignored() {
     let secret = b"webhook-secret-for-tests";
@@ -510,7 +551,7 @@ fn a_webhook_approves_inline_and_a_bad_signature_is_ignored() {
     let addr = hook.local_addr().unwrap();
     let served = std::thread::spawn(move || {
         let mut verified = Vec::new();
-        for round in 0..2 {
+        for _ in 0..3 {
             let (mut s, _) = hook.accept().unwrap();
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             let mut buf = Vec::new();
@@ -552,12 +593,19 @@ fn a_webhook_approves_inline_and_a_bad_signature_is_ignored() {
             ));
             let asked: Value = serde_json::from_str(&body).unwrap();
             let id = asked["request"]["id"].as_str().unwrap();
-            let reply =
-                format!(r#"{{"id": "{id}", "decision": "approve", "grant": "ttl", "ttl_s": 60}}"#);
-            let key: &[u8] = if round == 0 {
-                secret
+            // Chosen by what was asked, not by arrival order (the last two race).
+            let ttl = if body.contains("huge ttl") {
+                u64::MAX
             } else {
+                60
+            };
+            let reply = format!(
+                r#"{{"id": "{id}", "decision": "approve", "grant": "ttl", "ttl_s": {ttl}}}"#
+            );
+            let key: &[u8] = if body.contains("forged") {
                 b"not-the-secret"
+            } else {
+                secret
             };
             let sig = egress_proxy::approvals::webhook::sign(key, now, reply.as_bytes());
             write!(
@@ -588,13 +636,32 @@ fn a_webhook_approves_inline_and_a_bad_signature_is_ignored() {
     assert_eq!(r["answered_by"], "webhook");
     let (_, r) = e.request("agent", "other.granted.test", "forged");
     let bad = r["id"].as_str().unwrap().to_string();
+    let (_, r) = e.request("agent", "third.granted.test", "huge ttl");
+    let huge = r["id"].as_str().unwrap().to_string();
     let verified = served.join().unwrap();
-    assert_eq!(verified, [true, true], "the proxy signs what it sends");
+    assert_eq!(
+        verified,
+        [true, true, true],
+        "the proxy signs what it sends"
+    );
     let (_, r) = e.ask("agent", "GET", &format!("/v1/requests/{bad}?wait=2"), None);
     assert_eq!(
         r["state"], "pending",
         "a reply with a bad signature is ignored: {r}"
     );
+    let (_, r) = e.ask("agent", "GET", &format!("/v1/requests/{huge}?wait=2"), None);
+    assert_eq!(
+        r["state"], "pending",
+        "a ttl_s past 30 days is refused: {r}"
+    );
+    assert!(r["answered_by"].is_null(), "{r}");
+    let token = Some(ADMIN_TOKEN);
+    let path = format!("/v1/requests/{huge}/approve");
+    let max = format!(r#"{{"grant": "ttl", "ttl_s": {}}}"#, u64::MAX);
+    let (code, body) = admin_req(e.proxy.admin, "POST", &path, &max, token);
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = admin_req(e.proxy.admin, "POST", &path, r#"{"grant": "once"}"#, token);
+    assert_eq!(code, 200, "still answerable: {body}");
 }
 
 /// With `tls_intercept`, the endpoint answers over `CONNECT egress-proxy.local:443` too, with

@@ -76,8 +76,23 @@ impl Desk {
         let Some(path) = &self.store else {
             return Ok(0);
         };
-        let grants = stored::load(path)?;
-        Ok(self.adopt(grants))
+        let mut grants = stored::load(path)?;
+        // The journal is newer than the file: a grant spent there is spent.
+        if let Some(journal) = &self.journal {
+            let spent = journal.read()?;
+            for g in &mut grants {
+                g.used |= spent.contains(&g.id);
+            }
+        }
+        let n = self.adopt(grants);
+        // `grants.json` now says what the journal said (written before any listener runs).
+        if let Some(journal) = &self.journal {
+            let saved = stored::save(path, &super::stored_all(&self.lock()));
+            if let Err(e) = saved.and_then(|()| journal.clear()) {
+                tracing::warn!(error = %e, "grants.spent is kept; it is read again at the next start");
+            }
+        }
+        Ok(n)
     }
 
     /// Take grants made elsewhere (the state dir, another replica); returns how many.
@@ -87,7 +102,7 @@ impl Desk {
         let mut touched = Vec::new();
         let mut n = 0;
         for s in grants {
-            let (Ok(sid), Some(g)) = (SandboxId::new(&s.sandbox), s.entry()) else {
+            let (Ok(sid), Some(g)) = (SandboxId::new(&s.sandbox), s.entry(self.journal())) else {
                 tracing::warn!(grant = %s.id, "a kept grant does not parse; skipped");
                 continue;
             };

@@ -68,6 +68,55 @@ pub enum Answer {
     },
 }
 
+/// Longest grant `ttl_s` accepted from any answerer (30 days).
+pub const MAX_TTL_S: u64 = 30 * 24 * 3600;
+/// Longest note accepted from any answerer.
+pub const MAX_NOTE: usize = 500;
+
+impl Answer {
+    /// An approval as an answerer (the admin API, the webhook) sends it, checked the same way
+    /// for each: `ttl_s` within 1–[`MAX_TTL_S`] (no arithmetic on an untrusted number can
+    /// overflow later), none on a permanent grant, a note within [`MAX_NOTE`] bytes.
+    pub fn approve(
+        kind: GrantKind,
+        ttl_s: Option<u64>,
+        note: Option<String>,
+    ) -> Result<Answer, Refused> {
+        if ttl_s.is_some_and(|t| t == 0 || t > MAX_TTL_S) {
+            return Err(refused(400, format!("ttl_s must be 1-{MAX_TTL_S}")));
+        }
+        match (kind, ttl_s) {
+            (GrantKind::Permanent, Some(_)) => {
+                return Err(refused(400, "a permanent grant takes no ttl_s"))
+            }
+            (GrantKind::Ttl, None) => return Err(refused(400, "a ttl grant needs ttl_s")),
+            _ => {}
+        }
+        Ok(Answer::Approve {
+            kind,
+            ttl: ttl_s.map(Duration::from_secs),
+            note: checked_note(note)?,
+        })
+    }
+
+    /// A denial, its note checked like an approval's.
+    pub fn deny(note: Option<String>) -> Result<Answer, Refused> {
+        Ok(Answer::Deny {
+            note: checked_note(note)?,
+        })
+    }
+}
+
+fn checked_note(note: Option<String>) -> Result<Option<String>, Refused> {
+    match note {
+        Some(n) if n.len() > MAX_NOTE => Err(refused(
+            400,
+            format!("note is longer than {MAX_NOTE} bytes"),
+        )),
+        n => Ok(n),
+    }
+}
+
 /// Why a request or an answer was refused: the HTTP status and the sentence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
@@ -95,6 +144,8 @@ pub struct Desk {
     remote: OnceLock<Arc<dyn Remote>>,
     /// `state_dir/grants.json`, when there is a `state_dir`.
     store: Option<PathBuf>,
+    /// `state_dir/grants.spent`, when there is a `state_dir`.
+    journal: Option<Arc<stored::SpentFile>>,
 }
 
 #[derive(Default)]
@@ -126,6 +177,7 @@ impl Desk {
             publisher: OnceLock::new(),
             remote: OnceLock::new(),
             store: state_dir.map(stored::path_in),
+            journal: state_dir.map(|d| Arc::new(stored::SpentFile::in_dir(d))),
         })
     }
 
@@ -244,9 +296,28 @@ impl Desk {
                 format!("request {id} is {} already", r.state.as_str()),
             ));
         }
+        let now = SystemTime::now();
+        // Checked before anything changes: an answer refused here leaves the request pending.
+        let deadline = match &answer {
+            Answer::Approve { kind, ttl, .. } => {
+                let ttl = match (kind, ttl) {
+                    (GrantKind::Ttl, None) => {
+                        return Err(refused(400, "a ttl grant needs ttl_s"));
+                    }
+                    (GrantKind::Permanent, _) => None,
+                    (GrantKind::Once, None) => Some(Duration::from_secs(3600)),
+                    (_, t) => *t,
+                };
+                match ttl.map(|t| now.checked_add(t)) {
+                    Some(None) => return Err(refused(400, format!("ttl_s must be 1-{MAX_TTL_S}"))),
+                    Some(Some(d)) => Some(d),
+                    None => None,
+                }
+            }
+            Answer::Deny { .. } => None,
+        };
         r.answered_by = Some(by);
         r.checks = checks;
-        let now = SystemTime::now();
         let grant = match answer {
             Answer::Deny { note } => {
                 r.state = State::Denied;
@@ -254,31 +325,26 @@ impl Desk {
                 r.deadline = None;
                 None
             }
-            Answer::Approve { kind, ttl, note } => {
-                let ttl = match (kind, ttl) {
-                    (GrantKind::Ttl, None) => {
-                        return Err(refused(400, "a ttl grant needs ttl_s"));
-                    }
-                    (GrantKind::Permanent, _) => None,
-                    (GrantKind::Once, None) => Some(Duration::from_secs(3600)),
-                    (_, t) => t,
-                };
+            Answer::Approve { kind, note, .. } => {
                 r.state = State::Approved;
                 r.note = note;
                 r.grant = Some(kind);
-                r.deadline = ttl.map(|t| now + t);
+                r.deadline = deadline;
                 let a = &r.asked;
-                Some(Arc::new(GrantEntry::new(
-                    r.sandbox.as_str(),
-                    &r.id,
-                    a.target.host.clone(),
-                    a.target.port,
-                    a.methods.clone(),
-                    a.paths.clone(),
-                    kind,
-                    r.deadline,
-                    by,
-                )))
+                Some(Arc::new(
+                    GrantEntry::new(
+                        r.sandbox.as_str(),
+                        &r.id,
+                        a.target.host.clone(),
+                        a.target.port,
+                        a.methods.clone(),
+                        a.paths.clone(),
+                        kind,
+                        r.deadline,
+                        by,
+                    )
+                    .journaled(self.journal()),
+                ))
             }
         };
         let r = r.clone();
@@ -398,6 +464,13 @@ impl Desk {
     /// Every grant in force, serialisable.
     pub fn grants(&self) -> Vec<StoredGrant> {
         stored_all(&self.lock())
+    }
+
+    /// Where this desk's `once` grants record their spending.
+    fn journal(&self) -> Option<Arc<dyn crate::policy::granted::SpendJournal>> {
+        self.journal
+            .clone()
+            .map(|j| j as Arc<dyn crate::policy::granted::SpendJournal>)
     }
 
     fn publish(&self, inner: &Inner, sid: &SandboxId) {

@@ -1,5 +1,8 @@
 //! Grants as they are kept outside the process — in `state_dir/grants.json` and under the
-//! etcd prefix's `grants/` keys — so that a restart and every replica enforce the same ones.
+//! etcd prefix's `grants/` keys — so that a restart and every replica enforce the same ones;
+//! and the journal of spent `once` grants (`state_dir/grants.spent`, [`SpentFile`]): one id
+//! per line, appended and synced before the exchange that spends a grant leaves, read back
+//! over `grants.json` at start, so neither a stop nor a kill gives a spent grant back.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -7,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::granted::{GrantEntry, GrantKind};
+use crate::policy::granted::{GrantEntry, GrantKind, SpendJournal};
 use crate::policy::target::Host;
 
 /// One grant, serialisable.
@@ -48,8 +51,9 @@ impl StoredGrant {
         }
     }
 
-    /// The entry the data plane reads; `None` for a value that does not parse.
-    pub fn entry(&self) -> Option<Arc<GrantEntry>> {
+    /// The entry the data plane reads (its spending recorded in `journal`); `None` for a
+    /// value that does not parse.
+    pub fn entry(&self, journal: Option<Arc<dyn SpendJournal>>) -> Option<Arc<GrantEntry>> {
         let host = Host::parse(&self.host).ok()?;
         let g = GrantEntry::new(
             &self.sandbox,
@@ -62,7 +66,8 @@ impl StoredGrant {
             self.expires_ms
                 .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
             &self.approver,
-        );
+        )
+        .journaled(journal);
         if self.used {
             g.mark_used();
         }
@@ -96,5 +101,53 @@ pub fn load(path: &Path) -> Result<Vec<StoredGrant>, String> {
         Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// `state_dir/grants.spent`: the journal of spent `once` grants.
+#[derive(Debug)]
+pub struct SpentFile {
+    path: PathBuf,
+}
+
+impl SpentFile {
+    pub fn in_dir(state_dir: &Path) -> Self {
+        SpentFile {
+            path: state_dir.join("grants.spent"),
+        }
+    }
+
+    /// The ids recorded (none when there is no file; a line cut by a crash is skipped).
+    pub fn read(&self) -> Result<std::collections::HashSet<String>, String> {
+        match std::fs::read_to_string(&self.path) {
+            Ok(text) => Ok(text
+                .split_terminator('\n')
+                .filter(|l| crate::approvals::request::valid_id(l))
+                .map(str::to_string)
+                .collect()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Default::default()),
+            Err(e) => Err(format!("{}: {e}", self.path.display())),
+        }
+    }
+
+    /// Start afresh, once `grants.json` holds what the journal said.
+    pub fn clear(&self) -> std::io::Result<()> {
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl SpendJournal for SpentFile {
+    /// One line, appended (`O_APPEND`: writers never interleave) and synced.
+    fn spent(&self, id: &str) -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)?;
+        f.write_all(format!("{id}\n").as_bytes())?;
+        f.sync_data()
     }
 }

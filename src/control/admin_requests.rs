@@ -6,7 +6,6 @@
 //! ([`crate::approvals`]), on a blocking thread (it publishes through the controller's lock).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -19,11 +18,6 @@ use super::admin::{error, json_resp, read_body};
 use crate::approvals::{request, Answer, Desk, Refused, Request as Asked, State};
 use crate::policy::granted::GrantKind;
 use crate::runtime::Shared;
-
-/// Longest grant `ttl_s` accepted (30 days).
-const MAX_TTL_S: u64 = 30 * 24 * 3600;
-/// Longest note.
-const MAX_NOTE: usize = 500;
 
 /// Which requests path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,19 +109,9 @@ pub async fn route(
                 Err(r) => return r,
             };
             let kind = body.grant.unwrap_or(GrantKind::Ttl);
-            if body.ttl_s.is_some_and(|t| t == 0 || t > MAX_TTL_S) {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    format!("ttl_s must be 1-{MAX_TTL_S}"),
-                );
-            }
-            if kind == GrantKind::Permanent && body.ttl_s.is_some() {
-                return error(StatusCode::BAD_REQUEST, "a permanent grant takes no ttl_s");
-            }
-            let answer = Answer::Approve {
-                kind,
-                ttl: body.ttl_s.map(Duration::from_secs),
-                note: body.note,
+            let answer = match Answer::approve(kind, body.ttl_s, body.note) {
+                Ok(a) => a,
+                Err(e) => return refused(e),
             };
             apply(desk, id, answer).await
         }
@@ -139,7 +123,10 @@ pub async fn route(
             if body.grant.is_some() || body.ttl_s.is_some() {
                 return error(StatusCode::BAD_REQUEST, "a denial takes only a note");
             }
-            apply(desk, id, Answer::Deny { note: body.note }).await
+            match Answer::deny(body.note) {
+                Ok(a) => apply(desk, id, a).await,
+                Err(e) => refused(e),
+            }
         }
         At::Revoke(id) => {
             let done = tokio::task::spawn_blocking(move || desk.revoke(&id, "admin")).await;
@@ -160,12 +147,6 @@ async fn parse(req: Request<Incoming>, max: usize) -> Result<Body, Response<Full
             format!("the body must be {{\"grant\": \"once\"|\"ttl\"|\"permanent\", \"ttl_s\"?, \"note\"?}}: {e}"),
         )
     })?;
-    if body.note.as_ref().is_some_and(|n| n.len() > MAX_NOTE) {
-        return Err(error(
-            StatusCode::BAD_REQUEST,
-            format!("note is longer than {MAX_NOTE} bytes"),
-        ));
-    }
     Ok(body)
 }
 
@@ -182,13 +163,16 @@ fn done_json(
 ) -> Response<Full<Bytes>> {
     match done {
         Ok(Ok(r)) => json_resp(StatusCode::OK, r.view()),
-        Ok(Err(e)) => {
-            let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
-            json_resp(status, json!({ "error": e.message }))
-        }
+        Ok(Err(e)) => refused(e),
         Err(_) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "the answer could not be applied",
         ),
     }
+}
+
+/// An answer the desk refused, as the admin API says it.
+fn refused(e: Refused) -> Response<Full<Bytes>> {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+    json_resp(status, json!({ "error": e.message }))
 }

@@ -5,6 +5,7 @@
 //! grant is spent only by an exchange every other stage passed.
 
 use crate::egress::verdict::{Judgement, Point, Stage};
+use crate::policy::granted::NotTaken;
 use crate::policy::reason::Reason;
 use crate::wire::first_bytes::Mismatch;
 
@@ -40,12 +41,22 @@ impl Stage for GrantStage {
                 });
             }
         }
-        if !grant.take() {
-            return Judgement::Refuse(Mismatch {
+        match grant.take() {
+            Ok(()) => Judgement::Pass,
+            Err(NotTaken::Used) => Judgement::Refuse(Mismatch {
                 reason: Reason::NoRuleMatched,
                 detail: format!("grant {} was for one exchange, and it was used", grant.id),
-            });
+            }),
+            Err(NotTaken::Unrecorded(e)) => {
+                tracing::error!(grant = %grant.id, error = %e, "a once grant's spending could not be recorded in state_dir; it counts as spent");
+                Judgement::Refuse(Mismatch {
+                    reason: Reason::NoRuleMatched,
+                    detail: format!(
+                        "grant {} was for one exchange, and its use could not be recorded: it counts as spent",
+                        grant.id
+                    ),
+                })
+            }
         }
-        Judgement::Pass
     }
 }

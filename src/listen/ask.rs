@@ -355,23 +355,28 @@ async fn ask_webhook(desk: Arc<Desk>, view: Value) {
             return;
         }
     };
+    // The same checks as the admin API's (`Answer::approve`): a reply outside them is
+    // logged and the request stays pending.
     let answer = match (reply.decision.as_str(), reply.grant.as_deref()) {
-        ("deny", _) => Answer::Deny { note: reply.note },
-        ("approve", g) => {
-            let kind = match g.unwrap_or("ttl") {
-                "once" => GrantKind::Once,
-                "permanent" => GrantKind::Permanent,
-                _ => GrantKind::Ttl,
-            };
-            let ttl = reply.ttl_s.map(Duration::from_secs);
-            Answer::Approve {
-                kind,
-                ttl,
-                note: reply.note,
-            }
-        }
-        (other, _) => {
-            tracing::warn!(request = %id, decision = other, "approvals webhook: unknown decision ignored");
+        ("deny", _) => Answer::deny(reply.note),
+        ("approve", g) => match g.unwrap_or("ttl") {
+            "once" => Answer::approve(GrantKind::Once, reply.ttl_s, reply.note),
+            "permanent" => Answer::approve(GrantKind::Permanent, reply.ttl_s, reply.note),
+            "ttl" => Answer::approve(GrantKind::Ttl, reply.ttl_s, reply.note),
+            other => Err(crate::approvals::Refused {
+                status: 400,
+                message: format!("unknown grant `{other}`"),
+            }),
+        },
+        (other, _) => Err(crate::approvals::Refused {
+            status: 400,
+            message: format!("unknown decision `{other}`"),
+        }),
+    };
+    let answer = match answer {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(request = %id, error = %e.message, "approvals webhook: reply refused; the request stays pending");
             return;
         }
     };

@@ -62,6 +62,26 @@ pub struct GrantEntry {
     used: AtomicBool,
     /// The rule records and refusals name.
     pub rule: Arc<Rule>,
+    /// Where spending a `once` grant is recorded durably (the approvals desk's journal in
+    /// `state_dir`); none: memory only.
+    journal: Option<Arc<dyn SpendJournal>>,
+}
+
+/// Where a `once` grant's spending is recorded before its exchange leaves, so that a restart
+/// (even a kill) cannot give it back. Its I/O is the implementor's (`crate::approvals`).
+pub trait SpendJournal: Send + Sync + std::fmt::Debug {
+    /// Record durably that grant `id` was spent.
+    fn spent(&self, id: &str) -> std::io::Result<()>;
+}
+
+/// Why a `once` grant could not be taken.
+#[derive(Debug)]
+pub enum NotTaken {
+    /// Its one exchange was taken already.
+    Used,
+    /// Its spending could not be recorded durably: it counts as spent, and this exchange is
+    /// refused too (a grant whose spent state is unknown serves no one).
+    Unrecorded(std::io::Error),
 }
 
 impl GrantEntry {
@@ -100,7 +120,14 @@ impl GrantEntry {
             approver: approver.into(),
             used: AtomicBool::new(false),
             rule,
+            journal: None,
         }
+    }
+
+    /// Record its spending in `journal` (see [`GrantEntry::take`]).
+    pub fn journaled(mut self, journal: Option<Arc<dyn SpendJournal>>) -> Self {
+        self.journal = journal;
+        self
     }
 
     /// Whether it limits methods or paths (then only readable requests are allowed by it).
@@ -120,10 +147,20 @@ impl GrantEntry {
             && (self.paths.is_empty() || self.paths.iter().any(|p| glob(p, path)))
     }
 
-    /// Take a `once` grant's one exchange: false when it was taken already (every other kind
-    /// is always true).
-    pub fn take(&self) -> bool {
-        self.kind != GrantKind::Once || !self.used.swap(true, Ordering::AcqRel)
+    /// Take a `once` grant's one exchange, recorded in its journal before this returns (every
+    /// other kind is always taken). Refused when it was taken already, or when the journal
+    /// could not record it (then it is spent all the same).
+    pub fn take(&self) -> Result<(), NotTaken> {
+        if self.kind != GrantKind::Once {
+            return Ok(());
+        }
+        if self.used.swap(true, Ordering::AcqRel) {
+            return Err(NotTaken::Used);
+        }
+        match &self.journal {
+            Some(j) => j.spent(&self.id).map_err(NotTaken::Unrecorded),
+            None => Ok(()),
+        }
     }
 
     /// Whether its one exchange was taken (`once` only).
@@ -262,11 +299,11 @@ mod tests {
     #[test]
     fn a_once_grant_is_taken_once() {
         let g = entry(GrantKind::Once, None);
-        assert!(g.take());
-        assert!(!g.take());
+        assert!(g.take().is_ok());
+        assert!(matches!(g.take(), Err(NotTaken::Used)));
         assert!(g.used());
         let t = entry(GrantKind::Ttl, None);
-        assert!(t.take() && t.take());
+        assert!(t.take().is_ok() && t.take().is_ok());
     }
 
     #[test]
