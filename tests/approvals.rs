@@ -445,6 +445,60 @@ fn a_spent_once_grant_stays_spent_across_a_stop_and_a_kill() {
     }
 }
 
+/// Security review A05: grants outlived their sandbox. A runtime sandbox got a permanent
+/// grant, was deleted and registered again by a new tenant; after any other approval for the
+/// id, and after a restart, the old grant served the new tenant. A DELETE now ends the
+/// sandbox's grants (memory and `state_dir`) with a `revoked` record, and the new tenant
+/// starts with none — then, after another approval, and after a restart.
+#[test]
+fn a_deleted_sandboxs_grants_do_not_pass_to_the_next_tenant_of_its_id() {
+    let mut e = env("");
+    let token = Some(ADMIN_TOKEN);
+    let register = |e: &Env, secret: &str| {
+        let body = format!(
+            r#"{{"auth":{{"token_sha256":"{}"}},"policy":{{"provider":"local","config":{{}},"network":{{"egress":["allowed.test"]}}}}}}"#,
+            sha(secret)
+        );
+        let (code, out) = admin_req(e.proxy.admin, "PUT", "/v1/sandboxes/rt1", &body, token);
+        assert!(code == 200 || code == 201, "{code} {out}");
+    };
+    register(&e, "tok-rt1");
+    let (_, r) = e.request("rt1", "granted.test", "old tenant");
+    let old = r["id"].as_str().unwrap().to_string();
+    assert_eq!(e.cli(&["approve", &old, "--permanent"]).0, 0);
+    assert_eq!(e.get("rt1", "granted.test", "/").code, 0, "granted");
+    let (code, out) = admin_req(e.proxy.admin, "DELETE", "/v1/sandboxes/rt1", "", token);
+    assert_eq!(code, 200, "{out}");
+    let rec = e.proxy.wait_record(|r| {
+        r["approval"]["request"] == old.as_str() && r["approval"]["step"] == "revoked"
+    });
+    assert_eq!(rec["approval"]["by"], "deletion", "{rec}");
+    // A new tenant of the id (the test's `get` uses `tok-rt1`: same id, new registration).
+    register(&e, "tok-rt1");
+    let new_tenant = |e: &Env| e.get("rt1", "granted.test", "/").code;
+    assert_ne!(new_tenant(&e), 0, "nothing inherited at once");
+    let (_, r) = e.request("rt1", "pub.auto.test", "something else");
+    let other = r["id"].as_str().unwrap().to_string();
+    assert_eq!(e.cli(&["approve", &other, "--permanent"]).0, 0);
+    assert_eq!(e.get("rt1", "pub.auto.test", "/").code, 0);
+    assert_ne!(
+        new_tenant(&e),
+        0,
+        "nothing inherited after another approval"
+    );
+    let grants = std::fs::read_to_string(e.dir.path().join("state/grants.json")).unwrap();
+    assert!(!grants.contains(&old), "{grants}");
+    e.proxy.terminate();
+    let d = e.dir.path();
+    e.proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    assert_ne!(new_tenant(&e), 0, "nothing inherited after a restart");
+    assert_eq!(
+        e.get("rt1", "pub.auto.test", "/").code,
+        0,
+        "its own grant holds"
+    );
+}
+
 /// A flood costs what the caps allow: per-minute and pending caps answer 429, a long reason
 /// or a body naming another sandbox 400; nothing asked of another sandbox's name leaks.
 #[test]

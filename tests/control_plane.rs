@@ -858,3 +858,101 @@ fn an_approval_on_one_replica_lets_the_sandbox_through_another() {
         0
     );
 }
+
+/// Security review A05 through etcd: a grant's key under `grants/` survived the DELETE of its
+/// sandbox and both replicas served it to the next tenant of the id. A DELETE through one
+/// replica now ends the sandbox's grants on every replica and removes their keys; the id
+/// registered again has none, on either replica, even after another approval for it.
+#[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
+fn a_deleted_sandboxs_grants_end_on_every_replica_and_in_etcd() {
+    let (dir, etcd, net) = setup();
+    let a = replica(&dir.path().join("a"), etcd.client_port);
+    let b = replica(&dir.path().join("b"), etcd.client_port);
+    wait_ready(&a);
+    wait_ready(&b);
+    let port = net.https.addr.port();
+    let (status, body) = admin(
+        &a,
+        "PUT",
+        "/v1/sandboxes/rt1",
+        &binding("rt1", &["other.test:*"]),
+    );
+    assert_eq!(status, 201, "{body}");
+    eventually(Duration::from_secs(5), "b to apply rt1", || {
+        knows(&b, "rt1").then_some(())
+    });
+    let ask = |p: &Proxy, host: &str| -> String {
+        let body = format!(r#"{{"host": "{host}", "port": {port}, "reason": "work"}}"#);
+        let out = curl(&[
+            "-x",
+            &format!("http://rt1:rt1-secret@{}", p.proxy),
+            "--data-binary",
+            &body,
+            "http://egress-proxy.local/v1/requests",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out.text()).unwrap();
+        v["id"].as_str().unwrap().to_string()
+    };
+    let approve = |p: &Proxy, id: &str| {
+        let path = format!("/v1/requests/{id}/approve");
+        let (status, body) = admin(p, "POST", &path, r#"{"grant": "permanent"}"#);
+        assert_eq!(status, 200, "{body}");
+    };
+    let old = ask(&a, "api.test");
+    approve(&a, &old);
+    eventually(Duration::from_secs(10), "the grant reaches b", || {
+        (net.get(&b, "rt1", "api.test", "/").code == 0).then_some(())
+    });
+    let grants = || {
+        etcd.ctl(&[
+            "get",
+            "--prefix",
+            "--keys-only",
+            &format!("{PREFIX}grants/"),
+        ])
+    };
+    assert!(grants().contains(&old), "{}", grants());
+
+    let (status, body) = admin(&b, "DELETE", "/v1/sandboxes/rt1", "");
+    assert_eq!(status, 200, "{body}");
+    eventually(
+        Duration::from_secs(10),
+        "the grant's key leaves etcd",
+        || (!grants().contains(&old)).then_some(()),
+    );
+    for p in [&a, &b] {
+        eventually(Duration::from_secs(5), "rt1 gone", || {
+            (!knows(p, "rt1")).then_some(())
+        });
+    }
+    let (status, body) = admin(
+        &b,
+        "PUT",
+        "/v1/sandboxes/rt1",
+        &binding("rt1", &["other.test:*"]),
+    );
+    assert_eq!(status, 201, "{body}");
+    for p in [&a, &b] {
+        eventually(Duration::from_secs(5), "rt1 again", || {
+            knows(p, "rt1").then_some(())
+        });
+    }
+    let other = ask(&a, "slow.test");
+    approve(&a, &other);
+    eventually(Duration::from_secs(10), "the new grant reaches b", || {
+        let check = format!(r#"{{"sandbox": "rt1", "target": "slow.test:{port}"}}"#);
+        admin(&b, "POST", "/v1/check", &check)
+            .1
+            .contains("grant_matched")
+            .then_some(())
+    });
+    for p in [&a, &b] {
+        let out = net.get(p, "rt1", "api.test", "/");
+        assert_ne!(out.code, 0, "the old tenant's grant passed: {}", out.text());
+    }
+    let rec = a.wait_record(|r| {
+        r["approval"]["request"] == old.as_str() && r["approval"]["step"] == "revoked"
+    });
+    assert_eq!(rec["approval"]["by"], "deletion", "{rec}");
+}

@@ -35,26 +35,7 @@ impl Desk {
                 ));
             }
             // A grant kept across a restart (its request was not): revoked all the same.
-            (None, Some((sandbox, g))) => Request {
-                id: id.to_string(),
-                sandbox,
-                asked: request::Asked {
-                    target: crate::policy::target::Target {
-                        host: g.host.clone(),
-                        port: g.port,
-                    },
-                    methods: g.methods.clone(),
-                    paths: g.paths.clone(),
-                    reason: String::new(),
-                },
-                state: State::Revoked,
-                created: SystemTime::now(),
-                deadline: None,
-                answered_by: Some(by),
-                grant: Some(g.kind),
-                note: None,
-                checks: Vec::new(),
-            },
+            (None, Some((sandbox, g))) => revoked_without_request(sandbox, &g, by),
             (None, None) => return Err(refused(404, format!("no request or grant {id}"))),
         };
         if let Some(list) = inner.grants.get_mut(&r.sandbox) {
@@ -69,6 +50,50 @@ impl Desk {
         self.record(&r, "revoked", by, None, None);
         self.changed.send_modify(|n| *n += 1);
         Ok(r)
+    }
+
+    /// Sandbox `sid` was removed (a DELETE here or on another replica): its grants go with it
+    /// — from memory, `state_dir` and etcd, each with a `revoked` record by `deletion` — and
+    /// its pending requests expire, so an id registered again starts with none (security
+    /// review A05: a new tenant of the id was served by the old one's grants).
+    pub fn sandbox_removed(&self, sid: &SandboxId) {
+        const BY: &str = "deletion";
+        let mut inner = self.lock();
+        let gone = inner.grants.remove(sid).unwrap_or_default();
+        let mut ended: Vec<(Request, &'static str)> = Vec::new();
+        for r in inner.requests.values_mut().filter(|r| &r.sandbox == sid) {
+            let step = match r.state {
+                State::Pending => State::Expired,
+                State::Approved => State::Revoked,
+                _ => continue,
+            };
+            r.state = step;
+            r.answered_by.get_or_insert(BY);
+            r.deadline = None;
+            ended.push((r.clone(), step.as_str()));
+        }
+        for g in &gone {
+            if !ended.iter().any(|(r, _)| *r.id == *g.id) {
+                ended.push((revoked_without_request(sid.clone(), g, BY), "revoked"));
+            }
+        }
+        if !gone.is_empty() {
+            self.publish(&inner, sid);
+            self.save(&inner);
+            if let Some(remote) = self.remote.get() {
+                for g in &gone {
+                    remote.delete(sid.as_str(), &g.id);
+                }
+            }
+        }
+        drop(inner);
+        for (r, step) in &ended {
+            self.record(r, step, BY, None, None);
+        }
+        if !ended.is_empty() {
+            tracing::info!(sandbox = %sid, grants = gone.len(), requests = ended.len(), "grants and requests of a removed sandbox ended");
+            self.changed.send_modify(|n| *n += 1);
+        }
     }
 
     /// Grants kept in `state_dir` (at start): those not expired are in force again.
@@ -168,5 +193,34 @@ impl Desk {
                 }
             }
         }
+    }
+}
+
+/// The request a grant kept without its request (restored from `state_dir` or etcd) is
+/// recorded as when it is revoked.
+fn revoked_without_request(
+    sandbox: SandboxId,
+    g: &crate::policy::granted::GrantEntry,
+    by: &'static str,
+) -> Request {
+    Request {
+        id: g.id.to_string(),
+        sandbox,
+        asked: request::Asked {
+            target: crate::policy::target::Target {
+                host: g.host.clone(),
+                port: g.port,
+            },
+            methods: g.methods.clone(),
+            paths: g.paths.clone(),
+            reason: String::new(),
+        },
+        state: State::Revoked,
+        created: SystemTime::now(),
+        deadline: None,
+        answered_by: Some(by),
+        grant: Some(g.kind),
+        note: None,
+        checks: Vec::new(),
     }
 }

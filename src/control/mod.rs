@@ -344,8 +344,18 @@ impl Controller {
         self.count(true);
         self.publish(set, Scope::Sandboxes(std::slice::from_ref(&sid)));
         compact_if_due(&mut st);
+        drop(st);
         tracing::info!(sandbox = id, revoked = open, "sandbox removed");
+        self.sandbox_removed(&sid);
         Ok(open)
+    }
+
+    /// A sandbox left the registrations: its grants and requests end with it (the desk
+    /// publishes through this controller's lock, so this runs with the lock released).
+    pub fn sandbox_removed(&self, sid: &SandboxId) {
+        if let Some(desk) = self.shared.desk.get() {
+            desk.sandbox_removed(sid);
+        }
     }
 
     /// Put sandbox `id`'s grants in force (the approvals desk's publisher): only its

@@ -34,12 +34,14 @@ pub enum RemoteChange {
 }
 
 /// What applying a batch did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Applied {
     /// Sandboxes added, replaced or removed.
     pub changed: usize,
     /// Values skipped as invalid.
     pub skipped: usize,
+    /// Sandboxes removed (not replaced): their grants end with them.
+    pub removed: Vec<SandboxId>,
 }
 
 /// A registration checked and ready to be written.
@@ -149,7 +151,12 @@ impl Controller {
             if attempt < RETRIES && !std::sync::Arc::ptr_eq(&st.config, &view.config) {
                 continue;
             }
-            return self.apply_ready(&mut st, &changes, ready, full);
+            let applied = self.apply_ready(&mut st, &changes, ready, full);
+            drop(st);
+            for sid in &applied.removed {
+                self.sandbox_removed(sid);
+            }
+            return applied;
         }
         Applied::default()
     }
@@ -185,6 +192,7 @@ impl Controller {
             for id in gone {
                 set_wide |= remove(st, &mut edit, &id);
                 touched.extend(SandboxId::new(&id).ok());
+                applied.removed.extend(SandboxId::new(&id).ok());
             }
         }
         for (change, prepared) in changes.iter().zip(ready) {
@@ -228,6 +236,7 @@ impl Controller {
                     if st.runtime.contains_key(id) || st.skipped.contains_key(id) {
                         set_wide |= remove(st, &mut edit, id);
                         touched.extend(SandboxId::new(id).ok());
+                        applied.removed.extend(SandboxId::new(id).ok());
                     }
                 }
             }
