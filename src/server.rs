@@ -153,10 +153,13 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         "listening"
     );
     watch::wait_for_signal().await;
-    shutdown(&shared, &control, &config, tasks).await;
+    let lost = shutdown(&shared, &control, &config, tasks).await;
     keeper.save();
     drop(otel);
-    Ok(())
+    match lost {
+        0 => Ok(()),
+        n => anyhow::bail!("{n} audit records were lost at exit: the trail could not take them and they could not be kept in audit.spill_file"),
+    }
 }
 
 /// Everything a connection handler reads: the compiled policy, the resolver, the
@@ -297,7 +300,7 @@ async fn shutdown(
     control: &Controller,
     config: &Config,
     tasks: Vec<JoinHandle<()>>,
-) {
+) -> usize {
     tracing::info!("shutting down: no new connections; draining");
     shared.ready.store(false, Ordering::Release);
     for t in &tasks {
@@ -325,10 +328,11 @@ async fn shutdown(
         );
         let _ = writeln!(
             std::io::stderr(),
-            "egress-proxy: {lost} audit records could not be written before exit"
+            "egress-proxy: {lost} audit records could not be written or kept before exit"
         );
     }
     tracing::info!("stopped");
+    lost
 }
 
 /// Close the kept upstream connections of forwarded requests that must go: at once when a

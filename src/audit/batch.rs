@@ -44,6 +44,8 @@ pub(super) struct Writer {
     /// While failing: the next attempt, and the wait after it.
     pub(super) retry_at: Option<Instant>,
     pub(super) retry_wait: Duration,
+    /// `audit.spill_file`: where what is still unwritten goes when the proxy stops.
+    spill: Option<std::path::PathBuf>,
 }
 
 impl Writer {
@@ -52,6 +54,7 @@ impl Writer {
         anchor: Option<Output>,
         chain: Option<Chain>,
         format: Format,
+        spill: Option<std::path::PathBuf>,
     ) -> Self {
         Writer {
             out,
@@ -64,6 +67,47 @@ impl Writer {
             mid_line: false,
             retry_at: None,
             retry_wait: RETRY_FIRST,
+            spill,
+        }
+    }
+
+    /// The proxy stops and the trail still cannot take the backlog: its lines — complete,
+    /// chained and signed as they would have been written, the run's final checkpoint among
+    /// them — are appended to the spill file and synced, for the next start to put back
+    /// ([`restore_spill`]). Returns how many records went there (0 when none could).
+    pub(super) fn spill(&mut self, inner: &Inner) -> usize {
+        let Some(path) = &self.spill else { return 0 };
+        if self.main.bytes.is_empty() {
+            return 0;
+        }
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| {
+                f.write_all(&self.main.bytes)?;
+                f.sync_all()
+            });
+        match written {
+            Ok(()) => {
+                let n = std::mem::take(&mut self.main.records);
+                inner.health.pending.fetch_sub(n, Ordering::Relaxed);
+                self.main.bytes.clear();
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "audit: {n} records the trail could not take before exit are kept in {}; the next start puts them back",
+                    path.display()
+                );
+                n
+            }
+            Err(e) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "audit: cannot keep the unwritten records in {}: {e}",
+                    path.display()
+                );
+                0
+            }
         }
     }
 
@@ -225,4 +269,32 @@ fn observe(inner: &Inner, e: &Entry, line: &[u8], format: Format) {
     if as_json.is_ok() {
         let _ = inner.observers.send(bytes::Bytes::from(json));
     }
+}
+
+/// At start, before the run's first line: the lines a previous run spilled at its stop
+/// ([`Writer::spill`]) are appended to the log they belong to (they continue its chain) and
+/// the spill file is removed. A spill that cannot be put back is an error: the proxy does
+/// not start and write after it, which would leave those records out of order or lost.
+pub(super) fn restore_spill(log: &std::path::Path, spill: &std::path::Path) -> std::io::Result<()> {
+    let lines = match std::fs::read(spill) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !lines.is_empty() {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        f.write_all(&lines)?;
+        f.sync_all()?;
+        let _ = writeln!(
+            std::io::stderr(),
+            "audit: {} records kept in {} at the last stop are back in {}",
+            lines.iter().filter(|b| **b == b'\n').count(),
+            spill.display(),
+            log.display()
+        );
+    }
+    std::fs::remove_file(spill)
 }

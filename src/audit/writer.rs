@@ -7,7 +7,9 @@
 //! [`unavailable`] and the listeners refuse new connections, requests and queries
 //! (`audit_unavailable`, counted) instead of growing without limit; connections already
 //! accepted still get their records. [`AuditLog::close`] waits at most its deadline for the
-//! writer, then says how many records it could not write.
+//! writer; what the trail still cannot take then is kept in `audit.spill_file` (complete,
+//! chained lines, the run's final checkpoint among them), which the next start appends to the
+//! trail before its own first line. It says how many records were neither written nor kept.
 //!
 //! **A sink that fails** (a full disk, an I/O error, a read-only remount, a closed pipe, a
 //! file that cannot be opened again) loses nothing under `audit.on_failure: refuse`: the
@@ -41,6 +43,10 @@ use crate::config::audit::{AuditTrail, OnFailure};
 const DRAIN_EVERY: Duration = Duration::from_millis(5);
 /// The most an `open` entry waits (and the least time between two wake-ups for opens).
 const URGENT_EVERY: Duration = Duration::from_millis(1);
+/// How long `close` waits for the spill after its deadline.
+pub const SPILL_WAIT: Duration = Duration::from_secs(3);
+/// The longest sleep between two tries while closing (`close` may give up meanwhile).
+const RETRY_WHILE_CLOSING: Duration = Duration::from_millis(100);
 
 /// Entries waiting for the writer, and whether the log is closing.
 #[derive(Default)]
@@ -62,6 +68,8 @@ pub(super) struct Inner {
     done_cv: Condvar,
     /// Open the file again before the next write (SIGHUP / SIGUSR1).
     reopen: AtomicBool,
+    /// `close` waited its deadline: stop retrying, spill what is left.
+    give_up: AtomicBool,
     /// Each record's JSON line, for observers (nothing is encoded for them while none is).
     pub(super) observers: tokio::sync::broadcast::Sender<bytes::Bytes>,
 }
@@ -78,6 +86,7 @@ impl Inner {
             done: Mutex::new(false),
             done_cv: Condvar::new(),
             reopen: AtomicBool::new(false),
+            give_up: AtomicBool::new(false),
             observers: tokio::sync::broadcast::channel(OBSERVER_BACKLOG).0,
         })
     }
@@ -106,6 +115,18 @@ impl AuditLog {
         trail: &AuditTrail,
         key: Option<ed25519_dalek::SigningKey>,
     ) -> std::io::Result<Self> {
+        if let Some((log, spill)) = path.as_deref().zip(trail.spill_file.as_deref()) {
+            super::batch::restore_spill(log, spill).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "the records kept in {} at the last stop cannot be put back into {}: {e}; the proxy does not start until they can (free space on the log's volume)",
+                        spill.display(),
+                        log.display()
+                    ),
+                )
+            })?;
+        }
         let mut out = Output::open(path.as_deref(), trail.rotate, trail.fsync)?;
         let mut anchor = match &trail.checkpoint_file {
             Some(p) => Some(
@@ -146,7 +167,7 @@ impl AuditLog {
         };
         let inner = Inner::new(trail.on_failure, queue_max);
         let i = inner.clone();
-        let writer = Writer::new(out, anchor, chain, trail.format);
+        let writer = Writer::new(out, anchor, chain, trail.format, trail.spill_file.clone());
         std::thread::Builder::new()
             .name("audit-writer".into())
             .spawn(move || write_loop(&i, writer))?;
@@ -195,28 +216,38 @@ impl AuditLog {
     }
 
     /// Close the log: wait up to `deadline` for every queued record to be written and
-    /// flushed. Returns how many records could not be written (0 when all were).
+    /// flushed; then (the trail still failing) up to [`SPILL_WAIT`] for the rest to be kept
+    /// in `audit.spill_file`. Returns how many records were neither written nor kept (0 when
+    /// none was lost).
     pub fn close(&self, deadline: Duration) -> usize {
-        let pending = || self.inner.health.pending.load(Ordering::Relaxed);
         if let Ok(mut q) = self.inner.queue.lock() {
             q.closing = true;
         }
         self.inner.wake.notify_one();
-        let until = Instant::now() + deadline;
+        if !self.wait_done(deadline) {
+            self.inner.give_up.store(true, Ordering::Release);
+            self.wait_done(SPILL_WAIT);
+        }
+        self.inner.health.pending.load(Ordering::Relaxed)
+    }
+
+    /// Wait up to `wait` for the writer to stop; whether it did.
+    fn wait_done(&self, wait: Duration) -> bool {
+        let until = Instant::now() + wait;
         let Ok(mut done) = self.inner.done.lock() else {
-            return pending();
+            return false;
         };
         while !*done {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                break;
+                return false;
             }
             match self.inner.done_cv.wait_timeout(done, left) {
                 Ok((d, _)) => done = d,
-                Err(_) => return pending(),
+                Err(_) => return false,
             }
         }
-        pending()
+        true
     }
 }
 
@@ -286,9 +317,15 @@ fn closing_drain(inner: &Inner, w: &mut Writer, batch: &mut Vec<Entry>) {
     w.encode(inner, batch);
     w.checkpoint(true);
     w.flush(inner, true);
-    while w.stalled() && inner.health.on_failure() == OnFailure::Refuse {
-        std::thread::sleep(w.retry_wait);
+    while w.stalled()
+        && inner.health.on_failure() == OnFailure::Refuse
+        && !inner.give_up.load(Ordering::Acquire)
+    {
+        std::thread::sleep(w.retry_wait.min(RETRY_WHILE_CLOSING));
         w.flush(inner, true);
+    }
+    if w.stalled() {
+        w.spill(inner);
     }
     let _ = w.out.sync();
 }

@@ -70,6 +70,10 @@ pub struct AuditTrail {
     pub fsync: Fsync,
     pub format: Format,
     pub on_failure: OnFailure,
+    /// Where records that could not be written by the time the proxy stops are kept
+    /// (`audit.spill_file`; by default `state_dir/audit.spill`, else beside the log): the
+    /// next start puts them back into the trail before its own first line.
+    pub spill_file: Option<PathBuf>,
 }
 
 impl Default for AuditTrail {
@@ -84,6 +88,7 @@ impl Default for AuditTrail {
             fsync: Fsync::Never,
             format: Format::Json,
             on_failure: OnFailure::Refuse,
+            spill_file: None,
         }
     }
 }
@@ -112,6 +117,8 @@ pub(super) struct RawTrail {
     /// `refuse` (default) or `continue`.
     #[serde(default)]
     pub on_failure: OnFailure,
+    #[serde(default)]
+    pub spill_file: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -209,5 +216,6 @@ pub(super) fn resolve_trail(
         fsync,
         format: raw.format,
         on_failure: raw.on_failure,
+        spill_file: raw.spill_file.as_deref().map(rel),
     }
 }
