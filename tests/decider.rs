@@ -405,3 +405,125 @@ fn dlp_finds_a_key_in_every_encoding_on_terminated_and_forwarded_requests() {
     let rec = p.wait_record(|r| r["reason"] == "dlp_blocked" && r["mode"] == "http");
     assert_eq!(rec["dlp"], "private_key", "{rec}");
 }
+
+/// `n` requests to `https://api.test:port{path}-i` multiplexed by curl over one HTTP/2
+/// connection through the proxy as `id`: their status codes.
+fn h2_burst(p: &Proxy, dir: &Path, id: &str, port: u16, path: &str, n: usize) -> Vec<String> {
+    let px = format!("http://{id}:{id}-secret@{}", p.proxy);
+    let ica = dir.join("ica/ca.crt");
+    let mut args: Vec<String> = [
+        "-s",
+        "--http2",
+        "--parallel",
+        "--parallel-max",
+        "100",
+        "-x",
+        &px,
+        "--cacert",
+        ica.to_str().unwrap(),
+        "-w",
+        "%{http_code}\\n",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for i in 0..n {
+        args.extend(["-o".into(), "/dev/null".into()]);
+        args.push(format!("https://api.test:{port}{path}-{i}"));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    curl(&args).text().lines().map(str::to_string).collect()
+}
+
+/// Security review round C, C4c: under `on_error: allow` a sandbox made the decider "busy"
+/// or "slow" with parallel streams and its forbidden requests rode through (32 of 40 on one
+/// h2 connection). Asks are now bounded per sandbox (`max_in_flight_per_sandbox`, a quarter of
+/// `max_in_flight` by default), and a failure that is the sandbox's own load is refused
+/// whatever `on_error` says: all 40 forbidden streams are refused.
+#[test]
+fn a_sandbox_cannot_make_the_decider_fail_open_with_its_own_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(Some(&ca));
+    let port = origin.addr.port();
+    let d = decider(&["--sleep", "0.15"]);
+    let cfg = format!(
+        "    decider: {{ url: \"http://127.0.0.1:{}/\", timeout_ms: 300, max_in_flight: 8, on_error: allow }}\n",
+        d.at
+    );
+    let p = proxy(dir.path(), &ca, &sandbox("flood", &cfg, port), "");
+    let codes = h2_burst(&p, dir.path(), "flood", port, "/admin/forbidden", 40);
+    assert_eq!(codes.len(), 40, "{codes:?}");
+    let through = codes.iter().filter(|c| *c == "200").count();
+    assert_eq!(
+        through, 0,
+        "forbidden requests reached the origin: {codes:?}"
+    );
+    let rec = p.wait_record(|r| {
+        r["sandbox"] == "flood"
+            && r["decider"]
+                .as_str()
+                .is_some_and(|d| d.contains("on_error does not apply"))
+    });
+    assert_eq!(rec["decision"], "deny", "{rec}");
+    // One ask at a time is no load: a failure then is the decider's, and `allow` applies.
+    drop(d);
+    let out = as_sandbox(
+        &p,
+        dir.path(),
+        "flood",
+        &format!("https://api.test:{port}/v1/x"),
+        &[],
+    );
+    assert!(text(&out).contains("hello from origin"), "{}", text(&out));
+}
+
+/// Security review round C, C5: `max_in_flight` was one pool for every sandbox, so one
+/// sandbox's flood refused its neighbour's requests (5 of 10 got 503). With a share per
+/// sandbox the neighbour is unaffected.
+#[test]
+fn one_sandboxs_flood_of_asks_does_not_refuse_its_neighbour() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(Some(&ca));
+    let port = origin.addr.port();
+    let d = decider(&["--sleep", "0.15"]);
+    let top = format!(
+        "decider: {{ url: \"http://127.0.0.1:{}/\", max_in_flight: 8, on_error: deny }}",
+        d.at
+    );
+    let sandboxes = format!("{}{}", sandbox("decx", "", port), sandbox("decy", "", port));
+    let p = std::sync::Arc::new(proxy(dir.path(), &ca, &sandboxes, &top));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let (p, stop, dir) = (p.clone(), stop.clone(), dir.path().to_path_buf());
+        std::thread::spawn(move || {
+            let mut asked = 0;
+            while !stop.load(Ordering::Relaxed) {
+                asked += h2_burst(&p, &dir, "decx", port, "/v1/flood", 60).len();
+            }
+            asked
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let codes: Vec<String> = (0..10)
+        .map(|i| {
+            let url = format!("https://api.test:{port}/v1/y-{i}");
+            let out = as_sandbox(
+                &p,
+                dir.path(),
+                "decy",
+                &url,
+                &["-s", "-o", "/dev/null", "-w", "%{http_code}"],
+            );
+            out.text()
+        })
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    let asked = flood.join().unwrap();
+    assert!(asked >= 60, "the flood ran");
+    assert!(
+        codes.iter().all(|c| c == "200"),
+        "the neighbour was refused: {codes:?}"
+    );
+}

@@ -37,6 +37,10 @@ pub struct DeciderConfig {
     pub on_error: OnError,
     /// Asks in flight at once, across the process; past it an ask is a failure.
     pub max_in_flight: usize,
+    /// Asks in flight at once for one sandbox (its share): past it an ask is refused whatever
+    /// `on_error` says, and so is one that fails while its sandbox is at its share — a
+    /// sandbox cannot make the decider fail open, or take the permits its neighbours need.
+    pub max_in_flight_per_sandbox: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
@@ -51,6 +55,8 @@ pub struct RawDecider {
     pub on_error: Option<String>,
     #[serde(default)]
     pub max_in_flight: Option<u64>,
+    #[serde(default)]
+    pub max_in_flight_per_sandbox: Option<u64>,
 }
 
 /// Validate `decider:`; errors say which key.
@@ -108,12 +114,24 @@ pub fn resolve_decider(raw: &RawDecider, errors: &mut Vec<String>) -> Option<Arc
         errors.push("decider.max_in_flight: 1 to 100000".into());
         return None;
     }
+    // A quarter of the pool by default: four sandboxes at their share leave none for a fifth
+    // only when the pool is that small.
+    let per_sandbox = raw
+        .max_in_flight_per_sandbox
+        .unwrap_or((max_in_flight / 4).max(1));
+    if !(1..=max_in_flight).contains(&per_sandbox) {
+        errors.push(format!(
+            "decider.max_in_flight_per_sandbox: 1 to max_in_flight ({max_in_flight})"
+        ));
+        return None;
+    }
     Some(Arc::new(DeciderConfig {
         url,
         timeout: Duration::from_millis(timeout_ms),
         need_body_max: usize::try_from(need_body_max).unwrap_or(usize::MAX),
         on_error,
         max_in_flight: usize::try_from(max_in_flight).unwrap_or(usize::MAX),
+        max_in_flight_per_sandbox: usize::try_from(per_sandbox).unwrap_or(usize::MAX),
     }))
 }
 

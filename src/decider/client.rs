@@ -1,9 +1,13 @@
 //! The connection to one decider: HTTP/1.1 over TCP or a Unix socket, idle connections kept
-//! for the next ask, asks in flight bounded (`max_in_flight`: past it an ask fails at once,
-//! it does not queue), each ask bounded in time. A decider that is slow or stopped costs the
-//! exchanges that ask it their `timeout_ms`, and nothing to anyone else: no lock is held
-//! while an ask waits.
+//! for the next ask, asks in flight bounded per process (`max_in_flight`) and per sandbox
+//! (`max_in_flight_per_sandbox`: past either an ask fails at once, it does not queue), each
+//! ask bounded in time. A decider that is slow or stopped costs the exchanges that ask it
+//! their `timeout_ms`, and nothing to anyone else: no lock is held while an ask waits. A
+//! failure is the asking sandbox's own ([`Failure::own`]) when it is past its share, or when
+//! the pool is full or the ask times out while the sandbox holds its whole share (and more
+//! than one ask).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -24,6 +28,53 @@ pub struct Client {
     cfg: Arc<DeciderConfig>,
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
     in_flight: Arc<Semaphore>,
+    /// Asks in flight per sandbox (entries leave at zero).
+    per_sandbox: Mutex<HashMap<String, usize>>,
+}
+
+/// Why an ask got no answer, and whether the asking sandbox's own load caused it (then
+/// `on_error: allow` does not apply).
+#[derive(Debug)]
+pub struct Failure {
+    pub why: String,
+    pub own: bool,
+}
+
+/// One sandbox's ask counted in flight until dropped.
+struct Share<'a> {
+    client: &'a Client,
+    sandbox: &'a str,
+}
+
+impl Share<'_> {
+    /// Whether the sandbox loads the decider itself now: it holds its whole share, and more
+    /// than one ask (a single ask is no load).
+    fn loaded(&self) -> bool {
+        let n = lock(&self.client.per_sandbox)
+            .get(self.sandbox)
+            .copied()
+            .unwrap_or(0);
+        n > 1 && n >= self.client.cfg.max_in_flight_per_sandbox
+    }
+}
+
+impl Drop for Share<'_> {
+    fn drop(&mut self) {
+        let mut m = lock(&self.client.per_sandbox);
+        if let Some(n) = m.get_mut(self.sandbox) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(self.sandbox);
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
 }
 
 impl Client {
@@ -32,23 +83,53 @@ impl Client {
             in_flight: Arc::new(Semaphore::new(cfg.max_in_flight)),
             cfg,
             idle: Mutex::new(Vec::new()),
+            per_sandbox: Mutex::new(HashMap::new()),
         }
     }
 
-    /// POST `json`; the answer's body, or why there is none.
-    pub async fn post(&self, json: Vec<u8>) -> Result<Bytes, String> {
+    /// Count an ask of `sandbox` in flight, if it is within its share.
+    fn share<'a>(&'a self, sandbox: &'a str) -> Option<Share<'a>> {
+        let mut m = lock(&self.per_sandbox);
+        let n = m.entry(sandbox.to_string()).or_insert(0);
+        if *n >= self.cfg.max_in_flight_per_sandbox {
+            return None;
+        }
+        *n += 1;
+        Some(Share {
+            client: self,
+            sandbox,
+        })
+    }
+
+    /// POST `json` for `sandbox`; the answer's body, or why there is none.
+    pub async fn post(&self, sandbox: &str, json: Vec<u8>) -> Result<Bytes, Failure> {
+        let Some(share) = self.share(sandbox) else {
+            return Err(Failure {
+                why: format!(
+                    "the sandbox has {} asks in flight already (decider.max_in_flight_per_sandbox)",
+                    self.cfg.max_in_flight_per_sandbox
+                ),
+                own: true,
+            });
+        };
+        // Busy and slow are load: the sandbox's own when it loads the decider itself. A
+        // refused connection or a broken answer is the decider's (`on_error` applies).
+        let fail = |why: String| Failure {
+            own: share.loaded(),
+            why,
+        };
         let Ok(_permit) = self.in_flight.clone().try_acquire_owned() else {
-            return Err(format!(
+            return Err(fail(format!(
                 "{} asks already in flight (decider.max_in_flight)",
                 self.cfg.max_in_flight
-            ));
+            )));
         };
         match tokio::time::timeout(self.cfg.timeout, self.exchange(json)).await {
-            Ok(r) => r,
-            Err(_) => Err(format!(
+            Ok(r) => r.map_err(|why| Failure { why, own: false }),
+            Err(_) => Err(fail(format!(
                 "the decider did not answer within {} ms",
                 self.cfg.timeout.as_millis()
-            )),
+            ))),
         }
     }
 

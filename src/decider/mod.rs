@@ -8,8 +8,10 @@
 //!
 //! Hard failure semantics: a decider that is down, slower than `timeout_ms`, busy past
 //! `max_in_flight`, or that answers anything but a verdict this version defines gets
-//! `on_error` (deny by default: `decider_unavailable`). Every verdict is in the record's
-//! `decider` field.
+//! `on_error` (deny by default: `decider_unavailable`) — unless the failure is the asking
+//! sandbox's own load (past its `max_in_flight_per_sandbox`, or failing while it holds that
+//! whole share): that is refused whatever `on_error` says, so a sandbox cannot turn `allow`
+//! into "no decider" by flooding it. Every verdict is in the record's `decider` field.
 
 mod client;
 pub mod stage;
@@ -102,12 +104,17 @@ impl Deciders {
             Ok(j) => j,
             Err(e) => return failed(format!("encoding the ask: {e}")),
         };
-        match self.client(cfg).post(json).await {
+        match self.client(cfg).post(&ask.sandbox, json).await {
             Ok(body) => match wire::read(&body, protected) {
                 Ok(a) => Outcome::Answer(a),
                 Err(why) => failed(why),
             },
-            Err(why) => failed(why),
+            // The sandbox's own load: refused whatever `on_error` says.
+            Err(f) if f.own => Outcome::Failed(format!(
+                "{} (the sandbox's own load: on_error does not apply)",
+                f.why
+            )),
+            Err(f) => failed(f.why),
         }
     }
 }
