@@ -499,6 +499,41 @@ fn a_deleted_sandboxs_grants_do_not_pass_to_the_next_tenant_of_its_id() {
     );
 }
 
+/// Security review round C, C3d: a `once` grant served five requests on one kept plain
+/// connection. A `once` grant is one *request* wherever the proxy frames requests: through a
+/// CONNECT tunnel carrying plain HTTP (the same relay as a transparent connection), the first
+/// of five requests on the connection is served and the second ends it.
+#[test]
+fn a_once_grant_is_one_request_on_a_kept_plain_connection() {
+    let e = env("");
+    let port = keepalive_origin("127.0.0.1");
+    let body = format!(r#"{{"host": "granted.test", "port": {port}, "reason": "one look"}}"#);
+    let (_, r) = e.ask("agent", "POST", "/v1/requests", Some(&body));
+    let id = r["id"].as_str().unwrap().to_string();
+    let (code, out) = e.cli(&["approve", &id, "--once"]);
+    assert_eq!(code, 0, "{out}");
+    let px = e.px("agent");
+    let mut args = vec!["-p", "-x", &px];
+    let urls: Vec<String> = (0..5)
+        .map(|i| format!("http://granted.test:{port}/kept-{i}"))
+        .collect();
+    args.extend(urls.iter().map(String::as_str));
+    let out = curl(&args);
+    assert_eq!(
+        out.text().matches("hello from origin").count(),
+        1,
+        "{} {}",
+        out.text(),
+        out.stderr
+    );
+    let rec = e.proxy.wait_record(|r| {
+        r["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("was for one request"))
+    });
+    assert_eq!(rec["decision"], "deny", "{rec}");
+}
+
 /// A flood costs what the caps allow: per-minute and pending caps answer 429, a long reason
 /// or a body naming another sandbox 400; nothing asked of another sandbox's name leaks.
 #[test]

@@ -222,16 +222,18 @@ const API_SECRET: &str = "sk-transparent-0123456789abcdefghijklmnop";
 /// [`gateway_env`]; with `broker`, an interception CA (`DIR/ica`) and a credential `api`
 /// bound to api.test (header `Authorization: Bearer {secret}`), so api.test is terminated.
 fn gateway_env_with(n: u8, strict: bool, tproxy: bool, broker: bool) -> Option<GatewayEnv> {
-    gateway_env_full(n, strict, tproxy, broker, "")
+    gateway_env_full(n, strict, tproxy, broker, "", "")
 }
 
-/// [`gateway_env_with`], with these `network.http` rules (YAML; empty: none).
+/// [`gateway_env_with`], with these `network.http` rules (YAML; empty: none) and `extra`
+/// lines in the sandbox's entry (such as `    limits: {...}\n`).
 fn gateway_env_full(
     n: u8,
     strict: bool,
     tproxy: bool,
     broker: bool,
     http_rules: &str,
+    extra: &str,
 ) -> Option<GatewayEnv> {
     if !can_run() {
         return None;
@@ -273,7 +275,7 @@ defaults:
   - id: sbx
     sources: [{sip}/32]
     strict_sni_dst: {strict}
-{creds}    policy:
+{extra}{creds}    policy:
       provider: local
       config: {{}}
       network:
@@ -1689,7 +1691,7 @@ sandboxes:
 #[ignore = "needs root, ip, iptables"]
 fn gateway_judges_plain_http_to_a_host_with_http_rules_request_by_request() {
     let rules = r#"[{ host: plain.test, methods: [GET], paths: ["/ok/**"] }]"#;
-    let Some(env) = gateway_env_full(11, false, false, true, rules) else {
+    let Some(env) = gateway_env_full(11, false, false, true, rules, "") else {
         return;
     };
     let (ip, port) = (env.ns.host_ip.clone(), env.http.addr.port());
@@ -1720,4 +1722,83 @@ fn gateway_judges_plain_http_to_a_host_with_http_rules_request_by_request() {
         .proxy
         .wait_record(|r| r["path"] == "/ok/a" && r["status"] == 200);
     assert_eq!(allowed["decision"], "allow", "{allowed}");
+}
+
+/// Security review round C, C3c and C3d: `requests_per_day: 3` through the transparent
+/// listener. Ten plain-HTTP and ten TLS connections released together served 4–5 (the check
+/// and the count were apart), and six requests on one kept plain connection were all served
+/// and counted as one. Each connection is now reserved at admission, and every later request
+/// the proxy frames on a plain connection is reserved on its own: exactly 3 are served.
+#[test]
+#[ignore = "needs root, ip, iptables"]
+fn gateway_quotas_count_every_connection_and_every_request_exactly() {
+    let limits = "    limits: { requests_per_day: 3 }\n";
+    let Some(env) = gateway_env_full(12, false, false, false, "", limits) else {
+        return;
+    };
+    let ip = env.ns.host_ip.clone();
+    let (http_port, https_port) = (env.http.addr.port(), env.https.addr.port());
+    let ca = env.ca.ca_pem.display().to_string();
+    let start = std::sync::Barrier::new(20);
+    let served = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..20)
+            .map(|i| {
+                let (env, start, ip, ca) = (&env, &start, ip.clone(), ca.clone());
+                s.spawn(move || {
+                    let (plain, tls) = (
+                        format!("http://plain.test:{http_port}/p{i}"),
+                        format!("https://api.test:{https_port}/t{i}"),
+                    );
+                    let resolve = match i % 2 {
+                        0 => format!("plain.test:{http_port}:{ip}"),
+                        _ => format!("api.test:{https_port}:{ip}"),
+                    };
+                    start.wait();
+                    let url = if i % 2 == 0 { plain } else { tls };
+                    let (_, out) = env.ns.curl(&["--resolve", &resolve, "--cacert", &ca, &url]);
+                    out.contains("hello from origin")
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().unwrap_or(false))
+            .filter(|ok| *ok)
+            .count()
+    });
+    assert_eq!(served, 3, "parallel connections against a quota of 3");
+
+    let rec = env.proxy.wait_record(|r| r["reason"] == "quota_exceeded");
+    assert_eq!(rec["decision"], "deny", "{rec}");
+}
+
+/// C3d on its own: six requests on one kept plain connection through the transparent
+/// listener against `requests_per_day: 3` are served three times, not six.
+#[test]
+#[ignore = "needs root, ip, iptables"]
+fn gateway_counts_each_request_on_a_kept_plain_connection() {
+    let limits = "    limits: { requests_per_day: 3 }\n";
+    let Some(env) = gateway_env_full(13, false, false, false, "", limits) else {
+        return;
+    };
+    let ip = env.ns.host_ip.clone();
+    let port = keepalive_origin(&ip);
+    let resolve = format!("plain.test:{port}:{ip}");
+    let mut args = vec!["--resolve".to_string(), resolve];
+    for i in 0..6 {
+        args.push(format!("http://plain.test:{port}/kept-{i}"));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (_, out) = env.ns.curl(&args);
+    assert_eq!(
+        out.matches("hello from origin").count(),
+        3,
+        "six requests on one connection against a quota of 3: {out}"
+    );
+    let rec = env.proxy.wait_record(|r| {
+        r["reason"] == "quota_exceeded"
+            && r["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("request 4 on the connection"))
+    });
+    assert_eq!(rec["decision"], "deny", "{rec}");
 }

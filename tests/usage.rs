@@ -492,3 +492,55 @@ fn each_request_inside_a_terminated_tunnel_counts_and_the_one_past_the_quota_is_
     assert_eq!(requests("allow"), Some(3), "{u}");
     assert_eq!(requests("deny"), Some(2), "{u}");
 }
+
+/// Security review round C, C3d, through a CONNECT tunnel carrying plain HTTP (the relay a
+/// transparent connection takes too): six requests on one kept connection against
+/// `requests_per_day: 3` are served three times; each request is reserved on its own.
+#[test]
+fn each_request_on_a_kept_plain_tunnel_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = keepalive_origin("127.0.0.1");
+    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let via = format!("http://r:r-secret@{}", proxy.proxy);
+    let urls: Vec<String> = (0..6)
+        .map(|i| format!("http://api.test:{port}/kept-{i}"))
+        .collect();
+    let mut args = vec!["-p", "-x", &via];
+    args.extend(urls.iter().map(String::as_str));
+    let out = curl(&args);
+    assert_eq!(
+        out.text().matches("hello from origin").count(),
+        3,
+        "{}",
+        out.stderr
+    );
+    let u = usage(&proxy, "?sandbox=r");
+    assert_eq!(u["quotas"][0]["requests"], 3, "{u}");
+}
+
+/// Security review round A, A17: a `per_destination` quota served 20 of 20 requests made at
+/// once (and 57 of 100). The destination's meter is reserved with the sandbox's, in one step:
+/// 20 forwarded requests at once against `*.counted.test requests_per_day: 2` serve 2.
+#[test]
+fn parallel_requests_spend_a_per_destination_quota_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let url = format!("http://a.counted.test:{}/hello", origin.addr.port());
+    let via = format!("http://d:d-secret@{}", proxy.proxy);
+    let start = std::sync::Arc::new(std::sync::Barrier::new(20));
+    let codes: Vec<String> = (0..20)
+        .map(|_| {
+            let (url, via, start) = (url.clone(), via.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                curl(&["-o", "/dev/null", "-w", "%{http_code}", "-x", &via, &url]).text()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    let served = codes.iter().filter(|c| *c == "200").count();
+    assert_eq!(served, 2, "{codes:?}");
+}

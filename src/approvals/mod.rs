@@ -99,6 +99,25 @@ impl Answer {
         })
     }
 
+    /// When the grant it makes ends (`None`: never, or no grant); no arithmetic on its `ttl`
+    /// can overflow.
+    fn deadline(&self, now: SystemTime) -> Result<Option<SystemTime>, Refused> {
+        let Answer::Approve { kind, ttl, .. } = self else {
+            return Ok(None);
+        };
+        let ttl = match (kind, ttl) {
+            (GrantKind::Ttl, None) => return Err(refused(400, "a ttl grant needs ttl_s")),
+            (GrantKind::Permanent, _) => None,
+            (GrantKind::Once, None) => Some(Duration::from_secs(3600)),
+            (_, t) => *t,
+        };
+        match ttl.map(|t| now.checked_add(t)) {
+            Some(None) => Err(refused(400, format!("ttl_s must be 1-{MAX_TTL_S}"))),
+            Some(Some(d)) => Ok(Some(d)),
+            None => Ok(None),
+        }
+    }
+
     /// A denial, its note checked like an approval's.
     pub fn deny(note: Option<String>) -> Result<Answer, Refused> {
         Ok(Answer::Deny {
@@ -296,26 +315,8 @@ impl Desk {
                 format!("request {id} is {} already", r.state.as_str()),
             ));
         }
-        let now = SystemTime::now();
         // Checked before anything changes: an answer refused here leaves the request pending.
-        let deadline = match &answer {
-            Answer::Approve { kind, ttl, .. } => {
-                let ttl = match (kind, ttl) {
-                    (GrantKind::Ttl, None) => {
-                        return Err(refused(400, "a ttl grant needs ttl_s"));
-                    }
-                    (GrantKind::Permanent, _) => None,
-                    (GrantKind::Once, None) => Some(Duration::from_secs(3600)),
-                    (_, t) => *t,
-                };
-                match ttl.map(|t| now.checked_add(t)) {
-                    Some(None) => return Err(refused(400, format!("ttl_s must be 1-{MAX_TTL_S}"))),
-                    Some(Some(d)) => Some(d),
-                    None => None,
-                }
-            }
-            Answer::Deny { .. } => None,
-        };
+        let deadline = answer.deadline(SystemTime::now())?;
         r.answered_by = Some(by);
         r.checks = checks;
         let grant = match answer {

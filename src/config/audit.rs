@@ -133,6 +133,24 @@ fn d_keep() -> u32 {
     5
 }
 
+/// `audit.spill_file` when it is not set: `state_dir/audit.spill` (another volume than the
+/// log's, when there is a state_dir: a full audit volume is what spills), else beside the log;
+/// none for stdout.
+pub(super) fn default_spill(
+    trail: &mut AuditTrail,
+    path: &str,
+    state_dir: Option<&str>,
+    rel: &dyn Fn(&str) -> PathBuf,
+) {
+    if trail.spill_file.is_some() || path == "-" {
+        return;
+    }
+    trail.spill_file = Some(match state_dir {
+        Some(d) => rel(d).join("audit.spill"),
+        None => rel(&format!("{path}.spill")),
+    });
+}
+
 /// Validate the trail settings; every problem goes to `sink`.
 pub(super) fn resolve_trail(
     raw: RawTrail,

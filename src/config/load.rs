@@ -482,14 +482,12 @@ fn load_str_with(
     let otel = super::otel::resolve_otel(s.otel.take(), &rel, &mut sink);
     let mut audit_trail =
         audit::resolve_trail(s.audit.trail.clone(), s.audit.path != "-", &rel, &mut sink);
-    if audit_trail.spill_file.is_none() && s.audit.path != "-" {
-        // Another volume than the log's when there is a state_dir: a full audit volume is
-        // what spills.
-        audit_trail.spill_file = Some(match &s.state_dir {
-            Some(d) => rel(d).join("audit.spill"),
-            None => rel(&format!("{}.spill", s.audit.path)),
-        });
-    }
+    audit::default_spill(
+        &mut audit_trail,
+        &s.audit.path,
+        s.state_dir.as_deref(),
+        &rel,
+    );
     warnings.extend(unused_state_dir(etcd.is_some(), s.state_dir.is_some()));
     let dirs: Vec<_> = s.sandbox_dirs.iter().map(|d| (d.clone(), rel(d))).collect();
     let index = refs::index_dirs(

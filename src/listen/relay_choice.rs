@@ -22,6 +22,7 @@ use crate::egress::limits::SandboxLimiter;
 use crate::policy::reason::Reason;
 use crate::policy::set::Sandbox;
 use crate::policy::target::Target;
+use crate::policy::Decision;
 use crate::policy::Enforcement;
 use crate::relay::abortable::OverTcp;
 use crate::relay::client_io::ClientIo;
@@ -43,6 +44,17 @@ pub struct Start<'a> {
     pub server: ServerIo,
     /// What was read before deciding, to be replayed, and what it was.
     pub inspected: Inspected,
+    /// The decision that admitted it (a `once` grant's allows one request).
+    pub decision: &'a Decision,
+}
+
+/// The id of the `once` grant that allowed `decision`, if one did: the exchange it allows is
+/// one request, wherever the proxy frames requests.
+fn once_grant(shared: &Shared, sandbox: &Sandbox, decision: &Decision) -> Option<Arc<str>> {
+    let set = shared.policy.load();
+    set.grant_of(sandbox, decision)
+        .filter(|g| g.kind == crate::policy::granted::GrantKind::Once)
+        .map(|g| g.id.clone())
 }
 
 /// Relay an admitted exchange until it ends, idles out, is revoked or shut down (`stop`).
@@ -65,8 +77,9 @@ where
         .interceptor
         .as_ref()
         .filter(|ix| ix.terminates(b, &start.target.host.to_string()));
+    let once = once_grant(shared, start.sandbox, start.decision);
     if let Some(ix) = terminate {
-        return terminated(ix, start, audit, stop, limiter).await;
+        return terminated(ix, start, audit, stop, (limiter, once)).await;
     }
     let Start {
         target,
@@ -76,9 +89,11 @@ where
         ..
     } = start;
     // A tunnel the proxy does not see into is one request, reserved against the quotas.
-    let live = Liveness::new(shared.settings.timeouts.idle).metered(limiter, &target.host);
-    if let Err(why) = live.reserve() {
-        audit.refused_in_tunnel(Reason::QuotaExceeded, why);
+    let live = Liveness::new(shared.settings.timeouts.idle)
+        .metered(limiter, &target.host)
+        .once(once);
+    if let Err(r) = live.reserve() {
+        audit.refused_in_tunnel(r.reason, r.detail);
         client.reset();
         server.reset();
         return Relayed::nothing(Close::Limit);
@@ -114,7 +129,7 @@ async fn terminated<F>(
     start: Start<'_>,
     audit: &mut AuditGuard,
     stop: F,
-    limiter: &SandboxLimiter,
+    (limiter, once): (&SandboxLimiter, Option<Arc<str>>),
 ) -> Relayed
 where
     F: Future<Output = Close>,
@@ -126,6 +141,7 @@ where
         client,
         server,
         inspected,
+        ..
     } = start;
     let b = &sandbox.binding;
     let host = target.host.to_string();
@@ -154,7 +170,11 @@ where
         client_alpn: hello.map(|h| h.alpn.clone()).unwrap_or_default(),
     };
     let timeouts = &shared.settings.timeouts;
-    let live = Arc::new(Liveness::new(timeouts.idle).metered(limiter, &target.host));
+    let live = Arc::new(
+        Liveness::new(timeouts.idle)
+            .metered(limiter, &target.host)
+            .once(once),
+    );
     match hello {
         Some(_) => {
             Box::pin(crate::intercept::serve(

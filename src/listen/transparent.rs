@@ -174,6 +174,7 @@ async fn relay_admitted(
         grant,
         dialed,
         slot,
+        decision,
         ..
     }) = admitted.into_tunnel(audit)
     else {
@@ -192,6 +193,7 @@ async fn relay_admitted(
         client: ClientIo::Tcp(stream),
         server: dialed.stream,
         inspected,
+        decision: &decision,
     };
     let relayed = relay_choice::relay(start, audit, stop, limiter).await;
     audit.relayed(relayed);

@@ -167,6 +167,7 @@ where
         client,
         server,
         inspected,
+        decision: &decision,
     };
     relay_choice::relay(start, audit, stop, limiter).await
 }

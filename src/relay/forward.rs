@@ -220,10 +220,10 @@ async fn judged(
     req: Request<Incoming>,
     audit: &mut AuditGuard,
 ) -> Result<(Request<ForwardBody>, Option<pipeline::forwarded::Found>), pipeline::Refusal> {
-    if let Err(why) = live.reserve() {
-        audit.decision(&Decision::deny(Reason::QuotaExceeded, None));
-        audit.detail(why.clone());
-        return Err(pipeline::Refusal::new(Reason::QuotaExceeded, why));
+    if let Err(r) = live.reserve() {
+        audit.decision(&Decision::deny(r.reason, None));
+        audit.detail(r.detail.clone());
+        return Err(r);
     }
     let host = target.host.to_string();
     pipeline::forwarded::phases(binding, &host, limit, req, audit).await

@@ -4,6 +4,8 @@
 //! names another host or port than the one the connection was decided and dialled for ends
 //! the connection with a reset (`host_mismatch`; in report mode it is recorded and relayed).
 //! A request that cannot be framed unambiguously ends it too (`protocol_not_allowed`).
+//! Each request after the first is reserved as a request of its own (daily quotas, a `once`
+//! grant): one past them ends the connection too (`quota_exceeded`, `no_rule_matched`).
 //! The other direction is relayed as it comes and framed alongside
 //! ([`crate::wire::http_response`]) so that a request asking to switch protocols (`Upgrade`,
 //! `CONNECT`) ends the checks only when the origin really switched (`101`, `2xx`): until it
@@ -91,8 +93,18 @@ where
             let mut pending = first;
             let mut buf = vec![0u8; 16 * 1024];
             let mut answer_rx = answer_rx;
+            let mut heads = Heads {
+                seen: 0,
+                live: &live,
+            };
             loop {
-                let f = frame(&mut framer, &pending, expected, report, &found);
+                let f = frame(
+                    &mut framer,
+                    &pending,
+                    (expected, report),
+                    &found,
+                    &mut heads,
+                );
                 if let Ok(mut r) = responses.lock() {
                     for k in &f.sent {
                         r.sent(*k);
@@ -141,11 +153,27 @@ where
         drive(up, down, &live, stop).await
     };
     let mismatch = found.into_inner().ok().flatten();
-    let enforced = mismatch.is_some() && !report;
-    let mut relayed = relayed;
+    ended(relayed, mismatch, report, (client, server))
+}
+
+/// How a checked relay ended: a refused request (unless only reported), a revocation or a
+/// shutdown resets both sides — nothing queued reaches either, and the counts leave out what
+/// the kernel still held unsent.
+fn ended<C, S>(
+    mut relayed: Relayed,
+    mismatch: Option<Mismatch>,
+    report: bool,
+    (client, server): (C, S),
+) -> Checked
+where
+    C: crate::relay::abortable::OverTcp,
+    S: crate::relay::abortable::OverTcp,
+{
+    // A refused request that is not only reported (a quota never is), as the record says.
+    let enforced = mismatch
+        .as_ref()
+        .is_some_and(|m| !(report && m.reason.reportable()));
     if enforced || matches!(relayed.close, Close::Revoked | Close::Shutdown) {
-        // Reset both: nothing queued reaches either side, and the counts leave out what the
-        // kernel still held unsent.
         relayed.up = relayed
             .up
             .saturating_sub(crate::relay::tunnel::abort_over(server));
@@ -172,13 +200,36 @@ struct Framed {
     held: Option<Vec<u8>>,
 }
 
+/// The request heads framed so far, each after the first reserved as a request of its own.
+struct Heads<'a> {
+    seen: u64,
+    live: &'a Liveness,
+}
+
+impl Heads<'_> {
+    /// A head passed the host check: the first was reserved when the connection was admitted;
+    /// each later one is reserved now against the daily quotas and the `once` grant that
+    /// allowed the connection (security review C3d: six requests on one kept connection
+    /// counted as one).
+    fn reserve(&mut self) -> Result<(), Mismatch> {
+        self.seen += 1;
+        if self.seen == 1 {
+            return Ok(());
+        }
+        self.live.reserve().map_err(|r| Mismatch {
+            reason: r.reason,
+            detail: format!("request {} on the connection: {}", self.seen, r.detail),
+        })
+    }
+}
+
 /// Frame `data`. The first mismatch is kept in `found`.
 fn frame(
     framer: &mut RequestStream,
     mut data: &[u8],
-    expected: &Target,
-    report: bool,
+    (expected, report): (&Target, bool),
     found: &Mutex<Option<Mismatch>>,
+    heads: &mut Heads<'_>,
 ) -> Framed {
     let mut f = Framed {
         out: Vec::with_capacity(data.len()),
@@ -206,6 +257,15 @@ fn frame(
                 if let Err(m) = check(&head, expected) {
                     keep(m);
                     if !report {
+                        f.refused = true;
+                        return f;
+                    }
+                }
+                if let Err(m) = heads.reserve() {
+                    // Reported only where a policy refusal would be (never a quota).
+                    let reported = report && m.reason.reportable();
+                    keep(m);
+                    if !reported {
                         f.refused = true;
                         return f;
                     }

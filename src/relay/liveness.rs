@@ -33,6 +33,11 @@ pub struct Liveness {
     meters: Box<[Arc<Meter>]>,
     /// Set when this exchange's bytes carried the day's count to the quota.
     cut: std::sync::atomic::AtomicBool,
+    /// The `once` grant that allowed the exchange: it allows one request, wherever the proxy
+    /// frames requests (the first is reserved at admission, every later one is refused).
+    once: Option<Arc<str>>,
+    /// Requests reserved so far.
+    requests: std::sync::atomic::AtomicU32,
 }
 
 impl Liveness {
@@ -45,7 +50,16 @@ impl Liveness {
             active_until: AtomicU64::new(0),
             meters: Box::new([]),
             cut: std::sync::atomic::AtomicBool::new(false),
+            once: None,
+            requests: std::sync::atomic::AtomicU32::new(0),
         }
+    }
+
+    /// The exchange was allowed by `once` grant (its id): one request, not one per request
+    /// the connection carries.
+    pub fn once(mut self, grant: Option<Arc<str>>) -> Self {
+        self.once = grant;
+        self
     }
 
     /// Count into `limiter`'s daily quotas that apply to an exchange with `host` (nothing to do
@@ -59,14 +73,27 @@ impl Liveness {
 
     /// Reserve one request against every daily quota of the exchange (the sandbox's and its
     /// destination's), checked and counted at once — the one place a request is counted
-    /// against a quota. `Err` with the refusal's words when one is spent (nothing counted).
-    pub fn reserve(&self) -> Result<(), String> {
+    /// against a quota — and against the `once` grant that allowed the exchange, if one did
+    /// (its second request is refused). `Err` with the refusal when one refuses (nothing
+    /// counted).
+    pub fn reserve(&self) -> Result<(), crate::pipeline::Refusal> {
+        if let Some(id) = &self.once {
+            if self.requests.fetch_add(1, Ordering::AcqRel) >= 1 {
+                return Err(crate::pipeline::Refusal::new(
+                    crate::policy::reason::Reason::NoRuleMatched,
+                    format!("grant {id} was for one request, and it was used"),
+                ));
+            }
+        }
         for (i, m) in self.meters.iter().enumerate() {
             if let Err(spent) = m.reserve() {
                 for done in &self.meters[..i] {
                     done.release();
                 }
-                return Err(m.describe(spent));
+                return Err(crate::pipeline::Refusal::new(
+                    crate::policy::reason::Reason::QuotaExceeded,
+                    m.describe(spent),
+                ));
             }
         }
         Ok(())

@@ -252,3 +252,38 @@ impl ScriptOrigin {
         ScriptOrigin { port, child }
     }
 }
+
+/// A plain-HTTP origin on `ip` that keeps its connections open: every request head it reads
+/// (bodiless) is answered `hello from origin PATH` with a length, never `Connection: close`.
+pub fn keepalive_origin(ip: &str) -> u16 {
+    let l = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().map_while(Result::ok) {
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = std::io::Read::read(&mut s, &mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    while let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&got[..end]).to_string();
+                        got.drain(..end + 4);
+                        let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
+                        let body = format!("hello from origin {path}\n");
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if std::io::Write::write_all(&mut s, answer.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    port
+}

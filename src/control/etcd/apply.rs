@@ -176,24 +176,8 @@ impl Controller {
         let mut set_wide = false;
         let mut applied = Applied::default();
         if full {
-            let listed: HashSet<&str> = changes
-                .iter()
-                .map(|c| match c {
-                    RemoteChange::Put { id, .. } | RemoteChange::Delete { id } => id.as_str(),
-                })
-                .collect();
-            let gone: Vec<String> = st
-                .runtime
-                .keys()
-                .chain(st.skipped.keys())
-                .filter(|id| !listed.contains(id.as_str()))
-                .cloned()
-                .collect();
-            for id in gone {
-                set_wide |= remove(st, &mut edit, &id);
-                touched.extend(SandboxId::new(&id).ok());
-                applied.removed.extend(SandboxId::new(&id).ok());
-            }
+            set_wide |= remove_unlisted(st, &mut edit, changes, &mut applied.removed);
+            touched.extend(applied.removed.iter().cloned());
         }
         for (change, prepared) in changes.iter().zip(ready) {
             match change {
@@ -253,6 +237,35 @@ impl Controller {
         self.publish(edit.finish(), scope);
         applied
     }
+}
+
+/// A full list: remove every registration it does not hold (into `removed`); whether one
+/// had `sources`.
+fn remove_unlisted(
+    st: &mut State,
+    edit: &mut SetEdit,
+    changes: &[RemoteChange],
+    removed: &mut Vec<SandboxId>,
+) -> bool {
+    let listed: HashSet<&str> = changes
+        .iter()
+        .map(|c| match c {
+            RemoteChange::Put { id, .. } | RemoteChange::Delete { id } => id.as_str(),
+        })
+        .collect();
+    let gone: Vec<String> = st
+        .runtime
+        .keys()
+        .chain(st.skipped.keys())
+        .filter(|id| !listed.contains(id.as_str()))
+        .cloned()
+        .collect();
+    let mut set_wide = false;
+    for id in gone {
+        set_wide |= remove(st, edit, &id);
+        removed.extend(SandboxId::new(&id).ok());
+    }
+    set_wide
 }
 
 /// Remove `id` from the registrations and from `edit`; whether it had `sources` (then

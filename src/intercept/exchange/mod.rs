@@ -269,8 +269,8 @@ impl Exchange {
         };
         // Each request inside a terminated tunnel is reserved against the daily quotas:
         // checked and counted at once, so parallel streams cannot all pass.
-        if let Err(why) = self.live.reserve() {
-            return self.refused_recorded(audit, &asked, Refusal::new(Reason::QuotaExceeded, why));
+        if let Err(r) = self.live.reserve() {
+            return self.refused_recorded(audit, &asked, r);
         }
         let (mut req, verdict, allowed) = match d.judges.is_empty() {
             true => (req.map(UpBody::Streamed), d.verdict, Allowed::default()),
