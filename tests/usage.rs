@@ -544,3 +544,26 @@ fn parallel_requests_spend_a_per_destination_quota_exactly() {
     let served = codes.iter().filter(|c| *c == "200").count();
     assert_eq!(served, 2, "{codes:?}");
 }
+
+/// Security review round A, A15: a SIGKILL 0.3 s after spending `requests_per_day: 3` gave
+/// the day back (`usage.state` was written every 2 s only): three more were served. A
+/// reservation against a quota now has the file written within `SAVE_SOON` (100 ms): after a
+/// kill half a second after the third request, the fourth is refused.
+#[test]
+fn a_kill_soon_after_spending_does_not_give_the_day_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let mut proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let url = format!("http://api.test:{}/hello", origin.addr.port());
+    let via = format!("http://r:r-secret@{}", proxy.proxy);
+    let get = |via: &str| curl(&["-o", "/dev/null", "-w", "%{http_code}", "-x", via, &url]).text();
+    for _ in 0..3 {
+        assert_eq!(get(&via), "200");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let _ = proxy.child.kill();
+    let _ = proxy.child.wait();
+    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let via = format!("http://r:r-secret@{}", proxy.proxy);
+    assert_eq!(get(&via), "429", "the day's count survived the kill");
+}

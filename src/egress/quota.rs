@@ -23,6 +23,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
 
+/// Woken whenever a request is reserved against a daily quota or a byte count reaches one:
+/// the usage keeper ([`crate::server::usage`]) saves soon after, so a kill loses at most what
+/// was counted in the moments before it. One for the process (every meter pokes it).
+pub fn counted_signal() -> &'static Notify {
+    static SIGNAL: std::sync::OnceLock<Notify> = std::sync::OnceLock::new();
+    SIGNAL.get_or_init(Notify::new)
+}
+
 /// Which quota a sandbox is at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Spent {
@@ -183,6 +191,7 @@ impl Meter {
                 if quota != 0 && n + 1 + others >= quota {
                     self.over.store(true, Ordering::Release);
                 }
+                counted_signal().notify_one();
                 Ok(())
             }
             Err(_) => Err(Spent::Requests),
@@ -200,6 +209,7 @@ impl Meter {
     fn trip(&self) {
         if !self.over.swap(true, Ordering::AcqRel) {
             self.cut.notify_waiters();
+            counted_signal().notify_one();
         }
     }
 

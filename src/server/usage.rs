@@ -1,7 +1,10 @@
 //! Keeping usage across restarts: the ledger ([`crate::audit::usage`]) and each sandbox's
 //! daily quota counts ([`crate::egress::quota`]) are saved in `state_dir/usage.state` (JSON) every
-//! [`SAVE_EVERY`] and at shutdown (written to a temporary file
-//! and renamed: a crash leaves the previous file whole), and read back at start. Without a
+//! [`SAVE_EVERY`], within [`SAVE_SOON`] of a request reserved against a quota (or a byte
+//! count reaching one), and at shutdown (written to a temporary file, synced and renamed: a
+//! crash leaves the previous file whole), and read back at start. A kill (`SIGKILL`, a
+//! crash) loses at most the requests reserved in the last [`SAVE_SOON`] and one write, and
+//! the bytes moved in the last [`SAVE_EVERY`]. Without a
 //! `state_dir` they live in memory only. With etcd, the quota counts are also shared between
 //! replicas ([`crate::control::etcd::usage`]).
 
@@ -18,6 +21,9 @@ use crate::runtime::Shared;
 
 /// How often the file is written (when something was counted).
 pub const SAVE_EVERY: Duration = Duration::from_secs(2);
+/// How soon after a request is reserved against a quota the file is written (reservations
+/// in the meantime share the write).
+pub const SAVE_SOON: Duration = Duration::from_millis(100);
 /// The file's name in `state_dir`.
 pub const FILE: &str = "usage.state";
 
@@ -139,8 +145,12 @@ impl Keeper {
         }
         let mut tick = tokio::time::interval(SAVE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let counted = crate::egress::quota::counted_signal();
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = counted.notified() => tokio::time::sleep(SAVE_SOON).await,
+            }
             let keeper = self.clone();
             let _ = tokio::task::spawn_blocking(move || keeper.save()).await;
         }
@@ -179,6 +189,7 @@ fn write(path: &Path, saved: &Saved) -> std::io::Result<()> {
     let body = serde_json::to_vec(saved)?;
     let tmp = path.with_extension("state.tmp");
     std::fs::write(&tmp, body)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
     std::fs::rename(&tmp, path)
 }
 
