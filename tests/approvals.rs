@@ -534,6 +534,39 @@ fn a_once_grant_is_one_request_on_a_kept_plain_connection() {
     assert_eq!(rec["decision"], "deny", "{rec}");
 }
 
+/// Security review A31: the `requested` record said `identity: "none"` for a sandbox a token
+/// identified, and the `approved` one `client: 0.0.0.0:0` with no credential. Now the request
+/// says how the sandbox was identified, and the answer the admin's address and which
+/// credential it used (the admin token's digest, never the token).
+#[test]
+fn approval_records_say_who_asked_and_who_answered_from_where() {
+    let e = env("");
+    let (_, r) = e.request("agent", "granted.test", "who");
+    let id = r["id"].as_str().unwrap().to_string();
+    assert_eq!(e.cli(&["approve", &id, "--once"]).0, 0);
+    let asked = e.proxy.wait_record(|r| {
+        r["approval"]["request"] == id.as_str() && r["approval"]["step"] == "requested"
+    });
+    assert_eq!(asked["identity"], "token", "{asked}");
+    let answered = e.proxy.wait_record(|r| {
+        r["approval"]["request"] == id.as_str() && r["approval"]["step"] == "approved"
+    });
+    let client = answered["client"].as_str().unwrap_or_default();
+    assert!(
+        client.starts_with("127.0.0.1:") && !client.ends_with(":0"),
+        "{answered}"
+    );
+    let credential = answered["approval"]["credential"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(credential.starts_with("token sha256:"), "{answered}");
+    let text = std::fs::read_to_string(e.dir.path().join("audit.jsonl")).unwrap();
+    assert!(
+        !text.contains(ADMIN_TOKEN),
+        "the admin token is never recorded"
+    );
+}
+
 /// A flood costs what the caps allow: per-minute and pending caps answer 429, a long reason
 /// or a body naming another sandbox 400; nothing asked of another sandbox's name leaks.
 #[test]

@@ -6,14 +6,15 @@
 use std::time::SystemTime;
 
 use super::stored::{self, StoredGrant};
-use super::{refused, request, Desk, Inner, Refused, Request, State};
+use super::{refused, request, Desk, Inner, Refused, Request, State, Who};
 use crate::policy::granted::GrantKind;
 use crate::policy::sandbox_id::SandboxId;
 
 impl Desk {
     /// Revoke the grant of approved request `id` before its end: the set is published
     /// without it (the exchanges it allowed are cut), on every replica.
-    pub fn revoke(&self, id: &str, by: &'static str) -> Result<Request, Refused> {
+    pub fn revoke(&self, id: &str, who: Who) -> Result<Request, Refused> {
+        let by = who.by;
         let mut inner = self.lock();
         let grant = inner.grants.iter().find_map(|(sid, l)| {
             l.iter()
@@ -47,7 +48,7 @@ impl Desk {
             remote.delete(r.sandbox.as_str(), id);
         }
         drop(inner);
-        self.record(&r, "revoked", by, None, None);
+        self.record(&r, "revoked", &who, None);
         self.changed.send_modify(|n| *n += 1);
         Ok(r)
     }
@@ -88,7 +89,7 @@ impl Desk {
         }
         drop(inner);
         for (r, step) in &ended {
-            self.record(r, step, BY, None, None);
+            self.record(r, step, &BY.into(), None);
         }
         if !ended.is_empty() {
             tracing::info!(sandbox = %sid, grants = gone.len(), requests = ended.len(), "grants and requests of a removed sandbox ended");

@@ -12,6 +12,7 @@
 //! an audit record (`mode: "approval"`). Changes of grants reach the data plane through one
 //! publisher (the controller's lock, so a reload never loses one).
 
+mod answer;
 pub mod auto;
 mod grants;
 pub mod request;
@@ -27,14 +28,14 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::audit::record::{rfc3339, ApprovalFacts, Record};
-use crate::audit::{AuditGuard, Mode, Sink};
+use crate::audit::Sink;
 use crate::config::approvals::ApprovalsConfig;
-use crate::policy::granted::{GrantEntry, GrantKind, Granted};
+use crate::policy::granted::{GrantEntry, Granted};
 use crate::policy::reason::Reason;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::{PolicySet, Sandbox};
-use crate::policy::{Decision, Verdict};
+use crate::policy::Verdict;
+pub use answer::{Answer, Who, MAX_NOTE, MAX_TTL_S};
 pub use request::{Request, State};
 use stored::StoredGrant;
 
@@ -52,88 +53,6 @@ pub type Publisher = Box<dyn Fn(&SandboxId, Granted) + Send + Sync>;
 pub trait Remote: Send + Sync {
     fn put(&self, grant: StoredGrant);
     fn delete(&self, sandbox: &str, id: &str);
-}
-
-/// An answer to a request.
-#[derive(Debug, Clone)]
-pub enum Answer {
-    Approve {
-        kind: GrantKind,
-        /// For `ttl` (required) and `once` (optional; the default is an hour).
-        ttl: Option<Duration>,
-        note: Option<String>,
-    },
-    Deny {
-        note: Option<String>,
-    },
-}
-
-/// Longest grant `ttl_s` accepted from any answerer (30 days).
-pub const MAX_TTL_S: u64 = 30 * 24 * 3600;
-/// Longest note accepted from any answerer.
-pub const MAX_NOTE: usize = 500;
-
-impl Answer {
-    /// An approval as an answerer (the admin API, the webhook) sends it, checked the same way
-    /// for each: `ttl_s` within 1–[`MAX_TTL_S`] (no arithmetic on an untrusted number can
-    /// overflow later), none on a permanent grant, a note within [`MAX_NOTE`] bytes.
-    pub fn approve(
-        kind: GrantKind,
-        ttl_s: Option<u64>,
-        note: Option<String>,
-    ) -> Result<Answer, Refused> {
-        if ttl_s.is_some_and(|t| t == 0 || t > MAX_TTL_S) {
-            return Err(refused(400, format!("ttl_s must be 1-{MAX_TTL_S}")));
-        }
-        match (kind, ttl_s) {
-            (GrantKind::Permanent, Some(_)) => {
-                return Err(refused(400, "a permanent grant takes no ttl_s"))
-            }
-            (GrantKind::Ttl, None) => return Err(refused(400, "a ttl grant needs ttl_s")),
-            _ => {}
-        }
-        Ok(Answer::Approve {
-            kind,
-            ttl: ttl_s.map(Duration::from_secs),
-            note: checked_note(note)?,
-        })
-    }
-
-    /// When the grant it makes ends (`None`: never, or no grant); no arithmetic on its `ttl`
-    /// can overflow.
-    fn deadline(&self, now: SystemTime) -> Result<Option<SystemTime>, Refused> {
-        let Answer::Approve { kind, ttl, .. } = self else {
-            return Ok(None);
-        };
-        let ttl = match (kind, ttl) {
-            (GrantKind::Ttl, None) => return Err(refused(400, "a ttl grant needs ttl_s")),
-            (GrantKind::Permanent, _) => None,
-            (GrantKind::Once, None) => Some(Duration::from_secs(3600)),
-            (_, t) => *t,
-        };
-        match ttl.map(|t| now.checked_add(t)) {
-            Some(None) => Err(refused(400, format!("ttl_s must be 1-{MAX_TTL_S}"))),
-            Some(Some(d)) => Ok(Some(d)),
-            None => Ok(None),
-        }
-    }
-
-    /// A denial, its note checked like an approval's.
-    pub fn deny(note: Option<String>) -> Result<Answer, Refused> {
-        Ok(Answer::Deny {
-            note: checked_note(note)?,
-        })
-    }
-}
-
-fn checked_note(note: Option<String>) -> Result<Option<String>, Refused> {
-    match note {
-        Some(n) if n.len() > MAX_NOTE => Err(refused(
-            400,
-            format!("note is longer than {MAX_NOTE} bytes"),
-        )),
-        n => Ok(n),
-    }
 }
 
 /// Why a request or an answer was refused: the HTTP status and the sentence.
@@ -231,7 +150,7 @@ impl Desk {
         sb: &Sandbox,
         terminated: bool,
         body: &[u8],
-        client: SocketAddr,
+        (client, identity): (SocketAddr, crate::egress::identity::Method),
     ) -> Result<Request, Refused> {
         let cfg = self.cfg();
         let asked = request::parse(body, cfg.reason_max).map_err(|m| refused(400, m))?;
@@ -291,19 +210,26 @@ impl Desk {
             inner.requests.insert(r.id.clone(), r.clone());
             r
         };
-        self.record(&request, "requested", "sandbox", Some(client), None);
+        let who = Who {
+            by: "sandbox",
+            client: Some(client),
+            credential: None,
+            identity: Some(identity),
+        };
+        self.record(&request, "requested", &who, None);
         self.changed.send_modify(|n| *n += 1);
         Ok(request)
     }
 
-    /// Answer request `id` (`by`: `admin`, `webhook`, `auto`).
+    /// Answer request `id` (`who.by`: `admin`, `webhook`, `auto`).
     pub fn answer(
         &self,
         id: &str,
         answer: Answer,
-        by: &'static str,
+        who: Who,
         checks: Vec<String>,
     ) -> Result<Request, Refused> {
+        let by = who.by;
         let mut inner = self.lock();
         let r = inner
             .requests
@@ -367,7 +293,7 @@ impl Desk {
         } else {
             "denied"
         };
-        self.record(&r, step, by, None, grant.as_ref().map(|g| g.rule.clone()));
+        self.record(&r, step, &who, grant.as_ref().map(|g| g.rule.clone()));
         self.changed.send_modify(|n| *n += 1);
         Ok(r)
     }
@@ -403,7 +329,7 @@ impl Desk {
         }
         drop(inner);
         for r in &ended {
-            self.record(r, "expired", "expiry", None, None);
+            self.record(r, "expired", &"expiry".into(), None);
         }
         if !ended.is_empty() {
             self.changed.send_modify(|n| *n += 1);
@@ -486,45 +412,6 @@ impl Desk {
         if let Err(e) = stored::save(path, &stored_all(inner)) {
             tracing::error!(error = %e, path = %path.display(), "cannot keep grants in state_dir");
         }
-    }
-
-    /// Write an approval record.
-    fn record(
-        &self,
-        r: &Request,
-        step: &'static str,
-        by: &'static str,
-        client: Option<SocketAddr>,
-        rule: Option<Arc<crate::policy::Rule>>,
-    ) {
-        let version = self.policy.borrow().version_arc();
-        let client = client.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
-        let mut rec = Record::new(0, client, Mode::Approval, version);
-        rec.sandbox = Some(r.sandbox.clone());
-        rec.target = Some(r.asked.target.clone());
-        let d = match rule {
-            Some(rule) => Decision::allow(Reason::GrantMatched, Some(rule)),
-            None => Decision::deny(Reason::NoRuleMatched, None),
-        };
-        rec.verdict = d.verdict;
-        rec.reason = d.reason;
-        rec.rule = d.rule;
-        rec.approval = Some(Box::new(ApprovalFacts {
-            request: r.id.as_str().into(),
-            step,
-            by,
-            grant: r
-                .grant
-                .map(GrantKind::as_str)
-                .filter(|_| step == "approved"),
-            expires: r.deadline.filter(|_| step == "approved").map(rfc3339),
-            text: match step {
-                "requested" => Some(r.asked.reason.as_str().into()),
-                _ => r.note.as_deref().map(Into::into),
-            },
-            checks: r.checks.clone(),
-        }));
-        drop(AuditGuard::event(self.sink.clone(), rec));
     }
 }
 

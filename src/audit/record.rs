@@ -83,8 +83,11 @@ pub struct ApprovalFacts {
     pub request: Box<str>,
     /// `requested`, `approved`, `denied`, `expired`, `revoked`.
     pub step: &'static str,
-    /// Who: `sandbox`, `admin`, `webhook`, `auto`, `expiry`.
+    /// Who: `sandbox`, `admin`, `webhook`, `auto`, `expiry`, `deletion`.
     pub by: &'static str,
+    /// The credential the answerer used (`token sha256:…`, `certificate …`): never a secret.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential: Option<Box<str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grant: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -127,6 +127,7 @@ fn approval() -> Entry {
         request: "r-1".into(),
         step: "approved",
         by: "admin",
+        credential: None,
         grant: Some("host"),
         expires: Some("2026-11-22T12:00:00.000Z".into()),
         text: Some("need \"pypi\"\n".into()),

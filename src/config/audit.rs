@@ -136,7 +136,7 @@ fn d_keep() -> u32 {
 /// `audit.spill_file` when it is not set: `state_dir/audit.spill` (another volume than the
 /// log's, when there is a state_dir: a full audit volume is what spills), else beside the log;
 /// none for stdout.
-pub(super) fn default_spill(
+fn default_spill(
     trail: &mut AuditTrail,
     path: &str,
     state_dir: Option<&str>,
@@ -151,15 +151,9 @@ pub(super) fn default_spill(
     });
 }
 
-/// Validate the trail settings; every problem goes to `sink`.
-pub(super) fn resolve_trail(
-    raw: RawTrail,
-    to_file: bool,
-    rel: &dyn Fn(&str) -> PathBuf,
-    sink: &mut Sink<'_>,
-) -> AuditTrail {
-    let d = AuditTrail::default();
-    let fsync = match &raw.fsync {
+/// `audit.fsync`: `never`, `every_record`, or a number of milliseconds.
+fn fsync_of(fsync: Option<&serde_yaml::Value>, sink: &mut Sink<'_>) -> Fsync {
+    match fsync {
         None => Fsync::Never,
         Some(serde_yaml::Value::String(s)) if s == "never" => Fsync::Never,
         Some(serde_yaml::Value::String(s)) if s == "every_record" => Fsync::EveryRecord,
@@ -176,7 +170,19 @@ pub(super) fn resolve_trail(
             );
             Fsync::Never
         }
-    };
+    }
+}
+
+/// Validate the trail settings; every problem goes to `sink`.
+pub(super) fn resolve_trail(
+    raw: RawTrail,
+    (path, state_dir): (&str, Option<&str>),
+    rel: &dyn Fn(&str) -> PathBuf,
+    sink: &mut Sink<'_>,
+) -> AuditTrail {
+    let to_file = path != "-";
+    let d = AuditTrail::default();
+    let fsync = fsync_of(raw.fsync.as_ref(), sink);
     if raw.signing_key_file.is_some() && !raw.chain {
         sink.top(
             "audit.signing_key_file",
@@ -224,7 +230,7 @@ pub(super) fn resolve_trail(
             Some("checkpoint_every"),
         );
     }
-    AuditTrail {
+    let mut trail = AuditTrail {
         chain: raw.chain,
         signing_key_file: raw.signing_key_file.as_deref().map(rel),
         checkpoint_every_records: every_records.max(1),
@@ -235,5 +241,7 @@ pub(super) fn resolve_trail(
         format: raw.format,
         on_failure: raw.on_failure,
         spill_file: raw.spill_file.as_deref().map(rel),
-    }
+    };
+    default_spill(&mut trail, path, state_dir, rel);
+    trail
 }

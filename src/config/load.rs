@@ -480,14 +480,8 @@ fn load_str_with(
     let approvals = read.approvals(&mut s, &mut sink, &mut warnings);
     let etcd = resolve_control_plane(s.control_plane, &rel, &mut sink);
     let otel = super::otel::resolve_otel(s.otel.take(), &rel, &mut sink);
-    let mut audit_trail =
-        audit::resolve_trail(s.audit.trail.clone(), s.audit.path != "-", &rel, &mut sink);
-    audit::default_spill(
-        &mut audit_trail,
-        &s.audit.path,
-        s.state_dir.as_deref(),
-        &rel,
-    );
+    let within = (s.audit.path.as_str(), s.state_dir.as_deref());
+    let audit_trail = audit::resolve_trail(s.audit.trail.clone(), within, &rel, &mut sink);
     warnings.extend(unused_state_dir(etcd.is_some(), s.state_dir.is_some()));
     let dirs: Vec<_> = s.sandbox_dirs.iter().map(|d| (d.clone(), rel(d))).collect();
     let index = refs::index_dirs(

@@ -37,13 +37,22 @@ pub struct Admin {
     pub max_body: usize,
 }
 
-/// Serve one admin connection.
-pub async fn serve<S>(admin: Arc<Admin>, stream: S)
+/// Who is calling the admin API on one connection: its address, and the subject of its
+/// client certificate on the TLS admin listener.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub addr: std::net::SocketAddr,
+    pub certificate: Option<Box<str>>,
+}
+
+/// Serve one admin connection from `caller`.
+pub async fn serve<S>(admin: Arc<Admin>, stream: S, caller: Caller)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let svc = service_fn(move |req| {
+    let svc = service_fn(move |mut req: Request<Incoming>| {
         let admin = admin.clone();
+        req.extensions_mut().insert(caller.clone());
         async move { Ok::<_, Infallible>(respond(&admin, req).await) }
     });
     let _ = hyper::server::conn::http1::Builder::new()
@@ -101,6 +110,24 @@ pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response<
 }
 
 impl Admin {
+    /// Who answers through this request, for the approval records: the caller's address and
+    /// the credential it used — its certificate's subject, or the admin token's digest (its
+    /// first six bytes), never the token.
+    fn who(&self, req: &Request<Incoming>) -> crate::approvals::Who {
+        let caller = req.extensions().get::<Caller>();
+        let credential = caller.and_then(|c| c.certificate.clone()).or_else(|| {
+            let digest = self.token_sha256.filter(|_| self.authorized(req))?;
+            let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+            Some(format!("token sha256:{hex}").into())
+        });
+        crate::approvals::Who {
+            by: "admin",
+            client: caller.map(|c| c.addr),
+            credential,
+            identity: None,
+        }
+    }
+
     /// Whether the request carries the configured bearer token (`false` when none is
     /// configured). The scheme is case-insensitive (RFC 9110 §11.1).
     fn authorized(&self, req: &Request<Incoming>) -> bool {
@@ -319,7 +346,8 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         }
         (Method::DELETE, Path::Sandbox(id)) => delete(admin, id).await,
         (m, Path::Requests(at)) if at.takes(&m) => {
-            super::admin_requests::route(shared, at, req, admin.max_body).await
+            let who = admin.who(&req);
+            super::admin_requests::route(shared, at, req, (admin.max_body, who)).await
         }
         (_, path) => {
             let mut r = error(

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::admin::{error, json_resp, read_body};
-use crate::approvals::{request, Answer, Desk, Refused, Request as Asked, State};
+use crate::approvals::{request, Answer, Desk, Refused, Request as Asked, State, Who};
 use crate::policy::granted::GrantKind;
 use crate::runtime::Shared;
 
@@ -71,7 +71,7 @@ pub async fn route(
     shared: &Arc<Shared>,
     at: At,
     req: Request<Incoming>,
-    max_body: usize,
+    (max_body, who): (usize, Who),
 ) -> Response<Full<Bytes>> {
     let Some(desk) = shared.desk.get().cloned() else {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the proxy is starting");
@@ -113,7 +113,7 @@ pub async fn route(
                 Ok(a) => a,
                 Err(e) => return refused(e),
             };
-            apply(desk, id, answer).await
+            apply(desk, id, answer, who).await
         }
         At::Deny(id) => {
             let body = match parse(req, max_body).await {
@@ -124,12 +124,12 @@ pub async fn route(
                 return error(StatusCode::BAD_REQUEST, "a denial takes only a note");
             }
             match Answer::deny(body.note) {
-                Ok(a) => apply(desk, id, a).await,
+                Ok(a) => apply(desk, id, a, who).await,
                 Err(e) => refused(e),
             }
         }
         At::Revoke(id) => {
-            let done = tokio::task::spawn_blocking(move || desk.revoke(&id, "admin")).await;
+            let done = tokio::task::spawn_blocking(move || desk.revoke(&id, who)).await;
             done_json(done)
         }
     }
@@ -151,9 +151,8 @@ async fn parse(req: Request<Incoming>, max: usize) -> Result<Body, Response<Full
 }
 
 /// Apply an answer on a blocking thread (it publishes through the controller's lock).
-async fn apply(desk: Arc<Desk>, id: String, answer: Answer) -> Response<Full<Bytes>> {
-    let done =
-        tokio::task::spawn_blocking(move || desk.answer(&id, answer, "admin", Vec::new())).await;
+async fn apply(desk: Arc<Desk>, id: String, answer: Answer, who: Who) -> Response<Full<Bytes>> {
+    let done = tokio::task::spawn_blocking(move || desk.answer(&id, answer, who, Vec::new())).await;
     done_json(done)
 }
 

@@ -263,6 +263,11 @@ impl Entered {
         &self.who.sandbox
     }
 
+    /// How it was identified.
+    pub fn method(&self) -> crate::egress::identity::Method {
+        self.who.method
+    }
+
     /// Steps 3-6: decide, the verdict point, open, grant.
     pub async fn admit(
         self,

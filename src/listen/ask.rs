@@ -40,6 +40,20 @@ pub const LOCAL: &str = "egress-proxy.local";
 /// Largest request body read.
 const MAX_BODY: usize = 8 * 1024;
 
+/// The sandbox's client as a request records it: its address and how it was identified.
+#[derive(Debug, Clone, Copy)]
+struct Asker {
+    addr: SocketAddr,
+    identity: crate::egress::identity::Method,
+}
+
+fn asker(addr: SocketAddr, entered: &Entered) -> Asker {
+    Asker {
+        addr,
+        identity: entered.method(),
+    }
+}
+
 /// Whether `target` is the proxy's own endpoint.
 pub fn is_local(target: &Target) -> bool {
     matches!(&target.host, Host::Name(n) if &**n == LOCAL)
@@ -55,7 +69,7 @@ pub async fn answer(
     client: SocketAddr,
 ) -> Response<Body> {
     let sb = entered.sandbox().clone();
-    let resp = respond(shared, &sb, req, &mut audit, client).await;
+    let resp = respond(shared, &sb, req, &mut audit, asker(client, &entered)).await;
     drop(entered);
     resp
 }
@@ -124,7 +138,7 @@ pub async fn serve_transparent(
     audit.decision(&Decision::allow(Reason::ProxyEndpoint, None));
     let io = crate::intercept::prefixed::Prefixed::new(read, stream);
     if !tls {
-        return serve_http(shared, entered.sandbox(), io, audit, client).await;
+        return serve_http(shared, entered.sandbox(), io, audit, asker(client, entered)).await;
     }
     let config = shared
         .settings
@@ -154,7 +168,14 @@ where
         Ok(r) => r.map_err(|e| format!("TLS with the client: {e}"))?,
         Err(_) => return Err("TLS with the client took longer than timeouts.header_ms".into()),
     };
-    serve_http(shared, entered.sandbox(), tls, audit, client).await
+    serve_http(
+        shared,
+        entered.sandbox(),
+        tls,
+        audit,
+        asker(client, entered),
+    )
+    .await
 }
 
 /// Serve HTTP/1.1 requests on `io` until the client closes, a request head is late by
@@ -165,7 +186,7 @@ async fn serve_http<IO>(
     sb: &Arc<Sandbox>,
     io: IO,
     audit: &AuditGuard,
-    client: SocketAddr,
+    client: Asker,
 ) -> Result<(), String>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -200,7 +221,7 @@ async fn respond(
     sb: &Arc<Sandbox>,
     req: Request<Incoming>,
     audit: &mut AuditGuard,
-    client: SocketAddr,
+    client: Asker,
 ) -> Response<Body> {
     // A kept connection (TLS, transparent) answers only while the sandbox it identified is
     // still registered with the same binding: a removal, a rotated token or a changed policy
@@ -284,12 +305,12 @@ async fn create(
     desk: &Arc<Desk>,
     sb: &Arc<Sandbox>,
     body: &Bytes,
-    client: SocketAddr,
+    client: Asker,
 ) -> Response<Body> {
     let cfg = desk.cfg();
     let probe = request::parse(body, cfg.reason_max).ok();
     let terminated = probe.as_ref().is_some_and(|a| terminated(sb, &a.target));
-    let r = match desk.ask(sb, terminated, body, client) {
+    let r = match desk.ask(sb, terminated, body, (client.addr, client.identity)) {
         Ok(r) => r,
         Err(e) => {
             let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
@@ -319,9 +340,10 @@ async fn create(
                 note: Some("auto-approved (approvals.auto)".into()),
             };
             let (d, id) = (desk.clone(), r.id.clone());
-            let done =
-                tokio::task::spawn_blocking(move || d.answer(&id, approve, "auto", checks.lines))
-                    .await;
+            let done = tokio::task::spawn_blocking(move || {
+                d.answer(&id, approve, "auto".into(), checks.lines)
+            })
+            .await;
             if let Ok(Ok(done)) = done {
                 r = done;
             }
@@ -382,7 +404,7 @@ async fn ask_webhook(desk: Arc<Desk>, view: Value) {
     };
     let done = tokio::task::spawn_blocking({
         let id = id.clone();
-        move || desk.answer(&id, answer, "webhook", Vec::new())
+        move || desk.answer(&id, answer, "webhook".into(), Vec::new())
     })
     .await;
     if let Ok(Err(e)) = done {

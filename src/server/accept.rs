@@ -431,16 +431,23 @@ pub(super) async fn accept_admin(
     tls: Option<Arc<crate::listen::explicit_tls::TlsServer>>,
 ) {
     let handshake = gate.shared.settings.timeouts.header;
-    accept_gated(listener, gate, move |stream, _client| {
+    accept_gated(listener, gate, move |stream, client| {
         let admin = admin.clone();
         let tls = tls.clone();
         async move {
+            let mut caller = crate::control::admin::Caller {
+                addr: client,
+                certificate: None,
+            };
             match tls {
-                None => crate::control::admin::serve(admin, stream).await,
+                None => crate::control::admin::serve(admin, stream, caller).await,
                 Some(tls) => {
                     let hs = tokio::time::timeout(handshake, tls.acceptor().accept(stream));
                     match hs.await {
-                        Ok(Ok(s)) => crate::control::admin::serve(admin, s).await,
+                        Ok(Ok(s)) => {
+                            caller.certificate = certificate_subject(s.get_ref().1);
+                            crate::control::admin::serve(admin, s, caller).await
+                        }
                         Ok(Err(e)) => tracing::debug!(error = %e, "admin TLS handshake failed"),
                         Err(_) => {}
                     }
@@ -449,4 +456,11 @@ pub(super) async fn accept_admin(
         }
     })
     .await
+}
+
+/// `certificate SUBJECT` of the client certificate a TLS admin connection presented.
+fn certificate_subject(conn: &rustls::ServerConnection) -> Option<Box<str>> {
+    let der = conn.peer_certificates()?.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
+    Some(format!("certificate {}", cert.subject()).into())
 }

@@ -1,0 +1,168 @@
+//! Answers to access requests and who gave them: an [`Answer`] is checked the same way for
+//! every answerer (the admin API, the webhook, auto-approval), and a [`Who`] — the answerer,
+//! the client's address, the credential it used (a token's digest or a certificate's
+//! subject, never the token) and how an asking sandbox was identified — is in every approval
+//! record ([`Desk::record`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use super::{refused, Desk, Refused, Request};
+use crate::audit::record::{rfc3339, ApprovalFacts, Record};
+use crate::audit::{AuditGuard, Mode};
+use crate::egress::identity::Method;
+use crate::policy::granted::GrantKind;
+use crate::policy::reason::Reason;
+use crate::policy::Decision;
+
+/// An answer to a request.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    Approve {
+        kind: GrantKind,
+        /// For `ttl` (required) and `once` (optional; the default is an hour).
+        ttl: Option<Duration>,
+        note: Option<String>,
+    },
+    Deny {
+        note: Option<String>,
+    },
+}
+
+/// Longest grant `ttl_s` accepted from any answerer (30 days).
+pub const MAX_TTL_S: u64 = 30 * 24 * 3600;
+/// Longest note accepted from any answerer.
+pub const MAX_NOTE: usize = 500;
+
+impl Answer {
+    /// An approval as an answerer (the admin API, the webhook) sends it, checked the same way
+    /// for each: `ttl_s` within 1–[`MAX_TTL_S`] (no arithmetic on an untrusted number can
+    /// overflow later), none on a permanent grant, a note within [`MAX_NOTE`] bytes.
+    pub fn approve(
+        kind: GrantKind,
+        ttl_s: Option<u64>,
+        note: Option<String>,
+    ) -> Result<Answer, Refused> {
+        if ttl_s.is_some_and(|t| t == 0 || t > MAX_TTL_S) {
+            return Err(refused(400, format!("ttl_s must be 1-{MAX_TTL_S}")));
+        }
+        match (kind, ttl_s) {
+            (GrantKind::Permanent, Some(_)) => {
+                return Err(refused(400, "a permanent grant takes no ttl_s"))
+            }
+            (GrantKind::Ttl, None) => return Err(refused(400, "a ttl grant needs ttl_s")),
+            _ => {}
+        }
+        Ok(Answer::Approve {
+            kind,
+            ttl: ttl_s.map(Duration::from_secs),
+            note: checked_note(note)?,
+        })
+    }
+
+    /// When the grant it makes ends (`None`: never, or no grant); no arithmetic on its `ttl`
+    /// can overflow.
+    pub(super) fn deadline(&self, now: SystemTime) -> Result<Option<SystemTime>, Refused> {
+        let Answer::Approve { kind, ttl, .. } = self else {
+            return Ok(None);
+        };
+        let ttl = match (kind, ttl) {
+            (GrantKind::Ttl, None) => return Err(refused(400, "a ttl grant needs ttl_s")),
+            (GrantKind::Permanent, _) => None,
+            (GrantKind::Once, None) => Some(Duration::from_secs(3600)),
+            (_, t) => *t,
+        };
+        match ttl.map(|t| now.checked_add(t)) {
+            Some(None) => Err(refused(400, format!("ttl_s must be 1-{MAX_TTL_S}"))),
+            Some(Some(d)) => Ok(Some(d)),
+            None => Ok(None),
+        }
+    }
+
+    /// A denial, its note checked like an approval's.
+    pub fn deny(note: Option<String>) -> Result<Answer, Refused> {
+        Ok(Answer::Deny {
+            note: checked_note(note)?,
+        })
+    }
+}
+
+fn checked_note(note: Option<String>) -> Result<Option<String>, Refused> {
+    match note {
+        Some(n) if n.len() > MAX_NOTE => Err(refused(
+            400,
+            format!("note is longer than {MAX_NOTE} bytes"),
+        )),
+        n => Ok(n),
+    }
+}
+
+/// Who took a step: the answerer's name (`sandbox`, `admin`, `webhook`, `auto`, `expiry`,
+/// `deletion`), and what is known of the client.
+#[derive(Debug, Clone, Default)]
+pub struct Who {
+    pub by: &'static str,
+    /// The client's address (the asking sandbox's, the admin's).
+    pub client: Option<SocketAddr>,
+    /// The credential the client used: `token sha256:…` (a digest's first bytes) or
+    /// `certificate CN=…` — never a secret.
+    pub credential: Option<Box<str>>,
+    /// How an asking sandbox was identified.
+    pub identity: Option<Method>,
+}
+
+impl From<&'static str> for Who {
+    fn from(by: &'static str) -> Who {
+        Who {
+            by,
+            ..Who::default()
+        }
+    }
+}
+
+impl Desk {
+    /// Write an approval record of step `step` of `r`, taken by `who`.
+    pub(super) fn record(
+        &self,
+        r: &Request,
+        step: &'static str,
+        who: &Who,
+        rule: Option<Arc<crate::policy::Rule>>,
+    ) {
+        let version = self.policy.borrow().version_arc();
+        let client = who
+            .client
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let mut rec = Record::new(0, client, Mode::Approval, version);
+        rec.sandbox = Some(r.sandbox.clone());
+        rec.target = Some(r.asked.target.clone());
+        if let Some(m) = who.identity {
+            rec.identity = m;
+        }
+        let d = match rule {
+            Some(rule) => Decision::allow(Reason::GrantMatched, Some(rule)),
+            None => Decision::deny(Reason::NoRuleMatched, None),
+        };
+        rec.verdict = d.verdict;
+        rec.reason = d.reason;
+        rec.rule = d.rule;
+        rec.approval = Some(Box::new(ApprovalFacts {
+            request: r.id.as_str().into(),
+            step,
+            by: who.by,
+            credential: who.credential.clone(),
+            grant: r
+                .grant
+                .map(GrantKind::as_str)
+                .filter(|_| step == "approved"),
+            expires: r.deadline.filter(|_| step == "approved").map(rfc3339),
+            text: match step {
+                "requested" => Some(r.asked.reason.as_str().into()),
+                _ => r.note.as_deref().map(Into::into),
+            },
+            checks: r.checks.clone(),
+        }));
+        drop(AuditGuard::event(self.sink.clone(), rec));
+    }
+}
