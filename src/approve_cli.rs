@@ -69,7 +69,8 @@ fn run(to: &AdminArgs, method: &str, path: &str, body: Option<&Value>, json_out:
         Ok((200..=299, text)) => {
             let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
             if json_out || v.get("requests").is_none() {
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or(text));
+                let pretty = serde_json::to_string_pretty(&v).unwrap_or(text);
+                println!("{}", egress_proxy::control::shown::json_for_person(&pretty));
             } else {
                 print!("{}", human(&v));
             }

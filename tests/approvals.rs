@@ -567,6 +567,33 @@ fn approval_records_say_who_asked_and_who_answered_from_where() {
     );
 }
 
+/// Security review A07: a reason with bidi overrides and a line separator was printed raw to
+/// the approver by `egress-proxy requests`. The CLI now shows such characters as escapes (the
+/// JSON output still parses to the same reason) and the record keeps the text verbatim.
+#[test]
+fn reasons_are_shown_to_the_approver_escaped_and_kept_verbatim() {
+    let e = env("");
+    // JSON escapes in the request body: the proxy reads the characters themselves.
+    let reason = r"harmless\u202e txt.exe\u2028approved by security\u200b";
+    let (status, r) = e.request("agent", "granted.test", reason);
+    assert_eq!(status, 202, "{r}");
+    let raw = "harmless\u{202e} txt.exe\u{2028}approved by security\u{200b}";
+    assert_eq!(r["reason"], raw);
+    let (code, out) = e.cli(&["requests"]);
+    assert_eq!(code, 0, "{out}");
+    for c in ['\u{202e}', '\u{2028}', '\u{200b}'] {
+        assert!(!out.contains(c), "{c:?} printed raw: {out:?}");
+    }
+    assert!(out.contains("\\u{202e}"), "{out}");
+    let (code, out) = e.cli(&["requests", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains('\u{202e}'), "{out:?}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["requests"][0]["reason"], raw, "the same value, escaped");
+    let rec = e.proxy.wait_record(|r| r["approval"]["step"] == "requested");
+    assert_eq!(rec["approval"]["text"], raw, "verbatim in the record");
+}
+
 /// A flood costs what the caps allow: per-minute and pending caps answer 429, a long reason
 /// or a body naming another sandbox 400; nothing asked of another sandbox's name leaks.
 #[test]

@@ -90,7 +90,7 @@ pub fn human(list: &Value) -> String {
             r["sandbox"].as_str().unwrap_or("?"),
             r["host"].as_str().unwrap_or("?"),
             r["port"],
-            r["reason"].as_str().unwrap_or(""),
+            super::shown::for_person(r["reason"].as_str().unwrap_or("")),
             r["expires"]
                 .as_str()
                 .map(|e| format!("  (until {e})"))

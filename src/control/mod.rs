@@ -53,6 +53,7 @@ pub mod observe;
 pub mod observe_client;
 pub(crate) mod registry;
 mod reload;
+pub mod shown;
 pub(crate) mod state_store;
 
 pub use etcd::apply::RemoteChange;

@@ -190,7 +190,7 @@ pub fn human_line(r: &serde_json::Value, colour: bool) -> String {
         line.push_str(&format!(" call {c}"));
     }
     if let Some(d) = r["detail"].as_str() {
-        line.push_str(&format!(" - {d}"));
+        line.push_str(&format!(" - {}", super::shown::for_person(d)));
     }
     if let Some(a) = r["approval"].as_object() {
         let f = |k: &str| a.get(k).and_then(|v| v.as_str()).unwrap_or("");
@@ -204,7 +204,7 @@ pub fn human_line(r: &serde_json::Value, colour: bool) -> String {
             line.push_str(&format!(", {} grant", f("grant")));
         }
         if !f("text").is_empty() {
-            line.push_str(&format!(": {}", f("text")));
+            line.push_str(&format!(": {}", super::shown::for_person(f("text"))));
         }
         line.push(']');
         return line;

@@ -185,7 +185,7 @@ fn print_records(reader: impl BufRead, json: bool) {
     for line in reader.lines() {
         let Ok(line) = line else { break };
         let printed = if json {
-            writeln!(out, "{line}")
+            writeln!(out, "{}", super::shown::json_for_person(&line))
         } else {
             match serde_json::from_str::<serde_json::Value>(&line) {
                 Ok(r) => writeln!(out, "{}", super::observe::human_line(&r, colour)),
