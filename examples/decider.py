@@ -12,13 +12,20 @@ socket (`--unix PATH`), and answers each ask:
   `x-debug` (header changes apply inside terminated tunnels only; elsewhere the proxy
   would count them as an answer it cannot honour, so they are sent there only).
 
+`--secret-file FILE` answers only asks signed with the key in FILE (the proxy's
+`decider.secret_file`): `X-Egress-Proxy-Signature: sha256=HEX`, the HMAC-SHA256 of
+`TIMESTAMP.BODY` with `X-Egress-Proxy-Timestamp: TIMESTAMP` within 300 s of now; any other
+POST gets 401, so a question forged by a sandbox that reaches the decider is not answered.
+
 `--sleep S` answers every ask S seconds late (to see the proxy's timeout). `--schema FILE`
 checks every ask, and every answer it gives, against docs/decider.schema.json (Python's
 `jsonschema`): an ask that does not match is denied with the reason `schema: …`.
 
-usage: decider.py [--unix PATH] [--sleep S] [--schema FILE]
+usage: decider.py [--unix PATH] [--sleep S] [--schema FILE] [--secret-file FILE]
 """
 import base64
+import hashlib
+import hmac
 import http.server
 import json
 import os
@@ -29,6 +36,7 @@ import time
 
 SLEEP = 0.0
 SCHEMA = None
+SECRET = None
 
 
 def checked(ask):
@@ -79,9 +87,26 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def address_string(self):
         return "decider-client"
 
+    def signed(self, raw):
+        """Whether the ask carries the proxy's signature (always, without --secret-file)."""
+        if SECRET is None:
+            return True
+        ts = self.headers.get("X-Egress-Proxy-Timestamp", "")
+        sig = self.headers.get("X-Egress-Proxy-Signature", "")
+        if not ts.isdigit() or abs(int(ts) - time.time()) > 300:
+            return False
+        want = hmac.new(SECRET, ts.encode() + b"." + raw, hashlib.sha256).hexdigest()
+        return hmac.compare_digest(sig, "sha256=" + want)
+
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
-        ask = json.loads(self.rfile.read(length))
+        raw = self.rfile.read(length)
+        if not self.signed(raw):
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        ask = json.loads(raw)
         if SLEEP:
             time.sleep(SLEEP)
         body = json.dumps(checked(ask)).encode()
@@ -97,7 +122,7 @@ class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 def main():
-    global SLEEP, SCHEMA
+    global SLEEP, SCHEMA, SECRET
     args = sys.argv[1:]
     unix = None
     while args:
@@ -108,6 +133,8 @@ def main():
             SLEEP = float(args.pop(0))
         elif a == "--schema":
             SCHEMA = json.load(open(args.pop(0)))
+        elif a == "--secret-file":
+            SECRET = open(args.pop(0), "rb").read().strip()
     if unix:
         if os.path.exists(unix):
             os.unlink(unix)

@@ -590,7 +590,9 @@ fn reasons_are_shown_to_the_approver_escaped_and_kept_verbatim() {
     assert!(!out.contains('\u{202e}'), "{out:?}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["requests"][0]["reason"], raw, "the same value, escaped");
-    let rec = e.proxy.wait_record(|r| r["approval"]["step"] == "requested");
+    let rec = e
+        .proxy
+        .wait_record(|r| r["approval"]["step"] == "requested");
     assert_eq!(rec["approval"]["text"], raw, "verbatim in the record");
 }
 

@@ -527,3 +527,81 @@ fn one_sandboxs_flood_of_asks_does_not_refuse_its_neighbour() {
         "the neighbour was refused: {codes:?}"
     );
 }
+
+/// Security review A27: a sandbox could be granted the decider's own address, and the decider
+/// could not tell the proxy's questions from forged ones. The decider's address is now
+/// guarded like the proxy's own listeners (no rule, grant or approval reaches it; an access
+/// request for it is refused), and with `decider.secret_file` every question is signed: the
+/// example decider answers the proxy's and refuses a forged one.
+#[test]
+fn the_decider_is_out_of_reach_and_its_questions_are_signed() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(Some(&ca));
+    let port = origin.addr.port();
+    let key = dir.path().join("decider.key");
+    std::fs::write(&key, "decider-shared-secret\n").unwrap();
+    let d = decider(&["--secret-file", key.to_str().unwrap()]);
+    let top = format!(
+        "decider: {{ url: \"http://127.0.0.1:{}/\", secret_file: {} }}",
+        d.at,
+        key.display()
+    );
+    let reach =
+        "    policy: { provider: local, config: {}, network: { egress: [\"127.0.0.1:*\"] } }\n";
+    let sandboxes = format!(
+        "{}  - id: reach\n    auth: {{ token_sha256: {} }}\n{reach}",
+        sandbox("dev", "", port),
+        sha("reach-secret")
+    );
+    let p = proxy(dir.path(), &ca, &sandboxes, &top);
+    // The proxy's questions are signed, so the decider answers them.
+    let out = as_sandbox(
+        &p,
+        dir.path(),
+        "dev",
+        &format!("https://api.test:{port}/admin"),
+        &[],
+    );
+    assert!(text(&out).contains("denied_by_decider"), "{}", text(&out));
+    let out = as_sandbox(
+        &p,
+        dir.path(),
+        "dev",
+        &format!("https://api.test:{port}/v1/x"),
+        &[],
+    );
+    assert!(text(&out).contains("hello from origin"), "{}", text(&out));
+    // A forged question (what a sandbox that reached the decider would send): refused.
+    let forged = r#"{"version":1,"sandbox":"dev","protocol":"connect","target":{"host":"api.test","port":443},"policy":{"decision":"allow"}}"#;
+    let direct = format!("http://127.0.0.1:{}/", d.at);
+    let out = curl(&[
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--data-binary",
+        forged,
+        &direct,
+    ]);
+    assert_eq!(out.text(), "401");
+    // A sandbox whose rules allow 127.0.0.1:* does not reach the decider through the proxy.
+    let px = format!("http://reach:reach-secret@{}", p.proxy);
+    let out = curl(&["-s", "-x", &px, "--data-binary", forged, &direct]);
+    assert!(out.text().contains("proxy_loop"), "{}", out.text());
+    // And cannot ask for it.
+    let body = format!(
+        r#"{{"host": "127.0.0.1", "port": {}, "reason": "tools"}}"#,
+        d.at
+    );
+    let out = curl(&[
+        "-s",
+        "-x",
+        &px,
+        "--data-binary",
+        &body,
+        "http://egress-proxy.local/v1/requests",
+    ]);
+    assert!(out.text().contains("never grantable"), "{}", out.text());
+}

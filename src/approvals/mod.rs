@@ -62,6 +62,23 @@ pub struct Refused {
     pub message: String,
 }
 
+/// Whether `target` names, by address, one of the proxy's own listeners or its decider's or
+/// webhook's (the guard's loop check): never grantable. A name is refused where it resolves.
+fn own_address(
+    guard: &crate::policy::guard::Guard,
+    target: &crate::policy::target::Target,
+) -> bool {
+    use crate::policy::target::Host;
+    let none = |_| std::iter::empty();
+    matches!(target.host, Host::Ip(ip)
+        if guard.check(ip, target.port, none) == crate::policy::guard::GuardVerdict::Loop)
+}
+
+/// Why a target is refused at ask and at approval whatever the approver says.
+fn never_grantable(target: &crate::policy::target::Target) -> String {
+    format!("{target} is the proxy's own listener, its decider's or its webhook's address: never grantable")
+}
+
 fn refused(status: u16, message: impl Into<String>) -> Refused {
     Refused {
         status,
@@ -155,6 +172,9 @@ impl Desk {
         let cfg = self.cfg();
         let asked = request::parse(body, cfg.reason_max).map_err(|m| refused(400, m))?;
         let set = self.policy.borrow().clone();
+        if own_address(&set.guard, &asked.target) {
+            return Err(refused(409, never_grantable(&asked.target)));
+        }
         let own = sb.policy.decide(&asked.target, None, &set.guard);
         match own.decision.reason {
             Reason::DeniedByRule | Reason::DenyAllMode => {
@@ -243,6 +263,10 @@ impl Desk {
         }
         // Checked before anything changes: an answer refused here leaves the request pending.
         let deadline = answer.deadline(SystemTime::now())?;
+        let own = own_address(&self.policy.borrow().guard, &r.asked.target);
+        if own && matches!(answer, Answer::Approve { .. }) {
+            return Err(refused(409, never_grantable(&r.asked.target)));
+        }
         r.answered_by = Some(by);
         r.checks = checks;
         let grant = match answer {

@@ -18,6 +18,45 @@ pub enum DeciderUrl {
     Unix { socket: String, path: String },
 }
 
+impl DeciderUrl {
+    /// The addresses a sandbox could reach this decider at, when its URL names them (an IP
+    /// literal, or `localhost`); a name is protected where it resolves, at dial time.
+    pub fn addresses(&self) -> Vec<std::net::SocketAddr> {
+        match self {
+            DeciderUrl::Http { authority, .. } => authority_addresses(authority),
+            DeciderUrl::Unix { .. } => Vec::new(),
+        }
+    }
+}
+
+/// The socket addresses `host:port` names without a lookup (port 80 when none is given).
+pub fn authority_addresses(authority: &str) -> Vec<std::net::SocketAddr> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    let Ok(a) = authority.parse::<http::uri::Authority>() else {
+        return Vec::new();
+    };
+    let port = a.port_u16().unwrap_or(80);
+    let host = a.host().trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) if host.eq_ignore_ascii_case("localhost") => vec![
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), port),
+        ],
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The HMAC key of the deciders' questions (never shown).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct DeciderSecret(pub Arc<[u8]>);
+
+impl std::fmt::Debug for DeciderSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
 /// What a failed decider means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -37,6 +76,10 @@ pub struct DeciderConfig {
     pub on_error: OnError,
     /// Asks in flight at once, across the process; past it an ask is a failure.
     pub max_in_flight: usize,
+    /// The key every question is signed with (`decider.secret_file`, top level; every
+    /// decider's questions are signed with it), so a decider can tell the proxy's questions
+    /// from forged ones.
+    pub secret: Option<DeciderSecret>,
     /// Asks in flight at once for one sandbox (its share): past it an ask is refused whatever
     /// `on_error` says, and so is one that fails while its sandbox is at its share — a
     /// sandbox cannot make the decider fail open, or take the permits its neighbours need.
@@ -57,6 +100,9 @@ pub struct RawDecider {
     pub max_in_flight: Option<u64>,
     #[serde(default)]
     pub max_in_flight_per_sandbox: Option<u64>,
+    /// Top level only: the file holding the key questions are signed with.
+    #[serde(default)]
+    pub secret_file: Option<String>,
 }
 
 /// Validate `decider:`; errors say which key.
@@ -132,6 +178,7 @@ pub fn resolve_decider(raw: &RawDecider, errors: &mut Vec<String>) -> Option<Arc
         on_error,
         max_in_flight: usize::try_from(max_in_flight).unwrap_or(usize::MAX),
         max_in_flight_per_sandbox: usize::try_from(per_sandbox).unwrap_or(usize::MAX),
+        secret: None,
     }))
 }
 
@@ -272,7 +319,16 @@ pub(super) fn of_binding(
 ) -> Guards {
     let mut errors = Vec::new();
     let decider = match &raw.decider {
-        Some(d) => resolve_decider(d, &mut errors),
+        Some(d) if d.secret_file.is_some() => {
+            errors.push("decider.secret_file: set it on the top-level decider (every decider's questions are signed with it)".into());
+            None
+        }
+        Some(d) => resolve_decider(d, &mut errors).map(|mut own| {
+            // Signed with the top-level key, like every question.
+            Arc::make_mut(&mut own).secret =
+                defaults.decider.as_ref().and_then(|t| t.secret.clone());
+            own
+        }),
         None => defaults.decider.clone(),
     };
     let dlp = raw.dlp.as_ref().and_then(|d| resolve_dlp(d, &mut errors));

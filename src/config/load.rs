@@ -239,6 +239,16 @@ impl Knobs {
         if let Some(raw) = s.decider.take() {
             let mut errors = Vec::new();
             defaults.decider = super::decider::resolve_decider(&raw, &mut errors);
+            if let (Some(d), Some(f)) = (defaults.decider.as_mut(), &raw.secret_file) {
+                match std::fs::read(files::path_in(base_dir, f)) {
+                    Ok(key) if !key.trim_ascii().is_empty() => {
+                        let key: Arc<[u8]> = key.trim_ascii().into();
+                        Arc::make_mut(d).secret = Some(super::decider::DeciderSecret(key));
+                    }
+                    Ok(_) => errors.push(format!("decider.secret_file {f}: empty")),
+                    Err(e) => errors.push(format!("decider.secret_file {f}: {e}")),
+                }
+            }
             for e in errors {
                 sink.top("decider", e, Some("decider:"));
             }

@@ -421,3 +421,33 @@ pub fn load_for_review(path: Option<&Path>) -> Result<Config, ConfigErrors> {
 
 #[cfg(test)]
 mod tests;
+
+impl Config {
+    /// The addresses of the deciders and the approvals webhook this configuration (and the
+    /// runtime `extra` bindings) ask: protected like the proxy's own listeners
+    /// ([`crate::policy::guard`]) — no rule, grant or approval lets a sandbox reach them.
+    pub fn protected_endpoints(&self, extra: &[Arc<Binding>]) -> Vec<std::net::SocketAddr> {
+        let deciders = self
+            .bindings
+            .iter()
+            .chain(extra.iter().map(|b| &**b))
+            .filter_map(|b| b.decider.as_ref())
+            .chain(self.defaults.decider.as_ref());
+        let mut out: Vec<std::net::SocketAddr> = deciders.flat_map(|d| d.url.addresses()).collect();
+        if let Some(hook) = &self.approvals.webhook {
+            if let Some(a) = hook.url.authority() {
+                let port = a.port_u16().unwrap_or(match hook.url.scheme_str() {
+                    Some("https") => 443,
+                    _ => 80,
+                });
+                out.extend(decider::authority_addresses(&format!(
+                    "{}:{port}",
+                    a.host()
+                )));
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+}

@@ -142,9 +142,18 @@ impl Client {
             DeciderUrl::Http { authority, path } => (path.as_str(), authority.as_str()),
             DeciderUrl::Unix { path, .. } => (path.as_str(), "decider"),
         };
-        let req = Request::post(path)
+        let mut req = Request::post(path)
             .header(http::header::HOST, host)
-            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::CONTENT_TYPE, "application/json");
+        if let Some(key) = &self.cfg.secret {
+            // Signed like the approvals webhook's requests: `timestamp.body` under the key.
+            let now = crate::approvals::webhook::now_secs();
+            let sig = crate::approvals::webhook::sign(&key.0, now, &json);
+            req = req
+                .header("x-egress-proxy-timestamp", now.to_string())
+                .header("x-egress-proxy-signature", sig);
+        }
+        let req = req
             .body(Full::new(Bytes::from(json)))
             .map_err(|e| format!("building the ask: {e}"))?;
         let resp = send

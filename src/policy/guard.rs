@@ -272,7 +272,7 @@ pub struct Guard {
     prohibited: AddrTable<IpNet>,
     /// `defaults.guard_allow_ranges`: let through for every sandbox.
     allowed: AddrTable<()>,
-    /// Listener addresses, so the proxy never dials itself.
+    /// Listener addresses, so the proxy never dials itself (and its deciders' and webhook's).
     listeners: Vec<SocketAddr>,
     /// Every address of this host's interfaces (read when the set is compiled): on a
     /// listener's port, any of them reaches the proxy when it listens on `0.0.0.0` / `::`.

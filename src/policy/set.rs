@@ -187,11 +187,12 @@ impl PolicySet {
             hasher.update(b"\n");
         }
         let defaults_digest: [u8; 32] = hasher.finalize().into();
-        let guard = Guard::new(
+        let own = [listeners, config.protected_endpoints(extra)].concat();
+        let (prohibited, allowed) = (
             &config.defaults.prohibited_ranges,
             &config.defaults.guard_allow_ranges,
-            listeners,
         );
+        let guard = Guard::new(prohibited, allowed, own);
         let mut changes = Changes {
             set_wide: previous.is_none_or(|p| p.defaults_digest != defaults_digest),
             ..Changes::default()
