@@ -908,3 +908,21 @@ fn an_aws_sigv4_credential_bound_by_wildcard_is_refused() {
     let (_, _, err) = run(&["validate", "--config", &cfg]);
     assert!(!err.contains("aws_sigv4 credential is bound"), "{err}");
 }
+
+/// Issue 59: `validate` says what `decider.on_error: allow` covers — failures that are not
+/// the sandbox's own load — and the per-sandbox share in force.
+#[test]
+fn validate_says_whom_on_error_allow_covers() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p.yaml");
+    std::fs::write(
+        &p,
+        "decider: { url: \"http://127.0.0.1:9/\", on_error: allow, max_in_flight: 8 }\nsandboxes:\n  - id: a\n    sources: [127.0.0.1/32]\n    policy: { provider: local, config: {}, network: { egress: [\"x.test\"] } }\n",
+    )
+    .unwrap();
+    let (code, out, err) = run(&["validate", "--config", p.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let said = format!("{out}{err}");
+    assert!(said.contains("not the sandbox's own"), "{said}");
+    assert!(said.contains("2 of 8 asks in flight"), "{said}");
+}

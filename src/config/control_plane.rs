@@ -211,6 +211,25 @@ fn endpoints(raw: &[String], tls: bool, sink: &mut Sink<'_>) -> Vec<String> {
     endpoints
 }
 
+/// With etcd as the control plane, `state_dir` keeps no registrations: say so.
+pub(super) fn unused_state_dir(etcd: bool, state_dir: bool) -> Option<String> {
+    (etcd && state_dir).then(|| {
+        "state_dir is not used for registrations when control_plane.etcd is set: etcd keeps them"
+            .to_string()
+    })
+}
+
+/// What a valid configuration is warned about: an unused `state_dir`, `on_error: allow`.
+pub(super) fn notes<E, S>(
+    etcd: &Option<E>,
+    state_dir: &Option<S>,
+    defaults: &super::Defaults,
+) -> Vec<String> {
+    let unused = unused_state_dir(etcd.is_some(), state_dir.is_some());
+    let allow = super::decider::allow_warning(defaults.decider.as_deref());
+    unused.into_iter().chain(allow).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;

@@ -105,6 +105,35 @@ pub struct RawDecider {
     pub secret_file: Option<String>,
 }
 
+/// The top-level decider's `secret_file`, read into `d` (errors name the file).
+pub(super) fn read_secret(
+    d: Option<&mut Arc<DeciderConfig>>,
+    raw: &RawDecider,
+    rel: &dyn Fn(&str) -> std::path::PathBuf,
+    errors: &mut Vec<String>,
+) {
+    let (Some(d), Some(f)) = (d, &raw.secret_file) else {
+        return;
+    };
+    match std::fs::read(rel(f)) {
+        Ok(key) if !key.trim_ascii().is_empty() => {
+            let key: Arc<[u8]> = key.trim_ascii().into();
+            Arc::make_mut(d).secret = Some(DeciderSecret(key));
+        }
+        Ok(_) => errors.push(format!("decider.secret_file {f}: empty")),
+        Err(e) => errors.push(format!("decider.secret_file {f}: {e}")),
+    }
+}
+
+/// What `validate` says of a top-level decider under `on_error: allow`: whom `allow` covers.
+pub fn allow_warning(d: Option<&DeciderConfig>) -> Option<String> {
+    let d = d.filter(|d| d.on_error == OnError::Allow)?;
+    Some(format!(
+        "decider.on_error: allow lets an exchange through only when the decider fails for reasons not the sandbox's own (refused connection, down, a broken answer); a sandbox past its share ({} of {} asks in flight), or busy or slow while it holds its whole share, is refused",
+        d.max_in_flight_per_sandbox, d.max_in_flight
+    ))
+}
+
 /// Validate `decider:`; errors say which key.
 pub fn resolve_decider(raw: &RawDecider, errors: &mut Vec<String>) -> Option<Arc<DeciderConfig>> {
     let url = if let Some(rest) = raw.url.strip_prefix("unix:") {

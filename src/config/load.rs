@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use serde_yaml::{Mapping, Value};
 
+use super::control_plane::notes;
 use super::*;
 
 /// The document's top-level mapping (an empty document is an empty mapping).
@@ -239,16 +240,8 @@ impl Knobs {
         if let Some(raw) = s.decider.take() {
             let mut errors = Vec::new();
             defaults.decider = super::decider::resolve_decider(&raw, &mut errors);
-            if let (Some(d), Some(f)) = (defaults.decider.as_mut(), &raw.secret_file) {
-                match std::fs::read(files::path_in(base_dir, f)) {
-                    Ok(key) if !key.trim_ascii().is_empty() => {
-                        let key: Arc<[u8]> = key.trim_ascii().into();
-                        Arc::make_mut(d).secret = Some(super::decider::DeciderSecret(key));
-                    }
-                    Ok(_) => errors.push(format!("decider.secret_file {f}: empty")),
-                    Err(e) => errors.push(format!("decider.secret_file {f}: {e}")),
-                }
-            }
+            let rel = |f: &str| files::path_in(base_dir, f);
+            super::decider::read_secret(defaults.decider.as_mut(), &raw, &rel, &mut errors);
             for e in errors {
                 sink.top("decider", e, Some("decider:"));
             }
@@ -397,14 +390,6 @@ fn admin_token(
     path.to_path_buf()
 }
 
-/// With etcd as the control plane, `state_dir` keeps no registrations: say so.
-fn unused_state_dir(etcd: bool, state_dir: bool) -> Option<String> {
-    (etcd && state_dir).then(|| {
-        "state_dir is not used for registrations when control_plane.etcd is set: etcd keeps them"
-            .to_string()
-    })
-}
-
 /// `max_connections`, within its bounds.
 fn max_connections(n: u64, sink: &mut Sink<'_>) -> MaxConnections {
     MaxConnections::new(n).unwrap_or_else(|| {
@@ -492,7 +477,7 @@ fn load_str_with(
     let otel = super::otel::resolve_otel(s.otel.take(), &rel, &mut sink);
     let within = (s.audit.path.as_str(), s.state_dir.as_deref());
     let audit_trail = audit::resolve_trail(s.audit.trail.clone(), within, &rel, &mut sink);
-    warnings.extend(unused_state_dir(etcd.is_some(), s.state_dir.is_some()));
+    warnings.extend(notes(&etcd, &s.state_dir, &knobs.defaults));
     let dirs: Vec<_> = s.sandbox_dirs.iter().map(|d| (d.clone(), rel(d))).collect();
     let index = refs::index_dirs(
         &dirs,
