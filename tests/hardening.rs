@@ -436,7 +436,9 @@ fn a_stuck_audit_sink_bounds_memory_refuses_new_connections_and_lets_shutdown_fi
     );
     let started = Instant::now();
     let status = p.terminate();
-    assert!(status.success(), "{status:?}");
+    // Records were lost (stdout takes nothing and there is nowhere to spill them): the exit
+    // status says so (issue 59), after a bounded wait.
+    assert!(!status.success(), "{status:?}");
     assert!(
         started.elapsed() < Duration::from_secs(15),
         "shutdown took {:?}",

@@ -156,9 +156,10 @@ impl Meter {
     /// `n` bytes moved (either direction); `true` when the day's bytes reached the quota.
     pub fn moved(&self, n: u64) -> bool {
         self.roll();
-        let total = self.bytes.fetch_add(n, Ordering::Relaxed) + n;
+        let total = self.bytes.fetch_add(n, Ordering::Relaxed).saturating_add(n);
         let quota = self.bytes_quota.load(Ordering::Relaxed);
-        let reached = quota != 0 && total + self.others_bytes.load(Ordering::Relaxed) >= quota;
+        let others = self.others_bytes.load(Ordering::Relaxed);
+        let reached = quota != 0 && total.saturating_add(others) >= quota;
         if reached {
             self.trip();
         }
@@ -174,8 +175,8 @@ impl Meter {
         }
         self.roll();
         let bytes = self.bytes_quota.load(Ordering::Relaxed);
-        let spent_bytes =
-            self.bytes.load(Ordering::Relaxed) + self.others_bytes.load(Ordering::Relaxed);
+        let spent_bytes = (self.bytes.load(Ordering::Relaxed))
+            .saturating_add(self.others_bytes.load(Ordering::Relaxed));
         if bytes != 0 && spent_bytes >= bytes {
             return Err(Spent::Bytes);
         }
@@ -184,11 +185,11 @@ impl Meter {
         let reserved = self
             .requests
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-                (quota == 0 || n + others < quota).then_some(n + 1)
+                (quota == 0 || n.saturating_add(others) < quota).then_some(n.saturating_add(1))
             });
         match reserved {
             Ok(n) => {
-                if quota != 0 && n + 1 + others >= quota {
+                if quota != 0 && n.saturating_add(1).saturating_add(others) >= quota {
                     self.over.store(true, Ordering::Release);
                 }
                 counted_signal().notify_one();
@@ -221,7 +222,11 @@ impl Meter {
         self.roll();
         let at = |count: &AtomicU64, others: &AtomicU64, quota: &AtomicU64| {
             let q = quota.load(Ordering::Relaxed);
-            q != 0 && count.load(Ordering::Relaxed) + others.load(Ordering::Relaxed) >= q
+            q != 0
+                && count
+                    .load(Ordering::Relaxed)
+                    .saturating_add(others.load(Ordering::Relaxed))
+                    >= q
         };
         if at(&self.bytes, &self.others_bytes, &self.bytes_quota) {
             Some(Spent::Bytes)
@@ -468,5 +473,22 @@ mod tests {
             .await
             .expect("woken")
             .expect("joined");
+    }
+
+    /// Counts from etcd are untrusted numbers: `u64::MAX` from another replica refuses,
+    /// never panics (security review: checked arithmetic on every number from outside).
+    #[test]
+    fn counts_from_outside_saturate_instead_of_overflowing() {
+        let m = Meter::default();
+        m.configure(Some(10), Some(10));
+        let day = m.mine().day;
+        m.others(DayCount {
+            day,
+            bytes: u64::MAX,
+            requests: u64::MAX,
+        });
+        assert!(m.reserve().is_err());
+        assert!(m.moved(u64::MAX));
+        assert!(m.spent().is_some());
     }
 }
