@@ -6,13 +6,13 @@
 # echo + close). Runs alternate OLD, NEW, OLD, NEW… (ROUNDS of each, SECONDS each) so drift on
 # a shared machine hits both; prints every run and each build's mean.
 #
-#   benches/quota_ab.sh OLD_BINARY [NEW_BINARY]       # ROUNDS=4 SECONDS=5; ~1 min
+#   benches/quota_ab.sh OLD_BINARY [NEW_BINARY]       # ROUNDS=4 RUN_S=5; ~1 min
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/peers.sh
 OLD="${1:?usage: benches/quota_ab.sh OLD_BINARY [NEW_BINARY]}"
 NEW="${2:-target/release/egress-proxy}"
-ROUNDS="${ROUNDS:-4}"; SECONDS_EACH="${SECONDS:-5}"
+ROUNDS="${ROUNDS:-4}"; SECONDS_EACH="${RUN_S:-5}"
 WORK="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 LG="$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/loadgen-* | grep -v '\.d$' | head -1)"
