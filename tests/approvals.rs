@@ -596,6 +596,36 @@ fn reasons_are_shown_to_the_approver_escaped_and_kept_verbatim() {
     assert_eq!(rec["approval"]["text"], raw, "verbatim in the record");
 }
 
+/// A sandbox removed from the configuration file by a reload takes its grants with it, as a
+/// `DELETE` does: put back by the next reload, it has none.
+#[test]
+fn a_sandbox_removed_by_a_reload_takes_its_grants_with_it() {
+    let e = env("");
+    let (_, r) = e.request("other", "granted.test", "before the reload");
+    let id = r["id"].as_str().unwrap().to_string();
+    assert_eq!(e.cli(&["approve", &id, "--permanent"]).0, 0);
+    assert_eq!(e.get("other", "granted.test", "/").code, 0, "granted");
+    let cfg = e.dir.path().join("proxy.yaml");
+    let full = std::fs::read_to_string(&cfg).unwrap();
+    let cut = full.find("  - id: other").unwrap();
+    let token = Some(ADMIN_TOKEN);
+    std::fs::write(&cfg, &full[..cut]).unwrap();
+    let (code, out) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", token);
+    assert_eq!(code, 200, "{out}");
+    let rec = e.proxy.wait_record(|r| {
+        r["approval"]["request"] == id.as_str() && r["approval"]["step"] == "revoked"
+    });
+    assert_eq!(rec["approval"]["by"], "deletion", "{rec}");
+    std::fs::write(&cfg, &full).unwrap();
+    let (code, out) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", token);
+    assert_eq!(code, 200, "{out}");
+    assert_ne!(
+        e.get("other", "granted.test", "/").code,
+        0,
+        "no grant after it came back"
+    );
+}
+
 /// A flood costs what the caps allow: per-minute and pending caps answer 429, a long reason
 /// or a body naming another sandbox 400; nothing asked of another sandbox's name leaks.
 #[test]

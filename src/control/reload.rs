@@ -50,6 +50,8 @@ impl ReloadError {
 pub struct Reloaded {
     pub version: String,
     pub needs_restart: Vec<&'static str>,
+    /// Sandboxes the reload removed: their grants end with them.
+    pub removed: Vec<crate::policy::sandbox_id::SandboxId>,
 }
 
 /// Settings that changed between `old` and `new` and are read only at start: the listeners
@@ -188,14 +190,29 @@ impl Controller {
             let built = self.build(&view.config, &view.runtime);
             let mut st = self.lock().map_err(|_| ReloadError::Poisoned)?;
             if Arc::ptr_eq(&st.config, &view.config) && st.runtime.ptr_eq(&view.runtime) {
-                return self.apply_reload(&mut st, why, built);
+                let done = self.apply_reload(&mut st, why, built);
+                drop(st);
+                return self.removed(done);
             }
         }
         // Registrations kept coming in: build under the lock.
         let mut st = self.lock().map_err(|_| ReloadError::Poisoned)?;
         let (config, runtime) = (st.config.clone(), st.runtime.clone());
         let built = self.build(&config, &runtime);
-        self.apply_reload(&mut st, why, built)
+        let done = self.apply_reload(&mut st, why, built);
+        drop(st);
+        self.removed(done)
+    }
+
+    /// After a reload, with the lock released: the sandboxes it removed take their grants
+    /// and requests with them, as a `DELETE` does.
+    fn removed(&self, done: Result<Reloaded, ReloadError>) -> Result<Reloaded, ReloadError> {
+        if let Ok(r) = &done {
+            for sid in &r.removed {
+                self.sandbox_removed(sid);
+            }
+        }
+        done
     }
 
     /// Read the configuration and build the set it makes with `runtime` (re-parsing each
@@ -273,6 +290,12 @@ impl Controller {
                         "changed in the configuration but needs a restart to take effect"
                     );
                 }
+                let removed = changes
+                    .sandboxes
+                    .iter()
+                    .filter(|id| set.get(id.as_str()).is_none())
+                    .cloned()
+                    .collect();
                 st.config = Arc::new(config);
                 st.runtime = runtime;
                 // Counted before it is published: whoever sees its effects sees the count.
@@ -289,6 +312,7 @@ impl Controller {
                 Ok(Reloaded {
                     version,
                     needs_restart,
+                    removed,
                 })
             }
             Err(errors) => {
