@@ -47,12 +47,9 @@ impl Answer {
         if ttl_s.is_some_and(|t| t == 0 || t > MAX_TTL_S) {
             return Err(refused(400, format!("ttl_s must be 1-{MAX_TTL_S}")));
         }
-        match (kind, ttl_s) {
-            (GrantKind::Permanent, Some(_)) => {
-                return Err(refused(400, "a permanent grant takes no ttl_s"))
-            }
-            (GrantKind::Ttl, None) => return Err(refused(400, "a ttl grant needs ttl_s")),
-            _ => {}
+        // A `ttl` grant without `ttl_s` is refused by the desk, once the request is found.
+        if kind == GrantKind::Permanent && ttl_s.is_some() {
+            return Err(refused(400, "a permanent grant takes no ttl_s"));
         }
         Ok(Answer::Approve {
             kind,
