@@ -105,7 +105,9 @@ impl Desk {
         let mut grants = stored::load(path)?;
         // The journal is newer than the file: a grant spent there is spent.
         if let Some(journal) = &self.journal {
-            let spent = journal.read()?;
+            let spent = journal
+                .read()
+                .map_err(|e| format!("{}: {e}", journal.path().display()))?;
             for g in &mut grants {
                 g.used |= spent.contains(&g.id);
             }

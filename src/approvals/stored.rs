@@ -118,7 +118,7 @@ impl SpentFile {
     }
 
     /// The ids recorded (none when there is no file; a line cut by a crash is skipped).
-    pub fn read(&self) -> Result<std::collections::HashSet<String>, String> {
+    pub fn read(&self) -> std::io::Result<std::collections::HashSet<String>> {
         match std::fs::read_to_string(&self.path) {
             Ok(text) => Ok(text
                 .split_terminator('\n')
@@ -126,8 +126,13 @@ impl SpentFile {
                 .map(str::to_string)
                 .collect()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Default::default()),
-            Err(e) => Err(format!("{}: {e}", self.path.display())),
+            Err(e) => Err(e),
         }
+    }
+
+    /// Where it is, for messages.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Start afresh, once `grants.json` holds what the journal said.
