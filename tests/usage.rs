@@ -267,6 +267,23 @@ fn forwarded_heads_count_toward_the_byte_quota() {
     assert!((30..=80).contains(&served), "{served} served: {codes:?}");
 }
 
+/// `n` forwarded GETs of `url` through `via`, released together: their status codes.
+fn at_once(n: usize, url: &str, via: &str) -> Vec<String> {
+    let start = std::sync::Arc::new(std::sync::Barrier::new(n));
+    (0..n)
+        .map(|_| {
+            let (url, via, start) = (url.to_string(), via.to_string(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                curl(&["-o", "/dev/null", "-w", "%{http_code}", "-x", &via, &url]).text()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect()
+}
+
 /// Security review round A, A11 (and the request pipeline's reservation phase): 30 forwarded
 /// requests at once against `requests_per_day: 3` served 12 on the old code — each checked the
 /// count before any had added to it. A request is now reserved (checked and counted in one
@@ -278,19 +295,7 @@ fn parallel_requests_spend_a_request_quota_exactly() {
     let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
     let url = format!("http://api.test:{}/hello", origin.addr.port());
     let via = format!("http://r:r-secret@{}", proxy.proxy);
-    let start = std::sync::Arc::new(std::sync::Barrier::new(30));
-    let codes: Vec<String> = (0..30)
-        .map(|_| {
-            let (url, via, start) = (url.clone(), via.clone(), start.clone());
-            std::thread::spawn(move || {
-                start.wait();
-                curl(&["-o", "/dev/null", "-w", "%{http_code}", "-x", &via, &url]).text()
-            })
-        })
-        .collect::<Vec<_>>()
-        .into_iter()
-        .map(|t| t.join().unwrap())
-        .collect();
+    let codes = at_once(30, &url, &via);
     let served = codes.iter().filter(|c| *c == "200").count();
     let refused = codes.iter().filter(|c| *c == "429").count();
     assert_eq!((served, refused), (3, 27), "{codes:?}");
@@ -528,19 +533,7 @@ fn parallel_requests_spend_a_per_destination_quota_exactly() {
     let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
     let url = format!("http://a.counted.test:{}/hello", origin.addr.port());
     let via = format!("http://d:d-secret@{}", proxy.proxy);
-    let start = std::sync::Arc::new(std::sync::Barrier::new(20));
-    let codes: Vec<String> = (0..20)
-        .map(|_| {
-            let (url, via, start) = (url.clone(), via.clone(), start.clone());
-            std::thread::spawn(move || {
-                start.wait();
-                curl(&["-o", "/dev/null", "-w", "%{http_code}", "-x", &via, &url]).text()
-            })
-        })
-        .collect::<Vec<_>>()
-        .into_iter()
-        .map(|t| t.join().unwrap())
-        .collect();
+    let codes = at_once(20, &url, &via);
     let served = codes.iter().filter(|c| *c == "200").count();
     assert_eq!(served, 2, "{codes:?}");
 }
