@@ -13,7 +13,7 @@ use crate::policy::protocols::graphql::GraphQlRule;
 use crate::policy::protocols::jsonrpc::MethodRule;
 use crate::policy::protocols::lfs::LfsOp;
 use crate::policy::protocols::mcp::{ArgMatch, McpRule, ToolRule};
-use crate::policy::protocols::Protocol;
+use crate::policy::protocols::{Protocol, ProtocolError};
 
 /// `network.http[]` as written.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -89,14 +89,14 @@ pub struct RawArg {
 }
 
 impl RawArg {
-    fn compile(&self, name: &str) -> Result<ArgMatch, String> {
+    fn compile(&self, name: &str) -> Result<ArgMatch, ProtocolError> {
         match (&self.equals, &self.one_of, &self.glob) {
             (Some(v), None, None) => Ok(ArgMatch::Equals(v.clone())),
             (None, Some(vs), None) => Ok(ArgMatch::OneOf(vs.clone())),
             (None, None, Some(g)) => ArgMatch::glob(g),
-            _ => Err(format!(
+            _ => Err(ProtocolError::rule(format!(
                 "argument `{name}`: write exactly one of equals, one_of, glob"
-            )),
+            ))),
         }
     }
 }
@@ -116,7 +116,10 @@ impl RawHttpRule {
 
     fn protocol(&self) -> Result<Option<Protocol>, String> {
         let lfs = |r: &Self| -> Result<Vec<LfsOp>, String> {
-            r.lfs.iter().map(|o| LfsOp::parse(o)).collect()
+            r.lfs
+                .iter()
+                .map(|o| LfsOp::parse(o).map_err(|e| e.into_detail()))
+                .collect()
         };
         let Some(name) = self.protocol.as_deref() else {
             if self.names_protocol_lists() {
@@ -152,7 +155,8 @@ impl RawHttpRule {
         match name {
             "jsonrpc" => {
                 only(&[])?;
-                Ok(Some(Protocol::JsonRpc(MethodRule::new(&self.methods)?)))
+                let r = MethodRule::new(&self.methods).map_err(ProtocolError::into_detail)?;
+                Ok(Some(Protocol::JsonRpc(r)))
             }
             "mcp" => {
                 only(&["tools", "resources", "prompts", "server_requests"])?;
@@ -170,15 +174,18 @@ impl RawHttpRule {
                             ToolRule::new(name, args)
                         }
                     })
-                    .collect::<Result<Vec<_>, _>>()?;
-                let r = McpRule::new(tools, &self.resources, &self.prompts, &self.server_requests)?;
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(ProtocolError::into_detail)?;
+                let r = McpRule::new(tools, &self.resources, &self.prompts, &self.server_requests)
+                    .map_err(ProtocolError::into_detail)?;
                 Ok(Some(Protocol::Mcp(std::sync::Arc::new(r))))
             }
             "graphql" => {
                 only(&["operations", "names", "fields", "persisted"])?;
                 self.no_methods(name)?;
                 let r =
-                    GraphQlRule::new(&self.operations, &self.names, &self.fields, &self.persisted)?;
+                    GraphQlRule::new(&self.operations, &self.names, &self.fields, &self.persisted)
+                        .map_err(ProtocolError::into_detail)?;
                 Ok(Some(Protocol::GraphQl(r)))
             }
             other => Err(format!("protocol `{other}` is not mcp, jsonrpc or graphql")),

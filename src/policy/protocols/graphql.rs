@@ -12,7 +12,7 @@ use graphql_parser::query::{
 };
 use serde_json::{Map, Value};
 
-use super::{names, strict_json};
+use super::{names, strict_json, ProtocolError};
 use crate::policy::http_rules::percent_decode;
 
 /// A GraphQL operation kind.
@@ -24,14 +24,14 @@ pub enum OpKind {
 }
 
 impl OpKind {
-    pub fn parse(s: &str) -> Result<OpKind, String> {
+    pub fn parse(s: &str) -> Result<OpKind, ProtocolError> {
         match s {
             "query" => Ok(OpKind::Query),
             "mutation" => Ok(OpKind::Mutation),
             "subscription" => Ok(OpKind::Subscription),
-            _ => Err(format!(
+            _ => Err(ProtocolError::rule(format!(
                 "operations: `{s}` is not query, mutation or subscription"
-            )),
+            ))),
         }
     }
 
@@ -80,11 +80,11 @@ impl GraphQlRule {
         op_names: &[String],
         fields: &[String],
         persisted: &[String],
-    ) -> Result<GraphQlRule, String> {
+    ) -> Result<GraphQlRule, ProtocolError> {
         if operations.is_empty() {
-            return Err(
-                "a `protocol: graphql` rule names its operations (`operations: [query]`)".into(),
-            );
+            return Err(ProtocolError::rule(
+                "a `protocol: graphql` rule names its operations (`operations: [query]`)",
+            ));
         }
         Ok(GraphQlRule {
             operations: operations
@@ -108,7 +108,8 @@ impl GraphQlRule {
         content_type: Option<&str>,
         body: &[u8],
     ) -> Result<String, (String, Option<String>)> {
-        let requests = requests(method, query, content_type, body).map_err(|e| (e, None))?;
+        let requests =
+            requests(method, query, content_type, body).map_err(|e| (e.into_detail(), None))?;
         let mut calls = Vec::with_capacity(requests.len());
         for r in &requests {
             calls.push(self.judge_one(r)?);
@@ -172,7 +173,7 @@ impl GraphQlRule {
             };
             let mut roots = Vec::new();
             root_fields(set, &fragments, 0, &mut roots)
-                .map_err(|e| (e, Some(kind.as_str().to_string())))?;
+                .map_err(|e| (e.into_detail(), Some(kind.as_str().to_string())))?;
             let call = format!("{} {}", kind.as_str(), roots.join(","));
             if !self.operations.contains(&kind) {
                 let why = format!(
@@ -209,9 +210,11 @@ fn root_fields<'a>(
     fragments: &[(&'a str, &SelectionSet<'a, &'a str>)],
     depth: usize,
     out: &mut Vec<String>,
-) -> Result<(), String> {
+) -> Result<(), ProtocolError> {
     if depth > MAX_SPREAD_DEPTH {
-        return Err("GraphQL fragments spread deeper than this proxy follows".into());
+        return Err(ProtocolError::malformed(
+            "GraphQL fragments spread deeper than this proxy follows",
+        ));
     }
     for item in &set.items {
         match item {
@@ -221,10 +224,10 @@ fn root_fields<'a>(
             }
             Selection::FragmentSpread(s) => {
                 let Some((_, inner)) = fragments.iter().find(|(n, _)| *n == s.fragment_name) else {
-                    return Err(format!(
+                    return Err(ProtocolError::malformed(format!(
                         "the GraphQL fragment `{}` is not defined",
                         s.fragment_name
-                    ));
+                    )));
                 };
                 root_fields(inner, fragments, depth + 1, out)?;
             }
@@ -239,12 +242,14 @@ fn requests(
     query: Option<&str>,
     content_type: Option<&str>,
     body: &[u8],
-) -> Result<Vec<Map<String, Value>>, String> {
+) -> Result<Vec<Map<String, Value>>, ProtocolError> {
     if method.eq_ignore_ascii_case("GET") {
         return Ok(vec![from_query(query.unwrap_or(""))?]);
     }
     if !method.eq_ignore_ascii_case("POST") {
-        return Err(format!("{method} carries no GraphQL request"));
+        return Err(ProtocolError::malformed(format!(
+            "{method} carries no GraphQL request"
+        )));
     }
     // Some servers read a POST's URL parameters before its body (express-graphql): those are
     // judged too, as a request of their own.
@@ -263,20 +268,22 @@ fn requests(
 fn body_requests(
     content_type: Option<&str>,
     body: &[u8],
-) -> Result<Vec<Map<String, Value>>, String> {
+) -> Result<Vec<Map<String, Value>>, ProtocolError> {
     let media = content_type
         .and_then(|c| c.split(';').next())
         .map(|c| c.trim().to_ascii_lowercase());
     if media.as_deref() == Some("application/graphql") {
-        let text = std::str::from_utf8(body).map_err(|_| "the GraphQL body is not UTF-8")?;
+        let text = std::str::from_utf8(body).map_err(|_| ProtocolError::malformed("the GraphQL body is not UTF-8"))?;
         let mut one = Map::new();
         one.insert("query".into(), Value::String(text.to_string()));
         return Ok(vec![one]);
     }
     if !super::json_media(content_type) {
-        return Err(super::media_refusal(content_type, "a GraphQL").replace(
-            "(application/json,",
-            "(application/json or application/graphql,",
+        return Err(ProtocolError::malformed(
+            super::media_refusal(content_type, "a GraphQL").replace(
+                "(application/json,",
+                "(application/json or application/graphql,",
+            ),
         ));
     }
     match strict_json::parse(body)? {
@@ -285,30 +292,36 @@ fn body_requests(
             .into_iter()
             .map(|v| match v {
                 Value::Object(o) => Ok(o),
-                _ => Err("a GraphQL batch entry that is not an object".to_string()),
+                _ => Err(ProtocolError::malformed(
+                    "a GraphQL batch entry that is not an object",
+                )),
             })
             .collect(),
-        _ => Err("the body is not a GraphQL request (an object or a batch of them)".into()),
+        _ => Err(ProtocolError::malformed(
+            "the body is not a GraphQL request (an object or a batch of them)",
+        )),
     }
 }
 
 /// A URL's GraphQL request: its GraphQL parameters (`query`, `operationName`, `variables` and
 /// `extensions` as JSON, document ids), each at most once; other parameters are not read.
-fn from_query(q: &str) -> Result<Map<String, Value>, String> {
+fn from_query(q: &str) -> Result<Map<String, Value>, ProtocolError> {
     let mut out = Map::new();
     for pair in q.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let k = String::from_utf8(percent_decode(k)).map_err(|_| "a query key is not UTF-8")?;
+        let k = String::from_utf8(percent_decode(k)).map_err(|_| ProtocolError::malformed("a query key is not UTF-8"))?;
         if !GRAPHQL_KEYS.contains(&k.as_str()) {
             continue;
         }
-        let v = String::from_utf8(percent_decode(v)).map_err(|_| "a query value is not UTF-8")?;
+        let v = String::from_utf8(percent_decode(v)).map_err(|_| ProtocolError::malformed("a query value is not UTF-8"))?;
         let value = match k.as_str() {
             "extensions" | "variables" => strict_json::parse(v.as_bytes())?,
             _ => Value::String(v),
         };
         if out.insert(k.clone(), value).is_some() {
-            return Err(format!("the query parameter `{k}` appears twice"));
+            return Err(ProtocolError::malformed(format!(
+                "the query parameter `{k}` appears twice"
+            )));
         }
     }
     Ok(out)

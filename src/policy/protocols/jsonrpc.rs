@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use super::strict_json;
+use super::{strict_json, ProtocolError};
 
 /// One JSON-RPC message.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,15 +57,15 @@ pub struct Body {
 }
 
 /// Read `bytes` as JSON-RPC 2.0 (see the module's documentation).
-pub fn parse(bytes: &[u8]) -> Result<Body, String> {
+pub fn parse(bytes: &[u8]) -> Result<Body, ProtocolError> {
     let v = strict_json::parse(bytes)?;
     read(&v)
 }
 
 /// [`parse`] on a value already read.
-pub fn read(v: &Value) -> Result<Body, String> {
+pub fn read(v: &Value) -> Result<Body, ProtocolError> {
     match v {
-        Value::Array(items) if items.is_empty() => Err("an empty JSON-RPC batch".into()),
+        Value::Array(items) if items.is_empty() => Err(ProtocolError::malformed("an empty JSON-RPC batch")),
         Value::Array(items) => Ok(Body {
             messages: items.iter().map(message).collect::<Result<_, _>>()?,
             batch: true,
@@ -78,22 +78,22 @@ pub fn read(v: &Value) -> Result<Body, String> {
 }
 
 /// One message (see [`Message`]).
-pub fn message(v: &Value) -> Result<Message, String> {
+pub fn message(v: &Value) -> Result<Message, ProtocolError> {
     let Value::Object(o) = v else {
-        return Err("a JSON-RPC message is not an object".into());
+        return Err(bad("a JSON-RPC message is not an object"));
     };
     if o.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return Err("a JSON-RPC message without \"jsonrpc\": \"2.0\"".into());
+        return Err(bad("a JSON-RPC message without \"jsonrpc\": \"2.0\""));
     }
     let id = match o.get("id") {
         None => None,
         Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => Some(id.clone()),
-        Some(_) => return Err("a JSON-RPC id that is not a string or a number".into()),
+        Some(_) => return Err(bad("a JSON-RPC id that is not a string or a number")),
     };
     let answers = o.contains_key("result") || o.contains_key("error");
     match (o.get("method"), id) {
         (Some(_), _) if answers => {
-            Err("a JSON-RPC message that is both a call and an answer".into())
+            Err(bad("a JSON-RPC message that is both a call and an answer"))
         }
         (Some(Value::String(m)), Some(id)) => Ok(Message::Request {
             id,
@@ -104,10 +104,14 @@ pub fn message(v: &Value) -> Result<Message, String> {
             method: m.clone(),
             params: o.get("params").cloned().unwrap_or(Value::Null),
         }),
-        (Some(_), _) => Err("a JSON-RPC method that is not a string".into()),
+        (Some(_), _) => Err(bad("a JSON-RPC method that is not a string")),
         (None, Some(id)) if answers => Ok(Message::Response { id }),
-        (None, _) => Err("a JSON-RPC message with neither a method nor an answer".into()),
+        (None, _) => Err(bad("a JSON-RPC message with neither a method nor an answer")),
     }
+}
+
+fn bad(detail: &str) -> ProtocolError {
+    ProtocolError::malformed(detail)
 }
 
 /// A JSON-RPC method rule: the methods (globs) a `protocol: jsonrpc` rule allows.
@@ -118,9 +122,11 @@ pub struct MethodRule {
 }
 
 impl MethodRule {
-    pub fn new(methods: &[String]) -> Result<MethodRule, String> {
+    pub fn new(methods: &[String]) -> Result<MethodRule, ProtocolError> {
         if methods.is_empty() {
-            return Err("a `protocol: jsonrpc` rule names its methods (`methods: [globs]`)".into());
+            return Err(ProtocolError::rule(
+                "a `protocol: jsonrpc` rule names its methods (`methods: [globs]`)",
+            ));
         }
         Ok(MethodRule {
             methods: methods.to_vec(),

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::strict_json;
+use super::{strict_json, ProtocolError};
 
 /// An LFS batch operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,11 +14,11 @@ pub enum LfsOp {
 }
 
 impl LfsOp {
-    pub fn parse(s: &str) -> Result<LfsOp, String> {
+    pub fn parse(s: &str) -> Result<LfsOp, ProtocolError> {
         match s {
             "download" => Ok(LfsOp::Download),
             "upload" => Ok(LfsOp::Upload),
-            _ => Err(format!("lfs: `{s}` is not download or upload")),
+            _ => Err(ProtocolError::rule(format!("lfs: `{s}` is not download or upload"))),
         }
     }
 
@@ -40,7 +40,7 @@ pub fn batch_repository<'p>(method: &str, path: &'p str) -> Option<&'p str> {
 
 /// Judge a batch body against the operations allowed: `Ok` with the call for the record.
 pub fn judge(ops: &[LfsOp], body: &[u8]) -> Result<String, (String, Option<String>)> {
-    let v = strict_json::parse(body).map_err(|e| (e, None))?;
+    let v = strict_json::parse(body).map_err(|e| (e.into_detail(), None))?;
     let op = match v.get("operation").and_then(Value::as_str) {
         Some(s) => {
             LfsOp::parse(s).map_err(|_| (format!("the LFS operation `{s}` is unknown"), None))?

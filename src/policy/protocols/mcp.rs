@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::jsonrpc::{Body, Message};
-use super::names;
+use super::{names, ProtocolError};
 
 /// A matcher on one argument of a tool call.
 #[derive(Debug, Clone)]
@@ -23,8 +23,8 @@ pub enum ArgMatch {
 }
 
 impl ArgMatch {
-    pub fn glob(pattern: &str) -> Result<ArgMatch, String> {
-        let g = globset::Glob::new(pattern).map_err(|e| format!("glob `{pattern}`: {e}"))?;
+    pub fn glob(pattern: &str) -> Result<ArgMatch, ProtocolError> {
+        let g = globset::Glob::new(pattern).map_err(|e| ProtocolError::rule(format!("glob `{pattern}`: {e}")))?;
         Ok(ArgMatch::Glob(pattern.to_string(), g.compile_matcher()))
     }
 
@@ -47,9 +47,9 @@ pub struct ToolRule {
 }
 
 impl ToolRule {
-    pub fn new(name: &str, arguments: Vec<(String, ArgMatch)>) -> Result<ToolRule, String> {
+    pub fn new(name: &str, arguments: Vec<(String, ArgMatch)>) -> Result<ToolRule, ProtocolError> {
         let glob = globset::Glob::new(name)
-            .map_err(|e| format!("tool `{name}`: {e}"))?
+            .map_err(|e| ProtocolError::rule(format!("tool `{name}`: {e}")))?
             .compile_matcher();
         Ok(ToolRule {
             name: name.to_string(),
@@ -121,13 +121,13 @@ impl McpRule {
         resources: &[String],
         prompts: &[String],
         server_requests: &[String],
-    ) -> Result<McpRule, String> {
+    ) -> Result<McpRule, ProtocolError> {
         let mut uris = globset::GlobSetBuilder::new();
         for r in resources {
             let g = globset::GlobBuilder::new(r)
                 .literal_separator(true)
                 .build()
-                .map_err(|e| format!("resource `{r}`: {e}"))?;
+                .map_err(|e| ProtocolError::rule(format!("resource `{r}`: {e}")))?;
             uris.add(g);
         }
         Ok(McpRule {
@@ -135,15 +135,17 @@ impl McpRule {
             resources: resources.to_vec(),
             prompts: prompts.to_vec(),
             server_requests: server_requests.to_vec(),
-            resource_set: uris.build().map_err(|e| e.to_string())?,
+            resource_set: uris
+                .build()
+                .map_err(|e| ProtocolError::rule(e.to_string()))?,
             prompt_set: names(prompts, "prompt")?,
             server_set: names(server_requests, "server request")?,
         })
     }
 
-    fn tool_allowed(&self, params: &Value) -> Result<String, String> {
+    fn tool_allowed(&self, params: &Value) -> Result<String, ProtocolError> {
         let Some(name) = params.get("name").and_then(Value::as_str) else {
-            return Err("a tools/call without a tool name".into());
+            return Err(ProtocolError::malformed("a tools/call without a tool name"));
         };
         let args = params.get("arguments");
         let mut named = false;
@@ -157,47 +159,45 @@ impl McpRule {
                 return Ok(name.to_string());
             }
         }
-        Err(match named {
+        Err(ProtocolError::not_allowed(match named {
             true => format!("the arguments of tool `{name}` are not ones the rule allows"),
             false => format!("the tool `{name}` is not in the rule's tools"),
-        })
+        }))
     }
 
-    fn uri_allowed(&self, params: &Value, method: &str) -> Result<String, String> {
+    fn uri_allowed(&self, params: &Value, method: &str) -> Result<String, ProtocolError> {
         let Some(uri) = params.get("uri").and_then(Value::as_str) else {
-            return Err(format!("a {method} without a uri"));
+            return Err(ProtocolError::malformed(format!("a {method} without a uri")));
         };
         if let Err(why) = canonical_uri(uri) {
-            return Err(format!(
+            return Err(ProtocolError::not_allowed(format!(
                 "the resource uri `{}` is not canonical ({why}): the server could read it as another resource",
                 uri.escape_debug()
-            ));
+            )));
         }
         match self.resource_set.is_match(uri) {
             true => Ok(uri.to_string()),
-            false => Err(format!(
+            false => Err(ProtocolError::not_allowed(format!(
                 "the resource `{uri}` is not in the rule's resources"
-            )),
+            ))),
         }
     }
 
     /// One client message: `Ok` with what it was (for the record), or why it is refused.
-    fn judge_one(&self, m: &Message, lists: &mut Lists) -> Result<String, String> {
+    fn judge_one(&self, m: &Message, lists: &mut Lists) -> Result<String, ProtocolError> {
         let Some(method) = m.method() else {
             return match self.server_requests.is_empty() {
-                true => Err(
-                    "an answer to a server request, and the rule allows none (server_requests)"
-                        .into(),
-                ),
+                true => Err(ProtocolError::not_allowed(
+                    "an answer to a server request, and the rule allows none (server_requests)",
+                )),
                 false => Ok("answer".into()),
             };
         };
         let params = m.params();
         if params.get("inputResponses").is_some() && self.server_requests.is_empty() {
-            return Err(
-                "answers to a server's input requests, and the rule allows none (server_requests)"
-                    .into(),
-            );
+            return Err(ProtocolError::not_allowed(
+                "answers to a server's input requests, and the rule allows none (server_requests)",
+            ));
         }
         let list = match method {
             "tools/list" => Some(List::Tools),
@@ -217,11 +217,15 @@ impl McpRule {
                 let name = params.get("name").and_then(Value::as_str).unwrap_or("");
                 match self.prompt_set.is_match(name) && !name.is_empty() {
                     true => Ok(format!("prompts/get {name}")),
-                    false => Err(format!("the prompt `{name}` is not in the rule's prompts")),
+                    false => Err(ProtocolError::not_allowed(format!(
+                        "the prompt `{name}` is not in the rule's prompts"
+                    ))),
                 }
             }
             m if SESSION.contains(&m) || m.starts_with("notifications/") => Ok(m.to_string()),
-            m => Err(format!("the MCP method `{m}` is not one a rule allows")),
+            m => Err(ProtocolError::not_allowed(format!(
+                "the MCP method `{m}` is not one a rule allows"
+            ))),
         }
     }
 
@@ -245,7 +249,7 @@ impl McpRule {
                             _ => meth.to_string(),
                         }
                     });
-                    return Err((why, call));
+                    return Err((why.into_detail(), call));
                 }
             }
         }
@@ -271,15 +275,19 @@ impl McpRule {
         body: &Body,
         method: Option<&str>,
         name: Option<&str>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ProtocolError> {
         if method.is_none() && name.is_none() {
             return Ok(());
         }
         let [one] = &body.messages[..] else {
-            return Err("Mcp-Method or Mcp-Name headers on a batch".into());
+            return Err(ProtocolError::not_allowed(
+                "Mcp-Method or Mcp-Name headers on a batch",
+            ));
         };
         if method.is_some_and(|h| Some(h) != one.method()) {
-            return Err("the Mcp-Method header names another method than the body".into());
+            return Err(ProtocolError::not_allowed(
+                "the Mcp-Method header names another method than the body",
+            ));
         }
         if let Some(h) = name {
             let field = match one.method() {
@@ -287,10 +295,9 @@ impl McpRule {
                 _ => "name",
             };
             if Some(h) != one.params().get(field).and_then(Value::as_str) {
-                return Err(
-                    "the Mcp-Name header names another tool, prompt or resource than the body"
-                        .into(),
-                );
+                return Err(ProtocolError::not_allowed(
+                    "the Mcp-Name header names another tool, prompt or resource than the body",
+                ));
             }
         }
         Ok(())

@@ -4,11 +4,14 @@
 //! request body (buffered by `intercept`, bounded) strictly — a body it cannot read is
 //! refused, never passed ([`strict_json`]). Pure: matched per request, no I/O.
 
+pub mod error;
 pub mod graphql;
 pub mod jsonrpc;
 pub mod lfs;
 pub mod mcp;
 pub mod strict_json;
+
+pub use error::{ProtocolError, ProtocolErrorKind};
 
 use crate::policy::reason::Reason;
 
@@ -162,7 +165,7 @@ impl Protocol {
         match self {
             Protocol::JsonRpc(rule) => {
                 json("a JSON-RPC")?;
-                let b = jsonrpc::parse(body).map_err(|e| refuse(e, None, None))?;
+                let b = jsonrpc::parse(body).map_err(|e| refuse(e.into_detail(), None, None))?;
                 let call = b
                     .messages
                     .iter()
@@ -185,9 +188,9 @@ impl Protocol {
                     });
                 }
                 json("an MCP")?;
-                let b = jsonrpc::parse(body).map_err(|e| refuse(e, None, None))?;
+                let b = jsonrpc::parse(body).map_err(|e| refuse(e.into_detail(), None, None))?;
                 mcp::McpRule::headers_agree(&b, asked.mcp_method, asked.mcp_name)
-                    .map_err(|e| refuse(e, None, Some(ids(&b))))?;
+                    .map_err(|e| refuse(e.into_detail(), None, Some(ids(&b))))?;
                 match rule.judge(&b) {
                     Ok((calls, lists)) => Ok(Judged {
                         call: Some(calls.join(",")),
@@ -265,12 +268,12 @@ fn ids(b: &jsonrpc::Body) -> (Vec<serde_json::Value>, bool) {
 }
 
 /// A set of name globs (`*` any run of characters); `what` names them in errors.
-pub(crate) fn names(globs: &[String], what: &str) -> Result<globset::GlobSet, String> {
+pub(crate) fn names(globs: &[String], what: &str) -> Result<globset::GlobSet, ProtocolError> {
     let mut b = globset::GlobSetBuilder::new();
     for g in globs {
-        b.add(globset::Glob::new(g).map_err(|e| format!("{what} `{g}`: {e}"))?);
+        b.add(globset::Glob::new(g).map_err(|e| ProtocolError::rule(format!("{what} `{g}`: {e}")))?);
     }
-    b.build().map_err(|e| e.to_string())
+    b.build().map_err(|e| ProtocolError::rule(e.to_string()))
 }
 
 #[cfg(test)]

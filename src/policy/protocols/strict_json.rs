@@ -8,14 +8,16 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use super::ProtocolError;
+
 /// `bytes` as one JSON value, refused when an object repeats a key or anything follows it.
-pub fn parse(bytes: &[u8]) -> Result<Value, String> {
+pub fn parse(bytes: &[u8]) -> Result<Value, ProtocolError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let v = Strict
         .deserialize(&mut de)
-        .map_err(|e| format!("the body is not JSON this proxy can judge: {e}"))?;
+        .map_err(|e| ProtocolError::malformed(format!("the body is not JSON this proxy can judge: {e}")))?;
     de.end()
-        .map_err(|e| format!("the body has bytes after its JSON value: {e}"))?;
+        .map_err(|e| ProtocolError::malformed(format!("the body has bytes after its JSON value: {e}")))?;
     Ok(v)
 }
 
