@@ -17,6 +17,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::sync::Semaphore;
 
+use super::error::{unreachable, DeciderError};
 use crate::config::decider::{DeciderConfig, DeciderUrl};
 
 /// The most of an answer that is read.
@@ -36,7 +37,7 @@ pub struct Client {
 /// `on_error: allow` does not apply).
 #[derive(Debug)]
 pub struct Failure {
-    pub why: String,
+    pub why: DeciderError,
     pub own: bool,
 }
 
@@ -105,35 +106,32 @@ impl Client {
     pub async fn post(&self, sandbox: &str, json: Vec<u8>) -> Result<Bytes, Failure> {
         let Some(share) = self.share(sandbox) else {
             return Err(Failure {
-                why: format!(
+                why: DeciderError::Busy(format!(
                     "the sandbox has {} asks in flight already (decider.max_in_flight_per_sandbox)",
                     self.cfg.max_in_flight_per_sandbox
-                ),
+                )),
                 own: true,
             });
         };
         // Busy and slow are load: the sandbox's own when it loads the decider itself. A
         // refused connection or a broken answer is the decider's (`on_error` applies).
-        let fail = |why: String| Failure {
+        let fail = |why: DeciderError| Failure {
             own: share.loaded(),
             why,
         };
         let Ok(_permit) = self.in_flight.clone().try_acquire_owned() else {
-            return Err(fail(format!(
+            return Err(fail(DeciderError::Busy(format!(
                 "{} asks already in flight (decider.max_in_flight)",
                 self.cfg.max_in_flight
-            )));
+            ))));
         };
         match tokio::time::timeout(self.cfg.timeout, self.exchange(json)).await {
             Ok(r) => r.map_err(|why| Failure { why, own: false }),
-            Err(_) => Err(fail(format!(
-                "the decider did not answer within {} ms",
-                self.cfg.timeout.as_millis()
-            ))),
+            Err(_) => Err(fail(DeciderError::Timeout(self.cfg.timeout.as_millis()))),
         }
     }
 
-    async fn exchange(&self, json: Vec<u8>) -> Result<Bytes, String> {
+    async fn exchange(&self, json: Vec<u8>) -> Result<Bytes, DeciderError> {
         let mut send = match self.take_idle() {
             Some(s) => s,
             None => self.connect().await?,
@@ -155,16 +153,16 @@ impl Client {
         }
         let req = req
             .body(Full::new(Bytes::from(json)))
-            .map_err(|e| format!("building the ask: {e}"))?;
+            .map_err(|e| unreachable(format!("building the ask: {e}")))?;
         let resp = send
             .send_request(req)
             .await
-            .map_err(|e| format!("the decider failed: {e}"))?;
+            .map_err(|e| unreachable(format!("the decider failed: {e}")))?;
         let status = resp.status();
         let body = Limited::new(resp.into_body(), MAX_ANSWER)
             .collect()
             .await
-            .map_err(|e| format!("reading the decider's answer: {e}"))?
+            .map_err(|e| unreachable(format!("reading the decider's answer: {e}")))?
             .to_bytes();
         if let Ok(mut idle) = self.idle.lock() {
             if idle.len() < MAX_IDLE {
@@ -172,7 +170,7 @@ impl Client {
             }
         }
         if !status.is_success() {
-            return Err(format!("the decider answered HTTP {}", status.as_u16()));
+            return Err(DeciderError::Status(status.as_u16()));
         }
         Ok(body)
     }
@@ -187,8 +185,8 @@ impl Client {
         None
     }
 
-    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
-        let refused = |e: std::io::Error| format!("cannot reach the decider: {e}");
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, DeciderError> {
+        let refused = |e: std::io::Error| unreachable(format!("cannot reach the decider: {e}"));
         match &self.cfg.url {
             DeciderUrl::Http { authority, .. } => {
                 let tcp = tokio::net::TcpStream::connect(authority.as_str())
@@ -207,13 +205,13 @@ impl Client {
     }
 }
 
-async fn handshake<T>(io: T) -> Result<SendRequest<Full<Bytes>>, String>
+async fn handshake<T>(io: T) -> Result<SendRequest<Full<Bytes>>, DeciderError>
 where
     T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let (send, conn) = hyper::client::conn::http1::handshake(io)
         .await
-        .map_err(|e| format!("HTTP with the decider: {e}"))?;
+        .map_err(|e| unreachable(format!("HTTP with the decider: {e}")))?;
     tokio::spawn(conn);
     Ok(send)
 }

@@ -14,6 +14,7 @@
 //! into "no decider" by flooding it. Every verdict is in the record's `decider` field.
 
 mod client;
+mod error;
 pub mod stage;
 pub mod wire;
 
@@ -22,6 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::config::decider::{DeciderConfig, OnError};
 use crate::config::Binding;
+pub use error::DeciderError;
 pub use wire::{Answer, Ask, Edits};
 
 /// What asking came to.
@@ -86,7 +88,7 @@ impl Deciders {
                     });
                 }
                 // The body could not be read: nothing can be sent either.
-                Err(why) => return Outcome::Failed(why),
+                Err(why) => return Outcome::Failed(why.to_string()),
             }
         }
     }
@@ -107,14 +109,14 @@ impl Deciders {
         match self.client(cfg).post(&ask.sandbox, json).await {
             Ok(body) => match wire::read(&body, protected) {
                 Ok(a) => Outcome::Answer(a),
-                Err(why) => failed(why),
+                Err(why) => failed(why.to_string()),
             },
             // The sandbox's own load: refused whatever `on_error` says.
             Err(f) if f.own => Outcome::Failed(format!(
                 "{} (the sandbox's own load: on_error does not apply)",
                 f.why
             )),
-            Err(f) => failed(f.why),
+            Err(f) => failed(f.why.to_string()),
         }
     }
 }
@@ -133,15 +135,15 @@ pub trait Showable {
     fn show(
         &mut self,
         max: usize,
-    ) -> impl std::future::Future<Output = Result<(bytes::Bytes, bool), String>> + Send;
+    ) -> impl std::future::Future<Output = Result<(bytes::Bytes, bool), DeciderError>> + Send;
 }
 
 /// No body to show (the verdict point: a tunnel or a forwarded request's head).
 pub struct NoBody;
 
 impl Showable for NoBody {
-    async fn show(&mut self, _: usize) -> Result<(bytes::Bytes, bool), String> {
-        Err("no body can be shown here".into())
+    async fn show(&mut self, _: usize) -> Result<(bytes::Bytes, bool), DeciderError> {
+        Err(DeciderError::Body("no body can be shown here".into()))
     }
 }
 

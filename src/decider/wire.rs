@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::error::{bad_answer, DeciderError};
+
 pub const VERSION: u32 = 1;
 
 /// Headers never sent to a decider (they carry credentials), whatever the request.
@@ -117,21 +119,23 @@ pub enum Answer {
 
 /// Read an answer; `protected` are further header names it may not touch (the credentials'
 /// own headers). `Err` says what is wrong with it.
-pub fn read(body: &[u8], protected: &[&str]) -> Result<Answer, String> {
-    let raw: RawAnswer =
-        serde_json::from_slice(body).map_err(|e| format!("the answer is not a verdict: {e}"))?;
+pub fn read(body: &[u8], protected: &[&str]) -> Result<Answer, DeciderError> {
+    let raw: RawAnswer = serde_json::from_slice(body)
+        .map_err(|e| bad_answer(format!("the answer is not a verdict: {e}")))?;
     if raw.version.is_some_and(|v| v != VERSION) {
-        return Err(format!(
+        return Err(bad_answer(format!(
             "the answer is of protocol version {:?}, not {VERSION}",
             raw.version
-        ));
+        )));
     }
-    let touchable = |n: &str| -> Result<http::HeaderName, String> {
+    let touchable = |n: &str| -> Result<http::HeaderName, DeciderError> {
         let name = http::HeaderName::from_bytes(n.as_bytes())
-            .map_err(|_| format!("`{n}` is not a header name"))?;
+            .map_err(|_| bad_answer(format!("`{n}` is not a header name")))?;
         let s = name.as_str();
         if NOT_ITS_TO_TOUCH.contains(&s) || NEVER_SENT.contains(&s) || protected.contains(&s) {
-            return Err(format!("header `{s}` is not the decider's to touch"));
+            return Err(bad_answer(format!(
+                "header `{s}` is not the decider's to touch"
+            )));
         }
         Ok(name)
     };
@@ -140,7 +144,7 @@ pub fn read(body: &[u8], protected: &[&str]) -> Result<Answer, String> {
             let mut edits = Edits::default();
             for (n, v) in &raw.set_headers {
                 let value = http::HeaderValue::from_str(v)
-                    .map_err(|_| format!("the value of `{n}` is not a header value"))?;
+                    .map_err(|_| bad_answer(format!("the value of `{n}` is not a header value")))?;
                 edits.set.push((touchable(n)?, value));
             }
             for n in &raw.remove_headers {
@@ -151,7 +155,9 @@ pub fn read(body: &[u8], protected: &[&str]) -> Result<Answer, String> {
         "deny" => {
             let status = raw.status.unwrap_or(403);
             if !(400..=499).contains(&status) {
-                return Err(format!("a deny's status must be 4xx, not {status}"));
+                return Err(bad_answer(format!(
+                    "a deny's status must be 4xx, not {status}"
+                )));
             }
             let reason: String = raw
                 .reason
@@ -163,7 +169,9 @@ pub fn read(body: &[u8], protected: &[&str]) -> Result<Answer, String> {
             Ok(Answer::Deny { status, reason })
         }
         "need_body" => Ok(Answer::NeedBody),
-        v => Err(format!("verdict `{v}` is not allow, deny or need_body")),
+        v => Err(bad_answer(format!(
+            "verdict `{v}` is not allow, deny or need_body"
+        ))),
     }
 }
 

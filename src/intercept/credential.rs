@@ -28,6 +28,7 @@ use super::placeholder;
 use super::sigv4::AwsSigV4;
 use crate::config::credentials::{Credential, CredentialKind, Inject};
 use crate::egress::resolve::Resolver;
+use crate::intercept::credential_error::{sign, CredentialError};
 
 /// What a kind of credential does on a terminated exchange.
 #[async_trait::async_trait]
@@ -41,7 +42,11 @@ pub trait Kind: Send + Sync {
     }
     /// Put the credential on the request (authority written, as it will be sent): whether it
     /// was used; `Err` why it could not be had (`credential_unavailable`).
-    async fn apply(&self, req: &mut Request<UpBody>, placeholder: &str) -> Result<bool, String>;
+    async fn apply(
+        &self,
+        req: &mut Request<UpBody>,
+        placeholder: &str,
+    ) -> Result<bool, CredentialError>;
     /// The secret values a response must never carry back.
     fn secrets(&self) -> Vec<Vec<u8>>;
 }
@@ -180,7 +185,7 @@ impl Kind for Header {
         None
     }
 
-    async fn apply(&self, req: &mut Request<UpBody>, _: &str) -> Result<bool, String> {
+    async fn apply(&self, req: &mut Request<UpBody>, _: &str) -> Result<bool, CredentialError> {
         let Some(v) = &self.value else {
             return Ok(false);
         };
@@ -213,7 +218,11 @@ impl Kind for Replace {
         })
     }
 
-    async fn apply(&self, req: &mut Request<UpBody>, placeholder: &str) -> Result<bool, String> {
+    async fn apply(
+        &self,
+        req: &mut Request<UpBody>,
+        placeholder: &str,
+    ) -> Result<bool, CredentialError> {
         let headers = req.headers_mut();
         let mut found = false;
         for name in &self.headers {
@@ -255,7 +264,7 @@ impl Kind for Resign {
         self.0.reads_body(uri, headers)
     }
 
-    async fn apply(&self, req: &mut Request<UpBody>, _: &str) -> Result<bool, String> {
+    async fn apply(&self, req: &mut Request<UpBody>, _: &str) -> Result<bool, CredentialError> {
         let whole = req.body().bytes().cloned();
         match self.0.resign(req, whole.as_deref())? {
             None => Ok(false),
@@ -267,7 +276,7 @@ impl Kind for Resign {
                     UpBody::Whole(Some(b)) => {
                         let out = chunks.push(&b)?;
                         if !chunks.finished() {
-                            return Err("the aws-chunked body ended before its final chunk".into());
+                            return Err(sign("the aws-chunked body ended before its final chunk"));
                         }
                         UpBody::whole(out)
                     }
@@ -336,7 +345,7 @@ impl Kind for Minted {
         None
     }
 
-    async fn apply(&self, req: &mut Request<UpBody>, _: &str) -> Result<bool, String> {
+    async fn apply(&self, req: &mut Request<UpBody>, _: &str) -> Result<bool, CredentialError> {
         let sealed = req
             .headers()
             .get(&self.header)
@@ -367,8 +376,9 @@ impl Kind for Minted {
             ),
             false => self.format.replace("{secret}", token.expose()),
         };
-        let mut v = HeaderValue::from_str(&value)
-            .map_err(|_| "the minted token is not a valid header value".to_string())?;
+        let mut v = HeaderValue::from_str(&value).map_err(|_| {
+            CredentialError::Write("the minted token is not a valid header value".into())
+        })?;
         v.set_sensitive(true);
         req.headers_mut().insert(self.header.clone(), v);
         Ok(true)

@@ -1,5 +1,6 @@
-//! What can go wrong setting up interception, issuing a certificate, or opening the upstream's
-//! HTTP connection. Messages name the setting or file involved and never a key's bytes.
+//! What can go wrong setting up interception, issuing a certificate, opening the upstream's
+//! HTTP connection, or reading a body the exchange must read (a credential's own failures are
+//! [`super::CredentialError`]). Messages name the setting or file involved and never a key's bytes.
 
 use std::path::PathBuf;
 
@@ -26,6 +27,13 @@ pub enum InterceptError {
     /// rustls refused a configuration.
     #[error("TLS configuration: {0}")]
     Tls(#[from] rustls::Error),
+    /// A body the exchange must read (to filter, seal or show it) could not be read: the
+    /// exchange is refused, never passed unread.
+    #[error("{0}")]
+    Body(String),
+    /// A credential could not be had or applied (minting, signing, issuing, sealing).
+    #[error(transparent)]
+    Credential(#[from] super::CredentialError),
     /// The upstream's HTTP handshake failed (inside its TLS).
     #[error("{version} handshake with the upstream: {source}")]
     Upstream {
@@ -42,6 +50,10 @@ impl InterceptError {
             path: path.to_path_buf(),
             source,
         }
+    }
+
+    pub(crate) fn body(why: impl Into<String>) -> Self {
+        InterceptError::Body(why.into())
     }
 
     pub(crate) fn content(what: &'static str, why: impl std::fmt::Display) -> Self {

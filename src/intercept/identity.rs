@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::config::identity::{IssuerConfig, MAX_TTL};
+use crate::intercept::credential_error::{issue, CredentialError};
 
 struct Key {
     kid: String,
@@ -27,12 +28,12 @@ struct Key {
 }
 
 impl Key {
-    fn generate() -> Result<Key, String> {
+    fn generate() -> Result<Key, CredentialError> {
         let rng = ring::rand::SystemRandom::new();
         let doc = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng)
-            .map_err(|_| "cannot make an Ed25519 key".to_string())?;
+            .map_err(|_| issue("cannot make an Ed25519 key"))?;
         let pair = ring::signature::Ed25519KeyPair::from_pkcs8(doc.as_ref())
-            .map_err(|_| "cannot read the Ed25519 key".to_string())?;
+            .map_err(|_| issue("cannot read the Ed25519 key"))?;
         let public = pair.public_key().as_ref().to_vec();
         Ok(Key {
             kid: hex::encode(&Sha256::digest(&public)[..8]),
@@ -73,7 +74,7 @@ struct Claims<'a> {
 }
 
 impl Issuer {
-    pub fn new(cfg: IssuerConfig) -> Result<Issuer, String> {
+    pub fn new(cfg: IssuerConfig) -> Result<Issuer, CredentialError> {
         Ok(Issuer {
             cfg,
             keys: Mutex::new((Arc::new(Key::generate()?), None)),
@@ -82,8 +83,11 @@ impl Issuer {
     }
 
     /// The key in use, changed when it is older than `rotate_s`.
-    fn current(&self) -> Result<Arc<Key>, String> {
-        let mut keys = self.keys.lock().map_err(|_| "the keys are unavailable")?;
+    fn current(&self) -> Result<Arc<Key>, CredentialError> {
+        let mut keys = self
+            .keys
+            .lock()
+            .map_err(|_| issue("the keys are unavailable"))?;
         if keys.0.born.elapsed() >= self.cfg.rotate.max(MAX_TTL) {
             let new = Arc::new(Key::generate()?);
             let old = std::mem::replace(&mut keys.0, new);
@@ -99,7 +103,7 @@ impl Issuer {
         aud: &str,
         policy_version: &str,
         ttl: std::time::Duration,
-    ) -> Result<String, String> {
+    ) -> Result<String, CredentialError> {
         let key = self.current()?;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -118,7 +122,7 @@ impl Issuer {
         let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
         header.kid = Some(key.kid.clone());
         let signer = jsonwebtoken::EncodingKey::from_ed_der(&key.pkcs8);
-        jsonwebtoken::encode(&header, &claims, &signer).map_err(|e| format!("signing: {e}"))
+        jsonwebtoken::encode(&header, &claims, &signer).map_err(|e| issue(format!("signing: {e}")))
     }
 
     /// `/.well-known/jwks.json`: the key in use and the one before it.
@@ -170,12 +174,12 @@ impl super::credential::Kind for IdentityKind {
         &self,
         req: &mut http::Request<super::exchange::UpBody>,
         _: &str,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, CredentialError> {
         let jwt = self
             .issuer
             .mint(&self.sandbox, &self.aud, &self.version, self.token.ttl)?;
-        let mut v =
-            http::HeaderValue::from_str(&jwt).map_err(|_| "the token is not a header value")?;
+        let mut v = http::HeaderValue::from_str(&jwt)
+            .map_err(|_| CredentialError::Write("the token is not a header value".into()))?;
         v.set_sensitive(true);
         req.headers_mut().insert(self.token.header.clone(), v);
         Ok(true)

@@ -18,6 +18,7 @@ use http::HeaderMap;
 use hyper::body::{Body, Frame};
 use serde_json::Value;
 
+use crate::intercept::InterceptError;
 use crate::policy::protocols::mcp::{Filtered, Lists, McpRule};
 use crate::policy::protocols::strict_json;
 
@@ -190,7 +191,7 @@ impl<B> McpFiltered<B> {
     }
 
     /// One complete event: its lines, filtered.
-    fn event(&mut self, out: &mut Vec<u8>) -> Result<(), String> {
+    fn event(&mut self, out: &mut Vec<u8>) -> Result<(), InterceptError> {
         let lines = std::mem::take(&mut self.lines);
         let mut data: Vec<&[u8]> = Vec::new();
         let mut other: Vec<&[u8]> = Vec::new();
@@ -210,8 +211,9 @@ impl<B> McpFiltered<B> {
             out.push(b'\n');
             return Ok(());
         }
-        let doc = strict_json::parse(&text)
-            .map_err(|e| format!("an event of the MCP stream is not JSON: {e}"))?;
+        let doc = strict_json::parse(&text).map_err(|e| {
+            InterceptError::body(format!("an event of the MCP stream is not JSON: {e}"))
+        })?;
         match self.filter_doc(doc) {
             Doc::Unchanged => {
                 for l in &lines {
@@ -253,7 +255,7 @@ impl<B> McpFiltered<B> {
     }
 
     /// Read the complete lines held; filter each complete event into `out`.
-    fn drain(&mut self, at_end: bool, out: &mut Vec<u8>) -> Result<(), String> {
+    fn drain(&mut self, at_end: bool, out: &mut Vec<u8>) -> Result<(), InterceptError> {
         let mut start = 0;
         while let Some(i) = self.buf[start..]
             .iter()
@@ -284,22 +286,22 @@ impl<B> McpFiltered<B> {
         self.buf.drain(..start);
         let held = self.buf.len() + self.lines.iter().map(Vec::len).sum::<usize>();
         if held > self.limit {
-            return Err(format!(
+            return Err(InterceptError::body(format!(
                 "an event of the MCP stream is larger than {} bytes (tls_intercept.judge_body_bytes)",
                 self.limit
-            ));
+            )));
         }
         Ok(())
     }
 
     /// The whole JSON body, filtered.
-    fn whole(&mut self) -> Result<Vec<u8>, String> {
+    fn whole(&mut self) -> Result<Vec<u8>, InterceptError> {
         if self.buf.iter().all(u8::is_ascii_whitespace) {
             // No message (a 202's body): nothing to filter.
             return Ok(std::mem::take(&mut self.buf));
         }
         let doc = strict_json::parse(&self.buf)
-            .map_err(|e| format!("the MCP response is not JSON: {e}"))?;
+            .map_err(|e| InterceptError::body(format!("the MCP response is not JSON: {e}")))?;
         Ok(match self.filter_doc(doc) {
             Doc::Unchanged => std::mem::take(&mut self.buf),
             Doc::Changed(doc) => doc.to_string().into_bytes(),

@@ -12,6 +12,7 @@
 mod authority;
 pub mod ca;
 pub mod credential;
+pub mod credential_error;
 mod error;
 mod exchange;
 pub mod identity;
@@ -41,6 +42,7 @@ use crate::relay::liveness::Liveness;
 use crate::relay::tunnel::Relayed;
 use crate::wire::first_bytes::Mismatch;
 use ca::InterceptCa;
+pub use credential_error::CredentialError;
 pub use error::InterceptError;
 pub use exchange::CurrentBinding;
 use exchange::{Destination, Exchange, Upstream};

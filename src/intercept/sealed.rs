@@ -15,6 +15,7 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use crate::config::credentials::Secret;
+use crate::intercept::credential_error::{seal, CredentialError};
 
 /// What every sealed placeholder starts with.
 pub const PREFIX: &str = "egp_sealed_";
@@ -122,14 +123,13 @@ impl Sealed {
         sandbox: &str,
         credential: &str,
         body: &[u8],
-    ) -> Result<Bytes, String> {
-        let mut v: serde_json::Value = serde_json::from_slice(body).map_err(|_| {
-            "the token endpoint's answer is not JSON; it cannot be sealed".to_string()
-        })?;
+    ) -> Result<Bytes, CredentialError> {
+        let mut v: serde_json::Value = serde_json::from_slice(body)
+            .map_err(|_| seal("the token endpoint's answer is not JSON; it cannot be sealed"))?;
         let Some(obj) = v.as_object_mut() else {
-            return Err(
-                "the token endpoint's answer is not a JSON object; it cannot be sealed".into(),
-            );
+            return Err(seal(
+                "the token endpoint's answer is not a JSON object; it cannot be sealed",
+            ));
         };
         let lifetime = obj
             .get("expires_in")
@@ -148,7 +148,7 @@ impl Sealed {
         }
         serde_json::to_vec(&v)
             .map(Bytes::from)
-            .map_err(|e| format!("sealing: {e}"))
+            .map_err(|e| seal(format!("sealing: {e}")))
     }
 }
 

@@ -31,6 +31,7 @@ use http::{HeaderMap, Request, Uri};
 use sha2::{Digest, Sha256};
 
 use crate::config::credential_kinds::AwsKeys;
+use crate::intercept::credential_error::{sign as unsigned, CredentialError};
 
 mod chunks;
 
@@ -248,7 +249,7 @@ impl AwsSigV4 {
         &self,
         req: &mut Request<B>,
         body: Option<&[u8]>,
-    ) -> Result<Option<Option<Chunks>>, String> {
+    ) -> Result<Option<Option<Chunks>>, CredentialError> {
         let Auth::SigV4(s) = auth(req.uri(), req.headers()) else {
             return Ok(None);
         };
@@ -265,9 +266,9 @@ impl AwsSigV4 {
         let signable_body = match (&s.presigned, &declared, body) {
             (Some((at, exp)), _, _) => {
                 settings.signature_location = SignatureLocation::QueryParams;
-                settings.expires_in = Some(remaining(at, *exp).ok_or(
-                    "the presigned URL has expired, is dated ahead, or asks for more than 7 days",
-                )?);
+                settings.expires_in = Some(remaining(at, *exp).ok_or_else(|| {
+                    unsigned("the presigned URL has expired, is dated ahead, or asks for more than 7 days")
+                })?);
                 strip_query_auth(req)?;
                 match s.service.as_str() {
                     "s3" => SignableBody::UnsignedPayload,
@@ -276,7 +277,7 @@ impl AwsSigV4 {
             }
             (None, Some(d), _) => SignableBody::Precomputed(d.clone()),
             (None, None, Some(b)) => SignableBody::Precomputed(hex::encode(Sha256::digest(b))),
-            (None, None, None) => return Err("the body was not read to be signed".into()),
+            (None, None, None) => return Err(unsigned("the body was not read to be signed")),
         };
         for h in ["authorization", "x-amz-date", "x-amz-security-token"] {
             req.headers_mut().remove(h);
@@ -300,7 +301,7 @@ impl AwsSigV4 {
             .time(time)
             .settings(settings)
             .build()
-            .map_err(|e| format!("signing: {e}"))?;
+            .map_err(|e| unsigned(format!("signing: {e}")))?;
         let uri = absolute(req)?;
         let signed: Vec<&str> = s.signed_headers.iter().map(String::as_str).collect();
         let headers: Vec<(&str, &str)> = req
@@ -315,9 +316,9 @@ impl AwsSigV4 {
             headers.into_iter(),
             signable_body,
         )
-        .map_err(|e| format!("signing: {e}"))?;
+        .map_err(|e| unsigned(format!("signing: {e}")))?;
         let (instructions, seed) = sign(signable, &params.into())
-            .map_err(|e| format!("signing: {e}"))?
+            .map_err(|e| unsigned(format!("signing: {e}")))?
             .into_parts();
         instructions.apply_to_request_http1x(req);
         let chunks = match declared.as_deref() {
@@ -335,13 +336,13 @@ impl AwsSigV4 {
         time: SystemTime,
         s: &Signed,
         seed: String,
-    ) -> Result<Chunks, String> {
+    ) -> Result<Chunks, CredentialError> {
         let date = req
             .headers()
             .get("x-amz-date")
             .and_then(|v| v.to_str().ok())
             .filter(|d| d.len() >= 8)
-            .ok_or("signing: no x-amz-date")?
+            .ok_or_else(|| unsigned("signing: no x-amz-date"))?
             .to_string();
         let key = v4::generate_signing_key(
             self.keys.secret_access_key.expose(),
@@ -372,14 +373,14 @@ fn known_payload(p: &str) -> bool {
 }
 
 /// The request's URI as `https://authority/path?query`, as the upstream will see it.
-fn absolute<B>(req: &Request<B>) -> Result<String, String> {
+fn absolute<B>(req: &Request<B>) -> Result<String, CredentialError> {
     let authority = match req.uri().authority() {
         Some(a) => a.as_str().to_string(),
         None => req
             .headers()
             .get(http::header::HOST)
             .and_then(|h| h.to_str().ok())
-            .ok_or("signing: no authority")?
+            .ok_or_else(|| unsigned("signing: no authority"))?
             .to_string(),
     };
     let pq = req
@@ -392,7 +393,7 @@ fn absolute<B>(req: &Request<B>) -> Result<String, String> {
 
 /// Remove a presigned URL's authentication parameters, keeping the rest of the query as
 /// written.
-fn strip_query_auth<B>(req: &mut Request<B>) -> Result<(), String> {
+fn strip_query_auth<B>(req: &mut Request<B>) -> Result<(), CredentialError> {
     let uri = req.uri().clone();
     let kept: Vec<&str> = uri
         .query()
@@ -413,8 +414,11 @@ fn strip_query_auth<B>(req: &mut Request<B>) -> Result<(), String> {
         pq.push_str(&kept.join("&"));
     }
     let mut parts = uri.into_parts();
-    parts.path_and_query = Some(pq.parse().map_err(|_| "the URI cannot be rebuilt")?);
-    *req.uri_mut() = Uri::from_parts(parts).map_err(|_| "the URI cannot be rebuilt")?;
+    parts.path_and_query = Some(
+        pq.parse()
+            .map_err(|_| unsigned("the URI cannot be rebuilt"))?,
+    );
+    *req.uri_mut() = Uri::from_parts(parts).map_err(|_| unsigned("the URI cannot be rebuilt"))?;
     Ok(())
 }
 

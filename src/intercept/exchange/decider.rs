@@ -10,7 +10,7 @@ use http::Request;
 
 use super::{Exchange, Prepared, Refusal, UpBody};
 use crate::audit::AuditGuard;
-use crate::decider::{self, About, Answer, Outcome, Question};
+use crate::decider::{self, About, Answer, DeciderError, Outcome, Question};
 use crate::pipeline::dlp::{self, Found, Phase, Scanner};
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
@@ -117,9 +117,12 @@ impl Exchange {
 struct Shown<'a>(&'a mut Request<UpBody>);
 
 impl decider::Showable for Shown<'_> {
-    async fn show(&mut self, max: usize) -> Result<(bytes::Bytes, bool), String> {
+    async fn show(&mut self, max: usize) -> Result<(bytes::Bytes, bool), DeciderError> {
         let body = std::mem::replace(self.0.body_mut(), UpBody::Whole(None));
-        let (body, shown, truncated) = body.prefix(max).await?;
+        let (body, shown, truncated) = body
+            .prefix(max)
+            .await
+            .map_err(|e| DeciderError::Body(e.to_string()))?;
         *self.0.body_mut() = body;
         Ok((shown, truncated))
     }

@@ -15,6 +15,7 @@ use super::{BoxError, Exchange, ResBody, Sent};
 use crate::audit::AuditGuard;
 use crate::intercept::mcp_filter::{self, Framing, McpFiltered, Notes};
 use crate::intercept::scrub::{Findings, Scrubbed, Scrubber};
+use crate::intercept::InterceptError;
 use crate::policy::protocols::mcp::{Lists, McpRule};
 use crate::policy::reason::Reason;
 use crate::policy::Verdict;
@@ -137,13 +138,15 @@ async fn filtered(
     (rule, lists, framing, report): (Arc<McpRule>, Lists, Framing, bool),
     notes: Arc<Mutex<Notes>>,
     limit: usize,
-) -> Result<Read, String> {
+) -> Result<Read, InterceptError> {
     let f = McpFiltered::new(b, rule, lists, framing, limit, notes).dry(report);
     match framing {
         Framing::EventStream => Ok(Read::Stream(f)),
         Framing::Json => match f.collect().await {
             Ok(c) => Ok(Read::Whole(c.to_bytes())),
-            Err(e) => Err(format!("the MCP response could not be read: {e}")),
+            Err(e) => Err(InterceptError::body(format!(
+                "the MCP response could not be read: {e}"
+            ))),
         },
     }
 }
@@ -156,11 +159,15 @@ impl Exchange {
         b: Incoming,
         (sandbox, credential): (String, String),
         limit: usize,
-    ) -> Result<Read, String> {
+    ) -> Result<Read, InterceptError> {
         let c = http_body_util::Limited::new(b, limit)
             .collect()
             .await
-            .map_err(|e| format!("the token endpoint's answer could not be read: {e}"))?;
+            .map_err(|e| {
+                InterceptError::body(format!(
+                    "the token endpoint's answer could not be read: {e}"
+                ))
+            })?;
         let minter = &self.mint.minter;
         Ok(Read::Whole(minter.seal_answer(
             &sandbox,
@@ -218,7 +225,7 @@ impl Exchange {
         };
         let read = match read {
             Ok(r) => r,
-            Err(why) => return self.unread(audit, &sent, &why),
+            Err(why) => return self.unread(audit, &sent, &why.to_string()),
         };
         if let Some(c) = sealed {
             audit.detail(format!(

@@ -12,6 +12,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::intercept::sigv4::Chunks;
+use crate::intercept::InterceptError;
 use crate::pipeline::dlp::Scanned;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -41,7 +42,7 @@ impl UpBody {
 
     /// Read up to `max` bytes to show a decider: the body to send on (the same bytes then the
     /// rest), the bytes shown, and whether the body is longer.
-    pub async fn prefix(self, max: usize) -> Result<(UpBody, Bytes, bool), String> {
+    pub async fn prefix(self, max: usize) -> Result<(UpBody, Bytes, bool), InterceptError> {
         use http_body_util::BodyExt;
         let mut b = match self {
             UpBody::Streamed(b) => b,
@@ -58,11 +59,17 @@ impl UpBody {
                     let all = got.freeze();
                     return Ok((UpBody::whole(all.clone()), all, false));
                 }
-                Some(Err(e)) => return Err(format!("reading the body for the decider: {e}")),
+                Some(Err(e)) => {
+                    return Err(InterceptError::body(format!(
+                        "reading the body for the decider: {e}"
+                    )))
+                }
                 Some(Ok(f)) => match f.into_data() {
                     Ok(d) => got.extend_from_slice(&d),
                     Err(_) => {
-                        return Err("a body with trailers cannot be shown to the decider".into())
+                        return Err(InterceptError::body(
+                            "a body with trailers cannot be shown to the decider",
+                        ))
                     }
                 },
             }

@@ -15,6 +15,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 
 use crate::egress::resolve::Resolver;
+use crate::intercept::credential_error::{mint, CredentialError};
 
 /// The most of a token endpoint's answer that is read.
 const MAX_ANSWER: usize = 64 * 1024;
@@ -33,13 +34,13 @@ pub async fn post(
     headers: Vec<(HeaderName, String)>,
     body: Vec<u8>,
     within: Duration,
-) -> Result<Answer, String> {
+) -> Result<Answer, CredentialError> {
     match tokio::time::timeout(within, exchange(tls, resolver, url, headers, body)).await {
         Ok(r) => r,
-        Err(_) => Err(format!(
+        Err(_) => Err(mint(format!(
             "the token endpoint did not answer within {} ms",
             within.as_millis()
-        )),
+        ))),
     }
 }
 
@@ -49,8 +50,10 @@ async fn exchange(
     url: &Uri,
     headers: Vec<(HeaderName, String)>,
     body: Vec<u8>,
-) -> Result<Answer, String> {
-    let host = url.host().ok_or("the token URL has no host")?;
+) -> Result<Answer, CredentialError> {
+    let host = url
+        .host()
+        .ok_or_else(|| mint("the token URL has no host"))?;
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     let port = url.port_u16().unwrap_or(443);
     let addrs = match bare.parse::<IpAddr>() {
@@ -58,13 +61,13 @@ async fn exchange(
         Err(_) => resolver
             .resolve(bare)
             .await
-            .map_err(|e| format!("resolving {bare}: {}", e.reason().code()))?,
+            .map_err(|e| mint(format!("resolving {bare}: {}", e.reason().code())))?,
     };
-    let mut tcp = Err(format!("{bare} has no address"));
+    let mut tcp = Err(mint(format!("{bare} has no address")));
     for ip in addrs {
         tcp = tokio::net::TcpStream::connect((ip, port))
             .await
-            .map_err(|e| format!("connecting to {ip}:{port}: {e}"));
+            .map_err(|e| mint(format!("connecting to {ip}:{port}: {e}")));
         if tcp.is_ok() {
             break;
         }
@@ -72,35 +75,36 @@ async fn exchange(
     let tcp = tcp?;
     let _ = tcp.set_nodelay(true);
     let name = ServerName::try_from(bare.to_string())
-        .map_err(|_| format!("{bare} is not a TLS server name"))?;
+        .map_err(|_| mint(format!("{bare} is not a TLS server name")))?;
     let stream = tokio_rustls::TlsConnector::from(tls.clone())
         .connect(name, tcp)
         .await
-        .map_err(|e| format!("TLS with {bare}: {e}"))?;
+        .map_err(|e| mint(format!("TLS with {bare}: {e}")))?;
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| format!("HTTP with {bare}: {e}"))?;
+        .map_err(|e| mint(format!("HTTP with {bare}: {e}")))?;
     tokio::spawn(conn);
     let authority = url.authority().map(|a| a.as_str()).unwrap_or(bare);
     let mut req = Request::post(url.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
         .header(http::header::HOST, authority)
         .header(http::header::USER_AGENT, "egress-proxy")
         .body(Full::new(Bytes::from(body)))
-        .map_err(|e| format!("building the request: {e}"))?;
+        .map_err(|e| mint(format!("building the request: {e}")))?;
     for (n, v) in headers {
-        let mut v = HeaderValue::from_str(&v).map_err(|_| format!("header {n} is not valid"))?;
+        let mut v =
+            HeaderValue::from_str(&v).map_err(|_| mint(format!("header {n} is not valid")))?;
         v.set_sensitive(true);
         req.headers_mut().insert(n, v);
     }
     let resp = send
         .send_request(req)
         .await
-        .map_err(|e| format!("the token endpoint failed: {e}"))?;
+        .map_err(|e| mint(format!("the token endpoint failed: {e}")))?;
     let status = resp.status().as_u16();
     let body = Limited::new(resp.into_body(), MAX_ANSWER)
         .collect()
         .await
-        .map_err(|e| format!("reading the token endpoint's answer: {e}"))?
+        .map_err(|e| mint(format!("reading the token endpoint's answer: {e}")))?
         .to_bytes();
     Ok(Answer { status, body })
 }

@@ -20,6 +20,7 @@ use serde::Serialize;
 
 use crate::config::credential_kinds::{Grant, Mint, Minting};
 use crate::config::credentials::Secret;
+use crate::intercept::credential_error::{mint, CredentialError};
 
 /// What a token endpoint sent: the token, how long it lives, and a rotated refresh token.
 pub struct Minted {
@@ -58,17 +59,17 @@ struct Claims<'a> {
 }
 
 /// A JWT signed with `pem` (RS256 for an RSA key, ES256 for an EC one).
-fn sign(pem: &Secret, claims: &Claims<'_>) -> Result<String, String> {
+fn sign(pem: &Secret, claims: &Claims<'_>) -> Result<String, CredentialError> {
     let b = pem.expose().as_bytes();
     let (alg, key) = match jsonwebtoken::EncodingKey::from_rsa_pem(b) {
         Ok(k) => (jsonwebtoken::Algorithm::RS256, k),
         Err(_) => match jsonwebtoken::EncodingKey::from_ec_pem(b) {
             Ok(k) => (jsonwebtoken::Algorithm::ES256, k),
-            Err(_) => return Err("the private key is neither RSA nor EC".into()),
+            Err(_) => return Err(mint("the private key is neither RSA nor EC")),
         },
     };
     jsonwebtoken::encode(&jsonwebtoken::Header::new(alg), claims, &key)
-        .map_err(|e| format!("signing the JWT: {e}"))
+        .map_err(|e| mint(format!("signing the JWT: {e}")))
 }
 
 fn form(pairs: &[(&str, &str)]) -> Vec<u8> {
@@ -90,7 +91,7 @@ fn jti() -> String {
 }
 
 /// The request minting `m` sends; `refresh` is the refresh token in force (rotated or read).
-pub fn ask(m: &Minting, refresh: &Secret) -> Result<Ask, String> {
+pub fn ask(m: &Minting, refresh: &Secret) -> Result<Ask, CredentialError> {
     let form_type = (CONTENT_TYPE, "application/x-www-form-urlencoded".into());
     let json = (ACCEPT, "application/json".into());
     match &m.how {
@@ -173,7 +174,7 @@ pub fn ask(m: &Minting, refresh: &Secret) -> Result<Ask, String> {
 }
 
 /// Read a token endpoint's answer for `m`.
-pub fn read(m: &Minting, status: u16, body: &[u8]) -> Result<Minted, String> {
+pub fn read(m: &Minting, status: u16, body: &[u8]) -> Result<Minted, CredentialError> {
     let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
     if !(200..300).contains(&status) {
         // Only the OAuth error code (RFC 6749 §5.2), which is not secret, and bounded.
@@ -185,7 +186,9 @@ pub fn read(m: &Minting, status: u16, body: &[u8]) -> Result<Minted, String> {
             .filter(|c| c.is_ascii_graphic())
             .take(64)
             .collect();
-        return Err(format!("the token endpoint answered {status} ({code})"));
+        return Err(mint(format!(
+            "the token endpoint answered {status} ({code})"
+        )));
     }
     let field = match m.how {
         Mint::OAuth2 { .. } => "access_token",
@@ -195,7 +198,7 @@ pub fn read(m: &Minting, status: u16, body: &[u8]) -> Result<Minted, String> {
         .get(field)
         .and_then(|t| t.as_str())
         .filter(|t| !t.is_empty() && t.bytes().all(|b| (0x21..0x7f).contains(&b)))
-        .ok_or_else(|| format!("the token endpoint's answer has no usable {field}"))?;
+        .ok_or_else(|| mint(format!("the token endpoint's answer has no usable {field}")))?;
     let lifetime = match m.how {
         Mint::OAuth2 { .. } => v
             .get("expires_in")

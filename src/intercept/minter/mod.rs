@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use crate::config::credential_kinds::Minting;
 use crate::config::credentials::{Credential, CredentialKind, Secret};
 use crate::egress::resolve::Resolver;
+use crate::intercept::credential_error::{mint, CredentialError};
 use crate::policy::set::PolicySet;
 
 /// How long a refused mint is answered from memory.
@@ -58,7 +59,7 @@ struct State {
     token: Option<(Secret, Instant)>,
     /// A refresh token the endpoint rotated (else the one read from the file).
     refresh: Option<Secret>,
-    failed: Option<(Instant, String)>,
+    failed: Option<(Instant, CredentialError)>,
 }
 
 /// When a token of `lifetime` is renewed: a minute before it ends, or a quarter of its
@@ -125,7 +126,7 @@ impl Minter {
         sandbox: &str,
         credential: &str,
         body: &[u8],
-    ) -> Result<bytes::Bytes, String> {
+    ) -> Result<bytes::Bytes, CredentialError> {
         let out = self.sealed.seal_answer(sandbox, credential, body);
         self.generation.fetch_add(1, Ordering::AcqRel);
         out
@@ -140,7 +141,11 @@ impl Minter {
 impl Slot {
     /// The token in force, minted now if there is none or it is about to expire (one mint
     /// however many wait); `Err` says why there is none.
-    pub async fn token(&self, minter: &Minter, resolver: &Resolver) -> Result<Secret, String> {
+    pub async fn token(
+        &self,
+        minter: &Minter,
+        resolver: &Resolver,
+    ) -> Result<Secret, CredentialError> {
         let mut st = self.state.lock().await;
         let now = Instant::now();
         if let Some((t, renew)) = &st.token {
@@ -183,13 +188,13 @@ impl Slot {
         minter: &Minter,
         resolver: &Resolver,
         refresh: &Secret,
-    ) -> Result<grants::Minted, String> {
+    ) -> Result<grants::Minted, CredentialError> {
         let ask = grants::ask(&self.minting, refresh)?;
         let url: http::Uri = self
             .minting
             .token_url()
             .parse()
-            .map_err(|_| "the token URL is not a URL".to_string())?;
+            .map_err(|_| mint("the token URL is not a URL"))?;
         let answer = fetch::post(
             &minter.tls,
             resolver,

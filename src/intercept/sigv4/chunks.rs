@@ -5,6 +5,7 @@
 //! not change, so neither does the body's. A body that is not such framing is an error (the
 //! request is cut): nothing unread goes upstream signed.
 
+use crate::intercept::credential_error::{sign, CredentialError};
 use aws_sigv4::sign::v4;
 use bytes::{Buf, Bytes, BytesMut};
 use sha2::{Digest, Sha256};
@@ -39,35 +40,39 @@ impl Chunks {
     }
 
     /// Feed bytes of the body; the re-signed chunks that are now whole.
-    pub fn push(&mut self, data: &[u8]) -> Result<Bytes, String> {
+    pub fn push(&mut self, data: &[u8]) -> Result<Bytes, CredentialError> {
         if self.done && !data.is_empty() {
-            return Err("bytes after the final chunk of an aws-chunked body".into());
+            return Err(sign("bytes after the final chunk of an aws-chunked body"));
         }
         self.buf.extend_from_slice(data);
         let mut out = BytesMut::new();
         while !self.done {
             let Some(end) = self.buf.windows(2).position(|w| w == b"\r\n") else {
                 if self.buf.len() > MAX_LINE {
-                    return Err("an aws-chunked chunk header is too long".into());
+                    return Err(sign("an aws-chunked chunk header is too long"));
                 }
                 break;
             };
             let line = std::str::from_utf8(&self.buf[..end])
-                .map_err(|_| "an aws-chunked chunk header is not text")?;
+                .map_err(|_| sign("an aws-chunked chunk header is not text"))?;
             let (size, sig) = line
                 .split_once(EXTENSION)
-                .ok_or("an aws-chunked chunk has no chunk-signature")?;
+                .ok_or_else(|| sign("an aws-chunked chunk has no chunk-signature"))?;
             let ok = sig.len() == 64 && sig.bytes().all(|b| b.is_ascii_hexdigit());
             let len = usize::from_str_radix(size, 16)
                 .ok()
                 .filter(|l| ok && *l <= MAX_CHUNK)
-                .ok_or("an aws-chunked chunk header cannot be read (or the chunk is too large)")?;
+                .ok_or_else(|| {
+                    sign("an aws-chunked chunk header cannot be read (or the chunk is too large)")
+                })?;
             let whole = end + 2 + len + 2;
             if self.buf.len() < whole {
                 break;
             }
             if &self.buf[whole - 2..whole] != b"\r\n" {
-                return Err("an aws-chunked chunk does not end where its size says".into());
+                return Err(sign(
+                    "an aws-chunked chunk does not end where its size says",
+                ));
             }
             let size = size.to_string();
             let chunk = self.buf.split_to(whole);
@@ -83,7 +88,7 @@ impl Chunks {
             self.done = len == 0;
         }
         if self.done && self.buf.has_remaining() {
-            return Err("bytes after the final chunk of an aws-chunked body".into());
+            return Err(sign("bytes after the final chunk of an aws-chunked body"));
         }
         Ok(out.freeze())
     }

@@ -273,7 +273,8 @@ fn body_requests(
         .and_then(|c| c.split(';').next())
         .map(|c| c.trim().to_ascii_lowercase());
     if media.as_deref() == Some("application/graphql") {
-        let text = std::str::from_utf8(body).map_err(|_| ProtocolError::malformed("the GraphQL body is not UTF-8"))?;
+        let text = std::str::from_utf8(body)
+            .map_err(|_| ProtocolError::malformed("the GraphQL body is not UTF-8"))?;
         let mut one = Map::new();
         one.insert("query".into(), Value::String(text.to_string()));
         return Ok(vec![one]);
@@ -309,11 +310,13 @@ fn from_query(q: &str) -> Result<Map<String, Value>, ProtocolError> {
     let mut out = Map::new();
     for pair in q.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let k = String::from_utf8(percent_decode(k)).map_err(|_| ProtocolError::malformed("a query key is not UTF-8"))?;
+        let k = String::from_utf8(percent_decode(k))
+            .map_err(|_| ProtocolError::malformed("a query key is not UTF-8"))?;
         if !GRAPHQL_KEYS.contains(&k.as_str()) {
             continue;
         }
-        let v = String::from_utf8(percent_decode(v)).map_err(|_| ProtocolError::malformed("a query value is not UTF-8"))?;
+        let v = String::from_utf8(percent_decode(v))
+            .map_err(|_| ProtocolError::malformed("a query value is not UTF-8"))?;
         let value = match k.as_str() {
             "extensions" | "variables" => strict_json::parse(v.as_bytes())?,
             _ => Value::String(v),

@@ -65,7 +65,9 @@ pub fn parse(bytes: &[u8]) -> Result<Body, ProtocolError> {
 /// [`parse`] on a value already read.
 pub fn read(v: &Value) -> Result<Body, ProtocolError> {
     match v {
-        Value::Array(items) if items.is_empty() => Err(ProtocolError::malformed("an empty JSON-RPC batch")),
+        Value::Array(items) if items.is_empty() => {
+            Err(ProtocolError::malformed("an empty JSON-RPC batch"))
+        }
         Value::Array(items) => Ok(Body {
             messages: items.iter().map(message).collect::<Result<_, _>>()?,
             batch: true,
@@ -92,9 +94,7 @@ pub fn message(v: &Value) -> Result<Message, ProtocolError> {
     };
     let answers = o.contains_key("result") || o.contains_key("error");
     match (o.get("method"), id) {
-        (Some(_), _) if answers => {
-            Err(bad("a JSON-RPC message that is both a call and an answer"))
-        }
+        (Some(_), _) if answers => Err(bad("a JSON-RPC message that is both a call and an answer")),
         (Some(Value::String(m)), Some(id)) => Ok(Message::Request {
             id,
             method: m.clone(),
@@ -106,7 +106,9 @@ pub fn message(v: &Value) -> Result<Message, ProtocolError> {
         }),
         (Some(_), _) => Err(bad("a JSON-RPC method that is not a string")),
         (None, Some(id)) if answers => Ok(Message::Response { id }),
-        (None, _) => Err(bad("a JSON-RPC message with neither a method nor an answer")),
+        (None, _) => Err(bad(
+            "a JSON-RPC message with neither a method nor an answer",
+        )),
     }
 }
 

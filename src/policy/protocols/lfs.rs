@@ -18,7 +18,9 @@ impl LfsOp {
         match s {
             "download" => Ok(LfsOp::Download),
             "upload" => Ok(LfsOp::Upload),
-            _ => Err(ProtocolError::rule(format!("lfs: `{s}` is not download or upload"))),
+            _ => Err(ProtocolError::rule(format!(
+                "lfs: `{s}` is not download or upload"
+            ))),
         }
     }
 

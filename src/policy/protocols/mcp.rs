@@ -24,7 +24,8 @@ pub enum ArgMatch {
 
 impl ArgMatch {
     pub fn glob(pattern: &str) -> Result<ArgMatch, ProtocolError> {
-        let g = globset::Glob::new(pattern).map_err(|e| ProtocolError::rule(format!("glob `{pattern}`: {e}")))?;
+        let g = globset::Glob::new(pattern)
+            .map_err(|e| ProtocolError::rule(format!("glob `{pattern}`: {e}")))?;
         Ok(ArgMatch::Glob(pattern.to_string(), g.compile_matcher()))
     }
 
@@ -167,7 +168,9 @@ impl McpRule {
 
     fn uri_allowed(&self, params: &Value, method: &str) -> Result<String, ProtocolError> {
         let Some(uri) = params.get("uri").and_then(Value::as_str) else {
-            return Err(ProtocolError::malformed(format!("a {method} without a uri")));
+            return Err(ProtocolError::malformed(format!(
+                "a {method} without a uri"
+            )));
         };
         if let Err(why) = canonical_uri(uri) {
             return Err(ProtocolError::not_allowed(format!(

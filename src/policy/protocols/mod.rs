@@ -271,7 +271,9 @@ fn ids(b: &jsonrpc::Body) -> (Vec<serde_json::Value>, bool) {
 pub(crate) fn names(globs: &[String], what: &str) -> Result<globset::GlobSet, ProtocolError> {
     let mut b = globset::GlobSetBuilder::new();
     for g in globs {
-        b.add(globset::Glob::new(g).map_err(|e| ProtocolError::rule(format!("{what} `{g}`: {e}")))?);
+        b.add(
+            globset::Glob::new(g).map_err(|e| ProtocolError::rule(format!("{what} `{g}`: {e}")))?,
+        );
     }
     b.build().map_err(|e| ProtocolError::rule(e.to_string()))
 }

@@ -13,11 +13,12 @@ use super::ProtocolError;
 /// `bytes` as one JSON value, refused when an object repeats a key or anything follows it.
 pub fn parse(bytes: &[u8]) -> Result<Value, ProtocolError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let v = Strict
-        .deserialize(&mut de)
-        .map_err(|e| ProtocolError::malformed(format!("the body is not JSON this proxy can judge: {e}")))?;
-    de.end()
-        .map_err(|e| ProtocolError::malformed(format!("the body has bytes after its JSON value: {e}")))?;
+    let v = Strict.deserialize(&mut de).map_err(|e| {
+        ProtocolError::malformed(format!("the body is not JSON this proxy can judge: {e}"))
+    })?;
+    de.end().map_err(|e| {
+        ProtocolError::malformed(format!("the body has bytes after its JSON value: {e}"))
+    })?;
     Ok(v)
 }
 
