@@ -7,6 +7,7 @@ use std::time::SystemTime;
 
 use super::stored::{self, StoredGrant};
 use super::{refused, request, Desk, Inner, Refused, Request, State, Who};
+use crate::approvals::error::{store, ApprovalError};
 use crate::policy::granted::GrantKind;
 use crate::policy::sandbox_id::SandboxId;
 
@@ -98,7 +99,7 @@ impl Desk {
     }
 
     /// Grants kept in `state_dir` (at start): those not expired are in force again.
-    pub fn restore(&self) -> Result<usize, String> {
+    pub fn restore(&self) -> Result<usize, ApprovalError> {
         let Some(path) = &self.store else {
             return Ok(0);
         };
@@ -107,7 +108,7 @@ impl Desk {
         if let Some(journal) = &self.journal {
             let spent = journal
                 .read()
-                .map_err(|e| format!("{}: {e}", journal.path().display()))?;
+                .map_err(|e| store(format!("{}: {e}", journal.path().display())))?;
             for g in &mut grants {
                 g.used |= spent.contains(&g.id);
             }

@@ -14,6 +14,7 @@
 
 mod answer;
 pub mod auto;
+mod error;
 mod grants;
 pub mod request;
 pub mod stored;
@@ -36,6 +37,7 @@ use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::Verdict;
 pub use answer::{Answer, Who, MAX_NOTE, MAX_TTL_S};
+pub use error::ApprovalError;
 pub use request::{Request, State};
 use stored::StoredGrant;
 
@@ -170,7 +172,8 @@ impl Desk {
         (client, identity): (SocketAddr, crate::egress::identity::Method),
     ) -> Result<Request, Refused> {
         let cfg = self.cfg();
-        let asked = request::parse(body, cfg.reason_max).map_err(|m| refused(400, m))?;
+        let asked =
+            request::parse(body, cfg.reason_max).map_err(|m| refused(400, m.into_detail()))?;
         let set = self.policy.borrow().clone();
         if own_address(&set.guard, &asked.target) {
             return Err(refused(409, never_grantable(&asked.target)));

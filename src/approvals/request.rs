@@ -6,6 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::approvals::error::{request, ApprovalError};
 use crate::audit::record::rfc3339;
 use crate::policy::granted::{host_text, GrantKind};
 use crate::policy::sandbox_id::SandboxId;
@@ -39,50 +40,58 @@ pub struct Asked {
 }
 
 /// Parse and bound a request body; the error is the 400's message.
-pub fn parse(body: &[u8], reason_max: usize) -> Result<Asked, String> {
+pub fn parse(body: &[u8], reason_max: usize) -> Result<Asked, ApprovalError> {
     let b: Body = serde_json::from_slice(body).map_err(|e| {
-        format!("the body must be JSON {{\"host\", \"port\", \"methods\"?, \"paths\"?, \"reason\"}}: {e}")
+        request(format!("the body must be JSON {{\"host\", \"port\", \"methods\"?, \"paths\"?, \"reason\"}}: {e}"))
     })?;
     let port = b.port.unwrap_or(443);
     if port == 0 {
-        return Err("port must be 1-65535".into());
+        return Err(request("port must be 1-65535"));
     }
-    let host = Host::parse(b.host.trim()).map_err(|e| format!("host: {e}"))?;
+    let host = Host::parse(b.host.trim()).map_err(|e| request(format!("host: {e}")))?;
     if let Host::Name(n) = &host {
         if n.contains('*') {
-            return Err("host must be one name or address, not a pattern".into());
+            return Err(request("host must be one name or address, not a pattern"));
         }
         if &**n == "egress-proxy.local" {
-            return Err("egress-proxy.local is the proxy itself".into());
+            return Err(request("egress-proxy.local is the proxy itself"));
         }
     }
     if b.reason.trim().is_empty() {
-        return Err("reason is required: say why the sandbox needs this destination".into());
+        return Err(request(
+            "reason is required: say why the sandbox needs this destination",
+        ));
     }
     if b.reason.len() > reason_max {
-        return Err(format!("reason is longer than {reason_max} bytes"));
+        return Err(request(format!("reason is longer than {reason_max} bytes")));
     }
     // One line: a reason is printed in `observe` and terminals, where a newline or an escape
     // sequence could pass for another line.
     if b.reason.chars().any(char::is_control) {
-        return Err("reason must be one line without control characters".into());
+        return Err(request(
+            "reason must be one line without control characters",
+        ));
     }
     if b.methods.len() > MAX_SCOPE || b.paths.len() > MAX_SCOPE {
-        return Err(format!("at most {MAX_SCOPE} methods and {MAX_SCOPE} paths"));
+        return Err(request(format!(
+            "at most {MAX_SCOPE} methods and {MAX_SCOPE} paths"
+        )));
     }
     let mut methods = Vec::new();
     for m in &b.methods {
         let ok = !m.is_empty() && m.len() <= 16 && m.bytes().all(|c| c.is_ascii_alphabetic());
         if !ok || m.eq_ignore_ascii_case("CONNECT") || m.eq_ignore_ascii_case("TRACE") {
-            return Err(format!("method `{m}` is not a method a grant can allow"));
+            return Err(request(format!(
+                "method `{m}` is not a method a grant can allow"
+            )));
         }
         methods.push(m.to_ascii_uppercase());
     }
     for p in &b.paths {
         if !p.starts_with('/') || p.len() > MAX_PATH || p.bytes().any(|c| c <= b' ' || c == 0x7f) {
-            return Err(format!(
+            return Err(request(format!(
                 "path `{p}` must start with / and have at most {MAX_PATH} printable characters"
-            ));
+            )));
         }
     }
     Ok(Asked {
@@ -216,7 +225,10 @@ mod tests {
             assert!(parse(bad.as_bytes(), 100).is_err(), "{bad}");
         }
         let long = format!(r#"{{"host":"example.com","reason":"{}"}}"#, "x".repeat(101));
-        assert!(parse(long.as_bytes(), 100).unwrap_err().contains("longer"));
+        assert!(parse(long.as_bytes(), 100)
+            .unwrap_err()
+            .to_string()
+            .contains("longer"));
     }
 
     #[test]

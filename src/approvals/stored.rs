@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::approvals::error::{store, ApprovalError};
 use crate::policy::granted::{GrantEntry, GrantKind, SpendJournal};
 use crate::policy::target::Host;
 
@@ -96,11 +97,13 @@ pub fn save(path: &Path, grants: &[StoredGrant]) -> std::io::Result<()> {
 }
 
 /// Read the grants kept (none when there is no file).
-pub fn load(path: &Path) -> Result<Vec<StoredGrant>, String> {
+pub fn load(path: &Path) -> Result<Vec<StoredGrant>, ApprovalError> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display())),
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes).map_err(|e| store(format!("{}: {e}", path.display())))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(e) => Err(store(format!("{}: {e}", path.display()))),
     }
 }
 

@@ -16,6 +16,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use serde::Deserialize;
 use sha2::Sha256;
 
+use crate::approvals::error::{webhook, ApprovalError};
 use crate::config::approvals::Webhook;
 
 /// How far a reply's timestamp may be from now.
@@ -83,13 +84,13 @@ pub fn now_secs() -> u64 {
 }
 
 /// Send `body` to the webhook; the reply's decision when it is signed right and names `id`.
-pub async fn send(hook: &Webhook, id: &str, body: Vec<u8>) -> Result<Option<Reply>, String> {
+pub async fn send(hook: &Webhook, id: &str, body: Vec<u8>) -> Result<Option<Reply>, ApprovalError> {
     let ts = now_secs();
     let signature = sign(&hook.secret, ts, &body);
     let fut = exchange(hook, ts, signature, body);
     let (status, headers, reply) = tokio::time::timeout(hook.timeout, fut)
         .await
-        .map_err(|_| format!("no answer within {:?}", hook.timeout))??;
+        .map_err(|_| webhook(format!("no answer within {:?}", hook.timeout)))??;
     if !(200..300).contains(&status) || reply.is_empty() {
         return Ok(None);
     }
@@ -101,11 +102,17 @@ pub async fn send(hook: &Webhook, id: &str, body: Vec<u8>) -> Result<Option<Repl
         &reply,
         now_secs(),
     ) {
-        return Err("the reply's signature does not verify; its decision is ignored".into());
+        return Err(webhook(
+            "the reply's signature does not verify; its decision is ignored",
+        ));
     }
-    let reply: Reply = serde_json::from_slice(&reply).map_err(|e| format!("reply: {e}"))?;
+    let reply: Reply =
+        serde_json::from_slice(&reply).map_err(|e| webhook(format!("reply: {e}")))?;
     if reply.id != id {
-        return Err(format!("the reply names request {}, not {id}", reply.id));
+        return Err(webhook(format!(
+            "the reply names request {}, not {id}",
+            reply.id
+        )));
     }
     Ok(Some(reply))
 }
@@ -117,18 +124,18 @@ async fn exchange(
     ts: u64,
     signature: String,
     body: Vec<u8>,
-) -> Result<Answered, String> {
+) -> Result<Answered, ApprovalError> {
     let uri = &hook.url;
     let host = uri
         .host()
-        .ok_or("no host")?
+        .ok_or_else(|| webhook("no host"))?
         .trim_matches(['[', ']'])
         .to_string();
     let tls = uri.scheme_str() == Some("https");
     let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
     let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
         .await
-        .map_err(|e| format!("connect {host}:{port}: {e}"))?;
+        .map_err(|e| webhook(format!("connect {host}:{port}: {e}")))?;
     let req = http::Request::post(uri.path_and_query().map_or("/", |p| p.as_str()))
         .header(
             http::header::HOST,
@@ -138,41 +145,47 @@ async fn exchange(
         .header(TIMESTAMP, ts.to_string())
         .header(SIGNATURE, signature)
         .body(Full::new(bytes::Bytes::from(body)))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| webhook(e.to_string()))?;
     if !tls {
         return round_trip(hyper_util::rt::TokioIo::new(tcp), req).await;
     }
-    let roots = crate::egress::roots::public_and(None).map_err(|e| e.to_string())?;
+    let roots = crate::egress::roots::public_and(None).map_err(|e| webhook(e.to_string()))?;
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
+    .map_err(|e| webhook(e.to_string()))?
     .with_root_certificates(roots)
     .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from(host).map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from(host).map_err(|e| webhook(e.to_string()))?;
     let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
-        .map_err(|e| format!("TLS: {e}"))?;
+        .map_err(|e| webhook(format!("TLS: {e}")))?;
     round_trip(hyper_util::rt::TokioIo::new(stream), req).await
 }
 
-async fn round_trip<IO>(io: IO, req: http::Request<Full<bytes::Bytes>>) -> Result<Answered, String>
+async fn round_trip<IO>(
+    io: IO,
+    req: http::Request<Full<bytes::Bytes>>,
+) -> Result<Answered, ApprovalError>
 where
     IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let (mut send, conn) = hyper::client::conn::http1::handshake(io)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| webhook(e.to_string()))?;
     tokio::spawn(conn);
-    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    let resp = send
+        .send_request(req)
+        .await
+        .map_err(|e| webhook(e.to_string()))?;
     let status = resp.status().as_u16();
     let (parts, body) = resp.into_parts();
     let bytes = Limited::new(body, MAX_REPLY)
         .collect()
         .await
-        .map_err(|e| format!("reply body: {e}"))?
+        .map_err(|e| webhook(format!("reply body: {e}")))?
         .to_bytes();
     Ok((status, parts.headers, bytes.to_vec()))
 }

@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::control::error::{invalid, ControlError};
 use crate::control::etcd::{ControlPlane, TTL_RANGE};
 use crate::control::{ChangeError, Controller};
 use crate::runtime::Shared;
@@ -337,7 +338,7 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         (Method::PUT, Path::Sandbox(id)) => {
             let ttl_s = match ttl_param(req.uri().query()) {
                 Ok(t) => t,
-                Err(m) => return error(StatusCode::BAD_REQUEST, m),
+                Err(m) => return error(StatusCode::BAD_REQUEST, m.to_string()),
             };
             match read_body(req, admin.max_body).await {
                 Ok(body) => put(admin, id, body, ttl_s).await,
@@ -534,21 +535,21 @@ async fn put(admin: &Admin, id: String, body: String, ttl_s: Option<i64>) -> Res
 }
 
 /// The query of a PUT: nothing, or `ttl_s=N`.
-fn ttl_param(query: Option<&str>) -> Result<Option<i64>, String> {
+fn ttl_param(query: Option<&str>) -> Result<Option<i64>, ControlError> {
     let mut ttl = None;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("ttl_s", v)) => match v.parse::<i64>() {
                 Ok(n) if TTL_RANGE.contains(&n) => ttl = Some(n),
                 _ => {
-                    return Err(format!(
+                    return Err(invalid(format!(
                         "ttl_s must be a whole number of seconds from {} to {}",
                         TTL_RANGE.start(),
                         TTL_RANGE.end()
-                    ))
+                    )))
                 }
             },
-            _ => return Err("unknown query parameter (PUT takes only ttl_s)".into()),
+            _ => return Err(invalid("unknown query parameter (PUT takes only ttl_s)")),
         }
     }
     Ok(ttl)

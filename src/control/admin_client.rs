@@ -9,6 +9,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::observe_client::{client, reach, AdminTls, ObserveError};
+use crate::control::error::{invalid, ControlError};
 
 /// One admin call: `method path` with an optional JSON body; the status and the body.
 pub fn call(
@@ -60,21 +61,21 @@ fn exchange<S: Read + Write>(mut stream: S, request: &str) -> Result<String, Obs
 }
 
 /// `3s`, `10m`, `2h`, `1d` or plain seconds.
-pub fn parse_duration(text: &str) -> Result<u64, String> {
+pub fn parse_duration(text: &str) -> Result<u64, ControlError> {
     let t = text.trim();
     let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
     let n: u64 = digits
         .parse()
-        .map_err(|_| format!("`{text}` is not a duration like 3s, 10m, 2h or 1d"))?;
+        .map_err(|_| invalid(format!("`{text}` is not a duration like 3s, 10m, 2h or 1d")))?;
     let secs = match unit {
         "" | "s" => n,
         "m" => n * 60,
         "h" => n * 3600,
         "d" => n * 86_400,
-        _ => return Err(format!("`{text}`: the unit must be s, m, h or d")),
+        _ => return Err(invalid(format!("`{text}`: the unit must be s, m, h or d"))),
     };
     if secs == 0 {
-        return Err("a grant's duration must be at least 1s".into());
+        return Err(invalid("a grant's duration must be at least 1s"));
     }
     Ok(secs)
 }

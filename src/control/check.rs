@@ -5,6 +5,7 @@
 
 use serde_json::{json, Value};
 
+use crate::control::error::{invalid, ControlError};
 use crate::egress::resolve::Resolver;
 use crate::egress::{self, Lookup};
 use crate::policy::set::{PolicySet, Sandbox};
@@ -14,25 +15,29 @@ use crate::policy::target::{Host, Target};
 /// (`scheme://host[:port][/path]`, the port defaulting to the scheme's: 80 for `http` and
 /// `ws`, 443 for `https` and `wss`). The path does not take part in the network decision. A
 /// URL with credentials in it, or another scheme, is invalid.
-pub fn parse_target(text: &str) -> Result<Target, String> {
+pub fn parse_target(text: &str) -> Result<Target, ControlError> {
     let Some((scheme, _)) = text.split_once("://") else {
-        return Target::parse(text, Some(443)).map_err(|e| e.to_string());
+        return Target::parse(text, Some(443)).map_err(|e| invalid(e.to_string()));
     };
     let default = match scheme.to_ascii_lowercase().as_str() {
         "http" | "ws" => 80,
         "https" | "wss" => 443,
         other => {
-            return Err(format!(
+            return Err(invalid(format!(
                 "unsupported URL scheme `{other}` (http, https, ws, wss)"
-            ))
+            )))
         }
     };
-    let uri: http::Uri = text.parse().map_err(|e| format!("malformed URL: {e}"))?;
-    let authority = uri.authority().ok_or("a URL without a host")?;
+    let uri: http::Uri = text
+        .parse()
+        .map_err(|e| invalid(format!("malformed URL: {e}")))?;
+    let authority = uri
+        .authority()
+        .ok_or_else(|| invalid("a URL without a host"))?;
     if authority.as_str().contains('@') {
-        return Err("a URL with credentials in it".into());
+        return Err(invalid("a URL with credentials in it"));
     }
-    Target::parse(authority.as_str(), Some(default)).map_err(|e| e.to_string())
+    Target::parse(authority.as_str(), Some(default)).map_err(|e| invalid(e.to_string()))
 }
 
 /// Decide and describe. Without a resolver nothing is looked up: a name is decided by name

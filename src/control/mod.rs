@@ -37,6 +37,7 @@ use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::{Changes, CompileError, PolicySet, Scope};
 use crate::runtime::Shared;
 pub use change_error::ChangeError;
+pub use error::ControlError;
 use registry::{Origin, Ready};
 use reload::fingerprint;
 pub use reload::{ReloadError, Reloaded};
@@ -48,6 +49,7 @@ mod admin_requests;
 mod admin_usage;
 mod change_error;
 pub mod check;
+mod error;
 pub(crate) mod etcd;
 pub mod observe;
 pub mod observe_client;
@@ -127,7 +129,7 @@ struct State {
     /// clashing with a file-defined id): kept in the log, reported, retried at the next start.
     unparsed: BTreeMap<String, String>,
     /// The `state_dir` log, opened by [`Controller::restore`]; or why it could not be.
-    store: Result<Option<StateStore>, String>,
+    store: Result<Option<StateStore>, ControlError>,
     /// (path, modified, length) of every file the configuration was read from.
     fingerprint: Vec<(PathBuf, Option<(SystemTime, u64)>)>,
     /// Values under the etcd prefix that are not in force, by id: their revision and why.

@@ -143,7 +143,7 @@ impl Controller {
             Err(e) => {
                 let why = format!("state_dir {}: {e}", dir.display());
                 problems.push(why.clone());
-                st.store = Err(why);
+                st.store = Err(crate::control::ControlError::Store(why));
                 return problems;
             }
         };

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::control::error::{store, ControlError};
 use serde_json::Value;
 
 /// The log's file name in `state_dir`.
@@ -207,9 +208,12 @@ fn open_append(path: &Path) -> std::io::Result<File> {
 }
 
 /// Apply one log line to `entries`.
-fn replay(line: &[u8], entries: &mut BTreeMap<String, String>) -> Result<(), String> {
-    let v: Value = serde_json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
-    let id = v["id"].as_str().ok_or("no \"id\"")?.to_string();
+fn replay(line: &[u8], entries: &mut BTreeMap<String, String>) -> Result<(), ControlError> {
+    let v: Value = serde_json::from_slice(line).map_err(|e| store(format!("not JSON: {e}")))?;
+    let id = v["id"]
+        .as_str()
+        .ok_or_else(|| store("no \"id\""))?
+        .to_string();
     match v["op"].as_str() {
         Some("put") if v["binding"].is_object() => {
             entries.insert(id, v["binding"].to_string());
@@ -217,7 +221,7 @@ fn replay(line: &[u8], entries: &mut BTreeMap<String, String>) -> Result<(), Str
         Some("delete") => {
             entries.remove(&id);
         }
-        _ => return Err("neither a put with a binding nor a delete".into()),
+        _ => return Err(store("neither a put with a binding nor a delete")),
     }
     Ok(())
 }

@@ -107,7 +107,7 @@ pub fn tunnel(
                 let io = TokioIo::new(upgraded);
                 serve_tls(&shared, &entered, io, config, &audit, client).await
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(LocalError::Http(e)),
         };
         if let Err(e) = served {
             audit.detail(format!("egress-proxy.local over TLS: {e}"));
@@ -123,6 +123,21 @@ pub fn tunnel(
         .unwrap_or_else(|_| Response::new(body::empty()))
 }
 
+/// Why `egress-proxy.local` could not be served on a connection (the record's detail).
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    #[error("egress-proxy.local over TLS needs tls_intercept")]
+    NoInterception,
+    #[error("its certificate: {0}")]
+    Certificate(#[from] crate::intercept::InterceptError),
+    #[error("TLS with the client: {0}")]
+    Tls(std::io::Error),
+    #[error("TLS with the client took longer than timeouts.header_ms")]
+    TlsTimeout,
+    #[error("{0}")]
+    Http(hyper::Error),
+}
+
 /// A transparent connection that named `egress-proxy.local` (its `Host`, or its SNI when
 /// `tls_intercept` gives the proxy a certificate for it): answered here, its first bytes
 /// (`read`, already taken off the socket) first. `Err` with why it could not be.
@@ -134,7 +149,7 @@ pub async fn serve_transparent(
     tls: bool,
     audit: &mut AuditGuard,
     client: SocketAddr,
-) -> Result<(), String> {
+) -> Result<(), LocalError> {
     audit.decision(&Decision::allow(Reason::ProxyEndpoint, None));
     let io = crate::intercept::prefixed::Prefixed::new(read, stream);
     if !tls {
@@ -144,9 +159,8 @@ pub async fn serve_transparent(
         .settings
         .interceptor
         .as_ref()
-        .ok_or("egress-proxy.local over TLS needs tls_intercept")?
-        .own_server_config(LOCAL)
-        .map_err(|e| e.to_string())?;
+        .ok_or(LocalError::NoInterception)?
+        .own_server_config(LOCAL)?;
     serve_tls(shared, entered, io, config, audit, client).await
 }
 
@@ -158,15 +172,15 @@ async fn serve_tls<IO>(
     config: Arc<rustls::ServerConfig>,
     audit: &AuditGuard,
     client: SocketAddr,
-) -> Result<(), String>
+) -> Result<(), LocalError>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let header = shared.settings.timeouts.header;
     let accept = tokio_rustls::TlsAcceptor::from(config).accept(io);
     let tls = match tokio::time::timeout(header, accept).await {
-        Ok(r) => r.map_err(|e| format!("TLS with the client: {e}"))?,
-        Err(_) => return Err("TLS with the client took longer than timeouts.header_ms".into()),
+        Ok(r) => r.map_err(LocalError::Tls)?,
+        Err(_) => return Err(LocalError::TlsTimeout),
     };
     serve_http(
         shared,
@@ -187,7 +201,7 @@ async fn serve_http<IO>(
     io: IO,
     audit: &AuditGuard,
     client: Asker,
-) -> Result<(), String>
+) -> Result<(), LocalError>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -210,7 +224,7 @@ where
         .header_read_timeout(header)
         .serve_connection(TokioIo::new(io), svc);
     tokio::select! {
-        r = conn => r.map_err(|e| e.to_string()),
+        r = conn => r.map_err(LocalError::Http),
         _ = phase.changed() => Ok(()),
     }
 }

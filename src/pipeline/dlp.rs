@@ -73,7 +73,7 @@ impl Scanner {
     }
 
     /// Scan the next chunk; `Err` with the rule when a `deny` rule matched.
-    pub fn scan(&mut self, chunk: &Bytes) -> Result<(), String> {
+    pub fn scan(&mut self, chunk: &Bytes) -> Result<(), DlpError> {
         let left = self.cfg.max_bytes.saturating_sub(self.scanned);
         if left == 0 {
             return Ok(());
@@ -100,7 +100,7 @@ impl Scanner {
     /// Scan the request's target and header values with the named rules (not the entropy
     /// detector: tokens and placeholders in headers are random by design), before anything is
     /// sent; `Err` with the refusal's words when a `deny` rule matched.
-    pub fn head(&mut self, uri: &http::Uri, headers: &http::HeaderMap) -> Result<(), String> {
+    pub fn head(&mut self, uri: &http::Uri, headers: &http::HeaderMap) -> Result<(), DlpError> {
         let mut hits = Vec::new();
         if let Some(pq) = uri.path_and_query() {
             hits.extend(rule_hits(&self.cfg, pq.as_str().as_bytes()));
@@ -118,9 +118,9 @@ impl Scanner {
     }
 
     /// Record what was found; `Err` at the first `deny` rule (unless only reporting).
-    fn note(&self, hits: Vec<(String, DlpAction)>, place: &str) -> Result<(), String> {
+    fn note(&self, hits: Vec<(String, DlpAction)>, place: &'static str) -> Result<(), DlpError> {
         let Ok(mut f) = self.found.lock() else {
-            return Err("the scanner failed".into());
+            return Err(DlpError::Failed);
         };
         for (name, action) in hits {
             if !f.names.contains(&name) {
@@ -128,7 +128,10 @@ impl Scanner {
             }
             if action == DlpAction::Deny && !self.report_only && f.blocked.is_none() {
                 f.blocked = Some(name.clone());
-                return Err(format!("dlp rule {name} matched {place}"));
+                return Err(DlpError::Matched {
+                    rule: name.clone(),
+                    place,
+                });
             }
         }
         Ok(())
@@ -152,7 +155,7 @@ pub async fn phase<B>(
     uri: &http::Uri,
     headers: &http::HeaderMap,
     body: B,
-) -> Result<Phase<B>, String>
+) -> Result<Phase<B>, DlpError>
 where
     B: http_body::Body<Data = Bytes> + Unpin,
     B::Error: From<Cut> + Into<BoxError>,
@@ -172,7 +175,7 @@ where
     let whole = http_body_util::Limited::new(body, limit)
         .collect()
         .await
-        .map_err(|_| format!("a body under a Content-Encoding is scanned whole, and this one is larger than {max} bytes (dlp.max_bytes) or could not be read"))?
+        .map_err(|_| DlpError::Unscannable(format!("a body under a Content-Encoding is scanned whole, and this one is larger than {max} bytes (dlp.max_bytes) or could not be read")))?
         .to_bytes();
     let plain = coding.decode(&whole, max)?;
     scanner.scan(&Bytes::from(plain))?;
@@ -187,16 +190,24 @@ pub struct Scanned<B> {
 }
 
 /// The error a scanned body ends with when a `deny` rule matched.
-#[derive(Debug)]
-pub struct Cut(pub String);
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct Cut(pub DlpError);
 
-impl std::fmt::Display for Cut {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
+/// Why the DLP phase refused a request (the refusal's words: `dlp_blocked`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DlpError {
+    /// A `deny` rule matched: its name, and where (`the request body`, `the request's target
+    /// or headers`).
+    #[error("dlp rule {rule} matched {place}")]
+    Matched { rule: String, place: &'static str },
+    /// A body that must be read whole or decoded to be scanned could not be.
+    #[error("{0}")]
+    Unscannable(String),
+    /// The scanner's state is unavailable.
+    #[error("the scanner failed")]
+    Failed,
 }
-
-impl std::error::Error for Cut {}
 
 impl<B> http_body::Body for Scanned<B>
 where
@@ -320,7 +331,7 @@ impl Coding {
 
     /// `body` decoded, at most `max` bytes of it (what the scanner would read anyway); `Err`
     /// when it does not decode.
-    pub fn decode(&self, body: &[u8], max: u64) -> Result<Vec<u8>, String> {
+    pub fn decode(&self, body: &[u8], max: u64) -> Result<Vec<u8>, DlpError> {
         let mut out = Vec::new();
         let read = match self {
             Coding::Identity => return Ok(body.to_vec()),
@@ -331,13 +342,14 @@ impl Coding {
                 .take(max)
                 .read_to_end(&mut out),
             Coding::Other(c) => {
-                return Err(format!(
+                return Err(DlpError::Unscannable(format!(
                     "the body's Content-Encoding {c} cannot be undone to scan it"
-                ))
+                )))
             }
         };
-        read.map(|_| out)
-            .map_err(|e| format!("the body's Content-Encoding does not decode: {e}"))
+        read.map(|_| out).map_err(|e| {
+            DlpError::Unscannable(format!("the body's Content-Encoding does not decode: {e}"))
+        })
     }
 }
 

@@ -60,8 +60,8 @@ pub async fn phases(
                 audit.dlp(names.names.join(","));
             }
             audit.verdict(Verdict::Deny, Reason::DlpBlocked);
-            audit.detail(why.clone());
-            Err(Refusal::new(Reason::DlpBlocked, why))
+            audit.detail(why.to_string());
+            Err(Refusal::new(Reason::DlpBlocked, why.to_string()))
         }
     }
 }

@@ -359,7 +359,7 @@ async fn send(
             else {
                 return Err(Sent::Origin(e.into_error().to_string()));
             };
-            *up = redial(dial, up).await.map_err(Sent::Origin)?;
+            *up = redial(dial, up).await?;
             with_audit(exchange, |a| {
                 a.detail("the kept upstream connection was closed by the origin; sent again on a new one")
             });
@@ -437,19 +437,19 @@ fn resendable<B: hyper::body::Body>(req: &Request<B>) -> Option<Resend> {
 async fn redial(
     (timeout, metrics): (std::time::Duration, &Metrics),
     up: &Upstream,
-) -> Result<Upstream, String> {
+) -> Result<Upstream, Sent> {
     let gone = "the kept connection closed, and a new one failed";
     let d = match &up.via {
         None => crate::egress::dial(&[up.addr.ip()], up.addr.port(), None, timeout, metrics)
             .await
-            .map_err(|reason| format!("{gone} ({reason})"))?,
+            .map_err(|reason| Sent::Origin(format!("{gone} ({reason})")))?,
         Some(p) => parent::reach(p, &[up.addr.ip()], timeout, metrics)
             .await
-            .map_err(|f| format!("{gone} ({})", f.detail))?,
+            .map_err(|f| Sent::Origin(format!("{gone} ({})", f.detail)))?,
     };
     let mut new = Upstream::handshake_with(d.stream, d.addr, up.cut.clone())
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Sent::Origin(e.to_string()))?;
     new.via = up.via.clone();
     Ok(new)
 }

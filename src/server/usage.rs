@@ -172,15 +172,16 @@ fn split(key: String) -> (String, Option<String>) {
     }
 }
 
-fn load(path: &Path) -> Result<Option<Saved>, String> {
+fn load(path: &Path) -> std::io::Result<Option<Saved>> {
     let text = match std::fs::read(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e),
     };
-    let saved: Saved = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
+    let saved: Saved = serde_json::from_slice(&text)?;
     if saved.version != 1 {
-        return Err(format!("unknown version {}", saved.version));
+        let why = format!("unknown version {}", saved.version);
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, why));
     }
     Ok(Some(saved))
 }
@@ -205,7 +206,7 @@ mod tests {
         std::fs::write(&p, b"{not json").unwrap();
         assert!(load(&p).is_err());
         std::fs::write(&p, br#"{"version":2,"cells":[],"quota":[]}"#).unwrap();
-        assert!(load(&p).unwrap_err().contains("version"));
+        assert!(load(&p).unwrap_err().to_string().contains("version"));
         let saved = Saved {
             version: 1,
             cells: vec![],

@@ -26,13 +26,24 @@ pub(super) fn time_ms(v: &Value) -> Option<i64> {
     v.get("time").and_then(Value::as_i64)
 }
 
+/// Why a line's signature does not hold.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum BadSignature {
+    #[error("the {0} is unsigned: with --public-key every run starts with a signed run_start (a forger cannot sign; a proxy without audit.signing_key_file does not)")]
+    Unsigned(String),
+    #[error("{event} signature does not verify with the given key (key id {key}; the line names {named})")]
+    Mismatch {
+        event: String,
+        key: String,
+        named: String,
+    },
+}
+
 /// Check a signed line's signature.
-pub(super) fn check_signature(key: &VerifyingKey, v: &Value, seq: u64) -> Result<(), String> {
+pub(super) fn check_signature(key: &VerifyingKey, v: &Value, seq: u64) -> Result<(), BadSignature> {
     let event = v["event"].as_str().unwrap_or("line");
     let Some(sig) = v.get("signature") else {
-        return Err(format!(
-            "the {event} is unsigned: with --public-key every run starts with a signed run_start (a forger cannot sign; a proxy without audit.signing_key_file does not)"
-        ));
+        return Err(BadSignature::Unsigned(event.to_string()));
     };
     let sig = sig
         .as_str()
@@ -46,11 +57,11 @@ pub(super) fn check_signature(key: &VerifyingKey, v: &Value, seq: u64) -> Result
     if ok {
         return Ok(());
     }
-    Err(format!(
-        "{event} signature does not verify with the given key (key id {}; the line names {})",
-        key_id(&key.to_bytes()),
-        v["key_id"].as_str().unwrap_or("none")
-    ))
+    Err(BadSignature::Mismatch {
+        event: event.to_string(),
+        key: key_id(&key.to_bytes()),
+        named: v["key_id"].as_str().unwrap_or("none").to_string(),
+    })
 }
 
 /// The signed interval a `run_start` or checkpoint carries: (records, seconds).
@@ -304,7 +315,7 @@ pub(super) fn run_start(
         ));
     }
     if let Some(k) = key {
-        check_signature(k, v, seq).map_err(|why| problem(file, at, Some(seq), why))?;
+        check_signature(k, v, seq).map_err(|why| problem(file, at, Some(seq), why.to_string()))?;
         if let (Some((prun, pseq, ..)), false) = (&st.last, st.ended_signed) {
             let unclosed = &v["unclosed_run"];
             if unclosed["run"].as_str() != Some(prun.as_str())
@@ -371,7 +382,7 @@ pub(super) fn checkpoint(
         }
     }
     if let Some(k) = key {
-        check_signature(k, v, seq).map_err(|why| problem(file, at, Some(seq), why))?;
+        check_signature(k, v, seq).map_err(|why| problem(file, at, Some(seq), why.to_string()))?;
         report.signatures_checked += 1;
         st.signed(v, file, at);
     }

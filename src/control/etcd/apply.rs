@@ -15,6 +15,7 @@ use std::collections::HashSet;
 
 use crate::config::Config;
 use crate::control::registry::{self, Origin, Ready};
+use crate::control::ControlError;
 use crate::control::{ChangeError, Controller, Locked, Registered, State, RETRIES};
 use crate::egress::handles::Handles;
 use crate::policy::sandbox_id::SandboxId;
@@ -131,7 +132,7 @@ impl Controller {
             // Parse and compile every changed value with no lock held (the last attempt,
             // after reloads kept changing the configuration, does it under the lock).
             let view = self.view.load_full();
-            let ready: Vec<Option<Result<Ready, String>>> = changes
+            let ready: Vec<Option<Result<Ready, ControlError>>> = changes
                 .iter()
                 .map(|c| match c {
                     RemoteChange::Put { id, text, revision } if attempt < RETRIES => {
@@ -167,7 +168,7 @@ impl Controller {
         &self,
         st: &mut Locked<'_>,
         changes: &[RemoteChange],
-        ready: Vec<Option<Result<Ready, String>>>,
+        ready: Vec<Option<Result<Ready, ControlError>>>,
         full: bool,
     ) -> Applied {
         let st: &mut State = st;
@@ -191,7 +192,7 @@ impl Controller {
                     let prepared = prepared.unwrap_or_else(|| prepare_remote(&st.config, id, text));
                     let admitted = prepared.and_then(|ready| {
                         registry::admit(&st.config, &st.runtime, id, &ready.binding, Origin::Etcd)
-                            .map_err(|e| e.to_string())?;
+                            .map_err(|e| ControlError::Rejected(e.to_string()))?;
                         Ok(ready)
                     });
                     set_wide |= remove(st, &mut edit, id);
@@ -210,7 +211,7 @@ impl Controller {
                         }
                         Err(why) => {
                             tracing::error!(sandbox = %id, revision, error = %why, "control plane: value skipped; the sandbox is not in force");
-                            st.skipped.insert(id.clone(), (revision, why));
+                            st.skipped.insert(id.clone(), (revision, why.to_string()));
                             applied.skipped += 1;
                         }
                     }
@@ -283,6 +284,7 @@ fn remove(st: &mut State, edit: &mut SetEdit, id: &str) -> bool {
 
 /// Parse and compile a value read from etcd (no room check: every replica must reach the
 /// same set).
-fn prepare_remote(config: &Config, id: &str, text: &str) -> Result<Ready, String> {
-    registry::prepare(config, id, text, Origin::Etcd).map_err(|e| e.to_string())
+fn prepare_remote(config: &Config, id: &str, text: &str) -> Result<Ready, ControlError> {
+    registry::prepare(config, id, text, Origin::Etcd)
+        .map_err(|e| ControlError::Rejected(e.to_string()))
 }

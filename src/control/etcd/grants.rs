@@ -17,6 +17,7 @@ use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
 use super::ControlPlane;
 use crate::approvals::stored::StoredGrant;
 use crate::approvals::{Desk, Remote};
+use crate::control::error::{etcd, ControlError};
 
 /// How long after its expiry a grant's key outlives it (etcd leases are coarse).
 const LEASE_SLACK_S: i64 = 5;
@@ -108,16 +109,16 @@ pub async fn run(cp: Arc<ControlPlane>, desk: Arc<Desk>) {
 /// How often a replica not yet connected looks again.
 const WAIT: Duration = Duration::from_millis(20);
 
-async fn session(cp: &ControlPlane, desk: &Arc<Desk>) -> Result<(), String> {
+async fn session(cp: &ControlPlane, desk: &Arc<Desk>) -> Result<(), ControlError> {
     let Some(client) = cp.client.load_full() else {
-        return Err("not connected yet".into());
+        return Err(etcd("not connected yet"));
     };
     let mut client = (*client).clone();
     let prefix = format!("{}grants/", cp.cfg.prefix);
     let listed = client
         .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| etcd(e.to_string()))?;
     let revision = listed.header().map(|h| h.revision()).unwrap_or(0);
     let grants: Vec<StoredGrant> = listed
         .kvs()
@@ -131,10 +132,10 @@ async fn session(cp: &ControlPlane, desk: &Arc<Desk>) -> Result<(), String> {
     let mut stream = client
         .watch(prefix.clone(), Some(opts))
         .await
-        .map_err(|e| e.to_string())?;
-    while let Some(resp) = stream.message().await.map_err(|e| e.to_string())? {
+        .map_err(|e| etcd(e.to_string()))?;
+    while let Some(resp) = stream.message().await.map_err(|e| etcd(e.to_string()))? {
         if resp.canceled() || resp.compact_revision() > 0 {
-            return Err("the watch was cancelled or compacted".into());
+            return Err(etcd("the watch was cancelled or compacted"));
         }
         let mut put = Vec::new();
         for ev in resp.events() {
@@ -156,7 +157,7 @@ async fn session(cp: &ControlPlane, desk: &Arc<Desk>) -> Result<(), String> {
         }
         adopt(desk, put).await;
     }
-    Err("etcd closed the watch".into())
+    Err(etcd("etcd closed the watch"))
 }
 
 /// The desk publishes through the controller's lock: off the reactor.

@@ -106,7 +106,7 @@ impl Exchange {
         let body = match dlp::phase(scanner, &parts.uri, &parts.headers, body).await {
             Ok(Phase::Stream(s)) => UpBody::Scanned(Box::new(s)),
             Ok(Phase::Whole(b)) => UpBody::whole(b),
-            Err(why) => return Err(Refusal::new(Reason::DlpBlocked, why)),
+            Err(why) => return Err(Refusal::new(Reason::DlpBlocked, why.to_string())),
         };
         Ok((Request::from_parts(parts, body), Some(found)))
     }

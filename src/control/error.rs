@@ -1,0 +1,33 @@
+//! What can go wrong in the control plane outside a registration call ([`super::ChangeError`]
+//! has those, each with its HTTP status): input it refuses (a target, a duration, a query
+//! parameter), the `state_dir` log, and etcd's sessions and values. Each carries the words an
+//! operator or the admin API's caller reads.
+
+/// A control-plane failure, by where it happened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ControlError {
+    /// Input refused: a `check` target, a CLI duration, an admin API query parameter.
+    #[error("{0}")]
+    Invalid(String),
+    /// The `state_dir` registration log could not be opened or a line of it read.
+    #[error("{0}")]
+    Store(String),
+    /// etcd could not be reached or a watch broke (retried).
+    #[error("{0}")]
+    Etcd(String),
+    /// A value read from etcd that this replica cannot put in force (kept out, reported).
+    #[error("{0}")]
+    Rejected(String),
+}
+
+pub(crate) fn invalid(why: impl Into<String>) -> ControlError {
+    ControlError::Invalid(why.into())
+}
+
+pub(crate) fn store(why: impl Into<String>) -> ControlError {
+    ControlError::Store(why.into())
+}
+
+pub(crate) fn etcd(why: impl Into<String>) -> ControlError {
+    ControlError::Etcd(why.into())
+}
