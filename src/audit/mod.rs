@@ -39,9 +39,8 @@ pub use writer::AuditLog;
 use crate::audit::accept::Accepted;
 use crate::audit::metrics::{Metrics, SandboxStats};
 use crate::audit::outcome::Relayed;
-use crate::egress::identity::{Identified, Method};
-use crate::egress::resolve::ResolveError;
-use crate::egress::Decided;
+use crate::audit::record::Method;
+use crate::policy::sandbox_id::SandboxId;
 use crate::policy::target::Target;
 use crate::policy::Decision;
 use record::{Entry, Event};
@@ -247,15 +246,32 @@ impl AuditGuard {
     }
 
     /// The sandbox was identified; `stats` are its byte counters.
-    pub fn identified(&mut self, who: &Identified, stats: Arc<SandboxStats>) {
-        self.record.identity = who.method;
-        self.record.sandbox = Some(who.sandbox.binding.id.clone());
+    pub fn identified(&mut self, sandbox: SandboxId, method: Method, stats: Arc<SandboxStats>) {
+        self.record.identity = method;
+        self.record.sandbox = Some(sandbox);
         self.stats = Some(stats);
     }
 
     /// Identification failed with a credential of this kind.
     pub fn identity_refused(&mut self, method: Method) {
         self.record.identity = method;
+    }
+
+    /// What a stream's first bytes carried that its decision did not allow: refused, or in
+    /// report mode (`report`) reported when the reason may be. Returns whether the connection
+    /// must be refused.
+    pub fn mismatch(&mut self, m: crate::wire::first_bytes::Mismatch, report: bool) -> bool {
+        let reported = report && m.reason.reportable();
+        self.detail(m.detail);
+        self.decision(&Decision {
+            verdict: match reported {
+                true => crate::policy::Verdict::Report,
+                false => crate::policy::Verdict::Deny,
+            },
+            reason: m.reason,
+            rule: None,
+        });
+        !reported
     }
 
     /// The policy decision (allowed or not).
@@ -276,15 +292,17 @@ impl AuditGuard {
         self.record.detail = Some(detail.into());
     }
 
-    /// Everything [`crate::egress::decide`] found out.
-    pub fn decided(&mut self, d: &Decided) {
-        self.decision(&d.decision);
-        self.record.resolved = d.resolved.clone();
-        self.record.guard_refused = d.guard_refused.clone();
-        self.record.dst_in_resolved = d.dst_in_resolved;
-        if let Some(ResolveError::Failed(e)) = &d.resolver_error {
-            self.record.detail = Some(Cow::Owned(e.clone()));
-        }
+    /// What the name resolved to, the addresses the guard refused, and (transparent mode)
+    /// whether the original destination was among the resolved addresses.
+    pub fn looked_up(
+        &mut self,
+        resolved: &[std::net::IpAddr],
+        guard_refused: &[(std::net::IpAddr, crate::policy::guard::GuardVerdict)],
+        dst_in_resolved: Option<bool>,
+    ) {
+        self.record.resolved = resolved.to_vec();
+        self.record.guard_refused = guard_refused.to_vec();
+        self.record.dst_in_resolved = dst_in_resolved;
     }
 
     pub fn dialed(&mut self, addr: SocketAddr) {

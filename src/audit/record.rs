@@ -13,12 +13,34 @@ use serde::Serialize;
 
 use crate::audit::json_line::Object;
 pub use crate::audit::outcome::{Close, Mode};
-use crate::egress::identity::Method;
 use crate::policy::guard::GuardVerdict;
 use crate::policy::reason::Reason;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::target::Target;
 use crate::policy::{Rule, Verdict};
+
+/// How the sandbox was identified (the audit record's `identity`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// A verified client certificate on the TLS proxy listener.
+    Certificate,
+    Token,
+    Source,
+    Default,
+    None,
+}
+
+impl Method {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Certificate => "certificate",
+            Method::Token => "token",
+            Method::Source => "source",
+            Method::Default => "default",
+            Method::None => "none",
+        }
+    }
+}
 
 /// `open` (a tunnel or forwarded exchange began) or `end` (the one final record).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::record::*;
-use crate::egress::identity::Method;
+use crate::audit::record::Method;
 use crate::policy::guard::GuardVerdict;
 use crate::policy::ports::PortSet;
 use crate::policy::reason::Reason;

@@ -79,6 +79,17 @@ impl Credential {
         self.hosts.iter().any(|h| h.matches(host))
     }
 
+    /// Whether `host` is this minting credential's token endpoint (its answers to the sandbox
+    /// are sealed, so it is terminated).
+    pub fn token_host(&self, host: &str) -> bool {
+        match &self.kind {
+            CredentialKind::Minted(m) => m
+                .token_endpoint()
+                .is_some_and(|(h, _)| h.eq_ignore_ascii_case(host)),
+            _ => false,
+        }
+    }
+
     /// What identifies this credential with its secrets, by digest (a rotation or any change
     /// is a new fingerprint): the policy version and the minted-token cache key read it.
     pub fn fingerprint(&self) -> [u8; 32] {

@@ -320,7 +320,7 @@ pub struct Admission {
 }
 
 /// `forward_keepalive:` — upstream connections of forwarded plain HTTP kept idle for the
-/// next request of the same sandbox to the same origin ([`crate::relay::upstream_pool`]).
+/// next request of the same sandbox to the same origin ([`crate::egress::upstream_pool`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ForwardKeepalive {
     /// How long an idle connection is kept (zero: none is kept).

@@ -145,8 +145,8 @@ impl Client {
             .header(http::header::CONTENT_TYPE, "application/json");
         if let Some(key) = &self.cfg.secret {
             // Signed like the approvals webhook's requests: `timestamp.body` under the key.
-            let now = crate::approvals::webhook::now_secs();
-            let sig = crate::approvals::webhook::sign(&key.0, now, &json);
+            let now = crate::wire::signature::now_secs();
+            let sig = crate::wire::signature::sign(&key.0, now, &json);
             req = req
                 .header("x-egress-proxy-timestamp", now.to_string())
                 .header("x-egress-proxy-signature", sig);

@@ -36,13 +36,13 @@ use crate::egress::identity::{self, Identified, Method};
 use crate::egress::limits::{ConnectionSlot, Limiters, Refusal as LimitRefusal};
 use crate::egress::quota::until_tomorrow;
 use crate::egress::resolve::{ResolveError, Resolver};
+use crate::egress::upstream_pool::{Upstream, UpstreamPool};
 use crate::egress::verdict::{Point, Verdicts};
 use crate::egress::{Decided, Dialed, Lookup};
 use crate::policy::reason::Reason;
 use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::target::Target;
 use crate::policy::Decision;
-use crate::relay::upstream_pool::{Upstream, UpstreamPool};
 use crate::wire::first_bytes::FirstBytes;
 
 /// The handles the sequence reads, and nothing else.
@@ -252,7 +252,8 @@ pub fn enter(
     audit: &mut AuditGuard,
 ) -> Result<Entered, Refused> {
     let who = identify(cx, door, audit)?;
-    audit.identified(&who, who.sandbox.stats(cx.metrics));
+    let stats = who.sandbox.stats(cx.metrics);
+    audit.identified(who.sandbox.binding.id.clone(), who.method, stats);
     let slot = limits(cx, &who.sandbox, seat, audit)?;
     Ok(Entered { who, slot })
 }
@@ -279,7 +280,7 @@ impl Entered {
         let sb = who.sandbox.clone();
         let parent = parent_for(cx.parent, &sb, &ask.target);
         let (target, decided) = decide(cx, &sb, &ask, parent, audit).await;
-        audit.decided(&decided);
+        decided.record(audit);
         if !decided.proceeds() {
             let mut why = decided.explain(&sb.binding.id, sb.policy.file(), &target);
             if let Some(ResolveError::Failed(detail)) = &decided.resolver_error {

@@ -16,28 +16,7 @@ use subtle::ConstantTimeEq;
 use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::Reason;
 
-/// How the sandbox was identified (the audit record's `identity`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Method {
-    /// A verified client certificate on the TLS proxy listener.
-    Certificate,
-    Token,
-    Source,
-    Default,
-    None,
-}
-
-impl Method {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Method::Certificate => "certificate",
-            Method::Token => "token",
-            Method::Source => "source",
-            Method::Default => "default",
-            Method::None => "none",
-        }
-    }
-}
+pub use crate::audit::record::Method;
 
 /// The sandbox and how it was found.
 #[derive(Debug, Clone)]

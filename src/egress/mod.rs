@@ -2,8 +2,11 @@
 //! `POST /v1/check`: [`decide`] on the name, resolve once, decide on every resolved address
 //! (address rules, then the guard); then [`dial`] only an address that was checked — never
 //! re-resolving between check and dial. Because `check` calls the same [`decide`], its answer
-//! is the data plane's by construction.
+//! is the data plane's by construction. A dial's stream is egress's too: `server_io` (TCP,
+//! or TLS to a parent), `abortable` (its cut switch) and `upstream_pool` (the connections
+//! forwarded requests keep), so the relays below the sequence import them, never the reverse.
 
+pub(crate) mod abortable;
 pub(crate) mod admission;
 pub mod admit;
 pub(crate) mod answers;
@@ -16,8 +19,13 @@ pub(crate) mod parent;
 pub mod quota;
 pub mod resolve;
 pub(crate) mod roots;
+pub(crate) mod server_io;
 pub(crate) mod strangers;
+pub(crate) mod upstream_pool;
 pub mod verdict;
+
+mod io_enum;
+pub(crate) use io_enum::delegate_io;
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -25,6 +33,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
 use crate::audit::metrics::{Metrics, Timing};
+use crate::audit::AuditGuard;
 use crate::egress::grant::Grant;
 use crate::egress::identity::Identified;
 use crate::egress::resolve::{ResolveError, Resolver};
@@ -57,6 +66,16 @@ pub struct Decided {
 }
 
 impl Decided {
+    /// Put everything the decision found out on the record: the verdict, what the name
+    /// resolved to, what the guard refused, and why the resolver failed when it did.
+    pub fn record(&self, audit: &mut AuditGuard) {
+        audit.decision(&self.decision);
+        audit.looked_up(&self.resolved, &self.guard_refused, self.dst_in_resolved);
+        if let Some(ResolveError::Failed(e)) = &self.resolver_error {
+            audit.detail(e.clone());
+        }
+    }
+
     /// Whether the connection may go ahead (allowed, or reported).
     pub fn proceeds(&self) -> bool {
         self.decision.verdict.proceeds()
@@ -239,7 +258,7 @@ pub fn decide_by_answer(
 /// A connection to a checked address.
 #[derive(Debug)]
 pub struct Dialed {
-    pub stream: crate::relay::server_io::ServerIo,
+    pub stream: crate::egress::server_io::ServerIo,
     pub addr: SocketAddr,
 }
 
@@ -275,7 +294,7 @@ pub async fn dial(
 ) -> Result<Dialed, Reason> {
     let (stream, addr) = dial_socket(addrs, port, prefer, timeout, metrics).await?;
     Ok(Dialed {
-        stream: crate::relay::server_io::ServerIo::Tcp(stream),
+        stream: crate::egress::server_io::ServerIo::Tcp(stream),
         addr,
     })
 }

@@ -23,7 +23,6 @@ pub(crate) mod prefixed;
 mod scrub;
 pub mod sealed;
 mod sigv4;
-pub(crate) mod unescape;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -146,17 +145,6 @@ impl Interceptor {
     }
 }
 
-/// Whether `host` is the token endpoint of minting credential `c` (its answers to the
-/// sandbox are sealed, so it is terminated).
-pub(crate) fn token_host(c: &crate::config::credentials::Credential, host: &str) -> bool {
-    match &c.kind {
-        crate::config::credentials::CredentialKind::Minted(m) => m
-            .token_endpoint()
-            .is_some_and(|(h, _)| h.eq_ignore_ascii_case(host)),
-        _ => false,
-    }
-}
-
 /// Why a plain-HTTP request of `binding` to `host` must be refused for its credentials: the
 /// host has a credential bound (it would travel in clear) or is a minting credential's token
 /// endpoint (its answers must be sealed), or the request (`uri`, `headers`) carries a
@@ -174,7 +162,7 @@ pub fn plain_http_misuse(
                 c.name
             ));
         }
-        if token_host(c, host) {
+        if c.token_host(host) {
             return Some(format!(
                 "{host} is the token endpoint of credential {}: requests to it must use https (its answers are sealed)",
                 c.name
@@ -228,7 +216,7 @@ pub struct Tunnel<'a> {
     pub client: ClientIo,
     /// Bytes already read from the client (its ClientHello).
     pub early: Vec<u8>,
-    pub server: crate::relay::server_io::ServerIo,
+    pub server: crate::egress::server_io::ServerIo,
     /// The protocols the client's ClientHello offered.
     pub client_alpn: Vec<String>,
 }

@@ -4,7 +4,7 @@
 //! `\uXXXX`), in hex, or in base64 (standard or URL-safe, at any alignment inside a longer
 //! base64 string) — it is replaced by a string of the same length cut from its placeholder,
 //! so lengths (and `Content-Length`) stay right. Escapes are undone before matching
-//! ([`super::unescape`]) and the match replaced in the original bytes. Bodies are scanned as
+//! ([`crate::pipeline::unescape`]) and the match replaced in the original bytes. Bodies are scanned as
 //! they stream, safe across chunk boundaries: only a tail that could still become a secret
 //! (or an escape cut in two) is held back, never a whole chunk, so server-sent events are not
 //! delayed. Past `tls_intercept.scrub_body_bytes` a body passes unscanned (noted).
@@ -20,7 +20,7 @@ use http::{HeaderMap, HeaderValue};
 use hyper::body::{Body, Frame, SizeHint};
 
 use super::credential::Bound;
-use super::unescape;
+use crate::pipeline::unescape;
 
 /// Every form of the secrets of some credentials, compiled once per binding.
 pub struct Scrubber {

@@ -19,6 +19,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::accept::Accepted;
 use crate::audit::{AuditGuard, Close, Mode};
+use crate::egress::abortable::{Abortable, Cut};
 use crate::egress::admission::UnidentifiedSlot;
 use crate::egress::admit::{self, Ask, AtCapacity, Door, Evidence, Seat};
 use crate::listen::explicit_tls::ClientCert;
@@ -26,7 +27,6 @@ use crate::policy::reason::Reason;
 use crate::policy::set::Sandbox;
 use crate::policy::target::Target;
 use crate::policy::Decision;
-use crate::relay::abortable::{Abortable, Cut};
 use crate::relay::body::Body;
 use crate::relay::client_io::ClientIo;
 use crate::relay::deny::{self, Refusal};

@@ -18,16 +18,16 @@ use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 
 use crate::audit::{AuditGuard, Close};
+use crate::egress::abortable::OverTcp;
 use crate::egress::limits::SandboxLimiter;
+use crate::egress::server_io::ServerIo;
 use crate::policy::reason::Reason;
 use crate::policy::set::Sandbox;
 use crate::policy::target::Target;
 use crate::policy::Decision;
 use crate::policy::Enforcement;
-use crate::relay::abortable::OverTcp;
 use crate::relay::client_io::ClientIo;
 use crate::relay::liveness::Liveness;
-use crate::relay::server_io::ServerIo;
 use crate::relay::tunnel::Relayed;
 use crate::runtime::Shared;
 use crate::wire::first_bytes::{FirstBytes, Inspected};
@@ -114,7 +114,7 @@ where
         ))
         .await;
         if let Some(m) = checked.mismatch {
-            m.record(audit, report);
+            audit.mismatch(m, report);
         }
         return checked.relayed;
     }
@@ -208,7 +208,7 @@ fn secret_in_clear(b: &crate::config::Binding, host: &str) -> Option<String> {
     if let Some(c) = b
         .credentials
         .iter()
-        .find(|c| c.bound_to(host) || crate::intercept::token_host(c, host))
+        .find(|c| c.bound_to(host) || c.token_host(host))
     {
         return Some(format!(
             "credential {} is bound to {host}: requests to it must use https (a secret never travels in clear)",

@@ -11,15 +11,15 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::{AuditGuard, Close};
+use crate::egress::abortable::Abortable;
 use crate::egress::admit::{Admitted, Tunnel};
 use crate::egress::handles::Handles;
+use crate::egress::server_io::ServerIo;
 use crate::egress::verdict;
 use crate::policy::set::Sandbox;
 use crate::policy::target::Target;
-use crate::relay::abortable::Abortable;
 use crate::relay::body::{self, Body};
 use crate::relay::client_io::ClientIo;
-use crate::relay::server_io::ServerIo;
 use crate::relay::tunnel::Relayed;
 use crate::runtime::Shared;
 use crate::wire::first_bytes::{self, FirstBytes};

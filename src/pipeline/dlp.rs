@@ -3,7 +3,7 @@
 //! streams ([`Scanner`]) — no whole-body buffering: each chunk is scanned with the last
 //! [`OVERLAP`] bytes of the one before, so a match split across chunks is found — within
 //! `max_bytes`. Every place is scanned as it is and as the origin may decode it: percent and
-//! JSON escapes undone (the scrubber's decoder, [`crate::intercept::unescape`]) and base64 runs
+//! JSON escapes undone (the scrubber's decoder, [`super::unescape`]) and base64 runs
 //! decoded; a body under a `Content-Encoding` is decompressed first ([`Coding`]), and one the
 //! proxy cannot undo is refused. A `deny` match refuses the request (in the body: cuts it; the
 //! upstream gets an incomplete body, never a complete one), a `report` match is recorded.
@@ -17,8 +17,8 @@ use std::io::Read;
 use base64::Engine;
 use bytes::{Bytes, BytesMut};
 
+use super::unescape;
 use crate::config::decider::{DlpAction, DlpConfig};
-use crate::intercept::unescape;
 
 /// Bytes of the previous chunk scanned again with the next.
 pub const OVERLAP: usize = 1024;

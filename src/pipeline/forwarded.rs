@@ -18,7 +18,6 @@ use crate::audit::AuditGuard;
 use crate::config::Binding;
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
-use crate::relay::body::SendError;
 
 /// A forwarded request's body, as the forwarder sends it.
 pub type ForwardBody = BoxBody<Bytes, SendError>;
@@ -148,4 +147,34 @@ fn facts(parts: &http::request::Parts, call: Option<String>) -> HttpFacts {
 fn whole(parts: http::request::Parts, bytes: Bytes) -> Request<ForwardBody> {
     let body = Full::new(bytes).map_err(|never| match never {}).boxed();
     Request::from_parts(parts, body)
+}
+
+/// Why a request body sent upstream ended early (the client's stream failed, or the DLP
+/// phase cut it): one concrete error type, so the forwarded request's body is any `Error`
+/// hyper's client takes without a boxed-to-boxed conversion.
+#[derive(Debug)]
+pub struct SendError(pub Box<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+impl From<hyper::Error> for SendError {
+    fn from(e: hyper::Error) -> Self {
+        SendError(Box::new(e))
+    }
+}
+
+impl From<super::dlp::Cut> for SendError {
+    fn from(e: super::dlp::Cut) -> Self {
+        SendError(Box::new(e))
+    }
 }

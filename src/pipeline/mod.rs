@@ -24,6 +24,7 @@ pub mod body;
 pub mod dlp;
 pub mod forwarded;
 pub mod head;
+pub(crate) mod unescape;
 
 use crate::config::Binding;
 
@@ -35,7 +36,7 @@ pub fn judged_per_request(binding: &Binding, host: &str) -> bool {
     binding
         .credentials
         .iter()
-        .any(|c| c.bound_to(host) || crate::intercept::token_host(c, host))
+        .any(|c| c.bound_to(host) || c.token_host(host))
         || binding.network.http.iter().any(|r| r.host.matches(host))
         || binding
             .identity_token

@@ -25,33 +25,3 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
         .map_err(|never| match never {})
         .boxed()
 }
-
-/// Why a request body sent upstream ended early (the client's stream failed, or the DLP
-/// phase cut it): one concrete error type, so the forwarded request's body is any `Error`
-/// hyper's client takes without a boxed-to-boxed conversion.
-#[derive(Debug)]
-pub struct SendError(pub BoxError);
-
-impl std::fmt::Display for SendError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::error::Error for SendError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.0)
-    }
-}
-
-impl From<hyper::Error> for SendError {
-    fn from(e: hyper::Error) -> Self {
-        SendError(Box::new(e))
-    }
-}
-
-impl From<crate::pipeline::dlp::Cut> for SendError {
-    fn from(e: crate::pipeline::dlp::Cut) -> Self {
-        SendError(Box::new(e))
-    }
-}

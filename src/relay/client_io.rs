@@ -8,7 +8,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
-use crate::relay::abortable::OverTcp;
+use crate::egress::abortable::OverTcp;
 
 /// A client connection.
 pub enum ClientIo {
@@ -44,4 +44,4 @@ impl OverTcp for TlsStream<TcpStream> {
     }
 }
 
-crate::relay::delegate_io!(ClientIo { Tcp, Tls, H2 });
+crate::egress::delegate_io!(ClientIo { Tcp, Tls, H2 });

@@ -6,7 +6,7 @@
 //! watched: when the policy no longer allows the exchange, the upstream connection is
 //! reset (nothing more reaches the origin) and so is the client connection (nothing more
 //! reaches the client), and the record says `close: "revoked"`. An exchange that ended
-//! cleanly leaves its upstream connection to [`crate::relay::upstream_pool`] for the next
+//! cleanly leaves its upstream connection to [`crate::egress::upstream_pool`] for the next
 //! request of the same sandbox to the same authority and address.
 
 use std::sync::{Arc, Mutex};
@@ -20,22 +20,22 @@ use tokio::sync::oneshot;
 use crate::audit::metrics::ActiveGuard;
 use crate::audit::metrics::Metrics;
 use crate::audit::{AuditGuard, Close};
+use crate::egress::abortable::Cut;
 use crate::egress::admit::{Admitted, Route, Through};
 use crate::egress::handles::Handles;
 use crate::egress::limits::{ConnectionSlot, SandboxLimiter};
 use crate::egress::parent;
+use crate::egress::upstream_pool::Upstream;
+use crate::egress::upstream_pool::UpstreamPool;
 use crate::pipeline::{self, forwarded::ForwardBody};
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;
 use crate::policy::Decision;
-use crate::relay::abortable::Cut;
 use crate::relay::body::{Body, BoxError};
 use crate::relay::counted::{self, Counted};
 use crate::relay::deny;
 use crate::relay::liveness::Liveness;
 use crate::relay::shaped_body::ShapedBody;
-use crate::relay::upstream_pool::Upstream;
-use crate::relay::upstream_pool::UpstreamPool;
 use crate::relay::watch::Watch;
 
 /// What lives exactly as long as the exchange: its record, its place in the active gauge
@@ -345,7 +345,7 @@ async fn send(
     dial: (std::time::Duration, &Metrics),
     exchange: &SharedExchange,
     up: &mut Upstream,
-    upstream_req: Request<crate::relay::upstream_pool::ReqBody>,
+    upstream_req: Request<crate::egress::upstream_pool::ReqBody>,
 ) -> Result<Response<Incoming>, Sent> {
     let again = (up.reused > 0).then(|| resendable(&upstream_req)).flatten();
     match up.sender.try_send_request(upstream_req).await {
@@ -408,7 +408,7 @@ struct Resend {
 }
 
 impl Resend {
-    fn request(self) -> Request<crate::relay::upstream_pool::ReqBody> {
+    fn request(self) -> Request<crate::egress::upstream_pool::ReqBody> {
         let mut req = Request::new(
             http_body_util::Empty::<Bytes>::new()
                 .map_err(|never| match never {})
@@ -493,7 +493,7 @@ fn for_origin(
     live: Arc<Liveness>,
     shaper: Option<Arc<SandboxLimiter>>,
     through: Option<&Through>,
-) -> Request<crate::relay::upstream_pool::ReqBody> {
+) -> Request<crate::egress::upstream_pool::ReqBody> {
     let (mut parts, body) = req.into_parts();
     let body = Counted::new(body, live, true).boxed();
     let body = match shaper {

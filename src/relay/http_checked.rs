@@ -78,8 +78,8 @@ pub async fn relay_checked<C, S, F>(
     shaper: Option<&SandboxLimiter>,
 ) -> Checked
 where
-    C: crate::relay::abortable::OverTcp,
-    S: crate::relay::abortable::OverTcp,
+    C: crate::egress::abortable::OverTcp,
+    S: crate::egress::abortable::OverTcp,
     F: std::future::Future<Output = Close>,
 {
     let found: Mutex<Option<Mismatch>> = Mutex::new(None);
@@ -166,8 +166,8 @@ fn ended<C, S>(
     (client, server): (C, S),
 ) -> Checked
 where
-    C: crate::relay::abortable::OverTcp,
-    S: crate::relay::abortable::OverTcp,
+    C: crate::egress::abortable::OverTcp,
+    S: crate::egress::abortable::OverTcp,
 {
     // A refused request that is not only reported (a quota never is), as the record says.
     let enforced = mismatch

@@ -1,13 +1,10 @@
 //! How are bytes moved, and when are they cut? The relays: byte tunnels (shaped or zero-copy
 //! with `splice`), plain-HTTP forwarding, the checked HTTP relay, the bodies that count and
-//! shape, the kept upstream connections of forwarded requests, the watch every exchange holds
-//! on its grant (revocation, shutdown), the client's
-//! and the destination's streams (TCP or TLS), and `deny`, the one builder of what a client is told when refused.
+//! shape, the watch every exchange holds on its grant (revocation, shutdown), the client's
+//! stream (TCP or TLS), and `deny`, the one builder of what a client is told when refused.
+//! The destination's stream, its abort switch and the kept upstream connections are
+//! [`crate::egress`]'s: a dial makes them.
 
-mod io_enum;
-pub(crate) use io_enum::delegate_io;
-
-pub(crate) mod abortable;
 pub(crate) mod body;
 pub(crate) mod buffers;
 pub(crate) mod client_io;
@@ -18,9 +15,7 @@ pub mod http_checked;
 pub(crate) mod liveness;
 #[allow(unsafe_code)]
 pub(crate) mod send_queue;
-pub(crate) mod server_io;
 pub(crate) mod shaped_body;
 pub(crate) mod splice;
 pub(crate) mod tunnel;
-pub(crate) mod upstream_pool;
 pub(crate) mod watch;

@@ -166,8 +166,8 @@ pub async fn relay_streams<C, S, F>(
     shaper: Option<&SandboxLimiter>,
 ) -> Relayed
 where
-    C: crate::relay::abortable::OverTcp,
-    S: crate::relay::abortable::OverTcp,
+    C: crate::egress::abortable::OverTcp,
+    S: crate::egress::abortable::OverTcp,
     F: Future<Output = Close>,
 {
     let mut r = relay(&mut client, &mut server, live, stop, shaper).await;
@@ -179,7 +179,7 @@ where
 }
 
 /// [`abort`] for a stream over a TCP socket.
-pub(crate) fn abort_over<S: crate::relay::abortable::OverTcp>(stream: S) -> u64 {
+pub(crate) fn abort_over<S: crate::egress::abortable::OverTcp>(stream: S) -> u64 {
     let unsent = match stream.tcp() {
         Some(t) => {
             let _ = t.set_zero_linger();

@@ -72,7 +72,7 @@ pub struct Shared {
     /// DNS clients no sandbox has: their refusals summed per source, their rate bounded.
     pub dns_strangers: Arc<crate::egress::strangers::Strangers>,
     /// Idle upstream connections of forwarded requests, per sandbox and origin.
-    pub upstreams: Arc<crate::relay::upstream_pool::UpstreamPool>,
+    pub upstreams: Arc<crate::egress::upstream_pool::UpstreamPool>,
     /// The verdict point's stages, in order.
     pub verdicts: Verdicts,
     /// The external deciders' connections (the verdict stage and terminated exchanges).
@@ -95,7 +95,7 @@ impl Shared {
         let deciders = Arc::new(crate::decider::Deciders::default());
         Shared {
             deciders: deciders.clone(),
-            upstreams: Arc::new(crate::relay::upstream_pool::UpstreamPool::new(
+            upstreams: Arc::new(crate::egress::upstream_pool::UpstreamPool::new(
                 settings.forward_keepalive,
             )),
             verdicts: Verdicts::new(vec![

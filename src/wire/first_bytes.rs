@@ -22,10 +22,8 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
-use crate::audit::AuditGuard;
 use crate::policy::reason::Reason;
 use crate::policy::target::{Host, Target};
-use crate::policy::{Decision, Verdict};
 use crate::wire::peek::{classify, split_host_header, Peeked, MAX_PEEK};
 
 /// What the start of a tunnel showed.
@@ -136,25 +134,6 @@ pub struct Rules {
 pub struct Mismatch {
     pub reason: Reason,
     pub detail: String,
-}
-
-impl Mismatch {
-    /// Record it on `audit`: refused, or in report mode (`report`) reported when the reason
-    /// may be. Returns whether the connection must be refused.
-    pub fn record(self, audit: &mut AuditGuard, report: bool) -> bool {
-        let reported = report && self.reason.reportable();
-        audit.detail(self.detail);
-        audit.decision(&Decision {
-            verdict: if reported {
-                Verdict::Report
-            } else {
-                Verdict::Deny
-            },
-            reason: self.reason,
-            rule: None,
-        });
-        !reported
-    }
 }
 
 fn mismatch(reason: Reason, detail: impl Into<String>) -> Result<(), Mismatch> {

@@ -7,5 +7,6 @@ pub mod first_bytes;
 pub mod http_response;
 pub mod http_stream;
 pub mod peek;
+pub mod signature;
 pub mod sni;
 pub mod socks5;

@@ -91,8 +91,8 @@ pub(super) async fn requests_through(
     target: &Target,
     audit: &mut AuditGuard,
 ) -> Result<(Route, IpAddr, Option<Through>), Refused> {
+    use crate::egress::upstream_pool::authority;
     use crate::policy::target::Host;
-    use crate::relay::upstream_pool::authority;
     let asked = crate::egress::parent::asked(decided, target);
     let addrs = crate::egress::parent::addresses(parent, &cx.set.guard, cx.resolver)
         .await

@@ -12,8 +12,8 @@ use crate::audit::accept::Accepted;
 use crate::audit::AuditLog;
 use crate::audit::{Mode, Sink};
 use crate::config::load_str;
+use crate::egress::upstream_pool::UpstreamPool;
 use crate::egress::verdict::{FirstBytesStage, Judgement, Stage};
-use crate::relay::upstream_pool::UpstreamPool;
 use crate::wire::first_bytes::Mismatch;
 
 /// Counts its calls and answers with what it is built with.

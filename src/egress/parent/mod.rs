@@ -19,11 +19,11 @@ use tokio::io::AsyncWriteExt;
 use crate::audit::metrics::Metrics;
 use crate::config::upstream::UpstreamProxy;
 use crate::egress::resolve::Resolver;
+use crate::egress::server_io::ServerIo;
 use crate::egress::Dialed;
 use crate::policy::guard::{Guard, GuardVerdict};
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;
-use crate::relay::server_io::ServerIo;
 
 mod head;
 mod route;

@@ -23,15 +23,15 @@ use hyper_util::rt::TokioIo;
 
 use crate::config::upstream::UpstreamProxy;
 use crate::config::ForwardKeepalive;
+use crate::egress::abortable::{Abortable, Cut};
 use crate::egress::grant::Grant;
+use crate::egress::server_io::ServerIo;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::PolicySet;
 use crate::policy::target::Target;
-use crate::relay::abortable::{Abortable, Cut};
-use crate::relay::server_io::ServerIo;
 
 /// The body of a forwarded request, as sent upstream.
-pub type ReqBody = BoxBody<Bytes, crate::relay::body::SendError>;
+pub type ReqBody = BoxBody<Bytes, crate::pipeline::forwarded::SendError>;
 
 /// One HTTP/1.1 connection to an origin.
 pub struct Upstream {

@@ -1,6 +1,6 @@
 //! [`delegate_io!`]: `AsyncRead` and `AsyncWrite` for an enum of streams (the client side,
 //! [`crate::relay::client_io::ClientIo`], and the destination side,
-//! [`crate::relay::server_io::ServerIo`]), each call passed to the variant it holds.
+//! [`crate::egress::server_io::ServerIo`]), each call passed to the variant it holds.
 
 /// Implement `AsyncRead` and `AsyncWrite` for `$ty`, whose variants (`$var`) each hold one
 /// stream (boxed or not) that implements both and is `Unpin`.

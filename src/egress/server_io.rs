@@ -6,7 +6,7 @@
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use crate::relay::abortable::OverTcp;
+use crate::egress::abortable::OverTcp;
 
 /// A connection toward the destination.
 #[derive(Debug)]
@@ -42,4 +42,4 @@ impl OverTcp for ServerIo {
     }
 }
 
-crate::relay::delegate_io!(ServerIo { Tcp, Tls });
+crate::egress::delegate_io!(ServerIo { Tcp, Tls });
