@@ -172,36 +172,6 @@ pub struct Admitted {
     pub through: Option<Through>,
 }
 
-/// An admitted exchange relayed as a tunnel (a CONNECT, a SOCKS5 CONNECT, a transparent
-/// connection): its route is a connection opened for it.
-pub struct Tunnel {
-    pub sandbox: Arc<Sandbox>,
-    pub grant: Grant,
-    pub dialed: Dialed,
-    pub slot: ConnectionSlot,
-    pub decision: Decision,
-    pub opaque: bool,
-}
-
-impl Admitted {
-    /// The exchange as a tunnel; `None` (its record closed as an error) for a kept
-    /// connection, which only a forwarded request asks for.
-    pub fn into_tunnel(self, audit: &mut AuditGuard) -> Option<Tunnel> {
-        let Route::Dialed(dialed) = self.route else {
-            audit.close(Close::Error);
-            return None;
-        };
-        Some(Tunnel {
-            sandbox: self.sandbox,
-            grant: self.grant,
-            dialed,
-            slot: self.slot,
-            decision: self.decision,
-            opaque: self.opaque,
-        })
-    }
-}
-
 /// A forwarded plain-HTTP request sent to a parent proxy as a request in absolute form
 /// (`GET http://host/path`, with the parent's `Proxy-Authorization`), on a connection to the
 /// parent kept like one to an origin.

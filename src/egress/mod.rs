@@ -262,14 +262,6 @@ pub struct Dialed {
     pub addr: SocketAddr,
 }
 
-impl Dialed {
-    /// What this connection was allowed to do, for the exchange to watch: the sandbox `who`
-    /// identified reaching `target` at the dialled address, decided under `set`.
-    pub fn grant(&self, who: &Identified, target: Target, set: &PolicySet) -> Grant {
-        grant(who, target, self.addr.ip(), set)
-    }
-}
-
 /// What an exchange of the sandbox `who` identified is allowed to do: reach `target` at
 /// `dialed`, decided under `set`.
 pub fn grant(who: &Identified, target: Target, dialed: IpAddr, set: &PolicySet) -> Grant {

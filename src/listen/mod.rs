@@ -12,6 +12,7 @@ pub(crate) mod explicit_tls;
 #[allow(unsafe_code)]
 pub(crate) mod orig_dst;
 pub(crate) mod relay_choice;
+mod running;
 pub(crate) mod socks5;
 pub(crate) mod transparent;
 mod tunnel;

@@ -23,30 +23,16 @@ use crate::egress::limits::SandboxLimiter;
 use crate::egress::server_io::ServerIo;
 use crate::policy::reason::Reason;
 use crate::policy::set::Sandbox;
-use crate::policy::target::Target;
 use crate::policy::Decision;
 use crate::policy::Enforcement;
 use crate::relay::client_io::ClientIo;
 use crate::relay::liveness::Liveness;
 use crate::relay::tunnel::Relayed;
 use crate::runtime::Shared;
+
+use super::running::Running;
 use crate::wire::first_bytes::{FirstBytes, Inspected};
 use crate::wire::peek::Peeked;
-
-/// What a relay starts from.
-pub struct Start<'a> {
-    pub shared: &'a Arc<Shared>,
-    pub sandbox: &'a Sandbox,
-    /// The decided target (what the grant allows).
-    pub target: &'a Target,
-    pub client: ClientIo,
-    /// The dialled destination.
-    pub server: ServerIo,
-    /// What was read before deciding, to be replayed, and what it was.
-    pub inspected: Inspected,
-    /// The decision that admitted it (a `once` grant's allows one request).
-    pub decision: &'a Decision,
-}
 
 /// The id of the `once` grant that allowed `decision`, if one did: the exchange it allows is
 /// one request, wherever the proxy frames requests.
@@ -57,37 +43,40 @@ fn once_grant(shared: &Shared, sandbox: &Sandbox, decision: &Decision) -> Option
         .map(|g| g.id.clone())
 }
 
-/// Relay an admitted exchange until it ends, idles out, is revoked or shut down (`stop`).
-pub async fn relay<F>(
-    start: Start<'_>,
+/// Relay an admitted exchange until it ends, idles out, is revoked or shut down (its
+/// stop): `client` is the client's stream, `inspected` what was read of both sides before
+/// deciding (replayed, or terminated).
+pub(super) async fn relay(
+    running: Running,
+    client: ClientIo,
+    inspected: Inspected,
     audit: &mut AuditGuard,
-    stop: F,
-    limiter: &SandboxLimiter,
-) -> Relayed
-where
-    F: Future<Output = Close>,
-{
-    let shaper = limiter.shapes().then_some(limiter);
-    let (shared, b) = (start.shared, &start.sandbox.binding);
-    if let Some(tcp) = start.client.tcp() {
-        crate::relay::buffers::cap(tcp, start.server.tcp(), b.limits.socket_buffer_bytes);
+) -> Relayed {
+    let shared = running.shared.clone();
+    let b = &running.sandbox.binding;
+    if let Some(tcp) = client.tcp() {
+        crate::relay::buffers::cap(tcp, running.server.tcp(), b.limits.socket_buffer_bytes);
     }
     let terminate = shared
         .settings
         .interceptor
         .as_ref()
-        .filter(|ix| ix.terminates(b, &start.target.host.to_string()));
-    let once = once_grant(shared, start.sandbox, start.decision);
+        .filter(|ix| ix.terminates(b, &running.target.host.to_string()));
+    let once = once_grant(&shared, &running.sandbox, &running.decision);
     if let Some(ix) = terminate {
-        return terminated(ix, start, audit, stop, (limiter, once)).await;
+        return terminated(ix, running, (client, inspected), audit, once).await;
     }
-    let Start {
+    let report = b.enforcement == Enforcement::Report;
+    let Running {
         target,
-        client,
         server,
-        inspected,
+        stop,
+        slot,
+        _active,
         ..
-    } = start;
+    } = running;
+    let limiter: &SandboxLimiter = slot.limiter();
+    let shaper = limiter.shapes().then_some(limiter);
     // A tunnel the proxy does not see into is one request, reserved against the quotas.
     let live = Liveness::new(shared.settings.timeouts.idle)
         .metered(limiter, &target.host)
@@ -101,12 +90,11 @@ where
     audit.open();
     if let FirstBytes::Client(Peeked::Http { .. }) = &inspected.first {
         // Plain HTTP: every later request on the connection must name the decided host too.
-        let report = b.enforcement == Enforcement::Report;
         let checked = Box::pin(crate::relay::http_checked::relay_checked(
             client,
             server,
             inspected.client,
-            target,
+            &target,
             report,
             live,
             stop,
@@ -124,25 +112,23 @@ where
 /// A host judged per request: TLS is terminated ([`crate::intercept::serve`]), plain HTTP
 /// has each request judged in clear ([`crate::intercept::serve_plain`]) unless a secret is
 /// bound to the host; anything else is refused and nothing reaches it.
-async fn terminated<F>(
+async fn terminated(
     ix: &crate::intercept::Interceptor,
-    start: Start<'_>,
+    running: Running,
+    (client, inspected): (ClientIo, Inspected),
     audit: &mut AuditGuard,
-    stop: F,
-    (limiter, once): (&SandboxLimiter, Option<Arc<str>>),
-) -> Relayed
-where
-    F: Future<Output = Close>,
-{
-    let Start {
+    once: Option<Arc<str>>,
+) -> Relayed {
+    let Running {
         shared,
         sandbox,
         target,
-        client,
         server,
-        inspected,
+        stop,
+        slot,
+        _active,
         ..
-    } = start;
+    } = running;
     let b = &sandbox.binding;
     let host = target.host.to_string();
     let (hello, in_clear) = match &inspected.first {
@@ -172,7 +158,7 @@ where
     let timeouts = &shared.settings.timeouts;
     let live = Arc::new(
         Liveness::new(timeouts.idle)
-            .metered(limiter, &target.host)
+            .metered(slot.limiter(), &target.host)
             .once(once),
     );
     match hello {

@@ -31,8 +31,7 @@ use tokio::time::Instant;
 use crate::audit::accept::Accepted;
 use crate::audit::{AuditGuard, Close, Mode};
 use crate::egress::admission::UnidentifiedSlot;
-use crate::egress::admit::{self, Admitted, Ask, AtCapacity, Door, Evidence, Seat, Tunnel};
-use crate::egress::handles::Handles;
+use crate::egress::admit::{self, Admitted, Ask, AtCapacity, Door, Evidence, Seat};
 use crate::egress::identity::Credentials;
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;
@@ -41,7 +40,8 @@ use crate::relay::client_io::ClientIo;
 use crate::runtime::Shared;
 use crate::wire::socks5::{self, method, Command, Malformed, Reply, Step};
 
-use super::tunnel::{relay_opened, Opened};
+use super::running::Running;
+use super::tunnel::relay_opened;
 
 /// Serve one SOCKS5 connection. `unidentified` is its place among its address's connections
 /// not yet identified (given back when a sandbox is identified, for a place under the cap).
@@ -224,43 +224,19 @@ async fn relay_admitted(
     admitted: Admitted,
     audit: &mut AuditGuard,
 ) {
-    let Some(Tunnel {
-        sandbox,
-        grant,
-        dialed,
-        slot,
-        decision,
-        opaque,
-    }) = admitted.into_tunnel(audit)
-    else {
-        // A SOCKS5 CONNECT never asks for a kept connection.
+    // A SOCKS5 CONNECT never asks for a kept connection.
+    let Some(running) = Running::start(shared, admitted, audit) else {
         return;
     };
-    if io
-        .answer(&socks5::reply(Reply::Succeeded), audit)
-        .await
-        .is_none()
-    {
+    let succeeded = io.answer(&socks5::reply(Reply::Succeeded), audit).await;
+    if succeeded.is_none() {
         return;
     }
-    let _active = sandbox.stats(shared.metrics()).active();
-    let target = grant.target.clone();
-    let stop = Box::pin(shared.watch(grant).stopped());
-    let limiter = slot.limiter();
-    let opened = Opened {
-        shared,
-        sandbox: &sandbox,
-        target: &target,
-        server: dialed.stream,
-        decision,
-        opaque,
-    };
     // What the client sent after its request, before the answer, is its first bytes.
     let early = std::mem::take(&mut io.buf);
     let client = ClientIo::Tcp(io.stream);
-    let relayed = relay_opened(client, early, opened, audit, stop, limiter).await;
+    let relayed = relay_opened(running, client, early, audit).await;
     audit.relayed(relayed);
-    drop(slot);
 }
 
 /// The reply code a refusal's reason is shown as.

@@ -18,8 +18,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::accept::Accepted;
 use crate::audit::{AuditGuard, Mode};
-use crate::egress::admit::{self, Admitted, Ask, Door, Evidence, Seated, Tunnel};
-use crate::egress::handles::Handles;
+use crate::egress::admit::{self, Admitted, Ask, Door, Evidence, Seated};
 use crate::listen::orig_dst::original_dst;
 use crate::policy::reason::Reason;
 use crate::policy::target::{Host, Target};
@@ -29,7 +28,8 @@ use crate::runtime::Shared;
 use crate::wire::first_bytes::{FirstBytes, Inspected};
 use crate::wire::peek::{classify, split_host_header, Peeked, MAX_PEEK};
 
-use super::relay_choice::{self, Start};
+use super::relay_choice;
+use super::running::Running;
 
 /// Serve one redirected connection. `permit` is its place under the global cap, `unidentified`
 /// its place among its address's connections not yet identified (given back at identification).
@@ -169,35 +169,13 @@ async fn relay_admitted(
     inspected: Inspected,
     audit: &mut AuditGuard,
 ) {
-    let Some(Tunnel {
-        sandbox,
-        grant,
-        dialed,
-        slot,
-        decision,
-        ..
-    }) = admitted.into_tunnel(audit)
-    else {
-        // Transparent connections never ask for a kept connection.
+    // Transparent connections never ask for a kept connection.
+    let Some(running) = Running::start(shared, admitted, audit) else {
         return;
     };
-    let _active = sandbox.stats(shared.metrics()).active();
-    let target = grant.target.clone();
-    // Boxed: held once for the tunnel's life, not once per async layer it passes through.
-    let stop = Box::pin(shared.watch(grant).stopped());
-    let limiter = slot.limiter();
-    let start = Start {
-        shared,
-        sandbox: &sandbox,
-        target: &target,
-        client: ClientIo::Tcp(stream),
-        server: dialed.stream,
-        inspected,
-        decision: &decision,
-    };
-    let relayed = relay_choice::relay(start, audit, stop, limiter).await;
+    let client = ClientIo::Tcp(stream);
+    let relayed = relay_choice::relay(running, client, inspected, audit).await;
     audit.relayed(relayed);
-    drop(slot);
 }
 
 /// The target a connection names — SNI or `Host` — on its original port, else its original

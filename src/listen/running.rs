@@ -1,0 +1,70 @@
+//! The one tail of every tunnel listener (a CONNECT, a SOCKS5 CONNECT, a transparent
+//! connection): an admitted exchange becomes [`Running`] — the sandbox's active count taken,
+//! the grant's watch armed, the connection slot (and so the limiter) held — and the relay
+//! chooser ([`super::relay_choice::relay`]) consumes it. A listener keeps only what is its own:
+//! how it tells the client the tunnel is open, and where the client's bytes come from.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::audit::metrics::ActiveGuard;
+use crate::audit::{AuditGuard, Close};
+use crate::egress::admit::{Admitted, Route};
+use crate::egress::handles::Handles;
+use crate::egress::limits::ConnectionSlot;
+use crate::egress::server_io::ServerIo;
+use crate::policy::set::Sandbox;
+use crate::policy::target::Target;
+use crate::policy::Decision;
+use crate::runtime::Shared;
+
+/// What ends a running tunnel: revocation, shutdown (the grant's watch).
+pub(super) type Stop = Pin<Box<dyn Future<Output = Close> + Send>>;
+
+/// An admitted tunnel, running: everything the relay reads, and what it holds while it runs.
+pub(super) struct Running {
+    pub shared: Arc<Shared>,
+    pub sandbox: Arc<Sandbox>,
+    /// The decided target (what the grant allows).
+    pub target: Target,
+    /// The dialled destination.
+    pub server: ServerIo,
+    /// The decision that admitted it (a `once` grant's allows one request).
+    pub decision: Decision,
+    /// Whether the policy allowed it without looking at its bytes (`*:port` opaque rules).
+    pub opaque: bool,
+    /// Boxed: held once for the tunnel's life, not once per async layer it passes through.
+    pub stop: Stop,
+    pub(super) slot: ConnectionSlot,
+    /// The sandbox's active-connection count, taken while it runs.
+    pub(super) _active: ActiveGuard,
+}
+
+impl Running {
+    /// Start the exchange `admitted` as a tunnel; `None` (its record closed as an error) when
+    /// it was routed to a kept connection, which only a forwarded request asks for.
+    pub fn start(
+        shared: &Arc<Shared>,
+        admitted: Admitted,
+        audit: &mut AuditGuard,
+    ) -> Option<Running> {
+        let Route::Dialed(dialed) = admitted.route else {
+            audit.close(Close::Error);
+            return None;
+        };
+        let target = admitted.grant.target.clone();
+        let stop: Stop = Box::pin(shared.watch(admitted.grant).stopped());
+        Some(Running {
+            shared: shared.clone(),
+            _active: admitted.sandbox.stats(shared.metrics()).active(),
+            sandbox: admitted.sandbox,
+            target,
+            server: dialed.stream,
+            decision: admitted.decision,
+            opaque: admitted.opaque,
+            stop,
+            slot: admitted.slot,
+        })
+    }
+}
