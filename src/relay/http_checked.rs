@@ -320,8 +320,7 @@ async fn send<W: tokio::io::AsyncWrite + Unpin>(
             return Err(std::io::ErrorKind::WriteZero.into());
         }
         sent += m;
-        live.moved(true, m);
-        live.within_quota()?;
+        live.delivered(true, m)?;
     }
     Ok(())
 }

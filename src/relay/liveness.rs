@@ -99,9 +99,12 @@ impl Liveness {
         Ok(())
     }
 
-    /// An error once this exchange's bytes reached the sandbox's daily quota: a pump checks
-    /// after every write, so the cut comes at the chunk that crossed, not some writes later.
-    pub fn within_quota(&self) -> std::io::Result<()> {
+    /// `n` bytes reached the socket in a direction: counted like [`Liveness::moved`], and an
+    /// error once they carried one of the exchange's daily quotas to its end. Every pump
+    /// calls it after every write — the one place a byte stream is cut by a quota — so the
+    /// cut comes at the chunk that crossed, not some writes later.
+    pub fn delivered(&self, up: bool, n: usize) -> std::io::Result<()> {
+        self.moved(up, n);
         match self.cut.load(Ordering::Relaxed) {
             true => Err(std::io::Error::other(
                 "the sandbox's bytes_per_day quota was reached",
@@ -110,7 +113,7 @@ impl Liveness {
         }
     }
 
-    /// Whether the exchange ended because the quota was reached ([`Liveness::within_quota`]).
+    /// Whether the exchange ended because the quota was reached ([`Liveness::delivered`]).
     pub fn quota_cut(&self) -> bool {
         self.cut.load(Ordering::Relaxed)
     }

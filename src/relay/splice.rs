@@ -188,8 +188,7 @@ async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, live: &Liveness) -> io
                 Ok(m) => {
                     left -= m;
                     // Counted as it reaches the socket: a cut mid-chunk counts what left.
-                    live.moved(up, m);
-                    live.within_quota()?;
+                    live.delivered(up, m)?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e),
@@ -234,8 +233,7 @@ async fn copy_chunk(
             Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
             Ok(m) => {
                 sent += m;
-                live.moved(up, m);
-                live.within_quota()?;
+                live.delivered(up, m)?;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
@@ -295,8 +293,7 @@ async fn copy_once(
             return Err(io::ErrorKind::WriteZero.into());
         }
         sent += m;
-        live.moved(up, m);
-        live.within_quota()?;
+        live.delivered(up, m)?;
     }
     Ok(n)
 }

@@ -100,8 +100,7 @@ where
                 return Err(io::ErrorKind::WriteZero.into());
             }
             sent += m;
-            live.moved(up, m);
-            live.within_quota()?;
+            live.delivered(up, m)?;
         }
     }
 }
