@@ -219,6 +219,8 @@ pub struct Tunnel<'a> {
     pub server: crate::egress::server_io::ServerIo,
     /// The protocols the client's ClientHello offered.
     pub client_alpn: Vec<String>,
+    /// Whether the client speaks TLS (terminated); else plain HTTP, judged in clear.
+    pub tls: bool,
 }
 
 /// One step of a tunnel's setup: bounded by `handshake`, cut by `stop`; its failure ends the
@@ -243,10 +245,14 @@ macro_rules! step {
     };
 }
 
-/// Terminate `t` and serve its requests until either side closes, nothing moves for the idle
-/// timeout, or `stop` fires (revocation, shutdown). Each handshake — TLS to the upstream, TLS
-/// with the client, HTTP with the upstream — must finish within `handshake` and is cut by
-/// `stop` like the relay itself; request heads must arrive within `handshake` too.
+/// Serve `t`'s requests until either side closes, nothing moves for the idle timeout, or
+/// `stop` fires (revocation, shutdown). TLS is terminated; plain HTTP (`t.tls` false) has
+/// every request read and judged by the same exchange ([`crate::pipeline`]), recorded `mode:
+/// "http"` and sent on HTTP/1.1 over the dialled connection — only for a host with no secret
+/// bound (the caller refuses the others: a credential or identity token never travels in
+/// clear), so nothing is put on its requests. Each handshake — TLS to the upstream, TLS with
+/// the client, HTTP with the upstream — must finish within `handshake` and is cut by `stop`
+/// like the relay itself; request heads must arrive within `handshake` too.
 pub async fn serve<F>(
     ix: &Interceptor,
     t: Tunnel<'_>,
@@ -259,6 +265,23 @@ where
     F: std::future::Future<Output = Close>,
 {
     tokio::pin!(stop);
+    if !t.tls {
+        let up = step!(
+            (audit, live, stop, handshake),
+            "the upstream's HTTP handshake",
+            Upstream::connect(t.server, false),
+            |e| format!("plain HTTP judged per request: upstream {e}")
+        );
+        audit.open();
+        let client = Prefixed::new(t.early, t.client);
+        let sides = Sides {
+            up,
+            client,
+            h2: false,
+            scheme: "http",
+        };
+        return exchanges(ix, t.ends, sides, (audit, live, handshake), stop).await;
+    }
     let Some((connector, name)) = upstream_connector(ix, &t.client_alpn, t.ends.host) else {
         audit.detail("terminating: the host is not a TLS server name");
         return Relayed::nothing(Close::Error);
@@ -299,39 +322,6 @@ where
         client,
         h2,
         scheme: "https",
-    };
-    exchanges(ix, t.ends, sides, (audit, live, handshake), stop).await
-}
-
-/// Plain HTTP inside a tunnel to a host judged per request: every request on it is read and
-/// judged by the same exchange as a terminated one ([`crate::pipeline`]), recorded `mode:
-/// "http"`, and sent on HTTP/1.1 over the dialled connection. Only for a host with no secret
-/// bound (the caller refuses the others: a credential or identity token never travels in
-/// clear), so nothing is put on the requests.
-pub async fn serve_plain<F>(
-    ix: &Interceptor,
-    t: Tunnel<'_>,
-    audit: &mut AuditGuard,
-    stop: F,
-    live: Arc<Liveness>,
-    handshake: Duration,
-) -> Relayed
-where
-    F: std::future::Future<Output = Close>,
-{
-    tokio::pin!(stop);
-    let up = step!(
-        (audit, live, stop, handshake),
-        "the upstream's HTTP handshake",
-        Upstream::connect(t.server, false),
-        |e| format!("plain HTTP judged per request: upstream {e}")
-    );
-    audit.open();
-    let sides = Sides {
-        up,
-        client: Prefixed::new(t.early, t.client),
-        h2: false,
-        scheme: "http",
     };
     exchanges(ix, t.ends, sides, (audit, live, handshake), stop).await
 }

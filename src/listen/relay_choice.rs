@@ -2,7 +2,7 @@
 //! bytes move — the same for a CONNECT tunnel and a transparent connection:
 //! - a host judged per request ([`crate::pipeline::judged_per_request`]) is terminated
 //!   ([`crate::intercept`]) over TLS; plain HTTP to it has each request judged by the same
-//!   exchange ([`crate::intercept::serve_plain`]) unless a secret is bound to the host (a
+//!   exchange ([`crate::intercept::serve`], plain) unless a secret is bound to the host (a
 //!   secret never travels in clear); anything else to it is refused and nothing reaches it;
 //! - plain HTTP has every later request checked against the decided host
 //!   ([`crate::relay::http_checked`]);
@@ -110,7 +110,7 @@ pub(super) async fn relay(
 }
 
 /// A host judged per request: TLS is terminated ([`crate::intercept::serve`]), plain HTTP
-/// has each request judged in clear ([`crate::intercept::serve_plain`]) unless a secret is
+/// has each request judged in clear ([`crate::intercept::serve`], plain) unless a secret is
 /// bound to the host; anything else is refused and nothing reaches it.
 async fn terminated(
     ix: &crate::intercept::Interceptor,
@@ -119,17 +119,9 @@ async fn terminated(
     audit: &mut AuditGuard,
     once: Option<Arc<str>>,
 ) -> Relayed {
-    let Running {
-        shared,
-        sandbox,
-        target,
-        server,
-        stop,
-        slot,
-        _active,
-        ..
-    } = running;
-    let b = &sandbox.binding;
+    // Read in place, `server` and `stop` moved out: what is left is held until the end.
+    let (shared, target) = (&running.shared, &running.target);
+    let b = &running.sandbox.binding;
     let host = target.host.to_string();
     let (hello, in_clear) = match &inspected.first {
         FirstBytes::Client(Peeked::Tls(hello)) => (Some(hello), None),
@@ -139,7 +131,7 @@ async fn terminated(
     if let Some(why) = in_clear {
         audit.refused_in_tunnel(Reason::CredentialMisuse, why);
         client.reset();
-        server.reset();
+        running.server.reset();
         return Relayed::nothing(Close::Eof);
     }
     let tunnel = crate::intercept::Tunnel {
@@ -152,40 +144,25 @@ async fn terminated(
         },
         client,
         early: inspected.client,
-        server,
+        server: running.server,
         client_alpn: hello.map(|h| h.alpn.clone()).unwrap_or_default(),
+        tls: hello.is_some(),
     };
     let timeouts = &shared.settings.timeouts;
     let live = Arc::new(
         Liveness::new(timeouts.idle)
-            .metered(slot.limiter(), &target.host)
+            .metered(running.slot.limiter(), &target.host)
             .once(once),
     );
-    match hello {
-        Some(_) => {
-            Box::pin(crate::intercept::serve(
-                ix,
-                tunnel,
-                audit,
-                stop,
-                live,
-                timeouts.header,
-            ))
-            .await
-        }
-        // Plain HTTP to a host judged per request: each request through the same exchange.
-        None => {
-            Box::pin(crate::intercept::serve_plain(
-                ix,
-                tunnel,
-                audit,
-                stop,
-                live,
-                timeouts.header,
-            ))
-            .await
-        }
-    }
+    Box::pin(crate::intercept::serve(
+        ix,
+        tunnel,
+        audit,
+        running.stop,
+        live,
+        timeouts.header,
+    ))
+    .await
 }
 
 /// Why plain HTTP to `host` cannot be served: a credential or the identity token is bound to

@@ -283,6 +283,7 @@ pub(super) fn run_start(
     seq: u64,
     v: &Value,
 ) -> Result<[u8; 32], Problem> {
+    let bad = |what: &str| problem(file, at, Some(seq), what);
     let named = v["prev_chain"].as_str();
     match (named, st.prev) {
         (Some(n), Some(p)) if n != hex::encode(p) => {
@@ -297,25 +298,15 @@ pub(super) fn run_start(
             ))
         }
         (None, Some(_)) => {
-            return Err(problem(
-                file,
-                at,
-                Some(seq),
-                "a run_start that starts a new chain in the middle of the files: lines before it belong to another trail, or were replaced",
-            ))
+            return Err(bad("a run_start that starts a new chain in the middle of the files: lines before it belong to another trail, or were replaced"))
         }
         _ => {}
     }
     if seq != 1 {
-        return Err(problem(
-            file,
-            at,
-            Some(seq),
-            "a run_start whose seq is not 1",
-        ));
+        return Err(bad("a run_start whose seq is not 1"));
     }
     if let Some(k) = key {
-        check_signature(k, v, seq).map_err(|why| problem(file, at, Some(seq), why.to_string()))?;
+        check_signature(k, v, seq).map_err(|why| bad(&why.to_string()))?;
         if let (Some((prun, pseq, ..)), false) = (&st.last, st.ended_signed) {
             let unclosed = &v["unclosed_run"];
             if unclosed["run"].as_str() != Some(prun.as_str())
@@ -352,8 +343,7 @@ pub(super) fn run_start(
                 file.display()
             ));
         }
-        hex::decode_to_slice(n, &mut p)
-            .map_err(|_| problem(file, at, Some(seq), "prev_chain is not hex"))?;
+        hex::decode_to_slice(n, &mut p).map_err(|_| bad("prev_chain is not hex"))?;
     }
     Ok(p)
 }
@@ -368,21 +358,19 @@ pub(super) fn checkpoint(
     seq: u64,
     v: &Value,
 ) -> Result<(), Problem> {
+    let bad = |what: &str| problem(file, at, Some(seq), what);
     report.checkpoints += 1;
     st.saw_key = true;
     let head = v["chain_head"].as_str().unwrap_or("");
     if let Some(p) = st.prev {
         if head != hex::encode(p) {
-            return Err(problem(
-                file,
-                at,
-                Some(seq),
+            return Err(bad(
                 "checkpoint signs a chain head that is not the line before",
             ));
         }
     }
     if let Some(k) = key {
-        check_signature(k, v, seq).map_err(|why| problem(file, at, Some(seq), why.to_string()))?;
+        check_signature(k, v, seq).map_err(|why| bad(&why.to_string()))?;
         report.signatures_checked += 1;
         st.signed(v, file, at);
     }
