@@ -50,6 +50,7 @@
 //!   every live exchange by [`policy::live`].
 
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 #![warn(clippy::too_many_lines)]
 #![cfg_attr(
     not(test),

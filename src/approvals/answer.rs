@@ -19,13 +19,18 @@ use crate::policy::Decision;
 /// An answer to a request.
 #[derive(Debug, Clone)]
 pub enum Answer {
+    /// Approve: grant the request.
     Approve {
+        /// The grant's kind (once, ttl, permanent).
         kind: GrantKind,
         /// For `ttl` (required) and `once` (optional; the default is an hour).
         ttl: Option<Duration>,
+        /// The approver's note, kept with the grant.
         note: Option<String>,
     },
+    /// Deny the request.
     Deny {
+        /// The approver's note, shown to the agent.
         note: Option<String>,
     },
 }
@@ -99,6 +104,7 @@ fn checked_note(note: Option<String>) -> Result<Option<String>, Refused> {
 /// `deletion`), and what is known of the client.
 #[derive(Debug, Clone, Default)]
 pub struct Who {
+    /// How the answer came: `admin`, `webhook` or `auto`.
     pub by: &'static str,
     /// The client's address (the asking sandbox's, the admin's).
     pub client: Option<SocketAddr>,

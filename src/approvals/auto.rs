@@ -25,7 +25,9 @@ use crate::policy::{CompiledPolicy, Enforcement, Mode, NetworkSpec, Verdict};
 /// What the checks found: whether all passed, and each one's line.
 #[derive(Debug, Default)]
 pub struct Checks {
+    /// Whether every check passed (the request is approved at once).
     pub passed: bool,
+    /// One line per check, for the record and the person.
     pub lines: Vec<String>,
 }
 

@@ -53,14 +53,18 @@ pub type Publisher = Box<dyn Fn(&SandboxId, Granted) + Send + Sync>;
 
 /// Where grants are shared with other replicas (etcd).
 pub trait Remote: Send + Sync {
+    /// Share a grant with the other replicas.
     fn put(&self, grant: StoredGrant);
+    /// Withdraw a grant from the other replicas.
     fn delete(&self, sandbox: &str, id: &str);
 }
 
 /// Why a request or an answer was refused: the HTTP status and the sentence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
+    /// The HTTP status of the refusal.
     pub status: u16,
+    /// Its message.
     pub message: String,
 }
 
@@ -119,6 +123,7 @@ struct Inner {
 }
 
 impl Desk {
+    /// A desk with these settings, the grants file in `state_dir` when one is set.
     pub fn new(
         cfg: ApprovalsConfig,
         sink: Sink,

@@ -33,9 +33,13 @@ struct Body {
 /// What was asked, checked.
 #[derive(Debug, Clone)]
 pub struct Asked {
+    /// The destination asked for.
     pub target: Target,
+    /// The methods asked for (empty: any).
     pub methods: Vec<String>,
+    /// The path globs asked for (empty: any).
     pub paths: Vec<String>,
+    /// Why the sandbox needs it, in the agent's words (shown escaped).
     pub reason: String,
 }
 
@@ -105,15 +109,20 @@ pub fn parse(body: &[u8], reason_max: usize) -> Result<Asked, ApprovalError> {
 /// Where a request is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
+    /// Waiting for an answer.
     Pending,
+    /// Approved: a grant stands.
     Approved,
+    /// Denied.
     Denied,
+    /// Not answered in time.
     Expired,
     /// Approved, then revoked by an operator before its end.
     Revoked,
 }
 
 impl State {
+    /// The name written in the API and records.
     pub fn as_str(self) -> &'static str {
         match self {
             State::Pending => "pending",
@@ -124,6 +133,7 @@ impl State {
         }
     }
 
+    /// The state a name writes, if it is one.
     pub fn parse(s: &str) -> Option<State> {
         Some(match s {
             "pending" => State::Pending,
@@ -139,15 +149,23 @@ impl State {
 /// A request and its answer.
 #[derive(Debug, Clone)]
 pub struct Request {
+    /// The request's id (`r-…`).
     pub id: String,
+    /// The sandbox that asked.
     pub sandbox: SandboxId,
+    /// What it asked for.
     pub asked: Asked,
+    /// Where it stands.
     pub state: State,
+    /// When it was asked.
     pub created: SystemTime,
     /// Pending until then; a grant until its expiry.
     pub deadline: Option<SystemTime>,
+    /// How it was answered (`admin`, `webhook`, `auto`), once it was.
     pub answered_by: Option<&'static str>,
+    /// The grant's kind, once approved.
     pub grant: Option<GrantKind>,
+    /// The approver's note, if any.
     pub note: Option<String>,
     /// What auto-approval found.
     pub checks: Vec<String>,

@@ -17,24 +17,34 @@ use crate::policy::target::Host;
 /// One grant, serialisable.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredGrant {
+    /// The grant's id (`g-…`).
     pub id: String,
+    /// The sandbox it is for.
     pub sandbox: String,
+    /// The host it allows.
     pub host: String,
+    /// The port it allows.
     pub port: u16,
+    /// The methods it allows (empty: any).
     #[serde(default)]
     pub methods: Vec<String>,
+    /// The path globs it allows (empty: any).
     #[serde(default)]
     pub paths: Vec<String>,
+    /// How long it stands.
     pub kind: GrantKind,
     /// Unix milliseconds; absent: permanent.
     #[serde(default)]
     pub expires_ms: Option<u64>,
+    /// Who approved it.
     pub approver: String,
+    /// Whether a `once` grant was spent.
     #[serde(default)]
     pub used: bool,
 }
 
 impl StoredGrant {
+    /// The stored form of `g`, a grant of `sandbox`.
     pub fn of(sandbox: &str, g: &GrantEntry) -> Self {
         StoredGrant {
             id: g.id.to_string(),
@@ -76,6 +86,7 @@ impl StoredGrant {
     }
 }
 
+/// Milliseconds since the Unix epoch.
 pub fn millis(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -114,6 +125,7 @@ pub struct SpentFile {
 }
 
 impl SpentFile {
+    /// The journal in `state_dir`.
     pub fn in_dir(state_dir: &Path) -> Self {
         SpentFile {
             path: state_dir.join("grants.spent"),

@@ -23,12 +23,17 @@ const MAX_REPLY: usize = 16 * 1024;
 /// The decision a webhook's reply may carry.
 #[derive(Debug, Deserialize)]
 pub struct Reply {
+    /// The request the reply answers.
     pub id: String,
+    /// `approve` or `deny`.
     pub decision: String,
+    /// The grant's kind for an approval (`once`, `ttl`, `permanent`).
     #[serde(default)]
     pub grant: Option<String>,
+    /// Seconds, for a `ttl` grant.
     #[serde(default)]
     pub ttl_s: Option<u64>,
+    /// A note for the agent and the record.
     #[serde(default)]
     pub note: Option<String>,
 }

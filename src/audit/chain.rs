@@ -230,7 +230,9 @@ impl Chain {
 /// The last line of a run, as read back from the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LastLine {
+    /// The run the line belongs to.
     pub run: String,
+    /// Its sequence number in the run.
     pub seq: u64,
     /// It is a `final: true` checkpoint: the run ended cleanly.
     pub closed: bool,

@@ -19,13 +19,20 @@ pub const SANDBOXES: usize = 4096;
 /// One refusal as the sandbox sees it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Denial {
+    /// When (RFC 3339).
     pub ts: String,
+    /// The host asked for.
     pub host: String,
+    /// The port asked for.
     pub port: u16,
+    /// How the connection came (`connect`, `http`, `https`, `socks5`, `transparent`, `dns`).
     pub mode: &'static str,
+    /// The refusal's reason.
     pub reason: &'static str,
+    /// The rule that refused it, if one did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
+    /// The refusal's detail.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }

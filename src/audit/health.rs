@@ -59,12 +59,16 @@ pub struct Status {
     pub failing_for: Option<Duration>,
     /// The last write error while failing.
     pub error: String,
+    /// Records dropped since start.
     pub dropped: u64,
+    /// Records waiting to be written.
     pub pending: usize,
+    /// What the proxy does when records cannot be written.
     pub on_failure: OnFailure,
 }
 
 impl Health {
+    /// The health of a writer with `queue_max` places, acting by `on_failure`.
     pub fn new(on_failure: OnFailure, queue_max: usize) -> Self {
         Health {
             on_failure,
@@ -90,6 +94,7 @@ impl Health {
         }
     }
 
+    /// What the proxy does when records cannot be written.
     pub fn on_failure(&self) -> OnFailure {
         self.on_failure
     }
@@ -130,6 +135,7 @@ impl Health {
         self.dropped.fetch_add(n as u64, Ordering::Relaxed);
     }
 
+    /// The numbers `/healthz` and the metrics show.
     pub fn status(&self) -> Status {
         let failing = self.failing.load(Ordering::Acquire);
         let since = self.failing_since_ms.load(Ordering::Relaxed);

@@ -48,7 +48,9 @@ use record::{Entry, Event};
 /// Where guards write and count.
 #[derive(Clone)]
 pub struct Sink {
+    /// The audit log every record goes to.
     pub log: Arc<AuditLog>,
+    /// The metrics every record counts into.
     pub metrics: Arc<Metrics>,
     /// Each sandbox's latest refusals (`GET /v1/denials` in the sandbox).
     pub denials: Arc<denials::Denials>,
@@ -113,7 +115,9 @@ pub struct AuditGuard {
 /// Bytes counted while an exchange runs (client → destination is `up`).
 #[derive(Debug, Default)]
 pub struct Counters {
+    /// Bytes client → destination.
     pub up: AtomicU64,
+    /// Bytes destination → client.
     pub down: AtomicU64,
 }
 
@@ -226,14 +230,17 @@ impl AuditGuard {
         self.down = down;
     }
 
+    /// How the connection came.
     pub fn mode(&mut self, mode: Mode) {
         self.record.mode = mode;
     }
 
+    /// What it asked for.
     pub fn target(&mut self, target: &Target) {
         self.record.target = Some(target.clone());
     }
 
+    /// Transparent mode: the destination the client dialled.
     pub fn original_dst(&mut self, addr: SocketAddr) {
         self.record.original_dst = Some(addr);
     }
@@ -305,10 +312,12 @@ impl AuditGuard {
         self.record.dst_in_resolved = dst_in_resolved;
     }
 
+    /// The address dialled.
     pub fn dialed(&mut self, addr: SocketAddr) {
         self.record.dialed = Some(addr);
     }
 
+    /// One sentence on why (a refusal's explanation, a failure).
     pub fn detail(&mut self, detail: impl Into<Cow<'static, str>>) {
         self.record.detail = Some(detail.into());
     }

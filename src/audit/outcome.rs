@@ -12,9 +12,11 @@ pub enum Close {
     Eof,
     /// Nothing moved for `timeouts.idle_ms` (or no request arrived within `header_ms`).
     Idle,
+    /// An I/O error on either side.
     Error,
     /// The policy in force no longer allows the exchange.
     Revoked,
+    /// The proxy is shutting down.
     Shutdown,
     /// Refused by a limit (or cut by a daily quota).
     Limit,

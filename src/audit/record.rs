@@ -24,13 +24,18 @@ use crate::policy::{Rule, Verdict};
 pub enum Method {
     /// A verified client certificate on the TLS proxy listener.
     Certificate,
+    /// `Proxy-Authorization` or a SOCKS5 login with the sandbox's token.
     Token,
+    /// The source address (`sources:`).
     Source,
+    /// The default sandbox (no credential, no source matched).
     Default,
+    /// Not identified.
     None,
 }
 
 impl Method {
+    /// The name written in records.
     pub fn as_str(self) -> &'static str {
         match self {
             Method::Certificate => "certificate",
@@ -46,7 +51,9 @@ impl Method {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Event {
+    /// A connection or request started (audit `open` records).
     Open,
+    /// It ended: the record of what happened.
     End,
 }
 
@@ -63,26 +70,41 @@ impl Event {
 /// Everything a connection's record says, as typed values.
 #[derive(Debug, Clone)]
 pub struct Record {
+    /// The connection's id in this run.
     pub conn_id: u64,
+    /// The sandbox, once identified.
     pub sandbox: Option<SandboxId>,
+    /// How it was identified.
     pub identity: Method,
+    /// The client's address.
     pub client: SocketAddr,
+    /// How the connection came.
     pub mode: Mode,
+    /// What it asked for.
     pub target: Option<Target>,
+    /// The TLS ClientHello's server name, when it had one.
     pub sni: Option<Box<str>>,
+    /// Transparent mode: the destination the client dialled.
     pub original_dst: Option<SocketAddr>,
     /// Transparent mode: whether `original_dst` was among the resolved addresses.
     pub dst_in_resolved: Option<bool>,
     /// Transparent TLS: ALPN protocols offered, and whether the hello carried ECH.
     pub alpn: Option<Vec<String>>,
+    /// Whether the ClientHello offered ECH.
     pub ech: Option<bool>,
+    /// What the name resolved to.
     pub resolved: Vec<IpAddr>,
     /// Addresses the guard kept the proxy from dialling (DESIGN §3), allowed or not.
     pub guard_refused: Vec<(IpAddr, GuardVerdict)>,
+    /// The address dialled.
     pub dialed: Option<SocketAddr>,
+    /// Allowed, refused or reported.
     pub verdict: Verdict,
+    /// Why.
     pub reason: Reason,
+    /// The rule that decided, if one did.
     pub rule: Option<Arc<Rule>>,
+    /// The policy version in force.
     pub policy_version: Arc<str>,
     /// A short human-readable detail (never a secret).
     pub detail: Option<Cow<'static, str>>,
@@ -95,6 +117,7 @@ pub struct Record {
     /// What the decider said (`allow`, `deny 403: …`, `unavailable: …`), and what the body
     /// scanner found (`dlp: rule, …`).
     pub decider: Option<Box<str>>,
+    /// The DLP rules that matched, if any.
     pub dlp: Option<Box<str>>,
 }
 
@@ -110,8 +133,10 @@ pub struct ApprovalFacts {
     /// The credential the answerer used (`token sha256:…`, `certificate …`): never a secret.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credential: Option<Box<str>>,
+    /// The grant kind, when a grant allowed it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grant: Option<&'static str>,
+    /// When that grant ends, if it does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires: Option<String>,
     /// The agent's reason or the approver's note (length-limited at the door).
@@ -125,6 +150,7 @@ pub struct ApprovalFacts {
 /// What a record of a request inside a terminated tunnel adds.
 #[derive(Debug, Clone)]
 pub struct HttpFacts {
+    /// The request's method.
     pub method: Box<str>,
     /// Without the query (which may carry secrets).
     pub path: Box<str>,
@@ -164,10 +190,13 @@ pub struct DnsFacts {
 /// The refused queries of one unidentified source over one period.
 #[derive(Debug, Clone, Default)]
 pub struct Summed {
+    /// How many records were summed.
     pub count: u64,
     /// Of those, dropped unanswered (over the per-source rate).
     pub dropped: u64,
+    /// The first one's time.
     pub first: Box<str>,
+    /// The last one's time.
     pub last: Box<str>,
 }
 
@@ -207,11 +236,17 @@ impl Record {
 /// One line for the writer: a record, when it was produced, and the end-of-connection facts.
 #[derive(Debug)]
 pub struct Entry {
+    /// Open or end.
     pub event: Event,
+    /// When.
     pub at: SystemTime,
+    /// The record.
     pub record: Record,
+    /// Bytes client → destination.
     pub bytes_up: u64,
+    /// Bytes destination → client.
     pub bytes_down: u64,
+    /// How long the exchange lasted.
     pub duration_ms: u64,
     /// `None` on `open` entries.
     pub close: Option<Close>,

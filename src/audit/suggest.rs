@@ -23,7 +23,9 @@ use crate::policy::ports::PortSet;
 
 /// What to propose from.
 pub struct Options {
+    /// The audit files to read.
     pub files: Vec<PathBuf>,
+    /// The sandbox to suggest entries for.
     pub sandbox: String,
     /// Entries covering fewer connections are left out.
     pub min_count: u64,
@@ -39,7 +41,9 @@ pub struct Options {
 /// One proposed entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Proposed {
+    /// The entry, as it would be written.
     pub entry: String,
+    /// How many refused connections it would have allowed.
     pub connections: u64,
     /// The names a wildcard stands for (empty for exact entries).
     pub names: Vec<String>,
@@ -48,6 +52,7 @@ pub struct Proposed {
 /// The proposal.
 #[derive(Debug, Default)]
 pub struct Proposal {
+    /// The entries proposed, most used first.
     pub entries: Vec<Proposed>,
     /// Records of the sandbox read, by decision.
     pub by_decision: BTreeMap<String, u64>,
@@ -57,6 +62,7 @@ pub struct Proposal {
     pub added: Vec<String>,
     /// `host:port` refused by a deny rule → (connections, the rule): left out.
     pub denied: BTreeMap<String, (u64, String)>,
+    /// Lines that were not records (skipped).
     pub skipped_lines: u64,
     /// Calls seen on terminated hosts, for `network.http` rules.
     pub http: super::suggest_http::Calls,
@@ -72,6 +78,7 @@ pub struct SuggestError {
     source: std::io::Error,
 }
 
+/// Read the files and propose entries for the refusals of the sandbox.
 pub fn suggest(opts: &Options) -> Result<Proposal, SuggestError> {
     let mut p = Proposal::default();
     // (host, port) → connections
@@ -211,6 +218,7 @@ fn connections(n: u64) -> String {
     }
 }
 
+/// The proposal as YAML, with comments on what was left out.
 pub fn render(p: &Proposal, opts: &Options) -> String {
     let total: u64 = p.by_decision.values().sum();
     let decisions: Vec<String> = p

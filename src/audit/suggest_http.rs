@@ -105,6 +105,7 @@ impl Calls {
         }
     }
 
+    /// Whether no calls were seen.
     pub fn is_empty(&self) -> bool {
         self.seen.is_empty()
     }

@@ -31,9 +31,13 @@ pub const RETAIN_HOURS: u32 = 8 * 24;
 /// What one cell counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tally {
+    /// Connections (or forwarded requests) counted.
     pub connections: u64,
+    /// Requests counted (each HTTP request on a connection).
     pub requests: u64,
+    /// Bytes client → destination.
     pub bytes_up: u64,
+    /// Bytes destination → client.
     pub bytes_down: u64,
 }
 
@@ -51,10 +55,13 @@ impl Tally {
 pub struct Cell {
     /// Hours since the epoch (UTC).
     pub hour: u32,
+    /// The sandbox.
     pub sandbox: String,
+    /// The destination host.
     pub destination: String,
     /// `allow`, `deny` or `report`.
     pub decision: String,
+    /// What it used.
     #[serde(flatten)]
     pub tally: Tally,
 }
@@ -291,6 +298,7 @@ fn vecs() -> prometheus::Result<[prometheus::IntGaugeVec; 3]> {
 }
 
 impl Gauges {
+    /// The gauges over `ledger`, registered.
     pub fn new(ledger: std::sync::Arc<Ledger>) -> prometheus::Result<Self> {
         use prometheus::core::Collector;
         let descs = vecs()?

@@ -56,6 +56,7 @@ pub struct ApprovalsConfig {
     pub auto: Vec<(String, Entry)>,
     /// The longest grant auto-approval gives (and the one it gives).
     pub auto_ttl: Duration,
+    /// `approvals.webhook`: where new requests are sent, if anywhere.
     pub webhook: Option<Webhook>,
 }
 
@@ -66,7 +67,9 @@ pub struct Webhook {
     pub url: http::Uri,
     /// The HMAC-SHA256 key, read from `secret_file` at load.
     pub secret: Vec<u8>,
+    /// The file holding the HMAC secret.
     pub secret_file: PathBuf,
+    /// How long a reply is waited for.
     pub timeout: Duration,
 }
 

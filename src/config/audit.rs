@@ -61,14 +61,20 @@ pub struct AuditTrail {
     pub chain: bool,
     /// Ed25519 private key (PKCS#8 PEM): signed `checkpoint` records.
     pub signing_key_file: Option<PathBuf>,
+    /// `checkpoint_every_records`: a signed checkpoint after this many records.
     pub checkpoint_every_records: u64,
+    /// `checkpoint_every_s`: and at least this often.
     pub checkpoint_every: Duration,
     /// Every signed line (`run_start`, `checkpoint`) is also appended here: another volume,
     /// or a pipe to a shipper, so that a cut or replaced tail of the log can be detected.
     pub checkpoint_file: Option<PathBuf>,
+    /// When the file is rotated, if it is.
     pub rotate: Option<Rotate>,
+    /// When records reach the disk.
     pub fsync: Fsync,
+    /// The record format (the house JSON or OCSF).
     pub format: Format,
+    /// What the proxy does when records cannot be written.
     pub on_failure: OnFailure,
     /// Where records that could not be written by the time the proxy stops are kept
     /// (`audit.spill_file`; by default `state_dir/audit.spill`, else beside the log): the

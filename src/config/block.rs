@@ -37,26 +37,35 @@ pub struct SandboxBlock {
     /// Standalone files only: semver of this file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// The sandbox provider (`docker`, `firecracker`, …): the runtime's.
     pub provider: String,
+    /// The provider's own settings: the runtime's.
     pub config: Mapping,
+    /// Resource limits: validated, left to the runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<BlockLimits>,
     /// Validated by hand (to reject plaintext without echoing it), kept as written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<Value>,
+    /// `network`: the part this proxy enforces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<BlockNetwork>,
+    /// Mounts: validated, left to the runtime.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<Mount>,
+    /// Identity settings: the runtime's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<Value>,
     /// AIP-38 policy block: kept, not interpreted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<Value>,
+    /// Lifecycle: validated, left to the runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<Lifecycle>,
+    /// Whether the root file system is read-only: the runtime's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_only: Option<bool>,
+    /// Free-form metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Mapping>,
 }
@@ -65,10 +74,13 @@ pub struct SandboxBlock {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct BlockLimits {
+    /// Wall-clock limit of a run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// Memory limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mb: Option<u64>,
+    /// CPU time limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_ms: Option<u64>,
 }
@@ -77,10 +89,13 @@ pub struct BlockLimits {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct BlockNetwork {
+    /// `network.egress`: the allowlist (absent: the mode decides).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<Vec<String>>,
+    /// `network.deny`: refused whatever else allows it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deny: Vec<String>,
+    /// `network.mode`: restricted, deny-all or allow-all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
     /// Resolve any name when only address rules could allow it (not only names under
@@ -96,16 +111,22 @@ pub struct BlockNetwork {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Mount {
+    /// What is mounted (a path or a provider's object).
     pub source: Value,
+    /// Where, inside the sandbox.
     pub at: String,
+    /// Read-write or read-only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<MountMode>,
 }
 
+/// A mount's access.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum MountMode {
+    /// `rw`.
     ReadWrite,
+    /// `ro`.
     ReadOnly,
 }
 
@@ -113,12 +134,16 @@ pub enum MountMode {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Lifecycle {
+    /// Pause after this long idle (a duration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_after_idle: Option<String>,
+    /// What destroys the sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destroy_on: Option<String>,
+    /// Pause after this many milliseconds idle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_after_idle_ms: Option<u64>,
+    /// Destroy it when its workspace closes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destroy_on_workspace_close: Option<bool>,
 }

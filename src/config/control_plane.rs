@@ -59,9 +59,11 @@ pub struct EtcdConfig {
     pub endpoints: Vec<String>,
     /// Every key the proxy reads or writes starts with this (ends with `/`).
     pub prefix: String,
+    /// The user to authenticate as, if any.
     pub username: Option<String>,
     /// Read when connecting, never kept in the configuration.
     pub password_file: Option<PathBuf>,
+    /// TLS to etcd, if used.
     pub tls: Option<EtcdTls>,
     /// How long one connection attempt may take.
     pub dial_timeout: Duration,
@@ -72,8 +74,11 @@ pub struct EtcdConfig {
 /// `control_plane.etcd.tls`: a CA to verify etcd with, and a client certificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdTls {
+    /// The CA that signs etcd's certificate.
     pub ca_file: Option<PathBuf>,
+    /// The client certificate, for mTLS.
     pub cert_file: Option<PathBuf>,
+    /// Its key.
     pub key_file: Option<PathBuf>,
 }
 

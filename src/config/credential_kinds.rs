@@ -19,14 +19,18 @@ use super::credentials::{printable, CredentialKind, Inject, RawCredential, Reade
 /// signs with (its placeholder key id is the credential's `placeholder`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AwsKeys {
+    /// The access key id.
     pub access_key_id: Secret,
+    /// The secret access key.
     pub secret_access_key: Secret,
+    /// The session token, for temporary credentials.
     pub session_token: Option<Secret>,
     /// Not a secret of the proxy's: what the sandbox's SDK signs with.
     pub placeholder_secret: String,
 }
 
 impl AwsKeys {
+    /// Every secret value (for scrubbing).
     pub fn secrets(&self) -> Vec<&Secret> {
         let mut out = vec![&self.access_key_id, &self.secret_access_key];
         out.extend(self.session_token.as_ref());
@@ -37,7 +41,9 @@ impl AwsKeys {
 /// How an `oauth2` credential obtains its access token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Grant {
+    /// The client credentials grant.
     ClientCredentials,
+    /// The refresh token grant.
     RefreshToken,
     /// RFC 7523: a JWT signed with the private key is the assertion.
     JwtBearer,
@@ -46,14 +52,22 @@ pub enum Grant {
 /// What a minting credential mints from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mint {
+    /// `kind: oauth2`.
     OAuth2 {
+        /// Which grant.
         grant: Grant,
+        /// The token endpoint.
         token_url: http::Uri,
+        /// The client id.
         client_id: String,
+        /// The scopes asked for.
         scopes: Vec<String>,
     },
+    /// `kind: github_app`.
     GithubApp {
+        /// The App's id.
         app_id: u64,
+        /// The installation tokens are minted for.
         installation_id: u64,
         /// `https://api.github.com` unless `api_url` says otherwise.
         api_url: http::Uri,
@@ -65,8 +79,11 @@ pub enum Mint {
 /// `Authorization: Bearer {secret}`; `github_app`: the same, and Basic auth for git).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Minting {
+    /// What is minted, and from where.
     pub how: Mint,
+    /// The secret it is minted with (client secret, refresh token, private key).
     pub secret: Secret,
+    /// Where the minted token goes on a request.
     pub inject: Inject,
 }
 

@@ -25,6 +25,7 @@ impl Secret {
         Secret(s.into())
     }
 
+    /// The secret's value (never logged or shown).
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -42,18 +43,25 @@ pub enum Inject {
     /// Set this header (overwriting what the client sent) to `format` with `{secret}`
     /// replaced.
     Header {
+        /// The header.
         name: http::HeaderName,
+        /// Its value, with `{secret}` replaced.
         format: String,
     },
     /// Replace the placeholder in these request headers only (`Authorization` with the Basic
     /// scheme: in the decoded user or password). A placeholder anywhere else is refused.
-    ReplacePlaceholder { headers: Vec<http::HeaderName> },
+    ReplacePlaceholder {
+        /// The headers.
+        headers: Vec<http::HeaderName>,
+    },
 }
 
 /// One credential of a binding.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Credential {
+    /// The credential's name.
     pub name: String,
+    /// The hosts it is bound to.
     pub hosts: Vec<BoundHost>,
     /// What the proxy holds and how it goes on a request.
     pub kind: CredentialKind,
@@ -67,7 +75,12 @@ pub struct Credential {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CredentialKind {
     /// `kind: static` (the default): a secret set in a header or replacing the placeholder.
-    Static { inject: Inject, secret: Secret },
+    Static {
+        /// How it is put on requests.
+        inject: Inject,
+        /// The secret.
+        secret: Secret,
+    },
     /// `kind: aws_sigv4`: requests signed with the placeholder keys are re-signed.
     AwsSigV4(super::credential_kinds::AwsKeys),
     /// `kind: oauth2` and `kind: github_app`: a token the proxy mints and refreshes.
@@ -75,6 +88,7 @@ pub enum CredentialKind {
 }
 
 impl Credential {
+    /// Whether it is bound to `host`.
     pub fn bound_to(&self, host: &str) -> bool {
         self.hosts.iter().any(|h| h.matches(host))
     }
@@ -115,13 +129,17 @@ impl Credential {
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawCredential {
+    /// `name`.
     pub name: String,
+    /// `hosts`.
     pub hosts: Vec<String>,
     /// `static` (default), `aws_sigv4`, `oauth2`, `github_app`.
     #[serde(default)]
     pub kind: Option<String>,
+    /// `inject`: how it is put on requests.
     #[serde(default)]
     pub inject: Option<RawInject>,
+    /// `source`: where its secret is read from.
     pub source: RawSource,
     /// `oauth2`: `client_credentials`, `refresh_token` or `jwt_bearer`.
     #[serde(default)]
@@ -146,13 +164,17 @@ pub struct RawCredential {
     pub api_url: Option<String>,
 }
 
+/// `inject:` as written.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawInject {
+    /// `header`: the header to set.
     #[serde(default)]
     pub header: Option<String>,
+    /// `format`: its value, with `{secret}`.
     #[serde(default)]
     pub format: Option<String>,
+    /// `replace_placeholder`: replace the placeholder instead.
     #[serde(default)]
     pub replace_placeholder: Option<RawReplace>,
 }
@@ -163,33 +185,46 @@ pub struct RawInject {
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum RawReplace {
+    /// `true`: in `Authorization`.
     Flag(bool),
+    /// In these headers.
     In(RawReplaceIn),
 }
 
+/// `replace_placeholder: { headers }`.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawReplaceIn {
+    /// The headers the placeholder is replaced in.
     pub headers: Vec<String>,
 }
 
+/// `source:` as written: one file or variable per secret the kind needs.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawSource {
+    /// A file holding the secret.
     #[serde(default)]
     pub file: Option<String>,
+    /// An environment variable holding it.
     #[serde(default)]
     pub env: Option<String>,
+    /// `aws_sigv4`: the access key id's file.
     #[serde(default)]
     pub access_key_id_file: Option<String>,
+    /// `aws_sigv4`: the secret access key's file.
     #[serde(default)]
     pub secret_access_key_file: Option<String>,
+    /// `aws_sigv4`: the session token's file.
     #[serde(default)]
     pub session_token_file: Option<String>,
+    /// `oauth2`: the client secret's file.
     #[serde(default)]
     pub client_secret_file: Option<String>,
+    /// `oauth2`: the refresh token's file.
     #[serde(default)]
     pub refresh_token_file: Option<String>,
+    /// `github_app`: the App's private key file.
     #[serde(default)]
     pub private_key_file: Option<String>,
 }
@@ -448,7 +483,9 @@ pub(super) fn inject(raw: &RawInject, errors: &mut Vec<String>) -> Option<Inject
 /// `tls_intercept:` — the CA that signs the certificates presented for terminated hosts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InterceptConfig {
+    /// The interception CA's certificate.
     pub ca_cert_file: PathBuf,
+    /// Its private key.
     pub ca_key_file: PathBuf,
     /// Extra roots for verifying upstreams (private PKI, tests), besides the public ones.
     pub upstream_ca_file: Option<PathBuf>,

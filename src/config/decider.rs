@@ -13,9 +13,19 @@ use serde::Deserialize;
 pub enum DeciderUrl {
     /// `http://host:port/path` (loopback or a trusted network: the protocol is not
     /// encrypted).
-    Http { authority: String, path: String },
+    Http {
+        /// `host:port`.
+        authority: String,
+        /// The path asked.
+        path: String,
+    },
     /// `unix:/path/to/socket` (HTTP/1.1 over it, path `/`), or `unix:/sock:/path`.
-    Unix { socket: String, path: String },
+    Unix {
+        /// The socket's path.
+        socket: String,
+        /// The HTTP path asked.
+        path: String,
+    },
 }
 
 impl DeciderUrl {
@@ -61,18 +71,22 @@ impl std::fmt::Debug for DeciderSecret {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnError {
+    /// Refuse the exchange.
     Deny,
+    /// Let it through (recorded).
     Allow,
 }
 
 /// A decider, resolved.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DeciderConfig {
+    /// Where the decider listens.
     pub url: DeciderUrl,
     /// For the whole answer (each ask of a `need_body` exchange has its own).
     pub timeout: Duration,
     /// The most body bytes sent when the decider asks for the body.
     pub need_body_max: usize,
+    /// What a failure to answer does.
     pub on_error: OnError,
     /// Asks in flight at once, across the process; past it an ask is a failure.
     pub max_in_flight: usize,
@@ -86,18 +100,25 @@ pub struct DeciderConfig {
     pub max_in_flight_per_sandbox: usize,
 }
 
+/// `decider:` as written.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawDecider {
+    /// `url`.
     pub url: String,
+    /// `timeout_ms`.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// `need_body_max`.
     #[serde(default)]
     pub need_body_max: Option<u64>,
+    /// `on_error`: `deny` or `allow`.
     #[serde(default)]
     pub on_error: Option<String>,
+    /// `max_in_flight`.
     #[serde(default)]
     pub max_in_flight: Option<u64>,
+    /// `max_in_flight_per_sandbox`.
     #[serde(default)]
     pub max_in_flight_per_sandbox: Option<u64>,
     /// Top level only: the file holding the key questions are signed with.
@@ -223,14 +244,18 @@ pub enum DlpAction {
 /// One named pattern.
 #[derive(Debug, Clone)]
 pub struct DlpRule {
+    /// The rule's name (records).
     pub name: String,
+    /// What it matches.
     pub pattern: regex::bytes::Regex,
+    /// What a match does.
     pub action: DlpAction,
 }
 
 /// `dlp:` of a sandbox, resolved.
 #[derive(Debug, Clone)]
 pub struct DlpConfig {
+    /// The named rules.
     pub rules: Vec<DlpRule>,
     /// The high-entropy token detector: tokens at least `min_length` long whose Shannon
     /// entropy is at least `bits_per_char`.
@@ -250,33 +275,45 @@ impl PartialEq for DlpConfig {
     }
 }
 
+/// `dlp:` as written.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawDlp {
+    /// `rules`.
     #[serde(default)]
     pub rules: Vec<RawDlpRule>,
+    /// `entropy`: the high-entropy token detector.
     #[serde(default)]
     pub entropy: Option<RawEntropy>,
+    /// `max_bytes`: how much of a body is scanned.
     #[serde(default)]
     pub max_bytes: Option<u64>,
 }
 
+/// A DLP rule as written.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawDlpRule {
+    /// `name`.
     pub name: String,
+    /// `pattern` (a regular expression).
     pub pattern: String,
+    /// `action`: `deny` or `report`.
     #[serde(default)]
     pub action: Option<String>,
 }
 
+/// `entropy:` as written.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawEntropy {
+    /// `min_length`: the shortest token judged.
     #[serde(default)]
     pub min_length: Option<u64>,
+    /// `bits_per_char`: the entropy at or above which it matches.
     #[serde(default)]
     pub bits_per_char: Option<f64>,
+    /// `action`: `deny` or `report`.
     #[serde(default)]
     pub action: Option<String>,
 }

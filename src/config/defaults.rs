@@ -30,8 +30,11 @@ pub const PORTS: &[u16] = &[443];
 pub const REQUIRE_TLS_PORTS: &[u16] = &[443];
 /// `defaults.timeouts`
 pub const CONNECT_MS: u64 = 10_000;
+/// `timeouts.idle_ms` when not set.
 pub const IDLE_MS: u64 = 300_000;
+/// `timeouts.header_ms` when not set.
 pub const HEADER_MS: u64 = 10_000;
+/// `timeouts.shutdown_grace_ms` when not set.
 pub const SHUTDOWN_GRACE_MS: u64 = 10_000;
 /// `defaults.limits`
 pub const LIMITS: Limits = Limits {

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 #[error("cannot read {}: {source}", path.display())]
 pub struct ReadError {
+    /// The file.
     pub path: PathBuf,
+    /// Why it could not be read.
     #[source]
     pub source: std::io::Error,
 }
@@ -35,10 +37,13 @@ pub fn read_in(base: &Path, f: &str) -> Result<String, ReadError> {
 /// Why a PEM file an operator names as extra roots holds no usable certificate.
 #[derive(Debug, thiserror::Error)]
 pub enum PemError {
+    /// Not readable as PEM.
     #[error("not readable as PEM: {0}")]
     Pem(#[from] rustls::pki_types::pem::Error),
+    /// An invalid certificate.
     #[error("an invalid certificate: {0}")]
     Certificate(#[from] rustls::Error),
+    /// No certificate in it.
     #[error("no PEM certificate in it")]
     Empty,
 }

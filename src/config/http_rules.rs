@@ -22,11 +22,13 @@ pub struct RawHttpRule {
     /// `preset: NAME`: this entry stands for the preset's rules (and nothing else is written).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preset: Option<String>,
+    /// `host`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub host: String,
     /// HTTP methods; with `protocol: jsonrpc`, the JSON-RPC methods (globs).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub methods: Vec<String>,
+    /// `paths` (globs).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<String>,
     /// `[fetch, push]`: git's smart HTTP for these services only.
@@ -68,9 +70,13 @@ pub struct RawHttpRule {
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(untagged)]
 pub enum RawTool {
+    /// A tool name glob.
     Name(String),
+    /// A tool name glob with argument matchers.
     Matched {
+        /// The name glob.
         name: String,
+        /// Matchers by argument name.
         #[serde(default)]
         arguments: BTreeMap<String, RawArg>,
     },
@@ -80,10 +86,13 @@ pub enum RawTool {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct RawArg {
+    /// The argument is this value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub equals: Option<Value>,
+    /// The argument is one of these.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub one_of: Option<Vec<Value>>,
+    /// The argument matches this glob.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub glob: Option<String>,
 }

@@ -12,24 +12,31 @@ use super::credentials::BoundHost;
 /// A sandbox's identity token, resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdentityToken {
+    /// The hosts the token is sent to.
     pub hosts: Vec<BoundHost>,
     /// `X-Sandbox-Identity` unless named.
     pub header: http::HeaderName,
+    /// How long each token is valid.
     pub ttl: Duration,
 }
 
 impl IdentityToken {
+    /// Whether the token is sent to `host`.
     pub fn bound_to(&self, host: &str) -> bool {
         self.hosts.iter().any(|h| h.matches(host))
     }
 }
 
+/// `identity_token:` as written.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawIdentityToken {
+    /// `hosts`.
     pub hosts: Vec<String>,
+    /// `header`: where the token goes (`Authorization: Bearer` by default).
     #[serde(default)]
     pub header: Option<String>,
+    /// `ttl_s`.
     #[serde(default)]
     pub ttl_s: Option<u64>,
 }
@@ -56,13 +63,17 @@ impl Default for IssuerConfig {
     }
 }
 
+/// `identity.issuer:` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawIssuer {
+    /// `trust_domain`: the SPIFFE trust domain of the `sub` claim.
     #[serde(default)]
     pub trust_domain: Option<String>,
+    /// `issuer`: the `iss` claim.
     #[serde(default)]
     pub issuer: Option<String>,
+    /// `rotate_s`: how often the signing key changes.
     #[serde(default)]
     pub rotate_s: Option<u64>,
 }
@@ -70,6 +81,7 @@ pub struct RawIssuer {
 /// The longest token lifetime allowed (keys rotate at least this far apart).
 pub const MAX_TTL: Duration = Duration::from_secs(3600);
 
+/// The issuer's settings, defaults filled in; errors go to `errors`.
 pub fn resolve_issuer(raw: Option<RawIssuer>, errors: &mut Vec<String>) -> IssuerConfig {
     let raw = raw.unwrap_or_default();
     let mut out = IssuerConfig::default();

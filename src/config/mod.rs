@@ -74,10 +74,13 @@ pub const EMBEDDED_NAME: &str = "<embedded config/proxy.yaml>";
 /// Listener addresses; `None` means disabled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listen {
+    /// The explicit proxy listener.
     pub proxy: Option<SocketAddr>,
+    /// The transparent listener.
     pub transparent: Option<SocketAddr>,
     /// The transparent listener is a TPROXY target (IP_TRANSPARENT), not a REDIRECT one.
     pub transparent_tproxy: bool,
+    /// The admin listener.
     pub admin: Option<SocketAddr>,
     /// The DNS listener (UDP and TCP on the same address); off by default.
     pub dns: Option<SocketAddr>,
@@ -94,8 +97,11 @@ pub struct Listen {
 /// `listen.proxy_tls`, paths resolved against the config file's directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyTls {
+    /// The TLS proxy listener's address.
     pub addr: SocketAddr,
+    /// Its certificate chain.
     pub cert_file: PathBuf,
+    /// Its key.
     pub key_file: PathBuf,
     /// Client certificates signed by this CA identify sandboxes (optional for clients).
     pub client_ca_file: Option<PathBuf>,
@@ -134,6 +140,7 @@ pub struct DnsConfig {
     pub servers: Vec<SocketAddr>,
     /// Static answers consulted before DNS (normalised names).
     pub hosts: BTreeMap<String, Vec<IpAddr>>,
+    /// How long a lookup may take.
     pub timeout: Duration,
     /// Names under these zones (normalised, no dots at the ends) are resolved when only
     /// address rules could allow them; other names no name rule allows are refused without
@@ -152,10 +159,15 @@ pub struct DnsConfig {
 /// Proxy-side limits of one sandbox, every field resolved.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Limits {
+    /// Concurrent connections at most.
     pub max_connections: u32,
+    /// New connections per second (token bucket rate).
     pub connections_per_second: f64,
+    /// The bucket's burst.
     pub burst: u32,
+    /// Upload bandwidth, bytes per second.
     pub bandwidth_up_bps: Option<u64>,
+    /// Download bandwidth, bytes per second.
     pub bandwidth_down_bps: Option<u64>,
     /// Queries per second the DNS listener answers for the sandbox (one second's worth may
     /// come at once).
@@ -178,9 +190,12 @@ pub struct Limits {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DestinationQuota {
+    /// The destination host (a name or pattern).
     pub host: String,
+    /// Bytes a day to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes_per_day: Option<u64>,
+    /// Requests a day to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_day: Option<u64>,
 }
@@ -200,24 +215,36 @@ impl DestinationQuota {
 /// Timeouts of the data plane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
+    /// Connecting to a destination.
     pub connect: Duration,
+    /// Nothing moving on an exchange.
     pub idle: Duration,
+    /// A request head, or a tunnel's first bytes, arriving.
     pub header: Duration,
+    /// Draining on shutdown.
     pub shutdown_grace: Duration,
 }
 
 /// `defaults:`, resolved.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Defaults {
+    /// The ports an entry without a port allows.
     pub ports: PortSet,
+    /// Enforce or report, unless a sandbox says.
     pub enforcement: Enforcement,
+    /// The address ranges the guard refuses.
     pub prohibited_ranges: Vec<IpNet>,
+    /// Ranges the guard lets through all the same.
     pub guard_allow_ranges: Vec<IpNet>,
+    /// Limits, unless a sandbox says.
     pub limits: Limits,
+    /// Timeouts.
     pub timeouts: Timeouts,
+    /// Refuse a tunnel whose SNI resolves elsewhere than its destination.
     pub strict_sni_dst: bool,
     /// Ports whose tunnels must carry TLS (a ClientHello first).
     pub require_tls_ports: Arc<[u16]>,
+    /// Refuse ClientHellos that offer ECH (the SNI would not be the real one).
     pub refuse_ech: bool,
     /// The top-level `decider:` (a sandbox's own takes precedence).
     pub decider: Option<Arc<decider::DeciderConfig>>,
@@ -226,12 +253,17 @@ pub struct Defaults {
 /// One sandbox binding: identity, proxy-side settings and its AIP-36 block.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Binding {
+    /// The sandbox's id.
     pub id: SandboxId,
     /// SHA-256 of the sandbox's proxy token, when it authenticates with one.
     pub token_sha256: Option<[u8; 32]>,
+    /// The source addresses that identify it.
     pub sources: Vec<IpNet>,
+    /// Enforce or report.
     pub enforcement: Enforcement,
+    /// Its limits.
     pub limits: Limits,
+    /// Refuse a tunnel whose SNI resolves elsewhere than its destination.
     pub strict_sni_dst: bool,
     /// Ports whose tunnels must carry TLS (shared with `defaults` unless overridden).
     pub require_tls_ports: Arc<[u16]>,
@@ -241,6 +273,7 @@ pub struct Binding {
     /// network part is the runtime's). Text, not the parsed block: one small allocation per
     /// sandbox instead of a kilobyte of mostly empty fields.
     pub block_json: Arc<str>,
+    /// Its network policy (mode, egress, deny).
     pub network: NetworkSpec,
     /// The file the policy block lives in (the config file, or the referenced SANDBOX.md).
     pub policy_file: Arc<str>,
@@ -265,18 +298,22 @@ pub struct Binding {
 pub struct MaxConnections(u32);
 
 impl MaxConnections {
+    /// The largest value taken.
     pub const LIMIT: u32 = 10_000_000;
 
+    /// `n`, if it is 1 to [`MaxConnections::LIMIT`].
     pub fn new(n: u64) -> Option<Self> {
         (1..=u64::from(Self::LIMIT))
             .contains(&n)
             .then_some(MaxConnections(n as u32))
     }
 
+    /// The value.
     pub fn get(self) -> usize {
         self.0 as usize
     }
 
+    /// The value, as `u32`.
     pub fn get_u32(self) -> u32 {
         self.0
     }
@@ -350,13 +387,19 @@ pub struct Config {
     pub origin: Arc<str>,
     /// Directory relative paths resolve against.
     pub base_dir: PathBuf,
+    /// The listeners.
     pub listen: Listen,
+    /// The file holding the admin token's digest.
     pub admin_token_file: Option<PathBuf>,
+    /// The filtering resolver.
     pub dns: DnsConfig,
+    /// Defaults every sandbox inherits.
     pub defaults: Defaults,
     /// `None`: audit to stdout.
     pub audit_path: Option<PathBuf>,
+    /// Where registrations, grants and counts are kept.
     pub state_dir: Option<PathBuf>,
+    /// Sandbox providers accepted besides the known ones.
     pub extra_providers: Vec<String>,
     /// Records waiting for the audit writer beyond which new connections are refused.
     pub audit_queue_max: usize,
@@ -370,6 +413,7 @@ pub struct Config {
     pub admission: Admission,
     /// Bounds on runtime registrations.
     pub runtime: RuntimeLimits,
+    /// Keeping upstream connections of forwarded requests.
     pub forward_keepalive: ForwardKeepalive,
     /// `upstream_proxy`: the parent every allowed connection goes through.
     pub upstream_proxy: Option<upstream::UpstreamProxy>,
@@ -381,7 +425,9 @@ pub struct Config {
     pub otel: Option<otel::OtelConfig>,
     /// `tls_intercept`: the CA for terminating hosts that credentials or HTTP rules bind.
     pub intercept: Option<credentials::InterceptConfig>,
+    /// Every sandbox defined in files.
     pub bindings: Vec<Binding>,
+    /// What loading warned about.
     pub warnings: Vec<String>,
     /// Every file read (config, referenced and indexed SANDBOX.md files): what to watch.
     pub files: Vec<PathBuf>,
@@ -404,8 +450,10 @@ pub const ABSENT_SECRET_NOTE: &str =
 /// a missing secret is a warning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Secrets {
+    /// A missing secret is an error.
     #[default]
     Required,
+    /// A missing secret is a warning (`validate` on another machine).
     MayBeAbsent,
 }
 

@@ -22,7 +22,9 @@ use super::error::Sink;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OtelProtocol {
+    /// OTLP over gRPC.
     Grpc,
+    /// OTLP over HTTP (protobuf).
     Http,
 }
 
@@ -32,26 +34,37 @@ pub struct OtelConfig {
     /// `http://` or `https://` with a host (and for `http`, no path: the signal paths are
     /// appended, `/v1/logs` and `/v1/metrics`).
     pub endpoint: String,
+    /// gRPC or HTTP.
     pub protocol: OtelProtocol,
     /// `Name: value` lines sent with every export (read at start; never logged).
     pub headers_file: Option<PathBuf>,
+    /// How often metrics are exported.
     pub interval: Duration,
+    /// How long an export may take.
     pub timeout: Duration,
+    /// `service.name`.
     pub service_name: String,
 }
 
+/// `otel:` as written.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawOtel {
+    /// `endpoint`.
     pub endpoint: String,
+    /// `protocol`.
     #[serde(default)]
     pub protocol: Option<OtelProtocol>,
+    /// `headers_file`: headers sent with each export (a token).
     #[serde(default)]
     pub headers_file: Option<String>,
+    /// `interval_ms`.
     #[serde(default)]
     pub interval_ms: Option<u64>,
+    /// `timeout_ms`.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// `service_name`.
     #[serde(default)]
     pub service_name: Option<String>,
 }

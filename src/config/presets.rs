@@ -8,7 +8,9 @@ use super::http_rules::RawHttpRule;
 /// A preset's expansion.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Preset {
+    /// The entries the preset adds to `network.egress`.
     pub egress: Vec<String>,
+    /// The HTTP rules it adds.
     pub http: Vec<RawHttpRule>,
 }
 

@@ -170,24 +170,34 @@ impl Default for RawDns {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimits {
+    /// `max_connections`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u32>,
+    /// `connections_per_second`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connections_per_second: Option<f64>,
+    /// `burst`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<u32>,
+    /// `bandwidth_up_bps`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth_up_bps: Option<u64>,
+    /// `bandwidth_down_bps`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth_down_bps: Option<u64>,
+    /// `dns_queries_per_second`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns_queries_per_second: Option<f64>,
+    /// `socket_buffer_bytes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket_buffer_bytes: Option<u32>,
+    /// `bytes_per_day`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes_per_day: Option<u64>,
+    /// `requests_per_day`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_day: Option<u64>,
+    /// `per_destination`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_destination: Option<Vec<super::DestinationQuota>>,
 }
@@ -354,10 +364,13 @@ pub struct RawRuntime {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct RawAuth {
+    /// `token_sha256`: the token's digest, written inline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_sha256: Option<String>,
+    /// `token_file`: a file holding the digest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<String>,
+    /// `token_env`: an environment variable holding it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_env: Option<String>,
 }

@@ -22,11 +22,15 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstreamProxy {
+    /// `url`: `http://` or `https://` parent.
     pub url: String,
+    /// `auth`.
     #[serde(default)]
     pub auth: Option<RawParentAuth>,
+    /// `ca_file`: the CA of an `https://` parent.
     #[serde(default)]
     pub ca_file: Option<String>,
+    /// `bypass`: destinations dialled directly.
     #[serde(default)]
     pub bypass: Vec<String>,
 }
@@ -35,7 +39,9 @@ pub struct RawUpstreamProxy {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawParentAuth {
+    /// The user name.
     pub username: String,
+    /// The file holding the password.
     pub password_file: String,
 }
 
@@ -43,7 +49,9 @@ pub struct RawParentAuth {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum RawSandboxParent {
+    /// `direct`.
     Direct(String),
+    /// A parent of its own.
     Via(RawUpstreamProxy),
 }
 
@@ -95,6 +103,7 @@ pub fn resolve_choice(
 pub struct UpstreamProxy {
     /// Its host (a name, resolved by this proxy's resolver, or an address).
     pub host: String,
+    /// The parent's port.
     pub port: u16,
     /// `Proxy-Authorization` for it, if it needs one.
     pub authorization: Option<ParentAuthorization>,
@@ -109,7 +118,9 @@ pub struct UpstreamProxy {
 /// is built once, at run time, by [`crate::egress::parent`], and kept in `runtime`.
 #[derive(Clone)]
 pub struct ParentTls {
+    /// The name the parent's certificate must carry.
     pub name: ServerName<'static>,
+    /// The CAs trusted for it.
     pub ca: Vec<CertificateDer<'static>>,
     /// `ca_file`'s content: what a reload compares.
     ca_pem: Option<String>,
@@ -221,6 +232,7 @@ impl fmt::Debug for BypassEntry {
 pub struct ParentAuthorization(String);
 
 impl ParentAuthorization {
+    /// The header value (never logged).
     pub fn value(&self) -> &str {
         &self.0
     }

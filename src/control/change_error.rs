@@ -34,7 +34,9 @@ pub enum ChangeError {
     /// gives up after a 503 would believe a committed sandbox absent.
     #[error("{detail}")]
     Outcome {
+        /// What is known of the write.
         detail: String,
+        /// Whether etcd committed it.
         committed: bool,
         /// The revision written (committed), or the last one this replica had applied when
         /// it sent the write (unknown): read the key at or after it to learn the outcome.

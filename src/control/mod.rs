@@ -139,8 +139,15 @@ struct State {
 /// Why a policy set could not be built from a configuration and the registrations.
 #[derive(Debug, thiserror::Error)]
 pub enum CompileFailure {
+    /// A sandbox defined both in a file and through the API.
     #[error("sandbox {id} is defined both in {origin} and through the API")]
-    DefinedTwice { id: String, origin: String },
+    DefinedTwice {
+        /// The sandbox's id.
+        id: String,
+        /// The file that defines it.
+        origin: String,
+    },
+    /// A sandbox's policy did not compile.
     #[error(transparent)]
     Compile(#[from] CompileError),
 }
@@ -161,6 +168,7 @@ pub struct Controller {
 }
 
 impl Controller {
+    /// A controller over `config`, with the live policy it publishes to.
     pub fn new(
         shared: Arc<Shared>,
         path: Option<PathBuf>,

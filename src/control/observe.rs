@@ -30,10 +30,13 @@ pub struct Filter {
 /// Why a query cannot be served.
 #[derive(Debug, thiserror::Error)]
 pub enum BadQuery {
+    /// An unknown query parameter.
     #[error("unknown or repeated query parameter `{0}` (sandbox, decision, reason, host)")]
     Parameter(String),
+    /// A `decision` that is not allow, deny or report.
     #[error("decision `{0}` is none of allow, deny, report: nothing would ever match")]
     Decision(String),
+    /// A `reason` that is not one of the closed list.
     #[error("reason `{0}` is not a reason code (e.g. no_rule_matched, denied_by_rule): nothing would ever match")]
     Reason(String),
 }

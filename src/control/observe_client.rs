@@ -19,28 +19,39 @@ pub struct AdminTls {
     pub cacert: Option<PathBuf>,
     /// A client certificate and its key (PEM), for a listener with `client_ca_file`.
     pub cert: Option<PathBuf>,
+    /// The client key file (with `cert`), for mTLS.
     pub key: Option<PathBuf>,
 }
 
 /// Why following the decisions failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ObserveError {
+    /// The admin token file could not be read.
     #[error("cannot read {path}: {source}")]
     TokenFile {
+        /// The file.
         path: String,
+        /// Why.
         source: std::io::Error,
     },
+    /// No admin token was given.
     #[error("no admin token: --token-file FILE or EGRESS_PROXY_ADMIN_TOKEN")]
     NoToken,
+    /// The admin API refused (its words).
     #[error("--admin must be http://HOST:PORT or https://HOST:PORT (the admin listener), not {0}")]
     Admin(String),
+    /// The TLS settings could not be used.
     #[error("TLS to the admin listener: {0}")]
     Tls(String),
+    /// The admin listener could not be reached.
     #[error("cannot connect to the admin listener {authority}: {source}")]
     Connect {
+        /// Where it was looked for.
         authority: String,
+        /// Why.
         source: std::io::Error,
     },
+    /// The stream broke.
     #[error("{0}")]
     Io(#[from] std::io::Error),
     /// The admin listener answered something else than 200: its status line and body.

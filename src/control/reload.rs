@@ -26,8 +26,10 @@ pub enum ReloadError {
     /// Registrations made through the API are invalid under the new configuration.
     #[error("{0}")]
     Registrations(ConfigErrors),
+    /// The new configuration did not compile.
     #[error(transparent)]
     Compile(#[from] CompileFailure),
+    /// The controller's lock is poisoned (a panic while it was held).
     #[error("the controller's lock is poisoned")]
     Poisoned,
 }
@@ -48,7 +50,9 @@ impl ReloadError {
 /// effect at the next start.
 #[derive(Debug)]
 pub struct Reloaded {
+    /// The policy version now in force.
     pub version: String,
+    /// Settings that changed and only take effect at a restart.
     pub needs_restart: Vec<&'static str>,
     /// Sandboxes the reload removed: their grants end with them.
     pub removed: Vec<crate::policy::sandbox_id::SandboxId>,

@@ -29,6 +29,7 @@ pub use wire::{Answer, Ask, Edits};
 /// What asking came to.
 #[derive(Debug, PartialEq)]
 pub enum Outcome {
+    /// The decider answered.
     Answer(Answer),
     /// No usable answer, and `on_error` is allow: the exchange proceeds (recorded).
     FailedOpen(String),
@@ -132,6 +133,7 @@ fn failed(cfg: &DeciderConfig, why: String) -> Outcome {
 /// A request body a decider may be shown: up to `max` bytes of it and whether there is more;
 /// the bytes shown are the bytes sent.
 pub trait Showable {
+    /// Up to `max` bytes of the body and whether there is more; the body stays sendable.
     fn show(
         &mut self,
         max: usize,
@@ -149,6 +151,7 @@ impl Showable for NoBody {
 
 /// An exchange as a decider is asked about it, built in one place for every caller.
 pub struct Question {
+    /// The ask, as sent.
     pub ask: Ask,
     /// The binding's credential header names.
     protected: Vec<String>,
@@ -157,11 +160,17 @@ pub struct Question {
 /// What a question is about: the protocol (`connect`, `http`, `https`), the target, the
 /// request's head when there is one, and the policy's decision and rule.
 pub struct About<'a> {
+    /// `connect`, `http` or `https`.
     pub protocol: &'static str,
+    /// The target's host.
     pub host: String,
+    /// The target's port.
     pub port: u16,
+    /// The request's method, URI and headers, when there is a request.
     pub request: Option<(&'a http::Method, &'a http::Uri, &'a http::HeaderMap)>,
+    /// What the policy decided (`allow`, `report`).
     pub decision: &'static str,
+    /// The rule that allowed it, if one did.
     pub rule: Option<String>,
 }
 

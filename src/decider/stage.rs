@@ -12,7 +12,9 @@ use crate::policy::reason::Reason;
 use crate::policy::Verdict;
 use crate::wire::first_bytes::Mismatch;
 
+/// The verdict stage that asks the sandbox's decider about a connection it has one for.
 pub struct DeciderStage {
+    /// The deciders of the configuration in force.
     pub deciders: Arc<Deciders>,
 }
 

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{bad_answer, DeciderError};
 
+/// The version of the decider protocol this proxy speaks.
 pub const VERSION: u32 = 1;
 
 /// Headers never sent to a decider (they carry credentials), whatever the request.
@@ -35,21 +36,28 @@ pub const NOT_ITS_TO_TOUCH: &[&str] = &[
     "expect",
 ];
 
+/// Where the exchange goes.
 #[derive(Debug, Serialize)]
 pub struct Target {
+    /// The host.
     pub host: String,
+    /// The port.
     pub port: u16,
 }
 
+/// What the policy made of it.
 #[derive(Debug, Serialize)]
 pub struct Policy {
+    /// `allow` or `report`.
     pub decision: &'static str,
+    /// The rule that allowed it, if one did.
     pub rule: Option<String>,
 }
 
 /// The body, when the decider asked for it.
 #[derive(Debug, Serialize)]
 pub struct Body {
+    /// The bytes shown, in base64.
     pub base64: String,
     /// Bytes sent (at most `need_body_max`).
     pub bytes: usize,
@@ -60,21 +68,28 @@ pub struct Body {
 /// One question to the decider.
 #[derive(Debug, Serialize)]
 pub struct Ask {
+    /// The protocol version ([`VERSION`]).
     pub version: u32,
+    /// The sandbox asking.
     pub sandbox: String,
     /// How the sandbox was identified: `token` or `source`.
     pub identity: &'static str,
     /// `connect` (a tunnel or transparent connection, host level), `http` (a forwarded
     /// plain-HTTP request), `https` (a request inside a terminated tunnel).
     pub protocol: &'static str,
+    /// Where it goes.
     pub target: Target,
+    /// The request's method, for a request.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
+    /// The request's path, for a request.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// Lower-case names; repeated headers joined with `, `; credentials never included.
     pub headers: BTreeMap<String, String>,
+    /// What the policy decided.
     pub policy: Policy,
+    /// The body, when the decider asked for it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body: Option<Body>,
 }
@@ -99,11 +114,14 @@ struct RawAnswer {
 /// Header changes an `allow` asks for.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Edits {
+    /// Headers to set on the request.
     pub set: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// Headers to remove from it.
     pub remove: Vec<http::HeaderName>,
 }
 
 impl Edits {
+    /// Whether the answer changes nothing.
     pub fn is_empty(&self) -> bool {
         self.set.is_empty() && self.remove.is_empty()
     }
@@ -112,8 +130,16 @@ impl Edits {
 /// What the decider said.
 #[derive(Debug, PartialEq)]
 pub enum Answer {
+    /// Allow, with these edits to the request.
     Allow(Edits),
-    Deny { status: u16, reason: String },
+    /// Deny, with the status and reason to answer with.
+    Deny {
+        /// The status answered (4xx).
+        status: u16,
+        /// The reason shown to the client.
+        reason: String,
+    },
+    /// Ask again with the body.
     NeedBody,
 }
 

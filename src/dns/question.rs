@@ -11,6 +11,7 @@ use crate::policy::hostname::normalize_name;
 /// What kind of answer a question gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Asked {
+    /// A or AAAA.
     Addresses(Family),
     /// HTTPS / SVCB: always empty (no ECH configuration, so the SNI stays readable).
     Empty,
@@ -21,14 +22,19 @@ pub enum Asked {
 /// Why a question is not answered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unanswerable {
+    /// Not a standard query.
     #[error("not a standard query")]
     NotAQuery,
+    /// Not exactly one question.
     #[error("a query must ask exactly one question")]
     NotOneQuestion,
+    /// A class other than IN.
     #[error("only class IN is answered")]
     Class,
+    /// A type not answered.
     #[error("egress-proxy: {0} queries are not answered (dns.pass_types)")]
     Type(RecordType),
+    /// A name that is not a valid host name.
     #[error("egress-proxy: not a valid host name: {0}")]
     Name(String),
 }
@@ -36,6 +42,7 @@ pub enum Unanswerable {
 /// The question, ready to decide.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Question {
+    /// What is asked.
     pub kind: Asked,
     /// Lower case, no trailing dot, IDNA-checked.
     pub name: String,

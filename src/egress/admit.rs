@@ -49,14 +49,19 @@ use crate::wire::first_bytes::FirstBytes;
 pub struct Cx<'a> {
     /// The policy snapshot the exchange is decided under.
     pub set: &'a PolicySet,
+    /// The resolver the sequence looks names up with.
     pub resolver: &'a Resolver,
+    /// The metrics it counts into.
     pub metrics: &'a Metrics,
+    /// The per-sandbox limiters.
     pub limiters: &'a Limiters,
+    /// The per-source admission caps.
     pub admissions: &'a Admissions,
     /// The DNS listener's answers (names for nameless transparent connections).
     pub answers: &'a DnsMemory,
     /// Kept upstream connections of forwarded requests.
     pub upstreams: &'a UpstreamPool,
+    /// The verdict stages that run after the policy allowed.
     pub verdicts: &'a Verdicts,
     /// `listen.default_sandbox`.
     pub default_sandbox: Option<&'a str>,
@@ -75,6 +80,7 @@ pub enum Evidence<'a> {
     /// `Proxy-Authorization` or a SOCKS5 login if sent; else the source address; else the
     /// default sandbox.
     Presented {
+        /// The credentials presented, if any.
         credentials: Option<identity::Credentials<'a>>,
     },
 }
@@ -84,6 +90,7 @@ pub enum Evidence<'a> {
 pub struct Door<'a> {
     /// The client's address.
     pub source: IpAddr,
+    /// What the connection presented to be identified.
     pub evidence: Evidence<'a>,
     /// The port asked for, if known (for the refusal's sentence).
     pub port: u16,
@@ -158,9 +165,11 @@ pub enum Route {
 
 /// An admitted exchange: everything a relay needs.
 pub struct Admitted {
+    /// The sandbox it belongs to.
     pub sandbox: Arc<Sandbox>,
     /// What the relay watches against every later policy.
     pub grant: Grant,
+    /// Where it goes: a connection dialled for it, or a kept one.
     pub route: Route,
     /// The sandbox's concurrent-connection slot, held until the exchange ends.
     pub slot: ConnectionSlot,
@@ -176,6 +185,7 @@ pub struct Admitted {
 /// (`GET http://host/path`, with the parent's `Proxy-Authorization`), on a connection to the
 /// parent kept like one to an origin.
 pub struct Through {
+    /// The parent proxy.
     pub parent: Arc<UpstreamProxy>,
     /// The authority the request names to the parent: the checked address when the name was
     /// resolved here, else the decided name.

@@ -18,6 +18,7 @@ use crate::egress::quota::{destination_meters, DayCount, Meter, Spent};
 /// The verdict of a bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Admit {
+    /// Now.
     Admit,
     /// Not now: this much later.
     DelayFor(Duration),
@@ -117,6 +118,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// The metric label of the refusal.
     pub fn label(self) -> &'static str {
         match self {
             Refusal::Connections => "connections",
@@ -350,6 +352,7 @@ pub struct ConnectionSlot(
 );
 
 impl ConnectionSlot {
+    /// The sandbox's limiter.
     pub fn limiter(&self) -> &Arc<SandboxLimiter> {
         &self.0
     }

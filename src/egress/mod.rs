@@ -112,7 +112,9 @@ impl Decided {
 /// count timings (none for `check`).
 #[derive(Clone, Copy)]
 pub struct Lookup<'a> {
+    /// The resolver (none: names are decided by name rules alone).
     pub resolver: Option<&'a Resolver>,
+    /// The metrics to count the lookup into, if any.
     pub metrics: Option<&'a Metrics>,
 }
 
@@ -258,7 +260,9 @@ pub fn decide_by_answer(
 /// A connection to a checked address.
 #[derive(Debug)]
 pub struct Dialed {
+    /// The connection.
     pub stream: crate::egress::server_io::ServerIo,
+    /// The address it was made to.
     pub addr: SocketAddr,
 }
 

@@ -34,7 +34,9 @@ pub fn counted_signal() -> &'static Notify {
 /// Which quota a sandbox is at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Spent {
+    /// The bytes quota.
     Bytes,
+    /// The requests quota.
     Requests,
 }
 
@@ -87,8 +89,11 @@ pub struct Meter {
 /// One day's counts, as persisted and shared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DayCount {
+    /// The day (days since the Unix epoch, UTC).
     pub day: u32,
+    /// Bytes counted on that day.
     pub bytes: u64,
+    /// Requests counted on that day.
     pub requests: u64,
 }
 

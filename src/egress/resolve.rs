@@ -28,13 +28,16 @@ use crate::policy::Reason;
 /// Why a name has no usable addresses.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ResolveError {
+    /// The name does not exist or has no addresses (NXDOMAIN).
     #[error("name does not exist or has no addresses")]
     NotFound,
     /// The name exists but has no record of the type asked for (DNS NODATA).
     #[error("name has no records of that type")]
     NoData,
+    /// The resolver did not answer in time.
     #[error("resolver timed out")]
     Timeout,
+    /// The resolver failed (its words).
     #[error("resolver error: {0}")]
     Failed(String),
 }
@@ -53,7 +56,9 @@ impl ResolveError {
 /// An address family the DNS listener asks for (A or AAAA).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
+    /// IPv4.
     V4,
+    /// IPv6.
     V6,
 }
 
@@ -69,7 +74,9 @@ impl Family {
 /// Addresses of one family and how long they may be kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Addresses {
+    /// The addresses, in the resolver's order.
     pub addrs: Vec<IpAddr>,
+    /// How long they may be kept.
     pub ttl: Duration,
 }
 

@@ -42,19 +42,25 @@ pub enum Judgement {
     Refuse(Mismatch),
     /// A decider's answer: its words go in the record (`decider`); refused when it says so.
     Noted {
+        /// The decider's words.
         note: String,
+        /// The refusal, when it refused.
         refuse: Option<Mismatch>,
     },
     /// Answered later, within `within`; past it the exchange is refused with `on_timeout`.
     Hold {
+        /// The answer to wait for.
         answer: Later,
+        /// The longest wait.
         within: Duration,
+        /// The reason refused with past `within`.
         on_timeout: Reason,
     },
 }
 
 /// What a stage sees: the exchange as the policy decided it.
 pub struct Point<'a> {
+    /// The sandbox, identified.
     pub sandbox: &'a Sandbox,
     /// The target the client named (the CONNECT authority, the SNI, the `Host`, or the
     /// original address of a nameless connection).
@@ -81,6 +87,7 @@ pub struct Point<'a> {
 pub trait Stage: Send + Sync {
     /// Its name, for the record's detail when it holds past its limit.
     fn name(&self) -> &'static str;
+    /// Judge the exchange at `at`.
     fn judge(&self, at: &Point<'_>) -> Judgement;
 }
 
@@ -139,7 +146,9 @@ impl Verdicts {
 /// A stage's refusal: the decision answered with and what it says (the record's detail).
 #[derive(Debug)]
 pub struct Refused {
+    /// The decision shown and recorded.
     pub decision: Decision,
+    /// Why.
     pub detail: String,
 }
 

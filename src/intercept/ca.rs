@@ -18,12 +18,15 @@ const CACHE_MAX: usize = 4096;
 /// A leaf certificate and its key, DER, with the TLS server configurations built from it
 /// (one per ALPN the upstream chose: none, `http/1.1`, `h2`), built once.
 pub struct Leaf {
+    /// The leaf certificate, then the CA's.
     pub chain: Vec<CertificateDer<'static>>,
+    /// The leaf's private key (PKCS#8 DER).
     pub key: Vec<u8>,
     configs: [OnceLock<Arc<rustls::ServerConfig>>; 3],
 }
 
 impl Leaf {
+    /// The private key, as rustls takes it.
     pub fn key_der(&self) -> PrivateKeyDer<'static> {
         PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key.clone()))
     }

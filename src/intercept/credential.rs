@@ -53,16 +53,20 @@ pub trait Kind: Send + Sync {
 
 /// A credential bound to the host being terminated.
 pub struct Bound {
+    /// The credential's name (records, refusals).
     pub name: String,
     /// What the sandbox holds instead of the secret.
     pub placeholder: String,
+    /// What it does to a request.
     pub kind: Box<dyn Kind>,
 }
 
 /// What minting kinds need: the process's tokens and the proxy's resolver.
 #[derive(Clone)]
 pub struct MintCx {
+    /// The token cache and the minting client.
     pub minter: Arc<Minter>,
+    /// The resolver token endpoints are looked up with.
     pub resolver: Arc<Resolver>,
     /// The external deciders (the exchange asks them per request).
     pub deciders: Arc<crate::decider::Deciders>,

@@ -10,14 +10,22 @@ pub enum InterceptError {
     /// A file could not be read or written.
     #[error("{what} {}: {source}", path.display())]
     File {
+        /// The setting the file is named by.
         what: &'static str,
+        /// The file.
         path: PathBuf,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
     /// A file's content is not what it must be.
     #[error("{what}: {why}")]
-    Content { what: &'static str, why: String },
+    Content {
+        /// The setting the file is named by.
+        what: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
     /// `ca init` would overwrite a CA.
     #[error("{} already holds a CA: remove it first (sandboxes that trust it must be told)", .0.display())]
     Exists(PathBuf),
@@ -37,7 +45,9 @@ pub enum InterceptError {
     /// The upstream's HTTP handshake failed (inside its TLS).
     #[error("{version} handshake with the upstream: {source}")]
     Upstream {
+        /// `HTTP/1.1` or `HTTP/2`.
         version: &'static str,
+        /// Why.
         #[source]
         source: hyper::Error,
     },

@@ -74,6 +74,7 @@ struct Claims<'a> {
 }
 
 impl Issuer {
+    /// An issuer with a fresh key.
     pub fn new(cfg: IssuerConfig) -> Result<Issuer, CredentialError> {
         Ok(Issuer {
             cfg,
@@ -152,10 +153,15 @@ impl Issuer {
 /// The identity token as a credential kind: put on as the request is sent; a header of its
 /// name sent by the sandbox is misuse.
 pub struct IdentityKind {
+    /// The issuer that signs the token.
     pub issuer: Arc<Issuer>,
+    /// The sandbox the token names (`sub`).
     pub sandbox: String,
+    /// The audience (`aud`): the host it is sent to.
     pub aud: String,
+    /// The policy version in force (a claim).
     pub version: Arc<str>,
+    /// The binding's `identity_token` settings.
     pub token: Arc<crate::config::identity::IdentityToken>,
 }
 

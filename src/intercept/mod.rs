@@ -71,6 +71,7 @@ impl std::fmt::Debug for Interceptor {
 }
 
 impl Interceptor {
+    /// Load the CA and settings `cfg` names.
     pub fn load(cfg: &InterceptConfig) -> Result<Self, InterceptError> {
         const UPSTREAM_CA: &str = "tls_intercept.upstream_ca_file";
         let ca = InterceptCa::load(&cfg.ca_cert_file, &cfg.ca_key_file)?;
@@ -212,10 +213,13 @@ impl Stage for InClear {
 
 /// One terminated tunnel: what its exchanges read, and its two sides.
 pub struct Tunnel<'a> {
+    /// What the exchanges read besides the two sides.
     pub ends: Ends<'a>,
+    /// The client's stream.
     pub client: ClientIo,
     /// Bytes already read from the client (its ClientHello).
     pub early: Vec<u8>,
+    /// The dialled destination.
     pub server: crate::egress::server_io::ServerIo,
     /// The protocols the client's ClientHello offered.
     pub client_alpn: Vec<String>,
@@ -330,6 +334,7 @@ where
 pub struct Ends<'a> {
     /// The sandbox's binding as it is at each request.
     pub current: CurrentBinding,
+    /// The decided host.
     pub host: &'a str,
     /// The decided port (the authority every request must name).
     pub port: u16,

@@ -43,7 +43,9 @@ pub struct Sealed {
 /// Why a sealed placeholder is not redeemed.
 #[derive(Debug, PartialEq)]
 pub enum Unsealed {
+    /// No such token, or it expired.
     Unknown,
+    /// A token sealed for another sandbox or credential.
     Elsewhere,
 }
 

@@ -19,7 +19,9 @@ use crate::policy::reason::Reason;
 /// by (with the lists asked for).
 #[derive(Default)]
 pub struct Allowed {
+    /// What the request called (for the record).
     pub call: Option<String>,
+    /// The MCP rule its response is filtered by, and the lists asked for.
     pub mcp: Option<(Arc<McpRule>, Lists)>,
 }
 

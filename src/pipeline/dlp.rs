@@ -41,6 +41,7 @@ pub struct Scanner {
     report_only: bool,
     tail: BytesMut,
     scanned: u64,
+    /// What it found (rule names, the blocking one).
     pub found: Arc<Mutex<Found>>,
 }
 
@@ -62,6 +63,7 @@ fn entropy(s: &[u8]) -> f64 {
 }
 
 impl Scanner {
+    /// A scanner with the rules of `cfg`; `report_only` records and never blocks.
     pub fn new(cfg: Arc<DlpConfig>, report_only: bool) -> Self {
         Scanner {
             cfg,
@@ -143,7 +145,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// What the DLP phase made of a request that may go on: its body scanned as it streams, or
 /// (compressed) read whole, decoded, scanned, and sent as it came.
 pub enum Phase<B> {
+    /// Scanned as it streams.
     Stream(Scanned<B>),
+    /// Read whole, decoded and scanned; sent as it came.
     Whole(Bytes),
 }
 
@@ -200,7 +204,12 @@ pub enum DlpError {
     /// A `deny` rule matched: its name, and where (`the request body`, `the request's target
     /// or headers`).
     #[error("dlp rule {rule} matched {place}")]
-    Matched { rule: String, place: &'static str },
+    Matched {
+        /// The rule's name.
+        rule: String,
+        /// Where it matched.
+        place: &'static str,
+    },
     /// A body that must be read whole or decoded to be scanned could not be.
     #[error("{0}")]
     Unscannable(String),
@@ -299,13 +308,16 @@ fn views(bytes: &[u8]) -> Vec<Cow<'_, [u8]>> {
 pub enum Coding {
     /// None, or `identity`.
     Identity,
+    /// `gzip`.
     Gzip,
+    /// `deflate`.
     Deflate,
     /// One the proxy cannot undo (`br`, `zstd`, two codings): refused where DLP scans.
     Other(String),
 }
 
 impl Coding {
+    /// The coding `headers` declare.
     pub fn of(headers: &http::HeaderMap) -> Coding {
         let all: Vec<&[u8]> = headers
             .get_all(http::header::CONTENT_ENCODING)

@@ -18,6 +18,7 @@ use crate::policy::reason::Reason;
 /// The `network.http` rules of one sandbox for one host, compiled once per binding.
 #[derive(Debug, Clone, Default)]
 pub struct HostRules {
+    /// The rules of the host, in order.
     pub rules: Vec<HttpRule>,
     /// Every rule here matches any path (no glob, git or protocol): an encoded `/` cannot
     /// reach a path a rule would refuse (npm's `@scope%2fname`).
@@ -30,8 +31,11 @@ pub struct HostRules {
 /// A request's head, as the pipeline reads it.
 #[derive(Debug, Clone, Copy)]
 pub struct Head<'a> {
+    /// The request's method.
     pub method: &'a Method,
+    /// Its URI.
     pub uri: &'a Uri,
+    /// Its headers.
     pub headers: &'a HeaderMap,
     /// The request carries a body (or may: a length the framing does not give as zero).
     pub has_body: bool,
@@ -53,6 +57,7 @@ impl<'a> Head<'a> {
 /// What the head phase made of a request.
 #[derive(Debug)]
 pub enum Checked {
+    /// Refused.
     Refused(Refusal),
     /// Allowed; what it called (git's service), if anything.
     Allowed(Option<String>),

@@ -47,13 +47,16 @@ pub fn judged_per_request(binding: &Binding, host: &str) -> bool {
 /// Why a request is refused, for its response and its record.
 #[derive(Debug, Clone)]
 pub struct Refusal {
+    /// The reason recorded and shown.
     pub reason: crate::policy::reason::Reason,
+    /// Why, in one sentence.
     pub detail: String,
     /// The credential it concerns, when it is about one.
     pub credential: Option<String>,
 }
 
 impl Refusal {
+    /// A refusal for `reason` with `detail`.
     pub fn new(reason: crate::policy::reason::Reason, detail: impl Into<String>) -> Self {
         Refusal {
             reason,

@@ -12,13 +12,16 @@ pub use crate::policy::reason::Reason;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
+    /// The exchange may go on.
     Allow,
+    /// The exchange is refused.
     Deny,
     /// Report mode: the policy would deny, the connection proceeds and is recorded.
     Report,
 }
 
 impl Verdict {
+    /// The name written in records and metrics (`allow`, `deny`, `report`).
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Allow => "allow",
@@ -36,13 +39,16 @@ impl Verdict {
 /// The outcome of a policy decision.
 #[derive(Debug, Clone)]
 pub struct Decision {
+    /// Allowed, refused, or reported (report mode).
     pub verdict: Verdict,
+    /// Why: the one closed reason that drives the status, the record and the metric.
     pub reason: Reason,
     /// The rule that allowed or refused, when one did.
     pub rule: Option<Arc<Rule>>,
 }
 
 impl Decision {
+    /// An allowing decision for `reason`, by `rule` when one matched.
     pub fn allow(reason: Reason, rule: Option<Arc<Rule>>) -> Self {
         Decision {
             verdict: Verdict::Allow,
@@ -51,6 +57,7 @@ impl Decision {
         }
     }
 
+    /// A refusing decision for `reason`, by `rule` when one matched.
     pub fn deny(reason: Reason, rule: Option<Arc<Rule>>) -> Self {
         Decision {
             verdict: Verdict::Deny,

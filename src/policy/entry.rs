@@ -22,7 +22,9 @@ pub enum HostPattern {
     /// `ec2.*.amazonaws.com`, `api-*.example.com`, `a.**.example.com`: a label glob.
     /// `fixed_suffix` is the labels after the last wildcard label (used to index the glob).
     Glob {
+        /// The pattern as written.
         pattern: String,
+        /// The labels after the last wildcard label (indexes the glob).
         fixed_suffix: String,
     },
     /// `203.0.113.7`, `10.0.0.0/8`, `[2001:db8::/32]`: an address range (single addresses as
@@ -35,6 +37,7 @@ pub enum HostPattern {
 /// One parsed policy entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
+    /// What the entry matches.
     pub host: HostPattern,
     /// `None` when the entry named no port: `defaults.ports` applies.
     pub ports: Option<PortSet>,
@@ -43,30 +46,46 @@ pub struct Entry {
 /// Why an entry was rejected. Messages are meant for the operator who wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum EntryError {
+    /// An empty entry.
     #[error("empty entry")]
     Empty,
+    /// A URL where a host was expected.
     #[error("entries are hosts, not URLs: write `{suggestion}`")]
-    Url { suggestion: String },
+    Url {
+        /// The host the URL names, to write instead.
+        suggestion: String,
+    },
+    /// Whitespace or a control character in the entry.
     #[error("entry contains whitespace or control characters")]
     Whitespace,
+    /// A pattern that matches every host.
     #[error("`{0}` matches every host: use `network.mode: allow-all` instead")]
     MatchesEverything(String),
+    /// A wildcard with no fixed labels after it.
     #[error("a wildcard must end in fixed labels (as in `*.example.com`)")]
     NoFixedSuffix,
+    /// A wildcard over a single label.
     #[error("wildcard suffix `{0}` is a single label: too broad, name at least two labels")]
     SingleLabelSuffix(String),
+    /// A wildcard over a public suffix.
     #[error("wildcard suffix `{0}` is a public suffix (ICANN section): too broad")]
     PublicSuffix(String),
+    /// `**` that is not a whole label.
     #[error("`**` must be a whole label (as in `**.example.com`)")]
     PartialDoubleStar,
+    /// A glob character other than `*` and `**`.
     #[error("only `*` and `**` are wildcards; `{0}` is not allowed in an entry")]
     UnsupportedGlobSyntax(char),
+    /// A CIDR that does not parse.
     #[error("malformed CIDR `{0}`")]
     BadCidr(String),
+    /// An IPv6 address that does not parse.
     #[error("malformed IPv6 address `{0}` (write `[addr]:port` to give a port)")]
     BadIpv6(String),
+    /// A port list that does not parse.
     #[error("{0}")]
     BadPort(super::ParseError),
+    /// A host name that is not valid.
     #[error("invalid host name: {0}")]
     Name(#[from] NameError),
 }

@@ -16,6 +16,7 @@ pub enum GitService {
 }
 
 impl GitService {
+    /// The service a `service=` parameter or path names (`git-upload-pack`, `git-receive-pack`).
     pub fn parse(s: &str) -> Result<GitService, ParseError> {
         match s {
             "fetch" => Ok(GitService::Fetch),

@@ -34,6 +34,7 @@ pub enum GrantKind {
 }
 
 impl GrantKind {
+    /// The name written in grants and records (`once`, `ttl`, `permanent`).
     pub fn as_str(self) -> &'static str {
         match self {
             GrantKind::Once => "once",
@@ -48,13 +49,17 @@ impl GrantKind {
 pub struct GrantEntry {
     /// The request it answers (`r-…`): the grant's name in records.
     pub id: Arc<str>,
+    /// The host the grant allows (one name or address).
     pub host: Host,
+    /// The port it allows.
     pub port: u16,
     /// Upper-case methods; empty: any.
     pub methods: Vec<String>,
     /// Path globs (`*` any run of characters); empty: any.
     pub paths: Vec<String>,
+    /// How long it stands: one request, until a time, or permanently.
     pub kind: GrantKind,
+    /// When it ends, for a `ttl` grant.
     pub expires: Option<SystemTime>,
     /// Who approved: `admin`, `webhook`, `auto`.
     pub approver: Arc<str>,
@@ -85,6 +90,7 @@ pub enum NotTaken {
 }
 
 impl GrantEntry {
+    /// A grant of `kind` to `host:port`, within the request's scope (methods, paths).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         sandbox: &str,
@@ -210,6 +216,7 @@ fn glob(pattern: &str, path: &str) -> bool {
 /// One sandbox's grants.
 #[derive(Debug, Default)]
 pub struct Granted {
+    /// The grants in force, each shared with the exchanges it allowed.
     pub entries: Vec<Arc<GrantEntry>>,
 }
 

@@ -280,6 +280,7 @@ pub struct Guard {
 }
 
 impl Guard {
+    /// A guard refusing `prohibited` ranges unless `allowed` says otherwise, and the proxy's own `listeners` always (no loops).
     pub fn new(prohibited: &[IpNet], allowed: &[IpNet], listeners: Vec<SocketAddr>) -> Self {
         let mut p = AddrTable::new();
         for n in prohibited {

@@ -16,18 +16,25 @@ pub const MAX_LABEL_LEN: usize = 63;
 /// Why a string is not a usable host name.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum NameError {
+    /// An empty name.
     #[error("empty name")]
     Empty,
+    /// A name over the DNS length limit.
     #[error("name is longer than {MAX_NAME_LEN} bytes")]
     TooLong,
+    /// A name with an empty label (`a..b`).
     #[error("name has an empty label")]
     EmptyLabel,
+    /// A label over 63 bytes.
     #[error("a label is longer than {MAX_LABEL_LEN} bytes")]
     LabelTooLong,
+    /// A character a host name may not hold.
     #[error("invalid character {0:?} in name (allowed: letters, digits, '-', '_')")]
     BadChar(char),
+    /// A numeric name that is not a canonical address (`0x7f.1`, `127.1`).
     #[error("numeric-looking name is not a canonical IP address")]
     Numeric,
+    /// An internationalised name that is not valid IDNA.
     #[error("internationalised name is not valid IDNA")]
     Idna,
 }

@@ -14,6 +14,7 @@ use super::ParseError;
 /// A host a credential (or an HTTP rule) is bound to: a name, `*.domain` or `**.domain`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BoundHost {
+    /// One name.
     Exact(String),
     /// `*.d`: names below `d`.
     Below(String),
@@ -68,7 +69,9 @@ impl BoundHost {
 /// One `network.http` rule: on a terminated host, which methods and paths are allowed.
 #[derive(Debug, Clone)]
 pub struct HttpRule {
+    /// The rule as written (for records and explanations).
     pub text: String,
+    /// The host it applies to.
     pub host: BoundHost,
     /// Upper-case; empty: any method.
     pub methods: Vec<String>,
@@ -85,7 +88,9 @@ pub struct HttpRule {
 /// What a rule makes of a request's method, path and query.
 #[derive(Debug, Clone, Copy)]
 pub enum Admits<'r> {
+    /// The rule does not allow the request.
     No,
+    /// The rule allows the request.
     Yes,
     /// Yes if the body is one its protocol allows.
     Judge(&'r Arc<Protocol>),
@@ -102,6 +107,7 @@ impl PartialEq for HttpRule {
 }
 
 impl HttpRule {
+    /// A rule for `host` allowing `methods` on `paths` (globs); `Err` when one does not parse.
     pub fn new(host: &str, methods: &[String], paths: &[String]) -> Result<HttpRule, ParseError> {
         Self::with_git(host, methods, paths, &[])
     }

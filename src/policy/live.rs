@@ -39,6 +39,7 @@ pub struct LivePolicy {
 }
 
 impl LivePolicy {
+    /// The live policy, starting from `set`.
     pub fn new(mut set: PolicySet) -> Self {
         set.generation = 1;
         let set = Arc::new(set);

@@ -50,12 +50,16 @@ use ports::PortSet;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
+    /// Only what the allowlist names.
     Restricted,
+    /// Nothing at all.
     DenyAll,
+    /// Everything but `network.deny` and the guard.
     AllowAll,
 }
 
 impl Mode {
+    /// The name written in configuration and records.
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Restricted => "restricted",
@@ -69,12 +73,15 @@ impl Mode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Enforcement {
+    /// Refusals are enforced.
     #[default]
     Enforce,
+    /// Refusals that may be are only reported (`decision: report`).
     Report,
 }
 
 impl Enforcement {
+    /// The name written in configuration and records.
     pub fn as_str(self) -> &'static str {
         match self {
             Enforcement::Enforce => "enforce",
@@ -86,7 +93,9 @@ impl Enforcement {
 /// Which list a rule came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ListKind {
+    /// `network.egress`: what is allowed.
     Egress,
+    /// `network.deny`: what is refused whatever else allows it.
     Deny,
     /// A grant approved at run time ([`granted`]): `file` names it.
     Grant,
@@ -95,9 +104,13 @@ pub enum ListKind {
 /// Where a rule was written: file, sandbox, list and index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleSource {
+    /// The file the sandbox was read from.
     pub file: Arc<str>,
+    /// The sandbox it belongs to.
     pub sandbox: Arc<str>,
+    /// Which list the entry is in.
     pub list: ListKind,
+    /// Its position in that list (from 0).
     pub index: usize,
 }
 
@@ -119,8 +132,11 @@ impl fmt::Display for RuleSource {
 /// One compiled rule: its text as written, effective ports, and provenance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
+    /// The entry as written.
     pub text: String,
+    /// The ports it allows.
     pub ports: PortSet,
+    /// Where it was written.
     pub source: RuleSource,
     /// What flows may be a protocol the proxy cannot read (opaque TCP): the entry names its
     /// ports (`host:5432`, `host:*`) or is an address or range. An entry that relies on
@@ -131,9 +147,11 @@ pub struct Rule {
 /// The network part of a sandbox, parsed and ready to compile.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NetworkSpec {
+    /// Restricted, deny-all or allow-all.
     pub mode: Mode,
     /// (entry text, parsed entry) in file order.
     pub egress: Vec<(String, Entry)>,
+    /// The `network.deny` entries, each as written and parsed.
     pub deny: Vec<(String, Entry)>,
     /// `network.resolve_for_address_rules`: any name may be resolved to try address rules.
     pub resolve_for_address_rules: bool,
@@ -273,6 +291,7 @@ pub struct CompiledPolicy {
 /// Everything `decide` found out.
 #[derive(Debug, Clone)]
 pub struct Outcome {
+    /// The verdict and its reason.
     pub decision: Decision,
     /// Addresses that passed the guard, in resolver order (only when addresses were given).
     pub dial: Vec<IpAddr>,
@@ -307,15 +326,19 @@ impl CompiledPolicy {
         })
     }
 
+    /// The sandbox this policy is of.
     pub fn sandbox(&self) -> &str {
         &self.sandbox
     }
+    /// The file it was read from.
     pub fn file(&self) -> &str {
         &self.file
     }
+    /// Its network mode.
     pub fn mode(&self) -> Mode {
         self.mode
     }
+    /// Whether refusals are enforced or reported.
     pub fn enforcement(&self) -> Enforcement {
         self.enforcement
     }

@@ -43,7 +43,9 @@ pub struct NameMatcherBuilder {
 /// rule that matched the name at all (to tell `port_not_allowed` from `no_rule_matched`).
 #[derive(Debug, Default)]
 pub struct NameHit<'a> {
+    /// The rule that matched the name with the asked port, if one did.
     pub with_port: Option<&'a Arc<Rule>>,
+    /// The rule that matched the name on another port, if one did (for the reason given).
     pub name_only: Option<&'a Arc<Rule>>,
 }
 
@@ -61,10 +63,12 @@ impl<'a> NameHit<'a> {
 }
 
 impl NameMatcherBuilder {
+    /// A rule for exactly `name`.
     pub fn add_exact(&mut self, name: &str, rule: Arc<Rule>) {
         self.exact.entry(name.into()).or_default().push(rule);
     }
 
+    /// A rule for names below `suffix` (and `suffix` itself when `apex`).
     pub fn add_suffix(&mut self, suffix: &str, apex: bool, rule: Arc<Rule>) {
         self.suffix
             .entry(suffix.into())
@@ -72,6 +76,7 @@ impl NameMatcherBuilder {
             .push((rule, apex));
     }
 
+    /// A rule for names matching the label glob `pattern`, indexed by its `fixed_suffix`.
     pub fn add_glob(&mut self, pattern: &str, fixed_suffix: &str, rule: Arc<Rule>) {
         self.globs
             .entry(fixed_suffix.into())

@@ -19,22 +19,39 @@ pub enum Reason {
     /// Answered by the proxy itself: a request to `egress-proxy.local` (access requests,
     /// denials), never resolved or dialled.
     ProxyEndpoint,
+    /// No allowlist entry matched.
     NoRuleMatched,
+    /// A `network.deny` entry matched.
     DeniedByRule,
+    /// The sandbox's mode is deny-all.
     DenyAllMode,
+    /// The name is allowed, on other ports.
     PortNotAllowed,
+    /// The address guard refused every address.
     DestinationIpProhibited,
+    /// The destination is the proxy itself.
     ProxyLoop,
+    /// The target is not a valid host and port.
     InvalidTarget,
+    /// No credential identified the sandbox.
     AuthRequired,
+    /// The credential presented is not valid.
     AuthFailed,
+    /// The credential names no sandbox in force.
     UnknownSandbox,
+    /// The sandbox's (or the source's) connection rate was exceeded.
     RateLimited,
+    /// The sandbox's (or the proxy's) connection cap was reached.
     ConnectionLimit,
+    /// The resolver failed.
     DnsError,
+    /// The name does not exist (or has no address).
     DestinationNotFound,
+    /// The resolver did not answer in time.
     DnsTimeout,
+    /// The destination did not accept in time.
     ConnectionTimeout,
+    /// The destination refused the connection.
     ConnectionRefused,
     /// Transparent mode with `strict_sni_dst`: the client's original destination is not an
     /// address of the name it sent (SNI / Host).

@@ -18,6 +18,7 @@ pub struct SandboxId(Arc<str>);
 pub struct InvalidSandboxId(pub String);
 
 impl SandboxId {
+    /// An id, if `text` is a valid one.
     pub fn new(text: &str) -> Result<Self, InvalidSandboxId> {
         if is_valid(text) {
             Ok(SandboxId(text.into()))
@@ -32,6 +33,7 @@ impl SandboxId {
         }
     }
 
+    /// The id as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -26,6 +26,7 @@ pub use super::live::{LivePolicy, Scope};
 pub struct Sandbox {
     /// Shared with the registration it came from (one copy per sandbox).
     pub binding: Arc<Binding>,
+    /// The sandbox's compiled network policy.
     pub policy: CompiledPolicy,
     /// What a stage above keeps for this compiled sandbox — its limiter and metric handles
     /// (`egress::handles`) — found once per policy version instead of once per connection.
@@ -43,6 +44,7 @@ pub struct PolicySet {
     sandboxes: imbl::HashMap<SandboxId, Arc<Sandbox>>,
     /// Source CIDRs → sandbox id, longest prefix first.
     sources: AddrTable<Arc<str>>,
+    /// The address guard every sandbox shares.
     pub guard: Arc<Guard>,
     /// What every sandbox is compiled with (`defaults.ports`).
     default_ports: PortSet,
@@ -72,7 +74,9 @@ pub struct PolicySet {
 #[derive(Debug, thiserror::Error)]
 #[error("sandbox {sandbox}: cannot compile: {message}")]
 pub struct CompileError {
+    /// The sandbox whose policy did not compile.
     pub sandbox: String,
+    /// Why.
     pub message: String,
 }
 
@@ -287,6 +291,7 @@ impl PolicySet {
         }
     }
 
+    /// The sandbox with this id, if it is in the set.
     pub fn get(&self, id: &str) -> Option<&Arc<Sandbox>> {
         self.sandboxes.get(id)
     }

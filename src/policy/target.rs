@@ -22,21 +22,28 @@ pub enum Host {
 /// A destination host and port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Target {
+    /// The host: a name or an address.
     pub host: Host,
+    /// The port.
     pub port: u16,
 }
 
 /// Why a target string is not usable.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum TargetError {
+    /// An empty target.
     #[error("empty target")]
     Empty,
+    /// A target without a port where one is needed.
     #[error("target has no port")]
     MissingPort,
+    /// A port that is not 1-65535.
     #[error("invalid port (1-65535)")]
     BadPort,
+    /// A malformed IPv6 literal.
     #[error("malformed IPv6 literal")]
     BadIpv6,
+    /// A host name that is not valid.
     #[error("invalid host: {0}")]
     Host(#[from] NameError),
 }

@@ -32,7 +32,9 @@ use crate::wire::peek::split_host_header;
 /// in report mode, would have been).
 #[derive(Debug)]
 pub struct Checked {
+    /// How the relay ended.
     pub relayed: Relayed,
+    /// A request that named another host, if one did.
     pub mismatch: Option<Mismatch>,
 }
 

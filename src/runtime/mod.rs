@@ -28,6 +28,7 @@ use crate::relay::watch::{Grant, Phase, Watch};
 /// Settings fixed for the life of the process.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// The timeouts in force.
     pub timeouts: Timeouts,
     /// `listen.default_sandbox` (sidecar mode).
     pub default_sandbox: Option<String>,
@@ -84,6 +85,7 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The shared state of a server over `config`.
     pub fn new(
         policy: PolicySet,
         resolver: Resolver,
@@ -127,6 +129,7 @@ impl Shared {
         }
     }
 
+    /// The metrics registry.
     pub fn metrics(&self) -> &Metrics {
         &self.sink.metrics
     }

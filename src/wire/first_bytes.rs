@@ -45,6 +45,7 @@ pub struct Inspected {
     pub client: Vec<u8>,
     /// From the destination, for the client (a server-speaks-first greeting).
     pub server: Vec<u8>,
+    /// What the first bytes were.
     pub first: FirstBytes,
 }
 
@@ -123,6 +124,7 @@ where
 pub struct Rules {
     /// The port is in `require_tls_ports`.
     pub require_tls: bool,
+    /// Refuse a ClientHello that offers ECH.
     pub refuse_ech: bool,
     /// The rule that allowed the target lets opaque TCP flow (it names the port, or it is an
     /// address rule; [`crate::policy::Rule::allows_opaque`]).
@@ -132,7 +134,9 @@ pub struct Rules {
 /// Why a tunnel's first bytes were refused: the reason and the record's `detail`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mismatch {
+    /// The refusal's reason.
     pub reason: Reason,
+    /// Why, in one sentence.
     pub detail: String,
 }
 

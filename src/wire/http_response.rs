@@ -47,6 +47,7 @@ impl Default for ResponseStream {
 }
 
 impl ResponseStream {
+    /// A reader at the start of a response.
     pub fn new() -> Self {
         ResponseStream {
             state: State::Head,

@@ -14,7 +14,9 @@ use crate::wire::peek::MAX_PEEK;
 /// One request head: its `Host` and, for an absolute-form target, its authority.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head {
+    /// The `Host` header, if any.
     pub host: Option<String>,
+    /// The request line's authority (absolute form), if any.
     pub authority: Option<String>,
     /// What its answer's framing depends on.
     pub kind: RequestKind,
@@ -25,6 +27,7 @@ pub struct Head {
 pub struct RequestKind {
     /// `HEAD`: its answer has no body.
     pub head: bool,
+    /// Whether it is a `CONNECT`.
     pub connect: bool,
     /// It carries `Upgrade`.
     pub upgrade: bool,
@@ -39,10 +42,18 @@ pub enum Step {
     Buffered,
     /// A chunk-size or trailer line is complete: relay [`RequestStream::take_held`]; the first
     /// `consumed` bytes of the input went into it.
-    Line { consumed: usize },
+    Line {
+        /// Input bytes that went into it.
+        consumed: usize,
+    },
     /// A request head is complete: check it, then relay [`RequestStream::take_held`]; the
     /// first `consumed` bytes of the input went into it.
-    Head { head: Head, consumed: usize },
+    Head {
+        /// The head read.
+        head: Head,
+        /// Input bytes that went into it.
+        consumed: usize,
+    },
     /// A request that asked to switch protocols (or a `CONNECT`) went out whole: nothing
     /// more is framed until [`RequestStream::switched`] says whether the origin switched.
     AwaitSwitch,
@@ -81,6 +92,7 @@ impl Default for RequestStream {
 }
 
 impl RequestStream {
+    /// A reader at the start of a stream.
     pub fn new() -> Self {
         RequestStream {
             state: State::Head,

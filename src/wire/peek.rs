@@ -16,18 +16,22 @@ pub const MAX_PEEK: usize = 64 * 1024;
 pub enum Peeked {
     /// Read more.
     Incomplete,
+    /// A TLS ClientHello.
     Tls(ClientHello),
     /// An HTTP/1.x request head; `host` is its `Host` header, if any.
     Http {
+        /// The `Host` header, if any.
         host: Option<String>,
     },
     /// Neither TLS nor HTTP: another protocol (opaque TCP), allowed only where a rule says so.
     Other {
+        /// What it looked like.
         detail: &'static str,
     },
     /// Starts like TLS or HTTP but is not a ClientHello or a request head the proxy can read
     /// unambiguously: never judged by a name it may not mean.
     Unrecognised {
+        /// What was wrong.
         detail: &'static str,
     },
 }

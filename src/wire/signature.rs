@@ -10,7 +10,9 @@ use sha2::Sha256;
 
 /// How far a reply's timestamp may be from now.
 pub const SKEW: Duration = Duration::from_secs(300);
+/// The header that carries the signature.
 pub const SIGNATURE: &str = "x-egress-proxy-signature";
+/// The header that carries the timestamp signed.
 pub const TIMESTAMP: &str = "x-egress-proxy-timestamp";
 
 /// `sha256=HEX` of `timestamp.body` under `secret`.

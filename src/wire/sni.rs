@@ -18,6 +18,7 @@ const EXT_ECH: u16 = 0xfe0d;
 pub struct ClientHello {
     /// The `host_name` of the server_name extension (the outer SNI under ECH).
     pub sni: Option<String>,
+    /// The protocols offered (ALPN), in order.
     pub alpn: Vec<String>,
     /// An `encrypted_client_hello` extension is present.
     pub ech: bool,
@@ -30,6 +31,7 @@ pub enum Hello {
     Incomplete,
     /// Does not start like a TLS handshake record.
     NotTls,
+    /// A ClientHello, read.
     Parsed(ClientHello),
     /// Starts like TLS but is broken (or too large).
     Malformed(&'static str),

@@ -69,7 +69,9 @@ impl Malformed {
 /// Which of the two methods served here a client offers (it may offer others too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Methods {
+    /// The client offers no authentication.
     pub none: bool,
+    /// The client offers a username and password.
     pub login: bool,
 }
 
@@ -101,7 +103,9 @@ pub fn greeting(buf: &[u8]) -> Result<Step<Methods>, Malformed> {
 /// The username and password of RFC 1929, as sent (the password is a token: never shown).
 #[derive(PartialEq, Eq)]
 pub struct Login<'a> {
+    /// The user name.
     pub user: &'a [u8],
+    /// The password.
     pub password: &'a [u8],
 }
 
@@ -144,9 +148,13 @@ pub fn login(buf: &[u8]) -> Result<Step<Login<'_>>, Malformed> {
 /// A request's command (RFC 1928 §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
+    /// CONNECT: a TCP tunnel.
     Connect,
+    /// BIND (not served).
     Bind,
+    /// UDP ASSOCIATE (not served).
     UdpAssociate,
+    /// Any other command.
     Other(u8),
 }
 
@@ -174,7 +182,9 @@ impl Command {
 /// Where a request goes: an address, or a name the proxy resolves (`socks5h`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Destination {
+    /// An IPv4 or IPv6 address and port.
     Address(SocketAddr),
+    /// A name and port.
     Name(String, u16),
 }
 
@@ -191,7 +201,9 @@ impl Destination {
 /// A request: `VER CMD RSV ATYP DST.ADDR DST.PORT`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
+    /// What is asked.
     pub command: Command,
+    /// Where.
     pub destination: Destination,
 }
 
@@ -258,14 +270,23 @@ pub fn request(buf: &[u8]) -> Result<Step<Request>, Malformed> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Reply {
+    /// Succeeded.
     Succeeded = 0,
+    /// General failure.
     GeneralFailure = 1,
+    /// Not allowed by the ruleset.
     NotAllowed = 2,
+    /// Network unreachable.
     NetworkUnreachable = 3,
+    /// Host unreachable.
     HostUnreachable = 4,
+    /// Connection refused.
     ConnectionRefused = 5,
+    /// TTL expired.
     TtlExpired = 6,
+    /// Command not supported.
     CommandNotSupported = 7,
+    /// Address type not supported.
     AddressTypeNotSupported = 8,
 }
 

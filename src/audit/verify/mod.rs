@@ -68,11 +68,13 @@ impl Default for Options<'_> {
 /// What went wrong, where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
+    /// The file the problem is in.
     pub file: PathBuf,
     /// 1-based line number in `file`.
     pub line: usize,
     /// The seq of the record at that line, when it could be read.
     pub seq: Option<u64>,
+    /// What is wrong.
     pub what: String,
 }
 
@@ -92,9 +94,13 @@ impl std::fmt::Display for Problem {
 /// The outcome of a verification.
 #[derive(Debug, Default)]
 pub struct Report {
+    /// Records read.
     pub records: u64,
+    /// Runs read.
     pub runs: u64,
+    /// Checkpoints read.
     pub checkpoints: u64,
+    /// Signatures checked.
     pub signatures_checked: u64,
     /// The first problem found (verification stops there).
     pub problem: Option<Problem>,
@@ -143,14 +149,23 @@ impl State {
 /// A file the verifier (or the proxy, for its signing key) cannot use.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
+    /// The file could not be read.
     #[error("{}: {source}", path.display())]
     Read {
+        /// The file.
         path: PathBuf,
+        /// Why it could not be read.
         #[source]
         source: std::io::Error,
     },
+    /// The file is not a key of the kind needed.
     #[error("{}: not an Ed25519 {what} in PEM", path.display())]
-    NotAKey { path: PathBuf, what: &'static str },
+    NotAKey {
+        /// The file.
+        path: PathBuf,
+        /// The kind of key needed (`public key`, `private key`).
+        what: &'static str,
+    },
 }
 
 fn read_text(path: &Path) -> Result<String, KeyFileError> {

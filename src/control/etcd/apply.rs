@@ -26,12 +26,18 @@ use crate::policy::set::{Scope, SetEdit};
 pub enum RemoteChange {
     /// The value of `{prefix}sandboxes/{id}` at `revision`.
     Put {
+        /// The sandbox's id.
         id: String,
+        /// The registration, as written.
         text: String,
+        /// The revision it was written at.
         revision: i64,
     },
     /// The key was deleted (or its lease expired).
-    Delete { id: String },
+    Delete {
+        /// The sandbox's id.
+        id: String,
+    },
 }
 
 /// What applying a batch did.

@@ -70,6 +70,7 @@ fn renew_at(now: Instant, lifetime: Duration) -> Instant {
 }
 
 impl Minter {
+    /// A minter whose token endpoints are reached with `tls`.
     pub fn new(tls: Arc<rustls::ClientConfig>) -> Self {
         Minter {
             slots: Mutex::new(HashMap::new()),

@@ -18,12 +18,16 @@ use crate::policy::http_rules::percent_decode;
 /// A GraphQL operation kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpKind {
+    /// A query.
     Query,
+    /// A mutation.
     Mutation,
+    /// A subscription.
     Subscription,
 }
 
 impl OpKind {
+    /// The kind an `operations:` entry names.
     pub fn parse(s: &str) -> Result<OpKind, ProtocolError> {
         match s {
             "query" => Ok(OpKind::Query),
@@ -35,6 +39,7 @@ impl OpKind {
         }
     }
 
+    /// The name written in rules and records.
     pub fn as_str(self) -> &'static str {
         match self {
             OpKind::Query => "query",
@@ -47,8 +52,11 @@ impl OpKind {
 /// A `protocol: graphql` rule.
 #[derive(Debug, Clone)]
 pub struct GraphQlRule {
+    /// The operation kinds allowed.
     pub operations: Vec<OpKind>,
+    /// The operation names allowed (globs; empty: any).
     pub names: Vec<String>,
+    /// The root fields allowed (globs; empty: any).
     pub fields: Vec<String>,
     /// Persisted-query hashes (lowercase hex) and document ids allowed.
     pub persisted: Vec<String>,
@@ -75,6 +83,7 @@ const GRAPHQL_KEYS: &[&str] = &[
 const MAX_SPREAD_DEPTH: usize = 16;
 
 impl GraphQlRule {
+    /// A rule from its lists; `Err` when one does not compile.
     pub fn new(
         operations: &[String],
         op_names: &[String],

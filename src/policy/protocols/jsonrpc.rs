@@ -10,16 +10,25 @@ use super::{strict_json, ProtocolError};
 /// One JSON-RPC message.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Message {
+    /// A call that waits for an answer.
     Request {
+        /// Its id.
         id: Value,
+        /// The method called.
         method: String,
+        /// Its parameters (`null` when absent).
         params: Value,
     },
+    /// A call without an id (no answer).
     Notification {
+        /// The method called.
         method: String,
+        /// Its parameters (`null` when absent).
         params: Value,
     },
+    /// An answer (`result` or `error`).
     Response {
+        /// The id of the call it answers.
         id: Value,
     },
 }
@@ -41,6 +50,7 @@ impl Message {
         }
     }
 
+    /// The parameters, for requests and notifications (`null` otherwise).
     pub fn params(&self) -> &Value {
         match self {
             Message::Request { params, .. } | Message::Notification { params, .. } => params,
@@ -52,7 +62,9 @@ impl Message {
 /// A body's messages, and whether they came as a batch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Body {
+    /// The messages, in order.
     pub messages: Vec<Message>,
+    /// Whether they came as a batch (an array).
     pub batch: bool,
 }
 
@@ -119,11 +131,13 @@ fn bad(detail: &str) -> ProtocolError {
 /// A JSON-RPC method rule: the methods (globs) a `protocol: jsonrpc` rule allows.
 #[derive(Debug, Clone)]
 pub struct MethodRule {
+    /// The method globs, as written.
     pub methods: Vec<String>,
     matcher: globset::GlobSet,
 }
 
 impl MethodRule {
+    /// A rule allowing `methods` (globs); `Err` when there are none or one does not compile.
     pub fn new(methods: &[String]) -> Result<MethodRule, ProtocolError> {
         if methods.is_empty() {
             return Err(ProtocolError::rule(

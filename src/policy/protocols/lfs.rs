@@ -9,11 +9,14 @@ use super::{strict_json, ProtocolError};
 /// An LFS batch operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LfsOp {
+    /// Fetching objects.
     Download,
+    /// Sending objects.
     Upload,
 }
 
 impl LfsOp {
+    /// The operation an `lfs:` entry names.
     pub fn parse(s: &str) -> Result<LfsOp, ProtocolError> {
         match s {
             "download" => Ok(LfsOp::Download),
@@ -24,6 +27,7 @@ impl LfsOp {
         }
     }
 
+    /// The name written in rules and records.
     pub fn as_str(self) -> &'static str {
         match self {
             LfsOp::Download => "download",

@@ -17,12 +17,16 @@ use super::{names, ProtocolError};
 /// A matcher on one argument of a tool call.
 #[derive(Debug, Clone)]
 pub enum ArgMatch {
+    /// The argument is this value.
     Equals(Value),
+    /// The argument is one of these values.
     OneOf(Vec<Value>),
+    /// The argument is a string matching this glob (as written, compiled).
     Glob(String, globset::GlobMatcher),
 }
 
 impl ArgMatch {
+    /// A matcher for string arguments matching `pattern`.
     pub fn glob(pattern: &str) -> Result<ArgMatch, ProtocolError> {
         let g = globset::Glob::new(pattern)
             .map_err(|e| ProtocolError::rule(format!("glob `{pattern}`: {e}")))?;
@@ -42,12 +46,15 @@ impl ArgMatch {
 /// and match).
 #[derive(Debug, Clone)]
 pub struct ToolRule {
+    /// The tool name glob, as written.
     pub name: String,
     glob: globset::GlobMatcher,
+    /// Matchers on named arguments; each must be present and match.
     pub arguments: Vec<(String, ArgMatch)>,
 }
 
 impl ToolRule {
+    /// A tool rule for names matching `name` with these argument matchers.
     pub fn new(name: &str, arguments: Vec<(String, ArgMatch)>) -> Result<ToolRule, ProtocolError> {
         let glob = globset::Glob::new(name)
             .map_err(|e| ProtocolError::rule(format!("tool `{name}`: {e}")))?
@@ -63,9 +70,13 @@ impl ToolRule {
 /// What a request asked for: a list (its response is filtered) or anything else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum List {
+    /// `tools/list`.
     Tools,
+    /// `resources/list`.
     Resources,
+    /// `prompts/list`.
     Prompts,
+    /// Anything else.
     Other,
 }
 
@@ -76,6 +87,7 @@ pub type Lists = HashMap<String, List>;
 /// What the rule made of one response message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Filtered {
+    /// Passed as it came.
     Kept,
     /// Entries of a list were hidden (how many).
     Hid(usize),
@@ -89,9 +101,13 @@ pub enum Filtered {
 /// A `protocol: mcp` rule.
 #[derive(Debug, Clone)]
 pub struct McpRule {
+    /// The tools a `tools/call` may name.
     pub tools: Vec<ToolRule>,
+    /// The resource URI globs a read or subscription may name.
     pub resources: Vec<String>,
+    /// The prompt name globs `prompts/get` may name.
     pub prompts: Vec<String>,
+    /// The methods the server may ask of the client (sampling, elicitation, …).
     pub server_requests: Vec<String>,
     resource_set: globset::GlobSet,
     prompt_set: globset::GlobSet,
@@ -117,6 +133,7 @@ const SESSION: &[&str] = &[
 ];
 
 impl McpRule {
+    /// A rule from its lists; `Err` when a glob does not compile.
     pub fn new(
         tools: Vec<ToolRule>,
         resources: &[String],

@@ -18,20 +18,28 @@ use crate::policy::reason::Reason;
 /// The protocol a `network.http` rule names.
 #[derive(Debug, Clone)]
 pub enum Protocol {
+    /// `protocol: jsonrpc`: methods.
     JsonRpc(jsonrpc::MethodRule),
+    /// `protocol: mcp`: tools, resources, prompts, server requests.
     Mcp(std::sync::Arc<mcp::McpRule>),
+    /// `protocol: graphql`: operations, names, root fields, persisted queries.
     GraphQl(graphql::GraphQlRule),
+    /// `lfs:` on a git rule: the batch operations allowed.
     Lfs(Vec<lfs::LfsOp>),
 }
 
 /// The request as a protocol reads it (its body aside).
 #[derive(Debug, Clone, Copy)]
 pub struct Asked<'a> {
+    /// The request's method.
     pub method: &'a str,
+    /// Its query string, if any.
     pub query: Option<&'a str>,
+    /// Its `Content-Type`, if any.
     pub content_type: Option<&'a str>,
     /// MCP's routing headers (`Mcp-Method`, `Mcp-Name`), when sent.
     pub mcp_method: Option<&'a str>,
+    /// `Mcp-Name`, when sent.
     pub mcp_name: Option<&'a str>,
 }
 
@@ -39,7 +47,9 @@ pub struct Asked<'a> {
 /// response must be filtered of.
 #[derive(Debug, Clone, Default)]
 pub struct Judged {
+    /// What it called, for the record.
     pub call: Option<String>,
+    /// For MCP: the lists its response must be filtered of, by request id.
     pub lists: mcp::Lists,
 }
 
@@ -47,8 +57,11 @@ pub struct Judged {
 /// clients are answered with JSON-RPC errors for the ids they sent).
 #[derive(Debug, Clone)]
 pub struct Refused {
+    /// The reason recorded.
     pub reason: Reason,
+    /// Why, for the refusal and the record.
     pub detail: String,
+    /// What it called, when known.
     pub call: Option<String>,
     /// The ids of a JSON-RPC body's requests, and whether it was a batch (none: answer with
     /// the house refusal).
