@@ -25,6 +25,7 @@ pub mod error;
 pub mod files;
 pub mod http_rules;
 pub mod identity;
+pub mod intercept;
 mod load;
 pub mod otel;
 pub mod presets;
