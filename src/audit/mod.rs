@@ -254,9 +254,25 @@ impl AuditGuard {
 
     /// The sandbox was identified; `stats` are its byte counters.
     pub fn identified(&mut self, sandbox: SandboxId, method: Method, stats: Arc<SandboxStats>) {
+        self.asked_by(sandbox, method);
+        self.stats = Some(stats);
+    }
+
+    /// The sandbox that asked, and how it was identified (a DNS query: no connection, no
+    /// byte counters).
+    pub fn asked_by(&mut self, sandbox: SandboxId, method: Method) {
         self.record.identity = method;
         self.record.sandbox = Some(sandbox);
-        self.stats = Some(stats);
+    }
+
+    /// The verdict recorded so far.
+    pub fn verdict_so_far(&self) -> crate::policy::Verdict {
+        self.record.verdict
+    }
+
+    /// Whether a detail was recorded.
+    pub fn has_detail(&self) -> bool {
+        self.record.detail.is_some()
     }
 
     /// Identification failed with a credential of this kind.

@@ -20,8 +20,10 @@ use std::time::{Duration, Instant};
 use crate::audit::record::Record;
 use crate::audit::AuditGuard;
 use crate::config::AuditDns;
-use crate::dns::listener::{Answered, DnsListener};
+use crate::dns::listener::{Answered, Asker, DnsListener};
+use crate::egress::identity::Identified;
 use crate::policy::sandbox_id::SandboxId;
+use crate::policy::set::PolicySet;
 
 /// How long an answer is served again.
 pub const LIFE: Duration = Duration::from_secs(1);
@@ -60,21 +62,39 @@ impl AnswerCache {
     }
 
     /// The answer to `datagram` from `src` if it is a repeat of a kept one (and its record
-    /// is on its way); `None`: decide it the full way.
+    /// is on its way); else `Err`, to decide it the full way — with who asks when it was
+    /// looked up here, so that a query is identified once.
     pub fn serve(
         &mut self,
         handler: &DnsListener,
         datagram: &[u8],
         src: SocketAddr,
-    ) -> Option<Vec<u8>> {
+    ) -> Result<Vec<u8>, Option<Asker>> {
         // A response (QR) is never answered, and only a standard query (opcode 0) is kept.
         if self.map.is_empty() || datagram.len() <= HEADER || datagram[2] & 0xf8 != 0 {
-            return None;
+            return Err(None);
         }
         let shared = &handler.shared;
         let set = shared.policy.load();
         let default = shared.settings.default_sandbox.as_deref();
-        let who = crate::egress::admit::query_asker(&set, default, src.ip()).ok()?;
+        let who = crate::egress::admit::query_asker(&set, default, src.ip());
+        let answer = match &who {
+            Ok(w) => self.repeat(handler, w, &set, datagram, src),
+            Err(_) => None,
+        };
+        answer.ok_or(Some(Asker { set, who }))
+    }
+
+    /// The kept answer to `datagram`, if it is a repeat `who` may be served now.
+    fn repeat(
+        &mut self,
+        handler: &DnsListener,
+        who: &Identified,
+        set: &PolicySet,
+        datagram: &[u8],
+        src: SocketAddr,
+    ) -> Option<Vec<u8>> {
+        let shared = &handler.shared;
         let sandbox = &who.sandbox.binding.id;
         let generation = set.generation();
         let query = &datagram[2..];

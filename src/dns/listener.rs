@@ -43,14 +43,13 @@ use crate::audit::AuditGuard;
 use crate::audit::Record as AuditRecord;
 use crate::config::AuditDns;
 use crate::dns::question::{classify, shown_name, Asked, Question, Unanswerable};
-use crate::egress::admit;
+use crate::egress::admit::{self, Told};
 use crate::egress::identity::{self, Identified};
 use crate::egress::resolve::ResolveError;
 use crate::egress::strangers::{Answer, Strangers};
-use crate::policy::dns_view::NameView;
 use crate::policy::reason::Reason;
 use crate::policy::set::{PolicySet, Sandbox};
-use crate::policy::{Decision, Enforcement, Verdict};
+use crate::policy::{Decision, Verdict};
 use crate::runtime::Shared;
 
 /// EDNS option code of an Extended DNS Error (RFC 8914).
@@ -62,6 +61,15 @@ const EDE_PROHIBITED: u16 = 18;
 const EDE_NOT_READY: u16 = 14;
 /// The UDP payload this listener advertises (the DNS flag day 2020 value).
 const MAX_UDP_PAYLOAD: u16 = 1232;
+
+/// Who asks a query, identified once (by the repeat cache, or by [`DnsListener::respond`]),
+/// and the policy set it was identified under (the one the query is decided under).
+pub struct Asker {
+    /// The set in force when the query was identified.
+    pub set: Arc<PolicySet>,
+    /// The sandbox, or why none.
+    pub who: Result<Identified, identity::Refused>,
+}
 
 /// The request handler hickory-server calls for every query.
 pub struct DnsListener {
@@ -111,26 +119,31 @@ impl RequestHandler for DnsListener {
         request: &Request,
         response_handle: R,
     ) -> ResponseInfo {
-        self.respond(request, response_handle, None).await
+        self.respond(request, response_handle, None, None).await
     }
 }
 
 impl DnsListener {
     /// Answer `request` through `response_handle`; with `keep`, also say there whether the
-    /// answer may be served again ([`Answered`]).
+    /// answer may be served again ([`Answered`]). `asker`: who asks, when it was already
+    /// looked up.
     pub async fn respond<R: ResponseHandler>(
         &self,
         request: &Request,
         mut response_handle: R,
         keep: Option<&mut Option<Answered>>,
+        asker: Option<Asker>,
     ) -> ResponseInfo {
         let mut header = Header::response_from_request(request.header());
         header.set_recursion_available(true);
         header.set_authoritative(false);
         // Who asks, once per query: the source address's sandbox, else the default one.
-        let set = self.shared.policy.load();
-        let default = self.shared.settings.default_sandbox.as_deref();
-        let who = admit::query_asker(&set, default, request.src().ip());
+        let Asker { set, who } = asker.unwrap_or_else(|| {
+            let set = self.shared.policy.load();
+            let default = self.shared.settings.default_sandbox.as_deref();
+            let who = admit::query_asker(&set, default, request.src().ip());
+            Asker { set, who }
+        });
         let reply = if who.is_err() && self.strangers.refused(request.src().ip()) != Answer::Refuse
         {
             // An unidentified source over its rate: no answer (summed, never recorded alone).
@@ -203,7 +216,7 @@ impl DnsListener {
         let answered = (keep
             && reply.rcode == ResponseCode::NoError
             && !reply.records.is_empty()
-            && q.record.verdict == Verdict::Allow
+            && q.verdict_so_far() == Verdict::Allow
             && q.dns().ttl.is_some_and(|t| t > 0))
         .then(|| Answered {
             record: q.record.clone(),
@@ -243,40 +256,24 @@ impl DnsListener {
             Err(_) => shown_name(query.name()).into(),
         };
 
-        // 1. Who asks (identified once, by respond).
-        let who = match who {
-            Ok(w) => w,
-            Err(refused) => {
-                // Counted here, recorded in its source's periodic sum (dns::strangers).
-                q.record.identity = refused.method;
-                q.decision(&Decision::deny(refused.reason, None));
-                q.aggregated();
-                return Reply::code(ResponseCode::Refused);
-            }
-        };
-        let sb = who.sandbox.clone();
-        q.record.identity = who.method;
-        q.record.sandbox = Some(sb.binding.id.clone());
-
-        // 2. Its query rate.
-        if admit::query_rate(&shared.limiters, shared.metrics(), &sb, true).is_err() {
-            q.decision(&Decision::deny(Reason::RateLimited, None));
-            q.detail("over limits.dns_queries_per_second");
+        // 1-2. Who asks (identified once, by respond), and its query rate.
+        let limiters = &shared.limiters;
+        let Ok(who) = admit::query_enter(who, limiters, shared.metrics(), q) else {
             return Reply::code(ResponseCode::Refused);
-        }
+        };
+        let sb = who.sandbox;
 
-        // 3. The question: class IN, a type this listener answers, a valid name.
+        // The question: class IN, a type this listener answers, a valid name.
         let Question { kind, name } = match question {
             Ok(question) => question,
             Err(why) => return unanswerable(why, q),
         };
 
-        // 4. What the policy lets this sandbox learn about the name.
-        let (decision, address_only) = match self.view(set, &sb, &name, q) {
-            Ok(v) => v,
-            Err(refused) => return refused,
+        // 3. What the policy lets this sandbox learn about the name.
+        let address_only = match admit::query_name(set, &sb, &name, q) {
+            Ok(allowed) => allowed.address_only,
+            Err(d) => return self.blocked(&sb, &name, &d, q),
         };
-        q.decision(&decision);
 
         let family = match kind {
             Asked::Addresses(f) => f,
@@ -291,7 +288,7 @@ impl DnsListener {
             Asked::Pass(t) => return Box::pin(self.pass(&name, t, q)).await,
         };
 
-        // 5. Resolve, then keep only what a connection could reach.
+        // 4. Resolve, then keep only what a connection could reach.
         let asked = Resolving {
             sb: &sb,
             name: &name,
@@ -302,41 +299,9 @@ impl DnsListener {
         Box::pin(self.resolve(asked, family, set, q)).await
     }
 
-    /// Step 4 of a query: what the policy lets `sb` learn about `name` — the decision, and
-    /// whether only address rules could allow it; `Err` with the refusal (recorded). In
-    /// report mode a reportable refusal is answered, recorded `report`.
-    fn view(
-        &self,
-        set: &PolicySet,
-        sb: &Sandbox,
-        name: &str,
-        q: &mut AuditGuard,
-    ) -> Result<(Decision, bool), Reply> {
-        let report = sb.binding.enforcement == Enforcement::Report;
-        Ok(match set.dns_view(sb, name) {
-            NameView::Named(rule) => {
-                let granted = rule.source.list == crate::policy::ListKind::Grant;
-                let reason = [Reason::RuleMatched, Reason::GrantMatched][usize::from(granted)];
-                (Decision::allow(reason, Some(rule)), false)
-            }
-            NameView::AllowAll => (Decision::allow(Reason::AllowAllMode, None), false),
-            NameView::AddressRules => (Decision::allow(Reason::RuleMatched, None), true),
-            NameView::Refused(d) if report && d.reason.reportable() => (
-                Decision {
-                    verdict: Verdict::Report,
-                    ..d
-                },
-                false,
-            ),
-            NameView::Refused(d) => {
-                q.decision(&d);
-                return Err(self.blocked(sb, name, &d, q));
-            }
-        })
-    }
-
-    /// Step 5 of a query: resolve with the proxy's resolver, then answer only the addresses
-    /// a connection of the sandbox could reach (remembered for transparent connections).
+    /// Step 4 of a query: resolve with the proxy's resolver, then answer only the addresses
+    /// a connection of the sandbox could reach ([`admit::query_addresses`]; remembered for
+    /// transparent connections).
     async fn resolve(
         &self,
         asked: Resolving<'_>,
@@ -359,43 +324,27 @@ impl DnsListener {
             .observe(crate::audit::metrics::Timing::Dns, t);
         let found = match found {
             Ok(f) => f,
-            // Inside an address zone a name no name rule allows is refused alike whether it
-            // exists or not: the answer is no oracle for internal names (the record says).
             Err(ResolveError::NotFound | ResolveError::NoData) if address_only => {
-                let d = Decision::deny(Reason::NoRuleMatched, None);
-                q.decision(&d);
-                q.detail("the name has no addresses; answered as refused, so that the answer does not tell which names exist");
+                let detail = "the name has no addresses; answered as refused, so that the answer does not tell which names exist";
+                let d = admit::query_not_covered(q, detail);
                 return self.blocked(sb, name, &d, q);
             }
             Err(e) => return self.resolve_failed(e, q),
         };
-        q.record.resolved = found.addrs.clone();
-        if address_only && !found.addrs.iter().all(|ip| sb.policy.covers_address(*ip)) {
-            let d = Decision::deny(Reason::NoRuleMatched, None);
-            q.decision(&d);
-            q.detail("resolved to try address rules; not every address is covered");
-            return self.blocked(sb, name, &d, q);
-        }
-        let kept: Vec<IpAddr> = found
-            .addrs
-            .iter()
-            .copied()
-            .filter(|ip| sb.policy.answerable(*ip, &set.guard))
-            .collect();
         let ttl = found.ttl.min(resolver.max_answer_ttl).as_secs() as u32;
+        let kept = match admit::query_addresses(set, sb, &found.addrs, address_only, q) {
+            Told::Addresses(kept) => kept,
+            Told::NotCovered(d) => return self.blocked(sb, name, &d, q),
+            Told::NoneAllowed => {
+                q.dns().ttl = Some(ttl);
+                let text = format!(
+                    "egress-proxy: every address of {name} is refused (private, metadata, reserved or denied)"
+                );
+                q.detail(text.clone());
+                return Reply::explained(ResponseCode::NoError, EDE_BLOCKED, text);
+            }
+        };
         q.dns().ttl = Some(ttl);
-        if kept.is_empty() && !found.addrs.is_empty() {
-            let d = Decision::deny(Reason::DestinationIpProhibited, None);
-            q.decision(&d);
-            let text = format!(
-                "egress-proxy: every address of {name} is refused (private, metadata, reserved or denied)"
-            );
-            q.detail(text.clone());
-            return Reply::explained(ResponseCode::NoError, EDE_BLOCKED, text);
-        }
-        if kept.len() < found.addrs.len() {
-            q.detail("addresses the guard or a deny rule refuses were removed");
-        }
         shared.dns_memory.remember(
             &sb.binding.id,
             name,
@@ -424,7 +373,7 @@ impl DnsListener {
     fn blocked(&self, sb: &Sandbox, name: &str, d: &Decision, q: &mut AuditGuard) -> Reply {
         let why = d.explain(&sb.binding.id, sb.policy.file(), 0);
         let text = format!("egress-proxy: {name}: {why}");
-        if q.record.detail.is_none() {
+        if !q.has_detail() {
             q.detail("refused by policy: no upstream query was made");
         }
         Reply::explained(ResponseCode::NXDomain, EDE_BLOCKED, text)

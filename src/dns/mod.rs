@@ -1,5 +1,10 @@
 //! The filtering resolver (`listen.dns`): answers a sandbox only what its policy could use,
-//! and remembers each answer so transparent mode can name a nameless connection.
+//! and remembers each answer so transparent mode can name a nameless connection. An adapter
+//! over the sequence's query steps ([`crate::egress::admit::query_enter`], `query_name`,
+//! `query_addresses`: identity, rate, the name decision, report mode, the address filter and
+//! the record), as `socks5` is over the connection steps: this folder keeps the wire format —
+//! rcodes, Extended DNS Errors, TTLs, records, the UDP loops and the repeat cache. A query is
+//! identified once, by the repeat cache when it looks, else by the listener.
 
 pub(crate) mod answer;
 pub(crate) mod answer_cache;

@@ -28,7 +28,7 @@ use tokio::sync::watch;
 
 use crate::dns::answer::Encoded;
 use crate::dns::answer_cache::AnswerCache;
-use crate::dns::listener::{Answered, DnsListener};
+use crate::dns::listener::{Answered, Asker, DnsListener};
 use crate::dns::mmsg::{self, Inbox};
 use crate::relay::watch::Phase;
 
@@ -105,11 +105,14 @@ fn answer(
     src: SocketAddr,
     answers: &mut Vec<(Vec<u8>, SocketAddr)>,
 ) {
-    if let Some(answer) = cache.serve(handler, bytes, src) {
-        answers.push((answer, src));
-        return;
-    }
-    let Some(work) = datagram(handler, bytes, src) else {
+    let asker = match cache.serve(handler, bytes, src) {
+        Ok(answer) => {
+            answers.push((answer, src));
+            return;
+        }
+        Err(asker) => asker,
+    };
+    let Some(work) = datagram(handler, bytes, src, asker) else {
         return;
     };
     let mut work = Box::pin(work);
@@ -174,6 +177,7 @@ fn datagram(
     handler: &Arc<DnsListener>,
     bytes: &[u8],
     src: SocketAddr,
+    asker: Option<Asker>,
 ) -> Option<impl Future<Output = Option<Answer>> + Send + 'static> {
     let mut decoder = BinDecoder::new(bytes);
     let header = Header::read(&mut decoder).ok()?;
@@ -194,7 +198,7 @@ fn datagram(
                 let answer = Encoded::new(limit);
                 let mut answered = None;
                 handler
-                    .respond(&request, answer.clone(), Some(&mut answered))
+                    .respond(&request, answer.clone(), Some(&mut answered), asker)
                     .await;
                 // Kept only whole: a truncated answer is not repeated.
                 let bytes = answer.take()?;

@@ -329,38 +329,6 @@ fn seconds(d: Duration) -> u64 {
     d.as_secs_f64().ceil().max(1.0) as u64
 }
 
-/// Step 1 for a DNS query, which carries no credential and holds no connection: the
-/// sandbox of the source address, else the default one (`listen.default_sandbox`).
-pub fn query_asker(
-    set: &PolicySet,
-    default_sandbox: Option<&str>,
-    source: IpAddr,
-) -> Result<Identified, identity::Refused> {
-    identity::identify(set, None, source, default_sandbox)
-}
-
-/// Step 2 for a DNS query: the sandbox's query rate (`limits.dns_queries_per_second`),
-/// a refusal counted under `egress_rate_limited_total{limit="dns"}` when `count` (a repeat
-/// served from a cache leaves the refusal to the full way, which counts and records it).
-pub fn query_rate(
-    limiters: &Limiters,
-    metrics: &Metrics,
-    sb: &Sandbox,
-    count: bool,
-) -> Result<(), RateRefused> {
-    if sb.limiter(limiters).admit_query(limiters.now()).is_ok() {
-        return Ok(());
-    }
-    if count {
-        metrics.rate_limited(&sb.binding.id, "dns");
-    }
-    Err(RateRefused)
-}
-
-/// Over a sandbox's query rate.
-#[derive(Debug, Clone, Copy)]
-pub struct RateRefused;
-
 /// Step 1: the sandbox. An address that keeps presenting wrong credentials is slowed down
 /// before its next credential is even looked at; the client cannot tell an unknown sandbox
 /// from a wrong token (the record can).
@@ -492,7 +460,12 @@ async fn decide(
 }
 
 mod open;
+mod query;
 use open::{open, requests_through};
+pub use query::{
+    query_addresses, query_asker, query_enter, query_name, query_not_covered, query_rate,
+    NameAllowed, RateRefused, Told,
+};
 
 #[cfg(test)]
 mod tests;
