@@ -26,11 +26,11 @@ fn bench(c: &mut Criterion) {
     let reg = Limiters::default();
     let l = reg.get("bench", &limits(None));
     c.bench_function("limits/admit_and_release", |b| {
-        b.iter(|| black_box(l.admit(reg.now()).ok()));
+        b.iter(|| black_box(l.take_slot(reg.now()).ok()));
     });
     c.bench_function("limits/registry_get_and_admit", |b| {
         let lim = limits(None);
-        b.iter(|| black_box(reg.get("bench", &lim).admit(reg.now()).ok()));
+        b.iter(|| black_box(reg.get("bench", &lim).take_slot(reg.now()).ok()));
     });
     let shaped = reg.get("shaped", &limits(Some(u64::MAX / 4)));
     c.bench_function("limits/shape_16k_chunk", |b| {

@@ -6,8 +6,8 @@
 mod accept;
 mod bind;
 mod desk;
+mod signals;
 pub mod usage;
-mod watch;
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -25,8 +25,8 @@ use crate::audit::{AuditLog, Sink};
 use crate::config::Config;
 use crate::control::admin::Admin;
 use crate::control::Controller;
-use crate::egress::admission::Admissions;
 use crate::egress::resolve::Resolver;
+use crate::egress::source_caps::Admissions;
 use crate::policy::set::PolicySet;
 use crate::relay::watch::Phase;
 use crate::runtime::{Settings, Shared};
@@ -125,8 +125,8 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     };
     let mut tasks = spawn_listeners(listeners, &shared, admin, &config);
     tasks.push(tokio::spawn(keeper.clone().run()));
-    tasks.push(tokio::spawn(watch::watch_files(control.clone())));
-    tasks.push(tokio::spawn(watch::reload_on_sighup(
+    tasks.push(tokio::spawn(signals::watch_files(control.clone())));
+    tasks.push(tokio::spawn(signals::reload_on_sighup(
         control.clone(),
         shared.sink.log.clone(),
     )));
@@ -152,7 +152,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         policy_version = %shared.policy.load().version(),
         "listening"
     );
-    watch::wait_for_signal().await;
+    signals::wait_for_signal().await;
     let lost = shutdown(&shared, &control, &config, tasks).await;
     keeper.save();
     drop(otel);
@@ -240,7 +240,7 @@ fn spawn_listeners(
     for (bound, kind) in data_plane {
         if let Some((listener, tls)) = bound {
             if let Some(t) = &tls {
-                tasks.push(tokio::spawn(watch::watch_tls_files(t.clone())));
+                tasks.push(tokio::spawn(signals::watch_tls_files(t.clone())));
             }
             tasks.push(tokio::spawn(accept::accept_loop(
                 listener,
@@ -252,7 +252,7 @@ fn spawn_listeners(
     }
     if let Some(listener) = l.admin {
         if let Some(tls) = &l.admin_tls {
-            tasks.push(tokio::spawn(watch::watch_tls_files(tls.clone())));
+            tasks.push(tokio::spawn(signals::watch_tls_files(tls.clone())));
         }
         let gate = Gate::new("admin", shared, config.admission);
         tasks.push(tokio::spawn(accept::accept_admin(

@@ -388,7 +388,7 @@ pub(super) fn build_binding(
         super::decider::of_binding(&raw, ctx.defaults, (sb, line), sink);
     let (block, network, policy_file, policy_ref) = policy?;
     let terminating = (!network.http.is_empty(), identity_token.is_some());
-    super::identity::needs_intercept(ctx.placeholder_key, terminating, (sb, line), sink);
+    super::identity_token::needs_intercept(ctx.placeholder_key, terminating, (sb, line), sink);
     if sink.errors.len() > before {
         return None;
     }

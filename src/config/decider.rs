@@ -372,7 +372,7 @@ pub fn resolve_dlp(raw: &RawDlp, errors: &mut Vec<String>) -> Option<Arc<DlpConf
 pub(super) type Guards = (
     Option<Arc<DeciderConfig>>,
     Option<Arc<DlpConfig>>,
-    Option<Arc<super::identity::IdentityToken>>,
+    Option<Arc<super::identity_token::IdentityToken>>,
 );
 
 /// A sandbox's decider (its own, else the top-level one), body scanner and identity token;
@@ -401,7 +401,7 @@ pub(super) fn of_binding(
     let identity = raw
         .identity_token
         .as_ref()
-        .and_then(|t| super::identity::resolve_token(t, &mut errors));
+        .and_then(|t| super::identity_token::resolve_token(t, &mut errors));
     for e in errors {
         sink.push(sb, "decider/dlp/identity_token", e, None, line);
     }

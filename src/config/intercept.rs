@@ -26,7 +26,7 @@ pub struct InterceptConfig {
     /// (`judge_body_bytes`).
     pub judge_body_bytes: u64,
     /// The issuer of sandbox identity tokens (`identity`).
-    pub identity: super::identity::IssuerConfig,
+    pub identity: super::identity_token::IssuerConfig,
 }
 
 /// The default of `tls_intercept.scrub_body_bytes`: 64 MiB.
@@ -49,7 +49,7 @@ pub(super) struct RawIntercept {
     #[serde(default)]
     pub judge_body_bytes: Option<u64>,
     #[serde(default)]
-    pub identity: Option<super::identity::RawIssuer>,
+    pub identity: Option<super::identity_token::RawIssuer>,
 }
 
 /// Validate `tls_intercept`; returns it and the placeholder key (a digest of the CA key, read
@@ -90,7 +90,7 @@ pub(super) fn resolve_intercept(
         }
     };
     let mut errors = Vec::new();
-    let identity = super::identity::resolve_issuer(raw.identity.clone(), &mut errors);
+    let identity = super::identity_token::resolve_issuer(raw.identity.clone(), &mut errors);
     for e in errors {
         sink.top("tls_intercept.identity", e, Some("identity"));
     }

@@ -24,7 +24,7 @@ mod dns;
 pub mod error;
 pub mod files;
 pub mod http_rules;
-pub mod identity;
+pub mod identity_token;
 pub mod intercept;
 mod load;
 pub mod otel;
@@ -289,7 +289,7 @@ pub struct Binding {
     /// The scanner of request bodies to terminated hosts.
     pub dlp: Option<Arc<decider::DlpConfig>>,
     /// The hosts whose terminated requests carry the sandbox's identity token.
-    pub identity_token: Option<Arc<identity::IdentityToken>>,
+    pub identity_token: Option<Arc<identity_token::IdentityToken>>,
 }
 
 /// `max_connections`: a number of connections the process can actually hold — at least 1, at

@@ -408,5 +408,5 @@ pub struct RawBinding {
     pub dlp: Option<super::decider::RawDlp>,
     /// A signed identity toward these hosts.
     #[serde(default)]
-    pub identity_token: Option<super::identity::RawIdentityToken>,
+    pub identity_token: Option<super::identity_token::RawIdentityToken>,
 }

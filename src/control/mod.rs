@@ -277,7 +277,7 @@ impl Controller {
             sandbox,
         } = ready;
         let id = sid.as_str();
-        registry::admit(&st.config, &st.runtime, id, &binding, Origin::Api)?;
+        registry::room_for(&st.config, &st.runtime, id, &binding, Origin::Api)?;
         // Only this sandbox changes; the new set shares every other one with the current set
         // (which this lock keeps in step with `st`).
         let mut edit = self.shared.policy.load().edit();

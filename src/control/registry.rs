@@ -112,7 +112,7 @@ pub(crate) fn validate(
     origin: Origin<'_>,
 ) -> Result<Valid, Rejected> {
     let valid = parse(config, id, body, origin)?;
-    admit(config, runtime, valid.id.as_str(), &valid.binding, origin)?;
+    room_for(config, runtime, valid.id.as_str(), &valid.binding, origin)?;
     Ok(valid)
 }
 
@@ -149,7 +149,7 @@ pub(crate) fn parse(
 
 /// What needs the registrations in force: room for a new one (API writes only) and no other
 /// sandbox's `sources`.
-pub(crate) fn admit(
+pub(crate) fn room_for(
     config: &Config,
     runtime: &Registrations,
     id: &str,

@@ -211,7 +211,7 @@ impl DnsListener {
             },
             shared.settings.audit_dns != AuditDns::Denied,
         );
-        let reply = self.decide(request, set, who, &mut q).await;
+        let reply = self.answer_question(request, set, who, &mut q).await;
         q.dns().rcode = rcode_name(reply.rcode);
         let answered = (keep
             && reply.rcode == ResponseCode::NoError
@@ -225,7 +225,7 @@ impl DnsListener {
         (reply, answered)
     }
 
-    async fn decide(
+    async fn answer_question(
         &self,
         request: &Request,
         set: &PolicySet,

@@ -28,7 +28,6 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::audit::metrics::Metrics;
 use crate::audit::{AuditGuard, Close};
 use crate::config::upstream::UpstreamProxy;
-use crate::egress::admission::Admissions;
 use crate::egress::answers::DnsMemory;
 use crate::egress::grant::Grant;
 use crate::egress::handles::Handles;
@@ -36,6 +35,7 @@ use crate::egress::identity::{self, Identified, Method};
 use crate::egress::limits::{ConnectionSlot, Limiters, Refusal as LimitRefusal};
 use crate::egress::quota::until_tomorrow;
 use crate::egress::resolve::{ResolveError, Resolver};
+use crate::egress::source_caps::Admissions;
 use crate::egress::upstream_pool::{Upstream, UpstreamPool};
 use crate::egress::verdict::{Point, Verdicts};
 use crate::egress::{Decided, Dialed, Lookup};
@@ -259,7 +259,7 @@ impl Entered {
         let Entered { who, slot } = self;
         let sb = who.sandbox.clone();
         let parent = parent_for(cx.parent, &sb, &ask.target);
-        let (target, decided) = decide(cx, &sb, &ask, parent, audit).await;
+        let (target, decided) = decide_target(cx, &sb, &ask, parent, audit).await;
         decided.record(audit);
         if !decided.proceeds() {
             let mut why = decided.explain(&sb.binding.id, sb.policy.file(), &target);
@@ -389,7 +389,7 @@ fn limits(
         return Err(limited(audit, Reason::ConnectionLimit, why, 1));
     };
     let limiter = sb.limiter(cx.limiters);
-    match limiter.admit(cx.limiters.now()) {
+    match limiter.take_slot(cx.limiters.now()) {
         Ok(mut slot) => {
             if let Some(place) = place {
                 slot.hold(place);
@@ -427,7 +427,7 @@ pub fn parent_for<'a>(
 /// gave this sandbox for its destination, if a name rule allows one; otherwise on the name
 /// (resolved once), or on the address. Through a parent a name goes unresolved, unless
 /// `strict_sni_dst` must compare the client's destination with its addresses.
-async fn decide(
+async fn decide_target(
     cx: &Cx<'_>,
     sb: &Sandbox,
     ask: &Ask<'_>,

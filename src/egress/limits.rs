@@ -278,7 +278,7 @@ impl SandboxLimiter {
     }
 
     /// Admit a new connection at `now`: a slot under `max_connections` and a rate token.
-    pub fn admit(self: &Arc<Self>, now: u64) -> Result<ConnectionSlot, Refusal> {
+    pub fn take_slot(self: &Arc<Self>, now: u64) -> Result<ConnectionSlot, Refusal> {
         if let Some(spent) = self.meter.spent() {
             return Err(Refusal::Quota(spent));
         }
@@ -555,11 +555,11 @@ mod tests {
     fn connections_are_counted_and_released() {
         let reg = Limiters::default();
         let l = reg.get("a", &limits(2, 1000.0, 1000));
-        let a = l.admit(0).unwrap();
-        let _b = l.admit(0).unwrap();
-        assert_eq!(l.admit(0).unwrap_err(), Refusal::Connections);
+        let a = l.take_slot(0).unwrap();
+        let _b = l.take_slot(0).unwrap();
+        assert_eq!(l.take_slot(0).unwrap_err(), Refusal::Connections);
         drop(a);
-        let c = l.admit(0).unwrap();
+        let c = l.take_slot(0).unwrap();
         assert_eq!(l.active(), 2);
         drop(c);
         assert_eq!(l.active(), 1);
@@ -572,14 +572,14 @@ mod tests {
         let b = reg.get("b", &limits(100, 5.0, 5));
         let mut held = Vec::new();
         for _ in 0..5 {
-            held.push(a.admit(0).unwrap());
+            held.push(a.take_slot(0).unwrap());
         }
-        assert!(matches!(a.admit(0), Err(Refusal::Rate(_))));
-        assert!(b.admit(0).is_ok(), "another sandbox is not affected");
+        assert!(matches!(a.take_slot(0), Err(Refusal::Rate(_))));
+        assert!(b.take_slot(0).is_ok(), "another sandbox is not affected");
         // Reconfiguring keeps the same state object and the open connections.
         let a2 = reg.get("a", &limits(3, 5.0, 5));
         assert!(Arc::ptr_eq(&a, &a2));
         assert_eq!(a2.active(), 5);
-        assert_eq!(a2.admit(10 * S).unwrap_err(), Refusal::Connections);
+        assert_eq!(a2.take_slot(10 * S).unwrap_err(), Refusal::Connections);
     }
 }

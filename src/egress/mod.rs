@@ -7,7 +7,6 @@
 //! forwarded requests keep), so the relays below the sequence import them, never the reverse.
 
 pub(crate) mod abortable;
-pub(crate) mod admission;
 pub mod admit;
 pub(crate) mod answers;
 pub(crate) mod grant;
@@ -20,6 +19,7 @@ pub mod quota;
 pub mod resolve;
 pub(crate) mod roots;
 pub(crate) mod server_io;
+pub(crate) mod source_caps;
 pub(crate) mod strangers;
 pub(crate) mod upstream_pool;
 pub mod verdict;

@@ -71,7 +71,7 @@ pub struct MintCx {
     /// The external deciders (the exchange asks them per request).
     pub deciders: Arc<crate::decider::Deciders>,
     /// The signer of identity tokens.
-    pub issuer: Option<Arc<super::identity::Issuer>>,
+    pub issuer: Option<Arc<super::identity_token::Issuer>>,
 }
 
 #[cfg(test)]

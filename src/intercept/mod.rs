@@ -15,7 +15,7 @@ pub mod credential;
 pub mod credential_error;
 mod error;
 mod exchange;
-pub mod identity;
+pub mod identity_token;
 mod mcp_filter;
 pub mod minter;
 mod placeholder;
@@ -59,7 +59,7 @@ pub struct Interceptor {
     /// Tokens minted for `oauth2` and `github_app` credentials, shared by every tunnel.
     pub minter: Arc<minter::Minter>,
     /// The signer of sandbox identity tokens (its keys are served by the admin listener).
-    pub issuer: Arc<identity::Issuer>,
+    pub issuer: Arc<identity_token::Issuer>,
 }
 
 impl std::fmt::Debug for Interceptor {
@@ -93,7 +93,7 @@ impl Interceptor {
         };
         let mut minting = upstream.clone();
         minting.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let issuer = identity::Issuer::new(cfg.identity.clone())
+        let issuer = identity_token::Issuer::new(cfg.identity.clone())
             .map_err(|e| InterceptError::content("tls_intercept.identity", e))?;
         Ok(Interceptor {
             issuer: Arc::new(issuer),

@@ -2,7 +2,7 @@
 //! absolute-form request forwarding (and the same over TLS and HTTP/2). One connection is
 //! served by [`serve`]; each request by [`handle`], an adapter: read the target → one call
 //! into the admission sequence ([`crate::egress::admit`]: identify, limits, decide, the
-//! verdict point, open, grant) → tunnel ([`super::tunnel`]) or forward
+//! verdict point, open, grant) → tunnel ([`super::connect`]) or forward
 //! ([`crate::relay::forward`]). Every refusal is a §6 deny response built by
 //! [`crate::relay::deny`]; every request has one audit guard.
 
@@ -20,8 +20,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::audit::accept::Accepted;
 use crate::audit::{AuditGuard, Close, Mode};
 use crate::egress::abortable::{Abortable, Cut};
-use crate::egress::admission::UnidentifiedSlot;
 use crate::egress::admit::{self, Ask, AtCapacity, Door, Evidence, Seat};
+use crate::egress::source_caps::UnidentifiedSlot;
 use crate::listen::explicit_tls::ClientCert;
 use crate::policy::reason::Reason;
 use crate::policy::set::Sandbox;
@@ -413,7 +413,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
             true => None,
             false => conn.permit.lock().ok().and_then(|mut p| p.take()),
         };
-        super::tunnel::tunnel(conn.shared.clone(), permit, req, audit, admitted)
+        super::connect::tunnel(conn.shared.clone(), permit, req, audit, admitted)
     } else {
         let fx = conn.shared.forwarding(&admitted.grant);
         crate::relay::forward::forward(fx, conn.exchange_cut(), req, audit, admitted).await

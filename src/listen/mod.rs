@@ -6,6 +6,7 @@
 //! then the first bytes) and the SOCKS5 listener (a CONNECT, with a login or by source).
 
 pub(crate) mod ask;
+mod connect;
 pub(crate) mod explicit;
 mod explicit_head;
 pub(crate) mod explicit_tls;
@@ -15,4 +16,3 @@ pub(crate) mod relay_choice;
 mod running;
 pub(crate) mod socks5;
 pub(crate) mod transparent;
-mod tunnel;

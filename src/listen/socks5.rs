@@ -12,7 +12,7 @@
 //!   the guard; [`admit::Entered::admit`] decides, runs the verdict point and dials the checked
 //!   address;
 //! - success, then the tunnel's first bytes are judged and it is relayed like a CONNECT tunnel
-//!   ([`super::tunnel::relay_opened`]), watched for revocation.
+//!   ([`super::connect::relay_opened`]), watched for revocation.
 //!
 //! A refusal's reply code is chosen for what clients print (curl, Python's `socksio`): policy,
 //! guard and limits "connection not allowed by ruleset", a name that does not resolve or a
@@ -30,9 +30,9 @@ use tokio::time::Instant;
 
 use crate::audit::accept::Accepted;
 use crate::audit::{AuditGuard, Close, Mode};
-use crate::egress::admission::UnidentifiedSlot;
 use crate::egress::admit::{self, Admitted, Ask, AtCapacity, Door, Evidence, Seat};
 use crate::egress::identity::Credentials;
+use crate::egress::source_caps::UnidentifiedSlot;
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;
 use crate::policy::Decision;
@@ -40,8 +40,8 @@ use crate::relay::client_io::ClientIo;
 use crate::runtime::Shared;
 use crate::wire::socks5::{self, method, Command, Malformed, Reply, Step};
 
+use super::connect::relay_opened;
 use super::running::Running;
-use super::tunnel::relay_opened;
 
 /// Serve one SOCKS5 connection. `unidentified` is its place among its address's connections
 /// not yet identified (given back when a sandbox is identified, for a place under the cap).

@@ -38,7 +38,7 @@ pub async fn serve(
     accepted: Accepted,
     mut stream: TcpStream,
     permit: OwnedSemaphorePermit,
-    unidentified: Option<crate::egress::admission::UnidentifiedSlot>,
+    unidentified: Option<crate::egress::source_caps::UnidentifiedSlot>,
 ) {
     let set = shared.policy.load();
     let resolver = shared.resolver();
@@ -101,7 +101,7 @@ async fn admit_connection(
     shared: &Shared,
     accepted: &Accepted,
     stream: &mut TcpStream,
-    mut unidentified: Option<crate::egress::admission::UnidentifiedSlot>,
+    mut unidentified: Option<crate::egress::source_caps::UnidentifiedSlot>,
     audit: &mut AuditGuard,
 ) -> Result<Admission, Option<Decision>> {
     let invalid = || Some(Decision::deny(Reason::InvalidTarget, None));

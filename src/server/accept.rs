@@ -14,7 +14,7 @@ use crate::audit::accept::Accepted;
 use crate::audit::health::Unavailable;
 use crate::audit::{Close, Mode};
 use crate::control::admin::Admin;
-use crate::egress::admission::{self, Admissions};
+use crate::egress::source_caps::{self, Admissions};
 use crate::policy::reason::Reason;
 use crate::policy::Decision;
 use crate::relay::deny::{self, Refusal};
@@ -178,14 +178,14 @@ fn refuse_admission(
     accepted: Accepted,
     stream: TcpStream,
     kind: Kind,
-    refusal: admission::Refusal,
+    refusal: source_caps::Refusal,
 ) {
     shared
         .metrics()
         .admission_refused(kind.name(), refusal.label());
     let reason = match refusal {
-        admission::Refusal::Rate(_) => Reason::RateLimited,
-        admission::Refusal::PerSource | admission::Refusal::Pool => Reason::ConnectionLimit,
+        source_caps::Refusal::Rate(_) => Reason::RateLimited,
+        source_caps::Refusal::PerSource | source_caps::Refusal::Pool => Reason::ConnectionLimit,
     };
     let detail = refusal.explain();
     tokio::spawn(refuse_early(shared, accepted, stream, kind, reason, detail));
@@ -235,7 +235,7 @@ async fn serve_tls(
     shared: Arc<Shared>,
     accepted: Accepted,
     stream: TcpStream,
-    slot: crate::egress::admission::UnidentifiedSlot,
+    slot: crate::egress::source_caps::UnidentifiedSlot,
     tls: Arc<crate::listen::explicit_tls::TlsServer>,
 ) {
     let wait = shared.admissions.first_byte();
@@ -344,7 +344,7 @@ impl Gate {
     /// Admit a connection from `client`, in accept order (before any task is spawned, so a
     /// later connection can never take the place of an earlier one): `None` (counted) when
     /// refused.
-    fn admit(&self, client: SocketAddr) -> Option<admission::UnidentifiedSlot> {
+    fn pass(&self, client: SocketAddr) -> Option<source_caps::UnidentifiedSlot> {
         if !self.shared.descriptors.take() {
             // Descriptors are running low: the data plane keeps the reserve.
             self.shared
@@ -370,7 +370,7 @@ impl Gate {
         name: &'static str,
         first_byte: Duration,
         stream: &TcpStream,
-        slot: &admission::UnidentifiedSlot,
+        slot: &source_caps::UnidentifiedSlot,
     ) -> bool {
         let mut one = [0u8; 1];
         let wait = tokio::time::timeout(first_byte, stream.peek(&mut one));
@@ -403,7 +403,7 @@ where
     let mut backoff = Backoff::default();
     loop {
         let (stream, client) = backoff.accept(&listener, gate.name).await;
-        let Some(slot) = gate.admit(client) else {
+        let Some(slot) = gate.pass(client) else {
             continue;
         };
         let (shared, name) = (gate.shared.clone(), gate.name);

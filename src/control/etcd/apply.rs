@@ -67,7 +67,7 @@ impl Controller {
     pub fn prepare_put(&self, id: &str, body: &str) -> Result<Prepared, ChangeError> {
         let view = self.view.load();
         let ready = registry::prepare(&view.config, id, body, Origin::Api)?;
-        registry::admit(
+        registry::room_for(
             &view.config,
             &view.runtime,
             ready.id.as_str(),
@@ -197,8 +197,14 @@ impl Controller {
                     }
                     let prepared = prepared.unwrap_or_else(|| prepare_remote(&st.config, id, text));
                     let admitted = prepared.and_then(|ready| {
-                        registry::admit(&st.config, &st.runtime, id, &ready.binding, Origin::Etcd)
-                            .map_err(|e| ControlError::Rejected(e.to_string()))?;
+                        registry::room_for(
+                            &st.config,
+                            &st.runtime,
+                            id,
+                            &ready.binding,
+                            Origin::Etcd,
+                        )
+                        .map_err(|e| ControlError::Rejected(e.to_string()))?;
                         Ok(ready)
                     });
                     set_wide |= remove(st, &mut edit, id);

@@ -260,7 +260,7 @@ impl Exchange {
         }
         // The request's one record, written when this guard drops (with the response body).
         let mut audit = self.recorder.guard();
-        let d = match self.decide(&req, &mut asked, &mut audit) {
+        let d = match self.read_request(&req, &mut asked, &mut audit) {
             Ok(x) => x,
             Err(r) => {
                 drop(audit);
@@ -338,7 +338,7 @@ impl Exchange {
     /// else what the binding means here, the verdict (report mode: a request the rules
     /// refuse goes upstream without credentials, recorded `report`) and the protocols that
     /// still judge the body.
-    fn decide(
+    fn read_request(
         &self,
         req: &Request<Incoming>,
         asked: &mut Asked,

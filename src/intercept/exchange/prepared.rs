@@ -46,7 +46,7 @@ impl Prepared {
             bound.push(Bound {
                 name: "sandbox-identity".into(),
                 placeholder: String::new(),
-                kind: Box::new(crate::intercept::identity::IdentityKind {
+                kind: Box::new(crate::intercept::identity_token::IdentityKind {
                     issuer,
                     sandbox: binding.id.to_string(),
                     aud: host.to_string(),

@@ -11,7 +11,7 @@
 //! ([`Minter::retain`], run on every publication).
 
 mod fetch;
-mod grants;
+mod token_request;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -189,8 +189,8 @@ impl Slot {
         minter: &Minter,
         resolver: &Resolver,
         refresh: &Secret,
-    ) -> Result<grants::Minted, CredentialError> {
-        let ask = grants::ask(&self.minting, refresh)?;
+    ) -> Result<token_request::Minted, CredentialError> {
+        let ask = token_request::ask(&self.minting, refresh)?;
         let url: http::Uri = self
             .minting
             .token_url()
@@ -205,7 +205,7 @@ impl Slot {
             MINT_WITHIN,
         )
         .await?;
-        grants::read(&self.minting, answer.status, &answer.body)
+        token_request::read(&self.minting, answer.status, &answer.body)
     }
 
     /// The token in force now, if any (for the scrubber).

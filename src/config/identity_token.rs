@@ -1,5 +1,5 @@
 //! `identity_token:` of a sandbox — the hosts whose requests get a short-lived JWT naming the
-//! sandbox (`crate::intercept::identity`) — and `tls_intercept.identity`, the issuer's
+//! sandbox (`crate::intercept::identity_token`) — and `tls_intercept.identity`, the issuer's
 //! settings. Validated here.
 
 use std::sync::Arc;

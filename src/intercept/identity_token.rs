@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::config::identity::{IssuerConfig, MAX_TTL};
+use crate::config::identity_token::{IssuerConfig, MAX_TTL};
 use crate::intercept::credential_error::{issue, CredentialError};
 
 struct Key {
@@ -162,7 +162,7 @@ pub struct IdentityKind {
     /// The policy version in force (a claim).
     pub version: Arc<str>,
     /// The binding's `identity_token` settings.
-    pub token: Arc<crate::config::identity::IdentityToken>,
+    pub token: Arc<crate::config::identity_token::IdentityToken>,
 }
 
 #[async_trait::async_trait]
