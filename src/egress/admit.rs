@@ -1,7 +1,7 @@
 //! The one admission sequence. Every data-plane listener parses its own protocol into a
 //! [`Door`] (who the client is) and an [`Ask`] (which target, its first bytes if read, the
 //! request head of a forwarded request) and calls [`admit`] once; it returns an [`Admitted`]
-//! exchange (a checked connection, its grant and its place under the limits) or a [`Refused`]
+//! exchange (a checked connection, its clearance and its place under the limits) or a [`Refused`]
 //! one, already recorded on the audit guard, that the listener turns into its own answer (an
 //! HTTP status, a reset). A listener that must read before it knows the target (transparent
 //! mode peeks under the sandbox's limits) calls the two halves: [`enter`] (steps 1-2) gives an
@@ -16,7 +16,7 @@
 //! 4. the verdict point ([`super::verdict`]): stages that may only narrow;
 //! 5. open a checked address (or a parent's tunnel to it; or, for a forwarded request, a kept
 //!    connection to one of the addresses just checked);
-//! 6. the grant the relay watches.
+//! 6. the clearance the relay watches.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -29,7 +29,7 @@ use crate::audit::metrics::Metrics;
 use crate::audit::{AuditGuard, Close};
 use crate::config::upstream::UpstreamProxy;
 use crate::egress::answers::DnsMemory;
-use crate::egress::grant::Grant;
+use crate::egress::clearance::Clearance;
 use crate::egress::handles::Handles;
 use crate::egress::identity::{self, Identified, Method};
 use crate::egress::limits::{ConnectionSlot, Limiters, Refusal as LimitRefusal};
@@ -168,7 +168,7 @@ pub struct Admitted {
     /// The sandbox it belongs to.
     pub sandbox: Arc<Sandbox>,
     /// What the relay watches against every later policy.
-    pub grant: Grant,
+    pub clearance: Clearance,
     /// Where it goes: a connection dialled for it, or a kept one.
     pub route: Route,
     /// The sandbox's concurrent-connection slot, held until the exchange ends.
@@ -249,7 +249,7 @@ impl Entered {
         self.who.method
     }
 
-    /// Steps 3-6: decide, the verdict point, open, grant.
+    /// Steps 3-6: decide, the verdict point, open, clearance.
     pub async fn admit(
         self,
         cx: &Cx<'_>,
@@ -294,14 +294,14 @@ impl Entered {
                 (route, checked, None)
             }
         };
-        let mut grant = super::grant(&who, target, checked, cx.set);
-        grant.granted_by = cx
+        let mut clearance = super::clearance_for(&who, target, checked, cx.set);
+        clearance.granted_by = cx
             .set
             .grant_of(&sb, &decided.decision)
             .map(|g| g.id.clone());
         Ok(Admitted {
             sandbox: sb,
-            grant,
+            clearance,
             route,
             slot,
             decision: decided.decision,

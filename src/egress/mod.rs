@@ -9,7 +9,7 @@
 pub(crate) mod abortable;
 pub mod admit;
 pub(crate) mod answers;
-pub(crate) mod grant;
+pub(crate) mod clearance;
 pub(crate) mod grant_stage;
 pub(crate) mod handles;
 pub(crate) mod identity;
@@ -34,7 +34,7 @@ use tokio::net::TcpStream;
 
 use crate::audit::metrics::{Metrics, Timing};
 use crate::audit::AuditGuard;
-use crate::egress::grant::Grant;
+use crate::egress::clearance::Clearance;
 use crate::egress::identity::Identified;
 use crate::egress::resolve::{ResolveError, Resolver};
 use crate::policy::guard::GuardVerdict;
@@ -268,8 +268,13 @@ pub struct Dialed {
 
 /// What an exchange of the sandbox `who` identified is allowed to do: reach `target` at
 /// `dialed`, decided under `set`.
-pub fn grant(who: &Identified, target: Target, dialed: IpAddr, set: &PolicySet) -> Grant {
-    Grant {
+pub fn clearance_for(
+    who: &Identified,
+    target: Target,
+    dialed: IpAddr,
+    set: &PolicySet,
+) -> Clearance {
+    Clearance {
         sandbox: who.sandbox.binding.id.clone(),
         proof: who.proof,
         target,

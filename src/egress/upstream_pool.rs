@@ -24,7 +24,7 @@ use hyper_util::rt::TokioIo;
 use crate::config::upstream::UpstreamProxy;
 use crate::config::ForwardKeepalive;
 use crate::egress::abortable::{Abortable, Cut};
-use crate::egress::grant::Grant;
+use crate::egress::clearance::Clearance;
 use crate::egress::server_io::ServerIo;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::PolicySet;
@@ -104,11 +104,11 @@ struct Key {
     addr: SocketAddr,
 }
 
-/// An idle connection, and the grant of the exchange that used it last.
+/// An idle connection, and the clearance of the exchange that used it last.
 struct Idle {
     up: Upstream,
     since: Instant,
-    grant: Grant,
+    clearance: Clearance,
 }
 
 /// The idle upstream connections of forwarded requests.
@@ -172,9 +172,9 @@ impl UpstreamPool {
         None
     }
 
-    /// Keep `up` after a clean exchange under `grant`, or close it when it cannot be reused
+    /// Keep `up` after a clean exchange under `clearance`, or close it when it cannot be reused
     /// or there is no room.
-    pub fn put(&self, grant: &Grant, up: Upstream) {
+    pub fn put(&self, clearance: &Clearance, up: Upstream) {
         let keep = !self.settings.idle.is_zero() && !up.sender.is_closed();
         let Ok(mut idle) = self.idle.lock() else {
             up.cut.close();
@@ -182,8 +182,8 @@ impl UpstreamPool {
         };
         let total: usize = idle.values().map(Vec::len).sum();
         let key = Key {
-            sandbox: grant.sandbox.clone(),
-            authority: authority(&grant.target, up.via.as_deref()),
+            sandbox: clearance.sandbox.clone(),
+            authority: authority(&clearance.target, up.via.as_deref()),
             addr: up.addr,
         };
         let list = idle.entry(key).or_default();
@@ -197,7 +197,7 @@ impl UpstreamPool {
         list.push(Idle {
             up,
             since: Instant::now(),
-            grant: grant.clone(),
+            clearance: clearance.clone(),
         });
     }
 
@@ -211,7 +211,7 @@ impl UpstreamPool {
         let mut closed = 0;
         idle.retain(|_, list| {
             list.retain(|e| {
-                if !e.grant.allowed_by(set) {
+                if !e.clearance.allowed_by(set) {
                     e.up.cut.abort();
                 } else if e.since.elapsed() >= self.settings.idle || e.up.sender.is_closed() {
                     e.up.cut.close();

@@ -2,7 +2,7 @@
 //! absolute-form request forwarding (and the same over TLS and HTTP/2). One connection is
 //! served by [`serve`]; each request by [`handle`], an adapter: read the target → one call
 //! into the admission sequence ([`crate::egress::admit`]: identify, limits, decide, the
-//! verdict point, open, grant) → tunnel ([`super::connect`]) or forward
+//! verdict point, open, clearance) → tunnel ([`super::connect`]) or forward
 //! ([`crate::relay::forward`]). Every refusal is a §6 deny response built by
 //! [`crate::relay::deny`]; every request has one audit guard.
 
@@ -415,7 +415,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         };
         super::connect::tunnel(conn.shared.clone(), permit, req, audit, admitted)
     } else {
-        let fx = conn.shared.forwarding(&admitted.grant);
+        let fx = conn.shared.forwarding(&admitted.clearance);
         crate::relay::forward::forward(fx, conn.exchange_cut(), req, audit, admitted).await
     }
 }

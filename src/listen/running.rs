@@ -1,6 +1,6 @@
 //! The one tail of every tunnel listener (a CONNECT, a SOCKS5 CONNECT, a transparent
 //! connection): an admitted exchange becomes [`Running`] — the sandbox's active count taken,
-//! the grant's watch armed, the connection slot (and so the limiter) held — and the relay
+//! the clearance's watch armed, the connection slot (and so the limiter) held — and the relay
 //! chooser ([`super::relay_choice::relay`]) consumes it. A listener keeps only what is its own:
 //! how it tells the client the tunnel is open, and where the client's bytes come from.
 
@@ -19,18 +19,18 @@ use crate::policy::target::Target;
 use crate::policy::Decision;
 use crate::runtime::Shared;
 
-/// What ends a running tunnel: revocation, shutdown (the grant's watch).
+/// What ends a running tunnel: revocation, shutdown (the clearance's watch).
 pub(super) type Stop = Pin<Box<dyn Future<Output = Close> + Send>>;
 
 /// An admitted tunnel, running: everything the relay reads, and what it holds while it runs.
 pub(super) struct Running {
     pub shared: Arc<Shared>,
     pub sandbox: Arc<Sandbox>,
-    /// The decided target (what the grant allows).
+    /// The decided target (what the clearance allows).
     pub target: Target,
     /// The dialled destination.
     pub server: ServerIo,
-    /// The decision that admitted it (a `once` grant's allows one request).
+    /// The decision that admitted it (a `once` clearance's allows one request).
     pub decision: Decision,
     /// Whether the policy allowed it without looking at its bytes (`*:port` opaque rules).
     pub opaque: bool,
@@ -53,8 +53,8 @@ impl Running {
             audit.close(Close::Error);
             return None;
         };
-        let target = admitted.grant.target.clone();
-        let stop: Stop = Box::pin(shared.watch(admitted.grant).stopped());
+        let target = admitted.clearance.target.clone();
+        let stop: Stop = Box::pin(shared.watch(admitted.clearance).stopped());
         Some(Running {
             shared: shared.clone(),
             _active: admitted.sandbox.stats(shared.metrics()).active(),

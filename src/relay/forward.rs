@@ -57,7 +57,7 @@ fn with_audit(ex: &SharedExchange, f: impl FnOnce(&mut AuditGuard)) {
 
 /// What a forwarded exchange reads besides its request: the handles, not the whole runtime.
 pub struct Forwarding {
-    /// The exchange's grant, watched against every later policy and the process phase.
+    /// The exchange's clearance, watched against every later policy and the process phase.
     pub watch: Watch,
     /// Where a connection that ended cleanly is kept for the next request.
     pub upstreams: Arc<UpstreamPool>,
@@ -80,7 +80,7 @@ pub async fn forward(
 ) -> Response<Body> {
     let Admitted {
         sandbox,
-        grant,
+        clearance,
         route,
         slot,
         through,
@@ -96,9 +96,9 @@ pub async fn forward(
         connect,
         judge_body_bytes,
     } = fx;
-    let live = Arc::new(Liveness::new(idle).metered(&limiter, &grant.target.host));
+    let live = Arc::new(Liveness::new(idle).metered(&limiter, &clearance.target.host));
     audit.count(live.counters());
-    let host = host_header(&grant.target);
+    let host = host_header(&clearance.target);
     // How a refusal or a 502 names the request: method and decided authority, never the
     // path or query.
     let failed = Failed {
@@ -107,7 +107,12 @@ pub async fn forward(
     };
 
     // The quota reservation and the request pipeline: nothing is sent before them.
-    let at = (&*live, &*sandbox.binding, &grant.target, judge_body_bytes);
+    let at = (
+        &*live,
+        &*sandbox.binding,
+        &clearance.target,
+        judge_body_bytes,
+    );
     let (req, dlp) = match judged(at, req, &mut audit).await {
         Ok(r) => r,
         Err(r) => return refused(audit, &r, &failed),
@@ -148,7 +153,7 @@ pub async fn forward(
         upstream_cut.close();
         return refused_by_parent(&exchange, &detail, &failed);
     }
-    let after = (upstreams, grant, up);
+    let after = (upstreams, clearance, up);
     match sent {
         Ok(resp) => {
             let shaper = shaped.then_some(limiter);
@@ -246,16 +251,20 @@ fn refused(mut audit: AuditGuard, r: &pipeline::Refusal, failed: &Failed) -> Res
 /// the next request of the same sandbox and authority when it ended cleanly, closed
 /// otherwise; the record says how it ended; the watcher is told the exchange is over.
 fn finish(
-    after: (Arc<UpstreamPool>, crate::egress::grant::Grant, Upstream),
+    after: (
+        Arc<UpstreamPool>,
+        crate::egress::clearance::Clearance,
+        Upstream,
+    ),
     exchange: SharedExchange,
     done_tx: oneshot::Sender<()>,
 ) -> impl FnOnce(crate::relay::counted::Ending) + Send + Sync + 'static {
     // In a mutex: the connection is not `Sync`, the callback must be.
     let after = Mutex::new(Some(after));
     move |ending| {
-        if let Some((upstreams, grant, up)) = after.lock().ok().and_then(|mut a| a.take()) {
+        if let Some((upstreams, clearance, up)) = after.lock().ok().and_then(|mut a| a.take()) {
             if ending.complete {
-                upstreams.put(&grant, up);
+                upstreams.put(&clearance, up);
             } else {
                 up.cut.close();
             }

@@ -1,6 +1,6 @@
 //! How are bytes moved, and when are they cut? The relays: byte tunnels (shaped or zero-copy
 //! with `splice`), plain-HTTP forwarding, the checked HTTP relay, the bodies that count and
-//! shape, the watch every exchange holds on its grant (revocation, shutdown), the client's
+//! shape, the watch every exchange holds on its clearance (revocation, shutdown), the client's
 //! stream (TCP or TLS), and `deny`, the one builder of what a client is told when refused.
 //! The destination's stream, its abort switch and the kept upstream connections are
 //! [`crate::egress`]'s: a dial makes them.

@@ -1,7 +1,7 @@
 //! Live exchanges watch their policy (the linkerd2-proxy way): every allowed tunnel or
-//! forwarded request holds a [`Watch`] of what it was allowed to do — its [`Grant`] — and of
+//! forwarded request holds a [`Watch`] of what it was allowed to do — its [`Clearance`] — and of
 //! the process [`Phase`]. [`Watch::stopped`] resolves when the exchange must end: when a newly
-//! published policy set no longer allows the grant (`revoked`), or when shutdown reaches the
+//! published policy set no longer allows the clearance (`revoked`), or when shutdown reaches the
 //! stopping phase (`shutdown`). There is no registry of exchanges and no lock held across
 //! decisions: each exchange re-decides itself.
 //!
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::audit::outcome::Close;
-pub use crate::egress::grant::Grant;
+pub use crate::egress::clearance::Clearance;
 use crate::policy::set::PolicySet;
 
 /// Where the process is in its life; relays and HTTP connections watch it.
@@ -28,45 +28,45 @@ pub enum Phase {
     Stopping,
 }
 
-/// A grant, watching the policy and the process phase.
+/// A clearance, watching the policy and the process phase.
 #[derive(Debug, Clone)]
 pub struct Watch {
-    grant: Arc<Grant>,
+    clearance: Arc<Clearance>,
     /// Set-wide publications, and the newest set.
     policy: watch::Receiver<Arc<PolicySet>>,
-    /// Publications that concern this grant's sandbox only.
+    /// Publications that concern this clearance's sandbox only.
     mine: watch::Receiver<()>,
     phase: watch::Receiver<Phase>,
 }
 
 impl Watch {
     pub fn new(
-        grant: Grant,
+        clearance: Clearance,
         policy: watch::Receiver<Arc<PolicySet>>,
         mine: watch::Receiver<()>,
         phase: watch::Receiver<Phase>,
     ) -> Self {
         Watch {
-            grant: Arc::new(grant),
+            clearance: Arc::new(clearance),
             policy,
             mine,
             phase,
         }
     }
 
-    /// Re-decide under the newest set; `false` when it no longer allows the grant.
+    /// Re-decide under the newest set; `false` when it no longer allows the clearance.
     fn still_allowed(&mut self) -> bool {
         // Clone the Arc so no lock is held while deciding.
         let set = self.policy.borrow_and_update().clone();
-        self.grant.allowed_by(&set)
+        self.clearance.allowed_by(&set)
     }
 
     /// Resolves when the exchange must stop, with the `close` to record. Never resolves while
-    /// the grant stays allowed and the process keeps serving. Cancel-safe in the sense that
+    /// the clearance stays allowed and the process keeps serving. Cancel-safe in the sense that
     /// matters: create it once and poll it from a `select!` loop.
     pub async fn stopped(mut self) -> Close {
         let current = self.policy.borrow().generation();
-        if current > self.grant.generation && !self.still_allowed() {
+        if current > self.clearance.generation && !self.still_allowed() {
             return Close::Revoked;
         }
         if *self.phase.borrow_and_update() == Phase::Stopping {
@@ -123,8 +123,8 @@ mod tests {
         PolicySet::compile(&c, &[], vec![]).unwrap()
     }
 
-    fn grant(generation: u64) -> Grant {
-        Grant {
+    fn clearance(generation: u64) -> Clearance {
+        Clearance {
             sandbox: SandboxId::new("a").unwrap(),
             proof: Proof::Default("10.0.0.1".parse().unwrap()),
             target: Target::parse("x.example.com:443", None).unwrap(),
@@ -147,7 +147,7 @@ mod tests {
     async fn a_change_that_keeps_the_grant_does_not_stop_and_one_that_removes_it_does() {
         let live = LivePolicy::new(set(&["x.example.com"]));
         let (_phase_tx, phase) = watch::channel(Phase::Serving);
-        let g = grant(live.load().generation());
+        let g = clearance(live.load().generation());
         let stopped = Watch::new(g, live.subscribe(), mine(&live), phase).stopped();
         tokio::pin!(stopped);
         not_yet(&mut stopped).await;
@@ -164,7 +164,12 @@ mod tests {
         // The reload lands between the decision and the relay.
         live.publish(set(&["y.example.com"]), Scope::All);
         let (_phase_tx, phase) = watch::channel(Phase::Serving);
-        let w = Watch::new(grant(decided_under), live.subscribe(), mine(&live), phase);
+        let w = Watch::new(
+            clearance(decided_under),
+            live.subscribe(),
+            mine(&live),
+            phase,
+        );
         assert_eq!(w.stopped().await, Close::Revoked);
     }
 
@@ -173,7 +178,7 @@ mod tests {
         let live = LivePolicy::new(set(&["x.example.com"]));
         let (phase_tx, phase) = watch::channel(Phase::Serving);
         let stopped = Watch::new(
-            grant(live.load().generation()),
+            clearance(live.load().generation()),
             live.subscribe(),
             mine(&live),
             phase,
@@ -193,7 +198,7 @@ mod tests {
         let mut of_b = live.subscribe_sandbox(&SandboxId::new("b").unwrap());
         let (_phase_tx, phase) = watch::channel(Phase::Serving);
         let stopped = Watch::new(
-            grant(live.load().generation()),
+            clearance(live.load().generation()),
             live.subscribe(),
             mine(&live),
             phase,

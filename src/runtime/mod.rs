@@ -23,7 +23,7 @@ use crate::egress::source_caps::Admissions;
 use crate::egress::verdict::{FirstBytesStage, Verdicts};
 use crate::egress::Lookup;
 use crate::policy::set::{LivePolicy, PolicySet};
-use crate::relay::watch::{Grant, Phase, Watch};
+use crate::relay::watch::{Clearance, Phase, Watch};
 
 /// Settings fixed for the life of the process.
 #[derive(Debug, Clone)]
@@ -105,7 +105,7 @@ impl Shared {
                 Arc::new(crate::intercept::InClear),
                 Arc::new(crate::egress::quota::DestinationQuotaStage),
                 Arc::new(crate::decider::stage::DeciderStage { deciders }),
-                // Last: a `once` grant is spent only by an exchange every other stage passed.
+                // Last: a `once` clearance is spent only by an exchange every other stage passed.
                 Arc::new(crate::egress::grant_stage::GrantStage),
             ]),
             policy: LivePolicy::new(policy),
@@ -200,10 +200,10 @@ impl Shared {
         })
     }
 
-    /// What a forwarded exchange of `grant` reads ([`crate::relay::forward`]).
-    pub fn forwarding(&self, grant: &Grant) -> crate::relay::forward::Forwarding {
+    /// What a forwarded exchange of `clearance` reads ([`crate::relay::forward`]).
+    pub fn forwarding(&self, clearance: &Clearance) -> crate::relay::forward::Forwarding {
         crate::relay::forward::Forwarding {
-            watch: self.watch(grant.clone()),
+            watch: self.watch(clearance.clone()),
             upstreams: self.upstreams.clone(),
             metrics: self.sink.metrics.clone(),
             idle: self.settings.timeouts.idle,
@@ -218,9 +218,14 @@ impl Shared {
         }
     }
 
-    /// Watch `grant` against every later policy and the process phase.
-    pub fn watch(&self, grant: Grant) -> Watch {
-        let mine = self.policy.subscribe_sandbox(&grant.sandbox);
-        Watch::new(grant, self.policy.subscribe(), mine, self.phase.subscribe())
+    /// Watch `clearance` against every later policy and the process phase.
+    pub fn watch(&self, clearance: Clearance) -> Watch {
+        let mine = self.policy.subscribe_sandbox(&clearance.sandbox);
+        Watch::new(
+            clearance,
+            self.policy.subscribe(),
+            mine,
+            self.phase.subscribe(),
+        )
     }
 }

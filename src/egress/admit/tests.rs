@@ -220,7 +220,7 @@ async fn all_stages_passing_admit_a_dialled_exchange() {
     };
     assert_eq!(probe.calls(), 1);
     assert!(matches!(admitted.route, Route::Dialed(_)));
-    assert_eq!(admitted.grant.target.port, w.port());
+    assert_eq!(admitted.clearance.target.port, w.port());
     assert!(w.origin.accept().is_ok(), "the checked address was dialled");
 }
 

@@ -14,7 +14,7 @@ use crate::policy::target::Target;
 /// sandbox), the target it asked for and the address actually dialled, decided under policy
 /// `generation`.
 #[derive(Debug, Clone)]
-pub struct Grant {
+pub struct Clearance {
     pub sandbox: SandboxId,
     pub proof: Proof,
     pub target: Target,
@@ -24,7 +24,7 @@ pub struct Grant {
     pub granted_by: Option<std::sync::Arc<str>>,
 }
 
-impl Grant {
+impl Clearance {
     /// Whether `set` still allows this exchange: it still identifies the client as the same
     /// sandbox (a rotated token ends the tunnels opened with the old one), and it makes
     /// exactly the decision a new connection with the same target and address would get.
