@@ -107,12 +107,8 @@ pub async fn forward(
     };
 
     // The quota reservation and the request pipeline: nothing is sent before them.
-    let at = (
-        &*live,
-        &*sandbox.binding,
-        &clearance.target,
-        judge_body_bytes,
-    );
+    let target = &clearance.target;
+    let at = (&*live, &*sandbox.binding, target, judge_body_bytes);
     let (req, dlp) = match judged(at, req, &mut audit).await {
         Ok(r) => r,
         Err(r) => return refused(audit, &r, &failed),
