@@ -30,7 +30,7 @@ pub(super) struct Running {
     pub target: Target,
     /// The dialled destination.
     pub server: ServerIo,
-    /// The decision that admitted it (a `once` clearance's allows one request).
+    /// The decision that admitted it (a `once` grant allows one request).
     pub decision: Decision,
     /// Whether the policy allowed it without looking at its bytes (`*:port` opaque rules).
     pub opaque: bool,

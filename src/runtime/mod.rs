@@ -105,7 +105,7 @@ impl Shared {
                 Arc::new(crate::intercept::InClear),
                 Arc::new(crate::egress::quota::DestinationQuotaStage),
                 Arc::new(crate::decider::stage::DeciderStage { deciders }),
-                // Last: a `once` clearance is spent only by an exchange every other stage passed.
+                // Last: a `once` grant is spent only by an exchange every other stage passed.
                 Arc::new(crate::egress::grant_stage::GrantStage),
             ]),
             policy: LivePolicy::new(policy),
