@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+mod builder;
 mod ca;
 mod client;
 mod dns;
@@ -31,6 +32,7 @@ mod origin;
 mod proxy;
 pub mod tls_hello;
 
+pub use builder::*;
 pub use ca::*;
 pub use client::*;
 pub use dns::*;
