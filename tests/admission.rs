@@ -12,20 +12,19 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-const YAML: &str = "admission: { unidentified_per_source: 3, first_byte_ms: 5000 }\ndefaults: { timeouts: { header_ms: 1500 } }\ndns: { servers: [\"127.0.0.1:9\"], hosts: { ok.test: [127.0.0.5] } }\nsandboxes:\n  - { id: local, sources: [127.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n";
-
 fn start(dir: &std::path::Path) -> Proxy {
-    let audit = dir.join("audit.jsonl");
-    let config = dir.join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:0 }}\naudit: {{ path: {} }}\n{YAML}",
-            audit.display()
-        ),
-    )
-    .unwrap();
-    Proxy::start_with(config, audit, &[])
+    ProxyConfig::new()
+        .listen("dns")
+        .raw("admission: { unidentified_per_source: 3, first_byte_ms: 5000 }")
+        .defaults("timeouts", "{ header_ms: 1500 }")
+        .dns_server("127.0.0.1:9")
+        .host("ok.test", "127.0.0.5")
+        .sandbox(
+            SandboxSpec::new("local")
+                .source("127.0.0.0/8")
+                .allow("ok.test"),
+        )
+        .start(dir)
 }
 
 /// Whether the proxy closes `s` within 10 s (EOF or reset) without sending anything.

@@ -17,23 +17,18 @@ const TUNNELS: usize = 50;
 const CAP: u64 = 128 * 1024;
 
 fn start(dir: &std::path::Path, buffer: u64) -> Proxy {
-    let audit = dir.join("audit.jsonl");
-    let config = dir.join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {} }}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ big.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32], require_tls_ports: [], limits: {{ socket_buffer_bytes: {buffer} }} }}
-sandboxes:
-  - {{ id: sb, sources: [127.0.0.0/8], policy: {{ provider: local, config: {{}}, network: {{ egress: ["big.test:*"] }} }} }}
-"#,
-            audit.display()
-        ),
-    )
-    .unwrap();
-    Proxy::start_with(config, audit, &[])
+    ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .host("big.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .defaults("require_tls_ports", "[]")
+        .defaults("limits", &format!("{{ socket_buffer_bytes: {buffer} }}"))
+        .sandbox(
+            SandboxSpec::new("sb")
+                .source("127.0.0.0/8")
+                .allow("big.test:*"),
+        )
+        .start(dir)
 }
 
 /// Sum of one `skmem` field over the sockets `ss` selects with `filter`.

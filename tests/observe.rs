@@ -16,20 +16,22 @@ const ADMIN_TOKEN: &str = "observe-admin-token";
 fn start(dir: &std::path::Path) -> (Proxy, Origin) {
     let origin = Origin::start(None);
     std::fs::write(dir.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
-    let p = Proxy::start(
-        dir,
-        &format!(
-            r#"admin_token_file: {admin}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-sandboxes:
-  - {{ id: demo, sources: [127.0.0.0/8], policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }} }}
-  - {{ id: other, auth: {{ token_sha256: {other} }}, policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }} }}
-"#,
-            admin = dir.join("admin.token").display(),
-            other = sha("other-token"),
-        ),
-    );
+    let p = ProxyConfig::new()
+        .admin_token_file(&dir.join("admin.token"))
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(
+            SandboxSpec::new("demo")
+                .source("127.0.0.0/8")
+                .allow("api.test:*"),
+        )
+        .sandbox(
+            SandboxSpec::new("other")
+                .token("other-token")
+                .allow("api.test:*"),
+        )
+        .start(dir);
     (p, origin)
 }
 

@@ -89,9 +89,14 @@ impl SandboxSpec {
 /// A proxy configuration; see the module's documentation.
 #[derive(Clone, Debug, Default)]
 pub struct ProxyConfig {
-    socks5: bool,
+    listeners: Vec<(String, String)>,
     hosts: Vec<(String, String)>,
+    /// `dns.servers`; none: the machine's resolver.
+    dns_servers: Vec<String>,
     guard_allow: Vec<String>,
+    /// Other `defaults` keys, as YAML flow values.
+    defaults: Vec<(String, String)>,
+    admin_token_file: Option<PathBuf>,
     sandboxes: Vec<SandboxSpec>,
     raw: Vec<String>,
 }
@@ -103,8 +108,31 @@ impl ProxyConfig {
     }
 
     /// A SOCKS5 listener too.
-    pub fn socks5(mut self) -> Self {
-        self.socks5 = true;
+    pub fn socks5(self) -> Self {
+        self.listen("socks5")
+    }
+
+    /// Another listener (`dns`, `socks5`, `transparent`) on `127.0.0.1:0`.
+    pub fn listen(mut self, key: &str) -> Self {
+        self.listeners.push((key.into(), "127.0.0.1:0".into()));
+        self
+    }
+
+    /// The upstream resolver (`dns.servers`): a dead one keeps a test off the machine's.
+    pub fn dns_server(mut self, addr: &str) -> Self {
+        self.dns_servers.push(addr.into());
+        self
+    }
+
+    /// A `defaults` key, its value as YAML (`require_tls_ports`, `[]`).
+    pub fn defaults(mut self, key: &str, yaml: &str) -> Self {
+        self.defaults.push((key.into(), yaml.into()));
+        self
+    }
+
+    /// The admin token file (`admin_token_file`).
+    pub fn admin_token_file(mut self, path: &Path) -> Self {
+        self.admin_token_file = Some(path.to_path_buf());
         self
     }
 
@@ -134,28 +162,44 @@ impl ProxyConfig {
 
     /// The configuration as YAML, its audit log at `audit`.
     pub fn yaml(&self, audit: &Path) -> String {
-        let socks = if self.socks5 {
-            ", socks5: 127.0.0.1:0"
-        } else {
-            ""
-        };
+        let more: String = self
+            .listeners
+            .iter()
+            .map(|(k, v)| format!(", {k}: {v}"))
+            .collect();
         let mut s = format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0{socks} }}\naudit: {{ path: {} }}\n",
+            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0{more} }}\naudit: {{ path: {} }}\n",
             audit.display()
         );
+        if let Some(t) = &self.admin_token_file {
+            s += &format!("admin_token_file: {}\n", t.display());
+        }
+        let mut dns = Vec::new();
+        if !self.dns_servers.is_empty() {
+            let quoted: Vec<String> = self.dns_servers.iter().map(|a| format!("{a:?}")).collect();
+            dns.push(format!("servers: [{}]", quoted.join(", ")));
+        }
         if !self.hosts.is_empty() {
             let h: Vec<String> = self
                 .hosts
                 .iter()
                 .map(|(n, ip)| format!("{n}: [{ip}]"))
                 .collect();
-            s += &format!("dns: {{ hosts: {{ {} }} }}\n", h.join(", "));
+            dns.push(format!("hosts: {{ {} }}", h.join(", ")));
         }
+        if !dns.is_empty() {
+            s += &format!("dns: {{ {} }}\n", dns.join(", "));
+        }
+        let mut defaults = Vec::new();
         if !self.guard_allow.is_empty() {
-            s += &format!(
-                "defaults: {{ guard_allow_ranges: [{}] }}\n",
+            defaults.push(format!(
+                "guard_allow_ranges: [{}]",
                 self.guard_allow.join(", ")
-            );
+            ));
+        }
+        defaults.extend(self.defaults.iter().map(|(k, v)| format!("{k}: {v}")));
+        if !defaults.is_empty() {
+            s += &format!("defaults: {{ {} }}\n", defaults.join(", "));
         }
         for r in &self.raw {
             s += r;
