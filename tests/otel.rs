@@ -16,24 +16,22 @@ use common::*;
 
 const SECRET: &str = "otel-s3cret-token";
 
-fn config(dir: &Path, endpoint: &str, protocol: &str) -> String {
+fn config(dir: &Path, endpoint: &str, protocol: &str) -> ProxyConfig {
     std::fs::write(
         dir.join("otel.headers"),
         format!("# the collector's token\nAuthorization: Bearer {SECRET}\nX-Tenant: acme\n"),
     )
     .unwrap();
-    let mut sandboxes = String::new();
-    for (id, egress) in [("a", "[\"api.test:*\"]"), ("b", "[\"other.test:*\"]")] {
-        sandboxes.push_str(&format!(
-            "  - id: {id}\n    auth: {{ token_sha256: {} }}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: {egress} }} }}\n",
-            sha(&format!("{id}-secret"))
-        ));
-    }
-    format!(
-        "otel: {{ endpoint: \"{endpoint}\", protocol: {protocol}, headers_file: otel.headers, interval_ms: 300, timeout_ms: 1000, service_name: egress-test }}\n\
-         dns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ api.test: [127.0.0.1], other.test: [127.0.0.1] }} }}\n\
-         defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}\nsandboxes:\n{sandboxes}"
-    )
+    ProxyConfig::new()
+        .raw(&format!(
+            "otel: {{ endpoint: \"{endpoint}\", protocol: {protocol}, headers_file: otel.headers, interval_ms: 300, timeout_ms: 1000, service_name: egress-test }}"
+        ))
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .host("other.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(SandboxSpec::new("a").token("a-secret").allow("api.test:*"))
+        .sandbox(SandboxSpec::new("b").token("b-secret").allow("other.test:*"))
 }
 
 fn get(proxy: &Proxy, user: &str, port: u16, path: &str) -> CurlOut {
@@ -56,7 +54,7 @@ fn exports_reach_the_receiver(protocol: &str) {
     let receiver = ScriptOrigin::start("otlp_receiver.py", &[protocol.as_ref(), out.as_os_str()]);
     let origin = Origin::start(None);
     let endpoint = format!("http://127.0.0.1:{}", receiver.port);
-    let proxy = Proxy::start(dir.path(), &config(dir.path(), &endpoint, protocol));
+    let proxy = config(dir.path(), &endpoint, protocol).start(dir.path());
     for path in ["/one", "/two"] {
         assert_eq!(get(&proxy, "a", origin.addr.port(), path).text(), "200");
     }
@@ -141,7 +139,7 @@ fn a_collector_that_is_down_or_silent_costs_the_exchanges_nothing() {
             _ => silent.local_addr().unwrap().port(),
         };
         let endpoint = format!("http://127.0.0.1:{port}");
-        let proxy = Proxy::start(dir.path(), &config(dir.path(), &endpoint, "grpc"));
+        let proxy = config(dir.path(), &endpoint, "grpc").start(dir.path());
         for i in 0..40 {
             let out = get(&proxy, "a", origin.addr.port(), &format!("/{i}"));
             assert_eq!(out.text(), "200", "{down}: {}", out.stderr);

@@ -22,34 +22,30 @@ struct Env {
 }
 
 /// The config: sandbox `agent1` by token and `bysource` by 127.0.0.2, both allowed to reach
-/// `origin.test` (the local origin) on its port, nothing else.
+/// `origin.test` (the local origin) on its port, nothing else; `agent1` also `egress`.
 fn config(dir: &std::path::Path, origin: SocketAddr, egress: &str) -> String {
-    format!(
-        r#"listen: {{ proxy: null, socks5: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-admin_token_file: {admin}
-admission: {{ first_byte_ms: 1000 }}
-dns: {{ hosts: {{ origin.test: [127.0.0.1], denied.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32], timeouts: {{ header_ms: 2000 }} }}
-sandboxes:
-  - id: agent1
-    auth: {{ token_sha256: {sha} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: [{egress}] }} }}
-  - id: bysource
-    sources: [127.0.0.2/32]
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["origin.test:{port}"] }} }}
-"#,
-        audit = dir.join("audit.jsonl").display(),
-        admin = dir.join("admin.token").display(),
-        sha = sha("tok-agent1"),
-        port = origin.port(),
-    )
+    ProxyConfig::new()
+        .no_proxy()
+        .socks5()
+        .admin_token_file(&dir.join("admin.token"))
+        .raw("admission: { first_byte_ms: 1000 }")
+        .host("origin.test", "127.0.0.1")
+        .host("denied.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .defaults("timeouts", "{ header_ms: 2000 }")
+        .sandbox(SandboxSpec::new("agent1").token("tok-agent1").allow(egress))
+        .sandbox(
+            SandboxSpec::new("bysource")
+                .source("127.0.0.2/32")
+                .allow(&format!("origin.test:{}", origin.port())),
+        )
+        .yaml(&dir.join("audit.jsonl"))
 }
 
 fn env() -> Env {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let egress = format!("\"origin.test:{}\"", origin.addr.port());
+    let egress = format!("origin.test:{}", origin.addr.port());
     std::fs::write(dir.path().join("admin.token"), "socks-admin-token\n").unwrap();
     let path = dir.path().join("proxy.yaml");
     std::fs::write(&path, config(dir.path(), origin.addr, &egress)).unwrap();
@@ -301,7 +297,7 @@ fn a_reload_revokes_an_open_socks_tunnel() {
     e.proxy.wait_audit("open", |r| r["mode"] == "socks5");
     // The rule is gone: the tunnel is cut, and the next connection refused.
     let path = e.proxy.config.clone();
-    std::fs::write(&path, config(e.dir.path(), e.origin.addr, "\"other.test\"")).unwrap();
+    std::fs::write(&path, config(e.dir.path(), e.origin.addr, "other.test")).unwrap();
     let reloaded = Instant::now();
     unsafe_free_kill(e.proxy.child.id(), "HUP");
     let (out, ended) = slow.join().unwrap();

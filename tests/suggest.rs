@@ -24,25 +24,22 @@ const NAMES: &[&str] = &[
 ];
 
 fn config(dir: &Path, port: u16) -> String {
-    let hosts: Vec<String> = NAMES
-        .iter()
-        .chain(&["denied.test"])
-        .map(|n| format!("{n}: [127.0.0.1]"))
-        .collect();
-    format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit}, chain: true }}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ {hosts} }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-sandboxes:
-  - id: agent
-    sources: [127.0.0.0/8]
-    enforcement: report
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.one.test:{port}", "unused.test"], deny: [denied.test] }} }}
-"#,
-        audit = dir.join("audit.jsonl").display(),
-        hosts = hosts.join(", "),
-    )
+    let mut c = ProxyConfig::new()
+        .audit("chain: true")
+        .dns_server("127.0.0.1:9")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(
+            SandboxSpec::new("agent")
+                .source("127.0.0.0/8")
+                .report()
+                .allow(&format!("api.one.test:{port}"))
+                .allow("unused.test")
+                .deny("denied.test"),
+        );
+    for n in NAMES.iter().chain(&["denied.test"]) {
+        c = c.host(n, "127.0.0.1");
+    }
+    c.yaml(&dir.join("audit.jsonl"))
 }
 
 fn suggest(args: &[&str]) -> (i32, String) {

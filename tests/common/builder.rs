@@ -89,6 +89,10 @@ impl SandboxSpec {
 /// A proxy configuration; see the module's documentation.
 #[derive(Clone, Debug, Default)]
 pub struct ProxyConfig {
+    /// No explicit proxy listener (`listen.proxy: null`).
+    no_proxy: bool,
+    /// More `audit` keys, as YAML (`chain: true`).
+    audit: Vec<String>,
     listeners: Vec<(String, String)>,
     hosts: Vec<(String, String)>,
     /// `dns.servers`; none: the machine's resolver.
@@ -110,6 +114,18 @@ impl ProxyConfig {
     /// A SOCKS5 listener too.
     pub fn socks5(self) -> Self {
         self.listen("socks5")
+    }
+
+    /// No explicit proxy listener.
+    pub fn no_proxy(mut self) -> Self {
+        self.no_proxy = true;
+        self
+    }
+
+    /// An `audit` key besides the path, as YAML (`chain: true`).
+    pub fn audit(mut self, yaml: &str) -> Self {
+        self.audit.push(yaml.into());
+        self
     }
 
     /// Another listener (`dns`, `socks5`, `transparent`) on `127.0.0.1:0`.
@@ -167,8 +183,10 @@ impl ProxyConfig {
             .iter()
             .map(|(k, v)| format!(", {k}: {v}"))
             .collect();
+        let proxy = if self.no_proxy { "null" } else { "127.0.0.1:0" };
+        let trail: String = self.audit.iter().map(|a| format!(", {a}")).collect();
         let mut s = format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0{more} }}\naudit: {{ path: {} }}\n",
+            "listen: {{ proxy: {proxy}, admin: 127.0.0.1:0{more} }}\naudit: {{ path: {}{trail} }}\n",
             audit.display()
         );
         if let Some(t) = &self.admin_token_file {
