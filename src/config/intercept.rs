@@ -27,6 +27,10 @@ pub struct InterceptConfig {
     pub judge_body_bytes: u64,
     /// The issuer of sandbox identity tokens (`identity`).
     pub identity: super::identity_token::IssuerConfig,
+    /// `refusals_inside`: a refused CONNECT is answered `200`, then refused inside the tunnel
+    /// (TLS with a leaf from this CA, or plain HTTP) with the whole refusal text, for clients
+    /// that print only a refused CONNECT's status code (curl, Node's undici).
+    pub refusals_inside: bool,
 }
 
 /// The default of `tls_intercept.scrub_body_bytes`: 64 MiB.
@@ -50,6 +54,8 @@ pub(super) struct RawIntercept {
     pub judge_body_bytes: Option<u64>,
     #[serde(default)]
     pub identity: Option<super::identity_token::RawIssuer>,
+    #[serde(default)]
+    pub refusals_inside: bool,
 }
 
 /// Validate `tls_intercept`; returns it and the placeholder key (a digest of the CA key, read
@@ -109,6 +115,7 @@ pub(super) fn resolve_intercept(
             never,
             scrub_body_bytes: raw.scrub_body_bytes.unwrap_or(DEFAULT_SCRUB_BODY_BYTES),
             judge_body_bytes: raw.judge_body_bytes.unwrap_or(DEFAULT_JUDGE_BODY_BYTES),
+            refusals_inside: raw.refusals_inside,
             identity,
         }),
         key,

@@ -56,6 +56,7 @@ pub struct Interceptor {
     never: Vec<BoundHost>,
     scrub_body_bytes: u64,
     judge_body_bytes: u64,
+    refusals_inside: bool,
     /// Tokens minted for `oauth2` and `github_app` credentials, shared by every tunnel.
     pub minter: Arc<minter::Minter>,
     /// The signer of sandbox identity tokens (its keys are served by the admin listener).
@@ -108,6 +109,7 @@ impl Interceptor {
             never: cfg.never.clone(),
             scrub_body_bytes: cfg.scrub_body_bytes,
             judge_body_bytes: cfg.judge_body_bytes,
+            refusals_inside: cfg.refusals_inside,
         })
     }
 
@@ -132,6 +134,11 @@ impl Interceptor {
             deciders: deciders.clone(),
             issuer: Some(self.issuer.clone()),
         }
+    }
+
+    /// `tls_intercept.refusals_inside`: refused CONNECTs are answered inside the tunnel.
+    pub fn refusals_inside(&self) -> bool {
+        self.refusals_inside
     }
 
     /// `tls_intercept.judge_body_bytes`: the most of a body a protocol rule reads.

@@ -153,7 +153,15 @@ pub async fn serve_transparent(
     audit.decision(&Decision::allow(Reason::ProxyEndpoint, None));
     let io = crate::intercept::prefixed::Prefixed::new(read, stream);
     if !tls {
-        return serve_http(shared, entered.sandbox(), io, audit, asker(client, entered)).await;
+        let recorder = audit.recorder().in_clear();
+        return serve_http(
+            shared,
+            entered.sandbox(),
+            io,
+            recorder,
+            asker(client, entered),
+        )
+        .await;
     }
     let config = shared
         .settings
@@ -186,7 +194,7 @@ where
         shared,
         entered.sandbox(),
         tls,
-        audit,
+        audit.recorder(),
         asker(client, entered),
     )
     .await
@@ -194,18 +202,17 @@ where
 
 /// Serve HTTP/1.1 requests on `io` until the client closes, a request head is late by
 /// `timeouts.header_ms`, or the proxy shuts down; each request is a record of its own
-/// (`mode: "https"`, from `audit`'s).
+/// (`mode: "https"` over TLS, `"http"` in the clear: `recorder`'s).
 async fn serve_http<IO>(
     shared: &Arc<Shared>,
     sb: &Arc<Sandbox>,
     io: IO,
-    audit: &AuditGuard,
+    recorder: crate::audit::Recorder,
     client: Asker,
 ) -> Result<(), LocalError>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let recorder = audit.recorder();
     let header = shared.settings.timeouts.header;
     let mut phase = shared.phase.subscribe();
     let svc = {

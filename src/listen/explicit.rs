@@ -346,6 +346,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
             sandbox: None,
             explanation: why.explain(),
             retry_after: Some(1),
+            ask: shared.ask(),
         });
     }
     let accepted = conn.next_accepted();
@@ -360,7 +361,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         Err(why) => {
             audit.detail(why);
             let d = Decision::deny(Reason::InvalidTarget, None);
-            return refuse(audit, &req, None, d, why.to_string(), None);
+            return refuse(shared, audit, &req, None, d, why.to_string(), None);
         }
     };
     audit.target(&target);
@@ -401,10 +402,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
     drop(set);
     let admitted = match admitted {
         Ok(a) => a,
-        Err(r) => {
-            let sandbox = r.sandbox.as_deref();
-            return refuse_as(audit, &req, sandbox, &r.shown, r.explanation, r.retry_after);
-        }
+        Err(r) => return refused_admission(&conn, req, audit, r),
     };
     if connect {
         // An HTTP/1.1 connection's place goes to its tunnel (the HTTP connection ends there);
@@ -420,6 +418,39 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
     }
 }
 
+/// The admission's refusal of `req`: answered as a §6 response, or — a refused CONNECT, with
+/// `tls_intercept.refusals_inside` — inside the tunnel ([`super::refused_inside`]).
+fn refused_admission(
+    conn: &ClientConn,
+    mut req: Request<Incoming>,
+    mut audit: AuditGuard,
+    r: admit::Refused,
+) -> Response<Body> {
+    let shared = &conn.shared;
+    let sandbox = r.sandbox.as_deref();
+    let inside = super::refused_inside::wanted(shared, &mut req, sandbox, &r.shown, &mut audit);
+    let resp = refuse_as(
+        shared,
+        audit,
+        &req,
+        sandbox,
+        &r.shown,
+        r.explanation,
+        r.retry_after,
+    );
+    let Some(upgrade) = inside else {
+        return resp;
+    };
+    // The refused name, parsed again: only on this path.
+    let host = read_target(&req).map(|t| t.host.to_string());
+    // The connection's place goes with the tunnel, as an allowed one's does.
+    let permit = match conn.h2 {
+        true => None,
+        false => conn.permit.lock().ok().and_then(|mut p| p.take()),
+    };
+    super::refused_inside::answer(shared, upgrade, resp, host.unwrap_or_default(), permit)
+}
+
 /// A request to the proxy's own endpoint (`egress-proxy.local`): identified and limited like
 /// any request (then answered by [`super::ask`]); over `CONNECT` only with `tls_intercept`.
 fn enter_locally(
@@ -432,13 +463,22 @@ fn enter_locally(
     if req.method() == Method::CONNECT && conn.shared.settings.interceptor.is_none() {
         let why = "egress-proxy.local over https needs the proxy's tls_intercept CA: use http://egress-proxy.local/v1/…";
         let d = Decision::deny(Reason::InvalidTarget, None);
-        return Err(Box::new(refuse(audit, req, None, d, why.into(), None)));
+        return Err(Box::new(refuse(
+            &conn.shared,
+            audit,
+            req,
+            None,
+            d,
+            why.into(),
+            None,
+        )));
     }
     match admit::enter(cx, door, &mut Places(conn), &mut audit) {
         Ok(e) => Ok((e, audit)),
         Err(r) => {
             let sandbox = r.sandbox.as_deref();
             Err(Box::new(refuse_as(
+                &conn.shared,
                 audit,
                 req,
                 sandbox,
@@ -489,6 +529,7 @@ impl Seat for Places<'_> {
 
 /// Refuse a request: the guard records the decision, the client gets the §6 response.
 fn refuse(
+    shared: &Shared,
     mut audit: AuditGuard,
     req: &Request<Incoming>,
     sandbox: Option<&Sandbox>,
@@ -497,11 +538,20 @@ fn refuse(
     retry_after: Option<u64>,
 ) -> Response<Body> {
     audit.decision(&decision);
-    refuse_as(audit, req, sandbox, &decision, explanation, retry_after)
+    refuse_as(
+        shared,
+        audit,
+        req,
+        sandbox,
+        &decision,
+        explanation,
+        retry_after,
+    )
 }
 
 /// Answer with `shown` (the guard keeps whatever decision it was given).
 fn refuse_as(
+    shared: &Shared,
     audit: AuditGuard,
     req: &Request<Incoming>,
     sandbox: Option<&Sandbox>,
@@ -516,6 +566,7 @@ fn refuse_as(
         sandbox: sandbox.map(|s| s.binding.id.as_str()),
         explanation: &explanation,
         retry_after,
+        ask: shared.ask(),
     };
     // An agent that asked for JSON gets the refusal as an object (its target parsed again:
     // only on this path, and only for it).

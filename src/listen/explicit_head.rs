@@ -102,6 +102,7 @@ pub(super) async fn refuse_malformed(
         sandbox: None,
         explanation: &bad.why,
         retry_after: None,
+        ask: shared.ask(),
     });
     let wait = shared.settings.timeouts.header;
     let _ = tokio::time::timeout(wait, async {

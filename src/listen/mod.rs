@@ -12,6 +12,7 @@ mod explicit_head;
 pub(crate) mod explicit_tls;
 #[allow(unsafe_code)]
 pub(crate) mod orig_dst;
+mod refused_inside;
 pub(crate) mod relay_choice;
 mod running;
 pub(crate) mod socks5;

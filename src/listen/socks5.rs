@@ -14,6 +14,10 @@
 //! - success, then the tunnel's first bytes are judged and it is relayed like a CONNECT tunnel
 //!   ([`super::connect::relay_opened`]), watched for revocation.
 //!
+//! A CONNECT to `egress-proxy.local` (port 80, or 443 with `tls_intercept`) is the proxy's
+//! own endpoint ([`super::ask`]), answered here as over the HTTP listener: a SOCKS5-only
+//! sandbox can ask for access and read its denials.
+//!
 //! A refusal's reply code is chosen for what clients print (curl, Python's `socksio`): policy,
 //! guard and limits "connection not allowed by ruleset", a name that does not resolve or a
 //! destination that does not answer "host unreachable", a refused connection "connection
@@ -68,13 +72,61 @@ pub async fn serve(
     if !first_byte(&shared, &mut io, &seat, &mut audit).await {
         return;
     }
-    let admitted = negotiate(&cx, accepted.client.ip(), &mut io, &mut seat, &mut audit).await;
+    let negotiated = negotiate(&cx, accepted.client.ip(), &mut io, &mut seat, &mut audit).await;
     drop(seat);
     drop(set);
-    let Some(admitted) = admitted else {
+    match negotiated {
+        Some(Negotiated::Admitted(admitted)) => {
+            relay_admitted(&shared, io, *admitted, &mut audit).await;
+        }
+        Some(Negotiated::Local(entered, port)) => {
+            serve_local(&shared, io, &entered, port, &mut audit, accepted.client).await;
+        }
+        None => {}
+    }
+}
+
+/// What a negotiation ends in: a destination admitted, or the proxy's own endpoint on `port`.
+enum Negotiated {
+    Admitted(Box<Admitted>),
+    Local(admit::Entered, u16),
+}
+
+/// `CONNECT egress-proxy.local:80` (plain HTTP) or `:443` (TLS with a leaf from the
+/// interception CA): success, then the endpoint's requests until the client closes. Any other
+/// port, or 443 without `tls_intercept`, is refused.
+async fn serve_local(
+    shared: &Arc<Shared>,
+    mut io: Negotiation,
+    entered: &admit::Entered,
+    port: u16,
+    audit: &mut AuditGuard,
+    client: std::net::SocketAddr,
+) {
+    let tls = port == 443;
+    if !(port == 80 || tls && shared.settings.interceptor.is_some()) {
+        audit.decision(&Decision::deny(Reason::InvalidTarget, None));
+        audit.detail(match tls {
+            true => "egress-proxy.local over https needs the proxy's tls_intercept CA: use port 80",
+            false => "egress-proxy.local answers on port 80 (and 443 with tls_intercept)",
+        });
+        io.refuse(&socks5::reply(Reply::NotAllowed)).await;
         return;
-    };
-    relay_admitted(&shared, io, admitted, &mut audit).await;
+    }
+    if io
+        .answer(&socks5::reply(Reply::Succeeded), audit)
+        .await
+        .is_none()
+    {
+        return;
+    }
+    let early = std::mem::take(&mut io.buf);
+    let served =
+        super::ask::serve_transparent(shared, entered, io.stream, early, tls, audit, client);
+    if let Err(e) = served.await {
+        audit.detail(format!("egress-proxy.local: {e}"));
+        audit.close(Close::Error);
+    }
 }
 
 /// The client's first byte within `admission.first_byte_ms`, unless its place is taken for a
@@ -121,7 +173,7 @@ async fn negotiate(
     io: &mut Negotiation,
     seat: &mut Unidentified<'_>,
     audit: &mut AuditGuard,
-) -> Option<Admitted> {
+) -> Option<Negotiated> {
     let methods = io.message(socks5::greeting, audit).await?;
     let (entered, login) = if methods.login {
         io.answer(&socks5::chosen(method::LOGIN), audit).await?;
@@ -181,8 +233,11 @@ async fn negotiate(
     };
     io.answer(&accepted, audit).await?;
     let target = request(io, audit).await?;
+    if super::ask::is_local(&target) {
+        return Some(Negotiated::Local(entered, target.port));
+    }
     match entered.admit(cx, Ask::to(target), audit).await {
-        Ok(admitted) => Some(admitted),
+        Ok(admitted) => Some(Negotiated::Admitted(Box::new(admitted))),
         Err(r) => {
             io.refuse(&socks5::reply(reply_for(r.shown.reason))).await;
             None

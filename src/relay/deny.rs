@@ -33,6 +33,48 @@ pub struct Refusal<'a> {
     pub explanation: &'a str,
     /// Seconds for `Retry-After` on 429s (1 when not given).
     pub retry_after: Option<u64>,
+    /// Where this sandbox can ask for access (shown when a grant could answer the refusal).
+    pub ask: AskUrl,
+}
+
+/// Where a sandbox asks for access, in the form this proxy can serve it (F3 of the client
+/// review): a sandbox set up with `HTTPS_PROXY` alone sends `http://` URLs direct, so the
+/// advertised URL is `https://` whenever the proxy can terminate `egress-proxy.local` (it has
+/// the interception CA the sandbox trusts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AskUrl {
+    /// `https://egress-proxy.local/v1/requests`: reached through `HTTPS_PROXY` alone.
+    Https,
+    /// `http://egress-proxy.local/v1/requests`: no interception CA, so the request must be sent
+    /// through the proxy as plain HTTP (`HTTP_PROXY`, or `curl -x`).
+    Http,
+}
+
+impl AskUrl {
+    /// The form a proxy with (`true`) or without an interception CA serves.
+    pub fn with_tls(tls: bool) -> AskUrl {
+        if tls {
+            AskUrl::Https
+        } else {
+            AskUrl::Http
+        }
+    }
+
+    /// The URL to `POST` an access request to.
+    pub fn url(self) -> &'static str {
+        match self {
+            AskUrl::Https => REQUEST_ACCESS_HTTPS,
+            AskUrl::Http => REQUEST_ACCESS,
+        }
+    }
+
+    /// The end of a reason phrase: how to ask, in a form every client prints.
+    fn phrase_tail(self) -> &'static str {
+        match self {
+            AskUrl::Https => " (ask: POST https://egress-proxy.local/v1/requests)",
+            AskUrl::Http => " (ask: POST http://egress-proxy.local/v1/requests via HTTP_PROXY)",
+        }
+    }
 }
 
 /// Longest reason phrase sent.
@@ -40,7 +82,8 @@ pub const MAX_PHRASE: usize = 240;
 
 /// The reason phrase of a refusal: printable ASCII, one line, bounded — with the
 /// `[reason]` code first, so that however it is cut (here, or by a client that shows only
-/// the start of a line) the code survives.
+/// the start of a line) the code survives; a refusal a grant could answer ends with where to
+/// ask, which the bound never cuts (the explanation is shortened instead).
 pub fn phrase(r: &Refusal<'_>) -> String {
     let subject = r.what.strip_prefix("CONNECT ").unwrap_or(r.what);
     let text = format!(
@@ -48,14 +91,21 @@ pub fn phrase(r: &Refusal<'_>) -> String {
         r.reason.code(),
         r.explanation
     );
+    let tail = if grantable(r.reason) {
+        r.ask.phrase_tail()
+    } else {
+        ""
+    };
     let mut out: String = text
         .chars()
         .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
         .collect();
-    if out.len() > MAX_PHRASE {
-        out.truncate(MAX_PHRASE - 3);
+    let room = MAX_PHRASE - tail.len();
+    if out.len() > room {
+        out.truncate(room - 3);
         out.push_str("...");
     }
+    out.push_str(tail);
     out
 }
 
@@ -124,11 +174,11 @@ pub fn response_to(r: &Refusal<'_>, json: Option<Structured<'_>>) -> Response<Bo
         "sandbox": r.sandbox,
         "refused": r.what,
         "explanation": r.explanation,
-        "hint": hint(r.reason).trim_end(),
+        "hint": hint(r.reason, r.ask).trim_end(),
         "retry_after": r.retry_after,
         "request_access": grantable(r.reason).then(|| serde_json::json!({
             "method": "POST",
-            "url": REQUEST_ACCESS,
+            "url": r.ask.url(),
             "body": {
                 "host": s.target.map(|t| crate::policy::granted::host_text(&t.host).trim_matches(['[', ']']).to_string()),
                 "port": s.target.map(|t| t.port),
@@ -219,7 +269,7 @@ fn build(r: &Refusal<'_>) -> Response<Bytes> {
         what = r.what,
         code = r.reason.code(),
         why = r.explanation,
-        hint = hint(r.reason),
+        hint = hint(r.reason, r.ask),
     );
     let mut proxy_status = format!(
         "egress-proxy; error={}; details=\"{}: {}\"",
@@ -228,7 +278,7 @@ fn build(r: &Refusal<'_>) -> Response<Bytes> {
         sf_string(r.explanation)
     );
     if grantable(r.reason) {
-        proxy_status.push_str(&format!("; request-access=\"{REQUEST_ACCESS}\""));
+        proxy_status.push_str(&format!("; request-access=\"{}\"", r.ask.url()));
     }
     let mut resp = Response::new(Bytes::from(body));
     *resp.status_mut() = status;
@@ -257,24 +307,29 @@ fn build(r: &Refusal<'_>) -> Response<Bytes> {
     resp
 }
 
-/// Where a sandbox asks for access (`crate::listen::ask`).
+/// Where a sandbox asks for access over plain HTTP through the proxy (`crate::listen::ask`).
 pub const REQUEST_ACCESS: &str = "http://egress-proxy.local/v1/requests";
+/// The same endpoint over `CONNECT egress-proxy.local:443` (needs the interception CA).
+pub const REQUEST_ACCESS_HTTPS: &str = "https://egress-proxy.local/v1/requests";
 
 /// Whether a grant could answer a refusal for `reason` (the policy lacked a rule).
 pub fn grantable(reason: Reason) -> bool {
     matches!(reason, Reason::NoRuleMatched | Reason::PortNotAllowed)
 }
 
-fn hint(reason: Reason) -> &'static str {
-    match reason {
-        Reason::NoRuleMatched | Reason::PortNotAllowed => {
-            "To ask for it, POST {\"host\", \"port\", \"reason\"} to http://egress-proxy.local/v1/requests through this proxy and wait for a person to approve (GET /v1/requests/ID?wait=30); or an operator adds it to network.egress of this sandbox's policy.\n"
+fn hint(reason: Reason, ask: AskUrl) -> &'static str {
+    match (reason, ask) {
+        (Reason::NoRuleMatched | Reason::PortNotAllowed, AskUrl::Https) => {
+            "To ask for it, POST {\"host\", \"port\", \"reason\"} to https://egress-proxy.local/v1/requests through this proxy (HTTPS_PROXY is enough) and wait for a person to approve (GET /v1/requests/ID?wait=30); or an operator adds it to network.egress of this sandbox's policy.\n"
         }
-        Reason::DenyAllMode => {
+        (Reason::NoRuleMatched | Reason::PortNotAllowed, AskUrl::Http) => {
+            "To ask for it, POST {\"host\", \"port\", \"reason\"} to http://egress-proxy.local/v1/requests through this proxy (set HTTP_PROXY too, or curl -x \"$HTTPS_PROXY\": an http:// URL is not sent through HTTPS_PROXY) and wait for a person to approve (GET /v1/requests/ID?wait=30); or an operator adds it to network.egress of this sandbox's policy.\n"
+        }
+        (Reason::DenyAllMode, _) => {
             "To allow it, add the host (and port) to network.egress of this sandbox's policy; an operator must change it, not the agent.\n"
         }
-        Reason::DeniedByRule => "The destination is explicitly denied by network.deny.\n",
-        Reason::AuthRequired | Reason::AuthFailed | Reason::UnknownSandbox => {
+        (Reason::DeniedByRule, _) => "The destination is explicitly denied by network.deny.\n",
+        (Reason::AuthRequired | Reason::AuthFailed | Reason::UnknownSandbox, _) => {
             "Use HTTPS_PROXY=http://SANDBOX_ID:TOKEN@proxy:port with this sandbox's credentials.\n"
         }
         _ => "",
@@ -293,10 +348,19 @@ mod tests {
             sandbox: Some("agent1"),
             explanation: "not in network.egress of sandbox agent1 (policy.yaml)",
             retry_after: None,
+            ask: AskUrl::Http,
         };
         assert_eq!(
             phrase(&r),
-            "egress-proxy [no_rule_matched]: refused denied.example:443: not in network.egress of sandbox agent1 (policy.yaml)"
+            "egress-proxy [no_rule_matched]: refused denied.example:443: not in network.egress of sandbox agent1 (policy.yaml) (ask: POST http://egress-proxy.local/v1/requests via HTTP_PROXY)"
+        );
+        let https = phrase(&Refusal {
+            ask: AskUrl::Https,
+            ..r
+        });
+        assert!(
+            https.ends_with("(ask: POST https://egress-proxy.local/v1/requests)"),
+            "{https}"
         );
         let resp = response(&r);
         let p = resp.extensions().get::<hyper::ext::ReasonPhrase>().unwrap();
@@ -308,6 +372,10 @@ mod tests {
         });
         assert!(p.len() <= MAX_PHRASE, "{}", p.len());
         assert!(p.starts_with("egress-proxy [no_rule_matched]: "), "{p}");
+        assert!(
+            p.ends_with("v1/requests via HTTP_PROXY)"),
+            "the ask survives the bound: {p}"
+        );
         assert!(p.bytes().all(|b| (b' '..=b'~').contains(&b)), "{p}");
         assert!(hyper::ext::ReasonPhrase::try_from(p).is_ok());
     }
@@ -333,6 +401,7 @@ mod tests {
             sandbox: Some("agent1"),
             explanation: "denied by rule `denied.example`",
             retry_after: None,
+            ask: AskUrl::Http,
         };
         let s = Structured {
             target: Some(&target),
@@ -371,6 +440,7 @@ mod tests {
             sandbox: Some("demo"),
             explanation: "not in network.egress of sandbox demo (config/proxy.yaml)",
             retry_after: None,
+            ask: AskUrl::Http,
         });
         assert_eq!(r.status(), 403);
         assert_eq!(
@@ -383,6 +453,7 @@ mod tests {
             sandbox: None,
             explanation: "a \"quoted\"\u{7} thing",
             retry_after: None,
+            ask: AskUrl::Http,
         });
         assert_eq!(r.status(), 407);
         assert_eq!(
@@ -399,6 +470,7 @@ mod tests {
             sandbox: None,
             explanation: "",
             retry_after: Some(3),
+            ask: AskUrl::Http,
         });
         assert_eq!(r.status(), 429);
         assert_eq!(r.headers()["retry-after"], "3");
@@ -408,6 +480,7 @@ mod tests {
             sandbox: None,
             explanation: "egress-proxy is at its connection limit",
             retry_after: None,
+            ask: AskUrl::Http,
         }))
         .unwrap();
         assert!(

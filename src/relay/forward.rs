@@ -211,6 +211,9 @@ fn dlp_cut(
         sandbox: Some(&failed.sandbox),
         explanation: &why,
         retry_after: None,
+        // A request forwarded as plain HTTP came through HTTP_PROXY: the http:// form reaches
+        // the proxy the same way.
+        ask: deny::AskUrl::Http,
     }))
 }
 
@@ -240,6 +243,7 @@ fn refused(mut audit: AuditGuard, r: &pipeline::Refusal, failed: &Failed) -> Res
         explanation: &r.detail,
         retry_after: (r.reason == Reason::QuotaExceeded)
             .then(|| crate::egress::quota::until_tomorrow().as_secs()),
+        ask: deny::AskUrl::Http,
     })
 }
 
@@ -402,6 +406,7 @@ fn bad_request(exchange: &SharedExchange, e: &str, failed: &Failed) -> Response<
         sandbox: Some(&failed.sandbox),
         explanation: &format!("the request could not be read as sent ({e})"),
         retry_after: None,
+        ask: deny::AskUrl::Http,
     })
 }
 
@@ -485,6 +490,7 @@ fn refused_by_parent(exchange: &SharedExchange, detail: &str, failed: &Failed) -
         sandbox: Some(&failed.sandbox),
         explanation: detail,
         retry_after: None,
+        ask: deny::AskUrl::Http,
     })
 }
 
@@ -551,6 +557,7 @@ fn bad_gateway(
         sandbox: Some(&failed.sandbox),
         explanation: &format!("the destination did not answer the request properly ({e})"),
         retry_after: None,
+        ask: deny::AskUrl::Http,
     })
 }
 

@@ -129,6 +129,12 @@ impl Shared {
         }
     }
 
+    /// Where this proxy's sandboxes ask for access: `https://egress-proxy.local/…` when it
+    /// holds the interception CA (reached through `HTTPS_PROXY` alone), else `http://`.
+    pub fn ask(&self) -> crate::relay::deny::AskUrl {
+        crate::relay::deny::AskUrl::with_tls(self.settings.interceptor.is_some())
+    }
+
     /// The metrics registry.
     pub fn metrics(&self) -> &Metrics {
         &self.sink.metrics

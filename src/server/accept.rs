@@ -218,6 +218,7 @@ async fn refuse_early(
                 sandbox: None,
                 explanation: detail,
                 retry_after: Some(1),
+                ask: shared.ask(),
             });
             let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&resp)).await;
         }
@@ -299,6 +300,7 @@ async fn refuse_unrecorded(mut stream: TcpStream, kind: Kind, why: Unavailable) 
                 sandbox: None,
                 explanation: why.explain(),
                 retry_after: Some(1),
+                ask: crate::relay::deny::AskUrl::Http,
             });
             let _ = tokio::time::timeout(Duration::from_secs(1), async {
                 stream.write_all(&resp).await?;

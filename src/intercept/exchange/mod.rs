@@ -441,6 +441,7 @@ impl Exchange {
                         sandbox: id.as_deref(),
                         explanation: &r.detail,
                         retry_after: None,
+                        ask: deny::AskUrl::Https,
                     },
                     ids,
                     *batch,
@@ -461,6 +462,8 @@ impl Exchange {
             sandbox: id.as_deref(),
             explanation,
             retry_after: None,
+            // Inside a terminated tunnel the sandbox trusts the interception CA.
+            ask: deny::AskUrl::Https,
         })
     }
 }
