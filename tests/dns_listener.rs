@@ -159,6 +159,13 @@ sandboxes:
         "{}",
         d.raw
     );
+    // The reason's code, and where to ask (issue 61): the http:// form without tls_intercept.
+    assert!(
+        ede.contains("egress-proxy [no_rule_matched]: c2vjcmv0.exfil.test: ")
+            && ede.contains("(ask: POST http://egress-proxy.local/v1/requests)"),
+        "{}",
+        d.raw
+    );
     assert_eq!(dig(dns, &["blocked.allowed.test", "A"]).status, "NXDOMAIN");
     assert_eq!(dig(dns, &["edge.cdn.test", "A"]).status, "NXDOMAIN");
     assert_eq!(dig(dns, &["x.outside-zones.test", "A"]).status, "NXDOMAIN");

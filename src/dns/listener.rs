@@ -369,10 +369,15 @@ impl DnsListener {
         }
     }
 
-    /// A refused name: NXDOMAIN without SOA, and why.
+    /// A refused name: NXDOMAIN without SOA, and why — with the reason's code and, when a
+    /// grant could answer it, where to ask (what `dig` prints of the EDE).
     fn blocked(&self, sb: &Sandbox, name: &str, d: &Decision, q: &mut AuditGuard) -> Reply {
         let why = d.explain(&sb.binding.id, sb.policy.file(), 0);
-        let text = format!("egress-proxy: {name}: {why}");
+        let ask = match crate::relay::deny::grantable(d.reason) {
+            true => format!(" (ask: POST {})", self.shared.ask().url()),
+            false => String::new(),
+        };
+        let text = format!("egress-proxy [{}]: {name}: {why}{ask}", d.reason.code());
         if !q.has_detail() {
             q.detail("refused by policy: no upstream query was made");
         }
