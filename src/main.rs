@@ -227,9 +227,16 @@ fn config_action(action: ConfigAction) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // A command whose reader goes away (`| head -1`, `| grep -q`) ends quietly, killed by
+    // SIGPIPE as git, ls and cat are, instead of panicking on the write (exit 101).
+    pipe_signal(libc::SIG_DFL);
     let cli = Cli::parse();
     match cli.command {
-        Command::Run { config } => run(config),
+        Command::Run { config } => {
+            // The server handles a vanished peer as a write error on that connection.
+            pipe_signal(libc::SIG_IGN);
+            run(config)
+        }
         Command::Check {
             config,
             sandbox,
@@ -436,5 +443,17 @@ fn observe(
             eprintln!("error: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Set what SIGPIPE does: the default (end the process) for the one-shot commands, ignored
+/// (writes fail with `EPIPE`) for the server.
+#[allow(unsafe_code)]
+fn pipe_signal(action: libc::sighandler_t) {
+    // SAFETY: called from the main thread before any other thread exists, or (for `run`)
+    // before the runtime starts; `SIG_DFL` and `SIG_IGN` are not handlers, so no code of ours
+    // runs in signal context.
+    unsafe {
+        libc::signal(libc::SIGPIPE, action);
     }
 }

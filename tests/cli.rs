@@ -926,3 +926,58 @@ fn validate_says_whom_on_error_allow_covers() {
     assert!(said.contains("not the sandbox's own"), "{said}");
     assert!(said.contains("2 of 8 asks in flight"), "{said}");
 }
+
+/// Clients review F13: every command that prints, its reader gone before it writes (`| head
+/// -1`, `| grep -q`), ends quietly — killed by SIGPIPE as git, ls and cat are — instead of
+/// panicking with exit 101. The pipe's read end is closed before the command starts, so its
+/// first write always meets a closed pipe.
+#[test]
+fn a_closed_pipe_ends_every_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write(
+        dir.path(),
+        "p.yaml",
+        "sandboxes:\n  - id: s\n    policy: { provider: local, config: {}, network: { egress: [\"a.test\"] } }\n",
+    );
+    let commands: [&[&str]; 6] = [
+        &["validate", "--config", &cfg],
+        &["config", "example"],
+        &["config", "presets"],
+        &["check", "--config", &cfg, "--sandbox", "s", "a.test"],
+        &[
+            "check",
+            "--config",
+            &cfg,
+            "--sandbox",
+            "s",
+            "--json",
+            "b.test",
+        ],
+        &["--help"],
+    ];
+    for args in commands {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = bin()
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(
+            out.status.signal(),
+            Some(libc_sigpipe()),
+            "{args:?}: {:?} {stderr}",
+            out.status
+        );
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
+}
+
+/// SIGPIPE's number on Linux.
+fn libc_sigpipe() -> i32 {
+    13
+}
