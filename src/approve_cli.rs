@@ -1,4 +1,4 @@
-//! `egress-proxy requests`, `approve ID`, `deny ID` and `revoke ID`: the approvers' commands,
+//! `egress-proxy requests`, `grants`, `approve ID`, `deny ID` and `revoke ID`: the approvers' commands,
 //! one admin API call each ([`egress_proxy::control::admin_client`]); and how every admin
 //! client command (these and `observe`) reaches the admin listener ([`AdminArgs`]).
 
@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::{json, Value};
 
-use egress_proxy::control::admin_client::{call, human, parse_duration};
+use egress_proxy::control::admin_client::{call, human, human_grants, parse_duration};
 use egress_proxy::control::observe_client::AdminTls;
 
 /// How to reach the admin listener (as `observe`).
@@ -68,9 +68,11 @@ fn run(to: &AdminArgs, method: &str, path: &str, body: Option<&Value>, json_out:
     ) {
         Ok((200..=299, text)) => {
             let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-            if json_out || v.get("requests").is_none() {
+            if json_out || (v.get("requests").is_none() && v.get("grants").is_none()) {
                 let pretty = serde_json::to_string_pretty(&v).unwrap_or(text);
                 println!("{}", egress_proxy::control::shown::json_for_person(&pretty));
+            } else if v.get("grants").is_some() {
+                print!("{}", human_grants(&v));
             } else {
                 print!("{}", human(&v));
             }
@@ -96,6 +98,15 @@ pub fn requests(to: &AdminArgs, state: Option<&str>, json_out: bool) -> ExitCode
     run(to, "GET", &path, None, json_out)
 }
 
+/// `egress-proxy grants [--sandbox ID] [--json]`: the standing grants.
+pub fn grants(to: &AdminArgs, sandbox: Option<&str>, json_out: bool) -> ExitCode {
+    let path = match sandbox {
+        Some(s) => format!("/v1/grants?sandbox={s}"),
+        None => "/v1/grants".into(),
+    };
+    run(to, "GET", &path, None, json_out)
+}
+
 /// `egress-proxy approve ID [--once | --ttl D | --permanent] [--note N]`.
 pub fn approve(to: &AdminArgs, id: &str, kind: &Kind, note: Option<&str>) -> ExitCode {
     let body = match (kind.once, kind.ttl, kind.permanent) {
@@ -112,7 +123,8 @@ pub fn approve(to: &AdminArgs, id: &str, kind: &Kind, note: Option<&str>) -> Exi
     )
 }
 
-/// `egress-proxy revoke ID`: an approved request's grant ends now.
+/// `egress-proxy revoke ID`: an approved request's grant (its id is the request's, as
+/// `grants` lists it) ends now.
 pub fn revoke(to: &AdminArgs, id: &str) -> ExitCode {
     run(to, "POST", &format!("/v1/requests/{id}/revoke"), None, true)
 }

@@ -128,6 +128,18 @@ enum Command {
         #[command(flatten)]
         to: approve_cli::AdminArgs,
     },
+    /// List the standing grants (approved here, by a webhook or auto-approval, or restored):
+    /// id, sandbox, host:port, scope, kind, end, approver, spent.
+    Grants {
+        /// Only this sandbox's grants.
+        #[arg(long)]
+        sandbox: Option<String>,
+        /// Print the admin API's JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        to: approve_cli::AdminArgs,
+    },
     /// Approve an access request: a grant for its host and port (1h unless told).
     Approve {
         /// The request's id (r-…).
@@ -298,6 +310,7 @@ fn main() -> ExitCode {
         }
         Command::Deny { id, note, to } => approve_cli::deny(&to, &id, note.as_deref()),
         Command::Revoke { id, to } => approve_cli::revoke(&to, &id),
+        Command::Grants { sandbox, json, to } => approve_cli::grants(&to, sandbox.as_deref(), json),
         Command::Config { action } => config_action(action),
     }
 }

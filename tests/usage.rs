@@ -101,6 +101,11 @@ fn a_daily_byte_quota_cuts_the_download_that_crosses_it_and_survives_a_restart()
     });
     assert_eq!(cut["decision"], "deny");
     assert_eq!(cut["close"], "limit");
+    // Which quota cut it, and its value (clients review F7).
+    assert_eq!(
+        cut["detail"], "cut at the sandbox's bytes_per_day quota (1048576)",
+        "{cut}"
+    );
     let down = cut["bytes_down"].as_u64().unwrap();
     assert!(down < MIB + SLACK, "{cut}");
     // What the ledger counted reached the quota (the record leaves out what the reset dropped).
@@ -211,6 +216,17 @@ fn requests_per_day_refuses_the_request_past_it() {
         .map(|_| curl(&["-o", "/dev/null", "-w", "%{http_code}", "-x", &via, &url]).text())
         .collect();
     assert_eq!(codes, ["200", "200", "200", "429", "429"]);
+    // The refusal names the quota and its value (clients review F7), in the status line.
+    let out = curl(&["-sS", "-i", "-x", &via, &url]);
+    assert!(
+        out.text().starts_with(
+            "HTTP/1.1 429 egress-proxy [quota_exceeded]: refused GET http://api.test:"
+        ) && out.text().lines().next().unwrap_or("").contains(
+            ": sandbox r: the sandbox's requests_per_day quota (3) is spent until midnight UTC"
+        ),
+        "{}",
+        out.text()
+    );
     let u = usage(&proxy, "?sandbox=r");
     assert_eq!(u["quotas"][0]["requests"], 3, "{u}");
     assert_eq!(u["quotas"][0]["spent"], "requests_per_day", "{u}");
@@ -559,4 +575,31 @@ fn a_kill_soon_after_spending_does_not_give_the_day_back() {
     let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
     let via = format!("http://r:r-secret@{}", proxy.proxy);
     assert_eq!(get(&via), "429", "the day's count survived the kill");
+}
+
+/// Clients review F7: a forwarded download cut at the byte quota was recorded "the client went
+/// away before the response ended"; its record says which quota cut it.
+#[test]
+fn a_forwarded_download_cut_by_the_quota_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let url = format!("http://big.test:{}/big", origin.addr.port());
+    let out = curl(&[
+        "-sS",
+        "-o",
+        "/dev/null",
+        "-x",
+        &format!("http://q:q-secret@{}", proxy.proxy),
+        &url,
+    ]);
+    assert_ne!(out.code, 0, "the download was cut: {}", out.stderr);
+    let cut =
+        proxy.wait_record(|r| r["sandbox"] == "q" && r["event"] == "end" && r["close"] == "limit");
+    assert_eq!(cut["mode"], "http", "{cut}");
+    assert_eq!(cut["reason"], "quota_exceeded", "{cut}");
+    assert_eq!(
+        cut["detail"], "cut at the sandbox's bytes_per_day quota (1048576)",
+        "{cut}"
+    );
 }

@@ -41,6 +41,18 @@ impl Desk {
             (None, None) => return Err(refused(404, format!("no request or grant {id}"))),
         };
         if let Some(list) = inner.grants.get_mut(&r.sandbox) {
+            // A spent `once` grant for the same destination stays (until its end) and would
+            // answer the next refusal: it names this revocation (clients review F4).
+            if let Some(gone) = list.iter().find(|g| &*g.id == id).cloned() {
+                for g in list
+                    .iter()
+                    .filter(|g| g.kind == GrantKind::Once && g.used())
+                {
+                    if g.same_destination(&gone) {
+                        g.note_revoked(id);
+                    }
+                }
+            }
             list.retain(|g| &*g.id != id);
         }
         self.publish(&inner, &r.sandbox);

@@ -425,6 +425,18 @@ impl Desk {
         stored_all(&self.lock())
     }
 
+    /// `GET /v1/grants[?sandbox=]` (admin): every standing grant — approved here, by the
+    /// webhook or auto-approval, on another replica, or restored from `state_dir` — with its
+    /// scope, kind, end, approver and whether a `once` grant was spent; by sandbox, then id.
+    /// Its id is what `revoke` takes.
+    pub fn grant_list(&self, sandbox: Option<&str>) -> Value {
+        let mut all = self.grants();
+        all.retain(|g| sandbox.is_none_or(|s| g.sandbox == s));
+        all.sort_by(|a, b| (&a.sandbox, &a.id).cmp(&(&b.sandbox, &b.id)));
+        let items: Vec<Value> = all.iter().map(StoredGrant::view).collect();
+        json!({ "grants": items })
+    }
+
     /// Where this desk's `once` grants record their spending.
     fn journal(&self) -> Option<Arc<dyn crate::policy::granted::SpendJournal>> {
         self.journal

@@ -44,6 +44,27 @@ pub struct StoredGrant {
 }
 
 impl StoredGrant {
+    /// The grant as `GET /v1/grants` shows it (`expires` an RFC 3339 time, absent when
+    /// permanent).
+    pub fn view(&self) -> serde_json::Value {
+        let expires = self.expires_ms.map(|ms| {
+            let t = UNIX_EPOCH + Duration::from_millis(ms);
+            crate::audit::record::rfc3339(t)
+        });
+        serde_json::json!({
+            "id": self.id,
+            "sandbox": self.sandbox,
+            "host": self.host,
+            "port": self.port,
+            "methods": self.methods,
+            "paths": self.paths,
+            "kind": self.kind.as_str(),
+            "expires": expires,
+            "approver": self.approver,
+            "used": self.used,
+        })
+    }
+
     /// The stored form of `g`, a grant of `sandbox`.
     pub fn of(sandbox: &str, g: &GrantEntry) -> Self {
         StoredGrant {

@@ -358,6 +358,9 @@ impl AuditGuard {
         self.up = r.up;
         self.down = r.down;
         self.relayed_until(r.close);
+        if let Some(cut) = r.cut {
+            self.record.detail = Some(cut.into());
+        }
     }
 
     /// How a relay ended; a relay cut by its sandbox's daily quota (`Close::Limit`) is

@@ -86,13 +86,15 @@ impl Mode {
 }
 
 /// What a finished relay reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Relayed {
     /// Client → destination.
     pub up: u64,
     /// Destination → client.
     pub down: u64,
     pub close: Close,
+    /// Why the proxy cut it, when it did (`close: limit`: which quota, and its value).
+    pub cut: Option<String>,
 }
 
 impl Relayed {
@@ -102,6 +104,7 @@ impl Relayed {
             up: 0,
             down: 0,
             close,
+            cut: None,
         }
     }
 }

@@ -104,6 +104,49 @@ pub fn human(list: &Value) -> String {
     out
 }
 
+/// A grant list (`GET /v1/grants`) for a person: one line per grant — id (what `revoke`
+/// takes), sandbox, host:port, its scope, kind, end, approver, and `spent` for a used `once`.
+pub fn human_grants(list: &Value) -> String {
+    let mut out = String::new();
+    for g in list["grants"].as_array().into_iter().flatten() {
+        let words = |k: &str| {
+            let v: Vec<&str> = g[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            v.join(",")
+        };
+        let scope = match (words("methods"), words("paths")) {
+            (m, p) if m.is_empty() && p.is_empty() => String::new(),
+            (m, p) => format!(
+                "  [{} {}]",
+                if m.is_empty() { "*" } else { &m },
+                if p.is_empty() { "*" } else { &p }
+            ),
+        };
+        out.push_str(&format!(
+            "{}  {}  {}:{}{scope}  {}  {}  by {}{}\n",
+            g["id"].as_str().unwrap_or("?"),
+            g["sandbox"].as_str().unwrap_or("?"),
+            g["host"].as_str().unwrap_or("?"),
+            g["port"],
+            g["kind"].as_str().unwrap_or("?"),
+            g["expires"]
+                .as_str()
+                .map(|e| format!("until {e}"))
+                .unwrap_or_else(|| "no end".into()),
+            g["approver"].as_str().unwrap_or("?"),
+            if g["used"] == true { "  spent" } else { "" },
+        ));
+    }
+    if out.is_empty() {
+        out.push_str("no grants\n");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

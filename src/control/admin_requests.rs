@@ -1,7 +1,8 @@
 //! The approvers' side of access requests on the admin API (`docs/openapi.yaml`):
 //! `GET /v1/requests[?state=]`, `GET /v1/requests/{id}`, `POST /v1/requests/{id}/approve`
 //! `{"grant": "once" | "ttl" | "permanent", "ttl_s"?, "note"?}` and
-//! `POST /v1/requests/{id}/deny` `{"note"?}`. Answering needs the admin token, like every
+//! `POST /v1/requests/{id}/deny` `{"note"?}`; and the standing grants, `GET /v1/grants[?sandbox=]`
+//! (revoked by id at `POST /v1/requests/{id}/revoke`). Answering needs the admin token, like every
 //! call that changes something; the answer is applied by the approvals desk
 //! ([`crate::approvals`]), on a blocking thread (it publishes through the controller's lock).
 
@@ -133,6 +134,30 @@ pub async fn route(
             done_json(done)
         }
     }
+}
+
+/// `GET /v1/grants[?sandbox=ID]`: the standing grants ([`Desk::grant_list`]).
+pub fn grants(shared: &Arc<Shared>, query: Option<&str>) -> Response<Full<Bytes>> {
+    let Some(desk) = shared.desk.get().cloned() else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the proxy is starting");
+    };
+    let mut sandbox = None;
+    for kv in query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .filter(|kv| !kv.is_empty())
+    {
+        match kv.split_once('=') {
+            Some(("sandbox", id)) => sandbox = Some(id),
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown parameter `{kv}`: /v1/grants takes sandbox=ID"),
+                )
+            }
+        }
+    }
+    json_resp(StatusCode::OK, desk.grant_list(sandbox))
 }
 
 /// The answer's body (empty: `{}`).

@@ -403,10 +403,15 @@ fn limits(
                 LimitRefusal::Rate(d) => (Reason::RateLimited, seconds(d)),
                 LimitRefusal::Quota(_) => (Reason::QuotaExceeded, seconds(until_tomorrow())),
             };
-            if let LimitRefusal::Quota(spent) = r {
-                audit.detail(limiter.meter().describe(spent));
-            }
-            let why = Decision::deny(reason, None).explain(&sb.binding.id, sb.policy.file(), 0);
+            let why = match r {
+                // Which quota, and its value, to the client as in the record (F7).
+                LimitRefusal::Quota(spent) => {
+                    let spent = limiter.meter().describe(spent);
+                    audit.detail(spent.clone());
+                    format!("sandbox {}: {spent}", sb.binding.id)
+                }
+                _ => Decision::deny(reason, None).explain(&sb.binding.id, sb.policy.file(), 0),
+            };
             Err(limited(audit, reason, why, retry))
         }
     }

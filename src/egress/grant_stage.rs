@@ -45,7 +45,7 @@ impl Stage for GrantStage {
             Ok(()) => Judgement::Pass,
             Err(NotTaken::Used) => Judgement::Refuse(Mismatch {
                 reason: Reason::NoRuleMatched,
-                detail: format!("grant {} was for one exchange, and it was used", grant.id),
+                detail: grant.spent_detail(),
             }),
             Err(NotTaken::Unrecorded(e)) => {
                 tracing::error!(grant = %grant.id, error = %e, "a once grant's spending could not be recorded in state_dir; it counts as spent");

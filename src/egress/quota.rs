@@ -111,15 +111,26 @@ impl Meter {
         (!self.scope.is_empty()).then_some(&*self.scope)
     }
 
-    /// What a refusal for `spent` says.
+    /// What a refusal for `spent` says: which quota, and its value.
     pub fn describe(&self, spent: Spent) -> String {
+        format!("{} is spent until midnight UTC", self.named(spent))
+    }
+
+    /// What the record of an exchange cut at its byte quota says, if that quota is reached.
+    pub fn cut_by(&self) -> Option<String> {
+        (self.spent() == Some(Spent::Bytes)).then(|| format!("cut at {}", self.named(Spent::Bytes)))
+    }
+
+    /// `the sandbox's bytes_per_day quota (50000)`, or the `per_destination` one's.
+    fn named(&self, spent: Spent) -> String {
+        let value = match spent {
+            Spent::Bytes => self.bytes_quota.load(Ordering::Relaxed),
+            Spent::Requests => self.requests_quota.load(Ordering::Relaxed),
+        };
         match self.scope() {
-            None => format!(
-                "the sandbox's {} quota is spent until midnight UTC",
-                spent.key()
-            ),
+            None => format!("the sandbox's {} quota ({value})", spent.key()),
             Some(host) => format!(
-                "the {} quota on {host} (limits.per_destination) is spent until midnight UTC",
+                "the {} quota ({value}) on {host} (limits.per_destination)",
                 spent.key()
             ),
         }

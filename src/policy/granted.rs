@@ -70,6 +70,9 @@ pub struct GrantEntry {
     /// Where spending a `once` grant is recorded durably (the approvals desk's journal in
     /// `state_dir`); none: memory only.
     journal: Option<Arc<dyn SpendJournal>>,
+    /// A later grant for the same destination that was revoked (its id), so that a refusal
+    /// this spent `once` grant answers names the revocation, not only this older grant.
+    revoked_after: std::sync::Mutex<Option<Arc<str>>>,
 }
 
 /// Where a `once` grant's spending is recorded before its exchange leaves, so that a restart
@@ -127,7 +130,32 @@ impl GrantEntry {
             used: AtomicBool::new(false),
             rule,
             journal: None,
+            revoked_after: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Note that grant `id`, for the same destination, was revoked after this one.
+    pub fn note_revoked(&self, id: &str) {
+        if let Ok(mut r) = self.revoked_after.lock() {
+            *r = Some(id.into());
+        }
+    }
+
+    /// Why this spent grant refuses: the revocation of a later grant first, when there was one.
+    pub fn spent_detail(&self) -> String {
+        let revoked = self.revoked_after.lock().ok().and_then(|r| r.clone());
+        match revoked {
+            Some(r) => format!(
+                "grant {r} was revoked (the other grant for this destination, {}, was for one exchange, and it was used)",
+                self.id
+            ),
+            None => format!("grant {} was for one exchange, and it was used", self.id),
+        }
+    }
+
+    /// Whether it is for the same destination as `other`.
+    pub fn same_destination(&self, other: &GrantEntry) -> bool {
+        self.host == other.host && self.port == other.port
     }
 
     /// Record its spending in `journal` (see [`GrantEntry::take`]).

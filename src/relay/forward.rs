@@ -270,7 +270,8 @@ fn finish(
             }
         }
         with_audit(&exchange, |a| {
-            if !ending.complete {
+            // A cut the proxy made (a grant's end, a quota, a stop) already says why.
+            if !ending.complete && !a.has_detail() {
                 a.detail(match ending.error {
                     Some(e) => format!("upstream: {e}"),
                     None => "the client went away before the response ended".into(),
@@ -303,8 +304,14 @@ fn watch_exchange(
     let stop = {
         let (exchange, cut, upstream_cut) = (exchange.clone(), cut.clone(), upstream_cut.clone());
         async move {
+            let granted_by = watch.granted_by();
             let close = watch.stopped().await;
-            with_audit(&exchange, |a| a.close(close));
+            with_audit(&exchange, |a| {
+                a.close(close);
+                if let Some(d) = Watch::cut_detail(close, granted_by.as_deref()) {
+                    a.detail(d);
+                }
+            });
             cut.abort();
             upstream_cut.abort();
         }
@@ -327,7 +334,12 @@ fn watch_exchange(
         let (exchange, cut, upstream_cut) = (exchange.clone(), cut.clone(), upstream_cut.clone());
         async move {
             live.quota_spent().await;
-            with_audit(&exchange, |a| a.relayed_until(Close::Limit));
+            with_audit(&exchange, |a| {
+                a.relayed_until(Close::Limit);
+                if let Some(cut) = live.cut_by() {
+                    a.detail(cut);
+                }
+            });
             cut.abort();
             upstream_cut.abort();
         }

@@ -206,7 +206,19 @@ impl Liveness {
     /// What the relay reports when it ends with `close`.
     pub fn relayed(&self, close: Close) -> Relayed {
         let (up, down) = self.totals();
-        Relayed { up, down, close }
+        let cut = (close == Close::Limit).then(|| self.cut_by()).flatten();
+        Relayed {
+            up,
+            down,
+            close,
+            cut,
+        }
+    }
+
+    /// The quota that cut this exchange (`cut at the sandbox's bytes_per_day quota (50000)`),
+    /// if one of its meters' byte quotas is reached.
+    pub fn cut_by(&self) -> Option<String> {
+        self.meters.iter().find_map(|m| m.cut_by())
     }
 
     /// Run `work` until it ends (`Ok`), nothing moves for the idle timeout

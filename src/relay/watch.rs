@@ -54,6 +54,28 @@ impl Watch {
         }
     }
 
+    /// The grant that allowed the watched exchange, if one did.
+    pub fn granted_by(&self) -> Option<Arc<str>> {
+        self.clearance.granted_by.clone()
+    }
+
+    /// What the record of an exchange a watch cut says (`close` as [`Watch::stopped`]
+    /// returned it; `granted_by` its [`Watch::granted_by`]): the grant that ended, or the
+    /// policy that no longer allows it.
+    pub fn cut_detail(close: Close, granted_by: Option<&str>) -> Option<String> {
+        match (close, granted_by) {
+            (Close::Revoked, Some(id)) => {
+                Some(format!("cut: grant {id} ended (expired or revoked)"))
+            }
+            (Close::Revoked, None) => Some(
+                "cut: the policy no longer allows it (a reload, a registration or a grant's end)"
+                    .into(),
+            ),
+            (Close::Shutdown, _) => Some("cut: the proxy is shutting down".into()),
+            _ => None,
+        }
+    }
+
     /// Re-decide under the newest set; `false` when it no longer allows the clearance.
     fn still_allowed(&mut self) -> bool {
         // Clone the Arc so no lock is held while deciding.
