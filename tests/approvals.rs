@@ -375,6 +375,35 @@ fn once_is_one_exchange_a_denial_is_final_and_grants_survive_a_restart() {
         "the grant survived the restart: {}",
         out.stderr
     );
+    // Standing grants are listed, restored ones included (clients review F14): by the CLI,
+    // and as JSON by the admin API, with the id `revoke` takes.
+    let (code, out) = e.cli(&["grants"]);
+    assert_eq!(code, 0, "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&id))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains(&format!("agent  granted.test:{}", e.https.addr.port()))
+            && line.contains("permanent  no end  by admin"),
+        "{line}"
+    );
+    let (code, out) = e.cli(&["grants", "--sandbox", "agent", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    let grants = listed["grants"].as_array().unwrap();
+    let spent = grants
+        .iter()
+        .find(|g| g["kind"] == "once")
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(spent["used"], true, "{listed}");
+    let standing = grants.iter().find(|g| g["id"] == id.as_str()).unwrap();
+    assert_eq!(
+        (standing["approver"].as_str(), standing["expires"].as_str()),
+        (Some("admin"), None)
+    );
+    let (code, out) = e.cli(&["grants", "--sandbox", "other"]);
+    assert_eq!((code, out.as_str()), (0, "no grants\n"));
     // Revoked before its end: a tunnel it allowed is cut, new ones are refused.
     let ca = e.ca.ca_pem.display().to_string();
     let px = e.px("agent");
@@ -403,8 +432,27 @@ fn once_is_one_exchange_a_denial_is_final_and_grants_survive_a_restart() {
         .wait_record(|r| r["target_host"] == "granted.test" && r["close"] == "revoked");
     assert_eq!(rec["reason"], "grant_matched");
     assert_ne!(e.get("agent", "granted.test", "/").code, 0);
+    // The refusal after the revoke names the revoked grant, not only the older spent `once`
+    // grant for the same destination (clients review F4).
+    let refused = e.proxy.wait_record(|r| {
+        r["target_host"] == "granted.test"
+            && r["decision"] == "deny"
+            && r["detail"].as_str().is_some_and(|d| d.contains("revoked"))
+    });
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("grant {id} was revoked")),
+        "{refused}"
+    );
     let (code, out) = e.cli(&["revoke", &id]);
     assert_ne!(code, 0, "{out}");
+    let (_, out) = e.cli(&["grants", "--json"]);
+    assert!(
+        !out.contains(&id),
+        "a revoked grant is no longer listed: {out}"
+    );
 }
 
 /// Security review A04: a `once` grant's spending was never persisted, so every restart gave
@@ -944,4 +992,32 @@ fn a_path_scoped_grant_is_not_escaped_by_dot_segments() {
         assert_eq!(get(escaped), 403, "{escaped}");
     }
     assert_eq!(get("/admin"), 403);
+}
+
+/// Clients review F4: a forwarded (plain HTTP) exchange cut when its grant ended was recorded
+/// "the client went away before the response ended"; its record says the grant ended.
+#[test]
+fn a_forwarded_exchange_cut_at_its_grants_end_says_so() {
+    let e = env("");
+    let plain = Origin::start(None);
+    let body = format!(
+        r#"{{"host": "granted.test", "port": {}, "reason": "slow download"}}"#,
+        plain.addr.port()
+    );
+    let (_, r) = e.ask("agent", "POST", "/v1/requests", Some(&body));
+    let id = r["id"].as_str().unwrap().to_string();
+    let (code, out) = e.cli(&["approve", &id, "--ttl", "2s"]);
+    assert_eq!(code, 0, "{out}");
+    let url = format!("http://granted.test:{}/slow", plain.addr.port());
+    let out = curl(&["-sS", "-o", "/dev/null", "-x", &e.px("agent"), &url]);
+    assert_ne!(out.code, 0, "the download under the grant was cut");
+    let rec = e.proxy.wait_record(|r| {
+        r["target_host"] == "granted.test" && r["mode"] == "http" && r["close"] == "revoked"
+    });
+    assert_eq!(rec["reason"], "grant_matched", "{rec}");
+    assert_eq!(
+        rec["detail"],
+        format!("cut: grant {id} ended (expired or revoked)"),
+        "{rec}"
+    );
 }

@@ -261,6 +261,13 @@ fn every_operation_answers_as_documented() {
     let ttl = r#"{"grant": "ttl", "ttl_s": 60, "note": "openapi"}"#;
     assert_eq!(admin_req(a, "POST", &approve, ttl, t).0, 200);
     assert_eq!(admin_req(a, "POST", &approve, ttl, t).0, 409);
+    // The grant it made is listed (the schema checked on a real entry).
+    let (status, body) = admin_req(a, "GET", "/v1/grants", "", t);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&format!("\"id\":\"{first}\"")), "{body}");
+    assert_eq!(admin_req(a, "GET", "/v1/grants?sandbox=rt", "", t).0, 200);
+    assert_eq!(admin_req(a, "GET", "/v1/grants?colour=red", "", t).0, 400);
+    assert_eq!(admin_req(a, "GET", "/v1/grants", "", None).0, 401);
     let nobody = "/v1/requests/r-000000000000";
     assert_eq!(
         admin_req(a, "POST", &format!("{nobody}/approve"), "", t).0,
