@@ -689,3 +689,44 @@ fn tokens_the_sandbox_obtains_itself_come_back_sealed_and_are_redeemed() {
         );
     }
 }
+
+/// Clients review F11: a token endpoint that cannot be reached is `credential_unavailable`;
+/// the sandbox is not told where the operator's token endpoint lives (its name, address and
+/// port are in the record only), and the refusal keeps the port of the host it asked for.
+#[test]
+fn an_unreachable_token_endpoint_is_not_named_to_the_sandbox() {
+    let closed = free_port();
+    let MintEnv {
+        dir,
+        ca: _ca,
+        t,
+        p,
+        cred: _,
+    } = mint_env(3600, |_| {
+        oauth2(
+            "client_credentials",
+            "client_secret_file: wrong.secret",
+            closed,
+        )
+    });
+    let out = dev_curl(&p, dir.path(), "api.test", t.port(), "/api/items");
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        body.starts_with(&format!(
+            "egress-proxy refused GET https://api.test:{} for sandbox dev.\nreason: credential_unavailable: credential api: the token endpoint could not be reached (where and why: the audit record)",
+            t.port()
+        )),
+        "{body}"
+    );
+    assert!(!body.contains(&closed.to_string()), "{body}");
+    assert!(
+        !body.contains("auth.test") && !body.contains("127.0.0.1"),
+        "{body}"
+    );
+    let rec = p.wait_record(|r| r["reason"] == "credential_unavailable");
+    let detail = rec["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&format!(":{closed}")),
+        "the record keeps where: {rec}"
+    );
+}

@@ -148,6 +148,16 @@ fn fetch_only_clones_and_refuses_a_push() {
     commit(&clone, "exfiltrated\n");
     let (ok, out) = via(&p, &clone, &ica, &["push", "-q", "origin", "main"]);
     assert!(!ok, "the push was refused: {out}");
+    // What git prints says "push" (clients review F1: it said `GET …/info/refs`, which the
+    // clone had just made).
+    let said = "remote: reason: git_not_allowed: git push is not allowed on git.test/org/app (the rules allow git: [fetch])";
+    assert!(out.contains(said), "{out}");
+    // The refusal keeps the port (F11).
+    let first = format!(
+        "remote: egress-proxy refused GET https://git.test:{} for sandbox dev.",
+        o.port
+    );
+    assert!(out.contains(&first), "{out}");
     let rec = p.wait_record(|r| r["mode"] == "https" && r["reason"] == "git_not_allowed");
     assert_eq!(rec["path"], "/org/app.git/info/refs", "{rec}");
     let bare = dir.path().join("repos/org/app.git");

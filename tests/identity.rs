@@ -104,13 +104,18 @@ sandboxes:
         &format!("https://api.test:{port}/whoami"),
         &["-H", "X-Sandbox-Identity: eyJhbGciOiJub25lIn0.e30."],
     );
-    assert!(body.contains("credential_misuse"), "{body}");
+    // The refusal speaks of the header, not of a placeholder the sandbox never had (F6).
+    assert!(
+        body.contains("credential_misuse: x-sandbox-identity is set by the proxy (the sandbox's signed identity); a sandbox may not send it"),
+        "{body}"
+    );
+    assert!(!body.contains("placeholder"), "{body}");
     let rec = p.wait_record(|r| r["reason"] == "credential_misuse");
     assert!(
         rec["detail"]
             .as_str()
             .unwrap()
-            .contains("x-sandbox-identity"),
+            .starts_with("x-sandbox-identity is set by the proxy"),
         "{rec}"
     );
     // A host the token is not bound to is not terminated and gets no token.

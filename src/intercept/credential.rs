@@ -36,6 +36,11 @@ pub trait Kind: Send + Sync {
     /// Why the request (`uri`, `headers`) carries `placeholder` where this kind does not take
     /// it, or cannot be given this credential; `None` when it can.
     fn misuse(&self, uri: &Uri, headers: &HeaderMap, placeholder: &str) -> Option<String>;
+    /// The refusal's sentence for a [`Kind::misuse`] of credential `name`: about its
+    /// placeholder, unless the kind has none the sandbox holds.
+    fn misuse_sentence(&self, name: &str, why: String) -> String {
+        format!("the placeholder of credential {name} is {why}")
+    }
     /// Whether the body must be read whole before [`Kind::apply`].
     fn reads_body(&self, _uri: &Uri, _headers: &HeaderMap) -> bool {
         false

@@ -11,6 +11,10 @@ pub enum CredentialError {
     /// that cannot be read; or the grant could not be signed.
     #[error("{0}")]
     Mint(String),
+    /// The token endpoint could not be reached (resolved, connected to, spoken TLS or HTTP
+    /// with): the text names its address, which is the operator's, not the sandbox's.
+    #[error("{0}")]
+    Unreachable(String),
     /// The request could not be signed (SigV4), or its signed body could not be framed.
     #[error("{0}")]
     Sign(String),
@@ -28,12 +32,30 @@ pub enum CredentialError {
 impl CredentialError {
     /// Whether the failure was at the token endpoint (a retry may succeed).
     pub fn is_mint(&self) -> bool {
-        matches!(self, CredentialError::Mint(_))
+        matches!(
+            self,
+            CredentialError::Mint(_) | CredentialError::Unreachable(_)
+        )
+    }
+
+    /// What the sandbox is told (the record keeps the whole text): never the token endpoint's
+    /// name or address (clients review F11); its status and OAuth error code are kept.
+    pub fn shown(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            CredentialError::Unreachable(_) => {
+                "the token endpoint could not be reached (where and why: the audit record)".into()
+            }
+            other => other.to_string().into(),
+        }
     }
 }
 
 pub(crate) fn mint(why: impl Into<String>) -> CredentialError {
     CredentialError::Mint(why.into())
+}
+
+pub(crate) fn unreachable(why: impl Into<String>) -> CredentialError {
+    CredentialError::Unreachable(why.into())
 }
 
 pub(crate) fn sign(why: impl Into<String>) -> CredentialError {

@@ -168,12 +168,14 @@ pub struct IdentityKind {
 #[async_trait::async_trait]
 impl super::credential::Kind for IdentityKind {
     fn misuse(&self, _: &http::Uri, headers: &http::HeaderMap, _: &str) -> Option<String> {
-        headers.contains_key(&self.token.header).then(|| {
-            format!(
-                "not the sandbox's to send: {} is the header the proxy signs its identity in",
-                self.token.header
-            )
-        })
+        headers
+            .contains_key(&self.token.header)
+            .then(|| crate::pipeline::head::identity_header_sent(&self.token.header))
+    }
+
+    /// The sandbox holds no placeholder of its identity: the sentence is about the header.
+    fn misuse_sentence(&self, _: &str, why: String) -> String {
+        why
     }
 
     async fn apply(

@@ -10,7 +10,7 @@ use super::Refusal;
 use crate::config::Binding;
 use crate::policy::http_rules::{
     canonical_path_with, git_probe_ambiguous, git_request, method_refusal, override_refusal,
-    Admits, HttpRule,
+    Admits, GitService, HttpRule,
 };
 use crate::policy::protocols::{lfs, Protocol};
 use crate::policy::reason::Reason;
@@ -142,10 +142,9 @@ impl HostRules {
         {
             return Some(Refusal {
                 reason: Reason::CredentialMisuse,
-                detail: format!(
-                    "not the sandbox's to send: {h} is the header the proxy signs its identity in"
-                ),
-                credential: Some("sandbox-identity".into()),
+                detail: identity_header_sent(h),
+                credential: None,
+                shown: None,
             });
         }
         None
@@ -184,6 +183,12 @@ impl HostRules {
         let git = git_request(method, path, query).is_some()
             || git_probe_ambiguous(method, path, query)
             || lfs::batch_repository(method, path).is_some();
+        if let Some((service, repo)) = git_request(method, path, query) {
+            return Checked::Refused(Refusal::new(
+                Reason::GitNotAllowed,
+                self.git_refusal(service, host, repo),
+            ));
+        }
         let reason = match git {
             true => Reason::GitNotAllowed,
             false => Reason::HttpNotAllowed,
@@ -193,6 +198,36 @@ impl HostRules {
             format!("no network.http rule allows {method} {path} on {host}"),
         ))
     }
+
+    /// What a refused git call says: the operation, where, and what the rules allow (clients
+    /// review F1: a refused push read as a refused `GET …/info/refs`, which the clone before it
+    /// had just made).
+    fn git_refusal(&self, service: GitService, host: &str, repo: &str) -> String {
+        let mut allowed: Vec<&str> = self
+            .rules
+            .iter()
+            .flat_map(|r| r.git.iter().map(|g| g.name()))
+            .collect();
+        allowed.sort_unstable();
+        allowed.dedup();
+        let rules = match allowed.is_empty() {
+            true => "no network.http rule for this host allows git".to_string(),
+            false => format!("the rules allow git: [{}]", allowed.join(", ")),
+        };
+        let repo = repo.trim_end_matches(".git");
+        format!(
+            "git {} is not allowed on {host}{repo} ({rules})",
+            service.name()
+        )
+    }
+}
+
+/// The refusal of a request that carries the identity header itself (clients review F6: it
+/// spoke of a placeholder the sandbox never had).
+pub fn identity_header_sent(header: &http::HeaderName) -> String {
+    format!(
+        "{header} is set by the proxy (the sandbox's signed identity); a sandbox may not send it"
+    )
 }
 
 #[cfg(test)]

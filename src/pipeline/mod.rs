@@ -53,6 +53,9 @@ pub struct Refusal {
     pub detail: String,
     /// The credential it concerns, when it is about one.
     pub credential: Option<String>,
+    /// What the sandbox is told when it must not read all of `detail` (an operator's
+    /// address); `None`: the detail itself.
+    pub shown: Option<String>,
 }
 
 impl Refusal {
@@ -62,6 +65,12 @@ impl Refusal {
             reason,
             detail: detail.into(),
             credential: None,
+            shown: None,
         }
+    }
+
+    /// What the sandbox reads of it.
+    pub fn shown(&self) -> &str {
+        self.shown.as_deref().unwrap_or(&self.detail)
     }
 }

@@ -49,6 +49,7 @@ impl Exchange {
                         reason: Reason::CredentialUnavailable,
                         detail: format!("credential {}: {why}", k.name),
                         credential: Some(k.name.clone()),
+                        shown: Some(format!("credential {}: {}", k.name, why.shown())),
                     })
                 }
             }
@@ -68,6 +69,6 @@ impl Exchange {
         audit.detail(r.detail.clone());
         audit.http(asked.facts(r.reason.status(), r.credential.clone()));
         drop(audit);
-        self.refused(&asked.method, r.reason, &r.detail)
+        self.refused(&asked.method, r.reason, r.shown())
     }
 }

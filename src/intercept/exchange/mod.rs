@@ -76,6 +76,22 @@ pub struct Destination {
     pub scheme: &'static str,
 }
 
+impl Destination {
+    /// `https://host[:port]` as a refusal names it: the port kept unless it is the scheme's
+    /// own (clients review F11), IPv6 in brackets.
+    pub fn shown(&self) -> String {
+        let host = match self.host.contains(':') {
+            true => format!("[{}]", self.host),
+            false => self.host.clone(),
+        };
+        let default = if self.scheme == "http" { 80 } else { 443 };
+        match self.port == default {
+            true => format!("{}://{host}", self.scheme),
+            false => format!("{}://{host}:{}", self.scheme, self.port),
+        }
+    }
+}
+
 /// One terminated tunnel's request handler.
 pub struct Exchange {
     current: CurrentBinding,
@@ -207,6 +223,7 @@ impl Exchange {
                 reason: Reason::CredentialMisuse,
                 detail,
                 credential: Some(credential.to_string()),
+                shown: None,
             })
         };
         for c in b.credentials.iter().filter(|c| !c.bound_to(host)) {
@@ -220,7 +237,7 @@ impl Exchange {
         }
         for k in &p.bound {
             if let Some(why) = k.kind.misuse(req.uri(), req.headers(), &k.placeholder) {
-                let why = format!("the placeholder of credential {} is {why}", k.name);
+                let why = k.kind.misuse_sentence(&k.name, why);
                 return misuse(&k.name, why);
             }
         }
@@ -432,7 +449,7 @@ impl Exchange {
     fn refused_call(&self, method: &str, r: &Refused) -> Response<ResBody> {
         match &r.rpc {
             Some((ids, batch)) if !ids.is_empty() => {
-                let what = format!("{method} {}://{}", self.dest.scheme, self.dest.host);
+                let what = format!("{method} {}", self.dest.shown());
                 let id = (self.current)().map(|(b, _)| b.id.to_string());
                 deny::jsonrpc(
                     &deny::Refusal {
@@ -454,7 +471,7 @@ impl Exchange {
     /// The refusal of a request in this tunnel, built like every other refusal (no path in
     /// it: a path may carry a placeholder).
     fn refused(&self, method: &str, reason: Reason, explanation: &str) -> Response<ResBody> {
-        let what = format!("{method} {}://{}", self.dest.scheme, self.dest.host);
+        let what = format!("{method} {}", self.dest.shown());
         let id = (self.current)().map(|(b, _)| b.id.to_string());
         deny::in_tunnel(&deny::Refusal {
             reason,

@@ -15,7 +15,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 
 use crate::egress::resolve::Resolver;
-use crate::intercept::credential_error::{mint, CredentialError};
+use crate::intercept::credential_error::{mint, unreachable, CredentialError};
 
 /// The most of a token endpoint's answer that is read.
 const MAX_ANSWER: usize = 64 * 1024;
@@ -61,13 +61,13 @@ async fn exchange(
         Err(_) => resolver
             .resolve(bare)
             .await
-            .map_err(|e| mint(format!("resolving {bare}: {}", e.reason().code())))?,
+            .map_err(|e| unreachable(format!("resolving {bare}: {}", e.reason().code())))?,
     };
-    let mut tcp = Err(mint(format!("{bare} has no address")));
+    let mut tcp = Err(unreachable(format!("{bare} has no address")));
     for ip in addrs {
         tcp = tokio::net::TcpStream::connect((ip, port))
             .await
-            .map_err(|e| mint(format!("connecting to {ip}:{port}: {e}")));
+            .map_err(|e| unreachable(format!("connecting to {ip}:{port}: {e}")));
         if tcp.is_ok() {
             break;
         }
@@ -75,14 +75,14 @@ async fn exchange(
     let tcp = tcp?;
     let _ = tcp.set_nodelay(true);
     let name = ServerName::try_from(bare.to_string())
-        .map_err(|_| mint(format!("{bare} is not a TLS server name")))?;
+        .map_err(|_| unreachable(format!("{bare} is not a TLS server name")))?;
     let stream = tokio_rustls::TlsConnector::from(tls.clone())
         .connect(name, tcp)
         .await
-        .map_err(|e| mint(format!("TLS with {bare}: {e}")))?;
+        .map_err(|e| unreachable(format!("TLS with {bare}: {e}")))?;
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| mint(format!("HTTP with {bare}: {e}")))?;
+        .map_err(|e| unreachable(format!("HTTP with {bare}: {e}")))?;
     tokio::spawn(conn);
     let authority = url.authority().map(|a| a.as_str()).unwrap_or(bare);
     let mut req = Request::post(url.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
@@ -99,12 +99,12 @@ async fn exchange(
     let resp = send
         .send_request(req)
         .await
-        .map_err(|e| mint(format!("the token endpoint failed: {e}")))?;
+        .map_err(|e| unreachable(format!("the token endpoint failed: {e}")))?;
     let status = resp.status().as_u16();
     let body = Limited::new(resp.into_body(), MAX_ANSWER)
         .collect()
         .await
-        .map_err(|e| mint(format!("reading the token endpoint's answer: {e}")))?
+        .map_err(|e| unreachable(format!("reading the token endpoint's answer: {e}")))?
         .to_bytes();
     Ok(Answer { status, body })
 }
