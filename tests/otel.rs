@@ -163,3 +163,47 @@ fn a_collector_that_is_down_or_silent_costs_the_exchanges_nothing() {
         assert!(!proxy.stderr_text().contains(SECRET));
     }
 }
+
+/// Clients review F9: a dead collector was only counted. Its failure is logged — one WARN when
+/// exports start failing (not one per batch), with the endpoint and the error — and one INFO
+/// when a collector answers on the endpoint again; the collector's token never.
+#[test]
+fn a_dead_collector_is_logged_once_and_its_recovery_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("received.jsonl");
+    let origin = Origin::start(None);
+    let first = ScriptOrigin::start("otlp_receiver.py", &["http".as_ref(), out.as_os_str()]);
+    let port = first.port;
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let proxy = config(dir.path(), &endpoint, "http").start(dir.path());
+    assert_eq!(get(&proxy, "a", origin.addr.port(), "/up").text(), "200");
+    eventually(Duration::from_secs(15), "the first export", || {
+        (!received(&out).is_empty()).then_some(())
+    });
+    drop(first);
+    let failing = "OTLP log export is failing";
+    eventually(Duration::from_secs(20), "the failure logged", || {
+        assert_eq!(get(&proxy, "a", origin.addr.port(), "/down").text(), "200");
+        std::thread::sleep(Duration::from_millis(200));
+        proxy.stderr_text().contains(failing).then_some(())
+    });
+    // More failing batches, still one warning (the next is due after 60 s at the earliest).
+    for _ in 0..5 {
+        get(&proxy, "a", origin.addr.port(), "/down");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let log = proxy.stderr_text();
+    assert_eq!(log.matches(failing).count(), 1, "{log}");
+    assert!(log.contains(&endpoint), "{log}");
+    let port_arg = port.to_string();
+    let _second = ScriptOrigin::start(
+        "otlp_receiver.py",
+        &["http".as_ref(), out.as_os_str(), port_arg.as_ref()],
+    );
+    eventually(Duration::from_secs(45), "the recovery logged", || {
+        get(&proxy, "a", origin.addr.port(), "/again");
+        std::thread::sleep(Duration::from_millis(300));
+        proxy.stderr_text().contains("OTLP log export recovered").then_some(())
+    });
+    assert!(!proxy.stderr_text().contains(SECRET));
+}

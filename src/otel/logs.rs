@@ -52,6 +52,7 @@ pub(super) async fn run(
         .build();
     let mut backoff = FIRST_BACKOFF;
     let mut resume_at: Option<tokio::time::Instant> = None;
+    let mut health = super::health::Health::default();
     loop {
         let mut batch: Vec<Bytes> = Vec::with_capacity(BATCH);
         match lines.recv().await {
@@ -75,6 +76,7 @@ pub(super) async fn run(
                 .records
                 .with_label_values(&["failed"])
                 .inc_by(batch.len() as u64);
+            health.skipped(batch.len() as u64);
             continue;
         }
         let mut by_sandbox: BTreeMap<String, Vec<SdkLogRecord>> = BTreeMap::new();
@@ -101,9 +103,22 @@ pub(super) async fn run(
             let sent =
                 tokio::time::timeout(cfg.timeout, exporter.export(LogBatch::new(&refs))).await;
             let outcome = match sent {
-                Ok(Ok(())) => "exported",
-                _ => {
+                Ok(Ok(())) => {
+                    health.exported(&cfg.endpoint);
+                    "exported"
+                }
+                Ok(Err(e)) => {
                     failed = true;
+                    health.failed(&cfg.endpoint, &e.to_string(), n);
+                    "failed"
+                }
+                Err(_) => {
+                    failed = true;
+                    let why = format!(
+                        "no answer within otel.timeout_ms ({} ms)",
+                        cfg.timeout.as_millis()
+                    );
+                    health.failed(&cfg.endpoint, &why, n);
                     "failed"
                 }
             };

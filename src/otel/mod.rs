@@ -12,6 +12,7 @@
 //! are observed from the ledger every `interval_ms` on the same runtime
 //! ([`metrics`]).
 
+mod health;
 mod logs;
 mod metrics;
 

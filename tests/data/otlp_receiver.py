@@ -8,7 +8,7 @@ appends what it received, as JSON lines, to OUT:
   {"signal": "metrics", "resource": {...}, "points": [{"name": "...", "attributes": {...},
    "value": N}]}
 
-usage: otlp_receiver.py grpc|http OUT   (prints the port it listens on)
+usage: otlp_receiver.py grpc|http OUT [PORT]   (prints the port it listens on; 0 by default)
 """
 import http.server
 import json
@@ -102,7 +102,7 @@ def serve_http(out):
             self.end_headers()
             self.wfile.write(data)
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
     print(srv.server_address[1], flush=True)
     srv.serve_forever()
 
@@ -128,7 +128,7 @@ def serve_grpc(out):
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"127.0.0.1:{PORT}")
     server.start()
     print(port, flush=True)
     server.wait_for_termination()
@@ -136,6 +136,7 @@ def serve_grpc(out):
 
 if __name__ == "__main__":
     mode, out = sys.argv[1], sys.argv[2]
+    PORT = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     if mode == "grpc":
         serve_grpc(out)
     else:
