@@ -8,9 +8,13 @@ socket (`--unix PATH`), and answers each ask:
 - a request whose path starts with /admin: deny, status 403;
 - a POST, PUT or PATCH without its body: need_body; with it, deny when the body mentions
   "PROJECT-X", else allow;
-- anything else: allow, adding the header `x-decided-by: example-decider` and removing
-  `x-debug` (header changes apply inside terminated tunnels only; elsewhere the proxy
-  would count them as an answer it cannot honour, so they are sent there only).
+- a terminated request (`protocol: https`): allow, adding the header
+  `x-decided-by: example-decider` and removing `x-debug` (header changes apply inside
+  terminated tunnels only);
+- a forwarded plain-HTTP request to /tag…: allow with a header to set (not set there: the
+  record says so); to /strip…: allow with a header to remove (refused there,
+  `decider_unavailable`: the proxy will not send what the decider wanted gone);
+- anything else: allow.
 
 `--secret-file FILE` answers only asks signed with the key in FILE (the proxy's
 `decider.secret_file`): `X-Egress-Proxy-Signature: sha256=HEX`, the HMAC-SHA256 of
@@ -75,6 +79,12 @@ def decide(ask):
     if ask["protocol"] == "https":
         return {"verdict": "allow", "set_headers": {"x-decided-by": "example-decider"},
                 "remove_headers": ["x-debug"]}
+    # Forwarded plain HTTP: headers cannot be changed there. Added ones are let go (the record
+    # says so); a removal the proxy cannot make refuses the request.
+    if path.startswith("/tag"):
+        return {"verdict": "allow", "set_headers": {"x-tenant": "7"}}
+    if path.startswith("/strip"):
+        return {"verdict": "allow", "remove_headers": ["x-debug"]}
     return {"verdict": "allow"}
 
 

@@ -605,3 +605,70 @@ fn the_decider_is_out_of_reach_and_its_questions_are_signed() {
     ]);
     assert!(out.text().contains("never grantable"), "{}", out.text());
 }
+
+/// Clients review F10: on a forwarded request (where the proxy changes no headers), an allow
+/// with `set_headers` was a 503. Headers to add are let go and the record says they were not
+/// set; headers to remove refuse the request (it is not sent with what the decider wanted
+/// gone), with a reason that says so; and the schema refuses what the proxy refuses.
+#[test]
+fn header_changes_on_a_forwarded_request_are_let_go_or_refused_as_documented() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let plain = Origin::start(None);
+    let port = plain.addr.port();
+    let schema = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/decider.schema.json");
+    let d = decider(&["--schema", schema.to_str().unwrap()]);
+    let extra = format!(
+        "    decider: {{ url: \"http://127.0.0.1:{}/decide\", timeout_ms: 2000 }}\n",
+        d.at
+    );
+    let p = proxy(dir.path(), &ca, &sandbox("dev", &extra, port), "");
+    let get = |path: &str| {
+        let px = format!("http://dev:dev-secret@{}", p.proxy);
+        let url = format!("http://api.test:{port}{path}");
+        curl(&[
+            "-sS",
+            "-x",
+            &px,
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &url,
+        ])
+        .text()
+    };
+    assert_eq!(get("/tag"), "200");
+    let rec = p.wait_record(|r| r["mode"] == "http" && r["path"] == "/tag");
+    assert!(
+        rec["decider"]
+            .as_str()
+            .unwrap_or("")
+            .contains("the headers were not set"),
+        "{rec}"
+    );
+    assert_eq!(get("/strip"), "503");
+    let rec = p.wait_record(|r| r["mode"] == "http" && r["reason"] == "decider_unavailable");
+    assert!(
+        rec["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("remove_headers cannot be honoured"),
+        "{rec}"
+    );
+    // The schema refuses a framing or credential header, in any case.
+    let check = format!(
+        "import json, jsonschema\ns = json.load(open('{}'))\nfor a in [{{'verdict': 'allow', 'set_headers': {{'Content-Length': '1'}}}}, {{'verdict': 'allow', 'remove_headers': ['Authorization']}}, {{'verdict': 'allow', 'set_headers': {{'x-tenant': '7'}}}}]:\n    try:\n        jsonschema.validate(a, s)\n        print('valid')\n    except jsonschema.ValidationError:\n        print('invalid')",
+        schema.display()
+    );
+    let out = Command::new("python3")
+        .args(["-c", &check])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "invalid\ninvalid\nvalid\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

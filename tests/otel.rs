@@ -203,7 +203,10 @@ fn a_dead_collector_is_logged_once_and_its_recovery_too() {
     eventually(Duration::from_secs(45), "the recovery logged", || {
         get(&proxy, "a", origin.addr.port(), "/again");
         std::thread::sleep(Duration::from_millis(300));
-        proxy.stderr_text().contains("OTLP log export recovered").then_some(())
+        proxy
+            .stderr_text()
+            .contains("OTLP log export recovered")
+            .then_some(())
     });
     assert!(!proxy.stderr_text().contains(SECRET));
 }

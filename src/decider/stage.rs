@@ -1,8 +1,8 @@
 //! The decider at the verdict point: host level for CONNECT tunnels, transparent and SOCKS5
 //! connections (`protocol: connect`), and forwarded plain-HTTP requests (`protocol: http`,
 //! with method, path and headers). Neither has a body to give nor headers the proxy can change
-//! there, so `need_body` and header changes are answers this point cannot honour: a failure
-//! (`on_error`). Terminated requests are asked by the exchange itself, per request.
+//! there: `need_body` and `remove_headers` are answers this point cannot honour (a failure,
+//! `on_error`), and `set_headers` alone is allowed without the headers, the record saying so. Terminated requests are asked by the exchange itself, per request.
 
 use std::sync::Arc;
 
@@ -29,15 +29,29 @@ pub fn judgement(o: Outcome, changes_possible: bool) -> Judgement {
         Outcome::Answer(Answer::Allow(e)) if e.is_empty() || changes_possible => {
             Judgement::Noted { note, refuse: None }
         }
+        // Headers to add are a decoration the exchange can go without: allowed, and the record
+        // says they were not added (clients review F10: this was a 503). Headers to remove
+        // are a protection: still refused below, rather than sent with what the decider
+        // wanted gone.
+        Outcome::Answer(Answer::Allow(e)) if e.remove.is_empty() => Judgement::Noted {
+            note: format!(
+                "{note}; the headers were not set: the proxy changes headers only inside terminated tunnels"
+            ),
+            refuse: None,
+        },
         Outcome::Answer(Answer::Deny { status, reason }) => refuse(
             Reason::DeniedByDecider,
             format!("the decider refused it ({status}): {reason}"),
         ),
         Outcome::FailedOpen(_) => Judgement::Noted { note, refuse: None },
         Outcome::Failed(why) => refuse(Reason::DeciderUnavailable, format!("decider: {why}")),
-        Outcome::Answer(Answer::Allow(_)) | Outcome::Answer(Answer::NeedBody) => refuse(
+        Outcome::Answer(Answer::Allow(_)) => refuse(
             Reason::DeciderUnavailable,
-            "decider: it asked for a body or header changes on a tunnel or forwarded request, where the proxy can give neither".into(),
+            "decider: its remove_headers cannot be honoured on a tunnel or forwarded request (only inside terminated tunnels), so the request is not sent with them".into(),
+        ),
+        Outcome::Answer(Answer::NeedBody) => refuse(
+            Reason::DeciderUnavailable,
+            "decider: it asked for the body of a tunnel or forwarded request, which the proxy cannot give there".into(),
         ),
     }
 }

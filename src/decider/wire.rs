@@ -205,6 +205,36 @@ pub fn read(body: &[u8], protected: &[&str]) -> Result<Answer, DeciderError> {
 mod tests {
     use super::*;
 
+    /// The schema forbids what the proxy refuses (clients review F10: it accepted
+    /// `set_headers: {"Content-Length": "1"}`): its pattern for header names is this code's two
+    /// lists, in any case.
+    #[test]
+    fn the_schema_forbids_the_headers_the_proxy_refuses() {
+        let any_case = |name: &str| -> String {
+            name.chars()
+                .map(|c| match c.is_ascii_alphabetic() {
+                    true => format!("[{}{}]", c.to_ascii_lowercase(), c.to_ascii_uppercase()),
+                    false => c.to_string(),
+                })
+                .collect()
+        };
+        let names: Vec<String> = NOT_ITS_TO_TOUCH
+            .iter()
+            .chain(NEVER_SENT)
+            .map(|n| any_case(n))
+            .collect();
+        let pattern = format!("^({})$", names.join("|"));
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/decider.schema.json");
+        let schema: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let answer = &schema["$defs"]["Answer"]["properties"];
+        assert_eq!(
+            answer["set_headers"]["propertyNames"]["not"]["pattern"],
+            pattern
+        );
+        assert_eq!(answer["remove_headers"]["items"]["not"]["pattern"], pattern);
+    }
+
     #[test]
     fn answers_are_read_strictly() {
         assert_eq!(
