@@ -8,13 +8,15 @@
 //!   (`bind`), the accept loops and step 0 of every listener (`accept`: the audit trail can
 //!   take a record, the per-source caps), files and signals (`signals`), what is kept across
 //!   restarts (`usage`, the approvals desk), graceful shutdown.
-//! - [`otel`]: OpenTelemetry export, an observer of the audit writer and the usage ledger.
+//! - [`otel`]: OpenTelemetry export, an observer of the audit writer and the usage ledger
+//!   (`health`: a failing export said in the proxy's log).
 //! - `listen/`: how does a connection arrive and say where it goes? Adapters over the one
 //!   admission sequence ([`egress::admit`]): `explicit` (CONNECT and absolute-form HTTP, per
 //!   request and per HTTP/2 stream), `explicit_tls` (the same over TLS), `connect` (a CONNECT
 //!   once admitted), `transparent` (redirected TCP: `orig_dst`, one of the fenced `unsafe`
 //!   modules, then the first bytes), `socks5` (a SOCKS5 CONNECT), `ask` (the proxy's own
-//!   `egress-proxy.local`); `running` (the one tail of every tunnel) and `relay_choice`, the
+//!   `egress-proxy.local`), `refused_inside` (a refused CONNECT answered inside the tunnel,
+//!   `tls_intercept.refusals_inside`); `running` (the one tail of every tunnel) and `relay_choice`, the
 //!   one relay chooser.
 //! - [`dns`]: the filtering resolver (`listen.dns`): an adapter over the sequence's query
 //!   steps (`egress::admit::query_*`) that keeps the wire format; the answers it gave are
@@ -35,7 +37,7 @@
 //! - [`decider`]: the operator's external decider, asked at the verdict point and per request.
 //! - [`relay`]: how are bytes moved, and cut? `tunnel` / `splice` (shaped or zero-copy;
 //!   `send_queue`, the other fenced `unsafe`, says what a reset discarded), `forward`
-//!   (plain-HTTP exchange), `http_checked` (every request of a plain-HTTP stream checked),
+//!   (plain-HTTP exchange; `hop_by_hop`, what its head loses upstream), `http_checked` (every request of a plain-HTTP stream checked),
 //!   `liveness` (the one idle/stop/quota tracker), `counted` (the one counting body), `watch`
 //!   (each exchange re-checks its clearance on every publication), `client_io`, and `deny`
 //!   (the one refusal builder).

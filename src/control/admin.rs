@@ -242,10 +242,9 @@ enum Path {
     Observe,
     /// `/v1/usage` ([`super::admin_usage`]).
     Usage,
-    /// `/v1/requests[/{id}[/approve|/deny]]` ([`super::admin_requests`]).
+    /// `/v1/requests[/{id}[/approve|/deny|/revoke]]` and `/v1/grants`
+    /// ([`super::admin_requests`]).
     Requests(super::admin_requests::At),
-    /// `/v1/grants` ([`super::admin_requests::grants`]).
-    Grants,
 }
 
 impl Path {
@@ -259,7 +258,7 @@ impl Path {
             "/v1/reload" => Path::Reload,
             "/v1/observe" => Path::Observe,
             "/v1/usage" => Path::Usage,
-            "/v1/grants" => Path::Grants,
+            "/v1/grants" => Path::Requests(super::admin_requests::At::Grants),
             _ if path.starts_with("/v1/requests") => {
                 Path::Requests(super::admin_requests::At::of(path)?)
             }
@@ -337,7 +336,6 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         (Method::POST, Path::Keepalive(id)) => keepalive(admin, id).await,
         (Method::GET, Path::Placeholders(id)) => placeholders(admin, &req, &id),
         (Method::GET, Path::Usage) => super::admin_usage::answer(shared, req.uri().query()),
-        (Method::GET, Path::Grants) => super::admin_requests::grants(shared, req.uri().query()),
         (Method::GET, Path::Sandbox(id)) => sandbox(admin, &id),
         (Method::PUT, Path::Sandbox(id)) => {
             let ttl_s = match ttl_param(req.uri().query()) {

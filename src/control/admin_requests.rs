@@ -28,6 +28,8 @@ pub enum At {
     Approve(String),
     Deny(String),
     Revoke(String),
+    /// `/v1/grants`.
+    Grants,
 }
 
 impl At {
@@ -47,7 +49,7 @@ impl At {
 
     pub fn allow(&self) -> &'static str {
         match self {
-            At::List | At::One(_) => "GET",
+            At::List | At::One(_) | At::Grants => "GET",
             At::Approve(_) | At::Deny(_) | At::Revoke(_) => "POST",
         }
     }
@@ -133,14 +135,12 @@ pub async fn route(
             let done = tokio::task::spawn_blocking(move || desk.revoke(&id, who)).await;
             done_json(done)
         }
+        At::Grants => grants(&desk, req.uri().query()),
     }
 }
 
 /// `GET /v1/grants[?sandbox=ID]`: the standing grants ([`Desk::grant_list`]).
-pub fn grants(shared: &Arc<Shared>, query: Option<&str>) -> Response<Full<Bytes>> {
-    let Some(desk) = shared.desk.get().cloned() else {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "the proxy is starting");
-    };
+fn grants(desk: &Desk, query: Option<&str>) -> Response<Full<Bytes>> {
     let mut sandbox = None;
     for kv in query
         .into_iter()

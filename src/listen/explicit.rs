@@ -60,6 +60,16 @@ pub struct ClientConn {
 }
 
 impl ClientConn {
+    /// The connection's place under the cap, for a tunnel it becomes: an HTTP/1.1
+    /// connection's goes to its tunnel (the HTTP connection ends there); an HTTP/2 stream's
+    /// tunnel holds its own place in its slot (`None`).
+    pub(super) fn take_place(&self) -> Option<OwnedSemaphorePermit> {
+        match self.h2 {
+            true => None,
+            false => self.permit.lock().ok().and_then(|mut p| p.take()),
+        }
+    }
+
     /// What a forwarded exchange cuts when it is revoked or idles out: the connection on
     /// HTTP/1.1 (its only exchange at a time); on HTTP/2 a cut of its own, so only its stream
     /// ends (its response body fails, and hyper resets the stream).
@@ -402,53 +412,15 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
     drop(set);
     let admitted = match admitted {
         Ok(a) => a,
-        Err(r) => return refused_admission(&conn, req, audit, r),
+        Err(r) => return super::refused_inside::refused_admission(&conn, req, audit, r),
     };
     if connect {
-        // An HTTP/1.1 connection's place goes to its tunnel (the HTTP connection ends there);
-        // an HTTP/2 stream's tunnel holds its own place in its slot.
-        let permit = match conn.h2 {
-            true => None,
-            false => conn.permit.lock().ok().and_then(|mut p| p.take()),
-        };
+        let permit = conn.take_place();
         super::connect::tunnel(conn.shared.clone(), permit, req, audit, admitted)
     } else {
         let fx = conn.shared.forwarding(&admitted.clearance);
         crate::relay::forward::forward(fx, conn.exchange_cut(), req, audit, admitted).await
     }
-}
-
-/// The admission's refusal of `req`: answered as a §6 response, or — a refused CONNECT, with
-/// `tls_intercept.refusals_inside` — inside the tunnel ([`super::refused_inside`]).
-fn refused_admission(
-    conn: &ClientConn,
-    mut req: Request<Incoming>,
-    mut audit: AuditGuard,
-    r: admit::Refused,
-) -> Response<Body> {
-    let shared = &conn.shared;
-    let sandbox = r.sandbox.as_deref();
-    let inside = super::refused_inside::wanted(shared, &mut req, sandbox, &r.shown, &mut audit);
-    let resp = refuse_as(
-        shared,
-        audit,
-        &req,
-        sandbox,
-        &r.shown,
-        r.explanation,
-        r.retry_after,
-    );
-    let Some(upgrade) = inside else {
-        return resp;
-    };
-    // The refused name, parsed again: only on this path.
-    let host = read_target(&req).map(|t| t.host.to_string());
-    // The connection's place goes with the tunnel, as an allowed one's does.
-    let permit = match conn.h2 {
-        true => None,
-        false => conn.permit.lock().ok().and_then(|mut p| p.take()),
-    };
-    super::refused_inside::answer(shared, upgrade, resp, host.unwrap_or_default(), permit)
 }
 
 /// A request to the proxy's own endpoint (`egress-proxy.local`): identified and limited like
@@ -550,7 +522,7 @@ fn refuse(
 }
 
 /// Answer with `shown` (the guard keeps whatever decision it was given).
-fn refuse_as(
+pub(super) fn refuse_as(
     shared: &Shared,
     audit: AuditGuard,
     req: &Request<Incoming>,
@@ -583,7 +555,7 @@ fn refuse_as(
 
 /// The target of a CONNECT (authority-form, port required) or an absolute-form request
 /// (`http://` only; port 80 by default).
-fn read_target(req: &Request<Incoming>) -> Result<Target, &'static str> {
+pub(super) fn read_target(req: &Request<Incoming>) -> Result<Target, &'static str> {
     let uri = req.uri();
     if req.method() == Method::CONNECT {
         let authority = uri.authority().ok_or("CONNECT needs host:port")?;

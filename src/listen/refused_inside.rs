@@ -117,3 +117,33 @@ where
         .await
         .ok()
 }
+
+/// The admission's refusal of `req`: answered as a §6 response, or — a refused CONNECT, with
+/// `tls_intercept.refusals_inside` — inside the tunnel ([`super::refused_inside`]).
+pub(super) fn refused_admission(
+    conn: &super::explicit::ClientConn,
+    mut req: Request<Incoming>,
+    mut audit: AuditGuard,
+    r: crate::egress::admit::Refused,
+) -> Response<Body> {
+    let shared = &conn.shared;
+    let sandbox = r.sandbox.as_deref();
+    let inside = wanted(shared, &mut req, sandbox, &r.shown, &mut audit);
+    let resp = super::explicit::refuse_as(
+        shared,
+        audit,
+        &req,
+        sandbox,
+        &r.shown,
+        r.explanation,
+        r.retry_after,
+    );
+    let Some(upgrade) = inside else {
+        return resp;
+    };
+    // The refused name, parsed again: only on this path.
+    let host = super::explicit::read_target(&req).map(|t| t.host.to_string());
+    // The connection's place goes with the tunnel, as an allowed one's does.
+    let permit = conn.take_place();
+    answer(shared, upgrade, resp, host.unwrap_or_default(), permit)
+}

@@ -89,41 +89,15 @@ pub(super) async fn run(
             fill(&mut rec, &v, line);
             by_sandbox.entry(sandbox).or_default().push(rec);
         }
-        let mut failed = false;
-        for (sandbox, records) in by_sandbox {
-            let mut resource =
-                Resource::builder_empty().with_service_name(cfg.service_name.clone());
-            if !sandbox.is_empty() {
-                resource = resource.with_attribute(KeyValue::new("sandbox.id", sandbox));
-            }
-            exporter.set_resource(&resource.build());
-            let refs: Vec<(&SdkLogRecord, &InstrumentationScope)> =
-                records.iter().map(|r| (r, &scope)).collect();
-            let n = refs.len() as u64;
-            let sent =
-                tokio::time::timeout(cfg.timeout, exporter.export(LogBatch::new(&refs))).await;
-            let outcome = match sent {
-                Ok(Ok(())) => {
-                    health.exported(&cfg.endpoint);
-                    "exported"
-                }
-                Ok(Err(e)) => {
-                    failed = true;
-                    health.failed(&cfg.endpoint, &e.to_string(), n);
-                    "failed"
-                }
-                Err(_) => {
-                    failed = true;
-                    let why = format!(
-                        "no answer within otel.timeout_ms ({} ms)",
-                        cfg.timeout.as_millis()
-                    );
-                    health.failed(&cfg.endpoint, &why, n);
-                    "failed"
-                }
-            };
-            counts.records.with_label_values(&[outcome]).inc_by(n);
-        }
+        let failed = export(
+            &cfg,
+            &mut exporter,
+            &scope,
+            by_sandbox,
+            &counts,
+            &mut health,
+        )
+        .await;
         if failed {
             resume_at = Some(tokio::time::Instant::now() + backoff);
             backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -132,6 +106,52 @@ pub(super) async fn run(
             backoff = FIRST_BACKOFF;
         }
     }
+}
+
+/// Export one batch, grouped per sandbox (each group with its resource); whether an export
+/// failed. Each outcome is counted and told to `health`.
+async fn export(
+    cfg: &OtelConfig,
+    exporter: &mut LogExporter,
+    scope: &InstrumentationScope,
+    by_sandbox: BTreeMap<String, Vec<SdkLogRecord>>,
+    counts: &Counts,
+    health: &mut super::health::Health,
+) -> bool {
+    let mut failed = false;
+    for (sandbox, records) in by_sandbox {
+        let mut resource = Resource::builder_empty().with_service_name(cfg.service_name.clone());
+        if !sandbox.is_empty() {
+            resource = resource.with_attribute(KeyValue::new("sandbox.id", sandbox));
+        }
+        exporter.set_resource(&resource.build());
+        let refs: Vec<(&SdkLogRecord, &InstrumentationScope)> =
+            records.iter().map(|r| (r, scope)).collect();
+        let n = refs.len() as u64;
+        let sent = tokio::time::timeout(cfg.timeout, exporter.export(LogBatch::new(&refs))).await;
+        let outcome = match sent {
+            Ok(Ok(())) => {
+                health.exported(&cfg.endpoint);
+                "exported"
+            }
+            Ok(Err(e)) => {
+                failed = true;
+                health.failed(&cfg.endpoint, &e.to_string(), n);
+                "failed"
+            }
+            Err(_) => {
+                failed = true;
+                let why = format!(
+                    "no answer within otel.timeout_ms ({} ms)",
+                    cfg.timeout.as_millis()
+                );
+                health.failed(&cfg.endpoint, &why, n);
+                "failed"
+            }
+        };
+        counts.records.with_label_values(&[outcome]).inc_by(n);
+    }
+    failed
 }
 
 /// One record's fields on its log record.

@@ -12,7 +12,7 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderName, Request, Response, Uri};
+use http::{header, HeaderMap, Request, Response, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::sync::oneshot;
@@ -34,6 +34,7 @@ use crate::policy::Decision;
 use crate::relay::body::{Body, BoxError};
 use crate::relay::counted::{self, Counted};
 use crate::relay::deny;
+use crate::relay::hop_by_hop::{host_header, strip_hop_by_hop};
 use crate::relay::liveness::Liveness;
 use crate::relay::shaped_body::ShapedBody;
 use crate::relay::watch::Watch;
@@ -577,40 +578,4 @@ fn bad_gateway(
 struct Failed {
     what: String,
     sandbox: String,
-}
-
-/// Hop-by-hop headers, plus the proxy's own credentials: never forwarded.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        headers.remove(n);
-    }
-    for h in [
-        header::CONNECTION,
-        header::PROXY_AUTHORIZATION,
-        header::PROXY_AUTHENTICATE,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
-        headers.remove(h);
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
-}
-
-/// The `Host` header for a target (the port only when it is not 80).
-fn host_header(t: &Target) -> String {
-    if t.port == 80 {
-        t.host.to_string()
-    } else {
-        t.to_string()
-    }
 }
