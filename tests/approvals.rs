@@ -275,6 +275,12 @@ fn the_agent_asks_a_person_approves_and_the_grant_ends_on_time() {
         .proxy
         .wait_record(|r| r["target_host"] == "granted.test" && r["close"] == "revoked");
     assert_eq!(rec["reason"], "grant_matched");
+    // The record says why it was cut (clients review F4).
+    assert_eq!(
+        rec["detail"],
+        format!("cut: grant {id} ended (expired or revoked)"),
+        "{rec}"
+    );
     assert_ne!(e.get("agent", "granted.test", "/").code, 0);
     let (_, r) = e.ask("agent", "GET", &format!("/v1/requests/{id}"), None);
     assert_eq!(r["state"], "expired");

@@ -45,8 +45,24 @@ fn once_grant(shared: &Shared, sandbox: &Sandbox, decision: &Decision) -> Option
 
 /// Relay an admitted exchange until it ends, idles out, is revoked or shut down (its
 /// stop): `client` is the client's stream, `inspected` what was read of both sides before
-/// deciding (replayed, or terminated).
+/// deciding (replayed, or terminated). A tunnel its grant's end cut says so (clients review
+/// F4).
 pub(super) async fn relay(
+    running: Running,
+    client: ClientIo,
+    inspected: Inspected,
+    audit: &mut AuditGuard,
+) -> Relayed {
+    let granted_by = running.granted_by.clone();
+    let mut relayed = relay_until_stopped(running, client, inspected, audit).await;
+    if relayed.close == Close::Revoked && relayed.cut.is_none() {
+        relayed.cut = crate::relay::watch::Watch::cut_detail(Close::Revoked, granted_by.as_deref());
+    }
+    relayed
+}
+
+/// [`relay`], until the relay stops.
+async fn relay_until_stopped(
     running: Running,
     client: ClientIo,
     inspected: Inspected,

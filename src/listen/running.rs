@@ -36,6 +36,8 @@ pub(super) struct Running {
     pub opaque: bool,
     /// Boxed: held once for the tunnel's life, not once per async layer it passes through.
     pub stop: Stop,
+    /// The grant that allowed it, if one did (what a cut by its end names).
+    pub granted_by: Option<Arc<str>>,
     pub(super) slot: ConnectionSlot,
     /// The sandbox's active-connection count, taken while it runs.
     pub(super) _active: ActiveGuard,
@@ -54,6 +56,7 @@ impl Running {
             return None;
         };
         let target = admitted.clearance.target.clone();
+        let granted_by = admitted.clearance.granted_by.clone();
         let stop: Stop = Box::pin(shared.watch(admitted.clearance).stopped());
         Some(Running {
             shared: shared.clone(),
@@ -64,6 +67,7 @@ impl Running {
             decision: admitted.decision,
             opaque: admitted.opaque,
             stop,
+            granted_by,
             slot: admitted.slot,
         })
     }
