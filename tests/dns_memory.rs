@@ -177,9 +177,11 @@ fn one_sandbox_flooding_fills_only_its_share_and_the_memory_is_given_back() {
     let after2 = rss_kib(pid);
     eprintln!("RSS: after a second flood {peak2} KiB, after its expiry {after2} KiB");
     // Not built on the first: once the second flood's answers expired, the process holds no
-    // more than at the first flood's peak (with nothing given back it stays above both).
+    // more than at the first flood's peak, give or take a quarter of what a flood costs (the
+    // allocator's noise: CI once saw 276 KiB above a 12 MiB flood's peak; a second flood built
+    // on the first would hold a whole flood more).
     assert!(
-        after2 <= peak,
+        after2 <= peak + cost / 4,
         "a second flood built on the first (start {start} KiB, first peak {peak} KiB, second {peak2} KiB, after {after2} KiB)"
     );
     assert!(
