@@ -358,8 +358,12 @@ impl AuditGuard {
         self.up = r.up;
         self.down = r.down;
         self.relayed_until(r.close);
+        // A quota's cut replaces the generic text; any other cut keeps a detail already given
+        // (a parent proxy's, for one).
         if let Some(cut) = r.cut {
-            self.record.detail = Some(cut.into());
+            if r.close == Close::Limit || self.record.detail.is_none() {
+                self.record.detail = Some(cut.into());
+            }
         }
     }
 

@@ -55,7 +55,7 @@ pub(super) async fn relay(
 ) -> Relayed {
     let granted_by = running.granted_by.clone();
     let mut relayed = relay_until_stopped(running, client, inspected, audit).await;
-    if relayed.close == Close::Revoked && relayed.cut.is_none() {
+    if relayed.close == Close::Revoked && relayed.cut.is_none() && granted_by.is_some() {
         relayed.cut = crate::relay::watch::Watch::cut_detail(Close::Revoked, granted_by.as_deref());
     }
     relayed
