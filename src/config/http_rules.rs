@@ -13,6 +13,7 @@ use crate::policy::protocols::graphql::GraphQlRule;
 use crate::policy::protocols::jsonrpc::MethodRule;
 use crate::policy::protocols::lfs::LfsOp;
 use crate::policy::protocols::mcp::{ArgMatch, McpRule, ToolRule};
+use crate::policy::protocols::websocket::{MessageRule, WsRule, DEFAULT_MAX_MESSAGE};
 use crate::policy::protocols::{Protocol, ProtocolError};
 
 /// `network.http[]` as written.
@@ -64,6 +65,81 @@ pub struct RawHttpRule {
     /// GraphQL: persisted-query hashes and document ids allowed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub persisted: Vec<String>,
+    /// WebSocket: what the sandbox's messages may say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Box<RawMessages>>,
+    /// WebSocket: what the origin's messages may say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_messages: Option<Box<RawMessages>>,
+    /// WebSocket: `allow` or `refuse` binary messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binary: Option<String>,
+    /// WebSocket: the largest message (and fragment series), in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_message_bytes: Option<u64>,
+}
+
+/// `messages:` / `server_messages:` of a `protocol: websocket` rule: exactly one reader.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RawMessages {
+    /// JSON-RPC messages: `{ methods: [...] }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jsonrpc: Option<RawHttpRule>,
+    /// MCP messages: `{ tools, resources, prompts, server_requests }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<RawHttpRule>,
+    /// GraphQL over WebSocket: `{ operations, names, fields, persisted }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graphql: Option<RawHttpRule>,
+    /// Text patterns (globs on the whole message).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub text: Vec<String>,
+}
+
+impl RawMessages {
+    fn compile(&self, key: &str) -> Result<MessageRule, String> {
+        let readers = [
+            ("jsonrpc", self.jsonrpc.as_ref()),
+            ("mcp", self.mcp.as_ref()),
+            ("graphql", self.graphql.as_ref()),
+        ];
+        let mut written = readers.iter().filter(|(_, r)| r.is_some());
+        let reader = written.next();
+        let text = !self.text.is_empty();
+        if written.next().is_some() || (reader.is_some() && text) {
+            return Err(format!(
+                "`{key}` names exactly one of jsonrpc, mcp, graphql, text"
+            ));
+        }
+        let Some((name, Some(lists))) = reader else {
+            return match text {
+                true => MessageRule::text(&self.text).map_err(ProtocolError::into_detail),
+                false => Err(format!("`{key}` names one of jsonrpc, mcp, graphql, text")),
+            };
+        };
+        let nested = RawHttpRule {
+            protocol: Some((*name).to_string()),
+            ..(*lists).clone()
+        };
+        if nested
+            != (RawHttpRule {
+                host: String::new(),
+                paths: Vec::new(),
+                git: Vec::new(),
+                preset: None,
+                ..nested.clone()
+            })
+            || nested.ws_keys_written()
+            || lists.protocol.is_some()
+        {
+            return Err(format!("`{key}.{name}` names the protocol's lists only"));
+        }
+        match nested.protocol()? {
+            Some(p) => Ok(MessageRule::Protocol(std::sync::Arc::new(p))),
+            None => Err(format!("`{key}.{name}` names no lists")),
+        }
+    }
 }
 
 /// One entry of `tools:`: a name, or a name with argument matchers.
@@ -111,6 +187,41 @@ impl RawArg {
 }
 
 impl RawHttpRule {
+    /// Whether any of the WebSocket keys is written.
+    fn ws_keys_written(&self) -> bool {
+        self.messages.is_some()
+            || self.server_messages.is_some()
+            || self.binary.is_some()
+            || self.max_message_bytes.is_some()
+    }
+
+    /// `protocol: websocket`: its message rules, binary policy and size cap.
+    fn websocket(&self) -> Result<WsRule, String> {
+        let side =
+            |k: &str, m: &Option<Box<RawMessages>>| m.as_ref().map(|m| m.compile(k)).transpose();
+        let binary = match self.binary.as_deref() {
+            None => None,
+            Some("allow") => Some(true),
+            Some("refuse") => Some(false),
+            Some(other) => return Err(format!("binary: `{other}` is not allow or refuse")),
+        };
+        let max_message = match self.max_message_bytes {
+            None => DEFAULT_MAX_MESSAGE,
+            Some(n) if (1..=(64 << 20)).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(format!(
+                    "max_message_bytes: {n} is not between 1 and 64 MiB"
+                ))
+            }
+        };
+        Ok(WsRule {
+            sent: side("messages", &self.messages)?,
+            received: side("server_messages", &self.server_messages)?,
+            binary,
+            max_message,
+        })
+    }
+
     /// Whether any of the protocol keys is written.
     fn names_protocol_lists(&self) -> bool {
         !(self.tools.is_empty()
@@ -170,23 +281,7 @@ impl RawHttpRule {
             "mcp" => {
                 only(&["tools", "resources", "prompts", "server_requests"])?;
                 self.no_methods(name)?;
-                let tools = self
-                    .tools
-                    .iter()
-                    .map(|t| match t {
-                        RawTool::Name(n) => ToolRule::new(n, Vec::new()),
-                        RawTool::Matched { name, arguments } => {
-                            let args = arguments
-                                .iter()
-                                .map(|(k, a)| a.compile(k).map(|m| (k.clone(), m)))
-                                .collect::<Result<Vec<_>, _>>()?;
-                            ToolRule::new(name, args)
-                        }
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(ProtocolError::into_detail)?;
-                let r = McpRule::new(tools, &self.resources, &self.prompts, &self.server_requests)
-                    .map_err(ProtocolError::into_detail)?;
+                let r = self.mcp()?;
                 Ok(Some(Protocol::Mcp(std::sync::Arc::new(r))))
             }
             "graphql" => {
@@ -197,8 +292,37 @@ impl RawHttpRule {
                         .map_err(ProtocolError::into_detail)?;
                 Ok(Some(Protocol::GraphQl(r)))
             }
-            other => Err(format!("protocol `{other}` is not mcp, jsonrpc or graphql")),
+            "websocket" => {
+                only(&[])?;
+                self.no_methods(name)?;
+                Ok(Some(Protocol::WebSocket(self.websocket()?)))
+            }
+            other => Err(format!(
+                "protocol `{other}` is not mcp, jsonrpc, graphql or websocket"
+            )),
         }
+    }
+
+    /// `protocol: mcp`: its tools (with argument matchers), resources, prompts and server
+    /// requests.
+    fn mcp(&self) -> Result<McpRule, String> {
+        let tools = self
+            .tools
+            .iter()
+            .map(|t| match t {
+                RawTool::Name(n) => ToolRule::new(n, Vec::new()),
+                RawTool::Matched { name, arguments } => {
+                    let args = arguments
+                        .iter()
+                        .map(|(k, a)| a.compile(k).map(|m| (k.clone(), m)))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    ToolRule::new(name, args)
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ProtocolError::into_detail)?;
+        McpRule::new(tools, &self.resources, &self.prompts, &self.server_requests)
+            .map_err(ProtocolError::into_detail)
     }
 
     fn no_methods(&self, name: &str) -> Result<(), String> {
@@ -217,6 +341,12 @@ impl RawHttpRule {
         }
         if self.host.is_empty() {
             return Err("an http rule names its host (or a preset)".into());
+        }
+        if self.ws_keys_written() && self.protocol.as_deref() != Some("websocket") {
+            return Err(
+                "messages, server_messages, binary and max_message_bytes go with protocol: websocket"
+                    .into(),
+            );
         }
         let protocol = self.protocol()?;
         // With jsonrpc, `methods` are the JSON-RPC methods, not HTTP ones.
@@ -244,8 +374,14 @@ mod tests {
         assert!(rule("{host: rpc.test, protocol: jsonrpc, methods: [eth_call]}").is_ok());
         assert!(rule("{host: gh.test, protocol: graphql, operations: [query]}").is_ok());
         assert!(rule("{host: gh.test, paths: ['/*/*'], git: [fetch], lfs: [download]}").is_ok());
+        assert!(rule("{host: ws.test, paths: [/socket], protocol: websocket, messages: {jsonrpc: {methods: [ping, tools/list]}}, binary: refuse}").is_ok());
+        assert!(rule("{host: ws.test, protocol: websocket, messages: {graphql: {operations: [subscription]}}, server_messages: {text: ['*']}, max_message_bytes: 4096}").is_ok());
+        assert!(
+            rule("{host: ws.test, protocol: websocket, messages: {mcp: {tools: [search]}}}")
+                .is_ok()
+        );
         for (bad, says) in [
-            ("{host: x.test, protocol: smtp}", "not mcp"),
+            ("{host: x.test, protocol: smtp}", "not mcp, jsonrpc, graphql or websocket"),
             ("{host: x.test, tools: [a]}", "need a `protocol`"),
             ("{host: x.test, protocol: mcp, operations: [query]}", "does not go with"),
             ("{host: x.test, protocol: mcp, methods: [POST]}", "names no methods"),
@@ -256,6 +392,12 @@ mod tests {
             ("{host: x.test, lfs: [steal]}", "not download"),
             ("{host: x.test, protocol: mcp, git: [fetch]}", "not both"),
             ("{protocol: mcp}", "host"),
+            ("{host: x.test, messages: {text: [a]}}", "go with protocol: websocket"),
+            ("{host: x.test, protocol: websocket, binary: maybe}", "not allow or refuse"),
+            ("{host: x.test, protocol: websocket, messages: {text: [a], jsonrpc: {methods: [b]}}}", "exactly one"),
+            ("{host: x.test, protocol: websocket, messages: {mcp: {host: y.test, tools: [a]}}}", "lists only"),
+            ("{host: x.test, protocol: websocket, messages: {}}", "names one of"),
+            ("{host: x.test, protocol: websocket, max_message_bytes: 0}", "between"),
         ] {
             let e = rule(bad).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");

@@ -54,6 +54,11 @@ pub trait Kind: Send + Sync {
     ) -> Result<bool, CredentialError>;
     /// The secret values a response must never carry back.
     fn secrets(&self) -> Vec<Vec<u8>>;
+    /// The secret that replaces the placeholder inside the sandbox's WebSocket text messages
+    /// (only the `replace_placeholder` kind: the others put their secret in headers).
+    fn message_secret(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// A credential bound to the host being terminated.
@@ -257,6 +262,10 @@ impl Kind for Replace {
 
     fn secrets(&self) -> Vec<Vec<u8>> {
         vec![self.secret.as_bytes().to_vec()]
+    }
+
+    fn message_secret(&self) -> Option<&str> {
+        Some(&self.secret)
     }
 }
 

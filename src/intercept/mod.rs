@@ -23,6 +23,7 @@ pub(crate) mod prefixed;
 mod scrub;
 pub mod sealed;
 mod sigv4;
+pub mod websocket;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -395,10 +396,19 @@ where
         audit.detail("terminating: the host and port are not an authority");
         return Relayed::nothing(Close::Error);
     };
+    let ending = ex.ending();
     let served = serve_requests(Arc::new(ex), sides.client, sides.h2, handshake);
+    // An open socket is told first, and given a moment to send its close frames.
+    let stop = async move {
+        let close = stop.await;
+        ending.send_replace(Some(close));
+        let _ = tokio::time::timeout(websocket::CLOSE_GRACE, ending.closed()).await;
+        close
+    };
     match live.run(served, stop).await {
-        Ok(true) => live.relayed(Close::Eof),
-        Ok(false) => live.relayed(Close::Error),
+        Ok((true, None)) => live.relayed(Close::Eof),
+        Ok((_, Some(close))) => live.relayed(close),
+        Ok((false, None)) => live.relayed(Close::Error),
         Err(close) => live.relayed(close),
     }
 }
@@ -444,28 +454,40 @@ fn client_config(
 }
 
 /// Serve the client's requests on its TLS stream with `ex` (HTTP/2 when the upstream chose
-/// it; HTTP/1.1 heads within `handshake`); whether the connection ended cleanly.
-async fn serve_requests<S>(ex: Arc<Exchange>, client: S, h2: bool, handshake: Duration) -> bool
+/// it; HTTP/1.1 heads within `handshake`); whether the connection ended cleanly, and how the
+/// WebSocket it switched to ended, if it did (HTTP/1.1 only: the connection is the socket).
+async fn serve_requests<S>(
+    ex: Arc<Exchange>,
+    client: S,
+    h2: bool,
+    handshake: Duration,
+) -> (bool, Option<Close>)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let serving = ex.clone();
     let svc = hyper::service::service_fn(move |req| {
-        let ex = ex.clone();
+        let ex = serving.clone();
         async move { Ok::<_, std::convert::Infallible>(ex.handle(req).await) }
     });
     let io = TokioIo::new(client);
     if h2 {
-        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        let ok = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .serve_connection(io, svc)
             .await
-            .is_ok()
-    } else {
-        hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(handshake)
-            .serve_connection(io, svc)
-            .await
-            .is_ok()
+            .is_ok();
+        return (ok, None);
+    }
+    let ok = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(handshake)
+        .serve_connection(io, svc)
+        .with_upgrades()
+        .await
+        .is_ok();
+    match ex.take_parked() {
+        Some(socket) if ok => (true, Some(socket.await)),
+        _ => (ok, None),
     }
 }

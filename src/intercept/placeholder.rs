@@ -12,7 +12,7 @@ pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
 }
 
 /// Every occurrence of `from` in `hay` replaced by `to`.
-fn replace_bytes(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+pub(crate) fn replace_bytes(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(hay.len() + to.len());
     let mut rest = hay;
     while let Some(i) = memchr::memmem::find(rest, from) {

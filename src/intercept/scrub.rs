@@ -184,6 +184,16 @@ impl Scrubber {
         found.iter().map(|i| self.names[*i].as_str()).collect()
     }
 
+    /// Scrub a whole message in place (a WebSocket message); the names of the credentials
+    /// found.
+    pub fn scrub_message(&self, buf: &mut [u8]) -> Vec<&str> {
+        let mut found = Vec::new();
+        if self.may_match(buf) {
+            self.scrub(buf, &mut found);
+        }
+        found.iter().map(|i| self.names[*i].as_str()).collect()
+    }
+
     /// Scrub the values of a header or trailer section in place.
     fn fields(&self, fields: &mut HeaderMap, found: &mut Vec<usize>) {
         for v in fields.values_mut() {

@@ -87,6 +87,12 @@ pub async fn judge(
             ));
         }
         Checked::Refused(r) => r,
+        // A socket's messages are read on terminated hosts only; a forwarded request's
+        // `Upgrade` never reaches the origin.
+        Checked::Socket(_) => Refusal::new(
+            Reason::WebSocketNotAllowed,
+            format!("a WebSocket to {host} is relayed only inside a tunnel (wss://, or ws:// through CONNECT), where its messages are read"),
+        ),
         Checked::Judge(judges) => {
             let read = match judges.first() {
                 Some(p) => body::read(b, limit, p).await,

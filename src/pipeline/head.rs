@@ -39,6 +39,9 @@ pub struct Head<'a> {
     pub headers: &'a HeaderMap,
     /// The request carries a body (or may: a length the framing does not give as zero).
     pub has_body: bool,
+    /// It asks to switch to a WebSocket (`Upgrade: websocket`): only a `protocol: websocket`
+    /// rule decides it, and such a rule decides nothing else.
+    pub upgrade: bool,
 }
 
 impl<'a> Head<'a> {
@@ -50,8 +53,19 @@ impl<'a> Head<'a> {
             uri: req.uri(),
             headers: req.headers(),
             has_body: !(b.is_end_stream() || b.size_hint().exact() == Some(0)),
+            upgrade: wants_websocket(req.headers()),
         }
     }
+}
+
+/// Whether `headers` ask to switch to a WebSocket: an `Upgrade` token `websocket`, any case.
+pub fn wants_websocket(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(http::header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("websocket"))
 }
 
 /// What the head phase made of a request.
@@ -63,6 +77,9 @@ pub enum Checked {
     Allowed(Option<String>),
     /// Allowed if its body is one these protocols allow ([`super::body`]).
     Judge(Vec<Arc<Protocol>>),
+    /// An upgrade to a WebSocket a `protocol: websocket` rule allows: its messages are judged
+    /// by that rule (`crate::intercept::websocket`).
+    Socket(Arc<Protocol>),
 }
 
 /// Methods that carry no body an origin is bound to read: a body on them is refused on a host
@@ -157,16 +174,16 @@ impl HostRules {
         let (method, path, query) = (head.method.as_str(), head.uri.path(), head.uri.query());
         let git_call =
             || git_request(method, path, query).map(|(s, _)| format!("git {}", s.name()));
+        if head.upgrade {
+            return self.socket(host, method, path, query);
+        }
         if self.rules.is_empty() {
             return Checked::Allowed(None);
         }
-        let reading: Vec<&HttpRule> = self
-            .rules
-            .iter()
-            .filter(|r| r.reads(method, path, query))
-            .collect();
+        let plain = || self.rules.iter().filter(|r| !r.is_websocket());
+        let reading: Vec<&HttpRule> = plain().filter(|r| r.reads(method, path, query)).collect();
         let candidates: Vec<&HttpRule> = match reading.is_empty() {
-            true => self.rules.iter().collect(),
+            true => plain().collect(),
             false => reading,
         };
         let mut judges = Vec::new();
@@ -196,6 +213,22 @@ impl HostRules {
         Checked::Refused(Refusal::new(
             reason,
             format!("no network.http rule allows {method} {path} on {host}"),
+        ))
+    }
+
+    /// An upgrade to a WebSocket: allowed by the first `protocol: websocket` rule on its path,
+    /// refused without one (whatever other rules allow).
+    fn socket(&self, host: &str, method: &str, path: &str, query: Option<&str>) -> Checked {
+        for r in self.rules.iter().filter(|r| r.is_websocket()) {
+            if let Admits::Judge(p) = r.admits(method, path, query) {
+                return Checked::Socket(p.clone());
+            }
+        }
+        Checked::Refused(Refusal::new(
+            Reason::WebSocketNotAllowed,
+            format!(
+                "no `protocol: websocket` rule allows a WebSocket on {method} {path} of {host}"
+            ),
         ))
     }
 
@@ -256,6 +289,7 @@ mod tests {
                 uri: &u,
                 headers: &h,
                 has_body: body,
+                upgrade: false,
             },
         )
     }

@@ -148,6 +148,7 @@ impl Decision {
             r @ (Reason::McpNotAllowed
             | Reason::JsonRpcNotAllowed
             | Reason::GraphQlNotAllowed
+            | Reason::WebSocketNotAllowed
             | Reason::GitNotAllowed) => format!(
                 "the {} rule of sandbox {sandbox} does not allow this call (its tool, method, operation or service), or the body is not one it can read ({file})",
                 r.code().trim_end_matches("_not_allowed")

@@ -264,6 +264,11 @@ impl HttpRule {
         }
     }
 
+    /// Whether this is a `protocol: websocket` rule (it decides upgrades only).
+    pub fn is_websocket(&self) -> bool {
+        matches!(self.protocol.as_deref(), Some(Protocol::WebSocket(_)))
+    }
+
     /// Whether this rule names `method` (any case) explicitly.
     pub fn names_method(&self, method: &str) -> bool {
         self.methods.is_empty() || self.methods.iter().any(|m| m.eq_ignore_ascii_case(method))

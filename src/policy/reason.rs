@@ -80,6 +80,11 @@ pub enum Reason {
     /// query), or the body is not a GraphQL request it can parse.
     #[serde(rename = "graphql_not_allowed")]
     GraphQlNotAllowed,
+    /// A `protocol: websocket` rule refuses a message (outside its `messages`, a binary frame
+    /// it refuses, over its size cap, control frames too fast), or no such rule allows the
+    /// upgrade to a WebSocket.
+    #[serde(rename = "websocket_not_allowed")]
+    WebSocketNotAllowed,
     /// A git rule refuses the smart-HTTP service or the Git LFS batch operation.
     GitNotAllowed,
     /// The parent proxy (`upstream_proxy`) refused the tunnel after this proxy allowed it
@@ -115,8 +120,9 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 41] = [
+    pub const ALL: [Reason; 42] = [
         Reason::QuotaExceeded,
+        Reason::WebSocketNotAllowed,
         Reason::McpNotAllowed,
         Reason::JsonRpcNotAllowed,
         Reason::GraphQlNotAllowed,
@@ -192,6 +198,7 @@ impl Reason {
             Reason::McpNotAllowed => "mcp_not_allowed",
             Reason::JsonRpcNotAllowed => "jsonrpc_not_allowed",
             Reason::GraphQlNotAllowed => "graphql_not_allowed",
+            Reason::WebSocketNotAllowed => "websocket_not_allowed",
             Reason::GitNotAllowed => "git_not_allowed",
             Reason::UpstreamProxyRefused => "upstream_proxy_refused",
             Reason::AuditUnavailable => "audit_unavailable",
@@ -227,6 +234,7 @@ impl Reason {
             | Reason::McpNotAllowed
             | Reason::JsonRpcNotAllowed
             | Reason::GraphQlNotAllowed
+            | Reason::WebSocketNotAllowed
             | Reason::GitNotAllowed
             | Reason::UnrecognisedProtocol
             | Reason::ProxyLoop => 403,
@@ -268,6 +276,7 @@ impl Reason {
             | Reason::McpNotAllowed
             | Reason::JsonRpcNotAllowed
             | Reason::GraphQlNotAllowed
+            | Reason::WebSocketNotAllowed
             | Reason::GitNotAllowed => "http_request_denied",
             Reason::DestinationIpProhibited | Reason::DestinationMismatch => {
                 "destination_ip_prohibited"
@@ -304,14 +313,23 @@ impl Reason {
                 | Reason::SniMismatch
                 | Reason::HostMismatch
                 | Reason::UnrecognisedProtocol
-                | Reason::HttpNotAllowed
-                | Reason::McpNotAllowed
-                | Reason::JsonRpcNotAllowed
-                | Reason::GraphQlNotAllowed
-                | Reason::GitNotAllowed
                 | Reason::DeniedByDecider
                 | Reason::DeciderUnavailable
                 | Reason::DlpBlocked
+        ) || self.refused_by_http_rule()
+    }
+
+    /// Whether a `network.http` rule refused the request or message (its method and path, a
+    /// protocol's call, git, a WebSocket message).
+    pub fn refused_by_http_rule(self) -> bool {
+        matches!(
+            self,
+            Reason::HttpNotAllowed
+                | Reason::McpNotAllowed
+                | Reason::JsonRpcNotAllowed
+                | Reason::GraphQlNotAllowed
+                | Reason::WebSocketNotAllowed
+                | Reason::GitNotAllowed
         )
     }
 

@@ -199,7 +199,7 @@ impl Shared {
     ) -> crate::intercept::CurrentBinding {
         let shared = Arc::clone(self);
         let id = id.clone();
-        Box::new(move || {
+        Arc::new(move || {
             let set = shared.policy.load();
             set.get(id.as_str())
                 .map(|s| (s.binding.clone(), set.version_arc()))

@@ -46,6 +46,7 @@ mod decider;
 mod inject;
 mod prepared;
 mod response;
+mod socket;
 mod up_body;
 mod upstream;
 
@@ -66,7 +67,7 @@ pub struct BodyLimits {
 
 /// The sandbox's binding as it is now, with the version of the policy set it is in (`None`:
 /// the sandbox is gone).
-pub type CurrentBinding = Box<dyn Fn() -> Option<(Arc<Binding>, Arc<str>)> + Send + Sync>;
+pub type CurrentBinding = Arc<dyn Fn() -> Option<(Arc<Binding>, Arc<str>)> + Send + Sync>;
 
 /// Where a terminated tunnel leads.
 pub struct Destination {
@@ -106,6 +107,10 @@ pub struct Exchange {
     limits: BodyLimits,
     /// The scrubber of the binding last seen (rebuilt when the binding changes).
     prepared: Mutex<Option<Arc<Prepared>>>,
+    /// The socket the last upgrade opened, relayed once the connection hands over.
+    parked: Mutex<Option<socket::Parked>>,
+    /// Told when the tunnel is stopped, so that open sockets close with a reason.
+    ending: Arc<tokio::sync::watch::Sender<Option<crate::audit::outcome::Close>>>,
 }
 
 /// What reads the response of `req`: the MCP rule that filters it (report mode changes
@@ -168,6 +173,8 @@ struct Decided {
     prepared: Arc<Prepared>,
     verdict: Verdict,
     judges: Vec<Arc<Protocol>>,
+    /// An upgrade to a WebSocket its rule allows.
+    socket: Option<Arc<Protocol>>,
 }
 
 /// What went upstream: the request, the credentials put on it, the bytes sent so far.
@@ -177,7 +184,22 @@ struct Sent {
     up_bytes: Arc<AtomicU64>,
 }
 
+impl Sent {
+    fn of(asked: Asked, injected: Option<String>) -> Self {
+        Sent {
+            asked,
+            injected,
+            up_bytes: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
 impl Exchange {
+    /// Told when the tunnel is stopped: open sockets close with a reason first.
+    pub fn ending(&self) -> Arc<tokio::sync::watch::Sender<Option<crate::audit::outcome::Close>>> {
+        self.ending.clone()
+    }
+
     pub fn new(
         current: CurrentBinding,
         dest: Destination,
@@ -188,6 +210,8 @@ impl Exchange {
         limits: BodyLimits,
     ) -> Option<Self> {
         Some(Exchange {
+            parked: Mutex::new(None),
+            ending: Arc::new(tokio::sync::watch::channel(None).0),
             current,
             written: authority::Written::new(&dest.host, dest.port)?,
             dest,
@@ -305,6 +329,7 @@ impl Exchange {
         };
         let h2 = matches!(self.upstream, Upstream::H2(_));
         self.written.write(&mut req, h2);
+        socket::no_switch(&d.socket, &mut req);
         let (mcp, seal) = readers(&d.prepared, allowed, verdict, &mut req);
         // The DLP phase judges what the sandbox sent, before any credential is put on.
         let (mut req, dlp) = match self.scanned(&d.prepared, req).await {
@@ -320,6 +345,10 @@ impl Exchange {
             },
             _ => None,
         };
+        if let (Some(rule), Verdict::Allow) = (d.socket.clone(), verdict) {
+            let sent = Sent::of(asked, injected);
+            return self.socket(req, (rule, &d.prepared), audit, sent).await;
+        }
         let scrubber = d.prepared.scrubber(&self.mint);
         let up_bytes = Arc::new(AtomicU64::new(0));
         let req =
@@ -374,6 +403,7 @@ impl Exchange {
             prepared: prepared.clone(),
             verdict,
             judges,
+            socket: None,
         };
         let r = match self.check(&prepared, req) {
             Checked::Allowed(call) => {
@@ -381,6 +411,13 @@ impl Exchange {
                 return Ok(decided(Verdict::Allow, Vec::new()));
             }
             Checked::Judge(judges) => return Ok(decided(Verdict::Allow, judges)),
+            Checked::Socket(rule) => {
+                asked.call = Some("websocket".into());
+                return Ok(Decided {
+                    socket: Some(rule),
+                    ..decided(Verdict::Allow, Vec::new())
+                });
+            }
             Checked::Refused(r) => r,
         };
         if let Some((service, _)) =

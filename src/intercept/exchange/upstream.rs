@@ -41,7 +41,8 @@ impl Upstream {
                         version: "HTTP/1.1",
                         source,
                     })?;
-            tokio::spawn(conn);
+            // A WebSocket handshake hands the connection over after its `101`.
+            tokio::spawn(conn.with_upgrades());
             Ok(Upstream::H1(tokio::sync::Mutex::new(send)))
         }
     }

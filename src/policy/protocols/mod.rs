@@ -10,6 +10,7 @@ pub mod jsonrpc;
 pub mod lfs;
 pub mod mcp;
 pub mod strict_json;
+pub mod websocket;
 
 pub use error::{ProtocolError, ProtocolErrorKind};
 
@@ -26,6 +27,8 @@ pub enum Protocol {
     GraphQl(graphql::GraphQlRule),
     /// `lfs:` on a git rule: the batch operations allowed.
     Lfs(Vec<lfs::LfsOp>),
+    /// `protocol: websocket`: the upgrade on the rule's paths, and its messages.
+    WebSocket(websocket::WsRule),
 }
 
 /// The request as a protocol reads it (its body aside).
@@ -76,6 +79,7 @@ impl Protocol {
             Protocol::Mcp(_) => "mcp",
             Protocol::GraphQl(_) => "graphql",
             Protocol::Lfs(_) => "lfs",
+            Protocol::WebSocket(_) => "websocket",
         }
     }
 
@@ -123,6 +127,7 @@ impl Protocol {
                 "lfs:{}",
                 ops.iter().map(|o| o.as_str()).collect::<Vec<_>>().join(",")
             ),
+            Protocol::WebSocket(r) => r.describe(),
         }
     }
 
@@ -133,6 +138,7 @@ impl Protocol {
             Protocol::Mcp(_) => Reason::McpNotAllowed,
             Protocol::GraphQl(_) => Reason::GraphQlNotAllowed,
             Protocol::Lfs(_) => Reason::GitNotAllowed,
+            Protocol::WebSocket(_) => Reason::WebSocketNotAllowed,
         }
     }
 
@@ -145,6 +151,7 @@ impl Protocol {
             Protocol::JsonRpc(_) | Protocol::Lfs(_) => m("POST"),
             Protocol::Mcp(_) => m("POST") || m("GET") || m("DELETE"),
             Protocol::GraphQl(_) => m("POST") || m("GET"),
+            Protocol::WebSocket(_) => m("GET"),
         }
     }
 
@@ -225,6 +232,12 @@ impl Protocol {
                     call: Some(call),
                     lists: mcp::Lists::new(),
                 }),
+            // Its messages are judged on the socket, never a body.
+            Protocol::WebSocket(_) => Err(refuse(
+                "a `protocol: websocket` rule allows the upgrade to a WebSocket, not a request with a body".into(),
+                None,
+                None,
+            )),
         }
     }
 }

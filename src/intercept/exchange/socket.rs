@@ -1,0 +1,184 @@
+//! The upgrade of a terminated request to a WebSocket, after the pipeline allowed it (rules,
+//! decider, DLP, credentials on the handshake): sent upstream with the proxy's own upgrade
+//! headers and no compression offer; only a `101` the proxy can read switches, and then the
+//! socket is parked with the exchange, to be relayed frame by frame
+//! ([`crate::intercept::websocket`]) once both sides have handed over their streams. Any
+//! other answer is an ordinary response.
+
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body_util::BodyExt;
+
+use super::{Exchange, Prepared, ResBody, Sent, UpBody};
+use crate::audit::AuditGuard;
+use crate::intercept::websocket::{self, Foreign, Now, Socket, Still, Swaps};
+use crate::pipeline::head::{Checked, Head, HostRules};
+use crate::policy::protocols::Protocol;
+use crate::policy::reason::Reason;
+use crate::policy::{Enforcement, Verdict};
+use crate::relay::counted::Counted;
+
+/// A socket relayed once the connection has switched: run by the tunnel after its HTTP
+/// connection hands over the stream.
+pub type Parked =
+    std::pin::Pin<Box<dyn std::future::Future<Output = crate::audit::outcome::Close> + Send>>;
+
+impl Exchange {
+    /// Send the handshake `req` upstream; a `101` the proxy can read parks the socket and
+    /// answers the client `101`, anything else is answered as an ordinary response.
+    pub(super) async fn socket(
+        &self,
+        mut req: Request<UpBody>,
+        (rule, p): (Arc<Protocol>, &Arc<Prepared>),
+        mut audit: AuditGuard,
+        sent: Sent,
+    ) -> Response<ResBody> {
+        let Protocol::WebSocket(ws) = &*rule else {
+            return self.refused(
+                &sent.asked.method,
+                Reason::WebSocketNotAllowed,
+                "not a websocket rule",
+            );
+        };
+        let client = hyper::upgrade::on(&mut req);
+        websocket::upstream_headers(req.headers_mut());
+        let uri = req.uri().clone();
+        let req = req.map(|b| Counted::new(b, self.live.clone(), true));
+        let mut resp = match self.upstream.send(req).await {
+            Ok(r) => r,
+            Err(e) => {
+                let why = format!("the upstream failed: {e}");
+                audit.http(sent.asked.facts(0, sent.injected.clone()));
+                audit.verdict(Verdict::Allow, Reason::ConnectionRefused);
+                audit.detail(why.clone());
+                drop(audit);
+                return self.refused(&sent.asked.method, Reason::ConnectionRefused, &why);
+            }
+        };
+        if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+            let scrubber = p.scrubber(&self.mint);
+            return self
+                .response(resp, audit, (scrubber, None, None), sent)
+                .await;
+        }
+        if let Some(why) = websocket::not_switched(resp.headers()) {
+            audit.http(sent.asked.facts(502, sent.injected.clone()));
+            audit.verdict(Verdict::Deny, Reason::WebSocketNotAllowed);
+            audit.detail(why);
+            drop(audit);
+            return self.refused(&sent.asked.method, Reason::WebSocketNotAllowed, why);
+        }
+        let origin = hyper::upgrade::on(&mut resp);
+        audit.http(sent.asked.facts(101, sent.injected.clone()));
+        audit.open();
+        let (replace, foreign) = self.message_credentials(p);
+        let socket = Socket {
+            rule: Arc::new(ws.clone()),
+            credentialed: !p.bound.is_empty(),
+            replace,
+            foreign,
+            scrubber: p.scrubber(&self.mint),
+            dlp: p.binding.dlp.clone(),
+            report: p.binding.enforcement == Enforcement::Report,
+            live: self.live.clone(),
+            recorder: self.recorder.clone(),
+            asked: (sent.asked.method.clone(), sent.asked.path.clone()),
+            still: self.still(uri),
+            ending: self.ending.subscribe(),
+            counts: Default::default(),
+        };
+        let parked: Parked = Box::pin(async move {
+            match tokio::try_join!(client, origin) {
+                Ok((c, o)) => socket.run(c, o, audit).await,
+                Err(e) => {
+                    audit.detail(format!("websocket: the switch failed: {e}"));
+                    crate::audit::outcome::Close::Error
+                }
+            }
+        });
+        if let Ok(mut slot) = self.parked.lock() {
+            *slot = Some(parked);
+        }
+        let mut out = Response::new(
+            http_body_util::Empty::new()
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+        *out.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+        *out.headers_mut() = websocket::client_headers(resp.headers());
+        out
+    }
+
+    /// The credentials a socket's messages read: placeholders of the `replace_placeholder`
+    /// credentials bound here (replaced in the sandbox's messages), and those of credentials
+    /// bound elsewhere (refused in them).
+    fn message_credentials(&self, p: &Prepared) -> (Swaps, Foreign) {
+        let host = self.dest.host.as_str();
+        let replace = p
+            .bound
+            .iter()
+            .filter_map(|k| {
+                let secret = k.kind.message_secret()?;
+                Some((
+                    k.placeholder.as_bytes().to_vec(),
+                    secret.as_bytes().to_vec(),
+                ))
+            })
+            .filter(|(ph, _)| !ph.is_empty())
+            .collect();
+        let foreign = p
+            .binding
+            .credentials
+            .iter()
+            .filter(|c| !c.bound_to(host) && !c.placeholder.is_empty())
+            .map(|c| (c.name.clone(), c.placeholder.as_bytes().to_vec()))
+            .collect();
+        (replace, foreign)
+    }
+
+    /// Whether the policy in force still allows the socket opened on `uri`: its sandbox is
+    /// registered and a `protocol: websocket` rule still allows the upgrade (its rule now).
+    fn still(&self, uri: http::Uri) -> Still {
+        let current = self.current.clone();
+        let host = self.dest.host.clone();
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
+        Box::new(move || {
+            let Some((binding, _)) = current() else {
+                return Now::Refused("the sandbox is no longer registered".into());
+            };
+            let head = Head {
+                method: &http::Method::GET,
+                uri: &uri,
+                headers: &headers,
+                has_body: false,
+                upgrade: true,
+            };
+            match HostRules::of(&binding, &host).judge(&host, head) {
+                Checked::Socket(p) => match &*p {
+                    Protocol::WebSocket(r) => Now::Allowed(Arc::new(r.clone())),
+                    _ => Now::Refused("the rule that allowed the socket is gone".into()),
+                },
+                Checked::Refused(r) => Now::Refused(format!(
+                    "the policy in force no longer allows this socket: {}",
+                    r.detail
+                )),
+                _ => Now::Refused("the policy in force no longer allows the socket".into()),
+            }
+        })
+    }
+
+    /// The socket parked by the last upgrade, if any (taken once).
+    pub fn take_parked(&self) -> Option<Parked> {
+        self.parked.lock().ok().and_then(|mut s| s.take())
+    }
+}
+
+/// Only a socket a rule allowed switches protocols: any other request loses its `Upgrade`.
+pub(super) fn no_switch(socket: &Option<Arc<Protocol>>, req: &mut Request<UpBody>) {
+    if socket.is_none() && req.headers().contains_key(http::header::UPGRADE) {
+        req.headers_mut().remove(http::header::UPGRADE);
+        req.headers_mut().remove(http::header::CONNECTION);
+    }
+}

@@ -1,0 +1,329 @@
+//! WebSocket on terminated hosts (issue 62), with real clients and servers: the Python
+//! `websockets` library on both sides (`tests/data/ws_client.py` through the proxy with
+//! CONNECT, `tests/data/ws_server.py` behind the test CA, which logs every message it
+//! receives, so a refused message is seen never to have reached it).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const SECRET: &str = "sk-live-0123456789abcdefSECRET";
+
+struct Env {
+    dir: tempfile::TempDir,
+    origin: ScriptOrigin,
+    proxy: Proxy,
+}
+
+/// The config: api.test (no credential) and other.test (a `replace_placeholder` credential)
+/// on the origin's port, with the `http` rules given.
+fn config(dir: &Path, port: u16, http: &str) -> String {
+    format!(
+        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
+audit: {{ path: {audit} }}
+admin_token_file: admin.token
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], other.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: {uca} }}
+sandboxes:
+  - id: dev
+    auth: {{ token_sha256: {tok} }}
+    credentials:
+      - {{ name: key, hosts: [other.test], inject: {{ replace_placeholder: {{ headers: [X-Api-Key] }} }}, source: {{ env: WS_SECRET }} }}
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["api.test:{port}", "other.test:{port}"]
+        http: {http}
+"#,
+        audit = dir.join("audit.jsonl").display(),
+        uca = dir.join("ca/ca.pem").display(),
+        tok = sha("dev-secret"),
+    )
+}
+
+fn env(http: &str, compression: bool) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("ca")).unwrap();
+    let ca = TestCa::generate(&d.join("ca"));
+    ca_init(&d.join("ica"));
+    std::fs::write(d.join("admin.token"), "admin-token\n").unwrap();
+    let log = d.join("origin.jsonl");
+    std::fs::write(&log, "").unwrap();
+    let origin = ScriptOrigin::start(
+        "ws_server.py",
+        &[
+            ca.cert_pem.as_os_str(),
+            ca.key_pem.as_os_str(),
+            log.as_os_str(),
+            SECRET.as_ref(),
+            if compression { "deflate" } else { "none" }.as_ref(),
+        ],
+    );
+    std::fs::write(d.join("proxy.yaml"), config(d, origin.port, http)).unwrap();
+    let proxy = Proxy::start_with(
+        d.join("proxy.yaml"),
+        d.join("audit.jsonl"),
+        &[("WS_SECRET", SECRET)],
+    );
+    Env { dir, origin, proxy }
+}
+
+impl Env {
+    /// Run the client against `host` and `path` with `messages` (JSON); its JSON report.
+    fn client(&self, host: &str, path: &str, messages: &str) -> serde_json::Value {
+        let out = self
+            .client_cmd(host, path, messages)
+            .output()
+            .expect("python3");
+        let text = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(text.trim()).unwrap_or_else(|_| {
+            panic!(
+                "ws_client.py printed no report (are its packages installed? tests/run installs them): {text} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+
+    fn client_cmd(&self, host: &str, path: &str, messages: &str) -> Command {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ws_client.py");
+        let mut c = Command::new("python3");
+        c.arg(script)
+            .arg(format!("wss://{host}:{}{path}", self.origin.port))
+            .arg(format!("http://dev:dev-secret@{}", self.proxy.proxy))
+            .arg(self.dir.path().join("ica/ca.crt"))
+            .arg(messages);
+        c
+    }
+
+    /// What the origin received: (path, kind, text) per message.
+    fn received(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.dir.path().join("origin.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn placeholder(&self) -> String {
+        let (status, body) = admin_req(
+            self.proxy.admin,
+            "GET",
+            "/v1/sandboxes/dev/placeholders",
+            "",
+            Some("admin-token"),
+        );
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["placeholders"][0]["placeholder"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+}
+
+const RPC_RULE: &str = r#"[{ host: api.test, paths: [/rpc], protocol: websocket, messages: { jsonrpc: { methods: [ping] } } }, { host: api.test, paths: [/plain] }]"#;
+
+#[test]
+fn allowed_messages_pass_both_ways_and_a_forbidden_method_closes_1008() {
+    let e = env(RPC_RULE, false);
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let drop = r#"{"jsonrpc":"2.0","id":2,"method":"admin/drop"}"#;
+    let out = e.client(
+        "api.test",
+        "/rpc",
+        &serde_json::json!([ping, drop, ping]).to_string(),
+    );
+    assert_eq!(out["answers"][0], format!("got:{ping}"), "{out}");
+    assert_eq!(out["close"]["code"], 1008, "{out}");
+    let reason = out["close"]["reason"].as_str().unwrap();
+    assert!(reason.contains("admin/drop"), "{reason}");
+    let got = e.received();
+    assert_eq!(
+        got.len(),
+        1,
+        "only the allowed message reached the origin: {got:?}"
+    );
+    assert_eq!(got[0]["text"], ping);
+    let refused = e
+        .proxy
+        .wait_record(|r| r["reason"] == "jsonrpc_not_allowed");
+    assert_eq!(refused["decision"], "deny");
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap()
+            .contains("websocket message 2 from the sandbox"),
+        "{refused}"
+    );
+    let socket = e.proxy.wait_record(|r| {
+        r["status"] == 101
+            && r["event"] == "end"
+            && r["detail"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("websocket:"))
+    });
+    let detail = socket["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("1 messages from the sandbox, 1 from the origin; close 1008"),
+        "{detail}"
+    );
+    assert_eq!(socket["call"], "websocket");
+}
+
+#[test]
+fn an_upgrade_no_websocket_rule_allows_is_refused_before_the_origin() {
+    let e = env(RPC_RULE, false);
+    // A plain rule on the path does not allow a socket on it.
+    let out = e.client("api.test", "/plain", r#"["hello"]"#);
+    let err = out["error"].as_str().unwrap_or_default();
+    assert!(err.contains("status 403"), "{out}");
+    assert!(err.contains("websocket_not_allowed"), "{out}");
+    assert!(e.received().is_empty());
+}
+
+#[test]
+fn graphql_subscriptions_pass_and_a_mutation_in_a_message_is_refused() {
+    let rule = r#"[{ host: api.test, paths: [/graphql], protocol: websocket, messages: { graphql: { operations: [query, subscription] } } }]"#;
+    let e = env(rule, false);
+    let init = r#"{"type":"connection_init","payload":{}}"#;
+    let sub = r#"{"id":"1","type":"subscribe","payload":{"query":"subscription { ticks }"}}"#;
+    let mutation = r#"{"id":"2","type":"subscribe","payload":{"query":"mutation { deleteAll }"}}"#;
+    let out = e.client(
+        "api.test",
+        "/graphql",
+        &serde_json::json!([init, sub, mutation]).to_string(),
+    );
+    assert_eq!(out["answers"][1], format!("got:{sub}"), "{out}");
+    assert_eq!(out["close"]["code"], 1008, "{out}");
+    let texts: Vec<String> = e
+        .received()
+        .iter()
+        .map(|r| r["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(texts, vec![init.to_string(), sub.to_string()]);
+    e.proxy
+        .wait_record(|r| r["reason"] == "graphql_not_allowed");
+}
+
+#[test]
+fn placeholders_become_the_secret_and_the_secret_comes_back_scrubbed_and_binary_is_refused() {
+    let rule = r#"[{ host: other.test, paths: [/chat], protocol: websocket }]"#;
+    let e = env(rule, false);
+    let ph = e.placeholder();
+    let hello = format!("auth {ph}");
+    let out = e.client(
+        "other.test",
+        "/chat",
+        &serde_json::json!([hello, "secret?", {"binary": "0001"}]).to_string(),
+    );
+    // The origin saw the secret; the sandbox never does.
+    let got = e.received();
+    assert_eq!(got[0]["text"], format!("auth {SECRET}"), "{got:?}");
+    let answer = out["answers"][0].as_str().unwrap();
+    assert!(!answer.contains(SECRET), "{answer}");
+    let scrubbed = out["answers"][1].as_str().unwrap();
+    assert!(
+        !scrubbed.contains(SECRET) && scrubbed.starts_with("the key is "),
+        "{scrubbed}"
+    );
+    // A binary frame on a socket with a credential bound is refused, and never sent.
+    assert_eq!(out["close"]["code"], 1008, "{out}");
+    assert!(
+        out["close"]["reason"].as_str().unwrap().contains("binary"),
+        "{out}"
+    );
+    assert_eq!(got.len(), 2, "{got:?}");
+    // A placeholder bound to another host is refused in a message too.
+    let e2 = env(
+        r#"[{ host: api.test, paths: [/rpc], protocol: websocket }]"#,
+        false,
+    );
+    let foreign = format!("leak {}", e2.placeholder());
+    let out = e2.client(
+        "api.test",
+        "/rpc",
+        &serde_json::json!([foreign]).to_string(),
+    );
+    assert_eq!(out["close"]["code"], 1008, "{out}");
+    assert!(e2.received().is_empty());
+    e2.proxy.wait_record(|r| r["reason"] == "credential_misuse");
+}
+
+#[test]
+fn a_compressed_offer_is_stripped_so_every_message_is_judged() {
+    // The origin would compress (permessage-deflate) if offered; the client offers it.
+    let e = env(RPC_RULE, true);
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let bad = r#"{"jsonrpc":"2.0","id":2,"method":"exec"}"#;
+    let out = e.client(
+        "api.test",
+        "/rpc",
+        &serde_json::json!([ping, bad]).to_string(),
+    );
+    assert_eq!(out["answers"][0], format!("got:{ping}"), "{out}");
+    assert_eq!(out["close"]["code"], 1008, "{out}");
+    assert_eq!(e.received().len(), 1);
+    let got = e.received();
+    assert_eq!(
+        got[0]["extensions"], "",
+        "the origin was offered no extension: {got:?}"
+    );
+}
+
+#[test]
+fn a_reload_that_drops_the_rule_closes_an_open_socket() {
+    let e = env(RPC_RULE, false);
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let child = e
+        .client_cmd(
+            "api.test",
+            "/rpc",
+            &serde_json::json!([ping, "sleep:20"]).to_string(),
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while e.received().is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "the first message never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let narrowed = config(
+        e.dir.path(),
+        e.origin.port,
+        r#"[{ host: api.test, paths: [/plain] }]"#,
+    );
+    std::fs::write(e.dir.path().join("proxy.yaml"), narrowed).unwrap();
+    let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some("admin-token"));
+    assert_eq!(status, 200, "{body}");
+    let reloaded = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let out: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out["close"]["code"], 1008, "{out}");
+    assert!(
+        out["close"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no longer"),
+        "{out}"
+    );
+    eprintln!("socket closed {:?} after the reload", reloaded.elapsed());
+    assert!(reloaded.elapsed() < Duration::from_secs(10));
+    let rec = e
+        .proxy
+        .wait_record(|r| r["status"] == 101 && r["close"] == "revoked");
+    assert!(
+        rec["detail"].as_str().unwrap().contains("close 1008"),
+        "{rec}"
+    );
+}
