@@ -472,11 +472,13 @@ where
     });
     let io = TokioIo::new(client);
     if h2 {
-        let ok = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .serve_connection(io, svc)
-            .await
-            .is_ok();
+        let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        b.timer(TokioTimer::new());
+        // Extended CONNECT (RFC 8441) is offered only where a rule allows a WebSocket.
+        if ex.offers_websocket() {
+            b.enable_connect_protocol();
+        }
+        let ok = b.serve_connection(io, svc).await.is_ok();
         return (ok, None);
     }
     let ok = hyper::server::conn::http1::Builder::new()

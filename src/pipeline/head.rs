@@ -39,9 +39,12 @@ pub struct Head<'a> {
     pub headers: &'a HeaderMap,
     /// The request carries a body (or may: a length the framing does not give as zero).
     pub has_body: bool,
-    /// It asks to switch to a WebSocket (`Upgrade: websocket`): only a `protocol: websocket`
-    /// rule decides it, and such a rule decides nothing else.
+    /// It asks to switch to a WebSocket (`Upgrade: websocket`, or HTTP/2's extended
+    /// CONNECT): only a `protocol: websocket` rule decides it, and such a rule decides
+    /// nothing else.
     pub upgrade: bool,
+    /// It is HTTP/2's extended CONNECT with `:protocol websocket` (RFC 8441).
+    pub extended: bool,
 }
 
 impl<'a> Head<'a> {
@@ -53,9 +56,19 @@ impl<'a> Head<'a> {
             uri: req.uri(),
             headers: req.headers(),
             has_body: !(b.is_end_stream() || b.size_hint().exact() == Some(0)),
-            upgrade: wants_websocket(req.headers()),
+            upgrade: wants_websocket(req.headers()) || extended_websocket(req),
+            extended: extended_websocket(req),
         }
     }
+}
+
+/// Whether `req` is HTTP/2's extended CONNECT for a WebSocket (RFC 8441).
+pub fn extended_websocket<B>(req: &http::Request<B>) -> bool {
+    req.method() == Method::CONNECT
+        && req
+            .extensions()
+            .get::<hyper::ext::Protocol>()
+            .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"))
 }
 
 /// Whether `headers` ask to switch to a WebSocket: an `Upgrade` token `websocket`, any case.
@@ -132,7 +145,8 @@ impl HostRules {
     fn refusal(&self, head: Head<'_>) -> Option<Refusal> {
         let method = head.method.as_str();
         let refuse = |why: String| Some(Refusal::new(Reason::HttpNotAllowed, why));
-        if let Some(why) = method_refusal(method, self.rules.iter()) {
+        // Extended CONNECT is the socket's method on HTTP/2 (its rule decides it).
+        if let Some(why) = method_refusal(method, self.rules.iter()).filter(|_| !head.extended) {
             return refuse(why);
         }
         if let Some(why) = override_refusal(head.headers, head.uri.query()) {
@@ -174,7 +188,7 @@ impl HostRules {
         let (method, path, query) = (head.method.as_str(), head.uri.path(), head.uri.query());
         let git_call =
             || git_request(method, path, query).map(|(s, _)| format!("git {}", s.name()));
-        if head.upgrade {
+        if head.upgrade && (head.extended || method != "CONNECT") {
             return self.socket(host, method, path, query);
         }
         if self.rules.is_empty() {
@@ -219,8 +233,10 @@ impl HostRules {
     /// An upgrade to a WebSocket: allowed by the first `protocol: websocket` rule on its path,
     /// refused without one (whatever other rules allow).
     fn socket(&self, host: &str, method: &str, path: &str, query: Option<&str>) -> Checked {
+        // The upgrade is a GET on HTTP/1.1, an extended CONNECT on HTTP/2 (nothing else).
+        let get = if method == "CONNECT" { "GET" } else { method };
         for r in self.rules.iter().filter(|r| r.is_websocket()) {
-            if let Admits::Judge(p) = r.admits(method, path, query) {
+            if let Admits::Judge(p) = r.admits(get, path, query) {
                 return Checked::Socket(p.clone());
             }
         }
@@ -290,6 +306,7 @@ mod tests {
                 headers: &h,
                 has_body: body,
                 upgrade: false,
+                extended: false,
             },
         )
     }

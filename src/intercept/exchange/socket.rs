@@ -14,6 +14,7 @@ use super::{Exchange, Prepared, ResBody, Sent, UpBody};
 use crate::audit::AuditGuard;
 use crate::intercept::websocket::{self, Foreign, Now, Socket, Still, Swaps};
 use crate::pipeline::head::{Checked, Head, HostRules};
+use crate::policy::protocols::websocket::WsRule;
 use crate::policy::protocols::Protocol;
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
@@ -42,7 +43,8 @@ impl Exchange {
             );
         };
         let client = hyper::upgrade::on(&mut req);
-        websocket::upstream_headers(req.headers_mut());
+        let h2 = matches!(self.upstream, super::Upstream::H2(_));
+        websocket::upstream_headers(req.headers_mut(), h2);
         let uri = req.uri().clone();
         let req = req.map(|b| Counted::new(b, self.live.clone(), true));
         let mut resp = match self.upstream.send(req).await {
@@ -56,13 +58,17 @@ impl Exchange {
                 return self.refused(&sent.asked.method, Reason::ConnectionRefused, &why);
             }
         };
-        if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+        let switch = match h2 {
+            true => http::StatusCode::OK,
+            false => http::StatusCode::SWITCHING_PROTOCOLS,
+        };
+        if resp.status() != switch {
             let scrubber = p.scrubber(&self.mint);
             return self
                 .response(resp, audit, (scrubber, None, None), sent)
                 .await;
         }
-        if let Some(why) = websocket::not_switched(resp.headers()) {
+        if let Some(why) = websocket::not_switched(resp.headers(), h2) {
             audit.http(sent.asked.facts(502, sent.injected.clone()));
             audit.verdict(Verdict::Deny, Reason::WebSocketNotAllowed);
             audit.detail(why);
@@ -70,10 +76,34 @@ impl Exchange {
             return self.refused(&sent.asked.method, Reason::WebSocketNotAllowed, why);
         }
         let origin = hyper::upgrade::on(&mut resp);
-        audit.http(sent.asked.facts(101, sent.injected.clone()));
+        audit.http(sent.asked.facts(switch.as_u16(), sent.injected.clone()));
         audit.open();
+        let socket = self.reader(ws, p, &sent, uri);
+        let parked: Parked = Box::pin(async move {
+            match tokio::try_join!(client, origin) {
+                Ok((c, o)) => socket.run(c, o, audit).await,
+                Err(e) => {
+                    audit.detail(format!("websocket: the switch failed: {e}"));
+                    crate::audit::outcome::Close::Error
+                }
+            }
+        });
+        self.park(parked, h2);
+        let mut out = Response::new(
+            http_body_util::Empty::new()
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+        *out.status_mut() = switch;
+        *out.headers_mut() = websocket::client_headers(resp.headers(), h2);
+        out
+    }
+
+    /// What reads the socket's messages: its rule and the credentials, scanners and records
+    /// of this host under the binding `p`.
+    fn reader(&self, ws: &WsRule, p: &Prepared, sent: &Sent, uri: http::Uri) -> Socket {
         let (replace, foreign) = self.message_credentials(p);
-        let socket = Socket {
+        Socket {
             rule: Arc::new(ws.clone()),
             credentialed: !p.bound.is_empty(),
             replace,
@@ -87,27 +117,18 @@ impl Exchange {
             still: self.still(uri),
             ending: self.ending.subscribe(),
             counts: Default::default(),
-        };
-        let parked: Parked = Box::pin(async move {
-            match tokio::try_join!(client, origin) {
-                Ok((c, o)) => socket.run(c, o, audit).await,
-                Err(e) => {
-                    audit.detail(format!("websocket: the switch failed: {e}"));
-                    crate::audit::outcome::Close::Error
-                }
-            }
-        });
-        if let Ok(mut slot) = self.parked.lock() {
+        }
+    }
+
+    /// Run the socket once it has switched: on HTTP/2 as a task beside the connection's other
+    /// streams; on HTTP/1.1 parked for the tunnel, whose connection is the socket once the
+    /// `101` is written.
+    fn park(&self, parked: Parked, h2: bool) {
+        if h2 {
+            drop(tokio::spawn(parked));
+        } else if let Ok(mut slot) = self.parked.lock() {
             *slot = Some(parked);
         }
-        let mut out = Response::new(
-            http_body_util::Empty::new()
-                .map_err(|never| match never {})
-                .boxed(),
-        );
-        *out.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
-        *out.headers_mut() = websocket::client_headers(resp.headers());
-        out
     }
 
     /// The credentials a socket's messages read: placeholders of the `replace_placeholder`
@@ -154,6 +175,7 @@ impl Exchange {
                 headers: &headers,
                 has_body: false,
                 upgrade: true,
+                extended: false,
             };
             match HostRules::of(&binding, &host).judge(&host, head) {
                 Checked::Socket(p) => match &*p {
@@ -166,6 +188,17 @@ impl Exchange {
                 )),
                 _ => Now::Refused("the policy in force no longer allows the socket".into()),
             }
+        })
+    }
+
+    /// Whether a `protocol: websocket` rule of the binding now names this host: then an
+    /// HTTP/2 connection offers extended CONNECT (`SETTINGS_ENABLE_CONNECT_PROTOCOL`).
+    pub fn offers_websocket(&self) -> bool {
+        (self.current)().is_some_and(|(b, _)| {
+            b.network
+                .http
+                .iter()
+                .any(|r| r.is_websocket() && r.host.matches(&self.dest.host))
         })
     }
 

@@ -50,20 +50,23 @@ pub type Swaps = Vec<(Vec<u8>, Vec<u8>)>;
 /// (credential, placeholder) of credentials bound to other hosts.
 pub type Foreign = Vec<(String, Vec<u8>)>;
 
-/// Rewrite the handshake's headers as they go upstream: the proxy's own `Connection:
-/// Upgrade` and `Upgrade: websocket` (hop-by-hop, never the client's), and no
-/// `Sec-WebSocket-Extensions` (a compressed frame could not be judged).
-pub fn upstream_headers(headers: &mut HeaderMap) {
+/// Rewrite the handshake's headers as they go upstream: on HTTP/1.1 the proxy's own
+/// `Connection: Upgrade` and `Upgrade: websocket` (hop-by-hop, never the client's; HTTP/2's
+/// extended CONNECT has none), and no `Sec-WebSocket-Extensions` (a compressed frame could
+/// not be judged).
+pub fn upstream_headers(headers: &mut HeaderMap, h2: bool) {
     crate::relay::hop_by_hop::strip_hop_by_hop(headers);
     headers.remove(header::SEC_WEBSOCKET_EXTENSIONS);
-    headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if !h2 {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    }
 }
 
-/// Why the origin's `101` did not make a socket the proxy can read, if it did not: it needs
-/// `Upgrade: websocket`, and no extension (none was offered).
-pub fn not_switched(headers: &HeaderMap) -> Option<&'static str> {
-    if !crate::pipeline::head::wants_websocket(headers) {
+/// Why the origin's `101` (HTTP/2: `200`) did not make a socket the proxy can read, if it
+/// did not: it needs `Upgrade: websocket` (HTTP/1.1), and no extension (none was offered).
+pub fn not_switched(headers: &HeaderMap, h2: bool) -> Option<&'static str> {
+    if !h2 && !crate::pipeline::head::wants_websocket(headers) {
         return Some("the origin answered 101 without Upgrade: websocket");
     }
     if headers.contains_key(header::SEC_WEBSOCKET_EXTENSIONS) {
@@ -72,12 +75,14 @@ pub fn not_switched(headers: &HeaderMap) -> Option<&'static str> {
     None
 }
 
-/// The `101` the client is answered with: the origin's accept key and subprotocol, the
-/// proxy's own `Upgrade` and `Connection`.
-pub fn client_headers(origin: &HeaderMap) -> HeaderMap {
+/// The `101` (HTTP/2: `200`) the client is answered with: the origin's accept key and
+/// subprotocol, and on HTTP/1.1 the proxy's own `Upgrade` and `Connection`.
+pub fn client_headers(origin: &HeaderMap, h2: bool) -> HeaderMap {
     let mut h = HeaderMap::new();
-    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if !h2 {
+        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    }
     for k in [header::SEC_WEBSOCKET_ACCEPT, header::SEC_WEBSOCKET_PROTOCOL] {
         if let Some(v) = origin.get(&k) {
             h.insert(k, v.clone());
