@@ -19,7 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 type Got = Arc<Mutex<Vec<String>>>;
 
 /// An HTTP/2 origin offering extended CONNECT: each socket answers a text message with
-/// `got:` and it; what it received is kept in `got`.
+/// `got:` and it, and a ping with a pong; what it received is kept in `got` (`ping:PAYLOAD`
+/// for a ping).
 async fn origin(ca: &TestCa, got: Got) -> u16 {
     let cfg = ca.server_config(&[b"h2"]);
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
@@ -42,9 +43,17 @@ async fn origin(ca: &TestCa, got: Got) -> u16 {
                                 let Ok(up) = on.await else { return };
                                 let mut ws =
                                     WebSocket::after_handshake(TokioIo::new(up), Role::Server);
+                                ws.set_auto_pong(false);
                                 while let Ok(f) = ws.read_frame().await {
                                     if f.opcode == OpCode::Close {
                                         break;
+                                    }
+                                    if f.opcode == OpCode::Ping {
+                                        let p = f.payload.to_vec();
+                                        let seen = String::from_utf8_lossy(&p).to_string();
+                                        got.lock().unwrap().push(format!("ping:{seen}"));
+                                        let pong = Frame::pong(Payload::Owned(p));
+                                        let _ = ws.write_frame(pong).await;
                                     }
                                     if f.opcode == OpCode::Text {
                                         let t = String::from_utf8(f.payload.to_vec()).unwrap();
@@ -210,6 +219,21 @@ sandboxes:
             .unwrap();
         let f = ws.read_frame().await.unwrap();
         assert_eq!(&f.payload[..], b"got:hello one");
+        // A ping's payload never reaches the origin, and the sandbox's pong matches its ping.
+        ws.set_auto_pong(false);
+        // The proxy ends its side after its close frame; the test reads it without answering.
+        ws.set_auto_close(false);
+        ws.write_frame(Frame::new(
+            true,
+            OpCode::Ping,
+            None,
+            Payload::Owned(b"exfil-1234".to_vec()),
+        ))
+        .await
+        .unwrap();
+        let f = ws.read_frame().await.unwrap();
+        assert_eq!(f.opcode, OpCode::Pong);
+        assert_eq!(&f.payload[..], b"exfil-1234");
         ws.write_frame(Frame::text(Payload::Owned(b"rm -rf".to_vec())))
             .await
             .unwrap();
@@ -220,7 +244,10 @@ sandboxes:
         let (status, _) = open(&mut send, port, "/plain").await;
         assert_eq!(status, 403);
     });
-    assert_eq!(*got.lock().unwrap(), vec!["hello one".to_string()]);
+    assert_eq!(
+        *got.lock().unwrap(),
+        vec!["hello one".to_string(), "ping:".to_string()]
+    );
     proxy.wait_record(|r| {
         r["reason"] == "websocket_not_allowed"
             && r["detail"]

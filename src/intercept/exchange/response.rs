@@ -188,6 +188,16 @@ impl Exchange {
         sent: Sent,
     ) -> Response<ResBody> {
         let (scrubber, mcp, seal) = readers;
+        if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+            // Only a socket a rule allowed switches ([`super::socket`]); the origin's `101`
+            // to anything else is not passed on.
+            let why = "the origin switched protocols on a request that did not ask to";
+            audit.verdict(Verdict::Deny, Reason::WebSocketNotAllowed);
+            audit.http(sent.asked.facts(502, sent.injected.clone()));
+            audit.detail(why);
+            drop(audit);
+            return self.refused(&sent.asked.method, Reason::WebSocketNotAllowed, why);
+        }
         audit.http(
             sent.asked
                 .facts(resp.status().as_u16(), sent.injected.clone()),

@@ -117,6 +117,8 @@ impl Exchange {
             still: self.still(uri),
             ending: self.ending.subscribe(),
             counts: Default::default(),
+            pings: Default::default(),
+            reflected: Default::default(),
         }
     }
 

@@ -9,6 +9,7 @@
 //! (1002), a message is too large (1009), the policy no longer allows the socket (1008) or
 //! the proxy stops (1012).
 
+mod control;
 mod pump;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -131,6 +132,10 @@ pub struct Socket {
     pub ending: watch::Receiver<Option<Close>>,
     /// Messages forwarded each way (sandbox → origin, origin → sandbox); zero at first.
     pub counts: [AtomicU64; 2],
+    /// The pings not yet answered each way ([`control`]); empty at first.
+    pub pings: std::sync::Mutex<control::Pings>,
+    /// Credentials whose secret the origin's messages carried (scrubbed); empty at first.
+    pub reflected: std::sync::Mutex<Vec<String>>,
 }
 
 /// How a socket ended.
@@ -208,6 +213,11 @@ impl Socket {
         }
         audit.detail(detail);
         audit.close(ended.close);
+        let reflected =
+            std::mem::take(&mut *self.reflected.lock().unwrap_or_else(|p| p.into_inner()));
+        for name in &reflected {
+            audit.secret_reflected(name);
+        }
         let (u, d) = self.live.totals();
         audit.bytes(u.saturating_sub(base.0), d.saturating_sub(base.1));
         ended.close

@@ -71,12 +71,10 @@ pub async fn pump(
                     return stop((to, back), sent, cut).await;
                 }
                 s.live.moved(sent, frame.payload.len());
-                let f = Frame::new(
-                    true,
-                    frame.opcode,
-                    None,
-                    Payload::Owned(frame.payload.to_vec()),
-                );
+                let Some(payload) = s.control(sent, frame.opcode, frame.payload.to_vec()) else {
+                    continue;
+                };
+                let f = Frame::new(true, frame.opcode, None, Payload::Owned(payload));
                 if let Err(cut) = write(to, f).await {
                     return stop((to, back), sent, cut).await;
                 }
@@ -86,7 +84,11 @@ pub async fn pump(
                     Ok(c) => c,
                     Err(cut) => return stop((to, back), sent, cut).await,
                 };
-                let f = Frame::close_raw(Payload::Owned(frame.payload.to_vec()));
+                let mut payload = frame.payload.to_vec();
+                if let (false, Some(scrubber)) = (sent, &s.scrubber) {
+                    s.reflected(scrubber.scrub_message(&mut payload));
+                }
+                let f = Frame::close_raw(Payload::Owned(payload));
                 let _ = write(to, f).await;
                 return Step::Closed(Ended {
                     close: Close::Eof,
@@ -151,6 +153,12 @@ impl Socket {
             call: None,
             rpc: None,
         };
+        let mut data = data;
+        // The origin's message is judged as the sandbox would read it: its secrets scrubbed
+        // (so that report mode, which forwards a refused message, never forwards a secret).
+        if let (false, Some(scrubber)) = (sent, &self.scrubber) {
+            self.reflected(scrubber.scrub_message(&mut data));
+        }
         let judged = match op {
             OpCode::Text => match std::str::from_utf8(&data) {
                 Ok(t) => rule.judge(sent, self.credentialed, Message::Text(t)),
@@ -168,10 +176,6 @@ impl Socket {
             return Err((r, Some((op, data))));
         }
         if !sent {
-            let mut data = data;
-            if let Some(scrubber) = &self.scrubber {
-                scrubber.scrub_message(&mut data);
-            }
             return Ok((op, data));
         }
         if let Some((name, _)) = self
@@ -188,7 +192,6 @@ impl Socket {
                 return Err((refuse(Reason::DlpBlocked, e.to_string()), None));
             }
         }
-        let mut data = data;
         for (placeholder, secret) in &self.replace {
             if crate::intercept::placeholder::contains(&data, placeholder) {
                 data = crate::intercept::placeholder::replace_bytes(&data, placeholder, secret);
