@@ -10,6 +10,7 @@
 //! the proxy stops (1012).
 
 mod control;
+pub mod frames;
 mod pump;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -6,19 +6,16 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
 
-use fastwebsockets::{Frame, OpCode, Payload, WebSocketError};
+use fastwebsockets::{Frame, OpCode, Payload};
 
+use super::frames::{Cut, Event, Frames};
 use super::{close_one, Ended, Reader, Socket, Writer};
 use crate::audit::outcome::Close;
 use crate::pipeline::dlp::Scanner;
 use crate::policy::protocols::websocket::{Message, WsRule};
 use crate::policy::protocols::Refused;
 use crate::policy::reason::Reason;
-
-/// Control frames (ping, pong) one side may send per second.
-pub const CONTROL_PER_SECOND: u32 = 32;
 
 /// How a direction ended.
 #[derive(Debug)]
@@ -29,9 +26,6 @@ pub enum Step {
     Stop(Ended),
 }
 
-/// What ends a direction on the proxy's side: the close code, why, the record's close.
-struct Cut(u16, String, Close);
-
 /// Read `from` until it closes, forwarding to `to` (`back` is `from`'s own writer, told why
 /// when the proxy ends the socket); `sent`: `from` is the sandbox.
 pub async fn pump(
@@ -41,55 +35,41 @@ pub async fn pump(
     (to, back): (&Writer, &Writer),
     sent: bool,
 ) -> Step {
-    let mut partial: Option<(OpCode, Vec<u8>)> = None;
-    let mut rate = (Instant::now(), 0u32);
+    let mut frames = Frames::default();
     loop {
-        let frame = match from
-            .read_frame(&mut |_| async { Ok::<(), std::convert::Infallible>(()) })
-            .await
-        {
-            Ok(f) => f,
-            Err(e) => return stop((to, back), sent, read_error(e)).await,
-        };
-        let rule_now = rule
+        let cap = rule
             .read()
-            .map(|r| r.clone())
-            .unwrap_or_else(|p| p.into_inner().clone());
-        match frame.opcode {
-            OpCode::Text | OpCode::Binary | OpCode::Continuation => {
-                let data = match joined(&mut partial, frame, rule_now.max_message) {
-                    Ok(Some(d)) => d,
-                    Ok(None) => continue,
-                    Err(cut) => return stop((to, back), sent, cut).await,
-                };
-                if let Err(cut) = s.forward(&rule_now, sent, data, to).await {
+            .map(|r| r.max_message)
+            .unwrap_or_else(|p| p.into_inner().max_message);
+        let event = match frames.next(from, cap).await {
+            Ok(e) => e,
+            Err(cut) => return stop((to, back), sent, cut).await,
+        };
+        match event {
+            Event::Message(op, data) => {
+                let rule_now = rule
+                    .read()
+                    .map(|r| r.clone())
+                    .unwrap_or_else(|p| p.into_inner().clone());
+                if let Err(cut) = s.forward(&rule_now, sent, (op, data), to).await {
                     return stop((to, back), sent, cut).await;
                 }
             }
-            OpCode::Ping | OpCode::Pong => {
-                if let Some(cut) = control_refusal(&frame, &mut rate) {
-                    return stop((to, back), sent, cut).await;
-                }
-                s.live.moved(sent, frame.payload.len());
-                let Some(payload) = s.control(sent, frame.opcode, frame.payload.to_vec()) else {
+            Event::Control(op, payload) => {
+                s.live.moved(sent, payload.len());
+                let Some(payload) = s.control(sent, op, payload) else {
                     continue;
                 };
-                let f = Frame::new(true, frame.opcode, None, Payload::Owned(payload));
+                let f = Frame::new(true, op, None, Payload::Owned(payload));
                 if let Err(cut) = write(to, f).await {
                     return stop((to, back), sent, cut).await;
                 }
             }
-            OpCode::Close => {
-                let code = match close_code(&frame.payload) {
-                    Ok(c) => c,
-                    Err(cut) => return stop((to, back), sent, cut).await,
-                };
-                let mut payload = frame.payload.to_vec();
+            Event::Close(code, mut payload) => {
                 if let (false, Some(scrubber)) = (sent, &s.scrubber) {
                     s.reflected(scrubber.scrub_message(&mut payload));
                 }
-                let f = Frame::close_raw(Payload::Owned(payload));
-                let _ = write(to, f).await;
+                let _ = write(to, Frame::close_raw(Payload::Owned(payload))).await;
                 return Step::Closed(Ended {
                     close: Close::Eof,
                     code: code.unwrap_or(1005),
@@ -159,17 +139,10 @@ impl Socket {
         if let (false, Some(scrubber)) = (sent, &self.scrubber) {
             self.reflected(scrubber.scrub_message(&mut data));
         }
-        let judged = match op {
-            OpCode::Text => match std::str::from_utf8(&data) {
-                Ok(t) => rule.judge(sent, self.credentialed, Message::Text(t)),
-                Err(_) => {
-                    let r = refuse(
-                        Reason::WebSocketNotAllowed,
-                        "a text message is not UTF-8".into(),
-                    );
-                    return Err((r, None));
-                }
-            },
+        // A text message was checked UTF-8 by the reader ([`super::frames`]); scrubbing
+        // replaces ASCII with ASCII.
+        let judged = match (op, std::str::from_utf8(&data)) {
+            (OpCode::Text, Ok(t)) => rule.judge(sent, self.credentialed, Message::Text(t)),
             _ => rule.judge(sent, self.credentialed, Message::Binary(&data)),
         };
         if let Err(r) = judged {
@@ -198,113 +171,6 @@ impl Socket {
             }
         }
         Ok((op, data))
-    }
-}
-
-/// Join `frame` to the message being read: `Ok(Some)` when it completes one, `Err` when the
-/// frames break the protocol or the message outgrows `cap`.
-fn joined(
-    partial: &mut Option<(OpCode, Vec<u8>)>,
-    frame: Frame<'_>,
-    cap: usize,
-) -> Result<Option<(OpCode, Vec<u8>)>, Cut> {
-    let protocol = |why: &str| Cut(1002, why.into(), Close::Error);
-    match (frame.opcode, partial.as_mut()) {
-        (OpCode::Continuation, None) => {
-            return Err(protocol("a continuation frame without a message"))
-        }
-        (OpCode::Continuation, Some((_, buf))) => {
-            if buf.len() + frame.payload.len() > cap {
-                return Err(too_big(cap));
-            }
-            buf.extend_from_slice(&frame.payload);
-        }
-        (_, Some(_)) => return Err(protocol("a new message inside a fragmented one")),
-        (op, None) => {
-            if frame.payload.len() > cap {
-                return Err(too_big(cap));
-            }
-            *partial = Some((op, frame.payload.to_vec()));
-        }
-    }
-    match frame.fin {
-        true => Ok(partial.take()),
-        false => Ok(None),
-    }
-}
-
-fn too_big(cap: usize) -> Cut {
-    Cut(
-        1009,
-        format!("a message is larger than the rule's max_message_bytes ({cap})"),
-        Close::Eof,
-    )
-}
-
-/// Why a ping or pong is refused: over 125 bytes, or more than [`CONTROL_PER_SECOND`].
-fn control_refusal(frame: &Frame<'_>, rate: &mut (Instant, u32)) -> Option<Cut> {
-    if frame.payload.len() > 125 {
-        return Some(Cut(
-            1002,
-            "a control frame over 125 bytes".into(),
-            Close::Error,
-        ));
-    }
-    if rate.0.elapsed() >= Duration::from_secs(1) {
-        *rate = (Instant::now(), 0);
-    }
-    rate.1 += 1;
-    (rate.1 > CONTROL_PER_SECOND).then(|| {
-        Cut(
-            1008,
-            format!("more than {CONTROL_PER_SECOND} control frames in a second"),
-            Close::Eof,
-        )
-    })
-}
-
-/// A close frame's code (`None`: no payload), checked as RFC 6455 §7.4 allows it on the wire.
-fn close_code(payload: &[u8]) -> Result<Option<u16>, Cut> {
-    let bad = |why: String| Cut(1002, why, Close::Error);
-    match payload.len() {
-        0 => return Ok(None),
-        1 => return Err(bad("a close frame with a one-byte payload".into())),
-        n if n > 125 => return Err(bad("a close frame over 125 bytes".into())),
-        _ => {}
-    }
-    let code = u16::from_be_bytes([payload[0], payload[1]]);
-    let allowed = matches!(code, 1000..=1003 | 1007..=1011 | 3000..=4999);
-    if !allowed {
-        return Err(bad(format!("close code {code} may not be sent")));
-    }
-    if std::str::from_utf8(&payload[2..]).is_err() {
-        return Err(bad("a close reason that is not UTF-8".into()));
-    }
-    Ok(Some(code))
-}
-
-/// What a read error means: the peer went away (no close), a frame too large, or a frame
-/// that breaks the protocol.
-fn read_error(e: WebSocketError) -> Cut {
-    match e {
-        WebSocketError::UnexpectedEOF | WebSocketError::ConnectionClosed => Cut(
-            1006,
-            "the peer closed without a close frame".into(),
-            Close::Eof,
-        ),
-        WebSocketError::IoError(e) => {
-            Cut(1006, format!("the peer's stream failed: {e}"), Close::Error)
-        }
-        WebSocketError::FrameTooLarge => Cut(
-            1009,
-            "a frame is larger than the rule's max_message_bytes".into(),
-            Close::Eof,
-        ),
-        other => Cut(
-            1002,
-            format!("a frame breaks RFC 6455: {other}"),
-            Close::Error,
-        ),
     }
 }
 
