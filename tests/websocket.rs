@@ -27,7 +27,7 @@ fn config(dir: &Path, port: u16, http: &str) -> String {
 audit: {{ path: {audit} }}
 admin_token_file: admin.token
 dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], other.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32], timeouts: {{ shutdown_grace_ms: 1000 }} }}
 tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: {uca} }}
 sandboxes:
   - id: dev
@@ -277,9 +277,9 @@ fn a_compressed_offer_is_stripped_so_every_message_is_judged() {
     );
 }
 
-#[test]
-fn a_reload_that_drops_the_rule_closes_an_open_socket() {
-    let e = env(RPC_RULE, false);
+/// Open a socket on api.test `/rpc`, send one allowed message and wait on it (the client
+/// sleeps up to 20 s): the running client, once the origin has the message.
+fn open_socket(e: &Env) -> std::process::Child {
     let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
     let child = e
         .client_cmd(
@@ -298,17 +298,38 @@ fn a_reload_that_drops_the_rule_closes_an_open_socket() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let narrowed = config(
-        e.dir.path(),
-        e.origin.port,
-        r#"[{ host: api.test, paths: [/plain] }]"#,
-    );
+    child
+}
+
+/// The client's report once it has ended, and how long after `since` it ended.
+fn ended(child: std::process::Child, since: Instant) -> (serde_json::Value, Duration) {
+    let out = child.wait_with_output().unwrap();
+    let took = since.elapsed();
+    (serde_json::from_slice(&out.stdout).unwrap(), took)
+}
+
+/// Reload `e` with `http` rules and `egress` entries.
+fn reload(e: &Env, http: &str, egress: Option<&str>) {
+    let mut narrowed = config(e.dir.path(), e.origin.port, http);
+    if let Some(egress) = egress {
+        let port = e.origin.port;
+        narrowed = narrowed.replace(
+            &format!(r#"egress: ["api.test:{port}", "other.test:{port}"]"#),
+            &format!("egress: [{egress}]"),
+        );
+    }
     std::fs::write(e.dir.path().join("proxy.yaml"), narrowed).unwrap();
     let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some("admin-token"));
     assert_eq!(status, 200, "{body}");
+}
+
+#[test]
+fn a_reload_that_drops_the_rule_closes_an_open_socket() {
+    let e = env(RPC_RULE, false);
+    let child = open_socket(&e);
     let reloaded = Instant::now();
-    let out = child.wait_with_output().unwrap();
-    let out: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    reload(&e, r#"[{ host: api.test, paths: [/plain] }]"#, None);
+    let (out, took) = ended(child, reloaded);
     assert_eq!(out["close"]["code"], 1008, "{out}");
     assert!(
         out["close"]["reason"]
@@ -317,8 +338,8 @@ fn a_reload_that_drops_the_rule_closes_an_open_socket() {
             .contains("no longer"),
         "{out}"
     );
-    eprintln!("socket closed {:?} after the reload", reloaded.elapsed());
-    assert!(reloaded.elapsed() < Duration::from_secs(10));
+    eprintln!("socket closed {took:?} after the reload");
+    assert!(took < Duration::from_secs(10));
     let rec = e
         .proxy
         .wait_record(|r| r["status"] == 101 && r["close"] == "revoked");
@@ -326,4 +347,38 @@ fn a_reload_that_drops_the_rule_closes_an_open_socket() {
         rec["detail"].as_str().unwrap().contains("close 1008"),
         "{rec}"
     );
+}
+
+#[test]
+fn revoking_the_egress_entry_closes_the_socket_with_a_reason_before_the_tunnel_is_cut() {
+    let e = env(RPC_RULE, false);
+    let child = open_socket(&e);
+    let reloaded = Instant::now();
+    let port = e.origin.port;
+    reload(&e, "[]", Some(&format!("\"other.test:{port}\"")));
+    let (out, took) = ended(child, reloaded);
+    assert_eq!(out["close"]["code"], 1008, "{out}");
+    assert!(
+        out["close"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no longer allows"),
+        "{out}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    e.proxy
+        .wait_record(|r| r["status"] == 101 && r["close"] == "revoked");
+}
+
+/// SIGTERM lets open exchanges finish for `shutdown_grace_ms` (1 s here), then stops them:
+/// the socket is told 1012 (service restart) before its tunnel is cut.
+#[test]
+fn a_proxy_shutting_down_closes_the_socket_1012() {
+    let mut e = env(RPC_RULE, false);
+    let child = open_socket(&e);
+    let stopped = Instant::now();
+    e.proxy.terminate();
+    let (out, took) = ended(child, stopped);
+    assert_eq!(out["close"]["code"], 1012, "{out}");
+    assert!(took < Duration::from_secs(8), "{took:?}");
 }
