@@ -128,7 +128,7 @@ async fn open(
     port: u16,
     cfg: Arc<rustls::ClientConfig>,
 ) -> WebSocket<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
-    let mut tcp = match proxy {
+    let tcp = match proxy {
         Some(p) => {
             let mut t = tokio::net::TcpStream::connect(p).await.expect("proxy");
             t.write_all(format!("CONNECT ws.test:{port} HTTP/1.1\r\n\r\n").as_bytes())
