@@ -80,6 +80,12 @@ pub async fn pump(
     }
 }
 
+/// A whole message: its opcode and payload.
+type Whole = (OpCode, Vec<u8>);
+
+/// A refused message: why, and the message as it came where report mode may forward it.
+type NotSent = (Refused, Option<Whole>);
+
 impl Socket {
     /// One whole message: judged, rewritten and written to `to`, counted; `Err` with what
     /// ends the socket (a refusal, a failed write, a spent quota).
@@ -120,13 +126,7 @@ impl Socket {
 
     /// Judge, scan and rewrite one whole message: `Ok` with what to forward; `Err` with the
     /// refusal and, where report mode may forward it, the message as it came.
-    #[allow(clippy::type_complexity)]
-    fn message(
-        &self,
-        rule: &WsRule,
-        sent: bool,
-        (op, data): (OpCode, Vec<u8>),
-    ) -> Result<(OpCode, Vec<u8>), (Refused, Option<(OpCode, Vec<u8>)>)> {
+    fn message(&self, rule: &WsRule, sent: bool, (op, data): Whole) -> Result<Whole, NotSent> {
         let refuse = |reason, detail: String| Refused {
             reason,
             detail,
