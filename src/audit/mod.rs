@@ -194,6 +194,11 @@ impl AuditGuard {
         self.record.reason = reason;
     }
 
+    /// What an inference call used.
+    pub fn tokens(&mut self, facts: record::TokenFacts) {
+        self.record.tokens = Some(Box::new(facts));
+    }
+
     /// What the request inside a terminated tunnel was, and how it was answered.
     pub fn http(&mut self, facts: record::HttpFacts) {
         self.record.http = Some(Box::new(facts));
@@ -389,14 +394,18 @@ impl AuditGuard {
     }
 
     /// Count this record in the usage ledger (an identified sandbox's only).
-    fn ledger(&self, t: usage::Tally) {
+    fn ledger(&self, mut t: usage::Tally) {
         let r = &self.record;
         let Some(sb) = &r.sandbox else { return };
-        let dest = match (&r.target, r.original_dst) {
+        let mut dest = match (&r.target, r.original_dst) {
             (Some(t), _) => t.host.to_string(),
             (None, Some(a)) => a.ip().to_string(),
             (None, None) => "-".to_string(),
         };
+        if let Some(tk) = &r.tokens {
+            t.tokens = usage::Tokens::of(tk);
+            dest = usage::with_model(&dest, tk.model.as_deref());
+        }
         self.sink
             .usage
             .note(sb.as_str(), &dest, r.verdict.as_str(), t);
@@ -469,6 +478,7 @@ impl Drop for AuditGuard {
                     requests: u64::from(r.mode == Mode::Http),
                     bytes_up: self.up,
                     bytes_down: self.down,
+                    ..Default::default()
                 });
             }
             Variant::Request => {

@@ -119,6 +119,36 @@ pub struct Record {
     pub decider: Option<Box<str>>,
     /// The DLP rules that matched, if any.
     pub dlp: Option<Box<str>>,
+    /// An inference call's tokens (`protocol: openai | anthropic | gemini`).
+    pub tokens: Option<Box<TokenFacts>>,
+}
+
+/// What an inference call used, as the provider reported it (or, when it reported nothing,
+/// what was reserved for it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TokenFacts {
+    /// `openai`, `anthropic`, `gemini`.
+    pub provider: &'static str,
+    /// The model the provider says answered (else the one asked for).
+    pub model: Option<Box<str>>,
+    /// Input tokens not read from or written to a cache.
+    pub input: u64,
+    /// Input tokens read from the cache.
+    pub cached_input: u64,
+    /// Input tokens written to the cache.
+    pub cache_write: u64,
+    /// Output tokens (reasoning included).
+    pub output: u64,
+    /// Of the output, reasoning tokens.
+    pub reasoning: u64,
+    /// Every token counted against `tokens_per_day`.
+    pub total: u64,
+    /// What it cost by `defaults.prices`, in dollars (absent: no price for the model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    /// `reported` (the provider's usage) or `reserved` (it reported none: the reservation
+    /// stands).
+    pub counted: &'static str,
 }
 
 /// What an approval record adds: the request, the step, who took it and the grant.
@@ -229,6 +259,7 @@ impl Record {
             approval: None,
             decider: None,
             dlp: None,
+            tokens: None,
         }
     }
 }
@@ -336,6 +367,7 @@ impl Entry {
         }
         o.str_if("decider", r.decider.as_deref());
         o.str_if("dlp", r.dlp.as_deref());
+        o.serialized_if("tokens", r.tokens.as_deref())?;
         o.serialized_if("approval", r.approval.as_deref())?;
         o.str_if("run", RUN.get().map(String::as_str));
         o.close();

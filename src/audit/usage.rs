@@ -39,6 +39,93 @@ pub struct Tally {
     pub bytes_up: u64,
     /// Bytes destination → client.
     pub bytes_down: u64,
+    /// Inference calls' tokens and cost (all zero elsewhere).
+    #[serde(flatten)]
+    pub tokens: Tokens,
+}
+
+/// What inference calls used: tokens by kind and cost in nano-dollars (a cell that counts
+/// none saves and answers none of these fields).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tokens {
+    /// Input tokens not read from or written to a cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tokens_input: u64,
+    /// Input tokens read from the cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tokens_cached_input: u64,
+    /// Input tokens written to the cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tokens_cache_write: u64,
+    /// Output tokens (reasoning included).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tokens_output: u64,
+    /// Of the output, reasoning tokens.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tokens_reasoning: u64,
+    /// Cost by `defaults.prices`, in nano-dollars.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cost_nano_usd: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Tokens {
+    /// What a record's `tokens` block counts.
+    pub fn of(t: &crate::audit::record::TokenFacts) -> Tokens {
+        Tokens {
+            tokens_input: t.input,
+            tokens_cached_input: t.cached_input,
+            tokens_cache_write: t.cache_write,
+            tokens_output: t.output,
+            tokens_reasoning: t.reasoning,
+            cost_nano_usd: t
+                .cost_usd
+                .map(|c| (c * 1e9).round().clamp(0.0, u64::MAX as f64) as u64)
+                .unwrap_or(0),
+        }
+    }
+
+    /// Every token counted.
+    pub fn total(&self) -> u64 {
+        self.tokens_input
+            .saturating_add(self.tokens_cached_input)
+            .saturating_add(self.tokens_cache_write)
+            .saturating_add(self.tokens_output)
+    }
+
+    fn add(&mut self, o: &Tokens) {
+        self.tokens_input = self.tokens_input.saturating_add(o.tokens_input);
+        self.tokens_cached_input = self
+            .tokens_cached_input
+            .saturating_add(o.tokens_cached_input);
+        self.tokens_cache_write = self.tokens_cache_write.saturating_add(o.tokens_cache_write);
+        self.tokens_output = self.tokens_output.saturating_add(o.tokens_output);
+        self.tokens_reasoning = self.tokens_reasoning.saturating_add(o.tokens_reasoning);
+        self.cost_nano_usd = self.cost_nano_usd.saturating_add(o.cost_nano_usd);
+    }
+}
+
+/// Between a destination and the model in a ledger key (never in a host name).
+const MODEL_SEPARATOR: char = '|';
+
+/// The ledger key of an inference call to `destination` for `model`: its rows are apart
+/// from the host's other requests, per model.
+pub fn with_model(destination: &str, model: Option<&str>) -> String {
+    match model {
+        Some(m) => format!("{destination}{MODEL_SEPARATOR}{m}"),
+        None => destination.to_string(),
+    }
+}
+
+/// A ledger key's destination and model.
+fn split_model(key: &str) -> (String, Option<String>) {
+    match key.split_once(MODEL_SEPARATOR) {
+        Some((d, m)) => (d.to_string(), Some(m.to_string())),
+        None => (key.to_string(), None),
+    }
 }
 
 impl Tally {
@@ -47,6 +134,7 @@ impl Tally {
         self.requests += o.requests;
         self.bytes_up += o.bytes_up;
         self.bytes_down += o.bytes_down;
+        self.tokens.add(&o.tokens);
     }
 }
 
@@ -59,6 +147,9 @@ pub struct Cell {
     pub sandbox: String,
     /// The destination host.
     pub destination: String,
+    /// The model of an inference call's row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// `allow`, `deny` or `report`.
     pub decision: String,
     /// What it used.
@@ -199,10 +290,12 @@ impl Ledger {
                     seen[*d as usize] = true;
                 }
                 for (i, t) in sums.iter().enumerate().filter(|(i, _)| seen[*i]) {
+                    let (destination, model) = split_model(dest);
                     out.push(Cell {
                         hour: since,
                         sandbox: sb.to_string(),
-                        destination: dest.to_string(),
+                        destination,
+                        model,
                         decision: DECISIONS[i].to_string(),
                         tally: *t,
                     });
@@ -231,10 +324,12 @@ impl Ledger {
             dests.retain(|dest, hours| {
                 hours.retain(|(h, _, _)| *h >= oldest);
                 for (h, d, t) in hours.iter() {
+                    let (destination, model) = split_model(dest);
                     out.push(Cell {
                         hour: *h,
                         sandbox: sb.to_string(),
-                        destination: dest.to_string(),
+                        destination,
+                        model,
                         decision: DECISIONS[*d as usize].to_string(),
                         tally: *t,
                     });
@@ -253,7 +348,8 @@ impl Ledger {
         let mut n = 0;
         for c in cells.into_iter().filter(|c| c.hour >= oldest) {
             if let Some(d) = DECISIONS.iter().position(|x| *x == c.decision) {
-                self.add(c.hour, &c.sandbox, &c.destination, d as u8, &c.tally, false);
+                let key = with_model(&c.destination, c.model.as_deref());
+                self.add(c.hour, &c.sandbox, &key, d as u8, &c.tally, false);
                 n += 1;
             }
         }
@@ -354,6 +450,7 @@ mod tests {
             requests: 0,
             bytes_up,
             bytes_down,
+            ..Tally::default()
         }
     }
 

@@ -48,6 +48,9 @@ pub const LIMITS: Limits = Limits {
     bytes_per_day: None,
     requests_per_day: None,
     per_destination: Vec::new(),
+    tokens_per_day: None,
+    cost_per_day: None,
+    prices: Vec::new(),
 };
 /// `defaults.limits.socket_buffer_bytes`: 256 KiB.
 pub const SOCKET_BUFFER_BYTES: u32 = 256 * 1024;
@@ -124,6 +127,9 @@ pub(super) fn resolve_limits(raw: &RawLimits, base: Option<&Limits>) -> Limits {
                     .collect()
             })
             .unwrap_or(d.per_destination),
+        tokens_per_day: raw.tokens_per_day.or(d.tokens_per_day),
+        cost_per_day: raw.cost_per_day.or(d.cost_per_day),
+        prices: d.prices,
     }
 }
 
@@ -185,6 +191,7 @@ pub(super) fn check_limits(
         ("bandwidth_down_bps", l.bandwidth_down_bps),
         ("bytes_per_day", l.bytes_per_day),
         ("requests_per_day", l.requests_per_day),
+        ("tokens_per_day", l.tokens_per_day),
     ] {
         if v == Some(0) {
             sink.push(
@@ -214,8 +221,12 @@ pub(super) fn resolve_defaults(raw: RawDefaults, sink: &mut Sink<'_>) -> Default
             PortSet::any()
         }
     };
-    let limits = resolve_limits(&raw.limits, None);
+    let mut limits = resolve_limits(&raw.limits, None);
     check_limits(&limits, None, "defaults.limits", sink, 1);
+    if let Err((at, why)) = super::prices::check(&raw.prices) {
+        sink.top(at, why, Some("prices:"));
+    }
+    limits.prices = raw.prices.clone();
     let t = &raw.timeouts;
     for (name, v) in [
         ("connect_ms", t.connect_ms),

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::policy::http_rules::HttpRule;
 use crate::policy::protocols::graphql::GraphQlRule;
+use crate::policy::protocols::inference::{InferenceRule, Provider, WebTools};
 use crate::policy::protocols::jsonrpc::MethodRule;
 use crate::policy::protocols::lfs::LfsOp;
 use crate::policy::protocols::mcp::{ArgMatch, McpRule, ToolRule};
@@ -77,6 +78,13 @@ pub struct RawHttpRule {
     /// WebSocket: the largest message (and fragment series), in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_message_bytes: Option<u64>,
+    /// Inference (`protocol: openai | anthropic | gemini`): the models allowed (globs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
+    /// Inference: provider-run web tools — `policy` (bounded by the sandbox's egress,
+    /// the default), `refuse` or `allow`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web_tools: Option<String>,
 }
 
 /// `messages:` / `server_messages:` of a `protocol: websocket` rule: exactly one reader.
@@ -297,9 +305,24 @@ impl RawHttpRule {
                 self.no_methods(name)?;
                 Ok(Some(Protocol::WebSocket(self.websocket()?)))
             }
-            other => Err(format!(
-                "protocol `{other}` is not mcp, jsonrpc, graphql or websocket"
-            )),
+            provider => match Provider::parse(provider) {
+                Some(p) => {
+                    only(&[])?;
+                    self.no_methods(name)?;
+                    let web = match self.web_tools.as_deref() {
+                        None => WebTools::Policy,
+                        Some(w) => WebTools::parse(w).ok_or_else(|| {
+                            format!("web_tools: `{w}` is not policy, refuse or allow")
+                        })?,
+                    };
+                    let r = InferenceRule::new(p, &self.models, web)
+                        .map_err(ProtocolError::into_detail)?;
+                    Ok(Some(Protocol::Inference(std::sync::Arc::new(r))))
+                }
+                None => Err(format!(
+                    "protocol `{provider}` is not mcp, jsonrpc, graphql, websocket, openai, anthropic or gemini"
+                )),
+            },
         }
     }
 
@@ -348,6 +371,12 @@ impl RawHttpRule {
                     .into(),
             );
         }
+        let inference = self.protocol.as_deref().and_then(Provider::parse);
+        if (!self.models.is_empty() || self.web_tools.is_some()) && inference.is_none() {
+            return Err(
+                "models and web_tools go with protocol: openai, anthropic or gemini".into(),
+            );
+        }
         let protocol = self.protocol()?;
         // With jsonrpc, `methods` are the JSON-RPC methods, not HTTP ones.
         let methods: &[String] = match protocol {
@@ -380,8 +409,14 @@ mod tests {
             rule("{host: ws.test, protocol: websocket, messages: {mcp: {tools: [search]}}}")
                 .is_ok()
         );
+        assert!(rule("{host: api.openai.test, protocol: openai, models: ['gpt-4o-mini*'], web_tools: refuse}").is_ok());
         for (bad, says) in [
-            ("{host: x.test, protocol: smtp}", "not mcp, jsonrpc, graphql or websocket"),
+            ("{host: x.test, protocol: smtp}", "not mcp, jsonrpc, graphql, websocket, openai"),
+            ("{host: x.test, models: [a]}", "go with protocol: openai"),
+            ("{host: x.test, protocol: openai, web_tools: sometimes}", "not policy, refuse or allow"),
+            ("{host: x.test, protocol: anthropic, methods: [POST]}", "names no methods"),
+            ("{host: x.test, protocol: gemini, tools: [a]}", "does not go with"),
+            ("{host: x.test, protocol: openai, models: ['a[']}", "model"),
             ("{host: x.test, tools: [a]}", "need a `protocol`"),
             ("{host: x.test, protocol: mcp, operations: [query]}", "does not go with"),
             ("{host: x.test, protocol: mcp, methods: [POST]}", "names no methods"),

@@ -29,6 +29,7 @@ pub mod intercept;
 mod load;
 pub mod otel;
 pub mod presets;
+pub mod prices;
 mod quotas;
 mod raw;
 mod refs;
@@ -184,11 +185,19 @@ pub struct Limits {
     /// Daily quotas on destinations (`per_destination`): each counts the exchanges with the
     /// hosts its pattern matches, on top of the sandbox's own.
     pub per_destination: Vec<DestinationQuota>,
+    /// LLM tokens (input, cached, output) the sandbox's inference calls may use in a UTC day
+    /// (`budget_exceeded` past it).
+    pub tokens_per_day: Option<u64>,
+    /// Dollars the sandbox's inference calls may cost in a UTC day, priced by
+    /// `defaults.prices`.
+    pub cost_per_day: Option<f64>,
+    /// `defaults.prices` (set-wide: a sandbox's own limits cannot change them).
+    pub prices: Vec<crate::config::prices::Price>,
 }
 
 /// One `limits.per_destination` entry: a host (`api.example.com`) or every name under a
 /// domain (`*.example.com`), and its daily quotas.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DestinationQuota {
     /// The destination host (a name or pattern).
@@ -199,6 +208,12 @@ pub struct DestinationQuota {
     /// Requests a day to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_day: Option<u64>,
+    /// LLM tokens a day to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<u64>,
+    /// Dollars of inference a day to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_per_day: Option<f64>,
 }
 
 impl DestinationQuota {

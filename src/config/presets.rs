@@ -15,13 +15,14 @@ pub struct Preset {
 }
 
 /// Every preset, by name.
-pub const NAMES: [&str; 6] = [
+pub const NAMES: [&str; 7] = [
     "github-read-only",
     "pypi-install",
     "npm-install",
     "crates-install",
     "openai-inference",
     "anthropic-inference",
+    "gemini-inference",
 ];
 
 fn v(items: &[&str]) -> Vec<String> {
@@ -34,6 +35,18 @@ fn plain(host: &str, methods: &[&str], paths: &[&str]) -> RawHttpRule {
         host: host.into(),
         methods: v(methods),
         paths: v(paths),
+        ..RawHttpRule::default()
+    }
+}
+
+/// A rule reading a provider's calls (`protocol: openai | anthropic | gemini`) on `paths`:
+/// models, web tools and usage are read (any model; web tools bounded by the sandbox's
+/// egress).
+fn inference(host: &str, provider: &str, paths: &[&str]) -> RawHttpRule {
+    RawHttpRule {
+        host: host.into(),
+        paths: v(paths),
+        protocol: Some(provider.into()),
         ..RawHttpRule::default()
     }
 }
@@ -114,9 +127,9 @@ pub fn expand(name: &str) -> Result<Preset, String> {
         "openai-inference" => (
             v(&["api.openai.com:443"]),
             vec![
-                plain(
+                inference(
                     "api.openai.com",
-                    &["POST"],
+                    "openai",
                     &[
                         "/v1/chat/completions",
                         "/v1/completions",
@@ -131,15 +144,35 @@ pub fn expand(name: &str) -> Result<Preset, String> {
         "anthropic-inference" => (
             v(&["api.anthropic.com:443"]),
             vec![
-                plain(
+                inference(
                     "api.anthropic.com",
-                    &["POST"],
+                    "anthropic",
                     &["/v1/messages", "/v1/messages/count_tokens", "/v1/complete"],
                 ),
                 plain(
                     "api.anthropic.com",
                     &["GET"],
                     &["/v1/models", "/v1/models/*"],
+                ),
+            ],
+        ),
+        "gemini-inference" => (
+            v(&["generativelanguage.googleapis.com:443"]),
+            vec![
+                inference(
+                    "generativelanguage.googleapis.com",
+                    "gemini",
+                    &["/v1beta/models/*:*", "/v1/models/*:*"],
+                ),
+                plain(
+                    "generativelanguage.googleapis.com",
+                    &["GET"],
+                    &[
+                        "/v1beta/models",
+                        "/v1beta/models/*",
+                        "/v1/models",
+                        "/v1/models/*",
+                    ],
                 ),
             ],
         ),

@@ -37,11 +37,31 @@ pub(super) fn check_destination_quotas(
                 "a host name (api.example.com), `*.` and a domain, or an IP address",
             );
         }
-        if q.bytes_per_day.is_none() && q.requests_per_day.is_none() {
-            push(at.clone(), "needs bytes_per_day or requests_per_day");
+        if q.bytes_per_day.is_none()
+            && q.requests_per_day.is_none()
+            && q.tokens_per_day.is_none()
+            && q.cost_per_day.is_none()
+        {
+            push(
+                at.clone(),
+                "needs bytes_per_day, requests_per_day, tokens_per_day or cost_per_day",
+            );
         }
-        if q.bytes_per_day == Some(0) || q.requests_per_day == Some(0) {
+        if [q.bytes_per_day, q.requests_per_day, q.tokens_per_day].contains(&Some(0))
+            || q.cost_per_day.is_some_and(|c| !budget_dollars(c))
+        {
             push(at, "quotas must be positive (leave one out for unlimited)");
         }
     }
+    if l.cost_per_day.is_some_and(|c| !budget_dollars(c)) {
+        push(
+            format!("{field}.cost_per_day"),
+            "must be a positive number of dollars (or null for unlimited)",
+        );
+    }
+}
+
+/// Whether `c` is a cost budget that can be counted in nano-dollars.
+fn budget_dollars(c: f64) -> bool {
+    c.is_finite() && c > 0.0 && c < 1e9
 }

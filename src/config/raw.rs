@@ -200,6 +200,12 @@ pub struct RawLimits {
     /// `per_destination`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_destination: Option<Vec<super::DestinationQuota>>,
+    /// `tokens_per_day`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<u64>,
+    /// `cost_per_day` (dollars).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_per_day: Option<f64>,
 }
 
 fn d_connect() -> u64 {
@@ -267,6 +273,8 @@ pub struct RawDefaults {
     pub require_tls_ports: Vec<u16>,
     #[serde(default)]
     pub refuse_ech: bool,
+    #[serde(default)]
+    pub prices: Vec<super::prices::Price>,
 }
 
 fn d_require_tls_ports() -> Vec<u16> {
@@ -285,6 +293,7 @@ impl Default for RawDefaults {
             strict_sni_dst: false,
             require_tls_ports: d_require_tls_ports(),
             refuse_ech: false,
+            prices: Vec::new(),
         }
     }
 }

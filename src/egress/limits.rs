@@ -179,6 +179,7 @@ impl SandboxLimiter {
             meter: {
                 let m = Meter::default();
                 m.configure(limits.bytes_per_day, limits.requests_per_day);
+                m.budget(limits.tokens_per_day, limits.cost_per_day);
                 Arc::new(m)
             },
             destinations: Mutex::new(destination_meters(&limits.per_destination, &[])),
@@ -188,7 +189,7 @@ impl SandboxLimiter {
 
     /// Whether the sandbox has any daily quota (most have none: their exchanges skip all this).
     pub fn has_quotas(&self) -> bool {
-        self.meter.metered() || self.has_destination_quotas()
+        self.meter.metered() || self.meter.budgeted() || self.has_destination_quotas()
     }
 
     /// Whether any `per_destination` quota is set.
@@ -200,7 +201,7 @@ impl SandboxLimiter {
     /// and those of the `per_destination` entries that match.
     pub fn meters_for(&self, host: &str) -> Vec<Arc<Meter>> {
         let mut out = Vec::new();
-        if self.meter.metered() {
+        if self.meter.metered() || self.meter.budgeted() {
             out.push(self.meter.clone());
         }
         if let Ok(d) = self.destinations.lock() {
@@ -247,6 +248,8 @@ impl SandboxLimiter {
         }
         self.meter
             .configure(limits.bytes_per_day, limits.requests_per_day);
+        self.meter
+            .budget(limits.tokens_per_day, limits.cost_per_day);
         if let Ok(mut d) = self.destinations.lock() {
             let next = destination_meters(&limits.per_destination, &d);
             *d = next;
@@ -449,7 +452,7 @@ impl Limiters {
             .flat_map(|(id, l)| l.keyed_meters(id))
             .filter(|(_, m)| {
                 let c = m.mine();
-                c.bytes != 0 || c.requests != 0
+                c.bytes != 0 || c.requests != 0 || c.tokens != 0 || c.cost != 0
             })
             .collect()
     }
@@ -502,6 +505,9 @@ mod tests {
             bytes_per_day: None,
             requests_per_day: None,
             per_destination: Vec::new(),
+            tokens_per_day: None,
+            cost_per_day: None,
+            prices: Vec::new(),
         }
     }
 

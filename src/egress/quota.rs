@@ -23,6 +23,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
 
+mod budget;
+pub use budget::Reservation;
+
 /// Woken whenever a request is reserved against a daily quota or a byte count reaches one:
 /// the usage keeper ([`crate::server::usage`]) saves soon after, so a kill loses at most what
 /// was counted in the moments before it. One for the process (every meter pokes it).
@@ -38,6 +41,10 @@ pub enum Spent {
     Bytes,
     /// The requests quota.
     Requests,
+    /// The tokens budget (`tokens_per_day`).
+    Tokens,
+    /// The cost budget (`cost_per_day`).
+    Cost,
 }
 
 impl Spent {
@@ -46,9 +53,14 @@ impl Spent {
         match self {
             Spent::Bytes => "bytes_per_day",
             Spent::Requests => "requests_per_day",
+            Spent::Tokens => "tokens_per_day",
+            Spent::Cost => "cost_per_day",
         }
     }
 }
+
+/// Nano-dollars (10⁻⁹ USD) in a dollar: costs are counted in whole nano-dollars.
+pub const NANO_USD: f64 = 1e9;
 
 /// The current UTC day (days since the epoch).
 pub fn today() -> u32 {
@@ -84,6 +96,14 @@ pub struct Meter {
     /// Set when a count reached its quota today; cleared when the day rolls.
     over: AtomicBool,
     cut: Notify,
+    /// The token and cost budgets (0: none) and what was reserved or settled against them
+    /// today (cost in nano-dollars), with the other replicas' counts.
+    tokens_quota: AtomicU64,
+    cost_quota: AtomicU64,
+    tokens: AtomicU64,
+    cost: AtomicU64,
+    others_tokens: AtomicU64,
+    others_cost: AtomicU64,
 }
 
 /// One day's counts, as persisted and shared.
@@ -95,6 +115,10 @@ pub struct DayCount {
     pub bytes: u64,
     /// Requests counted on that day.
     pub requests: u64,
+    /// Tokens reserved or settled on that day.
+    pub tokens: u64,
+    /// Cost reserved or settled on that day, in nano-dollars.
+    pub cost: u64,
 }
 
 impl Meter {
@@ -124,8 +148,13 @@ impl Meter {
     /// `the sandbox's bytes_per_day quota (50000)`, or the `per_destination` one's.
     fn named(&self, spent: Spent) -> String {
         let value = match spent {
-            Spent::Bytes => self.bytes_quota.load(Ordering::Relaxed),
-            Spent::Requests => self.requests_quota.load(Ordering::Relaxed),
+            Spent::Bytes => self.bytes_quota.load(Ordering::Relaxed).to_string(),
+            Spent::Requests => self.requests_quota.load(Ordering::Relaxed).to_string(),
+            Spent::Tokens => self.tokens_quota.load(Ordering::Relaxed).to_string(),
+            Spent::Cost => format!(
+                "${}",
+                self.cost_quota.load(Ordering::Relaxed) as f64 / NANO_USD
+            ),
         };
         match self.scope() {
             None => format!("the sandbox's {} quota ({value})", spent.key()),
@@ -165,6 +194,14 @@ impl Meter {
             self.requests.store(0, Ordering::Relaxed);
             self.others_bytes.store(0, Ordering::Relaxed);
             self.others_requests.store(0, Ordering::Relaxed);
+            for c in [
+                &self.tokens,
+                &self.cost,
+                &self.others_tokens,
+                &self.others_cost,
+            ] {
+                c.store(0, Ordering::Relaxed);
+            }
             self.over.store(false, Ordering::Release);
         }
     }
@@ -257,7 +294,9 @@ impl Meter {
     fn recheck(&self) {
         match self.spent() {
             Some(Spent::Bytes) => self.trip(),
-            Some(Spent::Requests) => self.over.store(true, Ordering::Release),
+            Some(Spent::Requests | Spent::Tokens | Spent::Cost) => {
+                self.over.store(true, Ordering::Release)
+            }
             None => self.over.store(false, Ordering::Release),
         }
     }
@@ -282,6 +321,8 @@ impl Meter {
             day: self.day.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
+            tokens: self.tokens.load(Ordering::Relaxed),
+            cost: self.cost.load(Ordering::Relaxed),
         }
     }
 
@@ -292,6 +333,8 @@ impl Meter {
             day: mine.day,
             bytes: self.others_bytes.load(Ordering::Relaxed),
             requests: self.others_requests.load(Ordering::Relaxed),
+            tokens: self.others_tokens.load(Ordering::Relaxed),
+            cost: self.others_cost.load(Ordering::Relaxed),
         };
         (mine, others)
     }
@@ -302,6 +345,8 @@ impl Meter {
         if c.day == self.day.load(Ordering::Relaxed) {
             self.bytes.fetch_add(c.bytes, Ordering::Relaxed);
             self.requests.fetch_add(c.requests, Ordering::Relaxed);
+            self.tokens.fetch_add(c.tokens, Ordering::Relaxed);
+            self.cost.fetch_add(c.cost, Ordering::Relaxed);
             self.recheck();
         }
     }
@@ -312,6 +357,8 @@ impl Meter {
         if c.day == self.day.load(Ordering::Relaxed) {
             self.others_bytes.store(c.bytes, Ordering::Relaxed);
             self.others_requests.store(c.requests, Ordering::Relaxed);
+            self.others_tokens.store(c.tokens, Ordering::Relaxed);
+            self.others_cost.store(c.cost, Ordering::Relaxed);
             self.recheck();
         }
     }
@@ -331,6 +378,7 @@ pub(crate) fn destination_meters(
                 .map(|(_, m)| m.clone())
                 .unwrap_or_else(|| std::sync::Arc::new(Meter::scoped(&q.host)));
             meter.configure(q.bytes_per_day, q.requests_per_day);
+            meter.budget(q.tokens_per_day, q.cost_per_day);
             (q.clone(), meter)
         })
         .collect()
@@ -418,6 +466,7 @@ mod tests {
             day: today(),
             bytes: 90,
             requests: 0,
+            ..DayCount::default()
         });
         m.moved(10);
         assert_eq!(m.spent(), Some(Spent::Bytes));
@@ -427,12 +476,14 @@ mod tests {
             day: today() - 1,
             bytes: 500,
             requests: 5,
+            ..DayCount::default()
         });
         assert_eq!(m.mine().bytes, 0);
         m.restore(DayCount {
             day: today(),
             bytes: 100,
             requests: 5,
+            ..DayCount::default()
         });
         assert_eq!(m.spent(), Some(Spent::Bytes));
     }
@@ -456,7 +507,7 @@ mod tests {
         for (bad, says) in [
             (
                 "{ per_destination: [{ host: a.test }] }",
-                "needs bytes_per_day or requests_per_day",
+                "needs bytes_per_day, requests_per_day, tokens_per_day or cost_per_day",
             ),
             (
                 "{ per_destination: [{ host: a.test, bytes_per_day: 0 }] }",
@@ -468,6 +519,13 @@ mod tests {
             ),
             ("{ per_destination: [{ host: a.test, bytes: 1 }] }", "bytes"),
             ("{ bytes_per_day: 0 }", "bytes_per_day"),
+            ("{ tokens_per_day: 0 }", "tokens_per_day"),
+            ("{ cost_per_day: -1 }", "cost_per_day"),
+            ("{ cost_per_day: .nan }", "cost_per_day"),
+            (
+                "{ per_destination: [{ host: a.test, cost_per_day: 0 }] }",
+                "positive",
+            ),
         ] {
             let e = load(bad).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
@@ -502,6 +560,7 @@ mod tests {
             day,
             bytes: u64::MAX,
             requests: u64::MAX,
+            ..DayCount::default()
         });
         assert!(m.reserve().is_err());
         assert!(m.moved(u64::MAX));

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http_body_util::{BodyExt, Limited};
 
+use crate::policy::protocols::inference::{Call, InferenceRule};
 use crate::policy::protocols::mcp::{Lists, McpRule};
 use crate::policy::protocols::{Asked, Protocol, Refused};
 use crate::policy::reason::Reason;
@@ -23,6 +24,8 @@ pub struct Allowed {
     pub call: Option<String>,
     /// The MCP rule its response is filtered by, and the lists asked for.
     pub mcp: Option<(Arc<McpRule>, Lists)>,
+    /// An inference rule's call: the rule and what the call asks for.
+    pub inference: Option<(Arc<InferenceRule>, Box<Call>)>,
 }
 
 /// Read `body` (at most `limit` bytes); the refusal names the first candidate's protocol.
@@ -71,6 +74,7 @@ pub fn judge(candidates: &[Arc<Protocol>], parts: &Parts, body: &[u8]) -> Result
     };
     let asked = Asked {
         method: parts.method.as_str(),
+        path: parts.uri.path(),
         query: parts.uri.query(),
         content_type: header("content-type"),
         mcp_method: header("mcp-method"),
@@ -84,7 +88,15 @@ pub fn judge(candidates: &[Arc<Protocol>], parts: &Parts, body: &[u8]) -> Result
                     Protocol::Mcp(rule) => Some((rule.clone(), j.lists)),
                     _ => None,
                 };
-                return Ok(Allowed { call: j.call, mcp });
+                let inference = match (&**p, j.inference) {
+                    (Protocol::Inference(rule), Some(c)) => Some((rule.clone(), c)),
+                    _ => None,
+                };
+                return Ok(Allowed {
+                    call: j.call,
+                    mcp,
+                    inference,
+                });
             }
             Err(r) => {
                 first.get_or_insert(r);

@@ -100,6 +100,17 @@ pub async fn judge(
             };
             let (bytes, refused) = match read {
                 Ok(bytes) => match body::judge(&judges, &parts, &bytes) {
+                    // An inference call is metered against budgets and its answer read for
+                    // usage on terminated hosts only: forwarded in clear, it would be neither.
+                    Ok(allowed) if allowed.inference.as_ref().is_some_and(|(_, c)| c.body_bytes > 0) => {
+                        let r = crate::policy::protocols::Refused {
+                            reason: Reason::InferenceNotAllowed,
+                            detail: format!("an inference call to {host} is served only inside a tunnel (https://, or http:// through CONNECT), where it is metered and its usage read"),
+                            call: allowed.call,
+                            rpc: None,
+                        };
+                        (bytes, r)
+                    }
                     Ok(allowed) => {
                         audit.http(facts(&parts, allowed.call));
                         return Ok(whole(parts, bytes));

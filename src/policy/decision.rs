@@ -126,6 +126,9 @@ impl Decision {
             Reason::QuotaExceeded => format!(
                 "sandbox {sandbox} has spent a daily quota (limits.bytes_per_day or limits.requests_per_day) until midnight UTC"
             ),
+            Reason::BudgetExceeded => format!(
+                "sandbox {sandbox} has spent a daily token or cost budget (limits.tokens_per_day or limits.cost_per_day) until midnight UTC"
+            ),
             Reason::DnsError => "the proxy's resolver failed".into(),
             Reason::DestinationNotFound => "the name does not exist or has no addresses".into(),
             Reason::DnsTimeout => "the proxy's resolver timed out".into(),
@@ -149,6 +152,7 @@ impl Decision {
             | Reason::JsonRpcNotAllowed
             | Reason::GraphQlNotAllowed
             | Reason::WebSocketNotAllowed
+            | Reason::InferenceNotAllowed
             | Reason::GitNotAllowed) => format!(
                 "the {} rule of sandbox {sandbox} does not allow this call (its tool, method, operation or service), or the body is not one it can read ({file})",
                 r.code().trim_end_matches("_not_allowed")

@@ -116,11 +116,20 @@ pub enum Reason {
     /// A daily quota of the sandbox (`limits.bytes_per_day`, `limits.requests_per_day`) is
     /// spent: new exchanges are refused and the one that crossed it is cut.
     QuotaExceeded,
+    /// A `protocol: openai | anthropic | gemini` rule refuses the call: a model outside its
+    /// `models`, a provider-run web tool the sandbox's policy does not bound, or a body it
+    /// cannot read.
+    InferenceNotAllowed,
+    /// A token or cost budget of the sandbox (`limits.tokens_per_day`, `cost_per_day`, its
+    /// own or a `per_destination` one) is spent, or would be by the call's reservation.
+    BudgetExceeded,
 }
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 42] = [
+    pub const ALL: [Reason; 44] = [
+        Reason::InferenceNotAllowed,
+        Reason::BudgetExceeded,
         Reason::QuotaExceeded,
         Reason::WebSocketNotAllowed,
         Reason::McpNotAllowed,
@@ -210,6 +219,8 @@ impl Reason {
             Reason::UnrecognisedProtocol => "unrecognised_protocol",
             Reason::MalformedRequest => "malformed_request",
             Reason::QuotaExceeded => "quota_exceeded",
+            Reason::InferenceNotAllowed => "inference_not_allowed",
+            Reason::BudgetExceeded => "budget_exceeded",
         }
     }
 
@@ -235,12 +246,16 @@ impl Reason {
             | Reason::JsonRpcNotAllowed
             | Reason::GraphQlNotAllowed
             | Reason::WebSocketNotAllowed
+            | Reason::InferenceNotAllowed
             | Reason::GitNotAllowed
             | Reason::UnrecognisedProtocol
             | Reason::ProxyLoop => 403,
             Reason::InvalidTarget | Reason::MalformedRequest => 400,
             Reason::AuthRequired | Reason::AuthFailed | Reason::UnknownSandbox => 407,
-            Reason::RateLimited | Reason::ConnectionLimit | Reason::QuotaExceeded => 429,
+            Reason::RateLimited
+            | Reason::ConnectionLimit
+            | Reason::QuotaExceeded
+            | Reason::BudgetExceeded => 429,
             Reason::DnsError
             | Reason::DestinationNotFound
             | Reason::ConnectionRefused
@@ -277,15 +292,17 @@ impl Reason {
             | Reason::JsonRpcNotAllowed
             | Reason::GraphQlNotAllowed
             | Reason::WebSocketNotAllowed
+            | Reason::InferenceNotAllowed
             | Reason::GitNotAllowed => "http_request_denied",
             Reason::DestinationIpProhibited | Reason::DestinationMismatch => {
                 "destination_ip_prohibited"
             }
             Reason::ProxyLoop => "proxy_loop_detected",
             Reason::InvalidTarget | Reason::MalformedRequest => "http_request_error",
-            Reason::RateLimited | Reason::ConnectionLimit | Reason::QuotaExceeded => {
-                "connection_limit_reached"
-            }
+            Reason::RateLimited
+            | Reason::ConnectionLimit
+            | Reason::QuotaExceeded
+            | Reason::BudgetExceeded => "connection_limit_reached",
             Reason::DnsError => "dns_error",
             Reason::DestinationNotFound => "destination_not_found",
             Reason::DnsTimeout => "dns_timeout",
@@ -329,6 +346,7 @@ impl Reason {
                 | Reason::JsonRpcNotAllowed
                 | Reason::GraphQlNotAllowed
                 | Reason::WebSocketNotAllowed
+                | Reason::InferenceNotAllowed
                 | Reason::GitNotAllowed
         )
     }

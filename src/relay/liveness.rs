@@ -99,6 +99,19 @@ impl Liveness {
         Ok(())
     }
 
+    /// Reserve one inference call's `tokens` and `cost` (nano-dollars; `None`: the model
+    /// has no price) against every token and cost budget of the exchange, all or none
+    /// ([`crate::egress::quota::Reservation`]); `Err` with the refusal (`budget_exceeded`).
+    pub fn reserve_budget(
+        &self,
+        tokens: u64,
+        cost: Option<u64>,
+    ) -> Result<crate::egress::quota::Reservation, crate::pipeline::Refusal> {
+        crate::egress::quota::Reservation::take(&self.meters, tokens, cost).map_err(|why| {
+            crate::pipeline::Refusal::new(crate::policy::reason::Reason::BudgetExceeded, why)
+        })
+    }
+
     /// `n` bytes reached the socket in a direction: counted like [`Liveness::moved`], and an
     /// error once they carried one of the exchange's daily quotas to its end. Every pump
     /// calls it after every write — the one place a byte stream is cut by a quota — so the

@@ -46,6 +46,15 @@ struct Quota {
     day: u32,
     bytes: u64,
     requests: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    tokens: u64,
+    /// Nano-dollars.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    cost: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Quota {
@@ -58,6 +67,8 @@ impl Quota {
             day: c.day,
             bytes: c.bytes,
             requests: c.requests,
+            tokens: c.tokens,
+            cost: c.cost,
         }
     }
 }
@@ -86,6 +97,8 @@ impl Keeper {
                                 day: q.day,
                                 bytes: q.bytes,
                                 requests: q.requests,
+                                tokens: q.tokens,
+                                cost: q.cost,
                             };
                             (key(q.sandbox, q.destination), c)
                         })
@@ -216,6 +229,8 @@ mod tests {
                 day: 1,
                 bytes: 2,
                 requests: 3,
+                tokens: 0,
+                cost: 0,
             }],
         };
         write(&p, &saved).unwrap();

@@ -32,6 +32,11 @@ pub const LEASE_S: i64 = 2 * 86_400;
 struct Value {
     bytes: u64,
     requests: u64,
+    #[serde(default)]
+    tokens: u64,
+    /// Nano-dollars.
+    #[serde(default)]
+    cost: u64,
 }
 
 /// This replica's link: its id and the lease of the current day.
@@ -99,6 +104,8 @@ impl Sharer {
                 let v = Value {
                     bytes: c.bytes,
                     requests: c.requests,
+                    tokens: c.tokens,
+                    cost: c.cost,
                 };
                 let key = format!("{prefix}{sandbox}/{}", self.replica);
                 let body = serde_json::to_vec(&v).unwrap_or_default();
@@ -129,8 +136,11 @@ impl Sharer {
                 day,
                 ..Default::default()
             });
-            sum.bytes += v.bytes;
-            sum.requests += v.requests;
+            // Numbers from etcd are untrusted: saturate, never overflow.
+            sum.bytes = sum.bytes.saturating_add(v.bytes);
+            sum.requests = sum.requests.saturating_add(v.requests);
+            sum.tokens = sum.tokens.saturating_add(v.tokens);
+            sum.cost = sum.cost.saturating_add(v.cost);
         }
         let set = cp.shared.policy.load();
         for (key, count) in others {

@@ -43,6 +43,7 @@ use crate::relay::deny;
 use crate::relay::liveness::Liveness;
 
 mod decider;
+mod inference;
 mod inject;
 mod prepared;
 mod response;
@@ -123,6 +124,7 @@ fn readers(
     allowed: Allowed,
     verdict: Verdict,
     req: &mut Request<UpBody>,
+    metered: bool,
 ) -> (response::Mcp, Option<(String, String)>) {
     let report = p.binding.enforcement == Enforcement::Report;
     let mcp = allowed
@@ -130,7 +132,7 @@ fn readers(
         .filter(|_| verdict == Verdict::Allow)
         .map(|(rule, lists)| (rule, lists, report));
     let seal = p.seal_of(req.uri().path());
-    if !p.bound.is_empty() || mcp.is_some() || seal.is_some() {
+    if !p.bound.is_empty() || mcp.is_some() || seal.is_some() || metered {
         req.headers_mut().insert(
             http::header::ACCEPT_ENCODING,
             HeaderValue::from_static("identity"),
@@ -177,11 +179,13 @@ struct Decided {
     socket: Option<Arc<Protocol>>,
 }
 
-/// What went upstream: the request, the credentials put on it, the bytes sent so far.
+/// What went upstream: the request, the credentials put on it, the bytes sent so far, and an
+/// inference call's accounting.
 struct Sent {
     asked: Asked,
     injected: Option<String>,
     up_bytes: Arc<AtomicU64>,
+    metered: Option<inference::Metered>,
 }
 
 impl Sent {
@@ -190,6 +194,7 @@ impl Sent {
             asked,
             injected,
             up_bytes: Arc::new(AtomicU64::new(0)),
+            metered: None,
         }
     }
 }
@@ -313,12 +318,16 @@ impl Exchange {
         if let Err(r) = self.live.reserve() {
             return self.refused_recorded(audit, &asked, r);
         }
-        let (mut req, verdict, allowed) = match d.judges.is_empty() {
+        let (mut req, verdict, mut allowed) = match d.judges.is_empty() {
             true => (req.map(UpBody::Streamed), d.verdict, Allowed::default()),
             false => match self.judged(req, &d, &mut asked, &mut audit).await {
                 Ok(x) => x,
                 Err(resp) => return resp,
             },
+        };
+        let metered = match self.metered(&d.prepared, &mut allowed, verdict) {
+            Ok(m) => m,
+            Err((provider, r)) => return self.refused_call_recorded(audit, &asked, provider, r),
         };
         let verdict = match self
             .ask_decider(&d.prepared, &mut req, verdict, &mut audit)
@@ -330,7 +339,7 @@ impl Exchange {
         let h2 = matches!(self.upstream, Upstream::H2(_));
         self.written.write(&mut req, h2);
         socket::no_switch(&d.socket, &mut req);
-        let (mcp, seal) = readers(&d.prepared, allowed, verdict, &mut req);
+        let (mcp, seal) = readers(&d.prepared, allowed, verdict, &mut req, metered.is_some());
         // The DLP phase judges what the sandbox sent, before any credential is put on.
         let (mut req, dlp) = match self.scanned(&d.prepared, req).await {
             Ok(x) => x,
@@ -364,6 +373,7 @@ impl Exchange {
                     asked,
                     injected,
                     up_bytes,
+                    metered,
                 };
                 self.response(resp, audit, (scrubber, mcp, seal), sent)
                     .await
@@ -478,6 +488,13 @@ impl Exchange {
             None => refused.reason.status(),
         };
         audit.http(asked.facts(status, None));
+        if let Some(provider) = d.judges.iter().find_map(|p| match &**p {
+            Protocol::Inference(r) => Some(r.provider),
+            _ => None,
+        }) {
+            let r = Refusal::new(refused.reason, refused.detail);
+            return Err(self.refused_inference(provider, &r));
+        }
         Err(self.refused_call(&asked.method, &refused))
     }
 

@@ -29,6 +29,9 @@ pub(super) struct Prepared {
     /// This host is the token endpoint of these minting credentials (name, path): the
     /// sandbox's own calls there have their answers sealed ([`crate::intercept::sealed`]).
     pub(super) sealing: Vec<(String, String)>,
+    /// The sandbox's `network.egress` compiled (enforced), for the domains of provider-run
+    /// web tools: made on first use (`None`: it did not compile).
+    egress: std::sync::OnceLock<Option<crate::policy::CompiledPolicy>>,
 }
 
 impl Prepared {
@@ -81,7 +84,25 @@ impl Prepared {
             scrubber,
             minted_scrubber,
             sealing,
+            egress: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The sandbox's `network.egress`, compiled once (enforced, any port).
+    pub(super) fn compiled_egress(&self) -> Option<&crate::policy::CompiledPolicy> {
+        self.egress
+            .get_or_init(|| {
+                let b = &self.binding;
+                crate::policy::CompiledPolicy::compile(
+                    b.id.as_str(),
+                    &b.policy_file,
+                    &b.network,
+                    crate::policy::Enforcement::Enforce,
+                    &crate::policy::ports::PortSet::any(),
+                )
+                .ok()
+            })
+            .as_ref()
     }
 
     /// The scrubber of the secrets bound here as they are now (minted tokens included).

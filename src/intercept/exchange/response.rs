@@ -11,6 +11,7 @@ use http::Response;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
+use super::inference::{Metered, Tapped};
 use super::{BoxError, Exchange, ResBody, Sent};
 use crate::audit::AuditGuard;
 use crate::intercept::mcp_filter::{self, Framing, McpFiltered, Notes};
@@ -82,14 +83,19 @@ pub(super) type Readers = (Option<Arc<Scrubber>>, Mcp, Option<(String, String)>)
 /// The MCP rule that filters a response, the lists asked for, and whether only to report.
 pub(super) type Mcp = Option<(Arc<McpRule>, Lists, bool)>;
 
-/// What ends a response's record: the secrets found, what the MCP filter did, the bytes.
+/// What ends a response's record: the secrets found, what the MCP filter did, an inference
+/// call's usage (its reservation settled), the bytes.
 fn ender(
     mut audit: AuditGuard,
     findings: Arc<Mutex<Findings>>,
     notes: Option<Arc<Mutex<Notes>>>,
     (up, down): (Arc<AtomicU64>, Arc<AtomicU64>),
+    metered: Option<(Metered, u16)>,
 ) -> impl FnOnce(Ending) + Send + Sync + 'static {
     move |_| {
+        if let Some((m, status)) = metered {
+            m.finish(status, &mut audit);
+        }
         if let Ok(f) = findings.lock() {
             for n in &f.names {
                 audit.secret_reflected(n);
@@ -127,6 +133,7 @@ fn ender(
 /// filtered.
 enum Read {
     Plain(Incoming),
+    Tapped(Tapped<Incoming>),
     Stream(McpFiltered<Incoming>),
     Whole(Bytes),
 }
@@ -228,10 +235,12 @@ impl Exchange {
         let judge_limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
         let (mut parts, b) = resp.into_parts();
         let sealed = seal.as_ref().map(|(_, c)| c.clone());
-        let read = match (filter, seal) {
-            (None, None) => Ok(Read::Plain(b)),
-            (None, Some(s)) => self.sealed(b, s, judge_limit).await,
-            (Some(f), _) => filtered(b, f, notes.clone().unwrap_or_default(), judge_limit).await,
+        let mut sent = sent;
+        let read = match (filter, seal, &sent.metered) {
+            (None, None, Some(m)) => Ok(Read::Tapped(m.tap(&parts.headers, b))),
+            (None, None, None) => Ok(Read::Plain(b)),
+            (None, Some(s), _) => self.sealed(b, s, judge_limit).await,
+            (Some(f), _, _) => filtered(b, f, notes.clone().unwrap_or_default(), judge_limit).await,
         };
         let read = match read {
             Ok(r) => r,
@@ -244,11 +253,13 @@ impl Exchange {
         }
         let findings = Arc::new(Mutex::new(Findings::default()));
         let down_bytes = Arc::new(AtomicU64::new(0));
+        let status = parts.status.as_u16();
         let on_end = ender(
             audit,
             findings.clone(),
             notes.clone(),
             (sent.up_bytes, down_bytes.clone()),
+            sent.metered.take().map(|m| (m, status)),
         );
         let out = Out {
             live: self.live.clone(),
@@ -265,6 +276,7 @@ impl Exchange {
             }
             Read::Stream(f) => out.finish(f, on_end),
             Read::Plain(b) => out.finish(b, on_end),
+            Read::Tapped(b) => out.finish(b, on_end),
         };
         Response::from_parts(parts, body)
     }

@@ -6,6 +6,8 @@
 
 pub mod error;
 pub mod graphql;
+pub mod inference;
+pub mod inference_usage;
 pub mod jsonrpc;
 pub mod lfs;
 pub mod mcp;
@@ -29,6 +31,8 @@ pub enum Protocol {
     Lfs(Vec<lfs::LfsOp>),
     /// `protocol: websocket`: the upgrade on the rule's paths, and its messages.
     WebSocket(websocket::WsRule),
+    /// `protocol: openai | anthropic | gemini`: an LLM provider's calls.
+    Inference(std::sync::Arc<inference::InferenceRule>),
 }
 
 /// The request as a protocol reads it (its body aside).
@@ -36,6 +40,8 @@ pub enum Protocol {
 pub struct Asked<'a> {
     /// The request's method.
     pub method: &'a str,
+    /// Its path.
+    pub path: &'a str,
     /// Its query string, if any.
     pub query: Option<&'a str>,
     /// Its `Content-Type`, if any.
@@ -54,6 +60,8 @@ pub struct Judged {
     pub call: Option<String>,
     /// For MCP: the lists its response must be filtered of, by request id.
     pub lists: mcp::Lists,
+    /// For an inference rule: what the call asks for.
+    pub inference: Option<Box<inference::Call>>,
 }
 
 /// A refused request: why, what it called when known, and how to answer it (JSON-RPC
@@ -80,6 +88,7 @@ impl Protocol {
             Protocol::GraphQl(_) => "graphql",
             Protocol::Lfs(_) => "lfs",
             Protocol::WebSocket(_) => "websocket",
+            Protocol::Inference(r) => r.provider.name(),
         }
     }
 
@@ -128,6 +137,7 @@ impl Protocol {
                 ops.iter().map(|o| o.as_str()).collect::<Vec<_>>().join(",")
             ),
             Protocol::WebSocket(r) => r.describe(),
+            Protocol::Inference(r) => r.describe(),
         }
     }
 
@@ -139,6 +149,7 @@ impl Protocol {
             Protocol::GraphQl(_) => Reason::GraphQlNotAllowed,
             Protocol::Lfs(_) => Reason::GitNotAllowed,
             Protocol::WebSocket(_) => Reason::WebSocketNotAllowed,
+            Protocol::Inference(_) => Reason::InferenceNotAllowed,
         }
     }
 
@@ -152,6 +163,7 @@ impl Protocol {
             Protocol::Mcp(_) => m("POST") || m("GET") || m("DELETE"),
             Protocol::GraphQl(_) => m("POST") || m("GET"),
             Protocol::WebSocket(_) => m("GET"),
+            Protocol::Inference(_) => m("POST") || m("GET") || m("DELETE"),
         }
     }
 
@@ -196,6 +208,7 @@ impl Protocol {
                     None => Ok(Judged {
                         call: Some(call),
                         lists: mcp::Lists::new(),
+                        inference: None,
                     }),
                     Some(why) => Err(refuse(why, Some(call), Some(ids(&b)))),
                 }
@@ -205,6 +218,7 @@ impl Protocol {
                     return Ok(Judged {
                         call: Some(format!("{} session", asked.method.to_ascii_uppercase())),
                         lists: mcp::Lists::new(),
+                        inference: None,
                     });
                 }
                 json("an MCP")?;
@@ -215,6 +229,7 @@ impl Protocol {
                     Ok((calls, lists)) => Ok(Judged {
                         call: Some(calls.join(",")),
                         lists,
+                        inference: None,
                     }),
                     Err((why, call)) => Err(refuse(why, call, Some(ids(&b)))),
                 }
@@ -224,6 +239,7 @@ impl Protocol {
                 .map(|call| Judged {
                     call: Some(call),
                     lists: mcp::Lists::new(),
+                        inference: None,
                 })
                 .map_err(|(why, call)| refuse(why, call, None)),
             Protocol::Lfs(ops) => json("an LFS")
@@ -231,6 +247,7 @@ impl Protocol {
                 .map(|call| Judged {
                     call: Some(call),
                     lists: mcp::Lists::new(),
+                        inference: None,
                 }),
             // Its messages are judged on the socket, never a body.
             Protocol::WebSocket(_) => Err(refuse(
@@ -238,6 +255,14 @@ impl Protocol {
                 None,
                 None,
             )),
+            Protocol::Inference(rule) => rule
+                .judge(asked.method, asked.path, asked.content_type, body)
+                .map(|c| Judged {
+                    call: Some(c.describe()),
+                    inference: Some(Box::new(c)),
+                    ..Judged::default()
+                })
+                .map_err(|why| refuse(why, None, None)),
         }
     }
 }

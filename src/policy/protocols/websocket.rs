@@ -148,6 +148,7 @@ fn refused(reason: Reason, detail: String) -> Refused {
 fn json_body() -> Asked<'static> {
     Asked {
         method: "POST",
+        path: "",
         query: None,
         content_type: Some("application/json"),
         mcp_method: None,

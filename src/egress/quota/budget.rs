@@ -1,0 +1,191 @@
+//! Token and cost budgets on a [`Meter`] (`limits.tokens_per_day`, `cost_per_day`): a call
+//! reserves its estimate on every meter that applies before it leaves ([`Reservation::take`]:
+//! checked and counted at once, so parallel calls cannot all pass a budget), and the
+//! reservation is settled at what the provider reported when the response ends. The counts
+//! are the meter's own, so they are saved, restored and shared through etcd like the others.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::{counted_signal, Meter, Spent, NANO_USD};
+
+impl Meter {
+    /// Set the token and cost budgets (`None`: none; cost in dollars).
+    pub fn budget(&self, tokens: Option<u64>, cost: Option<f64>) {
+        self.tokens_quota
+            .store(tokens.unwrap_or(0), Ordering::Relaxed);
+        let nano = cost.map(|c| (c * NANO_USD).round() as u64).unwrap_or(0);
+        self.cost_quota.store(nano, Ordering::Relaxed);
+    }
+
+    /// Whether a token or cost budget is set.
+    pub fn budgeted(&self) -> bool {
+        self.tokens_quota.load(Ordering::Relaxed) != 0
+            || self.cost_quota.load(Ordering::Relaxed) != 0
+    }
+
+    /// Whether a cost budget is set (a call then needs a price).
+    pub fn costed(&self) -> bool {
+        self.cost_quota.load(Ordering::Relaxed) != 0
+    }
+
+    /// Reserve `tokens` and `cost` (nano-dollars) for one call: refused while the day's
+    /// count (settled, reserved here and elsewhere) is at a budget, else counted at once —
+    /// the check and the count are one atomic step per budget, so calls made at once cannot
+    /// all pass a budget that only some of them may. Nothing is counted when it is refused.
+    pub fn reserve_budget(&self, tokens: u64, cost: u64) -> Result<(), Spent> {
+        self.roll();
+        let take = |count: &AtomicU64, quota: &AtomicU64, others: &AtomicU64, n: u64| {
+            let q = quota.load(Ordering::Relaxed);
+            let o = others.load(Ordering::Relaxed);
+            count
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |c| {
+                    (q == 0 || c.saturating_add(o) < q).then_some(c.saturating_add(n))
+                })
+                .is_ok()
+        };
+        if !take(
+            &self.tokens,
+            &self.tokens_quota,
+            &self.others_tokens,
+            tokens,
+        ) {
+            return Err(Spent::Tokens);
+        }
+        if !take(&self.cost, &self.cost_quota, &self.others_cost, cost) {
+            sub(&self.tokens, tokens);
+            return Err(Spent::Cost);
+        }
+        counted_signal().notify_one();
+        Ok(())
+    }
+
+    /// Settle a call reserved with `reserved` (tokens, nano-dollars) at what it used.
+    pub fn settle(&self, reserved: (u64, u64), used: (u64, u64)) {
+        self.roll();
+        for (count, r, u) in [
+            (&self.tokens, reserved.0, used.0),
+            (&self.cost, reserved.1, used.1),
+        ] {
+            match u >= r {
+                true => {
+                    count.fetch_add(u - r, Ordering::Relaxed);
+                }
+                false => sub(count, r - u),
+            }
+        }
+        counted_signal().notify_one();
+    }
+}
+
+/// `count -= n`, stopping at zero.
+fn sub(count: &AtomicU64, n: u64) {
+    let _ = count.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |c| {
+        Some(c.saturating_sub(n))
+    });
+}
+
+/// One call's reservation on the meters that apply to it; settled once, at what it used
+/// ([`Reservation::settle`]); a reservation dropped unsettled keeps what it reserved (the
+/// call may have been billed).
+#[derive(Debug)]
+pub struct Reservation {
+    meters: Vec<Arc<Meter>>,
+    tokens: u64,
+    cost: u64,
+}
+
+impl Reservation {
+    /// Reserve `tokens` and `cost` (nano-dollars; `None`: the model has no price) on every
+    /// meter of `meters` with a budget: all or none. `Err` with the refusal's words.
+    pub fn take(meters: &[Arc<Meter>], tokens: u64, cost: Option<u64>) -> Result<Self, String> {
+        let budgeted: Vec<Arc<Meter>> = meters.iter().filter(|m| m.budgeted()).cloned().collect();
+        if cost.is_none() {
+            if let Some(m) = budgeted.iter().find(|m| m.costed()) {
+                return Err(format!(
+                    "{} applies and defaults.prices has no price for this model (write one, or a `*` entry as the default)",
+                    m.named(Spent::Cost)
+                ));
+            }
+        }
+        let cost = cost.unwrap_or(0);
+        for (i, m) in budgeted.iter().enumerate() {
+            if let Err(spent) = m.reserve_budget(tokens, cost) {
+                for done in &budgeted[..i] {
+                    done.settle((tokens, cost), (0, 0));
+                }
+                return Err(m.describe(spent));
+            }
+        }
+        Ok(Reservation {
+            meters: budgeted,
+            tokens,
+            cost,
+        })
+    }
+
+    /// What was reserved: tokens and nano-dollars.
+    pub fn reserved(&self) -> (u64, u64) {
+        (self.tokens, self.cost)
+    }
+
+    /// Settle at `tokens` and `cost` (nano-dollars) used.
+    pub fn settle(self, tokens: u64, cost: u64) {
+        for m in &self.meters {
+            m.settle((self.tokens, self.cost), (tokens, cost));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_reserved_at_once_never_pass_the_budget_and_settle_to_what_they_used() {
+        let m = Arc::new(Meter::default());
+        m.budget(Some(3000), None);
+        let meters = [m.clone()];
+        let ok = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..20 {
+                s.spawn(|| {
+                    if let Ok(r) = Reservation::take(&meters, 1030, Some(0)) {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                        std::mem::forget(r);
+                    }
+                });
+            }
+        });
+        assert_eq!(ok.load(Ordering::Relaxed), 3);
+        assert_eq!(m.mine().tokens, 3090);
+        let e = Reservation::take(&meters, 1, Some(0)).unwrap_err();
+        assert!(e.contains("tokens_per_day quota (3000)"), "{e}");
+        m.settle((3090, 0), (90, 0));
+        assert_eq!(m.mine().tokens, 90);
+        let r = Reservation::take(&meters, 100, Some(0)).unwrap();
+        r.settle(5, 0);
+        assert_eq!(m.mine().tokens, 95);
+    }
+
+    #[test]
+    fn a_cost_budget_needs_a_price_and_counts_in_nano_dollars() {
+        let m = Arc::new(Meter::default());
+        m.budget(None, Some(0.01));
+        let meters = [m.clone()];
+        assert!(Reservation::take(&meters, 10, None)
+            .unwrap_err()
+            .contains("no price"));
+        let r = Reservation::take(&meters, 10, Some(9_000_000)).unwrap();
+        assert_eq!(r.reserved(), (10, 9_000_000));
+        r.settle(10, 10_000_000);
+        assert_eq!(
+            Reservation::take(&meters, 1, Some(1)).unwrap_err(),
+            "the sandbox's cost_per_day quota ($0.01) is spent until midnight UTC"
+        );
+        // An unbudgeted meter takes nothing.
+        let free = [Arc::new(Meter::default())];
+        assert!(Reservation::take(&free, 5, None).is_ok());
+        assert_eq!(free[0].mine().tokens, 0);
+    }
+}
