@@ -191,7 +191,9 @@ pub struct Limits {
     /// Dollars the sandbox's inference calls may cost in a UTC day, priced by
     /// `defaults.prices`.
     pub cost_per_day: Option<f64>,
-    /// `defaults.prices` (set-wide: a sandbox's own limits cannot change them).
+    /// `defaults.prices` (set-wide: a sandbox's own limits cannot change them; not shown
+    /// with each sandbox's limits).
+    #[serde(skip)]
     pub prices: Vec<crate::config::prices::Price>,
 }
 

@@ -46,7 +46,7 @@ pub(super) fn answer(shared: &Shared, query: Option<&str>) -> Response<Full<Byte
     let rows: Vec<_> = usage
         .iter()
         .map(|c| {
-            json!({
+            let mut row = json!({
                 "sandbox": c.sandbox,
                 "destination": c.destination,
                 "decision": c.decision,
@@ -54,7 +54,16 @@ pub(super) fn answer(shared: &Shared, query: Option<&str>) -> Response<Full<Byte
                 "requests": c.tally.requests,
                 "bytes_up": c.tally.bytes_up,
                 "bytes_down": c.tally.bytes_down,
-            })
+            });
+            // An inference row: its model, tokens by kind and cost.
+            if let (Some(m), Some(o)) = (&c.model, row.as_object_mut()) {
+                o.insert("model".into(), json!(m));
+                if let Ok(serde_json::Value::Object(t)) = serde_json::to_value(c.tally.tokens) {
+                    o.extend(t);
+                }
+                o.insert("tokens".into(), json!(c.tally.tokens.total()));
+            }
+            row
         })
         .collect();
     let set = shared.policy.load();
@@ -66,14 +75,24 @@ pub(super) fn answer(shared: &Shared, query: Option<&str>) -> Response<Full<Byte
         }
         let l = &sb.binding.limits;
         let limiter = sb.limiter(&shared.limiters);
-        if l.bytes_per_day.is_some() || l.requests_per_day.is_some() {
-            let set = (l.bytes_per_day, l.requests_per_day);
+        let set = (
+            l.bytes_per_day,
+            l.requests_per_day,
+            l.tokens_per_day,
+            l.cost_per_day,
+        );
+        if set != (None, None, None, None) {
             quotas.push(quota_row(id, None, set, limiter.meter()));
         }
         for q in &l.per_destination {
             let key = format!("{id}@{}", q.host);
             if let Some(m) = shared.limiters.meter_of(&key) {
-                let set = (q.bytes_per_day, q.requests_per_day);
+                let set = (
+                    q.bytes_per_day,
+                    q.requests_per_day,
+                    q.tokens_per_day,
+                    q.cost_per_day,
+                );
                 quotas.push(quota_row(id, Some(&q.host), set, &m));
             }
         }
@@ -90,21 +109,30 @@ pub(super) fn answer(shared: &Shared, query: Option<&str>) -> Response<Full<Byte
     )
 }
 
-/// One quota's row: what is set and what is spent today.
+/// The quotas and budgets set: bytes, requests, tokens a day, dollars a day.
+type Set = (Option<u64>, Option<u64>, Option<u64>, Option<f64>);
+
+/// One quota's row: what is set and what is spent today (tokens and cost: settled and
+/// reserved by calls still answering).
 fn quota_row(
     sandbox: &str,
     destination: Option<&str>,
-    (bytes_per_day, requests_per_day): (Option<u64>, Option<u64>),
+    (bytes_per_day, requests_per_day, tokens_per_day, cost_per_day): Set,
     meter: &crate::egress::quota::Meter,
 ) -> serde_json::Value {
     let (mine, others) = meter.today();
+    let cost = mine.cost.saturating_add(others.cost) as f64 / crate::egress::quota::NANO_USD;
     json!({
         "sandbox": sandbox,
         "destination": destination,
         "bytes_per_day": bytes_per_day,
         "requests_per_day": requests_per_day,
-        "bytes": mine.bytes + others.bytes,
-        "requests": mine.requests + others.requests,
+        "tokens_per_day": tokens_per_day,
+        "cost_per_day": cost_per_day,
+        "bytes": mine.bytes.saturating_add(others.bytes),
+        "requests": mine.requests.saturating_add(others.requests),
+        "tokens": mine.tokens.saturating_add(others.tokens),
+        "cost_usd": cost,
         "spent": meter.spent().map(|s| s.key()),
     })
 }

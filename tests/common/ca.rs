@@ -27,6 +27,10 @@ pub const CERT_NAMES: &[&str] = &[
     "s3.test",
     "auth.test",
     "api.github.com",
+    "api.openai.test",
+    "api.anthropic.test",
+    "gemini.test",
+    "plain-llm.test",
 ];
 
 /// Hex SHA-256 of a token, as `token_sha256` wants it.
