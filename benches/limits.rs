@@ -19,6 +19,9 @@ fn limits(bw: Option<u64>) -> Limits {
         bytes_per_day: None,
         requests_per_day: None,
         per_destination: Vec::new(),
+        tokens_per_day: None,
+        cost_per_day: None,
+        prices: Vec::new(),
     }
 }
 

@@ -309,21 +309,24 @@ impl RawHttpRule {
                 Some(p) => {
                     only(&[])?;
                     self.no_methods(name)?;
-                    let web = match self.web_tools.as_deref() {
-                        None => WebTools::Policy,
-                        Some(w) => WebTools::parse(w).ok_or_else(|| {
-                            format!("web_tools: `{w}` is not policy, refuse or allow")
-                        })?,
-                    };
-                    let r = InferenceRule::new(p, &self.models, web)
-                        .map_err(ProtocolError::into_detail)?;
-                    Ok(Some(Protocol::Inference(std::sync::Arc::new(r))))
+                    self.inference(p).map(Some)
                 }
                 None => Err(format!(
                     "protocol `{provider}` is not mcp, jsonrpc, graphql, websocket, openai, anthropic or gemini"
                 )),
             },
         }
+    }
+
+    /// `protocol: openai | anthropic | gemini`: its models and web tools policy.
+    fn inference(&self, p: Provider) -> Result<Protocol, String> {
+        let web = match self.web_tools.as_deref() {
+            None => WebTools::Policy,
+            Some(w) => WebTools::parse(w)
+                .ok_or_else(|| format!("web_tools: `{w}` is not policy, refuse or allow"))?,
+        };
+        let r = InferenceRule::new(p, &self.models, web).map_err(ProtocolError::into_detail)?;
+        Ok(Protocol::Inference(std::sync::Arc::new(r)))
     }
 
     /// `protocol: mcp`: its tools (with argument matchers), resources, prompts and server

@@ -43,29 +43,7 @@ pub(super) fn answer(shared: &Shared, query: Option<&str>) -> Response<Full<Byte
     let since_hour =
         since.map_or_else(|| crate::egress::quota::today() * 24, |s| (s / 3600) as u32);
     let usage = shared.sink.usage.sums(sandbox.as_deref(), since_hour);
-    let rows: Vec<_> = usage
-        .iter()
-        .map(|c| {
-            let mut row = json!({
-                "sandbox": c.sandbox,
-                "destination": c.destination,
-                "decision": c.decision,
-                "connections": c.tally.connections,
-                "requests": c.tally.requests,
-                "bytes_up": c.tally.bytes_up,
-                "bytes_down": c.tally.bytes_down,
-            });
-            // An inference row: its model, tokens by kind and cost.
-            if let (Some(m), Some(o)) = (&c.model, row.as_object_mut()) {
-                o.insert("model".into(), json!(m));
-                if let Ok(serde_json::Value::Object(t)) = serde_json::to_value(c.tally.tokens) {
-                    o.extend(t);
-                }
-                o.insert("tokens".into(), json!(c.tally.tokens.total()));
-            }
-            row
-        })
-        .collect();
+    let rows: Vec<_> = usage.iter().map(usage_row).collect();
     let set = shared.policy.load();
     let mut quotas = Vec::new();
     for sb in set.ids().into_iter().filter_map(|id| set.get(id)) {
@@ -107,6 +85,28 @@ pub(super) fn answer(shared: &Shared, query: Option<&str>) -> Response<Full<Byte
             "quotas": quotas,
         }),
     )
+}
+
+/// One ledger row as answered (an inference row with its model, tokens by kind and cost).
+fn usage_row(c: &crate::audit::usage::Cell) -> serde_json::Value {
+    let mut row = json!({
+        "sandbox": c.sandbox,
+        "destination": c.destination,
+        "decision": c.decision,
+        "connections": c.tally.connections,
+        "requests": c.tally.requests,
+        "bytes_up": c.tally.bytes_up,
+        "bytes_down": c.tally.bytes_down,
+    });
+    // An inference row: its model, tokens by kind and cost.
+    if let (Some(m), Some(o)) = (&c.model, row.as_object_mut()) {
+        o.insert("model".into(), json!(m));
+        if let Ok(serde_json::Value::Object(t)) = serde_json::to_value(c.tally.tokens) {
+            o.extend(t);
+        }
+        o.insert("tokens".into(), json!(c.tally.tokens.total()));
+    }
+    row
 }
 
 /// The quotas and budgets set: bytes, requests, tokens a day, dollars a day.

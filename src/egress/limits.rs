@@ -498,16 +498,8 @@ mod tests {
             max_connections: max,
             connections_per_second: rate,
             burst,
-            bandwidth_up_bps: None,
-            bandwidth_down_bps: None,
-            dns_queries_per_second: 100.0,
             socket_buffer_bytes: None,
-            bytes_per_day: None,
-            requests_per_day: None,
-            per_destination: Vec::new(),
-            tokens_per_day: None,
-            cost_per_day: None,
-            prices: Vec::new(),
+            ..crate::config::defaults::LIMITS
         }
     }
 

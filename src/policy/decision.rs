@@ -78,11 +78,7 @@ impl Decision {
 
     /// One sentence for a person or an agent: what decided, and which file/rule to change.
     pub fn explain(&self, sandbox: &str, file: &str, port: u16) -> String {
-        let rule = |r: &Option<Arc<Rule>>| {
-            r.as_ref()
-                .map(|r| format!("`{}` ({})", r.text, r.source))
-                .unwrap_or_else(|| "(none)".into())
-        };
+        let rule = shown_rule;
         match self.reason {
             Reason::RuleMatched => match &self.rule {
                 Some(_) => format!("allowed by rule {}", rule(&self.rule)),
@@ -116,6 +112,7 @@ impl Decision {
             | Reason::DeniedByDecider
             | Reason::DeciderUnavailable
             | Reason::DlpBlocked
+            | Reason::BudgetExceeded
             | Reason::AuditUnavailable) => fixed(r).into(),
             Reason::InvalidTarget => "the target is not a valid host name or canonical IP literal with a port".into(),
             Reason::AuthRequired => "no sandbox identity: send Proxy-Authorization: Basic (sandbox id and token)".into(),
@@ -125,9 +122,6 @@ impl Decision {
             Reason::ConnectionLimit => format!("sandbox {sandbox} has too many open connections"),
             Reason::QuotaExceeded => format!(
                 "sandbox {sandbox} has spent a daily quota (limits.bytes_per_day or limits.requests_per_day) until midnight UTC"
-            ),
-            Reason::BudgetExceeded => format!(
-                "sandbox {sandbox} has spent a daily token or cost budget (limits.tokens_per_day or limits.cost_per_day) until midnight UTC"
             ),
             Reason::DnsError => "the proxy's resolver failed".into(),
             Reason::DestinationNotFound => "the name does not exist or has no addresses".into(),
@@ -164,9 +158,17 @@ impl Decision {
     }
 }
 
+/// A rule as an explanation names it: `` `text` (source) ``.
+fn shown_rule(r: &Option<Arc<Rule>>) -> String {
+    r.as_ref()
+        .map(|r| format!("`{}` ({})", r.text, r.source))
+        .unwrap_or_else(|| "(none)".into())
+}
+
 /// The explanations that name neither sandbox nor file.
 fn fixed(r: Reason) -> &'static str {
     match r {
+        Reason::BudgetExceeded => "a daily token or cost budget of the sandbox (limits.tokens_per_day or limits.cost_per_day, its own or a per_destination one) is spent until midnight UTC, or the call's model has no price under a cost budget",
         Reason::UpstreamProxyRefused => {
             "the parent proxy (upstream_proxy) refused the tunnel after this proxy allowed it"
         }

@@ -241,21 +241,19 @@ impl Reason {
             | Reason::SniMismatch
             | Reason::HostMismatch
             | Reason::CredentialMisuse
+            | Reason::InferenceNotAllowed
             | Reason::HttpNotAllowed
             | Reason::McpNotAllowed
             | Reason::JsonRpcNotAllowed
             | Reason::GraphQlNotAllowed
             | Reason::WebSocketNotAllowed
-            | Reason::InferenceNotAllowed
             | Reason::GitNotAllowed
             | Reason::UnrecognisedProtocol
             | Reason::ProxyLoop => 403,
             Reason::InvalidTarget | Reason::MalformedRequest => 400,
             Reason::AuthRequired | Reason::AuthFailed | Reason::UnknownSandbox => 407,
-            Reason::RateLimited
-            | Reason::ConnectionLimit
-            | Reason::QuotaExceeded
-            | Reason::BudgetExceeded => 429,
+            Reason::RateLimited | Reason::ConnectionLimit | Reason::QuotaExceeded => 429,
+            Reason::BudgetExceeded => 429,
             Reason::DnsError
             | Reason::DestinationNotFound
             | Reason::ConnectionRefused
@@ -299,10 +297,10 @@ impl Reason {
             }
             Reason::ProxyLoop => "proxy_loop_detected",
             Reason::InvalidTarget | Reason::MalformedRequest => "http_request_error",
-            Reason::RateLimited
-            | Reason::ConnectionLimit
-            | Reason::QuotaExceeded
-            | Reason::BudgetExceeded => "connection_limit_reached",
+            Reason::RateLimited | Reason::ConnectionLimit | Reason::QuotaExceeded => {
+                "connection_limit_reached"
+            }
+            Reason::BudgetExceeded => "http_request_denied",
             Reason::DnsError => "dns_error",
             Reason::DestinationNotFound => "destination_not_found",
             Reason::DnsTimeout => "dns_timeout",

@@ -108,7 +108,7 @@ impl Liveness {
         cost: Option<u64>,
     ) -> Result<crate::egress::quota::Reservation, crate::pipeline::Refusal> {
         crate::egress::quota::Reservation::take(&self.meters, tokens, cost).map_err(|why| {
-            crate::pipeline::Refusal::new(crate::policy::reason::Reason::BudgetExceeded, why)
+            crate::pipeline::Refusal::new(crate::policy::reason::Reason::BudgetExceeded, why.0)
         })
     }
 

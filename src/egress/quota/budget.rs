@@ -85,6 +85,11 @@ fn sub(count: &AtomicU64, n: u64) {
     });
 }
 
+/// Why a call is refused by a budget: which one, and its value (the refusal's words).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct OverBudget(pub String);
+
 /// One call's reservation on the meters that apply to it; settled once, at what it used
 /// ([`Reservation::settle`]); a reservation dropped unsettled keeps what it reserved (the
 /// call may have been billed).
@@ -98,14 +103,14 @@ pub struct Reservation {
 impl Reservation {
     /// Reserve `tokens` and `cost` (nano-dollars; `None`: the model has no price) on every
     /// meter of `meters` with a budget: all or none. `Err` with the refusal's words.
-    pub fn take(meters: &[Arc<Meter>], tokens: u64, cost: Option<u64>) -> Result<Self, String> {
+    pub fn take(meters: &[Arc<Meter>], tokens: u64, cost: Option<u64>) -> Result<Self, OverBudget> {
         let budgeted: Vec<Arc<Meter>> = meters.iter().filter(|m| m.budgeted()).cloned().collect();
         if cost.is_none() {
             if let Some(m) = budgeted.iter().find(|m| m.costed()) {
-                return Err(format!(
+                return Err(OverBudget(format!(
                     "{} applies and defaults.prices has no price for this model (write one, or a `*` entry as the default)",
                     m.named(Spent::Cost)
-                ));
+                )));
             }
         }
         let cost = cost.unwrap_or(0);
@@ -114,7 +119,7 @@ impl Reservation {
                 for done in &budgeted[..i] {
                     done.settle((tokens, cost), (0, 0));
                 }
-                return Err(m.describe(spent));
+                return Err(OverBudget(m.describe(spent)));
             }
         }
         Ok(Reservation {
@@ -159,7 +164,7 @@ mod tests {
         });
         assert_eq!(ok.load(Ordering::Relaxed), 3);
         assert_eq!(m.mine().tokens, 3090);
-        let e = Reservation::take(&meters, 1, Some(0)).unwrap_err();
+        let e = Reservation::take(&meters, 1, Some(0)).unwrap_err().0;
         assert!(e.contains("tokens_per_day quota (3000)"), "{e}");
         m.settle((3090, 0), (90, 0));
         assert_eq!(m.mine().tokens, 90);
@@ -175,12 +180,13 @@ mod tests {
         let meters = [m.clone()];
         assert!(Reservation::take(&meters, 10, None)
             .unwrap_err()
+            .0
             .contains("no price"));
         let r = Reservation::take(&meters, 10, Some(9_000_000)).unwrap();
         assert_eq!(r.reserved(), (10, 9_000_000));
         r.settle(10, 10_000_000);
         assert_eq!(
-            Reservation::take(&meters, 1, Some(1)).unwrap_err(),
+            Reservation::take(&meters, 1, Some(1)).unwrap_err().0,
             "the sandbox's cost_per_day quota ($0.01) is spent until midnight UTC"
         );
         // An unbudgeted meter takes nothing.

@@ -5,9 +5,7 @@
 //! at that usage when the answer ends — with the record's `tokens` block. Refusals are in the
 //! provider's own error shape so that its SDK raises them with the reason.
 
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderValue, Response};
@@ -206,7 +204,10 @@ impl Prepared {
 impl Metered {
     /// The answer's body, read for its usage as it passes (an event stream event by event,
     /// JSON whole up to its bound).
-    pub(super) fn tap<B>(&self, headers: &http::HeaderMap, body: B) -> Tapped<B> {
+    pub(super) fn tap<B>(&self, headers: &http::HeaderMap, body: B) -> Tapped<B>
+    where
+        B: http_body::Body<Data = Bytes>,
+    {
         let ct = headers
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok());
@@ -214,10 +215,16 @@ impl Metered {
         if let Ok(mut r) = self.reader.lock() {
             *r = Some(UsageReader::new(self.call.provider, events));
         }
-        Tapped {
-            inner: body,
-            reader: self.reader.clone(),
-        }
+        let reader = self.reader.clone();
+        let copy: CopyFrame = Box::new(move |f: Frame<Bytes>| {
+            if let (Some(d), Ok(mut r)) = (f.data_ref(), reader.lock()) {
+                if let Some(r) = r.as_mut() {
+                    r.feed(d);
+                }
+            }
+            f
+        });
+        body.map_frame(copy)
     }
 
     /// The answer ended (or was never read): settle the reservation at the reported usage —
@@ -286,38 +293,7 @@ impl Drop for Metered {
 
 /// A body whose data frames are copied to a [`UsageReader`] as they pass, unchanged and
 /// unheld.
-pub(super) struct Tapped<B> {
-    inner: B,
-    reader: Arc<Mutex<Option<UsageReader>>>,
-}
+pub(super) type Tapped<B> = http_body_util::combinators::MapFrame<B, CopyFrame>;
 
-impl<B> http_body::Body for Tapped<B>
-where
-    B: http_body::Body<Data = Bytes> + Unpin,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(f))) = &polled {
-            if let (Some(d), Ok(mut r)) = (f.data_ref(), self.reader.lock()) {
-                if let Some(r) = r.as_mut() {
-                    r.feed(d);
-                }
-            }
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
+/// What copies each data frame to the reader.
+pub(super) type CopyFrame = Box<dyn FnMut(Frame<Bytes>) -> Frame<Bytes> + Send + Sync>;

@@ -179,6 +179,25 @@ struct Decided {
     socket: Option<Arc<Protocol>>,
 }
 
+/// What the body phase passes on: the request, its verdict, what it may do, an inference
+/// call's accounting.
+type Judged = (
+    Request<UpBody>,
+    Verdict,
+    Allowed,
+    Option<inference::Metered>,
+);
+
+/// Why the body phase refused: answered and recorded already, or an inference call refused
+/// at admission (answered in its provider's shape).
+enum Unjudged {
+    Answered(Response<ResBody>),
+    Call(
+        crate::policy::protocols::inference::Provider,
+        crate::pipeline::Refusal,
+    ),
+}
+
 /// What went upstream: the request, the credentials put on it, the bytes sent so far, and an
 /// inference call's accounting.
 struct Sent {
@@ -318,17 +337,11 @@ impl Exchange {
         if let Err(r) = self.live.reserve() {
             return self.refused_recorded(audit, &asked, r);
         }
-        let (mut req, verdict, mut allowed) = match d.judges.is_empty() {
-            true => (req.map(UpBody::Streamed), d.verdict, Allowed::default()),
-            false => match self.judged(req, &d, &mut asked, &mut audit).await {
+        let (mut req, verdict, allowed, metered) =
+            match self.body_phase(req, &d, &mut asked, &mut audit).await {
                 Ok(x) => x,
-                Err(resp) => return resp,
-            },
-        };
-        let metered = match self.metered(&d.prepared, &mut allowed, verdict) {
-            Ok(m) => m,
-            Err((provider, r)) => return self.refused_call_recorded(audit, &asked, provider, r),
-        };
+                Err(why) => return self.refused_body(audit, &asked, why),
+            };
         let verdict = match self
             .ask_decider(&d.prepared, &mut req, verdict, &mut audit)
             .await
@@ -387,6 +400,40 @@ impl Exchange {
                 drop(audit);
                 self.refused(&asked.method, Reason::ConnectionRefused, &msg)
             }
+        }
+    }
+
+    /// The body phase where a protocol rule judges the body ([`Exchange::judged`]), then an
+    /// inference call's admission ([`Exchange::metered`]): the request to send, its verdict,
+    /// what it may do and its accounting; or why it is refused.
+    async fn body_phase(
+        &self,
+        req: Request<Incoming>,
+        d: &Decided,
+        asked: &mut Asked,
+        audit: &mut AuditGuard,
+    ) -> Result<Judged, Unjudged> {
+        let (req, verdict, mut allowed) = match d.judges.is_empty() {
+            true => (req.map(UpBody::Streamed), d.verdict, Allowed::default()),
+            false => self
+                .judged(req, d, asked, audit)
+                .await
+                .map_err(Unjudged::Answered)?,
+        };
+        let metered = self
+            .metered(&d.prepared, &mut allowed, verdict)
+            .map_err(|(provider, r)| Unjudged::Call(provider, r))?;
+        Ok((req, verdict, allowed, metered))
+    }
+
+    /// The answer to a request the body phase refused (recorded here unless it was already).
+    fn refused_body(&self, audit: AuditGuard, asked: &Asked, why: Unjudged) -> Response<ResBody> {
+        match why {
+            Unjudged::Answered(resp) => {
+                drop(audit);
+                resp
+            }
+            Unjudged::Call(provider, r) => self.refused_call_recorded(audit, asked, provider, r),
         }
     }
 

@@ -192,7 +192,7 @@ impl Exchange {
         mut resp: Response<Incoming>,
         mut audit: AuditGuard,
         readers: Readers,
-        sent: Sent,
+        mut sent: Sent,
     ) -> Response<ResBody> {
         let (scrubber, mcp, seal) = readers;
         if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
@@ -235,7 +235,6 @@ impl Exchange {
         let judge_limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
         let (mut parts, b) = resp.into_parts();
         let sealed = seal.as_ref().map(|(_, c)| c.clone());
-        let mut sent = sent;
         let read = match (filter, seal, &sent.metered) {
             (None, None, Some(m)) => Ok(Read::Tapped(m.tap(&parts.headers, b))),
             (None, None, None) => Ok(Read::Plain(b)),
@@ -253,14 +252,9 @@ impl Exchange {
         }
         let findings = Arc::new(Mutex::new(Findings::default()));
         let down_bytes = Arc::new(AtomicU64::new(0));
-        let status = parts.status.as_u16();
-        let on_end = ender(
-            audit,
-            findings.clone(),
-            notes.clone(),
-            (sent.up_bytes, down_bytes.clone()),
-            sent.metered.take().map(|m| (m, status)),
-        );
+        let metered = sent.metered.take().map(|m| (m, parts.status.as_u16()));
+        let bytes = (sent.up_bytes, down_bytes.clone());
+        let on_end = ender(audit, findings.clone(), notes.clone(), bytes, metered);
         let out = Out {
             live: self.live.clone(),
             limit: self.limits.scrub,

@@ -172,7 +172,7 @@ impl InferenceRule {
         path: &str,
         content_type: Option<&str>,
         body: &[u8],
-    ) -> Result<Call, String> {
+    ) -> Result<Call, ProtocolError> {
         let mut call = Call {
             provider: self.provider,
             model: gemini_model(self.provider, path),
@@ -185,23 +185,26 @@ impl InferenceRule {
             if body.is_empty() {
                 return Ok(call);
             }
-            return Err(format!(
+            return Err(ProtocolError::malformed(format!(
                 "a {method} with a body is not a call this rule reads"
-            ));
+            )));
         }
         if !json_media(content_type) {
-            return Err(media_refusal(content_type, "an inference"));
+            return Err(ProtocolError::malformed(media_refusal(
+                content_type,
+                "an inference",
+            )));
         }
-        let v = super::strict_json::parse(body).map_err(ProtocolError::into_detail)?;
+        let v = super::strict_json::parse(body)?;
         let Value::Object(o) = &v else {
-            return Err("the body is not a JSON object".into());
+            return Err(ProtocolError::malformed("the body is not a JSON object"));
         };
         let mut models: Vec<String> = Vec::new();
         match (self.provider, o.get("model")) {
             (Provider::Gemini, None) => {}
             (_, None) => {}
             (_, Some(Value::String(m))) => models.push(m.clone()),
-            (_, Some(_)) => return Err("`model` is not a string".into()),
+            (_, Some(_)) => return Err(ProtocolError::malformed("`model` is not a string")),
         }
         if self.provider != Provider::Gemini {
             call.model = models.first().cloned();
@@ -215,10 +218,10 @@ impl InferenceRule {
         call.web = web_tools(o)?;
         if self.web_tools == WebTools::Refuse {
             if let Some(t) = call.web.first() {
-                return Err(format!(
+                return Err(ProtocolError::not_allowed(format!(
                     "the call asks the provider to run `{}`; this rule refuses provider-run web tools (web_tools: refuse)",
                     t.name
-                ));
+                )));
             }
         }
         if self.web_tools == WebTools::Allow {
@@ -228,22 +231,22 @@ impl InferenceRule {
     }
 
     /// Every model named (the one asked for and each fallback) must be one `models:` allows.
-    fn judge_models(&self, models: &[String]) -> Result<(), String> {
+    fn judge_models(&self, models: &[String]) -> Result<(), ProtocolError> {
         let Some(m) = &self.matcher else {
             return Ok(());
         };
         if models.is_empty() {
-            return Err(format!(
+            return Err(ProtocolError::not_allowed(format!(
                 "the call names no model; this rule allows only {}",
                 self.models.join(", ")
-            ));
+            )));
         }
         match models.iter().find(|x| !m.is_match(x.as_str())) {
-            Some(bad) => Err(format!(
+            Some(bad) => Err(ProtocolError::not_allowed(format!(
                 "model `{}` is not one this rule allows ({})",
                 shown(bad),
                 self.models.join(", ")
-            )),
+            ))),
             None => Ok(()),
         }
     }
@@ -269,21 +272,31 @@ fn gemini_model(provider: Provider, path: &str) -> Option<String> {
 
 /// The fallback models a router would try: `models: [..]` (OpenRouter) and `fallbacks: [..]`
 /// (LiteLLM: names or `{ model }` objects). A fallback that is not a name is refused.
-fn fallbacks(o: &serde_json::Map<String, Value>) -> Result<Vec<String>, String> {
+fn fallbacks(o: &serde_json::Map<String, Value>) -> Result<Vec<String>, ProtocolError> {
     let mut out = Vec::new();
     for key in ["models", "fallbacks", "fallback_models"] {
         let Some(v) = o.get(key) else { continue };
         let Value::Array(items) = v else {
-            return Err(format!("`{key}` is not a list of models"));
+            return Err(ProtocolError::malformed(format!(
+                "`{key}` is not a list of models"
+            )));
         };
         for item in items {
             match item {
                 Value::String(m) => out.push(m.clone()),
                 Value::Object(x) => match x.get("model") {
                     Some(Value::String(m)) => out.push(m.clone()),
-                    _ => return Err(format!("an entry of `{key}` names no model")),
+                    _ => {
+                        return Err(ProtocolError::malformed(format!(
+                            "an entry of `{key}` names no model"
+                        )))
+                    }
                 },
-                _ => return Err(format!("an entry of `{key}` is not a model")),
+                _ => {
+                    return Err(ProtocolError::malformed(format!(
+                        "an entry of `{key}` is not a model"
+                    )))
+                }
             }
         }
     }
@@ -294,10 +307,10 @@ fn fallbacks(o: &serde_json::Map<String, Value>) -> Result<Vec<String>, String> 
 fn max_output(
     provider: Provider,
     o: &serde_json::Map<String, Value>,
-) -> Result<Option<u64>, String> {
+) -> Result<Option<u64>, ProtocolError> {
     let number = |v: &Value, k: &str| {
         v.as_u64()
-            .ok_or_else(|| format!("`{k}` is not a non-negative integer"))
+            .ok_or_else(|| ProtocolError::malformed(format!("`{k}` is not a non-negative integer")))
     };
     let keys: &[&str] = match provider {
         Provider::OpenAi => &["max_output_tokens", "max_completion_tokens", "max_tokens"],
@@ -326,7 +339,7 @@ fn max_output(
 /// The provider-run web tools in `tools`: Anthropic's `web_search_*` / `web_fetch_*` types,
 /// OpenAI's `web_search` / `web_search_preview` (domains under `filters`), Gemini's
 /// `google_search` / `url_context` (no domain list), and OpenAI's `web_search_options`.
-fn web_tools(o: &serde_json::Map<String, Value>) -> Result<Vec<WebTool>, String> {
+fn web_tools(o: &serde_json::Map<String, Value>) -> Result<Vec<WebTool>, ProtocolError> {
     let mut out = Vec::new();
     if o.contains_key("web_search_options") {
         out.push(WebTool {
@@ -338,11 +351,13 @@ fn web_tools(o: &serde_json::Map<String, Value>) -> Result<Vec<WebTool>, String>
         return Ok(out);
     };
     let Value::Array(tools) = tools else {
-        return Err("`tools` is not a list".into());
+        return Err(ProtocolError::malformed("`tools` is not a list"));
     };
     for t in tools {
         let Value::Object(t) = t else {
-            return Err("an entry of `tools` is not an object".into());
+            return Err(ProtocolError::malformed(
+                "an entry of `tools` is not an object",
+            ));
         };
         let kind = t.get("type").and_then(Value::as_str).unwrap_or("");
         let gemini = [
@@ -371,9 +386,17 @@ fn web_tools(o: &serde_json::Map<String, Value>) -> Result<Vec<WebTool>, String>
                 d.iter()
                     .map(|x| x.as_str().map(str::to_string))
                     .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| format!("`{name}` allowed_domains is not a list of names"))?,
+                    .ok_or_else(|| {
+                        ProtocolError::malformed(format!(
+                            "`{name}` allowed_domains is not a list of names"
+                        ))
+                    })?,
             ),
-            Some(_) => return Err(format!("`{name}` allowed_domains is not a list")),
+            Some(_) => {
+                return Err(ProtocolError::malformed(format!(
+                    "`{name}` allowed_domains is not a list"
+                )))
+            }
         };
         out.push(WebTool { name, allowed });
     }
@@ -417,7 +440,8 @@ mod tests {
         ] {
             let e = r
                 .judge("POST", "/v1/chat/completions", JSON, body)
-                .unwrap_err();
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(says), "{e}");
         }
         assert!(r.judge("POST", "/v1/x", Some("text/plain"), b"{}").is_err());
@@ -459,6 +483,7 @@ mod tests {
         assert!(refuse
             .judge("POST", "/v1/responses", JSON, br#"{"model":"m","tools":[{"type":"web_search","filters":{"allowed_domains":["a.test"]}}]}"#)
             .unwrap_err()
+            .to_string()
             .contains("web_tools: refuse"));
     }
 }

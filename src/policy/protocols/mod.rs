@@ -262,7 +262,7 @@ impl Protocol {
                     inference: Some(Box::new(c)),
                     ..Judged::default()
                 })
-                .map_err(|why| refuse(why, None, None)),
+                .map_err(|e| refuse(e.into_detail(), None, None)),
         }
     }
 }
