@@ -804,6 +804,7 @@ fn presets_are_printed_expanded_and_validated() {
         "crates-install",
         "openai-inference",
         "anthropic-inference",
+        "gemini-inference",
     ] {
         assert!(all.contains(&format!("`preset: {name}`")), "{name}: {all}");
     }

@@ -170,6 +170,9 @@ struct Book {
     /// Per sandbox and decision, everything counted since the process started (never
     /// dropped, not restored): the monotonic counters OpenTelemetry exports.
     since_start: HashMap<Box<str>, [Tally; 3]>,
+    /// Per sandbox and model, the tokens counted since the process started (at most
+    /// [`MAX_PAIRS`] pairs; past it, the model [`OVERFLOW`]).
+    tokens_since_start: HashMap<(Box<str>, Box<str>), Tokens>,
 }
 
 /// The ledger (one per process).
@@ -212,6 +215,17 @@ impl Ledger {
         out
     }
 
+    /// Per sandbox and model, the tokens counted since the process started.
+    pub fn tokens_since_start(&self) -> Vec<(String, String, Tokens)> {
+        let Ok(book) = self.book.lock() else {
+            return Vec::new();
+        };
+        book.tokens_since_start
+            .iter()
+            .map(|((s, m), t)| (s.to_string(), m.to_string(), *t))
+            .collect()
+    }
+
     /// Count `t` in its cell (and, when `live`, since the start: not for restored cells).
     fn add(
         &self,
@@ -226,6 +240,18 @@ impl Ledger {
             return;
         };
         let book = &mut *book;
+        if let (true, (_, Some(model))) = (live, split_model(destination)) {
+            let full = book.tokens_since_start.len() >= MAX_PAIRS;
+            let key: (Box<str>, Box<str>) = (sandbox.into(), model.into());
+            let key = match full && !book.tokens_since_start.contains_key(&key) {
+                true => (sandbox.into(), OVERFLOW.into()),
+                false => key,
+            };
+            book.tokens_since_start
+                .entry(key)
+                .or_default()
+                .add(&t.tokens);
+        }
         if live {
             match book.since_start.get_mut(sandbox) {
                 Some(s) => s[decision as usize].add(t),

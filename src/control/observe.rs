@@ -192,6 +192,19 @@ pub fn human_line(r: &serde_json::Value, colour: bool) -> String {
     if let Some(c) = r["call"].as_str() {
         line.push_str(&format!(" call {c}"));
     }
+    if let Some(t) = r["tokens"].as_object() {
+        let n = |k: &str| t.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+        line.push_str(&format!(
+            " tokens {} (in {} cached {} out {})",
+            n("total"),
+            n("input"),
+            n("cached_input"),
+            n("output")
+        ));
+        if let Some(c) = t.get("cost_usd").and_then(|v| v.as_f64()) {
+            line.push_str(&format!(" ${c:.6}"));
+        }
+    }
     if let Some(d) = r["detail"].as_str() {
         line.push_str(&format!(" - {}", super::shown::for_person(d)));
     }
@@ -279,6 +292,19 @@ mod tests {
         assert_eq!(
             human_line(&r, false),
             "10:00:00.000Z ALLOW  agent-1 approval docs.rs:443 grant_matched (rule docs.rs:443) [request r-0123456789ab approved by admin, ttl grant: ok]"
+        );
+    }
+
+    #[test]
+    fn an_inference_call_shows_its_tokens_and_cost() {
+        let r: serde_json::Value = serde_json::from_str(
+            r#"{"event":"end","sandbox":"a","mode":"https","decision":"allow","reason":"rule_matched","target_host":"api.openai.com","target_port":443,"call":"gpt-4o-mini","tokens":{"provider":"openai","model":"gpt-4o-mini","input":10,"cached_input":2,"cache_write":0,"output":5,"reasoning":1,"total":17,"cost_usd":0.00000465,"counted":"reported"}}"#,
+        )
+        .unwrap();
+        let line = human_line(&r, false);
+        assert!(
+            line.ends_with("call gpt-4o-mini tokens 17 (in 10 cached 2 out 5) $0.000005"),
+            "{line}"
         );
     }
 }

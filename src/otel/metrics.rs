@@ -1,6 +1,8 @@
 //! The usage ledger's counters as OTel metrics: `egress.connections`, `egress.requests` and
 //! `egress.bytes` (with `direction`), cumulative since the process started, each point with
-//! `sandbox.id` and `egress.decision`; the resource carries `service.name`. A periodic reader
+//! `sandbox.id` and `egress.decision`; inference calls' `egress.tokens` (with
+//! `egress.token.kind`) and `egress.cost`, with `sandbox.id` and `gen_ai.request.model`; the
+//! resource carries `service.name`. A periodic reader
 //! on the proxy's runtime observes them every `interval_ms` and exports with a timeout; a
 //! failed export is dropped (the next one carries the totals again: they are cumulative).
 
@@ -59,6 +61,7 @@ pub(super) fn start(
             })
             .build();
     }
+    tokens(&meter, ledger.clone());
     meter
         .u64_observable_counter("egress.bytes")
         .with_unit("By")
@@ -72,6 +75,48 @@ pub(super) fn start(
         })
         .build();
     Ok(provider)
+}
+
+/// `egress.tokens` (by `sandbox.id`, `gen_ai.request.model` and `egress.token.kind`) and
+/// `egress.cost` (nano-dollars, by sandbox and model): inference calls' usage since the start.
+fn tokens(meter: &opentelemetry::metrics::Meter, ledger: Arc<Ledger>) {
+    let l = ledger.clone();
+    meter
+        .u64_observable_counter("egress.tokens")
+        .with_description("LLM tokens inference calls used, by kind (reasoning is part of output)")
+        .with_callback(move |o| {
+            for (sandbox, model, t) in l.tokens_since_start() {
+                for (kind, n) in [
+                    ("input", t.tokens_input),
+                    ("cached_input", t.tokens_cached_input),
+                    ("cache_write", t.tokens_cache_write),
+                    ("output", t.tokens_output),
+                    ("reasoning", t.tokens_reasoning),
+                ] {
+                    let mut a = model_attributes(&sandbox, &model);
+                    a.push(KeyValue::new("egress.token.kind", kind));
+                    o.observe(n, &a);
+                }
+            }
+        })
+        .build();
+    meter
+        .u64_observable_counter("egress.cost")
+        .with_unit("nUSD")
+        .with_description("What inference calls cost by defaults.prices, in nano-dollars")
+        .with_callback(move |o| {
+            for (sandbox, model, t) in ledger.tokens_since_start() {
+                o.observe(t.cost_nano_usd, &model_attributes(&sandbox, &model));
+            }
+        })
+        .build();
+}
+
+fn model_attributes(sandbox: &str, model: &str) -> Vec<KeyValue> {
+    vec![
+        KeyValue::new("sandbox.id", sandbox.to_string()),
+        KeyValue::new("gen_ai.request.model", model.to_string()),
+    ]
 }
 
 fn attributes(
