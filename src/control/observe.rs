@@ -193,17 +193,7 @@ pub fn human_line(r: &serde_json::Value, colour: bool) -> String {
         line.push_str(&format!(" call {c}"));
     }
     if let Some(t) = r["tokens"].as_object() {
-        let n = |k: &str| t.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-        line.push_str(&format!(
-            " tokens {} (in {} cached {} out {})",
-            n("total"),
-            n("input"),
-            n("cached_input"),
-            n("output")
-        ));
-        if let Some(c) = t.get("cost_usd").and_then(|v| v.as_f64()) {
-            line.push_str(&format!(" ${c:.6}"));
-        }
+        line.push_str(&tokens_shown(t));
     }
     if let Some(d) = r["detail"].as_str() {
         line.push_str(&format!(" - {}", super::shown::for_person(d)));
@@ -238,6 +228,17 @@ pub fn human_line(r: &serde_json::Value, colour: bool) -> String {
         }
     }
     line
+}
+
+/// An inference call's tokens on its line: ` tokens 17 (in 10 cached 2 out 5) $0.000005`.
+fn tokens_shown(t: &serde_json::Map<String, serde_json::Value>) -> String {
+    let n = |k: &str| t.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+    let (total, input, cached, output) = (n("total"), n("input"), n("cached_input"), n("output"));
+    let mut out = format!(" tokens {total} (in {input} cached {cached} out {output})");
+    if let Some(c) = t.get("cost_usd").and_then(|v| v.as_f64()) {
+        out.push_str(&format!(" ${c:.6}"));
+    }
+    out
 }
 
 #[cfg(test)]
