@@ -21,27 +21,12 @@ use base64::Engine;
 use bytes::Bytes;
 use fastwebsockets::{Frame, OpCode, Payload, Role, WebSocket};
 use http_body_util::Empty;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 mod common;
 use common::*;
 
 const PING: &[u8] = br#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"seq":1}}"#;
-
-/// An upstream CA, a certificate for ws.test (DER) and the CA (PEM).
-fn upstream_pki() -> (Vec<u8>, Vec<u8>, String) {
-    let ca_key = KeyPair::generate().expect("key");
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca.self_signed(&ca_key).expect("ca");
-    let key = KeyPair::generate().expect("key");
-    let mut p = CertificateParams::new(vec!["ws.test".into()]).expect("params");
-    p.subject_alt_names
-        .push(SanType::IpAddress("127.0.0.1".parse().expect("ip")));
-    let cert = p.signed_by(&key, &ca_cert, &ca_key).expect("leaf");
-    (cert.der().to_vec(), key.serialize_der(), ca_cert.pem())
-}
 
 /// `Sec-WebSocket-Accept` for `key` (RFC 6455 §4.2.2).
 fn accept(key: &[u8]) -> String {
@@ -53,18 +38,7 @@ fn accept(key: &[u8]) -> String {
 
 /// A TLS WebSocket origin that echoes every message.
 async fn origin(cert: Vec<u8>, key: Vec<u8>) -> SocketAddr {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("tls")
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![rustls::pki_types::CertificateDer::from(cert)],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.into()),
-        )
-        .expect("cert");
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let acceptor = tls::acceptor(cert, key);
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -128,26 +102,7 @@ async fn open(
     port: u16,
     cfg: Arc<rustls::ClientConfig>,
 ) -> WebSocket<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
-    let tcp = match proxy {
-        Some(p) => {
-            let mut t = tokio::net::TcpStream::connect(p).await.expect("proxy");
-            t.write_all(format!("CONNECT ws.test:{port} HTTP/1.1\r\n\r\n").as_bytes())
-                .await
-                .expect("connect");
-            let head = read_head(&mut t).await;
-            assert!(head.starts_with(b"HTTP/1.1 200"), "CONNECT refused");
-            t
-        }
-        None => tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .expect("origin"),
-    };
-    let _ = tcp.set_nodelay(true);
-    let name = rustls::pki_types::ServerName::try_from("ws.test").expect("name");
-    let mut tls = tokio_rustls::TlsConnector::from(cfg)
-        .connect(name, tcp)
-        .await
-        .expect("tls");
+    let mut tls = tls::connect(proxy, "ws.test", port, cfg).await;
     tls.write_all(
         format!(
             "GET /socket HTTP/1.1\r\nHost: ws.test:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
@@ -156,24 +111,13 @@ async fn open(
     )
     .await
     .expect("upgrade");
-    let head = read_head(&mut tls).await;
+    let head = tls::read_head(&mut tls).await;
     assert!(
         head.starts_with(b"HTTP/1.1 101"),
         "the upgrade was refused: {}",
         String::from_utf8_lossy(&head)
     );
     WebSocket::after_handshake(tls, Role::Client)
-}
-
-/// Read a response head byte by byte (nothing after it is consumed).
-async fn read_head<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Vec<u8> {
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut b).await.expect("head");
-        head.push(b[0]);
-    }
-    head
 }
 
 /// Ping and wait for the echo until `until`; the round trips, in microseconds.
@@ -198,13 +142,6 @@ async fn client(
     rtts
 }
 
-fn percentile(sorted: &[u32], p: f64) -> u32 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 fn main() {
     let conns: usize = arg("--connections", 8);
     let secs: u64 = arg("--seconds", 5);
@@ -221,7 +158,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let (cert, key, upstream_ca) = upstream_pki();
+    let (cert, key, upstream_ca) = tls::upstream_pki("ws.test");
     let port = rt.block_on(origin(cert, key)).port();
     let dir = tempfile::tempdir().expect("dir");
     let out = std::process::Command::new(&bin)
@@ -256,24 +193,7 @@ sandboxes:
         mut child, proxy, ..
     } = start_proxy(&bin, &dir.path().join("proxy.yaml"), &[]);
     let proxy = proxy.expect("proxy address");
-    let mut roots = rustls::RootCertStore::empty();
-    for pem in [
-        std::fs::read(dir.path().join("ica/ca.crt")).expect("ca"),
-        upstream_ca.into_bytes(),
-    ] {
-        use rustls::pki_types::pem::PemObject;
-        for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
-            roots.add(c.expect("pem")).expect("root");
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut ccfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("tls")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    ccfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let ccfg = Arc::new(ccfg);
+    let ccfg = tls::client_config(dir.path(), &upstream_ca);
     let mut report = serde_json::Map::new();
     report.insert("connections".into(), serde_json::json!(conns));
     for round in 0..rounds {
@@ -295,8 +215,14 @@ sandboxes:
             let cpu = cpu_us(child.id()).unwrap_or(0).saturating_sub(cpu_before);
             let key = |k: &str| format!("{label}_round{round}_{k}");
             report.insert(key("msg_per_s"), serde_json::json!(n as u64 / secs));
-            report.insert(key("p50_us"), serde_json::json!(percentile(&rtts, 0.5)));
-            report.insert(key("p99_us"), serde_json::json!(percentile(&rtts, 0.99)));
+            report.insert(
+                key("p50_us"),
+                serde_json::json!(tls::percentile(&rtts, 0.5)),
+            );
+            report.insert(
+                key("p99_us"),
+                serde_json::json!(tls::percentile(&rtts, 0.99)),
+            );
             if via.is_some() {
                 report.insert(
                     key("proxy_cpu_us_per_msg"),

@@ -11,6 +11,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub mod squid_bump;
+pub mod tls;
 
 /// `--name VALUE` from the command line, or `default`.
 pub fn arg<T: FromStr>(name: &str, default: T) -> T {
