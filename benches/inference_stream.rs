@@ -4,7 +4,9 @@
 //! terminating it with a brokered key, a `protocol: openai` rule (model judged, body read) and a
 //! `tokens_per_day` budget (the call reserved, its answer tapped for usage, settled at the end).
 //! The two paths alternate for `--rounds` rounds in one run; each runs `--streams` calls,
-//! `--concurrency` at a time, one connection each. Prints one JSON line: time to first token
+//! `--concurrency` at a time, one connection each; a third path (`plain`) goes through a
+//! second proxy with the same key and a plain method rule, so that what reading the calls
+//! costs is told apart from terminating them. Prints one JSON line: time to first token
 //! (from the request's last byte written to the first event's first byte) p50/p99, added
 //! latency p50/p99 against direct, tokens per second per stream, and the proxy's CPU per call.
 //!
@@ -158,7 +160,16 @@ async fn call(
     (first.as_micros() as u32, tps)
 }
 
-fn config(port: u16) -> String {
+/// The proxy's configuration: the inference rule with a budget (`inference`), or the same
+/// host and key with a plain method rule and no budget (`plain`: the A/B of reading the calls).
+fn config(port: u16, inference: bool) -> String {
+    let (limits, rule) = match inference {
+        true => (
+            "{ tokens_per_day: 1000000000000 }",
+            r#"{ host: llm.test, protocol: openai, models: ["gpt-4o-mini*"] }"#,
+        ),
+        false => ("{}", "{ host: llm.test, methods: [POST] }"),
+    };
     format!(
         r#"listen: {{ proxy: 127.0.0.1:0, admin: null }}
 audit: {{ path: /dev/null }}
@@ -168,7 +179,7 @@ tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca
 sandboxes:
   - id: bench
     sources: [127.0.0.1/32]
-    limits: {{ tokens_per_day: 1000000000000 }}
+    limits: {limits}
     credentials:
       - {{ name: llm, hosts: [llm.test], inject: {{ header: Authorization, format: "Bearer {{secret}}" }}, source: {{ env: BENCH_LLM_KEY }} }}
     policy:
@@ -176,7 +187,7 @@ sandboxes:
       config: {{}}
       network:
         egress: ["llm.test:{port}"]
-        http: [{{ host: llm.test, protocol: openai, models: ["gpt-4o-mini*"] }}]
+        http: [{rule}]
 "#
     )
 }
@@ -209,15 +220,15 @@ fn main() {
         .expect("ca init");
     assert!(out.status.success(), "ca init");
     std::fs::write(dir.path().join("uca.pem"), &upstream_ca).expect("uca");
-    std::fs::write(dir.path().join("proxy.yaml"), config(port)).expect("config");
-    let Started {
-        mut child, proxy, ..
-    } = start_proxy(
-        &bin,
-        &dir.path().join("proxy.yaml"),
-        &[("BENCH_LLM_KEY", SECRET)],
-    );
-    let proxy = proxy.expect("proxy address");
+    let start = |name: &str, inference: bool| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, config(port, inference)).expect("config");
+        let s = start_proxy(&bin, &path, &[("BENCH_LLM_KEY", SECRET)]);
+        let addr = s.proxy.expect("proxy address");
+        (s.child, addr)
+    };
+    let (mut reading, proxy) = start("inference.yaml", true);
+    let (mut plain, plain_addr) = start("plain.yaml", false);
     let ccfg = tls::client_config(dir.path(), &upstream_ca);
     let mut report = serde_json::Map::new();
     report.insert("streams".into(), serde_json::json!(streams));
@@ -243,10 +254,18 @@ fn main() {
     };
     for round in 0..rounds {
         let mut direct_p = (0, 0);
-        for (label, via) in [("direct", None), ("proxy", Some(proxy))] {
-            let cpu_before = cpu_us(child.id()).unwrap_or(0);
+        for (label, via) in [
+            ("direct", None),
+            ("plain", Some(plain_addr)),
+            ("proxy", Some(proxy)),
+        ] {
+            let pid = match label {
+                "plain" => plain.id(),
+                _ => reading.id(),
+            };
+            let cpu_before = cpu_us(pid).unwrap_or(0);
             let got = run(via);
-            let cpu = cpu_us(child.id()).unwrap_or(0).saturating_sub(cpu_before);
+            let cpu = cpu_us(pid).unwrap_or(0).saturating_sub(cpu_before);
             let mut ttft: Vec<u32> = got.iter().map(|g| g.0).collect();
             ttft.sort_unstable();
             let tps = got.iter().map(|g| g.1).sum::<f64>() / got.len().max(1) as f64;
@@ -274,7 +293,9 @@ fn main() {
             }
         }
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    for c in [&mut reading, &mut plain] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
     println!("{}", serde_json::Value::Object(report));
 }

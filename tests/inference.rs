@@ -225,6 +225,39 @@ fn json_and_streamed_calls_of_each_provider_are_recorded_with_their_tokens() {
 }
 
 #[test]
+fn tokens_and_cost_reach_an_otlp_receiver_per_model() {
+    let recv_dir = tempfile::tempdir().unwrap();
+    let out = recv_dir.path().join("received.jsonl");
+    let receiver = ScriptOrigin::start("otlp_receiver.py", &["grpc".as_ref(), out.as_os_str()]);
+    let otel = format!(
+        "otel: {{ endpoint: \"http://127.0.0.1:{}\", protocol: grpc, interval_ms: 300, timeout_ms: 1000 }}\n",
+        receiver.port
+    );
+    let e = env_with("{}", &otel);
+    assert_eq!(ok(&e.call("chat", serde_json::json!({}))), 1);
+    let points = |name: &str| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["signal"] == "metrics")
+            .flat_map(|e| e["points"].as_array().cloned().unwrap_or_default())
+            .filter(|p| {
+                p["name"] == name && p["attributes"]["gen_ai.request.model"] == "gpt-4o-mini"
+            })
+            .collect()
+    };
+    let output = eventually(Duration::from_secs(15), "egress.tokens output", || {
+        points("egress.tokens")
+            .into_iter()
+            .find(|p| p["attributes"]["egress.token.kind"] == "output" && p["value"] == 5)
+    });
+    assert_eq!(output["attributes"]["sandbox.id"], "dev");
+    // 10×0.15 + 2×0.075 + 5×0.6 per million tokens = 4,650 nano-dollars.
+    assert!(points("egress.cost").iter().any(|p| p["value"] == 4650));
+}
+
+#[test]
 fn a_model_outside_the_rule_and_a_fallback_outside_it_are_refused_in_the_providers_shape() {
     let e = env("{}");
     let r = e.call("chat", serde_json::json!({ "model": "gpt-4o" }));
@@ -252,6 +285,13 @@ fn a_model_outside_the_rule_and_a_fallback_outside_it_are_refused_in_the_provide
 #[test]
 fn a_sandbox_over_its_tokens_per_day_gets_an_error_the_sdk_raises_with_the_reason() {
     let e = env("{ tokens_per_day: 40 }");
+    // A stream that would not report its usage cannot be counted: refused under a budget.
+    let r = e.call("chat_stream", serde_json::json!({ "no_usage": true }));
+    assert_eq!(r[0]["status"], 403, "{r:?}");
+    assert!(
+        r[0]["message"].as_str().unwrap().contains("include_usage"),
+        "{r:?}"
+    );
     // 17 tokens a call (settled from the usage reported): the third call finds 34 + … of 40
     // reserved; each reserves its estimate first, so the one that would pass 40 is refused.
     let mut served = 0;

@@ -99,6 +99,11 @@ impl Liveness {
         Ok(())
     }
 
+    /// Whether a token or cost budget applies to this exchange.
+    pub fn budgeted(&self) -> bool {
+        self.meters.iter().any(|m| m.budgeted())
+    }
+
     /// Reserve one inference call's `tokens` and `cost` (nano-dollars; `None`: the model
     /// has no price) against every token and cost budget of the exchange, all or none
     /// ([`crate::egress::quota::Reservation`]); `Err` with the refusal (`budget_exceeded`).

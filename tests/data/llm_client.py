@@ -6,7 +6,7 @@ report: a list with one entry per call — `ok`, the text or the SDK's error (`s
 usage: llm_client.py KIND BASE_URL PROXY CA SPEC_JSON
 
 KIND: chat, chat_stream, responses, responses_stream, messages, messages_stream, gemini,
-gemini_stream. SPEC: {"model", "max_tokens", "headers", "tools", "extra_body", "parallel", "key"}.
+gemini_stream. SPEC: {"model", "max_tokens", "headers", "tools", "extra_body", "parallel", "key", "no_usage"}.
 The SDKs never retry (max_retries=0): what the proxy answers is what the test sees.
 """
 import json
@@ -35,9 +35,9 @@ def openai_call():
             return {"ok": True, "text": r.choices[0].message.content, "usage": r.usage.total_tokens}
         if KIND == "chat_stream":
             text = ""
+            usage = {} if spec.get("no_usage") else {"stream_options": {"include_usage": True}}
             for c in client.chat.completions.create(model=model, max_tokens=max_tokens, stream=True,
-                                                    stream_options={"include_usage": True},
-                                                    messages=[{"role": "user", "content": "hi"}]):
+                                                    messages=[{"role": "user", "content": "hi"}], **usage):
                 if c.choices:
                     text += c.choices[0].delta.content or ""
             return {"ok": True, "text": text}

@@ -80,6 +80,12 @@ impl Exchange {
                 }
             }
         }
+        if !call.reports_usage && self.live.budgeted() {
+            return Err(Refusal::new(
+                Reason::InferenceNotAllowed,
+                "a streamed chat completion under a token or cost budget must ask for its usage (stream_options: { include_usage: true }): the proxy counts what the provider reports",
+            ));
+        }
         let prices = p.binding.limits.prices.clone();
         let model = call.model.as_deref().unwrap_or("");
         let estimate = TokenKinds {

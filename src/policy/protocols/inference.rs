@@ -112,6 +112,9 @@ pub struct Call {
     pub body_bytes: u64,
     /// The provider-run web tools asked for.
     pub web: Vec<WebTool>,
+    /// Whether the answer will report its usage: always, but for an OpenAI Chat Completions
+    /// stream that does not ask for it (`stream_options.include_usage`).
+    pub reports_usage: bool,
 }
 
 impl Call {
@@ -180,6 +183,7 @@ impl InferenceRule {
             max_output: None,
             body_bytes: body.len() as u64,
             web: Vec::new(),
+            reports_usage: true,
         };
         if !method.eq_ignore_ascii_case("POST") {
             if body.is_empty() {
@@ -214,6 +218,12 @@ impl InferenceRule {
         models.extend(fallbacks(o)?);
         self.judge_models(&models)?;
         call.stream |= o.get("stream") == Some(&Value::Bool(true));
+        let include_usage = o.get("stream_options").and_then(|x| x.get("include_usage"))
+            == Some(&Value::Bool(true));
+        call.reports_usage = self.provider != Provider::OpenAi
+            || !call.stream
+            || path.ends_with("/responses")
+            || include_usage;
         call.max_output = max_output(self.provider, o)?;
         call.web = web_tools(o)?;
         if self.web_tools == WebTools::Refuse {
@@ -423,6 +433,21 @@ mod tests {
         assert!(ok.stream);
         assert_eq!(ok.max_output, Some(50));
         assert_eq!(ok.estimate(), 50 + (body.len() as u64).div_ceil(4));
+        assert!(
+            !ok.reports_usage,
+            "a chat stream without include_usage reports none"
+        );
+        let asks =
+            br#"{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true}}"#;
+        let c = r.judge("POST", "/v1/chat/completions", JSON, asks).unwrap();
+        assert!(c.reports_usage);
+        let c = r.judge(
+            "POST",
+            "/v1/responses",
+            JSON,
+            br#"{"model":"gpt-4o-mini","stream":true}"#,
+        );
+        assert!(c.unwrap().reports_usage);
         for (body, says) in [
             (&br#"{"model":"gpt-4o"}"#[..], "`gpt-4o` is not one"),
             (br#"{"model":"gpt-4o-mini","models":["o1"]}"#, "`o1`"),
