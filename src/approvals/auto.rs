@@ -42,6 +42,7 @@ pub fn compile(cfg: &ApprovalsConfig, default_ports: &PortSet) -> Option<Compile
         deny: Vec::new(),
         resolve_for_address_rules: false,
         http: Vec::new().into(),
+        scoped: Vec::new(),
     };
     CompiledPolicy::compile(
         "approvals.auto",

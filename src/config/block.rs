@@ -105,6 +105,9 @@ pub struct BlockNetwork {
     /// Method and path rules on hosts the proxy terminates (`tls_intercept`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub http: Vec<super::http_rules::RawHttpRule>,
+    /// `network.scoped`: egress entries for some processes only ([`super::scoped`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scoped: Vec<super::scoped::RawScoped>,
 }
 
 /// One filesystem mount (kept for the runtime).
@@ -274,14 +277,17 @@ fn network_spec(
         mode: None,
         resolve_for_address_rules: false,
         http: Vec::new(),
+        scoped: Vec::new(),
     });
     let mut egress_texts = net.egress.clone().unwrap_or_default();
     let http_rules = expanded(&net.http, &mut egress_texts, ctx, sink)?;
-    let mode = net.mode.unwrap_or(if egress_texts.is_empty() {
-        Mode::DenyAll
-    } else {
-        Mode::Restricted
-    });
+    let mode = net
+        .mode
+        .unwrap_or(if egress_texts.is_empty() && net.scoped.is_empty() {
+            Mode::DenyAll
+        } else {
+            Mode::Restricted
+        });
     let mut ok = true;
     let mut parse_list = |list: &[String], name: &str| {
         let mut out = Vec::with_capacity(list.len());
@@ -309,6 +315,8 @@ fn network_spec(
     };
     let egress = parse_list(&egress_texts, "egress");
     let deny = parse_list(&net.deny, "deny");
+    let scoped = super::scoped::parse(&net.scoped, ctx, sink);
+    ok &= scoped.is_some();
     let mut http = Vec::new();
     for (i, r) in http_rules.iter().enumerate() {
         match r.compile() {
@@ -339,6 +347,7 @@ fn network_spec(
         deny,
         resolve_for_address_rules: net.resolve_for_address_rules,
         http: http.into(),
+        scoped: scoped.unwrap_or_default(),
     })
 }
 

@@ -33,6 +33,7 @@ pub mod prices;
 mod quotas;
 mod raw;
 mod refs;
+pub mod scoped;
 mod tls_files;
 pub mod upstream;
 

@@ -5,6 +5,11 @@
 //!    listener's `default_sandbox`, 4. nothing → `auth_required` (407 with a challenge).
 //!
 //! Tokens are never stored, logged or echoed: only their digests are compared.
+//!
+//! The user may carry a sub-identity the runtime vouches for (DESIGN §4, "Attribution"):
+//! `sandbox~exec` or `sandbox~parent~exec` (for an agent harness, the tool call's id and tool
+//! name), with the sandbox's own token. A malformed one is a failed authentication, never a
+//! fall-through to the sandbox alone.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -13,6 +18,7 @@ use base64::Engine;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::policy::process::Vouched;
 use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::Reason;
 
@@ -25,6 +31,8 @@ pub struct Identified {
     pub method: Method,
     /// What was presented, so the identity can be checked again under a later policy.
     pub proof: Proof,
+    /// The command the runtime named in the credential's user (`sandbox~exec`), if any.
+    pub vouched: Option<Vouched>,
 }
 
 /// How a connection proved which sandbox it belongs to; it stays valid only while a policy
@@ -80,6 +88,7 @@ pub fn by_certificate(set: &PolicySet, named: Option<&str>) -> Result<Identified
         sandbox: sandbox.clone(),
         method: Method::Certificate,
         proof: Proof::Certificate,
+        vouched: None,
     })
 }
 
@@ -112,7 +121,8 @@ pub fn identify(
                 .map(|(u, p)| (u.to_string(), p.to_string())),
         }
         .ok_or(refused(Reason::AuthFailed))?;
-        let sandbox = set.get(&user).ok_or(refused(Reason::UnknownSandbox))?;
+        let (user, vouched) = split_vouched(&user).ok_or(refused(Reason::AuthFailed))?;
+        let sandbox = set.get(user).ok_or(refused(Reason::UnknownSandbox))?;
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let ok = match &sandbox.binding.token_sha256 {
             Some(expected) => bool::from(presented.ct_eq(expected)),
@@ -123,6 +133,7 @@ pub fn identify(
                 sandbox: sandbox.clone(),
                 method: Method::Token,
                 proof: Proof::Token(presented),
+                vouched,
             })
         } else {
             Err(refused(Reason::AuthFailed))
@@ -133,6 +144,7 @@ pub fn identify(
             sandbox: sandbox.clone(),
             method: Method::Source,
             proof: Proof::Source(client),
+            vouched: None,
         });
     }
     if let Some(id) = default_sandbox {
@@ -141,6 +153,7 @@ pub fn identify(
                 sandbox: sandbox.clone(),
                 method: Method::Default,
                 proof: Proof::Default(client),
+                vouched: None,
             });
         }
     }
@@ -148,6 +161,35 @@ pub fn identify(
         reason: Reason::AuthRequired,
         method: Method::None,
     })
+}
+
+/// The longest exec name, and the most names a chain may have.
+const EXEC_MAX: usize = 128;
+const CHAIN_MAX: usize = 8;
+
+/// `sandbox~parent~exec` → (`sandbox`, the vouched exec); a plain id → (id, none). `None`
+/// for a malformed chain: an empty name, too long or too many, or a byte outside
+/// `[A-Za-z0-9._@/-]` (no `:`, which ends the user in Basic authentication).
+fn split_vouched(user: &str) -> Option<(&str, Option<Vouched>)> {
+    let Some((sandbox, chain)) = user.split_once('~') else {
+        return Some((user, None));
+    };
+    let names: Vec<&str> = chain.split('~').collect();
+    let valid = |n: &&str| {
+        !n.is_empty()
+            && n.len() <= EXEC_MAX
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._@/-".contains(&b))
+    };
+    if names.len() > CHAIN_MAX || !names.iter().all(valid) {
+        return None;
+    }
+    let (exec, parents) = names.split_last()?;
+    let vouched = Vouched {
+        exec: (*exec).into(),
+        parent: (!parents.is_empty()).then(|| parents.join("~").into()),
+    };
+    Some((sandbox, Some(vouched)))
 }
 
 /// `Basic base64(user:password)` → (user, password). Anything else is `None`.
@@ -283,5 +325,47 @@ mod tests {
             password: b"\xff",
         });
         assert_eq!(reason(bad), Reason::AuthFailed);
+    }
+
+    /// `sandbox~exec` names a command the runtime vouches for, with the sandbox's own token;
+    /// a malformed chain fails authentication instead of falling back to the sandbox.
+    #[test]
+    fn a_vouched_exec_rides_on_the_sandbox_token() {
+        let s = set();
+        let src: IpAddr = "192.0.2.1".parse().unwrap();
+        let who = |user: &str, token: &str| {
+            identify(
+                &s,
+                Some(Credentials::Header(&basic(user, token))),
+                src,
+                None,
+            )
+        };
+        let id = who("a~agent~call_7.web_fetch", "tok-a").unwrap();
+        assert_eq!(id.sandbox.binding.id.as_str(), "a");
+        let v = id.vouched.unwrap();
+        assert_eq!(
+            (&*v.exec, v.parent.as_deref()),
+            ("call_7.web_fetch", Some("agent"))
+        );
+        assert!(who("a", "tok-a").unwrap().vouched.is_none());
+        assert_eq!(who("a~x", "nope").unwrap_err().reason, Reason::AuthFailed);
+        for bad in ["a~", "a~~x", "a~x y", "a~1~2~3~4~5~6~7~8~9"] {
+            assert_eq!(
+                who(bad, "tok-a").unwrap_err().reason,
+                Reason::AuthFailed,
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            who(&format!("a~{}", "x".repeat(129)), "tok-a")
+                .unwrap_err()
+                .reason,
+            Reason::AuthFailed
+        );
+        assert_eq!(
+            who("ghost~x", "tok-a").unwrap_err().reason,
+            Reason::UnknownSandbox
+        );
     }
 }

@@ -9,6 +9,7 @@
 pub(crate) mod abortable;
 pub mod admit;
 pub(crate) mod answers;
+pub mod attribution;
 pub(crate) mod clearance;
 pub(crate) mod grant_stage;
 pub(crate) mod handles;

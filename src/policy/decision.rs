@@ -139,6 +139,15 @@ impl Decision {
             Reason::CredentialMisuse => format!(
                 "the request carries a credential placeholder of sandbox {sandbox} to a host the credential is not bound to (or over plain HTTP) ({file})"
             ),
+            Reason::ProcessNotAllowed => match &self.rule {
+                Some(r) => format!(
+                    "{} ({}) allows this destination only to the processes its scope names, and this connection's process is not one of them",
+                    r.text, r.source
+                ),
+                None => format!(
+                    "the network.http rules of sandbox {sandbox} for this host apply only to the processes their scopes name, and this connection's process is not one of them ({file})"
+                ),
+            },
             Reason::HttpNotAllowed => format!(
                 "no network.http rule of sandbox {sandbox} allows this method and path on this host ({file})"
             ),

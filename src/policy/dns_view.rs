@@ -42,6 +42,15 @@ impl CompiledPolicy {
         if let Some(r) = self.allow.names.first(name, |_| true) {
             return NameView::Named(r.clone());
         }
+        // A name only some processes may reach is answered: DNS cannot say which process
+        // asks, and the connection that follows is decided with its process.
+        if let Some(r) = self
+            .scoped
+            .iter()
+            .find_map(|(_, s)| s.names.first(name, |_| true))
+        {
+            return NameView::Named(r.clone());
+        }
         if !self.allow.addrs.is_empty() {
             return NameView::AddressRules;
         }
@@ -82,6 +91,7 @@ mod tests {
             deny: p(deny),
             resolve_for_address_rules: false,
             http: Default::default(),
+            scoped: Vec::new(),
         };
         CompiledPolicy::compile(
             "t",

@@ -19,9 +19,11 @@ pub mod http_rules;
 pub mod live;
 pub mod name_matcher;
 pub mod ports;
+pub mod process;
 pub mod protocols;
 pub mod reason;
 pub mod sandbox_id;
+mod scoped;
 pub mod set;
 pub mod target;
 
@@ -99,6 +101,8 @@ pub enum ListKind {
     Deny,
     /// A grant approved at run time ([`granted`]): `file` names it.
     Grant,
+    /// `network.scoped[i].egress`: allowed to the processes of that entry's scope only.
+    Scoped(usize),
 }
 
 /// Where a rule was written: file, sandbox, list and index.
@@ -120,6 +124,10 @@ impl fmt::Display for RuleSource {
             ListKind::Egress => "egress",
             ListKind::Deny => "deny",
             ListKind::Grant => return write!(f, "{}: sandbox {}", self.file, self.sandbox),
+            ListKind::Scoped(i) => {
+                let (file, sb, j) = (&self.file, &self.sandbox, self.index);
+                return write!(f, "{file}: sandbox {sb}: network.scoped[{i}].egress[{j}]");
+            }
         };
         write!(
             f,
@@ -157,6 +165,17 @@ pub struct NetworkSpec {
     pub resolve_for_address_rules: bool,
     /// `network.http`: method/path rules on terminated hosts.
     pub http: std::sync::Arc<[http_rules::HttpRule]>,
+    /// `network.scoped`: egress entries for some processes only.
+    pub scoped: Vec<ScopedSpec>,
+}
+
+/// One `network.scoped` entry: egress entries allowed to the processes of a scope only.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScopedSpec {
+    /// Which processes.
+    pub scope: process::Scope,
+    /// (entry text, parsed entry) in file order.
+    pub egress: Vec<(String, Entry)>,
 }
 
 /// One list (egress or deny) compiled.
@@ -191,7 +210,7 @@ impl RuleSet {
             let ports = match (&entry.ports, list) {
                 (Some(p), _) => p.clone(),
                 (None, ListKind::Deny) => PortSet::any(),
-                (None, ListKind::Egress | ListKind::Grant) => default_ports.clone(),
+                (None, _) => default_ports.clone(),
             };
             let allows_opaque = entry.ports.is_some()
                 || matches!(entry.host, HostPattern::Net(_) | HostPattern::Localhost);
@@ -271,7 +290,7 @@ impl RuleSet {
 
     /// The networks of the address rules that cover the canonical `ip` on any port (the
     /// guard opens a prohibited range only for a rule inside it).
-    fn covering(&self, ip: IpAddr) -> impl Iterator<Item = IpNet> + '_ {
+    pub(crate) fn covering(&self, ip: IpAddr) -> impl Iterator<Item = IpNet> + '_ {
         self.nets.matches(ip.to_canonical()).copied()
     }
 }
@@ -286,6 +305,8 @@ pub struct CompiledPolicy {
     enforcement: Enforcement,
     allow: RuleSet,
     deny: RuleSet,
+    /// `network.scoped`: each scope with its entries.
+    scoped: Vec<(process::Scope, RuleSet)>,
 }
 
 /// Everything `decide` found out.
@@ -316,7 +337,14 @@ impl CompiledPolicy {
     ) -> Result<Self, globset::Error> {
         let sb: Arc<str> = sandbox.into();
         let f: Arc<str> = file.into();
+        let mut scoped = Vec::with_capacity(spec.scoped.len());
+        for (i, s) in spec.scoped.iter().enumerate() {
+            let list = ListKind::Scoped(i);
+            let rules = RuleSet::compile(&s.egress, list, &f, &sb, default_ports)?;
+            scoped.push((s.scope.clone(), rules));
+        }
         Ok(CompiledPolicy {
+            scoped,
             allow: RuleSet::compile(&spec.egress, ListKind::Egress, &f, &sb, default_ports)?,
             deny: RuleSet::compile(&spec.deny, ListKind::Deny, &f, &sb, default_ports)?,
             sandbox: sb,
@@ -346,8 +374,24 @@ impl CompiledPolicy {
     /// Decide on `target`. `addrs` is `None` before resolution (name targets are then decided
     /// by name rules alone) and the resolved addresses after; IP-literal targets need none.
     pub fn decide(&self, target: &Target, addrs: Option<&[IpAddr]>, guard: &Guard) -> Outcome {
+        self.decide_for(None, target, addrs, guard)
+    }
+
+    /// [`CompiledPolicy::decide`] for a connection of `process`: `network.scoped` entries
+    /// whose scope admits it allow too (none does for an unknown process).
+    pub fn decide_for(
+        &self,
+        process: Option<&process::Process>,
+        target: &Target,
+        addrs: Option<&[IpAddr]>,
+        guard: &Guard,
+    ) -> Outcome {
         with_literal(target, addrs, |addrs| {
             let (policy, pending) = self.policy_step(target, addrs);
+            let (policy, pending) = match self.scoped.is_empty() {
+                true => (policy, pending),
+                false => scoped::step(&self.scoped, process, target, addrs, policy, pending),
+            };
             self.finish(policy, pending, target, addrs, guard, |a| {
                 self.allow.covering(a)
             })

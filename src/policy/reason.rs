@@ -123,11 +123,16 @@ pub enum Reason {
     /// A token or cost budget of the sandbox (`limits.tokens_per_day`, `cost_per_day`, its
     /// own or a `per_destination` one) is spent, or would be by the call's reservation.
     BudgetExceeded,
+    /// The destination is allowed only to some processes (a `network.scoped` entry, a
+    /// `network.http` rule with `binaries:` or `execs:`), and this connection's process is
+    /// not one of them or could not be named.
+    ProcessNotAllowed,
 }
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 44] = [
+    pub const ALL: [Reason; 45] = [
+        Reason::ProcessNotAllowed,
         Reason::InferenceNotAllowed,
         Reason::BudgetExceeded,
         Reason::QuotaExceeded,
@@ -221,6 +226,7 @@ impl Reason {
             Reason::QuotaExceeded => "quota_exceeded",
             Reason::InferenceNotAllowed => "inference_not_allowed",
             Reason::BudgetExceeded => "budget_exceeded",
+            Reason::ProcessNotAllowed => "process_not_allowed",
         }
     }
 
@@ -242,6 +248,7 @@ impl Reason {
             | Reason::HostMismatch
             | Reason::CredentialMisuse
             | Reason::InferenceNotAllowed
+            | Reason::ProcessNotAllowed
             | Reason::HttpNotAllowed
             | Reason::McpNotAllowed
             | Reason::JsonRpcNotAllowed
@@ -291,6 +298,7 @@ impl Reason {
             | Reason::GraphQlNotAllowed
             | Reason::WebSocketNotAllowed
             | Reason::InferenceNotAllowed
+            | Reason::ProcessNotAllowed
             | Reason::GitNotAllowed => "http_request_denied",
             Reason::DestinationIpProhibited | Reason::DestinationMismatch => {
                 "destination_ip_prohibited"
@@ -324,6 +332,7 @@ impl Reason {
                 | Reason::DeniedByRule
                 | Reason::DenyAllMode
                 | Reason::PortNotAllowed
+                | Reason::ProcessNotAllowed
                 | Reason::ProtocolNotAllowed
                 | Reason::SniMismatch
                 | Reason::HostMismatch

@@ -334,7 +334,21 @@ impl PolicySet {
 
     /// Decide for a sandbox with this set's guard.
     pub fn decide(&self, sandbox: &Sandbox, target: &Target, addrs: Option<&[IpAddr]>) -> Outcome {
-        let mut outcome = sandbox.policy.decide(target, addrs, &self.guard);
+        self.decide_for(sandbox, None, target, addrs)
+    }
+
+    /// [`PolicySet::decide`] for a connection of `process` (`network.scoped` entries allow
+    /// only the processes of their scope; an unknown process none).
+    pub fn decide_for(
+        &self,
+        sandbox: &Sandbox,
+        process: Option<&crate::policy::process::Process>,
+        target: &Target,
+        addrs: Option<&[IpAddr]>,
+    ) -> Outcome {
+        let mut outcome = sandbox
+            .policy
+            .decide_for(process, target, addrs, &self.guard);
         if let Some(granted) = self.granted(sandbox, target, addrs, &outcome) {
             return granted;
         }
@@ -368,7 +382,7 @@ impl PolicySet {
             || own.decision.verdict == Verdict::Allow
             || !matches!(
                 own.decision.reason,
-                Reason::NoRuleMatched | Reason::PortNotAllowed
+                Reason::NoRuleMatched | Reason::PortNotAllowed | Reason::ProcessNotAllowed
             )
         {
             return None;

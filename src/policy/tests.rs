@@ -15,6 +15,7 @@ fn spec(mode: Mode, egress: &[&str], deny: &[&str]) -> NetworkSpec {
         deny: p(deny),
         resolve_for_address_rules: false,
         http: Default::default(),
+        scoped: Vec::new(),
     }
 }
 

@@ -1,0 +1,179 @@
+//! Attribution by observation (DESIGN §4, "Attribution"): where the proxy shares a kernel
+//! with the sandbox (the sidecar and the gateway kit), the peer socket of an accepted
+//! connection is mapped to the process holding it — `inet_diag` for the socket's inode and
+//! owner ([`sock_diag`]), then the process whose file table holds that inode ([`procfs`]).
+//!
+//! Bounded: a connection looked up again (the requests of a kept connection) is answered from
+//! a cache keyed by the socket's inode; the holders of recent connections are tried before
+//! the whole of `/proc`; and at most `attribution.lookups_per_second` lookups are made —
+//! past that a connection is marked unknown, never guessed. What cannot be seen is said:
+//! a socket in another network namespace, a process in another PID namespace or gone.
+
+mod procfs;
+pub mod sock_diag;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::policy::process::Observed;
+
+/// The most inodes kept; the cache is emptied when full.
+const CACHE_MAX: usize = 4096;
+/// How many recent holders are tried first.
+const RECENT: usize = 8;
+
+/// Looks up the process at the other end of accepted connections.
+pub struct Observer {
+    diag: Mutex<Option<sock_diag::Diag>>,
+    per_second: u32,
+    state: Mutex<State>,
+    /// When this observer was made (the budget's clock).
+    epoch: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    cache: HashMap<u32, Observed>,
+    recent: Vec<u32>,
+    /// (second since `epoch`, lookups made in it).
+    spent: (u64, u32),
+}
+
+/// Why nothing is named.
+const OTHER_NETNS: &str =
+    "the peer socket is not in the proxy's network namespace (another namespace, or closed)";
+const NO_HOLDER: &str =
+    "no process the proxy can see holds the socket (another PID namespace, or it exited)";
+const BUDGET: &str = "attribution.lookups_per_second was spent";
+const DIAG_FAILED: &str = "the kernel's socket diagnostics failed";
+
+impl Observer {
+    /// An observer making at most `per_second` lookups a second.
+    pub fn new(per_second: u32) -> Self {
+        Observer {
+            diag: Mutex::new(None),
+            per_second,
+            state: Mutex::new(State::default()),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// The process at the other end of a connection accepted from `peer`, which the client
+    /// made to `dialed` (the listener's address; in transparent mode the original
+    /// destination).
+    pub fn observe(&self, peer: SocketAddr, dialed: SocketAddr) -> Observed {
+        let found = match self.socket(peer, dialed) {
+            Ok(Some(s)) => s,
+            Ok(None) => return unknown(None, OTHER_NETNS),
+            Err(why) => return unknown(None, why),
+        };
+        let recent = {
+            let Ok(mut st) = self.state.lock() else {
+                return unknown(Some(found.uid), DIAG_FAILED);
+            };
+            if let Some(hit) = st.cache.get(&found.inode) {
+                return hit.clone();
+            }
+            let second = self.epoch.elapsed().as_secs();
+            if st.spent.0 != second {
+                st.spent = (second, 0);
+            }
+            if st.spent.1 >= self.per_second {
+                return unknown(Some(found.uid), BUDGET);
+            }
+            st.spent.1 += 1;
+            st.recent.clone()
+        };
+        let seen = procfs::holder(found.inode, &recent)
+            .and_then(|pid| procfs::describe(pid, found.inode, found.uid));
+        let observed = match seen {
+            Some(s) => Observed::Seen(Arc::new(s)),
+            None => unknown(Some(found.uid), NO_HOLDER),
+        };
+        if let Ok(mut st) = self.state.lock() {
+            if let Observed::Seen(s) = &observed {
+                st.recent.retain(|p| *p != s.pid);
+                st.recent.insert(0, s.pid);
+                st.recent.truncate(RECENT);
+            }
+            if st.cache.len() >= CACHE_MAX {
+                st.cache.clear();
+            }
+            st.cache.insert(found.inode, observed.clone());
+        }
+        observed
+    }
+
+    fn socket(
+        &self,
+        peer: SocketAddr,
+        dialed: SocketAddr,
+    ) -> Result<Option<sock_diag::PeerSocket>, &'static str> {
+        let mut diag = self.diag.lock().map_err(|_| DIAG_FAILED)?;
+        if diag.is_none() {
+            *diag = Some(sock_diag::Diag::open().map_err(|_| DIAG_FAILED)?);
+        }
+        let d = diag.as_mut().ok_or(DIAG_FAILED)?;
+        d.lookup(peer, dialed).map_err(|_| {
+            // A socket in a bad state is opened afresh next time.
+            *diag = None;
+            DIAG_FAILED
+        })
+    }
+}
+
+fn unknown(uid: Option<u32>, why: &'static str) -> Observed {
+    Observed::Unknown { uid, why }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+
+    /// A connection this test makes to itself is attributed to this test binary; one whose
+    /// tuple no socket has is unknown; a spent budget says so.
+    #[test]
+    fn a_loopback_connection_is_attributed_to_its_process() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_accepted, peer) = listener.accept().unwrap();
+        let dialed = listener.local_addr().unwrap();
+        let o = Observer::new(1);
+        let me = std::fs::read_link("/proc/self/exe").unwrap();
+        match o.observe(peer, dialed) {
+            Observed::Seen(s) => {
+                assert_eq!(&*s.exe, me.to_str().unwrap());
+                assert_eq!(s.pid, std::process::id());
+            }
+            other => panic!("not seen: {other:?}"),
+        }
+        // Cached: the spent budget does not matter for the same socket.
+        assert!(matches!(o.observe(peer, dialed), Observed::Seen(_)));
+        let second = TcpStream::connect(dialed).unwrap();
+        let (_b, peer2) = listener.accept().unwrap();
+        assert_eq!(
+            o.observe(peer2, dialed),
+            Observed::Unknown {
+                uid: Some(unsafe_uid()),
+                why: BUDGET
+            }
+        );
+        let nowhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert!(matches!(
+            Observer::new(10).observe(nowhere, dialed),
+            Observed::Unknown {
+                uid: None,
+                why: OTHER_NETNS
+            }
+        ));
+        drop((client, second));
+    }
+
+    fn unsafe_uid() -> u32 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").unwrap().uid()
+    }
+}
