@@ -50,6 +50,15 @@ enum Command {
         /// Print the decision as JSON.
         #[arg(long)]
         json: bool,
+        /// Decide for a connection of this executable (`network.scoped`, scoped http rules).
+        #[arg(long)]
+        binary: Option<String>,
+        /// An ancestor of `--binary` (repeat, parent first).
+        #[arg(long = "ancestor")]
+        ancestors: Vec<String>,
+        /// Decide for a connection of this vouched command (`sandbox~exec`).
+        #[arg(long)]
+        exec: Option<String>,
         target: String,
     },
     /// Load and validate a configuration; print a summary or every error.
@@ -254,8 +263,15 @@ fn main() -> ExitCode {
             sandbox,
             resolve,
             json,
+            binary,
+            ancestors,
+            exec,
             target,
-        } => check(config, &sandbox, &target, resolve, json),
+        } => {
+            let asked = egress_proxy::control::check::asked_process;
+            let process = asked(binary.as_deref(), &ancestors, exec.as_deref());
+            check(config, &sandbox, &target, resolve, json, process)
+        }
         Command::Validate { config } => validate(config),
         Command::HashToken => hash_token(),
         Command::Ca {

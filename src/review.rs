@@ -187,6 +187,7 @@ pub(crate) fn check(
     target_text: &str,
     resolve: bool,
     as_json: bool,
+    process: Option<egress_proxy::policy::process::Process>,
 ) -> ExitCode {
     let (config, set) = match load_compiled(path.as_ref()) {
         Ok(x) => x,
@@ -212,7 +213,8 @@ pub(crate) fn check(
     };
     let out = rt.block_on(async {
         let resolver = resolve.then(|| Resolver::new(&config.dns).0);
-        egress_proxy::control::check::check(&set, sb, target_text, resolver.as_ref()).await
+        let (r, p) = (resolver.as_ref(), process.as_ref());
+        egress_proxy::control::check::check(&set, sb, target_text, r, p).await
     });
     print_decision(&out, as_json);
     if out["decision"] == "deny" {

@@ -214,6 +214,10 @@ pub(crate) fn start_shared(
             interceptor,
             forward_keepalive: config.forward_keepalive,
             upstream_proxy: config.upstream_proxy.clone().map(Arc::new),
+            observer: config
+                .listen
+                .observe_processes
+                .map(|n| Arc::new(crate::egress::attribution::Observer::new(n))),
         },
     )))
 }

@@ -121,6 +121,7 @@ fn compile(egress: &[String], deny: &[String]) -> CompiledPolicy {
         deny: parse(deny),
         resolve_for_address_rules: false,
         http: Default::default(),
+        scoped: Vec::new(),
     };
     CompiledPolicy::compile(
         "p",

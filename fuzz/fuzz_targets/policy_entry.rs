@@ -11,6 +11,7 @@ fuzz_target!(|data: &[u8]| {
                 deny: vec![],
                 resolve_for_address_rules: false,
                 http: Default::default(),
+                scoped: Vec::new(),
             };
             let ports = egress_proxy::policy::ports::PortSet::any();
             let _ = egress_proxy::policy::CompiledPolicy::compile("f", "f", &spec, egress_proxy::policy::Enforcement::Enforce, &ports);

@@ -18,6 +18,7 @@ pub(crate) mod metrics;
 mod ocsf;
 pub(crate) mod outcome;
 mod output;
+pub mod process_facts;
 pub mod record;
 #[cfg(test)]
 mod record_golden;
@@ -192,6 +193,11 @@ impl AuditGuard {
     ) {
         self.record.verdict = verdict;
         self.record.reason = reason;
+    }
+
+    /// The process inside the sandbox the exchange is attributed to.
+    pub fn process(&mut self, process: std::sync::Arc<crate::policy::process::Process>) {
+        self.record.process = Some(process);
     }
 
     /// What an inference call used.

@@ -121,6 +121,8 @@ pub struct Record {
     pub dlp: Option<Box<str>>,
     /// An inference call's tokens (`protocol: openai | anthropic | gemini`).
     pub tokens: Option<Box<TokenFacts>>,
+    /// The process inside the sandbox that made it, when attributed (DESIGN §4).
+    pub process: Option<Arc<crate::policy::process::Process>>,
 }
 
 /// What an inference call used, as the provider reported it (or, when it reported nothing,
@@ -260,6 +262,7 @@ impl Record {
             decider: None,
             dlp: None,
             tokens: None,
+            process: None,
         }
     }
 }
@@ -368,6 +371,11 @@ impl Entry {
         o.str_if("decider", r.decider.as_deref());
         o.str_if("dlp", r.dlp.as_deref());
         o.serialized_if("tokens", r.tokens.as_deref())?;
+        let process = r
+            .process
+            .as_deref()
+            .map(super::process_facts::ProcessFacts::of);
+        o.serialized_if("process", process.as_ref())?;
         o.serialized_if("approval", r.approval.as_deref())?;
         o.str_if("run", RUN.get().map(String::as_str));
         o.close();

@@ -334,6 +334,10 @@ pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut S
         dns: raw.dns,
         socks5: raw.socks5,
         default_sandbox: raw.default_sandbox,
+        observe_processes: raw
+            .attribution
+            .filter(|a| a.observe)
+            .map(|a| a.lookups_per_second),
     }
 }
 

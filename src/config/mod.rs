@@ -95,6 +95,8 @@ pub struct Listen {
     pub admin_tls: Option<ProxyTls>,
     /// Sidecar mode: the sandbox of connections no other method identifies.
     pub default_sandbox: Option<String>,
+    /// `listen.attribution.observe`: the `/proc` lookups allowed a second when on.
+    pub observe_processes: Option<u32>,
 }
 
 /// `listen.proxy_tls`, paths resolved against the config file's directory.

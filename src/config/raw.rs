@@ -68,6 +68,26 @@ pub struct RawListen {
     pub admin_tls: Option<RawAdminTls>,
     #[serde(default)]
     pub default_sandbox: Option<String>,
+    /// `listen.attribution`: name the process behind each connection from the kernel.
+    #[serde(default)]
+    pub attribution: Option<RawAttribution>,
+}
+
+/// `listen.attribution`: map each accepted connection to the process at its other end
+/// (where the proxy shares a kernel with the sandboxes).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAttribution {
+    /// Look the process up (off by default).
+    #[serde(default)]
+    pub observe: bool,
+    /// At most this many `/proc` lookups a second; past it a connection is marked unknown.
+    #[serde(default = "d_lookups")]
+    pub lookups_per_second: u32,
+}
+
+fn d_lookups() -> u32 {
+    2000
 }
 
 /// `listen.admin_tls`: the admin listener over TLS; with `client_ca_file`, only clients with
@@ -110,6 +130,7 @@ impl Default for RawListen {
             proxy_tls: None,
             admin_tls: None,
             default_sandbox: None,
+            attribution: None,
         }
     }
 }

@@ -582,7 +582,7 @@ async fn check(shared: &Shared, body: &str) -> Response<Full<Bytes>> {
             "expected JSON {\"sandbox\": ..., \"target\": ...}",
         );
     };
-    let (Some(sandbox), Some(target)) = (v["sandbox"].as_str(), v["target"].as_str()) else {
+    let (Some(sandbox), Some(_)) = (v["sandbox"].as_str(), v["target"].as_str()) else {
         return error(
             StatusCode::BAD_REQUEST,
             "expected JSON {\"sandbox\": ..., \"target\": ...}",
@@ -594,6 +594,6 @@ async fn check(shared: &Shared, body: &str) -> Response<Full<Bytes>> {
     };
     json_resp(
         StatusCode::OK,
-        crate::control::check::check(&set, sb, target, Some(&shared.resolver())).await,
+        crate::control::check::check_json(&set, sb, &v, Some(&shared.resolver())).await,
     )
 }

@@ -8,8 +8,10 @@ use serde_json::{json, Value};
 use crate::control::error::{invalid, ControlError};
 use crate::egress::resolve::Resolver;
 use crate::egress::{self, Lookup};
+use crate::policy::process::{Observed, Process, Seen, Vouched};
 use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::target::{Host, Target};
+use std::sync::Arc;
 
 /// A target as `check` takes it: `host[:port]`, an address, or a URL
 /// (`scheme://host[:port][/path]`, the port defaulting to the scheme's: 80 for `http` and
@@ -40,6 +42,53 @@ pub fn parse_target(text: &str) -> Result<Target, ControlError> {
     Target::parse(authority.as_str(), Some(default)).map_err(|e| invalid(e.to_string()))
 }
 
+/// The process a check asks about (`network.scoped` entries and scoped `network.http` rules
+/// decide by it): an executable and its ancestors as the kernel would show them, and a command
+/// the runtime would vouch for. `None` when neither is given (a connection of unknown process).
+pub fn asked_process(
+    binary: Option<&str>,
+    ancestors: &[String],
+    exec: Option<&str>,
+) -> Option<Process> {
+    if binary.is_none() && exec.is_none() {
+        return None;
+    }
+    let observed = binary.map(|exe| {
+        Observed::Seen(Arc::new(Seen {
+            pid: 0,
+            exe: exe.into(),
+            ancestors: ancestors.iter().map(|a| Arc::from(a.as_str())).collect(),
+            cgroup: None,
+            uid: 0,
+        }))
+    });
+    let vouched = exec.map(|e| Vouched {
+        exec: e.into(),
+        parent: None,
+    });
+    Some(Process { vouched, observed })
+}
+
+/// `POST /v1/check`'s body (`target`, and optionally `binary`, `ancestors`, `exec`) checked.
+pub async fn check_json(
+    set: &PolicySet,
+    sb: &Sandbox,
+    body: &Value,
+    resolver: Option<&Resolver>,
+) -> Value {
+    let ancestors: Vec<String> = body["ancestors"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let process = asked_process(body["binary"].as_str(), &ancestors, body["exec"].as_str());
+    let target = body["target"].as_str().unwrap_or_default();
+    check(set, sb, target, resolver, process.as_ref()).await
+}
+
 /// Decide and describe. Without a resolver nothing is looked up: a name is decided by name
 /// rules alone, and the explanation says when address rules were not consulted.
 pub async fn check(
@@ -47,6 +96,7 @@ pub async fn check(
     sb: &Sandbox,
     target_text: &str,
     resolver: Option<&Resolver>,
+    process: Option<&Process>,
 ) -> Value {
     let sandbox = sb.binding.id.as_str();
     let enforcement = sb.policy.enforcement().as_str();
@@ -64,12 +114,17 @@ pub async fn check(
     let lookup = Lookup {
         resolver,
         metrics: None,
+        process,
     };
     let decided = egress::decide(set, sb, &target, None, lookup).await;
     let d = &decided.decision;
     let mut explanation = decided.explain(sandbox, sb.policy.file(), &target);
     if !decided.addresses_consulted && !d.verdict.proceeds() {
         explanation.push_str(" (address rules not consulted: add --resolve)");
+    }
+    if let Some(scope) = d.rule.as_ref().and_then(|r| sb.policy.scope_of(r)) {
+        let who = process.map_or("a connection of unknown process".into(), |p| p.to_string());
+        explanation.push_str(&format!(" (the entry's scope: {scope}; asked for: {who})"));
     }
     let mut out = json!({
         "decision": d.verdict.as_str(),

@@ -39,6 +39,7 @@ use crate::egress::source_caps::Admissions;
 use crate::egress::upstream_pool::{Upstream, UpstreamPool};
 use crate::egress::verdict::{Point, Verdicts};
 use crate::egress::{Decided, Dialed, Lookup};
+use crate::policy::process::Process;
 use crate::policy::reason::Reason;
 use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::target::Target;
@@ -69,6 +70,8 @@ pub struct Cx<'a> {
     pub parent: Option<&'a Arc<UpstreamProxy>>,
     /// `timeouts.connect_ms`.
     pub connect_timeout: Duration,
+    /// `listen.attribution.observe`: names the process behind a connection.
+    pub observer: Option<&'a crate::egress::attribution::Observer>,
 }
 
 /// What the client presented to say which sandbox it is.
@@ -94,6 +97,10 @@ pub struct Door<'a> {
     pub evidence: Evidence<'a>,
     /// The port asked for, if known (for the refusal's sentence).
     pub port: u16,
+    /// The client's socket as it sees itself: its address and the address it connected to
+    /// (the listener's, or the original destination of a redirected connection), when
+    /// attribution by observation is on.
+    pub peer: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
 }
 
 /// What a listener parsed of where the exchange goes.
@@ -221,6 +228,7 @@ pub async fn admit(
 pub struct Entered {
     who: Identified,
     slot: ConnectionSlot,
+    process: Option<Arc<Process>>,
 }
 
 /// Steps 1-2: identify the sandbox, take the listener's place under the global cap and the
@@ -234,8 +242,31 @@ pub fn enter(
     let who = identify(cx, door, audit)?;
     let stats = who.sandbox.stats(cx.metrics);
     audit.identified(who.sandbox.binding.id.clone(), who.method, stats);
+    let process = attribute(cx, &who, door.peer);
+    if let Some(p) = &process {
+        audit.process(p.clone());
+    }
     let slot = limits(cx, &who.sandbox, seat, audit)?;
-    Ok(Entered { who, slot })
+    Ok(Entered { who, slot, process })
+}
+
+/// Which process made the connection: what the credential vouched for and what the kernel
+/// shows, when either says anything.
+fn attribute(
+    cx: &Cx<'_>,
+    who: &Identified,
+    peer: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
+) -> Option<Arc<Process>> {
+    let observed = cx
+        .observer
+        .zip(peer)
+        .map(|(o, (client, dialed))| o.observe(client, dialed));
+    (who.vouched.is_some() || observed.is_some()).then(|| {
+        Arc::new(Process {
+            vouched: who.vouched.clone(),
+            observed,
+        })
+    })
 }
 
 impl Entered {
@@ -249,6 +280,11 @@ impl Entered {
         self.who.method
     }
 
+    /// The process it is attributed to, if any.
+    pub fn process(&self) -> Option<&Arc<Process>> {
+        self.process.as_ref()
+    }
+
     /// Steps 3-6: decide, the verdict point, open, clearance.
     pub async fn admit(
         self,
@@ -256,15 +292,19 @@ impl Entered {
         ask: Ask<'_>,
         audit: &mut AuditGuard,
     ) -> Result<Admitted, Refused> {
-        let Entered { who, slot } = self;
+        let Entered { who, slot, process } = self;
         let sb = who.sandbox.clone();
         let parent = parent_for(cx.parent, &sb, &ask.target);
-        let (target, decided) = decide_target(cx, &sb, &ask, parent, audit).await;
+        let who_asks = process.as_deref();
+        let (target, decided) = decide_target(cx, &sb, &ask, parent, who_asks, audit).await;
         decided.record(audit);
         if !decided.proceeds() {
             let mut why = decided.explain(&sb.binding.id, sb.policy.file(), &target);
             if let Some(ResolveError::Failed(detail)) = &decided.resolver_error {
                 why = format!("{why} ({detail})");
+            }
+            if decided.decision.reason == Reason::ProcessNotAllowed {
+                why = process_refusal(&sb, &decided.decision, who_asks, why, audit);
             }
             return Err(refusal(decided.decision, Some(sb), why, None));
         }
@@ -299,6 +339,7 @@ impl Entered {
             .set
             .grant_of(&sb, &decided.decision)
             .map(|g| g.id.clone());
+        clearance.process = process;
         Ok(Admitted {
             sandbox: sb,
             clearance,
@@ -309,6 +350,29 @@ impl Entered {
             through,
         })
     }
+}
+
+/// A `process_not_allowed` refusal's sentence: the entry's scope, and the process this
+/// connection is attributed to (its executable, or why none is known) — on the record too.
+fn process_refusal(
+    sb: &Sandbox,
+    decision: &Decision,
+    process: Option<&Process>,
+    why: String,
+    audit: &mut AuditGuard,
+) -> String {
+    let scope = decision
+        .rule
+        .as_ref()
+        .and_then(|r| sb.policy.scope_of(r))
+        .map(|s| format!(" (its scope: {s})"))
+        .unwrap_or_default();
+    let who = match process {
+        Some(p) => p.to_string(),
+        None => "no process attributed (listen.attribution is off and no exec was vouched)".into(),
+    };
+    audit.detail(format!("process: {who}"));
+    format!("{why}{scope}; this connection: {who}")
 }
 
 fn refusal(
@@ -437,13 +501,14 @@ async fn decide_target(
     sb: &Sandbox,
     ask: &Ask<'_>,
     parent: Option<&Arc<UpstreamProxy>>,
+    process: Option<&Process>,
     audit: &mut AuditGuard,
 ) -> (Target, Decided) {
     if let (Some(why), Some(original)) = (ask.nameless, ask.original) {
         let names = cx.answers.names(&sb.binding.id, original);
         let port = ask.target.port;
-        if let Some((named, decided)) = super::decide_by_answer(cx.set, sb, &names, original, port)
-        {
+        let by_answer = super::decide_by_answer(cx.set, sb, process, &names, original, port);
+        if let Some((named, decided)) = by_answer {
             audit.target(&named);
             audit.detail(format!(
                 "{why}; the name {} came from a DNS answer the proxy gave this sandbox for {original}",
@@ -455,6 +520,7 @@ async fn decide_target(
     let lookup = Lookup {
         resolver: Some(cx.resolver),
         metrics: Some(cx.metrics),
+        process,
     };
     let strict = ask.original.is_some() && sb.binding.strict_sni_dst;
     let decided = match parent {

@@ -22,6 +22,8 @@ pub struct Clearance {
     pub generation: u64,
     /// The approved grant (`crate::policy::granted`) that allowed it, if one did.
     pub granted_by: Option<std::sync::Arc<str>>,
+    /// The process it was attributed to (`network.scoped` entries are checked again for it).
+    pub process: Option<std::sync::Arc<crate::policy::process::Process>>,
 }
 
 impl Clearance {
@@ -35,7 +37,10 @@ impl Clearance {
         let Some(sb) = set.get(self.sandbox.as_str()) else {
             return false;
         };
-        let decided = set.decide(sb, &self.target, Some(&[self.dialed])).decision;
+        let process = self.process.as_deref();
+        let decided = set
+            .decide_for(sb, process, &self.target, Some(&[self.dialed]))
+            .decision;
         if !decided.verdict.proceeds() {
             return false;
         }

@@ -117,6 +117,9 @@ pub struct Lookup<'a> {
     pub resolver: Option<&'a Resolver>,
     /// The metrics to count the lookup into, if any.
     pub metrics: Option<&'a Metrics>,
+    /// The process the connection is attributed to: `network.scoped` entries allow only
+    /// theirs (none: an unknown process, which no scoped entry admits).
+    pub process: Option<&'a crate::policy::process::Process>,
 }
 
 impl Lookup<'_> {
@@ -138,7 +141,7 @@ pub async fn decide(
     lookup: Lookup<'_>,
 ) -> Decided {
     let t0 = Instant::now();
-    let first = set.decide(sb, target, None);
+    let first = set.decide_for(sb, lookup.process, target, None);
     lookup.observe(Timing::Decision, t0);
     if first.decision.verdict == Verdict::Deny && !first.needs_addresses {
         let mut d = Decided::refused(first.decision);
@@ -185,7 +188,7 @@ pub async fn decide(
                 }
             }
             let t2 = Instant::now();
-            let o = set.decide(sb, target, Some(&resolved));
+            let o = set.decide_for(sb, lookup.process, target, Some(&resolved));
             lookup.observe(Timing::Decision, t2);
             o
         }
@@ -215,7 +218,7 @@ pub async fn decide_for_parent(
 ) -> Decided {
     if let Host::Name(_) = target.host {
         let t0 = Instant::now();
-        let first = set.decide(sb, target, None);
+        let first = set.decide_for(sb, lookup.process, target, None);
         lookup.observe(Timing::Decision, t0);
         if first.decision.verdict.proceeds() {
             return Decided::refused(first.decision);
@@ -231,6 +234,7 @@ pub async fn decide_for_parent(
 pub fn decide_by_answer(
     set: &PolicySet,
     sb: &Sandbox,
+    process: Option<&crate::policy::process::Process>,
     names: &[std::sync::Arc<str>],
     ip: IpAddr,
     port: u16,
@@ -240,7 +244,7 @@ pub fn decide_by_answer(
             continue;
         };
         let target = Target { host, port };
-        let o = set.decide(sb, &target, Some(&[ip]));
+        let o = set.decide_for(sb, process, &target, Some(&[ip]));
         if o.decision.verdict == Verdict::Allow {
             let decided = Decided {
                 decision: o.decision,
@@ -282,6 +286,7 @@ pub fn clearance_for(
         dialed,
         generation: set.generation(),
         granted_by: None,
+        process: None,
     }
 }
 

@@ -57,6 +57,8 @@ pub struct ClientConn {
     /// HTTP/2 (ALPN `h2` on the TLS listener): a revoked forwarded exchange resets its own
     /// stream, never the connection its siblings share.
     h2: bool,
+    /// The client's socket as it sees itself, for attribution by observation.
+    peer: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
 }
 
 impl ClientConn {
@@ -176,7 +178,13 @@ async fn serve_http(
 ) {
     let h2 = matches!(&io, ClientIo::Tls(t) if t.get_ref().1.alpn_protocol() == Some(b"h2"));
     let eviction = unidentified.eviction();
+    let peer = super::peer_of(&shared, accepted.client, || match &io {
+        ClientIo::Tcp(s) => s.local_addr().ok(),
+        ClientIo::Tls(t) => t.get_ref().0.local_addr().ok(),
+        ClientIo::H2(_) => None,
+    });
     let conn = Arc::new(ClientConn {
+        peer,
         shared: shared.clone(),
         accepted,
         requests: AtomicU64::new(0),
@@ -387,6 +395,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
             ClientCert::Absent => Evidence::Presented { credentials },
         },
         port: target.port,
+        peer: conn.peer,
     };
     if super::ask::is_local(&target) {
         let cx = shared.cx(&set, &resolver);

@@ -17,3 +17,15 @@ pub(crate) mod relay_choice;
 mod running;
 pub(crate) mod socks5;
 pub(crate) mod transparent;
+
+/// The client's socket as it sees itself — its address, and the address it connected to
+/// (`dialed`: the listener's address, or a redirected connection's original destination) —
+/// when `listen.attribution.observe` is on (otherwise no `getsockname` is spent on it).
+pub(crate) fn peer_of(
+    shared: &crate::runtime::Shared,
+    client: std::net::SocketAddr,
+    dialed: impl FnOnce() -> Option<std::net::SocketAddr>,
+) -> Option<(std::net::SocketAddr, std::net::SocketAddr)> {
+    shared.settings.observer.as_ref()?;
+    Some((client, dialed()?))
+}

@@ -175,6 +175,10 @@ async fn negotiate(
     audit: &mut AuditGuard,
 ) -> Option<Negotiated> {
     let methods = io.message(socks5::greeting, audit).await?;
+    let peer = cx.observer.and_then(|_| {
+        let s = &io.stream;
+        Some((s.peer_addr().ok()?, s.local_addr().ok()?))
+    });
     let (entered, login) = if methods.login {
         io.answer(&socks5::chosen(method::LOGIN), audit).await?;
         let whole = |b: &[u8]| {
@@ -191,12 +195,15 @@ async fn negotiate(
             user: login.user,
             password: login.password,
         };
-        let door = door(source, Some(credentials));
+        let door = door(source, Some(credentials), peer);
         let entered = admit::enter(cx, door, seat, audit);
         io.consume(n);
         (entered, true)
     } else if methods.none {
-        (admit::enter(cx, door(source, None), seat, audit), false)
+        (
+            admit::enter(cx, door(source, None, peer), seat, audit),
+            false,
+        )
     } else {
         audit.decision(&Decision::deny(Reason::AuthRequired, None));
         audit.detail("the SOCKS5 greeting offers neither no-authentication nor username/password");
@@ -310,11 +317,16 @@ fn reply_for(reason: Reason) -> Reply {
 }
 
 /// A door with what the client presented, if anything.
-fn door(source: IpAddr, credentials: Option<Credentials<'_>>) -> Door<'_> {
+fn door(
+    source: IpAddr,
+    credentials: Option<Credentials<'_>>,
+    peer: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
+) -> Door<'_> {
     Door {
         source,
         evidence: Evidence::Presented { credentials },
         port: 0,
+        peer,
     }
 }
 

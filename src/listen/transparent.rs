@@ -117,6 +117,7 @@ async fn admit_connection(
         source: accepted.client.ip(),
         evidence: Evidence::Presented { credentials: None },
         port: orig.port(),
+        peer: super::peer_of(shared, accepted.client, || Some(orig)),
     };
     let mut seat = Seated(|| {
         if let Some(slot) = unidentified.take() {

@@ -76,6 +76,20 @@ impl Decision {
             || self.rule.as_ref().is_some_and(|r| r.allows_opaque)
     }
 
+    /// `process_not_allowed`: the scoped entry (or the host's scoped http rules) that would
+    /// allow the destination to other processes.
+    fn process_refusal(&self, sandbox: &str, file: &str) -> String {
+        match &self.rule {
+            Some(r) => format!(
+                "{} ({}) allows this destination only to the processes its scope names, and this connection's process is not one of them",
+                r.text, r.source
+            ),
+            None => format!(
+                "the network.http rules of sandbox {sandbox} for this host apply only to the processes their scopes name, and this connection's process is not one of them ({file})"
+            ),
+        }
+    }
+
     /// One sentence for a person or an agent: what decided, and which file/rule to change.
     pub fn explain(&self, sandbox: &str, file: &str, port: u16) -> String {
         let rule = shown_rule;
@@ -139,15 +153,7 @@ impl Decision {
             Reason::CredentialMisuse => format!(
                 "the request carries a credential placeholder of sandbox {sandbox} to a host the credential is not bound to (or over plain HTTP) ({file})"
             ),
-            Reason::ProcessNotAllowed => match &self.rule {
-                Some(r) => format!(
-                    "{} ({}) allows this destination only to the processes its scope names, and this connection's process is not one of them",
-                    r.text, r.source
-                ),
-                None => format!(
-                    "the network.http rules of sandbox {sandbox} for this host apply only to the processes their scopes name, and this connection's process is not one of them ({file})"
-                ),
-            },
+            Reason::ProcessNotAllowed => self.process_refusal(sandbox, file),
             Reason::HttpNotAllowed => format!(
                 "no network.http rule of sandbox {sandbox} allows this method and path on this host ({file})"
             ),

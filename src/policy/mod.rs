@@ -354,6 +354,14 @@ impl CompiledPolicy {
         })
     }
 
+    /// The scope of a `network.scoped` entry's rule (none for any other rule).
+    pub fn scope_of(&self, rule: &Rule) -> Option<&process::Scope> {
+        match rule.source.list {
+            ListKind::Scoped(i) => self.scoped.get(i).map(|(s, _)| s),
+            _ => None,
+        }
+    }
+
     /// The sandbox this policy is of.
     pub fn sandbox(&self) -> &str {
         &self.sandbox

@@ -153,6 +153,7 @@ mod tests {
             dialed: "93.184.216.34".parse().unwrap(),
             generation,
             granted_by: None,
+            process: None,
         }
     }
 

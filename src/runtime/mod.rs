@@ -40,6 +40,8 @@ pub struct Settings {
     pub forward_keepalive: crate::config::ForwardKeepalive,
     /// `upstream_proxy`: the parent allowed exchanges go through.
     pub upstream_proxy: Option<Arc<crate::config::upstream::UpstreamProxy>>,
+    /// `listen.attribution.observe`: the process behind each connection, from the kernel.
+    pub observer: Option<Arc<crate::egress::attribution::Observer>>,
 }
 
 /// Everything a connection task needs.
@@ -170,6 +172,7 @@ impl Shared {
         Lookup {
             resolver: Some(resolver),
             metrics: Some(self.metrics()),
+            process: None,
         }
     }
 
@@ -188,6 +191,7 @@ impl Shared {
             default_sandbox: self.settings.default_sandbox.as_deref(),
             parent: self.settings.upstream_proxy.as_ref(),
             connect_timeout: self.settings.timeouts.connect,
+            observer: self.settings.observer.as_deref(),
         }
     }
 

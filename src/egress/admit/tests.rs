@@ -148,6 +148,7 @@ impl World {
             default_sandbox: None,
             parent: None,
             connect_timeout: Duration::from_secs(2),
+            observer: None,
         };
         let accepted = Accepted {
             conn_id: 1,
@@ -160,6 +161,7 @@ impl World {
             source: accepted.client.ip(),
             evidence: Evidence::Presented { credentials: None },
             port: target.port,
+            peer: None,
         };
         let r = admit(&cx, door, &mut Seated(|| {}), Ask::to(target), &mut audit).await;
         (r, audit)

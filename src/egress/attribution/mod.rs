@@ -49,6 +49,14 @@ const NO_HOLDER: &str =
 const BUDGET: &str = "attribution.lookups_per_second was spent";
 const DIAG_FAILED: &str = "the kernel's socket diagnostics failed";
 
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observer")
+            .field("per_second", &self.per_second)
+            .finish()
+    }
+}
+
 impl Observer {
     /// An observer making at most `per_second` lookups a second.
     pub fn new(per_second: u32) -> Self {

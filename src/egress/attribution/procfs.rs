@@ -48,13 +48,14 @@ pub fn describe(pid: u32, inode: u32, uid: u32) -> Option<Seen> {
         at = parent_of(p);
     }
     // Read after everything else: the pid still holds the socket, so it named one process.
-    holds(pid, &format!("socket:[{inode}]")).then(|| Seen {
+    let seen = Seen {
         pid,
         exe,
         ancestors,
         cgroup,
         uid,
-    })
+    };
+    holds(pid, &format!("socket:[{inode}]")).then_some(seen)
 }
 
 fn executable(pid: u32) -> Option<Arc<str>> {
