@@ -21,6 +21,7 @@ fn limits(bw: Option<u64>) -> Limits {
         per_destination: Vec::new(),
         tokens_per_day: None,
         cost_per_day: None,
+        per_process: None,
         prices: Vec::new(),
     }
 }

@@ -200,6 +200,11 @@ impl AuditGuard {
         self.record.process = Some(process);
     }
 
+    /// The process the exchange was attributed to, if any.
+    pub fn attributed(&self) -> Option<std::sync::Arc<crate::policy::process::Process>> {
+        self.record.process.clone()
+    }
+
     /// What an inference call used.
     pub fn tokens(&mut self, facts: record::TokenFacts) {
         self.record.tokens = Some(Box::new(facts));

@@ -102,8 +102,44 @@ fn common(e: &Entry, class_uid: u32, activity_id: u32, profiles: &[&str]) -> Map
         "src_endpoint".into(),
         json!({ "ip": r.client.ip().to_string(), "port": r.client.port() }),
     );
+    if let Some(p) = &r.process {
+        m.insert("actor".into(), json!({ "process": actor_process(p) }));
+    }
     m.insert("unmapped".into(), unmapped(e));
     m
+}
+
+/// OCSF `actor.process`: the observed process (`pid`, `file.path`, `user.uid`, its parent's
+/// file, `lineage`), and a vouched exec as its `cmd_line` with its parent's.
+fn actor_process(p: &crate::policy::process::Process) -> Value {
+    let f = crate::audit::process_facts::ProcessFacts::of(p);
+    let mut out = Map::new();
+    if let Some(pid) = f.pid {
+        out.insert("pid".into(), json!(pid));
+    }
+    if let Some(exe) = f.exe {
+        out.insert("file".into(), json!({ "path": exe, "type_id": 1 }));
+        out.insert("lineage".into(), json!(f.ancestors));
+    }
+    if let Some(parent) = f.ancestors.first() {
+        out.insert(
+            "parent_process".into(),
+            json!({ "file": { "path": parent, "type_id": 1 } }),
+        );
+    }
+    if let Some(uid) = f.uid {
+        out.insert("user".into(), json!({ "uid": uid.to_string() }));
+    }
+    if let Some(exec) = f.exec {
+        out.insert("cmd_line".into(), json!(exec));
+        if let Some(parent) = f.parent {
+            out.insert("parent_process".into(), json!({ "cmd_line": parent }));
+        }
+    }
+    if let Some(cg) = f.cgroup {
+        out.insert("container".into(), json!({ "uid": cg }));
+    }
+    Value::Object(out)
 }
 
 fn network_activity(e: &Entry) -> Value {

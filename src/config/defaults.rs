@@ -50,6 +50,7 @@ pub const LIMITS: Limits = Limits {
     per_destination: Vec::new(),
     tokens_per_day: None,
     cost_per_day: None,
+    per_process: None,
     prices: Vec::new(),
 };
 /// `defaults.limits.socket_buffer_bytes`: 256 KiB.
@@ -129,6 +130,7 @@ pub(super) fn resolve_limits(raw: &RawLimits, base: Option<&Limits>) -> Limits {
             .unwrap_or(d.per_destination),
         tokens_per_day: raw.tokens_per_day.or(d.tokens_per_day),
         cost_per_day: raw.cost_per_day.or(d.cost_per_day),
+        per_process: raw.per_process.or(d.per_process),
         prices: d.prices,
     }
 }

@@ -85,6 +85,12 @@ pub struct RawHttpRule {
     /// the default), `refuse` or `allow`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub web_tools: Option<String>,
+    /// The rule is for these executables only (the process or an ancestor).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub binaries: Vec<String>,
+    /// The rule is for these vouched commands only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub execs: Vec<String>,
 }
 
 /// `messages:` / `server_messages:` of a `protocol: websocket` rule: exactly one reader.
@@ -386,8 +392,14 @@ impl RawHttpRule {
             Some(Protocol::JsonRpc(_)) => &[],
             _ => &self.methods,
         };
-        HttpRule::with_protocol(&self.host, methods, &self.paths, &self.git, protocol)
-            .map_err(|e| e.to_string())
+        let mut rule =
+            HttpRule::with_protocol(&self.host, methods, &self.paths, &self.git, protocol)
+                .map_err(|e| e.to_string())?;
+        rule.scope = super::scoped::check_scope(&self.binaries, &self.execs)?;
+        if let Some(scope) = &rule.scope {
+            rule.text = format!("{} for {scope}", rule.text);
+        }
+        Ok(rule)
     }
 }
 

@@ -194,10 +194,26 @@ pub struct Limits {
     /// Dollars the sandbox's inference calls may cost in a UTC day, priced by
     /// `defaults.prices`.
     pub cost_per_day: Option<f64>,
+    /// Daily quotas of each process of the sandbox (`per_process`): its vouched exec, else
+    /// its observed executable, counted on top of the sandbox's own.
+    pub per_process: Option<ProcessQuota>,
     /// `defaults.prices` (set-wide: a sandbox's own limits cannot change them; not shown
     /// with each sandbox's limits).
     #[serde(skip)]
     pub prices: Vec<crate::config::prices::Price>,
+}
+
+/// `limits.per_process`: the daily quotas of each process (a vouched exec, else an observed
+/// executable) of a sandbox, so one runaway tool is cut without cutting the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessQuota {
+    /// Bytes a day, both directions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_day: Option<u64>,
+    /// Requests a day.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_day: Option<u64>,
 }
 
 /// One `limits.per_destination` entry: a host (`api.example.com`) or every name under a

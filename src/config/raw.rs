@@ -227,6 +227,9 @@ pub struct RawLimits {
     /// `cost_per_day` (dollars).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_per_day: Option<f64>,
+    /// `per_process`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_process: Option<super::ProcessQuota>,
 }
 
 fn d_connect() -> u64 {

@@ -195,6 +195,7 @@ pub fn human_line(r: &serde_json::Value, colour: bool) -> String {
     if let Some(t) = r["tokens"].as_object() {
         line.push_str(&tokens_shown(t));
     }
+    line.push_str(&process_shown(&r["process"]));
     if let Some(d) = r["detail"].as_str() {
         line.push_str(&format!(" - {}", super::shown::for_person(d)));
     }
@@ -228,6 +229,24 @@ pub fn human_line(r: &serde_json::Value, colour: bool) -> String {
         }
     }
     line
+}
+
+/// The process on a line: ` by exec call_1.fetch /usr/bin/curl[1234]`, or why it is unknown.
+fn process_shown(p: &serde_json::Value) -> String {
+    let mut out = String::new();
+    if let Some(exec) = p["exec"].as_str() {
+        out.push_str(&format!(" by exec {}", super::shown::for_person(exec)));
+    }
+    match (p["exe"].as_str(), p["unknown"].as_str()) {
+        (Some(exe), _) => {
+            let by = if out.is_empty() { " by" } else { "" };
+            let pid = p["pid"].as_u64().unwrap_or(0);
+            out.push_str(&format!("{by} {}[{pid}]", super::shown::for_person(exe)));
+        }
+        (None, Some(why)) => out.push_str(&format!(" process unknown ({why})")),
+        _ => {}
+    }
+    out
 }
 
 /// An inference call's tokens on its line: ` tokens 17 (in 10 cached 2 out 5) $0.000005`.

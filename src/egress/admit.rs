@@ -320,6 +320,7 @@ impl Entered {
             method: ask.method,
             grant: cx.set.grant_of(&sb, &decided.decision),
             limiter: slot.limiter(),
+            process: who_asks,
         };
         if let Err(r) = cx.verdicts.judge(&point, audit).await {
             return Err(refusal(r.decision, Some(sb), r.detail, None));

@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::config::{DestinationQuota, Limits};
+use crate::egress::quota::per_process::ProcessMeters;
 use crate::egress::quota::{destination_meters, DayCount, Meter, Spent};
+use crate::policy::process::Process as Proc;
 
 /// The verdict of a bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -149,6 +151,8 @@ pub struct SandboxLimiter {
     destinations: Mutex<Vec<(DestinationQuota, Arc<Meter>)>>,
     /// Whether `destinations` has any (read without the lock on every exchange).
     has_destinations: std::sync::atomic::AtomicBool,
+    /// `per_process`: a meter per process of the sandbox.
+    pub(crate) processes: ProcessMeters,
 }
 
 fn bandwidth_bucket(bps: Option<u64>, now: u64) -> Option<TokenBucket> {
@@ -184,12 +188,16 @@ impl SandboxLimiter {
             },
             destinations: Mutex::new(destination_meters(&limits.per_destination, &[])),
             has_destinations: (!limits.per_destination.is_empty()).into(),
+            processes: ProcessMeters::new(limits.per_process),
         }
     }
 
     /// Whether the sandbox has any daily quota (most have none: their exchanges skip all this).
     pub fn has_quotas(&self) -> bool {
-        self.meter.metered() || self.meter.budgeted() || self.has_destination_quotas()
+        self.meter.metered()
+            || self.meter.budgeted()
+            || self.has_destination_quotas()
+            || self.processes.configured()
     }
 
     /// Whether any `per_destination` quota is set.
@@ -197,10 +205,10 @@ impl SandboxLimiter {
         self.has_destinations.load(Ordering::Relaxed)
     }
 
-    /// The meters an exchange with `host` counts into: the sandbox's (when it has a quota)
-    /// and those of the `per_destination` entries that match.
-    pub fn meters_for(&self, host: &str) -> Vec<Arc<Meter>> {
-        let mut out = Vec::new();
+    /// The meters an exchange of `process` with `host` counts into: the sandbox's (when it
+    /// has a quota), those of the `per_destination` entries that match, and its process's.
+    pub fn meters_for(&self, host: &str, process: Option<&Proc>) -> Vec<Arc<Meter>> {
+        let mut out: Vec<Arc<Meter>> = self.processes.meter(process).into_iter().collect();
         if self.meter.metered() || self.meter.budgeted() {
             out.push(self.meter.clone());
         }
@@ -231,6 +239,8 @@ impl SandboxLimiter {
                     .map(|(q, m)| (format!("{id}@{}", q.host), m.clone())),
             );
         }
+        let keyed = self.processes.keyed();
+        out.extend(keyed.map(|(k, m)| (format!("{id}~{k}"), m)));
         out
     }
 
@@ -256,6 +266,7 @@ impl SandboxLimiter {
         }
         self.has_destinations
             .store(!limits.per_destination.is_empty(), Ordering::Relaxed);
+        self.processes.configure(limits.per_process);
         if let Ok(mut r) = self.rate.lock() {
             r.reconfigure(limits.connections_per_second, f64::from(limits.burst));
         }
@@ -464,6 +475,9 @@ impl Limiters {
     }
 
     fn keyed(&self, map: &HashMap<String, Arc<SandboxLimiter>>, key: &str) -> Option<Arc<Meter>> {
+        if let Some((id, process)) = key.split_once('~') {
+            return map.get(id)?.processes.by_key(process);
+        }
         let (id, host) = match key.split_once('@') {
             Some((id, host)) => (id, Some(host)),
             None => (key, None),

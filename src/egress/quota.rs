@@ -24,6 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
 
 mod budget;
+pub mod per_process;
 pub use budget::Reservation;
 
 /// Woken whenever a request is reserved against a daily quota or a byte count reaches one:
@@ -158,6 +159,11 @@ impl Meter {
         };
         match self.scope() {
             None => format!("the sandbox's {} quota ({value})", spent.key()),
+            Some(p) if p.starts_with('~') => format!(
+                "the {} quota ({value}) of process {} (limits.per_process)",
+                spent.key(),
+                &p[1..]
+            ),
             Some(host) => format!(
                 "the {} quota ({value}) on {host} (limits.per_destination)",
                 spent.key()
@@ -384,9 +390,10 @@ pub(crate) fn destination_meters(
         .collect()
 }
 
-/// The verdict point's stage for `limits.per_destination`: an exchange with a host whose
-/// daily quota is spent is refused (`quota_exceeded`) before the decider is asked or anything
-/// dialled. (The sandbox-wide quotas refuse earlier, with its other limits.)
+/// The verdict point's stage for `limits.per_destination` and `limits.per_process`: an
+/// exchange with a host, or of a process, whose daily quota is spent is refused
+/// (`quota_exceeded`) before the decider is asked or anything dialled. (The sandbox-wide
+/// quotas refuse earlier, with its other limits.)
 pub struct DestinationQuotaStage;
 
 impl crate::egress::verdict::Stage for DestinationQuotaStage {
@@ -396,11 +403,13 @@ impl crate::egress::verdict::Stage for DestinationQuotaStage {
 
     fn judge(&self, at: &crate::egress::verdict::Point<'_>) -> crate::egress::verdict::Judgement {
         use crate::egress::verdict::Judgement;
-        if !at.limiter.has_destination_quotas() {
+        let meter = at.limiter.processes.meter(at.process);
+        let process = meter.and_then(|m| m.spent().map(|s| (m, s)));
+        if !at.limiter.has_destination_quotas() && process.is_none() {
             return Judgement::Pass;
         }
         let host = at.target.host.to_string();
-        match at.limiter.destination_spent(&host) {
+        match process.or_else(|| at.limiter.destination_spent(&host)) {
             None => Judgement::Pass,
             Some((meter, spent)) => Judgement::Refuse(crate::wire::first_bytes::Mismatch {
                 reason: crate::policy::reason::Reason::QuotaExceeded,

@@ -81,6 +81,8 @@ pub struct Point<'a> {
     pub grant: Option<&'a Arc<GrantEntry>>,
     /// The sandbox's limits and daily quotas.
     pub limiter: &'a crate::egress::limits::SandboxLimiter,
+    /// The process the exchange is attributed to, if any.
+    pub process: Option<&'a crate::policy::process::Process>,
 }
 
 /// One stage of the verdict point.

@@ -383,6 +383,7 @@ where
             host: t.host.to_string(),
             port: t.port,
             scheme: sides.scheme,
+            process: audit.attributed(),
         },
         sides.up,
         recorder,

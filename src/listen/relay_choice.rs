@@ -94,8 +94,9 @@ async fn relay_until_stopped(
     let limiter: &SandboxLimiter = slot.limiter();
     let shaper = limiter.shapes().then_some(limiter);
     // A tunnel the proxy does not see into is one request, reserved against the quotas.
+    let process = audit.attributed();
     let live = Liveness::new(shared.settings.timeouts.idle)
-        .metered(limiter, &target.host)
+        .metered(limiter, &target.host, process.as_deref())
         .once(once);
     if let Err(r) = live.reserve() {
         audit.refused_in_tunnel(r.reason, r.detail);
@@ -165,9 +166,10 @@ async fn terminated(
         tls: hello.is_some(),
     };
     let timeouts = &shared.settings.timeouts;
+    let process = audit.attributed();
     let live = Arc::new(
         Liveness::new(timeouts.idle)
-            .metered(running.slot.limiter(), &target.host)
+            .metered(running.slot.limiter(), &target.host, process.as_deref())
             .once(once),
     );
     Box::pin(crate::intercept::serve(

@@ -183,6 +183,18 @@ fn fill(rec: &mut SdkLogRecord, v: &serde_json::Value, line: &[u8]) {
             rec.add_attribute(key, AnyValue::String(s.to_string().into()));
         }
     }
+    let process = &v["process"];
+    for (key, value) in [
+        ("process.executable.path", &process["exe"]),
+        ("egress.exec", &process["exec"]),
+    ] {
+        if let Some(s) = value.as_str() {
+            rec.add_attribute(key, AnyValue::String(s.to_string().into()));
+        }
+    }
+    if let Some(pid) = process["pid"].as_i64() {
+        rec.add_attribute("process.pid", AnyValue::Int(pid));
+    }
     for (key, field) in [
         ("server.port", "target_port"),
         ("egress.bytes_up", "bytes_up"),

@@ -37,7 +37,7 @@ pub async fn phases(
     req: Request<Incoming>,
     audit: &mut AuditGuard,
 ) -> Result<(Request<ForwardBody>, Option<Found>), Refusal> {
-    let rules = HostRules::of(binding, host);
+    let rules = HostRules::of(binding, host, audit.attributed().as_deref());
     let req = match rules.is_empty() {
         true => req.map(|b| b.map_err(SendError::from).boxed()),
         false => judge(binding, &rules, host, limit, req, audit).await?,

@@ -12,6 +12,7 @@ use crate::policy::http_rules::{
     canonical_path_with, git_probe_ambiguous, git_request, method_refusal, override_refusal,
     Admits, GitService, HttpRule,
 };
+use crate::policy::process::Process;
 use crate::policy::protocols::{lfs, Protocol};
 use crate::policy::reason::Reason;
 
@@ -26,6 +27,9 @@ pub struct HostRules {
     /// The header the proxy signs the sandbox's identity in, when `host` is an identity host:
     /// never the sandbox's own to send.
     pub identity_header: Option<http::HeaderName>,
+    /// Rules of this host left out because their scope (`binaries:`, `execs:`) does not admit
+    /// the connection's process: what a refusal says when no other rule is left.
+    pub outside: Option<String>,
 }
 
 /// A request's head, as the pipeline reads it.
@@ -101,15 +105,21 @@ pub enum Checked {
 const BODILESS: [Method; 4] = [Method::GET, Method::HEAD, Method::DELETE, Method::OPTIONS];
 
 impl HostRules {
-    /// The rules of `binding` for `host`.
-    pub fn of(binding: &Binding, host: &str) -> Self {
-        let rules: Vec<HttpRule> = binding
+    /// The rules of `binding` for `host`, for a connection of `process`: a rule whose scope
+    /// does not admit it is left out (an unknown process is admitted by no scope), and if
+    /// that leaves none, every request is refused as `process_not_allowed`.
+    pub fn of(binding: &Binding, host: &str, process: Option<&Process>) -> Self {
+        let (rules, outside): (Vec<HttpRule>, Vec<HttpRule>) = binding
             .network
             .http
             .iter()
             .filter(|r| r.host.matches(host))
             .cloned()
-            .collect();
+            .partition(|r| r.scope.as_ref().is_none_or(|s| s.admits(process)));
+        let outside = outside.first().and_then(|r| r.scope.as_ref()).map(|s| {
+            let who = process.map_or("no process attributed".into(), |p| p.to_string());
+            format!("the network.http rules for {host} are for {s}; this connection: {who}")
+        });
         let any_path = !rules.is_empty()
             && rules
                 .iter()
@@ -123,12 +133,13 @@ impl HostRules {
             rules,
             any_path,
             identity_header,
+            outside,
         }
     }
 
     /// Whether there is anything here to judge a request by.
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty() && self.identity_header.is_none()
+        self.rules.is_empty() && self.identity_header.is_none() && self.outside.is_none()
     }
 
     /// The head phase, in order: the method, override headers and parameters, the path's
@@ -192,7 +203,10 @@ impl HostRules {
             return self.socket(host, method, path, query);
         }
         if self.rules.is_empty() {
-            return Checked::Allowed(None);
+            return match &self.outside {
+                Some(why) => Checked::Refused(Refusal::new(Reason::ProcessNotAllowed, why.clone())),
+                None => Checked::Allowed(None),
+            };
         }
         let plain = || self.rules.iter().filter(|r| !r.is_websocket());
         let reading: Vec<&HttpRule> = plain().filter(|r| r.reads(method, path, query)).collect();
@@ -289,6 +303,7 @@ mod tests {
             any_path: false,
             rules: list,
             identity_header: None,
+            outside: None,
         }
     }
 

@@ -82,6 +82,8 @@ pub struct HttpRule {
     pub git: Vec<GitService>,
     /// `protocol:` (or `lfs:`): the request body is judged by it ([`Protocol::judge`]).
     pub protocol: Option<Arc<Protocol>>,
+    /// `binaries:` / `execs:`: the rule is for these processes only.
+    pub scope: Option<crate::policy::process::Scope>,
     matcher: Option<globset::GlobSet>,
 }
 
@@ -103,6 +105,7 @@ impl PartialEq for HttpRule {
             && self.paths == other.paths
             && self.git == other.git
             && self.text == other.text
+            && self.scope == other.scope
     }
 }
 
@@ -201,6 +204,7 @@ impl HttpRule {
             git,
             protocol: protocol.map(Arc::new),
             matcher,
+            scope: None,
         })
     }
 

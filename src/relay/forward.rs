@@ -97,7 +97,8 @@ pub async fn forward(
         connect,
         judge_body_bytes,
     } = fx;
-    let live = Arc::new(Liveness::new(idle).metered(&limiter, &clearance.target.host));
+    let process = clearance.process.as_deref();
+    let live = Arc::new(Liveness::new(idle).metered(&limiter, &clearance.target.host, process));
     audit.count(live.counters());
     let host = host_header(&clearance.target);
     // How a refusal or a 502 names the request: method and decided authority, never the

@@ -62,11 +62,17 @@ impl Liveness {
         self
     }
 
-    /// Count into `limiter`'s daily quotas that apply to an exchange with `host` (nothing to do
-    /// when the sandbox has none).
-    pub fn metered(mut self, limiter: &SandboxLimiter, host: &dyn std::fmt::Display) -> Self {
+    /// Count into `limiter`'s daily quotas that apply to an exchange of `process` with `host`
+    /// (nothing to do when the sandbox has none).
+    pub fn metered(
+        mut self,
+        limiter: &SandboxLimiter,
+        host: &dyn std::fmt::Display,
+        process: Option<&crate::policy::process::Process>,
+    ) -> Self {
         if limiter.has_quotas() {
-            self.meters = limiter.meters_for(&host.to_string()).into_boxed_slice();
+            let meters = limiter.meters_for(&host.to_string(), process);
+            self.meters = meters.into_boxed_slice();
         }
         self
     }

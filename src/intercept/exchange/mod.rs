@@ -76,6 +76,8 @@ pub struct Destination {
     pub port: u16,
     /// `https`, or `http` for plain HTTP inside a tunnel (judged the same, sent in clear).
     pub scheme: &'static str,
+    /// The process the tunnel is attributed to (scoped `network.http` rules decide by it).
+    pub process: Option<Arc<crate::policy::process::Process>>,
 }
 
 impl Destination {
@@ -303,7 +305,7 @@ impl Exchange {
         }
         let p = Arc::new(Prepared::new(
             b,
-            &self.dest.host,
+            (&self.dest.host, self.dest.process.as_deref()),
             &self.mint,
             version.clone(),
         ));

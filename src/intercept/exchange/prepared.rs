@@ -35,8 +35,13 @@ pub(super) struct Prepared {
 }
 
 impl Prepared {
-    pub(super) fn new(binding: Arc<Binding>, host: &str, cx: &MintCx, version: Arc<str>) -> Self {
-        let rules = HostRules::of(&binding, host);
+    pub(super) fn new(
+        binding: Arc<Binding>,
+        (host, process): (&str, Option<&crate::policy::process::Process>),
+        cx: &MintCx,
+        version: Arc<str>,
+    ) -> Self {
+        let rules = HostRules::of(&binding, host, process);
         let mut bound: Vec<Bound> = binding
             .credentials
             .iter()

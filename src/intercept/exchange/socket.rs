@@ -165,6 +165,7 @@ impl Exchange {
     fn still(&self, uri: http::Uri) -> Still {
         let current = self.current.clone();
         let host = self.dest.host.clone();
+        let process = self.dest.process.clone();
         let mut headers = HeaderMap::new();
         headers.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
         Box::new(move || {
@@ -179,7 +180,7 @@ impl Exchange {
                 upgrade: true,
                 extended: false,
             };
-            match HostRules::of(&binding, &host).judge(&host, head) {
+            match HostRules::of(&binding, &host, process.as_deref()).judge(&host, head) {
                 Checked::Socket(p) => match &*p {
                     Protocol::WebSocket(r) => Now::Allowed(Arc::new(r.clone())),
                     _ => Now::Refused("the rule that allowed the socket is gone".into()),
