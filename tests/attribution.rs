@@ -1,0 +1,336 @@
+//! Attribution (DESIGN §4): the process inside the sandbox behind each connection, observed
+//! through the kernel (`listen.attribution.observe`) or vouched by the runtime's credential
+//! (`sandbox~exec`), on every record, and the entries and rules scoped to it — through the
+//! real binary, real `curl`, real `python3` and a real shell as the wrapper.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// The executable as the kernel shows it (`/proc/PID/exe`: symlinks resolved).
+fn real(program: &str) -> PathBuf {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .expect("sh");
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        !path.is_empty(),
+        "{program} is installed (.ci/run installs it)"
+    );
+    std::fs::canonicalize(path).unwrap()
+}
+
+/// The python interpreter as the kernel shows it (a version manager's `python3` may be a
+/// script that runs another file): the tests run this one directly.
+fn python_exe() -> PathBuf {
+    let out = Command::new("python3")
+        .args(["-c", "import os; print(os.readlink('/proc/self/exe'))"])
+        .output()
+        .expect("python3 is installed (.ci/run installs it)");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// A GET of `url` by `python3` through `proxy` (credentials in the proxy URL, if any):
+/// (status, body).
+fn python_get(python: &Path, proxy: &str, url: &str) -> (u16, String) {
+    let script = format!(
+        r#"
+import sys, urllib.request, urllib.error
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({{"http": "{proxy}"}}))
+try:
+    r = opener.open("{url}", timeout=20)
+    print(r.status); sys.stdout.write(r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code); sys.stdout.write(e.read().decode())
+"#
+    );
+    python_output(Command::new(python).args(["-c", &script]))
+}
+
+fn python_output(cmd: &mut Command) -> (u16, String) {
+    let out = cmd.output().expect("python3");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (code, body) = text.split_once('\n').unwrap_or((&text, ""));
+    let code = code.trim().parse().unwrap_or_else(|_| {
+        panic!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    });
+    (code, body.to_string())
+}
+
+fn config(dir: &Path, listen_more: &str, sandboxes: &str) -> (Proxy, Origin) {
+    let origin = Origin::start(None);
+    let audit = dir.join("audit.jsonl");
+    // `network.http` rules need a CA to terminate with (plain HTTP is judged without it).
+    ca_init(&dir.join("ica"));
+    let yaml = format!(
+        "tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key }}\nlisten: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0{listen_more} }}\naudit: {{ path: {} }}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ origin.test: [127.0.0.1], open.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.0/8] }}\nsandboxes:\n{}",
+        audit.display(),
+        sandboxes.replace("PORT", &origin.addr.port().to_string())
+    );
+    let cfg = dir.join("proxy.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    (Proxy::start_with(cfg, audit, &[]), origin)
+}
+
+/// Two processes of one sandbox, one host allowed only to curl: curl passes, python is
+/// refused with a reason naming its executable, each record names its process; python under
+/// a wrapper the scope names passes by ancestry; an unscoped entry is everyone's; a
+/// `network.http` rule scoped to curl refuses python's requests on its host.
+#[test]
+fn observed_processes_are_recorded_and_scoped_entries_admit_only_theirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (curl_exe, python) = (real("curl"), python_exe());
+    let wrapper = dir.path().join("toolbash");
+    std::fs::copy(real("bash"), &wrapper).unwrap();
+    let sandboxes = format!(
+        r#"  - id: s1
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["open.test:PORT"]
+        scoped:
+          - {{ binaries: ["{curl}"], egress: ["origin.test:PORT"] }}
+          - {{ binaries: ["{wrapper}"], egress: ["origin.test:PORT"] }}
+  - id: s3
+    auth: {{ token_sha256: {tok} }}
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["origin.test:PORT"]
+        http: [{{ host: origin.test, methods: [GET], binaries: ["{curl}"] }}]
+"#,
+        curl = curl_exe.display(),
+        wrapper = wrapper.display(),
+        tok = sha("tok3"),
+    );
+    let more = ", default_sandbox: s1, attribution: { observe: true }";
+    let (proxy, origin) = config(dir.path(), more, &sandboxes);
+    let port = origin.addr.port();
+    let p = format!("http://{}", proxy.proxy);
+    let url = format!("http://origin.test:{port}/by-curl");
+
+    let out = curl(&["-x", &p, &url]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rec = proxy.wait_record(|r| r["target_host"] == "origin.test" && r["decision"] == "allow");
+    assert_eq!(rec["process"]["source"], "observed");
+    assert_eq!(rec["process"]["exe"], curl_exe.to_str().unwrap());
+    assert!(rec["process"]["pid"].as_u64().unwrap() > 1);
+    assert_eq!(
+        rec["rule_source"].as_str().unwrap(),
+        format!(
+            "{}: sandbox s1: network.scoped[0].egress[0]",
+            dir.path().join("proxy.yaml").display()
+        )
+    );
+
+    let py = python.to_str().unwrap();
+    let (code, body) = python_get(&python, &p, &format!("http://origin.test:{port}/by-python"));
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("process_not_allowed"), "{body}");
+    assert!(
+        body.contains(py),
+        "the refusal names python's executable: {body}"
+    );
+    let rec = proxy.wait_record(|r| r["reason"] == "process_not_allowed");
+    assert_eq!(rec["process"]["exe"], py);
+    assert_eq!(rec["dialed"], serde_json::Value::Null);
+
+    // The same python run by the wrapper (which forks it: `; exit`) is admitted by ancestry.
+    let script = format!(
+        "import urllib.request as u; print(u.build_opener(u.ProxyHandler({{'http': '{p}'}})).open('http://origin.test:{port}/wrapped').status)"
+    );
+    let out = Command::new(&wrapper)
+        .args(["-c", &format!("{py} -c \"{script}\"; exit $?")])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "200",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec = proxy.wait_record(|r| {
+        r["rule_source"]
+            .as_str()
+            .is_some_and(|s| s.ends_with("scoped[1].egress[0]"))
+    });
+    assert_eq!(rec["process"]["exe"], py);
+    assert_eq!(rec["process"]["ancestors"][0], wrapper.to_str().unwrap());
+
+    // An unscoped entry is every process's.
+    let (code, _) = python_get(&python, &p, &format!("http://open.test:{port}/"));
+    assert_eq!(code, 200);
+
+    // `check` asks the same question for a named executable.
+    let check = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_egress-proxy"));
+        c.args([
+            "check",
+            "--config",
+            proxy.config.to_str().unwrap(),
+            "--sandbox",
+            "s1",
+            "--json",
+        ]);
+        let out = c
+            .args(args)
+            .arg(format!("origin.test:{port}"))
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    assert_eq!(
+        check(&["--binary", curl_exe.to_str().unwrap()])["decision"],
+        "allow"
+    );
+    let no = check(&["--binary", py, "--ancestor", "/usr/bin/bash"]);
+    assert_eq!(no["reason"], "process_not_allowed");
+    assert!(
+        no["explanation"].as_str().unwrap().contains("binaries ["),
+        "{no}"
+    );
+    assert_eq!(check(&[])["reason"], "process_not_allowed");
+
+    // A network.http rule scoped to curl: curl's GET passes, python's is refused.
+    let p3 = format!("http://s3:tok3@{}", proxy.proxy);
+    let out = curl(&["-x", &p3, &format!("http://origin.test:{port}/rule")]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let (code, body) = python_get(&python, &p3, &format!("http://origin.test:{port}/rule"));
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("process_not_allowed") && body.contains(py),
+        "{body}"
+    );
+}
+
+/// A runtime vouches for each command with `sandbox~exec` on the sandbox's token, on the
+/// explicit proxy and over SOCKS5: every connection of a tool call names the call, scoped
+/// entries admit the execs they name, `per_process` quotas cut one tool and not the others,
+/// and a malformed exec fails authentication instead of falling back to the sandbox.
+#[test]
+fn vouched_execs_name_every_connection_and_scope_and_meter_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let sandboxes = format!(
+        r#"  - id: s2
+    auth: {{ token_sha256: {} }}
+    limits: {{ per_process: {{ requests_per_day: 3 }} }}
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["open.test:PORT"]
+        scoped: [{{ execs: ["*.web_fetch"], egress: ["origin.test:PORT"] }}]
+"#,
+        sha("tok2")
+    );
+    let (proxy, origin) = config(dir.path(), ", socks5: 127.0.0.1:0", &sandboxes);
+    let port = origin.addr.port();
+    let url = format!("http://origin.test:{port}/");
+    let via = |user: &str| format!("http://{user}:tok2@{}", proxy.proxy);
+
+    // One tool call, three connections: each record names it.
+    for _ in 0..3 {
+        let out = curl(&["-x", &via("s2~agent~call_1.web_fetch"), &url]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+    }
+    let calls = |rs: &[serde_json::Value]| {
+        rs.iter()
+            .filter(|r| r["event"] == "end" && r["process"]["exec"] == "call_1.web_fetch")
+            .count()
+    };
+    eventually(Duration::from_secs(10), "three records of call_1", || {
+        (calls(&proxy.audit_records()) == 3).then_some(())
+    });
+    for r in proxy
+        .audit_records()
+        .iter()
+        .filter(|r| r["process"]["exec"] == "call_1.web_fetch")
+    {
+        assert_eq!(r["process"]["source"], "vouched");
+        assert_eq!(r["process"]["parent"], "agent");
+        assert_eq!(r["sandbox"], "s2");
+    }
+    // Its fourth request is over its own quota; another call of the same sandbox is not.
+    let out = curl(&[
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-x",
+        &via("s2~call_1.web_fetch"),
+        &url,
+    ]);
+    assert_eq!(out.text(), "429");
+    let rec = proxy.wait_record(|r| r["reason"] == "quota_exceeded");
+    assert!(
+        rec["detail"]
+            .as_str()
+            .unwrap()
+            .contains("process call_1.web_fetch (limits.per_process)"),
+        "{rec}"
+    );
+    let out = curl(&["-x", &via("s2~call_2.web_fetch"), &url]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+
+    // An exec outside the scope, and no exec at all, are refused; the reason says why.
+    let shell = curl(&[
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-x",
+        &via("s2~call_3.shell"),
+        &url,
+    ]);
+    assert_eq!(shell.text(), "403");
+    let rec = proxy.wait_record(|r| r["process"]["exec"] == "call_3.shell");
+    assert_eq!(rec["reason"], "process_not_allowed");
+    let bare = curl(&["-s", "-x", &via("s2"), &url]);
+    assert!(
+        bare.text().contains("no process attributed"),
+        "{}",
+        bare.text()
+    );
+    // Other hosts stay every exec's.
+    let out = curl(&[
+        "-x",
+        &via("s2~call_3.shell"),
+        &format!("http://open.test:{port}/"),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    // A malformed exec is a failed authentication (never the sandbox alone).
+    let bad = curl(&[
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-x",
+        &via("s2~bad%20name"),
+        &url,
+    ]);
+    assert_eq!(bad.text(), "407");
+
+    // SOCKS5 login: the same sub-identity, the same scope.
+    let socks = proxy.socks5.expect("socks5 listener");
+    let s5 = |user: &str| format!("socks5h://{user}:tok2@{socks}");
+    let out = curl(&["--proxy", &s5("s2~call_4.web_fetch"), &url]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rec = proxy.wait_record(|r| r["process"]["exec"] == "call_4.web_fetch");
+    assert_eq!(
+        (&rec["mode"], &rec["identity"]),
+        (&"socks5".into(), &"token".into())
+    );
+    let out = curl(&["--proxy", &s5("s2~call_5.shell"), &url]);
+    assert_ne!(out.code, 0);
+    let rec = proxy.wait_record(|r| r["process"]["exec"] == "call_5.shell");
+    assert_eq!(rec["reason"], "process_not_allowed");
+}
