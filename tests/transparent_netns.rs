@@ -260,7 +260,7 @@ fn gateway_env_full(
     let http = Origin::start_on(&ns.host_ip, None);
     let yaml = format!(
         r#"
-listen: {{ proxy: null, transparent: "{listen}", transparent_tproxy: {tproxy}, admin: 127.0.0.1:0 }}
+listen: {{ proxy: null, transparent: "{listen}", transparent_tproxy: {tproxy}, admin: 127.0.0.1:0, attribution: {{ observe: true }} }}
 audit: {{ path: {audit} }}
 dns:
   servers: ["127.0.0.1:9"]
@@ -370,6 +370,16 @@ fn gateway_sni_host_forged_destination_and_udp() {
     assert_eq!(rec["decision"], "allow");
     assert!(
         rec["alpn"].as_array().is_some_and(|a| !a.is_empty()),
+        "{rec}"
+    );
+    // The sandbox's socket is in another network namespace: the kernel cannot show the proxy
+    // its process, and the record says so instead of naming one.
+    assert_eq!(rec["process"]["source"], "observed");
+    assert!(rec["process"]["exe"].is_null(), "{rec}");
+    assert!(
+        rec["process"]["unknown"]
+            .as_str()
+            .is_some_and(|w| w.contains("network namespace")),
         "{rec}"
     );
 
@@ -682,6 +692,110 @@ sandboxes:
     let quic = UdpSocket::bind((ip.as_str(), 443)).unwrap();
     ns.send_udp(&ip, quic.local_addr().unwrap().port());
     assert!(!udp_arrives(&quic), "UDP bypassed the sidecar");
+}
+
+/// The sidecar kit with attribution on: the proxy shares the sandbox's kernel and network
+/// namespace, so each redirected connection is mapped to its process (through the original
+/// destination the client dialled): curl reaches the host scoped to it, a copy of curl at
+/// another path does not, and each record names its executable and uid.
+#[test]
+#[ignore = "needs root, ip, iptables"]
+fn sidecar_attributes_each_redirected_process() {
+    if !can_run() {
+        return;
+    }
+    let ns = Netns::new("at", 79, 1);
+    let dir = tempfile::tempdir().unwrap();
+    must(&["chmod", "0755", dir.path().to_str().unwrap()]);
+    let ca = TestCa::generate(dir.path());
+    let https = Origin::start_on(&ns.host_ip, Some(&ca));
+    let ip = ns.host_ip.clone();
+    let curl = std::fs::canonicalize(
+        String::from_utf8_lossy(&sh(&["sh", "-c", "command -v curl"]).stdout).trim(),
+    )
+    .unwrap();
+    let copy = dir.path().join("fetcher");
+    std::fs::copy(&curl, &copy).unwrap();
+    must(&["chmod", "0755", copy.to_str().unwrap()]);
+    must(&["chmod", "0644", ca.ca_pem.to_str().unwrap()]);
+    let audit = dir.path().join("audit.jsonl");
+    let yaml = format!(
+        r#"
+listen: {{ proxy: null, transparent: "127.0.0.1:0", admin: null, default_sandbox: side, attribution: {{ observe: true }} }}
+audit: {{ path: {audit} }}
+dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ api.test: [{ip}], other.test: [{ip}] }} }}
+defaults: {{ guard_allow_ranges: [10.79.1.0/24] }}
+sandboxes:
+  - id: side
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["api.test:*"]
+        scoped: [{{ binaries: ["{curl}"], egress: ["other.test:*"] }}]
+"#,
+        audit = audit.display(),
+        curl = curl.display(),
+    );
+    let cfg = dir.path().join("proxy.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    // The proxy runs as root in the namespace (it reads other users' /proc/PID/fd); the
+    // sandbox's commands run as uid 1000, whose connections the kit redirects.
+    let proxy = Proxy::start_wrapped(cfg, audit, &[], &["ip", "netns", "exec", &ns.name]);
+    let tport = proxy.transparent.expect("transparent").port().to_string();
+    let o = ns.exec(&[
+        script().to_str().unwrap(),
+        "install",
+        "sidecar",
+        "--proxy-uid",
+        "0",
+        "--proxy-port",
+        &tport,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let op = https.addr.port();
+    let fetch = |program: &str| {
+        let resolve = format!("other.test:{op}:{ip}");
+        let url = format!("https://other.test:{op}/who");
+        let o = ns.exec(&[
+            "setpriv",
+            "--reuid=1000",
+            "--regid=1000",
+            "--clear-groups",
+            program,
+            "-sS",
+            "--max-time",
+            "10",
+            "--noproxy",
+            "*",
+            "--cacert",
+            ca.ca_pem.to_str().unwrap(),
+            "--resolve",
+            &resolve,
+            &url,
+        ]);
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+    };
+    let (code, out) = fetch(curl.to_str().unwrap());
+    assert_eq!(
+        code,
+        0,
+        "{out}\n{:#?}\n{}",
+        proxy.audit_records(),
+        proxy.stderr_text()
+    );
+    let rec = proxy.wait_record(|r| r["sni"] == "other.test" && r["decision"] == "allow");
+    assert_eq!(rec["process"]["exe"], curl.to_str().unwrap(), "{rec}");
+    assert_eq!(rec["process"]["uid"], 1000);
+    assert_eq!(rec["original_dst"], format!("{ip}:{op}"));
+    let (code, _) = fetch(copy.to_str().unwrap());
+    assert_ne!(code, 0);
+    let rec = proxy.wait_record(|r| r["sni"] == "other.test" && r["decision"] == "deny");
+    assert_eq!(rec["reason"], "process_not_allowed");
+    assert_eq!(rec["process"]["exe"], copy.to_str().unwrap(), "{rec}");
 }
 
 #[test]
