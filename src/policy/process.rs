@@ -90,6 +90,7 @@ impl fmt::Display for Process {
             parts.push(format!("exec {}", v.exec));
         }
         match &self.observed {
+            Some(Observed::Seen(s)) if s.pid == 0 => parts.push(s.exe.to_string()),
             Some(Observed::Seen(s)) => parts.push(format!("{} (pid {})", s.exe, s.pid)),
             Some(Observed::Unknown { why, .. }) => parts.push(format!("process unknown: {why}")),
             None => {}
