@@ -197,6 +197,31 @@ fn observed_processes_are_recorded_and_scoped_entries_admit_only_theirs() {
     );
     assert_eq!(check(&[])["reason"], "process_not_allowed");
 
+    // `suggest` proposes a destination only python asked for under `scoped`, for python; one
+    // that several processes asked for stays in `egress`.
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args([
+            "suggest",
+            "--audit",
+            proxy.audit.to_str().unwrap(),
+            "--sandbox",
+            "s1",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (egress, scoped) = text.split_once("  scoped:").expect("a scoped block");
+    assert!(
+        egress.contains(&format!("\"origin.test:{port}\"")),
+        "{text}"
+    );
+    assert!(
+        scoped.contains(&format!(
+            "- binaries: [\"{py}\"]\n      egress:\n        - \"open.test:{port}\""
+        )),
+        "{text}"
+    );
+
     // A network.http rule scoped to curl: curl's GET passes, python's is refused.
     let p3 = format!("http://s3:tok3@{}", proxy.proxy);
     let out = curl(&["-x", &p3, &format!("http://origin.test:{port}/rule")]);

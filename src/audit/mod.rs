@@ -24,6 +24,7 @@ pub mod record;
 mod record_golden;
 pub mod suggest;
 pub mod suggest_http;
+pub mod suggest_scoped;
 pub mod usage;
 pub mod verify;
 mod writer;

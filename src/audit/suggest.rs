@@ -66,6 +66,8 @@ pub struct Proposal {
     pub skipped_lines: u64,
     /// Calls seen on terminated hosts, for `network.http` rules.
     pub http: super::suggest_http::Calls,
+    /// Entries only one process asked for, by that process (`network.scoped`).
+    pub scoped: BTreeMap<super::suggest_scoped::Who, Vec<Proposed>>,
 }
 
 /// Read the records and build the proposal. `Err` when a file cannot be read.
@@ -84,6 +86,7 @@ pub fn suggest(opts: &Options) -> Result<Proposal, SuggestError> {
     // (host, port) → connections
     let mut seen: BTreeMap<(String, u16), u64> = BTreeMap::new();
     let mut rules_used: BTreeSet<String> = BTreeSet::new();
+    let mut askers = super::suggest_scoped::Askers::default();
     for f in &opts.files {
         let text = std::fs::read_to_string(f).map_err(|source| SuggestError {
             path: f.clone(),
@@ -123,10 +126,12 @@ pub fn suggest(opts: &Options) -> Result<Proposal, SuggestError> {
                     rules_used.insert(rule.to_string());
                 }
             }
+            askers.add(&host.to_ascii_lowercase(), &v);
             *seen.entry((host.to_ascii_lowercase(), port)).or_default() += 1;
         }
     }
     p.entries = propose(&seen, opts);
+    p.scoped = askers.split(&mut p.entries);
     if let Some(current) = &opts.current {
         let have: BTreeSet<&str> = current.iter().map(String::as_str).collect();
         p.added = p
@@ -260,6 +265,7 @@ pub fn render(p: &Proposal, opts: &Options) -> String {
             width = width + 2
         ));
     }
+    s.push_str(&super::suggest_scoped::render(&p.scoped));
     if !p.http.is_empty() {
         s.push_str(&p.http.render());
     }
