@@ -23,6 +23,8 @@ use crate::policy::process::Observed;
 const CACHE_MAX: usize = 4096;
 /// How many recent holders are tried first.
 const RECENT: usize = 8;
+/// The most processes whose ancestry is kept.
+const KNOWN_MAX: usize = 256;
 
 /// Looks up the process at the other end of accepted connections.
 pub struct Observer {
@@ -37,6 +39,8 @@ pub struct Observer {
 struct State {
     cache: HashMap<u32, Observed>,
     recent: Vec<u32>,
+    /// Processes described before, by pid (their ancestry and cgroup are not read again).
+    known: HashMap<u32, procfs::Known>,
     /// (second since `epoch`, lookups made in it).
     spent: (u64, u32),
 }
@@ -94,17 +98,24 @@ impl Observer {
             st.spent.1 += 1;
             st.recent.clone()
         };
-        let seen = procfs::holder(found.inode, &recent)
-            .and_then(|pid| procfs::describe(pid, found.inode, found.uid));
-        let observed = match seen {
-            Some(s) => Observed::Seen(Arc::new(s)),
+        let described = procfs::holder(found.inode, &recent).and_then(|(pid, fd)| {
+            let known = self.state.lock().ok()?.known.get(&pid).cloned();
+            procfs::describe(pid, fd, found.inode, found.uid, known.as_ref())
+        });
+        let observed = match &described {
+            Some(k) => Observed::Seen(Arc::new(k.seen.clone())),
             None => unknown(Some(found.uid), NO_HOLDER),
         };
         if let Ok(mut st) = self.state.lock() {
-            if let Observed::Seen(s) = &observed {
-                st.recent.retain(|p| *p != s.pid);
-                st.recent.insert(0, s.pid);
+            if let Some(k) = described {
+                let pid = k.seen.pid;
+                st.recent.retain(|p| *p != pid);
+                st.recent.insert(0, pid);
                 st.recent.truncate(RECENT);
+                if st.known.len() >= KNOWN_MAX {
+                    st.known.clear();
+                }
+                st.known.insert(pid, k);
             }
             if st.cache.len() >= CACHE_MAX {
                 st.cache.clear();

@@ -1,10 +1,15 @@
 //! The process holding a socket, read from `/proc`: which pid has `socket:[inode]` in its
-//! file table, its executable (resolved by the kernel, not a symlink's text), its ancestors'
-//! executables and its cgroup. What cannot be read is left out, never guessed: a process in
-//! another PID namespace is not in this `/proc`, one that exited is gone.
+//! file table (and at which descriptor), its executable (resolved by the kernel, not a
+//! symlink's text), its ancestors' executables and its cgroup. What cannot be read is left
+//! out, never guessed: a process in another PID namespace is not in this `/proc`, one that
+//! exited is gone.
+//!
+//! A process seen before (the same pid, start time and executable) keeps the ancestry and
+//! cgroup read the first time: each new connection of a known process then costs the file
+//! table search, its `stat`, its executable and one descriptor read again.
 
 use std::fs;
-use std::path::Path;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use crate::policy::process::Seen;
@@ -12,42 +17,61 @@ use crate::policy::process::Seen;
 /// The deepest ancestry read.
 const ANCESTORS_MAX: usize = 32;
 
-/// The pid of a process whose file table holds socket `inode`, trying `first` (the holders
-/// of recent connections) before the whole of `/proc`.
-pub fn holder(inode: u32, first: &[u32]) -> Option<u32> {
+/// A process as read once: its start time (with its pid, what names it over time) and what
+/// was seen.
+#[derive(Debug, Clone)]
+pub struct Known {
+    /// `starttime` from `/proc/PID/stat` (clock ticks since boot).
+    pub start: u64,
+    /// What was seen.
+    pub seen: Seen,
+}
+
+/// The pid and descriptor of a process whose file table holds socket `inode`, trying
+/// `first` (the holders of recent connections) before the whole of `/proc`.
+pub fn holder(inode: u32, first: &[u32]) -> Option<(u32, u32)> {
     let link = format!("socket:[{inode}]");
-    if let Some(pid) = first.iter().copied().find(|p| holds(*p, &link)) {
-        return Some(pid);
+    for pid in first {
+        if let Some(fd) = holds(*pid, &link) {
+            return Some((*pid, fd));
+        }
     }
     let dir = fs::read_dir("/proc").ok()?;
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|p| !first.contains(p))
-        .find(|p| holds(*p, &link))
+        .find_map(|p| holds(p, &link).map(|fd| (p, fd)))
 }
 
-/// Whether `pid`'s file table has an entry pointing at `link` (`socket:[inode]`).
-fn holds(pid: u32, link: &str) -> bool {
-    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    fds.filter_map(Result::ok)
-        .any(|fd| fs::read_link(fd.path()).is_ok_and(|t| t.as_os_str() == link))
+/// The descriptor of `pid` pointing at `link` (`socket:[inode]`), if one does. Each entry is
+/// read relative to the open directory (`readlinkat`): the kernel walks one name, not the
+/// whole `/proc/PID/fd/N` path, per descriptor.
+fn holds(pid: u32, link: &str) -> Option<u32> {
+    let path = format!("/proc/{pid}/fd");
+    let dir = fs::File::open(&path).ok()?;
+    let fds = fs::read_dir(&path).ok()?;
+    fds.filter_map(Result::ok).find_map(|fd| {
+        let name = fd.file_name();
+        let target = nix::fcntl::readlinkat(&dir, name.as_os_str()).ok()?;
+        (target.as_bytes() == link.as_bytes()).then(|| name.to_str()?.parse().ok())?
+    })
 }
 
-/// What `/proc` says of `pid`, which held socket `inode` owned by `uid`: `None` when it is
-/// gone, or no longer holds the socket once read (its pid reused by another process).
-pub fn describe(pid: u32, inode: u32, uid: u32) -> Option<Seen> {
+/// What `/proc` says of `pid`, which held socket `inode` (owned by `uid`) at descriptor `fd`;
+/// `known`, what an earlier lookup read of the same pid. `None` when it is gone, or no
+/// longer holds the socket once read (its pid reused by another process).
+pub fn describe(pid: u32, fd: u32, inode: u32, uid: u32, known: Option<&Known>) -> Option<Known> {
+    let (ppid, start) = stat(pid)?;
     let exe = executable(pid)?;
-    let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .ok()
-        .and_then(|text| unified_cgroup(&text).map(Arc::from));
-    let mut ancestors = Vec::new();
-    let mut at = parent_of(pid);
-    while let Some(p) = at.filter(|p| *p > 1 && ancestors.len() < ANCESTORS_MAX) {
-        ancestors.push(executable(p).unwrap_or_else(|| Arc::from("(unreadable)")));
-        at = parent_of(p);
-    }
+    let same = known.filter(|k| k.start == start && k.seen.exe == exe);
+    let (ancestors, cgroup) = match same {
+        Some(k) => (k.seen.ancestors.clone(), k.seen.cgroup.clone()),
+        None => (ancestry(ppid), cgroup_of(pid)),
+    };
     // Read after everything else: the pid still holds the socket, so it named one process.
+    let link = fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
+    if link.as_os_str().as_bytes() != format!("socket:[{inode}]").as_bytes() {
+        return None;
+    }
     let seen = Seen {
         pid,
         exe,
@@ -55,24 +79,42 @@ pub fn describe(pid: u32, inode: u32, uid: u32) -> Option<Seen> {
         cgroup,
         uid,
     };
-    holds(pid, &format!("socket:[{inode}]")).then_some(seen)
+    Some(Known { start, seen })
+}
+
+fn ancestry(mut at: Option<u32>) -> Vec<Arc<str>> {
+    let mut ancestors = Vec::new();
+    while let Some(p) = at.filter(|p| *p > 1 && ancestors.len() < ANCESTORS_MAX) {
+        ancestors.push(executable(p).unwrap_or_else(|| Arc::from("(unreadable)")));
+        at = stat(p).and_then(|(ppid, _)| ppid);
+    }
+    ancestors
+}
+
+fn cgroup_of(pid: u32) -> Option<Arc<str>> {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    unified_cgroup(&text).map(Arc::from)
 }
 
 fn executable(pid: u32) -> Option<Arc<str>> {
-    let path = fs::read_link(Path::new("/proc").join(pid.to_string()).join("exe")).ok()?;
+    let path = fs::read_link(format!("/proc/{pid}/exe")).ok()?;
     Some(Arc::from(path.to_string_lossy().as_ref()))
 }
 
-/// The parent pid from `/proc/PID/stat` (the field after the state, which follows the last
-/// `)`: a command name may hold spaces and parentheses).
-fn parent_of(pid: u32) -> Option<u32> {
+/// (parent pid, start time) from `/proc/PID/stat`.
+fn stat(pid: u32) -> Option<(Option<u32>, u64)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_ppid(&stat)
+    parse_stat(&stat)
 }
 
-fn parse_ppid(stat: &str) -> Option<u32> {
+/// The fields after the command name, which follows the last `)` (a name may hold spaces and
+/// parentheses): state, ppid (the 4th field), …, starttime (the 22nd).
+fn parse_stat(stat: &str) -> Option<(Option<u32>, u64)> {
     let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_ascii_whitespace().nth(1)?.parse().ok()
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    let ppid = fields.get(1)?.parse().ok();
+    let start = fields.get(19)?.parse().ok()?;
+    Some((ppid, start))
 }
 
 /// The unified hierarchy's path (`0::/path`) of a `/proc/PID/cgroup`.
@@ -86,34 +128,29 @@ mod tests {
 
     #[test]
     fn stat_and_cgroup_are_read_past_awkward_names() {
-        assert_eq!(parse_ppid("42 (a) b (c)) S 17 42 42 0"), Some(17));
-        assert_eq!(parse_ppid("42 (x"), None);
-        assert_eq!(
-            unified_cgroup("1:cpu:/x\n0::/user.slice/a\n"),
-            Some("/user.slice/a")
-        );
+        let line = "42 (a) b (c)) S 17 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 98765 1000 10";
+        assert_eq!(parse_stat(line), Some((Some(17), 98765)));
+        assert_eq!(parse_stat("42 (x"), None);
+        assert_eq!(unified_cgroup("1:cpu:/x\n0::/user.slice/a\n"), Some("/user.slice/a"));
     }
 
-    /// This test's own socket is found in this process, with this binary as its executable.
+    /// This test's own socket is found in this process, with this binary as its executable;
+    /// a second description reuses the first's ancestry.
     #[test]
     fn a_socket_of_this_process_is_found_and_described() {
-        use std::os::unix::fs::MetadataExt;
+        use std::os::fd::AsRawFd;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let fd_path = {
-            use std::os::fd::AsRawFd;
-            format!("/proc/self/fd/{}", listener.as_raw_fd())
-        };
-        let link = fs::read_link(&fd_path).unwrap();
-        let inode: u32 = link.to_str().unwrap()[8..]
-            .trim_end_matches(']')
-            .parse()
-            .unwrap();
+        let fd = listener.as_raw_fd() as u32;
+        let link = fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
+        let inode: u32 = link.to_str().unwrap()[8..].trim_end_matches(']').parse().unwrap();
         let me = std::process::id();
-        assert_eq!(holder(inode, &[]), Some(me));
-        let seen = describe(me, inode, 0).unwrap();
+        assert_eq!(holder(inode, &[]), Some((me, fd)));
+        let known = describe(me, fd, inode, 0, None).unwrap();
         let exe = fs::read_link("/proc/self/exe").unwrap();
-        assert_eq!(&*seen.exe, exe.to_str().unwrap());
-        assert!(fs::metadata(&fd_path).unwrap().ino() > 0);
+        assert_eq!(&*known.seen.exe, exe.to_str().unwrap());
+        let again = describe(me, fd, inode, 0, Some(&known)).unwrap();
+        assert_eq!(again.seen, known.seen);
+        assert!(describe(me, fd, inode + 1, 0, None).is_none());
         assert_eq!(holder(u32::MAX - 1, &[me]), None);
     }
 }
