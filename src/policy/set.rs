@@ -3,7 +3,6 @@
 //! [`LivePolicy`] ([`super::live`]) publishes each set to every live exchange.
 
 use std::net::{IpAddr, SocketAddr};
-
 use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
@@ -337,8 +336,7 @@ impl PolicySet {
         self.decide_for(sandbox, None, target, addrs)
     }
 
-    /// [`PolicySet::decide`] for a connection of `process` (`network.scoped` entries allow
-    /// only the processes of their scope; an unknown process none).
+    /// [`PolicySet::decide`] for a connection of `process` (scoped entries admit only theirs).
     pub fn decide_for(
         &self,
         sandbox: &Sandbox,

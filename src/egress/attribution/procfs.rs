@@ -131,7 +131,10 @@ mod tests {
         let line = "42 (a) b (c)) S 17 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 98765 1000 10";
         assert_eq!(parse_stat(line), Some((Some(17), 98765)));
         assert_eq!(parse_stat("42 (x"), None);
-        assert_eq!(unified_cgroup("1:cpu:/x\n0::/user.slice/a\n"), Some("/user.slice/a"));
+        assert_eq!(
+            unified_cgroup("1:cpu:/x\n0::/user.slice/a\n"),
+            Some("/user.slice/a")
+        );
     }
 
     /// This test's own socket is found in this process, with this binary as its executable;
@@ -142,7 +145,10 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let fd = listener.as_raw_fd() as u32;
         let link = fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
-        let inode: u32 = link.to_str().unwrap()[8..].trim_end_matches(']').parse().unwrap();
+        let inode: u32 = link.to_str().unwrap()[8..]
+            .trim_end_matches(']')
+            .parse()
+            .unwrap();
         let me = std::process::id();
         assert_eq!(holder(inode, &[]), Some((me, fd)));
         let known = describe(me, fd, inode, 0, None).unwrap();
