@@ -135,6 +135,11 @@ pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
             identity_summary(b),
             b.policy_ref.as_deref().unwrap_or(&b.policy_file),
         );
+        // Entries for some processes only (attribution).
+        for s in &b.network.scoped {
+            let entries: Vec<&str> = s.egress.iter().map(|(t, _)| t.as_str()).collect();
+            println!("    scoped: {} -> {}", s.scope, entries.join(", "));
+        }
         // The terminated hosts' rules, presets expanded, as they are matched.
         for r in b.network.http.iter() {
             println!(

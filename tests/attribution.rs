@@ -197,6 +197,15 @@ fn observed_processes_are_recorded_and_scoped_entries_admit_only_theirs() {
     );
     assert_eq!(check(&[])["reason"], "process_not_allowed");
 
+    // The admin API shows the scoped entries with the sandbox.
+    let (status, body) = proxy.admin_get("/v1/sandboxes/s1");
+    assert_eq!(status, 200, "{body}");
+    let shown: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        shown["network"]["scoped"][0]["binaries"][0],
+        curl_exe.to_str().unwrap()
+    );
+
     // `suggest` proposes a destination only python asked for under `scoped`, for python; one
     // that several processes asked for stays in `egress`.
     let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))

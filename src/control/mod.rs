@@ -440,6 +440,11 @@ impl Controller {
                 "mode": b.network.mode.as_str(),
                 "egress": b.network.egress.iter().map(|(t, _)| t).collect::<Vec<_>>(),
                 "deny": b.network.deny.iter().map(|(t, _)| t).collect::<Vec<_>>(),
+                "scoped": b.network.scoped.iter().map(|s| json!({
+                    "binaries": s.scope.binaries(),
+                    "execs": s.scope.execs(),
+                    "egress": s.egress.iter().map(|(t, _)| t).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
             },
             "policy": serde_json::from_str::<Value>(&b.block_json).unwrap_or(Value::Null),
             "policy_file": &*b.policy_file,
