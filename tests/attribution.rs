@@ -163,6 +163,38 @@ fn observed_processes_are_recorded_and_scoped_entries_admit_only_theirs() {
     assert_eq!(rec["process"]["exe"], py);
     assert_eq!(rec["process"]["ancestors"][0], wrapper.to_str().unwrap());
 
+    // A socket two processes hold (python passes its connection to a curl it starts) is
+    // judged as neither: the record says so, and no scope admits it.
+    let shared = format!(
+        r#"
+import socket, subprocess, sys
+s = socket.create_connection(("{host}", {pport}))
+child = subprocess.Popen(["{curl}", "-s", "file:///dev/stdin"], stdin=subprocess.PIPE, pass_fds=[s.fileno()])
+s.sendall(b"GET http://origin.test:{port}/shared HTTP/1.1\r\nHost: origin.test:{port}\r\nConnection: close\r\n\r\n")
+print(s.recv(4096).split(b"\r\n")[0].decode())
+child.kill()
+"#,
+        host = proxy.proxy.ip(),
+        pport = proxy.proxy.port(),
+        curl = curl_exe.display(),
+    );
+    let out = Command::new(&python)
+        .args(["-c", &shared])
+        .output()
+        .unwrap();
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        line.contains("403"),
+        "{line}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec = proxy.wait_record(|r| r["process"]["unknown"].is_string());
+    assert_eq!(rec["reason"], "process_not_allowed");
+    assert!(rec["process"]["unknown"]
+        .as_str()
+        .unwrap()
+        .contains("more than one process"));
+
     // An unscoped entry is every process's.
     let (code, _) = python_get(&python, &p, &format!("http://open.test:{port}/"));
     assert_eq!(code, 200);

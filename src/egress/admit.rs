@@ -257,10 +257,13 @@ fn attribute(
     who: &Identified,
     peer: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
 ) -> Option<Arc<Process>> {
+    let sb = &who.sandbox;
+    let scoped =
+        sb.policy.has_scopes() || sb.binding.network.http.iter().any(|r| r.scope.is_some());
     let observed = cx
         .observer
         .zip(peer)
-        .map(|(o, (client, dialed))| o.observe(client, dialed));
+        .map(|(o, (client, dialed))| o.observe(client, dialed, scoped));
     (who.vouched.is_some() || observed.is_some()).then(|| {
         Arc::new(Process {
             vouched: who.vouched.clone(),

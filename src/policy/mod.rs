@@ -362,6 +362,11 @@ impl CompiledPolicy {
         }
     }
 
+    /// Whether it has `network.scoped` entries.
+    pub fn has_scopes(&self) -> bool {
+        !self.scoped.is_empty()
+    }
+
     /// The sandbox this policy is of.
     pub fn sandbox(&self) -> &str {
         &self.sandbox

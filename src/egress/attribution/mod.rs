@@ -37,7 +37,8 @@ pub struct Observer {
 
 #[derive(Default)]
 struct State {
-    cache: HashMap<u32, Observed>,
+    /// By socket inode: what was observed, and whether every process was searched.
+    cache: HashMap<u32, (Observed, bool)>,
     recent: Vec<u32>,
     /// Processes described before, by pid (their ancestry and cgroup are not read again).
     known: HashMap<u32, procfs::Known>,
@@ -51,6 +52,7 @@ const OTHER_NETNS: &str =
 const NO_HOLDER: &str =
     "no process the proxy can see holds the socket (another PID namespace, or it exited)";
 const BUDGET: &str = "attribution.lookups_per_second was spent";
+const SHARED: &str = "more than one process holds the socket (inherited or passed)";
 const DIAG_FAILED: &str = "the kernel's socket diagnostics failed";
 
 impl std::fmt::Debug for Observer {
@@ -75,7 +77,12 @@ impl Observer {
     /// The process at the other end of a connection accepted from `peer`, which the client
     /// made to `dialed` (the listener's address; in transparent mode the original
     /// destination).
-    pub fn observe(&self, peer: SocketAddr, dialed: SocketAddr) -> Observed {
+    ///
+    /// `exhaustive` (a sandbox with scoped entries or rules): every process is searched, and a
+    /// socket more than one process holds (inherited across `fork`, or passed) is unknown — a
+    /// process cannot hand its socket to one a scope admits and have it judged as that one's.
+    /// Otherwise the search stops at the first holder.
+    pub fn observe(&self, peer: SocketAddr, dialed: SocketAddr, exhaustive: bool) -> Observed {
         let found = match self.socket(peer, dialed) {
             Ok(Some(s)) => s,
             Ok(None) => return unknown(None, OTHER_NETNS),
@@ -85,7 +92,11 @@ impl Observer {
             let Ok(mut st) = self.state.lock() else {
                 return unknown(Some(found.uid), DIAG_FAILED);
             };
-            if let Some(hit) = st.cache.get(&found.inode) {
+            if let Some((hit, _)) = st
+                .cache
+                .get(&found.inode)
+                .filter(|(_, e)| *e || !exhaustive)
+            {
                 return hit.clone();
             }
             let second = self.epoch.elapsed().as_secs();
@@ -98,13 +109,21 @@ impl Observer {
             st.spent.1 += 1;
             st.recent.clone()
         };
-        let described = procfs::holder(found.inode, &recent).and_then(|(pid, fd)| {
+        let (holder, shared) = match exhaustive {
+            false => (procfs::holder(found.inode, &recent), false),
+            true => match procfs::holders(found.inode).as_slice() {
+                [one] => (Some(*one), false),
+                many => (None, many.len() > 1),
+            },
+        };
+        let described = holder.and_then(|(pid, fd)| {
             let known = self.state.lock().ok()?.known.get(&pid).cloned();
             procfs::describe(pid, fd, found.inode, found.uid, known.as_ref())
         });
-        let observed = match &described {
-            Some(k) => Observed::Seen(Arc::new(k.seen.clone())),
-            None => unknown(Some(found.uid), NO_HOLDER),
+        let observed = match (&described, shared) {
+            (Some(k), _) => Observed::Seen(Arc::new(k.seen.clone())),
+            (None, true) => unknown(Some(found.uid), SHARED),
+            (None, false) => unknown(Some(found.uid), NO_HOLDER),
         };
         if let Ok(mut st) = self.state.lock() {
             if let Some(k) = described {
@@ -120,7 +139,7 @@ impl Observer {
             if st.cache.len() >= CACHE_MAX {
                 st.cache.clear();
             }
-            st.cache.insert(found.inode, observed.clone());
+            st.cache.insert(found.inode, (observed.clone(), exhaustive));
         }
         observed
     }
@@ -162,7 +181,7 @@ mod tests {
         let dialed = listener.local_addr().unwrap();
         let o = Observer::new(1);
         let me = std::fs::read_link("/proc/self/exe").unwrap();
-        match o.observe(peer, dialed) {
+        match o.observe(peer, dialed, false) {
             Observed::Seen(s) => {
                 assert_eq!(&*s.exe, me.to_str().unwrap());
                 assert_eq!(s.pid, std::process::id());
@@ -170,11 +189,11 @@ mod tests {
             other => panic!("not seen: {other:?}"),
         }
         // Cached: the spent budget does not matter for the same socket.
-        assert!(matches!(o.observe(peer, dialed), Observed::Seen(_)));
+        assert!(matches!(o.observe(peer, dialed, false), Observed::Seen(_)));
         let second = TcpStream::connect(dialed).unwrap();
         let (_b, peer2) = listener.accept().unwrap();
         assert_eq!(
-            o.observe(peer2, dialed),
+            o.observe(peer2, dialed, false),
             Observed::Unknown {
                 uid: Some(unsafe_uid()),
                 why: BUDGET
@@ -182,7 +201,7 @@ mod tests {
         );
         let nowhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert!(matches!(
-            Observer::new(10).observe(nowhere, dialed),
+            Observer::new(10).observe(nowhere, dialed, false),
             Observed::Unknown {
                 uid: None,
                 why: OTHER_NETNS

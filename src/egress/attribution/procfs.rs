@@ -42,6 +42,17 @@ pub fn holder(inode: u32, first: &[u32]) -> Option<(u32, u32)> {
         .find_map(|p| holds(p, &link).map(|fd| (p, fd)))
 }
 
+/// Every (pid, descriptor) holding socket `inode`, searching the whole of `/proc`.
+pub fn holders(inode: u32) -> Vec<(u32, u32)> {
+    let link = format!("socket:[{inode}]");
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| holds(p, &link).map(|fd| (p, fd)))
+        .collect()
+}
+
 /// The descriptor of `pid` pointing at `link` (`socket:[inode]`), if one does. Each entry is
 /// read relative to the open directory (`readlinkat`): the kernel walks one name, not the
 /// whole `/proc/PID/fd/N` path, per descriptor.
