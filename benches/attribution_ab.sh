@@ -3,8 +3,10 @@
 # proxies side by side — `listen.attribution.observe` off and on — driven in interleaved
 # rounds by `loadgen rate` (32 concurrent CONNECT + 1-byte echo + close; every connection
 # is a new socket, so each is looked up: inet_diag, then the load generator's file table,
-# tried first as the holder of recent connections). Prints each round and, per proxy, the
-# median rate and CPU (user + kernel) per CONNECT from /proc/PID/stat.
+# tried first as the holder of recent connections) — and a third, `scoped`, whose sandbox has
+# a `network.scoped` entry (the traffic does not need it), so every lookup searches every
+# process for a second holder. Prints each round and, per proxy, the median rate and CPU
+# (user + kernel) per CONNECT from /proc/PID/stat.
 #
 #   benches/attribution_ab.sh [BINARY]        # ROUNDS=5 SECONDS_PER_RUN=4; ~1 min
 set -euo pipefail
@@ -15,16 +17,20 @@ BIN="${1:-${CARGO_TARGET_DIR:-target}/release/egress-proxy}"
 scratch
 LG="$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/loadgen-* | grep -v '\.d$' | head -1)"
 declare -A PORT PID U S R
-NAMES=(off on)
+NAMES=(off on scoped)
 egress_bench_config 3191 9991 > "$WORK/off.yaml"
 egress_bench_config 3192 9992 \
   | sed 's|^listen: { proxy: 127.0.0.1:3192, admin: 127.0.0.1:9992 }|listen: { proxy: 127.0.0.1:3192, admin: 127.0.0.1:9992, attribution: { observe: true, lookups_per_second: 1000000 } }|' \
   > "$WORK/on.yaml"
 grep -q 'observe: true' "$WORK/on.yaml"
-for n in off on; do
+sed -e 's/3192/3193/; s/9992/9993/' \
+    -e 's|network: { egress: \["127.0.0.1/32:\*"\] }|network: { egress: ["127.0.0.1/32:*"], scoped: [{ binaries: [/usr/bin/git], egress: [github.com] }] }|' \
+    "$WORK/on.yaml" > "$WORK/scoped.yaml"
+grep -q 'scoped:' "$WORK/scoped.yaml"
+for n in off on scoped; do
   "$BIN" run --config "$WORK/$n.yaml" 2>/dev/null & PIDS+=($!); PID[$n]=$!
 done
-PORT[off]=3191; PORT[on]=3192
+PORT[off]=3191; PORT[on]=3192; PORT[scoped]=3193
 sleep 2
 HZ="$(getconf CLK_TCK)"
 for round in $(seq "$ROUNDS"); do
