@@ -171,23 +171,34 @@ mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
 
-    /// A connection this test makes to itself is attributed to this test binary; one whose
-    /// tuple no socket has is unknown; a spent budget says so.
+    /// A connection a child shell makes is attributed to the shell (this process, whose own
+    /// table is never searched, as its ancestor); one whose tuple no socket has is unknown;
+    /// a spent budget says so.
     #[test]
     fn a_loopback_connection_is_attributed_to_its_process() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (_accepted, peer) = listener.accept().unwrap();
         let dialed = listener.local_addr().unwrap();
+        let script = format!(
+            "exec 3<>/dev/tcp/127.0.0.1/{}; read -t 10 <&3",
+            dialed.port()
+        );
+        let mut child = std::process::Command::new("bash")
+            .args(["-c", &script])
+            .spawn()
+            .unwrap();
+        let (_accepted, peer) = listener.accept().unwrap();
         let o = Observer::new(1);
+        let bash = std::fs::read_link(format!("/proc/{}/exe", child.id())).unwrap();
         let me = std::fs::read_link("/proc/self/exe").unwrap();
-        match o.observe(peer, dialed, false) {
+        match o.observe(peer, dialed, true) {
             Observed::Seen(s) => {
-                assert_eq!(&*s.exe, me.to_str().unwrap());
-                assert_eq!(s.pid, std::process::id());
+                assert_eq!(&*s.exe, bash.to_str().unwrap());
+                assert_eq!(s.pid, child.id());
+                assert_eq!(&*s.ancestors[0], me.to_str().unwrap());
             }
             other => panic!("not seen: {other:?}"),
         }
+        let client = TcpStream::connect(dialed).unwrap();
         // Cached: the spent budget does not matter for the same socket.
         assert!(matches!(o.observe(peer, dialed, false), Observed::Seen(_)));
         let second = TcpStream::connect(dialed).unwrap();
@@ -208,6 +219,8 @@ mod tests {
             }
         ));
         drop((client, second));
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     fn unsafe_uid() -> u32 {

@@ -36,20 +36,27 @@ pub fn holder(inode: u32, first: &[u32]) -> Option<(u32, u32)> {
             return Some((*pid, fd));
         }
     }
-    let dir = fs::read_dir("/proc").ok()?;
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+    others()?
         .filter(|p| !first.contains(p))
         .find_map(|p| holds(p, &link).map(|fd| (p, fd)))
+}
+
+/// Every pid in `/proc` but the proxy's own: its table holds every connection it serves, and
+/// never a client's end of one (the guard refuses the proxy as a destination).
+fn others() -> Option<impl Iterator<Item = u32>> {
+    let me = std::process::id();
+    let dir = fs::read_dir("/proc").ok()?;
+    let pids = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok());
+    Some(pids.filter(move |p| *p != me))
 }
 
 /// Every (pid, descriptor) holding socket `inode`, searching the whole of `/proc`.
 pub fn holders(inode: u32) -> Vec<(u32, u32)> {
     let link = format!("socket:[{inode}]");
-    let Ok(dir) = fs::read_dir("/proc") else {
+    let Some(pids) = others() else {
         return Vec::new();
     };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|p| holds(p, &link).map(|fd| (p, fd)))
+    pids.filter_map(|p| holds(p, &link).map(|fd| (p, fd)))
         .collect()
 }
 
@@ -161,7 +168,12 @@ mod tests {
             .parse()
             .unwrap();
         let me = std::process::id();
-        assert_eq!(holder(inode, &[]), Some((me, fd)));
+        assert_eq!(holder(inode, &[me]), Some((me, fd)));
+        assert_eq!(
+            holder(inode, &[]),
+            None,
+            "the proxy's own table is never searched"
+        );
         let known = describe(me, fd, inode, 0, None).unwrap();
         let exe = fs::read_link("/proc/self/exe").unwrap();
         assert_eq!(&*known.seen.exe, exe.to_str().unwrap());
