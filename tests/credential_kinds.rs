@@ -695,7 +695,8 @@ fn tokens_the_sandbox_obtains_itself_come_back_sealed_and_are_redeemed() {
 /// port are in the record only), and the refusal keeps the port of the host it asked for.
 #[test]
 fn an_unreachable_token_endpoint_is_not_named_to_the_sandbox() {
-    let closed = free_port();
+    let held = ClosedPort::new();
+    let closed = held.port();
     let MintEnv {
         dir,
         ca: _ca,

@@ -196,10 +196,9 @@ fn a_slow_or_stopped_decider_is_unavailable_and_costs_other_sandboxes_nothing() 
     let origin = Origin::start(Some(&ca));
     let port = origin.addr.port();
     let slow = decider(&["--sleep", "5"]);
-    let mut stopped = decider(&[]);
-    let stopped_port = stopped.at.clone();
-    let _ = stopped.child.kill();
-    let _ = stopped.child.wait();
+    // A decider that is not there: a port that refuses, held for the whole test.
+    let stopped = ClosedPort::new();
+    let stopped_port = stopped.port();
     let slow_cfg = format!(
         "    decider: {{ url: \"http://127.0.0.1:{}/\", timeout_ms: 400 }}\n",
         slow.at

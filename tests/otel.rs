@@ -134,8 +134,9 @@ fn a_collector_that_is_down_or_silent_costs_the_exchanges_nothing() {
         let origin = Origin::start(None);
         // Refusing: a port nobody listens on. Silent: accepts and never answers.
         let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let refusing = ClosedPort::new();
         let port = match down {
-            "refusing" => free_port(),
+            "refusing" => refusing.port(),
             _ => silent.local_addr().unwrap().port(),
         };
         let endpoint = format!("http://127.0.0.1:{port}");

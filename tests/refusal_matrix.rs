@@ -61,8 +61,9 @@ struct Row {
 struct Env {
     _dir: tempfile::TempDir,
     proxy: Proxy,
-    /// A loopback port nothing listens on.
+    /// A loopback port nothing listens on (held while the environment lives).
     closed: u16,
+    _closed: ClosedPort,
 }
 
 const OK: &str = "agent1:tok-agent1";
@@ -131,7 +132,8 @@ fn rows() -> Vec<Row> {
 
 fn env() -> Env {
     let dir = tempfile::tempdir().unwrap();
-    let closed = free_port();
+    let held = ClosedPort::new();
+    let closed = held.port();
     let proxy = ProxyConfig::new()
         .socks5()
         .host("ok.test", "127.0.0.1")
@@ -155,6 +157,7 @@ fn env() -> Env {
         _dir: dir,
         proxy,
         closed,
+        _closed: held,
     }
 }
 

@@ -181,6 +181,26 @@ pub fn stalled_download(proxy: SocketAddr, origin: &Origin, auth: Option<&str>) 
     s
 }
 
+/// A loopback TCP port that refuses every connection for as long as this value lives: bound and
+/// never listened on, so no other test's listener can take it meanwhile (a released port can be
+/// reused by a parallel test, which then answers).
+pub struct ClosedPort(socket2::Socket);
+
+impl ClosedPort {
+    /// Binds a fresh loopback port without listening on it.
+    pub fn new() -> ClosedPort {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
+            .unwrap();
+        ClosedPort(s)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.0.local_addr().unwrap().as_socket().unwrap().port()
+    }
+}
+
 /// A free loopback TCP port (bound and released: a tiny race, acceptable in tests).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
