@@ -50,6 +50,7 @@ fn big_spec() -> NetworkSpec {
         resolve_for_address_rules: false,
         http: Default::default(),
         scoped: Vec::new(),
+        layers: Default::default(),
     }
 }
 

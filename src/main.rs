@@ -17,6 +17,7 @@ use egress_proxy::config::{self, Config};
 
 mod approve_cli;
 mod review;
+mod review_policy;
 
 use review::{check, suggest, validate};
 
@@ -92,6 +93,14 @@ enum Command {
         /// Compare with the sandbox's current policy (and use its defaults.ports).
         #[arg(long)]
         config: Option<PathBuf>,
+    },
+    /// Replay audit records under a candidate configuration: which exchanges would it
+    /// newly refuse, newly allow, or not be able to tell (exit 1 when any verdict changes).
+    Simulate(review_policy::SimulateArgs),
+    /// Policy change tools.
+    Policy {
+        #[command(subcommand)]
+        action: review_policy::PolicyAction,
     },
     /// The interception CA (tls_intercept).
     Ca {
@@ -273,6 +282,8 @@ fn main() -> ExitCode {
             check(config, &sandbox, &target, resolve, json, process)
         }
         Command::Validate { config } => validate(config),
+        Command::Simulate(args) => review_policy::simulate(args),
+        Command::Policy { action } => review_policy::policy(action),
         Command::HashToken => hash_token(),
         Command::Ca {
             action: CaAction::Init { dir, permit },

@@ -122,6 +122,7 @@ fn compile(egress: &[String], deny: &[String]) -> CompiledPolicy {
         resolve_for_address_rules: false,
         http: Default::default(),
         scoped: Vec::new(),
+        layers: Default::default(),
     };
     CompiledPolicy::compile(
         "p",

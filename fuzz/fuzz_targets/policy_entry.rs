@@ -12,6 +12,7 @@ fuzz_target!(|data: &[u8]| {
                 resolve_for_address_rules: false,
                 http: Default::default(),
                 scoped: Vec::new(),
+                layers: Default::default(),
             };
             let ports = egress_proxy::policy::ports::PortSet::any();
             let _ = egress_proxy::policy::CompiledPolicy::compile("f", "f", &spec, egress_proxy::policy::Enforcement::Enforce, &ports);

@@ -43,6 +43,7 @@ pub fn compile(cfg: &ApprovalsConfig, default_ports: &PortSet) -> Option<Compile
         resolve_for_address_rules: false,
         http: Vec::new().into(),
         scoped: Vec::new(),
+        layers: Default::default(),
     };
     CompiledPolicy::compile(
         "approvals.auto",

@@ -80,6 +80,16 @@ fn own_address(
         if guard.check(ip, target.port, none) == crate::policy::guard::GuardVerdict::Loop)
 }
 
+/// Why a target a layer refuses (its `deny`, or outside its ceiling) is never granted.
+fn beyond_layers(
+    target: &crate::policy::target::Target,
+    sb: &Sandbox,
+    d: &crate::policy::Decision,
+) -> String {
+    let why = d.explain(&sb.binding.id, sb.policy.file(), target.port);
+    format!("{target} cannot be granted: {why}")
+}
+
 /// Why a target is refused at ask and at approval whatever the approver says.
 fn never_grantable(target: &crate::policy::target::Target) -> String {
     format!("{target} is the proxy's own listener, its decider's or its webhook's address: never grantable")
@@ -183,6 +193,9 @@ impl Desk {
         if own_address(&set.guard, &asked.target) {
             return Err(refused(409, never_grantable(&asked.target)));
         }
+        if let Some(d) = sb.policy.layers_refuse(&asked.target) {
+            return Err(refused(409, beyond_layers(&asked.target, sb, &d)));
+        }
         let own = sb.policy.decide(&asked.target, None, &set.guard);
         match own.decision.reason {
             Reason::DeniedByRule | Reason::DenyAllMode => {
@@ -274,6 +287,17 @@ impl Desk {
         let own = own_address(&self.policy.borrow().guard, &r.asked.target);
         if own && matches!(answer, Answer::Approve { .. }) {
             return Err(refused(409, never_grantable(&r.asked.target)));
+        }
+        // The layers as they are now (a ceiling may have narrowed since the request was made).
+        if matches!(answer, Answer::Approve { .. }) {
+            let set = self.policy.borrow().clone();
+            let layered = set.get(r.sandbox.as_str()).and_then(|sb| {
+                let d = sb.policy.layers_refuse(&r.asked.target)?;
+                Some(beyond_layers(&r.asked.target, sb, &d))
+            });
+            if let Some(why) = layered {
+                return Err(refused(409, why));
+            }
         }
         r.answered_by = Some(by);
         r.checks = checks;

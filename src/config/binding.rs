@@ -176,9 +176,7 @@ impl Config {
         }
         let json =
             serde_json::to_string(&value).map_err(|e| one(format!("cannot encode: {e}"), None))?;
-        let mut errors = Vec::new();
-        let mut warnings = Vec::new();
-        let mut files = Vec::new();
+        let (mut errors, mut warnings, mut files) = (Vec::new(), Vec::new(), Vec::new());
         let mut sink = Sink::new(origin.into(), text, &mut errors);
         let ctx = BindingCtx {
             base_dir: &self.base_dir,
@@ -188,6 +186,7 @@ impl Config {
             id_lines: id_lines(text),
             placeholder_key: self.placeholder_key.as_ref().map(|k| k.as_slice()),
             secrets: self.secrets,
+            layers: &self.layers.chains,
         };
         let b = build_binding(value, 0, &ctx, &mut sink, &mut warnings, &mut files);
         match b {
@@ -206,6 +205,7 @@ impl Config {
             && self.defaults == other.defaults
             && self.extra_providers == other.extra_providers
             && self.index == other.index
+            && self.layers.raw == other.layers.raw
     }
 }
 
@@ -221,6 +221,8 @@ pub(super) struct BindingCtx<'a> {
     pub placeholder_key: Option<&'a [u8]>,
     /// Whether a credential's secret must be readable (`run`) or may be absent (review tools).
     pub secrets: super::Secrets,
+    /// `layers:`, for a binding's `layer:`.
+    pub layers: &'a super::layers::Layers,
 }
 
 /// Map every `id: X` line of a file to its line number (first occurrence wins).
@@ -386,7 +388,10 @@ pub(super) fn build_binding(
     );
     let (decider, dlp, identity_token) =
         super::decider::of_binding(&raw, ctx.defaults, (sb, line), sink);
-    let (block, network, policy_file, policy_ref) = policy?;
+    let (block, mut network, policy_file, policy_ref) = policy?;
+    if let Err(e) = super::layers::attach(raw.layer.as_deref(), ctx.layers, &mut network) {
+        sink.push(sb, "layer", e, Some("layer:"), line);
+    }
     let terminating = (!network.http.is_empty(), identity_token.is_some());
     super::identity_token::needs_intercept(ctx.placeholder_key, terminating, (sb, line), sink);
     if sink.errors.len() > before {

@@ -86,7 +86,7 @@ pub struct BlockLimits {
 }
 
 /// `network`: the allowlist, the `deny` extension and the seed-002 `mode`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct BlockNetwork {
     /// `network.egress`: the allowlist (absent: the mode decides).
@@ -271,14 +271,7 @@ fn network_spec(
 ) -> Option<NetworkSpec> {
     let sb = ctx.sandbox;
     let p = ctx.prefix;
-    let net = block.network.clone().unwrap_or(BlockNetwork {
-        egress: None,
-        deny: Vec::new(),
-        mode: None,
-        resolve_for_address_rules: false,
-        http: Vec::new(),
-        scoped: Vec::new(),
-    });
+    let net = block.network.clone().unwrap_or_default();
     let mut egress_texts = net.egress.clone().unwrap_or_default();
     let http_rules = expanded(&net.http, &mut egress_texts, ctx, sink)?;
     let mode = net
@@ -348,6 +341,7 @@ fn network_spec(
         resolve_for_address_rules: net.resolve_for_address_rules,
         http: http.into(),
         scoped: scoped.unwrap_or_default(),
+        layers: Default::default(),
     })
 }
 

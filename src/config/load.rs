@@ -194,6 +194,7 @@ struct Sections {
     decider: Option<super::decider::RawDecider>,
     otel: Option<super::otel::RawOtel>,
     sandboxes: Vec<Value>,
+    layers: Option<Value>,
 }
 
 impl Sections {
@@ -219,6 +220,7 @@ impl Sections {
             decider: section(top, "decider", sink).flatten(),
             otel: section(top, "otel", sink).flatten(),
             sandboxes: section(top, "sandboxes", sink).unwrap_or_default(),
+            layers: top.remove("layers"),
         }
     }
 }
@@ -439,6 +441,7 @@ fn sandboxes_of(
         files,
     );
     warnings.extend(binding::overlapping_sources(&bindings));
+    super::layers::check_members(&bindings, sink);
     if let Some(d) = &listen.default_sandbox {
         if !seen.contains(d.as_str()) {
             sink.top(
@@ -486,7 +489,9 @@ fn load_str_with(
         &mut warnings,
         &mut files,
     );
+    let layers = super::layers::resolve(s.layers.take(), &file, &knobs.defaults.ports, &mut sink);
     let ctx = BindingCtx {
+        layers: &layers.chains,
         base_dir,
         defaults: &knobs.defaults,
         extra_providers: &s.extra_providers,
@@ -507,6 +512,7 @@ fn load_str_with(
         return Err(ConfigErrors(errors));
     }
     Ok(Config {
+        layers,
         admission: knobs.admission,
         runtime: knobs.runtime,
         forward_keepalive: knobs.forward_keepalive,

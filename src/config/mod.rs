@@ -26,6 +26,7 @@ pub mod files;
 pub mod http_rules;
 pub mod identity_token;
 pub mod intercept;
+pub mod layers;
 mod load;
 pub mod otel;
 pub mod presets;
@@ -462,6 +463,8 @@ pub struct Config {
     pub otel: Option<otel::OtelConfig>,
     /// `tls_intercept`: the CA for terminating hosts that credentials or HTTP rules bind.
     pub intercept: Option<credentials::InterceptConfig>,
+    /// `layers:`: every policy layer, as written and as the chain a member is bounded by.
+    pub layers: layers::LayerSet,
     /// Every sandbox defined in files.
     pub bindings: Vec<Binding>,
     /// What loading warned about.

@@ -14,6 +14,7 @@ use crate::policy::Enforcement;
 /// Top-level keys, for the unknown-key check.
 pub const TOP_LEVEL_KEYS: &[&str] = &[
     "listen",
+    "layers",
     "admin_token_file",
     "dns",
     "defaults",
@@ -413,6 +414,9 @@ pub struct RawAuth {
 #[serde(deny_unknown_fields)]
 pub struct RawBinding {
     pub id: String,
+    /// The policy layer it is a member of ([`super::layers`]).
+    #[serde(default)]
+    pub layer: Option<String>,
     #[serde(default)]
     pub auth: Option<RawAuth>,
     #[serde(default)]

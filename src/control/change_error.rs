@@ -63,7 +63,9 @@ impl From<registry::Rejected> for ChangeError {
     fn from(r: registry::Rejected) -> Self {
         use registry::Rejected;
         match r {
-            Rejected::InvalidId(_) => ChangeError::BadRequest(r.to_string()),
+            Rejected::InvalidId(_) | Rejected::OutsideCeiling(_) => {
+                ChangeError::BadRequest(r.to_string())
+            }
             Rejected::Invalid(errs) => ChangeError::Invalid(errs),
             Rejected::FileDefined { .. } | Rejected::Overlap(_) => {
                 ChangeError::Conflict(r.to_string())

@@ -53,6 +53,7 @@ mod error;
 pub(crate) mod etcd;
 pub mod observe;
 pub mod observe_client;
+pub mod policy_diff;
 pub(crate) mod registry;
 mod reload;
 pub mod shown;

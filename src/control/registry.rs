@@ -41,6 +41,8 @@ pub enum Rejected {
     Invalid(ConfigErrors),
     #[error("{0}")]
     Overlap(String),
+    #[error("{0}")]
+    OutsideCeiling(String),
     #[error("cannot compile: {0}")]
     Compile(globset::Error),
     #[error("{0}")]
@@ -140,6 +142,15 @@ pub(crate) fn parse(
     let (binding, json) = config
         .parse_runtime_binding(body, &what, id)
         .map_err(Rejected::Invalid)?;
+    // Where an entry is written it must lie within its layers' ceilings. A registration read
+    // back (state log, etcd) is kept: a ceiling tightened since bounds it at run time instead.
+    if matches!(origin, Origin::Api) {
+        let outside =
+            crate::policy::layer::outside_entries(&binding.network.layers, &binding.network);
+        if !outside.is_empty() {
+            return Err(Rejected::OutsideCeiling(outside.join("; ")));
+        }
+    }
     Ok(Valid {
         id: sid,
         binding,

@@ -90,6 +90,17 @@ impl Decision {
         }
     }
 
+    /// `outside_ceiling`: the layer whose ceiling the destination is outside of.
+    fn ceiling_refusal(&self, sandbox: &str) -> String {
+        match &self.rule {
+            Some(r) => format!(
+                "outside the ceiling of {} (it allows only {}): sandbox {sandbox}'s own entries and grants cannot reach beyond its layers",
+                r.source, r.text
+            ),
+            None => format!("outside a ceiling of the layers of sandbox {sandbox}"),
+        }
+    }
+
     /// One sentence for a person or an agent: what decided, and which file/rule to change.
     pub fn explain(&self, sandbox: &str, file: &str, port: u16) -> String {
         let rule = shown_rule;
@@ -154,6 +165,7 @@ impl Decision {
                 "the request carries a credential placeholder of sandbox {sandbox} to a host the credential is not bound to (or over plain HTTP) ({file})"
             ),
             Reason::ProcessNotAllowed => self.process_refusal(sandbox, file),
+            Reason::OutsideCeiling => self.ceiling_refusal(sandbox),
             Reason::HttpNotAllowed => format!(
                 "no network.http rule of sandbox {sandbox} allows this method and path on this host ({file})"
             ),

@@ -92,6 +92,7 @@ mod tests {
             resolve_for_address_rules: false,
             http: Default::default(),
             scoped: Vec::new(),
+            layers: Default::default(),
         };
         CompiledPolicy::compile(
             "t",

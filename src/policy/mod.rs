@@ -16,6 +16,7 @@ pub mod granted;
 pub mod guard;
 pub mod hostname;
 pub mod http_rules;
+pub mod layer;
 pub mod live;
 pub mod name_matcher;
 pub mod ports;
@@ -103,6 +104,17 @@ pub enum ListKind {
     Grant,
     /// `network.scoped[i].egress`: allowed to the processes of that entry's scope only.
     Scoped(usize),
+    /// A layer's `deny` ([`layer`]): `sandbox` names the layer.
+    LayerDeny,
+    /// A layer's `ceiling` ([`layer`]): `sandbox` names the layer.
+    Ceiling,
+}
+
+impl ListKind {
+    /// Whether the rule is a layer's (its refusals are not the member's to relax).
+    pub fn is_layer(self) -> bool {
+        matches!(self, ListKind::LayerDeny | ListKind::Ceiling)
+    }
 }
 
 /// Where a rule was written: file, sandbox, list and index.
@@ -127,6 +139,13 @@ impl fmt::Display for RuleSource {
             ListKind::Scoped(i) => {
                 let (file, sb, j) = (&self.file, &self.sandbox, self.index);
                 return write!(f, "{file}: sandbox {sb}: network.scoped[{i}].egress[{j}]");
+            }
+            ListKind::LayerDeny => {
+                let (file, layer, i) = (&self.file, &self.sandbox, self.index);
+                return write!(f, "{file}: layer {layer}: deny[{i}]");
+            }
+            ListKind::Ceiling => {
+                return write!(f, "{}: layer {}: ceiling", self.file, self.sandbox)
             }
         };
         write!(
@@ -167,6 +186,8 @@ pub struct NetworkSpec {
     pub http: std::sync::Arc<[http_rules::HttpRule]>,
     /// `network.scoped`: egress entries for some processes only.
     pub scoped: Vec<ScopedSpec>,
+    /// The layers above the sandbox, root first ([`layer`]): empty without `layer:`.
+    pub layers: Arc<[Arc<layer::Layer>]>,
 }
 
 /// One `network.scoped` entry: egress entries allowed to the processes of a scope only.
@@ -201,7 +222,7 @@ impl RuleSet {
         default_ports: &PortSet,
     ) -> Result<Self, globset::Error> {
         let mut set = RuleSet {
-            match_embedded: list == ListKind::Deny,
+            match_embedded: matches!(list, ListKind::Deny | ListKind::LayerDeny),
             ..RuleSet::default()
         };
         let mut names = NameMatcherBuilder::default();
@@ -209,7 +230,7 @@ impl RuleSet {
             // Deny rules without a port refuse every port; egress rules get the defaults.
             let ports = match (&entry.ports, list) {
                 (Some(p), _) => p.clone(),
-                (None, ListKind::Deny) => PortSet::any(),
+                (None, ListKind::Deny | ListKind::LayerDeny) => PortSet::any(),
                 (None, _) => default_ports.clone(),
             };
             let allows_opaque = entry.ports.is_some()
@@ -307,6 +328,8 @@ pub struct CompiledPolicy {
     deny: RuleSet,
     /// `network.scoped`: each scope with its entries.
     scoped: Vec<(process::Scope, RuleSet)>,
+    /// The layers above it, root first (compiled once, shared by every member).
+    layers: Arc<[Arc<layer::Layer>]>,
 }
 
 /// Everything `decide` found out.
@@ -345,6 +368,7 @@ impl CompiledPolicy {
         }
         Ok(CompiledPolicy {
             scoped,
+            layers: spec.layers.clone(),
             allow: RuleSet::compile(&spec.egress, ListKind::Egress, &f, &sb, default_ports)?,
             deny: RuleSet::compile(&spec.deny, ListKind::Deny, &f, &sb, default_ports)?,
             sandbox: sb,
@@ -405,6 +429,7 @@ impl CompiledPolicy {
                 true => (policy, pending),
                 false => scoped::step(&self.scoped, process, target, addrs, policy, pending),
             };
+            let policy = layer::narrow(&self.layers, policy, target, addrs);
             self.finish(policy, pending, target, addrs, guard, |a| {
                 self.allow.covering(a)
             })
@@ -422,8 +447,24 @@ impl CompiledPolicy {
         guard: &Guard,
     ) -> Outcome {
         with_literal(target, addrs, |addrs| {
+            let decision = layer::narrow(&self.layers, decision, target, addrs);
             self.finish(decision, false, target, addrs, guard, |_| None)
         })
+    }
+
+    /// The layers' refusal of `target` by name (or its literal address): a `deny` of a layer,
+    /// or a ceiling it is outside of. What an access request and a grant are judged by.
+    pub fn layers_refuse(&self, target: &Target) -> Option<Decision> {
+        let allowed = Decision::allow(Reason::RuleMatched, None);
+        let d = with_literal(target, None, |addrs| {
+            layer::narrow(&self.layers, allowed, target, addrs)
+        });
+        (d.verdict == Verdict::Deny).then_some(d)
+    }
+
+    /// The layers above this sandbox, root first.
+    pub fn layers(&self) -> &[Arc<layer::Layer>] {
+        &self.layers
     }
 
     /// What follows the policy step: report mode, then every address through the guard.
@@ -443,10 +484,12 @@ impl CompiledPolicy {
             needs_addresses: false,
             outside_zones: false,
         };
-        // Report mode relaxes allowlist refusals only.
+        // Report mode relaxes the sandbox's own allowlist refusals only, never a layer's.
+        let by_layer = (outcome.decision.rule.as_ref()).is_some_and(|r| r.source.list.is_layer());
         if outcome.decision.verdict == Verdict::Deny
             && self.enforcement == Enforcement::Report
             && outcome.decision.reason.reportable()
+            && !by_layer
         {
             outcome.decision.verdict = Verdict::Report;
         }

@@ -61,6 +61,25 @@ impl PortSet {
             .any(|(lo, hi)| *lo <= port && port <= *hi)
     }
 
+    /// Whether every port of this set is in `other` (a layer's ceiling admits an entry only
+    /// on ports the ceiling allows).
+    pub fn within(&self, other: &PortSet) -> bool {
+        self.ranges.iter().all(|&(lo, hi)| {
+            let mut next = u32::from(lo);
+            while next <= u32::from(hi) {
+                let Some(&(_, end)) = other
+                    .ranges
+                    .iter()
+                    .find(|(a, b)| u32::from(*a) <= next && next <= u32::from(*b))
+                else {
+                    return false;
+                };
+                next = u32::from(end) + 1;
+            }
+            true
+        })
+    }
+
     /// Whether this is the set of every port.
     pub fn is_any(&self) -> bool {
         self.ranges.contains(&(1, u16::MAX))
@@ -101,6 +120,21 @@ impl fmt::Display for PortSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn within_follows_adjacent_ranges_and_stops_at_a_gap() {
+        let p = |t: &str| PortSet::parse(t).unwrap();
+        let two = PortSet::from_ports(&[80, 443]).unwrap();
+        assert!(p("443").within(&two));
+        assert!(!p("8443").within(&two));
+        assert!(p("8000-8100").within(&p("*")));
+        assert!(!p("*").within(&p("1-65534")));
+        let joined = PortSet {
+            ranges: Arc::from([(1, 100), (101, 200)]),
+        };
+        assert!(p("50-150").within(&joined));
+        assert!(!p("50-201").within(&joined));
+    }
 
     #[test]
     fn parses_single_range_and_any() {

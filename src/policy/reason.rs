@@ -127,11 +127,15 @@ pub enum Reason {
     /// `network.http` rule with `binaries:` or `execs:`), and this connection's process is
     /// not one of them or could not be named.
     ProcessNotAllowed,
+    /// The sandbox's own policy (or a grant) allows the destination, but it lies outside the
+    /// ceiling of a layer the sandbox is a member of (`layers:`): layers only narrow.
+    OutsideCeiling,
 }
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 45] = [
+    pub const ALL: [Reason; 46] = [
+        Reason::OutsideCeiling,
         Reason::ProcessNotAllowed,
         Reason::InferenceNotAllowed,
         Reason::BudgetExceeded,
@@ -227,6 +231,7 @@ impl Reason {
             Reason::InferenceNotAllowed => "inference_not_allowed",
             Reason::BudgetExceeded => "budget_exceeded",
             Reason::ProcessNotAllowed => "process_not_allowed",
+            Reason::OutsideCeiling => "outside_ceiling",
         }
     }
 
@@ -249,6 +254,7 @@ impl Reason {
             | Reason::CredentialMisuse
             | Reason::InferenceNotAllowed
             | Reason::ProcessNotAllowed
+            | Reason::OutsideCeiling
             | Reason::HttpNotAllowed
             | Reason::McpNotAllowed
             | Reason::JsonRpcNotAllowed
@@ -299,6 +305,7 @@ impl Reason {
             | Reason::WebSocketNotAllowed
             | Reason::InferenceNotAllowed
             | Reason::ProcessNotAllowed
+            | Reason::OutsideCeiling
             | Reason::GitNotAllowed => "http_request_denied",
             Reason::DestinationIpProhibited | Reason::DestinationMismatch => {
                 "destination_ip_prohibited"

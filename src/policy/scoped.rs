@@ -89,6 +89,7 @@ mod tests {
                 scope: Scope::new(&["/usr/bin/git".into()], &[]).unwrap().unwrap(),
                 egress: vec![entry("*.github.com")],
             }],
+            layers: Default::default(),
         };
         let ports = PortSet::from_ports(&[443]).unwrap();
         CompiledPolicy::compile("s", "f", &spec, Enforcement::Enforce, &ports).unwrap()

@@ -565,6 +565,22 @@ fn hash_binding(h: &mut Sha256, b: &Binding) {
         h.update(b"-");
         h.update(text.as_bytes());
     }
+    for s in b.network.scoped.iter() {
+        h.update(format!("s{}", s.scope));
+        s.egress.iter().for_each(|(t, _)| h.update(t.as_bytes()));
+    }
+    // Its layers decide too: a layer's change is a new version of every member.
+    for l in b.network.layers.iter() {
+        h.update(format!(
+            "L{}{}{:?}",
+            l.id,
+            l.file,
+            l.ceiling.as_ref().map(|c| c.len())
+        ));
+        let lists = l.ceiling.iter().flatten().chain(l.deny.iter());
+        lists.for_each(|(t, _)| h.update(t.as_bytes()));
+        h.update(format!("{}", l.deny.len()));
+    }
     h.update(format!(
         "{:?}{}{:?}{}{}",
         b.limits,

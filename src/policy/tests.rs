@@ -16,6 +16,7 @@ fn spec(mode: Mode, egress: &[&str], deny: &[&str]) -> NetworkSpec {
         resolve_for_address_rules: false,
         http: Default::default(),
         scoped: Vec::new(),
+        layers: Default::default(),
     }
 }
 

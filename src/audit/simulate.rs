@@ -1,0 +1,450 @@
+//! `egress-proxy simulate` and `POST /v1/sandboxes/{id}/simulate` (DESIGN §7.6): what a
+//! candidate policy would have done to the exchanges an audit trail recorded. Each `end`
+//! record is replayed under the candidate — its host, port and recorded addresses through the
+//! same decision the data plane makes (layers, scoped entries and the guard included), the
+//! method and path of a request through the candidate's `network.http` rules — and compared
+//! with the verdict recorded. What changes is reported, grouped by the rule that refuses (or
+//! the entry that newly allows) with counts and examples.
+//!
+//! Never guessed: a record that lacks what the candidate needs is counted as *cannot tell*,
+//! with why — a request the candidate would judge by its body (a protocol rule: the trail
+//! keeps the call's summary, not the body), a tunnel whose requests the candidate would judge
+//! although the proxy did not read them when it was recorded, a decision that needs addresses
+//! the record does not carry, a record allowed by a grant (grants are not part of a
+//! candidate). Records no policy decided (identity, rate limits, resolver failures) are
+//! counted apart.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::control::check::asked_process;
+use crate::pipeline::head::{Checked, Head, HostRules};
+use crate::policy::process::Process;
+use crate::policy::set::PolicySet;
+use crate::policy::target::Target;
+use crate::policy::Verdict;
+
+/// Examples kept per group.
+const EXAMPLES: usize = 3;
+
+/// One group of changed (or undecidable) exchanges.
+#[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
+pub struct Group {
+    /// How many exchanges.
+    pub count: u64,
+    /// A few of them, as one line each.
+    pub examples: Vec<String>,
+}
+
+impl Group {
+    fn add(&mut self, example: impl FnOnce() -> String) {
+        self.count += 1;
+        if self.examples.len() < EXAMPLES {
+            self.examples.push(example());
+        }
+    }
+}
+
+/// What a replay found.
+#[derive(Debug, Default, Serialize)]
+pub struct Simulation {
+    /// Lines read (records of every sandbox and kind).
+    pub records: u64,
+    /// Exchanges replayed under the candidate.
+    pub replayed: u64,
+    /// Of them, decided as recorded.
+    pub unchanged: u64,
+    /// Recorded as allowed, refused by the candidate: by the candidate's rule (or reason).
+    pub newly_refused: BTreeMap<String, Group>,
+    /// Recorded as refused, allowed by the candidate: by the entry that widens.
+    pub newly_allowed: BTreeMap<String, Group>,
+    /// What the trail cannot show the candidate: by why.
+    pub cannot_tell: BTreeMap<String, Group>,
+    /// Records not replayed, by why (another sandbox, DNS, decided by no policy).
+    pub skipped: BTreeMap<String, u64>,
+    /// Lines that are not JSON records.
+    pub unreadable: u64,
+}
+
+impl Simulation {
+    /// How many exchanges changed verdict.
+    pub fn changed(&self) -> u64 {
+        let sum = |m: &BTreeMap<String, Group>| m.values().map(|g| g.count).sum::<u64>();
+        sum(&self.newly_refused) + sum(&self.newly_allowed)
+    }
+
+    /// How many exchanges the candidate newly allows.
+    pub fn widened(&self) -> u64 {
+        self.newly_allowed.values().map(|g| g.count).sum()
+    }
+}
+
+/// Replays records under a candidate.
+pub struct Replay<'a> {
+    set: &'a PolicySet,
+    sandbox: Option<&'a str>,
+    /// Tunnels (`run`, `conn_id`) whose requests the proxy read (they have `https` records).
+    terminated: HashSet<(String, u64)>,
+    /// The result so far.
+    pub out: Simulation,
+}
+
+/// The verdict a record shows for what the policy judges (`true`: allowed), or why it shows
+/// none. A refusal by what comes after the policy allowed (the destination, the tunnel's bytes,
+/// the decider, quotas) shows the policy's allow.
+fn recorded(decision: &str, reason: &str) -> Result<bool, &'static str> {
+    match reason {
+        "grant_matched" => {
+            Err("allowed by a grant when recorded (grants are not part of a candidate)")
+        }
+        "no_rule_matched"
+        | "denied_by_rule"
+        | "deny_all_mode"
+        | "port_not_allowed"
+        | "process_not_allowed"
+        | "outside_ceiling"
+        | "destination_ip_prohibited"
+        | "proxy_loop"
+        | "http_not_allowed"
+        | "mcp_not_allowed"
+        | "jsonrpc_not_allowed"
+        | "graphql_not_allowed"
+        | "websocket_not_allowed"
+        | "inference_not_allowed"
+        | "git_not_allowed" => Ok(decision == "allow"),
+        "auth_required"
+        | "auth_failed"
+        | "unknown_sandbox"
+        | "rate_limited"
+        | "connection_limit"
+        | "invalid_target"
+        | "dns_error"
+        | "dns_timeout"
+        | "destination_not_found"
+        | "malformed_request"
+        | "proxy_endpoint" => Err(""),
+        _ => Ok(true),
+    }
+}
+
+fn strs(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The process a record names, as the candidate's scopes would see it (`None`: unknown).
+fn process_of(v: &Value) -> Option<Process> {
+    let p = &v["process"];
+    asked_process(
+        p["exe"].as_str(),
+        &strs(&p["ancestors"]),
+        p["exec"].as_str(),
+    )
+}
+
+/// One line for an example: sandbox, mode, target (and request), time, recorded reason.
+fn example(v: &Value, now: &str) -> String {
+    let s = |k: &str| v[k].as_str().unwrap_or("-").to_string();
+    let request = match (v["method"].as_str(), v["path"].as_str()) {
+        (Some(m), Some(p)) => format!(" {m} {p}"),
+        _ => String::new(),
+    };
+    let call = v["call"]
+        .as_str()
+        .map(|c| format!(" ({c})"))
+        .unwrap_or_default();
+    format!(
+        "{} {} {}:{}{request}{call} at {}: recorded {} ({}), now {now}",
+        s("sandbox"),
+        s("mode"),
+        s("target_host"),
+        v["target_port"],
+        s("ts"),
+        s("decision"),
+        s("reason")
+    )
+}
+
+impl<'a> Replay<'a> {
+    /// A replay under `set`, of `sandbox`'s records only when one is named.
+    pub fn new(set: &'a PolicySet, sandbox: Option<&'a str>) -> Self {
+        Replay {
+            set,
+            sandbox,
+            terminated: HashSet::new(),
+            out: Simulation::default(),
+        }
+    }
+
+    fn skip(&mut self, why: &str) {
+        *self.out.skipped.entry(why.to_string()).or_default() += 1;
+    }
+
+    /// Replay one line of a trail.
+    pub fn line(&mut self, line: &str) {
+        if line.trim().is_empty() {
+            return;
+        }
+        self.out.records += 1;
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            self.out.unreadable += 1;
+            return;
+        };
+        self.record(&v);
+    }
+
+    /// Replay one record.
+    pub fn record(&mut self, v: &Value) {
+        let Some(sandbox) = v["sandbox"].as_str() else {
+            return self.skip("no sandbox (identity refused or not an exchange)");
+        };
+        if v["event"] != "end" {
+            return self.skip("not an exchange's end record");
+        }
+        if self.sandbox.is_some_and(|s| s != sandbox) {
+            return self.skip("another sandbox");
+        }
+        let mode = v["mode"].as_str().unwrap_or("");
+        if mode == "dns" {
+            return self.skip("dns (a name's answer follows the connection decisions)");
+        }
+        let Some(sb) = self.set.get(sandbox).cloned() else {
+            let why = "cannot tell: the sandbox is not in the candidate";
+            self.out
+                .cannot_tell
+                .entry(why.into())
+                .or_default()
+                .add(|| example(v, "-"));
+            return;
+        };
+        let reason = v["reason"].as_str().unwrap_or("");
+        let old = match recorded(v["decision"].as_str().unwrap_or(""), reason) {
+            Ok(old) => old,
+            Err("") => return self.skip(&format!("decided by no policy: {reason}")),
+            Err(why) => {
+                let key = format!("cannot tell: {why}");
+                self.out
+                    .cannot_tell
+                    .entry(key)
+                    .or_default()
+                    .add(|| example(v, "-"));
+                return;
+            }
+        };
+        let process = process_of(v);
+        if mode == "https" {
+            if let (Some(run), Some(conn)) = (v["run"].as_str(), v["conn_id"].as_u64()) {
+                self.terminated.insert((run.to_string(), conn));
+            }
+            return self.request(v, &sb, process.as_ref(), old);
+        }
+        let Some(target) = target_of(v) else {
+            return self.skip("no target");
+        };
+        self.out.replayed += 1;
+        match self.connection(v, &sb, process.as_ref(), &target) {
+            Judged::CannotTell(why) => {
+                let key = format!("cannot tell: {why}");
+                self.out
+                    .cannot_tell
+                    .entry(key)
+                    .or_default()
+                    .add(|| example(v, "-"));
+            }
+            Judged::Verdict(new, why) => self.compare(v, old, new, why),
+        }
+    }
+
+    /// A connection (or a forwarded request) under the candidate.
+    fn connection(
+        &self,
+        v: &Value,
+        sb: &crate::policy::set::Sandbox,
+        process: Option<&Process>,
+        target: &Target,
+    ) -> Judged {
+        let first = self.set.decide_for(sb, process, target, None);
+        let addrs: Vec<IpAddr> = strs(&v["resolved"])
+            .iter()
+            .filter_map(|a| a.parse().ok())
+            .collect();
+        let outcome = if first.decision.verdict == Verdict::Deny && !first.needs_addresses {
+            first
+        } else if !addrs.is_empty() {
+            self.set.decide_for(sb, process, target, Some(&addrs))
+        } else if first.decision.verdict == Verdict::Deny {
+            return Judged::CannotTell(
+                "the candidate's address rules need the name's addresses, which the record does not carry".into(),
+            );
+        } else {
+            first
+        };
+        let d = &outcome.decision;
+        let allowed = d.verdict == Verdict::Allow;
+        let why = match &d.rule {
+            Some(r) => format!("{} `{}` ({})", d.reason, r.text, r.source),
+            None => d.reason.to_string(),
+        };
+        if !allowed {
+            return Judged::Verdict(false, why);
+        }
+        // The candidate judges this host's requests: are they in the trail?
+        let host = v["target_host"].as_str().unwrap_or("");
+        let rules = HostRules::of(&sb.binding, host, process);
+        let read = v["method"].is_string()
+            || v["run"]
+                .as_str()
+                .zip(v["conn_id"].as_u64())
+                .is_some_and(|(r, c)| self.terminated.contains(&(r.to_string(), c)));
+        match (rules.is_empty(), v["method"].as_str(), read) {
+            (true, _, _) => Judged::Verdict(true, why),
+            (false, Some(_), _) => self.judge_request(v, &rules, why),
+            (false, None, true) => Judged::Verdict(true, why),
+            (false, None, false) => Judged::CannotTell(format!(
+                "the candidate judges the requests on {host} by network.http rules; the proxy did not read this tunnel's requests when it was recorded"
+            )),
+        }
+    }
+
+    /// A request's method and path through `rules`.
+    fn judge_request(&self, v: &Value, rules: &HostRules, allowed_by: String) -> Judged {
+        let (Some(method), Some(path)) = (v["method"].as_str(), v["path"].as_str()) else {
+            return Judged::CannotTell("the record carries no method and path".into());
+        };
+        let (Ok(m), Ok(uri)) = (method.parse::<http::Method>(), path.parse::<http::Uri>()) else {
+            return Judged::CannotTell("the recorded method or path does not parse".into());
+        };
+        let headers = http::HeaderMap::new();
+        let head = Head {
+            method: &m,
+            uri: &uri,
+            headers: &headers,
+            has_body: false,
+            upgrade: false,
+            extended: false,
+        };
+        let host = v["target_host"].as_str().unwrap_or("");
+        match rules.judge(host, head) {
+            Checked::Allowed(_) | Checked::Socket(_) => Judged::Verdict(true, allowed_by),
+            Checked::Refused(r) => Judged::Verdict(false, format!("{}: {}", r.reason, r.detail)),
+            Checked::Judge(p) => Judged::CannotTell(format!(
+                "the candidate reads this request's body ({}); the trail keeps the call's summary, not the body",
+                p.iter().map(|p| p.name()).collect::<Vec<_>>().join(", ")
+            )),
+        }
+    }
+
+    /// A request inside a terminated tunnel: the candidate's `network.http` rules.
+    fn request(
+        &mut self,
+        v: &Value,
+        sb: &crate::policy::set::Sandbox,
+        process: Option<&Process>,
+        old: bool,
+    ) {
+        self.out.replayed += 1;
+        let host = v["target_host"].as_str().unwrap_or("");
+        let rules = HostRules::of(&sb.binding, host, process);
+        let judged = match rules.is_empty() {
+            true => Judged::Verdict(true, "no network.http rule for the host".into()),
+            false => self.judge_request(v, &rules, "allowed by network.http".into()),
+        };
+        match judged {
+            Judged::CannotTell(why) => {
+                let key = format!("cannot tell: {why}");
+                self.out
+                    .cannot_tell
+                    .entry(key)
+                    .or_default()
+                    .add(|| example(v, "-"));
+            }
+            Judged::Verdict(new, why) => self.compare(v, old, new, why),
+        }
+    }
+
+    fn compare(&mut self, v: &Value, old: bool, new: bool, why: String) {
+        match (old, new) {
+            (a, b) if a == b => self.out.unchanged += 1,
+            (true, false) => {
+                let g = self.out.newly_refused.entry(why).or_default();
+                g.add(|| example(v, "refused"));
+            }
+            _ => {
+                let g = self.out.newly_allowed.entry(why).or_default();
+                g.add(|| example(v, "allowed"));
+            }
+        }
+    }
+}
+
+/// What the candidate made of one exchange.
+enum Judged {
+    /// Allowed or not, and by what.
+    Verdict(bool, String),
+    /// The record lacks what the candidate needs.
+    CannotTell(String),
+}
+
+/// The record's target (`target_host`, `target_port`).
+fn target_of(v: &Value) -> Option<Target> {
+    let host = v["target_host"].as_str()?;
+    let port = u16::try_from(v["target_port"].as_u64()?).ok()?;
+    let text = match host.contains(':') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    };
+    Target::parse(&text, None).ok()
+}
+
+/// The report as text: totals, then each group with its count and examples.
+pub fn render(s: &Simulation) -> String {
+    let mut out = format!(
+        "{} records read, {} exchanges replayed: {} unchanged, {} changed ({} newly refused, {} newly allowed), {} cannot tell\n",
+        s.records,
+        s.replayed,
+        s.unchanged,
+        s.changed(),
+        s.newly_refused.values().map(|g| g.count).sum::<u64>(),
+        s.widened(),
+        s.cannot_tell.values().map(|g| g.count).sum::<u64>(),
+    );
+    let sections = [
+        ("newly refused", &s.newly_refused),
+        ("newly allowed", &s.newly_allowed),
+        ("cannot tell", &s.cannot_tell),
+    ];
+    for (title, groups) in sections {
+        if groups.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("\n{title}:\n"));
+        for (key, g) in groups {
+            out.push_str(&format!(
+                "  {} × {}\n",
+                g.count,
+                key.trim_start_matches("cannot tell: ")
+            ));
+            for e in &g.examples {
+                out.push_str(&format!("      {e}\n"));
+            }
+        }
+    }
+    if !s.skipped.is_empty() {
+        out.push_str("\nnot replayed:\n");
+        for (why, n) in &s.skipped {
+            out.push_str(&format!("  {n} × {why}\n"));
+        }
+    }
+    if s.unreadable > 0 {
+        out.push_str(&format!("\n{} lines are not JSON records\n", s.unreadable));
+    }
+    out
+}
