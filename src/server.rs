@@ -137,6 +137,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
                 desk.clone(),
             )));
             tasks.push(tokio::spawn(crate::control::etcd::usage::run(p.clone())));
+            tasks.push(tokio::spawn(crate::control::etcd::layers::run(p.clone())));
             tasks.push(p.spawn())
         }
         None => shared.ready.store(true, Ordering::Release),

@@ -18,6 +18,7 @@ pub(crate) mod metrics;
 mod ocsf;
 pub(crate) mod outcome;
 mod output;
+pub use output::rotated_name;
 pub mod process_facts;
 pub mod record;
 #[cfg(test)]

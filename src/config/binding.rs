@@ -206,6 +206,7 @@ impl Config {
             && self.extra_providers == other.extra_providers
             && self.index == other.index
             && self.layers.raw == other.layers.raw
+            && self.layers.runtime == other.layers.runtime
     }
 }
 

@@ -85,6 +85,7 @@ pub const RUNTIME: RuntimeLimits = RuntimeLimits {
     max_sandboxes: 100_000,
     max_binding_bytes: 64 * 1024,
     state_sync: Duration::ZERO,
+    require_simulation: false,
 };
 
 /// `forward_keepalive:` — 4 s idle: shorter than the keep-alive timeouts of common origins
@@ -536,6 +537,7 @@ pub(super) fn resolve_runtime(raw: RawRuntime, sink: &mut Sink<'_>) -> RuntimeLi
             .state_sync_ms
             .map(Duration::from_millis)
             .unwrap_or(RUNTIME.state_sync),
+        require_simulation: raw.require_simulation.unwrap_or(false),
     };
     if r.state_sync > Duration::from_secs(10) {
         sink.top(

@@ -31,8 +31,10 @@ pub type Layers = Arc<BTreeMap<String, Chain>>;
 /// diff` compares) and compiled.
 #[derive(Debug, Clone, Default)]
 pub struct LayerSet {
-    /// As written, in file order (runtime layers after the file's).
+    /// As written in the file, in file order.
     pub raw: Vec<RawLayer>,
+    /// Defined at run time (`PUT /v1/layers/{id}`, etcd), by id.
+    pub runtime: BTreeMap<String, RawLayer>,
     /// Compiled, by id.
     pub chains: Layers,
 }
@@ -196,7 +198,51 @@ pub(super) fn resolve(
     }
     LayerSet {
         raw,
+        runtime: BTreeMap::new(),
         chains: Arc::new(chains),
+    }
+}
+
+/// Where runtime layers are said to be written (their rules' `file`).
+pub const RUNTIME: &str = "runtime layer";
+
+impl super::Config {
+    /// This configuration with `runtime` as its runtime layers (replacing any before): every
+    /// layer built again, file-defined sandboxes bound to the new chains. Refused — with
+    /// every reason — when a runtime layer takes a file-defined id, or any layer is unsound
+    /// (a parent missing, a ceiling wider than its parent's).
+    pub fn with_runtime_layers(
+        &self,
+        runtime: BTreeMap<String, RawLayer>,
+    ) -> Result<super::Config, Vec<String>> {
+        let mut errors: Vec<String> = (runtime.keys())
+            .filter(|id| self.layers.raw.iter().any(|r| &&r.id == id))
+            .map(|id| format!("layer {id} is defined in {}; change it there", self.origin))
+            .collect();
+        let file = self.origin.clone();
+        let runtime_file: Arc<str> = RUNTIME.into();
+        let tagged: Vec<(RawLayer, Arc<str>)> = (self.layers.raw.iter())
+            .map(|r| (r.clone(), file.clone()))
+            .chain(runtime.values().map(|r| (r.clone(), runtime_file.clone())))
+            .collect();
+        let (chains, problems) = build(&tagged, &self.defaults.ports);
+        errors.extend(problems);
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        let mut config = self.clone();
+        for b in &mut config.bindings {
+            let id = b.network.layers.last().map(|l| l.id.to_string());
+            if let Some(chain) = id.and_then(|id| chains.get(&id)) {
+                b.network.layers = chain.clone();
+            }
+        }
+        config.layers = LayerSet {
+            raw: self.layers.raw.clone(),
+            runtime,
+            chains: Arc::new(chains),
+        };
+        Ok(config)
     }
 }
 

@@ -416,6 +416,9 @@ pub struct RuntimeLimits {
     /// `state_sync_ms`: zero syncs every `state_dir` write before answering; otherwise writes
     /// are flushed together at most this often ([`crate::control::state_store`]).
     pub state_sync: Duration,
+    /// `require_simulation`: every `PUT` of a registration or layer is simulated first and
+    /// refused when it widens reach (as with `?require_simulation`).
+    pub require_simulation: bool,
 }
 
 /// A fully loaded configuration.

@@ -392,6 +392,8 @@ pub struct RawRuntime {
     pub max_sandboxes: Option<usize>,
     pub max_binding_bytes: Option<usize>,
     pub state_sync_ms: Option<u64>,
+    /// Refuse a `PUT` of a registration or layer that widens reach (`?require_simulation`).
+    pub require_simulation: Option<bool>,
 }
 
 /// `auth:` of a binding: exactly one token form; never a plaintext token.

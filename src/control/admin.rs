@@ -20,8 +20,8 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::control::error::{invalid, ControlError};
-use crate::control::etcd::{ControlPlane, TTL_RANGE};
+use super::admin_layers::{At, Candidate};
+use crate::control::etcd::ControlPlane;
 use crate::control::{ChangeError, Controller};
 use crate::runtime::Shared;
 
@@ -245,6 +245,8 @@ enum Path {
     /// `/v1/requests[/{id}[/approve|/deny|/revoke]]` and `/v1/grants`
     /// ([`super::admin_requests`]).
     Requests(super::admin_requests::At),
+    /// `/v1/layers…`, `/v1/sandboxes/{id}/simulate` ([`super::admin_layers`]).
+    Layers(super::admin_layers::At),
 }
 
 impl Path {
@@ -259,6 +261,7 @@ impl Path {
             "/v1/observe" => Path::Observe,
             "/v1/usage" => Path::Usage,
             "/v1/grants" => Path::Requests(super::admin_requests::At::Grants),
+            _ if path.starts_with("/v1/layers") => Path::Layers(At::of(path)?),
             _ if path.starts_with("/v1/requests") => {
                 Path::Requests(super::admin_requests::At::of(path)?)
             }
@@ -268,6 +271,7 @@ impl Path {
                     None => Path::Sandbox(rest.to_string()),
                     Some((id, "keepalive")) => Path::Keepalive(id.to_string()),
                     Some((id, "placeholders")) => Path::Placeholders(id.to_string()),
+                    Some((id, "simulate")) => Path::Layers(At::SimulateSandbox(id.to_string())),
                     Some(_) => return None,
                 }
             }
@@ -280,6 +284,7 @@ impl Path {
             Path::Sandbox(_) => "GET, PUT, DELETE",
             Path::Keepalive(_) | Path::Check | Path::Reload => "POST",
             Path::Requests(at) => at.allow(),
+            Path::Layers(at) => at.allow(),
             _ => "GET",
         }
     }
@@ -289,6 +294,7 @@ impl Path {
         match self {
             Path::Sandbox(_) => matches!(*method, Method::PUT | Method::DELETE),
             Path::Keepalive(_) | Path::Reload | Path::Requests(_) => *method == Method::POST,
+            Path::Layers(at) => at.mutating(method),
             _ => false,
         }
     }
@@ -338,15 +344,21 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         (Method::GET, Path::Usage) => super::admin_usage::answer(shared, req.uri().query()),
         (Method::GET, Path::Sandbox(id)) => sandbox(admin, &id),
         (Method::PUT, Path::Sandbox(id)) => {
-            let ttl_s = match ttl_param(req.uri().query()) {
-                Ok(t) => t,
-                Err(m) => return error(StatusCode::BAD_REQUEST, m.to_string()),
+            let (ttl_s, require) = match super::admin_layers::put_query(req.uri().query()) {
+                Ok(q) => q,
+                Err(m) => return error(StatusCode::BAD_REQUEST, m),
             };
-            match read_body(req, admin.max_body).await {
-                Ok(body) => put(admin, id, body, ttl_s).await,
-                Err(r) => r,
+            let body = match read_body(req, admin.max_body).await {
+                Ok(body) => body,
+                Err(r) => return r,
+            };
+            let candidate = Candidate::Sandbox(id.clone(), body.clone());
+            match super::admin_layers::refused_by_simulation(admin, require, candidate).await {
+                Some(refused) => refused,
+                None => put(admin, id, body, ttl_s).await,
             }
         }
+        (m, Path::Layers(at)) if at.takes(&m) => super::admin_layers::route(admin, at, req).await,
         (Method::DELETE, Path::Sandbox(id)) => delete(admin, id).await,
         (m, Path::Requests(at)) if at.takes(&m) => {
             let who = admin.who(&req);
@@ -534,27 +546,6 @@ async fn put(admin: &Admin, id: String, body: String, ttl_s: Option<i64>) -> Res
         }
         Err(e) => change_error(e),
     }
-}
-
-/// The query of a PUT: nothing, or `ttl_s=N`.
-fn ttl_param(query: Option<&str>) -> Result<Option<i64>, ControlError> {
-    let mut ttl = None;
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("ttl_s", v)) => match v.parse::<i64>() {
-                Ok(n) if TTL_RANGE.contains(&n) => ttl = Some(n),
-                _ => {
-                    return Err(invalid(format!(
-                        "ttl_s must be a whole number of seconds from {} to {}",
-                        TTL_RANGE.start(),
-                        TTL_RANGE.end()
-                    )))
-                }
-            },
-            _ => return Err(invalid("unknown query parameter (PUT takes only ttl_s)")),
-        }
-    }
-    Ok(ttl)
 }
 
 /// Run a control-plane change (compile, fsync, under the controller's lock) on the blocking

@@ -45,18 +45,21 @@ pub use reload::{ReloadError, Reloaded};
 pub(crate) mod admin;
 pub mod admin_client;
 mod admin_keys;
+mod admin_layers;
 mod admin_requests;
 mod admin_usage;
 mod change_error;
 pub mod check;
 mod error;
 pub(crate) mod etcd;
+mod layers;
 pub mod observe;
 pub mod observe_client;
 pub mod policy_diff;
 pub(crate) mod registry;
 mod reload;
 pub mod shown;
+mod simulate;
 pub(crate) mod state_store;
 
 pub use etcd::apply::RemoteChange;
@@ -448,6 +451,7 @@ impl Controller {
                 })).collect::<Vec<_>>(),
             },
             "policy": serde_json::from_str::<Value>(&b.block_json).unwrap_or(Value::Null),
+            "layers": b.network.layers.iter().map(|l| &*l.id).collect::<Vec<_>>(),
             "policy_file": &*b.policy_file,
             "policy_ref": b.policy_ref,
             "policy_version": set.version(),

@@ -196,7 +196,7 @@ fn other_changes(o: &Binding, n: &Binding, notes: &mut Vec<String>) -> bool {
 }
 
 /// One layer's changes (its ceiling and deny).
-fn layer_diff(
+pub fn layer_diff(
     id: &str,
     old: Option<&Arc<Layer>>,
     new: Option<&Arc<Layer>>,

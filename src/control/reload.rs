@@ -26,6 +26,9 @@ pub enum ReloadError {
     /// Registrations made through the API are invalid under the new configuration.
     #[error("{0}")]
     Registrations(ConfigErrors),
+    /// The layers defined at run time do not stand over the new configuration.
+    #[error("{}", .0.join("; "))]
+    Layers(Vec<String>),
     /// The new configuration did not compile.
     #[error(transparent)]
     Compile(#[from] CompileFailure),
@@ -41,6 +44,7 @@ impl ReloadError {
             ReloadError::Config(e) | ReloadError::Registrations(e) => {
                 e.0.iter().map(|e| e.to_string()).collect()
             }
+            ReloadError::Layers(e) => e.clone(),
             other => vec![other.to_string()],
         }
     }
@@ -118,10 +122,10 @@ pub(super) fn fingerprint(files: &[PathBuf]) -> Vec<(PathBuf, Option<(SystemTime
 
 /// A reload built before the lock: the configuration, the registrations under it, and the
 /// set they compile to.
-struct Built {
-    config: Config,
-    runtime: Registrations,
-    set: PolicySet,
+pub(super) struct Built {
+    pub(super) config: Config,
+    pub(super) runtime: Registrations,
+    pub(super) set: PolicySet,
     changes: Changes,
 }
 
@@ -142,6 +146,11 @@ impl Controller {
         let Some(dir) = st.config.state_dir.clone() else {
             return problems;
         };
+        match self.restore_layers(&st.config) {
+            Ok(Some(config)) => st.config = std::sync::Arc::new(config),
+            Ok(None) => {}
+            Err(e) => problems.push(format!("runtime layers not restored: {e}")),
+        }
         let (store, restored) = match StateStore::open(&dir, st.config.runtime.state_sync) {
             Ok(x) => x,
             Err(e) => {
@@ -210,7 +219,10 @@ impl Controller {
 
     /// After a reload, with the lock released: the sandboxes it removed take their grants
     /// and requests with them, as a `DELETE` does.
-    fn removed(&self, done: Result<Reloaded, ReloadError>) -> Result<Reloaded, ReloadError> {
+    pub(super) fn removed(
+        &self,
+        done: Result<Reloaded, ReloadError>,
+    ) -> Result<Reloaded, ReloadError> {
         if let Ok(r) = &done {
             for sid in &r.removed {
                 self.sandbox_removed(sid);
@@ -223,6 +235,22 @@ impl Controller {
     /// registration if what they are parsed with changed since `old`).
     fn build(&self, old: &Config, runtime: &Registrations) -> Result<Built, ReloadError> {
         let config = config::load(self.path.as_deref()).map_err(ReloadError::Config)?;
+        // The layers defined at run time stay over whatever the file now says.
+        let config = match old.layers.runtime.is_empty() {
+            true => config,
+            false => (config.with_runtime_layers(old.layers.runtime.clone()))
+                .map_err(ReloadError::Layers)?,
+        };
+        self.build_with(config, old, runtime)
+    }
+
+    /// [`Controller::build`] with the configuration given (a runtime layer's change).
+    pub(super) fn build_with(
+        &self,
+        config: Config,
+        old: &Config,
+        runtime: &Registrations,
+    ) -> Result<Built, ReloadError> {
         let mut errors = Vec::new();
         // Registrations parse the same under the new file unless what they are parsed
         // with changed: then every one is parsed (and validated) again.
@@ -259,7 +287,7 @@ impl Controller {
     }
 
     /// Publish a built reload (or report why it was refused), under the lock.
-    fn apply_reload(
+    pub(super) fn apply_reload(
         &self,
         st: &mut Locked<'_>,
         why: &str,

@@ -16,6 +16,7 @@
 pub(crate) mod apply;
 mod connect;
 pub(crate) mod grants;
+pub mod layers;
 mod sync;
 pub mod usage;
 

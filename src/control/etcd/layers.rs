@@ -1,0 +1,133 @@
+//! Policy layers shared through etcd: every runtime layer is the JSON of its body under
+//! `{prefix}layers/{id}`, and every replica lists and watches that prefix and applies the
+//! whole map ([`Controller::apply_layers`]) on each change — so replicas agree on the layers
+//! as they agree on the registrations. A write through any replica's API is checked first
+//! (400/409 as without etcd), written, then applied on that replica before the answer
+//! (read-your-write); the watch delivers the same value again and changes nothing. A map a
+//! replica cannot apply (a layer written to etcd directly with a missing parent) is logged
+//! and the layers in force stay: never fewer layers, never open.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{EventType, GetOptions, WatchOptions};
+
+use super::ControlPlane;
+use crate::config::layers::RawLayer;
+use crate::control::error::{etcd, ControlError};
+use crate::control::ChangeError;
+
+impl ControlPlane {
+    fn layer_key(&self, id: &str) -> String {
+        format!("{}layers/{id}", self.cfg.prefix)
+    }
+
+    /// `PUT` (`Some`) or `DELETE` (`None`) of runtime layer `id` through etcd.
+    pub async fn set_layer(&self, id: &str, layer: Option<RawLayer>) -> Result<bool, ChangeError> {
+        let mut client = self.writer()?;
+        let (control, check_id, check) = (self.control.clone(), id.to_string(), layer.clone());
+        tokio::task::spawn_blocking(move || control.check_layer(&check_id, check.as_ref()))
+            .await
+            .map_err(|e| ChangeError::Failed(format!("control task: {e}")))??;
+        let key = self.layer_key(id);
+        match &layer {
+            Some(l) => {
+                let text =
+                    serde_json::to_string(l).map_err(|e| ChangeError::Failed(e.to_string()))?;
+                self.write(client.put(key, text, None)).await?;
+            }
+            None => {
+                self.write(client.delete(key, None)).await?;
+            }
+        }
+        let (control, id) = (self.control.clone(), id.to_string());
+        tokio::task::spawn_blocking(move || control.set_layer(&id, layer))
+            .await
+            .map_err(|e| ChangeError::Failed(format!("control task: {e}")))?
+    }
+}
+
+/// Keep this replica's runtime layers in step with etcd until the task is aborted.
+pub async fn run(cp: Arc<ControlPlane>) {
+    loop {
+        if !cp.connected() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        if let Err(e) = session(&cp).await {
+            tracing::warn!(error = %e, "control plane: layers watch interrupted; retrying");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn session(cp: &ControlPlane) -> Result<(), ControlError> {
+    let Some(client) = cp.client.load_full() else {
+        return Err(etcd("not connected yet"));
+    };
+    let mut client = (*client).clone();
+    let prefix = format!("{}layers/", cp.cfg.prefix);
+    let listed = client
+        .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|e| etcd(e.to_string()))?;
+    let revision = listed.header().map(|h| h.revision()).unwrap_or(0);
+    let mut layers: BTreeMap<String, RawLayer> = BTreeMap::new();
+    for kv in listed.kvs() {
+        take(&mut layers, &prefix, kv.key(), Some(kv.value()));
+    }
+    apply(cp, layers.clone()).await;
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revision + 1);
+    let mut stream = client
+        .watch(prefix.clone(), Some(opts))
+        .await
+        .map_err(|e| etcd(e.to_string()))?;
+    while let Some(resp) = stream.message().await.map_err(|e| etcd(e.to_string()))? {
+        if resp.canceled() || resp.compact_revision() > 0 {
+            return Err(etcd("the watch was cancelled or compacted"));
+        }
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            let value = (ev.event_type() == EventType::Put).then(|| kv.value());
+            take(&mut layers, &prefix, kv.key(), value);
+        }
+        apply(cp, layers.clone()).await;
+    }
+    Err(etcd("etcd closed the watch"))
+}
+
+/// One key's value into `layers` (`None`: deleted). A value that is not a layer is skipped,
+/// with a warning.
+fn take(layers: &mut BTreeMap<String, RawLayer>, prefix: &str, key: &[u8], value: Option<&[u8]>) {
+    let key = String::from_utf8_lossy(key);
+    let Some(id) = key.strip_prefix(prefix) else {
+        return;
+    };
+    match value.map(serde_json::from_slice::<RawLayer>) {
+        None => {
+            layers.remove(id);
+        }
+        Some(Ok(l)) if l.id == id => {
+            layers.insert(id.to_string(), l);
+        }
+        Some(_) => tracing::warn!(
+            layer = id,
+            "control plane: a value under layers/ is not a layer; skipped"
+        ),
+    }
+}
+
+/// Apply the map off the reactor (the controller compiles under its lock).
+async fn apply(cp: &ControlPlane, layers: BTreeMap<String, RawLayer>) {
+    let control = cp.control.clone();
+    match tokio::task::spawn_blocking(move || control.apply_layers(layers)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "control plane: the layers in etcd cannot be applied; the layers in force stay")
+        }
+        Err(e) => tracing::error!(error = %e, "control plane: applying layers failed"),
+    }
+}
