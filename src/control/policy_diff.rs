@@ -176,14 +176,16 @@ fn other_changes(o: &Binding, n: &Binding, notes: &mut Vec<String>) -> bool {
     }
     let http = |b: &Binding| {
         (b.network.http.iter())
-            .map(|r| r.text.clone())
+            .map(|r| (r.text.clone(), r.host.text()))
             .collect::<BTreeSet<_>>()
     };
     let (ho, hn) = (http(o), http(n));
-    for r in hn.difference(&ho) {
+    for (r, host) in hn.difference(&ho) {
         notes.push(format!("network.http added: {r}"));
+        // Another rule on a host already judged by rules lets more requests through.
+        widens |= ho.iter().any(|(_, h)| h == host);
     }
-    for r in ho.difference(&hn) {
+    for (r, _) in ho.difference(&hn) {
         notes.push(format!("network.http removed: {r}"));
         widens = true;
     }

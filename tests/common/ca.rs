@@ -31,6 +31,11 @@ pub const CERT_NAMES: &[&str] = &[
     "api.anthropic.test",
     "gemini.test",
     "plain-llm.test",
+    "api.corp.example",
+    "db.corp.example",
+    "files.corp.example",
+    "secret.corp.example",
+    "pypi.org",
 ];
 
 /// Hex SHA-256 of a token, as `token_sha256` wants it.
