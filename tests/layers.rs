@@ -491,3 +491,82 @@ tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstrea
     assert!(text.contains("network.http added"), "{text}");
     assert!(text.contains("widens reach"), "{text}");
 }
+
+#[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
+fn two_replicas_on_etcd_agree_on_layers_and_their_members() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let https = Origin::start(Some(&ca));
+    let plain = Origin::start(None);
+    let (port, hport) = (https.addr.port(), plain.addr.port());
+    let etcd = Etcd::start(dir.path());
+    let plane = format!(
+        "control_plane: {{ etcd: {{ endpoints: [\"127.0.0.1:{}\"], prefix: /layers-test/, request_timeout_ms: 3000 }} }}",
+        etcd.client_port
+    );
+    let start = |name: &str| {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        let config = org_config(&d, &plane);
+        let p = Proxy::start_with(config, d.join("audit.jsonl"), &[]);
+        eventually(Duration::from_secs(20), "/readyz", || {
+            (admin_req(p.admin, "GET", "/readyz", "", None).0 == 200).then_some(())
+        });
+        p
+    };
+    let (a, b) = (start("a"), start("b"));
+    // A layer written through one replica is in force on the other.
+    let team = r#"{"parent":"org","ceiling":["api.corp.example:*","db.corp.example:*"]}"#;
+    let (status, body) = admin(&a, "PUT", "/v1/layers/team-a", team);
+    assert_eq!(status, 201, "{body}");
+    eventually(Duration::from_secs(10), "replica b has team-a", || {
+        (admin(&b, "GET", "/v1/layers/team-a", "").0 == 200).then_some(())
+    });
+    // Replica b refuses an entry outside it, as a would; a member registered through b is
+    // bounded on a.
+    let outside = member("s1", "team-a", &["api.corp.example:*", "pypi.org:*"]);
+    let (status, body) = admin(&b, "PUT", "/v1/sandboxes/s1", &outside);
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("outside the ceiling of layer team-a"),
+        "{body}"
+    );
+    let inside = member("s1", "team-a", &["api.corp.example:*", "db.corp.example:*"]);
+    let (status, body) = admin(&b, "PUT", "/v1/sandboxes/s1", &inside);
+    assert_eq!(status, 201, "{body}");
+    eventually(Duration::from_secs(10), "replica a has s1", || {
+        (admin(&a, "GET", "/v1/sandboxes/s1", "").0 == 200).then_some(())
+    });
+    let out = get(&a, &ca, "s1", &format!("https://db.corp.example:{port}/"));
+    assert!(out.text().contains("hello from origin"), "{}", out.stderr);
+    // Tightened through b: a's open tunnel is cut, and both decide alike.
+    let mut held = open_tunnel(&a, "s1", &format!("db.corp.example:{hport}"));
+    let tight = r#"{"parent":"org","ceiling":["api.corp.example:*"]}"#;
+    let (status, body) = admin(&b, "PUT", "/v1/layers/team-a", tight);
+    assert_eq!(status, 200, "{body}");
+    let mut buf = [0u8; 64];
+    match held.read(&mut buf) {
+        Ok(0) => {}
+        Err(e)
+            if !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) => {}
+        still => panic!("the tunnel on replica a is still open: {still:?}"),
+    }
+    let check = format!(r#"{{"sandbox":"s1","target":"db.corp.example:{port}"}}"#);
+    for p in [&a, &b] {
+        let decided = eventually(Duration::from_secs(10), "outside_ceiling", || {
+            let (_, d) = admin(p, "POST", "/v1/check", &check);
+            (d["reason"] == "outside_ceiling").then_some(d)
+        });
+        assert_eq!(decided["decision"], "deny", "{decided}");
+    }
+    let (_, va) = admin(&a, "GET", "/v1/layers", "");
+    let (_, vb) = admin(&b, "GET", "/v1/layers", "");
+    assert_eq!(va, vb);
+}

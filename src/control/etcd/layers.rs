@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{EventType, GetOptions, WatchOptions};
+use etcd_client::{DeleteOptions, EventType, GetOptions, PutOptions, WatchOptions};
 
 use super::ControlPlane;
 use crate::config::layers::RawLayer;
@@ -31,20 +31,32 @@ impl ControlPlane {
             .await
             .map_err(|e| ChangeError::Failed(format!("control task: {e}")))??;
         let key = self.layer_key(id);
-        match &layer {
+        let created = match &layer {
             Some(l) => {
                 let text =
                     serde_json::to_string(l).map_err(|e| ChangeError::Failed(e.to_string()))?;
-                self.write(client.put(key, text, None)).await?;
+                let opts = PutOptions::new().with_prev_key();
+                let resp = self.write(client.put(key, text, Some(opts))).await?;
+                resp.prev_key().is_none()
             }
             None => {
-                self.write(client.delete(key, None)).await?;
+                let opts = DeleteOptions::new().with_prev_key();
+                let resp = self.write(client.delete(key, Some(opts))).await?;
+                if resp.deleted() == 0 {
+                    return Err(ChangeError::NotFound);
+                }
+                false
             }
-        }
+        };
+        // Applied here before the answer (the watch brings the same value again).
         let (control, id) = (self.control.clone(), id.to_string());
-        tokio::task::spawn_blocking(move || control.set_layer(&id, layer))
+        let applied = tokio::task::spawn_blocking(move || control.set_layer(&id, layer))
             .await
-            .map_err(|e| ChangeError::Failed(format!("control task: {e}")))?
+            .map_err(|e| ChangeError::Failed(format!("control task: {e}")))?;
+        match applied {
+            Ok(_) | Err(ChangeError::NotFound) => Ok(created),
+            Err(e) => Err(e),
+        }
     }
 }
 
