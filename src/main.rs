@@ -17,7 +17,6 @@ use egress_proxy::config::{self, Config};
 
 mod approve_cli;
 mod review;
-mod review_policy;
 
 use review::{check, suggest, validate};
 
@@ -96,11 +95,11 @@ enum Command {
     },
     /// Replay audit records under a candidate configuration: which exchanges would it
     /// newly refuse, newly allow, or not be able to tell (exit 1 when any verdict changes).
-    Simulate(review_policy::SimulateArgs),
+    Simulate(review::SimulateArgs),
     /// Policy change tools.
     Policy {
         #[command(subcommand)]
-        action: review_policy::PolicyAction,
+        action: review::PolicyAction,
     },
     /// The interception CA (tls_intercept).
     Ca {
@@ -282,8 +281,8 @@ fn main() -> ExitCode {
             check(config, &sandbox, &target, resolve, json, process)
         }
         Command::Validate { config } => validate(config),
-        Command::Simulate(args) => review_policy::simulate(args),
-        Command::Policy { action } => review_policy::policy(action),
+        Command::Simulate(args) => review::simulate(args),
+        Command::Policy { action } => review::policy(action),
         Command::HashToken => hash_token(),
         Command::Ca {
             action: CaAction::Init { dir, permit },

@@ -23,7 +23,6 @@ pub mod process_facts;
 pub mod record;
 #[cfg(test)]
 mod record_golden;
-pub mod simulate;
 pub mod suggest;
 pub mod suggest_http;
 pub mod suggest_scoped;

@@ -346,7 +346,7 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         (Method::PUT, Path::Sandbox(id)) => {
             let (ttl_s, require) = match super::admin_layers::put_query(req.uri().query()) {
                 Ok(q) => q,
-                Err(m) => return error(StatusCode::BAD_REQUEST, m),
+                Err(m) => return error(StatusCode::BAD_REQUEST, m.to_string()),
             };
             let body = match read_body(req, admin.max_body).await {
                 Ok(body) => body,

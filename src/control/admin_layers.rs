@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use serde_json::json;
 
 use super::admin::{error, json_resp, read_body, Admin};
+use super::error::{invalid, ControlError};
 use super::etcd::TTL_RANGE;
 use super::layers::parse_layer;
 use super::ChangeError;
@@ -65,25 +66,24 @@ impl At {
 }
 
 /// The query of a `PUT`: `ttl_s=N` and `require_simulation`, nothing else.
-pub fn put_query(query: Option<&str>) -> Result<(Option<i64>, bool), String> {
+pub fn put_query(query: Option<&str>) -> Result<(Option<i64>, bool), ControlError> {
     let (mut ttl, mut require) = (None, false);
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=').unwrap_or((pair, "")) {
             ("ttl_s", v) => match v.parse::<i64>() {
                 Ok(n) if TTL_RANGE.contains(&n) => ttl = Some(n),
                 _ => {
-                    return Err(format!(
+                    return Err(invalid(format!(
                         "ttl_s must be a whole number of seconds from {} to {}",
                         TTL_RANGE.start(),
                         TTL_RANGE.end()
-                    ))
+                    )))
                 }
             },
             ("require_simulation", "" | "true" | "1") => require = true,
             _ => {
-                return Err(
-                    "unknown query parameter (PUT takes ttl_s and require_simulation)".into(),
-                )
+                let why = "unknown query parameter (PUT takes ttl_s and require_simulation)";
+                return Err(invalid(why));
             }
         }
     }
@@ -161,7 +161,7 @@ pub async fn route(admin: &Admin, at: At, req: Request<Incoming>) -> Response<Fu
             let require = match put_query(query.as_deref()) {
                 Ok((None, r)) => r,
                 Ok((Some(_), _)) => return error(StatusCode::BAD_REQUEST, "layers take no ttl_s"),
-                Err(m) => return error(StatusCode::BAD_REQUEST, m),
+                Err(m) => return error(StatusCode::BAD_REQUEST, m.to_string()),
             };
             let layer = match read_body(req, admin.max_body)
                 .await

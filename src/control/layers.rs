@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use crate::config::layers::{RawLayer, RUNTIME};
 use crate::config::Config;
+use crate::control::error::{store, ControlError};
 use crate::control::{ChangeError, Controller};
 
 /// The file runtime layers are kept in, under `state_dir`.
@@ -35,24 +36,25 @@ pub fn parse_layer(id: &str, body: &str) -> Result<RawLayer, ChangeError> {
 }
 
 /// The runtime layers kept in `dir` (none when the file is absent).
-pub fn read_kept(dir: &Path) -> Result<BTreeMap<String, RawLayer>, String> {
+pub fn read_kept(dir: &Path) -> Result<BTreeMap<String, RawLayer>, ControlError> {
     let path = dir.join(LAYERS_FILE);
+    let failed = |e: &dyn std::fmt::Display| store(format!("{}: {e}", path.display()));
     match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display())),
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| failed(&e)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(e) => Err(failed(&e)),
     }
 }
 
 /// Keep the runtime layers in `dir` (a whole new file, renamed over the old one).
-fn keep(dir: &Path, layers: &BTreeMap<String, RawLayer>) -> Result<(), String> {
+fn keep(dir: &Path, layers: &BTreeMap<String, RawLayer>) -> Result<(), ControlError> {
     let path = dir.join(LAYERS_FILE);
     let tmp = dir.join(format!("{LAYERS_FILE}.tmp"));
-    let text = serde_json::to_vec_pretty(layers).map_err(|e| e.to_string())?;
+    let text = serde_json::to_vec_pretty(layers).map_err(|e| store(e.to_string()))?;
     std::fs::write(&tmp, text)
         .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
         .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(|e| store(format!("{}: {e}", path.display())))
 }
 
 /// One layer as the admin API shows it.
@@ -164,11 +166,12 @@ impl Controller {
         let done = self
             .removed(done)
             .map_err(|e| ChangeError::Conflict(e.messages().join("; ")));
-        done.and(kept.map_err(ChangeError::Failed)).map(|_| ())
+        done.and(kept.map_err(|e| ChangeError::Failed(e.to_string())))
+            .map(|_| ())
     }
 
     /// At start, before the registrations: the runtime layers kept in `state_dir`.
-    pub(super) fn restore_layers(&self, config: &Config) -> Result<Option<Config>, String> {
+    pub(super) fn restore_layers(&self, config: &Config) -> Result<Option<Config>, ControlError> {
         let Some(dir) = config
             .state_dir
             .as_deref()
@@ -183,7 +186,7 @@ impl Controller {
         config
             .with_runtime_layers(kept)
             .map(Some)
-            .map_err(|e| e.join("; "))
+            .map_err(|e| store(e.join("; ")))
     }
 }
 

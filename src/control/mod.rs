@@ -58,6 +58,7 @@ pub mod observe_client;
 pub mod policy_diff;
 pub(crate) mod registry;
 mod reload;
+pub mod replay;
 pub mod shown;
 mod simulate;
 pub(crate) mod state_store;

@@ -2,7 +2,7 @@
 //! behind `?require_simulation` (DESIGN §7.6): a candidate registration or layer is built
 //! exactly as its `PUT` would build it — nothing is applied — and the proxy's own audit trail
 //! (the file and its rotated predecessors, oldest first) is replayed under it
-//! ([`crate::audit::simulate`]), with the static diff of what it changes
+//! ([`super::replay`]), with the static diff of what it changes
 //! ([`super::policy_diff`]). A change *widens* when the replay finds an exchange it newly
 //! allows, or the diff finds an entry added or widened, a deny removed, a ceiling lifted.
 
@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::audit::simulate::Replay;
 use crate::config::layers::RawLayer;
 use crate::config::Config;
 use crate::control::registry::{self, Origin};
+use crate::control::replay::Replay;
 use crate::control::{policy_diff, ChangeError, Controller};
 use crate::policy::set::PolicySet;
 

@@ -10,9 +10,9 @@
 //! good by the grant's own expiry).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{Client, EventType, PutOptions};
 
 use super::ControlPlane;
 use crate::approvals::stored::StoredGrant;
@@ -92,47 +92,17 @@ impl Remote for EtcdGrants {
 
 /// Keep `desk` in step with the grants under the prefix until the task is aborted.
 pub async fn run(cp: Arc<ControlPlane>, desk: Arc<Desk>) {
-    loop {
-        // Until the registrations' session is up (it connects), look often: grants are
-        // listed within [`WAIT`] of the replica becoming ready.
-        if !cp.connected() {
-            tokio::time::sleep(WAIT).await;
-            continue;
-        }
-        if let Err(e) = session(&cp, &desk).await {
-            tracing::warn!(error = %e, "control plane: grants watch interrupted; retrying");
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    super::watched::keep_watching(&cp, "grants", || session(&cp, &desk)).await
 }
 
-/// How often a replica not yet connected looks again.
-const WAIT: Duration = Duration::from_millis(20);
-
 async fn session(cp: &ControlPlane, desk: &Arc<Desk>) -> Result<(), ControlError> {
-    let Some(client) = cp.client.load_full() else {
-        return Err(etcd("not connected yet"));
-    };
-    let mut client = (*client).clone();
     let prefix = format!("{}grants/", cp.cfg.prefix);
-    let listed = client
-        .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
-        .await
-        .map_err(|e| etcd(e.to_string()))?;
-    let revision = listed.header().map(|h| h.revision()).unwrap_or(0);
+    let (listed, mut stream) = super::watched::list_then_watch(cp, &prefix).await?;
     let grants: Vec<StoredGrant> = listed
-        .kvs()
         .iter()
         .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
         .collect();
     adopt(desk, grants).await;
-    let opts = WatchOptions::new()
-        .with_prefix()
-        .with_start_revision(revision + 1);
-    let mut stream = client
-        .watch(prefix.clone(), Some(opts))
-        .await
-        .map_err(|e| etcd(e.to_string()))?;
     while let Some(resp) = stream.message().await.map_err(|e| etcd(e.to_string()))? {
         if resp.canceled() || resp.compact_revision() > 0 {
             return Err(etcd("the watch was cancelled or compacted"));

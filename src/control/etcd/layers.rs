@@ -9,9 +9,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use etcd_client::{DeleteOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{DeleteOptions, EventType, PutOptions};
 
 use super::ControlPlane;
 use crate::config::layers::RawLayer;
@@ -62,41 +61,17 @@ impl ControlPlane {
 
 /// Keep this replica's runtime layers in step with etcd until the task is aborted.
 pub async fn run(cp: Arc<ControlPlane>) {
-    loop {
-        if !cp.connected() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
-        }
-        if let Err(e) = session(&cp).await {
-            tracing::warn!(error = %e, "control plane: layers watch interrupted; retrying");
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    super::watched::keep_watching(&cp, "layers", || session(&cp)).await
 }
 
 async fn session(cp: &ControlPlane) -> Result<(), ControlError> {
-    let Some(client) = cp.client.load_full() else {
-        return Err(etcd("not connected yet"));
-    };
-    let mut client = (*client).clone();
     let prefix = format!("{}layers/", cp.cfg.prefix);
-    let listed = client
-        .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
-        .await
-        .map_err(|e| etcd(e.to_string()))?;
-    let revision = listed.header().map(|h| h.revision()).unwrap_or(0);
+    let (listed, mut stream) = super::watched::list_then_watch(cp, &prefix).await?;
     let mut layers: BTreeMap<String, RawLayer> = BTreeMap::new();
-    for kv in listed.kvs() {
+    for kv in &listed {
         take(&mut layers, &prefix, kv.key(), Some(kv.value()));
     }
     apply(cp, layers.clone()).await;
-    let opts = WatchOptions::new()
-        .with_prefix()
-        .with_start_revision(revision + 1);
-    let mut stream = client
-        .watch(prefix.clone(), Some(opts))
-        .await
-        .map_err(|e| etcd(e.to_string()))?;
     while let Some(resp) = stream.message().await.map_err(|e| etcd(e.to_string()))? {
         if resp.canceled() || resp.compact_revision() > 0 {
             return Err(etcd("the watch was cancelled or compacted"));

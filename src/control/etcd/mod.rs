@@ -19,6 +19,7 @@ pub(crate) mod grants;
 pub mod layers;
 mod sync;
 pub mod usage;
+mod watched;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -217,27 +217,13 @@ impl<'a> Replay<'a> {
             return self.skip("dns (a name's answer follows the connection decisions)");
         }
         let Some(sb) = self.set.get(sandbox).cloned() else {
-            let why = "cannot tell: the sandbox is not in the candidate";
-            self.out
-                .cannot_tell
-                .entry(why.into())
-                .or_default()
-                .add(|| example(v, "-"));
-            return;
+            return self.cannot(v, "the sandbox is not in the candidate".into());
         };
         let reason = v["reason"].as_str().unwrap_or("");
         let old = match recorded(v["decision"].as_str().unwrap_or(""), reason) {
             Ok(old) => old,
             Err("") => return self.skip(&format!("decided by no policy: {reason}")),
-            Err(why) => {
-                let key = format!("cannot tell: {why}");
-                self.out
-                    .cannot_tell
-                    .entry(key)
-                    .or_default()
-                    .add(|| example(v, "-"));
-                return;
-            }
+            Err(why) => return self.cannot(v, why.into()),
         };
         let process = process_of(v);
         if mode == "https" {
@@ -250,15 +236,20 @@ impl<'a> Replay<'a> {
             return self.skip("no target");
         };
         self.out.replayed += 1;
-        match self.connection(v, &sb, process.as_ref(), &target) {
-            Judged::CannotTell(why) => {
-                let key = format!("cannot tell: {why}");
-                self.out
-                    .cannot_tell
-                    .entry(key)
-                    .or_default()
-                    .add(|| example(v, "-"));
-            }
+        let judged = self.connection(v, &sb, process.as_ref(), &target);
+        self.settle(v, old, judged);
+    }
+
+    /// A record the candidate cannot judge: counted under `why`.
+    fn cannot(&mut self, v: &Value, why: String) {
+        let g = self.out.cannot_tell.entry(why).or_default();
+        g.add(|| example(v, "-"));
+    }
+
+    /// Count what the candidate made of a replayed record.
+    fn settle(&mut self, v: &Value, old: bool, judged: Judged) {
+        match judged {
+            Judged::CannotTell(why) => self.cannot(v, why),
             Judged::Verdict(new, why) => self.compare(v, old, new, why),
         }
     }
@@ -357,17 +348,7 @@ impl<'a> Replay<'a> {
             true => Judged::Verdict(true, "no network.http rule for the host".into()),
             false => self.judge_request(v, &rules, "allowed by network.http".into()),
         };
-        match judged {
-            Judged::CannotTell(why) => {
-                let key = format!("cannot tell: {why}");
-                self.out
-                    .cannot_tell
-                    .entry(key)
-                    .or_default()
-                    .add(|| example(v, "-"));
-            }
-            Judged::Verdict(new, why) => self.compare(v, old, new, why),
-        }
+        self.settle(v, old, judged);
     }
 
     fn compare(&mut self, v: &Value, old: bool, new: bool, why: String) {
@@ -427,11 +408,7 @@ pub fn render(s: &Simulation) -> String {
         }
         out.push_str(&format!("\n{title}:\n"));
         for (key, g) in groups {
-            out.push_str(&format!(
-                "  {} × {}\n",
-                g.count,
-                key.trim_start_matches("cannot tell: ")
-            ));
+            out.push_str(&format!("  {} × {}\n", g.count, key));
             for e in &g.examples {
                 out.push_str(&format!("      {e}\n"));
             }
