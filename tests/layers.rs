@@ -437,6 +437,17 @@ tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstrea
         "{by_cli:#}"
     );
 
+    let text = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["simulate", "--sandbox", "dev", "--config"])
+        .arg(&file)
+        .arg(&p.audit)
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    eprintln!("{text}");
+    assert!(text.contains("1 newly refused, 1 newly allowed"), "{text}");
+
     // The admin endpoint replays the proxy's own trail under the same candidate: the same report.
     let (status, by_api) = admin(
         &p,
@@ -478,6 +489,7 @@ tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstrea
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&diff.stdout);
+    eprintln!("{text}");
     assert_eq!(
         diff.status.code(),
         Some(1),

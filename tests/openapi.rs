@@ -294,6 +294,22 @@ fn every_operation_answers_as_documented() {
     assert_eq!(admin_req(a, "POST", "/v1/reload", "", t).0, 200);
     assert_eq!(admin_req(a, "GET", "/v1/observe?colour=red", "", t).0, 400);
     assert_eq!(admin_req(a, "GET", "/v1/observe", "", Some("wrong")).0, 401);
+    // Layers and simulation.
+    assert_eq!(admin_req(a, "GET", "/v1/layers", "", t).0, 200);
+    let layer = r#"{"ceiling": ["**.github.com", "example.com"], "deny": ["gist.github.com"]}"#;
+    assert_eq!(admin_req(a, "PUT", "/v1/layers/l1", layer, t).0, 201);
+    assert_eq!(admin_req(a, "PUT", "/v1/layers/l1", layer, t).0, 200);
+    let orphan = r#"{"parent": "nobody"}"#;
+    assert_eq!(admin_req(a, "PUT", "/v1/layers/l2", orphan, t).0, 400);
+    assert_eq!(admin_req(a, "GET", "/v1/layers/l1", "", t).0, 200);
+    assert_eq!(admin_req(a, "GET", "/v1/layers/nobody", "", t).0, 404);
+    let narrower = r#"{"ceiling": ["example.com"]}"#;
+    let (status, body) = admin_req(a, "POST", "/v1/layers/l1/simulate", narrower, t);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = admin_req(a, "POST", "/v1/sandboxes/rt/simulate", &binding, t);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(admin_req(a, "DELETE", "/v1/layers/l1", "", t).0, 200);
+    assert_eq!(admin_req(a, "DELETE", "/v1/layers/l1", "", t).0, 404);
     assert_eq!(admin_req(a, "DELETE", "/v1/sandboxes/rt", "", t).0, 200);
     assert_eq!(admin_req(a, "DELETE", "/v1/sandboxes/rt", "", t).0, 404);
     assert_eq!(admin_req(a, "DELETE", "/v1/sandboxes/filed", "", t).0, 409);
