@@ -31,6 +31,16 @@ impl CompiledPolicy {
     /// name here only when it covers every port: `x.example:22` in `network.deny` still lets
     /// `x.example` be answered for `x.example:443`.
     pub fn name_view(&self, name: &str) -> NameView {
+        match self.own_name_view(name) {
+            v @ NameView::Refused(_) => v,
+            // A name a layer denies, or no ceiling could admit, is not even resolved: the
+            // query itself would carry data to whoever serves the name's zone.
+            v => super::layer::name_refusal(self.layers(), name).map_or(v, NameView::Refused),
+        }
+    }
+
+    /// [`CompiledPolicy::name_view`] by the sandbox's own lists.
+    fn own_name_view(&self, name: &str) -> NameView {
         if let Some(r) = self.deny.names.first(name, |r| r.ports.is_any()) {
             return NameView::Refused(Decision::deny(Reason::DeniedByRule, Some(r.clone())));
         }

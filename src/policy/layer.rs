@@ -204,6 +204,22 @@ pub fn narrow(
         .unwrap_or(decision)
 }
 
+/// Whether a chain refuses `name` on every port, for the DNS listener: a `deny` entry that
+/// covers every port, or a ceiling with neither a name entry for it nor address entries that
+/// could admit what it resolves to.
+pub fn name_refusal(layers: &[Arc<Layer>], name: &str) -> Option<Decision> {
+    for l in layers {
+        if let Some(r) = l.compiled_deny.names.first(name, |r| r.ports.is_any()) {
+            return Some(Decision::deny(Reason::DeniedByRule, Some(r.clone())));
+        }
+    }
+    layers.iter().find_map(|l| {
+        let c = l.compiled_ceiling.as_ref()?;
+        let outside = c.names.first(name, |_| true).is_none() && c.addrs.is_empty();
+        outside.then(|| Decision::deny(Reason::OutsideCeiling, Some(l.ceiling_rule.clone())))
+    })
+}
+
 /// The entries of a member's policy that lie outside a ceiling of its chain, each as the
 /// sentence that refuses it (`network.egress[2] `evil.example` is outside the ceiling of layer
 /// org (proxy.yaml)`); `network.mode: allow-all` under a ceiling is one of them.
@@ -285,6 +301,47 @@ mod tests {
         assert!(!ok("*.other.example"));
         assert!(!ok("ec2.*.corp2.example"));
         assert!(ok("ec2.*.corp.example"));
+    }
+
+    #[test]
+    fn the_dns_view_of_a_member_refuses_what_its_layers_refuse() {
+        let chain: Arc<[Arc<Layer>]> =
+            vec![Arc::new(layer(&["*.corp.example"], &["*.evil.example"]))].into();
+        let egress = ["**.evil.example", "api.corp.example", "github.com"]
+            .iter()
+            .map(|t| (t.to_string(), parse_entry(t).unwrap()))
+            .collect();
+        let spec = super::super::NetworkSpec {
+            mode: super::super::Mode::Restricted,
+            egress,
+            deny: Vec::new(),
+            resolve_for_address_rules: false,
+            http: Default::default(),
+            scoped: Vec::new(),
+            layers: chain,
+        };
+        let ports = PortSet::from_ports(&[443]).unwrap();
+        let p = super::super::CompiledPolicy::compile(
+            "m",
+            "m.yaml",
+            &spec,
+            super::super::Enforcement::Enforce,
+            &ports,
+        )
+        .unwrap();
+        use super::super::dns_view::NameView;
+        assert!(matches!(
+            p.name_view("api.corp.example"),
+            NameView::Named(_)
+        ));
+        match p.name_view("x.evil.example") {
+            NameView::Refused(d) => assert_eq!(d.rule.unwrap().source.list, ListKind::LayerDeny),
+            _ => panic!("a name the layer denies is answered"),
+        }
+        match p.name_view("github.com") {
+            NameView::Refused(d) => assert_eq!(d.reason, Reason::OutsideCeiling),
+            _ => panic!("a name outside the ceiling is answered"),
+        }
     }
 
     #[test]
