@@ -135,21 +135,26 @@ impl Controller {
 
     /// Set (or, with `None`, delete) runtime layer `id` here. Returns whether it is new.
     pub fn set_layer(&self, id: &str, layer: Option<RawLayer>) -> Result<bool, ChangeError> {
-        let runtime = {
-            let st = self.lock()?;
-            let mut runtime = st.config.layers.runtime.clone();
-            let created = changed(&mut runtime, id, layer)?;
-            drop(st);
-            (runtime, created)
-        };
-        self.apply_layers(runtime.0)?;
-        Ok(runtime.1)
+        // One lock for the read and the write: two changes at once never lose one another.
+        let st = self.lock()?;
+        let mut runtime = st.config.layers.runtime.clone();
+        let created = changed(&mut runtime, id, layer)?;
+        self.layers_locked(st, runtime)?;
+        Ok(created)
     }
 
-    /// Make `runtime` the runtime layers (all of them: etcd's list, or one change applied),
-    /// re-deciding every member. Refused whole when anything does not stand.
+    /// Make `runtime` the runtime layers (all of them: etcd's list), re-deciding every member.
+    /// Refused whole when anything does not stand.
     pub fn apply_layers(&self, runtime: BTreeMap<String, RawLayer>) -> Result<(), ChangeError> {
-        let mut st = self.lock()?;
+        let st = self.lock()?;
+        self.layers_locked(st, runtime)
+    }
+
+    fn layers_locked(
+        &self,
+        mut st: super::Locked<'_>,
+        runtime: BTreeMap<String, RawLayer>,
+    ) -> Result<(), ChangeError> {
         if st.config.layers.runtime == runtime {
             return Ok(());
         }
