@@ -130,6 +130,18 @@ pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
         if warnings.len() == 1 { "" } else { "s" },
         set.version()
     );
+    for (id, chain) in config.layers.chains.iter() {
+        let Some(l) = chain.last() else { continue };
+        let ceiling = (l.ceiling.as_ref())
+            .map(|c| {
+                c.iter()
+                    .map(|(t, _)| t.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_else(|| "(none of its own)".into());
+        println!("  layer {id}: ceiling {ceiling}; deny {}", l.deny.len());
+    }
     for b in &config.bindings {
         println!(
             "  {:<20} mode={:<10} enforcement={:<7} egress={:<4} deny={:<3} identity={} policy={}",
@@ -141,6 +153,10 @@ pub(crate) fn validate(path: Option<PathBuf>) -> ExitCode {
             identity_summary(b),
             b.policy_ref.as_deref().unwrap_or(&b.policy_file),
         );
+        if !b.network.layers.is_empty() {
+            let chain: Vec<&str> = b.network.layers.iter().map(|l| &*l.id).collect();
+            println!("    bounded by layers {}", chain.join(" ⊇ "));
+        }
         // Entries for some processes only (attribution).
         for s in &b.network.scoped {
             let entries: Vec<&str> = s.egress.iter().map(|(t, _)| t.as_str()).collect();
