@@ -254,7 +254,7 @@ fn layers_bound_registrations_grants_and_open_tunnels() {
 
     // After a restart the runtime layer is restored before the registration that names it.
     p.terminate();
-    let p = Proxy::start_with(config, d.join("audit.jsonl"), &[]);
+    let p = Proxy::start_with(config.clone(), d.join("audit.jsonl"), &[]);
     let (status, layer) = admin(&p, "GET", "/v1/layers/team-a", "");
     assert_eq!(status, 200, "{layer}");
     assert_eq!(
@@ -271,6 +271,38 @@ fn layers_bound_registrations_grants_and_open_tunnels() {
         &format!("https://api.corp.example:{port}/again"),
     );
     assert!(out.text().contains("hello from origin"), "{}", out.stderr);
+
+    // The organisation tightens (its file, reloaded): the member's open tunnel is cut.
+    let mut held = open_tunnel(&p, "s1", &format!("api.corp.example:{hport}"));
+    let yaml = std::fs::read_to_string(&config).unwrap();
+    let tighter = yaml.replace(
+        r#""secret.corp.example"]"#,
+        r#""secret.corp.example", "api.corp.example"]"#,
+    );
+    assert_ne!(yaml, tighter);
+    std::fs::write(&config, tighter).unwrap();
+    let (status, body) = admin(&p, "POST", "/v1/reload", "");
+    assert_eq!(status, 200, "{body}");
+    let mut buf = [0u8; 64];
+    match held.read(&mut buf) {
+        Ok(0) => {}
+        Err(e)
+            if !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) => {}
+        still => panic!("the tunnel is still open after the org tightened: {still:?}"),
+    }
+    let check = format!(r#"{{"sandbox":"s1","target":"api.corp.example:{port}"}}"#);
+    let (_, decided) = admin(&p, "POST", "/v1/check", &check);
+    assert_eq!(decided["reason"], "denied_by_rule", "{decided}");
+    assert!(
+        decided["rule_source"]
+            .as_str()
+            .unwrap()
+            .ends_with("layer org: deny[2]"),
+        "{decided}"
+    );
 }
 
 /// The registration of `dev` for the simulation test: `extra_egress` and `extra_http` added.
