@@ -16,11 +16,12 @@ scratch
 python3 - "$RECORDS" > "$WORK/trail.jsonl" <<'PY'
 import json, sys
 n = int(sys.argv[1])
+# A terminated tunnel's three requests, then the tunnel's own record (as the proxy writes them).
 kinds = [
-    ("connect", "api.test", None, None, None, "allow", "rule_matched"),
     ("https", "api.test", "GET", "/v1/items", None, "allow", "rule_matched"),
     ("https", "api.test", "GET", "/v2/items", None, "deny", "http_not_allowed"),
     ("https", "api.test", "POST", "/mcp", "mcp tools/call search", "allow", "rule_matched"),
+    ("connect", "api.test", None, None, None, "allow", "rule_matched"),
     ("connect", "gone.test", None, None, None, "allow", "rule_matched"),
     ("forward", "fwd.test", "GET", "/x", None, "allow", "rule_matched"),
     ("connect", "other.test", None, None, None, "deny", "no_rule_matched"),
@@ -41,12 +42,14 @@ for i in range(n):
         r["call"] = call
     out.write(json.dumps(r, separators=(",", ":")) + "\n")
 PY
+"$BIN" ca init "$WORK/ica" > /dev/null
 {
+  echo "tls_intercept: { ca_cert_file: $WORK/ica/ca.crt, ca_key_file: $WORK/ica/ca.key }"
   echo 'dns: { servers: ["127.0.0.1:9"] }'
   echo 'defaults: { guard_allow_ranges: [127.0.0.1/32] }'
   echo 'sandboxes:'
   for i in $(seq 0 99); do
-    echo "  - { id: s$i, auth: { token_sha256: $(printf '%064d' "$i") }, policy: { provider: local, config: {}, network: { egress: [\"api.test\", \"fwd.test\"], http: [{ host: fwd.test, methods: [GET], paths: [\"/*\"] }] } } }"
+    echo "  - { id: s$i, auth: { token_sha256: $(printf '%064d' "$i") }, policy: { provider: local, config: {}, network: { egress: [\"api.test\", \"fwd.test\"], http: [{ host: api.test, methods: [GET], paths: [\"/v1/*\", \"/v2/*\"] }, { host: api.test, paths: [/mcp], protocol: mcp, tools: [search] }] } } }"
   done
 } > "$WORK/candidate.yaml"
 "$BIN" validate --config "$WORK/candidate.yaml" > /dev/null
@@ -55,7 +58,7 @@ echo "trail: $RECORDS records, $((bytes / 1024 / 1024)) MiB"
 run() { # name args...
   local name="$1"; shift
   /usr/bin/time -f '%e %M' -o "$WORK/time" "$@" > "$WORK/out" 2>/dev/null || true
-  read -r secs kib < "$WORK/time"
+  read -r secs kib < <(tail -1 "$WORK/time")
   printf '%-9s %6.2f s  %9.0f records/s  max RSS %6.1f MiB\n' "$name" "$secs" \
     "$(echo "$RECORDS / $secs" | bc -l)" "$(echo "$kib / 1024" | bc -l)"
 }

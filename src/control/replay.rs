@@ -88,6 +88,8 @@ pub struct Replay<'a> {
     sandbox: Option<&'a str>,
     /// Tunnels (`run`, `conn_id`) whose requests the proxy read (they have `https` records).
     terminated: HashSet<(String, u64)>,
+    /// Decisions already made, by what decides them ([`memo_key`]).
+    memo: std::collections::HashMap<String, Judged>,
     /// The result so far.
     pub out: Simulation,
 }
@@ -180,6 +182,7 @@ impl<'a> Replay<'a> {
             set,
             sandbox,
             terminated: HashSet::new(),
+            memo: std::collections::HashMap::new(),
             out: Simulation::default(),
         }
     }
@@ -225,18 +228,37 @@ impl<'a> Replay<'a> {
             Err("") => return self.skip(&format!("decided by no policy: {reason}")),
             Err(why) => return self.cannot(v, why.into()),
         };
-        let process = process_of(v);
-        if mode == "https" {
-            if let (Some(run), Some(conn)) = (v["run"].as_str(), v["conn_id"].as_u64()) {
-                self.terminated.insert((run.to_string(), conn));
-            }
-            return self.request(v, &sb, process.as_ref(), old);
+        let conn = v["run"].as_str().zip(v["conn_id"].as_u64());
+        if let (Some((run, id)), "https") = (conn, mode) {
+            self.terminated.insert((run.to_string(), id));
         }
         let Some(target) = target_of(v) else {
             return self.skip("no target");
         };
+        // A trail repeats itself: the same exchange, decided once.
+        let read = match (conn, mode) {
+            (Some(_), "https") => true,
+            // A tunnel's record comes after its requests': it is the last to ask.
+            (Some((r, c)), _) => self.terminated.remove(&(r.to_string(), c)),
+            (None, _) => false,
+        };
+        let key = memo_key(v, read);
+        let judged = match self.memo.get(&key) {
+            Some(j) => j.clone(),
+            None => {
+                let process = process_of(v);
+                let j = match mode {
+                    "https" => self.request(v, &sb, process.as_ref()),
+                    _ => self.connection(v, &sb, process.as_ref(), (&target, read)),
+                };
+                if self.memo.len() >= MEMO {
+                    self.memo.clear();
+                }
+                self.memo.insert(key, j.clone());
+                j
+            }
+        };
         self.out.replayed += 1;
-        let judged = self.connection(v, &sb, process.as_ref(), &target);
         self.settle(v, old, judged);
     }
 
@@ -260,7 +282,7 @@ impl<'a> Replay<'a> {
         v: &Value,
         sb: &crate::policy::set::Sandbox,
         process: Option<&Process>,
-        target: &Target,
+        (target, read): (&Target, bool),
     ) -> Judged {
         let first = self.set.decide_for(sb, process, target, None);
         let addrs: Vec<IpAddr> = strs(&v["resolved"])
@@ -290,11 +312,7 @@ impl<'a> Replay<'a> {
         // The candidate judges this host's requests: are they in the trail?
         let host = v["target_host"].as_str().unwrap_or("");
         let rules = HostRules::of(&sb.binding, host, process);
-        let read = v["method"].is_string()
-            || v["run"]
-                .as_str()
-                .zip(v["conn_id"].as_u64())
-                .is_some_and(|(r, c)| self.terminated.contains(&(r.to_string(), c)));
+        let read = read || v["method"].is_string();
         match (rules.is_empty(), v["method"].as_str(), read) {
             (true, _, _) => Judged::Verdict(true, why),
             (false, Some(_), _) => self.judge_request(v, &rules, why),
@@ -335,20 +353,17 @@ impl<'a> Replay<'a> {
 
     /// A request inside a terminated tunnel: the candidate's `network.http` rules.
     fn request(
-        &mut self,
+        &self,
         v: &Value,
         sb: &crate::policy::set::Sandbox,
         process: Option<&Process>,
-        old: bool,
-    ) {
-        self.out.replayed += 1;
+    ) -> Judged {
         let host = v["target_host"].as_str().unwrap_or("");
         let rules = HostRules::of(&sb.binding, host, process);
-        let judged = match rules.is_empty() {
+        match rules.is_empty() {
             true => Judged::Verdict(true, "no network.http rule for the host".into()),
             false => self.judge_request(v, &rules, "allowed by network.http".into()),
-        };
-        self.settle(v, old, judged);
+        }
     }
 
     fn compare(&mut self, v: &Value, old: bool, new: bool, why: String) {
@@ -366,7 +381,28 @@ impl<'a> Replay<'a> {
     }
 }
 
+/// Decisions remembered at most (the memo starts over when full).
+const MEMO: usize = 65_536;
+
+/// What decides a record under a candidate: its sandbox, kind, target, recorded addresses,
+/// process, request, and whether its tunnel's requests were read.
+fn memo_key(v: &Value, read: bool) -> String {
+    let s = |k: &str| v[k].as_str().unwrap_or("");
+    format!(
+        "{}\0{}\0{}\0{}\0{}\0{}\0{}\0{}\0{read}",
+        s("sandbox"),
+        s("mode") == "https",
+        s("target_host"),
+        v["target_port"],
+        v["resolved"],
+        v["process"],
+        s("method"),
+        s("path"),
+    )
+}
+
 /// What the candidate made of one exchange.
+#[derive(Clone)]
 enum Judged {
     /// Allowed or not, and by what.
     Verdict(bool, String),
