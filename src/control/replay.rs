@@ -132,6 +132,11 @@ fn recorded(decision: &str, reason: &str) -> Result<bool, &'static str> {
     }
 }
 
+/// A string field of a record ("" when absent).
+fn s<'v>(v: &'v Value, key: &str) -> &'v str {
+    v[key].as_str().unwrap_or("")
+}
+
 fn strs(v: &Value) -> Vec<String> {
     v.as_array()
         .map(|a| {
@@ -259,6 +264,16 @@ impl<'a> Replay<'a> {
             }
         };
         self.out.replayed += 1;
+        let judged = match (judged, reason) {
+            // Refused before the rules were read (a header, a body on a GET, a path that is
+            // not canonical): what refused it is not in the record.
+            (Judged::Verdict(true, _), "http_not_allowed")
+                if !old && !s(v, "detail").starts_with("no network.http rule allows") =>
+            {
+                Judged::CannotTell("refused when recorded for what the trail does not keep (a header, a body on a bodiless method, a path that is not canonical)".into())
+            }
+            (j, _) => j,
+        };
         self.settle(v, old, judged);
     }
 
