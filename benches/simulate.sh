@@ -38,6 +38,8 @@ for i in range(n):
          "close": "eof"}
     if method:
         r.update({"method": method, "path": path, "status": 200})
+    if reason == "http_not_allowed":
+        r["detail"] = f"no network.http rule allows {method} {path} on {host}"
     if call:
         r["call"] = call
     out.write(json.dumps(r, separators=(",", ":")) + "\n")
