@@ -117,6 +117,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         plane: plane.clone(),
         token_sha256,
         max_body: config.runtime.max_binding_bytes,
+        console: crate::control::console::Console::start(&config.console, &shared),
     });
     // Before the listeners: no record is written that the exporter does not see.
     let otel = match &config.otel {

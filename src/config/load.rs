@@ -4,6 +4,7 @@
 //! reported at once), and the `sandboxes[]` entries built into bindings.
 
 use std::collections::HashSet;
+use std::mem::take;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -180,6 +181,7 @@ struct Sections {
     defaults: RawDefaults,
     audit: RawAudit,
     admin_token_file: Option<String>,
+    admin: Option<Value>,
     state_dir: Option<String>,
     sandbox_dirs: Vec<String>,
     extra_providers: Vec<String>,
@@ -205,6 +207,7 @@ impl Sections {
             defaults: section(top, "defaults", sink).unwrap_or_default(),
             audit: section(top, "audit", sink).unwrap_or_default(),
             admin_token_file: section(top, "admin_token_file", sink).flatten(),
+            admin: top.remove("admin"),
             state_dir: section(top, "state_dir", sink).flatten(),
             sandbox_dirs: section(top, "sandbox_dirs", sink).unwrap_or_default(),
             extra_providers: section(top, "extra_providers", sink).unwrap_or_default(),
@@ -238,7 +241,7 @@ struct Knobs {
 
 impl Knobs {
     fn resolve(s: &mut Sections, base_dir: &Path, sink: &mut Sink<'_>) -> Knobs {
-        let mut defaults = resolve_defaults(std::mem::take(&mut s.defaults), sink);
+        let mut defaults = resolve_defaults(take(&mut s.defaults), sink);
         if let Some(raw) = s.decider.take() {
             let mut errors = Vec::new();
             defaults.decider = super::decider::resolve_decider(&raw, &mut errors);
@@ -248,20 +251,17 @@ impl Knobs {
                 sink.top("decider", e, Some("decider:"));
             }
         }
-        let dns = resolve_dns(std::mem::take(&mut s.dns), sink);
+        let dns = resolve_dns(take(&mut s.dns), sink);
         let has_admin_token = s.admin_token_file.is_some();
-        let mut listen = resolve_listen(std::mem::take(&mut s.listen), has_admin_token, sink);
+        let mut listen = resolve_listen(take(&mut s.listen), has_admin_token, sink);
         relative_tls_paths(&mut listen, &|p: &str| files::path_in(base_dir, p));
         let knobs = Knobs {
             defaults,
             dns,
             listen,
-            admission: resolve_admission(std::mem::take(&mut s.admission), sink),
-            runtime: resolve_runtime(std::mem::take(&mut s.runtime), sink),
-            forward_keepalive: resolve_forward_keepalive(
-                std::mem::take(&mut s.forward_keepalive),
-                sink,
-            ),
+            admission: resolve_admission(take(&mut s.admission), sink),
+            runtime: resolve_runtime(take(&mut s.runtime), sink),
+            forward_keepalive: resolve_forward_keepalive(take(&mut s.forward_keepalive), sink),
             max_connections: max_connections(s.max_connections, sink),
         };
         check_extra_providers(&s.extra_providers, sink);
@@ -292,7 +292,7 @@ impl Secretly<'_> {
         sink: &mut Sink<'_>,
         warnings: &mut Vec<String>,
     ) -> super::approvals::ApprovalsConfig {
-        let raw = std::mem::take(&mut s.approvals);
+        let raw = take(&mut s.approvals);
         super::approvals::resolve_approvals(raw, self.rel, self.secrets, sink, warnings)
     }
 
@@ -476,6 +476,7 @@ fn load_str_with(
         read.sections(&mut s, &mut sink, &mut warnings, &mut files);
     read.tls_files(&knobs.listen, intercept.as_ref(), &mut sink, &mut warnings);
     let approvals = read.approvals(&mut s, &mut sink, &mut warnings);
+    let console = super::console::resolve(s.admin.take(), &rel, secrets, &mut sink, &mut warnings);
     let etcd = resolve_control_plane(s.control_plane, &rel, &mut sink);
     let otel = super::otel::resolve_otel(s.otel.take(), &rel, &mut sink);
     let within = (s.audit.path.as_str(), s.state_dir.as_deref());
@@ -523,6 +524,7 @@ fn load_str_with(
         origin: file,
         base_dir: base_dir.to_path_buf(),
         admin_token_file,
+        console,
         audit_path: (s.audit.path != "-").then(|| rel(&s.audit.path)),
         audit_queue_max: s.audit.queue_max.max(1),
         audit_dns: s.audit.dns,

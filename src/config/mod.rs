@@ -15,6 +15,7 @@ mod binding;
 mod binding_secrets;
 pub mod block;
 mod conformance;
+pub mod console;
 pub mod control_plane;
 pub mod credential_kinds;
 pub mod credentials;
@@ -432,6 +433,8 @@ pub struct Config {
     pub listen: Listen,
     /// The file holding the admin token's digest.
     pub admin_token_file: Option<PathBuf>,
+    /// `admin:`: the console and who may sign in to it.
+    pub console: console::ConsoleConfig,
     /// The filtering resolver.
     pub dns: DnsConfig,
     /// Defaults every sandbox inherits.

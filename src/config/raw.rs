@@ -16,6 +16,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "listen",
     "layers",
     "admin_token_file",
+    "admin",
     "dns",
     "defaults",
     "audit",

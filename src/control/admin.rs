@@ -36,6 +36,8 @@ pub struct Admin {
     pub token_sha256: Option<[u8; 32]>,
     /// Largest request body (`runtime.max_binding_bytes`).
     pub max_body: usize,
+    /// The console under `/ui/` (`admin.console: true`).
+    pub console: Option<Arc<crate::control::console::Console>>,
 }
 
 /// Who is calling the admin API on one connection: its address, and the subject of its
@@ -44,6 +46,8 @@ pub struct Admin {
 pub struct Caller {
     pub addr: std::net::SocketAddr,
     pub certificate: Option<Box<str>>,
+    /// The connection is TLS (the console's cookies are then `Secure`).
+    pub tls: bool,
 }
 
 /// Serve one admin connection from `caller`.
@@ -64,11 +68,18 @@ where
 }
 
 /// A response of any admin call: a whole body, or the observe stream.
-type AdminBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+pub(super) type AdminBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
 async fn respond(admin: &Admin, req: Request<Incoming>) -> Response<AdminBody> {
     if req.method() == Method::GET && req.uri().path() == "/v1/observe" {
         return observe(admin, &req);
+    }
+    let path = req.uri().path();
+    if path == "/ui" || path.starts_with("/ui/") {
+        return match &admin.console {
+            Some(console) => crate::control::console::respond(admin, console, req).await,
+            None => text(StatusCode::NOT_FOUND, PLAIN, "not found (the console is off: admin.console)\n".into()).map(BodyExt::boxed),
+        };
     }
     route(admin, req).await.map(BodyExt::boxed)
 }

@@ -131,10 +131,7 @@ pub async fn route(
                 Err(e) => refused(e),
             }
         }
-        At::Revoke(id) => {
-            let done = tokio::task::spawn_blocking(move || desk.revoke(&id, who)).await;
-            done_json(done)
-        }
+        At::Revoke(id) => done_json(on_desk(desk, move |d| d.revoke(&id, who)).await),
         At::Grants => grants(&desk, req.uri().query()),
     }
 }
@@ -177,21 +174,29 @@ async fn parse(req: Request<Incoming>, max: usize) -> Result<Body, Response<Full
 
 /// Apply an answer on a blocking thread (it publishes through the controller's lock).
 async fn apply(desk: Arc<Desk>, id: String, answer: Answer, who: Who) -> Response<Full<Bytes>> {
-    let done = tokio::task::spawn_blocking(move || desk.answer(&id, answer, who, Vec::new())).await;
-    done_json(done)
+    done_json(on_desk(desk, move |d| d.answer(&id, answer, who, Vec::new())).await)
+}
+
+/// A step on the desk (an answer, a revocation) on a blocking thread: it publishes through
+/// the controller's lock. The admin API and the console take every step through here.
+pub(super) async fn on_desk(
+    desk: Arc<Desk>,
+    step: impl FnOnce(&Desk) -> Result<Asked, Refused> + Send + 'static,
+) -> Result<Asked, Refused> {
+    match tokio::task::spawn_blocking(move || step(&desk)).await {
+        Ok(done) => done,
+        Err(_) => Err(Refused {
+            status: 500,
+            message: "the answer could not be applied".into(),
+        }),
+    }
 }
 
 /// The request as it now stands, or the refusal.
-fn done_json(
-    done: Result<Result<Asked, Refused>, tokio::task::JoinError>,
-) -> Response<Full<Bytes>> {
+fn done_json(done: Result<Asked, Refused>) -> Response<Full<Bytes>> {
     match done {
-        Ok(Ok(r)) => json_resp(StatusCode::OK, r.view()),
-        Ok(Err(e)) => refused(e),
-        Err(_) => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the answer could not be applied",
-        ),
+        Ok(r) => json_resp(StatusCode::OK, r.view()),
+        Err(e) => refused(e),
     }
 }
 

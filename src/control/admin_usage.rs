@@ -44,11 +44,27 @@ pub(super) fn answer(shared: &Shared, query: Option<&str>) -> Response<Full<Byte
         since.map_or_else(|| crate::egress::quota::today() * 24, |s| (s / 3600) as u32);
     let usage = shared.sink.usage.sums(sandbox.as_deref(), since_hour);
     let rows: Vec<_> = usage.iter().map(usage_row).collect();
+    let quotas = quotas(shared, sandbox.as_deref());
+    let from = UNIX_EPOCH + Duration::from_secs(u64::from(since_hour) * 3600);
+    json_resp(
+        StatusCode::OK,
+        json!({
+            "since": rfc3339(from),
+            "until": rfc3339(std::time::SystemTime::now()),
+            "usage": rows,
+            "quotas": quotas,
+        }),
+    )
+}
+
+/// Each sandbox's quotas (of `sandbox` only, when named) with what is spent of them today:
+/// `/v1/usage`'s `quotas`, and the console's quota lines.
+pub(super) fn quotas(shared: &Shared, sandbox: Option<&str>) -> Vec<serde_json::Value> {
     let set = shared.policy.load();
     let mut quotas = Vec::new();
     for sb in set.ids().into_iter().filter_map(|id| set.get(id)) {
         let id = sb.binding.id.as_str();
-        if sandbox.as_deref().is_some_and(|s| s != id) {
+        if sandbox.is_some_and(|s| s != id) {
             continue;
         }
         let l = &sb.binding.limits;
@@ -75,16 +91,7 @@ pub(super) fn answer(shared: &Shared, query: Option<&str>) -> Response<Full<Byte
             }
         }
     }
-    let from = UNIX_EPOCH + Duration::from_secs(u64::from(since_hour) * 3600);
-    json_resp(
-        StatusCode::OK,
-        json!({
-            "since": rfc3339(from),
-            "until": rfc3339(std::time::SystemTime::now()),
-            "usage": rows,
-            "quotas": quotas,
-        }),
-    )
+    quotas
 }
 
 /// One ledger row as answered (an inference row with its model, tokens by kind and cost).

@@ -49,6 +49,7 @@ mod admin_layers;
 mod admin_requests;
 mod admin_usage;
 mod change_error;
+pub mod console;
 pub mod check;
 mod error;
 pub(crate) mod etcd;

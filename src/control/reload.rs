@@ -94,6 +94,7 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
         old.runtime.max_binding_bytes != new.runtime.max_binding_bytes,
     );
     check("state_dir", old.state_dir != new.state_dir);
+    check("admin", old.console != new.console);
     check("control_plane", old.etcd != new.etcd);
     check("tls_intercept", old.intercept != new.intercept);
     check(

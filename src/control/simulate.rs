@@ -20,7 +20,7 @@ use crate::control::{policy_diff, ChangeError, Controller};
 use crate::policy::set::PolicySet;
 
 /// The trail's files, oldest first (rotated `path.keep` … `path.1`, then `path`).
-fn trail_files(config: &Config) -> Result<Vec<PathBuf>, ChangeError> {
+pub(super) fn trail_files(config: &Config) -> Result<Vec<PathBuf>, ChangeError> {
     let Some(path) = &config.audit_path else {
         return Err(ChangeError::Conflict(
             "the audit trail goes to stdout here: simulate with `egress-proxy simulate` over the collected trail".into(),

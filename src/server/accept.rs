@@ -440,6 +440,7 @@ pub(super) async fn accept_admin(
             let mut caller = crate::control::admin::Caller {
                 addr: client,
                 certificate: None,
+                tls: tls.is_some(),
             };
             match tls {
                 None => crate::control::admin::serve(admin, stream, caller).await,

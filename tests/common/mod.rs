@@ -1,7 +1,7 @@
 //! Test harness: a test CA and origin servers (HTTPS and HTTP) on loopback, the real
 //! `egress-proxy` binary started on `127.0.0.1:0` with a config written by the test, and
 //! real `curl`. Everything it starts it stops (Drop). By role: `ca`, `origin`, `proxy`,
-//! `client`, `dns`, `etcd`, `h2`, `openapi`, `tls_hello`; `eventually` waits on a condition.
+//! `client`, `dns`, `etcd`, `h2`, `openapi`, `pki`, `tls_hello`; `eventually` waits on a condition.
 // Each test file uses a part of the harness: the rest is unused in its crate.
 #![allow(dead_code, unused_imports)]
 
@@ -29,6 +29,7 @@ mod etcd;
 mod h2;
 pub mod openapi;
 mod origin;
+mod pki;
 mod proxy;
 pub mod tls_hello;
 
@@ -39,6 +40,7 @@ pub use dns::*;
 pub use etcd::*;
 pub use h2::*;
 pub use origin::*;
+pub use pki::*;
 pub use proxy::*;
 
 /// Poll `f` every 20 ms until it returns `Some`, for at most `limit`.

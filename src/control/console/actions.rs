@@ -1,0 +1,308 @@
+//! What the console's pages read and what its forms do: sign-in and sign-out, answering an
+//! access request and revoking a grant (an approver's, with the session's CSRF token, through
+//! the admin API's own desk steps), the live event stream, and the data each page shows.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use maud::Markup;
+
+use super::pages::{self, Frame};
+use super::session::{self, Session};
+use super::views::{self, Usage};
+use super::{html, see_other, tls, whole, Console};
+use crate::approvals::{request, Answer, State, Who};
+use crate::config::console::Role;
+use crate::control::admin::{read_body, Admin, AdminBody, Caller};
+use crate::control::admin_requests::on_desk;
+use crate::control::observe::Filter;
+use crate::policy::granted::GrantKind;
+use crate::runtime::Shared;
+
+/// Days the usage charts show.
+const DAYS: u32 = 7;
+
+/// The verified client certificate's subject, when the listener has one.
+fn certificate(req: &Request<Incoming>) -> Option<&str> {
+    req.extensions().get::<Caller>()?.certificate.as_deref()
+}
+
+/// `GET /ui/login`.
+pub fn login_page(console: &Console, req: &Request<Incoming>) -> Response<AdminBody> {
+    let by_cert = session::sign_in(&console.cfg, None, None, certificate(req));
+    html(StatusCode::OK, pages::sign_in(None, by_cert.as_ref().map(|p| p.name.as_str())))
+}
+
+/// A form body's fields.
+async fn form(admin: &Admin, req: Request<Incoming>) -> Result<Vec<(String, String)>, Response<AdminBody>> {
+    let body = read_body(req, admin.max_body).await.map_err(|r| r.map(BodyExt::boxed))?;
+    Ok(form_urlencoded::parse(body.as_bytes()).into_owned().collect())
+}
+
+fn get<'a>(fields: &'a [(String, String)], k: &str) -> Option<&'a str> {
+    fields.iter().find(|(f, _)| f == k).map(|(_, v)| v.as_str())
+}
+
+/// Whether a state-changing request comes from a page of this console: a browser names the
+/// page's origin in `Origin` (or says `Sec-Fetch-Site: same-origin`); one that names another
+/// is refused. (The CSRF token is the check; this refuses a cross-site sign-in too.)
+fn same_origin(req: &Request<Incoming>) -> bool {
+    let h = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
+    if let Some(site) = h("sec-fetch-site") {
+        if !matches!(site, "same-origin" | "none") {
+            return false;
+        }
+    }
+    match (h("origin"), h("host")) {
+        (Some("null"), _) => false,
+        (Some(o), Some(host)) => o.split_once("://").is_some_and(|(_, rest)| rest == host),
+        (Some(_), None) => false,
+        (None, _) => true,
+    }
+}
+
+/// `POST /ui/login`: a token or the client certificate; then a session and its cookie.
+pub async fn login(admin: &Admin, console: &Console, req: Request<Incoming>) -> Response<AdminBody> {
+    if !same_origin(&req) {
+        return whole(StatusCode::FORBIDDEN, "text/plain; charset=utf-8", "cross-site sign-in refused\n".into());
+    }
+    let tls = tls(&req);
+    let cert = certificate(&req).map(str::to_string);
+    let fields = match form(admin, req).await {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    let cert = cert.filter(|_| get(&fields, "with") == Some("certificate"));
+    let token = get(&fields, "token");
+    let who = session::sign_in(&console.cfg, admin.token_sha256.as_ref(), token, cert.as_deref());
+    let Some(principal) = who else {
+        tracing::info!("console sign-in refused");
+        let page = pages::sign_in(Some("Sign-in refused: that token or certificate is not a console user's."), None);
+        return html(StatusCode::UNAUTHORIZED, page);
+    };
+    tracing::info!(user = %principal.name, role = principal.role.as_str(), "console sign-in");
+    let Some(id) = console.sessions.open(principal) else {
+        return whole(StatusCode::SERVICE_UNAVAILABLE, "text/plain; charset=utf-8", "no random bytes for a session\n".into());
+    };
+    let mut r = see_other("/ui/inbox");
+    if let Ok(v) = HeaderValue::from_str(&console.sessions.set_cookie(&id, tls)) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}
+
+/// A state-changing form of a signed-in session: the CSRF token first, then the role.
+pub async fn post(
+    admin: &Admin,
+    console: &Console,
+    req: Request<Incoming>,
+    (sid, session): (String, Session),
+) -> Response<AdminBody> {
+    let path = req.uri().path().to_string();
+    let tls = tls(&req);
+    let client = req.extensions().get::<Caller>().map(|c| c.addr);
+    let refuse = |why: &str| whole(StatusCode::FORBIDDEN, "text/plain; charset=utf-8", format!("{why}\n"));
+    if !same_origin(&req) {
+        return refuse("cross-site form refused");
+    }
+    let fields = match form(admin, req).await {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    if !session.csrf_ok(get(&fields, "csrf")) {
+        return refuse("the form's CSRF token is missing or wrong: reload the page");
+    }
+    if path == "/ui/logout" {
+        console.sessions.close(&sid);
+        let mut r = see_other("/ui/login");
+        if let Ok(v) = HeaderValue::from_str(&session::clear_cookie(tls)) {
+            r.headers_mut().insert(header::SET_COOKIE, v);
+        }
+        return r;
+    }
+    if session.principal.role != Role::Approver {
+        tracing::warn!(user = %session.principal.name, path = %path, "console: a viewer's change refused");
+        return refuse("a viewer cannot answer requests or revoke grants");
+    }
+    let Some(desk) = admin.shared.desk.get().cloned() else {
+        return whole(StatusCode::SERVICE_UNAVAILABLE, "text/plain; charset=utf-8", "the proxy is starting\n".into());
+    };
+    let who = Who {
+        by: "console",
+        client,
+        credential: Some(session.principal.credential().into()),
+        identity: None,
+    };
+    let rest = path.strip_prefix("/ui/").unwrap_or_default();
+    let parts: Vec<&str> = rest.split('/').collect();
+    let (back, done) = match parts.as_slice() {
+        ["requests", id, step @ ("approve" | "deny")] if request::valid_id(id) => {
+            let answer = match *step {
+                "approve" => approval(&fields),
+                _ => Answer::deny(note(&fields)),
+            };
+            let id = id.to_string();
+            let done = match answer {
+                Ok(a) => on_desk(desk, move |d| d.answer(&id, a, who, Vec::new())).await,
+                Err(e) => Err(e),
+            };
+            ("/ui/inbox", done)
+        }
+        ["grants", id, "revoke"] if request::valid_id(id) => {
+            let id = id.to_string();
+            ("/ui/grants", on_desk(desk, move |d| d.revoke(&id, who)).await)
+        }
+        _ => return whole(StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "not found\n".into()),
+    };
+    match done {
+        Ok(_) => see_other(back),
+        Err(e) => {
+            let frame = Frame { who: &session.principal, csrf: &session.csrf, at: if back == "/ui/inbox" { "inbox" } else { "grants" } };
+            let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+            html(status, pages::problem(&frame, &e.message, back))
+        }
+    }
+}
+
+fn note(fields: &[(String, String)]) -> Option<String> {
+    get(fields, "note").map(str::trim).filter(|n| !n.is_empty()).map(String::from)
+}
+
+/// An approval from the form: `grant` (`ttl`, `once`, `permanent`), `ttl_s` for a TTL.
+fn approval(fields: &[(String, String)]) -> Result<Answer, crate::approvals::Refused> {
+    let bad = |m: String| crate::approvals::Refused { status: 400, message: m };
+    let kind = match get(fields, "grant").unwrap_or("ttl") {
+        "ttl" => GrantKind::Ttl,
+        "once" => GrantKind::Once,
+        "permanent" => GrantKind::Permanent,
+        other => return Err(bad(format!("grant `{other}`: once, ttl or permanent"))),
+    };
+    let ttl_s = match (kind, get(fields, "ttl_s").map(str::trim).filter(|t| !t.is_empty())) {
+        (GrantKind::Ttl, Some(t)) => Some(t.parse().map_err(|_| bad(format!("seconds `{t}`: a whole number")))?),
+        _ => None,
+    };
+    Answer::approve(kind, ttl_s, note(fields))
+}
+
+/// *Inbox*'s data: the pending requests, and the last 20 answered.
+pub fn inbox(shared: &Shared, frame: &Frame<'_>) -> Markup {
+    let Some(desk) = shared.desk.get() else {
+        return pages::inbox(frame, &[], &[]);
+    };
+    let list = |s: Option<State>| desk.list(s)["requests"].as_array().cloned().unwrap_or_default();
+    let pending = list(Some(State::Pending));
+    let mut answered = list(None);
+    answered.retain(|r| r["state"] != "pending");
+    answered.truncate(20);
+    pages::inbox(frame, &pending, &answered)
+}
+
+/// *Grants*' data.
+pub fn grants(shared: &Shared, frame: &Frame<'_>) -> Markup {
+    let all = shared.desk.get().map(|d| d.grant_list(None)).unwrap_or_default();
+    pages::grants(frame, all["grants"].as_array().map_or(&[][..], |v| v))
+}
+
+/// The *Live* filters of a query: the non-empty ones, checked as `/v1/observe` checks them.
+fn filters(query: Option<&str>) -> (views::Filters, Result<Filter, String>) {
+    let kept: views::Filters = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .into_owned()
+        .filter(|(_, v)| !v.is_empty())
+        .collect();
+    let q: String = form_urlencoded::Serializer::new(String::new()).extend_pairs(kept.iter()).finish();
+    let f = Filter::parse(Some(&q)).map_err(|e| e.to_string());
+    (kept, f)
+}
+
+/// *Live*.
+pub fn live(console: &Console, query: Option<&str>) -> Markup {
+    let (kept, filter) = filters(query);
+    match filter {
+        Ok(f) => views::live(&kept, &console.live.recent(&f), None),
+        Err(why) => views::live(&kept, &[], Some(&why)),
+    }
+}
+
+/// `GET /ui/live/events`: Server-Sent Events of the records that pass the filters.
+pub fn events(admin: &Admin, query: Option<&str>) -> Response<AdminBody> {
+    let filter = match filters(query).1 {
+        Ok(f) => f,
+        Err(why) => return whole(StatusCode::BAD_REQUEST, "text/plain; charset=utf-8", format!("{why}\n")),
+    };
+    let body = super::live::events(admin.shared.sink.log.observe(), filter);
+    super::secured(StatusCode::OK, "text/event-stream", body.boxed())
+}
+
+/// `GET /ui/explain?sandbox=&target=`: what `check` says now, resolving as the proxy would.
+pub async fn explain(shared: &Shared, query: Option<&str>) -> Result<Markup, String> {
+    let q: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes()).into_owned().collect();
+    let (Some(sandbox), Some(target)) = (get(&q, "sandbox"), get(&q, "target")) else {
+        return Err("explain takes sandbox and target".into());
+    };
+    let set = shared.policy.load();
+    let sb = set.get(sandbox).ok_or_else(|| format!("no sandbox `{sandbox}`"))?;
+    let checked = crate::control::check::check(&set, sb, target, Some(&shared.resolver()), None).await;
+    Ok(views::explain(sandbox, target, &checked))
+}
+
+/// One sandbox's page, `None` when there is no such sandbox.
+pub fn sandbox(admin: &Admin, id: &str) -> Option<Markup> {
+    let view = admin.control.get(id)?;
+    let set = admin.shared.policy.load();
+    let layers = set.get(id).map_or_else(Vec::new, |sb| {
+        sb.binding.network.layers.iter().map(|l| {
+            let texts = |v: &[(String, _)]| v.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>();
+            (l.id.to_string(), l.ceiling.as_deref().map(texts), texts(&l.deny))
+        }).collect()
+    });
+    let quota = crate::control::admin_usage::quotas(&admin.shared, Some(id)).into_iter().find(|q| q["destination"].is_null());
+    Some(views::sandbox(&view, &layers, &days(&admin.shared, id), quota.as_ref()))
+}
+
+/// The last [`DAYS`] UTC days of `id`'s usage, oldest first; each day is the ledger's sums
+/// from its first hour less those from the next day's (today: exactly `GET /v1/usage`'s).
+fn days(shared: &Shared, id: &str) -> Vec<(String, Usage)> {
+    let ledger = &shared.sink.usage;
+    let today = crate::egress::quota::today();
+    let from = |day: u32| -> Usage {
+        let mut u = Usage::default();
+        for c in ledger.sums(Some(id), day * 24) {
+            u.requests += c.tally.requests;
+            u.bytes += c.tally.bytes_up + c.tally.bytes_down;
+            u.tokens += c.tally.tokens.total();
+        }
+        u
+    };
+    let mut after = Usage::default();
+    let mut out = Vec::new();
+    for day in (today.saturating_sub(DAYS - 1)..=today).rev() {
+        let since = from(day);
+        let u = Usage {
+            requests: since.requests.saturating_sub(after.requests),
+            bytes: since.bytes.saturating_sub(after.bytes),
+            tokens: since.tokens.saturating_sub(after.tokens),
+        };
+        after = since;
+        let t = UNIX_EPOCH + Duration::from_secs(u64::from(day) * 86_400);
+        let date = crate::audit::record::rfc3339(t);
+        out.push((date.get(5..10).unwrap_or(&date).to_string(), u));
+    }
+    out.reverse();
+    out
+}
+
+/// *Audit*: the trail verified on a blocking thread (it reads every file).
+pub async fn audit(admin: &Admin, console: &Console) -> Markup {
+    let config = admin.control.config();
+    let trail = tokio::task::spawn_blocking(move || super::trail::verify_trail(&config))
+        .await
+        .unwrap_or_else(|_| serde_json::json!({ "verified": false, "error": "the check failed" }));
+    let health = admin.shared.sink.log.health().status();
+    let sink = match health.failing_for {
+        Some(d) => format!("failing for {:.0} s: {}", d.as_secs_f64(), health.error),
+        None => "writing".into(),
+    };
+    views::audit(&trail, &console.live.per_minute(super::live::now_minute()), &sink)
+}

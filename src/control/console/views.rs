@@ -1,0 +1,213 @@
+//! The console's reading pages: *Live* (the decision stream, filtered; each refusal opens to
+//! its reason, rule and detail and to what `check` says of it), *Sandboxes* (the
+//! registrations, and one sandbox's effective policy with its layers and its usage per day
+//! against its quotas, as charts) and *Audit* (whether the trail verifies, the last
+//! checkpoint, records per minute).
+
+use maud::{html, Markup};
+use serde_json::Value;
+
+use super::chart::{self, Bar};
+use crate::control::observe::DECISIONS;
+use crate::control::shown::for_person;
+
+/// A record's string field for a person (`-` when absent).
+fn s(r: &Value, k: &str) -> String {
+    r[k].as_str().map_or("-".into(), |v| for_person(v).into_owned())
+}
+
+/// The filters the *Live* page was asked for (`sandbox`, `decision`, `reason`, `host`).
+pub type Filters = Vec<(String, String)>;
+
+/// A record's destination, `host:port` (or the original destination).
+pub fn destination(r: &Value) -> String {
+    match (r["target_host"].as_str(), r["target_port"].as_u64()) {
+        (Some(h), Some(p)) => format!("{}:{p}", for_person(h)),
+        (Some(h), None) => for_person(h).into_owned(),
+        _ => s(r, "original_dst"),
+    }
+}
+
+/// One row of the *Live* table (the page's script builds the same from each event).
+fn row(r: &Value) -> Markup {
+    let decision = r["decision"].as_str().unwrap_or("-");
+    let time = r["ts"].as_str().and_then(|t| t.split_once('T')).map_or("", |(_, t)| t);
+    let target = destination(r);
+    html! {
+        tr class=(format!("decision-{decision}")) data-sandbox=(s(r, "sandbox")) data-reason=(s(r, "reason")) {
+            td { (time) } td.decision { (decision) } td { (s(r, "sandbox")) } td { (s(r, "mode")) }
+            td { code { (target) } } td { (s(r, "reason")) }
+            td {
+                @if decision != "allow" {
+                    details.why {
+                        summary { "why" }
+                        dl {
+                            dt { "Rule" } dd { (s(r, "rule")) }
+                            dt { "Where" } dd { (s(r, "rule_source")) }
+                            dt { "Detail" } dd { (s(r, "detail")) }
+                        }
+                        a.explain href=(format!("/ui/explain?sandbox={}&target={}",
+                            enc(r["sandbox"].as_str().unwrap_or("")), enc(&target))) { "What check says now" }
+                    }
+                } @else { (s(r, "rule")) }
+            }
+        }
+    }
+}
+
+/// `%`-encoded for a query value.
+fn enc(v: &str) -> String {
+    form_urlencoded::byte_serialize(v.as_bytes()).collect()
+}
+
+/// *Live*: the filter form, then the kept records that pass it (newest first); the page's
+/// script adds each new one from `/ui/live/events` with the same filters.
+pub fn live(filters: &Filters, records: &[Value], problem: Option<&str>) -> Markup {
+    let get = |k: &str| filters.iter().find(|(f, _)| f == k).map_or("", |(_, v)| v.as_str());
+    let query: String = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(filters.iter())
+        .finish();
+    html! {
+        form #filters method="get" action="/ui/live" {
+            label { "sandbox " input type="text" name="sandbox" value=(get("sandbox")); }
+            label { "decision " select name="decision" {
+                option value="" selected[get("decision").is_empty()] { "any" }
+                @for d in DECISIONS { option value=(d) selected[get("decision") == d] { (d) } }
+            } }
+            label { "reason " input type="text" name="reason" value=(get("reason")); }
+            label { "host " input type="text" name="host" value=(get("host")); }
+            button type="submit" { "Filter" }
+        }
+        @if let Some(p) = problem { p.problem #problem { (p) } }
+        p.hint { "Newest first. With JavaScript on, new decisions appear as they are made." }
+        table #live data-events=(format!("/ui/live/events?{query}")) {
+            thead { tr { th { "Time" } th { "Decision" } th { "Sandbox" } th { "Mode" } th { "Destination" } th { "Reason" } th { "Rule / why" } } }
+            tbody { @for r in records { (row(r)) } }
+        }
+    }
+}
+
+/// `GET /ui/explain`: what `check` answers for the sandbox and target now.
+pub fn explain(sandbox: &str, target: &str, checked: &Value) -> Markup {
+    html! {
+        p { "Sandbox " code { (for_person(sandbox)) } ", target " code { (for_person(target)) } }
+        dl #explained {
+            dt { "Decision" } dd { (s(checked, "decision")) }
+            dt { "Reason" } dd { (s(checked, "reason")) }
+            dt { "Rule" } dd { (s(checked, "rule")) }
+            dt { "Explanation" } dd.explanation { (s(checked, "explanation")) }
+        }
+        p { a href="/ui/live" { "Back to Live" } }
+    }
+}
+
+/// *Sandboxes*: `GET /v1/sandboxes`'s list.
+pub fn sandboxes(list: &Value) -> Markup {
+    html! {
+        p { "Policy version " code { (list["policy_version"].as_str().unwrap_or("-")) } }
+        table #sandboxes {
+            thead { tr { th { "Sandbox" } th { "Origin" } th { "Mode" } th { "Enforcement" } th { "Egress entries" } th { "Deny entries" } } }
+            tbody {
+                @for sb in list["sandboxes"].as_array().into_iter().flatten() {
+                    @let id = sb["id"].as_str().unwrap_or_default();
+                    tr { td { a href=(format!("/ui/sandboxes/{}", enc(id))) { (id) } }
+                         td { (s(sb, "origin")) } td { (s(sb, "mode")) } td { (s(sb, "enforcement")) }
+                         td { (sb["egress"]) } td { (sb["deny"]) } }
+                }
+            }
+        }
+    }
+}
+
+/// A list of entries, or `none`.
+fn entries(v: &Value) -> Markup {
+    html! {
+        @match v.as_array().filter(|a| !a.is_empty()) {
+            Some(a) => ul.entries { @for e in a { li { code { (e.as_str().map_or_else(|| e.to_string(), |t| for_person(t).into_owned())) } } } },
+            None => span { "none" },
+        }
+    }
+}
+
+/// One sandbox: its effective policy (its own lists, scoped entries, every layer of its chain
+/// with ceiling and deny) and its usage per day (`days`: label and the day's sums) against
+/// its quotas (`quota`: the `/v1/usage` quota row, when one is set).
+pub fn sandbox(
+    view: &Value,
+    layers: &[(String, Option<Vec<String>>, Vec<String>)],
+    days: &[(String, Usage)],
+    quota: Option<&Value>,
+) -> Markup {
+    let bars = |f: fn(&Usage) -> u64| -> Vec<Bar> {
+        days.iter().map(|(d, u)| Bar { label: d.clone(), value: f(u) }).collect()
+    };
+    let limit = |k: &str| quota.and_then(|q| q[k].as_u64());
+    html! {
+        h2 { "Effective policy" }
+        dl {
+            dt { "Origin" } dd { (s(view, "origin")) }
+            dt { "Enforcement" } dd { (s(view, "enforcement")) }
+            dt { "Egress" } dd #egress { (entries(&view["network"]["egress"])) }
+            dt { "Deny" } dd { (entries(&view["network"]["deny"])) }
+            @for sc in view["network"]["scoped"].as_array().into_iter().flatten() {
+                dt { "Scoped to " (sc["binaries"]) " " (sc["execs"]) } dd { (entries(&sc["egress"])) }
+            }
+        }
+        h2 { "Layers" }
+        @if layers.is_empty() { p { "This sandbox is in no layer: its own entries are its reach." } }
+        @for (id, ceiling, deny) in layers {
+            section.layer data-layer=(id) {
+                h3 { "Layer " (id) }
+                p { "Ceiling: " @match ceiling { Some(c) => (c.join(", ")), None => "none (this layer bounds nothing)" } }
+                p { "Deny: " @if deny.is_empty() { "none" } @else { (deny.join(", ")) } }
+            }
+        }
+        h2 { "Usage per day (UTC)" }
+        (chart::bars("requests", "Requests", &bars(|u| u.requests), limit("requests_per_day"), true))
+        (chart::bars("bytes", "Bytes (up + down)", &bars(|u| u.bytes), limit("bytes_per_day"), true))
+        (chart::bars("tokens", "Inference tokens", &bars(|u| u.tokens), limit("tokens_per_day"), true))
+    }
+}
+
+/// One day's sums of a sandbox's usage.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Requests (every decision).
+    pub requests: u64,
+    /// Bytes up and down.
+    pub bytes: u64,
+    /// Inference tokens.
+    pub tokens: u64,
+}
+
+/// *Audit*: the trail's verification, its last checkpoint and records per minute.
+pub fn audit(trail: &Value, per_minute: &[(u64, u64)], health: &str) -> Markup {
+    let bars: Vec<Bar> = per_minute
+        .iter()
+        .map(|(m, n)| Bar { label: format!("{:02}:{:02}", (m / 60) % 24, m % 60), value: *n })
+        .collect();
+    let verified = trail["verified"].as_bool().unwrap_or(false);
+    html! {
+        p #verified class=(if verified { "ok" } else { "problem" }) data-verified=(verified) {
+            @if verified { "The trail verifies" } @else { "The trail does not verify" }
+            @if trail["signed"].as_bool() == Some(true) { " (chain and signatures)." } @else { " (chain only: no signing key)." }
+        }
+        dl {
+            dt { "Sink" } dd { (health) }
+            dt { "Problem" } dd { (s(trail, "problem")) (s(trail, "error").trim_start_matches('-')) }
+            dt { "Records" } dd #records { (trail["records"]) }
+            dt { "Runs" } dd { (trail["runs"]) }
+            dt { "Checkpoints" } dd { (trail["checkpoints"]) }
+            dt { "Signatures checked" } dd { (trail["signatures_checked"]) }
+            dt { "Only chained (after the last signature)" } dd { (trail["only_chained"]) }
+            dt { "Last checkpoint" } dd #last-checkpoint {
+                @match trail["last_checkpoint"].as_object() {
+                    Some(c) => { (c.get("ts").and_then(|t| t.as_str()).unwrap_or("-")) " · seq " (c.get("seq").cloned().unwrap_or_default()) }
+                    None => "none yet",
+                }
+            }
+            dt { "Files" } dd { (entries(&trail["files"])) }
+        }
+        (chart::bars("per-minute", "Records per minute, last hour (this process)", &bars, None, false))
+    }
+}

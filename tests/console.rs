@@ -1,0 +1,231 @@
+//! The console (issue 66) through the real binary: `tests/console/drive.py` drives it in
+//! headless Chromium (Debian's chromium and chromium-driver, Selenium from PyPI) — sign-in,
+//! a refusal in *Live* and an access request in *Inbox* within a second, a hostile reason
+//! shown inert, an approval for 5 s that lets the sandbox through and ends, the grant in
+//! *Grants*, the usage chart equal to `/v1/usage`, the trail verified on *Audit*, a viewer
+//! without buttons whose forged POST is refused, a POST without the CSRF token refused. Here,
+//! with curl: the security headers, the cookie's flags, sign-in refused across sites, and
+//! sign-in with a client certificate on the TLS admin listener (`Secure` cookie). Fails,
+//! never skips, when Chromium, its driver or Selenium is missing.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+const ADMIN_TOKEN: &str = "console-admin-token-0123456789";
+const ALICE: &str = "alice-approver-token-0123456789";
+const VERA: &str = "vera-viewer-token-0123456789ab";
+
+/// The console's part of the config: alice approves, vera views, `cert_user` signs in by
+/// certificate when given.
+fn admin_yaml(d: &Path, cert_user: Option<&str>) -> String {
+    std::fs::write(d.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
+    std::fs::write(d.join("alice.token"), format!("{ALICE}\n")).unwrap();
+    std::fs::write(d.join("vera.token"), VERA).unwrap();
+    let cert = cert_user
+        .map(|s| format!("\n    - {{ name: carol, role: approver, certificate: \"{s}\" }}"))
+        .unwrap_or_default();
+    format!(
+        "admin_token_file: {}\nadmin:\n  console: true\n  session_ttl_s: 600\n  users:\n    - {{ name: alice, role: approver, token_file: {} }}\n    - {{ name: vera, role: viewer, token_file: {} }}{cert}\n",
+        d.join("admin.token").display(),
+        d.join("alice.token").display(),
+        d.join("vera.token").display(),
+    )
+}
+
+/// An Ed25519 key pair made by openssl: the private key's path (the public key is beside
+/// it, `audit.pub.pem`).
+fn signing_key(d: &Path) -> std::path::PathBuf {
+    let sk = d.join("audit.pem");
+    let run = |args: &[&str]| {
+        let ok = Command::new("openssl")
+            .args(args)
+            .current_dir(d)
+            .status()
+            .expect("openssl")
+            .success();
+        assert!(ok, "openssl {args:?}");
+    };
+    run(&["genpkey", "-algorithm", "ed25519", "-out", "audit.pem"]);
+    run(&["pkey", "-pubout", "-in", "audit.pem", "-out", "audit.pub.pem"]);
+    sk
+}
+
+#[test]
+fn a_person_approves_in_the_console_in_a_real_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = TestCa::generate(d);
+    let https = Origin::start(Some(&ca));
+    let yaml = format!(
+        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
+audit: {{ path: {audit}, chain: true, signing_key_file: {sk} }}
+state_dir: {state}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ granted.test: [127.0.0.1], blocked.test: [127.0.0.1], other.test: [127.0.0.1], api.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+{admin}sandboxes:
+  - id: agent
+    auth: {{ token_sha256: {a} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }}
+"#,
+        audit = d.join("audit.jsonl").display(),
+        sk = signing_key(d).display(),
+        state = d.join("state").display(),
+        admin = admin_yaml(d, None),
+        a = sha("tok-agent"),
+    );
+    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
+    let proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    // Some traffic the usage chart counts before the browser looks.
+    let px = format!("http://agent:tok-agent@{}", proxy.proxy);
+    let cacert = ca.ca_pem.display().to_string();
+    let url = format!("https://api.test:{}/hello", https.addr.port());
+    assert_eq!(curl(&["-x", &px, "--cacert", &cacert, &url]).code, 0);
+
+    let shots = std::env::var("CONSOLE_SCREENSHOTS")
+        .unwrap_or_else(|_| d.join("screenshots").display().to_string());
+    let out = Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/console/drive.py"))
+        .env("ADMIN", format!("http://{}", proxy.admin))
+        .env("ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("ALICE_TOKEN", ALICE)
+        .env("VERA_TOKEN", VERA)
+        .env("PROXY", &px)
+        .env("ORIGIN_PORT", https.addr.port().to_string())
+        .env("CACERT", &cacert)
+        .env("CONSOLE_SCREENSHOTS", &shots)
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        .output()
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the browser run failed (needs chromium, chromium-driver and selenium: tests/run installs them)\n{stdout}\n{stderr}"
+    );
+    let summary: Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap();
+    eprintln!("console: {summary}");
+    assert_eq!(summary["ok"], true, "{summary}");
+    for page in ["sign-in", "live", "inbox", "grants", "sandbox", "audit"] {
+        let png = std::fs::read(Path::new(&shots).join(format!("{page}.png"))).unwrap();
+        assert!(png.starts_with(b"\x89PNG"), "{page}.png is a PNG");
+    }
+
+    // The approval names the signed-in principal, never a token.
+    let approved = proxy.wait_record(|r| {
+        r["approval"]["step"] == "approved" && r["approval"]["by"] == "console"
+    });
+    assert_eq!(
+        approved["approval"]["credential"], "console alice (approver, token)",
+        "{approved}"
+    );
+    assert_eq!(approved["approval"]["text"], "for the docs, 5 s");
+    let trail = std::fs::read_to_string(d.join("audit.jsonl")).unwrap();
+    for secret in [ADMIN_TOKEN, ALICE, VERA] {
+        assert!(!trail.contains(secret), "a token in the trail");
+        assert!(!proxy.stderr_text().contains(secret), "a token in the log");
+    }
+    // The trail the console said verifies, verifies.
+    let verify = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["audit", "verify", "--open-run", "--public-key"])
+        .arg(d.join("audit.pub.pem"))
+        .arg(d.join("audit.jsonl"))
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{verify:?}");
+}
+
+/// Headers, flags and refusals a browser does not show: read with curl.
+#[test]
+fn console_headers_cookies_csrf_and_certificate_sign_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let server = Pki::new(d, "adminca");
+    server.issue(
+        "server",
+        "egress-proxy admin",
+        vec![rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap())],
+    );
+    let clients = Pki::new(d, "clients");
+    let (cc, ck) = clients.issue("carol", "carol", vec![]);
+    let yaml = format!(
+        "listen:\n  proxy: 127.0.0.1:0\n  admin: 127.0.0.1:0\n  admin_tls: {{ cert_file: server.pem, key_file: server.key, client_ca_file: clients-ca.pem }}\naudit: {{ path: {} }}\n{}",
+        d.join("audit.jsonl").display(),
+        admin_yaml(d, Some("CN=carol")),
+    );
+    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
+    let proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    let base = format!("https://127.0.0.1:{}", proxy.admin.port());
+    let tls = [
+        "--cacert",
+        server.ca_pem.to_str().unwrap(),
+        "--cert",
+        cc.to_str().unwrap(),
+        "--key",
+        ck.to_str().unwrap(),
+    ];
+    let call = |extra: &[&str], path: &str| -> String {
+        let mut args: Vec<&str> = tls.to_vec();
+        args.extend(["-i"]);
+        args.extend(extra);
+        let url = format!("{base}{path}");
+        args.push(&url);
+        curl(&args).text()
+    };
+    // The sign-in page offers the certificate's user; headers on every console answer.
+    let page = call(&[], "/ui/login");
+    assert!(page.contains("Sign in as carol (client certificate)"), "{page}");
+    let lower = page.to_ascii_lowercase();
+    for h in [
+        "content-security-policy: default-src 'none'; script-src 'self'",
+        "x-frame-options: deny",
+        "x-content-type-options: nosniff",
+        "cache-control: no-store",
+    ] {
+        assert!(lower.contains(h), "{h}: {page}");
+    }
+    assert!(!page.contains("<script>"), "no inline script: {page}");
+    // Signed out, a page sends to sign-in; a form is refused.
+    assert!(call(&[], "/ui/inbox").contains("location: /ui/login"));
+    assert!(call(&["-X", "POST", "-d", "csrf=x"], "/ui/requests/r-0123456789ab/deny").contains(" 401 "));
+    // A sign-in from another site is refused (login CSRF).
+    let cross = call(
+        &["-d", "with=certificate", "-H", "Origin: https://evil.example"],
+        "/ui/login",
+    );
+    assert!(cross.contains(" 403 "), "{cross}");
+    // A wrong token: refused, and nothing set.
+    let wrong = call(&["-d", "token=not-a-users-token"], "/ui/login");
+    assert!(wrong.contains(" 401 ") && !wrong.contains("set-cookie"), "{wrong}");
+    // The certificate signs carol in: a Secure, HttpOnly, SameSite=Strict session cookie.
+    let ok = call(&["-d", "with=certificate"], "/ui/login");
+    let cookie = ok
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .unwrap_or_else(|| panic!("{ok}"));
+    for flag in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/ui/", "Max-Age=600"] {
+        assert!(cookie.contains(flag), "{flag}: {cookie}");
+    }
+    let session = cookie.split(';').next().unwrap().trim().to_string();
+    let inbox = call(&["-H", &format!("Cookie: {session}")], "/ui/inbox");
+    assert!(inbox.contains(" 200 ") && inbox.contains("carol · approver"), "{inbox}");
+    // The CSRF token is required, and another session's does not do.
+    let no_csrf = call(
+        &["-H", &format!("Cookie: {session}"), "-d", "note=x"],
+        "/ui/requests/r-0123456789ab/deny",
+    );
+    assert!(no_csrf.contains(" 403 ") && no_csrf.contains("CSRF"), "{no_csrf}");
+    // The admin API is unchanged: the cookie is not a bearer token.
+    let api = call(&["-H", &format!("Cookie: {session}")], "/v1/sandboxes");
+    assert!(api.contains(" 401 "), "{api}");
+    // Without `admin.console`, /ui/ is not there.
+    let other = tempfile::tempdir().unwrap();
+    let off = Proxy::start(other.path(), "");
+    let r = curl(&["-i", &format!("http://{}/ui/login", off.admin)]).text();
+    assert!(r.contains(" 404 ") && r.contains("admin.console"), "{r}");
+}
