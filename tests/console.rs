@@ -51,7 +51,14 @@ fn signing_key(d: &Path) -> std::path::PathBuf {
         assert!(ok, "openssl {args:?}");
     };
     run(&["genpkey", "-algorithm", "ed25519", "-out", "audit.pem"]);
-    run(&["pkey", "-pubout", "-in", "audit.pem", "-out", "audit.pub.pem"]);
+    run(&[
+        "pkey",
+        "-pubout",
+        "-in",
+        "audit.pem",
+        "-out",
+        "audit.pub.pem",
+    ]);
     sk
 }
 
@@ -70,6 +77,7 @@ defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
 {admin}sandboxes:
   - id: agent
     auth: {{ token_sha256: {a} }}
+    limits: {{ requests_per_day: 40, bytes_per_day: 100000 }}
     policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }}
 "#,
         audit = d.join("audit.jsonl").display(),
@@ -89,7 +97,10 @@ defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
     let shots = std::env::var("CONSOLE_SCREENSHOTS")
         .unwrap_or_else(|_| d.join("screenshots").display().to_string());
     let out = Command::new("python3")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/console/drive.py"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/console/drive.py"
+        ))
         .env("ADMIN", format!("http://{}", proxy.admin))
         .env("ADMIN_TOKEN", ADMIN_TOKEN)
         .env("ALICE_TOKEN", ALICE)
@@ -117,9 +128,8 @@ defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
     }
 
     // The approval names the signed-in principal, never a token.
-    let approved = proxy.wait_record(|r| {
-        r["approval"]["step"] == "approved" && r["approval"]["by"] == "console"
-    });
+    let approved = proxy
+        .wait_record(|r| r["approval"]["step"] == "approved" && r["approval"]["by"] == "console");
     assert_eq!(
         approved["approval"]["credential"], "console alice (approver, token)",
         "{approved}"
@@ -179,7 +189,10 @@ fn console_headers_cookies_csrf_and_certificate_sign_in() {
     };
     // The sign-in page offers the certificate's user; headers on every console answer.
     let page = call(&[], "/ui/login");
-    assert!(page.contains("Sign in as carol (client certificate)"), "{page}");
+    assert!(
+        page.contains("Sign in as carol (client certificate)"),
+        "{page}"
+    );
     let lower = page.to_ascii_lowercase();
     for h in [
         "content-security-policy: default-src 'none'; script-src 'self'",
@@ -192,34 +205,58 @@ fn console_headers_cookies_csrf_and_certificate_sign_in() {
     assert!(!page.contains("<script>"), "no inline script: {page}");
     // Signed out, a page sends to sign-in; a form is refused.
     assert!(call(&[], "/ui/inbox").contains("location: /ui/login"));
-    assert!(call(&["-X", "POST", "-d", "csrf=x"], "/ui/requests/r-0123456789ab/deny").contains(" 401 "));
+    assert!(call(
+        &["-X", "POST", "-d", "csrf=x"],
+        "/ui/requests/r-0123456789ab/deny"
+    )
+    .contains(" 401 "));
     // A sign-in from another site is refused (login CSRF).
     let cross = call(
-        &["-d", "with=certificate", "-H", "Origin: https://evil.example"],
+        &[
+            "-d",
+            "with=certificate",
+            "-H",
+            "Origin: https://evil.example",
+        ],
         "/ui/login",
     );
     assert!(cross.contains(" 403 "), "{cross}");
     // A wrong token: refused, and nothing set.
     let wrong = call(&["-d", "token=not-a-users-token"], "/ui/login");
-    assert!(wrong.contains(" 401 ") && !wrong.contains("set-cookie"), "{wrong}");
+    assert!(
+        wrong.contains(" 401 ") && !wrong.contains("set-cookie"),
+        "{wrong}"
+    );
     // The certificate signs carol in: a Secure, HttpOnly, SameSite=Strict session cookie.
     let ok = call(&["-d", "with=certificate"], "/ui/login");
     let cookie = ok
         .lines()
         .find_map(|l| l.strip_prefix("set-cookie: "))
         .unwrap_or_else(|| panic!("{ok}"));
-    for flag in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/ui/", "Max-Age=600"] {
+    for flag in [
+        "HttpOnly",
+        "SameSite=Strict",
+        "Secure",
+        "Path=/ui/",
+        "Max-Age=600",
+    ] {
         assert!(cookie.contains(flag), "{flag}: {cookie}");
     }
     let session = cookie.split(';').next().unwrap().trim().to_string();
     let inbox = call(&["-H", &format!("Cookie: {session}")], "/ui/inbox");
-    assert!(inbox.contains(" 200 ") && inbox.contains("carol · approver"), "{inbox}");
+    assert!(
+        inbox.contains(" 200 ") && inbox.contains("carol · approver"),
+        "{inbox}"
+    );
     // The CSRF token is required, and another session's does not do.
     let no_csrf = call(
         &["-H", &format!("Cookie: {session}"), "-d", "note=x"],
         "/ui/requests/r-0123456789ab/deny",
     );
-    assert!(no_csrf.contains(" 403 ") && no_csrf.contains("CSRF"), "{no_csrf}");
+    assert!(
+        no_csrf.contains(" 403 ") && no_csrf.contains("CSRF"),
+        "{no_csrf}"
+    );
     // The admin API is unchanged: the cookie is not a bearer token.
     let api = call(&["-H", &format!("Cookie: {session}")], "/v1/sandboxes");
     assert!(api.contains(" 401 "), "{api}");

@@ -113,6 +113,19 @@ pub struct Who {
     pub credential: Option<Box<str>>,
     /// How an asking sandbox was identified.
     pub identity: Option<Method>,
+    /// The signed-in person who answered in the console (`alice`), named on the grant.
+    pub principal: Option<Box<str>>,
+}
+
+impl Who {
+    /// The approver a grant names: how it came, and who, when a person signed in
+    /// (`console alice`).
+    pub fn approver(&self) -> String {
+        match &self.principal {
+            Some(p) => format!("{} {p}", self.by),
+            None => self.by.to_string(),
+        }
+    }
 }
 
 impl From<&'static str> for Who {

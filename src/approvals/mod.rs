@@ -256,6 +256,7 @@ impl Desk {
             client: Some(client),
             credential: None,
             identity: Some(identity),
+            principal: None,
         };
         self.record(&request, "requested", &who, None);
         self.changed.send_modify(|n| *n += 1);
@@ -324,7 +325,7 @@ impl Desk {
                         a.paths.clone(),
                         kind,
                         r.deadline,
-                        by,
+                        &who.approver(),
                     )
                     .journaled(self.journal()),
                 ))

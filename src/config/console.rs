@@ -162,7 +162,7 @@ pub(super) fn resolve(
                     Credential::TokenSha256([0; 32])
                 }
                 Err(why) => {
-                    sink.top(&format!("{field}.token_file"), why, Some(&file));
+                    sink.top(format!("{field}.token_file"), why, Some(&file));
                     continue;
                 }
             },
@@ -222,4 +222,54 @@ fn token_digest(path: &Path) -> Result<[u8; 32], String> {
         ));
     }
     Ok(Sha256::digest(token.as_bytes()).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::load_str;
+    use super::*;
+
+    fn load(dir: &Path, admin: &str) -> Result<ConsoleConfig, String> {
+        let text = format!("admin_token_file: admin.token\nadmin:\n{admin}");
+        load_str(&text, "proxy.yaml", dir, None)
+            .map(|c| c.console)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn users_sign_in_by_token_file_or_certificate_and_bad_entries_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("admin.token"), "the-admin-token-0123456789").unwrap();
+        std::fs::write(d.join("vera.token"), "vera-token-0123456789\n").unwrap();
+        std::fs::write(d.join("short.token"), "short").unwrap();
+        let ok = load(
+            d,
+            "  console: true\n  users:\n    - { name: vera, role: viewer, token_file: vera.token }\n    - { name: alice, role: approver, certificate: \"CN=alice\" }\n",
+        )
+        .unwrap();
+        assert!(ok.enabled);
+        assert_eq!(ok.session_ttl, Duration::from_secs(DEFAULT_TTL_S));
+        let digest: [u8; 32] = Sha256::digest(b"vera-token-0123456789").into();
+        assert_eq!(ok.users[0].credential, Credential::TokenSha256(digest));
+        assert_eq!(ok.users[1].role, Role::Approver);
+        assert!(!format!("{:?}", ok.users[0]).contains("vera-token"));
+        for (bad, says) in [
+            ("  console: yes-please\n", "admin"),
+            ("  console: true\n  session_ttl_s: 5\n", "session_ttl_s"),
+            ("  users: [{ name: admin, role: viewer, certificate: CN=x }]\n", "admin token's"),
+            ("  users: [{ name: a, role: viewer, certificate: CN=x, token_file: vera.token }]\n", "exactly one"),
+            ("  users: [{ name: a, role: viewer }]\n", "exactly one"),
+            ("  users: [{ name: a, role: root, certificate: CN=x }]\n", "admin"),
+            ("  users: [{ name: a, role: viewer, token_file: short.token }]\n", "fewer than 16"),
+            ("  users: [{ name: a, role: viewer, token_file: gone.token }]\n", "cannot read"),
+            ("  users: [{ name: \"a b\", role: viewer, certificate: CN=x }]\n", "1 to 64"),
+            ("  users: [{ name: a, role: viewer, certificate: CN=x }, { name: a, role: approver, certificate: CN=y }]\n", "twice"),
+        ] {
+            let e = load(d, bad).expect_err(bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        // Off by default, and without the section.
+        assert!(!load(d, "  users: []\n").unwrap().enabled);
+    }
 }

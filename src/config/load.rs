@@ -281,22 +281,16 @@ type SecretSections = (
     Option<super::credentials::InterceptConfig>,
     Option<[u8; 32]>,
     Option<super::upstream::UpstreamProxy>,
-    Option<PathBuf>,
+    (
+        Option<PathBuf>,
+        super::console::ConsoleConfig,
+        super::approvals::ApprovalsConfig,
+    ),
 );
 
 impl Secretly<'_> {
-    /// `approvals:` (its webhook names a secret file).
-    fn approvals(
-        &self,
-        s: &mut Sections,
-        sink: &mut Sink<'_>,
-        warnings: &mut Vec<String>,
-    ) -> super::approvals::ApprovalsConfig {
-        let raw = take(&mut s.approvals);
-        super::approvals::resolve_approvals(raw, self.rel, self.secrets, sink, warnings)
-    }
-
-    /// `tls_intercept` (and the placeholder key), `upstream_proxy`, `admin_token_file`.
+    /// `tls_intercept` (and the placeholder key), `upstream_proxy`, `admin_token_file`,
+    /// `admin` (users' token files), `approvals` (the webhook's secret).
     fn sections(
         &self,
         s: &mut Sections,
@@ -321,7 +315,12 @@ impl Secretly<'_> {
             .admin_token_file
             .take()
             .map(|f| admin_token(&rel(&f), secrets, sink, warnings));
-        (intercept, placeholder_key, upstream_proxy, admin_token_file)
+        let console = super::console::resolve(s.admin.take(), rel, secrets, sink, warnings);
+        let approvals = take(&mut s.approvals);
+        let approvals =
+            super::approvals::resolve_approvals(approvals, rel, secrets, sink, warnings);
+        let admin = (admin_token_file, console, approvals);
+        (intercept, placeholder_key, upstream_proxy, admin)
     }
 }
 
@@ -472,11 +471,9 @@ fn load_str_with(
     let knobs = Knobs::resolve(&mut s, base_dir, &mut sink);
     let rel = |p: &str| files::path_in(base_dir, p);
     let read = Secretly { rel: &rel, secrets };
-    let (intercept, placeholder_key, upstream_proxy, admin_token_file) =
+    let (intercept, placeholder_key, upstream_proxy, (admin_token_file, console, approvals)) =
         read.sections(&mut s, &mut sink, &mut warnings, &mut files);
     read.tls_files(&knobs.listen, intercept.as_ref(), &mut sink, &mut warnings);
-    let approvals = read.approvals(&mut s, &mut sink, &mut warnings);
-    let console = super::console::resolve(s.admin.take(), &rel, secrets, &mut sink, &mut warnings);
     let etcd = resolve_control_plane(s.control_plane, &rel, &mut sink);
     let otel = super::otel::resolve_otel(s.otel.take(), &rel, &mut sink);
     let within = (s.audit.path.as_str(), s.state_dir.as_deref());

@@ -74,12 +74,8 @@ async fn respond(admin: &Admin, req: Request<Incoming>) -> Response<AdminBody> {
     if req.method() == Method::GET && req.uri().path() == "/v1/observe" {
         return observe(admin, &req);
     }
-    let path = req.uri().path();
-    if path == "/ui" || path.starts_with("/ui/") {
-        return match &admin.console {
-            Some(console) => crate::control::console::respond(admin, console, req).await,
-            None => text(StatusCode::NOT_FOUND, PLAIN, "not found (the console is off: admin.console)\n".into()).map(BodyExt::boxed),
-        };
+    if crate::control::console::owns(req.uri().path()) {
+        return crate::control::console::respond(admin, req).await;
     }
     route(admin, req).await.map(BodyExt::boxed)
 }
@@ -137,6 +133,7 @@ impl Admin {
             client: caller.map(|c| c.addr),
             credential,
             identity: None,
+            principal: None,
         }
     }
 

@@ -167,6 +167,7 @@ def main():
         d.get(ADMIN + "/ui/grants")
         grant = d.find_elements(By.CSS_SELECTOR, f"tr.grant[data-id='{rid}']")
         assert grant and "ttl" in grant[0].text, d.page_source[:2000]
+        assert "console alice" in grant[0].text, grant[0].text
         shot(d, "grants")
         within(d, 15, "the grant expired and left Grants",
                lambda: (d.refresh() or True) and not d.find_elements(By.CSS_SELECTOR, f"tr.grant[data-id='{rid}']"))
@@ -177,7 +178,11 @@ def main():
         # Sandboxes: today's bars equal /v1/usage.
         d.get(ADMIN + "/ui/sandboxes/agent")
         bar = lambda chart: int(d.find_elements(By.CSS_SELECTOR, f"#chart-{chart} rect.bar")[-1].get_attribute("data-value"))
-        usage = admin_api("/v1/usage?sandbox=agent")["usage"]
+        answer = admin_api("/v1/usage?sandbox=agent")
+        usage = answer["usage"]
+        quota = next(q for q in answer["quotas"] if q["destination"] is None)
+        line = lambda chart: int(d.find_element(By.CSS_SELECTOR, f"#chart-{chart} line.limit").get_attribute("data-value"))
+        assert (line("requests"), line("bytes")) == (quota["requests_per_day"], quota["bytes_per_day"]), quota
         want = {"requests": sum(r["requests"] for r in usage),
                 "bytes": sum(r["bytes_up"] + r["bytes_down"] for r in usage)}
         got = {"requests": bar("requests"), "bytes": bar("bytes")}

@@ -17,6 +17,7 @@ use crate::approvals::{request, Answer, State, Who};
 use crate::config::console::Role;
 use crate::control::admin::{read_body, Admin, AdminBody, Caller};
 use crate::control::admin_requests::on_desk;
+use crate::control::error::{invalid, ControlError};
 use crate::control::observe::Filter;
 use crate::policy::granted::GrantKind;
 use crate::runtime::Shared;
@@ -32,13 +33,23 @@ fn certificate(req: &Request<Incoming>) -> Option<&str> {
 /// `GET /ui/login`.
 pub fn login_page(console: &Console, req: &Request<Incoming>) -> Response<AdminBody> {
     let by_cert = session::sign_in(&console.cfg, None, None, certificate(req));
-    html(StatusCode::OK, pages::sign_in(None, by_cert.as_ref().map(|p| p.name.as_str())))
+    html(
+        StatusCode::OK,
+        pages::sign_in(None, by_cert.as_ref().map(|p| p.name.as_str())),
+    )
 }
 
 /// A form body's fields.
-async fn form(admin: &Admin, req: Request<Incoming>) -> Result<Vec<(String, String)>, Response<AdminBody>> {
-    let body = read_body(req, admin.max_body).await.map_err(|r| r.map(BodyExt::boxed))?;
-    Ok(form_urlencoded::parse(body.as_bytes()).into_owned().collect())
+async fn form(
+    admin: &Admin,
+    req: Request<Incoming>,
+) -> Result<Vec<(String, String)>, Response<AdminBody>> {
+    let body = read_body(req, admin.max_body)
+        .await
+        .map_err(|r| r.map(BodyExt::boxed))?;
+    Ok(form_urlencoded::parse(body.as_bytes())
+        .into_owned()
+        .collect())
 }
 
 fn get<'a>(fields: &'a [(String, String)], k: &str) -> Option<&'a str> {
@@ -64,9 +75,17 @@ fn same_origin(req: &Request<Incoming>) -> bool {
 }
 
 /// `POST /ui/login`: a token or the client certificate; then a session and its cookie.
-pub async fn login(admin: &Admin, console: &Console, req: Request<Incoming>) -> Response<AdminBody> {
+pub async fn login(
+    admin: &Admin,
+    console: &Console,
+    req: Request<Incoming>,
+) -> Response<AdminBody> {
     if !same_origin(&req) {
-        return whole(StatusCode::FORBIDDEN, "text/plain; charset=utf-8", "cross-site sign-in refused\n".into());
+        return whole(
+            StatusCode::FORBIDDEN,
+            "text/plain; charset=utf-8",
+            "cross-site sign-in refused\n".into(),
+        );
     }
     let tls = tls(&req);
     let cert = certificate(&req).map(str::to_string);
@@ -76,15 +95,27 @@ pub async fn login(admin: &Admin, console: &Console, req: Request<Incoming>) -> 
     };
     let cert = cert.filter(|_| get(&fields, "with") == Some("certificate"));
     let token = get(&fields, "token");
-    let who = session::sign_in(&console.cfg, admin.token_sha256.as_ref(), token, cert.as_deref());
+    let who = session::sign_in(
+        &console.cfg,
+        admin.token_sha256.as_ref(),
+        token,
+        cert.as_deref(),
+    );
     let Some(principal) = who else {
         tracing::info!("console sign-in refused");
-        let page = pages::sign_in(Some("Sign-in refused: that token or certificate is not a console user's."), None);
+        let page = pages::sign_in(
+            Some("Sign-in refused: that token or certificate is not a console user's."),
+            None,
+        );
         return html(StatusCode::UNAUTHORIZED, page);
     };
     tracing::info!(user = %principal.name, role = principal.role.as_str(), "console sign-in");
     let Some(id) = console.sessions.open(principal) else {
-        return whole(StatusCode::SERVICE_UNAVAILABLE, "text/plain; charset=utf-8", "no random bytes for a session\n".into());
+        return whole(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain; charset=utf-8",
+            "no random bytes for a session\n".into(),
+        );
     };
     let mut r = see_other("/ui/inbox");
     if let Ok(v) = HeaderValue::from_str(&console.sessions.set_cookie(&id, tls)) {
@@ -103,7 +134,13 @@ pub async fn post(
     let path = req.uri().path().to_string();
     let tls = tls(&req);
     let client = req.extensions().get::<Caller>().map(|c| c.addr);
-    let refuse = |why: &str| whole(StatusCode::FORBIDDEN, "text/plain; charset=utf-8", format!("{why}\n"));
+    let refuse = |why: &str| {
+        whole(
+            StatusCode::FORBIDDEN,
+            "text/plain; charset=utf-8",
+            format!("{why}\n"),
+        )
+    };
     if !same_origin(&req) {
         return refuse("cross-site form refused");
     }
@@ -126,22 +163,39 @@ pub async fn post(
         tracing::warn!(user = %session.principal.name, path = %path, "console: a viewer's change refused");
         return refuse("a viewer cannot answer requests or revoke grants");
     }
+    desk_step(admin, &session, &path, &fields, client).await
+}
+
+/// An approver's answer or revocation, through the admin API's desk steps; then back to the
+/// page, or a page that says why it was refused.
+async fn desk_step(
+    admin: &Admin,
+    session: &Session,
+    path: &str,
+    fields: &[(String, String)],
+    client: Option<std::net::SocketAddr>,
+) -> Response<AdminBody> {
     let Some(desk) = admin.shared.desk.get().cloned() else {
-        return whole(StatusCode::SERVICE_UNAVAILABLE, "text/plain; charset=utf-8", "the proxy is starting\n".into());
+        return whole(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain; charset=utf-8",
+            "the proxy is starting\n".into(),
+        );
     };
     let who = Who {
         by: "console",
         client,
         credential: Some(session.principal.credential().into()),
         identity: None,
+        principal: Some(session.principal.name.as_str().into()),
     };
     let rest = path.strip_prefix("/ui/").unwrap_or_default();
     let parts: Vec<&str> = rest.split('/').collect();
     let (back, done) = match parts.as_slice() {
         ["requests", id, step @ ("approve" | "deny")] if request::valid_id(id) => {
             let answer = match *step {
-                "approve" => approval(&fields),
-                _ => Answer::deny(note(&fields)),
+                "approve" => approval(fields),
+                _ => Answer::deny(note(fields)),
             };
             let id = id.to_string();
             let done = match answer {
@@ -152,14 +206,31 @@ pub async fn post(
         }
         ["grants", id, "revoke"] if request::valid_id(id) => {
             let id = id.to_string();
-            ("/ui/grants", on_desk(desk, move |d| d.revoke(&id, who)).await)
+            (
+                "/ui/grants",
+                on_desk(desk, move |d| d.revoke(&id, who)).await,
+            )
         }
-        _ => return whole(StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "not found\n".into()),
+        _ => {
+            return whole(
+                StatusCode::NOT_FOUND,
+                "text/plain; charset=utf-8",
+                "not found\n".into(),
+            )
+        }
     };
     match done {
         Ok(_) => see_other(back),
         Err(e) => {
-            let frame = Frame { who: &session.principal, csrf: &session.csrf, at: if back == "/ui/inbox" { "inbox" } else { "grants" } };
+            let frame = Frame {
+                who: &session.principal,
+                csrf: &session.csrf,
+                at: if back == "/ui/inbox" {
+                    "inbox"
+                } else {
+                    "grants"
+                },
+            };
             let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
             html(status, pages::problem(&frame, &e.message, back))
         }
@@ -167,20 +238,34 @@ pub async fn post(
 }
 
 fn note(fields: &[(String, String)]) -> Option<String> {
-    get(fields, "note").map(str::trim).filter(|n| !n.is_empty()).map(String::from)
+    get(fields, "note")
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(String::from)
 }
 
 /// An approval from the form: `grant` (`ttl`, `once`, `permanent`), `ttl_s` for a TTL.
 fn approval(fields: &[(String, String)]) -> Result<Answer, crate::approvals::Refused> {
-    let bad = |m: String| crate::approvals::Refused { status: 400, message: m };
+    let bad = |m: String| crate::approvals::Refused {
+        status: 400,
+        message: m,
+    };
     let kind = match get(fields, "grant").unwrap_or("ttl") {
         "ttl" => GrantKind::Ttl,
         "once" => GrantKind::Once,
         "permanent" => GrantKind::Permanent,
         other => return Err(bad(format!("grant `{other}`: once, ttl or permanent"))),
     };
-    let ttl_s = match (kind, get(fields, "ttl_s").map(str::trim).filter(|t| !t.is_empty())) {
-        (GrantKind::Ttl, Some(t)) => Some(t.parse().map_err(|_| bad(format!("seconds `{t}`: a whole number")))?),
+    let ttl_s = match (
+        kind,
+        get(fields, "ttl_s")
+            .map(str::trim)
+            .filter(|t| !t.is_empty()),
+    ) {
+        (GrantKind::Ttl, Some(t)) => Some(
+            t.parse()
+                .map_err(|_| bad(format!("seconds `{t}`: a whole number")))?,
+        ),
         _ => None,
     };
     Answer::approve(kind, ttl_s, note(fields))
@@ -191,7 +276,12 @@ pub fn inbox(shared: &Shared, frame: &Frame<'_>) -> Markup {
     let Some(desk) = shared.desk.get() else {
         return pages::inbox(frame, &[], &[]);
     };
-    let list = |s: Option<State>| desk.list(s)["requests"].as_array().cloned().unwrap_or_default();
+    let list = |s: Option<State>| {
+        desk.list(s)["requests"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
     let pending = list(Some(State::Pending));
     let mut answered = list(None);
     answered.retain(|r| r["state"] != "pending");
@@ -201,18 +291,24 @@ pub fn inbox(shared: &Shared, frame: &Frame<'_>) -> Markup {
 
 /// *Grants*' data.
 pub fn grants(shared: &Shared, frame: &Frame<'_>) -> Markup {
-    let all = shared.desk.get().map(|d| d.grant_list(None)).unwrap_or_default();
+    let all = shared
+        .desk
+        .get()
+        .map(|d| d.grant_list(None))
+        .unwrap_or_default();
     pages::grants(frame, all["grants"].as_array().map_or(&[][..], |v| v))
 }
 
 /// The *Live* filters of a query: the non-empty ones, checked as `/v1/observe` checks them.
-fn filters(query: Option<&str>) -> (views::Filters, Result<Filter, String>) {
+fn filters(query: Option<&str>) -> (views::Filters, Result<Filter, ControlError>) {
     let kept: views::Filters = form_urlencoded::parse(query.unwrap_or("").as_bytes())
         .into_owned()
         .filter(|(_, v)| !v.is_empty())
         .collect();
-    let q: String = form_urlencoded::Serializer::new(String::new()).extend_pairs(kept.iter()).finish();
-    let f = Filter::parse(Some(&q)).map_err(|e| e.to_string());
+    let q: String = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(kept.iter())
+        .finish();
+    let f = Filter::parse(Some(&q)).map_err(|e| invalid(e.to_string()));
     (kept, f)
 }
 
@@ -221,7 +317,7 @@ pub fn live(console: &Console, query: Option<&str>) -> Markup {
     let (kept, filter) = filters(query);
     match filter {
         Ok(f) => views::live(&kept, &console.live.recent(&f), None),
-        Err(why) => views::live(&kept, &[], Some(&why)),
+        Err(why) => views::live(&kept, &[], Some(&why.to_string())),
     }
 }
 
@@ -229,21 +325,33 @@ pub fn live(console: &Console, query: Option<&str>) -> Markup {
 pub fn events(admin: &Admin, query: Option<&str>) -> Response<AdminBody> {
     let filter = match filters(query).1 {
         Ok(f) => f,
-        Err(why) => return whole(StatusCode::BAD_REQUEST, "text/plain; charset=utf-8", format!("{why}\n")),
+        Err(why) => {
+            return whole(
+                StatusCode::BAD_REQUEST,
+                "text/plain; charset=utf-8",
+                format!("{why}\n"),
+            )
+        }
     };
-    let body = super::live::events(admin.shared.sink.log.observe(), filter);
-    super::secured(StatusCode::OK, "text/event-stream", body.boxed())
+    let lines = crate::control::observe::stream(admin.shared.sink.log.observe(), filter);
+    let events = lines.map_frame(|f| f.map_data(|line| super::live::event(&line)));
+    super::secured(StatusCode::OK, "text/event-stream", events.boxed())
 }
 
 /// `GET /ui/explain?sandbox=&target=`: what `check` says now, resolving as the proxy would.
-pub async fn explain(shared: &Shared, query: Option<&str>) -> Result<Markup, String> {
-    let q: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes()).into_owned().collect();
+pub async fn explain(shared: &Shared, query: Option<&str>) -> Result<Markup, ControlError> {
+    let q: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .into_owned()
+        .collect();
     let (Some(sandbox), Some(target)) = (get(&q, "sandbox"), get(&q, "target")) else {
-        return Err("explain takes sandbox and target".into());
+        return Err(invalid("explain takes sandbox and target"));
     };
     let set = shared.policy.load();
-    let sb = set.get(sandbox).ok_or_else(|| format!("no sandbox `{sandbox}`"))?;
-    let checked = crate::control::check::check(&set, sb, target, Some(&shared.resolver()), None).await;
+    let sb = set
+        .get(sandbox)
+        .ok_or_else(|| invalid(format!("no sandbox `{sandbox}`")))?;
+    let checked =
+        crate::control::check::check(&set, sb, target, Some(&shared.resolver()), None).await;
     Ok(views::explain(sandbox, target, &checked))
 }
 
@@ -252,13 +360,30 @@ pub fn sandbox(admin: &Admin, id: &str) -> Option<Markup> {
     let view = admin.control.get(id)?;
     let set = admin.shared.policy.load();
     let layers = set.get(id).map_or_else(Vec::new, |sb| {
-        sb.binding.network.layers.iter().map(|l| {
-            let texts = |v: &[(String, _)]| v.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>();
-            (l.id.to_string(), l.ceiling.as_deref().map(texts), texts(&l.deny))
-        }).collect()
+        sb.binding
+            .network
+            .layers
+            .iter()
+            .map(|l| {
+                let texts =
+                    |v: &[(String, _)]| v.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>();
+                (
+                    l.id.to_string(),
+                    l.ceiling.as_deref().map(texts),
+                    texts(&l.deny),
+                )
+            })
+            .collect()
     });
-    let quota = crate::control::admin_usage::quotas(&admin.shared, Some(id)).into_iter().find(|q| q["destination"].is_null());
-    Some(views::sandbox(&view, &layers, &days(&admin.shared, id), quota.as_ref()))
+    let quota = crate::control::admin_usage::quotas(&admin.shared, Some(id))
+        .into_iter()
+        .find(|q| q["destination"].is_null());
+    Some(views::sandbox(
+        &view,
+        &layers,
+        &days(&admin.shared, id),
+        quota.as_ref(),
+    ))
 }
 
 /// The last [`DAYS`] UTC days of `id`'s usage, oldest first; each day is the ledger's sums
@@ -293,16 +418,37 @@ fn days(shared: &Shared, id: &str) -> Vec<(String, Usage)> {
     out
 }
 
-/// *Audit*: the trail verified on a blocking thread (it reads every file).
+/// *Audit*: the trail verified on a blocking thread (it reads every file), or the last
+/// verification when it is recent.
 pub async fn audit(admin: &Admin, console: &Console) -> Markup {
-    let config = admin.control.config();
-    let trail = tokio::task::spawn_blocking(move || super::trail::verify_trail(&config))
-        .await
-        .unwrap_or_else(|_| serde_json::json!({ "verified": false, "error": "the check failed" }));
+    let recent = |c: &Console| {
+        let v = c.verified.lock().unwrap_or_else(|e| e.into_inner());
+        v.as_ref()
+            .filter(|(at, _)| at.elapsed() < super::VERIFIED_FOR)
+            .map(|(_, t)| t.clone())
+    };
+    let trail = match recent(console) {
+        Some(t) => t,
+        None => {
+            let config = admin.control.config();
+            let t = tokio::task::spawn_blocking(move || super::trail::verify_trail(&config))
+                .await
+                .unwrap_or_else(
+                    |_| serde_json::json!({ "verified": false, "error": "the check failed" }),
+                );
+            let mut v = console.verified.lock().unwrap_or_else(|e| e.into_inner());
+            *v = Some((std::time::Instant::now(), t.clone()));
+            t
+        }
+    };
     let health = admin.shared.sink.log.health().status();
     let sink = match health.failing_for {
         Some(d) => format!("failing for {:.0} s: {}", d.as_secs_f64(), health.error),
         None => "writing".into(),
     };
-    views::audit(&trail, &console.live.per_minute(super::live::now_minute()), &sink)
+    views::audit(
+        &trail,
+        &console.live.per_minute(super::live::now_minute()),
+        &sink,
+    )
 }

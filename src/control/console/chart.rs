@@ -22,7 +22,13 @@ const BOTTOM: u64 = 22;
 /// A chart of `bars` named `title` (its `id` is `chart-{id}`), with `limit` drawn as a line
 /// when there is one; `labels` writes each bar's number above it (few bars only).
 pub fn bars(id: &str, title: &str, bars: &[Bar], limit: Option<u64>, labels: bool) -> Markup {
-    let top = bars.iter().map(|b| b.value).chain(limit).max().unwrap_or(0).max(1);
+    let top = bars
+        .iter()
+        .map(|b| b.value)
+        .chain(limit)
+        .max()
+        .unwrap_or(0)
+        .max(1);
     let plot = HEIGHT - TOP - BOTTOM;
     let n = bars.len().max(1) as u64;
     let slot = WIDTH / n;
@@ -79,7 +85,10 @@ mod tests {
         let svg = bars("requests", "Requests <per day>", &b, Some(10), true).into_string();
         assert!(svg.contains(r#"data-value="12""#), "{svg}");
         assert!(svg.contains("quota 10"), "{svg}");
-        assert!(svg.contains("&lt;b&gt;") && !svg.contains("<b>"), "escaped: {svg}");
+        assert!(
+            svg.contains("&lt;b&gt;") && !svg.contains("<b>"),
+            "escaped: {svg}"
+        );
         assert!(svg.contains("Requests &lt;per day&gt;"), "{svg}");
         // Nothing drawn outside the picture, an empty chart included.
         assert!(!svg.contains("y=\"-"), "{svg}");

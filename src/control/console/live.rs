@@ -1,21 +1,17 @@
 //! The console's view of the decisions as they happen: the last [`KEPT`] records (the *Live*
 //! page shows them without JavaScript), records per minute over the last hour (the *Audit*
-//! page's chart), and a Server-Sent Events stream of new records for the page's script —
-//! the same stream, filters and bounded buffer as `GET /v1/observe`
-//! ([`crate::control::observe`]), one `data:` event per record.
+//! page's chart), and each record as one Server-Sent Event for the page's script (the
+//! stream itself, its filters and bounded buffer, are `GET /v1/observe`'s:
+//! [`crate::control::observe`]).
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use hyper::body::{Body, Frame};
 use tokio::sync::broadcast;
 
-use crate::control::observe::{self, Filter, Lines};
+use crate::control::observe::Filter;
 
 /// Records kept for the page.
 pub const KEPT: usize = 200;
@@ -59,7 +55,10 @@ impl Live {
             Some((m, n)) if *m == minute => *n += 1,
             _ => per.push_back((minute, 1)),
         }
-        while per.front().is_some_and(|(m, _)| *m + MINUTES as u64 <= minute) {
+        while per
+            .front()
+            .is_some_and(|(m, _)| *m + MINUTES as u64 <= minute)
+        {
             per.pop_front();
         }
     }
@@ -96,45 +95,17 @@ pub fn now_minute() -> u64 {
         .map_or(0, |d| d.as_secs() / 60)
 }
 
-/// The Server-Sent Events body: each observed line as one `data:` event.
-pub struct Events {
-    lines: Lines,
-}
-
-/// Start a stream of the records from `records` that pass `filter`.
-pub fn events(records: broadcast::Receiver<Bytes>, filter: Filter) -> Events {
-    Events {
-        lines: observe::stream(records, filter),
-    }
-}
-
-impl Body for Events {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Pin::new(&mut self.lines).poll_frame(cx).map(|f| {
-            f.map(|r| {
-                r.map(|frame| match frame.into_data() {
-                    Ok(line) => Frame::data(event(&line)),
-                    Err(other) => other,
-                })
-            })
-        })
-    }
-}
-
 /// One record as an event: a record is one JSON line, so one `data:` field carries it.
-fn event(line: &[u8]) -> Bytes {
+pub fn event(line: &[u8]) -> Bytes {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let mut out = Vec::with_capacity(line.len() + 8);
     out.extend_from_slice(b"data: ");
     // A record never holds a raw line end (JSON escapes it); a notice is ours. Either way an
     // event never ends early.
-    out.extend(line.iter().map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }));
+    out.extend(
+        line.iter()
+            .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
+    );
     out.extend_from_slice(b"\n\n");
     Bytes::from(out)
 }
@@ -147,7 +118,10 @@ mod tests {
     fn the_last_records_and_the_minutes_are_kept_and_bounded() {
         let live = Live::default();
         for i in 0..(KEPT + 5) {
-            let line = format!(r#"{{"event":"end","sandbox":"s{}","decision":"deny"}}"#, i % 2);
+            let line = format!(
+                r#"{{"event":"end","sandbox":"s{}","decision":"deny"}}"#,
+                i % 2
+            );
             live.note(Bytes::from(line), 1000 + (i as u64) / 100);
         }
         let all = live.recent(&Filter::default());
@@ -159,7 +133,11 @@ mod tests {
         assert_eq!(per.len(), MINUTES);
         assert_eq!(per[MINUTES - 3..], [(1000, 100), (1001, 100), (1002, 5)]);
         live.note(Bytes::from_static(b"{}"), 1002 + MINUTES as u64);
-        assert_eq!(live.per_minute.lock().unwrap().len(), 1, "the hour moved on");
+        assert_eq!(
+            live.per_minute.lock().unwrap().len(),
+            1,
+            "the hour moved on"
+        );
     }
 
     #[test]

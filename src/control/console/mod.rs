@@ -33,7 +33,13 @@ pub struct Console {
     cfg: ConsoleConfig,
     sessions: Sessions,
     live: Arc<live::Live>,
+    /// The last verification of the trail and when it ran: the *Audit* page reads the whole
+    /// trail, so at most once per [`VERIFIED_FOR`] however often it is loaded.
+    verified: std::sync::Mutex<Option<(std::time::Instant, serde_json::Value)>>,
 }
+
+/// How long a verification of the trail is shown before the next page load runs another.
+const VERIFIED_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Console {
     /// The console of `cfg`, following the audit stream of `shared`; `None` when it is off.
@@ -47,6 +53,7 @@ impl Console {
             cfg: cfg.clone(),
             sessions: Sessions::new(cfg.session_ttl),
             live,
+            verified: Default::default(),
         }))
     }
 }
@@ -65,10 +72,19 @@ fn secured(status: StatusCode, content_type: &'static str, body: AdminBody) -> R
     *r.status_mut() = status;
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
 }
@@ -84,7 +100,11 @@ fn html(status: StatusCode, page: Markup) -> Response<AdminBody> {
 
 /// `303 See Other` to `to` (after a form: the browser then GETs the page).
 fn see_other(to: &str) -> Response<AdminBody> {
-    let mut r = whole(StatusCode::SEE_OTHER, "text/plain; charset=utf-8", String::new());
+    let mut r = whole(
+        StatusCode::SEE_OTHER,
+        "text/plain; charset=utf-8",
+        String::new(),
+    );
     if let Ok(v) = HeaderValue::from_str(to) {
         r.headers_mut().insert(header::LOCATION, v);
     }
@@ -96,8 +116,21 @@ fn tls(req: &Request<Incoming>) -> bool {
     req.extensions().get::<Caller>().is_some_and(|c| c.tls)
 }
 
-/// Serve `/ui…` (the caller checked the path).
-pub async fn respond(admin: &Admin, console: &Console, req: Request<Incoming>) -> Response<AdminBody> {
+/// Whether `path` is the console's (`/ui`, `/ui/…`).
+pub fn owns(path: &str) -> bool {
+    path == "/ui" || path.starts_with("/ui/")
+}
+
+/// Serve `/ui…` (the caller checked [`owns`]): 404 when the console is off.
+pub async fn respond(admin: &Admin, req: Request<Incoming>) -> Response<AdminBody> {
+    let Some(console) = &admin.console else {
+        let off = "not found (the console is off: admin.console)\n";
+        return whole(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            off.into(),
+        );
+    };
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     match (&method, path.as_str()) {
@@ -112,26 +145,43 @@ pub async fn respond(admin: &Admin, console: &Console, req: Request<Incoming>) -
         (&Method::POST, "/ui/login") => return actions::login(admin, console, req).await,
         _ => {}
     }
-    let cookie = req.headers().get(header::COOKIE).and_then(|v| v.to_str().ok());
+    let cookie = req
+        .headers()
+        .get(header::COOKIE)
+        .and_then(|v| v.to_str().ok());
     let Some((sid, session)) = console.sessions.find(cookie) else {
         return match method {
             Method::GET => see_other("/ui/login"),
-            _ => whole(StatusCode::UNAUTHORIZED, "text/plain; charset=utf-8", "sign in first\n".into()),
+            _ => whole(
+                StatusCode::UNAUTHORIZED,
+                "text/plain; charset=utf-8",
+                "sign in first\n".into(),
+            ),
         };
     };
     if method == Method::POST {
         return actions::post(admin, console, req, (sid, session)).await;
     }
     if method != Method::GET {
-        let mut r = whole(StatusCode::METHOD_NOT_ALLOWED, "text/plain; charset=utf-8", "use GET or POST\n".into());
-        r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, POST"));
+        let mut r = whole(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "use GET or POST\n".into(),
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, POST"));
         return r;
     }
     read(admin, console, &req, &session).await
 }
 
 /// The pages that only read.
-async fn read(admin: &Admin, console: &Console, req: &Request<Incoming>, session: &Session) -> Response<AdminBody> {
+async fn read(
+    admin: &Admin,
+    console: &Console,
+    req: &Request<Incoming>,
+    session: &Session,
+) -> Response<AdminBody> {
     let path = req.uri().path();
     let query = req.uri().query();
     let at = match path {
@@ -141,7 +191,13 @@ async fn read(admin: &Admin, console: &Console, req: &Request<Incoming>, session
         "/ui/audit" => "audit",
         "/ui/live/events" => return actions::events(admin, query),
         p if p == "/ui/sandboxes" || p.starts_with("/ui/sandboxes/") => "sandboxes",
-        _ => return whole(StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "not found\n".into()),
+        _ => {
+            return whole(
+                StatusCode::NOT_FOUND,
+                "text/plain; charset=utf-8",
+                "not found\n".into(),
+            )
+        }
     };
     let frame = pages::Frame {
         who: &session.principal,
@@ -150,27 +206,38 @@ async fn read(admin: &Admin, console: &Console, req: &Request<Incoming>, session
     };
     let shared = &admin.shared;
     let (title, body) = match path {
-        "/ui/inbox" => ("Inbox", actions::inbox(shared, &frame)),
-        "/ui/grants" => ("Grants", actions::grants(shared, &frame)),
-        "/ui/live" => ("Live", actions::live(console, query)),
+        "/ui/inbox" => ("Inbox".to_string(), actions::inbox(shared, &frame)),
+        "/ui/grants" => ("Grants".to_string(), actions::grants(shared, &frame)),
+        "/ui/live" => ("Live".to_string(), actions::live(console, query)),
         "/ui/explain" => match actions::explain(shared, query).await {
-            Ok(body) => ("Explanation", body),
-            Err(why) => return html(StatusCode::BAD_REQUEST, pages::problem(&frame, &why, "/ui/live")),
+            Ok(body) => ("Explanation".to_string(), body),
+            Err(why) => {
+                return html(
+                    StatusCode::BAD_REQUEST,
+                    pages::problem(&frame, &why.to_string(), "/ui/live"),
+                )
+            }
         },
-        "/ui/audit" => ("Audit", actions::audit(admin, console).await),
-        "/ui/sandboxes" => ("Sandboxes", views::sandboxes(&admin.control.list())),
+        "/ui/audit" => ("Audit".to_string(), actions::audit(admin, console).await),
+        "/ui/sandboxes" => (
+            "Sandboxes".to_string(),
+            views::sandboxes(&admin.control.list()),
+        ),
         p => {
             let id = percent(p.trim_start_matches("/ui/sandboxes/"));
             match actions::sandbox(admin, &id) {
-                Some(body) => ("Sandbox", body),
+                Some(body) => (format!("Sandbox {id}"), body),
                 None => {
                     let why = format!("no sandbox `{id}`");
-                    return html(StatusCode::NOT_FOUND, pages::problem(&frame, &why, "/ui/sandboxes"));
+                    return html(
+                        StatusCode::NOT_FOUND,
+                        pages::problem(&frame, &why, "/ui/sandboxes"),
+                    );
                 }
             }
         }
     };
-    html(StatusCode::OK, pages::page(&frame, title, body))
+    html(StatusCode::OK, pages::page(&frame, &title, body))
 }
 
 /// A path segment `%`-decoded.

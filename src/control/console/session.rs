@@ -33,7 +33,12 @@ pub struct Principal {
 impl Principal {
     /// What an approval record says of the answerer (never the token).
     pub fn credential(&self) -> String {
-        format!("console {} ({}, {})", self.name, self.role.as_str(), self.how)
+        format!(
+            "console {} ({}, {})",
+            self.name,
+            self.role.as_str(),
+            self.how
+        )
     }
 }
 
@@ -182,7 +187,9 @@ pub fn sign_in(
     let subject = normal_subject(certificate?.strip_prefix("certificate ")?);
     cfg.users
         .iter()
-        .find(|u| matches!(&u.credential, Credential::Certificate(s) if normal_subject(s) == subject))
+        .find(
+            |u| matches!(&u.credential, Credential::Certificate(s) if normal_subject(s) == subject),
+        )
         .map(|u| Principal {
             name: u.name.clone(),
             role: u.role,
@@ -192,10 +199,7 @@ pub fn sign_in(
 
 /// A subject with the spaces around its separators dropped (`CN=a, O=b` is `CN=a,O=b`).
 fn normal_subject(s: &str) -> String {
-    s.split(',')
-        .map(|p| p.trim())
-        .collect::<Vec<_>>()
-        .join(",")
+    s.split(',').map(|p| p.trim()).collect::<Vec<_>>().join(",")
 }
 
 #[cfg(test)]
@@ -211,7 +215,9 @@ mod tests {
                 ConsoleUser {
                     name: "vera".into(),
                     role: Role::Viewer,
-                    credential: Credential::TokenSha256(Sha256::digest(b"vera-token-0123456789").into()),
+                    credential: Credential::TokenSha256(
+                        Sha256::digest(b"vera-token-0123456789").into(),
+                    ),
                 },
                 ConsoleUser {
                     name: "alice".into(),
@@ -254,9 +260,13 @@ mod tests {
         assert!(found.csrf_ok(Some(&found.csrf.clone())));
         assert!(!found.csrf_ok(None));
         assert!(!found.csrf_ok(Some("0")));
-        assert!(s.find(Some(&format!("{COOKIE}={}", "0".repeat(64)))).is_none());
+        assert!(s
+            .find(Some(&format!("{COOKIE}={}", "0".repeat(64))))
+            .is_none());
         assert!(s.find(Some("egress_console=<script>")).is_none());
-        assert!(s.set_cookie(&id, true).ends_with("HttpOnly; SameSite=Strict; Secure"));
+        assert!(s
+            .set_cookie(&id, true)
+            .ends_with("HttpOnly; SameSite=Strict; Secure"));
         s.close(&id);
         assert!(s.find(Some(&header)).is_none());
         let short = Sessions::new(Duration::ZERO);

@@ -60,8 +60,8 @@ fn last_checkpoint(path: &Path) -> Option<Value> {
     let text = String::from_utf8_lossy(&tail);
     text.lines().rev().find_map(|l| {
         let v: Value = serde_json::from_str(l).ok()?;
-        (v["event"] == "checkpoint").then(|| {
-            json!({ "ts": v["ts"], "seq": v["seq"], "final": v["final"], "run": v["run"] })
-        })
+        (v["event"] == "checkpoint").then(
+            || json!({ "ts": v["ts"], "seq": v["seq"], "final": v["final"], "run": v["run"] }),
+        )
     })
 }

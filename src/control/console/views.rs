@@ -13,7 +13,8 @@ use crate::control::shown::for_person;
 
 /// A record's string field for a person (`-` when absent).
 fn s(r: &Value, k: &str) -> String {
-    r[k].as_str().map_or("-".into(), |v| for_person(v).into_owned())
+    r[k].as_str()
+        .map_or("-".into(), |v| for_person(v).into_owned())
 }
 
 /// The filters the *Live* page was asked for (`sandbox`, `decision`, `reason`, `host`).
@@ -31,11 +32,14 @@ pub fn destination(r: &Value) -> String {
 /// One row of the *Live* table (the page's script builds the same from each event).
 fn row(r: &Value) -> Markup {
     let decision = r["decision"].as_str().unwrap_or("-");
-    let time = r["ts"].as_str().and_then(|t| t.split_once('T')).map_or("", |(_, t)| t);
+    let time = r["ts"]
+        .as_str()
+        .and_then(|t| t.split_once('T'))
+        .map_or("", |(_, t)| t);
     let target = destination(r);
     html! {
         tr class=(format!("decision-{decision}")) data-sandbox=(s(r, "sandbox")) data-reason=(s(r, "reason")) {
-            td { (time) } td.decision { (decision) } td { (s(r, "sandbox")) } td { (s(r, "mode")) }
+            td { (time) } td.decision { (decision) } td { (s(r, "sandbox")) } td { (s(r, "mode")) @if r["event"] == "open" { " · open" } }
             td { code { (target) } } td { (s(r, "reason")) }
             td {
                 @if decision != "allow" {
@@ -63,7 +67,12 @@ fn enc(v: &str) -> String {
 /// *Live*: the filter form, then the kept records that pass it (newest first); the page's
 /// script adds each new one from `/ui/live/events` with the same filters.
 pub fn live(filters: &Filters, records: &[Value], problem: Option<&str>) -> Markup {
-    let get = |k: &str| filters.iter().find(|(f, _)| f == k).map_or("", |(_, v)| v.as_str());
+    let get = |k: &str| {
+        filters
+            .iter()
+            .find(|(f, _)| f == k)
+            .map_or("", |(_, v)| v.as_str())
+    };
     let query: String = form_urlencoded::Serializer::new(String::new())
         .extend_pairs(filters.iter())
         .finish();
@@ -134,12 +143,17 @@ fn entries(v: &Value) -> Markup {
 /// its quotas (`quota`: the `/v1/usage` quota row, when one is set).
 pub fn sandbox(
     view: &Value,
-    layers: &[(String, Option<Vec<String>>, Vec<String>)],
+    layers: &[LayerView],
     days: &[(String, Usage)],
     quota: Option<&Value>,
 ) -> Markup {
     let bars = |f: fn(&Usage) -> u64| -> Vec<Bar> {
-        days.iter().map(|(d, u)| Bar { label: d.clone(), value: f(u) }).collect()
+        days.iter()
+            .map(|(d, u)| Bar {
+                label: d.clone(),
+                value: f(u),
+            })
+            .collect()
     };
     let limit = |k: &str| quota.and_then(|q| q[k].as_u64());
     html! {
@@ -169,6 +183,9 @@ pub fn sandbox(
     }
 }
 
+/// A layer as its member's page shows it: id, ceiling (`None`: it sets none), deny.
+pub type LayerView = (String, Option<Vec<String>>, Vec<String>);
+
 /// One day's sums of a sandbox's usage.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {
@@ -184,7 +201,10 @@ pub struct Usage {
 pub fn audit(trail: &Value, per_minute: &[(u64, u64)], health: &str) -> Markup {
     let bars: Vec<Bar> = per_minute
         .iter()
-        .map(|(m, n)| Bar { label: format!("{:02}:{:02}", (m / 60) % 24, m % 60), value: *n })
+        .map(|(m, n)| Bar {
+            label: format!("{:02}:{:02}", (m / 60) % 24, m % 60),
+            value: *n,
+        })
         .collect();
     let verified = trail["verified"].as_bool().unwrap_or(false);
     html! {

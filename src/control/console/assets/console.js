@@ -29,7 +29,7 @@ function row(r) {
   cell(tr, time);
   cell(tr, decision, "decision");
   cell(tr, r.sandbox || "-");
-  cell(tr, r.mode || "-");
+  cell(tr, (r.mode || "-") + (r.event === "open" ? " · open" : ""));
   const dest = cell(tr, "");
   const code = document.createElement("code");
   code.textContent = destination(r);
