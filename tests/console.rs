@@ -20,15 +20,13 @@ const ADMIN_TOKEN: &str = "console-admin-token-0123456789";
 const ALICE: &str = "alice-approver-token-0123456789";
 const VERA: &str = "vera-viewer-token-0123456789ab";
 
-/// The console's part of the config: alice approves, vera views, `cert_user` signs in by
-/// certificate when given.
-fn admin_yaml(d: &Path, cert_user: Option<&str>) -> String {
+/// The console's part of the config: alice approves, vera views, and `more` users (YAML
+/// flow items).
+fn admin_yaml(d: &Path, more: &[&str]) -> String {
     std::fs::write(d.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
     std::fs::write(d.join("alice.token"), format!("{ALICE}\n")).unwrap();
     std::fs::write(d.join("vera.token"), VERA).unwrap();
-    let cert = cert_user
-        .map(|s| format!("\n    - {{ name: carol, role: approver, certificate: \"{s}\" }}"))
-        .unwrap_or_default();
+    let cert: String = more.iter().map(|u| format!("\n    - {u}")).collect();
     format!(
         "admin_token_file: {}\nadmin:\n  console: true\n  session_ttl_s: 600\n  users:\n    - {{ name: alice, role: approver, token_file: {} }}\n    - {{ name: vera, role: viewer, token_file: {} }}{cert}\n",
         d.join("admin.token").display(),
@@ -83,7 +81,7 @@ defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
         audit = d.join("audit.jsonl").display(),
         sk = signing_key(d).display(),
         state = d.join("state").display(),
-        admin = admin_yaml(d, None),
+        admin = admin_yaml(d, &[]),
         a = sha("tok-agent"),
     );
     std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
@@ -166,7 +164,7 @@ fn console_headers_cookies_csrf_and_certificate_sign_in() {
     let yaml = format!(
         "listen:\n  proxy: 127.0.0.1:0\n  admin: 127.0.0.1:0\n  admin_tls: {{ cert_file: server.pem, key_file: server.key, client_ca_file: clients-ca.pem }}\naudit: {{ path: {} }}\n{}",
         d.join("audit.jsonl").display(),
-        admin_yaml(d, Some("CN=carol")),
+        admin_yaml(d, &["{ name: carol, role: approver, certificate: \"CN=carol\" }"]),
     );
     std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
     let proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
@@ -265,4 +263,122 @@ fn console_headers_cookies_csrf_and_certificate_sign_in() {
     let off = Proxy::start(other.path(), "");
     let r = curl(&["-i", &format!("http://{}/ui/login", off.admin)]).text();
     assert!(r.contains(" 404 ") && r.contains("admin.console"), "{r}");
+}
+
+/// A layer names its approvers: another approver sees the request without the forms, and its
+/// answer is refused (403, naming the layer); the named approver answers it.
+#[test]
+fn a_layer_names_who_may_answer_for_its_members() {
+    const BOB: &str = "bob-approver-token-0123456789ab";
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("bob.token"), BOB).unwrap();
+    let bob = format!(
+        "{{ name: bob, role: approver, token_file: {} }}",
+        d.join("bob.token").display()
+    );
+    let yaml = format!(
+        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
+audit: {{ path: {audit} }}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ docs.test: [127.0.0.1] }} }}
+{admin}layers:
+  - {{ id: org, ceiling: ["api.test", "docs.test"] }}
+  - {{ id: team-a, parent: org, approvers: [alice] }}
+sandboxes:
+  - id: agent
+    layer: team-a
+    auth: {{ token_sha256: {a} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test"] }} }}
+"#,
+        audit = d.join("audit.jsonl").display(),
+        admin = admin_yaml(d, &[&bob]),
+        a = sha("tok-agent"),
+    );
+    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
+    let proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    let px = format!("http://agent:tok-agent@{}", proxy.proxy);
+    let asked = curl(&[
+        "-x",
+        &px,
+        "-H",
+        "Content-Type: application/json",
+        "--data-binary",
+        r#"{"host": "docs.test", "port": 443, "reason": "docs"}"#,
+        "http://egress-proxy.local/v1/requests",
+    ])
+    .text();
+    let id = serde_json::from_str::<Value>(&asked).unwrap()["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{asked}"))
+        .to_string();
+    let admin = format!("http://{}", proxy.admin);
+    // Sign in with a token: the session cookie and the inbox's CSRF token.
+    let sign_in = |token: &str| -> (String, String) {
+        let r = curl(&[
+            "-i",
+            "-d",
+            &format!("token={token}"),
+            &format!("{admin}/ui/login"),
+        ])
+        .text();
+        let cookie = r
+            .lines()
+            .find_map(|l| l.strip_prefix("set-cookie: "))
+            .unwrap_or_else(|| panic!("{r}"));
+        let cookie = cookie.split(';').next().unwrap().to_string();
+        let inbox = curl(&[
+            "-H",
+            &format!("Cookie: {cookie}"),
+            &format!("{admin}/ui/inbox"),
+        ])
+        .text();
+        let csrf = inbox
+            .split("name=\"csrf\" value=\"")
+            .nth(1)
+            .and_then(|v| v.split('"').next())
+            .unwrap_or_else(|| panic!("{inbox}"))
+            .to_string();
+        (cookie, csrf)
+    };
+    let approve = |(cookie, csrf): &(String, String)| -> String {
+        let url = format!("{admin}/ui/requests/{id}/approve");
+        let body = format!("csrf={csrf}&grant=ttl&ttl_s=60");
+        curl(&["-i", "-H", &format!("Cookie: {cookie}"), "-d", &body, &url]).text()
+    };
+    let bob = sign_in(BOB);
+    let inbox = curl(&[
+        "-H",
+        &format!("Cookie: {}", bob.0),
+        &format!("{admin}/ui/inbox"),
+    ])
+    .text();
+    assert!(inbox.contains(&format!("req-{id}")), "{inbox}");
+    assert!(!inbox.contains("button class=\"approve\""), "{inbox}");
+    assert!(
+        inbox.contains("layer team-a names who may answer"),
+        "{inbox}"
+    );
+    let refused = approve(&bob);
+    assert!(
+        refused.contains(" 403 ") && refused.contains("layer team-a"),
+        "{refused}"
+    );
+    let bearer = format!("Authorization: Bearer {ADMIN_TOKEN}");
+    let r = curl(&["-H", &bearer, &format!("{admin}/v1/requests/{id}")]).text();
+    assert_eq!(
+        serde_json::from_str::<Value>(&r).unwrap()["state"],
+        "pending",
+        "{r}"
+    );
+    let alice = sign_in(ALICE);
+    let ok = approve(&alice);
+    assert!(
+        ok.contains(" 303 ") && ok.contains("location: /ui/inbox"),
+        "{ok}"
+    );
+    let grant = proxy.wait_record(|r| r["approval"]["step"] == "approved");
+    assert_eq!(
+        grant["approval"]["credential"],
+        "console alice (approver, token)"
+    );
 }

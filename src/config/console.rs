@@ -188,14 +188,18 @@ pub(super) fn resolve(
     }
 }
 
-/// Why `name` cannot name a user: the grammar, the admin's own name, or a second use.
-fn bad_name(name: &str, users: &[ConsoleUser]) -> Option<String> {
-    let ok = !name.is_empty()
+/// Whether `name` can name a console user: 1 to 64 letters, digits, `.`, `_`, `-`, `@`.
+pub(super) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
         && name.len() <= 64
         && name
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-@".contains(&b));
-    if !ok {
+            .all(|b| b.is_ascii_alphanumeric() || b"._-@".contains(&b))
+}
+
+/// Why `name` cannot name a user: the grammar, the admin's own name, or a second use.
+fn bad_name(name: &str, users: &[ConsoleUser]) -> Option<String> {
+    if !valid_name(name) {
         return Some(format!(
             "name `{name}`: 1 to 64 letters, digits, `.`, `_`, `-` or `@`"
         ));

@@ -66,6 +66,9 @@ pub struct RawLayer {
     /// Refused to every member, above the member's own rules.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deny: Vec<String>,
+    /// The console users who may answer its members' access requests (`admin.users[].name`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvers: Vec<String>,
 }
 
 /// A parsed list of entries, or the message for the first entry that does not parse.
@@ -162,11 +165,21 @@ fn one(
             ));
         }
     }
+    for a in r
+        .approvers
+        .iter()
+        .filter(|a| !super::console::valid_name(a))
+    {
+        errors.push(format!(
+            "layer {id}: approvers: `{a}` is not a console user's name"
+        ));
+    }
     if !errors.is_empty() {
         return Err(errors);
     }
-    let layer = Layer::compile(id, file, ceiling, deny, default_ports)
+    let mut layer = Layer::compile(id, file, ceiling, deny, default_ports)
         .map_err(|e| vec![format!("layer {id}: cannot compile: {e}")])?;
+    layer.approvers = r.approvers.iter().map(|a| a.as_str().into()).collect();
     let mut chain: Vec<Arc<Layer>> = parents.to_vec();
     chain.push(Arc::new(layer));
     Ok(chain.into())
@@ -289,6 +302,7 @@ mod tests {
             parent: parent.map(Into::into),
             ceiling: Some(ceiling.iter().map(|s| s.to_string()).collect()),
             deny: Vec::new(),
+            approvers: Vec::new(),
         };
         (layer, "proxy.yaml".into())
     }

@@ -71,6 +71,7 @@ fn view(config: &Config, id: &str, members: &[String]) -> Option<Value> {
         "chain": chain.iter().map(|l| &*l.id).collect::<Vec<_>>(),
         "ceiling": layer.ceiling.as_deref().map(texts),
         "deny": texts(&layer.deny),
+        "approvers": layer.approvers.iter().map(|a| &**a).collect::<Vec<_>>(),
         "members": members,
     }))
 }

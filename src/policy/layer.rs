@@ -26,6 +26,9 @@ pub struct Layer {
     pub ceiling: Option<Vec<(String, Entry)>>,
     /// `deny`: refused to every member, whatever else allows it.
     pub deny: Vec<(String, Entry)>,
+    /// `approvers`: the console users who may answer its members' access requests (empty:
+    /// the layer names none; see `docs/console.md`).
+    pub approvers: Vec<Arc<str>>,
     /// The ports an entry without one allows (`defaults.ports`).
     default_ports: PortSet,
     compiled_ceiling: Option<RuleSet>,
@@ -91,6 +94,7 @@ impl Layer {
             file,
             ceiling,
             deny,
+            approvers: Vec::new(),
             default_ports: default_ports.clone(),
             compiled_ceiling,
             compiled_deny,

@@ -9,11 +9,12 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use maud::Markup;
 
+use super::allowed;
 use super::pages::{self, Frame};
-use super::session::{self, Session};
+use super::session::{self, Principal, Session};
 use super::views::{self, Usage};
 use super::{html, see_other, tls, whole, Console};
-use crate::approvals::{request, Answer, State, Who};
+use crate::approvals::{request, Answer, Desk, State, Who};
 use crate::config::console::Role;
 use crate::control::admin::{read_body, Admin, AdminBody, Caller};
 use crate::control::admin_requests::on_desk;
@@ -191,6 +192,16 @@ async fn desk_step(
     };
     let rest = path.strip_prefix("/ui/").unwrap_or_default();
     let parts: Vec<&str> = rest.split('/').collect();
+    if let Some(id) = parts.get(1) {
+        if let Err(why) = layers_allow(admin, &desk, &session.principal, id) {
+            tracing::warn!(user = %session.principal.name, path = %path, "console: not this approver's to answer");
+            return whole(
+                StatusCode::FORBIDDEN,
+                "text/plain; charset=utf-8",
+                format!("{why}\n"),
+            );
+        }
+    }
     let (back, done) = match parts.as_slice() {
         ["requests", id, step @ ("approve" | "deny")] if request::valid_id(id) => {
             let answer = match *step {
@@ -237,6 +248,19 @@ async fn desk_step(
     }
 }
 
+/// Whether `who` may take a step on request `id` (its sandbox's layers may name their
+/// approvers): a request the desk does not know is the desk's to refuse.
+fn layers_allow(admin: &Admin, desk: &Desk, who: &Principal, id: &str) -> Result<(), String> {
+    let Some(r) = desk.find(id) else {
+        return Ok(());
+    };
+    let set = admin.shared.policy.load();
+    match set.get(r.sandbox.as_str()) {
+        Some(sb) => allowed::may_answer(who, &sb.binding.network.layers),
+        None => allowed::may_answer(who, &[]),
+    }
+}
+
 fn note(fields: &[(String, String)]) -> Option<String> {
     get(fields, "note")
         .map(str::trim)
@@ -272,8 +296,8 @@ fn approval(fields: &[(String, String)]) -> Result<Answer, crate::approvals::Ref
 }
 
 /// *Inbox*'s data: the pending requests, and the last 20 answered.
-pub fn inbox(shared: &Shared, frame: &Frame<'_>) -> Markup {
-    let Some(desk) = shared.desk.get() else {
+pub fn inbox(admin: &Admin, frame: &Frame<'_>) -> Markup {
+    let Some(desk) = admin.shared.desk.get() else {
         return pages::inbox(frame, &[], &[]);
     };
     let list = |s: Option<State>| {
@@ -282,7 +306,13 @@ pub fn inbox(shared: &Shared, frame: &Frame<'_>) -> Markup {
             .cloned()
             .unwrap_or_default()
     };
-    let pending = list(Some(State::Pending));
+    let mut pending = list(Some(State::Pending));
+    for r in &mut pending {
+        let id = r["id"].as_str().unwrap_or_default();
+        let answerable = layers_allow(admin, desk, frame.who, id);
+        r["console_answerable"] = serde_json::json!(answerable.is_ok());
+        r["console_why_not"] = serde_json::json!(answerable.err());
+    }
     let mut answered = list(None);
     answered.retain(|r| r["state"] != "pending");
     answered.truncate(20);

@@ -9,6 +9,7 @@
 //! ([`super::admin_requests`]) and record the signed-in principal, never a token.
 
 mod actions;
+mod allowed;
 pub mod chart;
 pub mod live;
 mod pages;
@@ -206,7 +207,7 @@ async fn read(
     };
     let shared = &admin.shared;
     let (title, body) = match path {
-        "/ui/inbox" => ("Inbox".to_string(), actions::inbox(shared, &frame)),
+        "/ui/inbox" => ("Inbox".to_string(), actions::inbox(admin, &frame)),
         "/ui/grants" => ("Grants".to_string(), actions::grants(shared, &frame)),
         "/ui/live" => ("Live".to_string(), actions::live(console, query)),
         "/ui/explain" => match actions::explain(shared, query).await {

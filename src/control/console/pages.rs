@@ -144,7 +144,10 @@ pub fn inbox(f: &Frame<'_>, pending: &[Value], answered: &[Value]) -> Markup {
                     }
                     dt { "Request" } dd { code { (id) } }
                 }
-                @if f.approver() {
+                @if let Some(why) = r["console_why_not"].as_str().filter(|_| f.approver()) {
+                    p.not-yours { (why) }
+                }
+                @if f.approver() && r["console_answerable"] != false {
                     form.answer method="post" action=(format!("/ui/requests/{id}/approve")) {
                         (f.csrf_field())
                         label { "Grant " select name="grant" {
