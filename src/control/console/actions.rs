@@ -351,8 +351,9 @@ pub fn live(console: &Console, query: Option<&str>) -> Markup {
     }
 }
 
-/// `GET /ui/live/events`: Server-Sent Events of the records that pass the filters.
-pub fn events(admin: &Admin, query: Option<&str>) -> Response<AdminBody> {
+/// `GET /ui/live/events`: Server-Sent Events of the records that pass the filters, until the
+/// session ends.
+pub fn events(admin: &Admin, query: Option<&str>, session: &Session) -> Response<AdminBody> {
     let filter = match filters(query).1 {
         Ok(f) => f,
         Err(why) => {
@@ -365,7 +366,8 @@ pub fn events(admin: &Admin, query: Option<&str>) -> Response<AdminBody> {
     };
     let lines = crate::control::observe::stream(admin.shared.sink.log.observe(), filter);
     let events = lines.map_frame(|f| f.map_data(|line| super::live::event(&line)));
-    super::secured(StatusCode::OK, "text/event-stream", events.boxed())
+    let until = super::live::Until::new(events, session.expires);
+    super::secured(StatusCode::OK, "text/event-stream", until.boxed())
 }
 
 /// `GET /ui/explain?sandbox=&target=`: what `check` says now, resolving as the proxy would.

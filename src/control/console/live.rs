@@ -2,13 +2,17 @@
 //! page shows them without JavaScript), records per minute over the last hour (the *Audit*
 //! page's chart), and each record as one Server-Sent Event for the page's script (the
 //! stream itself, its filters and bounded buffer, are `GET /v1/observe`'s:
-//! [`crate::control::observe`]).
+//! [`crate::control::observe`]), ending when the session does.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use hyper::body::{Body, Frame};
 use tokio::sync::broadcast;
 
 use crate::control::observe::Filter;
@@ -95,6 +99,41 @@ pub fn now_minute() -> u64 {
         .map_or(0, |d| d.as_secs() / 60)
 }
 
+/// A stream that ends when its session does: the body `B` until `deadline`.
+pub struct Until<B> {
+    body: B,
+    deadline: std::time::Instant,
+    /// Wakes the stream at `deadline` when nothing else does.
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<B> Until<B> {
+    /// `body` until `deadline`.
+    pub fn new(body: B, deadline: std::time::Instant) -> Self {
+        Until {
+            body,
+            deadline,
+            timer: Box::pin(tokio::time::sleep_until(deadline.into())),
+        }
+    }
+}
+
+impl<B: Body + Unpin> Body for Until<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let over = self.timer.as_mut().poll(cx).is_ready();
+        if over || std::time::Instant::now() >= self.deadline {
+            return Poll::Ready(None);
+        }
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+}
+
 /// One record as an event: a record is one JSON line, so one `data:` field carries it.
 pub fn event(line: &[u8]) -> Bytes {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
@@ -138,6 +177,18 @@ mod tests {
             1,
             "the hour moved on"
         );
+    }
+
+    #[tokio::test]
+    async fn a_stream_ends_with_its_session() {
+        use http_body_util::{BodyExt, Full};
+        let now = std::time::Instant::now();
+        let mut ended = Until::new(Full::new(Bytes::from_static(b"x")), now);
+        assert!(ended.frame().await.is_none(), "the session is over");
+        let later = now + std::time::Duration::from_secs(60);
+        let mut open = Until::new(Full::new(Bytes::from_static(b"x")), later);
+        let data = open.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&data[..], b"x");
     }
 
     #[test]

@@ -190,7 +190,7 @@ async fn read(
         "/ui/grants" => "grants",
         "/ui/live" | "/ui/explain" => "live",
         "/ui/audit" => "audit",
-        "/ui/live/events" => return actions::events(admin, query),
+        "/ui/live/events" => return actions::events(admin, query, session),
         p if p == "/ui/sandboxes" || p.starts_with("/ui/sandboxes/") => "sandboxes",
         _ => {
             return whole(
