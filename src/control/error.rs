@@ -18,10 +18,18 @@ pub enum ControlError {
     /// A value read from etcd that this replica cannot put in force (kept out, reported).
     #[error("{0}")]
     Rejected(String),
+    /// A step a signed-in person may not take: a viewer's answer, or a request whose layers
+    /// name other approvers (the console).
+    #[error("{0}")]
+    Forbidden(String),
 }
 
 pub(crate) fn invalid(why: impl Into<String>) -> ControlError {
     ControlError::Invalid(why.into())
+}
+
+pub(crate) fn forbidden(why: impl Into<String>) -> ControlError {
+    ControlError::Forbidden(why.into())
 }
 
 pub(crate) fn store(why: impl Into<String>) -> ControlError {

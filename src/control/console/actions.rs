@@ -250,7 +250,7 @@ async fn desk_step(
 
 /// Whether `who` may take a step on request `id` (its sandbox's layers may name their
 /// approvers): a request the desk does not know is the desk's to refuse.
-fn layers_allow(admin: &Admin, desk: &Desk, who: &Principal, id: &str) -> Result<(), String> {
+fn layers_allow(admin: &Admin, desk: &Desk, who: &Principal, id: &str) -> Result<(), ControlError> {
     let Some(r) = desk.find(id) else {
         return Ok(());
     };
@@ -311,7 +311,7 @@ pub fn inbox(admin: &Admin, frame: &Frame<'_>) -> Markup {
         let id = r["id"].as_str().unwrap_or_default();
         let answerable = layers_allow(admin, desk, frame.who, id);
         r["console_answerable"] = serde_json::json!(answerable.is_ok());
-        r["console_why_not"] = serde_json::json!(answerable.err());
+        r["console_why_not"] = serde_json::json!(answerable.err().map(|e| e.to_string()));
     }
     let mut answered = list(None);
     answered.retain(|r| r["state"] != "pending");

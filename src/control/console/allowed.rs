@@ -8,12 +8,15 @@ use std::sync::Arc;
 
 use super::session::Principal;
 use crate::config::console::{Role, ADMIN_PRINCIPAL};
+use crate::control::error::{forbidden, ControlError};
 use crate::policy::layer::Layer;
 
 /// `Ok` when `who` may answer for a sandbox in `chain`; else why not.
-pub fn may_answer(who: &Principal, chain: &[Arc<Layer>]) -> Result<(), String> {
+pub fn may_answer(who: &Principal, chain: &[Arc<Layer>]) -> Result<(), ControlError> {
     if who.role != Role::Approver {
-        return Err("a viewer cannot answer requests or revoke grants".into());
+        return Err(forbidden(
+            "a viewer cannot answer requests or revoke grants",
+        ));
     }
     let naming: Vec<&Arc<Layer>> = chain.iter().filter(|l| !l.approvers.is_empty()).collect();
     if who.name == ADMIN_PRINCIPAL || naming.is_empty() {
@@ -26,11 +29,11 @@ pub fn may_answer(who: &Principal, chain: &[Arc<Layer>]) -> Result<(), String> {
         return Ok(());
     }
     let layers: Vec<&str> = naming.iter().map(|l| &*l.id).collect();
-    Err(format!(
+    Err(forbidden(format!(
         "layer {} names who may answer for its members, and {} is not among them",
         layers.join(", layer "),
         who.name
-    ))
+    )))
 }
 
 #[cfg(test)]
@@ -59,7 +62,9 @@ mod tests {
         assert!(ok("alice"), "the team's approver");
         assert!(ok("olga"), "the org's approver answers below it");
         assert!(ok("admin"), "the admin token");
-        let bob = may_answer(&who("bob", Role::Approver), &chain).unwrap_err();
+        let bob = may_answer(&who("bob", Role::Approver), &chain)
+            .unwrap_err()
+            .to_string();
         assert!(
             bob.contains("layer org, layer team-a") && bob.contains("bob"),
             "{bob}"
