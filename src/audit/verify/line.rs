@@ -74,15 +74,20 @@ pub(super) fn interval_of(v: &Value) -> Option<(u64, u64)> {
 
 /// A gap in `seq` whose missing record comes later in the file is a reordering, not a
 /// deletion: say so, naming both lines.
-pub(super) fn reordered(p: Problem, rest: &[&str], at: usize, missing: u64) -> Problem {
+pub(super) fn reordered(
+    p: Problem,
+    rest: impl Iterator<Item = String>,
+    at: usize,
+    missing: u64,
+) -> Problem {
     if !p.what.starts_with("record(s) deleted") {
         return p;
     }
     // Within the same run only (seq starts again at each run_start).
     let mut later = None;
-    for (j, l) in rest.iter().enumerate() {
+    for (j, l) in rest.enumerate() {
         let Some(v) =
-            split(l).and_then(|(c, _)| serde_json::from_str::<serde_json::Value>(&c).ok())
+            split(&l).and_then(|(c, _)| serde_json::from_str::<serde_json::Value>(&c).ok())
         else {
             continue;
         };

@@ -25,6 +25,8 @@
 //! log against `audit.checkpoint_file`, a second copy of every signed line kept elsewhere.
 
 use std::collections::HashSet;
+use std::fs::File;
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -196,16 +198,21 @@ fn check_file(
     file: &PathBuf,
     live: bool,
 ) -> Result<Option<Problem>, KeyFileError> {
-    let bytes = std::fs::read(file).map_err(|source| KeyFileError::Read {
+    let read_err = |source| KeyFileError::Read {
         path: file.clone(),
         source,
-    })?;
-    let text = String::from_utf8_lossy(&bytes);
-    let complete = text.ends_with('\n') || text.is_empty();
-    let lines: Vec<&str> = text.lines().collect();
-    for (i, line) in lines.iter().enumerate() {
-        let at = i + 1;
-        let last_line = i + 1 == lines.len();
+    };
+    // Line by line: memory stays one line's, whatever the trail's size (the console's Audit
+    // page verifies inside the proxy).
+    let mut reader =
+        std::io::BufReader::with_capacity(1 << 16, File::open(file).map_err(read_err)?);
+    let mut next = next_line(&mut reader).map_err(read_err)?;
+    let mut at = 0;
+    while let Some((line, complete)) = next.take() {
+        at += 1;
+        next = next_line(&mut reader).map_err(read_err)?;
+        let last_line = next.is_none();
+        let line = line.as_str();
         if line.is_empty() {
             continue;
         }
@@ -232,7 +239,11 @@ fn check_file(
                 st.partial_at = Some((file.clone(), at));
                 continue;
             }
-            return Ok(Some(reordered(p, &lines[i + 1..], at, st.next_seq)));
+            let rest = next.take().map(|(l, _)| l).into_iter();
+            let rest = rest.chain(std::iter::from_fn(|| {
+                next_line(&mut reader).ok().flatten().map(|(l, _)| l)
+            }));
+            return Ok(Some(reordered(p, rest, at, st.next_seq)));
         }
         if last_line && !complete {
             return Ok(Some(Problem {
@@ -244,6 +255,26 @@ fn check_file(
         }
     }
     Ok(None)
+}
+
+/// The next line of `reader` without its line end (`\n` or `\r\n`), read as UTF-8 with
+/// invalid bytes replaced, and whether it ended with `\n` (only a file's last line may not).
+fn next_line(reader: &mut impl BufRead) -> std::io::Result<Option<(String, bool)>> {
+    let mut bytes = Vec::new();
+    if reader.read_until(b'\n', &mut bytes)? == 0 {
+        return Ok(None);
+    }
+    let complete = bytes.last() == Some(&b'\n');
+    if complete {
+        bytes.pop();
+        if bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+    }
+    Ok(Some((
+        String::from_utf8_lossy(&bytes).into_owned(),
+        complete,
+    )))
 }
 
 /// Verify `files` (oldest first). `Err` only when a file cannot be read.
