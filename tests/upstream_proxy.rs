@@ -55,19 +55,38 @@ impl Squid {
             "127.0.0.1 api.test plain.test other.test\n",
         )
         .unwrap();
-        let port = free_port();
-        let log = sq.join("access.log");
-        let listen = match tls {
-            None => format!("http_port 127.0.0.1:{port}"),
-            Some(ca) => {
-                for (from, to) in [(&ca.cert_pem, "tls.pem"), (&ca.key_pem, "tls.key")] {
-                    std::fs::copy(from, sq.join(to)).unwrap();
-                }
-                format!(
-                    "https_port 127.0.0.1:{port} tls-cert={d}/tls.pem tls-key={d}/tls.key",
-                    d = sq.display()
-                )
+        if let Some(ca) = tls {
+            for (from, to) in [(&ca.cert_pem, "tls.pem"), (&ca.key_pem, "tls.key")] {
+                std::fs::copy(from, sq.join(to)).unwrap();
             }
+        }
+        // The port is chosen free and then given to Squid: another test may bind it in
+        // between. Squid then exits ("Cannot bind socket") while a connect to the port still
+        // succeeds (to that other listener), so readiness is Squid's own word that it accepts
+        // on the port, and a lost race is tried again on another port.
+        for _ in 0..5 {
+            let port = free_port();
+            if let Some(squid) = Self::launch(&sq, tls.is_some(), rules, port) {
+                return squid;
+            }
+        }
+        panic!(
+            "squid never started: {}",
+            std::fs::read_to_string(sq.join("cache.log")).unwrap_or_default()
+        );
+    }
+
+    /// Start Squid on `port`; `None` when it exits before it accepts there.
+    fn launch(sq: &Path, tls: bool, rules: &str, port: u16) -> Option<Squid> {
+        let log = sq.join("access.log");
+        let cache_log = sq.join("cache.log");
+        let _ = std::fs::remove_file(&cache_log);
+        let listen = match tls {
+            false => format!("http_port 127.0.0.1:{port}"),
+            true => format!(
+                "https_port 127.0.0.1:{port} tls-cert={d}/tls.pem tls-key={d}/tls.key",
+                d = sq.display()
+            ),
         };
         std::fs::write(
             sq.join("squid.conf"),
@@ -97,7 +116,7 @@ shutdown_lifetime 0 seconds
         .unwrap();
         Command::new("chown")
             .args(["-R", "proxy:proxy"])
-            .arg(&sq)
+            .arg(sq)
             .status()
             .unwrap();
         // A service name of its own: instances of the same name share memory segments.
@@ -108,22 +127,26 @@ shutdown_lifetime 0 seconds
             .stderr(Stdio::null())
             .spawn()
             .expect("squid is installed (.ci/run installs Debian's squid)");
-        let squid = Squid {
+        let mut squid = Squid {
             port,
             log,
             child,
-            tls: tls.is_some(),
+            tls,
         };
+        let ready = "Socket connections at conn";
+        let at = format!("local=127.0.0.1:{port} ");
         let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "squid did not listen: {}",
-                std::fs::read_to_string(sq.join("cache.log")).unwrap_or_default()
-            );
+        loop {
+            let text = std::fs::read_to_string(&cache_log).unwrap_or_default();
+            if text.lines().any(|l| l.contains(ready) && l.contains(&at)) {
+                return Some(squid);
+            }
+            if let Ok(Some(_)) = squid.child.try_wait() {
+                return None;
+            }
+            assert!(Instant::now() < deadline, "squid did not listen: {text}");
             std::thread::sleep(Duration::from_millis(50));
         }
-        squid
     }
 
     /// Squid's access log, once `pred` holds (it writes each line when a transaction ends).
@@ -476,7 +499,14 @@ sandboxes:
     // The origin echoes the request head it received: the credential was put on it (the
     // proxy scrubs the secret from what comes back, so look for the header name and the
     // record's credential).
-    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        out.code,
+        0,
+        "{}\nproxy's records: {:?}\nsquid: {}",
+        out.stderr,
+        p.audit_records(),
+        std::fs::read_to_string(&e.squid.log).unwrap_or_default()
+    );
     assert!(
         out.text().to_ascii_lowercase().contains("x-api-key"),
         "{}",
