@@ -239,6 +239,63 @@ fn a_client_hello_sent_byte_by_byte_still_passes() {
     );
 }
 
+/// The CONNECT head and the ClientHello in one write (the explicit listener reads the head
+/// with what follows it in one call and hands both to the HTTP parser): the hello is judged
+/// as if it had come after the 200 — a fronted SNI is refused with nothing reaching the origin,
+/// a matching one reaches it byte for byte — also behind a head larger than the first read.
+#[test]
+fn a_hello_sent_with_the_connect_head_is_judged_as_if_it_came_after() {
+    let e = env();
+    let hello =
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/hello-curl.bin"))
+            .unwrap();
+    let port = e.raw.addr.port();
+    let send = |host: &str, pad: usize| {
+        let mut s = TcpStream::connect(e.proxy.proxy).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut all = format!(
+            "CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\nProxy-Authorization: {}\r\nX-Pad: {}\r\n\r\n",
+            basic("tok", "tok-secret"),
+            "p".repeat(pad)
+        )
+        .into_bytes();
+        all.extend_from_slice(&hello);
+        s.write_all(&all).unwrap();
+        let head = read_head(&mut s);
+        assert!(
+            head.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&head)
+        );
+        s
+    };
+    // Fronted: CONNECT api.test, SNI api.example.com.
+    for pad in [1, 9000] {
+        let mut s = send("api.test", pad);
+        assert!(ended_silently(&mut s));
+        let rec = e.record_for(|r| {
+            r["event"] == "end" && r["sni"] == "api.example.com" && r["target_host"] == "api.test"
+        });
+        assert_eq!(rec["reason"], "sni_mismatch", "{rec}");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(e.raw.received.load(Ordering::SeqCst), 0);
+    // Matching, behind a short head and behind one over the first read's 4 KiB.
+    for (n, pad) in [(1u64, 1), (2, 9000)] {
+        let _s = send("api.example.com", pad);
+        let want = n * hello.len() as u64;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while e.raw.received.load(Ordering::SeqCst) < want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the hello never arrived"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(e.raw.received.load(Ordering::SeqCst), want);
+    }
+}
+
 #[test]
 fn report_mode_lets_a_mismatch_through_and_records_it() {
     let e = env();

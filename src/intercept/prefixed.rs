@@ -1,10 +1,14 @@
-//! A stream whose first bytes were already read (the ClientHello the tunnel inspected): they
-//! are read again first, then the stream itself.
+//! A stream whose first bytes were already read (the ClientHello the tunnel inspected, the
+//! explicit listener's first look at a request head): they are read again first, then the
+//! stream itself.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::egress::abortable::OverTcp;
 
 pub struct Prefixed<S> {
     prefix: Vec<u8>,
@@ -19,6 +23,19 @@ impl<S> Prefixed<S> {
             at: 0,
             inner,
         }
+    }
+
+    /// The bytes not read again yet, and the stream.
+    pub fn into_parts(self) -> (Vec<u8>, S) {
+        let mut prefix = self.prefix;
+        prefix.drain(..self.at);
+        (prefix, self.inner)
+    }
+}
+
+impl<S: OverTcp> OverTcp for Prefixed<S> {
+    fn tcp(&self) -> Option<&TcpStream> {
+        self.inner.tcp()
     }
 }
 

@@ -14,6 +14,7 @@ use crate::audit::{AuditGuard, Close};
 use crate::egress::abortable::Abortable;
 use crate::egress::admit::Admitted;
 use crate::egress::verdict;
+use crate::intercept::prefixed::Prefixed;
 use crate::relay::body::{self, Body};
 use crate::relay::client_io::ClientIo;
 use crate::relay::tunnel::Relayed;
@@ -98,14 +99,17 @@ pub(super) async fn relay_opened(
 /// back whole with the bytes hyper had buffered; on HTTP/2 the tunnel is one stream of the
 /// connection, relayed as it is.
 fn take_client(upgraded: hyper::upgrade::Upgraded) -> Option<(ClientIo, Vec<u8>)> {
-    match upgraded.downcast::<TokioIo<Abortable<ClientIo>>>() {
+    match upgraded.downcast::<TokioIo<Abortable<Prefixed<ClientIo>>>>() {
         Ok(parts) => {
             // Taken apart at once: `read_buf` shares hyper's read buffer, which a `parts`
             // kept alive would hold for the tunnel's whole life.
             let hyper::upgrade::Parts { io, read_buf, .. } = parts;
-            let early = read_buf.to_vec();
+            // What hyper had read past the head, then what it never read of the first look
+            // (none: hyper reads the first look whole before the connection's own bytes).
+            let (unread, client) = io.into_inner().into_inner()?.into_parts();
+            let mut early = read_buf.to_vec();
             drop(read_buf);
-            let client = io.into_inner().into_inner()?;
+            early.extend_from_slice(&unread);
             Some((client, early))
         }
         Err(stream) => Some((ClientIo::H2(Box::new(TokioIo::new(stream))), Vec::new())),

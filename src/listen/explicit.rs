@@ -22,6 +22,7 @@ use crate::audit::{AuditGuard, Close, Mode};
 use crate::egress::abortable::{Abortable, Cut};
 use crate::egress::admit::{self, Ask, AtCapacity, Door, Evidence, Seat};
 use crate::egress::source_caps::UnidentifiedSlot;
+use crate::intercept::prefixed::Prefixed;
 use crate::listen::explicit_tls::ClientCert;
 use crate::policy::reason::Reason;
 use crate::policy::set::Sandbox;
@@ -131,7 +132,7 @@ pub async fn serve(
     let stream = match io {
         ClientIo::Tcp(stream) => stream,
         // The TLS listener has checked the first bytes (the handshake, within first_byte_ms).
-        tls => return serve_http(shared, accepted, tls, unidentified, cert).await,
+        tls => return serve_http(shared, accepted, tls, Vec::new(), unidentified, cert).await,
     };
     // A client that connects and says nothing holds its allowance only briefly.
     let wait = shared.admissions.first_byte();
@@ -162,17 +163,27 @@ pub async fn serve(
         audit.detail(detail);
         return;
     }
-    if let Some(bad) = super::explicit_head::malformed_head(&stream, first).await {
+    if let Some(bad) = super::explicit_head::malformed_head(&stream, &mut first) {
         return super::explicit_head::refuse_malformed(&shared, accepted, stream, bad).await;
     }
-    serve_http(shared, accepted, ClientIo::Tcp(stream), unidentified, cert).await
+    serve_http(
+        shared,
+        accepted,
+        ClientIo::Tcp(stream),
+        first,
+        unidentified,
+        cert,
+    )
+    .await
 }
 
-/// Serve the HTTP requests of a connection (plain or TLS) until it closes.
+/// Serve the HTTP requests of a connection (plain or TLS) until it closes; hyper reads
+/// `first` (what the first look took in) before the connection's own bytes.
 async fn serve_http(
     shared: Arc<Shared>,
     accepted: Accepted,
     io: ClientIo,
+    first: Vec<u8>,
     unidentified: UnidentifiedSlot,
     cert: ClientCert,
 ) {
@@ -202,7 +213,7 @@ async fn serve_http(
             async move { Ok::<_, Infallible>(handle(conn, req).await) }
         })
     };
-    let io = TokioIo::new(Abortable::new(io, conn.cut.clone()));
+    let io = TokioIo::new(Abortable::new(Prefixed::new(first, io), conn.cut.clone()));
     let serving = async {
         if conn.h2 {
             // HTTP/2 (negotiated with ALPN on the TLS listener): every stream is a request of its

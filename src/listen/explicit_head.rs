@@ -1,6 +1,8 @@
-//! The explicit listener's first look at a connection's first request head (without reading
-//! it): hyper would answer a head it cannot parse with a bare 400, so the proxy answers it
-//! itself, with `Proxy-Status`, a body, and the right mode in the record.
+//! The explicit listener's first look at a connection's first request head: hyper would
+//! answer a head it cannot parse with a bare 400, so the proxy answers it itself, with
+//! `Proxy-Status`, a body, and the right mode in the record. What the look read is handed to
+//! hyper to read again ([`crate::intercept::prefixed::Prefixed`]): the head costs one `read`,
+//! not a peek and then a read of the same bytes.
 
 use tokio::net::TcpStream;
 
@@ -18,35 +20,42 @@ pub(super) struct Malformed {
     why: String,
 }
 
-/// What the first look peeks at: a CONNECT or a request head fits; a larger one is peeked at
-/// again with room for [`MAX_HEAD`].
+/// What the first look reads: a CONNECT or a request head fits; a larger one is read on, up
+/// to [`MAX_HEAD`], as far as it has arrived.
 const FIRST_LOOK: usize = 4096;
 
 /// Wait (without a buffer: a silent client holds none) until the connection has something to
-/// say, then peek at it: the bytes (empty when the client closed). One system call for what
-/// the first-byte wait and the head check each peeked before.
+/// say, then read it: the bytes (empty when the client closed). One system call for what the
+/// first-byte wait, the head check and hyper's first read each did before (hyper reads these
+/// bytes again from memory).
 pub(super) async fn first_look(stream: &TcpStream) -> std::io::Result<Vec<u8>> {
-    stream.readable().await?;
-    let mut buf = vec![0u8; FIRST_LOOK];
-    let n = stream.peek(&mut buf).await?;
-    buf.truncate(n);
-    Ok(buf)
+    loop {
+        stream.readable().await?;
+        let mut buf = vec![0u8; FIRST_LOOK];
+        match stream.try_read(&mut buf) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
-/// Look (without reading) at the first request head, if it is all there: hyper would answer a
-/// head it cannot parse with a bare 400, so the proxy answers it itself, with Proxy-Status,
-/// a body and the right mode in the record. A head still incomplete is left to hyper.
-/// `first` is what [`first_look`] saw; only a first look that filled its buffer is looked at
-/// again, with room for a whole head.
-pub(super) async fn malformed_head(stream: &TcpStream, first: Vec<u8>) -> Option<Malformed> {
-    let buf = if first.len() == FIRST_LOOK {
-        let mut big = vec![0u8; MAX_HEAD];
-        let n = stream.peek(&mut big).await.ok()?;
-        big.truncate(n);
-        big
-    } else {
-        first
-    };
+/// Look at the first request head, if it is all there: hyper would answer a head it cannot
+/// parse with a bare 400, so the proxy answers it itself, with Proxy-Status, a body and the
+/// right mode in the record. A head still incomplete is left to hyper. `first` is what
+/// [`first_look`] read; a first look that filled its buffer reads on (without waiting) with
+/// room for a whole head. `first` comes back with whatever was read on, for hyper.
+pub(super) fn malformed_head(stream: &TcpStream, first: &mut Vec<u8>) -> Option<Malformed> {
+    if first.len() == FIRST_LOOK {
+        let have = first.len();
+        first.resize(MAX_HEAD, 0);
+        let n = stream.try_read(&mut first[have..]).unwrap_or(0);
+        first.truncate(have + n);
+    }
+    let buf = &first[..];
     let head = &buf[..];
     let mut headers = [httparse::EMPTY_HEADER; 100];
     let mut req = httparse::Request::new(&mut headers);

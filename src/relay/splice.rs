@@ -136,7 +136,13 @@ impl Drop for Pipe {
 /// pump keeps its pipe only while the stream keeps filling it (and then grows it, see
 /// [`Pipe::grow`]); once the source has nothing to read the pipe goes back to the pool, so
 /// an idle tunnel holds none.
-async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, live: &Liveness) -> io::Result<()> {
+async fn pump(
+    src: &TcpStream,
+    dst: &TcpStream,
+    up: bool,
+    live: &Liveness,
+    ends: &Ends,
+) -> io::Result<()> {
     let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
     let mut held: Option<Pipe> = None;
     loop {
@@ -150,7 +156,7 @@ async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, live: &Liveness) -> io
                     Err(_) => {
                         // No pipe to be had: move this chunk through user space.
                         // Boxed: the fallback's state is not carried by every pump.
-                        if Box::pin(copy_chunk(src, dst, up, live)).await? {
+                        if Box::pin(copy_chunk(src, dst, up, live, ends)).await? {
                             return Ok(());
                         }
                         continue;
@@ -165,8 +171,7 @@ async fn pump(src: &TcpStream, dst: &TcpStream, up: bool, live: &Liveness) -> io
         let n = match moved {
             Ok(0) => {
                 pipe.give();
-                let _ =
-                    nix::sys::socket::shutdown(dst.as_raw_fd(), nix::sys::socket::Shutdown::Write);
+                ends.pass_on(dst);
                 return Ok(());
             }
             Ok(n) => n,
@@ -213,13 +218,14 @@ async fn copy_chunk(
     dst: &TcpStream,
     up: bool,
     live: &Liveness,
+    ends: &Ends,
 ) -> io::Result<bool> {
     // On the heap, and only here: a buffer in this future's state would be reserved in every
     // pump of every tunnel, idle or not.
     let mut buf = vec![0u8; 16 * 1024];
     let n = match src.try_read(&mut buf) {
         Ok(0) => {
-            let _ = nix::sys::socket::shutdown(dst.as_raw_fd(), nix::sys::socket::Shutdown::Write);
+            ends.pass_on(dst);
             return Ok(true);
         }
         Ok(n) => n,
@@ -257,6 +263,7 @@ async fn start_then_splice(
     mut dst: WriteHalf<'_>,
     up: bool,
     live: &Liveness,
+    ends: &Ends,
 ) -> io::Result<()> {
     let mut moved = 0u64;
     while moved < SPLICE_AFTER {
@@ -265,16 +272,13 @@ async fn start_then_splice(
         src.as_ref().readable().await?;
         match Box::pin(copy_once(&mut src, &mut dst, up, live)).await? {
             0 => {
-                let _ = nix::sys::socket::shutdown(
-                    dst.as_ref().as_raw_fd(),
-                    nix::sys::socket::Shutdown::Write,
-                );
+                ends.pass_on(dst.as_ref());
                 return Ok(());
             }
             n => moved += n as u64,
         }
     }
-    pump(src.as_ref(), dst.as_ref(), up, live).await
+    pump(src.as_ref(), dst.as_ref(), up, live, ends).await
 }
 
 /// Read one chunk from `src` and write it all to `dst`: its size (0 at EOF).
@@ -299,7 +303,8 @@ async fn copy_once(
 }
 
 /// Relay between two sockets: in user space while a direction is young, then with splice.
-/// `client` → `server` is "up". The caller keeps the sockets (and decides how to close them).
+/// `client` → `server` is "up". The caller keeps the sockets and closes them when it returns:
+/// the direction that ends second is not half-closed here ([`Ends`]), the close says it.
 pub async fn relay<F>(
     client: &mut TcpStream,
     server: &mut TcpStream,
@@ -310,11 +315,29 @@ where
     F: Future<Output = Close>,
 {
     let live = live.into();
+    let ends = Ends::default();
     let (client_r, client_w) = client.split();
     let (server_r, server_w) = server.split();
-    let up = start_then_splice(client_r, server_w, true, &live);
-    let down = start_then_splice(server_r, client_w, false, &live);
+    let up = start_then_splice(client_r, server_w, true, &live, &ends);
+    let down = start_then_splice(server_r, client_w, false, &live, &ends);
     drive(up, down, &live, stop).await
+}
+
+/// How many of a relay's two directions have reached EOF. The first to end passes it on as a
+/// half-close of its destination (`shutdown(SHUT_WR)`): the other side may still be sending.
+/// The second needs no `shutdown`: both directions are then done and the relay ends, and its
+/// caller closes both sockets (the close sends the same FIN; nothing is left unread to turn it
+/// into a reset, the source having been read to its EOF). One system call fewer per tunnel.
+#[derive(Default)]
+struct Ends(std::sync::atomic::AtomicBool);
+
+impl Ends {
+    /// A direction reached EOF: half-close `dst` unless the other direction ended first.
+    fn pass_on(&self, dst: &TcpStream) {
+        if !self.0.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            let _ = nix::sys::socket::shutdown(dst.as_raw_fd(), nix::sys::socket::Shutdown::Write);
+        }
+    }
 }
 
 #[cfg(test)]
