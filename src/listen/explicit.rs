@@ -129,14 +129,14 @@ pub async fn serve(
     unidentified: UnidentifiedSlot,
     cert: ClientCert,
 ) {
-    let stream = match io {
+    let mut stream = match io {
         ClientIo::Tcp(stream) => stream,
         // The TLS listener has checked the first bytes (the handshake, within first_byte_ms).
         tls => return serve_http(shared, accepted, tls, Vec::new(), unidentified, cert).await,
     };
     // A client that connects and says nothing holds its allowance only briefly.
     let wait = shared.admissions.first_byte();
-    let first_byte = tokio::time::timeout(wait, super::explicit_head::first_look(&stream));
+    let first_byte = tokio::time::timeout(wait, super::explicit_head::first_look(&mut stream));
     let mut first = Vec::new();
     let silent = tokio::select! {
         r = first_byte => match r {

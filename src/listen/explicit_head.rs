@@ -28,19 +28,15 @@ const FIRST_LOOK: usize = 4096;
 /// say, then read it: the bytes (empty when the client closed). One system call for what the
 /// first-byte wait, the head check and hyper's first read each did before (hyper reads these
 /// bytes again from memory).
-pub(super) async fn first_look(stream: &TcpStream) -> std::io::Result<Vec<u8>> {
-    loop {
-        stream.readable().await?;
-        let mut buf = vec![0u8; FIRST_LOOK];
-        match stream.try_read(&mut buf) {
-            Ok(n) => {
-                buf.truncate(n);
-                return Ok(buf);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    }
+pub(super) async fn first_look(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    stream.readable().await?;
+    let mut buf = vec![0u8; FIRST_LOOK];
+    // Through `AsyncRead`, not `try_read`: a short read marks the socket drained, so hyper's
+    // next read waits for more instead of trying (and failing) once.
+    let n = stream.read(&mut buf).await?;
+    buf.truncate(n);
+    Ok(buf)
 }
 
 /// Look at the first request head, if it is all there: hyper would answer a head it cannot
