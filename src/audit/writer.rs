@@ -55,6 +55,10 @@ pub(super) struct Queue {
     closing: bool,
     /// An `open` entry arrived: write now.
     urgent: bool,
+    /// The writer waits on the condition variable: an `open` must wake it. When it is busy or
+    /// in its pause between urgent batches it reads `urgent` before it waits again, so no
+    /// wake is needed (each would be a `futex` call of the data plane's).
+    waiting: bool,
 }
 
 /// What the data plane and the writer thread share.
@@ -186,14 +190,15 @@ impl AuditLog {
         self.inner.wake.notify_one();
     }
 
-    /// Queue an entry. An `open` entry wakes the writer, unless a wake is already pending.
+    /// Queue an entry. An `open` entry wakes the writer when it waits, unless a wake is
+    /// already pending (a busy writer finds it before it waits again).
     pub fn write(&self, entry: Entry) {
         let urgent = entry.event == Event::Open;
         let mut wake = false;
         match self.inner.queue.lock() {
             Ok(mut q) => {
                 q.entries.push(entry);
-                wake = urgent && !q.urgent;
+                wake = urgent && !q.urgent && q.waiting;
                 q.urgent |= urgent;
                 self.inner.health.pending.fetch_add(1, Ordering::Relaxed);
             }
@@ -259,13 +264,15 @@ fn write_loop(inner: &Inner, mut w: Writer) {
             _ => DRAIN_EVERY,
         };
         let closing = match inner.queue.lock() {
-            Ok(q) => {
+            Ok(mut q) => {
+                q.waiting = true;
                 let (mut q, _) = match inner.wake.wait_timeout_while(q, wait, |q| {
                     !q.urgent && !q.closing && !inner.reopen.load(Ordering::Acquire)
                 }) {
                     Ok(x) => x,
                     Err(_) => break,
                 };
+                q.waiting = false;
                 // While a failed batch waits, the entries behind it stay queued (counted).
                 if !w.stalled() || q.closing {
                     std::mem::swap(&mut q.entries, &mut batch);
