@@ -25,26 +25,14 @@ use crate::wire::peek::Peeked;
 use super::relay_choice;
 use super::running::Running;
 
-/// A tunnel whose 200 is on its way: what its relay needs once hyper hands the client's
-/// connection back.
-pub(super) struct Opened {
-    running: Running,
-    upgrade: hyper::upgrade::OnUpgrade,
-    audit: AuditGuard,
-    permit: Option<OwnedSemaphorePermit>,
-}
-
-/// Answer 200; the tunnel's first bytes are then checked and it is relayed until it ends, is
-/// revoked, idles out or is shut down — by `run_here` when given (an HTTP/1.1 connection's
-/// own task runs it once hyper is done with the connection: no task of its own, no hand-off
-/// to another thread), else in a task of its own (a stream of an HTTP/2 connection).
+/// Answer 200 and, in its own task, check the tunnel's first bytes and relay it until it
+/// ends, is revoked, idles out or is shut down.
 pub(super) fn tunnel(
     shared: Arc<Shared>,
     permit: Option<OwnedSemaphorePermit>,
     req: Request<Incoming>,
     mut audit: AuditGuard,
     admitted: Admitted,
-    run_here: Option<&std::sync::Mutex<Option<Opened>>>,
 ) -> Response<Body> {
     let Some(running) = Running::start(&shared, admitted, &mut audit) else {
         // A CONNECT never asks for a kept connection: nothing to relay.
@@ -53,40 +41,22 @@ pub(super) fn tunnel(
             .body(body::empty())
             .unwrap_or_else(|_| Response::new(body::empty()));
     };
-    let opened = Opened {
-        running,
-        upgrade: hyper::upgrade::on(req),
-        audit,
-        permit,
-    };
-    let slot = run_here.and_then(|m| m.lock().ok());
-    match slot {
-        Some(mut slot) => *slot = Some(opened),
-        None => {
-            tokio::spawn(run(opened));
-        }
-    }
+    // Taken out of what the task holds for the tunnel's whole life: a task's state keeps
+    // room for every value it captured even after it moved on (the request: ~260 bytes).
+    let upgrade = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        let relayed = match upgrade.await.ok().and_then(take_client) {
+            Some((client, early)) => relay_opened(running, client, early, &mut audit).await,
+            None => Relayed::nothing(Close::Error),
+        };
+        audit.relayed(relayed);
+        drop(audit);
+        drop(permit);
+    });
     Response::builder()
         .status(StatusCode::OK)
         .body(body::empty())
         .unwrap_or_else(|_| Response::new(body::empty()))
-}
-
-/// Relay an opened tunnel once its connection is handed back, and record how it ended.
-pub(super) async fn run(opened: Opened) {
-    let Opened {
-        running,
-        upgrade,
-        mut audit,
-        permit,
-    } = opened;
-    let relayed = match upgrade.await.ok().and_then(take_client) {
-        Some((client, early)) => relay_opened(running, client, early, &mut audit).await,
-        None => Relayed::nothing(Close::Error),
-    };
-    audit.relayed(relayed);
-    drop(audit);
-    drop(permit);
 }
 
 /// Relay a tunnel the client was told is open (a CONNECT's 200, a SOCKS5 success): its first

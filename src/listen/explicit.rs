@@ -60,9 +60,6 @@ pub struct ClientConn {
     h2: bool,
     /// The client's socket as it sees itself, for attribution by observation.
     peer: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
-    /// An HTTP/1.1 CONNECT's tunnel, run by the connection's own task once hyper has answered
-    /// it and handed the connection back.
-    tunnel: Mutex<Option<super::connect::Opened>>,
 }
 
 impl ClientConn {
@@ -208,7 +205,6 @@ async fn serve_http(
         cut: Cut::new(),
         cert,
         h2,
-        tunnel: Mutex::new(None),
     });
     let svc = {
         let conn = conn.clone();
@@ -260,12 +256,6 @@ async fn serve_http(
     let Some(result) = result else { return };
     if conn.requests.load(Ordering::Relaxed) == 0 {
         no_request(&conn, result.err());
-    }
-    let opened = conn.tunnel.lock().ok().and_then(|mut t| t.take());
-    if let Some(opened) = opened {
-        // The connection became a tunnel: this task relays it (its HTTP state is gone).
-        drop(conn);
-        super::connect::run(opened).await;
     }
 }
 
@@ -446,8 +436,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
     };
     if connect {
         let permit = conn.take_place();
-        let here = (!conn.h2).then_some(&conn.tunnel);
-        super::connect::tunnel(conn.shared.clone(), permit, req, audit, admitted, here)
+        super::connect::tunnel(conn.shared.clone(), permit, req, audit, admitted)
     } else {
         let fx = conn.shared.forwarding(&admitted.clearance);
         crate::relay::forward::forward(fx, conn.exchange_cut(), req, audit, admitted).await
