@@ -51,8 +51,7 @@ pub(super) fn malformed_head(stream: &TcpStream, first: &mut Vec<u8>) -> Option<
         let n = stream.try_read(&mut first[have..]).unwrap_or(0);
         first.truncate(have + n);
     }
-    let buf = &first[..];
-    let head = &buf[..];
+    let head = &first[..];
     let mut headers = [httparse::EMPTY_HEADER; 100];
     let mut req = httparse::Request::new(&mut headers);
     let mode = |method: Option<&str>| match method {
