@@ -769,3 +769,74 @@ fn a_burst_of_mixed_datagrams_is_answered_query_by_query_to_each_sender() {
         "one record per query: {recs:#?}"
     );
 }
+
+/// A refused name is answered and recorded alike whichever way the listener reads its query:
+/// the common shape is read and answered from the wire format, an uncommon one (a Client
+/// Subnet option, a byte after the question) by hickory. A sandbox that shapes its query
+/// oddly gets the same NXDOMAIN, the same Extended DNS Error and one record per query.
+#[test]
+fn a_refused_name_gets_the_same_answer_and_record_whichever_way_its_query_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = r#"
+dns: { servers: ["127.0.0.1:9"], timeout_ms: 500 }
+sandboxes:
+  - { id: s, sources: [127.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [allowed.test] } } }
+"#;
+    let (proxy, dns) = start_full(dir.path(), "", yaml);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let name = "Q1.Exfil.test";
+    // An OPT record (payload 4096) with one option.
+    let with_option = |code: u16, data: &[u8]| {
+        let mut q = dns_query(7, name, 1);
+        q[11] = 1;
+        q.extend_from_slice(&[0, 0, 41, 0x10, 0x00, 0, 0, 0, 0]);
+        q.extend_from_slice(&(4 + data.len() as u16).to_be_bytes());
+        q.extend_from_slice(&code.to_be_bytes());
+        q.extend_from_slice(&(data.len() as u16).to_be_bytes());
+        q.extend_from_slice(data);
+        q
+    };
+    let cookie = with_option(10, &[1, 2, 3, 4, 5, 6, 7, 8]);
+    let subnet = with_option(8, &[0, 1, 24, 0, 192, 0, 2]);
+    let plain = dns_query(7, name, 1);
+    let mut trailing = plain.clone();
+    trailing.push(0);
+    let ask = |q: &[u8]| {
+        sock.send_to(q, dns).unwrap();
+        let mut buf = [0u8; 1500];
+        let (n, _) = sock.recv_from(&mut buf).unwrap();
+        buf[..n].to_vec()
+    };
+    let (wire_edns, general_edns) = (ask(&cookie), ask(&subnet));
+    let (wire_plain, general_plain) = (ask(&plain), ask(&trailing));
+    assert_eq!(dns_rcode(&wire_edns), Some(3), "NXDOMAIN");
+    assert_eq!(wire_edns, general_edns, "the answers with EDNS differ");
+    assert_eq!(wire_plain, general_plain, "the answers without EDNS differ");
+    let text = String::from_utf8_lossy(&wire_edns);
+    assert!(
+        text.contains("q1.exfil.test") && text.contains("no_rule_matched"),
+        "{text}"
+    );
+    assert!(wire_plain.len() < wire_edns.len(), "no EDE without EDNS");
+
+    let recs = wait_records(&proxy, |recs| {
+        recs.iter()
+            .filter(|r| r["target_host"] == "q1.exfil.test")
+            .count()
+            >= 4
+    });
+    let refused: Vec<_> = recs
+        .iter()
+        .filter(|r| r["target_host"] == "q1.exfil.test")
+        .collect();
+    assert_eq!(refused.len(), 4, "one record per query: {refused:#?}");
+    for r in refused {
+        assert_eq!(r["mode"], "dns", "{r}");
+        assert_eq!(r["decision"], "deny", "{r}");
+        assert_eq!(r["reason"], "no_rule_matched", "{r}");
+        assert_eq!(r["rcode"], "NXDOMAIN", "{r}");
+        assert_eq!(r["qtype"], "A", "{r}");
+        assert_eq!(r["sandbox"], "s", "{r}");
+    }
+}

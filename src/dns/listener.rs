@@ -29,12 +29,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hickory_proto::op::{Edns, Header, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::opt::EdnsOption;
+use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::rdata::{A, AAAA};
 use hickory_proto::rr::{RData, Record, RecordType};
-use hickory_proto::xfer::Protocol;
-use hickory_server::authority::MessageResponseBuilder;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 
 use crate::audit::outcome::Mode;
@@ -42,7 +39,8 @@ use crate::audit::record::DnsFacts;
 use crate::audit::AuditGuard;
 use crate::audit::Record as AuditRecord;
 use crate::config::AuditDns;
-use crate::dns::question::{classify, shown_name, Asked, Question, Unanswerable};
+use crate::dns::question::{classify, Asked, Question, Received, Unanswerable};
+use crate::dns::reply::{self, Reply};
 use crate::egress::admit::{self, Told};
 use crate::egress::identity::{self, Identified};
 use crate::egress::resolve::ResolveError;
@@ -52,15 +50,11 @@ use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::{Decision, Verdict};
 use crate::runtime::Shared;
 
-/// EDNS option code of an Extended DNS Error (RFC 8914).
-const EDE_OPTION: u16 = 15;
 /// EDE info codes: Blocked (15), Prohibited (18).
 const EDE_BLOCKED: u16 = 15;
 const EDE_PROHIBITED: u16 = 18;
 /// RFC 8914 "Not Ready": the audit trail cannot take the query's record.
 const EDE_NOT_READY: u16 = 14;
-/// The UDP payload this listener advertises (the DNS flag day 2020 value).
-const MAX_UDP_PAYLOAD: u16 = 1232;
 
 /// Who asks a query, identified once (by the repeat cache, or by [`DnsListener::respond`]),
 /// and the policy set it was identified under (the one the query is decided under).
@@ -76,32 +70,6 @@ pub struct DnsListener {
     pub shared: Arc<Shared>,
     /// Unidentified sources: their refusals summed, their rate bounded.
     pub strangers: Arc<Strangers>,
-}
-
-/// What to send back, and what the record says.
-struct Reply {
-    rcode: ResponseCode,
-    records: Vec<Record>,
-    /// Extended DNS Error: info code and text.
-    ede: Option<(u16, String)>,
-}
-
-impl Reply {
-    fn code(rcode: ResponseCode) -> Self {
-        Reply {
-            rcode,
-            records: Vec::new(),
-            ede: None,
-        }
-    }
-
-    fn explained(rcode: ResponseCode, code: u16, text: String) -> Self {
-        Reply {
-            rcode,
-            records: Vec::new(),
-            ede: Some((code, text)),
-        }
-    }
 }
 
 /// An allowed answer a UDP receive loop may serve again to the same query
@@ -124,95 +92,82 @@ impl RequestHandler for DnsListener {
 }
 
 impl DnsListener {
-    /// Answer `request` through `response_handle`; with `keep`, also say there whether the
-    /// answer may be served again ([`Answered`]). `asker`: who asks, when it was already
-    /// looked up.
+    /// Answer `request`, read by hickory, through `response_handle`; with `keep`, also say
+    /// there whether the answer may be served again ([`Answered`]). `asker`: who asks, when
+    /// it was already looked up.
     pub async fn respond<R: ResponseHandler>(
         &self,
         request: &Request,
-        mut response_handle: R,
+        response_handle: R,
         keep: Option<&mut Option<Answered>>,
         asker: Option<Asker>,
     ) -> ResponseInfo {
-        let mut header = Header::response_from_request(request.header());
-        header.set_recursion_available(true);
-        header.set_authoritative(false);
+        let asked = Received::of_request(request);
+        match self.decide(&asked, keep, asker).await {
+            Some(reply) => reply::send(request, &reply, response_handle).await,
+            None => ResponseInfo::from(reply::header(request.header())),
+        }
+    }
+
+    /// Decide one query, however it was read: the reply, or `None` for no answer at all (an
+    /// unidentified source over its rate). With `keep`, say there whether the answer may be
+    /// served again.
+    pub async fn decide(
+        &self,
+        asked: &Received<'_>,
+        keep: Option<&mut Option<Answered>>,
+        asker: Option<Asker>,
+    ) -> Option<Reply> {
         // Who asks, once per query: the source address's sandbox, else the default one.
         let Asker { set, who } = asker.unwrap_or_else(|| {
             let set = self.shared.policy.load();
             let default = self.shared.settings.default_sandbox.as_deref();
-            let who = admit::query_asker(&set, default, request.src().ip());
+            let who = admit::query_asker(&set, default, asked.src.ip());
             Asker { set, who }
         });
-        let reply = if who.is_err() && self.strangers.refused(request.src().ip()) != Answer::Refuse
-        {
+        if who.is_err() && self.strangers.refused(asked.src.ip()) != Answer::Refuse {
             // An unidentified source over its rate: no answer (summed, never recorded alone).
-            return ResponseInfo::from(header);
-        } else if let Some(why) = self.shared.sink.refuse_unrecorded() {
+            return None;
+        }
+        if let Some(why) = self.shared.sink.refuse_unrecorded() {
             // Nothing can be recorded: answer nothing useful, record nothing (counted).
             let text = format!("{}: {}", Reason::AuditUnavailable.code(), why.explain());
-            Reply::explained(ResponseCode::Refused, EDE_NOT_READY, text)
-        } else {
-            let (reply, answered) = self.answer(request, &set, who, keep.is_some()).await;
-            if let (Some(keep), Some(a)) = (keep, answered) {
-                *keep = Some(a);
-            }
-            reply
-        };
-        header.set_response_code(reply.rcode);
-        let mut builder = MessageResponseBuilder::from_message_request(request);
-        if request.edns().is_some() {
-            let mut edns = Edns::new();
-            edns.set_max_payload(MAX_UDP_PAYLOAD);
-            if let Some((code, text)) = &reply.ede {
-                let mut data = code.to_be_bytes().to_vec();
-                data.extend_from_slice(text.as_bytes());
-                edns.options_mut()
-                    .insert(EdnsOption::Unknown(EDE_OPTION, data));
-            }
-            builder.edns(edns);
+            return Some(Reply::explained(ResponseCode::Refused, EDE_NOT_READY, text));
         }
-        let response = builder.build(header, reply.records.iter(), [], [], []);
-        match response_handle.send_response(response).await {
-            Ok(info) => info,
-            Err(e) => {
-                tracing::debug!(error = %e, "dns: cannot send a response");
-                ResponseInfo::from(header)
-            }
+        let (reply, answered) = self.answer(asked, &set, who, keep.is_some()).await;
+        if let (Some(keep), Some(a)) = (keep, answered) {
+            *keep = Some(a);
         }
+        Some(reply)
     }
 
     /// Decide and answer one request; record and count it. With `keep`, an allowed answer
     /// with records comes back as [`Answered`] too.
     async fn answer(
         &self,
-        request: &Request,
+        asked: &Received<'_>,
         set: &PolicySet,
         who: Result<Identified, identity::Refused>,
         keep: bool,
     ) -> (Reply, Option<Answered>) {
         let shared = &self.shared;
-        let transport = match request.protocol() {
-            Protocol::Tcp => "tcp",
-            _ => "udp",
-        };
         // The query's one record, written (and counted) when this guard drops.
         let mut q = AuditGuard::query(
             shared.sink.clone(),
             AuditRecord::new(
                 shared.next_conn_id(),
-                request.src(),
+                asked.src,
                 Mode::Dns,
                 set.version_arc(),
             ),
             DnsFacts {
-                transport,
+                transport: asked.transport,
                 ..DnsFacts::default()
             },
             shared.settings.audit_dns != AuditDns::Denied,
         );
-        let reply = self.answer_question(request, set, who, &mut q).await;
-        q.dns().rcode = rcode_name(reply.rcode);
+        let reply = self.answer_question(asked, set, who, &mut q).await;
+        q.dns().rcode = reply::rcode_name(reply.rcode);
         let answered = (keep
             && reply.rcode == ResponseCode::NoError
             && !reply.records.is_empty()
@@ -227,33 +182,30 @@ impl DnsListener {
 
     async fn answer_question(
         &self,
-        request: &Request,
+        asked: &Received<'_>,
         set: &PolicySet,
         who: Result<Identified, identity::Refused>,
         q: &mut AuditGuard,
     ) -> Reply {
         let shared = &self.shared;
-        if request.message_type() != MessageType::Query || request.op_code() != OpCode::Query {
-            q.detail("not a standard query");
-            return Reply::code(ResponseCode::NotImp);
-        }
-        let Ok(info) = request.request_info() else {
-            q.detail("a query must ask exactly one question");
-            return Reply::code(ResponseCode::FormErr);
+        let query = match &asked.question {
+            Ok(query) => query,
+            Err(why) => {
+                q.detail(why.to_string());
+                return Reply::code(match why {
+                    Unanswerable::NotAQuery => ResponseCode::NotImp,
+                    _ => ResponseCode::FormErr,
+                });
+            }
         };
-        let query = info.query.original();
-        let rtype = query.query_type();
+        let rtype = query.rtype;
         q.dns().qtype = rtype.to_string().into();
-        let question = classify(
-            query.query_class(),
-            rtype,
-            query.name(),
-            &shared.resolver().pass_types,
-        );
+        let pass_types = &shared.resolver().pass_types;
+        let question = classify(query.class, rtype, &query.text, pass_types);
         // Recorded normalised when it is a host name, else as received.
-        q.dns().name = match &question {
-            Ok(question) => question.name.as_str().into(),
-            Err(_) => shown_name(query.name()).into(),
+        q.dns().name = match question {
+            Ok(ref question) => question.name.as_str().into(),
+            Err(_) => query.shown_name().into(),
         };
 
         // 1-2. Who asks (identified once, by respond), and its query rate.
@@ -292,7 +244,7 @@ impl DnsListener {
         let asked = Resolving {
             sb: &sb,
             name: &name,
-            owner: query.name().clone(),
+            owner: query.owner(),
             address_only,
         };
         // Boxed: a refusal, answered at once, does not carry (or copy) the resolver's state.
@@ -315,6 +267,11 @@ impl DnsListener {
             owner,
             address_only,
         } = asked;
+        let Some(owner) = owner else {
+            // Cannot happen: the name was read once already.
+            q.detail("the question's name cannot be read again");
+            return Reply::code(ResponseCode::ServFail);
+        };
         let shared = &self.shared;
         let resolver = shared.resolver();
         let t = Instant::now();
@@ -425,13 +382,12 @@ impl DnsListener {
     }
 }
 
-/// The record's spelling of a response code.
-/// What step 5 of a query resolves, for whom.
+/// What step 4 of a query resolves, for whom.
 struct Resolving<'a> {
     sb: &'a Sandbox,
     name: &'a str,
     /// The question's name as asked (the owner of the answer's records).
-    owner: hickory_proto::rr::Name,
+    owner: Option<hickory_proto::rr::Name>,
     /// Allowed only by address rules: every address must be covered.
     address_only: bool,
 }
@@ -450,17 +406,5 @@ fn unanswerable(why: Unanswerable, q: &mut AuditGuard) -> Reply {
         Unanswerable::Class => Reply::code(rcode),
         Unanswerable::Name(_) => Reply::explained(rcode, EDE_BLOCKED, text),
         _ => Reply::explained(rcode, EDE_PROHIBITED, text),
-    }
-}
-
-fn rcode_name(rcode: ResponseCode) -> &'static str {
-    match rcode {
-        ResponseCode::NoError => "NOERROR",
-        ResponseCode::FormErr => "FORMERR",
-        ResponseCode::ServFail => "SERVFAIL",
-        ResponseCode::NXDomain => "NXDOMAIN",
-        ResponseCode::NotImp => "NOTIMP",
-        ResponseCode::Refused => "REFUSED",
-        _ => "OTHER",
     }
 }

@@ -14,6 +14,8 @@ pub(crate) mod listener;
 #[allow(unsafe_code)]
 pub(crate) mod mmsg;
 pub mod question;
+pub(crate) mod reply;
 pub(crate) mod strangers;
 pub(crate) mod tcp;
 pub(crate) mod udp;
+pub mod wire;

@@ -1,9 +1,16 @@
 //! What a query asks, read without any I/O: the one question's class, type and name, checked
-//! and normalised. The listener decides on this; the fuzz target `dns_query` feeds it any
-//! bytes (hostile queries must give a refusal, never a panic).
+//! and normalised ([`Asked`], whether hickory read the message or [`crate::dns::wire`] did).
+//! The listener decides on this; the fuzz target `dns_query` feeds it any bytes (hostile
+//! queries must give a refusal, never a panic).
+
+use std::net::SocketAddr;
 
 use hickory_proto::op::{Message, MessageType, OpCode};
-use hickory_proto::rr::{DNSClass, RecordType};
+use hickory_proto::rr::{DNSClass, Name, RecordType};
+use hickory_proto::xfer::Protocol;
+use hickory_server::server::Request;
+
+use crate::dns::wire;
 
 use crate::egress::resolve::Family;
 use crate::policy::hostname::normalize_name;
@@ -48,18 +55,111 @@ pub struct Question {
     pub name: String,
 }
 
-/// The name as the record shows it, before it is known to be valid.
-pub fn shown_name(asked: &hickory_proto::rr::Name) -> String {
-    text(asked).to_ascii_lowercase()
+/// One query as the listener decides it.
+pub struct Received<'a> {
+    /// Who sent it.
+    pub src: SocketAddr,
+    /// `udp` or `tcp`.
+    pub transport: &'static str,
+    /// The one question, or why there is none ([`Unanswerable::NotAQuery`],
+    /// [`Unanswerable::NotOneQuestion`]).
+    pub question: Result<ReceivedQuestion<'a>, Unanswerable>,
+}
+
+/// The one question of a standard query, as asked.
+pub struct ReceivedQuestion<'a> {
+    /// Its class.
+    pub class: DNSClass,
+    /// Its type.
+    pub rtype: RecordType,
+    /// The name's presentation form without its final dot ([`text`]).
+    pub text: String,
+    owner: Owner<'a>,
+}
+
+/// Where the question's name, as sent, is read from.
+enum Owner<'a> {
+    Read(&'a Name),
+    Wire(&'a wire::Query<'a>),
+}
+
+impl ReceivedQuestion<'_> {
+    /// The question's name as asked: the owner of the answer's records.
+    pub fn owner(&self) -> Option<Name> {
+        match self.owner {
+            Owner::Read(name) => Some(name.clone()),
+            Owner::Wire(query) => query.owner(),
+        }
+    }
+
+    /// The name as the record shows it, before it is known to be valid.
+    pub fn shown_name(&self) -> String {
+        self.text.to_ascii_lowercase()
+    }
+}
+
+impl<'a> Received<'a> {
+    /// A query hickory read.
+    pub fn of_request(request: &'a Request) -> Self {
+        let transport = match request.protocol() {
+            Protocol::Tcp => "tcp",
+            _ => "udp",
+        };
+        let question =
+            if request.message_type() != MessageType::Query || request.op_code() != OpCode::Query {
+                Err(Unanswerable::NotAQuery)
+            } else {
+                match request.queries() {
+                    [q] => {
+                        let q = q.original();
+                        Ok(ReceivedQuestion {
+                            class: q.query_class(),
+                            rtype: q.query_type(),
+                            text: text(q.name()),
+                            owner: Owner::Read(q.name()),
+                        })
+                    }
+                    _ => Err(Unanswerable::NotOneQuestion),
+                }
+            };
+        Received {
+            src: request.src(),
+            transport,
+            question,
+        }
+    }
+
+    /// A query read from the wire (a standard query with one question, by construction).
+    pub fn of_wire(query: &'a wire::Query<'a>, src: SocketAddr) -> Self {
+        let text = match plain_text(query.labels()) {
+            Some(text) => text,
+            None => query.owner().map(|n| text(&n)).unwrap_or_default(),
+        };
+        Received {
+            src,
+            transport: "udp",
+            question: Ok(ReceivedQuestion {
+                class: DNSClass::from(query.qclass),
+                rtype: RecordType::from(query.qtype),
+                text,
+                owner: Owner::Wire(query),
+            }),
+        }
+    }
 }
 
 /// The name's presentation form without its final dot: put together from the labels when
 /// each is plain host-name bytes (letters, digits, `_`, and `-` after the first: nothing to
 /// escape), else hickory's escaped form (`\.`, `\DDD`), which a host-name check refuses.
-fn text(name: &hickory_proto::rr::Name) -> String {
+fn text(name: &Name) -> String {
+    plain_text(name.iter()).unwrap_or_else(|| name.to_ascii().trim_end_matches('.').to_owned())
+}
+
+/// Plain labels joined with dots; `None` when one needs escaping.
+fn plain_text<'l>(labels: impl Iterator<Item = &'l [u8]>) -> Option<String> {
     let plain = |b: &u8| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_';
-    let mut out = String::with_capacity(name.len());
-    for label in name.iter() {
+    let mut out = String::with_capacity(64);
+    for label in labels {
         match std::str::from_utf8(label) {
             // hickory escapes a leading `-` (`\-`).
             Ok(l) if label.iter().all(plain) && !l.starts_with('-') => {
@@ -68,17 +168,18 @@ fn text(name: &hickory_proto::rr::Name) -> String {
                 }
                 out.push_str(l);
             }
-            _ => return name.to_ascii().trim_end_matches('.').to_owned(),
+            _ => return None,
         }
     }
-    out
+    Some(out)
 }
 
-/// Check one question (class, type, name) against what this listener answers.
+/// Check one question (class, type, name in [`text`] form) against what this listener
+/// answers.
 pub fn classify(
     class: DNSClass,
     rtype: RecordType,
-    name: &hickory_proto::rr::Name,
+    name: &str,
     pass_types: &[u16],
 ) -> Result<Question, Unanswerable> {
     if class != DNSClass::IN {
@@ -91,7 +192,7 @@ pub fn classify(
         t if pass_types.contains(&u16::from(t)) => Asked::Pass(t),
         t => return Err(Unanswerable::Type(t)),
     };
-    let name = normalize_name(&text(name)).map_err(|e| Unanswerable::Name(e.to_string()))?;
+    let name = normalize_name(name).map_err(|e| Unanswerable::Name(e.to_string()))?;
     Ok(Question { kind, name })
 }
 
@@ -105,7 +206,7 @@ pub fn read(bytes: &[u8], pass_types: &[u16]) -> Result<Question, Unanswerable> 
     let [q] = msg.queries() else {
         return Err(Unanswerable::NotOneQuestion);
     };
-    classify(q.query_class(), q.query_type(), q.name(), pass_types)
+    classify(q.query_class(), q.query_type(), &text(q.name()), pass_types)
 }
 
 #[cfg(test)]

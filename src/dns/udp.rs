@@ -9,7 +9,9 @@
 //! whose body does not gets `FORMERR`; anything shorter than a header gets nothing; an answer
 //! larger than the client's payload (512 bytes, or its EDNS size) is truncated with TC set.
 //! Each loop keeps the allowed answers it gave at once ([`crate::dns::answer_cache`]) and
-//! serves a repeat of the same query from them.
+//! serves a repeat of the same query from them. A query of the common shape (one question of
+//! plain labels, at most an OPT record) is read without hickory's decoder, and its answer
+//! without records (a refusal) written without its encoder ([`crate::dns::wire`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -30,10 +32,10 @@ use crate::dns::answer::Encoded;
 use crate::dns::answer_cache::AnswerCache;
 use crate::dns::listener::{Answered, Asker, DnsListener};
 use crate::dns::mmsg::{self, Inbox};
+use crate::dns::question::Received;
+use crate::dns::reply::{self, Reply};
+use crate::dns::wire;
 use crate::relay::watch::Phase;
-
-/// The payload a client without EDNS can take (RFC 1035 §4.2.1).
-const CLASSIC_PAYLOAD: u16 = 512;
 
 /// Serve each socket (one per worker thread, `SO_REUSEPORT`) with a loop of its own until
 /// shutdown.
@@ -172,7 +174,9 @@ async fn send(socket: &UdpSocket, bytes: &[u8], to: SocketAddr) {
 /// An encoded answer, and whether it may be served again.
 type Answer = (Vec<u8>, Option<Answered>);
 
-/// What to do with one datagram: `None` to drop it, or the future of its encoded answer.
+/// What to do with one datagram: `None` to drop it, or the future of its encoded answer. A
+/// query of the common shape is read and, when its answer has no records, answered from the
+/// wire format ([`wire`]); any other the general way, by hickory.
 fn datagram(
     handler: &Arc<DnsListener>,
     bytes: &[u8],
@@ -185,29 +189,59 @@ fn datagram(
         // Never answer a response: no reflection loops.
         return None;
     }
-    let parsed = MessageRequest::from_bytes(bytes);
+    let bytes: Box<[u8]> = bytes.into();
     let handler = handler.clone();
     Some(async move {
-        match parsed {
-            Ok(message) => {
-                let limit = message
-                    .edns()
-                    .map(|e| e.max_payload().max(CLASSIC_PAYLOAD))
-                    .unwrap_or(CLASSIC_PAYLOAD);
-                let request = Request::new(message, src, Protocol::Udp);
-                let answer = Encoded::new(limit);
-                let mut answered = None;
-                handler
-                    .respond(&request, answer.clone(), Some(&mut answered), asker)
-                    .await;
-                // Kept only whole: a truncated answer is not repeated.
-                let bytes = answer.take()?;
-                let whole = bytes.get(2).is_some_and(|flags| flags & 0x02 == 0);
-                Some((bytes, answered.filter(|_| whole)))
+        let Some(query) = wire::Query::read(&bytes) else {
+            return match MessageRequest::from_bytes(&bytes) {
+                Ok(message) => general(&handler, message, src, None, asker).await,
+                Err(_) => form_error(&header).map(|b| (b, None)),
+            };
+        };
+        let mut answered = None;
+        let received = Received::of_wire(&query, src);
+        let reply = handler
+            .decide(&received, Some(&mut answered), asker)
+            .await?;
+        if reply.records.is_empty() {
+            if let Some(answer) = query.answer(reply.rcode, reply.ede()) {
+                return Some((answer, answered));
             }
-            Err(_) => form_error(&header).map(|b| (b, None)),
         }
+        let message = MessageRequest::from_bytes(&bytes).ok()?;
+        general(&handler, message, src, Some((reply, answered)), None).await
     })
+}
+
+/// The general way: hickory's message, decided here unless `decided` already was, encoded by
+/// hickory within the client's payload (truncated with TC beyond it).
+async fn general(
+    handler: &DnsListener,
+    message: MessageRequest,
+    src: SocketAddr,
+    decided: Option<(Reply, Option<Answered>)>,
+    asker: Option<Asker>,
+) -> Option<Answer> {
+    let limit = reply::udp_limit(&message);
+    let request = Request::new(message, src, Protocol::Udp);
+    let answer = Encoded::new(limit);
+    let answered = match decided {
+        Some((reply, answered)) => {
+            reply::send(&request, &reply, answer.clone()).await;
+            answered
+        }
+        None => {
+            let mut answered = None;
+            handler
+                .respond(&request, answer.clone(), Some(&mut answered), asker)
+                .await;
+            answered
+        }
+    };
+    // Kept only whole: a truncated answer is not repeated.
+    let bytes = answer.take()?;
+    let whole = bytes.get(2).is_some_and(|flags| flags & 0x02 == 0);
+    Some((bytes, answered.filter(|_| whole)))
 }
 
 /// `FORMERR` for a query whose header is readable but whose body is not.
