@@ -819,6 +819,14 @@ sandboxes:
         "{text}"
     );
     assert!(wire_plain.len() < wire_edns.len(), "no EDE without EDNS");
+    // A type without a name is refused and recorded by its RFC 3597 name.
+    let private = ask(&dns_query(8, "allowed.test", 65280));
+    assert_eq!(dns_rcode(&private), Some(5), "REFUSED");
+    let recs = wait_records(&proxy, |recs| {
+        recs.iter().any(|r| r["qtype"] == "TYPE65280")
+    });
+    let r = dns_record(&recs, "allowed.test", "TYPE65280");
+    assert_eq!(r["reason"], "protocol_not_allowed", "{r}");
 
     let recs = wait_records(&proxy, |recs| {
         recs.iter()

@@ -202,8 +202,9 @@ pub struct HttpFacts {
 pub struct DnsFacts {
     /// The name asked for (normalised when it could be; as received otherwise).
     pub name: Box<str>,
-    /// The record type, by name (`A`, `TXT`, `TYPE65280`).
-    pub qtype: Box<str>,
+    /// The record type, by name (`A`, `TXT`, `TYPE65280`): hickory's static names need no
+    /// allocation per query.
+    pub qtype: Cow<'static, str>,
     /// The response code sent (`NOERROR`, `NXDOMAIN`, `REFUSED`, `SERVFAIL`, `FORMERR`).
     pub rcode: &'static str,
     /// Addresses given to the client (after policy and guard filtering).

@@ -199,7 +199,11 @@ impl DnsListener {
             }
         };
         let rtype = query.rtype;
-        q.dns().qtype = rtype.to_string().into();
+        q.dns().qtype = match rtype {
+            // RFC 3597's name for a type without one (hickory says "Unknown").
+            RecordType::Unknown(code) => format!("TYPE{code}").into(),
+            known => std::borrow::Cow::Borrowed(known.into()),
+        };
         let pass_types = &shared.resolver().pass_types;
         let question = classify(query.class, rtype, &query.text, pass_types);
         // Recorded normalised when it is a host name, else as received.
