@@ -321,10 +321,13 @@ impl Entry {
         o.u64("conn_id", r.conn_id);
         o.str_or_null("sandbox", r.sandbox.as_ref().map(SandboxId::as_str));
         o.str("identity", r.identity.as_str());
-        o.shown("client", &r.client);
+        o.addr("client", &r.client);
         o.str("mode", r.mode.as_str());
-        let host = r.target.as_ref().map(|t| &t.host as &dyn Display);
-        o.shown_or_null("target_host", host.or(dns.map(|d| &d.name as &dyn Display)));
+        match (&r.target, dns) {
+            (Some(t), _) => o.shown("target_host", &t.host),
+            // A query's name is text already (no formatter).
+            (None, dns) => o.str_or_null("target_host", dns.map(|d| &*d.name)),
+        }
         o.u64_or_null("target_port", r.target.as_ref().map(|t| u64::from(t.port)));
         o.str_or_null("sni", r.sni.as_deref());
         o.shown_or_null(

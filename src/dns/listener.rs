@@ -228,7 +228,7 @@ impl DnsListener {
         // 3. What the policy lets this sandbox learn about the name.
         let address_only = match admit::query_name(set, &sb, &name, q) {
             Ok(allowed) => allowed.address_only,
-            Err(d) => return self.blocked(&sb, &name, &d, q),
+            Err(d) => return self.blocked(&sb, &name, &d, q, asked.edns),
         };
 
         let family = match kind {
@@ -238,7 +238,7 @@ impl DnsListener {
                 let d = Decision::deny(Reason::NoRuleMatched, None);
                 q.decision(&d);
                 q.detail(format!("{t} is passed only for names a name rule allows"));
-                return self.blocked(&sb, &name, &d, q);
+                return self.blocked(&sb, &name, &d, q, asked.edns);
             }
             // Boxed, as below: only a query that reaches the resolver carries its state.
             Asked::Pass(t) => return Box::pin(self.pass(&name, t, q)).await,
@@ -250,6 +250,7 @@ impl DnsListener {
             name: &name,
             owner: query.owner(),
             address_only,
+            edns: asked.edns,
         };
         // Boxed: a refusal, answered at once, does not carry (or copy) the resolver's state.
         Box::pin(self.resolve(asked, family, set, q)).await
@@ -270,6 +271,7 @@ impl DnsListener {
             name,
             owner,
             address_only,
+            edns,
         } = asked;
         let Some(owner) = owner else {
             // Cannot happen: the name was read once already.
@@ -288,14 +290,14 @@ impl DnsListener {
             Err(ResolveError::NotFound | ResolveError::NoData) if address_only => {
                 let detail = "the name has no addresses; answered as refused, so that the answer does not tell which names exist";
                 let d = admit::query_not_covered(q, detail);
-                return self.blocked(sb, name, &d, q);
+                return self.blocked(sb, name, &d, q, edns);
             }
             Err(e) => return self.resolve_failed(e, q),
         };
         let ttl = found.ttl.min(resolver.max_answer_ttl).as_secs() as u32;
         let kept = match admit::query_addresses(set, sb, &found.addrs, address_only, q) {
             Told::Addresses(kept) => kept,
-            Told::NotCovered(d) => return self.blocked(sb, name, &d, q),
+            Told::NotCovered(d) => return self.blocked(sb, name, &d, q, edns),
             Told::NoneAllowed => {
                 q.dns().ttl = Some(ttl);
                 let text = format!(
@@ -331,16 +333,32 @@ impl DnsListener {
     }
 
     /// A refused name: NXDOMAIN without SOA, and why — with the reason's code and, when a
-    /// grant could answer it, where to ask (what `dig` prints of the EDE).
-    fn blocked(&self, sb: &Sandbox, name: &str, d: &Decision, q: &mut AuditGuard) -> Reply {
-        let why = d.explain(&sb.binding.id, sb.policy.file(), 0);
-        let ask = match crate::relay::deny::grantable(d.reason) {
-            true => format!(" (ask: POST {})", self.shared.ask().url()),
-            false => String::new(),
-        };
-        let text = format!("egress-proxy [{}]: {name}: {why}{ask}", d.reason.code());
+    /// grant could answer it, where to ask (what `dig` prints of the EDE). Only a client that
+    /// speaks EDNS (`edns`) can be told; the text is not written for one that cannot.
+    fn blocked(
+        &self,
+        sb: &Sandbox,
+        name: &str,
+        d: &Decision,
+        q: &mut AuditGuard,
+        edns: bool,
+    ) -> Reply {
         if !q.has_detail() {
             q.detail("refused by policy: no upstream query was made");
+        }
+        if !edns {
+            return Reply::code(ResponseCode::NXDomain);
+        }
+        let why = d.explain(&sb.binding.id, sb.policy.file(), 0);
+        let code = d.reason.code();
+        let mut text = String::with_capacity(64 + code.len() + name.len() + why.len());
+        for part in ["egress-proxy [", code, "]: ", name, ": ", &why] {
+            text.push_str(part);
+        }
+        if crate::relay::deny::grantable(d.reason) {
+            for part in [" (ask: POST ", self.shared.ask().url(), ")"] {
+                text.push_str(part);
+            }
         }
         Reply::explained(ResponseCode::NXDomain, EDE_BLOCKED, text)
     }
@@ -394,6 +412,8 @@ struct Resolving<'a> {
     owner: Option<hickory_proto::rr::Name>,
     /// Allowed only by address rules: every address must be covered.
     address_only: bool,
+    /// The client speaks EDNS (can be told why).
+    edns: bool,
 }
 
 /// A question this listener does not answer: class other than IN (REFUSED), a type it does

@@ -61,6 +61,8 @@ pub struct Received<'a> {
     pub src: SocketAddr,
     /// `udp` or `tcp`.
     pub transport: &'static str,
+    /// It carries an OPT record: the answer can say why (an Extended DNS Error).
+    pub edns: bool,
     /// The one question, or why there is none ([`Unanswerable::NotAQuery`],
     /// [`Unanswerable::NotOneQuestion`]).
     pub question: Result<ReceivedQuestion<'a>, Unanswerable>,
@@ -125,6 +127,7 @@ impl<'a> Received<'a> {
         Received {
             src: request.src(),
             transport,
+            edns: request.edns().is_some(),
             question,
         }
     }
@@ -138,6 +141,7 @@ impl<'a> Received<'a> {
         Received {
             src,
             transport: "udp",
+            edns: query.speaks_edns(),
             question: Ok(ReceivedQuestion {
                 class: DNSClass::from(query.qclass),
                 rtype: RecordType::from(query.qtype),

@@ -92,6 +92,11 @@ impl<'a> Query<'a> {
         Name::read(&mut BinDecoder::new(&self.bytes[self.name.clone()])).ok()
     }
 
+    /// Whether the client sent an OPT record.
+    pub fn speaks_edns(&self) -> bool {
+        self.edns.is_some()
+    }
+
     /// The largest answer the client takes.
     pub fn payload(&self) -> u16 {
         self.edns
