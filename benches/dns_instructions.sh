@@ -6,10 +6,15 @@
 # cache's path) and fresh refused names (a full parse, decision, refusal and record each).
 # The kernel's share is not counted; dns_compare.sh's CPU per query includes it.
 #
+# EDNS=1 sends every query with an OPT record (`dnsperf -e`), as systemd-resolved and `dig`
+# do: a refusal then carries its Extended DNS Error, which costs the text.
+#
 #   benches/dns_instructions.sh [BINARY]...          # QUERIES=20000; default: this tree's build
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${QUERIES:-20000}"
+E=()
+[ -n "${EDNS:-}" ] && E=(-e)
 for t in dnsperf dnsmasq valgrind callgrind_annotate callgrind_control dig; do
   command -v "$t" >/dev/null || { echo "needs $t (apt-get install dnsperf dnsmasq-base valgrind dnsutils)" >&2; exit 2; }
 done
@@ -34,9 +39,9 @@ count() { # binary kind: instructions per query
     sleep 0.5
   done
   # Warm up (the first refusals fill the policy's and allocator's caches), then count.
-  dnsperf -s 127.0.0.1 -p 15364 -d "$WORK/$2.q" -n 1 -c 4 -q 50 -t 10 >/dev/null 2>&1
+  dnsperf "${E[@]}" -s 127.0.0.1 -p 15364 -d "$WORK/$2.q" -n 1 -c 4 -q 50 -t 10 >/dev/null 2>&1
   callgrind_control -z "$p" >/dev/null 2>&1
-  sent=$(dnsperf -s 127.0.0.1 -p 15364 -d "$WORK/$2.q" -n 1 -c 4 -q 50 -t 10 2>&1 | awk '/Queries completed/ {print $3}')
+  sent=$(dnsperf "${E[@]}" -s 127.0.0.1 -p 15364 -d "$WORK/$2.q" -n 1 -c 4 -q 50 -t 10 2>&1 | awk '/Queries completed/ {print $3}')
   callgrind_control -d "$p" >/dev/null 2>&1
   sleep 1
   kill "$p"; wait "$p" 2>/dev/null || true
