@@ -21,6 +21,7 @@ use crate::audit::record::Record;
 use crate::audit::AuditGuard;
 use crate::config::AuditDns;
 use crate::dns::listener::{Answered, Asker, DnsListener};
+use crate::dns::wire::HEADER;
 use crate::egress::identity::Identified;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::PolicySet;
@@ -29,8 +30,6 @@ use crate::policy::set::PolicySet;
 pub const LIFE: Duration = Duration::from_secs(1);
 /// Answers kept per receive loop.
 pub const MAX_ENTRIES: usize = 4096;
-/// A DNS header: id, flags, four counts.
-const HEADER: usize = 12;
 
 /// One loop's kept answers, by a hash of (sandbox, generation, query after its id); the
 /// entry holds them all, so a hash collision is a miss, never a wrong answer.

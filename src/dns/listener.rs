@@ -222,7 +222,7 @@ impl DnsListener {
         // The question: class IN, a type this listener answers, a valid name.
         let Question { kind, name } = match question {
             Ok(question) => question,
-            Err(why) => return unanswerable(why, q),
+            Err(why) => return unanswerable(why, q, asked.edns),
         };
 
         // 3. What the policy lets this sandbox learn about the name.
@@ -417,18 +417,28 @@ struct Resolving<'a> {
 }
 
 /// A question this listener does not answer: class other than IN (REFUSED), a type it does
-/// not pass (REFUSED, EDE Prohibited) or an invalid name (NXDOMAIN, EDE Blocked).
-fn unanswerable(why: Unanswerable, q: &mut AuditGuard) -> Reply {
+/// not pass (REFUSED, EDE Prohibited) or an invalid name (NXDOMAIN, EDE Blocked). The record
+/// says why; so does the answer, to a client that speaks EDNS (`edns`).
+fn unanswerable(why: Unanswerable, q: &mut AuditGuard, edns: bool) -> Reply {
     let (reason, rcode) = match why {
         Unanswerable::Name(_) => (Reason::InvalidTarget, ResponseCode::NXDomain),
         _ => (Reason::ProtocolNotAllowed, ResponseCode::Refused),
     };
     q.decision(&Decision::deny(reason, None));
     let text = why.to_string();
-    q.detail(text.clone());
-    match why {
-        Unanswerable::Class => Reply::code(rcode),
-        Unanswerable::Name(_) => Reply::explained(rcode, EDE_BLOCKED, text),
-        _ => Reply::explained(rcode, EDE_PROHIBITED, text),
+    let ede = match why {
+        Unanswerable::Class => None,
+        Unanswerable::Name(_) => Some(EDE_BLOCKED),
+        _ => Some(EDE_PROHIBITED),
+    };
+    match ede.filter(|_| edns) {
+        Some(code) => {
+            q.detail(text.clone());
+            Reply::explained(rcode, code, text)
+        }
+        None => {
+            q.detail(text);
+            Reply::code(rcode)
+        }
     }
 }

@@ -18,7 +18,7 @@ use hickory_proto::rr::Name;
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
 
 /// A DNS header: id, flags, four counts.
-const HEADER: usize = 12;
+pub const HEADER: usize = 12;
 /// RR type OPT (RFC 6891).
 const OPT: u16 = 41;
 /// EDNS option Client Subnet (RFC 7871), which hickory parses (and may refuse).
