@@ -24,6 +24,18 @@
 //! (`squid-openssl`, [`common::squid_bump`]) terminating the same CONNECTs with the same CA,
 //! verifying the same upstream, over HTTP/1.1 (Squid speaks no HTTP/2 to clients).
 //!
+//! With `--protocols` it compares the static-header host terminated over HTTP/1.1 and over
+//! HTTP/2 at the same concurrency (one stream per connection), as `--squid` does, without
+//! the peer.
+//!
+//! With `--latency` (and `--rate`, requests per second over all connections) it measures how
+//! long a request takes, paced well below saturation: straight to the upstream (`direct`: the
+//! same TLS client, the same upstream, no proxy) and through the proxy to the static-header
+//! host (`terminated`), and, to tell the hop from the inspection, through a tunnel the proxy
+//! leaves untouched (`relayed`); with `--peer ADDR` (and `--peer-pid PID` for its CPU), also
+//! through another proxy's CONNECT tunnel to the upstream's address (`peer_relayed`: the same
+//! hop made by a peer). It prints p50 and p99 of each. A request is timed from its send to the end of its answer.
+//!
 //! ```text
 //! cargo build --release && cargo bench --bench intercept -- --connections 8 --seconds 5
 //! cargo bench --bench intercept -- --connections 8 --seconds 5 --squid
@@ -31,6 +43,8 @@
 //! cargo bench --bench intercept -- --connections 8 --seconds 5 --mcp
 //! cargo bench --bench intercept -- --connections 8 --seconds 5 --sigv4
 //! cargo bench --bench intercept -- --connections 8 --seconds 5 --decider
+//! cargo bench --bench intercept -- --connections 8 --seconds 5 --protocols
+//! cargo bench --bench intercept -- --connections 8 --seconds 5 --latency --rate 1000
 //! cargo bench --bench intercept -- --bin /tmp/old/target/release/egress-proxy   # A/B
 //! ```
 //! It makes its own CAs, starts `target/release/egress-proxy` and a hyper HTTPS upstream on
@@ -138,6 +152,41 @@ struct Shape {
     mcp: bool,
     /// The SigV4 Authorization (and its date) requests to `aws.test` carry (`--sigv4`).
     sigv4: Option<(&'static str, &'static str)>,
+    /// Straight to the upstream, without the proxy (`--latency`'s `direct`).
+    direct: bool,
+    /// The CONNECT names the upstream's address, not the host (a peer that has not our names).
+    by_address: bool,
+    /// One request per this long on each connection, each timed into [`LATENCIES`]
+    /// (`--latency`); else back to back, untimed.
+    pace: Option<Duration>,
+}
+
+/// The times of the paced requests of the running phase, microseconds.
+static LATENCIES: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+/// Wait for the next request's slot when paced; returns when the request starts.
+async fn slot(shape: Shape, next: &mut tokio::time::Instant) -> Instant {
+    if let Some(pace) = shape.pace {
+        tokio::time::sleep_until(*next).await;
+        *next += pace;
+    }
+    Instant::now()
+}
+
+/// Record a paced request's time.
+fn timed(shape: Shape, started: Instant) {
+    if shape.pace.is_some() {
+        let us = started.elapsed().as_micros().min(u32::MAX as u128) as u32;
+        LATENCIES.lock().expect("latencies").push(us);
+    }
+}
+
+/// The `q` quantile of `v` (sorted in place), microseconds.
+fn quantile(v: &mut [u32], q: f64) -> u32 {
+    v.sort_unstable();
+    v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+        .copied()
+        .unwrap_or(0)
 }
 
 /// The MCP call the `--mcp` hosts are sent, and the result they answer.
@@ -275,24 +324,17 @@ async fn client(
     until: Instant,
     count: Arc<AtomicU64>,
 ) {
-    let mut tcp = dial(proxy, source).await;
-    tcp.set_nodelay(true).expect("nodelay");
-    tcp.write_all(
-        format!("CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").as_bytes(),
-    )
-    .await
-    .expect("connect");
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        tcp.read_exact(&mut b).await.expect("head");
-        head.push(b[0]);
-    }
-    assert!(
-        head.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&head)
-    );
+    let tcp = if shape.direct {
+        let upstream = SocketAddr::from(([127, 0, 0, 1], port));
+        let tcp = tokio::net::TcpStream::connect(upstream)
+            .await
+            .expect("upstream");
+        tcp.set_nodelay(true).expect("nodelay");
+        tcp
+    } else {
+        let target = if shape.by_address { "127.0.0.1" } else { host };
+        tunnel(proxy, source, target, port).await
+    };
     let tls = tokio_rustls::TlsConnector::from(tls_cfg)
         .connect(host.try_into().expect("name"), tcp)
         .await
@@ -330,7 +372,11 @@ async fn client(
     let (send, conn) = hyper::client::conn::http1::handshake(io).await.expect("h1");
     tokio::spawn(conn);
     let mut send = send;
+    // Paced connections start spread over one pace, not all at once.
+    let spread = shape.pace.map_or(Duration::ZERO, |p| p.mul_f64(clock_fraction()));
+    let mut next = tokio::time::Instant::now() + spread;
     while Instant::now() < until {
+        let started = slot(shape, &mut next).await;
         let resp = send
             .send_request(request(
                 "/v1/x",
@@ -341,7 +387,44 @@ async fn client(
             .await
             .expect("request");
         answered(resp, &count).await;
+        timed(shape, started);
     }
+}
+
+/// A number in [0, 1) from the clock (where in its pace a connection starts).
+fn clock_fraction() -> f64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    f64::from(nanos % 1_000_003) / 1_000_003.0
+}
+
+/// A tunnel through the proxy from `source` to `host:port`, its `200` read.
+async fn tunnel(
+    proxy: SocketAddr,
+    source: std::net::IpAddr,
+    host: &str,
+    port: u16,
+) -> tokio::net::TcpStream {
+    let mut tcp = dial(proxy, source).await;
+    tcp.set_nodelay(true).expect("nodelay");
+    tcp.write_all(
+        format!("CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").as_bytes(),
+    )
+    .await
+    .expect("connect");
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        tcp.read_exact(&mut b).await.expect("head");
+        head.push(b[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    tcp
 }
 
 /// The SigV4 Authorization of sandbox `bench`'s placeholder key id (derived, like the proxy
@@ -370,11 +453,22 @@ fn main() {
     let secs = arg("--seconds", 5);
     let decider = std::env::args().any(|a| a == "--decider");
     let with_squid = std::env::args().any(|a| a == "--squid");
+    let protocols = std::env::args().any(|a| a == "--protocols");
+    let latency = std::env::args().any(|a| a == "--latency");
+    let rate = arg("--rate", 1000u64).max(1);
+    let peer: Option<SocketAddr> = std::env::args()
+        .skip_while(|a| a != "--peer")
+        .nth(1)
+        .map(|a| a.parse().expect("--peer ADDR:PORT"));
+    let peer_pid = arg("--peer-pid", 0u32);
     let mut shape = Shape {
         h2: std::env::args().any(|a| a == "--h2"),
         streams: arg("--streams", 1) as usize,
         mcp: std::env::args().any(|a| a == "--mcp"),
         sigv4: None,
+        direct: false,
+        by_address: false,
+        pace: None,
     };
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     // `--bin PATH` runs another build (an A/B against the previous commit).
@@ -505,7 +599,7 @@ sandboxes:
         Arc::new(c)
     };
     let mut cpu_before = cpu_us(child.id()).unwrap_or(0);
-    let mut squid_cpu_before = 0;
+    let mut peer_cpu_before = 0;
     for round in 0..3 {
         let one = "127.0.0.1".parse().expect("ip");
         let phases: Vec<(&str, &'static str, std::net::IpAddr, bool)> =
@@ -515,6 +609,21 @@ sandboxes:
                     ("terminated_h2", "bound.test", one, false),
                     ("squid_bump_h1", "bound.test", one, false),
                 ],
+                _ if protocols => vec![
+                    ("terminated_h1", "bound.test", one, false),
+                    ("terminated_h2", "bound.test", one, false),
+                ],
+                _ if latency => {
+                    let mut phases = vec![
+                        ("direct", "bound.test", one, false),
+                        ("relayed", "relayed.test", one, false),
+                        ("terminated", "bound.test", one, false),
+                    ];
+                    if peer.is_some() {
+                        phases.push(("peer_relayed", "relayed.test", one, false));
+                    }
+                    phases
+                }
                 (true, _, _) => vec![
                     ("path.test", "path.test", one, false),
                     ("mcp.test", "mcp.test", one, false),
@@ -550,8 +659,9 @@ sandboxes:
                     .collect();
                 // The peer's phase goes through Squid; the HTTP/2 phase with one stream per
                 // connection (the same concurrency as HTTP/1.1).
-                let via = match (label, &squid) {
-                    ("squid_bump_h1", Some(s)) => SocketAddr::from(([127, 0, 0, 1], s.port)),
+                let via = match (label, &squid, peer) {
+                    ("squid_bump_h1", Some(s), _) => SocketAddr::from(([127, 0, 0, 1], s.port)),
+                    ("peer_relayed", _, Some(p)) => p,
                     _ => proxy,
                 };
                 let (phase_shape, phase_cfg) = match label {
@@ -562,6 +672,15 @@ sandboxes:
                             ..shape
                         },
                         h2_cfg.clone(),
+                    ),
+                    "direct" | "relayed" | "terminated" | "peer_relayed" => (
+                        Shape {
+                            direct: label == "direct",
+                            by_address: label == "peer_relayed",
+                            pace: Some(Duration::from_secs(conns).div_f64(rate as f64)),
+                            ..shape
+                        },
+                        ccfg.clone(),
                     ),
                     _ => (shape, ccfg.clone()),
                 };
@@ -583,6 +702,15 @@ sandboxes:
                     let _ = t.await;
                 }
             });
+            if latency {
+                let mut times = std::mem::take(&mut *LATENCIES.lock().expect("latencies"));
+                for (name, q) in [("p50", 0.5), ("p99", 0.99)] {
+                    out.insert(
+                        format!("{label}_round{round}_{name}_us"),
+                        serde_json::json!(quantile(&mut times, q)),
+                    );
+                }
+            }
             if neighbour {
                 out.insert(
                     format!("{label}_round{round}_neighbour_refused"),
@@ -597,10 +725,18 @@ sandboxes:
                 // Squid's own CPU (its main process; the certificate helpers are idle once
                 // the one certificate is made).
                 let s = squid_cpu();
-                used = s.saturating_sub(squid_cpu_before);
-                squid_cpu_before = s;
+                used = s.saturating_sub(peer_cpu_before);
+                peer_cpu_before = s;
             } else if squid.is_some() {
-                squid_cpu_before = squid_cpu();
+                peer_cpu_before = squid_cpu();
+            }
+            if peer_pid != 0 {
+                // The peer's CPU in its own phase; ours in the others.
+                let p = cpu_us(peer_pid).unwrap_or(0);
+                if label == "peer_relayed" {
+                    used = p.saturating_sub(peer_cpu_before);
+                }
+                peer_cpu_before = p;
             }
             out.insert(
                 format!("{label}_round{round}_proxy_cpu_us_per_req"),
