@@ -373,7 +373,9 @@ async fn client(
     tokio::spawn(conn);
     let mut send = send;
     // Paced connections start spread over one pace, not all at once.
-    let spread = shape.pace.map_or(Duration::ZERO, |p| p.mul_f64(clock_fraction()));
+    let spread = shape
+        .pace
+        .map_or(Duration::ZERO, |p| p.mul_f64(clock_fraction()));
     let mut next = tokio::time::Instant::now() + spread;
     while Instant::now() < until {
         let started = slot(shape, &mut next).await;
