@@ -118,6 +118,22 @@ impl DnsListener {
         keep: Option<&mut Option<Answered>>,
         asker: Option<Asker>,
     ) -> Option<Reply> {
+        let (reply, answered) = match self.decide_now(asked, keep.is_some(), asker) {
+            Now::Silent => return None,
+            Now::Done(reply, answered) => (reply, answered),
+            Now::Later(later) => later.finish(self).await,
+        };
+        if let (Some(keep), Some(a)) = (keep, answered) {
+            *keep = Some(a);
+        }
+        Some(reply)
+    }
+
+    /// Decide one query as far as it can be without waiting: every refusal, and every answer
+    /// without the resolver, is [`Now::Done`] here, with its record written; a query the
+    /// resolver must answer comes back as [`Now::Later`], owning what it needs. With `keep`,
+    /// an allowed answer with records comes back as [`Answered`] too.
+    pub fn decide_now(&self, asked: &Received<'_>, keep: bool, asker: Option<Asker>) -> Now {
         // Who asks, once per query: the source address's sandbox, else the default one.
         let Asker { set, who } = asker.unwrap_or_else(|| {
             let set = self.shared.policy.load();
@@ -127,29 +143,14 @@ impl DnsListener {
         });
         if who.is_err() && self.strangers.refused(asked.src.ip()) != Answer::Refuse {
             // An unidentified source over its rate: no answer (summed, never recorded alone).
-            return None;
+            return Now::Silent;
         }
         if let Some(why) = self.shared.sink.refuse_unrecorded() {
             // Nothing can be recorded: answer nothing useful, record nothing (counted).
             let text = format!("{}: {}", Reason::AuditUnavailable.code(), why.explain());
-            return Some(Reply::explained(ResponseCode::Refused, EDE_NOT_READY, text));
+            let reply = Reply::explained(ResponseCode::Refused, EDE_NOT_READY, text);
+            return Now::Done(reply, None);
         }
-        let (reply, answered) = self.answer(asked, &set, who, keep.is_some()).await;
-        if let (Some(keep), Some(a)) = (keep, answered) {
-            *keep = Some(a);
-        }
-        Some(reply)
-    }
-
-    /// Decide and answer one request; record and count it. With `keep`, an allowed answer
-    /// with records comes back as [`Answered`] too.
-    async fn answer(
-        &self,
-        asked: &Received<'_>,
-        set: &PolicySet,
-        who: Result<Identified, identity::Refused>,
-        keep: bool,
-    ) -> (Reply, Option<Answered>) {
         let shared = &self.shared;
         // The query's one record, written (and counted) when this guard drops.
         let mut q = AuditGuard::query(
@@ -166,36 +167,32 @@ impl DnsListener {
             },
             shared.settings.audit_dns != AuditDns::Denied,
         );
-        let reply = self.answer_question(asked, set, who, &mut q).await;
-        q.dns().rcode = reply::rcode_name(reply.rcode);
-        let answered = (keep
-            && reply.rcode == ResponseCode::NoError
-            && !reply.records.is_empty()
-            && q.verdict_so_far() == Verdict::Allow
-            && q.dns().ttl.is_some_and(|t| t > 0))
-        .then(|| Answered {
-            record: q.record.clone(),
-            generation: set.generation(),
-        });
-        (reply, answered)
+        match self.judge(asked, &set, who, &mut q) {
+            Judged::Reply(reply) => {
+                let answered = settle(&reply, &mut q, &set, keep);
+                Now::Done(reply, answered)
+            }
+            Judged::Wait(work) => Now::Later(Later { set, q, keep, work }),
+        }
     }
 
-    async fn answer_question(
+    /// Steps 1-3 of a query, and the answers that need no resolver.
+    fn judge(
         &self,
         asked: &Received<'_>,
         set: &PolicySet,
         who: Result<Identified, identity::Refused>,
         q: &mut AuditGuard,
-    ) -> Reply {
+    ) -> Judged {
         let shared = &self.shared;
         let query = match &asked.question {
             Ok(query) => query,
             Err(why) => {
                 q.detail(why.to_string());
-                return Reply::code(match why {
+                return Judged::Reply(Reply::code(match why {
                     Unanswerable::NotAQuery => ResponseCode::NotImp,
                     _ => ResponseCode::FormErr,
-                });
+                }));
             }
         };
         let rtype = query.rtype;
@@ -215,64 +212,58 @@ impl DnsListener {
         // 1-2. Who asks (identified once, by respond), and its query rate.
         let limiters = &shared.limiters;
         let Ok(who) = admit::query_enter(who, limiters, shared.metrics(), q) else {
-            return Reply::code(ResponseCode::Refused);
+            return Judged::Reply(Reply::code(ResponseCode::Refused));
         };
         let sb = who.sandbox;
 
         // The question: class IN, a type this listener answers, a valid name.
         let Question { kind, name } = match question {
             Ok(question) => question,
-            Err(why) => return unanswerable(why, q, asked.edns),
+            Err(why) => return Judged::Reply(unanswerable(why, q, asked.edns)),
         };
 
         // 3. What the policy lets this sandbox learn about the name.
         let address_only = match admit::query_name(set, &sb, &name, q) {
             Ok(allowed) => allowed.address_only,
-            Err(d) => return self.blocked(&sb, &name, &d, q, asked.edns),
+            Err(d) => return Judged::Reply(self.blocked(&sb, &name, &d, q, asked.edns)),
         };
 
         let family = match kind {
             Asked::Addresses(f) => f,
-            Asked::Empty => return Reply::code(ResponseCode::NoError),
+            Asked::Empty => return Judged::Reply(Reply::code(ResponseCode::NoError)),
             Asked::Pass(t) if address_only => {
                 let d = Decision::deny(Reason::NoRuleMatched, None);
                 q.decision(&d);
                 q.detail(format!("{t} is passed only for names a name rule allows"));
-                return self.blocked(&sb, &name, &d, q, asked.edns);
+                return Judged::Reply(self.blocked(&sb, &name, &d, q, asked.edns));
             }
-            // Boxed, as below: only a query that reaches the resolver carries its state.
-            Asked::Pass(t) => return Box::pin(self.pass(&name, t, q)).await,
+            Asked::Pass(rtype) => return Judged::Wait(Work::Pass { name, rtype }),
         };
 
-        // 4. Resolve, then keep only what a connection could reach.
-        let asked = Resolving {
-            sb: &sb,
-            name: &name,
+        // 4. Resolve (later), then keep only what a connection could reach.
+        Judged::Wait(Work::Resolve(Resolving {
             owner: query.owner(),
+            sb,
+            name,
             address_only,
             edns: asked.edns,
-        };
-        // Boxed: a refusal, answered at once, does not carry (or copy) the resolver's state.
-        Box::pin(self.resolve(asked, family, set, q)).await
+            family,
+        }))
     }
 
     /// Step 4 of a query: resolve with the proxy's resolver, then answer only the addresses
     /// a connection of the sandbox could reach ([`admit::query_addresses`]; remembered for
     /// transparent connections).
-    async fn resolve(
-        &self,
-        asked: Resolving<'_>,
-        family: crate::egress::resolve::Family,
-        set: &PolicySet,
-        q: &mut AuditGuard,
-    ) -> Reply {
+    async fn resolve(&self, asked: Resolving, set: &PolicySet, q: &mut AuditGuard) -> Reply {
         let Resolving {
             sb,
             name,
             owner,
             address_only,
             edns,
+            family,
         } = asked;
+        let (sb, name) = (&*sb, name.as_str());
         let Some(owner) = owner else {
             // Cannot happen: the name was read once already.
             q.detail("the question's name cannot be read again");
@@ -404,16 +395,83 @@ impl DnsListener {
     }
 }
 
+/// A query decided as far as it could be without waiting ([`DnsListener::decide_now`]).
+pub enum Now {
+    /// No answer at all (an unidentified source over its rate).
+    Silent,
+    /// The reply (its record written), and whether it may be served again.
+    Done(Reply, Option<Answered>),
+    /// The resolver must answer first ([`Later::finish`]).
+    Later(Later),
+}
+
+/// A query waiting for the resolver. It owns what it needs, its record included, so the
+/// loop that read it goes on answering others meanwhile.
+pub struct Later {
+    set: Arc<PolicySet>,
+    q: AuditGuard,
+    keep: bool,
+    work: Work,
+}
+
+impl Later {
+    /// Ask the resolver, then answer; the query's record is written when this returns.
+    pub async fn finish(self, listener: &DnsListener) -> (Reply, Option<Answered>) {
+        let Later {
+            set,
+            mut q,
+            keep,
+            work,
+        } = self;
+        let reply = match work {
+            Work::Resolve(asked) => listener.resolve(asked, &set, &mut q).await,
+            Work::Pass { name, rtype } => listener.pass(&name, rtype, &mut q).await,
+        };
+        let answered = settle(&reply, &mut q, &set, keep);
+        (reply, answered)
+    }
+}
+
+/// What judging a query gives: its reply, or the resolver's work still to do.
+enum Judged {
+    Reply(Reply),
+    Wait(Work),
+}
+
+/// What a query waits for.
+enum Work {
+    /// Step 4: the name's addresses.
+    Resolve(Resolving),
+    /// A `dns.pass_types` query for a name a name rule allows.
+    Pass { name: String, rtype: RecordType },
+}
+
+/// The rcode in the record, and with `keep`, the allowed answer that may be served again.
+fn settle(reply: &Reply, q: &mut AuditGuard, set: &PolicySet, keep: bool) -> Option<Answered> {
+    q.dns().rcode = reply::rcode_name(reply.rcode);
+    (keep
+        && reply.rcode == ResponseCode::NoError
+        && !reply.records.is_empty()
+        && q.verdict_so_far() == Verdict::Allow
+        && q.dns().ttl.is_some_and(|t| t > 0))
+    .then(|| Answered {
+        record: q.record.clone(),
+        generation: set.generation(),
+    })
+}
+
 /// What step 4 of a query resolves, for whom.
-struct Resolving<'a> {
-    sb: &'a Sandbox,
-    name: &'a str,
+struct Resolving {
+    sb: Arc<Sandbox>,
+    name: String,
     /// The question's name as asked (the owner of the answer's records).
     owner: Option<hickory_proto::rr::Name>,
     /// Allowed only by address rules: every address must be covered.
     address_only: bool,
     /// The client speaks EDNS (can be told why).
     edns: bool,
+    /// A, AAAA or both.
+    family: crate::egress::resolve::Family,
 }
 
 /// A question this listener does not answer: class other than IN (REFUSED), a type it does

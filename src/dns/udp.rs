@@ -10,8 +10,10 @@
 //! larger than the client's payload (512 bytes, or its EDNS size) is truncated with TC set.
 //! Each loop keeps the allowed answers it gave at once ([`crate::dns::answer_cache`]) and
 //! serves a repeat of the same query from them. A query of the common shape (one question of
-//! plain labels, at most an OPT record) is read without hickory's decoder, and its answer
-//! without records (a refusal) written without its encoder ([`crate::dns::wire`]).
+//! plain labels, at most an OPT record) is read without hickory's decoder, decided in place
+//! ([`DnsListener::decide_now`]: no copy of the datagram, no future), and its answer without
+//! records (a refusal) written without its encoder ([`crate::dns::wire`]). Only a query that
+//! waits for the resolver takes its part ([`Later`]) and a copy of its bytes to a task.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -30,7 +32,7 @@ use tokio::sync::watch;
 
 use crate::dns::answer::Encoded;
 use crate::dns::answer_cache::AnswerCache;
-use crate::dns::listener::{Answered, Asker, DnsListener};
+use crate::dns::listener::{Answered, Asker, DnsListener, Later, Now};
 use crate::dns::mmsg::{self, Inbox};
 use crate::dns::question::Received;
 use crate::dns::reply::{self, Reply};
@@ -114,7 +116,26 @@ fn answer(
         }
         Err(asker) => asker,
     };
-    let Some(work) = datagram(handler, bytes, src, asker) else {
+    let rest = match wire::Query::read(bytes) {
+        // The common shape, decided in place: a refusal costs no copy, future or task.
+        Some(query) => match handler.decide_now(&Received::of_wire(&query, src), true, asker) {
+            Now::Silent => return,
+            Now::Done(reply, answered) => {
+                let at_once = reply
+                    .records
+                    .is_empty()
+                    .then(|| query.answer(reply.rcode, reply.ede()));
+                if let Some(answer) = at_once.flatten() {
+                    answers.push((answer, src));
+                    return;
+                }
+                Rest::Decided(reply, answered)
+            }
+            Now::Later(later) => Rest::Later(later),
+        },
+        None => Rest::Read(asker),
+    };
+    let Some(work) = datagram(handler, bytes, src, rest) else {
         return;
     };
     let mut work = Box::pin(work);
@@ -174,14 +195,25 @@ async fn send(socket: &UdpSocket, bytes: &[u8], to: SocketAddr) {
 /// An encoded answer, and whether it may be served again.
 type Answer = (Vec<u8>, Option<Answered>);
 
-/// What to do with one datagram: `None` to drop it, or the future of its encoded answer. A
-/// query of the common shape is read and, when its answer has no records, answered from the
-/// wire format ([`wire`]); any other the general way, by hickory.
+/// What is left of a datagram not answered in place.
+enum Rest {
+    /// Not of the common shape: read and decided the general way, by who asks (when known).
+    Read(Option<Asker>),
+    /// Decided, but its answer is not the wire format's to write (it has records, or does
+    /// not fit the client's payload).
+    Decided(Reply, Option<Answered>),
+    /// Waiting for the resolver.
+    Later(Later),
+}
+
+/// The future of a datagram's encoded answer (what is left of it: [`Rest`]), or `None` to
+/// drop it. The answer of a query of the common shape is written from the wire format when
+/// it has no records ([`wire`]); any other by hickory.
 fn datagram(
     handler: &Arc<DnsListener>,
     bytes: &[u8],
     src: SocketAddr,
-    asker: Option<Asker>,
+    rest: Rest,
 ) -> Option<impl Future<Output = Option<Answer>> + Send + 'static> {
     let mut decoder = BinDecoder::new(bytes);
     let header = Header::read(&mut decoder).ok()?;
@@ -192,19 +224,19 @@ fn datagram(
     let bytes: Box<[u8]> = bytes.into();
     let handler = handler.clone();
     Some(async move {
-        let Some(query) = wire::Query::read(&bytes) else {
-            return match MessageRequest::from_bytes(&bytes) {
-                Ok(message) => general(&handler, message, src, None, asker).await,
-                Err(_) => form_error(&header).map(|b| (b, None)),
-            };
+        let (reply, answered) = match rest {
+            Rest::Read(asker) => {
+                return match MessageRequest::from_bytes(&bytes) {
+                    Ok(message) => general(&handler, message, src, None, asker).await,
+                    Err(_) => form_error(&header).map(|b| (b, None)),
+                }
+            }
+            Rest::Decided(reply, answered) => (reply, answered),
+            Rest::Later(later) => later.finish(&handler).await,
         };
-        let mut answered = None;
-        let received = Received::of_wire(&query, src);
-        let reply = handler
-            .decide(&received, Some(&mut answered), asker)
-            .await?;
         if reply.records.is_empty() {
-            if let Some(answer) = query.answer(reply.rcode, reply.ede()) {
+            let query = wire::Query::read(&bytes);
+            if let Some(answer) = query.and_then(|q| q.answer(reply.rcode, reply.ede())) {
                 return Some((answer, answered));
             }
         }
