@@ -201,6 +201,13 @@ impl Chain {
                 || self.last_signed.elapsed() >= self.interval.every)
     }
 
+    /// When the interval's time is up with no new record (`None` without a key): an idle
+    /// writer sleeps until then.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.key.as_ref()?;
+        Some(self.last_signed + self.interval.every)
+    }
+
     /// A signed `checkpoint` line over the chain so far (`None` without a key).
     pub fn checkpoint(&mut self, last: bool) -> Option<Vec<u8>> {
         self.key.as_ref()?;

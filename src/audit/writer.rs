@@ -1,7 +1,9 @@
 //! The audit sink: entries are appended to an in-memory queue that one writer thread drains
 //! at least every 5 ms — and within 1 ms when a tunnel opens — so the data plane never blocks on
 //! disk, never formats JSON, and never wakes the writer per `end` record (a context switch
-//! per connection was the largest cost at high connection rates).
+//! per connection was the largest cost at high connection rates). With nothing queued the
+//! writer sleeps until the next checkpoint is due (at most a second), and the first entry
+//! wakes it: an idle proxy is not woken two hundred times a second.
 //!
 //! The queue is bounded for *new* connections: once `queue_max` entries wait, the sink is
 //! [`unavailable`] and the listeners refuse new connections, requests and queries
@@ -43,6 +45,8 @@ use crate::config::audit::{AuditTrail, OnFailure};
 const DRAIN_EVERY: Duration = Duration::from_millis(5);
 /// The most an `open` entry waits (and the least time between two wake-ups for opens).
 const URGENT_EVERY: Duration = Duration::from_millis(1);
+/// The longest an idle writer (nothing queued) sleeps: the first entry wakes it before.
+const IDLE_AT_MOST: Duration = Duration::from_secs(1);
 /// How long `close` waits for the spill after its deadline.
 pub const SPILL_WAIT: Duration = Duration::from_secs(3);
 /// The longest sleep between two tries while closing (`close` may give up meanwhile).
@@ -53,12 +57,17 @@ const RETRY_WHILE_CLOSING: Duration = Duration::from_millis(100);
 pub(super) struct Queue {
     entries: Vec<Entry>,
     closing: bool,
-    /// An `open` entry arrived: write now.
+    /// Write now: an `open` entry arrived, or the first entry after an idle sleep.
     urgent: bool,
     /// The writer waits on the condition variable: an `open` must wake it. When it is busy or
     /// in its pause between urgent batches it reads `urgent` before it waits again, so no
     /// wake is needed (each would be a `futex` call of the data plane's).
     waiting: bool,
+    /// The writer waits with nothing queued after a drain that found nothing, for up to
+    /// [`IDLE_AT_MOST`] rather than [`DRAIN_EVERY`]: the first entry wakes it. An idle
+    /// proxy's writer then wakes about once a second, not two hundred times; traffic pays at
+    /// most one wake per quiet spell of [`DRAIN_EVERY`] or more.
+    idle: bool,
 }
 
 /// What the data plane and the writer thread share.
@@ -198,8 +207,9 @@ impl AuditLog {
         match self.inner.queue.lock() {
             Ok(mut q) => {
                 q.entries.push(entry);
-                wake = urgent && !q.urgent && q.waiting;
-                q.urgent |= urgent;
+                wake = q.waiting && (q.idle || (urgent && !q.urgent));
+                q.urgent |= urgent || q.idle;
+                q.idle = false;
                 self.inner.health.pending.fetch_add(1, Ordering::Relaxed);
             }
             Err(_) => tracing::error!("audit queue poisoned; a record was lost"),
@@ -258,14 +268,16 @@ impl AuditLog {
 
 fn write_loop(inner: &Inner, mut w: Writer) {
     let mut batch: Vec<Entry> = Vec::new();
+    // The last drain found nothing: a whole DRAIN_EVERY passed without an entry. Only then
+    // does the writer sleep until the next one, so that a steady stream never has it woken
+    // entry by entry (the wake that ends an idle sleep is the data plane's `futex` call).
+    let mut quiet = false;
     loop {
-        let wait = match w.retry_at {
-            Some(t) if w.stalled() => t.saturating_duration_since(Instant::now()),
-            _ => DRAIN_EVERY,
-        };
         let closing = match inner.queue.lock() {
             Ok(mut q) => {
                 q.waiting = true;
+                q.idle = quiet && q.entries.is_empty() && !w.stalled();
+                let wait = wait_for(&w, q.idle);
                 let (mut q, _) = match inner.wake.wait_timeout_while(q, wait, |q| {
                     !q.urgent && !q.closing && !inner.reopen.load(Ordering::Acquire)
                 }) {
@@ -273,11 +285,13 @@ fn write_loop(inner: &Inner, mut w: Writer) {
                     Err(_) => break,
                 };
                 q.waiting = false;
+                q.idle = false;
                 // While a failed batch waits, the entries behind it stay queued (counted).
                 if !w.stalled() || q.closing {
                     std::mem::swap(&mut q.entries, &mut batch);
                     q.urgent = false;
                 }
+                quiet = batch.is_empty();
                 q.closing
             }
             Err(_) => break,
@@ -313,6 +327,21 @@ fn write_loop(inner: &Inner, mut w: Writer) {
         *d = true;
     }
     inner.done_cv.notify_all();
+}
+
+/// How long the writer waits before it looks again: until the failed batch's retry; with
+/// nothing queued (`idle`), until the next checkpoint falls due, at most [`IDLE_AT_MOST`];
+/// else [`DRAIN_EVERY`].
+fn wait_for(w: &Writer, idle: bool) -> Duration {
+    let now = Instant::now();
+    match w.retry_at {
+        Some(t) if w.stalled() => t.saturating_duration_since(now),
+        _ if idle => match w.chain.as_ref().and_then(Chain::next_due) {
+            Some(due) => due.saturating_duration_since(now).min(IDLE_AT_MOST),
+            None => IDLE_AT_MOST,
+        },
+        _ => DRAIN_EVERY,
+    }
 }
 
 /// Closing: anything queued after the flag was seen goes out too, then the final
