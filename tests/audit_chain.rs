@@ -750,8 +750,9 @@ fn wakes(status: &Path) -> u64 {
 }
 
 /// An idle proxy's audit writer sleeps until a record (or a checkpoint) is due, not every
-/// 5 ms: over two idle seconds its thread is switched out a few times, where the old 5 ms
-/// cadence made it about 400. The record that ends the idle is still written.
+/// 5 ms: a second after the last record, over two idle seconds, its thread is switched out a
+/// few times, where the old 5 ms cadence made it about 400. The record that ends the idle is
+/// still written.
 #[test]
 fn an_idle_writer_sleeps_until_the_next_record_and_still_writes_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -768,6 +769,8 @@ fn an_idle_writer_sleeps_until_the_next_record_and_still_writes_it() {
         (denied(&p) == 1).then_some(())
     });
     let writer = writer_thread(p.child.id());
+    // It drains on for a second after the last record, then sleeps.
+    std::thread::sleep(Duration::from_millis(1500));
     let before = wakes(&writer);
     std::thread::sleep(Duration::from_secs(2));
     let woke = wakes(&writer) - before;

@@ -1,9 +1,9 @@
 //! The audit sink: entries are appended to an in-memory queue that one writer thread drains
 //! at least every 5 ms — and within 1 ms when a tunnel opens — so the data plane never blocks on
 //! disk, never formats JSON, and never wakes the writer per `end` record (a context switch
-//! per connection was the largest cost at high connection rates). With nothing queued the
-//! writer sleeps until the next checkpoint is due (at most a second), and the first entry
-//! wakes it: an idle proxy is not woken two hundred times a second.
+//! per connection was the largest cost at high connection rates). A second after the last
+//! entry the writer sleeps until the next checkpoint is due (at most a second), and the first
+//! entry wakes it: an idle proxy is not woken two hundred times a second.
 //!
 //! The queue is bounded for *new* connections: once `queue_max` entries wait, the sink is
 //! [`unavailable`] and the listeners refuse new connections, requests and queries
@@ -47,6 +47,9 @@ const DRAIN_EVERY: Duration = Duration::from_millis(5);
 const URGENT_EVERY: Duration = Duration::from_millis(1);
 /// The longest an idle writer (nothing queued) sleeps: the first entry wakes it before.
 const IDLE_AT_MOST: Duration = Duration::from_secs(1);
+/// How long the writer drains every [`DRAIN_EVERY`] after the last entry before it sleeps
+/// until the next one.
+const QUIET_BEFORE_IDLE: Duration = Duration::from_secs(1);
 /// How long `close` waits for the spill after its deadline.
 pub const SPILL_WAIT: Duration = Duration::from_secs(3);
 /// The longest sleep between two tries while closing (`close` may give up meanwhile).
@@ -63,10 +66,8 @@ pub(super) struct Queue {
     /// in its pause between urgent batches it reads `urgent` before it waits again, so no
     /// wake is needed (each would be a `futex` call of the data plane's).
     waiting: bool,
-    /// The writer waits with nothing queued after a drain that found nothing, for up to
-    /// [`IDLE_AT_MOST`] rather than [`DRAIN_EVERY`]: the first entry wakes it. An idle
-    /// proxy's writer then wakes about once a second, not two hundred times; traffic pays at
-    /// most one wake per quiet spell of [`DRAIN_EVERY`] or more.
+    /// The writer waits with nothing queued, [`QUIET_BEFORE_IDLE`] after the last entry, for
+    /// up to [`IDLE_AT_MOST`] rather than [`DRAIN_EVERY`]: the first entry wakes it.
     idle: bool,
 }
 
@@ -268,15 +269,18 @@ impl AuditLog {
 
 fn write_loop(inner: &Inner, mut w: Writer) {
     let mut batch: Vec<Entry> = Vec::new();
-    // The last drain found nothing: a whole DRAIN_EVERY passed without an entry. Only then
-    // does the writer sleep until the next one, so that a steady stream never has it woken
-    // entry by entry (the wake that ends an idle sleep is the data plane's `futex` call).
-    let mut quiet = false;
+    // When a drain last found entries. Only after QUIET_BEFORE_IDLE without any does the
+    // writer sleep until the next one: the wake that ends that sleep is the data plane's
+    // (a `futex` call, and the writer running beside the request that queued the entry), so
+    // traffic of even one request a second keeps the writer on its drains and never pays it.
+    let mut last_entries = Instant::now();
     loop {
         let closing = match inner.queue.lock() {
             Ok(mut q) => {
                 q.waiting = true;
-                q.idle = quiet && q.entries.is_empty() && !w.stalled();
+                q.idle = q.entries.is_empty()
+                    && last_entries.elapsed() >= QUIET_BEFORE_IDLE
+                    && !w.stalled();
                 let wait = wait_for(&w, q.idle);
                 let (mut q, _) = match inner.wake.wait_timeout_while(q, wait, |q| {
                     !q.urgent && !q.closing && !inner.reopen.load(Ordering::Acquire)
@@ -291,7 +295,9 @@ fn write_loop(inner: &Inner, mut w: Writer) {
                     std::mem::swap(&mut q.entries, &mut batch);
                     q.urgent = false;
                 }
-                quiet = batch.is_empty();
+                if !batch.is_empty() {
+                    last_entries = Instant::now();
+                }
                 q.closing
             }
             Err(_) => break,
