@@ -19,13 +19,7 @@ ORIGIN="$(python3 -c "import json; print(json.load(open('$WORK/origin.out'))['or
 declare -A KIB
 for round in $(seq "$ROUNDS"); do
   for b in "${BINS[@]}"; do
-    if [ "$b" = g3proxy ]; then
-      g3proxy_config 3190 > "$WORK/g3.yaml"
-      "$G3PROXY" -c "$WORK/g3.yaml" -C "$WORK" >/dev/null 2>&1 & pid=$!
-    else
-      egress_bench_config 3190 9990 > "$WORK/e.yaml"
-      "$b" run --config "$WORK/e.yaml" 2>/dev/null & pid=$!
-    fi
+    start_one "$b" 3190
     sleep 2
     out="$(timeout 300 "$LG" idle --proxy 127.0.0.1:3190 --tunnels "$TUNNELS" --pid "$pid" --origin "$ORIGIN" || echo '{"kib_per_tunnel":null}')"
     kill "$pid"; wait "$pid" 2>/dev/null || true

@@ -23,13 +23,7 @@ HZ=$(getconf CLK_TCK)
 declare -A WAKES CPU
 for round in $(seq "$ROUNDS"); do
   for b in "${BINS[@]}"; do
-    if [ "$b" = g3proxy ]; then
-      g3proxy_config 3190 > "$WORK/g3.yaml"
-      "$G3PROXY" -c "$WORK/g3.yaml" -C "$WORK" >/dev/null 2>&1 & pid=$!
-    else
-      egress_bench_config 3190 9990 > "$WORK/e.yaml"
-      "$b" run --config "$WORK/e.yaml" 2>/dev/null & pid=$!
-    fi
+    start_one "$b" 3190
     sleep 3
     s0=$(switches "$pid"); t0=$(ticks "$pid")
     sleep "$SECS"

@@ -74,6 +74,19 @@ server:
 YAML
 }
 
+# Start one proxy on port $2 in $WORK: g3proxy when $1 is "g3proxy" ($G3PROXY), else the
+# egress-proxy binary $1 on the bench configuration (admin on $2 + 6800). Sets the caller's
+# `pid`; the caller stops it (one fresh process per round).
+start_one() { # binary|g3proxy port
+  if [ "$1" = g3proxy ]; then
+    g3proxy_config "$2" > "$WORK/g3.yaml"
+    "$G3PROXY" -c "$WORK/g3.yaml" -C "$WORK" >/dev/null 2>&1 & pid=$!
+  else
+    egress_bench_config "$2" "$(($2 + 6800))" > "$WORK/e.yaml"
+    "$1" run --config "$WORK/e.yaml" 2>/dev/null & pid=$!
+  fi
+}
+
 # Start each egress-proxy binary given (and g3proxy when $G3PROXY is set) on consecutive
 # ports from $1, in $WORK; fills the caller's NAMES (in order), PID and PORT (by name) and
 # appends to PIDS for the caller's cleanup. Names are the binaries' paths made safe.
