@@ -42,9 +42,11 @@ fi
 echo "== Dockerfile build step"
 # No container engine here: run the Dockerfile's RUN cargo line itself, as written.
 cmd=$(grep -E '^RUN cargo build' deploy/Dockerfile | sed 's/^RUN //')
-echo "running: $cmd"
-eval "$cmd"
-test -x target/release/egress-proxy
+# (in DOCKERFILE_TARGET_DIR when set: .ci/run starts the same command early there)
+dist="${DOCKERFILE_TARGET_DIR:-$PWD/target}"
+echo "running: $cmd (target directory $dist)"
+CARGO_TARGET_DIR="$dist" eval "$cmd"
+test -x "$dist/release/egress-proxy"
 grep -q '^USER 1337:1337' deploy/Dockerfile
 grep -q 'distroless' deploy/Dockerfile
 # etcd-client compiles etcd's protobuf API at build time: the build stage needs protoc.
