@@ -60,6 +60,9 @@ impl Spent {
     }
 }
 
+/// [`Meter`]'s day while a new day's counts are being zeroed (no real day: 11 million years).
+const ROLLING: u32 = u32::MAX;
+
 /// Nano-dollars (10⁻⁹ USD) in a dollar: costs are counted in whole nano-dollars.
 pub const NANO_USD: f64 = 1e9;
 
@@ -186,29 +189,46 @@ impl Meter {
             || self.requests_quota.load(Ordering::Relaxed) != 0
     }
 
-    /// Start a new day when the UTC day changed since the last count.
-    fn roll(&self) {
+    /// Start a new day when the UTC day changed since the last count; the day counted in.
+    ///
+    /// The day is set to [`ROLLING`] while the counts are zeroed and to the new day only
+    /// after: a count made at once sees either the old day (and is counted before the zeroing,
+    /// in the old day) or the new one with its counts already zeroed — never the new day with
+    /// the old counts still to be zeroed, which wiped the reservations made in between and let
+    /// calls made at once pass a budget.
+    fn roll(&self) -> u32 {
         let now = today();
-        let day = self.day.load(Ordering::Relaxed);
-        if day != now
-            && self
-                .day
-                .compare_exchange(day, now, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.bytes.store(0, Ordering::Relaxed);
-            self.requests.store(0, Ordering::Relaxed);
-            self.others_bytes.store(0, Ordering::Relaxed);
-            self.others_requests.store(0, Ordering::Relaxed);
-            for c in [
-                &self.tokens,
-                &self.cost,
-                &self.others_tokens,
-                &self.others_cost,
-            ] {
-                c.store(0, Ordering::Relaxed);
+        loop {
+            let day = self.day.load(Ordering::Acquire);
+            if day == now {
+                return now;
             }
-            self.over.store(false, Ordering::Release);
+            if day == ROLLING {
+                // Another thread is zeroing the counts: a handful of stores.
+                std::thread::yield_now();
+                continue;
+            }
+            if self
+                .day
+                .compare_exchange(day, ROLLING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                for c in [
+                    &self.bytes,
+                    &self.requests,
+                    &self.others_bytes,
+                    &self.others_requests,
+                    &self.tokens,
+                    &self.cost,
+                    &self.others_tokens,
+                    &self.others_cost,
+                ] {
+                    c.store(0, Ordering::Relaxed);
+                }
+                self.over.store(false, Ordering::Release);
+                self.day.store(now, Ordering::Release);
+                return now;
+            }
         }
     }
 
@@ -322,9 +342,8 @@ impl Meter {
 
     /// This replica's counts today.
     pub fn mine(&self) -> DayCount {
-        self.roll();
         DayCount {
-            day: self.day.load(Ordering::Relaxed),
+            day: self.roll(),
             bytes: self.bytes.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             tokens: self.tokens.load(Ordering::Relaxed),
@@ -347,8 +366,7 @@ impl Meter {
 
     /// Start from counts persisted before a restart (ignored unless they are today's).
     pub fn restore(&self, c: DayCount) {
-        self.roll();
-        if c.day == self.day.load(Ordering::Relaxed) {
+        if c.day == self.roll() {
             self.bytes.fetch_add(c.bytes, Ordering::Relaxed);
             self.requests.fetch_add(c.requests, Ordering::Relaxed);
             self.tokens.fetch_add(c.tokens, Ordering::Relaxed);
@@ -359,8 +377,7 @@ impl Meter {
 
     /// What the other replicas counted today (ignored unless it is for today).
     pub fn others(&self, c: DayCount) {
-        self.roll();
-        if c.day == self.day.load(Ordering::Relaxed) {
+        if c.day == self.roll() {
             self.others_bytes.store(c.bytes, Ordering::Relaxed);
             self.others_requests.store(c.requests, Ordering::Relaxed);
             self.others_tokens.store(c.tokens, Ordering::Relaxed);

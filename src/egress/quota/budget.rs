@@ -173,6 +173,38 @@ mod tests {
         assert_eq!(m.mine().tokens, 95);
     }
 
+    /// The first calls on a meter roll it into the day, as the first calls after midnight
+    /// do: zeroing the counts must not wipe a reservation made meanwhile (it did, and a 4th
+    /// call of 1,030 tokens passed a budget of 3,000). Many rounds, the threads released at
+    /// once, so the race is run often enough to be seen.
+    #[test]
+    fn the_first_calls_of_a_day_made_at_once_never_pass_the_budget() {
+        for round in 0..1000 {
+            let m = Arc::new(Meter::default());
+            m.budget(Some(3000), None);
+            let meters = [m.clone()];
+            let ok = std::sync::atomic::AtomicU32::new(0);
+            let start = std::sync::Barrier::new(6);
+            std::thread::scope(|s| {
+                for _ in 0..6 {
+                    s.spawn(|| {
+                        start.wait();
+                        if let Ok(r) = Reservation::take(&meters, 1030, Some(0)) {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                            std::mem::forget(r);
+                        }
+                    });
+                }
+            });
+            let counted = m.mine().tokens;
+            assert_eq!(
+                (ok.load(Ordering::Relaxed), counted),
+                (3, 3090),
+                "round {round}: calls passed, tokens counted"
+            );
+        }
+    }
+
     #[test]
     fn a_cost_budget_needs_a_price_and_counts_in_nano_dollars() {
         let m = Arc::new(Meter::default());
