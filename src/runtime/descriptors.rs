@@ -12,6 +12,10 @@ use std::time::Duration;
 /// How often open descriptors are counted.
 const EVERY: Duration = Duration::from_millis(250);
 
+/// Below this many open descriptors (at the last count) the directory is read on the worker
+/// the tick woke: an `openat`, two `getdents64` and a `close`.
+const READ_IN_PLACE: usize = 256;
+
 /// Open descriptors against the limit.
 #[derive(Debug)]
 pub struct Descriptors {
@@ -64,6 +68,12 @@ impl Descriptors {
         let mut tick = tokio::time::interval(EVERY);
         loop {
             tick.tick().await;
+            if self.open.load(Ordering::Relaxed) < READ_IN_PLACE {
+                // A short directory (an idle or lightly used proxy): read where the tick
+                // woke, without waking a blocking thread and then this task again.
+                self.count();
+                continue;
+            }
             let d = self.clone();
             // A directory of thousands of entries: off the reactor.
             let _ = tokio::task::spawn_blocking(move || d.count()).await;
