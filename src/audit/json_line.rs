@@ -29,6 +29,12 @@ impl<'a> Object<'a> {
         self.out.push(b'}');
     }
 
+    /// `,"key":`. Inlined into [`crate::audit::record::Entry::encode`] with every method that
+    /// calls it, so each key's length is a constant where it is written and the copy is a
+    /// few stores instead of a call to `memcpy`: about 65 instructions a key before, and a
+    /// refused DNS query's user-space instructions fell from 13,375 to 12,091
+    /// (`benches/dns_instructions.sh`).
+    #[inline(always)]
     fn key(&mut self, key: &'static str) {
         debug_assert!(key
             .bytes()
@@ -43,6 +49,7 @@ impl<'a> Object<'a> {
     }
 
     /// `"key":"value"`.
+    #[inline(always)]
     pub fn str(&mut self, key: &'static str, value: &str) {
         self.key(key);
         quoted(self.out, value);
@@ -50,6 +57,7 @@ impl<'a> Object<'a> {
 
     /// A string whose text `write` appends and which needs no escaping (digits, a fixed
     /// spelling).
+    #[inline(always)]
     pub fn plain(&mut self, key: &'static str, write: impl FnOnce(&mut Vec<u8>)) {
         self.key(key);
         self.out.push(b'"');
@@ -58,6 +66,7 @@ impl<'a> Object<'a> {
     }
 
     /// A string, or `null`.
+    #[inline(always)]
     pub fn str_or_null(&mut self, key: &'static str, value: Option<&str>) {
         match value {
             Some(v) => self.str(key, v),
@@ -66,6 +75,7 @@ impl<'a> Object<'a> {
     }
 
     /// A string, or no field at all.
+    #[inline(always)]
     pub fn str_if(&mut self, key: &'static str, value: Option<&str>) {
         if let Some(v) = value {
             self.str(key, v);
@@ -73,6 +83,7 @@ impl<'a> Object<'a> {
     }
 
     /// A value's `Display` text as a string, escaped as it is written (no `String`).
+    #[inline(always)]
     pub fn shown(&mut self, key: &'static str, value: &dyn Display) {
         self.key(key);
         self.out.push(b'"');
@@ -104,6 +115,7 @@ impl<'a> Object<'a> {
     }
 
     /// A `Display` text, or `null`.
+    #[inline(always)]
     pub fn shown_or_null(&mut self, key: &'static str, value: Option<&dyn Display>) {
         match value {
             Some(v) => self.shown(key, v),
@@ -111,6 +123,7 @@ impl<'a> Object<'a> {
         }
     }
 
+    #[inline(always)]
     pub fn u64(&mut self, key: &'static str, value: u64) {
         self.key(key);
         self.out
@@ -118,6 +131,7 @@ impl<'a> Object<'a> {
     }
 
     /// A number, or `null`.
+    #[inline(always)]
     pub fn u64_or_null(&mut self, key: &'static str, value: Option<u64>) {
         match value {
             Some(v) => self.u64(key, v),
@@ -126,6 +140,7 @@ impl<'a> Object<'a> {
     }
 
     /// A number, or no field at all.
+    #[inline(always)]
     pub fn u64_if(&mut self, key: &'static str, value: Option<u64>) {
         if let Some(v) = value {
             self.u64(key, v);
@@ -133,6 +148,7 @@ impl<'a> Object<'a> {
     }
 
     /// A boolean, or no field at all.
+    #[inline(always)]
     pub fn bool_if(&mut self, key: &'static str, value: Option<bool>) {
         if let Some(v) = value {
             self.key(key);
@@ -141,6 +157,7 @@ impl<'a> Object<'a> {
         }
     }
 
+    #[inline(always)]
     pub fn null(&mut self, key: &'static str) {
         self.key(key);
         self.out.extend_from_slice(b"null");
