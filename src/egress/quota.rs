@@ -192,10 +192,10 @@ impl Meter {
     /// Start a new day when the UTC day changed since the last count; the day counted in.
     ///
     /// The day is set to [`ROLLING`] while the counts are zeroed and to the new day only
-    /// after: a count made at once sees either the old day (and is counted before the zeroing,
-    /// in the old day) or the new one with its counts already zeroed — never the new day with
-    /// the old counts still to be zeroed, which wiped the reservations made in between and let
-    /// calls made at once pass a budget.
+    /// after: a count made at that moment lands in the old day (before the zeroing) or in the
+    /// new one (after it), and no count that saw the new day can be zeroed away — before, a
+    /// reservation made between the new day being set and the zeroing was wiped, and calls
+    /// made at once could pass a budget.
     fn roll(&self) -> u32 {
         let now = today();
         loop {
