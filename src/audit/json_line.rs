@@ -55,6 +55,26 @@ impl<'a> Object<'a> {
         quoted(self.out, value);
     }
 
+    /// A fixed spelling from the record's vocabulary (an event, a mode, a reason code): plain
+    /// ASCII that needs no escaping, so it is copied without the scan [`Object::str`] makes.
+    #[inline(always)]
+    pub fn word(&mut self, key: &'static str, value: &'static str) {
+        debug_assert!(value.bytes().all(|b| !needs_escape(b)), "{value:?}");
+        self.key(key);
+        self.out.push(b'"');
+        self.out.extend_from_slice(value.as_bytes());
+        self.out.push(b'"');
+    }
+
+    /// A fixed spelling, or `null`.
+    #[inline(always)]
+    pub fn word_or_null(&mut self, key: &'static str, value: Option<&'static str>) {
+        match value {
+            Some(v) => self.word(key, v),
+            None => self.null(key),
+        }
+    }
+
     /// A string whose text `write` appends and which needs no escaping (digits, a fixed
     /// spelling).
     #[inline(always)]

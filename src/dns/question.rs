@@ -159,23 +159,22 @@ fn text(name: &Name) -> String {
     plain_text(name.iter()).unwrap_or_else(|| name.to_ascii().trim_end_matches('.').to_owned())
 }
 
-/// Plain labels joined with dots; `None` when one needs escaping.
+/// Plain labels joined with dots; `None` when one needs escaping. Plain bytes are ASCII, so
+/// the joined bytes are checked as UTF-8 once, not label by label.
 fn plain_text<'l>(labels: impl Iterator<Item = &'l [u8]>) -> Option<String> {
     let plain = |b: &u8| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_';
-    let mut out = String::with_capacity(64);
+    let mut out = Vec::with_capacity(64);
     for label in labels {
-        match std::str::from_utf8(label) {
-            // hickory escapes a leading `-` (`\-`).
-            Ok(l) if label.iter().all(plain) && !l.starts_with('-') => {
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(l);
-            }
-            _ => return None,
+        // hickory escapes a leading `-` (`\-`).
+        if label.first() == Some(&b'-') || !label.iter().all(plain) {
+            return None;
         }
+        if !out.is_empty() {
+            out.push(b'.');
+        }
+        out.extend_from_slice(label);
     }
-    Some(out)
+    String::from_utf8(out).ok()
 }
 
 /// Check one question (class, type, name in [`text`] form) against what this listener

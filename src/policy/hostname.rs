@@ -87,6 +87,22 @@ fn idna_label(label: &str) -> Result<String, NameError> {
     Ok(converted)
 }
 
+/// The bytes a label may hold: lowercase letters, digits, `-` and `_`, and `*` where
+/// `wildcards`. A table of 256 answers: every DNS query's name is checked byte by byte here.
+const fn label_bytes(wildcards: bool) -> [bool; 256] {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'_';
+        b += 1;
+    }
+    t[b'*' as usize] = wildcards;
+    t
+}
+static NAME_BYTES: [bool; 256] = label_bytes(false);
+static PATTERN_BYTES: [bool; 256] = label_bytes(true);
+
 /// Check an already-lowercased ASCII name or pattern.
 fn check_syntax(name: &str, wildcards: bool) -> Result<(), NameError> {
     if name.is_empty() {
@@ -95,9 +111,15 @@ fn check_syntax(name: &str, wildcards: bool) -> Result<(), NameError> {
     if name.len() > MAX_NAME_LEN {
         return Err(NameError::TooLong);
     }
-    // Byte by byte: every allowed character is ASCII, so the first byte that is not allowed
-    // starts the character named in the error.
+    let allowed = if wildcards {
+        &PATTERN_BYTES
+    } else {
+        &NAME_BYTES
+    };
+    // Label by label, byte by byte: every allowed character is ASCII, so the first byte that
+    // is not allowed starts the character named in the error.
     let mut start = 0;
+    let mut last: &[u8] = &[];
     for label in name.as_bytes().split(|&b| b == b'.') {
         if label.is_empty() {
             return Err(NameError::EmptyLabel);
@@ -105,20 +127,14 @@ fn check_syntax(name: &str, wildcards: bool) -> Result<(), NameError> {
         if label.len() > MAX_LABEL_LEN {
             return Err(NameError::LabelTooLong);
         }
-        let ok = |b: u8| {
-            b.is_ascii_lowercase()
-                || b.is_ascii_digit()
-                || b == b'-'
-                || b == b'_'
-                || (wildcards && b == b'*')
-        };
-        if let Some(at) = label.iter().position(|&b| !ok(b)) {
+        if let Some(at) = label.iter().position(|&b| !allowed[usize::from(b)]) {
             let c = name.get(start + at..).and_then(|r| r.chars().next());
             return Err(NameError::BadChar(c.unwrap_or(char::REPLACEMENT_CHARACTER)));
         }
         start += label.len() + 1;
+        last = label;
     }
-    if looks_numeric(name) {
+    if looks_numeric(last) {
         return Err(NameError::Numeric);
     }
     Ok(())
@@ -126,13 +142,12 @@ fn check_syntax(name: &str, wildcards: bool) -> Result<(), NameError> {
 
 /// True when the last label is a number (decimal, or `0x` hex): WHATWG URL parsers would
 /// treat the whole name as an IPv4 address in some legacy notation.
-fn looks_numeric(name: &str) -> bool {
-    let last = name.rsplit('.').next().unwrap_or(name);
-    if !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()) {
+fn looks_numeric(last: &[u8]) -> bool {
+    if !last.is_empty() && last.iter().all(u8::is_ascii_digit) {
         return true;
     }
-    if let Some(hex) = last.strip_prefix("0x") {
-        return hex.bytes().all(|b| b.is_ascii_hexdigit());
+    if let Some(hex) = last.strip_prefix(b"0x") {
+        return hex.iter().all(u8::is_ascii_hexdigit);
     }
     false
 }
