@@ -15,6 +15,7 @@
 mod answer;
 pub mod auto;
 mod error;
+mod expiry;
 mod grants;
 pub mod request;
 pub mod stored;
@@ -117,6 +118,9 @@ pub struct Desk {
     store: Option<PathBuf>,
     /// `state_dir/grants.spent`, when there is a `state_dir`.
     journal: Option<Arc<stored::SpentFile>>,
+    /// The expiry thread, woken by every other use of the desk when it sleeps with nothing
+    /// due ([`Desk::tick`]).
+    ticker: OnceLock<std::thread::Thread>,
 }
 
 #[derive(Default)]
@@ -150,6 +154,7 @@ impl Desk {
             remote: OnceLock::new(),
             store: state_dir.map(stored::path_in),
             journal: state_dir.map(|d| Arc::new(stored::SpentFile::in_dir(d))),
+            ticker: OnceLock::new(),
         })
     }
 
@@ -172,10 +177,6 @@ impl Desk {
     /// Share grants through `remote` (once, at start).
     pub fn set_remote(&self, r: Arc<dyn Remote>) {
         let _ = self.remote.set(r);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A new request from sandbox `sb` (identified by its connection, never by the body).
@@ -353,44 +354,6 @@ impl Desk {
         self.record(&r, step, &who, grant.as_ref().map(|g| g.rule.clone()));
         self.changed.send_modify(|n| *n += 1);
         Ok(r)
-    }
-
-    /// Expire what is due: pending requests past `approvals.pending_ttl_s`, grants past their
-    /// expiry (published away: the exchanges they allowed are cut). Called every tick.
-    pub fn tick(&self) {
-        let now = SystemTime::now();
-        let mut inner = self.lock();
-        let mut ended: Vec<Request> = Vec::new();
-        for r in inner.requests.values_mut() {
-            let due = r.deadline.is_some_and(|d| d <= now);
-            if due && matches!(r.state, State::Pending | State::Approved) {
-                r.state = State::Expired;
-                ended.push(r.clone());
-            }
-        }
-        let mut touched = Vec::new();
-        for (sid, list) in inner.grants.iter_mut() {
-            let before = list.len();
-            list.retain(|g| g.expires.is_none_or(|e| e > now));
-            if list.len() != before {
-                touched.push(sid.clone());
-            }
-        }
-        inner.grants.retain(|_, l| !l.is_empty());
-        self.share_spent(&mut inner);
-        for sid in &touched {
-            self.publish(&inner, sid);
-        }
-        if !touched.is_empty() {
-            self.save(&inner);
-        }
-        drop(inner);
-        for r in &ended {
-            self.record(r, "expired", &"expiry".into(), None);
-        }
-        if !ended.is_empty() {
-            self.changed.send_modify(|n| *n += 1);
-        }
     }
 
     /// Request `id` as sandbox `sandbox` may see it (another sandbox's is not found).

@@ -1,6 +1,6 @@
 //! Assembling the approvals desk ([`crate::approvals`]) at start: the controller publishes
 //! its grants, `state_dir` restores them (without etcd; with etcd the control plane does),
-//! and a thread expires what is due every [`TICK`].
+//! and a thread expires what is due every [`TICK`] (and sleeps while nothing is due).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,19 +39,33 @@ pub fn start(config: &Config, shared: &Arc<Shared>, control: &Arc<Controller>) -
     let ticking = Arc::downgrade(&desk);
     let spawned = std::thread::Builder::new()
         .name("approvals-expiry".into())
-        .spawn(move || {
-            while let Some(desk) = ticking.upgrade() {
-                // A tick that panicked is logged and the next one comes: expiry never stops.
-                let ticked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| desk.tick()));
-                if ticked.is_err() {
-                    tracing::error!("approvals expiry tick failed; trying again");
-                }
-                drop(desk);
-                std::thread::sleep(TICK);
-            }
-        });
+        .spawn(move || expire(ticking));
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot start the approvals expiry thread: grants refuse new exchanges at their expiry, but open tunnels are not cut");
     }
     desk
+}
+
+/// The expiry thread: a tick every [`TICK`] while something has a deadline (or a spent
+/// `once` grant may need sharing); with nothing due it sleeps until the desk is next locked
+/// (an idle proxy's thread makes no wake-ups). It ends when the desk is dropped, which
+/// wakes it.
+fn expire(ticking: std::sync::Weak<Desk>) {
+    // Named before the first tick: what is added before this is seen by that tick, what is
+    // added after wakes this thread.
+    if let Some(desk) = ticking.upgrade() {
+        desk.set_ticker(std::thread::current());
+    }
+    while let Some(desk) = ticking.upgrade() {
+        // A tick that panicked is logged and the next one comes: expiry never stops.
+        let due = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| desk.tick()));
+        if due.is_err() {
+            tracing::error!("approvals expiry tick failed; trying again");
+        }
+        drop(desk);
+        match due {
+            Ok(false) => std::thread::park(),
+            _ => std::thread::sleep(TICK),
+        }
+    }
 }
