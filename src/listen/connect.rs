@@ -3,6 +3,7 @@
 //! transparent listener's) before anything reaches the destination, then hand it to the one
 //! relay chooser ([`super::relay_choice`]), held by the grant's watch.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use http::{Request, Response, StatusCode};
@@ -63,36 +64,45 @@ pub(super) fn tunnel(
 /// bytes (`early`: what was read with the request) are read and judged by the one checker
 /// ([`verdict::first_bytes_of`]) before anything reaches the destination (a refusal resets
 /// both sockets), then [`relay_choice::relay`] moves them.
-pub(super) async fn relay_opened(
-    mut running: Running,
+///
+/// An async block, not an `async fn`, so its arguments are held once (see
+/// [`relay_choice::relay`]'s comment on `async fn` arguments).
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn holds each argument twice in its state (rust-lang/rust#62958)"
+)]
+pub(super) fn relay_opened(
+    mut running: Box<Running>,
     mut client: ClientIo,
     early: Vec<u8>,
     audit: &mut AuditGuard,
-) -> Relayed {
-    let wait = running.shared.settings.timeouts.header;
-    let read = first_bytes::read_first_bytes(&mut client, &mut running.server, early, wait);
-    let inspected = tokio::select! {
-        r = read => match r {
-            Ok(i) => i,
-            Err(_) => return Relayed::nothing(Close::Error),
-        },
-        close = &mut running.stop => return Relayed::nothing(close),
-    };
-    if let FirstBytes::Client(Peeked::Tls(hello)) = &inspected.first {
-        audit.client_hello(hello.sni.as_deref(), &hello.alpn, hello.ech);
-    }
-    let (sandbox, target) = (&running.sandbox, &running.target);
-    let first = &inspected.first;
-    if let Err(m) = verdict::first_bytes_of(&sandbox.binding, target, first, running.opaque) {
-        // Refused — or, in report mode, reported — by what it carries.
-        if verdict::refused(sandbox, &running.decision, m, audit).is_err() {
-            // Nothing of the tunnel reaches the destination; both sides are reset.
-            client.reset();
-            running.server.reset();
-            return Relayed::nothing(Close::Eof);
+) -> impl Future<Output = Relayed> + '_ {
+    async move {
+        let wait = running.shared.settings.timeouts.header;
+        let read = first_bytes::read_first_bytes(&mut client, &mut running.server, early, wait);
+        let inspected = tokio::select! {
+            r = read => match r {
+                Ok(i) => i,
+                Err(_) => return Relayed::nothing(Close::Error),
+            },
+            close = &mut running.stop => return Relayed::nothing(close),
+        };
+        if let FirstBytes::Client(Peeked::Tls(hello)) = &inspected.first {
+            audit.client_hello(hello.sni.as_deref(), &hello.alpn, hello.ech);
         }
+        let (sandbox, target) = (&running.sandbox, &running.target);
+        let first = &inspected.first;
+        if let Err(m) = verdict::first_bytes_of(&sandbox.binding, target, first, running.opaque) {
+            // Refused — or, in report mode, reported — by what it carries.
+            if verdict::refused(sandbox, &running.decision, m, audit).is_err() {
+                // Nothing of the tunnel reaches the destination; both sides are reset.
+                client.reset();
+                running.server.reset();
+                return Relayed::nothing(Close::Eof);
+            }
+        }
+        relay_choice::relay(running, client, inspected, audit).await
     }
-    relay_choice::relay(running, client, inspected, audit).await
 }
 
 /// The client's side of an upgraded CONNECT: an HTTP/1.1 connection (plain or TLS) is taken

@@ -15,6 +15,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use futures_util::FutureExt;
 use tokio::io::AsyncWriteExt;
 
 use crate::audit::{AuditGuard, Close};
@@ -47,83 +48,100 @@ fn once_grant(shared: &Shared, sandbox: &Sandbox, decision: &Decision) -> Option
 /// stop): `client` is the client's stream, `inspected` what was read of both sides before
 /// deciding (replayed, or terminated). A tunnel its grant's end cut says so (clients review
 /// F4).
-pub(super) async fn relay(
-    running: Running,
+///
+/// A function returning an async block rather than an `async fn`: an `async fn` keeps each
+/// argument twice in its state (as the argument and as the local it is moved into,
+/// rust-lang/rust#62958), and every idle tunnel's task holds this state (docs/performance.md,
+/// issue 67 seventh part).
+pub(super) fn relay(
+    running: Box<Running>,
     client: ClientIo,
     inspected: Inspected,
     audit: &mut AuditGuard,
-) -> Relayed {
+) -> impl Future<Output = Relayed> + '_ {
     let granted_by = running.granted_by.clone();
-    let mut relayed = relay_until_stopped(running, client, inspected, audit).await;
-    if relayed.close == Close::Revoked && relayed.cut.is_none() && granted_by.is_some() {
-        relayed.cut = crate::relay::watch::Watch::cut_detail(Close::Revoked, granted_by.as_deref());
-    }
-    relayed
+    // A map, not an async block awaiting it: awaiting moves the future into a second slot.
+    relay_until_stopped(running, client, inspected, audit).map(move |mut relayed| {
+        if relayed.close == Close::Revoked && relayed.cut.is_none() && granted_by.is_some() {
+            relayed.cut =
+                crate::relay::watch::Watch::cut_detail(Close::Revoked, granted_by.as_deref());
+        }
+        relayed
+    })
 }
 
 /// [`relay`], until the relay stops.
-async fn relay_until_stopped(
-    running: Running,
+///
+/// An async block, not an `async fn`, so its arguments are held once (see [`relay`]'s
+/// comment on `async fn` arguments).
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn holds each argument twice in its state (rust-lang/rust#62958)"
+)]
+fn relay_until_stopped(
+    running: Box<Running>,
     client: ClientIo,
     inspected: Inspected,
     audit: &mut AuditGuard,
-) -> Relayed {
-    let shared = running.shared.clone();
-    let b = &running.sandbox.binding;
-    if let Some(tcp) = client.tcp() {
-        crate::relay::buffers::cap(tcp, running.server.tcp(), b.limits.socket_buffer_bytes);
-    }
-    let terminate = shared
-        .settings
-        .interceptor
-        .as_ref()
-        .filter(|ix| ix.terminates(b, &running.target.host.to_string()));
-    let once = once_grant(&shared, &running.sandbox, &running.decision);
-    if let Some(ix) = terminate {
-        return terminated(ix, running, (client, inspected), audit, once).await;
-    }
-    let report = b.enforcement == Enforcement::Report;
-    let Running {
-        target,
-        server,
-        stop,
-        slot,
-        _active,
-        ..
-    } = running;
-    let limiter: &SandboxLimiter = slot.limiter();
-    let shaper = limiter.shapes().then_some(limiter);
-    // A tunnel the proxy does not see into is one request, reserved against the quotas.
-    let process = audit.attributed();
-    let live = Liveness::new(shared.settings.timeouts.idle)
-        .metered(limiter, &target.host, process.as_deref())
-        .once(once);
-    if let Err(r) = live.reserve() {
-        audit.refused_in_tunnel(r.reason, r.detail);
-        client.reset();
-        server.reset();
-        return Relayed::nothing(Close::Limit);
-    }
-    audit.open();
-    if let FirstBytes::Client(Peeked::Http { .. }) = &inspected.first {
-        // Plain HTTP: every later request on the connection must name the decided host too.
-        let checked = Box::pin(crate::relay::http_checked::relay_checked(
-            client,
-            server,
-            inspected.client,
-            &target,
-            report,
-            live,
-            stop,
-            shaper,
-        ))
-        .await;
-        if let Some(m) = checked.mismatch {
-            audit.mismatch(m, report);
+) -> impl Future<Output = Relayed> + '_ {
+    async move {
+        let shared = running.shared.clone();
+        let b = &running.sandbox.binding;
+        if let Some(tcp) = client.tcp() {
+            crate::relay::buffers::cap(tcp, running.server.tcp(), b.limits.socket_buffer_bytes);
         }
-        return checked.relayed;
+        let terminate = shared
+            .settings
+            .interceptor
+            .as_ref()
+            .filter(|ix| ix.terminates(b, &running.target.host.to_string()));
+        let once = once_grant(&shared, &running.sandbox, &running.decision);
+        if let Some(ix) = terminate {
+            return terminated(ix, running, (client, inspected), audit, once).await;
+        }
+        let report = b.enforcement == Enforcement::Report;
+        let Running {
+            target,
+            server,
+            stop,
+            slot,
+            _active,
+            ..
+        } = *running;
+        let limiter: &SandboxLimiter = slot.limiter();
+        let shaper = limiter.shapes().then_some(limiter);
+        // A tunnel the proxy does not see into is one request, reserved against the quotas.
+        let process = audit.attributed();
+        let live = Liveness::new(shared.settings.timeouts.idle)
+            .metered(limiter, &target.host, process.as_deref())
+            .once(once);
+        if let Err(r) = live.reserve() {
+            audit.refused_in_tunnel(r.reason, r.detail);
+            client.reset();
+            server.reset();
+            return Relayed::nothing(Close::Limit);
+        }
+        audit.open();
+        if let FirstBytes::Client(Peeked::Http { .. }) = &inspected.first {
+            // Plain HTTP: every later request on the connection must name the decided host too.
+            let checked = Box::pin(crate::relay::http_checked::relay_checked(
+                client,
+                server,
+                inspected.client,
+                &target,
+                report,
+                live,
+                stop,
+                shaper,
+            ))
+            .await;
+            if let Some(m) = checked.mismatch {
+                audit.mismatch(m, report);
+            }
+            return checked.relayed;
+        }
+        replay_and_relay(client, server, inspected, live, stop, shaper).await
     }
-    replay_and_relay(client, server, inspected, live, stop, shaper).await
 }
 
 /// A host judged per request: TLS is terminated ([`crate::intercept::serve`]), plain HTTP
@@ -131,7 +149,7 @@ async fn relay_until_stopped(
 /// bound to the host; anything else is refused and nothing reaches it.
 async fn terminated(
     ix: &crate::intercept::Interceptor,
-    running: Running,
+    running: Box<Running>,
     (client, inspected): (ClientIo, Inspected),
     audit: &mut AuditGuard,
     once: Option<Arc<str>>,
@@ -203,37 +221,46 @@ fn secret_in_clear(b: &crate::config::Binding, host: &str) -> Option<String> {
 }
 
 /// Replay what was read, each in its direction, then relay without the buffers.
-async fn replay_and_relay<F>(
+///
+/// An async block, not an `async fn`, so its arguments are held once (see [`relay`]'s
+/// comment on `async fn` arguments).
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn holds each argument twice in its state (rust-lang/rust#62958)"
+)]
+fn replay_and_relay<'a, F>(
     mut client: ClientIo,
     mut server: ServerIo,
     inspected: Inspected,
     live: Liveness,
     stop: F,
-    shaper: Option<&SandboxLimiter>,
-) -> Relayed
+    shaper: Option<&'a SandboxLimiter>,
+) -> impl Future<Output = Relayed> + 'a
 where
-    F: Future<Output = Close>,
+    F: Future<Output = Close> + 'a,
 {
-    if server.write_all(&inspected.client).await.is_err()
-        || client.write_all(&inspected.server).await.is_err()
-    {
-        return Relayed::nothing(Close::Error);
-    }
-    // What was replayed counts like what the relay moves (and toward the sandbox's quota).
-    live.moved(true, inspected.client.len());
-    live.moved(false, inspected.server.len());
-    drop(inspected);
-    match (client, server.into_tcp()) {
-        (ClientIo::Tcp(client), Ok(server)) => {
-            crate::relay::tunnel::relay_tcp(client, server, live, stop, shaper).await
+    async move {
+        if server.write_all(&inspected.client).await.is_err()
+            || client.write_all(&inspected.server).await.is_err()
+        {
+            return Relayed::nothing(Close::Error);
         }
-        // Either side in TLS (or an HTTP/2 stream): relayed in user space.
-        (client, server) => {
-            let server = server.map_or_else(|tls| tls, ServerIo::Tcp);
-            Box::pin(crate::relay::tunnel::relay_streams(
-                client, server, live, stop, shaper,
-            ))
-            .await
+        // What was replayed counts like what the relay moves (and toward the sandbox's quota).
+        live.moved(true, inspected.client.len());
+        live.moved(false, inspected.server.len());
+        drop(inspected);
+        match (client, server.into_tcp()) {
+            (ClientIo::Tcp(client), Ok(server)) => {
+                crate::relay::tunnel::relay_tcp(client, server, live, stop, shaper).await
+            }
+            // Either side in TLS (or an HTTP/2 stream): relayed in user space.
+            (client, server) => {
+                let server = server.map_or_else(|tls| tls, ServerIo::Tcp);
+                Box::pin(crate::relay::tunnel::relay_streams(
+                    client, server, live, stop, shaper,
+                ))
+                .await
+            }
         }
     }
 }

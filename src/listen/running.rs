@@ -46,11 +46,16 @@ pub(super) struct Running {
 impl Running {
     /// Start the exchange `admitted` as a tunnel; `None` (its record closed as an error) when
     /// it was routed to a kept connection, which only a forwarded request asks for.
+    ///
+    /// Boxed: each async layer a tunnel passes through (the listener's task, the first-bytes
+    /// check, the relay chooser) would otherwise keep the whole `Running` in its state, some
+    /// twice (argument and local) — about a kilobyte of every idle tunnel's task for one
+    /// allocation of 168 bytes (docs/performance.md, issue 67 seventh part).
     pub fn start(
         shared: &Arc<Shared>,
         admitted: Admitted,
         audit: &mut AuditGuard,
-    ) -> Option<Running> {
+    ) -> Option<Box<Running>> {
         let Route::Dialed(dialed) = admitted.route else {
             audit.close(Close::Error);
             return None;
@@ -58,7 +63,7 @@ impl Running {
         let target = admitted.clearance.target.clone();
         let granted_by = admitted.clearance.granted_by.clone();
         let stop: Stop = Box::pin(shared.watch(admitted.clearance).stopped());
-        Some(Running {
+        Some(Box::new(Running {
             shared: shared.clone(),
             _active: admitted.sandbox.stats(shared.metrics()).active(),
             sandbox: admitted.sandbox,
@@ -69,6 +74,6 @@ impl Running {
             stop,
             granted_by,
             slot: admitted.slot,
-        })
+        }))
     }
 }

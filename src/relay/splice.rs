@@ -305,22 +305,27 @@ async fn copy_once(
 /// Relay between two sockets: in user space while a direction is young, then with splice.
 /// `client` → `server` is "up". The caller keeps the sockets and closes them when it returns:
 /// the direction that ends second is not half-closed here ([`Ends`]), the close says it.
-pub async fn relay<F>(
-    client: &mut TcpStream,
-    server: &mut TcpStream,
+///
+/// An async block, not an `async fn`: an `async fn` keeps each argument twice in its state
+/// (rust-lang/rust#62958), and an idle tunnel's task holds this state.
+pub fn relay<'a, F>(
+    client: &'a mut TcpStream,
+    server: &'a mut TcpStream,
     live: impl Into<Liveness>,
     stop: F,
-) -> Relayed
+) -> impl Future<Output = Relayed> + 'a
 where
-    F: Future<Output = Close>,
+    F: Future<Output = Close> + 'a,
 {
     let live = live.into();
-    let ends = Ends::default();
-    let (client_r, client_w) = client.split();
-    let (server_r, server_w) = server.split();
-    let up = start_then_splice(client_r, server_w, true, &live, &ends);
-    let down = start_then_splice(server_r, client_w, false, &live, &ends);
-    drive(up, down, &live, stop).await
+    async move {
+        let ends = Ends::default();
+        let (client_r, client_w) = client.split();
+        let (server_r, server_w) = server.split();
+        let up = start_then_splice(client_r, server_w, true, &live, &ends);
+        let down = start_then_splice(server_r, client_w, false, &live, &ends);
+        drive(up, down, &live, stop).await
+    }
 }
 
 /// How many of a relay's two directions have reached EOF. The first to end passes it on as a

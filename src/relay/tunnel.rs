@@ -132,26 +132,35 @@ where
 /// either direction and nothing more reaches the client or the destination after the cut.
 /// Other endings close normally (FIN). The counts of an aborted tunnel leave out what the kernel
 /// still held unsent at the cut ([`crate::relay::send_queue`]): the reset discarded it.
-pub async fn relay_tcp<F>(
+///
+/// An async block, not an `async fn`: an `async fn` keeps each argument twice in its state
+/// (rust-lang/rust#62958), and an idle tunnel's task holds this state.
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn holds each argument twice in its state (rust-lang/rust#62958)"
+)]
+pub fn relay_tcp<'a, F>(
     mut client: TcpStream,
     mut server: TcpStream,
     live: Liveness,
     stop: F,
-    shaper: Option<&SandboxLimiter>,
-) -> Relayed
+    shaper: Option<&'a SandboxLimiter>,
+) -> impl Future<Output = Relayed> + 'a
 where
-    F: Future<Output = Close>,
+    F: Future<Output = Close> + 'a,
 {
-    let mut r = match shaper {
-        None => crate::relay::splice::relay(&mut client, &mut server, live, stop).await,
-        // Boxed: an unshaped tunnel's task does not carry the user-space relay's state.
-        Some(_) => Box::pin(relay(&mut client, &mut server, live, stop, shaper)).await,
-    };
-    if r.close.aborts() {
-        r.up = r.up.saturating_sub(abort(server));
-        r.down = r.down.saturating_sub(abort(client));
+    async move {
+        let mut r = match shaper {
+            None => crate::relay::splice::relay(&mut client, &mut server, live, stop).await,
+            // Boxed: an unshaped tunnel's task does not carry the user-space relay's state.
+            Some(_) => Box::pin(relay(&mut client, &mut server, live, stop, shaper)).await,
+        };
+        if r.close.aborts() {
+            r.up = r.up.saturating_sub(abort(server));
+            r.down = r.down.saturating_sub(abort(client));
+        }
+        r
     }
-    r
 }
 
 /// Relay between any streams over TCP (a TLS client connection, an HTTP/2 stream, TLS to a
