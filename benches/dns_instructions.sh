@@ -10,6 +10,8 @@
 # do: a refusal then carries its Extended DNS Error, which costs the text.
 #
 #   benches/dns_instructions.sh [BINARY]...          # QUERIES=20000; default: this tree's build
+#
+# KEEP=DIR keeps each profile (DIR/<binary path>-<kind>.callgrind) for `callgrind_annotate --inclusive=yes`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${QUERIES:-20000}"
@@ -46,6 +48,9 @@ count() { # binary kind: instructions per query
   sleep 1
   kill "$p"; wait "$p" 2>/dev/null || true
   ir=$(callgrind_annotate "$out.1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+  if [ -n "${KEEP:-}" ]; then
+    mkdir -p "$KEEP"; cp "$out.1" "$KEEP/$(printf %s "$1" | tr -c 'A-Za-z0-9.-' _)-$2.callgrind"
+  fi
   rm -f "$out"*
   echo $((ir / sent))
 }

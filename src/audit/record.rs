@@ -4,20 +4,19 @@
 //! field names and value spellings are the contract.
 
 use std::borrow::Cow;
-use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::audit::json_line::Object;
+use crate::audit::json_line::{Object, Text};
 pub use crate::audit::outcome::{Close, Mode};
 use crate::policy::guard::GuardVerdict;
 use crate::policy::reason::Reason;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::target::Target;
-use crate::policy::{Rule, Verdict};
+use crate::policy::{Rule, Spell, Verdict};
 
 /// How the sandbox was identified (the audit record's `identity`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,15 +199,16 @@ pub struct HttpFacts {
 /// What a DNS listener record says beyond a connection's fields.
 #[derive(Debug, Clone, Default)]
 pub struct DnsFacts {
-    /// The name asked for (normalised when it could be; as received otherwise).
-    pub name: Box<str>,
+    /// The name asked for (normalised when it could be; as received otherwise); shared, so
+    /// that a repeat served from the answer cache copies no text.
+    pub name: Arc<str>,
     /// The record type, by name (`A`, `TXT`, `TYPE65280`): hickory's static names need no
     /// allocation per query.
     pub qtype: Cow<'static, str>,
     /// The response code sent (`NOERROR`, `NXDOMAIN`, `REFUSED`, `SERVFAIL`, `FORMERR`).
     pub rcode: &'static str,
-    /// Addresses given to the client (after policy and guard filtering).
-    pub answers: Vec<IpAddr>,
+    /// Addresses given to the client (after policy and guard filtering); shared, as `name`.
+    pub answers: Arc<[IpAddr]>,
     /// Records of a passed type given (`dns.pass_types`), counted.
     pub passed: usize,
     /// The TTL of the answer, in seconds.
@@ -306,6 +306,17 @@ pub fn set_run_id() {
     let _ = RUN.set(format!("{}-{ms:x}", std::process::id()));
 }
 
+/// A rule's source written into the record's JSON ([`crate::policy::RuleSource::spell`]).
+impl Spell for Text<'_> {
+    fn text(&mut self, s: &str) {
+        Text::text(self, s);
+    }
+
+    fn number(&mut self, n: u64) {
+        Text::number(self, n);
+    }
+}
+
 impl Entry {
     /// Append this entry as one JSON line (with the newline) to `out`: the fields in the
     /// contract's order, `null` where a connection field has no value, absent where a field
@@ -330,22 +341,21 @@ impl Entry {
         }
         o.u64_or_null("target_port", r.target.as_ref().map(|t| u64::from(t.port)));
         o.str_or_null("sni", r.sni.as_deref());
-        o.shown_or_null(
-            "original_dst",
-            r.original_dst.as_ref().map(|a| a as &dyn Display),
-        );
+        o.addr_or_null("original_dst", r.original_dst.as_ref());
         o.bool_if("dst_in_resolved", r.dst_in_resolved);
         if let Some(alpn) = &r.alpn {
             o.list("alpn", alpn);
         }
         o.bool_if("ech", r.ech);
-        o.list("resolved", &r.resolved);
-        o.shown_or_null("dialed", r.dialed.as_ref().map(|a| a as &dyn Display));
+        o.ips("resolved", &r.resolved);
+        o.addr_or_null("dialed", r.dialed.as_ref());
         o.word("decision", r.verdict.as_str());
         o.word("reason", r.reason.code());
         o.str_or_null("rule", r.rule.as_ref().map(|x| x.text.as_str()));
-        let source = r.rule.as_ref().map(|x| &x.source as &dyn Display);
-        o.shown_or_null("rule_source", source);
+        match &r.rule {
+            Some(rule) => o.composed("rule_source", |t| rule.source.spell(t)),
+            None => o.null("rule_source"),
+        }
         o.str("policy_version", &r.policy_version);
         o.u64("bytes_up", self.bytes_up);
         o.u64("bytes_down", self.bytes_down);
@@ -355,7 +365,7 @@ impl Entry {
         if let Some(d) = dns {
             o.str("qtype", &d.qtype);
             o.word("rcode", d.rcode);
-            o.list("answers", &d.answers);
+            o.ips("answers", &d.answers);
             o.u64_if("passed_records", Some(d.passed as u64).filter(|n| *n > 0));
         }
         o.u64_if("count", summed.map(|s| s.count));

@@ -59,10 +59,11 @@ fn dns() -> Entry {
         name: "exfil.bench".into(),
         qtype: "TYPE65280".into(),
         rcode: "NOERROR",
-        answers: vec![
+        answers: [
             "1.2.3.4".parse().expect("ip"),
             "2001:db8::5".parse().expect("ip"),
-        ],
+        ]
+        .into(),
         passed: 2,
         ttl: Some(30),
         transport: "udp",
@@ -179,4 +180,34 @@ fn enum_spellings_are_the_serde_names() {
 fn a_timestamp_past_year_9999_keeps_every_digit() {
     let at = UNIX_EPOCH + Duration::from_secs(253_402_300_800);
     assert_eq!(rfc3339(at), "10000-01-01T00:00:00.000Z");
+}
+
+/// A rule's source in the record is its `Display` text, escaped, for every list (the record
+/// spells it with no formatter: [`RuleSource::spell`]).
+#[test]
+fn every_rule_source_is_its_display_text() {
+    for list in [
+        ListKind::Egress,
+        ListKind::Deny,
+        ListKind::Grant,
+        ListKind::Scoped(3),
+        ListKind::LayerDeny,
+        ListKind::Ceiling,
+    ] {
+        let source = RuleSource {
+            file: "/etc/p \"1\"\n.yaml".into(),
+            sandbox: "sb\\1".into(),
+            list,
+            index: 12,
+        };
+        let mut e = https();
+        let rule = e.record.rule.as_ref().expect("the https record has a rule");
+        let mut rule = Rule::clone(rule);
+        rule.source = source.clone();
+        e.record.rule = Some(Arc::new(rule));
+        let mut out = Vec::new();
+        e.encode(&mut out).expect("encodes");
+        let line: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(line["rule_source"], source.to_string(), "{list:?}");
+    }
 }

@@ -17,7 +17,7 @@ use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::audit::record::Record;
+use crate::audit::record::{DnsFacts, Record};
 use crate::audit::AuditGuard;
 use crate::config::AuditDns;
 use crate::dns::listener::{Answered, Asker, DnsListener};
@@ -47,8 +47,10 @@ struct Kept {
     /// The answer after its id.
     answer: Box<[u8]>,
     until: Instant,
-    /// The first query's record, copied for each repeat.
+    /// The first query's record (without its DNS facts), copied for each repeat.
     record: Record,
+    /// Its DNS facts, copied for each repeat (the name and the answers shared, not copied).
+    facts: DnsFacts,
 }
 
 impl AnswerCache {
@@ -60,15 +62,16 @@ impl AnswerCache {
         h.finish()
     }
 
-    /// The answer to `datagram` from `src` if it is a repeat of a kept one (and its record
-    /// is on its way); else `Err`, to decide it the full way — with who asks when it was
-    /// looked up here, so that a query is identified once.
+    /// The answer to `datagram` from `src`, appended to `out`, if it is a repeat of a kept one
+    /// (and its record is on its way); else `Err`, to decide it the full way — with who asks
+    /// when it was looked up here, so that a query is identified once.
     pub fn serve(
         &mut self,
         handler: &DnsListener,
         datagram: &[u8],
         src: SocketAddr,
-    ) -> Result<Vec<u8>, Option<Asker>> {
+        out: &mut Vec<u8>,
+    ) -> Result<(), Option<Asker>> {
         // A response (QR) is never answered, and only a standard query (opcode 0) is kept.
         if self.map.is_empty() || datagram.len() <= HEADER || datagram[2] & 0xf8 != 0 {
             return Err(None);
@@ -78,7 +81,7 @@ impl AnswerCache {
         let default = shared.settings.default_sandbox.as_deref();
         let who = crate::egress::admit::query_asker(&set, default, src.ip());
         let answer = match &who {
-            Ok(w) => self.repeat(handler, w, &set, datagram, src),
+            Ok(w) => self.repeat(handler, w, &set, datagram, src, out),
             Err(_) => None,
         };
         answer.ok_or(Some(Asker { set, who }))
@@ -92,7 +95,8 @@ impl AnswerCache {
         set: &PolicySet,
         datagram: &[u8],
         src: SocketAddr,
-    ) -> Option<Vec<u8>> {
+        out: &mut Vec<u8>,
+    ) -> Option<()> {
         let shared = &handler.shared;
         let sandbox = &who.sandbox.binding.id;
         let generation = set.generation();
@@ -119,21 +123,19 @@ impl AnswerCache {
         if shared.sink.log.unavailable().is_some() || over_rate() {
             return None;
         }
-        let mut answer = Vec::with_capacity(kept.answer.len() + 2);
-        answer.extend_from_slice(&datagram[..2]);
-        answer.extend_from_slice(&kept.answer);
+        out.extend_from_slice(&datagram[..2]);
+        out.extend_from_slice(&kept.answer);
         let mut record = kept.record.clone();
         record.conn_id = shared.next_conn_id();
         record.client = src;
-        let facts = record.dns.take().map(|f| *f).unwrap_or_default();
         // Written (and counted) as it drops.
         drop(AuditGuard::query(
             shared.sink.clone(),
             record,
-            facts,
+            kept.facts.clone(),
             shared.settings.audit_dns != AuditDns::Denied,
         ));
-        Some(answer)
+        Some(())
     }
 
     /// Drop the answers past their [`LIFE`] (the loop calls it every few seconds, so an idle
@@ -165,6 +167,8 @@ impl AnswerCache {
         }
         let query = &datagram[2..];
         let key = self.key(&sandbox, answered.generation, query);
+        let mut record = answered.record;
+        let facts = record.dns.take().map(|f| *f).unwrap_or_default();
         self.map.insert(
             key,
             Kept {
@@ -173,7 +177,8 @@ impl AnswerCache {
                 query: query.into(),
                 answer: answer[2..].into(),
                 until: now + LIFE,
-                record: answered.record,
+                record,
+                facts,
             },
         );
     }

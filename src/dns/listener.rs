@@ -315,7 +315,7 @@ impl DnsListener {
                 Record::from_rdata(owner.clone(), ttl, data)
             })
             .collect();
-        q.dns().answers = kept;
+        q.dns().answers = kept.into();
         Reply {
             rcode: ResponseCode::NoError,
             records,

@@ -2,7 +2,7 @@
 //! is queued (up to [`BATCH`]) in one call, and `sendmmsg(2)` sends a batch's answers in one.
 //! Under load a loop then pays one system call and one wake-up per batch, not per query
 //! (docs/performance.md, DNS). The fourth fenced module with `unsafe`: the two calls and the
-//! socket addresses they fill. Addresses go through `socket2`'s `SockAddr`, which knows each
+//! socket addresses they fill. Answers wait end to end in one buffer ([`Outbox`]). Addresses go through `socket2`'s `SockAddr`, which knows each
 //! family's layout; nothing here keeps a pointer past the call that uses it.
 
 use std::io;
@@ -91,41 +91,94 @@ impl Inbox {
     }
 }
 
-/// Send the first [`BATCH`] of `answers` (each to its address) without waiting: how many
-/// were sent (the rest are for a later call); `WouldBlock` when none could be.
-pub fn send(fd: BorrowedFd<'_>, answers: &[(Vec<u8>, SocketAddr)]) -> io::Result<usize> {
-    let n = answers.len().min(BATCH);
-    if n == 0 {
-        return Ok(0);
+/// One receive loop's answers waiting to be sent: their bytes end to end in one buffer, and
+/// where each goes. Kept across batches, so an answer costs no allocation of its own and a
+/// send none either.
+#[derive(Default)]
+pub struct Outbox {
+    bytes: Vec<u8>,
+    /// Where each answer ends in `bytes`, and its destination.
+    sent_to: Vec<(usize, SockAddr)>,
+}
+
+impl Outbox {
+    /// Add an answer to `to`, which `write` appends to the buffer it is given; `false` from
+    /// it (or nothing written) takes back whatever it wrote. Whether an answer was added.
+    pub fn push_with(&mut self, to: SocketAddr, write: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
+        let start = self.bytes.len();
+        if !write(&mut self.bytes) || self.bytes.len() == start {
+            self.bytes.truncate(start);
+            return false;
+        }
+        self.sent_to.push((self.bytes.len(), SockAddr::from(to)));
+        true
     }
-    let names: Vec<SockAddr> = answers[..n]
-        .iter()
-        .map(|(_, a)| SockAddr::from(*a))
-        .collect();
-    let mut iovs: [libc::iovec; BATCH] = std::array::from_fn(|_| empty_iov());
-    for (iov, (bytes, _)) in iovs.iter_mut().zip(&answers[..n]) {
-        iov.iov_base = bytes.as_ptr().cast_mut().cast();
-        iov.iov_len = bytes.len();
+
+    /// Add an answer already encoded.
+    pub fn push(&mut self, answer: &[u8], to: SocketAddr) {
+        self.push_with(to, |out| {
+            out.extend_from_slice(answer);
+            true
+        });
     }
-    let mut headers: [libc::mmsghdr; BATCH] = std::array::from_fn(|_| zeroed_header());
-    for ((h, iov), name) in headers.iter_mut().zip(iovs.iter_mut()).zip(&names) {
-        point(h, name.as_ptr().cast_mut().cast(), name.len(), iov);
+
+    /// How many answers wait.
+    pub fn len(&self) -> usize {
+        self.sent_to.len()
     }
-    // SAFETY: the first `n` headers point at live `iovec`s over the answers' bytes and at
-    // live socket addresses of the lengths they state, all outliving the call; `sendmmsg`
-    // only reads through them (it writes the headers' `msg_len`). `fd` is borrowed, so open.
-    let sent = unsafe {
-        libc::sendmmsg(
-            fd.as_raw_fd(),
-            headers.as_mut_ptr(),
-            n as libc::c_uint,
-            libc::MSG_DONTWAIT,
-        )
-    };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
+
+    /// Whether none waits.
+    pub fn is_empty(&self) -> bool {
+        self.sent_to.is_empty()
     }
-    Ok(usize::try_from(sent).unwrap_or(0))
+
+    /// Forget every answer; the buffers are kept (a flood's are given back).
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.sent_to.clear();
+        if self.bytes.capacity() > BATCH * 1024 {
+            self.bytes.shrink_to(BATCH * 512);
+        }
+    }
+
+    /// Send the answers from the `from`th on (at most [`BATCH`]), each to its address,
+    /// without waiting: how many were sent (the rest are for a later call); `WouldBlock`
+    /// when none could be.
+    pub fn send(&self, fd: BorrowedFd<'_>, from: usize) -> io::Result<usize> {
+        let batch = self.sent_to.get(from..).unwrap_or_default();
+        let n = batch.len().min(BATCH);
+        if n == 0 {
+            return Ok(0);
+        }
+        let mut start = from.checked_sub(1).map_or(0, |i| self.sent_to[i].0);
+        let mut iovs: [libc::iovec; BATCH] = std::array::from_fn(|_| empty_iov());
+        for (iov, (end, _)) in iovs.iter_mut().zip(&batch[..n]) {
+            let bytes = &self.bytes[start..*end];
+            iov.iov_base = bytes.as_ptr().cast_mut().cast();
+            iov.iov_len = bytes.len();
+            start = *end;
+        }
+        let mut headers: [libc::mmsghdr; BATCH] = std::array::from_fn(|_| zeroed_header());
+        for ((h, iov), (_, name)) in headers.iter_mut().zip(iovs.iter_mut()).zip(batch) {
+            point(h, name.as_ptr().cast_mut().cast(), name.len(), iov);
+        }
+        // SAFETY: the first `n` headers point at live `iovec`s over the answers' bytes (slices
+        // of `self.bytes`) and at live socket addresses of the lengths they state, all
+        // outliving the call; `sendmmsg` only reads through them (it writes the headers'
+        // `msg_len`). `fd` is borrowed, so open.
+        let sent = unsafe {
+            libc::sendmmsg(
+                fd.as_raw_fd(),
+                headers.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(usize::try_from(sent).unwrap_or(0))
+    }
 }
 
 /// Point a header at one datagram's address (`len` bytes at `name`) and its one buffer.
@@ -166,17 +219,31 @@ mod tests {
         let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let b = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let to = b.local_addr().unwrap();
-        let answers: Vec<(Vec<u8>, SocketAddr)> = (0..40u8)
-            .map(|i| (vec![i; 10 + i as usize * 50], to))
-            .collect();
-        let sent = send(a.as_fd(), &answers).unwrap();
+        let answers: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 10 + i as usize * 50]).collect();
+        let mut outbox = Outbox::default();
+        for answer in &answers {
+            outbox.push(answer, to);
+        }
+        // Taken back: not sent.
+        assert!(!outbox.push_with(to, |out| {
+            out.extend_from_slice(b"half written");
+            false
+        }));
+        assert_eq!(outbox.len(), 40);
+        let sent = outbox.send(a.as_fd(), 0).unwrap();
         assert_eq!(sent, BATCH, "one call sends a whole batch");
         let mut inbox = Inbox::default();
         let n = inbox.receive(b.as_fd()).unwrap();
         assert_eq!(n, BATCH);
         for (i, (bytes, src)) in inbox.datagrams().enumerate() {
-            assert_eq!(bytes, &answers[i].0[..], "datagram {i}");
+            assert_eq!(bytes, &answers[i][..], "datagram {i}");
             assert_eq!(src, Some(a.local_addr().unwrap()));
+        }
+        // The rest, from where the first call stopped.
+        assert_eq!(outbox.send(a.as_fd(), BATCH).unwrap(), 40 - BATCH);
+        assert_eq!(inbox.receive(b.as_fd()).unwrap(), 40 - BATCH);
+        for (i, (bytes, _)) in inbox.datagrams().enumerate() {
+            assert_eq!(bytes, &answers[BATCH + i][..], "datagram {}", BATCH + i);
         }
         let err = inbox.receive(b.as_fd()).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
@@ -210,7 +277,9 @@ mod tests {
     fn ipv6_sources_are_kept() {
         let b = std::net::UdpSocket::bind("[::1]:0").unwrap();
         let a = std::net::UdpSocket::bind("[::1]:0").unwrap();
-        send(a.as_fd(), &[(b"q".to_vec(), b.local_addr().unwrap())]).unwrap();
+        let mut outbox = Outbox::default();
+        outbox.push(b"q", b.local_addr().unwrap());
+        outbox.send(a.as_fd(), 0).unwrap();
         let mut inbox = Inbox::default();
         inbox.receive(b.as_fd()).unwrap();
         let got: Vec<_> = inbox.datagrams().map(|(_, s)| s).collect();

@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use crate::dns::answer::Encoded;
 use crate::dns::answer_cache::AnswerCache;
 use crate::dns::listener::{Answered, Asker, DnsListener, Later, Now};
-use crate::dns::mmsg::{self, Inbox};
+use crate::dns::mmsg::{Inbox, Outbox};
 use crate::dns::question::Received;
 use crate::dns::reply::{self, Reply};
 use crate::dns::wire;
@@ -61,7 +61,7 @@ async fn receive(
     mut phase: watch::Receiver<Phase>,
 ) {
     let mut inbox = Inbox::default();
-    let mut answers: Vec<(Vec<u8>, SocketAddr)> = Vec::with_capacity(mmsg::BATCH);
+    let mut answers = Outbox::default();
     let mut cache = AnswerCache::default();
     let mut expire = tokio::time::interval(std::time::Duration::from_secs(5));
     expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -100,33 +100,36 @@ async fn receive(
 }
 
 /// Answer one datagram: into `answers` when the answer is ready at once (a repeat served from
-/// `cache`, a refusal, a malformed query), else from a task of its own (the resolver).
+/// `cache`, a refusal, a malformed query: written where it waits to be sent, no allocation of
+/// its own), else from a task of its own (the resolver).
 fn answer(
     handler: &Arc<DnsListener>,
     socket: &Arc<UdpSocket>,
     cache: &mut AnswerCache,
     bytes: &[u8],
     src: SocketAddr,
-    answers: &mut Vec<(Vec<u8>, SocketAddr)>,
+    answers: &mut Outbox,
 ) {
-    let asker = match cache.serve(handler, bytes, src) {
-        Ok(answer) => {
-            answers.push((answer, src));
-            return;
+    let mut asker = None;
+    let repeated = answers.push_with(src, |out| match cache.serve(handler, bytes, src, out) {
+        Ok(()) => true,
+        Err(a) => {
+            asker = a;
+            false
         }
-        Err(asker) => asker,
-    };
+    });
+    if repeated {
+        return;
+    }
     let rest = match wire::Query::read(bytes) {
         // The common shape, decided in place: a refusal costs no copy, future or task.
         Some(query) => match handler.decide_now(&Received::of_wire(&query, src), true, asker) {
             Now::Silent => return,
             Now::Done(reply, answered) => {
-                let at_once = reply
-                    .records
-                    .is_empty()
-                    .then(|| query.answer(reply.rcode, reply.ede()));
-                if let Some(answer) = at_once.flatten() {
-                    answers.push((answer, src));
+                let at_once = reply.records.is_empty()
+                    && answers
+                        .push_with(src, |out| query.answer_into(out, reply.rcode, reply.ede()));
+                if at_once {
                     return;
                 }
                 Rest::Decided(reply, answered)
@@ -147,7 +150,7 @@ fn answer(
             if let Some(a) = answered {
                 cache.keep(bytes, &answer, a);
             }
-            answers.push((answer, src));
+            answers.push(&answer, src);
         }
         std::task::Poll::Ready(None) => {}
         std::task::Poll::Pending => {
@@ -164,12 +167,13 @@ fn answer(
 
 /// Send every answer of a batch, as many per system call as the socket takes; an answer the
 /// kernel refuses (an unroutable source) is dropped, not retried.
-async fn send_all(socket: &UdpSocket, answers: &mut Vec<(Vec<u8>, SocketAddr)>) {
+async fn send_all(socket: &UdpSocket, answers: &mut Outbox) {
+    if answers.is_empty() {
+        return;
+    }
     let mut from = 0;
     while from < answers.len() {
-        match socket.try_io(Interest::WRITABLE, || {
-            mmsg::send(socket.as_fd(), &answers[from..])
-        }) {
+        match socket.try_io(Interest::WRITABLE, || answers.send(socket.as_fd(), from)) {
             Ok(0) => break,
             Ok(n) => from += n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {

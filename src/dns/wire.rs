@@ -108,10 +108,37 @@ impl<'a> Query<'a> {
     /// client speaks EDNS an OPT record (with the Extended DNS Error `ede`). `None` when it
     /// would not fit the client's payload (the general encoder truncates it).
     pub fn answer(&self, rcode: ResponseCode, ede: Option<(u16, &str)>) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        self.answer_into(&mut out, rcode, ede).then_some(out)
+    }
+
+    /// [`Query::answer`] appended to `out` (the receive loop's [`crate::dns::mmsg::Outbox`]:
+    /// no allocation of its own); `false`, and `out` as it was, when it does not fit.
+    pub fn answer_into(
+        &self,
+        out: &mut Vec<u8>,
+        rcode: ResponseCode,
+        ede: Option<(u16, &str)>,
+    ) -> bool {
+        let start = out.len();
+        let fits = self.write_answer(out, rcode, ede).is_some()
+            && out.len() - start <= usize::from(self.payload());
+        if !fits {
+            out.truncate(start);
+        }
+        fits
+    }
+
+    fn write_answer(
+        &self,
+        out: &mut Vec<u8>,
+        rcode: ResponseCode,
+        ede: Option<(u16, &str)>,
+    ) -> Option<()> {
         let b = self.bytes;
         let question = &b[self.question.clone()];
         let ede_len = ede.map_or(0, |(_, text)| 4 + 2 + text.len());
-        let mut out = Vec::with_capacity(HEADER + question.len() + 11 + ede_len);
+        out.reserve(HEADER + question.len() + 11 + ede_len);
         out.extend_from_slice(&b[..2]);
         // QR, the opcode (0), RD as asked; RA, CD as asked, the code.
         out.push(0x80 | (b[2] & 0x01));
@@ -132,7 +159,7 @@ impl<'a> Query<'a> {
                 out.extend_from_slice(text.as_bytes());
             }
         }
-        (out.len() <= usize::from(self.payload())).then_some(out)
+        Some(())
     }
 }
 

@@ -23,17 +23,19 @@ pub mod ports;
 pub mod process;
 pub mod protocols;
 pub mod reason;
+mod rule_source;
 pub mod sandbox_id;
 mod scoped;
 pub mod set;
 pub mod target;
 
-use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
+
+pub use crate::policy::rule_source::{ListKind, RuleSource, Spell};
 
 use crate::policy::addr_table::AddrTable;
 use crate::policy::guard::{address_forms, Guard, GuardVerdict};
@@ -90,69 +92,6 @@ impl Enforcement {
             Enforcement::Enforce => "enforce",
             Enforcement::Report => "report",
         }
-    }
-}
-
-/// Which list a rule came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListKind {
-    /// `network.egress`: what is allowed.
-    Egress,
-    /// `network.deny`: what is refused whatever else allows it.
-    Deny,
-    /// A grant approved at run time ([`granted`]): `file` names it.
-    Grant,
-    /// `network.scoped[i].egress`: allowed to the processes of that entry's scope only.
-    Scoped(usize),
-    /// A layer's `deny` ([`layer`]): `sandbox` names the layer.
-    LayerDeny,
-    /// A layer's `ceiling` ([`layer`]): `sandbox` names the layer.
-    Ceiling,
-}
-
-impl ListKind {
-    /// Whether the rule is a layer's (its refusals are not the member's to relax).
-    pub fn is_layer(self) -> bool {
-        matches!(self, ListKind::LayerDeny | ListKind::Ceiling)
-    }
-}
-
-/// Where a rule was written: file, sandbox, list and index.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuleSource {
-    /// The file the sandbox was read from.
-    pub file: Arc<str>,
-    /// The sandbox it belongs to.
-    pub sandbox: Arc<str>,
-    /// Which list the entry is in.
-    pub list: ListKind,
-    /// Its position in that list (from 0).
-    pub index: usize,
-}
-
-impl fmt::Display for RuleSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let list = match self.list {
-            ListKind::Egress => "egress",
-            ListKind::Deny => "deny",
-            ListKind::Grant => return write!(f, "{}: sandbox {}", self.file, self.sandbox),
-            ListKind::Scoped(i) => {
-                let (file, sb, j) = (&self.file, &self.sandbox, self.index);
-                return write!(f, "{file}: sandbox {sb}: network.scoped[{i}].egress[{j}]");
-            }
-            ListKind::LayerDeny => {
-                let (file, layer, i) = (&self.file, &self.sandbox, self.index);
-                return write!(f, "{file}: layer {layer}: deny[{i}]");
-            }
-            ListKind::Ceiling => {
-                return write!(f, "{}: layer {}: ceiling", self.file, self.sandbox)
-            }
-        };
-        write!(
-            f,
-            "{}: sandbox {}: network.{}[{}]",
-            self.file, self.sandbox, list, self.index
-        )
     }
 }
 
