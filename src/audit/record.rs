@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::audit::json_line::{Object, Text};
+use crate::audit::json_line::{key, Object, Text};
 pub use crate::audit::outcome::{Close, Mode};
 use crate::policy::guard::GuardVerdict;
 use crate::policy::reason::Reason;
@@ -327,73 +327,79 @@ impl Entry {
         let summed = dns.and_then(|d| d.summed.as_ref());
         let http = r.http.as_deref();
         let mut o = Object::open(out);
-        o.plain("ts", |out| rfc3339_into(out, self.at));
-        o.word("event", self.event.as_str());
-        o.u64("conn_id", r.conn_id);
-        o.str_or_null("sandbox", r.sandbox.as_ref().map(SandboxId::as_str));
-        o.word("identity", r.identity.as_str());
-        o.addr("client", &r.client);
-        o.word("mode", r.mode.as_str());
+        o.plain(key!("ts"), |out| rfc3339_into(out, self.at));
+        o.word(key!("event"), self.event.as_str());
+        o.u64(key!("conn_id"), r.conn_id);
+        o.str_or_null(key!("sandbox"), r.sandbox.as_ref().map(SandboxId::as_str));
+        o.word(key!("identity"), r.identity.as_str());
+        o.addr(key!("client"), &r.client);
+        o.word(key!("mode"), r.mode.as_str());
         match (&r.target, dns) {
-            (Some(t), _) => o.shown("target_host", &t.host),
+            (Some(t), _) => o.shown(key!("target_host"), &t.host),
             // A query's name is text already (no formatter).
-            (None, dns) => o.str_or_null("target_host", dns.map(|d| &*d.name)),
+            (None, dns) => o.str_or_null(key!("target_host"), dns.map(|d| &*d.name)),
         }
-        o.u64_or_null("target_port", r.target.as_ref().map(|t| u64::from(t.port)));
-        o.str_or_null("sni", r.sni.as_deref());
-        o.addr_or_null("original_dst", r.original_dst.as_ref());
-        o.bool_if("dst_in_resolved", r.dst_in_resolved);
+        o.u64_or_null(
+            key!("target_port"),
+            r.target.as_ref().map(|t| u64::from(t.port)),
+        );
+        o.str_or_null(key!("sni"), r.sni.as_deref());
+        o.addr_or_null(key!("original_dst"), r.original_dst.as_ref());
+        o.bool_if(key!("dst_in_resolved"), r.dst_in_resolved);
         if let Some(alpn) = &r.alpn {
-            o.list("alpn", alpn);
+            o.list(key!("alpn"), alpn);
         }
-        o.bool_if("ech", r.ech);
-        o.ips("resolved", &r.resolved);
-        o.addr_or_null("dialed", r.dialed.as_ref());
-        o.word("decision", r.verdict.as_str());
-        o.word("reason", r.reason.code());
-        o.str_or_null("rule", r.rule.as_ref().map(|x| x.text.as_str()));
+        o.bool_if(key!("ech"), r.ech);
+        o.ips(key!("resolved"), &r.resolved);
+        o.addr_or_null(key!("dialed"), r.dialed.as_ref());
+        o.word(key!("decision"), r.verdict.as_str());
+        o.word(key!("reason"), r.reason.code());
+        o.str_or_null(key!("rule"), r.rule.as_ref().map(|x| x.text.as_str()));
         match &r.rule {
-            Some(rule) => o.composed("rule_source", |t| rule.source.spell(t)),
-            None => o.null("rule_source"),
+            Some(rule) => o.composed(key!("rule_source"), |t| rule.source.spell(t)),
+            None => o.null(key!("rule_source")),
         }
-        o.str("policy_version", &r.policy_version);
-        o.u64("bytes_up", self.bytes_up);
-        o.u64("bytes_down", self.bytes_down);
-        o.u64("duration_ms", self.duration_ms);
-        o.word_or_null("close", self.close.map(Close::as_str));
-        o.str_if("detail", detail(r).as_deref());
+        o.str(key!("policy_version"), &r.policy_version);
+        o.u64(key!("bytes_up"), self.bytes_up);
+        o.u64(key!("bytes_down"), self.bytes_down);
+        o.u64(key!("duration_ms"), self.duration_ms);
+        o.word_or_null(key!("close"), self.close.map(Close::as_str));
+        o.str_if(key!("detail"), detail(r).as_deref());
         if let Some(d) = dns {
-            o.str("qtype", &d.qtype);
-            o.word("rcode", d.rcode);
-            o.ips("answers", &d.answers);
-            o.u64_if("passed_records", Some(d.passed as u64).filter(|n| *n > 0));
+            o.str(key!("qtype"), &d.qtype);
+            o.word(key!("rcode"), d.rcode);
+            o.ips(key!("answers"), &d.answers);
+            o.u64_if(
+                key!("passed_records"),
+                Some(d.passed as u64).filter(|n| *n > 0),
+            );
         }
-        o.u64_if("count", summed.map(|s| s.count));
-        o.u64_if("dropped", summed.map(|s| s.dropped));
-        o.str_if("first_ts", summed.map(|s| &*s.first));
-        o.str_if("last_ts", summed.map(|s| &*s.last));
-        o.u64_if("ttl", dns.and_then(|d| d.ttl).map(u64::from));
+        o.u64_if(key!("count"), summed.map(|s| s.count));
+        o.u64_if(key!("dropped"), summed.map(|s| s.dropped));
+        o.str_if(key!("first_ts"), summed.map(|s| &*s.first));
+        o.str_if(key!("last_ts"), summed.map(|s| &*s.last));
+        o.u64_if(key!("ttl"), dns.and_then(|d| d.ttl).map(u64::from));
         if let Some(d) = dns {
-            o.word("transport", d.transport);
+            o.word(key!("transport"), d.transport);
         }
         if let Some(h) = http {
-            o.str("method", &h.method);
-            o.str("path", &h.path);
-            o.u64("status", u64::from(h.status));
-            o.str_if("credential", h.credential.as_deref());
-            o.str_if("secret_reflected", h.secret_reflected.as_deref());
-            o.str_if("call", h.call.as_deref());
+            o.str(key!("method"), &h.method);
+            o.str(key!("path"), &h.path);
+            o.u64(key!("status"), u64::from(h.status));
+            o.str_if(key!("credential"), h.credential.as_deref());
+            o.str_if(key!("secret_reflected"), h.secret_reflected.as_deref());
+            o.str_if(key!("call"), h.call.as_deref());
         }
-        o.str_if("decider", r.decider.as_deref());
-        o.str_if("dlp", r.dlp.as_deref());
-        o.serialized_if("tokens", r.tokens.as_deref())?;
+        o.str_if(key!("decider"), r.decider.as_deref());
+        o.str_if(key!("dlp"), r.dlp.as_deref());
+        o.serialized_if(key!("tokens"), r.tokens.as_deref())?;
         let process = r
             .process
             .as_deref()
             .map(super::process_facts::ProcessFacts::of);
-        o.serialized_if("process", process.as_ref())?;
-        o.serialized_if("approval", r.approval.as_deref())?;
-        o.str_if("run", RUN.get().map(String::as_str));
+        o.serialized_if(key!("process"), process.as_ref())?;
+        o.serialized_if(key!("approval"), r.approval.as_deref())?;
+        o.str_if(key!("run"), RUN.get().map(String::as_str));
         o.close();
         out.push(b'\n');
         Ok(())

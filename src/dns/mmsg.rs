@@ -17,9 +17,12 @@ pub const BATCH: usize = 32;
 /// longer one is cut to this and fails to parse.
 pub const MAX_DATAGRAM: usize = 4096;
 
-/// One receive loop's buffers: [`BATCH`] datagrams of [`MAX_DATAGRAM`], allocated once.
+/// One receive loop's buffers: [`BATCH`] datagrams of [`MAX_DATAGRAM`] and their source
+/// addresses, allocated once: each batch zeroes only the address storage of the datagrams it
+/// held (it used to make and zero [`BATCH`] of them per call).
 pub struct Inbox {
     buf: Box<[u8]>,
+    names: Box<[SockAddrStorage]>,
     /// Each read datagram's length and source (`None`: not an IP source).
     got: Vec<(usize, Option<SocketAddr>)>,
 }
@@ -28,6 +31,7 @@ impl Default for Inbox {
     fn default() -> Self {
         Inbox {
             buf: vec![0u8; BATCH * MAX_DATAGRAM].into_boxed_slice(),
+            names: (0..BATCH).map(|_| SockAddrStorage::zeroed()).collect(),
             got: Vec::with_capacity(BATCH),
         }
     }
@@ -38,8 +42,6 @@ impl Inbox {
     /// `WouldBlock` when there are none.
     pub fn receive(&mut self, fd: BorrowedFd<'_>) -> io::Result<usize> {
         self.got.clear();
-        let mut names: [SockAddrStorage; BATCH] =
-            std::array::from_fn(|_| SockAddrStorage::zeroed());
         let mut iovs: [libc::iovec; BATCH] = std::array::from_fn(|_| empty_iov());
         for (iov, chunk) in iovs.iter_mut().zip(self.buf.chunks_mut(MAX_DATAGRAM)) {
             iov.iov_base = chunk.as_mut_ptr().cast();
@@ -49,7 +51,7 @@ impl Inbox {
         for ((h, iov), name) in headers
             .iter_mut()
             .zip(iovs.iter_mut())
-            .zip(names.iter_mut())
+            .zip(self.names.iter_mut())
         {
             let len = name.size_of();
             point(h, (name as *mut SockAddrStorage).cast(), len, iov);
@@ -71,9 +73,12 @@ impl Inbox {
             return Err(io::Error::last_os_error());
         }
         let n = usize::try_from(n).unwrap_or(0).min(BATCH);
-        for (h, name) in headers.iter().zip(names).take(n) {
+        for (h, name) in headers.iter().zip(self.names.iter_mut()).take(n) {
             let len = (h.msg_len as usize).min(MAX_DATAGRAM);
             let namelen = h.msg_hdr.msg_namelen.min(name.size_of());
+            // Taken out, and a zeroed one left in its place: fresh storage only for the
+            // datagrams a batch holds.
+            let name = std::mem::replace(name, SockAddrStorage::zeroed());
             // SAFETY: the kernel wrote a socket address of `namelen` bytes (at most the
             // storage's size) into `name`.
             let source = unsafe { SockAddr::new(name, namelen) }.as_socket();

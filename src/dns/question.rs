@@ -74,7 +74,8 @@ pub struct ReceivedQuestion<'a> {
     pub class: DNSClass,
     /// Its type.
     pub rtype: RecordType,
-    /// The name's presentation form without its final dot ([`text`]).
+    /// The name's presentation form without its final dot ([`text`]), in lower case (how
+    /// the decision and the record read it).
     pub text: String,
     owner: Owner<'a>,
 }
@@ -96,7 +97,7 @@ impl ReceivedQuestion<'_> {
 
     /// The name as the record shows it, before it is known to be valid.
     pub fn shown_name(&self) -> String {
-        self.text.to_ascii_lowercase()
+        self.text.clone()
     }
 }
 
@@ -117,7 +118,7 @@ impl<'a> Received<'a> {
                         Ok(ReceivedQuestion {
                             class: q.query_class(),
                             rtype: q.query_type(),
-                            text: text(q.name()),
+                            text: text(q.name()).to_ascii_lowercase(),
                             owner: Owner::Read(q.name()),
                         })
                     }
@@ -134,10 +135,8 @@ impl<'a> Received<'a> {
 
     /// A query read from the wire (a standard query with one question, by construction).
     pub fn of_wire(query: &'a wire::Query<'a>, src: SocketAddr) -> Self {
-        let text = match plain_text(query.labels()) {
-            Some(text) => text,
-            None => query.owner().map(|n| text(&n)).unwrap_or_default(),
-        };
+        // Plain labels by construction ([`wire::Query::read`]): joined, nothing to escape.
+        let text = query.name_text();
         Received {
             src,
             transport: "udp",

@@ -87,6 +87,21 @@ impl<'a> Query<'a> {
         })
     }
 
+    /// The question's name in presentation form without its final dot, in lower case: its
+    /// labels (plain, so nothing to escape: [`plain_name_end`]) joined with dots, in one pass.
+    pub fn name_text(&self) -> String {
+        let mut text = Vec::with_capacity(self.name.len());
+        for label in self.labels() {
+            if !text.is_empty() {
+                text.push(b'.');
+            }
+            text.extend_from_slice(label);
+        }
+        text.make_ascii_lowercase();
+        // Plain labels are ASCII: this never fails.
+        String::from_utf8(text).unwrap_or_default()
+    }
+
     /// The question's name as hickory reads it (for the owner of answer records).
     pub fn owner(&self) -> Option<Name> {
         Name::read(&mut BinDecoder::new(&self.bytes[self.name.clone()])).ok()
@@ -206,7 +221,7 @@ fn opt_payload(rest: &[u8]) -> Option<u16> {
 /// Where the two ways part for `bytes` answered `rcode` with `ede`: `None` when the wire
 /// way does not take the query, declines to write that answer, or writes exactly what the
 /// general way (hickory's decoder, the listener's response builder) writes and reads the same
-/// question; else what differs.
+/// question (its name spelt as hickory spells it); else what differs.
 pub fn differs(bytes: &[u8], rcode: ResponseCode, ede: Option<(u16, &str)>) -> Option<String> {
     let query = Query::read(bytes)?;
     let wire = query.answer(rcode, ede)?;
@@ -224,12 +239,18 @@ pub fn differs(bytes: &[u8], rcode: ResponseCode, ede: Option<(u16, &str)>) -> O
     if (qtype, qclass) != (query.qtype, query.qclass) || labels != name {
         return Some(format!("questions differ: {labels:?} against {name:?}"));
     }
-    if query
-        .owner()
-        .map(|o| o.iter().map(<[u8]>::to_vec).collect::<Vec<_>>())
-        != Some(name)
-    {
+    let Some(owner) = query.owner() else {
+        return Some("the owner name cannot be read".into());
+    };
+    if owner.iter().map(<[u8]>::to_vec).collect::<Vec<_>>() != name {
         return Some("the owner name differs".into());
+    }
+    let shown = owner.to_ascii().trim_end_matches('.').to_ascii_lowercase();
+    if query.name_text() != shown {
+        return Some(format!(
+            "the name's text differs: {:?} against hickory's {shown:?}",
+            query.name_text()
+        ));
     }
     None
 }
