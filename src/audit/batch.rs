@@ -130,7 +130,9 @@ impl Writer {
     /// any line that would otherwise leave more than the interval's records or time unsigned,
     /// so a verifier can hold the file to the interval the run signed.
     pub(super) fn encode(&mut self, inner: &Inner, batch: &mut Vec<Entry>) {
-        for e in batch.drain(..) {
+        // Read in place and dropped together after: a drain moved each 416-byte entry out
+        // of the batch (three copies of it, about 240 instructions a record).
+        for e in batch.iter() {
             if self.chain.as_ref().is_some_and(Chain::checkpoint_due) {
                 self.checkpoint(false);
             }
@@ -138,10 +140,10 @@ impl Writer {
             line.clear();
             let encoded = match self.format {
                 Format::Json => e.encode(line),
-                Format::Ocsf => super::ocsf::encode(&e, line),
+                Format::Ocsf => super::ocsf::encode(e, line),
             };
             if encoded.is_ok() && inner.observers.receiver_count() > 0 {
-                observe(inner, &e, line, self.format);
+                observe(inner, e, line, self.format);
             }
             match encoded {
                 Ok(()) => {
@@ -158,6 +160,7 @@ impl Writer {
                 }
             }
         }
+        batch.clear();
     }
 
     /// Write the backlog to the log and the anchor, unless a retry is not due yet (`force`

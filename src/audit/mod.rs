@@ -136,6 +136,7 @@ impl AuditGuard {
         Self::of(sink, Variant::Event, record, Instant::now())
     }
 
+    #[inline]
     fn of(sink: Sink, variant: Variant, record: Record, started: Instant) -> Self {
         AuditGuard {
             sink,
@@ -151,6 +152,9 @@ impl AuditGuard {
     }
 
     /// A guard for one query to the DNS listener (`record` says who asked), with its facts.
+    /// Inlined, so that the record is built where the guard keeps it (called, it was copied
+    /// four times on the way in).
+    #[inline]
     pub fn query(sink: Sink, record: Record, facts: record::DnsFacts, write_allowed: bool) -> Self {
         let mut record = record;
         record.dns = Some(Box::new(facts));
