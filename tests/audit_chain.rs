@@ -728,15 +728,25 @@ fn an_idle_live_run_keeps_signing_and_a_file_cut_at_an_old_checkpoint_is_stale()
     drop(p);
 }
 
-/// The proxy's `audit-writer` thread: its `/proc` status file.
+/// The proxy's `audit-writer` thread: its `/proc` status file. A new thread names itself once
+/// it first runs, so on a loaded machine it can still bear its parent's name for a moment
+/// after the proxy listens.
 fn writer_thread(pid: u32) -> PathBuf {
     let tasks = PathBuf::from(format!("/proc/{pid}/task"));
-    std::fs::read_dir(&tasks)
-        .unwrap()
-        .map(|t| t.unwrap().path())
-        .find(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.trim() == "audit-writer"))
-        .expect("the proxy has an audit-writer thread")
-        .join("status")
+    eventually(
+        Duration::from_secs(10),
+        "the proxy's audit-writer thread",
+        || {
+            std::fs::read_dir(&tasks)
+                .unwrap()
+                .filter_map(|t| t.ok().map(|t| t.path()))
+                .find(|t| {
+                    std::fs::read_to_string(t.join("comm"))
+                        .is_ok_and(|c| c.trim() == "audit-writer")
+                })
+        },
+    )
+    .join("status")
 }
 
 /// How often a thread has been switched out (it slept, or was preempted), from its status.

@@ -196,10 +196,18 @@ fn a_dead_collector_is_logged_once_and_its_recovery_too() {
     let log = proxy.stderr_text();
     assert_eq!(log.matches(failing).count(), 1, "{log}");
     assert!(log.contains(&endpoint), "{log}");
+    // Back on the same port. The dead one's port is free for anyone meanwhile, and under a
+    // loaded run another test's socket can hold it for a moment: the collector tries again.
     let port_arg = port.to_string();
-    let _second = ScriptOrigin::start(
-        "otlp_receiver.py",
-        &["http".as_ref(), out.as_os_str(), port_arg.as_ref()],
+    let _second = eventually(
+        Duration::from_secs(20),
+        "the collector back on its port",
+        || {
+            ScriptOrigin::try_start(
+                "otlp_receiver.py",
+                &["http".as_ref(), out.as_os_str(), port_arg.as_ref()],
+            )
+        },
     );
     eventually(Duration::from_secs(45), "the recovery logged", || {
         get(&proxy, "a", origin.addr.port(), "/again");

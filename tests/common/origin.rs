@@ -230,6 +230,14 @@ impl Drop for ScriptOrigin {
 impl ScriptOrigin {
     /// Start `python3 tests/data/SCRIPT ARGS…` (its stderr discarded) and read its port.
     pub fn start(script: &str, args: &[&std::ffi::OsStr]) -> ScriptOrigin {
+        ScriptOrigin::try_start(script, args).unwrap_or_else(|| {
+            panic!("{script} printed no port (are its Python packages installed? tests/run installs them)")
+        })
+    }
+
+    /// [`ScriptOrigin::start`], or `None` when the script printed no port (it could not
+    /// start: a fixed port it was given is taken, say).
+    pub fn try_start(script: &str, args: &[&std::ffi::OsStr]) -> Option<ScriptOrigin> {
         use std::io::BufRead;
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/data")
@@ -245,11 +253,14 @@ impl ScriptOrigin {
         std::io::BufReader::new(child.stdout.take().expect("stdout"))
             .read_line(&mut line)
             .expect("the origin's first line");
-        let port = line
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{script} printed no port (are its Python packages installed? tests/run installs them)"));
-        ScriptOrigin { port, child }
+        match line.trim().parse() {
+            Ok(port) => Some(ScriptOrigin { port, child }),
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                None
+            }
+        }
     }
 }
 
