@@ -98,13 +98,26 @@ impl Inbox {
 
 /// One receive loop's answers waiting to be sent: their bytes end to end in one buffer, and
 /// where each goes. Kept across batches, so an answer costs no allocation of its own and a
-/// send none either.
-#[derive(Default)]
+/// send none either. Made at its full size when the loop starts: grown in the middle of a
+/// flood, it would sit on top of the flood's freed memory and keep the allocator from giving
+/// it back (`tests/dns_memory.rs`).
 pub struct Outbox {
     bytes: Vec<u8>,
     /// Where each answer ends in `bytes`, and its destination.
     sent_to: Vec<(usize, SockAddr)>,
 }
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Outbox {
+            bytes: Vec::with_capacity(BATCH * CLASSIC_ANSWER),
+            sent_to: Vec::with_capacity(BATCH),
+        }
+    }
+}
+
+/// Room per answer in a new [`Outbox`]: a classic UDP payload.
+const CLASSIC_ANSWER: usize = 512;
 
 impl Outbox {
     /// Add an answer to `to`, which `write` appends to the buffer it is given; `false` from
@@ -141,8 +154,11 @@ impl Outbox {
     pub fn clear(&mut self) {
         self.bytes.clear();
         self.sent_to.clear();
-        if self.bytes.capacity() > BATCH * 1024 {
-            self.bytes.shrink_to(BATCH * 512);
+        if self.bytes.capacity() > 2 * BATCH * CLASSIC_ANSWER {
+            self.bytes.shrink_to(BATCH * CLASSIC_ANSWER);
+        }
+        if self.sent_to.capacity() > 2 * BATCH {
+            self.sent_to.shrink_to(BATCH);
         }
     }
 
