@@ -40,3 +40,34 @@ import random
 r = random.Random(7)
 print('\n'.join('q%016x.exfil.bench A' % r.getrandbits(64) for _ in range(400000)))" > "$WORK/denied.txt"
 }
+
+# An unbound on loopback port $1 that forwards to the upstream and refuses exfil.bench with a
+# local zone (its equivalent of a deny rule); its pid is $UNBOUND_PID.
+start_unbound() { # port
+  cat > "$WORK/unbound.conf" <<CONF
+server:
+  interface: 127.0.0.1
+  port: $1
+  do-daemonize: no
+  use-syslog: no
+  logfile: ""
+  verbosity: 0
+  username: ""
+  chroot: ""
+  directory: "$WORK"
+  pidfile: "$WORK/unbound.pid"
+  num-threads: 2
+  so-reuseport: yes
+  access-control: 127.0.0.0/8 allow
+  do-not-query-localhost: no
+  module-config: "iterator"
+  local-zone: "exfil.bench." always_nxdomain
+  local-zone: "bench." nodefault
+forward-zone:
+  name: "."
+  forward-addr: 127.0.0.1@$UP
+CONF
+  unbound -c "$WORK/unbound.conf" 2>"$WORK/unbound.log" &
+  UNBOUND_PID=$!
+  PIDS+=("$UNBOUND_PID")
+}

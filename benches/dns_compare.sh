@@ -24,32 +24,8 @@ start_upstream
 declare -A PID
 PID[dnsmasq]=$UPSTREAM_PID
 
-cat > "$WORK/unbound.conf" <<CONF
-server:
-  interface: 127.0.0.1
-  port: 15355
-  do-daemonize: no
-  use-syslog: no
-  logfile: ""
-  verbosity: 0
-  username: ""
-  chroot: ""
-  directory: "$WORK"
-  pidfile: "$WORK/unbound.pid"
-  num-threads: 2
-  so-reuseport: yes
-  access-control: 127.0.0.0/8 allow
-  do-not-query-localhost: no
-  module-config: "iterator"
-  local-zone: "exfil.bench." always_nxdomain
-  local-zone: "bench." nodefault
-forward-zone:
-  name: "."
-  forward-addr: 127.0.0.1@$UP
-CONF
-unbound -c "$WORK/unbound.conf" 2>"$WORK/unbound.log" &
-PIDS+=($!)
-PID[unbound]=$!
+start_unbound 15355
+PID[unbound]=$UNBOUND_PID
 
 proxy_config 15354 > "$WORK/new.yaml"
 target/release/egress-proxy run --config "$WORK/new.yaml" 2>"$WORK/new.log" &

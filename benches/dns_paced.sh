@@ -22,30 +22,7 @@ proxy_config 15381 > "$WORK/old.yaml"
 proxy_config 15382 > "$WORK/new.yaml"
 "$OLD_BIN" run --config "$WORK/old.yaml" 2>"$WORK/old.log" & OLD_PID=$!; PIDS+=("$OLD_PID")
 "$NEW_BIN" run --config "$WORK/new.yaml" 2>"$WORK/new.log" & NEW_PID=$!; PIDS+=("$NEW_PID")
-cat > "$WORK/unbound.conf" <<CONF
-server:
-  interface: 127.0.0.1
-  port: 15383
-  do-daemonize: no
-  use-syslog: no
-  logfile: ""
-  verbosity: 0
-  username: ""
-  chroot: ""
-  directory: "$WORK"
-  pidfile: "$WORK/unbound.pid"
-  num-threads: 2
-  so-reuseport: yes
-  access-control: 127.0.0.0/8 allow
-  do-not-query-localhost: no
-  module-config: "iterator"
-  local-zone: "exfil.bench." always_nxdomain
-  local-zone: "bench." nodefault
-forward-zone:
-  name: "."
-  forward-addr: 127.0.0.1@$UP
-CONF
-unbound -c "$WORK/unbound.conf" 2>"$WORK/unbound.log" & UNBOUND_PID=$!; PIDS+=("$UNBOUND_PID")
+start_unbound 15383
 sleep 2
 for port in 15381 15382 15383; do dig +short -p "$port" @127.0.0.1 allowed.bench >/dev/null; done
 
