@@ -7,6 +7,6 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     if let Ok(q) = read(data, &[16, 33]) {
         assert!(!q.name.ends_with('.'));
-        assert_eq!(q.name, q.name.to_ascii_lowercase());
+        assert_eq!(&*q.name, q.name.to_ascii_lowercase());
     }
 });

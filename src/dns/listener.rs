@@ -205,7 +205,7 @@ impl DnsListener {
         let question = classify(query.class, rtype, &query.text, pass_types);
         // Recorded normalised when it is a host name, else as received.
         q.dns().name = match question {
-            Ok(ref question) => question.name.as_str().into(),
+            Ok(ref question) => question.name.clone(),
             Err(_) => query.shown_name().into(),
         };
 
@@ -263,7 +263,7 @@ impl DnsListener {
             edns,
             family,
         } = asked;
-        let (sb, name) = (&*sb, name.as_str());
+        let (sb, name) = (&*sb, &*name);
         let Some(owner) = owner else {
             // Cannot happen: the name was read once already.
             q.detail("the question's name cannot be read again");
@@ -443,7 +443,7 @@ enum Work {
     /// Step 4: the name's addresses.
     Resolve(Resolving),
     /// A `dns.pass_types` query for a name a name rule allows.
-    Pass { name: String, rtype: RecordType },
+    Pass { name: Arc<str>, rtype: RecordType },
 }
 
 /// The rcode in the record, and with `keep`, the allowed answer that may be served again.
@@ -463,7 +463,7 @@ fn settle(reply: &Reply, q: &mut AuditGuard, set: &PolicySet, keep: bool) -> Opt
 /// What step 4 of a query resolves, for whom.
 struct Resolving {
     sb: Arc<Sandbox>,
-    name: String,
+    name: Arc<str>,
     /// The question's name as asked (the owner of the answer's records).
     owner: Option<hickory_proto::rr::Name>,
     /// Allowed only by address rules: every address must be covered.

@@ -3,7 +3,9 @@
 //! The listener decides on this; the fuzz target `dns_query` feeds it any bytes (hostile
 //! queries must give a refusal, never a panic).
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use hickory_proto::op::{Message, MessageType, OpCode};
 use hickory_proto::rr::{DNSClass, Name, RecordType};
@@ -13,7 +15,7 @@ use hickory_server::server::Request;
 use crate::dns::wire;
 
 use crate::egress::resolve::Family;
-use crate::policy::hostname::normalize_name;
+use crate::policy::hostname::normalize_name_shared;
 
 /// What kind of answer a question gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,8 +53,8 @@ pub enum Unanswerable {
 pub struct Question {
     /// What is asked.
     pub kind: Asked,
-    /// Lower case, no trailing dot, IDNA-checked.
-    pub name: String,
+    /// Lower case, no trailing dot, IDNA-checked; shared with the query's record.
+    pub name: Arc<str>,
 }
 
 /// One query as the listener decides it.
@@ -75,8 +77,9 @@ pub struct ReceivedQuestion<'a> {
     /// Its type.
     pub rtype: RecordType,
     /// The name's presentation form without its final dot ([`text`]), in lower case (how
-    /// the decision and the record read it).
-    pub text: String,
+    /// the decision and the record read it). Read from the wire, it is written into the
+    /// receive loop's scratch text (no allocation per query).
+    pub text: Cow<'a, str>,
     owner: Owner<'a>,
 }
 
@@ -96,8 +99,8 @@ impl ReceivedQuestion<'_> {
     }
 
     /// The name as the record shows it, before it is known to be valid.
-    pub fn shown_name(&self) -> String {
-        self.text.clone()
+    pub fn shown_name(&self) -> &str {
+        &self.text
     }
 }
 
@@ -118,7 +121,7 @@ impl<'a> Received<'a> {
                         Ok(ReceivedQuestion {
                             class: q.query_class(),
                             rtype: q.query_type(),
-                            text: text(q.name()).to_ascii_lowercase(),
+                            text: Cow::Owned(text(q.name()).to_ascii_lowercase()),
                             owner: Owner::Read(q.name()),
                         })
                     }
@@ -133,10 +136,12 @@ impl<'a> Received<'a> {
         }
     }
 
-    /// A query read from the wire (a standard query with one question, by construction).
-    pub fn of_wire(query: &'a wire::Query<'a>, src: SocketAddr) -> Self {
+    /// A query read from the wire (a standard query with one question, by construction), its
+    /// name's text written into `scratch` (the receive loop's, reused query after query).
+    pub fn of_wire(query: &'a wire::Query<'a>, src: SocketAddr, scratch: &'a mut String) -> Self {
         // Plain labels by construction ([`wire::Query::read`]): joined, nothing to escape.
-        let text = query.name_text();
+        query.name_text_into(scratch);
+        let text = Cow::Borrowed(scratch.as_str());
         Received {
             src,
             transport: "udp",
@@ -194,7 +199,7 @@ pub fn classify(
         t if pass_types.contains(&u16::from(t)) => Asked::Pass(t),
         t => return Err(Unanswerable::Type(t)),
     };
-    let name = normalize_name(name).map_err(|e| Unanswerable::Name(e.to_string()))?;
+    let name = normalize_name_shared(name).map_err(|e| Unanswerable::Name(e.to_string()))?;
     Ok(Question { kind, name })
 }
 
@@ -229,7 +234,7 @@ mod tests {
     #[test]
     fn an_a_query_is_read_and_normalised() {
         let q = read(&wire("GitHub.COM.", RecordType::A, DNSClass::IN), &[]).expect("ok");
-        assert_eq!(q.name, "github.com");
+        assert_eq!(&*q.name, "github.com");
         assert_eq!(q.kind, Asked::Addresses(Family::V4));
     }
 

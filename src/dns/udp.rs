@@ -63,6 +63,9 @@ async fn receive(
     let mut inbox = Inbox::default();
     let mut answers = Outbox::default();
     let mut cache = AnswerCache::default();
+    // The text of each query's name, written over query after query (a name is 253 bytes
+    // at most: made at full size here, never grown mid-flood).
+    let mut name = String::with_capacity(256);
     let mut expire = tokio::time::interval(std::time::Duration::from_secs(5));
     expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -91,7 +94,8 @@ async fn receive(
             let Some(src) = src.filter(|s| s.port() != 0 && !s.ip().is_unspecified()) else {
                 continue;
             };
-            answer(&handler, &socket, &mut cache, bytes, src, &mut answers);
+            let at = Arrived { bytes, src };
+            answer(&handler, &socket, &mut cache, at, &mut answers, &mut name);
         }
         send_all(&socket, &mut answers).await;
         // A flood never starves the loop's other work, nor the worker's other tasks.
@@ -99,16 +103,23 @@ async fn receive(
     }
 }
 
+/// One datagram as it arrived: its bytes and who sent it.
+struct Arrived<'a> {
+    bytes: &'a [u8],
+    src: SocketAddr,
+}
+
 /// Answer one datagram: into `answers` when the answer is ready at once (a repeat served from
 /// `cache`, a refusal, a malformed query: written where it waits to be sent, no allocation of
-/// its own), else from a task of its own (the resolver).
+/// its own), else from a task of its own (the resolver). `name` is the loop's scratch text
+/// for the question's name.
 fn answer(
     handler: &Arc<DnsListener>,
     socket: &Arc<UdpSocket>,
     cache: &mut AnswerCache,
-    bytes: &[u8],
-    src: SocketAddr,
+    Arrived { bytes, src }: Arrived<'_>,
     answers: &mut Outbox,
+    name: &mut String,
 ) {
     let mut asker = None;
     let repeated = answers.push_with(src, |out| match cache.serve(handler, bytes, src, out) {
@@ -123,7 +134,8 @@ fn answer(
     }
     let rest = match wire::Query::read(bytes) {
         // The common shape, decided in place: a refusal costs no copy, future or task.
-        Some(query) => match handler.decide_now(&Received::of_wire(&query, src), true, asker) {
+        Some(query) => match handler.decide_now(&Received::of_wire(&query, src, name), true, asker)
+        {
             Now::Silent => return,
             Now::Done(reply, answered) => {
                 let at_once = reply.records.is_empty()

@@ -88,18 +88,20 @@ impl<'a> Query<'a> {
     }
 
     /// The question's name in presentation form without its final dot, in lower case: its
-    /// labels (plain, so nothing to escape: [`plain_name_end`]) joined with dots, in one pass.
-    pub fn name_text(&self) -> String {
-        let mut text = Vec::with_capacity(self.name.len());
+    /// labels (plain, so nothing to escape: [`plain_name_end`]) joined with dots, in one pass,
+    /// written over `text` (whose room is kept from one query to the next).
+    pub fn name_text_into(&self, text: &mut String) {
+        let mut bytes = std::mem::take(text).into_bytes();
+        bytes.clear();
         for label in self.labels() {
-            if !text.is_empty() {
-                text.push(b'.');
+            if !bytes.is_empty() {
+                bytes.push(b'.');
             }
-            text.extend_from_slice(label);
+            bytes.extend_from_slice(label);
         }
-        text.make_ascii_lowercase();
+        bytes.make_ascii_lowercase();
         // Plain labels are ASCII: this never fails.
-        String::from_utf8(text).unwrap_or_default()
+        *text = String::from_utf8(bytes).unwrap_or_default();
     }
 
     /// The question's name as hickory reads it (for the owner of answer records).
@@ -246,10 +248,12 @@ pub fn differs(bytes: &[u8], rcode: ResponseCode, ede: Option<(u16, &str)>) -> O
         return Some("the owner name differs".into());
     }
     let shown = owner.to_ascii().trim_end_matches('.').to_ascii_lowercase();
-    if query.name_text() != shown {
+    // Written over a text that held something else, as the receive loop's scratch does.
+    let mut text = String::from("Stale.Example");
+    query.name_text_into(&mut text);
+    if text != shown {
         return Some(format!(
-            "the name's text differs: {:?} against hickory's {shown:?}",
-            query.name_text()
+            "the name's text differs: {text:?} against hickory's {shown:?}"
         ));
     }
     None

@@ -6,6 +6,8 @@
 //! `2130706433`) are refused: resolvers and URL parsers disagree about them, so they are never
 //! names. This module does no I/O and knows nothing about policy.
 
+use std::sync::Arc;
+
 use thiserror::Error;
 
 /// Longest name DNS can carry, in presentation form without the trailing dot.
@@ -42,6 +44,19 @@ pub enum NameError {
 /// Normalise a host name (no wildcards allowed).
 pub fn normalize_name(input: &str) -> Result<String, NameError> {
     normalize(input, false)
+}
+
+/// [`normalize_name`] as one shared allocation (a DNS query's name, held by its decision and
+/// its record). A name already in normal form (the common case: a resolver's query is
+/// lowercase ASCII) passes the syntax check as it is and is copied once, with no lowercased
+/// copy in between: the check accepts only lowercase ASCII labels, which lowercasing and IDNA
+/// leave unchanged. Anything else takes [`normalize_name`]'s way, errors included.
+pub fn normalize_name_shared(input: &str) -> Result<Arc<str>, NameError> {
+    let trimmed = input.strip_suffix('.').unwrap_or(input);
+    if check_syntax(trimmed, false).is_ok() {
+        return Ok(Arc::from(trimmed));
+    }
+    normalize(input, false).map(Arc::from)
 }
 
 /// Normalise a name pattern: like [`normalize_name`], but labels may contain `*`.
@@ -254,7 +269,45 @@ mod tests {
         Ok(())
     }
 
+    #[test]
+    fn the_shared_form_is_the_normal_form() {
+        for n in [
+            "api.example.com",
+            "api.example.com.",
+            "API.Example.COM.",
+            "Bücher.example",
+        ] {
+            assert_eq!(
+                normalize_name_shared(n).as_deref(),
+                normalize_name(n).as_deref(),
+                "{n}"
+            );
+        }
+        for bad in [
+            "",
+            ".",
+            "a..b",
+            "a.b..",
+            "127.1",
+            "a b.example",
+            "a.b.c.0x7f",
+        ] {
+            assert!(normalize_name_shared(bad).is_err(), "{bad}");
+        }
+    }
+
     proptest::proptest! {
+        /// The shared form's shortcut gives what the full normalisation gives, errors
+        /// included, for any text: names in normal form, mixed case, IDNA, and junk.
+        #[test]
+        fn the_shared_form_agrees_with_the_full_one(
+            name in "([a-z0-9_.-]|[A-Z*]|\\PC){0,80}\\.?",
+        ) {
+            let full = normalize_name(&name);
+            let shared = normalize_name_shared(&name);
+            proptest::prop_assert_eq!(shared.as_deref(), full.as_deref());
+        }
+
         /// The byte-by-byte check gives the same verdict, and the same character in its
         /// error, as the character-by-character one, for any text (non-ASCII included).
         #[test]
