@@ -61,6 +61,8 @@ pub fn run(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         Ok(n) => tracing::debug!(nofile = n, "descriptor limit"),
         Err(e) => tracing::warn!(error = %e, "cannot raise the descriptor limit"),
     }
+    // Before any worker thread has an arena: freed memory is given back predictably.
+    crate::dns::give_back::fix_thresholds();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
