@@ -70,18 +70,19 @@ pub struct Body {
 
 /// Read `bytes` as JSON-RPC 2.0 (see the module's documentation).
 pub fn parse(bytes: &[u8]) -> Result<Body, ProtocolError> {
-    let v = strict_json::parse(bytes)?;
-    read(&v)
+    read(strict_json::parse(bytes)?)
 }
 
-/// [`parse`] on a value already read.
-pub fn read(v: &Value) -> Result<Body, ProtocolError> {
+/// [`parse`] on a value already read. The value is taken apart, not copied: a request's id,
+/// method and parameters move into its [`Message`] (the copy of the parameters' tree was 8
+/// of the 93 allocations of a terminated MCP `tools/call`, by a uprobe on `malloc`).
+pub fn read(v: Value) -> Result<Body, ProtocolError> {
     match v {
         Value::Array(items) if items.is_empty() => {
             Err(ProtocolError::malformed("an empty JSON-RPC batch"))
         }
         Value::Array(items) => Ok(Body {
-            messages: items.iter().map(message).collect::<Result<_, _>>()?,
+            messages: items.into_iter().map(message).collect::<Result<_, _>>()?,
             batch: true,
         }),
         one => Ok(Body {
@@ -92,29 +93,29 @@ pub fn read(v: &Value) -> Result<Body, ProtocolError> {
 }
 
 /// One message (see [`Message`]).
-pub fn message(v: &Value) -> Result<Message, ProtocolError> {
-    let Value::Object(o) = v else {
+pub fn message(v: Value) -> Result<Message, ProtocolError> {
+    let Value::Object(mut o) = v else {
         return Err(bad("a JSON-RPC message is not an object"));
     };
     if o.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         return Err(bad("a JSON-RPC message without \"jsonrpc\": \"2.0\""));
     }
-    let id = match o.get("id") {
+    let id = match o.remove("id") {
         None => None,
-        Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => Some(id.clone()),
+        Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => Some(id),
         Some(_) => return Err(bad("a JSON-RPC id that is not a string or a number")),
     };
     let answers = o.contains_key("result") || o.contains_key("error");
-    match (o.get("method"), id) {
+    match (o.remove("method"), id) {
         (Some(_), _) if answers => Err(bad("a JSON-RPC message that is both a call and an answer")),
-        (Some(Value::String(m)), Some(id)) => Ok(Message::Request {
+        (Some(Value::String(method)), Some(id)) => Ok(Message::Request {
             id,
-            method: m.clone(),
-            params: o.get("params").cloned().unwrap_or(Value::Null),
+            method,
+            params: o.remove("params").unwrap_or(Value::Null),
         }),
-        (Some(Value::String(m)), None) => Ok(Message::Notification {
-            method: m.clone(),
-            params: o.get("params").cloned().unwrap_or(Value::Null),
+        (Some(Value::String(method)), None) => Ok(Message::Notification {
+            method,
+            params: o.remove("params").unwrap_or(Value::Null),
         }),
         (Some(_), _) => Err(bad("a JSON-RPC method that is not a string")),
         (None, Some(id)) if answers => Ok(Message::Response { id }),
