@@ -19,6 +19,7 @@ use hyper::body::{Body, Frame};
 use serde_json::Value;
 
 use crate::intercept::InterceptError;
+use crate::policy::protocols::json_tree::Json;
 use crate::policy::protocols::mcp::{Filtered, Lists, McpRule};
 use crate::policy::protocols::strict_json;
 
@@ -43,18 +44,18 @@ pub enum Framing {
 /// The framing of a response by its `Content-Type`, if it is one the filter reads.
 pub fn framing(headers: &HeaderMap) -> Option<Framing> {
     let ct = headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
-    let media = ct.split(';').next()?.trim().to_ascii_lowercase();
-    match media.as_str() {
-        "application/json" => Some(Framing::Json),
-        "text/event-stream" => Some(Framing::EventStream),
+    let media = ct.split(';').next()?.trim();
+    match media {
+        m if m.eq_ignore_ascii_case("application/json") => Some(Framing::Json),
+        m if m.eq_ignore_ascii_case("text/event-stream") => Some(Framing::EventStream),
         _ => None,
     }
 }
 
 /// What filtering left of a document.
-enum Doc {
+enum Doc<'a> {
     Unchanged,
-    Changed(Value),
+    Changed(Json<'a>),
     Gone,
 }
 
@@ -115,12 +116,12 @@ impl<B> McpFiltered<B> {
 
     /// Filter a JSON document of messages: `Unchanged` (its bytes pass as they came),
     /// `Changed`, or `Gone` when nothing is left of it.
-    fn filter_doc(&mut self, mut doc: Value) -> Doc {
+    fn filter_doc<'a>(&mut self, mut doc: Json<'a>) -> Doc<'a> {
         let mut changed = false;
         let mut notes = self.notes.lock().ok();
         let (rule, lists) = (&self.rule, &self.lists);
         let (answered, cut) = (&mut self.answered, &mut self.cut);
-        let mut keep = |m: &mut Value| {
+        let mut keep = |m: &mut Json<'a>| {
             let f = rule.filter(m, lists);
             changed |= f != Filtered::Kept;
             Self::note(
@@ -132,7 +133,7 @@ impl<B> McpFiltered<B> {
             )
         };
         let kept = match &mut doc {
-            Value::Array(items) => {
+            Json::Arr(items) => {
                 items.retain_mut(&mut keep);
                 !items.is_empty()
             }
@@ -152,7 +153,7 @@ impl<B> McpFiltered<B> {
     /// What one message's filtering means: kept or not, noted for the record.
     fn note(
         f: Filtered,
-        m: &Value,
+        m: &Json<'_>,
         (answered, cut): (&mut HashSet<String>, &mut Option<String>),
         notes: Option<&mut Notes>,
         lists: &Lists,
@@ -161,7 +162,7 @@ impl<B> McpFiltered<B> {
             Filtered::Kept => {
                 if m.get("method").is_none() {
                     if let Some(id) = m.get("id") {
-                        answered.insert(id.to_string());
+                        answered.insert(id.text());
                     }
                 }
                 true
@@ -211,7 +212,7 @@ impl<B> McpFiltered<B> {
             out.push(b'\n');
             return Ok(());
         }
-        let doc = strict_json::parse(&text).map_err(|e| {
+        let doc = strict_json::parse_borrowed(&text).map_err(|e| {
             InterceptError::body(format!("an event of the MCP stream is not JSON: {e}"))
         })?;
         match self.filter_doc(doc) {
@@ -228,7 +229,9 @@ impl<B> McpFiltered<B> {
                     out.push(b'\n');
                 }
                 out.extend_from_slice(b"data: ");
-                out.extend_from_slice(doc.to_string().as_bytes());
+                serde_json::to_writer(&mut *out, &doc).map_err(|e| {
+                    InterceptError::body(format!("an event of the MCP stream: {e}"))
+                })?;
                 out.extend_from_slice(b"\n\n");
             }
             Doc::Gone => out.extend_from_slice(b": egress-proxy dropped a server request\n\n"),
@@ -300,11 +303,13 @@ impl<B> McpFiltered<B> {
             // No message (a 202's body): nothing to filter.
             return Ok(std::mem::take(&mut self.buf));
         }
-        let doc = strict_json::parse(&self.buf)
+        let buf = std::mem::take(&mut self.buf);
+        let doc = strict_json::parse_borrowed(&buf)
             .map_err(|e| InterceptError::body(format!("the MCP response is not JSON: {e}")))?;
         Ok(match self.filter_doc(doc) {
-            Doc::Unchanged => std::mem::take(&mut self.buf),
-            Doc::Changed(doc) => doc.to_string().into_bytes(),
+            Doc::Unchanged => buf,
+            Doc::Changed(doc) => serde_json::to_vec(&doc)
+                .map_err(|e| InterceptError::body(format!("the MCP response: {e}")))?,
             Doc::Gone => Vec::new(),
         })
     }

@@ -3,37 +3,38 @@
 //! `result` or `error`). Anything else — another version, a method that is not a string, an
 //! empty batch, a message that is both request and response — is refused, never guessed at.
 
-use serde_json::Value;
+use std::borrow::Cow;
 
+use super::json_tree::{Json, NULL};
 use super::{strict_json, ProtocolError};
 
-/// One JSON-RPC message.
+/// One JSON-RPC message, its strings borrowed from the body it was read from.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Message {
+pub enum Message<'a> {
     /// A call that waits for an answer.
     Request {
         /// Its id.
-        id: Value,
+        id: Json<'a>,
         /// The method called.
-        method: String,
+        method: Cow<'a, str>,
         /// Its parameters (`null` when absent).
-        params: Value,
+        params: Json<'a>,
     },
     /// A call without an id (no answer).
     Notification {
         /// The method called.
-        method: String,
+        method: Cow<'a, str>,
         /// Its parameters (`null` when absent).
-        params: Value,
+        params: Json<'a>,
     },
     /// An answer (`result` or `error`).
     Response {
         /// The id of the call it answers.
-        id: Value,
+        id: Json<'a>,
     },
 }
 
-impl Message {
+impl<'a> Message<'a> {
     /// The method, for requests and notifications.
     pub fn method(&self) -> Option<&str> {
         match self {
@@ -43,7 +44,7 @@ impl Message {
     }
 
     /// The id, for requests and responses.
-    pub fn id(&self) -> Option<&Value> {
+    pub fn id(&self) -> Option<&Json<'a>> {
         match self {
             Message::Request { id, .. } | Message::Response { id } => Some(id),
             Message::Notification { .. } => None,
@@ -51,37 +52,39 @@ impl Message {
     }
 
     /// The parameters, for requests and notifications (`null` otherwise).
-    pub fn params(&self) -> &Value {
+    pub fn params(&self) -> &Json<'a> {
         match self {
             Message::Request { params, .. } | Message::Notification { params, .. } => params,
-            Message::Response { .. } => &Value::Null,
+            Message::Response { .. } => &NULL,
         }
     }
 }
 
 /// A body's messages, and whether they came as a batch.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Body {
+pub struct Body<'a> {
     /// The messages, in order.
-    pub messages: Vec<Message>,
+    pub messages: Vec<Message<'a>>,
     /// Whether they came as a batch (an array).
     pub batch: bool,
 }
 
-/// Read `bytes` as JSON-RPC 2.0 (see the module's documentation).
-pub fn parse(bytes: &[u8]) -> Result<Body, ProtocolError> {
-    read(strict_json::parse(bytes)?)
+/// Read `bytes` as JSON-RPC 2.0 (see the module's documentation). The messages borrow from
+/// `bytes`: no string is copied unless it carries an escape.
+pub fn parse(bytes: &[u8]) -> Result<Body<'_>, ProtocolError> {
+    read(strict_json::parse_borrowed(bytes)?)
 }
 
-/// [`parse`] on a value already read. The value is taken apart, not copied: a request's id,
-/// method and parameters move into its [`Message`] (the copy of the parameters' tree was 8
-/// of the 93 allocations of a terminated MCP `tools/call`, by a uprobe on `malloc`).
-pub fn read(v: Value) -> Result<Body, ProtocolError> {
+/// [`parse`] on a document already read. The document is taken apart, not copied: a
+/// request's id, method and parameters move into its [`Message`] (the copy of the
+/// parameters' tree was 8 of the 93 allocations of a terminated MCP `tools/call`, by a uprobe
+/// on `malloc`).
+pub fn read(v: Json<'_>) -> Result<Body<'_>, ProtocolError> {
     match v {
-        Value::Array(items) if items.is_empty() => {
+        Json::Arr(items) if items.is_empty() => {
             Err(ProtocolError::malformed("an empty JSON-RPC batch"))
         }
-        Value::Array(items) => Ok(Body {
+        Json::Arr(items) => Ok(Body {
             messages: items.into_iter().map(message).collect::<Result<_, _>>()?,
             batch: true,
         }),
@@ -93,29 +96,29 @@ pub fn read(v: Value) -> Result<Body, ProtocolError> {
 }
 
 /// One message (see [`Message`]).
-pub fn message(v: Value) -> Result<Message, ProtocolError> {
-    let Value::Object(mut o) = v else {
+pub fn message(mut o: Json<'_>) -> Result<Message<'_>, ProtocolError> {
+    if !matches!(o, Json::Obj(_)) {
         return Err(bad("a JSON-RPC message is not an object"));
-    };
-    if o.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+    }
+    if o.get("jsonrpc").and_then(Json::as_str) != Some("2.0") {
         return Err(bad("a JSON-RPC message without \"jsonrpc\": \"2.0\""));
     }
     let id = match o.remove("id") {
         None => None,
-        Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => Some(id),
+        Some(id @ (Json::Str(_) | Json::Num(_) | Json::Null)) => Some(id),
         Some(_) => return Err(bad("a JSON-RPC id that is not a string or a number")),
     };
-    let answers = o.contains_key("result") || o.contains_key("error");
+    let answers = o.get("result").is_some() || o.get("error").is_some();
     match (o.remove("method"), id) {
         (Some(_), _) if answers => Err(bad("a JSON-RPC message that is both a call and an answer")),
-        (Some(Value::String(method)), Some(id)) => Ok(Message::Request {
+        (Some(Json::Str(method)), Some(id)) => Ok(Message::Request {
             id,
             method,
-            params: o.remove("params").unwrap_or(Value::Null),
+            params: o.remove("params").unwrap_or(Json::Null),
         }),
-        (Some(Value::String(method)), None) => Ok(Message::Notification {
+        (Some(Json::Str(method)), None) => Ok(Message::Notification {
             method,
-            params: o.remove("params").unwrap_or(Value::Null),
+            params: o.remove("params").unwrap_or(Json::Null),
         }),
         (Some(_), _) => Err(bad("a JSON-RPC method that is not a string")),
         (None, Some(id)) if answers => Ok(Message::Response { id }),
@@ -152,7 +155,7 @@ impl MethodRule {
     }
 
     /// Why `body`'s messages are not all allowed (the first refused, named), if any.
-    pub fn refusal(&self, body: &Body) -> Option<String> {
+    pub fn refusal(&self, body: &Body<'_>) -> Option<String> {
         body.messages.iter().find_map(|m| match m.method() {
             Some(name) if self.matcher.is_match(name) => None,
             Some(name) => Some(format!(

@@ -7,10 +7,12 @@
 //! allows some (`server_requests`). Responses: the lists are filtered to what the rule allows,
 //! and requests the server sends (sampling, elicitation, roots) are dropped unless allowed.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde_json::Value;
 
+use super::json_tree::Json;
 use super::jsonrpc::{Body, Message};
 use super::{names, ProtocolError};
 
@@ -33,10 +35,10 @@ impl ArgMatch {
         Ok(ArgMatch::Glob(pattern.to_string(), g.compile_matcher()))
     }
 
-    fn matches(&self, v: &Value) -> bool {
+    fn matches(&self, v: &Json<'_>) -> bool {
         match self {
             ArgMatch::Equals(want) => v == want,
-            ArgMatch::OneOf(any) => any.contains(v),
+            ArgMatch::OneOf(any) => any.iter().any(|w| v == w),
             ArgMatch::Glob(_, g) => v.as_str().is_some_and(|s| g.is_match(s)),
         }
     }
@@ -161,8 +163,8 @@ impl McpRule {
         })
     }
 
-    fn tool_allowed(&self, params: &Value) -> Result<String, ProtocolError> {
-        let Some(name) = params.get("name").and_then(Value::as_str) else {
+    fn tool_allowed<'p>(&self, params: &'p Json<'_>) -> Result<&'p str, ProtocolError> {
+        let Some(name) = params.get("name").and_then(Json::as_str) else {
             return Err(ProtocolError::malformed("a tools/call without a tool name"));
         };
         let args = params.get("arguments");
@@ -174,7 +176,7 @@ impl McpRule {
                 .iter()
                 .all(|(arg, m)| args.and_then(|a| a.get(arg)).is_some_and(|v| m.matches(v)));
             if fits {
-                return Ok(name.to_string());
+                return Ok(name);
             }
         }
         Err(ProtocolError::not_allowed(match named {
@@ -183,8 +185,12 @@ impl McpRule {
         }))
     }
 
-    fn uri_allowed(&self, params: &Value, method: &str) -> Result<String, ProtocolError> {
-        let Some(uri) = params.get("uri").and_then(Value::as_str) else {
+    fn uri_allowed<'p>(
+        &self,
+        params: &'p Json<'_>,
+        method: &str,
+    ) -> Result<&'p str, ProtocolError> {
+        let Some(uri) = params.get("uri").and_then(Json::as_str) else {
             return Err(ProtocolError::malformed(format!(
                 "a {method} without a uri"
             )));
@@ -196,21 +202,26 @@ impl McpRule {
             )));
         }
         match self.resource_set.is_match(uri) {
-            true => Ok(uri.to_string()),
+            true => Ok(uri),
             false => Err(ProtocolError::not_allowed(format!(
                 "the resource `{uri}` is not in the rule's resources"
             ))),
         }
     }
 
-    /// One client message: `Ok` with what it was (for the record), or why it is refused.
-    fn judge_one(&self, m: &Message, lists: &mut Lists) -> Result<String, ProtocolError> {
+    /// One client message: `Ok` with what it was for the record (its method, and the tool,
+    /// resource or prompt it names), or why it is refused.
+    fn judge_one<'m>(
+        &self,
+        m: &'m Message<'_>,
+        lists: &mut Lists,
+    ) -> Result<(&'m str, Option<&'m str>), ProtocolError> {
         let Some(method) = m.method() else {
             return match self.server_requests.is_empty() {
                 true => Err(ProtocolError::not_allowed(
                     "an answer to a server request, and the rule allows none (server_requests)",
                 )),
-                false => Ok("answer".into()),
+                false => Ok(("answer", None)),
             };
         };
         let params = m.params();
@@ -226,23 +237,23 @@ impl McpRule {
             _ => None,
         };
         if let Some(id) = m.id() {
-            lists.insert(id.to_string(), list.unwrap_or(List::Other));
+            lists.insert(id.text(), list.unwrap_or(List::Other));
         }
         match method {
-            "tools/call" => Ok(format!("tools/call {}", self.tool_allowed(params)?)),
+            "tools/call" => Ok((method, Some(self.tool_allowed(params)?))),
             "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
-                Ok(format!("{method} {}", self.uri_allowed(params, method)?))
+                Ok((method, Some(self.uri_allowed(params, method)?)))
             }
             "prompts/get" => {
-                let name = params.get("name").and_then(Value::as_str).unwrap_or("");
+                let name = params.get("name").and_then(Json::as_str).unwrap_or("");
                 match self.prompt_set.is_match(name) && !name.is_empty() {
-                    true => Ok(format!("prompts/get {name}")),
+                    true => Ok((method, Some(name))),
                     false => Err(ProtocolError::not_allowed(format!(
                         "the prompt `{name}` is not in the rule's prompts"
                     ))),
                 }
             }
-            m if SESSION.contains(&m) || m.starts_with("notifications/") => Ok(m.to_string()),
+            m if SESSION.contains(&m) || m.starts_with("notifications/") => Ok((m, None)),
             m => Err(ProtocolError::not_allowed(format!(
                 "the MCP method `{m}` is not one a rule allows"
             ))),
@@ -250,17 +261,27 @@ impl McpRule {
     }
 
     /// Judge a client's body: every message must be allowed (a batch with one refused call
-    /// is refused whole). `Ok`: what was called, and the lists asked for.
-    pub fn judge(&self, body: &Body) -> Result<(Vec<String>, Lists), (String, Option<String>)> {
+    /// is refused whole). `Ok`: what was called (`tools/call search`, comma-separated for a
+    /// batch), and the lists asked for.
+    pub fn judge(&self, body: &Body<'_>) -> Result<(String, Lists), (String, Option<String>)> {
         let mut lists = Lists::new();
-        let mut calls = Vec::with_capacity(body.messages.len());
+        let mut calls = String::new();
         for m in &body.messages {
             match self.judge_one(m, &mut lists) {
-                Ok(c) => calls.push(c),
+                Ok((method, named)) => {
+                    if !calls.is_empty() {
+                        calls.push(',');
+                    }
+                    calls.push_str(method);
+                    if let Some(n) = named {
+                        calls.push(' ');
+                        calls.push_str(n);
+                    }
+                }
                 Err(why) => {
                     let call = m.method().map(|meth| {
                         let named =
-                            |k: &str| m.params().get(k).and_then(Value::as_str).unwrap_or("");
+                            |k: &str| m.params().get(k).and_then(Json::as_str).unwrap_or("");
                         match meth {
                             "tools/call" | "prompts/get" => format!("{meth} {}", named("name")),
                             "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
@@ -277,13 +298,13 @@ impl McpRule {
     }
 
     /// The first method a result's `inputRequests` asks for that the rule does not allow.
-    fn input_refused(&self, msg: &Value) -> Option<String> {
+    fn input_refused(&self, msg: &Json<'_>) -> Option<String> {
         let asked = msg.get("result")?.get("inputRequests")?;
-        let Value::Object(requests) = asked else {
+        let Json::Obj(requests) = asked else {
             return Some("input in a shape this proxy cannot read".into());
         };
-        requests.values().find_map(|r| {
-            let m = r.get("method").and_then(Value::as_str).unwrap_or("");
+        requests.iter().find_map(|(_, r)| {
+            let m = r.get("method").and_then(Json::as_str).unwrap_or("");
             (m.is_empty() || !self.server_set.is_match(m)).then(|| m.to_string())
         })
     }
@@ -292,7 +313,7 @@ impl McpRule {
     /// what the body says: a server or gateway that routes by them must not be sent another
     /// call than the one judged. `Err` names the difference.
     pub fn headers_agree(
-        body: &Body,
+        body: &Body<'_>,
         method: Option<&str>,
         name: Option<&str>,
     ) -> Result<(), ProtocolError> {
@@ -314,7 +335,7 @@ impl McpRule {
                 Some("resources/read") => "uri",
                 _ => "name",
             };
-            if Some(h) != one.params().get(field).and_then(Value::as_str) {
+            if Some(h) != one.params().get(field).and_then(Json::as_str) {
                 return Err(ProtocolError::not_allowed(
                     "the Mcp-Name header names another tool, prompt or resource than the body",
                 ));
@@ -324,11 +345,8 @@ impl McpRule {
     }
 
     /// Filter one message the server sent (see the module's documentation).
-    pub fn filter(&self, msg: &mut Value, lists: &Lists) -> Filtered {
-        let method = msg
-            .get("method")
-            .and_then(Value::as_str)
-            .map(str::to_string);
+    pub fn filter(&self, msg: &mut Json<'_>, lists: &Lists) -> Filtered {
+        let method = msg.get("method").and_then(Json::as_str).map(str::to_string);
         if let Some(method) = method {
             let is_request = msg.get("id").is_some();
             if !is_request || method == "ping" || self.server_set.is_match(&method) {
@@ -338,16 +356,17 @@ impl McpRule {
         }
         if let Some(asked) = self.input_refused(msg) {
             let text = format!("egress-proxy: the server asked the client for {asked}, which the rule does not allow (server_requests)");
-            if let Some(o) = msg.as_object_mut() {
-                o.remove("result");
-                o.insert(
-                    "error".into(),
-                    serde_json::json!({"code": -32001, "message": text}),
-                );
-            }
+            msg.remove("result");
+            msg.set(
+                "error",
+                Json::Obj(vec![
+                    (Cow::Borrowed("code"), Json::Num((-32001).into())),
+                    (Cow::Borrowed("message"), Json::Str(Cow::Owned(text))),
+                ]),
+            );
             return Filtered::Answered(asked);
         }
-        let Some(list) = msg.get("id").and_then(|id| lists.get(&id.to_string())) else {
+        let Some(list) = msg.get("id").and_then(|id| lists.get(&id.text())) else {
             return Filtered::Kept;
         };
         let (key, field) = match list {
@@ -356,12 +375,12 @@ impl McpRule {
             List::Prompts => ("prompts", "name"),
             List::Other => return Filtered::Kept,
         };
-        let Some(Value::Array(items)) = msg.get_mut("result").and_then(|r| r.get_mut(key)) else {
+        let Some(Json::Arr(items)) = msg.get_mut("result").and_then(|r| r.get_mut(key)) else {
             return Filtered::Kept;
         };
         let before = items.len();
         items.retain(|item| {
-            let name = item.get(field).and_then(Value::as_str).unwrap_or("");
+            let name = item.get(field).and_then(Json::as_str).unwrap_or("");
             match list {
                 List::Tools => self.tools.iter().any(|t| t.glob.is_match(name)),
                 List::Resources => self.resource_set.is_match(name),
@@ -404,6 +423,7 @@ pub fn canonical_uri(uri: &str) -> Result<(), &'static str> {
 #[cfg(test)]
 mod tests {
     use super::super::jsonrpc::parse;
+    use super::super::strict_json::parse_borrowed;
     use super::*;
     use serde_json::json;
 
@@ -428,7 +448,7 @@ mod tests {
     fn judge(body: &str) -> Result<Vec<String>, String> {
         rule()
             .judge(&parse(body.as_bytes()).unwrap())
-            .map(|(c, _)| c)
+            .map(|(c, _)| c.split(',').map(String::from).collect())
             .map_err(|(why, _)| why)
     }
 
@@ -506,26 +526,39 @@ mod tests {
         let (_, lists) = r
             .judge(&parse(br#"{"jsonrpc":"2.0","id":"t","method":"tools/list"}"#).unwrap())
             .unwrap();
-        let mut resp = json!({"jsonrpc":"2.0","id":"t","result":{"tools":[{"name":"search"},{"name":"delete_repo"},{"name":"create_issue"}]}});
+        let text = |v: Value| v.to_string();
+        let resp = text(
+            json!({"jsonrpc":"2.0","id":"t","result":{"tools":[{"name":"search"},{"name":"delete_repo"},{"name":"create_issue"}]}}),
+        );
+        let mut resp = parse_borrowed(resp.as_bytes()).unwrap();
         assert_eq!(r.filter(&mut resp, &lists), Filtered::Hid(1));
-        assert_eq!(resp["result"]["tools"].as_array().unwrap().len(), 2);
+        assert!(
+            matches!(resp.get("result").and_then(|r| r.get("tools")), Some(Json::Arr(t)) if t.len() == 2)
+        );
         // Another id's result is not a list the client asked for here.
-        let mut other =
-            json!({"jsonrpc":"2.0","id":"u","result":{"tools":[{"name":"delete_repo"}]}});
+        let other =
+            text(json!({"jsonrpc":"2.0","id":"u","result":{"tools":[{"name":"delete_repo"}]}}));
+        let mut other = parse_borrowed(other.as_bytes()).unwrap();
         assert_eq!(r.filter(&mut other, &lists), Filtered::Kept);
-        let mut sampling =
-            json!({"jsonrpc":"2.0","id":7,"method":"sampling/createMessage","params":{}});
+        let sampling =
+            text(json!({"jsonrpc":"2.0","id":7,"method":"sampling/createMessage","params":{}}));
+        let mut sampling = parse_borrowed(sampling.as_bytes()).unwrap();
         assert_eq!(
             r.filter(&mut sampling, &lists),
             Filtered::Dropped("sampling/createMessage".into())
         );
-        let mut note = json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"});
+        let note = text(json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"}));
+        let mut note = parse_borrowed(note.as_bytes()).unwrap();
         assert_eq!(r.filter(&mut note, &lists), Filtered::Kept);
-        let mut input = json!({"jsonrpc":"2.0","id":3,"result":{"resultType":"input_required","inputRequests":{"a":{"method":"sampling/createMessage","params":{}}}}});
+        let input = text(
+            json!({"jsonrpc":"2.0","id":3,"result":{"resultType":"input_required","inputRequests":{"a":{"method":"sampling/createMessage","params":{}}}}}),
+        );
+        let mut input = parse_borrowed(input.as_bytes()).unwrap();
         assert_eq!(
             r.filter(&mut input, &lists),
             Filtered::Answered("sampling/createMessage".into())
         );
+        let input = input.to_value();
         assert!(input.get("result").is_none() && input["error"]["code"] == -32001);
     }
 

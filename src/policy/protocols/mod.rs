@@ -8,6 +8,7 @@ pub mod error;
 pub mod graphql;
 pub mod inference;
 pub mod inference_usage;
+pub mod json_tree;
 pub mod jsonrpc;
 pub mod lfs;
 pub mod mcp;
@@ -227,7 +228,7 @@ impl Protocol {
                     .map_err(|e| refuse(e.into_detail(), None, Some(ids(&b))))?;
                 match rule.judge(&b) {
                     Ok((calls, lists)) => Ok(Judged {
-                        call: Some(calls.join(",")),
+                        call: Some(calls),
                         lists,
                         inference: None,
                     }),
@@ -276,11 +277,20 @@ pub fn json_media(content_type: Option<&str>) -> bool {
         return false;
     };
     let mut parts = ct.split(';');
-    let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
-    let json = media == "application/json"
-        || media
-            .strip_prefix("application/")
-            .is_some_and(|sub| sub.len() > 5 && sub.ends_with("+json") && !sub.contains('/'));
+    let media = parts.next().unwrap_or("").trim();
+    let prefix = "application/".len();
+    let sub = media
+        .get(..prefix)
+        .filter(|k| k.eq_ignore_ascii_case("application/"))
+        .and_then(|_| media.get(prefix..))
+        .unwrap_or("");
+    let suffix = sub.len().saturating_sub("+json".len());
+    let json = sub.eq_ignore_ascii_case("json")
+        || (sub.len() > 5
+            && sub
+                .get(suffix..)
+                .is_some_and(|s| s.eq_ignore_ascii_case("+json"))
+            && !sub.contains('/'));
     json && parts.all(|p| {
         let (k, v) = p.split_once('=').unwrap_or((p, ""));
         let v = v.trim().trim_matches('"');
@@ -308,12 +318,12 @@ pub fn media_refusal(content_type: Option<&str>, what: &str) -> String {
 }
 
 /// The ids of a JSON-RPC body's requests, and whether it was a batch.
-fn ids(b: &jsonrpc::Body) -> (Vec<serde_json::Value>, bool) {
+fn ids(b: &jsonrpc::Body<'_>) -> (Vec<serde_json::Value>, bool) {
     let ids = b
         .messages
         .iter()
         .filter(|m| m.method().is_some())
-        .filter_map(|m| m.id().cloned())
+        .filter_map(|m| m.id().map(json_tree::Json::to_value))
         .collect();
     (ids, b.batch)
 }
@@ -352,6 +362,9 @@ mod tests {
             "application/+json",
             "text/json",
             "\u{0}",
+            "applicatio\u{e9}/json",
+            "application/x\u{e9}json",
+            "application/json\u{e9}",
         ] {
             assert!(!json_media(Some(no)), "{no}");
         }

@@ -2,16 +2,29 @@
 //! at any depth is refused. Parsers disagree on `{"name": "search", "name": "delete"}` (the
 //! first or the last wins), so a rule judged on one reading could be bypassed on the other.
 //! Depth is bounded by `serde_json`'s own recursion limit; trailing bytes are refused.
+//! [`parse_borrowed`] reads into a [`Json`] tree that borrows its strings from the body (the
+//! MCP and JSON-RPC rules); [`parse`] gives a `serde_json::Value` for the rules that keep one.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
+use super::json_tree::Json;
 use super::ProtocolError;
+
+/// Objects with more members than this are checked for a repeated key by sorting their keys,
+/// not by comparing every pair (a hostile body's 100,000 keys cost n log n, not n²).
+const PAIRWISE: usize = 16;
 
 /// `bytes` as one JSON value, refused when an object repeats a key or anything follows it.
 pub fn parse(bytes: &[u8]) -> Result<Value, ProtocolError> {
+    parse_borrowed(bytes).map(|doc| doc.to_value())
+}
+
+/// [`parse`], into a tree that borrows from `bytes` every string without an escape.
+pub fn parse_borrowed(bytes: &[u8]) -> Result<Json<'_>, ProtocolError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let v = Strict.deserialize(&mut de).map_err(|e| {
         ProtocolError::malformed(format!("the body is not JSON this proxy can judge: {e}"))
@@ -22,65 +35,107 @@ pub fn parse(bytes: &[u8]) -> Result<Value, ProtocolError> {
     Ok(v)
 }
 
-/// A [`Value`] built by a visitor that refuses duplicate keys.
+/// A [`Json`] built by a visitor that refuses duplicate keys.
 struct Strict;
 
 impl<'de> DeserializeSeed<'de> for Strict {
-    type Value = Value;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+    type Value = Json<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Json<'de>, D::Error> {
         d.deserialize_any(Strict)
     }
 }
 
 impl<'de> Visitor<'de> for Strict {
-    type Value = Value;
+    type Value = Json<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
     }
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::Bool(v))
+    fn visit_bool<E>(self, v: bool) -> Result<Json<'de>, E> {
+        Ok(Json::Bool(v))
     }
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::from(v))
+    fn visit_i64<E>(self, v: i64) -> Result<Json<'de>, E> {
+        Ok(Json::Num(v.into()))
     }
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::from(v))
+    fn visit_u64<E>(self, v: u64) -> Result<Json<'de>, E> {
+        Ok(Json::Num(v.into()))
     }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Json<'de>, E> {
         serde_json::Number::from_f64(v)
-            .map(Value::Number)
+            .map(Json::Num)
             .ok_or_else(|| E::custom("a number JSON cannot carry"))
     }
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::String(v.to_string()))
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Json<'de>, E> {
+        Ok(Json::Str(Cow::Borrowed(v)))
     }
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
+    fn visit_str<E>(self, v: &str) -> Result<Json<'de>, E> {
+        Ok(Json::Str(Cow::Owned(v.to_string())))
     }
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
+    fn visit_string<E>(self, v: String) -> Result<Json<'de>, E> {
+        Ok(Json::Str(Cow::Owned(v)))
     }
-    fn visit_none<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
+    fn visit_unit<E>(self) -> Result<Json<'de>, E> {
+        Ok(Json::Null)
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+    fn visit_none<E>(self) -> Result<Json<'de>, E> {
+        Ok(Json::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json<'de>, A::Error> {
         let mut out = Vec::new();
         while let Some(v) = seq.next_element_seed(Strict)? {
             out.push(v);
         }
-        Ok(Value::Array(out))
+        Ok(Json::Arr(out))
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let mut out = Map::new();
-        while let Some(k) = map.next_key::<String>()? {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json<'de>, A::Error> {
+        let mut out: Vec<(Cow<'de, str>, Json<'de>)> = Vec::new();
+        while let Some(k) = map.next_key_seed(Key)? {
             let v = map.next_value_seed(Strict)?;
-            if out.contains_key(&k) {
-                return Err(de::Error::custom(format!("the key `{k}` appears twice")));
+            if out.len() < PAIRWISE && out.iter().any(|(seen, _)| *seen == k) {
+                return Err(twice(&k));
             }
-            out.insert(k, v);
+            out.push((k, v));
         }
-        Ok(Value::Object(out))
+        if out.len() > PAIRWISE {
+            let mut keys: Vec<&str> = out.iter().map(|(k, _)| k.as_ref()).collect();
+            keys.sort_unstable();
+            if let Some(w) = keys.windows(2).find(|w| w[0] == w[1]) {
+                return Err(twice(w[0]));
+            }
+        }
+        Ok(Json::Obj(out))
+    }
+}
+
+fn twice<E: de::Error>(key: &str) -> E {
+    E::custom(format!("the key `{key}` appears twice"))
+}
+
+/// An object's key, borrowed from the body when it carries no escape. Compared after its
+/// escapes are read: `"n\u0061me"` is `"name"`.
+struct Key;
+
+impl<'de> DeserializeSeed<'de> for Key {
+    type Value = Cow<'de, str>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Cow<'de, str>, D::Error> {
+        d.deserialize_str(Key)
+    }
+}
+
+impl<'de> Visitor<'de> for Key {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Borrowed(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Owned(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Owned(v))
     }
 }
 
@@ -109,5 +164,116 @@ mod tests {
         assert!(parse(deep.as_bytes()).is_err());
         let deep_obj = r#"{"a":"#.repeat(100_000);
         assert!(parse(deep_obj.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn a_key_repeated_among_many_is_found_without_comparing_every_pair() {
+        let many = |last: &str| {
+            let pairs: Vec<String> = (0..100_000).map(|i| format!("\"k{i}\":{i}")).collect();
+            format!("{{{},\"{last}\":0}}", pairs.join(","))
+        };
+        assert!(parse(many("k99999").as_bytes()).is_err());
+        assert!(parse(many("k0").as_bytes()).is_err());
+        assert!(parse(many("fresh").as_bytes()).is_ok());
+    }
+
+    /// A document for the differential below: an object may repeat a key (one key copied to
+    /// another position, some keys written with a `\u` escape), and some objects are larger
+    /// than [`PAIRWISE`].
+    #[derive(Debug, Clone)]
+    enum Gen {
+        Leaf(Value),
+        Arr(Vec<Gen>),
+        Obj(Vec<(String, bool, Gen)>),
+    }
+
+    impl Gen {
+        fn text(&self) -> String {
+            match self {
+                Gen::Leaf(v) => v.to_string(),
+                Gen::Arr(items) => {
+                    let items: Vec<String> = items.iter().map(Gen::text).collect();
+                    format!("[{}]", items.join(","))
+                }
+                Gen::Obj(pairs) => {
+                    let pairs: Vec<String> = pairs
+                        .iter()
+                        .map(|(k, esc, v)| {
+                            let key = match esc {
+                                true => {
+                                    format!("\"\\u{:04x}{}\"", u32::from(k.as_bytes()[0]), &k[1..])
+                                }
+                                false => format!("\"{k}\""),
+                            };
+                            format!("{key}:{}", v.text())
+                        })
+                        .collect();
+                    format!("{{{}}}", pairs.join(","))
+                }
+            }
+        }
+
+        fn repeats_a_key(&self) -> bool {
+            match self {
+                Gen::Leaf(_) => false,
+                Gen::Arr(items) => items.iter().any(Gen::repeats_a_key),
+                Gen::Obj(pairs) => {
+                    let keys: std::collections::HashSet<&str> =
+                        pairs.iter().map(|(k, _, _)| k.as_str()).collect();
+                    keys.len() < pairs.len() || pairs.iter().any(|(_, _, v)| v.repeats_a_key())
+                }
+            }
+        }
+    }
+
+    fn gen() -> impl proptest::strategy::Strategy<Value = Gen> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            (-1e9f64..1e9).prop_map(Value::from),
+            "[a-z\\\\\"\u{e9}\n]{0,6}".prop_map(Value::String),
+        ]
+        .prop_map(Gen::Leaf);
+        leaf.prop_recursive(4, 64, 24, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Gen::Arr),
+                (
+                    proptest::collection::vec(("[a-z]{1,3}", any::<bool>(), inner), 0..24),
+                    any::<Option<(prop::sample::Index, prop::sample::Index)>>(),
+                )
+                    .prop_map(|(mut pairs, copy)| {
+                        // Now and then one key written again elsewhere, at any position.
+                        if let (Some((from, to)), false) = (copy, pairs.is_empty()) {
+                            let key = pairs[from.index(pairs.len())].0.clone();
+                            let at = to.index(pairs.len());
+                            pairs[at].0 = key;
+                        }
+                        Gen::Obj(pairs)
+                    }),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// The strict reader refuses exactly the documents that repeat a key somewhere, and
+        /// reads every other one as `serde_json` does; the borrowed tree written back is the
+        /// same document.
+        #[test]
+        fn it_refuses_exactly_repeated_keys_and_reads_the_rest_as_serde_json(doc in gen()) {
+            let text = doc.text();
+            let strict = parse(text.as_bytes());
+            if doc.repeats_a_key() {
+                proptest::prop_assert!(strict.is_err(), "{}", text);
+            } else {
+                let plain: Value = serde_json::from_str(&text).unwrap();
+                proptest::prop_assert_eq!(strict.unwrap(), plain.clone());
+                let tree = parse_borrowed(text.as_bytes()).unwrap();
+                proptest::prop_assert!(tree == plain);
+                let written: Value = serde_json::from_str(&tree.to_string()).unwrap();
+                proptest::prop_assert_eq!(written, plain);
+            }
+        }
     }
 }
