@@ -510,8 +510,8 @@ impl Exchange {
         let (bytes, refused) = match judge::read(body, self.limits.judge, &d.judges[0]).await {
             Err(r) => (None, r),
             Ok(bytes) => match judge::judge(&d.judges, &parts, &bytes) {
-                Ok(allowed) => {
-                    asked.call = allowed.call.clone();
+                Ok(mut allowed) => {
+                    asked.call = allowed.call.take();
                     let req = Request::from_parts(parts, UpBody::whole(bytes));
                     return Ok((req, d.verdict, allowed));
                 }

@@ -191,6 +191,16 @@ mod tests {
     }
 
     #[test]
+    fn numbers_written_back_read_as_they_were_read() {
+        // Found by the `strict_json` fuzz target: without `serde_json`'s `float_roundtrip`,
+        // this integer read as one float and, written back, as another.
+        let body = br#"[2200000000000008384980382601066723,1e-7,0.1,-0.0,18446744073709551616]"#;
+        let doc = parse_borrowed(body).unwrap();
+        let again: Value = serde_json::from_str(&doc.text()).unwrap();
+        assert_eq!(again, doc.to_value());
+    }
+
+    #[test]
     fn equality_with_a_value_is_json_equality() {
         let doc = parse_borrowed(br#"{"x":[1,"y"],"z":{"p":true,"q":null}}"#).unwrap();
         let same = serde_json::json!({"z":{"q":null,"p":true},"x":[1,"y"]});
