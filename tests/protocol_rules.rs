@@ -181,6 +181,20 @@ fn the_mcp_sdk_sees_and_calls_only_the_allowed_tools_in_json_and_sse() {
             answer.contains("mcp_not_allowed") && answer.contains("twice"),
             "{answer}"
         );
+        // Escapes are read before the judging, as the server reads them: a key repeated with
+        // an escape is the same key, and a tool named with escapes is the tool they spell.
+        let escaped_twice = r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"search","n\u0061me":"delete_repo","arguments":{}}}"#;
+        let answer = forged(escaped_twice, "x-test: 1");
+        assert!(
+            answer.contains("mcp_not_allowed") && answer.contains("twice"),
+            "{answer}"
+        );
+        let spelled = r#"{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"del\u0065te_repo","arguments":{}}}"#;
+        let answer = forged(spelled, "x-test: 1");
+        assert!(
+            answer.contains("mcp_not_allowed") && answer.contains("`delete_repo`"),
+            "{answer}"
+        );
         // The dot-segment reads were refused by the proxy for their form (review B1).
         let rec = p.wait_record(|r| {
             r["detail"]
