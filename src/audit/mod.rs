@@ -414,14 +414,18 @@ impl AuditGuard {
     fn ledger(&self, mut t: usage::Tally) {
         let r = &self.record;
         let Some(sb) = &r.sandbox else { return };
-        let mut dest = match (&r.target, r.original_dst) {
-            (Some(t), _) => t.host.to_string(),
-            (None, Some(a)) => a.ip().to_string(),
-            (None, None) => "-".to_string(),
+        // A name is counted as it is written, without a copy (every request's record).
+        let mut dest: Cow<'_, str> = match (&r.target, r.original_dst) {
+            (Some(t), _) => match &t.host {
+                crate::policy::target::Host::Name(n) => Cow::Borrowed(&**n),
+                ip => Cow::Owned(ip.to_string()),
+            },
+            (None, Some(a)) => Cow::Owned(a.ip().to_string()),
+            (None, None) => Cow::Borrowed("-"),
         };
         if let Some(tk) = &r.tokens {
             t.tokens = usage::Tokens::of(tk);
-            dest = usage::with_model(&dest, tk.model.as_deref());
+            dest = Cow::Owned(usage::with_model(&dest, tk.model.as_deref()));
         }
         self.sink
             .usage

@@ -240,7 +240,7 @@ impl Ledger {
             return;
         };
         let book = &mut *book;
-        if let (true, (_, Some(model))) = (live, split_model(destination)) {
+        if let (true, Some((_, model))) = (live, destination.split_once(MODEL_SEPARATOR)) {
             let full = book.tokens_since_start.len() >= MAX_PAIRS;
             let key: (Box<str>, Box<str>) = (sandbox.into(), model.into());
             let key = match full && !book.tokens_since_start.contains_key(&key) {

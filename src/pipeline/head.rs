@@ -209,11 +209,9 @@ impl HostRules {
             };
         }
         let plain = || self.rules.iter().filter(|r| !r.is_websocket());
-        let reading: Vec<&HttpRule> = plain().filter(|r| r.reads(method, path, query)).collect();
-        let candidates: Vec<&HttpRule> = match reading.is_empty() {
-            true => plain().collect(),
-            false => reading,
-        };
+        // Asked twice rather than collected: no list is built for every request.
+        let reading = plain().any(|r| r.reads(method, path, query));
+        let candidates = plain().filter(|r| !reading || r.reads(method, path, query));
         let mut judges = Vec::new();
         for r in candidates {
             match r.admits(method, path, query) {
