@@ -270,7 +270,7 @@ impl AuditGuard {
     /// Transparent TLS: what the ClientHello said.
     pub fn client_hello(&mut self, sni: Option<&str>, alpn: &[String], ech: bool) {
         self.record.sni = sni.map(Into::into);
-        self.record.alpn = (!alpn.is_empty()).then(|| alpn.to_vec());
+        self.record.alpn = (!alpn.is_empty()).then(|| alpn.into());
         self.record.ech = Some(ech);
     }
 
@@ -345,7 +345,7 @@ impl AuditGuard {
         guard_refused: &[(std::net::IpAddr, crate::policy::guard::GuardVerdict)],
         dst_in_resolved: Option<bool>,
     ) {
-        self.record.resolved = resolved.to_vec();
+        self.record.resolved = resolved.into();
         self.record.guard_refused = guard_refused.to_vec();
         self.record.dst_in_resolved = dst_in_resolved;
     }

@@ -242,7 +242,7 @@ fn unmapped(e: &Entry) -> Value {
         "policy_version": &*r.policy_version,
     });
     if let Some(sni) = &r.sni {
-        unmapped["sni"] = json!(sni);
+        unmapped["sni"] = json!(&**sni);
     }
     if let Some(c) = e.close {
         unmapped["close"] = json!(c);

@@ -82,17 +82,17 @@ pub struct Record {
     /// What it asked for.
     pub target: Option<Target>,
     /// The TLS ClientHello's server name, when it had one.
-    pub sni: Option<Box<str>>,
+    pub sni: Option<Arc<str>>,
     /// Transparent mode: the destination the client dialled.
     pub original_dst: Option<SocketAddr>,
     /// Transparent mode: whether `original_dst` was among the resolved addresses.
     pub dst_in_resolved: Option<bool>,
     /// Transparent TLS: ALPN protocols offered, and whether the hello carried ECH.
-    pub alpn: Option<Vec<String>>,
+    pub alpn: Option<Arc<[String]>>,
     /// Whether the ClientHello offered ECH.
     pub ech: Option<bool>,
     /// What the name resolved to.
-    pub resolved: Vec<IpAddr>,
+    pub resolved: Arc<[IpAddr]>,
     /// Addresses the guard kept the proxy from dialling (DESIGN §3), allowed or not.
     pub guard_refused: Vec<(IpAddr, GuardVerdict)>,
     /// The address dialled.
@@ -182,9 +182,9 @@ pub struct ApprovalFacts {
 #[derive(Debug, Clone)]
 pub struct HttpFacts {
     /// The request's method.
-    pub method: Box<str>,
+    pub method: http::Method,
     /// Without the query (which may carry secrets).
-    pub path: Box<str>,
+    pub path: Arc<str>,
     /// The response status (0: none, the request was refused before it was sent).
     pub status: u16,
     /// The credential put on the request, by name (never its value).
@@ -249,7 +249,7 @@ impl Record {
             dst_in_resolved: None,
             alpn: None,
             ech: None,
-            resolved: Vec::new(),
+            resolved: Arc::new([]),
             guard_refused: Vec::new(),
             dialed: None,
             verdict: Verdict::Deny,
@@ -383,7 +383,7 @@ impl Entry {
             o.word(key!("transport"), d.transport);
         }
         if let Some(h) = http {
-            o.str(key!("method"), &h.method);
+            o.str(key!("method"), h.method.as_str());
             o.str(key!("path"), &h.path);
             o.u64(key!("status"), u64::from(h.status));
             o.str_if(key!("credential"), h.credential.as_deref());
@@ -521,7 +521,7 @@ mod tests {
         r.sandbox = SandboxId::new("demo").ok();
         r.identity = Method::Source;
         r.target = Target::parse("[2001:db8::1]:443", None).ok();
-        r.resolved = vec!["10.0.0.1".parse().unwrap()];
+        r.resolved = Arc::new(["10.0.0.1".parse().unwrap()]);
         r.guard_refused = vec![(
             "10.0.0.1".parse().unwrap(),
             GuardVerdict::Prohibited("10.0.0.0/8"),

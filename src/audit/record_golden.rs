@@ -38,7 +38,7 @@ fn connect() -> Entry {
     r.sandbox = SandboxId::new("demo").ok();
     r.identity = Method::Source;
     r.target = Target::parse("[2001:db8::1]:443", None).ok();
-    r.resolved = vec!["10.0.0.1".parse().expect("ip"), "::1".parse().expect("ip")];
+    r.resolved = ["10.0.0.1".parse().expect("ip"), "::1".parse().expect("ip")].into();
     r.guard_refused = vec![
         (
             "10.0.0.1".parse().expect("ip"),
@@ -87,9 +87,9 @@ fn https() -> Entry {
     r.sni = Some("a\"b\\c\n\t\u{1}\u{1f}\u{7f}é😀".into());
     r.original_dst = Some(addr("93.184.216.34:443"));
     r.dst_in_resolved = Some(true);
-    r.alpn = Some(vec!["h2".into(), "http/1.1".into(), "\u{8}\u{c}\r".into()]);
+    r.alpn = Some(["h2".into(), "http/1.1".into(), "\u{8}\u{c}\r".into()].into());
     r.ech = Some(false);
-    r.resolved = vec!["93.184.216.34".parse().expect("ip")];
+    r.resolved = ["93.184.216.34".parse().expect("ip")].into();
     r.dialed = Some(addr("93.184.216.34:443"));
     r.verdict = Verdict::Report;
     r.reason = Reason::NoRuleMatched;
@@ -106,7 +106,7 @@ fn https() -> Entry {
     }));
     r.detail = Some("line one\nline two \"quoted\"".into());
     r.http = Some(Box::new(HttpFacts {
-        method: "POST".into(),
+        method: http::Method::POST,
         path: "/v1/\"x\"/ü".into(),
         status: 201,
         credential: Some("github".into()),

@@ -151,7 +151,7 @@ fn reported(binding: &Binding, r: Refusal, audit: &mut AuditGuard) -> Result<(),
 /// What the record says of the request: its method and path (no query), and what it called.
 fn facts(parts: &http::request::Parts, call: Option<String>) -> HttpFacts {
     HttpFacts {
-        method: parts.method.as_str().into(),
+        method: parts.method.clone(),
         path: parts.uri.path().into(),
         status: 0,
         credential: None,

@@ -5,16 +5,17 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::policy::hostname::{normalize_name, NameError};
+use crate::policy::hostname::{normalize_name_shared, NameError};
 
 /// A destination host.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Host {
     /// A normalised DNS name.
-    Name(Box<str>),
+    Name(Arc<str>),
     /// An IP literal, canonicalised (IPv4-mapped IPv6 becomes IPv4).
     Ip(IpAddr),
 }
@@ -66,7 +67,7 @@ impl Host {
         if let Ok(v4) = text.parse::<Ipv4Addr>() {
             return Ok(Host::Ip(IpAddr::V4(v4)));
         }
-        Ok(Host::Name(normalize_name(text)?.into_boxed_str()))
+        Ok(Host::Name(normalize_name_shared(text)?))
     }
 
     /// The name, if this host is one.

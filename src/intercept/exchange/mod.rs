@@ -146,24 +146,25 @@ fn readers(
 /// What the record says of the request asked: its method and path, and what it called in a
 /// protocol a rule named (a tool, an operation, a git service).
 struct Asked {
-    method: String,
-    path: String,
+    method: http::Method,
+    path: Arc<str>,
     call: Option<String>,
 }
 
 impl Asked {
     fn of<B>(req: &Request<B>) -> Self {
         Asked {
-            method: req.method().as_str().to_string(),
-            path: req.uri().path().to_string(),
+            method: req.method().clone(),
+            path: req.uri().path().into(),
             call: None,
         }
     }
 
+    /// The record's facts (the method and path shared with the request's, not copied).
     fn facts(&self, status: u16, credential: Option<String>) -> HttpFacts {
         HttpFacts {
-            method: self.method.as_str().into(),
-            path: self.path.as_str().into(),
+            method: self.method.clone(),
+            path: self.path.clone(),
             status,
             credential: credential.map(Into::into),
             secret_reflected: None,
@@ -549,7 +550,7 @@ impl Exchange {
 
     /// The refusal of a judged request: JSON-RPC errors for the ids its calls carried, else
     /// the house refusal.
-    fn refused_call(&self, method: &str, r: &Refused) -> Response<ResBody> {
+    fn refused_call(&self, method: &http::Method, r: &Refused) -> Response<ResBody> {
         match &r.rpc {
             Some((ids, batch)) if !ids.is_empty() => {
                 let what = format!("{method} {}", self.dest.shown());
@@ -573,7 +574,12 @@ impl Exchange {
 
     /// The refusal of a request in this tunnel, built like every other refusal (no path in
     /// it: a path may carry a placeholder).
-    fn refused(&self, method: &str, reason: Reason, explanation: &str) -> Response<ResBody> {
+    fn refused(
+        &self,
+        method: &http::Method,
+        reason: Reason,
+        explanation: &str,
+    ) -> Response<ResBody> {
         let what = format!("{method} {}", self.dest.shown());
         let id = (self.current)().map(|(b, _)| b.id.to_string());
         deny::in_tunnel(&deny::Refusal {

@@ -129,6 +129,10 @@ impl Prepared {
     /// compared as routers read paths ([`route_form`]), not byte for byte — `/token/`,
     /// `/TOKEN` and `//token` reach the same handler on common routers.
     pub(super) fn seal_of(&self, path: &str) -> Option<(String, String)> {
+        if self.sealing.is_empty() {
+            // No token endpoint bound here: nothing to put the path in route form for.
+            return None;
+        }
         let asked = route_form(path);
         self.sealing
             .iter()

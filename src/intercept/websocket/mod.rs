@@ -126,7 +126,7 @@ pub struct Socket {
     /// Where refused messages are recorded.
     pub recorder: Recorder,
     /// The handshake's method and path, for the records.
-    pub asked: (String, String),
+    pub asked: (http::Method, Arc<str>),
     /// Re-judges the socket under the policy in force.
     pub still: Still,
     /// Set when the tunnel is stopped (revocation, shutdown).
@@ -236,8 +236,8 @@ impl Socket {
         let from = if sent { "the sandbox" } else { "the origin" };
         audit.detail(format!("websocket message {n} from {from}: {}", r.detail));
         audit.http(HttpFacts {
-            method: self.asked.0.as_str().into(),
-            path: self.asked.1.as_str().into(),
+            method: self.asked.0.clone(),
+            path: self.asked.1.clone(),
             status: 101,
             credential: None,
             secret_reflected: None,
