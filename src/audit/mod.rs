@@ -345,7 +345,7 @@ impl AuditGuard {
         guard_refused: &[(std::net::IpAddr, crate::policy::guard::GuardVerdict)],
         dst_in_resolved: Option<bool>,
     ) {
-        self.record.resolved = resolved.into();
+        self.record.resolved = (!resolved.is_empty()).then(|| resolved.into());
         self.record.guard_refused = guard_refused.to_vec();
         self.record.dst_in_resolved = dst_in_resolved;
     }

@@ -91,8 +91,8 @@ pub struct Record {
     pub alpn: Option<Arc<[String]>>,
     /// Whether the ClientHello offered ECH.
     pub ech: Option<bool>,
-    /// What the name resolved to.
-    pub resolved: Arc<[IpAddr]>,
+    /// What the name resolved to (`None`: nothing; shared by the records of a tunnel's requests).
+    pub resolved: Option<Arc<[IpAddr]>>,
     /// Addresses the guard kept the proxy from dialling (DESIGN §3), allowed or not.
     pub guard_refused: Vec<(IpAddr, GuardVerdict)>,
     /// The address dialled.
@@ -249,7 +249,7 @@ impl Record {
             dst_in_resolved: None,
             alpn: None,
             ech: None,
-            resolved: Arc::new([]),
+            resolved: None,
             guard_refused: Vec::new(),
             dialed: None,
             verdict: Verdict::Deny,
@@ -350,7 +350,7 @@ impl Entry {
             o.list(key!("alpn"), alpn);
         }
         o.bool_if(key!("ech"), r.ech);
-        o.ips(key!("resolved"), &r.resolved);
+        o.ips(key!("resolved"), r.resolved.as_deref().unwrap_or_default());
         o.addr_or_null(key!("dialed"), r.dialed.as_ref());
         o.word(key!("decision"), r.verdict.as_str());
         o.word(key!("reason"), r.reason.code());
@@ -521,7 +521,7 @@ mod tests {
         r.sandbox = SandboxId::new("demo").ok();
         r.identity = Method::Source;
         r.target = Target::parse("[2001:db8::1]:443", None).ok();
-        r.resolved = Arc::new(["10.0.0.1".parse().unwrap()]);
+        r.resolved = Some(Arc::new(["10.0.0.1".parse().unwrap()]));
         r.guard_refused = vec![(
             "10.0.0.1".parse().unwrap(),
             GuardVerdict::Prohibited("10.0.0.0/8"),

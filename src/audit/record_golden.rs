@@ -38,7 +38,7 @@ fn connect() -> Entry {
     r.sandbox = SandboxId::new("demo").ok();
     r.identity = Method::Source;
     r.target = Target::parse("[2001:db8::1]:443", None).ok();
-    r.resolved = ["10.0.0.1".parse().expect("ip"), "::1".parse().expect("ip")].into();
+    r.resolved = Some(["10.0.0.1".parse().expect("ip"), "::1".parse().expect("ip")].into());
     r.guard_refused = vec![
         (
             "10.0.0.1".parse().expect("ip"),
@@ -89,7 +89,7 @@ fn https() -> Entry {
     r.dst_in_resolved = Some(true);
     r.alpn = Some(["h2".into(), "http/1.1".into(), "\u{8}\u{c}\r".into()].into());
     r.ech = Some(false);
-    r.resolved = ["93.184.216.34".parse().expect("ip")].into();
+    r.resolved = Some(["93.184.216.34".parse().expect("ip")].into());
     r.dialed = Some(addr("93.184.216.34:443"));
     r.verdict = Verdict::Report;
     r.reason = Reason::NoRuleMatched;

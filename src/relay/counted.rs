@@ -20,6 +20,8 @@ pub struct Ending {
     pub complete: bool,
     /// The error it ended with, if it failed.
     pub error: Option<String>,
+    /// The data bytes it passed.
+    pub bytes: u64,
 }
 
 type OnEnd = Box<dyn FnOnce(Ending) + Send + Sync>;
@@ -29,8 +31,10 @@ pub struct Counted<B> {
     inner: B,
     live: Arc<Liveness>,
     up: bool,
-    /// This body's own count, when someone wants it.
+    /// This body's own count, when someone wants it while it streams.
     count: Option<Arc<AtomicU64>>,
+    /// The data bytes passed so far (told in [`Ending`]).
+    bytes: u64,
     complete: bool,
     error: Option<String>,
     /// Called once, when the body ends or is dropped.
@@ -44,6 +48,7 @@ impl<B: Body> Counted<B> {
             live,
             up,
             count: None,
+            bytes: 0,
             complete: false,
             error: None,
             on_end: None,
@@ -67,6 +72,7 @@ impl<B: Body> Counted<B> {
             f(Ending {
                 complete: self.complete || self.inner.is_end_stream(),
                 error: self.error.take(),
+                bytes: self.bytes,
             });
         }
     }
@@ -78,6 +84,7 @@ impl<B> Drop for Counted<B> {
             f(Ending {
                 complete: self.complete,
                 error: self.error.take(),
+                bytes: self.bytes,
             });
         }
     }
@@ -99,6 +106,7 @@ where
         match &polled {
             Poll::Ready(Some(Ok(f))) => {
                 if let Some(d) = f.data_ref() {
+                    self.bytes += d.len() as u64;
                     if let Some(c) = &self.count {
                         c.fetch_add(d.len() as u64, Ordering::Relaxed);
                     }

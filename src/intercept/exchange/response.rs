@@ -45,9 +45,8 @@ fn unscannable<B: hyper::body::Body>(resp: &Response<B>) -> Option<String> {
 struct Out {
     live: Arc<Liveness>,
     limit: u64,
-    scrubber: Option<Arc<Scrubber>>,
-    findings: Arc<Mutex<Findings>>,
-    down_bytes: Arc<AtomicU64>,
+    /// The scrubber, and what it found (shared with the record's writer).
+    scrubber: Option<(Arc<Scrubber>, Arc<Mutex<Findings>>)>,
 }
 
 impl Out {
@@ -57,17 +56,13 @@ impl Out {
         B::Error: Into<BoxError> + std::fmt::Display,
     {
         match self.scrubber {
-            Some(s) => Counted::new(
-                Scrubbed::new(b, s, self.limit, self.findings),
-                self.live,
-                false,
-            )
-            .count_into(self.down_bytes)
-            .on_end(on_end)
-            .map_err(Into::into)
-            .boxed(),
+            Some((s, findings)) => {
+                Counted::new(Scrubbed::new(b, s, self.limit, findings), self.live, false)
+                    .on_end(on_end)
+                    .map_err(Into::into)
+                    .boxed()
+            }
             None => Counted::new(b, self.live, false)
-                .count_into(self.down_bytes)
                 .on_end(on_end)
                 .map_err(Into::into)
                 .boxed(),
@@ -87,16 +82,16 @@ pub(super) type Mcp = Option<(Arc<McpRule>, Lists, bool)>;
 /// call's usage (its reservation settled), the bytes.
 fn ender(
     mut audit: AuditGuard,
-    findings: Arc<Mutex<Findings>>,
+    findings: Option<Arc<Mutex<Findings>>>,
     notes: Option<Arc<Mutex<Notes>>>,
-    (up, down): (Arc<AtomicU64>, Arc<AtomicU64>),
+    up: Arc<AtomicU64>,
     metered: Option<(Metered, u16)>,
 ) -> impl FnOnce(Ending) + Send + Sync + 'static {
-    move |_| {
+    move |ending| {
         if let Some((m, status)) = metered {
             m.finish(status, &mut audit);
         }
-        if let Ok(f) = findings.lock() {
+        if let Some(Ok(f)) = findings.as_ref().map(|f| f.lock()) {
             for n in &f.names {
                 audit.secret_reflected(n);
             }
@@ -124,7 +119,7 @@ fn ender(
                 ));
             }
         }
-        audit.bytes(up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
+        audit.bytes(up.load(Ordering::Relaxed), ending.bytes);
         drop(audit);
     }
 }
@@ -250,17 +245,15 @@ impl Exchange {
                 "the tokens in the answer were sealed for credential {c}"
             ));
         }
-        let findings = Arc::new(Mutex::new(Findings::default()));
-        let down_bytes = Arc::new(AtomicU64::new(0));
+        // Only a scrubbed response has findings (no allocation for the others).
+        let scrubber = scrubber.map(|s| (s, Arc::new(Mutex::new(Findings::default()))));
+        let findings = scrubber.as_ref().map(|(_, f)| f.clone());
         let metered = sent.metered.take().map(|m| (m, parts.status.as_u16()));
-        let bytes = (sent.up_bytes, down_bytes.clone());
-        let on_end = ender(audit, findings.clone(), notes.clone(), bytes, metered);
+        let on_end = ender(audit, findings, notes.clone(), sent.up_bytes, metered);
         let out = Out {
             live: self.live.clone(),
             limit: self.limits.scrub,
             scrubber,
-            findings,
-            down_bytes,
         };
         let body = match read {
             Read::Whole(bytes) => {
