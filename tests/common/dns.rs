@@ -140,10 +140,20 @@ pub struct Dig {
 }
 
 /// Ask `server` with `dig` (one try, 5 s): `args` are the name, the type and any options.
+///
+/// From a source port chosen here: `dig` sets `SO_REUSEPORT` on its socket, so as the same
+/// user as a proxy under test the kernel may give it, as its ephemeral port, the port of a
+/// DNS listener (`SO_REUSEPORT` too) — even the one it asks, and then its connected socket
+/// receives its own query back. A port a plain socket was just given is held by no such
+/// group.
 pub fn dig(server: SocketAddr, args: &[&str]) -> Dig {
+    let source = std::net::UdpSocket::bind((server.ip(), 0))
+        .and_then(|s| s.local_addr())
+        .expect("a free UDP port for dig");
     let out = Command::new("dig")
         .arg(format!("@{}", server.ip()))
         .args(["-p", &server.port().to_string()])
+        .args(["-b", &format!("{}#{}", source.ip(), source.port())])
         .args(["+tries=1", "+time=5", "+noall", "+comments", "+answer"])
         .args(args)
         .output()
