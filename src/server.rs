@@ -85,6 +85,7 @@ fn admin_token(config: &Config) -> anyhow::Result<Option<[u8; 32]>> {
 }
 
 async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
+    let mut stop = signals::Signals::install(); // before anything listens
     crate::audit::record::set_run_id();
     let token_sha256 = admin_token(&config)?;
     let listeners = Listeners::bind(&config).await?;
@@ -129,10 +130,9 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     let mut tasks = spawn_listeners(listeners, &shared, admin, &config);
     tasks.push(tokio::spawn(keeper.clone().run()));
     tasks.push(tokio::spawn(signals::watch_files(control.clone())));
-    tasks.push(tokio::spawn(signals::reload_on_sighup(
-        control.clone(),
-        shared.sink.log.clone(),
-    )));
+    tasks.push(tokio::spawn(
+        stop.reloads(control.clone(), shared.sink.log.clone()),
+    ));
     match &plane {
         Some(p) => {
             tasks.push(tokio::spawn(crate::control::etcd::grants::run(
@@ -156,7 +156,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         policy_version = %shared.policy.load().version(),
         "listening"
     );
-    signals::wait_for_signal().await;
+    stop.stopped().await;
     let lost = shutdown(&shared, &control, &config, tasks).await;
     keeper.save();
     drop(otel);

@@ -849,3 +849,32 @@ sandboxes:
     );
     drop(p);
 }
+
+/// A signal that arrives the moment the proxy says it listens is handled, not left to its
+/// default action (which ended the process at once: no drain, no final checkpoint, the trail
+/// judged cut). SIGTERM right after start, ten times: each run exits 0 and closes its run;
+/// and a SIGHUP at the same moment reloads rather than kills.
+#[test]
+fn a_signal_the_moment_the_proxy_listens_is_handled() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sk, pk) = keypair(dir.path(), "audit");
+    let audit = format!("chain: true, signing_key_file: {}", sk.display());
+    let log = dir.path().join("audit.jsonl");
+    for _ in 0..10 {
+        let mut p = Proxy::start_with(config(dir.path(), &audit), log.clone(), &[]);
+        let status = p.terminate();
+        assert!(status.success(), "{status:?}: {}", p.stderr_text());
+    }
+    let (code, said) = verify(&[&log], Some(&pk));
+    assert_eq!(code, 0, "{said}");
+    assert!(!said.contains("without its"), "{said}");
+    let mut p = Proxy::start_with(config(dir.path(), &audit), log.clone(), &[]);
+    unsafe_free_kill(p.child.id(), "HUP");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        p.child.try_wait().unwrap().is_none(),
+        "SIGHUP ended it: {}",
+        p.stderr_text()
+    );
+    assert!(p.terminate().success());
+}

@@ -5,23 +5,54 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::signal::unix::Signal;
+
 use crate::audit::AuditLog;
 use crate::control::Controller;
 
-pub(super) async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
+/// The signals the process answers, registered before it serves. A signal's default action
+/// ends the process at once: a SIGTERM (or SIGHUP, SIGUSR1) that came after the listeners were
+/// up and `/readyz` said ready, but before its handler was registered, stopped the proxy
+/// without draining and without the audit trail's final checkpoint.
+pub(super) struct Signals {
+    /// SIGTERM and SIGINT: shut down.
+    stop: Option<(Signal, Signal)>,
+    /// SIGHUP and SIGUSR1: reload, reopen the audit file.
+    reload: Option<(Signal, Signal)>,
+}
+
+impl Signals {
+    /// Register the handlers now (a signal that arrives before it is awaited is kept).
+    pub(super) fn install() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        let pair = |a: SignalKind, b: SignalKind| signal(a).ok().zip(signal(b).ok());
+        Signals {
+            stop: pair(SignalKind::terminate(), SignalKind::interrupt()),
+            reload: pair(SignalKind::hangup(), SignalKind::user_defined1()),
         }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
+    }
+
+    /// What SIGHUP and SIGUSR1 do, from now on ([`reload_on_sighup`]).
+    pub(super) fn reloads(
+        &mut self,
+        control: Arc<Controller>,
+        audit: Arc<AuditLog>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        reload_on_sighup(control, audit, self.reload.take())
+    }
+
+    /// Until SIGTERM or SIGINT.
+    pub(super) async fn stopped(self) {
+        match self.stop {
+            Some((mut term, mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            None => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }
@@ -61,12 +92,12 @@ pub(super) async fn watch_files(control: Arc<Controller>) {
 
 /// SIGHUP reloads the configuration and reopens the audit file; SIGUSR1 only reopens it
 /// (logrotate: move the file, then signal).
-pub(super) async fn reload_on_sighup(control: Arc<Controller>, audit: Arc<AuditLog>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut hup), Ok(mut usr1)) = (
-        signal(SignalKind::hangup()),
-        signal(SignalKind::user_defined1()),
-    ) else {
+async fn reload_on_sighup(
+    control: Arc<Controller>,
+    audit: Arc<AuditLog>,
+    signals: Option<(Signal, Signal)>,
+) {
+    let Some((mut hup, mut usr1)) = signals else {
         return;
     };
     loop {
