@@ -44,7 +44,7 @@ use crate::audit::metrics::{Metrics, SandboxStats};
 use crate::audit::outcome::Relayed;
 use crate::audit::record::Method;
 use crate::policy::sandbox_id::SandboxId;
-use crate::policy::target::Target;
+use crate::policy::target::{AddrText, Target};
 use crate::policy::Decision;
 use record::{Entry, Event};
 
@@ -414,13 +414,13 @@ impl AuditGuard {
     fn ledger(&self, mut t: usage::Tally) {
         let r = &self.record;
         let Some(sb) = &r.sandbox else { return };
-        // A name is counted as it is written, without a copy (every request's record).
-        let mut dest: Cow<'_, str> = match (&r.target, r.original_dst) {
-            (Some(t), _) => match &t.host {
-                crate::policy::target::Host::Name(n) => Cow::Borrowed(&**n),
-                ip => Cow::Owned(ip.to_string()),
-            },
-            (None, Some(a)) => Cow::Owned(a.ip().to_string()),
+        // A name is counted as it is written, an address as its text on the stack (no copy,
+        // no formatter: every request's record).
+        let host = r.target.as_ref().map(|t| t.host.text());
+        let dst = r.original_dst.map(|a| AddrText::of(a.ip(), false));
+        let mut dest: Cow<'_, str> = match (&host, &dst) {
+            (Some(h), _) => Cow::Borrowed(h.as_str()),
+            (None, Some(a)) => Cow::Borrowed(a.as_str()),
             (None, None) => Cow::Borrowed("-"),
         };
         if let Some(tk) = &r.tokens {

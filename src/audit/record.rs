@@ -335,7 +335,7 @@ impl Entry {
         o.addr(key!("client"), &r.client);
         o.word(key!("mode"), r.mode.as_str());
         match (&r.target, dns) {
-            (Some(t), _) => o.shown(key!("target_host"), &t.host),
+            (Some(t), _) => o.host(key!("target_host"), &t.host),
             // A query's name is text already (no formatter).
             (None, dns) => o.str_or_null(key!("target_host"), dns.map(|d| &*d.name)),
         }

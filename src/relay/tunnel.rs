@@ -78,9 +78,11 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut buf = vec![0u8; BUF];
+    // Read into the spare room as it is (no zeroing), refilled from the start each time.
+    let mut buf = Vec::with_capacity(BUF);
     loop {
-        let n = r.read(&mut buf).await?;
+        buf.clear();
+        let n = r.read_buf(&mut buf).await?;
         if n == 0 {
             let _ = w.shutdown().await;
             return Ok(());
