@@ -11,6 +11,7 @@ pub mod admit;
 pub(crate) mod answers;
 pub mod attribution;
 pub(crate) mod clearance;
+pub(crate) mod connect;
 pub(crate) mod grant_stage;
 pub(crate) mod handles;
 pub(crate) mod identity;
@@ -322,7 +323,7 @@ pub(crate) async fn dial_socket(
     for ip in order {
         let addr = SocketAddr::new(ip, port);
         let t = Instant::now();
-        let r = tokio::time::timeout(timeout, TcpStream::connect(addr)).await;
+        let r = tokio::time::timeout(timeout, connect::connect(addr)).await;
         metrics.observe(Timing::Dial, t);
         match r {
             Ok(Ok(stream)) => {
