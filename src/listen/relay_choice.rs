@@ -87,8 +87,11 @@ fn relay_until_stopped(
     async move {
         let shared = running.shared.clone();
         let b = &running.sandbox.binding;
+        // The kernel buffers a relayed TCP client's tunnel may pin (crate::relay::buffers): the
+        // client's now, the destination's by each path below (the zero-copy one, lazily).
+        let buffer = client.tcp().and(b.limits.socket_buffer_bytes);
         if let Some(tcp) = client.tcp() {
-            crate::relay::buffers::cap(tcp, running.server.tcp(), b.limits.socket_buffer_bytes);
+            crate::relay::buffers::cap_client(tcp, buffer);
         }
         let terminate = shared
             .settings
@@ -97,6 +100,7 @@ fn relay_until_stopped(
             .filter(|ix| ix.terminates(b, &running.target.host.to_string()));
         let once = once_grant(&shared, &running.sandbox, &running.decision);
         if let Some(ix) = terminate {
+            cap_upstream(&running.server, buffer);
             return terminated(ix, running, (client, inspected), audit, once).await;
         }
         let report = b.enforcement == Enforcement::Report;
@@ -123,6 +127,7 @@ fn relay_until_stopped(
         }
         audit.open();
         if let FirstBytes::Client(Peeked::Http { .. }) = &inspected.first {
+            cap_upstream(&server, buffer);
             // Plain HTTP: every later request on the connection must name the decided host too.
             let checked = Box::pin(crate::relay::http_checked::relay_checked(
                 client,
@@ -140,7 +145,15 @@ fn relay_until_stopped(
             }
             return checked.relayed;
         }
-        replay_and_relay(client, server, inspected, live, stop, shaper).await
+        replay_and_relay(client, server, inspected, (live, buffer), stop, shaper).await
+    }
+}
+
+/// Cap the receive buffer of the destination's TCP socket (under TLS, of the socket it runs
+/// over), for the paths that do not cap it lazily.
+fn cap_upstream(server: &ServerIo, bytes: Option<u32>) {
+    if let Some(tcp) = server.tcp() {
+        crate::relay::buffers::cap_upstream(tcp, bytes);
     }
 }
 
@@ -232,7 +245,7 @@ fn replay_and_relay<'a, F>(
     mut client: ClientIo,
     mut server: ServerIo,
     inspected: Inspected,
-    live: Liveness,
+    (live, buffer): (Liveness, Option<u32>),
     stop: F,
     shaper: Option<&'a SandboxLimiter>,
 ) -> impl Future<Output = Relayed> + 'a
@@ -240,6 +253,16 @@ where
     F: Future<Output = Close> + 'a,
 {
     async move {
+        // Decided before the replay: what the replay sets off may already be arriving.
+        let zero_copy =
+            shaper.is_none() && matches!((&client, &server), (ClientIo::Tcp(_), ServerIo::Tcp(_)));
+        let late = match server.tcp() {
+            Some(tcp) if zero_copy => crate::relay::buffers::defer_upstream(tcp, buffer),
+            _ => {
+                cap_upstream(&server, buffer);
+                None
+            }
+        };
         if server.write_all(&inspected.client).await.is_err()
             || client.write_all(&inspected.server).await.is_err()
         {
@@ -251,7 +274,7 @@ where
         drop(inspected);
         match (client, server.into_tcp()) {
             (ClientIo::Tcp(client), Ok(server)) => {
-                crate::relay::tunnel::relay_tcp(client, server, live, stop, shaper).await
+                crate::relay::tunnel::relay_tcp(client, server, (live, late), stop, shaper).await
             }
             // Either side in TLS (or an HTTP/2 stream): relayed in user space.
             (client, server) => {

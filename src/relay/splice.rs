@@ -259,10 +259,13 @@ const SPLICE_AFTER: u64 = 64 * 1024;
 const CHUNK: usize = 16 * 1024;
 
 /// One direction: through user space for its first [`SPLICE_AFTER`] bytes, then zero-copy.
+/// `late` is a cap on `src`'s receive buffer not set yet ([`crate::relay::buffers::defer_upstream`]):
+/// it is set at the switch, so a direction that never gets there (a short tunnel) never pays
+/// for it.
 async fn start_then_splice(
     mut src: ReadHalf<'_>,
     mut dst: WriteHalf<'_>,
-    up: bool,
+    (up, late): (bool, Option<u32>),
     live: &Liveness,
     ends: &Ends,
 ) -> io::Result<()> {
@@ -279,6 +282,7 @@ async fn start_then_splice(
             n => moved += n as u64,
         }
     }
+    crate::relay::buffers::cap_upstream(src.as_ref(), late);
     pump(src.as_ref(), dst.as_ref(), up, live, ends).await
 }
 
@@ -306,7 +310,8 @@ async fn copy_once(
 }
 
 /// Relay between two sockets: in user space while a direction is young, then with splice.
-/// `client` → `server` is "up". The caller keeps the sockets and closes them when it returns:
+/// `client` → `server` is "up". `late` caps `server`'s receive buffer when its direction
+/// switches to splice ([`start_then_splice`]). The caller keeps the sockets and closes them when it returns:
 /// the direction that ends second is not half-closed here ([`Ends`]), the close says it.
 ///
 /// An async block, not an `async fn`: an `async fn` keeps each argument twice in its state
@@ -315,6 +320,7 @@ pub fn relay<'a, F>(
     client: &'a mut TcpStream,
     server: &'a mut TcpStream,
     live: impl Into<Liveness>,
+    late: Option<u32>,
     stop: F,
 ) -> impl Future<Output = Relayed> + 'a
 where
@@ -325,8 +331,8 @@ where
         let ends = Ends::default();
         let (client_r, client_w) = client.split();
         let (server_r, server_w) = server.split();
-        let up = start_then_splice(client_r, server_w, true, &live, &ends);
-        let down = start_then_splice(server_r, client_w, false, &live, &ends);
+        let up = start_then_splice(client_r, server_w, (true, None), &live, &ends);
+        let down = start_then_splice(server_r, client_w, (false, late), &live, &ends);
         drive(up, down, &live, stop).await
     }
 }
@@ -375,6 +381,7 @@ mod tests {
                 &mut client,
                 &mut server,
                 Duration::from_secs(5),
+                None,
                 std::future::pending(),
             )
             .await
@@ -409,7 +416,7 @@ mod tests {
         let (tx, rx) = tokio::sync::oneshot::channel::<Close>();
         let stop = async move { rx.await.unwrap_or(Close::Shutdown) };
         let task = tokio::spawn(async move {
-            relay(&mut client, &mut server, Duration::from_secs(5), stop).await
+            relay(&mut client, &mut server, Duration::from_secs(5), None, stop).await
         });
         let writer = tokio::spawn(async move {
             let chunk = vec![7u8; 1 << 20];
@@ -440,7 +447,7 @@ mod tests {
         let (mut server, _sp) = pair().await;
         let stop = Box::pin(std::future::pending::<Close>());
         let live = Liveness::new(Duration::from_secs(5));
-        let relaying = relay(&mut client, &mut server, live, stop);
+        let relaying = relay(&mut client, &mut server, live, None, stop);
         let size = std::mem::size_of_val(&relaying);
         assert!(size <= 1536, "the splice relay's future is {size} bytes");
     }
@@ -453,6 +460,7 @@ mod tests {
             &mut client,
             &mut server,
             Duration::from_millis(200),
+            None,
             std::future::pending(),
         )
         .await;
@@ -462,7 +470,14 @@ mod tests {
         let (tx, rx) = tokio::sync::oneshot::channel::<Close>();
         let stop = async move { rx.await.unwrap_or(Close::Shutdown) };
         let task = tokio::spawn(async move {
-            relay(&mut client, &mut server, Duration::from_secs(30), stop).await
+            relay(
+                &mut client,
+                &mut server,
+                Duration::from_secs(30),
+                None,
+                stop,
+            )
+            .await
         });
         tx.send(Close::Revoked).unwrap();
         assert_eq!(task.await.unwrap().close, Close::Revoked);

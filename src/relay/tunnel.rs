@@ -129,7 +129,9 @@ where
 }
 
 /// Relay between two TCP sockets — zero-copy ([`crate::relay::splice`]) unless a `shaper` limits the
-/// bandwidth — and close them. A tunnel that was revoked or stopped by shutdown is *aborted*:
+/// bandwidth — and close them. `late` is a cap on the receive buffer of `server` left to the
+/// relay ([`crate::relay::buffers::defer_upstream`]): set when the download switches to
+/// splice, or at once when the relay is shaped. A tunnel that was revoked or stopped by shutdown is *aborted*:
 /// both sockets are reset (`SO_LINGER` 0), so the kernel discards whatever is still queued in
 /// either direction and nothing more reaches the client or the destination after the cut.
 /// Other endings close normally (FIN). The counts of an aborted tunnel leave out what the kernel
@@ -144,7 +146,7 @@ where
 pub fn relay_tcp<'a, F>(
     mut client: TcpStream,
     mut server: TcpStream,
-    live: Liveness,
+    (live, late): (Liveness, Option<u32>),
     stop: F,
     shaper: Option<&'a SandboxLimiter>,
 ) -> impl Future<Output = Relayed> + 'a
@@ -153,9 +155,12 @@ where
 {
     async move {
         let mut r = match shaper {
-            None => crate::relay::splice::relay(&mut client, &mut server, live, stop).await,
+            None => crate::relay::splice::relay(&mut client, &mut server, live, late, stop).await,
             // Boxed: an unshaped tunnel's task does not carry the user-space relay's state.
-            Some(_) => Box::pin(relay(&mut client, &mut server, live, stop, shaper)).await,
+            Some(_) => {
+                crate::relay::buffers::cap_upstream(&server, late);
+                Box::pin(relay(&mut client, &mut server, live, stop, shaper)).await
+            }
         };
         if r.close.aborts() {
             r.up = r.up.saturating_sub(abort(server));
