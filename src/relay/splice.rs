@@ -259,9 +259,9 @@ const SPLICE_AFTER: u64 = 64 * 1024;
 const CHUNK: usize = 16 * 1024;
 
 /// One direction: through user space for its first [`SPLICE_AFTER`] bytes, then zero-copy.
-/// `late` is a cap on `src`'s receive buffer not set yet ([`crate::relay::buffers::defer_upstream`]):
-/// it is set at the switch, so a direction that never gets there (a short tunnel) never pays
-/// for it.
+/// `late` is a cap on `src`'s receive buffer not set yet
+/// ([`crate::relay::buffers::defer_upstream`]): it is set at the switch, so a direction that
+/// never gets there (a short tunnel) never pays for it.
 async fn start_then_splice(
     mut src: ReadHalf<'_>,
     mut dst: WriteHalf<'_>,
@@ -311,8 +311,9 @@ async fn copy_once(
 
 /// Relay between two sockets: in user space while a direction is young, then with splice.
 /// `client` → `server` is "up". `late` caps `server`'s receive buffer when its direction
-/// switches to splice ([`start_then_splice`]). The caller keeps the sockets and closes them when it returns:
-/// the direction that ends second is not half-closed here ([`Ends`]), the close says it.
+/// switches to splice ([`start_then_splice`]). The caller keeps the sockets and closes them
+/// when it returns: the direction that ends second is not half-closed here ([`Ends`]), the
+/// close says it.
 ///
 /// An async block, not an `async fn`: an `async fn` keeps each argument twice in its state
 /// (rust-lang/rust#62958), and an idle tunnel's task holds this state.

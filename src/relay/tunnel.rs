@@ -131,11 +131,13 @@ where
 /// Relay between two TCP sockets — zero-copy ([`crate::relay::splice`]) unless a `shaper` limits the
 /// bandwidth — and close them. `late` is a cap on the receive buffer of `server` left to the
 /// relay ([`crate::relay::buffers::defer_upstream`]): set when the download switches to
-/// splice, or at once when the relay is shaped. A tunnel that was revoked or stopped by shutdown is *aborted*:
-/// both sockets are reset (`SO_LINGER` 0), so the kernel discards whatever is still queued in
-/// either direction and nothing more reaches the client or the destination after the cut.
-/// Other endings close normally (FIN). The counts of an aborted tunnel leave out what the kernel
-/// still held unsent at the cut ([`crate::relay::send_queue`]): the reset discarded it.
+/// splice, or at once when the relay is shaped.
+///
+/// A tunnel that was revoked or stopped by shutdown is *aborted*: both sockets are reset
+/// (`SO_LINGER` 0), so the kernel discards whatever is still queued in either direction and
+/// nothing more reaches the client or the destination after the cut. Other endings close
+/// normally (FIN). The counts of an aborted tunnel leave out what the kernel still held
+/// unsent at the cut ([`crate::relay::send_queue`]): the reset discarded it.
 ///
 /// An async block, not an `async fn`: an `async fn` keeps each argument twice in its state
 /// (rust-lang/rust#62958), and an idle tunnel's task holds this state.
