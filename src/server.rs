@@ -181,6 +181,10 @@ pub(crate) fn start_shared(
         Some(c) => Some(Arc::new(crate::intercept::Interceptor::load(c)?)),
         None => None,
     };
+    let serving = match &interceptor {
+        Some(ix) => ix.serving(),
+        None => crate::intercept::Serving::in_clear()?,
+    };
     let signing_key = match &config.audit_trail.signing_key_file {
         Some(f) => Some(crate::audit::verify::read_signing_key(f)?),
         None => None,
@@ -216,6 +220,7 @@ pub(crate) fn start_shared(
             default_sandbox: config.listen.default_sandbox.clone(),
             audit_dns: config.audit_dns,
             interceptor,
+            serving,
             forward_keepalive: config.forward_keepalive,
             upstream_proxy: config.upstream_proxy.clone().map(Arc::new),
             observer: config

@@ -221,6 +221,13 @@ impl AuditGuard {
         self.record.http = Some(Box::new(facts));
     }
 
+    /// The response's status, on a request whose method and path are recorded.
+    pub fn status(&mut self, status: http::StatusCode) {
+        if let Some(h) = self.record.http.as_mut() {
+            h.status = status.as_u16();
+        }
+    }
+
     /// What the decider said of this exchange.
     pub fn decider(&mut self, note: impl Into<Box<str>>) {
         self.record.decider = Some(note.into());

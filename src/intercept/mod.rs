@@ -123,17 +123,14 @@ impl Interceptor {
         Ok(self.ca.leaf(host)?.server_config(Some(b"http/1.1"))?)
     }
 
-    /// What a tunnel's exchange needs to mint, and to ask deciders.
-    fn mint_cx(
-        &self,
-        resolver: &Arc<crate::egress::resolve::Resolver>,
-        deciders: &Arc<crate::decider::Deciders>,
-    ) -> credential::MintCx {
-        credential::MintCx {
+    /// What serving requests one by one takes from the interceptor: its minter and issuer,
+    /// its body limits.
+    pub fn serving(&self) -> Serving {
+        Serving {
             minter: self.minter.clone(),
-            resolver: resolver.clone(),
-            deciders: deciders.clone(),
             issuer: Some(self.issuer.clone()),
+            scrub_body_bytes: self.scrub_body_bytes,
+            judge_body_bytes: self.judge_body_bytes,
         }
     }
 
@@ -151,6 +148,66 @@ impl Interceptor {
     pub fn terminates(&self, binding: &Binding, host: &str) -> bool {
         !self.never.iter().any(|n| n.matches(host))
             && crate::pipeline::judged_per_request(binding, host)
+    }
+}
+
+/// What serving a tunnel's requests one by one needs besides its two sides: the shared parts
+/// of the minting context and how much of a body is read. From the interceptor
+/// ([`Interceptor::serving`]); without `tls_intercept` ([`Serving::in_clear`]) only plain
+/// HTTP is served one by one (for a phase that applies to every host, `dlp`), and no
+/// credential, identity token or `network.http` rule can be configured, so its minter is never
+/// asked.
+#[derive(Clone)]
+pub struct Serving {
+    minter: Arc<minter::Minter>,
+    issuer: Option<Arc<identity_token::Issuer>>,
+    scrub_body_bytes: u64,
+    judge_body_bytes: u64,
+}
+
+impl std::fmt::Debug for Serving {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Serving")
+            .field("scrub_body_bytes", &self.scrub_body_bytes)
+            .field("judge_body_bytes", &self.judge_body_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Serving {
+    /// Serving without `tls_intercept`: the default body limits, and a minter that trusts no
+    /// root (no credential can be bound without `tls_intercept`, so it is never asked).
+    pub fn in_clear() -> Result<Self, InterceptError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        Ok(Serving {
+            minter: Arc::new(minter::Minter::new(Arc::new(tls))),
+            issuer: None,
+            scrub_body_bytes: crate::config::credentials::DEFAULT_SCRUB_BODY_BYTES,
+            judge_body_bytes: crate::config::credentials::DEFAULT_JUDGE_BODY_BYTES,
+        })
+    }
+
+    /// `judge_body_bytes`: the most of a body a protocol rule (or the decider) reads.
+    pub fn judge_body_bytes(&self) -> u64 {
+        self.judge_body_bytes
+    }
+
+    /// What a tunnel's exchange needs to mint, and to ask deciders.
+    fn mint_cx(
+        &self,
+        resolver: &Arc<crate::egress::resolve::Resolver>,
+        deciders: &Arc<crate::decider::Deciders>,
+    ) -> credential::MintCx {
+        credential::MintCx {
+            minter: self.minter.clone(),
+            resolver: resolver.clone(),
+            deciders: deciders.clone(),
+            issuer: self.issuer.clone(),
+        }
     }
 }
 
@@ -266,7 +323,7 @@ macro_rules! step {
 /// the client, HTTP with the upstream — must finish within `handshake` and is cut by `stop`
 /// like the relay itself; request heads must arrive within `handshake` too.
 pub async fn serve<F>(
-    ix: &Interceptor,
+    (serving, ix): (&Serving, Option<&Interceptor>),
     t: Tunnel<'_>,
     audit: &mut AuditGuard,
     stop: F,
@@ -292,8 +349,12 @@ where
             h2: false,
             scheme: "http",
         };
-        return exchanges(ix, t.ends, sides, (audit, live, handshake), stop).await;
+        return exchanges(serving, t.ends, sides, (audit, live, handshake), stop).await;
     }
+    let Some(ix) = ix else {
+        audit.detail("terminating: TLS is terminated only with tls_intercept");
+        return Relayed::nothing(Close::Error);
+    };
     let Some((connector, name)) = upstream_connector(ix, &t.client_alpn, t.ends.host) else {
         audit.detail("terminating: the host is not a TLS server name");
         return Relayed::nothing(Close::Error);
@@ -335,7 +396,7 @@ where
         h2,
         scheme: "https",
     };
-    exchanges(ix, t.ends, sides, (audit, live, handshake), stop).await
+    exchanges(serving, t.ends, sides, (audit, live, handshake), stop).await
 }
 
 /// What the exchanges of a tunnel read besides its two sides.
@@ -363,7 +424,7 @@ struct Sides<C> {
 /// Serve the requests of a tunnel whose two sides are set up, each through the exchange,
 /// until either side closes, nothing moves for the idle timeout, or `stop` fires.
 async fn exchanges<C, F>(
-    ix: &Interceptor,
+    serving: &Serving,
     t: Ends<'_>,
     sides: Sides<C>,
     (audit, live, handshake): (&mut AuditGuard, Arc<Liveness>, Duration),
@@ -388,10 +449,10 @@ where
         sides.up,
         recorder,
         live.clone(),
-        ix.mint_cx(&t.resolver, &t.deciders),
+        serving.mint_cx(&t.resolver, &t.deciders),
         exchange::BodyLimits {
-            scrub: ix.scrub_body_bytes,
-            judge: ix.judge_body_bytes,
+            scrub: serving.scrub_body_bytes,
+            judge: serving.judge_body_bytes,
         },
     ) else {
         audit.detail("terminating: the host and port are not an authority");

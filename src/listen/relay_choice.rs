@@ -4,7 +4,10 @@
 //!   ([`crate::intercept`]) over TLS; plain HTTP to it has each request judged by the same
 //!   exchange ([`crate::intercept::serve`], plain) unless a secret is bound to the host (a
 //!   secret never travels in clear); anything else to it is refused and nothing reaches it;
-//! - plain HTTP has every later request checked against the decided host
+//! - plain HTTP of a sandbox whose every request is read
+//!   ([`crate::pipeline::reads_every_request`]: `dlp`) is served by the same exchange, to
+//!   any host: each request gets the phases a forwarded one gets, and its own record;
+//! - other plain HTTP has every later request checked against the decided host
 //!   ([`crate::relay::http_checked`]);
 //! - anything else has what was read replayed in its directions and is relayed — zero-copy
 //!   between two plain TCP sockets, in user space otherwise ([`crate::relay::tunnel`]).
@@ -93,15 +96,13 @@ fn relay_until_stopped(
         if let Some(tcp) = client.tcp() {
             crate::relay::buffers::cap_client(tcp, buffer);
         }
-        let terminate = shared
-            .settings
-            .interceptor
-            .as_ref()
-            .filter(|ix| ix.terminates(b, &running.target.host.to_string()));
+        let ix = shared.settings.interceptor.as_deref();
+        let terminate = ix.is_some_and(|ix| ix.terminates(b, &running.target.host.to_string()));
+        let plain = matches!(&inspected.first, FirstBytes::Client(Peeked::Http { .. }));
         let once = once_grant(&shared, &running.sandbox, &running.decision);
-        if let Some(ix) = terminate {
+        if terminate || plain && crate::pipeline::reads_every_request(b) {
             cap_upstream(&running.server, buffer);
-            return terminated(ix, running, (client, inspected), audit, once).await;
+            return per_request(ix, running, (client, inspected), audit, once).await;
         }
         let report = b.enforcement == Enforcement::Report;
         let Running {
@@ -157,11 +158,12 @@ fn cap_upstream(server: &ServerIo, bytes: Option<u32>) {
     }
 }
 
-/// A host judged per request: TLS is terminated ([`crate::intercept::serve`]), plain HTTP
-/// has each request judged in clear ([`crate::intercept::serve`], plain) unless a secret is
-/// bound to the host; anything else is refused and nothing reaches it.
-async fn terminated(
-    ix: &crate::intercept::Interceptor,
+/// A host judged per request (or plain HTTP of a sandbox whose every request is read): TLS
+/// is terminated ([`crate::intercept::serve`]), plain HTTP has each request judged in clear
+/// ([`crate::intercept::serve`], plain) unless a secret is bound to the host; anything else
+/// is refused and nothing reaches it.
+async fn per_request(
+    ix: Option<&crate::intercept::Interceptor>,
     running: Box<Running>,
     (client, inspected): (ClientIo, Inspected),
     audit: &mut AuditGuard,
@@ -204,7 +206,7 @@ async fn terminated(
             .once(once),
     );
     Box::pin(crate::intercept::serve(
-        ix,
+        (&shared.settings.serving, ix),
         tunnel,
         audit,
         running.stop,

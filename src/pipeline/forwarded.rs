@@ -1,6 +1,8 @@
 //! The pipeline on a forwarded plain-HTTP request (`GET http://host/…`) to a host judged per
 //! request: the head phase, then the body phase where a protocol rule reads the body, before
-//! anything is sent. What a plain request cannot have — a credential or the identity token —
+//! anything is sent. What needs its answer read — an MCP call (its lists filtered, the
+//! server's requests dropped), an inference call (metered), a WebSocket (its messages) — is
+//! refused here with its reason: it is served inside a tunnel, where the answer is read. What a plain request cannot have — a credential or the identity token —
 //! is refused before it is dialled ([`crate::intercept::InClear`]) or here (the sandbox's own
 //! identity header). In report mode a refusal is recorded `report` and the request is sent as
 //! it came.
@@ -26,22 +28,33 @@ pub type ForwardBody = BoxBody<Bytes, SendError>;
 pub type Found = std::sync::Arc<std::sync::Mutex<super::dlp::Found>>;
 
 /// The pipeline's phases on a forwarded request of `binding` to `host`, in order: the head and
-/// body phases where the host has `network.http` rules ([`judge`]), then the DLP phase where
-/// the sandbox has `dlp:` (its target and headers now, its body as it streams — or read whole
-/// and decoded when compressed). `Ok` with the request to send and what the body scanner will
-/// have found; `Err` with the refusal, recorded.
+/// body phases where the host has `network.http` rules ([`judge`]; elsewhere the record still
+/// names the method and path), then the quota reservation (`reserve`: a request the rules
+/// refused spends nothing), then the DLP phase where the sandbox has `dlp:` (its target and
+/// headers now, its body as it streams — or read whole and decoded when compressed). `Ok`
+/// with the request to send and what the body scanner will have found; `Err` with the
+/// refusal, recorded.
 pub async fn phases(
     binding: &Binding,
-    host: &str,
-    limit: u64,
+    (host, limit): (&str, u64),
     req: Request<Incoming>,
     audit: &mut AuditGuard,
+    reserve: impl FnOnce() -> Result<(), Refusal>,
 ) -> Result<(Request<ForwardBody>, Option<Found>), Refusal> {
     let rules = HostRules::of(binding, host, audit.attributed().as_deref());
     let req = match rules.is_empty() {
-        true => req.map(|b| b.map_err(SendError::from).boxed()),
+        true => {
+            let (parts, b) = req.into_parts();
+            audit.http(facts(&parts, None));
+            Request::from_parts(parts, b.map_err(SendError::from).boxed())
+        }
         false => judge(binding, &rules, host, limit, req, audit).await?,
     };
+    if let Err(r) = reserve() {
+        audit.decision(&crate::policy::Decision::deny(r.reason, None));
+        audit.detail(r.detail.clone());
+        return Err(r);
+    }
     let Some(cfg) = binding.dlp.clone() else {
         return Ok((req, None));
     };
@@ -106,6 +119,18 @@ pub async fn judge(
                         let r = crate::policy::protocols::Refused {
                             reason: Reason::InferenceNotAllowed,
                             detail: format!("an inference call to {host} is served only inside a tunnel (https://, or http:// through CONNECT), where it is metered and its usage read"),
+                            call: allowed.call,
+                            rpc: None,
+                        };
+                        (bytes, r)
+                    }
+                    // An MCP call's answer is filtered (lists to the rule's, server requests
+                    // dropped) and refusals answered as JSON-RPC errors on terminated hosts
+                    // only: forwarded in clear, its answer would reach the sandbox unread.
+                    Ok(allowed) if allowed.mcp.is_some() => {
+                        let r = crate::policy::protocols::Refused {
+                            reason: Reason::McpNotAllowed,
+                            detail: format!("an MCP call to {host} is served only inside a tunnel (https://, or http:// through CONNECT), where its answer is filtered"),
                             call: allowed.call,
                             rpc: None,
                         };

@@ -108,7 +108,7 @@ pub async fn forward(
         sandbox: sandbox.binding.id.to_string(),
     };
 
-    // The quota reservation and the request pipeline: nothing is sent before them.
+    // The request pipeline, with the quota reservation: nothing is sent before them.
     let target = &clearance.target;
     let at = (&*live, &*sandbox.binding, target, judge_body_bytes);
     let (req, dlp) = match judged(at, req, &mut audit).await {
@@ -154,6 +154,7 @@ pub async fn forward(
     let after = (upstreams, clearance, up);
     match sent {
         Ok(resp) => {
+            with_audit(&exchange, |a| a.status(resp.status()));
             let shaper = shaped.then_some(limiter);
             answer(resp, live, shaper, finish(after, exchange, done_tx))
         }
@@ -219,26 +220,22 @@ fn dlp_cut(
     }))
 }
 
-/// The request reserved against the daily quotas (checked and counted at once), then the
-/// pipeline's phases ([`pipeline::forwarded::phases`]). `Err`: refused, recorded.
+/// The pipeline's phases ([`pipeline::forwarded::phases`]), the request reserved against the
+/// daily quotas (checked and counted at once) once its rules allowed it. `Err`: refused,
+/// recorded.
 async fn judged(
     (live, binding, target, limit): (&Liveness, &crate::config::Binding, &Target, u64),
     req: Request<Incoming>,
     audit: &mut AuditGuard,
 ) -> Result<(Request<ForwardBody>, Option<pipeline::forwarded::Found>), pipeline::Refusal> {
-    if let Err(r) = live.reserve() {
-        audit.decision(&Decision::deny(r.reason, None));
-        audit.detail(r.detail.clone());
-        return Err(r);
-    }
     let host = target.host.to_string();
-    pipeline::forwarded::phases(binding, &host, limit, req, audit).await
+    pipeline::forwarded::phases(binding, (&host, limit), req, audit, || live.reserve()).await
 }
 
 /// A request the pipeline refused: its record finished, the §6 refusal.
 fn refused(mut audit: AuditGuard, r: &pipeline::Refusal, failed: &Failed) -> Response<Body> {
     audit.close_if_unset(Close::Error);
-    deny::response(&deny::Refusal {
+    let resp = deny::response(&deny::Refusal {
         reason: r.reason,
         what: &failed.what,
         sandbox: Some(&failed.sandbox),
@@ -246,7 +243,9 @@ fn refused(mut audit: AuditGuard, r: &pipeline::Refusal, failed: &Failed) -> Res
         retry_after: (r.reason == Reason::QuotaExceeded)
             .then(|| crate::egress::quota::until_tomorrow().as_secs()),
         ask: deny::AskUrl::Http,
-    })
+    });
+    audit.status(resp.status());
+    resp
 }
 
 /// What happens when a forwarded response's body ends: the upstream connection is kept for

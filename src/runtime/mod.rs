@@ -36,6 +36,9 @@ pub struct Settings {
     pub audit_dns: crate::config::AuditDns,
     /// `tls_intercept`: terminates the tunnels credentials and HTTP rules are bound to.
     pub interceptor: Option<Arc<crate::intercept::Interceptor>>,
+    /// What serving a tunnel's requests one by one needs (the interceptor's, or the one for
+    /// plain HTTP without `tls_intercept`).
+    pub serving: crate::intercept::Serving,
     /// `forward_keepalive`.
     pub forward_keepalive: crate::config::ForwardKeepalive,
     /// `upstream_proxy`: the parent allowed exchanges go through.
@@ -218,13 +221,7 @@ impl Shared {
             metrics: self.sink.metrics.clone(),
             idle: self.settings.timeouts.idle,
             connect: self.settings.timeouts.connect,
-            judge_body_bytes: self
-                .settings
-                .interceptor
-                .as_ref()
-                .map_or(crate::config::credentials::DEFAULT_JUDGE_BODY_BYTES, |ix| {
-                    ix.judge_body_bytes()
-                }),
+            judge_body_bytes: self.settings.serving.judge_body_bytes(),
         }
     }
 

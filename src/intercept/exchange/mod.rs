@@ -10,11 +10,14 @@
 //!    `credential_misuse`; then the `network.http` rules — a rule naming a protocol reads
 //!    the body whole (`tls_intercept.judge_body_bytes`) and judges it
 //!    ([`crate::policy::protocols`]); the bytes judged are the bytes sent;
-//! 2. the credentials bound here are put on it (never when the check refused it, even in report
+//! 2. the decider is asked ([`decider`]), then the request is reserved against the daily
+//!    quotas — the same order as on the forwarded path: a request refused so far spends
+//!    nothing;
+//! 3. the credentials bound here are put on it (never when the check refused it, even in report
 //!    mode: a reported request goes upstream without any credential);
-//! 3. it goes upstream with one authority written by the proxy and `Accept-Encoding: identity`
+//! 4. it goes upstream with one authority written by the proxy and `Accept-Encoding: identity`
 //!    when a secret could come back ([`super::scrub`] reads what it can scan);
-//! 4. an MCP rule filters the response ([`super::mcp_filter`]); its headers and body are
+//! 5. an MCP rule filters the response ([`super::mcp_filter`]); its headers and body are
 //!    scrubbed of the secrets bound here (`secret_reflected`); one `mode: "https"` record
 //!    (with `call`: the tool, operation or service) when the response ends.
 
@@ -257,6 +260,9 @@ impl Exchange {
     fn check(&self, p: &Prepared, req: &Request<Incoming>) -> Checked {
         match self.refusal(p, req) {
             Some(r) => Checked::Refused(r),
+            // A host not judged per request has no head rules to read, as on the forwarded
+            // path (an `Upgrade` is not passed: a socket's messages would go unread).
+            None if !p.judged => Checked::Allowed(None),
             None => p.rules.judge(&self.dest.host, Head::of(req)),
         }
     }
@@ -317,8 +323,9 @@ impl Exchange {
     }
 
     /// One request, in the fixed order of the module's documentation: decide (reading the
-    /// body when a protocol rule judges it), put the credentials on it, write the authority,
-    /// send, filter and scrub the response.
+    /// body when a protocol rule judges it, then the decider), reserve it against the
+    /// quotas, put the credentials on it, write the authority, send, filter and scrub the
+    /// response.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<ResBody> {
         self.live.touch();
         let mut asked = Asked::of(&req);
@@ -335,11 +342,6 @@ impl Exchange {
                 return self.refused(&asked.method, r.reason, &r.detail);
             }
         };
-        // Each request inside a terminated tunnel is reserved against the daily quotas:
-        // checked and counted at once, so parallel streams cannot all pass.
-        if let Err(r) = self.live.reserve() {
-            return self.refused_recorded(audit, &asked, r);
-        }
         let (mut req, verdict, allowed, metered) =
             match self.body_phase(req, &d, &mut asked, &mut audit).await {
                 Ok(x) => x,
@@ -352,6 +354,12 @@ impl Exchange {
             Ok(v) => v,
             Err(r) => return self.refused_recorded(audit, &asked, r),
         };
+        // Each request the rules and the decider let through is reserved against the daily
+        // quotas (a refused one spends nothing): checked and counted at once, so parallel
+        // streams cannot all pass.
+        if let Err(r) = self.live.reserve() {
+            return self.refused_recorded(audit, &asked, r);
+        }
         let h2 = matches!(self.upstream, Upstream::H2(_));
         self.written.write(&mut req, h2);
         socket::no_switch(&d.socket, &mut req);

@@ -18,6 +18,10 @@ pub(super) struct Prepared {
     pub(super) version: Arc<str>,
     /// The `network.http` rules for this host, as the pipeline's head phase reads them.
     pub(super) rules: HostRules,
+    /// Whether this host is judged per request ([`crate::pipeline::judged_per_request`]);
+    /// `false`: its plain-HTTP requests are served one by one for a phase that applies to
+    /// every host (`dlp`), and the head phase has no rule to read, as on the forwarded path.
+    pub(super) judged: bool,
     /// The credentials bound here, each as its kind handles it.
     pub(super) bound: Vec<Bound>,
     /// The scrubber of the secrets bound here (none: no secret), built once.
@@ -42,6 +46,7 @@ impl Prepared {
         version: Arc<str>,
     ) -> Self {
         let rules = HostRules::of(&binding, host, process);
+        let judged = crate::pipeline::judged_per_request(&binding, host);
         let mut bound: Vec<Bound> = binding
             .credentials
             .iter()
@@ -85,6 +90,7 @@ impl Prepared {
             binding,
             version,
             rules,
+            judged,
             bound,
             scrubber,
             minted_scrubber,

@@ -1,0 +1,386 @@
+//! One driver for every HTTP request (issue 89, first part), through the real binary, real
+//! curl and local origins: the DLP phase reads plain HTTP inside CONNECT and SOCKS5 tunnels to
+//! hosts without `network.http` rules (security review 7a B6: the key reached the origin in
+//! the URL, a header and the body), and such a tunnel's pipelined requests each get a record
+//! naming their method and path (W5); a request the rules refuse spends no quota on the
+//! forwarded path or the terminated one; a forwarded MCP call is refused with its reason (its
+//! answer is filtered only inside a tunnel); forwarded records name method, path and status,
+//! so `simulate` replays them (7b S02).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+
+/// An AWS access key id the DLP rule below looks for.
+const KEY: &str = "AKIAQWERTYUIOPASDFGH";
+
+/// Sandbox `dev` (token `dev-secret`) with a DLP rule for AWS keys, reaching `other.test` on
+/// the origin's port, which no `network.http` rule names; no `tls_intercept`: plain HTTP is
+/// read without an interception CA. The explicit, admin and SOCKS5 listeners.
+fn dlp_proxy(dir: &Path, port: u16) -> Proxy {
+    let audit = dir.join("audit.jsonl");
+    let config = dir.join("proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, socks5: 127.0.0.1:0 }}
+audit: {{ path: {audit} }}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ other.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+sandboxes:
+  - id: dev
+    auth: {{ token_sha256: {tok} }}
+    dlp: {{ rules: [{{ name: aws_key, pattern: "AKIA[0-9A-Z]{{16}}" }}] }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["other.test:{port}"] }} }}
+"#,
+            audit = audit.display(),
+            tok = sha("dev-secret"),
+        ),
+    )
+    .unwrap();
+    Proxy::start_with(config, audit, &[])
+}
+
+fn text(o: &CurlOut) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), o.stderr)
+}
+
+/// Security review 7a B6: a key in the URL, a header or the body of plain HTTP inside a CONNECT
+/// tunnel (`curl -p`) or a SOCKS5 connection to a host without rules reached the origin,
+/// while the same request forwarded was refused. Each is refused now on all three paths, the
+/// origin gets none of the bodies, and the same request without the key passes.
+#[test]
+fn dlp_reads_plain_http_in_connect_and_socks5_tunnels_to_hosts_without_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let p = dlp_proxy(dir.path(), port);
+    let http_proxy = format!("http://dev:dev-secret@{}", p.proxy);
+    let socks = format!(
+        "socks5h://dev:dev-secret@{}",
+        p.socks5.expect("listen.socks5 is bound")
+    );
+    let upload = format!("http://other.test:{port}/upload");
+    let query = format!("{upload}?k={KEY}");
+    let header = format!("X-Key: {KEY}");
+    let body = format!("k={KEY}");
+    let paths: [(&str, Vec<&str>); 3] = [
+        ("forwarded", vec!["-x", &http_proxy]),
+        ("connect", vec!["-p", "-x", &http_proxy]),
+        ("socks5", vec!["-x", &socks]),
+    ];
+    for (path, via) in &paths {
+        let cases: [(&str, &str, Vec<&str>); 3] = [
+            ("url", &query, vec!["--data-binary", "x"]),
+            ("header", &upload, vec!["-H", &header, "--data-binary", "x"]),
+            ("body", &upload, vec!["--data-binary", &body]),
+        ];
+        for (what, url, extra) in cases {
+            let mut args = via.clone();
+            args.extend(["-s", "-i"]);
+            args.extend(extra);
+            args.push(url);
+            let out = curl(&args);
+            assert!(
+                text(&out).contains("dlp_blocked"),
+                "{path} {what}: {}",
+                text(&out)
+            );
+        }
+        assert_eq!(
+            origin.received.load(Ordering::SeqCst),
+            0,
+            "{path}: a refused body reached the origin"
+        );
+        let mut args = via.clone();
+        args.extend(["-s", "--data-binary", "nothing", &upload]);
+        let out = curl(&args);
+        assert!(text(&out).contains("received 7"), "{path}: {}", text(&out));
+        origin.received.store(0, Ordering::SeqCst);
+    }
+    // The tunnelled refusals are recorded as requests of their own, naming the rule.
+    let rec = p.wait_record(|r| r["reason"] == "dlp_blocked" && r["mode"] == "http");
+    assert_eq!(rec["dlp"], "aws_key", "{rec}");
+    assert_eq!(rec["method"], "POST", "{rec}");
+}
+
+/// Security review 7a W5: on a host without rules, plain HTTP in a tunnel was one record per
+/// connection, naming no method or path. Two requests pipelined in one CONNECT tunnel of a
+/// sandbox whose requests are read give two request records, each with its method, path and
+/// status; the connection keeps its own record.
+#[test]
+fn two_pipelined_requests_in_a_tunnel_give_two_request_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = keepalive_origin("127.0.0.1");
+    let p = dlp_proxy(dir.path(), port);
+    let mut s = TcpStream::connect(p.proxy).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let target = format!("other.test:{port}");
+    connect_on(&mut s, &target, Some(&basic("dev", "dev-secret")));
+    // Both requests in one write: the second is on its way before the first is answered.
+    write!(
+        s,
+        "GET /one HTTP/1.1\r\nHost: {target}\r\n\r\nDELETE /two?x=1 HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut got = String::new();
+    let _ = s.read_to_string(&mut got);
+    assert!(got.contains("hello from origin /one"), "{got}");
+    assert!(got.contains("hello from origin /two?x=1"), "{got}");
+    let requests = || {
+        p.audit_records()
+            .into_iter()
+            .filter(|r| r["sandbox"] == "dev" && r["mode"] == "http" && r["event"] == "end")
+            .collect::<Vec<_>>()
+    };
+    eventually(Duration::from_secs(10), "two request records", || {
+        (requests().len() >= 2).then_some(())
+    });
+    let recs = requests();
+    let named: Vec<(String, String, u64)> = recs
+        .iter()
+        .map(|r| {
+            (
+                r["method"].as_str().unwrap_or("-").to_string(),
+                r["path"].as_str().unwrap_or("-").to_string(),
+                r["status"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        named,
+        [
+            ("GET".to_string(), "/one".to_string(), 200),
+            ("DELETE".to_string(), "/two".to_string(), 200)
+        ],
+        "{recs:?}"
+    );
+    p.wait_record(|r| r["sandbox"] == "dev" && r["mode"] == "connect" && r["event"] == "end");
+}
+
+/// A proxy terminating `api.test` (and judging `mcp.test`) for sandbox `dev` with
+/// `requests_per_day: 2` and these `http` rules.
+fn judged_proxy(dir: &Path, ca: &TestCa, ports: (u16, u16), http: &str) -> Proxy {
+    ca_init(&dir.join("ica"));
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    Proxy::start(
+        dir,
+        &format!(
+            r#"state_dir: {state}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], mcp.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
+sandboxes:
+  - id: dev
+    auth: {{ token_sha256: {tok} }}
+    limits: {{ requests_per_day: 2 }}
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["api.test:{api}", "mcp.test:{mcp}"]
+        http: {http}
+"#,
+            state = state.display(),
+            ica = dir.join("ica").display(),
+            upstream = ca.ca_pem.display(),
+            tok = sha("dev-secret"),
+            api = ports.0,
+            mcp = ports.1,
+        ),
+    )
+}
+
+fn quota_spent(p: &Proxy) -> serde_json::Value {
+    let (status, body) = p.admin_get("/v1/usage?sandbox=dev");
+    assert_eq!(status, 200, "{body}");
+    let u: serde_json::Value = serde_json::from_str(&body).unwrap();
+    u["quotas"][0]["requests"].clone()
+}
+
+/// Forwarded, the quota unit was reserved before the rules: three requests `network.http`
+/// refused spent `requests_per_day: 2`, and the allowed request after them got 429. The
+/// rules come first now: the refused ones spend nothing and both allowed ones are served.
+#[test]
+fn a_forwarded_request_the_rules_refuse_spends_no_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let rule = r#"[{ host: api.test, methods: [GET], paths: ["/ok/**"] }]"#;
+    let p = judged_proxy(dir.path(), &ca, (port, 9), rule);
+    let via = format!("http://dev:dev-secret@{}", p.proxy);
+    let code = |path: &str| {
+        let url = format!("http://api.test:{port}{path}");
+        curl(&[
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-x",
+            &via,
+            &url,
+        ])
+        .text()
+    };
+    for _ in 0..3 {
+        assert_eq!(code("/denied"), "403");
+    }
+    assert_eq!(quota_spent(&p), 0);
+    assert_eq!(code("/ok/a"), "200");
+    assert_eq!(code("/ok/b"), "200");
+    assert_eq!(code("/ok/c"), "429", "the quota still holds");
+    assert_eq!(quota_spent(&p), 2);
+}
+
+/// On a terminated host the unit was reserved after the head rules but before the body was
+/// judged: JSON-RPC calls the rule refuses spent the quota. They spend nothing now.
+#[test]
+fn a_terminated_request_its_body_rule_refuses_spends_no_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(Some(&ca));
+    let port = origin.addr.port();
+    let rule = r#"[{ host: api.test, paths: [/upload], protocol: jsonrpc, methods: [eth_call] }]"#;
+    let p = judged_proxy(dir.path(), &ca, (port, 9), rule);
+    let via = format!("http://dev:dev-secret@{}", p.proxy);
+    let ica = dir.path().join("ica/ca.crt").display().to_string();
+    let url = format!("https://api.test:{port}/upload");
+    let call = |method: &str| {
+        let body = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":[]}}"#);
+        let out = curl(&[
+            "-s",
+            "-x",
+            &via,
+            "--cacert",
+            &ica,
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            &body,
+            &url,
+        ]);
+        text(&out)
+    };
+    for _ in 0..3 {
+        let out = call("eth_sendTransaction");
+        assert!(out.contains("jsonrpc_not_allowed"), "{out}");
+    }
+    assert_eq!(quota_spent(&p), 0);
+    assert!(call("eth_call").contains("received"));
+    assert!(call("eth_call").contains("received"));
+    let third = call("eth_call");
+    // Refused at the CONNECT already: the quota is spent.
+    assert!(third.contains("429"), "the quota still holds: {third}");
+    assert_eq!(quota_spent(&p), 2);
+}
+
+/// `docs/protocols.md` says an MCP host's answers are filtered both ways, but a forwarded
+/// `tools/list` went out and its answer came back unfiltered. A forwarded MCP call is now
+/// refused with its reason, before anything reaches the origin (inside a tunnel it is served
+/// and filtered).
+#[test]
+fn a_forwarded_mcp_call_is_refused_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let rule = r#"[{ host: mcp.test, paths: [/upload], protocol: mcp, tools: [search] }]"#;
+    let p = judged_proxy(dir.path(), &ca, (9, port), rule);
+    let via = format!("http://dev:dev-secret@{}", p.proxy);
+    let url = format!("http://mcp.test:{port}/upload");
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#;
+    let out = curl(&[
+        "-s",
+        "-i",
+        "-x",
+        &via,
+        "-H",
+        "Content-Type: application/json",
+        "-H",
+        "Accept: application/json, text/event-stream",
+        "--data-binary",
+        body,
+        &url,
+    ]);
+    let out = text(&out);
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    assert!(out.contains("mcp_not_allowed"), "{out}");
+    assert!(out.contains("only inside a tunnel"), "{out}");
+    assert_eq!(origin.received.load(Ordering::SeqCst), 0);
+    let rec = p.wait_record(|r| r["reason"] == "mcp_not_allowed");
+    assert_eq!(rec["call"], "mcp tools/list", "{rec}");
+    assert_eq!(rec["status"], 403, "{rec}");
+}
+
+/// Security review 7b S02: forwarded records on hosts without `network.http` rules named no
+/// method or path, so `simulate` answered "cannot tell" for a candidate that adds rules to
+/// the host. They name method, path and status now, and the replay judges them.
+#[test]
+fn forwarded_records_name_method_path_and_status_and_simulate_replays_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    // No rule names api.test yet.
+    let rule = r#"[{ host: mcp.test, methods: [GET], paths: ["/**"] }]"#;
+    let p = judged_proxy(dir.path(), &ca, (port, 9), rule);
+    let via = format!("http://dev:dev-secret@{}", p.proxy);
+    for path in ["/v1/read", "/v2/write"] {
+        let url = format!("http://api.test:{port}{path}");
+        let out = curl(&["-s", "-x", &via, &url]);
+        assert!(out.text().contains("hello from origin"), "{}", text(&out));
+    }
+    let rec = p.wait_record(|r| r["mode"] == "http" && r["path"] == "/v2/write");
+    assert_eq!(rec["method"], "GET", "{rec}");
+    assert_eq!(rec["status"], 200, "{rec}");
+    // The candidate allows only /v1/** on api.test.
+    let config = std::fs::read_to_string(&p.config).unwrap();
+    let candidate = config.replace(
+        r#"http: [{ host: mcp.test, methods: [GET], paths: ["/**"] }]"#,
+        r#"http: [{ host: api.test, methods: [GET], paths: ["/v1/**"] }]"#,
+    );
+    assert_ne!(candidate, config);
+    let file = dir.path().join("candidate.yaml");
+    std::fs::write(&file, candidate).unwrap();
+    let cli = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["simulate", "--json", "--sandbox", "dev", "--config"])
+        .arg(&file)
+        .arg(&p.audit)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&cli.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&cli.stdout),
+            String::from_utf8_lossy(&cli.stderr)
+        )
+    });
+    assert!(
+        report["cannot_tell"]
+            .as_object()
+            .is_none_or(|m| m.is_empty()),
+        "{report:#}"
+    );
+    let refused = report["newly_refused"].as_object().unwrap();
+    assert_eq!(refused.len(), 1, "{report:#}");
+    let (_, entry) = refused.iter().next().unwrap();
+    assert_eq!(entry["count"], 1, "{report:#}");
+    assert!(
+        entry["examples"][0]
+            .as_str()
+            .unwrap()
+            .contains("GET /v2/write"),
+        "{report:#}"
+    );
+}
