@@ -1916,3 +1916,51 @@ fn gateway_counts_each_request_on_a_kept_plain_connection() {
     });
     assert_eq!(rec["decision"], "deny", "{rec}");
 }
+
+/// Security review 7a B6 through the transparent listener: a key in the URL, a header or the
+/// body of plain HTTP to a host without `network.http` rules reached the origin (the relay only
+/// framed request heads), while the same request forwarded was refused. A sandbox with `dlp`
+/// has each plain request served by the pipeline's exchange: refused, nothing of the bodies
+/// reaches the origin, and the same upload without the key passes.
+#[test]
+#[ignore = "needs root, ip, iptables"]
+fn gateway_dlp_reads_plain_http_to_a_host_without_rules() {
+    let dlp = "    dlp: { rules: [{ name: aws_key, pattern: \"AKIA[0-9A-Z]{16}\" }] }\n";
+    let Some(env) = gateway_env_full(14, false, false, false, "", dlp) else {
+        return;
+    };
+    let ip = env.ns.host_ip.clone();
+    let port = env.http.addr.port();
+    let resolve = format!("plain.test:{port}:{ip}");
+    let upload = format!("http://plain.test:{port}/upload");
+    let key = "AKIAQWERTYUIOPASDFGH";
+    let query = format!("{upload}?k={key}");
+    let header = format!("X-Key: {key}");
+    let body = format!("k={key}");
+    let cases: [(&str, &str, Vec<&str>); 3] = [
+        ("url", &query, vec!["--data-binary", "x"]),
+        ("header", &upload, vec!["-H", &header, "--data-binary", "x"]),
+        ("body", &upload, vec!["--data-binary", &body]),
+    ];
+    for (what, url, extra) in cases {
+        let mut args = vec!["-i", "--resolve", &resolve];
+        args.extend(extra);
+        args.push(url);
+        let (_, out) = env.ns.curl(&args);
+        assert!(out.contains("dlp_blocked"), "{what}: {out}");
+    }
+    assert_eq!(
+        env.http.received.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a refused body reached the origin"
+    );
+    let (_, out) = env
+        .ns
+        .curl(&["--resolve", &resolve, "--data-binary", "nothing", &upload]);
+    assert!(out.contains("received 7"), "{out}");
+    let rec = env
+        .proxy
+        .wait_record(|r| r["reason"] == "dlp_blocked" && r["mode"] == "http");
+    assert_eq!(rec["dlp"], "aws_key", "{rec}");
+    assert_eq!(rec["path"], "/upload", "{rec}");
+}

@@ -445,6 +445,8 @@ where
             port: t.port,
             scheme: sides.scheme,
             process: audit.attributed(),
+            // Inside a terminated tunnel the sandbox trusts the interception CA.
+            ask: crate::relay::deny::AskUrl::with_tls(serving.issuer.is_some()),
         },
         sides.up,
         recorder,

@@ -18,6 +18,7 @@ use super::{body, Refusal};
 use crate::audit::record::HttpFacts;
 use crate::audit::AuditGuard;
 use crate::config::Binding;
+use crate::policy::protocols::Refused;
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
 
@@ -113,33 +114,18 @@ pub async fn judge(
             };
             let (bytes, refused) = match read {
                 Ok(bytes) => match body::judge(&judges, &parts, &bytes) {
-                    // An inference call is metered against budgets and its answer read for
-                    // usage on terminated hosts only: forwarded in clear, it would be neither.
-                    Ok(allowed) if allowed.inference.as_ref().is_some_and(|(_, c)| c.body_bytes > 0) => {
-                        let r = crate::policy::protocols::Refused {
-                            reason: Reason::InferenceNotAllowed,
-                            detail: format!("an inference call to {host} is served only inside a tunnel (https://, or http:// through CONNECT), where it is metered and its usage read"),
+                    Ok(allowed) => match read_in_tunnel_only(&allowed) {
+                        Some((reason, what, why)) => (bytes, Refused {
+                            reason,
+                            detail: format!("{what} to {host} is served only inside a tunnel (https://, or http:// through CONNECT), {why}"),
                             call: allowed.call,
                             rpc: None,
-                        };
-                        (bytes, r)
-                    }
-                    // An MCP call's answer is filtered (lists to the rule's, server requests
-                    // dropped) and refusals answered as JSON-RPC errors on terminated hosts
-                    // only: forwarded in clear, its answer would reach the sandbox unread.
-                    Ok(allowed) if allowed.mcp.is_some() => {
-                        let r = crate::policy::protocols::Refused {
-                            reason: Reason::McpNotAllowed,
-                            detail: format!("an MCP call to {host} is served only inside a tunnel (https://, or http:// through CONNECT), where its answer is filtered"),
-                            call: allowed.call,
-                            rpc: None,
-                        };
-                        (bytes, r)
-                    }
-                    Ok(allowed) => {
-                        audit.http(facts(&parts, allowed.call));
-                        return Ok(whole(parts, bytes));
-                    }
+                        }),
+                        None => {
+                            audit.http(facts(&parts, allowed.call));
+                            return Ok(whole(parts, bytes));
+                        }
+                    },
                     Err(r) => (bytes, r),
                 },
                 Err(r) => {
@@ -159,6 +145,33 @@ pub async fn judge(
     audit.http(facts(&parts, None));
     reported(binding, refused, audit)
         .map(|()| Request::from_parts(parts, b.map_err(SendError::from).boxed()))
+}
+
+/// Why an allowed call cannot be forwarded in clear, if it cannot: what reads its answer runs
+/// only inside a tunnel — an inference call is metered against budgets and its usage read, an
+/// MCP call's answer filtered (lists cut to the rule's, the server's requests dropped) and its
+/// refusals answered as JSON-RPC errors. Forwarded, its answer would reach the sandbox unread.
+fn read_in_tunnel_only(
+    allowed: &crate::pipeline::body::Allowed,
+) -> Option<(Reason, &'static str, &'static str)> {
+    if allowed
+        .inference
+        .as_ref()
+        .is_some_and(|(_, c)| c.body_bytes > 0)
+    {
+        return Some((
+            Reason::InferenceNotAllowed,
+            "an inference call",
+            "where it is metered and its usage read",
+        ));
+    }
+    allowed.mcp.as_ref().map(|_| {
+        (
+            Reason::McpNotAllowed,
+            "an MCP call",
+            "where its answer is filtered",
+        )
+    })
 }
 
 /// A refusal, recorded: `Ok` when report mode lets the request go on (recorded `report`).

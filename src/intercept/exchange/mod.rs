@@ -81,6 +81,9 @@ pub struct Destination {
     pub scheme: &'static str,
     /// The process the tunnel is attributed to (scoped `network.http` rules decide by it).
     pub process: Option<Arc<crate::policy::process::Process>>,
+    /// Where a refusal tells the sandbox to ask for access (`https://` only where the proxy
+    /// has an interception CA).
+    pub ask: deny::AskUrl,
 }
 
 impl Destination {
@@ -570,7 +573,7 @@ impl Exchange {
                         sandbox: id.as_deref(),
                         explanation: &r.detail,
                         retry_after: None,
-                        ask: deny::AskUrl::Https,
+                        ask: self.dest.ask,
                     },
                     ids,
                     *batch,
@@ -596,8 +599,7 @@ impl Exchange {
             sandbox: id.as_deref(),
             explanation,
             retry_after: None,
-            // Inside a terminated tunnel the sandbox trusts the interception CA.
-            ask: deny::AskUrl::Https,
+            ask: self.dest.ask,
         })
     }
 }
