@@ -46,6 +46,7 @@ use crate::relay::deny;
 use crate::relay::liveness::Liveness;
 
 mod decider;
+mod destination;
 mod inference;
 mod inject;
 mod prepared;
@@ -54,6 +55,7 @@ mod socket;
 mod up_body;
 mod upstream;
 
+pub use destination::Destination;
 use prepared::Prepared;
 pub use up_body::UpBody;
 pub use upstream::Upstream;
@@ -72,35 +74,6 @@ pub struct BodyLimits {
 /// The sandbox's binding as it is now, with the version of the policy set it is in (`None`:
 /// the sandbox is gone).
 pub type CurrentBinding = Arc<dyn Fn() -> Option<(Arc<Binding>, Arc<str>)> + Send + Sync>;
-
-/// Where a terminated tunnel leads.
-pub struct Destination {
-    pub host: String,
-    pub port: u16,
-    /// `https`, or `http` for plain HTTP inside a tunnel (judged the same, sent in clear).
-    pub scheme: &'static str,
-    /// The process the tunnel is attributed to (scoped `network.http` rules decide by it).
-    pub process: Option<Arc<crate::policy::process::Process>>,
-    /// Where a refusal tells the sandbox to ask for access (`https://` only where the proxy
-    /// has an interception CA).
-    pub ask: deny::AskUrl,
-}
-
-impl Destination {
-    /// `https://host[:port]` as a refusal names it: the port kept unless it is the scheme's
-    /// own (clients review F11), IPv6 in brackets.
-    pub fn shown(&self) -> String {
-        let host = match self.host.contains(':') {
-            true => format!("[{}]", self.host),
-            false => self.host.clone(),
-        };
-        let default = if self.scheme == "http" { 80 } else { 443 };
-        match self.port == default {
-            true => format!("{}://{host}", self.scheme),
-            false => format!("{}://{host}:{}", self.scheme, self.port),
-        }
-    }
-}
 
 /// One terminated tunnel's request handler.
 pub struct Exchange {
