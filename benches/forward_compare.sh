@@ -3,7 +3,8 @@
 # hey (32 keep-alive clients) → direct / egress-proxy / Squid / tinyproxy → nginx, in
 # interleaved rounds (every target once per round, so drift hits all alike); prints the
 # median requests per second of each. OLD=path adds a previous egress-proxy build (A/B);
-# G3PROXY=path adds g3proxy (its http_proxy server with a direct escaper).
+# G3PROXY=path adds g3proxy (its http_proxy server with a direct escaper). NEW=path measures that
+# build instead of building target/release.
 # Installs hey, nginx, squid and tinyproxy from the distribution if missing.
 #
 #   benches/forward_compare.sh      # RUNS=5 SECONDS_PER_RUN=4 CONCURRENCY=32
@@ -20,7 +21,8 @@ if [ "${#need[@]}" -gt 0 ]; then
   # The packages start their services on the default ports: this script runs its own.
   for s in nginx squid tinyproxy; do service "$s" stop >/dev/null 2>&1 || true; done
 fi
-cargo build --release >/dev/null 2>&1
+NEW="${NEW:-target/release/egress-proxy}"
+[ "$NEW" != target/release/egress-proxy ] || cargo build --release >/dev/null 2>&1
 
 ORIGIN=127.0.0.1:8088
 cat > "$WORK/nginx.conf" <<CONF
@@ -40,7 +42,7 @@ tinyproxy_config "$WORK" 8899 > "$WORK/tinyproxy.conf"
 
 nginx -p "$WORK" -c "$WORK/nginx.conf" & PIDS+=($!)
 egress_bench_config 3130 9930 > "$WORK/egress.yaml"
-target/release/egress-proxy run --config "$WORK/egress.yaml" 2>"$WORK/egress.err" & PIDS+=($!)
+"$NEW" run --config "$WORK/egress.yaml" 2>"$WORK/egress.err" & PIDS+=($!)
 squid -f "$WORK/squid.conf" -N >"$WORK/squid.out" 2>&1 & PIDS+=($!)
 tinyproxy -d -c "$WORK/tinyproxy.conf" >"$WORK/tiny.out" 2>&1 & PIDS+=($!)
 declare -A ADDR=( [direct]=direct [egress-proxy]=127.0.0.1:3130 [squid]=127.0.0.1:3129 [tinyproxy]=127.0.0.1:8899 )

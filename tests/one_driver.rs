@@ -105,10 +105,24 @@ fn dlp_reads_plain_http_in_connect_and_socks5_tunnels_to_hosts_without_rules() {
         assert!(text(&out).contains("received 7"), "{path}: {}", text(&out));
         origin.received.store(0, Ordering::SeqCst);
     }
-    // The tunnelled refusals are recorded as requests of their own, naming the rule.
-    let rec = p.wait_record(|r| r["reason"] == "dlp_blocked" && r["mode"] == "http");
-    assert_eq!(rec["dlp"], "aws_key", "{rec}");
-    assert_eq!(rec["method"], "POST", "{rec}");
+    // Every refusal is a request's record naming the rule: the three forwarded and the six
+    // tunnelled ones.
+    eventually(Duration::from_secs(10), "nine refusals recorded", || {
+        let n = p
+            .audit_records()
+            .iter()
+            .filter(|r| r["reason"] == "dlp_blocked")
+            .count();
+        (n >= 9).then_some(())
+    });
+    for rec in p.audit_records() {
+        if rec["reason"] == "dlp_blocked" {
+            assert_eq!(rec["mode"], "http", "{rec}");
+            assert_eq!(rec["dlp"], "aws_key", "{rec}");
+            assert_eq!(rec["method"], "POST", "{rec}");
+            assert_eq!(rec["path"], "/upload", "{rec}");
+        }
+    }
 }
 
 /// Security review 7a W5: on a host without rules, plain HTTP in a tunnel was one record per

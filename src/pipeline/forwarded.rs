@@ -69,9 +69,8 @@ pub async fn phases(
         }
         Ok(super::dlp::Phase::Whole(b)) => Ok((whole(parts, b), Some(found))),
         Err(why) => {
-            if let Some(names) = found.lock().ok().filter(|f| !f.names.is_empty()) {
-                audit.dlp(names.names.join(","));
-            }
+            // The rules that matched the target or headers, named on the record.
+            let _ = super::dlp::recorded(&found, audit);
             audit.verdict(Verdict::Deny, Reason::DlpBlocked);
             audit.detail(why.to_string());
             Err(Refusal::new(Reason::DlpBlocked, why.to_string()))

@@ -95,6 +95,7 @@ impl Exchange {
         &self,
         p: &Prepared,
         req: Request<UpBody>,
+        audit: &mut AuditGuard,
     ) -> Result<(Request<UpBody>, Option<Arc<Mutex<Found>>>), Refusal> {
         let Some(cfg) = p.binding.dlp.clone() else {
             return Ok((req, None));
@@ -106,7 +107,11 @@ impl Exchange {
         let body = match dlp::phase(scanner, &parts.uri, &parts.headers, body).await {
             Ok(Phase::Stream(s)) => UpBody::Scanned(Box::new(s)),
             Ok(Phase::Whole(b)) => UpBody::whole(b),
-            Err(why) => return Err(Refusal::new(Reason::DlpBlocked, why.to_string())),
+            Err(why) => {
+                // The rules that matched the target or headers, named on the record.
+                let _ = dlp::recorded(&found, audit);
+                return Err(Refusal::new(Reason::DlpBlocked, why.to_string()));
+            }
         };
         Ok((Request::from_parts(parts, body), Some(found)))
     }

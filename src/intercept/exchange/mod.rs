@@ -341,7 +341,7 @@ impl Exchange {
         socket::no_switch(&d.socket, &mut req);
         let (mcp, seal) = readers(&d.prepared, allowed, verdict, &mut req, metered.is_some());
         // The DLP phase judges what the sandbox sent, before any credential is put on.
-        let (mut req, dlp) = match self.scanned(&d.prepared, req).await {
+        let (mut req, dlp) = match self.scanned(&d.prepared, req, &mut audit).await {
             Ok(x) => x,
             Err(r) => return self.refused_recorded(audit, &asked, r),
         };
