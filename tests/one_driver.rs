@@ -234,17 +234,7 @@ fn a_forwarded_request_the_rules_refuse_spends_no_quota() {
     let via = format!("http://dev:dev-secret@{}", p.proxy);
     let code = |path: &str| {
         let url = format!("http://api.test:{port}{path}");
-        curl(&[
-            "-s",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "-x",
-            &via,
-            &url,
-        ])
-        .text()
+        http_code(&["-x", &via, &url])
     };
     for _ in 0..3 {
         assert_eq!(code("/denied"), "403");
@@ -397,4 +387,83 @@ fn forwarded_records_name_method_path_and_status_and_simulate_replays_them() {
             .contains("GET /v2/write"),
         "{report:#}"
     );
+}
+
+/// An origin that answers every request head with `answer` and keeps every byte it was sent
+/// (over all connections) in the returned buffer.
+fn switching_origin(answer: &'static str) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = got.clone();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().map_while(Result::ok) {
+            let kept = kept.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let mut answered = false;
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    let mut all = kept.lock().unwrap();
+                    all.extend_from_slice(&buf[..n]);
+                    if !answered && all.windows(4).any(|w| w == b"\r\n\r\n") {
+                        answered = true;
+                        drop(all);
+                        let _ = s.write_all(answer.as_bytes());
+                    }
+                }
+            });
+        }
+    });
+    (port, got)
+}
+
+/// What a sandbox with `dlp:` sends after asking to switch protocols is not relayed unread:
+/// an `Upgrade: websocket` (no `protocol: websocket` rule allows one) loses its `Upgrade`, and
+/// neither it nor a `CONNECT` inside the tunnel lets bytes past the DLP phase — the key the
+/// client sends after the origin's `101` or `200` never reaches the origin. On the old relay
+/// (`http_checked`) both switched and everything after was relayed as it came.
+#[test]
+fn a_switch_inside_a_read_tunnel_carries_nothing_unread() {
+    let cases = [
+        (
+            "upgrade",
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+            "GET /ws HTTP/1.1\r\nHost: {t}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        ),
+        (
+            "connect",
+            "HTTP/1.1 200 Connection established\r\n\r\n",
+            "CONNECT inner.test:80 HTTP/1.1\r\nHost: {t}\r\n\r\n",
+        ),
+    ];
+    for (what, answer, request) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let (port, got) = switching_origin(answer);
+        let p = dlp_proxy(dir.path(), port);
+        let mut s = TcpStream::connect(p.proxy).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let target = format!("other.test:{port}");
+        connect_on(&mut s, &target, Some(&basic("dev", "dev-secret")));
+        s.write_all(request.replace("{t}", &target).as_bytes())
+            .unwrap();
+        // Whatever came back, the sandbox now sends the key as if the switch had happened.
+        let mut answered = [0u8; 512];
+        let _ = s.read(&mut answered);
+        let _ = s.write_all(format!("k={KEY}\r\n\r\n").as_bytes());
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        std::thread::sleep(Duration::from_millis(200));
+        let seen = String::from_utf8_lossy(&got.lock().unwrap()).to_string();
+        assert!(!seen.contains(KEY), "{what}: the origin got {seen:?}");
+        if what == "upgrade" {
+            assert!(seen.contains("GET /ws"), "{what}: {seen:?}");
+            assert!(
+                !seen.to_ascii_lowercase().contains("upgrade: websocket"),
+                "{what}: {seen:?}"
+            );
+        }
+    }
 }

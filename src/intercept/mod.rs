@@ -131,17 +131,14 @@ impl Interceptor {
             issuer: Some(self.issuer.clone()),
             scrub_body_bytes: self.scrub_body_bytes,
             judge_body_bytes: self.judge_body_bytes,
+            // The sandbox trusts the interception CA: `https://egress-proxy.local` reaches it.
+            ask: crate::relay::deny::AskUrl::Https,
         }
     }
 
     /// `tls_intercept.refusals_inside`: refused CONNECTs are answered inside the tunnel.
     pub fn refusals_inside(&self) -> bool {
         self.refusals_inside
-    }
-
-    /// `tls_intercept.judge_body_bytes`: the most of a body a protocol rule reads.
-    pub fn judge_body_bytes(&self) -> u64 {
-        self.judge_body_bytes
     }
 
     /// Whether the tunnels of `binding` to `host` are terminated.
@@ -163,6 +160,8 @@ pub struct Serving {
     issuer: Option<Arc<identity_token::Issuer>>,
     scrub_body_bytes: u64,
     judge_body_bytes: u64,
+    /// Where a refusal inside the tunnel tells the sandbox to ask for access.
+    ask: crate::relay::deny::AskUrl,
 }
 
 impl std::fmt::Debug for Serving {
@@ -188,6 +187,8 @@ impl Serving {
             issuer: None,
             scrub_body_bytes: crate::config::credentials::DEFAULT_SCRUB_BODY_BYTES,
             judge_body_bytes: crate::config::credentials::DEFAULT_JUDGE_BODY_BYTES,
+            // No interception CA: asking goes through the proxy as plain HTTP.
+            ask: crate::relay::deny::AskUrl::Http,
         })
     }
 
@@ -445,8 +446,7 @@ where
             port: t.port,
             scheme: sides.scheme,
             process: audit.attributed(),
-            // Inside a terminated tunnel the sandbox trusts the interception CA.
-            ask: crate::relay::deny::AskUrl::with_tls(serving.issuer.is_some()),
+            ask: serving.ask,
         },
         sides.up,
         recorder,

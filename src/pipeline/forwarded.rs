@@ -2,10 +2,10 @@
 //! request: the head phase, then the body phase where a protocol rule reads the body, before
 //! anything is sent. What needs its answer read — an MCP call (its lists filtered, the
 //! server's requests dropped), an inference call (metered), a WebSocket (its messages) — is
-//! refused here with its reason: it is served inside a tunnel, where the answer is read. What a plain request cannot have — a credential or the identity token —
-//! is refused before it is dialled ([`crate::intercept::InClear`]) or here (the sandbox's own
-//! identity header). In report mode a refusal is recorded `report` and the request is sent as
-//! it came.
+//! refused here with its reason: it is served inside a tunnel, where the answer is read.
+//! What a plain request cannot have — a credential or the identity token — is refused before
+//! it is dialled ([`crate::intercept::InClear`]) or here (the sandbox's own identity header).
+//! In report mode a refusal is recorded `report` and the request is sent as it came.
 
 use bytes::Bytes;
 use http::Request;

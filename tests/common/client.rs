@@ -51,6 +51,14 @@ pub fn curl(args: &[&str]) -> CurlOut {
     }
 }
 
+/// Run curl with `args` (the URL among them), its body thrown away: the response's status
+/// code as curl writes it (`000` when none came).
+pub fn http_code(args: &[&str]) -> String {
+    let mut all = vec!["-o", "/dev/null", "-w", "%{http_code}"];
+    all.extend_from_slice(args);
+    curl(&all).text()
+}
+
 /// An HTTP/1.1 request to the admin listener: (status, body).
 pub fn admin_req(
     addr: SocketAddr,
