@@ -467,3 +467,156 @@ fn a_switch_inside_a_read_tunnel_carries_nothing_unread() {
         }
     }
 }
+
+/// A proxy for the path × phase table: sandbox `dev` with a `dlp` rule, `requests_per_day:
+/// 100`, and one `network.http` rule on `api.test` (GET and POST on `/ok/**` and `/upload`),
+/// reached over TLS on `ports.0` and in clear on `ports.1`; explicit, admin and SOCKS5
+/// listeners; `tls_intercept` with the test CA upstream.
+fn table_proxy(dir: &Path, ca: &TestCa, ports: (u16, u16)) -> Proxy {
+    ca_init(&dir.join("ica"));
+    let audit = dir.join("audit.jsonl");
+    let config = dir.join("proxy.yaml");
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, socks5: 127.0.0.1:0 }}
+audit: {{ path: {audit} }}
+state_dir: {state}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
+sandboxes:
+  - id: dev
+    auth: {{ token_sha256: {tok} }}
+    limits: {{ requests_per_day: 100 }}
+    dlp: {{ rules: [{{ name: aws_key, pattern: "AKIA[0-9A-Z]{{16}}" }}] }}
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["api.test:{tls}", "api.test:{plain}"]
+        http: [{{ host: api.test, methods: [GET, POST], paths: ["/ok/**", /upload] }}]
+"#,
+            audit = audit.display(),
+            state = state.display(),
+            ica = dir.join("ica").display(),
+            upstream = ca.ca_pem.display(),
+            tok = sha("dev-secret"),
+            tls = ports.0,
+            plain = ports.1,
+        ),
+    )
+    .unwrap();
+    Proxy::start_with(config, audit, &[])
+}
+
+/// The path × phase table (hyper's `t!` style: one row a path): forwarded HTTP/1.1, plain HTTP
+/// inside CONNECT and SOCKS5, terminated HTTP/1.1 and HTTP/2. On each, the head rules refuse
+/// a path no rule allows, the DLP phase refuses a key in a header (neither refusal spends the
+/// quota) and cuts an upload carrying one in its body (its head went out: one unit), an
+/// allowed request spends one unit and its record names method, path and status.
+/// Forwarded HTTP/2 is not a row: the explicit listener speaks HTTP/1.1 in clear and curl
+/// sends only CONNECT over an HTTP/2 proxy; the transparent listener's row is
+/// `transparent_netns::gateway_dlp_reads_plain_http_to_a_host_without_rules` (DLP) and the
+/// netns tests of `network.http` rules.
+#[test]
+fn every_path_runs_the_head_dlp_quota_and_record_phases() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let tls = AlpnOrigin::start(&ca);
+    let plain = Origin::start(None);
+    let (tls_port, plain_port) = (tls.addr.port(), plain.addr.port());
+    let p = table_proxy(dir.path(), &ca, (tls_port, plain_port));
+    let http_proxy = format!("http://dev:dev-secret@{}", p.proxy);
+    let socks = format!("socks5h://dev:dev-secret@{}", p.socks5.unwrap());
+    let ica = dir.path().join("ica/ca.crt").display().to_string();
+    let in_clear = format!("http://api.test:{plain_port}");
+    let over_tls = format!("https://api.test:{tls_port}");
+    let rows: [(&str, Vec<&str>, &str); 5] = [
+        ("forwarded_h1", vec!["-x", &http_proxy], &in_clear),
+        ("connect_plain", vec!["-p", "-x", &http_proxy], &in_clear),
+        ("socks5_plain", vec!["-x", &socks], &in_clear),
+        (
+            "terminated_h1",
+            vec!["-x", &http_proxy, "--cacert", &ica, "--http1.1"],
+            &over_tls,
+        ),
+        (
+            "terminated_h2",
+            vec!["-x", &http_proxy, "--cacert", &ica, "--http2"],
+            &over_tls,
+        ),
+    ];
+    let body = format!("k={KEY}");
+    let header = format!("X-Key: {KEY}");
+    for (row, via, base) in &rows {
+        let run = |path: &str, extra: &[&str]| {
+            let mut args = vec!["-s", "-i"];
+            args.extend(via.iter().copied());
+            args.extend_from_slice(extra);
+            let url = format!("{base}{path}");
+            args.push(&url);
+            text(&curl(&args))
+        };
+        let before = quota_spent(&p).as_u64().unwrap_or(0);
+        // The head phase.
+        let out = run("/denied", &[]);
+        assert!(out.contains("http_not_allowed"), "{row} head: {out}");
+        // The DLP phase on the target and headers: refused before anything is sent.
+        let out = run("/upload", &["-H", &header, "--data-binary", "x"]);
+        assert!(out.contains("dlp_blocked"), "{row} dlp header: {out}");
+        // The quota: requests refused before anything of them was sent spend nothing.
+        assert_eq!(quota_spent(&p).as_u64().unwrap_or(0), before, "{row} quota");
+        // The DLP phase on the body, as it streams: the upload is cut. Its head went out, so
+        // it is counted.
+        let out = run("/upload", &["--data-binary", &body]);
+        assert!(out.contains("dlp_blocked"), "{row} dlp body: {out}");
+        assert_eq!(quota_spent(&p).as_u64().unwrap(), before + 1, "{row} quota");
+        let path = format!("/ok/{row}");
+        let out = run(&path, &[]);
+        assert!(
+            out.contains(&format!("hello from origin {path}")),
+            "{row}: {out}"
+        );
+        assert_eq!(quota_spent(&p).as_u64().unwrap(), before + 2, "{row} quota");
+        // The request's own record.
+        let rec = p.wait_record(|r| r["path"] == path.as_str());
+        assert_eq!(rec["method"], "GET", "{row}: {rec}");
+        assert_eq!(rec["status"], 200, "{row}: {rec}");
+        assert_eq!(rec["decision"], "allow", "{row}: {rec}");
+    }
+    // Each DLP refusal is a request's record naming its rule: two a row.
+    let refusals = || {
+        p.audit_records()
+            .into_iter()
+            .filter(|r| r["reason"] == "dlp_blocked")
+            .collect::<Vec<_>>()
+    };
+    eventually(Duration::from_secs(10), "ten DLP records", || {
+        (refusals().len() >= 2 * rows.len()).then_some(())
+    });
+    for r in refusals() {
+        assert_eq!(r["dlp"], "aws_key", "{r}");
+        assert_eq!(
+            (&r["method"], &r["path"]),
+            (&"POST".into(), &"/upload".into()),
+            "{r}"
+        );
+    }
+    // No byte of a body the DLP phase cut reached either origin (a cut upload's head may
+    // have: never its body); HTTP/2 was spoken upstream.
+    assert_eq!(plain.received.load(Ordering::SeqCst), 0);
+    let seen = tls.seen.lock().unwrap().clone();
+    assert!(
+        seen.iter()
+            .all(|(_, _, path, n)| path != "/upload" || *n == 0),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|(v, _, path, _)| v == "HTTP/2.0" && path == "/ok/terminated_h2"),
+        "{seen:?}"
+    );
+}

@@ -30,11 +30,10 @@ pub type Found = std::sync::Arc<std::sync::Mutex<super::dlp::Found>>;
 
 /// The pipeline's phases on a forwarded request of `binding` to `host`, in order: the head and
 /// body phases where the host has `network.http` rules ([`judge`]; elsewhere the record still
-/// names the method and path), then the quota reservation (`reserve`: a request the rules
-/// refused spends nothing), then the DLP phase where the sandbox has `dlp:` (its target and
-/// headers now, its body as it streams — or read whole and decoded when compressed). `Ok`
-/// with the request to send and what the body scanner will have found; `Err` with the
-/// refusal, recorded.
+/// names the method and path), then the DLP phase where the sandbox has `dlp:` ([`scan`]),
+/// then the quota reservation (`reserve`): a request refused before anything of it is sent
+/// spends nothing. `Ok` with the request to send and what the body scanner will have found;
+/// `Err` with the refusal, recorded.
 pub async fn phases(
     binding: &Binding,
     (host, limit): (&str, u64),
@@ -51,14 +50,26 @@ pub async fn phases(
         }
         false => judge(binding, &rules, host, limit, req, audit).await?,
     };
+    let scanned = match binding.dlp.clone() {
+        None => (req, None),
+        Some(cfg) => scan(cfg, binding, req, audit).await?,
+    };
     if let Err(r) = reserve() {
         audit.decision(&crate::policy::Decision::deny(r.reason, None));
         audit.detail(r.detail.clone());
         return Err(r);
     }
-    let Some(cfg) = binding.dlp.clone() else {
-        return Ok((req, None));
-    };
+    Ok(scanned)
+}
+
+/// The DLP phase: the target and headers now, the body as it streams (or read whole and
+/// decoded when compressed). `Err` with the refusal, recorded, before anything is sent.
+async fn scan(
+    cfg: std::sync::Arc<crate::config::decider::DlpConfig>,
+    binding: &Binding,
+    req: Request<ForwardBody>,
+    audit: &mut AuditGuard,
+) -> Result<(Request<ForwardBody>, Option<Found>), Refusal> {
     let scanner = super::dlp::Scanner::new(cfg, binding.enforcement == Enforcement::Report);
     let found = scanner.found.clone();
     let (parts, body) = req.into_parts();

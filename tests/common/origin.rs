@@ -298,3 +298,81 @@ pub fn keepalive_origin(ip: &str) -> u16 {
     });
     port
 }
+
+/// What an [`AlpnOrigin`] was sent: (HTTP version, method, path, body bytes) per request.
+pub type Seen = Arc<Mutex<Vec<(String, String, String, usize)>>>;
+
+/// An HTTPS origin behind `ca`'s certificate speaking HTTP/2 or HTTP/1.1 (ALPN), as hyper
+/// serves them: every request's body read to its end and answered `hello from origin PATH`.
+/// What it was sent: (HTTP version, method, path, body bytes) per request.
+pub struct AlpnOrigin {
+    pub addr: SocketAddr,
+    pub seen: Seen,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl AlpnOrigin {
+    pub fn start(ca: &TestCa) -> AlpnOrigin {
+        use http_body_util::BodyExt;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let acceptor =
+            tokio_rustls::TlsAcceptor::from(Arc::new(ca.server_config(&[b"h2", b"http/1.1"])));
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Seen = Arc::default();
+        let kept = seen.clone();
+        rt.spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, kept) = (acceptor.clone(), kept.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                    let svc = hyper::service::service_fn(
+                        move |req: http::Request<hyper::body::Incoming>| {
+                            let kept = kept.clone();
+                            async move {
+                                let (parts, body) = req.into_parts();
+                                let n = body.collect().await.map_or(0, |b| b.to_bytes().len());
+                                let path = parts.uri.path().to_string();
+                                kept.lock().unwrap().push((
+                                    format!("{:?}", parts.version),
+                                    parts.method.to_string(),
+                                    path.clone(),
+                                    n,
+                                ));
+                                let body = format!("hello from origin {path}\n");
+                                Ok::<_, std::convert::Infallible>(http::Response::new(
+                                    http_body_util::Full::new(bytes::Bytes::from(body)),
+                                ))
+                            }
+                        },
+                    );
+                    let io = hyper_util::rt::TokioIo::new(tls);
+                    if h2 {
+                        let b = hyper::server::conn::http2::Builder::new(
+                            hyper_util::rt::TokioExecutor::new(),
+                        );
+                        let _ = b.serve_connection(io, svc).await;
+                    } else {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(io, svc)
+                            .await;
+                    }
+                });
+            }
+        });
+        AlpnOrigin {
+            addr,
+            seen,
+            _rt: rt,
+        }
+    }
+}

@@ -10,9 +10,10 @@
 //!    `credential_misuse`; then the `network.http` rules — a rule naming a protocol reads
 //!    the body whole (`tls_intercept.judge_body_bytes`) and judges it
 //!    ([`crate::policy::protocols`]); the bytes judged are the bytes sent;
-//! 2. the decider is asked ([`decider`]), then the request is reserved against the daily
-//!    quotas — the same order as on the forwarded path: a request refused so far spends
-//!    nothing;
+//! 2. the decider is asked ([`decider`]), the DLP phase reads the target and headers (and
+//!    wraps the body), then the request is reserved against the daily quotas — the same
+//!    order as on the forwarded path: a request refused before anything of it is sent
+//!    spends nothing;
 //! 3. the credentials bound here are put on it (never when the check refused it, even in report
 //!    mode: a reported request goes upstream without any credential);
 //! 4. it goes upstream with one authority written by the proxy and `Accept-Encoding: identity`
@@ -299,8 +300,8 @@ impl Exchange {
     }
 
     /// One request, in the fixed order of the module's documentation: decide (reading the
-    /// body when a protocol rule judges it, then the decider), reserve it against the
-    /// quotas, put the credentials on it, write the authority, send, filter and scrub the
+    /// body when a protocol rule judges it, then the decider and the DLP phase), reserve it
+    /// against the quotas, put the credentials on it, write the authority, send, filter and scrub the
     /// response.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<ResBody> {
         self.live.touch();
@@ -330,12 +331,6 @@ impl Exchange {
             Ok(v) => v,
             Err(r) => return self.refused_recorded(audit, &asked, r),
         };
-        // Each request the rules and the decider let through is reserved against the daily
-        // quotas (a refused one spends nothing): checked and counted at once, so parallel
-        // streams cannot all pass.
-        if let Err(r) = self.live.reserve() {
-            return self.refused_recorded(audit, &asked, r);
-        }
         let h2 = matches!(self.upstream, Upstream::H2(_));
         self.written.write(&mut req, h2);
         socket::no_switch(&d.socket, &mut req);
@@ -345,6 +340,12 @@ impl Exchange {
             Ok(x) => x,
             Err(r) => return self.refused_recorded(audit, &asked, r),
         };
+        // Each request the rules, the decider and the DLP phase let through is reserved
+        // against the daily quotas (one refused before anything of it is sent spends
+        // nothing): checked and counted at once, so parallel streams cannot all pass.
+        if let Err(r) = self.live.reserve() {
+            return self.refused_recorded(audit, &asked, r);
+        }
         // A request the check would refuse is never given a credential; one is put on as
         // the request will be sent (a signature covers the authority written above).
         let injected = match verdict {
