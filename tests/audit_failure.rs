@@ -97,7 +97,7 @@ sandboxes:
   - id: s
     sources: [127.0.0.0/8]
     limits: {{ connections_per_second: 100000, burst: 100000, dns_queries_per_second: 100000 }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"origin.test:{port}\"] }} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"tcp://origin.test:{port}\"] }} }}
 ",
         audit = audit.display(),
         port = origin.port()

@@ -444,8 +444,12 @@ fn bad_input_gets_4xx_or_close_and_the_next_client_is_served() {
         assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
         s.write_all(b"\x16\x03\x01 not really tls").unwrap();
     }
+    // Neither a hello nor a head before the close: not read, so refused (no entry declares
+    // opaque TCP), and recorded.
     e.proxy.wait_record(|r| {
-        r["target_host"] == "api.test" && r["mode"] == "connect" && r["decision"] == "allow"
+        r["target_host"] == "api.test"
+            && r["mode"] == "connect"
+            && r["reason"] == "unrecognised_protocol"
     });
     // Every refusal was audited, and the proxy still serves.
     let invalid = e

@@ -65,12 +65,12 @@ fn start(dir: &std::path::Path, origin: &Recorder) -> Proxy {
     Proxy::start(
         dir,
         &format!(
-            r#"dns: {{ servers: ["127.0.0.1:9"], hosts: {{ ok.test: [127.0.0.1], denied.test: [127.0.0.1] }} }}
+            r#"dns: {{ servers: ["127.0.0.1:9"], hosts: {{ ok.test: [127.0.0.1], denied.test: [127.0.0.1], db.test: [127.0.0.1] }} }}
 defaults: {{ guard_allow_ranges: [127.0.0.1/32], require_tls_ports: [443], refuse_ech: true, timeouts: {{ header_ms: 1500 }} }}
 sandboxes:
   - id: s
     sources: [127.0.0.0/8]
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["ok.test:{port}"] }} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["ok.test:{port}", "tcp://db.test:{port}"] }} }}
 "#,
             port = origin.addr.port()
         ),
@@ -188,10 +188,10 @@ fn ambiguous_framing_is_refused_before_anything_is_forwarded() {
 /// what flows must be a ClientHello or an HTTP head the proxy reads: a head led by CRLF, a
 /// lowercase method, a head over the first-bytes cap or HTTP/2 prior knowledge is refused as
 /// `unrecognised_protocol` (before, each was relayed unchecked, Host and all); a plain
-/// request naming the host passes. A rule that names the port still carries another protocol,
-/// never bytes that only start like HTTP.
+/// request naming the host passes. An entry that declares opaque TCP (`tcp://`) carries another
+/// protocol, never bytes that only start like HTTP.
 #[test]
-fn a_tunnel_carries_only_what_the_proxy_reads_unless_the_rule_names_the_port() {
+fn a_tunnel_carries_only_what_the_proxy_reads_unless_the_entry_declares_tcp() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Recorder::start();
     let port = origin.addr.port();
@@ -203,7 +203,7 @@ defaults: {{ guard_allow_ranges: [127.0.0.1/32], ports: [443, {port}], timeouts:
 sandboxes:
   - id: s
     sources: [127.0.0.0/8]
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["web.test", "raw.test:{port}"] }} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["web.test", "tcp://raw.test:{port}"] }} }}
 "#
         ),
     );
@@ -237,7 +237,7 @@ sandboxes:
         b"GET /fine HTTP/1.1\r\nHost: web.test\r\n\r\n",
     );
     assert!(origin.seen().contains("GET /fine"), "{}", origin.seen());
-    // Another protocol flows to a name whose entry names the port; bytes that only start
+    // Another protocol flows to a name whose entry declares opaque TCP; bytes that only start
     // like HTTP do not, there either (review B4: nginx reads a leading CRLF as a request).
     through_tunnel(
         p.proxy,
@@ -401,33 +401,46 @@ fn a_malformed_request_body_is_the_clients_fault() {
     assert_eq!(rec["decision"], "deny", "{rec}");
 }
 
-/// Security review round B, B4: an entry that names its port (`ok.test:PORT`, as the docs
-/// advise for plain HTTP) relayed bytes that start like HTTP but are not read unambiguously as
-/// opaque TCP — a leading CRLF or LF, or a lowercase method, which nginx and h11 read as a
-/// request for the `Host` they name. Refused now on every entry; nothing reaches the origin.
+/// Security review round B, B4, and round 7a B1–B4: an entry that names its port
+/// (`ok.test:PORT`, as the docs advise for plain HTTP) relayed bytes the reader did not call HTTP
+/// or TLS as opaque TCP — a leading CRLF, a lowercase method, a tab after the method, a PROXY
+/// header — which nginx, Go and Python read as a request for the `Host` they name. Only an
+/// entry written `tcp://` is opaque now, and even there what starts like a request the proxy
+/// does not read is refused.
 #[test]
 fn a_port_scoped_entry_relays_no_head_the_proxy_cannot_read() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Recorder::start();
     let p = start(dir.path(), &origin);
-    let target = format!("ok.test:{}", origin.addr.port());
-    for bytes in [
-        &b"\r\nGET / HTTP/1.1\r\nHost: denied.test\r\n\r\n"[..],
-        b"\nGET / HTTP/1.1\r\nHost: denied.test\r\n\r\n",
-        b"get / HTTP/1.1\r\nHost: denied.test\r\n\r\n",
-    ] {
-        let answer = through_tunnel(p.proxy, &target, bytes);
-        assert!(!answer.contains("200 OK\r\nContent-Length: 2"), "{answer}");
-        assert!(
-            origin.seen().is_empty(),
-            "{:?} reached the origin: {}",
-            String::from_utf8_lossy(bytes),
-            origin.seen()
-        );
+    let port = origin.addr.port();
+    for target in [format!("ok.test:{port}"), format!("db.test:{port}")] {
+        for bytes in [
+            &b"\r\nGET / HTTP/1.1\r\nHost: denied.test\r\n\r\n"[..],
+            b"\nGET / HTTP/1.1\r\nHost: denied.test\r\n\r\n",
+            b"get / HTTP/1.1\r\nHost: denied.test\r\n\r\n",
+            b"GET\t/ HTTP/1.1\r\nHost: denied.test\r\n\r\n",
+            b"PROXY TCP4 6.6.6.6 127.0.0.1 1 2\r\nGET / HTTP/1.1\r\nHost: denied.test\r\n\r\n",
+        ] {
+            let answer = through_tunnel(p.proxy, &target, bytes);
+            assert!(!answer.contains("200 OK\r\nContent-Length: 2"), "{answer}");
+            assert!(
+                origin.seen().is_empty(),
+                "{:?} reached the origin through {target}: {}",
+                String::from_utf8_lossy(bytes),
+                origin.seen()
+            );
+        }
     }
     let rec = p.wait_record(|r| r["reason"] == "unrecognised_protocol");
     assert_eq!(rec["decision"], "deny", "{rec}");
-    // Another protocol still passes on the port-scoped entry (opaque TCP where it is named).
-    through_tunnel(p.proxy, &target, b"\x00\x00\x00\x08\x04\xd2\x16\x2f");
-    assert!(!origin.seen().is_empty(), "an opaque protocol should pass");
+    // Another protocol is refused under a name that merely names its port…
+    let postgres = b"\x00\x00\x00\x08\x04\xd2\x16\x2f";
+    through_tunnel(p.proxy, &format!("ok.test:{port}"), postgres);
+    assert!(origin.seen().is_empty(), "{}", origin.seen());
+    // …and passes where the entry declares opaque TCP.
+    through_tunnel(p.proxy, &format!("db.test:{port}"), postgres);
+    assert!(
+        !origin.seen().is_empty(),
+        "an opaque protocol should pass on tcp://"
+    );
 }

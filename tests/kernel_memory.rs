@@ -32,7 +32,7 @@ fn start(dir: &std::path::Path, buffer: u64) -> Proxy {
         .sandbox(
             SandboxSpec::new("sb")
                 .source("127.0.0.0/8")
-                .allow("big.test:*"),
+                .allow("tcp://big.test:*"),
         )
         .start(dir)
 }

@@ -289,7 +289,7 @@ fn every_refusal_path_writes_exactly_one_end_record_timed_from_accept() {
     };
     let dns = "{ servers: [\"127.0.0.1:9\"], timeout_ms: 1000, hosts: { api.test: [127.0.0.1], gone.test: [] } }";
     let sandboxes = format!(
-        "{}  - id: one\n    auth: {{ token_sha256: {} }}\n    limits: {{ max_connections: 1 }}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"api.test:*\"] }} }}\n",
+        "{}  - id: one\n    auth: {{ token_sha256: {} }}\n    limits: {{ max_connections: 1 }}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"tcp://api.test:*\"] }} }}\n",
         tok_sandbox("\"api.test:*\", \"gone.test:*\""),
         sha("one-secret"),
     );

@@ -201,3 +201,52 @@ fn suggest_proposes_what_was_used_and_never_a_public_suffix_wildcard() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("9 egress rules"));
 }
+
+/// Issue 90: a name whose connections carried another protocol than TLS or HTTP is refused
+/// under a port-named entry (in report mode: reported) and proposed as `tcp://host:port` —
+/// the one spelling that declares opaque TCP; the proposal loads with `validate`.
+#[test]
+fn another_protocol_is_proposed_as_declared_opaque_tcp() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    // A destination that reads a Postgres startup message and answers with one byte.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().map_while(Result::ok) {
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"N");
+        }
+    });
+    let cfg = dir.path().join("proxy.yaml");
+    let yaml = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .guard_allow("127.0.0.1/32")
+        .host("db.test", "127.0.0.1")
+        .sandbox(
+            SandboxSpec::new("agent")
+                .source("127.0.0.0/8")
+                .report()
+                .allow(&format!("db.test:{port}")),
+        )
+        .yaml(&dir.path().join("audit.jsonl"));
+    std::fs::write(&cfg, yaml).unwrap();
+    let mut proxy = Proxy::start_with(cfg.clone(), dir.path().join("audit.jsonl"), &[]);
+    let mut s = std::net::TcpStream::connect(proxy.proxy).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    connect_on(&mut s, &format!("db.test:{port}"), None);
+    s.write_all(b"\x00\x00\x00\x08\x04\xd2\x16\x2f").unwrap();
+    let mut answer = [0u8; 1];
+    // Report mode relays what enforcement would refuse, and says so.
+    s.read_exact(&mut answer).unwrap();
+    drop(s);
+    let rec = proxy.wait_record(|r| r["event"] == "end" && r["reason"] == "unrecognised_protocol");
+    assert_eq!(rec["decision"], "report", "{rec}");
+    proxy.terminate();
+    let log = dir.path().join("audit.jsonl");
+    let (code, out) = suggest(&["--audit", &log.display().to_string(), "--sandbox", "agent"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(entries(&out), [format!("tcp://db.test:{port}")], "{out}");
+}

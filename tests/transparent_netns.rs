@@ -1219,6 +1219,9 @@ fn gateway_dns_redirect_answers_by_policy_and_names_nameless_connections() {
     // A name allowed on the default ports only (no port in its entry): what flows there must
     // be TLS or HTTP the proxy reads.
     let (wport, wgot) = recording_origin("0.0.0.0");
+    // A name whose entry names its port, as the docs once advised for plain HTTP: it carries
+    // TLS or HTTP the proxy reads, never opaque bytes (review round 7d T1–T5).
+    let (nport, ngot) = recording_origin("0.0.0.0");
 
     let dir = tempfile::tempdir().unwrap();
     let audit = dir.path().join("audit.jsonl");
@@ -1229,7 +1232,7 @@ audit: {{ path: {audit} }}
 dns:
   servers: ["127.0.0.1:9"]
   timeout_ms: 500
-  hosts: {{ ssh.test: [{ip}], web.test: [{ip}], other.test: [{other_ip}] }}
+  hosts: {{ ssh.test: [{ip}], web.test: [{ip}], named.test: [{ip}], other.test: [{other_ip}] }}
 defaults:
   guard_allow_ranges: [10.84.1.0/24]
   timeouts: {{ header_ms: 300 }}
@@ -1237,7 +1240,7 @@ defaults:
 sandboxes:
   - id: sbx
     sources: [{sip}/32]
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["ssh.test:{port}", "web.test"] }} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["tcp://ssh.test:{port}", "web.test", "named.test:{nport}"] }} }}
 "#,
         audit = audit.display(),
         sip = ns.sandbox_ip,
@@ -1415,6 +1418,48 @@ sandboxes:
     ]);
     let wseen = String::from_utf8_lossy(&wgot.lock().unwrap()).into_owned();
     assert!(wseen.contains("GET /fine"), "{wseen}");
+
+    // Round 7d T1–T5: resolved through the DNS listener, then what nginx, Go or Python read as
+    // a request for other.test (a method nginx or Go takes, a tab, a pipelined DELETE, PROXY
+    // headers), to the address of a name whose entry names its port. Each was relayed unread
+    // in mode tcp as named.test; now each is read and judged by its Host, or refused.
+    let o = ns.exec(&["getent", "hosts", "named.test"]);
+    assert!(o.status.success(), "named.test did not resolve");
+    let t_cases: [&[u8]; 6] = [
+        b"M-SEARCH * HTTP/1.1\r\nHost: other.test\r\n\r\n",
+        b"GET_X / HTTP/1.1\r\nHost: other.test\r\n\r\n",
+        b"GET1 / HTTP/1.1\r\nHost: other.test\r\n\r\nDELETE /admin HTTP/1.1\r\nHost: other.test\r\n\r\n",
+        b"GET\t/ HTTP/1.1\r\nHost: other.test\r\n\r\n",
+        b"\r\n\r\n\0\r\nQUIT\n\x21\x11\x00\x0c\x06\x06\x06\x06\x0a\x54\x01\x02\x04\xd2\x00\x50GET / HTTP/1.1\r\nHost: other.test\r\n\r\n",
+        b"PROXY TCP4 6.6.6.6 10.84.1.2 1234 80\r\nGET / HTTP/1.1\r\nHost: other.test\r\n\r\n",
+    ];
+    for (i, bytes) in t_cases.iter().enumerate() {
+        let file = dir.path().join(format!("t{i}.req"));
+        std::fs::write(&file, bytes).unwrap();
+        let _ = ns.exec(&[
+            "bash",
+            "-c",
+            &format!(
+                "exec 3<>/dev/tcp/{ip}/{nport}; cat {} >&3; sleep 1",
+                file.display()
+            ),
+        ]);
+    }
+    let nseen = String::from_utf8_lossy(&ngot.lock().unwrap()).into_owned();
+    assert!(
+        nseen.is_empty(),
+        "unread bytes reached the origin: {nseen:.200}"
+    );
+    eventually(Duration::from_secs(10), "a refusal per T case", || {
+        let refused: Vec<_> = proxy
+            .audit_records()
+            .into_iter()
+            .filter(|r| r["event"] == "end" && r["original_dst"] == format!("{ip}:{nport}"))
+            .collect();
+        // Read: judged by other.test, which no rule allows; not read: unrecognised.
+        let ok = refused.len() == t_cases.len() && refused.iter().all(|r| r["decision"] == "deny");
+        ok.then_some(())
+    });
 }
 
 /// A sandbox redirected by iptables (no HTTPS_PROXY) gets brokering too: api.test, decided by

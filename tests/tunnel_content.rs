@@ -67,7 +67,7 @@ fn env() -> Env {
     let raw = RawOrigin::start(None);
     let sandbox = |id: &str, secret: &str, enforcement: &str| {
         format!(
-            "  - id: {id}\n    auth: {{ token_sha256: {} }}\n    enforcement: {enforcement}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"api.test:*\", \"api.example.com:*\"] }} }}\n",
+            "  - id: {id}\n    auth: {{ token_sha256: {} }}\n    enforcement: {enforcement}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"tcp://api.test:*\", \"api.example.com:*\"] }} }}\n",
             sha(secret)
         )
     };

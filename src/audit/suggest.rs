@@ -12,7 +12,8 @@
 //! refused (`denied_by_rule`) is never proposed — deny wins, so the entry would change
 //! nothing — and is listed apart, with the rule that refused it. Requests on terminated hosts
 //! that called something (an MCP tool, a GraphQL operation, a git service) propose
-//! `network.http` rules ([`super::suggest_http`]).
+//! `network.http` rules ([`super::suggest_http`]). A name whose connections carried another
+//! protocol than TLS or HTTP is proposed as `tcp://host:port` (opaque TCP, declared).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -85,6 +86,8 @@ pub fn suggest(opts: &Options) -> Result<Proposal, SuggestError> {
     let mut p = Proposal::default();
     // (host, port) → connections
     let mut seen: BTreeMap<(String, u16), u64> = BTreeMap::new();
+    // (host, port) whose connections carried a protocol the proxy does not read.
+    let mut opaque: BTreeSet<(String, u16)> = BTreeSet::new();
     let mut rules_used: BTreeSet<String> = BTreeSet::new();
     let mut askers = super::suggest_scoped::Askers::default();
     for f in &opts.files {
@@ -128,9 +131,12 @@ pub fn suggest(opts: &Options) -> Result<Proposal, SuggestError> {
             }
             askers.add(&host.to_ascii_lowercase(), &v);
             *seen.entry((host.to_ascii_lowercase(), port)).or_default() += 1;
+            if carried_another_protocol(&v) {
+                opaque.insert((host.to_ascii_lowercase(), port));
+            }
         }
     }
-    p.entries = propose(&seen, opts);
+    p.entries = propose(&seen, &opaque, opts);
     p.scoped = askers.split(&mut p.entries);
     if let Some(current) = &opts.current {
         let have: BTreeSet<&str> = current.iter().map(String::as_str).collect();
@@ -149,7 +155,24 @@ pub fn suggest(opts: &Options) -> Result<Proposal, SuggestError> {
     Ok(p)
 }
 
-fn propose(seen: &BTreeMap<(String, u16), u64>, opts: &Options) -> Vec<Proposed> {
+/// A connection that carried neither TLS nor HTTP: relayed as opaque TCP, or refused because
+/// its entry did not declare it (`unrecognised_protocol` for another protocol, not for bytes
+/// that start like TLS or HTTP).
+fn carried_another_protocol(v: &serde_json::Value) -> bool {
+    let detail = v["detail"].as_str().unwrap_or("");
+    v["mode"] == "tcp" && v["decision"] == "allow"
+        || v["reason"] == "unrecognised_protocol" && detail.contains(OPAQUE_REFUSAL)
+}
+
+/// What [`crate::wire::first_bytes`] says when another protocol met an entry that does not
+/// declare opaque TCP.
+const OPAQUE_REFUSAL: &str = "declares it opaque (`tcp://host:port`)";
+
+fn propose(
+    seen: &BTreeMap<(String, u16), u64>,
+    opaque: &BTreeSet<(String, u16)>,
+    opts: &Options,
+) -> Vec<Proposed> {
     // Names per (registrable domain, port), to decide on wildcards.
     let mut by_domain: BTreeMap<(String, u16), Vec<(&str, u64)>> = BTreeMap::new();
     let mut out = Vec::new();
@@ -161,6 +184,15 @@ fn propose(seen: &BTreeMap<(String, u16), u64>, opts: &Options) -> Vec<Proposed>
         }
     };
     for ((host, port), n) in seen {
+        if opaque.contains(&(host.clone(), *port)) && host.parse::<IpAddr>().is_err() {
+            // Opaque TCP is declared name by name and port by port, never by a wildcard.
+            out.push(Proposed {
+                entry: format!("{}{host}:{port}", crate::policy::entry::OPAQUE_SCHEME),
+                connections: *n,
+                names: Vec::new(),
+            });
+            continue;
+        }
         if let Ok(ip) = host.trim_matches(['[', ']']).parse::<IpAddr>() {
             let entry = match ip {
                 IpAddr::V4(a) => with_port(a.to_string(), *port),

@@ -365,6 +365,7 @@ fn warn_about(
         ));
     }
     for (text, entry) in egress {
+        opaque_hint(text, entry, who, warnings);
         if let crate::policy::entry::HostPattern::Net(net) = &entry.host {
             let wide = match net {
                 ipnet::IpNet::V4(n) => n.prefix_len() < 8,
@@ -376,6 +377,28 @@ fn warn_about(
                 ));
             }
         }
+    }
+}
+
+/// A name entry whose ports include a usual non-HTTP service (`db.internal:5432`) carries only
+/// TLS or HTTP the proxy reads: say that `tcp://` declares opaque TCP.
+fn opaque_hint(
+    text: &str,
+    entry: &crate::policy::entry::Entry,
+    who: &str,
+    warnings: &mut Vec<String>,
+) {
+    use crate::policy::entry::HostPattern;
+    if entry.opaque || matches!(entry.host, HostPattern::Net(_) | HostPattern::Localhost) {
+        return;
+    }
+    let Some(ports) = &entry.ports else { return };
+    let services = crate::policy::service_ports::services_in(ports, 3);
+    if let Some((port, service)) = services.first() {
+        let host = text.rsplit_once(':').map_or(text, |(h, _)| h);
+        warnings.push(format!(
+            "{who}: network.egress entry `{text}` allows port {port} ({service}) but carries only TLS or HTTP the proxy reads there; for another protocol write `tcp://{host}:{port}` (opaque TCP is allowed only where declared)"
+        ));
     }
 }
 
@@ -405,6 +428,18 @@ mod tests {
         };
         let r = parse_block(value, &ctx, &mut sink, &mut warnings);
         (r, errors, warnings)
+    }
+
+    #[test]
+    fn a_named_service_port_without_tcp_is_named() {
+        let yaml = "provider: local\nconfig: {}\nnetwork: { egress: [\"db.internal:5432\", \"tcp://cache.internal:6379\", \"api.test:8080\", \"10.0.0.5:22\"] }\n";
+        let (r, e, w) = run(yaml, false);
+        assert!(e.is_empty() && r.is_some(), "{e:?}");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("`db.internal:5432`") && w[0].contains("tcp://db.internal:5432"),
+            "{w:?}"
+        );
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub struct Entry {
     pub host: HostPattern,
     /// `None` when the entry named no port: `defaults.ports` applies.
     pub ports: Option<PortSet>,
+    /// Written `tcp://host:port`: the destination speaks a protocol the proxy does not read,
+    /// and bytes it cannot read as TLS or HTTP may be relayed there (opaque TCP).
+    pub opaque: bool,
 }
 
 /// Why an entry was rejected. Messages are meant for the operator who wrote it.
@@ -88,7 +91,13 @@ pub enum EntryError {
     /// A host name that is not valid.
     #[error("invalid host name: {0}")]
     Name(#[from] NameError),
+    /// `tcp://` without a port.
+    #[error("a `tcp://` entry names its port (as in `tcp://{0}:5432`): opaque TCP is allowed port by port")]
+    OpaqueWithoutPort(String),
 }
+
+/// The spelling that declares an entry opaque TCP.
+pub const OPAQUE_SCHEME: &str = "tcp://";
 
 /// Parse one entry string.
 pub fn parse_entry(text: &str) -> Result<Entry, EntryError> {
@@ -98,6 +107,11 @@ pub fn parse_entry(text: &str) -> Result<Entry, EntryError> {
     if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(EntryError::Whitespace);
     }
+    let scheme = text.get(..OPAQUE_SCHEME.len());
+    let (text, opaque) = match scheme.filter(|s| s.eq_ignore_ascii_case(OPAQUE_SCHEME)) {
+        Some(_) => (&text[OPAQUE_SCHEME.len()..], true),
+        None => (text, false),
+    };
     if let Some(suggestion) = url_suggestion(text) {
         return Err(EntryError::Url { suggestion });
     }
@@ -106,9 +120,13 @@ pub fn parse_entry(text: &str) -> Result<Entry, EntryError> {
         .map(PortSet::parse)
         .transpose()
         .map_err(EntryError::BadPort)?;
+    if opaque && ports.is_none() {
+        return Err(EntryError::OpaqueWithoutPort(host.to_string()));
+    }
     Ok(Entry {
         host: parse_host_pattern(host)?,
         ports,
+        opaque,
     })
 }
 
@@ -269,6 +287,26 @@ mod tests {
             HostPattern::Exact("xn--bcher-kva.example".into())
         );
         assert_eq!(parse_entry("api.example.com").unwrap().ports, None);
+    }
+
+    #[test]
+    fn only_tcp_entries_are_opaque_and_they_name_a_port() {
+        let db = parse_entry("tcp://db.internal:5432").unwrap();
+        assert!(db.opaque);
+        assert_eq!(db.host, HostPattern::Exact("db.internal".into()));
+        assert_eq!(db.ports, Some(PortSet::parse("5432").unwrap()));
+        assert!(parse_entry("TCP://10.0.0.0/8:5432").unwrap().opaque);
+        assert!(!parse_entry("db.internal:5432").unwrap().opaque);
+        assert!(!parse_entry("10.0.0.0/8:5432").unwrap().opaque);
+        assert!(matches!(
+            parse_entry("tcp://db.internal"),
+            Err(EntryError::OpaqueWithoutPort(h)) if h == "db.internal"
+        ));
+        // Other schemes are still URLs written where a host belongs.
+        assert!(matches!(
+            parse_entry("udp://db.internal:53"),
+            Err(EntryError::Url { .. })
+        ));
     }
 
     #[test]

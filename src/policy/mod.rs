@@ -26,6 +26,7 @@ pub mod reason;
 mod rule_source;
 pub mod sandbox_id;
 mod scoped;
+pub mod service_ports;
 pub mod set;
 pub mod target;
 
@@ -104,9 +105,9 @@ pub struct Rule {
     pub ports: PortSet,
     /// Where it was written.
     pub source: RuleSource,
-    /// What flows may be a protocol the proxy cannot read (opaque TCP): the entry names its
-    /// ports (`host:5432`, `host:*`) or is an address or range. An entry that relies on
-    /// `defaults.ports` allows only TLS or HTTP the proxy can check.
+    /// What flows may be a protocol the proxy cannot read (opaque TCP): the entry declares it
+    /// (`tcp://db.internal:5432`) or is an address or range. Any other entry — with a port
+    /// or without — allows only TLS or HTTP the proxy reads and checks.
     pub allows_opaque: bool,
 }
 
@@ -172,8 +173,8 @@ impl RuleSet {
                 (None, ListKind::Deny | ListKind::LayerDeny) => PortSet::any(),
                 (None, _) => default_ports.clone(),
             };
-            let allows_opaque = entry.ports.is_some()
-                || matches!(entry.host, HostPattern::Net(_) | HostPattern::Localhost);
+            let allows_opaque =
+                entry.opaque || matches!(entry.host, HostPattern::Net(_) | HostPattern::Localhost);
             let rule = Arc::new(Rule {
                 text: text.clone(),
                 allows_opaque,

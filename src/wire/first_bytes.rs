@@ -11,8 +11,8 @@
 //!   knowledge…) are refused on every entry (`unrecognised_protocol`): an origin could read
 //!   them as a request for a host that was never decided;
 //! - anything else — another protocol, a destination that speaks first, silence — only where
-//!   the rule that allowed the target says opaque TCP may flow: it names the port, or it is an
-//!   address rule (`unrecognised_protocol` otherwise). What is not understood is refused.
+//!   the rule that allowed the target declares opaque TCP (`tcp://host:port`), or is an
+//!   address rule (`unrecognised_protocol` otherwise). What is not read is refused.
 //!
 //! Server-speaks-first protocols (SSH, SMTP) are told apart by the destination speaking
 //! before the client has sent anything decisive: on a port that does not require TLS the
@@ -126,8 +126,8 @@ pub struct Rules {
     pub require_tls: bool,
     /// Refuse a ClientHello that offers ECH.
     pub refuse_ech: bool,
-    /// The rule that allowed the target lets opaque TCP flow (it names the port, or it is an
-    /// address rule; [`crate::policy::Rule::allows_opaque`]).
+    /// The rule that allowed the target lets opaque TCP flow (it is written `tcp://host:port`,
+    /// or it is an address rule; [`crate::policy::Rule::allows_opaque`]).
     pub opaque: bool,
 }
 
@@ -268,7 +268,7 @@ fn verify_head(target: &Target, host: Option<&str>, rules: Rules) -> Result<(), 
 
 /// Why opaque TCP was not allowed, for the record.
 const OPAQUE: &str =
-    "another protocol passes only where the rule names the port (`host:port`) or is an address rule";
+    "another protocol passes only where the entry declares it opaque (`tcp://host:port`) or is an address rule";
 
 /// A client-chosen name for a record: ASCII printable, at most 255 characters.
 fn printable(s: &str) -> String {
@@ -402,7 +402,7 @@ mod tests {
                 "{host:?}"
             );
         }
-        // Raw protocols on ports that do not require TLS pass where the rule names the port
+        // Raw protocols on ports that do not require TLS pass where the entry declares opaque TCP
         // (or is an address rule); where it does not, they are refused. Bytes that start like
         // HTTP or TLS but are not read unambiguously are refused everywhere (review B4).
         let unrecognised = FirstBytes::Client(Peeked::Unrecognised { detail: "x" });

@@ -11,7 +11,15 @@ const HANDSHAKE: u8 = 22;
 const CLIENT_HELLO: u8 = 1;
 const EXT_SERVER_NAME: u16 = 0;
 const EXT_ALPN: u16 = 16;
-const EXT_ECH: u16 = 0xfe0d;
+/// `encrypted_client_hello` (RFC 9849) and its drafts: 0xfe08 (draft 08) to 0xfe0d (final).
+const EXT_ECH_DRAFTS: std::ops::RangeInclusive<u16> = 0xfe08..=0xfe0d;
+/// `encrypted_server_name`, the ESNI drafts' code point.
+const EXT_ESNI: u16 = 0xffce;
+/// Record types that may come before a hello in a first flight a server still reads:
+/// change_cipher_spec, alert, application_data, heartbeat.
+const OTHER_RECORDS: [u8; 4] = [20, 21, 23, 24];
+/// The largest record length a TLS server reads in a first record (Go refuses ≥ 0x3000 there).
+const MAX_RECORD: usize = 16384 + 2048;
 
 /// What a ClientHello tells us.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -37,12 +45,17 @@ pub enum Hello {
     Malformed(&'static str),
 }
 
-/// Parse the start of a TLS stream.
+/// Parse the start of a TLS stream. Every record of a first flight is read whatever its
+/// version bytes (Go's crypto/tls reads a first record of any version); a record that is not a
+/// handshake before the hello (an alert, which Go skips) and an SSLv2-format hello (which
+/// OpenSSL reads) are `Malformed`: a server may read the hello after them, so they are refused,
+/// never taken for another protocol.
 pub fn parse(buf: &[u8]) -> Hello {
     match buf {
         [] => return Hello::Incomplete,
+        [t, ..] if OTHER_RECORDS.contains(t) => return other_record(buf),
+        [t, ..] if *t & 0x80 != 0 => return sslv2(buf),
         [t, ..] if *t != HANDSHAKE => return Hello::NotTls,
-        [_, major, ..] if *major != 3 => return Hello::NotTls,
         _ => {}
     }
     // Reassemble the handshake message from as many records as needed.
@@ -58,11 +71,8 @@ pub fn parse(buf: &[u8]) -> Hello {
         if rest[0] != HANDSHAKE {
             return Hello::Malformed("non-handshake record before the ClientHello ended");
         }
-        if rest[1] != 3 {
-            return Hello::Malformed("bad record version");
-        }
         let len = usize::from(u16::from_be_bytes([rest[3], rest[4]]));
-        if len == 0 || len > 16384 + 2048 {
+        if len == 0 || len > MAX_RECORD {
             return Hello::Malformed("bad record length");
         }
         if rest.len() < 5 + len {
@@ -70,6 +80,35 @@ pub fn parse(buf: &[u8]) -> Hello {
         }
         hs.extend_from_slice(&rest[5..5 + len]);
         rest = &rest[5 + len..];
+    }
+}
+
+/// A first record of another TLS content type: refused when its header is a plausible TLS
+/// record header (a small version major and a length a server reads).
+fn other_record(buf: &[u8]) -> Hello {
+    match buf {
+        [_] | [_, _] | [_, _, _] | [_, _, _, _] => Hello::Incomplete,
+        [_, major, _, hi, lo, ..] if *major <= 3 => {
+            match usize::from(u16::from_be_bytes([*hi, *lo])) <= MAX_RECORD {
+                true => {
+                    Hello::Malformed("a TLS record that is not a handshake before the ClientHello")
+                }
+                false => Hello::NotTls,
+            }
+        }
+        _ => Hello::NotTls,
+    }
+}
+
+/// An SSLv2-format ClientHello: a two-byte length with the high bit set, message type 1 and a
+/// version of SSL 2.0 or a TLS version. It carries no SNI to judge.
+fn sslv2(buf: &[u8]) -> Hello {
+    match buf {
+        [_] | [_, _] | [_, _, _] | [_, _, _, _] => Hello::Incomplete,
+        [_, _, CLIENT_HELLO, 0, 2, ..] | [_, _, CLIENT_HELLO, 3, 0..=4, ..] => {
+            Hello::Malformed("an SSLv2-format ClientHello (it carries no server name)")
+        }
+        _ => Hello::NotTls,
     }
 }
 
@@ -164,7 +203,7 @@ fn client_hello(body: &[u8]) -> Result<ClientHello, &'static str> {
                     out.alpn.push(String::from_utf8_lossy(p).into_owned());
                 }
             }
-            EXT_ECH => out.ech = true,
+            t if EXT_ECH_DRAFTS.contains(&t) || t == EXT_ESNI => out.ech = true,
             _ => {}
         }
     }
@@ -297,9 +336,20 @@ mod tests {
 
     #[test]
     fn ech_flag() {
-        // Append an ECH extension to the openssl hello (fix up the three lengths).
+        for code in [0xfe0d_u16, 0xfe08, 0xfe0a, 0xffce] {
+            let h = parsed(&with_extension(code));
+            assert!(h.ech, "{code:#x}");
+            assert_eq!(h.sni.as_deref(), Some("www.example.org"));
+        }
+        assert!(!parsed(&with_extension(0x1234)).ech);
+    }
+
+    /// The openssl hello with one more (one-byte) extension of type `code`.
+    fn with_extension(code: u16) -> Vec<u8> {
+        // Append the extension (fix up the three lengths).
         let mut payload = OPENSSL[5..].to_vec();
-        let ext = [0xfe, 0x0d, 0x00, 0x01, 0x00];
+        let [hi, lo] = code.to_be_bytes();
+        let ext = [hi, lo, 0x00, 0x01, 0x00];
         payload.extend_from_slice(&ext);
         let hs_len = payload.len() - 4;
         payload[1..4].copy_from_slice(&(hs_len as u32).to_be_bytes()[1..]);
@@ -313,15 +363,42 @@ mod tests {
         let mut rec = vec![22, 3, 1];
         rec.extend_from_slice(&(payload.len() as u16).to_be_bytes());
         rec.extend_from_slice(&payload);
-        let h = parsed(&rec);
-        assert!(h.ech);
-        assert_eq!(h.sni.as_deref(), Some("www.example.org"));
+        rec
+    }
+
+    /// What Go's crypto/tls or OpenSSL still read as a hello is read or refused, never
+    /// another protocol (review round 7d T6, T7, S1).
+    #[test]
+    fn first_flights_a_server_reads() {
+        // Any record version: the hello is read and its SNI judged.
+        for version in [[0x02, 0x00], [0x00, 0x00], [0x03, 0x07], [0xfe, 0xfd]] {
+            let mut h = refragment(CURL, 100);
+            let mut at = 0;
+            while at + 5 <= h.len() {
+                h[at + 1..at + 3].copy_from_slice(&version);
+                at += 5 + usize::from(u16::from_be_bytes([h[at + 3], h[at + 4]]));
+            }
+            assert_eq!(parsed(&h).sni.as_deref(), Some("api.example.com"));
+        }
+        // A warning alert (or a change_cipher_spec) before the hello.
+        for first in [[21, 3, 1, 0, 2, 1, 0].as_slice(), &[20, 3, 3, 0, 1, 1]] {
+            let flight = [first, CURL].concat();
+            assert!(matches!(parse(&flight), Hello::Malformed(_)), "{first:?}");
+        }
+        // An SSLv2-format hello (SSL 2.0 or TLS 1.0 inside).
+        for v in [[0, 2], [3, 1]] {
+            let v2 = [0x80, 0x2e, 1, v[0], v[1], 0, 0x15, 0, 0, 0, 0x10];
+            assert!(matches!(parse(&v2), Hello::Malformed(_)), "{v:?}");
+        }
+        // Other bytes with the same first byte stay another protocol.
+        assert_eq!(parse(b"\x15\x7fxyz"), Hello::NotTls);
+        assert_eq!(parse(b"\x80\x00\x07abc"), Hello::NotTls);
     }
 
     #[test]
     fn not_tls_and_malformed() {
         assert_eq!(parse(b"GET / HTTP/1.1\r\n"), Hello::NotTls);
-        assert_eq!(parse(b"\x16\x01"), Hello::NotTls);
+        assert_eq!(parse(b"\x16\x01"), Hello::Incomplete);
         assert!(matches!(
             parse(b"\x16\x03\x01\x00\x00"),
             Hello::Malformed(_)

@@ -18,6 +18,8 @@ pub const CERT_NAMES: &[&str] = &[
     "private.test",
     "meta.test",
     "denied.test",
+    "allowed.test",
+    "forbidden.test",
     "port.test",
     "report.test",
     "other.test",

@@ -1,0 +1,3 @@
+module vhosts
+
+go 1.19
