@@ -29,7 +29,10 @@ const ENDS: &[&[u8]] = &[b"\r\n", b"\n"];
 
 /// Python's `str.split()` white space, on a Latin-1 decoded line.
 fn python_space(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r' | 0x1c..=0x1f | 0x85 | 0xa0)
+    matches!(
+        b,
+        b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r' | 0x1c..=0x1f | 0x85 | 0xa0
+    )
 }
 
 fn first_line(buf: &[u8]) -> &[u8] {
@@ -50,13 +53,19 @@ fn python_reads(buf: &[u8]) -> bool {
 /// nginx: empty lines skipped; a method of `A-Z`, `_`, `-`; one or more spaces; a target;
 /// spaces; `HTTP/`.
 fn nginx_reads(buf: &[u8]) -> bool {
-    let start = buf.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(buf.len());
+    let start = buf
+        .iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .unwrap_or(buf.len());
     let line = first_line(&buf[start..]);
     let m = line
         .iter()
         .take_while(|&&b| b.is_ascii_uppercase() || b == b'_' || b == b'-')
         .count();
-    let words: Vec<&[u8]> = line[m..].split(|&b| b == b' ').filter(|w| !w.is_empty()).collect();
+    let words: Vec<&[u8]> = line[m..]
+        .split(|&b| b == b' ')
+        .filter(|w| !w.is_empty())
+        .collect();
     m > 0 && line.get(m) == Some(&b' ') && words.len() == 2 && words[1].starts_with(b"HTTP/")
 }
 

@@ -256,6 +256,54 @@ fn placeholders_become_the_secret_and_the_secret_comes_back_scrubbed_and_binary_
     e2.proxy.wait_record(|r| r["reason"] == "credential_misuse");
 }
 
+/// Review 7b W17b, W18: a close frame's reason (up to 123 bytes) is a message — before, a
+/// foreign credential's placeholder in it reached the origin unjudged and unrecorded. Now it
+/// is refused like a message (1008 to the sandbox, recorded), and a bound placeholder in a
+/// close reason becomes the secret like in any message.
+#[test]
+fn a_close_reason_is_judged_scanned_and_rewritten_like_a_message() {
+    let e = env(
+        r#"[{ host: api.test, paths: [/rpc], protocol: websocket }, { host: other.test, paths: [/chat], protocol: websocket }]"#,
+        false,
+    );
+    let ph = e.placeholder();
+    let out = e.client(
+        "api.test",
+        "/rpc",
+        &serde_json::json!([{ "close": format!("leak {ph}") }]).to_string(),
+    );
+    assert_eq!(out["close"]["code"], 1008, "{out}");
+    let got = e.received();
+    assert!(
+        got.iter()
+            .all(|m| !m["text"].as_str().unwrap_or("").contains(&ph)),
+        "the placeholder reached the origin in a close reason: {got:?}"
+    );
+    e.proxy.wait_record(|r| {
+        r["reason"] == "credential_misuse"
+            && r["detail"]
+                .as_str()
+                .unwrap_or("")
+                .contains("message 1 from the sandbox")
+    });
+    // Bound to other.test: the close reason carries the secret there, as a message would.
+    let out = e.client(
+        "other.test",
+        "/chat",
+        &serde_json::json!([{ "close": format!("bye {ph}") }]).to_string(),
+    );
+    assert!(out.get("error").is_none(), "{out}");
+    let closes = eventually(Duration::from_secs(5), "the origin's close", || {
+        let closes: Vec<_> = e
+            .received()
+            .into_iter()
+            .filter(|m| m["kind"] == "close")
+            .collect();
+        (!closes.is_empty()).then_some(closes)
+    });
+    assert_eq!(closes[0]["text"], format!("bye {SECRET}"), "{closes:?}");
+}
+
 #[test]
 fn a_compressed_offer_is_stripped_so_every_message_is_judged() {
     // The origin would compress (permessage-deflate) if offered; the client offers it.

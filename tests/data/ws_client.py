@@ -3,7 +3,8 @@
 usage: ws_client.py URL PROXY CAFILE MESSAGES_JSON
 
 Opens URL through PROXY (trusting CAFILE), sends each message of MESSAGES_JSON in turn (a
-string is sent as text, {"binary": HEX} as binary, `sleep:N` sends nothing and waits N s) and waits up to 3 s for one answer to
+string is sent as text, {"binary": HEX} as binary, {"close": REASON} closes with 1000 and
+that reason, `sleep:N` sends nothing and waits N s) and waits up to 3 s for one answer to
 each; prints one JSON object: `answers` (text, or {"binary": HEX}), and `close` (code and
 reason) when the connection was closed, or `error` when it could not be opened.
 """
@@ -25,6 +26,9 @@ async def main():
         async with connect(URL, proxy=PROXY, ssl=ctx, open_timeout=10) as ws:
             try:
                 for m in json.loads(MESSAGES):
+                    if isinstance(m, dict) and "close" in m:
+                        await ws.close(1000, m["close"])
+                        break
                     if isinstance(m, str) and m.startswith("sleep:"):
                         try:
                             await asyncio.wait_for(ws.recv(), float(m[6:]))

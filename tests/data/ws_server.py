@@ -5,7 +5,8 @@ usage: ws_server.py CERT KEY LOG SECRET (none|deflate)   (prints the port, then 
 
 Every message it receives is appended to LOG (one JSON line: path, kind, text), then answered:
 `secret?` with a text carrying SECRET, `binary?` with a binary message, `close?` by closing
-with 4000, anything else with `got:` and the message. It offers no extension, so a client
+with 4000, anything else with `got:` and the message. A normal close's reason (1000) received is
+logged too (`kind: close`). It offers no extension, so a client
 that asks for compression through a proxy that strips the offer still speaks to it; with
 `deflate` it accepts permessage-deflate when offered. Each log line also carries the
 handshake's `Sec-WebSocket-Extensions` (`extensions`).
@@ -36,6 +37,12 @@ async def handler(ws):
             await ws.close(4000, "asked to")
         else:
             await ws.send(f"got:{text}")
+    # A normal close's reason the origin received (none for a close without one; the proxy's
+    # own closes, 1001 and 1008, are not logged).
+    rcvd = ws.protocol.close_rcvd
+    if rcvd is not None and rcvd.code == 1000 and rcvd.reason:
+        with open(LOG, "a") as f:
+            f.write(json.dumps({"path": path, "kind": "close", "text": rcvd.reason, "code": rcvd.code}) + "\n")
 
 
 async def main():

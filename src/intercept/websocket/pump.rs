@@ -2,7 +2,8 @@
 //! rule's `max_message`), each whole message judged by the rule, scanned (DLP, the
 //! sandbox's), its placeholders replaced (the sandbox's) or its secrets scrubbed (the
 //! origin's), and written to the other side as one frame; control frames checked and
-//! forwarded at a bounded rate; a close forwarded and the direction ended.
+//! forwarded at a bounded rate; a close forwarded (the sandbox's reason judged, scanned and
+//! rewritten like a message) and the direction ended.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
@@ -69,6 +70,16 @@ pub async fn pump(
                 if let (false, Some(scrubber)) = (sent, &s.scrubber) {
                     s.reflected(scrubber.scrub_message(&mut payload));
                 }
+                if sent && payload.len() > 2 {
+                    let rule_now = rule
+                        .read()
+                        .map(|r| r.clone())
+                        .unwrap_or_else(|p| p.into_inner().clone());
+                    match s.close_reason(&rule_now, payload) {
+                        Ok(p) => payload = p,
+                        Err(cut) => return stop((to, back), sent, cut).await,
+                    }
+                }
                 let _ = write(to, Frame::close_raw(Payload::Owned(payload))).await;
                 return Step::Closed(Ended {
                     close: Close::Eof,
@@ -122,6 +133,30 @@ impl Socket {
             return Err(Cut(1008, why, Close::Limit));
         }
         Ok(())
+    }
+
+    /// A close frame from the sandbox (code and reason, RFC 6455 §5.5.1): its reason is a text
+    /// message like any other — judged by the rule, scanned, its placeholders replaced, and
+    /// recorded when refused (review 7b W17b, W18). A reason the replacement makes longer than
+    /// a close frame holds (123 bytes) is dropped; the code goes on.
+    fn close_reason(&self, rule: &WsRule, mut payload: Vec<u8>) -> Result<Vec<u8>, Cut> {
+        let reason = payload.split_off(2);
+        let n = self.counts[0].load(Ordering::Relaxed) + 1;
+        match self.message(rule, true, (OpCode::Text, reason)) {
+            Ok((_, r)) if r.len() <= 123 => payload.extend_from_slice(&r),
+            Ok(_) => {}
+            Err((r, original)) => {
+                self.record_refused(true, n, &r);
+                match (self.report, original) {
+                    (true, Some((_, o))) => payload.extend_from_slice(&o),
+                    _ => {
+                        let why = format!("the close reason (message {n}) refused: {}", r.detail);
+                        return Err(Cut(1008, why, Close::Eof));
+                    }
+                }
+            }
+        }
+        Ok(payload)
     }
 
     /// Judge, scan and rewrite one whole message: `Ok` with what to forward; `Err` with the
