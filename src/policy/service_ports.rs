@@ -65,7 +65,7 @@ mod tests {
         assert!(SERVICES.windows(2).all(|w| w[0].0 < w[1].0));
         assert_eq!(usual_service(5432), Some("PostgreSQL"));
         assert_eq!(usual_service(443), None);
-        let ports = PortSet::parse("22,443,6379").unwrap();
+        let ports = PortSet::from_ports(&[22, 443, 6379]).unwrap();
         assert_eq!(services_in(&ports, 5), [(22, "SSH"), (6379, "Redis")]);
         assert_eq!(services_in(&PortSet::any(), 2).len(), 2);
     }
