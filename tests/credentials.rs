@@ -676,19 +676,9 @@ type Tls = rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>;
 /// A CONNECT tunnel to `host` (at the upstream's port) and TLS through it, trusting the
 /// interception CA: the client side of a terminated connection, for hand-written requests.
 fn tls_through(e: &Env, host: &str) -> Tls {
-    use rustls::pki_types::{pem::PemObject, CertificateDer};
     let mut s = std::net::TcpStream::connect(e.proxy.proxy).unwrap();
     connect_on(&mut s, &format!("{host}:{}", e.upstream.addr.port()), None);
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(e.ica()).unwrap() {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let cfg = client_config(e.ica(), &[]);
     let name = rustls::pki_types::ServerName::try_from(host.to_string()).unwrap();
     let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
     rustls::StreamOwned::new(conn, s)
@@ -876,18 +866,7 @@ async fn h2_through(e: &Env) -> hyper::client::conn::http2::SendRequest<Full<Byt
         tcp.read_exact(&mut b).await.unwrap();
         head.push(b[0]);
     }
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls::pki_types::CertificateDer::pem_file_iter(e.ica()).unwrap() {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let cfg = client_config(e.ica(), &[b"h2"]);
     let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
         .connect("api.test".try_into().unwrap(), tcp)
         .await

@@ -369,17 +369,7 @@ impl Write for Bent {
 /// A rustls client for `sni` over `stream` with its first flight bent; `GET /`, and what came
 /// back (empty when the handshake failed).
 fn bent_tls_get(stream: TcpStream, sni: &str, bend: Bend, ca: &TestCa) -> String {
-    let mut roots = rustls::RootCertStore::empty();
-    use rustls::pki_types::{pem::PemObject, CertificateDer};
-    for cert in CertificateDer::pem_file_iter(&ca.ca_pem).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let cfg = client_config(&ca.ca_pem, &[]);
     let name = rustls::pki_types::ServerName::try_from(sni.to_string()).unwrap();
     let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
     let mut tls = rustls::StreamOwned::new(

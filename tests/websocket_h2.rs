@@ -109,18 +109,7 @@ async fn h2_to(
         "{}",
         String::from_utf8_lossy(&head)
     );
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls::pki_types::CertificateDer::pem_file_iter(ica).unwrap() {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let cfg = client_config(ica, &[b"h2"]);
     let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
         .connect("api.test".try_into().unwrap(), tcp)
         .await

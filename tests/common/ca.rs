@@ -130,3 +130,21 @@ pub fn ca_init(dir: &Path) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A rustls client configuration trusting only the certificates of the PEM file `roots`
+/// (the test CA, or the proxy's interception CA), offering `alpn`.
+pub fn client_config(roots: impl AsRef<Path>, alpn: &[&[u8]]) -> rustls::ClientConfig {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut store = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(roots.as_ref()).unwrap() {
+        store.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    cfg
+}
