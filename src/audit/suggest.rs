@@ -161,12 +161,9 @@ pub fn suggest(opts: &Options) -> Result<Proposal, SuggestError> {
 fn carried_another_protocol(v: &serde_json::Value) -> bool {
     let detail = v["detail"].as_str().unwrap_or("");
     v["mode"] == "tcp" && v["decision"] == "allow"
-        || v["reason"] == "unrecognised_protocol" && detail.contains(OPAQUE_REFUSAL)
+        || v["reason"] == "unrecognised_protocol"
+            && detail.contains(crate::wire::first_bytes::OPAQUE)
 }
-
-/// What [`crate::wire::first_bytes`] says when another protocol met an entry that does not
-/// declare opaque TCP.
-const OPAQUE_REFUSAL: &str = "declares it opaque (`tcp://host:port`)";
 
 fn propose(
     seen: &BTreeMap<(String, u16), u64>,

@@ -107,8 +107,8 @@ pub enum Reason {
     /// A `dlp` rule found what it looks for in the request body.
     DlpBlocked,
     /// The first bytes of a connection decided by name are neither a ClientHello nor a
-    /// complete, unambiguous HTTP/1.x request head, and no rule allows opaque TCP there (a
-    /// rule naming the port, or an address rule).
+    /// complete, unambiguous HTTP/1.x request head, and no rule allows opaque TCP there (an
+    /// entry written `tcp://host:port`, or an address rule).
     UnrecognisedProtocol,
     /// A forwarded request could not be read as the client sent it (a malformed body): the
     /// client's fault, answered 400.

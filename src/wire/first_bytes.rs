@@ -266,8 +266,8 @@ fn verify_head(target: &Target, host: Option<&str>, rules: Rules) -> Result<(), 
     }
 }
 
-/// Why opaque TCP was not allowed, for the record.
-const OPAQUE: &str =
+/// Why opaque TCP was not allowed, in the record's detail (`suggest` reads it back).
+pub const OPAQUE: &str =
     "another protocol passes only where the entry declares it opaque (`tcp://host:port`) or is an address rule";
 
 /// A client-chosen name for a record: ASCII printable, at most 255 characters.

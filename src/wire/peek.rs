@@ -144,7 +144,24 @@ const MAX_METHOD: usize = 32;
 
 /// RFC 9110 §5.6.2 `tchar`: what Go, Rack and nginx take for a method.
 fn is_tchar(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+    b.is_ascii_alphanumeric()
+        || matches!(
+            b,
+            b'!' | b'#'
+                | b'$'
+                | b'%'
+                | b'&'
+                | b'\''
+                | b'*'
+                | b'+'
+                | b'-'
+                | b'.'
+                | b'^'
+                | b'_'
+                | b'`'
+                | b'|'
+                | b'~'
+        )
 }
 
 /// White space some origin splits a request line on: Python's `str.split` takes all of these
