@@ -384,3 +384,110 @@ fn plain_http_inside_connect_and_socks5_tunnels_is_judged_request_by_request() {
     let rec = p.wait_record(|r| r["path"] == "/secret" && r["mode"] == "http");
     assert_eq!(rec["reason"], "http_not_allowed", "{rec}");
 }
+
+/// Rack (`MethodOverride`, the first middleware of every Rails app) behind WEBrick: the real
+/// origin of review round 7a B5. Its port, the log of what it ran, and the process.
+struct Rack {
+    port: u16,
+    log: std::path::PathBuf,
+    child: std::process::Child,
+}
+
+impl Drop for Rack {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Rack {
+    fn start(dir: &Path) -> Rack {
+        use std::io::BufRead;
+        let log = dir.join("rack.log");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/rack_origin.rb");
+        let mut child = std::process::Command::new("ruby")
+            .arg(script)
+            .arg(&log)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("ruby (tests/run installs ruby, ruby-rack and ruby-webrick)");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().unwrap_or_else(|_| {
+            panic!("rack_origin.rb printed no port (tests/run installs ruby-rack): {line:?}")
+        });
+        Rack { port, log, child }
+    }
+
+    fn ran(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Review round 7a B5: with `methods: [GET, POST]`, a POST whose form or multipart body
+/// carries `_method=DELETE` ran `DELETE` in Rack — query and header overrides were refused,
+/// the body was not read. Now the body of a form POST on a host whose rules name methods is
+/// read and such a request refused, forwarded and inside a CONNECT tunnel alike; a form
+/// without the field passes.
+#[test]
+fn a_method_override_in_a_form_body_is_refused_on_every_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let rack = Rack::start(dir.path());
+    let port = rack.port;
+    // Rack itself runs the override (so the test cannot pass by an origin that ignores it).
+    let direct = curl(&[
+        "-s",
+        "-d",
+        "_method=DELETE",
+        &format!("http://127.0.0.1:{port}/items/1"),
+    ]);
+    assert_eq!(direct.text(), "method=DELETE path=/items/1\n");
+    let before = rack.ran();
+    proxy_certificate(dir.path());
+    let rules = r#"[{ host: api.test, methods: [GET, POST], paths: ["/items/**"] }]"#;
+    let p = proxy(dir.path(), port, rules, "");
+    let url = format!("http://api.test:{port}/items/1");
+    for tunnel in [false, true] {
+        for body in [
+            vec!["-d", "_method=DELETE"],
+            vec!["-d", "a=1&%5Fmethod=delete"],
+            vec!["-F", "_method=DELETE"],
+            vec!["-F", "file=@/dev/null", "-F", "_method=DELETE"],
+        ] {
+            let mut args = body.clone();
+            if tunnel {
+                args.push("-p");
+            }
+            args.push(&url);
+            let (status, text) = through(&p, &args);
+            assert_eq!(status, 403, "{body:?} tunnel {tunnel}: {text}");
+        }
+        let mut args = vec!["-d", "a=1&method=DELETE"];
+        if tunnel {
+            args.push("-p");
+        }
+        args.push(&url);
+        let (status, text) = through(&p, &args);
+        assert_eq!(
+            (status, text.as_str()),
+            (200, "method=POST path=/items/1\n")
+        );
+    }
+    let ran = rack.ran();
+    assert!(
+        !ran[before.len()..].contains("DELETE"),
+        "an override reached Rack: {ran}"
+    );
+    let refused = p
+        .audit_records()
+        .into_iter()
+        .filter(|r| {
+            r["reason"] == "http_not_allowed"
+                && r["detail"].as_str().unwrap_or("").contains("_method")
+        })
+        .count();
+    assert_eq!(refused, 8, "{:#?}", p.audit_records());
+}

@@ -13,7 +13,7 @@ use crate::policy::http_rules::{
     Admits, GitService, HttpRule,
 };
 use crate::policy::process::Process;
-use crate::policy::protocols::{lfs, Protocol};
+use crate::policy::protocols::{form, lfs, Protocol};
 use crate::policy::reason::Reason;
 
 /// The `network.http` rules of one sandbox for one host, compiled once per binding.
@@ -215,7 +215,12 @@ impl HostRules {
         let mut judges = Vec::new();
         for r in candidates {
             match r.admits(method, path, query) {
-                Admits::Yes => return Checked::Allowed(git_call()),
+                Admits::Yes => {
+                    return match self.form_to_read(head) {
+                        Some(form) => Checked::Judge(vec![Arc::new(Protocol::FormOverride(form))]),
+                        None => Checked::Allowed(git_call()),
+                    }
+                }
                 Admits::Judge(proto) => judges.push(proto.clone()),
                 Admits::No => {}
             }
@@ -240,6 +245,21 @@ impl HostRules {
             reason,
             format!("no network.http rule allows {method} {path} on {host}"),
         ))
+    }
+
+    /// A POST sent as a form, on a host whose rules name methods: its body is read for a
+    /// `_method` override before it is sent ([`crate::policy::protocols::form`]).
+    fn form_to_read(&self, head: Head<'_>) -> Option<form::Form> {
+        if !head.has_body
+            || !head.method.as_str().eq_ignore_ascii_case("POST")
+            || self.rules.iter().all(|r| r.methods.is_empty())
+        {
+            return None;
+        }
+        head.headers
+            .get_all(http::header::CONTENT_TYPE)
+            .iter()
+            .find_map(|v| form::Form::of(v.to_str().unwrap_or("")))
     }
 
     /// An upgrade to a WebSocket: allowed by the first `protocol: websocket` rule on its path,

@@ -5,6 +5,7 @@
 //! refused, never passed ([`strict_json`]). Pure: matched per request, no I/O.
 
 pub mod error;
+pub mod form;
 pub mod graphql;
 pub mod inference;
 pub mod inference_usage;
@@ -34,6 +35,9 @@ pub enum Protocol {
     WebSocket(websocket::WsRule),
     /// `protocol: openai | anthropic | gemini`: an LLM provider's calls.
     Inference(std::sync::Arc<inference::InferenceRule>),
+    /// Not written in rules: a POST form body on a host whose rules name methods, read for a
+    /// `_method` override ([`form`]).
+    FormOverride(form::Form),
 }
 
 /// The request as a protocol reads it (its body aside).
@@ -90,6 +94,7 @@ impl Protocol {
             Protocol::Lfs(_) => "lfs",
             Protocol::WebSocket(_) => "websocket",
             Protocol::Inference(r) => r.provider.name(),
+            Protocol::FormOverride(_) => "form",
         }
     }
 
@@ -139,6 +144,7 @@ impl Protocol {
             ),
             Protocol::WebSocket(r) => r.describe(),
             Protocol::Inference(r) => r.describe(),
+            Protocol::FormOverride(_) => "form:_method".into(),
         }
     }
 
@@ -151,6 +157,7 @@ impl Protocol {
             Protocol::Lfs(_) => Reason::GitNotAllowed,
             Protocol::WebSocket(_) => Reason::WebSocketNotAllowed,
             Protocol::Inference(_) => Reason::InferenceNotAllowed,
+            Protocol::FormOverride(_) => Reason::HttpNotAllowed,
         }
     }
 
@@ -165,6 +172,7 @@ impl Protocol {
             Protocol::GraphQl(_) => m("POST") || m("GET"),
             Protocol::WebSocket(_) => m("GET"),
             Protocol::Inference(_) => m("POST") || m("GET") || m("DELETE"),
+            Protocol::FormOverride(_) => m("POST"),
         }
     }
 
@@ -264,6 +272,10 @@ impl Protocol {
                     ..Judged::default()
                 })
                 .map_err(|e| refuse(e.into_detail(), None, None)),
+            Protocol::FormOverride(f) => match form::override_refusal(f, body) {
+                None => Ok(Judged::default()),
+                Some(why) => Err(refuse(why, None, None)),
+            },
         }
     }
 }
