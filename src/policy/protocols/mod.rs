@@ -214,21 +214,13 @@ impl Protocol {
                     .collect::<Vec<_>>()
                     .join(",");
                 match rule.refusal(&b) {
-                    None => Ok(Judged {
-                        call: Some(call),
-                        lists: mcp::Lists::new(),
-                        inference: None,
-                    }),
+                    None => Ok(called(call)),
                     Some(why) => Err(refuse(why, Some(call), Some(ids(&b)))),
                 }
             }
             Protocol::Mcp(rule) => {
                 if !asked.method.eq_ignore_ascii_case("POST") {
-                    return Ok(Judged {
-                        call: Some(format!("{} session", asked.method.to_ascii_uppercase())),
-                        lists: mcp::Lists::new(),
-                        inference: None,
-                    });
+                    return Ok(called(format!("{} session", asked.method.to_ascii_uppercase())));
                 }
                 json("an MCP")?;
                 let b = jsonrpc::parse(body).map_err(|e| refuse(e.into_detail(), None, None))?;
@@ -245,19 +237,11 @@ impl Protocol {
             }
             Protocol::GraphQl(rule) => rule
                 .judge(asked.method, asked.query, asked.content_type, body)
-                .map(|call| Judged {
-                    call: Some(call),
-                    lists: mcp::Lists::new(),
-                        inference: None,
-                })
+                .map(called)
                 .map_err(|(why, call)| refuse(why, call, None)),
             Protocol::Lfs(ops) => json("an LFS")
                 .and_then(|()| lfs::judge(ops, body).map_err(|(why, call)| refuse(why, call, None)))
-                .map(|call| Judged {
-                    call: Some(call),
-                    lists: mcp::Lists::new(),
-                        inference: None,
-                }),
+                .map(called),
             // Its messages are judged on the socket, never a body.
             Protocol::WebSocket(_) => Err(refuse(
                 "a `protocol: websocket` rule allows the upgrade to a WebSocket, not a request with a body".into(),
@@ -277,6 +261,14 @@ impl Protocol {
                 Some(why) => Err(refuse(why, None, None)),
             },
         }
+    }
+}
+
+/// An allowed request that called `call`.
+fn called(call: String) -> Judged {
+    Judged {
+        call: Some(call),
+        ..Judged::default()
     }
 }
 
