@@ -135,6 +135,26 @@ impl Upstream {
                                     r.headers_mut().insert("x-kind", "enc".parse().unwrap());
                                     return Ok::<_, std::convert::Infallible>(r);
                                 }
+                                if let Some(to) = path.strip_prefix("/v1/redirect-token/") {
+                                    // A redirect to another host that carries the token it
+                                    // got (an OAuth-style callback), in the path.
+                                    let port = host_port(&h("host"), &req);
+                                    let auth = h("authorization");
+                                    let token = auth.strip_prefix("Bearer ").unwrap_or(&auth);
+                                    let mut r = http::Response::new(
+                                        Full::new(Bytes::new())
+                                            .map_err(|never| match never {})
+                                            .boxed(),
+                                    );
+                                    *r.status_mut() = http::StatusCode::FOUND;
+                                    r.headers_mut().insert(
+                                        "location",
+                                        format!("https://{to}:{port}/v1/landing/{token}")
+                                            .parse()
+                                            .unwrap(),
+                                    );
+                                    return Ok::<_, std::convert::Infallible>(r);
+                                }
                                 if let Some(to) = path.strip_prefix("/v1/redirect/") {
                                     // A redirect to another host (same upstream, another name).
                                     let port = host_port(&h("host"), &req);
@@ -1167,6 +1187,45 @@ fn a_redirect_from_a_bound_host_carries_no_credential_to_the_next_host() {
         "the secret followed the redirect: {landing:?}"
     );
     assert_eq!(landing.4, format!("Bearer {api}"));
+}
+
+/// Review 7d C1: the bound host redirects to a host the proxy only relays by SNI with the
+/// secret in the `Location`. The scrubber used to rewrite it to the placeholder, which the
+/// client then carried to that host unseen (a placeholder names a credential and must not
+/// travel). Now a `Location` gets a redaction that is no placeholder.
+#[test]
+fn a_secret_in_a_location_never_becomes_a_placeholder_on_the_next_host() {
+    let e = env();
+    let api = e.placeholder("api");
+    let auth = format!("Authorization: Bearer {api}");
+    let both = e.dir.path().join("both.pem");
+    let pem = std::fs::read_to_string(e.ica()).unwrap()
+        + &std::fs::read_to_string(&e.upstream_ca.ca_pem).unwrap();
+    std::fs::write(&both, pem).unwrap();
+    let out = e.curl(
+        &both.display().to_string(),
+        "api.test",
+        "/v1/redirect-token/mixed.test",
+        &["-L", "-H", &auth],
+    );
+    assert_eq!(out.code, 0, "{} {}", out.text(), out.stderr);
+    let seen = e.upstream.seen();
+    let landing = seen
+        .iter()
+        .find(|s| s.0 == "mixed.test" && s.2.starts_with("/v1/landing/"))
+        .expect("the client followed the redirect");
+    assert!(
+        !landing.2.contains(SECRET_API) && !landing.2.contains(&api),
+        "the secret or its placeholder followed the redirect: {landing:?}"
+    );
+    assert!(
+        landing.2.starts_with("/v1/landing/redacted-"),
+        "{landing:?}"
+    );
+    let rec = e
+        .proxy
+        .wait_record(|r| r["path"] == "/v1/redirect-token/mixed.test");
+    assert_eq!(rec["secret_reflected"], "api", "{rec}");
 }
 
 /// In report mode a request the check would refuse goes upstream, reported, and without any

@@ -620,3 +620,27 @@ fn every_path_runs_the_head_dlp_quota_and_record_phases() {
         "{seen:?}"
     );
 }
+
+/// Review 7a B8: a key in a chunked request's *trailer* reached the origin (the DLP phase read
+/// the body's data frames only). Trailers are scanned like headers now: the request is cut,
+/// recorded `dlp_blocked`, and the origin never sees the key.
+#[test]
+fn a_key_in_a_chunked_trailer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (port, got) = switching_origin("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    let p = dlp_proxy(dir.path(), port);
+    let mut s = TcpStream::connect(p.proxy).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let target = format!("other.test:{port}");
+    connect_on(&mut s, &target, Some(&basic("dev", "dev-secret")));
+    write!(
+        s,
+        "POST /up HTTP/1.1\r\nHost: {target}\r\nTransfer-Encoding: chunked\r\nTrailer: X-Note\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nX-Note: {KEY}\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    p.wait_record(|r| r["reason"] == "dlp_blocked" && r["dlp"] == "aws_key");
+    let seen = String::from_utf8_lossy(&got.lock().unwrap()).to_string();
+    assert!(!seen.contains(KEY), "the origin got {seen:?}");
+}

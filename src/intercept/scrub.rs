@@ -72,6 +72,10 @@ fn hex_form(secret: &[u8]) -> Vec<u8> {
     hex::encode(secret).into_bytes()
 }
 
+/// What a secret in a header that says where to go next becomes: URL-safe, and not a
+/// placeholder (placeholders start `egp_`).
+const REDACTED: &[u8] = b"redacted-";
+
 /// `len` bytes cut from `placeholder`, repeated if it is shorter.
 fn cut(placeholder: &[u8], len: usize) -> Vec<u8> {
     placeholder.iter().copied().cycle().take(len).collect()
@@ -123,8 +127,14 @@ impl Scrubber {
         unescape::has_escapes(buf) || self.ac.is_match(buf)
     }
 
-    /// Replace every secret in `buf` in place; the credentials found (indexes into names).
+    /// Replace every secret in `buf` in place by a cut of its placeholder; the credentials
+    /// found (indexes into names).
     fn scrub(&self, buf: &mut [u8], found: &mut Vec<usize>) {
+        self.scrub_with(buf, found, false);
+    }
+
+    /// [`Scrubber::scrub`], by [`REDACTED`] instead of the placeholder when `redact`.
+    fn scrub_with(&self, buf: &mut [u8], found: &mut Vec<usize>, redact: bool) {
         let mut spans = Vec::new();
         if unescape::has_escapes(buf) {
             let (view, map) = unescape::decode(buf);
@@ -138,7 +148,10 @@ impl Scrubber {
         }
         for (start, end, pattern) in spans {
             let who = self.owners[pattern];
-            let with = cut(&self.placeholders[who], end - start);
+            let with = match redact {
+                true => cut(REDACTED, end - start),
+                false => cut(&self.placeholders[who], end - start),
+            };
             buf[start..end].copy_from_slice(&with);
             if !found.contains(&who) {
                 found.push(who);
@@ -194,12 +207,20 @@ impl Scrubber {
         found.iter().map(|i| self.names[*i].as_str()).collect()
     }
 
-    /// Scrub the values of a header or trailer section in place.
+    /// Scrub the values of a header or trailer section in place. Where a client goes next
+    /// (`Location`, `Content-Location`, `Refresh`) the secret becomes [`REDACTED`], never the
+    /// placeholder: a client following a redirect to a host the proxy does not terminate would
+    /// carry the placeholder there unseen (review 7d C1).
     fn fields(&self, fields: &mut HeaderMap, found: &mut Vec<usize>) {
-        for v in fields.values_mut() {
+        for (name, v) in fields.iter_mut() {
             if self.may_match(v.as_bytes()) {
                 let mut bytes = v.as_bytes().to_vec();
-                self.scrub(&mut bytes, found);
+                let onward = [
+                    http::header::LOCATION,
+                    http::header::CONTENT_LOCATION,
+                    http::header::REFRESH,
+                ];
+                self.scrub_with(&mut bytes, found, onward.contains(name));
                 if let Ok(nv) = HeaderValue::from_bytes(&bytes) {
                     *v = nv;
                 }
@@ -559,5 +580,19 @@ pub(crate) mod tests {
         assert_eq!(s.headers(&mut h), vec!["api"]);
         assert_eq!(h["access-control-allow-origin"], &PH[..SECRET.len()]);
         assert_eq!(h["x-ok"], "fine");
+        // Where the client goes next, never a placeholder.
+        let mut h = HeaderMap::new();
+        let to = format!("https://open.test/cb?token={SECRET}");
+        h.insert("location", HeaderValue::from_str(&to).unwrap());
+        assert_eq!(s.headers(&mut h), vec!["api"]);
+        let location = h["location"].to_str().unwrap();
+        assert!(
+            !location.contains(SECRET) && !location.contains(&PH[..8]),
+            "{location}"
+        );
+        assert!(
+            location.starts_with("https://open.test/cb?token=redacted-"),
+            "{location}"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! The request DLP phase of the pipeline (`dlp:` of a sandbox), wherever secrets travel: the
-//! request target (path and query, userinfo) and header values ([`head`]), and the body as it
+//! request target (path and query, userinfo), header values ([`head`]) and trailer values
+//! ([`Scanner::trailers`]), and the body as it
 //! streams ([`Scanner`]) — no whole-body buffering: each chunk is scanned with the last
 //! [`OVERLAP`] bytes of the one before, so a match split across chunks is found — within
 //! `max_bytes`. Every place is scanned as it is and as the origin may decode it: percent and
@@ -119,6 +120,16 @@ impl Scanner {
         self.note(hits, "the request's target or headers")
     }
 
+    /// Scan a body's trailer fields (HTTP/1.1 chunked trailers, HTTP/2 trailing HEADERS) like
+    /// headers: an origin reads them as headers (review 7a B8).
+    pub fn trailers(&mut self, trailers: &http::HeaderMap) -> Result<(), DlpError> {
+        let hits = trailers
+            .values()
+            .flat_map(|v| rule_hits(&self.cfg, v.as_bytes()))
+            .collect();
+        self.note(hits, "the request's trailers")
+    }
+
     /// Record what was found; `Err` at the first `deny` rule (unless only reporting).
     fn note(&self, hits: Vec<(String, DlpAction)>, place: &'static str) -> Result<(), DlpError> {
         let Ok(mut f) = self.found.lock() else {
@@ -233,10 +244,13 @@ where
         let this = self.get_mut();
         let frame = std::task::ready!(std::pin::Pin::new(&mut this.inner).poll_frame(cx));
         if let Some(Ok(f)) = &frame {
-            if let Some(d) = f.data_ref() {
-                if let Err(why) = this.scanner.scan(d) {
-                    return std::task::Poll::Ready(Some(Err(Cut(why).into())));
-                }
+            let scanned = match (f.data_ref(), f.trailers_ref()) {
+                (Some(d), _) => this.scanner.scan(d),
+                (_, Some(t)) => this.scanner.trailers(t),
+                _ => Ok(()),
+            };
+            if let Err(why) = scanned {
+                return std::task::Poll::Ready(Some(Err(Cut(why).into())));
             }
         }
         std::task::Poll::Ready(frame)
@@ -278,29 +292,65 @@ fn rule_hits(cfg: &DlpConfig, bytes: &[u8]) -> Vec<(String, DlpAction)> {
 const MIN_BASE64: usize = 16;
 
 /// `bytes` as they are and as an origin may decode them: percent and JSON escapes undone
-/// (the scrubber's decoder), and each base64 run (standard or URL-safe, padded or not)
-/// decoded — of the escapes-undone view too, so percent-encoded base64 is found.
+/// (the scrubber's decoder), and each base64 run decoded — of the escapes-undone view too, so
+/// percent-encoded base64 is found, and of a view with line breaks removed, so MIME base64
+/// (a multipart part's, wrapped at 76 columns) is read whole.
 fn views(bytes: &[u8]) -> Vec<Cow<'_, [u8]>> {
     let mut out = vec![Cow::Borrowed(bytes)];
     if unescape::has_escapes(bytes) {
         out.push(Cow::Owned(unescape::decode(bytes).0));
     }
+    // Line breaks removed: a source of base64 runs only (text is matched as it is).
+    let joined: Option<Vec<u8>> = bytes.contains(&b'\n').then(|| {
+        bytes
+            .iter()
+            .copied()
+            .filter(|b| *b != b'\n' && *b != b'\r')
+            .collect()
+    });
     let mut decoded = Vec::new();
-    for v in &out {
+    for v in out.iter().map(|v| &**v).chain(joined.as_deref()) {
         let b64 = |c: &u8| c.is_ascii_alphanumeric() || b"+/_-".contains(c);
         for run in v.split(|c| !b64(c)).filter(|r| r.len() >= MIN_BASE64) {
-            let run = &run[..run.len() / 4 * 4];
-            let engines = [
-                base64::engine::general_purpose::STANDARD_NO_PAD,
-                base64::engine::general_purpose::URL_SAFE_NO_PAD,
-            ];
-            if let Some(d) = engines.iter().find_map(|e| e.decode(run).ok()) {
-                decoded.push(Cow::Owned(d));
-            }
+            decoded.extend(base64_run(run).into_iter().map(Cow::Owned));
         }
     }
     out.extend(decoded);
     out
+}
+
+/// One base64 run decoded at each of its four alignments (the encoded secret may start at any
+/// offset of a longer run), either alphabet or both mixed (`-` `_` read as `+` `/`), its last
+/// partial quantum included (the run ends where `=` padding begins).
+fn base64_run(run: &[u8]) -> Vec<Vec<u8>> {
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    const LENIENT: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new()
+            .with_decode_allow_trailing_bits(true)
+            .with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    let standard: Vec<u8> = run
+        .iter()
+        .map(|c| match c {
+            b'-' => b'+',
+            b'_' => b'/',
+            c => *c,
+        })
+        .collect();
+    (0..4)
+        .filter_map(|k| {
+            let from = standard.get(k..)?;
+            // A single symbol left over carries no whole byte.
+            let usable = match from.len() % 4 {
+                1 => &from[..from.len() - 1],
+                _ => from,
+            };
+            (usable.len() >= MIN_BASE64 - 3)
+                .then(|| LENIENT.decode(usable).ok())
+                .flatten()
+        })
+        .collect()
 }
 
 /// A request body's `Content-Encoding`, as the DLP reads it.
@@ -396,6 +446,51 @@ mod tests {
         assert!(s.scan(&Bytes::from_static(b"ATE KEY-----\nMIIE")).is_err());
         let f = s.found.lock().unwrap();
         assert_eq!(f.blocked.as_deref(), Some("private_key"));
+    }
+
+    /// Review 7a B7: base64 at any offset of a run, padded or not, either alphabet, mixed,
+    /// and wrapped MIME lines are decoded.
+    #[test]
+    fn base64_is_decoded_at_any_offset_with_or_without_padding() {
+        use base64::engine::general_purpose::{STANDARD, URL_SAFE, URL_SAFE_NO_PAD};
+        let key = b"-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA";
+        for prefix in [&b""[..], b"x", b"xy", b"xyz"] {
+            let data = [prefix, &key[..]].concat();
+            for enc in [
+                STANDARD.encode(&data),
+                URL_SAFE.encode(&data),
+                URL_SAFE_NO_PAD.encode(&data),
+                format!("abc{}", STANDARD.encode(&data)),
+                format!("ab{}", URL_SAFE_NO_PAD.encode(&data)),
+            ] {
+                for body in [enc.clone(), format!("k={enc}&x=1")] {
+                    let mut s = Scanner::new(cfg(), false);
+                    assert!(s.scan(&Bytes::from(body.clone())).is_err(), "{body}");
+                }
+            }
+        }
+        // The key at the very end of a padded payload (its last bytes in the `==` quantum).
+        let tail = [
+            &b"some text before the "[..],
+            b"-----BEGIN RSA PRIVATE KEY-----",
+        ]
+        .concat();
+        let mut s = Scanner::new(cfg(), false);
+        assert!(s.scan(&Bytes::from(STANDARD.encode(&tail))).is_err());
+        // MIME base64, wrapped at 76 columns, inside a multipart part.
+        let long = [&[b'.'; 50][..], &key[..]].concat();
+        let wrapped: Vec<String> = STANDARD
+            .encode(&long)
+            .as_bytes()
+            .chunks(76)
+            .map(|c| String::from_utf8_lossy(c).into_owned())
+            .collect();
+        let part = format!(
+            "--b\r\nContent-Transfer-Encoding: base64\r\n\r\n{}\r\n--b--\r\n",
+            wrapped.join("\r\n")
+        );
+        let mut s = Scanner::new(cfg(), false);
+        assert!(s.scan(&Bytes::from(part)).is_err());
     }
 
     #[test]
