@@ -4,7 +4,7 @@
 //! streams ([`Scanner`]) — no whole-body buffering: each chunk is scanned with the last
 //! [`OVERLAP`] bytes of the one before, so a match split across chunks is found — within
 //! `max_bytes`. Every place is scanned as it is and as the origin may decode it: percent and
-//! JSON escapes undone (the scrubber's decoder, [`super::unescape`]) and base64 runs
+//! JSON escapes undone (the scrubber's decoder; [`super::decoded`]) and base64 runs
 //! decoded; a body under a `Content-Encoding` is decompressed first ([`Coding`]), and one the
 //! proxy cannot undo is refused. A `deny` match refuses the request (in the body: cuts it; the
 //! upstream gets an incomplete body, never a complete one), a `report` match is recorded.
@@ -12,13 +12,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use std::borrow::Cow;
 use std::io::Read;
 
-use base64::Engine;
 use bytes::{Bytes, BytesMut};
 
-use super::unescape;
 use crate::config::decider::{DlpAction, DlpConfig};
 
 /// Bytes of the previous chunk scanned again with the next.
@@ -280,76 +277,11 @@ pub fn recorded(found: &Mutex<Found>, audit: &mut crate::audit::AuditGuard) -> O
 
 /// The named rules that match `bytes` as they are or in any of their decoded views.
 fn rule_hits(cfg: &DlpConfig, bytes: &[u8]) -> Vec<(String, DlpAction)> {
-    let views = views(bytes);
+    let views = super::decoded::views(bytes);
     cfg.rules
         .iter()
         .filter(|r| views.iter().any(|v| r.pattern.is_match(v)))
         .map(|r| (r.name.clone(), r.action))
-        .collect()
-}
-
-/// The shortest base64 run decoded: shorter ones are words, not encodings.
-const MIN_BASE64: usize = 16;
-
-/// `bytes` as they are and as an origin may decode them: percent and JSON escapes undone
-/// (the scrubber's decoder), and each base64 run decoded — of the escapes-undone view too, so
-/// percent-encoded base64 is found, and of a view with line breaks removed, so MIME base64
-/// (a multipart part's, wrapped at 76 columns) is read whole.
-fn views(bytes: &[u8]) -> Vec<Cow<'_, [u8]>> {
-    let mut out = vec![Cow::Borrowed(bytes)];
-    if unescape::has_escapes(bytes) {
-        out.push(Cow::Owned(unescape::decode(bytes).0));
-    }
-    // Line breaks removed: a source of base64 runs only (text is matched as it is).
-    let joined: Option<Vec<u8>> = bytes.contains(&b'\n').then(|| {
-        bytes
-            .iter()
-            .copied()
-            .filter(|b| *b != b'\n' && *b != b'\r')
-            .collect()
-    });
-    let mut decoded = Vec::new();
-    for v in out.iter().map(|v| &**v).chain(joined.as_deref()) {
-        let b64 = |c: &u8| c.is_ascii_alphanumeric() || b"+/_-".contains(c);
-        for run in v.split(|c| !b64(c)).filter(|r| r.len() >= MIN_BASE64) {
-            decoded.extend(base64_run(run).into_iter().map(Cow::Owned));
-        }
-    }
-    out.extend(decoded);
-    out
-}
-
-/// One base64 run decoded at each of its four alignments (the encoded secret may start at any
-/// offset of a longer run), either alphabet or both mixed (`-` `_` read as `+` `/`), its last
-/// partial quantum included (the run ends where `=` padding begins).
-fn base64_run(run: &[u8]) -> Vec<Vec<u8>> {
-    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
-    const LENIENT: GeneralPurpose = GeneralPurpose::new(
-        &base64::alphabet::STANDARD,
-        GeneralPurposeConfig::new()
-            .with_decode_allow_trailing_bits(true)
-            .with_decode_padding_mode(DecodePaddingMode::Indifferent),
-    );
-    let standard: Vec<u8> = run
-        .iter()
-        .map(|c| match c {
-            b'-' => b'+',
-            b'_' => b'/',
-            c => *c,
-        })
-        .collect();
-    (0..4)
-        .filter_map(|k| {
-            let from = standard.get(k..)?;
-            // A single symbol left over carries no whole byte.
-            let usable = match from.len() % 4 {
-                1 => &from[..from.len() - 1],
-                _ => from,
-            };
-            (usable.len() >= MIN_BASE64 - 3)
-                .then(|| LENIENT.decode(usable).ok())
-                .flatten()
-        })
         .collect()
 }
 
@@ -419,6 +351,7 @@ impl Coding {
 mod tests {
     use super::*;
     use crate::config::decider::{resolve_dlp, RawDlp, RawDlpRule, RawEntropy};
+    use base64::Engine;
 
     fn cfg() -> Arc<DlpConfig> {
         let raw = RawDlp {
@@ -446,6 +379,27 @@ mod tests {
         assert!(s.scan(&Bytes::from_static(b"ATE KEY-----\nMIIE")).is_err());
         let f = s.found.lock().unwrap();
         assert_eq!(f.blocked.as_deref(), Some("private_key"));
+    }
+
+    /// Review 7a W2, W3: a key in UTF-16 (either order) or UTF-32 JSON, and a key percent-
+    /// encoded twice or three times.
+    #[test]
+    fn wide_text_and_repeated_escapes_are_read() {
+        let key = "-----BEGIN RSA PRIVATE KEY-----";
+        let json = format!("{{\"k\": \"{key}\"}}");
+        let le: Vec<u8> = json.encode_utf16().flat_map(u16::to_le_bytes).collect();
+        let be: Vec<u8> = json.encode_utf16().flat_map(u16::to_be_bytes).collect();
+        let wide: Vec<u8> = json
+            .chars()
+            .flat_map(|c| (c as u32).to_le_bytes())
+            .collect();
+        let once: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
+        let twice = once.replace('%', "%25");
+        let thrice = twice.replace('%', "%25");
+        for body in [le, be, wide, twice.into_bytes(), thrice.into_bytes()] {
+            let mut s = Scanner::new(cfg(), false);
+            assert!(s.scan(&Bytes::from(body.clone())).is_err(), "{body:?}");
+        }
     }
 
     /// Review 7a B7: base64 at any offset of a run, padded or not, either alphabet, mixed,

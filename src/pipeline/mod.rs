@@ -21,6 +21,7 @@
 //! [`judged_per_request`] is the one predicate that says which hosts these are.
 
 pub mod body;
+pub mod decoded;
 pub mod dlp;
 pub mod forwarded;
 pub mod head;
