@@ -644,3 +644,68 @@ fn a_key_in_a_chunked_trailer_is_refused() {
     let seen = String::from_utf8_lossy(&got.lock().unwrap()).to_string();
     assert!(!seen.contains(KEY), "the origin got {seen:?}");
 }
+
+/// Review 7a B7, W2, W3: the key base64-encoded at an offset of a longer run (in a header and
+/// in a multipart part, wrapped as MIME does), padded at the end of a payload, in UTF-16 JSON
+/// and percent-encoded twice — each passed the DLP phase. Each is refused now, forwarded and
+/// inside a CONNECT tunnel, and none reaches the origin.
+#[test]
+fn encoded_keys_are_decoded_on_every_path() {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let p = dlp_proxy(dir.path(), port);
+    let http_proxy = format!("http://dev:dev-secret@{}", p.proxy);
+    let upload = format!("http://other.test:{port}/upload");
+    let header = format!("X-Data: abc{}", b64.encode(format!("id={KEY}")));
+    let padded = b64.encode(format!("the key is {KEY}"));
+    let wide = dir.path().join("utf16.json");
+    let json: Vec<u8> = format!("{{\"k\": \"{KEY}\"}}")
+        .encode_utf16()
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    std::fs::write(&wide, json).unwrap();
+    let wide_arg = format!("@{}", wide.display());
+    let twice: String = KEY.bytes().map(|b| format!("%25{b:02X}")).collect();
+    let twice = format!("k={twice}");
+    let mime = dir.path().join("part.txt");
+    // curl encodes the part as base64, wrapped at 76 columns (`encoder=base64`).
+    std::fs::write(&mime, format!("{}{KEY}", ".".repeat(70))).unwrap();
+    let part = format!("f=@{};encoder=base64", mime.display());
+    for via in [vec!["-x", &http_proxy], vec!["-p", "-x", &http_proxy]] {
+        let cases: [(&str, Vec<&str>); 5] = [
+            ("base64 header", vec!["-H", &header, "--data-binary", "x"]),
+            ("padded base64 body", vec!["--data-binary", &padded]),
+            (
+                "utf-16 json",
+                vec![
+                    "-H",
+                    "Content-Type: application/json; charset=utf-16",
+                    "--data-binary",
+                    &wide_arg,
+                ],
+            ),
+            ("twice percent-encoded", vec!["--data-binary", &twice]),
+            ("mime base64 part", vec!["-F", &part]),
+        ];
+        for (what, extra) in cases {
+            let mut args = via.clone();
+            args.extend(["-s", "-i"]);
+            args.extend(extra);
+            args.push(&upload);
+            let out = curl(&args);
+            assert!(
+                text(&out).contains("dlp_blocked"),
+                "{via:?} {what}: {}",
+                text(&out)
+            );
+        }
+    }
+    assert_eq!(
+        origin.received.load(Ordering::SeqCst),
+        0,
+        "a body reached the origin"
+    );
+}
