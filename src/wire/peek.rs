@@ -192,7 +192,16 @@ fn looks_like_http(buf: &[u8]) -> Looks {
                 true => Looks::Loosely("a request line with a method that is not uppercase"),
                 false => Looks::Loosely("white space other than one space after the method"),
             },
-            None if token_len < MAX_METHOD => Looks::Maybe,
+            // Wait for more only while the token could be a method an origin names (upper-case
+            // letters, `-`, `_`): another protocol's short greeting ("e", "hello") is not held
+            // for `header_ms`.
+            None if token_len < 16
+                && buf
+                    .iter()
+                    .all(|b| b.is_ascii_uppercase() || *b == b'-' || *b == b'_') =>
+            {
+                Looks::Maybe
+            }
             _ => loosely(buf),
         };
     }
@@ -338,6 +347,13 @@ mod tests {
         // Prefixes of what would be refused wait for more.
         for partial in [&b"\r\n\r\n\0\r"[..], b"PROX", b"M-SEAR"] {
             assert_eq!(classify(partial), Peeked::Incomplete, "{partial:?}");
+        }
+        // Another protocol's short greeting is not held (an echo client's "e").
+        for greeting in [&b"e"[..], b"hello", b"GET1"] {
+            assert!(
+                matches!(classify(greeting), Peeked::Other { .. }),
+                "{greeting:?}"
+            );
         }
     }
 
