@@ -48,6 +48,11 @@ fn aws_origin(ca: &TestCa) -> ScriptOrigin {
 /// A proxy where sandboxes `dev` and `other` each have an `aws_sigv4` credential for s3.test
 /// (the same real keys), the origin on `port`.
 fn aws_proxy(dir: &Path, ca: &TestCa, port: u16) -> Proxy {
+    aws_proxy_with(dir, ca, port, "")
+}
+
+/// [`aws_proxy`] with `extra` (YAML lines of a sandbox entry) in each sandbox.
+fn aws_proxy_with(dir: &Path, ca: &TestCa, port: u16, extra: &str) -> Proxy {
     ca_init(&dir.join("ica"));
     std::fs::write(dir.join("admin.token"), ADMIN).unwrap();
     std::fs::write(dir.join("aws.id"), format!("{REAL_KEY_ID}\n")).unwrap();
@@ -56,7 +61,7 @@ fn aws_proxy(dir: &Path, ca: &TestCa, port: u16) -> Proxy {
         format!(
             r#"  - id: {id}
     auth: {{ token_sha256: {tok} }}
-    credentials:
+{extra}    credentials:
       - {{ name: aws, kind: aws_sigv4, hosts: [s3.test], source: {{ access_key_id_file: aws.id, secret_access_key_file: aws.secret }} }}
     policy:
       provider: local
@@ -105,6 +110,34 @@ fn aws_client(p: &Proxy, dir: &Path, id: &str, port: u16, keys: (&str, &str)) ->
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_str(text.trim()).unwrap()
+}
+
+/// Review 97 G4: with any `dlp` rule, a SigV4 streaming upload (`Content-Encoding:
+/// aws-chunked`) was refused `dlp_blocked` — the DLP phase took aws-chunked for a compression
+/// it could not undo, so boto3 uploads broke as soon as DLP was on. The payload is now scanned
+/// without its framing and every upload mode passes.
+#[test]
+fn boto3_streaming_uploads_pass_with_dlp_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = aws_origin(&ca);
+    let dlp = "    dlp: { rules: [{ name: private_key, pattern: \"-----BEGIN [A-Z ]*PRIVATE KEY-----\" }] }\n";
+    let p = aws_proxy_with(dir.path(), &ca, origin.port, dlp);
+    let ph = placeholders(&p, "dev");
+    let key_id = ph["access_key_id"].as_str().unwrap().to_string();
+    let secret = ph["secret_access_key"].as_str().unwrap().to_string();
+    let got = aws_client(&p, dir.path(), "dev", origin.port, (&key_id, &secret));
+    for step in [
+        "signed_put",
+        "unsigned_put",
+        "streaming_put",
+        "signed_chunks_put",
+    ] {
+        assert_eq!(got[step], 200, "{step}: {got}");
+    }
+    for step in ["same_streaming", "same_chunked"] {
+        assert_eq!(got[step], true, "{step}: {got}");
+    }
 }
 
 #[test]

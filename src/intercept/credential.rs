@@ -290,7 +290,6 @@ impl Kind for Resign {
             Some(Some(mut chunks)) => {
                 let body = std::mem::replace(req.body_mut(), UpBody::Whole(None));
                 *req.body_mut() = match body {
-                    UpBody::Streamed(b) => UpBody::Resigned(b, Box::new(chunks)),
                     UpBody::Whole(Some(b)) => {
                         let out = chunks.push(&b)?;
                         if !chunks.finished() {
@@ -298,7 +297,8 @@ impl Kind for Resign {
                         }
                         UpBody::whole(out)
                     }
-                    other => other,
+                    // Streamed, scanned by DLP or prefixed: signed again as it streams.
+                    other => UpBody::Resigned(Box::new(other), Box::new(chunks)),
                 };
                 Ok(true)
             }

@@ -16,6 +16,7 @@ use std::io::Read;
 
 use bytes::{Bytes, BytesMut};
 
+use super::aws_chunked::AwsChunks;
 use crate::config::decider::{DlpAction, DlpConfig};
 
 /// Bytes of the previous chunk scanned again with the next.
@@ -176,10 +177,12 @@ where
     let mut scanner = scanner;
     scanner.head(uri, headers)?;
     let coding = Coding::of(headers);
-    if coding == Coding::Identity {
+    if matches!(coding, Coding::Identity | Coding::AwsChunked) {
+        let chunks = (coding == Coding::AwsChunked).then(AwsChunks::default);
         return Ok(Phase::Stream(Scanned {
             inner: body,
             scanner,
+            chunks,
         }));
     }
     let max = scanner.cfg.max_bytes;
@@ -199,6 +202,8 @@ where
 pub struct Scanned<B> {
     inner: B,
     scanner: Scanner,
+    /// An `aws-chunked` body's de-framer: its payload is what is scanned.
+    chunks: Option<AwsChunks>,
 }
 
 /// The error a scanned body ends with when a `deny` rule matched.
@@ -242,7 +247,16 @@ where
         let frame = std::task::ready!(std::pin::Pin::new(&mut this.inner).poll_frame(cx));
         if let Some(Ok(f)) = &frame {
             let scanned = match (f.data_ref(), f.trailers_ref()) {
-                (Some(d), _) => this.scanner.scan(d),
+                (Some(d), _) => match &mut this.chunks {
+                    None => this.scanner.scan(d),
+                    Some(chunks) => {
+                        let scanner = &mut this.scanner;
+                        let mut scan = |p: &[u8]| scanner.scan(&Bytes::copy_from_slice(p));
+                        chunks
+                            .push(d, &mut scan)
+                            .unwrap_or_else(|why| Err(DlpError::Unscannable(why.into())))
+                    }
+                },
                 (_, Some(t)) => this.scanner.trailers(t),
                 _ => Ok(()),
             };
@@ -294,6 +308,9 @@ pub enum Coding {
     Gzip,
     /// `deflate`.
     Deflate,
+    /// `aws-chunked` alone (SigV4 streaming uploads): framing, not compression; the payload
+    /// is scanned as it streams ([`super::aws_chunked`]).
+    AwsChunked,
     /// One the proxy cannot undo (`br`, `zstd`, two codings): refused where DLP scans.
     Other(String),
 }
@@ -314,6 +331,7 @@ impl Coding {
                 Coding::Gzip
             }
             [c] if c.eq_ignore_ascii_case(b"deflate") => Coding::Deflate,
+            [c] if c.eq_ignore_ascii_case(b"aws-chunked") => Coding::AwsChunked,
             _ => Coding::Other(
                 all.iter()
                     .map(|c| String::from_utf8_lossy(c).into_owned())
@@ -328,7 +346,7 @@ impl Coding {
     pub fn decode(&self, body: &[u8], max: u64) -> Result<Vec<u8>, DlpError> {
         let mut out = Vec::new();
         let read = match self {
-            Coding::Identity => return Ok(body.to_vec()),
+            Coding::Identity | Coding::AwsChunked => return Ok(body.to_vec()),
             Coding::Gzip => flate2::read::MultiGzDecoder::new(body)
                 .take(max)
                 .read_to_end(&mut out),

@@ -20,6 +20,7 @@
 //!
 //! [`judged_per_request`] is the one predicate that says which hosts these are.
 
+pub mod aws_chunked;
 pub mod body;
 pub mod decoded;
 pub mod dlp;

@@ -21,7 +21,8 @@ pub enum UpBody {
     Streamed(Incoming),
     /// The whole body (taken when sent).
     Whole(Option<Bytes>),
-    Resigned(Incoming, Box<Chunks>),
+    /// Any of the others (streamed, scanned by DLP, prefixed) with its chunks signed again.
+    Resigned(Box<UpBody>, Box<Chunks>),
     /// The bytes read to show a decider (taken first), then the rest as it streams.
     Prefixed(Option<Bytes>, Incoming),
     Scanned(Box<Scanned<UpBody>>),
@@ -99,14 +100,14 @@ impl Body for UpBody {
             },
             UpBody::Scanned(b) => Pin::new(&mut **b).poll_frame(cx),
             UpBody::Resigned(b, chunks) => loop {
-                match std::task::ready!(Pin::new(&mut *b).poll_frame(cx)) {
+                match std::task::ready!(Pin::new(&mut **b).poll_frame(cx)) {
                     None if chunks.finished() => return Poll::Ready(None),
                     None => {
                         return Poll::Ready(Some(Err(
                             "the aws-chunked body ended before its final chunk".into(),
                         )))
                     }
-                    Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                    Some(Err(e)) => return Poll::Ready(Some(Err(e))),
                     Some(Ok(f)) => match f.into_data() {
                         Ok(d) => match chunks.push(&d) {
                             Ok(out) if out.is_empty() => continue,
@@ -126,7 +127,8 @@ impl Body for UpBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
-            UpBody::Streamed(b) | UpBody::Resigned(b, _) => b.is_end_stream(),
+            UpBody::Streamed(b) => b.is_end_stream(),
+            UpBody::Resigned(b, _) => b.is_end_stream(),
             UpBody::Whole(b) => b.is_none(),
             UpBody::Prefixed(first, b) => first.is_none() && b.is_end_stream(),
             UpBody::Scanned(b) => b.is_end_stream(),
@@ -135,7 +137,8 @@ impl Body for UpBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            UpBody::Streamed(b) | UpBody::Resigned(b, _) => b.size_hint(),
+            UpBody::Streamed(b) => b.size_hint(),
+            UpBody::Resigned(b, _) => b.size_hint(),
             UpBody::Whole(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             UpBody::Prefixed(first, b) => {
                 let extra = first.as_ref().map_or(0, |f| f.len() as u64);
