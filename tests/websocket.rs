@@ -48,6 +48,11 @@ sandboxes:
 }
 
 fn env(http: &str, compression: bool) -> Env {
+    env_with(http, if compression { "deflate" } else { "none" })
+}
+
+/// [`env`] with the origin's compression mode: `none`, `deflate` (when offered) or `force`.
+fn env_with(http: &str, compression: &str) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::create_dir_all(d.join("ca")).unwrap();
@@ -63,7 +68,7 @@ fn env(http: &str, compression: bool) -> Env {
             ca.key_pem.as_os_str(),
             log.as_os_str(),
             SECRET.as_ref(),
-            if compression { "deflate" } else { "none" }.as_ref(),
+            compression.as_ref(),
         ],
     );
     std::fs::write(d.join("proxy.yaml"), config(d, origin.port, http)).unwrap();
@@ -302,6 +307,23 @@ fn a_close_reason_is_judged_scanned_and_rewritten_like_a_message() {
         (!closes.is_empty()).then_some(closes)
     });
     assert_eq!(closes[0]["text"], format!("bye {SECRET}"), "{closes:?}");
+}
+
+/// An origin that chooses `permessage-deflate` although the proxy offered no extension sends
+/// frames the proxy could not read: refused `502 unscannable_response`, as the docs say (it
+/// answered 403 `websocket_not_allowed`, review 7b).
+#[test]
+fn an_origin_that_forces_compression_is_a_502() {
+    let e = env_with(
+        r#"[{ host: api.test, paths: [/rpc], protocol: websocket }]"#,
+        "force",
+    );
+    let out = e.client("api.test", "/rpc", &serde_json::json!(["hi"]).to_string());
+    let error = out["error"].as_str().unwrap_or("");
+    assert!(error.contains("status 502"), "{out}");
+    let rec = e.proxy.wait_record(|r| r["path"] == "/rpc");
+    assert_eq!(rec["reason"], "unscannable_response", "{rec}");
+    assert_eq!(rec["status"], 502, "{rec}");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 """A WebSocket origin for tests, built with the `websockets` library over TLS with the test
 CA's certificate.
 
-usage: ws_server.py CERT KEY LOG SECRET (none|deflate)   (prints the port, then serves until killed)
+usage: ws_server.py CERT KEY LOG SECRET (none|deflate|force)   (prints the port, then serves until killed)
 
 Every message it receives is appended to LOG (one JSON line: path, kind, text), then answered:
 `secret?` with a text carrying SECRET, `binary?` with a binary message, `close?` by closing
@@ -48,7 +48,13 @@ async def handler(ws):
 async def main():
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(CERT, KEY)
-    async with serve(handler, "127.0.0.1", 0, ssl=ctx, compression="deflate" if COMPRESSION == "deflate" else None) as server:
+    def force(connection, request, response):
+        # `force`: choose permessage-deflate whether or not it was offered.
+        if COMPRESSION == "force" and response.status_code == 101:
+            response.headers["Sec-WebSocket-Extensions"] = "permessage-deflate"
+        return response
+
+    async with serve(handler, "127.0.0.1", 0, ssl=ctx, compression="deflate" if COMPRESSION == "deflate" else None, process_response=force) as server:
         port = server.sockets[0].getsockname()[1]
         print(port, flush=True)
         await asyncio.Future()

@@ -69,11 +69,14 @@ impl Exchange {
                 .await;
         }
         if let Some(why) = websocket::not_switched(resp.headers(), h2) {
-            audit.http(sent.asked.facts(502, sent.injected.clone()));
-            audit.verdict(Verdict::Deny, Reason::WebSocketNotAllowed);
+            // The origin's fault, and frames the proxy could not read: 502, as a body it
+            // cannot scan (review 7b: the docs said 502 and the answer was 403).
+            let reason = Reason::UnscannableResponse;
+            audit.http(sent.asked.facts(reason.status(), sent.injected.clone()));
+            audit.verdict(Verdict::Deny, reason);
             audit.detail(why);
             drop(audit);
-            return self.refused(&sent.asked.method, Reason::WebSocketNotAllowed, why);
+            return self.refused(&sent.asked.method, reason, why);
         }
         let origin = hyper::upgrade::on(&mut resp);
         audit.http(sent.asked.facts(switch.as_u16(), sent.injected.clone()));
