@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::*;
 
 #[test]
@@ -128,6 +130,29 @@ sandboxes:
         &format!("https://other.test:{port}/whoami"),
     ]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("no token"));
+    // Plain HTTP to the identity host gets one answer on every path: refused, forwarded as
+    // in a CONNECT tunnel (review 7a: forwarded, it went out without the token).
+    let body = get(&format!("http://api.test:{port}/whoami"), &[]);
+    assert!(
+        body.contains("credential_misuse") && body.contains("identity token"),
+        "{body}"
+    );
+    // In a tunnel the refusal resets it; both are recorded.
+    get(&format!("http://api.test:{port}/whoami"), &["-p"]);
+    eventually(Duration::from_secs(10), "two plain-HTTP refusals", || {
+        let n = p
+            .audit_records()
+            .iter()
+            .filter(|r| {
+                r["reason"] == "credential_misuse"
+                    && r["detail"]
+                        .as_str()
+                        .unwrap_or("")
+                        .contains("identity token")
+            })
+            .count();
+        (n == 2).then_some(())
+    });
     // No token is in the audit trail.
     let log = std::fs::read_to_string(d.join("audit.jsonl")).unwrap();
     assert!(!log.contains("eyJ"), "a token in the audit log");

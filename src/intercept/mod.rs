@@ -212,16 +212,12 @@ impl Serving {
     }
 }
 
-/// Why a plain-HTTP request of `binding` to `host` must be refused for its credentials: the
-/// host has a credential bound (it would travel in clear) or is a minting credential's token
-/// endpoint (its answers must be sealed), or the request (`uri`, `headers`) carries a
-/// placeholder. `None`: nothing to do with credentials.
-pub fn plain_http_misuse(
-    binding: &Binding,
-    host: &str,
-    uri: &http::Uri,
-    headers: &http::HeaderMap,
-) -> Option<String> {
+/// Why plain HTTP of `binding` to `host` cannot be served, on every path (forwarded, or in a
+/// CONNECT, SOCKS5 or transparent tunnel): a credential is bound to it (a secret never
+/// travels in clear), it is a minting credential's token endpoint (its answers are sealed),
+/// or it gets the sandbox's identity token (the token never travels in clear). `None`: its
+/// requests are judged in clear.
+pub fn secret_in_clear(binding: &Binding, host: &str) -> Option<String> {
     for c in binding.credentials.iter() {
         if c.bound_to(host) {
             return Some(format!(
@@ -235,6 +231,28 @@ pub fn plain_http_misuse(
                 c.name
             ));
         }
+    }
+    binding
+        .identity_token
+        .as_ref()
+        .filter(|t| t.bound_to(host))
+        .map(|_| format!("{host} gets the sandbox's identity token: requests to it must use https (the token never travels in clear)"))
+}
+
+/// Why a plain-HTTP request of `binding` to `host` must be refused for its credentials:
+/// [`secret_in_clear`] (a credential or the identity token is bound to the host, or it is a
+/// token endpoint), or the request (`uri`, `headers`) carries a placeholder. `None`: nothing
+/// to do with credentials.
+pub fn plain_http_misuse(
+    binding: &Binding,
+    host: &str,
+    uri: &http::Uri,
+    headers: &http::HeaderMap,
+) -> Option<String> {
+    if let Some(why) = secret_in_clear(binding, host) {
+        return Some(why);
+    }
+    for c in binding.credentials.iter() {
         let p = c.placeholder.as_bytes();
         let in_uri = uri
             .path_and_query()

@@ -175,7 +175,7 @@ async fn per_request(
     let host = target.host.to_string();
     let (hello, in_clear) = match &inspected.first {
         FirstBytes::Client(Peeked::Tls(hello)) => (Some(hello), None),
-        FirstBytes::Client(Peeked::Http { .. }) => (None, secret_in_clear(b, &host)),
+        FirstBytes::Client(Peeked::Http { .. }) => (None, crate::intercept::secret_in_clear(b, &host)),
         _ => (None, Some("the host is judged per request: only TLS or plain HTTP is read, and this connection is neither".into())),
     };
     if let Some(why) = in_clear {
@@ -214,25 +214,6 @@ async fn per_request(
         timeouts.header,
     ))
     .await
-}
-
-/// Why plain HTTP to `host` cannot be served: a credential or the identity token is bound to
-/// it (a secret never travels in clear). `None`: its requests are judged in clear.
-fn secret_in_clear(b: &crate::config::Binding, host: &str) -> Option<String> {
-    if let Some(c) = b
-        .credentials
-        .iter()
-        .find(|c| c.bound_to(host) || c.token_host(host))
-    {
-        return Some(format!(
-            "credential {} is bound to {host}: requests to it must use https (a secret never travels in clear)",
-            c.name
-        ));
-    }
-    b.identity_token
-        .as_ref()
-        .filter(|t| t.bound_to(host))
-        .map(|_| format!("{host} gets the sandbox's identity token: requests to it must use https (the token never travels in clear)"))
 }
 
 /// Replay what was read, each in its direction, then relay without the buffers.
