@@ -91,6 +91,18 @@ sandboxes:
 
 /// Run `tests/data/aws_client.py` as sandbox `id` with keys `keys`.
 fn aws_client(p: &Proxy, dir: &Path, id: &str, port: u16, keys: (&str, &str)) -> serde_json::Value {
+    aws_client_env(p, dir, id, port, keys, &[])
+}
+
+/// [`aws_client`] with more environment for the script.
+fn aws_client_env(
+    p: &Proxy,
+    dir: &Path,
+    id: &str,
+    port: u16,
+    keys: (&str, &str),
+    env: &[(&str, &str)],
+) -> serde_json::Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/aws_client.py");
     let out = Command::new("python3")
         .arg(script)
@@ -99,6 +111,7 @@ fn aws_client(p: &Proxy, dir: &Path, id: &str, port: u16, keys: (&str, &str)) ->
         .arg(format!("https://s3.test:{port}"))
         .arg(keys.0)
         .arg(keys.1)
+        .envs(env.iter().copied())
         .env("AWS_CONFIG_FILE", "/dev/null")
         .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
         .output()
@@ -121,20 +134,32 @@ fn boto3_streaming_uploads_pass_with_dlp_on() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
     let origin = aws_origin(&ca);
-    let dlp = "    dlp: { rules: [{ name: private_key, pattern: \"-----BEGIN [A-Z ]*PRIVATE KEY-----\" }] }\n";
+    let dlp = "    dlp: { max_bytes: 8388608, rules: [{ name: private_key, pattern: \"-----BEGIN [A-Z ]*PRIVATE KEY-----\" }] }\n";
     let p = aws_proxy_with(dir.path(), &ca, origin.port, dlp);
     let ph = placeholders(&p, "dev");
     let key_id = ph["access_key_id"].as_str().unwrap().to_string();
     let secret = ph["secret_access_key"].as_str().unwrap().to_string();
-    let got = aws_client(&p, dir.path(), "dev", origin.port, (&key_id, &secret));
+    let keys = (key_id.as_str(), secret.as_str());
+    let got = aws_client_env(
+        &p,
+        dir.path(),
+        "dev",
+        origin.port,
+        keys,
+        &[("AWS_CLIENT_LEAK", "1")],
+    );
     for step in [
         "signed_put",
         "unsigned_put",
         "streaming_put",
         "signed_chunks_put",
+        "fileobj_upload",
     ] {
         assert_eq!(got[step], 200, "{step}: {got}");
     }
+    // A key split by a chunk header of the SDK's framing is still found, and refused.
+    assert_ne!(got["leak_put"], 200, "{got}");
+    p.wait_record(|r| r["reason"] == "dlp_blocked" && r["dlp"] == "private_key");
     for step in ["same_streaming", "same_chunked"] {
         assert_eq!(got[step], true, "{step}: {got}");
     }

@@ -6,7 +6,9 @@ usage: aws_client.py PROXY_URL CA_FILE ENDPOINT ACCESS_KEY_ID SECRET_ACCESS_KEY
 import datetime
 import hashlib
 import hmac
+import io
 import json
+import os
 import sys
 
 import boto3
@@ -89,6 +91,14 @@ streaming = boto3.client("s3", endpoint_url=ENDPOINT, aws_access_key_id=KEY_ID,
 out["streaming_put"] = outcome(lambda: streaming.put_object(
     Bucket="b", Key="streaming", Body=data)["ResponseMetadata"]["HTTPStatusCode"])
 out["signed_chunks_put"] = outcome(lambda: signed_chunks("/b/chunked", data))
+# upload_fileobj (the transfer manager), as an agent's code would upload a file.
+out["fileobj_upload"] = outcome(lambda: (streaming.upload_fileobj(
+    io.BytesIO(data), "b", "fileobj"), 200)[1])
+if os.environ.get("AWS_CLIENT_LEAK"):
+    # A private key straddling the SDK's 1 MiB aws-chunked chunk boundary.
+    leak = b"x" * (1024 * 1024 - 10) + b"-----BEGIN RSA PRIVATE KEY-----" + b"y" * 100
+    out["leak_put"] = outcome(lambda: streaming.put_object(
+        Bucket="b", Key="leak", Body=leak)["ResponseMetadata"]["HTTPStatusCode"])
 out["get"] = outcome(lambda: hashlib.sha256(
     s3_unsigned.get_object(Bucket="b", Key="signed")["Body"].read()).hexdigest() ==
     hashlib.sha256(data).hexdigest())
