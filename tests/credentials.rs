@@ -1222,6 +1222,35 @@ fn a_secret_in_a_location_never_becomes_a_placeholder_on_the_next_host() {
         landing.2.starts_with("/v1/landing/redacted-"),
         "{landing:?}"
     );
+    // The same with Python's `requests`, which follows redirects by default.
+    let script = format!(
+        "import requests; r = requests.get('https://api.test:{port}/v1/redirect-token/mixed.test', proxies={{'https': 'http://{px}'}}, verify='{both}'); print(r.status_code)",
+        port = e.upstream.addr.port(),
+        px = e.proxy.proxy,
+        both = both.display(),
+    );
+    let out = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let landings: Vec<_> = e
+        .upstream
+        .seen()
+        .into_iter()
+        .filter(|s| s.0 == "mixed.test" && s.2.starts_with("/v1/landing/"))
+        .collect();
+    assert_eq!(landings.len(), 2, "{landings:?}");
+    assert!(
+        landings
+            .iter()
+            .all(|l| !l.2.contains(&api) && !l.2.contains(SECRET_API)),
+        "{landings:?}"
+    );
     let rec = e
         .proxy
         .wait_record(|r| r["path"] == "/v1/redirect-token/mixed.test");
