@@ -404,6 +404,16 @@ impl Env {
         self.dir.path().join("ica/ca.crt").display().to_string()
     }
 
+    /// A CA bundle for a client that follows a terminated host (the interception CA's
+    /// certificate) to a relayed one (its own): both CAs.
+    fn both_cas(&self) -> std::path::PathBuf {
+        let both = self.dir.path().join("both.pem");
+        let pem = std::fs::read_to_string(self.ica()).unwrap()
+            + &std::fs::read_to_string(&self.upstream_ca.ca_pem).unwrap();
+        std::fs::write(&both, pem).unwrap();
+        both
+    }
+
     /// curl through the proxy to `https://host:port/path` trusting `ca`, with `extra` args.
     fn curl(&self, ca: &str, host: &str, path: &str, extra: &[&str]) -> CurlOut {
         let url = format!("https://{host}:{}{path}", self.upstream.addr.port());
@@ -1155,11 +1165,7 @@ fn a_redirect_from_a_bound_host_carries_no_credential_to_the_next_host() {
     let e = env();
     let api = e.placeholder("api");
     let auth = format!("Authorization: Bearer {api}");
-    // The terminated host shows the interception CA's certificate, the relayed one its own.
-    let both = e.dir.path().join("both.pem");
-    let pem = std::fs::read_to_string(e.ica()).unwrap()
-        + &std::fs::read_to_string(&e.upstream_ca.ca_pem).unwrap();
-    std::fs::write(&both, pem).unwrap();
+    let both = e.both_cas();
     let out = e.curl(
         &both.display().to_string(),
         "api.test",
@@ -1198,10 +1204,7 @@ fn a_secret_in_a_location_never_becomes_a_placeholder_on_the_next_host() {
     let e = env();
     let api = e.placeholder("api");
     let auth = format!("Authorization: Bearer {api}");
-    let both = e.dir.path().join("both.pem");
-    let pem = std::fs::read_to_string(e.ica()).unwrap()
-        + &std::fs::read_to_string(&e.upstream_ca.ca_pem).unwrap();
-    std::fs::write(&both, pem).unwrap();
+    let both = e.both_cas();
     let out = e.curl(
         &both.display().to_string(),
         "api.test",
