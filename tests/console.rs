@@ -35,6 +35,30 @@ fn admin_yaml(d: &Path, more: &[&str]) -> String {
     )
 }
 
+/// A sign-in's answer (`curl -i`): the session cookie (`name=value`) and the session's place
+/// (`/ui/s/{place}/`), where its pages are.
+fn session_of(answer: &str) -> (String, String) {
+    let header = |name: &str| {
+        answer
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("no {name} in {answer}"))
+            .to_string()
+    };
+    let cookie = header("set-cookie: ");
+    let cookie = cookie.split(';').next().unwrap().trim().to_string();
+    let inbox = header("location: ");
+    let base = inbox
+        .strip_suffix("inbox")
+        .unwrap_or_else(|| panic!("{inbox}"));
+    assert!(
+        base.starts_with("/ui/s/") && base.len() == "/ui/s/".len() + 33,
+        "{base}"
+    );
+    (cookie, base.to_string())
+}
+
 /// An Ed25519 key pair made by openssl: the private key's path (the public key is beside
 /// it, `audit.pub.pem`).
 fn signing_key(d: &Path) -> std::path::PathBuf {
@@ -225,31 +249,50 @@ fn console_headers_cookies_csrf_and_certificate_sign_in() {
         wrong.contains(" 401 ") && !wrong.contains("set-cookie"),
         "{wrong}"
     );
-    // The certificate signs carol in: a Secure, HttpOnly, SameSite=Strict session cookie.
+    // The certificate signs carol in: a Secure, HttpOnly, SameSite=Strict session cookie,
+    // sent back only under the session's place.
     let ok = call(&["-d", "with=certificate"], "/ui/login");
+    let (session, place) = session_of(&ok);
     let cookie = ok
         .lines()
         .find_map(|l| l.strip_prefix("set-cookie: "))
         .unwrap_or_else(|| panic!("{ok}"));
+    let path = format!("Path={place};");
     for flag in [
         "HttpOnly",
         "SameSite=Strict",
         "Secure",
-        "Path=/ui/",
+        &path,
         "Max-Age=600",
     ] {
         assert!(cookie.contains(flag), "{flag}: {cookie}");
     }
-    let session = cookie.split(';').next().unwrap().trim().to_string();
-    let inbox = call(&["-H", &format!("Cookie: {session}")], "/ui/inbox");
+    let inbox = call(
+        &["-H", &format!("Cookie: {session}")],
+        &format!("{place}inbox"),
+    );
     assert!(
         inbox.contains(" 200 ") && inbox.contains("carol · approver"),
         "{inbox}"
     );
+    assert!(
+        inbox.contains(&format!("<base href=\"{place}\">")),
+        "{inbox}"
+    );
+    // The cookie alone, as a page on another port of this host would get it, opens nothing:
+    // not the pages outside the place, not another place.
+    let other_place = format!("/ui/s/{}/inbox", "0".repeat(32));
+    for path in ["/ui/inbox", other_place.as_str()] {
+        let r = call(&["-H", &format!("Cookie: {session}")], path);
+        assert!(
+            r.contains(" 303 ") && r.contains("location: /ui/login"),
+            "{path}: {r}"
+        );
+    }
     // The CSRF token is required, and another session's does not do.
     let no_csrf = call(
         &["-H", &format!("Cookie: {session}"), "-d", "note=x"],
-        "/ui/requests/r-0123456789ab/deny",
+        &format!("{place}requests/r-0123456789ab/deny"),
     );
     assert!(
         no_csrf.contains(" 403 ") && no_csrf.contains("CSRF"),
@@ -312,8 +355,8 @@ sandboxes:
         .unwrap_or_else(|| panic!("{asked}"))
         .to_string();
     let admin = format!("http://{}", proxy.admin);
-    // Sign in with a token: the session cookie and the inbox's CSRF token.
-    let sign_in = |token: &str| -> (String, String) {
+    // Sign in with a token: the session cookie, its place and the inbox's CSRF token.
+    let sign_in = |token: &str| -> (String, String, String) {
         let r = curl(&[
             "-i",
             "-d",
@@ -321,15 +364,11 @@ sandboxes:
             &format!("{admin}/ui/login"),
         ])
         .text();
-        let cookie = r
-            .lines()
-            .find_map(|l| l.strip_prefix("set-cookie: "))
-            .unwrap_or_else(|| panic!("{r}"));
-        let cookie = cookie.split(';').next().unwrap().to_string();
+        let (cookie, place) = session_of(&r);
         let inbox = curl(&[
             "-H",
             &format!("Cookie: {cookie}"),
-            &format!("{admin}/ui/inbox"),
+            &format!("{admin}{place}inbox"),
         ])
         .text();
         let csrf = inbox
@@ -338,10 +377,10 @@ sandboxes:
             .and_then(|v| v.split('"').next())
             .unwrap_or_else(|| panic!("{inbox}"))
             .to_string();
-        (cookie, csrf)
+        (cookie, place, csrf)
     };
-    let approve = |(cookie, csrf): &(String, String)| -> String {
-        let url = format!("{admin}/ui/requests/{id}/approve");
+    let approve = |(cookie, place, csrf): &(String, String, String)| -> String {
+        let url = format!("{admin}{place}requests/{id}/approve");
         let body = format!("csrf={csrf}&grant=ttl&ttl_s=60");
         curl(&["-i", "-H", &format!("Cookie: {cookie}"), "-d", &body, &url]).text()
     };
@@ -349,7 +388,7 @@ sandboxes:
     let inbox = curl(&[
         "-H",
         &format!("Cookie: {}", bob.0),
-        &format!("{admin}/ui/inbox"),
+        &format!("{admin}{}inbox", bob.1),
     ])
     .text();
     assert!(inbox.contains(&format!("req-{id}")), "{inbox}");
@@ -372,13 +411,81 @@ sandboxes:
     );
     let alice = sign_in(ALICE);
     let ok = approve(&alice);
-    assert!(
-        ok.contains(" 303 ") && ok.contains("location: /ui/inbox"),
-        "{ok}"
-    );
+    let back = format!("location: {}inbox", alice.1);
+    assert!(ok.contains(" 303 ") && ok.contains(&back), "{ok}");
     let grant = proxy.wait_record(|r| r["approval"]["step"] == "approved");
     assert_eq!(
         grant["approval"]["credential"],
         "console alice (approver, token)"
     );
+}
+
+/// One user's sign-ins never sign another out (1,025 of them); the 11th wrong token from an
+/// address in a second is `429` with `Retry-After`; the *Audit* page says plainly that the
+/// chain is off when it is; `validate` refuses a user token `run` would refuse.
+#[test]
+fn sign_ins_are_bounded_per_user_and_per_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let yaml = format!(
+        "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\n{}",
+        d.join("audit.jsonl").display(),
+        admin_yaml(d, &[]),
+    );
+    std::fs::write(d.join("proxy.yaml"), &yaml).unwrap();
+    let proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    let admin = format!("http://{}", proxy.admin);
+    let login = format!("{admin}/ui/login");
+    let sign_in = |token: &str| curl(&["-i", "-d", &format!("token={token}"), &login]).text();
+    let alice = session_of(&sign_in(ALICE));
+    let vera = session_of(&sign_in(VERA));
+    let page = |(cookie, place): &(String, String), name: &str| {
+        let url = format!("{admin}{place}{name}");
+        curl(&["-i", "-H", &format!("Cookie: {cookie}"), &url]).text()
+    };
+    assert!(page(&vera, "inbox").contains(" 200 "));
+    // 1,025 more sign-ins of vera, in one curl: each URL is one POST.
+    let mut args = vec!["-s", "-o", "/dev/null", "-w", "%{http_code}\n", "-d"];
+    let field = format!("token={VERA}");
+    args.push(&field);
+    let urls = vec![login.as_str(); 1025];
+    args.extend(urls);
+    let codes = curl(&args).text();
+    let count = |c: &str| codes.lines().filter(|l| *l == c).count();
+    assert_eq!(count("303") + count("429"), 1025, "{codes}");
+    assert!(count("429") > 0, "one user's sign-ins are rate-limited");
+    // vera's oldest sessions were closed for her new ones; alice's never.
+    let alice_inbox = page(&alice, "inbox");
+    assert!(
+        alice_inbox.contains(" 200 ") && alice_inbox.contains("alice · approver"),
+        "{alice_inbox}"
+    );
+    assert!(page(&vera, "inbox").contains("location: /ui/login"));
+    // The chain is off (the default): the Audit page says so, not that the trail fails.
+    let audit = page(&alice, "audit");
+    assert!(audit.contains("Chain off"), "{audit}");
+    assert!(!audit.contains("does not verify"), "{audit}");
+    // Wrong tokens: ten are refused 401, the eleventh waits (429, Retry-After), right or not.
+    for i in 0..10 {
+        let r = sign_in("not-a-users-token-0123456789");
+        assert!(r.contains(" 401 "), "attempt {i}: {r}");
+    }
+    let r = sign_in("not-a-users-token-0123456789");
+    assert!(r.contains(" 429 ") && r.contains("retry-after: "), "{r}");
+    let r = sign_in(ALICE);
+    assert!(
+        r.contains(" 429 ") && !r.contains("set-cookie"),
+        "checked before the token: {r}"
+    );
+    // `validate` refuses what `run` refuses: a user token under 16 characters.
+    std::fs::write(d.join("vera.token"), "short").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["validate", "--config"])
+        .arg(d.join("proxy.yaml"))
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("fewer than 16"), "{said}");
 }

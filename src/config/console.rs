@@ -157,11 +157,13 @@ pub(super) fn resolve(
             }
             (None, Some(file)) => match token_digest(&rel(&file)) {
                 Ok(d) => Credential::TokenSha256(d),
-                Err(why) if secrets == Secrets::MayBeAbsent => {
+                // Only an absent file is the review tools' warning: a token `run` would refuse
+                // for its length is refused by `validate` and `check` too.
+                Err((TokenFault::Unreadable, why)) if secrets == Secrets::MayBeAbsent => {
                     warnings.push(format!("{field}.token_file: {why}"));
                     Credential::TokenSha256([0; 32])
                 }
-                Err(why) => {
+                Err((_, why)) => {
                     sink.top(format!("{field}.token_file"), why, Some(&file));
                     continue;
                 }
@@ -213,17 +215,29 @@ fn bad_name(name: &str, users: &[ConsoleUser]) -> Option<String> {
         .then(|| format!("the name `{name}` is given twice"))
 }
 
+/// What is wrong with a user's token file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TokenFault {
+    /// It cannot be read (perhaps not there yet where the config is reviewed).
+    Unreadable,
+    /// It holds a token too short to keep anyone out.
+    Short,
+}
+
 /// The SHA-256 of the token in `path` (surrounding whitespace dropped); a token shorter than 16
 /// characters is refused (it would be guessed).
-fn token_digest(path: &Path) -> Result<[u8; 32], String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+fn token_digest(path: &Path) -> Result<[u8; 32], (TokenFault, String)> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        let why = format!("cannot read {}: {e}", path.display());
+        (TokenFault::Unreadable, why)
+    })?;
     let token = text.trim();
     if token.len() < 16 {
-        return Err(format!(
+        let why = format!(
             "{} holds fewer than 16 characters: use a long random token",
             path.display()
-        ));
+        );
+        return Err((TokenFault::Short, why));
     }
     Ok(Sha256::digest(token.as_bytes()).into())
 }

@@ -7,10 +7,13 @@ for the Rust side. Screenshots of each page go to $CONSOLE_SCREENSHOTS.
 Environment: ADMIN (http://127.0.0.1:PORT), ADMIN_TOKEN, ALICE_TOKEN, VERA_TOKEN, PROXY
 (http://agent:tok-agent@127.0.0.1:PORT), ORIGIN_PORT, CACERT, CONSOLE_SCREENSHOTS."""
 
+import http.server
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +29,8 @@ ORIGIN_PORT = os.environ["ORIGIN_PORT"]
 CACERT = os.environ["CACERT"]
 SHOTS = os.environ["CONSOLE_SCREENSHOTS"]
 summary = {}
+# The signed-in session's place (ADMIN/ui/s/{place}/): its pages are there, set at sign-in.
+BASE = None
 
 
 def browser():
@@ -86,15 +91,111 @@ def within(d, seconds, what, f):
 
 
 def sign_in(d, token):
+    global BASE
     d.get(ADMIN + "/ui/login")
     d.find_element(By.ID, "token").send_keys(token)
     d.find_element(By.ID, "sign-in").click()
-    within(d, 5, "signed in", lambda: d.current_url.endswith("/ui/inbox"))
+    within(d, 5, "signed in", lambda: d.current_url.endswith("/inbox"))
+    BASE = d.current_url[: -len("inbox")]
+
+
+def page(d, name):
+    d.get(BASE + name)
 
 
 def sign_out(d):
-    d.find_element(By.CSS_SELECTOR, "form[action='/ui/logout'] button").click()
+    d.find_element(By.CSS_SELECTOR, "form[action$='logout'] button").click()
     within(d, 5, "signed out", lambda: d.current_url.endswith("/ui/login"))
+
+
+class Thief(http.server.BaseHTTPRequestHandler):
+    """A server a sandbox runs on another port of the console's host. Whatever the approver's
+    browser sends it, it replays to the console from its side, as the wave-5 attack did: read
+    the inbox for a CSRF token, then approve the pending request."""
+    seen = []      # (path, Cookie header) of each request the browser made here
+    tried = []     # (what, status) of each replay
+    read_inbox = False
+    rid = None
+
+    def log_message(self, *a):
+        pass
+
+    def replay(self, method, path, cookie, body=None):
+        req = urllib.request.Request(ADMIN + path, data=body, method=method,
+                                     headers={"Cookie": cookie} if cookie else {})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as e:
+            return e.code, ""
+
+    def do_GET(self):
+        cookie = self.headers.get("Cookie", "")
+        Thief.seen.append((self.path, cookie))
+        # The console's paths this browser might have a cookie for, and this server's own.
+        for path in ["/ui/inbox", self.path, self.path.rstrip("/") + "/inbox"]:
+            status, text = self.replay("GET", path, cookie)
+            Thief.tried.append(("GET " + path, status))
+            if "req-" + Thief.rid in text:
+                Thief.read_inbox = True
+            m = re.search(r'name="csrf" value="([0-9a-f]+)"', text)
+            csrf = m.group(1) if m else "none"
+            body = f"csrf={csrf}&grant=permanent".encode()
+            for target in [f"/ui/requests/{Thief.rid}/approve",
+                           self.path.rstrip("/") + f"/requests/{Thief.rid}/approve"]:
+                status, _ = self.replay("POST", target, cookie, body)
+                Thief.tried.append(("POST " + target, status))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<!doctype html><title>a sandbox's page</title><p>hello")
+
+
+def another_port_cannot_act(d, rid):
+    """A13: the approver opens pages a sandbox serves on another port of the console's host;
+    nothing the browser sends them lets that server read the inbox or answer the request."""
+    Thief.rid = rid
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Thief)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        for path in ["/ui/inbox", "/ui/s/", "/ui/", "/"]:
+            d.get(f"http://127.0.0.1:{port}{path}")
+            within(d, 5, "the sandbox's page", lambda: "hello" in d.page_source)
+    finally:
+        server.shutdown()
+    assert len(Thief.seen) >= 4, Thief.seen
+    leaked = [c for _, c in Thief.seen if "egress_console" in c]
+    assert not leaked, ("the session cookie reached another port", Thief.seen)
+    assert not Thief.read_inbox, ("another port read the inbox", Thief.tried)
+    assert admin_api(f"/v1/requests/{rid}")["state"] == "pending", Thief.tried
+    summary["another_port"] = {"requests": len(Thief.seen), "replays": len(Thief.tried),
+                               "cookies_seen": len(leaked)}
+
+
+def sign_out_ends_the_live_stream(d):
+    """A14: a Live stream open in one tab ends within a second of signing out in another."""
+    page(d, "live")
+    d.execute_script(
+        "window.ended = null; const es = new EventSource('live/events');"
+        "es.onerror = () => { if (window.ended === null) window.ended = Date.now(); };")
+    within(d, 5, "the stream open", lambda: d.execute_script(
+        "return document.querySelector('#live') !== null && window.ended === null"))
+    time.sleep(0.3)  # the EventSource connects
+    assert d.execute_script("return window.ended") is None, "the stream failed before sign-out"
+    live_tab = d.current_window_handle
+    d.switch_to.new_window("tab")
+    page(d, "inbox")
+    sign_out(d)
+    signed_out = time.monotonic()
+    other = d.current_window_handle
+    d.switch_to.window(live_tab)
+    within(d, 1.0, "the Live stream ended after sign-out",
+           lambda: d.execute_script("return window.ended") is not None)
+    summary["stream_ended_after_s"] = round(time.monotonic() - signed_out, 3)
+    d.switch_to.window(other)
+    d.close()
+    d.switch_to.window(live_tab)
 
 
 def post_in_page(d, path, fields):
@@ -115,7 +216,7 @@ def main():
         assert "alice" in d.find_element(By.ID, "who").text
 
         # Live: a refusal appears within a second, and opens to what check says.
-        d.get(ADMIN + "/ui/live")
+        page(d, "live")
         time.sleep(0.3)  # the page's event stream connects
         code, status = fetch_origin("blocked.test")
         assert status == "403", (code, status)
@@ -132,7 +233,7 @@ def main():
         shot(d, "live")
 
         # Inbox: the sandbox asks, with a hostile reason; it appears within a second, inert.
-        d.get(ADMIN + "/ui/inbox")
+        page(d, "inbox")
         time.sleep(0.3)
         reason = "need docs <script>window.pwned=1</script> \u202egnp.exe\u202c"
         t0 = time.monotonic()
@@ -147,7 +248,7 @@ def main():
         shot(d, "inbox")
 
         # No CSRF token: refused, even for an approver.
-        status = post_in_page(d, f"/ui/requests/{rid}/approve", {"grant": "ttl", "ttl_s": "5"})
+        status = post_in_page(d, f"requests/{rid}/approve", {"grant": "ttl", "ttl_s": "5"})
         assert status == 403, status
         assert admin_api(f"/v1/requests/{rid}")["state"] == "pending"
 
@@ -164,7 +265,7 @@ def main():
         approved_at = time.monotonic()
         code, status = fetch_origin("granted.test")
         assert status == "200", (code, status)
-        d.get(ADMIN + "/ui/grants")
+        page(d, "grants")
         grant = d.find_elements(By.CSS_SELECTOR, f"tr.grant[data-id='{rid}']")
         assert grant and "ttl" in grant[0].text, d.page_source[:2000]
         assert "console alice" in grant[0].text, grant[0].text
@@ -176,7 +277,7 @@ def main():
         assert status == "403", ("after expiry", code, status)
 
         # Sandboxes: today's bars equal /v1/usage.
-        d.get(ADMIN + "/ui/sandboxes/agent")
+        page(d, "sandboxes/agent")
         bar = lambda chart: int(d.find_elements(By.CSS_SELECTOR, f"#chart-{chart} rect.bar")[-1].get_attribute("data-value"))
         answer = admin_api("/v1/usage?sandbox=agent")
         usage = answer["usage"]
@@ -192,21 +293,26 @@ def main():
         shot(d, "sandbox")
 
         # Audit: the trail verifies, chain and signatures.
-        d.get(ADMIN + "/ui/audit")
+        page(d, "audit")
         verified = d.find_element(By.ID, "verified")
         assert verified.get_attribute("data-verified") == "true", verified.text
         assert "signatures" in verified.text, verified.text
         shot(d, "audit")
-        sign_out(d)
+
+        # Another port of the console's host cannot act as the approver; sign-out ends streams.
+        rid3 = ask("other.test", "a page on another port must not approve this")
+        another_port_cannot_act(d, rid3)
+        page(d, "inbox")
+        sign_out_ends_the_live_stream(d)
 
         # A viewer sees no approve button, and a forged POST from its session is refused.
         sign_in(d, os.environ["VERA_TOKEN"])
         rid2 = ask("other.test", "a viewer must not approve this")
-        d.get(ADMIN + "/ui/inbox")
+        page(d, "inbox")
         within(d, 5, "the second request in Inbox", lambda: d.find_elements(By.ID, "req-" + rid2))
         assert not d.find_elements(By.CSS_SELECTOR, "button.approve, button.deny, form.answer")
-        csrf = d.find_element(By.CSS_SELECTOR, "form[action='/ui/logout'] input[name=csrf]").get_attribute("value")
-        status = post_in_page(d, f"/ui/requests/{rid2}/approve", {"csrf": csrf, "grant": "permanent"})
+        csrf = d.find_element(By.CSS_SELECTOR, "form[action$='logout'] input[name=csrf]").get_attribute("value")
+        status = post_in_page(d, f"requests/{rid2}/approve", {"csrf": csrf, "grant": "permanent"})
         assert status == 403, status
         assert admin_api(f"/v1/requests/{rid2}")["state"] == "pending"
         shot(d, "inbox-viewer")

@@ -89,6 +89,11 @@ pub async fn login(
         );
     }
     let tls = tls(&req);
+    let from = req.extensions().get::<Caller>().map(|c| c.addr.ip());
+    if let Some(wait) = from.and_then(|ip| console.limits.may_try(ip).err()) {
+        tracing::warn!(client = ?from, "console sign-in refused: too many wrong tokens");
+        return too_many(wait, "too many wrong tokens from this address");
+    }
     let cert = certificate(&req).map(str::to_string);
     let fields = match form(admin, req).await {
         Ok(f) => f,
@@ -103,6 +108,9 @@ pub async fn login(
         cert.as_deref(),
     );
     let Some(principal) = who else {
+        if let Some(ip) = from {
+            console.limits.failed(ip);
+        }
         tracing::info!("console sign-in refused");
         let page = pages::sign_in(
             Some("Sign-in refused: that token or certificate is not a console user's."),
@@ -110,18 +118,42 @@ pub async fn login(
         );
         return html(StatusCode::UNAUTHORIZED, page);
     };
+    if let Err(wait) = console.limits.sign_in(&principal.name) {
+        tracing::warn!(user = %principal.name, "console sign-in refused: signing in too often");
+        return too_many(wait, "this user signs in too often");
+    }
     tracing::info!(user = %principal.name, role = principal.role.as_str(), "console sign-in");
-    let Some(id) = console.sessions.open(principal) else {
-        return whole(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain; charset=utf-8",
-            "no random bytes for a session\n".into(),
-        );
+    let (id, opened) = match console.sessions.open(principal) {
+        Ok(o) => o,
+        Err(why) => {
+            let text = match why {
+                session::NotOpened::NoRandom => "no random bytes for a session\n",
+                session::NotOpened::Full => "too many sessions are open: try again later\n",
+            };
+            return whole(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain; charset=utf-8",
+                text.into(),
+            );
+        }
     };
-    let mut r = see_other("/ui/inbox");
-    if let Ok(v) = HeaderValue::from_str(&console.sessions.set_cookie(&id, tls)) {
+    let mut r = see_other(&format!("{}inbox", opened.base()));
+    if let Ok(v) = HeaderValue::from_str(&console.sessions.set_cookie(&id, &opened, tls)) {
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
+    r
+}
+
+/// `429 Too Many Requests` with `Retry-After`.
+fn too_many(wait: Duration, why: &str) -> Response<AdminBody> {
+    let secs = super::throttle::retry_after(wait);
+    let mut r = whole(
+        StatusCode::TOO_MANY_REQUESTS,
+        "text/plain; charset=utf-8",
+        format!("sign-in refused: {why}; try again in {secs} s\n"),
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     r
 }
 
@@ -130,9 +162,9 @@ pub async fn post(
     admin: &Admin,
     console: &Console,
     req: Request<Incoming>,
+    path: &str,
     (sid, session): (String, Session),
 ) -> Response<AdminBody> {
-    let path = req.uri().path().to_string();
     let tls = tls(&req);
     let client = req.extensions().get::<Caller>().map(|c| c.addr);
     let refuse = |why: &str| {
@@ -155,7 +187,7 @@ pub async fn post(
     if path == "/ui/logout" {
         console.sessions.close(&sid);
         let mut r = see_other("/ui/login");
-        if let Ok(v) = HeaderValue::from_str(&session::clear_cookie(tls)) {
+        if let Ok(v) = HeaderValue::from_str(&session::clear_cookie(&session, tls)) {
             r.headers_mut().insert(header::SET_COOKIE, v);
         }
         return r;
@@ -164,7 +196,7 @@ pub async fn post(
         tracing::warn!(user = %session.principal.name, path = %path, "console: a viewer's change refused");
         return refuse("a viewer cannot answer requests or revoke grants");
     }
-    desk_step(admin, &session, &path, &fields, client).await
+    desk_step(admin, &session, path, &fields, client).await
 }
 
 /// An approver's answer or revocation, through the admin API's desk steps; then back to the
@@ -213,14 +245,11 @@ async fn desk_step(
                 Ok(a) => on_desk(desk, move |d| d.answer(&id, a, who, Vec::new())).await,
                 Err(e) => Err(e),
             };
-            ("/ui/inbox", done)
+            ("inbox", done)
         }
         ["grants", id, "revoke"] if request::valid_id(id) => {
             let id = id.to_string();
-            (
-                "/ui/grants",
-                on_desk(desk, move |d| d.revoke(&id, who)).await,
-            )
+            ("grants", on_desk(desk, move |d| d.revoke(&id, who)).await)
         }
         _ => {
             return whole(
@@ -230,17 +259,15 @@ async fn desk_step(
             )
         }
     };
+    let base = session.base();
     match done {
-        Ok(_) => see_other(back),
+        Ok(_) => see_other(&format!("{base}{back}")),
         Err(e) => {
             let frame = Frame {
                 who: &session.principal,
                 csrf: &session.csrf,
-                at: if back == "/ui/inbox" {
-                    "inbox"
-                } else {
-                    "grants"
-                },
+                base: &base,
+                at: back,
             };
             let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
             html(status, pages::problem(&frame, &e.message, back))
@@ -366,7 +393,7 @@ pub fn events(admin: &Admin, query: Option<&str>, session: &Session) -> Response
     };
     let lines = crate::control::observe::stream(admin.shared.sink.log.observe(), filter);
     let events = lines.map_frame(|f| f.map_data(|line| super::live::event(&line)));
-    let until = super::live::Until::new(events, session.expires);
+    let until = super::live::Until::new(events, session.expires, session.ended());
     super::secured(StatusCode::OK, "text/event-stream", until.boxed())
 }
 

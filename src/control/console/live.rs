@@ -2,7 +2,8 @@
 //! page shows them without JavaScript), records per minute over the last hour (the *Audit*
 //! page's chart), and each record as one Server-Sent Event for the page's script (the
 //! stream itself, its filters and bounded buffer, are `GET /v1/observe`'s:
-//! [`crate::control::observe`]), ending when the session does.
+//! [`crate::control::observe`]), ending when the session does: at its end, or at once when
+//! it is signed out.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -99,21 +100,29 @@ pub fn now_minute() -> u64 {
         .map_or(0, |d| d.as_secs() / 60)
 }
 
-/// A stream that ends when its session does: the body `B` until `deadline`.
+/// A stream that ends when its session does: the body `B` until `deadline`, or until the
+/// session is closed (sign-out), whichever comes first.
 pub struct Until<B> {
     body: B,
     deadline: std::time::Instant,
     /// Wakes the stream at `deadline` when nothing else does.
     timer: Pin<Box<tokio::time::Sleep>>,
+    /// Resolves when the session is closed.
+    ended: Pin<Box<dyn Future<Output = ()> + Send + Sync>>,
 }
 
 impl<B> Until<B> {
-    /// `body` until `deadline`.
-    pub fn new(body: B, deadline: std::time::Instant) -> Self {
+    /// `body` until `deadline` or until `ended` resolves.
+    pub fn new(
+        body: B,
+        deadline: std::time::Instant,
+        ended: impl Future<Output = ()> + Send + Sync + 'static,
+    ) -> Self {
         Until {
             body,
             deadline,
             timer: Box::pin(tokio::time::sleep_until(deadline.into())),
+            ended: Box::pin(ended),
         }
     }
 }
@@ -127,7 +136,8 @@ impl<B: Body + Unpin> Body for Until<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let over = self.timer.as_mut().poll(cx).is_ready();
-        if over || std::time::Instant::now() >= self.deadline {
+        let closed = self.ended.as_mut().poll(cx).is_ready();
+        if over || closed || std::time::Instant::now() >= self.deadline {
             return Poll::Ready(None);
         }
         Pin::new(&mut self.body).poll_frame(cx)
@@ -183,12 +193,15 @@ mod tests {
     async fn a_stream_ends_with_its_session() {
         use http_body_util::{BodyExt, Full};
         let now = std::time::Instant::now();
-        let mut ended = Until::new(Full::new(Bytes::from_static(b"x")), now);
+        let never = std::future::pending::<()>;
+        let mut ended = Until::new(Full::new(Bytes::from_static(b"x")), now, never());
         assert!(ended.frame().await.is_none(), "the session is over");
         let later = now + std::time::Duration::from_secs(60);
-        let mut open = Until::new(Full::new(Bytes::from_static(b"x")), later);
+        let mut open = Until::new(Full::new(Bytes::from_static(b"x")), later, never());
         let data = open.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&data[..], b"x");
+        let mut signed_out = Until::new(Full::new(Bytes::from_static(b"x")), later, async {});
+        assert!(signed_out.frame().await.is_none(), "signed out");
     }
 
     #[test]

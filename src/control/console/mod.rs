@@ -14,6 +14,7 @@ pub mod chart;
 pub mod live;
 mod pages;
 pub mod session;
+mod throttle;
 mod trail;
 mod views;
 
@@ -33,6 +34,7 @@ use session::{Session, Sessions};
 pub struct Console {
     cfg: ConsoleConfig,
     sessions: Sessions,
+    limits: throttle::SignInLimits,
     live: Arc<live::Live>,
     /// The last verification of the trail and when it ran: the *Audit* page reads the whole
     /// trail, so at most once per [`VERIFIED_FOR`] however often it is loaded.
@@ -53,6 +55,7 @@ impl Console {
         Some(Arc::new(Console {
             cfg: cfg.clone(),
             sessions: Sessions::new(cfg.session_ttl),
+            limits: Default::default(),
             live,
             verified: Default::default(),
         }))
@@ -62,7 +65,7 @@ impl Console {
 /// Content-Security-Policy of every console response: only the console's own script, style
 /// and connections; no frames, no inline code, forms post only here.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
-                   connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+                   connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'self'";
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
@@ -135,7 +138,7 @@ pub async fn respond(admin: &Admin, req: Request<Incoming>) -> Response<AdminBod
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     match (&method, path.as_str()) {
-        (&Method::GET, "/ui" | "/ui/") => return see_other("/ui/inbox"),
+        (&Method::GET, "/ui" | "/ui/") => return see_other("/ui/login"),
         (&Method::GET, "/ui/assets/console.css") => {
             return whole(StatusCode::OK, "text/css; charset=utf-8", CSS.into())
         }
@@ -146,11 +149,21 @@ pub async fn respond(admin: &Admin, req: Request<Incoming>) -> Response<AdminBod
         (&Method::POST, "/ui/login") => return actions::login(admin, console, req).await,
         _ => {}
     }
+    // A session's pages are under its place: `/ui/s/{place}/{page}`. Anything else (a page
+    // of an older session, a guess) goes to sign-in.
+    let placed = path
+        .strip_prefix("/ui/s/")
+        .and_then(|rest| rest.split_once('/'))
+        .filter(|(place, _)| session::valid_place(place));
     let cookie = req
         .headers()
         .get(header::COOKIE)
         .and_then(|v| v.to_str().ok());
-    let Some((sid, session)) = console.sessions.find(cookie) else {
+    let found = placed.and_then(|(place, page)| {
+        let (sid, s) = console.sessions.find(cookie, place)?;
+        Some((sid, s, format!("/ui/{page}")))
+    });
+    let Some((sid, session, page)) = found else {
         return match method {
             Method::GET => see_other("/ui/login"),
             _ => whole(
@@ -161,7 +174,7 @@ pub async fn respond(admin: &Admin, req: Request<Incoming>) -> Response<AdminBod
         };
     };
     if method == Method::POST {
-        return actions::post(admin, console, req, (sid, session)).await;
+        return actions::post(admin, console, req, &page, (sid, session)).await;
     }
     if method != Method::GET {
         let mut r = whole(
@@ -173,7 +186,7 @@ pub async fn respond(admin: &Admin, req: Request<Incoming>) -> Response<AdminBod
             .insert(header::ALLOW, HeaderValue::from_static("GET, POST"));
         return r;
     }
-    read(admin, console, &req, &session).await
+    read(admin, console, &req, &page, &session).await
 }
 
 /// The pages that only read.
@@ -181,9 +194,9 @@ async fn read(
     admin: &Admin,
     console: &Console,
     req: &Request<Incoming>,
+    path: &str,
     session: &Session,
 ) -> Response<AdminBody> {
-    let path = req.uri().path();
     let query = req.uri().query();
     let at = match path {
         "/ui/inbox" => "inbox",
@@ -200,9 +213,11 @@ async fn read(
             )
         }
     };
+    let base = session.base();
     let frame = pages::Frame {
         who: &session.principal,
         csrf: &session.csrf,
+        base: &base,
         at,
     };
     let shared = &admin.shared;
@@ -215,7 +230,7 @@ async fn read(
             Err(why) => {
                 return html(
                     StatusCode::BAD_REQUEST,
-                    pages::problem(&frame, &why.to_string(), "/ui/live"),
+                    pages::problem(&frame, &why.to_string(), "live"),
                 )
             }
         },
@@ -232,7 +247,7 @@ async fn read(
                     let why = format!("no sandbox `{id}`");
                     return html(
                         StatusCode::NOT_FOUND,
-                        pages::problem(&frame, &why, "/ui/sandboxes"),
+                        pages::problem(&frame, &why, "sandboxes"),
                     );
                 }
             }

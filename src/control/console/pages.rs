@@ -18,6 +18,9 @@ pub struct Frame<'a> {
     pub who: &'a Principal,
     /// The session's CSRF token.
     pub csrf: &'a str,
+    /// The session's place, `/ui/s/{place}/`: the page's `<base>`, so every link and form
+    /// of the console is written relative to it.
+    pub base: &'a str,
     /// The page's name (`inbox`, `grants`, `live`, `sandboxes`, `audit`).
     pub at: &'static str,
 }
@@ -42,10 +45,11 @@ const PAGES: [(&str, &str); 5] = [
     ("audit", "Audit"),
 ];
 
-fn head(title: &str) -> Markup {
+fn head(title: &str, base: Option<&str>) -> Markup {
     html! {
         head {
             meta charset="utf-8";
+            @if let Some(b) = base { base href=(b); }
             meta name="viewport" content="width=device-width, initial-scale=1";
             title { "egress-proxy · " (title) }
             link rel="stylesheet" href="/ui/assets/console.css";
@@ -59,19 +63,19 @@ pub fn page(f: &Frame<'_>, title: &str, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            (head(title))
+            (head(title, Some(f.base)))
             body data-page=(f.at) {
                 header {
                     span.brand { "egress-proxy" }
                     nav {
                         @for (at, name) in PAGES {
-                            a href=(format!("/ui/{at}")) class=[(at == f.at).then_some("here")] { (name) }
+                            a href=(at) class=[(at == f.at).then_some("here")] { (name) }
                         }
                     }
                     span.who #who data-role=(f.who.role.as_str()) {
                         (f.who.name) " · " (f.who.role.as_str())
                     }
-                    form.inline method="post" action="/ui/logout" {
+                    form.inline method="post" action="logout" {
                         (f.csrf_field())
                         button type="submit" { "Sign out" }
                     }
@@ -87,7 +91,7 @@ pub fn sign_in(problem: Option<&str>, certificate: Option<&str>) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            (head("sign in"))
+            (head("sign in", None))
             body data-page="login" {
                 main.narrow {
                     h1 { "egress-proxy console" }
@@ -148,7 +152,7 @@ pub fn inbox(f: &Frame<'_>, pending: &[Value], answered: &[Value]) -> Markup {
                     p.not-yours { (why) }
                 }
                 @if f.approver() && r["console_answerable"] != false {
-                    form.answer method="post" action=(format!("/ui/requests/{id}/approve")) {
+                    form.answer method="post" action=(format!("requests/{id}/approve")) {
                         (f.csrf_field())
                         label { "Grant " select name="grant" {
                             option value="ttl" selected { "for a time" }
@@ -159,7 +163,7 @@ pub fn inbox(f: &Frame<'_>, pending: &[Value], answered: &[Value]) -> Markup {
                         label { "note " input type="text" name="note" maxlength="500"; }
                         button.approve type="submit" { "Approve" }
                     }
-                    form.answer method="post" action=(format!("/ui/requests/{id}/deny")) {
+                    form.answer method="post" action=(format!("requests/{id}/deny")) {
                         (f.csrf_field())
                         label { "note " input type="text" name="note" maxlength="500"; }
                         button.deny type="submit" { "Deny" }
@@ -200,7 +204,7 @@ pub fn grants(f: &Frame<'_>, grants: &[Value]) -> Markup {
                         td { (field(&g["kind"])) } td { (field(&g["expires"])) }
                         td { (field(&g["approver"])) } td { (field(&g["used"])) }
                         @if f.approver() {
-                            td { form.inline method="post" action=(format!("/ui/grants/{id}/revoke")) {
+                            td { form.inline method="post" action=(format!("grants/{id}/revoke")) {
                                 (f.csrf_field())
                                 button.revoke type="submit" { "Revoke" }
                             } }

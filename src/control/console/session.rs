@@ -1,9 +1,18 @@
 //! Who is signed in to the console: sign-in with the admin token, a user's own token or the
 //! client certificate the TLS admin listener verified; then a session cookie (`HttpOnly`,
-//! `SameSite=Strict`, `Secure` on TLS, `Path=/ui/`, bounded lifetime) whose value is random
-//! and kept here only as its SHA-256; each session has its own CSRF token, which every form
-//! that changes something carries and which is compared in constant time. At most
-//! [`MAX_SESSIONS`] live at once (the oldest is closed for a new one).
+//! `SameSite=Strict`, `Secure` on TLS, bounded lifetime) whose value is random and kept here
+//! only as its SHA-256.
+//!
+//! A cookie goes to every port of its host, so the cookie alone opens nothing: each session
+//! also has a random **place**, `/ui/s/{place}/`, under which its pages live and to which the
+//! cookie's `Path` is bound. A browser sends the cookie only to URLs under that path; a page
+//! on another port of the console's host gets it only if it already knows the place, which
+//! is never sent to another origin (`Referrer-Policy: same-origin`) and is checked here
+//! beside the cookie. Each session has its own CSRF token too, compared in constant time.
+//!
+//! At most [`PER_USER`] sessions of one user live at once (the user's oldest is closed for a
+//! new one: one user's sign-ins never end another's), [`MAX_SESSIONS`] in all (then sign-in
+//! waits). Closing a session ends every stream it holds open ([`Session::ended`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -11,13 +20,17 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tokio::sync::watch;
 
 use crate::config::console::{ConsoleConfig, Credential, Role, ADMIN_PRINCIPAL};
 
 /// The cookie's name.
 pub const COOKIE: &str = "egress_console";
-/// Sessions alive at once, at most.
-pub const MAX_SESSIONS: usize = 1024;
+/// Sessions of one user alive at once, at most.
+pub const PER_USER: usize = 16;
+/// Sessions alive at once, at most, of all users (then a sign-in is refused, never someone
+/// else's session closed).
+pub const MAX_SESSIONS: usize = 16_384;
 
 /// A signed-in person: the name approval records carry, and the role.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,11 +62,26 @@ pub struct Session {
     pub principal: Principal,
     /// The CSRF token its forms carry.
     pub csrf: String,
+    /// Its place: its pages are under `/ui/s/{place}/`, and so is its cookie.
+    pub place: String,
     /// When it ends.
     pub expires: Instant,
+    /// Closed when the session is (sign-out, eviction, expiry seen by a sign-in).
+    ended: watch::Receiver<()>,
 }
 
 impl Session {
+    /// The path its pages live under, `/ui/s/{place}/`.
+    pub fn base(&self) -> String {
+        format!("/ui/s/{}/", self.place)
+    }
+
+    /// Resolves when the session has been closed.
+    pub fn ended(&self) -> impl std::future::Future<Output = ()> + Send + Sync + 'static {
+        let mut rx = self.ended.clone();
+        async move { while rx.changed().await.is_ok() {} }
+    }
+
     /// Whether `presented` is this session's CSRF token.
     pub fn csrf_ok(&self, presented: Option<&str>) -> bool {
         let Some(p) = presented else { return false };
@@ -61,10 +89,20 @@ impl Session {
     }
 }
 
-/// The live sessions, by the SHA-256 of their cookie.
+/// The live sessions, by the SHA-256 of their cookie; each with the sender whose drop ends
+/// its streams.
 pub struct Sessions {
     ttl: Duration,
-    map: Mutex<HashMap<[u8; 32], Session>>,
+    map: Mutex<HashMap<[u8; 32], (Session, watch::Sender<()>)>>,
+}
+
+/// Why no session was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotOpened {
+    /// The system gave no random bytes.
+    NoRandom,
+    /// [`MAX_SESSIONS`] are open.
+    Full,
 }
 
 /// `n` random bytes as hex, from the system's generator.
@@ -83,35 +121,51 @@ impl Sessions {
         }
     }
 
-    /// A new session for `principal`: the cookie's value, or `None` when no random bytes
-    /// could be had.
-    pub fn open(&self, principal: Principal) -> Option<String> {
-        let id = random_hex(32)?;
+    /// A new session for `principal`: its cookie's value and the session. The user's oldest
+    /// session is closed when it has [`PER_USER`]; nobody else's ever is.
+    pub fn open(&self, principal: Principal) -> Result<(String, Session), NotOpened> {
+        let id = random_hex(32).ok_or(NotOpened::NoRandom)?;
+        let (tx, ended) = watch::channel(());
         let session = Session {
             principal,
-            csrf: random_hex(32)?,
+            csrf: random_hex(32).ok_or(NotOpened::NoRandom)?,
+            place: random_hex(16).ok_or(NotOpened::NoRandom)?,
             expires: Instant::now() + self.ttl,
+            ended,
         };
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        map.retain(|_, s| s.expires > now);
-        if map.len() >= MAX_SESSIONS {
-            let oldest = map.iter().min_by_key(|(_, s)| s.expires).map(|(k, _)| *k);
+        map.retain(|_, (s, _)| s.expires > now);
+        let name = &session.principal.name;
+        let mine = map.values().filter(|(s, _)| &s.principal.name == name);
+        if mine.count() >= PER_USER {
+            let oldest = map
+                .iter()
+                .filter(|(_, (s, _))| &s.principal.name == name)
+                .min_by_key(|(_, (s, _))| s.expires)
+                .map(|(k, _)| *k);
             if let Some(k) = oldest {
                 map.remove(&k);
             }
         }
-        map.insert(Sha256::digest(id.as_bytes()).into(), session);
-        Some(id)
+        if map.len() >= MAX_SESSIONS {
+            return Err(NotOpened::Full);
+        }
+        map.insert(Sha256::digest(id.as_bytes()).into(), (session.clone(), tx));
+        Ok((id, session))
     }
 
-    /// The session a `Cookie` header names, while it lasts.
-    pub fn find(&self, cookie_header: Option<&str>) -> Option<(String, Session)> {
+    /// The session a `Cookie` header names, while it lasts, when `place` is its place.
+    pub fn find(&self, cookie_header: Option<&str>, place: &str) -> Option<(String, Session)> {
         let id = cookie_value(cookie_header?)?;
         let key: [u8; 32] = Sha256::digest(id.as_bytes()).into();
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         match map.get(&key) {
-            Some(s) if s.expires > Instant::now() => Some((id.to_string(), s.clone())),
+            Some((s, _)) if s.expires > Instant::now() => {
+                let here = place.len() == s.place.len()
+                    && bool::from(place.as_bytes().ct_eq(s.place.as_bytes()));
+                here.then(|| (id.to_string(), s.clone()))
+            }
             Some(_) => {
                 map.remove(&key);
                 None
@@ -120,27 +174,34 @@ impl Sessions {
         }
     }
 
-    /// End the session of cookie `id`.
+    /// End the session of cookie `id`, and every stream it holds open.
     pub fn close(&self, id: &str) {
         let key: [u8; 32] = Sha256::digest(id.as_bytes()).into();
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         map.remove(&key);
     }
 
-    /// The `Set-Cookie` of a new session.
-    pub fn set_cookie(&self, id: &str, tls: bool) -> String {
+    /// The `Set-Cookie` of a new session: sent back only under the session's place.
+    pub fn set_cookie(&self, id: &str, session: &Session, tls: bool) -> String {
         let secure = if tls { "; Secure" } else { "" };
         format!(
-            "{COOKIE}={id}; Path=/ui/; Max-Age={}; HttpOnly; SameSite=Strict{secure}",
+            "{COOKIE}={id}; Path={}; Max-Age={}; HttpOnly; SameSite=Strict{secure}",
+            session.base(),
             self.ttl.as_secs()
         )
     }
 }
 
-/// The `Set-Cookie` that removes the session cookie.
-pub fn clear_cookie(tls: bool) -> String {
+/// The `Set-Cookie` that removes the cookie of `session`.
+pub fn clear_cookie(session: &Session, tls: bool) -> String {
     let secure = if tls { "; Secure" } else { "" };
-    format!("{COOKIE}=; Path=/ui/; Max-Age=0; HttpOnly; SameSite=Strict{secure}")
+    let path = session.base();
+    format!("{COOKIE}=; Path={path}; Max-Age=0; HttpOnly; SameSite=Strict{secure}")
+}
+
+/// Whether `s` can be a session's place (32 hex digits).
+pub fn valid_place(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// The session cookie's value in a `Cookie` header (64 hex digits, else nothing).
@@ -245,48 +306,72 @@ mod tests {
         assert!(who(Some(""), None).is_none());
     }
 
-    #[test]
-    fn a_session_is_found_by_its_cookie_until_it_ends_and_checks_its_csrf() {
-        let s = Sessions::new(Duration::from_secs(60));
-        let p = Principal {
-            name: "vera".into(),
+    fn person(name: &str) -> Principal {
+        Principal {
+            name: name.into(),
             role: Role::Viewer,
             how: "token",
-        };
-        let id = s.open(p.clone()).unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_session_is_found_by_its_cookie_and_place_until_it_ends() {
+        let s = Sessions::new(Duration::from_secs(60));
+        let p = person("vera");
+        let (id, opened) = s.open(p.clone()).unwrap();
+        assert!(valid_place(&opened.place));
         let header = format!("other=1; {COOKIE}={id}");
-        let (_, found) = s.find(Some(&header)).unwrap();
+        let (_, found) = s.find(Some(&header), &opened.place).unwrap();
         assert_eq!(found.principal, p);
         assert!(found.csrf_ok(Some(&found.csrf.clone())));
         assert!(!found.csrf_ok(None));
         assert!(!found.csrf_ok(Some("0")));
+        // The cookie without its place is nothing: another port's page has only the cookie.
+        assert!(s.find(Some(&header), &"0".repeat(32)).is_none());
+        assert!(s.find(Some(&header), "").is_none());
+        let zero = format!("{COOKIE}={}", "0".repeat(64));
+        assert!(s.find(Some(&zero), &opened.place).is_none());
         assert!(s
-            .find(Some(&format!("{COOKIE}={}", "0".repeat(64))))
+            .find(Some("egress_console=<script>"), &opened.place)
             .is_none());
-        assert!(s.find(Some("egress_console=<script>")).is_none());
-        assert!(s
-            .set_cookie(&id, true)
-            .ends_with("HttpOnly; SameSite=Strict; Secure"));
+        let cookie = s.set_cookie(&id, &opened, true);
+        assert!(
+            cookie.contains(&format!("Path=/ui/s/{}/;", opened.place)),
+            "{cookie}"
+        );
+        assert!(cookie.ends_with("HttpOnly; SameSite=Strict; Secure"));
+        let ended = opened.ended();
         s.close(&id);
-        assert!(s.find(Some(&header)).is_none());
+        assert!(s.find(Some(&header), &opened.place).is_none());
+        tokio::time::timeout(Duration::from_secs(5), ended)
+            .await
+            .expect("closing a session ends what waits on it");
         let short = Sessions::new(Duration::ZERO);
-        let id = short.open(p).unwrap();
-        assert!(short.find(Some(&format!("{COOKIE}={id}"))).is_none());
+        let (id, opened) = short.open(p).unwrap();
+        assert!(short
+            .find(Some(&format!("{COOKIE}={id}")), &opened.place)
+            .is_none());
     }
 
     #[test]
-    fn sessions_are_bounded() {
+    fn one_users_sign_ins_close_only_that_users_sessions() {
         let s = Sessions::new(Duration::from_secs(60));
-        let p = Principal {
-            name: "vera".into(),
-            role: Role::Viewer,
-            how: "token",
-        };
-        let first = s.open(p.clone()).unwrap();
-        for _ in 0..MAX_SESSIONS {
-            s.open(p.clone()).unwrap();
+        let (alice, at) = s.open(person("alice")).unwrap();
+        let (first, fp) = s.open(person("vera")).unwrap();
+        for _ in 0..1025 {
+            s.open(person("vera")).unwrap();
         }
-        assert!(s.map.lock().unwrap().len() <= MAX_SESSIONS);
-        assert!(s.find(Some(&format!("{COOKIE}={first}"))).is_none());
+        let map = s.map.lock().unwrap();
+        let veras = map
+            .values()
+            .filter(|(v, _)| v.principal.name == "vera")
+            .count();
+        assert_eq!(veras, PER_USER);
+        drop(map);
+        assert!(s
+            .find(Some(&format!("{COOKIE}={first}")), &fp.place)
+            .is_none());
+        let still = s.find(Some(&format!("{COOKIE}={alice}")), &at.place);
+        assert_eq!(still.unwrap().1.principal.name, "alice");
     }
 }

@@ -1,6 +1,7 @@
 //! The *Audit* page's facts about the trail: whether its files verify (the hash chain, and the
 //! signatures with the public half of `audit.signing_key_file`, the live file's last run
-//! allowed to be open — `egress-proxy audit verify --open-run`), and the last checkpoint.
+//! allowed to be open — `egress-proxy audit verify --open-run`), and the last checkpoint; with
+//! `audit.chain: false`, only that there is no chain to verify.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
@@ -19,6 +20,15 @@ pub fn verify_trail(config: &Config) -> Value {
         Ok(f) => f,
         Err(e) => return json!({ "verified": false, "error": e.to_string() }),
     };
+    if !config.audit_trail.chain {
+        // Nothing links one record to the next: there is no chain to verify, which is not a
+        // chain that fails to verify.
+        return json!({
+            "chain": false,
+            "verified": false,
+            "files": files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+        });
+    }
     let key = match &config.audit_trail.signing_key_file {
         Some(f) => match verify::read_signing_key(f) {
             Ok(k) => Some(k.verifying_key()),
@@ -36,6 +46,7 @@ pub fn verify_trail(config: &Config) -> Value {
         Err(e) => return json!({ "verified": false, "error": e.to_string() }),
     };
     json!({
+        "chain": true,
         "verified": report.problem.is_none() && report.records > 0,
         "signed": key.is_some(),
         "files": files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),

@@ -50,7 +50,7 @@ fn row(r: &Value) -> Markup {
                             dt { "Where" } dd { (s(r, "rule_source")) }
                             dt { "Detail" } dd { (s(r, "detail")) }
                         }
-                        a.explain href=(format!("/ui/explain?sandbox={}&target={}",
+                        a.explain href=(format!("explain?sandbox={}&target={}",
                             enc(r["sandbox"].as_str().unwrap_or("")), enc(&target))) { "What check says now" }
                     }
                 } @else { (s(r, "rule")) }
@@ -77,7 +77,7 @@ pub fn live(filters: &Filters, records: &[Value], problem: Option<&str>) -> Mark
         .extend_pairs(filters.iter())
         .finish();
     html! {
-        form #filters method="get" action="/ui/live" {
+        form #filters method="get" action="live" {
             label { "sandbox " input type="text" name="sandbox" value=(get("sandbox")); }
             label { "decision " select name="decision" {
                 option value="" selected[get("decision").is_empty()] { "any" }
@@ -89,7 +89,7 @@ pub fn live(filters: &Filters, records: &[Value], problem: Option<&str>) -> Mark
         }
         @if let Some(p) = problem { p.problem #problem { (p) } }
         p.hint { "Newest first. With JavaScript on, new decisions appear as they are made." }
-        table #live data-events=(format!("/ui/live/events?{query}")) {
+        table #live data-events=(format!("live/events?{query}")) {
             thead { tr { th { "Time" } th { "Decision" } th { "Sandbox" } th { "Mode" } th { "Destination" } th { "Reason" } th { "Rule / why" } } }
             tbody { @for r in records { (row(r)) } }
         }
@@ -106,7 +106,7 @@ pub fn explain(sandbox: &str, target: &str, checked: &Value) -> Markup {
             dt { "Rule" } dd { (s(checked, "rule")) }
             dt { "Explanation" } dd.explanation { (s(checked, "explanation")) }
         }
-        p { a href="/ui/live" { "Back to Live" } }
+        p { a href="live" { "Back to Live" } }
     }
 }
 
@@ -119,7 +119,7 @@ pub fn sandboxes(list: &Value) -> Markup {
             tbody {
                 @for sb in list["sandboxes"].as_array().into_iter().flatten() {
                     @let id = sb["id"].as_str().unwrap_or_default();
-                    tr { td { a href=(format!("/ui/sandboxes/{}", enc(id))) { (id) } }
+                    tr { td { a href=(format!("sandboxes/{}", enc(id))) { (id) } }
                          td { (s(sb, "origin")) } td { (s(sb, "mode")) } td { (s(sb, "enforcement")) }
                          td { (sb["egress"]) } td { (sb["deny"]) } }
                 }
@@ -207,6 +207,19 @@ pub fn audit(trail: &Value, per_minute: &[(u64, u64)], health: &str) -> Markup {
         })
         .collect();
     let verified = trail["verified"].as_bool().unwrap_or(false);
+    if trail["chain"] == false {
+        return html! {
+            p #verified .off data-verified="off" {
+                "Chain off: records are written without a hash chain (audit.chain: false), so \
+                 there is nothing to verify. Turn it on to make removed or changed records show."
+            }
+            dl {
+                dt { "Sink" } dd { (health) }
+                dt { "Files" } dd { (entries(&trail["files"])) }
+            }
+            (chart::bars("per-minute", "Records per minute, last hour (this process)", &bars, None, false))
+        };
+    }
     html! {
         p #verified class=(if verified { "ok" } else { "problem" }) data-verified=(verified) {
             @if verified { "The trail verifies" } @else { "The trail does not verify" }

@@ -2,7 +2,7 @@
 // Content-Security-Policy allows no other). Every page reads without it; with it, Live shows
 // decisions as they are made, an opened refusal shows what `check` says of it, and Inbox and
 // Grants follow answers made elsewhere. Text from records is set with textContent, never as
-// HTML.
+// HTML. Every URL is relative to the page's <base>, the session's place (/ui/s/{place}/).
 "use strict";
 
 function cell(tr, text, cls) {
@@ -54,7 +54,7 @@ function row(r) {
     const a = document.createElement("a");
     a.className = "explain";
     a.textContent = "What check says now";
-    a.href = "/ui/explain?" + new URLSearchParams({ sandbox: r.sandbox || "", target: destination(r) });
+    a.href = "explain?" + new URLSearchParams({ sandbox: r.sandbox || "", target: destination(r) });
     details.appendChild(a);
     last.appendChild(details);
   }
@@ -101,13 +101,13 @@ function live() {
 // Inbox and Grants: when an approval step is recorded, take the page's new content, keeping
 // a form someone is typing in.
 function follow(page) {
-  const events = new EventSource("/ui/live/events");
+  const events = new EventSource("live/events");
   let busy = false;
   events.onmessage = async (m) => {
     if (busy || !m.data.includes('"approval"')) return;
     busy = true;
     try {
-      const text = await fetch("/ui/" + page, { credentials: "same-origin" }).then((r) => r.text());
+      const text = await fetch(page, { credentials: "same-origin" }).then((r) => r.text());
       const fresh = new DOMParser().parseFromString(text, "text/html").querySelector("main");
       const main = document.querySelector("main");
       const typing = document.activeElement && main.contains(document.activeElement)
