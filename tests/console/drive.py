@@ -165,10 +165,11 @@ def another_port_cannot_act(d, rid):
     finally:
         server.shutdown()
     assert len(Thief.seen) >= 4, Thief.seen
+    state = admin_api(f"/v1/requests/{rid}")["state"]
+    assert state == "pending", ("another port answered the request", state, Thief.tried)
+    assert not Thief.read_inbox, ("another port read the inbox", Thief.tried)
     leaked = [c for _, c in Thief.seen if "egress_console" in c]
     assert not leaked, ("the session cookie reached another port", Thief.seen)
-    assert not Thief.read_inbox, ("another port read the inbox", Thief.tried)
-    assert admin_api(f"/v1/requests/{rid}")["state"] == "pending", Thief.tried
     summary["another_port"] = {"requests": len(Thief.seen), "replays": len(Thief.tried),
                                "cookies_seen": len(leaked)}
 

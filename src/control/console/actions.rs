@@ -13,7 +13,7 @@ use super::allowed;
 use super::pages::{self, Frame};
 use super::session::{self, Principal, Session};
 use super::views::{self, Usage};
-use super::{html, see_other, tls, whole, Console};
+use super::{html, plain, see_other, tls, Console};
 use crate::approvals::{request, Answer, Desk, State, Who};
 use crate::config::console::Role;
 use crate::control::admin::{read_body, Admin, AdminBody, Caller};
@@ -82,11 +82,7 @@ pub async fn login(
     req: Request<Incoming>,
 ) -> Response<AdminBody> {
     if !same_origin(&req) {
-        return whole(
-            StatusCode::FORBIDDEN,
-            "text/plain; charset=utf-8",
-            "cross-site sign-in refused\n".into(),
-        );
+        return plain(StatusCode::FORBIDDEN, "cross-site sign-in refused\n");
     }
     let tls = tls(&req);
     let from = req.extensions().get::<Caller>().map(|c| c.addr.ip());
@@ -130,11 +126,7 @@ pub async fn login(
                 session::NotOpened::NoRandom => "no random bytes for a session\n",
                 session::NotOpened::Full => "too many sessions are open: try again later\n",
             };
-            return whole(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain; charset=utf-8",
-                text.into(),
-            );
+            return plain(StatusCode::SERVICE_UNAVAILABLE, text);
         }
     };
     let mut r = see_other(&format!("{}inbox", opened.base()));
@@ -147,9 +139,8 @@ pub async fn login(
 /// `429 Too Many Requests` with `Retry-After`.
 fn too_many(wait: Duration, why: &str) -> Response<AdminBody> {
     let secs = super::throttle::retry_after(wait);
-    let mut r = whole(
+    let mut r = plain(
         StatusCode::TOO_MANY_REQUESTS,
-        "text/plain; charset=utf-8",
         format!("sign-in refused: {why}; try again in {secs} s\n"),
     );
     r.headers_mut()
@@ -167,13 +158,7 @@ pub async fn post(
 ) -> Response<AdminBody> {
     let tls = tls(&req);
     let client = req.extensions().get::<Caller>().map(|c| c.addr);
-    let refuse = |why: &str| {
-        whole(
-            StatusCode::FORBIDDEN,
-            "text/plain; charset=utf-8",
-            format!("{why}\n"),
-        )
-    };
+    let refuse = |why: &str| plain(StatusCode::FORBIDDEN, format!("{why}\n"));
     if !same_origin(&req) {
         return refuse("cross-site form refused");
     }
@@ -209,11 +194,7 @@ async fn desk_step(
     client: Option<std::net::SocketAddr>,
 ) -> Response<AdminBody> {
     let Some(desk) = admin.shared.desk.get().cloned() else {
-        return whole(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain; charset=utf-8",
-            "the proxy is starting\n".into(),
-        );
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "the proxy is starting\n");
     };
     let who = Who {
         by: "console",
@@ -227,11 +208,7 @@ async fn desk_step(
     if let Some(id) = parts.get(1) {
         if let Err(why) = layers_allow(admin, &desk, &session.principal, id) {
             tracing::warn!(user = %session.principal.name, path = %path, "console: not this approver's to answer");
-            return whole(
-                StatusCode::FORBIDDEN,
-                "text/plain; charset=utf-8",
-                format!("{why}\n"),
-            );
+            return plain(StatusCode::FORBIDDEN, format!("{why}\n"));
         }
     }
     let (back, done) = match parts.as_slice() {
@@ -251,13 +228,7 @@ async fn desk_step(
             let id = id.to_string();
             ("grants", on_desk(desk, move |d| d.revoke(&id, who)).await)
         }
-        _ => {
-            return whole(
-                StatusCode::NOT_FOUND,
-                "text/plain; charset=utf-8",
-                "not found\n".into(),
-            )
-        }
+        _ => return plain(StatusCode::NOT_FOUND, "not found\n"),
     };
     let base = session.base();
     match done {
@@ -383,13 +354,7 @@ pub fn live(console: &Console, query: Option<&str>) -> Markup {
 pub fn events(admin: &Admin, query: Option<&str>, session: &Session) -> Response<AdminBody> {
     let filter = match filters(query).1 {
         Ok(f) => f,
-        Err(why) => {
-            return whole(
-                StatusCode::BAD_REQUEST,
-                "text/plain; charset=utf-8",
-                format!("{why}\n"),
-            )
-        }
+        Err(why) => return plain(StatusCode::BAD_REQUEST, format!("{why}\n")),
     };
     let lines = crate::control::observe::stream(admin.shared.sink.log.observe(), filter);
     let events = lines.map_frame(|f| f.map_data(|line| super::live::event(&line)));

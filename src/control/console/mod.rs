@@ -97,6 +97,11 @@ fn whole(status: StatusCode, content_type: &'static str, body: String) -> Respon
     secured(status, content_type, Full::new(Bytes::from(body)).boxed())
 }
 
+/// A short text answer.
+fn plain(status: StatusCode, text: impl Into<String>) -> Response<AdminBody> {
+    whole(status, "text/plain; charset=utf-8", text.into())
+}
+
 /// An HTML page.
 fn html(status: StatusCode, page: Markup) -> Response<AdminBody> {
     whole(status, "text/html; charset=utf-8", page.into_string())
@@ -104,11 +109,7 @@ fn html(status: StatusCode, page: Markup) -> Response<AdminBody> {
 
 /// `303 See Other` to `to` (after a form: the browser then GETs the page).
 fn see_other(to: &str) -> Response<AdminBody> {
-    let mut r = whole(
-        StatusCode::SEE_OTHER,
-        "text/plain; charset=utf-8",
-        String::new(),
-    );
+    let mut r = plain(StatusCode::SEE_OTHER, String::new());
     if let Ok(v) = HeaderValue::from_str(to) {
         r.headers_mut().insert(header::LOCATION, v);
     }
@@ -129,11 +130,7 @@ pub fn owns(path: &str) -> bool {
 pub async fn respond(admin: &Admin, req: Request<Incoming>) -> Response<AdminBody> {
     let Some(console) = &admin.console else {
         let off = "not found (the console is off: admin.console)\n";
-        return whole(
-            StatusCode::NOT_FOUND,
-            "text/plain; charset=utf-8",
-            off.into(),
-        );
+        return plain(StatusCode::NOT_FOUND, off);
     };
     let path = req.uri().path().to_string();
     let method = req.method().clone();
@@ -166,22 +163,14 @@ pub async fn respond(admin: &Admin, req: Request<Incoming>) -> Response<AdminBod
     let Some((sid, session, page)) = found else {
         return match method {
             Method::GET => see_other("/ui/login"),
-            _ => whole(
-                StatusCode::UNAUTHORIZED,
-                "text/plain; charset=utf-8",
-                "sign in first\n".into(),
-            ),
+            _ => plain(StatusCode::UNAUTHORIZED, "sign in first\n"),
         };
     };
     if method == Method::POST {
         return actions::post(admin, console, req, &page, (sid, session)).await;
     }
     if method != Method::GET {
-        let mut r = whole(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain; charset=utf-8",
-            "use GET or POST\n".into(),
-        );
+        let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "use GET or POST\n");
         r.headers_mut()
             .insert(header::ALLOW, HeaderValue::from_static("GET, POST"));
         return r;
@@ -205,13 +194,7 @@ async fn read(
         "/ui/audit" => "audit",
         "/ui/live/events" => return actions::events(admin, query, session),
         p if p == "/ui/sandboxes" || p.starts_with("/ui/sandboxes/") => "sandboxes",
-        _ => {
-            return whole(
-                StatusCode::NOT_FOUND,
-                "text/plain; charset=utf-8",
-                "not found\n".into(),
-            )
-        }
+        _ => return plain(StatusCode::NOT_FOUND, "not found\n"),
     };
     let base = session.base();
     let frame = pages::Frame {

@@ -93,8 +93,11 @@ impl Session {
 /// its streams.
 pub struct Sessions {
     ttl: Duration,
-    map: Mutex<HashMap<[u8; 32], (Session, watch::Sender<()>)>>,
+    map: Mutex<HashMap<[u8; 32], Live>>,
 }
+
+/// A live session, and the sender whose drop ends its streams.
+type Live = (Session, watch::Sender<()>);
 
 /// Why no session was opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
