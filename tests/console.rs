@@ -316,6 +316,7 @@ fn a_layer_names_who_may_answer_for_its_members() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(d.join("bob.token"), BOB).unwrap();
+    ca_init(&d.join("ica"));
     let bob = format!(
         "{{ name: bob, role: approver, token_file: {} }}",
         d.join("bob.token").display()
@@ -324,6 +325,7 @@ fn a_layer_names_who_may_answer_for_its_members() {
         r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
 audit: {{ path: {audit} }}
 dns: {{ servers: ["127.0.0.1:9"], hosts: {{ docs.test: [127.0.0.1] }} }}
+tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key }}
 {admin}layers:
   - {{ id: org, ceiling: ["api.test", "docs.test"] }}
   - {{ id: team-a, parent: org, approvers: [alice] }}
@@ -331,10 +333,12 @@ sandboxes:
   - id: agent
     layer: team-a
     auth: {{ token_sha256: {a} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test"] }} }}
+    limits: {{ requests_per_day: 7 }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test"], http: [{{ host: api.test, methods: [GET], paths: ["/docs/**"] }}] }} }}
 "#,
         audit = d.join("audit.jsonl").display(),
         admin = admin_yaml(d, &[&bob]),
+        ica = d.join("ica").display(),
         a = sha("tok-agent"),
     );
     std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
@@ -418,6 +422,23 @@ sandboxes:
         grant["approval"]["credential"],
         "console alice (approver, token)"
     );
+    // The sandbox's page shows its whole effective policy: the per-request rules, the
+    // limits, the layers and the grant just given, with who gave it.
+    let page = curl(&[
+        "-H",
+        &format!("Cookie: {}", alice.0),
+        &format!("{admin}{}sandboxes/agent", alice.1),
+    ])
+    .text();
+    for shown in [
+        "/docs/**",
+        "requests_per_day",
+        "Layer team-a",
+        "docs.test",
+        "by console alice",
+    ] {
+        assert!(page.contains(shown), "{shown}: {page}");
+    }
 }
 
 /// One user's sign-ins never sign another out (1,025 of them); the 11th wrong token from an

@@ -26,6 +26,7 @@ impl Desk {
             (Some(r), Some(_)) if r.state == State::Approved => {
                 r.state = State::Revoked;
                 r.answered_by = Some(by);
+                r.approver = Some(who.approver());
                 r.deadline = None;
                 r.clone()
             }
@@ -37,7 +38,10 @@ impl Desk {
                 ));
             }
             // A grant kept across a restart (its request was not): revoked all the same.
-            (None, Some((sandbox, g))) => revoked_without_request(sandbox, &g, by),
+            (None, Some((sandbox, g))) => Request {
+                approver: Some(who.approver()),
+                ..revoked_without_request(sandbox, &g, by)
+            },
             (None, None) => return Err(refused(404, format!("no request or grant {id}"))),
         };
         if let Some(list) = inner.grants.get_mut(&r.sandbox) {
@@ -235,6 +239,7 @@ fn revoked_without_request(
         created: SystemTime::now(),
         deadline: None,
         answered_by: Some(by),
+        approver: None,
         grant: Some(g.kind),
         note: None,
         checks: Vec::new(),

@@ -244,6 +244,7 @@ impl Desk {
                 created: now,
                 deadline: Some(now + cfg.pending_ttl),
                 answered_by: None,
+                approver: None,
                 grant: None,
                 note: None,
                 checks: Vec::new(),
@@ -302,6 +303,7 @@ impl Desk {
             }
         }
         r.answered_by = Some(by);
+        r.approver = Some(who.approver());
         r.checks = checks;
         let grant = match answer {
             Answer::Deny { note } => {

@@ -163,6 +163,8 @@ pub struct Request {
     pub deadline: Option<SystemTime>,
     /// How it was answered (`admin`, `webhook`, `auto`), once it was.
     pub answered_by: Option<&'static str>,
+    /// Who answered, by name when a person signed in (`console alice`), once it was.
+    pub approver: Option<String>,
     /// The grant's kind, once approved.
     pub grant: Option<GrantKind>,
     /// The approver's note, if any.
@@ -187,6 +189,7 @@ impl Request {
             "created": rfc3339(self.created),
             "expires": self.deadline.map(rfc3339),
             "answered_by": self.answered_by,
+            "approver": self.approver,
             "grant": self.grant.map(GrantKind::as_str),
             "note": self.note,
             "checks": self.checks,

@@ -300,8 +300,28 @@ def main():
         assert "signatures" in verified.text, verified.text
         shot(d, "audit")
 
+        # Live shows an access request as a request, not a refusal, and names who answered:
+        # the page as served, and a new one as the script adds it.
+        page(d, "live")
+        rows = d.find_elements(By.CSS_SELECTOR, "#live tbody tr.decision-approval")
+        steps = {r.find_element(By.CSS_SELECTOR, "td.decision").text: r.text for r in rows}
+        assert "approved" in steps and "console alice (approver, token)" in steps["approved"], steps
+        assert "requested" in steps and "asked: need docs" in steps["requested"], steps
+        denied = [r.text for r in d.find_elements(By.CSS_SELECTOR, "#live tbody tr.decision-deny")
+                  if "access request" in r.text]
+        assert not denied, denied
+        time.sleep(0.3)  # the page's event stream connects
+        rid3 = ask("other.test", "a page on another port must not approve this \u202e")
+        added = within(d, 1.0, "the new request in Live", lambda: next(
+            (r for r in d.find_elements(By.CSS_SELECTOR, "#live tbody tr.decision-approval")
+             if rid3 in r.text), None))
+        assert "requested" in added.text and "\\u{202e}" in added.text, added.text
+        page(d, "inbox")
+        answered = d.find_element(By.CSS_SELECTOR, f"tr[data-id='{rid}'] td.by").text
+        assert answered == "console alice", answered
+        summary["answered_by"] = answered
+
         # Another port of the console's host cannot act as the approver; sign-out ends streams.
-        rid3 = ask("other.test", "a page on another port must not approve this")
         another_port_cannot_act(d, rid3)
         page(d, "inbox")
         sign_out_ends_the_live_stream(d)

@@ -402,9 +402,16 @@ pub fn sandbox(admin: &Admin, id: &str) -> Option<Markup> {
     let quota = crate::control::admin_usage::quotas(&admin.shared, Some(id))
         .into_iter()
         .find(|q| q["destination"].is_null());
+    let grants = admin
+        .shared
+        .desk
+        .get()
+        .map(|d| d.grant_list(Some(id)))
+        .unwrap_or_default();
     Some(views::sandbox(
         &view,
         &layers,
+        grants["grants"].as_array().map_or(&[][..], |v| v),
         &days(&admin.shared, id),
         quota.as_ref(),
     ))

@@ -177,9 +177,9 @@ pub fn inbox(f: &Frame<'_>, pending: &[Value], answered: &[Value]) -> Markup {
                 thead { tr { th { "Request" } th { "Sandbox" } th { "Destination" } th { "State" } th { "By" } th { "Note" } } }
                 tbody {
                     @for r in answered {
-                        tr { td { code { (field(&r["id"])) } } td { (field(&r["sandbox"])) }
+                        tr data-id=(field(&r["id"])) { td { code { (field(&r["id"])) } } td { (field(&r["sandbox"])) }
                              td { (field(&r["host"])) ":" (field(&r["port"])) } td { (field(&r["state"])) }
-                             td { (field(&r["answered_by"])) } td { (field(&r["note"])) } }
+                             td.by { (field(if r["approver"].is_string() { &r["approver"] } else { &r["answered_by"] })) } td { (field(&r["note"])) } }
                     }
                 }
             }

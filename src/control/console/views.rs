@@ -29,8 +29,33 @@ pub fn destination(r: &Value) -> String {
     }
 }
 
+/// A step of an access request in the *Live* table: what happened (`requested`, `approved`,
+/// …) and who took it — the person, when one signed in — not a refusal.
+fn approval_row(r: &Value, a: &Value) -> Markup {
+    let time = r["ts"]
+        .as_str()
+        .and_then(|t| t.split_once('T'))
+        .map_or("", |(_, t)| t);
+    let step = s(a, "step");
+    let who = match a["credential"].as_str() {
+        Some(c) => for_person(c).into_owned(),
+        None => s(a, "by"),
+    };
+    html! {
+        tr.decision-approval data-sandbox=(s(r, "sandbox")) data-reason="approval" {
+            td { (time) } td.decision { (step) } td { (s(r, "sandbox")) } td { "access request" }
+            td { code { (destination(r)) } }
+            td { @if step == "requested" { "asked: " (s(a, "text")) } @else { "by " (who) } }
+            td { (s(a, "request")) }
+        }
+    }
+}
+
 /// One row of the *Live* table (the page's script builds the same from each event).
 fn row(r: &Value) -> Markup {
+    if let Some(a) = r.get("approval").filter(|a| a.is_object()) {
+        return approval_row(r, a);
+    }
     let decision = r["decision"].as_str().unwrap_or("-");
     let time = r["ts"]
         .as_str()
@@ -144,6 +169,7 @@ fn entries(v: &Value) -> Markup {
 pub fn sandbox(
     view: &Value,
     layers: &[LayerView],
+    grants: &[Value],
     days: &[(String, Usage)],
     quota: Option<&Value>,
 ) -> Markup {
@@ -166,6 +192,14 @@ pub fn sandbox(
             @for sc in view["network"]["scoped"].as_array().into_iter().flatten() {
                 dt { "Scoped to " (sc["binaries"]) " " (sc["execs"]) } dd { (entries(&sc["egress"])) }
             }
+            dt { "Per-request rules (network.http)" } dd #http { (json_block(&view["policy"]["network"]["http"])) }
+            dt { "Limits" } dd #limits { (json_block(&set_only(&view["limits"]))) }
+        }
+        h2 { "Standing grants" }
+        @if grants.is_empty() { p #grants { "none" } } @else {
+            ul #grants { @for g in grants {
+                li { code { (s(g, "host")) ":" (g["port"]) } " · " (s(g, "kind")) " · by " (s(g, "approver")) " · until " (s(g, "expires")) }
+            } }
         }
         h2 { "Layers" }
         @if layers.is_empty() { p { "This sandbox is in no layer: its own entries are its reach." } }
@@ -180,6 +214,28 @@ pub fn sandbox(
         (chart::bars("requests", "Requests", &bars(|u| u.requests), limit("requests_per_day"), true))
         (chart::bars("bytes", "Bytes (up + down)", &bars(|u| u.bytes), limit("bytes_per_day"), true))
         (chart::bars("tokens", "Inference tokens", &bars(|u| u.tokens), limit("tokens_per_day"), true))
+    }
+}
+
+/// A value as indented JSON for a person, or `none` when it is absent or empty.
+fn json_block(v: &Value) -> Markup {
+    let empty = v.is_null()
+        || v.as_array().is_some_and(Vec::is_empty)
+        || v.as_object().is_some_and(|o| o.is_empty());
+    let text = serde_json::to_string_pretty(v).unwrap_or_default();
+    html! { @if empty { span { "none" } } @else { pre { (crate::control::shown::json_for_person(&text)) } } }
+}
+
+/// An object without its unset (`null`) members.
+fn set_only(v: &Value) -> Value {
+    match v.as_object() {
+        Some(o) => Value::Object(
+            o.iter()
+                .filter(|(_, x)| !x.is_null())
+                .map(|(k, x)| (k.clone(), x.clone()))
+                .collect(),
+        ),
+        None => v.clone(),
     }
 }
 

@@ -5,10 +5,18 @@
 // HTML. Every URL is relative to the page's <base>, the session's place (/ui/s/{place}/).
 "use strict";
 
+// Text a sandbox wrote, as the server shows it (control::shown): each character that changes
+// how text looks (bidirectional controls, zero-width, line separators, controls) as \u{xxxx}.
+const DECEPTIVE = /[\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\u0000-\u001f\u007f-\u009f]/g;
+function shown(text) {
+  return String(text).replace(DECEPTIVE,
+    (c) => "\\u{" + c.codePointAt(0).toString(16).padStart(4, "0") + "}");
+}
+
 function cell(tr, text, cls) {
   const td = document.createElement("td");
   if (cls) td.className = cls;
-  td.textContent = text;
+  td.textContent = shown(text);
   tr.appendChild(td);
   return td;
 }
@@ -18,8 +26,28 @@ function destination(r) {
   return r.target_host || r.original_dst || "-";
 }
 
+// A step of an access request: what happened and who took it, not a refusal.
+function approvalRow(r, a) {
+  const tr = document.createElement("tr");
+  tr.className = "decision-approval";
+  tr.dataset.sandbox = r.sandbox || "-";
+  tr.dataset.reason = "approval";
+  cell(tr, (r.ts || "").split("T")[1] || "");
+  cell(tr, a.step || "-", "decision");
+  cell(tr, r.sandbox || "-");
+  cell(tr, "access request");
+  const dest = cell(tr, "");
+  const code = document.createElement("code");
+  code.textContent = shown(destination(r));
+  dest.appendChild(code);
+  cell(tr, a.step === "requested" ? "asked: " + (a.text || "-") : "by " + (a.credential || a.by || "-"));
+  cell(tr, a.request || "-");
+  return tr;
+}
+
 // The same row the server renders for a record.
 function row(r) {
+  if (r.approval && typeof r.approval === "object") return approvalRow(r, r.approval);
   const tr = document.createElement("tr");
   const decision = r.decision || "-";
   tr.className = "decision-" + decision;
@@ -32,7 +60,7 @@ function row(r) {
   cell(tr, (r.mode || "-") + (r.event === "open" ? " · open" : ""));
   const dest = cell(tr, "");
   const code = document.createElement("code");
-  code.textContent = destination(r);
+  code.textContent = shown(destination(r));
   dest.appendChild(code);
   cell(tr, r.reason || "-");
   const last = cell(tr, decision === "allow" ? (r.rule || "-") : "");
@@ -47,7 +75,7 @@ function row(r) {
       const dt = document.createElement("dt");
       dt.textContent = k;
       const dd = document.createElement("dd");
-      dd.textContent = v || "-";
+      dd.textContent = shown(v || "-");
       dl.append(dt, dd);
     }
     details.appendChild(dl);
