@@ -273,7 +273,6 @@ impl Desk {
         who: Who,
         checks: Vec<String>,
     ) -> Result<Request, Refused> {
-        let by = who.by;
         let mut inner = self.lock();
         let r = inner
             .requests
@@ -302,7 +301,7 @@ impl Desk {
                 return Err(refused(409, why));
             }
         }
-        r.answered_by = Some(by);
+        r.answered_by = Some(who.by);
         r.approver = Some(who.approver());
         r.checks = checks;
         let grant = match answer {
