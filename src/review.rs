@@ -310,7 +310,8 @@ pub(crate) fn policy(action: PolicyAction) -> ExitCode {
 }
 
 /// `simulate --config CANDIDATE [--sandbox ID] [--json] FILES…`: exit 0, or 1 when any
-/// exchange's verdict changes (a pipeline can gate on it), 2 on a usage error.
+/// exchange's verdict changes or a member reaches beyond the candidate's ceilings (`run` would
+/// refuse the candidate; a pipeline can gate on it), 2 on a usage error.
 pub(crate) fn simulate(args: SimulateArgs) -> ExitCode {
     let SimulateArgs {
         config,
@@ -318,12 +319,22 @@ pub(crate) fn simulate(args: SimulateArgs) -> ExitCode {
         json,
         files,
     } = args;
-    let (candidate, set) = match load_compiled(Some(&config)) {
+    // Loaded as `run` would, except that members beyond a narrowed ceiling are listed (and
+    // refused by the decisions) rather than refusing the candidate.
+    let candidate = match report(config::load_for_simulation(Some(&config))) {
         Ok(c) => c,
         Err(code) => return code,
     };
+    let set = match PolicySet::compile(&candidate, &[], vec![]) {
+        Ok(set) => set,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     warn_absent_secrets(&candidate);
     let mut replay = Replay::new(&set, sandbox.as_deref());
+    replay.out.beyond_ceiling = candidate.beyond_ceiling.clone();
     for f in &files {
         let file = match std::fs::File::open(f) {
             Ok(file) => file,
@@ -354,9 +365,9 @@ pub(crate) fn simulate(args: SimulateArgs) -> ExitCode {
     } else {
         print!("{}", render(&out));
     }
-    match out.changed() {
-        0 => ExitCode::SUCCESS,
-        _ => ExitCode::from(1),
+    match out.changed() == 0 && out.beyond_ceiling.is_empty() {
+        true => ExitCode::SUCCESS,
+        false => ExitCode::from(1),
     }
 }
 

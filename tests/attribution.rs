@@ -45,7 +45,7 @@ try:
     r = opener.open("{url}", timeout=20)
     print(r.status); sys.stdout.write(r.read().decode())
 except urllib.error.HTTPError as e:
-    print(e.code); sys.stdout.write(e.read().decode())
+    print(e.code); print("reason: " + str(e.reason)); sys.stdout.write(e.read().decode())
 "#
     );
     python_output(Command::new(python).args(["-c", &script]))
@@ -136,6 +136,15 @@ fn observed_processes_are_recorded_and_scoped_entries_admit_only_theirs() {
     assert!(
         body.contains(py),
         "the refusal names python's executable: {body}"
+    );
+    // The status line (all urllib shows) names the process and the destination first.
+    let reason = body.lines().next().unwrap_or_default();
+    assert!(reason.contains("[process_not_allowed]"), "{reason}");
+    let first = format!("{py} (pid ");
+    let named = format!("may not reach origin.test:{port} (the scope: binaries [");
+    assert!(
+        reason.contains(&first) && reason.contains(&named),
+        "{reason}"
     );
     let rec = proxy.wait_record(|r| r["reason"] == "process_not_allowed");
     assert_eq!(rec["process"]["exe"], py);

@@ -180,6 +180,57 @@ fn allowed_messages_pass_both_ways_and_a_forbidden_method_closes_1008() {
         "{detail}"
     );
     assert_eq!(socket["call"], "websocket");
+    assert_eq!(
+        socket["close"], "refused",
+        "the proxy closed it for a refused message: {socket}"
+    );
+}
+
+/// `simulate` replays a WebSocket upgrade as an upgrade: the running configuration as the
+/// candidate changes nothing (exit 0); a candidate that denies the host refuses the upgrade
+/// and the requests on it for that reason, not "cannot tell".
+#[test]
+fn simulate_replays_upgrades_as_upgrades() {
+    let e = env(RPC_RULE, false);
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let out = e.client("api.test", "/rpc", &serde_json::json!([ping]).to_string());
+    assert_eq!(out["answers"][0], format!("got:{ping}"), "{out}");
+    let refused = e.client("api.test", "/other", "[]");
+    assert!(refused.to_string().contains("403"), "{refused}");
+    e.proxy
+        .wait_record(|r| r["call"] == "websocket" && r["event"] == "end");
+    let d = e.dir.path();
+    let simulate = |candidate: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+            .args(["simulate", "--json", "--config"])
+            .arg(candidate)
+            .arg(d.join("audit.jsonl"))
+            .output()
+            .unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code(), report)
+    };
+    let (code, same) = simulate(&d.join("proxy.yaml"));
+    assert_eq!(
+        code,
+        Some(0),
+        "the running config changes nothing: {same:#}"
+    );
+    assert!(same["replayed"].as_u64().unwrap() >= 2, "{same:#}");
+    // The same rules, the host denied: the upgrade is refused by the deny, not unknown.
+    let denied = config(d, e.origin.port, RPC_RULE)
+        .replace("        http:", "        deny: [api.test]\n        http:");
+    std::fs::write(d.join("denied.yaml"), denied).unwrap();
+    let (code, report) = simulate(&d.join("denied.yaml"));
+    assert_eq!(code, Some(1), "{report:#}");
+    let refused = report["newly_refused"].to_string();
+    assert!(refused.contains("denied_by_rule"), "{report:#}");
+    assert!(refused.contains("(websocket)"), "{report:#}");
+    assert!(
+        report["cannot_tell"].as_object().unwrap().is_empty(),
+        "{report:#}"
+    );
 }
 
 #[test]

@@ -20,6 +20,8 @@ pub enum Close {
     Shutdown,
     /// Refused by a limit (or cut by a daily quota).
     Limit,
+    /// Closed by the proxy for what was refused inside it (a WebSocket message, 1008).
+    Refused,
 }
 
 impl Close {
@@ -32,6 +34,7 @@ impl Close {
             Close::Revoked => "revoked",
             Close::Shutdown => "shutdown",
             Close::Limit => "limit",
+            Close::Refused => "refused",
         }
     }
 

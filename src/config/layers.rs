@@ -260,11 +260,19 @@ impl super::Config {
 }
 
 /// Every entry of a file-defined sandbox outside a ceiling of its layers is an error of the
-/// file (a runtime registration is refused alike at `PUT`).
-pub(super) fn check_members(bindings: &[super::Binding], sink: &mut Sink<'_>) {
+/// file (a runtime registration is refused alike at `PUT`) — or, for `simulate`, listed in
+/// `listed` (`sandbox ID: …`).
+pub(super) fn check_members(
+    bindings: &[super::Binding],
+    sink: &mut Sink<'_>,
+    mut listed: Option<&mut Vec<String>>,
+) {
     for b in bindings {
         for e in crate::policy::layer::outside_entries(&b.network.layers, &b.network) {
-            sink.push(Some(&b.id), "layer", e, Some(&format!("id: {}", b.id)), 1);
+            match listed.as_deref_mut() {
+                Some(list) => list.push(format!("sandbox {}: {e}", b.id)),
+                None => sink.push(Some(&b.id), "layer", e, Some(&format!("id: {}", b.id)), 1),
+            }
         }
     }
 }

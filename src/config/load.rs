@@ -134,11 +134,22 @@ pub(super) fn section<T: serde::de::DeserializeOwned>(
     }
 }
 
-pub(super) fn load_with(path: Option<&Path>, secrets: Secrets) -> Result<Config, ConfigErrors> {
+/// `listed`: members beyond a ceiling are listed in `beyond_ceiling` rather than refused.
+pub(super) fn load_with(
+    path: Option<&Path>,
+    secrets: Secrets,
+    listed: bool,
+) -> Result<Config, ConfigErrors> {
     match path {
         None => {
             let base = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-            load_str_with(EMBEDDED_CONFIG, EMBEDDED_NAME, &base, None, secrets)
+            load_str_with(
+                EMBEDDED_CONFIG,
+                EMBEDDED_NAME,
+                &base,
+                None,
+                (secrets, listed),
+            )
         }
         Some(p) => {
             let name: Arc<str> = p.display().to_string().into();
@@ -158,7 +169,7 @@ pub(super) fn load_with(path: Option<&Path>, secrets: Secrets) -> Result<Config,
             } else {
                 base
             };
-            load_str_with(&text, &name, &base, Some(p), secrets)
+            load_str_with(&text, &name, &base, Some(p), (secrets, listed))
         }
     }
 }
@@ -170,7 +181,7 @@ pub fn load_str(
     base_dir: &Path,
     path: Option<&Path>,
 ) -> Result<Config, ConfigErrors> {
-    load_str_with(text, origin, base_dir, path, Secrets::Required)
+    load_str_with(text, origin, base_dir, path, (Secrets::Required, false))
 }
 
 /// The top-level sections as written, each read (and its errors reported) in load order,
@@ -417,6 +428,7 @@ fn check_extra_providers(extra: &[String], sink: &mut Sink<'_>) {
 }
 
 /// The sandboxes' bindings; `listen.default_sandbox` must name one of them.
+/// A member beyond a ceiling of its layers is an error, or listed in `beyond` when given.
 fn sandboxes_of(
     sandboxes: Vec<Value>,
     ctx: &BindingCtx<'_>,
@@ -424,6 +436,7 @@ fn sandboxes_of(
     sink: &mut Sink<'_>,
     warnings: &mut Vec<String>,
     files: &mut Vec<PathBuf>,
+    beyond: Option<&mut Vec<String>>,
 ) -> Vec<Binding> {
     // A verified client certificate on the TLS listener can name any sandbox.
     let by_certificate = listen
@@ -440,7 +453,7 @@ fn sandboxes_of(
         files,
     );
     warnings.extend(binding::overlapping_sources(&bindings));
-    super::layers::check_members(&bindings, sink);
+    super::layers::check_members(&bindings, sink, beyond);
     if let Some(d) = &listen.default_sandbox {
         if !seen.contains(d.as_str()) {
             sink.top(
@@ -458,9 +471,10 @@ fn load_str_with(
     origin: &str,
     base_dir: &Path,
     path: Option<&Path>,
-    secrets: Secrets,
+    (secrets, listed): (Secrets, bool),
 ) -> Result<Config, ConfigErrors> {
     let mut errors = Vec::new();
+    let mut beyond_ceiling = Vec::new();
     let mut warnings = Vec::new();
     let mut files: Vec<PathBuf> = path.map(|p| vec![p.to_path_buf()]).unwrap_or_default();
     let file: Arc<str> = origin.into();
@@ -505,6 +519,7 @@ fn load_str_with(
         &mut sink,
         &mut warnings,
         &mut files,
+        listed.then_some(&mut beyond_ceiling),
     );
     if !errors.is_empty() {
         return Err(ConfigErrors(errors));
@@ -537,6 +552,7 @@ fn load_str_with(
         extra_providers: s.extra_providers,
         bindings,
         warnings,
+        beyond_ceiling,
         files,
         index: Arc::new(index),
     })

@@ -475,6 +475,9 @@ pub struct Config {
     pub bindings: Vec<Binding>,
     /// What loading warned about.
     pub warnings: Vec<String>,
+    /// Members' entries beyond a ceiling of their layers, each as the sentence `run` refuses
+    /// it with: listed only by [`load_for_simulation`] (otherwise they are errors).
+    pub beyond_ceiling: Vec<String>,
     /// Every file read (config, referenced and indexed SANDBOX.md files): what to watch.
     pub files: Vec<PathBuf>,
     /// Policies found in `sandbox_dirs`, for `@owner/slug` refs made later (admin PUT).
@@ -505,12 +508,20 @@ pub enum Secrets {
 
 /// Load a configuration file, or the embedded default when `path` is `None`.
 pub fn load(path: Option<&Path>) -> Result<Config, ConfigErrors> {
-    load_with(path, Secrets::Required)
+    load_with(path, Secrets::Required, false)
 }
 
 /// [`load`] for the review tools: secrets that cannot be read are warnings.
 pub fn load_for_review(path: Option<&Path>) -> Result<Config, ConfigErrors> {
-    load_with(path, Secrets::MayBeAbsent)
+    load_with(path, Secrets::MayBeAbsent, false)
+}
+
+/// [`load_for_review`] for `simulate`: a member whose entries reach beyond a ceiling of its
+/// layers does not refuse the file (as it does for `run`); each such entry is listed in
+/// [`Config::beyond_ceiling`], and the decisions refuse it `outside_ceiling` — what a
+/// narrower ceiling would break is what the team asks.
+pub fn load_for_simulation(path: Option<&Path>) -> Result<Config, ConfigErrors> {
+    load_with(path, Secrets::MayBeAbsent, true)
 }
 
 #[cfg(test)]

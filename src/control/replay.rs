@@ -6,9 +6,14 @@
 //! with the verdict recorded. What changes is reported, grouped by the rule that refuses (or
 //! the entry that newly allows) with counts and examples.
 //!
+//! A WebSocket upgrade is replayed as the upgrade it was (`call: websocket`), and a request
+//! to a host the candidate refuses outright is refused whatever its body. A member of a
+//! layer whose candidate ceiling no longer admits its entries is listed first
+//! ([`Simulation::beyond_ceiling`]) and its exchanges refused `outside_ceiling`.
+//!
 //! Never guessed: a record that lacks what the candidate needs is counted as *cannot tell*,
-//! with why — a request the candidate would judge by its body (a protocol rule: the trail
-//! keeps the call's summary, not the body), a tunnel whose requests the candidate would judge
+//! with why — a request the candidate would judge by its body (a protocol rule on a host it
+//! still allows: the trail keeps the call's summary, not the body), a tunnel whose requests the candidate would judge
 //! although the proxy did not read them when it was recorded, a decision that needs addresses
 //! the record does not carry, a record allowed by a grant (grants are not part of a
 //! candidate). Records no policy decided (identity, rate limits, resolver failures) are
@@ -51,6 +56,9 @@ impl Group {
 /// What a replay found.
 #[derive(Debug, Default, Serialize)]
 pub struct Simulation {
+    /// Members' entries beyond a ceiling of the candidate's layers (`run` refuses such a
+    /// candidate; the decisions here refuse them `outside_ceiling`).
+    pub beyond_ceiling: Vec<String>,
     /// Lines read (records of every sandbox and kind).
     pub records: u64,
     /// Exchanges replayed under the candidate.
@@ -291,14 +299,15 @@ impl<'a> Replay<'a> {
         }
     }
 
-    /// A connection (or a forwarded request) under the candidate.
-    fn connection(
+    /// Whether the candidate lets the record's sandbox reach its destination at all: `Ok`
+    /// with what allows it, or the verdict (a refusal, or what the record lacks to tell).
+    fn reach(
         &self,
         v: &Value,
         sb: &crate::policy::set::Sandbox,
         process: Option<&Process>,
-        (target, read): (&Target, bool),
-    ) -> Judged {
+        target: &Target,
+    ) -> Result<String, Judged> {
         let first = self.set.decide_for(sb, process, target, None);
         let addrs: Vec<IpAddr> = strs(&v["resolved"])
             .iter()
@@ -309,21 +318,35 @@ impl<'a> Replay<'a> {
         } else if !addrs.is_empty() {
             self.set.decide_for(sb, process, target, Some(&addrs))
         } else if first.decision.verdict == Verdict::Deny {
-            return Judged::CannotTell(
+            return Err(Judged::CannotTell(
                 "the candidate's address rules need the name's addresses, which the record does not carry".into(),
-            );
+            ));
         } else {
             first
         };
         let d = &outcome.decision;
-        let allowed = d.verdict == Verdict::Allow;
         let why = match &d.rule {
             Some(r) => format!("{} `{}` ({})", d.reason, r.text, r.source),
             None => d.reason.to_string(),
         };
-        if !allowed {
-            return Judged::Verdict(false, why);
+        match d.verdict == Verdict::Allow {
+            true => Ok(why),
+            false => Err(Judged::Verdict(false, why)),
         }
+    }
+
+    /// A connection (or a forwarded request) under the candidate.
+    fn connection(
+        &self,
+        v: &Value,
+        sb: &crate::policy::set::Sandbox,
+        process: Option<&Process>,
+        (target, read): (&Target, bool),
+    ) -> Judged {
+        let why = match self.reach(v, sb, process, target) {
+            Ok(why) => why,
+            Err(judged) => return judged,
+        };
         // The candidate judges this host's requests: are they in the trail?
         let host = v["target_host"].as_str().unwrap_or("");
         let rules = HostRules::of(&sb.binding, host, process);
@@ -346,14 +369,27 @@ impl<'a> Replay<'a> {
         let (Ok(m), Ok(uri)) = (method.parse::<http::Method>(), path.parse::<http::Uri>()) else {
             return Judged::CannotTell("the recorded method or path does not parse".into());
         };
-        let headers = http::HeaderMap::new();
+        // A WebSocket upgrade is recorded as its request with `call: websocket`: replayed
+        // as the upgrade it was (a GET, or HTTP/2's extended CONNECT).
+        let upgrade = v["call"] == "websocket";
+        let mut headers = http::HeaderMap::new();
+        if upgrade && m == http::Method::GET {
+            headers.insert(
+                http::header::UPGRADE,
+                http::HeaderValue::from_static("websocket"),
+            );
+            headers.insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("upgrade"),
+            );
+        }
         let head = Head {
             method: &m,
             uri: &uri,
             headers: &headers,
             has_body: false,
-            upgrade: false,
-            extended: false,
+            upgrade,
+            extended: upgrade && m == http::Method::CONNECT,
         };
         let host = v["target_host"].as_str().unwrap_or("");
         match rules.judge(host, head) {
@@ -366,13 +402,20 @@ impl<'a> Replay<'a> {
         }
     }
 
-    /// A request inside a terminated tunnel: the candidate's `network.http` rules.
+    /// A request inside a terminated tunnel: refused with its host when the candidate
+    /// refuses the host outright (whatever the request or its body), else the candidate's
+    /// `network.http` rules.
     fn request(
         &self,
         v: &Value,
         sb: &crate::policy::set::Sandbox,
         process: Option<&Process>,
     ) -> Judged {
+        if let Some(target) = target_of(v) {
+            if let Err(refused @ Judged::Verdict(false, _)) = self.reach(v, sb, process, &target) {
+                return refused;
+            }
+        }
         let host = v["target_host"].as_str().unwrap_or("");
         let rules = HostRules::of(&sb.binding, host, process);
         match rules.is_empty() {
@@ -404,7 +447,7 @@ const MEMO: usize = 65_536;
 fn memo_key(v: &Value, read: bool) -> String {
     let s = |k: &str| v[k].as_str().unwrap_or("");
     format!(
-        "{}\0{}\0{}\0{}\0{}\0{}\0{}\0{}\0{read}",
+        "{}\0{}\0{}\0{}\0{}\0{}\0{}\0{}\0{}\0{read}",
         s("sandbox"),
         s("mode") == "https",
         s("target_host"),
@@ -413,6 +456,7 @@ fn memo_key(v: &Value, read: bool) -> String {
         v["process"],
         s("method"),
         s("path"),
+        s("call") == "websocket",
     )
 }
 
@@ -438,7 +482,18 @@ fn target_of(v: &Value) -> Option<Target> {
 
 /// The report as text: totals, then each group with its count and examples.
 pub fn render(s: &Simulation) -> String {
-    let mut out = format!(
+    let mut out = String::new();
+    if !s.beyond_ceiling.is_empty() {
+        out.push_str(&format!(
+            "{} member entries reach beyond the candidate's ceilings (`run` refuses this configuration until they are narrowed; below, they are refused outside_ceiling):\n",
+            s.beyond_ceiling.len()
+        ));
+        for e in &s.beyond_ceiling {
+            out.push_str(&format!("  {e}\n"));
+        }
+        out.push('\n');
+    }
+    out += &format!(
         "{} records read, {} exchanges replayed: {} unchanged, {} changed ({} newly refused, {} newly allowed), {} cannot tell\n",
         s.records,
         s.replayed,

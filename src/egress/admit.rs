@@ -307,7 +307,7 @@ impl Entered {
                 why = format!("{why} ({detail})");
             }
             if decided.decision.reason == Reason::ProcessNotAllowed {
-                why = process_refusal(&sb, &decided.decision, who_asks, why, audit);
+                why = process_refusal(&sb, (&decided.decision, &target), who_asks, why, audit);
             }
             return Err(refusal(decided.decision, Some(sb), why, None));
         }
@@ -358,9 +358,11 @@ impl Entered {
 
 /// A `process_not_allowed` refusal's sentence: the entry's scope, and the process this
 /// connection is attributed to (its executable, or why none is known) — on the record too.
+/// `process_not_allowed`'s sentence, what matters first (a status line cuts the rest): the
+/// process, the destination and the scope, then the rule's own explanation.
 fn process_refusal(
     sb: &Sandbox,
-    decision: &Decision,
+    (decision, target): (&Decision, &Target),
     process: Option<&Process>,
     why: String,
     audit: &mut AuditGuard,
@@ -369,14 +371,14 @@ fn process_refusal(
         .rule
         .as_ref()
         .and_then(|r| sb.policy.scope_of(r))
-        .map(|s| format!(" (its scope: {s})"))
+        .map(|s| format!(" (the scope: {s})"))
         .unwrap_or_default();
     let who = match process {
         Some(p) => p.to_string(),
         None => "no process attributed (listen.attribution is off and no exec was vouched)".into(),
     };
     audit.detail(format!("process: {who}"));
-    format!("{why}{scope}; this connection: {who}")
+    format!("{who} may not reach {target}{scope}; {why}")
 }
 
 fn refusal(

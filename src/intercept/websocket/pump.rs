@@ -117,7 +117,7 @@ impl Socket {
                     (true, Some(o)) => o,
                     _ => {
                         let why = format!("message {n} refused: {}", r.detail);
-                        return Err(Cut(1008, why, Close::Eof));
+                        return Err(Cut(1008, why, Close::Refused));
                     }
                 }
             }
@@ -151,7 +151,7 @@ impl Socket {
                     (true, Some((_, o))) => payload.extend_from_slice(&o),
                     _ => {
                         let why = format!("the close reason (message {n}) refused: {}", r.detail);
-                        return Err(Cut(1008, why, Close::Eof));
+                        return Err(Cut(1008, why, Close::Refused));
                     }
                 }
             }
