@@ -480,6 +480,76 @@ tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstrea
     eprintln!("{text}");
     assert!(text.contains("1 newly refused, 1 newly allowed"), "{text}");
 
+    // What the team asks before narrowing a ceiling: the candidate loads although a member
+    // now reaches beyond it; the member's entries are listed first and its exchanges beyond
+    // the ceiling are refused `outside_ceiling`. A host denied outright refuses its MCP calls
+    // whatever their bodies.
+    let run = |yaml: String, name: &str| -> (Option<i32>, Value, String) {
+        let file = d.join(name);
+        std::fs::write(&file, yaml).unwrap();
+        let run = |json: bool| {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_egress-proxy"));
+            c.arg("simulate");
+            if json {
+                c.arg("--json");
+            }
+            c.args(["--sandbox", "dev", "--config"])
+                .arg(&file)
+                .arg(&p.audit)
+                .current_dir(d)
+                .output()
+                .unwrap()
+        };
+        let (j, t) = (run(true), run(false));
+        let report = serde_json::from_slice(&j.stdout)
+            .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&j.stderr)));
+        (
+            j.status.code(),
+            report,
+            String::from_utf8_lossy(&t.stdout).into_owned(),
+        )
+    };
+    let mut member = dev(port, hport, true, "");
+    member["id"] = "dev".into();
+    member["layer"] = "org".into();
+    let ceiling = format!(
+        "{base}layers:\n  - {{ id: org, ceiling: [\"api.test:*\"] }}\nsandboxes:\n  - {member}\n"
+    );
+    let (code, report, text) = run(ceiling, "ceiling.yaml");
+    assert_eq!(code, Some(1), "{report:#}");
+    let beyond = report["beyond_ceiling"].to_string();
+    assert!(
+        beyond.contains("sandbox dev") && beyond.contains("gone.test"),
+        "{report:#}"
+    );
+    assert!(
+        report["newly_refused"]
+            .to_string()
+            .contains("outside_ceiling"),
+        "{report:#}"
+    );
+    assert!(
+        text.starts_with("3 member entries reach beyond the candidate's ceilings")
+            || text.contains("member entries reach beyond"),
+        "{text}"
+    );
+    let first_line = text.lines().next().unwrap_or_default();
+    assert!(
+        first_line.contains("beyond the candidate's ceilings"),
+        "{text}"
+    );
+    let mut denied = dev(port, hport, true, "");
+    denied["id"] = "dev".into();
+    denied["policy"]["network"]["deny"] = serde_json::json!(["api.test"]);
+    let (code, report, _) = run(format!("{base}sandboxes:\n  - {denied}\n"), "deny.yaml");
+    assert_eq!(code, Some(1), "{report:#}");
+    let refused = report["newly_refused"].to_string();
+    assert!(refused.contains("denied_by_rule"), "{report:#}");
+    assert!(
+        !report["cannot_tell"].to_string().contains("mcp"),
+        "an MCP call to a denied host is refused, not unknown: {report:#}"
+    );
+
     // The admin endpoint replays the proxy's own trail under the same candidate: the same report.
     let (status, by_api) = admin(
         &p,
