@@ -982,3 +982,23 @@ fn a_closed_pipe_ends_every_command_quietly() {
 fn libc_sigpipe() -> i32 {
     13
 }
+
+/// `validate` warns that nothing is reachable only when nothing is: a sandbox whose reach is
+/// all in `network.scoped` reaches its scoped entries (clients review B5.3).
+#[test]
+fn validate_counts_scoped_entries_as_reach() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "sandboxes:\n  - id: attr\n    policy: { provider: local, config: {}, network: { mode: restricted, egress: [], scoped: [{ binaries: [/usr/bin/curl], egress: [\"origin.test:8080\"] }] } }\n  - id: none\n    policy: { provider: local, config: {}, network: { mode: restricted, egress: [] } }\n";
+    let cfg = write(dir.path(), "p.yaml", text);
+    let (code, out, err) = run(&["validate", "--config", &cfg]);
+    assert_eq!(code, 0, "{out}{err}");
+    let said = format!("{out}{err}");
+    assert!(
+        !said.contains("sandbox attr: network.mode is restricted with an empty egress list"),
+        "{said}"
+    );
+    assert!(
+        said.contains("sandbox none: network.mode is restricted with an empty egress list: nothing is reachable"),
+        "{said}"
+    );
+}

@@ -333,7 +333,10 @@ fn network_spec(
     let who = sb
         .map(|s| format!("sandbox {s}"))
         .unwrap_or_else(|| sink.file.to_string());
-    warn_about(mode, &egress, &who, warnings);
+    let scoped_any = scoped
+        .as_ref()
+        .is_some_and(|s| s.iter().any(|s| !s.egress.is_empty()));
+    warn_about(mode, (&egress, scoped_any), &who, warnings);
     Some(NetworkSpec {
         mode,
         egress,
@@ -347,9 +350,11 @@ fn network_spec(
 
 /// What a valid network block may still get wrong: egress entries a `deny-all` mode ignores,
 /// a `restricted` mode with nothing in it, and address ranges wider than /8 or /16.
+/// `scoped`: whether `network.scoped` reaches anything (then an empty egress list is not
+/// "nothing reachable": the scoped processes reach their entries).
 fn warn_about(
     mode: Mode,
-    egress: &[(String, crate::policy::entry::Entry)],
+    (egress, scoped): (&[(String, crate::policy::entry::Entry)], bool),
     who: &str,
     warnings: &mut Vec<String>,
 ) {
@@ -359,7 +364,7 @@ fn warn_about(
             egress.len()
         ));
     }
-    if mode == Mode::Restricted && egress.is_empty() {
+    if mode == Mode::Restricted && egress.is_empty() && !scoped {
         warnings.push(format!(
             "{who}: network.mode is restricted with an empty egress list: nothing is reachable"
         ));
