@@ -786,7 +786,7 @@ fn a_webhook_approves_inline_and_a_bad_signature_is_ignored() {
     let addr = hook.local_addr().unwrap();
     let served = std::thread::spawn(move || {
         let mut verified = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..4 {
             let (mut s, _) = hook.accept().unwrap();
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             let mut buf = Vec::new();
@@ -834,9 +834,12 @@ fn a_webhook_approves_inline_and_a_bad_signature_is_ignored() {
             } else {
                 60
             };
-            let reply = format!(
-                r#"{{"id": "{id}", "decision": "approve", "grant": "ttl", "ttl_s": {ttl}}}"#
-            );
+            let reply = match body.contains("no grant") {
+                true => format!(r#"{{"id": "{id}", "decision": "approve"}}"#),
+                false => format!(
+                    r#"{{"id": "{id}", "decision": "approve", "grant": "ttl", "ttl_s": {ttl}}}"#
+                ),
+            };
             let key: &[u8] = if body.contains("forged") {
                 b"not-the-secret"
             } else {
@@ -873,12 +876,32 @@ fn a_webhook_approves_inline_and_a_bad_signature_is_ignored() {
     let bad = r["id"].as_str().unwrap().to_string();
     let (_, r) = e.request("agent", "third.granted.test", "huge ttl");
     let huge = r["id"].as_str().unwrap().to_string();
+    let (_, r) = e.request("agent", "fourth.granted.test", "no grant");
+    let bare = r["id"].as_str().unwrap().to_string();
     let verified = served.join().unwrap();
     assert_eq!(
         verified,
-        [true, true, true],
+        [true, true, true, true],
         "the proxy signs what it sends"
     );
+    // A reply the desk refuses leaves the request pending and says why in the trail, where
+    // whoever runs the webhook can see it: `{"decision": "approve"}` without a grant.
+    let (_, r) = e.ask("agent", "GET", &format!("/v1/requests/{bare}?wait=2"), None);
+    assert_eq!(r["state"], "pending", "{r}");
+    let refused = e.proxy.wait_record(|r| {
+        r["approval"]["step"] == "answer_refused" && r["approval"]["request"] == bare.as_str()
+    });
+    assert_eq!(refused["approval"]["by"], "webhook", "{refused}");
+    assert!(
+        refused["approval"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("ttl_s")),
+        "{refused}"
+    );
+    let huge_refused = e.proxy.wait_record(|r| {
+        r["approval"]["step"] == "answer_refused" && r["approval"]["request"] == huge.as_str()
+    });
+    assert!(huge_refused["approval"]["text"].is_string());
     let (_, r) = e.ask("agent", "GET", &format!("/v1/requests/{bad}?wait=2"), None);
     assert_eq!(
         r["state"], "pending",

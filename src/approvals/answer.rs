@@ -138,6 +138,16 @@ impl From<&'static str> for Who {
 }
 
 impl Desk {
+    /// Record that `who`'s answer to request `id` was refused, and why (step
+    /// `answer_refused`, the reason as its `text`): the request stays pending, and whoever
+    /// runs the answering service sees why in the trail, not only in the proxy's log.
+    pub fn answer_refused(&self, id: &str, who: &Who, why: &str) {
+        if let Some(mut r) = self.find(id) {
+            r.note = Some(why.to_string());
+            self.record(&r, "answer_refused", who, None);
+        }
+    }
+
     /// Write an approval record of step `step` of `r`, taken by `who`.
     pub(super) fn record(
         &self,

@@ -420,16 +420,18 @@ async fn ask_webhook(desk: Arc<Desk>, view: Value) {
         Ok(a) => a,
         Err(e) => {
             tracing::warn!(request = %id, error = %e.message, "approvals webhook: reply refused; the request stays pending");
+            desk.answer_refused(&id, &"webhook".into(), &e.message);
             return;
         }
     };
     let done = tokio::task::spawn_blocking({
-        let id = id.clone();
+        let (id, desk) = (id.clone(), desk.clone());
         move || desk.answer(&id, answer, "webhook".into(), Vec::new())
     })
     .await;
     if let Ok(Err(e)) = done {
         tracing::warn!(request = %id, error = %e.message, "approvals webhook: answer not applied");
+        desk.answer_refused(&id, &"webhook".into(), &e.message);
     }
 }
 
