@@ -28,7 +28,7 @@ fn config(dir: &Path, port: u16, limits: &str, extra: &str) -> String {
         r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
 audit: {{ path: {audit} }}
 admin_token_file: admin.token
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.openai.test: [127.0.0.1], api.anthropic.test: [127.0.0.1], gemini.test: [127.0.0.1], plain-llm.test: [127.0.0.1] }} }}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.openai.test: [127.0.0.1], api.anthropic.test: [127.0.0.1], gemini.test: [127.0.0.1], plain-llm.test: [127.0.0.1], paths-llm.test: [127.0.0.1] }} }}
 defaults:
   guard_allow_ranges: [127.0.0.1/32]
   prices: [{{ models: "gpt-4o-mini*", input: 0.15, output: 0.6, cached_input: 0.075 }}]
@@ -45,12 +45,13 @@ tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca
       provider: local
       config: {{}}
       network:
-        egress: ["api.openai.test:{port}", "api.anthropic.test:{port}", "gemini.test:{port}", "plain-llm.test:{port}", "docs.allowed.test", "*.docs.allowed.test"]
+        egress: ["api.openai.test:{port}", "api.anthropic.test:{port}", "gemini.test:{port}", "plain-llm.test:{port}", "paths-llm.test:{port}", "docs.allowed.test", "*.docs.allowed.test"]
         http:
           - {{ host: api.openai.test, protocol: openai, models: ["gpt-4o-mini*"] }}
           - {{ host: api.anthropic.test, protocol: anthropic }}
           - {{ host: gemini.test, protocol: gemini }}
           - {{ host: plain-llm.test, protocol: openai }}
+          - {{ host: paths-llm.test, protocol: openai, paths: [/v1/chat/completions] }}
 "#,
         audit = dir.join("audit.jsonl").display(),
         uca = dir.join("ca/ca.pem").display(),
@@ -128,6 +129,7 @@ fn call_through(
     let base = match kind {
         "messages" | "messages_stream" => format!("https://api.anthropic.test:{port}"),
         "gemini" | "gemini_stream" => format!("https://gemini.test:{port}"),
+        "models" => format!("https://paths-llm.test:{port}/v1"),
         _ => format!("https://api.openai.test:{port}/v1"),
     };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/llm_client.py");
@@ -280,6 +282,13 @@ fn a_model_outside_the_rule_and_a_fallback_outside_it_are_refused_in_the_provide
         .proxy
         .wait_record(|r| r["reason"] == "inference_not_allowed");
     assert_eq!(rec["decision"], "deny");
+    // A path the provider's rule does not list (`models.list()` against a rule for chat
+    // completions): the same shape, so the SDK shows why (clients review B1.9).
+    let r = e.call("models", serde_json::json!({}));
+    assert_eq!(r[0]["status"], 403, "{r:?}");
+    assert_eq!(r[0]["type"], "http_not_allowed", "{r:?}");
+    let msg = r[0]["message"].as_str().unwrap();
+    assert!(msg.contains("GET /v1/models"), "{msg}");
 }
 
 #[test]

@@ -33,6 +33,7 @@ pub const CERT_NAMES: &[&str] = &[
     "api.anthropic.test",
     "gemini.test",
     "plain-llm.test",
+    "paths-llm.test",
     "api.corp.example",
     "db.corp.example",
     "files.corp.example",

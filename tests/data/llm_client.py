@@ -5,8 +5,8 @@ report: a list with one entry per call — `ok`, the text or the SDK's error (`s
 
 usage: llm_client.py KIND BASE_URL PROXY CA SPEC_JSON
 
-KIND: chat, chat_stream, responses, responses_stream, messages, messages_stream, gemini,
-gemini_stream. SPEC: {"model", "max_tokens", "headers", "tools", "extra_body", "parallel", "key", "no_usage"}.
+KIND: chat, chat_stream, responses, responses_stream, models, messages, messages_stream,
+gemini, gemini_stream. SPEC: {"model", "max_tokens", "headers", "tools", "extra_body", "parallel", "key", "no_usage"}.
 The SDKs never retry (max_retries=0): what the proxy answers is what the test sees.
 """
 import json
@@ -41,6 +41,8 @@ def openai_call():
                 if c.choices:
                     text += c.choices[0].delta.content or ""
             return {"ok": True, "text": text}
+        if KIND == "models":
+            return {"ok": True, "models": [m.id for m in client.models.list()]}
         extra = {"tools": tools} if tools else {}
         if KIND == "responses":
             r = client.responses.create(model=model, max_output_tokens=max_tokens, input="hi", **extra)
@@ -96,7 +98,7 @@ def gemini_call():
         return {"ok": False, "status": e.code, "message": e.message, "type": e.status}
 
 
-call = {"chat": openai_call, "chat_stream": openai_call, "responses": openai_call,
+call = {"chat": openai_call, "chat_stream": openai_call, "responses": openai_call, "models": openai_call,
         "responses_stream": openai_call, "messages": anthropic_call,
         "messages_stream": anthropic_call, "gemini": gemini_call, "gemini_stream": gemini_call}[KIND]
 n = spec.get("parallel", 1)

@@ -103,6 +103,23 @@ impl Exchange {
         })
     }
 
+    /// The LLM provider whose rules judge this host, when one does: every refusal here is
+    /// then answered in that provider's error shape (an SDK shows its message), not only a
+    /// refused call's — a path no rule allows (`models.list()`), a refused upgrade, an origin
+    /// that cannot be reached.
+    pub(super) fn provider_here(&self) -> Option<Provider> {
+        let cache = self.prepared.lock().ok()?;
+        cache
+            .as_ref()?
+            .rules
+            .rules
+            .iter()
+            .find_map(|r| match r.protocol.as_deref() {
+                Some(crate::policy::protocols::Protocol::Inference(i)) => Some(i.provider),
+                _ => None,
+            })
+    }
+
     /// A refused call, answered in its provider's error shape: `reason`'s status, the
     /// explanation as the error's message, `Retry-After` and `x-should-retry: false` on a
     /// budget (the official SDKs would otherwise retry a 429).

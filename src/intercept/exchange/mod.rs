@@ -558,13 +558,17 @@ impl Exchange {
     }
 
     /// The refusal of a request in this tunnel, built like every other refusal (no path in
-    /// it: a path may carry a placeholder).
+    /// it: a path may carry a placeholder) — or in the provider's error shape on a host an LLM
+    /// provider's rule judges.
     fn refused(
         &self,
         method: &http::Method,
         reason: Reason,
         explanation: &str,
     ) -> Response<ResBody> {
+        if let Some(provider) = self.provider_here() {
+            return self.refused_inference(provider, &Refusal::new(reason, explanation));
+        }
         let what = format!("{method} {}", self.dest.shown());
         let id = (self.current)().map(|(b, _)| b.id.to_string());
         deny::in_tunnel(&deny::Refusal {
