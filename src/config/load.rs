@@ -473,9 +473,7 @@ fn load_str_with(
     path: Option<&Path>,
     (secrets, listed): (Secrets, bool),
 ) -> Result<Config, ConfigErrors> {
-    let mut errors = Vec::new();
-    let mut beyond_ceiling = Vec::new();
-    let mut warnings = Vec::new();
+    let (mut errors, mut warnings, mut beyond_ceiling) = (Vec::new(), Vec::new(), Vec::new());
     let mut files: Vec<PathBuf> = path.map(|p| vec![p.to_path_buf()]).unwrap_or_default();
     let file: Arc<str> = origin.into();
     let mut top = parse_top(text, &file)?;
@@ -494,13 +492,8 @@ fn load_str_with(
     let audit_trail = audit::resolve_trail(s.audit.trail.clone(), within, &rel, &mut sink);
     warnings.extend(notes(&etcd, &s.state_dir, &knobs.defaults));
     let dirs: Vec<_> = s.sandbox_dirs.iter().map(|d| (d.clone(), rel(d))).collect();
-    let index = refs::index_dirs(
-        &dirs,
-        &s.extra_providers,
-        &mut sink,
-        &mut warnings,
-        &mut files,
-    );
+    let (providers, w, f) = (&s.extra_providers, &mut warnings, &mut files);
+    let index = refs::index_dirs(&dirs, providers, &mut sink, w, f);
     let layers = super::layers::resolve(s.layers.take(), &file, &knobs.defaults.ports, &mut sink);
     let ctx = BindingCtx {
         layers: &layers.chains,
