@@ -1,9 +1,8 @@
 //! Loading a configuration ([`load_str`], from a file or the embedded default), and the steps
 //! that read the document: its top-level mapping and keys,
 //! one section at a time (an error is recorded, never returned, so every problem is
-//! reported at once), and the `sandboxes[]` entries built into bindings.
+//! reported at once); the `sandboxes[]` entries are built in [`super::sandboxes`].
 
-use std::collections::HashSet;
 use std::mem::take;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,64 +44,6 @@ pub(super) fn check_top_keys(top: &Mapping, sink: &mut Sink<'_>) {
             None => sink.top("", "top-level keys must be strings", None),
         }
     }
-}
-
-/// Every `sandboxes[]` entry built; duplicate ids and sources shared by two sandboxes are
-/// errors, a sandbox no connection can reach a warning. Returns the bindings and their ids.
-pub(super) fn build_bindings(
-    sandboxes: Vec<Value>,
-    ctx: &BindingCtx<'_>,
-    default_sandbox: Option<&str>,
-    by_certificate: bool,
-    sink: &mut Sink<'_>,
-    warnings: &mut Vec<String>,
-    files: &mut Vec<PathBuf>,
-) -> (Vec<Binding>, HashSet<SandboxId>) {
-    let mut bindings = Vec::new();
-    let mut seen: HashSet<SandboxId> = HashSet::new();
-    let mut sources_seen: HashMap<IpNet, SandboxId> = HashMap::new();
-    for (i, value) in sandboxes.into_iter().enumerate() {
-        let before = sink.errors.len();
-        let Some(b) = build_binding(value, i, ctx, sink, warnings, files) else {
-            if sink.errors.len() == before {
-                sink.top(format!("sandboxes[{i}]"), "invalid binding", None);
-            }
-            continue;
-        };
-        if !seen.insert(b.id.clone()) {
-            sink.push(
-                Some(&b.id),
-                "id",
-                "duplicate sandbox id",
-                Some(&format!("id: {}", b.id)),
-                1,
-            );
-            continue;
-        }
-        for s in &b.sources {
-            if let Some(other) = sources_seen.insert(*s, b.id.clone()) {
-                sink.push(
-                    Some(&b.id),
-                    "sources",
-                    format!("{s} is already a source of sandbox {other}"),
-                    Some(&s.to_string()),
-                    1,
-                );
-            }
-        }
-        if b.token_sha256.is_none()
-            && b.sources.is_empty()
-            && default_sandbox != Some(b.id.as_str())
-            && !by_certificate
-        {
-            warnings.push(format!(
-                "sandbox {}: no auth, no sources, no client certificates (listen.proxy_tls.client_names) and not the default sandbox: no connection can reach it",
-                b.id
-            ));
-        }
-        bindings.push(b);
-    }
-    (bindings, seen)
 }
 
 /// Deserialize one top-level section, recording (not returning) its error.
@@ -428,44 +369,6 @@ fn check_extra_providers(extra: &[String], sink: &mut Sink<'_>) {
 }
 
 /// The sandboxes' bindings; `listen.default_sandbox` must name one of them.
-/// A member beyond a ceiling of its layers is an error, or listed in `beyond` when given.
-fn sandboxes_of(
-    sandboxes: Vec<Value>,
-    ctx: &BindingCtx<'_>,
-    listen: &Listen,
-    sink: &mut Sink<'_>,
-    warnings: &mut Vec<String>,
-    files: &mut Vec<PathBuf>,
-    beyond: Option<&mut Vec<String>>,
-) -> Vec<Binding> {
-    // A verified client certificate on the TLS listener can name any sandbox.
-    let by_certificate = listen
-        .proxy_tls
-        .as_ref()
-        .is_some_and(|t| t.client_names != ClientNames::None);
-    let (bindings, seen) = build_bindings(
-        sandboxes,
-        ctx,
-        listen.default_sandbox.as_deref(),
-        by_certificate,
-        sink,
-        warnings,
-        files,
-    );
-    warnings.extend(binding::overlapping_sources(&bindings));
-    super::layers::check_members(&bindings, sink, beyond);
-    if let Some(d) = &listen.default_sandbox {
-        if !seen.contains(d.as_str()) {
-            sink.top(
-                "listen.default_sandbox",
-                format!("no sandbox has id `{d}`"),
-                Some("default_sandbox:"),
-            );
-        }
-    }
-    bindings
-}
-
 fn load_str_with(
     text: &str,
     origin: &str,
@@ -505,7 +408,7 @@ fn load_str_with(
         placeholder_key: placeholder_key.as_ref().map(|k| k.as_slice()),
         secrets,
     };
-    let bindings = sandboxes_of(
+    let bindings = super::sandboxes::sandboxes_of(
         s.sandboxes,
         &ctx,
         &knobs.listen,

@@ -35,6 +35,7 @@ pub mod prices;
 mod quotas;
 mod raw;
 mod refs;
+mod sandboxes;
 pub mod scoped;
 mod tls_files;
 pub mod upstream;
