@@ -499,3 +499,47 @@ fn two_replicas_on_etcd_share_one_budget() {
     let u = usage(&b);
     assert!(u["quotas"][0]["tokens"].as_u64().unwrap() >= 34, "{u}");
 }
+
+/// `simulate` on a trail of LLM calls: the running configuration changes nothing (exit 0); a
+/// candidate that denies the provider's host refuses the calls for that reason — what the
+/// body held no longer matters, so they are not "cannot tell" (clients review B6.3).
+#[test]
+fn simulate_refuses_llm_calls_to_a_denied_host_whatever_their_bodies() {
+    let e = env("{}");
+    let r = e.call("chat", serde_json::json!({}));
+    assert_eq!(r[0]["ok"], true, "{r:?}");
+    e.token_records(1);
+    let d = e.dir.path();
+    let simulate = |candidate: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+            .args(["simulate", "--json", "--config"])
+            .arg(candidate)
+            .arg(d.join("audit.jsonl"))
+            .current_dir(d)
+            .output()
+            .unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code(), report)
+    };
+    let (code, same) = simulate(&d.join("proxy.yaml"));
+    assert_eq!(code, Some(0), "{same:#}");
+    let running = std::fs::read_to_string(d.join("proxy.yaml")).unwrap();
+    let denied = running.replace(
+        "        http:\n",
+        "        deny: [api.openai.test]\n        http:\n",
+    );
+    assert_ne!(denied, running);
+    std::fs::write(d.join("denied.yaml"), denied).unwrap();
+    let (code, report) = simulate(&d.join("denied.yaml"));
+    assert_eq!(code, Some(1), "{report:#}");
+    let refused = report["newly_refused"].to_string();
+    assert!(
+        refused.contains("denied_by_rule") && refused.contains("POST /v1/chat/completions"),
+        "{report:#}"
+    );
+    assert!(
+        !report["cannot_tell"].to_string().contains("openai"),
+        "{report:#}"
+    );
+}
