@@ -130,6 +130,7 @@ fn call_through(
         "messages" | "messages_stream" => format!("https://api.anthropic.test:{port}"),
         "gemini" | "gemini_stream" => format!("https://gemini.test:{port}"),
         "models" => format!("https://paths-llm.test:{port}/v1"),
+        "chat_plain" => format!("http://plain-llm.test:{port}/v1"),
         _ => format!("https://api.openai.test:{port}/v1"),
     };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/llm_client.py");
@@ -434,6 +435,17 @@ fn a_forwarded_inference_call_in_clear_is_refused() {
             .unwrap()
             .contains("only inside a tunnel"),
         "{rec}"
+    );
+    // The SDK sent in clear (base_url http://…) reads why, in its own error shape.
+    let r = e.call("chat_plain", serde_json::json!({}));
+    assert_eq!(r[0]["status"], 403, "{r:?}");
+    assert_eq!(r[0]["type"], "inference_not_allowed", "{r:?}");
+    assert!(
+        r[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("only inside a tunnel"),
+        "{r:?}"
     );
 }
 

@@ -104,6 +104,20 @@ pub enum Checked {
 /// read it as the next request).
 const BODILESS: [Method; 4] = [Method::GET, Method::HEAD, Method::DELETE, Method::OPTIONS];
 
+/// The LLM provider whose `network.http` rule judges `host` for `binding`, when one does:
+/// every refusal of a request to it is answered in that provider's error shape, on every path.
+pub fn provider_of(
+    binding: &Binding,
+    host: &str,
+) -> Option<crate::policy::protocols::inference::Provider> {
+    binding.network.http.iter().find_map(|r| {
+        match r.protocol.as_deref().filter(|_| r.host.matches(host)) {
+            Some(crate::policy::protocols::Protocol::Inference(i)) => Some(i.provider),
+            _ => None,
+        }
+    })
+}
+
 impl HostRules {
     /// The rules of `binding` for `host`, for a connection of `process`: a rule whose scope
     /// does not admit it is left out (an unknown process is admitted by no scope), and if

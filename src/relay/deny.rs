@@ -18,6 +18,7 @@
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 
+use crate::policy::protocols::inference::Provider;
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;
 use crate::relay::body::{self, Body};
@@ -191,6 +192,62 @@ pub fn response_to(r: &Refusal<'_>, json: Option<Structured<'_>>) -> Response<Bo
         HeaderValue::from_static("application/json"),
     );
     Response::from_parts(parts, body::full(Bytes::from(body.to_string())))
+}
+
+/// A refusal on a host an LLM provider's rule judges, in that provider's error shape (its SDK
+/// raises an error that carries the message): `reason`'s status, the explanation as the
+/// error's message, `Retry-After` and `x-should-retry: false` on a budget (the official SDKs
+/// would otherwise retry a 429), `Proxy-Status` as in every refusal.
+pub fn provider_shaped(
+    provider: Provider,
+    reason: Reason,
+    explanation: &str,
+    sandbox: Option<&str>,
+) -> Response<Body> {
+    let message = format!(
+        "{} (egress-proxy): {explanation}{}",
+        reason.code(),
+        sandbox
+            .map(|i| format!(" [sandbox {i}]"))
+            .unwrap_or_default()
+    );
+    let code = reason.code();
+    let doc = match provider {
+        Provider::OpenAi => serde_json::json!({
+            "error": { "message": message, "type": code, "param": null, "code": code }
+        }),
+        Provider::Anthropic => serde_json::json!({
+            "type": "error", "error": { "type": code, "message": message }
+        }),
+        Provider::Gemini => serde_json::json!({
+            "error": {
+                "code": reason.status(),
+                "message": message,
+                "status": match reason {
+                    Reason::BudgetExceeded => "RESOURCE_EXHAUSTED",
+                    _ => "PERMISSION_DENIED",
+                }
+            }
+        }),
+    };
+    let mut resp = Response::new(body::full(Bytes::from(doc.to_string())));
+    *resp.status_mut() = StatusCode::from_u16(reason.status()).unwrap_or(StatusCode::FORBIDDEN);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert("x-should-retry", HeaderValue::from_static("false"));
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "egress-proxy; error=http_request_denied; details=\"{code}\""
+    )) {
+        h.insert("proxy-status", v);
+    }
+    if reason == Reason::BudgetExceeded {
+        let secs = crate::egress::quota::until_tomorrow().as_secs();
+        h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    resp
 }
 
 /// The same refusal inside a tunnel the proxy terminated (credential brokering): the

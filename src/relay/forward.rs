@@ -106,6 +106,7 @@ pub async fn forward(
     let failed = Failed {
         what: format!("{} http://{host}", req.method()),
         sandbox: sandbox.binding.id.to_string(),
+        provider: pipeline::head::provider_of(&sandbox.binding, &clearance.target.host.to_string()),
     };
 
     // The request pipeline, with the quota reservation: nothing is sent before them.
@@ -235,6 +236,11 @@ async fn judged(
 /// A request the pipeline refused: its record finished, the §6 refusal.
 fn refused(mut audit: AuditGuard, r: &pipeline::Refusal, failed: &Failed) -> Response<Body> {
     audit.close_if_unset(Close::Error);
+    if let Some(p) = failed.provider {
+        let resp = deny::provider_shaped(p, r.reason, &r.detail, Some(&failed.sandbox));
+        audit.status(resp.status());
+        return resp;
+    }
     let resp = deny::response(&deny::Refusal {
         reason: r.reason,
         what: &failed.what,
@@ -578,4 +584,6 @@ fn bad_gateway(
 struct Failed {
     what: String,
     sandbox: String,
+    /// The host's LLM provider, whose error shape its refusals take.
+    provider: Option<crate::policy::protocols::inference::Provider>,
 }

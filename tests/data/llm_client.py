@@ -5,8 +5,8 @@ report: a list with one entry per call — `ok`, the text or the SDK's error (`s
 
 usage: llm_client.py KIND BASE_URL PROXY CA SPEC_JSON
 
-KIND: chat, chat_stream, responses, responses_stream, models, messages, messages_stream,
-gemini, gemini_stream. SPEC: {"model", "max_tokens", "headers", "tools", "extra_body", "parallel", "key", "no_usage"}.
+KIND: chat, chat_plain (base_url http://), chat_stream, responses, responses_stream, models,
+messages, messages_stream, gemini, gemini_stream. SPEC: {"model", "max_tokens", "headers", "tools", "extra_body", "parallel", "key", "no_usage"}.
 The SDKs never retry (max_retries=0): what the proxy answers is what the test sees.
 """
 import json
@@ -29,7 +29,7 @@ def openai_call():
     client = openai.OpenAI(base_url=BASE, api_key=key, max_retries=0, default_headers=headers,
                            http_client=openai.DefaultHttpxClient(proxy=PROXY, verify=CA))
     try:
-        if KIND == "chat":
+        if KIND in ("chat", "chat_plain"):
             r = client.chat.completions.create(model=model, max_tokens=max_tokens, extra_body=extra_body,
                                                messages=[{"role": "user", "content": "hi"}])
             return {"ok": True, "text": r.choices[0].message.content, "usage": r.usage.total_tokens}
@@ -98,7 +98,7 @@ def gemini_call():
         return {"ok": False, "status": e.code, "message": e.message, "type": e.status}
 
 
-call = {"chat": openai_call, "chat_stream": openai_call, "responses": openai_call, "models": openai_call,
+call = {"chat": openai_call, "chat_stream": openai_call, "responses": openai_call, "models": openai_call, "chat_plain": openai_call,
         "responses_stream": openai_call, "messages": anthropic_call,
         "messages_stream": anthropic_call, "gemini": gemini_call, "gemini_stream": gemini_call}[KIND]
 n = spec.get("parallel", 1)

@@ -8,9 +8,9 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http::{HeaderValue, Response};
+use http::Response;
 use http_body::Frame;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 
 use super::prepared::Prepared;
 use super::{Exchange, ResBody};
@@ -22,6 +22,7 @@ use crate::pipeline::Refusal;
 use crate::policy::protocols::inference::{Call, InferenceRule, Provider, WebTools};
 use crate::policy::protocols::inference_usage::UsageReader;
 use crate::policy::reason::Reason;
+use crate::relay::deny;
 
 /// One admitted call's accounting: what it reserved, and the reader of its answer.
 pub(super) struct Metered {
@@ -108,16 +109,8 @@ impl Exchange {
     /// refused call's — a path no rule allows (`models.list()`), a refused upgrade, an origin
     /// that cannot be reached.
     pub(super) fn provider_here(&self) -> Option<Provider> {
-        let cache = self.prepared.lock().ok()?;
-        cache
-            .as_ref()?
-            .rules
-            .rules
-            .iter()
-            .find_map(|r| match r.protocol.as_deref() {
-                Some(crate::policy::protocols::Protocol::Inference(i)) => Some(i.provider),
-                _ => None,
-            })
+        let (binding, _) = (self.current)()?;
+        crate::pipeline::head::provider_of(&binding, &self.dest.host)
     }
 
     /// A refused call, answered in its provider's error shape: `reason`'s status, the
@@ -125,55 +118,7 @@ impl Exchange {
     /// budget (the official SDKs would otherwise retry a 429).
     pub(super) fn refused_inference(&self, provider: Provider, r: &Refusal) -> Response<ResBody> {
         let id = (self.current)().map(|(b, _)| b.id.to_string());
-        let message = format!(
-            "{} ({}): {}{}",
-            r.reason.code(),
-            "egress-proxy",
-            r.shown(),
-            id.map(|i| format!(" [sandbox {i}]")).unwrap_or_default()
-        );
-        let code = r.reason.code();
-        let body = match provider {
-            Provider::OpenAi => serde_json::json!({
-                "error": { "message": message, "type": code, "param": null, "code": code }
-            }),
-            Provider::Anthropic => serde_json::json!({
-                "type": "error", "error": { "type": code, "message": message }
-            }),
-            Provider::Gemini => serde_json::json!({
-                "error": {
-                    "code": r.reason.status(),
-                    "message": message,
-                    "status": match r.reason {
-                        Reason::BudgetExceeded => "RESOURCE_EXHAUSTED",
-                        _ => "PERMISSION_DENIED",
-                    }
-                }
-            }),
-        };
-        let mut resp = Response::new(
-            Full::new(Bytes::from(body.to_string()))
-                .map_err(|never| match never {})
-                .boxed(),
-        );
-        *resp.status_mut() =
-            http::StatusCode::from_u16(r.reason.status()).unwrap_or(http::StatusCode::FORBIDDEN);
-        let h = resp.headers_mut();
-        h.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        h.insert("x-should-retry", HeaderValue::from_static("false"));
-        if let Ok(v) = HeaderValue::from_str(&format!(
-            "egress-proxy; error=http_request_denied; details=\"{code}\""
-        )) {
-            h.insert("proxy-status", v);
-        }
-        if r.reason == Reason::BudgetExceeded {
-            let secs = crate::egress::quota::until_tomorrow().as_secs();
-            h.insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        resp
+        deny::provider_shaped(provider, r.reason, r.shown(), id.as_deref())
     }
 }
 
