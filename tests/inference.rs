@@ -328,6 +328,18 @@ fn a_sandbox_over_its_tokens_per_day_gets_an_error_the_sdk_raises_with_the_reaso
     );
     assert!((1..=3).contains(&served), "{served}");
     assert_eq!(e.received().len(), served);
+    // A background response is fetched later by an unmetered GET: refused under a budget
+    // (security review B03).
+    let e2 = env("{ tokens_per_day: 100000 }");
+    let r = e2.call(
+        "responses",
+        serde_json::json!({ "extra_body": { "background": true } }),
+    );
+    assert_eq!(r[0]["status"], 403, "{r:?}");
+    assert!(
+        r[0]["message"].as_str().unwrap().contains("background"),
+        "{r:?}"
+    );
     // Anthropic's SDK raises it too, in Anthropic's shape.
     let r = e.call("messages", serde_json::json!({ "model": "claude-test" }));
     assert_eq!(r[0]["status"], 429, "{r:?}");
@@ -405,6 +417,42 @@ fn provider_run_web_tools_are_bounded_by_the_sandboxs_egress() {
     assert_eq!(ok(&search("docs.allowed.test")), 1);
     assert_eq!(search("metadata.google.internal")[0]["status"], 403);
     assert_eq!(e.received().len(), 2);
+    // Provider-run MCP connectors reach whatever server the call names (L02c, L02d): bounded
+    // like web tools, by the server's host. A tool type the proxy does not know is refused.
+    let mcp = |url: &str| {
+        e.call(
+            "responses",
+            serde_json::json!({ "tools": [{ "type": "mcp", "server_label": "x", "server_url": url }] }),
+        )
+    };
+    assert_eq!(ok(&mcp("https://docs.allowed.test/mcp")), 1);
+    let r = mcp("https://evil.test/mcp");
+    assert_eq!(r[0]["status"], 403, "{r:?}");
+    assert!(
+        r[0]["message"].as_str().unwrap().contains("evil.test"),
+        "{r:?}"
+    );
+    let r = e.call(
+        "messages",
+        serde_json::json!({ "model": "claude-test", "extra_body": { "mcp_servers": [{ "type": "url", "url": "https://evil.test/sse", "name": "x" }] } }),
+    );
+    assert_eq!(r[0]["status"], 403, "{r:?}");
+    let r = e.call(
+        "responses",
+        serde_json::json!({ "tools": [{ "type": "browser_use_2099" }] }),
+    );
+    assert_eq!(r[0]["status"], 403, "{r:?}");
+    assert!(
+        r[0]["message"].as_str().unwrap().contains("does not know"),
+        "{r:?}"
+    );
+    // A client's own function tool is not the provider's to run.
+    let r = e.call(
+        "responses",
+        serde_json::json!({ "tools": [{ "type": "function", "name": "f", "parameters": {} }] }),
+    );
+    assert_eq!(ok(&r), 1, "{r:?}");
+    assert_eq!(e.received().len(), 4);
 }
 
 #[test]
@@ -553,5 +601,72 @@ fn simulate_refuses_llm_calls_to_a_denied_host_whatever_their_bodies() {
     assert!(
         !report["cannot_tell"].to_string().contains("openai"),
         "{report:#}"
+    );
+}
+
+/// A stream the client cuts before the usage the provider sends last is charged the larger
+/// of its reservation and what was reported so far — never only what the sandbox saw
+/// (security review B02: Anthropic's `message_start` reports 1 output token, and the 3,000
+/// the call could spend were given back).
+#[test]
+fn a_stream_cut_before_its_usage_is_charged_its_reservation() {
+    let e = env("{ tokens_per_day: 100000 }");
+    let r = e.call(
+        "messages_stream",
+        serde_json::json!({
+            "model": "claude-test",
+            "max_tokens": 3000,
+            "hang_up_after": 2,
+            "headers": { "x-test-chunks": "40", "x-test-chunk-ms": "25" },
+        }),
+    );
+    assert_eq!(r[0]["hung_up"], true, "{r:?}");
+    let rec = e.token_records(1).remove(0);
+    assert_eq!(rec["tokens"]["counted"], "estimated", "{rec}");
+    assert!(
+        rec["tokens"]["total"].as_u64().unwrap() >= 3000,
+        "charged at least the reservation: {rec}"
+    );
+    assert!(
+        rec["detail"].as_str().unwrap().contains("cut before"),
+        "{rec}"
+    );
+}
+
+/// Under a token budget every call is bounded: a call that names no output bound gets one
+/// (what is left after its input), and 50 calls at once that each use their whole bound
+/// never spend more than the budget (security review B05b: 20 calls in flight spent 2,000,200
+/// tokens against 1,000).
+#[test]
+fn under_a_budget_every_call_is_bounded_to_what_is_left() {
+    let e = env("{ tokens_per_day: 1000 }");
+    let r = e.call("chat", serde_json::json!({ "max_tokens": null }));
+    assert_eq!(r[0]["ok"], true, "{r:?}");
+    let sent = e.received().remove(0);
+    let bound = sent["max_output"].as_u64().expect("a bound was set");
+    assert!(bound > 0 && bound < 1000, "{sent}");
+    let rec = e.token_records(1).remove(0);
+    assert!(
+        rec["detail"]
+            .as_str()
+            .unwrap()
+            .contains("output bound was set"),
+        "{rec}"
+    );
+    let e = env("{ tokens_per_day: 1000 }");
+    let r = e.call(
+        "chat",
+        serde_json::json!({ "max_tokens": 300, "parallel": 50, "headers": { "x-test-use-all": "1" } }),
+    );
+    let served = ok(&r);
+    assert!(served >= 1, "{r:?}");
+    e.token_records(served);
+    let u = usage(&e.proxy);
+    let used = u["quotas"][0]["tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{u}"));
+    assert!(
+        used <= 1000,
+        "{served} calls spent {used} tokens of 1000: {r:?}"
     );
 }

@@ -85,6 +85,10 @@ pub struct RawHttpRule {
     /// the default), `refuse` or `allow`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub web_tools: Option<String>,
+    /// Inference: tool `type`s that do not reach the network, beyond those the proxy knows
+    /// (another unknown type is refused unless `web_tools: allow`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_types: Vec<String>,
     /// The rule is for these executables only (the process or an ancestor).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub binaries: Vec<String>,
@@ -331,7 +335,8 @@ impl RawHttpRule {
             Some(w) => WebTools::parse(w)
                 .ok_or_else(|| format!("web_tools: `{w}` is not policy, refuse or allow"))?,
         };
-        let r = InferenceRule::new(p, &self.models, web).map_err(ProtocolError::into_detail)?;
+        let r = InferenceRule::new(p, &self.models, (web, &self.tool_types))
+            .map_err(ProtocolError::into_detail)?;
         Ok(Protocol::Inference(std::sync::Arc::new(r)))
     }
 
@@ -381,9 +386,11 @@ impl RawHttpRule {
             );
         }
         let inference = self.protocol.as_deref().and_then(Provider::parse);
-        if (!self.models.is_empty() || self.web_tools.is_some()) && inference.is_none() {
+        let inferred = !self.models.is_empty() || self.web_tools.is_some();
+        if (inferred || !self.tool_types.is_empty()) && inference.is_none() {
             return Err(
-                "models and web_tools go with protocol: openai, anthropic or gemini".into(),
+                "models, web_tools and tool_types go with protocol: openai, anthropic or gemini"
+                    .into(),
             );
         }
         let protocol = self.protocol()?;

@@ -123,6 +123,23 @@ impl Liveness {
         })
     }
 
+    /// [`Liveness::reserve_budget`], only when the whole reservation fits in what every
+    /// budget has left.
+    pub fn reserve_budget_within(
+        &self,
+        tokens: u64,
+        cost: Option<u64>,
+    ) -> Result<crate::egress::quota::Reservation, crate::pipeline::Refusal> {
+        crate::egress::quota::Reservation::take_within(&self.meters, tokens, cost).map_err(|why| {
+            crate::pipeline::Refusal::new(crate::policy::reason::Reason::BudgetExceeded, why.0)
+        })
+    }
+
+    /// What is left today of the exchange's token and cost budgets (the least of its meters).
+    pub fn budget_left(&self) -> (Option<u64>, Option<u64>) {
+        crate::egress::quota::Reservation::left(&self.meters)
+    }
+
     /// `n` bytes reached the socket in a direction: counted like [`Liveness::moved`], and an
     /// error once they carried one of the exchange's daily quotas to its end. Every pump
     /// calls it after every write — the one place a byte stream is cut by a quota — so the

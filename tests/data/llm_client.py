@@ -6,7 +6,8 @@ report: a list with one entry per call — `ok`, the text or the SDK's error (`s
 usage: llm_client.py KIND BASE_URL PROXY CA SPEC_JSON
 
 KIND: chat, chat_plain (base_url http://), chat_stream, responses, responses_stream, models,
-messages, messages_stream, gemini, gemini_stream. SPEC: {"model", "max_tokens", "headers", "tools", "extra_body", "parallel", "key", "no_usage"}.
+messages, messages_stream, gemini, gemini_stream. SPEC: {"model", "max_tokens", "headers", "tools", "extra_body", "parallel", "key", "no_usage",
+"hang_up_after" (messages_stream: close after that many text events)}.
 The SDKs never retry (max_retries=0): what the proxy answers is what the test sees.
 """
 import json
@@ -28,6 +29,9 @@ def openai_call():
 
     client = openai.OpenAI(base_url=BASE, api_key=key, max_retries=0, default_headers=headers,
                            http_client=openai.DefaultHttpxClient(proxy=PROXY, verify=CA))
+    max_tokens = spec.get("max_tokens", 50)
+    if max_tokens is None:
+        max_tokens = openai.NOT_GIVEN  # the call names no output bound
     try:
         if KIND in ("chat", "chat_plain"):
             r = client.chat.completions.create(model=model, max_tokens=max_tokens, extra_body=extra_body,
@@ -44,6 +48,8 @@ def openai_call():
         if KIND == "models":
             return {"ok": True, "models": [m.id for m in client.models.list()]}
         extra = {"tools": tools} if tools else {}
+        if extra_body:
+            extra["extra_body"] = extra_body
         if KIND == "responses":
             r = client.responses.create(model=model, max_output_tokens=max_tokens, input="hi", **extra)
             return {"ok": True, "text": r.output_text}
@@ -64,14 +70,22 @@ def anthropic_call():
     client = anthropic.Anthropic(base_url=BASE, api_key=key, max_retries=0, default_headers=headers,
                                  http_client=anthropic.DefaultHttpxClient(proxy=PROXY, verify=CA))
     extra = {"tools": tools} if tools else {}
+    if extra_body:
+        extra["extra_body"] = extra_body
     try:
         if KIND == "messages":
             r = client.messages.create(model=model, max_tokens=max_tokens,
                                        messages=[{"role": "user", "content": "hi"}], **extra)
             return {"ok": True, "text": r.content[0].text}
+        hang_up = spec.get("hang_up_after")
         with client.messages.stream(model=model, max_tokens=max_tokens,
                                     messages=[{"role": "user", "content": "hi"}], **extra) as s:
-            text = "".join(s.text_stream)
+            text = ""
+            for i, t in enumerate(s.text_stream):
+                text += t
+                if hang_up is not None and i + 1 >= hang_up:
+                    # The client hangs up before the usage the provider sends last.
+                    return {"ok": True, "text": text, "hung_up": True}
         return {"ok": True, "text": text}
     except anthropic.APIStatusError as e:
         body = e.body if isinstance(e.body, dict) else {}

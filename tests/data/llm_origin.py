@@ -12,7 +12,8 @@ usage: llm_origin.py CERT KEY LOG SECRET   (prints the port, then serves until k
 
 Each request is appended to LOG (path, model, whether the brokered SECRET came in the
 provider's key header, stream), so a refused call is seen never to have arrived. A request
-header `x-test-delay-ms` holds the answer; `x-test-chunks` and `x-test-chunk-ms` shape a
+header `x-test-delay-ms` holds the answer; `x-test-use-all` makes an OpenAI answer use its whole
+output bound; `x-test-chunks` and `x-test-chunk-ms` shape a
 stream (the benchmark's). A call without the key is answered 401 in the provider's shape.
 """
 import json
@@ -58,7 +59,9 @@ class Handler(BaseHTTPRequestHandler):
         stream = bool(req.get("stream")) or ":streamGenerateContent" in path
         ok = self.keyed(provider)
         with open(LOG, "a") as f:
-            f.write(json.dumps({"path": path, "model": model, "keyed": ok, "stream": stream}) + "\n")
+            bound = next((req[k] for k in ("max_output_tokens", "max_completion_tokens", "max_tokens") if k in req), None)
+            f.write(json.dumps({"path": path, "model": model, "keyed": ok, "stream": stream,
+                                "max_output": bound}) + "\n")
         delay = int(self.headers.get("x-test-delay-ms") or 0)
         if delay:
             time.sleep(delay / 1000)
@@ -94,7 +97,12 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def openai_answer(self, model, stream, req, chunks):
-        usage = {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17,
+        # `x-test-use-all`: the answer uses its whole output bound (the worst case a budget
+        # must hold against).
+        out = 5
+        if self.headers.get("x-test-use-all"):
+            out = req.get("max_completion_tokens") or req.get("max_tokens") or 100000
+        usage = {"prompt_tokens": 12, "completion_tokens": out, "total_tokens": 12 + out,
                  "prompt_tokens_details": {"cached_tokens": 2},
                  "completion_tokens_details": {"reasoning_tokens": 1}}
         if not stream:

@@ -425,9 +425,9 @@ fn days(shared: &Shared, id: &str) -> Vec<(String, Usage)> {
     let from = |day: u32| -> Usage {
         let mut u = Usage::default();
         for c in ledger.sums(Some(id), day * 24) {
-            u.requests += c.tally.requests;
-            u.bytes += c.tally.bytes_up + c.tally.bytes_down;
-            u.tokens += c.tally.tokens.total();
+            u.requests = u.requests.saturating_add(c.tally.requests);
+            u.bytes = (u.bytes.saturating_add(c.tally.bytes_up)).saturating_add(c.tally.bytes_down);
+            u.tokens = u.tokens.saturating_add(c.tally.tokens.total());
         }
         u
     };

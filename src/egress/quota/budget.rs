@@ -34,13 +34,24 @@ impl Meter {
     /// the check and the count are one atomic step per budget, so calls made at once cannot
     /// all pass a budget that only some of them may. Nothing is counted when it is refused.
     pub fn reserve_budget(&self, tokens: u64, cost: u64) -> Result<(), Spent> {
+        self.reserve_budget_as(tokens, cost, false)
+    }
+
+    /// [`Meter::reserve_budget`]; with `fit`, only when the whole reservation fits in what is
+    /// left (a call whose output bound was set to what is left).
+    fn reserve_budget_as(&self, tokens: u64, cost: u64, fit: bool) -> Result<(), Spent> {
         self.roll();
         let take = |count: &AtomicU64, quota: &AtomicU64, others: &AtomicU64, n: u64| {
             let q = quota.load(Ordering::Relaxed);
             let o = others.load(Ordering::Relaxed);
             count
                 .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |c| {
-                    (q == 0 || c.saturating_add(o) < q).then_some(c.saturating_add(n))
+                    let used = c.saturating_add(o);
+                    let room = match fit {
+                        true => used.saturating_add(n) <= q,
+                        false => used < q,
+                    };
+                    (q == 0 || room).then_some(c.saturating_add(n))
                 })
                 .is_ok()
         };
@@ -60,6 +71,22 @@ impl Meter {
         Ok(())
     }
 
+    /// What is left today of the token and the cost budget (`None`: that budget is not set).
+    pub fn budget_left(&self) -> (Option<u64>, Option<u64>) {
+        self.roll();
+        let left = |count: &AtomicU64, quota: &AtomicU64, others: &AtomicU64| {
+            let q = quota.load(Ordering::Relaxed);
+            let used = count
+                .load(Ordering::Relaxed)
+                .saturating_add(others.load(Ordering::Relaxed));
+            (q != 0).then(|| q.saturating_sub(used))
+        };
+        (
+            left(&self.tokens, &self.tokens_quota, &self.others_tokens),
+            left(&self.cost, &self.cost_quota, &self.others_cost),
+        )
+    }
+
     /// Settle a call reserved with `reserved` (tokens, nano-dollars) at what it used.
     pub fn settle(&self, reserved: (u64, u64), used: (u64, u64)) {
         self.roll();
@@ -67,15 +94,22 @@ impl Meter {
             (&self.tokens, reserved.0, used.0),
             (&self.cost, reserved.1, used.1),
         ] {
+            // Provider numbers are the origin's: a count near 2^64 saturates, never wraps
+            // the day's total back to a small one (security review X01).
             match u >= r {
-                true => {
-                    count.fetch_add(u - r, Ordering::Relaxed);
-                }
+                true => add(count, u - r),
                 false => sub(count, r - u),
             }
         }
         counted_signal().notify_one();
     }
+}
+
+/// `count += n`, stopping at `u64::MAX`.
+fn add(count: &AtomicU64, n: u64) {
+    let _ = count.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |c| {
+        Some(c.saturating_add(n))
+    });
 }
 
 /// `count -= n`, stopping at zero.
@@ -104,6 +138,36 @@ impl Reservation {
     /// Reserve `tokens` and `cost` (nano-dollars; `None`: the model has no price) on every
     /// meter of `meters` with a budget: all or none. `Err` with the refusal's words.
     pub fn take(meters: &[Arc<Meter>], tokens: u64, cost: Option<u64>) -> Result<Self, OverBudget> {
+        Self::take_as(meters, (tokens, cost), false)
+    }
+
+    /// [`Reservation::take`], only when the whole reservation fits in what each budget has
+    /// left ([`Meter::budget_left`]).
+    pub fn take_within(
+        meters: &[Arc<Meter>],
+        tokens: u64,
+        cost: Option<u64>,
+    ) -> Result<Self, OverBudget> {
+        Self::take_as(meters, (tokens, cost), true)
+    }
+
+    /// What is left of the budgets of `meters`: the least, per kind.
+    pub fn left(meters: &[Arc<Meter>]) -> (Option<u64>, Option<u64>) {
+        let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
+        };
+        meters
+            .iter()
+            .map(|m| m.budget_left())
+            .fold((None, None), |(t, c), (mt, mc)| (min(t, mt), min(c, mc)))
+    }
+
+    fn take_as(
+        meters: &[Arc<Meter>],
+        (tokens, cost): (u64, Option<u64>),
+        fit: bool,
+    ) -> Result<Self, OverBudget> {
         let budgeted: Vec<Arc<Meter>> = meters.iter().filter(|m| m.budgeted()).cloned().collect();
         if cost.is_none() {
             if let Some(m) = budgeted.iter().find(|m| m.costed()) {
@@ -115,7 +179,7 @@ impl Reservation {
         }
         let cost = cost.unwrap_or(0);
         for (i, m) in budgeted.iter().enumerate() {
-            if let Err(spent) = m.reserve_budget(tokens, cost) {
+            if let Err(spent) = m.reserve_budget_as(tokens, cost, fit) {
                 for done in &budgeted[..i] {
                     done.settle((tokens, cost), (0, 0));
                 }
@@ -145,6 +209,21 @@ impl Reservation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_near_two_to_the_64_saturates_the_day_instead_of_wrapping_it() {
+        let m = Arc::new(Meter::default());
+        m.budget(Some(1000), None);
+        let r = Reservation::take(std::slice::from_ref(&m), 900, Some(0)).unwrap();
+        r.settle(900, 0);
+        let r = Reservation::take(std::slice::from_ref(&m), 10, Some(0)).unwrap();
+        r.settle(u64::MAX - 5, 0);
+        assert_eq!(m.tokens.load(Ordering::Relaxed), u64::MAX);
+        assert!(
+            Reservation::take(&[m], 1, Some(0)).is_err(),
+            "the budget stays spent"
+        );
+    }
 
     #[test]
     fn calls_reserved_at_once_never_pass_the_budget_and_settle_to_what_they_used() {

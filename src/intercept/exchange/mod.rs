@@ -411,6 +411,11 @@ impl Exchange {
         let metered = self
             .metered(&d.prepared, &mut allowed, verdict)
             .map_err(|(provider, r)| Unjudged::Call(provider, r))?;
+        let req = match &metered {
+            Some(m) if m.bound.is_some() => (m.bound_request(req, audit))
+                .map_err(|(provider, r)| Unjudged::Call(provider, r))?,
+            _ => req,
+        };
         Ok((req, verdict, allowed, metered))
     }
 

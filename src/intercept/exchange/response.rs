@@ -89,7 +89,7 @@ fn ender(
 ) -> impl FnOnce(Ending) + Send + Sync + 'static {
     move |ending| {
         if let Some((m, status)) = metered {
-            m.finish(status, &mut audit);
+            m.finish(status, ending.complete, &mut audit);
         }
         if let Some(Ok(f)) = findings.as_ref().map(|f| f.lock()) {
             for n in &f.names {

@@ -86,15 +86,22 @@ pub struct InferenceRule {
     matcher: Option<globset::GlobSet>,
     /// What provider-run web tools may do.
     pub web_tools: WebTools,
+    /// Tool `type`s the operator names as run without network access by the provider (or by
+    /// the client), beyond those the reader knows: any other unknown type is refused while
+    /// `web_tools` is not `allow` (fail closed).
+    pub tool_types: Vec<String>,
 }
 
-/// A provider-run web tool a call asks for.
+/// A provider-run tool that reaches the network, as a call asks for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebTool {
-    /// `web_search`, `web_fetch`, `google_search`, …
+    /// `web_search`, `web_fetch`, `google_search`, `mcp`, …
     pub name: String,
-    /// Its `allowed_domains` (none written: `None`, the whole web).
+    /// Its `allowed_domains` (none written: `None`, the whole web), or the one host of a
+    /// remote MCP server's URL.
     pub allowed: Option<Vec<String>>,
+    /// `allowed` names exact hosts (an MCP server), not domains with their subdomains.
+    pub exact: bool,
 }
 
 /// What an allowed call asks for.
@@ -115,6 +122,8 @@ pub struct Call {
     /// Whether the answer will report its usage: always, but for an OpenAI Chat Completions
     /// stream that does not ask for it (`stream_options.include_usage`).
     pub reports_usage: bool,
+    /// OpenAI's `background: true`: the answer (and its usage) is fetched later.
+    pub background: bool,
 }
 
 impl Call {
@@ -141,7 +150,7 @@ impl InferenceRule {
     pub fn new(
         provider: Provider,
         models: &[String],
-        web_tools: WebTools,
+        (web_tools, tool_types): (WebTools, &[String]),
     ) -> Result<Self, ProtocolError> {
         let matcher = match models.is_empty() {
             true => None,
@@ -152,6 +161,7 @@ impl InferenceRule {
             models: models.to_vec(),
             matcher,
             web_tools,
+            tool_types: tool_types.to_vec(),
         })
     }
 
@@ -163,6 +173,9 @@ impl InferenceRule {
         }
         if self.web_tools != WebTools::Policy {
             out.push_str(&format!(" web_tools:{}", self.web_tools.name()));
+        }
+        if !self.tool_types.is_empty() {
+            out.push_str(&format!(" tool_types:{}", self.tool_types.join(",")));
         }
         out
     }
@@ -184,6 +197,7 @@ impl InferenceRule {
             body_bytes: body.len() as u64,
             web: Vec::new(),
             reports_usage: true,
+            background: false,
         };
         if !method.eq_ignore_ascii_case("POST") {
             if body.is_empty() {
@@ -225,7 +239,16 @@ impl InferenceRule {
             || path.ends_with("/responses")
             || include_usage;
         call.max_output = max_output(self.provider, o)?;
-        call.web = web_tools(o)?;
+        call.background = o.get("background") == Some(&Value::Bool(true));
+        let (web, unknown) = super::inference_tools::web_tools(o)?;
+        call.web = web;
+        let unnamed = unknown.iter().find(|t| !self.tool_types.contains(t));
+        if let (Some(t), false) = (unnamed, self.web_tools == WebTools::Allow) {
+            return Err(ProtocolError::not_allowed(format!(
+                "the call asks for a tool of type `{}`, which the proxy does not know: the provider may reach the network with it (name it in the rule's tool_types if it does not, or web_tools: allow)",
+                shown(t)
+            )));
+        }
         if self.web_tools == WebTools::Refuse {
             if let Some(t) = call.web.first() {
                 return Err(ProtocolError::not_allowed(format!(
@@ -346,71 +369,45 @@ fn max_output(
     Ok(None)
 }
 
-/// The provider-run web tools in `tools`: Anthropic's `web_search_*` / `web_fetch_*` types,
-/// OpenAI's `web_search` / `web_search_preview` (domains under `filters`), Gemini's
-/// `google_search` / `url_context` (no domain list), and OpenAI's `web_search_options`.
-fn web_tools(o: &serde_json::Map<String, Value>) -> Result<Vec<WebTool>, ProtocolError> {
-    let mut out = Vec::new();
-    if o.contains_key("web_search_options") {
-        out.push(WebTool {
-            name: "web_search_options".into(),
-            allowed: None,
-        });
+/// `body` (a call to `path` the rule allowed) with its output bound set to `bound`: the field
+/// the body already bounds it with, else the one the API reads (OpenAI's Responses
+/// `max_output_tokens`, Chat Completions `max_completion_tokens`; Anthropic's `max_tokens`;
+/// Gemini's `generationConfig.maxOutputTokens`). `None` when the body is not a JSON object.
+/// The body is written again (its keys in order, its values as they were).
+pub fn with_output_bound(
+    provider: Provider,
+    path: &str,
+    body: &[u8],
+    bound: u64,
+) -> Option<Vec<u8>> {
+    let mut v: Value = serde_json::from_slice(body).ok()?;
+    let o = v.as_object_mut()?;
+    match provider {
+        Provider::OpenAi => {
+            let key = ["max_output_tokens", "max_completion_tokens", "max_tokens"]
+                .into_iter()
+                .find(|k| o.contains_key(*k))
+                .unwrap_or(match path.ends_with("/responses") {
+                    true => "max_output_tokens",
+                    false => "max_completion_tokens",
+                });
+            o.insert(key.into(), bound.into());
+        }
+        Provider::Anthropic => {
+            o.insert("max_tokens".into(), bound.into());
+        }
+        Provider::Gemini => {
+            let (section, key) = match o.contains_key("generation_config") {
+                true => ("generation_config", "max_output_tokens"),
+                false => ("generationConfig", "maxOutputTokens"),
+            };
+            let config = o
+                .entry(section)
+                .or_insert_with(|| Value::Object(Default::default()));
+            config.as_object_mut()?.insert(key.into(), bound.into());
+        }
     }
-    let Some(tools) = o.get("tools") else {
-        return Ok(out);
-    };
-    let Value::Array(tools) = tools else {
-        return Err(ProtocolError::malformed("`tools` is not a list"));
-    };
-    for t in tools {
-        let Value::Object(t) = t else {
-            return Err(ProtocolError::malformed(
-                "an entry of `tools` is not an object",
-            ));
-        };
-        let kind = t.get("type").and_then(Value::as_str).unwrap_or("");
-        let gemini = [
-            "google_search",
-            "googleSearch",
-            "google_search_retrieval",
-            "googleSearchRetrieval",
-            "url_context",
-            "urlContext",
-        ]
-        .into_iter()
-        .find(|k| t.contains_key(*k));
-        let name = if kind.starts_with("web_search") || kind.starts_with("web_fetch") {
-            kind.to_string()
-        } else if let Some(g) = gemini {
-            g.to_string()
-        } else {
-            continue;
-        };
-        let domains = t
-            .get("allowed_domains")
-            .or_else(|| t.get("filters").and_then(|f| f.get("allowed_domains")));
-        let allowed = match domains {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(d)) => Some(
-                d.iter()
-                    .map(|x| x.as_str().map(str::to_string))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| {
-                        ProtocolError::malformed(format!(
-                            "`{name}` allowed_domains is not a list of names"
-                        ))
-                    })?,
-            ),
-            Some(_) => {
-                return Err(ProtocolError::malformed(format!(
-                    "`{name}` allowed_domains is not a list"
-                )))
-            }
-        };
-        out.push(WebTool { name, allowed });
-    }
-    Ok(out)
+    serde_json::to_vec(&v).ok()
 }
 
 #[cfg(test)]
@@ -418,8 +415,8 @@ mod tests {
     use super::*;
 
     fn rule(p: Provider, models: &[&str], web: WebTools) -> InferenceRule {
-        let m: Vec<String> = models.iter().map(|s| s.to_string()).collect();
-        InferenceRule::new(p, &m, web).unwrap()
+        let models: Vec<String> = models.iter().map(|m| m.to_string()).collect();
+        InferenceRule::new(p, &models, (web, &[])).unwrap()
     }
 
     const JSON: Option<&str> = Some("application/json");
@@ -471,6 +468,41 @@ mod tests {
         }
         assert!(r.judge("POST", "/v1/x", Some("text/plain"), b"{}").is_err());
         assert!(r.judge("GET", "/v1/models", None, b"").is_ok());
+    }
+
+    #[test]
+    fn an_output_bound_is_set_where_each_api_reads_it() {
+        let set = |p, path, body: &str| {
+            let out = with_output_bound(p, path, body.as_bytes(), 7).unwrap();
+            serde_json::from_slice::<Value>(&out).unwrap()
+        };
+        let v = set(
+            Provider::OpenAi,
+            "/v1/chat/completions",
+            r#"{"model":"m","max_tokens":900}"#,
+        );
+        assert_eq!(v["max_tokens"], 7);
+        let v = set(Provider::OpenAi, "/v1/chat/completions", r#"{"model":"m"}"#);
+        assert_eq!(v["max_completion_tokens"], 7);
+        let v = set(
+            Provider::OpenAi,
+            "/v1/responses",
+            r#"{"model":"m","input":"hi"}"#,
+        );
+        assert_eq!(v["max_output_tokens"], 7);
+        let v = set(
+            Provider::Anthropic,
+            "/v1/messages",
+            r#"{"model":"c","max_tokens":4096}"#,
+        );
+        assert_eq!(v["max_tokens"], 7);
+        let v = set(
+            Provider::Gemini,
+            "/v1beta/models/g:generateContent",
+            r#"{"contents":[]}"#,
+        );
+        assert_eq!(v["generationConfig"]["maxOutputTokens"], 7);
+        assert!(with_output_bound(Provider::OpenAi, "/", b"[1]", 7).is_none());
     }
 
     #[test]

@@ -37,6 +37,11 @@ pub struct Usage {
     pub reasoning: u64,
     /// The model the provider says answered.
     pub model: Option<String>,
+    /// The provider's final count was read (the whole JSON answer, the stream's last usage:
+    /// OpenAI's usage chunk or `response.completed`, Anthropic's `message_delta`, Gemini's
+    /// chunk with a `finishReason`); `false`: only a count from before the end (Anthropic's
+    /// `message_start`, Gemini's running totals) — the answer was cut.
+    pub complete: bool,
 }
 
 /// The usage fields seen so far (`None`: not reported).
@@ -49,6 +54,8 @@ struct Raw {
     reasoning: Option<u64>,
     tool_prompt: Option<u64>,
     model: Option<String>,
+    /// The final count was seen ([`Usage::complete`]).
+    last: bool,
 }
 
 /// Reads one answer's usage as its bytes pass.
@@ -178,6 +185,7 @@ impl UsageReader {
                 let Some(u) = at.get("usage").filter(|u| u.is_object()) else {
                     return;
                 };
+                r.last = true;
                 set(
                     &mut r.input,
                     n(u, &["prompt_tokens"]).or(n(u, &["input_tokens"])),
@@ -205,6 +213,9 @@ impl UsageReader {
                 let Some(u) = at.get("usage").or(v.get("usage")).filter(|u| u.is_object()) else {
                     return;
                 };
+                // `message_start` counts the input and one output token; the final output
+                // count comes in `message_delta` (or the whole message, not streamed).
+                r.last |= v.get("type").and_then(Value::as_str) != Some("message_start");
                 set(&mut r.input, n(u, &["input_tokens"]));
                 set(&mut r.output, n(u, &["output_tokens"]));
                 set(&mut r.cached, n(u, &["cache_read_input_tokens"]));
@@ -217,6 +228,11 @@ impl UsageReader {
                 let Some(u) = v.get("usageMetadata").filter(|u| u.is_object()) else {
                     return;
                 };
+                let finished = v
+                    .get("candidates")
+                    .and_then(Value::as_array)
+                    .is_some_and(|c| c.iter().any(|c| c.get("finishReason").is_some()));
+                r.last |= finished;
                 set(&mut r.input, n(u, &["promptTokenCount"]));
                 set(&mut r.output, n(u, &["candidatesTokenCount"]));
                 set(&mut r.cached, n(u, &["cachedContentTokenCount"]));
@@ -267,6 +283,7 @@ impl UsageReader {
             kinds,
             reasoning,
             model: r.model.clone(),
+            complete: r.last,
         })
     }
 }

@@ -8,6 +8,7 @@ pub mod error;
 pub mod form;
 pub mod graphql;
 pub mod inference;
+mod inference_tools;
 pub mod inference_usage;
 pub mod json_tree;
 pub mod jsonrpc;
