@@ -150,6 +150,37 @@ fn observed_processes_are_recorded_and_scoped_entries_admit_only_theirs() {
     assert_eq!(rec["process"]["exe"], py);
     assert_eq!(rec["dialed"], serde_json::Value::Null);
 
+    // Bash in its own user and mount namespace, bind-mounted over curl's path, runs as
+    // "curl" there (security review A04; bash's /dev/tcp speaks to the proxy): the file behind
+    // its executable is not curl's here, so it is unverified and the curl scope refuses it.
+    let bash = real("bash");
+    let proxy_port = proxy.proxy.port();
+    let request = format!(
+        "exec 3<>/dev/tcp/127.0.0.1/{proxy_port}; printf 'GET http://origin.test:{port}/posing HTTP/1.1\\r\\nHost: origin.test:{port}\\r\\nConnection: close\\r\\n\\r\\n' >&3; read -r line <&3; echo \"$line\""
+    );
+    let curl_path = curl_exe.to_str().unwrap();
+    let posing = format!(
+        "mount --bind {} {curl_path} && exec {curl_path} -c \"$0\"",
+        bash.display()
+    );
+    let out = Command::new("unshare")
+        .args(["-Urm", "sh", "-c", &posing, &request])
+        .output()
+        .expect("unshare");
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        line.starts_with("HTTP/1.1 403"),
+        "{line} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec =
+        proxy.wait_record(|r| r["reason"] == "process_not_allowed" && r["process"]["exe"] != py);
+    assert_eq!(
+        rec["process"]["exe"],
+        format!("(unverified {curl_path})"),
+        "{rec}"
+    );
+
     // The same python run by the wrapper (which forks it: `; exit`) is admitted by ancestry.
     let script = format!(
         "import urllib.request as u; print(u.build_opener(u.ProxyHandler({{'http': '{p}'}})).open('http://origin.test:{port}/wrapped').status)"

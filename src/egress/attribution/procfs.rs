@@ -114,9 +114,30 @@ fn cgroup_of(pid: u32) -> Option<Arc<str>> {
     unified_cgroup(&text).map(Arc::from)
 }
 
+/// The executable of `pid` as a path the scopes can match — only when that path, in the
+/// proxy's own mount namespace, is the very file the kernel runs. The link's text is the
+/// process's view: in its own user and mount namespace a process can bind-mount python over
+/// `/usr/bin/curl` and read back `/usr/bin/curl` (security review A04). So the file behind
+/// `/proc/PID/exe` (device and inode) is compared with the file at the path here; when they
+/// differ (or the path is gone here: a deleted or replaced binary, another root) the
+/// executable is `(unverified PATH)`, which no path a scope names matches.
 fn executable(pid: u32) -> Option<Arc<str>> {
-    let path = fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-    Some(Arc::from(path.to_string_lossy().as_ref()))
+    let link = format!("/proc/{pid}/exe");
+    let path = fs::read_link(&link).ok()?;
+    let text = path.to_string_lossy();
+    Some(match same_file(&link, &path) {
+        true => Arc::from(text.as_ref()),
+        false => Arc::from(format!("(unverified {text})")),
+    })
+}
+
+/// Whether `a` and `b` name one file (device and inode, links followed).
+fn same_file(a: &str, b: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (fs::metadata(a), fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
 }
 
 /// (parent pid, start time) from `/proc/PID/stat`.
