@@ -570,18 +570,7 @@ fn simulate_refuses_llm_calls_to_a_denied_host_whatever_their_bodies() {
     assert_eq!(r[0]["ok"], true, "{r:?}");
     e.token_records(1);
     let d = e.dir.path();
-    let simulate = |candidate: &Path| {
-        let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
-            .args(["simulate", "--json", "--config"])
-            .arg(candidate)
-            .arg(d.join("audit.jsonl"))
-            .current_dir(d)
-            .output()
-            .unwrap();
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
-        (out.status.code(), report)
-    };
+    let simulate = |candidate: &Path| simulate(candidate, &d.join("audit.jsonl"));
     let (code, same) = simulate(&d.join("proxy.yaml"));
     assert_eq!(code, Some(0), "{same:#}");
     let running = std::fs::read_to_string(d.join("proxy.yaml")).unwrap();

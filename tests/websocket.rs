@@ -200,17 +200,7 @@ fn simulate_replays_upgrades_as_upgrades() {
     e.proxy
         .wait_record(|r| r["call"] == "websocket" && r["event"] == "end");
     let d = e.dir.path();
-    let simulate = |candidate: &Path| {
-        let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
-            .args(["simulate", "--json", "--config"])
-            .arg(candidate)
-            .arg(d.join("audit.jsonl"))
-            .output()
-            .unwrap();
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
-        (out.status.code(), report)
-    };
+    let simulate = |candidate: &Path| simulate(candidate, &d.join("audit.jsonl"));
     let (code, same) = simulate(&d.join("proxy.yaml"));
     assert_eq!(
         code,

@@ -54,3 +54,20 @@ pub fn eventually<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `egress-proxy simulate --json --config CANDIDATE TRAIL`: its exit status and report.
+#[allow(dead_code)]
+pub fn simulate(
+    candidate: &std::path::Path,
+    trail: &std::path::Path,
+) -> (Option<i32>, serde_json::Value) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["simulate", "--json", "--config"])
+        .arg(candidate)
+        .arg(trail)
+        .output()
+        .expect("egress-proxy simulate");
+    let report = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.code(), report)
+}
