@@ -440,3 +440,43 @@ fn vouched_execs_name_every_connection_and_scope_and_meter_it() {
     let rec = proxy.wait_record(|r| r["process"]["exec"] == "call_5.shell");
     assert_eq!(rec["reason"], "process_not_allowed");
 }
+
+/// Security review A09: a sandbox that invents exec names cannot multiply its `per_process`
+/// quota — every process's count also counts into one total of `processes` times the quota
+/// (before: 6 invented names × 3 requests were all served against a limit of 3). The refusal
+/// names the total.
+#[test]
+fn invented_exec_names_share_one_total() {
+    let dir = tempfile::tempdir().unwrap();
+    let sandboxes = format!(
+        r#"  - id: s3
+    auth: {{ token_sha256: {} }}
+    limits: {{ per_process: {{ requests_per_day: 3, processes: 2 }} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["origin.test:PORT"] }} }}
+"#,
+        sha("tok3")
+    );
+    let (proxy, origin) = config(dir.path(), "", &sandboxes);
+    let url = format!("http://origin.test:{}/", origin.addr.port());
+    let mut served = 0;
+    for name in 0..6 {
+        for _ in 0..3 {
+            let via = format!("http://s3~invented_{name}:tok3@{}", proxy.proxy);
+            let out = curl(&["-s", "-o", "/dev/null", "-w", "%{http_code}", "-x", &via, &url]);
+            match out.text().as_str() {
+                "200" => served += 1,
+                "429" => {}
+                other => panic!("unexpected status {other}: {}", out.stderr),
+            }
+        }
+    }
+    assert_eq!(served, 6, "two processes' worth of requests, whatever the names");
+    let rec = proxy.wait_record(|r| r["reason"] == "quota_exceeded");
+    assert!(
+        rec["detail"]
+            .as_str()
+            .unwrap()
+            .contains("total (6) of all the sandbox's processes"),
+        "{rec}"
+    );
+}

@@ -217,6 +217,26 @@ pub struct ProcessQuota {
     /// Requests a day.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_day: Option<u64>,
+    /// How many processes' quotas the sandbox's processes may spend together in a day
+    /// (default [`ProcessQuota::PROCESSES_DEFAULT`]): every count of every process also
+    /// counts into one sandbox-wide total of this many times each quota, so a sandbox that
+    /// invents exec names cannot multiply its quota (security review A09).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u32>,
+}
+
+impl ProcessQuota {
+    /// Processes' worth of quota a sandbox spends in all when `processes` is not written.
+    pub const PROCESSES_DEFAULT: u32 = 16;
+
+    /// The sandbox-wide total: each quota times `processes` (saturating).
+    pub fn total(&self) -> (Option<u64>, Option<u64>) {
+        let n = u64::from(self.processes.unwrap_or(Self::PROCESSES_DEFAULT));
+        (
+            self.bytes_per_day.map(|b| b.saturating_mul(n)),
+            self.requests_per_day.map(|r| r.saturating_mul(n)),
+        )
+    }
 }
 
 /// One `limits.per_destination` entry: a host (`api.example.com`) or every name under a

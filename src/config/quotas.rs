@@ -53,6 +53,20 @@ pub(super) fn check_destination_quotas(
             push(at, "quotas must be positive (leave one out for unlimited)");
         }
     }
+    if let Some(p) = &l.per_process {
+        if p.processes == Some(0) || [p.bytes_per_day, p.requests_per_day].contains(&Some(0)) {
+            sink.push(
+                sandbox,
+                format!("{field}.per_process"),
+                "quotas and `processes` must be positive (leave one out for its default)",
+                Some("per_process"),
+                line,
+            );
+        }
+    }
+    let mut push = |what: String, why: &str| {
+        sink.push(sandbox, what, why, Some("per_destination"), line);
+    };
     if l.cost_per_day.is_some_and(|c| !budget_dollars(c)) {
         push(
             format!("{field}.cost_per_day"),

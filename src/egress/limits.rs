@@ -208,7 +208,7 @@ impl SandboxLimiter {
     /// The meters an exchange of `process` with `host` counts into: the sandbox's (when it
     /// has a quota), those of the `per_destination` entries that match, and its process's.
     pub fn meters_for(&self, host: &str, process: Option<&Proc>) -> Vec<Arc<Meter>> {
-        let mut out: Vec<Arc<Meter>> = self.processes.meter(process).into_iter().collect();
+        let mut out: Vec<Arc<Meter>> = self.processes.meters(process);
         if self.meter.metered() || self.meter.budgeted() {
             out.push(self.meter.clone());
         }

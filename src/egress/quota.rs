@@ -162,6 +162,10 @@ impl Meter {
         };
         match self.scope() {
             None => format!("the sandbox's {} quota ({value})", spent.key()),
+            Some(p) if p.strip_prefix('~') == Some(per_process::TOTAL) => format!(
+                "the {} total ({value}) of all the sandbox's processes together (limits.per_process × processes)",
+                spent.key()
+            ),
             Some(p) if p.starts_with('~') => format!(
                 "the {} quota ({value}) of process {} (limits.per_process)",
                 spent.key(),
@@ -420,8 +424,10 @@ impl crate::egress::verdict::Stage for DestinationQuotaStage {
 
     fn judge(&self, at: &crate::egress::verdict::Point<'_>) -> crate::egress::verdict::Judgement {
         use crate::egress::verdict::Judgement;
-        let meter = at.limiter.processes.meter(at.process);
-        let process = meter.and_then(|m| m.spent().map(|s| (m, s)));
+        let meters = at.limiter.processes.meters(at.process);
+        let process = meters
+            .into_iter()
+            .find_map(|m| m.spent().map(|s| (m, s)));
         if !at.limiter.has_destination_quotas() && process.is_none() {
             return Judgement::Pass;
         }
