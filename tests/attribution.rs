@@ -95,7 +95,7 @@ fn observed_processes_are_recorded_and_scoped_entries_admit_only_theirs() {
         egress: ["open.test:PORT"]
         scoped:
           - {{ binaries: ["{curl}"], egress: ["origin.test:PORT"] }}
-          - {{ binaries: ["{wrapper}"], egress: ["origin.test:PORT"] }}
+          - {{ binaries: ["{wrapper}"], children: true, egress: ["origin.test:PORT"] }}
   - id: s3
     auth: {{ token_sha256: {tok} }}
     policy:
@@ -181,7 +181,8 @@ fn observed_processes_are_recorded_and_scoped_entries_admit_only_theirs() {
         "{rec}"
     );
 
-    // The same python run by the wrapper (which forks it: `; exit`) is admitted by ancestry.
+    // The same python run by the wrapper (which forks it: `; exit`) is admitted by ancestry:
+    // the wrapper's scope says `children: true`.
     let script = format!(
         "import urllib.request as u; print(u.build_opener(u.ProxyHandler({{'http': '{p}'}})).open('http://origin.test:{port}/wrapped').status)"
     );
@@ -462,7 +463,16 @@ fn invented_exec_names_share_one_total() {
     for name in 0..6 {
         for _ in 0..3 {
             let via = format!("http://s3~invented_{name}:tok3@{}", proxy.proxy);
-            let out = curl(&["-s", "-o", "/dev/null", "-w", "%{http_code}", "-x", &via, &url]);
+            let out = curl(&[
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-x",
+                &via,
+                &url,
+            ]);
             match out.text().as_str() {
                 "200" => served += 1,
                 "429" => {}
@@ -470,7 +480,10 @@ fn invented_exec_names_share_one_total() {
             }
         }
     }
-    assert_eq!(served, 6, "two processes' worth of requests, whatever the names");
+    assert_eq!(
+        served, 6,
+        "two processes' worth of requests, whatever the names"
+    );
     let rec = proxy.wait_record(|r| r["reason"] == "quota_exceeded");
     assert!(
         rec["detail"]
@@ -478,5 +491,87 @@ fn invented_exec_names_share_one_total() {
             .unwrap()
             .contains("total (6) of all the sandbox's processes"),
         "{rec}"
+    );
+}
+
+/// Security review A05: a scope admits its executables' children only when it says so.
+/// `git -c alias.x='!python3 …' x` runs python under git; a git scope (no `children`) refuses
+/// it (before: admitted by ancestry). A wrapper scoped with `children: true` still passes what
+/// it starts; `validate` warns that a scoped shell with `children: true` passes anything.
+#[test]
+fn a_scope_admits_what_its_binaries_start_only_with_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let (git, python) = (real("git"), python_exe());
+    let shells = dir.path().join("shells");
+    std::fs::create_dir(&shells).unwrap();
+    let wrapper = shells.join("bash");
+    std::fs::copy(real("bash"), &wrapper).unwrap();
+    let sandboxes = format!(
+        r#"  - id: s1
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: []
+        scoped:
+          - {{ binaries: ["{git}"], egress: ["origin.test:PORT"] }}
+          - {{ binaries: ["{wrapper}"], children: true, egress: ["open.test:PORT"] }}
+"#,
+        git = git.display(),
+        wrapper = wrapper.display(),
+    );
+    let more = ", default_sandbox: s1, attribution: { observe: true }";
+    let (proxy, origin) = config(dir.path(), more, &sandboxes);
+    let port = origin.addr.port();
+    let p = format!("http://{}", proxy.proxy);
+    let fetch = |host: &str| {
+        format!(
+            "import urllib.request as u, urllib.error as e\ntry: print(u.build_opener(u.ProxyHandler({{'http': '{p}'}})).open('http://{host}:{port}/x', timeout=20).status)\nexcept e.HTTPError as x: print(x.code)"
+        )
+    };
+    let script = dir.path().join("get_origin.py");
+    std::fs::write(&script, fetch("origin.test")).unwrap();
+    let alias = format!("alias.x=!{} {}", python.display(), script.display());
+    let out = Command::new(&git)
+        .args(["-c", &alias, "x"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "403",
+        "python under a git alias passes the git scope: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec = proxy.wait_record(|r| r["reason"] == "process_not_allowed");
+    assert_eq!(rec["process"]["exe"], python.to_str().unwrap(), "{rec}");
+    assert!(rec["process"]["ancestors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a == git.to_str().unwrap()));
+
+    // The wrapper with `children: true` passes the python it starts; python alone does not.
+    let script = dir.path().join("get_open.py");
+    std::fs::write(&script, fetch("open.test")).unwrap();
+    let run = format!("{} {}; exit $?", python.display(), script.display());
+    let out = Command::new(&wrapper).args(["-c", &run]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "200");
+    let out = Command::new(&python).arg(&script).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "403");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["validate", "--config"])
+        .arg(dir.path().join("proxy.yaml"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr) + String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("network.scoped[1]") && said.contains("can launch arbitrary commands"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("network.scoped[0]"),
+        "git without children: {said}"
     );
 }

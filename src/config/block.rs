@@ -337,6 +337,9 @@ fn network_spec(
         .as_ref()
         .is_some_and(|s| s.iter().any(|s| !s.egress.is_empty()));
     warn_about(mode, (&egress, scoped_any), &who, warnings);
+    let scopes = scoped.iter().flatten().map(|s| ("scoped", Some(&s.scope)));
+    let rules = http.iter().map(|r| ("http", r.scope.as_ref()));
+    super::scoped::scope_warnings(scopes.chain(rules), p, &who, warnings);
     Some(NetworkSpec {
         mode,
         egress,

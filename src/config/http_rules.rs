@@ -89,9 +89,12 @@ pub struct RawHttpRule {
     /// (another unknown type is refused unless `web_tools: allow`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_types: Vec<String>,
-    /// The rule is for these executables only (the process or an ancestor).
+    /// The rule is for these executables only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub binaries: Vec<String>,
+    /// And for whatever they start (an ancestor's executable counts).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub children: bool,
     /// The rule is for these vouched commands only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub execs: Vec<String>,
@@ -402,7 +405,7 @@ impl RawHttpRule {
         let mut rule =
             HttpRule::with_protocol(&self.host, methods, &self.paths, &self.git, protocol)
                 .map_err(|e| e.to_string())?;
-        rule.scope = super::scoped::check_scope(&self.binaries, &self.execs)?;
+        rule.scope = super::scoped::check_scope(&self.binaries, &self.execs, self.children)?;
         if let Some(scope) = &rule.scope {
             rule.text = format!("{} for {scope}", rule.text);
         }

@@ -15,10 +15,13 @@ use crate::policy::ScopedSpec;
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct RawScoped {
-    /// Executables (absolute paths or globs), matched against the connection's process and
-    /// its ancestors as the kernel shows them.
+    /// Executables (absolute paths or globs), matched against the connection's process as the
+    /// kernel shows it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub binaries: Vec<String>,
+    /// Whatever those executables start is in the scope too (their descendants).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub children: bool,
     /// Command names the runtime vouches for (`sandbox~exec` credentials), globs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub execs: Vec<String>,
@@ -27,8 +30,16 @@ pub struct RawScoped {
     pub egress: Vec<String>,
 }
 
-/// Check the lists a scope is made of: at least one, executables absolute.
-pub fn check_scope(binaries: &[String], execs: &[String]) -> Result<Option<Scope>, String> {
+/// Check the lists a scope is made of: at least one, executables absolute, `children` only
+/// with executables.
+pub fn check_scope(
+    binaries: &[String],
+    execs: &[String],
+    children: bool,
+) -> Result<Option<Scope>, String> {
+    if children && binaries.is_empty() {
+        return Err("`children: true` is about what `binaries:` start; name the binaries".into());
+    }
     if let Some(b) = binaries.iter().find(|b| !b.starts_with('/')) {
         return Err(format!(
             "`{b}`: binaries are absolute paths (or globs starting with `/`), as the kernel shows executables"
@@ -37,7 +48,8 @@ pub fn check_scope(binaries: &[String], execs: &[String]) -> Result<Option<Scope
     if let Some(e) = execs.iter().find(|e| e.is_empty() || e.contains('~')) {
         return Err(format!("`{e}`: an exec name is not empty and has no `~`"));
     }
-    Scope::new(binaries, execs).map_err(|e| format!("a scope's glob does not compile: {e}"))
+    Scope::new(binaries, execs, children)
+        .map_err(|e| format!("a scope's glob does not compile: {e}"))
 }
 
 /// `network.scoped` parsed; `None` when anything in it is wrong (the errors are in `sink`).
@@ -50,7 +62,7 @@ pub(crate) fn parse(
     let mut ok = true;
     for (i, raw) in list.iter().enumerate() {
         let field = format!("network.scoped[{i}]");
-        let scope = match check_scope(&raw.binaries, &raw.execs) {
+        let scope = match check_scope(&raw.binaries, &raw.execs, raw.children) {
             Ok(Some(s)) => s,
             Ok(None) => {
                 let why = "a scoped entry names its processes: `binaries:` or `execs:` (without either, write the entries in network.egress)";
@@ -87,4 +99,78 @@ pub(crate) fn parse(
         out.push(ScopedSpec { scope, egress });
     }
     ok.then_some(out)
+}
+
+/// Executables that run any code they are given as themselves (by file name, version digits
+/// dropped: `python3.11` is `python`): a scope on one admits that code.
+const INTERPRETERS: &[&str] = &[
+    "sh", "bash", "dash", "zsh", "fish", "busybox", "node", "deno", "bun", "perl", "ruby", "php",
+    "python", "pypy", "lua", "tclsh",
+];
+/// Executables that start whatever they are told to (an alias, a hook, a script): with
+/// `children: true` a scope on one admits anything.
+const LAUNCHERS: &[&str] = &[
+    "env", "xargs", "find", "make", "git", "ssh", "sudo", "npm", "npx", "uv", "pip", "cargo",
+    "timeout", "nohup", "nice",
+];
+
+/// [`launcher_warnings`] for each scope of a network block: (`scoped` or `http`, the item's
+/// scope) in order; `prefix` is the field path of the block.
+pub fn scope_warnings<'a>(
+    items: impl Iterator<Item = (&'static str, Option<&'a Scope>)>,
+    prefix: &str,
+    who: &str,
+    warnings: &mut Vec<String>,
+) {
+    let mut index = std::collections::HashMap::new();
+    for (list, scope) in items {
+        let i = index.entry(list).or_insert(0usize);
+        if let Some(scope) = scope {
+            let field = format!("{prefix}network.{list}[{i}]");
+            launcher_warnings(scope, &field, who, warnings);
+        }
+        *i += 1;
+    }
+}
+
+/// What a scope's executables may let through beyond themselves (security review A05): a
+/// warning for each launcher a scope names — interpreters run any script as themselves, and
+/// with `children: true` a launcher passes everything it starts (`git -c alias.x='!python3 …'`).
+pub fn launcher_warnings(scope: &Scope, field: &str, who: &str, warnings: &mut Vec<String>) {
+    for b in scope.binaries() {
+        let file = b.rsplit('/').next().unwrap_or(b);
+        let stem = file.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+        let what = match (INTERPRETERS.contains(&stem), LAUNCHERS.contains(&stem)) {
+            (false, false) => continue,
+            (_, _) if scope.children() => "with `children: true` everything it starts passes (an alias, a hook, a script it runs) — drop `children` unless the tool's own children must reach these hosts",
+            (true, _) => "it runs any code it is given as itself, so the scope admits that code too; scope the tool that needs the hosts, not its interpreter",
+            (false, true) => continue,
+        };
+        warnings.push(format!(
+            "{who}: {field}: `{b}` can launch arbitrary commands: {what}"
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn warned(binary: &str, children: bool) -> Vec<String> {
+        let scope = check_scope(&[binary.into()], &[], children)
+            .unwrap()
+            .unwrap();
+        let mut w = Vec::new();
+        launcher_warnings(&scope, "network.scoped[0]", "sandbox a", &mut w);
+        w
+    }
+
+    #[test]
+    fn interpreters_always_and_launchers_with_children_are_warned_about() {
+        assert!(warned("/usr/bin/python3.11", false)[0].contains("as itself"));
+        assert!(warned("/usr/bin/git", false).is_empty());
+        assert!(warned("/usr/bin/git", true)[0].contains("everything it starts"));
+        assert!(warned("/usr/bin/curl", true).is_empty());
+        assert!(check_scope(&[], &["x".into()], true).is_err());
+    }
 }

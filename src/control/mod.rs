@@ -449,6 +449,7 @@ impl Controller {
                 "scoped": b.network.scoped.iter().map(|s| json!({
                     "binaries": s.scope.binaries(),
                     "execs": s.scope.execs(),
+                    "children": s.scope.children(),
                     "egress": s.egress.iter().map(|(t, _)| t).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
             },

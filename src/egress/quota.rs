@@ -425,9 +425,7 @@ impl crate::egress::verdict::Stage for DestinationQuotaStage {
     fn judge(&self, at: &crate::egress::verdict::Point<'_>) -> crate::egress::verdict::Judgement {
         use crate::egress::verdict::Judgement;
         let meters = at.limiter.processes.meters(at.process);
-        let process = meters
-            .into_iter()
-            .find_map(|m| m.spent().map(|s| (m, s)));
+        let process = meters.into_iter().find_map(|m| m.spent().map(|s| (m, s)));
         if !at.limiter.has_destination_quotas() && process.is_none() {
             return Judgement::Pass;
         }

@@ -102,26 +102,37 @@ impl fmt::Display for Process {
     }
 }
 
-/// The processes an entry is for: executables (matched against the process's own or any
-/// ancestor's), vouched command names, or both (then both must match).
+/// The processes an entry is for: executables (matched against the process's own, and with
+/// `children` any ancestor's), vouched command names, or both (then both must match).
 #[derive(Debug, Clone)]
 pub struct Scope {
     binaries: Vec<String>,
     execs: Vec<String>,
+    /// Whatever a named executable starts is in the scope too (`children: true`). Off by
+    /// default: `git -c alias.x='!python3 …' x` would pass python through a git scope
+    /// (security review A05).
+    children: bool,
     binary_set: GlobSet,
     exec_set: GlobSet,
 }
 
 impl PartialEq for Scope {
     fn eq(&self, other: &Self) -> bool {
-        self.binaries == other.binaries && self.execs == other.execs
+        self.binaries == other.binaries
+            && self.execs == other.execs
+            && self.children == other.children
     }
 }
 
 impl Scope {
     /// A scope of these globs: in `binaries` `*` stays within one path segment and `**`
-    /// crosses them; `execs` are plain globs. `None` when both lists are empty.
-    pub fn new(binaries: &[String], execs: &[String]) -> Result<Option<Self>, globset::Error> {
+    /// crosses them; `execs` are plain globs; `children`: an ancestor's executable counts as
+    /// the process's. `None` when both lists are empty.
+    pub fn new(
+        binaries: &[String],
+        execs: &[String],
+        children: bool,
+    ) -> Result<Option<Self>, globset::Error> {
         if binaries.is_empty() && execs.is_empty() {
             return Ok(None);
         }
@@ -137,6 +148,7 @@ impl Scope {
             exec_set: set(execs, false)?,
             binaries: binaries.to_vec(),
             execs: execs.to_vec(),
+            children,
         }))
     }
 
@@ -148,7 +160,8 @@ impl Scope {
         let binaries = self.binaries.is_empty()
             || matches!(&p.observed, Some(Observed::Seen(s))
                 if self.binary_set.is_match(&*s.exe)
-                    || s.ancestors.iter().any(|a| self.binary_set.is_match(&**a)));
+                    || (self.children
+                        && s.ancestors.iter().any(|a| self.binary_set.is_match(&**a))));
         let execs = self.execs.is_empty()
             || p.vouched
                 .as_ref()
@@ -165,6 +178,11 @@ impl Scope {
     pub fn execs(&self) -> &[String] {
         &self.execs
     }
+
+    /// Whether what the executables start is in the scope too.
+    pub fn children(&self) -> bool {
+        self.children
+    }
 }
 
 impl fmt::Display for Scope {
@@ -172,7 +190,12 @@ impl fmt::Display for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut parts = Vec::new();
         if !self.binaries.is_empty() {
-            parts.push(format!("binaries [{}]", self.binaries.join(", ")));
+            let and = if self.children {
+                " and what they start"
+            } else {
+                ""
+            };
+            parts.push(format!("binaries [{}]{and}", self.binaries.join(", ")));
         }
         if !self.execs.is_empty() {
             parts.push(format!("execs [{}]", self.execs.join(", ")));
@@ -199,11 +222,18 @@ mod tests {
     }
 
     #[test]
-    fn binaries_match_the_process_or_an_ancestor_and_unknown_never() {
-        let s = Scope::new(&["/usr/bin/curl".into()], &[]).unwrap().unwrap();
+    fn binaries_match_the_process_or_with_children_an_ancestor_and_unknown_never() {
+        let s = Scope::new(&["/usr/bin/curl".into()], &[], true)
+            .unwrap()
+            .unwrap();
         assert!(s.admits(Some(&seen("/usr/bin/curl", &[]))));
         assert!(s.admits(Some(&seen("/usr/bin/python3", &["/usr/bin/curl"]))));
         assert!(!s.admits(Some(&seen("/usr/bin/python3", &["/usr/bin/bash"]))));
+        let own = Scope::new(&["/usr/bin/git".into()], &[], false)
+            .unwrap()
+            .unwrap();
+        assert!(own.admits(Some(&seen("/usr/bin/git", &["/usr/bin/bash"]))));
+        assert!(!own.admits(Some(&seen("/usr/bin/python3", &["/usr/bin/git"]))));
         assert!(!s.admits(None));
         let unknown = Process {
             vouched: None,
@@ -213,7 +243,9 @@ mod tests {
             }),
         };
         assert!(!s.admits(Some(&unknown)));
-        let glob = Scope::new(&["/usr/bin/*".into()], &[]).unwrap().unwrap();
+        let glob = Scope::new(&["/usr/bin/*".into()], &[], false)
+            .unwrap()
+            .unwrap();
         assert!(glob.admits(Some(&seen("/usr/bin/git", &[]))));
         assert!(!glob.admits(Some(&seen("/usr/bin/x/git", &[]))));
     }
@@ -227,17 +259,19 @@ mod tests {
             }),
             observed: None,
         };
-        let s = Scope::new(&[], &["*.web_fetch".into()]).unwrap().unwrap();
+        let s = Scope::new(&[], &["*.web_fetch".into()], false)
+            .unwrap()
+            .unwrap();
         assert!(s.admits(Some(&vouched("call_1.web_fetch"))));
         assert!(!s.admits(Some(&vouched("call_1.shell"))));
         assert!(!s.admits(Some(&seen("/usr/bin/curl", &[]))));
-        let both = Scope::new(&["/usr/bin/curl".into()], &["tool".into()])
+        let both = Scope::new(&["/usr/bin/curl".into()], &["tool".into()], false)
             .unwrap()
             .unwrap();
         assert!(!both.admits(Some(&vouched("tool"))));
         let mut p = seen("/usr/bin/curl", &[]);
         p.vouched = vouched("tool").vouched;
         assert!(both.admits(Some(&p)));
-        assert!(Scope::new(&[], &[]).unwrap().is_none());
+        assert!(Scope::new(&[], &[], false).unwrap().is_none());
     }
 }

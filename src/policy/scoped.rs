@@ -86,7 +86,9 @@ mod tests {
             resolve_for_address_rules: false,
             http: Arc::from(vec![]),
             scoped: vec![ScopedSpec {
-                scope: Scope::new(&["/usr/bin/git".into()], &[]).unwrap().unwrap(),
+                scope: Scope::new(&["/usr/bin/git".into()], &[], false)
+                    .unwrap()
+                    .unwrap(),
                 egress: vec![entry("*.github.com")],
             }],
             layers: Default::default(),
