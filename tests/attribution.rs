@@ -575,3 +575,74 @@ fn a_scope_admits_what_its_binaries_start_only_with_children() {
         "git without children: {said}"
     );
 }
+
+/// Security review A06, A06b, A07: python, which the scope does not admit, tries to have its
+/// request judged as curl's (curl may reach origin.test): by handing curl the socket and
+/// closing its own copy, by parking the descriptor in flight and taking it back for a second
+/// request on the kept connection, and by `execv`ing curl after writing. The proxy's first
+/// look, when the connection is accepted, saw python (or python and curl): no later look can
+/// agree, so each request is `process_not_allowed` and nothing reaches the origin. Five
+/// rounds each (before: 7–10 of 10, 5/5 and 6–7 of 10 reached it).
+#[test]
+fn a_socket_handed_over_or_execed_is_never_judged_as_the_receiver() {
+    let dir = tempfile::tempdir().unwrap();
+    let curl_exe = real("curl");
+    let sandboxes = format!(
+        r#"  - id: s1
+    policy:
+      provider: local
+      config: {{}}
+      network:
+        egress: ["open.test:PORT"]
+        scoped: [{{ binaries: ["{curl}"], egress: ["origin.test:PORT"] }}]
+"#,
+        curl = curl_exe.display(),
+    );
+    let more = ", default_sandbox: s1, attribution: { observe: true }";
+    let (proxy, origin) = config(dir.path(), more, &sandboxes);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/handoff.py");
+    let (proxy_port, origin_port) = (proxy.proxy.port().to_string(), origin.addr.port());
+    let attack = |variant: &str| {
+        let out = Command::new(python_exe())
+            .arg(&script)
+            .args([variant, &proxy_port, &origin_port.to_string()])
+            .arg(&curl_exe)
+            .output()
+            .expect("python3");
+        // (After `execv` the exit status is curl's: 28, its timeout.)
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() || (variant == "exec" && out.status.code() == Some(28)),
+            "{variant}: {stderr}"
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for round in 0..5 {
+        for variant in ["inherit", "park", "exec"] {
+            let said = attack(variant);
+            assert!(
+                !said.contains(" 200"),
+                "{variant}, round {round}: python read an answer: {said}"
+            );
+        }
+    }
+    // Not one request body reached the origin; curl itself still may.
+    assert_eq!(origin.received.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let refused = proxy.audit_records();
+    let changed = refused
+        .iter()
+        .filter(|r| r["reason"] == "process_not_allowed")
+        .filter(|r| {
+            let why = r["process"]["unknown"].as_str().unwrap_or_default();
+            why.contains("changed hands") || why.contains("more than one process")
+        })
+        .count();
+    assert!(changed >= 10, "{changed} refusals name the hand-off");
+    let url = format!("http://origin.test:{origin_port}/upload");
+    let p = format!("http://{}", proxy.proxy);
+    let out = curl(&["-s", "-x", &p, "-d", "0123456789", &url]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    eventually(Duration::from_secs(5), "curl's own upload", || {
+        (origin.received.load(std::sync::atomic::Ordering::SeqCst) == 10).then_some(())
+    });
+}

@@ -100,7 +100,7 @@ pub struct Door<'a> {
     /// The client's socket as it sees itself: its address and the address it connected to
     /// (the listener's, or the original destination of a redirected connection), when
     /// attribution by observation is on.
-    pub peer: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
+    pub peer: Option<crate::egress::attribution::Peer>,
 }
 
 /// What a listener parsed of where the exchange goes.
@@ -255,15 +255,14 @@ pub fn enter(
 fn attribute(
     cx: &Cx<'_>,
     who: &Identified,
-    peer: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
+    peer: Option<crate::egress::attribution::Peer>,
 ) -> Option<Arc<Process>> {
     let sb = &who.sandbox;
-    let scoped =
-        sb.policy.has_scopes() || sb.binding.network.http.iter().any(|r| r.scope.is_some());
+    let scoped = sb.scoped();
     let observed = cx
         .observer
         .zip(peer)
-        .map(|(o, (client, dialed))| o.observe(client, dialed, scoped));
+        .map(|(o, peer)| o.observe(&peer, scoped));
     (who.vouched.is_some() || observed.is_some()).then(|| {
         Arc::new(Process {
             vouched: who.vouched.clone(),

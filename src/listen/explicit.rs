@@ -59,7 +59,7 @@ pub struct ClientConn {
     /// stream, never the connection its siblings share.
     h2: bool,
     /// The client's socket as it sees itself, for attribution by observation.
-    peer: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
+    peer: Option<crate::egress::attribution::Peer>,
 }
 
 impl ClientConn {
@@ -129,11 +129,19 @@ pub async fn serve(
     unidentified: UnidentifiedSlot,
     cert: ClientCert,
 ) {
+    // The first look at who holds the client's socket, before any request is read.
+    let peer = super::peer_of(&shared, accepted.client, || match &io {
+        ClientIo::Tcp(s) => s.local_addr().ok(),
+        ClientIo::Tls(t) => t.get_ref().0.local_addr().ok(),
+        ClientIo::H2(_) => None,
+    });
+    let first = (Vec::new(), unidentified, cert, peer);
     let mut stream = match io {
         ClientIo::Tcp(stream) => stream,
         // The TLS listener has checked the first bytes (the handshake, within first_byte_ms).
-        tls => return serve_http(shared, accepted, tls, Vec::new(), unidentified, cert).await,
+        tls => return serve_http(shared, accepted, tls, first).await,
     };
+    let (_, unidentified, cert, peer) = first;
     // A client that connects and says nothing holds its allowance only briefly.
     let wait = shared.admissions.first_byte();
     let first_byte = tokio::time::timeout(wait, super::explicit_head::first_look(&mut stream));
@@ -170,30 +178,27 @@ pub async fn serve(
         shared,
         accepted,
         ClientIo::Tcp(stream),
-        first,
-        unidentified,
-        cert,
+        (first, unidentified, cert, peer),
     )
     .await
 }
 
+/// What a connection brought before its requests: the bytes the first look took in, its
+/// place among its address's unidentified connections, its client certificate, and its
+/// socket as attribution first saw it.
+type Arrived = (
+    Vec<u8>,
+    UnidentifiedSlot,
+    ClientCert,
+    Option<crate::egress::attribution::Peer>,
+);
+
 /// Serve the HTTP requests of a connection (plain or TLS) until it closes; hyper reads
-/// `first` (what the first look took in) before the connection's own bytes.
-async fn serve_http(
-    shared: Arc<Shared>,
-    accepted: Accepted,
-    io: ClientIo,
-    first: Vec<u8>,
-    unidentified: UnidentifiedSlot,
-    cert: ClientCert,
-) {
+/// the bytes the first look took in before the connection's own.
+async fn serve_http(shared: Arc<Shared>, accepted: Accepted, io: ClientIo, arrived: Arrived) {
+    let (first, unidentified, cert, peer) = arrived;
     let h2 = matches!(&io, ClientIo::Tls(t) if t.get_ref().1.alpn_protocol() == Some(b"h2"));
     let eviction = unidentified.eviction();
-    let peer = super::peer_of(&shared, accepted.client, || match &io {
-        ClientIo::Tcp(s) => s.local_addr().ok(),
-        ClientIo::Tls(t) => t.get_ref().0.local_addr().ok(),
-        ClientIo::H2(_) => None,
-    });
     let conn = Arc::new(ClientConn {
         peer,
         shared: shared.clone(),

@@ -20,12 +20,20 @@ pub(crate) mod transparent;
 
 /// The client's socket as it sees itself — its address, and the address it connected to
 /// (`dialed`: the listener's address, or a redirected connection's original destination) —
-/// when `listen.attribution.observe` is on (otherwise no `getsockname` is spent on it).
+/// with the first look at who holds it, when `listen.attribution.observe` is on (otherwise
+/// no `getsockname` is spent on it). Called as the connection is accepted, before any of
+/// its bytes is read: every later look must agree with this one.
 pub(crate) fn peer_of(
     shared: &crate::runtime::Shared,
     client: std::net::SocketAddr,
     dialed: impl FnOnce() -> Option<std::net::SocketAddr>,
-) -> Option<(std::net::SocketAddr, std::net::SocketAddr)> {
-    shared.settings.observer.as_ref()?;
-    Some((client, dialed()?))
+) -> Option<crate::egress::attribution::Peer> {
+    let observer = shared.settings.observer.as_ref()?;
+    let dialed = dialed()?;
+    let exhaustive = shared.policy.load().any_scoped();
+    Some(crate::egress::attribution::Peer {
+        client,
+        dialed,
+        first: observer.first_look(client, dialed, exhaustive),
+    })
 }

@@ -174,11 +174,17 @@ async fn negotiate(
     seat: &mut Unidentified<'_>,
     audit: &mut AuditGuard,
 ) -> Option<Negotiated> {
-    let methods = io.message(socks5::greeting, audit).await?;
-    let peer = cx.observer.and_then(|_| {
+    // The first look at who holds the client's socket, before the greeting is read.
+    let peer = cx.observer.and_then(|o| {
         let s = &io.stream;
-        Some((s.peer_addr().ok()?, s.local_addr().ok()?))
+        let (client, dialed) = (s.peer_addr().ok()?, s.local_addr().ok()?);
+        Some(crate::egress::attribution::Peer {
+            client,
+            dialed,
+            first: o.first_look(client, dialed, cx.set.any_scoped()),
+        })
     });
+    let methods = io.message(socks5::greeting, audit).await?;
     let (entered, login) = if methods.login {
         io.answer(&socks5::chosen(method::LOGIN), audit).await?;
         let whole = |b: &[u8]| {
@@ -320,7 +326,7 @@ fn reply_for(reason: Reason) -> Reply {
 fn door(
     source: IpAddr,
     credentials: Option<Credentials<'_>>,
-    peer: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
+    peer: Option<crate::egress::attribution::Peer>,
 ) -> Door<'_> {
     Door {
         source,

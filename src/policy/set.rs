@@ -35,6 +35,14 @@ pub struct Sandbox {
     digest: [u8; 32],
 }
 
+impl Sandbox {
+    /// Whether a decision may depend on the process: `network.scoped` entries, or
+    /// `network.http` rules for some processes.
+    pub fn scoped(&self) -> bool {
+        self.policy.has_scopes() || self.binding.network.http.iter().any(|r| r.scope.is_some())
+    }
+}
+
 /// All sandboxes, compiled.
 #[derive(Debug, Clone)]
 pub struct PolicySet {
@@ -67,6 +75,9 @@ pub struct PolicySet {
     /// Position in the sequence of published sets (0 until published): an exchange decided
     /// under an older generation re-checks itself.
     pub(super) generation: u64,
+    /// How many sandboxes decide by the process ([`Sandbox::scoped`]): while any does, every
+    /// connection's first look searches every process (`crate::egress::attribution`).
+    scoped: usize,
 }
 
 /// A policy set failed to compile (a glob the grammar accepted but globset did not).
@@ -254,6 +265,11 @@ impl PolicySet {
             grants,
             grants_digest,
             generation: 0,
+            scoped: 0,
+        };
+        let set = PolicySet {
+            scoped: set.sandboxes.values().filter(|s| s.scoped()).count(),
+            ..set
         };
         Ok((set, changes))
     }
@@ -284,10 +300,16 @@ impl PolicySet {
     fn remove_entry(&mut self, id: &str) {
         if let Some(old) = self.sandboxes.remove(id) {
             xor(&mut self.sandboxes_digest, &old.digest);
+            self.scoped -= usize::from(old.scoped());
             for s in &old.binding.sources {
                 self.sources.remove(*s, |v| &**v == id);
             }
         }
+    }
+
+    /// Whether any sandbox decides by the process.
+    pub fn any_scoped(&self) -> bool {
+        self.scoped > 0
     }
 
     /// The sandbox with this id, if it is in the set.
@@ -481,6 +503,7 @@ impl SetEdit {
             next.sources.insert(*s, id.clone());
         }
         xor(&mut next.sandboxes_digest, &sb.digest);
+        next.scoped += usize::from(sb.scoped());
         next.sandboxes.insert(b.id.clone(), Arc::new(sb));
     }
 

@@ -23,8 +23,42 @@ const ANCESTORS_MAX: usize = 32;
 pub struct Known {
     /// `starttime` from `/proc/PID/stat` (clock ticks since boot).
     pub start: u64,
+    /// The file it runs (device, inode): changes with an `execve` of another file.
+    pub exe_id: (u64, u64),
     /// What was seen.
     pub seen: Seen,
+}
+
+impl Known {
+    /// Who it is, to compare with another look.
+    pub fn identity(&self) -> super::Identity {
+        super::Identity {
+            pid: self.seen.pid,
+            start: self.start,
+            exe: self.exe_id,
+        }
+    }
+}
+
+/// Who `pid` is now (its start time and the file it runs), if it still holds socket `inode`
+/// at `fd` after both were read.
+pub fn identity(pid: u32, fd: u32, inode: u32) -> Option<super::Identity> {
+    let (_, start) = stat(pid)?;
+    let exe = exe_id(pid)?;
+    still_holds(pid, fd, inode).then_some(super::Identity { pid, start, exe })
+}
+
+/// Whether `pid`'s descriptor `fd` is socket `inode`.
+pub fn still_holds(pid: u32, fd: u32, inode: u32) -> bool {
+    fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+        .is_ok_and(|l| l.as_os_str().as_bytes() == format!("socket:[{inode}]").as_bytes())
+}
+
+/// The (device, inode) of the file `pid` runs, as the proxy sees it.
+fn exe_id(pid: u32) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(format!("/proc/{pid}/exe")).ok()?;
+    Some((m.dev(), m.ino()))
 }
 
 /// The pid and descriptor of a process whose file table holds socket `inode`, trying
@@ -80,14 +114,14 @@ fn holds(pid: u32, link: &str) -> Option<u32> {
 pub fn describe(pid: u32, fd: u32, inode: u32, uid: u32, known: Option<&Known>) -> Option<Known> {
     let (ppid, start) = stat(pid)?;
     let exe = executable(pid)?;
-    let same = known.filter(|k| k.start == start && k.seen.exe == exe);
+    let exe_id = exe_id(pid)?;
+    let same = known.filter(|k| k.start == start && k.seen.exe == exe && k.exe_id == exe_id);
     let (ancestors, cgroup) = match same {
         Some(k) => (k.seen.ancestors.clone(), k.seen.cgroup.clone()),
         None => (ancestry(ppid), cgroup_of(pid)),
     };
     // Read after everything else: the pid still holds the socket, so it named one process.
-    let link = fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
-    if link.as_os_str().as_bytes() != format!("socket:[{inode}]").as_bytes() {
+    if !still_holds(pid, fd, inode) {
         return None;
     }
     let seen = Seen {
@@ -97,7 +131,11 @@ pub fn describe(pid: u32, fd: u32, inode: u32, uid: u32, known: Option<&Known>) 
         cgroup,
         uid,
     };
-    Some(Known { start, seen })
+    Some(Known {
+        start,
+        exe_id,
+        seen,
+    })
 }
 
 fn ancestry(mut at: Option<u32>) -> Vec<Arc<str>> {
