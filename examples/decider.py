@@ -21,11 +21,13 @@ socket (`--unix PATH`), and answers each ask:
 `TIMESTAMP.BODY` with `X-Egress-Proxy-Timestamp: TIMESTAMP` within 300 s of now; any other
 POST gets 401, so a question forged by a sandbox that reaches the decider is not answered.
 
-`--sleep S` answers every ask S seconds late (to see the proxy's timeout). `--schema FILE`
+`--sleep S` answers every ask S seconds late (to see the proxy's timeout); `--load-sleep S`
+answers S seconds late for each ask in flight, this one included (a decider that slows under
+load). `--schema FILE`
 checks every ask, and every answer it gives, against docs/decider.schema.json (Python's
 `jsonschema`): an ask that does not match is denied with the reason `schema: …`.
 
-usage: decider.py [--unix PATH] [--sleep S] [--schema FILE] [--secret-file FILE]
+usage: decider.py [--unix PATH] [--sleep S] [--load-sleep S] [--schema FILE] [--secret-file FILE]
 """
 import base64
 import hashlib
@@ -36,9 +38,13 @@ import os
 import socket
 import socketserver
 import sys
+import threading
 import time
 
 SLEEP = 0.0
+LOAD_SLEEP = 0.0
+IN_FLIGHT = [0]
+IN_FLIGHT_LOCK = threading.Lock()
 SCHEMA = None
 SECRET = None
 
@@ -119,6 +125,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         ask = json.loads(raw)
         if SLEEP:
             time.sleep(SLEEP)
+        if LOAD_SLEEP:
+            with IN_FLIGHT_LOCK:
+                IN_FLIGHT[0] += 1
+                n = IN_FLIGHT[0]
+            time.sleep(LOAD_SLEEP * n)
+            with IN_FLIGHT_LOCK:
+                IN_FLIGHT[0] -= 1
         body = json.dumps(checked(ask)).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -132,7 +145,7 @@ class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 def main():
-    global SLEEP, SCHEMA, SECRET
+    global SLEEP, LOAD_SLEEP, SCHEMA, SECRET
     args = sys.argv[1:]
     unix = None
     while args:
@@ -141,6 +154,8 @@ def main():
             unix = args.pop(0)
         elif a == "--sleep":
             SLEEP = float(args.pop(0))
+        elif a == "--load-sleep":
+            LOAD_SLEEP = float(args.pop(0))
         elif a == "--schema":
             SCHEMA = json.load(open(args.pop(0)))
         elif a == "--secret-file":

@@ -477,6 +477,36 @@ fn a_sandbox_cannot_make_the_decider_fail_open_with_its_own_load() {
     assert!(text(&out).contains("hello from origin"), "{}", text(&out));
 }
 
+/// Security review round 7b, C4c: a decider that slows under load (each ask waits 10 ms for
+/// every ask in flight) timed out asks of a flooding sandbox while its share was not full at
+/// that instant, and under `on_error: allow` 9 and 13 of 300 forbidden requests passed. A
+/// failure of an ask that overlapped another of the same sandbox is now its own load: all
+/// 300 are refused, and the record says so.
+#[test]
+fn a_decider_that_slows_under_a_sandboxs_flood_never_fails_open_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let origin = Origin::start(Some(&ca));
+    let port = origin.addr.port();
+    let d = decider(&["--load-sleep", "0.01"]);
+    let cfg = format!(
+        "    decider: {{ url: \"http://127.0.0.1:{}/\", timeout_ms: 300, on_error: allow }}\n",
+        d.at
+    );
+    let p = proxy(dir.path(), &ca, &sandbox("slowed", &cfg, port), "");
+    let codes = h2_burst(&p, dir.path(), "slowed", port, "/admin/forbidden", 300);
+    assert_eq!(codes.len(), 300, "{codes:?}");
+    let through = codes.iter().filter(|c| *c == "200").count();
+    assert_eq!(through, 0, "forbidden requests reached the origin");
+    let timed_out = p.wait_record(|r| {
+        r["sandbox"] == "slowed"
+            && r["decider"].as_str().is_some_and(|d| {
+                d.contains("did not answer within") && d.contains("on_error does not apply")
+            })
+    });
+    assert_eq!(timed_out["decision"], "deny", "{timed_out}");
+}
+
 /// Security review round C, C5: `max_in_flight` was one pool for every sandbox, so one
 /// sandbox's flood refused its neighbour's requests (5 of 10 got 503). With a share per
 /// sandbox the neighbour is unaffected.

@@ -4,8 +4,11 @@
 //! ask bounded in time. A decider that is slow or stopped costs the exchanges that ask it
 //! their `timeout_ms`, and nothing to anyone else: no lock is held while an ask waits. A
 //! failure is the asking sandbox's own ([`Failure::own`]) when it is past its share, or when
-//! the pool is full or the ask times out while the sandbox holds its whole share (and more
-//! than one ask).
+//! the pool is full or the ask times out while the sandbox had another ask in flight at any
+//! moment of this one's (security review C4c: a decider that slows under a sandbox's flood
+//! timed asks out while the sandbox's share was not full at that instant, and 9 and 13 of
+//! 300 forbidden requests passed under `on_error: allow`). Only an ask alone in its sandbox
+//! can fail as the decider's own failure.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,8 +32,9 @@ pub struct Client {
     cfg: Arc<DeciderConfig>,
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
     in_flight: Arc<Semaphore>,
-    /// Asks in flight per sandbox (entries leave at zero).
-    per_sandbox: Mutex<HashMap<String, usize>>,
+    /// Per sandbox: asks in flight, and asks started since the entry was made (entries
+    /// leave at zero in flight).
+    per_sandbox: Mutex<HashMap<String, (usize, u64)>>,
 }
 
 /// Why an ask got no answer, and whether the asking sandbox's own load caused it (then
@@ -45,24 +49,26 @@ pub struct Failure {
 struct Share<'a> {
     client: &'a Client,
     sandbox: &'a str,
+    /// Whether another ask of the sandbox was in flight when this one started.
+    joined: bool,
+    /// The sandbox's count of asks started, with this one.
+    started: u64,
 }
 
 impl Share<'_> {
-    /// Whether the sandbox loads the decider itself now: it holds its whole share, and more
-    /// than one ask (a single ask is no load).
+    /// Whether the sandbox's own asks could have loaded the decider during this one: another
+    /// was in flight when it started, or another started since (one ask alone is no load).
     fn loaded(&self) -> bool {
-        let n = lock(&self.client.per_sandbox)
-            .get(self.sandbox)
-            .copied()
-            .unwrap_or(0);
-        n > 1 && n >= self.client.cfg.max_in_flight_per_sandbox
+        let m = lock(&self.client.per_sandbox);
+        let started = m.get(self.sandbox).map_or(self.started, |(_, s)| *s);
+        self.joined || started != self.started
     }
 }
 
 impl Drop for Share<'_> {
     fn drop(&mut self) {
         let mut m = lock(&self.client.per_sandbox);
-        if let Some(n) = m.get_mut(self.sandbox) {
+        if let Some((n, _)) = m.get_mut(self.sandbox) {
             *n -= 1;
             if *n == 0 {
                 m.remove(self.sandbox);
@@ -91,14 +97,17 @@ impl Client {
     /// Count an ask of `sandbox` in flight, if it is within its share.
     fn share<'a>(&'a self, sandbox: &'a str) -> Option<Share<'a>> {
         let mut m = lock(&self.per_sandbox);
-        let n = m.entry(sandbox.to_string()).or_insert(0);
+        let (n, started) = m.entry(sandbox.to_string()).or_insert((0, 0));
         if *n >= self.cfg.max_in_flight_per_sandbox {
             return None;
         }
         *n += 1;
+        *started += 1;
         Some(Share {
             client: self,
             sandbox,
+            joined: *n > 1,
+            started: *started,
         })
     }
 
@@ -113,7 +122,7 @@ impl Client {
                 own: true,
             });
         };
-        // Busy and slow are load: the sandbox's own when it loads the decider itself. A
+        // Busy and slow are load: the sandbox's own when its asks overlapped this one. A
         // refused connection or a broken answer is the decider's (`on_error` applies).
         let fail = |why: DeciderError| Failure {
             own: share.loaded(),
