@@ -92,6 +92,27 @@ sandboxes:
         .as_str()
         .is_some_and(|v| !v.is_empty()));
     assert!(claims["exp"].as_u64().unwrap() - claims["iat"].as_u64().unwrap() == 120);
+    // An origin that reflects the token: the sandbox reads neither the header nor the body
+    // copy (security review A18: it read the live token back), and the record says so.
+    let px2 = px.clone();
+    let out = curl(&[
+        "-sS",
+        "-D",
+        "-",
+        "-x",
+        &px2,
+        "--cacert",
+        ica.to_str().unwrap(),
+        &format!("https://api.test:{port}/reflect"),
+    ]);
+    let answer = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(answer.contains("\"echo\""), "{answer} {}", out.stderr);
+    assert!(
+        !answer.contains("eyJ"),
+        "a token (header or body) reached the sandbox: {answer}"
+    );
+    let rec = p.wait_record(|r| r["path"] == "/reflect");
+    assert_eq!(rec["secret_reflected"], "sandbox-identity", "{rec}");
     // The same token replayed toward another audience is rejected.
     let body = get(
         &format!("https://api.test:{port}/replay?aud=other.test"),

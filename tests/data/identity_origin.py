@@ -1,7 +1,8 @@
 """An HTTPS origin that checks the proxy's sandbox identity tokens for real: every request's
 `X-Sandbox-Identity` is verified with PyJWT against the JWKS fetched from the proxy's admin
 listener, with the audience its own host name. `/replay?aud=NAME` verifies the previous
-request's token against another audience (a replay elsewhere).
+request's token against another audience (a replay elsewhere); `/reflect` answers with the
+request's token in a header (`X-Echo`) and in the body (an origin that echoes headers).
 
 usage: identity_origin.py CERT KEY JWKS_URL   (prints the port)
 """
@@ -46,6 +47,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             except Exception as e:  # noqa: BLE001 - the test reads why
                 return self.send(401, {"replay": "rejected", "why": str(e)})
         token = self.headers.get("X-Sandbox-Identity")
+        if url.path == "/reflect":
+            body = json.dumps({"echo": token}).encode()
+            self.send_response(200)
+            self.send_header("X-Echo", token or "")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if not token:
             return self.send(401, {"error": "no token"})
         try:

@@ -359,7 +359,7 @@ impl Exchange {
             let sent = Sent::of(asked, injected);
             return self.socket(req, (rule, &d.prepared), audit, sent).await;
         }
-        let scrubber = d.prepared.scrubber(&self.mint);
+        let scrubber = d.prepared.scrubber_for(&self.mint, req.headers());
         let up_bytes = Arc::new(AtomicU64::new(0));
         let req =
             req.map(|b| Counted::new(b, self.live.clone(), true).count_into(up_bytes.clone()));

@@ -30,6 +30,8 @@ pub(super) struct Prepared {
     /// minter generation it knew (a new token is a new secret: the next request rebuilds it).
     /// `None` otherwise, so the common case takes no lock.
     pub(super) minted_scrubber: Option<Mutex<(u64, Option<Arc<Scrubber>>)>>,
+    /// The header the sandbox's identity token is put in here, when one is.
+    identity_header: Option<http::HeaderName>,
     /// This host is the token endpoint of these minting credentials (name, path): the
     /// sandbox's own calls there have their answers sealed ([`crate::intercept::sealed`]).
     pub(super) sealing: Vec<(String, String)>,
@@ -37,6 +39,9 @@ pub(super) struct Prepared {
     /// web tools: made on first use (`None`: it did not compile).
     egress: std::sync::OnceLock<Option<crate::policy::CompiledPolicy>>,
 }
+
+/// The name the sandbox's identity token goes by among the credentials bound to a host.
+const IDENTITY: &str = "sandbox-identity";
 
 impl Prepared {
     pub(super) fn new(
@@ -55,9 +60,11 @@ impl Prepared {
             .collect();
         // The sandbox's identity token, for the hosts it names: a kind like the others.
         let identity = binding.identity_token.clone().filter(|t| t.bound_to(host));
+        let mut identity_header = None;
         if let (Some(token), Some(issuer)) = (identity, cx.issuer.clone()) {
+            identity_header = Some(token.header.clone());
             bound.push(Bound {
-                name: "sandbox-identity".into(),
+                name: IDENTITY.into(),
                 placeholder: String::new(),
                 kind: Box::new(crate::intercept::identity_token::IdentityKind {
                     issuer,
@@ -94,6 +101,7 @@ impl Prepared {
             bound,
             scrubber,
             minted_scrubber,
+            identity_header,
             sealing,
             egress: std::sync::OnceLock::new(),
         }
@@ -114,6 +122,28 @@ impl Prepared {
                 .ok()
             })
             .as_ref()
+    }
+
+    /// [`Prepared::scrubber`] for the answer to `headers` (a request about to be sent): with
+    /// the identity token the proxy put on it, if it put one, so the sandbox never reads its
+    /// own token back (an origin that reflects headers).
+    pub(super) fn scrubber_for(
+        &self,
+        cx: &MintCx,
+        headers: &http::HeaderMap,
+    ) -> Option<Arc<Scrubber>> {
+        let token = self
+            .identity_header
+            .as_ref()
+            .and_then(|h| headers.get(h))
+            .map(http::HeaderValue::as_bytes);
+        match token {
+            None => self.scrubber(cx),
+            Some(t) => {
+                let minted = [(IDENTITY, t)];
+                Scrubber::with_minted(self.bound.iter(), &minted).map(Arc::new)
+            }
+        }
     }
 
     /// The scrubber of the secrets bound here as they are now (minted tokens included).

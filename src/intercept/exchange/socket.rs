@@ -43,6 +43,7 @@ impl Exchange {
             );
         };
         let client = hyper::upgrade::on(&mut req);
+        let scrubber = p.scrubber_for(&self.mint, req.headers());
         let h2 = matches!(self.upstream, super::Upstream::H2(_));
         websocket::upstream_headers(req.headers_mut(), h2);
         let uri = req.uri().clone();
@@ -63,7 +64,6 @@ impl Exchange {
             false => http::StatusCode::SWITCHING_PROTOCOLS,
         };
         if resp.status() != switch {
-            let scrubber = p.scrubber(&self.mint);
             return self
                 .response(resp, audit, (scrubber, None, None), sent)
                 .await;
@@ -81,7 +81,7 @@ impl Exchange {
         let origin = hyper::upgrade::on(&mut resp);
         audit.http(sent.asked.facts(switch.as_u16(), sent.injected.clone()));
         audit.open();
-        let socket = self.reader(ws, p, &sent, uri);
+        let socket = self.reader(ws, (p, scrubber), &sent, uri);
         let parked: Parked = Box::pin(async move {
             match tokio::try_join!(client, origin) {
                 Ok((c, o)) => socket.run(c, o, audit).await,
@@ -104,14 +104,20 @@ impl Exchange {
 
     /// What reads the socket's messages: its rule and the credentials, scanners and records
     /// of this host under the binding `p`.
-    fn reader(&self, ws: &WsRule, p: &Prepared, sent: &Sent, uri: http::Uri) -> Socket {
+    fn reader(
+        &self,
+        ws: &WsRule,
+        (p, scrubber): (&Prepared, Option<Arc<crate::intercept::scrub::Scrubber>>),
+        sent: &Sent,
+        uri: http::Uri,
+    ) -> Socket {
         let (replace, foreign) = self.message_credentials(p);
         Socket {
             rule: Arc::new(ws.clone()),
             credentialed: !p.bound.is_empty(),
             replace,
             foreign,
-            scrubber: p.scrubber(&self.mint),
+            scrubber,
             dlp: p.binding.dlp.clone(),
             report: p.binding.enforcement == Enforcement::Report,
             live: self.live.clone(),
