@@ -387,12 +387,22 @@ fn audit_verify(
     for n in &report.notes {
         println!("note: {n}");
     }
-    match &report.problem {
-        Some(p) => {
+    match (report.verdict(), &report.problem) {
+        (verify::Verdict::Tampered, Some(p)) => {
             println!("TAMPERED: {p}");
             ExitCode::from(1)
         }
-        None => {
+        (verify::Verdict::Incomplete, _) => {
+            for l in &report.lost {
+                println!("lost: {l}");
+            }
+            println!(
+                "INCOMPLETE: {} records, {} runs unaltered, but the trail says records were lost",
+                report.records, report.runs
+            );
+            ExitCode::from(3)
+        }
+        _ => {
             let mut extra = String::new();
             if open_run {
                 extra.push_str(&format!(", {} only chained", report.only_chained));

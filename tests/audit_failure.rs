@@ -54,6 +54,32 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A directory bound over itself read-only for the test's life: nothing can be written in it,
+/// root or not.
+struct ReadOnly(PathBuf);
+
+impl ReadOnly {
+    fn mount(at: &Path) -> ReadOnly {
+        for args in [vec!["--bind"], vec!["-o", "remount,ro,bind"]] {
+            let ok = Command::new("mount")
+                .args(&args)
+                .arg(at)
+                .arg(at)
+                .status()
+                .expect("mount")
+                .success();
+            assert!(ok, "a read-only bind mount needs root");
+        }
+        ReadOnly(at.to_path_buf())
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
 fn keypair(dir: &Path) -> (PathBuf, PathBuf) {
     let sk = dir.join("audit.pem");
     let pk = dir.join("audit.pub.pem");
@@ -462,23 +488,84 @@ fn records_a_full_trail_cannot_take_at_a_stop_are_kept_and_put_back() {
     assert!(!said.contains("without its final checkpoint"), "{said}");
 }
 
-/// And when the spill cannot be written either (here it is on the full volume too), the
-/// stop is loud: the exit status is an error that counts the records lost.
+/// `audit verify FILE… [--checkpoints F] --public-key PK`: (exit code, what it said).
+fn verify(log: &Path, pk: &Path, checkpoints: Option<&Path>) -> (i32, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_egress-proxy"));
+    cmd.args(["audit", "verify"])
+        .arg(log)
+        .arg("--public-key")
+        .arg(pk);
+    if let Some(c) = checkpoints {
+        cmd.arg("--checkpoints").arg(c);
+    }
+    let out = cmd.output().unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), said)
+}
+
+/// And when the spill cannot be written either (here its directory is mounted read-only), the
+/// stop is loud — the exit status is an error that counts the records lost — and the loss is
+/// said where `audit verify` sees it (security review A32: `verify` called the trail
+/// intact): a line in the checkpoint file, which the next start names in its signed
+/// `run_start`. `verify` tells incomplete (exit 3) from intact (0) and
+/// tampered (1).
 #[test]
 #[ignore = "root: mounts a tmpfs"]
-fn a_stop_that_loses_records_exits_with_an_error() {
+fn a_stop_that_loses_records_exits_with_an_error_and_verify_says_incomplete() {
     let dir = tempfile::tempdir().unwrap();
     let vol = Tmpfs::mount(&dir.path().join("vol"), "256k");
+    let (sk, pk) = keypair(dir.path());
     let origin = Origin::start(None);
     let target = format!("origin.test:{}", origin.addr.port());
-    let trail = format!("spill_file: {}", vol.0.join("audit.spill").display());
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let _ro = ReadOnly::mount(&ro);
+    let spill = ro.join("audit.spill");
+    let anchor = dir.path().join("checkpoints.jsonl");
+    let trail = format!(
+        "chain: true, signing_key_file: {}, spill_file: {}, checkpoint_file: {}",
+        sk.display(),
+        spill.display(),
+        anchor.display()
+    );
     let mut p = start(dir.path(), &vol.0, origin.addr, &trail);
-    let _filler = tunnel_while_full(&p, &vol, &target);
+    let filler = tunnel_while_full(&p, &vol, &target);
     let status = p.terminate();
     assert!(!status.success(), "{}", p.stderr_text());
+    let stderr = p.stderr_text();
     assert!(
-        p.stderr_text().contains("audit records were lost at exit"),
-        "{}",
-        p.stderr_text()
+        stderr.contains("audit records were lost at exit"),
+        "{stderr}"
     );
+    assert!(
+        stderr.contains("lost (noted in the checkpoint file)"),
+        "{stderr}"
+    );
+    // Before the next start: the checkpoint file says the run lost its end.
+    let (code, said) = verify(&p.audit, &pk, Some(&anchor));
+    assert_eq!(code, 3, "{said}");
+    assert!(
+        said.contains("INCOMPLETE") && said.contains("lost"),
+        "{said}"
+    );
+
+    // The next start names the loss in its run_start; the note is gone.
+    std::fs::remove_file(filler).unwrap();
+    let mut again = start(dir.path(), &vol.0, origin.addr, &trail);
+    wait_ready(&again, 200);
+    again.terminate();
+    let text = std::fs::read_to_string(&again.audit).unwrap();
+    assert!(text.contains("\"lost_before\""), "{text}");
+    let (code, said) = verify(&again.audit, &pk, None);
+    assert_eq!(code, 3, "{said}");
+    assert!(said.contains("as this run_start says"), "{said}");
+    let (code, said) = verify(&again.audit, &pk, Some(&anchor));
+    assert_eq!(code, 3, "{said}");
+    // The loss claim is signed: taking it out of the run_start is tampering, not intact.
+    let forged = dir.path().join("forged.jsonl");
+    let cut = text.replacen("\"lost_before\"", "\"lost_befor_\"", 1);
+    std::fs::write(&forged, cut).unwrap();
+    let (code, said) = verify(&forged, &pk, None);
+    assert_eq!(code, 1, "{said}");
 }

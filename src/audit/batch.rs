@@ -106,9 +106,38 @@ impl Writer {
                     "audit: cannot keep the unwritten records in {}: {e}",
                     path.display()
                 );
+                let loss = super::loss::Loss {
+                    run: super::record::run_id().to_string(),
+                    records: self.main.records as u64,
+                };
+                self.note_loss(path.clone(), &loss);
                 0
             }
         }
+    }
+
+    /// Say that `loss` records are lost where the next start and `audit verify` will see it:
+    /// the note beside the spill file, and a line in the checkpoint file.
+    fn note_loss(&mut self, spill: std::path::PathBuf, loss: &super::loss::Loss) {
+        let noted = super::loss::leave(&spill, loss);
+        // The signed lines not yet copied there never reached the log either: they are not
+        // copied (the checkpoint file holds only what the log holds, and this loss).
+        self.side.clear();
+        let anchored = self
+            .anchor
+            .as_mut()
+            .is_some_and(|a| a.commit(&super::loss::anchor_line(loss)).is_ok() && a.sync().is_ok());
+        let said = match (noted, anchored) {
+            (true, true) => "noted beside the spill file and in the checkpoint file",
+            (true, false) => "noted beside the spill file",
+            (false, true) => "noted in the checkpoint file",
+            (false, false) => "and nowhere could note it: set state_dir or audit.spill_file on another volume, or audit.checkpoint_file",
+        };
+        let _ = writeln!(
+            std::io::stderr(),
+            "audit: {} records are lost ({said}); the next start names the loss in its run_start",
+            loss.records
+        );
     }
 
     /// Whether a failed batch waits to be written again (new entries wait in the queue).
@@ -194,7 +223,14 @@ impl Writer {
                 }
             }
         }
-        if let Some(a) = self.anchor.as_mut().filter(|_| !self.side.is_empty()) {
+        // The checkpoint file holds only what the log holds: its copies wait while the log's
+        // lines do (a signed line the log lacks would read as the log's end cut off).
+        let logged = self.main.bytes.is_empty();
+        if let Some(a) = self
+            .anchor
+            .as_mut()
+            .filter(|_| logged && !self.side.is_empty())
+        {
             match a.commit(&self.side) {
                 Ok(()) => self.side.clear(),
                 Err(f) => {

@@ -45,7 +45,12 @@ const RUN_START_SIGNED: &[&str] = &[
     "checkpoint_every_records",
     "checkpoint_every_s",
     "key_id",
+    "lost_before",
 ];
+
+/// Signed fields that are left out of the message when absent (added after trails were
+/// signed without them: their old signatures still verify).
+const SIGNED_IF_PRESENT: &[&str] = &["lost_before"];
 
 /// The fields of a `checkpoint` its signature covers (besides its kind and `seq`).
 const CHECKPOINT_SIGNED: &[&str] = &[
@@ -71,6 +76,9 @@ pub fn signed_message(v: &Value, seq: u64) -> Option<Vec<u8>> {
     };
     let mut m = format!("egress-proxy audit {event} v2\nseq={seq}\n");
     for f in fields {
+        if SIGNED_IF_PRESENT.contains(f) && v.get(*f).is_none() {
+            continue;
+        }
         m.push_str(f);
         m.push('=');
         m.push_str(&v.get(*f).unwrap_or(&Value::Null).to_string());
@@ -156,9 +164,11 @@ impl Chain {
     }
 
     /// The `run_start` line: which chain this run continues, whether the file ended in a
-    /// partial line (a crash mid-write) that was closed with a newline, and which run ended
-    /// without its final checkpoint. Signed when the chain has a key.
-    pub fn run_start(&mut self, tail: &Tail) -> Vec<u8> {
+    /// partial line (a crash mid-write) that was closed with a newline, which run ended
+    /// without its final checkpoint, and how many records the last run lost at its stop
+    /// (`lost`: its run id and count, from the loss note it left). Signed when the chain has
+    /// a key.
+    pub fn run_start(&mut self, tail: &Tail, lost: Option<&super::loss::Loss>) -> Vec<u8> {
         let mut v = json!({
             "ts": super::record::rfc3339(SystemTime::now()),
             "event": "run_start",
@@ -170,6 +180,9 @@ impl Chain {
         }
         if let Some(u) = tail.unclosed() {
             v["unclosed_run"] = json!({ "run": u.run, "last_seq": u.seq });
+        }
+        if let Some(l) = lost {
+            v["lost_before"] = json!({ "run": l.run, "records": l.records });
         }
         self.sign(&mut v, 1);
         let line = self.sealed(&v);
@@ -385,7 +398,7 @@ mod tests {
                 closed: false,
             }),
         };
-        let start = String::from_utf8(c.run_start(&tail)).unwrap();
+        let start = String::from_utf8(c.run_start(&tail, None)).unwrap();
         let mut rec = b"{\"event\":\"end\"}".to_vec();
         c.seal(&mut rec);
         let cp = String::from_utf8(c.checkpoint(false).unwrap()).unwrap();
@@ -432,7 +445,7 @@ mod tests {
             Some(SigningKey::from_bytes(&[1; 32])),
             interval(),
         );
-        let mut text = c.run_start(&Tail::default());
+        let mut text = c.run_start(&Tail::default(), None);
         let mut rec = b"{\"event\":\"end\",\"run\":\"r1\"}".to_vec();
         c.seal(&mut rec);
         text.extend_from_slice(&rec);

@@ -14,6 +14,7 @@ pub mod chain;
 pub mod denials;
 pub mod health;
 mod json_line;
+pub mod loss;
 pub(crate) mod metrics;
 mod ocsf;
 pub(crate) mod outcome;

@@ -169,11 +169,22 @@ impl AuditLog {
                 key,
                 interval,
             );
-            let start = chain.run_start(&tail);
+            // The last run's loss at its stop, if it left a note: named in this run_start.
+            let spill = trail.spill_file.as_deref();
+            let lost = spill.and_then(super::loss::read).or_else(|| {
+                let anchor = trail.checkpoint_file.as_deref()?;
+                super::loss::from_anchor(anchor)
+            });
+            let start = chain.run_start(&tail, lost.as_ref());
             first.extend_from_slice(&start);
             out.commit(&first).map_err(|f| f.error)?;
             if let Some(a) = anchor.as_mut() {
                 a.commit(&start).map_err(|f| f.error)?;
+            }
+            if let (Some(s), Some(l)) = (spill, &lost) {
+                let _ = out.sync();
+                super::loss::clear(s);
+                tracing::warn!(run = %l.run, records = l.records, "audit: the last run lost records at its stop; this run_start says so");
             }
             Some(chain)
         } else {

@@ -251,3 +251,27 @@ pub(super) fn resolve_trail(
     default_spill(&mut trail, path, state_dir, rel);
     trail
 }
+
+/// `validate`'s warning when nothing could say that records were lost at a stop (security
+/// review A32): no `checkpoint_file`, and the spill file (where the loss note goes) on the
+/// same volume as the log — the full volume that loses the records loses the note too.
+pub(super) fn loss_warning(trail: &AuditTrail, log: &std::path::Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    if trail.checkpoint_file.is_some() || log.as_os_str() == "-" {
+        return None;
+    }
+    let device = |p: &std::path::Path| {
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty())?;
+        std::fs::metadata(dir).ok().map(|m| m.dev())
+    };
+    let spill = trail.spill_file.as_deref()?;
+    let same = match (device(log), device(spill)) {
+        (Some(a), Some(b)) => a == b,
+        // Not made yet: judged by the configuration alone (beside the log unless a state_dir).
+        _ => spill.parent() == log.parent(),
+    };
+    same.then(|| format!(
+        "audit: {} is on the audit log's volume and there is no audit.checkpoint_file: a stop while that volume is full loses the records it could not write and the note that says so (`audit verify` would not know); put state_dir or audit.spill_file on another volume, or set audit.checkpoint_file",
+        spill.display()
+    ))
+}

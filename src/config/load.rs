@@ -393,6 +393,7 @@ fn load_str_with(
     let otel = super::otel::resolve_otel(s.otel.take(), &rel, &mut sink);
     let within = (s.audit.path.as_str(), s.state_dir.as_deref());
     let audit_trail = audit::resolve_trail(s.audit.trail.clone(), within, &rel, &mut sink);
+    warnings.extend(audit::loss_warning(&audit_trail, &rel(&s.audit.path)));
     warnings.extend(notes(&etcd, &s.state_dir, &knobs.defaults));
     let dirs: Vec<_> = s.sandbox_dirs.iter().map(|d| (d.clone(), rel(d))).collect();
     let (providers, w, f) = (&s.extra_providers, &mut warnings, &mut files);

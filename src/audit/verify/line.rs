@@ -334,6 +334,15 @@ pub(super) fn run_start(
         }
         st.signed(v, file, at);
     }
+    let lost = &v["lost_before"];
+    if lost.is_object() {
+        report.lost.push(format!(
+            "{}:{at}: run {} lost {} record(s) at its stop, as this run_start says (the writer could neither write nor keep them)",
+            file.display(),
+            lost["run"].as_str().unwrap_or("?"),
+            lost["records"].as_u64().unwrap_or(1)
+        ));
+    }
     report.runs += 1;
     st.run = run_of(v).map(str::to_string);
     st.ended_signed = false;

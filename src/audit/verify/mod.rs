@@ -112,6 +112,33 @@ pub struct Report {
     pub only_chained: u64,
     /// With `--checkpoints`: signed lines of the checkpoint file found in the log.
     pub anchored: u64,
+    /// Records the trail says were lost (a run's `lost_before`, the checkpoint file's
+    /// `audit_loss` lines): the trail is incomplete, not intact.
+    pub lost: Vec<String>,
+}
+
+impl Report {
+    /// The verdict, for the exit status: intact, incomplete (it says records were lost) or
+    /// tampered.
+    pub fn verdict(&self) -> Verdict {
+        match (&self.problem, self.lost.is_empty()) {
+            (Some(_), _) => Verdict::Tampered,
+            (None, false) => Verdict::Incomplete,
+            (None, true) => Verdict::Intact,
+        }
+    }
+}
+
+/// What a verification concludes (`audit verify` exits 0, 3 and 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every record the proxy wrote is there, unaltered.
+    Intact,
+    /// Unaltered, but the trail itself says that records were lost (a stop while the audit
+    /// volume was full and the spill could not be written).
+    Incomplete,
+    /// Altered, cut, reordered or otherwise not what the proxy wrote.
+    Tampered,
 }
 
 /// Where the verifier is in the chain.
@@ -326,7 +353,17 @@ pub fn verify_with(files: &[PathBuf], opts: &Options<'_>) -> Result<Report, KeyF
         });
         return Ok(report);
     }
-    if key.is_some() {
+    // A run the checkpoint file says lost its last records ends without its final
+    // checkpoint for that reason: incomplete (said below), not cut.
+    let lost_runs: HashSet<String> = anchor
+        .as_ref()
+        .map(|(_, text)| text.lines().filter_map(loss_run).collect())
+        .unwrap_or_default();
+    let lost_at_end = st
+        .last
+        .as_ref()
+        .is_some_and(|(run, ..)| lost_runs.contains(run));
+    if key.is_some() && !lost_at_end {
         if let Some(p) = run_end(&st, &mut report, opts) {
             report.problem = Some(p);
             return Ok(report);
@@ -400,6 +437,24 @@ fn run_end(st: &State, report: &mut Report, opts: &Options<'_>) -> Option<Proble
     None
 }
 
+/// The run an `audit_loss` line of the checkpoint file names.
+fn loss_run(line: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(line).ok()?;
+    (v["event"] == "audit_loss").then(|| v["run"].as_str().map(str::to_string))?
+}
+
+/// An `audit_loss` line of the checkpoint file: what it says was lost.
+fn loss_line(line: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(line).ok()?;
+    (v["event"] == "audit_loss").then(|| {
+        format!(
+            "run {} lost {} record(s) at its stop (the writer could neither write nor keep them)",
+            v["run"].as_str().unwrap_or("?"),
+            v["records"].as_u64().unwrap_or(1)
+        )
+    })
+}
+
 /// `--checkpoints`: every signed line of the checkpoint file from the first one the log holds
 /// on must be in the log, byte for byte; the lines before it belong to older files.
 fn check_anchor(
@@ -414,6 +469,10 @@ fn check_anchor(
         let at = i + 1;
         let line = line.trim_end();
         if line.is_empty() {
+            continue;
+        }
+        if let Some(loss) = loss_line(line) {
+            report.lost.push(format!("{}:{at}: {loss}", path.display()));
             continue;
         }
         let parsed = split(line).and_then(|(canonical, _)| {
