@@ -642,20 +642,23 @@ fn under_a_budget_every_call_is_bounded_to_what_is_left() {
             .contains("output bound was set"),
         "{rec}"
     );
-    let e = env("{ tokens_per_day: 1000 }");
-    let r = e.call(
-        "chat",
-        serde_json::json!({ "max_tokens": 300, "parallel": 50, "headers": { "x-test-use-all": "1" } }),
-    );
-    let served = ok(&r);
-    assert!(served >= 1, "{r:?}");
-    e.token_records(served);
-    let u = usage(&e.proxy);
-    let used = u["quotas"][0]["tokens"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{u}"));
-    assert!(
-        used <= 1000,
-        "{served} calls spent {used} tokens of 1000: {r:?}"
-    );
+    // Streamed and not: the same bound.
+    for kind in ["chat", "chat_stream"] {
+        let e = env("{ tokens_per_day: 1000 }");
+        let r = e.call(
+            kind,
+            serde_json::json!({ "max_tokens": 300, "parallel": 50, "headers": { "x-test-use-all": "1" } }),
+        );
+        let served = ok(&r);
+        assert!(served >= 1, "{kind}: {r:?}");
+        e.token_records(served);
+        let u = usage(&e.proxy);
+        let used = u["quotas"][0]["tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{u}"));
+        assert!(
+            used <= 1000,
+            "{kind}: {served} calls spent {used} tokens of 1000: {r:?}"
+        );
+    }
 }

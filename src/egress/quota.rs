@@ -249,6 +249,40 @@ impl Meter {
         reached
     }
 
+    /// Take up to `n` bytes from the day's byte quota: how many fit (all of them without a
+    /// quota), counted at once — so the bytes that cross the quota are never delivered, by
+    /// this exchange or by one running beside it. Reaching the quota trips the meter.
+    pub fn take(&self, n: u64) -> u64 {
+        let quota = self.bytes_quota.load(Ordering::Relaxed);
+        if quota == 0 {
+            self.moved(n);
+            return n;
+        }
+        self.roll();
+        let others = self.others_bytes.load(Ordering::Relaxed);
+        let mut granted = 0;
+        let _ = self
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |b| {
+                granted = quota.saturating_sub(b.saturating_add(others)).min(n);
+                Some(b.saturating_add(granted))
+            });
+        let total = self.bytes.load(Ordering::Relaxed).saturating_add(others);
+        if total >= quota {
+            self.trip();
+        }
+        granted
+    }
+
+    /// Give back `n` bytes taken with [`Meter::take`] that were not delivered after all.
+    pub fn untake(&self, n: u64) {
+        let _ = self
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |b| {
+                Some(b.saturating_sub(n))
+            });
+    }
+
     /// Reserve one request: counted now if neither quota is spent, else refused with the
     /// quota that is — the check and the count are one atomic step, so requests made at once
     /// cannot all pass a check that only one of them may pass.

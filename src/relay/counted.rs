@@ -39,6 +39,9 @@ pub struct Counted<B> {
     error: Option<String>,
     /// Called once, when the body ends or is dropped.
     on_end: Option<OnEnd>,
+    /// A byte quota was spent inside this body: nothing more is passed (the exchange's cut
+    /// ends it).
+    spent: bool,
 }
 
 impl<B: Body> Counted<B> {
@@ -52,6 +55,7 @@ impl<B: Body> Counted<B> {
             complete: false,
             error: None,
             on_end: None,
+            spent: false,
         }
     }
 
@@ -102,7 +106,23 @@ where
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if self.spent {
+            // Past a byte quota: the cut (raced against the relay) ends the exchange; nothing
+            // more of this body is delivered meanwhile.
+            return Poll::Pending;
+        }
+        let mut polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &mut polled {
+            if let Some(d) = f.data_mut() {
+                // Only what the byte quotas still allow is passed: the frame that crosses one
+                // is cut to the rest.
+                let granted = self.live.take(self.up, d.len());
+                if granted < d.len() {
+                    d.truncate(granted);
+                    self.spent = true;
+                }
+            }
+        }
         match &polled {
             Poll::Ready(Some(Ok(f))) => {
                 if let Some(d) = f.data_ref() {
@@ -110,7 +130,6 @@ where
                     if let Some(c) = &self.count {
                         c.fetch_add(d.len() as u64, Ordering::Relaxed);
                     }
-                    self.live.moved(self.up, d.len());
                 }
                 if self.inner.is_end_stream() {
                     self.complete = true;

@@ -5,7 +5,11 @@
 //! the connection with a reset (`host_mismatch`; in report mode it is recorded and relayed).
 //! A request that cannot be framed unambiguously ends it too (`protocol_not_allowed`).
 //! Each request after the first is reserved as a request of its own (daily quotas, a `once`
-//! grant): one past them ends the connection too (`quota_exceeded`, `no_rule_matched`).
+//! grant): one past them is not sent, and the connection ends after the origin has answered
+//! the requests sent before it (`quota_exceeded`, `no_rule_matched`) — the earlier requests
+//! keep their answers and cost one unit each, what was delivered (security review C3d:
+//! six pipelined requests against a quota of 3 were charged 3, the origin got 1 and the
+//! client no answer).
 //! The other direction is relayed as it comes and framed alongside
 //! ([`crate::wire::http_response`]) so that a request asking to switch protocols (`Upgrade`,
 //! `CONNECT`) ends the checks only when the origin really switched (`101`, `2xx`): until it
@@ -117,6 +121,12 @@ where
                 }
                 send(&mut sw, &f.out, shaper, &live).await?;
                 if f.refused {
+                    if spent(&found) {
+                        // The requests sent are answered, in order, then the connection
+                        // closes: the origin gets the end of the requests.
+                        let _ = sw.shutdown().await;
+                        return Ok(());
+                    }
                     return Err(std::io::Error::other("request refused"));
                 }
                 if let Some(rest) = f.held {
@@ -171,10 +181,11 @@ where
     C: crate::egress::abortable::OverTcp,
     S: crate::egress::abortable::OverTcp,
 {
-    // A refused request that is not only reported (a quota never is), as the record says.
+    // A refused request that is not only reported (a quota never is), as the record says;
+    // one refused for a spent quota or grant ended after the answers before it, unreset.
     let enforced = mismatch
         .as_ref()
-        .is_some_and(|m| !(report && m.reason.reportable()));
+        .is_some_and(|m| !(report && m.reason.reportable()) && !spends(m));
     if enforced || matches!(relayed.close, Close::Revoked | Close::Shutdown) {
         relayed.up = relayed
             .up
@@ -187,6 +198,17 @@ where
         relayed.close = Close::Eof;
     }
     Checked { relayed, mismatch }
+}
+
+/// Whether `m` refused a request for what the sandbox spent (a daily quota, a `once` grant)
+/// rather than for what the request is: the requests before it stand.
+fn spends(m: &Mismatch) -> bool {
+    matches!(m.reason, Reason::QuotaExceeded | Reason::NoRuleMatched)
+}
+
+/// Whether the refusal kept in `found` is one that [`spends`].
+fn spent(found: &Mutex<Option<Mismatch>>) -> bool {
+    found.lock().is_ok_and(|f| f.as_ref().is_some_and(spends))
 }
 
 /// What one pass of the framer over the client's bytes gave.
