@@ -745,6 +745,7 @@ fn parallel_downloads_stop_at_the_byte_quota() {
                 .collect();
             runs.into_iter().map(|r| r.join().unwrap()).sum()
         });
+        eprintln!("tunnel={tunnel}: {received} bytes delivered against {QUOTA}");
         let limit = match tunnel {
             true => QUOTA + 65_536,
             false => QUOTA,
