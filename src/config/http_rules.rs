@@ -92,12 +92,12 @@ pub struct RawHttpRule {
     /// The rule is for these executables only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub binaries: Vec<String>,
-    /// And for whatever they start (an ancestor's executable counts).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub children: bool,
     /// The rule is for these vouched commands only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub execs: Vec<String>,
+    /// With `binaries`: for whatever they start too (an ancestor's executable counts).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub children: bool,
 }
 
 /// `messages:` / `server_messages:` of a `protocol: websocket` rule: exactly one reader.

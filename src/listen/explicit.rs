@@ -19,8 +19,9 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::accept::Accepted;
 use crate::audit::{AuditGuard, Close, Mode};
-use crate::egress::abortable::{Abortable, Cut};
+use crate::egress::abortable::{Abortable, Cut, OverTcp};
 use crate::egress::admit::{self, Ask, AtCapacity, Door, Evidence, Seat};
+use crate::egress::attribution::Peer;
 use crate::egress::source_caps::UnidentifiedSlot;
 use crate::intercept::prefixed::Prefixed;
 use crate::listen::explicit_tls::ClientCert;
@@ -59,7 +60,7 @@ pub struct ClientConn {
     /// stream, never the connection its siblings share.
     h2: bool,
     /// The client's socket as it sees itself, for attribution by observation.
-    peer: Option<crate::egress::attribution::Peer>,
+    peer: Option<Peer>,
 }
 
 impl ClientConn {
@@ -130,11 +131,8 @@ pub async fn serve(
     cert: ClientCert,
 ) {
     // The first look at who holds the client's socket, before any request is read.
-    let peer = super::peer_of(&shared, accepted.client, || match &io {
-        ClientIo::Tcp(s) => s.local_addr().ok(),
-        ClientIo::Tls(t) => t.get_ref().0.local_addr().ok(),
-        ClientIo::H2(_) => None,
-    });
+    let dialed = || io.tcp()?.local_addr().ok();
+    let peer = super::peer_of(&shared, accepted.client, dialed);
     let first = (Vec::new(), unidentified, cert, peer);
     let mut stream = match io {
         ClientIo::Tcp(stream) => stream,
@@ -183,15 +181,9 @@ pub async fn serve(
     .await
 }
 
-/// What a connection brought before its requests: the bytes the first look took in, its
-/// place among its address's unidentified connections, its client certificate, and its
-/// socket as attribution first saw it.
-type Arrived = (
-    Vec<u8>,
-    UnidentifiedSlot,
-    ClientCert,
-    Option<crate::egress::attribution::Peer>,
-);
+/// What a connection brought: the bytes the first look took in, its unidentified place, its
+/// client certificate, and its socket as attribution first saw it.
+type Arrived = (Vec<u8>, UnidentifiedSlot, ClientCert, Option<Peer>);
 
 /// Serve the HTTP requests of a connection (plain or TLS) until it closes; hyper reads
 /// the bytes the first look took in before the connection's own.

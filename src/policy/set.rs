@@ -188,19 +188,7 @@ impl PolicySet {
         previous: Option<&PolicySet>,
     ) -> Result<(Self, Changes), CompileError> {
         let ports = &config.defaults.ports;
-        let mut hasher = Sha256::new();
-        hasher.update(format!("{:?}", config.defaults.ports));
-        hasher.update(format!(
-            "{:?}{:?}{:?}",
-            config.defaults.prohibited_ranges,
-            config.defaults.guard_allow_ranges,
-            config.dns.address_rule_zones,
-        ));
-        for name in config.dns.hosts.keys() {
-            hasher.update(name.as_bytes());
-            hasher.update(b"\n");
-        }
-        let defaults_digest: [u8; 32] = hasher.finalize().into();
+        let defaults_digest = defaults_digest(config);
         let own = [listeners, config.protected_endpoints(extra)].concat();
         let (prohibited, allowed) = (
             &config.defaults.prohibited_ranges,
@@ -273,7 +261,27 @@ impl PolicySet {
         };
         Ok((set, changes))
     }
+}
 
+/// Digest of the set-wide settings that decide (default ports, guard ranges, address-rule
+/// zones, `dns.hosts` names).
+fn defaults_digest(config: &Config) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    hasher.update(format!("{:?}", config.defaults.ports));
+    hasher.update(format!(
+        "{:?}{:?}{:?}",
+        config.defaults.prohibited_ranges,
+        config.defaults.guard_allow_ranges,
+        config.dns.address_rule_zones,
+    ));
+    for name in config.dns.hosts.keys() {
+        hasher.update(name.as_bytes());
+        hasher.update(b"\n");
+    }
+    hasher.finalize().into()
+}
+
+impl PolicySet {
     /// This set with `b` added or replaced: only `b` is compiled; every other sandbox is
     /// shared with this set.
     pub fn with_binding(&self, b: &Arc<Binding>) -> Result<Self, CompileError> {

@@ -99,49 +99,50 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    type Data = Bytes;
     type Error = B::Error;
+    type Data = Bytes;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        if self.spent {
+        let this = self.get_mut();
+        if this.spent {
             // Past a byte quota: the cut (raced against the relay) ends the exchange; nothing
             // more of this body is delivered meanwhile.
             return Poll::Pending;
         }
-        let mut polled = Pin::new(&mut self.inner).poll_frame(cx);
+        let mut polled = Pin::new(&mut this.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(f))) = &mut polled {
             if let Some(d) = f.data_mut() {
                 // Only what the byte quotas still allow is passed: the frame that crosses one
                 // is cut to the rest.
-                let granted = self.live.take(self.up, d.len());
+                let granted = this.live.take(this.up, d.len());
                 if granted < d.len() {
                     d.truncate(granted);
-                    self.spent = true;
+                    this.spent = true;
                 }
             }
         }
         match &polled {
             Poll::Ready(Some(Ok(f))) => {
                 if let Some(d) = f.data_ref() {
-                    self.bytes += d.len() as u64;
-                    if let Some(c) = &self.count {
+                    this.bytes += d.len() as u64;
+                    if let Some(c) = &this.count {
                         c.fetch_add(d.len() as u64, Ordering::Relaxed);
                     }
                 }
-                if self.inner.is_end_stream() {
-                    self.complete = true;
+                if this.inner.is_end_stream() {
+                    this.complete = true;
                 }
             }
             Poll::Ready(Some(Err(e))) => {
-                self.error = Some(e.to_string());
-                self.finish();
+                this.error = Some(e.to_string());
+                this.finish();
             }
             Poll::Ready(None) => {
-                self.complete = true;
-                self.finish();
+                this.complete = true;
+                this.finish();
             }
             Poll::Pending => {}
         }

@@ -185,7 +185,7 @@ where
     // one refused for a spent quota or grant ended after the answers before it, unreset.
     let enforced = mismatch
         .as_ref()
-        .is_some_and(|m| !(report && m.reason.reportable()) && !spends(m));
+        .is_some_and(|m| !(spends(m) || report && m.reason.reportable()));
     if enforced || matches!(relayed.close, Close::Revoked | Close::Shutdown) {
         relayed.up = relayed
             .up
