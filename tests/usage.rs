@@ -647,7 +647,7 @@ fn counting_origin() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
 #[test]
 fn pipelined_requests_past_the_quota_cost_the_earlier_ones_nothing() {
     use std::sync::atomic::Ordering;
-    for tunnel in [false, true] {
+    for (tunnel, split) in [(false, false), (false, true), (true, false), (true, true)] {
         let dir = tempfile::tempdir().unwrap();
         let (port, served) = counting_origin();
         let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
@@ -667,9 +667,20 @@ fn pipelined_requests_past_the_quota_cost_the_earlier_ones_nothing() {
                 )),
             }
         }
-        s.write_all(burst.as_bytes()).unwrap();
+        // Split: the last two requests arrive after the refusal of the fourth — a client
+        // still writing when the proxy ends the connection must not cost it the answers.
+        let at = match split {
+            true => burst.match_indices("GET ").nth(4).map_or(0, |(i, _)| i),
+            false => burst.len(),
+        };
+        s.write_all(&burst.as_bytes()[..at]).unwrap();
+        if split {
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = s.write_all(&burst.as_bytes()[at..]);
+        }
         let mut answers = Vec::new();
         let ended = s.read_to_end(&mut answers);
+        drop(s);
         let answers = String::from_utf8_lossy(&answers);
         // The answers' bodies end without a line end: the status lines are found by text.
         let statuses: Vec<&str> = answers
@@ -683,7 +694,7 @@ fn pipelined_requests_past_the_quota_cost_the_earlier_ones_nothing() {
         assert_eq!(
             statuses,
             want,
-            "tunnel={tunnel}: {ended:?} {answers} {:?}",
+            "tunnel={tunnel} split={split}: {ended:?} {answers} {:?}",
             proxy.audit_records()
         );
         assert_eq!(served.load(Ordering::SeqCst), 3, "tunnel={tunnel}");
@@ -713,6 +724,10 @@ fn forwarded_download(proxy: std::net::SocketAddr, user: &str, origin: &Origin) 
             Ok(0) | Err(_) => break,
             Ok(n) => got.extend_from_slice(&buf[..n]),
         }
+    }
+    // A download refused before it began gets the house refusal page: not origin bytes.
+    if !got.starts_with(b"HTTP/1.1 200") {
+        return 0;
     }
     let body = got
         .windows(4)

@@ -9,7 +9,9 @@
 //! the requests sent before it (`quota_exceeded`, `no_rule_matched`) — the earlier requests
 //! keep their answers and cost one unit each, what was delivered (security review C3d:
 //! six pipelined requests against a quota of 3 were charged 3, the origin got 1 and the
-//! client no answer).
+//! client no answer). What the client still sends after the refused request is read and
+//! dropped until it closes (a lingering close, bounded): a socket closed with bytes unread
+//! is reset, and the reset can take the answers with it.
 //! The other direction is relayed as it comes and framed alongside
 //! ([`crate::wire::http_response`]) so that a request asking to switch protocols (`Upgrade`,
 //! `CONNECT`) ends the checks only when the origin really switched (`101`, `2xx`): until it
@@ -91,6 +93,7 @@ where
     let found: Mutex<Option<Mismatch>> = Mutex::new(None);
     let responses = Mutex::new(ResponseStream::new());
     let (answer_tx, answer_rx) = tokio::sync::watch::channel(Answer::Pending);
+    let answered = tokio::sync::Notify::new();
     let relayed = {
         let (mut cr, cw) = tokio::io::split(&mut client);
         let (sr, mut sw) = tokio::io::split(&mut server);
@@ -125,6 +128,7 @@ where
                         // The requests sent are answered, in order, then the connection
                         // closes: the origin gets the end of the requests.
                         let _ = sw.shutdown().await;
+                        linger(&mut cr, &answered).await;
                         return Ok(());
                     }
                     return Err(std::io::Error::other("request refused"));
@@ -161,7 +165,11 @@ where
             }
             Ok(())
         };
-        let down = pump_observed(sr, cw, false, shaper, &live, observe);
+        let down = async {
+            let r = pump_observed(sr, cw, false, shaper, &live, observe).await;
+            answered.notify_one();
+            r
+        };
         drive(up, down, &live, stop).await
     };
     let mismatch = found.into_inner().ok().flatten();
@@ -198,6 +206,38 @@ where
         relayed.close = Close::Eof;
     }
     Checked { relayed, mismatch }
+}
+
+/// How long, after the origin's last answer was relayed, a connection ended for a spent quota
+/// keeps reading what the client still sends ([`linger`]).
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// At most this much of what the client sends after the refusal is read and dropped.
+const LINGER_BYTES: usize = 1 << 20;
+
+/// A lingering close: read and drop what the client still sends — requests pipelined behind
+/// the refused one, arriving after it — until it closes, [`LINGER_BYTES`], or [`LINGER`]
+/// after `answered` (the origin's answers relayed and the client's side half-closed). A
+/// socket closed with bytes unread is reset, and a reset can discard the answers still on
+/// their way to the client.
+async fn linger<R: tokio::io::AsyncRead + Unpin>(r: &mut R, answered: &tokio::sync::Notify) {
+    let drain = async {
+        let (mut buf, mut dropped) = (vec![0u8; 4096], 0);
+        while dropped < LINGER_BYTES {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => dropped += n,
+            }
+        }
+    };
+    let after = async {
+        answered.notified().await;
+        tokio::time::sleep(LINGER).await;
+    };
+    tokio::select! {
+        () = drain => {}
+        () = after => {}
+    }
 }
 
 /// Whether `m` refused a request for what the sandbox spent (a daily quota, a `once` grant)
