@@ -8,12 +8,9 @@ socket (`--unix PATH`), and answers each ask:
 - a request whose path starts with /admin: deny, status 403;
 - a POST, PUT or PATCH without its body: need_body; with it, deny when the body mentions
   "PROJECT-X", else allow;
-- a terminated request (`protocol: https`): allow, adding the header
-  `x-decided-by: example-decider` and removing `x-debug` (header changes apply inside
-  terminated tunnels only);
-- a forwarded plain-HTTP request to /tag…: allow with a header to set (not set there: the
-  record says so); to /strip…: allow with a header to remove (refused there,
-  `decider_unavailable`: the proxy will not send what the decider wanted gone);
+- any other request (`protocol: http` — forwarded, or plain HTTP read in a tunnel — or
+  `https`, terminated): allow, adding the header `x-decided-by: example-decider` and
+  removing `x-debug` (the proxy makes header changes on every request it reads);
 - anything else: allow.
 
 `--secret-file FILE` answers only asks signed with the key in FILE (the proxy's
@@ -76,21 +73,15 @@ def decide(ask):
     path = ask.get("path") or "/"
     if path.startswith("/admin"):
         return {"verdict": "deny", "status": 403, "reason": "admin paths are off limits"}
-    if ask.get("method") in ("POST", "PUT", "PATCH") and ask["protocol"] == "https":
+    if ask.get("method") in ("POST", "PUT", "PATCH"):
         body = ask.get("body")
         if body is None:
             return {"verdict": "need_body"}
         if b"PROJECT-X" in base64.b64decode(body["base64"]):
             return {"verdict": "deny", "status": 403, "reason": "the body mentions PROJECT-X"}
-    if ask["protocol"] == "https":
+    if ask["protocol"] in ("http", "https"):
         return {"verdict": "allow", "set_headers": {"x-decided-by": "example-decider"},
                 "remove_headers": ["x-debug"]}
-    # Forwarded plain HTTP: headers cannot be changed there. Added ones are let go (the record
-    # says so); a removal the proxy cannot make refuses the request.
-    if path.startswith("/tag"):
-        return {"verdict": "allow", "set_headers": {"x-tenant": "7"}}
-    if path.startswith("/strip"):
-        return {"verdict": "allow", "remove_headers": ["x-debug"]}
     return {"verdict": "allow"}
 
 

@@ -635,12 +635,16 @@ fn the_decider_is_out_of_reach_and_its_questions_are_signed() {
     assert!(out.text().contains("never grantable"), "{}", out.text());
 }
 
-/// Clients review F10: on a forwarded request (where the proxy changes no headers), an allow
-/// with `set_headers` was a 503. Headers to add are let go and the record says they were not
-/// set; headers to remove refuse the request (it is not sent with what the decider wanted
-/// gone), with a reason that says so; and the schema refuses what the proxy refuses.
+/// Issue 89: a forwarded request gets the terminated path's question, from the pipeline's one
+/// decider phase, after its rules. Before, the decider was asked at admission — before the
+/// rules (a request `network.http` refused was still asked about, and its record carried the
+/// decider's "allow"), without the body (`need_body` was a 503) and with header changes it
+/// could not make (`remove_headers` was a 503, clients review F10). Now: a request the rules
+/// refuse reaches no decider; a POST's body is shown and the bytes shown are the bytes sent;
+/// headers are set and removed as on a terminated request. And the schema refuses what the
+/// proxy refuses.
 #[test]
-fn header_changes_on_a_forwarded_request_are_let_go_or_refused_as_documented() {
+fn a_forwarded_request_is_asked_about_after_its_rules_with_its_body_and_edits() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
     let plain = Origin::start(None);
@@ -652,39 +656,39 @@ fn header_changes_on_a_forwarded_request_are_let_go_or_refused_as_documented() {
         d.at
     );
     let p = proxy(dir.path(), &ca, &sandbox("dev", &extra, port), "");
-    let get = |path: &str| {
-        let px = format!("http://dev:dev-secret@{}", p.proxy);
+    let px = format!("http://dev:dev-secret@{}", p.proxy);
+    let forwarded = |path: &str, more: &[&str]| {
         let url = format!("http://api.test:{port}{path}");
-        curl(&[
-            "-sS",
-            "-x",
-            &px,
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            &url,
-        ])
-        .text()
+        let mut args = vec!["-sS", "-x", &px];
+        args.extend_from_slice(more);
+        args.push(&url);
+        curl(&args).text()
     };
-    assert_eq!(get("/tag"), "200");
-    let rec = p.wait_record(|r| r["mode"] == "http" && r["path"] == "/tag");
+    // Refused by the rules (DELETE is not in them): the decider is never asked.
+    let out = forwarded("/thing", &["-X", "DELETE"]);
+    assert!(out.contains("http_not_allowed"), "{out}");
+    let rec = p.wait_record(|r| r["mode"] == "http" && r["method"] == "DELETE");
+    assert!(rec["decider"].is_null(), "asked before the rules: {rec}");
+    // Allowed, with a header set and one removed, as on a terminated request.
+    let out = forwarded("/echo", &["-H", "X-Debug: 1"]).to_ascii_lowercase();
+    assert!(out.contains("x-decided-by: example-decider"), "{out}");
+    assert!(!out.contains("x-debug"), "{out}");
+    // A POST: the decider asks for the body, sees it, and allows it or not by what it says.
+    let before = plain.received.load(Ordering::SeqCst);
+    let out = forwarded("/upload", &["--data-binary", "plain notes"]);
+    assert!(out.contains("received 11"), "{out}");
+    let out = forwarded("/upload", &["--data-binary", "about PROJECT-X"]);
+    assert!(out.contains("denied_by_decider"), "{out}");
+    assert_eq!(plain.received.load(Ordering::SeqCst), before + 11);
+    let rec = p.wait_record(|r| r["mode"] == "http" && r["reason"] == "denied_by_decider");
     assert!(
-        rec["decider"]
-            .as_str()
-            .unwrap_or("")
-            .contains("the headers were not set"),
+        rec["decider"].as_str().unwrap_or("").contains("PROJECT-X"),
         "{rec}"
     );
-    assert_eq!(get("/strip"), "503");
-    let rec = p.wait_record(|r| r["mode"] == "http" && r["reason"] == "decider_unavailable");
-    assert!(
-        rec["detail"]
-            .as_str()
-            .unwrap_or("")
-            .contains("remove_headers cannot be honoured"),
-        "{rec}"
-    );
+    assert!(!p
+        .audit_records()
+        .iter()
+        .any(|r| r.to_string().contains("schema:")));
     // The schema refuses a framing or credential header, in any case.
     let check = format!(
         "import json, jsonschema\ns = json.load(open('{}'))\nfor a in [{{'verdict': 'allow', 'set_headers': {{'Content-Length': '1'}}}}, {{'verdict': 'allow', 'remove_headers': ['Authorization']}}, {{'verdict': 'allow', 'set_headers': {{'x-tenant': '7'}}}}]:\n    try:\n        jsonschema.validate(a, s)\n        print('valid')\n    except jsonschema.ValidationError:\n        print('invalid')",

@@ -1,10 +1,12 @@
 //! The external decider (`decider:`; protocol in `docs/decider.md`): after the proxy's own
 //! policy allowed an exchange — so it can only narrow — and before any credential is put on
 //! it, the proxy asks. Host level at the verdict point ([`stage::DeciderStage`]: CONNECT
-//! tunnels, transparent and SOCKS5 connections, forwarded plain-HTTP requests), and per
-//! request inside terminated tunnels (the exchange asks, and only there can a decider ask
-//! for the body or change headers). Both build their question with [`Question::new`] and
-//! consult through [`Deciders::consult`]; one function sends it.
+//! tunnels, transparent and SOCKS5 connections), and per request in the request pipeline's
+//! decider phase ([`crate::pipeline::ask`], through [`Deciders`]' [`crate::pipeline::ask::Asker`]:
+//! forwarded plain HTTP, plain HTTP served request by request in a tunnel, terminated
+//! requests — after the rules, with the body when the decider asks for it, its header edits
+//! made on every path). Both build their question with [`Question::new`] and consult through
+//! [`Deciders::consult`]; one function sends it.
 //!
 //! Hard failure semantics: a decider that is down, slower than `timeout_ms`, busy past
 //! `max_in_flight`, or that answers anything but a verdict this version defines gets
@@ -15,6 +17,7 @@
 
 mod client;
 mod error;
+mod request;
 pub mod stage;
 pub mod wire;
 

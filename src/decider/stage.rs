@@ -1,8 +1,10 @@
 //! The decider at the verdict point: host level for CONNECT tunnels, transparent and SOCKS5
-//! connections (`protocol: connect`), and forwarded plain-HTTP requests (`protocol: http`,
-//! with method, path and headers). Neither has a body to give nor headers the proxy can change
-//! there: `need_body` and `remove_headers` are answers this point cannot honour (a failure,
-//! `on_error`), and `set_headers` alone is allowed without the headers, the record saying so. Terminated requests are asked by the exchange itself, per request.
+//! connections (`protocol: connect`). A connection has no body to give nor headers the proxy
+//! can change: `need_body` and `remove_headers` are answers this point cannot honour (a
+//! failure, `on_error`), and `set_headers` alone is allowed without the headers, the record
+//! saying so. Requests — forwarded plain HTTP, and each request the proxy reads inside a
+//! tunnel — are asked about in the request pipeline's decider phase ([`crate::pipeline::ask`]),
+//! after their rules, not here.
 
 use std::sync::Arc;
 
@@ -66,17 +68,17 @@ impl Stage for DeciderStage {
         let Some(cfg) = b.decider.clone() else {
             return Judgement::Pass;
         };
+        // A forwarded request is asked about by the pipeline, after its rules.
+        if at.request.is_some() {
+            return Judgement::Pass;
+        }
         let mut q = Question::new(
             b,
             About {
-                protocol: if at.request.is_some() {
-                    "http"
-                } else {
-                    "connect"
-                },
+                protocol: "connect",
                 host: at.target.host.to_string(),
                 port: at.target.port,
-                request: at.request.zip(at.method).map(|((u, h), m)| (m, u, h)),
+                request: None,
                 decision: if at.decision.verdict == Verdict::Report {
                     "report"
                 } else {

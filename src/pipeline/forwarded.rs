@@ -10,9 +10,11 @@
 use bytes::Bytes;
 use http::Request;
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
 use hyper::body::Incoming;
 
+use super::ask::{Asker, Prefix};
 use super::head::{Checked, Head, HostRules};
 use super::{body, Refusal};
 use crate::audit::record::HttpFacts;
@@ -35,14 +37,14 @@ pub type Found = std::sync::Arc<std::sync::Mutex<super::dlp::Found>>;
 /// spends nothing. `Ok` with the request to send and what the body scanner will have found;
 /// `Err` with the refusal, recorded.
 pub async fn phases(
-    binding: &Binding,
-    (host, limit): (&str, u64),
+    (binding, asker): (&Binding, &dyn Asker),
+    (host, port, limit): (&str, u16, u64),
     req: Request<Incoming>,
     audit: &mut AuditGuard,
     reserve: impl FnOnce() -> Result<(), Refusal>,
 ) -> Result<(Request<ForwardBody>, Option<Found>), Refusal> {
     let rules = HostRules::of(binding, host, audit.attributed().as_deref());
-    let req = match rules.is_empty() {
+    let mut req = match rules.is_empty() {
         true => {
             let (parts, b) = req.into_parts();
             audit.http(facts(&parts, None));
@@ -50,6 +52,18 @@ pub async fn phases(
         }
         false => judge(binding, &rules, host, limit, req, audit).await?,
     };
+    // The decider, after the rules and with the body when it asks (the terminated path's
+    // question: method, target, headers).
+    let verdict = (audit.verdict_so_far(), REPORTED);
+    super::ask::phase(
+        asker,
+        binding,
+        ("http", host, port),
+        &mut req,
+        verdict,
+        audit,
+    )
+    .await?;
     let scanned = match binding.dlp.clone() {
         None => (req, None),
         Some(cfg) => scan(cfg, binding, req, audit).await?,
@@ -60,6 +74,44 @@ pub async fn phases(
         return Err(r);
     }
     Ok(scanned)
+}
+
+impl Prefix for ForwardBody {
+    async fn prefix(mut self, max: usize) -> Result<(Self, Bytes, bool), String> {
+        let mut got = bytes::BytesMut::new();
+        loop {
+            match self.frame().await {
+                None => {
+                    let all = got.freeze();
+                    return Ok((
+                        Full::new(all.clone()).map_err(|n| match n {}).boxed(),
+                        all,
+                        false,
+                    ));
+                }
+                Some(Err(e)) => return Err(format!("reading the body for the decider: {e}")),
+                Some(Ok(f)) => match f.into_data() {
+                    Ok(d) => got.extend_from_slice(&d),
+                    Err(_) => {
+                        return Err("a body with trailers cannot be shown to the decider".into())
+                    }
+                },
+            }
+            if got.len() > max {
+                // The bytes read, then the rest as it comes.
+                let all = got.freeze();
+                let shown = all.slice(..max);
+                let first = futures_util::stream::once(std::future::ready(Ok(Frame::data(all))));
+                let rest = http_body_util::BodyStream::new(self);
+                let body = StreamBody::new(futures_util::StreamExt::chain(first, rest));
+                return Ok((body.boxed(), shown, true));
+            }
+        }
+    }
+
+    fn stand_in() -> Self {
+        http_body_util::Empty::new().map_err(|n| match n {}).boxed()
+    }
 }
 
 /// The DLP phase: the target and headers now, the body as it streams (or read whole and
@@ -184,17 +236,13 @@ fn read_in_tunnel_only(
     })
 }
 
-/// A refusal, recorded: `Ok` when report mode lets the request go on (recorded `report`).
+/// A refusal, recorded ([`super::reported`]): `Ok` when report mode lets the request go on.
 fn reported(binding: &Binding, r: Refusal, audit: &mut AuditGuard) -> Result<(), Refusal> {
-    if binding.enforcement == Enforcement::Report && r.reason.reportable() {
-        audit.verdict(Verdict::Report, r.reason);
-        audit.detail(format!("{} (report mode: forwarded)", r.detail));
-        return Ok(());
-    }
-    audit.verdict(Verdict::Deny, r.reason);
-    audit.detail(r.detail.clone());
-    Err(r)
+    super::reported(binding, r, REPORTED, audit)
 }
+
+/// How a request refused in report mode went on, for its record.
+const REPORTED: &str = "report mode: forwarded";
 
 /// What the record says of the request: its method and path (no query), and what it called.
 fn facts(parts: &http::request::Parts, call: Option<String>) -> HttpFacts {

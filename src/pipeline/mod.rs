@@ -20,6 +20,7 @@
 //!
 //! [`judged_per_request`] is the one predicate that says which hosts these are.
 
+pub mod ask;
 pub mod aws_chunked;
 pub mod body;
 pub mod decoded;
@@ -28,7 +29,9 @@ pub mod forwarded;
 pub mod head;
 pub(crate) mod unescape;
 
+use crate::audit::AuditGuard;
 use crate::config::Binding;
+use crate::policy::{Enforcement, Verdict};
 
 /// Whether the requests of `binding` to `host` are judged one by one: a credential or the
 /// identity token is bound to it, it is the token endpoint of a minting credential, or a
@@ -84,4 +87,23 @@ impl Refusal {
     pub fn shown(&self) -> &str {
         self.shown.as_deref().unwrap_or(&self.detail)
     }
+}
+
+/// A refusal, recorded — the one place report mode is decided for a request's phases: `Ok`
+/// when the sandbox is in report mode and the reason is reportable (the request goes on,
+/// recorded `report` with `how` it went on); else `Err`, recorded `deny`.
+pub fn reported(
+    binding: &Binding,
+    r: Refusal,
+    how: &str,
+    audit: &mut AuditGuard,
+) -> Result<(), Refusal> {
+    if binding.enforcement == Enforcement::Report && r.reason.reportable() {
+        audit.verdict(Verdict::Report, r.reason);
+        audit.detail(format!("{} ({how})", r.detail));
+        return Ok(());
+    }
+    audit.verdict(Verdict::Deny, r.reason);
+    audit.detail(r.detail.clone());
+    Err(r)
 }

@@ -69,6 +69,8 @@ pub struct Forwarding {
     pub connect: std::time::Duration,
     /// `tls_intercept.judge_body_bytes`: the most of a body a protocol rule reads.
     pub judge_body_bytes: u64,
+    /// Who the pipeline's decider phase asks ([`pipeline::ask`]).
+    pub asker: Arc<dyn pipeline::ask::Asker>,
 }
 
 /// Forward one allowed request and return the origin's response (or a 502).
@@ -96,6 +98,7 @@ pub async fn forward(
         idle,
         connect,
         judge_body_bytes,
+        asker,
     } = fx;
     let process = clearance.process.as_deref();
     let live = Arc::new(Liveness::new(idle).metered(&limiter, &clearance.target.host, process));
@@ -111,7 +114,12 @@ pub async fn forward(
 
     // The request pipeline, with the quota reservation: nothing is sent before them.
     let target = &clearance.target;
-    let at = (&*live, &*sandbox.binding, target, judge_body_bytes);
+    let at = (
+        &*live,
+        (&*sandbox.binding, &*asker),
+        target,
+        judge_body_bytes,
+    );
     let (req, dlp) = match judged(at, req, &mut audit).await {
         Ok(r) => r,
         Err(r) => return refused(audit, &r, &failed),
@@ -225,13 +233,17 @@ fn dlp_cut(
 /// daily quotas (checked and counted at once) once its rules allowed it. `Err`: refused,
 /// recorded.
 async fn judged(
-    (live, binding, target, limit): (&Liveness, &crate::config::Binding, &Target, u64),
+    (live, who, target, limit): (&Liveness, Who<'_>, &Target, u64),
     req: Request<Incoming>,
     audit: &mut AuditGuard,
 ) -> Result<(Request<ForwardBody>, Option<pipeline::forwarded::Found>), pipeline::Refusal> {
     let host = target.host.to_string();
-    pipeline::forwarded::phases(binding, (&host, limit), req, audit, || live.reserve()).await
+    let at = (host.as_str(), target.port, limit);
+    pipeline::forwarded::phases(who, at, req, audit, || live.reserve()).await
 }
+
+/// The sandbox's binding and who its decider phase asks.
+type Who<'a> = (&'a crate::config::Binding, &'a dyn pipeline::ask::Asker);
 
 /// A request the pipeline refused: its record finished, the §6 refusal.
 fn refused(mut audit: AuditGuard, r: &pipeline::Refusal, failed: &Failed) -> Response<Body> {

@@ -222,6 +222,7 @@ impl Shared {
             idle: self.settings.timeouts.idle,
             connect: self.settings.timeouts.connect,
             judge_body_bytes: self.settings.serving.judge_body_bytes(),
+            asker: self.deciders.clone(),
         }
     }
 

@@ -1,24 +1,24 @@
-//! The decider and the body scanner on a terminated request: after the rules allowed it and
-//! before any credential is put on it, the binding's decider is asked
-//! ([`crate::decider`]: `protocol: https`, the request's method, path and headers without
-//! credentials). It may allow (and set or remove headers), deny, or ask for the body: then
-//! up to `need_body_max` bytes are read, shown, and the decider asked again — the bytes shown
-//! are the bytes sent. In report mode its refusal forwards the request without credentials,
-//! recorded `report`. The body DLP ([`crate::pipeline::dlp`]) wraps what goes upstream.
+//! The decider and the body scanner on a request the exchange serves: after the rules allowed
+//! it and before any credential is put on it, the pipeline's decider phase
+//! ([`crate::pipeline::ask`]: `protocol: https`, or `http` for plain HTTP in a tunnel; the
+//! request's method, path and headers without credentials, its body when the decider asks).
+//! In report mode its refusal forwards the request without credentials, recorded `report`.
+//! The body DLP ([`crate::pipeline::dlp`]) wraps what goes upstream.
 
 use http::Request;
 
 use super::{Exchange, Prepared, Refusal, UpBody};
 use crate::audit::AuditGuard;
-use crate::decider::{self, About, Answer, DeciderError, Outcome, Question};
+use crate::pipeline::ask::{self, Asker, Prefix};
 use crate::pipeline::dlp::{self, Found, Phase, Scanner};
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
 use std::sync::{Arc, Mutex};
 
 impl Exchange {
-    /// Ask the binding's decider about `req` (allowed so far with `verdict`): the verdict it
-    /// leaves (report mode: `Report` for a refusal), or the refusal.
+    /// The pipeline's decider phase ([`crate::pipeline::ask::phase`]) on `req` (allowed so
+    /// far with `verdict`): the verdict it leaves (report mode: `Report` for a refusal, the
+    /// request then sent without credentials), or the refusal.
     pub(super) async fn ask_decider(
         &self,
         p: &Prepared,
@@ -26,65 +26,10 @@ impl Exchange {
         verdict: Verdict,
         audit: &mut AuditGuard,
     ) -> Result<Verdict, Refusal> {
-        let Some(cfg) = p
-            .binding
-            .decider
-            .clone()
-            .filter(|_| verdict == Verdict::Allow)
-        else {
-            return Ok(verdict);
-        };
-        let b = &p.binding;
-        let mut q = Question::new(
-            b,
-            About {
-                protocol: "https",
-                host: self.dest.host.clone(),
-                port: self.dest.port,
-                request: Some((req.method(), req.uri(), req.headers())),
-                decision: "allow",
-                rule: None,
-            },
-        );
-        let mut shown = Shown(req);
-        let outcome = self
-            .mint
-            .deciders
-            .consult(&cfg, &mut q, Some(&mut shown))
-            .await;
-        let req = shown.0;
-        audit.decider(decider::noted(&outcome));
-        let refusal = match outcome {
-            Outcome::Answer(Answer::Allow(edits)) => {
-                for n in &edits.remove {
-                    req.headers_mut().remove(n);
-                }
-                for (n, v) in edits.set {
-                    req.headers_mut().insert(n, v);
-                }
-                return Ok(verdict);
-            }
-            Outcome::FailedOpen(_) => return Ok(verdict),
-            Outcome::Answer(Answer::Deny { status, reason }) => Refusal::new(
-                Reason::DeniedByDecider,
-                format!("the decider refused it ({status}): {reason}"),
-            ),
-            Outcome::Failed(why) => {
-                Refusal::new(Reason::DeciderUnavailable, format!("decider: {why}"))
-            }
-            Outcome::Answer(Answer::NeedBody) => {
-                Refusal::new(Reason::DeciderUnavailable, "decider: need_body twice")
-            }
-        };
-        if b.enforcement == Enforcement::Report && refusal.reason.reportable() {
-            audit.verdict(Verdict::Report, refusal.reason);
-            audit.detail(format!(
-                "{} (forwarded without credentials)",
-                refusal.detail
-            ));
-            return Ok(Verdict::Report);
-        }
-        Err(refusal)
+        let to = (self.dest.scheme, self.dest.host.as_str(), self.dest.port);
+        let asker: &dyn Asker = &*self.mint.deciders;
+        let how = (verdict, "forwarded without credentials");
+        ask::phase(asker, &p.binding, to, req, how, audit).await
     }
 
     /// The DLP phase ([`crate::pipeline::dlp::phase`]) when the binding has `dlp:`: the
@@ -117,18 +62,12 @@ impl Exchange {
     }
 }
 
-/// A terminated request's body, shown to the decider that asked for it: read up to the
-/// limit, and put back whole (the bytes shown are the bytes sent).
-struct Shown<'a>(&'a mut Request<UpBody>);
+impl Prefix for UpBody {
+    async fn prefix(self, max: usize) -> Result<(Self, bytes::Bytes, bool), String> {
+        UpBody::prefix(self, max).await.map_err(|e| e.to_string())
+    }
 
-impl decider::Showable for Shown<'_> {
-    async fn show(&mut self, max: usize) -> Result<(bytes::Bytes, bool), DeciderError> {
-        let body = std::mem::replace(self.0.body_mut(), UpBody::Whole(None));
-        let (body, shown, truncated) = body
-            .prefix(max)
-            .await
-            .map_err(|e| DeciderError::Body(e.to_string()))?;
-        *self.0.body_mut() = body;
-        Ok((shown, truncated))
+    fn stand_in() -> Self {
+        UpBody::Whole(None)
     }
 }
