@@ -91,17 +91,8 @@ pub async fn forward(
     } = admitted;
     let limiter = slot.limiter().clone();
     let shaped = limiter.shapes();
-    let Forwarding {
-        watch,
-        upstreams,
-        metrics,
-        idle,
-        connect,
-        judge_body_bytes,
-        asker,
-    } = fx;
     let process = clearance.process.as_deref();
-    let live = Arc::new(Liveness::new(idle).metered(&limiter, &clearance.target.host, process));
+    let live = Arc::new(Liveness::new(fx.idle).metered(&limiter, &clearance.target.host, process));
     audit.count(live.counters());
     let host = host_header(&clearance.target);
     // How a refusal or a 502 names the request: method and decided authority, never the
@@ -113,12 +104,11 @@ pub async fn forward(
     };
 
     // The request pipeline, with the quota reservation: nothing is sent before them.
-    let target = &clearance.target;
     let at = (
         &*live,
-        (&*sandbox.binding, &*asker),
-        target,
-        judge_body_bytes,
+        (&*sandbox.binding, &*fx.asker),
+        &clearance.target,
+        fx.judge_body_bytes,
     );
     let (req, dlp) = match judged(at, req, &mut audit).await {
         Ok(r) => r,
@@ -126,7 +116,7 @@ pub async fn forward(
     };
     let exchange: SharedExchange = Arc::new(Mutex::new(Exchange {
         audit,
-        _active: sandbox.stats(&metrics).active(),
+        _active: sandbox.stats(&fx.metrics).active(),
         _slot: slot,
     }));
     let shaper = shaped.then(|| limiter.clone());
@@ -147,9 +137,9 @@ pub async fn forward(
 
     // The watcher: cuts both sides on revocation, shutdown or idleness; it ends when the
     // exchange does (`done_tx` dropped).
-    let done_tx = watch_exchange(watch, &exchange, &cut, &upstream_cut, &live);
+    let done_tx = watch_exchange(fx.watch, &exchange, &cut, &upstream_cut, &live);
 
-    let sent = send((connect, &metrics), &exchange, &mut up, upstream_req).await;
+    let sent = send((fx.connect, &fx.metrics), &exchange, &mut up, upstream_req).await;
     if let Some(cut) = dlp.and_then(|found| dlp_cut(&exchange, &found, &failed)) {
         upstream_cut.close();
         return cut;
@@ -160,7 +150,7 @@ pub async fn forward(
         upstream_cut.close();
         return refused_by_parent(&exchange, &detail, &failed);
     }
-    let after = (upstreams, clearance, up);
+    let after = (fx.upstreams, clearance, up);
     match sent {
         Ok(resp) => {
             with_audit(&exchange, |a| a.status(resp.status()));

@@ -151,20 +151,7 @@ where
                 pending = buf[..n].to_vec();
             }
         };
-        let observe = |bytes: &[u8]| {
-            let mut r = responses
-                .lock()
-                .map_err(|_| std::io::Error::other("poisoned"))?;
-            r.feed(bytes).map_err(std::io::Error::other)?;
-            if r.answer() != Answer::Pending {
-                answer_tx.send_if_modified(|a| {
-                    let changed = *a != r.answer();
-                    *a = r.answer();
-                    changed
-                });
-            }
-            Ok(())
-        };
+        let observe = |bytes: &[u8]| observed(&responses, &answer_tx, bytes);
         let down = async {
             let r = pump_observed(sr, cw, false, shaper, &live, observe).await;
             answered.notify_one();
@@ -174,6 +161,27 @@ where
     };
     let mismatch = found.into_inner().ok().flatten();
     ended(relayed, mismatch, report, (client, server))
+}
+
+/// The origin's `bytes`, framed: when they complete the answer to a request that asked to
+/// switch protocols, the waiting client side is told.
+fn observed(
+    responses: &Mutex<ResponseStream>,
+    answer_tx: &tokio::sync::watch::Sender<Answer>,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    let mut r = responses
+        .lock()
+        .map_err(|_| std::io::Error::other("poisoned"))?;
+    r.feed(bytes).map_err(std::io::Error::other)?;
+    if r.answer() != Answer::Pending {
+        answer_tx.send_if_modified(|a| {
+            let changed = *a != r.answer();
+            *a = r.answer();
+            changed
+        });
+    }
+    Ok(())
 }
 
 /// How a checked relay ended: a refused request (unless only reported), a revocation or a
