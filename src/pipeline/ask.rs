@@ -41,11 +41,22 @@ pub struct About {
     pub headers: HeaderMap,
 }
 
+/// Why a body could not be shown (then it cannot be sent either: the request is refused).
+#[derive(Debug, thiserror::Error)]
+pub enum ShowError {
+    /// Reading it failed.
+    #[error("reading the body for the decider: {0}")]
+    Read(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// It ends with trailers, which a shown prefix cannot carry.
+    #[error("a body with trailers cannot be shown to the decider")]
+    Trailers,
+}
+
 /// A request body the decider may be shown: up to `max` bytes and whether there is more; the
 /// body stays sendable (the same bytes, then the rest).
 pub trait Shows: Send {
     /// Up to `max` bytes, and whether the body is longer; `Err` with why it could not be read.
-    fn show(&mut self, max: usize) -> Pending<'_, Result<(Bytes, bool), String>>;
+    fn show(&mut self, max: usize) -> Pending<'_, Result<(Bytes, bool), ShowError>>;
 }
 
 /// What the decider's answer asks of the request.
@@ -86,8 +97,10 @@ pub trait Asker: Send + Sync {
 pub trait Prefix: Sized + Send {
     /// Read up to `max` bytes: the body that sends the same bytes and then the rest, the bytes
     /// read (at most `max`), and whether there are more.
-    fn prefix(self, max: usize)
-        -> impl Future<Output = Result<(Self, Bytes, bool), String>> + Send;
+    fn prefix(
+        self,
+        max: usize,
+    ) -> impl Future<Output = Result<(Self, Bytes, bool), ShowError>> + Send;
     /// A body that stands in while the real one is read.
     fn stand_in() -> Self;
 }
@@ -96,7 +109,7 @@ pub trait Prefix: Sized + Send {
 struct Shown<'r, B>(&'r mut Request<B>);
 
 impl<B: Prefix> Shows for Shown<'_, B> {
-    fn show(&mut self, max: usize) -> Pending<'_, Result<(Bytes, bool), String>> {
+    fn show(&mut self, max: usize) -> Pending<'_, Result<(Bytes, bool), ShowError>> {
         Box::pin(async move {
             let body = std::mem::replace(self.0.body_mut(), B::stand_in());
             let (body, shown, more) = body.prefix(max).await?;

@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper::body::Incoming;
 
-use super::ask::{Asker, Prefix};
+use super::ask::{Asker, Prefix, ShowError};
 use super::head::{Checked, Head, HostRules};
 use super::{body, Refusal};
 use crate::audit::record::HttpFacts;
@@ -77,7 +77,7 @@ pub async fn phases(
 }
 
 impl Prefix for ForwardBody {
-    async fn prefix(mut self, max: usize) -> Result<(Self, Bytes, bool), String> {
+    async fn prefix(mut self, max: usize) -> Result<(Self, Bytes, bool), ShowError> {
         let mut got = bytes::BytesMut::new();
         loop {
             match self.frame().await {
@@ -89,12 +89,10 @@ impl Prefix for ForwardBody {
                         false,
                     ));
                 }
-                Some(Err(e)) => return Err(format!("reading the body for the decider: {e}")),
+                Some(Err(e)) => return Err(ShowError::Read(Box::new(e))),
                 Some(Ok(f)) => match f.into_data() {
                     Ok(d) => got.extend_from_slice(&d),
-                    Err(_) => {
-                        return Err("a body with trailers cannot be shown to the decider".into())
-                    }
+                    Err(_) => return Err(ShowError::Trailers),
                 },
             }
             if got.len() > max {
@@ -289,5 +287,29 @@ impl From<hyper::Error> for SendError {
 impl From<super::dlp::Cut> for SendError {
     fn from(e: super::dlp::Cut) -> Self {
         SendError(Box::new(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body of several frames, shown in part: the bytes shown are its first ones, and the
+    /// body sent afterwards is the whole of it, in order.
+    #[tokio::test]
+    async fn a_shown_prefix_is_sent_again_before_the_rest() {
+        let frames = ["hello ", "decider, ", "and the rest"]
+            .map(|s| Ok::<_, SendError>(Frame::data(Bytes::from_static(s.as_bytes()))));
+        let body: ForwardBody = StreamBody::new(futures_util::stream::iter(frames)).boxed();
+        let (body, shown, more) = body.prefix(8).await.unwrap();
+        assert_eq!((&shown[..], more), (&b"hello de"[..], true));
+        let sent = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&sent[..], b"hello decider, and the rest");
+        let short: ForwardBody = Full::new(Bytes::from_static(b"tiny"))
+            .map_err(|n| match n {})
+            .boxed();
+        let (body, shown, more) = short.prefix(8).await.unwrap();
+        assert_eq!((&shown[..], more), (&b"tiny"[..], false));
+        assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"tiny");
     }
 }

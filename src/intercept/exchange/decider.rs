@@ -9,7 +9,7 @@ use http::Request;
 
 use super::{Exchange, Prepared, Refusal, UpBody};
 use crate::audit::AuditGuard;
-use crate::pipeline::ask::{self, Asker, Prefix};
+use crate::pipeline::ask::{self, Asker, Prefix, ShowError};
 use crate::pipeline::dlp::{self, Found, Phase, Scanner};
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
@@ -63,8 +63,10 @@ impl Exchange {
 }
 
 impl Prefix for UpBody {
-    async fn prefix(self, max: usize) -> Result<(Self, bytes::Bytes, bool), String> {
-        UpBody::prefix(self, max).await.map_err(|e| e.to_string())
+    async fn prefix(self, max: usize) -> Result<(Self, bytes::Bytes, bool), ShowError> {
+        UpBody::prefix(self, max)
+            .await
+            .map_err(|e| ShowError::Read(Box::new(e)))
     }
 
     fn stand_in() -> Self {
