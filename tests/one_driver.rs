@@ -25,6 +25,17 @@ const KEY: &str = "AKIAQWERTYUIOPASDFGH";
 /// the origin's port, which no `network.http` rule names; no `tls_intercept`: plain HTTP is
 /// read without an interception CA. The explicit, admin and SOCKS5 listeners.
 fn dlp_proxy(dir: &Path, port: u16) -> Proxy {
+    sandbox_proxy(
+        dir,
+        port,
+        r#"    dlp: { rules: [{ name: aws_key, pattern: "AKIA[0-9A-Z]{16}" }] }
+"#,
+    )
+}
+
+/// A proxy with one sandbox `dev` (token `dev-secret`) reaching `other.test:port`, with
+/// `extra` lines in its entry.
+fn sandbox_proxy(dir: &Path, port: u16, extra: &str) -> Proxy {
     let audit = dir.join("audit.jsonl");
     let config = dir.join("proxy.yaml");
     std::fs::write(
@@ -37,8 +48,7 @@ defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
 sandboxes:
   - id: dev
     auth: {{ token_sha256: {tok} }}
-    dlp: {{ rules: [{{ name: aws_key, pattern: "AKIA[0-9A-Z]{{16}}" }}] }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["other.test:{port}"] }} }}
+{extra}    policy: {{ provider: local, config: {{}}, network: {{ egress: ["other.test:{port}"] }} }}
 "#,
             audit = audit.display(),
             tok = sha("dev-secret"),
@@ -125,58 +135,100 @@ fn dlp_reads_plain_http_in_connect_and_socks5_tunnels_to_hosts_without_rules() {
     }
 }
 
-/// Security review 7a W5: on a host without rules, plain HTTP in a tunnel was one record per
-/// connection, naming no method or path. Two requests pipelined in one CONNECT tunnel of a
-/// sandbox whose requests are read give two request records, each with its method, path and
-/// status; the connection keeps its own record.
+/// Security review 7a W5 and issue 89: on a host without rules, plain HTTP in a tunnel was one
+/// record per connection, naming no method or path. Two requests pipelined in one CONNECT
+/// tunnel give two request records, each with its method, path (no query), status and bytes;
+/// the connection keeps its own record — for a sandbox whose requests are read (`dlp`: served
+/// by the exchange) and for one without (relayed by the checked relay).
 #[test]
 fn two_pipelined_requests_in_a_tunnel_give_two_request_records() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = keepalive_origin("127.0.0.1");
-    let p = dlp_proxy(dir.path(), port);
-    let mut s = TcpStream::connect(p.proxy).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let target = format!("other.test:{port}");
-    connect_on(&mut s, &target, Some(&basic("dev", "dev-secret")));
-    // Both requests in one write: the second is on its way before the first is answered.
-    write!(
-        s,
-        "GET /one HTTP/1.1\r\nHost: {target}\r\n\r\nDELETE /two?x=1 HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut got = String::new();
-    let _ = s.read_to_string(&mut got);
-    assert!(got.contains("hello from origin /one"), "{got}");
-    assert!(got.contains("hello from origin /two?x=1"), "{got}");
-    let requests = || {
-        p.audit_records()
-            .into_iter()
-            .filter(|r| r["sandbox"] == "dev" && r["mode"] == "http" && r["event"] == "end")
-            .collect::<Vec<_>>()
-    };
-    eventually(Duration::from_secs(10), "two request records", || {
-        (requests().len() >= 2).then_some(())
-    });
-    let recs = requests();
-    let named: Vec<(String, String, u64)> = recs
-        .iter()
-        .map(|r| {
-            (
-                r["method"].as_str().unwrap_or("-").to_string(),
-                r["path"].as_str().unwrap_or("-").to_string(),
-                r["status"].as_u64().unwrap_or(0),
-            )
-        })
-        .collect();
-    assert_eq!(
-        named,
-        [
-            ("GET".to_string(), "/one".to_string(), 200),
-            ("DELETE".to_string(), "/two".to_string(), 200)
-        ],
-        "{recs:?}"
-    );
-    p.wait_record(|r| r["sandbox"] == "dev" && r["mode"] == "connect" && r["event"] == "end");
+    for dlp in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let port = keepalive_origin("127.0.0.1");
+        let p = match dlp {
+            true => dlp_proxy(dir.path(), port),
+            false => sandbox_proxy(dir.path(), port, ""),
+        };
+        let mut s = TcpStream::connect(p.proxy).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let target = format!("other.test:{port}");
+        connect_on(&mut s, &target, Some(&basic("dev", "dev-secret")));
+        // Both requests in one write: the second is on its way before the first is answered.
+        let one = format!("GET /one HTTP/1.1\r\nHost: {target}\r\n\r\n");
+        let two = format!("DELETE /two?x=1 HTTP/1.1\r\nHost: {target}\r\n\r\n");
+        s.write_all(format!("{one}{two}").as_bytes()).unwrap();
+        let mut got = String::new();
+        let mut buf = [0u8; 4096];
+        while !got.contains("hello from origin /two?x=1\n") {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.push_str(&String::from_utf8_lossy(&buf[..n])),
+            }
+        }
+        assert!(got.contains("hello from origin /one"), "dlp={dlp}: {got}");
+        assert!(
+            got.contains("hello from origin /two?x=1"),
+            "dlp={dlp}: {got}"
+        );
+        drop(s);
+        let requests = || {
+            p.audit_records()
+                .into_iter()
+                .filter(|r| r["sandbox"] == "dev" && r["mode"] == "http" && r["event"] == "end")
+                .collect::<Vec<_>>()
+        };
+        eventually(Duration::from_secs(10), "two request records", || {
+            (requests().len() >= 2).then_some(())
+        });
+        let recs = requests();
+        let named: Vec<(String, String, u64)> = recs
+            .iter()
+            .map(|r| {
+                (
+                    r["method"].as_str().unwrap_or("-").to_string(),
+                    r["path"].as_str().unwrap_or("-").to_string(),
+                    r["status"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect();
+        assert_eq!(
+            named,
+            [
+                ("GET".to_string(), "/one".to_string(), 200),
+                ("DELETE".to_string(), "/two".to_string(), 200)
+            ],
+            "dlp={dlp}: {recs:?}"
+        );
+        if !dlp {
+            // Each request's own bytes: its head up, its answer down.
+            let answer = |path: &str| {
+                let body = format!("hello from origin {path}\n");
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .len()
+            };
+            let bytes: Vec<(u64, u64)> = recs
+                .iter()
+                .map(|r| {
+                    (
+                        r["bytes_up"].as_u64().unwrap(),
+                        r["bytes_down"].as_u64().unwrap(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                bytes,
+                [
+                    (one.len() as u64, answer("/one") as u64),
+                    (two.len() as u64, answer("/two?x=1") as u64)
+                ],
+                "{recs:?}"
+            );
+        }
+        p.wait_record(|r| r["sandbox"] == "dev" && r["mode"] == "connect" && r["event"] == "end");
+    }
 }
 
 /// A proxy terminating `api.test` (and judging `mcp.test`) for sandbox `dev` with

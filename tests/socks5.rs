@@ -87,8 +87,19 @@ fn curl_with_a_login_reaches_an_allowed_name_and_is_recorded() {
     );
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(out.text(), "hello from origin /hi\n");
-    let r = e.proxy.wait_record(|r| r["target_host"] == "origin.test");
+    // The connection's record (each plain-HTTP request on it has its own, mode http).
+    let r = e
+        .proxy
+        .wait_record(|r| r["target_host"] == "origin.test" && r["mode"] != "http");
     assert_eq!(r["mode"], "socks5", "{r}");
+    let req = e
+        .proxy
+        .wait_record(|r| r["mode"] == "http" && r["path"] == "/hi");
+    assert_eq!(
+        (&req["sandbox"], &req["status"]),
+        (&"agent1".into(), &200.into()),
+        "{req}"
+    );
     assert_eq!(r["sandbox"], "agent1");
     assert_eq!(r["identity"], "token");
     assert_eq!(r["decision"], "allow");
@@ -111,7 +122,9 @@ fn without_a_login_the_source_address_identifies() {
         &["--interface", "127.0.0.2"],
     );
     assert_eq!(out.code, 0, "{}", out.stderr);
-    let r = e.proxy.wait_record(|r| r["sandbox"] == "bysource");
+    let r = e
+        .proxy
+        .wait_record(|r| r["sandbox"] == "bysource" && r["mode"] != "http");
     assert_eq!(
         (r["identity"].as_str(), r["mode"].as_str()),
         (Some("source"), Some("socks5"))

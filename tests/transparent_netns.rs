@@ -438,8 +438,11 @@ fn gateway_sni_host_forged_destination_and_udp() {
     ]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("GET /echo HTTP/1.1"), "{out}");
-    let rec = proxy.wait_record(|r| r["target_host"] == "plain.test");
+    // The connection's record; the request has its own (mode http, method and path).
+    let rec = proxy.wait_record(|r| r["target_host"] == "plain.test" && r["mode"] != "http");
     assert_eq!(rec["mode"], "host");
+    let req = proxy.wait_record(|r| r["mode"] == "http" && r["path"] == "/echo");
+    assert_eq!(req["method"], "GET", "{req}");
     let (code, _) = ns.curl(&[
         "--resolve",
         &format!("denied.test:{hp}:{ip}"),

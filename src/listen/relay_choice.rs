@@ -136,7 +136,7 @@ fn relay_until_stopped(
                 inspected.client,
                 &target,
                 report,
-                live,
+                (live, audit.recorder().in_clear()),
                 stop,
                 shaper,
             ))

@@ -18,15 +18,19 @@
 //! has answered, nothing more of the client's is relayed, and after any other answer the next
 //! request is checked like the others.
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::audit::outcome::Close;
+use crate::audit::record::HttpFacts;
+use crate::audit::{AuditGuard, Recorder};
 use crate::egress::limits::SandboxLimiter;
 use crate::policy::reason::Reason;
 use crate::policy::target::{Host, Target};
+use crate::policy::Verdict;
 use crate::relay::liveness::Liveness;
 use crate::relay::tunnel::{drive, pump_observed, Relayed};
 use crate::wire::first_bytes::Mismatch;
@@ -81,7 +85,7 @@ pub async fn relay_checked<C, S, F>(
     first: Vec<u8>,
     expected: &Target,
     report: bool,
-    live: Liveness,
+    (live, recorder): (Liveness, Recorder),
     stop: F,
     shaper: Option<&SandboxLimiter>,
 ) -> Checked
@@ -94,6 +98,7 @@ where
     let responses = Mutex::new(ResponseStream::new());
     let (answer_tx, answer_rx) = tokio::sync::watch::channel(Answer::Pending);
     let answered = tokio::sync::Notify::new();
+    let records = Records::default();
     let relayed = {
         let (mut cr, cw) = tokio::io::split(&mut client);
         let (sr, mut sw) = tokio::io::split(&mut server);
@@ -105,6 +110,8 @@ where
             let mut heads = Heads {
                 seen: 0,
                 live: &live,
+                recorder: &recorder,
+                records: &records,
             };
             loop {
                 let f = frame(
@@ -151,7 +158,7 @@ where
                 pending = buf[..n].to_vec();
             }
         };
-        let observe = |bytes: &[u8]| observed(&responses, &answer_tx, bytes);
+        let observe = |bytes: &[u8]| observed(&responses, (&answer_tx, &records), bytes);
         let down = async {
             let r = pump_observed(sr, cw, false, shaper, &live, observe).await;
             answered.notify_one();
@@ -159,6 +166,10 @@ where
         };
         drive(up, down, &live, stop).await
     };
+    if let Ok(mut r) = responses.lock() {
+        r.finish();
+        records.answered(&mut r);
+    }
     let mismatch = found.into_inner().ok().flatten();
     ended(relayed, mismatch, report, (client, server))
 }
@@ -167,13 +178,14 @@ where
 /// switch protocols, the waiting client side is told.
 fn observed(
     responses: &Mutex<ResponseStream>,
-    answer_tx: &tokio::sync::watch::Sender<Answer>,
+    (answer_tx, records): (&tokio::sync::watch::Sender<Answer>, &Records),
     bytes: &[u8],
 ) -> std::io::Result<()> {
     let mut r = responses
         .lock()
         .map_err(|_| std::io::Error::other("poisoned"))?;
     r.feed(bytes).map_err(std::io::Error::other)?;
+    records.answered(&mut r);
     if r.answer() != Answer::Pending {
         answer_tx.send_if_modified(|a| {
             let changed = *a != r.answer();
@@ -272,10 +284,62 @@ struct Framed {
     held: Option<Vec<u8>>,
 }
 
+/// The records of the requests sent and not answered yet, oldest first, each with the bytes
+/// of its request: every request framed on the connection gets its own (`mode: http`, method,
+/// path, status and bytes), written when its answer has been relayed whole — the connection
+/// keeps its own record too.
+#[derive(Default)]
+struct Records(Mutex<VecDeque<(AuditGuard, u64)>>);
+
+impl Records {
+    /// A request was sent: `g` is its record.
+    fn push(&self, g: AuditGuard) {
+        if let Ok(mut q) = self.0.lock() {
+            q.push_back((g, 0));
+        }
+    }
+
+    /// `n` more bytes of the request sent last.
+    fn up(&self, n: usize) {
+        if let Some((_, up)) = self.0.lock().ok().as_mut().and_then(|q| q.back_mut()) {
+            *up += n as u64;
+        }
+    }
+
+    /// The answers `r` read whole end their requests' records (written as they drop).
+    fn answered(&self, r: &mut ResponseStream) {
+        while let Some((status, down)) = r.take_answered() {
+            let Some((mut g, up)) = self.0.lock().ok().and_then(|mut q| q.pop_front()) else {
+                return;
+            };
+            if let Ok(code) = http::StatusCode::from_u16(status) {
+                g.status(code);
+            }
+            g.bytes(up, down);
+        }
+    }
+}
+
+/// The record of one request framed on the connection, its answer not known yet.
+fn request_record(recorder: &Recorder, head: &Head) -> AuditGuard {
+    let mut g = recorder.guard();
+    g.http(HttpFacts {
+        method: http::Method::from_bytes(head.method.as_bytes()).unwrap_or_default(),
+        path: head.path.as_str().into(),
+        status: 0,
+        credential: None,
+        secret_reflected: None,
+        call: None,
+    });
+    g
+}
+
 /// The request heads framed so far, each after the first reserved as a request of its own.
 struct Heads<'a> {
     seen: u64,
     live: &'a Liveness,
+    recorder: &'a Recorder,
+    records: &'a Records,
 }
 
 impl Heads<'_> {
@@ -292,6 +356,24 @@ impl Heads<'_> {
             reason: r.reason,
             detail: format!("request {} on the connection: {}", self.seen, r.detail),
         })
+    }
+
+    /// The request of `head` goes to the origin (`refusal`: one report mode lets go): its
+    /// record waits for the answer ([`Records`]).
+    fn sent(&self, head: &Head, refusal: Option<&Mismatch>) {
+        let mut g = request_record(self.recorder, head);
+        if let Some(m) = refusal {
+            g.verdict(Verdict::Report, m.reason);
+            g.detail(format!("{} (report mode: relayed)", m.detail));
+        }
+        self.records.push(g);
+    }
+
+    /// The request of `head` is refused: its record says why, written now.
+    fn refused(&self, head: &Head, m: &Mismatch) {
+        let mut g = request_record(self.recorder, head);
+        g.verdict(Verdict::Deny, m.reason);
+        g.detail(m.detail.clone());
     }
 }
 
@@ -317,33 +399,40 @@ fn frame(
     while !data.is_empty() {
         match framer.step(data) {
             Ok(Step::Pass(n)) => {
+                heads.records.up(n);
                 f.out.extend_from_slice(&data[..n]);
                 data = &data[n..];
             }
             Ok(Step::Buffered) => data = &[],
             Ok(Step::Line { consumed }) => {
-                f.out.extend(framer.take_held());
+                let held = framer.take_held();
+                heads.records.up(held.len());
+                f.out.extend(held);
                 data = &data[consumed..];
             }
             Ok(Step::Head { head, consumed }) => {
-                if let Err(m) = check(&head, expected) {
-                    keep(m);
-                    if !report {
+                // Reported only where a policy refusal would be (never a quota).
+                let enforced = |m: &Mismatch| !(report && m.reason.reportable());
+                let refusal = match check(&head, expected).err() {
+                    Some(m) if enforced(&m) => Some(m),
+                    m => heads.reserve().err().or(m),
+                };
+                if let Some(m) = &refusal {
+                    if enforced(m) {
+                        heads.refused(&head, m);
+                        keep(m.clone());
                         f.refused = true;
                         return f;
                     }
                 }
-                if let Err(m) = heads.reserve() {
-                    // Reported only where a policy refusal would be (never a quota).
-                    let reported = report && m.reason.reportable();
+                heads.sent(&head, refusal.as_ref());
+                if let Some(m) = refusal {
                     keep(m);
-                    if !reported {
-                        f.refused = true;
-                        return f;
-                    }
                 }
                 f.sent.push(head.kind);
-                f.out.extend(framer.take_held());
+                let held = framer.take_held();
+                heads.records.up(held.len());
+                f.out.extend(held);
                 data = &data[consumed..];
             }
             Ok(Step::AwaitSwitch) => {
@@ -403,6 +492,8 @@ mod tests {
 
     fn head(host: Option<&str>, authority: Option<&str>) -> Head {
         Head {
+            method: "GET".into(),
+            path: "/".into(),
             host: host.map(Into::into),
             authority: authority.map(Into::into),
             kind: RequestKind::default(),

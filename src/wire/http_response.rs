@@ -38,6 +38,10 @@ pub struct ResponseStream {
     pending: VecDeque<RequestKind>,
     /// The answer to the last request that asked to switch.
     answer: Answer,
+    /// The final answer being read: its status and bytes so far.
+    current: Option<(u16, u64)>,
+    /// Answers read whole (status, bytes), oldest first, until taken.
+    done: VecDeque<(u16, u64)>,
 }
 
 impl Default for ResponseStream {
@@ -54,6 +58,33 @@ impl ResponseStream {
             buf: Vec::new(),
             pending: VecDeque::new(),
             answer: Answer::Pending,
+            current: None,
+            done: VecDeque::new(),
+        }
+    }
+
+    /// The oldest answer read whole and not taken yet: its status and its bytes (head and
+    /// body), in the order of the requests.
+    pub fn take_answered(&mut self) -> Option<(u16, u64)> {
+        self.done.pop_front()
+    }
+
+    /// The connection ended: an answer delimited by its end (or a switched stream) is whole.
+    pub fn finish(&mut self) {
+        self.complete();
+    }
+
+    /// The answer being read is whole.
+    fn complete(&mut self) {
+        if let Some(c) = self.current.take() {
+            self.done.push_back(c);
+        }
+    }
+
+    /// `n` more bytes of the answer being read.
+    fn count(&mut self, n: usize) {
+        if let Some(c) = self.current.as_mut() {
+            c.1 += n as u64;
         }
     }
 
@@ -74,22 +105,27 @@ impl ResponseStream {
     pub fn feed(&mut self, mut data: &[u8]) -> Result<(), &'static str> {
         while !data.is_empty() {
             match &mut self.state {
-                State::Rest => return Ok(()),
+                State::Rest => {
+                    self.count(data.len());
+                    return Ok(());
+                }
                 State::Body(body) => match body.step(data)? {
-                    Step::Pass(n) => {
+                    step @ (Step::Pass(n) | Step::Line { consumed: n }) => {
+                        if let Step::Line { .. } = step {
+                            body.take_held();
+                        }
                         data = &data[n..];
-                        if body.body_done() {
+                        let done = body.body_done();
+                        self.count(n);
+                        if done {
                             self.state = State::Head;
+                            self.complete();
                         }
                     }
-                    Step::Line { consumed } => {
-                        body.take_held();
-                        data = &data[consumed..];
-                        if body.body_done() {
-                            self.state = State::Head;
-                        }
+                    Step::Buffered => {
+                        self.count(data.len());
+                        data = &[];
                     }
-                    Step::Buffered => data = &[],
                     Step::Head { .. } | Step::AwaitSwitch => return Err("response body framing"),
                 },
                 State::Head => {
@@ -124,6 +160,7 @@ impl ResponseStream {
             return Ok(Some(len));
         }
         let req = self.pending.pop_front().unwrap_or_default();
+        self.current = Some((code, len as u64));
         let switching = req.upgrade || req.connect;
         let switched = (code == 101 && req.upgrade) || (req.connect && (200..300).contains(&code));
         if code == 101 && !req.upgrade {
@@ -170,6 +207,9 @@ impl ResponseStream {
             if b.body_done() {
                 self.state = State::Head;
             }
+        }
+        if matches!(self.state, State::Head) {
+            self.complete();
         }
         Ok(Some(len))
     }
@@ -235,5 +275,30 @@ HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n";
         let mut rs = ResponseStream::new();
         rs.sent(kind(false, false, false));
         assert!(rs.feed(b"HTTP/1.1 101 Switching\r\n\r\n").is_err());
+    }
+
+    /// Each answer is reported whole, in order, with its status and its bytes, whatever the
+    /// split; one delimited by the connection's end when the connection ends.
+    #[test]
+    fn answers_are_counted_one_by_one() {
+        let a = &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"[..];
+        let b = &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 No\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"[..];
+        let c = &b"HTTP/1.1 200 OK\r\n\r\nuntil the end"[..];
+        let all = [a, b, c].concat();
+        for split in [1, 7, all.len()] {
+            let mut r = ResponseStream::new();
+            for _ in 0..3 {
+                r.sent(kind(false, false, false));
+            }
+            for piece in all.chunks(split) {
+                r.feed(piece).unwrap();
+            }
+            assert_eq!(r.take_answered(), Some((200, a.len() as u64)));
+            let interim = "HTTP/1.1 100 Continue\r\n\r\n".len();
+            assert_eq!(r.take_answered(), Some((404, (b.len() - interim) as u64)));
+            assert_eq!(r.take_answered(), None);
+            r.finish();
+            assert_eq!(r.take_answered(), Some((200, c.len() as u64)));
+        }
     }
 }

@@ -11,9 +11,14 @@
 
 use crate::wire::peek::MAX_PEEK;
 
-/// One request head: its `Host` and, for an absolute-form target, its authority.
+/// One request head: its method and path (for its record), its `Host` and, for an
+/// absolute-form target, its authority.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head {
+    /// The request's method.
+    pub method: String,
+    /// The target's path without the query (the authority of a `CONNECT`).
+    pub path: String,
     /// The `Host` header, if any.
     pub host: Option<String>,
     /// The request line's authority (absolute form), if any.
@@ -256,6 +261,13 @@ impl RequestStream {
             connect: method == "CONNECT",
             upgrade,
         };
+        let head = Head {
+            method: method.to_string(),
+            path: path_of(path, authority.as_deref(), kind.connect),
+            host,
+            authority,
+            kind,
+        };
         self.switch_after = upgrade || kind.connect;
         self.state = if chunked {
             State::ChunkSize
@@ -267,13 +279,25 @@ impl RequestStream {
         };
         self.buf.truncate(len);
         Ok(Step::Head {
-            head: Head {
-                host,
-                authority,
-                kind,
-            },
+            head,
             consumed: len - before,
         })
+    }
+}
+
+/// The path a record names for a request `target`: without scheme, authority and query.
+fn path_of(target: &str, authority: Option<&str>, connect: bool) -> String {
+    if connect {
+        return target.to_string();
+    }
+    let rest = match (authority, target.split_once("://")) {
+        (Some(a), Some((_, after))) => after.strip_prefix(a).unwrap_or(after),
+        _ => target,
+    };
+    let path = rest.split(['?', '#']).next().unwrap_or("");
+    match path.is_empty() {
+        true => "/".into(),
+        false => path.into(),
     }
 }
 
