@@ -431,11 +431,14 @@ fn vouched_execs_name_every_connection_and_scope_and_meter_it() {
     let s5 = |user: &str| format!("socks5h://{user}:tok2@{socks}");
     let out = curl(&["--proxy", &s5("s2~call_4.web_fetch"), &url]);
     assert_eq!(out.code, 0, "{}", out.stderr);
-    let rec = proxy.wait_record(|r| r["process"]["exec"] == "call_4.web_fetch");
+    // The connection's record (its request's own, mode http, names the exec too).
+    let rec =
+        proxy.wait_record(|r| r["process"]["exec"] == "call_4.web_fetch" && r["mode"] != "http");
     assert_eq!(
         (&rec["mode"], &rec["identity"]),
         (&"socks5".into(), &"token".into())
     );
+    proxy.wait_record(|r| r["process"]["exec"] == "call_4.web_fetch" && r["mode"] == "http");
     let out = curl(&["--proxy", &s5("s2~call_5.shell"), &url]);
     assert_ne!(out.code, 0);
     let rec = proxy.wait_record(|r| r["process"]["exec"] == "call_5.shell");

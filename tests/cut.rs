@@ -77,7 +77,7 @@ fn assert_reset(
     cut: Instant,
     close: &str,
 ) {
-    let rec = p.wait_record(|r| r["target_host"] == "big.test");
+    let rec = p.wait_record(|r| r["target_host"] == "big.test" && r["mode"] != "http");
     assert_eq!(rec["close"], close, "{rec}");
     let (total, ended, how) = reader.join().unwrap();
     let after = ended.saturating_duration_since(cut);
@@ -204,7 +204,7 @@ fn an_upload_that_keeps_writing_after_the_cut_delivers_nothing_more() {
     write_config(dir.path(), "\"big.test:*\"", "", 30_000);
     let (status, body) = admin_req(p.admin, "POST", "/v1/reload", "", Some(ADMIN_TOKEN));
     assert_eq!(status, 200, "{body}");
-    let rec = p.wait_record(|r| r["target_host"] == "api.test");
+    let rec = p.wait_record(|r| r["target_host"] == "api.test" && r["mode"] != "http");
     assert_eq!(rec["close"], "revoked", "{rec}");
     writer.join().unwrap();
     // The origin reads everything that reaches it.
@@ -234,7 +234,7 @@ fn assert_exact_tunnel(limits: &str) {
     let (sent, received) = whole_download(&p, &origin);
     let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {BIG}\r\nConnection: close\r\n\r\n");
     assert_eq!(received, head.len() + BIG, "the origin's whole response");
-    let rec = p.wait_record(|r| r["target_host"] == "big.test");
+    let rec = p.wait_record(|r| r["target_host"] == "big.test" && r["mode"] != "http");
     assert_eq!(rec["close"], "eof", "{rec}");
     assert_eq!(rec["bytes_down"].as_u64(), Some(received as u64), "{rec}");
     assert_eq!(rec["bytes_up"].as_u64(), Some(sent as u64), "{rec}");

@@ -217,7 +217,9 @@ fn layers_bound_registrations_grants_and_open_tunnels() {
             ) => {}
         still => panic!("the tunnel is still open: {still:?}"),
     }
-    let rec = p.wait_record(|r| r["target_host"] == "db.corp.example" && r["event"] == "end");
+    let rec = p.wait_record(|r| {
+        r["target_host"] == "db.corp.example" && r["event"] == "end" && r["mode"] != "http"
+    });
     assert_eq!(rec["close"], "revoked", "{rec}");
     let check = format!(r#"{{"sandbox":"s1","target":"db.corp.example:{port}"}}"#);
     let (_, decided) = admin(&p, "POST", "/v1/check", &check);

@@ -187,7 +187,7 @@ fn a_shaped_tunnel_whose_client_stops_reading_is_idled_out() {
     write_config(dir.path(), HOSTS, defaults, &shaped_sandbox());
     let p = start(dir.path());
     let _client = stalled_download(&p, &origin);
-    let rec = p.wait_record(|r| r["target_host"] == "big.test");
+    let rec = p.wait_record(|r| r["target_host"] == "big.test" && r["mode"] != "http");
     assert_eq!(rec["close"], "idle", "{rec}");
     assert!(
         (rec["bytes_down"].as_u64().unwrap() as usize) < BIG,
@@ -209,7 +209,7 @@ fn a_shaped_tunnel_whose_client_stops_reading_is_revoked() {
     let sandboxes = shaped_sandbox().replace("\"big.test:*\"", "\"api.test:*\"");
     write_config(dir.path(), HOSTS, LOOPBACK_OK, &sandboxes);
     reload(&p);
-    let rec = p.wait_record(|r| r["target_host"] == "big.test");
+    let rec = p.wait_record(|r| r["target_host"] == "big.test" && r["mode"] != "http");
     assert_eq!(rec["close"], "revoked", "{rec}");
 }
 
@@ -384,7 +384,11 @@ fn every_refusal_path_writes_exactly_one_end_record_timed_from_accept() {
         ("connection_limit", 1, "429"),
         ("destination_not_found", 1, "DNS failure"),
         ("connection_refused", 1, "dial failure"),
-        ("rule_matched", 2, "the allowed tunnel and the holder"),
+        (
+            "rule_matched",
+            3,
+            "the allowed tunnel, the request it carried (its own record), and the holder",
+        ),
     ];
     // Wait until the last one (the holder) is written, then count.
     p.wait_record(|r| r["sandbox"] == "one" && r["reason"] == "rule_matched");
@@ -398,19 +402,28 @@ fn every_refusal_path_writes_exactly_one_end_record_timed_from_accept() {
             "{what}: {n} end records with reason {reason}: {ends:#?}"
         );
     }
-    // One end record per connection: conn_ids are unique.
-    let mut ids: Vec<u64> = ends
+    // One end record per connection — conn_ids are unique — besides the record of the
+    // request the allowed tunnel carried (mode http, its connection's conn_id).
+    let tunnel_request = |r: &&&serde_json::Value| {
+        r["mode"] == "http"
+            && ends
+                .iter()
+                .any(|c| c["conn_id"] == r["conn_id"] && c["mode"] != "http")
+    };
+    assert_eq!(ends.iter().filter(tunnel_request).count(), 1, "{ends:#?}");
+    let conns: Vec<&&serde_json::Value> = ends.iter().filter(|r| !tunnel_request(r)).collect();
+    let mut ids: Vec<u64> = conns
         .iter()
         .map(|r| r["conn_id"].as_u64().unwrap())
         .collect();
     ids.sort_unstable();
     ids.dedup();
-    assert_eq!(ids.len(), ends.len(), "{ends:#?}");
-    assert_eq!(ends.len(), 9, "{ends:#?}");
+    assert_eq!(ids.len(), conns.len(), "{ends:#?}");
+    assert_eq!(conns.len(), 9, "{ends:#?}");
     // Every connection that lived at least `hold` says so: `duration_ms` counts from the
     // accept, not from the request. (A third of `hold`: on a loaded machine the proxy may
     // accept a while after the client connected.)
-    for r in &ends {
+    for r in &conns {
         if r["detail"] == "closed before sending a request" {
             continue;
         }

@@ -160,6 +160,48 @@ pub enum Phase<B> {
     Whole(Bytes),
 }
 
+/// A request body type the DLP phase wraps: scanned as it streams, or the bytes read whole.
+pub trait Rebody:
+    http_body::Body<Data = Bytes, Error: From<Cut> + Into<BoxError>> + Unpin + Sized
+{
+    /// The body scanned as it streams.
+    fn scanned(s: Scanned<Self>) -> Self;
+    /// The body read whole (and scanned decoded), sent as it came.
+    fn whole(b: Bytes) -> Self;
+}
+
+/// The DLP phase of a request of `binding`, the one call site on every path (forwarded,
+/// plain in a tunnel, terminated): nothing without `dlp:`; else the target and headers the
+/// sandbox sent now, and the body wrapped ([`phase`]). `Ok` with the request to send and what
+/// the body scanner will have found (read after the request was sent: [`recorded`]); `Err`
+/// with the refusal, recorded (`dlp_blocked`, the rules that matched).
+pub async fn request<B: Rebody>(
+    binding: &crate::config::Binding,
+    req: http::Request<B>,
+    audit: &mut crate::audit::AuditGuard,
+) -> Result<(http::Request<B>, Option<Arc<Mutex<Found>>>), super::Refusal> {
+    use crate::policy::reason::Reason;
+    let Some(cfg) = binding.dlp.clone() else {
+        return Ok((req, None));
+    };
+    let report = binding.enforcement == crate::policy::Enforcement::Report;
+    let scanner = Scanner::new(cfg, report);
+    let found = scanner.found.clone();
+    let (parts, body) = req.into_parts();
+    let body = match phase(scanner, &parts.uri, &parts.headers, body).await {
+        Ok(Phase::Stream(s)) => B::scanned(s),
+        Ok(Phase::Whole(b)) => B::whole(b),
+        Err(why) => {
+            // The rules that matched the target or headers, named on the record.
+            let _ = recorded(&found, audit);
+            audit.verdict(crate::policy::Verdict::Deny, Reason::DlpBlocked);
+            audit.detail(why.to_string());
+            return Err(super::Refusal::new(Reason::DlpBlocked, why.to_string()));
+        }
+    };
+    Ok((http::Request::from_parts(parts, body), Some(found)))
+}
+
 /// The DLP phase: the request's target and headers, then its body — wrapped to be scanned as
 /// it streams, or read whole (within `max_bytes`) and decoded first when it has a
 /// `Content-Encoding`. `Err` with the refusal's words (the scanner's finds say which rule).

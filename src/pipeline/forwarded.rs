@@ -22,7 +22,7 @@ use crate::audit::AuditGuard;
 use crate::config::Binding;
 use crate::policy::protocols::Refused;
 use crate::policy::reason::Reason;
-use crate::policy::{Enforcement, Verdict};
+use crate::policy::Verdict;
 
 /// A forwarded request's body, as the forwarder sends it.
 pub type ForwardBody = BoxBody<Bytes, SendError>;
@@ -64,10 +64,7 @@ pub async fn phases(
         audit,
     )
     .await?;
-    let scanned = match binding.dlp.clone() {
-        None => (req, None),
-        Some(cfg) => scan(cfg, binding, req, audit).await?,
-    };
+    let scanned = super::dlp::request(binding, req, audit).await?;
     if let Err(r) = reserve() {
         audit.decision(&crate::policy::Decision::deny(r.reason, None));
         audit.detail(r.detail.clone());
@@ -112,30 +109,13 @@ impl Prefix for ForwardBody {
     }
 }
 
-/// The DLP phase: the target and headers now, the body as it streams (or read whole and
-/// decoded when compressed). `Err` with the refusal, recorded, before anything is sent.
-async fn scan(
-    cfg: std::sync::Arc<crate::config::decider::DlpConfig>,
-    binding: &Binding,
-    req: Request<ForwardBody>,
-    audit: &mut AuditGuard,
-) -> Result<(Request<ForwardBody>, Option<Found>), Refusal> {
-    let scanner = super::dlp::Scanner::new(cfg, binding.enforcement == Enforcement::Report);
-    let found = scanner.found.clone();
-    let (parts, body) = req.into_parts();
-    match super::dlp::phase(scanner, &parts.uri, &parts.headers, body).await {
-        Ok(super::dlp::Phase::Stream(s)) => {
-            let body = s.boxed();
-            Ok((Request::from_parts(parts, body), Some(found)))
-        }
-        Ok(super::dlp::Phase::Whole(b)) => Ok((whole(parts, b), Some(found))),
-        Err(why) => {
-            // The rules that matched the target or headers, named on the record.
-            let _ = super::dlp::recorded(&found, audit);
-            audit.verdict(Verdict::Deny, Reason::DlpBlocked);
-            audit.detail(why.to_string());
-            Err(Refusal::new(Reason::DlpBlocked, why.to_string()))
-        }
+impl super::dlp::Rebody for ForwardBody {
+    fn scanned(s: super::dlp::Scanned<Self>) -> Self {
+        s.boxed()
+    }
+
+    fn whole(b: Bytes) -> Self {
+        Full::new(b).map_err(|never| match never {}).boxed()
     }
 }
 

@@ -168,8 +168,9 @@ where
     };
     if let Ok(mut r) = responses.lock() {
         r.finish();
-        records.answered(&mut r);
+        records.answered(&mut r, Some(relayed.close));
     }
+    records.unanswered(relayed.close);
     let mismatch = found.into_inner().ok().flatten();
     ended(relayed, mismatch, report, (client, server))
 }
@@ -185,7 +186,7 @@ fn observed(
         .lock()
         .map_err(|_| std::io::Error::other("poisoned"))?;
     r.feed(bytes).map_err(std::io::Error::other)?;
-    records.answered(&mut r);
+    records.answered(&mut r, None);
     if r.answer() != Answer::Pending {
         answer_tx.send_if_modified(|a| {
             let changed = *a != r.answer();
@@ -306,8 +307,9 @@ impl Records {
         }
     }
 
-    /// The answers `r` read whole end their requests' records (written as they drop).
-    fn answered(&self, r: &mut ResponseStream) {
+    /// The answers `r` read whole end their requests' records (written as they drop); at the
+    /// connection's end (`close`), so does the answer it cut.
+    fn answered(&self, r: &mut ResponseStream, close: Option<Close>) {
         while let Some((status, down)) = r.take_answered() {
             let Some((mut g, up)) = self.0.lock().ok().and_then(|mut q| q.pop_front()) else {
                 return;
@@ -316,6 +318,20 @@ impl Records {
                 g.status(code);
             }
             g.bytes(up, down);
+            if let Some(c) = close {
+                g.close_if_unset(c);
+            }
+        }
+    }
+}
+
+impl Records {
+    /// The connection ended with `close`: requests still unanswered end their records so.
+    fn unanswered(&self, close: Close) {
+        let left = self.0.lock().map(|mut q| std::mem::take(&mut *q));
+        for (mut g, up) in left.unwrap_or_default() {
+            g.close_if_unset(close);
+            g.bytes(up, 0);
         }
     }
 }

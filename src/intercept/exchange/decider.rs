@@ -10,10 +10,8 @@ use http::Request;
 use super::{Exchange, Prepared, Refusal, UpBody};
 use crate::audit::AuditGuard;
 use crate::pipeline::ask::{self, Asker, Prefix, ShowError};
-use crate::pipeline::dlp::{self, Found, Phase, Scanner};
-use crate::policy::reason::Reason;
-use crate::policy::{Enforcement, Verdict};
-use std::sync::{Arc, Mutex};
+use crate::pipeline::dlp;
+use crate::policy::Verdict;
 
 impl Exchange {
     /// The pipeline's decider phase ([`crate::pipeline::ask::phase`]) on `req` (allowed so
@@ -31,34 +29,15 @@ impl Exchange {
         let how = (verdict, "forwarded without credentials");
         ask::phase(asker, &p.binding, to, req, how, audit).await
     }
+}
 
-    /// The DLP phase ([`crate::pipeline::dlp::phase`]) when the binding has `dlp:`: the
-    /// target and headers the sandbox sent (before any credential is put on), and the body —
-    /// scanned as it streams, or read whole and decoded when compressed. What the scanner
-    /// finds in the body is read after the request was sent.
-    pub(super) async fn scanned(
-        &self,
-        p: &Prepared,
-        req: Request<UpBody>,
-        audit: &mut AuditGuard,
-    ) -> Result<(Request<UpBody>, Option<Arc<Mutex<Found>>>), Refusal> {
-        let Some(cfg) = p.binding.dlp.clone() else {
-            return Ok((req, None));
-        };
-        let report = p.binding.enforcement == Enforcement::Report;
-        let scanner = Scanner::new(cfg, report);
-        let found = scanner.found.clone();
-        let (parts, body) = req.into_parts();
-        let body = match dlp::phase(scanner, &parts.uri, &parts.headers, body).await {
-            Ok(Phase::Stream(s)) => UpBody::Scanned(Box::new(s)),
-            Ok(Phase::Whole(b)) => UpBody::whole(b),
-            Err(why) => {
-                // The rules that matched the target or headers, named on the record.
-                let _ = dlp::recorded(&found, audit);
-                return Err(Refusal::new(Reason::DlpBlocked, why.to_string()));
-            }
-        };
-        Ok((Request::from_parts(parts, body), Some(found)))
+impl dlp::Rebody for UpBody {
+    fn scanned(s: dlp::Scanned<Self>) -> Self {
+        UpBody::Scanned(Box::new(s))
+    }
+
+    fn whole(b: bytes::Bytes) -> Self {
+        UpBody::whole(b)
     }
 }
 

@@ -336,10 +336,11 @@ impl Exchange {
         socket::no_switch(&d.socket, &mut req);
         let (mcp, seal) = readers(&d.prepared, allowed, verdict, &mut req, metered.is_some());
         // The DLP phase judges what the sandbox sent, before any credential is put on.
-        let (mut req, dlp) = match self.scanned(&d.prepared, req, &mut audit).await {
-            Ok(x) => x,
-            Err(r) => return self.refused_recorded(audit, &asked, r),
-        };
+        let (mut req, dlp) =
+            match crate::pipeline::dlp::request(&d.prepared.binding, req, &mut audit).await {
+                Ok(x) => x,
+                Err(r) => return self.refused_recorded(audit, &asked, r),
+            };
         // Each request the rules, the decider and the DLP phase let through is reserved
         // against the daily quotas (one refused before anything of it is sent spends
         // nothing): checked and counted at once, so parallel streams cannot all pass.
