@@ -534,6 +534,14 @@ fn a_switch_inside_a_read_tunnel_carries_nothing_unread() {
 /// reached over TLS on `ports.0` and in clear on `ports.1`; explicit, admin and SOCKS5
 /// listeners; `tls_intercept` with the test CA upstream.
 fn table_proxy(dir: &Path, ca: &TestCa, ports: (u16, u16)) -> Proxy {
+    let dlp = r#"    dlp: { rules: [{ name: aws_key, pattern: "AKIA[0-9A-Z]{16}" }] }
+"#;
+    table_proxy_with(dir, ca, ports, dlp)
+}
+
+/// [`table_proxy`] with `extra` lines in the sandbox's entry instead of its `dlp` rule (and
+/// `/admin/**` allowed by the rule too).
+fn table_proxy_with(dir: &Path, ca: &TestCa, ports: (u16, u16), extra: &str) -> Proxy {
     ca_init(&dir.join("ica"));
     let audit = dir.join("audit.jsonl");
     let config = dir.join("proxy.yaml");
@@ -545,20 +553,19 @@ fn table_proxy(dir: &Path, ca: &TestCa, ports: (u16, u16)) -> Proxy {
             r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, socks5: 127.0.0.1:0 }}
 audit: {{ path: {audit} }}
 state_dir: {state}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1] }} }}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], other.test: [127.0.0.1] }} }}
 defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
 tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
 sandboxes:
   - id: dev
     auth: {{ token_sha256: {tok} }}
     limits: {{ requests_per_day: 100 }}
-    dlp: {{ rules: [{{ name: aws_key, pattern: "AKIA[0-9A-Z]{{16}}" }}] }}
-    policy:
+{extra}    policy:
       provider: local
       config: {{}}
       network:
-        egress: ["api.test:{tls}", "api.test:{plain}"]
-        http: [{{ host: api.test, methods: [GET, POST], paths: ["/ok/**", /upload] }}]
+        egress: ["api.test:{tls}", "api.test:{plain}", "other.test:{plain}"]
+        http: [{{ host: api.test, methods: [GET, POST], paths: ["/ok/**", "/admin/**", /upload] }}]
 "#,
             audit = audit.display(),
             state = state.display(),
@@ -679,6 +686,102 @@ fn every_path_runs_the_head_dlp_quota_and_record_phases() {
         seen.iter()
             .any(|(v, _, path, _)| v == "HTTP/2.0" && path == "/ok/terminated_h2"),
         "{seen:?}"
+    );
+}
+
+/// The decider phase as a row of the path × phase table: on forwarded HTTP/1.1, plain HTTP in
+/// CONNECT and SOCKS5 (to a host whose requests are judged, and to one that has no rules) and
+/// terminated HTTP/1.1 and HTTP/2, the sandbox's decider is asked about each request after its
+/// rules, with the same question: a request the rules refuse reaches no decider, `/admin/…`
+/// is refused by it, a POST's body is shown to it (PROJECT-X refused, other bodies sent), and
+/// an allowed request's record carries what it said. Before, forwarded requests were asked at
+/// admission before the rules and without the body, and plain HTTP in a tunnel to a host
+/// without rules only once, for the connection.
+#[test]
+fn every_path_asks_the_decider_after_the_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let tls = AlpnOrigin::start(&ca);
+    let plain = Origin::start(None);
+    let (tls_port, plain_port) = (tls.addr.port(), plain.addr.port());
+    // The example decider (tests/data/../../examples/decider.py), on a port of its own.
+    let d = ScriptOrigin::start("../../examples/decider.py", &[]);
+    let extra = format!(
+        "    decider: {{ url: \"http://127.0.0.1:{}/decide\", timeout_ms: 3000 }}\n",
+        d.port
+    );
+    let p = table_proxy_with(dir.path(), &ca, (tls_port, plain_port), &extra);
+    let http_proxy = format!("http://dev:dev-secret@{}", p.proxy);
+    let socks = format!("socks5h://dev:dev-secret@{}", p.socks5.unwrap());
+    let ica = dir.path().join("ica/ca.crt").display().to_string();
+    let in_clear = format!("http://api.test:{plain_port}");
+    let over_tls = format!("https://api.test:{tls_port}");
+    let rows: [(&str, Vec<&str>, &str); 5] = [
+        ("forwarded_h1", vec!["-x", &http_proxy], &in_clear),
+        ("connect_plain", vec!["-p", "-x", &http_proxy], &in_clear),
+        ("socks5_plain", vec!["-x", &socks], &in_clear),
+        (
+            "terminated_h1",
+            vec!["-x", &http_proxy, "--cacert", &ica, "--http1.1"],
+            &over_tls,
+        ),
+        (
+            "terminated_h2",
+            vec!["-x", &http_proxy, "--cacert", &ica, "--http2"],
+            &over_tls,
+        ),
+    ];
+    for (row, via, base) in &rows {
+        let run = |path: &str, extra: &[&str]| {
+            let mut args = vec!["-s", "-i"];
+            args.extend(via.iter().copied());
+            args.extend_from_slice(extra);
+            let url = format!("{base}{path}");
+            args.push(&url);
+            text(&curl(&args))
+        };
+        // Refused by the rules: no decider is asked.
+        let denied = format!("/denied/{row}");
+        let out = run(&denied, &[]);
+        assert!(out.contains("http_not_allowed"), "{row} head: {out}");
+        let rec = p.wait_record(|r| r["path"] == denied.as_str());
+        assert!(
+            rec["decider"].is_null(),
+            "{row}: asked before the rules: {rec}"
+        );
+        // Refused by the decider.
+        let out = run(&format!("/admin/{row}"), &[]);
+        assert!(out.contains("denied_by_decider"), "{row} admin: {out}");
+        // The body shown.
+        let out = run("/upload", &["--data-binary", "about PROJECT-X"]);
+        assert!(out.contains("denied_by_decider"), "{row} body: {out}");
+        // Allowed, with what the decider said on the record.
+        let path = format!("/ok/{row}");
+        let out = run(&path, &[]);
+        assert!(
+            out.contains(&format!("hello from origin {path}")),
+            "{row}: {out}"
+        );
+        let rec = p.wait_record(|r| r["path"] == path.as_str());
+        assert!(
+            rec["decider"].as_str().unwrap_or("").starts_with("allow"),
+            "{row}: {rec}"
+        );
+    }
+    // And to a host without rules, plain in a tunnel: asked about each request too.
+    let other = format!("http://other.test:{plain_port}");
+    for via in [vec!["-p", "-x", &http_proxy], vec!["-x", &socks]] {
+        let mut args = vec!["-s", "-i"];
+        args.extend(via.iter().copied());
+        let url = format!("{other}/admin/x");
+        args.push(&url);
+        let out = text(&curl(&args));
+        assert!(out.contains("denied_by_decider"), "{via:?}: {out}");
+    }
+    assert_eq!(
+        plain.received.load(Ordering::SeqCst),
+        0,
+        "a refused body was sent"
     );
 }
 

@@ -483,6 +483,9 @@ impl Recorder {
         record.mode = self.mode;
         record.verdict = crate::policy::Verdict::Allow;
         record.reason = crate::policy::reason::Reason::RuleMatched;
+        // What the decider said of the connection is the connection's; the request's own
+        // answer (if it is asked about) is written by the request's decider phase.
+        record.decider = None;
         AuditGuard::of(self.sink.clone(), Variant::Request, record, Instant::now())
     }
 }

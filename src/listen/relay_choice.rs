@@ -5,7 +5,7 @@
 //!   exchange ([`crate::intercept::serve`], plain) unless a secret is bound to the host (a
 //!   secret never travels in clear); anything else to it is refused and nothing reaches it;
 //! - plain HTTP of a sandbox whose every request is read
-//!   ([`crate::pipeline::reads_every_request`]: `dlp`) is served by the same exchange, to
+//!   ([`crate::pipeline::reads_every_request`]: `dlp`, a decider) is served by the same exchange, to
 //!   any host: each request gets the phases a forwarded one gets, and its own record;
 //! - other plain HTTP has every later request checked against the decided host
 //!   ([`crate::relay::http_checked`]);

@@ -51,11 +51,12 @@ pub fn judged_per_request(binding: &Binding, host: &str) -> bool {
 
 /// Whether every plain-HTTP request of `binding` is served one by one by the pipeline, whatever
 /// its host and however it arrives (forwarded, or inside a CONNECT, SOCKS5 or transparent
-/// connection): a phase applies to requests to any host (`dlp`). Elsewhere plain HTTP in a
+/// connection): a phase applies to requests to any host (`dlp`, and the decider, which is
+/// asked about every request the same way on every path: [`ask`]). Elsewhere plain HTTP in a
 /// tunnel to a host not [`judged_per_request`] is framed and checked against the decided host
 /// ([`crate::relay::http_checked`]).
 pub fn reads_every_request(binding: &Binding) -> bool {
-    binding.dlp.is_some()
+    binding.dlp.is_some() || binding.decider.is_some()
 }
 
 /// Why a request is refused, for its response and its record.
