@@ -26,7 +26,7 @@ impl Exchange {
     ) -> Result<Verdict, Refusal> {
         let to = (self.dest.scheme, self.dest.host.as_str(), self.dest.port);
         let asker: &dyn Asker = &*self.mint.deciders;
-        let how = (verdict, "forwarded without credentials");
+        let how = (verdict, super::WITHOUT_CREDENTIALS);
         ask::phase(asker, &p.binding, to, req, how, audit).await
     }
 }

@@ -153,6 +153,9 @@ impl Asked {
     }
 }
 
+/// How a request refused in report mode goes on, for its record.
+const WITHOUT_CREDENTIALS: &str = "forwarded without credentials";
+
 /// What [`Exchange::decide`] decided before the body is read.
 struct Decided {
     prepared: Arc<Prepared>,
@@ -476,15 +479,13 @@ impl Exchange {
         {
             asked.call = Some(format!("git {}", service.name()));
         }
-        if prepared.binding.enforcement == Enforcement::Report && r.reason.reportable() {
-            audit.verdict(Verdict::Report, r.reason);
-            audit.detail(format!("{} (forwarded without credentials)", r.detail));
-            return Ok(decided(Verdict::Report, Vec::new()));
+        match crate::pipeline::reported(&prepared.binding, r, WITHOUT_CREDENTIALS, audit) {
+            Ok(()) => Ok(decided(Verdict::Report, Vec::new())),
+            Err(r) => {
+                audit.http(asked.facts(403, r.credential.clone()));
+                Err(r)
+            }
         }
-        audit.verdict(Verdict::Deny, r.reason);
-        audit.detail(r.detail.clone());
-        audit.http(asked.facts(403, r.credential.clone()));
-        Err(r)
     }
 
     /// Read and judge the body of a request a protocol rule judges ([`judge`]): the request
@@ -511,19 +512,25 @@ impl Exchange {
             },
         };
         asked.call = refused.call.clone();
-        let report =
-            d.prepared.binding.enforcement == Enforcement::Report && refused.reason.reportable();
-        if let (true, Some(bytes)) = (report, bytes) {
-            audit.verdict(Verdict::Report, refused.reason);
-            audit.detail(format!(
-                "{} (forwarded without credentials)",
-                refused.detail
-            ));
+        // A body that could not be read whole cannot be sent as judged, even in report mode.
+        let r = Refusal::new(refused.reason, refused.detail.clone());
+        let went_on = match bytes {
+            Some(bytes) => {
+                let how = WITHOUT_CREDENTIALS;
+                crate::pipeline::reported(&d.prepared.binding, r, how, audit)
+                    .ok()
+                    .map(|()| bytes)
+            }
+            None => {
+                audit.verdict(Verdict::Deny, r.reason);
+                audit.detail(r.detail);
+                None
+            }
+        };
+        if let Some(bytes) = went_on {
             let req = Request::from_parts(parts, UpBody::whole(bytes));
             return Ok((req, Verdict::Report, Allowed::default()));
         }
-        audit.verdict(Verdict::Deny, refused.reason);
-        audit.detail(refused.detail.clone());
         let status = match refused.rpc {
             Some(_) => 200,
             None => refused.reason.status(),
