@@ -580,6 +580,56 @@ sandboxes:
     Proxy::start_with(config, audit, &[])
 }
 
+/// One row of the path × phase table: how curl reaches `api.test` on that path.
+struct Row {
+    name: &'static str,
+    via: Vec<String>,
+    base: String,
+}
+
+impl Row {
+    /// curl `-s -i` on this path to `path`, with `extra` arguments: what it printed.
+    fn run(&self, path: &str, extra: &[&str]) -> String {
+        let url = format!("{}{path}", self.base);
+        let mut args = vec!["-s", "-i"];
+        args.extend(self.via.iter().map(String::as_str));
+        args.extend_from_slice(extra);
+        args.push(&url);
+        text(&curl(&args))
+    }
+}
+
+/// The rows for a [`table_proxy`] `p` (its CA under `dir`), with the origin over TLS on
+/// `ports.0` and in clear on `ports.1`: forwarded HTTP/1.1, plain in CONNECT and SOCKS5,
+/// terminated HTTP/1.1 and HTTP/2.
+fn table_rows(p: &Proxy, dir: &Path, (tls, plain): (u16, u16)) -> Vec<Row> {
+    let http_proxy = format!("http://dev:dev-secret@{}", p.proxy);
+    let socks = format!("socks5h://dev:dev-secret@{}", p.socks5.unwrap());
+    let ica = dir.join("ica/ca.crt").display().to_string();
+    let in_clear = format!("http://api.test:{plain}");
+    let over_tls = format!("https://api.test:{tls}");
+    let row = |name, via: &[&str], base: &str| Row {
+        name,
+        via: via.iter().map(|s| s.to_string()).collect(),
+        base: base.to_string(),
+    };
+    vec![
+        row("forwarded_h1", &["-x", &http_proxy], &in_clear),
+        row("connect_plain", &["-p", "-x", &http_proxy], &in_clear),
+        row("socks5_plain", &["-x", &socks], &in_clear),
+        row(
+            "terminated_h1",
+            &["-x", &http_proxy, "--cacert", &ica, "--http1.1"],
+            &over_tls,
+        ),
+        row(
+            "terminated_h2",
+            &["-x", &http_proxy, "--cacert", &ica, "--http2"],
+            &over_tls,
+        ),
+    ]
+}
+
 /// The path × phase table (hyper's `t!` style: one row a path): forwarded HTTP/1.1, plain HTTP
 /// inside CONNECT and SOCKS5, terminated HTTP/1.1 and HTTP/2. On each, the head rules refuse
 /// a path no rule allows, the DLP phase refuses a key in a header (neither refusal spends the
@@ -597,37 +647,12 @@ fn every_path_runs_the_head_dlp_quota_and_record_phases() {
     let plain = Origin::start(None);
     let (tls_port, plain_port) = (tls.addr.port(), plain.addr.port());
     let p = table_proxy(dir.path(), &ca, (tls_port, plain_port));
-    let http_proxy = format!("http://dev:dev-secret@{}", p.proxy);
-    let socks = format!("socks5h://dev:dev-secret@{}", p.socks5.unwrap());
-    let ica = dir.path().join("ica/ca.crt").display().to_string();
-    let in_clear = format!("http://api.test:{plain_port}");
-    let over_tls = format!("https://api.test:{tls_port}");
-    let rows: [(&str, Vec<&str>, &str); 5] = [
-        ("forwarded_h1", vec!["-x", &http_proxy], &in_clear),
-        ("connect_plain", vec!["-p", "-x", &http_proxy], &in_clear),
-        ("socks5_plain", vec!["-x", &socks], &in_clear),
-        (
-            "terminated_h1",
-            vec!["-x", &http_proxy, "--cacert", &ica, "--http1.1"],
-            &over_tls,
-        ),
-        (
-            "terminated_h2",
-            vec!["-x", &http_proxy, "--cacert", &ica, "--http2"],
-            &over_tls,
-        ),
-    ];
+    let rows = table_rows(&p, dir.path(), (tls_port, plain_port));
     let body = format!("k={KEY}");
     let header = format!("X-Key: {KEY}");
-    for (row, via, base) in &rows {
-        let run = |path: &str, extra: &[&str]| {
-            let mut args = vec!["-s", "-i"];
-            args.extend(via.iter().copied());
-            args.extend_from_slice(extra);
-            let url = format!("{base}{path}");
-            args.push(&url);
-            text(&curl(&args))
-        };
+    for r in &rows {
+        let row = r.name;
+        let run = |path: &str, extra: &[&str]| r.run(path, extra);
         let before = quota_spent(&p).as_u64().unwrap_or(0);
         // The head phase.
         let out = run("/denied", &[]);
@@ -711,35 +736,10 @@ fn every_path_asks_the_decider_after_the_rules() {
         d.port
     );
     let p = table_proxy_with(dir.path(), &ca, (tls_port, plain_port), &extra);
-    let http_proxy = format!("http://dev:dev-secret@{}", p.proxy);
-    let socks = format!("socks5h://dev:dev-secret@{}", p.socks5.unwrap());
-    let ica = dir.path().join("ica/ca.crt").display().to_string();
-    let in_clear = format!("http://api.test:{plain_port}");
-    let over_tls = format!("https://api.test:{tls_port}");
-    let rows: [(&str, Vec<&str>, &str); 5] = [
-        ("forwarded_h1", vec!["-x", &http_proxy], &in_clear),
-        ("connect_plain", vec!["-p", "-x", &http_proxy], &in_clear),
-        ("socks5_plain", vec!["-x", &socks], &in_clear),
-        (
-            "terminated_h1",
-            vec!["-x", &http_proxy, "--cacert", &ica, "--http1.1"],
-            &over_tls,
-        ),
-        (
-            "terminated_h2",
-            vec!["-x", &http_proxy, "--cacert", &ica, "--http2"],
-            &over_tls,
-        ),
-    ];
-    for (row, via, base) in &rows {
-        let run = |path: &str, extra: &[&str]| {
-            let mut args = vec!["-s", "-i"];
-            args.extend(via.iter().copied());
-            args.extend_from_slice(extra);
-            let url = format!("{base}{path}");
-            args.push(&url);
-            text(&curl(&args))
-        };
+    let rows = table_rows(&p, dir.path(), (tls_port, plain_port));
+    for r in &rows {
+        let row = r.name;
+        let run = |path: &str, extra: &[&str]| r.run(path, extra);
         // Refused by the rules: no decider is asked.
         let denied = format!("/denied/{row}");
         let out = run(&denied, &[]);
@@ -769,14 +769,18 @@ fn every_path_asks_the_decider_after_the_rules() {
         );
     }
     // And to a host without rules, plain in a tunnel: asked about each request too.
-    let other = format!("http://other.test:{plain_port}");
-    for via in [vec!["-p", "-x", &http_proxy], vec!["-x", &socks]] {
-        let mut args = vec!["-s", "-i"];
-        args.extend(via.iter().copied());
-        let url = format!("{other}/admin/x");
-        args.push(&url);
-        let out = text(&curl(&args));
-        assert!(out.contains("denied_by_decider"), "{via:?}: {out}");
+    for r in rows.iter().filter(|r| r.name.ends_with("_plain")) {
+        let other = Row {
+            name: r.name,
+            via: r.via.clone(),
+            base: format!("http://other.test:{plain_port}"),
+        };
+        let out = other.run("/admin/x", &[]);
+        assert!(
+            out.contains("denied_by_decider"),
+            "{} to other.test: {out}",
+            r.name
+        );
     }
     assert_eq!(
         plain.received.load(Ordering::SeqCst),
