@@ -15,12 +15,11 @@ use hyper::body::Frame;
 use hyper::body::Incoming;
 
 use super::ask::{Asker, Prefix, ShowError};
-use super::head::{Checked, Head, HostRules};
-use super::{body, Refusal};
-use crate::audit::record::HttpFacts;
+use super::driver::{self, Judging, Needs, Path};
+use super::head::HostRules;
+use super::Refusal;
 use crate::audit::AuditGuard;
 use crate::config::Binding;
-use crate::policy::protocols::Refused;
 use crate::policy::reason::Reason;
 use crate::policy::Verdict;
 
@@ -30,47 +29,84 @@ pub type ForwardBody = BoxBody<Bytes, SendError>;
 /// What the DLP scanner found in a forwarded body, read after it was sent.
 pub type Found = std::sync::Arc<std::sync::Mutex<super::dlp::Found>>;
 
-/// The pipeline's phases on a forwarded request of `binding` to `host`, in order: the head and
-/// body phases where the host has `network.http` rules ([`judge`]; elsewhere the record still
-/// names the method and path), then the DLP phase where the sandbox has `dlp:` ([`scan`]),
-/// then the quota reservation (`reserve`): a request refused before anything of it is sent
-/// spends nothing. `Ok` with the request to send and what the body scanner will have found;
-/// `Err` with the refusal, recorded.
+/// The pipeline's phases on a forwarded request of `binding` to `host`, driven by
+/// [`driver::request`] (the head and body phases where the host has `network.http` rules —
+/// elsewhere the record still names the method and path —, the decider, DLP, then the quota
+/// reservation `reserve`). `Ok` with the request to send and what the body scanner will have
+/// found; `Err` with the refusal, recorded.
 pub async fn phases(
     (binding, asker): (&Binding, &dyn Asker),
     (host, port, limit): (&str, u16, u64),
     req: Request<Incoming>,
     audit: &mut AuditGuard,
-    reserve: impl FnOnce() -> Result<(), Refusal>,
+    reserve: impl Fn() -> Result<(), Refusal> + Sync,
 ) -> Result<(Request<ForwardBody>, Option<Found>), Refusal> {
     let rules = HostRules::of(binding, host, audit.attributed().as_deref());
-    let mut req = match rules.is_empty() {
-        true => {
-            let (parts, b) = req.into_parts();
-            audit.http(facts(&parts, None));
-            Request::from_parts(parts, b.map_err(SendError::from).boxed())
-        }
-        false => judge(binding, &rules, host, limit, req, audit).await?,
-    };
-    // The decider, after the rules and with the body when it asks (the terminated path's
-    // question: method, target, headers).
-    let verdict = (audit.verdict_so_far(), REPORTED);
-    super::ask::phase(
-        asker,
+    let at = Judging {
         binding,
-        ("http", host, port),
-        &mut req,
-        verdict,
-        audit,
-    )
-    .await?;
-    let scanned = super::dlp::request(binding, req, audit).await?;
-    if let Err(r) = reserve() {
-        audit.decision(&crate::policy::Decision::deny(r.reason, None));
-        audit.detail(r.detail.clone());
-        return Err(r);
+        asker,
+        rules: (!rules.is_empty()).then_some(&rules),
+        limit,
+    };
+    let path = Forwarded {
+        host,
+        port,
+        reserve,
+    };
+    match driver::request(&path, at, req, audit).await {
+        Ok(ready) => Ok((ready.req, ready.dlp)),
+        Err(stop) => Err(stop.refusal),
     }
-    Ok(scanned)
+}
+
+/// The forwarded path as the driver sees it: plain HTTP to `host`:`port`, nothing metered,
+/// reserved by `reserve`.
+struct Forwarded<'a, R> {
+    host: &'a str,
+    port: u16,
+    reserve: R,
+}
+
+impl<R: Fn() -> Result<(), Refusal> + Sync> Path for Forwarded<'_, R> {
+    type Body = ForwardBody;
+    type Call = ();
+    const REPORTED: &'static str = "report mode: forwarded";
+
+    fn to(&self) -> (&'static str, &str, u16) {
+        ("http", self.host, self.port)
+    }
+
+    fn streamed(body: Incoming) -> ForwardBody {
+        body.map_err(SendError::from).boxed()
+    }
+
+    /// What reads a request's answer runs only inside a tunnel: a socket's messages, an
+    /// inference call's usage (metered against budgets), an MCP call's answer (lists cut to the
+    /// rule's, the server's requests dropped, refusals as JSON-RPC errors). Forwarded, its
+    /// answer would reach the sandbox unread.
+    fn unserved(&self, needs: Needs) -> Option<Refusal> {
+        let host = self.host;
+        let (reason, detail) = match needs {
+            Needs::Socket => (Reason::WebSocketNotAllowed, format!("a WebSocket to {host} is relayed only inside a tunnel (wss://, or ws:// through CONNECT), where its messages are read")),
+            Needs::Metered => (Reason::InferenceNotAllowed, format!("an inference call to {host} is served only inside a tunnel (https://, or http:// through CONNECT), where it is metered and its usage read")),
+            Needs::Mcp => (Reason::McpNotAllowed, format!("an MCP call to {host} is served only inside a tunnel (https://, or http:// through CONNECT), where its answer is filtered")),
+        };
+        Some(Refusal::new(reason, detail))
+    }
+
+    fn call(
+        &self,
+        _: &mut super::body::Allowed,
+        _: Verdict,
+        req: Request<ForwardBody>,
+        _: &mut AuditGuard,
+    ) -> Result<(Request<ForwardBody>, ()), Refusal> {
+        Ok((req, ()))
+    }
+
+    fn reserve(&self) -> Result<(), Refusal> {
+        (self.reserve)()
+    }
 }
 
 impl Prefix for ForwardBody {
@@ -117,127 +153,6 @@ impl super::dlp::Rebody for ForwardBody {
     fn whole(b: Bytes) -> Self {
         Full::new(b).map_err(|never| match never {}).boxed()
     }
-}
-
-/// Judge a forwarded request of `binding` to `host` (whose rules are `rules`, not empty):
-/// `Ok` with the request to send (its body whole when a protocol rule read it), recorded with
-/// what it called; `Err` with the refusal, recorded (verdict, reason, detail, method and path).
-pub async fn judge(
-    binding: &Binding,
-    rules: &HostRules,
-    host: &str,
-    limit: u64,
-    req: Request<Incoming>,
-    audit: &mut AuditGuard,
-) -> Result<Request<ForwardBody>, Refusal> {
-    let checked = rules.judge(host, Head::of(&req));
-    let (parts, b) = req.into_parts();
-    let refused = match checked {
-        Checked::Allowed(call) => {
-            audit.http(facts(&parts, call));
-            return Ok(Request::from_parts(
-                parts,
-                b.map_err(SendError::from).boxed(),
-            ));
-        }
-        Checked::Refused(r) => r,
-        // A socket's messages are read on terminated hosts only; a forwarded request's
-        // `Upgrade` never reaches the origin.
-        Checked::Socket(_) => Refusal::new(
-            Reason::WebSocketNotAllowed,
-            format!("a WebSocket to {host} is relayed only inside a tunnel (wss://, or ws:// through CONNECT), where its messages are read"),
-        ),
-        Checked::Judge(judges) => {
-            let read = match judges.first() {
-                Some(p) => body::read(b, limit, p).await,
-                None => Ok(Bytes::new()),
-            };
-            let (bytes, refused) = match read {
-                Ok(bytes) => match body::judge(&judges, &parts, &bytes) {
-                    Ok(allowed) => match read_in_tunnel_only(&allowed) {
-                        Some((reason, what, why)) => (bytes, Refused {
-                            reason,
-                            detail: format!("{what} to {host} is served only inside a tunnel (https://, or http:// through CONNECT), {why}"),
-                            call: allowed.call,
-                            rpc: None,
-                        }),
-                        None => {
-                            audit.http(facts(&parts, allowed.call));
-                            return Ok(whole(parts, bytes));
-                        }
-                    },
-                    Err(r) => (bytes, r),
-                },
-                Err(r) => {
-                    // A body that could not be read whole cannot be sent as judged, even in
-                    // report mode.
-                    audit.http(facts(&parts, None));
-                    audit.verdict(Verdict::Deny, r.reason);
-                    audit.detail(r.detail.clone());
-                    return Err(Refusal::new(r.reason, r.detail));
-                }
-            };
-            audit.http(facts(&parts, refused.call.clone()));
-            let r = Refusal::new(refused.reason, refused.detail);
-            return reported(binding, r, audit).map(|()| whole(parts, bytes));
-        }
-    };
-    audit.http(facts(&parts, None));
-    reported(binding, refused, audit)
-        .map(|()| Request::from_parts(parts, b.map_err(SendError::from).boxed()))
-}
-
-/// Why an allowed call cannot be forwarded in clear, if it cannot: what reads its answer runs
-/// only inside a tunnel — an inference call is metered against budgets and its usage read, an
-/// MCP call's answer filtered (lists cut to the rule's, the server's requests dropped) and its
-/// refusals answered as JSON-RPC errors. Forwarded, its answer would reach the sandbox unread.
-fn read_in_tunnel_only(
-    allowed: &crate::pipeline::body::Allowed,
-) -> Option<(Reason, &'static str, &'static str)> {
-    if allowed
-        .inference
-        .as_ref()
-        .is_some_and(|(_, c)| c.body_bytes > 0)
-    {
-        return Some((
-            Reason::InferenceNotAllowed,
-            "an inference call",
-            "where it is metered and its usage read",
-        ));
-    }
-    allowed.mcp.as_ref().map(|_| {
-        (
-            Reason::McpNotAllowed,
-            "an MCP call",
-            "where its answer is filtered",
-        )
-    })
-}
-
-/// A refusal, recorded ([`super::reported`]): `Ok` when report mode lets the request go on.
-fn reported(binding: &Binding, r: Refusal, audit: &mut AuditGuard) -> Result<(), Refusal> {
-    super::reported(binding, r, REPORTED, audit)
-}
-
-/// How a request refused in report mode went on, for its record.
-const REPORTED: &str = "report mode: forwarded";
-
-/// What the record says of the request: its method and path (no query), and what it called.
-fn facts(parts: &http::request::Parts, call: Option<String>) -> HttpFacts {
-    HttpFacts {
-        method: parts.method.clone(),
-        path: parts.uri.path().into(),
-        status: 0,
-        credential: None,
-        secret_reflected: None,
-        call: call.map(Into::into),
-    }
-}
-
-/// The request with the body that was judged, sent whole.
-fn whole(parts: http::request::Parts, bytes: Bytes) -> Request<ForwardBody> {
-    let body = Full::new(bytes).map_err(|never| match never {}).boxed();
-    Request::from_parts(parts, body)
 }
 
 /// Why a request body sent upstream ended early (the client's stream failed, or the DLP

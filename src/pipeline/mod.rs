@@ -12,11 +12,14 @@
 //! 2. **body** ([`body::read`], [`body::judge`]): a rule naming a protocol reads the body,
 //!    bounded, *as its declared media type* — a media type the protocol does not read is
 //!    refused, never guessed — and the bytes judged are the bytes sent;
-//! 3. the verdict stages that ask per request (the decider, quotas) and then credentials,
-//!    DLP, send and the response phases run where the path can run them: on a terminated
-//!    host all of them ([`crate::intercept`]); on forwarded plain HTTP, the head and body
-//!    phases here, while a credential never travels in clear
-//!    ([`crate::intercept::InClear`] refuses such a request before it is dialled).
+//! 3. the verdict stages that ask per request (the decider), DLP and the quota reservation.
+//!
+//! [`driver::request`] owns that order for every path that serves requests one by one
+//! (forwarded plain HTTP, and the exchange of a terminated tunnel or of plain HTTP read in a
+//! tunnel); each path supplies only what differs ([`driver::Path`]). Credentials, send and the
+//! response phases follow on the path's side: on a terminated host all of them
+//! ([`crate::intercept`]); forwarded, a credential never travels in clear
+//! ([`crate::intercept::InClear`] refuses such a request before it is dialled).
 //!
 //! [`judged_per_request`] is the one predicate that says which hosts these are.
 
@@ -25,6 +28,7 @@ pub mod aws_chunked;
 pub mod body;
 pub mod decoded;
 pub mod dlp;
+pub mod driver;
 pub mod forwarded;
 pub mod head;
 pub(crate) mod unescape;

@@ -349,7 +349,9 @@ fn watch_exchange(
                     a.detail(cut);
                 }
             });
-            cut.abort();
+            // The client keeps what it was counted for: its connection ends with a FIN after
+            // the bytes already passed (a reset would discard them from its socket buffer).
+            cut.close();
             upstream_cut.abort();
         }
     };

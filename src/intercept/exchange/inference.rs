@@ -41,17 +41,14 @@ impl Metered {
         &self,
         req: http::Request<super::up_body::UpBody>,
         audit: &mut AuditGuard,
-    ) -> Result<http::Request<super::up_body::UpBody>, (Provider, Refusal)> {
+    ) -> Result<http::Request<super::up_body::UpBody>, Refusal> {
         let (mut parts, body) = req.into_parts();
         let rewritten = body
             .bytes()
             .and_then(|b| self.bounded_body(parts.uri.path(), b));
         let Some((bytes, why)) = rewritten else {
             let why = "the call's output bound could not be set in its body: under a budget every call is bounded";
-            return Err((
-                self.call.provider,
-                Refusal::new(Reason::BudgetExceeded, why),
-            ));
+            return Err(Refusal::new(Reason::BudgetExceeded, why));
         };
         parts
             .headers
@@ -114,14 +111,14 @@ fn output_room(
 }
 
 impl Exchange {
-    /// The accounting of an allowed inference call, if the request is one (`Err`: refused,
-    /// with the provider whose shape the refusal takes).
+    /// The accounting of an allowed inference call, if the request is one (`Err`: refused;
+    /// answered in its provider's shape, the host's).
     pub(super) fn metered(
         &self,
         p: &Prepared,
         allowed: &mut crate::pipeline::body::Allowed,
         verdict: crate::policy::Verdict,
-    ) -> Result<Option<Metered>, (Provider, Refusal)> {
+    ) -> Result<Option<Metered>, Refusal> {
         let Some(ic) = allowed.inference.take() else {
             return Ok(None);
         };
@@ -129,23 +126,7 @@ impl Exchange {
         if verdict != crate::policy::Verdict::Allow || ic.1.body_bytes == 0 {
             return Ok(None);
         }
-        let provider = ic.1.provider;
-        self.admit_call(p, ic).map(Some).map_err(|r| (provider, r))
-    }
-
-    /// A refused inference call, recorded, answered in its provider's shape.
-    pub(super) fn refused_call_recorded(
-        &self,
-        mut audit: AuditGuard,
-        asked: &super::Asked,
-        provider: Provider,
-        r: Refusal,
-    ) -> Response<ResBody> {
-        audit.verdict(crate::policy::Verdict::Deny, r.reason);
-        audit.detail(r.detail.clone());
-        audit.http(asked.facts(r.reason.status(), None));
-        drop(audit);
-        self.refused_inference(provider, &r)
+        self.admit_call(p, ic).map(Some)
     }
 
     /// Admit an allowed call: its web tools, then its reservation. `Err`: refused (the

@@ -1,23 +1,19 @@
 //! One request on a terminated host, read against the sandbox's binding *now* (a reload that
 //! narrows rules or rotates a secret applies from the next request):
 //!
-//! 1. refused unless it is one the rules can judge: its method (any case; TRACE, TRACK and
-//!    unusual methods only when a rule names them), exactly the decided authority
-//!    ([`super::authority`]), a canonical path ([`crate::policy::http_rules::canonical_path`]);
-//!    no override header or `_method` parameter that would make the upstream read another
-//!    method, path or host ([`crate::policy::http_rules::override_refusal`]);
-//!    a placeholder bound elsewhere, or outside the headers its credential names, is
-//!    `credential_misuse`; then the `network.http` rules — a rule naming a protocol reads
-//!    the body whole (`tls_intercept.judge_body_bytes`) and judges it
-//!    ([`crate::policy::protocols`]); the bytes judged are the bytes sent;
-//! 2. the decider is asked ([`decider`]), the DLP phase reads the target and headers (and
-//!    wraps the body), then the request is reserved against the daily quotas — the same
-//!    order as on the forwarded path: a request refused before anything of it is sent
-//!    spends nothing;
+//! 1. the pipeline's driver ([`crate::pipeline::driver::request`], this path's hooks in
+//!    [`path`]) takes it through its phases in their one order: refused unless it is exactly
+//!    the decided authority ([`super::authority`]) with no placeholder bound elsewhere or
+//!    outside the headers its credential names (`credential_misuse`); the head rules (method,
+//!    overrides, canonical path, the `network.http` rules); the body phase where a rule names
+//!    a protocol (the bytes judged are the bytes sent); an inference call admitted and
+//!    metered; the decider; DLP on target, headers and body; the daily quotas — a request
+//!    refused before anything of it is sent spends nothing;
+//! 2. the authority the proxy writes, and `Accept-Encoding: identity` when a secret could come
+//!    back ([`super::scrub`] reads what it can scan);
 //! 3. the credentials bound here are put on it (never when the check refused it, even in report
 //!    mode: a reported request goes upstream without any credential);
-//! 4. it goes upstream with one authority written by the proxy and `Accept-Encoding: identity`
-//!    when a secret could come back ([`super::scrub`] reads what it can scan);
+//! 4. it goes upstream;
 //! 5. an MCP rule filters the response ([`super::mcp_filter`]); its headers and body are
 //!    scrubbed of the secrets bound here (`secret_reflected`); one `mode: "https"` record
 //!    (with `call`: the tool, operation or service) when the response ends.
@@ -32,24 +28,22 @@ use hyper::body::Incoming;
 
 use super::authority;
 use super::credential::{carries_outside, MintCx};
-use crate::audit::record::HttpFacts;
 use crate::audit::{AuditGuard, Recorder};
 use crate::config::Binding;
-use crate::pipeline::body::{self as judge, Allowed};
-use crate::pipeline::head::{Checked, Head};
+use crate::pipeline::body::Allowed;
+pub(crate) use crate::pipeline::driver::Asked;
+use crate::pipeline::driver::{self, Judging, Ready, Stop};
 use crate::pipeline::Refusal;
-use crate::policy::http_rules::git_request;
-use crate::policy::protocols::{Protocol, Refused};
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
 use crate::relay::counted::Counted;
 use crate::relay::deny;
 use crate::relay::liveness::Liveness;
 
-mod decider;
 mod destination;
 mod inference;
 mod inject;
+mod path;
 mod prepared;
 mod response;
 mod socket;
@@ -57,6 +51,7 @@ mod up_body;
 mod upstream;
 
 pub use destination::Destination;
+use path::Terminated;
 use prepared::Prepared;
 pub use up_body::UpBody;
 pub use upstream::Upstream;
@@ -123,67 +118,6 @@ fn readers(
     (mcp, seal)
 }
 
-/// What the record says of the request asked: its method and path, and what it called in a
-/// protocol a rule named (a tool, an operation, a git service).
-struct Asked {
-    method: http::Method,
-    path: Arc<str>,
-    call: Option<String>,
-}
-
-impl Asked {
-    fn of<B>(req: &Request<B>) -> Self {
-        Asked {
-            method: req.method().clone(),
-            path: req.uri().path().into(),
-            call: None,
-        }
-    }
-
-    /// The record's facts (the method and path shared with the request's, not copied).
-    fn facts(&self, status: u16, credential: Option<String>) -> HttpFacts {
-        HttpFacts {
-            method: self.method.clone(),
-            path: self.path.clone(),
-            status,
-            credential: credential.map(Into::into),
-            secret_reflected: None,
-            call: self.call.as_deref().map(Into::into),
-        }
-    }
-}
-
-/// How a request refused in report mode goes on, for its record.
-const WITHOUT_CREDENTIALS: &str = "forwarded without credentials";
-
-/// What [`Exchange::decide`] decided before the body is read.
-struct Decided {
-    prepared: Arc<Prepared>,
-    verdict: Verdict,
-    judges: Vec<Arc<Protocol>>,
-    /// An upgrade to a WebSocket its rule allows.
-    socket: Option<Arc<Protocol>>,
-}
-
-/// What the body phase passes on: the request, its verdict, what it may do, an inference
-/// call's accounting.
-type Judged = (
-    Request<UpBody>,
-    Verdict,
-    Allowed,
-    Option<inference::Metered>,
-);
-
-/// Why the body phase refused: answered and recorded already, or an inference call refused
-/// at admission (answered in its provider's shape).
-enum Unjudged {
-    Answered(Response<ResBody>),
-    Call(
-        crate::policy::protocols::inference::Provider,
-        crate::pipeline::Refusal,
-    ),
-}
-
 /// What went upstream: the request, the credentials put on it, the bytes sent so far, and an
 /// inference call's accounting.
 struct Sent {
@@ -232,19 +166,6 @@ impl Exchange {
             limits,
             prepared: Mutex::new(None),
         })
-    }
-
-    /// What is wrong with `req` under `p`, if anything (before any credential is put on it):
-    /// what only a terminated tunnel checks, then the pipeline's head phase
-    /// ([`crate::pipeline::head`]).
-    fn check(&self, p: &Prepared, req: &Request<Incoming>) -> Checked {
-        match self.refusal(p, req) {
-            Some(r) => Checked::Refused(r),
-            // A host not judged per request has no head rules to read, as on the forwarded
-            // path (an `Upgrade` is not passed: a socket's messages would go unread).
-            None if !p.judged => Checked::Allowed(None),
-            None => p.rules.judge(&self.dest.host, Head::of(req)),
-        }
     }
 
     /// Why `req` is refused before the pipeline's head phase reads it, if it is: another
@@ -302,68 +223,79 @@ impl Exchange {
         p
     }
 
-    /// One request, in the fixed order of the module's documentation: decide (reading the
-    /// body when a protocol rule judges it, then the decider and the DLP phase), reserve it
-    /// against the quotas, put the credentials on it, write the authority, send, filter and scrub the
-    /// response.
+    /// One request: its phases driven by [`driver::request`] (head and body rules, an
+    /// inference call's admission, the decider, DLP, the quota reservation), then the
+    /// authority written, the credentials put on it, sent, its response filtered and scrubbed.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<ResBody> {
         self.live.touch();
-        let mut asked = Asked::of(&req);
+        let method = req.method().clone();
         if let Some(why) = self.recorder.unavailable() {
             // Not served: its record could not be kept (unrecorded, counted).
-            return self.refused(&asked.method, Reason::AuditUnavailable, why.explain());
+            return self.refused(&method, Reason::AuditUnavailable, why.explain());
         }
         // The request's one record, written when this guard drops (with the response body).
         let mut audit = self.recorder.guard();
-        let d = match self.read_request(&req, &mut asked, &mut audit) {
-            Ok(x) => x,
-            Err(r) => {
+        let Some((binding, version)) = (self.current)() else {
+            let why = "the sandbox is no longer registered";
+            audit.verdict(Verdict::Deny, Reason::UnknownSandbox);
+            audit.detail(why);
+            audit.http(Asked::of(&req).facts(403, None));
+            drop(audit);
+            return self.refused(&method, Reason::UnknownSandbox, why);
+        };
+        audit.record.policy_version = version.clone();
+        let p = self.prepared(binding, version);
+        let at = Judging {
+            binding: &p.binding,
+            asker: &*self.mint.deciders,
+            rules: p.judged.then_some(&p.rules),
+            limit: self.limits.judge,
+        };
+        let path = Terminated { ex: self, p: &p };
+        match driver::request(&path, at, req, &mut audit).await {
+            Ok(ready) => self.serve(&p, ready, audit).await,
+            Err(stop) => {
                 drop(audit);
-                return self.refused(&asked.method, r.reason, &r.detail);
+                self.refused_call(&method, &stop)
             }
-        };
-        let (mut req, verdict, allowed, metered) =
-            match self.body_phase(req, &d, &mut asked, &mut audit).await {
-                Ok(x) => x,
-                Err(why) => return self.refused_body(audit, &asked, why),
-            };
-        let verdict = match self
-            .ask_decider(&d.prepared, &mut req, verdict, &mut audit)
-            .await
-        {
-            Ok(v) => v,
-            Err(r) => return self.refused_recorded(audit, &asked, r),
-        };
+        }
+    }
+
+    /// What follows the driver on a request it let through: the authority written, what
+    /// reads the response, the credentials put on, sent (or relayed as a socket).
+    async fn serve(
+        &self,
+        p: &Arc<Prepared>,
+        ready: Ready<UpBody, Option<inference::Metered>>,
+        mut audit: AuditGuard,
+    ) -> Response<ResBody> {
+        let Ready {
+            mut req,
+            verdict,
+            allowed,
+            socket,
+            call: metered,
+            dlp,
+            asked,
+        } = ready;
         let h2 = matches!(self.upstream, Upstream::H2(_));
         self.written.write(&mut req, h2);
-        socket::no_switch(&d.socket, &mut req);
-        let (mcp, seal) = readers(&d.prepared, allowed, verdict, &mut req, metered.is_some());
-        // The DLP phase judges what the sandbox sent, before any credential is put on.
-        let (mut req, dlp) =
-            match crate::pipeline::dlp::request(&d.prepared.binding, req, &mut audit).await {
-                Ok(x) => x,
-                Err(r) => return self.refused_recorded(audit, &asked, r),
-            };
-        // Each request the rules, the decider and the DLP phase let through is reserved
-        // against the daily quotas (one refused before anything of it is sent spends
-        // nothing): checked and counted at once, so parallel streams cannot all pass.
-        if let Err(r) = self.live.reserve() {
-            return self.refused_recorded(audit, &asked, r);
-        }
+        socket::no_switch(&socket, &mut req);
+        let (mcp, seal) = readers(p, allowed, verdict, &mut req, metered.is_some());
         // A request the check would refuse is never given a credential; one is put on as
         // the request will be sent (a signature covers the authority written above).
         let injected = match verdict {
-            Verdict::Allow => match self.inject(&d.prepared, &mut req).await {
+            Verdict::Allow => match self.inject(p, &mut req).await {
                 Ok(used) => used,
                 Err(r) => return self.refused_recorded(audit, &asked, r),
             },
             _ => None,
         };
-        if let (Some(rule), Verdict::Allow) = (d.socket.clone(), verdict) {
+        if let (Some(rule), Verdict::Allow) = (socket, verdict) {
             let sent = Sent::of(asked, injected);
-            return self.socket(req, (rule, &d.prepared), audit, sent).await;
+            return self.socket(req, (rule, p), audit, sent).await;
         }
-        let scrubber = d.prepared.scrubber_for(&self.mint, req.headers());
+        let scrubber = p.scrubber_for(&self.mint, req.headers());
         let up_bytes = Arc::new(AtomicU64::new(0));
         let req =
             req.map(|b| Counted::new(b, self.live.clone(), true).count_into(up_bytes.clone()));
@@ -395,161 +327,11 @@ impl Exchange {
         }
     }
 
-    /// The body phase where a protocol rule judges the body ([`Exchange::judged`]), then an
-    /// inference call's admission ([`Exchange::metered`]): the request to send, its verdict,
-    /// what it may do and its accounting; or why it is refused.
-    async fn body_phase(
-        &self,
-        req: Request<Incoming>,
-        d: &Decided,
-        asked: &mut Asked,
-        audit: &mut AuditGuard,
-    ) -> Result<Judged, Unjudged> {
-        let (req, verdict, mut allowed) = match d.judges.is_empty() {
-            true => (req.map(UpBody::Streamed), d.verdict, Allowed::default()),
-            false => self
-                .judged(req, d, asked, audit)
-                .await
-                .map_err(Unjudged::Answered)?,
-        };
-        let metered = self
-            .metered(&d.prepared, &mut allowed, verdict)
-            .map_err(|(provider, r)| Unjudged::Call(provider, r))?;
-        let req = match &metered {
-            Some(m) if m.bound.is_some() => (m.bound_request(req, audit))
-                .map_err(|(provider, r)| Unjudged::Call(provider, r))?,
-            _ => req,
-        };
-        Ok((req, verdict, allowed, metered))
-    }
-
-    /// The answer to a request the body phase refused (recorded here unless it was already).
-    fn refused_body(&self, audit: AuditGuard, asked: &Asked, why: Unjudged) -> Response<ResBody> {
-        match why {
-            Unjudged::Answered(resp) => {
-                drop(audit);
-                resp
-            }
-            Unjudged::Call(provider, r) => self.refused_call_recorded(audit, asked, provider, r),
-        }
-    }
-
-    /// Read the request against the binding in force now: `Err` with the refusal (recorded);
-    /// else what the binding means here, the verdict (report mode: a request the rules
-    /// refuse goes upstream without credentials, recorded `report`) and the protocols that
-    /// still judge the body.
-    fn read_request(
-        &self,
-        req: &Request<Incoming>,
-        asked: &mut Asked,
-        audit: &mut AuditGuard,
-    ) -> Result<Decided, Refusal> {
-        let Some((binding, version)) = (self.current)() else {
-            let why = "the sandbox is no longer registered";
-            audit.verdict(Verdict::Deny, Reason::UnknownSandbox);
-            audit.detail(why);
-            audit.http(asked.facts(403, None));
-            return Err(Refusal::new(Reason::UnknownSandbox, why));
-        };
-        audit.record.policy_version = version.clone();
-        let prepared = self.prepared(binding, version);
-        let decided = |verdict, judges| Decided {
-            prepared: prepared.clone(),
-            verdict,
-            judges,
-            socket: None,
-        };
-        let r = match self.check(&prepared, req) {
-            Checked::Allowed(call) => {
-                asked.call = call;
-                return Ok(decided(Verdict::Allow, Vec::new()));
-            }
-            Checked::Judge(judges) => return Ok(decided(Verdict::Allow, judges)),
-            Checked::Socket(rule) => {
-                asked.call = Some("websocket".into());
-                return Ok(Decided {
-                    socket: Some(rule),
-                    ..decided(Verdict::Allow, Vec::new())
-                });
-            }
-            Checked::Refused(r) => r,
-        };
-        if let Some((service, _)) =
-            git_request(req.method().as_str(), req.uri().path(), req.uri().query())
-        {
-            asked.call = Some(format!("git {}", service.name()));
-        }
-        match crate::pipeline::reported(&prepared.binding, r, WITHOUT_CREDENTIALS, audit) {
-            Ok(()) => Ok(decided(Verdict::Report, Vec::new())),
-            Err(r) => {
-                audit.http(asked.facts(403, r.credential.clone()));
-                Err(r)
-            }
-        }
-    }
-
-    /// Read and judge the body of a request a protocol rule judges ([`judge`]): the request
-    /// with the bytes judged, its verdict and what it may do; or the refusal, recorded
-    /// (JSON-RPC calls are answered with JSON-RPC errors). In report mode a refused body is
-    /// forwarded without credentials and recorded `report`.
-    async fn judged(
-        &self,
-        req: Request<Incoming>,
-        d: &Decided,
-        asked: &mut Asked,
-        audit: &mut AuditGuard,
-    ) -> Result<(Request<UpBody>, Verdict, Allowed), Response<ResBody>> {
-        let (parts, body) = req.into_parts();
-        let (bytes, refused) = match judge::read(body, self.limits.judge, &d.judges[0]).await {
-            Err(r) => (None, r),
-            Ok(bytes) => match judge::judge(&d.judges, &parts, &bytes) {
-                Ok(mut allowed) => {
-                    asked.call = allowed.call.take();
-                    let req = Request::from_parts(parts, UpBody::whole(bytes));
-                    return Ok((req, d.verdict, allowed));
-                }
-                Err(r) => (Some(bytes), r),
-            },
-        };
-        asked.call = refused.call.clone();
-        // A body that could not be read whole cannot be sent as judged, even in report mode.
-        let r = Refusal::new(refused.reason, refused.detail.clone());
-        let went_on = match bytes {
-            Some(bytes) => {
-                let how = WITHOUT_CREDENTIALS;
-                crate::pipeline::reported(&d.prepared.binding, r, how, audit)
-                    .ok()
-                    .map(|()| bytes)
-            }
-            None => {
-                audit.verdict(Verdict::Deny, r.reason);
-                audit.detail(r.detail);
-                None
-            }
-        };
-        if let Some(bytes) = went_on {
-            let req = Request::from_parts(parts, UpBody::whole(bytes));
-            return Ok((req, Verdict::Report, Allowed::default()));
-        }
-        let status = match refused.rpc {
-            Some(_) => 200,
-            None => refused.reason.status(),
-        };
-        audit.http(asked.facts(status, None));
-        if let Some(provider) = d.judges.iter().find_map(|p| match &**p {
-            Protocol::Inference(r) => Some(r.provider),
-            _ => None,
-        }) {
-            let r = Refusal::new(refused.reason, refused.detail);
-            return Err(self.refused_inference(provider, &r));
-        }
-        Err(self.refused_call(&asked.method, &refused))
-    }
-
-    /// The refusal of a judged request: JSON-RPC errors for the ids its calls carried, else
-    /// the house refusal.
-    fn refused_call(&self, method: &http::Method, r: &Refused) -> Response<ResBody> {
-        match &r.rpc {
+    /// The answer to a request the driver refused (recorded): JSON-RPC errors for the ids its
+    /// calls carried, else the house refusal (or the provider's shape).
+    fn refused_call(&self, method: &http::Method, stop: &Stop) -> Response<ResBody> {
+        let r = &stop.refusal;
+        match &stop.rpc {
             Some((ids, batch)) if !ids.is_empty() => {
                 let what = format!("{method} {}", self.dest.shown());
                 let id = (self.current)().map(|(b, _)| b.id.to_string());
@@ -558,7 +340,7 @@ impl Exchange {
                         reason: r.reason,
                         what: &what,
                         sandbox: id.as_deref(),
-                        explanation: &r.detail,
+                        explanation: r.shown(),
                         retry_after: None,
                         ask: self.dest.ask,
                     },
@@ -566,7 +348,7 @@ impl Exchange {
                     *batch,
                 )
             }
-            _ => self.refused(method, r.reason, &r.detail),
+            _ => self.refused(method, r.reason, r.shown()),
         }
     }
 

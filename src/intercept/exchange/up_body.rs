@@ -154,3 +154,30 @@ impl Body for UpBody {
         }
     }
 }
+
+/// The pipeline reads a terminated request's body as it reads any other: the DLP scanner wraps
+/// it, the decider is shown a prefix of it.
+impl crate::pipeline::dlp::Rebody for UpBody {
+    fn scanned(s: crate::pipeline::dlp::Scanned<Self>) -> Self {
+        UpBody::Scanned(Box::new(s))
+    }
+
+    fn whole(b: bytes::Bytes) -> Self {
+        UpBody::whole(b)
+    }
+}
+
+impl crate::pipeline::ask::Prefix for UpBody {
+    async fn prefix(
+        self,
+        max: usize,
+    ) -> Result<(Self, bytes::Bytes, bool), crate::pipeline::ask::ShowError> {
+        UpBody::prefix(self, max)
+            .await
+            .map_err(|e| crate::pipeline::ask::ShowError::Read(Box::new(e)))
+    }
+
+    fn stand_in() -> Self {
+        UpBody::Whole(None)
+    }
+}

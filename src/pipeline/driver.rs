@@ -1,0 +1,351 @@
+//! The one driver of a request's phases: every HTTP request the proxy reads one by one —
+//! forwarded plain HTTP (h1 and h2), plain HTTP served request by request inside a CONNECT,
+//! SOCKS5 or transparent connection, each request of a terminated tunnel — is taken through
+//! [`request`], which owns their order:
+//!
+//! 1. what only the path checks before the rules ([`Path::before_head`]: the authority of a
+//!    terminated tunnel, a placeholder outside its credential);
+//! 2. the head phase ([`HostRules::judge`]) on a host judged per request;
+//! 3. the body phase where a protocol rule reads the body ([`super::body`]);
+//! 4. what the path cannot serve ([`Path::unserved`]: forwarded, what needs its answer read);
+//! 5. the call phase ([`Path::call`]: an inference call metered on a terminated host);
+//! 6. the verdict stages that ask per request (the decider, [`super::ask::phase`]);
+//! 7. the DLP phase ([`super::dlp::request`]);
+//! 8. the quota reservation ([`Path::reserve`]) — last, so a request refused by anything
+//!    before it spends nothing, on every path.
+//!
+//! Report mode is decided once ([`super::reported`]) with the path's words for how a reported
+//! request goes on ([`Path::REPORTED`]). Every refusal is recorded here (verdict, reason,
+//! detail, method, path, what it called, status); the path only answers it in its own shape
+//! ([`Stop`]). What comes after — credentials, the authority written, send, the response
+//! phases — is the path's, on the [`Ready`] request.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Request;
+use hyper::body::Incoming;
+
+use super::ask::{Asker, Prefix};
+use super::body::{self, Allowed};
+use super::dlp::Rebody;
+use super::forwarded::Found;
+use super::head::{Checked, Head, HostRules};
+use super::Refusal;
+use crate::audit::record::HttpFacts;
+use crate::audit::AuditGuard;
+use crate::config::Binding;
+use crate::policy::http_rules::git_request;
+use crate::policy::protocols::{Protocol, Refused};
+use crate::policy::Verdict;
+
+/// What a request needs that only some paths can give it: its answer read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    /// A WebSocket its rule allows (its messages are read).
+    Socket,
+    /// An MCP call (its answer filtered, its refusals answered as JSON-RPC errors).
+    Mcp,
+    /// An inference call (metered against budgets, its usage read).
+    Metered,
+}
+
+/// What a request path supplies to the driver: only what differs between paths.
+pub trait Path: Sync {
+    /// The request body as this path sends it.
+    type Body: Prefix + Rebody + 'static;
+    /// What the call phase leaves for the path's response phases.
+    type Call: Send;
+    /// How a request refused in report mode goes on, for its record.
+    const REPORTED: &'static str;
+    /// How the decider is told the request goes: `http` or `https`, host and port.
+    fn to(&self) -> (&'static str, &str, u16);
+    /// The body as received, streamed.
+    fn streamed(body: Incoming) -> Self::Body;
+    /// Why the request is refused before the head phase reads it, if it is.
+    fn before_head(&self, _req: &Request<Incoming>) -> Option<Refusal> {
+        None
+    }
+    /// Why this path cannot serve what the request `needs`, if it cannot.
+    fn unserved(&self, needs: Needs) -> Option<Refusal>;
+    /// The call phase on a request allowed so far with `verdict` (`Err`: refused).
+    fn call(
+        &self,
+        allowed: &mut Allowed,
+        verdict: Verdict,
+        req: Request<Self::Body>,
+        audit: &mut AuditGuard,
+    ) -> Result<(Request<Self::Body>, Self::Call), Refusal>;
+    /// Reserve the request against the daily quotas (checked and counted at once).
+    fn reserve(&self) -> Result<(), Refusal>;
+}
+
+/// What the record says of the request: its method and path (no query), and what it called
+/// in a protocol a rule named (a tool, an operation, a git service).
+#[derive(Debug, Clone)]
+pub struct Asked {
+    /// The request's method.
+    pub method: http::Method,
+    /// Its path, without the query.
+    pub path: Arc<str>,
+    /// What it called.
+    pub call: Option<String>,
+}
+
+impl Asked {
+    /// The method and path of `req`.
+    pub fn of<B>(req: &Request<B>) -> Self {
+        Asked {
+            method: req.method().clone(),
+            path: req.uri().path().into(),
+            call: None,
+        }
+    }
+
+    /// The record's facts (the method and path shared, not copied).
+    pub fn facts(&self, status: u16, credential: Option<String>) -> HttpFacts {
+        HttpFacts {
+            method: self.method.clone(),
+            path: self.path.clone(),
+            status,
+            credential: credential.map(Into::into),
+            secret_reflected: None,
+            call: self.call.as_deref().map(Into::into),
+        }
+    }
+}
+
+/// A request the phases let through, to be sent by its path.
+pub struct Ready<B, C> {
+    /// The request to send (its body whole when a rule read it, wrapped by the DLP scanner).
+    pub req: Request<B>,
+    /// `Allow`, or `Report` when report mode let a refusal go on (then no credential).
+    pub verdict: Verdict,
+    /// What the body phase allowed (the MCP rule its answer is filtered by).
+    pub allowed: Allowed,
+    /// The WebSocket rule an allowed upgrade is relayed under.
+    pub socket: Option<Arc<Protocol>>,
+    /// What the call phase left.
+    pub call: C,
+    /// What the DLP body scanner will have found (read after the request was sent).
+    pub dlp: Option<Found>,
+    /// What the record says of the request.
+    pub asked: Asked,
+}
+
+/// A request the phases refused, recorded: the refusal, and the ids a JSON-RPC body carried
+/// (answer with JSON-RPC errors; none: the path's own refusal).
+pub struct Stop {
+    /// Why.
+    pub refusal: Refusal,
+    /// The JSON-RPC ids and whether the body was a batch.
+    pub rpc: Option<(Vec<serde_json::Value>, bool)>,
+    /// What the record says of the request.
+    pub asked: Asked,
+}
+
+/// Where the request goes and what reads it: `rules` are the host's head rules when the host
+/// is judged per request (`None`: not judged; its record still names method and path).
+pub struct Judging<'a> {
+    /// The sandbox's binding now.
+    pub binding: &'a Binding,
+    /// Who the decider phase asks.
+    pub asker: &'a dyn Asker,
+    /// The host's head rules, when it is judged per request.
+    pub rules: Option<&'a HostRules>,
+    /// `tls_intercept.judge_body_bytes`.
+    pub limit: u64,
+}
+
+/// The phases of one request, in the order of the module's documentation. `Ok`: the request
+/// to send; `Err`: refused, recorded.
+pub async fn request<P: Path>(
+    path: &P,
+    at: Judging<'_>,
+    req: Request<Incoming>,
+    audit: &mut AuditGuard,
+) -> Result<Ready<P::Body, P::Call>, Stop> {
+    let mut asked = Asked::of(&req);
+    match phases(path, &at, req, &mut asked, audit).await {
+        Ok(mut ready) => {
+            audit.http(asked.facts(0, None));
+            ready.asked = asked;
+            Ok(ready)
+        }
+        Err((refusal, rpc)) => {
+            let status = match rpc {
+                Some(_) => 200,
+                None => refusal.reason.status(),
+            };
+            audit.http(asked.facts(status, refusal.credential.clone()));
+            Err(Stop {
+                refusal,
+                rpc,
+                asked,
+            })
+        }
+    }
+}
+
+/// A refusal and the JSON-RPC ids to answer it with.
+type Halt = (Refusal, Option<(Vec<serde_json::Value>, bool)>);
+
+async fn phases<P: Path>(
+    path: &P,
+    at: &Judging<'_>,
+    req: Request<Incoming>,
+    asked: &mut Asked,
+    audit: &mut AuditGuard,
+) -> Result<Ready<P::Body, P::Call>, Halt> {
+    let binding = at.binding;
+    // A request of a connection admission let go on in report mode stays reported (asked
+    // about by no decider, given no credential).
+    let admitted = audit.verdict_so_far();
+    let (req, verdict, mut allowed, socket) = read(path, at, req, asked, audit).await?;
+    let verdict = match admitted {
+        Verdict::Report => Verdict::Report,
+        _ => verdict,
+    };
+    let (mut req, call) = path
+        .call(&mut allowed, verdict, req, audit)
+        .map_err(|r| denied(r, audit))?;
+    let how = (verdict, P::REPORTED);
+    let verdict = super::ask::phase(at.asker, binding, path.to(), &mut req, how, audit)
+        .await
+        .map_err(|r| (r, None))?;
+    let (req, dlp) = super::dlp::request(binding, req, audit)
+        .await
+        .map_err(|r| (r, None))?;
+    path.reserve().map_err(|r| denied(r, audit))?;
+    Ok(Ready {
+        req,
+        verdict,
+        allowed,
+        socket,
+        call,
+        dlp,
+        asked: asked.clone(),
+    })
+}
+
+/// A refusal no report mode lets go on, recorded.
+fn denied(r: Refusal, audit: &mut AuditGuard) -> Halt {
+    audit.verdict(Verdict::Deny, r.reason);
+    audit.detail(r.detail.clone());
+    (r, None)
+}
+
+/// What the request is once its head and body were read: the request, its verdict, what it
+/// may do and the WebSocket rule of an allowed upgrade.
+type Read<B> = (Request<B>, Verdict, Allowed, Option<Arc<Protocol>>);
+
+/// The head and body phases, and what the path cannot serve.
+async fn read<P: Path>(
+    path: &P,
+    at: &Judging<'_>,
+    req: Request<Incoming>,
+    asked: &mut Asked,
+    audit: &mut AuditGuard,
+) -> Result<Read<P::Body>, Halt> {
+    let (binding, host) = (at.binding, path.to().1);
+    let checked = match (path.before_head(&req), at.rules) {
+        (Some(r), _) => Checked::Refused(r),
+        (None, None) => Checked::Allowed(None),
+        (None, Some(rules)) => rules.judge(host, Head::of(&req)),
+    };
+    let reported = |r: Refusal, audit: &mut AuditGuard| {
+        super::reported(binding, r, P::REPORTED, audit).map_err(|r| (r, None))
+    };
+    let streamed = |req: Request<Incoming>| req.map(P::streamed);
+    match checked {
+        Checked::Allowed(call) => {
+            asked.call = call;
+            Ok((streamed(req), Verdict::Allow, Allowed::default(), None))
+        }
+        Checked::Socket(rule) => {
+            asked.call = Some("websocket".into());
+            match path.unserved(Needs::Socket) {
+                None => Ok((
+                    streamed(req),
+                    Verdict::Allow,
+                    Allowed::default(),
+                    Some(rule),
+                )),
+                Some(r) => reported(r, audit)
+                    .map(|()| (streamed(req), Verdict::Report, Allowed::default(), None)),
+            }
+        }
+        Checked::Refused(r) => {
+            if let Some((service, _)) =
+                git_request(req.method().as_str(), req.uri().path(), req.uri().query())
+            {
+                asked.call = Some(format!("git {}", service.name()));
+            }
+            reported(r, audit).map(|()| (streamed(req), Verdict::Report, Allowed::default(), None))
+        }
+        Checked::Judge(judges) => judged(path, at, &judges, req, asked, audit).await,
+    }
+}
+
+/// The body phase of a request a protocol rule judges: the body read whole (the bytes judged
+/// are the bytes sent), judged, then what the path cannot serve of what it allowed. A body
+/// that could not be read whole is refused even in report mode (it cannot be sent as judged).
+async fn judged<P: Path>(
+    path: &P,
+    at: &Judging<'_>,
+    judges: &[Arc<Protocol>],
+    req: Request<Incoming>,
+    asked: &mut Asked,
+    audit: &mut AuditGuard,
+) -> Result<Read<P::Body>, Halt> {
+    let (parts, b) = req.into_parts();
+    let read = match judges.first() {
+        Some(p) => body::read(b, at.limit, p).await,
+        None => Ok(Bytes::new()),
+    };
+    let bytes = match read {
+        Ok(bytes) => bytes,
+        Err(r) => return Err(denied(Refusal::new(r.reason, r.detail), audit)),
+    };
+    let refused = match body::judge(judges, &parts, &bytes) {
+        Ok(mut allowed) => {
+            asked.call = allowed.call.take();
+            match unserved(path, &allowed) {
+                None => {
+                    let req = Request::from_parts(parts, P::Body::whole(bytes));
+                    return Ok((req, Verdict::Allow, allowed, None));
+                }
+                Some(r) => Refused {
+                    reason: r.reason,
+                    detail: r.detail,
+                    call: asked.call.clone(),
+                    rpc: None,
+                },
+            }
+        }
+        Err(r) => r,
+    };
+    asked.call = refused.call.clone();
+    let r = Refusal::new(refused.reason, refused.detail);
+    match super::reported(at.binding, r, P::REPORTED, audit) {
+        Ok(()) => {
+            let req = Request::from_parts(parts, P::Body::whole(bytes));
+            Ok((req, Verdict::Report, Allowed::default(), None))
+        }
+        Err(r) => Err((r, refused.rpc)),
+    }
+}
+
+/// Why the path cannot serve what an allowed body needs, if it cannot.
+fn unserved<P: Path>(path: &P, allowed: &Allowed) -> Option<Refusal> {
+    let metered = allowed
+        .inference
+        .as_ref()
+        .is_some_and(|(_, c)| c.body_bytes > 0);
+    if metered {
+        if let Some(r) = path.unserved(Needs::Metered) {
+            return Some(r);
+        }
+    }
+    allowed.mcp.as_ref().and_then(|_| path.unserved(Needs::Mcp))
+}
