@@ -546,11 +546,16 @@ fn table_proxy_with(dir: &Path, ca: &TestCa, ports: (u16, u16), extra: &str) -> 
     let audit = dir.join("audit.jsonl");
     let config = dir.join("proxy.yaml");
     let state = dir.join("state");
+    // The TLS listener (HTTP/2 to the proxy) where the test wrote its certificate.
+    let tls_listener = match dir.join("server.pem").exists() {
+        true => ", proxy_tls: { addr: 127.0.0.1:0, cert_file: server.pem, key_file: server.key }",
+        false => "",
+    };
     std::fs::create_dir_all(&state).unwrap();
     std::fs::write(
         &config,
         format!(
-            r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, socks5: 127.0.0.1:0 }}
+            r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, socks5: 127.0.0.1:0{tls_listener} }}
 audit: {{ path: {audit} }}
 state_dir: {state}
 dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], other.test: [127.0.0.1] }} }}
@@ -569,6 +574,7 @@ sandboxes:
 "#,
             audit = audit.display(),
             state = state.display(),
+            tls_listener = tls_listener,
             ica = dir.join("ica").display(),
             upstream = ca.ca_pem.display(),
             tok = sha("dev-secret"),
@@ -635,8 +641,8 @@ fn table_rows(p: &Proxy, dir: &Path, (tls, plain): (u16, u16)) -> Vec<Row> {
 /// a path no rule allows, the DLP phase refuses a key in a header (neither refusal spends the
 /// quota) and cuts an upload carrying one in its body (its head went out: one unit), an
 /// allowed request spends one unit and its record names method, path and status.
-/// Forwarded HTTP/2 is not a row: the explicit listener speaks HTTP/1.1 in clear and curl
-/// sends only CONNECT over an HTTP/2 proxy; the transparent listener's row is
+/// Forwarded HTTP/2 is its own test (`forwarded_h2_runs_the_head_dlp_quota_and_record_phases`:
+/// curl 7.88 cannot send it); the transparent listener's row is
 /// `transparent_netns::gateway_dlp_reads_plain_http_to_a_host_without_rules` (DLP) and the
 /// netns tests of `network.http` rules.
 #[test]
@@ -711,6 +717,96 @@ fn every_path_runs_the_head_dlp_quota_and_record_phases() {
         seen.iter()
             .any(|(v, _, path, _)| v == "HTTP/2.0" && path == "/ok/terminated_h2"),
         "{seen:?}"
+    );
+}
+
+/// One request on a stream of the HTTP/2 connection `h2` to the TLS listener, as sandbox `dev`:
+/// its status and body.
+async fn h2_send(
+    h2: &mut hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    (method, url): (&str, &str),
+    header: Option<(&str, &str)>,
+    body: &str,
+) -> (u16, String) {
+    use http_body_util::BodyExt;
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(url)
+        .header("proxy-authorization", basic("dev", "dev-secret"));
+    if let Some((name, value)) = header {
+        req = req.header(name, value);
+    }
+    let req = req
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    h2.ready().await.unwrap();
+    let resp = h2.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = match resp.into_body().collect().await {
+        Ok(b) => String::from_utf8_lossy(&b.to_bytes()).into_owned(),
+        Err(e) => format!("(the body failed: {e})"),
+    };
+    (status, body)
+}
+
+/// Forwarded HTTP/2 as a row of the path × phase table: absolute-form requests on the streams
+/// of one HTTP/2 connection to the TLS listener (`listen.proxy_tls`; curl 7.88 has no
+/// `--proxy-http2`, so hyper's client) go through the same driver as forwarded HTTP/1.1 — the
+/// head rules refuse a path no rule allows, the DLP phase refuses a key in a header (neither
+/// spends the quota) and cuts an upload carrying one in its body (one unit), an allowed request
+/// spends one unit and its record names method, path and status.
+#[test]
+fn forwarded_h2_runs_the_head_dlp_quota_and_record_phases() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let tls = AlpnOrigin::start(&ca);
+    let plain = Origin::start(None);
+    let roots = proxy_certificate(dir.path());
+    let p = table_proxy(dir.path(), &ca, (tls.addr.port(), plain.addr.port()));
+    let base = format!("http://api.test:{}", plain.addr.port());
+    let url = |path: &str| format!("{base}{path}");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut h2 = connect_h2(p.proxy_tls.expect("proxy_tls"), roots).await;
+        let before = quota_spent(&p).as_u64().unwrap_or(0);
+        let (status, out) = h2_send(&mut h2, ("GET", &url("/denied")), None, "").await;
+        assert_eq!(status, 403, "{out}");
+        assert!(out.contains("http_not_allowed"), "head: {out}");
+        let header = Some(("x-key", KEY));
+        let (_, out) = h2_send(&mut h2, ("POST", &url("/upload")), header, "x").await;
+        assert!(out.contains("dlp_blocked"), "dlp header: {out}");
+        assert_eq!(quota_spent(&p).as_u64().unwrap_or(0), before, "quota");
+        let body = format!("k={KEY}");
+        let (_, out) = h2_send(&mut h2, ("POST", &url("/upload")), None, &body).await;
+        assert!(out.contains("dlp_blocked"), "dlp body: {out}");
+        assert_eq!(quota_spent(&p).as_u64().unwrap(), before + 1, "quota");
+        let (status, out) = h2_send(&mut h2, ("GET", &url("/ok/forwarded_h2")), None, "").await;
+        assert_eq!(status, 200, "{out}");
+        assert!(out.contains("hello from origin /ok/forwarded_h2"), "{out}");
+        assert_eq!(quota_spent(&p).as_u64().unwrap(), before + 2, "quota");
+    });
+    let rec = p.wait_record(|r| r["path"] == "/ok/forwarded_h2");
+    assert_eq!(
+        (&rec["method"], &rec["status"], &rec["decision"]),
+        (&"GET".into(), &200.into(), &"allow".into()),
+        "{rec}"
+    );
+    let cut = p.wait_record(|r| r["reason"] == "dlp_blocked" && r["dlp"] == "aws_key");
+    assert_eq!(
+        (&cut["method"], &cut["path"]),
+        (&"POST".into(), &"/upload".into()),
+        "{cut}"
+    );
+    assert_eq!(
+        plain.received.load(Ordering::SeqCst),
+        0,
+        "a refused body reached the origin"
     );
 }
 

@@ -155,6 +155,10 @@ pub struct Judging<'a> {
     pub rules: Option<&'a HostRules>,
     /// `tls_intercept.judge_body_bytes`.
     pub limit: u64,
+    /// The verdict the request's connection was admitted with: `Report` (report mode let a
+    /// refused destination go on) keeps every request of it reported — asked about by no
+    /// decider, given no credential.
+    pub admitted: Verdict,
 }
 
 /// The phases of one request, in the order of the module's documentation. `Ok`: the request
@@ -198,11 +202,8 @@ async fn phases<P: Path>(
     audit: &mut AuditGuard,
 ) -> Result<Ready<P::Body, P::Call>, Halt> {
     let binding = at.binding;
-    // A request of a connection admission let go on in report mode stays reported (asked
-    // about by no decider, given no credential).
-    let admitted = audit.verdict_so_far();
     let (req, verdict, mut allowed, socket) = read(path, at, req, asked, audit).await?;
-    let verdict = match admitted {
+    let verdict = match at.admitted {
         Verdict::Report => Verdict::Report,
         _ => verdict,
     };

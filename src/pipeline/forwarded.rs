@@ -20,6 +20,7 @@ use super::head::HostRules;
 use super::Refusal;
 use crate::audit::AuditGuard;
 use crate::config::Binding;
+use crate::policy::process::Process;
 use crate::policy::reason::Reason;
 use crate::policy::Verdict;
 
@@ -32,21 +33,24 @@ pub type Found = std::sync::Arc<std::sync::Mutex<super::dlp::Found>>;
 /// The pipeline's phases on a forwarded request of `binding` to `host`, driven by
 /// [`driver::request`] (the head and body phases where the host has `network.http` rules —
 /// elsewhere the record still names the method and path —, the decider, DLP, then the quota
-/// reservation `reserve`). `Ok` with the request to send and what the body scanner will have
+/// reservation `reserve`), for a connection admitted with `admitted` from `process` (the
+/// clearance's, which scoped rules read). `Ok` with the request to send and what the body scanner will have
 /// found; `Err` with the refusal, recorded.
 pub async fn phases(
     (binding, asker): (&Binding, &dyn Asker),
     (host, port, limit): (&str, u16, u64),
+    (admitted, process): (Verdict, Option<&Process>),
     req: Request<Incoming>,
     audit: &mut AuditGuard,
     reserve: impl Fn() -> Result<(), Refusal> + Sync,
 ) -> Result<(Request<ForwardBody>, Option<Found>), Refusal> {
-    let rules = HostRules::of(binding, host, audit.attributed().as_deref());
+    let rules = HostRules::of(binding, host, process);
     let at = Judging {
         binding,
         asker,
         rules: (!rules.is_empty()).then_some(&rules),
         limit,
+        admitted,
     };
     let path = Forwarded {
         host,

@@ -110,7 +110,9 @@ pub async fn forward(
         &clearance.target,
         fx.judge_body_bytes,
     );
-    let (req, dlp) = match judged(at, req, &mut audit).await {
+    // What admission decided (a stage's refusal in report mode is on its record only).
+    let from = (audit.verdict_so_far(), clearance.process.as_deref());
+    let (req, dlp) = match judged(at, from, req, &mut audit).await {
         Ok(r) => r,
         Err(r) => return refused(audit, &r, &failed),
     };
@@ -224,12 +226,16 @@ fn dlp_cut(
 /// recorded.
 async fn judged(
     (live, who, target, limit): (&Liveness, Who<'_>, &Target, u64),
+    from: (
+        crate::policy::Verdict,
+        Option<&crate::policy::process::Process>,
+    ),
     req: Request<Incoming>,
     audit: &mut AuditGuard,
 ) -> Result<(Request<ForwardBody>, Option<pipeline::forwarded::Found>), pipeline::Refusal> {
     let host = target.host.to_string();
     let at = (host.as_str(), target.port, limit);
-    pipeline::forwarded::phases(who, at, req, audit, || live.reserve()).await
+    pipeline::forwarded::phases(who, at, from, req, audit, || live.reserve()).await
 }
 
 /// The sandbox's binding and who its decider phase asks.

@@ -250,6 +250,8 @@ impl Exchange {
             asker: &*self.mint.deciders,
             rules: p.judged.then_some(&p.rules),
             limit: self.limits.judge,
+            // Each request's own record starts allowed: its phases say otherwise.
+            admitted: Verdict::Allow,
         };
         let path = Terminated { ex: self, p: &p };
         match driver::request(&path, at, req, &mut audit).await {
