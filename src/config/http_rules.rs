@@ -297,7 +297,7 @@ impl RawHttpRule {
             "jsonrpc" => {
                 only(&[])?;
                 let r = MethodRule::new(&self.methods).map_err(ProtocolError::into_detail)?;
-                Ok(Some(Protocol::JsonRpc(r)))
+                Ok(Some(Protocol::plugin(r)))
             }
             "mcp" => {
                 only(&["tools", "resources", "prompts", "server_requests"])?;
@@ -399,7 +399,7 @@ impl RawHttpRule {
         let protocol = self.protocol()?;
         // With jsonrpc, `methods` are the JSON-RPC methods, not HTTP ones.
         let methods: &[String] = match protocol {
-            Some(Protocol::JsonRpc(_)) => &[],
+            Some(ref p) if p.takes_methods() => &[],
             _ => &self.methods,
         };
         let mut rule =

@@ -231,7 +231,7 @@ impl HostRules {
             match r.admits(method, path, query) {
                 Admits::Yes => {
                     return match self.form_to_read(head) {
-                        Some(form) => Checked::Judge(vec![Arc::new(Protocol::FormOverride(form))]),
+                        Some(form) => Checked::Judge(vec![Arc::new(Protocol::plugin(form))]),
                         None => Checked::Allowed(git_call()),
                     }
                 }

@@ -52,6 +52,33 @@ pub fn override_refusal(form: &Form, body: &[u8]) -> Option<String> {
     }
 }
 
+/// The form reader as a plug-in: not written in rules, judged on a POST form body on a host
+/// whose rules name methods.
+impl super::plugin::BodyRule for Form {
+    fn name(&self) -> &'static str {
+        "form"
+    }
+
+    fn describe(&self) -> String {
+        "form:_method".into()
+    }
+
+    fn reason(&self) -> crate::policy::reason::Reason {
+        crate::policy::reason::Reason::HttpNotAllowed
+    }
+
+    fn carries(&self, method: &str) -> bool {
+        method.eq_ignore_ascii_case("POST")
+    }
+
+    fn judge(&self, _: super::Asked<'_>, body: &[u8]) -> Result<super::Judged, super::Refused> {
+        match override_refusal(self, body) {
+            None => Ok(super::Judged::default()),
+            Some(why) => Err(super::plugin::refused(self, why, None, None)),
+        }
+    }
+}
+
 fn refusal(what: &str) -> String {
     format!(
         "a `_method` field in the {what} body would make the upstream (Rack, Laravel, Symfony) run another method than the rules judged; refused on a host whose rules name methods"

@@ -168,6 +168,49 @@ impl MethodRule {
     }
 }
 
+/// `protocol: jsonrpc` as a plug-in: a POST whose JSON body's every call is a method the rule
+/// allows (a response sent to the server is not a call); refusals carry the calls' ids.
+impl super::plugin::BodyRule for MethodRule {
+    fn name(&self) -> &'static str {
+        "jsonrpc"
+    }
+
+    fn describe(&self) -> String {
+        format!("protocol:jsonrpc methods:{}", self.methods.join(","))
+    }
+
+    fn reason(&self) -> crate::policy::reason::Reason {
+        crate::policy::reason::Reason::JsonRpcNotAllowed
+    }
+
+    fn carries(&self, method: &str) -> bool {
+        method.eq_ignore_ascii_case("POST")
+    }
+
+    fn judge(&self, asked: super::Asked<'_>, body: &[u8]) -> Result<super::Judged, super::Refused> {
+        let refuse = |detail, call, rpc| super::plugin::refused(self, detail, call, rpc);
+        if !super::json_media(asked.content_type) {
+            let why = super::media_refusal(asked.content_type, "a JSON-RPC");
+            return Err(refuse(why, None, None));
+        }
+        let b = parse(body).map_err(|e| refuse(e.into_detail(), None, None))?;
+        let call = b
+            .messages
+            .iter()
+            .filter_map(|m| m.method())
+            .collect::<Vec<_>>()
+            .join(",");
+        match self.refusal(&b) {
+            None => Ok(super::called(call)),
+            Some(why) => Err(refuse(why, Some(call), Some(super::ids(&b)))),
+        }
+    }
+
+    fn takes_methods(&self) -> bool {
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

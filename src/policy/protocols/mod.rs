@@ -14,6 +14,7 @@ pub mod json_tree;
 pub mod jsonrpc;
 pub mod lfs;
 pub mod mcp;
+pub mod plugin;
 pub mod strict_json;
 pub mod websocket;
 
@@ -24,8 +25,6 @@ use crate::policy::reason::Reason;
 /// The protocol a `network.http` rule names.
 #[derive(Debug, Clone)]
 pub enum Protocol {
-    /// `protocol: jsonrpc`: methods.
-    JsonRpc(jsonrpc::MethodRule),
     /// `protocol: mcp`: tools, resources, prompts, server requests.
     Mcp(std::sync::Arc<mcp::McpRule>),
     /// `protocol: graphql`: operations, names, root fields, persisted queries.
@@ -36,9 +35,9 @@ pub enum Protocol {
     WebSocket(websocket::WsRule),
     /// `protocol: openai | anthropic | gemini`: an LLM provider's calls.
     Inference(std::sync::Arc<inference::InferenceRule>),
-    /// Not written in rules: a POST form body on a host whose rules name methods, read for a
-    /// `_method` override ([`form`]).
-    FormOverride(form::Form),
+    /// A protocol that judges bodies only ([`plugin::BodyRule`]): `protocol: jsonrpc`, and
+    /// (not written in rules) a POST form body read for a `_method` override ([`form`]).
+    Plugin(std::sync::Arc<dyn plugin::BodyRule>),
 }
 
 /// The request as a protocol reads it (its body aside).
@@ -86,16 +85,25 @@ pub struct Refused {
 }
 
 impl Protocol {
+    /// A plug-in protocol's rule ([`plugin`]).
+    pub fn plugin(rule: impl plugin::BodyRule + 'static) -> Self {
+        Protocol::Plugin(std::sync::Arc::new(rule))
+    }
+
+    /// Whether the rule's `methods:` are the protocol's own, not HTTP methods.
+    pub fn takes_methods(&self) -> bool {
+        matches!(self, Protocol::Plugin(p) if p.takes_methods())
+    }
+
     /// The name written in rules and records.
     pub fn name(&self) -> &'static str {
         match self {
-            Protocol::JsonRpc(_) => "jsonrpc",
             Protocol::Mcp(_) => "mcp",
             Protocol::GraphQl(_) => "graphql",
             Protocol::Lfs(_) => "lfs",
             Protocol::WebSocket(_) => "websocket",
             Protocol::Inference(r) => r.provider.name(),
-            Protocol::FormOverride(_) => "form",
+            Protocol::Plugin(p) => p.name(),
         }
     }
 
@@ -106,9 +114,6 @@ impl Protocol {
             false => format!(" {k}:{}", v.join(",")),
         };
         match self {
-            Protocol::JsonRpc(r) => {
-                format!("protocol:jsonrpc{}", part("methods", r.methods.clone()))
-            }
             Protocol::Mcp(r) => {
                 let tools: Vec<String> = r
                     .tools
@@ -145,20 +150,19 @@ impl Protocol {
             ),
             Protocol::WebSocket(r) => r.describe(),
             Protocol::Inference(r) => r.describe(),
-            Protocol::FormOverride(_) => "form:_method".into(),
+            Protocol::Plugin(p) => p.describe(),
         }
     }
 
     /// The reason a refusal of this protocol carries.
     pub fn reason(&self) -> Reason {
         match self {
-            Protocol::JsonRpc(_) => Reason::JsonRpcNotAllowed,
             Protocol::Mcp(_) => Reason::McpNotAllowed,
             Protocol::GraphQl(_) => Reason::GraphQlNotAllowed,
             Protocol::Lfs(_) => Reason::GitNotAllowed,
             Protocol::WebSocket(_) => Reason::WebSocketNotAllowed,
             Protocol::Inference(_) => Reason::InferenceNotAllowed,
-            Protocol::FormOverride(_) => Reason::HttpNotAllowed,
+            Protocol::Plugin(p) => p.reason(),
         }
     }
 
@@ -168,12 +172,12 @@ impl Protocol {
     pub fn carries(&self, method: &str) -> bool {
         let m = |x: &str| method.eq_ignore_ascii_case(x);
         match self {
-            Protocol::JsonRpc(_) | Protocol::Lfs(_) => m("POST"),
+            Protocol::Lfs(_) => m("POST"),
             Protocol::Mcp(_) => m("POST") || m("GET") || m("DELETE"),
             Protocol::GraphQl(_) => m("POST") || m("GET"),
             Protocol::WebSocket(_) => m("GET"),
             Protocol::Inference(_) => m("POST") || m("GET") || m("DELETE"),
-            Protocol::FormOverride(_) => m("POST"),
+            Protocol::Plugin(p) => p.carries(method),
         }
     }
 
@@ -205,20 +209,6 @@ impl Protocol {
             false => Err(refuse(media_refusal(asked.content_type, what), None, None)),
         };
         match self {
-            Protocol::JsonRpc(rule) => {
-                json("a JSON-RPC")?;
-                let b = jsonrpc::parse(body).map_err(|e| refuse(e.into_detail(), None, None))?;
-                let call = b
-                    .messages
-                    .iter()
-                    .filter_map(|m| m.method())
-                    .collect::<Vec<_>>()
-                    .join(",");
-                match rule.refusal(&b) {
-                    None => Ok(called(call)),
-                    Some(why) => Err(refuse(why, Some(call), Some(ids(&b)))),
-                }
-            }
             Protocol::Mcp(rule) => {
                 if !asked.method.eq_ignore_ascii_case("POST") {
                     return Ok(called(format!("{} session", asked.method.to_ascii_uppercase())));
@@ -257,10 +247,7 @@ impl Protocol {
                     ..Judged::default()
                 })
                 .map_err(|e| refuse(e.into_detail(), None, None)),
-            Protocol::FormOverride(f) => match form::override_refusal(f, body) {
-                None => Ok(Judged::default()),
-                Some(why) => Err(refuse(why, None, None)),
-            },
+            Protocol::Plugin(p) => p.judge(asked, body),
         }
     }
 }

@@ -238,7 +238,7 @@ mod tests {
     fn jsonrpc_messages_are_judged_like_bodies() {
         let m = MethodRule::new(&["ping".into()]).unwrap();
         let r = rule(
-            Some(MessageRule::Protocol(Arc::new(Protocol::JsonRpc(m)))),
+            Some(MessageRule::Protocol(Arc::new(Protocol::plugin(m)))),
             None,
         );
         let ok = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
