@@ -8,21 +8,19 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http::Response;
 use http_body::Frame;
 use http_body_util::BodyExt;
 
 use super::prepared::Prepared;
-use super::{Exchange, ResBody};
 use crate::audit::record::TokenFacts;
 use crate::audit::AuditGuard;
 use crate::config::prices::{self, Price, TokenKinds};
 use crate::egress::quota::{Reservation, NANO_USD};
 use crate::pipeline::Refusal;
-use crate::policy::protocols::inference::{Call, InferenceRule, Provider, WebTools};
+use crate::policy::protocols::inference::{Call, InferenceRule, WebTools};
 use crate::policy::protocols::inference_usage::UsageReader;
 use crate::policy::reason::Reason;
-use crate::relay::deny;
+use crate::relay::liveness::Liveness;
 
 /// One admitted call's accounting: what it reserved, and the reader of its answer.
 pub(super) struct Metered {
@@ -110,11 +108,11 @@ fn output_room(
     }
 }
 
-impl Exchange {
-    /// The accounting of an allowed inference call, if the request is one (`Err`: refused;
-    /// answered in its provider's shape, the host's).
-    pub(super) fn metered(
-        &self,
+impl Metered {
+    /// The accounting of an allowed inference call, if the request is one, reserved on
+    /// `live`'s budgets (`Err`: refused; answered in its provider's shape, the host's).
+    pub(super) fn admit(
+        live: &Liveness,
         p: &Prepared,
         allowed: &mut crate::pipeline::body::Allowed,
         verdict: crate::policy::Verdict,
@@ -126,13 +124,13 @@ impl Exchange {
         if verdict != crate::policy::Verdict::Allow || ic.1.body_bytes == 0 {
             return Ok(None);
         }
-        self.admit_call(p, ic).map(Some)
+        Self::admit_call(live, p, ic).map(Some)
     }
 
     /// Admit an allowed call: its web tools, then its reservation. `Err`: refused (the
     /// reservation is not taken).
     fn admit_call(
-        &self,
+        live: &Liveness,
         p: &Prepared,
         (rule, call): (Arc<InferenceRule>, Box<Call>),
     ) -> Result<Metered, Refusal> {
@@ -143,13 +141,13 @@ impl Exchange {
                 }
             }
         }
-        if call.background && self.live.budgeted() {
+        if call.background && live.budgeted() {
             return Err(Refusal::new(
                 Reason::InferenceNotAllowed,
                 "a background response (background: true) under a token or cost budget: its answer and usage are fetched later by a GET the proxy cannot charge to this call (security review B03)",
             ));
         }
-        if !call.reports_usage && self.live.budgeted() {
+        if !call.reports_usage && live.budgeted() {
             return Err(Refusal::new(
                 Reason::InferenceNotAllowed,
                 "a streamed chat completion under a token or cost budget must ask for its usage (stream_options: { include_usage: true }): the proxy counts what the provider reports",
@@ -157,7 +155,7 @@ impl Exchange {
         }
         let prices = p.binding.limits.prices.clone();
         let price = prices::find(&prices, call.model.as_deref().unwrap_or("")).cloned();
-        let (reservation, bound) = self.reserve_call(&call, price.as_ref())?;
+        let (reservation, bound) = Self::reserve_call(live, &call, price.as_ref())?;
         Ok(Metered {
             call,
             prices,
@@ -173,7 +171,7 @@ impl Exchange {
     /// budget by more than their input estimates' error (security review B05b). Returns the
     /// reservation and the bound the proxy set, when it set one.
     fn reserve_call(
-        &self,
+        live: &Liveness,
         call: &Call,
         price: Option<&Price>,
     ) -> Result<(Reservation, Option<u64>), Refusal> {
@@ -188,19 +186,15 @@ impl Exchange {
             })
         };
         let asked = call.max_output.unwrap_or(0);
-        if !self.live.budgeted() {
-            let r = self
-                .live
-                .reserve_budget(input.saturating_add(asked), cost(asked))?;
+        if !live.budgeted() {
+            let r = live.reserve_budget(input.saturating_add(asked), cost(asked))?;
             return Ok((r, None));
         }
         for _ in 0..4 {
-            let room = output_room(self.live.budget_left(), input, price);
+            let room = output_room(live.budget_left(), input, price);
             if room == Some(0) {
                 // Not even the input fits: refused, in the words that name the budget.
-                let r = self
-                    .live
-                    .reserve_budget_within(input.saturating_add(1), cost(1));
+                let r = live.reserve_budget_within(input.saturating_add(1), cost(1));
                 return r.map(|r| (r, Some(1)));
             }
             let output = match (room, call.max_output) {
@@ -210,7 +204,7 @@ impl Exchange {
             };
             let bound = (room.is_some() && Some(output) != call.max_output).then_some(output);
             let tokens = input.saturating_add(output);
-            match self.live.reserve_budget_within(tokens, cost(output)) {
+            match live.reserve_budget_within(tokens, cost(output)) {
                 Ok(r) => return Ok((r, bound)),
                 // Another call took what was left meanwhile, or a budget is spent (the next
                 // look says which), or a price is missing (said at once).
@@ -222,23 +216,6 @@ impl Exchange {
             Reason::BudgetExceeded,
             "today's budget is taken by calls in flight",
         ))
-    }
-
-    /// The LLM provider whose rules judge this host, when one does: every refusal here is
-    /// then answered in that provider's error shape (an SDK shows its message), not only a
-    /// refused call's — a path no rule allows (`models.list()`), a refused upgrade, an origin
-    /// that cannot be reached.
-    pub(super) fn provider_here(&self) -> Option<Provider> {
-        let (binding, _) = (self.current)()?;
-        crate::pipeline::head::provider_of(&binding, &self.dest.host)
-    }
-
-    /// A refused call, answered in its provider's error shape: `reason`'s status, the
-    /// explanation as the error's message, `Retry-After` and `x-should-retry: false` on a
-    /// budget (the official SDKs would otherwise retry a 429).
-    pub(super) fn refused_inference(&self, provider: Provider, r: &Refusal) -> Response<ResBody> {
-        let id = (self.current)().map(|(b, _)| b.id.to_string());
-        deny::provider_shaped(provider, r.reason, r.shown(), id.as_deref())
     }
 }
 

@@ -2,23 +2,21 @@
 //! turn ([`crate::intercept::credential`]), the body read whole first when a kind signs over
 //! it; a credential that cannot be had refuses the request (`credential_unavailable`).
 
-use http::{Request, Response};
+use http::Request;
 use http_body_util::BodyExt;
 
-use super::{Asked, Exchange, Prepared, Refusal, ResBody, UpBody};
-use crate::audit::AuditGuard;
+use super::{Prepared, Refusal, UpBody};
 use crate::policy::reason::Reason;
-use crate::policy::Verdict;
 
-impl Exchange {
+impl Prepared {
     /// Put the credentials bound to this host on `req`, each by its kind (the body read whole
     /// first when one signs over it); the names of those used, or why one could not be had.
     pub(super) async fn inject(
         &self,
-        p: &Prepared,
         req: &mut Request<UpBody>,
+        limit: u64,
     ) -> Result<Option<String>, Refusal> {
-        let whole = p
+        let whole = self
             .bound
             .iter()
             .any(|k| k.kind.reads_body(req.uri(), req.headers()));
@@ -26,7 +24,7 @@ impl Exchange {
             let body = std::mem::replace(req.body_mut(), UpBody::Whole(None));
             if !matches!(body, UpBody::Whole(_)) {
                 let b = body;
-                let limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
+                let limit = usize::try_from(limit).unwrap_or(usize::MAX);
                 let read = http_body_util::Limited::new(b, limit).collect().await;
                 let bytes = read.map_err(|_| {
                     Refusal::new(
@@ -40,7 +38,7 @@ impl Exchange {
             }
         }
         let mut used = Vec::new();
-        for k in &p.bound {
+        for k in &self.bound {
             match k.kind.apply(req, &k.placeholder).await {
                 Ok(true) => used.push(k.name.as_str()),
                 Ok(false) => {}
@@ -55,20 +53,5 @@ impl Exchange {
             }
         }
         Ok((!used.is_empty()).then(|| used.join(",")))
-    }
-
-    /// A refusal after the request was decided (a credential that could not be had, the
-    /// decider, the body scanner), recorded with its reason and built like every other.
-    pub(super) fn refused_recorded(
-        &self,
-        mut audit: AuditGuard,
-        asked: &Asked,
-        r: Refusal,
-    ) -> Response<ResBody> {
-        audit.verdict(Verdict::Deny, r.reason);
-        audit.detail(r.detail.clone());
-        audit.http(asked.facts(r.reason.status(), r.credential.clone()));
-        drop(audit);
-        self.refused(&asked.method, r.reason, r.shown())
     }
 }

@@ -34,6 +34,7 @@ use crate::pipeline::body::Allowed;
 pub(crate) use crate::pipeline::driver::Asked;
 use crate::pipeline::driver::{self, Judging, Ready, Stop};
 use crate::pipeline::Refusal;
+use crate::policy::protocols::inference::Provider;
 use crate::policy::reason::Reason;
 use crate::policy::{Enforcement, Verdict};
 use crate::relay::counted::Counted;
@@ -287,7 +288,7 @@ impl Exchange {
         // A request the check would refuse is never given a credential; one is put on as
         // the request will be sent (a signature covers the authority written above).
         let injected = match verdict {
-            Verdict::Allow => match self.inject(p, &mut req).await {
+            Verdict::Allow => match p.inject(&mut req, self.limits.judge).await {
                 Ok(used) => used,
                 Err(r) => return self.refused_recorded(audit, &asked, r),
             },
@@ -376,5 +377,37 @@ impl Exchange {
             retry_after: None,
             ask: self.dest.ask,
         })
+    }
+
+    /// A refusal after the request was decided (a credential that could not be had, the
+    /// decider, the body scanner), recorded with its reason and built like every other.
+    pub(super) fn refused_recorded(
+        &self,
+        mut audit: AuditGuard,
+        asked: &Asked,
+        r: Refusal,
+    ) -> Response<ResBody> {
+        audit.verdict(Verdict::Deny, r.reason);
+        audit.detail(r.detail.clone());
+        audit.http(asked.facts(r.reason.status(), r.credential.clone()));
+        drop(audit);
+        self.refused(&asked.method, r.reason, r.shown())
+    }
+
+    /// The LLM provider whose rules judge this host, when one does: every refusal here is
+    /// then answered in that provider's error shape (an SDK shows its message), not only a
+    /// refused call's — a path no rule allows (`models.list()`), a refused upgrade, an origin
+    /// that cannot be reached.
+    pub(super) fn provider_here(&self) -> Option<Provider> {
+        let (binding, _) = (self.current)()?;
+        crate::pipeline::head::provider_of(&binding, &self.dest.host)
+    }
+
+    /// A refused call, answered in its provider's error shape: `reason`'s status, the
+    /// explanation as the error's message, `Retry-After` and `x-should-retry: false` on a
+    /// budget (the official SDKs would otherwise retry a 429).
+    pub(super) fn refused_inference(&self, provider: Provider, r: &Refusal) -> Response<ResBody> {
+        let id = (self.current)().map(|(b, _)| b.id.to_string());
+        deny::provider_shaped(provider, r.reason, r.shown(), id.as_deref())
     }
 }

@@ -54,7 +54,7 @@ impl Path for Terminated<'_> {
         req: Request<UpBody>,
         audit: &mut AuditGuard,
     ) -> Result<(Request<UpBody>, Option<Metered>), Refusal> {
-        let metered = self.ex.metered(self.p, allowed, verdict)?;
+        let metered = Metered::admit(&self.ex.live, self.p, allowed, verdict)?;
         let req = match &metered {
             Some(m) if m.bound.is_some() => m.bound_request(req, audit)?,
             _ => req,
