@@ -222,6 +222,16 @@ impl AuditGuard {
         self.record.http = Some(Box::new(facts));
     }
 
+    /// What became of a request whose facts its driver recorded
+    /// ([`crate::pipeline::driver::request`]): the status it was answered with (0: none) and
+    /// the credentials put on it, by name.
+    pub fn answered(&mut self, status: u16, credential: Option<&str>) {
+        if let Some(h) = self.record.http.as_mut() {
+            h.status = status;
+            h.credential = credential.map(Into::into);
+        }
+    }
+
     /// The response's status, on a request whose method and path are recorded.
     pub fn status(&mut self, status: http::StatusCode) {
         if let Some(h) = self.record.http.as_mut() {

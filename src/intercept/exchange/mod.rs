@@ -320,7 +320,7 @@ impl Exchange {
             }
             Err(e) => {
                 let msg = format!("the upstream failed: {e}");
-                audit.http(asked.facts(0, injected));
+                audit.answered(0, injected.as_deref());
                 audit.verdict(verdict, Reason::ConnectionRefused);
                 audit.detail(msg.clone());
                 audit.bytes(up_bytes.load(Ordering::Relaxed), 0);
@@ -389,7 +389,7 @@ impl Exchange {
     ) -> Response<ResBody> {
         audit.verdict(Verdict::Deny, r.reason);
         audit.detail(r.detail.clone());
-        audit.http(asked.facts(r.reason.status(), r.credential.clone()));
+        audit.answered(r.reason.status(), r.credential.as_deref());
         drop(audit);
         self.refused(&asked.method, r.reason, r.shown())
     }

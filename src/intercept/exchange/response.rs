@@ -195,15 +195,12 @@ impl Exchange {
             // to anything else is not passed on.
             let why = "the origin switched protocols on a request that did not ask to";
             audit.verdict(Verdict::Deny, Reason::WebSocketNotAllowed);
-            audit.http(sent.asked.facts(502, sent.injected.clone()));
+            audit.answered(502, sent.injected.as_deref());
             audit.detail(why);
             drop(audit);
             return self.refused(&sent.asked.method, Reason::WebSocketNotAllowed, why);
         }
-        audit.http(
-            sent.asked
-                .facts(resp.status().as_u16(), sent.injected.clone()),
-        );
+        audit.answered(resp.status().as_u16(), sent.injected.as_deref());
         if let Some(s) = &scrubber {
             for name in s.headers(resp.headers_mut()) {
                 audit.secret_reflected(name);
@@ -272,7 +269,7 @@ impl Exchange {
     /// recorded and refused, never passed.
     fn unread(&self, mut audit: AuditGuard, sent: &Sent, why: &str) -> Response<ResBody> {
         audit.verdict(Verdict::Deny, Reason::UnscannableResponse);
-        audit.http(sent.asked.facts(502, sent.injected.clone()));
+        audit.answered(502, sent.injected.as_deref());
         audit.detail(why.to_string());
         audit.bytes(sent.up_bytes.load(Ordering::Relaxed), 0);
         drop(audit);

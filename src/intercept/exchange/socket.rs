@@ -52,7 +52,7 @@ impl Exchange {
             Ok(r) => r,
             Err(e) => {
                 let why = format!("the upstream failed: {e}");
-                audit.http(sent.asked.facts(0, sent.injected.clone()));
+                audit.answered(0, sent.injected.as_deref());
                 audit.verdict(Verdict::Allow, Reason::ConnectionRefused);
                 audit.detail(why.clone());
                 drop(audit);
@@ -72,14 +72,14 @@ impl Exchange {
             // The origin's fault, and frames the proxy could not read: 502, as a body it
             // cannot scan (review 7b: the docs said 502 and the answer was 403).
             let reason = Reason::UnscannableResponse;
-            audit.http(sent.asked.facts(reason.status(), sent.injected.clone()));
+            audit.answered(reason.status(), sent.injected.as_deref());
             audit.verdict(Verdict::Deny, reason);
             audit.detail(why);
             drop(audit);
             return self.refused(&sent.asked.method, reason, why);
         }
         let origin = hyper::upgrade::on(&mut resp);
-        audit.http(sent.asked.facts(switch.as_u16(), sent.injected.clone()));
+        audit.answered(switch.as_u16(), sent.injected.as_deref());
         audit.open();
         let socket = self.reader(ws, (p, scrubber), &sent, uri);
         let parked: Parked = Box::pin(async move {
