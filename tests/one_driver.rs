@@ -643,8 +643,8 @@ fn table_rows(p: &Proxy, dir: &Path, (tls, plain): (u16, u16)) -> Vec<Row> {
 /// allowed request spends one unit and its record names method, path and status.
 /// Forwarded HTTP/2 is its own test (`forwarded_h2_runs_the_head_dlp_quota_and_record_phases`:
 /// curl 7.88 cannot send it); the transparent listener's row is
-/// `transparent_netns::gateway_dlp_reads_plain_http_to_a_host_without_rules` (DLP) and the
-/// netns tests of `network.http` rules.
+/// `transparent_netns::gateway_plain_requests_run_the_head_dlp_quota_and_record_phases` (it
+/// needs a network namespace and root).
 #[test]
 fn every_path_runs_the_head_dlp_quota_and_record_phases() {
     let dir = tempfile::tempdir().unwrap();

@@ -2012,3 +2012,65 @@ fn gateway_dlp_reads_plain_http_to_a_host_without_rules() {
     assert_eq!(rec["dlp"], "aws_key", "{rec}");
     assert_eq!(rec["path"], "/upload", "{rec}");
 }
+
+/// The transparent listener's row of the path × phase table (`tests/one_driver.rs`): plain
+/// HTTP redirected by the gateway kit to a host with `network.http` rules, from a sandbox with
+/// `dlp` and `requests_per_day`, goes through the same driver as forwarded and tunnelled
+/// requests — the head rules refuse a path no rule allows and the DLP phase a key in a header
+/// (neither spends the quota), an upload carrying a key in its body is cut (its head went out:
+/// one unit), an allowed request spends one unit and its record names method, path, status.
+#[test]
+#[ignore = "needs root, ip, iptables"]
+fn gateway_plain_requests_run_the_head_dlp_quota_and_record_phases() {
+    let rules = r#"[{ host: plain.test, methods: [GET, POST], paths: ["/ok/**", /upload] }]"#;
+    let extra = "    limits: { requests_per_day: 100 }\n    dlp: { rules: [{ name: aws_key, pattern: \"AKIA[0-9A-Z]{16}\" }] }\n";
+    let Some(env) = gateway_env_full(15, false, false, true, rules, extra) else {
+        return;
+    };
+    let port = env.http.addr.port();
+    let resolve = format!("plain.test:{port}:{}", env.ns.host_ip);
+    let spent = || {
+        let path = "/v1/usage?sandbox=sbx";
+        let (status, body) = admin_req(env.proxy.admin, "GET", path, "", Some(BROKER_ADMIN));
+        assert_eq!(status, 200, "{body}");
+        let u: serde_json::Value = serde_json::from_str(&body).unwrap();
+        u["quotas"][0]["requests"].as_u64().unwrap_or(0)
+    };
+    let run = |path: &str, extra: &[&str]| {
+        let url = format!("http://plain.test:{port}{path}");
+        let mut args = vec!["-i", "--resolve", &resolve];
+        args.extend_from_slice(extra);
+        args.push(&url);
+        env.ns.curl(&args).1
+    };
+    let key = "AKIAQWERTYUIOPASDFGH";
+    let before = spent();
+    let out = run("/denied", &[]);
+    assert!(out.contains("http_not_allowed"), "head: {out}");
+    let header = format!("X-Key: {key}");
+    let out = run("/upload", &["-H", &header, "--data-binary", "x"]);
+    assert!(out.contains("dlp_blocked"), "dlp header: {out}");
+    assert_eq!(
+        spent(),
+        before,
+        "refused before anything was sent: no quota"
+    );
+    let body = format!("k={key}");
+    let out = run("/upload", &["--data-binary", &body]);
+    assert!(out.contains("dlp_blocked"), "dlp body: {out}");
+    assert_eq!(spent(), before + 1, "a cut upload's head went out");
+    let out = run("/ok/transparent", &[]);
+    assert!(out.contains("hello from origin /ok/transparent"), "{out}");
+    assert_eq!(spent(), before + 2, "an allowed request spends one unit");
+    let rec = env.proxy.wait_record(|r| r["path"] == "/ok/transparent");
+    assert_eq!(
+        (&rec["method"], &rec["status"], &rec["decision"]),
+        (&"GET".into(), &200.into(), &"allow".into()),
+        "{rec}"
+    );
+    assert_eq!(
+        env.http.received.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a refused body reached the origin"
+    );
+}
