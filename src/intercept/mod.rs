@@ -478,7 +478,7 @@ where
         audit.detail("terminating: the host and port are not an authority");
         return Relayed::nothing(Close::Error);
     };
-    let ending = ex.ending();
+    let ending = ex.sockets().ending();
     let served = serve_requests(Arc::new(ex), sides.client, sides.h2, handshake);
     // An open socket is told first, and given a moment to send its close frames.
     let stop = async move {
@@ -570,7 +570,7 @@ where
         .with_upgrades()
         .await
         .is_ok();
-    match ex.take_parked() {
+    match ex.sockets().take_parked() {
         Some(socket) if ok => (true, Some(socket.await)),
         _ => (ok, None),
     }

@@ -47,7 +47,7 @@ mod inject;
 mod path;
 mod prepared;
 mod response;
-mod socket;
+pub mod socket;
 mod up_body;
 mod upstream;
 
@@ -86,10 +86,9 @@ pub struct Exchange {
     limits: BodyLimits,
     /// The scrubber of the binding last seen (rebuilt when the binding changes).
     prepared: Mutex<Option<Arc<Prepared>>>,
-    /// The socket the last upgrade opened, relayed once the connection hands over.
-    parked: Mutex<Option<socket::Parked>>,
-    /// Told when the tunnel is stopped, so that open sockets close with a reason.
-    ending: Arc<tokio::sync::watch::Sender<Option<crate::audit::outcome::Close>>>,
+    /// The tunnel's WebSockets: the one parked for the connection's hand-over, and how open
+    /// ones are told the tunnel stops.
+    sockets: socket::Sockets,
 }
 
 /// What reads the response of `req`: the MCP rule that filters it (report mode changes
@@ -140,9 +139,9 @@ impl Sent {
 }
 
 impl Exchange {
-    /// Told when the tunnel is stopped: open sockets close with a reason first.
-    pub fn ending(&self) -> Arc<tokio::sync::watch::Sender<Option<crate::audit::outcome::Close>>> {
-        self.ending.clone()
+    /// The tunnel's WebSockets ([`socket::Sockets`]).
+    pub fn sockets(&self) -> &socket::Sockets {
+        &self.sockets
     }
 
     pub fn new(
@@ -155,8 +154,7 @@ impl Exchange {
         limits: BodyLimits,
     ) -> Option<Self> {
         Some(Exchange {
-            parked: Mutex::new(None),
-            ending: Arc::new(tokio::sync::watch::channel(None).0),
+            sockets: socket::Sockets::default(),
             current,
             written: authority::Written::new(&dest.host, dest.port)?,
             dest,

@@ -124,7 +124,7 @@ impl Exchange {
             recorder: self.recorder.clone(),
             asked: (sent.asked.method.clone(), sent.asked.path.clone()),
             still: self.still(uri),
-            ending: self.ending.subscribe(),
+            ending: self.sockets.ending.subscribe(),
             counts: Default::default(),
             pings: Default::default(),
             reflected: Default::default(),
@@ -137,7 +137,7 @@ impl Exchange {
     fn park(&self, parked: Parked, h2: bool) {
         if h2 {
             drop(tokio::spawn(parked));
-        } else if let Ok(mut slot) = self.parked.lock() {
+        } else if let Ok(mut slot) = self.sockets.parked.lock() {
             *slot = Some(parked);
         }
     }
@@ -213,11 +213,6 @@ impl Exchange {
                 .any(|r| r.is_websocket() && r.host.matches(&self.dest.host))
         })
     }
-
-    /// The socket parked by the last upgrade, if any (taken once).
-    pub fn take_parked(&self) -> Option<Parked> {
-        self.parked.lock().ok().and_then(|mut s| s.take())
-    }
 }
 
 /// Only a socket a rule allowed switches protocols: any other request loses its `Upgrade`.
@@ -225,5 +220,34 @@ pub(super) fn no_switch(socket: &Option<Arc<Protocol>>, req: &mut Request<UpBody
     if socket.is_none() && req.headers().contains_key(http::header::UPGRADE) {
         req.headers_mut().remove(http::header::UPGRADE);
         req.headers_mut().remove(http::header::CONNECTION);
+    }
+}
+
+/// A tunnel's WebSockets: the socket the last HTTP/1.1 upgrade opened, relayed once the
+/// connection hands over, and the signal that tells open sockets the tunnel is stopped (so
+/// that they close with a reason first).
+pub struct Sockets {
+    parked: std::sync::Mutex<Option<Parked>>,
+    ending: Arc<tokio::sync::watch::Sender<Option<crate::audit::outcome::Close>>>,
+}
+
+impl Default for Sockets {
+    fn default() -> Self {
+        Sockets {
+            parked: std::sync::Mutex::new(None),
+            ending: Arc::new(tokio::sync::watch::channel(None).0),
+        }
+    }
+}
+
+impl Sockets {
+    /// Told when the tunnel is stopped: open sockets close with a reason first.
+    pub fn ending(&self) -> Arc<tokio::sync::watch::Sender<Option<crate::audit::outcome::Close>>> {
+        self.ending.clone()
+    }
+
+    /// The socket parked by the last upgrade, if any (taken once).
+    pub fn take_parked(&self) -> Option<Parked> {
+        self.parked.lock().ok().and_then(|mut s| s.take())
     }
 }
