@@ -294,7 +294,8 @@ impl Exchange {
         };
         if let (Some(rule), Verdict::Allow) = (socket, verdict) {
             let sent = Sent::of(asked, injected);
-            return self.socket(req, (rule, p), audit, sent).await;
+            let path = Terminated { ex: self, p };
+            return path.socket(req, (rule, p), audit, sent).await;
         }
         let scrubber = p.scrubber_for(&self.mint, req.headers());
         let up_bytes = Arc::new(AtomicU64::new(0));
@@ -313,7 +314,8 @@ impl Exchange {
                     up_bytes,
                     metered,
                 };
-                self.response(resp, audit, (scrubber, mcp, seal), sent)
+                let path = Terminated { ex: self, p };
+                path.response(resp, audit, (scrubber, mcp, seal), sent)
                     .await
             }
             Err(e) => {
@@ -407,5 +409,16 @@ impl Exchange {
     pub(super) fn refused_inference(&self, provider: Provider, r: &Refusal) -> Response<ResBody> {
         let id = (self.current)().map(|(b, _)| b.id.to_string());
         deny::provider_shaped(provider, r.reason, r.shown(), id.as_deref())
+    }
+
+    /// Whether a `protocol: websocket` rule of the binding now names this host: then an
+    /// HTTP/2 connection offers extended CONNECT (`SETTINGS_ENABLE_CONNECT_PROTOCOL`).
+    pub fn offers_websocket(&self) -> bool {
+        (self.current)().is_some_and(|(b, _)| {
+            b.network
+                .http
+                .iter()
+                .any(|r| r.is_websocket() && r.host.matches(&self.dest.host))
+        })
     }
 }

@@ -3,7 +3,10 @@
 //! tunnel's scheme at its decided host; refused before the rules for another authority or a
 //! placeholder outside its credential ([`Exchange::refusal`]); everything served, an inference
 //! call metered (and its output bounded) in the call phase; reserved against the tunnel's
-//! quotas. A request refused in report mode goes on without credentials.
+//! quotas. A request refused in report mode goes on without credentials. What follows the
+//! driver is the same path's too: its response phases (`response.rs`: filtered, sealed,
+//! metered, scrubbed) and a WebSocket's upgrade (`socket.rs`) are methods of [`Terminated`];
+//! [`Exchange`] keeps the tunnel's state and its entry, `handle`.
 
 use http::Request;
 use hyper::body::Incoming;

@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
 use super::inference::{Metered, Tapped};
-use super::{BoxError, Exchange, ResBody, Sent};
+use super::{BoxError, ResBody, Sent, Terminated};
 use crate::audit::AuditGuard;
 use crate::intercept::mcp_filter::{self, Framing, McpFiltered, Notes};
 use crate::intercept::scrub::{Findings, Scrubbed, Scrubber};
@@ -153,7 +153,7 @@ async fn filtered(
     }
 }
 
-impl Exchange {
+impl Terminated<'_> {
     /// A token endpoint's answer to the sandbox, read whole (bounded) with its tokens sealed
     /// for `(sandbox, credential)` ([`crate::intercept::sealed`]); `Err`: not passed at all.
     async fn sealed(
@@ -170,7 +170,7 @@ impl Exchange {
                     "the token endpoint's answer could not be read: {e}"
                 ))
             })?;
-        let minter = &self.mint.minter;
+        let minter = &self.ex.mint.minter;
         Ok(Read::Whole(minter.seal_answer(
             &sandbox,
             &credential,
@@ -198,7 +198,9 @@ impl Exchange {
             audit.answered(502, sent.injected.as_deref());
             audit.detail(why);
             drop(audit);
-            return self.refused(&sent.asked.method, Reason::WebSocketNotAllowed, why);
+            return self
+                .ex
+                .refused(&sent.asked.method, Reason::WebSocketNotAllowed, why);
         }
         audit.answered(resp.status().as_u16(), sent.injected.as_deref());
         if let Some(s) = &scrubber {
@@ -224,7 +226,7 @@ impl Exchange {
             resp.headers_mut().remove(http::header::CONTENT_LENGTH);
             Some((rule, lists, framing, report))
         });
-        let judge_limit = usize::try_from(self.limits.judge).unwrap_or(usize::MAX);
+        let judge_limit = usize::try_from(self.ex.limits.judge).unwrap_or(usize::MAX);
         let (mut parts, b) = resp.into_parts();
         let sealed = seal.as_ref().map(|(_, c)| c.clone());
         let read = match (filter, seal, &sent.metered) {
@@ -248,8 +250,8 @@ impl Exchange {
         let metered = sent.metered.take().map(|m| (m, parts.status.as_u16()));
         let on_end = ender(audit, findings, notes.clone(), sent.up_bytes, metered);
         let out = Out {
-            live: self.live.clone(),
-            limit: self.limits.scrub,
+            live: self.ex.live.clone(),
+            limit: self.ex.limits.scrub,
             scrubber,
         };
         let body = match read {
@@ -273,6 +275,7 @@ impl Exchange {
         audit.detail(why.to_string());
         audit.bytes(sent.up_bytes.load(Ordering::Relaxed), 0);
         drop(audit);
-        self.refused(&sent.asked.method, Reason::UnscannableResponse, why)
+        self.ex
+            .refused(&sent.asked.method, Reason::UnscannableResponse, why)
     }
 }

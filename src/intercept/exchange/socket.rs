@@ -10,7 +10,7 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 
-use super::{Exchange, Prepared, ResBody, Sent, UpBody};
+use super::{Prepared, ResBody, Sent, Terminated, UpBody};
 use crate::audit::AuditGuard;
 use crate::intercept::websocket::{self, Foreign, Now, Socket, Still, Swaps};
 use crate::pipeline::head::{Checked, Head, HostRules};
@@ -25,7 +25,7 @@ use crate::relay::counted::Counted;
 pub type Parked =
     std::pin::Pin<Box<dyn std::future::Future<Output = crate::audit::outcome::Close> + Send>>;
 
-impl Exchange {
+impl Terminated<'_> {
     /// Send the handshake `req` upstream; a `101` the proxy can read parks the socket and
     /// answers the client `101`, anything else is answered as an ordinary response.
     pub(super) async fn socket(
@@ -36,19 +36,19 @@ impl Exchange {
         sent: Sent,
     ) -> Response<ResBody> {
         let Protocol::WebSocket(ws) = &*rule else {
-            return self.refused(
+            return self.ex.refused(
                 &sent.asked.method,
                 Reason::WebSocketNotAllowed,
                 "not a websocket rule",
             );
         };
         let client = hyper::upgrade::on(&mut req);
-        let scrubber = p.scrubber_for(&self.mint, req.headers());
-        let h2 = matches!(self.upstream, super::Upstream::H2(_));
+        let scrubber = p.scrubber_for(&self.ex.mint, req.headers());
+        let h2 = matches!(self.ex.upstream, super::Upstream::H2(_));
         websocket::upstream_headers(req.headers_mut(), h2);
         let uri = req.uri().clone();
-        let req = req.map(|b| Counted::new(b, self.live.clone(), true));
-        let mut resp = match self.upstream.send(req).await {
+        let req = req.map(|b| Counted::new(b, self.ex.live.clone(), true));
+        let mut resp = match self.ex.upstream.send(req).await {
             Ok(r) => r,
             Err(e) => {
                 let why = format!("the upstream failed: {e}");
@@ -56,7 +56,9 @@ impl Exchange {
                 audit.verdict(Verdict::Allow, Reason::ConnectionRefused);
                 audit.detail(why.clone());
                 drop(audit);
-                return self.refused(&sent.asked.method, Reason::ConnectionRefused, &why);
+                return self
+                    .ex
+                    .refused(&sent.asked.method, Reason::ConnectionRefused, &why);
             }
         };
         let switch = match h2 {
@@ -76,7 +78,7 @@ impl Exchange {
             audit.verdict(Verdict::Deny, reason);
             audit.detail(why);
             drop(audit);
-            return self.refused(&sent.asked.method, reason, why);
+            return self.ex.refused(&sent.asked.method, reason, why);
         }
         let origin = hyper::upgrade::on(&mut resp);
         audit.answered(switch.as_u16(), sent.injected.as_deref());
@@ -120,11 +122,11 @@ impl Exchange {
             scrubber,
             dlp: p.binding.dlp.clone(),
             report: p.binding.enforcement == Enforcement::Report,
-            live: self.live.clone(),
-            recorder: self.recorder.clone(),
+            live: self.ex.live.clone(),
+            recorder: self.ex.recorder.clone(),
             asked: (sent.asked.method.clone(), sent.asked.path.clone()),
             still: self.still(uri),
-            ending: self.sockets.ending.subscribe(),
+            ending: self.ex.sockets.ending.subscribe(),
             counts: Default::default(),
             pings: Default::default(),
             reflected: Default::default(),
@@ -137,7 +139,7 @@ impl Exchange {
     fn park(&self, parked: Parked, h2: bool) {
         if h2 {
             drop(tokio::spawn(parked));
-        } else if let Ok(mut slot) = self.sockets.parked.lock() {
+        } else if let Ok(mut slot) = self.ex.sockets.parked.lock() {
             *slot = Some(parked);
         }
     }
@@ -146,7 +148,7 @@ impl Exchange {
     /// credentials bound here (replaced in the sandbox's messages), and those of credentials
     /// bound elsewhere (refused in them).
     fn message_credentials(&self, p: &Prepared) -> (Swaps, Foreign) {
-        let host = self.dest.host.as_str();
+        let host = self.ex.dest.host.as_str();
         let replace = p
             .bound
             .iter()
@@ -172,9 +174,9 @@ impl Exchange {
     /// Whether the policy in force still allows the socket opened on `uri`: its sandbox is
     /// registered and a `protocol: websocket` rule still allows the upgrade (its rule now).
     fn still(&self, uri: http::Uri) -> Still {
-        let current = self.current.clone();
-        let host = self.dest.host.clone();
-        let process = self.dest.process.clone();
+        let current = self.ex.current.clone();
+        let host = self.ex.dest.host.clone();
+        let process = self.ex.dest.process.clone();
         let mut headers = HeaderMap::new();
         headers.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
         Box::new(move || {
@@ -200,17 +202,6 @@ impl Exchange {
                 )),
                 _ => Now::Refused("the policy in force no longer allows the socket".into()),
             }
-        })
-    }
-
-    /// Whether a `protocol: websocket` rule of the binding now names this host: then an
-    /// HTTP/2 connection offers extended CONNECT (`SETTINGS_ENABLE_CONNECT_PROTOCOL`).
-    pub fn offers_websocket(&self) -> bool {
-        (self.current)().is_some_and(|(b, _)| {
-            b.network
-                .http
-                .iter()
-                .any(|r| r.is_websocket() && r.host.matches(&self.dest.host))
         })
     }
 }
