@@ -162,16 +162,16 @@ impl Client {
         }
         let req = req
             .body(Full::new(Bytes::from(json)))
-            .map_err(|e| unreachable(format!("building the ask: {e}")))?;
+            .map_err(|e| unreachable("building the ask", e))?;
         let resp = send
             .send_request(req)
             .await
-            .map_err(|e| unreachable(format!("the decider failed: {e}")))?;
+            .map_err(|e| unreachable("the decider failed", e))?;
         let status = resp.status();
         let body = Limited::new(resp.into_body(), MAX_ANSWER)
             .collect()
             .await
-            .map_err(|e| unreachable(format!("reading the decider's answer: {e}")))?
+            .map_err(|e| unreachable("reading the decider's answer", e))?
             .to_bytes();
         if let Ok(mut idle) = self.idle.lock() {
             if idle.len() < MAX_IDLE {
@@ -195,7 +195,7 @@ impl Client {
     }
 
     async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, DeciderError> {
-        let refused = |e: std::io::Error| unreachable(format!("cannot reach the decider: {e}"));
+        let refused = |e: std::io::Error| unreachable("cannot reach the decider", e);
         match &self.cfg.url {
             DeciderUrl::Http { authority, .. } => {
                 let tcp = tokio::net::TcpStream::connect(authority.as_str())
@@ -220,7 +220,7 @@ where
 {
     let (send, conn) = hyper::client::conn::http1::handshake(io)
         .await
-        .map_err(|e| unreachable(format!("HTTP with the decider: {e}")))?;
+        .map_err(|e| unreachable("HTTP with the decider", e))?;
     tokio::spawn(conn);
     Ok(send)
 }

@@ -3,12 +3,21 @@
 //! not be shown). Each becomes the `decider_unavailable` refusal's detail, or passes under
 //! `on_error: allow` unless the sandbox's own load caused it.
 
+/// What caused a failure: the error of the layer below, kept as the source.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
 /// A decider's failure to answer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum DeciderError {
-    /// The decider could not be reached, or the exchange with it broke.
-    #[error("{0}")]
-    Unreachable(String),
+    /// The decider could not be reached, or the exchange with it broke: what was being done,
+    /// and the error of the layer below.
+    #[error("{doing}: {source}")]
+    Unreachable {
+        /// What the proxy was doing (`reading the decider's answer`).
+        doing: &'static str,
+        /// Why it failed.
+        source: Cause,
+    },
     /// Too many asks are in flight (per process or per sandbox): failed at once, not queued.
     #[error("{0}")]
     Busy(String),
@@ -21,13 +30,22 @@ pub enum DeciderError {
     /// Its answer is not a verdict this proxy can apply.
     #[error("{0}")]
     Answer(String),
-    /// The body it asked for could not be read, or cannot be shown here.
-    #[error("{0}")]
-    Body(String),
+    /// Its answer does not parse as the verdict's JSON.
+    #[error("the answer is not a verdict: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// The body it asked for could not be read.
+    #[error(transparent)]
+    Body(crate::pipeline::ask::ShowError),
+    /// It asked for a body where none can be shown (the verdict point: a tunnel, a head).
+    #[error("no body can be shown here")]
+    NoBody,
 }
 
-pub(crate) fn unreachable(why: impl Into<String>) -> DeciderError {
-    DeciderError::Unreachable(why.into())
+pub(crate) fn unreachable(doing: &'static str, source: impl Into<Cause>) -> DeciderError {
+    DeciderError::Unreachable {
+        doing,
+        source: source.into(),
+    }
 }
 
 pub(crate) fn bad_answer(why: impl Into<String>) -> DeciderError {

@@ -148,7 +148,7 @@ pub struct NoBody;
 
 impl Showable for NoBody {
     async fn show(&mut self, _: usize) -> Result<(bytes::Bytes, bool), DeciderError> {
-        Err(DeciderError::Body("no body can be shown here".into()))
+        Err(DeciderError::NoBody)
     }
 }
 

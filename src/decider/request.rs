@@ -77,9 +77,6 @@ struct Shown<'a>(&'a mut dyn Shows);
 
 impl Showable for Shown<'_> {
     async fn show(&mut self, max: usize) -> Result<(bytes::Bytes, bool), DeciderError> {
-        self.0
-            .show(max)
-            .await
-            .map_err(|e| DeciderError::Body(e.to_string()))
+        self.0.show(max).await.map_err(DeciderError::Body)
     }
 }

@@ -146,8 +146,7 @@ pub enum Answer {
 /// Read an answer; `protected` are further header names it may not touch (the credentials'
 /// own headers). `Err` says what is wrong with it.
 pub fn read(body: &[u8], protected: &[&str]) -> Result<Answer, DeciderError> {
-    let raw: RawAnswer = serde_json::from_slice(body)
-        .map_err(|e| bad_answer(format!("the answer is not a verdict: {e}")))?;
+    let raw: RawAnswer = serde_json::from_slice(body).map_err(DeciderError::NotJson)?;
     if raw.version.is_some_and(|v| v != VERSION) {
         return Err(bad_answer(format!(
             "the answer is of protocol version {:?}, not {VERSION}",
@@ -238,8 +237,8 @@ mod tests {
     #[test]
     fn answers_are_read_strictly() {
         assert_eq!(
-            read(br#"{"verdict":"allow"}"#, &[]),
-            Ok(Answer::Allow(Edits::default()))
+            read(br#"{"verdict":"allow"}"#, &[]).ok(),
+            Some(Answer::Allow(Edits::default()))
         );
         let Ok(Answer::Allow(e)) = read(
             br#"{"verdict":"allow","set_headers":{"x-team":"a"},"remove_headers":["x-debug"]}"#,
@@ -249,16 +248,23 @@ mod tests {
         };
         assert_eq!((e.set.len(), e.remove.len()), (1, 1));
         assert_eq!(
-            read(br#"{"verdict":"deny","status":451,"reason":"no"}"#, &[]),
-            Ok(Answer::Deny {
+            read(br#"{"verdict":"deny","status":451,"reason":"no"}"#, &[]).ok(),
+            Some(Answer::Deny {
                 status: 451,
                 reason: "no".into()
             })
         );
         assert_eq!(
-            read(br#"{"verdict":"need_body"}"#, &[]),
-            Ok(Answer::NeedBody)
+            read(br#"{"verdict":"need_body"}"#, &[]).ok(),
+            Some(Answer::NeedBody)
         );
+        // A parse failure keeps serde's error as its source; the words read are unchanged.
+        let e = read(b"{", &[]).unwrap_err();
+        assert!(
+            e.to_string().starts_with("the answer is not a verdict: "),
+            "{e}"
+        );
+        assert!(std::error::Error::source(&e).is_some(), "{e:?}");
         for bad in [
             &br#"{"verdict":"maybe"}"#[..],
             br#"{"verdict":"allow","extra":1}"#,
