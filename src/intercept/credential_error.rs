@@ -3,30 +3,85 @@
 //! sealing). Typed by stage, as rustls nests its kinds; the words go into the refusal's
 //! detail (`credential NAME: …`) and never carry a secret.
 
+/// What caused a failure: the error of the layer below, kept as the source (shared: a failed
+/// mint is answered to every request until the retry).
+pub type Cause = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+
+/// Why a stage failed: what the proxy was doing (or what was wrong), and the error of the
+/// layer below when there was one — shown as `what: cause`, kept as [`std::error::Error::source`].
+#[derive(Debug, Clone)]
+pub struct Why {
+    what: String,
+    cause: Option<Cause>,
+}
+
+impl std::fmt::Display for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.cause {
+            Some(c) => write!(f, "{}: {c}", self.what),
+            None => f.write_str(&self.what),
+        }
+    }
+}
+
+impl std::error::Error for Why {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause
+            .as_deref()
+            .map(|c| c as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<String> for Why {
+    fn from(what: String) -> Self {
+        Why { what, cause: None }
+    }
+}
+
+impl From<&str> for Why {
+    fn from(what: &str) -> Self {
+        Why {
+            what: what.to_string(),
+            cause: None,
+        }
+    }
+}
+
+/// `what` failed with `cause`.
+pub(crate) fn caused(
+    what: impl Into<String>,
+    cause: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> Why {
+    Why {
+        what: what.into(),
+        cause: Some(Cause::from(cause.into())),
+    }
+}
+
 /// A credential that could not be had or applied; the request is refused
 /// (`credential_unavailable`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum CredentialError {
     /// Minting failed: the token endpoint could not be reached, refused, or answered in a way
     /// that cannot be read; or the grant could not be signed.
-    #[error("{0}")]
-    Mint(String),
+    #[error(transparent)]
+    Mint(Why),
     /// The token endpoint could not be reached (resolved, connected to, spoken TLS or HTTP
     /// with): the text names its address, which is the operator's, not the sandbox's.
-    #[error("{0}")]
-    Unreachable(String),
+    #[error(transparent)]
+    Unreachable(Why),
     /// The request could not be signed (SigV4), or its signed body could not be framed.
-    #[error("{0}")]
-    Sign(String),
+    #[error(transparent)]
+    Sign(Why),
     /// An identity token could not be issued.
-    #[error("{0}")]
-    Issue(String),
+    #[error(transparent)]
+    Issue(Why),
     /// The credential's value cannot be written into the request.
-    #[error("{0}")]
-    Write(String),
+    #[error(transparent)]
+    Write(Why),
     /// A token answer could not be sealed (it is not passed at all).
-    #[error("{0}")]
-    Seal(String),
+    #[error(transparent)]
+    Seal(Why),
 }
 
 impl CredentialError {
@@ -50,22 +105,42 @@ impl CredentialError {
     }
 }
 
-pub(crate) fn mint(why: impl Into<String>) -> CredentialError {
+pub(crate) fn mint(why: impl Into<Why>) -> CredentialError {
     CredentialError::Mint(why.into())
 }
 
-pub(crate) fn unreachable(why: impl Into<String>) -> CredentialError {
+pub(crate) fn unreachable(why: impl Into<Why>) -> CredentialError {
     CredentialError::Unreachable(why.into())
 }
 
-pub(crate) fn sign(why: impl Into<String>) -> CredentialError {
+pub(crate) fn sign(why: impl Into<Why>) -> CredentialError {
     CredentialError::Sign(why.into())
 }
 
-pub(crate) fn issue(why: impl Into<String>) -> CredentialError {
+pub(crate) fn issue(why: impl Into<Why>) -> CredentialError {
     CredentialError::Issue(why.into())
 }
 
-pub(crate) fn seal(why: impl Into<String>) -> CredentialError {
+pub(crate) fn seal(why: impl Into<Why>) -> CredentialError {
     CredentialError::Seal(why.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failure formatted from another error reads as before (`what: cause`) and keeps that
+    /// error as its source; a failure that is only words has no source.
+    #[test]
+    fn a_caused_failure_keeps_its_source_and_its_words() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = unreachable(caused("connecting to 192.0.2.1:443", io));
+        assert_eq!(e.to_string(), "connecting to 192.0.2.1:443: refused");
+        let source = std::error::Error::source(&e).expect("a source");
+        assert_eq!(source.to_string(), "refused");
+        assert!(e.is_mint());
+        let plain = sign("an aws-chunked chunk has no chunk-signature");
+        assert!(std::error::Error::source(&plain).is_none());
+        assert_eq!(plain.shown(), "an aws-chunked chunk has no chunk-signature");
+    }
 }

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::config::identity_token::{IssuerConfig, MAX_TTL};
-use crate::intercept::credential_error::{issue, CredentialError};
+use crate::intercept::credential_error::{caused, issue, CredentialError};
 
 struct Key {
     kid: String,
@@ -123,7 +123,7 @@ impl Issuer {
         let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
         header.kid = Some(key.kid.clone());
         let signer = jsonwebtoken::EncodingKey::from_ed_der(&key.pkcs8);
-        jsonwebtoken::encode(&header, &claims, &signer).map_err(|e| issue(format!("signing: {e}")))
+        jsonwebtoken::encode(&header, &claims, &signer).map_err(|e| issue(caused("signing", e)))
     }
 
     /// `/.well-known/jwks.json`: the key in use and the one before it.

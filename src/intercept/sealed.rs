@@ -15,7 +15,7 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use crate::config::credentials::Secret;
-use crate::intercept::credential_error::{seal, CredentialError};
+use crate::intercept::credential_error::{caused, seal, CredentialError};
 
 /// What every sealed placeholder starts with.
 pub const PREFIX: &str = "egp_sealed_";
@@ -150,7 +150,7 @@ impl Sealed {
         }
         serde_json::to_vec(&v)
             .map(Bytes::from)
-            .map_err(|e| seal(format!("sealing: {e}")))
+            .map_err(|e| seal(caused("sealing", e)))
     }
 }
 

@@ -15,7 +15,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 
 use crate::egress::resolve::Resolver;
-use crate::intercept::credential_error::{mint, unreachable, CredentialError};
+use crate::intercept::credential_error::{caused, mint, unreachable, CredentialError};
 
 /// The most of a token endpoint's answer that is read.
 const MAX_ANSWER: usize = 64 * 1024;
@@ -67,7 +67,7 @@ async fn exchange(
     for ip in addrs {
         tcp = tokio::net::TcpStream::connect((ip, port))
             .await
-            .map_err(|e| unreachable(format!("connecting to {ip}:{port}: {e}")));
+            .map_err(|e| unreachable(caused(format!("connecting to {ip}:{port}"), e)));
         if tcp.is_ok() {
             break;
         }
@@ -79,17 +79,17 @@ async fn exchange(
     let stream = tokio_rustls::TlsConnector::from(tls.clone())
         .connect(name, tcp)
         .await
-        .map_err(|e| unreachable(format!("TLS with {bare}: {e}")))?;
+        .map_err(|e| unreachable(caused(format!("TLS with {bare}"), e)))?;
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| unreachable(format!("HTTP with {bare}: {e}")))?;
+        .map_err(|e| unreachable(caused(format!("HTTP with {bare}"), e)))?;
     tokio::spawn(conn);
     let authority = url.authority().map(|a| a.as_str()).unwrap_or(bare);
     let mut req = Request::post(url.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
         .header(http::header::HOST, authority)
         .header(http::header::USER_AGENT, "egress-proxy")
         .body(Full::new(Bytes::from(body)))
-        .map_err(|e| mint(format!("building the request: {e}")))?;
+        .map_err(|e| mint(caused("building the request", e)))?;
     for (n, v) in headers {
         let mut v =
             HeaderValue::from_str(&v).map_err(|_| mint(format!("header {n} is not valid")))?;
@@ -99,12 +99,12 @@ async fn exchange(
     let resp = send
         .send_request(req)
         .await
-        .map_err(|e| unreachable(format!("the token endpoint failed: {e}")))?;
+        .map_err(|e| unreachable(caused("the token endpoint failed", e)))?;
     let status = resp.status().as_u16();
     let body = Limited::new(resp.into_body(), MAX_ANSWER)
         .collect()
         .await
-        .map_err(|e| unreachable(format!("reading the token endpoint's answer: {e}")))?
+        .map_err(|e| unreachable(caused("reading the token endpoint's answer", e)))?
         .to_bytes();
     Ok(Answer { status, body })
 }

@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use crate::config::credential_kinds::{Grant, Mint, Minting};
 use crate::config::credentials::Secret;
-use crate::intercept::credential_error::{mint, CredentialError};
+use crate::intercept::credential_error::{caused, mint, CredentialError};
 
 /// What a token endpoint sent: the token, how long it lives, and a rotated refresh token.
 pub struct Minted {
@@ -69,7 +69,7 @@ fn sign(pem: &Secret, claims: &Claims<'_>) -> Result<String, CredentialError> {
         },
     };
     jsonwebtoken::encode(&jsonwebtoken::Header::new(alg), claims, &key)
-        .map_err(|e| mint(format!("signing the JWT: {e}")))
+        .map_err(|e| mint(caused("signing the JWT", e)))
 }
 
 fn form(pairs: &[(&str, &str)]) -> Vec<u8> {
