@@ -3,18 +3,21 @@
 //! parameter), the `state_dir` log, and etcd's sessions and values. Each carries the words an
 //! operator or the admin API's caller reads.
 
+use crate::policy::cause::Why;
+
 /// A control-plane failure, by where it happened.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ControlError {
     /// Input refused: a `check` target, a CLI duration, an admin API query parameter.
     #[error("{0}")]
     Invalid(String),
-    /// The `state_dir` registration log could not be opened or a line of it read.
-    #[error("{0}")]
-    Store(String),
-    /// etcd could not be reached or a watch broke (retried).
-    #[error("{0}")]
-    Etcd(String),
+    /// The `state_dir` registration log could not be opened or a line of it read (with the
+    /// file's error as its cause).
+    #[error(transparent)]
+    Store(Why),
+    /// etcd could not be reached or a watch broke (retried), with etcd's error as its cause.
+    #[error(transparent)]
+    Etcd(Why),
     /// A value read from etcd that this replica cannot put in force (kept out, reported).
     #[error("{0}")]
     Rejected(String),
@@ -32,10 +35,10 @@ pub(crate) fn forbidden(why: impl Into<String>) -> ControlError {
     ControlError::Forbidden(why.into())
 }
 
-pub(crate) fn store(why: impl Into<String>) -> ControlError {
+pub(crate) fn store(why: impl Into<Why>) -> ControlError {
     ControlError::Store(why.into())
 }
 
-pub(crate) fn etcd(why: impl Into<String>) -> ControlError {
+pub(crate) fn etcd(why: impl Into<Why>) -> ControlError {
     ControlError::Etcd(why.into())
 }

@@ -7,6 +7,7 @@
 //! layer that no longer exists (delete the members, or move them, first). Without etcd the
 //! runtime layers are kept in `state_dir/layers.json` and restored before the registrations.
 
+use crate::policy::cause::{self as cause, caused};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -38,11 +39,12 @@ pub fn parse_layer(id: &str, body: &str) -> Result<RawLayer, ChangeError> {
 /// The runtime layers kept in `dir` (none when the file is absent).
 pub fn read_kept(dir: &Path) -> Result<BTreeMap<String, RawLayer>, ControlError> {
     let path = dir.join(LAYERS_FILE);
-    let failed = |e: &dyn std::fmt::Display| store(format!("{}: {e}", path.display()));
+    let failed =
+        |e: Box<dyn std::error::Error + Send + Sync>| store(caused(path.display().to_string(), e));
     match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| failed(&e)),
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| failed(e.into())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
-        Err(e) => Err(failed(&e)),
+        Err(e) => Err(failed(e.into())),
     }
 }
 
@@ -50,11 +52,11 @@ pub fn read_kept(dir: &Path) -> Result<BTreeMap<String, RawLayer>, ControlError>
 fn keep(dir: &Path, layers: &BTreeMap<String, RawLayer>) -> Result<(), ControlError> {
     let path = dir.join(LAYERS_FILE);
     let tmp = dir.join(format!("{LAYERS_FILE}.tmp"));
-    let text = serde_json::to_vec_pretty(layers).map_err(|e| store(e.to_string()))?;
+    let text = serde_json::to_vec_pretty(layers).map_err(|e| store(cause::of(e)))?;
     std::fs::write(&tmp, text)
         .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
         .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|e| store(format!("{}: {e}", path.display())))
+        .map_err(|e| store(caused(path.display().to_string(), e)))
 }
 
 /// One layer as the admin API shows it.

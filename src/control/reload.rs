@@ -157,7 +157,7 @@ impl Controller {
             Err(e) => {
                 let why = format!("state_dir {}: {e}", dir.display());
                 problems.push(why.clone());
-                st.store = Err(crate::control::ControlError::Store(why));
+                st.store = Err(crate::control::ControlError::Store(why.into()));
                 return problems;
             }
         };

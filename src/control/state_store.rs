@@ -19,6 +19,7 @@
 //! was never acknowledged) and the log is rewritten. Sandboxes persisted by earlier versions
 //! as `<id>.json` files are read once, folded into the log and their files removed.
 
+use crate::policy::cause::caused;
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -209,7 +210,7 @@ fn open_append(path: &Path) -> std::io::Result<File> {
 
 /// Apply one log line to `entries`.
 fn replay(line: &[u8], entries: &mut BTreeMap<String, String>) -> Result<(), ControlError> {
-    let v: Value = serde_json::from_slice(line).map_err(|e| store(format!("not JSON: {e}")))?;
+    let v: Value = serde_json::from_slice(line).map_err(|e| store(caused("not JSON", e)))?;
     let id = v["id"]
         .as_str()
         .ok_or_else(|| store("no \"id\""))?

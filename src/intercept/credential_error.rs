@@ -3,60 +3,7 @@
 //! sealing). Typed by stage, as rustls nests its kinds; the words go into the refusal's
 //! detail (`credential NAME: …`) and never carry a secret.
 
-/// What caused a failure: the error of the layer below, kept as the source (shared: a failed
-/// mint is answered to every request until the retry).
-pub type Cause = std::sync::Arc<dyn std::error::Error + Send + Sync>;
-
-/// Why a stage failed: what the proxy was doing (or what was wrong), and the error of the
-/// layer below when there was one — shown as `what: cause`, kept as [`std::error::Error::source`].
-#[derive(Debug, Clone)]
-pub struct Why {
-    what: String,
-    cause: Option<Cause>,
-}
-
-impl std::fmt::Display for Why {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.cause {
-            Some(c) => write!(f, "{}: {c}", self.what),
-            None => f.write_str(&self.what),
-        }
-    }
-}
-
-impl std::error::Error for Why {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.cause
-            .as_deref()
-            .map(|c| c as &(dyn std::error::Error + 'static))
-    }
-}
-
-impl From<String> for Why {
-    fn from(what: String) -> Self {
-        Why { what, cause: None }
-    }
-}
-
-impl From<&str> for Why {
-    fn from(what: &str) -> Self {
-        Why {
-            what: what.to_string(),
-            cause: None,
-        }
-    }
-}
-
-/// `what` failed with `cause`.
-pub(crate) fn caused(
-    what: impl Into<String>,
-    cause: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-) -> Why {
-    Why {
-        what: what.into(),
-        cause: Some(Cause::from(cause.into())),
-    }
-}
+pub use crate::policy::cause::{caused, Cause, Why};
 
 /// A credential that could not be had or applied; the request is refused
 /// (`credential_unavailable`).

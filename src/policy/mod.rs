@@ -7,6 +7,7 @@
 //! allowlist steps only; the guard always applies. This module does no I/O.
 
 pub(crate) mod addr_table;
+pub mod cause;
 mod compact_map;
 pub mod decision;
 pub mod dns_view;

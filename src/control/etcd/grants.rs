@@ -9,6 +9,7 @@
 //! and starts over (a list again adopts what was missed; a deletion missed meanwhile is made
 //! good by the grant's own expiry).
 
+use crate::policy::cause::{self as cause};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -103,7 +104,7 @@ async fn session(cp: &ControlPlane, desk: &Arc<Desk>) -> Result<(), ControlError
         .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
         .collect();
     adopt(desk, grants).await;
-    while let Some(resp) = stream.message().await.map_err(|e| etcd(e.to_string()))? {
+    while let Some(resp) = stream.message().await.map_err(|e| etcd(cause::of(e)))? {
         if resp.canceled() || resp.compact_revision() > 0 {
             return Err(etcd("the watch was cancelled or compacted"));
         }

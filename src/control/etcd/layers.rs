@@ -7,6 +7,7 @@
 //! replica cannot apply (a layer written to etcd directly with a missing parent) is logged
 //! and the layers in force stay: never fewer layers, never open.
 
+use crate::policy::cause::{self as cause};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -72,7 +73,7 @@ async fn session(cp: &ControlPlane) -> Result<(), ControlError> {
         take(&mut layers, &prefix, kv.key(), Some(kv.value()));
     }
     apply(cp, layers.clone()).await;
-    while let Some(resp) = stream.message().await.map_err(|e| etcd(e.to_string()))? {
+    while let Some(resp) = stream.message().await.map_err(|e| etcd(cause::of(e)))? {
         if resp.canceled() || resp.compact_revision() > 0 {
             return Err(etcd("the watch was cancelled or compacted"));
         }

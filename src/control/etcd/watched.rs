@@ -3,6 +3,7 @@
 //! revision, and start over a second after any failure (a list again takes in what was
 //! missed meanwhile).
 
+use crate::policy::cause::{self as cause};
 use std::future::Future;
 use std::time::Duration;
 
@@ -47,7 +48,7 @@ pub(super) async fn list_then_watch(
     let listed = client
         .get(prefix, Some(GetOptions::new().with_prefix()))
         .await
-        .map_err(|e| etcd(e.to_string()))?;
+        .map_err(|e| etcd(cause::of(e)))?;
     let revision = listed.header().map(|h| h.revision()).unwrap_or(0);
     let opts = WatchOptions::new()
         .with_prefix()
@@ -55,6 +56,6 @@ pub(super) async fn list_then_watch(
     let stream = client
         .watch(prefix, Some(opts))
         .await
-        .map_err(|e| etcd(e.to_string()))?;
+        .map_err(|e| etcd(cause::of(e)))?;
     Ok((listed.kvs().to_vec(), stream))
 }
