@@ -3,37 +3,37 @@
 //! The one error type of [`super`]; the words go to the agent (a request's 400), the log, or
 //! the start-up report.
 
+use crate::policy::cause::Why;
+
 /// An approvals failure, by where it happened.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ApprovalError {
     /// An access request the endpoint refuses (400): the words say what to fix.
-    #[error("{0}")]
-    Request(String),
+    #[error(transparent)]
+    Request(Why),
     /// The webhook could not be reached, did not answer in time, or its reply is not trusted.
-    #[error("{0}")]
-    Webhook(String),
+    #[error(transparent)]
+    Webhook(Why),
     /// The grants kept in `state_dir` (or their journal) could not be read.
-    #[error("{0}")]
-    Store(String),
+    #[error(transparent)]
+    Store(Why),
 }
 
 impl ApprovalError {
     /// The words, owned (a refusal's body).
     pub fn into_detail(self) -> String {
-        match self {
-            ApprovalError::Request(s) | ApprovalError::Webhook(s) | ApprovalError::Store(s) => s,
-        }
+        self.to_string()
     }
 }
 
-pub(crate) fn request(why: impl Into<String>) -> ApprovalError {
+pub(crate) fn request(why: impl Into<Why>) -> ApprovalError {
     ApprovalError::Request(why.into())
 }
 
-pub(crate) fn webhook(why: impl Into<String>) -> ApprovalError {
+pub(crate) fn webhook(why: impl Into<Why>) -> ApprovalError {
     ApprovalError::Webhook(why.into())
 }
 
-pub(crate) fn store(why: impl Into<String>) -> ApprovalError {
+pub(crate) fn store(why: impl Into<Why>) -> ApprovalError {
     ApprovalError::Store(why.into())
 }

@@ -3,6 +3,7 @@
 //! ([`Desk::forget`]), a `once` grant spent here is removed from the other replicas, and an
 //! operator may revoke one before its end ([`Desk::revoke`]).
 
+use crate::policy::cause::caused;
 use std::time::SystemTime;
 
 use super::stored::{self, StoredGrant};
@@ -124,7 +125,7 @@ impl Desk {
         if let Some(journal) = &self.journal {
             let spent = journal
                 .read()
-                .map_err(|e| store(format!("{}: {e}", journal.path().display())))?;
+                .map_err(|e| store(caused(journal.path().display().to_string(), e)))?;
             for g in &mut grants {
                 g.used |= spent.contains(&g.id);
             }

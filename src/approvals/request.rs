@@ -1,6 +1,7 @@
 //! One access request: what a sandbox asks for (parsed and bounded here, from the body of
 //! `POST http://egress-proxy.local/v1/requests`), its state, and its JSON view.
 
+use crate::policy::cause::caused;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
@@ -46,13 +47,14 @@ pub struct Asked {
 /// Parse and bound a request body; the error is the 400's message.
 pub fn parse(body: &[u8], reason_max: usize) -> Result<Asked, ApprovalError> {
     let b: Body = serde_json::from_slice(body).map_err(|e| {
-        request(format!("the body must be JSON {{\"host\", \"port\", \"methods\"?, \"paths\"?, \"reason\"}}: {e}"))
+        let what = r#"the body must be JSON {"host", "port", "methods"?, "paths"?, "reason"}"#;
+        request(caused(what, e))
     })?;
     let port = b.port.unwrap_or(443);
     if port == 0 {
         return Err(request("port must be 1-65535"));
     }
-    let host = Host::parse(b.host.trim()).map_err(|e| request(format!("host: {e}")))?;
+    let host = Host::parse(b.host.trim()).map_err(|e| request(caused("host", e)))?;
     if let Host::Name(n) = &host {
         if n.contains('*') {
             return Err(request("host must be one name or address, not a pattern"));

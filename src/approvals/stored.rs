@@ -4,6 +4,7 @@
 //! per line, appended and synced before the exchange that spends a grant leaves, read back
 //! over `grants.json` at start, so neither a stop nor a kill gives a spent grant back.
 
+use crate::policy::cause::caused;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -132,10 +133,10 @@ pub fn save(path: &Path, grants: &[StoredGrant]) -> std::io::Result<()> {
 pub fn load(path: &Path) -> Result<Vec<StoredGrant>, ApprovalError> {
     match std::fs::read(path) {
         Ok(bytes) => {
-            serde_json::from_slice(&bytes).map_err(|e| store(format!("{}: {e}", path.display())))
+            serde_json::from_slice(&bytes).map_err(|e| store(caused(path.display().to_string(), e)))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(store(format!("{}: {e}", path.display()))),
+        Err(e) => Err(store(caused(path.display().to_string(), e))),
     }
 }
 

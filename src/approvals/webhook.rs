@@ -8,6 +8,7 @@
 //! the request and on the reply alike. A reply's timestamp must be within [`SKEW`] of now.
 //! Reply body: `{"id": "r-…", "decision": "approve" | "deny", "grant"?, "ttl_s"?, "note"?}`.
 
+use crate::policy::cause::{self as cause, caused};
 use std::sync::Arc;
 
 use http_body_util::{BodyExt, Full, Limited};
@@ -61,8 +62,7 @@ pub async fn send(hook: &Webhook, id: &str, body: Vec<u8>) -> Result<Option<Repl
             "the reply's signature does not verify; its decision is ignored",
         ));
     }
-    let reply: Reply =
-        serde_json::from_slice(&reply).map_err(|e| webhook(format!("reply: {e}")))?;
+    let reply: Reply = serde_json::from_slice(&reply).map_err(|e| webhook(caused("reply", e)))?;
     if reply.id != id {
         return Err(webhook(format!(
             "the reply names request {}, not {id}",
@@ -90,7 +90,7 @@ async fn exchange(
     let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
     let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
         .await
-        .map_err(|e| webhook(format!("connect {host}:{port}: {e}")))?;
+        .map_err(|e| webhook(caused(format!("connect {host}:{port}"), e)))?;
     let req = http::Request::post(uri.path_and_query().map_or("/", |p| p.as_str()))
         .header(
             http::header::HOST,
@@ -100,23 +100,23 @@ async fn exchange(
         .header(TIMESTAMP, ts.to_string())
         .header(SIGNATURE, signature)
         .body(Full::new(bytes::Bytes::from(body)))
-        .map_err(|e| webhook(e.to_string()))?;
+        .map_err(|e| webhook(cause::of(e)))?;
     if !tls {
         return round_trip(hyper_util::rt::TokioIo::new(tcp), req).await;
     }
-    let roots = crate::egress::roots::public_and(None).map_err(|e| webhook(e.to_string()))?;
+    let roots = crate::egress::roots::public_and(None).map_err(|e| webhook(cause::of(e)))?;
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(|e| webhook(e.to_string()))?
+    .map_err(|e| webhook(cause::of(e)))?
     .with_root_certificates(roots)
     .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from(host).map_err(|e| webhook(e.to_string()))?;
+    let name = rustls::pki_types::ServerName::try_from(host).map_err(|e| webhook(cause::of(e)))?;
     let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
-        .map_err(|e| webhook(format!("TLS: {e}")))?;
+        .map_err(|e| webhook(caused("TLS", e)))?;
     round_trip(hyper_util::rt::TokioIo::new(stream), req).await
 }
 
@@ -129,18 +129,18 @@ where
 {
     let (mut send, conn) = hyper::client::conn::http1::handshake(io)
         .await
-        .map_err(|e| webhook(e.to_string()))?;
+        .map_err(|e| webhook(cause::of(e)))?;
     tokio::spawn(conn);
     let resp = send
         .send_request(req)
         .await
-        .map_err(|e| webhook(e.to_string()))?;
+        .map_err(|e| webhook(cause::of(e)))?;
     let status = resp.status().as_u16();
     let (parts, body) = resp.into_parts();
     let bytes = Limited::new(body, MAX_REPLY)
         .collect()
         .await
-        .map_err(|e| webhook(format!("reply body: {e}")))?
+        .map_err(|e| webhook(caused("reply body", e)))?
         .to_bytes();
     Ok((status, parts.headers, bytes.to_vec()))
 }
