@@ -225,7 +225,12 @@ async fn phases<P: Path>(
         socket,
         call,
         dlp,
-        asked: asked.clone(),
+        // A stand-in sharing the method and path ([`request`] moves the record's own in).
+        asked: Asked {
+            method: asked.method.clone(),
+            path: asked.path.clone(),
+            call: None,
+        },
     })
 }
 
