@@ -51,6 +51,7 @@ fn big_spec() -> NetworkSpec {
         http: Default::default(),
         scoped: Vec::new(),
         layers: Default::default(),
+        flows: None,
     }
 }
 

@@ -123,6 +123,7 @@ fn compile(egress: &[String], deny: &[String]) -> CompiledPolicy {
         http: Default::default(),
         scoped: Vec::new(),
         layers: Default::default(),
+        flows: None,
     };
     CompiledPolicy::compile(
         "p",

@@ -44,6 +44,7 @@ pub fn compile(cfg: &ApprovalsConfig, default_ports: &PortSet) -> Option<Compile
         http: Vec::new().into(),
         scoped: Vec::new(),
         layers: Default::default(),
+        flows: None,
     };
     CompiledPolicy::compile(
         "approvals.auto",

@@ -4,6 +4,8 @@
 //! A missing `network` block means no egress. The conformance checks (plaintext credentials,
 //! providers, mounts, standalone fields) live in [`super::conformance`].
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_yaml::{Mapping, Value};
 
@@ -108,6 +110,9 @@ pub struct BlockNetwork {
     /// `network.scoped`: egress entries for some processes only ([`super::scoped`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scoped: Vec<super::scoped::RawScoped>,
+    /// `network.flows`: labels and the rules over them ([`super::flows`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flows: Option<super::flows::RawFlows>,
 }
 
 /// One filesystem mount (kept for the runtime).
@@ -310,26 +315,16 @@ fn network_spec(
     let deny = parse_list(&net.deny, "deny");
     let scoped = super::scoped::parse(&net.scoped, ctx, sink);
     ok &= scoped.is_some();
-    let mut http = Vec::new();
-    for (i, r) in http_rules.iter().enumerate() {
-        match r.compile() {
-            Ok(rule) => http.push(rule),
-            Err(e) => {
-                ok = false;
-                sink.errors.push(crate::config::ConfigError {
-                    file: sink.file.clone(),
-                    line: sink.locate(&r.host, ctx.line),
-                    sandbox: sb.map(str::to_string),
-                    field: format!("{p}network.http[{i}]"),
-                    message: e,
-                    code: None,
-                });
-            }
-        }
-    }
+    let flows = net
+        .flows
+        .as_ref()
+        .map(|f| super::flows::parse(f, ctx, sink));
+    ok &= flows.as_ref().is_none_or(Option::is_some);
+    let http = compile_http(&http_rules, ctx, sink);
     if !ok {
         return None;
     }
+    let http = http?;
     let who = sb
         .map(|s| format!("sandbox {s}"))
         .unwrap_or_else(|| sink.file.to_string());
@@ -348,7 +343,36 @@ fn network_spec(
         http: http.into(),
         scoped: scoped.unwrap_or_default(),
         layers: Default::default(),
+        flows: flows.flatten().map(Arc::new),
     })
+}
+
+/// `network.http` (its presets expanded) compiled; `None` when a rule is wrong (the errors
+/// are in `sink`).
+fn compile_http(
+    rules: &[super::http_rules::RawHttpRule],
+    ctx: &BlockCtx<'_>,
+    sink: &mut Sink<'_>,
+) -> Option<Vec<crate::policy::http_rules::HttpRule>> {
+    let mut http = Vec::with_capacity(rules.len());
+    let mut ok = true;
+    for (i, r) in rules.iter().enumerate() {
+        match r.compile() {
+            Ok(rule) => http.push(rule),
+            Err(e) => {
+                ok = false;
+                sink.errors.push(crate::config::ConfigError {
+                    file: sink.file.clone(),
+                    line: sink.locate(&r.host, ctx.line),
+                    sandbox: ctx.sandbox.map(str::to_string),
+                    field: format!("{}network.http[{i}]", ctx.prefix),
+                    message: e,
+                    code: None,
+                });
+            }
+        }
+    }
+    ok.then_some(http)
 }
 
 /// What a valid network block may still get wrong: egress entries a `deny-all` mode ignores,

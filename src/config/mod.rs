@@ -24,6 +24,7 @@ pub mod defaults;
 mod dns;
 pub mod error;
 pub mod files;
+pub mod flows;
 pub mod http_rules;
 pub mod identity_token;
 pub mod intercept;

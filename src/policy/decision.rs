@@ -138,6 +138,7 @@ impl Decision {
             | Reason::DeciderUnavailable
             | Reason::DlpBlocked
             | Reason::BudgetExceeded
+            | Reason::FlowRefused
             | Reason::AuditUnavailable) => fixed(r).into(),
             Reason::InvalidTarget => "the target is not a valid host name or canonical IP literal with a port".into(),
             Reason::AuthRequired => "no sandbox identity: send Proxy-Authorization: Basic (sandbox id and token)".into(),
@@ -205,6 +206,7 @@ fn fixed(r: Reason) -> &'static str {
         Reason::DeniedByDecider => "the decider this sandbox is bound to refused it (its reason is in the record's detail)",
         Reason::DeciderUnavailable => "the decider did not answer in time, was unreachable or busy, or answered what cannot be read; decider.on_error is deny",
         Reason::DlpBlocked => "the request body carries what a dlp rule of this sandbox looks for (the rule is named in the record)",
+        Reason::FlowRefused => "a flow rule of this sandbox (network.flows) refuses it: a label an earlier response armed forbids it (the rule, the label and the arming request are in the record's detail); a person may waive the label (egress-proxy flows waive)",
         Reason::AuditUnavailable => "the audit trail cannot be written right now, and nothing is served that could not be recorded (audit.on_failure: refuse)",
         _ => "",
     }

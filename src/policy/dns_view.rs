@@ -103,6 +103,7 @@ mod tests {
             http: Default::default(),
             scoped: Vec::new(),
             layers: Default::default(),
+            flows: None,
         };
         CompiledPolicy::compile(
             "t",

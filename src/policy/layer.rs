@@ -323,6 +323,7 @@ mod tests {
             http: Default::default(),
             scoped: Vec::new(),
             layers: chain,
+            flows: None,
         };
         let ports = PortSet::from_ports(&[443]).unwrap();
         let p = super::super::CompiledPolicy::compile(

@@ -12,6 +12,7 @@ mod compact_map;
 pub mod decision;
 pub mod dns_view;
 pub mod entry;
+pub mod flows;
 pub mod git_http;
 pub mod granted;
 pub mod guard;
@@ -129,6 +130,8 @@ pub struct NetworkSpec {
     pub scoped: Vec<ScopedSpec>,
     /// The layers above the sandbox, root first ([`layer`]): empty without `layer:`.
     pub layers: Arc<[Arc<layer::Layer>]>,
+    /// `network.flows`: labels and the rules over them ([`flows`]); `None`: no flow rules.
+    pub flows: Option<Arc<flows::Flows>>,
 }
 
 /// One `network.scoped` entry: egress entries allowed to the processes of a scope only.

@@ -130,11 +130,16 @@ pub enum Reason {
     /// The sandbox's own policy (or a grant) allows the destination, but it lies outside the
     /// ceiling of a layer the sandbox is a member of (`layers:`): layers only narrow.
     OutsideCeiling,
+    /// A flow rule (`network.flows`) refuses the request: a label the sandbox carries (armed
+    /// by an earlier response from a labelled destination) forbids it — a write after
+    /// `private`, a read of `private` after `untrusted`.
+    FlowRefused,
 }
 
 impl Reason {
     /// Every reason, for exhaustive tests and metric pre-registration.
-    pub const ALL: [Reason; 46] = [
+    pub const ALL: [Reason; 47] = [
+        Reason::FlowRefused,
         Reason::OutsideCeiling,
         Reason::ProcessNotAllowed,
         Reason::InferenceNotAllowed,
@@ -212,6 +217,7 @@ impl Reason {
             Reason::SniMismatch => "sni_mismatch",
             Reason::HostMismatch => "host_mismatch",
             Reason::CredentialMisuse => "credential_misuse",
+            Reason::FlowRefused => "flow_refused",
             Reason::HttpNotAllowed => "http_not_allowed",
             Reason::McpNotAllowed => "mcp_not_allowed",
             Reason::JsonRpcNotAllowed => "jsonrpc_not_allowed",
@@ -255,6 +261,7 @@ impl Reason {
             | Reason::InferenceNotAllowed
             | Reason::ProcessNotAllowed
             | Reason::OutsideCeiling
+            | Reason::FlowRefused
             | Reason::HttpNotAllowed
             | Reason::McpNotAllowed
             | Reason::JsonRpcNotAllowed
@@ -306,6 +313,7 @@ impl Reason {
             | Reason::InferenceNotAllowed
             | Reason::ProcessNotAllowed
             | Reason::OutsideCeiling
+            | Reason::FlowRefused
             | Reason::GitNotAllowed => "http_request_denied",
             Reason::DestinationIpProhibited | Reason::DestinationMismatch => {
                 "destination_ip_prohibited"
@@ -347,6 +355,7 @@ impl Reason {
                 | Reason::DeniedByDecider
                 | Reason::DeciderUnavailable
                 | Reason::DlpBlocked
+                | Reason::FlowRefused
         ) || self.refused_by_http_rule()
     }
 

@@ -92,6 +92,7 @@ mod tests {
                 egress: vec![entry("*.github.com")],
             }],
             layers: Default::default(),
+            flows: None,
         };
         let ports = PortSet::from_ports(&[443]).unwrap();
         CompiledPolicy::compile("s", "f", &spec, Enforcement::Enforce, &ports).unwrap()

@@ -17,6 +17,7 @@ fn spec(mode: Mode, egress: &[&str], deny: &[&str]) -> NetworkSpec {
         http: Default::default(),
         scoped: Vec::new(),
         layers: Default::default(),
+        flows: None,
     }
 }
 

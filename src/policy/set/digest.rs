@@ -56,6 +56,10 @@ pub(super) fn hash_binding(h: &mut Sha256, b: &Binding) {
             r.host, r.methods, r.paths, r.git, r.text
         ));
     }
+    if let Some(f) = &b.network.flows {
+        h.update(b"f");
+        h.update(f.describe());
+    }
     for c in b.credentials.iter() {
         h.update(b"c");
         h.update(c.fingerprint());
