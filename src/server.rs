@@ -227,6 +227,10 @@ pub(crate) fn start_shared(
                 .listen
                 .observe_processes
                 .map(|n| Arc::new(crate::egress::attribution::Observer::new(n))),
+            flows: Arc::new(
+                crate::pipeline::flow::Ledger::open(config.state_dir.as_deref())
+                    .context("reading the flow labels kept in state_dir")?,
+            ),
         },
     )))
 }

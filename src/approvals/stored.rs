@@ -122,11 +122,8 @@ pub fn path_in(state_dir: &Path) -> PathBuf {
 
 /// Write every grant (a temporary file renamed over the old one: never half a file).
 pub fn save(path: &Path, grants: &[StoredGrant]) -> std::io::Result<()> {
-    let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_vec_pretty(grants).map_err(std::io::Error::other)?;
-    std::fs::write(&tmp, text)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, path)
+    crate::config::files::replace(path, &text)
 }
 
 /// Read the grants kept (none when there is no file).

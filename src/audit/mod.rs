@@ -244,6 +244,25 @@ impl AuditGuard {
         self.record.decider = Some(note.into());
     }
 
+    /// The flow labels the sandbox carried when this was judged.
+    pub fn labels(&mut self, labels: Option<String>) {
+        if let Some(l) = labels {
+            self.record.flow.get_or_insert_with(Default::default).labels = Some(l.into());
+        }
+    }
+
+    /// The flow labels this armed.
+    pub fn armed(&mut self, armed: Option<String>) {
+        if let Some(a) = armed {
+            self.record.flow.get_or_insert_with(Default::default).armed = Some(a.into());
+        }
+    }
+
+    /// The record's `conn_id`.
+    pub fn conn_id(&self) -> u64 {
+        self.record.conn_id
+    }
+
     /// What the body scanner found (rule names, never the text).
     pub fn dlp(&mut self, note: impl Into<Box<str>>) {
         self.record.dlp = Some(note.into());

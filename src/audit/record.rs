@@ -118,10 +118,22 @@ pub struct Record {
     pub decider: Option<Box<str>>,
     /// The DLP rules that matched, if any.
     pub dlp: Option<Box<str>>,
+    /// Flow rules (`network.flows`): the labels the sandbox carried when this was judged, and
+    /// those this armed.
+    pub flow: Option<Box<FlowFacts>>,
     /// An inference call's tokens (`protocol: openai | anthropic | gemini`).
     pub tokens: Option<Box<TokenFacts>>,
     /// The process inside the sandbox that made it, when attributed (DESIGN §4).
     pub process: Option<Arc<crate::policy::process::Process>>,
+}
+
+/// What a record says of flow labels.
+#[derive(Debug, Clone, Default)]
+pub struct FlowFacts {
+    /// The labels armed when it was judged (`private,untrusted`).
+    pub labels: Option<Box<str>>,
+    /// The labels it armed.
+    pub armed: Option<Box<str>>,
 }
 
 /// What an inference call used, as the provider reported it (or, when it reported nothing,
@@ -262,6 +274,7 @@ impl Record {
             approval: None,
             decider: None,
             dlp: None,
+            flow: None,
             tokens: None,
             process: None,
         }
@@ -325,7 +338,6 @@ impl Entry {
         let r = &self.record;
         let dns = r.dns.as_deref();
         let summed = dns.and_then(|d| d.summed.as_ref());
-        let http = r.http.as_deref();
         let mut o = Object::open(out);
         o.plain(key!("ts"), |out| rfc3339_into(out, self.at));
         o.word(key!("event"), self.event.as_str());
@@ -382,16 +394,7 @@ impl Entry {
         if let Some(d) = dns {
             o.word(key!("transport"), d.transport);
         }
-        if let Some(h) = http {
-            o.str(key!("method"), h.method.as_str());
-            o.str(key!("path"), &h.path);
-            o.u64(key!("status"), u64::from(h.status));
-            o.str_if(key!("credential"), h.credential.as_deref());
-            o.str_if(key!("secret_reflected"), h.secret_reflected.as_deref());
-            o.str_if(key!("call"), h.call.as_deref());
-        }
-        o.str_if(key!("decider"), r.decider.as_deref());
-        o.str_if(key!("dlp"), r.dlp.as_deref());
+        request_facts(&mut o, r);
         o.serialized_if(key!("tokens"), r.tokens.as_deref())?;
         let process = r
             .process
@@ -403,6 +406,25 @@ impl Entry {
         o.close();
         out.push(b'\n');
         Ok(())
+    }
+}
+
+/// What a request's record adds (its method, path, status, what it called) and what the
+/// phases that read it said (decider, DLP, flow labels).
+fn request_facts(o: &mut Object<'_>, r: &Record) {
+    if let Some(h) = r.http.as_deref() {
+        o.str(key!("method"), h.method.as_str());
+        o.str(key!("path"), &h.path);
+        o.u64(key!("status"), u64::from(h.status));
+        o.str_if(key!("credential"), h.credential.as_deref());
+        o.str_if(key!("secret_reflected"), h.secret_reflected.as_deref());
+        o.str_if(key!("call"), h.call.as_deref());
+    }
+    o.str_if(key!("decider"), r.decider.as_deref());
+    o.str_if(key!("dlp"), r.dlp.as_deref());
+    if let Some(f) = r.flow.as_deref() {
+        o.str_if(key!("labels"), f.labels.as_deref());
+        o.str_if(key!("armed"), f.armed.as_deref());
     }
 }
 

@@ -65,3 +65,15 @@ pub fn certificates(
     }
     Ok(certs)
 }
+
+/// Write `bytes` to `path` whole: a temporary file beside it, synced, renamed over it — a
+/// crash leaves the previous file or the new one, never half of either (the files kept in
+/// `state_dir`).
+pub fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, path)
+}

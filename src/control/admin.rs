@@ -20,7 +20,8 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::admin_layers::{At, Candidate};
+use super::admin_layers::Candidate;
+use super::admin_paths::Path;
 use crate::control::etcd::ControlPlane;
 use crate::control::{ChangeError, Controller};
 use crate::runtime::Shared;
@@ -121,7 +122,7 @@ impl Admin {
     /// Who answers through this request, for the approval records: the caller's address and
     /// the credential it used — its certificate's subject, or the admin token's digest (its
     /// first six bytes), never the token.
-    fn who(&self, req: &Request<Incoming>) -> crate::approvals::Who {
+    pub(super) fn who(&self, req: &Request<Incoming>) -> crate::approvals::Who {
         let caller = req.extensions().get::<Caller>();
         let credential = caller.and_then(|c| c.certificate.clone()).or_else(|| {
             let digest = self.token_sha256.filter(|_| self.authorized(req))?;
@@ -235,79 +236,6 @@ fn change_error(e: ChangeError) -> Response<Full<Bytes>> {
     r
 }
 
-/// The admin API's paths (`docs/openapi.yaml`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Path {
-    Healthz,
-    Readyz,
-    Metrics,
-    Sandboxes,
-    Sandbox(String),
-    Keepalive(String),
-    Placeholders(String),
-    Check,
-    Reload,
-    Observe,
-    /// `/v1/usage` ([`super::admin_usage`]).
-    Usage,
-    /// `/v1/requests[/{id}[/approve|/deny|/revoke]]` and `/v1/grants`
-    /// ([`super::admin_requests`]).
-    Requests(super::admin_requests::At),
-    /// `/v1/layers…`, `/v1/sandboxes/{id}/simulate` ([`super::admin_layers`]).
-    Layers(super::admin_layers::At),
-}
-
-impl Path {
-    fn of(path: &str) -> Option<Path> {
-        Some(match path {
-            "/healthz" => Path::Healthz,
-            "/readyz" => Path::Readyz,
-            "/metrics" => Path::Metrics,
-            "/v1/sandboxes" => Path::Sandboxes,
-            "/v1/check" => Path::Check,
-            "/v1/reload" => Path::Reload,
-            "/v1/observe" => Path::Observe,
-            "/v1/usage" => Path::Usage,
-            "/v1/grants" => Path::Requests(super::admin_requests::At::Grants),
-            _ if path.starts_with("/v1/layers") => Path::Layers(At::of(path)?),
-            _ if path.starts_with("/v1/requests") => {
-                Path::Requests(super::admin_requests::At::of(path)?)
-            }
-            _ => {
-                let rest = path.strip_prefix("/v1/sandboxes/")?;
-                match rest.split_once('/') {
-                    None => Path::Sandbox(rest.to_string()),
-                    Some((id, "keepalive")) => Path::Keepalive(id.to_string()),
-                    Some((id, "placeholders")) => Path::Placeholders(id.to_string()),
-                    Some((id, "simulate")) => Path::Layers(At::SimulateSandbox(id.to_string())),
-                    Some(_) => return None,
-                }
-            }
-        })
-    }
-
-    /// The methods the path takes (the `Allow` of a 405).
-    fn allow(&self) -> &'static str {
-        match self {
-            Path::Sandbox(_) => "GET, PUT, DELETE",
-            Path::Keepalive(_) | Path::Check | Path::Reload => "POST",
-            Path::Requests(at) => at.allow(),
-            Path::Layers(at) => at.allow(),
-            _ => "GET",
-        }
-    }
-
-    /// Whether `method` on this path changes something (the token is then always needed).
-    fn mutating(&self, method: &Method) -> bool {
-        match self {
-            Path::Sandbox(_) => matches!(*method, Method::PUT | Method::DELETE),
-            Path::Keepalive(_) | Path::Reload | Path::Requests(_) => *method == Method::POST,
-            Path::Layers(at) => at.mutating(method),
-            _ => false,
-        }
-    }
-}
-
 async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
     // Public, like any issuer's keys: no token.
     if let Some(r) = super::admin_keys::well_known(&admin.shared, &req) {
@@ -368,6 +296,12 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         }
         (m, Path::Layers(at)) if at.takes(&m) => super::admin_layers::route(admin, at, req).await,
         (Method::DELETE, Path::Sandbox(id)) => delete(admin, id).await,
+        (Method::GET, Path::Flows(id, false)) => {
+            super::admin_flows::route(admin, &id, false, req).await
+        }
+        (Method::POST, Path::Flows(id, true)) => {
+            super::admin_flows::route(admin, &id, true, req).await
+        }
         (m, Path::Requests(at)) if at.takes(&m) => {
             let who = admin.who(&req);
             super::admin_requests::route(shared, at, req, (admin.max_body, who)).await
@@ -512,6 +446,10 @@ async fn delete(admin: &Admin, id: String) -> Response<Full<Bytes>> {
     };
     match result {
         Ok((revoked, revision)) => {
+            // Its flow labels go with it (a new sandbox of the same id starts clean).
+            if let Err(e) = admin.shared.settings.flows.forget(&id).await {
+                tracing::warn!(sandbox = %id, error = %e, "cannot keep the flow state");
+            }
             let mut body = json!({ "id": id, "deleted": true, "tunnels_closed": revoked });
             if let Some(r) = revision {
                 body["revision"] = json!(r);

@@ -51,11 +51,8 @@ pub fn read_kept(dir: &Path) -> Result<BTreeMap<String, RawLayer>, ControlError>
 /// Keep the runtime layers in `dir` (a whole new file, renamed over the old one).
 fn keep(dir: &Path, layers: &BTreeMap<String, RawLayer>) -> Result<(), ControlError> {
     let path = dir.join(LAYERS_FILE);
-    let tmp = dir.join(format!("{LAYERS_FILE}.tmp"));
     let text = serde_json::to_vec_pretty(layers).map_err(|e| store(cause::of(e)))?;
-    std::fs::write(&tmp, text)
-        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, &path))
+    crate::config::files::replace(&path, &text)
         .map_err(|e| store(caused(path.display().to_string(), e)))
 }
 

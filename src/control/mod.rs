@@ -44,8 +44,10 @@ pub use reload::{ReloadError, Reloaded};
 
 pub(crate) mod admin;
 pub mod admin_client;
+mod admin_flows;
 mod admin_keys;
 mod admin_layers;
+mod admin_paths;
 mod admin_requests;
 mod admin_usage;
 mod change_error;

@@ -80,6 +80,8 @@ pub struct MintCx {
     pub resolver: Arc<Resolver>,
     /// The external deciders (the exchange asks them per request).
     pub deciders: Arc<crate::decider::Deciders>,
+    /// Where the sandbox's flow labels are kept (the exchange judges and arms per request).
+    pub flows: Arc<crate::pipeline::flow::Ledger>,
     /// The signer of identity tokens.
     pub issuer: Option<Arc<super::identity_token::Issuer>>,
 }
@@ -108,6 +110,7 @@ impl MintCx {
             minter: Arc::new(Minter::new(Arc::new(tls))),
             resolver: Arc::new(Resolver::new(&cfg).0),
             deciders: Default::default(),
+            flows: Default::default(),
             issuer: None,
         }
     }

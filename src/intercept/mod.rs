@@ -201,12 +201,16 @@ impl Serving {
     fn mint_cx(
         &self,
         resolver: &Arc<crate::egress::resolve::Resolver>,
-        deciders: &Arc<crate::decider::Deciders>,
+        (deciders, flows): (
+            &Arc<crate::decider::Deciders>,
+            &Arc<crate::pipeline::flow::Ledger>,
+        ),
     ) -> credential::MintCx {
         credential::MintCx {
             minter: self.minter.clone(),
             resolver: resolver.clone(),
             deciders: deciders.clone(),
+            flows: flows.clone(),
             issuer: self.issuer.clone(),
         }
     }
@@ -430,6 +434,8 @@ pub struct Ends<'a> {
     pub resolver: Arc<crate::egress::resolve::Resolver>,
     /// The external deciders (asked per request).
     pub deciders: Arc<crate::decider::Deciders>,
+    /// Where the sandbox's flow labels are kept.
+    pub flows: Arc<crate::pipeline::flow::Ledger>,
 }
 
 /// The two sides of a tunnel whose requests are served one by one.
@@ -469,7 +475,7 @@ where
         sides.up,
         recorder,
         live.clone(),
-        serving.mint_cx(&t.resolver, &t.deciders),
+        serving.mint_cx(&t.resolver, (&t.deciders, &t.flows)),
         exchange::BodyLimits {
             scrub: serving.scrub_body_bytes,
             judge: serving.judge_body_bytes,

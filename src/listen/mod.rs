@@ -10,6 +10,7 @@ mod connect;
 pub(crate) mod explicit;
 mod explicit_head;
 pub(crate) mod explicit_tls;
+mod opaque_flow;
 #[allow(unsafe_code)]
 pub(crate) mod orig_dst;
 mod refused_inside;

@@ -113,6 +113,19 @@ fn relay_until_stopped(
             _active,
             ..
         } = *running;
+        // A connection the proxy does not read is a write to its destination (flow rules).
+        let flow = crate::pipeline::flow::Phase::of(b, Some(&shared.settings.flows));
+        let stop = match flow {
+            Some(flow) => match super::opaque_flow::admit(&flow, b, &target, audit).await {
+                Ok(watch) => futures_util::future::Either::Left(watch.or(stop)),
+                Err(()) => {
+                    client.reset();
+                    server.reset();
+                    return Relayed::nothing(Close::Eof);
+                }
+            },
+            None => futures_util::future::Either::Right(stop),
+        };
         let limiter: &SandboxLimiter = slot.limiter();
         let shaper = limiter.shapes().then_some(limiter);
         // A tunnel the proxy does not see into is one request, reserved against the quotas.
@@ -191,6 +204,7 @@ async fn per_request(
             port: target.port,
             resolver: shared.resolver(),
             deciders: shared.deciders.clone(),
+            flows: shared.settings.flows.clone(),
         },
         client,
         early: inspected.client,

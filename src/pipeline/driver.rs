@@ -29,14 +29,17 @@ use hyper::body::Incoming;
 use super::ask::{Asker, Prefix};
 use super::body::{self, Allowed};
 use super::dlp::Rebody;
+use super::flow::{Ledger, Phase};
 use super::forwarded::Found;
 use super::head::{Checked, Head, HostRules};
 use super::Refusal;
 use crate::audit::record::HttpFacts;
 use crate::audit::AuditGuard;
 use crate::config::Binding;
+use crate::policy::flows::{Act, Dest};
 use crate::policy::http_rules::git_request;
 use crate::policy::protocols::{Protocol, Refused};
+use crate::policy::reason::Reason;
 use crate::policy::Verdict;
 
 /// What a request needs that only some paths can give it: its answer read.
@@ -159,6 +162,8 @@ pub struct Judging<'a> {
     /// refused destination go on) keeps every request of it reported — asked about by no
     /// decider, given no credential.
     pub admitted: Verdict,
+    /// Where the sandbox's flow labels are kept (its rules are the binding's).
+    pub flows: Option<&'a Ledger>,
 }
 
 /// The phases of one request, in the order of the module's documentation. `Ok`: the request
@@ -202,10 +207,16 @@ async fn phases<P: Path>(
     audit: &mut AuditGuard,
 ) -> Result<Ready<P::Body, P::Call>, Halt> {
     let binding = at.binding;
+    let writes = writes(&req);
     let (req, verdict, mut allowed, socket) = read(path, at, req, asked, audit).await?;
-    let verdict = match at.admitted {
-        Verdict::Report => Verdict::Report,
-        _ => verdict,
+    let flow = Phase::of(binding, at.flows);
+    let verdict = match (at.admitted, &flow) {
+        (Verdict::Report, _) => Verdict::Report,
+        (_, None) => verdict,
+        (_, Some(flow)) => {
+            let to = (path.to(), &*asked);
+            judge_flow::<P>(flow, to, writes, verdict, binding, audit).await?
+        }
     };
     let (mut req, call) = path
         .call(&mut allowed, verdict, req, audit)
@@ -218,6 +229,9 @@ async fn phases<P: Path>(
         .await
         .map_err(|r| (r, None))?;
     path.reserve().map_err(|r| denied(r, audit))?;
+    if let Some(flow) = flow {
+        arm(&flow, path.to(), asked, audit).await?;
+    }
     Ok(Ready {
         req,
         verdict,
@@ -232,6 +246,84 @@ async fn phases<P: Path>(
             call: None,
         },
     })
+}
+
+/// What of a request can carry data out besides its method: a body, a query.
+struct Carries {
+    body: bool,
+    query: Option<String>,
+}
+
+/// What `req` carries (read before its body is).
+fn writes(req: &Request<Incoming>) -> Carries {
+    use hyper::body::Body;
+    let declared = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|n| n.trim() != "0");
+    let body = declared || !req.body().is_end_stream();
+    Carries {
+        body,
+        query: req.uri().query().map(str::to_string),
+    }
+}
+
+/// The flow phase: the request judged by the sandbox's flow rules with the labels armed
+/// now; a refusal goes on only in report mode.
+async fn judge_flow<P: Path>(
+    flow: &Phase<'_>,
+    ((_, host, port), asked): ((&str, &str, u16), &Asked),
+    carries: Carries,
+    verdict: Verdict,
+    binding: &Binding,
+    audit: &mut AuditGuard,
+) -> Result<Verdict, Halt> {
+    let method = asked.method.as_str();
+    let query = carries.query.as_deref();
+    let act = Act::of_request(method, carries.body, query, flow.flows.query_bytes);
+    let dest = Dest {
+        host,
+        port: Some(port),
+        request: Some((method, &asked.path)),
+    };
+    let judged = flow.judge(&dest, act).await;
+    audit.labels(judged.labels);
+    match judged.refused {
+        None => Ok(verdict),
+        Some(r) => {
+            let r = Refusal::new(Reason::FlowRefused, r.detail);
+            super::reported(binding, r, P::REPORTED, audit)
+                .map(|()| Verdict::Report)
+                .map_err(|r| (r, None))
+        }
+    }
+}
+
+/// Arm the labels of the request's destination before it is sent; a label that cannot be
+/// kept refuses the request (it is never sent unrecorded).
+async fn arm(
+    flow: &Phase<'_>,
+    (_, host, port): (&str, &str, u16),
+    asked: &Asked,
+    audit: &mut AuditGuard,
+) -> Result<(), Halt> {
+    let dest = Dest {
+        host,
+        port: Some(port),
+        request: Some((asked.method.as_str(), &asked.path)),
+    };
+    let by = format!("{} {host}{}", asked.method, asked.path);
+    match flow.arm(&dest, &by, audit.conn_id()).await {
+        Ok(armed) => {
+            audit.armed(armed);
+            Ok(())
+        }
+        Err(e) => {
+            let why = format!("the flow label this request arms could not be kept: {e}");
+            Err(denied(Refusal::new(Reason::FlowRefused, why), audit))
+        }
+    }
 }
 
 /// A refusal no report mode lets go on, recorded.

@@ -37,7 +37,7 @@ pub type Found = std::sync::Arc<std::sync::Mutex<super::dlp::Found>>;
 /// clearance's, which scoped rules read). `Ok` with the request to send and what the body scanner will have
 /// found; `Err` with the refusal, recorded.
 pub async fn phases(
-    (binding, asker): (&Binding, &dyn Asker),
+    (binding, asker, flows): (&Binding, &dyn Asker, &super::flow::Ledger),
     (host, port, limit): (&str, u16, u64),
     (admitted, process): (Verdict, Option<&Process>),
     req: Request<Incoming>,
@@ -51,6 +51,7 @@ pub async fn phases(
         rules: (!rules.is_empty()).then_some(&rules),
         limit,
         admitted,
+        flows: Some(flows),
     };
     let path = Forwarded {
         host,

@@ -29,6 +29,7 @@ pub mod body;
 pub mod decoded;
 pub mod dlp;
 pub mod driver;
+pub mod flow;
 pub mod forwarded;
 pub mod head;
 pub(crate) mod unescape;
@@ -60,7 +61,7 @@ pub fn judged_per_request(binding: &Binding, host: &str) -> bool {
 /// tunnel to a host not [`judged_per_request`] is framed and checked against the decided host
 /// ([`crate::relay::http_checked`]).
 pub fn reads_every_request(binding: &Binding) -> bool {
-    binding.dlp.is_some() || binding.decider.is_some()
+    binding.dlp.is_some() || binding.decider.is_some() || binding.network.flows.is_some()
 }
 
 /// Why a request is refused, for its response and its record.

@@ -71,6 +71,8 @@ pub struct Forwarding {
     pub judge_body_bytes: u64,
     /// Who the pipeline's decider phase asks ([`pipeline::ask`]).
     pub asker: Arc<dyn pipeline::ask::Asker>,
+    /// Where the sandbox's flow labels are kept ([`pipeline::flow`]).
+    pub flows: Arc<pipeline::flow::Ledger>,
 }
 
 /// Forward one allowed request and return the origin's response (or a 502).
@@ -106,7 +108,7 @@ pub async fn forward(
     // The request pipeline, with the quota reservation: nothing is sent before them.
     let at = (
         &*live,
-        (&*sandbox.binding, &*fx.asker),
+        (&*sandbox.binding, &*fx.asker, &*fx.flows),
         &clearance.target,
         fx.judge_body_bytes,
     );
@@ -238,8 +240,12 @@ async fn judged(
     pipeline::forwarded::phases(who, at, from, req, audit, || live.reserve()).await
 }
 
-/// The sandbox's binding and who its decider phase asks.
-type Who<'a> = (&'a crate::config::Binding, &'a dyn pipeline::ask::Asker);
+/// The sandbox's binding, who its decider phase asks and where its flow labels are kept.
+type Who<'a> = (
+    &'a crate::config::Binding,
+    &'a dyn pipeline::ask::Asker,
+    &'a pipeline::flow::Ledger,
+);
 
 /// A request the pipeline refused: its record finished, the §6 refusal.
 fn refused(mut audit: AuditGuard, r: &pipeline::Refusal, failed: &Failed) -> Response<Body> {

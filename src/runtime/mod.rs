@@ -45,6 +45,8 @@ pub struct Settings {
     pub upstream_proxy: Option<Arc<crate::config::upstream::UpstreamProxy>>,
     /// `listen.attribution.observe`: the process behind each connection, from the kernel.
     pub observer: Option<Arc<crate::egress::attribution::Observer>>,
+    /// Every sandbox's flow labels (`network.flows`), kept in `state_dir`.
+    pub flows: Arc<crate::pipeline::flow::Ledger>,
 }
 
 /// Everything a connection task needs.
@@ -223,6 +225,7 @@ impl Shared {
             connect: self.settings.timeouts.connect,
             judge_body_bytes: self.settings.serving.judge_body_bytes(),
             asker: self.deciders.clone(),
+            flows: self.settings.flows.clone(),
         }
     }
 

@@ -200,11 +200,7 @@ fn load(path: &Path) -> std::io::Result<Option<Saved>> {
 }
 
 fn write(path: &Path, saved: &Saved) -> std::io::Result<()> {
-    let body = serde_json::to_vec(saved)?;
-    let tmp = path.with_extension("state.tmp");
-    std::fs::write(&tmp, body)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, path)
+    crate::config::files::replace(path, &serde_json::to_vec(saved)?)
 }
 
 #[cfg(test)]

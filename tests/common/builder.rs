@@ -17,6 +17,8 @@ pub struct SandboxSpec {
     egress: Vec<String>,
     deny: Vec<String>,
     report: bool,
+    /// More `network` keys, as YAML flow values (`flows`, `{ labels: … }`).
+    network: Vec<(String, String)>,
 }
 
 impl SandboxSpec {
@@ -29,6 +31,7 @@ impl SandboxSpec {
             egress: Vec::new(),
             deny: Vec::new(),
             report: false,
+            network: Vec::new(),
         }
     }
 
@@ -56,6 +59,12 @@ impl SandboxSpec {
         self
     }
 
+    /// Another `network` key, its value as a YAML flow value (`flows`, `{ labels: … }`).
+    pub fn network(mut self, key: &str, yaml: &str) -> Self {
+        self.network.push((key.into(), yaml.into()));
+        self
+    }
+
     /// `enforcement: report`.
     pub fn report(mut self) -> Self {
         self.report = true;
@@ -77,8 +86,13 @@ impl SandboxSpec {
         if self.report {
             s += "    enforcement: report\n";
         }
+        let more: String = self
+            .network
+            .iter()
+            .map(|(k, v)| format!(", {k}: {v}"))
+            .collect();
         s += &format!(
-            "    policy: {{ provider: local, config: {{}}, network: {{ egress: {}, deny: {} }} }}\n",
+            "    policy: {{ provider: local, config: {{}}, network: {{ egress: {}, deny: {}{more} }} }}\n",
             list(&self.egress),
             list(&self.deny)
         );

@@ -251,6 +251,7 @@ impl Exchange {
             limit: self.limits.judge,
             // Each request's own record starts allowed: its phases say otherwise.
             admitted: Verdict::Allow,
+            flows: Some(&self.mint.flows),
         };
         let path = Terminated { ex: self, p: &p };
         match driver::request(&path, at, req, &mut audit).await {

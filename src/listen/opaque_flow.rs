@@ -1,0 +1,100 @@
+//! Flow rules on a connection the proxy does not read — opaque TCP, TLS it does not
+//! terminate — in a CONNECT, SOCKS5 or transparent tunnel: the client's bytes are a write to
+//! the destination ([`crate::policy::flows::Act::Write`]), judged once when the relay is
+//! chosen, and the destination's labels are armed there (its answer is read by the sandbox,
+//! unseen). While the tunnel lives, it watches the sandbox's labels: a label armed later
+//! (by another connection) that refuses it cuts it.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::audit::{AuditGuard, Close};
+use crate::pipeline::flow::{Phase, Track};
+use crate::pipeline::Refusal;
+use crate::policy::flows::{Act, Dest, Flows};
+use crate::policy::reason::Reason;
+use crate::policy::target::Target;
+
+/// How the relay goes on in report mode after a refusal.
+const REPORTED: &str = "relayed";
+
+/// What a tunnel admitted by its flow rules watches.
+pub(super) struct Cut {
+    track: Arc<Track>,
+    flows: Arc<Flows>,
+    host: String,
+    port: u16,
+    /// Report mode: a later label is recorded, not cut.
+    report: bool,
+}
+
+impl Cut {
+    /// `stop`, or [`Close::Revoked`] as soon as the sandbox's labels refuse the tunnel.
+    pub(super) async fn or<F: Future<Output = Close>>(self, stop: F) -> Close {
+        tokio::select! {
+            close = stop => close,
+            () = self.refused(), if !self.report => Close::Revoked,
+        }
+    }
+
+    /// Resolves when a change of the labels refuses the tunnel.
+    async fn refused(&self) {
+        let mut changed = self.track.changed();
+        while changed.changed().await.is_ok() {
+            let labels = self.track.labels();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let dest = Dest {
+                host: &self.host,
+                port: Some(self.port),
+                request: None,
+            };
+            let armed = labels.in_force(&self.flows, now);
+            if self.flows.refusing(armed, &dest, Act::Write).is_some() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Judge the tunnel to `target` as a write; arm its destination's labels. `Err`: refused,
+/// recorded (the caller resets both sides).
+pub(super) async fn admit(
+    flow: &Phase<'_>,
+    binding: &crate::config::Binding,
+    target: &Target,
+    audit: &mut AuditGuard,
+) -> Result<Cut, ()> {
+    let host = target.host.to_string();
+    let dest = Dest {
+        host: &host,
+        port: Some(target.port),
+        request: None,
+    };
+    let judged = flow.judge(&dest, Act::Write).await;
+    audit.labels(judged.labels);
+    if let Some(r) = judged.refused {
+        let r = Refusal::new(Reason::FlowRefused, r.detail);
+        if crate::pipeline::reported(binding, r, REPORTED, audit).is_err() {
+            return Err(());
+        }
+    }
+    let by = format!("tunnel {host}:{}", target.port);
+    match flow.arm(&dest, &by, audit.conn_id()).await {
+        Ok(armed) => audit.armed(armed),
+        Err(e) => {
+            let why = format!("the flow label this connection arms could not be kept: {e}");
+            audit.refused_in_tunnel(Reason::FlowRefused, why);
+            return Err(());
+        }
+    }
+    Ok(Cut {
+        track: flow.track().clone(),
+        flows: flow.flows.clone(),
+        host,
+        port: target.port,
+        report: binding.enforcement == crate::policy::Enforcement::Report,
+    })
+}

@@ -1,0 +1,294 @@
+//! The flow phase: where the proxy asks a sandbox's flow rules ([`crate::policy::flows`])
+//! and keeps its labels. One [`Ledger`] per process holds every sandbox's [`Labels`]; a
+//! [`Phase`] is one sandbox's rules with its state, used by every path that judges:
+//!
+//! - the driver ([`super::driver`]) judges each request it reads (forwarded, plain HTTP in a
+//!   tunnel, terminated h1/h2) and arms the labels of its destination once every other phase
+//!   let it through — before it is sent, so no response can race its label;
+//! - a connection the proxy does not read (opaque TCP, TLS it does not terminate) is a write
+//!   to its destination, judged when its relay is chosen, and arms its labels there;
+//! - the DNS listener judges a query as a write to the name;
+//! - a WebSocket message is a write.
+//!
+//! A label newly armed is kept (`state_dir/flows.json`, written whole) before the request
+//! that armed it is sent: a crash or a kill cannot launder it. Each sandbox's state has a
+//! change signal ([`Track::changed`]): live connections a new label now refuses watch it
+//! and are cut. Without a `state_dir` the labels live in memory only.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::config::Binding;
+use crate::policy::flows::state::{FlowRefusal, Labels, Waive};
+use crate::policy::flows::{Act, Dest, Flows};
+
+/// The file's name in `state_dir`.
+pub const FILE: &str = "flows.json";
+
+/// The kept form.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Kept {
+    version: u32,
+    sandboxes: std::collections::BTreeMap<String, Labels>,
+}
+
+/// One sandbox's labels, and the signal live connections watch.
+#[derive(Debug)]
+pub struct Track {
+    labels: Mutex<Labels>,
+    changed: watch::Sender<()>,
+}
+
+impl Track {
+    fn new(labels: Labels) -> Self {
+        Track {
+            labels: Mutex::new(labels),
+            changed: watch::channel(()).0,
+        }
+    }
+
+    /// A copy of the labels now.
+    pub fn labels(&self) -> Labels {
+        self.labels.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// Resolves (with `Ok`) each time the labels change.
+    pub fn changed(&self) -> watch::Receiver<()> {
+        self.changed.subscribe()
+    }
+}
+
+/// Every sandbox's labels, kept across reloads (and restarts, with a `state_dir`).
+#[derive(Debug, Default)]
+pub struct Ledger {
+    by_id: Mutex<HashMap<String, Arc<Track>>>,
+    file: Option<PathBuf>,
+    /// One write at a time, in order.
+    writing: tokio::sync::Mutex<()>,
+}
+
+/// Why a waiver was not given.
+#[derive(Debug, thiserror::Error)]
+pub enum WaiveError {
+    /// The label is not armed on the sandbox.
+    #[error("label `{label}` is not armed on sandbox {sandbox}")]
+    NotArmed {
+        /// The sandbox.
+        sandbox: String,
+        /// The label.
+        label: String,
+    },
+    /// The state could not be kept.
+    #[error("cannot keep the flow state")]
+    Keep(#[source] std::io::Error),
+}
+
+impl Ledger {
+    /// The ledger, with what `state_dir` kept (a file that cannot be read is an error: the
+    /// proxy does not start with labels forgotten).
+    pub fn open(state_dir: Option<&Path>) -> std::io::Result<Ledger> {
+        let file = state_dir.map(|d| d.join(FILE));
+        let mut by_id = HashMap::new();
+        if let Some(path) = &file {
+            match std::fs::read(path) {
+                Ok(bytes) => {
+                    let kept: Kept = serde_json::from_slice(&bytes)?;
+                    if kept.version != 1 {
+                        let why = format!("{}: unknown version {}", path.display(), kept.version);
+                        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, why));
+                    }
+                    for (id, labels) in kept.sandboxes {
+                        by_id.insert(id, Arc::new(Track::new(labels)));
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Ledger {
+            by_id: Mutex::new(by_id),
+            file,
+            writing: Default::default(),
+        })
+    }
+
+    /// The track of sandbox `id` (made when first asked).
+    pub fn track(&self, id: &str) -> Arc<Track> {
+        match self.by_id.lock() {
+            Ok(mut map) => map
+                .entry(id.to_string())
+                .or_insert_with(|| Arc::new(Track::new(Labels::default())))
+                .clone(),
+            Err(_) => Arc::new(Track::new(Labels::default())),
+        }
+    }
+
+    /// The labels of sandbox `id`, if it has any.
+    pub fn labels(&self, id: &str) -> Option<Labels> {
+        let map = self.by_id.lock().ok()?;
+        map.get(id).map(|t| t.labels())
+    }
+
+    /// Forget sandbox `id` (it was removed), and keep that.
+    pub async fn forget(&self, id: &str) -> std::io::Result<()> {
+        let gone = self.by_id.lock().ok().and_then(|mut m| m.remove(id));
+        match gone {
+            Some(_) => self.keep().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Waive (or reset) `label` of sandbox `id` for `by`; kept before it returns.
+    pub async fn waive(
+        &self,
+        id: &str,
+        label: &str,
+        how: Waive,
+        by: &str,
+    ) -> Result<Labels, WaiveError> {
+        let track = self.track(id);
+        let (now, at) = now();
+        let labels = {
+            let mut l = track
+                .labels
+                .lock()
+                .map_err(|_| WaiveError::Keep(poisoned()))?;
+            if !l.waive(label, how, by, &at, now) {
+                return Err(WaiveError::NotArmed {
+                    sandbox: id.into(),
+                    label: label.into(),
+                });
+            }
+            l.clone()
+        };
+        track.changed.send_replace(());
+        self.keep().await.map_err(WaiveError::Keep)?;
+        Ok(labels)
+    }
+
+    /// Write every sandbox's labels to `state_dir` (nothing without one).
+    pub async fn keep(&self) -> std::io::Result<()> {
+        let Some(path) = self.file.clone() else {
+            return Ok(());
+        };
+        let _one = self.writing.lock().await;
+        let kept = Kept {
+            version: 1,
+            sandboxes: self
+                .by_id
+                .lock()
+                .map_err(|_| poisoned())?
+                .iter()
+                .map(|(id, t)| (id.clone(), t.labels()))
+                .filter(|(_, l)| !l.armed.is_empty() || !l.waivers.is_empty())
+                .collect(),
+        };
+        let bytes = serde_json::to_vec_pretty(&kept)?;
+        tokio::task::spawn_blocking(move || crate::config::files::replace(&path, &bytes))
+            .await
+            .map_err(std::io::Error::other)?
+    }
+}
+
+fn poisoned() -> std::io::Error {
+    std::io::Error::other("the flow state's lock was poisoned")
+}
+
+/// Unix seconds and RFC 3339 now.
+fn now() -> (u64, String) {
+    let t = SystemTime::now();
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    (secs, crate::audit::record::rfc3339(t))
+}
+
+/// One sandbox's flow rules with its state: what a path asks.
+pub struct Phase<'a> {
+    /// The rules.
+    pub flows: &'a Arc<Flows>,
+    track: Arc<Track>,
+    ledger: &'a Ledger,
+}
+
+/// A judgement: the refusal, if any, and the labels in force when judged (for the record).
+pub struct Judged {
+    /// Why a rule refuses the request.
+    pub refused: Option<FlowRefusal>,
+    /// The armed labels, by name.
+    pub labels: Option<String>,
+}
+
+impl<'a> Phase<'a> {
+    /// The phase of `binding`'s sandbox, when it has flow rules.
+    pub fn of(binding: &'a Binding, ledger: Option<&'a Ledger>) -> Option<Phase<'a>> {
+        let flows = binding.network.flows.as_ref()?;
+        let ledger = ledger?;
+        Some(Phase {
+            flows,
+            track: ledger.track(binding.id.as_str()),
+            ledger,
+        })
+    }
+
+    /// The sandbox's labels and their change signal.
+    pub fn track(&self) -> &Arc<Track> {
+        &self.track
+    }
+
+    /// Judge `act` to `d`; a `once` waiver it spends is kept before this returns (a
+    /// restart cannot give it again).
+    pub async fn judge(&self, d: &Dest<'_>, act: Act) -> Judged {
+        let (now, _) = now();
+        let (refused, labels, spent) = match self.track.labels.lock() {
+            Ok(mut l) => {
+                let waivers = l.waivers.len();
+                let refused = l.judge(self.flows, d, act, now).err();
+                (refused, l.names(), l.waivers.len() != waivers)
+            }
+            Err(_) => {
+                let refused = FlowRefusal {
+                    rule: "state".into(),
+                    label: "?".into(),
+                    detail: "the sandbox's flow state cannot be read".into(),
+                };
+                return Judged {
+                    refused: Some(refused),
+                    labels: None,
+                };
+            }
+        };
+        if spent {
+            self.track.changed.send_replace(());
+            if let Err(e) = self.ledger.keep().await {
+                tracing::warn!(error = %e, "cannot keep the flow state (a spent waiver)");
+            }
+        }
+        Judged { refused, labels }
+    }
+
+    /// Arm the labels `d` is (or may be) in, naming `by` (conn `conn`): the names newly
+    /// armed, kept before this returns (`Err`: they could not be kept — the caller refuses
+    /// the request rather than let a label go unrecorded).
+    pub async fn arm(&self, d: &Dest<'_>, by: &str, conn: u64) -> std::io::Result<Option<String>> {
+        let set = self.flows.arms(d);
+        if set == 0 {
+            return Ok(None);
+        }
+        let (_, at) = now();
+        let changed = match self.track.labels.lock() {
+            Ok(mut l) => l.arm(self.flows, set, by, conn, &at),
+            Err(_) => return Err(poisoned()),
+        };
+        if !changed {
+            return Ok(None);
+        }
+        self.track.changed.send_replace(());
+        self.ledger.keep().await?;
+        Ok(Some(self.flows.names(set)))
+    }
+}

@@ -1,0 +1,356 @@
+//! Flow rules (`network.flows`, issue 93) through the real binary, real curl and local
+//! origins: a sandbox posts to a public host freely; once it has read a private document, the
+//! same POST is refused with `flow_refused` naming the request that armed the label — when
+//! forwarded, inside a CONNECT tunnel and through SOCKS5 —, writes to the private hosts still
+//! go; an opaque tunnel is a write (refused after the label) and one already open is cut when
+//! the label arms; a person's waiver lets one request through; the label holds across a
+//! restart (`state_dir`); report mode records what it would refuse.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+
+/// `private` is `corp.test`; after it, writes anywhere else are refused.
+const NO_EXFIL: &str = r#"{ labels: { private: ["corp.test"] }, rules: [{ name: no-exfil, after: [private], refuse: writes, except: [private] }] }"#;
+
+const TOKEN: &str = "dev-secret";
+/// The admin token (waivers need it).
+const ADMIN: &str = "admin-secret";
+
+/// Sandbox `dev` (token `dev-secret`) reaching `corp.test` and `public.test` on `port` (and
+/// `extra` entries), with flow rules `flows`; the explicit, admin and SOCKS5 listeners; the
+/// labels kept in `state`.
+fn proxy(dir: &Path, state: &Path, port: u16, flows: &str, extra: &[&str]) -> Proxy {
+    let mut sb = SandboxSpec::new("dev")
+        .token(TOKEN)
+        .allow(&format!("corp.test:{port}"))
+        .allow(&format!("public.test:{port}"))
+        .network("flows", flows);
+    for e in extra {
+        sb = sb.allow(e);
+    }
+    let admin = dir.join("admin.token");
+    std::fs::write(&admin, ADMIN).unwrap();
+    ProxyConfig::new()
+        .socks5()
+        .admin_token_file(&admin)
+        .dns_server("127.0.0.1:9")
+        .host("corp.test", "127.0.0.1")
+        .host("public.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .raw(&format!("state_dir: {}", state.display()))
+        .sandbox(sb)
+        .start(dir)
+}
+
+fn via(p: &Proxy, path: &str) -> Vec<String> {
+    let http = format!("http://dev:{TOKEN}@{}", p.proxy);
+    match path {
+        "forwarded" => vec!["-x".into(), http],
+        "connect" => vec!["-p".into(), "-x".into(), http],
+        "socks5" => vec![
+            "-x".into(),
+            format!("socks5h://dev:{TOKEN}@{}", p.socks5.expect("socks5 bound")),
+        ],
+        other => panic!("no path {other}"),
+    }
+}
+
+fn run(via: &[String], args: &[&str]) -> String {
+    let mut all: Vec<&str> = via.iter().map(String::as_str).collect();
+    all.extend(["-s", "-i", "--max-time", "20"]);
+    all.extend(args);
+    curl(&all).text()
+}
+
+fn waive(p: &Proxy, body: &str) -> (u16, String) {
+    admin_req(
+        p.admin,
+        "POST",
+        "/v1/sandboxes/dev/flows/waive",
+        body,
+        Some(ADMIN),
+    )
+}
+
+/// The issue's first criterion, on the forwarded, CONNECT and SOCKS5 paths: a POST to a public
+/// host goes; after a GET of a private document the same POST is refused with `flow_refused`
+/// naming the rule and the arming request, and nothing reaches the origin; a write to the
+/// private host still goes. A reset between paths starts each clean.
+#[test]
+fn a_post_after_a_private_read_is_refused_on_every_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let p = proxy(dir.path(), dir.path(), port, NO_EXFIL, &[]);
+    let public = format!("http://public.test:{port}/upload");
+    let doc = format!("http://corp.test:{port}/doc");
+    let corp_upload = format!("http://corp.test:{port}/upload");
+    for path in ["forwarded", "connect", "socks5"] {
+        let v = via(&p, path);
+        let out = run(&v, &["--data-binary", "data", &public]);
+        assert!(out.contains("received 4"), "{path}: before: {out}");
+        let out = run(&v, &[&doc]);
+        assert!(out.contains("hello from origin /doc"), "{path}: {out}");
+        origin.received.store(0, Ordering::SeqCst);
+        let out = run(&v, &["--data-binary", "secret", &public]);
+        assert!(out.contains("flow_refused"), "{path}: after: {out}");
+        assert!(out.contains("no-exfil"), "{path}: {out}");
+        assert!(out.contains("GET corp.test/doc"), "{path}: {out}");
+        assert_eq!(
+            origin.received.load(Ordering::SeqCst),
+            0,
+            "{path}: reached the origin"
+        );
+        let out = run(&v, &["--data-binary", "mine", &corp_upload]);
+        assert!(
+            out.contains("received 4"),
+            "{path}: a write to private: {out}"
+        );
+        let (code, body) = waive(&p, r#"{"label": "private", "reset": true}"#);
+        assert_eq!(code, 200, "{body}");
+    }
+    let refused = eventually(Duration::from_secs(10), "three refusals", || {
+        let r: Vec<_> = p
+            .audit_records()
+            .into_iter()
+            .filter(|r| r["reason"] == "flow_refused")
+            .collect();
+        (r.len() >= 3).then_some(r)
+    });
+    for r in refused {
+        assert_eq!(r["decision"], "deny", "{r}");
+        assert_eq!(r["labels"], "private", "{r}");
+        assert_eq!(r["method"], "POST", "{r}");
+    }
+    let armed = p.audit_records();
+    let armed: Vec<_> = armed.iter().filter(|r| r["armed"] == "private").collect();
+    assert_eq!(armed.len(), 3, "one arming record per path: {armed:?}");
+    assert!(armed.iter().all(|r| r["path"] == "/doc"), "{armed:?}");
+}
+
+/// A person's waiver lets one refused request through (recorded as an approval step naming
+/// who); the label holds across a restart, with what armed it; a reset disarms it.
+#[test]
+fn a_waiver_is_once_and_the_label_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let public = format!("http://public.test:{port}/upload");
+    let doc = format!("http://corp.test:{port}/doc");
+    let mut p = proxy(dir.path(), state.path(), port, NO_EXFIL, &[]);
+    let v = via(&p, "forwarded");
+    assert!(run(&v, &[&doc]).contains("hello from origin"));
+    assert!(run(&v, &["--data-binary", "x", &public]).contains("flow_refused"));
+    let (code, body) = waive(
+        &p,
+        r#"{"label": "private", "once": true, "note": "ok'd in chat"}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(run(&v, &["--data-binary", "x", &public]).contains("received 1"));
+    assert!(
+        run(&v, &["--data-binary", "x", &public]).contains("flow_refused"),
+        "once is once"
+    );
+    let step = eventually(Duration::from_secs(10), "the waiver's record", || {
+        p.audit_records()
+            .into_iter()
+            .find(|r| r["approval"]["step"] == "flow_waived_once")
+    });
+    assert_eq!(step["sandbox"], "dev", "{step}");
+    assert_eq!(step["approval"]["request"], "flow:private", "{step}");
+    assert_eq!(step["approval"]["by"], "admin", "{step}");
+
+    p.terminate();
+    let p = proxy(dir.path(), state.path(), port, NO_EXFIL, &[]);
+    let v = via(&p, "forwarded");
+    let out = run(&v, &["--data-binary", "x", &public]);
+    assert!(
+        out.contains("flow_refused") && out.contains("GET corp.test/doc"),
+        "after a restart: {out}"
+    );
+    let (code, shown) = admin_req(p.admin, "GET", "/v1/sandboxes/dev/flows", "", Some(ADMIN));
+    assert_eq!(code, 200);
+    let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["armed"][0]["label"], "private", "{shown}");
+    assert_eq!(shown["armed"][0]["by"], "GET corp.test/doc", "{shown}");
+    assert_eq!(shown["rules"][0]["name"], "no-exfil", "{shown}");
+    // A waiver of a label that is not armed is a conflict; a bad body is a 400.
+    let (code, _) = waive(&p, r#"{"label": "private", "once": true, "reset": true}"#);
+    assert_eq!(code, 400);
+    let (code, _) = waive(&p, r#"{"label": "nope", "once": true}"#);
+    assert_eq!(code, 404);
+    let (code, body) = waive(&p, r#"{"label": "private", "reset": true}"#);
+    assert_eq!(code, 200, "{body}");
+    assert!(run(&v, &["--data-binary", "x", &public]).contains("received 1"));
+    let (code, body) = waive(&p, r#"{"label": "private", "once": true}"#);
+    assert_eq!(code, 409, "{body}");
+}
+
+/// `untrusted` is everything outside `private`; after the sandbox read the open web, a request
+/// to a private host — even a GET — is refused.
+#[test]
+fn after_the_open_web_private_hosts_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let flows = r#"{ labels: { private: ["corp.test"], untrusted: [{ outside: [private] }] }, rules: [{ name: web-then-private, after: [untrusted], refuse: requests, to: [private] }] }"#;
+    let p = proxy(dir.path(), dir.path(), port, flows, &[]);
+    let v = via(&p, "connect");
+    let doc = format!("http://corp.test:{port}/doc");
+    assert!(run(&v, &[&doc]).contains("hello from origin"), "before");
+    assert!(run(&v, &[&format!("http://public.test:{port}/page")]).contains("hello from origin"));
+    let out = run(&v, &[&doc]);
+    assert!(
+        out.contains("flow_refused") && out.contains("web-then-private"),
+        "{out}"
+    );
+    assert!(out.contains("GET public.test/page"), "{out}");
+}
+
+/// A small TCP echo server (an opaque protocol): it echoes each line.
+fn echo_server() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// An opaque tunnel (`tcp://`) to a public host: before the label its bytes flow; when another
+/// request arms `private`, the open tunnel is cut, and a new one is refused at its first bytes.
+#[test]
+fn an_opaque_tunnel_is_a_write_and_is_cut_when_the_label_arms() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let echo = echo_server();
+    let opaque = format!("tcp://public.test:{echo}");
+    let p = proxy(dir.path(), dir.path(), port, NO_EXFIL, &[&opaque]);
+    let auth = basic("dev", TOKEN);
+    let target = format!("public.test:{echo}");
+    let mut open = TcpStream::connect(p.proxy).unwrap();
+    open.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    connect_on(&mut open, &target, Some(&auth));
+    open.write_all(b"ping\n").unwrap();
+    let mut buf = [0u8; 5];
+    open.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ping\n");
+    let v = via(&p, "forwarded");
+    assert!(run(&v, &[&format!("http://corp.test:{port}/doc")]).contains("hello from origin"));
+    // The open tunnel is cut: its next read ends (EOF or reset) instead of echoing.
+    let _ = open.write_all(b"leak\n");
+    let mut rest = Vec::new();
+    let ended = open.read_to_end(&mut rest);
+    assert!(
+        ended.is_err() || !rest.starts_with(b"leak"),
+        "the tunnel still echoes: {rest:?}"
+    );
+    let cut = p.wait_record(|r| r["target_host"] == "public.test" && r["close"] == "revoked");
+    assert_eq!(cut["mode"], "connect", "{cut}");
+    // A new tunnel gets its 200, and its first bytes are refused.
+    let mut again = TcpStream::connect(p.proxy).unwrap();
+    again
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    connect_on(&mut again, &target, Some(&auth));
+    let _ = again.write_all(b"leak\n");
+    let mut rest = Vec::new();
+    let _ = again.read_to_end(&mut rest);
+    assert!(
+        !rest.starts_with(b"leak"),
+        "refused tunnel echoed: {rest:?}"
+    );
+    let refused =
+        p.wait_record(|r| r["reason"] == "flow_refused" && r["target_host"] == "public.test");
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap()
+            .contains("GET corp.test/doc"),
+        "{refused}"
+    );
+}
+
+/// Report mode: a POST after the private read goes through, recorded `report` with the flow
+/// rule's reason.
+#[test]
+fn report_mode_records_what_a_flow_rule_would_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let sb = SandboxSpec::new("dev")
+        .token(TOKEN)
+        .allow(&format!("corp.test:{port}"))
+        .allow(&format!("public.test:{port}"))
+        .network("flows", NO_EXFIL)
+        .report();
+    let p = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .host("corp.test", "127.0.0.1")
+        .host("public.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(sb)
+        .start(dir.path());
+    let v = via(&p, "forwarded");
+    assert!(run(&v, &[&format!("http://corp.test:{port}/doc")]).contains("hello from origin"));
+    let out = run(
+        &v,
+        &[
+            "--data-binary",
+            "data",
+            &format!("http://public.test:{port}/upload"),
+        ],
+    );
+    assert!(out.contains("received 4"), "{out}");
+    let r = p.wait_record(|r| r["reason"] == "flow_refused");
+    assert_eq!(r["decision"], "report", "{r}");
+}
+
+/// A flow rule naming a label that does not exist is refused at load with its line and field.
+#[test]
+fn a_rule_naming_an_unknown_label_is_a_config_error_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let flows =
+        r#"{ labels: { private: ["corp.test"] }, rules: [{ after: [secret], refuse: writes }] }"#;
+    let yaml = ProxyConfig::new()
+        .sandbox(
+            SandboxSpec::new("dev")
+                .allow("corp.test")
+                .network("flows", flows),
+        )
+        .yaml(&dir.path().join("audit.jsonl"));
+    let cfg = dir.path().join("proxy.yaml");
+    std::fs::write(&cfg, &yaml).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["validate", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let line = yaml.lines().position(|l| l.contains("secret")).unwrap() + 1;
+    assert!(err.contains(&format!("proxy.yaml:{line}")), "{err}");
+    assert!(
+        err.contains("network.flows.rules[0].after") && err.contains("no label `secret`"),
+        "{err}"
+    );
+}
