@@ -354,3 +354,37 @@ fn a_rule_naming_an_unknown_label_is_a_config_error_with_its_line() {
         "{err}"
     );
 }
+
+/// A DNS query carries its name out: after `private`, the DNS listener refuses names outside
+/// it (NXDOMAIN, the flow rule in the Extended DNS Error) and still answers private ones.
+#[test]
+fn after_a_private_read_the_dns_listener_refuses_names_outside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let sb = SandboxSpec::new("dev")
+        .token(TOKEN)
+        .source("127.0.0.1/32")
+        .allow(&format!("corp.test:{port}"))
+        .allow(&format!("public.test:{port}"))
+        .network("flows", NO_EXFIL);
+    let p = ProxyConfig::new()
+        .listen("dns")
+        .dns_server("127.0.0.1:9")
+        .host("corp.test", "127.0.0.1")
+        .host("public.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(sb)
+        .start(dir.path());
+    let dns = p.dns.expect("listen.dns is bound");
+    assert_eq!(dig(dns, &["public.test", "A"]).status, "NOERROR");
+    assert_eq!(dig(dns, &["public.test", "A"]).status, "NOERROR");
+    let v = via(&p, "forwarded");
+    assert!(run(&v, &[&format!("http://corp.test:{port}/doc")]).contains("hello from origin"));
+    let refused = dig(dns, &["public.test", "A"]);
+    assert_eq!(refused.status, "NXDOMAIN", "{}", refused.raw);
+    assert!(refused.raw.contains("flow_refused"), "{}", refused.raw);
+    assert_eq!(dig(dns, &["corp.test", "A"]).status, "NOERROR");
+    let r = p.wait_record(|r| r["mode"] == "dns" && r["reason"] == "flow_refused");
+    assert_eq!(r["labels"], "private", "{r}");
+}

@@ -314,9 +314,15 @@ fn every_operation_answers_as_documented() {
     // waiver that says two things a 400 (tests/flows.rs arms and waives for real).
     let (status, body) = admin_req(a, "GET", "/v1/sandboxes/rt/flows", "", t);
     assert_eq!(status, 200, "{body}");
-    assert_eq!(admin_req(a, "GET", "/v1/sandboxes/nobody/flows", "", t).0, 404);
+    assert_eq!(
+        admin_req(a, "GET", "/v1/sandboxes/nobody/flows", "", t).0,
+        404
+    );
     let waive = "/v1/sandboxes/rt/flows/waive";
-    assert_eq!(admin_req(a, "POST", waive, r#"{"label": "x", "once": true}"#, t).0, 404);
+    assert_eq!(
+        admin_req(a, "POST", waive, r#"{"label": "x", "once": true}"#, t).0,
+        404
+    );
     let two = r#"{"label": "x", "once": true, "reset": true}"#;
     assert_eq!(admin_req(a, "POST", waive, two, t).0, 400);
     assert_eq!(admin_req(a, "DELETE", "/v1/sandboxes/rt", "", t).0, 200);

@@ -45,9 +45,11 @@ use crate::egress::admit::{self, Told};
 use crate::egress::identity::{self, Identified};
 use crate::egress::resolve::ResolveError;
 use crate::egress::strangers::{Answer, Strangers};
+use crate::pipeline::flow::Phase;
+use crate::policy::flows::{Act, Dest};
 use crate::policy::reason::Reason;
 use crate::policy::set::{PolicySet, Sandbox};
-use crate::policy::{Decision, Verdict};
+use crate::policy::{Decision, Enforcement, Verdict};
 use crate::runtime::Shared;
 
 /// EDE info codes: Blocked (15), Prohibited (18).
@@ -228,6 +230,11 @@ impl DnsListener {
             Err(d) => return Judged::Reply(self.blocked(&sb, &name, &d, q, asked.edns)),
         };
 
+        // A query carries its name out: after a label, a write (flow rules).
+        if let Some(reply) = self.flow_refused(&sb, &name, q, asked.edns) {
+            return Judged::Reply(reply);
+        }
+
         let family = match kind {
             Asked::Addresses(f) => f,
             Asked::Empty => return Judged::Reply(Reply::code(ResponseCode::NoError)),
@@ -321,6 +328,35 @@ impl DnsListener {
             records,
             ede: None,
         }
+    }
+
+    /// A query the sandbox's flow rules refuse (a write of its name after a label), answered
+    /// as a refused name; in report mode recorded `report` and answered (`None`).
+    fn flow_refused(
+        &self,
+        sb: &Sandbox,
+        name: &str,
+        q: &mut AuditGuard,
+        edns: bool,
+    ) -> Option<Reply> {
+        let flow = Phase::of(&sb.binding, Some(&self.shared.settings.flows))?;
+        let dest = Dest {
+            host: name,
+            port: None,
+            request: None,
+        };
+        let judged = flow.judge_unspent(&dest, Act::Write);
+        q.labels(judged.labels);
+        let refused = judged.refused?;
+        if sb.binding.enforcement == Enforcement::Report {
+            q.verdict(Verdict::Report, Reason::FlowRefused);
+            q.detail(format!("{} (answered)", refused.detail));
+            return None;
+        }
+        let d = Decision::deny(Reason::FlowRefused, None);
+        q.decision(&d);
+        q.detail(refused.detail);
+        Some(self.blocked(sb, name, &d, q, edns))
     }
 
     /// A refused name: NXDOMAIN without SOA, and why — with the reason's code and, when a
@@ -453,11 +489,21 @@ fn settle(reply: &Reply, q: &mut AuditGuard, set: &PolicySet, keep: bool) -> Opt
         && reply.rcode == ResponseCode::NoError
         && !reply.records.is_empty()
         && q.verdict_so_far() == Verdict::Allow
-        && q.dns().ttl.is_some_and(|t| t > 0))
+        && q.dns().ttl.is_some_and(|t| t > 0)
+        && !has_flow_rules(set, q))
     .then(|| Answered {
         record: q.record.clone(),
         generation: set.generation(),
     })
+}
+
+/// Whether the asking sandbox has flow rules: its answers are never served again from a
+/// receive loop's cache (a label armed in the meantime would not be asked).
+fn has_flow_rules(set: &PolicySet, q: &AuditGuard) -> bool {
+    let sandbox = q.record.sandbox.as_ref();
+    sandbox
+        .and_then(|id| set.get(id.as_str()))
+        .is_none_or(|sb| sb.binding.network.flows.is_some())
 }
 
 /// What step 4 of a query resolves, for whom.

@@ -271,6 +271,19 @@ impl<'a> Phase<'a> {
         Judged { refused, labels }
     }
 
+    /// Judge `act` to `d` honouring the waivers in force without spending one (a DNS query:
+    /// the name of a request a `once` waiver lets through must resolve, and the request
+    /// spends it).
+    pub fn judge_unspent(&self, d: &Dest<'_>, act: Act) -> Judged {
+        let (now, _) = now();
+        let mut labels = self.track.labels();
+        let refused = labels.judge(self.flows, d, act, now).err();
+        Judged {
+            refused,
+            labels: labels.names(),
+        }
+    }
+
     /// Arm the labels `d` is (or may be) in, naming `by` (conn `conn`): the names newly
     /// armed, kept before this returns (`Err`: they could not be kept — the caller refuses
     /// the request rather than let a label go unrecorded).
