@@ -493,3 +493,81 @@ fn a_proxy_shutting_down_closes_the_socket_1012() {
     assert_eq!(out["close"]["code"], 1012, "{out}");
     assert!(took < Duration::from_secs(8), "{took:?}");
 }
+
+/// Flow rules (issue 93) on terminated TLS: each message of the sandbox is a write. A socket
+/// to `api.test` passes a message; a GET of the private `other.test` (terminated, through
+/// CONNECT) arms `private`; the same socket's next message is refused (1008, `flow_refused`)
+/// and never reaches the origin, and so is a terminated POST to `api.test`.
+#[test]
+fn after_a_private_read_a_socket_message_is_a_refused_write() {
+    let flows = r#"{ labels: { private: ["other.test"] }, rules: [{ name: no-exfil, after: [private], refuse: writes, except: [private] }] }"#;
+    let e = env(RPC_RULE, false);
+    let d = e.dir.path();
+    let yaml = std::fs::read_to_string(d.join("proxy.yaml")).unwrap();
+    let yaml = yaml.replace(
+        "        http:",
+        &format!("        flows: {flows}\n        http:"),
+    );
+    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
+    assert_eq!(
+        admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some("admin-token")).0,
+        200
+    );
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let messages = serde_json::json!([ping, "sleep:4", ping]).to_string();
+    let mut cmd = e.client_cmd("api.test", "/rpc", &messages);
+    let client = std::thread::spawn(move || cmd.output().expect("python3"));
+    eventually(
+        Duration::from_secs(10),
+        "the first message at the origin",
+        || (!e.received().is_empty()).then_some(()),
+    );
+    let port = e.origin.port.to_string();
+    let proxy = format!("http://dev:dev-secret@{}", e.proxy.proxy);
+    let cacert = d.join("ica/ca.crt");
+    let curl_tls = |args: &[&str]| {
+        let mut all = vec![
+            "-s",
+            "-i",
+            "-p",
+            "-x",
+            &proxy,
+            "--cacert",
+            cacert.to_str().unwrap(),
+        ];
+        all.extend(args);
+        curl(&all).text()
+    };
+    let read = curl_tls(&[&format!("https://other.test:{port}/doc")]);
+    assert!(read.starts_with("HTTP/"), "{read}");
+    let out = client.join().unwrap();
+    let out: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert_eq!(out["answers"][0], format!("got:{ping}"), "{out}");
+    assert_eq!(out["close"]["code"], 1008, "{out}");
+    assert!(
+        out["close"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no-exfil"),
+        "{out}"
+    );
+    assert_eq!(
+        e.received().len(),
+        1,
+        "the refused message reached the origin"
+    );
+    let post = curl_tls(&[
+        "--data-binary",
+        "x",
+        &format!("https://api.test:{port}/plain"),
+    ]);
+    assert!(
+        post.contains("flow_refused") && post.contains("GET other.test/doc"),
+        "{post}"
+    );
+    let r = e
+        .proxy
+        .wait_record(|r| r["reason"] == "flow_refused" && r["method"] == "POST");
+    assert_eq!(r["labels"], "private", "{r}");
+}

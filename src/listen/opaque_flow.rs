@@ -5,25 +5,20 @@
 //! unseen). While the tunnel lives, it watches the sandbox's labels: a label armed later
 //! (by another connection) that refuses it cuts it.
 
-use std::future::Future;
-use std::sync::Arc;
-
 use crate::audit::{AuditGuard, Close};
-use crate::pipeline::flow::{Phase, Track};
+use crate::pipeline::flow::{Gate, Phase};
 use crate::pipeline::Refusal;
-use crate::policy::flows::{Act, Dest, Flows};
+use crate::policy::flows::{Act, Dest};
 use crate::policy::reason::Reason;
 use crate::policy::target::Target;
+use std::future::Future;
 
 /// How the relay goes on in report mode after a refusal.
 const REPORTED: &str = "relayed";
 
 /// What a tunnel admitted by its flow rules watches.
 pub(super) struct Cut {
-    track: Arc<Track>,
-    flows: Arc<Flows>,
-    host: String,
-    port: u16,
+    gate: Gate,
     /// Report mode: a later label is recorded, not cut.
     report: bool,
 }
@@ -33,29 +28,8 @@ impl Cut {
     pub(super) async fn or<F: Future<Output = Close>>(self, stop: F) -> Close {
         tokio::select! {
             close = stop => close,
-            () = self.refused(), if !self.report => Close::Revoked,
+            _ = self.gate.refused(), if !self.report => Close::Revoked,
         }
-    }
-
-    /// Resolves when a change of the labels refuses the tunnel.
-    async fn refused(&self) {
-        let mut changed = self.track.changed();
-        while changed.changed().await.is_ok() {
-            let labels = self.track.labels();
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            let dest = Dest {
-                host: &self.host,
-                port: Some(self.port),
-                request: None,
-            };
-            let armed = labels.in_force(&self.flows, now);
-            if self.flows.refusing(armed, &dest, Act::Write).is_some() {
-                return;
-            }
-        }
-        std::future::pending::<()>().await;
     }
 }
 
@@ -91,10 +65,7 @@ pub(super) async fn admit(
         }
     }
     Ok(Cut {
-        track: flow.track().clone(),
-        flows: flow.flows.clone(),
-        host,
-        port: target.port,
+        gate: Gate::new(flow, &host, target.port),
         report: binding.enforcement == crate::policy::Enforcement::Report,
     })
 }

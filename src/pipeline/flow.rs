@@ -305,3 +305,48 @@ impl<'a> Phase<'a> {
         Ok(Some(self.flows.names(set)))
     }
 }
+
+/// One destination's flow gate, owned: what a long-lived exchange the proxy relays (an opaque
+/// tunnel, a WebSocket) asks for each write, and watches for a label that refuses it.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    track: Arc<Track>,
+    flows: Arc<Flows>,
+    host: String,
+    port: u16,
+}
+
+impl Gate {
+    /// The gate of `phase`'s sandbox toward `host`:`port`.
+    pub fn new(phase: &Phase<'_>, host: &str, port: u16) -> Gate {
+        Gate {
+            track: phase.track.clone(),
+            flows: phase.flows.clone(),
+            host: host.into(),
+            port,
+        }
+    }
+
+    /// Why a write now is refused (waivers honoured, not spent), if it is.
+    pub fn write_refused(&self) -> Option<FlowRefusal> {
+        let (now, _) = now();
+        let dest = Dest {
+            host: &self.host,
+            port: Some(self.port),
+            request: None,
+        };
+        let mut labels = self.track.labels();
+        labels.judge(&self.flows, &dest, Act::Write, now).err()
+    }
+
+    /// Resolves when a change of the sandbox's labels refuses writes through the gate.
+    pub async fn refused(&self) -> FlowRefusal {
+        let mut changed = self.track.changed();
+        while changed.changed().await.is_ok() {
+            if let Some(r) = self.write_refused() {
+                return r;
+            }
+        }
+        std::future::pending().await
+    }
+}

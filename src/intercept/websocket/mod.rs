@@ -121,6 +121,8 @@ pub struct Socket {
     pub dlp: Option<Arc<DlpConfig>>,
     /// The sandbox is in report mode: a refused message is forwarded and recorded `report`.
     pub report: bool,
+    /// The sandbox's flow rules toward the host: each of its messages is a write.
+    pub flow: Option<crate::pipeline::flow::Gate>,
     /// The tunnel's liveness (bytes, idle, the daily byte quota).
     pub live: Arc<Liveness>,
     /// Where refused messages are recorded.

@@ -186,6 +186,10 @@ impl Socket {
         if !sent {
             return Ok((op, data));
         }
+        // A message is a write: after a label, refused where the flow rules say.
+        if let Some(r) = self.flow.as_ref().and_then(|g| g.write_refused()) {
+            return Err((refuse(Reason::FlowRefused, r.detail), Some((op, data))));
+        }
         if let Some((name, _)) = self
             .foreign
             .iter()
