@@ -2074,3 +2074,45 @@ fn gateway_plain_requests_run_the_head_dlp_quota_and_record_phases() {
         "a refused body reached the origin"
     );
 }
+
+/// Flow rules (issue 93) on the transparent listener, in a network namespace behind the
+/// iptables kit: a sandbox posts to `plain.test` freely; after it GETs a document under the
+/// private paths, the same POST is refused with `flow_refused` naming the arming request, and
+/// nothing reaches the origin.
+#[test]
+#[ignore = "needs root, ip, iptables"]
+fn gateway_a_post_after_a_private_read_is_refused() {
+    let flows = r#"[]
+        flows: { labels: { private: [{ host: plain.test, paths: ["/private/**"] }] }, rules: [{ name: no-exfil, after: [private], refuse: writes, except: [private] }] }"#;
+    let Some(env) = gateway_env_full(16, false, false, false, flows, "") else {
+        return;
+    };
+    let port = env.http.addr.port();
+    let resolve = format!("plain.test:{port}:{}", env.ns.host_ip);
+    let run = |path: &str, extra: &[&str]| {
+        let url = format!("http://plain.test:{port}{path}");
+        let mut args = vec!["-i", "--resolve", &resolve];
+        args.extend_from_slice(extra);
+        args.push(&url);
+        env.ns.curl(&args).1
+    };
+    let out = run("/upload", &["--data-binary", "data"]);
+    assert!(out.contains("received 4"), "before: {out}");
+    let out = run("/private/doc", &[]);
+    assert!(out.contains("hello from origin /private/doc"), "{out}");
+    env.http
+        .received
+        .store(0, std::sync::atomic::Ordering::SeqCst);
+    let out = run("/upload", &["--data-binary", "secret"]);
+    assert!(out.contains("flow_refused"), "after: {out}");
+    assert!(out.contains("GET plain.test/private/doc"), "{out}");
+    assert_eq!(
+        env.http.received.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a refused body reached the origin"
+    );
+    // A request's own record on a transparent connection (its original destination kept).
+    let rec = env.proxy.wait_record(|r| r["reason"] == "flow_refused");
+    assert_eq!(rec["identity"], "source", "{rec}");
+    assert!(rec["original_dst"].is_string(), "{rec}");
+}
