@@ -1,4 +1,4 @@
-//! `egress-proxy requests`, `grants`, `approve ID`, `deny ID` and `revoke ID`: the approvers' commands,
+//! `egress-proxy requests`, `grants`, `approve ID`, `deny ID`, `revoke ID` and `flows`: the approvers' commands,
 //! one admin API call each ([`egress_proxy::control::admin_client`]); and how every admin
 //! client command (these and `observe`) reaches the admin listener ([`AdminArgs`]).
 
@@ -139,4 +139,76 @@ pub fn deny(to: &AdminArgs, id: &str, note: Option<&str>) -> ExitCode {
         Some(&body),
         true,
     )
+}
+
+/// `egress-proxy flows show|waive`: a sandbox's flow labels, and a person's waiver.
+#[derive(clap::Subcommand)]
+pub enum FlowsAction {
+    /// The sandbox's flow rules, the labels armed on it (which request armed each, and when)
+    /// and the waivers in force.
+    Show {
+        /// The sandbox's id.
+        sandbox: String,
+        #[command(flatten)]
+        to: AdminArgs,
+    },
+    /// Waive a label of a sandbox: let one request through, take it out of force for a
+    /// time, or reset it (recorded in the audit trail with who gave it).
+    Waive {
+        /// The sandbox's id.
+        sandbox: String,
+        /// The label (as `network.flows.labels` names it).
+        label: String,
+        #[command(flatten)]
+        how: Waiver,
+        /// A note kept in the audit record.
+        #[arg(long)]
+        note: Option<String>,
+        #[command(flatten)]
+        to: AdminArgs,
+    },
+}
+
+/// How long a waiver holds: exactly one.
+#[derive(Args)]
+#[group(multiple = false, required = true)]
+pub struct Waiver {
+    /// One request the label would refuse goes through.
+    #[arg(long)]
+    once: bool,
+    /// The label is out of force this long: 30s, 10m, 2h (at most 1d).
+    #[arg(long = "for", value_parser = parse_duration)]
+    for_s: Option<u64>,
+    /// Disarm the label (a later response from its destinations arms it again).
+    #[arg(long)]
+    reset: bool,
+}
+
+/// `egress-proxy flows …`.
+pub fn flows(action: FlowsAction) -> ExitCode {
+    match action {
+        FlowsAction::Show { sandbox, to } => run(
+            &to,
+            "GET",
+            &format!("/v1/sandboxes/{sandbox}/flows"),
+            None,
+            true,
+        ),
+        FlowsAction::Waive {
+            sandbox,
+            label,
+            how,
+            note,
+            to,
+        } => {
+            let mut body = json!({ "label": label, "note": note });
+            match (how.once, how.for_s, how.reset) {
+                (true, _, _) => body["once"] = json!(true),
+                (_, Some(s), _) => body["for_s"] = json!(s),
+                _ => body["reset"] = json!(true),
+            }
+            let path = format!("/v1/sandboxes/{sandbox}/flows/waive");
+            run(&to, "POST", &path, Some(&body), true)
+        }
+    }
 }

@@ -176,6 +176,11 @@ enum Command {
         #[command(flatten)]
         to: approve_cli::AdminArgs,
     },
+    /// A sandbox's flow labels (`network.flows`): show them, or waive one.
+    Flows {
+        #[command(subcommand)]
+        action: approve_cli::FlowsAction,
+    },
     /// Deny an access request.
     Deny {
         /// The request's id (r-…).
@@ -335,6 +340,7 @@ fn main() -> ExitCode {
             approve_cli::approve(&to, &id, &kind, note.as_deref())
         }
         Command::Deny { id, note, to } => approve_cli::deny(&to, &id, note.as_deref()),
+        Command::Flows { action } => approve_cli::flows(action),
         Command::Revoke { id, to } => approve_cli::revoke(&to, &id),
         Command::Grants { sandbox, json, to } => approve_cli::grants(&to, sandbox.as_deref(), json),
         Command::Config { action } => config_action(action),

@@ -149,11 +149,33 @@ fn a_waiver_is_once_and_the_label_survives_a_restart() {
     let v = via(&p, "forwarded");
     assert!(run(&v, &[&doc]).contains("hello from origin"));
     assert!(run(&v, &["--data-binary", "x", &public]).contains("flow_refused"));
-    let (code, body) = waive(
+    // The waiver from the CLI, as an approver gives it.
+    let cli = |p: &Proxy, args: &[&str]| {
+        let admin = format!("http://{}", p.admin);
+        let token = dir.path().join("admin.token");
+        std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+            .args(args)
+            .args(["--admin", &admin, "--token-file", token.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let out = cli(
         &p,
-        r#"{"label": "private", "once": true, "note": "ok'd in chat"}"#,
+        &[
+            "flows",
+            "waive",
+            "dev",
+            "private",
+            "--once",
+            "--note",
+            "ok'd in chat",
+        ],
     );
-    assert_eq!(code, 200, "{body}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(run(&v, &["--data-binary", "x", &public]).contains("received 1"));
     assert!(
         run(&v, &["--data-binary", "x", &public]).contains("flow_refused"),
@@ -167,6 +189,13 @@ fn a_waiver_is_once_and_the_label_survives_a_restart() {
     assert_eq!(step["sandbox"], "dev", "{step}");
     assert_eq!(step["approval"]["request"], "flow:private", "{step}");
     assert_eq!(step["approval"]["by"], "admin", "{step}");
+    assert_eq!(step["approval"]["text"], "ok'd in chat", "{step}");
+    let shown = cli(&p, &["flows", "show", "dev"]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains("GET corp.test/doc") && shown.contains("no-exfil"),
+        "{shown}"
+    );
 
     p.terminate();
     let p = proxy(dir.path(), state.path(), port, NO_EXFIL, &[]);
