@@ -417,3 +417,58 @@ fn after_a_private_read_the_dns_listener_refuses_names_outside_it() {
     let r = p.wait_record(|r| r["mode"] == "dns" && r["reason"] == "flow_refused");
     assert_eq!(r["labels"], "private", "{r}");
 }
+
+/// `simulate` on a trail recorded without flow rules, with a candidate that has them: the
+/// trail is replayed in order, and exactly the POST after the private read is reported newly
+/// refused by the flow rule (the one before it is not).
+#[test]
+fn simulate_reports_exactly_the_requests_a_flow_rule_would_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let sb = |flows: Option<&str>| {
+        let sb = SandboxSpec::new("dev")
+            .token(TOKEN)
+            .allow(&format!("corp.test:{port}"))
+            .allow(&format!("public.test:{port}"));
+        match flows {
+            Some(f) => sb.network("flows", f),
+            None => sb,
+        }
+    };
+    let config = |flows| {
+        ProxyConfig::new()
+            .dns_server("127.0.0.1:9")
+            .host("corp.test", "127.0.0.1")
+            .host("public.test", "127.0.0.1")
+            .guard_allow("127.0.0.1/32")
+            .sandbox(sb(flows))
+    };
+    let p = config(None).start(dir.path());
+    let v = via(&p, "forwarded");
+    let public = format!("http://public.test:{port}/upload");
+    for url in [&public, &format!("http://corp.test:{port}/doc"), &public] {
+        let out = run(&v, &["--data-binary", "x", url]);
+        assert!(out.contains("200 OK"), "{out}");
+    }
+    let uploads = |r: &serde_json::Value| r["path"] == "/upload" && r["status"] == 200;
+    eventually(Duration::from_secs(10), "the two uploads' records", || {
+        let n = p.audit_records().iter().filter(|r| uploads(r)).count();
+        (n >= 2).then_some(())
+    });
+    let candidate = dir.path().join("candidate.yaml");
+    std::fs::write(&candidate, config(Some(NO_EXFIL)).yaml(&p.audit)).unwrap();
+    let (code, report) = simulate(&candidate, &p.audit);
+    assert_eq!(code, Some(1), "{report:#}");
+    let refused = report["newly_refused"].as_object().unwrap();
+    assert_eq!(refused.len(), 1, "{report:#}");
+    let (why, group) = refused.iter().next().unwrap();
+    assert!(
+        why.contains("flow_refused") && why.contains("no-exfil"),
+        "{why}"
+    );
+    assert_eq!(
+        group["count"], 1,
+        "only the POST after the read: {report:#}"
+    );
+}

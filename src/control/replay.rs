@@ -6,6 +6,10 @@
 //! with the verdict recorded. What changes is reported, grouped by the rule that refuses (or
 //! the entry that newly allows) with counts and examples.
 //!
+//! The candidate's flow rules (`network.flows`) are replayed in the trail's order: each
+//! exchange the candidate allows is judged with the labels the sandbox's earlier exchanges
+//! armed under the candidate, then arms its own ([`Replay::flow`]).
+//!
 //! A WebSocket upgrade is replayed as the upgrade it was (`call: websocket`), and a request
 //! to a host the candidate refuses outright is refused whatever its body. A member of a
 //! layer whose candidate ceiling no longer admits its entries is listed first
@@ -27,6 +31,8 @@ use serde_json::Value;
 
 use crate::control::check::asked_process;
 use crate::pipeline::head::{Checked, Head, HostRules};
+use crate::policy::flows::state::Labels;
+use crate::policy::flows::{Act, Dest};
 use crate::policy::process::Process;
 use crate::policy::set::PolicySet;
 use crate::policy::target::Target;
@@ -98,6 +104,8 @@ pub struct Replay<'a> {
     terminated: HashSet<(String, u64)>,
     /// Decisions already made, by what decides them ([`memo_key`]).
     memo: std::collections::HashMap<String, Judged>,
+    /// Each sandbox's flow labels as the candidate's rules arm them, record by record.
+    labels: std::collections::HashMap<String, Labels>,
     /// The result so far.
     pub out: Simulation,
 }
@@ -124,6 +132,7 @@ fn recorded(decision: &str, reason: &str) -> Result<bool, &'static str> {
         | "graphql_not_allowed"
         | "websocket_not_allowed"
         | "inference_not_allowed"
+        | "flow_refused"
         | "git_not_allowed" => Ok(decision == "allow"),
         "auth_required"
         | "auth_failed"
@@ -196,6 +205,7 @@ impl<'a> Replay<'a> {
             sandbox,
             terminated: HashSet::new(),
             memo: std::collections::HashMap::new(),
+            labels: std::collections::HashMap::new(),
             out: Simulation::default(),
         }
     }
@@ -282,7 +292,56 @@ impl<'a> Replay<'a> {
             }
             (j, _) => j,
         };
+        let judged = self.flow(v, &sb, judged, read);
         self.settle(v, old, judged);
+    }
+
+    /// The candidate's flow rules over the trail in order: what the candidate allows is
+    /// judged with the labels the sandbox's earlier exchanges armed, then arms its own. A
+    /// request is a write by its method (the trail keeps no body or query); a tunnel whose
+    /// requests were not read is a write; one whose requests were read is judged by them.
+    fn flow(
+        &mut self,
+        v: &Value,
+        sb: &crate::policy::set::Sandbox,
+        judged: Judged,
+        read: bool,
+    ) -> Judged {
+        let Some(flows) = sb.binding.network.flows.as_deref() else {
+            return judged;
+        };
+        let method = v["method"].as_str();
+        if !matches!(judged, Judged::Verdict(true, _)) || (method.is_none() && read) {
+            return judged;
+        }
+        let host = s(v, "target_host");
+        let path = s(v, "path");
+        let port = v["target_port"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok());
+        let dest = Dest {
+            host,
+            port,
+            request: method.map(|m| (m, path)),
+        };
+        let act = match method {
+            Some(m) => Act::of_request(m, false, None, flows.query_bytes),
+            None => Act::Write,
+        };
+        let labels = self.labels.entry(sb.binding.id.to_string()).or_default();
+        if let Err(r) = labels.judge(flows, &dest, act, 0) {
+            return Judged::Verdict(
+                false,
+                format!("flow_refused: flow rule {} (label {})", r.rule, r.label),
+            );
+        }
+        let by = match method {
+            Some(m) => format!("{m} {host}{path}"),
+            None => format!("tunnel {host}:{}", port.unwrap_or(0)),
+        };
+        let conn = v["conn_id"].as_u64().unwrap_or(0);
+        labels.arm(flows, flows.arms(&dest), &by, conn, s(v, "ts"));
+        judged
     }
 
     /// A record the candidate cannot judge: counted under `why`.
