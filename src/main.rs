@@ -327,13 +327,7 @@ fn main() -> ExitCode {
                 ("reason", reason),
                 ("host", host),
             ];
-            observe(
-                &to.admin,
-                to.token_file.as_deref(),
-                &filters,
-                json,
-                &to.tls(),
-            )
+            observe(&to, &filters, json)
         }
         Command::Requests { state, json, to } => approve_cli::requests(&to, state.as_deref(), json),
         Command::Approve { id, kind, note, to } => {
@@ -486,13 +480,12 @@ fn run(path: Option<PathBuf>) -> ExitCode {
 
 /// `egress-proxy observe`: follow the decisions ([`egress_proxy::control::observe_client`]).
 fn observe(
-    admin: &str,
-    token_file: Option<&std::path::Path>,
+    to: &approve_cli::AdminArgs,
     filters: &[(&str, Option<String>)],
     json: bool,
-    tls: &egress_proxy::control::observe_client::AdminTls,
 ) -> ExitCode {
-    match egress_proxy::control::observe_client::follow(admin, token_file, filters, json, tls) {
+    let (admin, token) = (&to.admin, to.token_file.as_deref());
+    match egress_proxy::control::observe_client::follow(admin, token, filters, json, &to.tls()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
