@@ -229,6 +229,74 @@ enum AuditAction {
         #[arg(long, value_name = "FILE")]
         checkpoints: Option<PathBuf>,
     },
+    /// What a sandbox read: every response relayed to it on a terminated or plain-HTTP path
+    /// (destination, method, path, status, SHA-256 of the body it was given, its flow labels),
+    /// from audit files given oldest first, as one JSON attestation signed with the audit key.
+    Provenance {
+        /// The sandbox.
+        #[arg(long)]
+        sandbox: String,
+        /// Only what it read at or after this time (RFC 3339, as the records spell it).
+        #[arg(long)]
+        since: Option<String>,
+        /// The Ed25519 private key (PKCS#8 PEM): audit.signing_key_file.
+        #[arg(long)]
+        signing_key: PathBuf,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+/// `egress-proxy audit verify|provenance`.
+fn audit_action(action: AuditAction) -> ExitCode {
+    match action {
+        AuditAction::Verify {
+            files,
+            public_key,
+            open_run,
+            checkpoints,
+        } => audit_verify(
+            &files,
+            public_key.as_deref(),
+            open_run,
+            checkpoints.as_deref(),
+        ),
+        AuditAction::Provenance {
+            sandbox,
+            since,
+            signing_key,
+            files,
+        } => provenance(&sandbox, since.as_deref(), &signing_key, &files),
+    }
+}
+
+/// `egress-proxy audit provenance`: the signed attestation on stdout.
+fn provenance(
+    sandbox: &str,
+    since: Option<&str>,
+    key: &std::path::Path,
+    files: &[PathBuf],
+) -> ExitCode {
+    use egress_proxy::audit::provenance;
+    let key = match egress_proxy::audit::verify::read_signing_key(key) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let asked = provenance::Asked { sandbox, since };
+    match provenance::reads(files, &asked) {
+        Ok(reads) => {
+            let out = provenance::attest(&asked, reads, &key);
+            println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: cannot read the audit files: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -299,20 +367,7 @@ fn main() -> ExitCode {
             wildcard_min,
             config,
         } => suggest(audit, sandbox, min_count, wildcard_min, config),
-        Command::Audit {
-            action:
-                AuditAction::Verify {
-                    files,
-                    public_key,
-                    open_run,
-                    checkpoints,
-                },
-        } => audit_verify(
-            &files,
-            public_key.as_deref(),
-            open_run,
-            checkpoints.as_deref(),
-        ),
+        Command::Audit { action } => audit_action(action),
         Command::Observe {
             sandbox,
             decision,

@@ -472,3 +472,74 @@ fn simulate_reports_exactly_the_requests_a_flow_rule_would_refuse() {
         "only the POST after the read: {report:#}"
     );
 }
+
+/// Provenance: each response relayed on a plain-HTTP path carries the SHA-256 of the body
+/// the client was given, and `egress-proxy audit provenance` prints what the sandbox read
+/// (destination, path, digest, labels) as an attestation whose Ed25519 signature verifies
+/// with the audit key's public half — and fails once a digest is changed.
+#[test]
+fn provenance_lists_what_a_sandbox_read_signed_with_the_audit_key() {
+    use ed25519_dalek::Verifier;
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let p = proxy(dir.path(), dir.path(), port, NO_EXFIL, &[]);
+    for path in ["forwarded", "connect"] {
+        let out = run(&via(&p, path), &[&format!("http://corp.test:{port}/doc")]);
+        assert!(out.contains("hello from origin /doc"), "{out}");
+    }
+    let want = hex::encode(sha2::Sha256::digest(b"hello from origin /doc\n"));
+    eventually(Duration::from_secs(10), "two digested records", || {
+        let n = p
+            .audit_records()
+            .iter()
+            .filter(|r| r["body_sha256"] == want.as_str())
+            .count();
+        (n >= 2).then_some(())
+    });
+    let key = dir.path().join("audit.key");
+    let made = std::process::Command::new("openssl")
+        .args(["genpkey", "-algorithm", "ed25519", "-out"])
+        .arg(&key)
+        .status()
+        .expect("openssl");
+    assert!(made.success());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["audit", "provenance", "--sandbox", "dev", "--signing-key"])
+        .arg(&key)
+        .arg(&p.audit)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reads = doc["attestation"]["reads"].as_array().unwrap();
+    assert_eq!(reads.len(), 2, "{doc:#}");
+    for r in reads {
+        assert_eq!(r["sha256"], want.as_str(), "{r}");
+        assert_eq!(r["destination"], format!("corp.test:{port}"), "{r}");
+        assert_eq!(r["path"], "/doc", "{r}");
+    }
+    // The second read was made with `private` armed by the first.
+    assert_eq!(reads[1]["labels"], "private", "{doc:#}");
+    let public = hex::decode(doc["signature"]["public_key"].as_str().unwrap()).unwrap();
+    let public = ed25519_dalek::VerifyingKey::from_bytes(&public.try_into().unwrap()).unwrap();
+    let sig = hex::decode(doc["signature"]["value"].as_str().unwrap()).unwrap();
+    let sig = ed25519_dalek::Signature::from_bytes(&sig.try_into().unwrap());
+    let signed = serde_json::to_vec(&doc["attestation"]).unwrap();
+    assert!(
+        public.verify(&signed, &sig).is_ok(),
+        "the signature verifies"
+    );
+    let mut forged = doc["attestation"].clone();
+    forged["reads"][0]["sha256"] = serde_json::json!("00".repeat(32));
+    let forged = serde_json::to_vec(&forged).unwrap();
+    assert!(
+        public.verify(&forged, &sig).is_err(),
+        "a changed digest fails"
+    );
+}

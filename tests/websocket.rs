@@ -570,4 +570,13 @@ fn after_a_private_read_a_socket_message_is_a_refused_write() {
         .proxy
         .wait_record(|r| r["reason"] == "flow_refused" && r["method"] == "POST");
     assert_eq!(r["labels"], "private", "{r}");
+    // The terminated read that armed it carries the digest of the body the sandbox got.
+    let read = e
+        .proxy
+        .wait_record(|r| r["path"] == "/doc" && r["armed"] == "private");
+    let body = read.to_string();
+    let digest = read["body_sha256"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{body}"));
+    assert_eq!(digest.len(), 64, "{body}");
 }

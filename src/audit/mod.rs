@@ -12,6 +12,7 @@ pub(crate) mod accept;
 mod batch;
 pub mod chain;
 pub mod denials;
+mod facts;
 pub mod health;
 mod json_line;
 pub mod loss;
@@ -21,12 +22,14 @@ pub(crate) mod outcome;
 mod output;
 pub use output::rotated_name;
 pub mod process_facts;
+pub mod provenance;
 pub mod record;
 #[cfg(test)]
 mod record_golden;
 pub mod suggest;
 pub mod suggest_http;
 pub mod suggest_scoped;
+pub mod timestamp;
 pub mod usage;
 pub mod verify;
 mod writer;
@@ -210,62 +213,6 @@ impl AuditGuard {
     /// The process the exchange was attributed to, if any.
     pub fn attributed(&self) -> Option<std::sync::Arc<crate::policy::process::Process>> {
         self.record.process.clone()
-    }
-
-    /// What an inference call used.
-    pub fn tokens(&mut self, facts: record::TokenFacts) {
-        self.record.tokens = Some(Box::new(facts));
-    }
-
-    /// What the request inside a terminated tunnel was, and how it was answered.
-    pub fn http(&mut self, facts: record::HttpFacts) {
-        self.record.http = Some(Box::new(facts));
-    }
-
-    /// What became of a request whose facts its driver recorded
-    /// ([`crate::pipeline::driver::request`]): the status it was answered with (0: none) and
-    /// the credentials put on it, by name.
-    pub fn answered(&mut self, status: u16, credential: Option<&str>) {
-        if let Some(h) = self.record.http.as_mut() {
-            h.status = status;
-            h.credential = credential.map(Into::into);
-        }
-    }
-
-    /// The response's status, on a request whose method and path are recorded.
-    pub fn status(&mut self, status: http::StatusCode) {
-        if let Some(h) = self.record.http.as_mut() {
-            h.status = status.as_u16();
-        }
-    }
-
-    /// What the decider said of this exchange.
-    pub fn decider(&mut self, note: impl Into<Box<str>>) {
-        self.record.decider = Some(note.into());
-    }
-
-    /// The flow labels the sandbox carried when this was judged.
-    pub fn labels(&mut self, labels: Option<String>) {
-        if let Some(l) = labels {
-            self.record.flow.get_or_insert_with(Default::default).labels = Some(l.into());
-        }
-    }
-
-    /// The flow labels this armed.
-    pub fn armed(&mut self, armed: Option<String>) {
-        if let Some(a) = armed {
-            self.record.flow.get_or_insert_with(Default::default).armed = Some(a.into());
-        }
-    }
-
-    /// The record's `conn_id`.
-    pub fn conn_id(&self) -> u64 {
-        self.record.conn_id
-    }
-
-    /// What the body scanner found (rule names, never the text).
-    pub fn dlp(&mut self, note: impl Into<Box<str>>) {
-        self.record.dlp = Some(note.into());
     }
 
     /// The response carried the secret of credential `name` (it was replaced): noted in the

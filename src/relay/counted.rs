@@ -22,6 +22,8 @@ pub struct Ending {
     pub error: Option<String>,
     /// The data bytes it passed.
     pub bytes: u64,
+    /// SHA-256 of the data bytes it passed, when asked ([`Counted::digested`]).
+    pub sha256: Option<[u8; 32]>,
 }
 
 type OnEnd = Box<dyn FnOnce(Ending) + Send + Sync>;
@@ -42,6 +44,8 @@ pub struct Counted<B> {
     /// A byte quota was spent inside this body: nothing more is passed (the exchange's cut
     /// ends it).
     spent: bool,
+    /// The digest of what was passed, when asked.
+    digest: Option<sha2::Sha256>,
 }
 
 impl<B: Body> Counted<B> {
@@ -56,7 +60,15 @@ impl<B: Body> Counted<B> {
             error: None,
             on_end: None,
             spent: false,
+            digest: None,
         }
+    }
+
+    /// Also digest the bytes passed (SHA-256, told in [`Ending::sha256`]): what the client
+    /// was given, computed as it streams (one pass, no copy).
+    pub fn digested(mut self) -> Self {
+        self.digest = Some(sha2::Digest::new());
+        self
     }
 
     /// Also count this body's bytes into `count`.
@@ -73,11 +85,19 @@ impl<B: Body> Counted<B> {
 
     fn finish(&mut self) {
         if let Some(f) = self.on_end.take() {
-            f(Ending {
-                complete: self.complete || self.inner.is_end_stream(),
-                error: self.error.take(),
-                bytes: self.bytes,
-            });
+            let complete = self.complete || self.inner.is_end_stream();
+            f(self.ending(complete));
+        }
+    }
+}
+
+impl<B> Counted<B> {
+    fn ending(&mut self, complete: bool) -> Ending {
+        Ending {
+            complete,
+            error: self.error.take(),
+            bytes: self.bytes,
+            sha256: self.digest.take().map(|d| sha2::Digest::finalize(d).into()),
         }
     }
 }
@@ -85,11 +105,8 @@ impl<B: Body> Counted<B> {
 impl<B> Drop for Counted<B> {
     fn drop(&mut self) {
         if let Some(f) = self.on_end.take() {
-            f(Ending {
-                complete: self.complete,
-                error: self.error.take(),
-                bytes: self.bytes,
-            });
+            let complete = self.complete;
+            f(self.ending(complete));
         }
     }
 }
@@ -128,6 +145,9 @@ where
             Poll::Ready(Some(Ok(f))) => {
                 if let Some(d) = f.data_ref() {
                     this.bytes += d.len() as u64;
+                    if let Some(h) = &mut this.digest {
+                        sha2::Digest::update(h, d);
+                    }
                     if let Some(c) = &this.count {
                         c.fetch_add(d.len() as u64, Ordering::Relaxed);
                     }

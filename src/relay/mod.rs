@@ -11,6 +11,7 @@ pub(crate) mod client_io;
 pub(crate) mod counted;
 pub(crate) mod deny;
 pub(crate) mod forward;
+mod forward_send;
 pub(crate) mod hop_by_hop;
 pub mod http_checked;
 pub(crate) mod liveness;

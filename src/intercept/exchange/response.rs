@@ -58,11 +58,13 @@ impl Out {
         match self.scrubber {
             Some((s, findings)) => {
                 Counted::new(Scrubbed::new(b, s, self.limit, findings), self.live, false)
+                    .digested()
                     .on_end(on_end)
                     .map_err(Into::into)
                     .boxed()
             }
             None => Counted::new(b, self.live, false)
+                .digested()
                 .on_end(on_end)
                 .map_err(Into::into)
                 .boxed(),
@@ -120,6 +122,7 @@ fn ender(
             }
         }
         audit.bytes(up.load(Ordering::Relaxed), ending.bytes);
+        audit.body_sha256(ending.sha256);
         drop(audit);
     }
 }
