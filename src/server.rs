@@ -113,6 +113,8 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         .map(|cfg| crate::control::etcd::ControlPlane::new(cfg, control.clone(), shared.clone()));
     if let Some(p) = &plane {
         desk.set_remote(crate::control::etcd::grants::EtcdGrants::new(p.clone()));
+        let share = crate::control::etcd::flows::EtcdFlows::new(p.clone());
+        shared.settings.flows.set_share(share);
     }
     let admin = Arc::new(Admin {
         shared: shared.clone(),
@@ -141,6 +143,11 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
             )));
             tasks.push(tokio::spawn(crate::control::etcd::usage::run(p.clone())));
             tasks.push(tokio::spawn(crate::control::etcd::layers::run(p.clone())));
+            let ledger = shared.settings.flows.clone();
+            tasks.push(tokio::spawn(crate::control::etcd::flows::run(
+                p.clone(),
+                ledger,
+            )));
             tasks.push(p.spawn())
         }
         None => shared.ready.store(true, Ordering::Release),

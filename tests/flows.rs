@@ -543,3 +543,77 @@ fn provenance_lists_what_a_sandbox_read_signed_with_the_audit_key() {
         "a changed digest fails"
     );
 }
+
+/// Two replicas sharing etcd (a real one): a label armed on one is in force on the other, so
+/// a sandbox cannot launder it by reconnecting elsewhere; a reset on the second reaches the
+/// first. The delay from the arming response to the other replica's refusal is printed (the
+/// figure docs/flows.md gives); the test waits for the event, with a deadline.
+#[test]
+#[ignore = "needs etcd (etcd-server), installed by tests/run"]
+fn a_label_armed_on_one_replica_holds_on_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(dir.path());
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let replica = |name: &str| {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        let admin = d.join("admin.token");
+        std::fs::write(&admin, ADMIN).unwrap();
+        let sb = SandboxSpec::new("dev")
+            .token(TOKEN)
+            .allow(&format!("corp.test:{port}"))
+            .allow(&format!("public.test:{port}"))
+            .network("flows", NO_EXFIL);
+        let plane = format!(
+            "control_plane: {{ etcd: {{ endpoints: [\"127.0.0.1:{}\"], prefix: /flows-test/ }} }}",
+            etcd.client_port
+        );
+        ProxyConfig::new()
+            .admin_token_file(&admin)
+            .dns_server("127.0.0.1:9")
+            .host("corp.test", "127.0.0.1")
+            .host("public.test", "127.0.0.1")
+            .guard_allow("127.0.0.1/32")
+            .raw(&plane)
+            .sandbox(sb)
+            .start(&d)
+    };
+    let (a, b) = (replica("a"), replica("b"));
+    for p in [&a, &b] {
+        eventually(Duration::from_secs(20), "ready", || {
+            (admin_req(p.admin, "GET", "/readyz", "", None).0 == 200).then_some(())
+        });
+    }
+    let public = format!("http://public.test:{port}/upload");
+    assert!(run(&via(&b, "forwarded"), &["--data-binary", "x", &public]).contains("received 1"));
+    let armed_at = std::time::Instant::now();
+    let doc = format!("http://corp.test:{port}/doc");
+    assert!(run(&via(&a, "forwarded"), &[&doc]).contains("hello from origin"));
+    // B learns of it through etcd: its labels show the arming, then the POST is refused.
+    let shown = eventually(Duration::from_secs(10), "the label on replica b", || {
+        let (_, body) = admin_req(b.admin, "GET", "/v1/sandboxes/dev/flows", "", Some(ADMIN));
+        body.contains("GET corp.test/doc").then_some(body)
+    });
+    let delay = armed_at.elapsed();
+    println!("label armed on a, in force on b after {delay:?} (including a's request): {shown}");
+    let out = run(&via(&b, "forwarded"), &["--data-binary", "x", &public]);
+    assert!(
+        out.contains("flow_refused") && out.contains("GET corp.test/doc"),
+        "{out}"
+    );
+    // A reset on b reaches a.
+    let (code, body) = admin_req(
+        b.admin,
+        "POST",
+        "/v1/sandboxes/dev/flows/waive",
+        r#"{"label": "private", "reset": true}"#,
+        Some(ADMIN),
+    );
+    assert_eq!(code, 200, "{body}");
+    eventually(Duration::from_secs(10), "the reset on replica a", || {
+        let (_, body) = admin_req(a.admin, "GET", "/v1/sandboxes/dev/flows", "", Some(ADMIN));
+        (!body.contains("GET corp.test/doc")).then_some(())
+    });
+    assert!(run(&via(&a, "forwarded"), &["--data-binary", "x", &public]).contains("received 1"));
+}

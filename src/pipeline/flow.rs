@@ -16,7 +16,9 @@
 //! and are cut. Without a `state_dir` the labels live in memory only.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -24,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::config::Binding;
-use crate::policy::flows::state::{FlowRefusal, Labels, Waive};
+use crate::policy::flows::state::{Armed, FlowRefusal, Labels, Waive, Waiver};
 use crate::policy::flows::{Act, Dest, Flows};
 
 /// The file's name in `state_dir`.
@@ -64,13 +66,46 @@ impl Track {
     }
 }
 
+/// A change of one sandbox's labels, as replicas share it.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// A label armed.
+    Armed(Armed),
+    /// A label reset.
+    Disarmed(String),
+    /// A waiver given.
+    Waived(Waiver),
+    /// A label's waiver spent (`once`) or ended.
+    Unwaived(String),
+    /// The sandbox was removed: all of it.
+    Forgotten,
+}
+
+/// Where a fleet shares its labels (etcd, [`crate::control::etcd::flows`]): each change made
+/// here is sent (an arming is awaited before its request is sent), and what the others
+/// sent is applied ([`Ledger::adopt`]).
+pub trait Share: Send + Sync {
+    /// Send `change` of sandbox `id`; resolves once written (or given up on, logged).
+    fn send(&self, id: &str, change: Change) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
 /// Every sandbox's labels, kept across reloads (and restarts, with a `state_dir`).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Ledger {
     by_id: Mutex<HashMap<String, Arc<Track>>>,
     file: Option<PathBuf>,
     /// One write at a time, in order.
     writing: tokio::sync::Mutex<()>,
+    /// The fleet's, when replicas share labels.
+    share: std::sync::OnceLock<Arc<dyn Share>>,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("file", &self.file)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why a waiver was not given.
@@ -115,7 +150,54 @@ impl Ledger {
             by_id: Mutex::new(by_id),
             file,
             writing: Default::default(),
+            share: Default::default(),
         })
+    }
+
+    /// Share changes with the fleet through `share` (set once, at start).
+    pub fn set_share(&self, share: Arc<dyn Share>) {
+        let _ = self.share.set(share);
+    }
+
+    /// Send `change` of sandbox `id` to the fleet, if it shares.
+    async fn send(&self, id: &str, change: Change) {
+        if let Some(s) = self.share.get() {
+            s.send(id, change).await;
+        }
+    }
+
+    /// Apply what another replica did to sandbox `id`'s labels (then kept here too).
+    pub async fn adopt(&self, id: &str, change: Change) {
+        let changed = match change {
+            Change::Forgotten => self
+                .by_id
+                .lock()
+                .ok()
+                .and_then(|mut m| m.remove(id))
+                .is_some(),
+            change => {
+                let track = self.track(id);
+                let changed = match track.labels.lock() {
+                    Ok(mut l) => match change {
+                        Change::Armed(a) => l.adopt_armed(a),
+                        Change::Disarmed(label) => l.disarm(&label),
+                        Change::Waived(w) => l.adopt_waiver(w),
+                        Change::Unwaived(label) => l.unwaive(&label),
+                        Change::Forgotten => false,
+                    },
+                    Err(_) => false,
+                };
+                if changed {
+                    track.changed.send_replace(());
+                }
+                changed
+            }
+        };
+        if changed {
+            if let Err(e) = self.keep().await {
+                tracing::warn!(sandbox = id, error = %e, "cannot keep the flow state");
+            }
+        }
     }
 
     /// The track of sandbox `id` (made when first asked).
@@ -138,6 +220,7 @@ impl Ledger {
     /// Forget sandbox `id` (it was removed), and keep that.
     pub async fn forget(&self, id: &str) -> std::io::Result<()> {
         let gone = self.by_id.lock().ok().and_then(|mut m| m.remove(id));
+        self.send(id, Change::Forgotten).await;
         match gone {
             Some(_) => self.keep().await,
             None => Ok(()),
@@ -154,6 +237,7 @@ impl Ledger {
     ) -> Result<Labels, WaiveError> {
         let track = self.track(id);
         let (now, at) = now();
+        let reset = how == Waive::Reset;
         let labels = {
             let mut l = track
                 .labels
@@ -169,6 +253,12 @@ impl Ledger {
         };
         track.changed.send_replace(());
         self.keep().await.map_err(WaiveError::Keep)?;
+        if reset {
+            self.send(id, Change::Disarmed(label.into())).await;
+            self.send(id, Change::Unwaived(label.into())).await;
+        } else if let Some(w) = labels.waivers.iter().rev().find(|w| w.label == label) {
+            self.send(id, Change::Waived(w.clone())).await;
+        }
         Ok(labels)
     }
 
@@ -213,6 +303,8 @@ pub struct Phase<'a> {
     pub flows: &'a Arc<Flows>,
     track: Arc<Track>,
     ledger: &'a Ledger,
+    /// The sandbox.
+    id: &'a str,
 }
 
 /// A judgement: the refusal, if any, and the labels in force when judged (for the record).
@@ -232,6 +324,7 @@ impl<'a> Phase<'a> {
             flows,
             track: ledger.track(binding.id.as_str()),
             ledger,
+            id: binding.id.as_str(),
         })
     }
 
@@ -246,9 +339,14 @@ impl<'a> Phase<'a> {
         let (now, _) = now();
         let (refused, labels, spent) = match self.track.labels.lock() {
             Ok(mut l) => {
-                let waivers = l.waivers.len();
+                let before = l.waivers.clone();
                 let refused = l.judge(self.flows, d, act, now).err();
-                (refused, l.names(), l.waivers.len() != waivers)
+                let spent: Vec<String> = before
+                    .into_iter()
+                    .filter(|w| !l.waivers.contains(w))
+                    .map(|w| w.label)
+                    .collect();
+                (refused, l.names(), spent)
             }
             Err(_) => {
                 let refused = FlowRefusal {
@@ -262,10 +360,13 @@ impl<'a> Phase<'a> {
                 };
             }
         };
-        if spent {
+        if !spent.is_empty() {
             self.track.changed.send_replace(());
             if let Err(e) = self.ledger.keep().await {
                 tracing::warn!(error = %e, "cannot keep the flow state (a spent waiver)");
+            }
+            for label in spent {
+                self.ledger.send(&self.id, Change::Unwaived(label)).await;
             }
         }
         Judged { refused, labels }
@@ -293,16 +394,25 @@ impl<'a> Phase<'a> {
             return Ok(None);
         }
         let (_, at) = now();
-        let changed = match self.track.labels.lock() {
-            Ok(mut l) => l.arm(self.flows, set, by, conn, &at),
+        let new: Vec<Armed> = match self.track.labels.lock() {
+            Ok(mut l) => {
+                let before = l.armed.len();
+                l.arm(self.flows, set, by, conn, &at);
+                l.armed[before..].to_vec()
+            }
             Err(_) => return Err(poisoned()),
         };
-        if !changed {
+        if new.is_empty() {
             return Ok(None);
         }
         self.track.changed.send_replace(());
         self.ledger.keep().await?;
-        Ok(Some(self.flows.names(set)))
+        let names: Vec<&str> = new.iter().map(|a| a.label.as_str()).collect();
+        let names = names.join(",");
+        for a in new {
+            self.ledger.send(&self.id, Change::Armed(a)).await;
+        }
+        Ok(Some(names))
     }
 }
 

@@ -15,6 +15,7 @@
 
 pub(crate) mod apply;
 mod connect;
+pub mod flows;
 pub(crate) mod grants;
 pub mod layers;
 mod sync;

@@ -207,3 +207,40 @@ impl Labels {
         Some(names.join(","))
     }
 }
+
+/// What another replica did to a sandbox's labels (shared through etcd), applied here.
+impl Labels {
+    /// A label another replica armed: taken unless armed here already (the first arming is
+    /// kept). `true` when it changed anything.
+    pub fn adopt_armed(&mut self, a: Armed) -> bool {
+        if self.armed.iter().any(|x| x.label == a.label) {
+            return false;
+        }
+        self.armed.push(a);
+        true
+    }
+
+    /// A label another replica reset.
+    pub fn disarm(&mut self, label: &str) -> bool {
+        let before = self.armed.len();
+        self.armed.retain(|a| a.label != label);
+        before != self.armed.len()
+    }
+
+    /// A waiver another replica gave (it replaces this label's).
+    pub fn adopt_waiver(&mut self, w: Waiver) -> bool {
+        if self.waivers.contains(&w) {
+            return false;
+        }
+        self.waivers.retain(|x| x.label != w.label);
+        self.waivers.push(w);
+        true
+    }
+
+    /// A label's waiver another replica spent or ended.
+    pub fn unwaive(&mut self, label: &str) -> bool {
+        let before = self.waivers.len();
+        self.waivers.retain(|w| w.label != label);
+        before != self.waivers.len()
+    }
+}
