@@ -136,20 +136,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         stop.reloads(control.clone(), shared.sink.log.clone()),
     ));
     match &plane {
-        Some(p) => {
-            tasks.push(tokio::spawn(crate::control::etcd::grants::run(
-                p.clone(),
-                desk.clone(),
-            )));
-            tasks.push(tokio::spawn(crate::control::etcd::usage::run(p.clone())));
-            tasks.push(tokio::spawn(crate::control::etcd::layers::run(p.clone())));
-            let ledger = shared.settings.flows.clone();
-            tasks.push(tokio::spawn(crate::control::etcd::flows::run(
-                p.clone(),
-                ledger,
-            )));
-            tasks.push(p.spawn())
-        }
+        Some(p) => tasks.extend(etcd_tasks(p, &desk, &shared)),
         None => shared.ready.store(true, Ordering::Release),
     }
     let show = |a: Option<SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();
@@ -240,6 +227,23 @@ pub(crate) fn start_shared(
             ),
         },
     )))
+}
+
+/// What a replica of a fleet runs beside its listeners: the registrations' session and the
+/// loops that keep grants, usage, layers and flow labels in step through etcd.
+fn etcd_tasks(
+    p: &Arc<crate::control::etcd::ControlPlane>,
+    desk: &Arc<crate::approvals::Desk>,
+    shared: &Arc<Shared>,
+) -> Vec<JoinHandle<()>> {
+    use crate::control::etcd::{flows, grants, layers, usage};
+    vec![
+        tokio::spawn(grants::run(p.clone(), desk.clone())),
+        tokio::spawn(usage::run(p.clone())),
+        tokio::spawn(layers::run(p.clone())),
+        tokio::spawn(flows::run(p.clone(), shared.settings.flows.clone())),
+        p.spawn(),
+    ]
 }
 
 /// One accept loop per bound listener (and the TLS listeners' certificate watchers).

@@ -366,7 +366,7 @@ impl<'a> Phase<'a> {
                 tracing::warn!(error = %e, "cannot keep the flow state (a spent waiver)");
             }
             for label in spent {
-                self.ledger.send(&self.id, Change::Unwaived(label)).await;
+                self.ledger.send(self.id, Change::Unwaived(label)).await;
             }
         }
         Judged { refused, labels }
@@ -410,7 +410,7 @@ impl<'a> Phase<'a> {
         let names: Vec<&str> = new.iter().map(|a| a.label.as_str()).collect();
         let names = names.join(",");
         for a in new {
-            self.ledger.send(&self.id, Change::Armed(a)).await;
+            self.ledger.send(self.id, Change::Armed(a)).await;
         }
         Ok(Some(names))
     }
