@@ -617,3 +617,31 @@ fn a_label_armed_on_one_replica_holds_on_another() {
     });
     assert!(run(&via(&a, "forwarded"), &["--data-binary", "x", &public]).contains("received 1"));
 }
+
+/// docs/flows.md's three worked policies are configurations `validate` accepts, as written.
+#[test]
+fn the_worked_policies_in_the_docs_validate() {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/flows.md")).unwrap();
+    let mut found = 0;
+    for block in doc.split("```yaml\n").skip(1) {
+        let yaml = block.split("```").next().unwrap();
+        if !yaml.starts_with("sandboxes:") {
+            continue;
+        }
+        found += 1;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("policy.yaml");
+        std::fs::write(&cfg, yaml).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+            .args(["validate", "--config", cfg.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{yaml}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(found, 3, "the three worked policies");
+}

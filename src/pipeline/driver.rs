@@ -8,11 +8,13 @@
 //! 2. the head phase ([`HostRules::judge`]) on a host judged per request;
 //! 3. the body phase where a protocol rule reads the body ([`super::body`]);
 //! 4. what the path cannot serve ([`Path::unserved`]: forwarded, what needs its answer read);
-//! 5. the call phase ([`Path::call`]: an inference call metered on a terminated host);
-//! 6. the verdict stages that ask per request (the decider, [`super::ask::phase`]);
-//! 7. the DLP phase ([`super::dlp::request`]);
-//! 8. the quota reservation ([`Path::reserve`]) — last, so a request refused by anything
-//!    before it spends nothing, on every path.
+//! 5. the flow phase ([`super::flow`]): the sandbox's flow rules with the labels armed now;
+//! 6. the call phase ([`Path::call`]: an inference call metered on a terminated host);
+//! 7. the verdict stages that ask per request (the decider, [`super::ask::phase`]);
+//! 8. the DLP phase ([`super::dlp::request`]);
+//! 9. the quota reservation ([`Path::reserve`]) — last, so a request refused by anything
+//!    before it spends nothing, on every path; then the labels of the request's destination
+//!    are armed (kept before it is sent).
 //!
 //! Report mode is decided once ([`super::reported`]) with the path's words for how a reported
 //! request goes on ([`Path::REPORTED`]). Every refusal is recorded here (verdict, reason,
