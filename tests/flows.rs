@@ -645,3 +645,54 @@ fn the_worked_policies_in_the_docs_validate() {
     }
     assert_eq!(found, 3, "the three worked policies");
 }
+
+/// `check` says what flow rules make of a target: the labels a request there arms, and which
+/// rules would refuse a write there once their labels are armed.
+#[test]
+fn check_names_the_labels_a_target_arms_and_the_rules_that_would_refuse_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = ProxyConfig::new()
+        .sandbox(
+            SandboxSpec::new("dev")
+                .token(TOKEN)
+                .allow("corp.test")
+                .allow("public.test")
+                .network("flows", NO_EXFIL),
+        )
+        .yaml(&dir.path().join("audit.jsonl"));
+    let cfg = dir.path().join("proxy.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    let check = |target: &str| -> serde_json::Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+            .args([
+                "check",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--sandbox",
+                "dev",
+                "--json",
+                target,
+            ])
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"))
+    };
+    let corp = check("corp.test:443");
+    assert_eq!(corp["flows"]["arms"], "private", "{corp}");
+    assert_eq!(
+        corp["flows"]["writes_refused_by"],
+        serde_json::json!([]),
+        "{corp}"
+    );
+    let public = check("public.test:443");
+    assert_eq!(public["flows"]["arms"], "", "{public}");
+    assert_eq!(
+        public["flows"]["writes_refused_by"][0]["rule"], "no-exfil",
+        "{public}"
+    );
+    assert_eq!(
+        public["flows"]["reads_refused_by"],
+        serde_json::json!([]),
+        "{public}"
+    );
+}

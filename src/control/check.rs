@@ -147,6 +147,9 @@ pub async fn check(
             .map(|a| a.to_string())
             .collect::<Vec<_>>());
     }
+    if let Some(f) = sb.binding.network.flows.as_deref() {
+        out["flows"] = flows_of(f, &target);
+    }
     if matches!(target.host, Host::Ip(_)) || resolver.is_some() {
         out["dial"] = json!(decided
             .dial
@@ -155,6 +158,35 @@ pub async fn check(
             .collect::<Vec<_>>());
     }
     out
+}
+
+/// What the sandbox's flow rules make of `target`: the labels a request there arms (its path
+/// unknown, so a member with paths counts), and the rules that would refuse a write (or a
+/// read) there once their labels are armed.
+fn flows_of(f: &crate::policy::flows::Flows, target: &Target) -> Value {
+    use crate::policy::flows::{Act, Dest};
+    let host = target.host.to_string();
+    let dest = Dest {
+        host: &host,
+        port: Some(target.port),
+        request: None,
+    };
+    let refusing = |act| {
+        let mut by: Vec<usize> = f
+            .rules
+            .iter()
+            .filter_map(|r| f.refusing(r.after, &dest, act).map(|x| x.rule))
+            .collect();
+        by.dedup();
+        by.iter()
+            .map(|&i| json!({ "rule": &*f.rules[i].name, "says": f.explain(&f.rules[i]) }))
+            .collect::<Vec<_>>()
+    };
+    json!({
+        "arms": f.names(f.arms(&dest)),
+        "writes_refused_by": refusing(Act::Write),
+        "reads_refused_by": refusing(Act::Read),
+    })
 }
 
 /// `validate`'s warnings for `dns.hosts` names that a sandbox reaches only because an address

@@ -402,6 +402,8 @@ pub fn sandbox(admin: &Admin, id: &str) -> Option<Markup> {
     let quota = crate::control::admin_usage::quotas(&admin.shared, Some(id))
         .into_iter()
         .find(|q| q["destination"].is_null());
+    let labels = admin.shared.settings.flows.labels(id).unwrap_or_default();
+    let flows = serde_json::json!({ "armed": labels.armed, "waivers": labels.waivers });
     let grants = admin
         .shared
         .desk
@@ -413,7 +415,7 @@ pub fn sandbox(admin: &Admin, id: &str) -> Option<Markup> {
         &layers,
         grants["grants"].as_array().map_or(&[][..], |v| v),
         &days(&admin.shared, id),
-        quota.as_ref(),
+        (quota.as_ref(), &flows),
     ))
 }
 

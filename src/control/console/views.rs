@@ -171,7 +171,7 @@ pub fn sandbox(
     layers: &[LayerView],
     grants: &[Value],
     days: &[(String, Usage)],
-    quota: Option<&Value>,
+    (quota, flows): (Option<&Value>, &Value),
 ) -> Markup {
     let bars = |f: fn(&Usage) -> u64| -> Vec<Bar> {
         days.iter()
@@ -194,6 +194,15 @@ pub fn sandbox(
             }
             dt { "Per-request rules (network.http)" } dd #http { (json_block(&view["policy"]["network"]["http"])) }
             dt { "Limits" } dd #limits { (json_block(&set_only(&view["limits"]))) }
+        }
+        h2 { "Flow labels" }
+        @if flows["armed"].as_array().is_none_or(Vec::is_empty) { p #flows { "none armed" } } @else {
+            ul #flows { @for a in flows["armed"].as_array().into_iter().flatten() {
+                li { code { (s(a, "label")) } " armed " (s(a, "at")) " by " code { (s(a, "by")) } " (conn " (a["conn"]) ")" }
+            } }
+        }
+        @for w in flows["waivers"].as_array().into_iter().flatten() {
+            p.waiver { "Waiver of " code { (s(w, "label")) } ": " (w["lasts"]) " · by " (s(w, "by")) " · " (s(w, "at")) }
         }
         h2 { "Standing grants" }
         @if grants.is_empty() { p #grants { "none" } } @else {
