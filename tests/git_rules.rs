@@ -248,3 +248,46 @@ fn github_read_only_clones_and_refuses_a_push() {
         "the repository kept one commit: {log}"
     );
 }
+
+/// Flow rules (issue 93) with the real `git`: before the sandbox read anything private, it
+/// clones from `github.com` (the stand-in origin); after it cloned from the private
+/// `git.test`, a push to `github.com` is refused (`flow_refused` at its POST: git prints the
+/// 403, the record says why) and the
+/// public repository keeps its one commit — and so is a new clone from it: git's fetch sends
+/// its wants in a POST, a write.
+#[test]
+fn after_a_private_clone_a_push_to_a_public_host_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::generate(dir.path());
+    let o = origin(dir.path(), &ca);
+    let port = o.port;
+    let network = format!(
+        r#"egress: ["git.test:{port}", "github.com:{port}"]
+        http: [{{ host: git.test, git: [fetch, push] }}, {{ host: github.com, git: [fetch, push] }}]
+        flows: {{ labels: {{ private: [git.test] }}, rules: [{{ name: no-exfil, after: [private], refuse: writes, except: [private] }}] }}"#
+    );
+    let p = proxy_with(dir.path(), &ca, &network);
+    let ica = dir.path().join("ica/ca.crt");
+    let public = format!("https://github.com:{port}/org/app.git");
+    let (ok, out) = via(&p, dir.path(), &ica, &["clone", "-q", &public, "public"]);
+    assert!(ok, "the public clone passes before any private read: {out}");
+    let private = format!("https://git.test:{port}/org/app.git");
+    let (ok, out) = via(&p, dir.path(), &ica, &["clone", "-q", &private, "private"]);
+    assert!(ok, "the private clone passes: {out}");
+    let clone = dir.path().join("public");
+    commit(&clone, "private data\n");
+    let (ok, out) = via(&p, &clone, &ica, &["push", "-q", "origin", "main"]);
+    assert!(!ok && out.contains("403"), "the push is refused: {out}");
+    let (_, log) = git(
+        &dir.path().join("repos/org/app.git"),
+        &["log", "--oneline", "main"],
+    );
+    assert_eq!(log.lines().count(), 1, "nothing was written: {log}");
+    let (ok, out) = via(&p, dir.path(), &ica, &["clone", "-q", &public, "again"]);
+    assert!(!ok && out.contains("403"), "a fetch is a write: {out}");
+    let rec = p.wait_record(|r| r["reason"] == "flow_refused" && r["call"] == "git push");
+    assert!(
+        rec["detail"].as_str().unwrap().contains("git.test"),
+        "{rec}"
+    );
+}

@@ -662,3 +662,41 @@ fn under_a_budget_every_call_is_bounded_to_what_is_left() {
         );
     }
 }
+
+/// Flow rules (issue 93) with the providers' own SDKs: once the sandbox has read from the
+/// private host (an Anthropic call here), an OpenAI chat call — a write to a host outside
+/// `private` — is refused in the provider's error shape the `openai` SDK raises, with the
+/// reason `flow_refused` and the rule named; before that read it went through.
+#[test]
+fn after_a_private_read_the_openai_sdk_gets_flow_refused() {
+    let e = env("{}");
+    let flows = "{ labels: { private: [api.anthropic.test] }, rules: [{ name: no-exfil, after: [private], refuse: writes, except: [private] }] }";
+    let cfg = e.dir.path().join("proxy.yaml");
+    let yaml = std::fs::read_to_string(&cfg).unwrap();
+    let yaml = yaml.replace(
+        "        http:\n",
+        &format!("        flows: {flows}\n        http:\n"),
+    );
+    std::fs::write(&cfg, yaml).unwrap();
+    let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some("admin-token"));
+    assert_eq!(status, 200, "{body}");
+    let before = e.call("chat", serde_json::json!({}));
+    assert_eq!(ok(&before), 1, "before the read: {before:?}");
+    let read = e.call("messages", serde_json::json!({}));
+    assert_eq!(ok(&read), 1, "the private read: {read:?}");
+    let after = e.call("chat", serde_json::json!({}));
+    assert_eq!(after[0]["status"], 403, "{after:?}");
+    assert_eq!(after[0]["type"], "flow_refused", "{after:?}");
+    let msg = after[0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("no-exfil") && msg.contains("api.anthropic.test"),
+        "{msg}"
+    );
+    let calls = e.received().len();
+    assert_eq!(
+        calls,
+        2,
+        "the refused call never reached the origin: {:?}",
+        e.received()
+    );
+}
