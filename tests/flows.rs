@@ -696,3 +696,52 @@ fn check_names_the_labels_a_target_arms_and_the_rules_that_would_refuse_it() {
         "{public}"
     );
 }
+
+/// An upload held open across the private read (a chunked POST to a public host begun
+/// before it, its next chunk sent after): the rest of the body is cut the moment the label
+/// arms — forwarded and inside a CONNECT tunnel — so what the sandbox read never reaches the
+/// public host; the client is told `flow_refused`.
+#[test]
+fn an_upload_held_open_across_a_private_read_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let p = proxy(dir.path(), dir.path(), port, NO_EXFIL, &[]);
+    let auth = basic("dev", TOKEN);
+    for path in ["forwarded", "connect"] {
+        origin.received.store(0, Ordering::SeqCst);
+        let mut s = TcpStream::connect(p.proxy).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let target = match path {
+            "connect" => {
+                connect_on(&mut s, &format!("public.test:{port}"), Some(&auth));
+                "/upload".to_string()
+            }
+            _ => format!("http://public.test:{port}/upload"),
+        };
+        let head = format!(
+            "POST {target} HTTP/1.1\r\nHost: public.test:{port}\r\nProxy-Authorization: {auth}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n4\r\naaaa\r\n"
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        // The first chunk reaches the origin (the write began before any label).
+        eventually(
+            Duration::from_secs(10),
+            "the first chunk at the origin",
+            || (origin.received.load(Ordering::SeqCst) > 0).then_some(()),
+        );
+        let doc = format!("http://corp.test:{port}/doc");
+        assert!(run(&via(&p, "forwarded"), &[&doc]).contains("hello from origin"));
+        let _ = s.write_all(b"6\r\nSECRET\r\n0\r\n\r\n");
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.contains("flow_refused"), "{path}: {answer}");
+        let got = origin.received.load(Ordering::SeqCst);
+        assert!(
+            got <= 9,
+            "{path}: the origin got {got} bytes: more than the first chunk"
+        );
+        let (_, body) = waive(&p, r#"{"label": "private", "reset": true}"#);
+        assert!(body.contains("\"armed\":[]"), "{body}");
+    }
+}

@@ -31,6 +31,9 @@ pub struct Found {
     pub names: Vec<String>,
     /// A `deny` rule matched (the body was cut).
     pub blocked: Option<String>,
+    /// A flow rule cut the body as it streamed (a label armed meanwhile refuses the rest):
+    /// why ([`super::flow::Gated`]).
+    pub flow: Option<String>,
 }
 
 /// The scanner of one body.
@@ -168,6 +171,8 @@ pub trait Rebody:
     fn scanned(s: Scanned<Self>) -> Self;
     /// The body read whole (and scanned decoded), sent as it came.
     fn whole(b: Bytes) -> Self;
+    /// The body watched by the sandbox's flow rules as it streams.
+    fn gated(g: super::flow::Gated<Self>) -> Self;
 }
 
 /// The DLP phase of a request of `binding`, the one call site on every path (forwarded,
@@ -271,6 +276,9 @@ pub enum DlpError {
     /// The scanner's state is unavailable.
     #[error("the scanner failed")]
     Failed,
+    /// A flow rule refused the rest of a streaming body ([`super::flow::Gated`]).
+    #[error("a flow rule refused the rest of the body")]
+    Flow,
 }
 
 impl<B> http_body::Body for Scanned<B>
@@ -318,17 +326,23 @@ where
     }
 }
 
-/// Record what the scanner found on `audit` (rule names only); the refusal's words when a
-/// `deny` rule cut the body.
-pub fn recorded(found: &Mutex<Found>, audit: &mut crate::audit::AuditGuard) -> Option<String> {
+/// Record what the body's watchers found on `audit` (rule names only); the refusal's reason
+/// and words when a `deny` rule (or a flow rule) cut the body.
+pub fn recorded(
+    found: &Mutex<Found>,
+    audit: &mut crate::audit::AuditGuard,
+) -> Option<(crate::policy::reason::Reason, String)> {
+    use crate::policy::reason::Reason;
     let f = found.lock().ok()?;
     if !f.names.is_empty() {
         audit.dlp(f.names.join(","));
     }
+    if let Some(why) = &f.flow {
+        return Some((Reason::FlowRefused, format!("{why}; the upload was cut")));
+    }
     let rule = f.blocked.as_ref()?;
-    Some(format!(
-        "dlp rule {rule} matched the request body; the upload was cut"
-    ))
+    let why = format!("dlp rule {rule} matched the request body; the upload was cut");
+    Some((Reason::DlpBlocked, why))
 }
 
 /// The named rules that match `bytes` as they are or in any of their decoded views.

@@ -212,12 +212,13 @@ async fn phases<P: Path>(
     let writes = writes(&req);
     let (req, verdict, mut allowed, socket) = read(path, at, req, asked, audit).await?;
     let flow = Phase::of(binding, at.flows);
-    let verdict = match (at.admitted, &flow) {
-        (Verdict::Report, _) => Verdict::Report,
-        (_, None) => verdict,
+    let (verdict, act) = match (at.admitted, &flow) {
+        (Verdict::Report, _) => (Verdict::Report, None),
+        (_, None) => (verdict, None),
         (_, Some(flow)) => {
             let to = (path.to(), &*asked);
-            judge_flow::<P>(flow, to, writes, verdict, binding, audit).await?
+            let (v, act) = judge_flow::<P>(flow, to, writes, verdict, binding, audit).await?;
+            (v, Some(act))
         }
     };
     let (mut req, call) = path
@@ -227,12 +228,20 @@ async fn phases<P: Path>(
     let verdict = super::ask::phase(at.asker, binding, path.to(), &mut req, how, audit)
         .await
         .map_err(|r| (r, None))?;
-    let (req, dlp) = super::dlp::request(binding, req, audit)
+    let (req, mut dlp) = super::dlp::request(binding, req, audit)
         .await
         .map_err(|r| (r, None))?;
     path.reserve().map_err(|r| denied(r, audit))?;
+    let mut req = req;
     if let Some(flow) = flow {
         arm(&flow, path.to(), asked, audit).await?;
+        // A write's body is watched as it streams: a label armed meanwhile cuts it.
+        let enforced = binding.enforcement != crate::policy::Enforcement::Report;
+        if act == Some(Act::Write) && enforced {
+            let found = dlp.get_or_insert_with(Default::default).clone();
+            let gate = super::flow::Gate::new(&flow, path.to().1, path.to().2);
+            req = req.map(|b| P::Body::gated(super::flow::Gated::new(b, gate, found)));
+        }
     }
     Ok(Ready {
         req,
@@ -280,7 +289,7 @@ async fn judge_flow<P: Path>(
     verdict: Verdict,
     binding: &Binding,
     audit: &mut AuditGuard,
-) -> Result<Verdict, Halt> {
+) -> Result<(Verdict, Act), Halt> {
     let method = asked.method.as_str();
     let query = carries.query.as_deref();
     let act = Act::of_request(method, carries.body, query, flow.flows.query_bytes);
@@ -292,11 +301,11 @@ async fn judge_flow<P: Path>(
     let judged = flow.judge(&dest, act).await;
     audit.labels(judged.labels);
     match judged.refused {
-        None => Ok(verdict),
+        None => Ok((verdict, act)),
         Some(r) => {
             let r = Refusal::new(Reason::FlowRefused, r.detail);
             super::reported(binding, r, P::REPORTED, audit)
-                .map(|()| Verdict::Report)
+                .map(|()| (Verdict::Report, act))
                 .map_err(|r| (r, None))
         }
     }

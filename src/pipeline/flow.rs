@@ -460,3 +460,61 @@ impl Gate {
         std::future::pending().await
     }
 }
+
+/// A request body watched by the sandbox's flow rules as it streams: a write allowed when it
+/// began is cut (its next frame refused, nothing more sent) when a label armed meanwhile — by
+/// another request — refuses it, so an upload held open cannot carry what the sandbox reads
+/// after it started. The reason is left in `found` for the record.
+pub struct Gated<B> {
+    inner: B,
+    gate: Gate,
+    changed: watch::Receiver<()>,
+    found: Arc<Mutex<super::dlp::Found>>,
+}
+
+impl<B> Gated<B> {
+    /// `inner` watched through `gate`; a cut is noted in `found`.
+    pub fn new(inner: B, gate: Gate, found: Arc<Mutex<super::dlp::Found>>) -> Self {
+        let changed = gate.track.changed();
+        Gated {
+            inner,
+            gate,
+            changed,
+            found,
+        }
+    }
+}
+
+impl<B> http_body::Body for Gated<B>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+    B::Error: From<super::dlp::Cut>,
+{
+    type Data = bytes::Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, B::Error>>> {
+        if self.changed.has_changed().unwrap_or(false) {
+            self.changed.mark_unchanged();
+            if let Some(r) = self.gate.write_refused() {
+                if let Ok(mut f) = self.found.lock() {
+                    f.flow = Some(r.detail);
+                }
+                let cut = super::dlp::Cut(super::dlp::DlpError::Flow);
+                return std::task::Poll::Ready(Some(Err(cut.into())));
+            }
+        }
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}

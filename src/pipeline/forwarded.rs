@@ -158,6 +158,10 @@ impl super::dlp::Rebody for ForwardBody {
     fn whole(b: Bytes) -> Self {
         Full::new(b).map_err(|never| match never {}).boxed()
     }
+
+    fn gated(g: super::flow::Gated<Self>) -> Self {
+        g.boxed()
+    }
 }
 
 /// Why a request body sent upstream ended early (the client's stream failed, or the DLP

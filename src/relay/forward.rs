@@ -205,15 +205,15 @@ fn dlp_cut(
     let mut cut = None;
     with_audit(exchange, |a| {
         cut = pipeline::dlp::recorded(found, a);
-        if let Some(why) = &cut {
-            a.decision(&Decision::deny(Reason::DlpBlocked, None));
+        if let Some((reason, why)) = &cut {
+            a.decision(&Decision::deny(*reason, None));
             a.detail(why.clone());
             a.close_if_unset(Close::Error);
         }
     });
-    let why = cut?;
+    let (reason, why) = cut?;
     Some(deny::response(&deny::Refusal {
-        reason: Reason::DlpBlocked,
+        reason,
         what: &failed.what,
         sandbox: Some(&failed.sandbox),
         explanation: &why,

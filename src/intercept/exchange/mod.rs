@@ -303,9 +303,10 @@ impl Exchange {
         let req =
             req.map(|b| Counted::new(b, self.live.clone(), true).count_into(up_bytes.clone()));
         let sent = self.upstream.send(req).await;
-        if let Some(why) = dlp.and_then(|found| crate::pipeline::dlp::recorded(&found, &mut audit))
+        if let Some((reason, why)) =
+            dlp.and_then(|found| crate::pipeline::dlp::recorded(&found, &mut audit))
         {
-            return self.refused_recorded(audit, &asked, Refusal::new(Reason::DlpBlocked, why));
+            return self.refused_recorded(audit, &asked, Refusal::new(reason, why));
         }
         match sent {
             Ok(resp) => {

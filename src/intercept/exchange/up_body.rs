@@ -26,6 +26,8 @@ pub enum UpBody {
     /// The bytes read to show a decider (taken first), then the rest as it streams.
     Prefixed(Option<Bytes>, Incoming),
     Scanned(Box<Scanned<UpBody>>),
+    /// Watched by the sandbox's flow rules as it streams.
+    Gated(Box<crate::pipeline::flow::Gated<UpBody>>),
 }
 
 impl UpBody {
@@ -99,6 +101,7 @@ impl Body for UpBody {
                 None => Pin::new(b).poll_frame(cx).map_err(Into::into),
             },
             UpBody::Scanned(b) => Pin::new(&mut **b).poll_frame(cx),
+            UpBody::Gated(b) => Pin::new(&mut **b).poll_frame(cx),
             UpBody::Resigned(b, chunks) => loop {
                 match std::task::ready!(Pin::new(&mut **b).poll_frame(cx)) {
                     None if chunks.finished() => return Poll::Ready(None),
@@ -132,6 +135,7 @@ impl Body for UpBody {
             UpBody::Whole(b) => b.is_none(),
             UpBody::Prefixed(first, b) => first.is_none() && b.is_end_stream(),
             UpBody::Scanned(b) => b.is_end_stream(),
+            UpBody::Gated(b) => b.is_end_stream(),
         }
     }
 
@@ -151,6 +155,7 @@ impl Body for UpBody {
                 out
             }
             UpBody::Scanned(b) => b.size_hint(),
+            UpBody::Gated(b) => b.size_hint(),
         }
     }
 }
@@ -164,6 +169,10 @@ impl crate::pipeline::dlp::Rebody for UpBody {
 
     fn whole(b: bytes::Bytes) -> Self {
         UpBody::whole(b)
+    }
+
+    fn gated(g: crate::pipeline::flow::Gated<Self>) -> Self {
+        UpBody::Gated(Box::new(g))
     }
 }
 
