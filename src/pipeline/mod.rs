@@ -26,6 +26,7 @@
 pub mod ask;
 pub mod aws_chunked;
 pub mod body;
+pub mod coding;
 pub mod decoded;
 pub mod dlp;
 pub mod driver;
