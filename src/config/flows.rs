@@ -36,6 +36,9 @@ pub struct RawFlows {
     /// The longest query a read may carry, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub query_bytes: Option<usize>,
+    /// The longest path a read may carry, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_bytes: Option<usize>,
     /// The labels, by name.
     #[serde(default)]
     pub labels: BTreeMap<String, Vec<RawMember>>,
@@ -109,10 +112,17 @@ pub(crate) fn parse(raw: &RawFlows, ctx: &BlockCtx<'_>, sink: &mut Sink<'_>) -> 
         let why = "`query_bytes: 0` makes every query a write; write at least 1";
         ctx.err(sink, "network.flows.query_bytes", why, Some("query_bytes:"));
     }
+    if let Some(0) = raw.path_bytes {
+        let why = "`path_bytes: 0` makes every request a write; write at least 1";
+        ctx.err(sink, "network.flows.path_bytes", why, Some("path_bytes:"));
+    }
     let flows = Flows {
         labels,
         rules,
-        query_bytes: raw.query_bytes.unwrap_or(Flows::QUERY_BYTES),
+        bounds: crate::policy::flows::Bounds {
+            path: raw.path_bytes.unwrap_or(Flows::PATH_BYTES),
+            query: raw.query_bytes.unwrap_or(Flows::QUERY_BYTES),
+        },
     };
     if let Some(cycle) = outside_cycle(&flows) {
         let why = format!("label {cycle} is (through `outside`) the outside of itself");

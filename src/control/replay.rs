@@ -325,7 +325,7 @@ impl<'a> Replay<'a> {
             request: method.map(|m| (m, path)),
         };
         let act = match method {
-            Some(m) => Act::of_request(m, false, None, flows.query_bytes),
+            Some(m) => Act::of_request(m, false, (path, None), flows.bounds),
             None => Act::Write,
         };
         let labels = self.labels.entry(sb.binding.id.to_string()).or_default();

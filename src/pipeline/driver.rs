@@ -292,7 +292,8 @@ async fn judge_flow<P: Path>(
 ) -> Result<(Verdict, Act), Halt> {
     let method = asked.method.as_str();
     let query = carries.query.as_deref();
-    let act = Act::of_request(method, carries.body, query, flow.flows.query_bytes);
+    let target = (&*asked.path, query);
+    let act = Act::of_request(method, carries.body, target, flow.flows.bounds);
     let dest = Dest {
         host,
         port: Some(port),

@@ -60,7 +60,7 @@ pub struct Dest<'a> {
 /// What a request does to its destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Act {
-    /// Reads only: `GET`, `HEAD` or `OPTIONS` with no body and a short query.
+    /// Reads only: `GET`, `HEAD` or `OPTIONS` with no body, a short path and a short query.
     Read,
     /// Can carry data out: any other method, a body, a long query, a WebSocket message,
     /// client bytes on an opaque connection, a DNS query.
@@ -69,19 +69,37 @@ pub enum Act {
 
 impl Act {
     /// What an HTTP request does: a write unless it is `GET`, `HEAD` or `OPTIONS` with no
-    /// body and a query of at most `query_bytes`.
+    /// body, a path of at most `bounds.path` bytes and a query of at most `bounds.query`.
     pub fn of_request(
         method: &str,
         has_body: bool,
-        query: Option<&str>,
-        query_bytes: usize,
+        (path, query): (&str, Option<&str>),
+        bounds: Bounds,
     ) -> Act {
         let reading = matches!(method, "GET" | "HEAD" | "OPTIONS");
-        let long = query.is_some_and(|q| q.len() > query_bytes);
+        let long = query.is_some_and(|q| q.len() > bounds.query) || path.len() > bounds.path;
         if reading && !has_body && !long {
             Act::Read
         } else {
             Act::Write
+        }
+    }
+}
+
+/// How much a read may carry in its target: a longer path or query makes it a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// `path_bytes`.
+    pub path: usize,
+    /// `query_bytes`.
+    pub query: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            path: Flows::PATH_BYTES,
+            query: Flows::QUERY_BYTES,
         }
     }
 }
@@ -168,8 +186,8 @@ pub struct Flows {
     pub labels: Vec<Label>,
     /// The rules, in file order (the first that refuses is named).
     pub rules: Vec<FlowRule>,
-    /// The longest query a read may carry (`query_bytes`).
-    pub query_bytes: usize,
+    /// The longest path and query a read may carry (`path_bytes`, `query_bytes`).
+    pub bounds: Bounds,
 }
 
 impl PartialEq for Flows {
@@ -183,6 +201,8 @@ impl Flows {
     pub const MAX_LABELS: usize = 32;
     /// `query_bytes` unless written: a query longer than this is a write.
     pub const QUERY_BYTES: usize = 128;
+    /// `path_bytes` unless written: a path longer than this is a write.
+    pub const PATH_BYTES: usize = 256;
 
     /// The index of label `name`.
     pub fn label(&self, name: &str) -> Option<usize> {
@@ -268,7 +288,7 @@ impl Flows {
 
     /// Everything that decides, as text (the policy digest and equality).
     pub fn describe(&self) -> String {
-        let mut s = format!("query_bytes={};", self.query_bytes);
+        let mut s = format!("bounds={:?};", self.bounds);
         for l in &self.labels {
             s.push_str(&format!("label {} outside {}:", l.name, l.outside));
             for m in &l.members {

@@ -61,7 +61,7 @@ fn trifecta() -> Flows {
                 except: 0,
             },
         ],
-        query_bytes: Flows::QUERY_BYTES,
+        bounds: Bounds::default(),
     }
 }
 
@@ -142,11 +142,20 @@ fn waivers_once_for_a_time_and_reset() {
 
 #[test]
 fn what_a_request_does() {
-    assert_eq!(Act::of_request("GET", false, Some("q=1"), 128), Act::Read);
-    assert_eq!(Act::of_request("GET", true, None, 128), Act::Write);
-    assert_eq!(Act::of_request("DELETE", false, None, 128), Act::Write);
+    let b = Bounds::default();
+    assert_eq!(
+        Act::of_request("GET", false, ("/", Some("q=1")), b),
+        Act::Read
+    );
+    assert_eq!(Act::of_request("GET", true, ("/", None), b), Act::Write);
+    assert_eq!(Act::of_request("DELETE", false, ("/", None), b), Act::Write);
     let long = "a".repeat(129);
-    assert_eq!(Act::of_request("GET", false, Some(&long), 128), Act::Write);
+    assert_eq!(
+        Act::of_request("GET", false, ("/", Some(&long)), b),
+        Act::Write
+    );
+    let path = format!("/{}", "p".repeat(256));
+    assert_eq!(Act::of_request("GET", false, (&path, None), b), Act::Write);
 }
 
 // ---- the reference model: sets of names, written for clarity, not speed ----
@@ -254,7 +263,7 @@ fn compile(labels: &[ModelLabel], rules: &[ModelRule]) -> Flows {
                 except: set(&r.except),
             })
             .collect(),
-        query_bytes: Flows::QUERY_BYTES,
+        bounds: Bounds::default(),
     }
 }
 
