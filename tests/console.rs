@@ -563,3 +563,97 @@ defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
         assert!(page.contains(shown), "{shown}: {page}");
     }
 }
+
+/// An approver waives a flow label from the sandbox's page (a form with the CSRF token):
+/// the label is reset, and the trail records who gave it; a viewer's form is refused.
+#[test]
+fn an_approver_resets_a_flow_label_from_the_console() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let yaml = format!(
+        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
+audit: {{ path: {audit} }}
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ origin.test: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+{admin}sandboxes:
+  - id: agent
+    auth: {{ token_sha256: {a} }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["origin.test:{port}"], flows: {{ labels: {{ private: [origin.test] }}, rules: [{{ name: no-exfil, after: [private], refuse: writes, except: [private] }}] }} }} }}
+"#,
+        audit = d.join("audit.jsonl").display(),
+        admin = admin_yaml(d, &[]),
+        a = sha("tok-agent"),
+    );
+    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
+    let proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    let px = format!("http://agent:tok-agent@{}", proxy.proxy);
+    let url = format!("http://origin.test:{port}/doc");
+    assert!(curl(&["-s", "-x", &px, &url])
+        .text()
+        .contains("hello from origin"));
+    let admin = format!("http://{}", proxy.admin);
+    let session = |token: &str| {
+        let signed = curl(&[
+            "-i",
+            "-d",
+            &format!("token={token}"),
+            &format!("{admin}/ui/login"),
+        ])
+        .text();
+        let (cookie, place) = session_of(&signed);
+        let page = curl(&[
+            "-H",
+            &format!("Cookie: {cookie}"),
+            &format!("{admin}{place}sandboxes/agent"),
+        ])
+        .text();
+        let csrf = page
+            .split("name=\"csrf\" value=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or_default()
+            .to_string();
+        (cookie, place, csrf, page)
+    };
+    let post = |(cookie, place, csrf): (&str, &str, &str)| {
+        curl(&[
+            "-i",
+            "-H",
+            &format!("Cookie: {cookie}"),
+            "-H",
+            &format!("Origin: {admin}"),
+            "-d",
+            &format!("csrf={csrf}&label=private&how=reset"),
+            &format!("{admin}{place}sandboxes/agent/flows/waive"),
+        ])
+        .text()
+    };
+    let (cookie, place, csrf, page) = session(VERA);
+    assert!(
+        !page.contains("Waive once"),
+        "a viewer gets no form: {page}"
+    );
+    assert!(
+        post((&cookie, &place, &csrf)).contains(" 403 "),
+        "a viewer's post"
+    );
+    let (cookie, place, csrf, page) = session(ALICE);
+    assert!(
+        page.contains("Waive once") && page.contains("Reset"),
+        "{page}"
+    );
+    let done = post((&cookie, &place, &csrf));
+    assert!(done.contains(" 303 "), "{done}");
+    let page = curl(&[
+        "-H",
+        &format!("Cookie: {cookie}"),
+        &format!("{admin}{place}sandboxes/agent"),
+    ])
+    .text();
+    assert!(page.contains("none armed"), "{page}");
+    let step = proxy.wait_record(|r| r["approval"]["step"] == "flow_reset");
+    assert_eq!(step["approval"]["by"], "console", "{step}");
+    assert_eq!(step["sandbox"], "agent", "{step}");
+}

@@ -82,41 +82,52 @@ pub(super) async fn route(
         let why = format!("sandbox {id} has no flow label `{}`", asked.label);
         return error(StatusCode::NOT_FOUND, why);
     }
-    match admin
-        .shared
-        .settings
-        .flows
-        .waive(id, &asked.label, how, &who.approver())
-        .await
-    {
-        Ok(labels) => {
-            let client = who
-                .client
-                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
-            let mut rec = Record::new(0, client, Mode::Approval, set.version_arc());
-            rec.sandbox = Some(sandbox);
-            rec.approval = Some(Box::new(ApprovalFacts {
-                request: format!("flow:{}", asked.label).into(),
-                step,
-                by: who.by,
-                credential: who.credential.clone(),
-                grant: None,
-                expires: None,
-                text: asked.note.map(Into::into),
-                checks: Vec::new(),
-            }));
-            drop(AuditGuard::event(admin.shared.sink.clone(), rec));
-            json_resp(
-                StatusCode::OK,
-                json!({"sandbox": id, "armed": labels.armed, "waivers": labels.waivers}),
-            )
-        }
+    let given = (asked.label.as_str(), how, step);
+    match give(admin, sandbox, &who, given, asked.note.clone()).await {
+        Ok(labels) => json_resp(
+            StatusCode::OK,
+            json!({"sandbox": id, "armed": labels.armed, "waivers": labels.waivers}),
+        ),
         Err(e @ WaiveError::NotArmed { .. }) => error(StatusCode::CONFLICT, e.to_string()),
         Err(WaiveError::Keep(io)) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("cannot keep the flow state: {io}"),
         ),
     }
+}
+
+/// Give a waiver (`label`, how, the record's step) of `sandbox`'s label as `who`, kept, and
+/// record it in the audit trail as an approval step naming who gave it — for the admin API
+/// and the console alike.
+pub(super) async fn give(
+    admin: &Admin,
+    sandbox: SandboxId,
+    who: &crate::approvals::Who,
+    (label, how, step): (&str, Waive, &'static str),
+    note: Option<String>,
+) -> Result<crate::policy::flows::state::Labels, WaiveError> {
+    let ledger = &admin.shared.settings.flows;
+    let labels = ledger
+        .waive(sandbox.as_str(), label, how, &who.approver())
+        .await?;
+    let client = who
+        .client
+        .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let version = admin.shared.policy.load().version_arc();
+    let mut rec = Record::new(0, client, Mode::Approval, version);
+    rec.sandbox = Some(sandbox);
+    rec.approval = Some(Box::new(ApprovalFacts {
+        request: format!("flow:{label}").into(),
+        step,
+        by: who.by,
+        credential: who.credential.clone(),
+        grant: None,
+        expires: None,
+        text: note.map(Into::into),
+        checks: Vec::new(),
+    }));
+    drop(AuditGuard::event(admin.shared.sink.clone(), rec));
+    Ok(labels)
 }
 
 /// `GET …/flows`: the rules in words, the armed labels and the waivers.

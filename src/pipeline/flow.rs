@@ -369,7 +369,19 @@ impl<'a> Phase<'a> {
                 self.ledger.send(self.id, Change::Unwaived(label)).await;
             }
         }
-        Judged { refused, labels }
+        Judged {
+            refused: refused.map(|r| self.asking(r)),
+            labels,
+        }
+    }
+
+    /// The refusal with where to ask: a person may waive the label.
+    fn asking(&self, mut r: FlowRefusal) -> FlowRefusal {
+        r.detail = format!(
+            "{}; a person may waive it (egress-proxy flows waive {} {} --once)",
+            r.detail, self.id, r.label
+        );
+        r
     }
 
     /// Judge `act` to `d` honouring the waivers in force without spending one (a DNS query:
@@ -380,7 +392,7 @@ impl<'a> Phase<'a> {
         let mut labels = self.track.labels();
         let refused = labels.judge(self.flows, d, act, now).err();
         Judged {
-            refused,
+            refused: refused.map(|r| self.asking(r)),
             labels: labels.names(),
         }
     }

@@ -20,6 +20,7 @@ use crate::control::admin::{read_body, Admin, AdminBody, Caller};
 use crate::control::admin_requests::on_desk;
 use crate::control::error::{invalid, ControlError};
 use crate::control::observe::Filter;
+use crate::policy::flows::state::Waive;
 use crate::policy::granted::GrantKind;
 use crate::runtime::Shared;
 
@@ -181,7 +182,62 @@ pub async fn post(
         tracing::warn!(user = %session.principal.name, path = %path, "console: a viewer's change refused");
         return refuse("a viewer cannot answer requests or revoke grants");
     }
+    if let Some(rest) = path.strip_prefix("/ui/sandboxes/") {
+        return flow_step(admin, &session, rest, &fields, client).await;
+    }
     desk_step(admin, &session, path, &fields, client).await
+}
+
+/// An approver's waiver of a sandbox's flow label (`{id}/flows/waive`, `how`: `once` or
+/// `reset`), through the admin API's own step (kept, recorded with who); then back to the
+/// sandbox's page, or a page that says why it was refused.
+async fn flow_step(
+    admin: &Admin,
+    session: &Session,
+    rest: &str,
+    fields: &[(String, String)],
+    client: Option<std::net::SocketAddr>,
+) -> Response<AdminBody> {
+    let Some(id) = rest.strip_suffix("/flows/waive") else {
+        return plain(StatusCode::NOT_FOUND, "not found\n");
+    };
+    let set = admin.shared.policy.load();
+    let Some((sandbox, sb)) = crate::policy::sandbox_id::SandboxId::new(id)
+        .ok()
+        .and_then(|s| set.get(s.as_str()).cloned().map(|sb| (s, sb)))
+    else {
+        return plain(StatusCode::NOT_FOUND, "no such sandbox\n");
+    };
+    let base = session.base();
+    let frame = Frame {
+        who: &session.principal,
+        csrf: &session.csrf,
+        base: &base,
+        at: "sandboxes",
+    };
+    let problem =
+        |status: StatusCode, why: &str| html(status, pages::problem(&frame, why, "sandboxes"));
+    if let Err(why) = allowed::may_answer(&session.principal, &sb.binding.network.layers) {
+        return problem(StatusCode::FORBIDDEN, &why.to_string());
+    }
+    let (how, step) = match get(fields, "how") {
+        Some("once") => (Waive::Once, "flow_waived_once"),
+        Some("reset") => (Waive::Reset, "flow_reset"),
+        _ => return problem(StatusCode::BAD_REQUEST, "say once or reset"),
+    };
+    let label = get(fields, "label").unwrap_or_default();
+    let who = Who {
+        by: "console",
+        client,
+        credential: Some(session.principal.credential().into()),
+        identity: None,
+        principal: Some(session.principal.name.as_str().into()),
+    };
+    let given = (label, how, step);
+    match crate::control::admin_flows::give(admin, sandbox, &who, given, note(fields)).await {
+        Ok(_) => see_other(&format!("{base}sandboxes/{id}")),
+        Err(e) => problem(StatusCode::CONFLICT, &e.to_string()),
+    }
 }
 
 /// An approver's answer or revocation, through the admin API's desk steps; then back to the
@@ -379,8 +435,9 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> Result<Markup, Con
     Ok(views::explain(sandbox, target, &checked))
 }
 
-/// One sandbox's page, `None` when there is no such sandbox.
-pub fn sandbox(admin: &Admin, id: &str) -> Option<Markup> {
+/// One sandbox's page (with the approver's waiver forms when `frame` is an approver's),
+/// `None` when there is no such sandbox.
+pub fn sandbox(admin: &Admin, id: &str, frame: &Frame<'_>) -> Option<Markup> {
     let view = admin.control.get(id)?;
     let set = admin.shared.policy.load();
     let layers = set.get(id).map_or_else(Vec::new, |sb| {
@@ -416,6 +473,7 @@ pub fn sandbox(admin: &Admin, id: &str) -> Option<Markup> {
         grants["grants"].as_array().map_or(&[][..], |v| v),
         &days(&admin.shared, id),
         (quota.as_ref(), &flows),
+        frame.approver().then_some((id, frame)),
     ))
 }
 

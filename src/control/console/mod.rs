@@ -224,7 +224,7 @@ async fn read(
         ),
         p => {
             let id = percent(p.trim_start_matches("/ui/sandboxes/"));
-            match actions::sandbox(admin, &id) {
+            match actions::sandbox(admin, &id, &frame) {
                 Some(body) => (format!("Sandbox {id}"), body),
                 None => {
                     let why = format!("no sandbox `{id}`");

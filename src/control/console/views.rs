@@ -172,6 +172,7 @@ pub fn sandbox(
     grants: &[Value],
     days: &[(String, Usage)],
     (quota, flows): (Option<&Value>, &Value),
+    waive: Option<(&str, &super::pages::Frame<'_>)>,
 ) -> Markup {
     let bars = |f: fn(&Usage) -> u64| -> Vec<Bar> {
         days.iter()
@@ -198,7 +199,16 @@ pub fn sandbox(
         h2 { "Flow labels" }
         @if flows["armed"].as_array().is_none_or(Vec::is_empty) { p #flows { "none armed" } } @else {
             ul #flows { @for a in flows["armed"].as_array().into_iter().flatten() {
-                li { code { (s(a, "label")) } " armed " (s(a, "at")) " by " code { (s(a, "by")) } " (conn " (a["conn"]) ")" }
+                li { code { (s(a, "label")) } " armed " (s(a, "at")) " by " code { (s(a, "by")) } " (conn " (a["conn"]) ")"
+                    @if let Some((id, f)) = waive {
+                        form.inline method="post" action=(format!("sandboxes/{id}/flows/waive")) {
+                            (f.csrf_field())
+                            input type="hidden" name="label" value=(s(a, "label"));
+                            button.waive type="submit" name="how" value="once" { "Waive once" }
+                            button.reset type="submit" name="how" value="reset" { "Reset" }
+                        }
+                    }
+                }
             } }
         }
         @for w in flows["waivers"].as_array().into_iter().flatten() {
