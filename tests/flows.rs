@@ -745,3 +745,40 @@ fn an_upload_held_open_across_a_private_read_is_cut() {
         assert!(body.contains("\"armed\":[]"), "{body}");
     }
 }
+
+/// `scope: exec`: labels are armed per vouched command (`sandbox~exec` logins). The reader's
+/// private read refuses the reader's POST, not the writer's; a request of no known command is
+/// judged with every command's labels; a reset clears the label wherever it is armed.
+#[test]
+fn per_exec_labels_bind_the_command_that_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let flows = NO_EXFIL.replacen("{ labels", "{ scope: exec, labels", 1);
+    let p = proxy(dir.path(), dir.path(), port, &flows, &[]);
+    let as_exec = |exec: &str| {
+        vec![
+            "-x".to_string(),
+            format!("http://dev~{exec}:{TOKEN}@{}", p.proxy),
+        ]
+    };
+    let public = format!("http://public.test:{port}/upload");
+    let doc = format!("http://corp.test:{port}/doc");
+    assert!(run(&as_exec("reader"), &[&doc]).contains("hello from origin"));
+    let out = run(&as_exec("reader"), &["--data-binary", "x", &public]);
+    assert!(
+        out.contains("flow_refused") && out.contains("GET corp.test/doc"),
+        "the reader: {out}"
+    );
+    let out = run(&as_exec("writer"), &["--data-binary", "x", &public]);
+    assert!(out.contains("received 1"), "another command writes: {out}");
+    let out = run(&via(&p, "forwarded"), &["--data-binary", "x", &public]);
+    assert!(
+        out.contains("flow_refused"),
+        "no known command: every command's labels: {out}"
+    );
+    let (code, body) = waive(&p, r#"{"label": "private", "reset": true}"#);
+    assert_eq!(code, 200, "{body}");
+    let out = run(&as_exec("reader"), &["--data-binary", "x", &public]);
+    assert!(out.contains("received 1"), "after the reset: {out}");
+}

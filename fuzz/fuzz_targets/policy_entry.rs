@@ -13,6 +13,7 @@ fuzz_target!(|data: &[u8]| {
                 http: Default::default(),
                 scoped: Vec::new(),
                 layers: Default::default(),
+                flows: None,
             };
             let ports = egress_proxy::policy::ports::PortSet::any();
             let _ = egress_proxy::policy::CompiledPolicy::compile("f", "f", &spec, egress_proxy::policy::Enforcement::Enforce, &ports);

@@ -39,6 +39,9 @@ pub struct RawFlows {
     /// The longest path a read may carry, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path_bytes: Option<usize>,
+    /// `sandbox` (the default) or `exec`: whose labels a request arms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
     /// The labels, by name.
     #[serde(default)]
     pub labels: BTreeMap<String, Vec<RawMember>>,
@@ -116,7 +119,17 @@ pub(crate) fn parse(raw: &RawFlows, ctx: &BlockCtx<'_>, sink: &mut Sink<'_>) -> 
         let why = "`path_bytes: 0` makes every request a write; write at least 1";
         ctx.err(sink, "network.flows.path_bytes", why, Some("path_bytes:"));
     }
+    let per_exec = match raw.scope.as_deref() {
+        None | Some("sandbox") => false,
+        Some("exec") => true,
+        Some(other) => {
+            let why = format!("`scope: {other}`: write `sandbox` or `exec`");
+            ctx.err(sink, "network.flows.scope", why, Some("scope:"));
+            false
+        }
+    };
     let flows = Flows {
+        per_exec,
         labels,
         rules,
         bounds: crate::policy::flows::Bounds {

@@ -146,7 +146,7 @@ fn show(admin: &Admin, id: &str, rules: Option<&Flows>) -> Response<Full<Bytes>>
 }
 
 /// The waiver asked for, and its record's step; `Err`: why the body is not one waiver.
-fn how(asked: &Asked) -> Result<(Waive, &'static str), String> {
+fn how(asked: &Asked) -> Result<(Waive, &'static str), &'static str> {
     match (asked.once, asked.for_s, asked.reset) {
         (true, None, false) => Ok((Waive::Once, "flow_waived_once")),
         (false, Some(s), false) if (1..=LONGEST).contains(&s) => {
@@ -156,8 +156,8 @@ fn how(asked: &Asked) -> Result<(Waive, &'static str), String> {
                 .map_or(0, |d| d.as_secs());
             Ok((Waive::Until(secs), "flow_waived"))
         }
-        (false, Some(_), false) => Err(format!("for_s is 1 to {LONGEST} seconds")),
+        (false, Some(_), false) => Err("for_s is 1 to 86400 seconds (a day)"),
         (false, None, true) => Ok((Waive::Reset, "flow_reset")),
-        _ => Err("say one of once, for_s or reset".into()),
+        _ => Err("say one of once, for_s or reset"),
     }
 }

@@ -339,7 +339,8 @@ impl DnsListener {
         q: &mut AuditGuard,
         edns: bool,
     ) -> Option<Reply> {
-        let flow = Phase::of(&sb.binding, Some(&self.shared.settings.flows))?;
+        // A query names no process: judged with every process's labels.
+        let flow = Phase::of(&sb.binding, Some(&self.shared.settings.flows), None)?;
         let dest = Dest {
             host: name,
             port: None,

@@ -114,7 +114,9 @@ fn relay_until_stopped(
             ..
         } = *running;
         // A connection the proxy does not read is a write to its destination (flow rules).
-        let flow = crate::pipeline::flow::Phase::of(b, Some(&shared.settings.flows));
+        let process = audit.attributed();
+        let flow =
+            crate::pipeline::flow::Phase::of(b, Some(&shared.settings.flows), process.as_deref());
         let stop = match flow {
             Some(flow) => match super::opaque_flow::admit(&flow, b, &target, audit).await {
                 Ok(watch) => futures_util::future::Either::Left(watch.or(stop)),

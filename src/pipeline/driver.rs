@@ -166,6 +166,8 @@ pub struct Judging<'a> {
     pub admitted: Verdict,
     /// Where the sandbox's flow labels are kept (its rules are the binding's).
     pub flows: Option<&'a Ledger>,
+    /// The process the request is attributed to (flow rules with `scope: exec`).
+    pub process: Option<&'a crate::policy::process::Process>,
 }
 
 /// The phases of one request, in the order of the module's documentation. `Ok`: the request
@@ -211,7 +213,7 @@ async fn phases<P: Path>(
     let binding = at.binding;
     let writes = writes(&req);
     let (req, verdict, mut allowed, socket) = read(path, at, req, asked, audit).await?;
-    let flow = Phase::of(binding, at.flows);
+    let flow = Phase::of(binding, at.flows, at.process);
     let (verdict, act) = match (at.admitted, &flow) {
         (Verdict::Report, _) => (Verdict::Report, None),
         (_, None) => (verdict, None),

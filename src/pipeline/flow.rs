@@ -13,7 +13,7 @@
 //! A label newly armed is kept (`state_dir/flows.json`, written whole) before the request
 //! that armed it is sent: a crash or a kill cannot launder it. Each sandbox's state has a
 //! change signal ([`Track::changed`]): live connections a new label now refuses watch it
-//! and are cut. Without a `state_dir` the labels live in memory only.
+//! and are cut ([`super::flow_gate`]). Without a `state_dir` the labels live in memory only.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use crate::config::Binding;
 use crate::policy::flows::state::{Armed, FlowRefusal, Labels, Waive, Waiver};
 use crate::policy::flows::{Act, Dest, Flows};
+use crate::policy::process::Process;
 
 /// The file's name in `state_dir`.
 pub const FILE: &str = "flows.json";
@@ -211,19 +212,47 @@ impl Ledger {
         }
     }
 
-    /// The labels of sandbox `id`, if it has any.
-    pub fn labels(&self, id: &str) -> Option<Labels> {
-        let map = self.by_id.lock().ok()?;
-        map.get(id).map(|t| t.labels())
+    /// Every track of sandbox `id`: its own, and its processes' (`id~…`, `scope: exec`).
+    pub fn tracks(&self, id: &str) -> Vec<(String, Arc<Track>)> {
+        let Ok(map) = self.by_id.lock() else {
+            return Vec::new();
+        };
+        let mine = |k: &str| k == id || k.strip_prefix(id).is_some_and(|r| r.starts_with('~'));
+        map.iter()
+            .filter(|(k, _)| mine(k))
+            .map(|(k, t)| (k.clone(), t.clone()))
+            .collect()
     }
 
-    /// Forget sandbox `id` (it was removed), and keep that.
+    /// The labels of sandbox `id` (every process's armed labels with its own), if any.
+    pub fn labels(&self, id: &str) -> Option<Labels> {
+        let tracks = self.tracks(id);
+        if tracks.is_empty() {
+            return None;
+        }
+        let mut out = Labels::default();
+        for (key, t) in tracks {
+            let l = t.labels();
+            if key == id {
+                out.waivers = l.waivers;
+            }
+            out.armed.extend(l.armed);
+        }
+        Some(out)
+    }
+
+    /// Forget sandbox `id` (it was removed) with its processes' labels, and keep that.
     pub async fn forget(&self, id: &str) -> std::io::Result<()> {
-        let gone = self.by_id.lock().ok().and_then(|mut m| m.remove(id));
+        let keys: Vec<String> = self.tracks(id).into_iter().map(|(k, _)| k).collect();
+        if let Ok(mut m) = self.by_id.lock() {
+            for k in &keys {
+                m.remove(k);
+            }
+        }
         self.send(id, Change::Forgotten).await;
-        match gone {
-            Some(_) => self.keep().await,
-            None => Ok(()),
+        match keys.is_empty() {
+            false => self.keep().await,
+            true => Ok(()),
         }
     }
 
@@ -237,29 +266,43 @@ impl Ledger {
     ) -> Result<Labels, WaiveError> {
         let track = self.track(id);
         let (now, at) = now();
-        let reset = how == Waive::Reset;
-        let labels = {
-            let mut l = track
-                .labels
-                .lock()
-                .map_err(|_| WaiveError::Keep(poisoned()))?;
-            if !l.waive(label, how, by, &at, now) {
-                return Err(WaiveError::NotArmed {
-                    sandbox: id.into(),
-                    label: label.into(),
-                });
+        let armed = self
+            .labels(id)
+            .is_some_and(|l| l.armed.iter().any(|a| a.label == label));
+        if !armed {
+            return Err(WaiveError::NotArmed {
+                sandbox: id.into(),
+                label: label.into(),
+            });
+        }
+        if how == Waive::Reset {
+            // Disarmed wherever it is armed: the sandbox's own track and every process's.
+            for (key, t) in self.tracks(id) {
+                let changed = match t.labels.lock() {
+                    Ok(mut l) => l.disarm(label) | l.unwaive(label),
+                    Err(_) => false,
+                };
+                if changed {
+                    t.changed.send_replace(());
+                    self.send(&key, Change::Disarmed(label.into())).await;
+                }
             }
-            l.clone()
-        };
+            self.send(id, Change::Unwaived(label.into())).await;
+        } else {
+            let w = match track.labels.lock() {
+                Ok(mut l) => {
+                    l.add_waiver(label, how, by, &at, now);
+                    l.waivers.iter().rev().find(|w| w.label == label).cloned()
+                }
+                Err(_) => return Err(WaiveError::Keep(poisoned())),
+            };
+            if let Some(w) = w {
+                self.send(id, Change::Waived(w)).await;
+            }
+        }
         track.changed.send_replace(());
         self.keep().await.map_err(WaiveError::Keep)?;
-        if reset {
-            self.send(id, Change::Disarmed(label.into())).await;
-            self.send(id, Change::Unwaived(label.into())).await;
-        } else if let Some(w) = labels.waivers.iter().rev().find(|w| w.label == label) {
-            self.send(id, Change::Waived(w.clone())).await;
-        }
-        Ok(labels)
+        Ok(self.labels(id).unwrap_or_default())
     }
 
     /// Write every sandbox's labels to `state_dir` (nothing without one).
@@ -291,7 +334,7 @@ fn poisoned() -> std::io::Error {
 }
 
 /// Unix seconds and RFC 3339 now.
-fn now() -> (u64, String) {
+pub(super) fn now() -> (u64, String) {
     let t = SystemTime::now();
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     (secs, crate::audit::record::rfc3339(t))
@@ -301,10 +344,29 @@ fn now() -> (u64, String) {
 pub struct Phase<'a> {
     /// The rules.
     pub flows: &'a Arc<Flows>,
-    track: Arc<Track>,
+    /// The sandbox's own track: its waivers, and what no known process armed.
+    main: Arc<Track>,
+    /// Where this request's labels are armed, and its key (`id`, or `id~process`).
+    own: (Arc<Track>, String),
+    /// The other tracks a request is judged with (`scope: exec`): its process's, or every
+    /// process's when its process is not known.
+    others: Vec<Arc<Track>>,
     ledger: &'a Ledger,
     /// The sandbox.
     id: &'a str,
+}
+
+/// The track key of `process` under `scope: exec` (its vouched exec, else its executable).
+fn process_key(id: &str, process: Option<&Process>) -> Option<String> {
+    let p = process?;
+    let name = match (&p.vouched, &p.observed) {
+        (Some(v), _) => format!("exec:{}", v.exec),
+        (None, Some(crate::policy::process::Observed::Seen(s))) => format!("exe:{}", s.exe),
+        _ => return None,
+    };
+    // A key is one segment of an etcd key and of nothing else: no `/`.
+    let name = name.replace('%', "%25").replace('/', "%2F");
+    Some(format!("{id}~{name}"))
 }
 
 /// A judgement: the refusal, if any, and the labels in force when judged (for the record).
@@ -316,37 +378,70 @@ pub struct Judged {
 }
 
 impl<'a> Phase<'a> {
-    /// The phase of `binding`'s sandbox, when it has flow rules.
-    pub fn of(binding: &'a Binding, ledger: Option<&'a Ledger>) -> Option<Phase<'a>> {
+    /// The phase of `binding`'s sandbox for a request of `process`, when it has flow rules.
+    pub fn of(
+        binding: &'a Binding,
+        ledger: Option<&'a Ledger>,
+        process: Option<&Process>,
+    ) -> Option<Phase<'a>> {
         let flows = binding.network.flows.as_ref()?;
         let ledger = ledger?;
+        let id = binding.id.as_str();
+        let main = ledger.track(id);
+        let (own, others) = match (flows.per_exec, process_key(id, process)) {
+            (false, _) => ((main.clone(), id.to_string()), Vec::new()),
+            (true, Some(key)) => {
+                let t = ledger.track(&key);
+                ((t.clone(), key), vec![t])
+            }
+            (true, None) => {
+                let all = ledger.tracks(id).into_iter().map(|(_, t)| t);
+                ((main.clone(), id.to_string()), all.collect())
+            }
+        };
         Some(Phase {
             flows,
-            track: ledger.track(binding.id.as_str()),
+            main,
+            own,
+            others,
             ledger,
-            id: binding.id.as_str(),
+            id,
         })
     }
 
-    /// The sandbox's labels and their change signal.
-    pub fn track(&self) -> &Arc<Track> {
-        &self.track
+    /// What a [`Gate`] watches: the sandbox's main track, the other tracks it judges with.
+    pub(super) fn watched(&self) -> (Arc<Track>, Vec<Arc<Track>>) {
+        (self.main.clone(), self.others.clone())
+    }
+
+    /// The armed labels of the other tracks this request is judged with (not the main's).
+    fn extra(&self) -> Vec<Armed> {
+        self.others
+            .iter()
+            .filter(|t| !Arc::ptr_eq(t, &self.main))
+            .flat_map(|t| t.labels().armed)
+            .collect()
     }
 
     /// Judge `act` to `d`; a `once` waiver it spends is kept before this returns (a
     /// restart cannot give it again).
     pub async fn judge(&self, d: &Dest<'_>, act: Act) -> Judged {
         let (now, _) = now();
-        let (refused, labels, spent) = match self.track.labels.lock() {
+        let extra = self.extra();
+        let (refused, labels, spent) = match self.main.labels.lock() {
             Ok(mut l) => {
                 let before = l.waivers.clone();
+                let own = l.armed.len();
+                l.armed.extend(extra);
                 let refused = l.judge(self.flows, d, act, now).err();
+                let names = l.names();
+                l.armed.truncate(own);
                 let spent: Vec<String> = before
                     .into_iter()
                     .filter(|w| !l.waivers.contains(w))
                     .map(|w| w.label)
                     .collect();
-                (refused, l.names(), spent)
+                (refused, names, spent)
             }
             Err(_) => {
                 let refused = FlowRefusal {
@@ -361,7 +456,7 @@ impl<'a> Phase<'a> {
             }
         };
         if !spent.is_empty() {
-            self.track.changed.send_replace(());
+            self.main.changed.send_replace(());
             if let Err(e) = self.ledger.keep().await {
                 tracing::warn!(error = %e, "cannot keep the flow state (a spent waiver)");
             }
@@ -389,7 +484,8 @@ impl<'a> Phase<'a> {
     /// spends it).
     pub fn judge_unspent(&self, d: &Dest<'_>, act: Act) -> Judged {
         let (now, _) = now();
-        let mut labels = self.track.labels();
+        let mut labels = self.main.labels();
+        labels.armed.extend(self.extra());
         let refused = labels.judge(self.flows, d, act, now).err();
         Judged {
             refused: refused.map(|r| self.asking(r)),
@@ -406,7 +502,7 @@ impl<'a> Phase<'a> {
             return Ok(None);
         }
         let (_, at) = now();
-        let new: Vec<Armed> = match self.track.labels.lock() {
+        let new: Vec<Armed> = match self.own.0.labels.lock() {
             Ok(mut l) => {
                 let before = l.armed.len();
                 l.arm(self.flows, set, by, conn, &at);
@@ -417,116 +513,17 @@ impl<'a> Phase<'a> {
         if new.is_empty() {
             return Ok(None);
         }
-        self.track.changed.send_replace(());
+        // The main track's signal too: every watcher of the sandbox re-judges.
+        self.own.0.changed.send_replace(());
+        self.main.changed.send_replace(());
         self.ledger.keep().await?;
         let names: Vec<&str> = new.iter().map(|a| a.label.as_str()).collect();
         let names = names.join(",");
         for a in new {
-            self.ledger.send(self.id, Change::Armed(a)).await;
+            self.ledger.send(&self.own.1, Change::Armed(a)).await;
         }
         Ok(Some(names))
     }
 }
 
-/// One destination's flow gate, owned: what a long-lived exchange the proxy relays (an opaque
-/// tunnel, a WebSocket) asks for each write, and watches for a label that refuses it.
-#[derive(Debug, Clone)]
-pub struct Gate {
-    track: Arc<Track>,
-    flows: Arc<Flows>,
-    host: String,
-    port: u16,
-}
-
-impl Gate {
-    /// The gate of `phase`'s sandbox toward `host`:`port`.
-    pub fn new(phase: &Phase<'_>, host: &str, port: u16) -> Gate {
-        Gate {
-            track: phase.track.clone(),
-            flows: phase.flows.clone(),
-            host: host.into(),
-            port,
-        }
-    }
-
-    /// Why a write now is refused (waivers honoured, not spent), if it is.
-    pub fn write_refused(&self) -> Option<FlowRefusal> {
-        let (now, _) = now();
-        let dest = Dest {
-            host: &self.host,
-            port: Some(self.port),
-            request: None,
-        };
-        let mut labels = self.track.labels();
-        labels.judge(&self.flows, &dest, Act::Write, now).err()
-    }
-
-    /// Resolves when a change of the sandbox's labels refuses writes through the gate.
-    pub async fn refused(&self) -> FlowRefusal {
-        let mut changed = self.track.changed();
-        while changed.changed().await.is_ok() {
-            if let Some(r) = self.write_refused() {
-                return r;
-            }
-        }
-        std::future::pending().await
-    }
-}
-
-/// A request body watched by the sandbox's flow rules as it streams: a write allowed when it
-/// began is cut (its next frame refused, nothing more sent) when a label armed meanwhile — by
-/// another request — refuses it, so an upload held open cannot carry what the sandbox reads
-/// after it started. The reason is left in `found` for the record.
-pub struct Gated<B> {
-    inner: B,
-    gate: Gate,
-    changed: watch::Receiver<()>,
-    found: Arc<Mutex<super::dlp::Found>>,
-}
-
-impl<B> Gated<B> {
-    /// `inner` watched through `gate`; a cut is noted in `found`.
-    pub fn new(inner: B, gate: Gate, found: Arc<Mutex<super::dlp::Found>>) -> Self {
-        let changed = gate.track.changed();
-        Gated {
-            inner,
-            gate,
-            changed,
-            found,
-        }
-    }
-}
-
-impl<B> http_body::Body for Gated<B>
-where
-    B: http_body::Body<Data = bytes::Bytes> + Unpin,
-    B::Error: From<super::dlp::Cut>,
-{
-    type Data = bytes::Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, B::Error>>> {
-        if self.changed.has_changed().unwrap_or(false) {
-            self.changed.mark_unchanged();
-            if let Some(r) = self.gate.write_refused() {
-                if let Ok(mut f) = self.found.lock() {
-                    f.flow = Some(r.detail);
-                }
-                let cut = super::dlp::Cut(super::dlp::DlpError::Flow);
-                return std::task::Poll::Ready(Some(Err(cut.into())));
-            }
-        }
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
+pub use super::flow_gate::{Gate, Gated};

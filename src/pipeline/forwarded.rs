@@ -52,6 +52,7 @@ pub async fn phases(
         limit,
         admitted,
         flows: Some(flows),
+        process,
     };
     let path = Forwarded {
         host,

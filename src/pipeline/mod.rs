@@ -31,6 +31,7 @@ pub mod decoded;
 pub mod dlp;
 pub mod driver;
 pub mod flow;
+pub mod flow_gate;
 pub mod forwarded;
 pub mod head;
 pub(crate) mod unescape;

@@ -188,6 +188,17 @@ pub async fn post(
     desk_step(admin, &session, path, &fields, client).await
 }
 
+/// Who answers through the console: the signed-in person, named on grants and records.
+fn console_who(session: &Session, client: Option<std::net::SocketAddr>) -> Who {
+    Who {
+        by: "console",
+        client,
+        credential: Some(session.principal.credential().into()),
+        identity: None,
+        principal: Some(session.principal.name.as_str().into()),
+    }
+}
+
 /// An approver's waiver of a sandbox's flow label (`{id}/flows/waive`, `how`: `once` or
 /// `reset`), through the admin API's own step (kept, recorded with who); then back to the
 /// sandbox's page, or a page that says why it was refused.
@@ -226,13 +237,7 @@ async fn flow_step(
         _ => return problem(StatusCode::BAD_REQUEST, "say once or reset"),
     };
     let label = get(fields, "label").unwrap_or_default();
-    let who = Who {
-        by: "console",
-        client,
-        credential: Some(session.principal.credential().into()),
-        identity: None,
-        principal: Some(session.principal.name.as_str().into()),
-    };
+    let who = console_who(session, client);
     let given = (label, how, step);
     match crate::control::admin_flows::give(admin, sandbox, &who, given, note(fields)).await {
         Ok(_) => see_other(&format!("{base}sandboxes/{id}")),
@@ -252,13 +257,7 @@ async fn desk_step(
     let Some(desk) = admin.shared.desk.get().cloned() else {
         return plain(StatusCode::SERVICE_UNAVAILABLE, "the proxy is starting\n");
     };
-    let who = Who {
-        by: "console",
-        client,
-        credential: Some(session.principal.credential().into()),
-        identity: None,
-        principal: Some(session.principal.name.as_str().into()),
-    };
+    let who = console_who(session, client);
     let rest = path.strip_prefix("/ui/").unwrap_or_default();
     let parts: Vec<&str> = rest.split('/').collect();
     if let Some(id) = parts.get(1) {

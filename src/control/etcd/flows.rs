@@ -17,12 +17,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use etcd_client::{DeleteOptions, EventType};
+use etcd_client::DeleteOptions;
 
 use super::ControlPlane;
 use crate::control::error::{etcd, ControlError};
 use crate::pipeline::flow::{Change, Ledger, Share};
-use crate::policy::cause;
 
 /// Writes this replica's label changes to etcd.
 pub struct EtcdFlows {
@@ -104,14 +103,9 @@ async fn session(cp: &ControlPlane, ledger: &Ledger) -> Result<(), ControlError>
             ledger.adopt(&id, change).await;
         }
     }
-    while let Some(resp) = stream.message().await.map_err(|e| etcd(cause::of(e)))? {
-        if resp.canceled() || resp.compact_revision() > 0 {
-            return Err(etcd("the watch was cancelled or compacted"));
-        }
-        for ev in resp.events() {
-            let Some(kv) = ev.kv() else { continue };
-            let value = (ev.event_type() == EventType::Put).then(|| kv.value());
-            if let Some((id, change)) = change_of(&prefix, kv.key(), value) {
+    while let Some(changed) = super::watched::changes(&mut stream).await? {
+        for (key, value) in changed {
+            if let Some((id, change)) = change_of(&prefix, &key, value.as_deref()) {
                 ledger.adopt(&id, change).await;
             }
         }

@@ -7,11 +7,10 @@
 //! replica cannot apply (a layer written to etcd directly with a missing parent) is logged
 //! and the layers in force stay: never fewer layers, never open.
 
-use crate::policy::cause::{self as cause};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use etcd_client::{DeleteOptions, EventType, PutOptions};
+use etcd_client::{DeleteOptions, PutOptions};
 
 use super::ControlPlane;
 use crate::config::layers::RawLayer;
@@ -73,14 +72,9 @@ async fn session(cp: &ControlPlane) -> Result<(), ControlError> {
         take(&mut layers, &prefix, kv.key(), Some(kv.value()));
     }
     apply(cp, layers.clone()).await;
-    while let Some(resp) = stream.message().await.map_err(|e| etcd(cause::of(e)))? {
-        if resp.canceled() || resp.compact_revision() > 0 {
-            return Err(etcd("the watch was cancelled or compacted"));
-        }
-        for ev in resp.events() {
-            let Some(kv) = ev.kv() else { continue };
-            let value = (ev.event_type() == EventType::Put).then(|| kv.value());
-            take(&mut layers, &prefix, kv.key(), value);
+    while let Some(changed) = super::watched::changes(&mut stream).await? {
+        for (key, value) in changed {
+            take(&mut layers, &prefix, &key, value.as_deref());
         }
         apply(cp, layers.clone()).await;
     }

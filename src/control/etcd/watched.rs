@@ -59,3 +59,33 @@ pub(super) async fn list_then_watch(
         .map_err(|e| etcd(cause::of(e)))?;
     Ok((listed.kvs().to_vec(), stream))
 }
+
+/// The next changes a watch of a prefix reports, each a key and its value (`None`: deleted);
+/// `Ok(None)` when etcd closed the watch; `Err` when it was cancelled or compacted (the
+/// session starts over and lists again).
+pub(super) async fn changes(
+    stream: &mut WatchStream,
+) -> Result<Option<Vec<Changed>>, ControlError> {
+    let Some(resp) = stream.message().await.map_err(|e| etcd(cause::of(e)))? else {
+        return Ok(None);
+    };
+    if resp.canceled() || resp.compact_revision() > 0 {
+        return Err(etcd("the watch was cancelled or compacted"));
+    }
+    let put = etcd_client::EventType::Put;
+    Ok(Some(
+        resp.events()
+            .iter()
+            .filter_map(|ev| {
+                let kv = ev.kv()?;
+                Some((
+                    kv.key().to_vec(),
+                    (ev.event_type() == put).then(|| kv.value().to_vec()),
+                ))
+            })
+            .collect(),
+    ))
+}
+
+/// A key and its new value (`None`: deleted).
+pub(super) type Changed = (Vec<u8>, Option<Vec<u8>>);

@@ -252,6 +252,7 @@ impl Exchange {
             // Each request's own record starts allowed: its phases say otherwise.
             admitted: Verdict::Allow,
             flows: Some(&self.mint.flows),
+            process: self.dest.process.as_deref(),
         };
         let path = Terminated { ex: self, p: &p };
         match driver::request(&path, at, req, &mut audit).await {

@@ -122,9 +122,12 @@ impl Terminated<'_> {
             scrubber,
             dlp: p.binding.dlp.clone(),
             report: p.binding.enforcement == Enforcement::Report,
-            flow: crate::pipeline::flow::Phase::of(&p.binding, Some(&self.ex.mint.flows)).map(
-                |f| crate::pipeline::flow::Gate::new(&f, &self.ex.dest.host, self.ex.dest.port),
-            ),
+            flow: crate::pipeline::flow::Phase::of(
+                &p.binding,
+                Some(&self.ex.mint.flows),
+                self.ex.dest.process.as_deref(),
+            )
+            .map(|f| crate::pipeline::flow::Gate::new(&f, &self.ex.dest.host, self.ex.dest.port)),
             live: self.ex.live.clone(),
             recorder: self.ex.recorder.clone(),
             asked: (sent.asked.method.clone(), sent.asked.path.clone()),

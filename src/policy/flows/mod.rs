@@ -188,6 +188,10 @@ pub struct Flows {
     pub rules: Vec<FlowRule>,
     /// The longest path and query a read may carry (`path_bytes`, `query_bytes`).
     pub bounds: Bounds,
+    /// `scope: exec`: labels are armed per process (its vouched exec, else its observed
+    /// executable); a request is judged with its own process's labels and the sandbox's, a
+    /// request of no known process with every process's.
+    pub per_exec: bool,
 }
 
 impl PartialEq for Flows {
@@ -288,7 +292,7 @@ impl Flows {
 
     /// Everything that decides, as text (the policy digest and equality).
     pub fn describe(&self) -> String {
-        let mut s = format!("bounds={:?};", self.bounds);
+        let mut s = format!("bounds={:?};per_exec={};", self.bounds, self.per_exec);
         for l in &self.labels {
             s.push_str(&format!("label {} outside {}:", l.name, l.outside));
             for m in &l.members {

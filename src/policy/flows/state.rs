@@ -175,17 +175,26 @@ impl Labels {
     /// Waive (or reset) `label` for `by` at `at`; `now` (Unix seconds) drops expired
     /// waivers. `false` when the label is not armed (nothing to waive).
     pub fn waive(&mut self, label: &str, how: Waive, by: &str, at: &str, now: u64) -> bool {
-        self.waivers
-            .retain(|w| !matches!(w.lasts, Lasts::Until(t) if t <= now));
         if self.armed.iter().all(|a| a.label != label) {
             return false;
         }
+        if how == Waive::Reset {
+            self.armed.retain(|a| a.label != label);
+            self.waivers.retain(|w| w.label != label);
+            return true;
+        }
+        self.add_waiver(label, how, by, at, now);
+        true
+    }
+
+    /// Add a waiver of `label` (once, or until a time; a reset adds none) whether or not it
+    /// is armed here (with `scope: exec` a process's track holds the arming); `now` (Unix
+    /// seconds) drops expired waivers.
+    pub fn add_waiver(&mut self, label: &str, how: Waive, by: &str, at: &str, now: u64) {
+        self.waivers
+            .retain(|w| !matches!(w.lasts, Lasts::Until(t) if t <= now));
         let lasts = match how {
-            Waive::Reset => {
-                self.armed.retain(|a| a.label != label);
-                self.waivers.retain(|w| w.label != label);
-                return true;
-            }
+            Waive::Reset => return,
             Waive::Once => Lasts::Once,
             Waive::Until(t) => Lasts::Until(t),
         };
@@ -195,7 +204,6 @@ impl Labels {
             by: by.into(),
             at: at.into(),
         });
-        true
     }
 
     /// The armed labels' names, joined by `,` (the record's `labels`), or `None`.

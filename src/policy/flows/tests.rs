@@ -62,6 +62,7 @@ fn trifecta() -> Flows {
             },
         ],
         bounds: Bounds::default(),
+        per_exec: false,
     }
 }
 
@@ -264,6 +265,7 @@ fn compile(labels: &[ModelLabel], rules: &[ModelRule]) -> Flows {
             })
             .collect(),
         bounds: Bounds::default(),
+        per_exec: false,
     }
 }
 
