@@ -249,7 +249,11 @@ impl Ledger {
                 m.remove(k);
             }
         }
+        // The sandbox's own keys in etcd, and each of its processes'.
         self.send(id, Change::Forgotten).await;
+        for k in keys.iter().filter(|k| k.as_str() != id) {
+            self.send(k, Change::Forgotten).await;
+        }
         match keys.is_empty() {
             false => self.keep().await,
             true => Ok(()),
