@@ -55,8 +55,8 @@ pub(super) async fn admit(
             return Err(());
         }
     }
-    let by = format!("tunnel {host}:{}", target.port);
-    match flow.arm(&dest, &by, audit.conn_id()).await {
+    let by = || format!("tunnel {host}:{}", target.port);
+    match flow.arm(&dest, by, audit.conn_id()).await {
         Ok(armed) => audit.armed(armed),
         Err(e) => {
             let why = format!("the flow label this connection arms could not be kept: {e}");

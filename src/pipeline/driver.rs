@@ -327,8 +327,8 @@ async fn arm(
         port: Some(port),
         request: Some((asked.method.as_str(), &asked.path)),
     };
-    let by = format!("{} {host}{}", asked.method, asked.path);
-    match flow.arm(&dest, &by, audit.conn_id()).await {
+    let by = || format!("{} {host}{}", asked.method, asked.path);
+    match flow.arm(&dest, by, audit.conn_id()).await {
         Ok(armed) => {
             audit.armed(armed);
             Ok(())

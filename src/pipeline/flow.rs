@@ -204,6 +204,10 @@ impl Ledger {
     /// The track of sandbox `id` (made when first asked).
     pub fn track(&self, id: &str) -> Arc<Track> {
         match self.by_id.lock() {
+            Ok(map) if map.contains_key(id) => map
+                .get(id)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(Track::new(Labels::default()))),
             Ok(mut map) => map
                 .entry(id.to_string())
                 .or_insert_with(|| Arc::new(Track::new(Labels::default())))
@@ -338,6 +342,13 @@ fn poisoned() -> std::io::Error {
 }
 
 /// Unix seconds and RFC 3339 now.
+pub(super) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Unix seconds and RFC 3339 now (what a change records).
 pub(super) fn now() -> (u64, String) {
     let t = SystemTime::now();
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -350,8 +361,9 @@ pub struct Phase<'a> {
     pub flows: &'a Arc<Flows>,
     /// The sandbox's own track: its waivers, and what no known process armed.
     main: Arc<Track>,
-    /// Where this request's labels are armed, and its key (`id`, or `id~process`).
-    own: (Arc<Track>, String),
+    /// Where this request's labels are armed, and its key (`None`: the sandbox's id;
+    /// `id~process`).
+    own: (Arc<Track>, Option<String>),
     /// The other tracks a request is judged with (`scope: exec`): its process's, or every
     /// process's when its process is not known.
     others: Vec<Arc<Track>>,
@@ -393,14 +405,14 @@ impl<'a> Phase<'a> {
         let id = binding.id.as_str();
         let main = ledger.track(id);
         let (own, others) = match (flows.per_exec, process_key(id, process)) {
-            (false, _) => ((main.clone(), id.to_string()), Vec::new()),
+            (false, _) => ((main.clone(), None), Vec::new()),
             (true, Some(key)) => {
                 let t = ledger.track(&key);
-                ((t.clone(), key), vec![t])
+                ((t.clone(), Some(key)), vec![t])
             }
             (true, None) => {
                 let all = ledger.tracks(id).into_iter().map(|(_, t)| t);
-                ((main.clone(), id.to_string()), all.collect())
+                ((main.clone(), None), all.collect())
             }
         };
         Some(Phase {
@@ -430,7 +442,7 @@ impl<'a> Phase<'a> {
     /// Judge `act` to `d`; a `once` waiver it spends is kept before this returns (a
     /// restart cannot give it again).
     pub async fn judge(&self, d: &Dest<'_>, act: Act) -> Judged {
-        let (now, _) = now();
+        let now = now_secs();
         let extra = self.extra();
         let (refused, labels, spent) = match self.main.labels.lock() {
             Ok(mut l) => {
@@ -487,7 +499,7 @@ impl<'a> Phase<'a> {
     /// the name of a request a `once` waiver lets through must resolve, and the request
     /// spends it).
     pub fn judge_unspent(&self, d: &Dest<'_>, act: Act) -> Judged {
-        let (now, _) = now();
+        let now = now_secs();
         let mut labels = self.main.labels();
         labels.armed.extend(self.extra());
         let refused = labels.judge(self.flows, d, act, now).err();
@@ -500,16 +512,23 @@ impl<'a> Phase<'a> {
     /// Arm the labels `d` is (or may be) in, naming `by` (conn `conn`): the names newly
     /// armed, kept before this returns (`Err`: they could not be kept — the caller refuses
     /// the request rather than let a label go unrecorded).
-    pub async fn arm(&self, d: &Dest<'_>, by: &str, conn: u64) -> std::io::Result<Option<String>> {
+    pub async fn arm(
+        &self,
+        d: &Dest<'_>,
+        by: impl FnOnce() -> String,
+        conn: u64,
+    ) -> std::io::Result<Option<String>> {
         let set = self.flows.arms(d);
         if set == 0 {
             return Ok(None);
         }
-        let (_, at) = now();
         let new: Vec<Armed> = match self.own.0.labels.lock() {
+            // Already armed (the common case): nothing to name, time or keep.
+            Ok(l) if l.armed_all(self.flows, set) => return Ok(None),
             Ok(mut l) => {
                 let before = l.armed.len();
-                l.arm(self.flows, set, by, conn, &at);
+                let (_, at) = now();
+                l.arm(self.flows, set, &by(), conn, &at);
                 l.armed[before..].to_vec()
             }
             Err(_) => return Err(poisoned()),
@@ -524,7 +543,8 @@ impl<'a> Phase<'a> {
         let names: Vec<&str> = new.iter().map(|a| a.label.as_str()).collect();
         let names = names.join(",");
         for a in new {
-            self.ledger.send(&self.own.1, Change::Armed(a)).await;
+            let key = self.own.1.as_deref().unwrap_or(self.id);
+            self.ledger.send(key, Change::Armed(a)).await;
         }
         Ok(Some(names))
     }

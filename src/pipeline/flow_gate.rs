@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use super::flow::{now, Phase, Track};
+use super::flow::{now_secs, Phase, Track};
 use crate::policy::flows::state::FlowRefusal;
 use crate::policy::flows::{Act, Dest, Flows};
 
@@ -40,7 +40,7 @@ impl Gate {
 
     /// Why a write now is refused (waivers honoured, not spent), if it is.
     pub fn write_refused(&self) -> Option<FlowRefusal> {
-        let (now, _) = now();
+        let now = now_secs();
         let dest = Dest {
             host: &self.host,
             port: Some(self.port),

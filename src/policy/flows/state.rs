@@ -151,6 +151,16 @@ impl Labels {
         }
     }
 
+    /// Whether every label of `set` is armed already.
+    pub fn armed_all(&self, flows: &Flows, set: LabelSet) -> bool {
+        bits(set).all(|i| {
+            flows
+                .labels
+                .get(i)
+                .is_none_or(|l| self.armed.iter().any(|a| *a.label == *l.name))
+        })
+    }
+
     /// Arm the labels of `set` not armed yet, naming `by` (conn `conn`) at `at`: `true` when
     /// one was newly armed (then the state must be kept before the response is relayed).
     pub fn arm(&mut self, flows: &Flows, set: LabelSet, by: &str, conn: u64, at: &str) -> bool {
