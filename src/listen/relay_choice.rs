@@ -114,7 +114,7 @@ fn relay_until_stopped(
             ..
         } = *running;
         // A connection the proxy does not read is a write to its destination (flow rules).
-        let process = audit.attributed();
+        let process = b.network.flows.as_ref().and_then(|_| audit.attributed());
         let flow =
             crate::pipeline::flow::Phase::of(b, Some(&shared.settings.flows), process.as_deref());
         let stop = match flow {

@@ -211,17 +211,18 @@ async fn phases<P: Path>(
     audit: &mut AuditGuard,
 ) -> Result<Ready<P::Body, P::Call>, Halt> {
     let binding = at.binding;
-    let writes = writes(&req);
-    let (req, verdict, mut allowed, socket) = read(path, at, req, asked, audit).await?;
+    // What the request carries is read only for a sandbox with flow rules (no copy else).
     let flow = Phase::of(binding, at.flows, at.process);
-    let (verdict, act) = match (at.admitted, &flow) {
-        (Verdict::Report, _) => (Verdict::Report, None),
-        (_, None) => (verdict, None),
-        (_, Some(flow)) => {
+    let writes = flow.as_ref().map(|_| writes(&req));
+    let (req, verdict, mut allowed, socket) = read(path, at, req, asked, audit).await?;
+    let (verdict, act) = match (at.admitted, &flow, writes) {
+        (Verdict::Report, _, _) => (Verdict::Report, None),
+        (_, Some(flow), Some(writes)) => {
             let to = (path.to(), &*asked);
             let (v, act) = judge_flow::<P>(flow, to, writes, verdict, binding, audit).await?;
             (v, Some(act))
         }
+        _ => (verdict, None),
     };
     let (mut req, call) = path
         .call(&mut allowed, verdict, req, audit)
