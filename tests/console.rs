@@ -511,14 +511,9 @@ fn sign_ins_are_bounded_per_user_and_per_address() {
     assert!(said.contains("fewer than 16"), "{said}");
 }
 
-/// Flow rules (issue 93) in the console: a sandbox's page shows the labels armed on it, what
-/// armed each and when, to a viewer.
-#[test]
-fn the_sandbox_page_shows_its_flow_labels_and_what_armed_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let origin = Origin::start(None);
-    let port = origin.addr.port();
+/// A console over sandbox `agent` (token `tok-agent`) with a `private` label on
+/// `origin.test:port`, already armed by a GET of `/doc` from the origin on `port`.
+fn flows_console(d: &Path, port: u16) -> Proxy {
     let yaml = format!(
         r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
 audit: {{ path: {audit} }}
@@ -540,6 +535,18 @@ defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
     assert!(curl(&["-s", "-x", &px, &url])
         .text()
         .contains("hello from origin"));
+    proxy
+}
+
+/// Flow rules (issue 93) in the console: a sandbox's page shows the labels armed on it, what
+/// armed each and when, to a viewer.
+#[test]
+fn the_sandbox_page_shows_its_flow_labels_and_what_armed_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let origin = Origin::start(None);
+    let port = origin.addr.port();
+    let proxy = flows_console(d, port);
     let admin = format!("http://{}", proxy.admin);
     let signed = curl(&[
         "-i",
@@ -572,27 +579,7 @@ fn an_approver_resets_a_flow_label_from_the_console() {
     let d = dir.path();
     let origin = Origin::start(None);
     let port = origin.addr.port();
-    let yaml = format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ origin.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-{admin}sandboxes:
-  - id: agent
-    auth: {{ token_sha256: {a} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["origin.test:{port}"], flows: {{ labels: {{ private: [origin.test] }}, rules: [{{ name: no-exfil, after: [private], refuse: writes, except: [private] }}] }} }} }}
-"#,
-        audit = d.join("audit.jsonl").display(),
-        admin = admin_yaml(d, &[]),
-        a = sha("tok-agent"),
-    );
-    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
-    let proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
-    let px = format!("http://agent:tok-agent@{}", proxy.proxy);
-    let url = format!("http://origin.test:{port}/doc");
-    assert!(curl(&["-s", "-x", &px, &url])
-        .text()
-        .contains("hello from origin"));
+    let proxy = flows_console(d, port);
     let admin = format!("http://{}", proxy.admin);
     let session = |token: &str| {
         let signed = curl(&[
