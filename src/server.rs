@@ -236,8 +236,10 @@ fn etcd_tasks(
     desk: &Arc<crate::approvals::Desk>,
     shared: &Arc<Shared>,
 ) -> Vec<JoinHandle<()>> {
-    use crate::control::etcd::{flows, grants, layers, usage};
+    use crate::control::etcd::{flows, grants, layers, quota_lease, usage};
+    crate::egress::quota::share::join_fleet();
     vec![
+        tokio::spawn(quota_lease::run(p.clone())),
         tokio::spawn(grants::run(p.clone(), desk.clone())),
         tokio::spawn(usage::run(p.clone())),
         tokio::spawn(layers::run(p.clone())),

@@ -468,6 +468,18 @@ impl Limiters {
             .collect()
     }
 
+    /// Every meter whose requests quota is served from a fleet share, by key (see
+    /// [`Limiters::counts`]).
+    pub fn shared_meters(&self) -> Vec<(String, Arc<Meter>)> {
+        let Ok(map) = self.by_id.read() else {
+            return Vec::new();
+        };
+        map.iter()
+            .flat_map(|(id, l)| l.keyed_meters(id))
+            .filter(|(_, m)| m.shared())
+            .collect()
+    }
+
     /// The meter of `key` (see [`Limiters::counts`]) of a sandbox seen since the start.
     pub fn meter_of(&self, key: &str) -> Option<Arc<Meter>> {
         let map = self.by_id.read().ok()?;

@@ -25,6 +25,7 @@ use tokio::sync::Notify;
 
 mod budget;
 pub mod per_process;
+pub mod share;
 pub use budget::Reservation;
 
 /// Woken whenever a request is reserved against a daily quota or a byte count reaches one:
@@ -46,6 +47,9 @@ pub enum Spent {
     Tokens,
     /// The cost budget (`cost_per_day`).
     Cost,
+    /// This replica's share of the fleet's requests quota is used up and no new one came in
+    /// time ([`share`]).
+    Leasing,
 }
 
 impl Spent {
@@ -53,7 +57,7 @@ impl Spent {
     pub fn key(self) -> &'static str {
         match self {
             Spent::Bytes => "bytes_per_day",
-            Spent::Requests => "requests_per_day",
+            Spent::Requests | Spent::Leasing => "requests_per_day",
             Spent::Tokens => "tokens_per_day",
             Spent::Cost => "cost_per_day",
         }
@@ -108,6 +112,8 @@ pub struct Meter {
     cost: AtomicU64,
     others_tokens: AtomicU64,
     others_cost: AtomicU64,
+    /// This replica's share of the fleet's requests quota ([`share`]).
+    share: share::Share,
 }
 
 /// One day's counts, as persisted and shared.
@@ -141,7 +147,13 @@ impl Meter {
 
     /// What a refusal for `spent` says: which quota, and its value.
     pub fn describe(&self, spent: Spent) -> String {
-        format!("{} is spent until midnight UTC", self.named(spent))
+        match spent {
+            Spent::Leasing => format!(
+                "{}: this replica could not lease a share of it from the fleet (etcd) in time",
+                self.named(spent)
+            ),
+            _ => format!("{} is spent until midnight UTC", self.named(spent)),
+        }
     }
 
     /// What the record of an exchange cut at its byte quota says, if that quota is reached.
@@ -153,7 +165,9 @@ impl Meter {
     fn named(&self, spent: Spent) -> String {
         let value = match spent {
             Spent::Bytes => self.bytes_quota.load(Ordering::Relaxed).to_string(),
-            Spent::Requests => self.requests_quota.load(Ordering::Relaxed).to_string(),
+            Spent::Requests | Spent::Leasing => {
+                self.requests_quota.load(Ordering::Relaxed).to_string()
+            }
             Spent::Tokens => self.tokens_quota.load(Ordering::Relaxed).to_string(),
             Spent::Cost => format!(
                 "${}",
@@ -184,6 +198,7 @@ impl Meter {
             .store(bytes.unwrap_or(0), Ordering::Relaxed);
         self.requests_quota
             .store(requests.unwrap_or(0), Ordering::Relaxed);
+        self.share.reopen();
         self.recheck();
     }
 
@@ -229,6 +244,7 @@ impl Meter {
                 ] {
                     c.store(0, Ordering::Relaxed);
                 }
+                self.share.zero();
                 self.over.store(false, Ordering::Release);
                 self.day.store(now, Ordering::Release);
                 return now;
@@ -299,11 +315,14 @@ impl Meter {
         }
         let quota = self.requests_quota.load(Ordering::Relaxed);
         let others = self.others_requests.load(Ordering::Relaxed);
-        let reserved = self
-            .requests
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-                (quota == 0 || n.saturating_add(others) < quota).then_some(n.saturating_add(1))
-            });
+        let reserved = match self.shared() {
+            true => return self.reserve_shared().map(|_| counted_signal().notify_one()),
+            false => self
+                .requests
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                    (quota == 0 || n.saturating_add(others) < quota).then_some(n.saturating_add(1))
+                }),
+        };
         match reserved {
             Ok(n) => {
                 if quota != 0 && n.saturating_add(1).saturating_add(others) >= quota {
@@ -345,9 +364,13 @@ impl Meter {
                     .saturating_add(others.load(Ordering::Relaxed))
                     >= q
         };
+        let requests = match self.shared() {
+            true => self.share_spent(),
+            false => at(&self.requests, &self.others_requests, &self.requests_quota),
+        };
         if at(&self.bytes, &self.others_bytes, &self.bytes_quota) {
             Some(Spent::Bytes)
-        } else if at(&self.requests, &self.others_requests, &self.requests_quota) {
+        } else if requests {
             Some(Spent::Requests)
         } else {
             None
@@ -358,7 +381,7 @@ impl Meter {
     fn recheck(&self) {
         match self.spent() {
             Some(Spent::Bytes) => self.trip(),
-            Some(Spent::Requests | Spent::Tokens | Spent::Cost) => {
+            Some(Spent::Requests | Spent::Tokens | Spent::Cost | Spent::Leasing) => {
                 self.over.store(true, Ordering::Release)
             }
             None => self.over.store(false, Ordering::Release),

@@ -135,7 +135,7 @@ fn relay_until_stopped(
         let live = Liveness::new(shared.settings.timeouts.idle)
             .metered(limiter, &target.host, process.as_deref())
             .once(once);
-        if let Err(r) = live.reserve() {
+        if let Err(r) = live.reserve_waiting().await {
             audit.refused_in_tunnel(r.reason, r.detail);
             client.reset();
             server.reset();

@@ -33,7 +33,7 @@ pub type Found = std::sync::Arc<std::sync::Mutex<super::dlp::Found>>;
 /// The pipeline's phases on a forwarded request of `binding` to `host`, driven by
 /// [`driver::request`] (the head and body phases where the host has `network.http` rules —
 /// elsewhere the record still names the method and path —, the decider, DLP, then the quota
-/// reservation `reserve`), for a connection admitted with `admitted` from `process` (the
+/// reservation on `live`), for a connection admitted with `admitted` from `process` (the
 /// clearance's, which scoped rules read). `Ok` with the request to send and what the body scanner will have
 /// found; `Err` with the refusal, recorded.
 pub async fn phases(
@@ -42,7 +42,7 @@ pub async fn phases(
     (admitted, process): (Verdict, Option<&Process>),
     req: Request<Incoming>,
     audit: &mut AuditGuard,
-    reserve: impl Fn() -> Result<(), Refusal> + Sync,
+    live: &crate::relay::liveness::Liveness,
 ) -> Result<(Request<ForwardBody>, Option<Found>), Refusal> {
     let rules = HostRules::of(binding, host, process);
     let at = Judging {
@@ -54,11 +54,7 @@ pub async fn phases(
         flows: Some(flows),
         process,
     };
-    let path = Forwarded {
-        host,
-        port,
-        reserve,
-    };
+    let path = Forwarded { host, port, live };
     match driver::request(&path, at, req, audit).await {
         Ok(ready) => Ok((ready.req, ready.dlp)),
         Err(stop) => Err(stop.refusal),
@@ -66,14 +62,14 @@ pub async fn phases(
 }
 
 /// The forwarded path as the driver sees it: plain HTTP to `host`:`port`, nothing metered,
-/// reserved by `reserve`.
-struct Forwarded<'a, R> {
+/// reserved on `live`.
+struct Forwarded<'a> {
     host: &'a str,
     port: u16,
-    reserve: R,
+    live: &'a crate::relay::liveness::Liveness,
 }
 
-impl<R: Fn() -> Result<(), Refusal> + Sync> Path for Forwarded<'_, R> {
+impl Path for Forwarded<'_> {
     type Body = ForwardBody;
     type Call = ();
     const REPORTED: &'static str = "report mode: forwarded";
@@ -110,8 +106,8 @@ impl<R: Fn() -> Result<(), Refusal> + Sync> Path for Forwarded<'_, R> {
         Ok((req, ()))
     }
 
-    fn reserve(&self) -> Result<(), Refusal> {
-        (self.reserve)()
+    fn live(&self) -> &crate::relay::liveness::Liveness {
+        self.live
     }
 }
 

@@ -16,7 +16,7 @@ use tokio::time::{sleep_until, Instant, Sleep};
 use crate::audit::outcome::Close;
 use crate::audit::Counters;
 use crate::egress::limits::SandboxLimiter;
-use crate::egress::quota::{Meter, Spent};
+use crate::egress::quota::{share, Meter, Spent};
 use crate::relay::tunnel::Relayed;
 
 /// Bytes moved and the idle deadline of one exchange.
@@ -83,12 +83,41 @@ impl Liveness {
     /// (its second request is refused). `Err` with the refusal when one refuses (nothing
     /// counted).
     pub fn reserve(&self) -> Result<(), crate::pipeline::Refusal> {
+        self.try_reserve().map_err(|(r, _)| r)
+    }
+
+    /// [`Liveness::reserve`], waiting (up to [`share::LEASE_WAIT`]) while this replica leases
+    /// a share of a fleet's quota ([`crate::egress::quota::share`]) instead of refusing.
+    pub async fn reserve_waiting(&self) -> Result<(), crate::pipeline::Refusal> {
+        let deadline = tokio::time::Instant::now() + share::LEASE_WAIT;
+        loop {
+            let (refusal, meter) = match self.try_reserve() {
+                Ok(()) => return Ok(()),
+                Err((r, None)) => return Err(r),
+                Err((r, Some(i))) => (r, &self.meters[i]),
+            };
+            let grew = meter.share_grew();
+            tokio::pin!(grew);
+            grew.as_mut().enable();
+            // Leased (or found the fleet out) between the refusal and the registration.
+            if !meter.share_wanted() {
+                continue;
+            }
+            if tokio::time::timeout_at(deadline, grew).await.is_err() {
+                return Err(refusal);
+            }
+        }
+    }
+
+    /// `Err` with the refusal and, when a meter only waits for its fleet share, its index.
+    fn try_reserve(&self) -> Result<(), (crate::pipeline::Refusal, Option<usize>)> {
         if let Some(id) = &self.once {
             if self.requests.fetch_add(1, Ordering::AcqRel) >= 1 {
-                return Err(crate::pipeline::Refusal::new(
+                let r = crate::pipeline::Refusal::new(
                     crate::policy::reason::Reason::NoRuleMatched,
                     format!("grant {id} was for one request, and it was used"),
-                ));
+                );
+                return Err((r, None));
             }
         }
         for (i, m) in self.meters.iter().enumerate() {
@@ -96,10 +125,15 @@ impl Liveness {
                 for done in &self.meters[..i] {
                     done.release();
                 }
-                return Err(crate::pipeline::Refusal::new(
+                if self.once.is_some() {
+                    // Not sent: the `once` grant stays for the request tried again.
+                    self.requests.fetch_sub(1, Ordering::AcqRel);
+                }
+                let r = crate::pipeline::Refusal::new(
                     crate::policy::reason::Reason::QuotaExceeded,
                     m.describe(spent),
-                ));
+                );
+                return Err((r, (spent == Spent::Leasing).then_some(i)));
             }
         }
         Ok(())

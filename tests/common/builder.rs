@@ -19,6 +19,8 @@ pub struct SandboxSpec {
     report: bool,
     /// More `network` keys, as YAML flow values (`flows`, `{ labels: … }`).
     network: Vec<(String, String)>,
+    /// `limits`, as a YAML flow value.
+    limits: Option<String>,
 }
 
 impl SandboxSpec {
@@ -32,6 +34,7 @@ impl SandboxSpec {
             deny: Vec::new(),
             report: false,
             network: Vec::new(),
+            limits: None,
         }
     }
 
@@ -65,6 +68,12 @@ impl SandboxSpec {
         self
     }
 
+    /// `limits`, as a YAML flow value (`{ requests_per_day: 50 }`).
+    pub fn limits(mut self, yaml: &str) -> Self {
+        self.limits = Some(yaml.into());
+        self
+    }
+
     /// `enforcement: report`.
     pub fn report(mut self) -> Self {
         self.report = true;
@@ -85,6 +94,9 @@ impl SandboxSpec {
         }
         if self.report {
             s += "    enforcement: report\n";
+        }
+        if let Some(l) = &self.limits {
+            s += &format!("    limits: {l}\n");
         }
         let more: String = self
             .network

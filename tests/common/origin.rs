@@ -376,3 +376,36 @@ impl AlpnOrigin {
         }
     }
 }
+
+/// A plain HTTP/1.1 origin on 127.0.0.1 that answers every request head `200 served`, on
+/// kept connections too: its port, and how many requests reached it.
+pub fn counting_origin() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let served = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = served.clone();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().map_while(Result::ok) {
+            let count = count.clone();
+            std::thread::spawn(move || {
+                let (mut got, mut buf) = (Vec::new(), [0u8; 4096]);
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    while let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                        got.drain(..end + 4);
+                        count.fetch_add(1, Ordering::SeqCst);
+                        let answer = "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nserved";
+                        if s.write_all(answer.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (port, served)
+}

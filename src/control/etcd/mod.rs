@@ -18,6 +18,7 @@ mod connect;
 pub mod flows;
 pub(crate) mod grants;
 pub mod layers;
+pub mod quota_lease;
 mod sync;
 pub mod usage;
 mod watched;

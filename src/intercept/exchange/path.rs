@@ -65,7 +65,7 @@ impl Path for Terminated<'_> {
         Ok((req, metered))
     }
 
-    fn reserve(&self) -> Result<(), Refusal> {
-        self.ex.live.reserve()
+    fn live(&self) -> &crate::relay::liveness::Liveness {
+        &self.ex.live
     }
 }
