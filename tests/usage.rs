@@ -609,8 +609,6 @@ fn a_forwarded_download_cut_by_the_quota_says_so() {
     );
 }
 
-/// A keep-alive origin on 127.0.0.1 that counts the requests it answered.
-
 /// Security review C3d (security-wave4) and issue 91 "charged = delivered": six requests
 /// written at once (pipelined) on one kept connection against `requests_per_day: 3` —
 /// forwarded to the explicit proxy, and plain HTTP inside a CONNECT tunnel. The first three
