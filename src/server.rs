@@ -236,11 +236,12 @@ fn etcd_tasks(
     desk: &Arc<crate::approvals::Desk>,
     shared: &Arc<Shared>,
 ) -> Vec<JoinHandle<()>> {
-    use crate::control::etcd::{flows, grants, layers, quota_lease, usage};
+    use crate::control::etcd::{flows, grants, layers, quota_lease, requests, usage};
     crate::egress::quota::share::join_fleet();
     vec![
         tokio::spawn(quota_lease::run(p.clone())),
         tokio::spawn(grants::run(p.clone(), desk.clone())),
+        tokio::spawn(requests::run(p.clone(), desk.clone())),
         tokio::spawn(usage::run(p.clone())),
         tokio::spawn(layers::run(p.clone())),
         tokio::spawn(flows::run(p.clone(), shared.settings.flows.clone())),

@@ -39,11 +39,17 @@ impl Desk {
         let now = SystemTime::now();
         let mut inner = self.lock_quiet();
         let mut ended: Vec<Request> = Vec::new();
-        for r in inner.requests.values_mut() {
+        let Inner {
+            requests, adopted, ..
+        } = &mut *inner;
+        for r in requests.values_mut() {
             let due = r.deadline.is_some_and(|d| d <= now);
             if due && matches!(r.state, State::Pending | State::Approved) {
                 r.state = State::Expired;
-                ended.push(r.clone());
+                // Another replica's request: that replica records and shares its expiry.
+                if !adopted.contains(&r.id) {
+                    ended.push(r.clone());
+                }
             }
         }
         let mut touched = Vec::new();
@@ -65,6 +71,7 @@ impl Desk {
         drop(inner);
         for r in &ended {
             self.record(r, "expired", &"expiry".into(), None);
+            self.share_request(r, None);
         }
         if !ended.is_empty() {
             self.changed.send_modify(|n| *n += 1);

@@ -67,6 +67,7 @@ impl Desk {
         }
         drop(inner);
         self.record(&r, "revoked", &who, None);
+        self.share_request(&r, None);
         self.changed.send_modify(|n| *n += 1);
         Ok(r)
     }

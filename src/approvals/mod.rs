@@ -18,6 +18,7 @@ mod error;
 mod expiry;
 mod grants;
 pub mod request;
+pub mod shared;
 pub mod stored;
 pub mod webhook;
 
@@ -58,6 +59,14 @@ pub trait Remote: Send + Sync {
     fn put(&self, grant: StoredGrant);
     /// Withdraw a grant from the other replicas.
     fn delete(&self, sandbox: &str, id: &str);
+    /// Share a request's current step with the other replicas.
+    fn put_request(&self, _request: shared::StoredRequest) {}
+    /// Claim request `id` for an answer: `Ok(false)` when another replica answered it.
+    fn claim(&self, _id: &str) -> shared::Claim {
+        Box::pin(async { Ok(true) })
+    }
+    /// Give back a claim whose answer was refused.
+    fn unclaim(&self, _id: &str) {}
 }
 
 /// Why a request or an answer was refused: the HTTP status and the sentence.
@@ -134,6 +143,8 @@ struct Inner {
     asked: HashMap<SandboxId, (Instant, u32)>,
     /// Spent `once` grants already removed from the other replicas.
     spent: std::collections::HashSet<Arc<str>>,
+    /// Requests another replica asked (their steps are recorded there).
+    adopted: std::collections::HashSet<String>,
 }
 
 impl Desk {
@@ -261,6 +272,7 @@ impl Desk {
             principal: None,
         };
         self.record(&request, "requested", &who, None);
+        self.share_request(&request, None);
         self.changed.send_modify(|n| *n += 1);
         Ok(request)
     }
@@ -353,6 +365,10 @@ impl Desk {
             "denied"
         };
         self.record(&r, step, &who, grant.as_ref().map(|g| g.rule.clone()));
+        let stored = grant
+            .as_ref()
+            .map(|g| StoredGrant::of(r.sandbox.as_str(), g));
+        self.share_request(&r, stored);
         self.changed.send_modify(|n| *n += 1);
         Ok(r)
     }

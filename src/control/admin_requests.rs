@@ -172,9 +172,9 @@ async fn parse(req: Request<Incoming>, max: usize) -> Result<Body, Response<Full
     Ok(body)
 }
 
-/// Apply an answer on a blocking thread (it publishes through the controller's lock).
+/// Apply an answer, once for the fleet ([`crate::approvals::shared::answer`]).
 async fn apply(desk: Arc<Desk>, id: String, answer: Answer, who: Who) -> Response<Full<Bytes>> {
-    done_json(on_desk(desk, move |d| d.answer(&id, answer, who, Vec::new())).await)
+    done_json(crate::approvals::shared::answer(desk, id, answer, who, Vec::new()).await)
 }
 
 /// A step on the desk (an answer, a revocation) on a blocking thread: it publishes through

@@ -24,6 +24,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
+use crate::approvals::shared;
 use crate::approvals::{auto, request, webhook, Answer, Desk};
 use crate::audit::{AuditGuard, Close};
 use crate::egress::admit::Entered;
@@ -361,11 +362,8 @@ async fn create(
                 note: Some("auto-approved (approvals.auto)".into()),
             };
             let (d, id) = (desk.clone(), r.id.clone());
-            let done = tokio::task::spawn_blocking(move || {
-                d.answer(&id, approve, "auto".into(), checks.lines)
-            })
-            .await;
-            if let Ok(Ok(done)) = done {
+            let done = shared::answer(d, id, approve, "auto".into(), checks.lines).await;
+            if let Ok(done) = done {
                 r = done;
             }
         } else {
@@ -424,12 +422,15 @@ async fn ask_webhook(desk: Arc<Desk>, view: Value) {
             return;
         }
     };
-    let done = tokio::task::spawn_blocking({
-        let (id, desk) = (id.clone(), desk.clone());
-        move || desk.answer(&id, answer, "webhook".into(), Vec::new())
-    })
+    let done = shared::answer(
+        desk.clone(),
+        id.clone(),
+        answer,
+        "webhook".into(),
+        Vec::new(),
+    )
     .await;
-    if let Ok(Err(e)) = done {
+    if let Err(e) = done {
         tracing::warn!(request = %id, error = %e.message, "approvals webhook: answer not applied");
         desk.answer_refused(&id, &"webhook".into(), &e.message);
     }

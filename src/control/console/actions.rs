@@ -274,7 +274,7 @@ async fn desk_step(
             };
             let id = id.to_string();
             let done = match answer {
-                Ok(a) => on_desk(desk, move |d| d.answer(&id, a, who, Vec::new())).await,
+                Ok(a) => crate::approvals::shared::answer(desk, id, a, who, Vec::new()).await,
                 Err(e) => Err(e),
             };
             ("inbox", done)

@@ -26,6 +26,8 @@ const LEASE_SLACK_S: i64 = 5;
 /// Writes grants to etcd for [`Desk`] (each write a task of its own: the desk never waits).
 pub struct EtcdGrants {
     cp: Arc<ControlPlane>,
+    /// The requests' steps and claims ([`super::requests`]).
+    requests: super::requests::EtcdRequests,
     /// The runtime the writes run on (the desk calls in from its expiry thread too).
     runtime: tokio::runtime::Handle,
 }
@@ -34,6 +36,7 @@ impl EtcdGrants {
     /// Made on the runtime (its handle is kept).
     pub fn new(cp: Arc<ControlPlane>) -> Arc<Self> {
         Arc::new(EtcdGrants {
+            requests: super::requests::EtcdRequests::new(cp.clone()),
             cp,
             runtime: tokio::runtime::Handle::current(),
         })
@@ -77,6 +80,18 @@ impl Remote for EtcdGrants {
                 Err(_) => tracing::warn!(grant = %grant.id, "etcd did not take a grant in time"),
             }
         });
+    }
+
+    fn put_request(&self, request: crate::approvals::shared::StoredRequest) {
+        self.requests.put(request);
+    }
+
+    fn claim(&self, id: &str) -> crate::approvals::shared::Claim {
+        self.requests.claim(id)
+    }
+
+    fn unclaim(&self, id: &str) {
+        self.requests.unclaim(id);
     }
 
     fn delete(&self, sandbox: &str, id: &str) {

@@ -19,6 +19,7 @@ pub mod flows;
 pub(crate) mod grants;
 pub mod layers;
 pub mod quota_lease;
+pub mod requests;
 mod sync;
 pub mod usage;
 mod watched;
