@@ -298,20 +298,8 @@ impl Desk {
         }
         // Checked before anything changes: an answer refused here leaves the request pending.
         let deadline = answer.deadline(SystemTime::now())?;
-        let own = own_address(&self.policy.borrow().guard, &r.asked.target);
-        if own && matches!(answer, Answer::Approve { .. }) {
-            return Err(refused(409, never_grantable(&r.asked.target)));
-        }
-        // The layers as they are now (a ceiling may have narrowed since the request was made).
         if matches!(answer, Answer::Approve { .. }) {
-            let set = self.policy.borrow().clone();
-            let layered = set.get(r.sandbox.as_str()).and_then(|sb| {
-                let d = sb.policy.layers_refuse(&r.asked.target)?;
-                Some(beyond_layers(&r.asked.target, sb, &d))
-            });
-            if let Some(why) = layered {
-                return Err(refused(409, why));
-            }
+            self.grantable(r)?;
         }
         r.answered_by = Some(who.by);
         r.approver = Some(who.approver());
@@ -371,6 +359,24 @@ impl Desk {
         self.share_request(&r, stored);
         self.changed.send_modify(|n| *n += 1);
         Ok(r)
+    }
+
+    /// Why request `r` cannot be approved now, if it cannot: its target is the proxy's own
+    /// address, or beyond the layers as they are now (a ceiling may have narrowed since the
+    /// request was made).
+    fn grantable(&self, r: &Request) -> Result<(), Refused> {
+        let set = self.policy.borrow().clone();
+        if own_address(&set.guard, &r.asked.target) {
+            return Err(refused(409, never_grantable(&r.asked.target)));
+        }
+        let layered = set.get(r.sandbox.as_str()).and_then(|sb| {
+            let d = sb.policy.layers_refuse(&r.asked.target)?;
+            Some(beyond_layers(&r.asked.target, sb, &d))
+        });
+        match layered {
+            Some(why) => Err(refused(409, why)),
+            None => Ok(()),
+        }
     }
 
     /// Request `id` as sandbox `sandbox` may see it (another sandbox's is not found).
