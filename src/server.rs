@@ -256,6 +256,17 @@ fn spawn_listeners(
     admin: Arc<Admin>,
     config: &Config,
 ) -> Vec<JoinHandle<()>> {
+    // The address `egress-proxy.local` is answered with: configured, else a listener's own.
+    let own = {
+        let bound = l.addrs();
+        let specific =
+            |a: Option<std::net::SocketAddr>| a.map(|a| a.ip()).filter(|ip| !ip.is_unspecified());
+        config
+            .dns
+            .self_address
+            .or_else(|| specific(bound.dns))
+            .or_else(|| specific(bound.proxy))
+    };
     let mut tasks = vec![
         tokio::spawn(shared.descriptors.clone().sample()),
         tokio::spawn(sweep_upstreams(shared.clone())),
@@ -303,6 +314,7 @@ fn spawn_listeners(
         let listener = || crate::dns::listener::DnsListener {
             shared: shared.clone(),
             strangers: strangers.clone(),
+            own,
         };
         let handler = Arc::new(listener());
         tasks.push(tokio::spawn(crate::dns::udp::serve(

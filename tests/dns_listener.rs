@@ -848,3 +848,64 @@ sandboxes:
         assert_eq!(r["sandbox"], "s", "{r}");
     }
 }
+
+/// `egress-proxy.local` (issue 94): a sandbox whose only resolver is this listener resolves
+/// the proxy's own name — to ask for access — to the address it reaches the proxy on: the
+/// DNS listener's own (127.0.0.1 here) or `dns.self_address`; AAAA is empty, not refused; an
+/// unidentified source learns nothing; a sandbox allowed nothing still gets the answer (no
+/// policy applies to the proxy itself). On the old code the name was refused like any other
+/// the policy does not name (NXDOMAIN).
+#[test]
+fn egress_proxy_local_is_answered_with_the_proxys_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let sandboxes = "sandboxes:\n  - { id: local, sources: [127.0.0.1/32], policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n";
+    let yaml = format!("dns: {{ servers: [\"127.0.0.1:9\"] }}\n{sandboxes}");
+    let (proxy, dns) = start_full(dir.path(), "", &yaml);
+    let d = dig(dns, &["egress-proxy.local", "A"]);
+    assert_eq!(
+        (d.status.as_str(), ips(&d)),
+        ("NOERROR", vec!["127.0.0.1".to_string()]),
+        "{}",
+        d.raw
+    );
+    let d = dig(dns, &["EGRESS-PROXY.LOCAL.", "AAAA"]);
+    assert_eq!(
+        (d.status.as_str(), d.answers.len()),
+        ("NOERROR", 0),
+        "{}",
+        d.raw
+    );
+    let recs = wait_records(&proxy, |r| {
+        r.iter().any(|x| x["mode"] == "dns" && x["qtype"] == "AAAA")
+    });
+    let r = dns_record(&recs, "egress-proxy.local", "A");
+    assert_eq!(
+        (&r["decision"], &r["reason"]),
+        (&"allow".into(), &"proxy_endpoint".into()),
+        "{r}"
+    );
+    drop(proxy);
+
+    let dir = tempfile::tempdir().unwrap();
+    let yaml =
+        format!("dns: {{ servers: [\"127.0.0.1:9\"], self_address: 10.9.8.7 }}\n{sandboxes}");
+    let (_proxy, dns) = start_full(dir.path(), "", &yaml);
+    let d = dig(dns, &["egress-proxy.local", "A"]);
+    assert_eq!(ips(&d), ["10.9.8.7"], "{}", d.raw);
+
+    // Another source: not a sandbox, told nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let far = "sandboxes:\n  - { id: far, sources: [10.200.0.0/16], policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n";
+    let (_proxy, dns) = start_full(
+        dir.path(),
+        "",
+        &format!("dns: {{ servers: [\"127.0.0.1:9\"] }}\n{far}"),
+    );
+    let d = dig(dns, &["egress-proxy.local", "A"]);
+    assert_eq!(
+        (d.status.as_str(), d.answers.len()),
+        ("REFUSED", 0),
+        "{}",
+        d.raw
+    );
+}

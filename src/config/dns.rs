@@ -1,6 +1,6 @@
 //! The `dns:` section: upstream servers, names answered from `hosts`, the address-rule
 //! zones (the system's search domains unless given), answer TTL and grace, and the record
-//! types passed through.
+//! types passed through, and the address `egress-proxy.local` is answered with.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -88,6 +88,7 @@ pub(super) fn resolve_dns(raw: RawDns, sink: &mut Sink<'_>) -> DnsConfig {
         max_answer_ttl: Duration::from_secs(u64::from(raw.max_answer_ttl_s.max(1))),
         answer_grace: Duration::from_secs(u64::from(raw.answer_grace_s)),
         pass_types,
+        self_address: raw.self_address.map(|a| a.to_canonical()),
     }
 }
 

@@ -163,6 +163,9 @@ pub struct DnsConfig {
     /// Record types the DNS listener passes through for names a name rule could allow
     /// (`dns.pass_types`), besides A and AAAA.
     pub pass_types: Vec<u16>,
+    /// What the DNS listener answers for `egress-proxy.local` (`dns.self_address`); `None`:
+    /// the DNS listener's own address, else the proxy listener's, when bound to one.
+    pub self_address: Option<IpAddr>,
 }
 
 /// Proxy-side limits of one sandbox, every field resolved.

@@ -164,6 +164,9 @@ pub struct RawDns {
     /// Record types (names such as `TXT`, `MX`) passed through for allowed names.
     #[serde(default)]
     pub pass_types: Vec<String>,
+    /// The address the DNS listener answers for `egress-proxy.local`.
+    #[serde(default)]
+    pub self_address: Option<IpAddr>,
 }
 
 fn d_max_answer_ttl() -> u32 {
@@ -184,6 +187,7 @@ impl Default for RawDns {
             max_answer_ttl_s: d_max_answer_ttl(),
             answer_grace_s: d_answer_grace(),
             pass_types: Vec::new(),
+            self_address: None,
         }
     }
 }

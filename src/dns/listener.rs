@@ -54,6 +54,8 @@ use crate::runtime::Shared;
 
 /// EDE info codes: Blocked (15), Prohibited (18).
 const EDE_BLOCKED: u16 = 15;
+/// Extended DNS Error "Other" (RFC 8914): a configuration the operator must complete.
+pub(super) const EDE_OTHER: u16 = 0;
 const EDE_PROHIBITED: u16 = 18;
 /// RFC 8914 "Not Ready": the audit trail cannot take the query's record.
 const EDE_NOT_READY: u16 = 14;
@@ -72,6 +74,9 @@ pub struct DnsListener {
     pub shared: Arc<Shared>,
     /// Unidentified sources: their refusals summed, their rate bounded.
     pub strangers: Arc<Strangers>,
+    /// What `egress-proxy.local` is answered with (`dns.self_address`, else the DNS or proxy
+    /// listener's own address); `None`: the name is refused, saying to set it.
+    pub own: Option<IpAddr>,
 }
 
 /// An allowed answer a UDP receive loop may serve again to the same query
@@ -223,6 +228,11 @@ impl DnsListener {
             Ok(question) => question,
             Err(why) => return Judged::Reply(unanswerable(why, q, asked.edns)),
         };
+
+        // The proxy itself, where every sandbox may ask for access (no policy applies).
+        if &*name == crate::listen::ask::LOCAL {
+            return Judged::Reply(self.itself(kind, query.owner(), q, asked.edns));
+        }
 
         // 3. What the policy lets this sandbox learn about the name.
         let address_only = match admit::query_name(set, &sb, &name, q) {

@@ -10,6 +10,7 @@ pub(crate) mod answer;
 pub(crate) mod answer_cache;
 #[allow(unsafe_code)]
 pub(crate) mod give_back;
+mod itself;
 pub(crate) mod listener;
 #[allow(unsafe_code)]
 pub(crate) mod mmsg;
