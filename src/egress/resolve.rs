@@ -283,6 +283,7 @@ mod tests {
             max_answer_ttl: Duration::from_secs(60),
             answer_grace: Duration::from_secs(60),
             pass_types: Vec::new(),
+            self_address: None,
         };
         let (r, _) = Resolver::new(&cfg);
         assert_eq!(

@@ -98,6 +98,7 @@ impl MintCx {
             max_answer_ttl: std::time::Duration::from_secs(60),
             answer_grace: std::time::Duration::from_secs(60),
             pass_types: Vec::new(),
+            self_address: None,
         };
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
