@@ -686,3 +686,140 @@ fn two_replicas_on_etcd_agree_on_layers_and_their_members() {
     let (_, vb) = admin(&b, "GET", "/v1/layers", "");
     assert_eq!(va, vb);
 }
+
+/// Layers carry limits and `network.http` rules (issue 94). Layer `org` sets
+/// `tokens_per_day: 2000000, requests_per_day: 4` and GitHub read-only (`GET`, `HEAD`); its
+/// member asks for 5,000,000 tokens and writes its own rule allowing `POST`. The member is
+/// capped (the usage API shows the layer's numbers in force, and its fifth request of the day
+/// is refused `quota_exceeded`), and its `POST` is refused by the layer's rule before its own
+/// is read (`http_not_allowed`, naming the layer) — nothing reaches the origin. On the old
+/// code the file did not load (`limits` and `http` were unknown layer keys).
+#[test]
+fn a_layers_limits_cap_its_members_and_its_http_rules_come_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = TestCa::generate(d);
+    ca_init(&d.join("ica"));
+    let https = Origin::start(Some(&ca));
+    let port = https.addr.port();
+    std::fs::write(d.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
+    let yaml = format!(
+        r#"admin_token_file: admin.token
+dns: {{ servers: ["127.0.0.1:9"], hosts: {{ github.com: [127.0.0.1] }} }}
+defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
+tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
+layers:
+  - id: org
+    limits: {{ tokens_per_day: 2000000, requests_per_day: 4 }}
+    http: [{{ host: github.com, methods: [GET, HEAD] }}]
+sandboxes:
+  - id: greedy
+    layer: org
+    auth: {{ token_sha256: {tok} }}
+    limits: {{ tokens_per_day: 5000000 }}
+    policy: {{ provider: local, config: {{}}, network: {{ egress: ["github.com:*"], http: [{{ host: github.com, methods: [GET, POST] }}] }} }}
+"#,
+        ica = d.join("ica").display(),
+        upstream = ca.ca_pem.display(),
+        tok = sha("greedy-secret"),
+    );
+    let p = Proxy::start(d, &yaml);
+    // `check` shows what the layer adds at the target: its rule and the limits in force.
+    let checked = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["check", "--config"])
+        .arg(&p.config)
+        .args([
+            "--sandbox",
+            "greedy",
+            "--json",
+            &format!("github.com:{port}"),
+        ])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&checked.stdout).unwrap();
+    assert_eq!(v["layers"]["http"][0]["layer"], "org", "{v}");
+    assert_eq!(v["layers"]["limits"]["tokens_per_day"], 2_000_000, "{v}");
+    // `policy diff` against a candidate that lifts the layer's tokens and drops its rule.
+    let lifted = yaml
+        .replace("tokens_per_day: 2000000", "tokens_per_day: 9000000")
+        .replace(
+            "\n    http: [{ host: github.com, methods: [GET, HEAD] }]",
+            "",
+        );
+    std::fs::write(d.join("lifted.yaml"), &lifted).unwrap();
+    let diff = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
+        .args(["policy", "diff"])
+        .arg(&p.config)
+        .arg(d.join("lifted.yaml"))
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&diff.stdout);
+    assert!(
+        text.contains("limits.tokens_per_day 2000000 → 9000000"),
+        "{text}"
+    );
+    assert!(text.contains("http rule removed"), "{text}");
+    assert!(text.contains("widens"), "{text}");
+    let (_, used) = admin(&p, "GET", "/v1/usage?sandbox=greedy", "");
+    let q = &used["quotas"][0];
+    assert_eq!(
+        (&q["tokens_per_day"], &q["requests_per_day"]),
+        (&Value::from(2_000_000), &Value::from(4)),
+        "{used}"
+    );
+    let px = format!("http://greedy:greedy-secret@{}", p.proxy);
+    let ica = d.join("ica/ca.crt").display().to_string();
+    let url = format!("https://github.com:{port}/repos");
+    let call = |method: &str| {
+        let out = curl(&[
+            "-x",
+            &px,
+            "--cacert",
+            &ica,
+            "-X",
+            method,
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &url,
+        ]);
+        out.text()
+    };
+    assert_eq!(call("GET"), "200");
+    let before = https.received.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(call("POST"), "403");
+    let refused = p.wait_record(|r| r["reason"] == "http_not_allowed");
+    let detail = refused["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("layer org"), "{refused}");
+    assert_eq!(
+        https.received.load(std::sync::atomic::Ordering::SeqCst),
+        before
+    );
+    // The layer's requests_per_day: three more GETs, then the day is spent (the refused POST
+    // was never counted).
+    for _ in 0..3 {
+        assert_eq!(call("GET"), "200");
+    }
+    // Refused at the tunnel: the CONNECT is answered 429 (curl's `%{http_connect}`).
+    let out = curl(&[
+        "-x",
+        &px,
+        "--cacert",
+        &ica,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_connect}",
+        &url,
+    ]);
+    assert_eq!(out.text(), "429", "{}", out.stderr);
+    p.wait_record(|r| {
+        r["reason"] == "quota_exceeded"
+            && r["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("requests_per_day quota (4)"))
+    });
+}

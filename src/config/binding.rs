@@ -390,10 +390,9 @@ pub(super) fn build_binding(
     let (decider, dlp, identity_token) =
         super::decider::of_binding(&raw, ctx.defaults, (sb, line), sink);
     let (block, mut network, policy_file, policy_ref) = policy?;
-    if let Err(e) = super::layers::attach(raw.layer.as_deref(), ctx.layers, &mut network) {
-        sink.push(sb, "layer", e, Some("layer:"), line);
-    }
-    let terminating = (!network.http.is_empty(), identity_token.is_some());
+    join_layer(&raw, ctx, &mut network, (sb, line), sink);
+    let http = !network.http.is_empty() || network.layers.iter().any(|l| !l.http.is_empty());
+    let terminating = (http, identity_token.is_some());
     super::identity_token::needs_intercept(ctx.placeholder_key, terminating, (sb, line), sink);
     if sink.errors.len() > before {
         return None;
@@ -418,6 +417,19 @@ pub(super) fn build_binding(
         dlp,
         identity_token,
     })
+}
+
+/// `layer: id`: the network is bounded by that layer's chain (an unknown id is an error).
+fn join_layer(
+    raw: &RawBinding,
+    ctx: &BindingCtx<'_>,
+    network: &mut crate::policy::NetworkSpec,
+    (sb, line): (Option<&str>, usize),
+    sink: &mut Sink<'_>,
+) {
+    if let Err(e) = super::layers::attach(raw.layer.as_deref(), ctx.layers, network) {
+        sink.push(sb, "layer", e, Some("layer:"), line);
+    }
 }
 
 /// `policy: { ref: … }`: a file path or an `@owner/slug` into `sandbox_dirs`, standing alone.

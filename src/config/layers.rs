@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::error::Sink;
 use crate::policy::entry::{parse_entry, Entry};
-use crate::policy::layer::Layer;
+use crate::policy::http_rules::HttpRule;
+use crate::policy::layer::{Layer, LayerLimits};
 use crate::policy::ports::PortSet;
 use crate::policy::sandbox_id::SandboxId;
 
@@ -52,7 +53,7 @@ impl LayerSet {
 }
 
 /// One `layers:` item (also the body of `PUT /v1/layers/{id}`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawLayer {
     /// The layer's id.
@@ -69,6 +70,59 @@ pub struct RawLayer {
     /// The console users who may answer its members' access requests (`admin.users[].name`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approvers: Vec<String>,
+    /// `network.http` rules (methods, paths, git) every member's requests must pass first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub http: Vec<super::http_rules::RawHttpRule>,
+    /// The most any member may have of each limit set here.
+    #[serde(default, skip_serializing_if = "LayerLimits::is_empty")]
+    pub limits: LayerLimits,
+}
+
+/// A layer's `http` rules compiled: methods, paths and git services only — a protocol, a
+/// preset or a process scope is a member's to write (a layer judges heads, never bodies).
+fn layer_http(
+    id: &str,
+    raw: &[super::http_rules::RawHttpRule],
+) -> Result<Vec<HttpRule>, Vec<String>> {
+    let mut rules = Vec::new();
+    let mut errors = Vec::new();
+    for (i, r) in raw.iter().enumerate() {
+        if r.preset.is_some() {
+            errors.push(format!("layer {id}: http[{i}]: a layer's rules cannot be presets (write the methods and paths)"));
+            continue;
+        }
+        match r.compile() {
+            Ok(rule) if rule.protocol.is_some() || rule.scope.is_some() => errors.push(format!(
+                "layer {id}: http[{i}] `{}`: a layer's rules name methods, paths and git services; protocols and processes are a member's to write",
+                rule.text
+            )),
+            Ok(rule) => rules.push(rule),
+            Err(e) => errors.push(format!("layer {id}: http[{i}]: {e}")),
+        }
+    }
+    match errors.is_empty() {
+        true => Ok(rules),
+        false => Err(errors),
+    }
+}
+
+/// What is wrong with a layer's `limits` (zero, negative or not a number, or above an
+/// ancestor's: a team narrows its organisation).
+fn limits_errors(id: &str, l: &LayerLimits, parents: &[Arc<Layer>]) -> Vec<String> {
+    let mut errors = Vec::new();
+    for (key, v) in l.values() {
+        let Some(v) = v else { continue };
+        if !(v > 0.0 && v.is_finite()) {
+            errors.push(format!("layer {id}: limits.{key} must be positive"));
+        }
+        for p in parents {
+            let above = p.limits.values().into_iter().find(|(k, _)| *k == key);
+            if let Some((_, Some(a))) = above.filter(|(_, a)| a.is_some_and(|a| v > a)) {
+                errors.push(format!("layer {id}: limits.{key} {v} is above its ancestor layer {}'s {a}: a layer may narrow its parent, never widen it", p.id));
+            }
+        }
+    }
+    errors
 }
 
 /// A parsed list of entries, or the message for the first entry that does not parse.
@@ -174,12 +228,16 @@ fn one(
             "layer {id}: approvers: `{a}` is not a console user's name"
         ));
     }
-    if !errors.is_empty() {
+    errors.extend(limits_errors(id, &r.limits, parents));
+    let http = layer_http(id, &r.http).map_err(|e| errors.extend(e)).ok();
+    let Some(http) = http.filter(|_| errors.is_empty()) else {
         return Err(errors);
-    }
+    };
     let mut layer = Layer::compile(id, file, ceiling, deny, default_ports)
         .map_err(|e| vec![format!("layer {id}: cannot compile: {e}")])?;
     layer.approvers = r.approvers.iter().map(|a| a.as_str().into()).collect();
+    layer.http = http;
+    layer.limits = r.limits.clone();
     let mut chain: Vec<Arc<Layer>> = parents.to_vec();
     chain.push(Arc::new(layer));
     Ok(chain.into())
@@ -311,6 +369,7 @@ mod tests {
             ceiling: Some(ceiling.iter().map(|s| s.to_string()).collect()),
             deny: Vec::new(),
             approvers: Vec::new(),
+            ..RawLayer::default()
         };
         (layer, "proxy.yaml".into())
     }

@@ -95,7 +95,7 @@ pub enum Candidate {
     /// A registration's body for sandbox `id`.
     Sandbox(String, String),
     /// Layer `id`.
-    Layer(String, RawLayer),
+    Layer(String, Box<RawLayer>),
 }
 
 /// With `require_simulation` (asked, or `runtime.require_simulation`): the 409 that refuses
@@ -125,7 +125,7 @@ async fn simulate(admin: &Admin, candidate: Candidate) -> Result<serde_json::Val
     let control = admin.control.clone();
     tokio::task::spawn_blocking(move || match candidate {
         Candidate::Sandbox(id, body) => control.simulate_sandbox(&id, &body),
-        Candidate::Layer(id, layer) => control.simulate_layer(&id, layer),
+        Candidate::Layer(id, layer) => control.simulate_layer(&id, *layer),
     })
     .await
     .map_err(|e| ChangeError::Failed(format!("control task: {e}")))?
@@ -152,7 +152,7 @@ pub async fn route(admin: &Admin, at: At, req: Request<Incoming>) -> Response<Fu
         },
         (Method::POST, At::SimulateLayer(id)) => match read_body(req, admin.max_body).await {
             Ok(body) => match parse_layer(&id, &body) {
-                Ok(l) => answer(simulate(admin, Candidate::Layer(id, l)).await),
+                Ok(l) => answer(simulate(admin, Candidate::Layer(id, Box::new(l))).await),
                 Err(e) => change_error(e),
             },
             Err(r) => r,
@@ -171,7 +171,7 @@ pub async fn route(admin: &Admin, at: At, req: Request<Incoming>) -> Response<Fu
                 Ok(Err(e)) => return change_error(e),
                 Err(r) => return r,
             };
-            let candidate = Candidate::Layer(id.clone(), layer.clone());
+            let candidate = Candidate::Layer(id.clone(), Box::new(layer.clone()));
             if let Some(refused) = refused_by_simulation(admin, require, candidate).await {
                 return refused;
             }

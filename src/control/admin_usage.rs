@@ -67,7 +67,9 @@ pub(super) fn quotas(shared: &Shared, sandbox: Option<&str>) -> Vec<serde_json::
         if sandbox.is_some_and(|s| s != id) {
             continue;
         }
-        let l = &sb.binding.limits;
+        // What is in force: the sandbox's own, capped by its layers'.
+        let b = &sb.binding;
+        let l = &*crate::egress::layer_limits::bounded(&b.limits, &b.network.layers);
         let limiter = sb.limiter(&shared.limiters);
         let set = (
             l.bytes_per_day,

@@ -150,6 +150,9 @@ pub async fn check(
     if let Some(f) = sb.binding.network.flows.as_deref() {
         out["flows"] = flows_of(f, &target);
     }
+    if !sb.binding.network.layers.is_empty() {
+        out["layers"] = layers_of(sb, &target);
+    }
     if matches!(target.host, Host::Ip(_)) || resolver.is_some() {
         out["dial"] = json!(decided
             .dial
@@ -158,6 +161,35 @@ pub async fn check(
             .collect::<Vec<_>>());
     }
     out
+}
+
+/// What the sandbox's layers add to its own policy at `target`: the chain (root first), the
+/// `network.http` rules of each layer that requests there must pass before the sandbox's own,
+/// and the limits in force (its own capped by the layers').
+fn layers_of(sb: &Sandbox, target: &Target) -> Value {
+    let chain = &sb.binding.network.layers;
+    let host = target.host.to_string();
+    let http: Vec<Value> = chain
+        .iter()
+        .flat_map(|l| {
+            (l.http.iter())
+                .filter(|r| r.host.matches(&host))
+                .map(|r| json!({ "layer": &*l.id, "rule": r.text }))
+        })
+        .collect();
+    let limits = crate::egress::layer_limits::bounded(&sb.binding.limits, chain);
+    json!({
+        "chain": chain.iter().map(|l| &*l.id).collect::<Vec<_>>(),
+        "http": http,
+        "limits": {
+            "bytes_per_day": limits.bytes_per_day,
+            "requests_per_day": limits.requests_per_day,
+            "tokens_per_day": limits.tokens_per_day,
+            "cost_per_day": limits.cost_per_day,
+            "max_connections": limits.max_connections,
+            "connections_per_second": limits.connections_per_second,
+        },
+    })
 }
 
 /// What the sandbox's flow rules make of `target`: the labels a request there arms (its path

@@ -71,6 +71,8 @@ fn view(config: &Config, id: &str, members: &[String]) -> Option<Value> {
         "ceiling": layer.ceiling.as_deref().map(texts),
         "deny": texts(&layer.deny),
         "approvers": layer.approvers.iter().map(|a| &**a).collect::<Vec<_>>(),
+        "http": layer.http.iter().map(|r| &r.text).collect::<Vec<_>>(),
+        "limits": &layer.limits,
         "members": members,
     }))
 }

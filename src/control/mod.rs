@@ -59,6 +59,7 @@ mod layers;
 pub mod observe;
 pub mod observe_client;
 pub mod policy_diff;
+mod policy_diff_layer;
 pub(crate) mod registry;
 mod reload;
 pub mod replay;

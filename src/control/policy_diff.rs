@@ -197,7 +197,7 @@ fn other_changes(o: &Binding, n: &Binding, notes: &mut Vec<String>) -> bool {
     widens
 }
 
-/// One layer's changes (its ceiling and deny).
+/// One layer's changes (its ceiling and deny, its limits and http rules).
 pub fn layer_diff(
     id: &str,
     old: Option<&Arc<Layer>>,
@@ -233,6 +233,9 @@ pub fn layer_diff(
     widens |= !d.removed.is_empty();
     if !d.is_empty() {
         lists.push(("deny".to_string(), d));
+    }
+    if let (Some(o), Some(n)) = (old, new) {
+        widens |= super::policy_diff_layer::limits_and_rules(o, n, &mut notes);
     }
     if how == "changed" && lists.is_empty() && notes.is_empty() {
         return None;

@@ -286,7 +286,7 @@ impl<'a> Replay<'a> {
             // Refused before the rules were read (a header, a body on a GET, a path that is
             // not canonical): what refused it is not in the record.
             (Judged::Verdict(true, _), "http_not_allowed")
-                if !old && !s(v, "detail").starts_with("no network.http rule allows") =>
+                if !old && !s(v, "detail").starts_with("no network.http rule") =>
             {
                 Judged::CannotTell("refused when recorded for what the trail does not keep (a header, a body on a bodiless method, a path that is not canonical)".into())
             }

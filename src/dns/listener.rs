@@ -230,7 +230,7 @@ impl DnsListener {
         };
 
         // The proxy itself, where every sandbox may ask for access (no policy applies).
-        if &*name == crate::listen::ask::LOCAL {
+        if &*name == crate::policy::target::PROXY_NAME {
             return Judged::Reply(self.itself(kind, query.owner(), q, asked.edns));
         }
 

@@ -6,12 +6,14 @@
 use std::sync::{Arc, OnceLock};
 
 use crate::audit::metrics::{Metrics, SandboxStats};
+use crate::egress::layer_limits::bounded;
 use crate::egress::limits::{Limiters, SandboxLimiter};
 use crate::policy::set::Sandbox;
 
 /// A sandbox's runtime handles.
 pub trait Handles {
-    /// Its limiter, reconfigured to this binding's limits on first use.
+    /// Its limiter, reconfigured to this binding's limits (capped by its layers') on first
+    /// use.
     fn limiter(&self, limiters: &Limiters) -> Arc<SandboxLimiter>;
     /// Its per-connection metric handles.
     fn stats(&self, metrics: &Metrics) -> Arc<SandboxStats>;
@@ -32,7 +34,8 @@ fn cached(sb: &Sandbox) -> Option<&Cached> {
 
 impl Handles for Sandbox {
     fn limiter(&self, limiters: &Limiters) -> Arc<SandboxLimiter> {
-        let get = || limiters.get(&self.binding.id, &self.binding.limits);
+        let b = &self.binding;
+        let get = || limiters.get(&b.id, &bounded(&b.limits, &b.network.layers));
         match cached(self) {
             Some(c) => c.limiter.get_or_init(get).clone(),
             // Only this module fills the slot; were it anything else, look it up each time.

@@ -15,6 +15,7 @@ pub(crate) mod connect;
 pub(crate) mod grant_stage;
 pub(crate) mod handles;
 pub(crate) mod identity;
+pub mod layer_limits;
 pub mod limits;
 pub(crate) mod parent;
 pub mod quota;
@@ -23,6 +24,7 @@ pub(crate) mod roots;
 pub(crate) mod server_io;
 pub(crate) mod source_caps;
 pub(crate) mod strangers;
+pub mod token_bucket;
 pub(crate) mod upstream_pool;
 pub mod verdict;
 

@@ -37,7 +37,7 @@ use crate::relay::body::{self, Body};
 use crate::runtime::Shared;
 
 /// The reserved name.
-pub const LOCAL: &str = "egress-proxy.local";
+pub const LOCAL: &str = crate::policy::target::PROXY_NAME;
 /// Largest request body read.
 const MAX_BODY: usize = 8 * 1024;
 

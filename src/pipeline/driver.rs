@@ -81,9 +81,9 @@ pub trait Path: Sync {
         req: Request<Self::Body>,
         audit: &mut AuditGuard,
     ) -> Result<(Request<Self::Body>, Self::Call), Refusal>;
-    /// The exchange's liveness, which reserves the request against the daily quotas
-    /// (checked and counted at once, waiting for a fleet share rather than refusing).
-    fn live(&self) -> &crate::relay::liveness::Liveness;
+    /// Reserve the request against the daily quotas (checked and counted at once; on a
+    /// fleet, waiting for this replica's share rather than refusing).
+    fn reserve(&self) -> impl std::future::Future<Output = Result<(), Refusal>> + Send;
 }
 
 /// What the record says of the request: its method and path (no query), and what it called
@@ -235,8 +235,7 @@ async fn phases<P: Path>(
     let (req, mut dlp) = super::dlp::request(binding, req, audit)
         .await
         .map_err(|r| (r, None))?;
-    let reserved = path.live().reserve_waiting().await;
-    reserved.map_err(|r| denied(r, audit))?;
+    path.reserve().await.map_err(|r| denied(r, audit))?;
     let mut req = req;
     if let Some(flow) = flow {
         arm(&flow, path.to(), asked, audit).await?;

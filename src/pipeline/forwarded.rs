@@ -33,17 +33,20 @@ pub type Found = std::sync::Arc<std::sync::Mutex<super::dlp::Found>>;
 /// The pipeline's phases on a forwarded request of `binding` to `host`, driven by
 /// [`driver::request`] (the head and body phases where the host has `network.http` rules —
 /// elsewhere the record still names the method and path —, the decider, DLP, then the quota
-/// reservation on `live`), for a connection admitted with `admitted` from `process` (the
+/// reservation `reserve`), for a connection admitted with `admitted` from `process` (the
 /// clearance's, which scoped rules read). `Ok` with the request to send and what the body scanner will have
 /// found; `Err` with the refusal, recorded.
-pub async fn phases(
+pub async fn phases<R>(
     (binding, asker, flows): (&Binding, &dyn Asker, &super::flow::Ledger),
     (host, port, limit): (&str, u16, u64),
     (admitted, process): (Verdict, Option<&Process>),
     req: Request<Incoming>,
     audit: &mut AuditGuard,
-    live: &crate::relay::liveness::Liveness,
-) -> Result<(Request<ForwardBody>, Option<Found>), Refusal> {
+    reserve: impl Fn() -> R + Sync,
+) -> Result<(Request<ForwardBody>, Option<Found>), Refusal>
+where
+    R: std::future::Future<Output = Result<(), Refusal>> + Send,
+{
     let rules = HostRules::of(binding, host, process);
     let at = Judging {
         binding,
@@ -54,7 +57,11 @@ pub async fn phases(
         flows: Some(flows),
         process,
     };
-    let path = Forwarded { host, port, live };
+    let path = Forwarded {
+        host,
+        port,
+        reserve,
+    };
     match driver::request(&path, at, req, audit).await {
         Ok(ready) => Ok((ready.req, ready.dlp)),
         Err(stop) => Err(stop.refusal),
@@ -62,14 +69,18 @@ pub async fn phases(
 }
 
 /// The forwarded path as the driver sees it: plain HTTP to `host`:`port`, nothing metered,
-/// reserved on `live`.
-struct Forwarded<'a> {
+/// reserved by `reserve`.
+struct Forwarded<'a, F> {
     host: &'a str,
     port: u16,
-    live: &'a crate::relay::liveness::Liveness,
+    reserve: F,
 }
 
-impl Path for Forwarded<'_> {
+impl<F, R> Path for Forwarded<'_, F>
+where
+    F: Fn() -> R + Sync,
+    R: std::future::Future<Output = Result<(), Refusal>> + Send,
+{
     type Body = ForwardBody;
     type Call = ();
     const REPORTED: &'static str = "report mode: forwarded";
@@ -106,8 +117,8 @@ impl Path for Forwarded<'_> {
         Ok((req, ()))
     }
 
-    fn live(&self) -> &crate::relay::liveness::Liveness {
-        self.live
+    fn reserve(&self) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+        (self.reserve)()
     }
 }
 

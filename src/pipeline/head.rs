@@ -30,6 +30,9 @@ pub struct HostRules {
     /// Rules of this host left out because their scope (`binaries:`, `execs:`) does not admit
     /// the connection's process: what a refusal says when no other rule is left.
     pub outside: Option<String>,
+    /// The rules the sandbox's layers set for this host, by layer (root first): each layer's
+    /// must allow the request before the sandbox's own are read.
+    pub above: Vec<(Arc<str>, Vec<HttpRule>)>,
 }
 
 /// A request's head, as the pipeline reads it.
@@ -134,10 +137,18 @@ impl HostRules {
             let who = process.map_or("no process attributed".into(), |p| p.to_string());
             format!("the network.http rules for {host} are for {s}; this connection: {who}")
         });
-        let any_path = !rules.is_empty()
-            && rules
-                .iter()
-                .all(|r| r.paths.is_empty() && r.git.is_empty() && r.protocol.is_none());
+        let above: Vec<(Arc<str>, Vec<HttpRule>)> = (binding.network.layers.iter())
+            .filter_map(|l| {
+                let mine: Vec<HttpRule> = (l.http.iter())
+                    .filter(|r| r.host.matches(host))
+                    .cloned()
+                    .collect();
+                (!mine.is_empty()).then(|| (l.id.clone(), mine))
+            })
+            .collect();
+        let every = || rules.iter().chain(above.iter().flat_map(|(_, r)| r));
+        let any_path = every().next().is_some()
+            && every().all(|r| r.paths.is_empty() && r.git.is_empty() && r.protocol.is_none());
         let identity_header = binding
             .identity_token
             .as_ref()
@@ -148,22 +159,49 @@ impl HostRules {
             any_path,
             identity_header,
             outside,
+            above,
         }
     }
 
     /// Whether there is anything here to judge a request by.
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty() && self.identity_header.is_none() && self.outside.is_none()
+        self.rules.is_empty()
+            && self.identity_header.is_none()
+            && self.outside.is_none()
+            && self.above.is_empty()
     }
 
     /// The head phase, in order: the method, override headers and parameters, the path's
     /// canonical form, a body where the method carries none, the proxy's identity header,
     /// then the rules.
     pub fn judge(&self, host: &str, head: Head<'_>) -> Checked {
-        match self.refusal(head) {
+        match self.refusal(head).or_else(|| self.layered(host, head)) {
             Some(r) => Checked::Refused(r),
             None => self.rules(host, head),
         }
+    }
+
+    /// Why a layer's rules refuse `head`, if one does: each layer with rules for the host
+    /// must have one that allows the method and path (an upgrade's method is its GET).
+    fn layered(&self, host: &str, head: Head<'_>) -> Option<Refusal> {
+        let (path, query) = (head.uri.path(), head.uri.query());
+        let method = match head.method.as_str() {
+            "CONNECT" if head.extended => "GET",
+            m => m,
+        };
+        let (id, _) = self.above.iter().find(|(_, rules)| {
+            !rules
+                .iter()
+                .any(|r| matches!(r.admits(method, path, query), Admits::Yes))
+        })?;
+        let reason = match git_request(method, path, query) {
+            Some(_) => Reason::GitNotAllowed,
+            None => Reason::HttpNotAllowed,
+        };
+        Some(Refusal::new(
+            reason,
+            format!("no network.http rule of layer {id} allows {method} {path} on {host}"),
+        ))
     }
 
     /// Why `head` is refused before the rules are read, if it is.
@@ -171,7 +209,11 @@ impl HostRules {
         let method = head.method.as_str();
         let refuse = |why: String| Some(Refusal::new(Reason::HttpNotAllowed, why));
         // Extended CONNECT is the socket's method on HTTP/2 (its rule decides it).
-        if let Some(why) = method_refusal(method, self.rules.iter()).filter(|_| !head.extended) {
+        let every = self
+            .rules
+            .iter()
+            .chain(self.above.iter().flat_map(|(_, r)| r));
+        if let Some(why) = method_refusal(method, every).filter(|_| !head.extended) {
             return refuse(why);
         }
         if let Some(why) = override_refusal(head.headers, head.uri.query()) {
@@ -336,6 +378,7 @@ mod tests {
             rules: list,
             identity_header: None,
             outside: None,
+            above: Vec::new(),
         }
     }
 

@@ -50,6 +50,7 @@ pub fn judged_per_request(binding: &Binding, host: &str) -> bool {
         .iter()
         .any(|c| c.bound_to(host) || c.token_host(host))
         || binding.network.http.iter().any(|r| r.host.matches(host))
+        || (binding.network.layers.iter()).any(|l| l.http.iter().any(|r| r.host.matches(host)))
         || binding
             .identity_token
             .as_ref()

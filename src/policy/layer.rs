@@ -29,6 +29,11 @@ pub struct Layer {
     /// `approvers`: the console users who may answer its members' access requests (empty:
     /// the layer names none; see `docs/console.md`).
     pub approvers: Vec<Arc<str>>,
+    /// `network.http`: rules every member's requests to their hosts must pass, before the
+    /// member's own (methods, paths and git services only).
+    pub http: Vec<super::http_rules::HttpRule>,
+    /// `limits`: the most any member may have (a member's own above one is capped to it).
+    pub limits: LayerLimits,
     /// The ports an entry without one allows (`defaults.ports`).
     default_ports: PortSet,
     compiled_ceiling: Option<RuleSet>,
@@ -44,6 +49,61 @@ impl PartialEq for Layer {
             && self.ceiling == other.ceiling
             && self.deny == other.deny
             && self.default_ports == other.default_ports
+            && self.http == other.http
+            && self.limits == other.limits
+    }
+}
+
+/// A layer's `limits`: for each that is set, the most any member may have (`None`: the layer
+/// does not bound it).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerLimits {
+    /// `bytes_per_day`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_day: Option<u64>,
+    /// `requests_per_day`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_day: Option<u64>,
+    /// `tokens_per_day`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<u64>,
+    /// `cost_per_day`, in dollars.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_per_day: Option<f64>,
+    /// `max_connections`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u32>,
+    /// `connections_per_second`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections_per_second: Option<f64>,
+    /// `bandwidth_up_bps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_up_bps: Option<u64>,
+    /// `bandwidth_down_bps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_down_bps: Option<u64>,
+}
+
+impl LayerLimits {
+    /// Whether it bounds nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == LayerLimits::default()
+    }
+
+    /// Each limit as a number, by key (`None`: not bounded).
+    pub fn values(&self) -> [(&'static str, Option<f64>); 8] {
+        let n = |v: Option<u64>| v.map(|v| v as f64);
+        [
+            ("bytes_per_day", n(self.bytes_per_day)),
+            ("requests_per_day", n(self.requests_per_day)),
+            ("tokens_per_day", n(self.tokens_per_day)),
+            ("cost_per_day", self.cost_per_day),
+            ("max_connections", n(self.max_connections.map(u64::from))),
+            ("connections_per_second", self.connections_per_second),
+            ("bandwidth_up_bps", n(self.bandwidth_up_bps)),
+            ("bandwidth_down_bps", n(self.bandwidth_down_bps)),
+        ]
     }
 }
 
@@ -95,6 +155,8 @@ impl Layer {
             ceiling,
             deny,
             approvers: Vec::new(),
+            http: Vec::new(),
+            limits: LayerLimits::default(),
             default_ports: default_ports.clone(),
             compiled_ceiling,
             compiled_deny,

@@ -11,6 +11,11 @@ use thiserror::Error;
 
 use crate::policy::hostname::{normalize_name_shared, NameError};
 
+/// The proxy's own name, where a sandbox asks for access
+/// (`POST http://egress-proxy.local/v1/requests`): answered by the proxy itself on every
+/// listener, and by the DNS listener.
+pub const PROXY_NAME: &str = "egress-proxy.local";
+
 /// A destination host.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Host {

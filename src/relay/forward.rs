@@ -238,7 +238,7 @@ async fn judged(
 ) -> Result<(Request<ForwardBody>, Option<pipeline::forwarded::Found>), pipeline::Refusal> {
     let host = target.host.to_string();
     let at = (host.as_str(), target.port, limit);
-    pipeline::forwarded::phases(who, at, from, req, audit, live).await
+    pipeline::forwarded::phases(who, at, from, req, audit, || live.reserve_waiting()).await
 }
 
 /// The sandbox's binding, who its decider phase asks and where its flow labels are kept.

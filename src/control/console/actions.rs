@@ -447,11 +447,13 @@ pub fn sandbox(admin: &Admin, id: &str, frame: &Frame<'_>) -> Option<Markup> {
             .map(|l| {
                 let texts =
                     |v: &[(String, _)]| v.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>();
-                (
-                    l.id.to_string(),
-                    l.ceiling.as_deref().map(texts),
-                    texts(&l.deny),
-                )
+                super::views::LayerView {
+                    id: l.id.to_string(),
+                    ceiling: l.ceiling.as_deref().map(texts),
+                    deny: texts(&l.deny),
+                    http: l.http.iter().map(|r| r.text.clone()).collect(),
+                    limits: serde_json::to_value(&l.limits).unwrap_or_default(),
+                }
             })
             .collect()
     });

@@ -222,11 +222,13 @@ pub fn sandbox(
         }
         h2 { "Layers" }
         @if layers.is_empty() { p { "This sandbox is in no layer: its own entries are its reach." } }
-        @for (id, ceiling, deny) in layers {
-            section.layer data-layer=(id) {
-                h3 { "Layer " (id) }
-                p { "Ceiling: " @match ceiling { Some(c) => (c.join(", ")), None => "none (this layer bounds nothing)" } }
-                p { "Deny: " @if deny.is_empty() { "none" } @else { (deny.join(", ")) } }
+        @for l in layers {
+            section.layer data-layer=(l.id) {
+                h3 { "Layer " (l.id) }
+                p { "Ceiling: " @match &l.ceiling { Some(c) => (c.join(", ")), None => "none (this layer bounds nothing)" } }
+                p { "Deny: " @if l.deny.is_empty() { "none" } @else { (l.deny.join(", ")) } }
+                p.layer-http { "Per-request rules, read before the sandbox's own: " @if l.http.is_empty() { "none" } @else { (l.http.join("; ")) } }
+                p.layer-limits { "Limits (the most a member may have): " (json_block(&l.limits)) }
             }
         }
         h2 { "Usage per day (UTC)" }
@@ -258,8 +260,19 @@ fn set_only(v: &Value) -> Value {
     }
 }
 
-/// A layer as its member's page shows it: id, ceiling (`None`: it sets none), deny.
-pub type LayerView = (String, Option<Vec<String>>, Vec<String>);
+/// A layer as its member's page shows it.
+pub struct LayerView {
+    /// Its id.
+    pub id: String,
+    /// Its ceiling's entries (`None`: it sets none).
+    pub ceiling: Option<Vec<String>>,
+    /// Its deny entries.
+    pub deny: Vec<String>,
+    /// Its `network.http` rules, as written.
+    pub http: Vec<String>,
+    /// Its `limits` (the most a member may have), as JSON.
+    pub limits: Value,
+}
 
 /// One day's sums of a sandbox's usage.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -172,11 +172,24 @@ async fn read(client: &mut Client, key: &str) -> Result<(Counter, i64), etcd_cli
     })
 }
 
-fn unchanged(key: &str, revision: i64) -> Compare {
-    match revision {
+/// Write `value` in place of the counter read at `revision` (0: absent): whether nobody
+/// changed it meanwhile (else nothing is written).
+async fn replace(
+    client: &mut Client,
+    key: &str,
+    revision: i64,
+    value: &Counter,
+    opts: PutOptions,
+) -> Result<bool, etcd_client::Error> {
+    let unchanged = match revision {
         0 => Compare::create_revision(key, CompareOp::Equal, 0),
         r => Compare::mod_revision(key, CompareOp::Equal, r),
-    }
+    };
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let txn = Txn::new()
+        .when([unchanged])
+        .and_then([TxnOp::put(key, body, Some(opts))]);
+    Ok(client.txn(txn).await?.succeeded())
 }
 
 /// Lease up to `chunk` requests (and what this replica counted without a share) for
@@ -203,15 +216,8 @@ async fn take(
         let value = Counter {
             requests: taken.saturating_add(grant),
         };
-        let body = serde_json::to_vec(&value).unwrap_or_default();
-        let txn = Txn::new()
-            .when([unchanged(key, revision)])
-            .and_then([TxnOp::put(
-                key,
-                body,
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
-        if client.txn(txn).await?.succeeded() {
+        let opts = PutOptions::new().with_lease(lease);
+        if replace(client, key, revision, &value, opts).await? {
             meter.share_leased(debt.saturating_add(grant), out);
             return Ok(out);
         }
@@ -229,16 +235,9 @@ async fn give_back(client: &mut Client, key: &str, n: u64) -> Result<(), etcd_cl
         let value = Counter {
             requests: counter.requests.saturating_sub(n),
         };
-        let body = serde_json::to_vec(&value).unwrap_or_default();
         // Kept on the key's lease: only its value changes.
-        let txn = Txn::new()
-            .when([unchanged(key, revision)])
-            .and_then([TxnOp::put(
-                key,
-                body,
-                Some(PutOptions::new().with_ignore_lease()),
-            )]);
-        if client.txn(txn).await?.succeeded() {
+        let opts = PutOptions::new().with_ignore_lease();
+        if replace(client, key, revision, &value, opts).await? {
             return Ok(());
         }
     }

@@ -65,7 +65,7 @@ impl Path for Terminated<'_> {
         Ok((req, metered))
     }
 
-    fn live(&self) -> &crate::relay::liveness::Liveness {
-        &self.ex.live
+    fn reserve(&self) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+        self.ex.live.reserve_waiting()
     }
 }
