@@ -100,7 +100,15 @@ fn relay_until_stopped(
         let terminate = ix.is_some_and(|ix| ix.terminates(b, &running.target.host.to_string()));
         let plain = matches!(&inspected.first, FirstBytes::Client(Peeked::Http { .. }));
         let once = once_grant(&shared, &running.sandbox, &running.decision);
-        if terminate || plain && crate::pipeline::reads_every_request(b) {
+        // Plain HTTP of a sandbox whose requests quota is a fleet share is served one request
+        // at a time too: each waits for its share there, instead of being refused while the
+        // replica leases the next chunk.
+        let leased = || {
+            let host = running.target.host.to_string();
+            let meters = running.slot.limiter().meters_for(&host, None);
+            meters.iter().any(|m| m.shared())
+        };
+        if terminate || plain && (crate::pipeline::reads_every_request(b) || leased()) {
             cap_upstream(&running.server, buffer);
             return per_request(ix, running, (client, inspected), audit, once).await;
         }
