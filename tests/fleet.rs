@@ -486,3 +486,105 @@ fn kept_plain_tunnels_spend_a_fleet_quota_exactly() {
     assert_eq!((served, reached.load(Ordering::SeqCst)), (60, 60));
     assert_eq!(leased(&etcd), 60);
 }
+
+/// Two approvers answer the same request at the same moment on two replicas — one approves,
+/// one denies: exactly one answer lands (200), the other is told the request was answered on
+/// another replica (409), and all three replicas end up showing the same state. Without the
+/// claim both answers were applied, each on its own replica, and the fleet disagreed.
+#[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
+fn two_answers_at_once_on_two_replicas_one_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(dir.path());
+    let (port, _) = counting_origin();
+    let replicas = fleet(dir.path(), &etcd, "{}");
+    for round in 0..5 {
+        let asked = format!(
+            r#"{{"host": "api.test", "port": {}, "reason": "round {round}"}}"#,
+            port + round
+        );
+        let (status, r) = as_asker(replicas[0].proxy, "POST", "/v1/requests", &asked);
+        assert_eq!(status, 202, "{r}");
+        let id = r["id"].as_str().unwrap().to_string();
+        for p in &replicas[1..] {
+            eventually(
+                Duration::from_secs(5),
+                "the request to reach every replica",
+                || (admin(p, "GET", &format!("/v1/requests/{id}"), "").0 == 200).then_some(()),
+            );
+        }
+        let start = Arc::new(Barrier::new(2));
+        let answers: Vec<(u16, serde_json::Value)> = [
+            (1, "approve", r#"{"grant": "once"}"#),
+            (2, "deny", r#"{"note": "no"}"#),
+        ]
+        .into_iter()
+        .map(|(i, how, body)| {
+            let (addr, start) = (replicas[i].admin, start.clone());
+            let path = format!("/v1/requests/{id}/{how}");
+            std::thread::spawn(move || {
+                start.wait();
+                let (s, t) = admin_req(addr, "POST", &path, body, Some(ADMIN_TOKEN));
+                (s, serde_json::from_str(&t).unwrap_or_default())
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+        let mut codes: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+        codes.sort();
+        assert_eq!(codes, [200, 409], "round {round}: {answers:?}");
+        let landed = answers.iter().find(|(s, _)| *s == 200).unwrap();
+        let state = landed.1["state"].as_str().unwrap().to_string();
+        for p in &replicas {
+            eventually(Duration::from_secs(5), "every replica to agree", || {
+                let (_, r) = admin(p, "GET", &format!("/v1/requests/{id}"), "");
+                (r["state"] == state.as_str()).then_some(())
+            });
+        }
+    }
+}
+
+/// etcd goes silent (a relay the test cuts) while a sandbox's share is used up: the replica
+/// serves what its share holds, then refuses — after waiting for a share that cannot come —
+/// saying so (`quota_exceeded`, "could not lease"), never serving past its share; once etcd
+/// is back, requests are served again.
+#[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
+fn a_replica_cut_off_from_etcd_serves_only_its_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(dir.path());
+    let relay = Relay::start(etcd.client_port);
+    let (port, reached) = counting_origin();
+    // 640 a day: chunks of 10 at first, so the share runs out quickly.
+    let replicas = fleet_on(dir.path(), relay.port, "{ requests_per_day: 640 }");
+    let one = replicas[0].proxy;
+    assert_eq!(forwarded_get(one, port), 200);
+    relay.cut();
+    let mut served = 1;
+    let refused = loop {
+        match forwarded_get(one, port) {
+            200 => served += 1,
+            code => break code,
+        }
+        assert!(
+            served <= 80,
+            "served past any share while cut off: {served}"
+        );
+    };
+    assert_eq!(refused, 429);
+    assert_eq!(reached.load(Ordering::SeqCst), served);
+    replicas[0].wait_record(|r| {
+        r["reason"] == "quota_exceeded"
+            && r["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("could not lease"))
+    });
+    relay.mend();
+    eventually(
+        Duration::from_secs(30),
+        "served again once etcd is back",
+        || (forwarded_get(one, port) == 200).then_some(()),
+    );
+}
