@@ -152,6 +152,9 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
     );
     stop.stopped().await;
     let lost = shutdown(&shared, &control, &config, tasks).await;
+    if let Some(p) = &plane {
+        crate::control::etcd::quota_lease::give_back_all(p).await;
+    }
     keeper.save();
     drop(otel);
     match lost {

@@ -588,3 +588,26 @@ fn a_replica_cut_off_from_etcd_serves_only_its_share() {
         || (forwarded_get(one, port) == 200).then_some(()),
     );
 }
+
+/// A replica stopped gracefully (SIGTERM, a rolling update) gives its unused share back: the
+/// fleet's counter then holds exactly what was served. (Before, the share was lost with the
+/// replica: each rolling restart cost the fleet up to a chunk per replica.)
+#[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
+fn a_replica_stopped_gracefully_gives_its_share_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(dir.path());
+    let (port, reached) = counting_origin();
+    let mut replicas = fleet(dir.path(), &etcd, "{ requests_per_day: 640 }");
+    for _ in 0..13 {
+        assert_eq!(forwarded_get(replicas[2].proxy, port), 200);
+    }
+    let held = leased(&etcd);
+    assert!(
+        held > 13,
+        "the replica holds a share beyond what it served: {held}"
+    );
+    assert!(replicas[2].terminate().success());
+    assert_eq!(reached.load(Ordering::SeqCst), 13);
+    assert_eq!(leased(&etcd), 13, "held {held} before the stop");
+}

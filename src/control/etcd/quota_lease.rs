@@ -14,8 +14,8 @@
 //!   sandbox pays one etcd write per chunk, a busy one one write per second or less and its
 //!   requests do not wait for etcd.
 //! - **What is not used goes back**: a share untouched for [`GIVE_BACK_AFTER`] is returned to
-//!   the counter. A replica that dies keeps what it held: the fleet serves at most one chunk
-//!   less that day (never more).
+//!   the counter, and every share at a graceful stop ([`give_back_all`]). A replica that dies
+//!   keeps what it held: the fleet serves at most one chunk less that day (never more).
 //! - **etcd unreachable**: a replica serves what its shares hold; a request that needs more
 //!   waits [`crate::egress::quota::share::LEASE_WAIT`] and is refused `quota_exceeded`
 //!   saying so (closed, never open).
@@ -130,6 +130,38 @@ async fn round(
         }
     }
     Ok(())
+}
+
+/// At a graceful stop, once no request is left: give every unused share back, so a rolling
+/// restart of the fleet costs it nothing (a kill still loses at most a chunk per replica).
+/// Bounded by `request_timeout` per meter; what cannot be given back is lost, never counted
+/// twice.
+pub async fn give_back_all(cp: &ControlPlane) {
+    let Some(client) = cp.client.load_full() else {
+        return;
+    };
+    let mut client = (*client).clone();
+    let day = today();
+    let mut given = 0u64;
+    for (key, meter) in cp.shared.limiters.shared_meters() {
+        let (count, leased) = meter.share_state();
+        let n = meter.share_give_back(leased.saturating_sub(count));
+        if n == 0 {
+            continue;
+        }
+        let counter = format!("{}quota/{day}/{key}", cp.cfg.prefix);
+        let back =
+            tokio::time::timeout(cp.cfg.request_timeout, give_back(&mut client, &counter, n));
+        match back.await {
+            Ok(Ok(())) => given += n,
+            _ => {
+                tracing::warn!(sandbox = %key, requests = n, "could not give a quota share back at stop")
+            }
+        }
+    }
+    if given > 0 {
+        tracing::info!(requests = given, "quota shares given back to the fleet");
+    }
 }
 
 /// The next chunk of a meter: doubled when the last lasted under a second, halved when it
