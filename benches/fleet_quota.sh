@@ -15,25 +15,8 @@ source benches/peers.sh
 BIN="${1:-target/release/egress-proxy}"
 QUOTA="${QUOTA:-1000000}"; SECS="${SECONDS_PER_RUN:-10}"; RATES="${RATES:-1000 10000}"
 scratch
-for t in hey nginx etcd; do
-  command -v "$t" >/dev/null && continue
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hey nginx-light etcd-server etcd-client >/dev/null
-  service nginx stop >/dev/null 2>&1 || true
-done
-ORIGIN=127.0.0.1:8091
-cat > "$WORK/nginx.conf" <<CONF
-daemon off;
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx.err;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  server { listen $ORIGIN; location / { return 200 "hello from the origin\n"; } }
-}
-CONF
-nginx -p "$WORK" -c "$WORK/nginx.conf" & PIDS+=($!)
+command -v etcd >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server etcd-client >/dev/null; }
+nginx_origin 127.0.0.1:8091
 ETCD=127.0.0.1:23791
 etcd --data-dir "$WORK/etcd" --listen-client-urls "http://$ETCD" --advertise-client-urls "http://$ETCD" \
   --listen-peer-urls http://127.0.0.1:23801 --initial-advertise-peer-urls http://127.0.0.1:23801 \

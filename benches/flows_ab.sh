@@ -14,25 +14,8 @@ source benches/peers.sh
 BIN="${1:-target/release/egress-proxy}"
 ROUNDS="${ROUNDS:-7}"; SECS="${SECONDS_PER_RUN:-4}"
 scratch
-for t in hey nginx; do
-  command -v "$t" >/dev/null && continue
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hey nginx-light >/dev/null
-  service nginx stop >/dev/null 2>&1 || true
-done
 ORIGIN=127.0.0.1:8089
-cat > "$WORK/nginx.conf" <<CONF
-daemon off;
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx.err;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  server { listen $ORIGIN; location / { return 200 "hello from the origin\n"; } }
-}
-CONF
-nginx -p "$WORK" -c "$WORK/nginx.conf" & PIDS+=($!)
+nginx_origin "$ORIGIN"
 config() { # proxy_port admin_port [flows]
   egress_bench_config "$1" "$2" \
     | sed 's|^sandboxes:|dns: { hosts: { origin.test: [127.0.0.1] } }\ndefaults: { guard_allow_ranges: [127.0.0.1/32], limits: { max_connections: 100000, connections_per_second: 1000000, burst: 1000000 } }\nsandboxes:|' \

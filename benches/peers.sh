@@ -105,3 +105,26 @@ start_proxies() { # first_port binary...
   fi
   sleep 2
 }
+
+# nginx answering every request `200 hello from the origin` on $1 (host:port), in $WORK (one
+# worker, no logs, keep-alive without end); appended to $PIDS. Installs hey and nginx first.
+nginx_origin() { # addr
+  for t in hey nginx; do
+    command -v "$t" >/dev/null && continue
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hey nginx-light >/dev/null
+    service nginx stop >/dev/null 2>&1 || true
+  done
+  cat > "$WORK/nginx.conf" <<CONF
+daemon off;
+worker_processes 1;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx.err;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  server { listen $1; location / { return 200 "hello from the origin\n"; } }
+}
+CONF
+  nginx -p "$WORK" -c "$WORK/nginx.conf" & PIDS+=($!)
+}
