@@ -104,6 +104,9 @@ fn relay_until_stopped(
         // at a time too: each waits for its share there, instead of being refused while the
         // replica leases the next chunk.
         let leased = || {
+            if !crate::egress::quota::share::in_fleet() {
+                return false;
+            }
             let host = running.target.host.to_string();
             let meters = running.slot.limiter().meters_for(&host, None);
             meters.iter().any(|m| m.shared())

@@ -5,11 +5,10 @@
 //! `{prefix}answers/{id}` first (created only if absent); and every replica watches the
 //! requests' prefix and adopts what it finds.
 
-use crate::policy::cause::{self as cause};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use etcd_client::{Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
 use tokio::sync::mpsc;
 
 use super::ControlPlane;
@@ -139,15 +138,10 @@ async fn session(cp: &ControlPlane, desk: &Arc<Desk>) -> Result<(), ControlError
         .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
         .collect();
     adopt(desk, found).await;
-    while let Some(resp) = stream.message().await.map_err(|e| etcd(cause::of(e)))? {
-        if resp.canceled() || resp.compact_revision() > 0 {
-            return Err(etcd("the watch was cancelled or compacted"));
-        }
-        let put = resp
-            .events()
-            .iter()
-            .filter(|ev| ev.event_type() == EventType::Put)
-            .filter_map(|ev| serde_json::from_slice(ev.kv()?.value()).ok())
+    while let Some(changed) = super::watched::changes(&mut stream).await? {
+        // A deleted key is a lease that ran out: the request's own deadline ends it here.
+        let put = (changed.iter())
+            .filter_map(|(_, value)| serde_json::from_slice(value.as_deref()?).ok())
             .collect();
         adopt(desk, put).await;
     }
