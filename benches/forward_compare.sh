@@ -25,22 +25,10 @@ NEW="${NEW:-target/release/egress-proxy}"
 [ "$NEW" != target/release/egress-proxy ] || cargo build --release >/dev/null 2>&1
 
 ORIGIN=127.0.0.1:8088
-cat > "$WORK/nginx.conf" <<CONF
-daemon off;
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx.err;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  server { listen $ORIGIN; location / { return 200 "hello from the origin\n"; } }
-}
-CONF
 squid_config "$WORK" 3129 > "$WORK/squid.conf"
 tinyproxy_config "$WORK" 8899 > "$WORK/tinyproxy.conf"
 
-nginx -p "$WORK" -c "$WORK/nginx.conf" & PIDS+=($!)
+nginx_origin "$ORIGIN"
 egress_bench_config 3130 9930 > "$WORK/egress.yaml"
 "$NEW" run --config "$WORK/egress.yaml" 2>"$WORK/egress.err" & PIDS+=($!)
 squid -f "$WORK/squid.conf" -N >"$WORK/squid.out" 2>&1 & PIDS+=($!)

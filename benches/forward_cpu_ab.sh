@@ -12,25 +12,8 @@ OLD="${1:?usage: benches/forward_cpu_ab.sh OLD_BINARY [NEW_BINARY]}"
 NEW="${2:-target/release/egress-proxy}"
 ROUNDS="${ROUNDS:-7}"; SECS="${SECONDS_PER_RUN:-4}"
 scratch
-for t in hey nginx; do
-  command -v "$t" >/dev/null && continue
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hey nginx-light >/dev/null
-  service nginx stop >/dev/null 2>&1 || true
-done
 ORIGIN=127.0.0.1:8089
-cat > "$WORK/nginx.conf" <<CONF
-daemon off;
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx.err;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  server { listen $ORIGIN; location / { return 200 "hello from the origin\n"; } }
-}
-CONF
-nginx -p "$WORK" -c "$WORK/nginx.conf" & PIDS+=($!)
+nginx_origin "$ORIGIN"
 egress_bench_config 3161 9961 > "$WORK/old.yaml"
 egress_bench_config 3162 9962 > "$WORK/new.yaml"
 "$OLD" run --config "$WORK/old.yaml" 2>"$WORK/old.err" & PIDS+=($!); OLD_PID=$!
