@@ -11,6 +11,9 @@ pub struct Etcd {
     peer_port: u16,
     data: PathBuf,
     child: Option<Child>,
+    /// This member's name, unique on the machine: the health check asks for it, so another
+    /// test's etcd that took the port first is never mistaken for this one.
+    name: String,
     /// Serve clients over TLS and require client certificates.
     pub tls: Option<EtcdTlsFiles>,
 }
@@ -85,6 +88,7 @@ impl Etcd {
             peer_port: free_port(),
             data: dir.join("etcd-data"),
             child: None,
+            name: unique_name(),
             tls,
         };
         // A port picked free can be taken before etcd binds it (parallel tests connect from
@@ -154,13 +158,13 @@ impl Etcd {
                 .arg("--client-cert-auth");
         }
         let child = cmd
-            .args(["--name", "t", "--data-dir"])
+            .args(["--name", &self.name, "--data-dir"])
             .arg(&self.data)
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("t={peer}")])
+            .args(["--initial-cluster", &format!("{}={peer}", self.name)])
             .args(["--log-level", "error"])
             .stdout(Stdio::null())
             .stderr(
@@ -173,15 +177,26 @@ impl Etcd {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
+            // Healthy, and this member: a port picked free can be bound by another test's
+            // etcd, whose health would otherwise pass for this one's.
             let ok = Command::new("etcdctl")
                 .env("ETCDCTL_API", "3")
                 .args(self.ctl_tls())
-                .args(["--endpoints", &client, "endpoint", "health"])
-                .stdout(Stdio::null())
+                .args(["--endpoints", &client, "member", "list"])
                 .stderr(Stdio::null())
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
+                .output()
+                .map(|o| {
+                    o.status.success() && String::from_utf8_lossy(&o.stdout).contains(&self.name)
+                })
+                .unwrap_or(false)
+                && Command::new("etcdctl")
+                    .env("ETCDCTL_API", "3")
+                    .args(self.ctl_tls())
+                    .args(["--endpoints", &client, "endpoint", "health"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success());
             if ok {
                 return Ok(());
             }
@@ -281,11 +296,18 @@ impl Drop for Etcd {
     }
 }
 
+/// A member name no other etcd on this machine has: the process and a counter.
+fn unique_name() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("t{}x{n}", std::process::id())
+}
+
 /// Why a member did not come up.
 #[derive(Debug)]
 enum Start {
     /// It exited (a port it was given was taken meanwhile).
     Exited,
-    /// It ran but never answered `endpoint health` within 20 s.
+    /// It ran but never answered `member list` with its name and `endpoint health` within 20 s.
     Unhealthy,
 }
