@@ -497,44 +497,50 @@ fn a_forwarded_inference_call_in_clear_is_refused() {
     );
 }
 
+/// A replica of `e`'s proxy in `e.dir/name`, on the etcd of `plane`, under `limits`.
+fn replica(e: &Env, name: &str, plane: &str, limits: &str) -> Proxy {
+    let d = e.dir.path().join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    for f in ["ica", "ca"] {
+        let _ = std::process::Command::new("cp")
+            .args(["-r"])
+            .arg(e.dir.path().join(f))
+            .arg(&d)
+            .status();
+    }
+    std::fs::write(d.join("admin.token"), "admin-token\n").unwrap();
+    std::fs::write(
+        d.join("proxy.yaml"),
+        config(&d, e.origin.port, limits, plane),
+    )
+    .unwrap();
+    let p = Proxy::start_with(
+        d.join("proxy.yaml"),
+        d.join("audit.jsonl"),
+        &[("LLM_SECRET", SECRET)],
+    );
+    eventually(Duration::from_secs(20), "ready", || {
+        (p.admin_get("/readyz").0 == 200).then_some(())
+    });
+    p
+}
+
+/// The `control_plane` block for `etcd` under `prefix`.
+fn plane(etcd: &Etcd, prefix: &str) -> String {
+    format!(
+        "control_plane: {{ etcd: {{ endpoints: [\"127.0.0.1:{}\"], prefix: {prefix} }} }}\n",
+        etcd.client_port
+    )
+}
+
 #[test]
 #[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
 fn two_replicas_on_etcd_share_one_budget() {
     let e = env("{ tokens_per_day: 40 }");
     let etcd = Etcd::start(e.dir.path());
-    let plane = format!(
-        "control_plane: {{ etcd: {{ endpoints: [\"127.0.0.1:{}\"], prefix: /budget-test/ }} }}\n",
-        etcd.client_port
-    );
-    let start = |name: &str| {
-        let d = e.dir.path().join(name);
-        std::fs::create_dir_all(&d).unwrap();
-        for f in ["ica", "ca"] {
-            let _ = std::process::Command::new("cp")
-                .args(["-r"])
-                .arg(e.dir.path().join(f))
-                .arg(&d)
-                .status();
-        }
-        std::fs::write(d.join("admin.token"), "admin-token\n").unwrap();
-        std::fs::write(
-            d.join("proxy.yaml"),
-            config(&d, e.origin.port, "{ tokens_per_day: 40 }", &plane),
-        )
-        .unwrap();
-        Proxy::start_with(
-            d.join("proxy.yaml"),
-            d.join("audit.jsonl"),
-            &[("LLM_SECRET", SECRET)],
-        )
-    };
-    let a = start("a");
-    let b = start("b");
-    for p in [&a, &b] {
-        eventually(Duration::from_secs(20), "ready", || {
-            (p.admin_get("/readyz").0 == 200).then_some(())
-        });
-    }
+    let plane = plane(&etcd, "/budget-test/");
+    let a = replica(&e, "a", &plane, "{ tokens_per_day: 40 }");
+    let b = replica(&e, "b", &plane, "{ tokens_per_day: 40 }");
     let on = |p: &Proxy, dir: &str| {
         call_through(
             p,
@@ -551,13 +557,95 @@ fn two_replicas_on_etcd_share_one_budget() {
         assert!(served < 5, "A never refused");
     }
     assert!(served >= 2, "{served}");
-    // B learns A's count through etcd and refuses the same sandbox.
+    // B refuses the same sandbox: the fleet's budget is spent.
     eventually(Duration::from_secs(10), "B to refuse", || {
         let r = on(&b, "b");
         (r[0]["status"] == 429).then_some(())
     });
     let u = usage(&b);
     assert!(u["quotas"][0]["tokens"].as_u64().unwrap() >= 34, "{u}");
+}
+
+/// Three replicas on one etcd share `tokens_per_day: 2000` exactly (issue 94): 60 calls at
+/// once, 20 on each replica, each using its whole output bound and held 2 s so all are in
+/// flight together. Every call is served from its replica's leased share of the fleet's
+/// counter, so what the three replicas counted together is at most the budget (this origin
+/// reports fewer input tokens than the proxy's estimate: the documented overshoot, what
+/// providers report beyond a reservation, is zero here), and the fleet's counter in etcd
+/// never passes it. On the old code each replica judged on its own count and the others' as
+/// of their last report: the three spent about three budgets.
+#[test]
+#[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
+fn three_replicas_spend_a_token_budget_exactly() {
+    const BUDGET: u64 = 2000;
+    let limits = format!("{{ tokens_per_day: {BUDGET} }}");
+    let e = env(&limits);
+    let etcd = Etcd::start(e.dir.path());
+    let plane = plane(&etcd, "/budget3/");
+    let replicas: Vec<Proxy> = ["a", "b", "c"]
+        .iter()
+        .map(|n| replica(&e, n, &plane, &limits))
+        .collect();
+    let reports: Vec<Vec<serde_json::Value>> = std::thread::scope(|s| {
+        let runs: Vec<_> = replicas
+            .iter()
+            .zip(["a", "b", "c"])
+            .map(|(p, n)| {
+                let dir = e.dir.path().join(n);
+                let port = e.origin.port;
+                s.spawn(move || {
+                    let spec = serde_json::json!({
+                        "max_tokens": 100,
+                        "parallel": 20,
+                        "headers": { "x-test-use-all": "1", "x-test-delay-ms": "2000" },
+                    });
+                    call_through(p, &dir, port, "chat", spec)
+                })
+            })
+            .collect();
+        runs.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let all: Vec<&serde_json::Value> = reports.iter().flatten().collect();
+    let served = all.iter().filter(|r| r["ok"] == true).count();
+    assert!(
+        all.iter()
+            .filter(|r| r["ok"] != true)
+            .all(|r| r["status"] == 429 && r["type"] == "budget_exceeded"),
+        "{all:?}"
+    );
+    // Counted by the three replicas together: what the provider reported for each call,
+    // once every served call's record is written.
+    let spent: u64 = replicas
+        .iter()
+        .zip(&reports)
+        .map(|(p, r)| {
+            let records = eventually(Duration::from_secs(10), "every call settled", || {
+                let records: Vec<serde_json::Value> = p
+                    .audit_records()
+                    .into_iter()
+                    .filter(|r| r["event"] == "end" && r.get("tokens").is_some())
+                    .collect();
+                (records.len() >= ok(r)).then_some(records)
+            });
+            records
+                .iter()
+                .filter_map(|r| r["tokens"]["total"].as_u64())
+                .sum::<u64>()
+        })
+        .sum();
+    eprintln!("{served} calls served, {spent} tokens spent of {BUDGET}");
+    assert!(
+        spent <= BUDGET,
+        "{served} calls spent {spent} tokens of {BUDGET} over three replicas"
+    );
+    // Most of the budget is served (a call takes up to 125 of it: 100 out, the rest in).
+    assert!(spent >= BUDGET / 2, "{served} calls spent only {spent}");
+    let out = etcd.ctl(&["get", "--prefix", "/budget3/quota/", "--print-value-only"]);
+    let counter: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(
+        counter["tokens"].as_u64().unwrap() <= BUDGET,
+        "the fleet's counter: {counter}"
+    );
 }
 
 /// `simulate` on a trail of LLM calls: the running configuration changes nothing (exit 0); a

@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 mod budget;
 pub mod per_process;
 pub mod share;
-pub use budget::Reservation;
+pub use budget::{OverBudget, Reservation};
 
 /// Woken whenever a request is reserved against a daily quota or a byte count reaches one:
 /// the usage keeper ([`crate::server::usage`]) saves soon after, so a kill loses at most what
@@ -47,9 +47,9 @@ pub enum Spent {
     Tokens,
     /// The cost budget (`cost_per_day`).
     Cost,
-    /// This replica's share of the fleet's requests quota is used up and no new one came in
-    /// time ([`share`]).
-    Leasing,
+    /// This replica's share of the fleet's quota of a kind is too small and no new one came
+    /// in time ([`share`]).
+    Leasing(share::Kind),
 }
 
 impl Spent {
@@ -57,9 +57,10 @@ impl Spent {
     pub fn key(self) -> &'static str {
         match self {
             Spent::Bytes => "bytes_per_day",
-            Spent::Requests | Spent::Leasing => "requests_per_day",
+            Spent::Requests => "requests_per_day",
             Spent::Tokens => "tokens_per_day",
             Spent::Cost => "cost_per_day",
+            Spent::Leasing(kind) => kind.spent().key(),
         }
     }
 }
@@ -148,7 +149,7 @@ impl Meter {
     /// What a refusal for `spent` says: which quota, and its value.
     pub fn describe(&self, spent: Spent) -> String {
         match spent {
-            Spent::Leasing => format!(
+            Spent::Leasing(_) => format!(
                 "{}: this replica could not lease a share of it from the fleet (etcd) in time",
                 self.named(spent)
             ),
@@ -163,9 +164,13 @@ impl Meter {
 
     /// `the sandbox's bytes_per_day quota (50000)`, or the `per_destination` one's.
     fn named(&self, spent: Spent) -> String {
+        let spent = match spent {
+            Spent::Leasing(kind) => kind.spent(),
+            other => other,
+        };
         let value = match spent {
             Spent::Bytes => self.bytes_quota.load(Ordering::Relaxed).to_string(),
-            Spent::Requests | Spent::Leasing => {
+            Spent::Requests | Spent::Leasing(_) => {
                 self.requests_quota.load(Ordering::Relaxed).to_string()
             }
             Spent::Tokens => self.tokens_quota.load(Ordering::Relaxed).to_string(),
@@ -315,8 +320,12 @@ impl Meter {
         }
         let quota = self.requests_quota.load(Ordering::Relaxed);
         let others = self.others_requests.load(Ordering::Relaxed);
-        let reserved = match self.shared() {
-            true => return self.reserve_shared().map(|_| counted_signal().notify_one()),
+        let reserved = match self.shared_as(share::Kind::Requests) {
+            true => {
+                return self
+                    .reserve_shared(share::Kind::Requests, 1, true)
+                    .map(|_| counted_signal().notify_one())
+            }
             false => self
                 .requests
                 .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
@@ -364,8 +373,8 @@ impl Meter {
                     .saturating_add(others.load(Ordering::Relaxed))
                     >= q
         };
-        let requests = match self.shared() {
-            true => self.share_spent(),
+        let requests = match self.shared_as(share::Kind::Requests) {
+            true => self.share_spent(share::Kind::Requests),
             false => at(&self.requests, &self.others_requests, &self.requests_quota),
         };
         if at(&self.bytes, &self.others_bytes, &self.bytes_quota) {
@@ -381,7 +390,7 @@ impl Meter {
     fn recheck(&self) {
         match self.spent() {
             Some(Spent::Bytes) => self.trip(),
-            Some(Spent::Requests | Spent::Tokens | Spent::Cost | Spent::Leasing) => {
+            Some(Spent::Requests | Spent::Tokens | Spent::Cost | Spent::Leasing(_)) => {
                 self.over.store(true, Ordering::Release)
             }
             None => self.over.store(false, Ordering::Release),

@@ -74,13 +74,14 @@ pub trait Path: Sync {
     /// Why this path cannot serve what the request `needs`, if it cannot.
     fn unserved(&self, needs: Needs) -> Option<Refusal>;
     /// The call phase on a request allowed so far with `verdict` (`Err`: refused).
+    /// (On a fleet, an inference call may wait there for this replica's share of a budget.)
     fn call(
         &self,
         allowed: &mut Allowed,
         verdict: Verdict,
         req: Request<Self::Body>,
         audit: &mut AuditGuard,
-    ) -> Result<(Request<Self::Body>, Self::Call), Refusal>;
+    ) -> impl std::future::Future<Output = Result<(Request<Self::Body>, Self::Call), Refusal>> + Send;
     /// Reserve the request against the daily quotas (checked and counted at once; on a
     /// fleet, waiting for this replica's share rather than refusing).
     fn reserve(&self) -> impl std::future::Future<Output = Result<(), Refusal>> + Send;
@@ -227,6 +228,7 @@ async fn phases<P: Path>(
     };
     let (mut req, call) = path
         .call(&mut allowed, verdict, req, audit)
+        .await
         .map_err(|r| denied(r, audit))?;
     let how = (verdict, P::REPORTED);
     let verdict = super::ask::phase(at.asker, binding, path.to(), &mut req, how, audit)

@@ -107,7 +107,7 @@ where
         Some(Refusal::new(reason, detail))
     }
 
-    fn call(
+    async fn call(
         &self,
         _: &mut super::body::Allowed,
         _: Verdict,

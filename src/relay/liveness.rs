@@ -96,14 +96,7 @@ impl Liveness {
                 Err((r, None)) => return Err(r),
                 Err((r, Some(i))) => (r, &self.meters[i]),
             };
-            let grew = meter.share_grew();
-            tokio::pin!(grew);
-            grew.as_mut().enable();
-            // Leased (or found the fleet out) between the refusal and the registration.
-            if !meter.share_wanted() {
-                continue;
-            }
-            if tokio::time::timeout_at(deadline, grew).await.is_err() {
+            if !share::wait_grown(meter, deadline).await {
                 return Err(refusal);
             }
         }
@@ -133,7 +126,7 @@ impl Liveness {
                     crate::policy::reason::Reason::QuotaExceeded,
                     m.describe(spent),
                 );
-                return Err((r, (spent == Spent::Leasing).then_some(i)));
+                return Err((r, matches!(spent, Spent::Leasing(_)).then_some(i)));
             }
         }
         Ok(())
@@ -158,15 +151,13 @@ impl Liveness {
     }
 
     /// [`Liveness::reserve_budget`], only when the whole reservation fits in what every
-    /// budget has left.
+    /// budget has left; `Err` says why, and which meter's fleet share it may wait for.
     pub fn reserve_budget_within(
         &self,
         tokens: u64,
         cost: Option<u64>,
-    ) -> Result<crate::egress::quota::Reservation, crate::pipeline::Refusal> {
-        crate::egress::quota::Reservation::take_within(&self.meters, tokens, cost).map_err(|why| {
-            crate::pipeline::Refusal::new(crate::policy::reason::Reason::BudgetExceeded, why.0)
-        })
+    ) -> Result<crate::egress::quota::Reservation, crate::egress::quota::OverBudget> {
+        crate::egress::quota::Reservation::take_within(&self.meters, tokens, cost)
     }
 
     /// What is left today of the exchange's token and cost budgets (the least of its meters).

@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::share::Kind;
 use super::{counted_signal, Meter, Spent, NANO_USD};
 
 impl Meter {
@@ -41,8 +42,11 @@ impl Meter {
     /// left (a call whose output bound was set to what is left).
     fn reserve_budget_as(&self, tokens: u64, cost: u64, fit: bool) -> Result<(), Spent> {
         self.roll();
-        let take = |count: &AtomicU64, quota: &AtomicU64, others: &AtomicU64, n: u64| {
-            let q = quota.load(Ordering::Relaxed);
+        let take = |kind: Kind, count: &AtomicU64, others: &AtomicU64, n: u64| {
+            if self.shared_as(kind) {
+                return self.reserve_shared(kind, n, fit).map(|_| ());
+            }
+            let q = self.quota_of(kind);
             let o = others.load(Ordering::Relaxed);
             count
                 .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |c| {
@@ -53,19 +57,16 @@ impl Meter {
                     };
                     (q == 0 || room).then_some(c.saturating_add(n))
                 })
-                .is_ok()
+                .map(|_| ())
+                .map_err(|_| match kind {
+                    Kind::Cost => Spent::Cost,
+                    _ => Spent::Tokens,
+                })
         };
-        if !take(
-            &self.tokens,
-            &self.tokens_quota,
-            &self.others_tokens,
-            tokens,
-        ) {
-            return Err(Spent::Tokens);
-        }
-        if !take(&self.cost, &self.cost_quota, &self.others_cost, cost) {
+        take(Kind::Tokens, &self.tokens, &self.others_tokens, tokens)?;
+        if let Err(spent) = take(Kind::Cost, &self.cost, &self.others_cost, cost) {
             sub(&self.tokens, tokens);
-            return Err(Spent::Cost);
+            return Err(spent);
         }
         counted_signal().notify_one();
         Ok(())
@@ -74,16 +75,23 @@ impl Meter {
     /// What is left today of the token and the cost budget (`None`: that budget is not set).
     pub fn budget_left(&self) -> (Option<u64>, Option<u64>) {
         self.roll();
-        let left = |count: &AtomicU64, quota: &AtomicU64, others: &AtomicU64| {
-            let q = quota.load(Ordering::Relaxed);
-            let used = count
+        let left = |kind: Kind, others: &AtomicU64| {
+            let q = self.quota_of(kind);
+            if q == 0 {
+                return None;
+            }
+            if self.shared_as(kind) {
+                return Some(self.share_left(kind));
+            }
+            let used = self
+                .count_of(kind)
                 .load(Ordering::Relaxed)
                 .saturating_add(others.load(Ordering::Relaxed));
-            (q != 0).then(|| q.saturating_sub(used))
+            Some(q.saturating_sub(used))
         };
         (
-            left(&self.tokens, &self.tokens_quota, &self.others_tokens),
-            left(&self.cost, &self.cost_quota, &self.others_cost),
+            left(Kind::Tokens, &self.others_tokens),
+            left(Kind::Cost, &self.others_cost),
         )
     }
 
@@ -119,10 +127,12 @@ fn sub(count: &AtomicU64, n: u64) {
     });
 }
 
-/// Why a call is refused by a budget: which one, and its value (the refusal's words).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why a call is refused by a budget: which one, and its value (the refusal's words); and,
+/// when it only waits for this replica's share of a fleet's budget ([`super::share`]), the
+/// meter whose share it waits for.
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
-pub struct OverBudget(pub String);
+pub struct OverBudget(pub String, pub Option<Arc<Meter>>);
 
 /// One call's reservation on the meters that apply to it; settled once, at what it used
 /// ([`Reservation::settle`]); a reservation dropped unsettled keeps what it reserved (the
@@ -171,10 +181,13 @@ impl Reservation {
         let budgeted: Vec<Arc<Meter>> = meters.iter().filter(|m| m.budgeted()).cloned().collect();
         if cost.is_none() {
             if let Some(m) = budgeted.iter().find(|m| m.costed()) {
-                return Err(OverBudget(format!(
-                    "{} applies and defaults.prices has no price for this model (write one, or a `*` entry as the default)",
-                    m.named(Spent::Cost)
-                )));
+                return Err(OverBudget(
+                    format!(
+                        "{} applies and defaults.prices has no price for this model (write one, or a `*` entry as the default)",
+                        m.named(Spent::Cost)
+                    ),
+                    None,
+                ));
             }
         }
         let cost = cost.unwrap_or(0);
@@ -183,7 +196,8 @@ impl Reservation {
                 for done in &budgeted[..i] {
                     done.settle((tokens, cost), (0, 0));
                 }
-                return Err(OverBudget(m.describe(spent)));
+                let waits = matches!(spent, Spent::Leasing(_)).then(|| m.clone());
+                return Err(OverBudget(m.describe(spent), waits));
             }
         }
         Ok(Reservation {

@@ -1,14 +1,15 @@
-//! A meter's share of a fleet's `requests_per_day` (replicas on one etcd): the replica serves
-//! a sandbox's requests only from what it leased from the fleet's counter
-//! ([`crate::control::etcd::quota_lease`]), so the replicas together never serve more than the
-//! quota — the bound is the quota itself, not a sync interval.
+//! A meter's shares of a fleet's daily quotas (replicas on one etcd): `requests_per_day`,
+//! `tokens_per_day` and `cost_per_day`. The replica serves a sandbox's requests and calls only
+//! from what it leased from the fleet's counter ([`crate::control::etcd::quota_lease`]), so
+//! the replicas together never count more than the quota — the bound is the quota itself (and,
+//! for budgets, what providers report beyond the reservation), not a sync interval.
 //!
-//! A request that finds this replica's share used up while the fleet has some left is not
-//! refused: [`Meter::reserve`] answers [`Spent::Leasing`], the leaser is woken
-//! ([`wanted`]), and the request waits ([`Meter::share_grew`]) for the next chunk, up to
-//! [`LEASE_WAIT`]. Only when a lease found nothing left (`out`) is a request refused
-//! `quota_exceeded`. Per-process meters (`limits.per_process`) are not shared: their keys name
-//! this replica's processes.
+//! A request (or a call's reservation) that finds this replica's share too small while the
+//! fleet may have more is not refused: it answers [`Spent::Leasing`], saying how much it needs,
+//! the leaser is woken ([`wanted`]), and the request waits ([`Meter::share_grew`]) for the next
+//! chunk, up to [`LEASE_WAIT`]. Only when a lease found nothing left (`out`) is it refused.
+//! Per-process meters (`limits.per_process`) are not shared: their keys name this replica's
+//! processes. `bytes_per_day` is still shared by report ([`crate::server::usage`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -23,7 +24,7 @@ pub const LEASE_WAIT: Duration = Duration::from_secs(3);
 /// Whether this process is a replica of a fleet (set once, at start, when etcd is configured).
 static FLEET: AtomicBool = AtomicBool::new(false);
 
-/// Serve requests quotas from leased shares from now on.
+/// Serve quotas from leased shares from now on.
 pub fn join_fleet() {
     FLEET.store(true, Ordering::Release);
 }
@@ -39,72 +40,175 @@ pub fn wanted() -> &'static Notify {
     WANTED.get_or_init(Notify::new)
 }
 
-/// What this replica leased of one meter's requests quota today.
+/// Wait for `meter`'s share to grow after a request found it too small: `false` once
+/// `deadline` passed. Registered before it looks, so a lease in between is not missed; a
+/// lease that came before it answers at once.
+pub async fn wait_grown(meter: &Meter, deadline: tokio::time::Instant) -> bool {
+    if tokio::time::Instant::now() >= deadline {
+        return false;
+    }
+    let grew = meter.share_grew();
+    tokio::pin!(grew);
+    grew.as_mut().enable();
+    if !meter.share_waiting() {
+        return true;
+    }
+    tokio::time::timeout_at(deadline, grew).await.is_ok()
+}
+
+/// Which daily quota a share is of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// `requests_per_day`: requests.
+    Requests,
+    /// `tokens_per_day`: tokens.
+    Tokens,
+    /// `cost_per_day`: nano-dollars.
+    Cost,
+}
+
+impl Kind {
+    /// Every kind, in the order of [`Share`]'s pools.
+    pub const ALL: [Kind; 3] = [Kind::Requests, Kind::Tokens, Kind::Cost];
+
+    /// The counter's field, and the unit in logs.
+    pub fn field(self) -> &'static str {
+        match self {
+            Kind::Requests => "requests",
+            Kind::Tokens => "tokens",
+            Kind::Cost => "cost",
+        }
+    }
+
+    /// What a refusal names when this kind's fleet has nothing left.
+    pub(super) fn spent(self) -> Spent {
+        match self {
+            Kind::Requests => Spent::Requests,
+            Kind::Tokens => Spent::Tokens,
+            Kind::Cost => Spent::Cost,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What this replica leased of one quota today.
 #[derive(Debug, Default)]
-pub struct Share {
-    /// Requests this replica may count today (everything it leased, less what it gave back).
+struct Pool {
+    /// What this replica may count today (everything it leased, less what it gave back).
     leased: AtomicU64,
     /// The fleet had nothing left at the last lease.
     out: AtomicBool,
-    /// A request waits for a share.
-    want: AtomicBool,
-    /// Woken when the share grew or the fleet ran out.
+    /// What a waiting request or call needs beyond the share (0: nothing waits).
+    want: AtomicU64,
+    /// What the fleet had not leased at the last lease, plus what this replica gave back
+    /// since (read only once `known`).
+    fleet_left: AtomicU64,
+    /// `fleet_left` was set by a lease today.
+    known: AtomicBool,
+}
+
+/// What this replica leased of one meter's quotas today, one pool per [`Kind`].
+#[derive(Debug, Default)]
+pub struct Share {
+    pools: [Pool; 3],
+    /// Woken when a share grew or the fleet ran out.
     grew: Notify,
 }
 
 impl Share {
     pub(super) fn zero(&self) {
-        self.leased.store(0, Ordering::Relaxed);
+        for p in &self.pools {
+            p.leased.store(0, Ordering::Relaxed);
+            p.known.store(false, Ordering::Relaxed);
+        }
         self.reopen();
     }
 
-    /// Look at the fleet again at the next request (the quota changed).
+    /// Look at the fleet again at the next request (a quota changed).
     pub(super) fn reopen(&self) {
-        self.out.store(false, Ordering::Release);
+        for p in &self.pools {
+            p.out.store(false, Ordering::Release);
+        }
     }
 }
 
 impl Meter {
-    /// Whether this meter's requests quota is served from a leased share.
+    fn pool(&self, kind: Kind) -> &Pool {
+        &self.share.pools[kind.index()]
+    }
+
+    /// The count of `kind` today.
+    pub(super) fn count_of(&self, kind: Kind) -> &AtomicU64 {
+        match kind {
+            Kind::Requests => &self.requests,
+            Kind::Tokens => &self.tokens,
+            Kind::Cost => &self.cost,
+        }
+    }
+
+    /// The quota of `kind` (0: none).
+    pub fn quota_of(&self, kind: Kind) -> u64 {
+        match kind {
+            Kind::Requests => &self.requests_quota,
+            Kind::Tokens => &self.tokens_quota,
+            Kind::Cost => &self.cost_quota,
+        }
+        .load(Ordering::Relaxed)
+    }
+
+    /// Whether this meter's quota of `kind` is served from a leased share.
+    pub fn shared_as(&self, kind: Kind) -> bool {
+        in_fleet() && !self.scope.starts_with('~') && self.quota_of(kind) != 0
+    }
+
+    /// Whether any of this meter's quotas is served from a leased share.
     pub fn shared(&self) -> bool {
-        in_fleet() && !self.scope.starts_with('~') && self.requests_quota_of() != 0
+        Kind::ALL.iter().any(|k| self.shared_as(*k))
     }
 
-    /// The requests quota (0: none).
-    pub fn requests_quota_of(&self) -> u64 {
-        self.requests_quota.load(Ordering::Relaxed)
-    }
-
-    /// The requests counted today and the share leased for them.
-    pub fn share_state(&self) -> (u64, u64) {
+    /// The count of `kind` today and the share leased for it.
+    pub fn share_state(&self, kind: Kind) -> (u64, u64) {
         self.roll();
         (
-            self.requests.load(Ordering::Relaxed),
-            self.share.leased.load(Ordering::Relaxed),
+            self.count_of(kind).load(Ordering::Relaxed),
+            self.pool(kind).leased.load(Ordering::Relaxed),
         )
     }
 
-    /// Whether a request waits for a share.
-    pub fn share_wanted(&self) -> bool {
-        self.share.want.load(Ordering::Acquire)
+    /// What a waiting request or call needs of `kind` beyond the share (0: nothing waits).
+    pub fn share_wanted(&self, kind: Kind) -> u64 {
+        self.pool(kind).want.load(Ordering::Acquire)
     }
 
-    /// `n` more requests leased (`out`: the fleet had no more than that).
-    pub fn share_leased(&self, n: u64, out: bool) {
+    /// Whether anything waits for a share of this meter.
+    pub fn share_waiting(&self) -> bool {
+        Kind::ALL.iter().any(|k| self.share_wanted(*k) != 0)
+    }
+
+    /// `n` more of `kind` leased; `fleet_left`: what the fleet has not leased after it
+    /// (`out` when it is nothing).
+    pub fn share_leased(&self, kind: Kind, n: u64, fleet_left: u64) {
         self.roll();
-        self.share.leased.fetch_add(n, Ordering::AcqRel);
-        self.share.out.store(out, Ordering::Release);
-        self.share.want.store(false, Ordering::Release);
+        let p = self.pool(kind);
+        p.leased.fetch_add(n, Ordering::AcqRel);
+        p.fleet_left.store(fleet_left, Ordering::Release);
+        p.known.store(true, Ordering::Release);
+        p.out.store(fleet_left == 0, Ordering::Release);
+        p.want.store(0, Ordering::Release);
         self.share.grew.notify_waiters();
     }
 
-    /// Give back up to `n` unused requests of the share: how many were taken off (never
-    /// below what was counted, so a request reserved meanwhile keeps its unit).
-    pub fn share_give_back(&self, n: u64) -> u64 {
-        let counted = self.requests.load(Ordering::Acquire);
+    /// Give back up to `n` unused of the share of `kind`: how much was taken off (never below
+    /// what was counted, so a request reserved meanwhile keeps its unit).
+    pub fn share_give_back(&self, kind: Kind, n: u64) -> u64 {
+        let p = self.pool(kind);
+        let count = self.count_of(kind);
+        let counted = count.load(Ordering::Acquire);
         let mut given = 0;
-        let _ = self
-            .share
+        let _ = p
             .leased
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
                 given = l.saturating_sub(counted.max(l.saturating_sub(n)));
@@ -112,46 +216,68 @@ impl Meter {
             });
         // A request reserved between the load and the update may now stand above the share:
         // take back what it needs (the unit stays counted in the fleet).
-        let now = self.requests.load(Ordering::Acquire);
-        let over = now.saturating_sub(self.share.leased.load(Ordering::Acquire));
+        let now = count.load(Ordering::Acquire);
+        let over = now.saturating_sub(p.leased.load(Ordering::Acquire));
         if over > 0 {
-            self.share.leased.fetch_add(over, Ordering::AcqRel);
+            p.leased.fetch_add(over, Ordering::AcqRel);
             given = given.saturating_sub(over);
         }
+        p.fleet_left.fetch_add(given, Ordering::AcqRel);
         given
     }
 
-    /// Count one request against the share: `Leasing` when the share is used up and the
-    /// fleet may have more, `Requests` when it has none.
-    pub(super) fn reserve_shared(&self) -> Result<u64, Spent> {
+    /// Count `n` of `kind` against the share — with `fit`, only when all of it fits in what
+    /// is left, else while anything is — : `Leasing` when it does not and the fleet may have
+    /// more (the need is posted for the leaser), the kind's own `Spent` when it has none.
+    pub(super) fn reserve_shared(&self, kind: Kind, n: u64, fit: bool) -> Result<u64, Spent> {
+        let p = self.pool(kind);
         let reserved = self
-            .requests
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.share.leased.load(Ordering::Acquire)).then_some(n.saturating_add(1))
+            .count_of(kind)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                let leased = p.leased.load(Ordering::Acquire);
+                let room = match fit {
+                    true => c.saturating_add(n) <= leased,
+                    false => c < leased,
+                };
+                room.then_some(c.saturating_add(n))
             });
-        match reserved {
-            Ok(n) => Ok(n),
-            Err(_) if self.share.out.load(Ordering::Acquire) => {
-                // Another replica may have given some back: the leaser looks (once a second).
-                self.share.want.store(true, Ordering::Release);
-                wanted().notify_one();
-                Err(Spent::Requests)
-            }
-            Err(_) => {
-                self.share.want.store(true, Ordering::Release);
-                wanted().notify_one();
-                Err(Spent::Leasing)
-            }
+        let c = match reserved {
+            Ok(before) => return Ok(before),
+            Err(c) => c,
+        };
+        let need = c
+            .saturating_add(n.max(1))
+            .saturating_sub(p.leased.load(Ordering::Acquire));
+        p.want.fetch_max(need.max(1), Ordering::AcqRel);
+        wanted().notify_one();
+        match p.out.load(Ordering::Acquire) {
+            // Another replica may give some back: the leaser looks (once a second).
+            true => Err(kind.spent()),
+            false => Err(Spent::Leasing(kind)),
         }
     }
 
     /// Whether new requests are refused: the share is used up and the fleet has none left.
-    pub(super) fn share_spent(&self) -> bool {
-        self.share.out.load(Ordering::Acquire)
-            && self.requests.load(Ordering::Relaxed) >= self.share.leased.load(Ordering::Relaxed)
+    pub(super) fn share_spent(&self, kind: Kind) -> bool {
+        let p = self.pool(kind);
+        p.out.load(Ordering::Acquire)
+            && self.count_of(kind).load(Ordering::Relaxed) >= p.leased.load(Ordering::Relaxed)
     }
 
-    /// Resolves when the share grows or the fleet runs out (registered before the caller
+    /// What is left of `kind` for this replica to count: its share's room and what the fleet
+    /// had not leased at the last look.
+    pub(super) fn share_left(&self, kind: Kind) -> u64 {
+        let p = self.pool(kind);
+        let count = self.count_of(kind).load(Ordering::Relaxed);
+        let leased = p.leased.load(Ordering::Relaxed);
+        let fleet = match p.known.load(Ordering::Acquire) {
+            true => p.fleet_left.load(Ordering::Relaxed),
+            false => self.quota_of(kind).saturating_sub(leased.max(count)),
+        };
+        leased.saturating_sub(count).saturating_add(fleet)
+    }
+
+    /// Resolves when a share grows or the fleet runs out (registered before the caller
     /// tries again, so a change in between is not missed).
     pub fn share_grew(&self) -> tokio::sync::futures::Notified<'_> {
         self.share.grew.notified()

@@ -15,7 +15,7 @@ use super::prepared::Prepared;
 use crate::audit::record::TokenFacts;
 use crate::audit::AuditGuard;
 use crate::config::prices::{self, Price, TokenKinds};
-use crate::egress::quota::{Reservation, NANO_USD};
+use crate::egress::quota::{share, OverBudget, Reservation, NANO_USD};
 use crate::pipeline::Refusal;
 use crate::policy::protocols::inference::{Call, InferenceRule, WebTools};
 use crate::policy::protocols::inference_usage::UsageReader;
@@ -111,7 +111,7 @@ fn output_room(
 impl Metered {
     /// The accounting of an allowed inference call, if the request is one, reserved on
     /// `live`'s budgets (`Err`: refused; answered in its provider's shape, the host's).
-    pub(super) fn admit(
+    pub(super) async fn admit(
         live: &Liveness,
         p: &Prepared,
         allowed: &mut crate::pipeline::body::Allowed,
@@ -124,12 +124,12 @@ impl Metered {
         if verdict != crate::policy::Verdict::Allow || ic.1.body_bytes == 0 {
             return Ok(None);
         }
-        Self::admit_call(live, p, ic).map(Some)
+        Self::admit_call(live, p, ic).await.map(Some)
     }
 
     /// Admit an allowed call: its web tools, then its reservation. `Err`: refused (the
     /// reservation is not taken).
-    fn admit_call(
+    async fn admit_call(
         live: &Liveness,
         p: &Prepared,
         (rule, call): (Arc<InferenceRule>, Box<Call>),
@@ -155,7 +155,7 @@ impl Metered {
         }
         let prices = p.binding.limits.prices.clone();
         let price = prices::find(&prices, call.model.as_deref().unwrap_or("")).cloned();
-        let (reservation, bound) = Self::reserve_call(live, &call, price.as_ref())?;
+        let (reservation, bound) = Self::reserve_call(live, &call, price.as_ref()).await?;
         Ok(Metered {
             call,
             prices,
@@ -170,7 +170,7 @@ impl Metered {
     /// whole reservation must fit in what is left — so calls in flight cannot overshoot a
     /// budget by more than their input estimates' error (security review B05b). Returns the
     /// reservation and the bound the proxy set, when it set one.
-    fn reserve_call(
+    async fn reserve_call(
         live: &Liveness,
         call: &Call,
         price: Option<&Price>,
@@ -190,12 +190,15 @@ impl Metered {
             let r = live.reserve_budget(input.saturating_add(asked), cost(asked))?;
             return Ok((r, None));
         }
-        for _ in 0..4 {
+        let deadline = tokio::time::Instant::now() + share::LEASE_WAIT;
+        let refused = |e: OverBudget| Refusal::new(Reason::BudgetExceeded, e.0);
+        let mut raced = 0;
+        loop {
             let room = output_room(live.budget_left(), input, price);
             if room == Some(0) {
                 // Not even the input fits: refused, in the words that name the budget.
                 let r = live.reserve_budget_within(input.saturating_add(1), cost(1));
-                return r.map(|r| (r, Some(1)));
+                return r.map(|r| (r, Some(1))).map_err(refused);
             }
             let output = match (room, call.max_output) {
                 (Some(r), Some(m)) => r.min(m),
@@ -206,10 +209,19 @@ impl Metered {
             let tokens = input.saturating_add(output);
             match live.reserve_budget_within(tokens, cost(output)) {
                 Ok(r) => return Ok((r, bound)),
+                // On a fleet, this replica's share is too small: it waits for the next
+                // chunk (the next look at what is left may bound the call lower).
+                Err(OverBudget(why, Some(meter))) => {
+                    if !share::wait_grown(&meter, deadline).await {
+                        return Err(refused(OverBudget(why, None)));
+                    }
+                }
+                // A price is missing (said at once).
+                Err(e) if price.is_none() => return Err(refused(e)),
                 // Another call took what was left meanwhile, or a budget is spent (the next
-                // look says which), or a price is missing (said at once).
-                Err(e) if price.is_none() => return Err(e),
-                Err(_) => continue,
+                // look says which).
+                Err(_) if raced < 4 => raced += 1,
+                Err(_) => break,
             }
         }
         Err(Refusal::new(

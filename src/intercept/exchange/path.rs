@@ -50,14 +50,14 @@ impl Path for Terminated<'_> {
         None
     }
 
-    fn call(
+    async fn call(
         &self,
         allowed: &mut Allowed,
         verdict: Verdict,
         req: Request<UpBody>,
         audit: &mut AuditGuard,
     ) -> Result<(Request<UpBody>, Option<Metered>), Refusal> {
-        let metered = Metered::admit(&self.ex.live, self.p, allowed, verdict)?;
+        let metered = Metered::admit(&self.ex.live, self.p, allowed, verdict).await?;
         let req = match &metered {
             Some(m) if m.bound.is_some() => m.bound_request(req, audit)?,
             _ => req,
