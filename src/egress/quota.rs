@@ -4,19 +4,20 @@
 //!
 //! - New exchanges are refused at admission (`quota_exceeded`) while either count is at its
 //!   quota, until the day rolls over (`Retry-After`: the seconds until midnight UTC).
-//! - A live exchange is cut the moment its bytes carry the day's count to the quota: every
-//!   relay counts through its [`crate::relay::liveness::Liveness`], which holds the meter and
-//!   races [`Meter::exceeded`] against the relay (the cut overshoots by at most the chunk that
-//!   crossed: one read buffer).
+//! - A live exchange is cut the moment its bytes reach the quota: every relay takes what it
+//!   read from the meter before writing it ([`Meter::take`], through
+//!   [`crate::relay::liveness::Liveness`], which holds the meter and races [`Meter::exceeded`]
+//!   against the relay), so the bytes that would cross are never written.
 //! - Requests: a tunnel the proxy does not see into counts one; a forwarded request, and each
 //!   request inside a terminated tunnel, counts one. A request is *reserved*
 //!   ([`Meter::reserve`], through [`crate::relay::liveness::Liveness::reserve`]): checked and
 //!   counted in one atomic step, so parallel requests cannot all pass a quota one of them
 //!   fills.
 //!
-//! Other replicas' counts for the day (shared through etcd, [`crate::server::usage`]) are
-//! added as `others`: the quota is on the sum, exact up to what the other replicas moved since
-//! their last sync.
+//! On a fleet (etcd) every quota is served from this replica's leased share of the fleet's
+//! counter ([`share`]); other replicas' reported counts (`others`, [`crate::server::usage`])
+//! are only shown then. Without a fleet's shares (no etcd) the quota is on this replica's own
+//! count.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -260,6 +261,9 @@ impl Meter {
     /// `n` bytes moved (either direction); `true` when the day's bytes reached the quota.
     pub fn moved(&self, n: u64) -> bool {
         self.roll();
+        if self.shared_as(share::Kind::Bytes) {
+            return self.moved_shared_bytes(n);
+        }
         let total = self.bytes.fetch_add(n, Ordering::Relaxed).saturating_add(n);
         let quota = self.bytes_quota.load(Ordering::Relaxed);
         let others = self.others_bytes.load(Ordering::Relaxed);
@@ -280,6 +284,9 @@ impl Meter {
             return n;
         }
         self.roll();
+        if self.shared_as(share::Kind::Bytes) {
+            return self.take_shared_bytes(n);
+        }
         let others = self.others_bytes.load(Ordering::Relaxed);
         let mut granted = 0;
         let _ = self
@@ -313,9 +320,15 @@ impl Meter {
         }
         self.roll();
         let bytes = self.bytes_quota.load(Ordering::Relaxed);
-        let spent_bytes = (self.bytes.load(Ordering::Relaxed))
-            .saturating_add(self.others_bytes.load(Ordering::Relaxed));
-        if bytes != 0 && spent_bytes >= bytes {
+        let spent_bytes = match self.shared_as(share::Kind::Bytes) {
+            true => self.bytes_spent_shared(),
+            false => {
+                let used = (self.bytes.load(Ordering::Relaxed))
+                    .saturating_add(self.others_bytes.load(Ordering::Relaxed));
+                bytes != 0 && used >= bytes
+            }
+        };
+        if spent_bytes {
             return Err(Spent::Bytes);
         }
         let quota = self.requests_quota.load(Ordering::Relaxed);
@@ -352,7 +365,7 @@ impl Meter {
         self.recheck();
     }
 
-    fn trip(&self) {
+    pub(super) fn trip(&self) {
         if !self.over.swap(true, Ordering::AcqRel) {
             self.cut.notify_waiters();
             counted_signal().notify_one();
@@ -373,11 +386,21 @@ impl Meter {
                     .saturating_add(others.load(Ordering::Relaxed))
                     >= q
         };
-        let requests = match self.shared_as(share::Kind::Requests) {
-            true => self.share_spent(share::Kind::Requests),
-            false => at(&self.requests, &self.others_requests, &self.requests_quota),
+        let shared = |kind, count, others, quota| match self.shared_as(kind) {
+            true => self.share_spent(kind),
+            false => at(count, others, quota),
         };
-        if at(&self.bytes, &self.others_bytes, &self.bytes_quota) {
+        let requests = shared(
+            share::Kind::Requests,
+            &self.requests,
+            &self.others_requests,
+            &self.requests_quota,
+        );
+        let bytes = match self.shared_as(share::Kind::Bytes) {
+            true => self.bytes_spent_shared(),
+            false => at(&self.bytes, &self.others_bytes, &self.bytes_quota),
+        };
+        if bytes {
             Some(Spent::Bytes)
         } else if requests {
             Some(Spent::Requests)

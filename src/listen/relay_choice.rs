@@ -109,7 +109,8 @@ fn relay_until_stopped(
             }
             let host = running.target.host.to_string();
             let meters = running.slot.limiter().meters_for(&host, None);
-            meters.iter().any(|m| m.shared())
+            let requests = crate::egress::quota::share::Kind::Requests;
+            meters.iter().any(|m| m.shared_as(requests))
         };
         if terminate || plain && (crate::pipeline::reads_every_request(b) || leased()) {
             cap_upstream(&running.server, buffer);

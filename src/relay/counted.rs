@@ -3,6 +3,7 @@
 //! which counts its data bytes into the exchange's [`Liveness`] (so moving bytes keep it
 //! alive), passes every frame (data and trailers) through, and says once how it ended.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
+use crate::egress::quota::share;
 use crate::relay::liveness::Liveness;
 
 /// How a counted body ended.
@@ -46,7 +48,15 @@ pub struct Counted<B> {
     spent: bool,
     /// The digest of what was passed, when asked.
     digest: Option<sha2::Sha256>,
+    /// Data read but not yet granted by a byte quota whose fleet share is being leased, and
+    /// when to stop waiting for it ([`Counted::poll_held`]).
+    held: Option<(Bytes, tokio::time::Instant)>,
+    /// The next look at the share while data is held.
+    retry: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+/// How often data held for a fleet's byte share looks at the share again.
+const SHARE_RETRY: std::time::Duration = std::time::Duration::from_millis(2);
 
 impl<B: Body> Counted<B> {
     pub fn new(inner: B, live: Arc<Liveness>, up: bool) -> Self {
@@ -61,6 +71,8 @@ impl<B: Body> Counted<B> {
             on_end: None,
             spent: false,
             digest: None,
+            held: None,
+            retry: None,
         }
     }
 
@@ -92,6 +104,41 @@ impl<B: Body> Counted<B> {
 }
 
 impl<B> Counted<B> {
+    /// Data held for a fleet's byte share: the part granted now, once some is (what is left
+    /// stays held); `Pending` meanwhile, looking again every [`SHARE_RETRY`]; `None` when no
+    /// share came by `until` (the exchange is cut), or the fleet ran out (the quota's cut).
+    fn poll_held(
+        &mut self,
+        cx: &mut Context<'_>,
+        (mut data, until): (Bytes, tokio::time::Instant),
+    ) -> Poll<Option<Bytes>> {
+        loop {
+            let (granted, wait) = self.live.take_some(self.up, data.len());
+            if granted > 0 {
+                let piece = data.split_to(granted);
+                if !data.is_empty() {
+                    self.held = Some((data, until));
+                }
+                self.retry = None;
+                return Poll::Ready(Some(piece));
+            }
+            if !wait || tokio::time::Instant::now() >= until {
+                self.live.cut_now();
+                self.retry = None;
+                return Poll::Ready(None);
+            }
+            let next = tokio::time::Instant::now() + SHARE_RETRY;
+            let sleep = self
+                .retry
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(next)));
+            if sleep.as_mut().poll(cx).is_pending() {
+                self.held = Some((data, until));
+                return Poll::Pending;
+            }
+            sleep.as_mut().reset(next);
+        }
+    }
+
     fn ending(&mut self, complete: bool) -> Ending {
         Ending {
             complete,
@@ -129,15 +176,41 @@ where
             // more of this body is delivered meanwhile.
             return Poll::Pending;
         }
-        let mut polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(f))) = &mut polled {
+        let mut polled = match this.held.take() {
+            Some(held) => match this.poll_held(cx, held) {
+                Poll::Ready(Some(piece)) => Poll::Ready(Some(Ok(Frame::data(piece)))),
+                // No share came: the body ends short (its peer sees it cut).
+                Poll::Ready(None) => {
+                    this.error = Some(
+                        "this replica could not lease a share of the fleet's bytes_per_day in time"
+                            .into(),
+                    );
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => return Poll::Pending,
+            },
+            None => Pin::new(&mut this.inner).poll_frame(cx),
+        };
+        if let (Poll::Ready(Some(Ok(f))), None) = (&mut polled, &this.held) {
             if let Some(d) = f.data_mut() {
                 // Only what the byte quotas still allow is passed: the frame that crosses one
-                // is cut to the rest.
-                let granted = this.live.take(this.up, d.len());
+                // is cut to the rest — or, on a fleet whose share is being leased, the rest is
+                // held for it.
+                let (granted, wait) = this.live.take_some(this.up, d.len());
                 if granted < d.len() {
-                    d.truncate(granted);
-                    this.spent = true;
+                    let rest = d.split_off(granted);
+                    match wait {
+                        true => {
+                            let until = tokio::time::Instant::now() + share::LEASE_WAIT;
+                            this.held = Some((rest, until));
+                            if granted == 0 {
+                                cx.waker().wake_by_ref();
+                                return Poll::Pending;
+                            }
+                        }
+                        false => this.spent = true,
+                    }
                 }
             }
         }
@@ -152,7 +225,7 @@ where
                         c.fetch_add(d.len() as u64, Ordering::Relaxed);
                     }
                 }
-                if this.inner.is_end_stream() {
+                if this.inner.is_end_stream() && this.held.is_none() {
                     this.complete = true;
                 }
             }
@@ -170,7 +243,7 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.held.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

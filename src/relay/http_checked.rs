@@ -472,7 +472,8 @@ fn frame(
     f
 }
 
-/// Write `out` to the origin, shaped, counted write by write.
+/// Write `out` to the origin, shaped, taken from the byte quotas first (what crosses one is
+/// not written), counted write by write.
 async fn send<W: tokio::io::AsyncWrite + Unpin>(
     w: &mut W,
     out: &[u8],
@@ -490,6 +491,7 @@ async fn send<W: tokio::io::AsyncWrite + Unpin>(
         live.active(until);
         tokio::time::sleep_until(until).await;
     }
+    let out = &out[..live.allow(out.len()).await];
     let mut sent = 0;
     while sent < out.len() {
         let m = w.write(&out[sent..]).await?;
@@ -497,9 +499,9 @@ async fn send<W: tokio::io::AsyncWrite + Unpin>(
             return Err(std::io::ErrorKind::WriteZero.into());
         }
         sent += m;
-        live.delivered(true, m)?;
+        live.sent(true, m);
     }
-    Ok(())
+    live.cut_error()
 }
 
 #[cfg(test)]

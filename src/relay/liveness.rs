@@ -166,17 +166,12 @@ impl Liveness {
     }
 
     /// `n` bytes reached the socket in a direction: counted like [`Liveness::moved`], and an
-    /// error once they carried one of the exchange's daily quotas to its end. Every pump
-    /// calls it after every write — the one place a byte stream is cut by a quota — so the
-    /// cut comes at the chunk that crossed, not some writes later.
+    /// error once they carried one of the exchange's daily quotas to its end — for a path
+    /// that counts after it writes (a WebSocket message); the byte pumps take before they
+    /// write ([`Liveness::allow`]), so the cut comes at the chunk that would cross.
     pub fn delivered(&self, up: bool, n: usize) -> std::io::Result<()> {
         self.moved(up, n);
-        match self.cut.load(Ordering::Relaxed) {
-            true => Err(std::io::Error::other(
-                "the sandbox's bytes_per_day quota was reached",
-            )),
-            false => Ok(()),
-        }
+        self.cut_error()
     }
 
     /// Whether the exchange ended because the quota was reached ([`Liveness::delivered`]).
@@ -211,17 +206,32 @@ impl Liveness {
         at.saturating_duration_since(self.origin).as_nanos() as u64
     }
 
-    /// `n` bytes were delivered in a direction (client → destination when `up`).
     /// `n` bytes are about to be delivered (`up`: client → destination): how many of them
     /// every daily byte quota of the exchange still lets through, counted now. Fewer than `n`
     /// means a quota is spent: the rest must not be delivered, and the exchange is cut (the
     /// overshoot is none, not a buffer — review 7b: a forwarded download under load delivered
-    /// 1.78 MB against 1 MB).
-    pub fn take(&self, up: bool, n: usize) -> usize {
+    /// 1.78 MB against 1 MB) — unless the second value says more may come (a fleet's share
+    /// is being leased: try again). (A pump that can await uses [`Liveness::allow`].)
+    pub fn take_some(&self, up: bool, n: usize) -> (usize, bool) {
         if self.meters.is_empty() {
             self.moved(up, n);
-            return n;
+            return (n, false);
         }
+        let granted = self.take_meters(n);
+        self.sent(up, granted);
+        let wait = granted < n && self.meters.iter().any(|m| m.bytes_leasing());
+        self.mark_cut(granted < n && !wait);
+        (granted, wait)
+    }
+
+    /// Cut the exchange now: bytes waited for a fleet's share in vain.
+    pub fn cut_now(&self) {
+        self.cut.store(true, Ordering::Relaxed);
+    }
+
+    /// Take `n` bytes from every byte quota (the least any grants; the others give back the
+    /// rest).
+    fn take_meters(&self, n: usize) -> usize {
         let mut granted = n as u64;
         for (i, m) in self.meters.iter().enumerate() {
             let g = m.take(granted);
@@ -232,17 +242,62 @@ impl Liveness {
                 granted = g;
             }
         }
+        granted as usize
+    }
+
+    /// Cut the exchange when bytes were refused (`short`) or a byte quota is now at its end.
+    fn mark_cut(&self, short: bool) {
+        if short || self.meters.iter().any(|m| m.spent() == Some(Spent::Bytes)) {
+            self.cut.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Before a relay writes `n` bytes it read (`up`: client → destination): how many of them
+    /// the daily byte quotas let through, taken from them now; on a fleet, waiting (up to
+    /// [`share::LEASE_WAIT`]) while this replica leases the next share rather than cutting.
+    /// Fewer than `n`: write those, then end with [`Liveness::cut_error`]. The relay counts
+    /// what it wrote with [`Liveness::sent`].
+    pub async fn allow(&self, n: usize) -> usize {
+        if self.meters.is_empty() {
+            return n;
+        }
+        let mut got = self.take_meters(n);
+        let mut deadline = None;
+        while got < n {
+            let Some(m) = self.meters.iter().find(|m| m.bytes_leasing()) else {
+                break;
+            };
+            let until = *deadline.get_or_insert(tokio::time::Instant::now() + share::LEASE_WAIT);
+            if !share::wait_grown(m, until).await {
+                break;
+            }
+            got += self.take_meters(n - got);
+        }
+        self.mark_cut(got < n);
+        got
+    }
+
+    /// `n` bytes reached the socket (taken from the quotas before): counted for the record,
+    /// and as activity.
+    pub fn sent(&self, up: bool, n: usize) {
         let counter = if up {
             &self.counters.up
         } else {
             &self.counters.down
         };
-        counter.fetch_add(granted, Ordering::Relaxed);
-        if granted < n as u64 || self.meters.iter().any(|m| m.spent() == Some(Spent::Bytes)) {
-            self.cut.store(true, Ordering::Relaxed);
-        }
+        counter.fetch_add(n as u64, Ordering::Relaxed);
         self.touch();
-        granted as usize
+    }
+
+    /// The error a relay ends with once its exchange is cut by a byte quota
+    /// ([`Liveness::allow`]).
+    pub fn cut_error(&self) -> std::io::Result<()> {
+        match self.cut.load(Ordering::Relaxed) {
+            true => Err(std::io::Error::other(
+                "the sandbox's bytes_per_day quota was reached",
+            )),
+            false => Ok(()),
+        }
     }
 
     pub fn moved(&self, up: bool, n: usize) {

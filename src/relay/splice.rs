@@ -181,7 +181,8 @@ async fn pump(
             }
             Err(e) => return Err(e),
         };
-        let mut left = n;
+        // Taken from the byte quotas before it is written: what crosses one never leaves.
+        let mut left = live.allow(n).await;
         while left > 0 {
             dst.writable().await?;
             let written = dst.try_io(Interest::WRITABLE, || {
@@ -192,13 +193,13 @@ async fn pump(
                 Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
                 Ok(m) => {
                     left -= m;
-                    // Counted as it reaches the socket: a cut mid-chunk counts what left.
-                    live.delivered(up, m)?;
+                    live.sent(up, m);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e),
             }
         }
+        live.cut_error()?;
         // Fully drained. A pipe the source filled is kept (grown) for the next chunk; else it
         // is empty and can serve another tunnel.
         if n == pipe.cap {
@@ -233,6 +234,7 @@ async fn copy_chunk(
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
         Err(e) => return Err(e),
     };
+    let n = live.allow(n).await;
     let mut sent = 0;
     while sent < n {
         dst.writable().await?;
@@ -240,12 +242,13 @@ async fn copy_chunk(
             Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
             Ok(m) => {
                 sent += m;
-                live.delivered(up, m)?;
+                live.sent(up, m);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         }
     }
+    live.cut_error()?;
     Ok(false)
 }
 
@@ -297,15 +300,17 @@ async fn copy_once(
     // an end of stream's included: four a short tunnel).
     let mut buf = Vec::with_capacity(CHUNK);
     let n = src.read_buf(&mut buf).await?;
+    let allowed = live.allow(n).await;
     let mut sent = 0;
-    while sent < n {
-        let m = dst.write(&buf[sent..n]).await?;
+    while sent < allowed {
+        let m = dst.write(&buf[sent..allowed]).await?;
         if m == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
         sent += m;
-        live.delivered(up, m)?;
+        live.sent(up, m);
     }
+    live.cut_error()?;
     Ok(n)
 }
 

@@ -94,16 +94,19 @@ where
             live.active(until);
             tokio::time::sleep_until(until).await;
         }
-        // Counted write by write: a cut mid-chunk counts what reached the socket.
+        // Taken from the byte quotas before it is written (what crosses one never leaves),
+        // counted for the record write by write.
+        let allowed = live.allow(n).await;
         let mut sent = 0;
-        while sent < n {
-            let m = w.write(&buf[sent..n]).await?;
+        while sent < allowed {
+            let m = w.write(&buf[sent..allowed]).await?;
             if m == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
             sent += m;
-            live.delivered(up, m)?;
+            live.sent(up, m);
         }
+        live.cut_error()?;
     }
 }
 

@@ -51,6 +51,8 @@ struct Counter {
     #[serde(default)]
     requests: u64,
     #[serde(default)]
+    bytes: u64,
+    #[serde(default)]
     tokens: u64,
     #[serde(default)]
     cost: u64,
@@ -61,6 +63,7 @@ impl Counter {
     fn full() -> Counter {
         Counter {
             requests: u64::MAX,
+            bytes: u64::MAX,
             tokens: u64::MAX,
             cost: u64::MAX,
         }
@@ -69,6 +72,7 @@ impl Counter {
     fn of(&mut self, kind: Kind) -> &mut u64 {
         match kind {
             Kind::Requests => &mut self.requests,
+            Kind::Bytes => &mut self.bytes,
             Kind::Tokens => &mut self.tokens,
             Kind::Cost => &mut self.cost,
         }

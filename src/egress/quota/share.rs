@@ -1,5 +1,5 @@
 //! A meter's shares of a fleet's daily quotas (replicas on one etcd): `requests_per_day`,
-//! `tokens_per_day` and `cost_per_day`. The replica serves a sandbox's requests and calls only
+//! `bytes_per_day`, `tokens_per_day` and `cost_per_day`. The replica serves a sandbox's requests and calls only
 //! from what it leased from the fleet's counter ([`crate::control::etcd::quota_lease`]), so
 //! the replicas together never count more than the quota — the bound is the quota itself (and,
 //! for budgets, what providers report beyond the reservation), not a sync interval.
@@ -8,8 +8,9 @@
 //! fleet may have more is not refused: it answers [`Spent::Leasing`], saying how much it needs,
 //! the leaser is woken ([`wanted`]), and the request waits ([`Meter::share_grew`]) for the next
 //! chunk, up to [`LEASE_WAIT`]. Only when a lease found nothing left (`out`) is it refused.
-//! Per-process meters (`limits.per_process`) are not shared: their keys name this replica's
-//! processes. `bytes_per_day` is still shared by report ([`crate::server::usage`]).
+//! Bytes are taken before they are written ([`Meter::take_shared_bytes`]: a relay waits for a
+//! share as a request does). Per-process meters (`limits.per_process`) are not shared: their
+//! keys name this replica's processes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -61,6 +62,8 @@ pub async fn wait_grown(meter: &Meter, deadline: tokio::time::Instant) -> bool {
 pub enum Kind {
     /// `requests_per_day`: requests.
     Requests,
+    /// `bytes_per_day`: bytes, both directions.
+    Bytes,
     /// `tokens_per_day`: tokens.
     Tokens,
     /// `cost_per_day`: nano-dollars.
@@ -69,12 +72,13 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order of [`Share`]'s pools.
-    pub const ALL: [Kind; 3] = [Kind::Requests, Kind::Tokens, Kind::Cost];
+    pub const ALL: [Kind; 4] = [Kind::Requests, Kind::Bytes, Kind::Tokens, Kind::Cost];
 
     /// The counter's field, and the unit in logs.
     pub fn field(self) -> &'static str {
         match self {
             Kind::Requests => "requests",
+            Kind::Bytes => "bytes",
             Kind::Tokens => "tokens",
             Kind::Cost => "cost",
         }
@@ -84,6 +88,7 @@ impl Kind {
     pub(super) fn spent(self) -> Spent {
         match self {
             Kind::Requests => Spent::Requests,
+            Kind::Bytes => Spent::Bytes,
             Kind::Tokens => Spent::Tokens,
             Kind::Cost => Spent::Cost,
         }
@@ -113,7 +118,7 @@ struct Pool {
 /// What this replica leased of one meter's quotas today, one pool per [`Kind`].
 #[derive(Debug, Default)]
 pub struct Share {
-    pools: [Pool; 3],
+    pools: [Pool; 4],
     /// Woken when a share grew or the fleet ran out.
     grew: Notify,
 }
@@ -144,6 +149,7 @@ impl Meter {
     pub(super) fn count_of(&self, kind: Kind) -> &AtomicU64 {
         match kind {
             Kind::Requests => &self.requests,
+            Kind::Bytes => &self.bytes,
             Kind::Tokens => &self.tokens,
             Kind::Cost => &self.cost,
         }
@@ -153,6 +159,7 @@ impl Meter {
     pub fn quota_of(&self, kind: Kind) -> u64 {
         match kind {
             Kind::Requests => &self.requests_quota,
+            Kind::Bytes => &self.bytes_quota,
             Kind::Tokens => &self.tokens_quota,
             Kind::Cost => &self.cost_quota,
         }
@@ -255,6 +262,64 @@ impl Meter {
             true => Err(kind.spent()),
             false => Err(Spent::Leasing(kind)),
         }
+    }
+
+    /// Take up to `n` bytes from the share: how many fit, counted at once. Fewer than `n`
+    /// posts the rest for the leaser ([`Meter::bytes_leasing`] says whether more may come);
+    /// at the fleet's end the meter trips (the exchanges are cut).
+    pub(super) fn take_shared_bytes(&self, n: u64) -> u64 {
+        let p = self.pool(Kind::Bytes);
+        let mut granted = 0;
+        let _ = self
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                granted = p.leased.load(Ordering::Acquire).saturating_sub(c).min(n);
+                Some(c.saturating_add(granted))
+            });
+        if granted < n {
+            p.want.fetch_max(n - granted, Ordering::AcqRel);
+            wanted().notify_one();
+        }
+        if self.share_spent(Kind::Bytes) {
+            self.trip();
+        }
+        granted
+    }
+
+    /// `n` bytes counted after they moved (a path that cannot wait): past the share they are
+    /// owed to the fleet (added at the next lease); `true` when the fleet has none left.
+    pub(super) fn moved_shared_bytes(&self, n: u64) -> bool {
+        let p = self.pool(Kind::Bytes);
+        let c = self.bytes.fetch_add(n, Ordering::AcqRel).saturating_add(n);
+        if c > p.leased.load(Ordering::Acquire) {
+            p.want.fetch_max(1, Ordering::AcqRel);
+            wanted().notify_one();
+        }
+        let spent = self.share_spent(Kind::Bytes);
+        if spent {
+            self.trip();
+        }
+        spent
+    }
+
+    /// Whether new exchanges are refused by the fleet's byte quota: the share is used up and
+    /// the fleet has none left. A share used up while the fleet may have more asks the
+    /// leaser for the next (so a replica that has leased nothing learns the fleet is out).
+    pub(super) fn bytes_spent_shared(&self) -> bool {
+        let p = self.pool(Kind::Bytes);
+        let dry = self.bytes.load(Ordering::Acquire) >= p.leased.load(Ordering::Acquire);
+        let out = p.out.load(Ordering::Acquire);
+        if dry && !out && p.want.load(Ordering::Acquire) == 0 {
+            p.want.store(1, Ordering::Release);
+            wanted().notify_one();
+        }
+        dry && out
+    }
+
+    /// Whether bytes this meter could not grant may still come: its byte quota is a fleet
+    /// share and the fleet was not out at the last lease.
+    pub fn bytes_leasing(&self) -> bool {
+        self.shared_as(Kind::Bytes) && !self.pool(Kind::Bytes).out.load(Ordering::Acquire)
     }
 
     /// Whether new requests are refused: the share is used up and the fleet has none left.
