@@ -420,7 +420,8 @@ fn usage_sums_match_the_audit_records() {
 /// (issue 94): both download the 8 MiB `/big` through tunnels at once, each from the shares
 /// it leases of the fleet's counter — taken before they are written, so the two together get
 /// at most the quota and at least all of it less what a share might still hold; then both
-/// refuse new tunnels, and another sandbox is still served. On the code before, each replica
+/// refuse new tunnels, and another sandbox is still served. The same for forwarded bodies,
+/// which hold what they read while their replica leases the next share. On the code before, each replica
 /// judged on its own count and the other's as of its last report (a second): the two
 /// downloads, a few milliseconds each, together moved about twice the quota.
 #[test]
@@ -464,6 +465,33 @@ fn replicas_sharing_etcd_move_a_byte_quota_exactly() {
                 .then_some(())
         });
     }
+    // Forwarded bodies too (sandbox d's per_destination quota of 1 MiB on big.test): what
+    // the two replicas passed together is at most the quota.
+    let (fwd_a, fwd_b) = std::thread::scope(|s| {
+        let on_a = s.spawn(|| forwarded_download(a.proxy, "d", &origin));
+        let on_b = s.spawn(|| forwarded_download(b.proxy, "d", &origin));
+        (on_a.join().unwrap(), on_b.join().unwrap())
+    });
+    let both = fwd_a + fwd_b;
+    assert!(
+        both <= MIB,
+        "forwarded: A {fwd_a} + B {fwd_b} = {both} of {MIB}"
+    );
+    // (What the clients received may be less: the cut resets both sockets, and what was
+    // still in flight is lost. The fleet leased the whole quota, no more.)
+    let out = etcd.ctl(&[
+        "get",
+        "/usage-test/quota/",
+        "--prefix",
+        "--print-value-only",
+    ]);
+    let leased: u64 = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["bytes"].as_u64())
+        .max()
+        .unwrap_or(0);
+    assert_eq!(leased, MIB, "{out}");
     // The usage API adds up both replicas' counts (their reports reach each other each
     // second).
     eventually(
