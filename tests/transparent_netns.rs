@@ -19,7 +19,7 @@ fn script() -> PathBuf {
 }
 
 /// These tests were asked to run: they can, or they fail saying why.
-fn can_run() -> bool {
+fn require_netns() {
     let root = Command::new("id")
         .arg("-u")
         .output()
@@ -34,10 +34,8 @@ fn can_run() -> bool {
                 .map(|o| o.status.success())
                 .unwrap_or(false)
         });
-    if root && tools {
-        return true;
-    }
-    panic!(
+    assert!(
+        root && tools,
         "transparent netns tests need root and ip/iptables/curl/setpriv (root={root}, tools={tools}); \
          run them as root with `cargo test -- --include-ignored` (.ci/run installs the tools)"
     );
@@ -210,7 +208,7 @@ struct GatewayEnv {
     _rules: GatewayRules,
 }
 
-fn gateway_env(n: u8, strict: bool, tproxy: bool) -> Option<GatewayEnv> {
+fn gateway_env(n: u8, strict: bool, tproxy: bool) -> GatewayEnv {
     gateway_env_with(n, strict, tproxy, false)
 }
 
@@ -221,7 +219,7 @@ const API_SECRET: &str = "sk-transparent-0123456789abcdefghijklmnop";
 
 /// [`gateway_env`]; with `broker`, an interception CA (`DIR/ica`) and a credential `api`
 /// bound to api.test (header `Authorization: Bearer {secret}`), so api.test is terminated.
-fn gateway_env_with(n: u8, strict: bool, tproxy: bool, broker: bool) -> Option<GatewayEnv> {
+fn gateway_env_with(n: u8, strict: bool, tproxy: bool, broker: bool) -> GatewayEnv {
     gateway_env_full(n, strict, tproxy, broker, "", "")
 }
 
@@ -234,10 +232,8 @@ fn gateway_env_full(
     broker: bool,
     http_rules: &str,
     extra: &str,
-) -> Option<GatewayEnv> {
-    if !can_run() {
-        return None;
-    }
+) -> GatewayEnv {
+    require_netns();
     let ns = Netns::new("gw", 77, n);
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
@@ -320,7 +316,7 @@ defaults:
         args.extend(["--tproxy".to_string(), "--ipv4-only".to_string()]);
     }
     must(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    Some(GatewayEnv {
+    GatewayEnv {
         _dir: dir,
         ns,
         ca,
@@ -329,13 +325,13 @@ defaults:
         http,
         proxy,
         _rules: rules,
-    })
+    }
 }
 
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn gateway_sni_host_forged_destination_and_udp() {
-    let Some(GatewayEnv {
+    let GatewayEnv {
         ns,
         ca,
         https,
@@ -344,10 +340,7 @@ fn gateway_sni_host_forged_destination_and_udp() {
         proxy,
         _dir: _keep_dir,
         _rules: _keep_rules,
-    }) = gateway_env(1, false, false)
-    else {
-        return;
-    };
+    } = gateway_env(1, false, false);
     let ca = ca.ca_pem.display().to_string();
     let op = https.addr.port();
     let ip = ns.host_ip.clone();
@@ -471,7 +464,7 @@ fn gateway_sni_host_forged_destination_and_udp() {
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn gateway_strict_sni_dst_refuses_forged_destinations() {
-    let Some(GatewayEnv {
+    let GatewayEnv {
         ns,
         ca,
         https,
@@ -479,10 +472,7 @@ fn gateway_strict_sni_dst_refuses_forged_destinations() {
         _dir: _keep_dir,
         _rules: _keep_rules,
         ..
-    }) = gateway_env(2, true, false)
-    else {
-        return;
-    };
+    } = gateway_env(2, true, false);
     let ca = ca.ca_pem.display().to_string();
     let op = https.addr.port();
     let ip = ns.host_ip.clone();
@@ -510,9 +500,7 @@ fn gateway_strict_sni_dst_refuses_forged_destinations() {
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn script_is_idempotent_removable_and_has_a_dry_run() {
-    if !can_run() {
-        return;
-    }
+    require_netns();
     let ns = Netns::new("id", 79, 1);
     let s = script();
     let s = s.to_str().unwrap();
@@ -592,9 +580,7 @@ fn script_is_idempotent_removable_and_has_a_dry_run() {
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn sidecar_redirects_the_sandbox_but_not_the_proxy_itself() {
-    if !can_run() {
-        return;
-    }
+    require_netns();
     let ns = Netns::new("sc", 78, 1);
     let dir = tempfile::tempdir().unwrap();
     // The proxy runs as nobody inside the namespace: it must read its config and write audit.
@@ -704,9 +690,7 @@ sandboxes:
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn sidecar_attributes_each_redirected_process() {
-    if !can_run() {
-        return;
-    }
+    require_netns();
     let ns = Netns::new("at", 79, 1);
     let dir = tempfile::tempdir().unwrap();
     must(&["chmod", "0755", dir.path().to_str().unwrap()]);
@@ -805,9 +789,7 @@ sandboxes:
 #[ignore = "needs root, ip, iptables"]
 fn udp_probe_is_a_real_check() {
     // Without rules the same probe arrives: the UDP assertions above can fail.
-    if !can_run() {
-        return;
-    }
+    require_netns();
     let ns = Netns::new("ud", 80, 1);
     let sock = UdpSocket::bind((ns.host_ip.as_str(), 443)).unwrap();
     ns.send_udp(&ns.host_ip, sock.local_addr().unwrap().port());
@@ -818,9 +800,7 @@ fn udp_probe_is_a_real_check() {
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn gateway_ipv6_uses_the_ipv6_original_destination() {
-    if !can_run() {
-        return;
-    }
+    require_netns();
     let (ns, h6, s6) = v6_netns("v6", 81);
     let (h6, s6) = (h6.as_str(), s6.as_str());
     let dir = tempfile::tempdir().unwrap();
@@ -885,7 +865,7 @@ sandboxes:
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn gateway_tproxy_keeps_the_original_destination_as_local_address() {
-    let Some(GatewayEnv {
+    let GatewayEnv {
         ns,
         ca,
         https,
@@ -893,10 +873,7 @@ fn gateway_tproxy_keeps_the_original_destination_as_local_address() {
         _dir: _keep_dir,
         _rules: _keep_rules,
         ..
-    }) = gateway_env(4, false, true)
-    else {
-        return;
-    };
+    } = gateway_env(4, false, true);
     let ca = ca.ca_pem.display().to_string();
     let op = https.addr.port();
     let ip = ns.host_ip.clone();
@@ -1005,9 +982,7 @@ for _ in range(3):
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn icmp_and_raw_protocols_from_the_sandbox_reach_nothing() {
-    if !can_run() {
-        return;
-    }
+    require_netns();
     let s = script();
     let s = s.to_str().unwrap();
     // Gateway: a sandbox behind this host, and a host "outside" in another namespace that
@@ -1099,17 +1074,14 @@ fn recording_origin(ip: &str) -> (u16, Arc<Mutex<Vec<u8>>>) {
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn gateway_checks_every_request_and_requires_tls_on_tls_ports() {
-    let Some(GatewayEnv {
+    let GatewayEnv {
         ns,
         by_addr,
         proxy,
         _dir: _keep_dir,
         _rules: _keep_rules,
         ..
-    }) = gateway_env(5, false, false)
-    else {
-        return;
-    };
+    } = gateway_env(5, false, false);
     let ip = ns.host_ip.clone();
     // Two requests in one write on one keep-alive connection: the second names a host in
     // network.deny (by Host, then by absolute URI). Nothing of it may reach the origin.
@@ -1204,9 +1176,7 @@ impl Drop for NetnsResolvConf {
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn gateway_dns_redirect_answers_by_policy_and_names_nameless_connections() {
-    if !can_run() {
-        return;
-    }
+    require_netns();
     let ns = Netns::new("dn", 84, 1);
     let ip = ns.host_ip.clone();
     // A second host address the sandbox never gets in an answer, with a decoy resolver and a
@@ -1472,9 +1442,7 @@ sandboxes:
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn gateway_terminates_bound_hosts_and_brokers_credentials() {
-    let Some(env) = gateway_env_with(9, false, false, true) else {
-        return;
-    };
+    let env = gateway_env_with(9, false, false, true);
     let (status, body) = admin_req(
         env.proxy.admin,
         "GET",
@@ -1533,9 +1501,7 @@ fn gateway_terminates_bound_hosts_and_brokers_credentials() {
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn gateway_answers_egress_proxy_local_for_the_sandbox() {
-    let Some(env) = gateway_env_with(10, false, false, true) else {
-        return;
-    };
+    let env = gateway_env_with(10, false, false, true);
     let ip = env.ns.host_ip.clone();
     let body = r#"{"host": "wanted.test", "port": 443, "reason": "from the gateway"}"#;
     let (code, out) = env.ns.curl(&[
@@ -1575,9 +1541,7 @@ fn gateway_answers_egress_proxy_local_for_the_sandbox() {
 #[test]
 #[ignore = "needs root, ip, ip6tables"]
 fn gateway_ipv6_tproxy_decides_by_sni_and_the_guard_refuses_loopback_and_ula() {
-    if !can_run() {
-        return;
-    }
+    require_netns();
     let (ns, h6, s6) = v6_netns("t6", 82);
     let (h6, s6) = (h6.as_str(), s6.as_str());
     let dir = tempfile::tempdir().unwrap();
@@ -1667,16 +1631,13 @@ sandboxes:
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn gateway_refuses_encrypted_client_hello() {
-    let Some(GatewayEnv {
+    let GatewayEnv {
         ns,
         proxy,
         _dir: dir,
         _rules: _keep_rules,
         ..
-    }) = gateway_env(6, false, false)
-    else {
-        return;
-    };
+    } = gateway_env(6, false, false);
     let ip = ns.host_ip.clone();
     for (ech, hello) in [
         (false, common::tls_hello::client_hello("api.test", &[])),
@@ -1718,9 +1679,7 @@ fn gateway_refuses_encrypted_client_hello() {
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn gateway_drops_forged_source_addresses() {
-    if !can_run() {
-        return;
-    }
+    require_netns();
     let ns = Netns::new("sp", 85, 1);
     let sb_if = "egpsp1s";
     let ip = ns.host_ip.clone();
@@ -1853,9 +1812,7 @@ sandboxes:
 #[ignore = "needs root, ip, iptables"]
 fn gateway_judges_plain_http_to_a_host_with_http_rules_request_by_request() {
     let rules = r#"[{ host: plain.test, methods: [GET], paths: ["/ok/**"] }]"#;
-    let Some(env) = gateway_env_full(11, false, false, true, rules, "") else {
-        return;
-    };
+    let env = gateway_env_full(11, false, false, true, rules, "");
     let (ip, port) = (env.ns.host_ip.clone(), env.http.addr.port());
     let url = |path: &str| format!("http://{ip}:{port}{path}");
     let host = format!("Host: plain.test:{port}");
@@ -1895,9 +1852,7 @@ fn gateway_judges_plain_http_to_a_host_with_http_rules_request_by_request() {
 #[ignore = "needs root, ip, iptables"]
 fn gateway_quotas_count_every_connection_and_every_request_exactly() {
     let limits = "    limits: { requests_per_day: 3 }\n";
-    let Some(env) = gateway_env_full(12, false, false, false, "", limits) else {
-        return;
-    };
+    let env = gateway_env_full(12, false, false, false, "", limits);
     let ip = env.ns.host_ip.clone();
     let (http_port, https_port) = (env.http.addr.port(), env.https.addr.port());
     let ca = env.ca.ca_pem.display().to_string();
@@ -1939,9 +1894,7 @@ fn gateway_quotas_count_every_connection_and_every_request_exactly() {
 #[ignore = "needs root, ip, iptables"]
 fn gateway_counts_each_request_on_a_kept_plain_connection() {
     let limits = "    limits: { requests_per_day: 3 }\n";
-    let Some(env) = gateway_env_full(13, false, false, false, "", limits) else {
-        return;
-    };
+    let env = gateway_env_full(13, false, false, false, "", limits);
     let ip = env.ns.host_ip.clone();
     let port = keepalive_origin(&ip);
     let resolve = format!("plain.test:{port}:{ip}");
@@ -1974,9 +1927,7 @@ fn gateway_counts_each_request_on_a_kept_plain_connection() {
 #[ignore = "needs root, ip, iptables"]
 fn gateway_dlp_reads_plain_http_to_a_host_without_rules() {
     let dlp = "    dlp: { rules: [{ name: aws_key, pattern: \"AKIA[0-9A-Z]{16}\" }] }\n";
-    let Some(env) = gateway_env_full(14, false, false, false, "", dlp) else {
-        return;
-    };
+    let env = gateway_env_full(14, false, false, false, "", dlp);
     let ip = env.ns.host_ip.clone();
     let port = env.http.addr.port();
     let resolve = format!("plain.test:{port}:{ip}");
@@ -2024,9 +1975,7 @@ fn gateway_dlp_reads_plain_http_to_a_host_without_rules() {
 fn gateway_plain_requests_run_the_head_dlp_quota_and_record_phases() {
     let rules = r#"[{ host: plain.test, methods: [GET, POST], paths: ["/ok/**", /upload] }]"#;
     let extra = "    limits: { requests_per_day: 100 }\n    dlp: { rules: [{ name: aws_key, pattern: \"AKIA[0-9A-Z]{16}\" }] }\n";
-    let Some(env) = gateway_env_full(15, false, false, true, rules, extra) else {
-        return;
-    };
+    let env = gateway_env_full(15, false, false, true, rules, extra);
     let port = env.http.addr.port();
     let resolve = format!("plain.test:{port}:{}", env.ns.host_ip);
     let spent = || {
@@ -2084,9 +2033,7 @@ fn gateway_plain_requests_run_the_head_dlp_quota_and_record_phases() {
 fn gateway_a_post_after_a_private_read_is_refused() {
     let flows = r#"[]
         flows: { labels: { private: [{ host: plain.test, paths: ["/private/**"] }] }, rules: [{ name: no-exfil, after: [private], refuse: writes, except: [private] }] }"#;
-    let Some(env) = gateway_env_full(16, false, false, false, flows, "") else {
-        return;
-    };
+    let env = gateway_env_full(16, false, false, false, flows, "");
     let port = env.http.addr.port();
     let resolve = format!("plain.test:{port}:{}", env.ns.host_ip);
     let run = |path: &str, extra: &[&str]| {
