@@ -1,7 +1,7 @@
 //! Many datagrams per system call for the DNS listener's UDP loops: `recvmmsg(2)` reads what
 //! is queued (up to [`BATCH`]) in one call, and `sendmmsg(2)` sends a batch's answers in one.
 //! Under load a loop then pays one system call and one wake-up per batch, not per query
-//! (docs/performance.md, DNS). The fourth fenced module with `unsafe`: the two calls and the
+//! (docs/performance-history.md, DNS). The fourth fenced module with `unsafe`: the two calls and the
 //! socket addresses they fill. Answers wait end to end in one buffer ([`Outbox`]). Addresses go through `socket2`'s `SockAddr`, which knows each
 //! family's layout; nothing here keeps a pointer past the call that uses it.
 

@@ -5,7 +5,7 @@
 //! an answer epoll has already given. A connect that failed wakes its socket with `EPOLLERR`
 //! (and `EPOLLHUP`, the socket being closed), which tokio reports as the write side closed; a
 //! connect that succeeded wakes it writable only. So the error is asked for only when the
-//! connect failed, to say why. Issue 67 counts the call (docs/performance.md).
+//! connect failed, to say why. Issue 67 counts the call (docs/performance-history.md).
 
 use std::io;
 use std::net::SocketAddr;

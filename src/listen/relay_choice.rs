@@ -13,7 +13,7 @@
 //!   between two plain TCP sockets, in user space otherwise ([`crate::relay::tunnel`]).
 //!
 //! Every branch a plain tunnel does not take is boxed: an idle tunnel's task holds only the
-//! state of the branch it is in (see docs/performance.md).
+//! state of the branch it is in (see docs/performance-history.md).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -54,7 +54,7 @@ fn once_grant(shared: &Shared, sandbox: &Sandbox, decision: &Decision) -> Option
 ///
 /// A function returning an async block rather than an `async fn`: an `async fn` keeps each
 /// argument twice in its state (as the argument and as the local it is moved into,
-/// rust-lang/rust#62958), and every idle tunnel's task holds this state (docs/performance.md,
+/// rust-lang/rust#62958), and every idle tunnel's task holds this state (docs/performance-history.md,
 /// issue 67 seventh part).
 pub(super) fn relay(
     running: Box<Running>,

@@ -50,7 +50,7 @@ impl Running {
     /// Boxed: each async layer a tunnel passes through (the listener's task, the first-bytes
     /// check, the relay chooser) would otherwise keep the whole `Running` in its state, some
     /// twice (argument and local) — about a kilobyte of every idle tunnel's task for one
-    /// allocation of 168 bytes (docs/performance.md, issue 67 seventh part).
+    /// allocation of 168 bytes (docs/performance-history.md, issue 67 seventh part).
     pub fn start(
         shared: &Arc<Shared>,
         admitted: Admitted,

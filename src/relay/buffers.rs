@@ -16,7 +16,7 @@
 //! the cap is deferred only when it allows that much anyway, and set before relaying when
 //! it is smaller. Every other path caps it before relaying.
 //!
-//! The price, measured (docs/performance.md): single-tunnel bulk on loopback ~7–10 % lower
+//! The price, measured (docs/performance-history.md): single-tunnel bulk on loopback ~7–10 % lower
 //! with 256 KiB than with autotuning. `TCP_NOTSENT_LOWAT` on the client side was measured
 //! too and cost more (~20 %). `0` turns the cap off.
 

@@ -401,7 +401,7 @@ impl Liveness {
 
 pin_project_lite::pin_project! {
     /// [`Liveness::run`]'s future: what an idle relay's task holds is this, the two pumps and
-    /// little else (docs/performance.md, idle memory).
+    /// little else (docs/performance-history.md, idle memory).
     pub struct Run<'a, W, S> {
         live: &'a Liveness,
         #[pin]

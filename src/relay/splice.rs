@@ -446,7 +446,7 @@ mod tests {
     /// An idle tunnel's task holds this future for the tunnel's life: its two pumps, the idle
     /// sleep and the stop, each once. Before the driver was a future of its own (nested `async
     /// fn`s each kept what they passed on) it was 4,384 bytes, and the whole task ~7 KiB
-    /// (docs/performance.md, idle memory). A bound on a size, not a timing: deterministic.
+    /// (docs/performance-history.md, idle memory). A bound on a size, not a timing: deterministic.
     #[tokio::test]
     async fn an_idle_relay_holds_its_pumps_once() {
         let (_cp, mut client) = pair().await;
