@@ -17,6 +17,7 @@ use super::etcd::TTL_RANGE;
 use super::layers::parse_layer;
 use super::ChangeError;
 use crate::config::layers::RawLayer;
+use crate::policy::cause::caused;
 
 /// Which layers path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,7 +129,7 @@ async fn simulate(admin: &Admin, candidate: Candidate) -> Result<serde_json::Val
         Candidate::Layer(id, layer) => control.simulate_layer(&id, *layer),
     })
     .await
-    .map_err(|e| ChangeError::Failed(format!("control task: {e}")))?
+    .map_err(|e| ChangeError::Failed(caused("control task", e)))?
 }
 
 fn change_error(e: ChangeError) -> Response<Full<Bytes>> {
@@ -201,7 +202,7 @@ async fn set(admin: &Admin, id: String, layer: Option<RawLayer>) -> Response<Ful
             let (control, lid) = (admin.control.clone(), id.clone());
             tokio::task::spawn_blocking(move || control.set_layer(&lid, layer))
                 .await
-                .unwrap_or_else(|e| Err(ChangeError::Failed(format!("control task: {e}"))))
+                .unwrap_or_else(|e| Err(ChangeError::Failed(caused("control task", e))))
         }
     };
     let version = admin.shared.policy.load().version().to_string();

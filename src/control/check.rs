@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use crate::control::error::{invalid, ControlError};
 use crate::egress::resolve::Resolver;
 use crate::egress::{self, Lookup};
+use crate::policy::cause::{caused, of};
 use crate::policy::process::{Observed, Process, Seen, Vouched};
 use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::target::{Host, Target};
@@ -19,7 +20,7 @@ use std::sync::Arc;
 /// URL with credentials in it, or another scheme, is invalid.
 pub fn parse_target(text: &str) -> Result<Target, ControlError> {
     let Some((scheme, _)) = text.split_once("://") else {
-        return Target::parse(text, Some(443)).map_err(|e| invalid(e.to_string()));
+        return Target::parse(text, Some(443)).map_err(|e| invalid(of(e)));
     };
     let default = match scheme.to_ascii_lowercase().as_str() {
         "http" | "ws" => 80,
@@ -32,14 +33,14 @@ pub fn parse_target(text: &str) -> Result<Target, ControlError> {
     };
     let uri: http::Uri = text
         .parse()
-        .map_err(|e| invalid(format!("malformed URL: {e}")))?;
+        .map_err(|e| invalid(caused("malformed URL", e)))?;
     let authority = uri
         .authority()
         .ok_or_else(|| invalid("a URL without a host"))?;
     if authority.as_str().contains('@') {
         return Err(invalid("a URL with credentials in it"));
     }
-    Target::parse(authority.as_str(), Some(default)).map_err(|e| invalid(e.to_string()))
+    Target::parse(authority.as_str(), Some(default)).map_err(|e| invalid(of(e)))
 }
 
 /// The process a check asks about (`network.scoped` entries and scoped `network.http` rules

@@ -8,9 +8,10 @@ use crate::policy::cause::Why;
 /// A control-plane failure, by where it happened.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ControlError {
-    /// Input refused: a `check` target, a CLI duration, an admin API query parameter.
-    #[error("{0}")]
-    Invalid(String),
+    /// Input refused: a `check` target, a CLI duration, an admin API query parameter (with the
+    /// parser's error as its cause, when one said so).
+    #[error(transparent)]
+    Invalid(Why),
     /// The `state_dir` registration log could not be opened or a line of it read (with the
     /// file's error as its cause).
     #[error(transparent)]
@@ -18,16 +19,17 @@ pub enum ControlError {
     /// etcd could not be reached or a watch broke (retried), with etcd's error as its cause.
     #[error(transparent)]
     Etcd(Why),
-    /// A value read from etcd that this replica cannot put in force (kept out, reported).
-    #[error("{0}")]
-    Rejected(String),
+    /// A value read from etcd that this replica cannot put in force (kept out, reported), with
+    /// why as its cause.
+    #[error(transparent)]
+    Rejected(Why),
     /// A step a signed-in person may not take: a viewer's answer, or a request whose layers
     /// name other approvers (the console).
     #[error("{0}")]
     Forbidden(String),
 }
 
-pub(crate) fn invalid(why: impl Into<String>) -> ControlError {
+pub(crate) fn invalid(why: impl Into<Why>) -> ControlError {
     ControlError::Invalid(why.into())
 }
 

@@ -7,7 +7,7 @@
 //! layer that no longer exists (delete the members, or move them, first). Without etcd the
 //! runtime layers are kept in `state_dir/layers.json` and restored before the registrations.
 
-use crate::policy::cause::{self as cause, caused};
+use crate::policy::cause::{self as cause, caused, of};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -24,16 +24,16 @@ pub const LAYERS_FILE: &str = "layers.json";
 /// A layer's body (`PUT /v1/layers/{id}`): JSON of [`RawLayer`], its `id` the path's.
 pub fn parse_layer(id: &str, body: &str) -> Result<RawLayer, ChangeError> {
     let mut v: Value = serde_json::from_str(body)
-        .map_err(|e| ChangeError::BadRequest(format!("not valid JSON: {e}")))?;
+        .map_err(|e| ChangeError::BadRequest(caused("not valid JSON", e)))?;
     match v.get("id") {
         None => v["id"] = json!(id),
         Some(Value::String(s)) if s == id => {}
         Some(_) => {
             let why = format!("`id` in the body must be `{id}`, as in the path");
-            return Err(ChangeError::BadRequest(why));
+            return Err(ChangeError::BadRequest(why.into()));
         }
     }
-    serde_json::from_value(v).map_err(|e| ChangeError::BadRequest(format!("layer {id}: {e}")))
+    serde_json::from_value(v).map_err(|e| ChangeError::BadRequest(caused(format!("layer {id}"), e)))
 }
 
 /// The runtime layers kept in `dir` (none when the file is absent).
@@ -124,7 +124,7 @@ impl Controller {
         let mut runtime = config.layers.runtime.clone();
         changed(&mut runtime, id, layer.cloned())?;
         let config = (config.with_runtime_layers(runtime))
-            .map_err(|e| ChangeError::BadRequest(e.join("; ")))?;
+            .map_err(|e| ChangeError::BadRequest(e.join("; ").into()))?;
         let registered = self.view.load().runtime.clone();
         for (rid, r) in registered.iter() {
             let what = format!("registered sandbox {rid}");
@@ -161,7 +161,7 @@ impl Controller {
             return Ok(());
         }
         let config = (st.config.with_runtime_layers(runtime))
-            .map_err(|e| ChangeError::BadRequest(e.join("; ")))?;
+            .map_err(|e| ChangeError::BadRequest(e.join("; ").into()))?;
         let (old, registered) = (st.config.clone(), st.runtime.clone());
         let built = self.build_with(config, &old, &registered);
         let done = self.apply_reload(&mut st, "layers", built);
@@ -173,7 +173,7 @@ impl Controller {
         let done = self
             .removed(done)
             .map_err(|e| ChangeError::Conflict(e.messages().join("; ")));
-        done.and(kept.map_err(|e| ChangeError::Failed(e.to_string())))
+        done.and(kept.map_err(|e| ChangeError::Failed(of(e))))
             .map(|_| ())
     }
 

@@ -33,6 +33,7 @@ use serde_json::{json, Value};
 use crate::config::{Binding, Config};
 use crate::control::state_store::StateStore;
 use crate::egress::handles::Handles;
+use crate::policy::cause::caused;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::{Changes, CompileError, PolicySet, Scope};
 use crate::runtime::Shared;
@@ -296,7 +297,7 @@ impl Controller {
         if let Some(store) = store_of(st)? {
             store
                 .put(id, &json, new_in_log)
-                .map_err(|e| ChangeError::Failed(format!("cannot persist to state_dir: {e}")))?;
+                .map_err(|e| ChangeError::Failed(caused("cannot persist to state_dir", e)))?;
         }
         st.unparsed.remove(id);
         // New `sources` could take addresses from clients identified as the default sandbox:
@@ -332,9 +333,9 @@ impl Controller {
         if !st.runtime.contains_key(id) && st.unparsed.contains_key(id) {
             // Restored but never in force: only the log holds it.
             if let Some(store) = store_of(&mut st)? {
-                store.delete(id).map_err(|e| {
-                    ChangeError::Failed(format!("cannot persist to state_dir: {e}"))
-                })?;
+                store
+                    .delete(id)
+                    .map_err(|e| ChangeError::Failed(caused("cannot persist to state_dir", e)))?;
             }
             st.unparsed.remove(id);
             tracing::info!(sandbox = id, "restored registration removed");
@@ -354,7 +355,7 @@ impl Controller {
         if let Some(store) = store_of(&mut st)? {
             store
                 .delete(id)
-                .map_err(|e| ChangeError::Failed(format!("cannot persist to state_dir: {e}")))?;
+                .map_err(|e| ChangeError::Failed(caused("cannot persist to state_dir", e)))?;
         }
         st.runtime.remove(id);
         let open = current
@@ -479,9 +480,9 @@ fn origin(runtime: &Registrations, id: &str) -> &'static str {
 fn store_of(st: &mut State) -> Result<Option<&mut StateStore>, ChangeError> {
     match &mut st.store {
         Ok(store) => Ok(store.as_mut()),
-        Err(why) => Err(ChangeError::Failed(format!(
-            "state_dir is not available ({why}); changes cannot be kept"
-        ))),
+        Err(why) => Err(ChangeError::Failed(
+            format!("state_dir is not available ({why}); changes cannot be kept").into(),
+        )),
     }
 }
 

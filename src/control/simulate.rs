@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::control::registry::{self, Origin};
 use crate::control::replay::Replay;
 use crate::control::{policy_diff, ChangeError, Controller};
+use crate::policy::cause::{caused, of};
 use crate::policy::set::PolicySet;
 
 /// The trail's files, oldest first (rotated `path.keep` … `path.1`, then `path`).
@@ -40,13 +41,13 @@ fn replay(config: &Config, set: &PolicySet, sandbox: Option<&str>) -> Result<Val
     let mut r = Replay::new(set, sandbox);
     for f in trail_files(config)? {
         let file = std::fs::File::open(&f)
-            .map_err(|e| ChangeError::Failed(format!("{}: {e}", f.display())))?;
+            .map_err(|e| ChangeError::Failed(caused(f.display().to_string(), e)))?;
         for line in std::io::BufReader::with_capacity(1 << 20, file).split(b'\n') {
-            let line = line.map_err(|e| ChangeError::Failed(format!("{}: {e}", f.display())))?;
+            let line = line.map_err(|e| ChangeError::Failed(caused(f.display().to_string(), e)))?;
             r.line(&String::from_utf8_lossy(&line));
         }
     }
-    serde_json::to_value(&r.out).map_err(|e| ChangeError::Failed(e.to_string()))
+    serde_json::to_value(&r.out).map_err(|e| ChangeError::Failed(of(e)))
 }
 
 /// A report: the replay, the diff, and whether the change widens reach.
@@ -65,8 +66,7 @@ impl Controller {
         let ready = registry::prepare(&config, id, body, Origin::Api)?;
         let current = self.shared.policy.load();
         let old = current.get(id).map(|sb| sb.binding.clone());
-        let set = (current.with_binding(&ready.binding))
-            .map_err(|e| ChangeError::Failed(e.to_string()))?;
+        let set = (current.with_binding(&ready.binding)).map_err(|e| ChangeError::Failed(of(e)))?;
         let ports = &config.defaults.ports;
         let diff = policy_diff::sandbox_diff(old.as_deref(), Some(&ready.binding), ports);
         Ok(report(replay(&config, &set, Some(id))?, diff))
@@ -81,7 +81,7 @@ impl Controller {
         let mut runtime = config.layers.runtime.clone();
         runtime.insert(id.to_string(), layer);
         let candidate = (config.with_runtime_layers(runtime))
-            .map_err(|e| ChangeError::BadRequest(e.join("; ")))?;
+            .map_err(|e| ChangeError::BadRequest(e.join("; ").into()))?;
         let built = (self.build_with(candidate, &config, &registered))
             .map_err(|e| ChangeError::Conflict(e.messages().join("; ")))?;
         let last = |c: &Config| c.layers.get(id).and_then(|c| c.last()).map(Arc::clone);

@@ -20,6 +20,7 @@ use crate::control::admin::{read_body, Admin, AdminBody, Caller};
 use crate::control::admin_requests::on_desk;
 use crate::control::error::{invalid, ControlError};
 use crate::control::observe::Filter;
+use crate::policy::cause::of;
 use crate::policy::flows::state::Waive;
 use crate::policy::granted::GrantKind;
 use crate::runtime::Shared;
@@ -391,7 +392,7 @@ fn filters(query: Option<&str>) -> (views::Filters, Result<Filter, ControlError>
     let q: String = form_urlencoded::Serializer::new(String::new())
         .extend_pairs(kept.iter())
         .finish();
-    let f = Filter::parse(Some(&q)).map_err(|e| invalid(e.to_string()));
+    let f = Filter::parse(Some(&q)).map_err(|e| invalid(of(e)));
     (kept, f)
 }
 

@@ -18,6 +18,7 @@ use crate::control::registry::{self, Origin, Ready};
 use crate::control::ControlError;
 use crate::control::{ChangeError, Controller, Locked, Registered, State, RETRIES};
 use crate::egress::handles::Handles;
+use crate::policy::cause::of;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::set::{Scope, SetEdit};
 
@@ -204,7 +205,7 @@ impl Controller {
                             &ready.binding,
                             Origin::Etcd,
                         )
-                        .map_err(|e| ControlError::Rejected(e.to_string()))?;
+                        .map_err(|e| ControlError::Rejected(of(e)))?;
                         Ok(ready)
                     });
                     set_wide |= remove(st, &mut edit, id);
@@ -297,6 +298,5 @@ fn remove(st: &mut State, edit: &mut SetEdit, id: &str) -> bool {
 /// Parse and compile a value read from etcd (no room check: every replica must reach the
 /// same set).
 fn prepare_remote(config: &Config, id: &str, text: &str) -> Result<Ready, ControlError> {
-    registry::prepare(config, id, text, Origin::Etcd)
-        .map_err(|e| ControlError::Rejected(e.to_string()))
+    registry::prepare(config, id, text, Origin::Etcd).map_err(|e| ControlError::Rejected(of(e)))
 }

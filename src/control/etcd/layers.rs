@@ -16,6 +16,7 @@ use super::ControlPlane;
 use crate::config::layers::RawLayer;
 use crate::control::error::{etcd, ControlError};
 use crate::control::ChangeError;
+use crate::policy::cause::{caused, of};
 
 impl ControlPlane {
     fn layer_key(&self, id: &str) -> String {
@@ -28,12 +29,11 @@ impl ControlPlane {
         let (control, check_id, check) = (self.control.clone(), id.to_string(), layer.clone());
         tokio::task::spawn_blocking(move || control.check_layer(&check_id, check.as_ref()))
             .await
-            .map_err(|e| ChangeError::Failed(format!("control task: {e}")))??;
+            .map_err(|e| ChangeError::Failed(caused("control task", e)))??;
         let key = self.layer_key(id);
         let created = match &layer {
             Some(l) => {
-                let text =
-                    serde_json::to_string(l).map_err(|e| ChangeError::Failed(e.to_string()))?;
+                let text = serde_json::to_string(l).map_err(|e| ChangeError::Failed(of(e)))?;
                 let opts = PutOptions::new().with_prev_key();
                 let resp = self.write(client.put(key, text, Some(opts))).await?;
                 resp.prev_key().is_none()
@@ -51,7 +51,7 @@ impl ControlPlane {
         let (control, id) = (self.control.clone(), id.to_string());
         let applied = tokio::task::spawn_blocking(move || control.set_layer(&id, layer))
             .await
-            .map_err(|e| ChangeError::Failed(format!("control task: {e}")))?;
+            .map_err(|e| ChangeError::Failed(caused("control task", e)))?;
         match applied {
             Ok(_) | Err(ChangeError::NotFound) => Ok(created),
             Err(e) => Err(e),

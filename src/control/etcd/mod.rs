@@ -33,6 +33,7 @@ use etcd_client::{Client, Compare, CompareOp, DeleteOptions, PutOptions, Txn, Tx
 
 use crate::config::EtcdConfig;
 use crate::control::{ChangeError, Controller};
+use crate::policy::cause::caused;
 use crate::policy::sandbox_id::SandboxId;
 use crate::runtime::Shared;
 
@@ -128,7 +129,7 @@ impl ControlPlane {
         };
         self.shared.metrics().control_plane_error(kind, 1);
         tracing::warn!(kind, error = %out, "control plane call failed");
-        Err(ChangeError::Unavailable(out))
+        Err(ChangeError::Unavailable(out.into()))
     }
 
     /// A write sent to etcd, bounded by `request_timeout`: a failure after sending is an
@@ -186,7 +187,7 @@ impl ControlPlane {
                 let (control, id, body) = (self.control.clone(), id.to_string(), body.to_string());
                 tokio::task::spawn_blocking(move || control.prepare_put(&id, &body))
                     .await
-                    .map_err(|e| ChangeError::Failed(format!("control task: {e}")))??
+                    .map_err(|e| ChangeError::Failed(caused("control task", e)))??
             };
             if let (Some(ttl), None) = (ttl_s, lease) {
                 lease = Some(
@@ -212,9 +213,12 @@ impl ControlPlane {
             if !resp.succeeded() {
                 // Nothing was written: catch up with the newer value, then validate again.
                 self.applied(revision).await.map_err(|_| {
-                    ChangeError::Unavailable(format!(
-                        "sandbox {id} changed in etcd (revision {revision}) and this replica has not caught up; nothing was written"
-                    ))
+                    ChangeError::Unavailable(
+                        format!(
+                            "sandbox {id} changed in etcd (revision {revision}) and this replica has not caught up; nothing was written"
+                        )
+                        .into(),
+                    )
                 })?;
                 continue;
             }
@@ -227,7 +231,7 @@ impl ControlPlane {
             let sid = id.to_string();
             let skipped = tokio::task::spawn_blocking(move || control.skipped_at(&sid, revision))
                 .await
-                .map_err(|e| ChangeError::Failed(format!("control task: {e}")))?;
+                .map_err(|e| ChangeError::Failed(caused("control task", e)))?;
             return match skipped {
                 None => {
                     tracing::info!(
@@ -258,7 +262,7 @@ impl ControlPlane {
             let (control, id) = (self.control.clone(), id.to_string());
             tokio::task::spawn_blocking(move || control.prepare_delete(&id))
                 .await
-                .map_err(|e| ChangeError::Failed(format!("control task: {e}")))??
+                .map_err(|e| ChangeError::Failed(caused("control task", e)))??
         };
         let key = self.cfg.sandbox_key(id);
         let resp = self
@@ -302,7 +306,7 @@ impl ControlPlane {
             }
             Ok(Err(e)) => {
                 self.shared.metrics().control_plane_error("write", 1);
-                return Err(ChangeError::Unavailable(format!("etcd: {e}")));
+                return Err(ChangeError::Unavailable(caused("etcd", e)));
             }
             Err(_) => {
                 self.shared.metrics().control_plane_error("write", 1);
