@@ -15,18 +15,53 @@ pub enum ProtocolErrorKind {
     NotAllowed,
 }
 
-/// A protocol rule or body error: its kind and the words that explain it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// A protocol rule or body error: its kind, the words that explain it and, for a rule that
+/// does not compile, the error of the layer below (a glob's) kept as its source.
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{detail}")]
 pub struct ProtocolError {
     kind: ProtocolErrorKind,
     detail: String,
+    #[source]
+    cause: Option<crate::policy::cause::Cause>,
 }
+
+/// Errors are equal by kind and words (the cause is how it came about, not what it says).
+impl PartialEq for ProtocolError {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind && self.detail == other.detail
+    }
+}
+
+impl Eq for ProtocolError {}
 
 impl ProtocolError {
     /// A rule that cannot be compiled.
     pub fn rule(detail: impl Into<String>) -> Self {
         Self::new(ProtocolErrorKind::Rule, detail)
+    }
+
+    /// A rule that cannot be compiled because of `cause` (a glob's error): read as
+    /// `what: cause`, with the cause kept as the source.
+    pub fn rule_caused(
+        what: impl std::fmt::Display,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        ProtocolError {
+            kind: ProtocolErrorKind::Rule,
+            detail: format!("{what}: {cause}"),
+            cause: Some(std::sync::Arc::new(cause)),
+        }
+    }
+
+    /// A rule that cannot be compiled because of `cause` alone: its words, and it as the
+    /// source.
+    pub fn rule_of(cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        ProtocolError {
+            kind: ProtocolErrorKind::Rule,
+            detail: cause.to_string(),
+            cause: Some(std::sync::Arc::new(cause)),
+        }
     }
 
     /// A body that is not the protocol's.
@@ -43,6 +78,7 @@ impl ProtocolError {
         ProtocolError {
             kind,
             detail: detail.into(),
+            cause: None,
         }
     }
 
@@ -54,5 +90,22 @@ impl ProtocolError {
     /// The words, owned (a refusal's detail).
     pub fn into_detail(self) -> String {
         self.detail
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rule_that_does_not_compile_keeps_the_globs_error() {
+        let glob = globset::Glob::new("a[").unwrap_err();
+        let words = glob.to_string();
+        let e = ProtocolError::rule_caused(format_args!("tool `a[`"), glob);
+        assert_eq!(e.to_string(), format!("tool `a[`: {words}"));
+        assert_eq!(e.kind(), ProtocolErrorKind::Rule);
+        let source = std::error::Error::source(&e).expect("the glob's error is kept");
+        assert_eq!(source.to_string(), words);
+        assert_eq!(e, ProtocolError::rule(format!("tool `a[`: {words}")));
     }
 }

@@ -31,7 +31,7 @@ impl ArgMatch {
     /// A matcher for string arguments matching `pattern`.
     pub fn glob(pattern: &str) -> Result<ArgMatch, ProtocolError> {
         let g = globset::Glob::new(pattern)
-            .map_err(|e| ProtocolError::rule(format!("glob `{pattern}`: {e}")))?;
+            .map_err(|e| ProtocolError::rule_caused(format_args!("glob `{pattern}`"), e))?;
         Ok(ArgMatch::Glob(pattern.to_string(), g.compile_matcher()))
     }
 
@@ -59,7 +59,7 @@ impl ToolRule {
     /// A tool rule for names matching `name` with these argument matchers.
     pub fn new(name: &str, arguments: Vec<(String, ArgMatch)>) -> Result<ToolRule, ProtocolError> {
         let glob = globset::Glob::new(name)
-            .map_err(|e| ProtocolError::rule(format!("tool `{name}`: {e}")))?
+            .map_err(|e| ProtocolError::rule_caused(format_args!("tool `{name}`"), e))?
             .compile_matcher();
         Ok(ToolRule {
             name: name.to_string(),
@@ -147,7 +147,7 @@ impl McpRule {
             let g = globset::GlobBuilder::new(r)
                 .literal_separator(true)
                 .build()
-                .map_err(|e| ProtocolError::rule(format!("resource `{r}`: {e}")))?;
+                .map_err(|e| ProtocolError::rule_caused(format_args!("resource `{r}`"), e))?;
             uris.add(g);
         }
         Ok(McpRule {
@@ -155,9 +155,7 @@ impl McpRule {
             resources: resources.to_vec(),
             prompts: prompts.to_vec(),
             server_requests: server_requests.to_vec(),
-            resource_set: uris
-                .build()
-                .map_err(|e| ProtocolError::rule(e.to_string()))?,
+            resource_set: uris.build().map_err(ProtocolError::rule_of)?,
             prompt_set: names(prompts, "prompt")?,
             server_set: names(server_requests, "server request")?,
         })

@@ -325,10 +325,11 @@ pub(crate) fn names(globs: &[String], what: &str) -> Result<globset::GlobSet, Pr
     let mut b = globset::GlobSetBuilder::new();
     for g in globs {
         b.add(
-            globset::Glob::new(g).map_err(|e| ProtocolError::rule(format!("{what} `{g}`: {e}")))?,
+            globset::Glob::new(g)
+                .map_err(|e| ProtocolError::rule_caused(format_args!("{what} `{g}`"), e))?,
         );
     }
-    b.build().map_err(|e| ProtocolError::rule(e.to_string()))
+    b.build().map_err(ProtocolError::rule_of)
 }
 
 #[cfg(test)]

@@ -53,7 +53,7 @@ impl MessageRule {
     pub fn text(globs: &[String]) -> Result<Self, ProtocolError> {
         let res: Vec<String> = globs.iter().map(|g| glob_regex(g)).collect();
         let set = regex::RegexSet::new(&res)
-            .map_err(|e| ProtocolError::rule(format!("text patterns: {e}")))?;
+            .map_err(|e| ProtocolError::rule_caused(format_args!("text patterns"), e))?;
         Ok(MessageRule::Text(set, globs.to_vec()))
     }
 
