@@ -261,13 +261,24 @@ impl Liveness {
         if self.meters.is_empty() {
             return n;
         }
-        let mut got = self.take_meters(n);
-        let mut deadline = None;
+        let got = self.take_meters(n);
+        if got == n || !self.meters.iter().any(|m| m.bytes_leasing()) {
+            self.mark_cut(got < n);
+            return got;
+        }
+        // Boxed: only a relay that waits for a fleet's share holds the wait's state; every
+        // idle tunnel's pumps would otherwise keep room for it.
+        Box::pin(self.allow_waiting(n, got)).await
+    }
+
+    /// [`Liveness::allow`] once `got` of `n` were granted and a fleet's share is being
+    /// leased: take the rest as shares come, up to [`share::LEASE_WAIT`].
+    async fn allow_waiting(&self, n: usize, mut got: usize) -> usize {
+        let until = tokio::time::Instant::now() + share::LEASE_WAIT;
         while got < n {
             let Some(m) = self.meters.iter().find(|m| m.bytes_leasing()) else {
                 break;
             };
-            let until = *deadline.get_or_insert(tokio::time::Instant::now() + share::LEASE_WAIT);
             if !share::wait_grown(m, until).await {
                 break;
             }

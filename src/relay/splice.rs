@@ -446,7 +446,9 @@ mod tests {
     /// An idle tunnel's task holds this future for the tunnel's life: its two pumps, the idle
     /// sleep and the stop, each once. Before the driver was a future of its own (nested `async
     /// fn`s each kept what they passed on) it was 4,384 bytes, and the whole task ~7 KiB
-    /// (docs/performance-history.md, idle memory). A bound on a size, not a timing: deterministic.
+    /// (docs/performance-history.md, idle memory); 1,144 bytes now. When the pumps awaited the
+    /// wait for a fleet's byte share inline it was 1,448: that wait is boxed, so only a relay
+    /// that waits holds it. A bound on a size, not a timing: deterministic.
     #[tokio::test]
     async fn an_idle_relay_holds_its_pumps_once() {
         let (_cp, mut client) = pair().await;
@@ -455,7 +457,7 @@ mod tests {
         let live = Liveness::new(Duration::from_secs(5));
         let relaying = relay(&mut client, &mut server, live, None, stop);
         let size = std::mem::size_of_val(&relaying);
-        assert!(size <= 1536, "the splice relay's future is {size} bytes");
+        assert!(size <= 1200, "the splice relay's future is {size} bytes");
     }
 
     #[tokio::test]
