@@ -319,16 +319,7 @@ impl Meter {
             return Ok(());
         }
         self.roll();
-        let bytes = self.bytes_quota.load(Ordering::Relaxed);
-        let spent_bytes = match self.shared_as(share::Kind::Bytes) {
-            true => self.bytes_spent_shared(),
-            false => {
-                let used = (self.bytes.load(Ordering::Relaxed))
-                    .saturating_add(self.others_bytes.load(Ordering::Relaxed));
-                bytes != 0 && used >= bytes
-            }
-        };
-        if spent_bytes {
+        if self.bytes_spent() {
             return Err(Spent::Bytes);
         }
         let quota = self.requests_quota.load(Ordering::Relaxed);
@@ -386,20 +377,11 @@ impl Meter {
                     .saturating_add(others.load(Ordering::Relaxed))
                     >= q
         };
-        let shared = |kind, count, others, quota| match self.shared_as(kind) {
-            true => self.share_spent(kind),
-            false => at(count, others, quota),
+        let requests = match self.shared_as(share::Kind::Requests) {
+            true => self.share_spent(share::Kind::Requests),
+            false => at(&self.requests, &self.others_requests, &self.requests_quota),
         };
-        let requests = shared(
-            share::Kind::Requests,
-            &self.requests,
-            &self.others_requests,
-            &self.requests_quota,
-        );
-        let bytes = match self.shared_as(share::Kind::Bytes) {
-            true => self.bytes_spent_shared(),
-            false => at(&self.bytes, &self.others_bytes, &self.bytes_quota),
-        };
+        let bytes = self.bytes_spent();
         if bytes {
             Some(Spent::Bytes)
         } else if requests {
@@ -407,6 +389,18 @@ impl Meter {
         } else {
             None
         }
+    }
+
+    /// Whether the day's bytes are at their quota: this replica's and the others' reported
+    /// counts, or on a fleet this replica's share with none left to lease.
+    fn bytes_spent(&self) -> bool {
+        if self.shared_as(share::Kind::Bytes) {
+            return self.bytes_spent_shared();
+        }
+        let quota = self.bytes_quota.load(Ordering::Relaxed);
+        let used = (self.bytes.load(Ordering::Relaxed))
+            .saturating_add(self.others_bytes.load(Ordering::Relaxed));
+        quota != 0 && used >= quota
     }
 
     /// Re-evaluate `over` after the quotas or the others' counts changed.

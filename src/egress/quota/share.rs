@@ -123,6 +123,17 @@ pub struct Share {
     grew: Notify,
 }
 
+impl Pool {
+    /// Tell the leaser this share needs `need` more (at least 1); woken only when that is
+    /// more than it was already asked for.
+    fn ask(&self, need: u64) {
+        let need = need.max(1);
+        if self.want.fetch_max(need, Ordering::AcqRel) < need {
+            wanted().notify_one();
+        }
+    }
+}
+
 impl Share {
     pub(super) fn zero(&self) {
         for p in &self.pools {
@@ -252,11 +263,10 @@ impl Meter {
             Ok(before) => return Ok(before),
             Err(c) => c,
         };
-        let need = c
-            .saturating_add(n.max(1))
-            .saturating_sub(p.leased.load(Ordering::Acquire));
-        p.want.fetch_max(need.max(1), Ordering::AcqRel);
-        wanted().notify_one();
+        p.ask(
+            c.saturating_add(n.max(1))
+                .saturating_sub(p.leased.load(Ordering::Acquire)),
+        );
         match p.out.load(Ordering::Acquire) {
             // Another replica may give some back: the leaser looks (once a second).
             true => Err(kind.spent()),
@@ -277,8 +287,7 @@ impl Meter {
                 Some(c.saturating_add(granted))
             });
         if granted < n {
-            p.want.fetch_max(n - granted, Ordering::AcqRel);
-            wanted().notify_one();
+            p.ask(n - granted);
         }
         if self.share_spent(Kind::Bytes) {
             self.trip();
@@ -292,8 +301,7 @@ impl Meter {
         let p = self.pool(Kind::Bytes);
         let c = self.bytes.fetch_add(n, Ordering::AcqRel).saturating_add(n);
         if c > p.leased.load(Ordering::Acquire) {
-            p.want.fetch_max(1, Ordering::AcqRel);
-            wanted().notify_one();
+            p.ask(1);
         }
         let spent = self.share_spent(Kind::Bytes);
         if spent {
@@ -309,9 +317,8 @@ impl Meter {
         let p = self.pool(Kind::Bytes);
         let dry = self.bytes.load(Ordering::Acquire) >= p.leased.load(Ordering::Acquire);
         let out = p.out.load(Ordering::Acquire);
-        if dry && !out && p.want.load(Ordering::Acquire) == 0 {
-            p.want.store(1, Ordering::Release);
-            wanted().notify_one();
+        if dry && !out {
+            p.ask(1);
         }
         dry && out
     }
