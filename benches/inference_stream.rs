@@ -6,7 +6,9 @@
 //! The two paths alternate for `--rounds` rounds in one run; each runs `--streams` calls,
 //! `--concurrency` at a time, one connection each; a third path (`plain`) goes through a
 //! second proxy with the same key and a plain method rule, so that what reading the calls
-//! costs is told apart from terminating them. Prints one JSON line: time to first token
+//! costs is told apart from terminating them; a fourth (`cold`) goes through a third proxy
+//! like the first that keeps no upstream connection (`upstream_keepalive.idle_ms: 0`), so
+//! that every call pays the upstream handshakes. Prints one JSON line: time to first token
 //! (from the request's last byte written to the first event's first byte) p50/p99, added
 //! latency p50/p99 against direct, tokens per second per stream, and the proxy's CPU per call.
 //!
@@ -161,8 +163,10 @@ async fn call(
 }
 
 /// The proxy's configuration: the inference rule with a budget (`inference`), or the same
-/// host and key with a plain method rule and no budget (`plain`: the A/B of reading the calls).
-fn config(port: u16, inference: bool) -> String {
+/// host and key with a plain method rule and no budget (`plain`: the A/B of reading the calls);
+/// upstream connections kept between tunnels unless `cold`.
+fn config(port: u16, inference: bool, cold: bool) -> String {
+    let keep = if cold { "0" } else { "4000" };
     let (limits, rule) = match inference {
         true => (
             "{ tokens_per_day: 1000000000000 }",
@@ -175,7 +179,7 @@ fn config(port: u16, inference: bool) -> String {
 audit: {{ path: /dev/null }}
 dns: {{ servers: ["127.0.0.1:9"], hosts: {{ llm.test: [127.0.0.1] }} }}
 defaults: {{ guard_allow_ranges: [127.0.0.1/32], limits: {{ max_connections: 100000, connections_per_second: 1000000, burst: 1000000 }} }}
-tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: uca.pem }}
+tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: uca.pem, upstream_keepalive: {{ idle_ms: {keep} }} }}
 sandboxes:
   - id: bench
     sources: [127.0.0.1/32]
@@ -220,15 +224,16 @@ fn main() {
         .expect("ca init");
     assert!(out.status.success(), "ca init");
     std::fs::write(dir.path().join("uca.pem"), &upstream_ca).expect("uca");
-    let start = |name: &str, inference: bool| {
+    let start = |name: &str, inference: bool, cold: bool| {
         let path = dir.path().join(name);
-        std::fs::write(&path, config(port, inference)).expect("config");
+        std::fs::write(&path, config(port, inference, cold)).expect("config");
         let s = start_proxy(&bin, &path, &[("BENCH_LLM_KEY", SECRET)]);
         let addr = s.proxy.expect("proxy address");
         (s.child, addr)
     };
-    let (mut reading, proxy) = start("inference.yaml", true);
-    let (mut plain, plain_addr) = start("plain.yaml", false);
+    let (mut reading, proxy) = start("inference.yaml", true, false);
+    let (mut plain, plain_addr) = start("plain.yaml", false, false);
+    let (mut cold, cold_addr) = start("cold.yaml", true, true);
     let ccfg = tls::client_config(dir.path(), &upstream_ca);
     let mut report = serde_json::Map::new();
     report.insert("streams".into(), serde_json::json!(streams));
@@ -258,9 +263,11 @@ fn main() {
             ("direct", None),
             ("plain", Some(plain_addr)),
             ("proxy", Some(proxy)),
+            ("cold", Some(cold_addr)),
         ] {
             let pid = match label {
                 "plain" => plain.id(),
+                "cold" => cold.id(),
                 _ => reading.id(),
             };
             let cpu_before = cpu_us(pid).unwrap_or(0);
@@ -293,7 +300,7 @@ fn main() {
             }
         }
     }
-    for c in [&mut reading, &mut plain] {
+    for c in [&mut reading, &mut plain, &mut cold] {
         let _ = c.kill();
         let _ = c.wait();
     }

@@ -405,14 +405,32 @@ async fn drop_minted_tokens(shared: Arc<Shared>) {
     }
 }
 
+/// Close the kept upstream connections that must not be kept (idle too long, closed by the
+/// origin, no longer allowed), on every publication and every few seconds: forwarded
+/// requests' and terminated tunnels'.
 async fn sweep_upstreams(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(shared.upstreams.sweep_every());
+    let ix = shared.settings.interceptor.clone();
+    let every = [
+        Some(shared.upstreams.sweep_every()),
+        ix.as_ref().map(|ix| ix.kept.sweep_every()),
+    ];
+    let mut tick = tokio::time::interval(
+        every
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(Duration::from_secs(5)),
+    );
     let mut published = shared.policy.subscribe();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             changed = published.changed() => if changed.is_err() { return },
         }
-        shared.upstreams.sweep(&shared.policy.load());
+        let set = shared.policy.load();
+        shared.upstreams.sweep(&set);
+        if let Some(ix) = &ix {
+            ix.kept.sweep(&set);
+        }
     }
 }

@@ -556,8 +556,10 @@ pub(super) fn resolve_runtime(raw: RawRuntime, sink: &mut Sink<'_>) -> RuntimeLi
     r
 }
 
+/// `forward_keepalive`, or `tls_intercept.upstream_keepalive` (`field`): the same shape.
 pub(super) fn resolve_forward_keepalive(
     raw: RawForwardKeepalive,
+    field: &str,
     sink: &mut Sink<'_>,
 ) -> ForwardKeepalive {
     let d = FORWARD_KEEPALIVE;
@@ -568,16 +570,16 @@ pub(super) fn resolve_forward_keepalive(
     };
     if k.idle > Duration::from_secs(600) {
         sink.top(
-            "forward_keepalive.idle_ms",
+            format!("{field}.idle_ms"),
             "must be from 0 (keep none) to 600000",
             Some("idle_ms"),
         );
     }
     if k.max_idle_per_origin > 1000 || k.max_idle > 100_000 {
         sink.top(
-            "forward_keepalive",
+            field,
             "max_idle_per_origin must be at most 1000 and max_idle at most 100000",
-            Some("forward_keepalive"),
+            Some(field.rsplit('.').next().unwrap_or(field)),
         );
     }
     k

@@ -31,6 +31,9 @@ pub struct InterceptConfig {
     /// (TLS with a leaf from this CA, or plain HTTP) with the whole refusal text, for clients
     /// that print only a refused CONNECT's status code (curl, Node's undici).
     pub refusals_inside: bool,
+    /// `upstream_keepalive`: upstream connections of terminated tunnels kept idle for the next
+    /// tunnel of the same sandbox to the same host (`crate::intercept::kept`).
+    pub upstream_keepalive: super::ForwardKeepalive,
 }
 
 /// The default of `tls_intercept.scrub_body_bytes`: 64 MiB.
@@ -56,6 +59,8 @@ pub(super) struct RawIntercept {
     pub identity: Option<super::identity_token::RawIssuer>,
     #[serde(default)]
     pub refusals_inside: bool,
+    #[serde(default)]
+    pub upstream_keepalive: super::raw::RawForwardKeepalive,
 }
 
 /// Validate `tls_intercept`; returns it and the placeholder key (a digest of the CA key, read
@@ -116,6 +121,11 @@ pub(super) fn resolve_intercept(
             scrub_body_bytes: raw.scrub_body_bytes.unwrap_or(DEFAULT_SCRUB_BODY_BYTES),
             judge_body_bytes: raw.judge_body_bytes.unwrap_or(DEFAULT_JUDGE_BODY_BYTES),
             refusals_inside: raw.refusals_inside,
+            upstream_keepalive: super::defaults::resolve_forward_keepalive(
+                raw.upstream_keepalive.clone(),
+                "tls_intercept.upstream_keepalive",
+                sink,
+            ),
             identity,
         }),
         key,

@@ -213,7 +213,11 @@ impl Knobs {
             listen,
             admission: resolve_admission(take(&mut s.admission), sink),
             runtime: resolve_runtime(take(&mut s.runtime), sink),
-            forward_keepalive: resolve_forward_keepalive(take(&mut s.forward_keepalive), sink),
+            forward_keepalive: resolve_forward_keepalive(
+                take(&mut s.forward_keepalive),
+                "forward_keepalive",
+                sink,
+            ),
             max_connections: max_connections(s.max_connections, sink),
         };
         check_extra_providers(&s.extra_providers, sink);

@@ -11,6 +11,10 @@
 //!
 //! Each upstream connection has its own [`Cut`] and a task that drives it until the origin
 //! closes it or the cut fires: the client connection that used it last does not own it.
+//!
+//! The pool is generic over what it keeps ([`Kept`]): terminated tunnels keep their upstream
+//! TLS connections in one too ([`crate::intercept::kept`]), under the same rules and a key
+//! that says more.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -95,6 +99,48 @@ impl Upstream {
     }
 }
 
+/// A kept connection as the pool sees it: a forwarded request's HTTP/1.1 connection
+/// ([`Upstream`]), or a terminated tunnel's ([`crate::intercept::kept::KeptTls`]).
+pub trait Kept: Send + 'static {
+    /// Free for a request now, and not closed by the origin.
+    fn ready(&mut self) -> bool;
+    /// Closed by the origin.
+    fn closed(&self) -> bool;
+    /// Its switch.
+    fn cut(&self) -> &Arc<Cut>;
+    /// The checked address it is connected to.
+    fn addr(&self) -> SocketAddr;
+    /// Counted when taken again.
+    fn taken(&mut self);
+    /// Whether the policy `set` still lets it be kept, beyond the clearance of the exchange
+    /// that used it last (a terminated one: the credentials bound to its host unchanged).
+    fn fits(&self, _set: &PolicySet, _clearance: &Clearance) -> bool {
+        true
+    }
+}
+
+impl Kept for Upstream {
+    fn ready(&mut self) -> bool {
+        self.sender.is_ready() && !self.sender.is_closed()
+    }
+
+    fn closed(&self) -> bool {
+        self.sender.is_closed()
+    }
+
+    fn cut(&self) -> &Arc<Cut> {
+        &self.cut
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn taken(&mut self) {
+        self.reused += 1;
+    }
+}
+
 /// Whose idle connections these are: one sandbox, one decided authority, one address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
@@ -105,19 +151,28 @@ struct Key {
 }
 
 /// An idle connection, and the clearance of the exchange that used it last.
-struct Idle {
-    up: Upstream,
+struct Idle<C> {
+    up: C,
     since: Instant,
     clearance: Clearance,
 }
 
-/// The idle upstream connections of forwarded requests.
-pub struct UpstreamPool {
-    settings: ForwardKeepalive,
-    idle: Mutex<HashMap<Key, Vec<Idle>>>,
+impl UpstreamPool<Upstream> {
+    /// Keep `up` after a clean exchange under `clearance`, or close it when it cannot be reused
+    /// or there is no room.
+    pub fn put(&self, clearance: &Clearance, up: Upstream) {
+        let key = authority(&clearance.target, up.via.as_deref());
+        self.keep(clearance, key, up);
+    }
 }
 
-impl UpstreamPool {
+/// The idle upstream connections of forwarded requests (or, `C`, of terminated tunnels).
+pub struct UpstreamPool<C = Upstream> {
+    settings: ForwardKeepalive,
+    idle: Mutex<HashMap<Key, Vec<Idle<C>>>>,
+}
+
+impl<C: Kept> UpstreamPool<C> {
     pub fn new(settings: ForwardKeepalive) -> Self {
         UpstreamPool {
             settings,
@@ -133,7 +188,20 @@ impl UpstreamPool {
         authority: &str,
         allowed: &[IpAddr],
         port: u16,
-    ) -> Option<Upstream> {
+    ) -> Option<C> {
+        self.take_fitting(sandbox, authority, allowed, port, |_, _| true)
+    }
+
+    /// [`UpstreamPool::take`], of the connections `fits` accepts (what the key does not say:
+    /// a terminated tunnel's process, credentials and protocol); the others stay.
+    pub fn take_fitting(
+        &self,
+        sandbox: &SandboxId,
+        authority: &str,
+        allowed: &[IpAddr],
+        port: u16,
+        fits: impl Fn(&C, &Clearance) -> bool,
+    ) -> Option<C> {
         if self.settings.idle.is_zero() {
             return None;
         }
@@ -153,45 +221,50 @@ impl UpstreamPool {
                 continue;
             };
             // Newest first: the least likely to be closing.
-            while let Some(entry) = list.pop() {
-                if entry.since.elapsed() < self.settings.idle
-                    && entry.up.sender.is_ready()
-                    && !entry.up.sender.is_closed()
-                {
+            let mut at = list.len();
+            while at > 0 {
+                at -= 1;
+                if !fits(&list[at].up, &list[at].clearance) {
+                    continue;
+                }
+                let mut entry = list.remove(at);
+                if entry.since.elapsed() < self.settings.idle && entry.up.ready() {
                     if list.is_empty() {
                         idle.remove(&key);
                     }
-                    let mut up = entry.up;
-                    up.reused += 1;
-                    return Some(up);
+                    entry.up.taken();
+                    return Some(entry.up);
                 }
-                entry.up.cut.close();
+                entry.up.cut().close();
             }
-            idle.remove(&key);
+            if list.is_empty() {
+                idle.remove(&key);
+            }
         }
         None
     }
 
-    /// Keep `up` after a clean exchange under `clearance`, or close it when it cannot be reused
-    /// or there is no room.
-    pub fn put(&self, clearance: &Clearance, up: Upstream) {
-        let keep = !self.settings.idle.is_zero() && !up.sender.is_closed();
+    /// Keep `up`, idle under `authority` (what [`UpstreamPool::take`] is asked for) after a
+    /// clean exchange under `clearance`, or close it when it cannot be reused or there is no
+    /// room.
+    pub fn keep(&self, clearance: &Clearance, authority: String, up: C) {
+        let keep = !self.settings.idle.is_zero() && !up.closed();
         let Ok(mut idle) = self.idle.lock() else {
-            up.cut.close();
+            up.cut().close();
             return;
         };
         let total: usize = idle.values().map(Vec::len).sum();
         let key = Key {
             sandbox: clearance.sandbox.clone(),
-            authority: authority(&clearance.target, up.via.as_deref()),
-            addr: up.addr,
+            authority,
+            addr: up.addr(),
         };
         let list = idle.entry(key).or_default();
         if !keep
             || list.len() >= self.settings.max_idle_per_origin
             || total >= self.settings.max_idle
         {
-            up.cut.close();
+            up.cut().close();
             return;
         }
         list.push(Idle {
@@ -211,10 +284,10 @@ impl UpstreamPool {
         let mut closed = 0;
         idle.retain(|_, list| {
             list.retain(|e| {
-                if !e.clearance.allowed_by(set) {
-                    e.up.cut.abort();
-                } else if e.since.elapsed() >= self.settings.idle || e.up.sender.is_closed() {
-                    e.up.cut.close();
+                if !e.clearance.allowed_by(set) || !e.up.fits(set, &e.clearance) {
+                    e.up.cut().abort();
+                } else if e.since.elapsed() >= self.settings.idle || e.up.closed() {
+                    e.up.cut().close();
                 } else {
                     return true;
                 }

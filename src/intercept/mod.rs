@@ -16,6 +16,8 @@ pub mod credential_error;
 mod error;
 mod exchange;
 pub mod identity_token;
+mod in_clear;
+pub mod kept;
 mod mcp_filter;
 pub mod minter;
 mod placeholder;
@@ -35,17 +37,15 @@ use crate::audit::outcome::Close;
 use crate::audit::AuditGuard;
 use crate::config::credentials::{BoundHost, InterceptConfig};
 use crate::config::Binding;
-use crate::egress::verdict::{Judgement, Point, Stage};
-use crate::policy::reason::Reason;
 use crate::relay::client_io::ClientIo;
 use crate::relay::liveness::Liveness;
 use crate::relay::tunnel::Relayed;
-use crate::wire::first_bytes::Mismatch;
 use ca::InterceptCa;
 pub use credential_error::CredentialError;
 pub use error::InterceptError;
 pub use exchange::CurrentBinding;
 use exchange::{Destination, Exchange, Upstream};
+pub use in_clear::{plain_http_misuse, secret_in_clear, InClear};
 use prefixed::Prefixed;
 
 /// What terminating needs, loaded at start.
@@ -62,6 +62,8 @@ pub struct Interceptor {
     pub minter: Arc<minter::Minter>,
     /// The signer of sandbox identity tokens (its keys are served by the admin listener).
     pub issuer: Arc<identity_token::Issuer>,
+    /// Idle upstream connections of terminated tunnels, per sandbox, host and address.
+    pub kept: kept::KeptPool,
 }
 
 impl std::fmt::Debug for Interceptor {
@@ -111,6 +113,7 @@ impl Interceptor {
             scrub_body_bytes: cfg.scrub_body_bytes,
             judge_body_bytes: cfg.judge_body_bytes,
             refusals_inside: cfg.refusals_inside,
+            kept: kept::KeptPool::new(cfg.upstream_keepalive),
         })
     }
 
@@ -216,89 +219,6 @@ impl Serving {
     }
 }
 
-/// Why plain HTTP of `binding` to `host` cannot be served, on every path (forwarded, or in a
-/// CONNECT, SOCKS5 or transparent tunnel): a credential is bound to it (a secret never
-/// travels in clear), it is a minting credential's token endpoint (its answers are sealed),
-/// or it gets the sandbox's identity token (the token never travels in clear). `None`: its
-/// requests are judged in clear.
-pub fn secret_in_clear(binding: &Binding, host: &str) -> Option<String> {
-    for c in binding.credentials.iter() {
-        if c.bound_to(host) {
-            return Some(format!(
-                "credential {} is bound to {host}: requests to it must use https (a secret never travels in clear)",
-                c.name
-            ));
-        }
-        if c.token_host(host) {
-            return Some(format!(
-                "{host} is the token endpoint of credential {}: requests to it must use https (its answers are sealed)",
-                c.name
-            ));
-        }
-    }
-    binding
-        .identity_token
-        .as_ref()
-        .filter(|t| t.bound_to(host))
-        .map(|_| format!("{host} gets the sandbox's identity token: requests to it must use https (the token never travels in clear)"))
-}
-
-/// Why a plain-HTTP request of `binding` to `host` must be refused for its credentials:
-/// [`secret_in_clear`] (a credential or the identity token is bound to the host, or it is a
-/// token endpoint), or the request (`uri`, `headers`) carries a placeholder. `None`: nothing
-/// to do with credentials.
-pub fn plain_http_misuse(
-    binding: &Binding,
-    host: &str,
-    uri: &http::Uri,
-    headers: &http::HeaderMap,
-) -> Option<String> {
-    if let Some(why) = secret_in_clear(binding, host) {
-        return Some(why);
-    }
-    for c in binding.credentials.iter() {
-        let p = c.placeholder.as_bytes();
-        let in_uri = uri
-            .path_and_query()
-            .is_some_and(|pq| placeholder::contains(pq.as_str().as_bytes(), p));
-        let in_headers = headers
-            .iter()
-            .any(|(n, v)| placeholder::carried(n, v, &c.placeholder));
-        if in_uri || in_headers {
-            return Some(format!(
-                "the request carries the placeholder of credential {}, which is not bound to {host}",
-                c.name
-            ));
-        }
-    }
-    None
-}
-
-/// The verdict stage that keeps credentials out of clear text: a forwarded plain-HTTP
-/// request to a host a credential is bound to, or carrying a placeholder, is refused
-/// (`credential_misuse`) before anything is dialled.
-pub struct InClear;
-
-impl Stage for InClear {
-    fn name(&self) -> &'static str {
-        "credentials in clear"
-    }
-
-    fn judge(&self, at: &Point<'_>) -> Judgement {
-        let Some((uri, headers)) = at.request else {
-            return Judgement::Pass;
-        };
-        let host = at.target.host.to_string();
-        match plain_http_misuse(&at.sandbox.binding, &host, uri, headers) {
-            None => Judgement::Pass,
-            Some(detail) => Judgement::Refuse(Mismatch {
-                reason: Reason::CredentialMisuse,
-                detail,
-            }),
-        }
-    }
-}
-
 /// One terminated tunnel: what its exchanges read, and its two sides.
 pub struct Tunnel<'a> {
     /// What the exchanges read besides the two sides.
@@ -313,6 +233,9 @@ pub struct Tunnel<'a> {
     pub client_alpn: Vec<String>,
     /// Whether the client speaks TLS (terminated); else plain HTTP, judged in clear.
     pub tls: bool,
+    /// The clearance the tunnel was admitted with: its upstream connection may be kept for
+    /// the next tunnel ([`kept`]) under it. `None`: nothing is kept.
+    pub clearance: Option<Box<crate::egress::clearance::Clearance>>,
 }
 
 /// One step of a tunnel's setup: bounded by `handshake`, cut by `stop`; its failure ends the
@@ -361,7 +284,7 @@ where
         let up = step!(
             (audit, live, stop, handshake),
             "the upstream's HTTP handshake",
-            Upstream::connect(t.server, false),
+            Upstream::connect(t.server, false, &crate::egress::abortable::Cut::new()),
             |e| format!("plain HTTP judged per request: upstream {e}")
         );
         audit.open();
@@ -371,6 +294,7 @@ where
             client,
             h2: false,
             scheme: "http",
+            keep: None,
         };
         return exchanges(serving, t.ends, sides, (audit, live, handshake), stop).await;
     }
@@ -378,20 +302,74 @@ where
         audit.detail("terminating: TLS is terminated only with tls_intercept");
         return Relayed::nothing(Close::Error);
     };
-    let Some((connector, name)) = upstream_connector(ix, &t.client_alpn, t.ends.host) else {
-        audit.detail("terminating: the host is not a TLS server name");
-        return Relayed::nothing(Close::Error);
+    terminate((serving, ix), t, audit, stop, live, handshake).await
+}
+
+/// [`serve`] over TLS: the upstream connection (a kept one, or TLS and HTTP opened to the
+/// dialled address), then TLS with the client offering what the upstream chose.
+async fn terminate<F>(
+    (serving, ix): (&Serving, &Interceptor),
+    mut t: Tunnel<'_>,
+    audit: &mut AuditGuard,
+    mut stop: std::pin::Pin<&mut F>,
+    live: Arc<Liveness>,
+    handshake: Duration,
+) -> Relayed
+where
+    F: std::future::Future<Output = Close>,
+{
+    let offer = offer_of(&t.client_alpn);
+    let keep = keeping(t.clearance.take(), &t.ends, offer);
+    let kept = keep.as_ref().and_then(|k| {
+        let c = &k.clearance;
+        let fits = |up: &kept::KeptTls, last: &crate::egress::clearance::Clearance| {
+            last.proof == c.proof && last.process == c.process && up.conn.carries(&k.carries)
+        };
+        let port = t.ends.port;
+        (ix.kept).take_fitting(&c.sandbox, &k.authority, &[c.dialed], port, fits)
+    });
+    let (up, negotiated, conn) = match kept {
+        Some(k) => {
+            // Dialled and checked for this tunnel, and not needed: the kept connection is at
+            // the same checked address.
+            drop(t.server);
+            audit.detail(format!(
+                "terminating: on a kept upstream connection (its tunnel {})",
+                k.conn.reused + 1
+            ));
+            (k.up, k.conn.alpn.clone(), Some(k.conn))
+        }
+        None => {
+            let Some((connector, name)) = upstream_connector(ix, offer, t.ends.host) else {
+                audit.detail("terminating: the host is not a TLS server name");
+                return Relayed::nothing(Close::Error);
+            };
+            let cut = crate::egress::abortable::Cut::new();
+            let server = crate::egress::abortable::Abortable::new(t.server, cut.clone());
+            let upstream = step!(
+                (audit, live, stop, handshake),
+                "the upstream's TLS handshake",
+                connector.connect(name, server),
+                |e| format!(
+                    "terminating: the upstream's TLS failed (certificate not valid for {}?): {e}",
+                    t.ends.host
+                )
+            );
+            let alpn = upstream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+            let h2 = alpn.as_deref() == Some(b"h2");
+            let up = step!(
+                (audit, live, stop, handshake),
+                "the upstream's HTTP handshake",
+                Upstream::connect(upstream, h2, &cut),
+                |e| format!("terminating: upstream {e}")
+            );
+            let conn = keep.as_ref().map(|k| {
+                let addr = kept::at(k.clearance.dialed, t.ends.port);
+                kept::Conn::new(cut, addr, alpn.clone(), t.ends.host, k.carries.clone())
+            });
+            (up, alpn, conn)
+        }
     };
-    let upstream = step!(
-        (audit, live, stop, handshake),
-        "the upstream's TLS handshake",
-        connector.connect(name, t.server),
-        |e| format!(
-            "terminating: the upstream's TLS failed (certificate not valid for {}?): {e}",
-            t.ends.host
-        )
-    );
-    let negotiated = upstream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
     let h2 = negotiated.as_deref() == Some(b"h2");
     let Some(server_cfg) = client_config(ix, t.ends.host, negotiated.as_deref(), audit) else {
         return Relayed::nothing(Close::Error);
@@ -407,17 +385,12 @@ where
         }
     );
     audit.open();
-    let up = step!(
-        (audit, live, stop, handshake),
-        "the upstream's HTTP handshake",
-        Upstream::connect(upstream, h2),
-        |e| format!("terminating: upstream {e}")
-    );
     let sides = Sides {
         up,
         client,
         h2,
         scheme: "https",
+        keep: keep.zip(conn).map(|(k, conn)| k.into_keep(&ix.kept, conn)),
     };
     exchanges(serving, t.ends, sides, (audit, live, handshake), stop).await
 }
@@ -439,11 +412,13 @@ pub struct Ends<'a> {
 }
 
 /// The two sides of a tunnel whose requests are served one by one.
-struct Sides<C> {
+struct Sides<'k, C> {
     up: Upstream,
     client: C,
     h2: bool,
     scheme: &'static str,
+    /// Where the upstream connection goes when the tunnel ends cleanly (`None`: closed).
+    keep: Option<kept::Keep<'k>>,
 }
 
 /// Serve the requests of a tunnel whose two sides are set up, each through the exchange,
@@ -451,7 +426,7 @@ struct Sides<C> {
 async fn exchanges<C, F>(
     serving: &Serving,
     t: Ends<'_>,
-    sides: Sides<C>,
+    sides: Sides<'_, C>,
     (audit, live, handshake): (&mut AuditGuard, Arc<Liveness>, Duration),
     stop: F,
 ) -> Relayed
@@ -485,7 +460,8 @@ where
         return Relayed::nothing(Close::Error);
     };
     let ending = ex.sockets().ending();
-    let served = serve_requests(Arc::new(ex), sides.client, sides.h2, handshake);
+    let ex = Arc::new(ex);
+    let served = serve_requests(ex.clone(), sides.client, sides.h2, handshake);
     // An open socket is told first, and given a moment to send its close frames.
     let stop = async move {
         let close = stop.await;
@@ -494,11 +470,41 @@ where
         close
     };
     match live.run(served, stop).await {
-        Ok((true, None)) => live.relayed(Close::Eof),
+        Ok((true, None)) => {
+            // A clean end: the upstream connection may serve the next tunnel.
+            if let (Some(keep), Ok(ex)) = (sides.keep, Arc::try_unwrap(ex)) {
+                keep.give_back(ex.into_upstream());
+            }
+            live.relayed(Close::Eof)
+        }
         Ok((_, Some(close))) => live.relayed(close),
         Ok((false, None)) => live.relayed(Close::Error),
         Err(close) => live.relayed(close),
     }
+}
+
+/// Which of HTTP/1.1 and HTTP/2 the client offered (`client_alpn`): the index of the upstream
+/// TLS configuration that offers the same.
+fn offer_of(client_alpn: &[String]) -> usize {
+    let h1 = client_alpn.iter().any(|p| p == "http/1.1");
+    let h2 = client_alpn.iter().any(|p| p == "h2");
+    usize::from(h1) + 2 * usize::from(h2)
+}
+
+/// What keeping a tunnel's upstream connection needs, when it may be kept (a clearance was
+/// given, the sandbox is still registered): the clearance, the key for the protocols the
+/// client offered (`offer`), and what the binding puts on requests to the host now.
+fn keeping(
+    clearance: Option<Box<crate::egress::clearance::Clearance>>,
+    ends: &Ends<'_>,
+    offer: usize,
+) -> Option<kept::Keeping> {
+    let (binding, _) = (ends.current)()?;
+    Some(kept::Keeping {
+        clearance: *clearance?,
+        authority: kept::authority(ends.host, ends.port, offer),
+        carries: kept::Carries::of(&binding, ends.host),
+    })
 }
 
 /// How to reach the upstream over TLS: offering it what the client offered (of HTTP/1.1 and
@@ -506,12 +512,10 @@ where
 /// `None` when `host` is not a TLS server name.
 fn upstream_connector(
     ix: &Interceptor,
-    client_alpn: &[String],
+    offer: usize,
     host: &str,
 ) -> Option<(tokio_rustls::TlsConnector, ServerName<'static>)> {
-    let h1 = client_alpn.iter().any(|p| p == "http/1.1");
-    let h2 = client_alpn.iter().any(|p| p == "h2");
-    let config = ix.upstream[usize::from(h1) + 2 * usize::from(h2)].clone();
+    let config = ix.upstream[offer].clone();
     let name = ServerName::try_from(host.to_string()).ok()?;
     Some((tokio_rustls::TlsConnector::from(config), name))
 }

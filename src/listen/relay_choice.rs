@@ -225,6 +225,7 @@ async fn per_request(
         server: running.server,
         client_alpn: hello.map(|h| h.alpn.clone()).unwrap_or_default(),
         tls: hello.is_some(),
+        clearance: running.clearance,
     };
     let timeouts = &shared.settings.timeouts;
     let process = audit.attributed();

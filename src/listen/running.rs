@@ -38,6 +38,9 @@ pub(super) struct Running {
     pub stop: Stop,
     /// The grant that allowed it, if one did (what a cut by its end names).
     pub granted_by: Option<Arc<str>>,
+    /// The clearance, kept only for a host whose tunnels are terminated: their upstream
+    /// connection may be kept for the next tunnel under it ([`crate::intercept::kept`]).
+    pub clearance: Option<Box<crate::egress::clearance::Clearance>>,
     pub(super) slot: ConnectionSlot,
     /// The sandbox's active-connection count, taken while it runs.
     pub(super) _active: ActiveGuard,
@@ -62,6 +65,9 @@ impl Running {
         };
         let target = admitted.clearance.target.clone();
         let granted_by = admitted.clearance.granted_by.clone();
+        let clearance = (shared.settings.interceptor.as_ref())
+            .filter(|ix| ix.terminates(&admitted.sandbox.binding, &target.host.to_string()))
+            .map(|_| Box::new(admitted.clearance.clone()));
         let stop: Stop = Box::pin(shared.watch(admitted.clearance).stopped());
         Some(Box::new(Running {
             shared: shared.clone(),
@@ -73,6 +79,7 @@ impl Running {
             opaque: admitted.opaque,
             stop,
             granted_by,
+            clearance,
             slot: admitted.slot,
         }))
     }

@@ -8,6 +8,24 @@ use crate::policy::target::Target;
 
 /// Hop-by-hop headers, plus the proxy's own credentials: never forwarded.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    strip_connection(headers);
+    for h in [
+        header::PROXY_AUTHORIZATION,
+        header::PROXY_AUTHENTICATE,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(h);
+    }
+}
+
+/// What is about the client's own connection: `Connection`, the headers it names,
+/// `Keep-Alive` and `Proxy-Connection`. A terminated request loses these (its upstream
+/// connection is the proxy's, and may be kept for the next tunnel), and keeps `TE` and
+/// `Trailer` (gRPC's `te: trailers`).
+pub(crate) fn strip_connection(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -18,17 +36,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for n in named {
         headers.remove(n);
     }
-    for h in [
-        header::CONNECTION,
-        header::PROXY_AUTHORIZATION,
-        header::PROXY_AUTHENTICATE,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
-        headers.remove(h);
-    }
+    headers.remove(header::CONNECTION);
     headers.remove("keep-alive");
     headers.remove("proxy-connection");
 }

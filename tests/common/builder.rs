@@ -21,6 +21,8 @@ pub struct SandboxSpec {
     network: Vec<(String, String)>,
     /// `limits`, as a YAML flow value.
     limits: Option<String>,
+    /// `credentials`, each a YAML flow map.
+    credentials: Vec<String>,
 }
 
 impl SandboxSpec {
@@ -35,6 +37,7 @@ impl SandboxSpec {
             report: false,
             network: Vec::new(),
             limits: None,
+            credentials: Vec::new(),
         }
     }
 
@@ -74,6 +77,12 @@ impl SandboxSpec {
         self
     }
 
+    /// A credential, as a YAML flow map (`{ name: api, hosts: [api.test], … }`).
+    pub fn credential(mut self, yaml: &str) -> Self {
+        self.credentials.push(yaml.into());
+        self
+    }
+
     /// `enforcement: report`.
     pub fn report(mut self) -> Self {
         self.report = true;
@@ -97,6 +106,9 @@ impl SandboxSpec {
         }
         if let Some(l) = &self.limits {
             s += &format!("    limits: {l}\n");
+        }
+        if !self.credentials.is_empty() {
+            s += &format!("    credentials: [{}]\n", self.credentials.join(", "));
         }
         let more: String = self
             .network

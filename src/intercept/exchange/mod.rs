@@ -139,6 +139,11 @@ impl Sent {
 }
 
 impl Exchange {
+    /// Its upstream connection, once the tunnel is done with it.
+    pub fn into_upstream(self) -> Upstream {
+        self.upstream
+    }
+
     /// The tunnel's WebSockets ([`socket::Sockets`]).
     pub fn sockets(&self) -> &socket::Sockets {
         &self.sockets
@@ -284,6 +289,9 @@ impl Exchange {
         let h2 = matches!(self.upstream, Upstream::H2(_));
         self.written.write(&mut req, h2);
         socket::no_switch(&socket, &mut req);
+        if socket.is_none() {
+            crate::relay::hop_by_hop::strip_connection(req.headers_mut());
+        }
         let (mcp, seal) = readers(p, allowed, verdict, &mut req, metered.is_some());
         // A request the check would refuse is never given a credential; one is put on as
         // the request will be sent (a signature covers the authority written above).

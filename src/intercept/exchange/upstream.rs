@@ -1,12 +1,17 @@
 //! The upstream side of a terminated tunnel: one HTTP/1.1 or HTTP/2 connection over the
 //! verified TLS stream (or, for plain HTTP inside a tunnel, over the dialled connection), and
-//! the requests sent on it.
+//! the requests sent on it. The connection is driven by its own task until the origin closes
+//! it, every sender is gone, or its [`Cut`] fires — so it can outlive its tunnel, kept idle
+//! for the next one ([`crate::intercept::kept`]).
 
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
+use std::sync::Arc;
+
 use super::UpBody;
+use crate::egress::abortable::Cut;
 use crate::intercept::error::InterceptError;
 use crate::relay::counted::Counted;
 
@@ -18,8 +23,8 @@ pub enum Upstream {
 
 impl Upstream {
     /// HTTP/2 or HTTP/1.1 over `io`: the verified TLS stream, or the dialled TCP connection
-    /// for plain HTTP inside a tunnel.
-    pub async fn connect<S>(io: S, h2: bool) -> Result<Self, InterceptError>
+    /// for plain HTTP inside a tunnel; driven until the origin closes it or `cut` fires.
+    pub async fn connect<S>(io: S, h2: bool, cut: &Arc<Cut>) -> Result<Self, InterceptError>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -31,7 +36,7 @@ impl Upstream {
                     version: "HTTP/2",
                     source,
                 })?;
-            tokio::spawn(conn);
+            drive(conn, cut);
             Ok(Upstream::H2(send))
         } else {
             let (send, conn) =
@@ -42,8 +47,28 @@ impl Upstream {
                         source,
                     })?;
             // A WebSocket handshake hands the connection over after its `101`.
-            tokio::spawn(conn.with_upgrades());
+            drive(conn.with_upgrades(), cut);
             Ok(Upstream::H1(tokio::sync::Mutex::new(send)))
+        }
+    }
+
+    /// Free for a request now (an HTTP/1.1 connection between requests, an HTTP/2 one under
+    /// its stream limit) and not closed by the origin.
+    pub fn ready(&mut self) -> bool {
+        match self {
+            Upstream::H1(s) => {
+                let s = s.get_mut();
+                s.is_ready() && !s.is_closed()
+            }
+            Upstream::H2(s) => s.is_ready() && !s.is_closed(),
+        }
+    }
+
+    /// Closed by the origin (a connection in use is not).
+    pub fn closed(&self) -> bool {
+        match self {
+            Upstream::H1(s) => s.try_lock().is_ok_and(|s| s.is_closed()),
+            Upstream::H2(s) => s.is_closed(),
         }
     }
 
@@ -64,4 +89,20 @@ impl Upstream {
             }
         }
     }
+}
+
+/// Run a connection's task until it ends or `cut` fires (dropping it closes the socket; with a
+/// reset after an abort). A cut dropped without firing changes nothing.
+fn drive<F>(conn: F, cut: &Arc<Cut>)
+where
+    F: std::future::Future + Send + 'static,
+{
+    let mut fired = cut.subscribe();
+    tokio::spawn(async move {
+        // A cut dropped unfired (nobody can keep the connection) leaves it to end by itself.
+        tokio::select! {
+            _ = conn => {}
+            Ok(()) = fired.changed() => {}
+        }
+    });
 }

@@ -1,0 +1,271 @@
+//! Kept upstream connections of terminated tunnels, with the real binary, curl and a TLS
+//! origin that numbers its TLS sessions: a sandbox's next tunnel to the host is served on the
+//! upstream TLS connection its last one left (no second handshake); another sandbox, another
+//! credential, or the same sandbox after its secret was rotated never is; a reload that
+//! stops allowing the host resets the kept connection; `upstream_keepalive.idle_ms: 0` keeps
+//! none.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::Full;
+
+/// An HTTPS origin (HTTP/1.1, keep-alive) that numbers its TLS sessions and answers each
+/// request with `session <n> auth=<digest of Authorization>` (a digest: the proxy scrubs a
+/// reflected secret); it notes every session that ends.
+struct TlsOrigin {
+    port: u16,
+    sessions: Arc<AtomicUsize>,
+    ended: Arc<Mutex<Vec<usize>>>,
+    ca: TestCa,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl TlsOrigin {
+    fn start(dir: &std::path::Path) -> TlsOrigin {
+        let ca = TestCa::generate(dir);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(ca.server_config(&[b"http/1.1"])));
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let sessions = Arc::new(AtomicUsize::new(0));
+        let ended = Arc::new(Mutex::new(Vec::new()));
+        let (s, e) = (sessions.clone(), ended.clone());
+        rt.spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (acceptor, s, e) = (acceptor.clone(), s.clone(), e.clone());
+                tokio::spawn(async move {
+                    // A connection the proxy dialled and did not need closes here, unnumbered.
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let n = s.fetch_add(1, Ordering::SeqCst) + 1;
+                    let svc = hyper::service::service_fn(move |req: http::Request<_>| {
+                        let auth = req
+                            .headers()
+                            .get("authorization")
+                            .and_then(|v: &http::HeaderValue| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_string();
+                        let body = format!("session {n} auth={}", digest(&auth));
+                        async move {
+                            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                                Bytes::from(body),
+                            )))
+                        }
+                    });
+                    let io = hyper_util::rt::TokioIo::new(tls);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, svc)
+                        .await;
+                    e.lock().unwrap().push(n);
+                });
+            }
+        });
+        TlsOrigin {
+            port,
+            sessions,
+            ended,
+            ca,
+            _rt: rt,
+        }
+    }
+
+    fn sessions(&self) -> usize {
+        self.sessions.load(Ordering::SeqCst)
+    }
+
+    fn ended(&self) -> Vec<usize> {
+        self.ended.lock().unwrap().clone()
+    }
+}
+
+/// The first 8 hex digits of `auth`'s SHA-256.
+fn digest(auth: &str) -> String {
+    sha(auth)[..8].to_string()
+}
+
+/// What the origin answers session `n` for a request that carried `secret`.
+fn answer(n: usize, secret: &str) -> String {
+    format!("session {n} auth={}", digest(&format!("Bearer {secret}")))
+}
+
+const ADMIN: &str = "admin-token-terminated-keepalive";
+
+struct Env {
+    dir: tempfile::TempDir,
+    origin: TlsOrigin,
+    proxy: Proxy,
+}
+
+/// Sandboxes `a` and `b` (tokens `tok-a`, `tok-b`), each with a credential bound to
+/// `api.test` (secret files `a.secret`, `b.secret`), under `keepalive` (the
+/// `upstream_keepalive` flow map).
+fn env(keepalive: &str) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ca_init(&d.join("ica"));
+    let origin = TlsOrigin::start(d);
+    std::fs::write(d.join("admin.token"), ADMIN).unwrap();
+    std::fs::write(d.join("a.secret"), "secret-of-a\n").unwrap();
+    std::fs::write(d.join("b.secret"), "secret-of-b\n").unwrap();
+    let proxy = config(d, &origin, keepalive, true).start(d);
+    Env { dir, origin, proxy }
+}
+
+fn config(d: &std::path::Path, origin: &TlsOrigin, keepalive: &str, allow_a: bool) -> ProxyConfig {
+    let port = origin.port;
+    let credential = |file: &str| {
+        format!(
+            "{{ name: api, hosts: [api.test], inject: {{ header: Authorization, format: \"Bearer {{secret}}\" }}, source: {{ file: {} }} }}",
+            d.join(file).display()
+        )
+    };
+    let mut a = SandboxSpec::new("a")
+        .token("tok-a")
+        .credential(&credential("a.secret"));
+    if allow_a {
+        a = a.allow(&format!("api.test:{port}"));
+    }
+    let b = SandboxSpec::new("b")
+        .token("tok-b")
+        .allow(&format!("api.test:{port}"))
+        .credential(&credential("b.secret"));
+    ProxyConfig::new()
+        .admin_token_file(&d.join("admin.token"))
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .raw(&format!(
+            "tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {uca}, upstream_keepalive: {keepalive} }}",
+            ica = d.join("ica").display(),
+            uca = origin.ca.ca_pem.display(),
+        ))
+        .sandbox(a)
+        .sandbox(b)
+}
+
+impl Env {
+    /// One request through a new CONNECT tunnel as `sandbox`; the body, once the tunnel's
+    /// record is written (its upstream connection is kept, or closed, by then).
+    fn get(&self, sandbox: &str) -> String {
+        self.get_with(sandbox, &[])
+    }
+
+    /// [`Env::get`] with more curl arguments.
+    fn get_with(&self, sandbox: &str, extra: &[&str]) -> String {
+        let before = self.tunnels();
+        let px = format!("http://{sandbox}:tok-{sandbox}@{}", self.proxy.proxy);
+        let ica = self.dir.path().join("ica/ca.crt");
+        let url = format!("https://api.test:{}/v1/x", self.origin.port);
+        let ica = ica.to_str().unwrap();
+        let mut args = vec!["--http1.1", "-x", &px, "--cacert", ica];
+        args.extend_from_slice(extra);
+        args.push(&url);
+        let out = curl(&args);
+        eventually(Duration::from_secs(15), "the tunnel's record", || {
+            (self.tunnels() > before).then_some(())
+        });
+        out.text()
+    }
+
+    /// Tunnels recorded as ended.
+    fn tunnels(&self) -> usize {
+        let records = self.proxy.audit_records();
+        records
+            .iter()
+            .filter(|r| r["event"] == "end" && r["mode"] == "connect")
+            .count()
+    }
+
+    fn reload(&self) {
+        let (status, body) = admin_req(self.proxy.admin, "POST", "/v1/reload", "", Some(ADMIN));
+        assert_eq!(status, 200, "{body}");
+    }
+}
+
+#[test]
+fn a_sandboxs_next_tunnel_reuses_its_upstream_tls_connection_and_no_other_sandbox_does() {
+    let e = env("{ idle_ms: 60000 }");
+    assert_eq!(e.get("a"), answer(1, "secret-of-a"));
+    // The next tunnel of `a`, a new client connection: the same upstream TLS session.
+    assert_eq!(e.get("a"), answer(1, "secret-of-a"));
+    let reused = e.proxy.wait_record(|r| {
+        r["mode"] == "connect"
+            && (r["detail"].as_str()).is_some_and(|d| d.contains("on a kept upstream connection"))
+    });
+    assert_eq!(reused["sandbox"], "a");
+    // `Connection: close` is about the client's connection: the upstream one stays open.
+    let close = ["-H", "Connection: close"];
+    assert_eq!(e.get_with("a", &close), answer(1, "secret-of-a"));
+    assert_eq!(e.get("a"), answer(1, "secret-of-a"));
+    assert_eq!(e.origin.sessions(), 1);
+    // `b` gets the same host, with its own credential, on a session of its own.
+    assert_eq!(e.get("b"), answer(2, "secret-of-b"));
+    assert_eq!(e.get("b"), answer(2, "secret-of-b"));
+    assert_eq!(e.get("a"), answer(1, "secret-of-a"));
+    assert_eq!(e.origin.sessions(), 2);
+    assert!(e.origin.ended().is_empty(), "{:?}", e.origin.ended());
+}
+
+#[test]
+fn a_rotated_secret_retires_the_kept_connection() {
+    let e = env("{ idle_ms: 60000 }");
+    assert_eq!(e.get("a"), answer(1, "secret-of-a"));
+    std::fs::write(e.dir.path().join("a.secret"), "rotated-secret\n").unwrap();
+    e.reload();
+    // The connection opened for the old secret is closed by the reload's sweep...
+    eventually(Duration::from_secs(15), "session 1 closed", || {
+        e.origin.ended().contains(&1).then_some(())
+    });
+    // ...and the next tunnel opens its own.
+    assert_eq!(e.get("a"), answer(2, "rotated-secret"));
+    assert_eq!(e.origin.sessions(), 2);
+}
+
+#[test]
+fn a_reload_that_stops_allowing_the_host_resets_its_kept_connection() {
+    let e = env("{ idle_ms: 60000 }");
+    assert_eq!(e.get("a"), answer(1, "secret-of-a"));
+    assert_eq!(e.get("b"), answer(2, "secret-of-b"));
+    let narrowed = config(e.dir.path(), &e.origin, "{ idle_ms: 60000 }", false);
+    std::fs::write(&e.proxy.config, narrowed.yaml(&e.proxy.audit)).unwrap();
+    e.reload();
+    eventually(Duration::from_secs(15), "a's kept session closed", || {
+        e.origin.ended().contains(&1).then_some(())
+    });
+    // `b` is still allowed: its kept connection serves its next tunnel.
+    assert_eq!(e.get("b"), answer(2, "secret-of-b"));
+    assert_eq!(e.origin.ended(), vec![1]);
+    // And `a` is refused before anything reaches the origin.
+    let px = format!("http://a:tok-a@{}", e.proxy.proxy);
+    let url = format!("https://api.test:{}/v1/x", e.origin.port);
+    let ica = e.dir.path().join("ica/ca.crt");
+    let out = curl(&["-x", &px, "--cacert", ica.to_str().unwrap(), &url]);
+    assert!(out.stderr.contains("403"), "{}", out.stderr);
+    assert_eq!(e.origin.sessions(), 2);
+}
+
+#[test]
+fn idle_ms_zero_keeps_no_upstream_connection() {
+    let e = env("{ idle_ms: 0 }");
+    assert_eq!(e.get("a"), answer(1, "secret-of-a"));
+    assert_eq!(e.get("a"), answer(2, "secret-of-a"));
+    eventually(Duration::from_secs(15), "both sessions closed", || {
+        (e.origin.ended().len() == 2).then_some(())
+    });
+}
