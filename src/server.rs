@@ -431,6 +431,7 @@ async fn sweep_upstreams(shared: Arc<Shared>) {
         shared.upstreams.sweep(&set);
         if let Some(ix) = &ix {
             ix.kept.sweep(&set);
+            ix.scrubbers.prune();
         }
     }
 }

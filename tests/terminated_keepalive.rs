@@ -17,7 +17,8 @@ use http_body_util::Full;
 
 /// An HTTPS origin (HTTP/1.1, keep-alive) that numbers its TLS sessions and answers each
 /// request with `session <n> auth=<digest of Authorization>` (a digest: the proxy scrubs a
-/// reflected secret); it notes every session that ends.
+/// reflected secret) — `/v1/echo` with `Authorization` as it came (what scrubbing reads); it
+/// notes every session that ends.
 struct TlsOrigin {
     port: u16,
     sessions: Arc<AtomicUsize>,
@@ -61,7 +62,10 @@ impl TlsOrigin {
                             .and_then(|v: &http::HeaderValue| v.to_str().ok())
                             .unwrap_or("")
                             .to_string();
-                        let body = format!("session {n} auth={}", digest(&auth));
+                        let body = match req.uri().path() {
+                            "/v1/echo" => format!("session {n} echo={auth}"),
+                            _ => format!("session {n} auth={}", digest(&auth)),
+                        };
                         async move {
                             Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
                                 Bytes::from(body),
@@ -168,10 +172,15 @@ impl Env {
 
     /// [`Env::get`] with more curl arguments.
     fn get_with(&self, sandbox: &str, extra: &[&str]) -> String {
+        self.get_path(sandbox, "/v1/x", extra)
+    }
+
+    /// [`Env::get_with`] for `path`.
+    fn get_path(&self, sandbox: &str, path: &str, extra: &[&str]) -> String {
         let before = self.tunnels();
         let px = format!("http://{sandbox}:tok-{sandbox}@{}", self.proxy.proxy);
         let ica = self.dir.path().join("ica/ca.crt");
-        let url = format!("https://api.test:{}/v1/x", self.origin.port);
+        let url = format!("https://api.test:{}{path}", self.origin.port);
         let ica = ica.to_str().unwrap();
         let mut args = vec!["--http1.1", "-x", &px, "--cacert", ica];
         args.extend_from_slice(extra);
@@ -268,4 +277,34 @@ fn idle_ms_zero_keeps_no_upstream_connection() {
     eventually(Duration::from_secs(15), "both sessions closed", || {
         (e.origin.ended().len() == 2).then_some(())
     });
+}
+
+/// The scrubber compiled for a sandbox's binding serves its next tunnels: each sandbox's
+/// reflected secret is scrubbed with its own (never the other's, whichever tunnel came
+/// first), and after a rotation the new secret is, from the next tunnel.
+#[test]
+fn each_tunnel_scrubs_its_own_sandboxs_secret_and_a_rotated_one() {
+    let e = env("{ idle_ms: 60000 }");
+    let echo = |sandbox: &str| e.get_path(sandbox, "/v1/echo", &[]);
+    for _ in 0..2 {
+        for (sandbox, secret) in [("a", "secret-of-a"), ("b", "secret-of-b")] {
+            let got = echo(sandbox);
+            assert!(got.contains("echo=Bearer "), "{got}");
+            assert!(
+                !got.contains(secret),
+                "{sandbox} read its secret back: {got}"
+            );
+        }
+    }
+    std::fs::write(e.dir.path().join("a.secret"), "rotated-secret\n").unwrap();
+    e.reload();
+    eventually(Duration::from_secs(15), "the rotated secret in use", || {
+        (e.get("a").ends_with(&digest("Bearer rotated-secret"))).then_some(())
+    });
+    let got = echo("a");
+    assert!(got.contains("echo=Bearer "), "{got}");
+    assert!(
+        !got.contains("rotated-secret"),
+        "a read its new secret back: {got}"
+    );
 }

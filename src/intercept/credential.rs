@@ -84,6 +84,9 @@ pub struct MintCx {
     pub flows: Arc<crate::pipeline::flow::Ledger>,
     /// The signer of identity tokens.
     pub issuer: Option<Arc<super::identity_token::Issuer>>,
+    /// The scrubbers compiled per binding and host, shared by the tunnels
+    /// ([`super::scrub::Compiled`]).
+    pub scrubbers: Arc<super::scrub::Compiled>,
 }
 
 #[cfg(test)]
@@ -113,6 +116,7 @@ impl MintCx {
             deciders: Default::default(),
             flows: Default::default(),
             issuer: None,
+            scrubbers: Default::default(),
         }
     }
 }

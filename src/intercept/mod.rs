@@ -64,6 +64,8 @@ pub struct Interceptor {
     pub issuer: Arc<identity_token::Issuer>,
     /// Idle upstream connections of terminated tunnels, per sandbox, host and address.
     pub kept: kept::KeptPool,
+    /// Scrubbers compiled once per binding and host ([`scrub::Compiled`]).
+    pub scrubbers: Arc<scrub::Compiled>,
 }
 
 impl std::fmt::Debug for Interceptor {
@@ -114,6 +116,7 @@ impl Interceptor {
             judge_body_bytes: cfg.judge_body_bytes,
             refusals_inside: cfg.refusals_inside,
             kept: kept::KeptPool::new(cfg.upstream_keepalive),
+            scrubbers: Default::default(),
         })
     }
 
@@ -136,6 +139,7 @@ impl Interceptor {
             judge_body_bytes: self.judge_body_bytes,
             // The sandbox trusts the interception CA: `https://egress-proxy.local` reaches it.
             ask: crate::relay::deny::AskUrl::Https,
+            scrubbers: self.scrubbers.clone(),
         }
     }
 
@@ -165,6 +169,7 @@ pub struct Serving {
     judge_body_bytes: u64,
     /// Where a refusal inside the tunnel tells the sandbox to ask for access.
     ask: crate::relay::deny::AskUrl,
+    scrubbers: Arc<scrub::Compiled>,
 }
 
 impl std::fmt::Debug for Serving {
@@ -192,6 +197,7 @@ impl Serving {
             judge_body_bytes: crate::config::credentials::DEFAULT_JUDGE_BODY_BYTES,
             // No interception CA: asking goes through the proxy as plain HTTP.
             ask: crate::relay::deny::AskUrl::Http,
+            scrubbers: Default::default(),
         })
     }
 
@@ -215,6 +221,7 @@ impl Serving {
             deciders: deciders.clone(),
             flows: flows.clone(),
             issuer: self.issuer.clone(),
+            scrubbers: self.scrubbers.clone(),
         }
     }
 }

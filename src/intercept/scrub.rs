@@ -22,6 +22,10 @@ use hyper::body::{Body, Frame, SizeHint};
 use super::credential::Bound;
 use crate::pipeline::unescape;
 
+pub mod compiled;
+
+pub use compiled::Compiled;
+
 /// Every form of the secrets of some credentials, compiled once per binding.
 pub struct Scrubber {
     /// Matched without regard to ASCII case, on the unescaped view of the bytes.

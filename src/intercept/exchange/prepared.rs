@@ -90,9 +90,17 @@ impl Prepared {
             .credentials
             .iter()
             .any(|c| c.bound_to(host) && matches!(c.kind, CredentialKind::Minted(_)));
-        let scrubber = Scrubber::new(bound.iter()).map(Arc::new);
-        let minted_scrubber = (minted || !sealing.is_empty())
-            .then(|| Mutex::new((cx.minter.generation(), scrubber.clone())));
+        // Minted secrets change under one binding: their scrubber is rebuilt per token, not
+        // kept with the binding's.
+        let changing = minted || !sealing.is_empty();
+        let scrubber = match changing {
+            true => Scrubber::new(bound.iter()).map(Arc::new),
+            false => cx
+                .scrubbers
+                .get_or_build(&binding, host, || Scrubber::new(bound.iter())),
+        };
+        let minted_scrubber =
+            changing.then(|| Mutex::new((cx.minter.generation(), scrubber.clone())));
         Prepared {
             binding,
             version,
