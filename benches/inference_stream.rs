@@ -177,6 +177,7 @@ fn config(port: u16, inference: bool, cold: bool) -> String {
     format!(
         r#"listen: {{ proxy: 127.0.0.1:0, admin: null }}
 audit: {{ path: /dev/null }}
+admission: {{ accepts_per_second_per_source: 1000000, accept_burst_per_source: 1000000 }}
 dns: {{ servers: ["127.0.0.1:9"], hosts: {{ llm.test: [127.0.0.1] }} }}
 defaults: {{ guard_allow_ranges: [127.0.0.1/32], limits: {{ max_connections: 100000, connections_per_second: 1000000, burst: 1000000 }} }}
 tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: uca.pem, upstream_keepalive: {{ idle_ms: {keep} }} }}

@@ -1381,6 +1381,31 @@ fn leaves_are_server_certificates_and_a_ca_can_be_name_constrained() {
     assert!(!out.status.success());
 }
 
+/// The proxy picks the suite of the leg it serves a terminated host on: AES-128-GCM (SHA-256)
+/// for a client that lists AES-256 first, and still AES-256 for one that offers nothing else.
+#[test]
+fn the_served_leg_picks_aes_128_and_still_accepts_aes_256_alone() {
+    let e = env();
+    let port = e.upstream.addr.port();
+    let cipher = |suites: &str| {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "openssl s_client -proxy {} -connect api.test:{port} -servername api.test -tls1_3 -ciphersuites {suites} </dev/null 2>&1",
+                e.proxy.proxy
+            ))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let line = text.lines().find(|l| l.contains("Cipher is")).map(str::to_string);
+        line.unwrap_or_else(|| panic!("no handshake: {text}"))
+    };
+    let both = cipher("TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256");
+    assert!(both.contains("TLS_AES_128_GCM_SHA256"), "{both}");
+    let alone = cipher("TLS_AES_256_GCM_SHA384");
+    assert!(alone.contains("TLS_AES_256_GCM_SHA384"), "{alone}");
+}
+
 /// Review rounds B and C on HTTP/2 (C1e, C7) against an upstream that speaks h2: a body on GET
 /// or DELETE to an MCP path, and a GraphQL body sent as a form (which graphene-django reads by
 /// its `query` field), are refused on HTTP/2 streams as on HTTP/1.1 — nothing reaches the

@@ -78,7 +78,11 @@ pub async fn connect(
                 .await
                 .expect("connect");
             let head = read_head(&mut t).await;
-            assert!(head.starts_with(b"HTTP/1.1 200"), "CONNECT refused");
+            assert!(
+                head.starts_with(b"HTTP/1.1 200"),
+                "CONNECT refused: {}",
+                String::from_utf8_lossy(&head)
+            );
             t
         }
         None => tokio::net::TcpStream::connect(("127.0.0.1", port))

@@ -45,12 +45,14 @@ impl Leaf {
         if let Some(c) = self.configs[slot].get() {
             return Ok(c.clone());
         }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = super::suites::provider();
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
             .with_single_cert(self.chain.clone(), self.key_der())?;
         cfg.alpn_protocols = alpn.map(|p| vec![p.to_vec()]).unwrap_or_default();
+        // Ours, not the client's, order of suites (`super::suites`).
+        cfg.ignore_client_order = true;
         Ok(self.configs[slot].get_or_init(|| Arc::new(cfg)).clone())
     }
 }

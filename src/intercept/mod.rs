@@ -25,6 +25,7 @@ pub(crate) mod prefixed;
 mod scrub;
 pub mod sealed;
 mod sigv4;
+mod suites;
 pub mod websocket;
 
 use std::sync::Arc;
@@ -87,7 +88,7 @@ impl Interceptor {
         };
         let roots = crate::egress::roots::public_and(pem.as_deref())
             .map_err(|e| InterceptError::content(UPSTREAM_CA, e))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = suites::provider();
         let upstream = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
@@ -185,7 +186,7 @@ impl Serving {
     /// Serving without `tls_intercept`: the default body limits, and a minter that trusts no
     /// root (no credential can be bound without `tls_intercept`, so it is never asked).
     pub fn in_clear() -> Result<Self, InterceptError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = suites::provider();
         let tls = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_root_certificates(rustls::RootCertStore::empty())
