@@ -1397,7 +1397,10 @@ fn the_served_leg_picks_aes_128_and_still_accepts_aes_256_alone() {
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string();
-        let line = text.lines().find(|l| l.contains("Cipher is")).map(str::to_string);
+        let line = text
+            .lines()
+            .find(|l| l.contains("Cipher is"))
+            .map(str::to_string);
         line.unwrap_or_else(|| panic!("no handshake: {text}"))
     };
     let both = cipher("TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256");
