@@ -35,7 +35,21 @@ impl Cut {
 
 /// Judge the tunnel to `target` as a write; arm its destination's labels. `Err`: refused,
 /// recorded (the caller resets both sides).
-pub(super) async fn admit(
+///
+/// Boxed: a future awaited inline sizes the whole tunnel task by its largest state, so every
+/// idle tunnel — of a sandbox with flow rules or not — would carry the judging's (1.7 KiB a
+/// tunnel, `benches/idle_ab.sh`).
+pub(super) fn admit<'a>(
+    flow: &'a Phase<'_>,
+    binding: &'a crate::config::Binding,
+    target: &'a Target,
+    audit: &'a mut AuditGuard,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<Cut, ()>> + Send + 'a>> {
+    Box::pin(admit_inline(flow, binding, target, audit))
+}
+
+/// [`admit`], unboxed.
+async fn admit_inline(
     flow: &Phase<'_>,
     binding: &crate::config::Binding,
     target: &Target,

@@ -131,7 +131,8 @@ fn relay_until_stopped(
             crate::pipeline::flow::Phase::of(b, Some(&shared.settings.flows), process.as_deref());
         let stop = match flow {
             Some(flow) => match super::opaque_flow::admit(&flow, b, &target, audit).await {
-                Ok(watch) => futures_util::future::Either::Left(watch.or(stop)),
+                // Boxed: it would size every tunnel's task, flow rules or not.
+                Ok(watch) => futures_util::future::Either::Left(Box::pin(watch.or(stop))),
                 Err(()) => {
                     client.reset();
                     server.reset();
