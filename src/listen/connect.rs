@@ -45,7 +45,27 @@ pub(super) fn tunnel(
     // Taken out of what the task holds for the tunnel's whole life: a task's state keeps
     // room for every value it captured even after it moved on (the request: ~260 bytes).
     let upgrade = hyper::upgrade::on(req);
-    tokio::spawn(async move {
+    tokio::spawn(tunnel_task(upgrade, running, audit, permit));
+    Response::builder()
+        .status(StatusCode::OK)
+        .body(body::empty())
+        .unwrap_or_else(|_| Response::new(body::empty()))
+}
+
+/// The task that holds a CONNECT tunnel for its life: wait for hyper to hand the client's
+/// socket over, relay it, record how it ended. Its size is what every idle tunnel costs
+/// ([`super::task_size`] bounds it).
+#[allow(
+    clippy::manual_async_fn,
+    reason = "an async fn holds each argument twice in its state (rust-lang/rust#62958)"
+)]
+pub(super) fn tunnel_task(
+    upgrade: hyper::upgrade::OnUpgrade,
+    running: Box<Running>,
+    mut audit: AuditGuard,
+    permit: Option<OwnedSemaphorePermit>,
+) -> impl Future<Output = ()> + Send {
+    async move {
         let relayed = match upgrade.await.ok().and_then(take_client) {
             Some((client, early)) => relay_opened(running, client, early, &mut audit).await,
             None => Relayed::nothing(Close::Error),
@@ -53,11 +73,7 @@ pub(super) fn tunnel(
         audit.relayed(relayed);
         drop(audit);
         drop(permit);
-    });
-    Response::builder()
-        .status(StatusCode::OK)
-        .body(body::empty())
-        .unwrap_or_else(|_| Response::new(body::empty()))
+    }
 }
 
 /// Relay a tunnel the client was told is open (a CONNECT's 200, a SOCKS5 success): its first

@@ -17,6 +17,8 @@ mod refused_inside;
 pub(crate) mod relay_choice;
 mod running;
 pub(crate) mod socks5;
+#[cfg(test)]
+mod task_size;
 pub(crate) mod transparent;
 
 /// The client's socket as it sees itself — its address, and the address it connected to

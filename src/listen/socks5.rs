@@ -72,7 +72,16 @@ pub async fn serve(
     if !first_byte(&shared, &mut io, &seat, &mut audit).await {
         return;
     }
-    let negotiated = negotiate(&cx, accepted.client.ip(), &mut io, &mut seat, &mut audit).await;
+    // Boxed, and freed once admitted: awaited inline, its largest state (the login, the
+    // resolution) would size the task every tunnel keeps for its whole life.
+    let negotiated = Box::pin(negotiate(
+        &cx,
+        accepted.client.ip(),
+        &mut io,
+        &mut seat,
+        &mut audit,
+    ))
+    .await;
     drop(seat);
     drop(set);
     match negotiated {
@@ -80,7 +89,16 @@ pub async fn serve(
             relay_admitted(&shared, io, *admitted, &mut audit).await;
         }
         Some(Negotiated::Local(entered, port)) => {
-            serve_local(&shared, io, &entered, port, &mut audit, accepted.client).await;
+            // Boxed: the proxy's own endpoint is rare, and inline it would size every tunnel.
+            Box::pin(serve_local(
+                &shared,
+                io,
+                &entered,
+                port,
+                &mut audit,
+                accepted.client,
+            ))
+            .await;
         }
         None => {}
     }

@@ -44,22 +44,25 @@ pub async fn serve(
     let resolver = shared.resolver();
     let mut audit = shared.audit(&accepted, Mode::Sni, &set);
     let cx = shared.cx(&set, &resolver);
-    let admitted = admit_connection(
+    // Boxed, and freed once admitted: awaited inline, its largest state (the peek, the
+    // resolution) would size the task every tunnel keeps for its whole life.
+    let admitted = Box::pin(admit_connection(
         &cx,
         &shared,
         &accepted,
         &mut stream,
         unidentified,
         &mut audit,
-    );
+    ));
     let (admitted, read) = match admitted.await {
         Ok(Admission::Relay(admitted, read)) => (admitted, read),
         Ok(Admission::Local(entered, read, tls)) => {
             drop(set);
             let client = accepted.client;
-            let served = super::ask::serve_transparent(
+            // Boxed: the proxy's own endpoint is rare, and inline it would size every tunnel.
+            let served = Box::pin(super::ask::serve_transparent(
                 &shared, &entered, stream, read, tls, &mut audit, client,
-            );
+            ));
             if let Err(e) = served.await {
                 audit.detail(format!("egress-proxy.local: {e}"));
                 audit.close(crate::audit::Close::Error);
