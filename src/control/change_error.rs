@@ -16,11 +16,11 @@ pub enum ChangeError {
     #[error(transparent)]
     BadRequest(Why),
     /// 409: the id belongs to a file-defined sandbox, or its `sources` overlap another's.
-    #[error("{0}")]
-    Conflict(String),
+    #[error(transparent)]
+    Conflict(Why),
     /// 429: `runtime.max_sandboxes` are registered already.
-    #[error("{0}")]
-    Full(String),
+    #[error(transparent)]
+    Full(Why),
     /// 404
     #[error("no such registered sandbox")]
     NotFound,
@@ -68,10 +68,8 @@ impl From<registry::Rejected> for ChangeError {
         match r {
             Rejected::InvalidId(_) | Rejected::OutsideCeiling(_) => ChangeError::BadRequest(of(r)),
             Rejected::Invalid(errs) => ChangeError::Invalid(errs),
-            Rejected::FileDefined { .. } | Rejected::Overlap(_) => {
-                ChangeError::Conflict(r.to_string())
-            }
-            Rejected::Full { .. } => ChangeError::Full(r.to_string()),
+            Rejected::FileDefined { .. } | Rejected::Overlap(_) => ChangeError::Conflict(of(r)),
+            Rejected::Full { .. } => ChangeError::Full(of(r)),
             Rejected::Compile(_) | Rejected::NotCompiled(_) => ChangeError::Failed(of(r)),
         }
     }

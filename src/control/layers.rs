@@ -7,7 +7,7 @@
 //! layer that no longer exists (delete the members, or move them, first). Without etcd the
 //! runtime layers are kept in `state_dir/layers.json` and restored before the registrations.
 
-use crate::policy::cause::{self as cause, caused, of};
+use crate::policy::cause::{self as cause, caused, of, worded};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -129,7 +129,7 @@ impl Controller {
         for (rid, r) in registered.iter() {
             let what = format!("registered sandbox {rid}");
             if let Err(e) = config.parse_runtime_binding(&r.json, &what, rid) {
-                return Err(ChangeError::Conflict(e.to_string()));
+                return Err(ChangeError::Conflict(of(e)));
             }
         }
         Ok(())
@@ -172,7 +172,7 @@ impl Controller {
         drop(st);
         let done = self
             .removed(done)
-            .map_err(|e| ChangeError::Conflict(e.messages().join("; ")));
+            .map_err(|e| ChangeError::Conflict(worded(e.messages().join("; "), e)));
         done.and(kept.map_err(|e| ChangeError::Failed(of(e))))
             .map(|_| ())
     }

@@ -343,10 +343,13 @@ impl Controller {
         }
         if !st.runtime.contains_key(id) {
             if st.config.bindings.iter().any(|b| b.id == id) {
-                return Err(ChangeError::Conflict(format!(
-                    "sandbox {id} is defined in {}; remove it there",
-                    st.config.origin
-                )));
+                return Err(ChangeError::Conflict(
+                    format!(
+                        "sandbox {id} is defined in {}; remove it there",
+                        st.config.origin
+                    )
+                    .into(),
+                ));
             }
             return Err(ChangeError::NotFound);
         }

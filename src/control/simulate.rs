@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::control::registry::{self, Origin};
 use crate::control::replay::Replay;
 use crate::control::{policy_diff, ChangeError, Controller};
-use crate::policy::cause::{caused, of};
+use crate::policy::cause::{caused, of, worded};
 use crate::policy::set::PolicySet;
 
 /// The trail's files, oldest first (rotated `path.keep` … `path.1`, then `path`).
@@ -83,7 +83,7 @@ impl Controller {
         let candidate = (config.with_runtime_layers(runtime))
             .map_err(|e| ChangeError::BadRequest(e.join("; ").into()))?;
         let built = (self.build_with(candidate, &config, &registered))
-            .map_err(|e| ChangeError::Conflict(e.messages().join("; ")))?;
+            .map_err(|e| ChangeError::Conflict(worded(e.messages().join("; "), e)))?;
         let last = |c: &Config| c.layers.get(id).and_then(|c| c.last()).map(Arc::clone);
         let ports = &config.defaults.ports;
         let diff = policy_diff::layer_diff(

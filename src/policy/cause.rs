@@ -13,11 +13,14 @@ pub type Cause = std::sync::Arc<dyn std::error::Error + Send + Sync>;
 pub struct Why {
     what: String,
     cause: Option<Cause>,
+    /// `what` says it all (the cause's messages in words of their own): shown alone.
+    alone: bool,
 }
 
 impl std::fmt::Display for Why {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.cause {
+            Some(_) if self.alone => f.write_str(&self.what),
             Some(c) if self.what.is_empty() => write!(f, "{c}"),
             Some(c) => write!(f, "{}: {c}", self.what),
             None => f.write_str(&self.what),
@@ -35,7 +38,11 @@ impl std::error::Error for Why {
 
 impl From<String> for Why {
     fn from(what: String) -> Self {
-        Why { what, cause: None }
+        Why {
+            what,
+            cause: None,
+            alone: false,
+        }
     }
 }
 
@@ -44,6 +51,7 @@ impl From<&str> for Why {
         Why {
             what: what.to_string(),
             cause: None,
+            alone: false,
         }
     }
 }
@@ -56,6 +64,18 @@ pub fn caused(
     Why {
         what: what.into(),
         cause: Some(Cause::from(cause.into())),
+        alone: false,
+    }
+}
+
+/// `cause`, shown as `words` (its several messages on one line, say), kept as the source.
+pub fn worded(
+    words: impl Into<String>,
+    cause: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> Why {
+    Why {
+        alone: true,
+        ..caused(words, cause)
     }
 }
 
@@ -77,5 +97,9 @@ mod tests {
         let words: Why = "no \"id\"".into();
         assert_eq!(words.to_string(), "no \"id\"");
         assert!(std::error::Error::source(&words).is_none());
+        let worded = worded("a; b", std::io::Error::other("a\nb"));
+        assert_eq!(worded.to_string(), "a; b");
+        let source = std::error::Error::source(&worded).expect("a source");
+        assert_eq!(source.to_string(), "a\nb");
     }
 }

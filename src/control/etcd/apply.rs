@@ -93,10 +93,13 @@ impl Controller {
         SandboxId::new(id).map_err(|_| ChangeError::NotFound)?;
         let view = self.view.load();
         if view.config.bindings.iter().any(|b| b.id == id) {
-            return Err(ChangeError::Conflict(format!(
-                "sandbox {id} is defined in {}; remove it there",
-                view.config.origin
-            )));
+            return Err(ChangeError::Conflict(
+                format!(
+                    "sandbox {id} is defined in {}; remove it there",
+                    view.config.origin
+                )
+                .into(),
+            ));
         }
         Ok(self
             .shared

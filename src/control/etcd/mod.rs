@@ -244,14 +244,15 @@ impl ControlPlane {
                 }
                 // Only a concurrent change can get here (another sandbox took the same
                 // sources in between): every replica skips the value alike.
-                Some(why) => Err(ChangeError::Conflict(format!(
-                    "written at revision {revision} but not in force: {why}"
-                ))),
+                Some(why) => Err(ChangeError::Conflict(
+                    format!("written at revision {revision} but not in force: {why}").into(),
+                )),
             };
         }
-        Err(ChangeError::Conflict(format!(
-            "sandbox {id} kept changing in etcd while this call tried to write it; retry"
-        )))
+        Err(ChangeError::Conflict(
+            format!("sandbox {id} kept changing in etcd while this call tried to write it; retry")
+                .into(),
+        ))
     }
 
     /// `DELETE /v1/sandboxes/{id}`: how many exchanges were open here (they are revoked on
@@ -294,9 +295,10 @@ impl ControlPlane {
         };
         let lease = kv.lease();
         if lease == 0 {
-            return Err(ChangeError::Conflict(format!(
-                "sandbox {id} was registered without ttl_s: it has no lease to refresh"
-            )));
+            return Err(ChangeError::Conflict(
+                format!("sandbox {id} was registered without ttl_s: it has no lease to refresh")
+                    .into(),
+            ));
         }
         match tokio::time::timeout(self.cfg.request_timeout, client.lease_keep_alive(lease)).await {
             Ok(Ok(_keeper)) => {}
