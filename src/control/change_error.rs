@@ -68,7 +68,7 @@ impl From<registry::Rejected> for ChangeError {
         match r {
             Rejected::InvalidId(_) | Rejected::OutsideCeiling(_) => ChangeError::BadRequest(of(r)),
             Rejected::Invalid(errs) => ChangeError::Invalid(errs),
-            Rejected::FileDefined { .. } | Rejected::Overlap(_) => ChangeError::Conflict(of(r)),
+            Rejected::FileDefined { .. } | Rejected::Overlap { .. } => ChangeError::Conflict(of(r)),
             Rejected::Full { .. } => ChangeError::Full(of(r)),
             Rejected::Compile(_) | Rejected::NotCompiled(_) => ChangeError::Failed(of(r)),
         }

@@ -32,17 +32,25 @@ pub enum Origin<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum Rejected {
     #[error("the id names no valid sandbox: {0}")]
-    InvalidId(String),
+    InvalidId(#[source] crate::policy::sandbox_id::InvalidSandboxId),
     #[error("sandbox {id} is defined in {origin}; change it there (runtime registrations cannot override file-defined sandboxes)")]
     FileDefined { id: String, origin: String },
     #[error("{max} sandboxes are registered (runtime.max_sandboxes); delete some first")]
     Full { max: usize },
     #[error("{0}")]
     Invalid(ConfigErrors),
-    #[error("{0}")]
-    Overlap(String),
-    #[error("{0}")]
-    OutsideCeiling(String),
+    #[error("sources {mine} overlaps {theirs} of sandbox {other}: a registration may not claim another sandbox's addresses")]
+    Overlap {
+        /// The registration's range.
+        mine: ipnet::IpNet,
+        /// The other sandbox's range it overlaps.
+        theirs: ipnet::IpNet,
+        /// The other sandbox.
+        other: String,
+    },
+    /// The entries that lie outside a layer's ceiling, one sentence each.
+    #[error("{}", .0.join("; "))]
+    OutsideCeiling(Vec<String>),
     #[error("cannot compile: {0}")]
     Compile(globset::Error),
     #[error("{0}")]
@@ -126,7 +134,7 @@ pub(crate) fn parse(
     body: &str,
     origin: Origin<'_>,
 ) -> Result<Valid, Rejected> {
-    let sid = SandboxId::new(id).map_err(|e| Rejected::InvalidId(e.to_string()))?;
+    let sid = SandboxId::new(id).map_err(Rejected::InvalidId)?;
     let id = sid.as_str();
     if config.bindings.iter().any(|b| b.id == id) {
         return Err(Rejected::FileDefined {
@@ -148,7 +156,7 @@ pub(crate) fn parse(
         let outside =
             crate::policy::layer::outside_entries(&binding.network.layers, &binding.network);
         if !outside.is_empty() {
-            return Err(Rejected::OutsideCeiling(outside.join("; ")));
+            return Err(Rejected::OutsideCeiling(outside));
         }
     }
     Ok(Valid {
@@ -172,7 +180,7 @@ pub(crate) fn room_for(
         return Err(Rejected::Full { max });
     }
     if let Some(clash) = overlapping_source(config, runtime, id, binding) {
-        return Err(Rejected::Overlap(clash));
+        return Err(clash);
     }
     Ok(())
 }
@@ -184,7 +192,7 @@ fn overlapping_source(
     runtime: &Registrations,
     id: &str,
     binding: &Binding,
-) -> Option<String> {
+) -> Option<Rejected> {
     if binding.sources.is_empty() {
         return None;
     }
@@ -199,10 +207,11 @@ fn overlapping_source(
         for mine in &binding.sources {
             for theirs in &other.sources {
                 if mine.contains(&theirs.network()) || theirs.contains(&mine.network()) {
-                    return Some(format!(
-                        "sources {mine} overlaps {theirs} of sandbox {}: a registration may not claim another sandbox's addresses",
-                        other.id
-                    ));
+                    return Some(Rejected::Overlap {
+                        mine: *mine,
+                        theirs: *theirs,
+                        other: other.id.to_string(),
+                    });
                 }
             }
         }

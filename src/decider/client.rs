@@ -115,10 +115,10 @@ impl Client {
     pub async fn post(&self, sandbox: &str, json: Vec<u8>) -> Result<Bytes, Failure> {
         let Some(share) = self.share(sandbox) else {
             return Err(Failure {
-                why: DeciderError::Busy(format!(
-                    "the sandbox has {} asks in flight already (decider.max_in_flight_per_sandbox)",
-                    self.cfg.max_in_flight_per_sandbox
-                )),
+                why: DeciderError::Busy {
+                    in_flight: self.cfg.max_in_flight_per_sandbox,
+                    per_sandbox: true,
+                },
                 own: true,
             });
         };
@@ -129,10 +129,10 @@ impl Client {
             why,
         };
         let Ok(_permit) = self.in_flight.clone().try_acquire_owned() else {
-            return Err(fail(DeciderError::Busy(format!(
-                "{} asks already in flight (decider.max_in_flight)",
-                self.cfg.max_in_flight
-            ))));
+            return Err(fail(DeciderError::Busy {
+                in_flight: self.cfg.max_in_flight,
+                per_sandbox: false,
+            }));
         };
         match tokio::time::timeout(self.cfg.timeout, self.exchange(json)).await {
             Ok(r) => r.map_err(|why| Failure { why, own: false }),

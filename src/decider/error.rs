@@ -3,6 +3,8 @@
 //! not be shown). Each becomes the `decider_unavailable` refusal's detail, or passes under
 //! `on_error: allow` unless the sandbox's own load caused it.
 
+use crate::policy::cause::Why;
+
 /// What caused a failure: the error of the layer below, kept as the source.
 pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 
@@ -19,8 +21,13 @@ pub enum DeciderError {
         source: Cause,
     },
     /// Too many asks are in flight (per process or per sandbox): failed at once, not queued.
-    #[error("{0}")]
-    Busy(String),
+    #[error("{}", busy(*.in_flight, *.per_sandbox))]
+    Busy {
+        /// The limit that was reached.
+        in_flight: usize,
+        /// Whether it is the sandbox's own (`decider.max_in_flight_per_sandbox`).
+        per_sandbox: bool,
+    },
     /// The decider did not answer within `timeout_ms`.
     #[error("the decider did not answer within {0} ms")]
     Timeout(u128),
@@ -28,8 +35,8 @@ pub enum DeciderError {
     #[error("the decider answered HTTP {0}")]
     Status(u16),
     /// Its answer is not a verdict this proxy can apply.
-    #[error("{0}")]
-    Answer(String),
+    #[error(transparent)]
+    Answer(Why),
     /// Its answer does not parse as the verdict's JSON.
     #[error("the answer is not a verdict: {0}")]
     NotJson(#[source] serde_json::Error),
@@ -48,6 +55,16 @@ pub(crate) fn unreachable(doing: &'static str, source: impl Into<Cause>) -> Deci
     }
 }
 
-pub(crate) fn bad_answer(why: impl Into<String>) -> DeciderError {
+pub(crate) fn bad_answer(why: impl Into<Why>) -> DeciderError {
     DeciderError::Answer(why.into())
+}
+
+/// What a [`DeciderError::Busy`] says.
+fn busy(in_flight: usize, per_sandbox: bool) -> String {
+    match per_sandbox {
+        true => format!(
+            "the sandbox has {in_flight} asks in flight already (decider.max_in_flight_per_sandbox)"
+        ),
+        false => format!("{in_flight} asks already in flight (decider.max_in_flight)"),
+    }
 }

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::error::{bad_answer, DeciderError};
+use crate::policy::cause::worded;
 
 /// The version of the decider protocol this proxy speaks.
 pub const VERSION: u32 = 1;
@@ -155,7 +156,7 @@ pub fn read(body: &[u8], protected: &[&str]) -> Result<Answer, DeciderError> {
     }
     let touchable = |n: &str| -> Result<http::HeaderName, DeciderError> {
         let name = http::HeaderName::from_bytes(n.as_bytes())
-            .map_err(|_| bad_answer(format!("`{n}` is not a header name")))?;
+            .map_err(|e| bad_answer(worded(format!("`{n}` is not a header name"), e)))?;
         let s = name.as_str();
         if NOT_ITS_TO_TOUCH.contains(&s) || NEVER_SENT.contains(&s) || protected.contains(&s) {
             return Err(bad_answer(format!(
@@ -168,8 +169,12 @@ pub fn read(body: &[u8], protected: &[&str]) -> Result<Answer, DeciderError> {
         "allow" => {
             let mut edits = Edits::default();
             for (n, v) in &raw.set_headers {
-                let value = http::HeaderValue::from_str(v)
-                    .map_err(|_| bad_answer(format!("the value of `{n}` is not a header value")))?;
+                let value = http::HeaderValue::from_str(v).map_err(|e| {
+                    bad_answer(worded(
+                        format!("the value of `{n}` is not a header value"),
+                        e,
+                    ))
+                })?;
                 edits.set.push((touchable(n)?, value));
             }
             for n in &raw.remove_headers {

@@ -37,8 +37,8 @@ pub enum InterceptError {
     Tls(#[from] rustls::Error),
     /// A body the exchange must read (to filter, seal or show it) could not be read: the
     /// exchange is refused, never passed unread.
-    #[error("{0}")]
-    Body(String),
+    #[error(transparent)]
+    Body(crate::policy::cause::Why),
     /// A credential could not be had or applied (minting, signing, issuing, sealing).
     #[error(transparent)]
     Credential(#[from] super::CredentialError),
@@ -62,8 +62,16 @@ impl InterceptError {
         }
     }
 
-    pub(crate) fn body(why: impl Into<String>) -> Self {
+    pub(crate) fn body(why: impl Into<crate::policy::cause::Why>) -> Self {
         InterceptError::Body(why.into())
+    }
+
+    /// A body could not be read while doing `what`, because of `cause` (kept as the source).
+    pub(crate) fn body_caused(
+        what: &str,
+        cause: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        InterceptError::Body(crate::policy::cause::caused(what, cause))
     }
 
     pub(crate) fn content(what: &'static str, why: impl std::fmt::Display) -> Self {

@@ -213,7 +213,7 @@ impl<B> McpFiltered<B> {
             return Ok(());
         }
         let doc = strict_json::parse_borrowed(&text).map_err(|e| {
-            InterceptError::body(format!("an event of the MCP stream is not JSON: {e}"))
+            InterceptError::body_caused("an event of the MCP stream is not JSON", e)
         })?;
         match self.filter_doc(doc) {
             Doc::Unchanged => {
@@ -229,9 +229,8 @@ impl<B> McpFiltered<B> {
                     out.push(b'\n');
                 }
                 out.extend_from_slice(b"data: ");
-                serde_json::to_writer(&mut *out, &doc).map_err(|e| {
-                    InterceptError::body(format!("an event of the MCP stream: {e}"))
-                })?;
+                serde_json::to_writer(&mut *out, &doc)
+                    .map_err(|e| InterceptError::body_caused("an event of the MCP stream", e))?;
                 out.extend_from_slice(b"\n\n");
             }
             Doc::Gone => out.extend_from_slice(b": egress-proxy dropped a server request\n\n"),
@@ -305,11 +304,11 @@ impl<B> McpFiltered<B> {
         }
         let buf = std::mem::take(&mut self.buf);
         let doc = strict_json::parse_borrowed(&buf)
-            .map_err(|e| InterceptError::body(format!("the MCP response is not JSON: {e}")))?;
+            .map_err(|e| InterceptError::body_caused("the MCP response is not JSON", e))?;
         Ok(match self.filter_doc(doc) {
             Doc::Unchanged => buf,
             Doc::Changed(doc) => serde_json::to_vec(&doc)
-                .map_err(|e| InterceptError::body(format!("the MCP response: {e}")))?,
+                .map_err(|e| InterceptError::body_caused("the MCP response", e))?,
             Doc::Gone => Vec::new(),
         })
     }

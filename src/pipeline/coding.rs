@@ -59,14 +59,9 @@ impl Coding {
             Coding::Deflate => flate2::read::ZlibDecoder::new(body)
                 .take(max)
                 .read_to_end(&mut out),
-            Coding::Other(c) => {
-                return Err(DlpError::Unscannable(format!(
-                    "the body's Content-Encoding {c} cannot be undone to scan it"
-                )))
-            }
+            Coding::Other(c) => return Err(DlpError::UnknownCoding(c.to_string())),
         };
-        read.map(|_| out).map_err(|e| {
-            DlpError::Unscannable(format!("the body's Content-Encoding does not decode: {e}"))
-        })
+        read.map(|_| out)
+            .map_err(|e| DlpError::Undecodable(crate::policy::cause::of(e)))
     }
 }

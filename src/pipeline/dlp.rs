@@ -17,6 +17,7 @@ use bytes::{Bytes, BytesMut};
 use super::aws_chunked::AwsChunks;
 pub use super::coding::Coding;
 use crate::config::decider::{DlpAction, DlpConfig};
+use crate::policy::cause::{of, Why};
 
 /// Bytes of the previous chunk scanned again with the next.
 pub const OVERLAP: usize = 1024;
@@ -236,7 +237,7 @@ where
     let whole = http_body_util::Limited::new(body, limit)
         .collect()
         .await
-        .map_err(|_| DlpError::Unscannable(format!("a body under a Content-Encoding is scanned whole, and this one is larger than {max} bytes (dlp.max_bytes) or could not be read")))?
+        .map_err(|e| DlpError::Unread { max, cause: of(e) })?
         .to_bytes();
     let plain = coding.decode(&whole, max)?;
     scanner.scan(&Bytes::from(plain))?;
@@ -258,7 +259,7 @@ pub struct Scanned<B> {
 pub struct Cut(pub DlpError);
 
 /// Why the DLP phase refused a request (the refusal's words: `dlp_blocked`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum DlpError {
     /// A `deny` rule matched: its name, and where (`the request body`, `the request's target
     /// or headers`).
@@ -269,9 +270,25 @@ pub enum DlpError {
         /// Where it matched.
         place: &'static str,
     },
-    /// A body that must be read whole or decoded to be scanned could not be.
+    /// A body under a Content-Encoding, scanned whole, was larger than `max` bytes or could
+    /// not be read.
+    #[error("a body under a Content-Encoding is scanned whole, and this one is larger than {max} bytes (dlp.max_bytes) or could not be read")]
+    Unread {
+        /// `dlp.max_bytes`.
+        max: u64,
+        /// The read's error (the limit's, when it was too large).
+        #[source]
+        cause: Why,
+    },
+    /// A body's Content-Encoding is not one the scanner can undo.
+    #[error("the body's Content-Encoding {0} cannot be undone to scan it")]
+    UnknownCoding(String),
+    /// A body's Content-Encoding does not decode.
+    #[error("the body's Content-Encoding does not decode: {0}")]
+    Undecodable(#[source] Why),
+    /// An `aws-chunked` body's framing does not read: what is wrong with it.
     #[error("{0}")]
-    Unscannable(String),
+    Framing(&'static str),
     /// The scanner's state is unavailable.
     #[error("the scanner failed")]
     Failed,
@@ -303,7 +320,7 @@ where
                         let mut scan = |p: &[u8]| scanner.scan(&Bytes::copy_from_slice(p));
                         chunks
                             .push(d, &mut scan)
-                            .unwrap_or_else(|why| Err(DlpError::Unscannable(why.into())))
+                            .unwrap_or_else(|why| Err(DlpError::Framing(why)))
                     }
                 },
                 (_, Some(t)) => this.scanner.trailers(t),

@@ -149,9 +149,10 @@ async fn filtered(
         Framing::EventStream => Ok(Read::Stream(f)),
         Framing::Json => match f.collect().await {
             Ok(c) => Ok(Read::Whole(c.to_bytes())),
-            Err(e) => Err(InterceptError::body(format!(
-                "the MCP response could not be read: {e}"
-            ))),
+            Err(e) => Err(InterceptError::body_caused(
+                "the MCP response could not be read",
+                e,
+            )),
         },
     }
 }
@@ -169,9 +170,7 @@ impl Terminated<'_> {
             .collect()
             .await
             .map_err(|e| {
-                InterceptError::body(format!(
-                    "the token endpoint's answer could not be read: {e}"
-                ))
+                InterceptError::body_caused("the token endpoint's answer could not be read", e)
             })?;
         let minter = &self.ex.mint.minter;
         Ok(Read::Whole(minter.seal_answer(

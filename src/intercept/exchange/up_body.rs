@@ -63,9 +63,10 @@ impl UpBody {
                     return Ok((UpBody::whole(all.clone()), all, false));
                 }
                 Some(Err(e)) => {
-                    return Err(InterceptError::body(format!(
-                        "reading the body for the decider: {e}"
-                    )))
+                    return Err(InterceptError::body_caused(
+                        "reading the body for the decider",
+                        e,
+                    ))
                 }
                 Some(Ok(f)) => match f.into_data() {
                     Ok(d) => got.extend_from_slice(&d),
