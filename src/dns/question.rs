@@ -45,7 +45,7 @@ pub enum Unanswerable {
     Type(RecordType),
     /// A name that is not a valid host name.
     #[error("egress-proxy: not a valid host name: {0}")]
-    Name(String),
+    Name(#[source] crate::policy::hostname::NameError),
 }
 
 /// The question, ready to decide.
@@ -199,7 +199,7 @@ pub fn classify(
         t if pass_types.contains(&u16::from(t)) => Asked::Pass(t),
         t => return Err(Unanswerable::Type(t)),
     };
-    let name = normalize_name_shared(name).map_err(|e| Unanswerable::Name(e.to_string()))?;
+    let name = normalize_name_shared(name).map_err(Unanswerable::Name)?;
     Ok(Question { kind, name })
 }
 

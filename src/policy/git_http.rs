@@ -21,7 +21,9 @@ impl GitService {
         match s {
             "fetch" => Ok(GitService::Fetch),
             "push" => Ok(GitService::Push),
-            _ => Err(ParseError(format!("git: `{s}` is not fetch or push"))),
+            _ => Err(ParseError(
+                format!("git: `{s}` is not fetch or push").into(),
+            )),
         }
     }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 pub use super::git_http::{git_probe_ambiguous, git_request, GitService};
 use super::protocols::{lfs, Protocol};
 use super::ParseError;
+use crate::policy::cause::{caused, of};
 
 /// A host a credential (or an HTTP rule) is bound to: a name, `*.domain` or `**.domain`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,11 +27,12 @@ impl BoundHost {
     /// Parse an entry; globs, addresses and ports are refused (bindings are by name).
     pub fn parse(text: &str) -> Result<BoundHost, ParseError> {
         use crate::policy::entry::{parse_entry, HostPattern};
-        let e = parse_entry(text).map_err(|e| ParseError(e.to_string()))?;
+        let e = parse_entry(text).map_err(|e| ParseError(of(e)))?;
         if e.ports.is_some() {
-            return Err(ParseError(format!(
-                "`{text}`: no port here (credentials follow the host on any allowed port)"
-            )));
+            return Err(ParseError(
+                format!("`{text}`: no port here (credentials follow the host on any allowed port)")
+                    .into(),
+            ));
         }
         match e.host {
             HostPattern::Exact(n) => Ok(BoundHost::Exact(n)),
@@ -38,7 +40,7 @@ impl BoundHost {
             HostPattern::ApexAndSubdomains(s) => Ok(BoundHost::ApexAndBelow(s)),
             _ => Err(ParseError(format!(
                 "`{text}`: bind credentials to names (`api.example.com`, `*.example.com`, `**.example.com`), not globs or addresses"
-            ))),
+            ).into())),
         }
     }
 
@@ -161,7 +163,9 @@ impl HttpRule {
         for m in methods {
             let up = m.to_ascii_uppercase();
             if up.is_empty() || !up.bytes().all(|b| b.is_ascii_uppercase()) {
-                return Err(ParseError(format!("method `{m}` is not an HTTP method")));
+                return Err(ParseError(
+                    format!("method `{m}` is not an HTTP method").into(),
+                ));
             }
             methods_up.push(up);
         }
@@ -171,15 +175,15 @@ impl HttpRule {
             let mut b = globset::GlobSetBuilder::new();
             for p in paths {
                 if !p.starts_with('/') {
-                    return Err(ParseError(format!("path `{p}` must start with /")));
+                    return Err(ParseError(format!("path `{p}` must start with /").into()));
                 }
                 let g = globset::GlobBuilder::new(p)
                     .literal_separator(true)
                     .build()
-                    .map_err(|e| ParseError(format!("path `{p}`: {e}")))?;
+                    .map_err(|e| ParseError(caused(format!("path `{p}`"), e)))?;
                 b.add(g);
             }
-            Some(b.build().map_err(|e| ParseError(e.to_string()))?)
+            Some(b.build().map_err(|e| ParseError(of(e)))?)
         };
         let git_text = match git.is_empty() {
             true => String::new(),

@@ -47,9 +47,18 @@ pub use decision::{Decision, Reason, Verdict};
 
 /// Why a piece of the rule grammar (a port list, an HTTP rule, a bound host) was refused; the
 /// message is meant for the operator who wrote it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ParseError(pub String);
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(transparent)]
+pub struct ParseError(pub cause::Why);
+
+/// Two parse errors are the same when they say the same (their causes are not comparable).
+impl PartialEq for ParseError {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for ParseError {}
 use entry::{Entry, HostPattern};
 use name_matcher::{NameMatcher, NameMatcherBuilder};
 use ports::PortSet;

@@ -24,7 +24,7 @@ impl PortSet {
     /// A list of single ports (as in `defaults.ports`).
     pub fn from_ports(ports: &[u16]) -> Result<Self, ParseError> {
         if let Some(p) = ports.iter().find(|p| **p == 0) {
-            return Err(ParseError(format!("port {p} is outside 1-65535")));
+            return Err(ParseError(format!("port {p} is outside 1-65535").into()));
         }
         Ok(PortSet {
             ranges: ports.iter().map(|p| (*p, *p)).collect(),
@@ -44,9 +44,9 @@ impl PortSet {
             }
         };
         if lo > hi {
-            return Err(ParseError(format!(
-                "port range `{text}` is empty (low end above high end)"
-            )));
+            return Err(ParseError(
+                format!("port range `{text}` is empty (low end above high end)").into(),
+            ));
         }
         Ok(PortSet {
             ranges: Arc::from([(lo, hi)]),
@@ -88,13 +88,13 @@ impl PortSet {
 
 fn parse_port(text: &str) -> Result<u16, ParseError> {
     if text.is_empty() || text.len() > 5 || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(ParseError(format!(
-            "`{text}` is not a port (1-65535, a range lo-hi, or *)"
-        )));
+        return Err(ParseError(
+            format!("`{text}` is not a port (1-65535, a range lo-hi, or *)").into(),
+        ));
     }
     match text.parse::<u32>() {
         Ok(p) if (1..=65535).contains(&p) => Ok(p as u16),
-        _ => Err(ParseError(format!("port {text} is outside 1-65535"))),
+        _ => Err(ParseError(format!("port {text} is outside 1-65535").into())),
     }
 }
 

@@ -130,7 +130,7 @@ pub async fn forward(
 
     let mut up = match upstream_of(route, through.as_ref()).await {
         Ok(up) => up,
-        Err(e) => return bad_gateway(&exchange, &e, &failed),
+        Err(e) => return bad_gateway(&exchange, &e.to_string(), &failed),
     };
     if up.reused > 0 {
         with_audit(&exchange, |a| {
@@ -163,11 +163,11 @@ pub async fn forward(
         }
         Err(Sent::Origin(e)) => {
             upstream_cut.close();
-            bad_gateway(&exchange, &e, &failed)
+            bad_gateway(&exchange, &e.to_string(), &failed)
         }
         Err(Sent::Client(e)) => {
             upstream_cut.close();
-            bad_request(&exchange, &e, &failed)
+            bad_request(&exchange, &e.to_string(), &failed)
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::audit::metrics::Metrics;
 use crate::egress::admit::{Route, Through};
 use crate::egress::parent;
 use crate::egress::upstream_pool::Upstream;
+use crate::policy::cause::{of, Why};
 
 /// Send the request on `up`. A kept connection may have been closed by the origin just as it
 /// was taken: a request that never left, or a bodiless idempotent one that got no answer, is
@@ -27,14 +28,14 @@ pub(super) async fn send(
     let again = (up.reused > 0).then(|| resendable(&upstream_req)).flatten();
     match up.sender.try_send_request(upstream_req).await {
         Ok(resp) => Ok(resp),
-        Err(e) if e.error().is_user() => Err(Sent::Client(e.into_error().to_string())),
+        Err(e) if e.error().is_user() => Err(Sent::Client(of(e.into_error()))),
         Err(mut e) if up.reused > 0 => {
             let unanswered = e.error().is_incomplete_message() || e.error().is_canceled();
             let Some(req) = e
                 .take_message()
                 .or_else(|| again.filter(|_| unanswered).map(Resend::request))
             else {
-                return Err(Sent::Origin(e.into_error().to_string()));
+                return Err(Sent::Origin(of(e.into_error())));
             };
             *up = redial(dial, up).await?;
             with_audit(exchange, |a| {
@@ -44,20 +45,20 @@ pub(super) async fn send(
                 .send_request(req)
                 .await
                 .map_err(|e| match e.is_user() {
-                    true => Sent::Client(e.to_string()),
-                    false => Sent::Origin(e.to_string()),
+                    true => Sent::Client(of(e)),
+                    false => Sent::Origin(of(e)),
                 })
         }
-        Err(e) => Err(Sent::Origin(e.into_error().to_string())),
+        Err(e) => Err(Sent::Origin(of(e.into_error()))),
     }
 }
 
 /// Why a forwarded request got no answer.
 pub(super) enum Sent {
     /// The origin (or the way to it) failed.
-    Origin(String),
+    Origin(Why),
     /// The request could not be sent as the client gave it (its body was malformed).
-    Client(String),
+    Client(Why),
 }
 
 /// What is needed to send a bodiless idempotent request again.
@@ -102,14 +103,14 @@ async fn redial(
     let d = match &up.via {
         None => crate::egress::dial(&[up.addr.ip()], up.addr.port(), None, timeout, metrics)
             .await
-            .map_err(|reason| Sent::Origin(format!("{gone} ({reason})")))?,
+            .map_err(|reason| Sent::Origin(format!("{gone} ({reason})").into()))?,
         Some(p) => parent::reach(p, &[up.addr.ip()], timeout, metrics)
             .await
-            .map_err(|f| Sent::Origin(format!("{gone} ({})", f.detail)))?,
+            .map_err(|f| Sent::Origin(format!("{gone} ({})", f.detail).into()))?,
     };
     let mut new = Upstream::handshake_with(d.stream, d.addr, up.cut.clone())
         .await
-        .map_err(|e| Sent::Origin(e.to_string()))?;
+        .map_err(|e| Sent::Origin(of(e)))?;
     new.via = up.via.clone();
     Ok(new)
 }

@@ -76,7 +76,7 @@ impl Diag {
         let mut answer = Vec::with_capacity(512);
         self.socket.recv(&mut answer, libc::MSG_DONTWAIT)?;
         let reply = <NetlinkMessage<SockDiagMessage>>::deserialize(&answer)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         match reply.payload {
             NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
                 Ok(Some(PeerSocket {
