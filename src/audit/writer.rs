@@ -40,6 +40,7 @@ use super::health::{Health, Unavailable};
 use super::output::Output;
 use super::record::{Entry, Event};
 use crate::config::audit::{AuditTrail, OnFailure};
+use crate::policy::cause::caused;
 
 /// How long the writer sleeps between drains: the most an entry waits before it is written.
 const DRAIN_EVERY: Duration = Duration::from_millis(5);
@@ -131,21 +132,20 @@ impl AuditLog {
     ) -> std::io::Result<Self> {
         if let Some((log, spill)) = path.as_deref().zip(trail.spill_file.as_deref()) {
             super::batch::restore_spill(log, spill).map_err(|e| {
-                std::io::Error::new(
-                    e.kind(),
-                    format!(
-                        "the records kept in {} at the last stop cannot be put back into {}: {e}; the proxy does not start until they can (free space on the log's volume)",
-                        spill.display(),
-                        log.display()
-                    ),
-                )
+                let what = format!(
+                    "the records kept in {} at the last stop cannot be put back into {} (the proxy does not start until they can: free space on the log's volume)",
+                    spill.display(),
+                    log.display()
+                );
+                std::io::Error::new(e.kind(), caused(what, e))
             })?;
         }
         let mut out = Output::open(path.as_deref(), trail.rotate, trail.fsync)?;
         let mut anchor = match &trail.checkpoint_file {
             Some(p) => Some(
-                Output::open(Some(p), None, crate::config::audit::Fsync::EveryRecord)
-                    .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))?,
+                Output::open(Some(p), None, crate::config::audit::Fsync::EveryRecord).map_err(
+                    |e| std::io::Error::new(e.kind(), caused(p.display().to_string(), e)),
+                )?,
             ),
             None => None,
         };

@@ -76,16 +76,16 @@ impl InterceptCa {
         let key_pem = std::fs::read_to_string(key_file)
             .map_err(|e| InterceptError::file(KEY, key_file, e))?;
         let key = KeyPair::from_pem(&key_pem)
-            .map_err(|e| InterceptError::content(KEY, format!("not a private key (PEM): {e}")))?;
-        let params = CertificateParams::from_ca_cert_pem(&cert_pem).map_err(|e| {
-            InterceptError::content(CERT, format!("not a CA certificate (PEM): {e}"))
-        })?;
+            .map_err(|e| InterceptError::content_caused(KEY, "not a private key (PEM)", e))?;
+        let params = CertificateParams::from_ca_cert_pem(&cert_pem)
+            .map_err(|e| InterceptError::content_caused(CERT, "not a CA certificate (PEM)", e))?;
         // Re-signing the parsed parameters gives an issuer with the same name and key: leaves
         // it signs chain to the operator's certificate.
         let issuer = params.self_signed(&key).map_err(|e| {
-            InterceptError::content(
+            InterceptError::content_caused(
                 "tls_intercept",
-                format!("the key does not fit the certificate: {e}"),
+                "the key does not fit the certificate",
+                e,
             )
         })?;
         let ca_der = rustls_pemfile_first_cert(&cert_pem)?;
@@ -150,7 +150,7 @@ pub fn init(dir: &Path, permit: &[String]) -> Result<(), InterceptError> {
     let mut permitted = Vec::new();
     for d in permit {
         let name = crate::policy::hostname::normalize_name(d.trim_start_matches('.'))
-            .map_err(|e| InterceptError::content("ca init --permit", format!("`{d}`: {e}")))?;
+            .map_err(|e| InterceptError::content_caused("ca init --permit", format!("`{d}`"), e))?;
         permitted.push(rcgen::GeneralSubtree::DnsName(name));
     }
     std::fs::create_dir_all(dir).map_err(|e| InterceptError::file("ca init", dir, e))?;

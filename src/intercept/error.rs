@@ -23,8 +23,9 @@ pub enum InterceptError {
     Content {
         /// The setting the file is named by.
         what: &'static str,
-        /// What is wrong with it.
-        why: String,
+        /// What is wrong with it (and the parser's error, as the source).
+        #[source]
+        why: crate::policy::cause::Why,
     },
     /// `ca init` would overwrite a CA.
     #[error("{} already holds a CA: remove it first (sandboxes that trust it must be told)", .0.display())]
@@ -74,10 +75,19 @@ impl InterceptError {
         InterceptError::Body(crate::policy::cause::caused(what, cause))
     }
 
-    pub(crate) fn content(what: &'static str, why: impl std::fmt::Display) -> Self {
+    pub(crate) fn content(what: &'static str, why: impl Into<crate::policy::cause::Why>) -> Self {
         InterceptError::Content {
             what,
-            why: why.to_string(),
+            why: why.into(),
         }
+    }
+
+    /// The file named by `what` is not what it must be (`words`), as `cause` says.
+    pub(crate) fn content_caused(
+        what: &'static str,
+        words: impl Into<String>,
+        cause: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self::content(what, crate::policy::cause::caused(words, cause))
     }
 }

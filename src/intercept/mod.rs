@@ -87,7 +87,7 @@ impl Interceptor {
             None => None,
         };
         let roots = crate::egress::roots::public_and(pem.as_deref())
-            .map_err(|e| InterceptError::content(UPSTREAM_CA, e))?;
+            .map_err(|e| InterceptError::content(UPSTREAM_CA, crate::policy::cause::of(e)))?;
         let provider = suites::provider();
         let upstream = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
@@ -100,8 +100,9 @@ impl Interceptor {
         };
         let mut minting = upstream.clone();
         minting.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let issuer = identity_token::Issuer::new(cfg.identity.clone())
-            .map_err(|e| InterceptError::content("tls_intercept.identity", e))?;
+        let issuer = identity_token::Issuer::new(cfg.identity.clone()).map_err(|e| {
+            InterceptError::content("tls_intercept.identity", crate::policy::cause::of(e))
+        })?;
         Ok(Interceptor {
             issuer: Arc::new(issuer),
             minter: Arc::new(minter::Minter::new(Arc::new(minting))),

@@ -32,6 +32,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::credential_kinds::AwsKeys;
 use crate::intercept::credential_error::{sign as unsigned, CredentialError};
+use crate::policy::cause::caused;
 
 mod chunks;
 
@@ -301,7 +302,7 @@ impl AwsSigV4 {
             .time(time)
             .settings(settings)
             .build()
-            .map_err(|e| unsigned(format!("signing: {e}")))?;
+            .map_err(|e| unsigned(caused("signing", e)))?;
         let uri = absolute(req)?;
         let signed: Vec<&str> = s.signed_headers.iter().map(String::as_str).collect();
         let headers: Vec<(&str, &str)> = req
@@ -316,9 +317,9 @@ impl AwsSigV4 {
             headers.into_iter(),
             signable_body,
         )
-        .map_err(|e| unsigned(format!("signing: {e}")))?;
+        .map_err(|e| unsigned(caused("signing", e)))?;
         let (instructions, seed) = sign(signable, &params.into())
-            .map_err(|e| unsigned(format!("signing: {e}")))?
+            .map_err(|e| unsigned(caused("signing", e)))?
             .into_parts();
         instructions.apply_to_request_http1x(req);
         let chunks = match declared.as_deref() {

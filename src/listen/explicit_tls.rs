@@ -24,6 +24,7 @@ use rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{ClientNames, ProxyTls};
+use crate::policy::cause::{caused, of, Why};
 
 /// What a client's certificate says about its sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,21 +45,18 @@ pub enum TlsLoadError {
     File {
         what: &'static str,
         path: PathBuf,
-        why: String,
+        #[source]
+        why: Why,
     },
     #[error("listen.proxy_tls: {0}")]
     Tls(#[from] rustls::Error),
 }
 
-fn file_error(
-    what: &'static str,
-    path: &std::path::Path,
-    why: impl std::fmt::Display,
-) -> TlsLoadError {
+fn file_error(what: &'static str, path: &std::path::Path, why: impl Into<Why>) -> TlsLoadError {
     TlsLoadError::File {
         what,
         path: path.to_path_buf(),
-        why: why.to_string(),
+        why: why.into(),
     }
 }
 
@@ -137,7 +135,7 @@ fn build(s: &ProxyTls, http2: bool) -> Result<ServerConfig, TlsLoadError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&s.cert_file)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| file_error("cert_file", &s.cert_file, e))?;
+        .map_err(|e| file_error("cert_file", &s.cert_file, of(e)))?;
     if certs.is_empty() {
         return Err(file_error(
             "cert_file",
@@ -146,7 +144,7 @@ fn build(s: &ProxyTls, http2: bool) -> Result<ServerConfig, TlsLoadError> {
         ));
     }
     let key = PrivateKeyDer::from_pem_file(&s.key_file)
-        .map_err(|e| file_error("key_file", &s.key_file, e))?;
+        .map_err(|e| file_error("key_file", &s.key_file, of(e)))?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
     let builder = match &s.client_ca_file {
@@ -154,11 +152,11 @@ fn build(s: &ProxyTls, http2: bool) -> Result<ServerConfig, TlsLoadError> {
             let mut roots = RootCertStore::empty();
             let cas = CertificateDer::pem_file_iter(ca)
                 .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| file_error("client_ca_file", ca, e))?;
+                .map_err(|e| file_error("client_ca_file", ca, of(e)))?;
             for c in cas {
                 roots
                     .add(c)
-                    .map_err(|e| file_error("client_ca_file", ca, e))?;
+                    .map_err(|e| file_error("client_ca_file", ca, of(e)))?;
             }
             let mut verifier =
                 WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
@@ -167,7 +165,7 @@ fn build(s: &ProxyTls, http2: bool) -> Result<ServerConfig, TlsLoadError> {
             }
             let verifier = verifier
                 .build()
-                .map_err(|e| file_error("client_ca_file", ca, e))?;
+                .map_err(|e| file_error("client_ca_file", ca, of(e)))?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
@@ -176,7 +174,7 @@ fn build(s: &ProxyTls, http2: bool) -> Result<ServerConfig, TlsLoadError> {
         file_error(
             "key_file",
             &s.key_file,
-            format!("certificate and key do not match: {e}"),
+            caused("certificate and key do not match", e),
         )
     })?;
     // On the proxy listener HTTP/2 first (several tunnels on one connection, RFC 9113 §8.5);

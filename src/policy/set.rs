@@ -82,12 +82,13 @@ pub struct PolicySet {
 
 /// A policy set failed to compile (a glob the grammar accepted but globset did not).
 #[derive(Debug, thiserror::Error)]
-#[error("sandbox {sandbox}: cannot compile: {message}")]
+#[error("sandbox {sandbox}: cannot compile: {cause}")]
 pub struct CompileError {
     /// The sandbox whose policy did not compile.
     pub sandbox: String,
     /// Why.
-    pub message: String,
+    #[source]
+    pub cause: globset::Error,
 }
 
 impl Sandbox {
@@ -107,9 +108,9 @@ fn compile_sandbox(b: &Arc<Binding>, default_ports: &PortSet) -> Result<Sandbox,
         b.enforcement,
         default_ports,
     )
-    .map_err(|e| CompileError {
+    .map_err(|cause| CompileError {
         sandbox: b.id.to_string(),
-        message: e.to_string(),
+        cause,
     })?;
     let mut hasher = Sha256::new();
     digest::hash_binding(&mut hasher, b);
