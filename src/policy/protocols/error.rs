@@ -64,6 +64,18 @@ impl ProtocolError {
         }
     }
 
+    /// A body that is not the protocol's, as `cause` (the parser's error) says: read as
+    /// `what: cause`, with the cause kept as the source.
+    pub fn malformed_caused(
+        what: impl std::fmt::Display,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        ProtocolError {
+            kind: ProtocolErrorKind::Malformed,
+            ..Self::rule_caused(what, cause)
+        }
+    }
+
     /// A body that is not the protocol's.
     pub fn malformed(detail: impl Into<String>) -> Self {
         Self::new(ProtocolErrorKind::Malformed, detail)

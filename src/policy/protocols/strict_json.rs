@@ -27,10 +27,10 @@ pub fn parse(bytes: &[u8]) -> Result<Value, ProtocolError> {
 pub fn parse_borrowed(bytes: &[u8]) -> Result<Json<'_>, ProtocolError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let v = Strict.deserialize(&mut de).map_err(|e| {
-        ProtocolError::malformed(format!("the body is not JSON this proxy can judge: {e}"))
+        ProtocolError::malformed_caused("the body is not JSON this proxy can judge", e)
     })?;
     de.end().map_err(|e| {
-        ProtocolError::malformed(format!("the body has bytes after its JSON value: {e}"))
+        ProtocolError::malformed_caused("the body has bytes after its JSON value", e)
     })?;
     Ok(v)
 }
