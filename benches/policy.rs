@@ -16,9 +16,9 @@ use egress_proxy::config::load_str;
 use egress_proxy::policy::entry::parse_entry;
 use egress_proxy::policy::guard::Guard;
 use egress_proxy::policy::ports::PortSet;
-use egress_proxy::policy::set::PolicySet;
 use egress_proxy::policy::target::Target;
 use egress_proxy::policy::{CompiledPolicy, Enforcement, Mode, NetworkSpec};
+use egress_proxy::sandboxes::set::PolicySet;
 
 /// 10,000 entries: 2,500 each of exact names, `*.` wildcards, globs and CIDRs.
 fn big_spec() -> NetworkSpec {

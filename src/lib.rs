@@ -3,7 +3,7 @@
 //! # Layout: one folder per stage, each answering one question
 //! A stage uses the stages below it in this list; CI holds it (`.ci/import-graph --check`
 //! reads the order from `docs/architecture.md`, where the one exception left is listed: a
-//! compiled [`policy::set`] sandbox keeps its `config::Binding`).
+//! compiled [`sandboxes::set`] sandbox keeps its `config::Binding`).
 //! - `server` (`server.rs`, `server/`): how does the process start and stop? Binding
 //!   (`bind`), the accept loops and step 0 of every listener (`accept`: the audit trail can
 //!   take a record, the per-source caps), files and signals (`signals`), what is kept across
@@ -60,8 +60,9 @@
 //!   collected messages).
 //! - [`policy`] (pure): entry grammar, compiled matchers and `decide` → a
 //!   [`policy::Decision`] with one closed [`policy::reason::Reason`]; names, targets, the
-//!   address guard, HTTP rules, protocols, approved grants, and [`policy::set`]: every
-//!   sandbox compiled, published to every live exchange by [`policy::live`].
+//!   address guard, HTTP rules, protocols, approved grants. It imports no configuration.
+//! - [`sandboxes`]: which sandboxes are in force — [`sandboxes::set`], every sandbox's binding
+//!   compiled into policy's matchers, published to every live exchange by [`sandboxes::live`].
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -85,5 +86,6 @@ pub mod pipeline;
 pub mod policy;
 pub mod relay;
 pub mod runtime;
+pub mod sandboxes;
 pub mod server;
 pub mod wire;

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use egress_proxy::config::{self, Config};
 use egress_proxy::egress::resolve::Resolver;
-use egress_proxy::policy::set::PolicySet;
+use egress_proxy::sandboxes::set::PolicySet;
 
 use std::io::BufRead;
 

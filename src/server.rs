@@ -27,9 +27,9 @@ use crate::control::admin::Admin;
 use crate::control::Controller;
 use crate::egress::resolve::Resolver;
 use crate::egress::source_caps::Admissions;
-use crate::policy::set::PolicySet;
 use crate::relay::watch::Phase;
 use crate::runtime::{Settings, Shared};
+use crate::sandboxes::set::PolicySet;
 use accept::{Gate, Kind};
 use bind::Listeners;
 

@@ -18,9 +18,9 @@ use crate::egress::resolve::Resolver;
 use crate::policy::entry::HostPattern;
 use crate::policy::guard::GuardVerdict;
 use crate::policy::ports::PortSet;
-use crate::policy::set::PolicySet;
 use crate::policy::target::{Host, Target};
 use crate::policy::{CompiledPolicy, Enforcement, Mode, NetworkSpec, Verdict};
+use crate::sandboxes::set::PolicySet;
 
 /// What the checks found: whether all passed, and each one's line.
 #[derive(Debug, Default)]

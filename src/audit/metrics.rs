@@ -70,7 +70,7 @@ impl AuditSinkMetrics {
 }
 
 /// One sandbox's per-connection metric handles, looked up once per sandbox and policy version
-/// (cached in its compiled [`crate::policy::set::Sandbox`]) instead of hashing labels per
+/// (cached in its compiled [`crate::sandboxes::set::Sandbox`]) instead of hashing labels per
 /// connection.
 #[derive(Debug)]
 pub struct SandboxStats {

@@ -24,28 +24,7 @@ pub struct Price {
     pub cache_write: Option<f64>,
 }
 
-/// Token counts of one call, by kind (what a price multiplies).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TokenKinds {
-    /// Input tokens not read from or written to a cache.
-    pub input: u64,
-    /// Input tokens read from the cache.
-    pub cached_input: u64,
-    /// Input tokens written to the cache.
-    pub cache_write: u64,
-    /// Output tokens (reasoning included).
-    pub output: u64,
-}
-
-impl TokenKinds {
-    /// Every token counted.
-    pub fn total(&self) -> u64 {
-        self.input
-            .saturating_add(self.cached_input)
-            .saturating_add(self.cache_write)
-            .saturating_add(self.output)
-    }
-}
+pub use crate::policy::protocols::inference_usage::TokenKinds;
 
 impl Price {
     /// Whether this entry prices `model`.

@@ -10,8 +10,8 @@ use crate::egress::resolve::Resolver;
 use crate::egress::{self, Lookup};
 use crate::policy::cause::{caused, of};
 use crate::policy::process::{Observed, Process, Seen, Vouched};
-use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::target::{Host, Target};
+use crate::sandboxes::set::{PolicySet, Sandbox};
 use std::sync::Arc;
 
 /// A target as `check` takes it: `host[:port]`, an address, or a URL

@@ -6,7 +6,7 @@
 //! changed (all of them when `defaults` change), and shares the rest with the set in force.
 //! If anything is invalid the running policy stays, the errors are logged and
 //! `egress_config_reloads_total{result="error"}` counts them. A valid set is published
-//! ([`crate::policy::set::LivePolicy`]): new connections see it at once (a connection being
+//! ([`crate::sandboxes::set::LivePolicy`]): new connections see it at once (a connection being
 //! decided sees the old or the new set, never a mix), and the live exchanges of the changed
 //! sandboxes (of every sandbox when defaults or `sources` changed) re-decide themselves and
 //! are reset if no longer allowed (`close: "revoked"`). Changes are serialised by one lock,
@@ -35,8 +35,8 @@ use crate::control::state_store::StateStore;
 use crate::egress::handles::Handles;
 use crate::policy::cause::caused;
 use crate::policy::sandbox_id::SandboxId;
-use crate::policy::set::{Changes, CompileError, PolicySet, Scope};
 use crate::runtime::Shared;
+use crate::sandboxes::set::{Changes, CompileError, PolicySet, Scope};
 pub use change_error::ChangeError;
 pub use error::ControlError;
 use registry::{Origin, Ready};

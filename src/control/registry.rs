@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::config::{Binding, Config, ConfigErrors};
 use crate::control::Registrations;
 use crate::policy::sandbox_id::SandboxId;
-use crate::policy::set::{CompileError, Sandbox};
+use crate::sandboxes::set::{CompileError, Sandbox};
 
 /// Where a registration comes from: how its errors are located, and whether room is checked.
 #[derive(Debug, Clone, Copy)]

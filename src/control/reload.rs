@@ -15,7 +15,7 @@ use crate::control::registry::{self, Origin};
 use crate::control::state_store::{StateStore, LOG_FILE};
 use crate::control::{CompileFailure, Controller, Locked, Registered, Registrations, RETRIES};
 use crate::egress::resolve::Resolver;
-use crate::policy::set::{Changes, PolicySet};
+use crate::sandboxes::set::{Changes, PolicySet};
 
 /// Why a reload was refused; the running policy stays.
 #[derive(Debug, thiserror::Error)]

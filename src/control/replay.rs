@@ -34,9 +34,9 @@ use crate::pipeline::head::{Checked, Head, HostRules};
 use crate::policy::flows::state::Labels;
 use crate::policy::flows::{Act, Dest};
 use crate::policy::process::Process;
-use crate::policy::set::PolicySet;
 use crate::policy::target::Target;
 use crate::policy::Verdict;
+use crate::sandboxes::set::PolicySet;
 
 /// Examples kept per group.
 const EXAMPLES: usize = 3;
@@ -303,7 +303,7 @@ impl<'a> Replay<'a> {
     fn flow(
         &mut self,
         v: &Value,
-        sb: &crate::policy::set::Sandbox,
+        sb: &crate::sandboxes::set::Sandbox,
         judged: Judged,
         read: bool,
     ) -> Judged {
@@ -363,7 +363,7 @@ impl<'a> Replay<'a> {
     fn reach(
         &self,
         v: &Value,
-        sb: &crate::policy::set::Sandbox,
+        sb: &crate::sandboxes::set::Sandbox,
         process: Option<&Process>,
         target: &Target,
     ) -> Result<String, Judged> {
@@ -398,7 +398,7 @@ impl<'a> Replay<'a> {
     fn connection(
         &self,
         v: &Value,
-        sb: &crate::policy::set::Sandbox,
+        sb: &crate::sandboxes::set::Sandbox,
         process: Option<&Process>,
         (target, read): (&Target, bool),
     ) -> Judged {
@@ -467,7 +467,7 @@ impl<'a> Replay<'a> {
     fn request(
         &self,
         v: &Value,
-        sb: &crate::policy::set::Sandbox,
+        sb: &crate::sandboxes::set::Sandbox,
         process: Option<&Process>,
     ) -> Judged {
         if let Some(target) = target_of(v) {

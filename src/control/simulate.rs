@@ -18,7 +18,7 @@ use crate::control::registry::{self, Origin};
 use crate::control::replay::Replay;
 use crate::control::{policy_diff, ChangeError, Controller};
 use crate::policy::cause::{caused, of, worded};
-use crate::policy::set::PolicySet;
+use crate::sandboxes::set::PolicySet;
 
 /// The trail's files, oldest first (rotated `path.keep` … `path.1`, then `path`).
 pub(super) fn trail_files(config: &Config) -> Result<Vec<PathBuf>, ChangeError> {

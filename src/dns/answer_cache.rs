@@ -24,7 +24,7 @@ use crate::dns::listener::{Answered, Asker, DnsListener};
 use crate::dns::wire::HEADER;
 use crate::egress::identity::Identified;
 use crate::policy::sandbox_id::SandboxId;
-use crate::policy::set::PolicySet;
+use crate::sandboxes::set::PolicySet;
 
 /// How long an answer is served again.
 pub const LIFE: Duration = Duration::from_secs(1);

@@ -48,9 +48,9 @@ use crate::egress::strangers::{Answer, Strangers};
 use crate::pipeline::flow::Phase;
 use crate::policy::flows::{Act, Dest};
 use crate::policy::reason::Reason;
-use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::{Decision, Enforcement, Verdict};
 use crate::runtime::Shared;
+use crate::sandboxes::set::{PolicySet, Sandbox};
 
 /// EDE info codes: Blocked (15), Prohibited (18).
 const EDE_BLOCKED: u16 = 15;

@@ -41,9 +41,9 @@ use crate::egress::verdict::{Point, Verdicts};
 use crate::egress::{Decided, Dialed, Lookup};
 use crate::policy::process::Process;
 use crate::policy::reason::Reason;
-use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::target::Target;
 use crate::policy::Decision;
+use crate::sandboxes::set::{PolicySet, Sandbox};
 use crate::wire::first_bytes::FirstBytes;
 
 /// The handles the sequence reads, and nothing else.

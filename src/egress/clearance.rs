@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use crate::egress::identity::Proof;
 use crate::policy::granted::GrantKind;
 use crate::policy::sandbox_id::SandboxId;
-use crate::policy::set::PolicySet;
 use crate::policy::target::Target;
+use crate::sandboxes::set::PolicySet;
 
 /// What an exchange was allowed to do: the sandbox (and how the client proved it was that
 /// sandbox), the target it asked for and the address actually dialled, decided under policy

@@ -1,6 +1,6 @@
 //! The runtime handles of a compiled sandbox — its limiter state (which outlives any one
 //! policy version) and its metric handles — kept in the sandbox's opaque `runtime` slot
-//! ([`crate::policy::set::Sandbox::runtime`]), so they are found once per policy version
+//! ([`crate::sandboxes::set::Sandbox::runtime`]), so they are found once per policy version
 //! instead of once per connection, while `policy` stays free of runtime state.
 
 use std::sync::{Arc, OnceLock};
@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use crate::audit::metrics::{Metrics, SandboxStats};
 use crate::egress::layer_limits::bounded;
 use crate::egress::limits::{Limiters, SandboxLimiter};
-use crate::policy::set::Sandbox;
+use crate::sandboxes::set::Sandbox;
 
 /// A sandbox's runtime handles.
 pub trait Handles {

@@ -19,8 +19,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::policy::process::Vouched;
-use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::Reason;
+use crate::sandboxes::set::{PolicySet, Sandbox};
 
 pub use crate::audit::record::Method;
 

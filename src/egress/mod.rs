@@ -43,9 +43,9 @@ use crate::egress::identity::Identified;
 use crate::egress::resolve::{ResolveError, Resolver};
 use crate::policy::guard::GuardVerdict;
 use crate::policy::reason::Reason;
-use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::target::{Host, Target};
 use crate::policy::{Decision, Verdict};
+use crate::sandboxes::set::{PolicySet, Sandbox};
 
 /// What [`decide`] found out.
 #[derive(Debug, Clone)]

@@ -31,8 +31,8 @@ use crate::egress::abortable::{Abortable, Cut};
 use crate::egress::clearance::Clearance;
 use crate::egress::server_io::ServerIo;
 use crate::policy::sandbox_id::SandboxId;
-use crate::policy::set::PolicySet;
 use crate::policy::target::Target;
+use crate::sandboxes::set::PolicySet;
 
 /// The body of a forwarded request, as sent upstream.
 pub type ReqBody = BoxBody<Bytes, crate::pipeline::forwarded::SendError>;

@@ -26,9 +26,9 @@ use crate::audit::AuditGuard;
 use crate::config::Binding;
 use crate::policy::granted::GrantEntry;
 use crate::policy::reason::Reason;
-use crate::policy::set::Sandbox;
 use crate::policy::target::Target;
 use crate::policy::{Decision, Enforcement, Verdict};
+use crate::sandboxes::set::Sandbox;
 use crate::wire::first_bytes::{self, FirstBytes, Mismatch};
 
 /// A stage's answer that comes later.

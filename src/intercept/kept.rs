@@ -22,7 +22,7 @@ use crate::config::Binding;
 use crate::egress::abortable::Cut;
 use crate::egress::clearance::Clearance;
 use crate::egress::upstream_pool::{Kept, UpstreamPool};
-use crate::policy::set::PolicySet;
+use crate::sandboxes::set::PolicySet;
 
 /// The idle upstream connections of terminated tunnels.
 pub type KeptPool = UpstreamPool<KeptTls>;

@@ -30,11 +30,11 @@ use crate::audit::{AuditGuard, Close};
 use crate::egress::admit::Entered;
 use crate::policy::granted::GrantKind;
 use crate::policy::reason::Reason;
-use crate::policy::set::Sandbox;
 use crate::policy::target::{Host, Target};
 use crate::policy::Decision;
 use crate::relay::body::{self, Body};
 use crate::runtime::Shared;
+use crate::sandboxes::set::Sandbox;
 
 /// The reserved name.
 pub const LOCAL: &str = crate::policy::target::PROXY_NAME;

@@ -26,13 +26,13 @@ use crate::egress::source_caps::UnidentifiedSlot;
 use crate::intercept::prefixed::Prefixed;
 use crate::listen::explicit_tls::ClientCert;
 use crate::policy::reason::Reason;
-use crate::policy::set::Sandbox;
 use crate::policy::target::Target;
 use crate::policy::Decision;
 use crate::relay::body::Body;
 use crate::relay::client_io::ClientIo;
 use crate::relay::deny::{self, Refusal};
 use crate::runtime::Shared;
+use crate::sandboxes::set::Sandbox;
 
 /// Largest request head accepted (hyper answers 431 beyond it).
 pub(super) const MAX_HEAD: usize = 64 * 1024;

@@ -20,10 +20,10 @@ use hyper_util::rt::TokioIo;
 use tokio::io::AsyncReadExt;
 
 use crate::audit::AuditGuard;
-use crate::policy::set::Sandbox;
 use crate::policy::Decision;
 use crate::relay::body::{self, Body};
 use crate::runtime::Shared;
+use crate::sandboxes::set::Sandbox;
 
 /// The first byte of a TLS handshake record.
 const TLS_HANDSHAKE: u8 = 0x16;

@@ -26,13 +26,13 @@ use crate::egress::abortable::OverTcp;
 use crate::egress::limits::SandboxLimiter;
 use crate::egress::server_io::ServerIo;
 use crate::policy::reason::Reason;
-use crate::policy::set::Sandbox;
 use crate::policy::Decision;
 use crate::policy::Enforcement;
 use crate::relay::client_io::ClientIo;
 use crate::relay::liveness::Liveness;
 use crate::relay::tunnel::Relayed;
 use crate::runtime::Shared;
+use crate::sandboxes::set::Sandbox;
 
 use super::running::Running;
 use crate::wire::first_bytes::{FirstBytes, Inspected};

@@ -14,10 +14,10 @@ use crate::egress::admit::{Admitted, Route};
 use crate::egress::handles::Handles;
 use crate::egress::limits::ConnectionSlot;
 use crate::egress::server_io::ServerIo;
-use crate::policy::set::Sandbox;
 use crate::policy::target::Target;
 use crate::policy::Decision;
 use crate::runtime::Shared;
+use crate::sandboxes::set::Sandbox;
 
 /// What ends a running tunnel: revocation, shutdown (the clearance's watch).
 pub(super) type Stop = Pin<Box<dyn Future<Output = Close> + Send>>;

@@ -9,7 +9,7 @@
 //! HTTP the proxy can check, never opaque TCP. Grants with methods or paths hold only for
 //! requests the proxy can read (forwarded plain HTTP); a tunnel is not allowed by them.
 //!
-//! [`PolicySet::decide`]: crate::policy::set::PolicySet::decide
+//! [`PolicySet::decide`]: crate::sandboxes::set::PolicySet::decide
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -19,7 +19,6 @@ pub mod guard;
 pub mod hostname;
 pub mod http_rules;
 pub mod layer;
-pub mod live;
 pub mod name_matcher;
 pub mod ports;
 pub mod process;
@@ -29,7 +28,6 @@ mod rule_source;
 pub mod sandbox_id;
 mod scoped;
 pub mod service_ports;
-pub mod set;
 pub mod target;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::audit::outcome::Close;
 pub use crate::egress::clearance::Clearance;
-use crate::policy::set::PolicySet;
+use crate::sandboxes::set::PolicySet;
 
 /// Where the process is in its life; relays and HTTP connections watch it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,8 +127,8 @@ mod tests {
     use crate::config::load_str;
     use crate::egress::identity::Proof;
     use crate::policy::sandbox_id::SandboxId;
-    use crate::policy::set::{LivePolicy, Scope};
     use crate::policy::target::Target;
+    use crate::sandboxes::set::{LivePolicy, Scope};
     use std::path::Path;
     use std::time::Duration;
 

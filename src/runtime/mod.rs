@@ -22,8 +22,8 @@ use crate::egress::resolve::Resolver;
 use crate::egress::source_caps::Admissions;
 use crate::egress::verdict::{FirstBytesStage, Verdicts};
 use crate::egress::Lookup;
-use crate::policy::set::{LivePolicy, PolicySet};
 use crate::relay::watch::{Clearance, Phase, Watch};
+use crate::sandboxes::set::{LivePolicy, PolicySet};
 
 /// Settings fixed for the life of the process.
 #[derive(Debug, Clone)]

@@ -20,7 +20,7 @@ use crate::control::{ChangeError, Controller, Locked, Registered, State, RETRIES
 use crate::egress::handles::Handles;
 use crate::policy::cause::of;
 use crate::policy::sandbox_id::SandboxId;
-use crate::policy::set::{Scope, SetEdit};
+use crate::sandboxes::set::{Scope, SetEdit};
 
 /// One change read from etcd.
 #[derive(Debug, Clone)]

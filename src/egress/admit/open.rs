@@ -9,9 +9,9 @@ use std::sync::Arc;
 use crate::audit::AuditGuard;
 use crate::config::upstream::UpstreamProxy;
 use crate::egress::Decided;
-use crate::policy::set::Sandbox;
 use crate::policy::target::Target;
 use crate::policy::Decision;
+use crate::sandboxes::set::Sandbox;
 
 use super::{refusal, Ask, Cx, Refused, Route, Through};
 

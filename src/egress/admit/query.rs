@@ -12,8 +12,8 @@ use crate::egress::identity::{self, Identified};
 use crate::egress::limits::Limiters;
 use crate::policy::dns_view::NameView;
 use crate::policy::reason::Reason;
-use crate::policy::set::{PolicySet, Sandbox};
 use crate::policy::{Decision, Enforcement, ListKind, Verdict};
+use crate::sandboxes::set::{PolicySet, Sandbox};
 
 use crate::egress::handles::Handles;
 

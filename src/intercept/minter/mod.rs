@@ -22,7 +22,7 @@ use crate::config::credential_kinds::Minting;
 use crate::config::credentials::{Credential, CredentialKind, Secret};
 use crate::egress::resolve::Resolver;
 use crate::intercept::credential_error::{mint, CredentialError};
-use crate::policy::set::PolicySet;
+use crate::sandboxes::set::PolicySet;
 
 /// How long a refused mint is answered from memory.
 pub const RETRY_AFTER: Duration = Duration::from_secs(5);

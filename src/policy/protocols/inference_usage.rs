@@ -20,7 +20,6 @@
 use serde_json::Value;
 
 use super::inference::Provider;
-use crate::config::prices::TokenKinds;
 
 /// The most of a JSON answer kept to read its usage (a longer one is counted at its
 /// reservation).
@@ -285,6 +284,29 @@ impl UsageReader {
             model: r.model.clone(),
             complete: r.last,
         })
+    }
+}
+
+/// Token counts of one call, by kind (what a price multiplies).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TokenKinds {
+    /// Input tokens not read from or written to a cache.
+    pub input: u64,
+    /// Input tokens read from the cache.
+    pub cached_input: u64,
+    /// Input tokens written to the cache.
+    pub cache_write: u64,
+    /// Output tokens (reasoning included).
+    pub output: u64,
+}
+
+impl TokenKinds {
+    /// Every token counted.
+    pub fn total(&self) -> u64 {
+        self.input
+            .saturating_add(self.cached_input)
+            .saturating_add(self.cache_write)
+            .saturating_add(self.output)
     }
 }
 

@@ -9,7 +9,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use crate::policy::sandbox_id::SandboxId;
-use crate::policy::set::PolicySet;
+use crate::sandboxes::set::PolicySet;
 
 /// Who a publication concerns.
 #[derive(Debug, Clone, Copy)]
