@@ -32,7 +32,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use rustls::pki_types::ServerName;
 
 use crate::audit::outcome::Close;
 use crate::audit::AuditGuard;
@@ -269,6 +268,9 @@ macro_rules! step {
     };
 }
 
+// After `step!`, which it uses.
+mod terminate;
+
 /// Serve `t`'s requests until either side closes, nothing moves for the idle timeout, or
 /// `stop` fires (revocation, shutdown). TLS is terminated; plain HTTP (`t.tls` false) has
 /// every request read and judged by the same exchange ([`crate::pipeline`]), recorded `mode:
@@ -311,97 +313,7 @@ where
         audit.detail("terminating: TLS is terminated only with tls_intercept");
         return Relayed::nothing(Close::Error);
     };
-    terminate((serving, ix), t, audit, stop, live, handshake).await
-}
-
-/// [`serve`] over TLS: the upstream connection (a kept one, or TLS and HTTP opened to the
-/// dialled address), then TLS with the client offering what the upstream chose.
-async fn terminate<F>(
-    (serving, ix): (&Serving, &Interceptor),
-    mut t: Tunnel<'_>,
-    audit: &mut AuditGuard,
-    mut stop: std::pin::Pin<&mut F>,
-    live: Arc<Liveness>,
-    handshake: Duration,
-) -> Relayed
-where
-    F: std::future::Future<Output = Close>,
-{
-    let offer = offer_of(&t.client_alpn);
-    let keep = keeping(t.clearance.take(), &t.ends, offer);
-    let kept = keep.as_ref().and_then(|k| {
-        let c = &k.clearance;
-        let fits = |up: &kept::KeptTls, last: &crate::egress::clearance::Clearance| {
-            last.proof == c.proof && last.process == c.process && up.conn.carries(&k.carries)
-        };
-        let port = t.ends.port;
-        (ix.kept).take_fitting(&c.sandbox, &k.authority, &[c.dialed], port, fits)
-    });
-    let (up, negotiated, conn) = match kept {
-        Some(k) => {
-            // Dialled and checked for this tunnel, and not needed: the kept connection is at
-            // the same checked address.
-            drop(t.server);
-            audit.detail(format!(
-                "terminating: on a kept upstream connection (its tunnel {})",
-                k.conn.reused + 1
-            ));
-            (k.up, k.conn.alpn.clone(), Some(k.conn))
-        }
-        None => {
-            let Some((connector, name)) = upstream_connector(ix, offer, t.ends.host) else {
-                audit.detail("terminating: the host is not a TLS server name");
-                return Relayed::nothing(Close::Error);
-            };
-            let cut = crate::egress::abortable::Cut::new();
-            let server = crate::egress::abortable::Abortable::new(t.server, cut.clone());
-            let upstream = step!(
-                (audit, live, stop, handshake),
-                "the upstream's TLS handshake",
-                connector.connect(name, server),
-                |e| format!(
-                    "terminating: the upstream's TLS failed (certificate not valid for {}?): {e}",
-                    t.ends.host
-                )
-            );
-            let alpn = upstream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
-            let h2 = alpn.as_deref() == Some(b"h2");
-            let up = step!(
-                (audit, live, stop, handshake),
-                "the upstream's HTTP handshake",
-                Upstream::connect(upstream, h2, &cut),
-                |e| format!("terminating: upstream {e}")
-            );
-            let conn = keep.as_ref().map(|k| {
-                let addr = kept::at(k.clearance.dialed, t.ends.port);
-                kept::Conn::new(cut, addr, alpn.clone(), t.ends.host, k.carries.clone())
-            });
-            (up, alpn, conn)
-        }
-    };
-    let h2 = negotiated.as_deref() == Some(b"h2");
-    let Some(server_cfg) = client_config(ix, t.ends.host, negotiated.as_deref(), audit) else {
-        return Relayed::nothing(Close::Error);
-    };
-    let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
-    // A client that does not trust the interception CA ends here.
-    let client = step!(
-        (audit, live, stop, handshake),
-        "the client's TLS handshake",
-        acceptor.accept(Prefixed::new(t.early, t.client)),
-        |e| {
-            format!("terminating: the client refused the proxy's certificate (is the interception CA installed?): {e}")
-        }
-    );
-    audit.open();
-    let sides = Sides {
-        up,
-        client,
-        h2,
-        scheme: "https",
-        keep: keep.zip(conn).map(|(k, conn)| k.into_keep(&ix.kept, conn)),
-    };
-    exchanges(serving, t.ends, sides, (audit, live, handshake), stop).await
+    terminate::terminate((serving, ix), t, audit, stop, live, handshake).await
 }
 
 /// What the exchanges of a tunnel read besides its two sides.
@@ -489,68 +401,6 @@ where
         Ok((_, Some(close))) => live.relayed(close),
         Ok((false, None)) => live.relayed(Close::Error),
         Err(close) => live.relayed(close),
-    }
-}
-
-/// Which of HTTP/1.1 and HTTP/2 the client offered (`client_alpn`): the index of the upstream
-/// TLS configuration that offers the same.
-fn offer_of(client_alpn: &[String]) -> usize {
-    let h1 = client_alpn.iter().any(|p| p == "http/1.1");
-    let h2 = client_alpn.iter().any(|p| p == "h2");
-    usize::from(h1) + 2 * usize::from(h2)
-}
-
-/// What keeping a tunnel's upstream connection needs, when it may be kept (a clearance was
-/// given, the sandbox is still registered): the clearance, the key for the protocols the
-/// client offered (`offer`), and what the binding puts on requests to the host now.
-fn keeping(
-    clearance: Option<Box<crate::egress::clearance::Clearance>>,
-    ends: &Ends<'_>,
-    offer: usize,
-) -> Option<kept::Keeping> {
-    let (binding, _) = (ends.current)()?;
-    Some(kept::Keeping {
-        clearance: *clearance?,
-        authority: kept::authority(ends.host, ends.port, offer),
-        carries: kept::Carries::of(&binding, ends.host),
-    })
-}
-
-/// How to reach the upstream over TLS: offering it what the client offered (of HTTP/1.1 and
-/// HTTP/2), so the protocol it picks is one the client speaks, and the name to verify.
-/// `None` when `host` is not a TLS server name.
-fn upstream_connector(
-    ix: &Interceptor,
-    offer: usize,
-    host: &str,
-) -> Option<(tokio_rustls::TlsConnector, ServerName<'static>)> {
-    let config = ix.upstream[offer].clone();
-    let name = ServerName::try_from(host.to_string()).ok()?;
-    Some((tokio_rustls::TlsConnector::from(config), name))
-}
-
-/// The TLS configuration the client is served with: a leaf for `host` from the interception
-/// CA, offering the protocol the upstream chose (`negotiated`). `None` (said in the record)
-/// when it cannot be made.
-fn client_config(
-    ix: &Interceptor,
-    host: &str,
-    negotiated: Option<&[u8]>,
-    audit: &mut AuditGuard,
-) -> Option<Arc<rustls::ServerConfig>> {
-    let leaf = match ix.ca.leaf(host) {
-        Ok(l) => l,
-        Err(e) => {
-            audit.detail(format!("terminating: cannot issue a certificate: {e}"));
-            return None;
-        }
-    };
-    match leaf.server_config(negotiated) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            audit.detail(format!("terminating: {e}"));
-            None
-        }
     }
 }
 
