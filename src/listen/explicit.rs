@@ -17,6 +17,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::explicit_refuse::{describe, refuse, refuse_as};
 use crate::audit::accept::Accepted;
 use crate::audit::{AuditGuard, Close, Mode};
 use crate::egress::abortable::{Abortable, Cut, OverTcp};
@@ -32,7 +33,6 @@ use crate::relay::body::Body;
 use crate::relay::client_io::ClientIo;
 use crate::relay::deny::{self, Refusal};
 use crate::runtime::Shared;
-use crate::sandboxes::set::Sandbox;
 
 /// Largest request head accepted (hyper answers 431 beyond it).
 pub(super) const MAX_HEAD: usize = 64 * 1024;
@@ -340,24 +340,6 @@ fn no_request(conn: &ClientConn, error: Option<hyper::Error>) {
     audit.detail(detail);
 }
 
-/// The text shown for a request in refusals: method and target with its port, never
-/// credentials (userinfo) or the query.
-fn describe(req: &Request<Incoming>) -> String {
-    let u = req.uri();
-    let host_port = u.authority().map(|a| match a.port_u16() {
-        Some(p) => format!("{}:{p}", a.host()),
-        None => a.host().to_string(),
-    });
-    if req.method() == Method::CONNECT {
-        return format!("CONNECT {}", host_port.as_deref().unwrap_or("?"));
-    }
-    match (u.scheme_str(), host_port) {
-        (Some(scheme), Some(hp)) => format!("{} {scheme}://{hp}{}", req.method(), u.path()),
-        // Origin-form (`GET /`): not a proxy request.
-        _ => format!("{} {}", req.method(), u.path()),
-    }
-}
-
 /// One request, from its target to its tunnel or forwarded exchange: read the target, one
 /// call into the admission sequence ([`crate::egress::admit`]), then the tunnel or the
 /// forwarder — or the refusal as a §6 response.
@@ -518,60 +500,6 @@ impl Seat for Places<'_> {
             true => self.0.shared.take_cap().map(Some).ok_or(AtCapacity),
         }
     }
-}
-
-/// Refuse a request: the guard records the decision, the client gets the §6 response.
-fn refuse(
-    shared: &Shared,
-    mut audit: AuditGuard,
-    req: &Request<Incoming>,
-    sandbox: Option<&Sandbox>,
-    decision: Decision,
-    explanation: String,
-    retry_after: Option<u64>,
-) -> Response<Body> {
-    audit.decision(&decision);
-    refuse_as(
-        shared,
-        audit,
-        req,
-        sandbox,
-        &decision,
-        explanation,
-        retry_after,
-    )
-}
-
-/// Answer with `shown` (the guard keeps whatever decision it was given).
-pub(super) fn refuse_as(
-    shared: &Shared,
-    audit: AuditGuard,
-    req: &Request<Incoming>,
-    sandbox: Option<&Sandbox>,
-    shown: &Decision,
-    explanation: String,
-    retry_after: Option<u64>,
-) -> Response<Body> {
-    drop(audit);
-    let refusal = Refusal {
-        reason: shown.reason,
-        what: &describe(req),
-        sandbox: sandbox.map(|s| s.binding.id.as_str()),
-        explanation: &explanation,
-        retry_after,
-        ask: shared.ask(),
-    };
-    // An agent that asked for JSON gets the refusal as an object (its target parsed again:
-    // only on this path, and only for it).
-    if !deny::wants_json(req.headers()) {
-        return deny::response(&refusal);
-    }
-    let target = read_target(req).ok();
-    let structured = deny::Structured {
-        target: target.as_ref(),
-        rule: shown.rule.as_ref().map(|r| &*r.text),
-    };
-    deny::response_to(&refusal, Some(structured))
 }
 
 /// The target of a CONNECT (authority-form, port required) or an absolute-form request

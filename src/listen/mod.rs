@@ -9,6 +9,7 @@ pub(crate) mod ask;
 mod connect;
 pub(crate) mod explicit;
 mod explicit_head;
+mod explicit_refuse;
 pub(crate) mod explicit_tls;
 mod opaque_flow;
 #[allow(unsafe_code)]

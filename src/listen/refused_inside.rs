@@ -129,7 +129,7 @@ pub(super) fn refused_admission(
     let shared = &conn.shared;
     let sandbox = r.sandbox.as_deref();
     let inside = wanted(shared, &mut req, sandbox, &r.shown, &mut audit);
-    let resp = super::explicit::refuse_as(
+    let resp = super::explicit_refuse::refuse_as(
         shared,
         audit,
         &req,
