@@ -240,7 +240,7 @@ impl PolicySet {
         }
         changes.sandboxes.sort_unstable();
         let grants = carried_grants(previous, &sandboxes);
-        let grants_digest = grants_digest(&grants);
+        let grants_digest = digest::grants(&grants);
         let set = PolicySet {
             sandboxes,
             sources,
@@ -490,65 +490,6 @@ impl PolicySet {
     }
 }
 
-/// Changes to a [`PolicySet`] in progress ([`PolicySet::edit`]).
-pub struct SetEdit(PolicySet);
-
-impl SetEdit {
-    /// Add or replace `b`, compiling only it.
-    pub fn put(&mut self, b: &Arc<Binding>) -> Result<(), CompileError> {
-        let sb = compile_sandbox(b, &self.0.default_ports)?;
-        self.insert(sb);
-        Ok(())
-    }
-
-    /// Add or replace a sandbox compiled already ([`Sandbox::compile`], with this set's
-    /// default ports): no compile work.
-    pub fn insert(&mut self, sb: Sandbox) {
-        let b = sb.binding.clone();
-        let next = &mut self.0;
-        next.remove_entry(&b.id);
-        let id: Arc<str> = b.id.as_str().into();
-        for s in &b.sources {
-            next.sources.insert(*s, id.clone());
-        }
-        xor(&mut next.sandboxes_digest, &sb.digest);
-        next.scoped += usize::from(sb.scoped());
-        next.sandboxes.insert(b.id.clone(), Arc::new(sb));
-    }
-
-    /// Remove sandbox `id` (nothing when absent).
-    pub fn remove(&mut self, id: &str) {
-        self.0.remove_entry(id);
-        self.0.grants.remove(id);
-        self.0.grants_digest = grants_digest(&self.0.grants);
-    }
-
-    /// Replace sandbox `id`'s grants (none: `granted` empty).
-    pub fn grants(&mut self, id: &SandboxId, granted: Granted) {
-        if granted.entries.is_empty() {
-            self.0.grants.remove(id);
-        } else {
-            self.0.grants.insert(id.clone(), Arc::new(granted));
-        }
-        self.0.grants_digest = grants_digest(&self.0.grants);
-    }
-
-    /// The set as edited.
-    pub fn get(&self, id: &str) -> Option<&Arc<Sandbox>> {
-        self.0.get(id)
-    }
-
-    /// The edited set, with its new version.
-    pub fn finish(mut self) -> PolicySet {
-        self.0.version = version_of(
-            &self.0.sandboxes_digest,
-            &self.0.defaults_digest,
-            &self.0.grants_digest,
-        );
-        self.0
-    }
-}
-
 /// The grants of `previous` whose sandbox is still in `sandboxes` (a reload keeps them).
 fn carried_grants(
     previous: Option<&PolicySet>,
@@ -565,22 +506,8 @@ fn carried_grants(
         .unwrap_or_default()
 }
 
-/// The digest of every sandbox's grants (zero without any).
-fn grants_digest(grants: &imbl::HashMap<SandboxId, Arc<Granted>>) -> [u8; 32] {
-    if grants.is_empty() {
-        return [0u8; 32];
-    }
-    let mut ids: Vec<&SandboxId> = grants.keys().collect();
-    ids.sort_unstable();
-    let mut h = Sha256::new();
-    for id in ids {
-        h.update(id.as_bytes());
-        h.update([0]);
-        h.update(grants[id].digest_text());
-    }
-    h.finalize().into()
-}
-
 mod digest;
+mod edit;
+pub use edit::SetEdit;
 #[cfg(test)]
 mod tests;

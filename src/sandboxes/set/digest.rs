@@ -2,9 +2,13 @@
 //! into the policy version. A change to any of it — entries, scopes, layers, HTTP rules,
 //! credentials, the decider — is a new version, and wakes the sandbox's live exchanges.
 
+use std::sync::Arc;
+
 use sha2::{Digest, Sha256};
 
 use crate::config::Binding;
+use crate::policy::granted::Granted;
+use crate::policy::sandbox_id::SandboxId;
 
 /// Feed everything in `b` that decides into `h`.
 pub(super) fn hash_binding(h: &mut Sha256, b: &Binding) {
@@ -72,4 +76,20 @@ pub(super) fn hash_binding(h: &mut Sha256, b: &Binding) {
             h.update(format!("{}{:?}{}", r.name, r.action, r.pattern.as_str()));
         }
     }
+}
+
+/// The digest of every sandbox's grants (zero without any).
+pub(super) fn grants(grants: &imbl::HashMap<SandboxId, Arc<Granted>>) -> [u8; 32] {
+    if grants.is_empty() {
+        return [0u8; 32];
+    }
+    let mut ids: Vec<&SandboxId> = grants.keys().collect();
+    ids.sort_unstable();
+    let mut h = Sha256::new();
+    for id in ids {
+        h.update(id.as_bytes());
+        h.update([0]);
+        h.update(grants[id].digest_text());
+    }
+    h.finalize().into()
 }
