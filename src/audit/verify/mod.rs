@@ -35,7 +35,10 @@ use serde_json::Value;
 
 use super::chain::{key_id, link, run_of, signed_message, split};
 
+mod keys;
 mod line;
+use keys::read_text;
+pub use keys::{read_public_key, read_signing_key, KeyFileError};
 use line::*;
 
 /// Leeway of the interval's time rule: timestamps are written to the millisecond, and the
@@ -173,35 +176,6 @@ impl State {
         self.last_signed = Some((file.to_path_buf(), at, time_ms(v)));
         self.unsigned = 0;
     }
-}
-
-/// A file the verifier (or the proxy, for its signing key) cannot use.
-#[derive(Debug, thiserror::Error)]
-pub enum KeyFileError {
-    /// The file could not be read.
-    #[error("{}: {source}", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why it could not be read.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is not a key of the kind needed.
-    #[error("{}: not an Ed25519 {what} in PEM", path.display())]
-    NotAKey {
-        /// The file.
-        path: PathBuf,
-        /// The kind of key needed (`public key`, `private key`).
-        what: &'static str,
-    },
-}
-
-fn read_text(path: &Path) -> Result<String, KeyFileError> {
-    std::fs::read_to_string(path).map_err(|source| KeyFileError::Read {
-        path: path.to_path_buf(),
-        source,
-    })
 }
 
 /// Verify `files` (oldest first) without a key (see [`verify_with`]).
@@ -532,25 +506,4 @@ fn check_anchor(
         ));
     }
     None
-}
-
-/// Read an Ed25519 public key (SPKI PEM, as `openssl pkey -pubout` writes it).
-pub fn read_public_key(path: &Path) -> Result<VerifyingKey, KeyFileError> {
-    use ed25519_dalek::pkcs8::DecodePublicKey;
-    VerifyingKey::from_public_key_pem(&read_text(path)?).map_err(|_| KeyFileError::NotAKey {
-        path: path.to_path_buf(),
-        what: "public key (SPKI)",
-    })
-}
-
-/// Read an Ed25519 private key (PKCS#8 PEM, as `openssl genpkey -algorithm ed25519` writes
-/// it).
-pub fn read_signing_key(path: &Path) -> Result<ed25519_dalek::SigningKey, KeyFileError> {
-    use ed25519_dalek::pkcs8::DecodePrivateKey;
-    ed25519_dalek::SigningKey::from_pkcs8_pem(&read_text(path)?).map_err(|_| {
-        KeyFileError::NotAKey {
-            path: path.to_path_buf(),
-            what: "private key (PKCS#8)",
-        }
-    })
 }
