@@ -870,7 +870,13 @@ fn a_signal_the_moment_the_proxy_listens_is_handled() {
     assert!(!said.contains("without its"), "{said}");
     let mut p = Proxy::start_with(config(dir.path(), &audit), log.clone(), &[]);
     unsafe_free_kill(p.child.id(), "HUP");
-    std::thread::sleep(Duration::from_millis(300));
+    // The reload is counted (a positive marker), and the process is still there after it.
+    common::eventually(Duration::from_secs(10), "the SIGHUP's reload", || {
+        let (_, metrics) = p.admin_get("/metrics");
+        metrics
+            .contains("egress_config_reloads_total{result=\"ok\"} 1")
+            .then_some(())
+    });
     assert!(
         p.child.try_wait().unwrap().is_none(),
         "SIGHUP ended it: {}",

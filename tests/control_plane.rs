@@ -86,6 +86,20 @@ fn knows(p: &Proxy, id: &str) -> bool {
     admin(p, "GET", &format!("/v1/sandboxes/{id}"), "").0 == 200
 }
 
+/// Until `p` has counted a failed call to etcd (`egress_control_plane_errors_total`): after
+/// it, a replica that is not ready is not ready because it failed, not because it is slow.
+fn wait_failed_once(p: &Proxy) {
+    eventually(Duration::from_secs(20), "a counted etcd failure", || {
+        let (_, text) = admin(p, "GET", "/metrics", "");
+        let failed = text
+            .lines()
+            .filter(|l| l.starts_with("egress_control_plane_errors_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+        (failed > 0.0).then_some(())
+    });
+}
+
 fn metric(p: &Proxy, prefix: &str) -> Option<f64> {
     let (_, text) = admin(p, "GET", "/metrics", "");
     text.lines()
@@ -428,7 +442,8 @@ fn a_replica_is_not_ready_until_it_has_listed_etcd() {
     ]);
     etcd.stop();
     let a = replica(&dir.path().join("a"), port);
-    std::thread::sleep(Duration::from_millis(500));
+    // Not ready once it has tried etcd and failed (a counted failure), not merely not yet.
+    wait_failed_once(&a);
     assert!(!ready(&a), "ready without the registrations");
     assert_ne!(net.get(&a, "s1", "api.test", "/").code, 0);
     // The file-defined sandbox is enforced meanwhile.
@@ -662,7 +677,7 @@ fn etcd_users_and_passwords() {
     assert_eq!(status, 201, "{body}");
     assert_eq!(admin(&a, "POST", "/v1/sandboxes/s1/keepalive", "").0, 200);
     assert_eq!(net.get(&a, "s1", "api.test", "/auth").code, 0);
-    std::thread::sleep(Duration::from_millis(300));
+    wait_failed_once(&b);
     assert!(!ready(&b), "a replica with a wrong password became ready");
     assert_eq!(
         admin(
