@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +23,9 @@ struct TlsOrigin {
     port: u16,
     sessions: Arc<AtomicUsize>,
     ended: Arc<Mutex<Vec<usize>>>,
+    /// When set, a connection's second request is met with a close (no answer): an origin
+    /// whose keep-alive timeout fired as the request arrived.
+    drop_kept: Arc<AtomicBool>,
     ca: TestCa,
     _rt: tokio::runtime::Runtime,
 }
@@ -42,20 +45,24 @@ impl TlsOrigin {
         let port = listener.local_addr().unwrap().port();
         let sessions = Arc::new(AtomicUsize::new(0));
         let ended = Arc::new(Mutex::new(Vec::new()));
-        let (s, e) = (sessions.clone(), ended.clone());
+        let drop_kept = Arc::new(AtomicBool::new(false));
+        let (s, e, dk) = (sessions.clone(), ended.clone(), drop_kept.clone());
         rt.spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     continue;
                 };
-                let (acceptor, s, e) = (acceptor.clone(), s.clone(), e.clone());
+                let (acceptor, s, e, dk) = (acceptor.clone(), s.clone(), e.clone(), dk.clone());
                 tokio::spawn(async move {
                     // A connection the proxy dialled and did not need closes here, unnumbered.
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
                     let n = s.fetch_add(1, Ordering::SeqCst) + 1;
+                    let served = Arc::new(AtomicUsize::new(0));
                     let svc = hyper::service::service_fn(move |req: http::Request<_>| {
+                        let again = served.fetch_add(1, Ordering::SeqCst) > 0;
+                        let close = again && dk.load(Ordering::SeqCst);
                         let auth = req
                             .headers()
                             .get("authorization")
@@ -67,9 +74,10 @@ impl TlsOrigin {
                             _ => format!("session {n} auth={}", digest(&auth)),
                         };
                         async move {
-                            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
-                                Bytes::from(body),
-                            )))
+                            if close {
+                                return Err("closed as the request arrived");
+                            }
+                            Ok(http::Response::new(Full::new(Bytes::from(body))))
                         }
                     });
                     let io = hyper_util::rt::TokioIo::new(tls);
@@ -84,6 +92,7 @@ impl TlsOrigin {
             port,
             sessions,
             ended,
+            drop_kept,
             ca,
             _rt: rt,
         }
@@ -307,4 +316,29 @@ fn each_tunnel_scrubs_its_own_sandboxs_secret_and_a_rotated_one() {
         !got.contains("rotated-secret"),
         "a read its new secret back: {got}"
     );
+}
+
+/// The origin closes a kept connection as the next tunnel's request arrives (its keep-alive
+/// timeout fired at that moment): the proxy sends the request again, once, on TLS opened over
+/// the tunnel's own dialled connection — the client gets its answer, not a 502 — and does not
+/// keep that connection for a later tunnel (the kept one's revocation switch would not cover
+/// it). Fails with the connection taken and nothing held to send again on (502).
+#[test]
+fn a_kept_connection_the_origin_closes_under_a_request_is_replaced_not_a_502() {
+    let e = env("{ idle_ms: 60000 }");
+    assert_eq!(e.get("a"), answer(1, "secret-of-a"));
+    e.origin.drop_kept.store(true, Ordering::SeqCst);
+    assert_eq!(e.get("a"), answer(2, "secret-of-a"));
+    let again = e.proxy.wait_record(|r| {
+        (r["detail"].as_str()).is_some_and(|d| d.contains("sent again on a new one"))
+    });
+    assert_eq!(again["sandbox"], "a");
+    // Session 2 was not kept: the next tunnel opens session 3, and is answered on it.
+    assert_eq!(e.get("a"), answer(3, "secret-of-a"));
+    assert_eq!(e.origin.sessions(), 3);
+    // A POST the origin received is never sent twice: on kept session 3 it is closed under,
+    // and the client gets the failure; no session is opened to send it again.
+    let posted = e.get_with("a", &["-d", "once"]);
+    assert!(posted.contains("the upstream failed"), "{posted}");
+    assert_eq!(e.origin.sessions(), 3);
 }

@@ -312,3 +312,12 @@ impl<C: Kept> UpstreamPool<C> {
         (self.settings.idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(5))
     }
 }
+
+/// Whether `req` may be sent again after a connection failed under it before an answer came
+/// back: an idempotent method and no body (RFC 9110 §9.2.2). Forwarded and terminated
+/// requests on kept connections both ask it.
+pub fn may_send_again<B: hyper::body::Body>(req: &http::Request<B>) -> bool {
+    use http::Method;
+    let idempotent = [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE];
+    idempotent.contains(req.method()) && req.body().is_end_stream()
+}

@@ -393,8 +393,12 @@ where
     match live.run(served, stop).await {
         Ok((true, None)) => {
             // A clean end: the upstream connection may serve the next tunnel.
+            // Not one that replaced a kept connection: the kept one's cut would not cover it.
             if let (Some(keep), Ok(ex)) = (sides.keep, Arc::try_unwrap(ex)) {
-                keep.give_back(ex.into_upstream());
+                let up = ex.into_upstream();
+                if !up.replaced() {
+                    keep.give_back(up);
+                }
             }
             live.relayed(Close::Eof)
         }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use rustls::pki_types::ServerName;
 
+use super::exchange::Spare;
 use super::{exchanges, kept, Ends, Interceptor, Serving, Sides, Tunnel, Upstream};
 use crate::audit::outcome::Close;
 use crate::audit::AuditGuard;
@@ -41,14 +42,17 @@ where
     });
     let (up, negotiated, conn) = match kept {
         Some(k) => {
-            // Dialled and checked for this tunnel, and not needed: the kept connection is at
-            // the same checked address.
-            drop(t.server);
             audit.detail(format!(
                 "terminating: on a kept upstream connection (its tunnel {})",
                 k.conn.reused + 1
             ));
-            (k.up, k.conn.alpn.clone(), Some(k.conn))
+            let spare = upstream_connector(ix, offer, t.ends.host);
+            let alpn = k.conn.alpn.clone();
+            (
+                with_spare(k.up, t.server, spare, (alpn.clone(), handshake)),
+                alpn,
+                Some(k.conn),
+            )
         }
         None => {
             let Some((connector, name)) = upstream_connector(ix, offer, t.ends.host) else {
@@ -104,6 +108,27 @@ where
         keep: keep.zip(conn).map(|(k, conn)| k.into_keep(&ix.kept, conn)),
     };
     exchanges(serving, t.ends, sides, (audit, live, handshake), stop).await
+}
+
+/// A kept connection `up`, with the tunnel's own dialled socket (`server`: checked for this
+/// tunnel, at the same address) kept as its spare until the first request is answered — to
+/// send it again on if the origin closes the kept connection under it.
+fn with_spare(
+    up: Upstream,
+    server: crate::egress::server_io::ServerIo,
+    connector: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
+    (alpn, handshake): (Option<Vec<u8>>, Duration),
+) -> Upstream {
+    let Some((connector, name)) = connector else {
+        return up;
+    };
+    up.with_spare(Spare {
+        server,
+        connector,
+        name,
+        alpn,
+        handshake,
+    })
 }
 
 /// Which of HTTP/1.1 and HTTP/2 the client offered (`client_alpn`): the index of the upstream

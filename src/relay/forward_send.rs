@@ -84,9 +84,7 @@ impl Resend {
 
 /// A copy of `req` to send again if it is idempotent and has no body.
 fn resendable<B: hyper::body::Body>(req: &Request<B>) -> Option<Resend> {
-    use http::Method;
-    let idempotent = [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE];
-    (idempotent.contains(req.method()) && req.body().is_end_stream()).then(|| Resend {
+    crate::egress::upstream_pool::may_send_again(req).then(|| Resend {
         method: req.method().clone(),
         uri: req.uri().clone(),
         headers: req.headers().clone(),

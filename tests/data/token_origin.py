@@ -181,6 +181,8 @@ server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 server.daemon_threads = True
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 ctx.load_cert_chain(CERT, KEY)
-server.socket = ctx.wrap_socket(server.socket, server_side=True)
+# The handshake runs in each connection's thread (on its first read), not in the accept loop:
+# a client that connects and stays silent must not stall everyone else (as a real server).
+server.socket = ctx.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
 print(server.server_address[1], flush=True)
 server.serve_forever()

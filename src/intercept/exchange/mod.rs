@@ -55,7 +55,7 @@ pub use destination::Destination;
 use path::Terminated;
 use prepared::Prepared;
 pub use up_body::UpBody;
-pub use upstream::Upstream;
+pub use upstream::{Spare, Upstream};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ResBody = BoxBody<Bytes, BoxError>;
@@ -286,7 +286,7 @@ impl Exchange {
             dlp,
             asked,
         } = ready;
-        let h2 = matches!(self.upstream, Upstream::H2(_));
+        let h2 = self.upstream.is_h2();
         self.written.write(&mut req, h2);
         socket::no_switch(&socket, &mut req);
         if socket.is_none() {
@@ -309,9 +309,21 @@ impl Exchange {
         }
         let scrubber = p.scrubber_for(&self.mint, req.headers());
         let up_bytes = Arc::new(AtomicU64::new(0));
+        // A kept connection the origin closes under the first request: sent again on a new one.
+        let again = self.upstream.has_spare().then(|| {
+            let empty = || Counted::new(UpBody::whole(Bytes::new()), self.live.clone(), true);
+            upstream::resendable(&req, empty)
+        });
         let req =
             req.map(|b| Counted::new(b, self.live.clone(), true).count_into(up_bytes.clone()));
-        let sent = self.upstream.send(req).await;
+        let sent = match self.upstream.send(req, again.flatten()).await {
+            Ok((resp, true)) => {
+                audit.detail("the kept upstream connection was closed by the origin; sent again on a new one");
+                Ok(resp)
+            }
+            Ok((resp, false)) => Ok(resp),
+            Err(e) => Err(e),
+        };
         if let Some((reason, why)) =
             dlp.and_then(|found| crate::pipeline::dlp::recorded(&found, &mut audit))
         {

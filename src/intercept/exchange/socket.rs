@@ -44,12 +44,12 @@ impl Terminated<'_> {
         };
         let client = hyper::upgrade::on(&mut req);
         let scrubber = p.scrubber_for(&self.ex.mint, req.headers());
-        let h2 = matches!(self.ex.upstream, super::Upstream::H2(_));
+        let h2 = self.ex.upstream.is_h2();
         websocket::upstream_headers(req.headers_mut(), h2);
         let uri = req.uri().clone();
         let req = req.map(|b| Counted::new(b, self.ex.live.clone(), true));
-        let mut resp = match self.ex.upstream.send(req).await {
-            Ok(r) => r,
+        let mut resp = match self.ex.upstream.send(req, None).await {
+            Ok((r, _)) => r,
             Err(e) => {
                 let why = format!("the upstream failed: {e}");
                 audit.answered(0, sent.injected.as_deref());

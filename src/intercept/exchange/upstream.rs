@@ -3,28 +3,157 @@
 //! the requests sent on it. The connection is driven by its own task until the origin closes
 //! it, every sender is gone, or its [`Cut`] fires — so it can outlive its tunnel, kept idle
 //! for the next one ([`crate::intercept::kept`]).
+//!
+//! A tunnel that took a kept connection keeps its own dialled socket as a [`Spare`] until its
+//! first request is answered: when the origin closed the kept connection as the request was
+//! sent — before the request was written, or, for an idempotent request without a body,
+//! before an answer's head came back — the request goes again, once, over TLS opened on the spare to the
+//! same checked address (verified for the same name, the same protocol required). The tunnel
+//! then never gives its connection back to the pool: the kept one's cut no longer covers it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-
-use std::sync::Arc;
+use rustls::pki_types::ServerName;
 
 use super::UpBody;
-use crate::egress::abortable::Cut;
+use crate::egress::abortable::{Abortable, Cut};
+use crate::egress::server_io::ServerIo;
 use crate::intercept::error::InterceptError;
 use crate::relay::counted::Counted;
 
-/// The upstream connection's request side.
-pub enum Upstream {
+/// What a request to the upstream carries.
+type Req = Request<Counted<UpBody>>;
+
+/// The upstream connection's request side, and the tunnel's spare socket while it has one.
+pub struct Upstream {
+    sender: ArcSwap<Sender>,
+    spare: Mutex<Option<Spare>>,
+    /// The kept connection failed and the spare replaced it.
+    replaced: AtomicBool,
+}
+
+/// One connection's request side.
+enum Sender {
     H1(tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Counted<UpBody>>>),
     H2(hyper::client::conn::http2::SendRequest<Counted<UpBody>>),
+}
+
+/// A tunnel's own dialled socket to the checked address, kept while its first request is on a
+/// kept connection, and how to open TLS on it as the kept connection was.
+pub struct Spare {
+    /// The dialled, checked connection.
+    pub server: ServerIo,
+    /// The upstream TLS configuration the kept connection was opened with.
+    pub connector: tokio_rustls::TlsConnector,
+    /// The name it was verified for.
+    pub name: ServerName<'static>,
+    /// The protocol the origin chose then (the client was offered only it).
+    pub alpn: Option<Vec<u8>>,
+    /// `timeouts.header_ms`: the bound on the two handshakes.
+    pub handshake: Duration,
 }
 
 impl Upstream {
     /// HTTP/2 or HTTP/1.1 over `io`: the verified TLS stream, or the dialled TCP connection
     /// for plain HTTP inside a tunnel; driven until the origin closes it or `cut` fires.
     pub async fn connect<S>(io: S, h2: bool, cut: &Arc<Cut>) -> Result<Self, InterceptError>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        Ok(Upstream {
+            sender: ArcSwap::from_pointee(Sender::open(io, h2, cut).await?),
+            spare: Mutex::new(None),
+            replaced: AtomicBool::new(false),
+        })
+    }
+
+    /// Keep `spare` for the first request (a tunnel on a kept connection).
+    pub fn with_spare(self, spare: Spare) -> Self {
+        if let Ok(mut s) = self.spare.lock() {
+            *s = Some(spare);
+        }
+        self
+    }
+
+    /// Whether requests go over HTTP/2.
+    pub fn is_h2(&self) -> bool {
+        matches!(**self.sender.load(), Sender::H2(_))
+    }
+
+    /// Whether a spare is held (the request can be sent again).
+    pub(super) fn has_spare(&self) -> bool {
+        self.spare.lock().is_ok_and(|s| s.is_some())
+    }
+
+    /// Whether the spare replaced the kept connection (it is not to be kept again).
+    pub fn replaced(&self) -> bool {
+        self.replaced.load(Ordering::Acquire)
+    }
+
+    /// Free for a request now (an HTTP/1.1 connection between requests, an HTTP/2 one under
+    /// its stream limit) and not closed by the origin.
+    pub fn ready(&mut self) -> bool {
+        match &**self.sender.load() {
+            Sender::H1(s) => s.try_lock().is_ok_and(|s| s.is_ready() && !s.is_closed()),
+            Sender::H2(s) => s.is_ready() && !s.is_closed(),
+        }
+    }
+
+    /// Closed by the origin (a connection in use is not).
+    pub fn closed(&self) -> bool {
+        match &**self.sender.load() {
+            Sender::H1(s) => s.try_lock().is_ok_and(|s| s.is_closed()),
+            Sender::H2(s) => s.is_closed(),
+        }
+    }
+
+    /// Send `req`; with a spare held, once more on a new connection if the kept one was
+    /// closed under it (`again`: the copy of an idempotent request without a body). The
+    /// answer, and whether it came on the new connection.
+    pub(super) async fn send(
+        &self,
+        req: Req,
+        again: Option<Req>,
+    ) -> Result<(Response<Incoming>, bool), hyper::Error> {
+        let sender = self.sender.load_full();
+        let (e, back) = match sender.send(req).await {
+            Ok(resp) => {
+                self.drop_spare();
+                return Ok((resp, false));
+            }
+            Err(failed) => failed,
+        };
+        // Not written at all, or idempotent with no head of an answer back (RFC 9110
+        // §9.2.2: such a request may be sent again after a connection failed under it).
+        let retry = back.or(again);
+        let spare = self.spare.lock().ok().and_then(|mut s| s.take());
+        let (Some(req), Some(spare)) = (retry, spare) else {
+            return Err(e);
+        };
+        let Some(new) = spare.open().await else {
+            return Err(e);
+        };
+        let new = Arc::new(new);
+        self.sender.store(new.clone());
+        self.replaced.store(true, Ordering::Release);
+        new.send(req).await.map(|r| (r, true)).map_err(|(e, _)| e)
+    }
+
+    fn drop_spare(&self) {
+        if let Ok(mut s) = self.spare.lock() {
+            s.take();
+        }
+    }
+}
+
+impl Sender {
+    async fn open<S>(io: S, h2: bool, cut: &Arc<Cut>) -> Result<Self, InterceptError>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -37,7 +166,7 @@ impl Upstream {
                     source,
                 })?;
             drive(conn, cut);
-            Ok(Upstream::H2(send))
+            Ok(Sender::H2(send))
         } else {
             let (send, conn) =
                 hyper::client::conn::http1::handshake(io)
@@ -48,47 +177,72 @@ impl Upstream {
                     })?;
             // A WebSocket handshake hands the connection over after its `101`.
             drive(conn.with_upgrades(), cut);
-            Ok(Upstream::H1(tokio::sync::Mutex::new(send)))
+            Ok(Sender::H1(tokio::sync::Mutex::new(send)))
         }
     }
 
-    /// Free for a request now (an HTTP/1.1 connection between requests, an HTTP/2 one under
-    /// its stream limit) and not closed by the origin.
-    pub fn ready(&mut self) -> bool {
+    /// Send `req`; on failure, the error and the request when it was not sent.
+    async fn send(&self, req: Req) -> Result<Response<Incoming>, (hyper::Error, Option<Req>)> {
         match self {
-            Upstream::H1(s) => {
-                let s = s.get_mut();
-                s.is_ready() && !s.is_closed()
-            }
-            Upstream::H2(s) => s.is_ready() && !s.is_closed(),
-        }
-    }
-
-    /// Closed by the origin (a connection in use is not).
-    pub fn closed(&self) -> bool {
-        match self {
-            Upstream::H1(s) => s.try_lock().is_ok_and(|s| s.is_closed()),
-            Upstream::H2(s) => s.is_closed(),
-        }
-    }
-
-    pub(super) async fn send(
-        &self,
-        req: Request<Counted<UpBody>>,
-    ) -> Result<Response<Incoming>, hyper::Error> {
-        match self {
-            Upstream::H1(s) => {
+            Sender::H1(s) => {
                 let mut s = s.lock().await;
-                s.ready().await?;
-                s.send_request(req).await
+                if let Err(e) = s.ready().await {
+                    return Err((e, Some(req)));
+                }
+                s.try_send_request(req).await.map_err(|mut e| {
+                    let back = e.take_message();
+                    (e.into_error(), back)
+                })
             }
-            Upstream::H2(s) => {
+            Sender::H2(s) => {
                 let mut s = s.clone();
-                s.ready().await?;
-                s.send_request(req).await
+                if let Err(e) = s.ready().await {
+                    return Err((e, Some(req)));
+                }
+                s.try_send_request(req).await.map_err(|mut e| {
+                    let back = e.take_message();
+                    (e.into_error(), back)
+                })
             }
         }
     }
+}
+
+impl Spare {
+    /// TLS to the same name on the spare socket, requiring the protocol the client was
+    /// offered, then HTTP on it. `None` when any of it fails.
+    async fn open(self) -> Option<Sender> {
+        let cut = Cut::new();
+        let server = Abortable::new(self.server, cut.clone());
+        let connect = self.connector.connect(self.name, server);
+        let tls = tokio::time::timeout(self.handshake, connect)
+            .await
+            .ok()?
+            .ok()?;
+        let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+        if alpn != self.alpn {
+            return None;
+        }
+        let h2 = alpn.as_deref() == Some(b"h2");
+        let open = Sender::open(tls, h2, &cut);
+        tokio::time::timeout(self.handshake, open).await.ok()?.ok()
+    }
+}
+
+/// A copy of `req` with an empty body, to send again, if it is idempotent and has none.
+pub(super) fn resendable<B: hyper::body::Body>(
+    req: &Request<B>,
+    body: impl FnOnce() -> Counted<UpBody>,
+) -> Option<Req> {
+    if !crate::egress::upstream_pool::may_send_again(req) {
+        return None;
+    }
+    let mut again = Request::new(body());
+    *again.method_mut() = req.method().clone();
+    *again.uri_mut() = req.uri().clone();
+    *again.version_mut() = req.version();
+    *again.headers_mut() = req.headers().clone();
+    Some(again)
 }
 
 /// Run a connection's task until it ends or `cut` fires (dropping it closes the socket; with a
