@@ -25,15 +25,15 @@ pub enum ControlError {
     Rejected(Why),
     /// A step a signed-in person may not take: a viewer's answer, or a request whose layers
     /// name other approvers (the console).
-    #[error("{0}")]
-    Forbidden(String),
+    #[error(transparent)]
+    Forbidden(Why),
 }
 
 pub(crate) fn invalid(why: impl Into<Why>) -> ControlError {
     ControlError::Invalid(why.into())
 }
 
-pub(crate) fn forbidden(why: impl Into<String>) -> ControlError {
+pub(crate) fn forbidden(why: impl Into<Why>) -> ControlError {
     ControlError::Forbidden(why.into())
 }
 

@@ -55,8 +55,13 @@ pub enum ObserveError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
     /// The admin listener answered something else than 200: its status line and body.
-    #[error("{0}")]
-    Refused(String),
+    #[error("{status} {body}")]
+    Refused {
+        /// The status line.
+        status: String,
+        /// The body.
+        body: String,
+    },
 }
 
 /// Follow the decisions at `admin` (`http://HOST:PORT`) with the admin token from
@@ -179,11 +184,10 @@ fn exchange<S: Read + Write>(mut stream: S, request: &str, json: bool) -> Result
     if status.split_whitespace().nth(1) != Some("200") {
         let mut body = String::new();
         let _ = std::io::Read::read_to_string(&mut reader, &mut body);
-        return Err(ObserveError::Refused(format!(
-            "{} {}",
-            status.trim_end(),
-            body.trim_end()
-        )));
+        return Err(ObserveError::Refused {
+            status: status.trim_end().to_string(),
+            body: body.trim_end().to_string(),
+        });
     }
     print_records(reader, json);
     Ok(())
