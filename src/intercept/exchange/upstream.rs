@@ -12,10 +12,9 @@
 //! then never gives its connection back to the pool: the kept one's cut no longer covers it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -32,10 +31,12 @@ type Req = Request<Counted<UpBody>>;
 
 /// The upstream connection's request side, and the tunnel's spare socket while it has one.
 pub struct Upstream {
-    sender: ArcSwap<Sender>,
+    first: Sender,
+    /// The connection opened on the spare, once the kept one failed (at most once).
+    replacement: OnceLock<Sender>,
     spare: Mutex<Option<Spare>>,
-    /// The kept connection failed and the spare replaced it.
-    replaced: AtomicBool,
+    /// Whether `spare` holds one: read on every request, without the lock.
+    spare_held: AtomicBool,
 }
 
 /// One connection's request side.
@@ -67,9 +68,10 @@ impl Upstream {
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         Ok(Upstream {
-            sender: ArcSwap::from_pointee(Sender::open(io, h2, cut).await?),
+            first: Sender::open(io, h2, cut).await?,
+            replacement: OnceLock::new(),
             spare: Mutex::new(None),
-            replaced: AtomicBool::new(false),
+            spare_held: AtomicBool::new(false),
         })
     }
 
@@ -77,37 +79,50 @@ impl Upstream {
     pub fn with_spare(self, spare: Spare) -> Self {
         if let Ok(mut s) = self.spare.lock() {
             *s = Some(spare);
+            self.spare_held.store(true, Ordering::Release);
         }
         self
     }
 
+    /// The connection requests go on: the replacement, once there is one.
+    fn sender(&self) -> &Sender {
+        self.replacement.get().unwrap_or(&self.first)
+    }
+
     /// Whether requests go over HTTP/2.
     pub fn is_h2(&self) -> bool {
-        matches!(**self.sender.load(), Sender::H2(_))
+        matches!(self.sender(), Sender::H2(_))
     }
 
     /// Whether a spare is held (the request can be sent again).
     pub(super) fn has_spare(&self) -> bool {
-        self.spare.lock().is_ok_and(|s| s.is_some())
+        self.spare_held.load(Ordering::Acquire)
     }
 
     /// Whether the spare replaced the kept connection (it is not to be kept again).
     pub fn replaced(&self) -> bool {
-        self.replaced.load(Ordering::Acquire)
+        self.replacement.get().is_some()
     }
 
     /// Free for a request now (an HTTP/1.1 connection between requests, an HTTP/2 one under
     /// its stream limit) and not closed by the origin.
     pub fn ready(&mut self) -> bool {
-        match &**self.sender.load() {
-            Sender::H1(s) => s.try_lock().is_ok_and(|s| s.is_ready() && !s.is_closed()),
+        let sender = match self.replacement.get_mut() {
+            Some(r) => r,
+            None => &mut self.first,
+        };
+        match sender {
+            Sender::H1(s) => {
+                let s = s.get_mut();
+                s.is_ready() && !s.is_closed()
+            }
             Sender::H2(s) => s.is_ready() && !s.is_closed(),
         }
     }
 
     /// Closed by the origin (a connection in use is not).
     pub fn closed(&self) -> bool {
-        match &**self.sender.load() {
+        match self.sender() {
             Sender::H1(s) => s.try_lock().is_ok_and(|s| s.is_closed()),
             Sender::H2(s) => s.is_closed(),
         }
@@ -121,8 +136,7 @@ impl Upstream {
         req: Req,
         again: Option<Req>,
     ) -> Result<(Response<Incoming>, bool), hyper::Error> {
-        let sender = self.sender.load_full();
-        let (e, back) = match sender.send(req).await {
+        let (e, back) = match self.sender().send(req).await {
             Ok(resp) => {
                 self.drop_spare();
                 return Ok((resp, false));
@@ -132,23 +146,31 @@ impl Upstream {
         // Not written at all, or idempotent with no head of an answer back (RFC 9110
         // §9.2.2: such a request may be sent again after a connection failed under it).
         let retry = back.or(again);
-        let spare = self.spare.lock().ok().and_then(|mut s| s.take());
+        let spare = self.take_spare();
         let (Some(req), Some(spare)) = (retry, spare) else {
             return Err(e);
         };
         let Some(new) = spare.open().await else {
             return Err(e);
         };
-        let new = Arc::new(new);
-        self.sender.store(new.clone());
-        self.replaced.store(true, Ordering::Release);
-        new.send(req).await.map(|r| (r, true)).map_err(|(e, _)| e)
+        // The spare is taken once, under its lock: only one replacement is ever set.
+        if self.replacement.set(new).is_err() {
+            return Err(e);
+        }
+        let sent = self.sender().send(req).await;
+        sent.map(|r| (r, true)).map_err(|(e, _)| e)
+    }
+
+    /// The spare, taken (`None` when none is held).
+    fn take_spare(&self) -> Option<Spare> {
+        if !self.spare_held.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        self.spare.lock().ok().and_then(|mut s| s.take())
     }
 
     fn drop_spare(&self) {
-        if let Ok(mut s) = self.spare.lock() {
-            s.take();
-        }
+        drop(self.take_spare());
     }
 }
 
