@@ -458,10 +458,13 @@ fn kept_tunnel_gets(proxy: SocketAddr, port: u16, n: usize) -> usize {
 
 /// Plain HTTP kept open inside CONNECT tunnels is counted request by request against the
 /// fleet's share too, and a request that finds its replica's share used up waits for the
-/// next chunk instead of being refused: six tunnels (two per replica) of 20 requests each
+/// next chunk instead of being refused: six tunnels (two per replica) of 60 requests each
 /// against `requests_per_day: 60` serve exactly 60 in all. (Before, a request past the
 /// replica's share on such a tunnel was refused at once while other replicas still held
-/// none of the rest: fewer than 60 were served.)
+/// none of the rest: fewer than 60 were served.) Each replica's clients ask for more than
+/// the whole quota, so none stops asking while its replica still holds a leased share: a
+/// share whose clients went away is given back only after `GIVE_BACK_AFTER` (with 20 each,
+/// one replica's two tunnels could finish first, leaving units leased ahead unused).
 #[test]
 #[ignore = "needs etcd (etcd-server, etcd-client); .ci/run runs it"]
 fn kept_plain_tunnels_spend_a_fleet_quota_exactly() {
@@ -476,7 +479,7 @@ fn kept_plain_tunnels_spend_a_fleet_quota_exactly() {
             let (proxy, start) = (addrs[i % 3], start.clone());
             std::thread::spawn(move || {
                 start.wait();
-                kept_tunnel_gets(proxy, port, 20)
+                kept_tunnel_gets(proxy, port, 60)
             })
         })
         .collect::<Vec<_>>()

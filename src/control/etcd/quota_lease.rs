@@ -17,8 +17,9 @@
 //!   or less and its requests do not wait for etcd.
 //! - **What is not used goes back**: a share untouched for [`GIVE_BACK_AFTER`] is returned to
 //!   the counter, so is what a settled call left beyond a chunk, and every share at a graceful
-//!   stop ([`give_back_all`]). A replica that dies keeps what it held: the fleet serves at
-//!   most that much less that day (never more).
+//!   stop ([`give_back_all`]). Until then a request on another replica may be refused while
+//!   this one holds up to a chunk its clients no longer ask for. A replica that dies keeps
+//!   what it held: the fleet serves at most that much less that day (never more).
 //! - **etcd unreachable**: a replica serves what its shares hold; a request that needs more
 //!   waits [`crate::egress::quota::share::LEASE_WAIT`] and is refused (`quota_exceeded`,
 //!   `budget_exceeded`) saying so (closed, never open).
