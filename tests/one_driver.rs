@@ -443,31 +443,33 @@ fn forwarded_records_name_method_path_and_status_and_simulate_replays_them() {
 
 /// An origin that answers every request head with `answer` and keeps every byte it was sent
 /// (over all connections) in the returned buffer.
-fn switching_origin(answer: &'static str) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+fn switching_origin(answer: &'static str) -> (u16, Kept) {
     origin_answering_after(1, answer)
 }
 
+/// What an origin got, and how many of its connections ended (a positive marker: nothing
+/// more can arrive on a connection once it has).
+type Kept = std::sync::Arc<(std::sync::Mutex<Vec<u8>>, std::sync::atomic::AtomicUsize)>;
+
 /// An origin that keeps every byte it gets and writes `answer` once it has seen `ends` blank
 /// lines (`\r\n\r\n`): 1 answers after the head, 2 after a chunked body's trailer.
-fn origin_answering_after(
-    ends: usize,
-    answer: &'static str,
-) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+fn origin_answering_after(ends: usize, answer: &'static str) -> (u16, Kept) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
-    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let got: Kept = Default::default();
     let kept = got.clone();
     std::thread::spawn(move || {
         for mut s in l.incoming().map_while(Result::ok) {
             let kept = kept.clone();
             std::thread::spawn(move || {
+                let _ended = Ended(&kept.1);
                 let mut buf = [0u8; 4096];
                 let mut answered = false;
                 while let Ok(n) = s.read(&mut buf) {
                     if n == 0 {
                         break;
                     }
-                    let mut all = kept.lock().unwrap();
+                    let mut all = kept.0.lock().unwrap();
                     all.extend_from_slice(&buf[..n]);
                     if !answered && all.windows(4).filter(|w| w == b"\r\n\r\n").count() >= ends {
                         answered = true;
@@ -479,6 +481,15 @@ fn origin_answering_after(
         }
     });
     (port, got)
+}
+
+/// Counts a connection as ended when its thread is done with it, however it left.
+struct Ended<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Ended<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// What a sandbox with `dlp:` sends after asking to switch protocols is not relayed unread:
@@ -516,8 +527,13 @@ fn a_switch_inside_a_read_tunnel_carries_nothing_unread() {
         let _ = s.write_all(format!("k={KEY}\r\n\r\n").as_bytes());
         let mut rest = Vec::new();
         let _ = s.read_to_end(&mut rest);
-        std::thread::sleep(Duration::from_millis(200));
-        let seen = String::from_utf8_lossy(&got.lock().unwrap()).to_string();
+        // The proxy's connection to the origin ends after whatever it relayed.
+        eventually(
+            Duration::from_secs(10),
+            "the origin's connection ended",
+            || (got.1.load(Ordering::SeqCst) > 0).then_some(()),
+        );
+        let seen = String::from_utf8_lossy(&got.0.lock().unwrap()).to_string();
         assert!(!seen.contains(KEY), "{what}: the origin got {seen:?}");
         if what == "upgrade" {
             assert!(seen.contains("GET /ws"), "{what}: {seen:?}");
@@ -905,7 +921,7 @@ fn a_key_in_a_chunked_trailer_is_refused() {
 
 /// A chunked POST with the key in its trailer inside a CONNECT tunnel to the origin on `port`
 /// (which keeps what it got in `got`); `refused`: the record must say `dlp_blocked`.
-fn trailer_key(dir: &Path, port: u16, got: &std::sync::Mutex<Vec<u8>>, refused: bool) {
+fn trailer_key(dir: &Path, port: u16, got: &Kept, refused: bool) {
     let p = dlp_proxy(dir, port);
     let mut s = TcpStream::connect(p.proxy).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -925,7 +941,13 @@ fn trailer_key(dir: &Path, port: u16, got: &std::sync::Mutex<Vec<u8>>, refused: 
     };
     drop(s);
     drop(p);
-    let seen = String::from_utf8_lossy(&got.lock().unwrap()).to_string();
+    // The origin's connection ends after whatever the proxy relayed on it.
+    eventually(
+        Duration::from_secs(10),
+        "the origin's connection ended",
+        || (got.1.load(Ordering::SeqCst) > 0).then_some(()),
+    );
+    let seen = String::from_utf8_lossy(&got.0.lock().unwrap()).to_string();
     assert!(!seen.contains(KEY), "the origin got {seen:?}");
 }
 
