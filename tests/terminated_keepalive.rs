@@ -26,6 +26,8 @@ struct TlsOrigin {
     /// When set, a connection's second request is met with a close (no answer): an origin
     /// whose keep-alive timeout fired as the request arrived.
     drop_kept: Arc<AtomicBool>,
+    /// Connections that ended without a TLS session (accepted, then closed silent).
+    unused: Arc<AtomicUsize>,
     ca: TestCa,
     _rt: tokio::runtime::Runtime,
 }
@@ -46,16 +48,29 @@ impl TlsOrigin {
         let sessions = Arc::new(AtomicUsize::new(0));
         let ended = Arc::new(Mutex::new(Vec::new()));
         let drop_kept = Arc::new(AtomicBool::new(false));
-        let (s, e, dk) = (sessions.clone(), ended.clone(), drop_kept.clone());
+        let unused = Arc::new(AtomicUsize::new(0));
+        let (s, e, dk, u) = (
+            sessions.clone(),
+            ended.clone(),
+            drop_kept.clone(),
+            unused.clone(),
+        );
         rt.spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     continue;
                 };
-                let (acceptor, s, e, dk) = (acceptor.clone(), s.clone(), e.clone(), dk.clone());
+                let (acceptor, s, e, dk, u) = (
+                    acceptor.clone(),
+                    s.clone(),
+                    e.clone(),
+                    dk.clone(),
+                    u.clone(),
+                );
                 tokio::spawn(async move {
                     // A connection the proxy dialled and did not need closes here, unnumbered.
                     let Ok(tls) = acceptor.accept(tcp).await else {
+                        u.fetch_add(1, Ordering::SeqCst);
                         return;
                     };
                     let n = s.fetch_add(1, Ordering::SeqCst) + 1;
@@ -93,6 +108,7 @@ impl TlsOrigin {
             sessions,
             ended,
             drop_kept,
+            unused,
             ca,
             _rt: rt,
         }
@@ -129,6 +145,11 @@ struct Env {
 /// `api.test` (secret files `a.secret`, `b.secret`), under `keepalive` (the
 /// `upstream_keepalive` flow map).
 fn env(keepalive: &str) -> Env {
+    env_with(keepalive, |c| c)
+}
+
+/// [`env`] with more configuration.
+fn env_with(keepalive: &str, more: impl FnOnce(ProxyConfig) -> ProxyConfig) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     ca_init(&d.join("ica"));
@@ -136,7 +157,7 @@ fn env(keepalive: &str) -> Env {
     std::fs::write(d.join("admin.token"), ADMIN).unwrap();
     std::fs::write(d.join("a.secret"), "secret-of-a\n").unwrap();
     std::fs::write(d.join("b.secret"), "secret-of-b\n").unwrap();
-    let proxy = config(d, &origin, keepalive, true).start(d);
+    let proxy = more(config(d, &origin, keepalive, true)).start(d);
     Env { dir, origin, proxy }
 }
 
@@ -341,4 +362,53 @@ fn a_kept_connection_the_origin_closes_under_a_request_is_replaced_not_a_502() {
     let posted = e.get_with("a", &["-d", "once"]);
     assert!(posted.contains("the upstream failed"), "{posted}");
     assert_eq!(e.origin.sessions(), 3);
+}
+
+/// A tunnel on a kept connection holds its own dialled socket as a spare only briefly: a
+/// client that opens TLS and then sends nothing does not leave a silent connection at the
+/// origin for as long as its tunnel lives (an origin that handshakes in its accept loop, or
+/// counts connections per client, would pay for it). Before, the spare lived as long as the
+/// tunnel: nothing closed at the origin while the client stayed.
+#[test]
+fn a_spare_socket_is_closed_while_its_tunnel_stays_open() {
+    use std::io::Read;
+    // A client may wait a minute before its first request.
+    let e = env_with("{ idle_ms: 60000 }", |c| {
+        c.defaults("timeouts", "{ header_ms: 60000 }")
+    });
+    assert_eq!(e.get("a"), answer(1, "secret-of-a"));
+    let mut s = std::net::TcpStream::connect(e.proxy.proxy).unwrap();
+    let target = format!("api.test:{}", e.origin.port);
+    connect_on(&mut s, &target, Some(&basic("a", "tok-a")));
+    let ica = e.dir.path().join("ica/ca.crt");
+    let cfg = client_config(&ica, &[b"http/1.1"]);
+    let name = rustls::pki_types::ServerName::try_from("api.test").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, s);
+    // The handshake completes (the proxy took the kept session for this tunnel)...
+    while tls.conn.is_handshaking() || tls.conn.wants_write() {
+        tls.conn.complete_io(&mut tls.sock).unwrap();
+    }
+    // ...and, the client silent, the spare is closed at the origin, unused, with the tunnel
+    // still open.
+    eventually(Duration::from_secs(20), "the spare closed", || {
+        (e.origin.unused.load(Ordering::SeqCst) == 1).then_some(())
+    });
+    tls.sock
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    // (Through TLS: the session tickets the proxy sent after the handshake are read there.)
+    let read = tls.read(&mut byte);
+    let waiting = |e: &std::io::Error| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )
+    };
+    assert!(
+        read.as_ref().is_err_and(waiting),
+        "the tunnel closed: {read:?}"
+    );
+    assert_eq!(e.origin.sessions(), 1);
 }

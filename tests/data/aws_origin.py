@@ -178,6 +178,6 @@ TOKEN = sys.argv[5] if len(sys.argv) > 5 else None
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 ctx.load_cert_chain(CERT, KEY)
-server.socket = ctx.wrap_socket(server.socket, server_side=True)
+server.socket = ctx.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
 print(server.server_address[1], flush=True)
 server.serve_forever()

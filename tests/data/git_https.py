@@ -59,6 +59,6 @@ CERT, KEY, ROOT = sys.argv[1:4]
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 ctx.load_cert_chain(CERT, KEY)
-server.socket = ctx.wrap_socket(server.socket, server_side=True)
+server.socket = ctx.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
 print(server.server_address[1], flush=True)
 server.serve_forever()

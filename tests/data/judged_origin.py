@@ -73,6 +73,6 @@ server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 if len(sys.argv) > 3:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(sys.argv[2], sys.argv[3])
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
 print(server.server_address[1], flush=True)
 server.serve_forever()

@@ -25,6 +25,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
 srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 ctx.load_cert_chain(sys.argv[1], sys.argv[2])
-srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
 print(srv.server_address[1], flush=True)
 srv.serve_forever()

@@ -167,7 +167,7 @@ def main():
     ctx.load_cert_chain(CERT, KEY)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     print(server.server_address[1], flush=True)
     server.serve_forever()
 

@@ -5,7 +5,8 @@
 //! for the next one ([`crate::intercept::kept`]).
 //!
 //! A tunnel that took a kept connection keeps its own dialled socket as a [`Spare`] until its
-//! first request is answered: when the origin closed the kept connection as the request was
+//! first request is answered, [`SPARE_LIFE`] at most (a connection the proxy opened and does
+//! not use is not left silent at the origin for the tunnel's life): when the origin closed the kept connection as the request was
 //! sent — before the request was written, or, for an idempotent request without a body,
 //! before an answer's head came back — the request goes again, once, over TLS opened on the spare to the
 //! same checked address (verified for the same name, the same protocol required). The tunnel
@@ -29,14 +30,35 @@ use crate::relay::counted::Counted;
 /// What a request to the upstream carries.
 type Req = Request<Counted<UpBody>>;
 
+/// The longest a tunnel keeps its spare socket: the race it covers — the origin closing a
+/// kept connection as the first request goes out on it — comes right after the client's
+/// handshake.
+pub const SPARE_LIFE: Duration = Duration::from_secs(2);
+
 /// The upstream connection's request side, and the tunnel's spare socket while it has one.
 pub struct Upstream {
     first: Sender,
     /// The connection opened on the spare, once the kept one failed (at most once).
     replacement: OnceLock<Sender>,
+    /// Set on a kept connection (shared with the timer that drops it after [`SPARE_LIFE`]).
+    spare: Option<Arc<SpareSlot>>,
+}
+
+/// Where a tunnel's spare waits.
+struct SpareSlot {
     spare: Mutex<Option<Spare>>,
     /// Whether `spare` holds one: read on every request, without the lock.
-    spare_held: AtomicBool,
+    held: AtomicBool,
+}
+
+impl SpareSlot {
+    /// The spare, taken (`None` when none is held).
+    fn take(&self) -> Option<Spare> {
+        if !self.held.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        self.spare.lock().ok().and_then(|mut s| s.take())
+    }
 }
 
 /// One connection's request side.
@@ -70,17 +92,23 @@ impl Upstream {
         Ok(Upstream {
             first: Sender::open(io, h2, cut).await?,
             replacement: OnceLock::new(),
-            spare: Mutex::new(None),
-            spare_held: AtomicBool::new(false),
+            spare: None,
         })
     }
 
-    /// Keep `spare` for the first request (a tunnel on a kept connection).
-    pub fn with_spare(self, spare: Spare) -> Self {
-        if let Ok(mut s) = self.spare.lock() {
-            *s = Some(spare);
-            self.spare_held.store(true, Ordering::Release);
-        }
+    /// Keep `spare` for the first request (a tunnel on a kept connection), for
+    /// [`SPARE_LIFE`] at most; it closes with the tunnel before that.
+    pub fn with_spare(mut self, spare: Spare) -> Self {
+        let slot = Arc::new(SpareSlot {
+            spare: Mutex::new(Some(spare)),
+            held: AtomicBool::new(true),
+        });
+        let timer = Arc::downgrade(&slot);
+        tokio::spawn(async move {
+            tokio::time::sleep(SPARE_LIFE).await;
+            drop(timer.upgrade().and_then(|s| s.take()));
+        });
+        self.spare = Some(slot);
         self
     }
 
@@ -96,7 +124,7 @@ impl Upstream {
 
     /// Whether a spare is held (the request can be sent again).
     pub(super) fn has_spare(&self) -> bool {
-        self.spare_held.load(Ordering::Acquire)
+        (self.spare.as_ref()).is_some_and(|s| s.held.load(Ordering::Acquire))
     }
 
     /// Whether the spare replaced the kept connection (it is not to be kept again).
@@ -163,14 +191,14 @@ impl Upstream {
 
     /// The spare, taken (`None` when none is held).
     fn take_spare(&self) -> Option<Spare> {
-        if !self.spare_held.swap(false, Ordering::AcqRel) {
-            return None;
-        }
-        self.spare.lock().ok().and_then(|mut s| s.take())
+        self.spare.as_ref().and_then(|s| s.take())
     }
 
     fn drop_spare(&self) {
-        drop(self.take_spare());
+        // A read first: most requests have no spare to drop.
+        if self.has_spare() {
+            drop(self.take_spare());
+        }
     }
 }
 
