@@ -106,16 +106,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         config.etcd.is_some(),
         shared.clone(),
     );
-    // With etcd, registrations come from there: ready once the first list is applied.
-    let plane = config
-        .etcd
-        .clone()
-        .map(|cfg| crate::control::etcd::ControlPlane::new(cfg, control.clone(), shared.clone()));
-    if let Some(p) = &plane {
-        desk.set_remote(crate::control::etcd::grants::EtcdGrants::new(p.clone()));
-        let share = crate::control::etcd::flows::EtcdFlows::new(p.clone());
-        shared.settings.flows.set_share(share);
-    }
+    let plane = control_plane(&config, &control, &shared, &desk);
     let admin = Arc::new(Admin {
         shared: shared.clone(),
         control: control.clone(),
@@ -139,17 +130,7 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         Some(p) => tasks.extend(etcd_tasks(p, &desk, &shared)),
         None => shared.ready.store(true, Ordering::Release),
     }
-    let show = |a: Option<SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();
-    tracing::info!(
-        proxy_addr = %show(addrs.proxy),
-        proxy_tls_addr = %show(addrs.proxy_tls),
-        admin_addr = %show(addrs.admin),
-        transparent_addr = %show(addrs.transparent),
-        dns_addr = %show(addrs.dns),
-        socks5_addr = %show(addrs.socks5),
-        policy_version = %shared.policy.load().version(),
-        "listening"
-    );
+    listening(&addrs, &shared);
     stop.stopped().await;
     let lost = shutdown(&shared, &control, &config, tasks).await;
     if let Some(p) = &plane {
@@ -161,6 +142,37 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         0 => Ok(()),
         n => anyhow::bail!("{n} audit records were lost at exit: the trail could not take them and they could not be kept in audit.spill_file"),
     }
+}
+
+/// With etcd, registrations (and grants, and flow labels) come from there: ready once the
+/// first list is applied.
+fn control_plane(
+    config: &Config,
+    control: &Arc<Controller>,
+    shared: &Arc<Shared>,
+    desk: &crate::approvals::Desk,
+) -> Option<Arc<crate::control::etcd::ControlPlane>> {
+    let cfg = config.etcd.clone()?;
+    let p = crate::control::etcd::ControlPlane::new(cfg, control.clone(), shared.clone());
+    desk.set_remote(crate::control::etcd::grants::EtcdGrants::new(p.clone()));
+    let share = crate::control::etcd::flows::EtcdFlows::new(p.clone());
+    shared.settings.flows.set_share(share);
+    Some(p)
+}
+
+/// The one line that says where the proxy listens (tests and operators wait for it).
+fn listening(addrs: &bind::Addrs, shared: &Shared) {
+    let show = |a: Option<SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();
+    tracing::info!(
+        proxy_addr = %show(addrs.proxy),
+        proxy_tls_addr = %show(addrs.proxy_tls),
+        admin_addr = %show(addrs.admin),
+        transparent_addr = %show(addrs.transparent),
+        dns_addr = %show(addrs.dns),
+        socks5_addr = %show(addrs.socks5),
+        policy_version = %shared.policy.load().version(),
+        "listening"
+    );
 }
 
 /// Everything a connection handler reads: the compiled policy, the resolver, the
@@ -307,36 +319,47 @@ fn spawn_listeners(
             l.admin_tls,
         )));
     }
-    if let Some((udp, tcp)) = l.dns {
-        let strangers = shared.dns_strangers.clone();
-        tasks.push(tokio::spawn(crate::dns::strangers::summarise(
-            strangers.clone(),
-            shared.clone(),
-            config.admission.dns_summary,
-        )));
-        let listener = || crate::dns::listener::DnsListener {
-            shared: shared.clone(),
-            strangers: strangers.clone(),
-            own,
-        };
-        let handler = Arc::new(listener());
-        tasks.push(tokio::spawn(crate::dns::udp::serve(
-            handler.clone(),
-            udp,
-            shared.phase.subscribe(),
-        )));
-        let idle = config.defaults.timeouts.header;
-        let dns_shared = shared.clone();
-        tasks.push(tokio::spawn(accept::accept_gated(
-            tcp,
-            Gate::new("dns", shared, config.admission),
-            move |stream, client| {
-                let phase = dns_shared.phase.subscribe();
-                crate::dns::tcp::serve(handler.clone(), stream, client, idle, phase)
-            },
-        )));
+    if let Some(dns) = l.dns {
+        tasks.extend(spawn_dns(dns, shared, config, own));
     }
     tasks
+}
+
+/// The DNS listener's UDP sockets and TCP accept loop, and the summary of strangers' queries;
+/// `own`: the address `egress-proxy.local` is answered with.
+fn spawn_dns(
+    (udp, tcp): (Vec<tokio::net::UdpSocket>, tokio::net::TcpListener),
+    shared: &Arc<Shared>,
+    config: &Config,
+    own: Option<std::net::IpAddr>,
+) -> [JoinHandle<()>; 3] {
+    let strangers = shared.dns_strangers.clone();
+    let summary = tokio::spawn(crate::dns::strangers::summarise(
+        strangers.clone(),
+        shared.clone(),
+        config.admission.dns_summary,
+    ));
+    let handler = Arc::new(crate::dns::listener::DnsListener {
+        shared: shared.clone(),
+        strangers,
+        own,
+    });
+    let on_udp = tokio::spawn(crate::dns::udp::serve(
+        handler.clone(),
+        udp,
+        shared.phase.subscribe(),
+    ));
+    let idle = config.defaults.timeouts.header;
+    let dns_shared = shared.clone();
+    let on_tcp = tokio::spawn(accept::accept_gated(
+        tcp,
+        Gate::new("dns", shared, config.admission),
+        move |stream, client| {
+            let phase = dns_shared.phase.subscribe();
+            crate::dns::tcp::serve(handler.clone(), stream, client, idle, phase)
+        },
+    ));
+    [summary, on_udp, on_tcp]
 }
 
 /// Stop accepting, let HTTP connections finish their request, give tunnels

@@ -202,43 +202,8 @@ impl Desk {
         let asked =
             request::parse(body, cfg.reason_max).map_err(|m| refused(400, m.into_detail()))?;
         let set = self.policy.borrow().clone();
-        if own_address(&set.guard, &asked.target) {
-            return Err(refused(409, never_grantable(&asked.target)));
-        }
-        if let Some(d) = sb.policy.layers_refuse(&asked.target) {
-            return Err(refused(409, beyond_layers(&asked.target, sb, &d)));
-        }
-        let own = sb.policy.decide(&asked.target, None, &set.guard);
-        match own.decision.reason {
-            Reason::DeniedByRule | Reason::DenyAllMode => {
-                return Err(refused(
-                    409,
-                    format!(
-                        "{} cannot be granted: {}",
-                        asked.target,
-                        own.decision
-                            .explain(&sb.binding.id, sb.policy.file(), asked.target.port)
-                    ),
-                ))
-            }
-            _ if own.decision.verdict == Verdict::Allow => {
-                return Err(refused(
-                    409,
-                    format!(
-                        "{} is already allowed: {}",
-                        asked.target,
-                        own.decision
-                            .explain(&sb.binding.id, sb.policy.file(), asked.target.port)
-                    ),
-                ))
-            }
-            _ => {}
-        }
-        if terminated {
-            return Err(refused(
-                409,
-                format!("{} is a host whose requests the proxy terminates (a credential or an HTTP rule): its rules stay as written, no grant widens them", asked.target.host),
-            ));
+        if let Some(why) = ungrantable(sb, &set, &asked.target, terminated) {
+            return Err(refused(409, why));
         }
         let sid = sb.binding.id.clone();
         let now = SystemTime::now();
@@ -534,4 +499,33 @@ fn stored_all(inner: &Inner) -> Vec<StoredGrant> {
         .iter()
         .flat_map(|(sid, l)| l.iter().map(|g| StoredGrant::of(sid.as_str(), g)))
         .collect()
+}
+
+/// Why `target` can never be granted to `sb`, if it cannot: the proxy's own addresses, beyond
+/// the sandbox's layers, denied by its own rules, already allowed, or a host whose requests
+/// the proxy terminates (its rules stay as written).
+fn ungrantable(
+    sb: &Sandbox,
+    set: &crate::sandboxes::set::PolicySet,
+    target: &crate::policy::target::Target,
+    terminated: bool,
+) -> Option<String> {
+    if own_address(&set.guard, target) {
+        return Some(never_grantable(target));
+    }
+    if let Some(d) = sb.policy.layers_refuse(target) {
+        return Some(beyond_layers(target, sb, &d));
+    }
+    let own = sb.policy.decide(target, None, &set.guard);
+    let explain = || (own.decision).explain(&sb.binding.id, sb.policy.file(), target.port);
+    match own.decision.reason {
+        Reason::DeniedByRule | Reason::DenyAllMode => {
+            return Some(format!("{target} cannot be granted: {}", explain()))
+        }
+        _ if own.decision.verdict == Verdict::Allow => {
+            return Some(format!("{target} is already allowed: {}", explain()))
+        }
+        _ => {}
+    }
+    terminated.then(|| format!("{} is a host whose requests the proxy terminates (a credential or an HTTP rule): its rules stay as written, no grant widens them", target.host))
 }

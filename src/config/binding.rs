@@ -15,89 +15,10 @@ use super::defaults::{check_limits, resolve_limits};
 use super::error::{redact, unknown_field, ConfigError, ConfigErrors, Sink};
 use super::raw::{RawBinding, RawLimits};
 use super::refs::{self, PolicyIndex};
+use super::runtime_body::{not_at_run_time, read_bounded, settle_id};
 use super::{Binding, Config, Defaults};
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::NetworkSpec;
-
-/// Deepest nesting of `[`/`{` a runtime binding may have (a real one has under 10).
-const MAX_DEPTH: usize = 64;
-
-/// The deepest nesting of flow collections (`[`, `{`) in `text`, outside quoted strings: a
-/// cheap, linear bound checked before any parser sees the text (libyaml is super-linear in
-/// depth).
-fn flow_depth(text: &str) -> usize {
-    let (mut depth, mut deepest) = (0usize, 0usize);
-    let mut quote: Option<u8> = None;
-    let mut escaped = false;
-    for &b in text.as_bytes() {
-        match quote {
-            Some(q) => {
-                if escaped {
-                    escaped = false;
-                } else if b == b'\\' && q == b'"' {
-                    escaped = true;
-                } else if b == q {
-                    quote = None;
-                }
-            }
-            None => match b {
-                b'"' | b'\'' => quote = Some(b),
-                b'[' | b'{' => {
-                    depth += 1;
-                    deepest = deepest.max(depth);
-                }
-                b']' | b'}' => depth = depth.saturating_sub(1),
-                _ => {}
-            },
-        }
-    }
-    deepest
-}
-
-/// What a runtime registration may not carry — the operator's secrets, files and environment
-/// are not the caller's to name (the answer must not even say whether such a file exists) —
-/// and why; `None` when it carries none of them.
-fn not_at_run_time(map: &serde_yaml::Mapping) -> Option<&'static str> {
-    if map.contains_key("credentials") {
-        return Some(
-            "runtime registrations cannot carry `credentials` (their secrets come from the \
-             operator's files or environment): define them in the config file",
-        );
-    }
-    if let Some(Value::Mapping(parent)) = map.get("upstream_proxy") {
-        if parent.contains_key("auth") || parent.contains_key("ca_file") {
-            return Some(
-                "runtime registrations cannot give `upstream_proxy.auth` or \
-                 `upstream_proxy.ca_file` (the parent's password and CA come from the \
-                 operator's files): use a parent without them, `direct`, or define the \
-                 sandbox in the config file",
-            );
-        }
-    }
-    if let Some(Value::Mapping(auth)) = map.get("auth") {
-        // The proxy's own files and environment are not the caller's to name: the answer
-        // must not even say whether such a file or variable exists.
-        if auth.contains_key("token_file") || auth.contains_key("token_env") {
-            return Some(
-                "runtime registrations take `auth.token_sha256` only (`token_file` and \
-                 `token_env` are for bindings in the operator's own config files)",
-            );
-        }
-    }
-    if let Some(Value::Mapping(p)) = map.get("policy") {
-        if p.contains_key("ref") {
-            // Runtime bindings carry their policy inline; refs are for files the operator owns.
-            let is_slug = p
-                .get("ref")
-                .and_then(Value::as_str)
-                .is_some_and(|r| r.starts_with('@'));
-            if !is_slug {
-                return Some("runtime bindings take an inline policy (or an `@owner/slug` ref into sandbox_dirs), not a file path");
-            }
-        }
-    }
-    None
-}
 
 impl Config {
     /// Parse a binding that arrives at run time (admin API `PUT /v1/sandboxes/{id}`, or a file
@@ -120,57 +41,15 @@ impl Config {
                 code: None,
             }])
         };
-        // Bounded before anything parses it: a hostile value (an etcd key, a state file) must
-        // cost milliseconds, never the replica.
-        let max = self.runtime.max_binding_bytes;
-        if text.len() > max {
-            return Err(one(
-                format!(
-                    "{} bytes, over runtime.max_binding_bytes ({max})",
-                    text.len()
-                ),
-                None,
-            ));
-        }
-        if flow_depth(text) > MAX_DEPTH {
-            return Err(one(format!("nested deeper than {MAX_DEPTH} levels"), None));
-        }
-        let mut value: Value = if text.trim_start().starts_with('{') {
-            // JSON (what runtimes, etcd and the state log send): serde_json, which has its
-            // own recursion limit and is linear.
-            let json: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-                one(
-                    format!("not valid JSON: {}", redact(&e.to_string())),
-                    Some(e.line()),
-                )
-            })?;
-            serde_yaml::to_value(json).map_err(|e| one(redact(&e.to_string()), None))?
-        } else {
-            serde_yaml::from_str(text).map_err(|e| {
-                one(
-                    format!("not valid JSON or YAML: {}", redact(&e.to_string())),
-                    e.location().map(|l| l.line()),
-                )
-            })?
-        };
+        let mut value = read_bounded(text, self.runtime.max_binding_bytes)
+            .map_err(|(message, line)| one(message, line))?;
         let Value::Mapping(map) = &mut value else {
             return Err(one(
                 "expected an object: a sandbox binding with an inline policy".into(),
                 None,
             ));
         };
-        match map.get("id") {
-            None => {
-                map.insert("id".into(), Value::String(id.to_string()));
-            }
-            Some(Value::String(s)) if s == id => {}
-            Some(_) => {
-                return Err(one(
-                    format!("`id` in the body must be `{id}`, as in the path"),
-                    None,
-                ))
-            }
-        }
+        settle_id(map, id).map_err(|m| one(m, None))?;
         if let Some(why) = not_at_run_time(map) {
             return Err(one(why.into(), None));
         }
@@ -332,6 +211,23 @@ fn raw_binding(
     raw
 }
 
+/// A binding's `id` as written, how its errors name it (the id, else its index) and its line.
+fn named_at(
+    map: &serde_yaml::Mapping,
+    index: usize,
+    ctx: &BindingCtx<'_>,
+) -> (Option<String>, String, usize) {
+    let id_text = map.get("id").and_then(Value::as_str).map(str::to_string);
+    let label = id_text
+        .clone()
+        .unwrap_or_else(|| format!("sandboxes[{index}]"));
+    let line = id_text
+        .as_deref()
+        .and_then(|id| ctx.id_lines.get(id).copied())
+        .unwrap_or(1);
+    (id_text, label, line)
+}
+
 pub(super) fn build_binding(
     value: Value,
     index: usize,
@@ -348,15 +244,8 @@ pub(super) fn build_binding(
         );
         return None;
     };
-    let id_text = map.get("id").and_then(Value::as_str).map(str::to_string);
-    let label = id_text
-        .clone()
-        .unwrap_or_else(|| format!("sandboxes[{index}]"));
+    let (id_text, label, line) = named_at(&map, index, ctx);
     let sb = Some(label.as_str());
-    let line = id_text
-        .as_deref()
-        .and_then(|id| ctx.id_lines.get(id).copied())
-        .unwrap_or(1);
     let before = sink.errors.len();
     let policy_value = map.remove("policy");
     let raw = raw_binding(map, id_text.as_deref(), (sb, line), sink);

@@ -12,49 +12,13 @@ use super::DnsConfig;
 use crate::policy::hostname::normalize_name;
 
 pub(super) fn resolve_dns(raw: RawDns, sink: &mut Sink<'_>) -> DnsConfig {
-    let mut servers = Vec::new();
-    for (i, s) in raw.servers.iter().enumerate() {
-        let parsed = s
-            .parse::<SocketAddr>()
-            .ok()
-            .or_else(|| s.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 53)));
-        match parsed {
-            Some(a) => servers.push(a),
-            None => sink.top(
-                format!("dns.servers[{i}]"),
-                format!("`{s}` is not `ip` or `ip:port`"),
-                Some(s),
-            ),
-        }
-    }
-    let mut hosts = BTreeMap::new();
-    for (name, addrs) in raw.hosts {
-        match normalize_name(&name) {
-            Ok(n) => {
-                hosts.insert(n, addrs.into_iter().map(|a| a.to_canonical()).collect());
-            }
-            Err(e) => sink.top(
-                format!("dns.hosts.{name}"),
-                format!("invalid name: {e}"),
-                Some(&name),
-            ),
-        }
-    }
+    let servers = servers(&raw.servers, sink);
+    let hosts = hosts(raw.hosts, sink);
     if raw.timeout_ms == 0 {
         sink.top("dns.timeout_ms", "must be positive", Some("timeout_ms:"));
     }
     let zones = raw.address_rule_zones.unwrap_or_else(system_search_domains);
-    let mut address_rule_zones = Vec::new();
-    for z in zones {
-        match normalize_name(z.trim_matches('.')) {
-            Ok(n) => address_rule_zones.push(n),
-            Err(_) => sink.top(
-                "dns.address_rule_zones",
-                format!("`{z}` is not a DNS name"),
-                Some("address_rule_zones"),
-            ),
-        }
-    }
+    let address_rule_zones = zones_of(zones, sink);
     let mut pass_types = Vec::new();
     for t in &raw.pass_types {
         match record_type_code(t) {
@@ -90,6 +54,61 @@ pub(super) fn resolve_dns(raw: RawDns, sink: &mut Sink<'_>) -> DnsConfig {
         pass_types,
         self_address: raw.self_address.map(|a| a.to_canonical()),
     }
+}
+
+/// `dns.servers`: each `ip` (port 53) or `ip:port`.
+fn servers(raw: &[String], sink: &mut Sink<'_>) -> Vec<SocketAddr> {
+    let mut servers = Vec::new();
+    for (i, s) in raw.iter().enumerate() {
+        let parsed = s
+            .parse::<SocketAddr>()
+            .ok()
+            .or_else(|| s.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 53)));
+        match parsed {
+            Some(a) => servers.push(a),
+            None => sink.top(
+                format!("dns.servers[{i}]"),
+                format!("`{s}` is not `ip` or `ip:port`"),
+                Some(s),
+            ),
+        }
+    }
+    servers
+}
+
+/// `dns.hosts`: names normalised, addresses canonical (an IPv4-mapped IPv6 is IPv4).
+fn hosts(raw: BTreeMap<String, Vec<IpAddr>>, sink: &mut Sink<'_>) -> BTreeMap<String, Vec<IpAddr>> {
+    let mut hosts = BTreeMap::new();
+    for (name, addrs) in raw {
+        match normalize_name(&name) {
+            Ok(n) => {
+                hosts.insert(n, addrs.into_iter().map(|a| a.to_canonical()).collect());
+            }
+            Err(e) => sink.top(
+                format!("dns.hosts.{name}"),
+                format!("invalid name: {e}"),
+                Some(&name),
+            ),
+        }
+    }
+    hosts
+}
+
+/// `dns.address_rule_zones` (or the system's search domains), normalised, without dots at
+/// either end.
+fn zones_of(zones: Vec<String>, sink: &mut Sink<'_>) -> Vec<String> {
+    let mut address_rule_zones = Vec::new();
+    for z in zones {
+        match normalize_name(z.trim_matches('.')) {
+            Ok(n) => address_rule_zones.push(n),
+            Err(_) => sink.top(
+                "dns.address_rule_zones",
+                format!("`{z}` is not a DNS name"),
+                Some("address_rule_zones"),
+            ),
+        }
+    }
+    address_rule_zones
 }
 
 /// The numeric code of a record type named in `dns.pass_types` (`TXT`, `mx`, `TYPE99`). The

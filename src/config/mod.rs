@@ -36,6 +36,7 @@ pub mod prices;
 mod quotas;
 mod raw;
 mod refs;
+mod runtime_body;
 mod sandboxes;
 pub mod scoped;
 mod tls_files;

@@ -252,24 +252,8 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
     match (method, path) {
         (Method::GET, Path::Healthz) => text(StatusCode::OK, PLAIN, "ok\n".into()),
         (Method::GET, Path::Readyz) => readyz(admin),
-        (Method::GET, Path::Metrics) => {
-            shared
-                .metrics()
-                .audit_sink(&shared.sink.log.health().status());
-            shared.metrics().dns_remembered(&shared.dns_memory.shares());
-            text(
-                StatusCode::OK,
-                "text/plain; version=0.0.4",
-                shared.metrics().render(),
-            )
-        }
-        (Method::GET, Path::Sandboxes) => {
-            let mut list = admin.control.list();
-            if let Some(plane) = &admin.plane {
-                list["control_plane"] = plane.status();
-            }
-            json_resp(StatusCode::OK, list)
-        }
+        (Method::GET, Path::Metrics) => metrics(shared),
+        (Method::GET, Path::Sandboxes) => sandboxes(admin),
         (Method::POST, Path::Reload) => reload(admin).await,
         (Method::POST, Path::Check) => match read_body(req, admin.max_body).await {
             Ok(body) => check(shared, &body).await,
@@ -279,21 +263,7 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
         (Method::GET, Path::Placeholders(id)) => placeholders(admin, &req, &id),
         (Method::GET, Path::Usage) => super::admin_usage::answer(shared, req.uri().query()),
         (Method::GET, Path::Sandbox(id)) => sandbox(admin, &id),
-        (Method::PUT, Path::Sandbox(id)) => {
-            let (ttl_s, require) = match super::admin_layers::put_query(req.uri().query()) {
-                Ok(q) => q,
-                Err(m) => return error(StatusCode::BAD_REQUEST, m.to_string()),
-            };
-            let body = match read_body(req, admin.max_body).await {
-                Ok(body) => body,
-                Err(r) => return r,
-            };
-            let candidate = Candidate::Sandbox(id.clone(), body.clone());
-            match super::admin_layers::refused_by_simulation(admin, require, candidate).await {
-                Some(refused) => refused,
-                None => put(admin, id, body, ttl_s).await,
-            }
-        }
+        (Method::PUT, Path::Sandbox(id)) => put_simulated(admin, id, req).await,
         (m, Path::Layers(at)) if at.takes(&m) => super::admin_layers::route(admin, at, req).await,
         (Method::DELETE, Path::Sandbox(id)) => delete(admin, id).await,
         (Method::GET, Path::Flows(id, false)) => {
@@ -306,16 +276,54 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
             let who = admin.who(&req);
             super::admin_requests::route(shared, at, req, (admin.max_body, who)).await
         }
-        (_, path) => {
-            let mut r = error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                format!("use {}", path.allow()),
-            );
-            r.headers_mut()
-                .insert(header::ALLOW, http::HeaderValue::from_static(path.allow()));
-            r
-        }
+        (_, path) => method_not_allowed(&path),
     }
+}
+
+/// `GET /metrics`: the audit sink's and the DNS memory's gauges brought up to date, then all.
+fn metrics(shared: &Shared) -> Response<Full<Bytes>> {
+    let m = shared.metrics();
+    m.audit_sink(&shared.sink.log.health().status());
+    m.dns_remembered(&shared.dns_memory.shares());
+    text(StatusCode::OK, "text/plain; version=0.0.4", m.render())
+}
+
+/// `GET /v1/sandboxes`: every sandbox, and the control plane's state when there is one.
+fn sandboxes(admin: &Admin) -> Response<Full<Bytes>> {
+    let mut list = admin.control.list();
+    if let Some(plane) = &admin.plane {
+        list["control_plane"] = plane.status();
+    }
+    json_resp(StatusCode::OK, list)
+}
+
+/// `PUT /v1/sandboxes/{id}`: refused when `?require=` asks for a simulation the candidate
+/// fails, else registered (`?ttl_s=` a lifetime).
+async fn put_simulated(admin: &Admin, id: String, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let (ttl_s, require) = match super::admin_layers::put_query(req.uri().query()) {
+        Ok(q) => q,
+        Err(m) => return error(StatusCode::BAD_REQUEST, m.to_string()),
+    };
+    let body = match read_body(req, admin.max_body).await {
+        Ok(body) => body,
+        Err(r) => return r,
+    };
+    let candidate = Candidate::Sandbox(id.clone(), body.clone());
+    match super::admin_layers::refused_by_simulation(admin, require, candidate).await {
+        Some(refused) => refused,
+        None => put(admin, id, body, ttl_s).await,
+    }
+}
+
+/// A known path with a method it does not take: 405 with `Allow`.
+fn method_not_allowed(path: &Path) -> Response<Full<Bytes>> {
+    let mut r = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("use {}", path.allow()),
+    );
+    r.headers_mut()
+        .insert(header::ALLOW, http::HeaderValue::from_static(path.allow()));
+    r
 }
 
 const PLAIN: &str = "text/plain; charset=utf-8";

@@ -200,20 +200,7 @@ pub fn human_line(r: &serde_json::Value, colour: bool) -> String {
         line.push_str(&format!(" - {}", super::shown::for_person(d)));
     }
     if let Some(a) = r["approval"].as_object() {
-        let f = |k: &str| a.get(k).and_then(|v| v.as_str()).unwrap_or("");
-        line.push_str(&format!(
-            " [request {} {} by {}",
-            f("request"),
-            f("step"),
-            f("by")
-        ));
-        if !f("grant").is_empty() {
-            line.push_str(&format!(", {} grant", f("grant")));
-        }
-        if !f("text").is_empty() {
-            line.push_str(&format!(": {}", super::shown::for_person(f("text"))));
-        }
-        line.push(']');
+        line.push_str(&approval_shown(a));
         return line;
     }
     match s("event") {
@@ -229,6 +216,20 @@ pub fn human_line(r: &serde_json::Value, colour: bool) -> String {
         }
     }
     line
+}
+
+/// An access request's step on a line: ` [request ID approved by alice, once grant: why]`.
+fn approval_shown(a: &serde_json::Map<String, serde_json::Value>) -> String {
+    let f = |k: &str| a.get(k).and_then(|v| v.as_str()).unwrap_or("");
+    let mut shown = format!(" [request {} {} by {}", f("request"), f("step"), f("by"));
+    if !f("grant").is_empty() {
+        shown.push_str(&format!(", {} grant", f("grant")));
+    }
+    if !f("text").is_empty() {
+        shown.push_str(&format!(": {}", super::shown::for_person(f("text"))));
+    }
+    shown.push(']');
+    shown
 }
 
 /// The process on a line: ` by exec call_1.fetch /usr/bin/curl[1234]`, or why it is unknown.

@@ -32,14 +32,7 @@ where
 {
     let offer = offer_of(&t.client_alpn);
     let keep = keeping(t.clearance.take(), &t.ends, offer);
-    let kept = keep.as_ref().and_then(|k| {
-        let c = &k.clearance;
-        let fits = |up: &kept::KeptTls, last: &crate::egress::clearance::Clearance| {
-            last.proof == c.proof && last.process == c.process && up.conn.carries(&k.carries)
-        };
-        let port = t.ends.port;
-        (ix.kept).take_fitting(&c.sandbox, &k.authority, &[c.dialed], port, fits)
-    });
+    let kept = keep.as_ref().and_then(|k| take_kept(ix, k, t.ends.port));
     let (up, negotiated, conn) = match kept {
         Some(k) => {
             audit.detail(format!(
@@ -47,12 +40,7 @@ where
                 k.conn.reused + 1
             ));
             let spare = upstream_connector(ix, offer, t.ends.host);
-            let alpn = k.conn.alpn.clone();
-            (
-                with_spare(k.up, t.server, spare, (alpn.clone(), handshake)),
-                alpn,
-                Some(k.conn),
-            )
+            with_spare(k, t.server, spare, handshake)
         }
         None => {
             let Some((connector, name)) = upstream_connector(ix, offer, t.ends.host) else {
@@ -110,25 +98,28 @@ where
     exchanges(serving, t.ends, sides, (audit, live, handshake), stop).await
 }
 
-/// A kept connection `up`, with the tunnel's own dialled socket (`server`: checked for this
-/// tunnel, at the same address) kept as its spare until the first request is answered — to
-/// send it again on if the origin closes the kept connection under it.
+/// A kept connection, with the tunnel's own dialled socket (`server`: checked for this tunnel,
+/// at the same address) kept as its spare until the first request is answered — to send it
+/// again on if the origin closes the kept connection under it. Its sender, its protocol and
+/// what the pool knows of it.
 fn with_spare(
-    up: Upstream,
+    k: kept::KeptTls,
     server: crate::egress::server_io::ServerIo,
     connector: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
-    (alpn, handshake): (Option<Vec<u8>>, Duration),
-) -> Upstream {
-    let Some((connector, name)) = connector else {
-        return up;
+    handshake: Duration,
+) -> (Upstream, Option<Vec<u8>>, Option<kept::Conn>) {
+    let alpn = k.conn.alpn.clone();
+    let up = match connector {
+        None => k.up,
+        Some((connector, name)) => k.up.with_spare(Spare {
+            server,
+            connector,
+            name,
+            alpn: alpn.clone(),
+            handshake,
+        }),
     };
-    up.with_spare(Spare {
-        server,
-        connector,
-        name,
-        alpn,
-        handshake,
-    })
+    (up, alpn, Some(k.conn))
 }
 
 /// Which of HTTP/1.1 and HTTP/2 the client offered (`client_alpn`): the index of the upstream
@@ -142,6 +133,16 @@ fn offer_of(client_alpn: &[String]) -> usize {
 /// What keeping a tunnel's upstream connection needs, when it may be kept (a clearance was
 /// given, the sandbox is still registered): the clearance, the key for the protocols the
 /// client offered (`offer`), and what the binding puts on requests to the host now.
+/// A kept upstream connection this tunnel may take: same sandbox, authority, dialled address
+/// and port, cleared by the same proof for the same process, carrying the same credentials.
+fn take_kept(ix: &Interceptor, k: &kept::Keeping, port: u16) -> Option<kept::KeptTls> {
+    let c = &k.clearance;
+    let fits = |up: &kept::KeptTls, last: &crate::egress::clearance::Clearance| {
+        last.proof == c.proof && last.process == c.process && up.conn.carries(&k.carries)
+    };
+    (ix.kept).take_fitting(&c.sandbox, &k.authority, &[c.dialed], port, fits)
+}
+
 fn keeping(
     clearance: Option<Box<crate::egress::clearance::Clearance>>,
     ends: &Ends<'_>,

@@ -375,20 +375,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         }
     };
     audit.target(&target);
-    let credentials = req
-        .headers()
-        .get(header::PROXY_AUTHORIZATION)
-        .map(|v| crate::egress::identity::Credentials::Header(v.as_bytes()));
-    let door = Door {
-        source: accepted.client.ip(),
-        evidence: match &conn.cert {
-            ClientCert::Names(id) => Evidence::Certificate(Some(id)),
-            ClientCert::Unnamed => Evidence::Certificate(None),
-            ClientCert::Absent => Evidence::Presented { credentials },
-        },
-        port: target.port,
-        peer: conn.peer,
-    };
+    let door = door(&conn, &req, accepted.client.ip(), target.port);
     if super::ask::is_local(&target) {
         let cx = shared.cx(&set, &resolver);
         return match enter_locally(&conn, &cx, door, &req, audit) {
@@ -423,6 +410,30 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
         let exchange =
             crate::relay::forward::forward(fx, conn.exchange_cut(), req, audit, admitted);
         Box::pin(exchange).await
+    }
+}
+
+/// What the request presents to be identified: the connection's client certificate, else its
+/// `Proxy-Authorization`.
+fn door<'a>(
+    conn: &'a ClientConn,
+    req: &'a Request<Incoming>,
+    source: std::net::IpAddr,
+    port: u16,
+) -> Door<'a> {
+    let credentials = req
+        .headers()
+        .get(header::PROXY_AUTHORIZATION)
+        .map(|v| crate::egress::identity::Credentials::Header(v.as_bytes()));
+    Door {
+        source,
+        evidence: match &conn.cert {
+            ClientCert::Names(id) => Evidence::Certificate(Some(id)),
+            ClientCert::Unnamed => Evidence::Certificate(None),
+            ClientCert::Absent => Evidence::Presented { credentials },
+        },
+        port,
+        peer: conn.peer,
     }
 }
 

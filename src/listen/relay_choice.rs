@@ -73,6 +73,25 @@ pub(super) fn relay(
     })
 }
 
+/// Whether plain HTTP in this tunnel is served one request at a time: when a phase reads every
+/// request, or when the sandbox's requests quota is a fleet share — each request then waits
+/// for its share, instead of being refused while the replica leases the next chunk.
+fn plain_read_per_request(running: &Running, inspected: &Inspected) -> bool {
+    if !matches!(&inspected.first, FirstBytes::Client(Peeked::Http { .. })) {
+        return false;
+    }
+    if crate::pipeline::reads_every_request(&running.sandbox.binding) {
+        return true;
+    }
+    if !crate::egress::quota::share::in_fleet() {
+        return false;
+    }
+    let host = running.target.host.to_string();
+    let meters = running.slot.limiter().meters_for(&host, None);
+    let requests = crate::egress::quota::share::Kind::Requests;
+    meters.iter().any(|m| m.shared_as(requests))
+}
+
 /// [`relay`], until the relay stops.
 ///
 /// An async block, not an `async fn`, so its arguments are held once (see [`relay`]'s
@@ -98,21 +117,8 @@ fn relay_until_stopped(
         }
         let ix = shared.settings.interceptor.as_deref();
         let terminate = ix.is_some_and(|ix| ix.terminates(b, &running.target.host.to_string()));
-        let plain = matches!(&inspected.first, FirstBytes::Client(Peeked::Http { .. }));
         let once = once_grant(&shared, &running.sandbox, &running.decision);
-        // Plain HTTP of a sandbox whose requests quota is a fleet share is served one request
-        // at a time too: each waits for its share there, instead of being refused while the
-        // replica leases the next chunk.
-        let leased = || {
-            if !crate::egress::quota::share::in_fleet() {
-                return false;
-            }
-            let host = running.target.host.to_string();
-            let meters = running.slot.limiter().meters_for(&host, None);
-            let requests = crate::egress::quota::share::Kind::Requests;
-            meters.iter().any(|m| m.shared_as(requests))
-        };
-        if terminate || plain && (crate::pipeline::reads_every_request(b) || leased()) {
+        if terminate || plain_read_per_request(&running, &inspected) {
             cap_upstream(&running.server, buffer);
             return per_request(ix, running, (client, inspected), audit, once).await;
         }

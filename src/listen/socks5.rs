@@ -192,16 +192,7 @@ async fn negotiate(
     seat: &mut Unidentified<'_>,
     audit: &mut AuditGuard,
 ) -> Option<Negotiated> {
-    // The first look at who holds the client's socket, before the greeting is read.
-    let peer = cx.observer.and_then(|o| {
-        let s = &io.stream;
-        let (client, dialed) = (s.peer_addr().ok()?, s.local_addr().ok()?);
-        Some(crate::egress::attribution::Peer {
-            client,
-            dialed,
-            first: o.first_look(client, dialed, cx.set.any_scoped()),
-        })
-    });
+    let peer = first_look(cx, io);
     let methods = io.message(socks5::greeting, audit).await?;
     let (entered, login) = if methods.login {
         io.answer(&socks5::chosen(method::LOGIN), audit).await?;
@@ -253,12 +244,7 @@ async fn negotiate(
         // A sandbox over its limits: authenticated, then its request refused.
         Err(r) => {
             io.answer(&accepted, audit).await?;
-            if let Some(request) = io.message(socks5::request, audit).await {
-                if let Ok(t) = Target::parse(&request.destination.authority(), None) {
-                    audit.target(&t);
-                }
-            }
-            io.refuse(&socks5::reply(reply_for(r.shown.reason))).await;
+            refuse_request(io, reply_for(r.shown.reason), audit).await;
             return None;
         }
     };
@@ -274,6 +260,29 @@ async fn negotiate(
             None
         }
     }
+}
+
+/// The first look at who holds the client's socket, before the greeting is read.
+fn first_look(cx: &admit::Cx<'_>, io: &Negotiation) -> Option<crate::egress::attribution::Peer> {
+    let o = cx.observer?;
+    let s = &io.stream;
+    let (client, dialed) = (s.peer_addr().ok()?, s.local_addr().ok()?);
+    Some(crate::egress::attribution::Peer {
+        client,
+        dialed,
+        first: o.first_look(client, dialed, cx.set.any_scoped()),
+    })
+}
+
+/// Read the request of a client already refused (its target goes in the record), then answer
+/// it with `reply`.
+async fn refuse_request(io: &mut Negotiation, reply: Reply, audit: &mut AuditGuard) {
+    if let Some(request) = io.message(socks5::request, audit).await {
+        if let Ok(t) = Target::parse(&request.destination.authority(), None) {
+            audit.target(&t);
+        }
+    }
+    io.refuse(&socks5::reply(reply)).await;
 }
 
 /// The request, if it is a CONNECT to a valid target; otherwise answered and recorded.

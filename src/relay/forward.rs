@@ -97,13 +97,7 @@ pub async fn forward(
     let live = Arc::new(Liveness::new(fx.idle).metered(&limiter, &clearance.target.host, process));
     audit.count(live.counters());
     let host = host_header(&clearance.target);
-    // How a refusal or a 502 names the request: method and decided authority, never the
-    // path or query.
-    let failed = Failed {
-        what: format!("{} http://{host}", req.method()),
-        sandbox: sandbox.binding.id.to_string(),
-        provider: pipeline::head::provider_of(&sandbox.binding, &clearance.target.host.to_string()),
-    };
+    let failed = Failed::of(req.method(), &host, &sandbox.binding, &clearance);
 
     // The request pipeline, with the quota reservation: nothing is sent before them.
     let at = (
@@ -161,13 +155,12 @@ pub async fn forward(
             let shaper = shaped.then_some(limiter);
             answer(resp, live, shaper, finish(after, exchange, done_tx))
         }
-        Err(Sent::Origin(e)) => {
+        Err(e) => {
             upstream_cut.close();
-            bad_gateway(&exchange, &e.to_string(), &failed)
-        }
-        Err(Sent::Client(e)) => {
-            upstream_cut.close();
-            bad_request(&exchange, &e.to_string(), &failed)
+            match e {
+                Sent::Origin(e) => bad_gateway(&exchange, &e.to_string(), &failed),
+                Sent::Client(e) => bad_request(&exchange, &e.to_string(), &failed),
+            }
         }
     }
 }
@@ -491,4 +484,22 @@ struct Failed {
     sandbox: String,
     /// The host's LLM provider, whose error shape its refusals take.
     provider: Option<crate::policy::protocols::inference::Provider>,
+}
+
+impl Failed {
+    /// How a refusal or a 502 names the request: method and decided authority (`host`), never
+    /// the path or query.
+    fn of(
+        method: &http::Method,
+        host: &str,
+        binding: &crate::config::Binding,
+        clearance: &crate::egress::clearance::Clearance,
+    ) -> Failed {
+        let provider = pipeline::head::provider_of(binding, &clearance.target.host.to_string());
+        Failed {
+            what: format!("{method} http://{host}"),
+            sandbox: binding.id.to_string(),
+            provider,
+        }
+    }
 }

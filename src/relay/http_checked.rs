@@ -121,14 +121,7 @@ where
                     &found,
                     &mut heads,
                 );
-                if let Ok(mut r) = responses.lock() {
-                    for k in &f.sent {
-                        r.sent(*k);
-                    }
-                    if f.sent.iter().any(|k| k.upgrade || k.connect) {
-                        answer_tx.send_replace(Answer::Pending);
-                    }
-                }
+                expect_answers(&responses, &f.sent, &answer_tx);
                 send(&mut sw, &f.out, shaper, &live).await?;
                 if f.refused {
                     if spent(&found) {
@@ -273,6 +266,23 @@ fn spent(found: &Mutex<Option<Mismatch>>) -> bool {
 }
 
 /// What one pass of the framer over the client's bytes gave.
+/// Tell the response side which requests went out (it frames their answers in order); a
+/// switch or a `CONNECT` among them makes the answer to it pending again.
+fn expect_answers(
+    responses: &Mutex<ResponseStream>,
+    sent: &[RequestKind],
+    answer: &tokio::sync::watch::Sender<Answer>,
+) {
+    if let Ok(mut r) = responses.lock() {
+        for k in sent {
+            r.sent(*k);
+        }
+        if sent.iter().any(|k| k.upgrade || k.connect) {
+            answer.send_replace(Answer::Pending);
+        }
+    }
+}
+
 struct Framed {
     /// The bytes that may go to the origin.
     out: Vec<u8>,

@@ -126,19 +126,7 @@ async fn session(cp: &ControlPlane, backoff: &mut Backoff) -> Interrupt {
                 format!("etcd cancelled the watch: {}", resp.cancel_reason()),
             );
         }
-        let mut changes = Vec::with_capacity(resp.events().len());
-        let mut last = 0;
-        for ev in resp.events() {
-            let Some(kv) = ev.kv() else { continue };
-            last = last.max(kv.mod_revision());
-            let Some(id) = id_of(&prefix, kv) else {
-                continue;
-            };
-            changes.push(match ev.event_type() {
-                EventType::Put => put(id, kv),
-                EventType::Delete => RemoteChange::Delete { id },
-            });
-        }
+        let (changes, last) = changes_of(&prefix, resp.events());
         if !changes.is_empty() {
             apply(cp, changes, false).await;
         }
@@ -146,6 +134,24 @@ async fn session(cp: &ControlPlane, backoff: &mut Backoff) -> Interrupt {
             cp.set_applied(last);
         }
     }
+}
+
+/// The registrations a batch of watch events changes, and the last revision among them.
+fn changes_of(prefix: &str, events: &[etcd_client::Event]) -> (Vec<RemoteChange>, i64) {
+    let mut changes = Vec::with_capacity(events.len());
+    let mut last = 0;
+    for ev in events {
+        let Some(kv) = ev.kv() else { continue };
+        last = last.max(kv.mod_revision());
+        let Some(id) = id_of(prefix, kv) else {
+            continue;
+        };
+        changes.push(match ev.event_type() {
+            EventType::Put => put(id, kv),
+            EventType::Delete => RemoteChange::Delete { id },
+        });
+    }
+    (changes, last)
 }
 
 /// List the prefix at one revision, in pages, and apply it as the whole set. Returns the

@@ -92,85 +92,92 @@ fn jti() -> String {
 
 /// The request minting `m` sends; `refresh` is the refresh token in force (rotated or read).
 pub fn ask(m: &Minting, refresh: &Secret) -> Result<Ask, CredentialError> {
-    let form_type = (CONTENT_TYPE, "application/x-www-form-urlencoded".into());
-    let json = (ACCEPT, "application/json".into());
     match &m.how {
         Mint::OAuth2 {
             grant,
             token_url,
             client_id,
             scopes,
-        } => {
-            let scope = scopes.join(" ");
-            let mut pairs: Vec<(&str, &str)> = Vec::new();
-            let mut headers = vec![form_type, json];
-            let assertion;
-            match grant {
-                Grant::ClientCredentials => {
-                    pairs.push(("grant_type", "client_credentials"));
-                    let enc =
-                        |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
-                    let basic = base64::engine::general_purpose::STANDARD.encode(format!(
-                        "{}:{}",
-                        enc(client_id),
-                        enc(m.secret.expose())
-                    ));
-                    headers.push((AUTHORIZATION, format!("Basic {basic}")));
-                }
-                Grant::RefreshToken => {
-                    pairs.push(("grant_type", "refresh_token"));
-                    pairs.push(("refresh_token", refresh.expose()));
-                    pairs.push(("client_id", client_id));
-                }
-                Grant::JwtBearer => {
-                    let aud = token_url.to_string();
-                    let t = now();
-                    assertion = sign(
-                        &m.secret,
-                        &Claims {
-                            iss: client_id,
-                            sub: Some(client_id),
-                            aud: Some(&aud),
-                            iat: t,
-                            exp: t + 300,
-                            jti: Some(jti()),
-                        },
-                    )?;
-                    pairs.push(("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"));
-                    pairs.push(("assertion", &assertion));
-                }
-            }
-            if !scope.is_empty() {
-                pairs.push(("scope", &scope));
-            }
-            Ok(Ask {
-                headers,
-                body: form(&pairs),
-            })
+        } => oauth2(m, refresh, *grant, (token_url, client_id), scopes),
+        Mint::GithubApp { app_id, .. } => github_app(m, *app_id),
+    }
+}
+
+/// An OAuth 2.0 token request (RFC 6749 §4.4, §6; RFC 7523 §2.1): a form, the client's
+/// secret in Basic, the refresh token or a signed assertion, as the grant says.
+fn oauth2(
+    m: &Minting,
+    refresh: &Secret,
+    grant: Grant,
+    (token_url, client_id): (&http::Uri, &str),
+    scopes: &[String],
+) -> Result<Ask, CredentialError> {
+    let scope = scopes.join(" ");
+    let mut pairs: Vec<(&str, &str)> = Vec::new();
+    let form_type = (CONTENT_TYPE, "application/x-www-form-urlencoded".into());
+    let mut headers = vec![form_type, (ACCEPT, "application/json".into())];
+    let assertion;
+    match grant {
+        Grant::ClientCredentials => {
+            pairs.push(("grant_type", "client_credentials"));
+            let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+            let basic = base64::engine::general_purpose::STANDARD.encode(format!(
+                "{}:{}",
+                enc(client_id),
+                enc(m.secret.expose())
+            ));
+            headers.push((AUTHORIZATION, format!("Basic {basic}")));
         }
-        Mint::GithubApp { app_id, .. } => {
+        Grant::RefreshToken => {
+            pairs.push(("grant_type", "refresh_token"));
+            pairs.push(("refresh_token", refresh.expose()));
+            pairs.push(("client_id", client_id));
+        }
+        Grant::JwtBearer => {
+            let aud = token_url.to_string();
             let t = now();
-            let iss = app_id.to_string();
-            let jwt = sign(
-                &m.secret,
-                &Claims {
-                    iss: &iss,
-                    sub: None,
-                    aud: None,
-                    iat: t.saturating_sub(60),
-                    exp: t + 540,
-                    jti: None,
-                },
-            )?;
-            Ok(Ask {
-                headers: vec![
-                    (AUTHORIZATION, format!("Bearer {jwt}")),
-                    (ACCEPT, "application/vnd.github+json".into()),
-                ],
-                body: Vec::new(),
-            })
+            let claims = Claims {
+                iss: client_id,
+                sub: Some(client_id),
+                aud: Some(&aud),
+                iat: t,
+                exp: t + 300,
+                jti: Some(jti()),
+            };
+            assertion = sign(&m.secret, &claims)?;
+            pairs.push(("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"));
+            pairs.push(("assertion", &assertion));
         }
     }
+    if !scope.is_empty() {
+        pairs.push(("scope", &scope));
+    }
+    Ok(Ask {
+        headers,
+        body: form(&pairs),
+    })
+}
+
+/// A GitHub App's installation token request: a bearer JWT the App signed, no body.
+fn github_app(m: &Minting, app_id: u64) -> Result<Ask, CredentialError> {
+    let t = now();
+    let iss = app_id.to_string();
+    let claims = Claims {
+        iss: &iss,
+        sub: None,
+        aud: None,
+        iat: t.saturating_sub(60),
+        exp: t + 540,
+        jti: None,
+    };
+    let jwt = sign(&m.secret, &claims)?;
+    Ok(Ask {
+        headers: vec![
+            (AUTHORIZATION, format!("Bearer {jwt}")),
+            (ACCEPT, "application/vnd.github+json".into()),
+        ],
+        body: Vec::new(),
+    })
 }
 
 /// Read a token endpoint's answer for `m`.

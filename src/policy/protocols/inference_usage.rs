@@ -57,6 +57,97 @@ struct Raw {
     last: bool,
 }
 
+/// The number at `path` in `u`.
+fn num(u: &Value, path: &[&str]) -> Option<u64> {
+    let mut at = u;
+    for k in path {
+        at = at.get(*k)?;
+    }
+    at.as_u64()
+}
+
+/// `x` into `slot`, when there is one (a later report without a count keeps the earlier).
+fn set(slot: &mut Option<u64>, x: Option<u64>) {
+    if x.is_some() {
+        *slot = x;
+    }
+}
+
+impl Raw {
+    fn model_from(&mut self, v: &Value, key: &str) {
+        if let Some(m) = v.get(key).and_then(Value::as_str) {
+            self.model = Some(m.to_string());
+        }
+    }
+
+    /// OpenAI: Chat Completions' `usage` (its last chunk's), or the Responses API's
+    /// `response.usage`.
+    fn openai(&mut self, v: &Value) {
+        let at = v.get("response").filter(|r| r.is_object()).unwrap_or(v);
+        self.model_from(at, "model");
+        let Some(u) = at.get("usage").filter(|u| u.is_object()) else {
+            return;
+        };
+        self.last = true;
+        let n = |a: &[&str], b: &[&str]| num(u, a).or(num(u, b));
+        set(&mut self.input, n(&["prompt_tokens"], &["input_tokens"]));
+        set(
+            &mut self.output,
+            n(&["completion_tokens"], &["output_tokens"]),
+        );
+        set(
+            &mut self.cached,
+            n(
+                &["prompt_tokens_details", "cached_tokens"],
+                &["input_tokens_details", "cached_tokens"],
+            ),
+        );
+        set(
+            &mut self.reasoning,
+            n(
+                &["completion_tokens_details", "reasoning_tokens"],
+                &["output_tokens_details", "reasoning_tokens"],
+            ),
+        );
+    }
+
+    /// Anthropic: `message_start` counts the input and one output token; the final output
+    /// count comes in `message_delta` (or the whole message, not streamed).
+    fn anthropic(&mut self, v: &Value) {
+        let at = v.get("message").filter(|m| m.is_object()).unwrap_or(v);
+        self.model_from(at, "model");
+        let Some(u) = at.get("usage").or(v.get("usage")).filter(|u| u.is_object()) else {
+            return;
+        };
+        self.last |= v.get("type").and_then(Value::as_str) != Some("message_start");
+        set(&mut self.input, num(u, &["input_tokens"]));
+        set(&mut self.output, num(u, &["output_tokens"]));
+        set(&mut self.cached, num(u, &["cache_read_input_tokens"]));
+        set(
+            &mut self.cache_write,
+            num(u, &["cache_creation_input_tokens"]),
+        );
+    }
+
+    /// Gemini: `usageMetadata` on every chunk, final once a candidate has a `finishReason`.
+    fn gemini(&mut self, v: &Value) {
+        self.model_from(v, "modelVersion");
+        let Some(u) = v.get("usageMetadata").filter(|u| u.is_object()) else {
+            return;
+        };
+        let finished = v
+            .get("candidates")
+            .and_then(Value::as_array)
+            .is_some_and(|c| c.iter().any(|c| c.get("finishReason").is_some()));
+        self.last |= finished;
+        set(&mut self.input, num(u, &["promptTokenCount"]));
+        set(&mut self.output, num(u, &["candidatesTokenCount"]));
+        set(&mut self.cached, num(u, &["cachedContentTokenCount"]));
+        set(&mut self.reasoning, num(u, &["thoughtsTokenCount"]));
+        set(&mut self.tool_prompt, num(u, &["toolUsePromptTokenCount"]));
+    }
+}
+
 /// Reads one answer's usage as its bytes pass.
 #[derive(Debug)]
 pub struct UsageReader {
@@ -161,83 +252,10 @@ impl UsageReader {
 
     /// Take what `v` (a body, a chunk or an event) reports.
     fn read(&mut self, v: &Value) {
-        let model = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
-        let n = |u: &Value, path: &[&str]| {
-            let mut at = u;
-            for k in path {
-                at = at.get(*k)?;
-            }
-            at.as_u64()
-        };
-        let r = &mut self.raw;
-        let set = |slot: &mut Option<u64>, x: Option<u64>| {
-            if x.is_some() {
-                *slot = x;
-            }
-        };
         match self.provider {
-            Provider::OpenAi => {
-                let at = v.get("response").filter(|r| r.is_object()).unwrap_or(v);
-                if let Some(m) = model(at, "model") {
-                    r.model = Some(m);
-                }
-                let Some(u) = at.get("usage").filter(|u| u.is_object()) else {
-                    return;
-                };
-                r.last = true;
-                set(
-                    &mut r.input,
-                    n(u, &["prompt_tokens"]).or(n(u, &["input_tokens"])),
-                );
-                set(
-                    &mut r.output,
-                    n(u, &["completion_tokens"]).or(n(u, &["output_tokens"])),
-                );
-                set(
-                    &mut r.cached,
-                    n(u, &["prompt_tokens_details", "cached_tokens"])
-                        .or(n(u, &["input_tokens_details", "cached_tokens"])),
-                );
-                set(
-                    &mut r.reasoning,
-                    n(u, &["completion_tokens_details", "reasoning_tokens"])
-                        .or(n(u, &["output_tokens_details", "reasoning_tokens"])),
-                );
-            }
-            Provider::Anthropic => {
-                let at = v.get("message").filter(|m| m.is_object()).unwrap_or(v);
-                if let Some(m) = model(at, "model") {
-                    r.model = Some(m);
-                }
-                let Some(u) = at.get("usage").or(v.get("usage")).filter(|u| u.is_object()) else {
-                    return;
-                };
-                // `message_start` counts the input and one output token; the final output
-                // count comes in `message_delta` (or the whole message, not streamed).
-                r.last |= v.get("type").and_then(Value::as_str) != Some("message_start");
-                set(&mut r.input, n(u, &["input_tokens"]));
-                set(&mut r.output, n(u, &["output_tokens"]));
-                set(&mut r.cached, n(u, &["cache_read_input_tokens"]));
-                set(&mut r.cache_write, n(u, &["cache_creation_input_tokens"]));
-            }
-            Provider::Gemini => {
-                if let Some(m) = model(v, "modelVersion") {
-                    r.model = Some(m);
-                }
-                let Some(u) = v.get("usageMetadata").filter(|u| u.is_object()) else {
-                    return;
-                };
-                let finished = v
-                    .get("candidates")
-                    .and_then(Value::as_array)
-                    .is_some_and(|c| c.iter().any(|c| c.get("finishReason").is_some()));
-                r.last |= finished;
-                set(&mut r.input, n(u, &["promptTokenCount"]));
-                set(&mut r.output, n(u, &["candidatesTokenCount"]));
-                set(&mut r.cached, n(u, &["cachedContentTokenCount"]));
-                set(&mut r.reasoning, n(u, &["thoughtsTokenCount"]));
-                set(&mut r.tool_prompt, n(u, &["toolUsePromptTokenCount"]));
-            }
+            Provider::OpenAi => self.raw.openai(v),
+            Provider::Anthropic => self.raw.anthropic(v),
+            Provider::Gemini => self.raw.gemini(v),
         }
     }
 
