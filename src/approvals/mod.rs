@@ -281,21 +281,8 @@ impl Desk {
                 r.note = note;
                 r.grant = Some(kind);
                 r.deadline = deadline;
-                let a = &r.asked;
-                Some(Arc::new(
-                    GrantEntry::new(
-                        r.sandbox.as_str(),
-                        &r.id,
-                        a.target.host.clone(),
-                        a.target.port,
-                        a.methods.clone(),
-                        a.paths.clone(),
-                        kind,
-                        r.deadline,
-                        &who.approver(),
-                    )
-                    .journaled(self.journal()),
-                ))
+                let g = grant_of(r, kind, &who.approver());
+                Some(Arc::new(g.journaled(self.journal())))
             }
         };
         let r = r.clone();
@@ -499,6 +486,22 @@ fn stored_all(inner: &Inner) -> Vec<StoredGrant> {
         .iter()
         .flat_map(|(sid, l)| l.iter().map(|g| StoredGrant::of(sid.as_str(), g)))
         .collect()
+}
+
+/// The grant an approved request `r` becomes: what it asked for, for as long as it was given.
+fn grant_of(r: &Request, kind: crate::policy::granted::GrantKind, approver: &str) -> GrantEntry {
+    let a = &r.asked;
+    GrantEntry::new(
+        r.sandbox.as_str(),
+        &r.id,
+        a.target.host.clone(),
+        a.target.port,
+        a.methods.clone(),
+        a.paths.clone(),
+        kind,
+        r.deadline,
+        approver,
+    )
 }
 
 /// Why `target` can never be granted to `sb`, if it cannot: the proxy's own addresses, beyond

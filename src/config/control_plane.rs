@@ -94,6 +94,24 @@ impl EtcdConfig {
     }
 }
 
+/// `control_plane.etcd.tls`: a CA is needed; a client certificate comes with its key.
+fn check_tls(t: &EtcdTls, sink: &mut Sink<'_>) {
+    if t.ca_file.is_none() {
+        sink.top(
+            "control_plane.etcd.tls.ca_file",
+            "needs the CA that signs etcd's certificate",
+            Some("tls:"),
+        );
+    }
+    if t.cert_file.is_some() != t.key_file.is_some() {
+        sink.top(
+            "control_plane.etcd.tls",
+            "`cert_file` and `key_file` go together (the client certificate and its key)",
+            Some("tls:"),
+        );
+    }
+}
+
 /// Validate `control_plane:`; every problem goes to `sink`.
 pub(super) fn resolve_control_plane(
     raw: RawControlPlane,
@@ -115,20 +133,7 @@ pub(super) fn resolve_control_plane(
         key_file: t.key_file.as_deref().map(rel),
     });
     if let Some(t) = &tls {
-        if t.ca_file.is_none() {
-            sink.top(
-                field("tls.ca_file"),
-                "needs the CA that signs etcd's certificate",
-                Some("tls:"),
-            );
-        }
-        if t.cert_file.is_some() != t.key_file.is_some() {
-            sink.top(
-                field("tls"),
-                "`cert_file` and `key_file` go together (the client certificate and its key)",
-                Some("tls:"),
-            );
-        }
+        check_tls(t, sink);
     }
     let endpoints = endpoints(&raw.endpoints, tls.is_some(), sink);
     let prefix = raw.prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_string());

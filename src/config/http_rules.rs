@@ -255,6 +255,27 @@ impl RawHttpRule {
             && self.persisted.is_empty())
     }
 
+    /// Of the protocol lists, only `allowed` may be written with `protocol: name`.
+    fn only(&self, name: &str, allowed: &[&str]) -> Result<(), String> {
+        let written = [
+            ("tools", self.tools.is_empty()),
+            ("resources", self.resources.is_empty()),
+            ("prompts", self.prompts.is_empty()),
+            ("server_requests", self.server_requests.is_empty()),
+            ("operations", self.operations.is_empty()),
+            ("names", self.names.is_empty()),
+            ("fields", self.fields.is_empty()),
+            ("persisted", self.persisted.is_empty()),
+        ];
+        match written
+            .iter()
+            .find(|(k, empty)| !empty && !allowed.contains(k))
+        {
+            Some((k, _)) => Err(format!("`{k}` does not go with protocol: {name}")),
+            None => Ok(()),
+        }
+    }
+
     fn protocol(&self) -> Result<Option<Protocol>, String> {
         let lfs = |r: &Self| -> Result<Vec<LfsOp>, String> {
             r.lfs
@@ -274,25 +295,7 @@ impl RawHttpRule {
         if !self.lfs.is_empty() {
             return Err("lfs goes with git, not with a protocol".into());
         }
-        let only = |allowed: &[&str]| -> Result<(), String> {
-            let written = [
-                ("tools", self.tools.is_empty()),
-                ("resources", self.resources.is_empty()),
-                ("prompts", self.prompts.is_empty()),
-                ("server_requests", self.server_requests.is_empty()),
-                ("operations", self.operations.is_empty()),
-                ("names", self.names.is_empty()),
-                ("fields", self.fields.is_empty()),
-                ("persisted", self.persisted.is_empty()),
-            ];
-            match written
-                .iter()
-                .find(|(k, empty)| !empty && !allowed.contains(k))
-            {
-                Some((k, _)) => Err(format!("`{k}` does not go with protocol: {name}")),
-                None => Ok(()),
-            }
-        };
+        let only = |allowed: &[&str]| self.only(name, allowed);
         match name {
             "jsonrpc" => {
                 only(&[])?;

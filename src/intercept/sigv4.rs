@@ -243,6 +243,20 @@ impl AwsSigV4 {
         ) && !headers.contains_key("x-amz-content-sha256")
     }
 
+    /// The real keys, as the signer takes them.
+    fn identity(&self) -> aws_smithy_runtime_api::client::identity::Identity {
+        let keys = &self.keys;
+        let session = keys.session_token.as_ref().map(|t| t.expose().to_string());
+        aws_credential_types::Credentials::new(
+            keys.access_key_id.expose(),
+            keys.secret_access_key.expose(),
+            session,
+            None,
+            "egress-proxy",
+        )
+        .into()
+    }
+
     /// Sign `req` (authority written) again with the real keys. `body` is the whole body when
     /// it was read. `Ok(None)`: not signed by the client, left alone; `Ok(Some(chunks))`:
     /// signed, with the chunk re-signer when the body is signed chunk by chunk.
@@ -284,17 +298,7 @@ impl AwsSigV4 {
             req.headers_mut().remove(h);
         }
         let time = SystemTime::now();
-        let creds = aws_credential_types::Credentials::new(
-            self.keys.access_key_id.expose(),
-            self.keys.secret_access_key.expose(),
-            self.keys
-                .session_token
-                .as_ref()
-                .map(|t| t.expose().to_string()),
-            None,
-            "egress-proxy",
-        );
-        let identity = creds.into();
+        let identity = self.identity();
         let params = v4::SigningParams::builder()
             .identity(&identity)
             .region(&s.region)

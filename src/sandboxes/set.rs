@@ -158,6 +158,28 @@ impl Changes {
             Scope::Sandboxes(&self.sandboxes)
         }
     }
+
+    /// The sandboxes of `previous` that `now` no longer has.
+    fn removed(&mut self, previous: &PolicySet, now: &imbl::HashMap<SandboxId, Arc<Sandbox>>) {
+        for (id, old) in &previous.sandboxes {
+            if !now.contains_key(id) {
+                self.sandboxes.push(id.clone());
+                self.set_wide |= !old.binding.sources.is_empty();
+            }
+        }
+    }
+}
+
+/// The address guard: the prohibited ranges less the allowed ones, and the proxy's own
+/// endpoints (its listeners, and those `extra` bindings and the config protect).
+fn guard_of(config: &Config, extra: &[Arc<Binding>], listeners: Vec<SocketAddr>) -> Guard {
+    let own = [listeners, config.protected_endpoints(extra)].concat();
+    let defaults = &config.defaults;
+    Guard::new(
+        &defaults.prohibited_ranges,
+        &defaults.guard_allow_ranges,
+        own,
+    )
 }
 
 impl PolicySet {
@@ -190,12 +212,7 @@ impl PolicySet {
     ) -> Result<(Self, Changes), CompileError> {
         let ports = &config.defaults.ports;
         let defaults_digest = defaults_digest(config);
-        let own = [listeners, config.protected_endpoints(extra)].concat();
-        let (prohibited, allowed) = (
-            &config.defaults.prohibited_ranges,
-            &config.defaults.guard_allow_ranges,
-        );
-        let guard = Guard::new(prohibited, allowed, own);
+        let guard = guard_of(config, extra, listeners);
         let mut changes = Changes {
             set_wide: previous.is_none_or(|p| p.defaults_digest != defaults_digest),
             ..Changes::default()
@@ -231,12 +248,7 @@ impl PolicySet {
             add(b, Some(b))?;
         }
         if let Some(p) = previous {
-            for (id, old) in &p.sandboxes {
-                if !sandboxes.contains_key(id) {
-                    changes.sandboxes.push(id.clone());
-                    changes.set_wide |= !old.binding.sources.is_empty();
-                }
-            }
+            changes.removed(p, &sandboxes);
         }
         changes.sandboxes.sort_unstable();
         let grants = carried_grants(previous, &sandboxes);

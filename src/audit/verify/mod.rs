@@ -278,6 +278,25 @@ fn next_line(reader: &mut impl BufRead) -> std::io::Result<Option<(String, bool)
     )))
 }
 
+/// What the trail as a whole shows once every line was read: a last line that is not a chained
+/// record with no later `run_start` to explain it (cut or altered), or no line at all.
+fn cut_or_empty(st: &mut State, files: &[PathBuf]) -> Option<Problem> {
+    if let Some((file, line)) = st.partial_at.take() {
+        return Some(Problem {
+            file,
+            line,
+            seq: None,
+            what: "truncated or altered: not a chained record, and no later run_start says a crash cut it".into(),
+        });
+    }
+    st.last.is_none().then(|| Problem {
+        file: files.last().cloned().unwrap_or_default(),
+        line: 0,
+        seq: None,
+        what: "empty: no audit line at all, while a proxy starts every trail with a run_start (emptied, or not an audit file)".into(),
+    })
+}
+
 /// Verify `files` (oldest first). `Err` only when a file cannot be read.
 pub fn verify_with(files: &[PathBuf], opts: &Options<'_>) -> Result<Report, KeyFileError> {
     let mut report = Report::default();
@@ -309,22 +328,8 @@ pub fn verify_with(files: &[PathBuf], opts: &Options<'_>) -> Result<Report, KeyF
             return Ok(report);
         }
     }
-    if let Some((file, line)) = st.partial_at.take() {
-        report.problem = Some(Problem {
-            file,
-            line,
-            seq: None,
-            what: "truncated or altered: not a chained record, and no later run_start says a crash cut it".into(),
-        });
-        return Ok(report);
-    }
-    if st.last.is_none() {
-        report.problem = Some(Problem {
-            file: files.last().cloned().unwrap_or_default(),
-            line: 0,
-            seq: None,
-            what: "empty: no audit line at all, while a proxy starts every trail with a run_start (emptied, or not an audit file)".into(),
-        });
+    if let Some(p) = cut_or_empty(&mut st, files) {
+        report.problem = Some(p);
         return Ok(report);
     }
     // A run the checkpoint file says lost its last records ends without its final

@@ -269,6 +269,29 @@ impl Exchange {
         }
     }
 
+    /// Send `req` upstream, its body counted (into `up_bytes` too). A kept connection the
+    /// origin closes under the first request: sent again on a new one, and the record says so.
+    async fn send(
+        &self,
+        req: Request<UpBody>,
+        up_bytes: &Arc<AtomicU64>,
+        audit: &mut AuditGuard,
+    ) -> Result<Response<Incoming>, hyper::Error> {
+        let again = self.upstream.has_spare().then(|| {
+            let empty = || Counted::new(UpBody::whole(Bytes::new()), self.live.clone(), true);
+            upstream::resendable(&req, empty)
+        });
+        let req =
+            req.map(|b| Counted::new(b, self.live.clone(), true).count_into(up_bytes.clone()));
+        let (resp, replaced) = self.upstream.send(req, again.flatten()).await?;
+        if replaced {
+            audit.detail(
+                "the kept upstream connection was closed by the origin; sent again on a new one",
+            );
+        }
+        Ok(resp)
+    }
+
     /// What follows the driver on a request it let through: the authority written, what
     /// reads the response, the credentials put on, sent (or relayed as a socket).
     async fn serve(
@@ -309,21 +332,7 @@ impl Exchange {
         }
         let scrubber = p.scrubber_for(&self.mint, req.headers());
         let up_bytes = Arc::new(AtomicU64::new(0));
-        // A kept connection the origin closes under the first request: sent again on a new one.
-        let again = self.upstream.has_spare().then(|| {
-            let empty = || Counted::new(UpBody::whole(Bytes::new()), self.live.clone(), true);
-            upstream::resendable(&req, empty)
-        });
-        let req =
-            req.map(|b| Counted::new(b, self.live.clone(), true).count_into(up_bytes.clone()));
-        let sent = match self.upstream.send(req, again.flatten()).await {
-            Ok((resp, true)) => {
-                audit.detail("the kept upstream connection was closed by the origin; sent again on a new one");
-                Ok(resp)
-            }
-            Ok((resp, false)) => Ok(resp),
-            Err(e) => Err(e),
-        };
+        let sent = self.send(req, &up_bytes, &mut audit).await;
         if let Some((reason, why)) =
             dlp.and_then(|found| crate::pipeline::dlp::recorded(&found, &mut audit))
         {
