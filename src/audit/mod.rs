@@ -289,7 +289,7 @@ impl AuditGuard {
     /// What a stream's first bytes carried that its decision did not allow: refused, or in
     /// report mode (`report`) reported when the reason may be. Returns whether the connection
     /// must be refused.
-    pub fn mismatch(&mut self, m: crate::wire::first_bytes::Mismatch, report: bool) -> bool {
+    pub fn mismatch(&mut self, m: crate::policy::refusal::Refusal, report: bool) -> bool {
         let reported = report && m.reason.reportable();
         self.detail(m.detail);
         self.decision(&Decision {

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use super::{noted, About, Answer, Deciders, NoBody, Outcome, Question};
 use crate::egress::verdict::{Judgement, Point, Stage};
 use crate::policy::reason::Reason;
+use crate::policy::refusal::Refusal;
 use crate::policy::Verdict;
-use crate::wire::first_bytes::Mismatch;
 
 /// The verdict stage that asks the sandbox's decider about a connection it has one for.
 pub struct DeciderStage {
@@ -25,7 +25,7 @@ pub fn judgement(o: Outcome, changes_possible: bool) -> Judgement {
     let note = noted(&o);
     let refuse = |reason, detail: String| Judgement::Noted {
         note: note.clone(),
-        refuse: Some(Mismatch { reason, detail }),
+        refuse: Some(Refusal::new(reason, detail)),
     };
     match o {
         Outcome::Answer(Answer::Allow(e)) if e.is_empty() || changes_possible => {

@@ -7,7 +7,7 @@
 use crate::egress::verdict::{Judgement, Point, Stage};
 use crate::policy::granted::NotTaken;
 use crate::policy::reason::Reason;
-use crate::wire::first_bytes::Mismatch;
+use crate::policy::refusal::Refusal;
 
 /// See the module documentation.
 pub struct GrantStage;
@@ -23,39 +23,32 @@ impl Stage for GrantStage {
         };
         if grant.scoped() {
             let Some(((uri, _), method)) = at.request.zip(at.method) else {
-                return Judgement::Refuse(Mismatch {
-                    reason: Reason::NoRuleMatched,
-                    detail: format!(
+                return Judgement::Refuse(Refusal::new(Reason::NoRuleMatched, format!(
                         "grant {} holds only for the methods and paths it names, which a tunnel cannot be checked against; send plain HTTP, or ask for a grant without them",
                         grant.id
-                    ),
-                });
+                    )));
             };
             if !grant.allows_request(method.as_str(), uri.path()) {
-                return Judgement::Refuse(Mismatch {
-                    reason: Reason::HttpNotAllowed,
-                    detail: format!(
+                return Judgement::Refuse(Refusal::new(
+                    Reason::HttpNotAllowed,
+                    format!(
                         "grant {} allows methods {:?} and paths {:?} only",
                         grant.id, grant.methods, grant.paths
                     ),
-                });
+                ));
             }
         }
         match grant.take() {
             Ok(()) => Judgement::Pass,
-            Err(NotTaken::Used) => Judgement::Refuse(Mismatch {
-                reason: Reason::NoRuleMatched,
-                detail: grant.spent_detail(),
-            }),
+            Err(NotTaken::Used) => {
+                Judgement::Refuse(Refusal::new(Reason::NoRuleMatched, grant.spent_detail()))
+            }
             Err(NotTaken::Unrecorded(e)) => {
                 tracing::error!(grant = %grant.id, error = %e, "a once grant's spending could not be recorded in state_dir; it counts as spent");
-                Judgement::Refuse(Mismatch {
-                    reason: Reason::NoRuleMatched,
-                    detail: format!(
+                Judgement::Refuse(Refusal::new(Reason::NoRuleMatched, format!(
                         "grant {} was for one exchange, and its use could not be recorded: it counts as spent",
                         grant.id
-                    ),
-                })
+                    )))
             }
         }
     }

@@ -515,10 +515,10 @@ impl crate::egress::verdict::Stage for DestinationQuotaStage {
         let host = at.target.host.to_string();
         match process.or_else(|| at.limiter.destination_spent(&host)) {
             None => Judgement::Pass,
-            Some((meter, spent)) => Judgement::Refuse(crate::wire::first_bytes::Mismatch {
-                reason: crate::policy::reason::Reason::QuotaExceeded,
-                detail: meter.describe(spent),
-            }),
+            Some((meter, spent)) => Judgement::Refuse(crate::policy::refusal::Refusal::new(
+                crate::policy::reason::Reason::QuotaExceeded,
+                meter.describe(spent),
+            )),
         }
     }
 }

@@ -26,10 +26,11 @@ use crate::audit::AuditGuard;
 use crate::config::Binding;
 use crate::policy::granted::GrantEntry;
 use crate::policy::reason::Reason;
+use crate::policy::refusal::Refusal;
 use crate::policy::target::Target;
 use crate::policy::{Decision, Enforcement, Verdict};
 use crate::sandboxes::set::Sandbox;
-use crate::wire::first_bytes::{self, FirstBytes, Mismatch};
+use crate::wire::first_bytes::{self, FirstBytes};
 
 /// A stage's answer that comes later.
 pub type Later = Pin<Box<dyn Future<Output = Judgement> + Send>>;
@@ -39,13 +40,13 @@ pub enum Judgement {
     /// Nothing against it: the next stage judges.
     Pass,
     /// Refused, with the reason (the response's code) and the record's detail.
-    Refuse(Mismatch),
+    Refuse(Refusal),
     /// A decider's answer: its words go in the record (`decider`); refused when it says so.
     Noted {
         /// The decider's words.
         note: String,
         /// The refusal, when it refused.
-        refuse: Option<Mismatch>,
+        refuse: Option<Refusal>,
     },
     /// Answered later, within `within`; past it the exchange is refused with `on_timeout`.
     Hold {
@@ -122,10 +123,10 @@ impl Verdicts {
                     within,
                     on_timeout,
                 } => match tokio::time::timeout(within, answer).await {
-                    Ok(Judgement::Hold { .. }) | Err(_) => Judgement::Refuse(Mismatch {
-                        reason: on_timeout,
-                        detail: format!("{} did not answer within {within:?}", stage.name()),
-                    }),
+                    Ok(Judgement::Hold { .. }) | Err(_) => Judgement::Refuse(Refusal::new(
+                        on_timeout,
+                        format!("{} did not answer within {within:?}", stage.name()),
+                    )),
                     Ok(j) => j,
                 },
                 j => j,
@@ -160,7 +161,7 @@ pub struct Refused {
 pub fn refused(
     sandbox: &Sandbox,
     policy: &Decision,
-    m: Mismatch,
+    m: Refusal,
     audit: &mut AuditGuard,
 ) -> Result<(), Refused> {
     let report = sandbox.binding.enforcement == Enforcement::Report && m.reason.reportable();
@@ -191,7 +192,7 @@ pub fn first_bytes_of(
     asked: &Target,
     first: &FirstBytes,
     opaque: bool,
-) -> Result<(), Mismatch> {
+) -> Result<(), Refusal> {
     let rules = first_bytes::Rules {
         require_tls: binding.require_tls_ports.contains(&asked.port),
         refuse_ech: binding.refuse_ech,

@@ -6,7 +6,7 @@
 use crate::config::Binding;
 use crate::egress::verdict::{Judgement, Point, Stage};
 use crate::policy::reason::Reason;
-use crate::wire::first_bytes::Mismatch;
+use crate::policy::refusal::Refusal;
 
 use super::placeholder;
 
@@ -85,10 +85,7 @@ impl Stage for InClear {
         let host = at.target.host.to_string();
         match plain_http_misuse(&at.sandbox.binding, &host, uri, headers) {
             None => Judgement::Pass,
-            Some(detail) => Judgement::Refuse(Mismatch {
-                reason: Reason::CredentialMisuse,
-                detail,
-            }),
+            Some(detail) => Judgement::Refuse(Refusal::new(Reason::CredentialMisuse, detail)),
         }
     }
 }

@@ -67,36 +67,7 @@ pub fn reads_every_request(binding: &Binding) -> bool {
     binding.dlp.is_some() || binding.decider.is_some() || binding.network.flows.is_some()
 }
 
-/// Why a request is refused, for its response and its record.
-#[derive(Debug, Clone)]
-pub struct Refusal {
-    /// The reason recorded and shown.
-    pub reason: crate::policy::reason::Reason,
-    /// Why, in one sentence.
-    pub detail: String,
-    /// The credential it concerns, when it is about one.
-    pub credential: Option<String>,
-    /// What the sandbox is told when it must not read all of `detail` (an operator's
-    /// address); `None`: the detail itself.
-    pub shown: Option<String>,
-}
-
-impl Refusal {
-    /// A refusal for `reason` with `detail`.
-    pub fn new(reason: crate::policy::reason::Reason, detail: impl Into<String>) -> Self {
-        Refusal {
-            reason,
-            detail: detail.into(),
-            credential: None,
-            shown: None,
-        }
-    }
-
-    /// What the sandbox reads of it.
-    pub fn shown(&self) -> &str {
-        self.shown.as_deref().unwrap_or(&self.detail)
-    }
-}
+pub use crate::policy::refusal::Refusal;
 
 /// A refusal, recorded — the one place report mode is decided for a request's phases: `Ok`
 /// when the sandbox is in report mode and the reason is reportable (the request goes on,

@@ -24,6 +24,7 @@ pub mod ports;
 pub mod process;
 pub mod protocols;
 pub mod reason;
+pub mod refusal;
 mod rule_source;
 pub mod sandbox_id;
 mod scoped;

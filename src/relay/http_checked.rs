@@ -29,11 +29,11 @@ use crate::audit::record::HttpFacts;
 use crate::audit::{AuditGuard, Recorder};
 use crate::egress::limits::SandboxLimiter;
 use crate::policy::reason::Reason;
+use crate::policy::refusal::Refusal;
 use crate::policy::target::{Host, Target};
 use crate::policy::Verdict;
 use crate::relay::liveness::Liveness;
 use crate::relay::tunnel::{drive, pump_observed, Relayed};
-use crate::wire::first_bytes::Mismatch;
 use crate::wire::http_response::{Answer, ResponseStream};
 use crate::wire::http_stream::{Head, RequestKind, RequestStream, Step};
 use crate::wire::peek::split_host_header;
@@ -45,18 +45,18 @@ pub struct Checked {
     /// How the relay ended.
     pub relayed: Relayed,
     /// A request that named another host, if one did.
-    pub mismatch: Option<Mismatch>,
+    pub mismatch: Option<Refusal>,
 }
 
 /// Whether `head` names `expected` (host, and port when it gives one; the connection's port
 /// otherwise).
-pub fn check(head: &Head, expected: &Target) -> Result<(), Mismatch> {
+pub fn check(head: &Head, expected: &Target) -> Result<(), Refusal> {
     let named = head.authority.as_deref().or(head.host.as_deref());
     let Some(value) = named else {
-        return Err(Mismatch {
-            reason: Reason::HostMismatch,
-            detail: "a request without Host on a connection decided by Host".into(),
-        });
+        return Err(Refusal::new(
+            Reason::HostMismatch,
+            "a request without Host on a connection decided by Host",
+        ));
     };
     let (h, p) = split_host_header(value);
     let same_host = Host::parse(h).is_ok_and(|h| h == expected.host);
@@ -69,10 +69,10 @@ pub fn check(head: &Head, expected: &Target) -> Result<(), Mismatch> {
         .take(255)
         .map(|c| if c.is_ascii_graphic() { c } else { '?' })
         .collect();
-    Err(Mismatch {
-        reason: Reason::HostMismatch,
-        detail: format!("a later request named {shown}; the connection was decided for {expected}"),
-    })
+    Err(Refusal::new(
+        Reason::HostMismatch,
+        format!("a later request named {shown}; the connection was decided for {expected}"),
+    ))
 }
 
 /// Relay `client` ⇄ `server`, replaying `first` (the peeked bytes, which hold the first
@@ -94,7 +94,7 @@ where
     S: crate::egress::abortable::OverTcp,
     F: std::future::Future<Output = Close>,
 {
-    let found: Mutex<Option<Mismatch>> = Mutex::new(None);
+    let found: Mutex<Option<Refusal>> = Mutex::new(None);
     let responses = Mutex::new(ResponseStream::new());
     let (answer_tx, answer_rx) = tokio::sync::watch::channel(Answer::Pending);
     let answered = tokio::sync::Notify::new();
@@ -195,7 +195,7 @@ fn observed(
 /// the kernel still held unsent.
 fn ended<C, S>(
     mut relayed: Relayed,
-    mismatch: Option<Mismatch>,
+    mismatch: Option<Refusal>,
     report: bool,
     (client, server): (C, S),
 ) -> Checked
@@ -256,12 +256,12 @@ async fn linger<R: tokio::io::AsyncRead + Unpin>(r: &mut R, answered: &tokio::sy
 
 /// Whether `m` refused a request for what the sandbox spent (a daily quota, a `once` grant)
 /// rather than for what the request is: the requests before it stand.
-fn spends(m: &Mismatch) -> bool {
+fn spends(m: &Refusal) -> bool {
     matches!(m.reason, Reason::QuotaExceeded | Reason::NoRuleMatched)
 }
 
 /// Whether the refusal kept in `found` is one that [`spends`].
-fn spent(found: &Mutex<Option<Mismatch>>) -> bool {
+fn spent(found: &Mutex<Option<Refusal>>) -> bool {
     found.lock().is_ok_and(|f| f.as_ref().is_some_and(spends))
 }
 
@@ -373,20 +373,22 @@ impl Heads<'_> {
     /// each later one is reserved now against the daily quotas and the `once` grant that
     /// allowed the connection (security review C3d: six requests on one kept connection
     /// counted as one).
-    fn reserve(&mut self) -> Result<(), Mismatch> {
+    fn reserve(&mut self) -> Result<(), Refusal> {
         self.seen += 1;
         if self.seen == 1 {
             return Ok(());
         }
-        self.live.reserve().map_err(|r| Mismatch {
-            reason: r.reason,
-            detail: format!("request {} on the connection: {}", self.seen, r.detail),
+        self.live.reserve().map_err(|r| {
+            Refusal::new(
+                r.reason,
+                format!("request {} on the connection: {}", self.seen, r.detail),
+            )
         })
     }
 
     /// The request of `head` goes to the origin (`refusal`: one report mode lets go): its
     /// record waits for the answer ([`Records`]).
-    fn sent(&self, head: &Head, refusal: Option<&Mismatch>) {
+    fn sent(&self, head: &Head, refusal: Option<&Refusal>) {
         let mut g = request_record(self.recorder, head);
         if let Some(m) = refusal {
             g.verdict(Verdict::Report, m.reason);
@@ -396,7 +398,7 @@ impl Heads<'_> {
     }
 
     /// The request of `head` is refused: its record says why, written now.
-    fn refused(&self, head: &Head, m: &Mismatch) {
+    fn refused(&self, head: &Head, m: &Refusal) {
         let mut g = request_record(self.recorder, head);
         g.verdict(Verdict::Deny, m.reason);
         g.detail(m.detail.clone());
@@ -408,7 +410,7 @@ fn frame(
     framer: &mut RequestStream,
     mut data: &[u8],
     (expected, report): (&Target, bool),
-    found: &Mutex<Option<Mismatch>>,
+    found: &Mutex<Option<Refusal>>,
     heads: &mut Heads<'_>,
 ) -> Framed {
     let mut f = Framed {
@@ -417,7 +419,7 @@ fn frame(
         sent: Vec::new(),
         held: None,
     };
-    let keep = |m: Mismatch| {
+    let keep = |m: Refusal| {
         if let Ok(mut f) = found.lock() {
             f.get_or_insert(m);
         }
@@ -438,7 +440,7 @@ fn frame(
             }
             Ok(Step::Head { head, consumed }) => {
                 // Reported only where a policy refusal would be (never a quota).
-                let enforced = |m: &Mismatch| !(report && m.reason.reportable());
+                let enforced = |m: &Refusal| !(report && m.reason.reportable());
                 let refusal = match check(&head, expected).err() {
                     Some(m) if enforced(&m) => Some(m),
                     m => heads.reserve().err().or(m),
@@ -466,10 +468,10 @@ fn frame(
                 return f;
             }
             Err(why) => {
-                keep(Mismatch {
-                    reason: Reason::ProtocolNotAllowed,
-                    detail: format!("HTTP that cannot be framed unambiguously: {why}"),
-                });
+                keep(Refusal::new(
+                    Reason::ProtocolNotAllowed,
+                    format!("HTTP that cannot be framed unambiguously: {why}"),
+                ));
                 f.refused = true;
                 return f;
             }

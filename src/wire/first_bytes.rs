@@ -23,6 +23,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 use crate::policy::reason::Reason;
+use crate::policy::refusal::Refusal;
 use crate::policy::target::{Host, Target};
 use crate::wire::peek::{classify, split_host_header, Peeked, MAX_PEEK};
 
@@ -131,20 +132,8 @@ pub struct Rules {
     pub opaque: bool,
 }
 
-/// Why a tunnel's first bytes were refused: the reason and the record's `detail`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mismatch {
-    /// The refusal's reason.
-    pub reason: Reason,
-    /// Why, in one sentence.
-    pub detail: String,
-}
-
-fn mismatch(reason: Reason, detail: impl Into<String>) -> Result<(), Mismatch> {
-    Err(Mismatch {
-        reason,
-        detail: detail.into(),
-    })
+fn mismatch(reason: Reason, detail: impl Into<String>) -> Result<(), Refusal> {
+    Err(Refusal::new(reason, detail))
 }
 
 fn show(host: &Host) -> String {
@@ -155,7 +144,7 @@ fn show(host: &Host) -> String {
 }
 
 /// Check what the start of a tunnel to `target` showed against `rules`.
-pub fn verify(target: &Target, first: &FirstBytes, rules: Rules) -> Result<(), Mismatch> {
+pub fn verify(target: &Target, first: &FirstBytes, rules: Rules) -> Result<(), Refusal> {
     let port = target.port;
     match first {
         FirstBytes::Client(Peeked::Tls(hello)) => verify_hello(target, hello, rules),
@@ -204,7 +193,7 @@ fn verify_hello(
     target: &Target,
     hello: &crate::wire::sni::ClientHello,
     rules: Rules,
-) -> Result<(), Mismatch> {
+) -> Result<(), Refusal> {
     if rules.refuse_ech && hello.ech {
         return mismatch(
             Reason::ProtocolNotAllowed,
@@ -232,7 +221,7 @@ fn verify_hello(
 
 /// A plain HTTP request head: refused on a port that requires TLS; its `Host` (and port, when
 /// it names one) must be the target's.
-fn verify_head(target: &Target, host: Option<&str>, rules: Rules) -> Result<(), Mismatch> {
+fn verify_head(target: &Target, host: Option<&str>, rules: Rules) -> Result<(), Refusal> {
     let port = target.port;
     if rules.require_tls {
         return mismatch(
@@ -312,7 +301,7 @@ mod tests {
         opaque: true,
     };
 
-    fn reason(r: Result<(), Mismatch>) -> Option<Reason> {
+    fn reason(r: Result<(), Refusal>) -> Option<Reason> {
         r.err().map(|m| m.reason)
     }
 

@@ -14,7 +14,7 @@ use crate::audit::{Mode, Sink};
 use crate::config::load_str;
 use crate::egress::upstream_pool::UpstreamPool;
 use crate::egress::verdict::{FirstBytesStage, Judgement, Stage};
-use crate::wire::first_bytes::Mismatch;
+use crate::policy::refusal::Refusal;
 
 /// Counts its calls and answers with what it is built with.
 struct Probe {
@@ -49,17 +49,11 @@ fn pass() -> Judgement {
 }
 
 fn refuse_host() -> Judgement {
-    Judgement::Refuse(Mismatch {
-        reason: Reason::HostMismatch,
-        detail: "probe refused".into(),
-    })
+    Judgement::Refuse(Refusal::new(Reason::HostMismatch, "probe refused"))
 }
 
 fn refuse_credentials() -> Judgement {
-    Judgement::Refuse(Mismatch {
-        reason: Reason::CredentialMisuse,
-        detail: "probe refused".into(),
-    })
+    Judgement::Refuse(Refusal::new(Reason::CredentialMisuse, "probe refused"))
 }
 
 fn hold_then_pass() -> Judgement {
