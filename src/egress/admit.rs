@@ -32,7 +32,7 @@ use crate::egress::answers::DnsMemory;
 use crate::egress::clearance::Clearance;
 use crate::egress::handles::Handles;
 use crate::egress::identity::{self, Identified, Method};
-use crate::egress::limits::{ConnectionSlot, Limiters, Refusal as LimitRefusal};
+use crate::egress::limits::{ConnectionSlot, Exceeded, Limiters};
 use crate::egress::quota::until_tomorrow;
 use crate::egress::resolve::{ResolveError, Resolver};
 use crate::egress::source_caps::Admissions;
@@ -468,13 +468,13 @@ fn limits(
         Err(r) => {
             cx.metrics.rate_limited(&sb.binding.id, r.label());
             let (reason, retry) = match r {
-                LimitRefusal::Connections => (Reason::ConnectionLimit, 1),
-                LimitRefusal::Rate(d) => (Reason::RateLimited, seconds(d)),
-                LimitRefusal::Quota(_) => (Reason::QuotaExceeded, seconds(until_tomorrow())),
+                Exceeded::Connections => (Reason::ConnectionLimit, 1),
+                Exceeded::Rate(d) => (Reason::RateLimited, seconds(d)),
+                Exceeded::Quota(_) => (Reason::QuotaExceeded, seconds(until_tomorrow())),
             };
             let why = match r {
                 // Which quota, and its value, to the client as in the record (F7).
-                LimitRefusal::Quota(spent) => {
+                Exceeded::Quota(spent) => {
                     let spent = limiter.meter().describe(spent);
                     audit.detail(spent.clone());
                     format!("sandbox {}: {spent}", sb.binding.id)

@@ -21,7 +21,7 @@ pub use super::token_bucket::{Admit, TokenBucket};
 
 /// Which limit refused a connection (the metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum Exceeded {
     /// `max_connections` reached.
     Connections,
     /// `connections_per_second` / `burst` exceeded; retry after the delay.
@@ -30,13 +30,13 @@ pub enum Refusal {
     Quota(Spent),
 }
 
-impl Refusal {
+impl Exceeded {
     /// The metric label of the refusal.
     pub fn label(self) -> &'static str {
         match self {
-            Refusal::Connections => "connections",
-            Refusal::Rate(_) => "rate",
-            Refusal::Quota(_) => "quota",
+            Exceeded::Connections => "connections",
+            Exceeded::Rate(_) => "rate",
+            Exceeded::Quota(_) => "quota",
         }
     }
 }
@@ -203,15 +203,15 @@ impl SandboxLimiter {
     }
 
     /// Admit a new connection at `now`: a slot under `max_connections` and a rate token.
-    pub fn take_slot(self: &Arc<Self>, now: u64) -> Result<ConnectionSlot, Refusal> {
+    pub fn take_slot(self: &Arc<Self>, now: u64) -> Result<ConnectionSlot, Exceeded> {
         if let Some(spent) = self.meter.spent() {
-            return Err(Refusal::Quota(spent));
+            return Err(Exceeded::Quota(spent));
         }
         let max = self.limits.lock().map(|l| l.max_connections).unwrap_or(0);
         let prev = self.active.fetch_add(1, Ordering::AcqRel);
         if prev >= max {
             self.active.fetch_sub(1, Ordering::AcqRel);
-            return Err(Refusal::Connections);
+            return Err(Exceeded::Connections);
         }
         let verdict = self
             .rate
@@ -220,7 +220,7 @@ impl SandboxLimiter {
             .unwrap_or(Admit::DelayFor(Duration::from_secs(1)));
         if let Admit::DelayFor(d) = verdict {
             self.active.fetch_sub(1, Ordering::AcqRel);
-            return Err(Refusal::Rate(d));
+            return Err(Exceeded::Rate(d));
         }
         Ok(ConnectionSlot(self.clone(), None))
     }
@@ -492,7 +492,7 @@ mod tests {
         let l = reg.get("a", &limits(2, 1000.0, 1000));
         let a = l.take_slot(0).unwrap();
         let _b = l.take_slot(0).unwrap();
-        assert_eq!(l.take_slot(0).unwrap_err(), Refusal::Connections);
+        assert_eq!(l.take_slot(0).unwrap_err(), Exceeded::Connections);
         drop(a);
         let c = l.take_slot(0).unwrap();
         assert_eq!(l.active(), 2);
@@ -509,12 +509,12 @@ mod tests {
         for _ in 0..5 {
             held.push(a.take_slot(0).unwrap());
         }
-        assert!(matches!(a.take_slot(0), Err(Refusal::Rate(_))));
+        assert!(matches!(a.take_slot(0), Err(Exceeded::Rate(_))));
         assert!(b.take_slot(0).is_ok(), "another sandbox is not affected");
         // Reconfiguring keeps the same state object and the open connections.
         let a2 = reg.get("a", &limits(3, 5.0, 5));
         assert!(Arc::ptr_eq(&a, &a2));
         assert_eq!(a2.active(), 5);
-        assert_eq!(a2.take_slot(10 * S).unwrap_err(), Refusal::Connections);
+        assert_eq!(a2.take_slot(10 * S).unwrap_err(), Exceeded::Connections);
     }
 }

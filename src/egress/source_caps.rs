@@ -35,7 +35,7 @@ const RECENT: Duration = Duration::from_secs(600);
 
 /// Why a connection was refused before identification.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum Capped {
     /// The address opens connections faster than `accepts_per_second_per_source`.
     Rate(Duration),
     /// The address holds `unidentified_per_source` connections that have not identified.
@@ -45,25 +45,25 @@ pub enum Refusal {
     Pool,
 }
 
-impl Refusal {
+impl Capped {
     /// The metric label: `rate` or `unidentified`.
     pub fn label(&self) -> &'static str {
         match self {
-            Refusal::Rate(_) => "rate",
-            Refusal::PerSource | Refusal::Pool => "unidentified",
+            Capped::Rate(_) => "rate",
+            Capped::PerSource | Capped::Pool => "unidentified",
         }
     }
 
     /// Which limit was hit, for the refusal's text.
     pub fn explain(&self) -> &'static str {
         match self {
-            Refusal::Rate(_) => {
+            Capped::Rate(_) => {
                 "this address opens connections faster than admission.accepts_per_second_per_source"
             }
-            Refusal::PerSource => {
+            Capped::PerSource => {
                 "this address holds admission.unidentified_per_source connections that have not identified a sandbox"
             }
-            Refusal::Pool => {
+            Capped::Pool => {
                 "the pool of connections that have not identified a sandbox (admission.unidentified_total) is full, and no address holds more of it than this one"
             }
         }
@@ -281,11 +281,11 @@ impl Admissions {
     }
 
     /// Admit a new, not yet identified connection from `source`.
-    pub fn accept(self: &Arc<Self>, source: IpAddr) -> Result<UnidentifiedSlot, Refusal> {
+    pub fn accept(self: &Arc<Self>, source: IpAddr) -> Result<UnidentifiedSlot, Capped> {
         let now = self.now();
         let cfg = self.cfg;
         let Ok(mut t) = self.table.lock() else {
-            return Err(Refusal::Pool);
+            return Err(Capped::Pool);
         };
         // Addresses that identified lately are bounded by their own cap, not the pool.
         let recent = t
@@ -297,22 +297,22 @@ impl Admissions {
                 forget_idle(&mut t.by_source, now);
             }
             if t.by_source.len() >= MAX_TRACKED {
-                return Err(Refusal::Pool);
+                return Err(Capped::Pool);
             }
             let fresh = self.fresh(now);
             t.by_source.insert(source, fresh);
         }
         let Some(s) = t.by_source.get_mut(&source) else {
-            return Err(Refusal::Pool);
+            return Err(Capped::Pool);
         };
         if s.slots.len() >= cfg.unidentified_per_source as usize {
-            return Err(Refusal::PerSource);
+            return Err(Capped::PerSource);
         }
         if let Admit::DelayFor(d) = s.accepts.check(now, 1.0) {
-            return Err(Refusal::Rate(d));
+            return Err(Capped::Rate(d));
         }
         if !recent && t.unidentified_total >= cfg.unidentified_total && !t.make_room(source) {
-            return Err(Refusal::Pool);
+            return Err(Capped::Pool);
         }
         let seq = t.next_seq;
         t.next_seq += 1;

@@ -178,14 +178,14 @@ fn refuse_admission(
     accepted: Accepted,
     stream: TcpStream,
     kind: Kind,
-    refusal: source_caps::Refusal,
+    refusal: source_caps::Capped,
 ) {
     shared
         .metrics()
         .admission_refused(kind.name(), refusal.label());
     let reason = match refusal {
-        source_caps::Refusal::Rate(_) => Reason::RateLimited,
-        source_caps::Refusal::PerSource | source_caps::Refusal::Pool => Reason::ConnectionLimit,
+        source_caps::Capped::Rate(_) => Reason::RateLimited,
+        source_caps::Capped::PerSource | source_caps::Capped::Pool => Reason::ConnectionLimit,
     };
     let detail = refusal.explain();
     tokio::spawn(refuse_early(shared, accepted, stream, kind, reason, detail));

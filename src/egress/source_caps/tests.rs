@@ -33,7 +33,7 @@ async fn the_pool_is_shared_fairly_and_the_cap_per_source_holds() {
     let x: IpAddr = "10.0.0.1".parse().unwrap();
     let y: IpAddr = "10.0.0.2".parse().unwrap();
     let held: Vec<_> = (0..3).map(|_| talking(a.accept(x).unwrap())).collect();
-    assert_eq!(a.accept(x).unwrap_err(), Refusal::PerSource);
+    assert_eq!(a.accept(x).unwrap_err(), Capped::PerSource);
     let _y1 = talking(a.accept(y).unwrap());
     let _y2 = talking(a.accept(y).unwrap());
     // 5 in total: the pool is full. y holds 2 of it, x 3: y's next takes x's oldest.
@@ -44,7 +44,7 @@ async fn the_pool_is_shared_fairly_and_the_cap_per_source_holds() {
     );
     assert!(!closed(&held[1]).await);
     // Now y holds 3 (its own cap) and x 2.
-    assert_eq!(a.accept(y).unwrap_err(), Refusal::PerSource);
+    assert_eq!(a.accept(y).unwrap_err(), Capped::PerSource);
     // A third address takes from the heaviest (y, 3 > 0 + 1).
     let z = a.accept("10.0.0.3".parse().unwrap()).unwrap();
     drop(z);
@@ -79,7 +79,7 @@ async fn talkers_that_never_identify_cannot_lock_out_a_new_address() {
     let known: IpAddr = "10.0.0.7".parse().unwrap();
     a.identified(known);
     let mine: Vec<_> = (0..10).map(|_| talking(a.accept(known).unwrap())).collect();
-    assert_eq!(a.accept(known).unwrap_err(), Refusal::PerSource);
+    assert_eq!(a.accept(known).unwrap_err(), Capped::PerSource);
     for s in &held[1..] {
         assert!(!closed(s).await, "its connections took no one's place");
     }
@@ -96,7 +96,7 @@ fn accept_rate_is_per_source() {
     let x: IpAddr = "10.0.0.1".parse().unwrap();
     drop(a.accept(x).unwrap());
     drop(a.accept(x).unwrap());
-    assert!(matches!(a.accept(x), Err(Refusal::Rate(_))));
+    assert!(matches!(a.accept(x), Err(Capped::Rate(_))));
     assert!(a.accept("10.0.0.9".parse().unwrap()).is_ok());
 }
 
