@@ -106,24 +106,23 @@ fn serve(stream: std::net::TcpStream, n: usize, mut answers: usize) {
 const TOKEN_A: &str = "token-of-a";
 const TOKEN_B: &str = "token-of-b";
 
-fn start(dir: &std::path::Path, keepalive: &str, egress_b: &str) -> Proxy {
+fn start(dir: &std::path::Path, keepalive: &str) -> Proxy {
     std::fs::write(dir.join("admin.token"), "admin-token\n").unwrap();
-    Proxy::start(
-        dir,
-        &format!(
-            r#"admin_token_file: {admin}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ origin.test: [127.0.0.1], other.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-{keepalive}
-sandboxes:
-  - {{ id: a, auth: {{ token_sha256: {a} }}, policy: {{ provider: local, config: {{}}, network: {{ egress: ["origin.test:*", "other.test:*"] }} }} }}
-  - {{ id: b, auth: {{ token_sha256: {b} }}, policy: {{ provider: local, config: {{}}, network: {{ egress: [{egress_b}] }} }} }}
-"#,
-            admin = dir.join("admin.token").display(),
-            a = sha(TOKEN_A),
-            b = sha(TOKEN_B),
-        ),
-    )
+    let a = SandboxSpec::new("a")
+        .token(TOKEN_A)
+        .allow("origin.test:*")
+        .allow("other.test:*");
+    let b = SandboxSpec::new("b").token(TOKEN_B).allow("origin.test:*");
+    ProxyConfig::new()
+        .admin_token_file(&dir.join("admin.token"))
+        .dns_server("127.0.0.1:9")
+        .host("origin.test", "127.0.0.1")
+        .host("other.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .raw(keepalive)
+        .sandbox(a)
+        .sandbox(b)
+        .start(dir)
 }
 
 /// One GET through the proxy as `sandbox`, a client connection of its own: the body.
@@ -142,7 +141,7 @@ fn get(p: &Proxy, sandbox: &str, token: &str, url: &str) -> String {
 fn a_sandbox_reuses_its_upstream_connection_and_no_other_sandbox_or_authority_does() {
     let dir = tempfile::tempdir().unwrap();
     let origin = KeepAliveOrigin::start();
-    let p = start(dir.path(), "", "\"origin.test:*\"");
+    let p = start(dir.path(), "");
     let url = format!("http://origin.test:{}/x", origin.addr.port());
 
     // Two requests of sandbox a, each from its own client connection: one upstream connection.
@@ -171,11 +170,7 @@ fn a_sandbox_reuses_its_upstream_connection_and_no_other_sandbox_or_authority_do
 fn a_kept_connection_is_closed_when_revoked_or_idle_and_none_is_kept_with_idle_zero() {
     let dir = tempfile::tempdir().unwrap();
     let origin = KeepAliveOrigin::start();
-    let mut p = start(
-        dir.path(),
-        "forward_keepalive: { idle_ms: 60000 }",
-        "\"origin.test:*\"",
-    );
+    let mut p = start(dir.path(), "forward_keepalive: { idle_ms: 60000 }");
     let url = format!("http://origin.test:{}/x", origin.addr.port());
     get(&p, "b", TOKEN_B, &url);
     get(&p, "a", TOKEN_A, &url);
@@ -202,11 +197,7 @@ fn a_kept_connection_is_closed_when_revoked_or_idle_and_none_is_kept_with_idle_z
     // Idle for idle_ms: closed by the proxy.
     let dir = tempfile::tempdir().unwrap();
     let origin = KeepAliveOrigin::start();
-    let mut p = start(
-        dir.path(),
-        "forward_keepalive: { idle_ms: 300 }",
-        "\"origin.test:*\"",
-    );
+    let mut p = start(dir.path(), "forward_keepalive: { idle_ms: 300 }");
     let url = format!("http://origin.test:{}/x", origin.addr.port());
     get(&p, "a", TOKEN_A, &url);
     eventually(Duration::from_secs(5), "the idle connection closed", || {
@@ -217,11 +208,7 @@ fn a_kept_connection_is_closed_when_revoked_or_idle_and_none_is_kept_with_idle_z
     // idle_ms: 0 keeps none: every request has its own connection, closed after it.
     let dir = tempfile::tempdir().unwrap();
     let origin = KeepAliveOrigin::start();
-    let _p = start(
-        dir.path(),
-        "forward_keepalive: { idle_ms: 0 }",
-        "\"origin.test:*\"",
-    );
+    let _p = start(dir.path(), "forward_keepalive: { idle_ms: 0 }");
     let url = format!("http://origin.test:{}/x", origin.addr.port());
     get(&_p, "a", TOKEN_A, &url);
     get(&_p, "a", TOKEN_A, &url);
@@ -239,7 +226,7 @@ fn a_kept_connection_is_closed_when_revoked_or_idle_and_none_is_kept_with_idle_z
 fn a_request_on_a_kept_connection_the_origin_closed_is_sent_again_only_when_it_may_be() {
     let dir = tempfile::tempdir().unwrap();
     let origin = KeepAliveOrigin::start_closing_after(1);
-    let p = start(dir.path(), "", "\"origin.test:*\"");
+    let p = start(dir.path(), "");
     let url = format!("http://origin.test:{}/x", origin.addr.port());
     assert!(get(&p, "a", TOKEN_A, &url).contains("connection 1"));
     // Taken from the pool: connection 1, which the origin closes unanswered.

@@ -27,22 +27,25 @@ fn env() -> Env {
     let ca = TestCa::generate(dir.path());
     let https = Origin::start(Some(&ca));
     let http = Origin::start(None);
-    let mut sandboxes = String::new();
+    let mut config = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .host("big.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32");
     for (id, limits) in [
         ("small", "{ max_connections: 3 }"),
         ("other", "{}"),
         ("rate", "{ connections_per_second: 0.01, burst: 5 }"),
         ("bw", "{ bandwidth_down_bps: 4194304 }"),
     ] {
-        sandboxes.push_str(&format!(
-            "  - id: {id}\n    auth: {{ token_sha256: {} }}\n    limits: {limits}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"api.test:*\", \"big.test:*\"] }} }}\n",
-            sha(&format!("{id}-secret"))
-        ));
+        let sb = SandboxSpec::new(id)
+            .token(&format!("{id}-secret"))
+            .limits(limits)
+            .allow("api.test:*")
+            .allow("big.test:*");
+        config = config.sandbox(sb);
     }
-    let yaml = format!(
-        "dns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ api.test: [127.0.0.1], big.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.1/32] }}\nsandboxes:\n{sandboxes}"
-    );
-    let proxy = Proxy::start(dir.path(), &yaml);
+    let proxy = config.start(dir.path());
     Env {
         _dir: dir,
         ca,

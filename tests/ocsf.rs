@@ -71,29 +71,26 @@ fn connections_and_dns_queries_are_ocsf_records_that_validate() {
     let origin = Origin::start(None);
     let port = origin.addr.port();
     let audit = dir.path().join("audit.jsonl");
-    let cfg = dir.path().join("proxy.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:0 }}
-audit: {{ path: {audit}, format: ocsf, chain: true }}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], seen.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-sandboxes:
-  - id: agent
-    sources: [127.0.0.1/32]
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:{port}"] }} }}
-  - id: watcher
-    auth: {{ token_sha256: {tok} }}
-    enforcement: report
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:{port}"] }} }}
-"#,
-            audit = audit.display(),
-            tok = sha("watcher-secret"),
-        ),
-    )
-    .unwrap();
-    let mut proxy = Proxy::start_with(cfg, audit.clone(), &[]);
+    let entry = format!("api.test:{port}");
+    let mut proxy = ProxyConfig::new()
+        .listen("dns")
+        .audit("format: ocsf, chain: true")
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .host("seen.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(
+            SandboxSpec::new("agent")
+                .source("127.0.0.1/32")
+                .allow(&entry),
+        )
+        .sandbox(
+            SandboxSpec::new("watcher")
+                .token("watcher-secret")
+                .report()
+                .allow(&entry),
+        )
+        .start(dir.path());
     let px = format!("http://{}", proxy.proxy);
     // Allowed (forwarded), denied, and reported.
     assert_eq!(

@@ -35,14 +35,17 @@ fn a_new_tunnel_works_when_stalled_tunnels_hold_every_pipe() {
     let origin = Origin::start(None);
     let audit = dir.path().join("audit.jsonl");
     let config = dir.path().join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ big.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.1/32] }}\nsandboxes:\n  - {{ id: demo, sources: [127.0.0.0/8], policy: {{ provider: local, config: {{}}, network: {{ egress: [\"big.test:*\"] }} }} }}\n",
-            audit.display()
-        ),
-    )
-    .unwrap();
+    let yaml = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .host("big.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(
+            SandboxSpec::new("demo")
+                .source("127.0.0.0/8")
+                .allow("big.test:*"),
+        )
+        .yaml(&audit);
+    std::fs::write(&config, yaml).unwrap();
     // Two default-sized pipes (16 pages each) for the whole user.
     let before = std::fs::read_to_string(HARD).unwrap();
     let _restore = Restore(before);
