@@ -13,19 +13,18 @@ use std::time::Duration;
 use common::*;
 
 fn proxy(dir: &std::path::Path, upstream: SocketAddr) -> Proxy {
-    Proxy::start(
-        dir,
-        &format!(
-            r#"
-dns: {{ servers: ["{upstream}"], timeout_ms: 1000, address_rule_zones: [svc.test], hosts: {{ denied.test: [127.0.0.1] }} }}
-sandboxes:
-  - id: agent1
-    auth: {{ token_sha256: {sha} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["allowed.test", "10.0.0.0/8:5432"] }} }}
-"#,
-            sha = sha("tok-agent1")
-        ),
-    )
+    ProxyConfig::new()
+        .dns_server(&upstream.to_string())
+        .dns("timeout_ms", "1000")
+        .dns("address_rule_zones", "[svc.test]")
+        .host("denied.test", "127.0.0.1")
+        .sandbox(
+            SandboxSpec::new("agent1")
+                .token("tok-agent1")
+                .allow("allowed.test")
+                .allow("10.0.0.0/8:5432"),
+        )
+        .start(dir)
 }
 
 /// What agent1 gets for `CONNECT denied.test:443`: the response head (and body).

@@ -20,24 +20,22 @@ use common::*;
 const ADMIN_TOKEN: &str = "cut-admin-token";
 
 /// `proxy.yaml` in `dir`: sandbox `tok` (token `tok-secret`, these `limits`) may reach
-/// `egress`; tunnels get `grace_ms` at shutdown.
+/// `egress` (one entry); tunnels get `grace_ms` at shutdown.
 fn write_config(dir: &Path, egress: &str, limits: &str, grace_ms: u64) {
-    let yaml = format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-admin_token_file: {token}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], big.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32], timeouts: {{ shutdown_grace_ms: {grace_ms} }} }}
-sandboxes:
-  - id: tok
-    auth: {{ token_sha256: {sha} }}
-    limits: {{ {limits} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: [{egress}] }} }}
-"#,
-        audit = dir.join("audit.jsonl").display(),
-        token = dir.join("admin.token").display(),
-        sha = sha("tok-secret"),
-    );
+    let yaml = ProxyConfig::new()
+        .admin_token_file(&dir.join("admin.token"))
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .host("big.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .defaults("timeouts", &format!("{{ shutdown_grace_ms: {grace_ms} }}"))
+        .sandbox(
+            SandboxSpec::new("tok")
+                .token("tok-secret")
+                .limits(&format!("{{ {limits} }}"))
+                .allow(egress),
+        )
+        .yaml(&dir.join("audit.jsonl"));
     std::fs::write(dir.join("proxy.yaml"), yaml).unwrap();
 }
 
@@ -106,12 +104,12 @@ fn assert_counts_what_arrived(rec: &serde_json::Value, field: &str, received: us
 fn a_reload_resets_a_tunnel_so_queued_bytes_stop_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let p = start(dir.path(), "\"big.test:*\"");
+    let p = start(dir.path(), "big.test:*");
     let reader = slow_reader(stalled_download(p.proxy, &origin, Some(&tok())));
     p.wait_audit("open", |r| r["target_host"] == "big.test");
     // A megabyte queued between the origin and the slow reader.
     origin.wait_big_sent(1 << 20);
-    write_config(dir.path(), "\"api.test:*\"", "", 30_000);
+    write_config(dir.path(), "api.test:*", "", 30_000);
     let cut = Instant::now();
     let (status, body) = admin_req(p.admin, "POST", "/v1/reload", "", Some(ADMIN_TOKEN));
     assert_eq!(status, 200, "{body}");
@@ -122,7 +120,7 @@ fn a_reload_resets_a_tunnel_so_queued_bytes_stop_at_once() {
 fn a_delete_resets_the_sandboxes_tunnels() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let p = start(dir.path(), "\"api.test:*\"");
+    let p = start(dir.path(), "api.test:*");
     let body = format!(
         r#"{{"auth": {{"token_sha256": "{}"}}, "policy": {{"provider": "local", "config": {{}}, "network": {{"egress": ["big.test:*"]}}}}}}"#,
         sha("rt-secret")
@@ -145,7 +143,7 @@ fn tunnels_left_when_the_shutdown_grace_runs_out_are_reset() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
     std::fs::write(dir.path().join("admin.token"), ADMIN_TOKEN).unwrap();
-    write_config(dir.path(), "\"big.test:*\"", "", 500);
+    write_config(dir.path(), "big.test:*", "", 500);
     let mut p = Proxy::start_with(
         dir.path().join("proxy.yaml"),
         dir.path().join("audit.jsonl"),
@@ -194,14 +192,14 @@ fn endless_upload(p: &Proxy, origin: &Origin) -> (usize, std::thread::JoinHandle
 fn an_upload_that_keeps_writing_after_the_cut_delivers_nothing_more() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let p = start(dir.path(), "\"api.test:*\"");
+    let p = start(dir.path(), "api.test:*");
     let (head, writer) = endless_upload(&p, &origin);
     let deadline = Instant::now() + Duration::from_secs(10);
     while origin.received.load(Ordering::SeqCst) < 32 << 20 {
         assert!(Instant::now() < deadline, "the upload never got going");
         std::thread::sleep(Duration::from_millis(20));
     }
-    write_config(dir.path(), "\"big.test:*\"", "", 30_000);
+    write_config(dir.path(), "big.test:*", "", 30_000);
     let (status, body) = admin_req(p.admin, "POST", "/v1/reload", "", Some(ADMIN_TOKEN));
     assert_eq!(status, 200, "{body}");
     let rec = p.wait_record(|r| r["target_host"] == "api.test" && r["mode"] != "http");
@@ -225,7 +223,7 @@ fn assert_exact_tunnel(limits: &str) {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
     std::fs::write(dir.path().join("admin.token"), ADMIN_TOKEN).unwrap();
-    write_config(dir.path(), "\"big.test:*\"", limits, 30_000);
+    write_config(dir.path(), "big.test:*", limits, 30_000);
     let p = Proxy::start_with(
         dir.path().join("proxy.yaml"),
         dir.path().join("audit.jsonl"),
@@ -254,7 +252,7 @@ fn a_completed_8_mib_shaped_tunnel_is_counted_to_the_byte() {
 fn a_completed_8_mib_forwarded_download_is_counted_to_the_byte() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let p = start(dir.path(), "\"big.test:*\"");
+    let p = start(dir.path(), "big.test:*");
     let px = format!("http://tok:tok-secret@{}", p.proxy);
     let url = format!("http://big.test:{}/big", origin.addr.port());
     let out = curl(&[

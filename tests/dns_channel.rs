@@ -34,22 +34,21 @@ fn env() -> Env {
     );
     let origin = Origin::start(None);
     let sandbox = |id: &str, opt: bool| {
-        format!(
-            "  - id: {id}\n    auth: {{ token_sha256: {} }}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"127.0.0.0/8:*\"], resolve_for_address_rules: {opt} }} }}\n",
-            sha(&format!("{id}-secret"))
-        )
+        SandboxSpec::new(id)
+            .token(&format!("{id}-secret"))
+            .allow("127.0.0.0/8:*")
+            .network("resolve_for_address_rules", &opt.to_string())
     };
-    let yaml = format!(
-        "admin_token_file: {}\n\
-         dns: {{ servers: [\"{}\"], timeout_ms: 2000, address_rule_zones: [internal.test], hosts: {{ static.example: [127.0.0.1] }} }}\n\
-         defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}\n\
-         sandboxes:\n{}{}",
-        dir.path().join("admin.token").display(),
-        dns.addr,
-        sandbox("cidr", false),
-        sandbox("opted", true),
-    );
-    let proxy = Proxy::start(dir.path(), &yaml);
+    let proxy = ProxyConfig::new()
+        .admin_token_file(&dir.path().join("admin.token"))
+        .dns_server(&dns.addr.to_string())
+        .dns("timeout_ms", "2000")
+        .dns("address_rule_zones", "[internal.test]")
+        .host("static.example", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(sandbox("cidr", false))
+        .sandbox(sandbox("opted", true))
+        .start(dir.path());
     Env {
         _dir: dir,
         dns,

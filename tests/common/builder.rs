@@ -135,6 +135,8 @@ pub struct ProxyConfig {
     hosts: Vec<(String, String)>,
     /// `dns.servers`; none: the machine's resolver.
     dns_servers: Vec<String>,
+    /// Other `dns` keys, as YAML flow values.
+    dns: Vec<(String, String)>,
     guard_allow: Vec<String>,
     /// Other `defaults` keys, as YAML flow values.
     defaults: Vec<(String, String)>,
@@ -187,6 +189,12 @@ impl ProxyConfig {
     /// The admin token file (`admin_token_file`).
     pub fn admin_token_file(mut self, path: &Path) -> Self {
         self.admin_token_file = Some(path.to_path_buf());
+        self
+    }
+
+    /// A `dns` key, its value as YAML (`timeout_ms`, `2000`).
+    pub fn dns(mut self, key: &str, yaml: &str) -> Self {
+        self.dns.push((key.into(), yaml.into()));
         self
     }
 
@@ -243,6 +251,7 @@ impl ProxyConfig {
                 .collect();
             dns.push(format!("hosts: {{ {} }}", h.join(", ")));
         }
+        dns.extend(self.dns.iter().map(|(k, v)| format!("{k}: {v}")));
         if !dns.is_empty() {
             s += &format!("dns: {{ {} }}\n", dns.join(", "));
         }
