@@ -18,7 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{connect_on, dns_query, dns_rcode, read_head, Origin, Proxy};
+use common::{
+    connect_on, dns_query, dns_rcode, read_head, Origin, Proxy, ProxyConfig, SandboxSpec,
+};
 
 /// A tmpfs of `size` mounted at `at` for the test's life.
 struct Tmpfs(PathBuf);
@@ -113,21 +115,20 @@ fn keypair(dir: &Path) -> (PathBuf, PathBuf) {
 fn start(dir: &Path, vol: &Path, origin: SocketAddr, trail: &str) -> Proxy {
     let audit = vol.join("audit.jsonl");
     let config = dir.join("proxy.yaml");
-    let yaml = format!(
-        "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:0 }}
-audit: {{ path: {audit}, {trail} }}
-admission: {{ accepts_per_second_per_source: 100000, accept_burst_per_source: 100000 }}
-dns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ origin.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-sandboxes:
-  - id: s
-    sources: [127.0.0.0/8]
-    limits: {{ connections_per_second: 100000, burst: 100000, dns_queries_per_second: 100000 }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"tcp://origin.test:{port}\"] }} }}
-",
-        audit = audit.display(),
-        port = origin.port()
-    );
+    let yaml = ProxyConfig::new()
+        .listen("dns")
+        .audit(trail)
+        .raw("admission: { accepts_per_second_per_source: 100000, accept_burst_per_source: 100000 }")
+        .dns_server("127.0.0.1:9")
+        .host("origin.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(
+            SandboxSpec::new("s")
+                .source("127.0.0.0/8")
+                .limits("{ connections_per_second: 100000, burst: 100000, dns_queries_per_second: 100000 }")
+                .allow(&format!("tcp://origin.test:{}", origin.port())),
+        )
+        .yaml(&audit);
     std::fs::write(&config, yaml).unwrap();
     Proxy::start_with(config, audit, &[])
 }

@@ -40,30 +40,23 @@ fn setup() -> Setup {
     let ca = TestCa::generate(d);
     let origin = Origin::start(Some(&ca));
     let plain = Origin::start(None);
-    let yaml = format!(
-        r#"
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], big.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.0/8] }}
-sandboxes:
-  - id: agent1
-    auth: {{ token_sha256: {sha} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*", "127.0.0.1/32:*"] }} }}
-  - id: agent2
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["big.test:*"] }} }}
-"#,
-        sha = sha("tok-agent1")
-    );
-    let audit = d.join("audit.jsonl");
-    let config = d.join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen:\n  proxy: 127.0.0.1:0\n  admin: 127.0.0.1:0\n  proxy_tls:\n    addr: 127.0.0.1:0\n    cert_file: server.pem\n    key_file: server.key\n    client_ca_file: clients-ca.pem\n    client_uri_prefix: \"spiffe://cluster.local/sandbox/\"\naudit: {{ path: {} }}\n{yaml}",
-            audit.display()
-        ),
-    )
-    .unwrap();
-    let proxy = Proxy::start_with(config, audit, &[]);
+    let proxy = ProxyConfig::new()
+        .listen_at(
+            "proxy_tls",
+            "{ addr: 127.0.0.1:0, cert_file: server.pem, key_file: server.key, client_ca_file: clients-ca.pem, client_uri_prefix: \"spiffe://cluster.local/sandbox/\" }",
+        )
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .host("big.test", "127.0.0.1")
+        .guard_allow("127.0.0.0/8")
+        .sandbox(
+            SandboxSpec::new("agent1")
+                .token("tok-agent1")
+                .allow("api.test:*")
+                .allow("127.0.0.1/32:*"),
+        )
+        .sandbox(SandboxSpec::new("agent2").allow("big.test:*"))
+        .start(d);
     let tls = proxy_tls_addr(&proxy);
     Setup {
         origin_ca: ca.ca_pem.clone(),

@@ -65,22 +65,24 @@ fn env() -> Env {
     let tls = Origin::start(Some(&ca));
     let http = Origin::start(None);
     let raw = RawOrigin::start(None);
-    let sandbox = |id: &str, secret: &str, enforcement: &str| {
-        format!(
-            "  - id: {id}\n    auth: {{ token_sha256: {} }}\n    enforcement: {enforcement}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"tcp://api.test:*\", \"api.example.com:*\"] }} }}\n",
-            sha(secret)
-        )
+    let sandbox = |id: &str, secret: &str| {
+        SandboxSpec::new(id)
+            .token(secret)
+            .allow("tcp://api.test:*")
+            .allow("api.example.com:*")
     };
-    let yaml = format!(
-        "dns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ api.test: [127.0.0.1], api.example.com: [127.0.0.1], denied.test: [127.0.0.1] }} }}\n\
-         defaults: {{ guard_allow_ranges: [127.0.0.1/32], require_tls_ports: [{}, {}], timeouts: {{ header_ms: 30000 }} }}\n\
-         sandboxes:\n{}{}",
-        tls.addr.port(),
-        raw.addr.port(),
-        sandbox("tok", "tok-secret", "enforce"),
-        sandbox("rep", "rep-secret", "report"),
-    );
-    let proxy = Proxy::start(dir.path(), &yaml);
+    let tls_ports = format!("[{}, {}]", tls.addr.port(), raw.addr.port());
+    let proxy = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .host("api.example.com", "127.0.0.1")
+        .host("denied.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .defaults("require_tls_ports", &tls_ports)
+        .defaults("timeouts", "{ header_ms: 30000 }")
+        .sandbox(sandbox("tok", "tok-secret"))
+        .sandbox(sandbox("rep", "rep-secret").report())
+        .start(dir.path());
     Env {
         dir,
         ca,

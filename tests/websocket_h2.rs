@@ -174,27 +174,24 @@ fn extended_connect_on_http2_is_judged_per_message() {
         .unwrap();
     let got: Got = Arc::default();
     let port = rt.block_on(origin(&ca, got.clone()));
-    let proxy = Proxy::start(
-        d,
-        &format!(
-            r#"dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {uca} }}
-sandboxes:
-  - id: dev
-    auth: {{ token_sha256: {tok} }}
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["api.test:{port}"]
-        http: [{{ host: api.test, paths: [/socket], protocol: websocket, messages: {{ text: ["hello*"] }} }}, {{ host: api.test, paths: [/plain] }}]
-"#,
-            ica = d.join("ica").display(),
-            uca = ca.ca_pem.display(),
-            tok = sha("dev-secret"),
-        ),
+    let tls_intercept = format!(
+        "tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {uca} }}",
+        ica = d.join("ica").display(),
+        uca = ca.ca_pem.display(),
     );
+    let http = "[{ host: api.test, paths: [/socket], protocol: websocket, messages: { text: [\"hello*\"] } }, { host: api.test, paths: [/plain] }]";
+    let proxy = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .raw(&tls_intercept)
+        .sandbox(
+            SandboxSpec::new("dev")
+                .token("dev-secret")
+                .allow(&format!("api.test:{port}"))
+                .network("http", http),
+        )
+        .start(d);
     rt.block_on(async {
         let mut send = h2_to(proxy.proxy, port, &d.join("ica/ca.crt")).await;
         // No socket where no websocket rule allows one.

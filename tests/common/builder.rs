@@ -174,6 +174,12 @@ impl ProxyConfig {
         self
     }
 
+    /// Another listener with its value as YAML (`proxy_tls`, `{ addr: …, cert_file: … }`).
+    pub fn listen_at(mut self, key: &str, yaml: &str) -> Self {
+        self.listeners.push((key.into(), yaml.into()));
+        self
+    }
+
     /// The upstream resolver (`dns.servers`): a dead one keeps a test off the machine's.
     pub fn dns_server(mut self, addr: &str) -> Self {
         self.dns_servers.push(addr.into());
