@@ -23,52 +23,63 @@ fn env() -> Env {
     let https = Origin::start(Some(&ca));
     let http = Origin::start(None);
     let hp = https.addr.port();
-    let yaml = format!(
-        r#"
-dns:
-  servers: ["127.0.0.1:9"]
-  timeout_ms: 500
-  hosts:
-    api.test: [127.0.0.1]
-    big.test: [127.0.0.1]
-    slow.test: [127.0.0.1]
-    plain.test: [127.0.0.1]
-    port.test: [127.0.0.1]
-    denied.test: [127.0.0.1]
-    other.test: [127.0.0.1]
-    private.test: [127.0.0.2]
-    meta.test: [169.254.169.254]
-    mixed.test: [127.0.0.2, 127.0.0.1]
-defaults:
-  guard_allow_ranges: [127.0.0.1/32]
-  timeouts: {{ connect_ms: 2000, idle_ms: 30000, header_ms: 1000, shutdown_grace_ms: 1500 }}
-sandboxes:
-  - id: tok
-    auth: {{ token_sha256: {tok} }}
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["api.test:*", "big.test:*", "slow.test:*", "plain.test:*", "private.test:*", "meta.test:*",
-                 "mixed.test:*", "port.test:1", "nowhere.test:*"]
-        deny: ["denied.test"]
-  - id: rep
-    auth: {{ token_sha256: {rep} }}
-    enforcement: report
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:1"] }} }}
-  - id: ips
-    auth: {{ token_sha256: {ips} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["127.0.0.1:{hp}"] }} }}
-  - id: loop
-    auth: {{ token_sha256: {lp} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["127.0.0.0/8:*"] }} }}
-"#,
-        tok = sha("tok-secret"),
-        rep = sha("rep-secret"),
-        lp = sha("loop-secret"),
-        ips = sha("ips-secret"),
-    );
-    let proxy = Proxy::start(dir.path(), &yaml);
+    let mut config = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .dns("timeout_ms", "500");
+    for (name, ip) in [
+        ("api.test", "127.0.0.1"),
+        ("big.test", "127.0.0.1"),
+        ("slow.test", "127.0.0.1"),
+        ("plain.test", "127.0.0.1"),
+        ("port.test", "127.0.0.1"),
+        ("denied.test", "127.0.0.1"),
+        ("other.test", "127.0.0.1"),
+        ("private.test", "127.0.0.2"),
+        ("meta.test", "169.254.169.254"),
+        ("mixed.test", "127.0.0.2, 127.0.0.1"),
+    ] {
+        config = config.host(name, ip);
+    }
+    let mut tok = SandboxSpec::new("tok")
+        .token("tok-secret")
+        .deny("denied.test");
+    for entry in [
+        "api.test:*",
+        "big.test:*",
+        "slow.test:*",
+        "plain.test:*",
+        "private.test:*",
+        "meta.test:*",
+        "mixed.test:*",
+        "port.test:1",
+        "nowhere.test:*",
+    ] {
+        tok = tok.allow(entry);
+    }
+    let proxy = config
+        .guard_allow("127.0.0.1/32")
+        .defaults(
+            "timeouts",
+            "{ connect_ms: 2000, idle_ms: 30000, header_ms: 1000, shutdown_grace_ms: 1500 }",
+        )
+        .sandbox(tok)
+        .sandbox(
+            SandboxSpec::new("rep")
+                .token("rep-secret")
+                .report()
+                .allow("api.test:1"),
+        )
+        .sandbox(
+            SandboxSpec::new("ips")
+                .token("ips-secret")
+                .allow(&format!("127.0.0.1:{hp}")),
+        )
+        .sandbox(
+            SandboxSpec::new("loop")
+                .token("loop-secret")
+                .allow("127.0.0.0/8:*"),
+        )
+        .start(dir.path());
     Env {
         _dir: dir,
         ca,
