@@ -49,8 +49,7 @@ where
                 false => (Reason::MalformedRequest, format!("the body could not be read: {e}")),
             };
             Err(Refused {
-                reason,
-                detail,
+                refusal: Box::new(crate::policy::refusal::Refusal::new(reason, detail)),
                 call: None,
                 rpc: None,
             })
@@ -104,8 +103,10 @@ pub fn judge(candidates: &[Arc<Protocol>], parts: &Parts, body: &[u8]) -> Result
         }
     }
     Err(first.unwrap_or_else(|| Refused {
-        reason: Reason::HttpNotAllowed,
-        detail: "no rule judged the request".into(),
+        refusal: Box::new(crate::policy::refusal::Refusal::new(
+            Reason::HttpNotAllowed,
+            "no rule judged the request",
+        )),
         call: None,
         rpc: None,
     }))

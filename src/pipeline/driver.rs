@@ -421,7 +421,7 @@ async fn judged<P: Path>(
     };
     let bytes = match read {
         Ok(bytes) => bytes,
-        Err(r) => return Err(denied(Refusal::new(r.reason, r.detail), audit)),
+        Err(r) => return Err(denied(*r.refusal, audit)),
     };
     let refused = match body::judge(judges, &parts, &bytes) {
         Ok(mut allowed) => {
@@ -432,8 +432,7 @@ async fn judged<P: Path>(
                     return Ok((req, Verdict::Allow, allowed, None));
                 }
                 Some(r) => Refused {
-                    reason: r.reason,
-                    detail: r.detail,
+                    refusal: Box::new(r),
                     call: asked.call.clone(),
                     rpc: None,
                 },
@@ -442,7 +441,7 @@ async fn judged<P: Path>(
         Err(r) => r,
     };
     asked.call = refused.call.clone();
-    let r = Refusal::new(refused.reason, refused.detail);
+    let r = *refused.refusal;
     match super::reported(at.binding, r, P::REPORTED, audit) {
         Ok(()) => {
             let req = Request::from_parts(parts, P::Body::whole(bytes));

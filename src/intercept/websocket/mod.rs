@@ -234,9 +234,12 @@ impl Socket {
             true => Verdict::Report,
             false => Verdict::Deny,
         };
-        audit.verdict(verdict, r.reason);
+        audit.verdict(verdict, r.refusal.reason);
         let from = if sent { "the sandbox" } else { "the origin" };
-        audit.detail(format!("websocket message {n} from {from}: {}", r.detail));
+        audit.detail(format!(
+            "websocket message {n} from {from}: {}",
+            r.refusal.detail
+        ));
         audit.http(HttpFacts {
             method: self.asked.0.clone(),
             path: self.asked.1.clone(),

@@ -116,7 +116,7 @@ impl Socket {
                 match (self.report, original) {
                     (true, Some(o)) => o,
                     _ => {
-                        let why = format!("message {n} refused: {}", r.detail);
+                        let why = format!("message {n} refused: {}", r.refusal.detail);
                         return Err(Cut(1008, why, Close::Refused));
                     }
                 }
@@ -150,7 +150,10 @@ impl Socket {
                 match (self.report, original) {
                     (true, Some((_, o))) => payload.extend_from_slice(&o),
                     _ => {
-                        let why = format!("the close reason (message {n}) refused: {}", r.detail);
+                        let why = format!(
+                            "the close reason (message {n}) refused: {}",
+                            r.refusal.detail
+                        );
                         return Err(Cut(1008, why, Close::Refused));
                     }
                 }
@@ -163,8 +166,7 @@ impl Socket {
     /// refusal and, where report mode may forward it, the message as it came.
     fn message(&self, rule: &WsRule, sent: bool, (op, data): Whole) -> Result<Whole, NotSent> {
         let refuse = |reason, detail: String| Refused {
-            reason,
-            detail,
+            refusal: Box::new(crate::policy::refusal::Refusal::new(reason, detail)),
             call: None,
             rpc: None,
         };

@@ -69,14 +69,14 @@ pub struct Judged {
     pub inference: Option<Box<inference::Call>>,
 }
 
-/// A refused request: why, what it called when known, and how to answer it (JSON-RPC
-/// clients are answered with JSON-RPC errors for the ids they sent).
+/// A call a protocol rule refused: the [`Refusal`](crate::policy::refusal::Refusal), what it
+/// called when known, and how to answer it (JSON-RPC clients are answered with JSON-RPC
+/// errors for the ids they sent).
 #[derive(Debug, Clone)]
 pub struct Refused {
-    /// The reason recorded.
-    pub reason: Reason,
-    /// Why, for the refusal and the record.
-    pub detail: String,
+    /// Why: the reason recorded and the sentence (boxed: a refusal is rare, and the `Err` of
+    /// every judgement stays small).
+    pub refusal: Box<crate::policy::refusal::Refusal>,
     /// What it called, when known.
     pub call: Option<String>,
     /// The ids of a JSON-RPC body's requests, and whether it was a batch (none: answer with
@@ -199,8 +199,7 @@ impl Protocol {
 
     fn judge_body(&self, asked: Asked<'_>, body: &[u8]) -> Result<Judged, Refused> {
         let refuse = |detail: String, call: Option<String>, rpc| Refused {
-            reason: self.reason(),
-            detail,
+            refusal: Box::new(crate::policy::refusal::Refusal::new(self.reason(), detail)),
             call,
             rpc,
         };

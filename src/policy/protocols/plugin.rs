@@ -37,8 +37,7 @@ pub fn refused(
     rpc: Option<(Vec<serde_json::Value>, bool)>,
 ) -> Refused {
     Refused {
-        reason: rule.reason(),
-        detail,
+        refusal: Box::new(crate::policy::refusal::Refusal::new(rule.reason(), detail)),
         call,
         rpc,
     }

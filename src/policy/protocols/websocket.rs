@@ -137,8 +137,7 @@ impl WsRule {
 /// A refusal with no JSON-RPC answer (a socket is closed, not answered).
 fn refused(reason: Reason, detail: String) -> Refused {
     Refused {
-        reason,
-        detail,
+        refusal: Box::new(crate::policy::refusal::Refusal::new(reason, detail)),
         call: None,
         rpc: None,
     }
@@ -248,7 +247,7 @@ mod tests {
         );
         let no = r#"{"jsonrpc":"2.0","id":2,"method":"admin/drop"}"#;
         let e = r.judge(true, false, Message::Text(no)).unwrap_err();
-        assert_eq!(e.reason, Reason::JsonRpcNotAllowed);
+        assert_eq!(e.refusal.reason, Reason::JsonRpcNotAllowed);
         assert!(r.judge(true, false, Message::Text("not json")).is_err());
     }
 
