@@ -66,7 +66,7 @@ pub struct Asker {
     /// The set in force when the query was identified.
     pub set: Arc<PolicySet>,
     /// The sandbox, or why none.
-    pub who: Result<Identified, identity::Refused>,
+    pub who: Result<Identified, identity::Unidentified>,
 }
 
 /// The request handler hickory-server calls for every query.
@@ -188,7 +188,7 @@ impl DnsListener {
         &self,
         asked: &Received<'_>,
         set: &PolicySet,
-        who: Result<Identified, identity::Refused>,
+        who: Result<Identified, identity::Unidentified>,
         q: &mut AuditGuard,
     ) -> Judged {
         let shared = &self.shared;

@@ -68,18 +68,19 @@ impl Proof {
     }
 }
 
-/// A refusal: the reason and, for `unknown_sandbox`/`auth_failed`, nothing more — the
-/// claimed id is not echoed into labels.
+/// A connection no sandbox could be found for: the reason (`auth_required`, `auth_failed`,
+/// `unknown_sandbox`) and the method tried, nothing more — the claimed id is not echoed into
+/// labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refused {
+pub struct Unidentified {
     pub reason: Reason,
     pub method: Method,
 }
 
 /// Identify a connection by the sandbox id its verified client certificate names: a
 /// configured sandbox, or a refusal (never a fall-through to a weaker method).
-pub fn by_certificate(set: &PolicySet, named: Option<&str>) -> Result<Identified, Refused> {
-    let refused = Refused {
+pub fn by_certificate(set: &PolicySet, named: Option<&str>) -> Result<Identified, Unidentified> {
+    let refused = Unidentified {
         reason: Reason::UnknownSandbox,
         method: Method::Certificate,
     };
@@ -107,9 +108,9 @@ pub fn identify(
     credentials: Option<Credentials<'_>>,
     client: IpAddr,
     default_sandbox: Option<&str>,
-) -> Result<Identified, Refused> {
+) -> Result<Identified, Unidentified> {
     if let Some(credentials) = credentials {
-        let refused = |reason| Refused {
+        let refused = |reason| Unidentified {
             reason,
             method: Method::Token,
         };
@@ -157,7 +158,7 @@ pub fn identify(
             });
         }
     }
-    Err(Refused {
+    Err(Unidentified {
         reason: Reason::AuthRequired,
         method: Method::None,
     })

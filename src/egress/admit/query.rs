@@ -23,7 +23,7 @@ pub fn query_asker(
     set: &PolicySet,
     default_sandbox: Option<&str>,
     source: IpAddr,
-) -> Result<Identified, identity::Refused> {
+) -> Result<Identified, identity::Unidentified> {
     identity::identify(set, None, source, default_sandbox)
 }
 
@@ -53,7 +53,7 @@ pub struct RateRefused;
 /// then its rate is taken. `Err`: the refusal, recorded — an unidentified source in its
 /// source's periodic sum, a sandbox over its rate as `rate_limited`.
 pub fn query_enter(
-    who: Result<Identified, identity::Refused>,
+    who: Result<Identified, identity::Unidentified>,
     limiters: &Limiters,
     metrics: &Metrics,
     q: &mut AuditGuard,
