@@ -82,38 +82,27 @@ fn origin(dir: &Path, ca: &TestCa) -> ScriptOrigin {
 
 /// A proxy terminating git.test with a git rule for `git_services`.
 fn proxy(dir: &Path, ca: &TestCa, port: u16, git_services: &str) -> Proxy {
-    let network = format!(
-        r#"egress: ["git.test:{port}"]
-        http: [{{ host: git.test, paths: ["/org/*.git"], git: [{git_services}] }}]"#
-    );
-    proxy_with(dir, ca, &network)
+    let dev = SandboxSpec::new("dev")
+        .allow(&format!("git.test:{port}"))
+        .network(
+            "http",
+            &format!(r#"[{{ host: git.test, paths: ["/org/*.git"], git: [{git_services}] }}]"#),
+        );
+    proxy_with(dir, ca, dev)
 }
 
-/// A proxy for sandbox `dev` whose `network` block is `network` (git.test and github.com
-/// are the test origin).
-fn proxy_with(dir: &Path, ca: &TestCa, network: &str) -> Proxy {
+/// A proxy for sandbox `dev` (token `dev-secret`, its lists in `dev`) terminating TLS
+/// (git.test and github.com are the test origin).
+fn proxy_with(dir: &Path, ca: &TestCa, dev: SandboxSpec) -> Proxy {
     ca_init(&dir.join("ica"));
-    Proxy::start(
-        dir,
-        &format!(
-            r#"
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ git.test: [127.0.0.1], github.com: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
-sandboxes:
-  - id: dev
-    auth: {{ token_sha256: {tok} }}
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        {network}
-"#,
-            ica = dir.join("ica").display(),
-            upstream = ca.ca_pem.display(),
-            tok = sha("dev-secret"),
-        ),
-    )
+    ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .host("git.test", "127.0.0.1")
+        .host("github.com", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .intercept(&dir.join("ica"), &ca.ca_pem)
+        .sandbox(dev.token("dev-secret"))
+        .start(dir)
 }
 
 /// `git ARGS` in `dir` through `p` as sandbox `dev`, trusting the interception CA.
@@ -224,12 +213,10 @@ fn github_read_only_clones_and_refuses_a_push() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
     let o = origin(dir.path(), &ca);
-    let network = format!(
-        r#"egress: ["github.com:{}"]
-        http: [{{ preset: github-read-only }}]"#,
-        o.port
-    );
-    let p = proxy_with(dir.path(), &ca, &network);
+    let dev = SandboxSpec::new("dev")
+        .allow(&format!("github.com:{}", o.port))
+        .network("http", "[{ preset: github-read-only }]");
+    let p = proxy_with(dir.path(), &ca, dev);
     let ica = dir.path().join("ica/ca.crt");
     let url = format!("https://github.com:{}/org/app.git", o.port);
     let (ok, out) = via(&p, dir.path(), &ica, &["clone", "-q", &url, "clone"]);
@@ -261,12 +248,18 @@ fn after_a_private_clone_a_push_to_a_public_host_is_refused() {
     let ca = TestCa::generate(dir.path());
     let o = origin(dir.path(), &ca);
     let port = o.port;
-    let network = format!(
-        r#"egress: ["git.test:{port}", "github.com:{port}"]
-        http: [{{ host: git.test, git: [fetch, push] }}, {{ host: github.com, git: [fetch, push] }}]
-        flows: {{ labels: {{ private: [git.test] }}, rules: [{{ name: no-exfil, after: [private], refuse: writes, except: [private] }}] }}"#
-    );
-    let p = proxy_with(dir.path(), &ca, &network);
+    let dev = SandboxSpec::new("dev")
+        .allow(&format!("git.test:{port}"))
+        .allow(&format!("github.com:{port}"))
+        .network(
+            "http",
+            "[{ host: git.test, git: [fetch, push] }, { host: github.com, git: [fetch, push] }]",
+        )
+        .network(
+            "flows",
+            "{ labels: { private: [git.test] }, rules: [{ name: no-exfil, after: [private], refuse: writes, except: [private] }] }",
+        );
+    let p = proxy_with(dir.path(), &ca, dev);
     let ica = dir.path().join("ica/ca.crt");
     let public = format!("https://github.com:{port}/org/app.git");
     let (ok, out) = via(&p, dir.path(), &ica, &["clone", "-q", &public, "public"]);

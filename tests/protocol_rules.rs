@@ -29,33 +29,26 @@ fn api_origin(ca: &TestCa) -> (Origin, u16) {
 }
 
 /// A proxy terminating mcp.test and api.test for sandbox `dev` with the `http` rules given;
-/// `sandbox_extra` goes in the sandbox entry (e.g. `enforcement: report`).
-fn proxy(dir: &Path, ca: &TestCa, ports: (u16, u16), http: &str, sandbox_extra: &str) -> Proxy {
+/// in report mode when `report`.
+fn proxy(dir: &Path, ca: &TestCa, ports: (u16, u16), http: &str, report: bool) -> Proxy {
     ca_init(&dir.join("ica"));
-    Proxy::start(
-        dir,
-        &format!(
-            r#"
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ mcp.test: [127.0.0.1], api.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream}, judge_body_bytes: 4096 }}
-sandboxes:
-  - id: dev
-    auth: {{ token_sha256: {tok} }}
-{sandbox_extra}    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["mcp.test:{mcp}", "api.test:{api}"]
-        http: {http}
-"#,
-            ica = dir.join("ica").display(),
-            upstream = ca.ca_pem.display(),
-            tok = sha("dev-secret"),
-            mcp = ports.0,
-            api = ports.1,
-        ),
-    )
+    let mut dev = SandboxSpec::new("dev")
+        .token("dev-secret")
+        .allow(&format!("mcp.test:{}", ports.0))
+        .allow(&format!("api.test:{}", ports.1))
+        .network("http", http);
+    if report {
+        dev = dev.report();
+    }
+    ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .host("mcp.test", "127.0.0.1")
+        .host("api.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .intercept(&dir.join("ica"), &ca.ca_pem)
+        .intercept_option("judge_body_bytes", "4096")
+        .sandbox(dev)
+        .start(dir)
 }
 
 const MCP_RULE: &str = r#"[{ host: mcp.test, paths: [/mcp], protocol: mcp, tools: [search, ask_user, { name: create_issue, arguments: { repo: { one_of: [acme/docs] } } }], resources: ["file:///docs/**"], prompts: [summarize] }]"#;
@@ -94,7 +87,7 @@ fn the_mcp_sdk_sees_and_calls_only_the_allowed_tools_in_json_and_sse() {
         let ca = TestCa::generate(dir.path());
         let server = mcp_server(&ca, mode);
         let port = server.port;
-        let p = proxy(dir.path(), &ca, (port, 9), MCP_RULE, "");
+        let p = proxy(dir.path(), &ca, (port, 9), MCP_RULE, false);
         let got = mcp_client(&p, dir.path(), port, client_mode);
         // tools/list is filtered to the rule's tools.
         let tools = serde_json::json!(["ask_user", "create_issue", "search"]);
@@ -239,7 +232,7 @@ fn a_server_request_the_rule_allows_reaches_the_client() {
     let server = mcp_server(&ca, "sse");
     let port = server.port;
     let rule = r#"[{ host: mcp.test, paths: [/mcp], protocol: mcp, tools: [ask_user], server_requests: [elicitation/create] }]"#;
-    let p = proxy(dir.path(), &ca, (port, 9), rule, "");
+    let p = proxy(dir.path(), &ca, (port, 9), rule, false);
     let got = mcp_client(&p, dir.path(), port, "legacy");
     assert_eq!(got["tools"], serde_json::json!(["ask_user"]), "{got}");
     assert_eq!(
@@ -283,7 +276,7 @@ fn a_graphql_query_passes_and_a_mutation_is_refused_before_it_leaves() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
     let (origin, port) = api_origin(&ca);
-    let p = proxy(dir.path(), &ca, (9, port), GRAPHQL_RULE, "");
+    let p = proxy(dir.path(), &ca, (9, port), GRAPHQL_RULE, false);
     let query = r#"{"query":"query Me { viewer { login } }"}"#;
     let (status, body) = post(&p, dir.path(), port, query, "application/json");
     assert_eq!(
@@ -335,13 +328,7 @@ fn report_mode_forwards_a_refused_mutation_and_records_it() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
     let (_origin, port) = api_origin(&ca);
-    let p = proxy(
-        dir.path(),
-        &ca,
-        (9, port),
-        GRAPHQL_RULE,
-        "    enforcement: report\n",
-    );
+    let p = proxy(dir.path(), &ca, (9, port), GRAPHQL_RULE, true);
     let m = r#"{"query":"mutation { createGist { id } }"}"#;
     let (status, body) = post(&p, dir.path(), port, m, "application/json");
     assert_eq!(
@@ -359,7 +346,7 @@ fn a_jsonrpc_batch_with_one_forbidden_call_is_refused_whole() {
     let ca = TestCa::generate(dir.path());
     let (origin, port) = api_origin(&ca);
     let rule = r#"[{ host: api.test, paths: [/upload], protocol: jsonrpc, methods: ["eth_get*", eth_call] }]"#;
-    let p = proxy(dir.path(), &ca, (9, port), rule, "");
+    let p = proxy(dir.path(), &ca, (9, port), rule, false);
     let ok = r#"[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":[]},{"jsonrpc":"2.0","id":2,"method":"eth_call"}]"#;
     let (status, body) = post(&p, dir.path(), port, ok, "application/json");
     assert_eq!(
@@ -400,7 +387,7 @@ fn an_lfs_download_passes_and_an_upload_is_refused() {
     // naming the repository path `/upload/..` would not reach it, so the batch path is the
     // origin's own.
     let rule = r#"[{ host: api.test, paths: ["/**"], git: [fetch], lfs: [download] }]"#;
-    let p = proxy(dir.path(), &ca, (9, port), rule, "");
+    let p = proxy(dir.path(), &ca, (9, port), rule, false);
     let url = format!("https://api.test:{port}/o/r.git/info/lfs/objects/batch");
     let send = |op: &str| {
         let out = curl(&[
@@ -438,13 +425,7 @@ fn suggest_learns_an_mcp_rule_from_report_mode() {
     let server = mcp_server(&ca, "json");
     let port = server.port;
     let rule = r#"[{ host: mcp.test, paths: [/mcp], protocol: mcp, tools: [search] }]"#;
-    let p = proxy(
-        dir.path(),
-        &ca,
-        (port, 9),
-        rule,
-        "    enforcement: report\n",
-    );
+    let p = proxy(dir.path(), &ca, (port, 9), rule, true);
     let got = mcp_client(&p, dir.path(), port, "auto");
     assert_eq!(
         got["tools"].as_array().map(Vec::len),

@@ -26,37 +26,27 @@ struct Env {
 }
 
 /// A proxy with the SOCKS5 listener and sandbox `agent` (allowed `allowed.test` only), with an
-/// interception CA when `tls` is given (`extra` keys of `tls_intercept` with it).
-fn env(tls: Option<&str>) -> Env {
+/// interception CA when `tls` is given (these `tls_intercept` keys with it).
+fn env(tls: Option<&[(&str, &str)]>) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let ica = dir.path().join("ica");
-    let intercept = if let Some(extra) = tls {
+    let mut config = ProxyConfig::new()
+        .socks5()
+        .dns_server("127.0.0.1:9")
+        .host("refused.test", "127.0.0.1")
+        .sandbox(
+            SandboxSpec::new("agent")
+                .token("tok-agent")
+                .allow("allowed.test"),
+        );
+    if let Some(keys) = tls {
         ca_init(&ica);
-        format!(
-            "tls_intercept: {{ ca_cert_file: {0}/ca.crt, ca_key_file: {0}/ca.key{extra} }}\n",
-            ica.display()
-        )
-    } else {
-        String::new()
-    };
-    let yaml = format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, socks5: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ refused.test: [127.0.0.1] }} }}
-{intercept}sandboxes:
-  - id: agent
-    auth: {{ token_sha256: {sha} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["allowed.test"] }} }}
-"#,
-        audit = dir.path().join("audit.jsonl").display(),
-        sha = sha("tok-agent"),
-    );
-    std::fs::write(dir.path().join("proxy.yaml"), yaml).unwrap();
-    let proxy = Proxy::start_with(
-        dir.path().join("proxy.yaml"),
-        dir.path().join("audit.jsonl"),
-        &[],
-    );
+        config = config.intercept_only(&ica);
+        for (k, v) in keys {
+            config = config.intercept_option(k, v);
+        }
+    }
+    let proxy = config.start(dir.path());
     Env {
         _dir: dir,
         ica,
@@ -113,7 +103,7 @@ fn node_modules() -> String {
 /// `HTTPS_PROXY` alone.
 #[test]
 fn a_refused_connect_tells_every_python_client_and_curl_where_to_ask() {
-    let e = env(Some(""));
+    let e = env(Some(&[]));
     let code = "import requests\ntry:\n    requests.get('https://refused.test/')\nexcept Exception as x:\n    print(x)";
     let text = e.run("python3", &["-c", code], &[]);
     assert!(text.contains("[no_rule_matched]"), "{text}");
@@ -145,7 +135,7 @@ fn a_refused_connect_tells_every_python_client_and_curl_where_to_ask() {
 /// its denials at the https ask URL with `HTTPS_PROXY` alone.
 #[test]
 fn node_fetch_reaches_the_endpoint_with_https_proxy_alone() {
-    let e = env(Some(""));
+    let e = env(Some(&[]));
     let text = node(
         &e,
         &[
@@ -206,7 +196,7 @@ const dispatcher = new ProxyAgent({ uri: process.env.HTTPS_PROXY,
 /// certificate error (why it is off by default).
 #[test]
 fn refusals_inside_the_tunnel_reach_curl_and_node() {
-    let e = env(Some(", refusals_inside: true"));
+    let e = env(Some(&[("refusals_inside", "true")]));
     let out = curl(&[
         "-sS",
         "-x",
@@ -280,7 +270,7 @@ fn without_an_interception_ca_the_hint_says_how_the_http_form_is_reached() {
 /// records are the sandbox's, and any other port is still refused.
 #[test]
 fn a_socks5_sandbox_reads_its_denials_and_asks() {
-    let e = env(Some(""));
+    let e = env(Some(&[]));
     let socks = format!("socks5h://agent:tok-agent@{}", e.socks());
     let refused = curl(&["-sS", "-x", &socks, "http://refused.test/"]);
     assert!(refused.stderr.contains("(2)"), "{}", refused.stderr);

@@ -50,10 +50,10 @@ impl Judged {
 }
 
 /// A proxy for sandbox `s` (token `s-token`) allowed to reach `api.test` on `port`, with these
-/// `network.http` rules and `sandbox_extra` in its entry; `listen.proxy_tls` and `tls_intercept`
+/// `network.http` rules and what `sandbox` adds to its entry; `listen.proxy_tls` and `tls_intercept`
 /// (rules name terminated hosts) too.
-fn proxy(dir: &Path, port: u16, http: &str, sandbox_extra: &str) -> Proxy {
-    proxy_to(dir, None, port, http, sandbox_extra)
+fn proxy(dir: &Path, port: u16, http: &str, sandbox: fn(SandboxSpec) -> SandboxSpec) -> Proxy {
+    proxy_to(dir, None, port, http, sandbox)
 }
 
 /// [`proxy`], trusting `upstream` (the test CA of a TLS origin) for terminated hosts.
@@ -62,43 +62,28 @@ fn proxy_to(
     upstream: Option<&TestCa>,
     port: u16,
     http: &str,
-    sandbox_extra: &str,
+    sandbox: fn(SandboxSpec) -> SandboxSpec,
 ) -> Proxy {
     ca_init(&dir.join("ica"));
-    let upstream = upstream
-        .map(|ca| format!(", upstream_ca_file: {}", ca.ca_pem.display()))
-        .unwrap_or_default();
-    let audit = dir.join("audit.jsonl");
-    let config = dir.join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"listen:
-  proxy: 127.0.0.1:0
-  admin: 127.0.0.1:0
-  socks5: 127.0.0.1:0
-  proxy_tls: {{ addr: 127.0.0.1:0, cert_file: server.pem, key_file: server.key }}
-audit: {{ path: {audit} }}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key{upstream} }}
-sandboxes:
-  - id: s
-    auth: {{ token_sha256: {sha} }}
-{sandbox_extra}    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["api.test:{port}"]
-        http: {http}
-"#,
-            audit = audit.display(),
-            sha = sha("s-token"),
-            ica = dir.join("ica").display(),
-        ),
-    )
-    .unwrap();
-    Proxy::start_with(config, audit, &[])
+    let s = SandboxSpec::new("s")
+        .token("s-token")
+        .allow(&format!("api.test:{port}"))
+        .network("http", http);
+    let config = ProxyConfig::new()
+        .socks5()
+        .listen_at(
+            "proxy_tls",
+            "{ addr: 127.0.0.1:0, cert_file: server.pem, key_file: server.key }",
+        )
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(sandbox(s));
+    match upstream {
+        Some(ca) => config.intercept(&dir.join("ica"), &ca.ca_pem),
+        None => config.intercept_only(&dir.join("ica")),
+    }
+    .start(dir)
 }
 
 /// curl through `p` as sandbox `s`: (status, body).
@@ -120,7 +105,7 @@ fn forwarded_plain_http_is_held_to_the_hosts_method_and_path_rules() {
     let origin = Judged::start(dir.path(), None);
     let port = origin.port();
     proxy_certificate(dir.path());
-    let p = proxy(dir.path(), port, GET_OK_ONLY, "");
+    let p = proxy(dir.path(), port, GET_OK_ONLY, |s| s);
     let url = |path: &str| format!("http://api.test:{port}{path}");
 
     let (status, body) = through(&p, &[&url("/ok/a")]);
@@ -180,7 +165,7 @@ fn forwarded_plain_http_over_http2_is_held_to_the_same_rules() {
     let origin = Judged::start(dir.path(), None);
     let port = origin.port();
     let roots = proxy_certificate(dir.path());
-    let p = proxy(dir.path(), port, GET_OK_ONLY, "");
+    let p = proxy(dir.path(), port, GET_OK_ONLY, |s| s);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let statuses = rt.block_on(async {
         let mut h2 = connect_h2::<Full<Bytes>>(p.proxy_tls.expect("proxy_tls"), roots).await;
@@ -218,12 +203,9 @@ fn a_sandboxs_own_identity_header_never_passes_on_forwarded_plain_http() {
     let origin = Judged::start(dir.path(), None);
     let port = origin.port();
     proxy_certificate(dir.path());
-    let p = proxy(
-        dir.path(),
-        port,
-        "[]",
-        "    identity_token: { hosts: [api.test] }\n",
-    );
+    let p = proxy(dir.path(), port, "[]", |s| {
+        s.entry("identity_token", "{ hosts: [api.test] }")
+    });
     let url = format!("http://api.test:{port}/whoami");
     let (status, body) = through(&p, &["-H", "X-Sandbox-Identity: eyJ.forged.jwt", &url]);
     assert_eq!(status, 403, "{body}");
@@ -248,7 +230,7 @@ fn a_graphql_body_is_read_as_its_media_type_and_a_plain_rule_cannot_skip_the_gra
     let origin = Judged::start(dir.path(), None);
     let port = origin.port();
     proxy_certificate(dir.path());
-    let p = proxy(dir.path(), port, GRAPHQL_READ_ONLY, "");
+    let p = proxy(dir.path(), port, GRAPHQL_READ_ONLY, |s| s);
     let url = format!("http://api.test:{port}/graphql");
     let (status, body) = through(
         &p,
@@ -298,7 +280,7 @@ fn a_terminated_graphql_form_smuggle_never_reaches_a_server_that_reads_forms() {
     let origin = Judged::start(dir.path(), Some(&ca));
     let port = origin.port();
     proxy_certificate(dir.path());
-    let p = proxy_to(dir.path(), Some(&ca), port, GRAPHQL_READ_ONLY, "");
+    let p = proxy_to(dir.path(), Some(&ca), port, GRAPHQL_READ_ONLY, |s| s);
     let url = format!("https://api.test:{port}/graphql");
     let cacert = dir.path().join("ica/ca.crt");
     let cacert = cacert.to_str().unwrap();
@@ -350,7 +332,7 @@ fn plain_http_inside_connect_and_socks5_tunnels_is_judged_request_by_request() {
     let origin = Judged::start(dir.path(), None);
     let port = origin.port();
     proxy_certificate(dir.path());
-    let p = proxy(dir.path(), port, GET_OK_ONLY, "");
+    let p = proxy(dir.path(), port, GET_OK_ONLY, |s| s);
     let ok = format!("http://api.test:{port}/ok/a");
     let secret = format!("http://api.test:{port}/secret");
     let connect = format!("http://s:s-token@{}", p.proxy);
@@ -448,7 +430,7 @@ fn a_method_override_in_a_form_body_is_refused_on_every_path() {
     let before = rack.ran();
     proxy_certificate(dir.path());
     let rules = r#"[{ host: api.test, methods: [GET, POST], paths: ["/items/**"] }]"#;
-    let p = proxy(dir.path(), port, rules, "");
+    let p = proxy(dir.path(), port, rules, |s| s);
     let url = format!("http://api.test:{port}/items/1");
     for tunnel in [false, true] {
         for body in [

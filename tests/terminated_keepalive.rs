@@ -184,11 +184,8 @@ fn config(d: &std::path::Path, origin: &TlsOrigin, keepalive: &str, allow_a: boo
         .dns_server("127.0.0.1:9")
         .host("api.test", "127.0.0.1")
         .guard_allow("127.0.0.1/32")
-        .raw(&format!(
-            "tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {uca}, upstream_keepalive: {keepalive} }}",
-            ica = d.join("ica").display(),
-            uca = origin.ca.ca_pem.display(),
-        ))
+        .intercept(&d.join("ica"), &origin.ca.ca_pem)
+        .intercept_option("upstream_keepalive", keepalive)
         .sandbox(a)
         .sandbox(b)
 }

@@ -19,32 +19,35 @@ struct Env {
     proxy: Proxy,
 }
 
-/// The config: api.test (no credential) and other.test (a `replace_placeholder` credential)
-/// on the origin's port, with the `http` rules given.
-fn config(dir: &Path, port: u16, http: &str) -> String {
-    format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-admin_token_file: admin.token
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], other.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32], timeouts: {{ shutdown_grace_ms: 1000 }} }}
-tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: {uca} }}
-sandboxes:
-  - id: dev
-    auth: {{ token_sha256: {tok} }}
-    credentials:
-      - {{ name: key, hosts: [other.test], inject: {{ replace_placeholder: {{ headers: [X-Api-Key] }} }}, source: {{ env: WS_SECRET }} }}
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["api.test:{port}", "other.test:{port}"]
-        http: {http}
-"#,
-        audit = dir.join("audit.jsonl").display(),
-        uca = dir.join("ca/ca.pem").display(),
-        tok = sha("dev-secret"),
+/// Sandbox `dev`: api.test (no credential) and other.test (a `replace_placeholder`
+/// credential) on the origin's port, with the `http` rules given.
+fn dev(port: u16, http: &str) -> SandboxSpec {
+    dev_allowing(
+        &[&format!("api.test:{port}"), &format!("other.test:{port}")],
+        http,
     )
+}
+
+/// Sandbox `dev` with these `egress` entries and `http` rules.
+fn dev_allowing(egress: &[&str], http: &str) -> SandboxSpec {
+    let dev = SandboxSpec::new("dev")
+        .token("dev-secret")
+        .credential("{ name: key, hosts: [other.test], inject: { replace_placeholder: { headers: [X-Api-Key] } }, source: { env: WS_SECRET } }")
+        .network("http", http);
+    egress.iter().fold(dev, |dev, entry| dev.allow(entry))
+}
+
+/// The config: sandbox `sb` terminated, api.test and other.test on loopback.
+fn config(dir: &Path, sb: SandboxSpec) -> ProxyConfig {
+    ProxyConfig::new()
+        .admin_token_file(&dir.join("admin.token"))
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .host("other.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .defaults("timeouts", "{ shutdown_grace_ms: 1000 }")
+        .intercept(&dir.join("ica"), &dir.join("ca/ca.pem"))
+        .sandbox(sb)
 }
 
 fn env(http: &str, compression: bool) -> Env {
@@ -71,12 +74,7 @@ fn env_with(http: &str, compression: &str) -> Env {
             compression.as_ref(),
         ],
     );
-    std::fs::write(d.join("proxy.yaml"), config(d, origin.port, http)).unwrap();
-    let proxy = Proxy::start_with(
-        d.join("proxy.yaml"),
-        d.join("audit.jsonl"),
-        &[("WS_SECRET", SECRET)],
-    );
+    let proxy = config(d, dev(origin.port, http)).start_env(d, &[("WS_SECRET", SECRET)]);
     Env { dir, origin, proxy }
 }
 
@@ -209,9 +207,9 @@ fn simulate_replays_upgrades_as_upgrades() {
     );
     assert!(same["replayed"].as_u64().unwrap() >= 2, "{same:#}");
     // The same rules, the host denied: the upgrade is refused by the deny, not unknown.
-    let denied = config(d, e.origin.port, RPC_RULE)
-        .replace("        http:", "        deny: [api.test]\n        http:");
-    std::fs::write(d.join("denied.yaml"), denied).unwrap();
+    let denied = config(d, dev(e.origin.port, RPC_RULE).deny("api.test"));
+    let audit = d.join("audit.jsonl");
+    std::fs::write(d.join("denied.yaml"), denied.yaml(&audit)).unwrap();
     let (code, report) = simulate(&d.join("denied.yaml"));
     assert_eq!(code, Some(1), "{report:#}");
     let refused = report["newly_refused"].to_string();
@@ -419,17 +417,15 @@ fn ended(child: std::process::Child, since: Instant) -> (serde_json::Value, Dura
     (serde_json::from_slice(&out.stdout).unwrap(), took)
 }
 
-/// Reload `e` with `http` rules and `egress` entries.
+/// Reload `e` with `http` rules and, when given, this one `egress` entry alone.
 fn reload(e: &Env, http: &str, egress: Option<&str>) {
-    let mut narrowed = config(e.dir.path(), e.origin.port, http);
-    if let Some(egress) = egress {
-        let port = e.origin.port;
-        narrowed = narrowed.replace(
-            &format!(r#"egress: ["api.test:{port}", "other.test:{port}"]"#),
-            &format!("egress: [{egress}]"),
-        );
-    }
-    std::fs::write(e.dir.path().join("proxy.yaml"), narrowed).unwrap();
+    let d = e.dir.path();
+    let sb = match egress {
+        Some(entry) => dev_allowing(&[entry], http),
+        None => dev(e.origin.port, http),
+    };
+    let narrowed = config(d, sb).yaml(&d.join("audit.jsonl"));
+    std::fs::write(d.join("proxy.yaml"), narrowed).unwrap();
     let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some("admin-token"));
     assert_eq!(status, 200, "{body}");
 }
@@ -466,7 +462,7 @@ fn revoking_the_egress_entry_closes_the_socket_with_a_reason_before_the_tunnel_i
     let child = open_socket(&e);
     let reloaded = Instant::now();
     let port = e.origin.port;
-    reload(&e, "[]", Some(&format!("\"other.test:{port}\"")));
+    reload(&e, "[]", Some(&format!("other.test:{port}")));
     let (out, took) = ended(child, reloaded);
     assert_eq!(out["close"]["code"], 1008, "{out}");
     assert!(
@@ -503,12 +499,8 @@ fn after_a_private_read_a_socket_message_is_a_refused_write() {
     let flows = r#"{ labels: { private: ["other.test"] }, rules: [{ name: no-exfil, after: [private], refuse: writes, except: [private] }] }"#;
     let e = env(RPC_RULE, false);
     let d = e.dir.path();
-    let yaml = std::fs::read_to_string(d.join("proxy.yaml")).unwrap();
-    let yaml = yaml.replace(
-        "        http:",
-        &format!("        flows: {flows}\n        http:"),
-    );
-    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
+    let flowing = config(d, dev(e.origin.port, RPC_RULE).network("flows", flows));
+    std::fs::write(d.join("proxy.yaml"), flowing.yaml(&d.join("audit.jsonl"))).unwrap();
     assert_eq!(
         admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some("admin-token")).0,
         200

@@ -174,17 +174,12 @@ fn extended_connect_on_http2_is_judged_per_message() {
         .unwrap();
     let got: Got = Arc::default();
     let port = rt.block_on(origin(&ca, got.clone()));
-    let tls_intercept = format!(
-        "tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {uca} }}",
-        ica = d.join("ica").display(),
-        uca = ca.ca_pem.display(),
-    );
     let http = "[{ host: api.test, paths: [/socket], protocol: websocket, messages: { text: [\"hello*\"] } }, { host: api.test, paths: [/plain] }]";
     let proxy = ProxyConfig::new()
         .dns_server("127.0.0.1:9")
         .host("api.test", "127.0.0.1")
         .guard_allow("127.0.0.1/32")
-        .raw(&tls_intercept)
+        .intercept(&d.join("ica"), &ca.ca_pem)
         .sandbox(
             SandboxSpec::new("dev")
                 .token("dev-secret")

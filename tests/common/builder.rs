@@ -23,6 +23,8 @@ pub struct SandboxSpec {
     limits: Option<String>,
     /// `credentials`, each a YAML flow map.
     credentials: Vec<String>,
+    /// More keys of the sandbox's entry, as YAML flow values (`identity_token`, …).
+    entries: Vec<(String, String)>,
 }
 
 impl SandboxSpec {
@@ -38,6 +40,7 @@ impl SandboxSpec {
             network: Vec::new(),
             limits: None,
             credentials: Vec::new(),
+            entries: Vec::new(),
         }
     }
 
@@ -83,6 +86,13 @@ impl SandboxSpec {
         self
     }
 
+    /// Another key of the sandbox's entry, its value as a YAML flow value
+    /// (`identity_token`, `{ hosts: [api.test] }`).
+    pub fn entry(mut self, key: &str, yaml: &str) -> Self {
+        self.entries.push((key.into(), yaml.into()));
+        self
+    }
+
     /// `enforcement: report`.
     pub fn report(mut self) -> Self {
         self.report = true;
@@ -109,6 +119,9 @@ impl SandboxSpec {
         }
         if !self.credentials.is_empty() {
             s += &format!("    credentials: [{}]\n", self.credentials.join(", "));
+        }
+        for (k, v) in &self.entries {
+            s += &format!("    {k}: {v}\n");
         }
         let more: String = self
             .network
@@ -142,6 +155,8 @@ pub struct ProxyConfig {
     defaults: Vec<(String, String)>,
     admin_token_file: Option<PathBuf>,
     sandboxes: Vec<SandboxSpec>,
+    /// `tls_intercept`: the interception CA's directory, more keys.
+    intercept: Option<(PathBuf, Vec<(String, String)>)>,
     raw: Vec<String>,
 }
 
@@ -222,6 +237,28 @@ impl ProxyConfig {
         self
     }
 
+    /// `tls_intercept` with the interception CA `egress-proxy ca init` wrote in `ica_dir`,
+    /// trusting origins signed by the PEM file `upstream_ca`.
+    pub fn intercept(self, ica_dir: &Path, upstream_ca: &Path) -> Self {
+        self.intercept_only(ica_dir)
+            .intercept_option("upstream_ca_file", &upstream_ca.display().to_string())
+    }
+
+    /// `tls_intercept` with the interception CA in `ica_dir` and the system's roots for
+    /// origins.
+    pub fn intercept_only(mut self, ica_dir: &Path) -> Self {
+        self.intercept = Some((ica_dir.into(), Vec::new()));
+        self
+    }
+
+    /// Another `tls_intercept` key, its value as YAML (`upstream_keepalive`, `false`); after
+    /// [`ProxyConfig::intercept`].
+    pub fn intercept_option(mut self, key: &str, yaml: &str) -> Self {
+        let (_, more) = self.intercept.as_mut().expect("intercept() comes first");
+        more.push((key.into(), yaml.into()));
+        self
+    }
+
     /// Top-level YAML for what the builder does not name.
     pub fn raw(mut self, yaml: &str) -> Self {
         self.raw.push(yaml.into());
@@ -272,6 +309,13 @@ impl ProxyConfig {
         if !defaults.is_empty() {
             s += &format!("defaults: {{ {} }}\n", defaults.join(", "));
         }
+        if let Some((ica, more)) = &self.intercept {
+            let more: String = more.iter().map(|(k, v)| format!(", {k}: {v}")).collect();
+            s += &format!(
+                "tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key{more} }}\n",
+                ica = ica.display(),
+            );
+        }
         for r in &self.raw {
             s += r;
             s += "\n";
@@ -287,9 +331,14 @@ impl ProxyConfig {
 
     /// Write it in `dir` and start the real binary on it.
     pub fn start(&self, dir: &Path) -> Proxy {
+        self.start_env(dir, &[])
+    }
+
+    /// [`ProxyConfig::start`] with these environment variables set for the binary.
+    pub fn start_env(&self, dir: &Path, env: &[(&str, &str)]) -> Proxy {
         let audit = dir.join("audit.jsonl");
         let config = dir.join("proxy.yaml");
         std::fs::write(&config, self.yaml(&audit)).unwrap();
-        Proxy::start_with(config, audit, &[])
+        Proxy::start_with(config, audit, env)
     }
 }
