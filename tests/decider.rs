@@ -50,37 +50,34 @@ fn decider(args: &[&str]) -> Decider {
 const PRIVATE_KEY: &str =
     "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA1234\n-----END RSA PRIVATE KEY-----\n";
 
-/// One sandbox entry: `id` with `extra` lines (decider, dlp) reaching the origin's names.
-fn sandbox(id: &str, extra: &str, port: u16) -> String {
-    format!(
-        r#"  - id: {id}
-    auth: {{ token_sha256: {tok} }}
-{extra}    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["api.test:{port}", "other.test:{port}", "blocked.test:{port}"]
-        http: [{{ host: api.test, methods: [GET, POST], paths: ["/**"] }}]
-"#,
-        tok = sha(&format!("{id}-secret")),
-    )
+/// Sandbox `id` (token `{id}-secret`) reaching the origin's names, GET and POST on api.test.
+fn sandbox(id: &str, port: u16) -> SandboxSpec {
+    SandboxSpec::new(id)
+        .token(&format!("{id}-secret"))
+        .allow(&format!("api.test:{port}"))
+        .allow(&format!("other.test:{port}"))
+        .allow(&format!("blocked.test:{port}"))
+        .network(
+            "http",
+            r#"[{ host: api.test, methods: [GET, POST], paths: ["/**"] }]"#,
+        )
 }
 
-fn proxy(dir: &Path, ca: &TestCa, sandboxes: &str, top: &str) -> Proxy {
+/// A proxy terminating TLS for `sandboxes`, with `top` (YAML) at the top level.
+fn proxy(dir: &Path, ca: &TestCa, sandboxes: &[SandboxSpec], top: &str) -> Proxy {
     ca_init(&dir.join("ica"));
-    Proxy::start(
-        dir,
-        &format!(
-            r#"dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], other.test: [127.0.0.1], blocked.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
-{top}
-sandboxes:
-{sandboxes}"#,
-            ica = dir.join("ica").display(),
-            upstream = ca.ca_pem.display(),
-        ),
-    )
+    let config = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .host("other.test", "127.0.0.1")
+        .host("blocked.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .intercept(&dir.join("ica"), &ca.ca_pem)
+        .raw(top);
+    sandboxes
+        .iter()
+        .fold(config, |c, sb| c.sandbox(sb.clone()))
+        .start(dir)
 }
 
 /// curl as `id` through `p` to `https://host:port/path` with `extra` arguments.
@@ -116,8 +113,9 @@ fn the_example_decider_denies_rewrites_and_reads_bodies() {
             true => format!("unix:{}", d.at),
             false => format!("http://127.0.0.1:{}/decide", d.at),
         };
-        let extra = format!("    decider: {{ url: \"{url}\", timeout_ms: 2000 }}\n");
-        let p = proxy(dir.path(), &ca, &sandbox("dev", &extra, port), "");
+        let decider = format!("{{ url: \"{url}\", timeout_ms: 2000 }}");
+        let dev = sandbox("dev", port).entry("decider", &decider);
+        let p = proxy(dir.path(), &ca, &[dev], "");
         let api = |path: &str| format!("https://api.test:{port}{path}");
         // Denied by path, before anything reaches the origin.
         let out = as_sandbox(&p, dir.path(), "dev", &api("/admin/users"), &[]);
@@ -200,17 +198,15 @@ fn a_slow_or_stopped_decider_is_unavailable_and_costs_other_sandboxes_nothing() 
     let stopped = ClosedPort::new();
     let stopped_port = stopped.port();
     let slow_cfg = format!(
-        "    decider: {{ url: \"http://127.0.0.1:{}/\", timeout_ms: 400 }}\n",
+        "{{ url: \"http://127.0.0.1:{}/\", timeout_ms: 400 }}",
         slow.at
     );
-    let gone_cfg =
-        format!("    decider: {{ url: \"http://127.0.0.1:{stopped_port}/\", timeout_ms: 400 }}\n");
-    let sandboxes = format!(
-        "{}{}{}",
-        sandbox("slow", &slow_cfg, port),
-        sandbox("gone", &gone_cfg, port),
-        sandbox("free", "", port)
-    );
+    let gone_cfg = format!("{{ url: \"http://127.0.0.1:{stopped_port}/\", timeout_ms: 400 }}");
+    let sandboxes = [
+        sandbox("slow", port).entry("decider", &slow_cfg),
+        sandbox("gone", port).entry("decider", &gone_cfg),
+        sandbox("free", port),
+    ];
     let p = proxy(dir.path(), &ca, &sandboxes, "");
     let api = format!("https://api.test:{port}/v1/x");
     // Eight slow asks at once; meanwhile the sandbox without a decider is served.
@@ -264,8 +260,13 @@ fn a_dlp_rule_cuts_an_upload_with_a_private_key_and_passes_it_without() {
     let ca = TestCa::generate(dir.path());
     let origin = Origin::start(Some(&ca));
     let port = origin.addr.port();
-    let dlp = "    dlp: { rules: [{ name: private_key, pattern: \"-----BEGIN [A-Z ]*PRIVATE KEY-----\" }], entropy: { min_length: 40, action: report } }\n";
-    let p = proxy(dir.path(), &ca, &sandbox("dev", dlp, port), "");
+    let dlp = "{ rules: [{ name: private_key, pattern: \"-----BEGIN [A-Z ]*PRIVATE KEY-----\" }], entropy: { min_length: 40, action: report } }";
+    let p = proxy(
+        dir.path(),
+        &ca,
+        &[sandbox("dev", port).entry("dlp", dlp)],
+        "",
+    );
     let api = format!("https://api.test:{port}/upload");
     let with_key = format!("config dump\n{PRIVATE_KEY}");
     let out = as_sandbox(&p, dir.path(), "dev", &api, &["--data-binary", &with_key]);
@@ -305,7 +306,7 @@ fn the_top_level_decider_applies_to_every_sandbox_without_its_own() {
     let port = origin.addr.port();
     let d = decider(&[]);
     let top = format!("decider: {{ url: \"http://127.0.0.1:{}/\" }}", d.at);
-    let p = proxy(dir.path(), &ca, &sandbox("dev", "", port), &top);
+    let p = proxy(dir.path(), &ca, &[sandbox("dev", port)], &top);
     let out = as_sandbox(
         &p,
         dir.path(),
@@ -329,20 +330,17 @@ fn dlp_finds_a_key_in_every_encoding_on_terminated_and_forwarded_requests() {
     let tls = Origin::start(Some(&ca));
     let plain = Origin::start(None);
     let (tls_port, plain_port) = (tls.addr.port(), plain.addr.port());
-    let dlp = "    dlp: { rules: [{ name: private_key, pattern: \"-----BEGIN [A-Z ]*PRIVATE KEY-----\" }] }\n";
-    let sandbox = format!(
-        r#"  - id: dev
-    auth: {{ token_sha256: {tok} }}
-{dlp}    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["api.test:{tls_port}", "other.test:{plain_port}"]
-        http: [{{ host: api.test, methods: [GET, POST], paths: ["/**"] }}]
-"#,
-        tok = sha("dev-secret"),
-    );
-    let p = proxy(dir.path(), &ca, &sandbox, "");
+    let dlp = "{ rules: [{ name: private_key, pattern: \"-----BEGIN [A-Z ]*PRIVATE KEY-----\" }] }";
+    let dev = SandboxSpec::new("dev")
+        .token("dev-secret")
+        .entry("dlp", dlp)
+        .allow(&format!("api.test:{tls_port}"))
+        .allow(&format!("other.test:{plain_port}"))
+        .network(
+            "http",
+            r#"[{ host: api.test, methods: [GET, POST], paths: ["/**"] }]"#,
+        );
+    let p = proxy(dir.path(), &ca, &[dev], "");
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(PRIVATE_KEY.as_bytes()).unwrap();
     let gz_file = dir.path().join("body.gz");
@@ -447,10 +445,15 @@ fn a_sandbox_cannot_make_the_decider_fail_open_with_its_own_load() {
     let port = origin.addr.port();
     let d = decider(&["--sleep", "0.15"]);
     let cfg = format!(
-        "    decider: {{ url: \"http://127.0.0.1:{}/\", timeout_ms: 300, max_in_flight: 8, on_error: allow }}\n",
+        "{{ url: \"http://127.0.0.1:{}/\", timeout_ms: 300, max_in_flight: 8, on_error: allow }}",
         d.at
     );
-    let p = proxy(dir.path(), &ca, &sandbox("flood", &cfg, port), "");
+    let p = proxy(
+        dir.path(),
+        &ca,
+        &[sandbox("flood", port).entry("decider", &cfg)],
+        "",
+    );
     let codes = h2_burst(&p, dir.path(), "flood", port, "/admin/forbidden", 40);
     assert_eq!(codes.len(), 40, "{codes:?}");
     let through = codes.iter().filter(|c| *c == "200").count();
@@ -490,10 +493,15 @@ fn a_decider_that_slows_under_a_sandboxs_flood_never_fails_open_for_it() {
     let port = origin.addr.port();
     let d = decider(&["--load-sleep", "0.01"]);
     let cfg = format!(
-        "    decider: {{ url: \"http://127.0.0.1:{}/\", timeout_ms: 300, on_error: allow }}\n",
+        "{{ url: \"http://127.0.0.1:{}/\", timeout_ms: 300, on_error: allow }}",
         d.at
     );
-    let p = proxy(dir.path(), &ca, &sandbox("slowed", &cfg, port), "");
+    let p = proxy(
+        dir.path(),
+        &ca,
+        &[sandbox("slowed", port).entry("decider", &cfg)],
+        "",
+    );
     let codes = h2_burst(&p, dir.path(), "slowed", port, "/admin/forbidden", 300);
     assert_eq!(codes.len(), 300, "{codes:?}");
     let through = codes.iter().filter(|c| *c == "200").count();
@@ -521,7 +529,7 @@ fn one_sandboxs_flood_of_asks_does_not_refuse_its_neighbour() {
         "decider: {{ url: \"http://127.0.0.1:{}/\", max_in_flight: 8, on_error: deny }}",
         d.at
     );
-    let sandboxes = format!("{}{}", sandbox("decx", "", port), sandbox("decy", "", port));
+    let sandboxes = [sandbox("decx", port), sandbox("decy", port)];
     let p = std::sync::Arc::new(proxy(dir.path(), &ca, &sandboxes, &top));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flood = {
@@ -576,13 +584,10 @@ fn the_decider_is_out_of_reach_and_its_questions_are_signed() {
         d.at,
         key.display()
     );
-    let reach =
-        "    policy: { provider: local, config: {}, network: { egress: [\"127.0.0.1:*\"] } }\n";
-    let sandboxes = format!(
-        "{}  - id: reach\n    auth: {{ token_sha256: {} }}\n{reach}",
-        sandbox("dev", "", port),
-        sha("reach-secret")
-    );
+    let reach = SandboxSpec::new("reach")
+        .token("reach-secret")
+        .allow("127.0.0.1:*");
+    let sandboxes = [sandbox("dev", port), reach];
     let p = proxy(dir.path(), &ca, &sandboxes, &top);
     // The proxy's questions are signed, so the decider answers them.
     let out = as_sandbox(
@@ -651,11 +656,12 @@ fn a_forwarded_request_is_asked_about_after_its_rules_with_its_body_and_edits() 
     let port = plain.addr.port();
     let schema = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/decider.schema.json");
     let d = decider(&["--schema", schema.to_str().unwrap()]);
-    let extra = format!(
-        "    decider: {{ url: \"http://127.0.0.1:{}/decide\", timeout_ms: 2000 }}\n",
+    let decider = format!(
+        "{{ url: \"http://127.0.0.1:{}/decide\", timeout_ms: 2000 }}",
         d.at
     );
-    let p = proxy(dir.path(), &ca, &sandbox("dev", &extra, port), "");
+    let dev = sandbox("dev", port).entry("decider", &decider);
+    let p = proxy(dir.path(), &ca, &[dev], "");
     let px = format!("http://dev:dev-secret@{}", p.proxy);
     let forwarded = |path: &str, more: &[&str]| {
         let url = format!("http://api.test:{port}{path}");

@@ -33,28 +33,25 @@ fn an_origin_verifies_the_sandbox_identity_against_the_published_keys() {
         ],
     );
     let port = origin.port;
-    let yaml = format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:{admin_port} }}
-audit: {{ path: {audit} }}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], other.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: {uca}, identity: {{ trust_domain: agents.example, issuer: "https://egress.agents.example" }} }}
-sandboxes:
-  - id: dev
-    auth: {{ token_sha256: {tok} }}
-    identity_token: {{ hosts: [api.test], ttl_s: 120 }}
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["api.test:{port}", "other.test:{port}"]
-"#,
-        audit = d.join("audit.jsonl").display(),
-        uca = ca.ca_pem.display(),
-        tok = sha("dev-secret"),
-    );
-    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
-    let p = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    let p = ProxyConfig::new()
+        .admin_at(&format!("127.0.0.1:{admin_port}"))
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .host("other.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .intercept(&d.join("ica"), &ca.ca_pem)
+        .intercept_option(
+            "identity",
+            r#"{ trust_domain: agents.example, issuer: "https://egress.agents.example" }"#,
+        )
+        .sandbox(
+            SandboxSpec::new("dev")
+                .token("dev-secret")
+                .entry("identity_token", "{ hosts: [api.test], ttl_s: 120 }")
+                .allow(&format!("api.test:{port}"))
+                .allow(&format!("other.test:{port}")),
+        )
+        .start(d);
     // The discovery document points at the keys.
     let (status, body) = p.admin_get("/.well-known/openid-configuration");
     assert_eq!(status, 200, "{body}");

@@ -22,41 +22,55 @@ struct Env {
 }
 
 /// The config: three provider hosts on the origin's port with keys brokered, the rules and
-/// limits given, and prices for `gpt-4o-mini*` only.
-fn config(dir: &Path, port: u16, limits: &str, extra: &str) -> String {
-    format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-admin_token_file: admin.token
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.openai.test: [127.0.0.1], api.anthropic.test: [127.0.0.1], gemini.test: [127.0.0.1], plain-llm.test: [127.0.0.1], paths-llm.test: [127.0.0.1] }} }}
-defaults:
-  guard_allow_ranges: [127.0.0.1/32]
-  prices: [{{ models: "gpt-4o-mini*", input: 0.15, output: 0.6, cached_input: 0.075 }}]
-tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: {uca} }}
-{extra}sandboxes:
-  - id: dev
-    auth: {{ token_sha256: {tok} }}
-    limits: {limits}
-    credentials:
-      - {{ name: openai, hosts: [api.openai.test], inject: {{ header: Authorization, format: "Bearer {{secret}}" }}, source: {{ env: LLM_SECRET }} }}
-      - {{ name: anthropic, hosts: [api.anthropic.test], inject: {{ header: x-api-key, format: "{{secret}}" }}, source: {{ env: LLM_SECRET }} }}
-      - {{ name: gemini, hosts: [gemini.test], inject: {{ header: x-goog-api-key, format: "{{secret}}" }}, source: {{ env: LLM_SECRET }} }}
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["api.openai.test:{port}", "api.anthropic.test:{port}", "gemini.test:{port}", "plain-llm.test:{port}", "paths-llm.test:{port}", "docs.allowed.test", "*.docs.allowed.test"]
-        http:
-          - {{ host: api.openai.test, protocol: openai, models: ["gpt-4o-mini*"] }}
-          - {{ host: api.anthropic.test, protocol: anthropic }}
-          - {{ host: gemini.test, protocol: gemini }}
-          - {{ host: plain-llm.test, protocol: openai }}
-          - {{ host: paths-llm.test, protocol: openai, paths: [/v1/chat/completions] }}
-"#,
-        audit = dir.join("audit.jsonl").display(),
-        uca = dir.join("ca/ca.pem").display(),
-        tok = sha("dev-secret"),
-    )
+/// limits given, and prices for `gpt-4o-mini*` only; `extra` (YAML) at the top level.
+fn config(dir: &Path, port: u16, limits: &str, extra: &str) -> ProxyConfig {
+    around(dir, extra).sandbox(dev(port, limits))
+}
+
+const HOSTS: [&str; 5] = [
+    "api.openai.test",
+    "api.anthropic.test",
+    "gemini.test",
+    "plain-llm.test",
+    "paths-llm.test",
+];
+
+/// Sandbox `dev` of [`config`].
+fn dev(port: u16, limits: &str) -> SandboxSpec {
+    let key = |name: &str, host: &str, header: &str, format: &str| {
+        format!("{{ name: {name}, hosts: [{host}], inject: {{ header: {header}, format: \"{format}\" }}, source: {{ env: LLM_SECRET }} }}")
+    };
+    let dev = SandboxSpec::new("dev")
+        .token("dev-secret")
+        .limits(limits)
+        .credential(&key("openai", "api.openai.test", "Authorization", "Bearer {secret}"))
+        .credential(&key("anthropic", "api.anthropic.test", "x-api-key", "{secret}"))
+        .credential(&key("gemini", "gemini.test", "x-goog-api-key", "{secret}"))
+        .allow("docs.allowed.test")
+        .allow("*.docs.allowed.test")
+        .network(
+            "http",
+            r#"[{ host: api.openai.test, protocol: openai, models: ["gpt-4o-mini*"] }, { host: api.anthropic.test, protocol: anthropic }, { host: gemini.test, protocol: gemini }, { host: plain-llm.test, protocol: openai }, { host: paths-llm.test, protocol: openai, paths: [/v1/chat/completions] }]"#,
+        );
+    HOSTS
+        .iter()
+        .fold(dev, |dev, h| dev.allow(&format!("{h}:{port}")))
+}
+
+/// [`config`] without its sandbox.
+fn around(dir: &Path, extra: &str) -> ProxyConfig {
+    HOSTS
+        .iter()
+        .fold(ProxyConfig::new(), |c, h| c.host(h, "127.0.0.1"))
+        .admin_token_file(&dir.join("admin.token"))
+        .dns_server("127.0.0.1:9")
+        .guard_allow("127.0.0.1/32")
+        .defaults(
+            "prices",
+            r#"[{ models: "gpt-4o-mini*", input: 0.15, output: 0.6, cached_input: 0.075 }]"#,
+        )
+        .intercept(&dir.join("ica"), &dir.join("ca/ca.pem"))
+        .raw(extra)
 }
 
 fn env(limits: &str) -> Env {
@@ -81,12 +95,7 @@ fn env_with(limits: &str, extra: &str) -> Env {
             SECRET.as_ref(),
         ],
     );
-    std::fs::write(d.join("proxy.yaml"), config(d, origin.port, limits, extra)).unwrap();
-    let proxy = Proxy::start_with(
-        d.join("proxy.yaml"),
-        d.join("audit.jsonl"),
-        &[("LLM_SECRET", SECRET)],
-    );
+    let proxy = config(d, origin.port, limits, extra).start_env(d, &[("LLM_SECRET", SECRET)]);
     Env { dir, origin, proxy }
 }
 
@@ -509,16 +518,7 @@ fn replica(e: &Env, name: &str, plane: &str, limits: &str) -> Proxy {
             .status();
     }
     std::fs::write(d.join("admin.token"), "admin-token\n").unwrap();
-    std::fs::write(
-        d.join("proxy.yaml"),
-        config(&d, e.origin.port, limits, plane),
-    )
-    .unwrap();
-    let p = Proxy::start_with(
-        d.join("proxy.yaml"),
-        d.join("audit.jsonl"),
-        &[("LLM_SECRET", SECRET)],
-    );
+    let p = config(&d, e.origin.port, limits, plane).start_env(&d, &[("LLM_SECRET", SECRET)]);
     eventually(Duration::from_secs(20), "ready", || {
         (p.admin_get("/readyz").0 == 200).then_some(())
     });
@@ -661,13 +661,8 @@ fn simulate_refuses_llm_calls_to_a_denied_host_whatever_their_bodies() {
     let simulate = |candidate: &Path| simulate(candidate, &d.join("audit.jsonl"));
     let (code, same) = simulate(&d.join("proxy.yaml"));
     assert_eq!(code, Some(0), "{same:#}");
-    let running = std::fs::read_to_string(d.join("proxy.yaml")).unwrap();
-    let denied = running.replace(
-        "        http:\n",
-        "        deny: [api.openai.test]\n        http:\n",
-    );
-    assert_ne!(denied, running);
-    std::fs::write(d.join("denied.yaml"), denied).unwrap();
+    let denied = around(d, "").sandbox(dev(e.origin.port, "{}").deny("api.openai.test"));
+    std::fs::write(d.join("denied.yaml"), denied.yaml(&d.join("audit.jsonl"))).unwrap();
     let (code, report) = simulate(&d.join("denied.yaml"));
     assert_eq!(code, Some(1), "{report:#}");
     let refused = report["newly_refused"].to_string();
@@ -759,13 +754,9 @@ fn under_a_budget_every_call_is_bounded_to_what_is_left() {
 fn after_a_private_read_the_openai_sdk_gets_flow_refused() {
     let e = env("{}");
     let flows = "{ labels: { private: [api.anthropic.test] }, rules: [{ name: no-exfil, after: [private], refuse: writes, except: [private] }] }";
-    let cfg = e.dir.path().join("proxy.yaml");
-    let yaml = std::fs::read_to_string(&cfg).unwrap();
-    let yaml = yaml.replace(
-        "        http:\n",
-        &format!("        flows: {flows}\n        http:\n"),
-    );
-    std::fs::write(&cfg, yaml).unwrap();
+    let d = e.dir.path();
+    let flowing = around(d, "").sandbox(dev(e.origin.port, "{}").network("flows", flows));
+    std::fs::write(d.join("proxy.yaml"), flowing.yaml(&d.join("audit.jsonl"))).unwrap();
     let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some("admin-token"));
     assert_eq!(status, 200, "{body}");
     let before = e.call("chat", serde_json::json!({}));

@@ -154,6 +154,8 @@ pub struct ProxyConfig {
     /// Other `defaults` keys, as YAML flow values.
     defaults: Vec<(String, String)>,
     admin_token_file: Option<PathBuf>,
+    /// `listen.admin` when not `127.0.0.1:0`.
+    admin: Option<String>,
     sandboxes: Vec<SandboxSpec>,
     /// `tls_intercept`: the interception CA's directory, more keys.
     intercept: Option<(PathBuf, Vec<(String, String)>)>,
@@ -204,6 +206,12 @@ impl ProxyConfig {
     /// A `defaults` key, its value as YAML (`require_tls_ports`, `[]`).
     pub fn defaults(mut self, key: &str, yaml: &str) -> Self {
         self.defaults.push((key.into(), yaml.into()));
+        self
+    }
+
+    /// The admin listener on this address (a test that must know it before the start).
+    pub fn admin_at(mut self, addr: &str) -> Self {
+        self.admin = Some(addr.into());
         self
     }
 
@@ -274,8 +282,9 @@ impl ProxyConfig {
             .collect();
         let proxy = if self.no_proxy { "null" } else { "127.0.0.1:0" };
         let trail: String = self.audit.iter().map(|a| format!(", {a}")).collect();
+        let admin = self.admin.as_deref().unwrap_or("127.0.0.1:0");
         let mut s = format!(
-            "listen: {{ proxy: {proxy}, admin: 127.0.0.1:0{more} }}\naudit: {{ path: {}{trail} }}\n",
+            "listen: {{ proxy: {proxy}, admin: {admin}{more} }}\naudit: {{ path: {}{trail} }}\n",
             audit.display()
         );
         if let Some(t) = &self.admin_token_file {
