@@ -51,42 +51,32 @@ fn aws_proxy(dir: &Path, ca: &TestCa, port: u16) -> Proxy {
     aws_proxy_with(dir, ca, port, "")
 }
 
-/// [`aws_proxy`] with `extra` (YAML lines of a sandbox entry) in each sandbox.
-fn aws_proxy_with(dir: &Path, ca: &TestCa, port: u16, extra: &str) -> Proxy {
+/// [`aws_proxy`] with a `dlp` block (YAML) in each sandbox when not empty.
+fn aws_proxy_with(dir: &Path, ca: &TestCa, port: u16, dlp: &str) -> Proxy {
     ca_init(&dir.join("ica"));
     std::fs::write(dir.join("admin.token"), ADMIN).unwrap();
     std::fs::write(dir.join("aws.id"), format!("{REAL_KEY_ID}\n")).unwrap();
     std::fs::write(dir.join("aws.secret"), REAL_SECRET).unwrap();
     let sandbox = |id: &str| {
-        format!(
-            r#"  - id: {id}
-    auth: {{ token_sha256: {tok} }}
-{extra}    credentials:
-      - {{ name: aws, kind: aws_sigv4, hosts: [s3.test], source: {{ access_key_id_file: aws.id, secret_access_key_file: aws.secret }} }}
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["s3.test:{port}"]
-"#,
-            tok = sha(&format!("{id}-secret")),
-        )
+        let sb = SandboxSpec::new(id)
+            .token(&format!("{id}-secret"))
+            .credential("{ name: aws, kind: aws_sigv4, hosts: [s3.test], source: { access_key_id_file: aws.id, secret_access_key_file: aws.secret } }")
+            .allow(&format!("s3.test:{port}"));
+        if dlp.is_empty() {
+            sb
+        } else {
+            sb.entry("dlp", dlp)
+        }
     };
-    Proxy::start(
-        dir,
-        &format!(
-            r#"admin_token_file: admin.token
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ s3.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
-sandboxes:
-{dev}{other}"#,
-            ica = dir.join("ica").display(),
-            upstream = ca.ca_pem.display(),
-            dev = sandbox("dev"),
-            other = sandbox("other"),
-        ),
-    )
+    ProxyConfig::new()
+        .admin_token_file(Path::new("admin.token"))
+        .dns_server("127.0.0.1:9")
+        .host("s3.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .intercept(&dir.join("ica"), &ca.ca_pem)
+        .sandbox(sandbox("dev"))
+        .sandbox(sandbox("other"))
+        .start(dir)
 }
 
 /// Run `tests/data/aws_client.py` as sandbox `id` with keys `keys`.
@@ -134,7 +124,7 @@ fn boto3_streaming_uploads_pass_with_dlp_on() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
     let origin = aws_origin(&ca);
-    let dlp = "    dlp: { max_bytes: 8388608, rules: [{ name: private_key, pattern: \"-----BEGIN [A-Z ]*PRIVATE KEY-----\" }] }\n";
+    let dlp = "{ max_bytes: 8388608, rules: [{ name: private_key, pattern: \"-----BEGIN [A-Z ]*PRIVATE KEY-----\" }] }";
     let p = aws_proxy_with(dir.path(), &ca, origin.port, dlp);
     let ph = placeholders(&p, "dev");
     let key_id = ph["access_key_id"].as_str().unwrap().to_string();
@@ -363,30 +353,30 @@ fn minting_proxy(dir: &Path, ca: &TestCa, port: u16, credentials: &str) -> Proxy
     std::fs::write(dir.join("admin.token"), ADMIN).unwrap();
     std::fs::write(dir.join("client.secret"), "client-secret-1\n").unwrap();
     std::fs::write(dir.join("refresh.token"), "refresh-0\n").unwrap();
-    Proxy::start(dir, &minting_yaml(dir, ca, port, credentials))
+    minting_config(dir, ca, port, credentials).start(dir)
 }
 
-fn minting_yaml(dir: &Path, ca: &TestCa, port: u16, credentials: &str) -> String {
-    format!(
-        r#"admin_token_file: admin.token
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], auth.test: [127.0.0.1], github.com: [127.0.0.1], api.github.com: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
-sandboxes:
-  - id: dev
-    auth: {{ token_sha256: {tok} }}
-    credentials: {credentials}
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["api.test:{port}", "auth.test:{port}", "github.com:{port}", "api.github.com:{port}"]
-        http: [{{ host: api.test, methods: [GET, POST], paths: ["/**"] }}]
-"#,
-        ica = dir.join("ica").display(),
-        upstream = ca.ca_pem.display(),
-        tok = sha("dev-secret"),
-    )
+/// The configuration of [`minting_proxy`].
+fn minting_config(dir: &Path, ca: &TestCa, port: u16, credentials: &str) -> ProxyConfig {
+    let hosts = ["api.test", "auth.test", "github.com", "api.github.com"];
+    let dev = SandboxSpec::new("dev")
+        .token("dev-secret")
+        .entry("credentials", credentials)
+        .network(
+            "http",
+            r#"[{ host: api.test, methods: [GET, POST], paths: ["/**"] }]"#,
+        );
+    let dev = hosts
+        .iter()
+        .fold(dev, |d, h| d.allow(&format!("{h}:{port}")));
+    hosts
+        .iter()
+        .fold(ProxyConfig::new(), |c, h| c.host(h, "127.0.0.1"))
+        .admin_token_file(Path::new("admin.token"))
+        .dns_server("127.0.0.1:9")
+        .guard_allow("127.0.0.1/32")
+        .intercept(&dir.join("ica"), &ca.ca_pem)
+        .sandbox(dev)
 }
 
 /// A token origin whose tokens live `expires` s and a proxy with the credentials
@@ -574,17 +564,17 @@ fn a_policy_without_the_credential_drops_its_token() {
     assert!(String::from_utf8_lossy(&get().stdout).contains("\"ok\": true"));
     assert!(String::from_utf8_lossy(&get().stdout).contains("\"ok\": true"));
     assert_eq!(t.stats(&ca)["client_credentials"], 1);
-    let config = dir.path().join("proxy.yaml");
-    let with = std::fs::read_to_string(&config).unwrap();
-    let reload = |yaml: &str| {
-        std::fs::write(&config, yaml).unwrap();
+    let reload = |credentials: &str| {
+        let d = dir.path();
+        let yaml = minting_config(d, &ca, t.port(), credentials).yaml(&d.join("audit.jsonl"));
+        std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
         let (status, body) = admin_req(p.admin, "POST", "/v1/reload", "", Some(ADMIN));
         assert_eq!(status, 200, "{body}");
     };
-    reload(&with.replace(&cred, "[]"));
+    reload("[]");
     // Without the credential the API sees a request without a token.
     assert!(String::from_utf8_lossy(&get().stdout).contains("no valid token"));
-    reload(&with);
+    reload(&cred);
     // The same credential again: its old token was dropped, a new one is minted.
     assert!(String::from_utf8_lossy(&get().stdout).contains("\"ok\": true"));
     assert_eq!(t.stats(&ca)["client_credentials"], 2);

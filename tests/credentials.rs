@@ -308,29 +308,64 @@ struct Env {
     upstream_ca: TestCa,
     proxy: Proxy,
     placeholders: serde_json::Value,
+    /// The running configuration, as written.
     yaml: String,
 }
+
+const HTTP: &str =
+    r#"[{ host: api.test, methods: [GET, POST], paths: ["/v1/**", "/grpc/**", "/echo/**"] }]"#;
 
 fn env() -> Env {
     env_with("")
 }
 
-/// [`env`] with `extra` appended to the `defaults:` map (e.g. `, timeouts: {...}`).
-fn env_with(extra: &str) -> Env {
-    env_full(extra, "")
+/// [`env`] with these `defaults.timeouts` (a YAML flow map) when not empty.
+fn env_with(timeouts: &str) -> Env {
+    env_of(timeouts, |s| s, HTTP)
 }
 
-/// [`env_with`], and `sandbox_extra` lines (each `    key: value\n`) in the sandbox.
-fn env_full(extra: &str, sandbox_extra: &str) -> Env {
-    env_rules(
-        extra,
-        sandbox_extra,
-        r#"[{ host: api.test, methods: [GET, POST], paths: ["/v1/**", "/grpc/**", "/echo/**"] }]"#,
-    )
+/// [`env`], the sandbox as `sandbox` makes it.
+fn env_full(sandbox: fn(SandboxSpec) -> SandboxSpec) -> Env {
+    env_of("", sandbox, HTTP)
 }
 
-/// [`env_full`] with these `network.http` rules.
-fn env_rules(extra: &str, sandbox_extra: &str, http: &str) -> Env {
+/// [`env`] with these `network.http` rules.
+fn env_rules(http: &str) -> Env {
+    env_of("", |s| s, http)
+}
+
+/// Sandbox `agent` (by source address) with its two credentials, reaching `hosts` on `port`,
+/// with these `network.http` rules.
+fn agent(port: u16, hosts: &[&str], http: &str) -> SandboxSpec {
+    let agent = SandboxSpec::new("agent")
+        .source("127.0.0.0/8")
+        .credential("{ name: api, hosts: [api.test], inject: { header: Authorization, format: \"Bearer {secret}\" }, source: { file: api.secret } }")
+        .credential("{ name: other, hosts: [other.test], inject: { replace_placeholder: { headers: [X-Api-Key, Authorization] } }, source: { env: OTHER_SECRET } }")
+        .network("http", http);
+    hosts
+        .iter()
+        .fold(agent, |a, h| a.allow(&format!("{h}:{port}")))
+}
+
+const HOSTS: [&str; 3] = ["api.test", "other.test", "mixed.test"];
+
+/// The configuration around sandbox `agent`: its names on loopback, TLS terminated.
+fn around(d: &Path, upstream_ca: &TestCa, timeouts: &str) -> ProxyConfig {
+    let config = HOSTS
+        .iter()
+        .fold(ProxyConfig::new(), |c, h| c.host(h, "127.0.0.1"))
+        .admin_token_file(Path::new("admin.token"))
+        .dns_server("127.0.0.1:9")
+        .guard_allow("127.0.0.1/32")
+        .intercept(&d.join("ica"), &upstream_ca.ca_pem);
+    if timeouts.is_empty() {
+        config
+    } else {
+        config.defaults("timeouts", timeouts)
+    }
+}
+
+fn env_of(timeouts: &str, sandbox: fn(SandboxSpec) -> SandboxSpec, http: &str) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     ca_init(&d.join("ica"));
@@ -339,35 +374,9 @@ fn env_rules(extra: &str, sandbox_extra: &str, http: &str) -> Env {
     let port = upstream.addr.port();
     std::fs::write(d.join("admin.token"), ADMIN).unwrap();
     std::fs::write(d.join("api.secret"), format!("{SECRET_API}\n")).unwrap();
-    let yaml = format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-admin_token_file: admin.token
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], other.test: [127.0.0.1], mixed.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32]{extra} }}
-tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: {uca} }}
-sandboxes:
-  - id: agent
-    sources: [127.0.0.0/8]
-    credentials:
-      - {{ name: api, hosts: [api.test], inject: {{ header: Authorization, format: "Bearer {{secret}}" }}, source: {{ file: api.secret }} }}
-      - {{ name: other, hosts: [other.test], inject: {{ replace_placeholder: {{ headers: [X-Api-Key, Authorization] }} }}, source: {{ env: OTHER_SECRET }} }}
-{sandbox_extra}    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["api.test:{port}", "other.test:{port}", "mixed.test:{port}"]
-        http: {http}
-"#,
-        audit = d.join("audit.jsonl").display(),
-        uca = upstream_ca.ca_pem.display(),
-    );
-    std::fs::write(d.join("proxy.yaml"), &yaml).unwrap();
-    let proxy = Proxy::start_with(
-        d.join("proxy.yaml"),
-        d.join("audit.jsonl"),
-        &[("OTHER_SECRET", SECRET_OTHER)],
-    );
+    let config = around(d, &upstream_ca, timeouts).sandbox(sandbox(agent(port, &HOSTS, http)));
+    let yaml = config.yaml(&d.join("audit.jsonl"));
+    let proxy = config.start_env(d, &[("OTHER_SECRET", SECRET_OTHER)]);
     let (status, body) = admin_req(
         proxy.admin,
         "GET",
@@ -786,7 +795,7 @@ fn closed_by_proxy(s: &mut impl std::io::Read, tcp: &std::net::TcpStream) {
 
 #[test]
 fn a_terminated_tunnel_whose_client_stalls_its_handshake_is_closed_at_header_ms() {
-    let e = env_with(", timeouts: { idle_ms: 60000, header_ms: 700 }");
+    let e = env_with("{ idle_ms: 60000, header_ms: 700 }");
     let mut s = stalled_handshake(&e);
     let tcp = s.try_clone().unwrap();
     closed_by_proxy(&mut s, &tcp);
@@ -800,7 +809,7 @@ fn a_terminated_tunnel_whose_client_stalls_its_handshake_is_closed_at_header_ms(
 
 #[test]
 fn a_silent_terminated_keep_alive_connection_is_closed_at_idle_ms() {
-    let e = env_with(", timeouts: { idle_ms: 800, header_ms: 60000 }");
+    let e = env_with("{ idle_ms: 800, header_ms: 60000 }");
     let mut tls = keep_alive_after_one_request(&e);
     let tcp = tls.sock.try_clone().unwrap();
     closed_by_proxy(&mut tls, &tcp);
@@ -814,13 +823,16 @@ fn a_silent_terminated_keep_alive_connection_is_closed_at_idle_ms() {
 /// one that is mid-handshake (the client never finishes) and a keep-alive one between requests.
 #[test]
 fn revocation_cuts_terminated_connections_in_their_handshake_and_between_requests() {
-    let e = env_with(", timeouts: { idle_ms: 60000, header_ms: 60000 }");
+    let timeouts = "{ idle_ms: 60000, header_ms: 60000 }";
+    let e = env_with(timeouts);
     let mut stalled = stalled_handshake(&e);
     let mut tls = keep_alive_after_one_request(&e);
     let port = e.upstream.addr.port();
-    let narrowed = e.yaml.replace(&format!("\"api.test:{port}\", "), "");
-    assert_ne!(narrowed, e.yaml);
-    std::fs::write(e.dir.path().join("proxy.yaml"), narrowed).unwrap();
+    let d = e.dir.path();
+    let narrowed = around(d, &e.upstream_ca, timeouts)
+        .sandbox(agent(port, &["other.test", "mixed.test"], HTTP))
+        .yaml(&d.join("audit.jsonl"));
+    std::fs::write(d.join("proxy.yaml"), narrowed).unwrap();
     let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some(ADMIN));
     assert_eq!(status, 200, "{body}");
     let tcp = tls.sock.try_clone().unwrap();
@@ -1264,7 +1276,7 @@ fn a_secret_in_a_location_never_becomes_a_placeholder_on_the_next_host() {
 /// credential.
 #[test]
 fn report_mode_never_injects() {
-    let e = env_full("", "    enforcement: report\n");
+    let e = env_full(SandboxSpec::report);
     let api = e.placeholder("api");
     let auth = format!("Authorization: Bearer {api}");
     let out = e.curl(&e.ica(), "api.test", "/admin/x", &["-H", &auth]);
@@ -1292,9 +1304,11 @@ fn narrowed_http_rules_apply_to_open_connections() {
     let port = e.upstream.addr.port();
     let mut tls = keep_alive_after_one_request(&e);
     let before = e.proxy.wait_record(|r| r["path"] == "/v1/keep")["policy_version"].clone();
-    let narrowed = e.yaml.replace("methods: [GET, POST]", "methods: [POST]");
-    assert_ne!(narrowed, e.yaml);
-    std::fs::write(e.dir.path().join("proxy.yaml"), narrowed).unwrap();
+    let d = e.dir.path();
+    let narrowed = around(d, &e.upstream_ca, "")
+        .sandbox(agent(port, &HOSTS, &HTTP.replace("[GET, POST]", "[POST]")))
+        .yaml(&d.join("audit.jsonl"));
+    std::fs::write(d.join("proxy.yaml"), narrowed).unwrap();
     let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some(ADMIN));
     assert_eq!(status, 200, "{body}");
     let text = roundtrip(
@@ -1416,8 +1430,6 @@ fn the_served_leg_picks_aes_128_and_still_accepts_aes_256_alone() {
 #[test]
 fn http2_bodies_on_get_and_graphql_forms_are_refused_before_they_leave() {
     let e = env_rules(
-        "",
-        "",
         r#"[{ host: api.test, paths: [/mcp], protocol: mcp, tools: [search] }, { host: api.test, paths: [/gql], protocol: graphql, operations: [query] }]"#,
     );
     let ica = e.ica();
@@ -1468,7 +1480,7 @@ fn http2_bodies_on_get_and_graphql_forms_are_refused_before_they_leave() {
 /// checked and counted at once — so exactly 3 streams are served and 17 refused.
 #[test]
 fn parallel_h2_streams_spend_a_request_quota_exactly() {
-    let e = env_full("", "    limits: { requests_per_day: 3 }\n");
+    let e = env_full(|s| s.limits("{ requests_per_day: 3 }"));
     let rt = tokio::runtime::Runtime::new().unwrap();
     let statuses = rt.block_on(async {
         let send = h2_through(&e).await;

@@ -120,46 +120,32 @@ fn the_check_refuses_what_the_document_does_not_describe() {
 }
 
 /// `proxy.yaml` with a file sandbox that brokers one credential.
-fn config(dir: &Path) {
+fn config(dir: &Path) -> ProxyConfig {
     ca_init(&dir.join("ica"));
     std::fs::write(dir.join("admin.token"), ADMIN_TOKEN).unwrap();
     std::fs::write(dir.join("api.key"), "sk-openapi-test").unwrap();
-    std::fs::write(
-        dir.join("proxy.yaml"),
-        format!(
-            r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-admin_token_file: {token}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.github.com: [140.82.112.5] }} }}
-tls_intercept: {{ ca_cert_file: {dir}/ica/ca.crt, ca_key_file: {dir}/ica/ca.key }}
-sandboxes:
-  - id: filed
-    sources: [127.0.0.0/8]
-    credentials:
-      - name: api
-        hosts: [api.test]
-        inject: {{ header: Authorization, format: "Bearer {{secret}}" }}
-        source: {{ file: {key} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: [api.test, example.com] }} }}
-"#,
-            audit = dir.join("audit.jsonl").display(),
-            token = dir.join("admin.token").display(),
-            dir = dir.display(),
-            key = dir.join("api.key").display(),
-        ),
-    )
-    .unwrap();
+    let credential = format!(
+        "{{ name: api, hosts: [api.test], inject: {{ header: Authorization, format: \"Bearer {{secret}}\" }}, source: {{ file: {} }} }}",
+        dir.join("api.key").display()
+    );
+    ProxyConfig::new()
+        .admin_token_file(&dir.join("admin.token"))
+        .dns_server("127.0.0.1:9")
+        .host("api.github.com", "140.82.112.5")
+        .intercept_only(&dir.join("ica"))
+        .sandbox(
+            SandboxSpec::new("filed")
+                .source("127.0.0.0/8")
+                .credential(&credential)
+                .allow("api.test")
+                .allow("example.com"),
+        )
 }
 
 #[test]
 fn every_operation_answers_as_documented() {
     let dir = tempfile::tempdir().unwrap();
-    config(dir.path());
-    let p = Proxy::start_with(
-        dir.path().join("proxy.yaml"),
-        dir.path().join("audit.jsonl"),
-        &[],
-    );
+    let p = config(dir.path()).start(dir.path());
     let a = p.admin;
     let t = Some(ADMIN_TOKEN);
     let binding = format!(
@@ -395,19 +381,7 @@ fn over_the_cap(admin: std::net::SocketAddr, method: &str, path: &str) -> u16 {
 #[test]
 fn without_a_token_changes_are_refused_as_documented() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("proxy.yaml"),
-        format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\n",
-            dir.path().join("audit.jsonl").display()
-        ),
-    )
-    .unwrap();
-    let p = Proxy::start_with(
-        dir.path().join("proxy.yaml"),
-        dir.path().join("audit.jsonl"),
-        &[],
-    );
+    let p = ProxyConfig::new().start(dir.path());
     let a = p.admin;
     assert_eq!(admin_req(a, "GET", "/v1/sandboxes", "", None).0, 200);
     assert_eq!(admin_req(a, "PUT", "/v1/sandboxes/x", "{}", None).0, 403);

@@ -20,15 +20,15 @@ use common::*;
 
 const ADMIN_TOKEN: &str = "pipeline-admin-token";
 
-/// Write `proxy.yaml` (proxy and admin on port 0, audit and admin token in `dir`) with these
-/// `dns`, `defaults` and `sandboxes` sections.
-fn write_config(dir: &Path, dns: &str, defaults: &str, sandboxes: &str) {
-    let yaml = format!(
-        "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\nadmin_token_file: {}\ndns: {dns}\ndefaults: {defaults}\nsandboxes:\n{sandboxes}",
-        dir.join("audit.jsonl").display(),
-        dir.join("admin.token").display(),
-    );
-    std::fs::write(dir.join("proxy.yaml"), yaml).unwrap();
+/// Write `proxy.yaml` (proxy and admin on port 0, audit and admin token in `dir`) for
+/// `config`.
+fn write_config(dir: &Path, config: ProxyConfig) {
+    let config = config.admin_token_file(&dir.join("admin.token"));
+    std::fs::write(
+        dir.join("proxy.yaml"),
+        config.yaml(&dir.join("audit.jsonl")),
+    )
+    .unwrap();
 }
 
 fn start(dir: &Path) -> Proxy {
@@ -36,15 +36,22 @@ fn start(dir: &Path) -> Proxy {
     Proxy::start_with(dir.join("proxy.yaml"), dir.join("audit.jsonl"), &[])
 }
 
-const HOSTS: &str = "{ servers: [\"127.0.0.1:9\"], hosts: { api.test: [127.0.0.1], slow.test: [127.0.0.1], big.test: [127.0.0.1] } }";
-const LOOPBACK_OK: &str = "{ guard_allow_ranges: [127.0.0.1/32] }";
+/// The test names on loopback, and loopback let through the guard.
+fn loopback() -> ProxyConfig {
+    ["api.test", "slow.test", "big.test"]
+        .iter()
+        .fold(ProxyConfig::new(), |c, h| c.host(h, "127.0.0.1"))
+        .dns_server("127.0.0.1:9")
+        .guard_allow("127.0.0.1/32")
+}
 
-/// A sandbox `tok` (token `tok-secret`) allowed to reach `egress` (YAML flow list items).
-fn tok_sandbox(egress: &str) -> String {
-    format!(
-        "  - id: tok\n    auth: {{ token_sha256: {} }}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [{egress}] }} }}\n",
-        sha("tok-secret")
-    )
+/// A sandbox `tok` (token `tok-secret`) allowed to reach `egress`.
+fn tok_sandbox(egress: &[&str]) -> SandboxSpec {
+    egress
+        .iter()
+        .fold(SandboxSpec::new("tok").token("tok-secret"), |s, e| {
+            s.allow(e)
+        })
 }
 
 fn reload(p: &Proxy) {
@@ -126,18 +133,11 @@ fn forwarded_exchanges_are_cut_by_a_reload() {
     let origin = Origin::start(None);
     write_config(
         dir.path(),
-        HOSTS,
-        LOOPBACK_OK,
-        &tok_sandbox("\"api.test:*\", \"slow.test:*\""),
+        loopback().sandbox(tok_sandbox(&["api.test:*", "slow.test:*"])),
     );
     let p = start(dir.path());
     let running = start_exchanges(&p, &origin, "tok:tok-secret");
-    write_config(
-        dir.path(),
-        HOSTS,
-        LOOPBACK_OK,
-        &tok_sandbox("\"big.test:*\""),
-    );
+    write_config(dir.path(), loopback().sandbox(tok_sandbox(&["big.test:*"])));
     let cut = Instant::now();
     reload(&p);
     assert_cut(&p, &origin, running, cut);
@@ -147,12 +147,7 @@ fn forwarded_exchanges_are_cut_by_a_reload() {
 fn forwarded_exchanges_are_cut_by_delete() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    write_config(
-        dir.path(),
-        HOSTS,
-        LOOPBACK_OK,
-        &tok_sandbox("\"big.test:*\""),
-    );
+    write_config(dir.path(), loopback().sandbox(tok_sandbox(&["big.test:*"])));
     let p = start(dir.path());
     let body = format!(
         r#"{{"auth": {{"token_sha256": "{}"}}, "policy": {{"provider": "local", "config": {{}}, "network": {{"egress": ["api.test:*", "slow.test:*"]}}}}}}"#,
@@ -172,19 +167,19 @@ fn stalled_download(p: &Proxy, origin: &Origin) -> TcpStream {
     common::stalled_download(p.proxy, origin, Some(&basic("tok", "tok-secret")))
 }
 
-fn shaped_sandbox() -> String {
-    format!(
-        "  - id: tok\n    auth: {{ token_sha256: {} }}\n    limits: {{ bandwidth_down_bps: 4194304 }}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"big.test:*\"] }} }}\n",
-        sha("tok-secret")
-    )
+/// Sandbox `tok` shaped to 4 MiB/s down, allowed to reach `egress`.
+fn shaped_sandbox(egress: &str) -> SandboxSpec {
+    tok_sandbox(&[egress]).limits("{ bandwidth_down_bps: 4194304 }")
 }
 
 #[test]
 fn a_shaped_tunnel_whose_client_stops_reading_is_idled_out() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let defaults = "{ guard_allow_ranges: [127.0.0.1/32], timeouts: { idle_ms: 1500 } }";
-    write_config(dir.path(), HOSTS, defaults, &shaped_sandbox());
+    let config = loopback()
+        .defaults("timeouts", "{ idle_ms: 1500 }")
+        .sandbox(shaped_sandbox("big.test:*"));
+    write_config(dir.path(), config);
     let p = start(dir.path());
     let _client = stalled_download(&p, &origin);
     let rec = p.wait_record(|r| r["target_host"] == "big.test" && r["mode"] != "http");
@@ -199,15 +194,14 @@ fn a_shaped_tunnel_whose_client_stops_reading_is_idled_out() {
 fn a_shaped_tunnel_whose_client_stops_reading_is_revoked() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    write_config(dir.path(), HOSTS, LOOPBACK_OK, &shaped_sandbox());
+    write_config(dir.path(), loopback().sandbox(shaped_sandbox("big.test:*")));
     let p = start(dir.path());
     let _client = stalled_download(&p, &origin);
     p.wait_audit("open", |r| r["target_host"] == "big.test");
     // At 4 MiB/s the proxy's socket buffers towards the client fill within a second or two;
     // after that its write to the client is blocked and the origin stops sending.
     origin.wait_big_stalled();
-    let sandboxes = shaped_sandbox().replace("\"big.test:*\"", "\"api.test:*\"");
-    write_config(dir.path(), HOSTS, LOOPBACK_OK, &sandboxes);
+    write_config(dir.path(), loopback().sandbox(shaped_sandbox("api.test:*")));
     reload(&p);
     let rec = p.wait_record(|r| r["target_host"] == "big.test" && r["mode"] != "http");
     assert_eq!(rec["close"], "revoked", "{rec}");
@@ -222,13 +216,13 @@ fn a_reload_between_decision_and_dial_still_revokes_the_tunnel() {
         Duration::from_millis(1500),
         &[("late.test", Ipv4Addr::LOCALHOST)],
     );
-    let dns_section = format!("{{ servers: [\"{}\"], timeout_ms: 8000 }}", dns.addr);
-    write_config(
-        dir.path(),
-        &dns_section,
-        LOOPBACK_OK,
-        &tok_sandbox("\"late.test:*\""),
-    );
+    let slow = || {
+        ProxyConfig::new()
+            .dns_server(&dns.addr.to_string())
+            .dns("timeout_ms", "8000")
+            .guard_allow("127.0.0.1/32")
+    };
+    write_config(dir.path(), slow().sandbox(tok_sandbox(&["late.test:*"])));
     let p = start(dir.path());
     let px = format!("http://tok:tok-secret@{}", p.proxy);
     let url = format!("http://late.test:{}/slow", origin.addr.port());
@@ -240,12 +234,7 @@ fn a_reload_between_decision_and_dial_still_revokes_the_tunnel() {
         assert!(Instant::now() < deadline, "the proxy never asked DNS");
         std::thread::sleep(Duration::from_millis(10));
     }
-    write_config(
-        dir.path(),
-        &dns_section,
-        LOOPBACK_OK,
-        &tok_sandbox("\"api.test:*\""),
-    );
+    write_config(dir.path(), slow().sandbox(tok_sandbox(&["api.test:*"])));
     reload(&p);
     // DNS answers, the proxy dials and opens the tunnel under the old decision — and the
     // tunnel must notice at once that the policy moved.
@@ -287,13 +276,20 @@ fn every_refusal_path_writes_exactly_one_end_record_timed_from_accept() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let dns = "{ servers: [\"127.0.0.1:9\"], timeout_ms: 1000, hosts: { api.test: [127.0.0.1], gone.test: [] } }";
-    let sandboxes = format!(
-        "{}  - id: one\n    auth: {{ token_sha256: {} }}\n    limits: {{ max_connections: 1 }}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"tcp://api.test:*\"] }} }}\n",
-        tok_sandbox("\"api.test:*\", \"gone.test:*\""),
-        sha("one-secret"),
-    );
-    write_config(dir.path(), dns, LOOPBACK_OK, &sandboxes);
+    // gone.test has no address at all.
+    let config = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .dns("timeout_ms", "1000")
+        .dns("hosts", "{ api.test: [127.0.0.1], gone.test: [] }")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(tok_sandbox(&["api.test:*", "gone.test:*"]))
+        .sandbox(
+            SandboxSpec::new("one")
+                .token("one-secret")
+                .limits("{ max_connections: 1 }")
+                .allow("tcp://api.test:*"),
+        );
+    write_config(dir.path(), config);
     let p = start(dir.path());
     // Each client waits this long between connecting and sending its request.
     let hold = Duration::from_millis(150);
