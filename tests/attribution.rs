@@ -61,20 +61,34 @@ fn python_output(cmd: &mut Command) -> (u16, String) {
     (code, body.to_string())
 }
 
-fn config(dir: &Path, listen_more: &str, sandboxes: &str) -> (Proxy, Origin) {
+/// A proxy whose explicit listener has these more `listen` keys, with the sandboxes
+/// `sandboxes` makes for the origin's port; and the origin (origin.test and open.test).
+fn config(
+    dir: &Path,
+    listen: &[(&str, &str)],
+    sandboxes: impl FnOnce(u16) -> Vec<SandboxSpec>,
+) -> (Proxy, Origin) {
     let origin = Origin::start(None);
-    let audit = dir.join("audit.jsonl");
     // `network.http` rules need a CA to terminate with (plain HTTP is judged without it).
     ca_init(&dir.join("ica"));
-    let yaml = format!(
-        "tls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key }}\nlisten: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0{listen_more} }}\naudit: {{ path: {} }}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ origin.test: [127.0.0.1], open.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.0/8] }}\nsandboxes:\n{}",
-        audit.display(),
-        sandboxes.replace("PORT", &origin.addr.port().to_string())
-    );
-    let cfg = dir.join("proxy.yaml");
-    std::fs::write(&cfg, yaml).unwrap();
-    (Proxy::start_with(cfg, audit, &[]), origin)
+    let config = ProxyConfig::new()
+        .intercept_only(&dir.join("ica"))
+        .dns_server("127.0.0.1:9")
+        .host("origin.test", "127.0.0.1")
+        .host("open.test", "127.0.0.1")
+        .guard_allow("127.0.0.0/8");
+    let config = listen.iter().fold(config, |c, (k, v)| c.listen_at(k, v));
+    let config = sandboxes(origin.addr.port())
+        .into_iter()
+        .fold(config, |c, sb| c.sandbox(sb));
+    (config.start(dir), origin)
 }
+
+/// `default_sandbox: s1` with the process observer on.
+const OBSERVED_S1: [(&str, &str); 2] = [
+    ("default_sandbox", "s1"),
+    ("attribution", "{ observe: true }"),
+];
 
 /// Two processes of one sandbox, one host allowed only to curl: curl passes, python is
 /// refused with a reason naming its executable, each record names its process; python under
@@ -86,31 +100,23 @@ fn observed_processes_are_recorded_and_scoped_entries_admit_only_theirs() {
     let (curl_exe, python) = (real("curl"), python_exe());
     let wrapper = dir.path().join("toolbash");
     std::fs::copy(real("bash"), &wrapper).unwrap();
-    let sandboxes = format!(
-        r#"  - id: s1
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["open.test:PORT"]
-        scoped:
-          - {{ binaries: ["{curl}"], egress: ["origin.test:PORT"] }}
-          - {{ binaries: ["{wrapper}"], children: true, egress: ["origin.test:PORT"] }}
-  - id: s3
-    auth: {{ token_sha256: {tok} }}
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["origin.test:PORT"]
-        http: [{{ host: origin.test, methods: [GET], binaries: ["{curl}"] }}]
-"#,
-        curl = curl_exe.display(),
-        wrapper = wrapper.display(),
-        tok = sha("tok3"),
-    );
-    let more = ", default_sandbox: s1, attribution: { observe: true }";
-    let (proxy, origin) = config(dir.path(), more, &sandboxes);
+    let (curl_path, wrapper_path) = (curl_exe.display(), wrapper.display());
+    let (proxy, origin) = config(dir.path(), &OBSERVED_S1, |port| {
+        let scoped = format!(
+            r#"[{{ binaries: ["{curl_path}"], egress: ["origin.test:{port}"] }}, {{ binaries: ["{wrapper_path}"], children: true, egress: ["origin.test:{port}"] }}]"#
+        );
+        let rule =
+            format!(r#"[{{ host: origin.test, methods: [GET], binaries: ["{curl_path}"] }}]"#);
+        vec![
+            SandboxSpec::new("s1")
+                .allow(&format!("open.test:{port}"))
+                .network("scoped", &scoped),
+            SandboxSpec::new("s3")
+                .token("tok3")
+                .allow(&format!("origin.test:{port}"))
+                .network("http", &rule),
+        ]
+    });
     let port = origin.addr.port();
     let p = format!("http://{}", proxy.proxy);
     let url = format!("http://origin.test:{port}/by-curl");
@@ -323,20 +329,15 @@ child.kill()
 #[test]
 fn vouched_execs_name_every_connection_and_scope_and_meter_it() {
     let dir = tempfile::tempdir().unwrap();
-    let sandboxes = format!(
-        r#"  - id: s2
-    auth: {{ token_sha256: {} }}
-    limits: {{ per_process: {{ requests_per_day: 3 }} }}
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["open.test:PORT"]
-        scoped: [{{ execs: ["*.web_fetch"], egress: ["origin.test:PORT"] }}]
-"#,
-        sha("tok2")
-    );
-    let (proxy, origin) = config(dir.path(), ", socks5: 127.0.0.1:0", &sandboxes);
+    let socks5 = [("socks5", "127.0.0.1:0")];
+    let (proxy, origin) = config(dir.path(), &socks5, |port| {
+        let scoped = format!(r#"[{{ execs: ["*.web_fetch"], egress: ["origin.test:{port}"] }}]"#);
+        vec![SandboxSpec::new("s2")
+            .token("tok2")
+            .limits("{ per_process: { requests_per_day: 3 } }")
+            .allow(&format!("open.test:{port}"))
+            .network("scoped", &scoped)]
+    });
     let port = origin.addr.port();
     let url = format!("http://origin.test:{port}/");
     let via = |user: &str| format!("http://{user}:tok2@{}", proxy.proxy);
@@ -452,15 +453,12 @@ fn vouched_execs_name_every_connection_and_scope_and_meter_it() {
 #[test]
 fn invented_exec_names_share_one_total() {
     let dir = tempfile::tempdir().unwrap();
-    let sandboxes = format!(
-        r#"  - id: s3
-    auth: {{ token_sha256: {} }}
-    limits: {{ per_process: {{ requests_per_day: 3, processes: 2 }} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["origin.test:PORT"] }} }}
-"#,
-        sha("tok3")
-    );
-    let (proxy, origin) = config(dir.path(), "", &sandboxes);
+    let (proxy, origin) = config(dir.path(), &[], |port| {
+        vec![SandboxSpec::new("s3")
+            .token("tok3")
+            .limits("{ per_process: { requests_per_day: 3, processes: 2 } }")
+            .allow(&format!("origin.test:{port}"))]
+    });
     let url = format!("http://origin.test:{}/", origin.addr.port());
     let mut served = 0;
     for name in 0..6 {
@@ -509,22 +507,13 @@ fn a_scope_admits_what_its_binaries_start_only_with_children() {
     std::fs::create_dir(&shells).unwrap();
     let wrapper = shells.join("bash");
     std::fs::copy(real("bash"), &wrapper).unwrap();
-    let sandboxes = format!(
-        r#"  - id: s1
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: []
-        scoped:
-          - {{ binaries: ["{git}"], egress: ["origin.test:PORT"] }}
-          - {{ binaries: ["{wrapper}"], children: true, egress: ["open.test:PORT"] }}
-"#,
-        git = git.display(),
-        wrapper = wrapper.display(),
-    );
-    let more = ", default_sandbox: s1, attribution: { observe: true }";
-    let (proxy, origin) = config(dir.path(), more, &sandboxes);
+    let (git_path, wrapper_path) = (git.display(), wrapper.display());
+    let (proxy, origin) = config(dir.path(), &OBSERVED_S1, |port| {
+        let scoped = format!(
+            r#"[{{ binaries: ["{git_path}"], egress: ["origin.test:{port}"] }}, {{ binaries: ["{wrapper_path}"], children: true, egress: ["open.test:{port}"] }}]"#
+        );
+        vec![SandboxSpec::new("s1").network("scoped", &scoped)]
+    });
     let port = origin.addr.port();
     let p = format!("http://{}", proxy.proxy);
     let fetch = |host: &str| {
@@ -590,19 +579,14 @@ fn a_scope_admits_what_its_binaries_start_only_with_children() {
 fn a_socket_handed_over_or_execed_is_never_judged_as_the_receiver() {
     let dir = tempfile::tempdir().unwrap();
     let curl_exe = real("curl");
-    let sandboxes = format!(
-        r#"  - id: s1
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["open.test:PORT"]
-        scoped: [{{ binaries: ["{curl}"], egress: ["origin.test:PORT"] }}]
-"#,
-        curl = curl_exe.display(),
-    );
-    let more = ", default_sandbox: s1, attribution: { observe: true }";
-    let (proxy, origin) = config(dir.path(), more, &sandboxes);
+    let curl_path = curl_exe.display();
+    let (proxy, origin) = config(dir.path(), &OBSERVED_S1, |port| {
+        let scoped =
+            format!(r#"[{{ binaries: ["{curl_path}"], egress: ["origin.test:{port}"] }}]"#);
+        vec![SandboxSpec::new("s1")
+            .allow(&format!("open.test:{port}"))
+            .network("scoped", &scoped)]
+    });
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/handoff.py");
     let (proxy_port, origin_port) = (proxy.proxy.port().to_string(), origin.addr.port());
     let attack = |variant: &str| {

@@ -11,24 +11,35 @@ use common::*;
 
 const ADMIN_TOKEN: &str = "admin-token-for-tests";
 
-fn config(dir: &Path, egress: &str) -> String {
-    format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-admin_token_file: {token}
-state_dir: {state}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], slow.test: [127.0.0.1], big.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-sandboxes:
-  - id: tok
-    auth: {{ token_sha256: {tok} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: [{egress}] }} }}
-"#,
-        audit = dir.join("audit.jsonl").display(),
-        token = dir.join("admin.token").display(),
-        state = dir.join("state").display(),
-        tok = sha("tok-secret"),
+/// The test names on loopback, state in `dir/state`, and sandbox `tok` reaching `egress`.
+fn config(dir: &Path, egress: &[&str]) -> ProxyConfig {
+    let tok = egress
+        .iter()
+        .fold(SandboxSpec::new("tok").token("tok-secret"), |s, e| {
+            s.allow(e)
+        });
+    around(dir).sandbox(tok)
+}
+
+/// [`config`] without its sandbox.
+fn around(dir: &Path) -> ProxyConfig {
+    ProxyConfig::new()
+        .admin_token_file(&dir.join("admin.token"))
+        .raw(&format!("state_dir: {}", dir.join("state").display()))
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .host("slow.test", "127.0.0.1")
+        .host("big.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+}
+
+/// Write `config` as `dir/proxy.yaml`.
+fn write(dir: &Path, config: &ProxyConfig) {
+    std::fs::write(
+        dir.join("proxy.yaml"),
+        config.yaml(&dir.join("audit.jsonl")),
     )
+    .unwrap();
 }
 
 struct Env {
@@ -45,11 +56,10 @@ fn start(dir: &Path) -> Proxy {
 fn env() -> Env {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
-    std::fs::write(
-        dir.path().join("proxy.yaml"),
-        config(dir.path(), "\"api.test:*\", \"slow.test:*\""),
-    )
-    .unwrap();
+    write(
+        dir.path(),
+        &config(dir.path(), &["api.test:*", "slow.test:*"]),
+    );
     let ca = TestCa::generate(dir.path());
     let https = Origin::start(Some(&ca));
     let proxy = start(dir.path());
@@ -77,12 +87,8 @@ impl Env {
         admin_req(self.proxy.admin, method, path, body, token)
     }
 
-    fn write_config(&self, egress: &str) {
-        std::fs::write(
-            self.dir.path().join("proxy.yaml"),
-            config(self.dir.path(), egress),
-        )
-        .unwrap();
+    fn write_config(&self, egress: &[&str]) {
+        write(self.dir.path(), &config(self.dir.path(), egress));
     }
 
     /// Start a slow download in the background; returns when its tunnel is open.
@@ -112,7 +118,7 @@ fn metric(text: &str, prefix: &str) -> u64 {
 fn reload_revokes_an_open_tunnel_whose_rule_is_gone() {
     let e = env();
     let slow = e.slow("tok:tok-secret");
-    e.write_config("\"api.test:*\"");
+    e.write_config(&["api.test:*"]);
     let reloaded = Instant::now();
     let (status, body) = e.admin("POST", "/v1/reload", "", Some(ADMIN_TOKEN));
     assert_eq!(status, 200, "{body}");
@@ -138,7 +144,7 @@ fn reload_revokes_an_open_tunnel_whose_rule_is_gone() {
 fn file_change_triggers_reload_and_revocation() {
     let e = env();
     let slow = e.slow("tok:tok-secret");
-    e.write_config("\"api.test:*\"");
+    e.write_config(&["api.test:*"]);
     let (out, _) = slow.join().unwrap();
     assert_ne!(out.code, 0);
     let rec = e.proxy.wait_record(|r| r["target_host"] == "slow.test");
@@ -162,7 +168,7 @@ fn a_broken_edit_keeps_the_old_policy_serving() {
         0,
         "old policy still serves"
     );
-    e.write_config("\"*.com\"");
+    e.write_config(&["*.com"]);
     let (status, body) = e.admin("POST", "/v1/reload", "", Some(ADMIN_TOKEN));
     assert_eq!(status, 422, "{body}");
     assert!(
@@ -195,11 +201,11 @@ fn twenty_reloads_under_steady_traffic_lose_nothing() {
     for i in 0..20 {
         // Alternate between two equivalent files so every reload really swaps.
         let egress = if i % 2 == 0 {
-            "\"api.test:*\", \"slow.test:*\""
+            ["api.test:*", "slow.test:*"]
         } else {
-            "\"slow.test:*\", \"api.test:*\""
+            ["slow.test:*", "api.test:*"]
         };
-        e.write_config(egress);
+        e.write_config(&egress);
         let (status, body) = e.admin("POST", "/v1/reload", "", Some(ADMIN_TOKEN));
         assert_eq!(status, 200, "{body}");
     }
@@ -383,11 +389,12 @@ fn runtime_api_put_check_restart_delete() {
 fn limits_change_on_reload_without_dropping_open_tunnels() {
     let e = env();
     let slow = e.slow("tok:tok-secret");
-    let text = config(e.dir.path(), "\"api.test:*\", \"slow.test:*\"").replace(
-        "    policy:",
-        "    limits: { max_connections: 1 }\n    policy:",
-    );
-    std::fs::write(e.dir.path().join("proxy.yaml"), text).unwrap();
+    let tok = SandboxSpec::new("tok")
+        .token("tok-secret")
+        .limits("{ max_connections: 1 }")
+        .allow("api.test:*")
+        .allow("slow.test:*");
+    write(e.dir.path(), &around(e.dir.path()).sandbox(tok));
     let (status, body) = e.admin("POST", "/v1/reload", "", Some(ADMIN_TOKEN));
     assert_eq!(status, 200, "{body}");
     // The open tunnel keeps its place; a second connection is over the new limit.
@@ -465,7 +472,7 @@ fn dns_hosts_reload_and_unreloadable_settings_are_reported() {
         ])
     };
     // `other.test` is allowed but resolves nowhere (no dns.hosts entry, no DNS server).
-    e.write_config("\"api.test:*\", \"other.test:*\"");
+    e.write_config(&["api.test:*", "other.test:*"]);
     assert_eq!(
         admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some(ADMIN_TOKEN)).0,
         200
@@ -473,20 +480,16 @@ fn dns_hosts_reload_and_unreloadable_settings_are_reported() {
     let out = get("other.test");
     assert_ne!(out.code, 0);
     // Add it to dns.hosts: the reload applies it.
-    let text = config(e.dir.path(), "\"api.test:*\", \"other.test:*\"").replace(
-        "big.test: [127.0.0.1] }",
-        "big.test: [127.0.0.1], other.test: [127.0.0.1] }",
-    );
-    assert!(text.contains("other.test: [127.0.0.1]"));
-    std::fs::write(e.dir.path().join("proxy.yaml"), &text).unwrap();
+    let added =
+        config(e.dir.path(), &["api.test:*", "other.test:*"]).host("other.test", "127.0.0.1");
+    write(e.dir.path(), &added);
     let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some(ADMIN_TOKEN));
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"needs_restart\":[]"), "{body}");
     let out = get("other.test");
     assert_eq!(out.code, 0, "{}", out.stderr);
     // A listener change is not applied and says so.
-    let moved = text.replace("admin: 127.0.0.1:0", "admin: 127.0.0.1:1");
-    std::fs::write(e.dir.path().join("proxy.yaml"), moved).unwrap();
+    write(e.dir.path(), &added.admin_at("127.0.0.1:1"));
     let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some(ADMIN_TOKEN));
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"needs_restart\":[\"listen\"]"), "{body}");
@@ -506,12 +509,10 @@ fn editing_a_referenced_sandbox_file_revokes_only_its_tunnels() {
     let e = env();
     let dir = e.dir.path();
     std::fs::write(dir.join("md.SANDBOX.md"), md_file("\"slow.test:*\"")).unwrap();
-    let mut yaml = config(dir, "\"slow.test:*\"");
-    yaml.push_str(&format!(
-        "  - id: md\n    auth: {{ token_sha256: {} }}\n    policy: {{ ref: ./md.SANDBOX.md }}\n",
-        sha("md-secret")
-    ));
-    std::fs::write(dir.join("proxy.yaml"), &yaml).unwrap();
+    let md = SandboxSpec::new("md")
+        .token("md-secret")
+        .policy_ref("./md.SANDBOX.md");
+    write(dir, &config(dir, &["slow.test:*"]).sandbox(md));
     let (status, body) = e.admin("POST", "/v1/reload", "", Some(ADMIN_TOKEN));
     assert_eq!(status, 200, "{body}");
     let tok = e.slow("tok:tok-secret");
@@ -541,12 +542,14 @@ fn batched_state_sync_loses_nothing_when_the_process_is_killed() {
     // survives a SIGKILL is what the kernel held, and a process crash must lose nothing.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("admin.token"), ADMIN_TOKEN).unwrap();
-    let yaml = format!(
-        "admin_token_file: {}\nstate_dir: {}\nruntime: {{ state_sync_ms: 10000 }}\n",
-        dir.path().join("admin.token").display(),
-        dir.path().join("state").display()
-    );
-    let mut p = Proxy::start(dir.path(), &yaml);
+    let config = ProxyConfig::new()
+        .admin_token_file(&dir.path().join("admin.token"))
+        .raw(&format!(
+            "state_dir: {}",
+            dir.path().join("state").display()
+        ))
+        .raw("runtime: { state_sync_ms: 10000 }");
+    let mut p = config.start(dir.path());
     for id in ["kept", "gone"] {
         let (status, body) = admin_req(
             p.admin,
@@ -567,7 +570,7 @@ fn batched_state_sync_loses_nothing_when_the_process_is_killed() {
     assert_eq!(status, 200, "{body}");
     p.child.kill().unwrap();
     p.child.wait().unwrap();
-    let p = Proxy::start(dir.path(), &yaml);
+    let p = config.start(dir.path());
     let get = |id: &str| {
         admin_req(
             p.admin,

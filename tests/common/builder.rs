@@ -25,6 +25,8 @@ pub struct SandboxSpec {
     credentials: Vec<String>,
     /// More keys of the sandbox's entry, as YAML flow values (`identity_token`, …).
     entries: Vec<(String, String)>,
+    /// `policy: { ref: … }` instead of a local policy.
+    policy_ref: Option<String>,
 }
 
 impl SandboxSpec {
@@ -41,6 +43,7 @@ impl SandboxSpec {
             limits: None,
             credentials: Vec::new(),
             entries: Vec::new(),
+            policy_ref: None,
         }
     }
 
@@ -93,6 +96,12 @@ impl SandboxSpec {
         self
     }
 
+    /// Its policy from this file (`policy: { ref: ./x.SANDBOX.md }`), not its lists.
+    pub fn policy_ref(mut self, path: &str) -> Self {
+        self.policy_ref = Some(path.into());
+        self
+    }
+
     /// `enforcement: report`.
     pub fn report(mut self) -> Self {
         self.report = true;
@@ -122,6 +131,9 @@ impl SandboxSpec {
         }
         for (k, v) in &self.entries {
             s += &format!("    {k}: {v}\n");
+        }
+        if let Some(path) = &self.policy_ref {
+            return s + &format!("    policy: {{ ref: {path} }}\n");
         }
         let more: String = self
             .network
