@@ -25,37 +25,24 @@ const KEY: &str = "AKIAQWERTYUIOPASDFGH";
 /// the origin's port, which no `network.http` rule names; no `tls_intercept`: plain HTTP is
 /// read without an interception CA. The explicit, admin and SOCKS5 listeners.
 fn dlp_proxy(dir: &Path, port: u16) -> Proxy {
-    sandbox_proxy(
-        dir,
-        port,
-        r#"    dlp: { rules: [{ name: aws_key, pattern: "AKIA[0-9A-Z]{16}" }] }
-"#,
-    )
+    sandbox_proxy(dir, port, |dev| dev.entry("dlp", DLP))
 }
 
-/// A proxy with one sandbox `dev` (token `dev-secret`) reaching `other.test:port`, with
-/// `extra` lines in its entry.
-fn sandbox_proxy(dir: &Path, port: u16, extra: &str) -> Proxy {
-    let audit = dir.join("audit.jsonl");
-    let config = dir.join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, socks5: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ other.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-sandboxes:
-  - id: dev
-    auth: {{ token_sha256: {tok} }}
-{extra}    policy: {{ provider: local, config: {{}}, network: {{ egress: ["other.test:{port}"] }} }}
-"#,
-            audit = audit.display(),
-            tok = sha("dev-secret"),
-        ),
-    )
-    .unwrap();
-    Proxy::start_with(config, audit, &[])
+/// The DLP block of `dlp_proxy` and `table_proxy`: AWS access key ids.
+const DLP: &str = r#"{ rules: [{ name: aws_key, pattern: "AKIA[0-9A-Z]{16}" }] }"#;
+
+/// A proxy with one sandbox `dev` (token `dev-secret`) reaching `other.test:port`, as `dev`
+/// makes it; the explicit, admin and SOCKS5 listeners.
+fn sandbox_proxy(dir: &Path, port: u16, dev: fn(SandboxSpec) -> SandboxSpec) -> Proxy {
+    ProxyConfig::new()
+        .socks5()
+        .dns_server("127.0.0.1:9")
+        .host("other.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(dev(SandboxSpec::new("dev")
+            .token("dev-secret")
+            .allow(&format!("other.test:{port}"))))
+        .start(dir)
 }
 
 fn text(o: &CurlOut) -> String {
@@ -147,7 +134,7 @@ fn two_pipelined_requests_in_a_tunnel_give_two_request_records() {
         let port = keepalive_origin("127.0.0.1");
         let p = match dlp {
             true => dlp_proxy(dir.path(), port),
-            false => sandbox_proxy(dir.path(), port, ""),
+            false => sandbox_proxy(dir.path(), port, |dev| dev),
         };
         let mut s = TcpStream::connect(p.proxy).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -237,32 +224,22 @@ fn judged_proxy(dir: &Path, ca: &TestCa, ports: (u16, u16), http: &str) -> Proxy
     ca_init(&dir.join("ica"));
     let state = dir.join("state");
     std::fs::create_dir_all(&state).unwrap();
-    Proxy::start(
-        dir,
-        &format!(
-            r#"state_dir: {state}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], mcp.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
-sandboxes:
-  - id: dev
-    auth: {{ token_sha256: {tok} }}
-    limits: {{ requests_per_day: 2 }}
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["api.test:{api}", "mcp.test:{mcp}"]
-        http: {http}
-"#,
-            state = state.display(),
-            ica = dir.join("ica").display(),
-            upstream = ca.ca_pem.display(),
-            tok = sha("dev-secret"),
-            api = ports.0,
-            mcp = ports.1,
-        ),
-    )
+    ProxyConfig::new()
+        .raw(&format!("state_dir: {}", state.display()))
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .host("mcp.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .intercept(&dir.join("ica"), &ca.ca_pem)
+        .sandbox(
+            SandboxSpec::new("dev")
+                .token("dev-secret")
+                .limits("{ requests_per_day: 2 }")
+                .allow(&format!("api.test:{}", ports.0))
+                .allow(&format!("mcp.test:{}", ports.1))
+                .network("http", http),
+        )
+        .start(dir)
 }
 
 fn quota_spent(p: &Proxy) -> serde_json::Value {
@@ -550,56 +527,45 @@ fn a_switch_inside_a_read_tunnel_carries_nothing_unread() {
 /// reached over TLS on `ports.0` and in clear on `ports.1`; explicit, admin and SOCKS5
 /// listeners; `tls_intercept` with the test CA upstream.
 fn table_proxy(dir: &Path, ca: &TestCa, ports: (u16, u16)) -> Proxy {
-    let dlp = r#"    dlp: { rules: [{ name: aws_key, pattern: "AKIA[0-9A-Z]{16}" }] }
-"#;
-    table_proxy_with(dir, ca, ports, dlp)
+    table_proxy_with(dir, ca, ports, ("dlp", DLP))
 }
 
-/// [`table_proxy`] with `extra` lines in the sandbox's entry instead of its `dlp` rule (and
+/// [`table_proxy`] with this key of the sandbox's entry instead of its `dlp` rule (and
 /// `/admin/**` allowed by the rule too).
-fn table_proxy_with(dir: &Path, ca: &TestCa, ports: (u16, u16), extra: &str) -> Proxy {
+fn table_proxy_with(dir: &Path, ca: &TestCa, ports: (u16, u16), entry: (&str, &str)) -> Proxy {
     ca_init(&dir.join("ica"));
-    let audit = dir.join("audit.jsonl");
-    let config = dir.join("proxy.yaml");
     let state = dir.join("state");
-    // The TLS listener (HTTP/2 to the proxy) where the test wrote its certificate.
-    let tls_listener = match dir.join("server.pem").exists() {
-        true => ", proxy_tls: { addr: 127.0.0.1:0, cert_file: server.pem, key_file: server.key }",
-        false => "",
-    };
     std::fs::create_dir_all(&state).unwrap();
-    std::fs::write(
-        &config,
-        format!(
-            r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, socks5: 127.0.0.1:0{tls_listener} }}
-audit: {{ path: {audit} }}
-state_dir: {state}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], other.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
-sandboxes:
-  - id: dev
-    auth: {{ token_sha256: {tok} }}
-    limits: {{ requests_per_day: 100 }}
-{extra}    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["api.test:{tls}", "api.test:{plain}", "other.test:{plain}"]
-        http: [{{ host: api.test, methods: [GET, POST], paths: ["/ok/**", "/admin/**", /upload] }}]
-"#,
-            audit = audit.display(),
-            state = state.display(),
-            tls_listener = tls_listener,
-            ica = dir.join("ica").display(),
-            upstream = ca.ca_pem.display(),
-            tok = sha("dev-secret"),
-            tls = ports.0,
-            plain = ports.1,
-        ),
-    )
-    .unwrap();
-    Proxy::start_with(config, audit, &[])
+    let (tls, plain) = ports;
+    let mut config = ProxyConfig::new()
+        .socks5()
+        .raw(&format!("state_dir: {}", state.display()))
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .host("other.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .intercept(&dir.join("ica"), &ca.ca_pem)
+        .sandbox(
+            SandboxSpec::new("dev")
+                .token("dev-secret")
+                .limits("{ requests_per_day: 100 }")
+                .entry(entry.0, entry.1)
+                .allow(&format!("api.test:{tls}"))
+                .allow(&format!("api.test:{plain}"))
+                .allow(&format!("other.test:{plain}"))
+                .network(
+                    "http",
+                    r#"[{ host: api.test, methods: [GET, POST], paths: ["/ok/**", "/admin/**", /upload] }]"#,
+                ),
+        );
+    // The TLS listener (HTTP/2 to the proxy) where the test wrote its certificate.
+    if dir.join("server.pem").exists() {
+        config = config.listen_at(
+            "proxy_tls",
+            "{ addr: 127.0.0.1:0, cert_file: server.pem, key_file: server.key }",
+        );
+    }
+    config.start(dir)
 }
 
 /// One row of the path × phase table: how curl reaches `api.test` on that path.
@@ -843,11 +809,16 @@ fn every_path_asks_the_decider_after_the_rules() {
     let (tls_port, plain_port) = (tls.addr.port(), plain.addr.port());
     // The example decider (tests/data/../../examples/decider.py), on a port of its own.
     let d = ScriptOrigin::start("../../examples/decider.py", &[]);
-    let extra = format!(
-        "    decider: {{ url: \"http://127.0.0.1:{}/decide\", timeout_ms: 3000 }}\n",
+    let decider = format!(
+        "{{ url: \"http://127.0.0.1:{}/decide\", timeout_ms: 3000 }}",
         d.port
     );
-    let p = table_proxy_with(dir.path(), &ca, (tls_port, plain_port), &extra);
+    let p = table_proxy_with(
+        dir.path(),
+        &ca,
+        (tls_port, plain_port),
+        ("decider", &decider),
+    );
     let rows = table_rows(&p, dir.path(), (tls_port, plain_port));
     for r in &rows {
         let row = r.name;

@@ -17,32 +17,23 @@ use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn config(dir: &Path, rules: &str) {
-    config_with(dir, rules, "")
-}
-
-/// [`config`] with `extra` inside `defaults:` (e.g. `, timeouts: {...}`).
-fn config_with(dir: &Path, rules: &str, extra: &str) {
-    std::fs::write(
-        dir.join("proxy.yaml"),
-        format!(
-            r#"listen:
-  proxy: 127.0.0.1:0
-  admin: 127.0.0.1:0
-  proxy_tls: {{ addr: 127.0.0.1:0, cert_file: server.pem, key_file: server.key }}
-audit: {{ path: {audit} }}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], rev.test: [127.0.0.1], denied.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32]{extra} }}
-sandboxes:
-  - id: s
-    auth: {{ token_sha256: {sha} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: [{rules}] }} }}
-"#,
-            audit = dir.join("audit.jsonl").display(),
-            sha = sha("h2-token"),
-        ),
-    )
-    .unwrap();
+/// The TLS listener (`server.pem` in the test's directory), the test names on loopback and
+/// sandbox `s` (token `h2-token`) reaching `egress`.
+fn config(egress: &[&str]) -> ProxyConfig {
+    let s = egress
+        .iter()
+        .fold(SandboxSpec::new("s").token("h2-token"), |s, e| s.allow(e));
+    ProxyConfig::new()
+        .listen_at(
+            "proxy_tls",
+            "{ addr: 127.0.0.1:0, cert_file: server.pem, key_file: server.key }",
+        )
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .host("rev.test", "127.0.0.1")
+        .host("denied.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(s)
 }
 
 fn proxy_auth() -> String {
@@ -102,12 +93,7 @@ fn two_tunnels_and_a_request_on_one_h2_connection_and_revoking_one_leaves_the_ot
     let roots = proxy_certificate(dir.path());
     let origin = Origin::start(None);
     let op = origin.addr.port();
-    config(dir.path(), r#""api.test:*", "rev.test:*""#);
-    let proxy = Proxy::start_with(
-        dir.path().join("proxy.yaml"),
-        dir.path().join("audit.jsonl"),
-        &[],
-    );
+    let proxy = config(&["api.test:*", "rev.test:*"]).start(dir.path());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -181,7 +167,8 @@ async fn scenario(dir: &Path, roots: rustls::RootCertStore, op: u16, proxy: &Pro
     }
 
     // Revoke rev.test: its stream ends at once, api.test's keeps going on the same connection.
-    config(dir, r#""api.test:*""#);
+    let narrowed = config(&["api.test:*"]).yaml(&dir.join("audit.jsonl"));
+    std::fs::write(dir.join("proxy.yaml"), narrowed).unwrap();
     let reloaded = Instant::now();
     unsafe_free_kill(proxy.child.id(), "HUP");
     let ended = tokio::time::timeout(Duration::from_secs(10), rev_done)
@@ -232,16 +219,9 @@ fn an_h2_connection_that_starts_no_stream_for_idle_ms_goes_away_and_open_tunnels
     let roots = proxy_certificate(dir.path());
     let origin = Origin::start(None);
     let op = origin.addr.port();
-    config_with(
-        dir.path(),
-        r#""api.test:*""#,
-        ", timeouts: { idle_ms: 1000 }",
-    );
-    let proxy = Proxy::start_with(
-        dir.path().join("proxy.yaml"),
-        dir.path().join("audit.jsonl"),
-        &[],
-    );
+    let proxy = config(&["api.test:*"])
+        .defaults("timeouts", "{ idle_ms: 1000 }")
+        .start(dir.path());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -286,11 +266,9 @@ fn each_h2_stream_takes_a_place_under_the_global_cap() {
     let roots = proxy_certificate(dir.path());
     let origin = Origin::start(None);
     let op = origin.addr.port();
-    config(dir.path(), r#""api.test:*""#);
-    let cfg = dir.path().join("proxy.yaml");
-    let text = std::fs::read_to_string(&cfg).unwrap();
-    std::fs::write(&cfg, format!("max_connections: 4\n{text}")).unwrap();
-    let proxy = Proxy::start_with(cfg, dir.path().join("audit.jsonl"), &[]);
+    let proxy = config(&["api.test:*"])
+        .raw("max_connections: 4")
+        .start(dir.path());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -443,12 +421,7 @@ fn extended_connect_is_not_offered_and_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let roots = proxy_certificate(dir.path());
     let (port, accepted) = counting_listener();
-    config(dir.path(), r#""api.test:*""#);
-    let proxy = Proxy::start_with(
-        dir.path().join("proxy.yaml"),
-        dir.path().join("audit.jsonl"),
-        &[],
-    );
+    let proxy = config(&["api.test:*"]).start(dir.path());
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         use tokio::io::AsyncWriteExt;
@@ -509,12 +482,7 @@ fn made_you_reset_ends_the_connection_and_others_are_served() {
     let dir = tempfile::tempdir().unwrap();
     let roots = proxy_certificate(dir.path());
     let (port, _accepted) = counting_listener();
-    config(dir.path(), r#""api.test:*""#);
-    let proxy = Proxy::start_with(
-        dir.path().join("proxy.yaml"),
-        dir.path().join("audit.jsonl"),
-        &[],
-    );
+    let proxy = config(&["api.test:*"]).start(dir.path());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

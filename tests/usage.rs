@@ -17,28 +17,38 @@ const MIB: u64 = 1024 * 1024;
 /// What a cut may overshoot the quota by: the chunks in flight when the count crossed it.
 const SLACK: u64 = 512 * 1024;
 
-fn sandbox(id: &str, limits: &str) -> String {
-    format!(
-        "  - id: {id}\n    auth: {{ token_sha256: {} }}\n    limits: {limits}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"big.test:*\", \"api.test:*\", \"*.counted.test:*\"] }} }}\n",
-        sha(&format!("{id}-secret"))
-    )
+fn sandbox(id: &str, limits: &str) -> SandboxSpec {
+    SandboxSpec::new(id)
+        .token(&format!("{id}-secret"))
+        .limits(limits)
+        .allow("big.test:*")
+        .allow("api.test:*")
+        .allow("*.counted.test:*")
 }
 
-fn config(dir: &Path, extra: &str) -> String {
+/// The quota sandboxes `q`, `r`, `free` and `d`, the test names on loopback; no state.
+fn quotas() -> ProxyConfig {
+    ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .host("big.test", "127.0.0.1")
+        .host("a.counted.test", "127.0.0.1")
+        .host("b.counted.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(sandbox("q", "{ bytes_per_day: 1048576 }"))
+        .sandbox(sandbox("r", "{ requests_per_day: 3 }"))
+        .sandbox(sandbox("free", "{}"))
+        .sandbox(sandbox(
+            "d",
+            "{ per_destination: [{ host: big.test, bytes_per_day: 1048576 }, { host: \"*.counted.test\", requests_per_day: 2 }] }",
+        ))
+}
+
+/// [`quotas`] with its counts kept in `dir/state`.
+fn config(dir: &Path) -> ProxyConfig {
     let state = dir.join("state");
     std::fs::create_dir_all(&state).unwrap();
-    let mut sandboxes = String::new();
-    sandboxes.push_str(&sandbox("q", "{ bytes_per_day: 1048576 }"));
-    sandboxes.push_str(&sandbox("r", "{ requests_per_day: 3 }"));
-    sandboxes.push_str(&sandbox("free", "{}"));
-    sandboxes.push_str(&sandbox(
-        "d",
-        "{ per_destination: [{ host: big.test, bytes_per_day: 1048576 }, { host: \"*.counted.test\", requests_per_day: 2 }] }",
-    ));
-    format!(
-        "state_dir: {}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ api.test: [127.0.0.1], big.test: [127.0.0.1], a.counted.test: [127.0.0.1], b.counted.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.1/32] }}\n{extra}sandboxes:\n{sandboxes}",
-        state.display()
-    )
+    quotas().raw(&format!("state_dir: {}", state.display()))
 }
 
 /// The status line of a CONNECT to `target` as `user`.
@@ -92,7 +102,7 @@ fn usage(p: &Proxy, query: &str) -> serde_json::Value {
 fn a_daily_byte_quota_cuts_the_download_that_crosses_it_and_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let mut proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let mut proxy = config(dir.path()).start(dir.path());
     let target = format!("big.test:{}", origin.addr.port());
 
     // An 8 MiB download by the sandbox with a 1 MiB quota: cut near 1 MiB.
@@ -145,7 +155,7 @@ fn a_daily_byte_quota_cuts_the_download_that_crosses_it_and_survives_a_restart()
     proxy.terminate();
     let saved = std::fs::read_to_string(dir.path().join("state/usage.state")).unwrap();
     assert!(saved.contains("\"quota\":[{\"sandbox\":\"q\""), "{saved}");
-    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let proxy = config(dir.path()).start(dir.path());
     let status = connect_status(proxy.proxy, "q", &target);
     assert!(
         status.starts_with("HTTP/1.1 429"),
@@ -168,7 +178,7 @@ fn a_daily_byte_quota_cuts_the_download_that_crosses_it_and_survives_a_restart()
 fn per_destination_quotas_count_their_hosts_only() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let proxy = config(dir.path()).start(dir.path());
     let port = origin.addr.port();
     // big.test's 1 MiB: the download is cut, big.test refused after, api.test still served.
     let got = tunnel_download(proxy.proxy, "d", &origin);
@@ -214,7 +224,7 @@ fn per_destination_quotas_count_their_hosts_only() {
 fn requests_per_day_refuses_the_request_past_it() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let proxy = config(dir.path()).start(dir.path());
     let url = format!("http://api.test:{}/hello", origin.addr.port());
     let via = format!("http://r:r-secret@{}", proxy.proxy);
     let codes: Vec<String> = (0..5)
@@ -244,7 +254,7 @@ fn requests_per_day_refuses_the_request_past_it() {
 fn forwarded_heads_count_toward_the_byte_quota() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let proxy = config(dir.path()).start(dir.path());
     let via = format!("http://q:q-secret@{}", proxy.proxy);
     let big = "x".repeat(7000);
     let url = format!("http://api.test:{}/hello?d={big}", origin.addr.port());
@@ -313,7 +323,7 @@ fn at_once(n: usize, url: &str, via: &str) -> Vec<String> {
 fn parallel_requests_spend_a_request_quota_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let proxy = config(dir.path()).start(dir.path());
     let url = format!("http://api.test:{}/hello", origin.addr.port());
     let via = format!("http://r:r-secret@{}", proxy.proxy);
     let codes = at_once(30, &url, &via);
@@ -330,7 +340,7 @@ fn usage_sums_match_the_audit_records() {
     let ca = TestCa::generate(dir.path());
     let https = Origin::start(Some(&ca));
     let http = Origin::start(None);
-    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let proxy = config(dir.path()).start(dir.path());
     let via = format!("http://free:free-secret@{}", proxy.proxy);
     let cacert = ca.ca_pem.display().to_string();
     for path in ["/a", "/b"] {
@@ -437,9 +447,7 @@ fn replicas_sharing_etcd_move_a_byte_quota_exactly() {
     let start = |name: &str| {
         let d = dir.path().join(name);
         std::fs::create_dir_all(&d).unwrap();
-        let text =
-            config(&d, &plane).replace(&format!("state_dir: {}\n", d.join("state").display()), "");
-        Proxy::start(&d, &text)
+        quotas().raw(&plane).start(&d)
     };
     let a = start("a");
     let b = start("b");
@@ -515,17 +523,18 @@ fn each_request_inside_a_terminated_tunnel_counts_and_the_one_past_the_quota_is_
         &[ca.cert_pem.as_os_str(), ca.key_pem.as_os_str()],
     );
     ca_init(&dir.path().join("ica"));
-    let terminated = format!(
-        "  - id: t\n    auth: {{ token_sha256: {} }}\n    limits: {{ requests_per_day: 3 }}\n    policy: {{ provider: local, config: {{}}, network: {{ egress: [\"api.test:*\"], http: [{{ host: api.test, methods: [GET], paths: [\"/**\"] }}] }} }}\n",
-        sha("t-secret")
-    );
-    let yaml = format!(
-        "tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {up} }}\n{}",
-        config(dir.path(), "").replace("sandboxes:\n", &format!("sandboxes:\n{terminated}")),
-        ica = dir.path().join("ica").display(),
-        up = ca.ca_pem.display(),
-    );
-    let proxy = Proxy::start(dir.path(), &yaml);
+    let terminated = SandboxSpec::new("t")
+        .token("t-secret")
+        .limits("{ requests_per_day: 3 }")
+        .allow("api.test:*")
+        .network(
+            "http",
+            r#"[{ host: api.test, methods: [GET], paths: ["/**"] }]"#,
+        );
+    let proxy = config(dir.path())
+        .intercept(&dir.path().join("ica"), &ca.ca_pem)
+        .sandbox(terminated)
+        .start(dir.path());
     let via = format!("http://t:t-secret@{}", proxy.proxy);
     let ica = dir.path().join("ica/ca.crt").display().to_string();
     let url = format!("https://api.test:{}/n", https.port);
@@ -575,7 +584,7 @@ fn each_request_inside_a_terminated_tunnel_counts_and_the_one_past_the_quota_is_
 fn each_request_on_a_kept_plain_tunnel_counts() {
     let dir = tempfile::tempdir().unwrap();
     let port = keepalive_origin("127.0.0.1");
-    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let proxy = config(dir.path()).start(dir.path());
     let via = format!("http://r:r-secret@{}", proxy.proxy);
     let urls: Vec<String> = (0..6)
         .map(|i| format!("http://api.test:{port}/kept-{i}"))
@@ -600,7 +609,7 @@ fn each_request_on_a_kept_plain_tunnel_counts() {
 fn parallel_requests_spend_a_per_destination_quota_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let proxy = config(dir.path()).start(dir.path());
     let url = format!("http://a.counted.test:{}/hello", origin.addr.port());
     let via = format!("http://d:d-secret@{}", proxy.proxy);
     let codes = at_once(20, &url, &via);
@@ -616,7 +625,7 @@ fn parallel_requests_spend_a_per_destination_quota_exactly() {
 fn a_kill_soon_after_spending_does_not_give_the_day_back() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let mut proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let mut proxy = config(dir.path()).start(dir.path());
     let url = format!("http://api.test:{}/hello", origin.addr.port());
     let via = format!("http://r:r-secret@{}", proxy.proxy);
     let get = |via: &str| curl(&["-o", "/dev/null", "-w", "%{http_code}", "-x", via, &url]).text();
@@ -626,7 +635,7 @@ fn a_kill_soon_after_spending_does_not_give_the_day_back() {
     std::thread::sleep(std::time::Duration::from_millis(500));
     let _ = proxy.child.kill();
     let _ = proxy.child.wait();
-    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let proxy = config(dir.path()).start(dir.path());
     let via = format!("http://r:r-secret@{}", proxy.proxy);
     assert_eq!(get(&via), "429", "the day's count survived the kill");
 }
@@ -637,7 +646,7 @@ fn a_kill_soon_after_spending_does_not_give_the_day_back() {
 fn a_forwarded_download_cut_by_the_quota_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+    let proxy = config(dir.path()).start(dir.path());
     let url = format!("http://big.test:{}/big", origin.addr.port());
     let out = curl(&[
         "-sS",
@@ -672,7 +681,7 @@ fn pipelined_requests_past_the_quota_cost_the_earlier_ones_nothing() {
     for (tunnel, split) in [(false, false), (false, true), (true, false), (true, true)] {
         let dir = tempfile::tempdir().unwrap();
         let (port, served) = counting_origin();
-        let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+        let proxy = config(dir.path()).start(dir.path());
         let mut s = TcpStream::connect(proxy.proxy).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let auth = basic("r", "r-secret");
@@ -770,7 +779,7 @@ fn parallel_downloads_stop_at_the_byte_quota() {
     for tunnel in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         let origin = Origin::start(None);
-        let proxy = Proxy::start(dir.path(), &config(dir.path(), ""));
+        let proxy = config(dir.path()).start(dir.path());
         let received: u64 = std::thread::scope(|s| {
             let runs: Vec<_> = (0..8)
                 .map(|_| {
