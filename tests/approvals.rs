@@ -62,33 +62,33 @@ fn env(extra: &str) -> Env {
     let d = dir.path();
     std::fs::write(d.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
     let (sk, pk) = keypair(d);
-    let yaml = format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit}, chain: true, signing_key_file: {sk} }}
-admin_token_file: {token}
-state_dir: {state}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ granted.test: [127.0.0.1], denied.test: [127.0.0.1], pub.auto.test: [127.0.0.1], inside.auto.test: [10.1.2.3], someone.github.io: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-{extra}
-sandboxes:
-  - id: agent
-    auth: {{ token_sha256: {a} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["allowed.test"], deny: ["denied.test"] }} }}
-  - id: other
-    auth: {{ token_sha256: {o} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["allowed.test"] }} }}
-"#,
-        audit = d.join("audit.jsonl").display(),
-        sk = sk.display(),
-        token = d.join("admin.token").display(),
-        state = d.join("state").display(),
-        a = sha("tok-agent"),
-        o = sha("tok-other"),
-    );
-    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
+    let config = ProxyConfig::new()
+        .audit("chain: true")
+        .audit(&format!("signing_key_file: {}", sk.display()))
+        .admin_token_file(&d.join("admin.token"))
+        .raw(&format!("state_dir: {}", d.join("state").display()))
+        .dns_server("127.0.0.1:9")
+        .host("granted.test", "127.0.0.1")
+        .host("denied.test", "127.0.0.1")
+        .host("pub.auto.test", "127.0.0.1")
+        .host("inside.auto.test", "10.1.2.3")
+        .host("someone.github.io", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .raw(extra)
+        .sandbox(
+            SandboxSpec::new("agent")
+                .token("tok-agent")
+                .allow("allowed.test")
+                .deny("denied.test"),
+        )
+        .sandbox(
+            SandboxSpec::new("other")
+                .token("tok-other")
+                .allow("allowed.test"),
+        );
     let ca = TestCa::generate(d);
     let https = Origin::start(Some(&ca));
-    let proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    let proxy = config.start(d);
     Env {
         dir,
         ca,

@@ -20,19 +20,28 @@ const ADMIN_TOKEN: &str = "console-admin-token-0123456789";
 const ALICE: &str = "alice-approver-token-0123456789";
 const VERA: &str = "vera-viewer-token-0123456789ab";
 
-/// The console's part of the config: alice approves, vera views, and `more` users (YAML
-/// flow items).
-fn admin_yaml(d: &Path, more: &[&str]) -> String {
+/// `config` with the console: alice approves, vera views, and `more` users (YAML flow maps).
+fn console(d: &Path, more: &[&str], config: ProxyConfig) -> ProxyConfig {
     std::fs::write(d.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
     std::fs::write(d.join("alice.token"), format!("{ALICE}\n")).unwrap();
     std::fs::write(d.join("vera.token"), VERA).unwrap();
-    let cert: String = more.iter().map(|u| format!("\n    - {u}")).collect();
-    format!(
-        "admin_token_file: {}\nadmin:\n  console: true\n  session_ttl_s: 600\n  users:\n    - {{ name: alice, role: approver, token_file: {} }}\n    - {{ name: vera, role: viewer, token_file: {} }}{cert}\n",
-        d.join("admin.token").display(),
-        d.join("alice.token").display(),
-        d.join("vera.token").display(),
-    )
+    let mut users = vec![
+        format!(
+            "{{ name: alice, role: approver, token_file: {} }}",
+            d.join("alice.token").display()
+        ),
+        format!(
+            "{{ name: vera, role: viewer, token_file: {} }}",
+            d.join("vera.token").display()
+        ),
+    ];
+    users.extend(more.iter().map(|u| u.to_string()));
+    config
+        .admin_token_file(&d.join("admin.token"))
+        .raw(&format!(
+            "admin: {{ console: true, session_ttl_s: 600, users: [{}] }}",
+            users.join(", ")
+        ))
 }
 
 /// A sign-in's answer (`curl -i`): the session cookie (`name=value`) and the session's place
@@ -86,26 +95,21 @@ fn a_person_approves_in_the_console_in_a_real_browser() {
     let d = dir.path();
     let ca = TestCa::generate(d);
     let https = Origin::start(Some(&ca));
-    let yaml = format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit}, chain: true, signing_key_file: {sk} }}
-state_dir: {state}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ granted.test: [127.0.0.1], blocked.test: [127.0.0.1], other.test: [127.0.0.1], api.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-{admin}sandboxes:
-  - id: agent
-    auth: {{ token_sha256: {a} }}
-    limits: {{ requests_per_day: 40, bytes_per_day: 100000 }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }}
-"#,
-        audit = d.join("audit.jsonl").display(),
-        sk = signing_key(d).display(),
-        state = d.join("state").display(),
-        admin = admin_yaml(d, &[]),
-        a = sha("tok-agent"),
-    );
-    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
-    let proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    let config = ["granted.test", "blocked.test", "other.test", "api.test"]
+        .iter()
+        .fold(ProxyConfig::new(), |c, h| c.host(h, "127.0.0.1"))
+        .audit("chain: true")
+        .audit(&format!("signing_key_file: {}", signing_key(d).display()))
+        .raw(&format!("state_dir: {}", d.join("state").display()))
+        .dns_server("127.0.0.1:9")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(
+            SandboxSpec::new("agent")
+                .token("tok-agent")
+                .limits("{ requests_per_day: 40, bytes_per_day: 100000 }")
+                .allow("api.test:*"),
+        );
+    let proxy = console(d, &[], config).start(d);
     // Some traffic the usage chart counts before the browser looks.
     let px = format!("http://agent:tok-agent@{}", proxy.proxy);
     let cacert = ca.ca_pem.display().to_string();
@@ -181,13 +185,12 @@ fn console_headers_cookies_csrf_and_certificate_sign_in() {
     );
     let clients = Pki::new(d, "clients");
     let (cc, ck) = clients.issue("carol", "carol", vec![]);
-    let yaml = format!(
-        "listen:\n  proxy: 127.0.0.1:0\n  admin: 127.0.0.1:0\n  admin_tls: {{ cert_file: server.pem, key_file: server.key, client_ca_file: clients-ca.pem }}\naudit: {{ path: {} }}\n{}",
-        d.join("audit.jsonl").display(),
-        admin_yaml(d, &["{ name: carol, role: approver, certificate: \"CN=carol\" }"]),
+    let config = ProxyConfig::new().listen_at(
+        "admin_tls",
+        "{ cert_file: server.pem, key_file: server.key, client_ca_file: clients-ca.pem }",
     );
-    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
-    let proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    let carol = "{ name: carol, role: approver, certificate: \"CN=carol\" }";
+    let proxy = console(d, &[carol], config).start(d);
     let base = format!("https://127.0.0.1:{}", proxy.admin.port());
     let tls = [
         "--cacert",
@@ -303,7 +306,7 @@ fn console_headers_cookies_csrf_and_certificate_sign_in() {
     assert!(api.contains(" 401 "), "{api}");
     // Without `admin.console`, /ui/ is not there.
     let other = tempfile::tempdir().unwrap();
-    let off = Proxy::start(other.path(), "");
+    let off = ProxyConfig::new().start(other.path());
     let r = curl(&["-i", &format!("http://{}/ui/login", off.admin)]).text();
     assert!(r.contains(" 404 ") && r.contains("admin.console"), "{r}");
 }
@@ -321,28 +324,23 @@ fn a_layer_names_who_may_answer_for_its_members() {
         "{{ name: bob, role: approver, token_file: {} }}",
         d.join("bob.token").display()
     );
-    let yaml = format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ docs.test: [127.0.0.1] }} }}
-tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key }}
-{admin}layers:
-  - {{ id: org, ceiling: ["api.test", "docs.test"] }}
-  - {{ id: team-a, parent: org, approvers: [alice] }}
-sandboxes:
-  - id: agent
-    layer: team-a
-    auth: {{ token_sha256: {a} }}
-    limits: {{ requests_per_day: 7 }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test"], http: [{{ host: api.test, methods: [GET], paths: ["/docs/**"] }}] }} }}
-"#,
-        audit = d.join("audit.jsonl").display(),
-        admin = admin_yaml(d, &[&bob]),
-        ica = d.join("ica").display(),
-        a = sha("tok-agent"),
-    );
-    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
-    let proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    let config = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .host("docs.test", "127.0.0.1")
+        .intercept_only(&d.join("ica"))
+        .raw(r#"layers: [{ id: org, ceiling: ["api.test", "docs.test"] }, { id: team-a, parent: org, approvers: [alice] }]"#)
+        .sandbox(
+            SandboxSpec::new("agent")
+                .entry("layer", "team-a")
+                .token("tok-agent")
+                .limits("{ requests_per_day: 7 }")
+                .allow("api.test")
+                .network(
+                    "http",
+                    r#"[{ host: api.test, methods: [GET], paths: ["/docs/**"] }]"#,
+                ),
+        );
+    let proxy = console(d, &[&bob], config).start(d);
     let px = format!("http://agent:tok-agent@{}", proxy.proxy);
     let asked = curl(&[
         "-x",
@@ -448,13 +446,8 @@ sandboxes:
 fn sign_ins_are_bounded_per_user_and_per_address() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let yaml = format!(
-        "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\n{}",
-        d.join("audit.jsonl").display(),
-        admin_yaml(d, &[]),
-    );
-    std::fs::write(d.join("proxy.yaml"), &yaml).unwrap();
-    let proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    let config = console(d, &[], ProxyConfig::new());
+    let proxy = config.start(d);
     let admin = format!("http://{}", proxy.admin);
     let login = format!("{admin}/ui/login");
     let sign_in = |token: &str| curl(&["-i", "-d", &format!("token={token}"), &login]).text();
@@ -514,22 +507,20 @@ fn sign_ins_are_bounded_per_user_and_per_address() {
 /// A console over sandbox `agent` (token `tok-agent`) with a `private` label on
 /// `origin.test:port`, already armed by a GET of `/doc` from the origin on `port`.
 fn flows_console(d: &Path, port: u16) -> Proxy {
-    let yaml = format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ origin.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-{admin}sandboxes:
-  - id: agent
-    auth: {{ token_sha256: {a} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["origin.test:{port}"], flows: {{ labels: {{ private: [origin.test] }}, rules: [{{ name: no-exfil, after: [private], refuse: writes, except: [private] }}] }} }} }}
-"#,
-        audit = d.join("audit.jsonl").display(),
-        admin = admin_yaml(d, &[]),
-        a = sha("tok-agent"),
-    );
-    std::fs::write(d.join("proxy.yaml"), yaml).unwrap();
-    let proxy = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
+    let config = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .host("origin.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(
+            SandboxSpec::new("agent")
+                .token("tok-agent")
+                .allow(&format!("origin.test:{port}"))
+                .network(
+                    "flows",
+                    "{ labels: { private: [origin.test] }, rules: [{ name: no-exfil, after: [private], refuse: writes, except: [private] }] }",
+                ),
+        );
+    let proxy = console(d, &[], config).start(d);
     let px = format!("http://agent:tok-agent@{}", proxy.proxy);
     let url = format!("http://origin.test:{port}/doc");
     assert!(curl(&["-s", "-x", &px, &url])

@@ -62,19 +62,42 @@ impl Recorder {
 }
 
 fn start(dir: &std::path::Path, origin: &Recorder) -> Proxy {
-    Proxy::start(
+    let port = origin.addr.port();
+    proxy(
         dir,
-        &format!(
-            r#"dns: {{ servers: ["127.0.0.1:9"], hosts: {{ ok.test: [127.0.0.1], denied.test: [127.0.0.1], db.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32], require_tls_ports: [443], refuse_ech: true, timeouts: {{ header_ms: 1500 }} }}
-sandboxes:
-  - id: s
-    sources: [127.0.0.0/8]
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["ok.test:{port}", "tcp://db.test:{port}"] }} }}
-"#,
-            port = origin.addr.port()
-        ),
+        &["ok.test", "denied.test", "db.test"],
+        &[
+            ("require_tls_ports", "[443]"),
+            ("refuse_ech", "true"),
+            ("timeouts", "{ header_ms: 1500 }"),
+        ],
+        &[&format!("ok.test:{port}"), &format!("tcp://db.test:{port}")],
     )
+}
+
+/// A proxy where sandbox `s` (every loopback client) reaches `egress`; `hosts` on loopback,
+/// loopback let through the guard, these more `defaults` keys.
+fn proxy(
+    dir: &std::path::Path,
+    hosts: &[&str],
+    defaults: &[(&str, &str)],
+    egress: &[&str],
+) -> Proxy {
+    let s = egress
+        .iter()
+        .fold(SandboxSpec::new("s").source("127.0.0.0/8"), |s, e| {
+            s.allow(e)
+        });
+    let config = hosts
+        .iter()
+        .fold(ProxyConfig::new(), |c, h| c.host(h, "127.0.0.1"));
+    defaults
+        .iter()
+        .fold(config, |c, (k, v)| c.defaults(k, v))
+        .dns_server("127.0.0.1:9")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(s)
+        .start(dir)
 }
 
 /// Open a tunnel to `target` and send `bytes` in it; what came back (until close or 3 s).
@@ -195,17 +218,14 @@ fn a_tunnel_carries_only_what_the_proxy_reads_unless_the_entry_declares_tcp() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Recorder::start();
     let port = origin.addr.port();
-    let p = Proxy::start(
+    let p = proxy(
         dir.path(),
-        &format!(
-            r#"dns: {{ servers: ["127.0.0.1:9"], hosts: {{ web.test: [127.0.0.1], raw.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32], ports: [443, {port}], timeouts: {{ header_ms: 1500 }} }}
-sandboxes:
-  - id: s
-    sources: [127.0.0.0/8]
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["web.test", "tcp://raw.test:{port}"] }} }}
-"#
-        ),
+        &["web.test", "raw.test"],
+        &[
+            ("ports", &format!("[443, {port}]")),
+            ("timeouts", "{ header_ms: 1500 }"),
+        ],
+        &["web.test", &format!("tcp://raw.test:{port}")],
     );
     let target = format!("web.test:{port}");
     let big = format!(
@@ -258,17 +278,14 @@ fn a_head_under_the_one_cap_is_read_whole_and_checked_in_a_tunnel() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Recorder::start();
     let port = origin.addr.port();
-    let p = Proxy::start(
+    let p = proxy(
         dir.path(),
-        &format!(
-            r#"dns: {{ servers: ["127.0.0.1:9"], hosts: {{ web.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32], ports: [{port}], timeouts: {{ header_ms: 3000 }} }}
-sandboxes:
-  - id: s
-    sources: [127.0.0.0/8]
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["web.test"] }} }}
-"#
-        ),
+        &["web.test"],
+        &[
+            ("ports", &format!("[{port}]")),
+            ("timeouts", "{ header_ms: 3000 }"),
+        ],
+        &["web.test"],
     );
     let target = format!("web.test:{port}");
     let head = |host: &str, path: &str| {
@@ -331,19 +348,14 @@ fn an_upgrade_the_origin_did_not_accept_does_not_end_the_checks() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Recorder::start();
     let (switching, switched_got) = switching_origin();
-    let p = Proxy::start(
+    let p = proxy(
         dir.path(),
-        &format!(
-            r#"dns: {{ servers: ["127.0.0.1:9"], hosts: {{ ok.test: [127.0.0.1], ws.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32], timeouts: {{ header_ms: 1500 }} }}
-sandboxes:
-  - id: s
-    sources: [127.0.0.0/8]
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["ok.test:{}", "ws.test:{}"] }} }}
-"#,
-            origin.addr.port(),
-            switching.port()
-        ),
+        &["ok.test", "ws.test"],
+        &[("timeouts", "{ header_ms: 1500 }")],
+        &[
+            &format!("ok.test:{}", origin.addr.port()),
+            &format!("ws.test:{}", switching.port()),
+        ],
     );
     let port = origin.addr.port();
     let smuggle = format!(
