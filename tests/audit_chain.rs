@@ -41,23 +41,13 @@ fn keypair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     (sk, pk)
 }
 
-fn config(dir: &Path, audit: &str) -> PathBuf {
-    let path = dir.join("proxy.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {log}, {audit} }}
-sandboxes:
-  - id: demo
-    sources: [127.0.0.0/8]
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["allowed.test"] }} }}
-"#,
-            log = dir.join("audit.jsonl").display()
-        ),
+/// Sandbox `demo` (every loopback client) reaching `allowed.test`; these `audit` keys.
+fn config(audit: &str) -> ProxyConfig {
+    ProxyConfig::new().audit(audit).sandbox(
+        SandboxSpec::new("demo")
+            .source("127.0.0.0/8")
+            .allow("allowed.test"),
     )
-    .unwrap();
-    path
 }
 
 /// `n` refused requests through `p` (each one audit record).
@@ -73,7 +63,7 @@ fn traffic(p: &Proxy, n: usize) {
 }
 
 fn run_and_stop(dir: &Path, audit: &str, n: usize) {
-    let mut p = Proxy::start_with(config(dir, audit), dir.join("audit.jsonl"), &[]);
+    let mut p = config(audit).start(dir);
     traffic(&p, n);
     p.terminate();
 }
@@ -255,14 +245,8 @@ fn deleting_editing_swapping_or_cutting_a_line_is_found_where_it_happened() {
 fn rotation_and_reopening_keep_the_chain_across_files() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.jsonl");
-    let mut p = Proxy::start_with(
-        config(
-            dir.path(),
-            "chain: true, rotate: { max_bytes: 4096, keep: 20 }, fsync: every_record",
-        ),
-        log.clone(),
-        &[],
-    );
+    let mut p = config("chain: true, rotate: { max_bytes: 4096, keep: 20 }, fsync: every_record")
+        .start(dir.path());
     traffic(&p, 30);
     // logrotate's way: move the file away, then SIGUSR1; the proxy opens a new one.
     std::thread::sleep(Duration::from_millis(100));
@@ -542,7 +526,7 @@ fn a_crashed_run_named_by_the_next_run_start_verifies_and_an_open_run_is_judged_
         "chain: true, signing_key_file: {}, checkpoint_every_records: 1000, checkpoint_every_s: 3",
         sk.display()
     );
-    let mut p = Proxy::start_with(config(dir.path(), &audit), log.clone(), &[]);
+    let mut p = config(&audit).start(dir.path());
     traffic(&p, 3);
     eventually(Duration::from_secs(5), "three records written", || {
         (lines(&log).len() >= 4).then_some(())
@@ -699,7 +683,7 @@ fn an_idle_live_run_keeps_signing_and_a_file_cut_at_an_old_checkpoint_is_stale()
         "chain: true, signing_key_file: {}, checkpoint_every_s: 1",
         sk.display()
     );
-    let p = Proxy::start_with(config(dir.path(), &audit), log.clone(), &[]);
+    let p = config(&audit).start(dir.path());
     traffic(&p, 2);
     // Idle from here: the run keeps signing.
     eventually(Duration::from_secs(10), "heartbeat checkpoints", || {
@@ -766,8 +750,7 @@ fn wakes(status: &Path) -> u64 {
 #[test]
 fn an_idle_writer_sleeps_until_the_next_record_and_still_writes_it() {
     let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("audit.jsonl");
-    let p = Proxy::start_with(config(dir.path(), "chain: false"), log, &[]);
+    let p = config("chain: false").start(dir.path());
     traffic(&p, 1);
     let denied = |p: &Proxy| {
         p.audit_records()
@@ -802,25 +785,16 @@ fn an_idle_writer_sleeps_until_the_next_record_and_still_writes_it() {
 #[test]
 fn a_stream_of_records_is_written_in_drains_not_woken_record_by_record() {
     let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("audit.jsonl");
-    let config = dir.path().join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:0 }}
-audit: {{ path: {} }}
-admission: {{ dns_queries_per_second_per_source: 1000000 }}
-sandboxes:
-  - id: demo
-    sources: [127.0.0.0/8]
-    limits: {{ dns_queries_per_second: 1000000 }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["allowed.test"] }} }}
-"#,
-            log.display()
-        ),
-    )
-    .unwrap();
-    let p = Proxy::start_with(config, log, &[]);
+    let p = ProxyConfig::new()
+        .listen("dns")
+        .raw("admission: { dns_queries_per_second_per_source: 1000000 }")
+        .sandbox(
+            SandboxSpec::new("demo")
+                .source("127.0.0.0/8")
+                .limits("{ dns_queries_per_second: 1000000 }")
+                .allow("allowed.test"),
+        )
+        .start(dir.path());
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     sock.connect(p.dns.expect("the DNS listener")).unwrap();
@@ -861,14 +835,14 @@ fn a_signal_the_moment_the_proxy_listens_is_handled() {
     let audit = format!("chain: true, signing_key_file: {}", sk.display());
     let log = dir.path().join("audit.jsonl");
     for _ in 0..10 {
-        let mut p = Proxy::start_with(config(dir.path(), &audit), log.clone(), &[]);
+        let mut p = config(&audit).start(dir.path());
         let status = p.terminate();
         assert!(status.success(), "{status:?}: {}", p.stderr_text());
     }
     let (code, said) = verify(&[&log], Some(&pk));
     assert_eq!(code, 0, "{said}");
     assert!(!said.contains("without its"), "{said}");
-    let mut p = Proxy::start_with(config(dir.path(), &audit), log.clone(), &[]);
+    let mut p = config(&audit).start(dir.path());
     unsafe_free_kill(p.child.id(), "HUP");
     // The reload is counted (a positive marker), and the process is still there after it.
     common::eventually(Duration::from_secs(10), "the SIGHUP's reload", || {

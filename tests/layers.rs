@@ -30,37 +30,38 @@ fn admin(p: &Proxy, method: &str, path: &str, body: &str) -> (u16, Value) {
     )
 }
 
-/// The file: layer `org`, a report-mode member of it, and what the tests need around them.
-fn org_config(d: &Path, extra: &str) -> std::path::PathBuf {
+/// What layer `org` denies.
+const ORG_DENY: &str = r#"["*.evil.example", "secret.corp.example"]"#;
+
+/// The file: layer `org` (denying `org_deny`), a report-mode member of it, and what the tests
+/// need around them; `extra` (YAML) at the top level.
+fn org_config(d: &Path, extra: &str, org_deny: &str) -> ProxyConfig {
     std::fs::write(d.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
-    let names = "api.corp.example, db.corp.example, files.corp.example, secret.corp.example, pypi.org, github.com";
-    let hosts: Vec<String> = names
-        .split(", ")
-        .map(|n| format!("{n}: [127.0.0.1]"))
-        .collect();
-    let yaml = format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-admin_token_file: admin.token
-{extra}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ {hosts} }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-layers:
-  - {{ id: org, ceiling: ["*.corp.example:*", "pypi.org:*"], deny: ["*.evil.example", "secret.corp.example"] }}
-sandboxes:
-  - id: reporter
-    layer: org
-    enforcement: report
-    auth: {{ token_sha256: {tok} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["*.corp.example:*"] }} }}
-"#,
-        audit = d.join("audit.jsonl").display(),
-        hosts = hosts.join(", "),
-        tok = sha("reporter-secret"),
-    );
-    let path = d.join("proxy.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    path
+    let names = [
+        "api.corp.example",
+        "db.corp.example",
+        "files.corp.example",
+        "secret.corp.example",
+        "pypi.org",
+        "github.com",
+    ];
+    names
+        .iter()
+        .fold(ProxyConfig::new(), |c, n| c.host(n, "127.0.0.1"))
+        .admin_token_file(Path::new("admin.token"))
+        .raw(extra)
+        .dns_server("127.0.0.1:9")
+        .guard_allow("127.0.0.1/32")
+        .raw(&format!(
+            r#"layers: [{{ id: org, ceiling: ["*.corp.example:*", "pypi.org:*"], deny: {org_deny} }}]"#
+        ))
+        .sandbox(
+            SandboxSpec::new("reporter")
+                .entry("layer", "org")
+                .report()
+                .token("reporter-secret")
+                .allow("*.corp.example:*"),
+        )
 }
 
 /// A registration of `id` (token `{id}-secret`) in layer `layer` with `egress`.
@@ -103,8 +104,8 @@ fn layers_bound_registrations_grants_and_open_tunnels() {
     let https = Origin::start(Some(&ca));
     let plain = Origin::start(None);
     let (port, hport) = (https.addr.port(), plain.addr.port());
-    let config = org_config(d, &format!("state_dir: {}", d.join("state").display()));
-    let mut p = Proxy::start_with(config.clone(), d.join("audit.jsonl"), &[]);
+    let state = format!("state_dir: {}", d.join("state").display());
+    let mut p = org_config(d, &state, ORG_DENY).start(d);
 
     // A team layer may narrow its organisation, never widen it.
     let wide = r#"{"parent":"org","ceiling":["github.com:*"]}"#;
@@ -256,7 +257,7 @@ fn layers_bound_registrations_grants_and_open_tunnels() {
 
     // After a restart the runtime layer is restored before the registration that names it.
     p.terminate();
-    let p = Proxy::start_with(config.clone(), d.join("audit.jsonl"), &[]);
+    let p = Proxy::start_with(d.join("proxy.yaml"), d.join("audit.jsonl"), &[]);
     let (status, layer) = admin(&p, "GET", "/v1/layers/team-a", "");
     assert_eq!(status, 200, "{layer}");
     assert_eq!(
@@ -276,13 +277,12 @@ fn layers_bound_registrations_grants_and_open_tunnels() {
 
     // The organisation tightens (its file, reloaded): the member's open tunnel is cut.
     let mut held = open_tunnel(&p, "s1", &format!("api.corp.example:{hport}"));
-    let yaml = std::fs::read_to_string(&config).unwrap();
-    let tighter = yaml.replace(
-        r#""secret.corp.example"]"#,
-        r#""secret.corp.example", "api.corp.example"]"#,
+    let tighter = org_config(
+        d,
+        &state,
+        r#"["*.evil.example", "secret.corp.example", "api.corp.example"]"#,
     );
-    assert_ne!(yaml, tighter);
-    std::fs::write(&config, tighter).unwrap();
+    std::fs::write(d.join("proxy.yaml"), tighter.yaml(&d.join("audit.jsonl"))).unwrap();
     let (status, body) = admin(&p, "POST", "/v1/reload", "");
     assert_eq!(status, 200, "{body}");
     let mut buf = [0u8; 64];
@@ -358,16 +358,17 @@ fn simulate_reports_exactly_what_a_candidate_changes_and_the_api_agrees() {
     let plain = Origin::start(None);
     let (port, hport) = (https.addr.port(), plain.addr.port());
     std::fs::write(d.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
-    let base = format!(
-        r#"admin_token_file: admin.token
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], gone.test: [127.0.0.1], fwd.test: [127.0.0.1], other.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream}, judge_body_bytes: 4096 }}
-"#,
-        ica = d.join("ica").display(),
-        upstream = ca.ca_pem.display(),
-    );
-    let p = Proxy::start(d, &base);
+    let config = ["api.test", "gone.test", "fwd.test", "other.test"]
+        .iter()
+        .fold(ProxyConfig::new(), |c, h| c.host(h, "127.0.0.1"))
+        .admin_token_file(Path::new("admin.token"))
+        .dns_server("127.0.0.1:9")
+        .guard_allow("127.0.0.1/32")
+        .intercept(&d.join("ica"), &ca.ca_pem)
+        .intercept_option("judge_body_bytes", "4096");
+    let p = config.start(d);
+    // The files `simulate` and `policy diff` read: this configuration with more YAML.
+    let base = config.yaml(&d.join("audit.jsonl"));
     let registered = dev(port, hport, true, "").to_string();
     let (status, body) = admin(&p, "PUT", "/v1/sandboxes/dev", &registered);
     assert_eq!(status, 201, "{body}");
@@ -624,8 +625,7 @@ fn two_replicas_on_etcd_agree_on_layers_and_their_members() {
     let start = |name: &str| {
         let d = dir.path().join(name);
         std::fs::create_dir_all(&d).unwrap();
-        let config = org_config(&d, &plane);
-        let p = Proxy::start_with(config, d.join("audit.jsonl"), &[]);
+        let p = org_config(&d, &plane, ORG_DENY).start(&d);
         eventually(Duration::from_secs(20), "/readyz", || {
             (admin_req(p.admin, "GET", "/readyz", "", None).0 == 200).then_some(())
         });
@@ -703,27 +703,24 @@ fn a_layers_limits_cap_its_members_and_its_http_rules_come_first() {
     let https = Origin::start(Some(&ca));
     let port = https.addr.port();
     std::fs::write(d.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
-    let yaml = format!(
-        r#"admin_token_file: admin.token
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ github.com: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-tls_intercept: {{ ca_cert_file: {ica}/ca.crt, ca_key_file: {ica}/ca.key, upstream_ca_file: {upstream} }}
-layers:
-  - id: org
-    limits: {{ tokens_per_day: 2000000, requests_per_day: 4 }}
-    http: [{{ host: github.com, methods: [GET, HEAD] }}]
-sandboxes:
-  - id: greedy
-    layer: org
-    auth: {{ token_sha256: {tok} }}
-    limits: {{ tokens_per_day: 5000000 }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["github.com:*"], http: [{{ host: github.com, methods: [GET, POST] }}] }} }}
-"#,
-        ica = d.join("ica").display(),
-        upstream = ca.ca_pem.display(),
-        tok = sha("greedy-secret"),
-    );
-    let p = Proxy::start(d, &yaml);
+    let greedy = |layer: &str| {
+        ProxyConfig::new()
+            .admin_token_file(Path::new("admin.token"))
+            .dns_server("127.0.0.1:9")
+            .host("github.com", "127.0.0.1")
+            .guard_allow("127.0.0.1/32")
+            .intercept(&d.join("ica"), &ca.ca_pem)
+            .raw(&format!("layers: [{layer}]"))
+            .sandbox(
+                SandboxSpec::new("greedy")
+                    .entry("layer", "org")
+                    .token("greedy-secret")
+                    .limits("{ tokens_per_day: 5000000 }")
+                    .allow("github.com:*")
+                    .network("http", "[{ host: github.com, methods: [GET, POST] }]"),
+            )
+    };
+    let p = greedy("{ id: org, limits: { tokens_per_day: 2000000, requests_per_day: 4 }, http: [{ host: github.com, methods: [GET, HEAD] }] }").start(d);
     // `check` shows what the layer adds at the target: its rule and the limits in force.
     let checked = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
         .args(["check", "--config"])
@@ -741,13 +738,8 @@ sandboxes:
     assert_eq!(v["layers"]["http"][0]["layer"], "org", "{v}");
     assert_eq!(v["layers"]["limits"]["tokens_per_day"], 2_000_000, "{v}");
     // `policy diff` against a candidate that lifts the layer's tokens and drops its rule.
-    let lifted = yaml
-        .replace("tokens_per_day: 2000000", "tokens_per_day: 9000000")
-        .replace(
-            "\n    http: [{ host: github.com, methods: [GET, HEAD] }]",
-            "",
-        );
-    std::fs::write(d.join("lifted.yaml"), &lifted).unwrap();
+    let lifted = greedy("{ id: org, limits: { tokens_per_day: 9000000, requests_per_day: 4 } }");
+    std::fs::write(d.join("lifted.yaml"), lifted.yaml(&d.join("audit.jsonl"))).unwrap();
     let diff = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
         .args(["policy", "diff"])
         .arg(&p.config)
