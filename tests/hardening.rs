@@ -15,22 +15,44 @@ use common::*;
 
 const ADMIN_TOKEN: &str = "hardening-admin-token";
 
-/// `proxy.yaml` in `dir` with proxy and admin on port 0, the audit file in `dir`, and `rest`.
-fn config(dir: &Path, with_token: bool, rest: &str) {
-    let token = if with_token {
+/// `config` as `proxy.yaml` in `dir`, the audit file in `dir`, with the admin token when
+/// `with_token`.
+fn config(dir: &Path, with_token: bool, config: ProxyConfig) {
+    let config = if with_token {
         std::fs::write(dir.join("admin.token"), ADMIN_TOKEN).unwrap();
-        format!("admin_token_file: {}\n", dir.join("admin.token").display())
+        config.admin_token_file(&dir.join("admin.token"))
     } else {
-        String::new()
+        config
     };
     std::fs::write(
         dir.join("proxy.yaml"),
-        format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\n{token}{rest}",
-            dir.join("audit.jsonl").display()
-        ),
+        config.yaml(&dir.join("audit.jsonl")),
     )
     .unwrap();
+}
+
+/// Sandbox `demo`: every loopback client, reaching `egress`.
+fn demo(egress: &[&str]) -> ProxyConfig {
+    let demo = egress
+        .iter()
+        .fold(SandboxSpec::new("demo").source("127.0.0.0/8"), |s, e| {
+            s.allow(e)
+        });
+    ProxyConfig::new().sandbox(demo)
+}
+
+/// `host` on loopback, loopback let through the guard, and sandbox `id` (token `token`)
+/// reaching it on any port.
+fn on_loopback(host: &str, id: &str, token: &str) -> ProxyConfig {
+    ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .host(host, "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(
+            SandboxSpec::new(id)
+                .token(token)
+                .allow(&format!("{host}:*")),
+        )
 }
 
 fn start(dir: &Path) -> Proxy {
@@ -52,11 +74,7 @@ fn exchange(p: &Proxy, request: &str) -> String {
 #[test]
 fn without_an_admin_token_no_one_can_register_a_sandbox() {
     let dir = tempfile::tempdir().unwrap();
-    config(
-        dir.path(),
-        false,
-        "sandboxes:\n  - { id: demo, sources: [127.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [example.com] } } }\n",
-    );
+    config(dir.path(), false, demo(&["example.com"]));
     let p = start(dir.path());
     let body = binding("pwn", r#", "sources": ["127.0.0.1/32"]"#);
     let (status, resp) = admin_req(p.admin, "PUT", "/v1/sandboxes/pwn", &body, None);
@@ -78,11 +96,7 @@ fn without_an_admin_token_no_one_can_register_a_sandbox() {
 #[test]
 fn a_registration_may_not_claim_another_sandboxs_addresses() {
     let dir = tempfile::tempdir().unwrap();
-    config(
-        dir.path(),
-        true,
-        "sandboxes:\n  - { id: demo, sources: [127.0.0.0/8], policy: { provider: local, config: {} } }\n",
-    );
+    config(dir.path(), true, demo(&[]));
     let p = start(dir.path());
     for sources in [
         r#"["127.0.0.1/32"]"#,
@@ -118,11 +132,10 @@ fn a_registration_may_not_claim_another_sandboxs_addresses() {
 fn overlapping_sources_in_a_config_file_are_reported_with_the_rule_that_decides() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("p.yaml");
-    std::fs::write(
-        &cfg,
-        "sandboxes:\n  - { id: wide, sources: [10.0.0.0/8], policy: { provider: local, config: {} } }\n  - { id: narrow, sources: [10.1.0.0/16], policy: { provider: local, config: {} } }\n",
-    )
-    .unwrap();
+    let overlapping = ProxyConfig::new()
+        .sandbox(SandboxSpec::new("wide").source("10.0.0.0/8"))
+        .sandbox(SandboxSpec::new("narrow").source("10.1.0.0/16"));
+    std::fs::write(&cfg, overlapping.yaml(&dir.path().join("audit.jsonl"))).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
         .args(["validate", "--config"])
         .arg(&cfg)
@@ -142,10 +155,7 @@ fn a_flood_of_silent_connections_does_not_lock_out_other_sandboxes() {
     config(
         dir.path(),
         false,
-        &format!(
-            "max_connections: 40\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ api.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.1/32] }}\nsandboxes:\n  - {{ id: other, auth: {{ token_sha256: {} }}, policy: {{ provider: local, config: {{}}, network: {{ egress: [\"api.test:*\"] }} }} }}\n",
-            sha("other-secret")
-        ),
+        on_loopback("api.test", "other", "other-secret").raw("max_connections: 40"),
     );
     let p = start(dir.path());
     // 300 connections from 127.0.0.1 that never send a byte: more than max_connections, and
@@ -176,7 +186,7 @@ fn a_silent_connection_is_closed_after_first_byte_ms() {
     config(
         dir.path(),
         false,
-        "admission: { first_byte_ms: 300 }\nsandboxes:\n  - { id: demo, sources: [127.0.0.0/8], policy: { provider: local, config: {} } }\n",
+        demo(&[]).raw("admission: { first_byte_ms: 300 }"),
     );
     let p = start(dir.path());
     let started = Instant::now();
@@ -200,7 +210,7 @@ fn the_proxy_never_dials_itself_by_any_address() {
     config(
         dir.path(),
         false,
-        "sandboxes:\n  - { id: demo, sources: [127.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [\"0.0.0.0/8:*\", \"127.0.0.0/8:*\", \"[::/128]:*\", \"[::1]:*\"] } } }\n",
+        demo(&["0.0.0.0/8:*", "127.0.0.0/8:*", "[::/128]:*", "[::1]:*"]),
     );
     let p = start(dir.path());
     for port in [p.admin.port(), p.proxy.port()] {
@@ -225,11 +235,9 @@ fn the_proxy_never_dials_itself_by_any_address() {
 fn an_allow_rule_for_an_ipv4_address_does_not_allow_ipv6_addresses_embedding_it() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("p.yaml");
-    std::fs::write(
-        &cfg,
-        "sandboxes:\n  - { id: a, policy: { provider: local, config: {}, network: { egress: [\"8.8.8.8:443\"], deny: [\"9.9.9.9\"] } } }\n",
-    )
-    .unwrap();
+    let a = SandboxSpec::new("a").allow("8.8.8.8:443").deny("9.9.9.9");
+    let config = ProxyConfig::new().sandbox(a);
+    std::fs::write(&cfg, config.yaml(&dir.path().join("audit.jsonl"))).unwrap();
     let check = |target: &str| {
         let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
             .args(["check", "--json", "--sandbox", "a", "--config"])
@@ -264,10 +272,8 @@ fn token_guessing_is_throttled_and_cannot_tell_ids_apart() {
     config(
         dir.path(),
         false,
-        &format!(
-            "admission: {{ auth_failures_per_second_per_source: 0.01, auth_failure_burst: 5 }}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ api.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.1/32] }}\nsandboxes:\n  - {{ id: real, auth: {{ token_sha256: {} }}, policy: {{ provider: local, config: {{}}, network: {{ egress: [\"api.test:*\"] }} }} }}\n",
-            sha("real-secret")
-        ),
+        on_loopback("api.test", "real", "real-secret")
+            .raw("admission: { auth_failures_per_second_per_source: 0.01, auth_failure_burst: 5 }"),
     );
     let p = start(dir.path());
     let port = origin.addr.port();
@@ -324,7 +330,7 @@ fn runtime_bindings_cannot_name_the_proxys_files_or_grow_without_bound() {
     config(
         dir.path(),
         true,
-        "runtime: { max_sandboxes: 2, max_binding_bytes: 4096 }\nsandboxes: []\n",
+        ProxyConfig::new().raw("runtime: { max_sandboxes: 2, max_binding_bytes: 4096 }"),
     );
     let p = start(dir.path());
     let put = |id: &str, body: &str| {
@@ -381,16 +387,7 @@ fn runtime_bindings_cannot_name_the_proxys_files_or_grow_without_bound() {
 fn rotating_a_token_ends_the_tunnels_opened_with_the_old_one() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let write = |token: &str| {
-        config(
-            dir.path(),
-            true,
-            &format!(
-                "dns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ slow.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.1/32] }}\nsandboxes:\n  - {{ id: tok, auth: {{ token_sha256: {} }}, policy: {{ provider: local, config: {{}}, network: {{ egress: [\"slow.test:*\"] }} }} }}\n",
-                sha(token)
-            ),
-        )
-    };
+    let write = |token: &str| config(dir.path(), true, on_loopback("slow.test", "tok", token));
     write("old-token");
     let p = start(dir.path());
     let px = format!("http://tok:old-token@{}", p.proxy);
@@ -409,11 +406,11 @@ fn rotating_a_token_ends_the_tunnels_opened_with_the_old_one() {
 fn a_stuck_audit_sink_bounds_memory_refuses_new_connections_and_lets_shutdown_finish() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("proxy.yaml");
-    std::fs::write(
-        &cfg,
-        "listen: { proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }\naudit: { path: \"-\", queue_max: 200 }\ndefaults: { timeouts: { shutdown_grace_ms: 1000 } }\nsandboxes: []\n",
-    )
-    .unwrap();
+    // The audit log on stdout, which the test never reads.
+    let stuck = ProxyConfig::new()
+        .audit("queue_max: 200")
+        .defaults("timeouts", "{ shutdown_grace_ms: 1000 }");
+    std::fs::write(&cfg, stuck.yaml(Path::new("-"))).unwrap();
     let mut p = Proxy::start_stdout_unread(cfg);
     // Fill the pipe (64 KiB) and then the queue with 407s.
     let mut refused = 0;
@@ -467,7 +464,11 @@ fn a_forwarded_request_to_an_origin_that_never_answers_idles_out() {
     config(
         dir.path(),
         false,
-        "dns: { servers: [\"127.0.0.1:9\"], hosts: { mute.test: [127.0.0.1] } }\ndefaults: { guard_allow_ranges: [127.0.0.1/32], timeouts: { idle_ms: 1000 } }\nsandboxes:\n  - { id: demo, sources: [127.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [\"mute.test:*\"] } } }\n",
+        demo(&["mute.test:*"])
+            .dns_server("127.0.0.1:9")
+            .host("mute.test", "127.0.0.1")
+            .guard_allow("127.0.0.1/32")
+            .defaults("timeouts", "{ idle_ms: 1000 }"),
     );
     let p = start(dir.path());
     let started = Instant::now();
@@ -493,7 +494,10 @@ fn a_forwarded_response_the_client_abandons_is_not_recorded_as_complete() {
     config(
         dir.path(),
         false,
-        "dns: { servers: [\"127.0.0.1:9\"], hosts: { slow.test: [127.0.0.1] } }\ndefaults: { guard_allow_ranges: [127.0.0.1/32] }\nsandboxes:\n  - { id: demo, sources: [127.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [\"slow.test:*\"] } } }\n",
+        demo(&["slow.test:*"])
+            .dns_server("127.0.0.1:9")
+            .host("slow.test", "127.0.0.1")
+            .guard_allow("127.0.0.1/32"),
     );
     let p = start(dir.path());
     // /slow sends 1 KiB per 100 ms for a minute; the client gives up after a second.
@@ -521,11 +525,7 @@ fn a_forwarded_response_the_client_abandons_is_not_recorded_as_complete() {
 fn a_closed_stderr_does_not_break_the_proxy() {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
-    config(
-        dir.path(),
-        true,
-        "sandboxes:\n  - { id: demo, sources: [127.0.0.0/8], policy: { provider: local, config: {} } }\n",
-    );
+    config(dir.path(), true, demo(&[]));
     let mut child = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
         .args(["run", "--config"])
         .arg(dir.path().join("proxy.yaml"))

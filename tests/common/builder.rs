@@ -296,8 +296,8 @@ impl ProxyConfig {
         let trail: String = self.audit.iter().map(|a| format!(", {a}")).collect();
         let admin = self.admin.as_deref().unwrap_or("127.0.0.1:0");
         let mut s = format!(
-            "listen: {{ proxy: {proxy}, admin: {admin}{more} }}\naudit: {{ path: {}{trail} }}\n",
-            audit.display()
+            "listen: {{ proxy: {proxy}, admin: {admin}{more} }}\naudit: {{ path: {:?}{trail} }}\n",
+            audit.display().to_string()
         );
         if let Some(t) = &self.admin_token_file {
             s += &format!("admin_token_file: {}\n", t.display());
