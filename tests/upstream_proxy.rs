@@ -214,37 +214,39 @@ impl Env {
         }
     }
 
-    /// Start the proxy with `upstream_proxy` pointing at Squid with `password`, and `extra`
-    /// top-level YAML.
-    fn proxy(&self, tag: &str, password: &str, guard: &str) -> Proxy {
-        self.proxy_to(tag, password, guard, &self.parent())
+    /// Start the proxy with `upstream_proxy` pointing at Squid with `password`; loopback let
+    /// through the guard when `guarded` is false.
+    fn proxy(&self, tag: &str, password: &str, guarded: bool) -> Proxy {
+        self.proxy_to(tag, password, guarded, &self.parent())
     }
 
     /// [`Env::proxy`] with `parent` as `upstream_proxy`'s url (and ca_file) entries.
-    fn proxy_to(&self, tag: &str, password: &str, guard: &str, parent: &str) -> Proxy {
+    fn proxy_to(&self, tag: &str, password: &str, guarded: bool, parent: &str) -> Proxy {
         let d = self.dir.path().join(tag);
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join("parent.pw"), format!("{password}\n")).unwrap();
-        let yaml = format!(
-            r#"
-dns:
-  servers: ["127.0.0.1:9"]
-  timeout_ms: 500
-  hosts: {{ api.test: [127.0.0.1], plain.test: [127.0.0.1], denied.test: [127.0.0.1], other.test: [127.0.0.1] }}
-defaults: {{ {guard} timeouts: {{ connect_ms: 3000 }} }}
-upstream_proxy:
-  {parent}
-  auth: {{ username: agent, password_file: {pw} }}
-  bypass: [other.test]
-sandboxes:
-  - id: s
-    sources: [127.0.0.0/8]
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*", "plain.test:*", "other.test:*"], deny: [denied.test] }} }}
-"#,
-            parent = parent.replace(", ca_file", "\n  ca_file"),
-            pw = d.join("parent.pw").display(),
-        );
-        Proxy::start(&d, &yaml)
+        let s = SandboxSpec::new("s")
+            .source("127.0.0.0/8")
+            .allow("api.test:*")
+            .allow("plain.test:*")
+            .allow("other.test:*")
+            .deny("denied.test");
+        let config = ["api.test", "plain.test", "denied.test", "other.test"]
+            .iter()
+            .fold(ProxyConfig::new(), |c, h| c.host(h, "127.0.0.1"))
+            .dns_server("127.0.0.1:9")
+            .dns("timeout_ms", "500")
+            .defaults("timeouts", "{ connect_ms: 3000 }")
+            .raw(&format!(
+                "upstream_proxy: {{ {parent}, auth: {{ username: agent, password_file: {} }}, bypass: [other.test] }}",
+                d.join("parent.pw").display()
+            ))
+            .sandbox(s);
+        match guarded {
+            true => config,
+            false => config.guard_allow("127.0.0.1/32"),
+        }
+        .start(&d)
     }
 
     fn via(&self, p: &Proxy, url: &str) -> CurlOut {
@@ -259,7 +261,8 @@ sandboxes:
     }
 }
 
-const GUARD: &str = "guard_allow_ranges: [127.0.0.1/32],";
+/// Loopback (the origins) let through the guard.
+const GUARD: bool = false;
 
 #[test]
 fn allowed_exchanges_go_through_the_parent_and_denied_ones_never_reach_it() {
@@ -413,7 +416,7 @@ fn an_https_parent_must_present_a_trusted_certificate() {
 fn the_guard_judges_the_parent_and_bypassed_names_go_direct() {
     let e = env();
     // Without guard_allow_ranges, a parent on loopback is refused with a hint.
-    let p = e.proxy("guarded", PASSWORD, "");
+    let p = e.proxy("guarded", PASSWORD, true);
     let hp = e.https.addr.port();
     let out = e.via(&p, &format!("https://api.test:{hp}/hello"));
     assert!(
@@ -479,24 +482,28 @@ fn a_brokered_credential_goes_through_the_parent_inside_its_tunnel_with(e: &Env)
         "sk-brokered-through-parent-0123456789",
     )
     .unwrap();
-    let yaml = format!(
-        r#"
-dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ api.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-tls_intercept: {{ ca_cert_file: {d}/ica/ca.crt, ca_key_file: {d}/ica/ca.key, upstream_ca_file: {uca} }}
-upstream_proxy: {{ {parent}, auth: {{ username: agent, password_file: {d}/parent.pw }} }}
-sandboxes:
-  - id: s
-    sources: [127.0.0.0/8]
-    credentials:
-      - {{ name: api, hosts: [api.test], inject: {{ header: X-Api-Key, format: "{{secret}}" }}, source: {{ file: {d}/api.secret }} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }}
-"#,
-        d = d.display(),
-        uca = e.ca.ca_pem.display(),
-        parent = e.parent(),
+    let credential = format!(
+        "{{ name: api, hosts: [api.test], inject: {{ header: X-Api-Key, format: \"{{secret}}\" }}, source: {{ file: {} }} }}",
+        d.join("api.secret").display()
     );
-    let p = Proxy::start(&d, &yaml);
+    let p = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .dns("timeout_ms", "500")
+        .host("api.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .intercept(&d.join("ica"), &e.ca.ca_pem)
+        .raw(&format!(
+            "upstream_proxy: {{ {}, auth: {{ username: agent, password_file: {} }} }}",
+            e.parent(),
+            d.join("parent.pw").display()
+        ))
+        .sandbox(
+            SandboxSpec::new("s")
+                .source("127.0.0.0/8")
+                .credential(&credential)
+                .allow("api.test:*"),
+        )
+        .start(&d);
     let hp = e.https.addr.port();
     let out = curl(&[
         "-x",
@@ -606,26 +613,29 @@ fn each_sandbox_may_have_its_own_parent_or_go_direct() {
     std::fs::create_dir_all(&d).unwrap();
     std::fs::write(d.join("parent.pw"), PASSWORD).unwrap();
     std::fs::write(d.join("admin.token"), "per-sandbox-admin").unwrap();
-    let yaml = format!(
-        r#"
-admin_token_file: {d}/admin.token
-dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ api.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-sandboxes:
-  - id: via
-    auth: {{ token_sha256: {via} }}
-    upstream_proxy: {{ {parent}, auth: {{ username: agent, password_file: {d}/parent.pw }} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }}
-  - id: plain
-    auth: {{ token_sha256: {plain} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }}
-"#,
-        d = d.display(),
-        parent = e.parent(),
-        via = sha("via-token"),
-        plain = sha("plain-token"),
+    let parent = format!(
+        "{{ {}, auth: {{ username: agent, password_file: {} }} }}",
+        e.parent(),
+        d.join("parent.pw").display()
     );
-    let p = Proxy::start(&d, &yaml);
+    let p = ProxyConfig::new()
+        .admin_token_file(&d.join("admin.token"))
+        .dns_server("127.0.0.1:9")
+        .dns("timeout_ms", "500")
+        .host("api.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .sandbox(
+            SandboxSpec::new("via")
+                .token("via-token")
+                .entry("upstream_proxy", &parent)
+                .allow("api.test:*"),
+        )
+        .sandbox(
+            SandboxSpec::new("plain")
+                .token("plain-token")
+                .allow("api.test:*"),
+        )
+        .start(&d);
     let hp = e.https.addr.port();
     let get = |user: &str, path: &str| {
         curl(&[
@@ -715,21 +725,23 @@ sandboxes:
     let d2 = e.dir.path().join("direct");
     std::fs::create_dir_all(&d2).unwrap();
     std::fs::write(d2.join("parent.pw"), PASSWORD).unwrap();
-    let yaml = format!(
-        r#"
-dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ other.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-upstream_proxy: {{ {parent}, auth: {{ username: agent, password_file: {d}/parent.pw }} }}
-sandboxes:
-  - id: s
-    sources: [127.0.0.0/8]
-    upstream_proxy: direct
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["other.test:*"] }} }}
-"#,
-        d = d2.display(),
-        parent = e.parent(),
-    );
-    let p2 = Proxy::start(&d2, &yaml);
+    let p2 = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .dns("timeout_ms", "500")
+        .host("other.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .raw(&format!(
+            "upstream_proxy: {{ {}, auth: {{ username: agent, password_file: {} }} }}",
+            e.parent(),
+            d2.join("parent.pw").display()
+        ))
+        .sandbox(
+            SandboxSpec::new("s")
+                .source("127.0.0.0/8")
+                .entry("upstream_proxy", "direct")
+                .allow("other.test:*"),
+        )
+        .start(&d2);
     let out = e.via(&p2, &format!("https://other.test:{hp}/direct"));
     assert!(
         out.text().contains("hello from origin /direct"),
