@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -19,33 +19,29 @@ const ADMIN_TOKEN: &str = "admin-token-for-tests";
 const PREFIX: &str = "/egress-test/";
 
 /// One replica's config, in its own directory, pointing at etcd at `endpoint`, with `extra`
-/// lines (flow-style YAML entries) added to `control_plane.etcd`.
-fn replica_config(dir: &Path, endpoint: &str, extra: &str) -> PathBuf {
+/// (flow-style entries, each after a comma) added to `control_plane.etcd`; and sandbox
+/// `filebox` from the file.
+fn replica_config(dir: &Path, endpoint: &str, extra: &str) -> ProxyConfig {
+    plane(dir, endpoint, extra).sandbox(
+        SandboxSpec::new("filebox")
+            .token("file-secret")
+            .allow("other.test:*"),
+    )
+}
+
+/// [`replica_config`] without a sandbox.
+fn plane(dir: &Path, endpoint: &str, extra: &str) -> ProxyConfig {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
-    let yaml = format!(
-        r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-admin_token_file: admin.token
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1], slow.test: [127.0.0.1], other.test: [127.0.0.1] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.1/32] }}
-control_plane:
-  etcd:
-    endpoints: ["{endpoint}"]
-    prefix: {PREFIX}
-    request_timeout_ms: 3000
-{extra}
-sandboxes:
-  - id: filebox
-    auth: {{ token_sha256: {file_tok} }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["other.test:*"] }} }}
-"#,
-        audit = dir.join("audit.jsonl").display(),
-        file_tok = sha("file-secret"),
-    );
-    let path = dir.join("proxy.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    path
+    ["api.test", "slow.test", "other.test"]
+        .iter()
+        .fold(ProxyConfig::new(), |c, h| c.host(h, "127.0.0.1"))
+        .admin_token_file(Path::new("admin.token"))
+        .dns_server("127.0.0.1:9")
+        .guard_allow("127.0.0.1/32")
+        .raw(&format!(
+            "control_plane: {{ etcd: {{ endpoints: [\"{endpoint}\"], prefix: {PREFIX}, request_timeout_ms: 3000{extra} }} }}"
+        ))
 }
 
 fn replica(dir: &Path, port: u16) -> Proxy {
@@ -53,8 +49,7 @@ fn replica(dir: &Path, port: u16) -> Proxy {
 }
 
 fn replica_with(dir: &Path, endpoint: &str, extra: &str) -> Proxy {
-    let config = replica_config(dir, endpoint, extra);
-    Proxy::start_with(config, dir.join("audit.jsonl"), &[])
+    replica_config(dir, endpoint, extra).start(dir)
 }
 
 fn ready(p: &Proxy) -> bool {
@@ -512,9 +507,10 @@ fn garbage_under_the_prefix_is_skipped_and_the_rest_load() {
         knows(&a, "good2").then_some(())
     });
     // A reload that removes the file-defined `filebox` lets etcd's `filebox` apply.
-    let text = std::fs::read_to_string(&a.config).unwrap();
-    let cut = text.find("sandboxes:").unwrap();
-    std::fs::write(&a.config, format!("{}sandboxes: []\n", &text[..cut])).unwrap();
+    let a_dir = dir.path().join("a");
+    let endpoint = format!("127.0.0.1:{}", etcd.client_port);
+    let without = plane(&a_dir, &endpoint, "").yaml(&a_dir.join("audit.jsonl"));
+    std::fs::write(&a.config, without).unwrap();
     let (status, body) = admin(&a, "POST", "/v1/reload", "");
     assert_eq!(status, 200, "{body}");
     eventually(Duration::from_secs(10), "etcd's filebox to apply", || {
@@ -576,14 +572,14 @@ fn etcd_over_tls_needs_the_right_ca_and_a_client_certificate() {
     let good = replica_with(
         &dir.path().join("good"),
         &endpoint,
-        &format!("    tls: {{ ca_file: {ca}, cert_file: {cert}, key_file: {key} }}"),
+        &format!(", tls: {{ ca_file: {ca}, cert_file: {cert}, key_file: {key} }}"),
     );
     // etcd's certificate is not signed by the CA this replica trusts (a stand-in etcd).
     let wrong_ca = replica_with(
         &dir.path().join("wrong-ca"),
         &endpoint,
         &format!(
-            "    tls: {{ ca_file: {}, cert_file: {cert}, key_file: {key} }}",
+            ", tls: {{ ca_file: {}, cert_file: {cert}, key_file: {key} }}",
             other.ca.display()
         ),
     );
@@ -591,7 +587,7 @@ fn etcd_over_tls_needs_the_right_ca_and_a_client_certificate() {
     let no_cert = replica_with(
         &dir.path().join("no-cert"),
         &endpoint,
-        &format!("    tls: {{ ca_file: {ca} }}"),
+        &format!(", tls: {{ ca_file: {ca} }}"),
     );
     wait_ready(&good);
     let (status, body) = admin(
@@ -661,7 +657,7 @@ fn etcd_users_and_passwords() {
     let endpoint = format!("127.0.0.1:{}", etcd.client_port);
     let user = |f: &str| {
         format!(
-            "    username: egress-proxy\n    password_file: {}",
+            ", username: egress-proxy, password_file: {}",
             dir.path().join(f).display()
         )
     };
@@ -749,15 +745,12 @@ fn a_deeply_nested_value_is_skipped_at_once_and_a_delete_behind_it_applies() {
         &format!("127.0.0.1:{}", etcd.client_port),
         "",
     );
-    let text = std::fs::read_to_string(&a.config).unwrap();
-    std::fs::write(
-        &a.config,
-        text.replace(
-            "sandboxes:\n",
-            "runtime: { max_binding_bytes: 2000000 }\nsandboxes:\n",
-        ),
-    )
-    .unwrap();
+    let a_dir = dir.path().join("a");
+    let endpoint = format!("127.0.0.1:{}", etcd.client_port);
+    let raised = replica_config(&a_dir, &endpoint, "")
+        .raw("runtime: { max_binding_bytes: 2000000 }")
+        .yaml(&a_dir.join("audit.jsonl"));
+    std::fs::write(&a.config, raised).unwrap();
     drop(a);
     let a = Proxy::start_with(
         dir.path().join("a/proxy.yaml"),
