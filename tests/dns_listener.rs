@@ -10,22 +10,37 @@ use std::time::Duration;
 
 use common::*;
 
-/// `Proxy::start` writes its own `listen:`; these tests need `dns:` in it, so they write the
-/// whole file.
-fn start_full(dir: &std::path::Path, listen_extra: &str, yaml: &str) -> (Proxy, SocketAddr) {
-    let audit = dir.join("audit.jsonl");
-    let config = dir.join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:0{listen_extra} }}\naudit: {{ path: {} }}\n{yaml}",
-            audit.display()
-        ),
-    )
-    .unwrap();
-    let proxy = Proxy::start_with(config, audit, &[]);
+/// Start `config` with the DNS listener on too; the proxy and the listener's address.
+fn start_full(dir: &std::path::Path, config: ProxyConfig) -> (Proxy, SocketAddr) {
+    let proxy = config.listen("dns").start(dir);
     let dns = proxy.dns.expect("the DNS listener is on");
     (proxy, dns)
+}
+
+/// Sandbox `id` reaching `egress`.
+fn sandbox(id: &str, egress: &[&str]) -> SandboxSpec {
+    egress.iter().fold(SandboxSpec::new(id), |s, e| s.allow(e))
+}
+
+/// A dead upstream resolver, these names (each to one address) in `dns.hosts`, loopback let
+/// through the guard, and sandbox `s` (the default sandbox) reaching `ok.test`.
+fn default_s(hosts: &[(&str, &str)]) -> ProxyConfig {
+    hosts
+        .iter()
+        .fold(ProxyConfig::new(), |c, (n, ip)| c.host(n, ip))
+        .listen_at("default_sandbox", "s")
+        .dns_server("127.0.0.1:9")
+        .guard_allow("127.0.0.0/8")
+        .sandbox(sandbox("s", &["ok.test"]))
+}
+
+/// The unidentified case: sandbox `far` owns a range no test client is in.
+fn far_only(admission: &str) -> ProxyConfig {
+    ProxyConfig::new()
+        .raw(&format!("admission: {admission}"))
+        .dns_server("127.0.0.1:9")
+        .host("ok.test", "127.0.0.5")
+        .sandbox(sandbox("far", &["ok.test"]).source("10.200.0.0/16"))
 }
 
 /// Every record, once `pred` holds for the whole log (15 s at most).
@@ -68,32 +83,23 @@ fn answers_follow_the_policy_and_refused_names_never_leave() {
         &[("edge.cdn.test", "127.0.0.11".parse().unwrap())],
         &[("www.allowed.test", "edge.cdn.test")],
     );
-    let yaml = format!(
-        r#"
-dns:
-  servers: ["{up}"]
-  timeout_ms: 1000
-  max_answer_ttl_s: 7
-  address_rule_zones: [svc.test]
-  hosts:
-    api.allowed.test: [127.0.0.10, 169.254.169.254, 10.9.2.3, "::1"]
-    github.test: [127.0.0.13]
-    db.svc.test: [10.1.0.5]
-    mixed.svc.test: [10.1.0.6, 127.0.0.12]
-defaults:
-  guard_allow_ranges: [127.0.0.0/8, "::1/128"]
-sandboxes:
-  - id: s
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["*.allowed.test", "github.test:22", "10.1.0.0/16"]
-        deny: ["blocked.allowed.test"]
-"#,
-        up = upstream.addr
-    );
-    let (proxy, dns) = start_full(dir.path(), ", default_sandbox: s", &yaml);
+    let config = ProxyConfig::new()
+        .listen_at("default_sandbox", "s")
+        .dns_server(&upstream.addr.to_string())
+        .dns("timeout_ms", "1000")
+        .dns("max_answer_ttl_s", "7")
+        .dns("address_rule_zones", "[svc.test]")
+        .dns(
+            "hosts",
+            r#"{ api.allowed.test: [127.0.0.10, 169.254.169.254, 10.9.2.3, "::1"], github.test: [127.0.0.13], db.svc.test: [10.1.0.5], mixed.svc.test: [10.1.0.6, 127.0.0.12] }"#,
+        )
+        .guard_allow("127.0.0.0/8")
+        .guard_allow("::1/128")
+        .sandbox(
+            sandbox("s", &["*.allowed.test", "github.test:22", "10.1.0.0/16"])
+                .deny("blocked.allowed.test"),
+        );
+    let (proxy, dns) = start_full(dir.path(), config);
 
     // A name rule allows it: answered, minus metadata and an uncovered private address.
     let d = dig(dns, &["api.allowed.test", "A"]);
@@ -231,11 +237,7 @@ sandboxes:
 #[test]
 fn hostile_datagrams_get_an_error_or_nothing_and_the_listener_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let (_proxy, dns) = start_full(
-        dir.path(),
-        ", default_sandbox: s",
-        "dns: { servers: [\"127.0.0.1:9\"], hosts: { ok.test: [127.0.0.5] } }\ndefaults: { guard_allow_ranges: [127.0.0.0/8] }\nsandboxes:\n  - { id: s, policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n",
-    );
+    let (_proxy, dns) = start_full(dir.path(), default_s(&[("ok.test", "127.0.0.5")]));
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     sock.set_read_timeout(Some(Duration::from_millis(500)))
         .unwrap();
@@ -270,11 +272,7 @@ fn hostile_datagrams_get_an_error_or_nothing_and_the_listener_keeps_serving() {
 #[test]
 fn unidentified_clients_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let (proxy, dns) = start_full(
-        dir.path(),
-        "",
-        "admission: { dns_summary_s: 1 }\ndns: { servers: [\"127.0.0.1:9\"], hosts: { ok.test: [127.0.0.5] } }\nsandboxes:\n  - { id: far, sources: [10.200.0.0/16], policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n",
-    );
+    let (proxy, dns) = start_full(dir.path(), far_only("{ dns_summary_s: 1 }"));
     let d = dig(dns, &["ok.test", "A"]);
     assert_eq!(d.status, "REFUSED", "{}", d.raw);
     let recs = wait_records(&proxy, |r| r.iter().any(|x| x["mode"] == "dns"));
@@ -292,8 +290,7 @@ fn an_unidentified_flood_writes_a_bounded_number_of_records() {
     let dir = tempfile::tempdir().unwrap();
     let (proxy, dns) = start_full(
         dir.path(),
-        "",
-        "admission: { dns_summary_s: 1, dns_queries_per_second_per_source: 50 }\ndns: { servers: [\"127.0.0.1:9\"], hosts: { ok.test: [127.0.0.5] } }\nsandboxes:\n  - { id: far, sources: [10.200.0.0/16], policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n",
+        far_only("{ dns_summary_s: 1, dns_queries_per_second_per_source: 50 }"),
     );
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let started = std::time::Instant::now();
@@ -358,28 +355,21 @@ fn rate_limit_report_mode_pass_types_and_denied_only_audit() {
         Duration::ZERO,
         &[("txt.ok.test", "127.0.0.6".parse().unwrap())],
     );
-    let yaml = format!(
-        r#"
-audit: {{ path: {audit}, dns: denied }}
-dns: {{ servers: ["{up}"], timeout_ms: 1000, pass_types: [TXT], hosts: {{ ok.test: [127.0.0.5], other.test: [127.0.0.7] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.0/8] }}
-sandboxes:
-  - id: s
-    enforcement: report
-    limits: {{ dns_queries_per_second: 5 }}
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["*.ok.test", ok.test] }} }}
-"#,
-        audit = dir.path().join("audit.jsonl").display(),
-        up = upstream.addr
-    );
-    let config = dir.path().join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!("listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:0, default_sandbox: s }}\n{yaml}"),
-    )
-    .unwrap();
-    let proxy = Proxy::start_with(config, dir.path().join("audit.jsonl"), &[]);
-    let dns = proxy.dns.unwrap();
+    let config = ProxyConfig::new()
+        .audit("dns: denied")
+        .listen_at("default_sandbox", "s")
+        .dns_server(&upstream.addr.to_string())
+        .dns("timeout_ms", "1000")
+        .dns("pass_types", "[TXT]")
+        .host("ok.test", "127.0.0.5")
+        .host("other.test", "127.0.0.7")
+        .guard_allow("127.0.0.0/8")
+        .sandbox(
+            sandbox("s", &["*.ok.test", "ok.test"])
+                .report()
+                .limits("{ dns_queries_per_second: 5 }"),
+        );
+    let (proxy, dns) = start_full(dir.path(), config);
 
     // Report mode: an unlisted name is answered, and recorded as `report`.
     let d = dig(dns, &["other.test", "A"]);
@@ -437,16 +427,13 @@ sandboxes:
 fn udp_answers_fit_the_client_payload_and_responses_are_never_answered() {
     let dir = tempfile::tempdir().unwrap();
     let many: Vec<String> = (1..=60).map(|i| format!("127.0.3.{i}")).collect();
-    let yaml = format!(
-        r#"
-dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ many.test: [{}] }} }}
-defaults: {{ guard_allow_ranges: [127.0.0.0/8] }}
-sandboxes:
-  - {{ id: s, sources: [127.0.0.0/8], policy: {{ provider: local, config: {{}}, network: {{ egress: [many.test] }} }} }}
-"#,
-        many.join(", ")
-    );
-    let (_p, dns) = start_full(dir.path(), "", &yaml);
+    let config = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .dns("timeout_ms", "500")
+        .dns("hosts", &format!("{{ many.test: [{}] }}", many.join(", ")))
+        .guard_allow("127.0.0.0/8")
+        .sandbox(sandbox("s", &["many.test"]).source("127.0.0.0/8"));
+    let (_p, dns) = start_full(dir.path(), config);
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut buf = [0u8; 4096];
@@ -488,11 +475,15 @@ sandboxes:
 fn a_second_proxy_on_the_same_dns_port_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let yaml = |audit: &str| {
-        format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:{port} }}\naudit: {{ path: {audit} }}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ a.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.0/8] }}\nsandboxes:\n  - {{ id: s, sources: [127.0.0.0/8], policy: {{ provider: local, config: {{}}, network: {{ egress: [a.test] }} }} }}\n"
-        )
+    let on = |port: u16| {
+        ProxyConfig::new()
+            .listen_at("dns", &format!("127.0.0.1:{port}"))
+            .dns_server("127.0.0.1:9")
+            .host("a.test", "127.0.0.1")
+            .guard_allow("127.0.0.0/8")
+            .sandbox(sandbox("s", &["a.test"]).source("127.0.0.0/8"))
     };
+    let yaml = |audit: &str| on(port).yaml(std::path::Path::new(audit));
     let first_cfg = dir.path().join("first.yaml");
     std::fs::write(
         &first_cfg,
@@ -552,14 +543,7 @@ fn a_second_proxy_on_the_same_dns_port_refuses_to_start() {
         fd
     };
     let third_cfg = dir.path().join("third.yaml");
-    std::fs::write(
-        &third_cfg,
-        yaml(&dir.path().join("a3.jsonl").display().to_string()).replace(
-            &format!("dns: 127.0.0.1:{port}"),
-            &format!("dns: 127.0.0.1:{port2}"),
-        ),
-    )
-    .unwrap();
+    std::fs::write(&third_cfg, on(port2).yaml(&dir.path().join("a3.jsonl"))).unwrap();
     let out = std::process::Command::new("timeout")
         .args(["15", env!("CARGO_BIN_EXE_egress-proxy"), "run", "--config"])
         .arg(&third_cfg)
@@ -591,14 +575,18 @@ fn a_second_proxy_on_the_same_dns_port_refuses_to_start() {
 #[test]
 fn repeated_queries_are_answered_alike_until_the_policy_changes_and_never_across_sandboxes() {
     let dir = tempfile::tempdir().unwrap();
-    let yaml = r#"
-dns: { servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: { gone.test: [127.0.0.8], stay.test: [127.0.0.9], new.test: [127.0.0.10] } }
-defaults: { guard_allow_ranges: [127.0.0.0/8] }
-sandboxes:
-  - { id: a, sources: [127.0.0.1/32], policy: { provider: local, config: {}, network: { egress: [gone.test, stay.test] } } }
-  - { id: b, sources: [127.0.0.2/32], policy: { provider: local, config: {}, network: { egress: [stay.test] } } }
-"#;
-    let (proxy, dns) = start_full(dir.path(), "", yaml);
+    let config = |a_reaches: &[&str]| {
+        ProxyConfig::new()
+            .dns_server("127.0.0.1:9")
+            .dns("timeout_ms", "500")
+            .host("gone.test", "127.0.0.8")
+            .host("stay.test", "127.0.0.9")
+            .host("new.test", "127.0.0.10")
+            .guard_allow("127.0.0.0/8")
+            .sandbox(sandbox("a", a_reaches).source("127.0.0.1/32"))
+            .sandbox(sandbox("b", &["stay.test"]).source("127.0.0.2/32"))
+    };
+    let (proxy, dns) = start_full(dir.path(), config(&["gone.test", "stay.test"]));
     let ask = |sock: &UdpSocket, id: u16, name: &str| -> Vec<u8> {
         sock.send_to(&dns_query(id, name, 1), dns).unwrap();
         let mut buf = [0u8; 512];
@@ -642,15 +630,8 @@ sandboxes:
 
     // The reload takes gone.test from a: once it applies (new.test answers), gone.test is
     // refused at once, though the same query was answered a moment before.
-    let config = std::fs::read_to_string(&proxy.config).unwrap();
-    std::fs::write(
-        &proxy.config,
-        config.replace(
-            "egress: [gone.test, stay.test]",
-            "egress: [new.test, stay.test]",
-        ),
-    )
-    .unwrap();
+    let moved = config(&["new.test", "stay.test"]).listen("dns");
+    std::fs::write(&proxy.config, moved.yaml(&proxy.audit)).unwrap();
     unsafe_free_kill(proxy.child.id(), "HUP");
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     loop {
@@ -683,8 +664,7 @@ fn a_burst_of_mixed_datagrams_is_answered_query_by_query_to_each_sender() {
     let dir = tempfile::tempdir().unwrap();
     let (proxy, dns) = start_full(
         dir.path(),
-        ", default_sandbox: s",
-        "dns: { servers: [\"127.0.0.1:9\"], hosts: { ok.test: [127.0.0.5], no.test: [127.0.0.6] } }\ndefaults: { guard_allow_ranges: [127.0.0.0/8] }\nsandboxes:\n  - { id: s, policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n",
+        default_s(&[("ok.test", "127.0.0.5"), ("no.test", "127.0.0.6")]),
     );
     let clients = [
         UdpSocket::bind("127.0.0.1:0").unwrap(),
@@ -777,12 +757,11 @@ fn a_burst_of_mixed_datagrams_is_answered_query_by_query_to_each_sender() {
 #[test]
 fn a_refused_name_gets_the_same_answer_and_record_whichever_way_its_query_is_read() {
     let dir = tempfile::tempdir().unwrap();
-    let yaml = r#"
-dns: { servers: ["127.0.0.1:9"], timeout_ms: 500 }
-sandboxes:
-  - { id: s, sources: [127.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [allowed.test] } } }
-"#;
-    let (proxy, dns) = start_full(dir.path(), "", yaml);
+    let config = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .dns("timeout_ms", "500")
+        .sandbox(sandbox("s", &["allowed.test"]).source("127.0.0.0/8"));
+    let (proxy, dns) = start_full(dir.path(), config);
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let name = "Q1.Exfil.test";
@@ -858,9 +837,12 @@ sandboxes:
 #[test]
 fn egress_proxy_local_is_answered_with_the_proxys_address() {
     let dir = tempfile::tempdir().unwrap();
-    let sandboxes = "sandboxes:\n  - { id: local, sources: [127.0.0.1/32], policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n";
-    let yaml = format!("dns: {{ servers: [\"127.0.0.1:9\"] }}\n{sandboxes}");
-    let (proxy, dns) = start_full(dir.path(), "", &yaml);
+    let local = || {
+        ProxyConfig::new()
+            .dns_server("127.0.0.1:9")
+            .sandbox(sandbox("local", &["ok.test"]).source("127.0.0.1/32"))
+    };
+    let (proxy, dns) = start_full(dir.path(), local());
     let d = dig(dns, &["egress-proxy.local", "A"]);
     assert_eq!(
         (d.status.as_str(), ips(&d)),
@@ -887,20 +869,16 @@ fn egress_proxy_local_is_answered_with_the_proxys_address() {
     drop(proxy);
 
     let dir = tempfile::tempdir().unwrap();
-    let yaml =
-        format!("dns: {{ servers: [\"127.0.0.1:9\"], self_address: 10.9.8.7 }}\n{sandboxes}");
-    let (_proxy, dns) = start_full(dir.path(), "", &yaml);
+    let (_proxy, dns) = start_full(dir.path(), local().dns("self_address", "10.9.8.7"));
     let d = dig(dns, &["egress-proxy.local", "A"]);
     assert_eq!(ips(&d), ["10.9.8.7"], "{}", d.raw);
 
     // Another source: not a sandbox, told nothing.
     let dir = tempfile::tempdir().unwrap();
-    let far = "sandboxes:\n  - { id: far, sources: [10.200.0.0/16], policy: { provider: local, config: {}, network: { egress: [ok.test] } } }\n";
-    let (_proxy, dns) = start_full(
-        dir.path(),
-        "",
-        &format!("dns: {{ servers: [\"127.0.0.1:9\"] }}\n{far}"),
-    );
+    let far = ProxyConfig::new()
+        .dns_server("127.0.0.1:9")
+        .sandbox(sandbox("far", &["ok.test"]).source("10.200.0.0/16"));
+    let (_proxy, dns) = start_full(dir.path(), far);
     let d = dig(dns, &["egress-proxy.local", "A"]);
     assert_eq!(
         (d.status.as_str(), d.answers.len()),

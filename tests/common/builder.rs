@@ -321,10 +321,8 @@ impl ProxyConfig {
         }
         let mut defaults = Vec::new();
         if !self.guard_allow.is_empty() {
-            defaults.push(format!(
-                "guard_allow_ranges: [{}]",
-                self.guard_allow.join(", ")
-            ));
+            let quoted: Vec<String> = self.guard_allow.iter().map(|r| format!("{r:?}")).collect();
+            defaults.push(format!("guard_allow_ranges: [{}]", quoted.join(", ")));
         }
         defaults.extend(self.defaults.iter().map(|(k, v)| format!("{k}: {v}")));
         if !defaults.is_empty() {
