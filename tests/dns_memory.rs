@@ -19,42 +19,35 @@ const OTHER: u32 = 20;
 /// `egress::answers::PER_SANDBOX`.
 const SHARE: u64 = 16_384;
 
-fn config(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let mut hosts = String::new();
+/// `flood` (127.0.0.1) may ask any of the `FLOOD` names, `other` (127.0.0.2) the others;
+/// every name is in `dns.hosts`; answers live a second, remembered 15 s more.
+fn config() -> ProxyConfig {
+    let mut config = ProxyConfig::new()
+        .listen("dns")
+        .audit("dns: denied")
+        .dns_server("127.0.0.1:9")
+        .dns("max_answer_ttl_s", "1")
+        .dns("answer_grace_s", "15")
+        .guard_allow("10.0.0.0/8");
     for i in 0..FLOOD {
-        hosts += &format!(
-            "    n{i}.flood.test: [10.{}.{}.{}]\n",
-            (i >> 16) & 255,
-            (i >> 8) & 255,
-            i & 255
-        );
+        let ip = format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255);
+        config = config.host(&format!("n{i}.flood.test"), &ip);
     }
     for k in 0..2 * OTHER {
-        hosts += &format!("    o{k}.other.test: [10.200.0.{k}]\n");
+        config = config.host(&format!("o{k}.other.test"), &format!("10.200.0.{k}"));
     }
-    let audit = dir.join("audit.jsonl");
-    let path = dir.join("proxy.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:0 }}
-audit: {{ path: {}, dns: denied }}
-dns:
-  servers: ["127.0.0.1:9"]
-  max_answer_ttl_s: 1
-  answer_grace_s: 15
-  hosts:
-{hosts}
-defaults: {{ guard_allow_ranges: [10.0.0.0/8] }}
-sandboxes:
-  - {{ id: flood, sources: [127.0.0.1/32], limits: {{ dns_queries_per_second: 1000000, burst: 1000000 }}, policy: {{ provider: local, config: {{}}, network: {{ egress: ["*.flood.test"] }} }} }}
-  - {{ id: other, sources: [127.0.0.2/32], policy: {{ provider: local, config: {{}}, network: {{ egress: ["*.other.test"] }} }} }}
-"#,
-            audit.display()
-        ),
-    )
-    .unwrap();
-    (path, audit)
+    config
+        .sandbox(
+            SandboxSpec::new("flood")
+                .source("127.0.0.1/32")
+                .limits("{ dns_queries_per_second: 1000000, burst: 1000000 }")
+                .allow("*.flood.test"),
+        )
+        .sandbox(
+            SandboxSpec::new("other")
+                .source("127.0.0.2/32")
+                .allow("*.other.test"),
+        )
 }
 
 /// Resident memory of `pid`, in KiB.
@@ -122,8 +115,7 @@ fn flood(proxy: &Proxy, other_from: u32) -> u32 {
 #[test]
 fn one_sandbox_flooding_fills_only_its_share_and_the_memory_is_given_back() {
     let dir = tempfile::tempdir().unwrap();
-    let (config, audit) = config(dir.path());
-    let proxy = Proxy::start_with(config, audit, &[]);
+    let proxy = config().start(dir.path());
     let pid = proxy.child.id();
 
     // Warm up (allocator arenas, the loops' buffers) before the baseline.
