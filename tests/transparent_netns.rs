@@ -212,6 +212,25 @@ fn gateway_env(n: u8, strict: bool, tproxy: bool) -> GatewayEnv {
     gateway_env_with(n, strict, tproxy, false)
 }
 
+/// A sidecar: the transparent listener on loopback in the sandbox's namespace, no explicit or
+/// admin listener, `default_sandbox: side`; api.test and other.test at `ip`, `guard` let
+/// through.
+fn sidecar(ip: &str, guard: &str) -> ProxyConfig {
+    ProxyConfig::new()
+        .no_proxy()
+        .admin_at("null")
+        .listen_at("transparent", "\"127.0.0.1:0\"")
+        .listen_at("default_sandbox", "side")
+        .dns_server("127.0.0.1:9")
+        .dns("timeout_ms", "500")
+        .host("api.test", ip)
+        .host("other.test", ip)
+        .guard_allow(guard)
+}
+
+/// A DLP block that looks for AWS access key ids.
+const DLP: &str = r#"{ rules: [{ name: aws_key, pattern: "AKIA[0-9A-Z]{16}" }] }"#;
+
 /// The admin token when `broker` is set (placeholders need it).
 const BROKER_ADMIN: &str = "admin-token-for-the-gateway-broker";
 /// The secret of the `api` credential when `broker` is set.
@@ -220,81 +239,63 @@ const API_SECRET: &str = "sk-transparent-0123456789abcdefghijklmnop";
 /// [`gateway_env`]; with `broker`, an interception CA (`DIR/ica`) and a credential `api`
 /// bound to api.test (header `Authorization: Bearer {secret}`), so api.test is terminated.
 fn gateway_env_with(n: u8, strict: bool, tproxy: bool, broker: bool) -> GatewayEnv {
-    gateway_env_full(n, strict, tproxy, broker, "", "")
+    gateway_env_full(n, strict, tproxy, broker, |s| s)
 }
 
-/// [`gateway_env_with`], with these `network.http` rules (YAML; empty: none) and `extra`
-/// lines in the sandbox's entry (such as `    limits: {...}\n`).
+/// [`gateway_env_with`], sandbox `sbx` as `sandbox` makes it (`network.http` rules,
+/// `limits`, …).
 fn gateway_env_full(
     n: u8,
     strict: bool,
     tproxy: bool,
     broker: bool,
-    http_rules: &str,
-    extra: &str,
+    sandbox: impl FnOnce(SandboxSpec) -> SandboxSpec,
 ) -> GatewayEnv {
     require_netns();
     let ns = Netns::new("gw", 77, n);
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
-    let (top, creds) = if broker {
-        ca_init(&dir.path().join("ica"));
-        std::fs::write(dir.path().join("api.secret"), API_SECRET).unwrap();
-        std::fs::write(dir.path().join("admin.token"), BROKER_ADMIN).unwrap();
-        (
-            format!(
-                "admin_token_file: admin.token\ntls_intercept: {{ ca_cert_file: ica/ca.crt, ca_key_file: ica/ca.key, upstream_ca_file: {} }}\n",
-                ca.ca_pem.display()
-            ),
-            "    credentials:\n      - { name: api, hosts: [api.test], inject: { header: Authorization, format: \"Bearer {secret}\" }, source: { file: api.secret } }\n".to_string(),
-        )
-    } else {
-        (String::new(), String::new())
-    };
     let https = Origin::start_on(&ns.host_ip, Some(&ca));
     let https_by_addr = Origin::start_on(&ns.host_ip, Some(&ca));
     let http = Origin::start_on(&ns.host_ip, None);
-    let yaml = format!(
-        r#"
-listen: {{ proxy: null, transparent: "{listen}", transparent_tproxy: {tproxy}, admin: 127.0.0.1:0, attribution: {{ observe: true }} }}
-audit: {{ path: {audit} }}
-dns:
-  servers: ["127.0.0.1:9"]
-  timeout_ms: 500
-  hosts: {{ api.test: [{ip}], other.test: [{ip}], plain.test: [{ip}], denied.test: [{ip}] }}
-defaults:
-  guard_allow_ranges: [10.77.{n}.0/24]
-  timeouts: {{ connect_ms: 2000, header_ms: 1500 }}
-  require_tls_ports: [443, {by_addr}]
-  refuse_ech: true
-{top}sandboxes:
-  - id: sbx
-    sources: [{sip}/32]
-    strict_sni_dst: {strict}
-{extra}{creds}    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["api.test:*", "plain.test:*", "{ip}:{by_addr}"]
-        deny: ["denied.test"]
-{http}"#,
-        ip = ns.host_ip,
-        listen = if tproxy {
-            "0.0.0.0:0".to_string()
-        } else {
-            format!("{}:0", ns.host_ip)
-        },
-        sip = ns.sandbox_ip,
-        audit = dir.path().join("audit.jsonl").display(),
-        by_addr = https_by_addr.addr.port(),
-        http = match http_rules.is_empty() {
-            true => String::new(),
-            false => format!("        http: {http_rules}\n"),
-        },
-    );
-    let cfg = dir.path().join("proxy.yaml");
-    std::fs::write(&cfg, yaml).unwrap();
-    let proxy = Proxy::start_with(cfg, dir.path().join("audit.jsonl"), &[]);
+    let (ip, by_addr) = (&ns.host_ip, https_by_addr.addr.port());
+    let sbx = SandboxSpec::new("sbx")
+        .source(&format!("{}/32", ns.sandbox_ip))
+        .entry("strict_sni_dst", &strict.to_string())
+        .allow("api.test:*")
+        .allow("plain.test:*")
+        .allow(&format!("{ip}:{by_addr}"))
+        .deny("denied.test");
+    let listen = match tproxy {
+        true => "0.0.0.0:0".to_string(),
+        false => format!("{ip}:0"),
+    };
+    let mut config = ["api.test", "other.test", "plain.test", "denied.test"]
+        .iter()
+        .fold(ProxyConfig::new(), |c, h| c.host(h, ip))
+        .no_proxy()
+        .listen_at("transparent", &format!("{listen:?}"))
+        .listen_at("transparent_tproxy", &tproxy.to_string())
+        .listen_at("attribution", "{ observe: true }")
+        .dns_server("127.0.0.1:9")
+        .dns("timeout_ms", "500")
+        .guard_allow(&format!("10.77.{n}.0/24"))
+        .defaults("timeouts", "{ connect_ms: 2000, header_ms: 1500 }")
+        .defaults("require_tls_ports", &format!("[443, {by_addr}]"))
+        .defaults("refuse_ech", "true");
+    let sbx = if broker {
+        let d = dir.path();
+        ca_init(&d.join("ica"));
+        std::fs::write(d.join("api.secret"), API_SECRET).unwrap();
+        std::fs::write(d.join("admin.token"), BROKER_ADMIN).unwrap();
+        config = config
+            .admin_token_file(Path::new("admin.token"))
+            .intercept(Path::new("ica"), &ca.ca_pem);
+        sbx.credential("{ name: api, hosts: [api.test], inject: { header: Authorization, format: \"Bearer {secret}\" }, source: { file: api.secret } }")
+    } else {
+        sbx
+    };
+    let proxy = config.sandbox(sandbox(sbx)).start(dir.path());
     let tport = proxy
         .transparent
         .expect("transparent listener")
@@ -589,18 +590,10 @@ fn sidecar_redirects_the_sandbox_but_not_the_proxy_itself() {
     let https = Origin::start_on(&ns.host_ip, Some(&ca));
     let ip = ns.host_ip.clone();
     let audit = dir.path().join("audit.jsonl");
-    let yaml = format!(
-        r#"
-listen: {{ proxy: null, transparent: "127.0.0.1:0", dns: "127.0.0.1:0", admin: null, default_sandbox: side }}
-audit: {{ path: {audit} }}
-dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ api.test: [{ip}], other.test: [{ip}] }} }}
-defaults: {{ guard_allow_ranges: [10.78.1.0/24] }}
-sandboxes:
-  - id: side
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }}
-"#,
-        audit = audit.display()
-    );
+    let yaml = sidecar(&ip, "10.78.1.0/24")
+        .listen_at("dns", "\"127.0.0.1:0\"")
+        .sandbox(SandboxSpec::new("side").allow("api.test:*"))
+        .yaml(&audit);
     let cfg = dir.path().join("proxy.yaml");
     std::fs::write(&cfg, yaml).unwrap();
     must(&["chmod", "0644", cfg.to_str().unwrap()]);
@@ -706,24 +699,18 @@ fn sidecar_attributes_each_redirected_process() {
     must(&["chmod", "0755", copy.to_str().unwrap()]);
     must(&["chmod", "0644", ca.ca_pem.to_str().unwrap()]);
     let audit = dir.path().join("audit.jsonl");
-    let yaml = format!(
-        r#"
-listen: {{ proxy: null, transparent: "127.0.0.1:0", admin: null, default_sandbox: side, attribution: {{ observe: true }} }}
-audit: {{ path: {audit} }}
-dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ api.test: [{ip}], other.test: [{ip}] }} }}
-defaults: {{ guard_allow_ranges: [10.79.1.0/24] }}
-sandboxes:
-  - id: side
-    policy:
-      provider: local
-      config: {{}}
-      network:
-        egress: ["api.test:*"]
-        scoped: [{{ binaries: ["{curl}"], egress: ["other.test:*"] }}]
-"#,
-        audit = audit.display(),
-        curl = curl.display(),
+    let scoped = format!(
+        r#"[{{ binaries: ["{}"], egress: ["other.test:*"] }}]"#,
+        curl.display()
     );
+    let yaml = sidecar(&ip, "10.79.1.0/24")
+        .listen_at("attribution", "{ observe: true }")
+        .sandbox(
+            SandboxSpec::new("side")
+                .allow("api.test:*")
+                .network("scoped", &scoped),
+        )
+        .yaml(&audit);
     let cfg = dir.path().join("proxy.yaml");
     std::fs::write(&cfg, yaml).unwrap();
     // The proxy runs as root in the namespace (it reads other users' /proc/PID/fd); the
@@ -807,19 +794,20 @@ fn gateway_ipv6_uses_the_ipv6_original_destination() {
     let ca = TestCa::generate(dir.path());
     let https = Origin::start_on(h6, Some(&ca));
     let audit = dir.path().join("audit.jsonl");
-    let yaml = format!(
-        r#"
-listen: {{ proxy: null, transparent: "[{h6}]:0", admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-dns: {{ servers: ["127.0.0.1:9"], timeout_ms: 500, hosts: {{ api.test: ["{h6}"], other.test: ["{h6}"] }} }}
-defaults: {{ guard_allow_ranges: ["fd00:81:1::/64"] }}
-sandboxes:
-  - id: v6
-    sources: ["{s6}/128"]
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }}
-"#,
-        audit = audit.display()
-    );
+    let yaml = ProxyConfig::new()
+        .no_proxy()
+        .listen_at("transparent", &format!("\"[{h6}]:0\""))
+        .dns_server("127.0.0.1:9")
+        .dns("timeout_ms", "500")
+        .host("api.test", &format!("{h6:?}"))
+        .host("other.test", &format!("{h6:?}"))
+        .guard_allow("fd00:81:1::/64")
+        .sandbox(
+            SandboxSpec::new("v6")
+                .source(&format!("{s6}/128"))
+                .allow("api.test:*"),
+        )
+        .yaml(&audit);
     let cfg = dir.path().join("proxy.yaml");
     std::fs::write(&cfg, yaml).unwrap();
     let proxy = Proxy::start_with(cfg, audit, &[]);
@@ -1198,26 +1186,27 @@ fn gateway_dns_redirect_answers_by_policy_and_names_nameless_connections() {
 
     let dir = tempfile::tempdir().unwrap();
     let audit = dir.path().join("audit.jsonl");
-    let yaml = format!(
-        r#"
-listen: {{ proxy: null, transparent: "{ip}:0", dns: "{ip}:0", admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-dns:
-  servers: ["127.0.0.1:9"]
-  timeout_ms: 500
-  hosts: {{ ssh.test: [{ip}], web.test: [{ip}], named.test: [{ip}], other.test: [{other_ip}] }}
-defaults:
-  guard_allow_ranges: [10.84.1.0/24]
-  timeouts: {{ header_ms: 300 }}
-  ports: [443, {wport}]
-sandboxes:
-  - id: sbx
-    sources: [{sip}/32]
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["tcp://ssh.test:{port}", "web.test", "named.test:{nport}"] }} }}
-"#,
-        audit = audit.display(),
-        sip = ns.sandbox_ip,
-    );
+    let yaml = ProxyConfig::new()
+        .no_proxy()
+        .listen_at("transparent", &format!("\"{ip}:0\""))
+        .listen_at("dns", &format!("\"{ip}:0\""))
+        .dns_server("127.0.0.1:9")
+        .dns("timeout_ms", "500")
+        .host("ssh.test", &ip)
+        .host("web.test", &ip)
+        .host("named.test", &ip)
+        .host("other.test", other_ip)
+        .guard_allow("10.84.1.0/24")
+        .defaults("timeouts", "{ header_ms: 300 }")
+        .defaults("ports", &format!("[443, {wport}]"))
+        .sandbox(
+            SandboxSpec::new("sbx")
+                .source(&format!("{}/32", ns.sandbox_ip))
+                .allow(&format!("tcp://ssh.test:{port}"))
+                .allow("web.test")
+                .allow(&format!("named.test:{nport}")),
+        )
+        .yaml(&audit);
     let cfg = dir.path().join("proxy.yaml");
     std::fs::write(&cfg, yaml).unwrap();
     let proxy = Proxy::start_with(cfg, audit, &[]);
@@ -1548,22 +1537,25 @@ fn gateway_ipv6_tproxy_decides_by_sni_and_the_guard_refuses_loopback_and_ula() {
     let ca = TestCa::generate(dir.path());
     let https = Origin::start_on(h6, Some(&ca));
     let audit = dir.path().join("audit.jsonl");
-    let yaml = format!(
-        r#"
-listen: {{ proxy: null, transparent: "[::]:0", transparent_tproxy: true, admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-dns:
-  servers: ["127.0.0.1:9"]
-  timeout_ms: 500
-  hosts: {{ api.test: ["{h6}"], private.test: ["fd00:82:77::5"], meta.test: ["::1"] }}
-defaults: {{ guard_allow_ranges: ["{h6}/128"], timeouts: {{ connect_ms: 2000 }} }}
-sandboxes:
-  - id: v6
-    sources: ["{s6}/128"]
-    policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*", "private.test:*", "meta.test:*"] }} }}
-"#,
-        audit = audit.display()
-    );
+    let yaml = ProxyConfig::new()
+        .no_proxy()
+        .listen_at("transparent", "\"[::]:0\"")
+        .listen_at("transparent_tproxy", "true")
+        .dns_server("127.0.0.1:9")
+        .dns("timeout_ms", "500")
+        .host("api.test", &format!("{h6:?}"))
+        .host("private.test", "\"fd00:82:77::5\"")
+        .host("meta.test", "\"::1\"")
+        .guard_allow(&format!("{h6}/128"))
+        .defaults("timeouts", "{ connect_ms: 2000 }")
+        .sandbox(
+            SandboxSpec::new("v6")
+                .source(&format!("{s6}/128"))
+                .allow("api.test:*")
+                .allow("private.test:*")
+                .allow("meta.test:*"),
+        )
+        .yaml(&audit);
     let cfg = dir.path().join("proxy.yaml");
     std::fs::write(&cfg, yaml).unwrap();
     let proxy = Proxy::start_with(cfg, audit, &[]);
@@ -1685,21 +1677,30 @@ fn gateway_drops_forged_source_addresses() {
     let ip = ns.host_ip.clone();
     let dir = tempfile::tempdir().unwrap();
     let audit = dir.path().join("audit.jsonl");
-    let yaml = format!(
-        r#"
-listen: {{ proxy: null, transparent: "{ip}:0", dns: "{ip}:0", admin: 127.0.0.1:0 }}
-audit: {{ path: {audit} }}
-dns:
-  servers: ["127.0.0.1:9"]
-  hosts: {{ own.test: [{ip}], victim.test: [{ip}], neighbour.test: [{ip}] }}
-sandboxes:
-  - {{ id: own, sources: [{sip}/32], policy: {{ provider: local, config: {{}}, network: {{ egress: [own.test] }} }} }}
-  - {{ id: victim, sources: [10.99.7.2/32], policy: {{ provider: local, config: {{}}, network: {{ egress: [victim.test] }} }} }}
-  - {{ id: neighbour, sources: [10.85.1.77/32], policy: {{ provider: local, config: {{}}, network: {{ egress: [neighbour.test] }} }} }}
-"#,
-        audit = audit.display(),
-        sip = ns.sandbox_ip,
-    );
+    let yaml = ProxyConfig::new()
+        .no_proxy()
+        .listen_at("transparent", &format!("\"{ip}:0\""))
+        .listen_at("dns", &format!("\"{ip}:0\""))
+        .dns_server("127.0.0.1:9")
+        .host("own.test", &ip)
+        .host("victim.test", &ip)
+        .host("neighbour.test", &ip)
+        .sandbox(
+            SandboxSpec::new("own")
+                .source(&format!("{}/32", ns.sandbox_ip))
+                .allow("own.test"),
+        )
+        .sandbox(
+            SandboxSpec::new("victim")
+                .source("10.99.7.2/32")
+                .allow("victim.test"),
+        )
+        .sandbox(
+            SandboxSpec::new("neighbour")
+                .source("10.85.1.77/32")
+                .allow("neighbour.test"),
+        )
+        .yaml(&audit);
     let cfg = dir.path().join("proxy.yaml");
     std::fs::write(&cfg, yaml).unwrap();
     let proxy = Proxy::start_with(cfg, audit, &[]);
@@ -1812,7 +1813,7 @@ sandboxes:
 #[ignore = "needs root, ip, iptables"]
 fn gateway_judges_plain_http_to_a_host_with_http_rules_request_by_request() {
     let rules = r#"[{ host: plain.test, methods: [GET], paths: ["/ok/**"] }]"#;
-    let env = gateway_env_full(11, false, false, true, rules, "");
+    let env = gateway_env_full(11, false, false, true, |s| s.network("http", rules));
     let (ip, port) = (env.ns.host_ip.clone(), env.http.addr.port());
     let url = |path: &str| format!("http://{ip}:{port}{path}");
     let host = format!("Host: plain.test:{port}");
@@ -1851,8 +1852,9 @@ fn gateway_judges_plain_http_to_a_host_with_http_rules_request_by_request() {
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn gateway_quotas_count_every_connection_and_every_request_exactly() {
-    let limits = "    limits: { requests_per_day: 3 }\n";
-    let env = gateway_env_full(12, false, false, false, "", limits);
+    let env = gateway_env_full(12, false, false, false, |s| {
+        s.limits("{ requests_per_day: 3 }")
+    });
     let ip = env.ns.host_ip.clone();
     let (http_port, https_port) = (env.http.addr.port(), env.https.addr.port());
     let ca = env.ca.ca_pem.display().to_string();
@@ -1893,8 +1895,9 @@ fn gateway_quotas_count_every_connection_and_every_request_exactly() {
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn gateway_counts_each_request_on_a_kept_plain_connection() {
-    let limits = "    limits: { requests_per_day: 3 }\n";
-    let env = gateway_env_full(13, false, false, false, "", limits);
+    let env = gateway_env_full(13, false, false, false, |s| {
+        s.limits("{ requests_per_day: 3 }")
+    });
     let ip = env.ns.host_ip.clone();
     let port = keepalive_origin(&ip);
     let resolve = format!("plain.test:{port}:{ip}");
@@ -1926,8 +1929,7 @@ fn gateway_counts_each_request_on_a_kept_plain_connection() {
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn gateway_dlp_reads_plain_http_to_a_host_without_rules() {
-    let dlp = "    dlp: { rules: [{ name: aws_key, pattern: \"AKIA[0-9A-Z]{16}\" }] }\n";
-    let env = gateway_env_full(14, false, false, false, "", dlp);
+    let env = gateway_env_full(14, false, false, false, |s| s.entry("dlp", DLP));
     let ip = env.ns.host_ip.clone();
     let port = env.http.addr.port();
     let resolve = format!("plain.test:{port}:{ip}");
@@ -1974,8 +1976,11 @@ fn gateway_dlp_reads_plain_http_to_a_host_without_rules() {
 #[ignore = "needs root, ip, iptables"]
 fn gateway_plain_requests_run_the_head_dlp_quota_and_record_phases() {
     let rules = r#"[{ host: plain.test, methods: [GET, POST], paths: ["/ok/**", /upload] }]"#;
-    let extra = "    limits: { requests_per_day: 100 }\n    dlp: { rules: [{ name: aws_key, pattern: \"AKIA[0-9A-Z]{16}\" }] }\n";
-    let env = gateway_env_full(15, false, false, true, rules, extra);
+    let env = gateway_env_full(15, false, false, true, |s| {
+        s.network("http", rules)
+            .limits("{ requests_per_day: 100 }")
+            .entry("dlp", DLP)
+    });
     let port = env.http.addr.port();
     let resolve = format!("plain.test:{port}:{}", env.ns.host_ip);
     let spent = || {
@@ -2031,9 +2036,8 @@ fn gateway_plain_requests_run_the_head_dlp_quota_and_record_phases() {
 #[test]
 #[ignore = "needs root, ip, iptables"]
 fn gateway_a_post_after_a_private_read_is_refused() {
-    let flows = r#"[]
-        flows: { labels: { private: [{ host: plain.test, paths: ["/private/**"] }] }, rules: [{ name: no-exfil, after: [private], refuse: writes, except: [private] }] }"#;
-    let env = gateway_env_full(16, false, false, false, flows, "");
+    let flows = r#"{ labels: { private: [{ host: plain.test, paths: ["/private/**"] }] }, rules: [{ name: no-exfil, after: [private], refuse: writes, except: [private] }] }"#;
+    let env = gateway_env_full(16, false, false, false, |s| s.network("flows", flows));
     let port = env.http.addr.port();
     let resolve = format!("plain.test:{port}:{}", env.ns.host_ip);
     let run = |path: &str, extra: &[&str]| {

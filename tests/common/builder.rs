@@ -353,6 +353,14 @@ impl ProxyConfig {
         self.start_env(dir, &[])
     }
 
+    /// [`ProxyConfig::start`] with the binary run by `wrapper` (`ip netns exec NAME …`).
+    pub fn start_wrapped(&self, dir: &Path, wrapper: &[&str]) -> Proxy {
+        let audit = dir.join("audit.jsonl");
+        let config = dir.join("proxy.yaml");
+        std::fs::write(&config, self.yaml(&audit)).unwrap();
+        Proxy::start_wrapped(config, audit, &[], wrapper)
+    }
+
     /// [`ProxyConfig::start`] with these environment variables set for the binary.
     pub fn start_env(&self, dir: &Path, env: &[(&str, &str)]) -> Proxy {
         let audit = dir.join("audit.jsonl");
