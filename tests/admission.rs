@@ -214,17 +214,15 @@ fn connect_answer(proxy: SocketAddr, src: &str) -> Option<String> {
 #[test]
 fn the_unidentified_pool_cannot_be_captured() {
     let dir = tempfile::tempdir().unwrap();
-    let audit = dir.path().join("audit.jsonl");
-    let config = dir.path().join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\nadmission: {{ unidentified_per_source: 5, unidentified_total: 20, first_byte_ms: 60000 }}\ndefaults: {{ timeouts: {{ header_ms: 60000 }} }}\nsandboxes:\n  - {{ id: local, sources: [127.0.0.1/32], policy: {{ provider: local, config: {{}}, network: {{ egress: [ok.test] }} }} }}\n",
-            audit.display()
-        ),
-    )
-    .unwrap();
-    let p = Proxy::start_with(config, audit, &[]);
+    let p = ProxyConfig::new()
+        .raw("admission: { unidentified_per_source: 5, unidentified_total: 20, first_byte_ms: 60000 }")
+        .defaults("timeouts", "{ header_ms: 60000 }")
+        .sandbox(
+            SandboxSpec::new("local")
+                .source("127.0.0.1/32")
+                .allow("ok.test"),
+        )
+        .start(dir.path());
     // The sandbox's address identifies once.
     assert!(connect_answer(p.proxy, "127.0.0.1").is_some());
 
@@ -298,17 +296,18 @@ fn the_unidentified_pool_cannot_be_captured() {
 fn the_control_plane_is_refused_before_the_data_plane_runs_out_of_descriptors() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start(None);
-    let audit = dir.path().join("audit.jsonl");
-    let config = dir.path().join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\nadmission: {{ first_byte_ms: 60000, descriptor_reserve: 0.5 }}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ ok.test: [127.0.0.1] }} }}\ndefaults: {{ guard_allow_ranges: [127.0.0.1/32], require_tls_ports: [] }}\nsandboxes:\n  - {{ id: local, sources: [127.0.0.1/32], policy: {{ provider: local, config: {{}}, network: {{ egress: [\"ok.test:*\"] }} }} }}\n",
-            audit.display()
-        ),
-    )
-    .unwrap();
-    let p = Proxy::start_wrapped(config, audit, &[], &["prlimit", "--nofile=400:400", "--"]);
+    let p = ProxyConfig::new()
+        .raw("admission: { first_byte_ms: 60000, descriptor_reserve: 0.5 }")
+        .dns_server("127.0.0.1:9")
+        .host("ok.test", "127.0.0.1")
+        .guard_allow("127.0.0.1/32")
+        .defaults("require_tls_ports", "[]")
+        .sandbox(
+            SandboxSpec::new("local")
+                .source("127.0.0.1/32")
+                .allow("ok.test:*"),
+        )
+        .start_wrapped(dir.path(), &["prlimit", "--nofile=400:400", "--"]);
     let flood: Vec<TcpStream> = [
         "127.0.0.2",
         "127.0.0.3",
@@ -352,17 +351,17 @@ fn the_control_plane_is_refused_before_the_data_plane_runs_out_of_descriptors() 
 #[test]
 fn five_thousand_idle_connections_per_listener_do_not_starve_anyone() {
     let dir = tempfile::tempdir().unwrap();
-    let audit = dir.path().join("audit.jsonl");
-    let config = dir.path().join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0, dns: 127.0.0.1:0 }}\naudit: {{ path: {} }}\nadmission: {{ first_byte_ms: 20000, accept_burst_per_source: 20000, accepts_per_second_per_source: 20000 }}\ndns: {{ servers: [\"127.0.0.1:9\"], hosts: {{ ok.test: [127.0.0.5] }} }}\nsandboxes:\n  - {{ id: local, sources: [127.0.0.0/8], policy: {{ provider: local, config: {{}}, network: {{ egress: [ok.test] }} }} }}\n",
-            audit.display()
-        ),
-    )
-    .unwrap();
-    let p = Proxy::start_with(config, audit, &[]);
+    let p = ProxyConfig::new()
+        .listen("dns")
+        .raw("admission: { first_byte_ms: 20000, accept_burst_per_source: 20000, accepts_per_second_per_source: 20000 }")
+        .dns_server("127.0.0.1:9")
+        .host("ok.test", "127.0.0.5")
+        .sandbox(
+            SandboxSpec::new("local")
+                .source("127.0.0.0/8")
+                .allow("ok.test"),
+        )
+        .start(dir.path());
     let dns = p.dns.expect("dns listener");
     let mut held = Vec::new();
     for target in [p.admin, dns] {
@@ -456,17 +455,10 @@ fn try_get(addr: SocketAddr, path: &str) -> Option<String> {
 #[test]
 fn probes_answer_under_a_flood_of_the_admin_port_from_other_addresses() {
     let dir = tempfile::tempdir().unwrap();
-    let audit = dir.path().join("audit.jsonl");
-    let config = dir.path().join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\nadmission: {{ unidentified_per_source: 10, unidentified_total: 40, first_byte_ms: 60000 }}\ndefaults: {{ timeouts: {{ header_ms: 60000 }} }}\nsandboxes: []\n",
-            audit.display()
-        ),
-    )
-    .unwrap();
-    let p = Proxy::start_with(config, audit, &[]);
+    let p = ProxyConfig::new()
+        .raw("admission: { unidentified_per_source: 10, unidentified_total: 40, first_byte_ms: 60000 }")
+        .defaults("timeouts", "{ header_ms: 60000 }")
+        .start(dir.path());
     let mut flood = Vec::new();
     for src in ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"] {
         for _ in 0..10 {

@@ -218,10 +218,13 @@ fn unknown_filter_values_are_refused() {
 #[test]
 fn observe_without_a_configured_token_says_what_it_needs() {
     let dir = tempfile::tempdir().unwrap();
-    let p = Proxy::start(
-        dir.path(),
-        "sandboxes:\n  - { id: demo, sources: [127.0.0.0/8], policy: { provider: local, config: {}, network: { egress: [a.test] } } }\n",
-    );
+    let p = ProxyConfig::new()
+        .sandbox(
+            SandboxSpec::new("demo")
+                .source("127.0.0.0/8")
+                .allow("a.test"),
+        )
+        .start(dir.path());
     std::fs::write(dir.path().join("some.token"), "x\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
         .args(["observe", "--admin", &format!("http://{}", p.admin)])
@@ -247,29 +250,24 @@ fn observe_follows_a_tls_admin_listener() {
     let ca = TestCa::generate(dir.path());
     let origin = Origin::start(None);
     std::fs::write(dir.path().join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
-    let audit = dir.path().join("audit.jsonl");
-    let config = dir.path().join("proxy.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"listen:
-  proxy: 127.0.0.1:0
-  admin: 127.0.0.1:0
-  admin_tls: {{ cert_file: {cert}, key_file: {key} }}
-audit: {{ path: {audit} }}
-admin_token_file: {admin}
-dns: {{ servers: ["127.0.0.1:9"], hosts: {{ api.test: [127.0.0.1] }} }}
-sandboxes:
-  - {{ id: demo, sources: [127.0.0.0/8], policy: {{ provider: local, config: {{}}, network: {{ egress: ["api.test:*"] }} }} }}
-"#,
-            cert = ca.cert_pem.display(),
-            key = ca.key_pem.display(),
-            audit = audit.display(),
-            admin = dir.path().join("admin.token").display(),
-        ),
-    )
-    .unwrap();
-    let p = Proxy::start_with(config, audit, &[]);
+    let p = ProxyConfig::new()
+        .listen_at(
+            "admin_tls",
+            &format!(
+                "{{ cert_file: {}, key_file: {} }}",
+                ca.cert_pem.display(),
+                ca.key_pem.display()
+            ),
+        )
+        .admin_token_file(&dir.path().join("admin.token"))
+        .dns_server("127.0.0.1:9")
+        .host("api.test", "127.0.0.1")
+        .sandbox(
+            SandboxSpec::new("demo")
+                .source("127.0.0.0/8")
+                .allow("api.test:*"),
+        )
+        .start(dir.path());
     let url = format!("https://{}", p.admin);
     // Not trusted without --cacert.
     let out = Command::new(env!("CARGO_BIN_EXE_egress-proxy"))
