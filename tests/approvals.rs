@@ -56,15 +56,14 @@ struct Env {
     public_key: PathBuf,
 }
 
-/// A proxy with sandboxes `agent` and `other`, a signed audit chain, `extra` top-level YAML.
-fn env(extra: &str) -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    std::fs::write(d.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
-    let (sk, pk) = keypair(d);
-    let config = ProxyConfig::new()
+/// The configuration of [`env`] in `d` (its signing key `d/audit.pem`).
+fn config(d: &Path, extra: &str) -> ProxyConfig {
+    ProxyConfig::new()
         .audit("chain: true")
-        .audit(&format!("signing_key_file: {}", sk.display()))
+        .audit(&format!(
+            "signing_key_file: {}",
+            d.join("audit.pem").display()
+        ))
         .admin_token_file(&d.join("admin.token"))
         .raw(&format!("state_dir: {}", d.join("state").display()))
         .dns_server("127.0.0.1:9")
@@ -85,7 +84,16 @@ fn env(extra: &str) -> Env {
             SandboxSpec::new("other")
                 .token("tok-other")
                 .allow("allowed.test"),
-        );
+        )
+}
+
+/// A proxy with sandboxes `agent` and `other`, a signed audit chain, `extra` top-level YAML.
+fn env(extra: &str) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("admin.token"), format!("{ADMIN_TOKEN}\n")).unwrap();
+    let (_, pk) = keypair(d);
+    let config = config(d, extra);
     let ca = TestCa::generate(d);
     let https = Origin::start(Some(&ca));
     let proxy = config.start(d);
@@ -693,9 +701,9 @@ fn requests_are_bounded_and_checked() {
     assert_eq!(status, 429, "{r}");
     assert!(r["error"].as_str().unwrap().contains("max_pending"), "{r}");
     // A reload puts new bounds in force for the next request.
-    let cfg = e.dir.path().join("proxy.yaml");
-    let yaml = std::fs::read_to_string(&cfg).unwrap();
-    std::fs::write(&cfg, yaml.replace("max_pending: 2", "max_pending: 3")).unwrap();
+    let d = e.dir.path();
+    let wider = config(d, "approvals: { max_pending: 3, per_minute: 3 }");
+    std::fs::write(d.join("proxy.yaml"), wider.yaml(&d.join("audit.jsonl"))).unwrap();
     let (status, body) = admin_req(e.proxy.admin, "POST", "/v1/reload", "", Some(ADMIN_TOKEN));
     assert_eq!(status, 200, "{body}");
     let (status, r) = e.request("agent", "h2.test", "x");

@@ -225,11 +225,22 @@ impl Env {
         let d = self.dir.path().join(tag);
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join("parent.pw"), format!("{password}\n")).unwrap();
-        let s = SandboxSpec::new("s")
-            .source("127.0.0.0/8")
-            .allow("api.test:*")
-            .allow("plain.test:*")
-            .allow("other.test:*")
+        self.config(
+            &d,
+            guarded,
+            parent,
+            &["api.test:*", "plain.test:*", "other.test:*"],
+        )
+        .start(&d)
+    }
+
+    /// The configuration of [`Env::proxy_to`] in `d`, sandbox `s` reaching `egress`.
+    fn config(&self, d: &Path, guarded: bool, parent: &str, egress: &[&str]) -> ProxyConfig {
+        let s = egress
+            .iter()
+            .fold(SandboxSpec::new("s").source("127.0.0.0/8"), |s, e| {
+                s.allow(e)
+            })
             .deny("denied.test");
         let config = ["api.test", "plain.test", "denied.test", "other.test"]
             .iter()
@@ -246,7 +257,6 @@ impl Env {
             true => config,
             false => config.guard_allow("127.0.0.1/32"),
         }
-        .start(&d)
     }
 
     fn via(&self, p: &Proxy, url: &str) -> CurlOut {
@@ -562,8 +572,9 @@ fn a_tunnel_through_the_parent_is_revoked_by_a_reload_with(e: &Env) {
     // The download (a minute long) is under way through Squid.
     p.wait_audit("open", |r| r["target_host"] == "api.test");
     std::thread::sleep(Duration::from_millis(300));
-    let config = std::fs::read_to_string(&p.config).unwrap();
-    std::fs::write(&p.config, config.replace("\"api.test:*\", ", "")).unwrap();
+    let d = e.dir.path().join("revoke");
+    let narrowed = e.config(&d, GUARD, &e.parent(), &["plain.test:*", "other.test:*"]);
+    std::fs::write(&p.config, narrowed.yaml(&p.audit)).unwrap();
     let reloaded = Instant::now();
     unsafe_free_kill(p.child.id(), "HUP");
     let (out, ended) = slow.join().unwrap();

@@ -25,19 +25,9 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Start `egress-proxy run --config` with `yaml`, where the test's config should leave
-    /// `listen` to this function (it sets 127.0.0.1:0 for proxy and admin) and `audit` too.
-    pub fn start(dir: &Path, yaml: &str) -> Proxy {
-        let audit = dir.join("audit.jsonl");
-        let config = dir.join("proxy.yaml");
-        let full = format!(
-            "listen: {{ proxy: 127.0.0.1:0, admin: 127.0.0.1:0 }}\naudit: {{ path: {} }}\n{yaml}",
-            audit.display()
-        );
-        std::fs::write(&config, full).unwrap();
-        Self::start_with(config, audit, &[])
-    }
-
+    /// Start `egress-proxy run --config` on a file the test wrote (a configuration is built
+    /// with `ProxyConfig`; this starts it again after a restart, or a file a test wrote on
+    /// purpose).
     pub fn start_with(config: PathBuf, audit: PathBuf, env: &[(&str, &str)]) -> Proxy {
         Self::start_wrapped(config, audit, env, &[])
     }
