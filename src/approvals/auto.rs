@@ -104,37 +104,59 @@ pub async fn check(
         }
     }
     c.lines.push("registrable: passed".into());
+    let (passed, line) = match public_addresses(target, set, resolver).await {
+        Ok(checked) => (
+            true,
+            format!("public_addresses: passed ({checked} checked)"),
+        ),
+        Err(why) => (false, format!("public_addresses: failed ({why})")),
+    };
+    c.lines.push(line);
+    c.passed = passed;
+    c
+}
+
+/// Why the public-addresses check failed.
+enum NotPublic {
+    /// The name has no address.
+    NoAddresses,
+    /// The lookup failed (its reason's code).
+    Lookup(&'static str),
+    /// The address guard prohibits this one.
+    Prohibited(IpAddr),
+}
+
+impl std::fmt::Display for NotPublic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotPublic::NoAddresses => f.write_str("no addresses"),
+            NotPublic::Lookup(code) => f.write_str(code),
+            NotPublic::Prohibited(ip) => write!(f, "{ip} is prohibited by the address guard"),
+        }
+    }
+}
+
+/// Every address `target` resolves to is one the address guard permits: how many were
+/// checked, or why not.
+async fn public_addresses(
+    target: &Target,
+    set: &PolicySet,
+    resolver: &Resolver,
+) -> Result<usize, NotPublic> {
     let addrs: Vec<IpAddr> = match &target.host {
         Host::Ip(ip) => vec![*ip],
         Host::Name(n) => match resolver.resolve(n).await {
             Ok(a) if !a.is_empty() => a,
-            Ok(_) => {
-                c.lines
-                    .push("public_addresses: failed (no addresses)".into());
-                return c;
-            }
-            Err(e) => {
-                c.lines
-                    .push(format!("public_addresses: failed ({})", e.reason().code()));
-                return c;
-            }
+            Ok(_) => return Err(NotPublic::NoAddresses),
+            Err(e) => return Err(NotPublic::Lookup(e.reason().code())),
         },
     };
     for ip in &addrs {
-        let v = set.guard.check(*ip, target.port, |_| None);
-        if v != GuardVerdict::Permit {
-            c.lines.push(format!(
-                "public_addresses: failed ({ip} is prohibited by the address guard)"
-            ));
-            return c;
+        if set.guard.check(*ip, target.port, |_| None) != GuardVerdict::Permit {
+            return Err(NotPublic::Prohibited(*ip));
         }
     }
-    c.lines.push(format!(
-        "public_addresses: passed ({} checked)",
-        addrs.len()
-    ));
-    c.passed = true;
-    c
+    Ok(addrs.len())
 }
 
 /// The fixed suffix of a wildcard pattern (`None`: not a wildcard).

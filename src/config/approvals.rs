@@ -120,52 +120,9 @@ pub(super) fn resolve_approvals(
         }
         v
     };
-    let webhook = raw.webhook.and_then(|w| {
-        let url = match w.url.parse::<http::Uri>() {
-            Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => u,
-            _ => {
-                sink.top(
-                    field("webhook.url"),
-                    "must be an http:// or https:// URL",
-                    Some("url"),
-                );
-                return None;
-            }
-        };
-        let path = rel(&w.secret_file);
-        let secret = match std::fs::read(&path) {
-            Ok(s) if !s.trim_ascii().is_empty() => s.trim_ascii().to_vec(),
-            Ok(_) => {
-                sink.top(
-                    field("webhook.secret_file"),
-                    "is empty",
-                    Some("secret_file"),
-                );
-                Vec::new()
-            }
-            Err(e) if secrets == Secrets::MayBeAbsent => {
-                warnings.push(format!(
-                    "approvals.webhook.secret_file {}: {e}",
-                    path.display()
-                ));
-                Vec::new()
-            }
-            Err(e) => {
-                sink.top(
-                    field("webhook.secret_file"),
-                    format!("cannot read {}: {e}", path.display()),
-                    Some("secret_file"),
-                );
-                Vec::new()
-            }
-        };
-        Some(Webhook {
-            url,
-            secret,
-            secret_file: path,
-            timeout: Duration::from_millis(w.timeout_ms.unwrap_or(5_000).max(1)),
-        })
-    });
+    let webhook = raw
+        .webhook
+        .and_then(|w| webhook(w, rel, secrets, sink, warnings));
     ApprovalsConfig {
         max_pending: raw.max_pending.unwrap_or(d.max_pending).max(1),
         per_minute: raw.per_minute.unwrap_or(d.per_minute).max(1),
@@ -177,4 +134,59 @@ pub(super) fn resolve_approvals(
             .map_or(d.auto_ttl, Duration::from_secs),
         webhook,
     }
+}
+
+/// `approvals.webhook`: its URL and the secret it signs with; `None` when the URL is wrong.
+fn webhook(
+    w: RawWebhook,
+    rel: &dyn Fn(&str) -> PathBuf,
+    secrets: Secrets,
+    sink: &mut Sink<'_>,
+    warnings: &mut Vec<String>,
+) -> Option<Webhook> {
+    let field = |f: &str| format!("approvals.{f}");
+    let url = match w.url.parse::<http::Uri>() {
+        Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => u,
+        _ => {
+            sink.top(
+                field("webhook.url"),
+                "must be an http:// or https:// URL",
+                Some("url"),
+            );
+            return None;
+        }
+    };
+    let path = rel(&w.secret_file);
+    let secret = match std::fs::read(&path) {
+        Ok(s) if !s.trim_ascii().is_empty() => s.trim_ascii().to_vec(),
+        Ok(_) => {
+            sink.top(
+                field("webhook.secret_file"),
+                "is empty",
+                Some("secret_file"),
+            );
+            Vec::new()
+        }
+        Err(e) if secrets == Secrets::MayBeAbsent => {
+            warnings.push(format!(
+                "approvals.webhook.secret_file {}: {e}",
+                path.display()
+            ));
+            Vec::new()
+        }
+        Err(e) => {
+            sink.top(
+                field("webhook.secret_file"),
+                format!("cannot read {}: {e}", path.display()),
+                Some("secret_file"),
+            );
+            Vec::new()
+        }
+    };
+    Some(Webhook {
+        url,
+        secret,
+        secret_file: path,
+        timeout: Duration::from_millis(w.timeout_ms.unwrap_or(5_000).max(1)),
+    })
 }

@@ -13,7 +13,7 @@ use super::conformance::{
     check_env, check_mounts, check_provider, check_standalone, looks_like_secret_key,
 };
 use super::error::{redact, unknown_field, Sink};
-use crate::policy::entry::parse_entry;
+use crate::policy::entry::{parse_entry, Entry};
 use crate::policy::{Mode, NetworkSpec};
 
 /// Providers AIP-36 enumerates (Day 1).
@@ -286,33 +286,10 @@ fn network_spec(
         } else {
             Mode::Restricted
         });
-    let mut ok = true;
-    let mut parse_list = |list: &[String], name: &str| {
-        let mut out = Vec::with_capacity(list.len());
-        for (i, text) in list.iter().enumerate() {
-            match parse_entry(text) {
-                Ok(e) => out.push((text.clone(), e)),
-                Err(e) => {
-                    ok = false;
-                    let hint = format!("\"{text}\"");
-                    let line = sink
-                        .locate(&hint, ctx.line)
-                        .or_else(|| sink.locate(text, ctx.line));
-                    sink.errors.push(crate::config::ConfigError {
-                        file: sink.file.clone(),
-                        line,
-                        sandbox: sb.map(str::to_string),
-                        field: format!("{p}network.{name}[{i}]"),
-                        message: format!("`{text}`: {e}"),
-                        code: None,
-                    });
-                }
-            }
-        }
-        out
-    };
-    let egress = parse_list(&egress_texts, "egress");
-    let deny = parse_list(&net.deny, "deny");
+    let egress = entries(&egress_texts, "egress", ctx, sink);
+    let deny = entries(&net.deny, "deny", ctx, sink);
+    let mut ok = egress.is_some() && deny.is_some();
+    let (egress, deny) = (egress.unwrap_or_default(), deny.unwrap_or_default());
     let scoped = super::scoped::parse(&net.scoped, ctx, sink);
     ok &= scoped.is_some();
     let flows = net
@@ -345,6 +322,39 @@ fn network_spec(
         layers: Default::default(),
         flows: flows.flatten().map(Arc::new),
     })
+}
+
+/// The entries of `network.{name}` parsed, each with its text; `None` when one is wrong (every
+/// wrong one is in `sink`, at its line).
+fn entries(
+    list: &[String],
+    name: &str,
+    ctx: &BlockCtx<'_>,
+    sink: &mut Sink<'_>,
+) -> Option<Vec<(String, Entry)>> {
+    let mut out = Vec::with_capacity(list.len());
+    let mut ok = true;
+    for (i, text) in list.iter().enumerate() {
+        match parse_entry(text) {
+            Ok(e) => out.push((text.clone(), e)),
+            Err(e) => {
+                ok = false;
+                let hint = format!("\"{text}\"");
+                let line = sink
+                    .locate(&hint, ctx.line)
+                    .or_else(|| sink.locate(text, ctx.line));
+                sink.errors.push(crate::config::ConfigError {
+                    file: sink.file.clone(),
+                    line,
+                    sandbox: ctx.sandbox.map(str::to_string),
+                    field: format!("{}network.{name}[{i}]", ctx.prefix),
+                    message: format!("`{text}`: {e}"),
+                    code: None,
+                });
+            }
+        }
+    }
+    ok.then_some(out)
 }
 
 /// `network.http` (its presets expanded) compiled; `None` when a rule is wrong (the errors
@@ -381,7 +391,7 @@ fn compile_http(
 /// "nothing reachable": the scoped processes reach their entries).
 fn warn_about(
     mode: Mode,
-    (egress, scoped): (&[(String, crate::policy::entry::Entry)], bool),
+    (egress, scoped): (&[(String, Entry)], bool),
     who: &str,
     warnings: &mut Vec<String>,
 ) {
@@ -414,12 +424,7 @@ fn warn_about(
 
 /// A name entry whose ports include a usual non-HTTP service (`db.internal:5432`) carries only
 /// TLS or HTTP the proxy reads: say that `tcp://` declares opaque TCP.
-fn opaque_hint(
-    text: &str,
-    entry: &crate::policy::entry::Entry,
-    who: &str,
-    warnings: &mut Vec<String>,
-) {
+fn opaque_hint(text: &str, entry: &Entry, who: &str, warnings: &mut Vec<String>) {
     use crate::policy::entry::HostPattern;
     if entry.opaque || matches!(entry.host, HostPattern::Net(_) | HostPattern::Localhost) {
         return;

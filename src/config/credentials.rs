@@ -266,6 +266,57 @@ pub fn placeholder(key: &[u8], sandbox: &str, name: &str, secret_len: usize) -> 
     out
 }
 
+/// The credential's name checked and the hosts it is bound to parsed (errors in `errors`).
+fn binding(raw: &RawCredential, errors: &mut Vec<String>) -> Vec<BoundHost> {
+    let valid_name = !raw.name.is_empty()
+        && raw.name.len() <= 64
+        && raw
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !valid_name {
+        errors.push(format!(
+            "name `{}`: letters, digits, _ and - (1 to 64)",
+            raw.name
+        ));
+    }
+    if raw.hosts.is_empty() {
+        errors.push("hosts: bind the credential to at least one host".into());
+    }
+    let mut hosts = Vec::new();
+    for h in &raw.hosts {
+        match BoundHost::parse(h) {
+            Ok(b) => hosts.push(b),
+            Err(e) => errors.push(format!("hosts: {e}")),
+        }
+    }
+    hosts
+}
+
+/// An `aws_sigv4` credential names every host it is bound to: a wildcard is refused.
+fn aws_by_name(hosts: &[BoundHost], errors: &mut Vec<String>) {
+    for h in hosts.iter().filter(|h| !matches!(h, BoundHost::Exact(_))) {
+        errors.push(format!(
+            "hosts: `{}`: an aws_sigv4 credential is bound to the AWS endpoints it signs for, by name (s3.eu-west-1.amazonaws.com, sts.amazonaws.com); a wildcard covers names anyone can own (S3 buckets in virtual-host style, API Gateway and Lambda URLs), and the real key id and session token would reach them",
+            h.text()
+        ));
+    }
+}
+
+/// What the sandbox is shown in the credential's place: a key id for AWS, a string as long
+/// as the secret for a static one, 40 characters for a minted token.
+fn placeholder_of(kind: &CredentialKind, key: &[u8], sandbox: &str, name: &str) -> String {
+    match kind {
+        CredentialKind::AwsSigV4(_) => {
+            super::credential_kinds::aws_placeholder_key_id(key, sandbox, name)
+        }
+        CredentialKind::Static { secret, .. } => {
+            placeholder(key, sandbox, name, secret.expose().len())
+        }
+        CredentialKind::Minted(_) => placeholder(key, sandbox, name, 40),
+    }
+}
+
 /// Validate and load one credential. `read` reads a file (relative to the config); `key` is
 /// what placeholders derive from.
 /// Under [`super::Secrets::MayBeAbsent`] a secret that cannot be read is a warning in
@@ -279,28 +330,7 @@ pub fn resolve(
     warnings: &mut Vec<String>,
 ) -> Result<Credential, Vec<String>> {
     let mut errors = Vec::new();
-    let valid_name = !raw.name.is_empty()
-        && raw.name.len() <= 64
-        && raw
-            .name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if !valid_name {
-        errors.push(format!(
-            "name `{}`: letters, digits, _ and - (1 to 64)",
-            raw.name
-        ));
-    }
-    let mut hosts = Vec::new();
-    for h in &raw.hosts {
-        match BoundHost::parse(h) {
-            Ok(b) => hosts.push(b),
-            Err(e) => errors.push(format!("hosts: {e}")),
-        }
-    }
-    if raw.hosts.is_empty() {
-        errors.push("hosts: bind the credential to at least one host".into());
-    }
+    let hosts = binding(raw, &mut errors);
     let kind = raw.kind.as_deref().unwrap_or("static");
     let mut read = Reader {
         read_file,
@@ -320,29 +350,14 @@ pub fn resolve(
             None
         }
     };
-    if matches!(resolved, Some(CredentialKind::AwsSigV4(_))) {
-        for h in hosts.iter().filter(|h| !matches!(h, BoundHost::Exact(_))) {
-            errors.push(format!(
-                "hosts: `{}`: an aws_sigv4 credential is bound to the AWS endpoints it signs for, by name (s3.eu-west-1.amazonaws.com, sts.amazonaws.com); a wildcard covers names anyone can own (S3 buckets in virtual-host style, API Gateway and Lambda URLs), and the real key id and session token would reach them",
-                h.text()
-            ));
-        }
-    }
     if let Some(CredentialKind::AwsSigV4(k)) = resolved.as_mut() {
+        aws_by_name(&hosts, &mut errors);
         k.placeholder_secret =
             super::credential_kinds::aws_placeholder_secret(key, sandbox, &raw.name);
     }
     match (errors.is_empty(), resolved) {
         (true, Some(kind)) => Ok(Credential {
-            placeholder: match &kind {
-                CredentialKind::AwsSigV4(_) => {
-                    super::credential_kinds::aws_placeholder_key_id(key, sandbox, &raw.name)
-                }
-                CredentialKind::Static { secret, .. } => {
-                    placeholder(key, sandbox, &raw.name, secret.expose().len())
-                }
-                CredentialKind::Minted(_) => placeholder(key, sandbox, &raw.name, 40),
-            },
+            placeholder: placeholder_of(&kind, key, sandbox, &raw.name),
             name: raw.name.clone(),
             hosts,
             kind,

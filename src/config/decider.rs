@@ -157,36 +157,7 @@ pub fn allow_warning(d: Option<&DeciderConfig>) -> Option<String> {
 
 /// Validate `decider:`; errors say which key.
 pub fn resolve_decider(raw: &RawDecider, errors: &mut Vec<String>) -> Option<Arc<DeciderConfig>> {
-    let url = if let Some(rest) = raw.url.strip_prefix("unix:") {
-        let (socket, path) = match rest.split_once(":/") {
-            Some((s, p)) => (s.to_string(), format!("/{p}")),
-            None => (rest.to_string(), "/".to_string()),
-        };
-        if !socket.starts_with('/') {
-            errors.push(format!("decider.url `{}`: unix:/absolute/socket", raw.url));
-            return None;
-        }
-        DeciderUrl::Unix { socket, path }
-    } else {
-        match raw.url.parse::<http::Uri>() {
-            Ok(u) if u.scheme_str() == Some("http") && u.authority().is_some() => {
-                DeciderUrl::Http {
-                    authority: u.authority().map(|a| a.to_string()).unwrap_or_default(),
-                    path: u
-                        .path_and_query()
-                        .map(|p| p.to_string())
-                        .unwrap_or("/".into()),
-                }
-            }
-            _ => {
-                errors.push(format!(
-                    "decider.url `{}`: http://host:port/path or unix:/socket",
-                    raw.url
-                ));
-                return None;
-            }
-        }
-    };
+    let url = decider_url(&raw.url, errors)?;
     let on_error = match raw.on_error.as_deref() {
         None | Some("deny") => OnError::Deny,
         Some("allow") => OnError::Allow,
@@ -230,6 +201,40 @@ pub fn resolve_decider(raw: &RawDecider, errors: &mut Vec<String>) -> Option<Arc
         max_in_flight_per_sandbox: usize::try_from(per_sandbox).unwrap_or(usize::MAX),
         secret: None,
     }))
+}
+
+/// `decider.url`: `http://host:port/path` or `unix:/socket[:/path]`.
+fn decider_url(url: &str, errors: &mut Vec<String>) -> Option<DeciderUrl> {
+    if let Some(rest) = url.strip_prefix("unix:") {
+        let (socket, path) = match rest.split_once(":/") {
+            Some((s, p)) => (s.to_string(), format!("/{p}")),
+            None => (rest.to_string(), "/".to_string()),
+        };
+        if !socket.starts_with('/') {
+            errors.push(format!("decider.url `{}`: unix:/absolute/socket", url));
+            return None;
+        }
+        Some(DeciderUrl::Unix { socket, path })
+    } else {
+        match url.parse::<http::Uri>() {
+            Ok(u) if u.scheme_str() == Some("http") && u.authority().is_some() => {
+                Some(DeciderUrl::Http {
+                    authority: u.authority().map(|a| a.to_string()).unwrap_or_default(),
+                    path: u
+                        .path_and_query()
+                        .map(|p| p.to_string())
+                        .unwrap_or("/".into()),
+                })
+            }
+            _ => {
+                errors.push(format!(
+                    "decider.url `{}`: http://host:port/path or unix:/socket",
+                    url
+                ));
+                None
+            }
+        }
+    }
 }
 
 /// What a DLP rule does on a match.

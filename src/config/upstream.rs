@@ -253,7 +253,49 @@ pub fn resolve(
     warnings: &mut Vec<String>,
 ) -> Result<UpstreamProxy, Vec<String>> {
     let mut errors = Vec::new();
-    let url = raw.url.trim();
+    let (https, host, port) = parent_url(raw.url.trim(), &mut errors)?;
+    let mut tls = None;
+    match (&raw.ca_file, https) {
+        (Some(_), false) => errors.push("ca_file: only for an https:// parent".into()),
+        (ca_file, true) if !host.is_empty() => {
+            let ca_pem = ca_pem(ca_file.as_deref(), read_file, secrets, warnings);
+            match ca_pem.and_then(|pem| ParentTls::new(&host.to_ascii_lowercase(), pem)) {
+                Ok(t) => tls = Some(t),
+                Err(e) => errors.push(e),
+            }
+        }
+        _ => {}
+    }
+    let mut bypass = Vec::new();
+    for b in &raw.bypass {
+        match BypassEntry::parse(b.trim()) {
+            Ok(entry) => bypass.push(entry),
+            Err(e) => errors.push(e),
+        }
+    }
+    let authorization = raw
+        .auth
+        .as_ref()
+        .and_then(|auth| authorization(auth, read_file, secrets, &mut errors, warnings));
+    if errors.is_empty() {
+        Ok(UpstreamProxy {
+            host: host.to_ascii_lowercase(),
+            port,
+            authorization,
+            bypass,
+            tls,
+        })
+    } else {
+        Err(errors)
+    }
+}
+
+/// The parent's URL read: whether it is `https`, its host and port (an error for each part
+/// that is wrong; `Err` when the scheme is not one of the two).
+fn parent_url<'u>(
+    url: &'u str,
+    errors: &mut Vec<String>,
+) -> Result<(bool, &'u str, u16), Vec<String>> {
     let (https, rest) = match url.split_once("://") {
         Some(("http", rest)) => (false, rest),
         Some(("https", rest)) => (true, rest),
@@ -289,40 +331,7 @@ pub fn resolve(
     if host.is_empty() {
         errors.push(format!("url `{url}`: no host"));
     }
-    let mut tls = None;
-    match (&raw.ca_file, https) {
-        (Some(_), false) => errors.push("ca_file: only for an https:// parent".into()),
-        (ca_file, true) if !host.is_empty() => {
-            let ca_pem = ca_pem(ca_file.as_deref(), read_file, secrets, warnings);
-            match ca_pem.and_then(|pem| ParentTls::new(&host.to_ascii_lowercase(), pem)) {
-                Ok(t) => tls = Some(t),
-                Err(e) => errors.push(e),
-            }
-        }
-        _ => {}
-    }
-    let mut bypass = Vec::new();
-    for b in &raw.bypass {
-        match BypassEntry::parse(b.trim()) {
-            Ok(entry) => bypass.push(entry),
-            Err(e) => errors.push(e),
-        }
-    }
-    let authorization = raw
-        .auth
-        .as_ref()
-        .and_then(|auth| authorization(auth, read_file, secrets, &mut errors, warnings));
-    if errors.is_empty() {
-        Ok(UpstreamProxy {
-            host: host.to_ascii_lowercase(),
-            port,
-            authorization,
-            bypass,
-            tls,
-        })
-    } else {
-        Err(errors)
-    }
+    Ok((https, host, port))
 }
 
 /// `ca_file`'s text, if given. Like every file a review tool may not see, an unreadable one

@@ -159,32 +159,8 @@ impl HttpRule {
             ));
         }
         let host_pat = BoundHost::parse(host)?;
-        let mut methods_up = Vec::new();
-        for m in methods {
-            let up = m.to_ascii_uppercase();
-            if up.is_empty() || !up.bytes().all(|b| b.is_ascii_uppercase()) {
-                return Err(ParseError(
-                    format!("method `{m}` is not an HTTP method").into(),
-                ));
-            }
-            methods_up.push(up);
-        }
-        let matcher = if paths.is_empty() {
-            None
-        } else {
-            let mut b = globset::GlobSetBuilder::new();
-            for p in paths {
-                if !p.starts_with('/') {
-                    return Err(ParseError(format!("path `{p}` must start with /").into()));
-                }
-                let g = globset::GlobBuilder::new(p)
-                    .literal_separator(true)
-                    .build()
-                    .map_err(|e| ParseError(caused(format!("path `{p}`"), e)))?;
-                b.add(g);
-            }
-            Some(b.build().map_err(|e| ParseError(of(e)))?)
-        };
+        let methods_up = upper_methods(methods)?;
+        let matcher = path_matcher(paths)?;
         let git_text = match git.is_empty() {
             true => String::new(),
             false => {
@@ -430,6 +406,40 @@ pub fn canonical_path_with(path: &str, encoded_slash: bool) -> Result<(), &'stat
         }
     }
     Ok(())
+}
+
+/// A rule's methods in upper case; an error names one that is not an HTTP method.
+fn upper_methods(methods: &[String]) -> Result<Vec<String>, ParseError> {
+    let mut up = Vec::with_capacity(methods.len());
+    for m in methods {
+        let u = m.to_ascii_uppercase();
+        if u.is_empty() || !u.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(ParseError(
+                format!("method `{m}` is not an HTTP method").into(),
+            ));
+        }
+        up.push(u);
+    }
+    Ok(up)
+}
+
+/// A rule's path globs compiled (`*` within a segment, `**` across); `None`: every path.
+fn path_matcher(paths: &[String]) -> Result<Option<globset::GlobSet>, ParseError> {
+    if paths.is_empty() {
+        return Ok(None);
+    }
+    let mut b = globset::GlobSetBuilder::new();
+    for p in paths {
+        if !p.starts_with('/') {
+            return Err(ParseError(format!("path `{p}` must start with /").into()));
+        }
+        let g = globset::GlobBuilder::new(p)
+            .literal_separator(true)
+            .build()
+            .map_err(|e| ParseError(caused(format!("path `{p}`"), e)))?;
+        b.add(g);
+    }
+    Ok(Some(b.build().map_err(|e| ParseError(of(e)))?))
 }
 
 #[cfg(test)]

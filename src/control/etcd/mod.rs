@@ -226,33 +226,44 @@ impl ControlPlane {
                 etcd_client::TxnOpResponse::Put(p) => p.prev_key().is_none(),
                 _ => true,
             });
-            self.applied(revision).await?;
-            let control = self.control.clone();
-            let sid = id.to_string();
-            let skipped = tokio::task::spawn_blocking(move || control.skipped_at(&sid, revision))
-                .await
-                .map_err(|e| ChangeError::Failed(caused("control task", e)))?;
-            return match skipped {
-                None => {
-                    tracing::info!(
-                        sandbox = id,
-                        revision,
-                        created,
-                        "sandbox registered in etcd"
-                    );
-                    Ok((created, revision))
-                }
-                // Only a concurrent change can get here (another sandbox took the same
-                // sources in between): every replica skips the value alike.
-                Some(why) => Err(ChangeError::Conflict(
-                    format!("written at revision {revision} but not in force: {why}").into(),
-                )),
-            };
+            return self.in_force(id, revision, created).await;
         }
         Err(ChangeError::Conflict(
             format!("sandbox {id} kept changing in etcd while this call tried to write it; retry")
                 .into(),
         ))
+    }
+
+    /// After a put at `revision`: once this replica applied it, whether the value is in force
+    /// (whether the sandbox is new, and the revision) or was skipped, and why.
+    async fn in_force(
+        &self,
+        id: &str,
+        revision: i64,
+        created: bool,
+    ) -> Result<(bool, i64), ChangeError> {
+        self.applied(revision).await?;
+        let control = self.control.clone();
+        let sid = id.to_string();
+        let skipped = tokio::task::spawn_blocking(move || control.skipped_at(&sid, revision))
+            .await
+            .map_err(|e| ChangeError::Failed(caused("control task", e)))?;
+        match skipped {
+            None => {
+                tracing::info!(
+                    sandbox = id,
+                    revision,
+                    created,
+                    "sandbox registered in etcd"
+                );
+                Ok((created, revision))
+            }
+            // Only a concurrent change can get here (another sandbox took the same sources in
+            // between): every replica skips the value alike.
+            Some(why) => Err(ChangeError::Conflict(
+                format!("written at revision {revision} but not in force: {why}").into(),
+            )),
+        }
     }
 
     /// `DELETE /v1/sandboxes/{id}`: how many exchanges were open here (they are revoked on

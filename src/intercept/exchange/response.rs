@@ -70,6 +70,24 @@ impl Out {
                 .boxed(),
         }
     }
+
+    /// The body as it was read: one read whole goes on with its exact length.
+    fn body(
+        self,
+        read: Read,
+        headers: &mut http::HeaderMap,
+        on_end: impl FnOnce(Ending) + Send + Sync + 'static,
+    ) -> ResBody {
+        match read {
+            Read::Whole(bytes) => {
+                headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
+                self.finish(Full::new(bytes), on_end)
+            }
+            Read::Stream(f) => self.finish(f, on_end),
+            Read::Plain(b) => self.finish(b, on_end),
+            Read::Tapped(b) => self.finish(b, on_end),
+        }
+    }
 }
 
 /// What reads a response before the client does: the secret scrubber, the MCP rule that
@@ -193,16 +211,7 @@ impl Terminated<'_> {
     ) -> Response<ResBody> {
         let (scrubber, mcp, seal) = readers;
         if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-            // Only a socket a rule allowed switches ([`super::socket`]); the origin's `101`
-            // to anything else is not passed on.
-            let why = "the origin switched protocols on a request that did not ask to";
-            audit.verdict(Verdict::Deny, Reason::WebSocketNotAllowed);
-            audit.answered(502, sent.injected.as_deref());
-            audit.detail(why);
-            drop(audit);
-            return self
-                .ex
-                .refused(&sent.asked.method, Reason::WebSocketNotAllowed, why);
+            return self.switched(audit, &sent);
         }
         audit.answered(resp.status().as_u16(), sent.injected.as_deref());
         if let Some(s) = &scrubber {
@@ -256,17 +265,20 @@ impl Terminated<'_> {
             limit: self.ex.limits.scrub,
             scrubber,
         };
-        let body = match read {
-            Read::Whole(bytes) => {
-                let length = bytes.len().into();
-                parts.headers.insert(http::header::CONTENT_LENGTH, length);
-                out.finish(Full::new(bytes), on_end)
-            }
-            Read::Stream(f) => out.finish(f, on_end),
-            Read::Plain(b) => out.finish(b, on_end),
-            Read::Tapped(b) => out.finish(b, on_end),
-        };
+        let body = out.body(read, &mut parts.headers, on_end);
         Response::from_parts(parts, body)
+    }
+
+    /// The origin's `101` to a request that did not ask to switch: refused, never passed on
+    /// (only a socket a rule allowed switches, [`super::socket`]).
+    fn switched(&self, mut audit: AuditGuard, sent: &Sent) -> Response<ResBody> {
+        let why = "the origin switched protocols on a request that did not ask to";
+        audit.verdict(Verdict::Deny, Reason::WebSocketNotAllowed);
+        audit.answered(502, sent.injected.as_deref());
+        audit.detail(why);
+        drop(audit);
+        self.ex
+            .refused(&sent.asked.method, Reason::WebSocketNotAllowed, why)
     }
 
     /// A response that cannot be read (an encoding, an MCP message that does not parse):

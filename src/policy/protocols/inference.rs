@@ -240,8 +240,18 @@ impl InferenceRule {
             || include_usage;
         call.max_output = max_output(self.provider, o)?;
         call.background = o.get("background") == Some(&Value::Bool(true));
+        call.web = self.web_tools_of(o)?;
+        Ok(call)
+    }
+
+    /// The provider-run web tools a call asks for, as the rule's `web_tools` takes them: a
+    /// tool type the proxy does not know is refused unless the rule names it; every web tool
+    /// is refused under `refuse`; none is kept (nothing to check) under `allow`.
+    fn web_tools_of(
+        &self,
+        o: &serde_json::Map<String, Value>,
+    ) -> Result<Vec<WebTool>, ProtocolError> {
         let (web, unknown) = super::inference_tools::web_tools(o)?;
-        call.web = web;
         let unnamed = unknown.iter().find(|t| !self.tool_types.contains(t));
         if let (Some(t), false) = (unnamed, self.web_tools == WebTools::Allow) {
             return Err(ProtocolError::not_allowed(format!(
@@ -249,18 +259,14 @@ impl InferenceRule {
                 shown(t)
             )));
         }
-        if self.web_tools == WebTools::Refuse {
-            if let Some(t) = call.web.first() {
-                return Err(ProtocolError::not_allowed(format!(
-                    "the call asks the provider to run `{}`; this rule refuses provider-run web tools (web_tools: refuse)",
-                    t.name
-                )));
-            }
+        match (self.web_tools, web.first()) {
+            (WebTools::Refuse, Some(t)) => Err(ProtocolError::not_allowed(format!(
+                "the call asks the provider to run `{}`; this rule refuses provider-run web tools (web_tools: refuse)",
+                t.name
+            ))),
+            (WebTools::Allow, _) => Ok(Vec::new()),
+            _ => Ok(web),
         }
-        if self.web_tools == WebTools::Allow {
-            call.web.clear();
-        }
-        Ok(call)
     }
 
     /// Every model named (the one asked for and each fallback) must be one `models:` allows.
