@@ -325,7 +325,12 @@ impl Entered {
             process: who_asks,
         };
         if let Err(r) = cx.verdicts.judge(&point, audit).await {
-            return Err(refusal(r.decision, Some(sb), r.detail, None));
+            return Err(refusal(
+                Decision::deny(r.reason, None),
+                Some(sb),
+                r.detail,
+                None,
+            ));
         }
         let (route, checked, through) = match (ask.request, parent) {
             (Some(_), Some(parent)) => {

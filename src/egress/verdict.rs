@@ -115,7 +115,7 @@ impl Verdicts {
     /// Run every stage in order on an exchange the policy let proceed. `Ok` when it may go
     /// ahead (a report-mode refusal recorded on `audit`); `Err` with the refusal, recorded on
     /// `audit` with its detail.
-    pub async fn judge(&self, at: &Point<'_>, audit: &mut AuditGuard) -> Result<(), Refused> {
+    pub async fn judge(&self, at: &Point<'_>, audit: &mut AuditGuard) -> Result<(), Refusal> {
         for stage in &self.stages {
             let judgement = match stage.judge(at) {
                 Judgement::Hold {
@@ -146,16 +146,7 @@ impl Verdicts {
     }
 }
 
-/// A stage's refusal: the decision answered with and what it says (the record's detail).
-#[derive(Debug)]
-pub struct Refused {
-    /// The decision shown and recorded.
-    pub decision: Decision,
-    /// Why.
-    pub detail: String,
-}
-
-/// Record a stage's refusal: `Err` with the decision to answer with; in report mode, when the
+/// Record a stage's refusal: `Err` with it, recorded as a denial; in report mode, when the
 /// reason may be reported, `Ok` — the exchange proceeds, recorded as `report` (unless the
 /// policy itself already reported it: its record stands).
 pub fn refused(
@@ -163,16 +154,13 @@ pub fn refused(
     policy: &Decision,
     m: Refusal,
     audit: &mut AuditGuard,
-) -> Result<(), Refused> {
+) -> Result<(), Refusal> {
     let report = sandbox.binding.enforcement == Enforcement::Report && m.reason.reportable();
     audit.detail(m.detail.clone());
     let d = Decision::deny(m.reason, None);
     if !report {
         audit.decision(&d);
-        return Err(Refused {
-            decision: d,
-            detail: m.detail,
-        });
+        return Err(m);
     }
     if policy.verdict == Verdict::Allow {
         audit.decision(&Decision {
