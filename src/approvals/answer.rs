@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::{refused, Desk, Refused, Request};
+use super::{refused, Desk, DeskError, Request};
 use crate::audit::record::{rfc3339, ApprovalFacts, Record};
 use crate::audit::{AuditGuard, Mode};
 use crate::egress::identity::Method;
@@ -48,7 +48,7 @@ impl Answer {
         kind: GrantKind,
         ttl_s: Option<u64>,
         note: Option<String>,
-    ) -> Result<Answer, Refused> {
+    ) -> Result<Answer, DeskError> {
         if ttl_s.is_some_and(|t| t == 0 || t > MAX_TTL_S) {
             return Err(refused(400, format!("ttl_s must be 1-{MAX_TTL_S}")));
         }
@@ -65,7 +65,7 @@ impl Answer {
 
     /// When the grant it makes ends (`None`: never, or no grant); no arithmetic on its `ttl`
     /// can overflow.
-    pub(super) fn deadline(&self, now: SystemTime) -> Result<Option<SystemTime>, Refused> {
+    pub(super) fn deadline(&self, now: SystemTime) -> Result<Option<SystemTime>, DeskError> {
         let Answer::Approve { kind, ttl, .. } = self else {
             return Ok(None);
         };
@@ -83,14 +83,14 @@ impl Answer {
     }
 
     /// A denial, its note checked like an approval's.
-    pub fn deny(note: Option<String>) -> Result<Answer, Refused> {
+    pub fn deny(note: Option<String>) -> Result<Answer, DeskError> {
         Ok(Answer::Deny {
             note: checked_note(note)?,
         })
     }
 }
 
-fn checked_note(note: Option<String>) -> Result<Option<String>, Refused> {
+fn checked_note(note: Option<String>) -> Result<Option<String>, DeskError> {
     match note {
         Some(n) if n.len() > MAX_NOTE => Err(refused(
             400,

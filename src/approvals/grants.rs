@@ -7,7 +7,7 @@ use crate::policy::cause::caused;
 use std::time::SystemTime;
 
 use super::stored::{self, StoredGrant};
-use super::{refused, request, Desk, Inner, Refused, Request, State, Who};
+use super::{refused, request, Desk, DeskError, Inner, Request, State, Who};
 use crate::approvals::error::{store, ApprovalError};
 use crate::policy::granted::GrantKind;
 use crate::policy::sandbox_id::SandboxId;
@@ -15,7 +15,7 @@ use crate::policy::sandbox_id::SandboxId;
 impl Desk {
     /// Revoke the grant of approved request `id` before its end: the set is published
     /// without it (the exchanges it allowed are cut), on every replica.
-    pub fn revoke(&self, id: &str, who: Who) -> Result<Request, Refused> {
+    pub fn revoke(&self, id: &str, who: Who) -> Result<Request, DeskError> {
         let by = who.by;
         let mut inner = self.lock();
         let grant = inner.grants.iter().find_map(|(sid, l)| {

@@ -69,9 +69,11 @@ pub trait Remote: Send + Sync {
     fn unclaim(&self, _id: &str) {}
 }
 
-/// Why a request or an answer was refused: the HTTP status and the sentence.
+/// What the desk answers when it will not take an access request or an answer (a cap, a
+/// wrong state, a target never granted): the HTTP status and the sentence. An error of the
+/// desk's API, not a refusal of traffic ([`crate::policy::refusal::Refusal`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused {
+pub struct DeskError {
     /// The HTTP status of the refusal.
     pub status: u16,
     /// Its message.
@@ -105,8 +107,8 @@ fn never_grantable(target: &crate::policy::target::Target) -> String {
     format!("{target} is the proxy's own listener, its decider's or its webhook's address: never grantable")
 }
 
-fn refused(status: u16, message: impl Into<String>) -> Refused {
-    Refused {
+fn refused(status: u16, message: impl Into<String>) -> DeskError {
+    DeskError {
         status,
         message: message.into(),
     }
@@ -197,7 +199,7 @@ impl Desk {
         terminated: bool,
         body: &[u8],
         (client, identity): (SocketAddr, crate::egress::identity::Method),
-    ) -> Result<Request, Refused> {
+    ) -> Result<Request, DeskError> {
         let cfg = self.cfg();
         let asked =
             request::parse(body, cfg.reason_max).map_err(|m| refused(400, m.into_detail()))?;
@@ -249,7 +251,7 @@ impl Desk {
         answer: Answer,
         who: Who,
         checks: Vec<String>,
-    ) -> Result<Request, Refused> {
+    ) -> Result<Request, DeskError> {
         let mut inner = self.lock();
         let r = inner
             .requests
@@ -316,7 +318,7 @@ impl Desk {
     /// Why request `r` cannot be approved now, if it cannot: its target is the proxy's own
     /// address, or beyond the layers as they are now (a ceiling may have narrowed since the
     /// request was made).
-    fn grantable(&self, r: &Request) -> Result<(), Refused> {
+    fn grantable(&self, r: &Request) -> Result<(), DeskError> {
         let set = self.policy.borrow().clone();
         if own_address(&set.guard, &r.asked.target) {
             return Err(refused(409, never_grantable(&r.asked.target)));
@@ -425,7 +427,7 @@ impl Desk {
 impl Inner {
     /// Whether sandbox `sid` may ask once more now (`approvals.per_minute`,
     /// `approvals.max_pending`); counts the request when it may.
-    fn room_for(&mut self, sid: &SandboxId, cfg: &ApprovalsConfig) -> Result<(), Refused> {
+    fn room_for(&mut self, sid: &SandboxId, cfg: &ApprovalsConfig) -> Result<(), DeskError> {
         let pending = self
             .requests
             .values()
@@ -456,7 +458,7 @@ impl Inner {
 
     /// Make room for one more request: drop the oldest answered one; refuse when every kept
     /// request is pending.
-    fn make_room(&mut self) -> Result<(), Refused> {
+    fn make_room(&mut self) -> Result<(), DeskError> {
         if self.requests.len() < MAX_REQUESTS {
             return Ok(());
         }

@@ -21,13 +21,13 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::stored::{millis, StoredGrant};
-use super::{refused, request, Answer, Desk, Refused, Request, State, Who};
+use super::{refused, request, Answer, Desk, DeskError, Request, State, Who};
 use crate::policy::granted::GrantKind;
 use crate::policy::sandbox_id::SandboxId;
 use crate::policy::target::{Host, Target};
 
 /// A claim's answer: whether this replica may answer (`Err`: the fleet cannot be asked).
-pub type Claim = Pin<Box<dyn Future<Output = Result<bool, Refused>> + Send>>;
+pub type Claim = Pin<Box<dyn Future<Output = Result<bool, DeskError>> + Send>>;
 
 /// A request as the fleet keeps it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -191,7 +191,7 @@ pub async fn answer(
     answer: Answer,
     who: Who,
     checks: Vec<String>,
-) -> Result<Request, Refused> {
+) -> Result<Request, DeskError> {
     let remote = desk.remote.get().cloned();
     if let Some(remote) = &remote {
         match desk.find(&id) {

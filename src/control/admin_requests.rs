@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::admin::{error, json_resp, read_body};
-use crate::approvals::{request, Answer, Desk, Refused, Request as Asked, State, Who};
+use crate::approvals::{request, Answer, Desk, DeskError, Request as Asked, State, Who};
 use crate::policy::granted::GrantKind;
 use crate::runtime::Shared;
 
@@ -181,11 +181,11 @@ async fn apply(desk: Arc<Desk>, id: String, answer: Answer, who: Who) -> Respons
 /// the controller's lock. The admin API and the console take every step through here.
 pub(super) async fn on_desk(
     desk: Arc<Desk>,
-    step: impl FnOnce(&Desk) -> Result<Asked, Refused> + Send + 'static,
-) -> Result<Asked, Refused> {
+    step: impl FnOnce(&Desk) -> Result<Asked, DeskError> + Send + 'static,
+) -> Result<Asked, DeskError> {
     match tokio::task::spawn_blocking(move || step(&desk)).await {
         Ok(done) => done,
-        Err(_) => Err(Refused {
+        Err(_) => Err(DeskError {
             status: 500,
             message: "the answer could not be applied".into(),
         }),
@@ -193,7 +193,7 @@ pub(super) async fn on_desk(
 }
 
 /// The request as it now stands, or the refusal.
-fn done_json(done: Result<Asked, Refused>) -> Response<Full<Bytes>> {
+fn done_json(done: Result<Asked, DeskError>) -> Response<Full<Bytes>> {
     match done {
         Ok(r) => json_resp(StatusCode::OK, r.view()),
         Err(e) => refused(e),
@@ -201,7 +201,7 @@ fn done_json(done: Result<Asked, Refused>) -> Response<Full<Bytes>> {
 }
 
 /// An answer the desk refused, as the admin API says it.
-fn refused(e: Refused) -> Response<Full<Bytes>> {
+fn refused(e: DeskError) -> Response<Full<Bytes>> {
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
     json_resp(status, json!({ "error": e.message }))
 }

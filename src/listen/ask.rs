@@ -404,12 +404,12 @@ async fn ask_webhook(desk: Arc<Desk>, view: Value) {
             "once" => Answer::approve(GrantKind::Once, reply.ttl_s, reply.note),
             "permanent" => Answer::approve(GrantKind::Permanent, reply.ttl_s, reply.note),
             "ttl" => Answer::approve(GrantKind::Ttl, reply.ttl_s, reply.note),
-            other => Err(crate::approvals::Refused {
+            other => Err(crate::approvals::DeskError {
                 status: 400,
                 message: format!("unknown grant `{other}`"),
             }),
         },
-        (other, _) => Err(crate::approvals::Refused {
+        (other, _) => Err(crate::approvals::DeskError {
             status: 400,
             message: format!("unknown decision `{other}`"),
         }),

@@ -323,8 +323,8 @@ fn note(fields: &[(String, String)]) -> Option<String> {
 }
 
 /// An approval from the form: `grant` (`ttl`, `once`, `permanent`), `ttl_s` for a TTL.
-fn approval(fields: &[(String, String)]) -> Result<Answer, crate::approvals::Refused> {
-    let bad = |m: String| crate::approvals::Refused {
+fn approval(fields: &[(String, String)]) -> Result<Answer, crate::approvals::DeskError> {
+    let bad = |m: String| crate::approvals::DeskError {
         status: 400,
         message: m,
     };

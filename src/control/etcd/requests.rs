@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::ControlPlane;
 use crate::approvals::shared::{Claim, StoredRequest};
-use crate::approvals::{Desk, Refused};
+use crate::approvals::{Desk, DeskError};
 use crate::control::error::{etcd, ControlError};
 
 /// How long a request's key outlives its deadline (or its last step, without one).
@@ -46,7 +46,7 @@ impl EtcdRequests {
         );
         Box::pin(async move {
             let unavailable = |e: String| {
-                Refused {
+                DeskError {
                 status: 503,
                 message: format!("the fleet's desk (etcd) cannot be reached, so the answer could not be claimed: {e}"),
             }
