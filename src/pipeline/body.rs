@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Limited};
 
 use crate::policy::protocols::inference::{Call, InferenceRule};
 use crate::policy::protocols::mcp::{Lists, McpRule};
-use crate::policy::protocols::{Asked, Protocol, Refused};
+use crate::policy::protocols::{Asked, Protocol, RefusedCall};
 use crate::policy::reason::Reason;
 
 /// What the judged request may do: what it called, and the MCP rule its response is filtered
@@ -29,7 +29,7 @@ pub struct Allowed {
 }
 
 /// Read `body` (at most `limit` bytes); the refusal names the first candidate's protocol.
-pub async fn read<B>(body: B, limit: u64, first: &Protocol) -> Result<Bytes, Refused>
+pub async fn read<B>(body: B, limit: u64, first: &Protocol) -> Result<Bytes, RefusedCall>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -48,7 +48,7 @@ where
                 ),
                 false => (Reason::MalformedRequest, format!("the body could not be read: {e}")),
             };
-            Err(Refused {
+            Err(RefusedCall {
                 refusal: Box::new(crate::policy::refusal::Refusal::new(reason, detail)),
                 call: None,
                 rpc: None,
@@ -59,7 +59,11 @@ where
 
 /// Judge `body` by each candidate in turn: the first that allows it decides; else the first
 /// candidate's refusal.
-pub fn judge(candidates: &[Arc<Protocol>], parts: &Parts, body: &[u8]) -> Result<Allowed, Refused> {
+pub fn judge(
+    candidates: &[Arc<Protocol>],
+    parts: &Parts,
+    body: &[u8],
+) -> Result<Allowed, RefusedCall> {
     // A header that is not visible ASCII (a base64-wrapped name included) cannot agree
     // with the body: it reads as a value no body carries.
     // A header sent twice is read as a value no body agrees with: the origin may read either.
@@ -102,7 +106,7 @@ pub fn judge(candidates: &[Arc<Protocol>], parts: &Parts, body: &[u8]) -> Result
             }
         }
     }
-    Err(first.unwrap_or_else(|| Refused {
+    Err(first.unwrap_or_else(|| RefusedCall {
         refusal: Box::new(crate::policy::refusal::Refusal::new(
             Reason::HttpNotAllowed,
             "no rule judged the request",

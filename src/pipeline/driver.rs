@@ -40,7 +40,7 @@ use crate::audit::AuditGuard;
 use crate::config::Binding;
 use crate::policy::flows::{Act, Dest};
 use crate::policy::http_rules::git_request;
-use crate::policy::protocols::{Protocol, Refused};
+use crate::policy::protocols::{Protocol, RefusedCall};
 use crate::policy::reason::Reason;
 use crate::policy::Verdict;
 
@@ -431,7 +431,7 @@ async fn judged<P: Path>(
                     let req = Request::from_parts(parts, P::Body::whole(bytes));
                     return Ok((req, Verdict::Allow, allowed, None));
                 }
-                Some(r) => Refused {
+                Some(r) => RefusedCall {
                     refusal: Box::new(r),
                     call: asked.call.clone(),
                     rpc: None,

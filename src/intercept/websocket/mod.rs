@@ -30,7 +30,7 @@ use crate::audit::record::HttpFacts;
 use crate::audit::{AuditGuard, Recorder};
 use crate::config::decider::DlpConfig;
 use crate::policy::protocols::websocket::WsRule;
-use crate::policy::protocols::Refused;
+use crate::policy::protocols::RefusedCall;
 use crate::policy::Verdict;
 use crate::relay::liveness::Liveness;
 
@@ -228,7 +228,7 @@ impl Socket {
 
     /// Record a message the rule refused (or, in report mode, let through): one record per
     /// message, with the socket's method and path and what it called.
-    fn record_refused(&self, sent: bool, n: u64, r: &Refused) {
+    fn record_refused(&self, sent: bool, n: u64, r: &RefusedCall) {
         let mut audit = self.recorder.guard();
         let verdict = match self.report {
             true => Verdict::Report,

@@ -15,7 +15,7 @@ use super::{close_one, Ended, Reader, Socket, Writer};
 use crate::audit::outcome::Close;
 use crate::pipeline::dlp::Scanner;
 use crate::policy::protocols::websocket::{Message, WsRule};
-use crate::policy::protocols::Refused;
+use crate::policy::protocols::RefusedCall;
 use crate::policy::reason::Reason;
 
 /// How a direction ended.
@@ -95,7 +95,7 @@ pub async fn pump(
 type Whole = (OpCode, Vec<u8>);
 
 /// A refused message: why, and the message as it came where report mode may forward it.
-type NotSent = (Refused, Option<Whole>);
+type NotSent = (RefusedCall, Option<Whole>);
 
 impl Socket {
     /// One whole message: judged, rewritten and written to `to`, counted; `Err` with what
@@ -165,7 +165,7 @@ impl Socket {
     /// Judge, scan and rewrite one whole message: `Ok` with what to forward; `Err` with the
     /// refusal and, where report mode may forward it, the message as it came.
     fn message(&self, rule: &WsRule, sent: bool, (op, data): Whole) -> Result<Whole, NotSent> {
-        let refuse = |reason, detail: String| Refused {
+        let refuse = |reason, detail: String| RefusedCall {
             refusal: Box::new(crate::policy::refusal::Refusal::new(reason, detail)),
             call: None,
             rpc: None,

@@ -71,7 +71,7 @@ impl super::plugin::BodyRule for Form {
         method.eq_ignore_ascii_case("POST")
     }
 
-    fn judge(&self, _: super::Asked<'_>, body: &[u8]) -> Result<super::Judged, super::Refused> {
+    fn judge(&self, _: super::Asked<'_>, body: &[u8]) -> Result<super::Judged, super::RefusedCall> {
         match override_refusal(self, body) {
             None => Ok(super::Judged::default()),
             Some(why) => Err(super::plugin::refused(self, why, None, None)),

@@ -187,7 +187,11 @@ impl super::plugin::BodyRule for MethodRule {
         method.eq_ignore_ascii_case("POST")
     }
 
-    fn judge(&self, asked: super::Asked<'_>, body: &[u8]) -> Result<super::Judged, super::Refused> {
+    fn judge(
+        &self,
+        asked: super::Asked<'_>,
+        body: &[u8],
+    ) -> Result<super::Judged, super::RefusedCall> {
         let refuse = |detail, call, rpc| super::plugin::refused(self, detail, call, rpc);
         if !super::json_media(asked.content_type) {
             let why = super::media_refusal(asked.content_type, "a JSON-RPC");

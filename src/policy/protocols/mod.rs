@@ -73,7 +73,7 @@ pub struct Judged {
 /// called when known, and how to answer it (JSON-RPC clients are answered with JSON-RPC
 /// errors for the ids they sent).
 #[derive(Debug, Clone)]
-pub struct Refused {
+pub struct RefusedCall {
     /// Why: the reason recorded and the sentence (boxed: a refusal is rare, and the `Err` of
     /// every judgement stays small).
     pub refusal: Box<crate::policy::refusal::Refusal>,
@@ -183,22 +183,22 @@ impl Protocol {
 
     /// Judge a request and its body; the call recorded names the protocol first
     /// (`mcp tools/call search`, `graphql mutation createGist`, `lfs upload`).
-    pub fn judge(&self, asked: Asked<'_>, body: &[u8]) -> Result<Judged, Refused> {
+    pub fn judge(&self, asked: Asked<'_>, body: &[u8]) -> Result<Judged, RefusedCall> {
         let named = |c: Option<String>| c.map(|c| format!("{} {c}", self.name()));
         match self.judge_body(asked, body) {
             Ok(j) => Ok(Judged {
                 call: named(j.call),
                 ..j
             }),
-            Err(r) => Err(Refused {
+            Err(r) => Err(RefusedCall {
                 call: named(r.call),
                 ..r
             }),
         }
     }
 
-    fn judge_body(&self, asked: Asked<'_>, body: &[u8]) -> Result<Judged, Refused> {
-        let refuse = |detail: String, call: Option<String>, rpc| Refused {
+    fn judge_body(&self, asked: Asked<'_>, body: &[u8]) -> Result<Judged, RefusedCall> {
+        let refuse = |detail: String, call: Option<String>, rpc| RefusedCall {
             refusal: Box::new(crate::policy::refusal::Refusal::new(self.reason(), detail)),
             call,
             rpc,

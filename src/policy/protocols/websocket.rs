@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Asked, Protocol, ProtocolError, Refused};
+use super::{Asked, Protocol, ProtocolError, RefusedCall};
 use crate::policy::reason::Reason;
 
 /// The largest message a socket carries unless the rule says otherwise (a fragmented
@@ -66,7 +66,7 @@ impl MessageRule {
     }
 
     /// Judge one text message: what it called (for the record), or why it is refused.
-    pub fn judge(&self, text: &str) -> Result<Option<String>, Refused> {
+    pub fn judge(&self, text: &str) -> Result<Option<String>, RefusedCall> {
         match self {
             MessageRule::Text(set, _) => match set.is_match(text) {
                 true => Ok(None),
@@ -110,7 +110,7 @@ impl WsRule {
         sent: bool,
         credentialed: bool,
         m: Message<'_>,
-    ) -> Result<Option<String>, Refused> {
+    ) -> Result<Option<String>, RefusedCall> {
         let rule = match sent {
             true => &self.sent,
             false => &self.received,
@@ -135,8 +135,8 @@ impl WsRule {
 }
 
 /// A refusal with no JSON-RPC answer (a socket is closed, not answered).
-fn refused(reason: Reason, detail: String) -> Refused {
-    Refused {
+fn refused(reason: Reason, detail: String) -> RefusedCall {
+    RefusedCall {
         refusal: Box::new(crate::policy::refusal::Refusal::new(reason, detail)),
         call: None,
         rpc: None,
@@ -158,7 +158,7 @@ fn json_body() -> Asked<'static> {
 /// A GraphQL-over-WebSocket message: `subscribe` (`graphql-transport-ws`) and `start`
 /// (`graphql-ws`) carry an operation, judged as a POST body; the protocol's other messages
 /// pass; anything else is refused.
-fn graphql_message(p: &Protocol, text: &str) -> Result<Option<String>, Refused> {
+fn graphql_message(p: &Protocol, text: &str) -> Result<Option<String>, RefusedCall> {
     let bad = |why: String| refused(p.reason(), why);
     let v: Value = serde_json::from_str(text)
         .map_err(|e| bad(format!("a GraphQL-over-WebSocket message is not JSON: {e}")))?;
