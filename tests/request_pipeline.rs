@@ -15,13 +15,13 @@ use common::*;
 use http_body_util::{BodyExt, Full};
 
 /// The judged origin (plain, or TLS under `ca`) and the file it logs requests to.
-struct Judged {
+struct JudgedOrigin {
     origin: ScriptOrigin,
     log: PathBuf,
 }
 
-impl Judged {
-    fn start(dir: &Path, ca: Option<&TestCa>) -> Judged {
+impl JudgedOrigin {
+    fn start(dir: &Path, ca: Option<&TestCa>) -> JudgedOrigin {
         let log = dir.join("origin.log");
         std::fs::write(&log, "").unwrap();
         let mut args = vec![log.as_os_str()];
@@ -29,7 +29,7 @@ impl Judged {
             args.push(ca.cert_pem.as_os_str());
             args.push(ca.key_pem.as_os_str());
         }
-        Judged {
+        JudgedOrigin {
             origin: ScriptOrigin::start("judged_origin.py", &args),
             log,
         }
@@ -102,7 +102,7 @@ const GET_OK_ONLY: &str = r#"[{ host: api.test, methods: [GET], paths: ["/ok/**"
 #[test]
 fn forwarded_plain_http_is_held_to_the_hosts_method_and_path_rules() {
     let dir = tempfile::tempdir().unwrap();
-    let origin = Judged::start(dir.path(), None);
+    let origin = JudgedOrigin::start(dir.path(), None);
     let port = origin.port();
     proxy_certificate(dir.path());
     let p = proxy(dir.path(), port, GET_OK_ONLY, |s| s);
@@ -162,7 +162,7 @@ fn forwarded_plain_http_is_held_to_the_hosts_method_and_path_rules() {
 #[test]
 fn forwarded_plain_http_over_http2_is_held_to_the_same_rules() {
     let dir = tempfile::tempdir().unwrap();
-    let origin = Judged::start(dir.path(), None);
+    let origin = JudgedOrigin::start(dir.path(), None);
     let port = origin.port();
     let roots = proxy_certificate(dir.path());
     let p = proxy(dir.path(), port, GET_OK_ONLY, |s| s);
@@ -200,7 +200,7 @@ fn forwarded_plain_http_over_http2_is_held_to_the_same_rules() {
 #[test]
 fn a_sandboxs_own_identity_header_never_passes_on_forwarded_plain_http() {
     let dir = tempfile::tempdir().unwrap();
-    let origin = Judged::start(dir.path(), None);
+    let origin = JudgedOrigin::start(dir.path(), None);
     let port = origin.port();
     proxy_certificate(dir.path());
     let p = proxy(dir.path(), port, "[]", |s| {
@@ -227,7 +227,7 @@ const SMUGGLE: &str = r#"{"query":"{ viewer }","variables":{"x":"&query=mutation
 #[test]
 fn a_graphql_body_is_read_as_its_media_type_and_a_plain_rule_cannot_skip_the_graphql_rule() {
     let dir = tempfile::tempdir().unwrap();
-    let origin = Judged::start(dir.path(), None);
+    let origin = JudgedOrigin::start(dir.path(), None);
     let port = origin.port();
     proxy_certificate(dir.path());
     let p = proxy(dir.path(), port, GRAPHQL_READ_ONLY, |s| s);
@@ -277,7 +277,7 @@ fn a_graphql_body_is_read_as_its_media_type_and_a_plain_rule_cannot_skip_the_gra
 fn a_terminated_graphql_form_smuggle_never_reaches_a_server_that_reads_forms() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::generate(dir.path());
-    let origin = Judged::start(dir.path(), Some(&ca));
+    let origin = JudgedOrigin::start(dir.path(), Some(&ca));
     let port = origin.port();
     proxy_certificate(dir.path());
     let p = proxy_to(dir.path(), Some(&ca), port, GRAPHQL_READ_ONLY, |s| s);
@@ -329,7 +329,7 @@ fn a_terminated_graphql_form_smuggle_never_reaches_a_server_that_reads_forms() {
 #[test]
 fn plain_http_inside_connect_and_socks5_tunnels_is_judged_request_by_request() {
     let dir = tempfile::tempdir().unwrap();
-    let origin = Judged::start(dir.path(), None);
+    let origin = JudgedOrigin::start(dir.path(), None);
     let port = origin.port();
     proxy_certificate(dir.path());
     let p = proxy(dir.path(), port, GET_OK_ONLY, |s| s);

@@ -30,7 +30,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::control::check::asked_process;
-use crate::pipeline::head::{Checked, Head, HostRules};
+use crate::pipeline::head::{Head, HeadVerdict, HostRules};
 use crate::policy::flows::state::Labels;
 use crate::policy::flows::{Act, Dest};
 use crate::policy::process::Process;
@@ -103,7 +103,7 @@ pub struct Replay<'a> {
     /// Tunnels (`run`, `conn_id`) whose requests the proxy read (they have `https` records).
     terminated: HashSet<(String, u64)>,
     /// Decisions already made, by what decides them ([`memo_key`]).
-    memo: std::collections::HashMap<String, Judged>,
+    memo: std::collections::HashMap<String, Replayed>,
     /// Each sandbox's flow labels as the candidate's rules arm them, record by record.
     labels: std::collections::HashMap<String, Labels>,
     /// The result so far.
@@ -285,10 +285,10 @@ impl<'a> Replay<'a> {
         let judged = match (judged, reason) {
             // Refused before the rules were read (a header, a body on a GET, a path that is
             // not canonical): what refused it is not in the record.
-            (Judged::Verdict(true, _), "http_not_allowed")
+            (Replayed::Verdict(true, _), "http_not_allowed")
                 if !old && !s(v, "detail").starts_with("no network.http rule") =>
             {
-                Judged::CannotTell("refused when recorded for what the trail does not keep (a header, a body on a bodiless method, a path that is not canonical)".into())
+                Replayed::CannotTell("refused when recorded for what the trail does not keep (a header, a body on a bodiless method, a path that is not canonical)".into())
             }
             (j, _) => j,
         };
@@ -304,14 +304,14 @@ impl<'a> Replay<'a> {
         &mut self,
         v: &Value,
         sb: &crate::sandboxes::set::Sandbox,
-        judged: Judged,
+        judged: Replayed,
         read: bool,
-    ) -> Judged {
+    ) -> Replayed {
         let Some(flows) = sb.binding.network.flows.as_deref() else {
             return judged;
         };
         let method = v["method"].as_str();
-        if !matches!(judged, Judged::Verdict(true, _)) || (method.is_none() && read) {
+        if !matches!(judged, Replayed::Verdict(true, _)) || (method.is_none() && read) {
             return judged;
         }
         let host = s(v, "target_host");
@@ -330,7 +330,7 @@ impl<'a> Replay<'a> {
         };
         let labels = self.labels.entry(sb.binding.id.to_string()).or_default();
         if let Err(r) = labels.judge(flows, &dest, act, 0) {
-            return Judged::Verdict(
+            return Replayed::Verdict(
                 false,
                 format!("flow_refused: flow rule {} (label {})", r.rule, r.label),
             );
@@ -351,10 +351,10 @@ impl<'a> Replay<'a> {
     }
 
     /// Count what the candidate made of a replayed record.
-    fn settle(&mut self, v: &Value, old: bool, judged: Judged) {
+    fn settle(&mut self, v: &Value, old: bool, judged: Replayed) {
         match judged {
-            Judged::CannotTell(why) => self.cannot(v, why),
-            Judged::Verdict(new, why) => self.compare(v, old, new, why),
+            Replayed::CannotTell(why) => self.cannot(v, why),
+            Replayed::Verdict(new, why) => self.compare(v, old, new, why),
         }
     }
 
@@ -366,7 +366,7 @@ impl<'a> Replay<'a> {
         sb: &crate::sandboxes::set::Sandbox,
         process: Option<&Process>,
         target: &Target,
-    ) -> Result<String, Judged> {
+    ) -> Result<String, Replayed> {
         let first = self.set.decide_for(sb, process, target, None);
         let addrs: Vec<IpAddr> = strs(&v["resolved"])
             .iter()
@@ -377,7 +377,7 @@ impl<'a> Replay<'a> {
         } else if !addrs.is_empty() {
             self.set.decide_for(sb, process, target, Some(&addrs))
         } else if first.decision.verdict == Verdict::Deny {
-            return Err(Judged::CannotTell(
+            return Err(Replayed::CannotTell(
                 "the candidate's address rules need the name's addresses, which the record does not carry".into(),
             ));
         } else {
@@ -390,7 +390,7 @@ impl<'a> Replay<'a> {
         };
         match d.verdict == Verdict::Allow {
             true => Ok(why),
-            false => Err(Judged::Verdict(false, why)),
+            false => Err(Replayed::Verdict(false, why)),
         }
     }
 
@@ -401,7 +401,7 @@ impl<'a> Replay<'a> {
         sb: &crate::sandboxes::set::Sandbox,
         process: Option<&Process>,
         (target, read): (&Target, bool),
-    ) -> Judged {
+    ) -> Replayed {
         let why = match self.reach(v, sb, process, target) {
             Ok(why) => why,
             Err(judged) => return judged,
@@ -411,22 +411,22 @@ impl<'a> Replay<'a> {
         let rules = HostRules::of(&sb.binding, host, process);
         let read = read || v["method"].is_string();
         match (rules.is_empty(), v["method"].as_str(), read) {
-            (true, _, _) => Judged::Verdict(true, why),
+            (true, _, _) => Replayed::Verdict(true, why),
             (false, Some(_), _) => self.judge_request(v, &rules, why),
-            (false, None, true) => Judged::Verdict(true, why),
-            (false, None, false) => Judged::CannotTell(format!(
+            (false, None, true) => Replayed::Verdict(true, why),
+            (false, None, false) => Replayed::CannotTell(format!(
                 "the candidate judges the requests on {host} by network.http rules; the proxy did not read this tunnel's requests when it was recorded"
             )),
         }
     }
 
     /// A request's method and path through `rules`.
-    fn judge_request(&self, v: &Value, rules: &HostRules, allowed_by: String) -> Judged {
+    fn judge_request(&self, v: &Value, rules: &HostRules, allowed_by: String) -> Replayed {
         let (Some(method), Some(path)) = (v["method"].as_str(), v["path"].as_str()) else {
-            return Judged::CannotTell("the record carries no method and path".into());
+            return Replayed::CannotTell("the record carries no method and path".into());
         };
         let (Ok(m), Ok(uri)) = (method.parse::<http::Method>(), path.parse::<http::Uri>()) else {
-            return Judged::CannotTell("the recorded method or path does not parse".into());
+            return Replayed::CannotTell("the recorded method or path does not parse".into());
         };
         // A WebSocket upgrade is recorded as its request with `call: websocket`: replayed
         // as the upgrade it was (a GET, or HTTP/2's extended CONNECT).
@@ -452,9 +452,9 @@ impl<'a> Replay<'a> {
         };
         let host = v["target_host"].as_str().unwrap_or("");
         match rules.judge(host, head) {
-            Checked::Allowed(_) | Checked::Socket(_) => Judged::Verdict(true, allowed_by),
-            Checked::Refused(r) => Judged::Verdict(false, format!("{}: {}", r.reason, r.detail)),
-            Checked::Judge(p) => Judged::CannotTell(format!(
+            HeadVerdict::Allowed(_) | HeadVerdict::Socket(_) => Replayed::Verdict(true, allowed_by),
+            HeadVerdict::Refused(r) => Replayed::Verdict(false, format!("{}: {}", r.reason, r.detail)),
+            HeadVerdict::Judge(p) => Replayed::CannotTell(format!(
                 "the candidate reads this request's body ({}); the trail keeps the call's summary, not the body",
                 p.iter().map(|p| p.name()).collect::<Vec<_>>().join(", ")
             )),
@@ -469,16 +469,17 @@ impl<'a> Replay<'a> {
         v: &Value,
         sb: &crate::sandboxes::set::Sandbox,
         process: Option<&Process>,
-    ) -> Judged {
+    ) -> Replayed {
         if let Some(target) = target_of(v) {
-            if let Err(refused @ Judged::Verdict(false, _)) = self.reach(v, sb, process, &target) {
+            if let Err(refused @ Replayed::Verdict(false, _)) = self.reach(v, sb, process, &target)
+            {
                 return refused;
             }
         }
         let host = v["target_host"].as_str().unwrap_or("");
         let rules = HostRules::of(&sb.binding, host, process);
         match rules.is_empty() {
-            true => Judged::Verdict(true, "no network.http rule for the host".into()),
+            true => Replayed::Verdict(true, "no network.http rule for the host".into()),
             false => self.judge_request(v, &rules, "allowed by network.http".into()),
         }
     }
@@ -521,7 +522,7 @@ fn memo_key(v: &Value, read: bool) -> String {
 
 /// What the candidate made of one exchange.
 #[derive(Clone)]
-enum Judged {
+enum Replayed {
     /// Allowed or not, and by what.
     Verdict(bool, String),
     /// The record lacks what the candidate needs.

@@ -175,11 +175,11 @@ impl DnsListener {
             shared.settings.audit_dns != AuditDns::Denied,
         );
         match self.judge(asked, &set, who, &mut q) {
-            Judged::Reply(reply) => {
+            Answering::Reply(reply) => {
                 let answered = settle(&reply, &mut q, &set, keep);
                 Now::Done(reply, answered)
             }
-            Judged::Wait(work) => Now::Later(Later { set, q, keep, work }),
+            Answering::Wait(work) => Now::Later(Later { set, q, keep, work }),
         }
     }
 
@@ -190,13 +190,13 @@ impl DnsListener {
         set: &PolicySet,
         who: Result<Identified, identity::Unidentified>,
         q: &mut AuditGuard,
-    ) -> Judged {
+    ) -> Answering {
         let shared = &self.shared;
         let query = match &asked.question {
             Ok(query) => query,
             Err(why) => {
                 q.detail(why.to_string());
-                return Judged::Reply(Reply::code(match why {
+                return Answering::Reply(Reply::code(match why {
                     Unanswerable::NotAQuery => ResponseCode::NotImp,
                     _ => ResponseCode::FormErr,
                 }));
@@ -219,46 +219,46 @@ impl DnsListener {
         // 1-2. Who asks (identified once, by respond), and its query rate.
         let limiters = &shared.limiters;
         let Ok(who) = admit::query_enter(who, limiters, shared.metrics(), q) else {
-            return Judged::Reply(Reply::code(ResponseCode::Refused));
+            return Answering::Reply(Reply::code(ResponseCode::Refused));
         };
         let sb = who.sandbox;
 
         // The question: class IN, a type this listener answers, a valid name.
         let Question { kind, name } = match question {
             Ok(question) => question,
-            Err(why) => return Judged::Reply(unanswerable(why, q, asked.edns)),
+            Err(why) => return Answering::Reply(unanswerable(why, q, asked.edns)),
         };
 
         // The proxy itself, where every sandbox may ask for access (no policy applies).
         if &*name == crate::policy::target::PROXY_NAME {
-            return Judged::Reply(self.itself(kind, query.owner(), q, asked.edns));
+            return Answering::Reply(self.itself(kind, query.owner(), q, asked.edns));
         }
 
         // 3. What the policy lets this sandbox learn about the name.
         let address_only = match admit::query_name(set, &sb, &name, q) {
             Ok(allowed) => allowed.address_only,
-            Err(d) => return Judged::Reply(self.blocked(&sb, &name, &d, q, asked.edns)),
+            Err(d) => return Answering::Reply(self.blocked(&sb, &name, &d, q, asked.edns)),
         };
 
         // A query carries its name out: after a label, a write (flow rules).
         if let Some(reply) = self.flow_refused(&sb, &name, q, asked.edns) {
-            return Judged::Reply(reply);
+            return Answering::Reply(reply);
         }
 
         let family = match kind {
             Asked::Addresses(f) => f,
-            Asked::Empty => return Judged::Reply(Reply::code(ResponseCode::NoError)),
+            Asked::Empty => return Answering::Reply(Reply::code(ResponseCode::NoError)),
             Asked::Pass(t) if address_only => {
                 let d = Decision::deny(Reason::NoRuleMatched, None);
                 q.decision(&d);
                 q.detail(format!("{t} is passed only for names a name rule allows"));
-                return Judged::Reply(self.blocked(&sb, &name, &d, q, asked.edns));
+                return Answering::Reply(self.blocked(&sb, &name, &d, q, asked.edns));
             }
-            Asked::Pass(rtype) => return Judged::Wait(Work::Pass { name, rtype }),
+            Asked::Pass(rtype) => return Answering::Wait(Work::Pass { name, rtype }),
         };
 
         // 4. Resolve (later), then keep only what a connection could reach.
-        Judged::Wait(Work::Resolve(Resolving {
+        Answering::Wait(Work::Resolve(Resolving {
             owner: query.owner(),
             sb,
             name,
@@ -480,7 +480,7 @@ impl Later {
 }
 
 /// What judging a query gives: its reply, or the resolver's work still to do.
-enum Judged {
+enum Answering {
     Reply(Reply),
     Wait(Work),
 }

@@ -33,7 +33,7 @@ use super::body::{self, Allowed};
 use super::dlp::Rebody;
 use super::flow::{Ledger, Phase};
 use super::forwarded::Found;
-use super::head::{Checked, Head, HostRules};
+use super::head::{Head, HeadVerdict, HostRules};
 use super::Refusal;
 use crate::audit::record::HttpFacts;
 use crate::audit::AuditGuard;
@@ -365,8 +365,8 @@ async fn read<P: Path>(
 ) -> Result<Read<P::Body>, Halt> {
     let (binding, host) = (at.binding, path.to().1);
     let checked = match (path.before_head(&req), at.rules) {
-        (Some(r), _) => Checked::Refused(r),
-        (None, None) => Checked::Allowed(None),
+        (Some(r), _) => HeadVerdict::Refused(r),
+        (None, None) => HeadVerdict::Allowed(None),
         (None, Some(rules)) => rules.judge(host, Head::of(&req)),
     };
     let reported = |r: Refusal, audit: &mut AuditGuard| {
@@ -374,11 +374,11 @@ async fn read<P: Path>(
     };
     let streamed = |req: Request<Incoming>| req.map(P::streamed);
     match checked {
-        Checked::Allowed(call) => {
+        HeadVerdict::Allowed(call) => {
             asked.call = call;
             Ok((streamed(req), Verdict::Allow, Allowed::default(), None))
         }
-        Checked::Socket(rule) => {
+        HeadVerdict::Socket(rule) => {
             asked.call = Some("websocket".into());
             match path.unserved(Needs::Socket) {
                 None => Ok((
@@ -391,7 +391,7 @@ async fn read<P: Path>(
                     .map(|()| (streamed(req), Verdict::Report, Allowed::default(), None)),
             }
         }
-        Checked::Refused(r) => {
+        HeadVerdict::Refused(r) => {
             if let Some((service, _)) =
                 git_request(req.method().as_str(), req.uri().path(), req.uri().query())
             {
@@ -399,7 +399,7 @@ async fn read<P: Path>(
             }
             reported(r, audit).map(|()| (streamed(req), Verdict::Report, Allowed::default(), None))
         }
-        Checked::Judge(judges) => judged(path, at, &judges, req, asked, audit).await,
+        HeadVerdict::Judge(judges) => judged(path, at, &judges, req, asked, audit).await,
     }
 }
 

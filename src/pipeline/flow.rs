@@ -353,6 +353,6 @@ pub(super) fn now() -> (u64, String) {
 }
 
 mod phase;
-pub use phase::{Judged, Phase};
+pub use phase::{FlowVerdict, Phase};
 
 pub use super::flow_gate::{Gate, Gated};

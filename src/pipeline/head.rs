@@ -90,7 +90,7 @@ pub fn wants_websocket(headers: &HeaderMap) -> bool {
 
 /// What the head phase made of a request.
 #[derive(Debug)]
-pub enum Checked {
+pub enum HeadVerdict {
     /// Refused.
     Refused(Refusal),
     /// Allowed; what it called (git's service), if anything.
@@ -174,9 +174,9 @@ impl HostRules {
     /// The head phase, in order: the method, override headers and parameters, the path's
     /// canonical form, a body where the method carries none, the proxy's identity header,
     /// then the rules.
-    pub fn judge(&self, host: &str, head: Head<'_>) -> Checked {
+    pub fn judge(&self, host: &str, head: Head<'_>) -> HeadVerdict {
         match self.refusal(head).or_else(|| self.layered(host, head)) {
-            Some(r) => Checked::Refused(r),
+            Some(r) => HeadVerdict::Refused(r),
             None => self.rules(host, head),
         }
     }
@@ -251,7 +251,7 @@ impl HostRules {
     /// What the rules make of a request the checks before them passed. Where a rule reads a
     /// protocol on this request's path (or git's smart HTTP on its repository), only such
     /// rules decide: a plainer rule for the same host cannot skip the protocol's judgement.
-    fn rules(&self, host: &str, head: Head<'_>) -> Checked {
+    fn rules(&self, host: &str, head: Head<'_>) -> HeadVerdict {
         let (method, path, query) = (head.method.as_str(), head.uri.path(), head.uri.query());
         let git_call =
             || git_request(method, path, query).map(|(s, _)| format!("git {}", s.name()));
@@ -260,8 +260,10 @@ impl HostRules {
         }
         if self.rules.is_empty() {
             return match &self.outside {
-                Some(why) => Checked::Refused(Refusal::new(Reason::ProcessNotAllowed, why.clone())),
-                None => Checked::Allowed(None),
+                Some(why) => {
+                    HeadVerdict::Refused(Refusal::new(Reason::ProcessNotAllowed, why.clone()))
+                }
+                None => HeadVerdict::Allowed(None),
             };
         }
         let plain = || self.rules.iter().filter(|r| !r.is_websocket());
@@ -273,8 +275,8 @@ impl HostRules {
             match r.admits(method, path, query) {
                 Admits::Yes => {
                     return match self.form_to_read(head) {
-                        Some(form) => Checked::Judge(vec![Arc::new(Protocol::plugin(form))]),
-                        None => Checked::Allowed(git_call()),
+                        Some(form) => HeadVerdict::Judge(vec![Arc::new(Protocol::plugin(form))]),
+                        None => HeadVerdict::Allowed(git_call()),
                     }
                 }
                 Admits::Judge(proto) => judges.push(proto.clone()),
@@ -282,13 +284,13 @@ impl HostRules {
             }
         }
         if !judges.is_empty() {
-            return Checked::Judge(judges);
+            return HeadVerdict::Judge(judges);
         }
         let git = git_request(method, path, query).is_some()
             || git_probe_ambiguous(method, path, query)
             || lfs::batch_repository(method, path).is_some();
         if let Some((service, repo)) = git_request(method, path, query) {
-            return Checked::Refused(Refusal::new(
+            return HeadVerdict::Refused(Refusal::new(
                 Reason::GitNotAllowed,
                 self.git_refusal(service, host, repo),
             ));
@@ -297,7 +299,7 @@ impl HostRules {
             true => Reason::GitNotAllowed,
             false => Reason::HttpNotAllowed,
         };
-        Checked::Refused(Refusal::new(
+        HeadVerdict::Refused(Refusal::new(
             reason,
             format!("no network.http rule allows {method} {path} on {host}"),
         ))
@@ -320,15 +322,15 @@ impl HostRules {
 
     /// An upgrade to a WebSocket: allowed by the first `protocol: websocket` rule on its path,
     /// refused without one (whatever other rules allow).
-    fn socket(&self, host: &str, method: &str, path: &str, query: Option<&str>) -> Checked {
+    fn socket(&self, host: &str, method: &str, path: &str, query: Option<&str>) -> HeadVerdict {
         // The upgrade is a GET on HTTP/1.1, an extended CONNECT on HTTP/2 (nothing else).
         let get = if method == "CONNECT" { "GET" } else { method };
         for r in self.rules.iter().filter(|r| r.is_websocket()) {
             if let Admits::Judge(p) = r.admits(get, path, query) {
-                return Checked::Socket(p.clone());
+                return HeadVerdict::Socket(p.clone());
             }
         }
-        Checked::Refused(Refusal::new(
+        HeadVerdict::Refused(Refusal::new(
             Reason::WebSocketNotAllowed,
             format!(
                 "no `protocol: websocket` rule allows a WebSocket on {method} {path} of {host}"
@@ -382,7 +384,7 @@ mod tests {
         }
     }
 
-    fn judge(r: &HostRules, method: &str, target: &str, body: bool) -> Checked {
+    fn judge(r: &HostRules, method: &str, target: &str, body: bool) -> HeadVerdict {
         let (m, u, h) = (
             Method::from_bytes(method.as_bytes()).unwrap(),
             target.parse::<Uri>().unwrap(),
@@ -417,11 +419,11 @@ mod tests {
         ]);
         assert!(matches!(
             judge(&r, "GET", "/graphql?query=%7B%20secret%20%7D", false),
-            Checked::Judge(_)
+            HeadVerdict::Judge(_)
         ));
         assert!(matches!(
             judge(&r, "GET", "/other", false),
-            Checked::Allowed(_)
+            HeadVerdict::Allowed(_)
         ));
     }
 
@@ -438,17 +440,17 @@ mod tests {
             ("GET", "/secret", false),
         ] {
             assert!(
-                matches!(judge(&r, m, t, body), Checked::Refused(_)),
+                matches!(judge(&r, m, t, body), HeadVerdict::Refused(_)),
                 "{m} {t}"
             );
         }
         assert!(matches!(
             judge(&r, "POST", "/ok/a", true),
-            Checked::Allowed(_)
+            HeadVerdict::Allowed(_)
         ));
         assert!(matches!(
             judge(&r, "GET", "/ok/a", false),
-            Checked::Allowed(_)
+            HeadVerdict::Allowed(_)
         ));
     }
 }

@@ -41,7 +41,7 @@ use crate::wire::peek::split_host_header;
 /// How a checked relay ended: the relay's result, and the first request that was refused (or,
 /// in report mode, would have been).
 #[derive(Debug)]
-pub struct Checked {
+pub struct CheckedRelay {
     /// How the relay ended.
     pub relayed: Relayed,
     /// A request that named another host, if one did.
@@ -88,7 +88,7 @@ pub async fn relay_checked<C, S, F>(
     (live, recorder): (Liveness, Recorder),
     stop: F,
     shaper: Option<&SandboxLimiter>,
-) -> Checked
+) -> CheckedRelay
 where
     C: crate::egress::abortable::OverTcp,
     S: crate::egress::abortable::OverTcp,
@@ -198,7 +198,7 @@ fn ended<C, S>(
     mismatch: Option<Refusal>,
     report: bool,
     (client, server): (C, S),
-) -> Checked
+) -> CheckedRelay
 where
     C: crate::egress::abortable::OverTcp,
     S: crate::egress::abortable::OverTcp,
@@ -219,7 +219,7 @@ where
     if enforced {
         relayed.close = Close::Eof;
     }
-    Checked { relayed, mismatch }
+    CheckedRelay { relayed, mismatch }
 }
 
 /// How long, after the origin's last answer was relayed, a connection ended for a spent quota

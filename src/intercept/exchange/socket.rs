@@ -13,7 +13,7 @@ use http_body_util::BodyExt;
 use super::{Prepared, ResBody, Sent, Terminated, UpBody};
 use crate::audit::AuditGuard;
 use crate::intercept::websocket::{self, Foreign, Now, Socket, Still, Swaps};
-use crate::pipeline::head::{Checked, Head, HostRules};
+use crate::pipeline::head::{Head, HeadVerdict, HostRules};
 use crate::policy::protocols::websocket::WsRule;
 use crate::policy::protocols::Protocol;
 use crate::policy::reason::Reason;
@@ -198,11 +198,11 @@ impl Terminated<'_> {
                 extended: false,
             };
             match HostRules::of(&binding, &host, process.as_deref()).judge(&host, head) {
-                Checked::Socket(p) => match &*p {
+                HeadVerdict::Socket(p) => match &*p {
                     Protocol::WebSocket(r) => Now::Allowed(Arc::new(r.clone())),
                     _ => Now::Refused("the rule that allowed the socket is gone".into()),
                 },
-                Checked::Refused(r) => Now::Refused(format!(
+                HeadVerdict::Refused(r) => Now::Refused(format!(
                     "the policy in force no longer allows this socket: {}",
                     r.detail
                 )),

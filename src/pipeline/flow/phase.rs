@@ -41,7 +41,7 @@ fn process_key(id: &str, process: Option<&Process>) -> Option<String> {
 }
 
 /// A judgement: the refusal, if any, and the labels in force when judged (for the record).
-pub struct Judged {
+pub struct FlowVerdict {
     /// Why a rule refuses the request.
     pub refused: Option<FlowRefusal>,
     /// The armed labels, by name.
@@ -96,7 +96,7 @@ impl<'a> Phase<'a> {
 
     /// Judge `act` to `d`; a `once` waiver it spends is kept before this returns (a
     /// restart cannot give it again).
-    pub async fn judge(&self, d: &Dest<'_>, act: Act) -> Judged {
+    pub async fn judge(&self, d: &Dest<'_>, act: Act) -> FlowVerdict {
         let now = now_secs();
         let extra = self.extra();
         let (refused, labels, spent) = match self.main.labels.lock() {
@@ -120,7 +120,7 @@ impl<'a> Phase<'a> {
                     label: "?".into(),
                     detail: "the sandbox's flow state cannot be read".into(),
                 };
-                return Judged {
+                return FlowVerdict {
                     refused: Some(refused),
                     labels: None,
                 };
@@ -135,7 +135,7 @@ impl<'a> Phase<'a> {
                 self.ledger.send(self.id, Change::Unwaived(label)).await;
             }
         }
-        Judged {
+        FlowVerdict {
             refused: refused.map(|r| self.asking(r)),
             labels,
         }
@@ -153,12 +153,12 @@ impl<'a> Phase<'a> {
     /// Judge `act` to `d` honouring the waivers in force without spending one (a DNS query:
     /// the name of a request a `once` waiver lets through must resolve, and the request
     /// spends it).
-    pub fn judge_unspent(&self, d: &Dest<'_>, act: Act) -> Judged {
+    pub fn judge_unspent(&self, d: &Dest<'_>, act: Act) -> FlowVerdict {
         let now = now_secs();
         let mut labels = self.main.labels();
         labels.armed.extend(self.extra());
         let refused = labels.judge(self.flows, d, act, now).err();
-        Judged {
+        FlowVerdict {
             refused: refused.map(|r| self.asking(r)),
             labels: labels.names(),
         }

@@ -71,9 +71,13 @@ impl super::plugin::BodyRule for Form {
         method.eq_ignore_ascii_case("POST")
     }
 
-    fn judge(&self, _: super::Asked<'_>, body: &[u8]) -> Result<super::Judged, super::RefusedCall> {
+    fn judge(
+        &self,
+        _: super::Asked<'_>,
+        body: &[u8],
+    ) -> Result<super::BodyVerdict, super::RefusedCall> {
         match override_refusal(self, body) {
-            None => Ok(super::Judged::default()),
+            None => Ok(super::BodyVerdict::default()),
             Some(why) => Err(super::plugin::refused(self, why, None, None)),
         }
     }

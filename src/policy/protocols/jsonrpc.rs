@@ -191,7 +191,7 @@ impl super::plugin::BodyRule for MethodRule {
         &self,
         asked: super::Asked<'_>,
         body: &[u8],
-    ) -> Result<super::Judged, super::RefusedCall> {
+    ) -> Result<super::BodyVerdict, super::RefusedCall> {
         let refuse = |detail, call, rpc| super::plugin::refused(self, detail, call, rpc);
         if !super::json_media(asked.content_type) {
             let why = super::media_refusal(asked.content_type, "a JSON-RPC");

@@ -60,7 +60,7 @@ pub struct Asked<'a> {
 /// An allowed request: what it called (for the record), and for MCP the lists its
 /// response must be filtered of.
 #[derive(Debug, Clone, Default)]
-pub struct Judged {
+pub struct BodyVerdict {
     /// What it called, for the record.
     pub call: Option<String>,
     /// For MCP: the lists its response must be filtered of, by request id.
@@ -183,10 +183,10 @@ impl Protocol {
 
     /// Judge a request and its body; the call recorded names the protocol first
     /// (`mcp tools/call search`, `graphql mutation createGist`, `lfs upload`).
-    pub fn judge(&self, asked: Asked<'_>, body: &[u8]) -> Result<Judged, RefusedCall> {
+    pub fn judge(&self, asked: Asked<'_>, body: &[u8]) -> Result<BodyVerdict, RefusedCall> {
         let named = |c: Option<String>| c.map(|c| format!("{} {c}", self.name()));
         match self.judge_body(asked, body) {
-            Ok(j) => Ok(Judged {
+            Ok(j) => Ok(BodyVerdict {
                 call: named(j.call),
                 ..j
             }),
@@ -197,7 +197,7 @@ impl Protocol {
         }
     }
 
-    fn judge_body(&self, asked: Asked<'_>, body: &[u8]) -> Result<Judged, RefusedCall> {
+    fn judge_body(&self, asked: Asked<'_>, body: &[u8]) -> Result<BodyVerdict, RefusedCall> {
         let refuse = |detail: String, call: Option<String>, rpc| RefusedCall {
             refusal: Box::new(crate::policy::refusal::Refusal::new(self.reason(), detail)),
             call,
@@ -217,7 +217,7 @@ impl Protocol {
                 mcp::McpRule::headers_agree(&b, asked.mcp_method, asked.mcp_name)
                     .map_err(|e| refuse(e.into_detail(), None, Some(ids(&b))))?;
                 match rule.judge(&b) {
-                    Ok((calls, lists)) => Ok(Judged {
+                    Ok((calls, lists)) => Ok(BodyVerdict {
                         call: Some(calls),
                         lists,
                         inference: None,
@@ -240,10 +240,10 @@ impl Protocol {
             )),
             Protocol::Inference(rule) => rule
                 .judge(asked.method, asked.path, asked.content_type, body)
-                .map(|c| Judged {
+                .map(|c| BodyVerdict {
                     call: Some(c.describe()),
                     inference: Some(Box::new(c)),
-                    ..Judged::default()
+                    ..BodyVerdict::default()
                 })
                 .map_err(|e| refuse(e.into_detail(), None, None)),
             Protocol::Plugin(p) => p.judge(asked, body),
@@ -252,10 +252,10 @@ impl Protocol {
 }
 
 /// An allowed request that called `call`.
-fn called(call: String) -> Judged {
-    Judged {
+fn called(call: String) -> BodyVerdict {
+    BodyVerdict {
         call: Some(call),
-        ..Judged::default()
+        ..BodyVerdict::default()
     }
 }
 

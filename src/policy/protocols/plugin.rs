@@ -6,7 +6,7 @@
 //! reads — MCP (its lists filtered), the LLM providers (their usage metered), WebSocket (its
 //! messages) — keep variants of their own, which those phases match.
 
-use super::{Asked, Judged, RefusedCall};
+use super::{Asked, BodyVerdict, RefusedCall};
 use crate::policy::reason::Reason;
 
 /// A protocol a `network.http` rule names, judging request bodies.
@@ -22,7 +22,7 @@ pub trait BodyRule: std::fmt::Debug + Send + Sync {
     fn carries(&self, method: &str) -> bool;
     /// Judge a request and its body; the call it names is prefixed with [`BodyRule::name`] by
     /// the caller.
-    fn judge(&self, asked: Asked<'_>, body: &[u8]) -> Result<Judged, RefusedCall>;
+    fn judge(&self, asked: Asked<'_>, body: &[u8]) -> Result<BodyVerdict, RefusedCall>;
     /// Whether the rule's `methods:` are the protocol's own (JSON-RPC methods), not HTTP ones.
     fn takes_methods(&self) -> bool {
         false
