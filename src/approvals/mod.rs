@@ -343,6 +343,11 @@ impl Desk {
             .cloned()
     }
 
+    /// How many long polls ([`Desk::wait`]) are waiting now.
+    pub fn long_polls(&self) -> usize {
+        self.changed.receiver_count()
+    }
+
     /// Like [`Desk::get`], waiting up to `wait` for it to leave `pending`.
     pub async fn wait(&self, sandbox: &str, id: &str, wait: Duration) -> Option<Request> {
         let mut changes = self.changed.subscribe();

@@ -36,6 +36,7 @@ pub struct Metrics {
     admission_refused: IntCounterVec,
     secret_reflected: IntCounterVec,
     dns_remembered: IntGaugeVec,
+    approval_long_polls: IntGauge,
 }
 
 /// `egress_audit_sink_failing_seconds`, `egress_audit_dropped_total`,
@@ -150,6 +151,10 @@ impl Metrics {
             admission_refused: counters(r, "egress_admission_refused_total", "Connections refused before identification, by listener and why (per_source, rate, silent)", &["listener", "why"])?,
             secret_reflected: counters(r, "egress_secret_reflected_total", "Responses of terminated hosts in which a brokered secret was found and replaced by its placeholder", &["sandbox", "credential"])?,
             dns_remembered: gauges(r, "egress_dns_remembered_addresses", "Addresses the DNS listener's answers gave each sandbox that are still remembered (TTL plus grace)", &["sandbox"])?,
+            approval_long_polls: registered(r, IntGauge::new(
+                "egress_approval_long_polls",
+                "Long polls (GET /v1/requests/{id}?wait=) waiting for a person's answer on this replica",
+            )?)?,
             registry,
         })
     }
@@ -234,6 +239,12 @@ impl Metrics {
                 .with_label_values(&[sandbox.as_str()])
                 .set(i64::try_from(*n).unwrap_or(i64::MAX));
         }
+    }
+
+    /// Export how many long polls wait on the approvals desk (called before each scrape).
+    pub fn approval_long_polls(&self, waiting: usize) {
+        self.approval_long_polls
+            .set(i64::try_from(waiting).unwrap_or(i64::MAX));
     }
 
     /// Count a reload or registration attempt.

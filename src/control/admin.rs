@@ -280,11 +280,13 @@ async fn route(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
     }
 }
 
-/// `GET /metrics`: the audit sink's and the DNS memory's gauges brought up to date, then all.
+/// `GET /metrics`: the audit sink's, the DNS memory's and the desk's gauges brought up to date,
+/// then all.
 fn metrics(shared: &Shared) -> Response<Full<Bytes>> {
     let m = shared.metrics();
     m.audit_sink(&shared.sink.log.health().status());
     m.dns_remembered(&shared.dns_memory.shares());
+    m.approval_long_polls(shared.desk.get().map_or(0, |d| d.long_polls()));
     text(StatusCode::OK, "text/plain; version=0.0.4", m.render())
 }
 
