@@ -18,6 +18,9 @@ socket (`--unix PATH`), and answers each ask:
 `TIMESTAMP.BODY` with `X-Egress-Proxy-Timestamp: TIMESTAMP` within 300 s of now; any other
 POST gets 401, so a question forged by a sandbox that reaches the decider is not answered.
 
+`GET /` answers `{"asked": N}`: how many asks it has been sent (counted before any sleep), so a
+test can wait until the proxy's asks are under way.
+
 `--sleep S` answers every ask S seconds late (to see the proxy's timeout); `--load-sleep S`
 answers S seconds late for each ask in flight, this one included (a decider that slows under
 load). `--schema FILE`
@@ -42,6 +45,7 @@ SLEEP = 0.0
 LOAD_SLEEP = 0.0
 IN_FLIGHT = [0]
 IN_FLIGHT_LOCK = threading.Lock()
+ASKED = [0]
 SCHEMA = None
 SECRET = None
 
@@ -105,6 +109,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
         want = hmac.new(SECRET, ts.encode() + b"." + raw, hashlib.sha256).hexdigest()
         return hmac.compare_digest(sig, "sha256=" + want)
 
+    def do_GET(self):
+        with IN_FLIGHT_LOCK:
+            body = json.dumps({"asked": ASKED[0]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
@@ -114,6 +127,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         ask = json.loads(raw)
+        with IN_FLIGHT_LOCK:
+            ASKED[0] += 1
         if SLEEP:
             time.sleep(SLEEP)
         if LOAD_SLEEP:
