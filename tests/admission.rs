@@ -46,7 +46,7 @@ fn hold(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
     (0..n).map(|_| TcpStream::connect(addr).unwrap()).collect()
 }
 
-/// Hold three silent connections to `addr` (the per-source cap), give the proxy time to admit
+/// Hold three silent connections to `addr` (the per-source cap), wait for the proxy to accept
 /// them, and check that a fourth from the same address is refused (`refused` tries it and
 /// says). A connection's place is taken when the proxy accepts it, in accept-queue order, and
 /// a burst of handshakes on loopback under load does not always reach that queue in the
@@ -55,33 +55,49 @@ fn hold(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
 /// back at EOF) and the whole try is made again, up to four times: a cap that does not hold
 /// serves every try. Returns the held three.
 fn hold_three_and_refuse_a_fourth(
+    p: &Proxy,
     addr: SocketAddr,
     refused: impl Fn(&mut TcpStream) -> bool,
 ) -> Vec<TcpStream> {
     for _ in 0..4 {
+        let base = p.descriptors();
         let held = hold(addr, 3);
-        std::thread::sleep(Duration::from_millis(200));
+        p.wait_accepted(base, 3);
         let mut fourth = TcpStream::connect(addr).unwrap();
         if refused(&mut fourth) {
             return held;
         }
         drop((held, fourth));
-        std::thread::sleep(Duration::from_millis(300));
+        p.wait_released(base);
     }
     panic!("a 4th connection from one address was served in each of 4 tries, 3 held");
 }
 
-fn metric(p: &Proxy, line_start: &str) -> u64 {
-    let (_, text) = p.admin_get("/metrics");
-    text.lines()
-        .find(|l| l.starts_with(line_start))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or(0)
+/// A counter's value (0 before its first count).
+fn metric(p: &Proxy, series: &str) -> u64 {
+    p.metric(series).map_or(0, |v| v as u64)
 }
 
 /// Waits until the held connections were closed by the proxy (first_byte_ms).
+/// How many of `conns` the proxy has closed (a read without blocking finds EOF or an error).
+fn closed_count(conns: &[TcpStream]) -> usize {
+    conns
+        .iter()
+        .filter(|t| {
+            let mut r: &TcpStream = t;
+            r.set_nonblocking(true).unwrap();
+            let mut b = [0u8; 1];
+            let closed = match r.read(&mut b) {
+                Ok(0) => true,
+                Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                Ok(_) => false,
+            };
+            r.set_nonblocking(false).unwrap();
+            closed
+        })
+        .count()
+}
+
 fn all_closed(held: &mut [TcpStream]) {
     for s in held.iter_mut() {
         assert!(closed_silently(s), "a silent connection was kept open");
@@ -93,7 +109,7 @@ fn the_admin_listener_caps_each_source_and_closes_silent_connections() {
     let dir = tempfile::tempdir().unwrap();
     let p = start(dir.path());
     assert_eq!(p.admin_get("/healthz").0, 200);
-    let mut held = hold_three_and_refuse_a_fourth(p.admin, |fourth| {
+    let mut held = hold_three_and_refuse_a_fourth(&p, p.admin, |fourth| {
         fourth
             .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             .is_err()
@@ -165,7 +181,7 @@ fn dns_over_tcp_caps_each_source_closes_silent_and_idle_connections() {
     );
 
     let mut held =
-        hold_three_and_refuse_a_fourth(dns, |fourth| tcp_query(fourth, 3, "ok.test").is_none());
+        hold_three_and_refuse_a_fourth(&p, dns, |fourth| tcp_query(fourth, 3, "ok.test").is_none());
     all_closed(&mut held);
     let mut again = eventually(Duration::from_secs(5), "DNS over TCP answers again", || {
         let mut s = TcpStream::connect(dns).ok()?;
@@ -223,8 +239,10 @@ fn the_unidentified_pool_cannot_be_captured() {
                 .allow("ok.test"),
         )
         .start(dir.path());
+    let base = p.descriptors();
     // The sandbox's address identifies once.
     assert!(connect_answer(p.proxy, "127.0.0.1").is_some());
+    p.wait_released(base);
 
     // Phase 1: 20 silent connections from four addresses fill the pool.
     let attackers = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
@@ -232,7 +250,7 @@ fn the_unidentified_pool_cannot_be_captured() {
         .iter()
         .flat_map(|a| (0..5).map(move |_| connect_from(a, p.proxy)))
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    p.wait_accepted(base, silent.len());
     let answer = connect_answer(p.proxy, "127.0.0.6");
     assert!(
         answer.is_some(),
@@ -243,7 +261,7 @@ fn the_unidentified_pool_cannot_be_captured() {
         "the oldest silent connection was not closed to make room"
     );
     drop(silent);
-    std::thread::sleep(Duration::from_millis(300));
+    p.wait_released(base);
 
     // Phase 2: 20 connections that sent half a request head fill the whole pool.
     let mut talking = Vec::new();
@@ -254,33 +272,21 @@ fn the_unidentified_pool_cannot_be_captured() {
             talking.push(s);
         }
     }
-    std::thread::sleep(Duration::from_millis(500));
+    p.wait_accepted(base, talking.len());
     assert!(
         connect_answer(p.proxy, "127.0.0.7").is_some(),
         "talkers that never identify kept a new address out"
     );
     // One talker of an address holding the most was closed for it (the close is the
     // talker's own task's doing: on a loaded machine it may land a little after the answer).
-    let count_closed = || {
-        let mut closed = 0;
-        for t in &talking {
-            let mut r: &TcpStream = t;
-            r.set_nonblocking(true).unwrap();
-            let mut b = [0u8; 1];
-            match r.read(&mut b) {
-                Ok(0) => closed += 1,
-                Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => closed += 1,
-                _ => {}
-            }
-            r.set_nonblocking(false).unwrap();
-        }
-        closed
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while count_closed() == 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(count_closed(), 1, "one talker is closed to make room");
+    eventually(Duration::from_secs(10), "a talker to be closed", || {
+        (closed_count(&talking) > 0).then_some(())
+    });
+    assert_eq!(
+        closed_count(&talking),
+        1,
+        "one talker is closed to make room"
+    );
     assert!(
         connect_answer(p.proxy, "127.0.0.1").is_some(),
         "a recently identified sandbox could not connect"
@@ -308,6 +314,7 @@ fn the_control_plane_is_refused_before_the_data_plane_runs_out_of_descriptors() 
                 .allow("ok.test:*"),
         )
         .start_wrapped(dir.path(), &["prlimit", "--nofile=400:400", "--"]);
+    let base = p.descriptors();
     let flood: Vec<TcpStream> = [
         "127.0.0.2",
         "127.0.0.3",
@@ -318,7 +325,11 @@ fn the_control_plane_is_refused_before_the_data_plane_runs_out_of_descriptors() 
     .iter()
     .flat_map(|a| (0..100).map(move |_| connect_from(a, p.admin)))
     .collect();
-    std::thread::sleep(Duration::from_millis(800));
+    // Every connection of the flood was either refused (closed) or holds a descriptor.
+    eventually(Duration::from_secs(10), "the flood to be taken in", || {
+        let held = p.descriptors().saturating_sub(base);
+        (closed_count(&flood) + held >= flood.len()).then_some(())
+    });
     // The data plane still has descriptors: a CONNECT and a request through it.
     let mut c = connect_from("127.0.0.1", p.proxy);
     let target = format!("ok.test:{}", origin.addr.port());
@@ -459,6 +470,7 @@ fn probes_answer_under_a_flood_of_the_admin_port_from_other_addresses() {
         .raw("admission: { unidentified_per_source: 10, unidentified_total: 40, first_byte_ms: 60000 }")
         .defaults("timeouts", "{ header_ms: 60000 }")
         .start(dir.path());
+    let base = p.descriptors();
     let mut flood = Vec::new();
     for src in ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"] {
         for _ in 0..10 {
@@ -467,7 +479,7 @@ fn probes_answer_under_a_flood_of_the_admin_port_from_other_addresses() {
             flood.push(s);
         }
     }
-    std::thread::sleep(Duration::from_millis(500));
+    p.wait_accepted(base, flood.len());
     // More from the flooders are refused: the pool is full and they hold their share.
     let mut extra = connect_from("127.0.0.2", p.admin);
     let _ = extra.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");

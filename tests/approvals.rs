@@ -237,7 +237,10 @@ fn the_agent_asks_a_person_approves_and_the_grant_ends_on_time() {
             (Instant::now(), out.text())
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
+    // The long poll is parked before the approval is given.
+    eventually(Duration::from_secs(10), "the long poll to wait", || {
+        (e.proxy.metric("egress_approval_long_polls")? >= 1.0).then_some(())
+    });
     let asked_at = Instant::now();
     let (code, approved) = e.cli(&["approve", &id, "--ttl", "3s", "--note", "ok for docs"]);
     let (answered_at, polled) = poll.join().unwrap();

@@ -248,12 +248,25 @@ fn rotation_and_reopening_keep_the_chain_across_files() {
     let mut p = config("chain: true, rotate: { max_bytes: 4096, keep: 20 }, fsync: every_record")
         .start(dir.path());
     traffic(&p, 30);
+    // The writer has written the last request's record (into the log, or into `.1` when that
+    // batch filled the log and rotated it): nothing is left to race the move.
+    eventually(Duration::from_secs(10), "the last record written", || {
+        let newest = [log.clone(), dir.path().join("audit.jsonl.1")]
+            .into_iter()
+            .find_map(|f| std::fs::read_to_string(f).ok().filter(|t| !t.is_empty()))?;
+        newest
+            .lines()
+            .last()?
+            .contains("denied29.test")
+            .then_some(())
+    });
     // logrotate's way: move the file away, then SIGUSR1; the proxy opens a new one.
-    std::thread::sleep(Duration::from_millis(100));
     let moved = dir.path().join("moved.jsonl");
     std::fs::rename(&log, &moved).unwrap();
     unsafe_free_kill(p.child.id(), "USR1");
-    std::thread::sleep(Duration::from_millis(300));
+    eventually(Duration::from_secs(10), "the log opened again", || {
+        log.exists().then_some(())
+    });
     traffic(&p, 3);
     p.terminate();
     let mut rotated: Vec<PathBuf> = (1..=20)
@@ -542,7 +555,10 @@ fn a_crashed_run_named_by_the_next_run_start_verifies_and_an_open_run_is_judged_
     // The writer stops (SIGSTOP) before its next checkpoint: once the signed interval plus the
     // slack has passed, the open run's checkpoint is overdue.
     unsafe_free_kill(p.child.id(), "STOP");
-    std::thread::sleep(Duration::from_millis(5500));
+    let_time_pass(
+        Duration::from_millis(5500),
+        "the signed interval and its slack, with the writer stopped",
+    );
     let (code, out) = verify_args(&[&log], Some(&pk), &["--open-run"]);
     unsafe_free_kill(p.child.id(), "CONT");
     assert_eq!(code, 1, "{out}");
@@ -762,10 +778,15 @@ fn an_idle_writer_sleeps_until_the_next_record_and_still_writes_it() {
         (denied(&p) == 1).then_some(())
     });
     let writer = writer_thread(p.child.id());
-    // It drains on for a second after the last record, then sleeps.
-    std::thread::sleep(Duration::from_millis(1500));
+    let_time_pass(
+        Duration::from_millis(1500),
+        "the writer drains on for a second after the last record, then sleeps",
+    );
     let before = wakes(&writer);
-    std::thread::sleep(Duration::from_secs(2));
+    let_time_pass(
+        Duration::from_secs(2),
+        "the window its wakes are counted over",
+    );
     let woke = wakes(&writer) - before;
     assert!(
         woke < 40,

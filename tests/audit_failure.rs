@@ -205,21 +205,17 @@ fn allowed_connect_ends(audit: &Path) -> Vec<u64> {
 }
 
 fn wait_ready(p: &Proxy, want: u16) -> String {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let (code, body) = p.admin_get("/readyz");
-        if code == want {
-            return body;
-        }
-        assert!(Instant::now() < deadline, "/readyz stayed {code}: {body}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut last = (0, String::new());
+    let every = Duration::from_millis(20);
+    common::within(every, Duration::from_secs(15), || {
+        last = p.admin_get("/readyz");
+        (last.0 == want).then(|| last.1.clone())
+    })
+    .unwrap_or_else(|| panic!("/readyz stayed {}: {}", last.0, last.1))
 }
 
 fn metric(p: &Proxy, name: &str) -> f64 {
-    let (_, text) = p.admin_get("/metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+    p.metric(name)
         .unwrap_or_else(|| panic!("no {name} in /metrics"))
 }
 
@@ -305,8 +301,10 @@ fn a_full_audit_disk_refuses_new_traffic_and_loses_no_record() {
         "the trail ends with a complete line while the disk is full"
     );
 
-    // Longer than the signed interval (checkpoint_every_s: 1), with nothing written.
-    std::thread::sleep(Duration::from_millis(2500));
+    common::let_time_pass(
+        Duration::from_millis(2500),
+        "longer than the signed interval (checkpoint_every_s: 1), with nothing written",
+    );
     assert_eq!(p.admin_get("/readyz").0, 503);
     std::fs::remove_file(filler).unwrap();
     wait_ready(&p, 200);
@@ -426,8 +424,14 @@ fn tunnel_while_full(p: &Proxy, vol: &Tmpfs, target: &str) -> PathBuf {
     let mut answer = Vec::new();
     held.read_to_end(&mut answer).unwrap();
     assert!(answer.len() > common::BIG, "{} bytes", answer.len());
+    // The tunnel's end record is queued behind the failing trail before the test goes on.
+    let pending = metric(p, "egress_audit_queue_pending");
     drop(held);
-    std::thread::sleep(Duration::from_millis(300));
+    common::eventually(
+        Duration::from_secs(10),
+        "the tunnel's end record queued",
+        || (metric(p, "egress_audit_queue_pending") > pending).then_some(()),
+    );
     filler
 }
 

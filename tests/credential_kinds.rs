@@ -475,7 +475,10 @@ fn fifty_requests_after_expiry_refresh_the_token_once() {
         out.stderr
     );
     assert_eq!(t.stats(&ca)["refresh_token"], 1);
-    std::thread::sleep(std::time::Duration::from_millis(7700));
+    let_time_pass(
+        std::time::Duration::from_millis(7700),
+        "past the renewal point (7.5 s) of a token that lives 10 s",
+    );
     // Fifty requests at once, each in its own tunnel, all finding the token expired.
     let url = format!("https://api.test:{}/api/n", t.port());
     let px = format!("http://dev:dev-secret@{}", p.proxy);

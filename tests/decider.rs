@@ -28,6 +28,22 @@ impl Drop for Decider {
     }
 }
 
+impl Decider {
+    /// How many asks it has been sent so far (its `GET /`).
+    fn asked(&self) -> u64 {
+        let out = curl(&["-s", &format!("http://127.0.0.1:{}/", self.at)]);
+        serde_json::from_str::<serde_json::Value>(&out.text())
+            .map_or(0, |v| v["asked"].as_u64().unwrap_or(0))
+    }
+
+    /// Wait until it has been sent at least `n` asks.
+    fn wait_asked(&self, n: u64) {
+        eventually(Duration::from_secs(10), "the decider to be asked", || {
+            (self.asked() >= n).then_some(())
+        });
+    }
+}
+
 fn decider(args: &[&str]) -> Decider {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/decider.py");
     let mut child = Command::new("python3")
@@ -225,7 +241,8 @@ fn a_slow_or_stopped_decider_is_unavailable_and_costs_other_sandboxes_nothing() 
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(100));
+    // All eight are at the decider (it holds each for 5 s).
+    slow.wait_asked(8);
     let free_started = Instant::now();
     let out = as_sandbox(&p, dir.path(), "free", &api, &[]);
     let free_took = free_started.elapsed();
@@ -542,7 +559,8 @@ fn one_sandboxs_flood_of_asks_does_not_refuse_its_neighbour() {
             asked
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
+    // The flood fills the decider's places (max_in_flight: 8) twice over before decy asks.
+    d.wait_asked(16);
     let codes: Vec<String> = (0..10)
         .map(|i| {
             let url = format!("https://api.test:{port}/v1/y-{i}");

@@ -48,18 +48,9 @@ fn wait_records(
     proxy: &Proxy,
     pred: impl Fn(&[serde_json::Value]) -> bool,
 ) -> Vec<serde_json::Value> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let recs = proxy.audit_records();
-        if pred(&recs) {
-            return recs;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the audit log never matched: {recs:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    eventually(Duration::from_secs(15), "the audit log to match", || {
+        Some(proxy.audit_records()).filter(|recs| pred(recs))
+    })
 }
 
 fn ips(d: &Dig) -> Vec<String> {
@@ -311,8 +302,10 @@ fn an_unidentified_flood_writes_a_bounded_number_of_records() {
         sock.send_to(&dns_query(i as u16, "ok.test", 1), dns)
             .unwrap();
         if i % 500 == 0 {
-            // Leave the kernel's socket buffers a moment, so that most datagrams arrive.
-            std::thread::sleep(Duration::from_millis(2));
+            let_time_pass(
+                Duration::from_millis(2),
+                "the flood's pace: most datagrams fit the kernel's socket buffers",
+            );
         }
     }
     let answered = answers.join().unwrap();
@@ -330,14 +323,24 @@ fn an_unidentified_flood_writes_a_bounded_number_of_records() {
             .sum::<u64>()
             >= FLOOD / 10
     });
-    // Two more periods: every sum is written.
-    std::thread::sleep(Duration::from_millis(2500));
-    let recs = proxy.audit_records();
+    // One query from another address after the flood: once its sum is written, every sum of
+    // the flood is (a period's sums are written together, in order).
+    let marker = UdpSocket::bind("127.0.0.9:0").unwrap();
+    marker.send_to(&dns_query(1, "ok.test", 1), dns).unwrap();
+    let is_marker = |x: &serde_json::Value| {
+        x["client"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("127.0.0.9"))
+    };
+    let recs = wait_records(&proxy, |r| {
+        r.iter().any(|x| x["mode"] == "dns" && is_marker(x))
+    });
     let secs = started.elapsed().as_secs_f64();
-    let lines = recs.iter().filter(|x| x["mode"] == "dns").count();
+    let flood_sum = |x: &&serde_json::Value| x["mode"] == "dns" && !is_marker(x);
+    let lines = recs.iter().filter(flood_sum).count();
     let counted: u64 = recs
         .iter()
-        .filter(|x| x["mode"] == "dns")
+        .filter(flood_sum)
         .map(|x| x["count"].as_u64().unwrap_or(0))
         .sum();
     assert!(counted <= FLOOD, "{counted}");
@@ -505,16 +508,18 @@ fn a_second_proxy_on_the_same_dns_port_refuses_to_start() {
         .spawn()
         .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(s) = second.try_wait().unwrap() {
-            break Some(s);
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = second.kill();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = eventually(
+        Duration::from_secs(20),
+        "the second process to end",
+        || match second.try_wait().unwrap() {
+            Some(s) => Some(Some(s)),
+            None if std::time::Instant::now() > deadline => {
+                let _ = second.kill();
+                Some(None)
+            }
+            None => None,
+        },
+    );
     let mut err = String::new();
     use std::io::Read;
     let _ = second.stderr.take().unwrap().read_to_string(&mut err);
@@ -633,12 +638,7 @@ fn repeated_queries_are_answered_alike_until_the_policy_changes_and_never_across
     let moved = config(&["new.test", "stay.test"]).listen("dns");
     std::fs::write(&proxy.config, moved.yaml(&proxy.audit)).unwrap();
     unsafe_free_kill(proxy.child.id(), "HUP");
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the reload never applied"
-        );
+    eventually(Duration::from_secs(15), "the reload to apply", || {
         let warm = ask(&a, 2, "gone.test");
         if dns_rcode(&ask(&a, 3, "new.test")) == Some(0) {
             let after = ask(&a, 2, "gone.test");
@@ -647,11 +647,11 @@ fn repeated_queries_are_answered_alike_until_the_policy_changes_and_never_across
                 Some(3),
                 "answered from before the reload"
             );
-            break;
+            return Some(());
         }
         assert_eq!(dns_rcode(&warm), Some(0));
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        None
+    });
 }
 
 /// A burst the listener reads in batches (`recvmmsg`, up to 32 a call) and answers in batches

@@ -125,8 +125,9 @@ fn one_sandbox_flooding_fills_only_its_share_and_the_memory_is_given_back() {
         ask(&o, proxy.dns.unwrap(), 1, "o0.other.test"),
         Some((0, 1))
     );
-    std::thread::sleep(Duration::from_secs(1));
-    let start = rss_kib(pid);
+    let start = steady(Duration::from_millis(250), Duration::from_secs(10), || {
+        rss_kib(pid)
+    });
 
     let answered = flood(&proxy, 0);
     assert_eq!(answered, FLOOD, "every flood query was answered");
@@ -148,8 +149,13 @@ fn one_sandbox_flooding_fills_only_its_share_and_the_memory_is_given_back() {
     eventually(Duration::from_secs(60), "the answers to expire", || {
         remembered(&proxy).is_empty().then_some(())
     });
-    std::thread::sleep(Duration::from_millis(500));
-    let after = rss_kib(pid);
+    // The sweep that forgot them gives the memory back right after: measure once RSS settles.
+    let settled = || {
+        steady(Duration::from_millis(250), Duration::from_secs(10), || {
+            rss_kib(pid)
+        })
+    };
+    let after = settled();
     eprintln!("RSS: start {start} KiB, after the flood {peak} KiB, after expiry {after} KiB");
     // What the flood cost, at least half of it given back (with nothing given back RSS stays
     // at or above the peak). With glibc's dynamic thresholds this ranged from 15 % to 78 %
@@ -167,8 +173,7 @@ fn one_sandbox_flooding_fills_only_its_share_and_the_memory_is_given_back() {
     eventually(Duration::from_secs(60), "the answers to expire", || {
         remembered(&proxy).is_empty().then_some(())
     });
-    std::thread::sleep(Duration::from_millis(500));
-    let after2 = rss_kib(pid);
+    let after2 = settled();
     eprintln!("RSS: after a second flood {peak2} KiB, after its expiry {after2} KiB");
     // Not built on the first: once the second flood's answers expired, the process holds no
     // more than at the first flood's peak, give or take a quarter of what a flood costs (the

@@ -246,9 +246,11 @@ fn a_request_asked_on_one_replica_is_approved_on_another() {
             (status, r, std::time::Instant::now())
         })
     };
-    // Time for the long poll to park on replica 1, so the delay measured is the fleet's (the
-    // assertions hold without it: a poll that comes late finds the request approved).
-    std::thread::sleep(Duration::from_millis(300));
+    // The long poll is parked on replica 1 before replica 3 approves, so the delay measured is
+    // the fleet's (a poll that came late would find the request approved).
+    eventually(Duration::from_secs(10), "the long poll to wait", || {
+        (replicas[0].metric("egress_approval_long_polls")? >= 1.0).then_some(())
+    });
     let approve = format!("/v1/requests/{id}/approve");
     let (status, r) = admin(
         &replicas[2],

@@ -15,7 +15,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -73,16 +73,7 @@ fn pinned(proxy: SocketAddr, origin: SocketAddr) -> (u64, u64) {
             skmem_sum(&format!("( dport = :{} )", origin.port()), "r"),
         )
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut last = measure();
-    loop {
-        std::thread::sleep(Duration::from_millis(700));
-        let now = measure();
-        if now == last || Instant::now() > deadline {
-            return now;
-        }
-        last = now;
-    }
+    steady(Duration::from_millis(700), Duration::from_secs(20), measure)
 }
 
 fn stalled_total(buffer: u64) -> u64 {

@@ -99,18 +99,13 @@ fn max_connections_refuses_the_fourth_but_not_another_sandbox() {
     );
     // Closing one tunnel frees a place.
     drop(open);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_s, head) = connect(&e, "small");
-        if head.starts_with("HTTP/1.1 200") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the freed place was never given back: {head}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let mut head = String::new();
+    within(Duration::from_millis(100), Duration::from_secs(10), || {
+        let (_s, h) = connect(&e, "small");
+        head = h;
+        head.starts_with("HTTP/1.1 200").then_some(())
+    })
+    .unwrap_or_else(|| panic!("the freed place was never given back: {head}"));
     let rec = e.proxy.wait_record(|r| r["reason"] == "connection_limit");
     assert_eq!(rec["sandbox"], "small");
     assert_eq!(rec["close"], "limit");

@@ -183,15 +183,19 @@ fn a_dead_collector_is_logged_once_and_its_recovery_too() {
     });
     drop(first);
     let failing = "OTLP log export is failing";
-    eventually(Duration::from_secs(20), "the failure logged", || {
+    let every = Duration::from_millis(200);
+    eventually_every(every, Duration::from_secs(20), "the failure logged", || {
         assert_eq!(get(&proxy, "a", origin.addr.port(), "/down").text(), "200");
-        std::thread::sleep(Duration::from_millis(200));
         proxy.stderr_text().contains(failing).then_some(())
     });
     // More failing batches, still one warning (the next is due after 60 s at the earliest).
+    let failed = "egress_otel_records_total{outcome=\"failed\"}";
     for _ in 0..5 {
+        let before = proxy.metric(failed).unwrap_or(0.0);
         get(&proxy, "a", origin.addr.port(), "/down");
-        std::thread::sleep(Duration::from_millis(300));
+        eventually(Duration::from_secs(10), "the batch to fail", || {
+            (proxy.metric(failed)? > before).then_some(())
+        });
     }
     let log = proxy.stderr_text();
     assert_eq!(log.matches(failing).count(), 1, "{log}");
@@ -209,13 +213,17 @@ fn a_dead_collector_is_logged_once_and_its_recovery_too() {
             )
         },
     );
-    eventually(Duration::from_secs(45), "the recovery logged", || {
-        get(&proxy, "a", origin.addr.port(), "/again");
-        std::thread::sleep(Duration::from_millis(300));
-        proxy
-            .stderr_text()
-            .contains("OTLP log export recovered")
-            .then_some(())
-    });
+    eventually_every(
+        every,
+        Duration::from_secs(45),
+        "the recovery logged",
+        || {
+            get(&proxy, "a", origin.addr.port(), "/again");
+            proxy
+                .stderr_text()
+                .contains("OTLP log export recovered")
+                .then_some(())
+        },
+    );
     assert!(!proxy.stderr_text().contains(SECRET));
 }

@@ -154,17 +154,13 @@ async fn scenario(dir: &Path, roots: rustls::RootCertStore, op: u16, proxy: &Pro
     };
 
     // Both downloads are moving.
-    let t0 = Instant::now();
-    while rev_got.load(std::sync::atomic::Ordering::SeqCst) < 2048
-        || api_got.load(std::sync::atomic::Ordering::SeqCst) < 2048
-        || fwd_got.load(std::sync::atomic::Ordering::SeqCst) < 2048
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "downloads did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let moving =
+        |got: &std::sync::atomic::AtomicU64| got.load(std::sync::atomic::Ordering::SeqCst) >= 2048;
+    eventually_async(Duration::from_secs(10), "the downloads to start", || {
+        let all = moving(&rev_got) && moving(&api_got) && moving(&fwd_got);
+        std::future::ready(all.then_some(()))
+    })
+    .await;
 
     // Revoke rev.test: its stream ends at once, api.test's keeps going on the same connection.
     let narrowed = config(&["api.test:*"]).yaml(&dir.join("audit.jsonl"));
@@ -186,12 +182,16 @@ async fn scenario(dir: &Path, roots: rustls::RootCertStore, op: u16, proxy: &Pro
         "the revoked download completed ({how})"
     );
     let at_cut = api_got.load(std::sync::atomic::Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let later = api_got.load(std::sync::atomic::Ordering::SeqCst);
-    assert!(
-        later > at_cut + 2048,
-        "the sibling stream stopped too ({at_cut} → {later})"
-    );
+    // The sibling stream moves on after the cut.
+    eventually_async(
+        Duration::from_secs(10),
+        "api.test's stream to keep going",
+        || {
+            let now = api_got.load(std::sync::atomic::Ordering::SeqCst);
+            std::future::ready((now > at_cut + 2048).then_some(()))
+        },
+    )
+    .await;
     assert!(!api_done.is_finished(), "the sibling tunnel ended");
 
     // The records: one per stream, the same client connection, rev.test revoked.
@@ -233,7 +233,11 @@ fn an_h2_connection_that_starts_no_stream_for_idle_ms_goes_away_and_open_tunnels
         assert_eq!(status, 200);
         let (got, done) = download(t.unwrap(), "api.test");
         // No new stream for 2.5 × idle_ms: the connection takes no more.
-        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let_time_pass_async(
+            Duration::from_millis(2500),
+            "2.5 × idle_ms without a stream",
+        )
+        .await;
         let req = http::Request::builder()
             .uri(format!("http://api.test:{op}/late"))
             .header("proxy-authorization", proxy_auth())
@@ -246,11 +250,16 @@ fn an_h2_connection_that_starts_no_stream_for_idle_ms_goes_away_and_open_tunnels
         assert!(late, "a stream started on a connection idle past idle_ms");
         // The tunnel (never idle: the origin sends every 100 ms) still moves.
         let before = got.load(std::sync::atomic::Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(600)).await;
-        assert!(
-            got.load(std::sync::atomic::Ordering::SeqCst) > before,
-            "the open tunnel stopped at the GOAWAY"
-        );
+        eventually_async(
+            Duration::from_secs(10),
+            "the open tunnel to move after the GOAWAY",
+            || {
+                std::future::ready(
+                    (got.load(std::sync::atomic::Ordering::SeqCst) > before).then_some(()),
+                )
+            },
+        )
+        .await;
         assert!(!done.is_finished());
         done.abort();
     });

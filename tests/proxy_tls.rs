@@ -226,24 +226,18 @@ fn a_certificate_rotation_keeps_open_tunnels_and_serves_the_new_one() {
         vec![SanType::IpAddress("127.0.0.1".parse().unwrap())],
     );
     // The next handshake presents the new certificate (the watcher polls once a second).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    let mut text = String::new();
+    within(Duration::from_millis(300), Duration::from_secs(10), || {
         let o = Command::new("openssl")
             .args(["s_client", "-connect", &s.tls.to_string(), "-CAfile"])
             .arg(&s.server_pki.ca_pem)
             .stdin(Stdio::null())
             .output()
             .unwrap();
-        let text = String::from_utf8_lossy(&o.stdout).into_owned();
-        if text.contains("CN=rotated") || text.contains("CN = rotated") {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the new certificate was never served: {text}"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+        text = String::from_utf8_lossy(&o.stdout).into_owned();
+        (text.contains("CN=rotated") || text.contains("CN = rotated")).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the new certificate was never served: {text}"));
     let _ = slow.wait();
     // 1 KiB every 100 ms for the whole 5 s: far more than the first second could carry.
     let got = std::fs::metadata(&out_file).map(|m| m.len()).unwrap_or(0);

@@ -3,6 +3,8 @@
 //! it must show the origin's page, a 403 whose status line starts with its reason code, and
 //! an allow and a deny record.
 
+mod common;
+
 use std::process::Command;
 
 #[test]
@@ -92,19 +94,24 @@ fn the_readme_sample_refusal_is_what_the_embedded_config_answers() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let out = loop {
+    let ask = || {
         let out = Command::new("curl")
             .args(["-sS", "-i", "--noproxy", "", "-x", "http://127.0.0.1:3128"])
             .arg("http://gist.github.com/")
             .env_remove("http_proxy")
             .output()
             .expect("curl");
-        if out.status.success() || std::time::Instant::now() > deadline {
-            break String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n"),
+        )
     };
+    let every = std::time::Duration::from_millis(100);
+    let out = common::within(every, std::time::Duration::from_secs(20), || {
+        let (ok, text) = ask();
+        ok.then_some(text)
+    })
+    .unwrap_or_else(|| ask().1);
     let _ = proxy.kill();
     let _ = proxy.wait();
     let first = sample.lines().next().unwrap_or_default();

@@ -239,16 +239,16 @@ fn a_client_hello_sent_byte_by_byte_still_passes() {
     s.set_nodelay(true).unwrap();
     for b in &hello {
         s.write_all(&[*b]).unwrap();
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while e.raw.received.load(Ordering::SeqCst) < hello.len() as u64 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the hello never reached the origin"
+        let_time_pass(
+            Duration::from_millis(1),
+            "a client's pace: one byte per read",
         );
-        std::thread::sleep(Duration::from_millis(10));
     }
+    eventually(
+        Duration::from_secs(10),
+        "the hello to reach the origin",
+        || (e.raw.received.load(Ordering::SeqCst) >= hello.len() as u64).then_some(()),
+    );
     assert_eq!(e.raw.received.load(Ordering::SeqCst), hello.len() as u64);
     let open = e
         .proxy
@@ -304,14 +304,9 @@ fn a_hello_sent_with_the_connect_head_is_judged_as_if_it_came_after() {
     for (n, pad) in [(1u64, 1), (2, 9000)] {
         let _s = send("api.example.com", pad);
         let want = n * hello.len() as u64;
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while e.raw.received.load(Ordering::SeqCst) < want {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the hello never arrived"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        eventually(Duration::from_secs(10), "the hello to arrive", || {
+            (e.raw.received.load(Ordering::SeqCst) >= want).then_some(())
+        });
         assert_eq!(e.raw.received.load(Ordering::SeqCst), want);
     }
 }
@@ -358,11 +353,11 @@ fn a_server_speaks_first_protocol_is_not_held_for_header_ms() {
     s.read_exact(&mut banner).unwrap();
     assert_eq!(&banner, b"SSH-2.0-test\r\n");
     s.write_all(b"SSH-2.0-client\r\n").unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while ssh.received.load(Ordering::SeqCst) < 16 {
-        assert!(std::time::Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    eventually(
+        Duration::from_secs(10),
+        "the client's banner at the server",
+        || (ssh.received.load(Ordering::SeqCst) >= 16).then_some(()),
+    );
 }
 
 #[test]

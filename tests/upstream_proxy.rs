@@ -135,30 +135,26 @@ shutdown_lifetime 0 seconds
         };
         let ready = "Socket connections at conn";
         let at = format!("local=127.0.0.1:{port} ");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let text = std::fs::read_to_string(&cache_log).unwrap_or_default();
+        let mut text = String::new();
+        let every = Duration::from_millis(50);
+        let listening = within(every, Duration::from_secs(20), || {
+            text = std::fs::read_to_string(&cache_log).unwrap_or_default();
             if text.lines().any(|l| l.contains(ready) && l.contains(&at)) {
-                return Some(squid);
+                return Some(true);
             }
-            if let Ok(Some(_)) = squid.child.try_wait() {
-                return None;
-            }
-            assert!(Instant::now() < deadline, "squid did not listen: {text}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            matches!(squid.child.try_wait(), Ok(Some(_))).then_some(false)
+        })
+        .unwrap_or_else(|| panic!("squid did not listen: {text}"));
+        listening.then_some(squid)
     }
 
     /// Squid's access log, once `pred` holds (it writes each line when a transaction ends).
     fn log_when(&self, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            if pred(&text) || Instant::now() > deadline {
-                return text;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let read = || std::fs::read_to_string(&self.log).unwrap_or_default();
+        within(Duration::from_millis(50), Duration::from_secs(10), || {
+            Some(read()).filter(|text| pred(text))
+        })
+        .unwrap_or_else(read)
     }
 }
 
@@ -571,7 +567,9 @@ fn a_tunnel_through_the_parent_is_revoked_by_a_reload_with(e: &Env) {
     });
     // The download (a minute long) is under way through Squid.
     p.wait_audit("open", |r| r["target_host"] == "api.test");
-    std::thread::sleep(Duration::from_millis(300));
+    eventually(Duration::from_secs(10), "the download to flow", || {
+        (e.https.slow_sent.load(std::sync::atomic::Ordering::SeqCst) >= 2048).then_some(())
+    });
     let d = e.dir.path().join("revoke");
     let narrowed = e.config(&d, GUARD, &e.parent(), &["plain.test:*", "other.test:*"]);
     std::fs::write(&p.config, narrowed.yaml(&p.audit)).unwrap();

@@ -632,7 +632,10 @@ fn a_kill_soon_after_spending_does_not_give_the_day_back() {
     for _ in 0..3 {
         assert_eq!(get(&via), "200");
     }
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    let_time_pass(
+        std::time::Duration::from_millis(500),
+        "the bound under test: the day's count is on disk within half a second",
+    );
     let _ = proxy.child.kill();
     let _ = proxy.child.wait();
     let proxy = config(dir.path()).start(dir.path());
@@ -706,7 +709,7 @@ fn pipelined_requests_past_the_quota_cost_the_earlier_ones_nothing() {
         };
         s.write_all(&burst.as_bytes()[..at]).unwrap();
         if split {
-            std::thread::sleep(Duration::from_millis(100));
+            proxy.wait_record(|r| r["reason"] == "quota_exceeded");
             let _ = s.write_all(&burst.as_bytes()[at..]);
         }
         let mut answers = Vec::new();

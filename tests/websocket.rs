@@ -399,14 +399,9 @@ fn open_socket(e: &Env) -> std::process::Child {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let t = Instant::now();
-    while e.received().is_empty() {
-        assert!(
-            t.elapsed() < Duration::from_secs(15),
-            "the first message never arrived"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually(Duration::from_secs(15), "the first message", || {
+        (!e.received().is_empty()).then_some(())
+    });
     child
 }
 

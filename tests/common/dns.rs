@@ -43,7 +43,7 @@ impl SlowDns {
                 };
                 let sock = sock.try_clone().unwrap();
                 std::thread::spawn(move || {
-                    std::thread::sleep(delay);
+                    super::let_time_pass(delay, "a slow DNS server's delay");
                     let _ = sock.send_to(&reply, from);
                 });
             }

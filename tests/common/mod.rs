@@ -44,15 +44,84 @@ pub use pki::*;
 pub use proxy::*;
 
 /// Poll `f` every 20 ms until it returns `Some`, for at most `limit`.
-pub fn eventually<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn eventually<T>(limit: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    eventually_every(Duration::from_millis(20), limit, what, f)
+}
+
+/// [`eventually`], polling every `period`: for a condition whose poll costs something (it sends
+/// a request, reads a large file).
+pub fn eventually_every<T>(
+    period: Duration,
+    limit: Duration,
+    what: &str,
+    f: impl FnMut() -> Option<T>,
+) -> T {
+    within(period, limit, f).unwrap_or_else(|| panic!("timed out waiting for {what}"))
+}
+
+/// Poll `f` every `period` until it returns `Some`; `None` once `limit` has passed (for a
+/// caller whose failure says more than "timed out").
+pub fn within<T>(period: Duration, limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(period);
+    }
+}
+
+/// [`eventually`] in async code: poll the future `f` makes every 20 ms until it yields `Some`.
+pub async fn eventually_async<T, F: std::future::Future<Output = Option<T>>>(
+    limit: Duration,
+    what: &str,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
             return v;
         }
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A measurement once it has settled: read every `period` until two readings in a row are
+/// equal (or the last reading at `limit`: a quantity that never settles is judged as it is).
+pub fn steady<T: PartialEq>(
+    period: Duration,
+    limit: Duration,
+    mut measure: impl FnMut() -> T,
+) -> T {
+    let deadline = Instant::now() + limit;
+    let mut last = measure();
+    loop {
+        std::thread::sleep(period);
+        let now = measure();
+        if now == last || Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// Let `d` pass on the clock because what is tested is about time: a TTL or an idle timeout
+/// running out, a bound a promise names ("within 500 ms"), the pace of a slow peer. Never to
+/// wait for something to happen — that is [`eventually`] with the event as its condition.
+/// `why` says which time it is, for the reader.
+pub fn let_time_pass(d: Duration, why: &str) {
+    let _ = why;
+    std::thread::sleep(d);
+}
+
+/// [`let_time_pass`] in async code.
+pub async fn let_time_pass_async(d: Duration, why: &str) {
+    let _ = why;
+    tokio::time::sleep(d).await;
 }
 
 /// `egress-proxy simulate --json --config CANDIDATE TRAIL`: its exit status and report.

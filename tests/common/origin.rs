@@ -23,6 +23,10 @@ pub struct Origin {
     pub received: Arc<AtomicU64>,
     /// `/big` bytes handed to the kernel, over all requests.
     pub big_sent: Arc<AtomicU64>,
+    /// `/slow` bytes handed to the kernel, over all requests.
+    pub slow_sent: Arc<AtomicU64>,
+    /// `/upload` requests begun and ended (their connection closed, cut or answered).
+    uploads: Arc<(AtomicU64, AtomicU64)>,
     _rt: Arc<tokio::runtime::Runtime>,
 }
 
@@ -46,7 +50,14 @@ impl Origin {
         let addr = listener.local_addr().unwrap();
         let received = Arc::new(AtomicU64::new(0));
         let big_sent = Arc::new(AtomicU64::new(0));
-        let counter = (received.clone(), big_sent.clone());
+        let slow_sent = Arc::new(AtomicU64::new(0));
+        let uploads = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let counter = Counters {
+            received: received.clone(),
+            big_sent: big_sent.clone(),
+            slow_sent: slow_sent.clone(),
+            uploads: uploads.clone(),
+        };
         rt.spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -70,15 +81,23 @@ impl Origin {
             addr,
             received,
             big_sent,
+            slow_sent,
+            uploads,
             _rt: rt,
         }
     }
 }
 
-async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    mut s: S,
-    (received, big_sent): (Arc<AtomicU64>, Arc<AtomicU64>),
-) {
+/// What an origin's connections count, shared with the test.
+#[derive(Clone)]
+struct Counters {
+    received: Arc<AtomicU64>,
+    big_sent: Arc<AtomicU64>,
+    slow_sent: Arc<AtomicU64>,
+    uploads: Arc<(AtomicU64, AtomicU64)>,
+}
+
+async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut s: S, c: Counters) {
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -109,7 +128,7 @@ async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
                     return;
                 }
                 sent += n;
-                big_sent.fetch_add(n as u64, Ordering::SeqCst);
+                c.big_sent.fetch_add(n as u64, Ordering::SeqCst);
             }
         }
         "/slow" => {
@@ -121,36 +140,15 @@ async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
                 if s.write_all(&[b'.'; 1024]).await.is_err() || s.flush().await.is_err() {
                     return;
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                c.slow_sent.fetch_add(1024, Ordering::SeqCst);
+                super::let_time_pass_async(Duration::from_millis(100), "a slow origin's pace")
+                    .await;
             }
         }
         "/upload" => {
-            // Count the body (what followed the head in this read, then the rest) to EOF or
-            // Content-Length.
-            let length: Option<u64> = text.lines().find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case("content-length")
-                    .then(|| v.trim().parse().ok())
-                    .flatten()
-            });
-            let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
-            let mut got = (head.len() - end) as u64;
-            received.fetch_add(got, Ordering::SeqCst);
-            while length.is_none_or(|l| got < l) {
-                match s.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => {
-                        got += n as u64;
-                        received.fetch_add(n as u64, Ordering::SeqCst);
-                    }
-                }
-            }
-            let body = format!("received {got}\n");
-            let resp = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = s.write_all(resp.as_bytes()).await;
+            c.uploads.0.fetch_add(1, Ordering::SeqCst);
+            upload(&mut s, &text, &head, &c.received).await;
+            c.uploads.1.fetch_add(1, Ordering::SeqCst);
         }
         "/echo" => {
             let body = text;
@@ -170,6 +168,41 @@ async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
         }
     }
     let _ = s.shutdown().await;
+}
+
+/// `/upload`: count the body (what followed the head in its read, then the rest) to EOF or
+/// Content-Length, then answer how much arrived.
+async fn upload<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    s: &mut S,
+    text: &str,
+    head: &[u8],
+    received: &AtomicU64,
+) {
+    let mut buf = [0u8; 4096];
+    let length: Option<u64> = text.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse().ok())
+            .flatten()
+    });
+    let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
+    let mut got = (head.len() - end) as u64;
+    received.fetch_add(got, Ordering::SeqCst);
+    while length.is_none_or(|l| got < l) {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                got += n as u64;
+                received.fetch_add(n as u64, Ordering::SeqCst);
+            }
+        }
+    }
+    let body = format!("received {got}\n");
+    let resp = format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = s.write_all(resp.as_bytes()).await;
 }
 
 impl Origin {
@@ -198,18 +231,18 @@ impl Origin {
         );
     }
 
-    /// After a cut: let bytes already handed to the kernel land (300 ms), then check that
-    /// nothing more reaches `/upload` for `quiet`. Returns what had arrived.
-    pub fn assert_nothing_more_arrives(&self, quiet: Duration) -> u64 {
-        std::thread::sleep(Duration::from_millis(300));
-        let at_cut = self.received.load(Ordering::SeqCst);
-        std::thread::sleep(quiet);
-        assert_eq!(
-            self.received.load(Ordering::SeqCst),
-            at_cut,
-            "upload bytes kept reaching the origin after the cut"
+    /// After a cut: wait until every `/upload` the origin began has ended — its connection
+    /// closed, so nothing more can arrive on it. Returns what had arrived.
+    pub fn wait_uploads_ended(&self) -> u64 {
+        eventually(
+            Duration::from_secs(15),
+            "the cut upload to end at the origin",
+            || {
+                let (begun, ended) = (&self.uploads.0, &self.uploads.1);
+                (ended.load(Ordering::SeqCst) >= begun.load(Ordering::SeqCst)).then_some(())
+            },
         );
-        at_cut
+        self.received.load(Ordering::SeqCst)
     }
 }
 

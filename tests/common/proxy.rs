@@ -135,25 +135,52 @@ impl Proxy {
         event: &str,
         pred: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(r) = self
-                .audit_records()
-                .into_iter()
-                .find(|r| r["event"] == event && pred(r))
-            {
-                return r;
-            }
-            if Instant::now() > deadline {
-                panic!("no matching {event} record in {:#?}", self.audit_records());
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
+        within(Duration::from_millis(25), Duration::from_secs(15), || {
+            (self.audit_records().into_iter()).find(|r| r["event"] == event && pred(r))
+        })
+        .unwrap_or_else(|| panic!("no matching {event} record in {:#?}", self.audit_records()))
     }
 
     /// Wait until a final record matching `pred` appears.
     pub fn wait_record(&self, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
         self.wait_audit("end", pred)
+    }
+
+    /// The value of one series on `/metrics`: `series` is its name with its labels as rendered
+    /// (`egress_admission_refused_total{listener="admin",why="silent"}`).
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let (_, text) = self.admin_get("/metrics");
+        text.lines().find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+    }
+
+    /// How many descriptors the proxy process holds now (`/proc/PID/fd`): a connection it
+    /// accepted holds one, so a count that grew by `n` says it accepted `n` more.
+    pub fn descriptors(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// Wait until the proxy holds at least `n` descriptors more than `base` (it accepted that
+    /// many connections).
+    pub fn wait_accepted(&self, base: usize, n: usize) {
+        eventually(Duration::from_secs(10), "the proxy to accept them", || {
+            (self.descriptors() >= base + n).then_some(())
+        });
+    }
+
+    /// Wait until the proxy holds no more than `base` descriptors (it closed what it had
+    /// accepted since).
+    pub fn wait_released(&self, base: usize) {
+        eventually(Duration::from_secs(10), "the proxy to close them", || {
+            (self.descriptors() <= base).then_some(())
+        });
     }
 
     /// GET a path on the admin listener: (status, body).
@@ -164,17 +191,13 @@ impl Proxy {
     /// SIGTERM and wait.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         unsafe_free_kill(self.child.id(), "TERM");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return s;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!("proxy did not stop on SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let stopped = within(Duration::from_millis(50), Duration::from_secs(30), || {
+            self.child.try_wait().ok().flatten()
+        });
+        stopped.unwrap_or_else(|| {
+            let _ = self.child.kill();
+            panic!("proxy did not stop on SIGTERM")
+        })
     }
 
     pub fn stderr_text(&self) -> String {
