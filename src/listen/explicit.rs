@@ -31,7 +31,7 @@ use crate::policy::target::Target;
 use crate::policy::Decision;
 use crate::relay::body::Body;
 use crate::relay::client_io::ClientIo;
-use crate::relay::deny::{self, Refusal};
+use crate::relay::deny::{self, Wording};
 use crate::runtime::Shared;
 
 /// Largest request head accepted (hyper answers 431 beyond it).
@@ -350,7 +350,7 @@ async fn handle(conn: Arc<ClientConn>, req: Request<Incoming>) -> Response<Body>
     if let Some(why) = shared.sink.refuse_unrecorded() {
         // Every request (the next one on a kept connection, each HTTP/2 stream) is refused
         // while its record could not be kept — unrecorded, counted.
-        return deny::response(&Refusal {
+        return deny::response(&Wording {
             reason: Reason::AuditUnavailable,
             what: &describe(&req),
             sandbox: None,

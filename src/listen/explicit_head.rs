@@ -11,7 +11,7 @@ use crate::audit::accept::Accepted;
 use crate::audit::{Close, Mode};
 use crate::policy::reason::Reason;
 use crate::policy::Decision;
-use crate::relay::deny::{self, Refusal};
+use crate::relay::deny::{self, Wording};
 use crate::runtime::Shared;
 
 /// A first request head that arrived whole but cannot be served: what it was and why.
@@ -100,7 +100,7 @@ pub(super) async fn refuse_malformed(
             break;
         }
     }
-    let resp = deny::wire(&Refusal {
+    let resp = deny::wire(&Wording {
         reason: Reason::InvalidTarget,
         what: "this request",
         sandbox: None,

@@ -9,7 +9,7 @@ use super::explicit::read_target;
 use crate::audit::AuditGuard;
 use crate::policy::Decision;
 use crate::relay::body::Body;
-use crate::relay::deny::{self, Refusal};
+use crate::relay::deny::{self, Wording};
 use crate::runtime::Shared;
 use crate::sandboxes::set::Sandbox;
 
@@ -64,7 +64,7 @@ pub(super) fn refuse_as(
     retry_after: Option<u64>,
 ) -> http::Response<Body> {
     drop(audit);
-    let refusal = Refusal {
+    let refusal = Wording {
         reason: shown.reason,
         what: &describe(req),
         sandbox: sandbox.map(|s| s.binding.id.as_str()),

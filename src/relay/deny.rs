@@ -23,8 +23,8 @@ use crate::policy::reason::Reason;
 use crate::policy::target::Target;
 use crate::relay::body::{self, Body};
 
-/// What to say in a refusal.
-pub struct Refusal<'a> {
+/// What an HTTP refusal says: the wording every answer shape here is built from.
+pub struct Wording<'a> {
     pub reason: Reason,
     /// `CONNECT host:port` or `GET http://…` (already sanitised, no credentials).
     pub what: &'a str,
@@ -85,7 +85,7 @@ pub const MAX_PHRASE: usize = 240;
 /// `[reason]` code first, so that however it is cut (here, or by a client that shows only
 /// the start of a line) the code survives; a refusal a grant could answer ends with where to
 /// ask, which the bound never cuts (the explanation is shortened instead).
-pub fn phrase(r: &Refusal<'_>) -> String {
+pub fn phrase(r: &Wording<'_>) -> String {
     let subject = r.what.strip_prefix("CONNECT ").unwrap_or(r.what);
     let text = format!(
         "egress-proxy [{}]: refused {subject}: {}",
@@ -127,7 +127,7 @@ fn sf_string(s: &str) -> String {
 }
 
 /// Build the HTTP response for a refusal.
-pub fn response(r: &Refusal<'_>) -> Response<Body> {
+pub fn response(r: &Wording<'_>) -> Response<Body> {
     let (parts, text) = build(r).into_parts();
     Response::from_parts(parts, body::full(text))
 }
@@ -161,7 +161,7 @@ pub fn wants_json(headers: &HeaderMap) -> bool {
 }
 
 /// [`response`], with the body as JSON when `json` is given (the client asked for it).
-pub fn response_to(r: &Refusal<'_>, json: Option<Structured<'_>>) -> Response<Body> {
+pub fn response_to(r: &Wording<'_>, json: Option<Structured<'_>>) -> Response<Body> {
     let Some(s) = json else {
         return response(r);
     };
@@ -252,7 +252,7 @@ pub fn provider_shaped(
 
 /// The same refusal inside a tunnel the proxy terminated (credential brokering): the
 /// connection stays open for the client's next request, so no `Connection: close`.
-pub fn in_tunnel(r: &Refusal<'_>) -> Response<Body> {
+pub fn in_tunnel(r: &Wording<'_>) -> Response<Body> {
     let mut resp = response(r);
     resp.headers_mut().remove(header::CONNECTION);
     resp
@@ -262,7 +262,7 @@ pub fn in_tunnel(r: &Refusal<'_>) -> Response<Body> {
 /// reads answers: status 200, `application/json`, one error per request id (an array for a
 /// batch), code -32001, the house text as the message and the reason in `data`; the
 /// `Proxy-Status` header as in every other refusal.
-pub fn jsonrpc(r: &Refusal<'_>, ids: &[serde_json::Value], batch: bool) -> Response<Body> {
+pub fn jsonrpc(r: &Wording<'_>, ids: &[serde_json::Value], batch: bool) -> Response<Body> {
     let (mut parts, text) = build(r).into_parts();
     let message = String::from_utf8_lossy(&text)
         .lines()
@@ -295,7 +295,7 @@ pub fn jsonrpc(r: &Refusal<'_>, ids: &[serde_json::Value], batch: bool) -> Respo
 }
 
 /// The same response as HTTP/1.1 bytes (status line, headers, body).
-pub fn wire(r: &Refusal<'_>) -> Vec<u8> {
+pub fn wire(r: &Wording<'_>) -> Vec<u8> {
     render(build(r), &phrase(r))
 }
 
@@ -315,7 +315,7 @@ fn render(resp: Response<Bytes>, phrase: &str) -> Vec<u8> {
     out
 }
 
-fn build(r: &Refusal<'_>) -> Response<Bytes> {
+fn build(r: &Wording<'_>) -> Response<Bytes> {
     let status = StatusCode::from_u16(r.reason.status()).unwrap_or(StatusCode::FORBIDDEN);
     let who = r
         .sandbox

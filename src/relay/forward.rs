@@ -205,7 +205,7 @@ fn dlp_cut(
         }
     });
     let (reason, why) = cut?;
-    Some(deny::response(&deny::Refusal {
+    Some(deny::response(&deny::Wording {
         reason,
         what: &failed.what,
         sandbox: Some(&failed.sandbox),
@@ -249,7 +249,7 @@ fn refused(mut audit: AuditGuard, r: &pipeline::Refusal, failed: &Failed) -> Res
         audit.status(resp.status());
         return resp;
     }
-    let resp = deny::response(&deny::Refusal {
+    let resp = deny::response(&deny::Wording {
         reason: r.reason,
         what: &failed.what,
         sandbox: Some(&failed.sandbox),
@@ -383,7 +383,7 @@ fn bad_request(exchange: &SharedExchange, e: &str, failed: &Failed) -> Response<
         a.detail(format!("client: {e}"));
         a.close_if_unset(Close::Error);
     });
-    deny::response(&deny::Refusal {
+    deny::response(&deny::Wording {
         reason: Reason::MalformedRequest,
         what: &failed.what,
         sandbox: Some(&failed.sandbox),
@@ -401,7 +401,7 @@ fn refused_by_parent(exchange: &SharedExchange, detail: &str, failed: &Failed) -
         a.detail(detail.to_string());
         a.close_if_unset(Close::Error);
     });
-    deny::response(&deny::Refusal {
+    deny::response(&deny::Wording {
         reason: Reason::UpstreamProxyRefused,
         what: &failed.what,
         sandbox: Some(&failed.sandbox),
@@ -468,7 +468,7 @@ fn bad_gateway(
         a.detail(format!("upstream: {e}"));
         a.close_if_unset(Close::Error);
     });
-    deny::response(&deny::Refusal {
+    deny::response(&deny::Wording {
         reason: Reason::ConnectionRefused,
         what: &failed.what,
         sandbox: Some(&failed.sandbox),

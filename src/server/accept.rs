@@ -17,7 +17,7 @@ use crate::control::admin::Admin;
 use crate::egress::source_caps::{self, Admissions};
 use crate::policy::reason::Reason;
 use crate::policy::Decision;
-use crate::relay::deny::{self, Refusal};
+use crate::relay::deny::{self, Wording};
 use crate::runtime::Shared;
 
 /// Which data-plane listener an accept loop serves.
@@ -212,7 +212,7 @@ async fn refuse_early(
     audit.detail(detail);
     match kind {
         Kind::Proxy => {
-            let resp = deny::wire(&Refusal {
+            let resp = deny::wire(&Wording {
                 reason,
                 what: "this connection",
                 sandbox: None,
@@ -294,7 +294,7 @@ async fn serve_tls(
 async fn refuse_unrecorded(mut stream: TcpStream, kind: Kind, why: Unavailable) {
     match kind {
         Kind::Proxy => {
-            let resp = deny::wire(&Refusal {
+            let resp = deny::wire(&Wording {
                 reason: Reason::AuditUnavailable,
                 what: "this connection",
                 sandbox: None,

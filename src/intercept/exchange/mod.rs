@@ -371,7 +371,7 @@ impl Exchange {
                 let what = format!("{method} {}", self.dest.shown());
                 let id = (self.current)().map(|(b, _)| b.id.to_string());
                 deny::jsonrpc(
-                    &deny::Refusal {
+                    &deny::Wording {
                         reason: r.reason,
                         what: &what,
                         sandbox: id.as_deref(),
@@ -401,7 +401,7 @@ impl Exchange {
         }
         let what = format!("{method} {}", self.dest.shown());
         let id = (self.current)().map(|(b, _)| b.id.to_string());
-        deny::in_tunnel(&deny::Refusal {
+        deny::in_tunnel(&deny::Wording {
             reason,
             what: &what,
             sandbox: id.as_deref(),

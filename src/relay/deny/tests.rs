@@ -4,7 +4,7 @@ use super::*;
 
 #[test]
 fn reason_phrase_is_one_bounded_ascii_line() {
-    let r = Refusal {
+    let r = Wording {
         reason: Reason::NoRuleMatched,
         what: "CONNECT denied.example:443",
         sandbox: Some("agent1"),
@@ -16,7 +16,7 @@ fn reason_phrase_is_one_bounded_ascii_line() {
             phrase(&r),
             "egress-proxy [no_rule_matched]: refused denied.example:443: not in network.egress of sandbox agent1 (policy.yaml) (ask: POST http://egress-proxy.local/v1/requests via HTTP_PROXY)"
         );
-    let https = phrase(&Refusal {
+    let https = phrase(&Wording {
         ask: AskUrl::Https,
         ..r
     });
@@ -28,7 +28,7 @@ fn reason_phrase_is_one_bounded_ascii_line() {
     let p = resp.extensions().get::<hyper::ext::ReasonPhrase>().unwrap();
     assert_eq!(p.as_bytes(), phrase(&r).as_bytes());
     let long = "x\r\ny\u{e9}".repeat(200);
-    let p = phrase(&Refusal {
+    let p = phrase(&Wording {
         explanation: &long,
         ..r
     });
@@ -57,7 +57,7 @@ fn json_is_given_to_who_asks_for_it() {
     assert!(!accept("text/plain"));
     assert!(!wants_json(&HeaderMap::new()));
     let target = Target::parse("denied.example:443", None).unwrap();
-    let r = Refusal {
+    let r = Wording {
         reason: Reason::DeniedByRule,
         what: "CONNECT denied.example:443",
         sandbox: Some("agent1"),
@@ -96,7 +96,7 @@ fn futures_body(body: Body) -> Bytes {
 
 #[test]
 fn headers_and_body() {
-    let r = response(&Refusal {
+    let r = response(&Wording {
         reason: Reason::NoRuleMatched,
         what: "CONNECT evil.example:443",
         sandbox: Some("demo"),
@@ -109,7 +109,7 @@ fn headers_and_body() {
             r.headers()["proxy-status"],
             "egress-proxy; error=http_request_denied; details=\"no_rule_matched: not in network.egress of sandbox demo (config/proxy.yaml)\"; request-access=\"http://egress-proxy.local/v1/requests\""
         );
-    let r = response(&Refusal {
+    let r = response(&Wording {
         reason: Reason::AuthRequired,
         what: "CONNECT x:443",
         sandbox: None,
@@ -126,7 +126,7 @@ fn headers_and_body() {
         .to_str()
         .unwrap()
         .contains("a \\\"quoted\\\"? thing"));
-    let r = response(&Refusal {
+    let r = response(&Wording {
         reason: Reason::RateLimited,
         what: "x",
         sandbox: None,
@@ -136,7 +136,7 @@ fn headers_and_body() {
     });
     assert_eq!(r.status(), 429);
     assert_eq!(r.headers()["retry-after"], "3");
-    let raw = String::from_utf8(wire(&Refusal {
+    let raw = String::from_utf8(wire(&Wording {
         reason: Reason::ConnectionLimit,
         what: "a connection",
         sandbox: None,
