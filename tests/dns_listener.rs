@@ -507,19 +507,12 @@ fn a_second_proxy_on_the_same_dns_port_refuses_to_start() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let status = eventually(
-        Duration::from_secs(20),
-        "the second process to end",
-        || match second.try_wait().unwrap() {
-            Some(s) => Some(Some(s)),
-            None if std::time::Instant::now() > deadline => {
-                let _ = second.kill();
-                Some(None)
-            }
-            None => None,
-        },
-    );
+    let status = within(Duration::from_millis(50), Duration::from_secs(15), || {
+        second.try_wait().unwrap()
+    });
+    if status.is_none() {
+        let _ = second.kill();
+    }
     let mut err = String::new();
     use std::io::Read;
     let _ = second.stderr.take().unwrap().read_to_string(&mut err);

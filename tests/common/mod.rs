@@ -113,14 +113,12 @@ pub fn steady<T: PartialEq>(
 /// running out, a bound a promise names ("within 500 ms"), the pace of a slow peer. Never to
 /// wait for something to happen — that is [`eventually`] with the event as its condition.
 /// `why` says which time it is, for the reader.
-pub fn let_time_pass(d: Duration, why: &str) {
-    let _ = why;
+pub fn let_time_pass(d: Duration, _why: &str) {
     std::thread::sleep(d);
 }
 
 /// [`let_time_pass`] in async code.
-pub async fn let_time_pass_async(d: Duration, why: &str) {
-    let _ = why;
+pub async fn let_time_pass_async(d: Duration, _why: &str) {
     tokio::time::sleep(d).await;
 }
 
