@@ -455,6 +455,7 @@ async fn sweep_upstreams(shared: Arc<Shared>) {
         if let Some(ix) = &ix {
             ix.kept.sweep(&set);
             ix.scrubbers.prune();
+            ix.upstream.prune();
         }
     }
 }

@@ -3,7 +3,8 @@
 //! upstream TLS connection its last one left (no second handshake); another sandbox, another
 //! credential, or the same sandbox after its secret was rotated never is; a reload that
 //! stops allowing the host resets the kept connection; `upstream_keepalive.idle_ms: 0` keeps
-//! none.
+//! none. With none kept, a sandbox resumes its own TLS sessions with the origin, never
+//! another sandbox's, nor those of its own binding before a reload replaced it.
 
 mod common;
 
@@ -28,6 +29,8 @@ struct TlsOrigin {
     drop_kept: Arc<AtomicBool>,
     /// Connections that ended without a TLS session (accepted, then closed silent).
     unused: Arc<AtomicUsize>,
+    /// Sessions whose handshake resumed an earlier one (a ticket the origin issued).
+    resumed: Arc<Mutex<Vec<usize>>>,
     ca: TestCa,
     _rt: tokio::runtime::Runtime,
 }
@@ -49,23 +52,26 @@ impl TlsOrigin {
         let ended = Arc::new(Mutex::new(Vec::new()));
         let drop_kept = Arc::new(AtomicBool::new(false));
         let unused = Arc::new(AtomicUsize::new(0));
-        let (s, e, dk, u) = (
+        let resumed = Arc::new(Mutex::new(Vec::new()));
+        let (s, e, dk, u, r) = (
             sessions.clone(),
             ended.clone(),
             drop_kept.clone(),
             unused.clone(),
+            resumed.clone(),
         );
         rt.spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     continue;
                 };
-                let (acceptor, s, e, dk, u) = (
+                let (acceptor, s, e, dk, u, r) = (
                     acceptor.clone(),
                     s.clone(),
                     e.clone(),
                     dk.clone(),
                     u.clone(),
+                    r.clone(),
                 );
                 tokio::spawn(async move {
                     // A connection the proxy dialled and did not need closes here, unnumbered.
@@ -74,6 +80,10 @@ impl TlsOrigin {
                         return;
                     };
                     let n = s.fetch_add(1, Ordering::SeqCst) + 1;
+                    let kind = tls.get_ref().1.handshake_kind();
+                    if kind == Some(tokio_rustls::rustls::HandshakeKind::Resumed) {
+                        r.lock().unwrap().push(n);
+                    }
                     let served = Arc::new(AtomicUsize::new(0));
                     let svc = hyper::service::service_fn(move |req: http::Request<_>| {
                         let again = served.fetch_add(1, Ordering::SeqCst) > 0;
@@ -109,6 +119,7 @@ impl TlsOrigin {
             ended,
             drop_kept,
             unused,
+            resumed,
             ca,
             _rt: rt,
         }
@@ -120,6 +131,10 @@ impl TlsOrigin {
 
     fn ended(&self) -> Vec<usize> {
         self.ended.lock().unwrap().clone()
+    }
+
+    fn resumed(&self) -> Vec<usize> {
+        self.resumed.lock().unwrap().clone()
     }
 }
 
@@ -268,9 +283,11 @@ fn a_rotated_secret_retires_the_kept_connection() {
     eventually(Duration::from_secs(15), "session 1 closed", || {
         e.origin.ended().contains(&1).then_some(())
     });
-    // ...and the next tunnel opens its own.
+    // ...and the next tunnel opens its own, with a full handshake: a new binding (a rotated
+    // secret, a sandbox registered again under its name) resumes nothing of the old one's.
     assert_eq!(e.get("a"), answer(2, "rotated-secret"));
     assert_eq!(e.origin.sessions(), 2);
+    assert!(e.origin.resumed().is_empty(), "{:?}", e.origin.resumed());
 }
 
 #[test]
@@ -304,6 +321,31 @@ fn idle_ms_zero_keeps_no_upstream_connection() {
     eventually(Duration::from_secs(15), "both sessions closed", || {
         (e.origin.ended().len() == 2).then_some(())
     });
+}
+
+/// With no connection kept, a sandbox's next tunnel still skips most of the upstream
+/// handshake: it resumes the TLS session its last one had (no certificate chain to send and
+/// verify). Another sandbox never resumes it: its first session to the host is a full
+/// handshake, and its own next one resumes its own.
+#[test]
+fn a_sandbox_resumes_its_own_upstream_tls_sessions_and_no_other_sandboxs() {
+    let e = env("{ idle_ms: 0 }");
+    assert_eq!(e.get("a"), answer(1, "secret-of-a"));
+    assert_eq!(e.get("a"), answer(2, "secret-of-a"));
+    assert_eq!(
+        e.origin.resumed(),
+        vec![2],
+        "a's second tunnel resumes its first session"
+    );
+    assert_eq!(e.get("b"), answer(3, "secret-of-b"));
+    assert_eq!(
+        e.origin.resumed(),
+        vec![2],
+        "b's first session is a full handshake"
+    );
+    assert_eq!(e.get("b"), answer(4, "secret-of-b"));
+    assert_eq!(e.get("a"), answer(5, "secret-of-a"));
+    assert_eq!(e.origin.resumed(), vec![2, 4, 5]);
 }
 
 /// The scrubber compiled for a sandbox's binding serves its next tunnels: each sandbox's

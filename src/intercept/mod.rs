@@ -20,8 +20,10 @@ mod in_clear;
 pub mod kept;
 mod mcp_filter;
 pub mod minter;
+mod per_binding;
 mod placeholder;
 pub(crate) mod prefixed;
+pub mod resumption;
 mod scrub;
 pub mod sealed;
 mod sigv4;
@@ -52,8 +54,8 @@ use prefixed::Prefixed;
 pub struct Interceptor {
     ca: InterceptCa,
     /// Upstream TLS, one per ALPN offer a client can make (none, `http/1.1`, `h2`, both),
-    /// built once.
-    upstream: [Arc<rustls::ClientConfig>; 4],
+    /// built once, with a session store per sandbox binding and host.
+    pub upstream: resumption::Resuming,
     never: Vec<BoundHost>,
     scrub_body_bytes: u64,
     judge_body_bytes: u64,
@@ -95,10 +97,12 @@ impl Interceptor {
         let offering = |protocols: &[&[u8]]| {
             let mut c = upstream.clone();
             c.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
-            Arc::new(c)
+            c
         };
+        // The proxy's own token requests resume their sessions in a store of their own.
         let mut minting = upstream.clone();
         minting.alpn_protocols = vec![b"http/1.1".to_vec()];
+        minting.resumption = rustls::client::Resumption::default();
         let issuer = identity_token::Issuer::new(cfg.identity.clone()).map_err(|e| {
             InterceptError::content("tls_intercept.identity", crate::policy::cause::of(e))
         })?;
@@ -106,12 +110,12 @@ impl Interceptor {
             issuer: Arc::new(issuer),
             minter: Arc::new(minter::Minter::new(Arc::new(minting))),
             ca,
-            upstream: [
+            upstream: resumption::Resuming::new([
                 offering(&[]),
                 offering(&[b"http/1.1"]),
                 offering(&[b"h2"]),
                 offering(&[b"h2", b"http/1.1"]),
-            ],
+            ]),
             never: cfg.never.clone(),
             scrub_body_bytes: cfg.scrub_body_bytes,
             judge_body_bytes: cfg.judge_body_bytes,

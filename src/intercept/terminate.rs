@@ -31,7 +31,9 @@ where
     F: std::future::Future<Output = Close>,
 {
     let offer = offer_of(&t.client_alpn);
-    let keep = keeping(t.clearance.take(), &t.ends, offer);
+    let binding = (t.ends.current)().map(|(b, _)| b);
+    let keep = keeping(t.clearance.take(), binding.as_ref(), &t.ends, offer);
+    let upstream_tls = || upstream_connector(ix, binding.as_ref(), offer, t.ends.host);
     let kept = keep.as_ref().and_then(|k| take_kept(ix, k, t.ends.port));
     let (up, negotiated, conn) = match kept {
         Some(k) => {
@@ -39,11 +41,10 @@ where
                 "terminating: on a kept upstream connection (its tunnel {})",
                 k.conn.reused + 1
             ));
-            let spare = upstream_connector(ix, offer, t.ends.host);
-            with_spare(k, t.server, spare, handshake)
+            with_spare(k, t.server, upstream_tls(), handshake)
         }
         None => {
-            let Some((connector, name)) = upstream_connector(ix, offer, t.ends.host) else {
+            let Some((connector, name)) = upstream_tls() else {
                 audit.detail("terminating: the host is not a TLS server name");
                 return Relayed::nothing(Close::Error);
             };
@@ -130,9 +131,6 @@ fn offer_of(client_alpn: &[String]) -> usize {
     usize::from(h1) + 2 * usize::from(h2)
 }
 
-/// What keeping a tunnel's upstream connection needs, when it may be kept (a clearance was
-/// given, the sandbox is still registered): the clearance, the key for the protocols the
-/// client offered (`offer`), and what the binding puts on requests to the host now.
 /// A kept upstream connection this tunnel may take: same sandbox, authority, dialled address
 /// and port, cleared by the same proof for the same process, carrying the same credentials.
 fn take_kept(ix: &Interceptor, k: &kept::Keeping, port: u16) -> Option<kept::KeptTls> {
@@ -143,28 +141,34 @@ fn take_kept(ix: &Interceptor, k: &kept::Keeping, port: u16) -> Option<kept::Kep
     (ix.kept).take_fitting(&c.sandbox, &k.authority, &[c.dialed], port, fits)
 }
 
+/// What keeping a tunnel's upstream connection needs, when it may be kept (a clearance was
+/// given, the sandbox is still registered: its `binding`): the clearance, the key for the
+/// protocols the client offered (`offer`), and what the binding puts on requests to the host
+/// now.
 fn keeping(
     clearance: Option<Box<crate::egress::clearance::Clearance>>,
+    binding: Option<&Arc<crate::config::Binding>>,
     ends: &Ends<'_>,
     offer: usize,
 ) -> Option<kept::Keeping> {
-    let (binding, _) = (ends.current)()?;
     Some(kept::Keeping {
         clearance: *clearance?,
         authority: kept::authority(ends.host, ends.port, offer),
-        carries: kept::Carries::of(&binding, ends.host),
+        carries: kept::Carries::of(binding?, ends.host),
     })
 }
 
 /// How to reach the upstream over TLS: offering it what the client offered (of HTTP/1.1 and
-/// HTTP/2), so the protocol it picks is one the client speaks, and the name to verify.
-/// `None` when `host` is not a TLS server name.
+/// HTTP/2), so the protocol it picks is one the client speaks, resuming a session of this
+/// sandbox's `binding` with the host ([`super::resumption`]), and the name to verify. `None`
+/// when `host` is not a TLS server name.
 fn upstream_connector(
     ix: &Interceptor,
+    binding: Option<&Arc<crate::config::Binding>>,
     offer: usize,
     host: &str,
 ) -> Option<(tokio_rustls::TlsConnector, ServerName<'static>)> {
-    let config = ix.upstream[offer].clone();
+    let config = ix.upstream.config(binding, host, offer);
     let name = ServerName::try_from(host.to_string()).ok()?;
     Some((tokio_rustls::TlsConnector::from(config), name))
 }

@@ -97,7 +97,7 @@ impl Prepared {
             true => Scrubber::new(bound.iter()).map(Arc::new),
             false => cx
                 .scrubbers
-                .get_or_build(&binding, host, || Scrubber::new(bound.iter())),
+                .get_or_build(&binding, host, || Scrubber::new(bound.iter()).map(Arc::new)),
         };
         let minted_scrubber =
             changing.then(|| Mutex::new((cx.minter.generation(), scrubber.clone())));

@@ -3,100 +3,23 @@
 //! secret) cost more than the rest of a request's phases together, and a client that opens a
 //! connection per call paid it per call.
 //!
-//! Nothing crosses a trust boundary: an entry is keyed by the binding itself (the `Arc` the
-//! policy set holds for one sandbox at one version) and the host, so a reload that rotates a
-//! secret or changes what is bound makes a new binding and a new scrubber, and two sandboxes
-//! never share one. Entries hold the binding weakly: the secrets they compiled are dropped
-//! with the last tunnel of a binding that is gone, at the next [`Compiled::prune`] (the
-//! upstream sweep) or the next miss. Minted secrets change without a new binding, so their
-//! scrubbers are never kept here ([`crate::intercept::exchange`] rebuilds them per token).
+//! Kept by [`PerBinding`]: keyed by the binding itself and the host, so a reload that rotates
+//! a secret makes a new scrubber, two sandboxes never share one, and the secrets an entry
+//! compiled leave memory with the last tunnel of a binding that is gone. Minted secrets change
+//! without a new binding, so their scrubbers are never kept here ([`crate::intercept::exchange`] rebuilds them per token).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 use super::Scrubber;
-use crate::config::Binding;
+use crate::intercept::per_binding::PerBinding;
 
-/// At most this many (binding, host) entries; past it, the map starts again.
-const MAX_ENTRIES: usize = 4096;
-
-struct Entry {
-    binding: Weak<Binding>,
-    scrubber: Option<Arc<Scrubber>>,
-}
-
-/// The scrubbers kept, per sandbox and host.
-#[derive(Default)]
-pub struct Compiled {
-    entries: Mutex<HashMap<(String, String), Entry>>,
-}
-
-impl std::fmt::Debug for Compiled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Compiled")
-            .field("entries", &self.len())
-            .finish()
-    }
-}
-
-impl Compiled {
-    /// The scrubber of `binding` for `host`: the one built for this very binding, or
-    /// `build()`'s, kept for the next tunnel.
-    pub fn get_or_build(
-        &self,
-        binding: &Arc<Binding>,
-        host: &str,
-        build: impl FnOnce() -> Option<Scrubber>,
-    ) -> Option<Arc<Scrubber>> {
-        let key = (binding.id.to_string(), host.to_ascii_lowercase());
-        let weak = Arc::downgrade(binding);
-        if let Ok(entries) = self.entries.lock() {
-            // A `Weak` keeps its allocation: the pointer cannot be another binding's.
-            if let Some(e) = entries.get(&key).filter(|e| e.binding.ptr_eq(&weak)) {
-                return e.scrubber.clone();
-            }
-        }
-        // Built outside the lock: two tunnels that miss together both build, one is kept.
-        let scrubber = build().map(Arc::new);
-        if let Ok(mut entries) = self.entries.lock() {
-            entries.retain(|_, e| e.binding.strong_count() > 0);
-            if entries.len() >= MAX_ENTRIES {
-                entries.clear();
-            }
-            let entry = Entry {
-                binding: weak,
-                scrubber: scrubber.clone(),
-            };
-            entries.insert(key, entry);
-        }
-        scrubber
-    }
-
-    /// Drop the entries of bindings no longer held (a sandbox gone, a reload that replaced
-    /// it): their secrets leave memory. How many were dropped.
-    pub fn prune(&self) -> usize {
-        let Ok(mut entries) = self.entries.lock() else {
-            return 0;
-        };
-        let before = entries.len();
-        entries.retain(|_, e| e.binding.strong_count() > 0);
-        before - entries.len()
-    }
-
-    /// Entries kept now.
-    pub fn len(&self) -> usize {
-        self.entries.lock().map(|e| e.len()).unwrap_or(0)
-    }
-
-    /// Whether none is kept.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+/// The scrubbers kept, per sandbox binding and host.
+pub type Compiled = PerBinding<Option<Arc<Scrubber>>>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Binding;
     use crate::intercept::credential::{self, MintCx};
 
     /// Sandboxes `a` and `b`, each with its own secret for `llm.test`.
@@ -143,12 +66,16 @@ mod tests {
         let cache = Compiled::default();
         let bs = bindings("sk-aaaaaaaaaaaaaaaaaaaaaaaa");
         let (a, b) = (&bs[0], &bs[1]);
-        let first = cache.get_or_build(a, "llm.test", || build(a)).expect("a");
+        let first = cache
+            .get_or_build(a, "llm.test", || build(a).map(Arc::new))
+            .expect("a");
         let again = cache
             .get_or_build(a, "LLM.test", || panic!("built twice"))
             .expect("a again");
         assert!(Arc::ptr_eq(&first, &again));
-        let other = cache.get_or_build(b, "llm.test", || build(b)).expect("b");
+        let other = cache
+            .get_or_build(b, "llm.test", || build(b).map(Arc::new))
+            .expect("b");
         assert!(!Arc::ptr_eq(&first, &other));
         // Each scrubs its own sandbox's secret.
         assert!(!scrubbed(&other, "x sk-bbbbbbbbbbbbbbbbbbbbbbbb").contains("sk-bbbb"));
@@ -160,15 +87,15 @@ mod tests {
     fn a_rotated_secret_is_a_new_binding_and_the_old_one_leaves() {
         let cache = Compiled::default();
         let old = bindings("sk-aaaaaaaaaaaaaaaaaaaaaaaa");
-        cache.get_or_build(&old[0], "llm.test", || build(&old[0]));
+        cache.get_or_build(&old[0], "llm.test", || build(&old[0]).map(Arc::new));
         let new = bindings("sk-cccccccccccccccccccccccc");
         // Same sandbox and host, another binding: built anew, never the old scrubber.
         let s = cache
-            .get_or_build(&new[0], "llm.test", || build(&new[0]))
+            .get_or_build(&new[0], "llm.test", || build(&new[0]).map(Arc::new))
             .expect("new");
         assert!(!scrubbed(&s, "sk-cccccccccccccccccccccccc").contains("sk-cccc"));
         assert_eq!(cache.len(), 1);
-        cache.get_or_build(&old[1], "llm.test", || build(&old[1]));
+        cache.get_or_build(&old[1], "llm.test", || build(&old[1]).map(Arc::new));
         assert_eq!(cache.len(), 2);
         drop(old);
         assert_eq!(
