@@ -31,19 +31,27 @@ struct TlsOrigin {
     unused: Arc<AtomicUsize>,
     /// Sessions whose handshake resumed an earlier one (a ticket the origin issued).
     resumed: Arc<Mutex<Vec<usize>>>,
+    /// Requests to `/hold` waiting for [`TlsOrigin::release`].
+    holding: Arc<AtomicUsize>,
+    release: tokio::sync::watch::Sender<bool>,
     ca: TestCa,
     _rt: tokio::runtime::Runtime,
 }
 
 impl TlsOrigin {
     fn start(dir: &std::path::Path) -> TlsOrigin {
+        Self::start_with(dir, &[b"http/1.1"])
+    }
+
+    /// An origin offering `alpn` (HTTP/2 served when the client picks `h2`).
+    fn start_with(dir: &std::path::Path, alpn: &[&[u8]]) -> TlsOrigin {
         let ca = TestCa::generate(dir);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(ca.server_config(&[b"http/1.1"])));
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(ca.server_config(alpn)));
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
@@ -53,25 +61,30 @@ impl TlsOrigin {
         let drop_kept = Arc::new(AtomicBool::new(false));
         let unused = Arc::new(AtomicUsize::new(0));
         let resumed = Arc::new(Mutex::new(Vec::new()));
-        let (s, e, dk, u, r) = (
+        let holding = Arc::new(AtomicUsize::new(0));
+        let (release, released) = tokio::sync::watch::channel(false);
+        let (s, e, dk, u, r, h) = (
             sessions.clone(),
             ended.clone(),
             drop_kept.clone(),
             unused.clone(),
             resumed.clone(),
+            holding.clone(),
         );
         rt.spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     continue;
                 };
-                let (acceptor, s, e, dk, u, r) = (
+                let (acceptor, s, e, dk, u, r, h, rel) = (
                     acceptor.clone(),
                     s.clone(),
                     e.clone(),
                     dk.clone(),
                     u.clone(),
                     r.clone(),
+                    h.clone(),
+                    released.clone(),
                 );
                 tokio::spawn(async move {
                     // A connection the proxy dialled and did not need closes here, unnumbered.
@@ -94,21 +107,39 @@ impl TlsOrigin {
                             .and_then(|v: &http::HeaderValue| v.to_str().ok())
                             .unwrap_or("")
                             .to_string();
+                        let hold = req.uri().path() == "/hold";
                         let body = match req.uri().path() {
                             "/v1/echo" => format!("session {n} echo={auth}"),
+                            "/hold" => format!("session {n} held"),
                             _ => format!("session {n} auth={}", digest(&auth)),
                         };
+                        let (h, mut rel) = (h.clone(), rel.clone());
                         async move {
                             if close {
                                 return Err("closed as the request arrived");
                             }
+                            if hold {
+                                h.fetch_add(1, Ordering::SeqCst);
+                                let _ = rel.wait_for(|go| *go).await;
+                            }
                             Ok(http::Response::new(Full::new(Bytes::from(body))))
                         }
                     });
+                    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
                     let io = hyper_util::rt::TokioIo::new(tls);
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(io, svc)
-                        .await;
+                    let _ = match h2 {
+                        true => {
+                            let exec = hyper_util::rt::TokioExecutor::new();
+                            hyper::server::conn::http2::Builder::new(exec)
+                                .serve_connection(io, svc)
+                                .await
+                        }
+                        false => {
+                            hyper::server::conn::http1::Builder::new()
+                                .serve_connection(io, svc)
+                                .await
+                        }
+                    };
                     e.lock().unwrap().push(n);
                 });
             }
@@ -120,6 +151,8 @@ impl TlsOrigin {
             drop_kept,
             unused,
             resumed,
+            holding,
+            release,
             ca,
             _rt: rt,
         }
@@ -135,6 +168,15 @@ impl TlsOrigin {
 
     fn resumed(&self) -> Vec<usize> {
         self.resumed.lock().unwrap().clone()
+    }
+
+    fn holding(&self) -> usize {
+        self.holding.load(Ordering::SeqCst)
+    }
+
+    /// Answer every `/hold` request, now and from now on.
+    fn release(&self) {
+        self.release.send_replace(true);
     }
 }
 
@@ -154,6 +196,8 @@ struct Env {
     dir: tempfile::TempDir,
     origin: TlsOrigin,
     proxy: Proxy,
+    /// Whether curl offers HTTP/2 (the origin offers it too).
+    h2: bool,
 }
 
 /// Sandboxes `a` and `b` (tokens `tok-a`, `tok-b`), each with a credential bound to
@@ -165,15 +209,32 @@ fn env(keepalive: &str) -> Env {
 
 /// [`env`] with more configuration.
 fn env_with(keepalive: &str, more: impl FnOnce(ProxyConfig) -> ProxyConfig) -> Env {
+    env_on(false, keepalive, more)
+}
+
+/// [`env`] with an origin that speaks HTTP/2, and curl offering it.
+fn env_h2(keepalive: &str) -> Env {
+    env_on(true, keepalive, |c| c)
+}
+
+fn env_on(h2: bool, keepalive: &str, more: impl FnOnce(ProxyConfig) -> ProxyConfig) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     ca_init(&d.join("ica"));
-    let origin = TlsOrigin::start(d);
+    let origin = match h2 {
+        true => TlsOrigin::start_with(d, &[b"h2", b"http/1.1"]),
+        false => TlsOrigin::start(d),
+    };
     std::fs::write(d.join("admin.token"), ADMIN).unwrap();
     std::fs::write(d.join("a.secret"), "secret-of-a\n").unwrap();
     std::fs::write(d.join("b.secret"), "secret-of-b\n").unwrap();
     let proxy = more(config(d, &origin, keepalive, true)).start(d);
-    Env { dir, origin, proxy }
+    Env {
+        dir,
+        origin,
+        proxy,
+        h2,
+    }
 }
 
 fn config(d: &std::path::Path, origin: &TlsOrigin, keepalive: &str, allow_a: bool) -> ProxyConfig {
@@ -220,18 +281,30 @@ impl Env {
     /// [`Env::get_with`] for `path`.
     fn get_path(&self, sandbox: &str, path: &str, extra: &[&str]) -> String {
         let before = self.tunnels();
-        let px = format!("http://{sandbox}:tok-{sandbox}@{}", self.proxy.proxy);
-        let ica = self.dir.path().join("ica/ca.crt");
-        let url = format!("https://api.test:{}{path}", self.origin.port);
-        let ica = ica.to_str().unwrap();
-        let mut args = vec!["--http1.1", "-x", &px, "--cacert", ica];
-        args.extend_from_slice(extra);
-        args.push(&url);
-        let out = curl(&args);
+        let mut args = self.curl_args(sandbox, path);
+        let url = args.pop().unwrap();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args.push(url);
+        let out = curl(&args.iter().map(String::as_str).collect::<Vec<_>>());
         eventually(Duration::from_secs(15), "the tunnel's record", || {
             (self.tunnels() > before).then_some(())
         });
         out.text()
+    }
+
+    /// curl's arguments for a request to `path` through a new tunnel as `sandbox` (the URL
+    /// last).
+    fn curl_args(&self, sandbox: &str, path: &str) -> Vec<String> {
+        let version = if self.h2 { "--http2" } else { "--http1.1" };
+        let ica = self.dir.path().join("ica/ca.crt");
+        vec![
+            version.to_string(),
+            "-x".to_string(),
+            format!("http://{sandbox}:tok-{sandbox}@{}", self.proxy.proxy),
+            "--cacert".to_string(),
+            ica.display().to_string(),
+            format!("https://api.test:{}{path}", self.origin.port),
+        ]
     }
 
     /// Tunnels recorded as ended.
@@ -321,6 +394,68 @@ fn idle_ms_zero_keeps_no_upstream_connection() {
     eventually(Duration::from_secs(15), "both sessions closed", || {
         (e.origin.ended().len() == 2).then_some(())
     });
+}
+
+/// An HTTP/2 upstream connection kept for a sandbox serves its tunnels side by side: while
+/// one tunnel's request is held at the origin, the sandbox's next tunnel sends its own on the
+/// same connection as another stream (no new TLS session); another sandbox's tunnel at the
+/// same moment opens its own. Once both are done the connection is kept, not closed.
+#[test]
+fn an_http2_kept_connection_carries_a_sandboxs_tunnels_side_by_side_and_no_other_sandboxs() {
+    let e = env_h2("{ idle_ms: 60000 }");
+    assert_eq!(e.get("a"), answer(1, "secret-of-a"));
+    let before = e.tunnels();
+    let args = e.curl_args("a", "/hold");
+    let held = std::thread::spawn(move || {
+        curl(&args.iter().map(String::as_str).collect::<Vec<_>>()).text()
+    });
+    eventually(
+        Duration::from_secs(15),
+        "the request held at the origin",
+        || (e.origin.holding() == 1).then_some(()),
+    );
+    // The held tunnel's connection is the pool's and its own: a's next tunnel shares it.
+    assert_eq!(e.get("a"), answer(1, "secret-of-a"));
+    assert_eq!(e.origin.sessions(), 1);
+    assert_eq!(e.get("b"), answer(2, "secret-of-b"));
+    e.origin.release();
+    assert_eq!(held.join().unwrap(), "session 1 held");
+    eventually(Duration::from_secs(15), "the held tunnel's record", || {
+        (e.tunnels() >= before + 3).then_some(())
+    });
+    // Kept, not closed, once no tunnel holds it; and still a's.
+    assert_eq!(e.get("a"), answer(1, "secret-of-a"));
+    assert!(e.origin.ended().is_empty(), "{:?}", e.origin.ended());
+    assert_eq!(e.origin.sessions(), 2);
+}
+
+/// A shared HTTP/2 connection in use is still revoked with the policy: a reload that stops
+/// allowing the host for `a` resets it under the tunnel holding a request on it, which gets no
+/// answer from the origin.
+#[test]
+fn a_revoking_reload_resets_a_shared_http2_connection_in_use() {
+    let e = env_h2("{ idle_ms: 60000 }");
+    assert_eq!(e.get("a"), answer(1, "secret-of-a"));
+    let args = e.curl_args("a", "/hold");
+    let held = std::thread::spawn(move || {
+        curl(&args.iter().map(String::as_str).collect::<Vec<_>>()).text()
+    });
+    eventually(
+        Duration::from_secs(15),
+        "the request held at the origin",
+        || (e.origin.holding() == 1).then_some(()),
+    );
+    let narrowed = config(e.dir.path(), &e.origin, "{ idle_ms: 60000 }", false);
+    std::fs::write(&e.proxy.config, narrowed.yaml(&e.proxy.audit)).unwrap();
+    e.reload();
+    eventually(Duration::from_secs(15), "a's shared session closed", || {
+        e.origin.ended().contains(&1).then_some(())
+    });
+    e.origin.release();
+    assert!(
+        !held.join().unwrap().contains("held"),
+        "the held request was answered"
+    );
 }
 
 /// With no connection kept, a sandbox's next tunnel still skips most of the upstream

@@ -117,6 +117,19 @@ pub trait Kept: Send + 'static {
     fn fits(&self, _set: &PolicySet, _clearance: &Clearance) -> bool {
         true
     }
+    /// A second handle on it for another exchange, leaving this one kept (an HTTP/2
+    /// connection carries several at once); `None`: it is handed over whole.
+    fn share(&mut self) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
+    /// Whether an exchange still holds a handle on it (a shared connection): it is not
+    /// closed for being idle, nor for being busy.
+    fn in_use(&self) -> bool {
+        false
+    }
 }
 
 impl Kept for Upstream {
@@ -224,18 +237,29 @@ impl<C: Kept> UpstreamPool<C> {
             let mut at = list.len();
             while at > 0 {
                 at -= 1;
-                if !fits(&list[at].up, &list[at].clearance) {
+                let entry = &mut list[at];
+                if !fits(&entry.up, &entry.clearance) {
                     continue;
                 }
-                let mut entry = list.remove(at);
-                if entry.since.elapsed() < self.settings.idle && entry.up.ready() {
+                let fresh = entry.since.elapsed() < self.settings.idle || entry.up.in_use();
+                if fresh && entry.up.ready() {
+                    entry.up.taken();
+                    // Shared: the entry stays for the next exchange too.
+                    if let Some(copy) = entry.up.share() {
+                        entry.since = Instant::now();
+                        return Some(copy);
+                    }
+                    let entry = list.remove(at);
                     if list.is_empty() {
                         idle.remove(&key);
                     }
-                    entry.up.taken();
                     return Some(entry.up);
                 }
-                entry.up.cut().close();
+                // Busy with the exchanges sharing it: theirs until they are done.
+                if entry.up.in_use() && !entry.up.closed() {
+                    continue;
+                }
+                list.remove(at).up.cut().close();
             }
             if list.is_empty() {
                 idle.remove(&key);
@@ -260,6 +284,13 @@ impl<C: Kept> UpstreamPool<C> {
             addr: up.addr(),
         };
         let list = idle.entry(key).or_default();
+        // A handle on a shared connection: the connection is kept already.
+        if let Some(e) = list.iter_mut().find(|e| Arc::ptr_eq(e.up.cut(), up.cut())) {
+            if keep {
+                e.since = Instant::now();
+            }
+            return;
+        }
         if !keep
             || list.len() >= self.settings.max_idle_per_origin
             || total >= self.settings.max_idle
@@ -286,7 +317,9 @@ impl<C: Kept> UpstreamPool<C> {
             list.retain(|e| {
                 if !e.clearance.allowed_by(set) || !e.up.fits(set, &e.clearance) {
                     e.up.cut().abort();
-                } else if e.since.elapsed() >= self.settings.idle || e.up.closed() {
+                } else if e.up.closed()
+                    || (e.since.elapsed() >= self.settings.idle && !e.up.in_use())
+                {
                     e.up.cut().close();
                 } else {
                     return true;

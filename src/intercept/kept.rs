@@ -8,6 +8,10 @@
 //! were the first: the pool replaces only the upstream's TLS and HTTP handshakes, so it never
 //! widens anything.
 //!
+//! An HTTP/2 connection is shared rather than handed over: it stays in the pool while tunnels
+//! of the same key send their requests on it side by side, each as its own streams, and is idle
+//! (timed, closed when idle too long) only once none of them holds it.
+//!
 //! The pool is [`crate::egress::upstream_pool`]'s (bounded per key and in all, idle-timed by
 //! `tls_intercept.upstream_keepalive`); its sweep closes — with a reset — every kept
 //! connection that the policy in force no longer allows (the clearance of the tunnel that used
@@ -56,6 +60,7 @@ pub struct KeptTls {
 }
 
 /// What the pool knows of a connection besides its sender.
+#[derive(Clone)]
 pub struct Conn {
     /// Ends the connection (the sweep resets one the policy no longer allows).
     pub(super) cut: Arc<Cut>,
@@ -68,6 +73,8 @@ pub struct Conn {
     carries: Carries,
     /// Tunnels it has served before this one (0: new).
     pub(super) reused: u32,
+    /// One per handle on the connection: the pool's and each tunnel's sharing it.
+    users: Arc<()>,
 }
 
 impl Conn {
@@ -86,6 +93,7 @@ impl Conn {
             host: host.to_string(),
             carries,
             reused: 0,
+            users: Arc::new(()),
         }
     }
 
@@ -159,6 +167,17 @@ impl Kept for KeptTls {
     fn fits(&self, set: &PolicySet, clearance: &Clearance) -> bool {
         set.get(clearance.sandbox.as_str())
             .is_some_and(|sb| Carries::of(&sb.binding, &self.conn.host) == self.conn.carries)
+    }
+
+    fn share(&mut self) -> Option<Self> {
+        Some(KeptTls {
+            up: self.up.share()?,
+            conn: self.conn.clone(),
+        })
+    }
+
+    fn in_use(&self) -> bool {
+        Arc::strong_count(&self.conn.users) > 1
     }
 }
 

@@ -112,6 +112,20 @@ impl Upstream {
         self
     }
 
+    /// A second handle on this HTTP/2 connection, for another tunnel of the same key: its
+    /// requests go as streams of their own beside this one's. `None` on HTTP/1.1 (one request
+    /// at a time) and once the spare replaced the connection.
+    pub fn share(&self) -> Option<Upstream> {
+        match (&self.first, self.replacement.get()) {
+            (Sender::H2(s), None) => Some(Upstream {
+                first: Sender::H2(s.clone()),
+                replacement: OnceLock::new(),
+                spare: None,
+            }),
+            _ => None,
+        }
+    }
+
     /// The connection requests go on: the replacement, once there is one.
     fn sender(&self) -> &Sender {
         self.replacement.get().unwrap_or(&self.first)
