@@ -259,7 +259,7 @@ impl<C: Kept> UpstreamPool<C> {
                 if entry.up.in_use() && !entry.up.closed() {
                     continue;
                 }
-                list.remove(at).up.cut().close();
+                retire(&list.remove(at).up);
             }
             if list.is_empty() {
                 idle.remove(&key);
@@ -320,7 +320,7 @@ impl<C: Kept> UpstreamPool<C> {
                 } else if e.up.closed()
                     || (e.since.elapsed() >= self.settings.idle && !e.up.in_use())
                 {
-                    e.up.cut().close();
+                    retire(&e.up);
                 } else {
                     return true;
                 }
@@ -343,6 +343,15 @@ impl<C: Kept> UpstreamPool<C> {
     /// How often [`UpstreamPool::sweep`] should run.
     pub fn sweep_every(&self) -> Duration {
         (self.settings.idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(5))
+    }
+}
+
+/// Close a kept connection the pool lets go of: with a FIN, unless exchanges still share it
+/// (an HTTP/2 connection the origin is closing with a GOAWAY may still finish their streams):
+/// then it ends with the last of them.
+fn retire<C: Kept>(up: &C) {
+    if !up.in_use() {
+        up.cut().close();
     }
 }
 
