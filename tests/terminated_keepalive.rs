@@ -307,6 +307,22 @@ impl Env {
         ]
     }
 
+    /// A request to `/hold` through a new tunnel as `sandbox`, once the origin holds it; the
+    /// body, when it is released.
+    fn hold(&self, sandbox: &str) -> std::thread::JoinHandle<String> {
+        let holding = self.origin.holding();
+        let args = self.curl_args(sandbox, "/hold");
+        let held = std::thread::spawn(move || {
+            curl(&args.iter().map(String::as_str).collect::<Vec<_>>()).text()
+        });
+        eventually(
+            Duration::from_secs(15),
+            "the request held at the origin",
+            || (self.origin.holding() > holding).then_some(()),
+        );
+        held
+    }
+
     /// Tunnels recorded as ended.
     fn tunnels(&self) -> usize {
         let records = self.proxy.audit_records();
@@ -405,15 +421,7 @@ fn an_http2_kept_connection_carries_a_sandboxs_tunnels_side_by_side_and_no_other
     let e = env_h2("{ idle_ms: 60000 }");
     assert_eq!(e.get("a"), answer(1, "secret-of-a"));
     let before = e.tunnels();
-    let args = e.curl_args("a", "/hold");
-    let held = std::thread::spawn(move || {
-        curl(&args.iter().map(String::as_str).collect::<Vec<_>>()).text()
-    });
-    eventually(
-        Duration::from_secs(15),
-        "the request held at the origin",
-        || (e.origin.holding() == 1).then_some(()),
-    );
+    let held = e.hold("a");
     // The held tunnel's connection is the pool's and its own: a's next tunnel shares it.
     assert_eq!(e.get("a"), answer(1, "secret-of-a"));
     assert_eq!(e.origin.sessions(), 1);
@@ -436,15 +444,7 @@ fn an_http2_kept_connection_carries_a_sandboxs_tunnels_side_by_side_and_no_other
 fn a_revoking_reload_resets_a_shared_http2_connection_in_use() {
     let e = env_h2("{ idle_ms: 60000 }");
     assert_eq!(e.get("a"), answer(1, "secret-of-a"));
-    let args = e.curl_args("a", "/hold");
-    let held = std::thread::spawn(move || {
-        curl(&args.iter().map(String::as_str).collect::<Vec<_>>()).text()
-    });
-    eventually(
-        Duration::from_secs(15),
-        "the request held at the origin",
-        || (e.origin.holding() == 1).then_some(()),
-    );
+    let held = e.hold("a");
     let narrowed = config(e.dir.path(), &e.origin, "{ idle_ms: 60000 }", false);
     std::fs::write(&e.proxy.config, narrowed.yaml(&e.proxy.audit)).unwrap();
     e.reload();
