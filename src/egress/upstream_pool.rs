@@ -363,3 +363,6 @@ pub fn may_send_again<B: hyper::body::Body>(req: &http::Request<B>) -> bool {
     let idempotent = [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE];
     idempotent.contains(req.method()) && req.body().is_end_stream()
 }
+
+#[cfg(test)]
+mod tests;
