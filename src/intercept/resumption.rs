@@ -78,14 +78,4 @@ impl Resuming {
     pub fn prune(&self) -> usize {
         self.stores.prune()
     }
-
-    /// Stores kept now.
-    pub fn len(&self) -> usize {
-        self.stores.len()
-    }
-
-    /// Whether none is kept.
-    pub fn is_empty(&self) -> bool {
-        self.stores.is_empty()
-    }
 }
