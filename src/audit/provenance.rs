@@ -72,8 +72,8 @@ pub fn attest(asked: &Asked<'_>, reads: Vec<Value>, key: &ed25519_dalek::Signing
         "attestation": attestation,
         "signature": {
             "alg": "ed25519",
-            "public_key": hex(key.verifying_key().as_bytes()),
-            "value": hex(&signature.to_bytes()),
+            "public_key": hex::encode(key.verifying_key().as_bytes()),
+            "value": hex::encode(signature.to_bytes()),
         },
     })
 }
@@ -82,8 +82,4 @@ pub fn attest(asked: &Asked<'_>, reads: Vec<Value>, key: &ed25519_dalek::Signing
 pub fn canonical(v: &Value) -> Vec<u8> {
     // serde_json's map keeps keys sorted (no `preserve_order`), so this is canonical.
     serde_json::to_vec(v).unwrap_or_default()
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -126,8 +126,7 @@ impl Admin {
         let caller = req.extensions().get::<Caller>();
         let credential = caller.and_then(|c| c.certificate.clone()).or_else(|| {
             let digest = self.token_sha256.filter(|_| self.authorized(req))?;
-            let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
-            Some(format!("token sha256:{hex}").into())
+            Some(format!("token sha256:{}", hex::encode(&digest[..6])).into())
         });
         crate::approvals::Who {
             by: "admin",

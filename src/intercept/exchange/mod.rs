@@ -328,7 +328,8 @@ impl Exchange {
         if let (Some(rule), Verdict::Allow) = (socket, verdict) {
             let sent = Sent::of(asked, injected);
             let path = Terminated { ex: self, p };
-            return path.socket(req, (rule, p), audit, sent).await;
+            // Boxed, as the socket's future is 13 KB: unboxed, every request's would be.
+            return Box::pin(path.socket(req, (rule, p), audit, sent)).await;
         }
         let scrubber = p.scrubber_for(&self.mint, req.headers());
         let up_bytes = Arc::new(AtomicU64::new(0));

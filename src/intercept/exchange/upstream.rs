@@ -192,7 +192,9 @@ impl Upstream {
         let (Some(req), Some(spare)) = (retry, spare) else {
             return Err(e);
         };
-        let Some(new) = spare.open().await else {
+        // Boxed: a TLS handshake's future is most of 10 KB, and this rare branch would
+        // otherwise make every request's future (moved and spawned per request) that big.
+        let Some(new) = Box::pin(spare.open()).await else {
             return Err(e);
         };
         // The spare is taken once, under its lock: only one replacement is ever set.
