@@ -46,6 +46,7 @@
 //! cargo bench --bench intercept -- --connections 8 --seconds 5 --protocols
 //! cargo bench --bench intercept -- --connections 8 --seconds 5 --latency --rate 1000
 //! cargo bench --bench intercept -- --bin /tmp/old/target/release/egress-proxy   # A/B
+//! cargo bench --bench intercept -- --mcp --only mcp.test   # one phase alone, to profile
 //! ```
 //! It makes its own CAs, starts `target/release/egress-proxy` and a hyper HTTPS upstream on
 //! loopback, and prints one JSON line.
@@ -649,6 +650,11 @@ sandboxes:
                     ("relayed.test", "relayed.test", one, false),
                 ],
             };
+        // `--only LABEL` runs one phase alone (to profile it without its neighbours).
+        let only = std::env::args().skip_while(|a| a != "--only").nth(1);
+        let phases = phases
+            .into_iter()
+            .filter(|p| only.as_deref().is_none_or(|o| o == p.0));
         for (label, host, source, neighbour) in phases {
             let count = Arc::new(AtomicU64::new(0));
             let until = Instant::now() + Duration::from_secs(secs);

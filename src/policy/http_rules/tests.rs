@@ -126,3 +126,29 @@ fn git_rules_tell_fetch_from_push_and_allow_nothing_else() {
         HttpRule::with_git("git.test", &[], &["/org/*.git".into()], &["push".into()]).unwrap()
     );
 }
+
+#[test]
+fn every_override_header_is_found_among_ordinary_ones() {
+    // The search looks only at names starting `x-`: every listed name must, or it is missed.
+    let ordinary = [
+        "host",
+        "accept",
+        "content-type",
+        "x-request-id",
+        "user-agent",
+    ];
+    for name in OVERRIDE_HEADERS {
+        let mut h = http::HeaderMap::new();
+        for o in ordinary {
+            h.insert(o, http::HeaderValue::from_static("v"));
+        }
+        h.insert(*name, http::HeaderValue::from_static("DELETE"));
+        let why = override_refusal(&h, None).unwrap_or_default();
+        assert!(why.contains(name), "{name}: {why:?}");
+    }
+    let mut h = http::HeaderMap::new();
+    for o in ordinary {
+        h.insert(o, http::HeaderValue::from_static("v"));
+    }
+    assert_eq!(override_refusal(&h, None), None);
+}

@@ -51,6 +51,9 @@ pub struct ToolRule {
     /// The tool name glob, as written.
     pub name: String,
     glob: globset::GlobMatcher,
+    /// The name has no glob syntax: compared as a string (the same answer, without the
+    /// matcher's per-call work).
+    literal: bool,
     /// Matchers on named arguments; each must be present and match.
     pub arguments: Vec<(String, ArgMatch)>,
 }
@@ -64,8 +67,17 @@ impl ToolRule {
         Ok(ToolRule {
             name: name.to_string(),
             glob,
+            literal: !name.contains(['*', '?', '[', ']', '{', '}', '\\']),
             arguments,
         })
+    }
+
+    /// Whether a tool called `name` is one this entry names.
+    fn names(&self, name: &str) -> bool {
+        match self.literal {
+            true => self.name == name,
+            false => self.glob.is_match(name),
+        }
     }
 }
 
@@ -167,7 +179,7 @@ impl McpRule {
         };
         let args = params.get("arguments");
         let mut named = false;
-        for t in self.tools.iter().filter(|t| t.glob.is_match(name)) {
+        for t in self.tools.iter().filter(|t| t.names(name)) {
             named = true;
             let fits = t
                 .arguments
@@ -380,7 +392,7 @@ impl McpRule {
         items.retain(|item| {
             let name = item.get(field).and_then(Json::as_str).unwrap_or("");
             match list {
-                List::Tools => self.tools.iter().any(|t| t.glob.is_match(name)),
+                List::Tools => self.tools.iter().any(|t| t.names(name)),
                 List::Resources => self.resource_set.is_match(name),
                 List::Prompts => self.prompt_set.is_match(name),
                 List::Other => true,

@@ -25,7 +25,12 @@ pub fn parse(bytes: &[u8]) -> Result<Value, ProtocolError> {
 
 /// [`parse`], into a tree that borrows from `bytes` every string without an escape.
 pub fn parse_borrowed(bytes: &[u8]) -> Result<Json<'_>, ProtocolError> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
+    // JSON is UTF-8 throughout (RFC 8259), and a byte outside a string that is not ASCII is
+    // a syntax error anyway: checked once here, the strings need no check of their own.
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        ProtocolError::malformed_caused("the body is not JSON this proxy can judge", e)
+    })?;
+    let mut de = serde_json::Deserializer::from_str(text);
     let v = Strict.deserialize(&mut de).map_err(|e| {
         ProtocolError::malformed_caused("the body is not JSON this proxy can judge", e)
     })?;
@@ -81,14 +86,15 @@ impl<'de> Visitor<'de> for Strict {
         Ok(Json::Null)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json<'de>, A::Error> {
-        let mut out = Vec::new();
+        // Small arrays and objects are the rule: one allocation, not a grow from empty.
+        let mut out = Vec::with_capacity(4);
         while let Some(v) = seq.next_element_seed(Strict)? {
             out.push(v);
         }
         Ok(Json::Arr(out))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json<'de>, A::Error> {
-        let mut out: Vec<(Cow<'de, str>, Json<'de>)> = Vec::new();
+        let mut out: Vec<(Cow<'de, str>, Json<'de>)> = Vec::with_capacity(4);
         while let Some(k) = map.next_key_seed(Key)? {
             let v = map.next_value_seed(Strict)?;
             if out.len() < PAIRWISE && out.iter().any(|(seen, _)| *seen == k) {
@@ -153,6 +159,25 @@ mod tests {
         assert_eq!(
             parse(br#"{"a":1,"b":[1,2.5,"x",null,true]}"#).unwrap()["b"][1],
             2.5
+        );
+    }
+
+    #[test]
+    fn utf_8_is_read_as_serde_json_reads_it() {
+        // Not UTF-8, in a string or outside one: refused, as `from_slice` refuses it.
+        for bad in [
+            &b"{\"a\":\"\xff\"}"[..],
+            b"{\"\xc3\":1}",
+            b"[1]\xff",
+            b"\xef[1]",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+            assert!(serde_json::from_slice::<Value>(bad).is_err(), "{bad:?}");
+        }
+        let doc = parse_borrowed("{\"q\":\"caf\u{e9} \u{1f980}\"}".as_bytes()).unwrap();
+        assert_eq!(
+            doc.get("q").and_then(Json::as_str),
+            Some("caf\u{e9} \u{1f980}")
         );
     }
 

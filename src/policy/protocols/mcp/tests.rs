@@ -149,3 +149,32 @@ fn routing_headers_must_say_what_the_body_says() {
     let retry = br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"search","inputResponses":{"a":{}}}}"#;
     assert!(rule().judge(&parse(retry).unwrap()).is_err());
 }
+
+proptest::proptest! {
+    /// A tool name without glob syntax, compared as a string, answers as its glob would.
+    #[test]
+    fn a_literal_tool_name_answers_as_its_glob(
+        pattern in "[a-zA-Z0-9_./ -]{0,12}",
+        other in "[a-zA-Z0-9_./ -]{0,12}",
+    ) {
+        let t = ToolRule::new(&pattern, vec![]).unwrap();
+        proptest::prop_assert!(t.literal);
+        let glob = globset::Glob::new(&pattern).unwrap().compile_matcher();
+        for name in [pattern.as_str(), other.as_str(), &pattern.to_uppercase(), &format!("{pattern}x")] {
+            proptest::prop_assert_eq!(t.names(name), glob.is_match(name), "{:?} {:?}", pattern, name);
+        }
+    }
+}
+
+#[test]
+fn a_tool_glob_with_syntax_is_still_a_glob() {
+    for (pattern, name) in [
+        ("search*", "search_web"),
+        ("a?c", "abc"),
+        ("[ab]x", "bx"),
+        ("{p,q}", "q"),
+    ] {
+        let t = ToolRule::new(pattern, vec![]).unwrap();
+        assert!(!t.literal && t.names(name), "{pattern} {name}");
+    }
+}
