@@ -33,7 +33,9 @@ pub mod websocket;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
+
+use crate::relay::boxed_spawn::BoxedSpawn;
 
 use crate::audit::outcome::Close;
 use crate::audit::AuditGuard;
@@ -431,7 +433,7 @@ where
     });
     let io = TokioIo::new(client);
     if h2 {
-        let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        let mut b = hyper::server::conn::http2::Builder::new(BoxedSpawn);
         b.timer(TokioTimer::new());
         // Extended CONNECT (RFC 8441) is offered only where a rule allows a WebSocket.
         if ex.offers_websocket() {

@@ -217,7 +217,7 @@ async fn serve_http(shared: Arc<Shared>, accepted: Accepted, io: ClientIo, arriv
             // own — a CONNECT tunnel (RFC 9113 §8.5) or a forwarded request — identified, limited,
             // decided, recorded and revoked alone.
             let http =
-                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                hyper::server::conn::http2::Builder::new(crate::relay::boxed_spawn::BoxedSpawn)
                     .timer(TokioTimer::new())
                     .max_concurrent_streams(H2_MAX_STREAMS)
                     .max_pending_accept_reset_streams(Some(H2_MAX_PENDING_RESETS))

@@ -6,6 +6,7 @@
 //! [`crate::egress`]'s: a dial makes them.
 
 pub(crate) mod body;
+pub(crate) mod boxed_spawn;
 pub(crate) mod buffers;
 pub(crate) mod client_io;
 pub(crate) mod counted;

@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
+
+use crate::relay::boxed_spawn::BoxedSpawn;
 use rustls::pki_types::ServerName;
 
 use super::UpBody;
@@ -225,7 +227,7 @@ impl Sender {
     {
         let io = TokioIo::new(io);
         if h2 {
-            let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+            let (send, conn) = hyper::client::conn::http2::handshake(BoxedSpawn, io)
                 .await
                 .map_err(|source| InterceptError::Upstream {
                     version: "HTTP/2",
