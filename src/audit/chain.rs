@@ -159,7 +159,10 @@ impl Chain {
         self.prev = link(&self.prev, line);
         line.pop();
         line.extend_from_slice(b",\"chain\":\"");
-        line.extend_from_slice(hex::encode(self.prev).as_bytes());
+        let mut hexed = [0u8; 64];
+        if hex::encode_to_slice(self.prev, &mut hexed).is_ok() {
+            line.extend_from_slice(&hexed);
+        }
         line.extend_from_slice(b"\"}\n");
     }
 
