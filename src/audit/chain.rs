@@ -159,6 +159,7 @@ impl Chain {
         self.prev = link(&self.prev, line);
         line.pop();
         line.extend_from_slice(b",\"chain\":\"");
+        // 32 bytes always fit 64 digits: `encode_to_slice` fails only on a length mismatch.
         let mut hexed = [0u8; 64];
         if hex::encode_to_slice(self.prev, &mut hexed).is_ok() {
             line.extend_from_slice(&hexed);

@@ -35,12 +35,11 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
 
-use crate::relay::boxed_spawn::BoxedSpawn;
-
 use crate::audit::outcome::Close;
 use crate::audit::AuditGuard;
 use crate::config::credentials::{BoundHost, InterceptConfig};
 use crate::config::Binding;
+use crate::relay::boxed_spawn::BoxedSpawn;
 use crate::relay::client_io::ClientIo;
 use crate::relay::liveness::Liveness;
 use crate::relay::tunnel::Relayed;

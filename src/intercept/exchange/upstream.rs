@@ -19,14 +19,13 @@ use std::time::Duration;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-
-use crate::relay::boxed_spawn::BoxedSpawn;
 use rustls::pki_types::ServerName;
 
 use super::UpBody;
 use crate::egress::abortable::{Abortable, Cut};
 use crate::egress::server_io::ServerIo;
 use crate::intercept::error::InterceptError;
+use crate::relay::boxed_spawn::BoxedSpawn;
 use crate::relay::counted::Counted;
 
 /// What a request to the upstream carries.
