@@ -20,8 +20,9 @@ use serde_json::Value;
 
 use crate::intercept::InterceptError;
 use crate::policy::protocols::json_tree::Json;
-use crate::policy::protocols::mcp::{Filtered, Lists, McpRule};
+use crate::policy::protocols::mcp::{Filtered, List, Lists, McpRule};
 use crate::policy::protocols::strict_json;
+use crate::policy::protocols::ProtocolError;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -150,6 +151,27 @@ impl<B> McpFiltered<B> {
         }
     }
 
+    /// Whether a document passes as it came, read without building its tree: one message
+    /// without a `method` (a server request is judged whole), whose `result` asks for no
+    /// input, answering no list (or nothing the client asked). It counts as answered, as
+    /// [`Self::note`] counts it. `false`: read it whole and filter it.
+    fn passes(&mut self, text: &[u8]) -> Result<bool, ProtocolError> {
+        let Some(skim) = strict_json::skim(text)? else {
+            return Ok(false);
+        };
+        if skim.method || skim.input_requests {
+            return Ok(false);
+        }
+        let Some(id) = skim.id.map(|id| id.text()) else {
+            return Ok(true);
+        };
+        if !matches!(self.lists.get(&id), None | Some(List::Other)) {
+            return Ok(false);
+        }
+        self.answered.insert(id);
+        Ok(true)
+    }
+
     /// What one message's filtering means: kept or not, noted for the record.
     fn note(
         f: Filtered,
@@ -212,10 +234,12 @@ impl<B> McpFiltered<B> {
             out.push(b'\n');
             return Ok(());
         }
-        let doc = strict_json::parse_borrowed(&text).map_err(|e| {
-            InterceptError::body_caused("an event of the MCP stream is not JSON", e)
-        })?;
-        match self.filter_doc(doc) {
+        let not_json = |e| InterceptError::body_caused("an event of the MCP stream is not JSON", e);
+        let doc = match self.passes(&text).map_err(not_json)? {
+            true => Doc::Unchanged,
+            false => self.filter_doc(strict_json::parse_borrowed(&text).map_err(not_json)?),
+        };
+        match doc {
             Doc::Unchanged => {
                 for l in &lines {
                     out.extend_from_slice(l);
@@ -303,8 +327,11 @@ impl<B> McpFiltered<B> {
             return Ok(std::mem::take(&mut self.buf));
         }
         let buf = std::mem::take(&mut self.buf);
-        let doc = strict_json::parse_borrowed(&buf)
-            .map_err(|e| InterceptError::body_caused("the MCP response is not JSON", e))?;
+        let not_json = |e| InterceptError::body_caused("the MCP response is not JSON", e);
+        if self.passes(&buf).map_err(not_json)? {
+            return Ok(buf);
+        }
+        let doc = strict_json::parse_borrowed(&buf).map_err(not_json)?;
         Ok(match self.filter_doc(doc) {
             Doc::Unchanged => buf,
             Doc::Changed(doc) => serde_json::to_vec(&doc)
