@@ -21,8 +21,8 @@ use serde_json::Value;
 use crate::intercept::InterceptError;
 use crate::policy::protocols::json_tree::Json;
 use crate::policy::protocols::mcp::{Filtered, List, Lists, McpRule};
-use crate::policy::protocols::strict_json;
 use crate::policy::protocols::ProtocolError;
+use crate::policy::protocols::{json_skim, strict_json};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -156,7 +156,7 @@ impl<B> McpFiltered<B> {
     /// input, answering no list (or nothing the client asked). It counts as answered, as
     /// [`Self::note`] counts it. `false`: read it whole and filter it.
     fn passes(&mut self, text: &[u8]) -> Result<bool, ProtocolError> {
-        let Some(skim) = strict_json::skim(text)? else {
+        let Some(skim) = json_skim::skim(text)? else {
             return Ok(false);
         };
         if skim.method || skim.input_requests {

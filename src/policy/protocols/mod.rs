@@ -10,6 +10,7 @@ pub mod graphql;
 pub mod inference;
 mod inference_tools;
 pub mod inference_usage;
+pub mod json_skim;
 pub mod json_tree;
 pub mod jsonrpc;
 pub mod lfs;
