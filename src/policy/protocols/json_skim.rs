@@ -9,7 +9,7 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::json_tree::Json;
-use super::strict_json::{new_among_few, once_each, read_whole, Key, Strict};
+use super::strict_json::{new_among_few, once_each, read_whole, Key, Strict, PAIRWISE};
 use super::ProtocolError;
 
 /// What a response filter needs of one JSON-RPC message to know it would pass unchanged,
@@ -49,7 +49,7 @@ impl<'de> Visitor<'de> for Skimmer {
             id: None,
             input_requests: false,
         };
-        let mut keys: Vec<Cow<'de, str>> = Vec::with_capacity(4);
+        let mut keys = Seen::new();
         while let Some(k) = map.next_key_seed(Key)? {
             match k.as_ref() {
                 "id" => skim.id = Some(map.next_value_seed(Strict)?),
@@ -57,10 +57,9 @@ impl<'de> Visitor<'de> for Skimmer {
                 "method" => skim.method = map.next_value_seed(Discarded).map(|()| true)?,
                 _ => map.next_value_seed(Discarded)?,
             }
-            new_among_few(keys.iter().map(Cow::as_ref), &k)?;
-            keys.push(k);
+            keys.add(k)?;
         }
-        once_each(keys.iter().map(Cow::as_ref))?;
+        keys.once_each()?;
         Ok(Some(skim))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
@@ -139,14 +138,58 @@ impl Discarded {
         mut map: A,
         mut each: impl FnMut(&str),
     ) -> Result<(), A::Error> {
-        let mut keys: Vec<Cow<'de, str>> = Vec::with_capacity(4);
+        let mut keys = Seen::new();
         while let Some(k) = map.next_key_seed(Key)? {
             map.next_value_seed(Discarded)?;
-            new_among_few(keys.iter().map(Cow::as_ref), &k)?;
             each(&k);
-            keys.push(k);
+            keys.add(k)?;
         }
-        once_each(keys.iter().map(Cow::as_ref))
+        keys.once_each()
+    }
+}
+
+/// One object's keys read so far, for the repeated-key check: on the stack while there are
+/// no more than [`PAIRWISE`] (each compared with those before it, as the tree reader does),
+/// all moved to the heap beyond and sorted once at the end ([`once_each`]). A skimmed answer's
+/// objects have a few keys each, and one allocation per object was most of what the skim
+/// cost beyond the tokenizer.
+struct Seen<'de> {
+    few: [Cow<'de, str>; PAIRWISE],
+    len: usize,
+    many: Vec<Cow<'de, str>>,
+}
+
+impl<'de> Seen<'de> {
+    fn new() -> Self {
+        Seen {
+            few: std::array::from_fn(|_| Cow::Borrowed("")),
+            len: 0,
+            many: Vec::new(),
+        }
+    }
+
+    /// `k` kept; `Err` when it repeats one of the first [`PAIRWISE`] keys.
+    fn add<E: de::Error>(&mut self, k: Cow<'de, str>) -> Result<(), E> {
+        let (seen, free) = self.few.split_at_mut(self.len);
+        match free.first_mut() {
+            Some(free) => {
+                new_among_few(seen.iter().map(Cow::as_ref), &k)?;
+                *free = k;
+                self.len += 1;
+            }
+            None => {
+                if self.many.is_empty() {
+                    self.many.extend(self.few.iter_mut().map(std::mem::take));
+                }
+                self.many.push(k);
+            }
+        }
+        Ok(())
+    }
+
+    /// `Err` when an object of more than [`PAIRWISE`] keys repeats one.
+    fn once_each<E: de::Error>(&self) -> Result<(), E> {
+        once_each(self.many.iter().map(Cow::as_ref))
     }
 }
 
@@ -240,6 +283,27 @@ mod tests {
         let deep = format!(r#"{{"id":1,"result":{}}}"#, "[".repeat(100_000));
         assert!(skim(deep.as_bytes()).is_err());
         assert_eq!(skim(b"[1,2]").unwrap(), None);
+    }
+
+    /// Up to [`PAIRWISE`] keys are compared pair by pair on the stack, more are sorted on the
+    /// heap: a repeat is found wherever it falls, on either side of the boundary and across it.
+    #[test]
+    fn a_repeated_key_is_found_in_an_object_of_any_size() {
+        for n in [1, PAIRWISE - 1, PAIRWISE, PAIRWISE + 1, 3 * PAIRWISE] {
+            let keys: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+            let object = |keys: &[String]| {
+                let members: Vec<String> = keys.iter().map(|k| format!(r#""{k}":1"#)).collect();
+                format!(r#"{{"id":1,"result":{{{}}}}}"#, members.join(","))
+            };
+            assert!(skim(object(&keys).as_bytes()).is_ok(), "{n} distinct keys");
+            for (first, again) in [(0, 0), (0, n - 1), (n - 1, n - 1), (n / 2, 0)] {
+                let mut twice = keys.clone();
+                twice.insert(again + 1, keys[first].clone());
+                let text = object(&twice);
+                assert!(skim(text.as_bytes()).is_err(), "{n} keys, {text}");
+                assert!(parse_borrowed(text.as_bytes()).is_err(), "{n} keys, {text}");
+            }
+        }
     }
 
     proptest::proptest! {

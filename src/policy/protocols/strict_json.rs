@@ -17,7 +17,7 @@ use super::ProtocolError;
 
 /// Objects with more members than this are checked for a repeated key by sorting their keys,
 /// not by comparing every pair (a hostile body's 100,000 keys cost n log n, not n²).
-const PAIRWISE: usize = 16;
+pub(super) const PAIRWISE: usize = 16;
 
 /// `bytes` as one JSON value, refused when an object repeats a key or anything follows it.
 pub fn parse(bytes: &[u8]) -> Result<Value, ProtocolError> {
