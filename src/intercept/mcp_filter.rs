@@ -8,7 +8,6 @@
 //! own timeout). A message that cannot be read ends the body with an error: nothing passes
 //! unjudged. Other bodies (a 202's empty one, an error page) carry no MCP message and pass.
 
-use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -70,8 +69,6 @@ pub struct McpFiltered<B> {
     buf: Vec<u8>,
     /// The lines of the event being read (event streams).
     lines: Vec<Vec<u8>>,
-    /// The ids (as JSON text) of the client's requests answered so far.
-    answered: HashSet<String>,
     /// Set when a server request was dropped from a stream that answers the client's.
     cut: Option<String>,
     /// Report mode: note what would be filtered, pass everything as it came.
@@ -97,7 +94,6 @@ impl<B> McpFiltered<B> {
             limit,
             buf: Vec::new(),
             lines: Vec::new(),
-            answered: HashSet::new(),
             cut: None,
             dry: false,
             done: false,
@@ -120,18 +116,11 @@ impl<B> McpFiltered<B> {
     fn filter_doc<'a>(&mut self, mut doc: Json<'a>) -> Doc<'a> {
         let mut changed = false;
         let mut notes = self.notes.lock().ok();
-        let (rule, lists) = (&self.rule, &self.lists);
-        let (answered, cut) = (&mut self.answered, &mut self.cut);
+        let (rule, lists, cut) = (&self.rule, &mut self.lists, &mut self.cut);
         let mut keep = |m: &mut Json<'a>| {
             let f = rule.filter(m, lists);
             changed |= f != Filtered::Kept;
-            Self::note(
-                f,
-                m,
-                (&mut *answered, &mut *cut),
-                notes.as_deref_mut(),
-                lists,
-            )
+            Self::note(f, m, (&mut *lists, &mut *cut), notes.as_deref_mut())
         };
         let kept = match &mut doc {
             Json::Arr(items) => {
@@ -165,26 +154,29 @@ impl<B> McpFiltered<B> {
         let Some(id) = skim.id.map(|id| id.text()) else {
             return Ok(true);
         };
-        if !matches!(self.lists.get(&id), None | Some(List::Other)) {
-            return Ok(false);
+        match self.lists.get_mut(&id) {
+            None => Ok(true),
+            Some(asked) if asked.list == List::Other => {
+                asked.answered = true;
+                Ok(true)
+            }
+            Some(_) => Ok(false),
         }
-        self.answered.insert(id);
-        Ok(true)
     }
 
     /// What one message's filtering means: kept or not, noted for the record.
     fn note(
         f: Filtered,
         m: &Json<'_>,
-        (answered, cut): (&mut HashSet<String>, &mut Option<String>),
+        (lists, cut): (&mut Lists, &mut Option<String>),
         notes: Option<&mut Notes>,
-        lists: &Lists,
     ) -> bool {
         match f {
             Filtered::Kept => {
                 if m.get("method").is_none() {
-                    if let Some(id) = m.get("id") {
-                        answered.insert(id.text());
+                    let id = m.get("id").map(Json::text);
+                    if let Some(asked) = id.and_then(|id| lists.get_mut(&id)) {
+                        asked.answered = true;
                     }
                 }
                 true
@@ -268,8 +260,8 @@ impl<B> McpFiltered<B> {
         let text = format!("egress-proxy: the server asked the client for {method}, which the rule does not allow (server_requests); the stream was ended");
         let errors: Vec<Value> = self
             .lists
-            .keys()
-            .filter(|k| !self.answered.contains(*k))
+            .iter()
+            .filter_map(|(k, asked)| (!asked.answered).then_some(k))
             .filter_map(|k| serde_json::from_str::<Value>(k).ok())
             .map(|id| serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32001, "message": text}}))
             .collect();
@@ -419,6 +411,11 @@ mod tests {
 
     /// A rule allowing the tool `search`, and the lists of a `tools/list` request with id 1.
     fn search_only() -> (McpRule, Lists) {
+        search_only_asked(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
+    }
+
+    /// A rule allowing the tool `search`, and the lists of the client's body `asked`.
+    fn search_only_asked(asked: &[u8]) -> (McpRule, Lists) {
         let rule = McpRule::new(
             vec![ToolRule::new("search", vec![]).unwrap()],
             &[],
@@ -426,13 +423,20 @@ mod tests {
             &[],
         )
         .unwrap();
-        let asked = jsonrpc::parse(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#).unwrap();
+        let asked = jsonrpc::parse(asked).unwrap();
         let (_, lists) = rule.judge(&asked).unwrap();
         (rule, lists)
     }
 
     fn filtered(framing: Framing, chunks: Vec<&'static [u8]>) -> Result<String, String> {
-        let (rule, lists) = search_only();
+        filtered_after(search_only(), framing, chunks)
+    }
+
+    fn filtered_after(
+        (rule, lists): (McpRule, Lists),
+        framing: Framing,
+        chunks: Vec<&'static [u8]>,
+    ) -> Result<String, String> {
         let body = McpFiltered::new(
             Chunks(chunks.into_iter().map(Bytes::from_static).collect()),
             Arc::new(rule),
@@ -494,6 +498,28 @@ mod tests {
             !out.contains("\"result\""),
             "the stream ended before the server's answer: {out}"
         );
+    }
+
+    /// A request answered before the cut gets no error: neither an answer that passes
+    /// skimmed (id 2, a call) nor one filtered whole (id 1, a list) is counted twice.
+    #[test]
+    fn what_was_answered_before_the_cut_gets_no_error() {
+        let asked = br#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"},
+            {"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"search"}},
+            {"jsonrpc":"2.0","id":3,"method":"ping"}]"#;
+        let out = filtered_after(
+            search_only_asked(asked),
+            Framing::EventStream,
+            vec![
+                b"data: {\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"content\":[]}}\n\n",
+                b"data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"tools\":[]}}\n\n",
+                b"data: {\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"elicitation/create\"}\n\n",
+            ],
+        )
+        .unwrap();
+        let errors: Vec<&str> = out.lines().filter(|l| l.contains("-32001")).collect();
+        assert_eq!(errors.len(), 1, "{out}");
+        assert!(errors[0].contains("\"id\":3"), "{out}");
     }
 
     #[test]

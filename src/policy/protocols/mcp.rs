@@ -96,7 +96,17 @@ pub enum List {
 
 /// What each request of one body asked for, by id (as JSON text): the answers the client
 /// waits for.
-pub type Lists = HashMap<String, List>;
+pub type Lists = HashMap<String, Asked>;
+
+/// One request the client sent: what it asked for, and whether its answer has come (the
+/// response filter marks it; a stream cut short answers the rest with errors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asked {
+    /// What the request asked for.
+    pub list: List,
+    /// Its answer has passed.
+    pub answered: bool,
+}
 
 /// What the rule made of one response message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,7 +257,14 @@ impl McpRule {
             _ => None,
         };
         if let Some(id) = m.id() {
-            lists.insert(id.text(), list.unwrap_or(List::Other));
+            let list = list.unwrap_or(List::Other);
+            lists.insert(
+                id.text(),
+                Asked {
+                    list,
+                    answered: false,
+                },
+            );
         }
         match method {
             "tools/call" => Ok((method, Some(self.tool_allowed(params)?))),
@@ -376,7 +393,10 @@ impl McpRule {
             );
             return Filtered::Answered(asked);
         }
-        let Some(list) = msg.get("id").and_then(|id| lists.get(&id.text())) else {
+        let Some(list) = msg
+            .get("id")
+            .and_then(|id| lists.get(&id.text()).map(|a| a.list))
+        else {
             return Filtered::Kept;
         };
         let (key, field) = match list {
