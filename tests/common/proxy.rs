@@ -170,9 +170,19 @@ impl Proxy {
     /// Wait until the proxy holds at least `n` descriptors more than `base` (it accepted that
     /// many connections).
     pub fn wait_accepted(&self, base: usize, n: usize) {
-        eventually(Duration::from_secs(10), "the proxy to accept them", || {
+        assert!(
+            self.accepted_within(base, n, Duration::from_secs(10)),
+            "timed out waiting for the proxy to accept them"
+        );
+    }
+
+    /// Whether the proxy comes to hold at least `n` descriptors more than `base` within
+    /// `limit` (a cap may have refused one of them).
+    pub fn accepted_within(&self, base: usize, n: usize, limit: Duration) -> bool {
+        within(Duration::from_millis(20), limit, || {
             (self.descriptors() >= base + n).then_some(())
-        });
+        })
+        .is_some()
     }
 
     /// Wait until the proxy holds no more than `base` descriptors (it closed what it had
