@@ -18,6 +18,7 @@ use hyper::body::{Body, Frame};
 use serde_json::Value;
 
 use crate::intercept::InterceptError;
+use crate::pipeline::whole::Unread;
 use crate::policy::protocols::json_tree::Json;
 use crate::policy::protocols::mcp::{Filtered, List, Lists, McpRule};
 use crate::policy::protocols::ProtocolError;
@@ -64,7 +65,6 @@ pub struct McpFiltered<B> {
     inner: B,
     rule: Arc<McpRule>,
     lists: Lists,
-    framing: Framing,
     limit: usize,
     buf: Vec<u8>,
     /// The lines of the event being read (event streams).
@@ -82,7 +82,6 @@ impl<B> McpFiltered<B> {
         inner: B,
         rule: Arc<McpRule>,
         lists: Lists,
-        framing: Framing,
         limit: usize,
         notes: Arc<Mutex<Notes>>,
     ) -> Self {
@@ -90,7 +89,6 @@ impl<B> McpFiltered<B> {
             inner,
             rule,
             lists,
-            framing,
             limit,
             buf: Vec::new(),
             lines: Vec::new(),
@@ -151,7 +149,7 @@ impl<B> McpFiltered<B> {
         if skim.method || skim.input_requests {
             return Ok(false);
         }
-        let Some(id) = skim.id.map(|id| id.text()) else {
+        let Some(id) = skim.id else {
             return Ok(true);
         };
         match self.lists.get_mut(&id) {
@@ -174,8 +172,7 @@ impl<B> McpFiltered<B> {
         match f {
             Filtered::Kept => {
                 if m.get("method").is_none() {
-                    let id = m.get("id").map(Json::text);
-                    if let Some(asked) = id.and_then(|id| lists.get_mut(&id)) {
+                    if let Some(asked) = m.get("id").and_then(|id| lists.get_mut(id)) {
                         asked.answered = true;
                     }
                 }
@@ -260,9 +257,7 @@ impl<B> McpFiltered<B> {
         let text = format!("egress-proxy: the server asked the client for {method}, which the rule does not allow (server_requests); the stream was ended");
         let errors: Vec<Value> = self
             .lists
-            .iter()
-            .filter_map(|(k, asked)| (!asked.answered).then_some(k))
-            .filter_map(|k| serde_json::from_str::<Value>(k).ok())
+            .unanswered()
             .map(|id| serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32001, "message": text}}))
             .collect();
         for e in errors {
@@ -312,24 +307,51 @@ impl<B> McpFiltered<B> {
         Ok(())
     }
 
-    /// The whole JSON body, filtered.
-    fn whole(&mut self) -> Result<Vec<u8>, InterceptError> {
-        if self.buf.iter().all(u8::is_ascii_whitespace) {
+    /// The whole JSON body `bytes`, filtered: the same bytes, not a copy, when it passes as
+    /// it came.
+    fn whole(&mut self, bytes: Bytes) -> Result<Bytes, InterceptError> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
             // No message (a 202's body): nothing to filter.
-            return Ok(std::mem::take(&mut self.buf));
+            return Ok(bytes);
         }
-        let buf = std::mem::take(&mut self.buf);
         let not_json = |e| InterceptError::body_caused("the MCP response is not JSON", e);
-        if self.passes(&buf).map_err(not_json)? {
-            return Ok(buf);
+        if self.passes(&bytes).map_err(not_json)? {
+            return Ok(bytes);
         }
-        let doc = strict_json::parse_borrowed(&buf).map_err(not_json)?;
+        let doc = strict_json::parse_borrowed(&bytes).map_err(not_json)?;
         Ok(match self.filter_doc(doc) {
-            Doc::Unchanged => buf,
+            Doc::Unchanged => bytes,
             Doc::Changed(doc) => serde_json::to_vec(&doc)
-                .map_err(|e| InterceptError::body_caused("the MCP response", e))?,
-            Doc::Gone => Vec::new(),
+                .map_err(|e| InterceptError::body_caused("the MCP response", e))?
+                .into(),
+            Doc::Gone => Bytes::new(),
         })
+    }
+}
+
+impl McpFiltered<()> {
+    /// A JSON response body read whole (at most the filter's limit) and filtered: a body that
+    /// came in one frame and passes as it came is neither copied nor written again.
+    pub async fn read_whole<B>(mut self, body: B) -> Result<Bytes, InterceptError>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let bytes = match crate::pipeline::whole::read(body, self.limit).await {
+            Ok(b) => b,
+            Err(Unread::TooLarge(limit)) => {
+                return Err(InterceptError::body(format!(
+                    "the MCP response is larger than {limit} bytes (tls_intercept.judge_body_bytes)"
+                )))
+            }
+            Err(e) => {
+                return Err(InterceptError::body_caused(
+                    "the MCP response could not be read",
+                    e,
+                ))
+            }
+        };
+        self.whole(bytes)
     }
 }
 
@@ -356,16 +378,10 @@ where
                 Poll::Ready(Some(Ok(f))) => f,
                 Poll::Ready(None) => {
                     this.done = true;
-                    let out = match this.framing {
-                        Framing::Json => this.whole(),
-                        Framing::EventStream => {
-                            let mut out = Vec::new();
-                            this.drain(true, &mut out).map(|_| out)
-                        }
-                    };
-                    return match out {
-                        Ok(o) if o.is_empty() => Poll::Ready(None),
-                        Ok(o) => Poll::Ready(Some(Ok(Frame::data(o.into())))),
+                    let mut out = Vec::new();
+                    return match this.drain(true, &mut out) {
+                        Ok(()) if out.is_empty() => Poll::Ready(None),
+                        Ok(()) => Poll::Ready(Some(Ok(Frame::data(out.into())))),
                         Err(e) => Poll::Ready(Some(Err(e.into()))),
                     };
                 }
@@ -375,17 +391,6 @@ where
                 continue;
             };
             this.buf.extend_from_slice(&data);
-            if this.framing == Framing::Json {
-                if this.buf.len() > this.limit {
-                    this.done = true;
-                    let e = format!(
-                        "the MCP response is larger than {} bytes (tls_intercept.judge_body_bytes)",
-                        this.limit
-                    );
-                    return Poll::Ready(Some(Err(e.into())));
-                }
-                continue;
-            }
             let mut out = Vec::new();
             if let Err(e) = this.drain(false, &mut out) {
                 this.done = true;
@@ -402,161 +407,4 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::intercept::scrub::tests::Chunks;
-    use crate::policy::protocols::jsonrpc;
-    use crate::policy::protocols::mcp::ToolRule;
-    use http_body_util::BodyExt;
-
-    /// A rule allowing the tool `search`, and the lists of a `tools/list` request with id 1.
-    fn search_only() -> (McpRule, Lists) {
-        search_only_asked(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
-    }
-
-    /// A rule allowing the tool `search`, and the lists of the client's body `asked`.
-    fn search_only_asked(asked: &[u8]) -> (McpRule, Lists) {
-        let rule = McpRule::new(
-            vec![ToolRule::new("search", vec![]).unwrap()],
-            &[],
-            &[],
-            &[],
-        )
-        .unwrap();
-        let asked = jsonrpc::parse(asked).unwrap();
-        let (_, lists) = rule.judge(&asked).unwrap();
-        (rule, lists)
-    }
-
-    fn filtered(framing: Framing, chunks: Vec<&'static [u8]>) -> Result<String, String> {
-        filtered_after(search_only(), framing, chunks)
-    }
-
-    fn filtered_after(
-        (rule, lists): (McpRule, Lists),
-        framing: Framing,
-        chunks: Vec<&'static [u8]>,
-    ) -> Result<String, String> {
-        let body = McpFiltered::new(
-            Chunks(chunks.into_iter().map(Bytes::from_static).collect()),
-            Arc::new(rule),
-            lists,
-            framing,
-            1 << 16,
-            Default::default(),
-        );
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        rt.block_on(body.collect())
-            .map(|c| String::from_utf8_lossy(&c.to_bytes()).to_string())
-            .map_err(|e| e.to_string())
-    }
-
-    #[test]
-    fn event_streams_are_filtered_event_by_event_across_chunks() {
-        let out = filtered(
-            Framing::EventStream,
-            vec![
-                b"data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\n: keepalive\n\n",
-                b"id: 1\r\nevent: message\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"tools\":[{\"name\":\"search\"},",
-                b"{\"name\":\"delete_repo\"}]}}\r\n\r",
-                b"\n",
-            ],
-        )
-        .unwrap();
-        assert!(
-            out.contains("search") && !out.contains("delete_repo"),
-            "{out}"
-        );
-        assert!(out.contains("id: 1\nevent: message\ndata: "), "{out}");
-        assert!(
-            out.contains("notifications/progress") && out.contains(": keepalive"),
-            "{out}"
-        );
-        assert!(filtered(Framing::EventStream, vec![b"data: {not json}\n\n"]).is_err());
-    }
-
-    #[test]
-    fn a_dropped_server_request_ends_the_stream_with_errors_for_what_is_unanswered() {
-        let out = filtered(
-            Framing::EventStream,
-            vec![
-                b"data: {\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"elicitation/create\",\"params\":{}}\n\n",
-                b"data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"tools\":[]}}\n\n",
-            ],
-        )
-        .unwrap();
-        assert!(!out.contains("elicitation/create\","), "{out}");
-        assert!(
-            out.contains("\"id\":1")
-                && out.contains("-32001")
-                && out.contains("elicitation/create"),
-            "{out}"
-        );
-        assert!(
-            !out.contains("\"result\""),
-            "the stream ended before the server's answer: {out}"
-        );
-    }
-
-    /// A request answered before the cut gets no error: neither an answer that passes
-    /// skimmed (id 2, a call) nor one filtered whole (id 1, a list) is counted twice.
-    #[test]
-    fn what_was_answered_before_the_cut_gets_no_error() {
-        let asked = br#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"},
-            {"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"search"}},
-            {"jsonrpc":"2.0","id":3,"method":"ping"}]"#;
-        let out = filtered_after(
-            search_only_asked(asked),
-            Framing::EventStream,
-            vec![
-                b"data: {\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"content\":[]}}\n\n",
-                b"data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"tools\":[]}}\n\n",
-                b"data: {\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"elicitation/create\"}\n\n",
-            ],
-        )
-        .unwrap();
-        let errors: Vec<&str> = out.lines().filter(|l| l.contains("-32001")).collect();
-        assert_eq!(errors.len(), 1, "{out}");
-        assert!(errors[0].contains("\"id\":3"), "{out}");
-    }
-
-    #[test]
-    fn report_mode_passes_everything_and_notes_what_it_would_filter() {
-        let (rule, lists) = search_only();
-        let sent: &'static [u8] = b"data: {\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"elicitation/create\"}\n\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"tools\":[{\"name\":\"search\"},{\"name\":\"x\"}]}}\n\n";
-        let notes: Arc<Mutex<Notes>> = Default::default();
-        let body = McpFiltered::new(
-            Chunks([Bytes::from_static(sent)].into()),
-            Arc::new(rule),
-            lists,
-            Framing::EventStream,
-            1 << 16,
-            notes.clone(),
-        )
-        .dry(true);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let out = rt.block_on(body.collect()).unwrap().to_bytes();
-        assert_eq!(&out[..], sent, "nothing changed in report mode");
-        let n = notes.lock().unwrap();
-        assert!(
-            n.report && n.hidden == 1 && n.dropped == ["elicitation/create"],
-            "{n:?}"
-        );
-    }
-
-    #[test]
-    fn json_bodies_are_filtered_whole() {
-        let out = filtered(
-            Framing::Json,
-            vec![b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"tools\":[{\"name\":\"search\"},{\"name\":\"x\"}]}}"],
-        )
-        .unwrap();
-        assert!(out.contains("search") && !out.contains("\"x\""), "{out}");
-        assert!(filtered(Framing::Json, vec![b"{\"a\":1,\"a\":2}"]).is_err());
-        assert_eq!(filtered(Framing::Json, vec![]).unwrap(), "");
-    }
-}
+mod tests;

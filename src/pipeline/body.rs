@@ -9,12 +9,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http_body_util::{BodyExt, Limited};
+use http::HeaderName;
 
 use crate::policy::protocols::inference::{Call, InferenceRule};
 use crate::policy::protocols::mcp::{Lists, McpRule};
 use crate::policy::protocols::{Asked, Protocol, RefusedCall};
 use crate::policy::reason::Reason;
+
+use super::whole::Unread;
 
 /// What the judged request may do: what it called, and the MCP rule its response is filtered
 /// by (with the lists asked for).
@@ -35,18 +37,15 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
+    match super::whole::read(body, limit).await {
+        Ok(bytes) => Ok(bytes),
         Err(e) => {
-            let too_large = e
-                .downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some();
-            let (reason, detail) = match too_large {
-                true => (
+            let (reason, detail) = match e {
+                Unread::TooLarge(_) => (
                     first.reason(),
                     format!("the body is larger than {limit} bytes, more than a {} rule judges (tls_intercept.judge_body_bytes)", first.name()),
                 ),
-                false => (Reason::MalformedRequest, format!("the body could not be read: {e}")),
+                Unread::Failed(e) => (Reason::MalformedRequest, format!("the body could not be read: {e}")),
             };
             Err(RefusedCall {
                 refusal: Box::new(crate::policy::refusal::Refusal::new(reason, detail)),
@@ -56,6 +55,10 @@ where
         }
     }
 }
+
+/// The routing headers of MCP's 2026 transport, named once (not parsed from text per request).
+const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
+const MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
 
 /// Judge `body` by each candidate in turn: the first that allows it decides; else the first
 /// candidate's refusal.
@@ -67,7 +70,7 @@ pub fn judge(
     // A header that is not visible ASCII (a base64-wrapped name included) cannot agree
     // with the body: it reads as a value no body carries.
     // A header sent twice is read as a value no body agrees with: the origin may read either.
-    let header = |name: &str| {
+    let header = |name: &HeaderName| {
         let mut all = parts.headers.get_all(name).iter();
         let first = all.next()?;
         match all.next() {
@@ -79,9 +82,9 @@ pub fn judge(
         method: parts.method.as_str(),
         path: parts.uri.path(),
         query: parts.uri.query(),
-        content_type: header("content-type"),
-        mcp_method: header("mcp-method"),
-        mcp_name: header("mcp-name"),
+        content_type: header(&http::header::CONTENT_TYPE),
+        mcp_method: header(&MCP_METHOD),
+        mcp_name: header(&MCP_NAME),
     };
     let mut first = None;
     for p in candidates {

@@ -220,7 +220,6 @@ where
     B: http_body::Body<Data = Bytes> + Unpin,
     B::Error: From<Cut> + Into<BoxError>,
 {
-    use http_body_util::BodyExt;
     let mut scanner = scanner;
     scanner.head(uri, headers)?;
     let coding = Coding::of(headers);
@@ -234,11 +233,9 @@ where
     }
     let max = scanner.cfg.max_bytes;
     let limit = usize::try_from(max).unwrap_or(usize::MAX);
-    let whole = http_body_util::Limited::new(body, limit)
-        .collect()
+    let whole = super::whole::read(body, limit)
         .await
-        .map_err(|e| DlpError::Unread { max, cause: of(e) })?
-        .to_bytes();
+        .map_err(|e| DlpError::Unread { max, cause: of(e) })?;
     let plain = coding.decode(&whole, max)?;
     scanner.scan(&Bytes::from(plain))?;
     Ok(Phase::Whole(whole))

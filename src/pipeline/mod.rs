@@ -35,6 +35,7 @@ pub mod flow_gate;
 pub mod forwarded;
 pub mod head;
 pub(crate) mod unescape;
+pub mod whole;
 
 use crate::audit::AuditGuard;
 use crate::config::Binding;

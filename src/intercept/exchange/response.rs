@@ -80,7 +80,9 @@ impl Out {
     ) -> ResBody {
         match read {
             Read::Whole(bytes) => {
-                headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
+                if !says_length(headers, bytes.len()) {
+                    headers.insert(http::header::CONTENT_LENGTH, bytes.len().into());
+                }
                 self.finish(Full::new(bytes), on_end)
             }
             Read::Stream(f) => self.finish(f, on_end),
@@ -88,6 +90,21 @@ impl Out {
             Read::Tapped(b) => self.finish(b, on_end),
         }
     }
+}
+
+/// Whether `headers` carry one `Content-Length`, of exactly `len` (digits only): kept as
+/// it came rather than written again (a header value built from a number is an allocation).
+fn says_length(headers: &http::HeaderMap, len: usize) -> bool {
+    let mut all = headers.get_all(http::header::CONTENT_LENGTH).iter();
+    let (Some(one), None) = (all.next(), all.next()) else {
+        return false;
+    };
+    let digits = one.as_bytes();
+    digits.iter().all(u8::is_ascii_digit)
+        && std::str::from_utf8(digits)
+            .ok()
+            .and_then(|d| d.parse().ok())
+            == Some(len)
 }
 
 /// What reads a response before the client does: the secret scrubber, the MCP rule that
@@ -162,16 +179,15 @@ async fn filtered(
     notes: Arc<Mutex<Notes>>,
     limit: usize,
 ) -> Result<Read, InterceptError> {
-    let f = McpFiltered::new(b, rule, lists, framing, limit, notes).dry(report);
     match framing {
-        Framing::EventStream => Ok(Read::Stream(f)),
-        Framing::Json => match f.collect().await {
-            Ok(c) => Ok(Read::Whole(c.to_bytes())),
-            Err(e) => Err(InterceptError::body_caused(
-                "the MCP response could not be read",
-                e,
-            )),
-        },
+        Framing::EventStream => Ok(Read::Stream(
+            McpFiltered::new(b, rule, lists, limit, notes).dry(report),
+        )),
+        Framing::Json => McpFiltered::new((), rule, lists, limit, notes)
+            .dry(report)
+            .read_whole(b)
+            .await
+            .map(Read::Whole),
     }
 }
 
@@ -184,17 +200,14 @@ impl Terminated<'_> {
         (sandbox, credential): (String, String),
         limit: usize,
     ) -> Result<Read, InterceptError> {
-        let c = http_body_util::Limited::new(b, limit)
-            .collect()
-            .await
-            .map_err(|e| {
-                InterceptError::body_caused("the token endpoint's answer could not be read", e)
-            })?;
+        let c = crate::pipeline::whole::read(b, limit).await.map_err(|e| {
+            InterceptError::body_caused("the token endpoint's answer could not be read", e)
+        })?;
         let minter = &self.ex.mint.minter;
         Ok(Read::Whole(minter.seal_answer(
             &sandbox,
             &credential,
-            &c.to_bytes(),
+            &c,
         )?))
     }
 
@@ -234,7 +247,10 @@ impl Terminated<'_> {
         let empty = hyper::body::Body::is_end_stream(resp.body());
         let filter = mcp.filter(|_| !empty).and_then(|(rule, lists, report)| {
             let framing = mcp_filter::framing(resp.headers())?;
-            resp.headers_mut().remove(http::header::CONTENT_LENGTH);
+            if framing == Framing::EventStream {
+                // Read whole (JSON), the body's length is set when it is known.
+                resp.headers_mut().remove(http::header::CONTENT_LENGTH);
+            }
             Some((rule, lists, framing, report))
         });
         let judge_limit = usize::try_from(self.ex.limits.judge).unwrap_or(usize::MAX);

@@ -8,7 +8,6 @@
 //! and requests the server sends (sampling, elicitation, roots) are dropped unless allowed.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 use serde_json::Value;
 
@@ -94,9 +93,8 @@ pub enum List {
     Other,
 }
 
-/// What each request of one body asked for, by id (as JSON text): the answers the client
-/// waits for.
-pub type Lists = HashMap<String, Asked>;
+mod lists;
+pub use lists::Lists;
 
 /// One request the client sent: what it asked for, and whether its answer has come (the
 /// response filter marks it; a stream cut short answers the rest with errors).
@@ -257,14 +255,7 @@ impl McpRule {
             _ => None,
         };
         if let Some(id) = m.id() {
-            let list = list.unwrap_or(List::Other);
-            lists.insert(
-                id.text(),
-                Asked {
-                    list,
-                    answered: false,
-                },
-            );
+            lists.ask(id, list.unwrap_or(List::Other));
         }
         match method {
             "tools/call" => Ok((method, Some(self.tool_allowed(params)?))),
@@ -296,6 +287,9 @@ impl McpRule {
         for m in &body.messages {
             match self.judge_one(m, &mut lists) {
                 Ok((method, named)) => {
+                    // Room for a comma, a space and the protocol's name written in front
+                    // (`Protocol::judge`): one allocation for one message.
+                    calls.reserve(6 + method.len() + named.map_or(0, str::len));
                     if !calls.is_empty() {
                         calls.push(',');
                     }
@@ -393,10 +387,7 @@ impl McpRule {
             );
             return Filtered::Answered(asked);
         }
-        let Some(list) = msg
-            .get("id")
-            .and_then(|id| lists.get(&id.text()).map(|a| a.list))
-        else {
+        let Some(list) = msg.get("id").and_then(|id| lists.get(id).map(|a| a.list)) else {
             return Filtered::Kept;
         };
         let (key, field) = match list {

@@ -186,13 +186,12 @@ impl Protocol {
     /// (`mcp tools/call search`, `graphql mutation createGist`, `lfs upload`).
     pub fn judge(&self, asked: Asked<'_>, body: &[u8]) -> Result<BodyVerdict, RefusedCall> {
         let named = |c: Option<String>| {
-            c.map(|c| {
-                // Not `format!`: its machinery was a tenth of judging an MCP call.
-                let mut out = String::with_capacity(self.name().len() + 1 + c.len());
-                out.push_str(self.name());
-                out.push(' ');
-                out.push_str(&c);
-                out
+            c.map(|mut c| {
+                // Not `format!` (its machinery was a tenth of judging an MCP call), and in
+                // place: no second string where the first has room.
+                c.insert(0, ' ');
+                c.insert_str(0, self.name());
+                c
             })
         };
         match self.judge_body(asked, body) {
