@@ -267,12 +267,20 @@ impl HostRules {
             };
         }
         let plain = || self.rules.iter().filter(|r| !r.is_websocket());
-        // Asked twice rather than collected: no list is built for every request.
-        let reading = plain().any(|r| r.reads(method, path, query));
-        let candidates = plain().filter(|r| !reading || r.reads(method, path, query));
+        // Where a rule reads the request, only the rules that read it decide: the first is
+        // found once, each after it is asked once, and none matches the path again.
+        let first = plain().position(|r| r.reads(method, path, query));
         let mut judges = Vec::new();
-        for r in candidates {
-            match r.admits(method, path, query) {
+        for (i, r) in plain().enumerate() {
+            let admits = match first {
+                None => r.admits(method, path, query),
+                Some(f) if i < f => continue,
+                Some(f) if i == f || r.reads(method, path, query) => {
+                    r.admits_read(method, path, query)
+                }
+                Some(_) => continue,
+            };
+            match admits {
                 Admits::Yes => {
                     return match self.form_to_read(head) {
                         Some(form) => HeadVerdict::Judge(vec![Arc::new(Protocol::plugin(form))]),

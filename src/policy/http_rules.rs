@@ -231,6 +231,21 @@ impl HttpRule {
         }
     }
 
+    /// [`HttpRule::admits`] for a request this rule [`reads`](HttpRule::reads): a protocol
+    /// rule's path is then known to match and is not matched again (a glob set's work, twice
+    /// per judged call before).
+    pub fn admits_read(&self, method: &str, path: &str, query: Option<&str>) -> Admits<'_> {
+        match self.protocol.as_ref() {
+            Some(p) if self.git.is_empty() && !matches!(**p, Protocol::Lfs(_)) => {
+                match p.carries(method) {
+                    true => Admits::Judge(p),
+                    false => Admits::No,
+                }
+            }
+            _ => self.admits(method, path, query),
+        }
+    }
+
     /// Whether this rule reads a protocol on this request, whatever its method: a rule naming
     /// a protocol on one of its paths, a `git` rule on a smart-HTTP request of one of its
     /// repositories, an LFS rule on a batch call of one of them. Where one does, a plainer

@@ -152,3 +152,73 @@ fn every_override_header_is_found_among_ordinary_ones() {
     }
     assert_eq!(override_refusal(&h, None), None);
 }
+
+#[test]
+fn a_rule_known_to_read_a_request_admits_it_as_when_its_path_is_matched_again() {
+    use crate::policy::protocols::graphql::GraphQlRule;
+    use crate::policy::protocols::lfs::LfsOp;
+    use crate::policy::protocols::mcp::{McpRule, ToolRule};
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let mcp = || {
+        let tools = vec![ToolRule::new("search", vec![]).unwrap()];
+        Some(Protocol::Mcp(
+            McpRule::new(tools, &[], &[], &[]).unwrap().into(),
+        ))
+    };
+    let gql = GraphQlRule::new(&["query".into()], &[], &["viewer".into()], &[]).unwrap();
+    let lfs = Some(Protocol::Lfs(vec![LfsOp::Download]));
+    let rules = [
+        HttpRule::with_protocol("h.test", &[], &s(&["/mcp"]), &[], mcp()).unwrap(),
+        HttpRule::with_protocol("h.test", &[], &[], &[], mcp()).unwrap(),
+        HttpRule::with_protocol(
+            "h.test",
+            &[],
+            &s(&["/gql/**"]),
+            &[],
+            Some(Protocol::GraphQl(gql)),
+        )
+        .unwrap(),
+        HttpRule::with_protocol(
+            "h.test",
+            &[],
+            &s(&["/org/*.git"]),
+            &s(&["fetch"]),
+            lfs.clone(),
+        )
+        .unwrap(),
+        HttpRule::with_protocol("h.test", &[], &s(&["/org/*.git"]), &[], lfs).unwrap(),
+        HttpRule::with_git("h.test", &[], &s(&["/org/*.git"]), &s(&["fetch"])).unwrap(),
+        HttpRule::new("h.test", &s(&["GET"]), &s(&["/mcp"])).unwrap(),
+    ];
+    let paths = [
+        "/mcp",
+        "/mcp/x",
+        "/gql/a",
+        "/gql",
+        "/org/a.git/info/lfs/objects/batch",
+        "/org/a.git/info/refs",
+        "/org/a.git/git-upload-pack",
+        "/other",
+    ];
+    let kind = |a: Admits<'_>| match a {
+        Admits::No => (0, std::ptr::null()),
+        Admits::Yes => (1, std::ptr::null()),
+        Admits::Judge(p) => (2, Arc::as_ptr(p)),
+    };
+    let mut read = 0;
+    for r in &rules {
+        for m in ["GET", "POST", "DELETE", "PUT", "PATCH", "OPTIONS"] {
+            for p in paths {
+                for q in [None, Some("service=git-upload-pack")] {
+                    if !r.reads(m, p, q) {
+                        continue;
+                    }
+                    read += 1;
+                    let (again, known) = (r.admits(m, p, q), r.admits_read(m, p, q));
+                    assert_eq!(kind(again), kind(known), "{} {m} {p} {q:?}", r.text);
+                }
+            }
+        }
+    }
+    assert!(read > 40, "the rules read {read} of the requests");
+}
