@@ -149,12 +149,13 @@ impl Discarded {
 }
 
 /// One object's keys read so far, for the repeated-key check: on the stack while there are
-/// no more than [`PAIRWISE`] (each compared with those before it, as the tree reader does),
-/// all moved to the heap beyond and sorted once at the end ([`once_each`]). A skimmed answer's
-/// objects have a few keys each, and one allocation per object was most of what the skim
-/// cost beyond the tokenizer.
+/// no more than [`PAIRWISE`] and none carries an escape (each compared with those before it,
+/// as the tree reader does), all moved to the heap otherwise and sorted once at the end
+/// ([`once_each`]). A skimmed answer's objects have a few keys each: one allocation per object
+/// was most of what the skim cost beyond the tokenizer, and keys the stack held as `Cow`s
+/// were dropped one by one, all 16 of them.
 struct Seen<'de> {
-    few: [Cow<'de, str>; PAIRWISE],
+    few: [&'de str; PAIRWISE],
     len: usize,
     many: Vec<Cow<'de, str>>,
 }
@@ -162,7 +163,7 @@ struct Seen<'de> {
 impl<'de> Seen<'de> {
     fn new() -> Self {
         Seen {
-            few: std::array::from_fn(|_| Cow::Borrowed("")),
+            few: [""; PAIRWISE],
             len: 0,
             many: Vec::new(),
         }
@@ -170,20 +171,21 @@ impl<'de> Seen<'de> {
 
     /// `k` kept; `Err` when it repeats one of the first [`PAIRWISE`] keys.
     fn add<E: de::Error>(&mut self, k: Cow<'de, str>) -> Result<(), E> {
-        let (seen, free) = self.few.split_at_mut(self.len);
-        match free.first_mut() {
-            Some(free) => {
-                new_among_few(seen.iter().map(Cow::as_ref), &k)?;
-                *free = k;
-                self.len += 1;
-            }
-            None => {
-                if self.many.is_empty() {
-                    self.many.extend(self.few.iter_mut().map(std::mem::take));
+        if self.many.is_empty() {
+            if let Cow::Borrowed(b) = k {
+                if self.len < PAIRWISE {
+                    new_among_few(self.few[..self.len].iter().copied(), b)?;
+                    self.few[self.len] = b;
+                    self.len += 1;
+                    return Ok(());
                 }
-                self.many.push(k);
             }
+            let held = self.few[..self.len].iter().map(|s| Cow::Borrowed(*s));
+            self.many.extend(held);
         }
+        // Compared pair by pair up to [`PAIRWISE`] keys, as on the stack; beyond, sorted.
+        new_among_few(self.many.iter().map(Cow::as_ref), &k)?;
+        self.many.push(k);
         Ok(())
     }
 
@@ -296,13 +298,29 @@ mod tests {
                 format!(r#"{{"id":1,"result":{{{}}}}}"#, members.join(","))
             };
             assert!(skim(object(&keys).as_bytes()).is_ok(), "{n} distinct keys");
+            // A key written with an escape (`\u006b` is `k`) is the same key.
+            let escaped = |k: &str| k.replacen('k', "\\u006b", 1);
             for (first, again) in [(0, 0), (0, n - 1), (n - 1, n - 1), (n / 2, 0)] {
-                let mut twice = keys.clone();
-                twice.insert(again + 1, keys[first].clone());
-                let text = object(&twice);
-                assert!(skim(text.as_bytes()).is_err(), "{n} keys, {text}");
-                assert!(parse_borrowed(text.as_bytes()).is_err(), "{n} keys, {text}");
+                for (a, b) in [(false, false), (false, true), (true, false)] {
+                    let mut twice = keys.clone();
+                    twice.insert(again + 1, keys[first].clone());
+                    if a {
+                        twice[first] = escaped(&twice[first]);
+                    }
+                    if b {
+                        twice[again + 1] = escaped(&twice[again + 1]);
+                    }
+                    let text = object(&twice);
+                    assert!(skim(text.as_bytes()).is_err(), "{n} keys, {text}");
+                    assert!(parse_borrowed(text.as_bytes()).is_err(), "{n} keys, {text}");
+                }
             }
+            let mut one_escaped = keys.clone();
+            one_escaped[n / 2] = escaped(&one_escaped[n / 2]);
+            assert!(
+                skim(object(&one_escaped).as_bytes()).is_ok(),
+                "{n} keys, one escaped"
+            );
         }
     }
 
