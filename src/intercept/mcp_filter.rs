@@ -44,8 +44,14 @@ pub enum Framing {
 
 /// The framing of a response by its `Content-Type`, if it is one the filter reads.
 pub fn framing(headers: &HeaderMap) -> Option<Framing> {
-    let ct = headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
-    let media = ct.split(';').next()?.trim();
+    let ct = headers.get(http::header::CONTENT_TYPE)?;
+    match ct.as_bytes() {
+        // As nearly every server writes them: the rest is not read.
+        b"application/json" => return Some(Framing::Json),
+        b"text/event-stream" => return Some(Framing::EventStream),
+        _ => {}
+    }
+    let media = ct.to_str().ok()?.split(';').next()?.trim();
     match media {
         m if m.eq_ignore_ascii_case("application/json") => Some(Framing::Json),
         m if m.eq_ignore_ascii_case("text/event-stream") => Some(Framing::EventStream),

@@ -96,29 +96,43 @@ pub fn read(v: Json<'_>) -> Result<Body<'_>, ProtocolError> {
 }
 
 /// One message (see [`Message`]).
-pub fn message(mut o: Json<'_>) -> Result<Message<'_>, ProtocolError> {
-    if !matches!(o, Json::Obj(_)) {
+pub fn message(o: Json<'_>) -> Result<Message<'_>, ProtocolError> {
+    let Json::Obj(pairs) = o else {
         return Err(bad("a JSON-RPC message is not an object"));
+    };
+    // One pass over the members, each moved out once (no key is there twice: the reader
+    // refuses it).
+    let (mut version, mut id, mut method, mut params, mut answers) =
+        (false, None, None, None, false);
+    for (k, v) in pairs {
+        match k.as_ref() {
+            "jsonrpc" => version = v.as_str() == Some("2.0"),
+            "id" => id = Some(v),
+            "method" => method = Some(v),
+            "params" => params = Some(v),
+            "result" | "error" => answers = true,
+            _ => {}
+        }
     }
-    if o.get("jsonrpc").and_then(Json::as_str) != Some("2.0") {
+    if !version {
         return Err(bad("a JSON-RPC message without \"jsonrpc\": \"2.0\""));
     }
-    let id = match o.remove("id") {
+    let id = match id {
         None => None,
         Some(id @ (Json::Str(_) | Json::Num(_) | Json::Null)) => Some(id),
         Some(_) => return Err(bad("a JSON-RPC id that is not a string or a number")),
     };
-    let answers = o.get("result").is_some() || o.get("error").is_some();
-    match (o.remove("method"), id) {
+    let params = || params.unwrap_or(Json::Null);
+    match (method, id) {
         (Some(_), _) if answers => Err(bad("a JSON-RPC message that is both a call and an answer")),
         (Some(Json::Str(method)), Some(id)) => Ok(Message::Request {
             id,
             method,
-            params: o.remove("params").unwrap_or(Json::Null),
+            params: params(),
         }),
         (Some(Json::Str(method)), None) => Ok(Message::Notification {
             method,
-            params: o.remove("params").unwrap_or(Json::Null),
+            params: params(),
         }),
         (Some(_), _) => Err(bad("a JSON-RPC method that is not a string")),
         (None, Some(id)) if answers => Ok(Message::Response { id }),
@@ -229,18 +243,47 @@ mod tests {
         assert!(b.batch);
         assert!(matches!(b.messages[0], Message::Notification { .. }));
         assert!(matches!(b.messages[1], Message::Response { .. }));
-        for bad in [
-            &br#"[]"#[..],
-            br#"{"id":1,"method":"m"}"#,
-            br#"{"jsonrpc":"1.0","id":1,"method":"m"}"#,
-            br#"{"jsonrpc":"2.0","id":1,"method":5}"#,
-            br#"{"jsonrpc":"2.0","id":{},"method":"m"}"#,
-            br#"{"jsonrpc":"2.0","id":1,"method":"m","result":1}"#,
-            br#"{"jsonrpc":"2.0","id":1}"#,
-            br#""m""#,
-            br#"{"jsonrpc":"2.0","id":1,"method":"a","method":"b"}"#,
+        let b =
+            parse(br#"{"params":{"a":[1]},"method":"m","x":0,"id":"7","jsonrpc":"2.0"}"#).unwrap();
+        match &b.messages[0] {
+            Message::Request { id, method, params } => {
+                assert_eq!((id.as_str(), method.as_ref()), (Some("7"), "m"));
+                assert_eq!(params.text(), r#"{"a":[1]}"#);
+            }
+            other => panic!("{other:?}"),
+        }
+        let n = parse(br#"{"jsonrpc":"2.0","method":"n"}"#).unwrap();
+        assert_eq!(n.messages[0].params(), &Json::Null);
+        for (bad, why) in [
+            (&br#"[]"#[..], "empty"),
+            (br#"{"id":1,"method":"m"}"#, "2.0"),
+            (br#"{"jsonrpc":"1.0","id":1,"method":"m"}"#, "2.0"),
+            (br#"{"jsonrpc":2.0,"id":{},"method":"m"}"#, "2.0"),
+            (
+                br#"{"jsonrpc":"2.0","id":1,"method":5}"#,
+                "method that is not a string",
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":{},"method":"m"}"#,
+                "id that is not",
+            ),
+            (br#"{"jsonrpc":"2.0","id":[],"result":1}"#, "id that is not"),
+            (
+                br#"{"jsonrpc":"2.0","id":1,"method":"m","result":1}"#,
+                "both",
+            ),
+            (br#"{"jsonrpc":"2.0","method":"m","error":{}}"#, "both"),
+            (br#"{"jsonrpc":"2.0","id":1}"#, "neither"),
+            (br#"{"jsonrpc":"2.0","result":1}"#, "neither"),
+            (br#""m""#, "not an object"),
+            (
+                br#"{"jsonrpc":"2.0","id":1,"method":"a","method":"b"}"#,
+                "twice",
+            ),
         ] {
-            assert!(parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+            let text = String::from_utf8_lossy(bad);
+            let e = parse(bad).map(|_| ()).unwrap_err().into_detail();
+            assert!(e.contains(why), "{text}: {e}");
         }
     }
 

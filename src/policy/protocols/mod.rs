@@ -276,6 +276,10 @@ pub fn json_media(content_type: Option<&str>) -> bool {
     let Some(ct) = content_type else {
         return false;
     };
+    if ct == "application/json" {
+        // As nearly every client writes it: the rest is not read.
+        return true;
+    }
     let mut parts = ct.split(';');
     let media = parts.next().unwrap_or("").trim();
     let prefix = "application/".len();
