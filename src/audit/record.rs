@@ -210,7 +210,7 @@ pub struct HttpFacts {
     pub secret_reflected: Option<Box<str>>,
     /// What the request called in a protocol a rule named: `tools/call search` (MCP),
     /// `mutation createGist` (GraphQL), `eth_call` (JSON-RPC), `git fetch`, `lfs upload`.
-    pub call: Option<Box<str>>,
+    pub call: Option<String>,
 }
 
 /// What a DNS listener record says beyond a connection's fields.

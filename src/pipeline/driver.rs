@@ -109,15 +109,16 @@ impl Asked {
         }
     }
 
-    /// The record's facts (the method and path shared, not copied).
-    pub fn facts(&self, status: u16, credential: Option<String>) -> HttpFacts {
+    /// The record's facts (the method and path shared, not copied; what it called moved).
+    pub fn facts(&mut self, status: u16, credential: Option<String>) -> HttpFacts {
         HttpFacts {
             method: self.method.clone(),
             path: self.path.clone(),
             status,
             credential: credential.map(Into::into),
             secret_reflected: None,
-            call: self.call.as_deref().map(Into::into),
+            // Moved, not copied: once recorded, nothing reads it here again.
+            call: self.call.take(),
         }
     }
 }

@@ -50,6 +50,10 @@ where
             }
             (Some(_), Some(all)) => all.extend_from_slice(&data),
         }
+        if body.is_end_stream() {
+            // Its declared length is read: no poll only to be told it ended.
+            break;
+        }
     }
     Ok(match (first, more) {
         (_, Some(all)) => all.freeze(),

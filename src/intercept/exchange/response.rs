@@ -100,11 +100,11 @@ fn says_length(headers: &http::HeaderMap, len: usize) -> bool {
         return false;
     };
     let digits = one.as_bytes();
-    digits.iter().all(u8::is_ascii_digit)
-        && std::str::from_utf8(digits)
-            .ok()
-            .and_then(|d| d.parse().ok())
-            == Some(len)
+    let value = digits.iter().try_fold(0usize, |n, d| {
+        d.is_ascii_digit().then_some(())?;
+        n.checked_mul(10)?.checked_add(usize::from(d - b'0'))
+    });
+    !digits.is_empty() && value == Some(len)
 }
 
 /// What reads a response before the client does: the secret scrubber, the MCP rule that
@@ -307,5 +307,37 @@ impl Terminated<'_> {
         drop(audit);
         self.ex
             .refused(&sent.asked.method, Reason::UnscannableResponse, why)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::says_length;
+
+    #[test]
+    fn a_length_is_kept_only_when_it_is_one_header_of_exactly_the_body() {
+        let headers = |values: &[&'static str]| {
+            let mut h = http::HeaderMap::new();
+            for v in values {
+                h.append(
+                    http::header::CONTENT_LENGTH,
+                    http::HeaderValue::from_static(v),
+                );
+            }
+            h
+        };
+        assert!(says_length(&headers(&["17"]), 17));
+        assert!(says_length(&headers(&["0"]), 0));
+        for (values, len) in [
+            (&["17"][..], 16),
+            (&["17", "17"], 17),
+            (&["+17"], 17),
+            (&[" 17"], 17),
+            (&[""], 0),
+            (&[], 0),
+            (&["99999999999999999999999"], 17),
+        ] {
+            assert!(!says_length(&headers(values), len), "{values:?} {len}");
+        }
     }
 }

@@ -246,7 +246,10 @@ impl Socket {
             status: 101,
             credential: None,
             secret_reflected: None,
-            call: Some(format!("websocket {}", r.call.as_deref().unwrap_or("message")).into()),
+            call: Some(format!(
+                "websocket {}",
+                r.call.as_deref().unwrap_or("message")
+            )),
         });
     }
 }
