@@ -66,7 +66,8 @@ enum Doc<'a> {
     Gone,
 }
 
-/// A response body filtered by an MCP rule.
+/// A response body filtered by an MCP rule: as a [`Body`], an event stream filtered event by
+/// event; a JSON answer is read whole by [`McpFiltered::read_whole`] (no body of its own).
 pub struct McpFiltered<B> {
     inner: B,
     rule: Arc<McpRule>,

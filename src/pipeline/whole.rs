@@ -1,7 +1,8 @@
-//! A request body read whole, within a byte limit, for the phases that judge or scan it whole
-//! (the body phase, DLP under a `Content-Encoding`). A body that arrives in one frame — a
-//! judged call nearly always does — is kept as that frame, not copied; one that arrives in
-//! several is gathered into one buffer. Trailers are not part of what is read.
+//! A body read whole, within a byte limit, for what judges or scans it whole: the body phase
+//! and DLP under a `Content-Encoding` (requests), the sealed token answer and the MCP rule's
+//! JSON answer (responses). A body that arrives in one frame — a judged call and its answer
+//! nearly always do — is kept as that frame, not copied; one that arrives in several is
+//! gathered into one buffer. Trailers are not part of what is read.
 
 use std::pin::pin;
 

@@ -248,7 +248,8 @@ impl Terminated<'_> {
         let filter = mcp.filter(|_| !empty).and_then(|(rule, lists, report)| {
             let framing = mcp_filter::framing(resp.headers())?;
             if framing == Framing::EventStream {
-                // Read whole (JSON), the body's length is set when it is known.
+                // Filtered as it streams, its length is not known; a JSON answer is read
+                // whole and goes on with its exact length (`Out::body`).
                 resp.headers_mut().remove(http::header::CONTENT_LENGTH);
             }
             Some((rule, lists, framing, report))
