@@ -37,23 +37,20 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    match super::whole::read(body, limit).await {
-        Ok(bytes) => Ok(bytes),
-        Err(e) => {
-            let (reason, detail) = match e {
-                Unread::TooLarge(_) => (
-                    first.reason(),
-                    format!("the body is larger than {limit} bytes, more than a {} rule judges (tls_intercept.judge_body_bytes)", first.name()),
-                ),
-                Unread::Failed(e) => (Reason::MalformedRequest, format!("the body could not be read: {e}")),
-            };
-            Err(RefusedCall {
-                refusal: Box::new(crate::policy::refusal::Refusal::new(reason, detail)),
-                call: None,
-                rpc: None,
-            })
+    super::whole::read(body, limit).await.map_err(|e| {
+        let (reason, detail) = match e {
+            Unread::TooLarge(_) => (
+                first.reason(),
+                format!("the body is larger than {limit} bytes, more than a {} rule judges (tls_intercept.judge_body_bytes)", first.name()),
+            ),
+            Unread::Failed(e) => (Reason::MalformedRequest, format!("the body could not be read: {e}")),
+        };
+        RefusedCall {
+            refusal: Box::new(crate::policy::refusal::Refusal::new(reason, detail)),
+            call: None,
+            rpc: None,
         }
-    }
+    })
 }
 
 /// The routing headers of MCP's 2026 transport, named once (not parsed from text per request).

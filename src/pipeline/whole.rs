@@ -30,8 +30,7 @@ where
     B::Error: Into<BoxError>,
 {
     let mut body = pin!(body);
-    let mut first: Option<Bytes> = None;
-    let mut more: Option<BytesMut> = None;
+    let mut held = Held::Nothing;
     let mut len = 0usize;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.map_err(|e| Unread::Failed(e.into()))?.into_data() else {
@@ -41,26 +40,36 @@ where
         if len > limit {
             return Err(Unread::TooLarge(limit));
         }
-        match (&mut first, &mut more) {
-            (None, _) => first = Some(data),
-            (Some(one), None) => {
+        held = match held {
+            Held::Nothing => Held::One(data),
+            Held::One(one) => {
                 let mut all = BytesMut::with_capacity(len);
-                all.extend_from_slice(one);
+                all.extend_from_slice(&one);
                 all.extend_from_slice(&data);
-                more = Some(all);
+                Held::Many(all)
             }
-            (Some(_), Some(all)) => all.extend_from_slice(&data),
-        }
+            Held::Many(mut all) => {
+                all.extend_from_slice(&data);
+                Held::Many(all)
+            }
+        };
         if body.is_end_stream() {
             // Its declared length is read: no poll only to be told it ended.
             break;
         }
     }
-    Ok(match (first, more) {
-        (_, Some(all)) => all.freeze(),
-        (Some(one), None) => one,
-        (None, None) => Bytes::new(),
+    Ok(match held {
+        Held::Nothing => Bytes::new(),
+        Held::One(one) => one,
+        Held::Many(all) => all.freeze(),
     })
+}
+
+/// What has been read so far: nothing, the one frame as it came, or several gathered.
+enum Held {
+    Nothing,
+    One(Bytes),
+    Many(BytesMut),
 }
 
 #[cfg(test)]
