@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::HeaderName;
+use http::{HeaderMap, HeaderName};
 
 use crate::policy::protocols::inference::{Call, InferenceRule};
 use crate::policy::protocols::mcp::{Lists, McpRule};
@@ -57,6 +57,27 @@ where
 const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
 const MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
 
+/// The headers the protocols read, in their order in [`read_headers`]'s answer.
+const READ: [HeaderName; 3] = [http::header::CONTENT_TYPE, MCP_METHOD, MCP_NAME];
+
+/// The value of each header in [`READ`], found in one walk over the request's few headers
+/// (a lookup each would hash each name). A header sent twice reads as a value no body agrees
+/// with (the origin may read either); one that is not visible ASCII (a base64-wrapped name
+/// included) cannot agree with the body either: it reads as a value no body carries.
+fn read_headers(headers: &HeaderMap) -> [Option<&str>; 3] {
+    const NONE_AGREES: &str = "\u{0}";
+    let mut read = [None; 3];
+    for (name, value) in headers {
+        if let Some(i) = READ.iter().position(|n| n == name) {
+            read[i] = match read[i] {
+                None => Some(value.to_str().unwrap_or(NONE_AGREES)),
+                Some(_) => Some(NONE_AGREES),
+            };
+        }
+    }
+    read
+}
+
 /// Judge `body` by each candidate in turn: the first that allows it decides; else the first
 /// candidate's refusal.
 pub fn judge(
@@ -64,24 +85,14 @@ pub fn judge(
     parts: &Parts,
     body: &[u8],
 ) -> Result<Allowed, RefusedCall> {
-    // A header that is not visible ASCII (a base64-wrapped name included) cannot agree
-    // with the body: it reads as a value no body carries.
-    // A header sent twice is read as a value no body agrees with: the origin may read either.
-    let header = |name: &HeaderName| {
-        let mut all = parts.headers.get_all(name).iter();
-        let first = all.next()?;
-        match all.next() {
-            Some(_) => Some("\u{0}"),
-            None => Some(first.to_str().unwrap_or("\u{0}")),
-        }
-    };
+    let [content_type, mcp_method, mcp_name] = read_headers(&parts.headers);
     let asked = Asked {
         method: parts.method.as_str(),
         path: parts.uri.path(),
         query: parts.uri.query(),
-        content_type: header(&http::header::CONTENT_TYPE),
-        mcp_method: header(&MCP_METHOD),
-        mcp_name: header(&MCP_NAME),
+        content_type,
+        mcp_method,
+        mcp_name,
     };
     let mut first = None;
     for p in candidates {
@@ -114,4 +125,51 @@ pub fn judge(
         call: None,
         rpc: None,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    /// What a lookup of each header reads: its one value, or a value no body agrees with.
+    fn looked_up(headers: &HeaderMap) -> [Option<&str>; 3] {
+        READ.map(|name| {
+            let mut all = headers.get_all(name).iter();
+            let first = all.next()?;
+            match all.next() {
+                Some(_) => Some("\u{0}"),
+                None => Some(first.to_str().unwrap_or("\u{0}")),
+            }
+        })
+    }
+
+    #[test]
+    fn one_walk_reads_each_header_as_a_lookup_would() {
+        let values: [&[u8]; 4] = [b"application/json", b"tools/call", b"caf\xc3\xa9", b""];
+        let names = [
+            "content-type",
+            "mcp-method",
+            "mcp-name",
+            "accept",
+            "Mcp-Name",
+        ];
+        // Every order of up to three headers drawn from the names and values (repeats included).
+        for n in 0..=3u32 {
+            for code in 0..(names.len() * values.len()).pow(n) {
+                let mut headers = HeaderMap::new();
+                let mut c = code;
+                for _ in 0..n {
+                    let (name, value) = (names[c % names.len()], values[(c / names.len()) % 4]);
+                    c /= names.len() * values.len();
+                    let value = HeaderValue::from_bytes(value).expect("a header value");
+                    headers.append(
+                        HeaderName::from_bytes(name.as_bytes()).expect("a name"),
+                        value,
+                    );
+                }
+                assert_eq!(read_headers(&headers), looked_up(&headers), "{headers:?}");
+            }
+        }
+    }
 }
