@@ -8,6 +8,7 @@
 pub(crate) mod body;
 pub(crate) mod boxed_spawn;
 pub(crate) mod buffers;
+mod chunk;
 pub(crate) mod client_io;
 pub(crate) mod counted;
 pub(crate) mod deny;

@@ -16,6 +16,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
 use crate::audit::outcome::Close;
+use crate::relay::chunk::Chunk;
 use crate::relay::liveness::Liveness;
 use crate::relay::tunnel::{drive, Relayed};
 
@@ -224,8 +225,8 @@ async fn copy_chunk(
     // On the heap, and only here: a buffer in this future's state would be reserved in every
     // pump of every tunnel, idle or not. Read into its spare room: zeroing it first would
     // cost a 16 KiB `memset` a chunk.
-    let mut buf = Vec::with_capacity(16 * 1024);
-    let n = match src.try_read_buf(&mut buf) {
+    let mut buf = Chunk::take();
+    let n = match src.try_read_buf(&mut *buf) {
         Ok(0) => {
             ends.pass_on(dst);
             return Ok(true);
@@ -258,8 +259,6 @@ async fn copy_chunk(
 /// on `EAGAIN`: a burst smaller than the buffer costs one system call fewer than through a pipe,
 /// which must be tried again to learn it is empty. Bulk streams pass this within a few reads.
 const SPLICE_AFTER: u64 = 64 * 1024;
-/// The user-space phase's read size.
-const CHUNK: usize = 16 * 1024;
 
 /// One direction: through user space for its first [`SPLICE_AFTER`] bytes, then zero-copy.
 /// `late` is a cap on `src`'s receive buffer not set yet
@@ -297,9 +296,9 @@ async fn copy_once(
     live: &Liveness,
 ) -> io::Result<usize> {
     // Uninitialised room, read into as it is (a zeroed buffer cost a 16 KiB `memset` a chunk,
-    // an end of stream's included: four a short tunnel).
-    let mut buf = Vec::with_capacity(CHUNK);
-    let n = src.read_buf(&mut buf).await?;
+    // an end of stream's included: four a short tunnel), and one of the thread's spares.
+    let mut buf = Chunk::take();
+    let n = src.read_buf(&mut *buf).await?;
     let allowed = live.allow(n).await;
     let mut sent = 0;
     while sent < allowed {
