@@ -121,12 +121,20 @@ fn proxy(
     };
     match tls {
         Some(tls) => {
-            tokio::spawn(serve_tls(shared, accepted, stream, slot, tls.clone()));
+            // Boxed: the connection's future is several kilobytes, and tokio's cell would copy
+            // it whole in and out.
+            crate::relay::boxed_spawn::spawn(serve_tls(
+                shared,
+                accepted,
+                stream,
+                slot,
+                tls.clone(),
+            ));
         }
         None => {
             let io = crate::relay::client_io::ClientIo::Tcp(stream);
             let cert = crate::listen::explicit_tls::ClientCert::Absent;
-            tokio::spawn(crate::listen::explicit::serve(
+            crate::relay::boxed_spawn::spawn(crate::listen::explicit::serve(
                 shared, accepted, io, slot, cert,
             ));
         }
