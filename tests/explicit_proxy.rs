@@ -577,3 +577,63 @@ fn sigterm_drains_then_cuts_tunnels_and_flushes_the_audit() {
     assert_eq!(rec["close"], "shutdown");
     assert!(rec["bytes_down"].as_u64().unwrap() > 0);
 }
+
+/// A tunnel must never be sent another tunnel's bytes. The young relay reuses a worker's spare
+/// chunk buffers (`relay::chunk`): tunnels that each move 12 KiB of one secret alternate with
+/// tunnels that send one byte, on the same proxy, and every one-byte tunnel must get back its
+/// own byte and nothing else. A buffer handed out with its last chunk still in it sends the
+/// secret instead.
+#[test]
+fn a_tunnel_gets_back_its_own_bytes_never_an_earlier_tunnels() {
+    let e = env();
+    let echo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = echo.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in echo.incoming().flatten() {
+            std::thread::spawn(move || {
+                let (mut r, mut w) = (s.try_clone().unwrap(), s);
+                let _ = std::io::copy(&mut r, &mut w);
+                let _ = w.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    let auth = basic("loop", "loop-secret");
+    let open = || {
+        let mut s = TcpStream::connect(e.proxy.proxy).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: {auth}\r\n\r\n"
+        )
+        .unwrap();
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut b).unwrap();
+            head.push(b[0]);
+        }
+        let head = String::from_utf8_lossy(&head).to_string();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        s
+    };
+    let secret = vec![b'S'; 12 * 1024];
+    for round in 0..16 {
+        let mut big = open();
+        big.write_all(&secret).unwrap();
+        let mut back = vec![0u8; secret.len()];
+        big.read_exact(&mut back).unwrap();
+        assert_eq!(back, secret, "round {round}: the echo of the secret");
+        drop(big);
+        let mut small = open();
+        small.write_all(b"x").unwrap();
+        small.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        small.read_to_end(&mut got).unwrap();
+        assert_eq!(
+            got,
+            b"x",
+            "round {round}: a one-byte tunnel got {} bytes",
+            got.len()
+        );
+    }
+}
