@@ -1,9 +1,9 @@
 //! The buffers a tunnel's young direction copies through ([`crate::relay::splice`]): 16 KiB,
 //! taken for one chunk and given back when it is written. A short tunnel (a CONNECT, a 1-byte
-//! echo, its two ends of stream) takes four; each was a `malloc` and a `free` of a size
-//! glibc serves from its bins, not its per-thread cache, and every such request first merges
-//! the thread's fast bins. So each worker thread keeps a few spare ones, last given first
-//! taken (still in its cache).
+//! echo each way, an end of stream) takes three (`benches/allocs_per_connect.sh`); each was a
+//! `malloc` and a `free` of a size glibc serves from its bins, not its per-thread cache, and
+//! every such request first merges the thread's fast bins. So each worker thread keeps a few
+//! spare ones, last given first taken (still in its cache).
 //!
 //! A spare buffer still holds the bytes of the chunk it last carried, in its spare capacity.
 //! They cannot reach another tunnel: a [`Chunk`] is empty when taken (`len` 0), a read
@@ -15,7 +15,7 @@ use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 
 /// Bytes in a chunk buffer: the user-space phase's read size.
-pub(crate) const SIZE: usize = 16 * 1024;
+const SIZE: usize = 16 * 1024;
 
 /// Spare buffers one thread keeps: 128 KiB. A worker copies a chunk for a handful of tunnels
 /// at a time; more are freed as before.
