@@ -7,6 +7,7 @@ mod accept;
 mod bind;
 mod desk;
 mod signals;
+mod threads;
 pub mod usage;
 
 use std::io::Write as _;
@@ -120,7 +121,8 @@ async fn serve(config: Config, path: Option<PathBuf>) -> anyhow::Result<()> {
         Some(c) => Some(crate::otel::Otel::start(c, &shared)?),
         None => None,
     };
-    let mut tasks = spawn_listeners(listeners, &shared, admin, &config);
+    let runtimes = threads::start(config.listen.threads).context("starting listen.threads")?;
+    let mut tasks = spawn_listeners(listeners, &runtimes, &shared, admin, &config);
     tasks.push(tokio::spawn(keeper.clone().run()));
     tasks.push(tokio::spawn(signals::watch_files(control.clone())));
     tasks.push(tokio::spawn(
@@ -267,6 +269,7 @@ fn etcd_tasks(
 /// One accept loop per bound listener (and the TLS listeners' certificate watchers).
 fn spawn_listeners(
     l: Listeners,
+    runtimes: &[tokio::runtime::Handle],
     shared: &Arc<Shared>,
     admin: Arc<Admin>,
     config: &Config,
@@ -289,22 +292,24 @@ fn spawn_listeners(
         tokio::spawn(drop_minted_tokens(shared.clone())),
     ];
     let data_plane = [
-        (l.proxy.map(|l| (l, None)), Kind::Proxy),
-        (l.proxy_tls.map(|(l, t)| (l, Some(t))), Kind::ProxyTls),
-        (l.transparent.map(|l| (l, None)), Kind::Transparent),
-        (l.socks5.map(|l| (l, None)), Kind::Socks5),
-    ];
-    for (bound, kind) in data_plane {
-        if let Some((listener, tls)) = bound {
-            if let Some(t) = &tls {
-                tasks.push(tokio::spawn(signals::watch_tls_files(t.clone())));
-            }
-            tasks.push(tokio::spawn(accept::accept_loop(
-                listener,
-                shared.clone(),
-                kind,
-                tls,
-            )));
+        (l.proxy, None, Kind::Proxy),
+        (l.transparent, None, Kind::Transparent),
+        (l.socks5, None, Kind::Socks5),
+    ]
+    .into_iter()
+    .chain(l.proxy_tls.map(|(g, t)| (g, Some(t), Kind::ProxyTls)));
+    // With `listen.threads`, each thread accepts on its own socket of every group.
+    for (group, tls, kind) in data_plane {
+        if let Some(t) = &tls {
+            tasks.push(tokio::spawn(signals::watch_tls_files(t.clone())));
+        }
+        let served = accept::Served::new(shared, kind, tls);
+        for (i, listener) in group.into_iter().enumerate() {
+            let accepting = accept::accept_loop(listener, shared.clone(), served.clone());
+            tasks.push(match runtimes.get(i) {
+                Some(rt) => rt.spawn(accepting),
+                None => tokio::spawn(accepting),
+            });
         }
     }
     if let Some(listener) = l.admin {

@@ -311,6 +311,13 @@ pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut S
         }
     }
     same_address(&raw, sink);
+    if raw.threads > LISTEN_THREADS_MAX {
+        sink.top(
+            "listen.threads",
+            format!("must be from 0 (the main runtime's workers) to {LISTEN_THREADS_MAX}"),
+            Some("threads:"),
+        );
+    }
     let proxy_tls = raw.proxy_tls.map(|t| proxy_tls(t, sink));
     let admin_tls = raw.admin_tls.map(|t| ProxyTls {
         addr: raw.admin.unwrap_or(ADMIN_ADDR),
@@ -341,8 +348,12 @@ pub(super) fn resolve_listen(raw: RawListen, has_admin_token: bool, sink: &mut S
             .attribution
             .filter(|a| a.observe)
             .map(|a| a.lookups_per_second),
+        threads: raw.threads,
     }
 }
+
+/// The most data-plane threads `listen.threads` may ask for.
+pub const LISTEN_THREADS_MAX: usize = 64;
 
 /// Two TCP listeners cannot share an address (the second bind would fail at start, blaming
 /// whoever else holds the port): said at load, naming both. A wildcard address overlaps every

@@ -102,6 +102,9 @@ pub struct Listen {
     pub default_sandbox: Option<String>,
     /// `listen.attribution.observe`: the `/proc` lookups allowed a second when on.
     pub observe_processes: Option<u32>,
+    /// `listen.threads`: data-plane threads, each accepting on a socket of its own for every
+    /// TCP data-plane listener and keeping its connections (0: the main runtime's workers).
+    pub threads: usize,
 }
 
 /// `listen.proxy_tls`, paths resolved against the config file's directory.

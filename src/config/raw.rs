@@ -73,6 +73,10 @@ pub struct RawListen {
     /// `listen.attribution`: name the process behind each connection from the kernel.
     #[serde(default)]
     pub attribution: Option<RawAttribution>,
+    /// `listen.threads`: data-plane threads, each with its own runtime and sockets (0: the
+    /// connections share the main runtime's workers).
+    #[serde(default)]
+    pub threads: usize,
 }
 
 /// `listen.attribution`: map each accepted connection to the process at its other end
@@ -133,6 +137,7 @@ impl Default for RawListen {
             admin_tls: None,
             default_sandbox: None,
             attribution: None,
+            threads: 0,
         }
     }
 }

@@ -36,6 +36,16 @@ fn null_listener_disables_it() {
 }
 
 #[test]
+fn listen_threads_default_to_none_and_are_bounded() {
+    assert_eq!(load_text("").unwrap().listen.threads, 0);
+    let c = load_text("listen: { proxy: 127.0.0.1:3128, threads: 4 }").unwrap();
+    assert_eq!(c.listen.threads, 4);
+    let e = load_text("listen: { proxy: 127.0.0.1:3128, threads: 65 }").unwrap_err();
+    assert!(e.to_string().contains("listen.threads"), "{e}");
+    assert!(load_text("listen: { threads: -1 }").is_err());
+}
+
+#[test]
 fn all_errors_are_reported_at_once() {
     let text = r#"
 listen: { proxy: 127.0.0.1:3128, bogus: 1 }

@@ -68,21 +68,50 @@ impl Backoff {
     }
 }
 
+/// What an accept loop of a data-plane listener serves, shared by its loops when the
+/// listener is a group of sockets (`listen.threads`): its kind, its TLS, and for the
+/// transparent listener its own admission table, one for every socket of the group (else
+/// each thread would grant a source its rate again).
+#[derive(Clone)]
+pub(super) struct Served {
+    kind: Kind,
+    tls: Option<Arc<crate::listen::explicit_tls::TlsServer>>,
+    own: Option<Arc<Admissions>>,
+}
+
+impl Served {
+    pub(super) fn new(
+        shared: &Shared,
+        kind: Kind,
+        tls: Option<Arc<crate::listen::explicit_tls::TlsServer>>,
+    ) -> Self {
+        // Transparent connections are admitted per source too, in a table of their own (they
+        // are identified by source at once, so the place is held only until then: what binds
+        // here is the accept rate per source and the cap on connections no sandbox has).
+        let own = (kind == Kind::Transparent).then(|| Admissions::new(*shared.admissions.config()));
+        Served { kind, tls, own }
+    }
+}
+
 /// Accept loop of a data-plane listener: one task per connection. Explicit-proxy connections
 /// are admitted per source address until their first request identifies them (then they take
 /// a place under the global cap); transparent connections are identified by their source at
-/// once and take their place under the cap here.
+/// once and take their place under the cap here. The listener is taken from the standard
+/// library here, so it is registered with the runtime that runs this loop.
 pub(super) async fn accept_loop(
-    listener: TcpListener,
+    listener: std::net::TcpListener,
     shared: Arc<Shared>,
-    kind: Kind,
-    tls: Option<Arc<crate::listen::explicit_tls::TlsServer>>,
+    served: Served,
 ) {
+    let Served { kind, tls, own } = served;
     let name = kind.name();
-    // Transparent connections are admitted per source too, in a table of their own (they are
-    // identified by source at once, so the place is held only until then: what binds here is
-    // the accept rate per source and the cap on connections no sandbox has).
-    let own = (kind == Kind::Transparent).then(|| Admissions::new(*shared.admissions.config()));
+    let listener = match TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, listener = name, "cannot accept on the listener");
+            return;
+        }
+    };
     let mut backoff = Backoff::default();
     loop {
         let (stream, client) = backoff.accept(&listener, name).await;

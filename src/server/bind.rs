@@ -10,20 +10,7 @@ use tokio::net::{TcpListener, UdpSocket};
 use crate::config::Config;
 use crate::listen::explicit_tls::TlsServer;
 
-/// A listener for TPROXY'd connections: `IP_TRANSPARENT` set before `bind`, so connections
-/// addressed to any destination are accepted and keep their original destination as the
-/// local address.
-fn bind_tproxy(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    crate::listen::orig_dst::set_transparent(&socket, addr.is_ipv6())?;
-    socket.bind(addr)?;
-    socket.listen(1024)
-}
+use super::threads::{self, Group};
 
 /// The DNS listener's sockets: one UDP socket per worker thread on the same address
 /// (`SO_REUSEPORT`: the kernel spreads clients over them by address and port, so each receive
@@ -84,14 +71,16 @@ fn reuseport_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
 }
 
 /// Every listener of the configuration, bound (and the TLS listeners' certificates loaded).
+/// The data-plane listeners are [`Group`]s (empty when not configured), taken to the runtime
+/// that accepts on them.
 pub(super) struct Listeners {
-    pub proxy: Option<TcpListener>,
-    pub proxy_tls: Option<(TcpListener, Arc<TlsServer>)>,
-    pub transparent: Option<TcpListener>,
+    pub proxy: Group,
+    pub proxy_tls: Option<(Group, Arc<TlsServer>)>,
+    pub transparent: Group,
     pub admin: Option<TcpListener>,
     pub admin_tls: Option<Arc<TlsServer>>,
     pub dns: Option<(Vec<UdpSocket>, TcpListener)>,
-    pub socks5: Option<TcpListener>,
+    pub socks5: Group,
 }
 
 /// The bound addresses, by listener.
@@ -127,7 +116,7 @@ impl Addrs {
 /// `TCP_NODELAY` (a proxy forwards what it has at once), and `SO_SNDBUF` at
 /// `defaults.limits.socket_buffer_bytes` (what a client that stops reading may pin: a
 /// sandbox with another value sets its own, [`crate::relay::buffers::cap`]).
-fn data_plane_options(l: &TcpListener, sndbuf: Option<u32>) -> std::io::Result<()> {
+fn data_plane_options(l: &std::net::TcpListener, sndbuf: Option<u32>) -> std::io::Result<()> {
     use nix::sys::socket::{setsockopt, sockopt};
     setsockopt(l, sockopt::TcpNoDelay, &true)?;
     if let Some(n) = sndbuf {
@@ -149,21 +138,38 @@ async fn bind(what: &str, addr: Option<SocketAddr>) -> anyhow::Result<Option<Tcp
     }
 }
 
+/// Bind the data-plane listener named `what`, if configured: one socket, or with `threads`
+/// one per data-plane thread.
+fn bind_data(
+    what: &str,
+    addr: Option<SocketAddr>,
+    threads: usize,
+    tproxy: bool,
+) -> anyhow::Result<Group> {
+    let Some(a) = addr else {
+        return Ok(Vec::new());
+    };
+    threads::bind_group(a, threads, tproxy).with_context(|| match tproxy {
+        true => format!("binding {what} {a} for TPROXY (needs CAP_NET_ADMIN)"),
+        false => format!("binding {what} {a}"),
+    })
+}
+
 impl Listeners {
     pub async fn bind(config: &Config) -> anyhow::Result<Self> {
         let l = &config.listen;
-        let transparent = match l.transparent {
-            Some(a) if l.transparent_tproxy => Some(bind_tproxy(a).with_context(|| {
-                format!("binding listen.transparent {a} for TPROXY (needs CAP_NET_ADMIN)")
-            })?),
-            a => bind("listen.transparent", a).await?,
-        };
+        let threads = l.threads;
+        let transparent = bind_data(
+            "listen.transparent",
+            l.transparent,
+            threads,
+            l.transparent_tproxy,
+        )?;
         let proxy_tls = match &l.proxy_tls {
             Some(t) => {
                 let server = Arc::new(TlsServer::load(t, true)?);
-                bind("listen.proxy_tls", Some(t.addr))
-                    .await?
-                    .map(|listener| (listener, server))
+                let group = bind_data("listen.proxy_tls", Some(t.addr), threads, false)?;
+                Some((group, server))
             }
             None => None,
         };
@@ -180,20 +186,21 @@ impl Listeners {
             None => None,
         };
         let listeners = Listeners {
-            proxy: bind("listen.proxy", l.proxy).await?,
+            proxy: bind_data("listen.proxy", l.proxy, threads, false)?,
             proxy_tls,
             transparent,
             admin: bind("listen.admin", l.admin).await?,
             admin_tls,
             dns,
-            socks5: bind("listen.socks5", l.socks5).await?,
+            socks5: bind_data("listen.socks5", l.socks5, threads, false)?,
         };
         let sndbuf = config.defaults.limits.socket_buffer_bytes;
+        let tls = listeners.proxy_tls.as_ref().map(|(g, _)| g.as_slice());
         for l in [
-            listeners.proxy.as_ref(),
-            listeners.proxy_tls.as_ref().map(|(l, _)| l),
-            listeners.transparent.as_ref(),
-            listeners.socks5.as_ref(),
+            listeners.proxy.as_slice(),
+            tls.unwrap_or_default(),
+            listeners.transparent.as_slice(),
+            listeners.socks5.as_slice(),
         ]
         .into_iter()
         .flatten()
@@ -205,17 +212,18 @@ impl Listeners {
 
     pub fn addrs(&self) -> Addrs {
         let at = |l: &TcpListener| l.local_addr().ok();
+        let first = |g: &Group| g.first().and_then(|l| l.local_addr().ok());
         Addrs {
-            proxy: self.proxy.as_ref().and_then(at),
-            proxy_tls: self.proxy_tls.as_ref().and_then(|(l, _)| at(l)),
+            proxy: first(&self.proxy),
+            proxy_tls: self.proxy_tls.as_ref().and_then(|(g, _)| first(g)),
             admin: self.admin.as_ref().and_then(at),
-            transparent: self.transparent.as_ref().and_then(at),
+            transparent: first(&self.transparent),
             dns: self
                 .dns
                 .as_ref()
                 .and_then(|(u, _)| u.first())
                 .and_then(|u| u.local_addr().ok()),
-            socks5: self.socks5.as_ref().and_then(at),
+            socks5: first(&self.socks5),
         }
     }
 }
@@ -228,8 +236,10 @@ mod tests {
     /// `setsockopt` calls this replaces would otherwise be needed.
     #[tokio::test]
     async fn accepted_sockets_inherit_the_listeners_options() {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
         data_plane_options(&l, Some(65536)).unwrap();
+        let l = TcpListener::from_std(l).unwrap();
         let addr = l.local_addr().unwrap();
         let client = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (accepted, _) = l.accept().await.unwrap();
