@@ -7,6 +7,7 @@
 #
 #   git worktree add /tmp/base <rev> && (cd /tmp/base && CARGO_TARGET_DIR=/tmp/base-target cargo build --release)
 #   benches/build_ab.sh /tmp/base-target/release/egress-proxy      # ROUNDS=4 SECONDS_PER_RUN=3
+#   benches/build_ab.sh BIN BIN@threads=1                           # listen.threads: 1 against 0
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/peers.sh
@@ -19,6 +20,14 @@ LG="$(ls -t target/release/deps/loadgen-* | grep -v '\.d$' | head -1)"
 
 egress_bench_config 3151 9951 > "$WORK/old.yaml"
 egress_bench_config 3152 9952 > "$WORK/new.yaml"
+# BINARY@threads=N: that build with `listen.threads: N`.
+for side in old new; do
+  b="$([ $side = old ] && echo "$OLD" || echo "$NEW")"
+  case "$b" in *@threads=*)
+    sed -i "s/^listen: { /listen: { threads: ${b##*@threads=}, /" "$WORK/$side.yaml"
+    if [ $side = old ]; then OLD="${b%@threads=*}"; else NEW="${b%@threads=*}"; fi;;
+  esac
+done
 "$OLD" run --config "$WORK/old.yaml" 2>"$WORK/old.err" & PIDS+=($!); OLD_PID=$!
 "$NEW" run --config "$WORK/new.yaml" 2>"$WORK/new.err" & PIDS+=($!); NEW_PID=$!
 sleep 2

@@ -4,6 +4,8 @@
 # proxy's utime and stime over its round (/proc/PID/stat) divided by the connections it made.
 #
 #   G3PROXY=path benches/cpu_per_connect.sh [BINARY]...     # ROUNDS=5 SECONDS_PER_RUN=4
+#   benches/cpu_per_connect.sh BIN BIN@threads=1              # the same build, listen.threads: 1
+#   G3_WORKERS=1 G3PROXY=path benches/cpu_per_connect.sh ...  # g3proxy with one per-core worker
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/peers.sh

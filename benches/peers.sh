@@ -62,15 +62,18 @@ CONF
 # g3proxy (G3PROXY=path): its http_proxy server with a direct escaper. Not run on the machine
 # this was run on, built from source (`cargo build --release -p g3proxy --no-default-features
 # --features rustls-ring`: no Lua, Python, c-ares or QUIC; needs libssl-dev and capnproto).
-g3proxy_config() { # port
+g3proxy_config() { # port          G3_WORKERS=N: N per-core workers that listen themselves
+  local in_worker=""
+  [ -n "${G3_WORKERS:-}" ] && in_worker=", listen_in_worker: true"
   cat <<YAML
 runtime: { thread_number: 2 }
+$([ -n "${G3_WORKERS:-}" ] && echo "worker: { thread_number: $G3_WORKERS }")
 resolver:
   - { name: default, type: hickory, server: 127.0.0.1 }
 escaper:
   - { name: default, type: direct_fixed, resolver: default, egress_net_filter: { default: allow, allow: 127.0.0.1 } }
 server:
-  - { name: http, type: http_proxy, escaper: default, listen: "127.0.0.1:$1" }
+  - { name: http, type: http_proxy, escaper: default, listen: "127.0.0.1:$1"$in_worker }
 YAML
 }
 
@@ -90,11 +93,17 @@ start_one() { # binary|g3proxy port
 # Start each egress-proxy binary given (and g3proxy when $G3PROXY is set) on consecutive
 # ports from $1, in $WORK; fills the caller's NAMES (in order), PID and PORT (by name) and
 # appends to PIDS for the caller's cleanup. Names are the binaries' paths made safe.
+# `BINARY@threads=N` runs that build with `listen.threads: N`; G3_WORKERS=N gives g3proxy N
+# per-core workers that accept on their own sockets (`worker:`, `listen_in_worker`).
 start_proxies() { # first_port binary...
   local port="$1" b name; shift
   for b in "$@"; do
+    # BINARY@threads=N: that build with `listen.threads: N`.
     name="$(echo "$b" | tr -c 'a-zA-Z0-9\n' _)"
     egress_bench_config "$port" "$((port + 6800))" > "$WORK/$port.yaml"
+    case "$b" in *@threads=*)
+      sed -i "s/^listen: { /listen: { threads: ${b##*@threads=}, /" "$WORK/$port.yaml"; b="${b%@threads=*}";;
+    esac
     "$b" run --config "$WORK/$port.yaml" 2>/dev/null & PIDS+=($!); PID[$name]=$!; PORT[$name]=$port
     NAMES+=("$name"); port=$((port + 1))
   done
