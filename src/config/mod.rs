@@ -29,6 +29,7 @@ pub mod http_rules;
 pub mod identity_token;
 pub mod intercept;
 pub mod layers;
+mod listen;
 mod load;
 pub mod otel;
 pub mod presets;
@@ -55,12 +56,11 @@ use binding::{build_binding, id_lines, BindingCtx};
 pub use block::SandboxBlock;
 use control_plane::{resolve_control_plane, RawControlPlane};
 pub use control_plane::{EtcdConfig, EtcdTls};
-use defaults::{
-    resolve_admission, resolve_defaults, resolve_forward_keepalive, resolve_listen, resolve_runtime,
-};
+use defaults::{resolve_admission, resolve_defaults, resolve_forward_keepalive, resolve_runtime};
 use dns::resolve_dns;
 use error::{redact, unknown_field, Sink};
 pub use error::{ConfigError, ConfigErrors};
+use listen::resolve_listen;
 pub use load::load_str;
 use load::load_with;
 use raw::{
