@@ -4,9 +4,9 @@
 //! sockets by address and port). A connection is accepted, admitted, relayed and closed by
 //! the thread that accepted it: no task of it is stolen by another worker, and no worker
 //! wakes another to run it (the way nginx, Envoy and g3proxy run their workers). What is
-//! shared (policy, quotas, the audit writer, kept upstream connections) is shared as it is
+//! shared (policy, quotas, the audit trail, kept upstream connections) is shared as it is
 //! between the workers of the main runtime. Everything else — the admin listener, DNS, the
-//! control plane, the audit writer — stays on the main runtime.
+//! control plane — stays on the main runtime, and the audit writer on its own thread.
 
 use std::io;
 use std::net::SocketAddr;
@@ -17,17 +17,14 @@ use tokio::runtime::Handle;
 /// A data-plane listener's sockets: one, or with `listen.threads` one per data-plane thread.
 pub(super) type Group = Vec<std::net::TcpListener>;
 
-/// `n` listening sockets on `addr`, one `SO_REUSEPORT` group (`n` = 0: one plain socket, no
-/// group). The address is first bound by a plain socket, so a port that anyone holds (another
+/// `n` listening sockets on `addr`, one `SO_REUSEPORT` group (`n` = 0: one socket, no
+/// group), each with `SO_REUSEADDR` and a backlog of 1024, as tokio binds. For a group the
+/// address is first bound by a plain socket, so a port that anyone holds (another
 /// egress-proxy's group included) is refused as taken rather than silently shared; with port
 /// 0 the group takes the port the kernel chose. `tproxy`: `IP_TRANSPARENT` is set before
 /// `bind` (for TPROXY'd connections, which keep their original destination as the local
 /// address), and no plain socket can take the address first.
-pub(super) fn bind_group(
-    addr: SocketAddr,
-    n: usize,
-    tproxy: bool,
-) -> io::Result<Vec<std::net::TcpListener>> {
+pub(super) fn bind_group(addr: SocketAddr, n: usize, tproxy: bool) -> io::Result<Group> {
     let one = |at: SocketAddr| -> io::Result<std::net::TcpListener> {
         let socket = Socket::new(Domain::for_address(at), Type::STREAM, None)?;
         socket.set_reuse_address(true)?;
@@ -41,12 +38,7 @@ pub(super) fn bind_group(
         Ok(socket.into())
     };
     let at = match (n, tproxy) {
-        (_, true) => addr,
-        (0, false) => {
-            let single = std::net::TcpListener::bind(addr)?;
-            single.set_nonblocking(true)?;
-            return Ok(vec![single]);
-        }
+        (0, _) | (_, true) => addr,
         _ => std::net::TcpListener::bind(addr)?.local_addr()?,
     };
     let first = one(at)?;
