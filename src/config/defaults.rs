@@ -1,6 +1,6 @@
 //! Every default of `proxy.yaml` in one place, and the resolution of the sections that have
-//! them (`defaults:`, `dns:`, limits; `listen:` is [`super::listen`]): raw serde values in, checked typed values
-//! out, every problem recorded in the [`Sink`].
+//! them (`defaults:`, `dns:`, limits; `listen:` is `config::listen`): raw serde values in,
+//! checked typed values out, every problem recorded in the [`Sink`].
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
